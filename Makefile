@@ -1,0 +1,32 @@
+# `make quickstart` and `make test` each create .venv on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch; an unpinned torch pulls a multi-GB CUDA build.
+TORCH := torch==2.13.0
+
+.PHONY: quickstart test lint bench clean
+
+$(BIN)/mlmkit: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(BIN)/mlmkit
+
+quickstart: $(BIN)/mlmkit
+	$(BIN)/mlmkit quickstart --out runs/quickstart
+
+test: $(BIN)/mlmkit
+	$(BIN)/ruff check mlmkit tasks tests benchmarks
+	$(BIN)/python -m pytest -q
+
+lint: $(BIN)/mlmkit
+	$(BIN)/ruff check mlmkit tasks tests benchmarks
+
+bench: $(BIN)/mlmkit
+	$(BIN)/python benchmarks/pretrain_throughput.py
+	$(BIN)/python benchmarks/inference_throughput.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,89 @@
+"""Length-bucketed batching and padding shared by training, evaluation and the ONNX runtime.
+
+No torch here: the runtime imports this module. Batches are padded to their longest member only;
+callers put results back in input order with the indices each batch carries.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def bucket_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length (sorted, longest first): inference order."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def shuffled_buckets(lengths: Sequence[int], batch_size: int, rng: random.Random, window: int = 50) -> list[list[int]]:
+    """Training order: shuffle, sort within windows of ``window`` batches by length, cut batches,
+    then shuffle the batches. Most padding goes away while every epoch still sees a new order."""
+    idx = list(range(len(lengths)))
+    rng.shuffle(idx)
+    span = batch_size * window
+    batches: list[list[int]] = []
+    for s in range(0, len(idx), span):
+        chunk = sorted(idx[s : s + span], key=lambda i: lengths[i])
+        batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
+    rng.shuffle(batches)
+    return batches
+
+
+def pad_features(
+    features: Sequence[dict[str, Any]], pad_id: int, extra: Sequence[str] = (), label_pad: int = -100
+) -> dict[str, np.ndarray]:
+    """Stack ``features`` into int64 arrays padded to the longest input_ids of the batch.
+
+    input_ids pad with ``pad_id``, attention_mask / token_type_ids with 0 (an absent
+    token_type_ids is all zeros); ``extra`` keys pad with ``label_pad`` when they are per-token
+    lists and are stacked when they are scalars."""
+    T = max(len(f["input_ids"]) for f in features)
+    B = len(features)
+    out = {
+        "input_ids": np.full((B, T), pad_id, dtype=np.int64),
+        "attention_mask": np.zeros((B, T), dtype=np.int64),
+        "token_type_ids": np.zeros((B, T), dtype=np.int64),
+    }
+    for r, f in enumerate(features):
+        n = len(f["input_ids"])
+        out["input_ids"][r, :n] = f["input_ids"]
+        out["attention_mask"][r, :n] = 1
+        if f.get("token_type_ids") is not None:
+            out["token_type_ids"][r, :n] = f["token_type_ids"]
+    for k in extra:
+        v0 = features[0][k]
+        if isinstance(v0, (list, tuple, np.ndarray)):
+            arr = np.full((B, T), label_pad, dtype=np.int64)
+            for r, f in enumerate(features):
+                arr[r, : len(f[k])] = f[k]
+        else:
+            arr = np.asarray([f[k] for f in features])
+            arr = arr.astype(np.float32) if arr.dtype.kind == "f" else arr.astype(np.int64)
+        out[k] = arr
+    return out
+
+
+def per_token(axes: dict[int, str]) -> bool:
+    """An output whose axis 1 is the sequence axis is trimmed to each feature's length."""
+    return any(i == 1 and "seq" in name for i, name in axes.items())
+
+
+def scatter_outputs(
+    outputs: dict[str, np.ndarray],
+    batch: Sequence[int],
+    lengths: Sequence[int],
+    axes: dict[str, dict[int, str]],
+    into: dict[str, list[Any]],
+) -> None:
+    """Put row r of each batch output at position batch[r] of ``into``, trimmed to its length."""
+    for name, arr in outputs.items():
+        slot = into.setdefault(name, [None] * len(lengths))
+        trim = per_token(axes.get(name, {}))
+        for r, i in enumerate(batch):
+            slot[i] = arr[r, : lengths[i]] if trim else arr[r]

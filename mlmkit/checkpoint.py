@@ -1,0 +1,150 @@
+"""Read and write run directories (Hugging Face checkpoints) atomically.
+
+Every file goes to a temporary name in the same directory and is renamed over the target, so a
+process killed mid-write leaves the previous file intact. Weights are read with safetensors or
+``torch.load(weights_only=True)``: loading a checkpoint never runs code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .errors import ConfigError
+
+WEIGHTS = "model.safetensors"
+META = "mlmkit.json"
+# keys whose tensors are tied to another parameter; not stored, as transformers does
+TIED_KEYS = ("cls.predictions.decoder.weight",)
+
+
+def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)`` then rename tmp_path over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_json(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{p} not found", "is this a run directory or bundle written by mlmkit?") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: corrupted JSON ({e})", "re-create it with mlmkit") from None
+
+
+def save_weights(model: torch.nn.Module, path: str | Path) -> None:
+    """Write the state dict as safetensors under HF names, without the tied decoder copy."""
+    sd = {k: v.detach().to("cpu").contiguous() for k, v in unwrap(model).state_dict().items() if k not in TIED_KEYS}
+    atomic_write(path, lambda tmp: save_file(sd, tmp, metadata={"format": "pt"}))
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain module under DistributedDataParallel / torch.compile wrappers."""
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+        model = getattr(model, "module", None) or model._orig_mod
+    return model
+
+
+def _normalise_key(k: str) -> str:
+    # TF-era checkpoints spell LayerNorm parameters gamma/beta
+    if k.endswith(".gamma"):
+        k = k[: -len("gamma")] + "weight"
+    elif k.endswith(".beta"):
+        k = k[: -len("beta")] + "bias"
+    # a bare BertModel checkpoint has no "bert." prefix
+    if k.split(".", 1)[0] in ("embeddings", "encoder", "pooler"):
+        k = "bert." + k
+    return k
+
+
+def load_state_dict(run_dir: str | Path) -> dict[str, torch.Tensor]:
+    """Weights of a run directory or HF BERT directory, keys normalised to HF BERT names."""
+    d = Path(run_dir)
+    if (d / WEIGHTS).exists():
+        try:
+            sd = load_file(str(d / WEIGHTS))
+        except Exception as e:  # safetensors raises its own error types for truncated files
+            raise ConfigError(f"{d / WEIGHTS}: unreadable weights ({e})", "the file is corrupted; re-create it") from None
+    elif (d / "pytorch_model.bin").exists():
+        sd = torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise ConfigError(
+            f"no weights in {d}",
+            "a model directory needs model.safetensors or pytorch_model.bin beside config.json",
+        )
+    sd = {_normalise_key(k): v for k, v in sd.items()}
+    # transformers ties the decoder bias to cls.predictions.bias; keep the one we use
+    if "cls.predictions.decoder.bias" in sd:
+        sd.setdefault("cls.predictions.bias", sd["cls.predictions.decoder.bias"])
+        del sd["cls.predictions.decoder.bias"]
+    return sd
+
+
+def load_weights(
+    model: torch.nn.Module, sd: dict[str, torch.Tensor], *, allow_missing: tuple[str, ...] = ()
+) -> tuple[list[str], list[str]]:
+    """Load ``sd`` into ``model``. Returns (missing, unexpected) after dropping tied keys.
+
+    Missing keys are an error unless they start with one of ``allow_missing`` (a fresh head);
+    unexpected keys are returned for the caller to report (a pretraining head being dropped)."""
+    own = unwrap(model).state_dict()
+    bad = [k for k, v in sd.items() if k in own and own[k].shape != v.shape]
+    if bad:
+        k = bad[0]
+        raise ConfigError(
+            f"weight {k} has shape {tuple(sd[k].shape)} in the checkpoint but {tuple(own[k].shape)} in the model",
+            "the config.json does not match the weights",
+        )
+    missing = [k for k in own if k not in sd and k not in TIED_KEYS]
+    unexpected = [k for k in sd if k not in own]
+    hard = [k for k in missing if not k.startswith(allow_missing)]
+    if hard:
+        raise ConfigError(f"checkpoint lacks {len(hard)} weights, e.g. {hard[0]}", "is it a BERT checkpoint?")
+    unwrap(model).load_state_dict({k: v for k, v in sd.items() if k in own}, strict=False)
+    return missing, unexpected
+
+
+def save_run(
+    model: torch.nn.Module, out_dir: str | Path, *, config: Any, tokenizer: Any, meta: dict[str, Any]
+) -> None:
+    """Write a run directory: config.json, model.safetensors, tokenizer files, mlmkit.json.
+
+    Weights are written before mlmkit.json so a reader that sees the new metadata sees new weights."""
+    from .tokenizer import save_tokenizer
+
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    config.save(d / "config.json")
+    save_tokenizer(tokenizer, d, max_length=int(meta.get("max_length", 512)))
+    save_weights(model, d / WEIGHTS)
+    write_json(d / META, meta)
+
+
+def is_model_dir(d: str | Path) -> bool:
+    d = Path(d)
+    return (d / "config.json").exists() and ((d / WEIGHTS).exists() or (d / "pytorch_model.bin").exists())

@@ -1,0 +1,120 @@
+"""BertConfig with Hugging Face field names, and the size presets.
+
+config.json written by mlmkit is a Hugging Face BertConfig: ``transformers.AutoConfig`` reads it,
+and a Hugging Face config.json reads back here (unknown keys are kept in ``extra`` and written back).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"  # exact erf GELU, as the original BERT and HF "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2  # segments A and B for NSP / sentence pairs
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12  # the original BERT value; HF checkpoints expect it
+    pad_token_id: int = 0
+    model_type: str = "bert"
+    architectures: list[str] | None = None
+    id2label: dict[int, str] | None = None
+    label2id: dict[str, int] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # HF keys we do not use, round-tripped
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                f"{self.num_attention_heads}",
+                "pick a head count that divides the hidden size",
+            )
+        if self.hidden_act not in ("gelu", "gelu_new", "relu"):
+            raise ConfigError(f"unsupported hidden_act '{self.hidden_act}'", "use gelu, gelu_new or relu")
+        if self.id2label is not None:
+            self.id2label = {int(k): v for k, v in self.id2label.items()}
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.id2label) if self.id2label else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        extra = d.pop("extra")
+        if d["id2label"] is not None:
+            d["id2label"] = {str(k): v for k, v in d["id2label"].items()}
+        else:
+            d.pop("id2label")
+            d.pop("label2id")
+        if d["architectures"] is None:
+            d.pop("architectures")
+        return {**extra, **d}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BertConfig:
+        names = {f.name for f in fields(cls)} - {"extra"}
+        known = {k: v for k, v in d.items() if k in names}
+        extra = {k: v for k, v in d.items() if k not in names and k != "transformers_version"}
+        if known.get("model_type", "bert") != "bert":
+            raise ConfigError(
+                f"model_type '{known['model_type']}' is not supported",
+                "mlmkit reads BERT checkpoints (model_type 'bert')",
+            )
+        return cls(**known, extra=extra)
+
+    def save(self, path: str | Path) -> None:
+        from .checkpoint import atomic_write_text
+
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> BertConfig:
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+        try:
+            return cls.from_dict(json.loads(p.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            raise ConfigError(f"config not found: {p}", "pass a run directory or a config.json") from None
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ConfigError(f"{p}: not a valid BERT config.json ({e})") from None
+
+
+# name -> (layers, hidden, heads, intermediate); the published compact BERT sizes (Turc et al. 2019)
+PRESETS: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (2, 128, 2, 512),
+    "mini": (4, 256, 4, 1024),
+    "small": (4, 512, 8, 2048),
+    "base": (12, 768, 12, 3072),
+}
+
+
+def preset(name: str, **overrides: Any) -> BertConfig:
+    """A BertConfig of a named size; ``overrides`` set any other field (vocab_size, ...)."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset '{name}'", f"choose one of: {', '.join(PRESETS)}")
+    layers, hidden, heads, inter = PRESETS[name]
+    return BertConfig(
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        intermediate_size=inter,
+        **overrides,
+    )

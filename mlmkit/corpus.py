@@ -1,0 +1,342 @@
+"""Pretraining data: read a corpus, tokenize it once into cached shards, build NSP instances.
+
+Corpus format (DESIGN.md): UTF-8 text (.txt or .txt.gz), one sentence per line, a blank line between
+documents; or JSONL with a "text" field, one document per line (its text split on newlines, or on
+sentence ends when it has none).
+
+NSP instances follow the original BERT recipe (create_pretraining_data.py): a target length
+(shorter with probability 0.1), segment A from consecutive sentences, B the true continuation half
+of the time and a span of another document otherwise, the longer side truncated. One deviation: a
+chunk of a single sentence borrows the next sentence when there is one, so IsNext stays near 50%
+(the original forces a random B for such chunks).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import random
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from .errors import DataFormatError, MlmkitError
+from .masking import mask_tokens
+from .tokenizer import SpecialIds, continuation_flags, special_ids
+
+_SENT_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def _open_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) for each line of a .txt/.txt.gz/.jsonl file; bad UTF-8 names the line."""
+    raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    with raw as f:
+        for n, b in enumerate(f, start=1):
+            try:
+                yield n, b.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise DataFormatError(
+                    path, f"bytes that are not UTF-8 at column {e.start + 1}", line=n, hint="re-encode the file as UTF-8"
+                ) from None
+
+
+def iter_documents(path: str | Path) -> Iterator[list[str]]:
+    """Yield each document of a corpus file as its list of sentences."""
+    p = Path(path)
+    if not p.is_file():
+        raise MlmkitError(f"corpus file not found: {p}", "check the path")
+    is_jsonl = p.name.endswith((".jsonl", ".jsonl.gz"))
+    doc: list[str] = []
+    for n, line in _open_lines(p):
+        if is_jsonl:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                text = rec["text"]
+            except json.JSONDecodeError as e:
+                raise DataFormatError(p, f"malformed JSON ({e.msg})", line=n, hint="one JSON object per line") from None
+            except (KeyError, TypeError):
+                raise DataFormatError(p, "missing", line=n, field="text", hint='each line needs {"text": ...}') from None
+            if not isinstance(text, str):
+                raise DataFormatError(p, "must be a string", line=n, field="text")
+            parts = [s.strip() for s in (text.splitlines() if "\n" in text else _SENT_END.split(text))]
+            parts = [s for s in parts if s]
+            if parts:
+                yield parts
+        elif line.strip():
+            doc.append(line.strip())
+        elif doc:
+            yield doc
+            doc = []
+    if doc:
+        yield doc
+
+
+def iter_sentences(paths: Sequence[str | Path]) -> Iterator[str]:
+    for p in paths:
+        for doc in iter_documents(p):
+            yield from doc
+
+
+@dataclass
+class TokenizedCorpus:
+    """All sentences' token ids concatenated; offsets delimit sentences and documents."""
+
+    tokens: np.ndarray  # (N,) int32
+    sent_offsets: np.ndarray  # (S+1,) int64 into tokens
+    doc_offsets: np.ndarray  # (D+1,) int64 into sentences
+
+    @property
+    def num_docs(self) -> int:
+        return len(self.doc_offsets) - 1
+
+    def document(self, d: int) -> list[np.ndarray]:
+        s0, s1 = self.doc_offsets[d], self.doc_offsets[d + 1]
+        return [self.tokens[self.sent_offsets[s] : self.sent_offsets[s + 1]] for s in range(s0, s1)]
+
+
+def _cache_key(paths: Sequence[Path], tok: Tokenizer) -> str:
+    h = hashlib.sha256(tok.to_str().encode())
+    for p in paths:
+        st = p.stat()
+        h.update(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:20]
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("MLMKIT_CACHE", Path.home() / ".cache" / "mlmkit")) / "corpus"
+
+
+def tokenize_corpus(
+    paths: Sequence[str | Path], tok: Tokenizer, cache_dir: str | Path | None = None, batch: int = 1024
+) -> TokenizedCorpus:
+    """Tokenize every sentence once; reuse the cached shard when the files and tokenizer are unchanged."""
+    ps = [Path(p) for p in paths]
+    for p in ps:
+        if not p.is_file():
+            raise MlmkitError(f"corpus file not found: {p}", "check the path")
+    shard = Path(cache_dir or default_cache_dir()) / f"{_cache_key(ps, tok)}.npz"
+    if shard.exists():
+        try:
+            z = np.load(shard)
+            return TokenizedCorpus(z["tokens"], z["sent_offsets"], z["doc_offsets"])
+        except Exception:
+            shard.unlink(missing_ok=True)  # a damaged cache is rebuilt, never trusted
+    chunks: list[np.ndarray] = []
+    sent_lens: list[int] = []
+    doc_sizes: list[int] = []
+    pending: list[str] = []
+
+    def flush() -> None:
+        for enc in tok.encode_batch(pending, add_special_tokens=False):
+            chunks.append(np.asarray(enc.ids, dtype=np.int32))
+            sent_lens.append(len(enc.ids))
+        pending.clear()
+
+    for p in ps:
+        for doc in iter_documents(p):
+            doc_sizes.append(len(doc))
+            pending.extend(doc)
+            if len(pending) >= batch:
+                flush()
+    flush()
+    if not sent_lens or sum(sent_lens) == 0:
+        raise MlmkitError(
+            f"the corpus {', '.join(map(str, ps))} is empty", "give text files with one sentence per line"
+        )
+    corpus = TokenizedCorpus(
+        tokens=np.concatenate(chunks) if chunks else np.zeros(0, np.int32),
+        sent_offsets=np.concatenate([[0], np.cumsum(sent_lens)]).astype(np.int64),
+        doc_offsets=np.concatenate([[0], np.cumsum(doc_sizes)]).astype(np.int64),
+    )
+    shard.parent.mkdir(parents=True, exist_ok=True)
+    from .checkpoint import atomic_write
+
+    atomic_write(shard, lambda tmp: np.savez(open(tmp, "wb"), **corpus.__dict__))
+    return corpus
+
+
+@dataclass
+class Instance:
+    a: np.ndarray
+    b: np.ndarray | None
+    is_next: int  # 0 = IsNext (B follows A), 1 = NotNext, as transformers' next_sentence_label
+
+
+def _truncate_pair(a: list[int], b: list[int], max_tokens: int, rng: random.Random) -> None:
+    """Trim the longer side, from the front or the back at random (BERT truncate_seq_pair)."""
+    while len(a) + len(b) > max_tokens:
+        longer = a if len(a) > len(b) else b
+        if rng.random() < 0.5:
+            del longer[0]
+        else:
+            longer.pop()
+
+
+def nsp_instances(
+    corpus: TokenizedCorpus, max_len: int, rng: random.Random, short_seq_prob: float = 0.1
+) -> list[Instance]:
+    """One pass of NSP instances over every document, as BERT's create_instances_from_document."""
+    if corpus.num_docs < 2:
+        raise MlmkitError(
+            "next-sentence prediction needs at least 2 documents (blank lines separate them)",
+            "add blank lines between documents, or pass --no-nsp",
+        )
+    max_tokens = max_len - 3  # [CLS] A [SEP] B [SEP]
+    out: list[Instance] = []
+    for d in range(corpus.num_docs):
+        doc = corpus.document(d)
+        target = rng.randint(2, max_tokens) if rng.random() < short_seq_prob else max_tokens
+        chunk: list[np.ndarray] = []
+        length, i = 0, 0
+        while i < len(doc):
+            chunk.append(doc[i])
+            length += len(doc[i])
+            if i == len(doc) - 1 or length >= target:
+                if len(chunk) == 1 and i + 1 < len(doc):  # borrow the next sentence (see module doc)
+                    i += 1
+                    chunk.append(doc[i])
+                a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+                a = [t for s in chunk[:a_end] for t in s.tolist()]
+                if len(chunk) == 1 or rng.random() < 0.5:
+                    is_next = 1
+                    target_b = max(1, target - len(a))
+                    other = d
+                    for _ in range(10):
+                        other = rng.randrange(corpus.num_docs)
+                        if other != d:
+                            break
+                    if other == d:
+                        other = (d + 1) % corpus.num_docs
+                    odoc = corpus.document(other)
+                    b: list[int] = []
+                    for s in odoc[rng.randrange(len(odoc)) :]:
+                        b.extend(s.tolist())
+                        if len(b) >= target_b:
+                            break
+                    i -= len(chunk) - a_end  # the unused sentences are read again
+                else:
+                    is_next = 0
+                    b = [t for s in chunk[a_end:] for t in s.tolist()]
+                _truncate_pair(a, b, max_tokens, rng)
+                if a and b:
+                    out.append(Instance(np.asarray(a, np.int32), np.asarray(b, np.int32), is_next))
+                chunk, length = [], 0
+            i += 1
+    return out
+
+
+def packed_instances(corpus: TokenizedCorpus, max_len: int) -> list[Instance]:
+    """--no-nsp: consecutive sentences of a document packed up to max_len - 2 tokens."""
+    cap = max_len - 2
+    out: list[Instance] = []
+    for d in range(corpus.num_docs):
+        cur: list[int] = []
+        for s in corpus.document(d):
+            s = s.tolist()
+            if cur and len(cur) + len(s) > cap:
+                out.append(Instance(np.asarray(cur, np.int32), None, 0))
+                cur = []
+            while len(s) > cap:  # a sentence longer than the window is split
+                out.append(Instance(np.asarray(s[:cap], np.int32), None, 0))
+                s = s[cap:]
+            cur.extend(s)
+        if cur:
+            out.append(Instance(np.asarray(cur, np.int32), None, 0))
+    return out
+
+
+class PretrainData:
+    """The training loop's data source for pretraining: deterministic per (seed, epoch, step).
+
+    Instances are rebuilt per epoch from a seeded RNG (new NSP pairings each epoch) and masks are
+    drawn per step from a generator seeded with (seed, step, rank), so resuming at step k needs no
+    saved data state and no replay: the loop asks for batch k directly.
+    """
+
+    def __init__(
+        self,
+        corpus: TokenizedCorpus,
+        tok: Tokenizer,
+        *,
+        max_len: int = 128,
+        batch_size: int = 32,
+        nsp: bool = True,
+        mask_prob: float = 0.15,
+        whole_word: bool = False,
+        seed: int = 0,
+    ) -> None:
+        if max_len < 8:
+            raise MlmkitError(f"--seq-len {max_len} is too short", "use at least 8")
+        self.corpus, self.max_len, self.batch_size, self.nsp = corpus, max_len, batch_size, nsp
+        self.mask_prob, self.whole_word, self.seed = mask_prob, whole_word, seed
+        self.ids: SpecialIds = special_ids(tok)
+        self.vocab_size = tok.get_vocab_size()
+        self.special = torch.tensor(self.ids.all, dtype=torch.long)
+        self.continuation = torch.tensor(continuation_flags(tok), dtype=torch.bool)
+        self._epoch: int | None = None
+        self._instances: list[Instance] = []
+
+    def instances(self, epoch: int) -> list[Instance]:
+        if self._epoch != epoch:
+            rng = random.Random(self.seed * 1_000_003 + epoch)
+            if self.nsp:
+                inst = nsp_instances(self.corpus, self.max_len, rng)
+            else:
+                inst = packed_instances(self.corpus, self.max_len)
+            rng.shuffle(inst)
+            if not inst:
+                raise MlmkitError("the corpus yields no training sequences", "give it more text")
+            self._epoch, self._instances = epoch, inst
+        return self._instances
+
+    def num_batches(self, epoch: int) -> int:
+        return max(1, len(self.instances(epoch)) // self.batch_size)
+
+    def batch(self, epoch: int, index: int, seed: int) -> dict[str, torch.Tensor]:
+        inst = self.instances(epoch)
+        start = (index * self.batch_size) % len(inst)
+        chosen = [inst[(start + j) % len(inst)] for j in range(self.batch_size)]
+        return self.collate(chosen, torch.Generator().manual_seed(seed))
+
+    def collate(self, chosen: Sequence[Instance], gen: torch.Generator) -> dict[str, torch.Tensor]:
+        """[CLS] A [SEP] (B [SEP]), padded to the longest in the batch, then masked."""
+        rows, segs = [], []
+        for x in chosen:
+            ids = [self.ids.cls, *x.a.tolist(), self.ids.sep]
+            seg = [0] * len(ids)
+            if x.b is not None:
+                ids += [*x.b.tolist(), self.ids.sep]
+                seg += [1] * (len(x.b) + 1)
+            rows.append(ids)
+            segs.append(seg)
+        T = max(map(len, rows))
+        input_ids = torch.full((len(rows), T), self.ids.pad, dtype=torch.long)
+        token_type_ids = torch.zeros_like(input_ids)
+        attention_mask = torch.zeros_like(input_ids)
+        for r, (ids, seg) in enumerate(zip(rows, segs)):
+            input_ids[r, : len(ids)] = torch.tensor(ids)
+            token_type_ids[r, : len(ids)] = torch.tensor(seg)
+            attention_mask[r, : len(ids)] = 1
+        masked, labels = mask_tokens(
+            input_ids,
+            mask_id=self.ids.mask,
+            special_ids=self.special,
+            vocab_size=self.vocab_size,
+            mask_prob=self.mask_prob,
+            generator=gen,
+            continuation=self.continuation,
+            whole_word=self.whole_word,
+        )
+        out = {"input_ids": masked, "attention_mask": attention_mask, "token_type_ids": token_type_ids, "labels": labels}
+        if self.nsp:
+            out["next_sentence_label"] = torch.tensor([x.is_next for x in chosen], dtype=torch.long)
+        return out

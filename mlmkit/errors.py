@@ -1,0 +1,66 @@
+"""The exception types the CLI turns into one red line and exit status 2.
+
+The library raises these; only ``cli.py`` exits. Each carries a hint saying how to fix it, and
+data errors carry the file, line and field they are about.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class MlmkitError(Exception):
+    """A user-facing error: ``message`` says what is wrong, ``hint`` how to fix it."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class ConfigError(MlmkitError):
+    """Inconsistent options, configs or run directories."""
+
+
+class DataFormatError(MlmkitError):
+    """A data file that cannot be read: names the file, line and field."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        message: str,
+        *,
+        line: int | None = None,
+        field: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        where = str(path)
+        if line is not None:
+            where += f", line {line}"
+        if field is not None:
+            where += f", field '{field}'"
+        super().__init__(f"{where}: {message}", hint)
+        self.path, self.line, self.field = str(path), line, field
+
+
+class TaskError(MlmkitError):
+    """Unknown, duplicate or broken task plugins."""
+
+
+class ParityError(MlmkitError):
+    """An exported graph whose outputs differ from PyTorch beyond the tolerance."""
+
+
+class BundleError(MlmkitError):
+    """A missing, corrupted or mismatched export bundle."""
+
+
+def require_file(path: str | Path, what: str = "file") -> Path:
+    """Return ``path`` as a Path, or raise a clear error when it does not exist."""
+    p = Path(path)
+    if not p.exists():
+        raise MlmkitError(f"{what} not found: {p}", "check the path")
+    return p

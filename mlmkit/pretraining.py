@@ -1,0 +1,186 @@
+"""`mlmkit pretrain`: tokenizer (trained if not given), config, data, the training loop, evaluation."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import read_json, save_run
+from .config import BertConfig, preset
+from .corpus import PretrainData, TokenizedCorpus, iter_sentences, tokenize_corpus
+from .errors import ConfigError, MlmkitError
+from .model import BertForPreTraining
+from .tokenizer import load_tokenizer, train_tokenizer
+from .training import TrainArgs, Trainer
+
+log = logging.getLogger("mlmkit")
+
+
+def split_heldout(corpus: TokenizedCorpus, fraction: float = 0.05, max_docs: int = 500) -> tuple[TokenizedCorpus, TokenizedCorpus | None]:
+    """Hold out the last documents (at least 2, so NSP can draw a random B) for evaluation."""
+    D = corpus.num_docs
+    n = min(max_docs, max(2, int(D * fraction)))
+    if D < 10:
+        return corpus, None
+    cut = D - n
+    s_cut = int(corpus.doc_offsets[cut])
+    t_cut = int(corpus.sent_offsets[s_cut])
+    train = TokenizedCorpus(corpus.tokens[:t_cut], corpus.sent_offsets[: s_cut + 1], corpus.doc_offsets[: cut + 1])
+    held = TokenizedCorpus(
+        corpus.tokens[t_cut:], corpus.sent_offsets[s_cut:] - t_cut, corpus.doc_offsets[cut:] - s_cut
+    )
+    return train, held
+
+
+class MLMEvaluator:
+    """A fixed set of masked held-out batches (fixed seeds), scored with the MLM and NSP heads."""
+
+    def __init__(self, data: PretrainData, max_batches: int = 20, seed: int = 1234) -> None:
+        n = min(max_batches, data.num_batches(0))
+        self.batches = [data.batch(0, i, seed + i) for i in range(n)]
+        self.nsp = data.nsp
+        labels = torch.cat([b["labels"][b["labels"] != -100] for b in self.batches])
+        counts = Counter(labels.tolist())
+        self.majority = counts.most_common(1)[0][1] / max(1, len(labels)) if counts else 0.0
+        self.uniform = 1.0 / data.vocab_size
+
+    def __call__(self, model: torch.nn.Module) -> dict[str, float]:
+        dev = next(model.parameters()).device
+        loss_sum, correct, n, nsp_ok, nsp_n = 0.0, 0, 0, 0, 0
+        for b in self.batches:
+            b = {k: v.to(dev) for k, v in b.items()}
+            out = model(**b)
+            logits, tgt = out["mlm_logits"].float(), out["mlm_labels"]
+            loss_sum += float(torch.nn.functional.cross_entropy(logits, tgt, reduction="sum"))
+            correct += int((logits.argmax(-1) == tgt).sum())
+            n += len(tgt)
+            if self.nsp:
+                nsp_ok += int((out["nsp_logits"].argmax(-1) == b["next_sentence_label"]).sum())
+                nsp_n += len(b["next_sentence_label"])
+        loss = loss_sum / max(1, n)
+        m = {
+            "mlm_loss": loss,
+            "mlm_accuracy": correct / max(1, n),
+            "perplexity": math.exp(min(loss, 50.0)),
+            "mlm_uniform_baseline": self.uniform,
+            "mlm_majority_baseline": self.majority,
+        }
+        if self.nsp:
+            m["nsp_accuracy"] = nsp_ok / max(1, nsp_n)
+        return m
+
+
+def pretrain(
+    corpus: list[str | Path],
+    out: str | Path,
+    *,
+    tokenizer: str | Path | None = None,
+    vocab_size: int = 8000,
+    cased: bool = False,
+    preset_name: str = "tiny",
+    config: str | Path | None = None,
+    steps: int = 1000,
+    batch_size: int = 32,
+    seq_len: int = 128,
+    lr: float = 5e-4,
+    warmup_steps: int | None = None,
+    grad_accum: int = 1,
+    mask_prob: float = 0.15,
+    whole_word: bool = False,
+    nsp: bool = True,
+    eval_file: str | Path | None = None,
+    eval_every: int = 200,
+    save_every: int = 500,
+    keep_last: int = 2,
+    resume: bool = False,
+    seed: int = 0,
+    bf16: bool = False,
+    device: str = "cpu",
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Pretrain a BERT with MLM (+ NSP unless ``nsp=False``) and write a run directory to ``out``.
+
+    Args:
+        corpus: text files (.txt, .txt.gz, .jsonl): one sentence per line, blank line between documents.
+        tokenizer: tokenizer.json or vocab.txt; without it one of ``vocab_size`` is trained on the corpus
+            (on ``resume``, the run's own tokenizer is used).
+        preset_name / config: model size; a config.json overrides the preset.
+        eval_file: held-out corpus; without it the last documents of the corpus are held out.
+    Returns the final metrics (training loss and held-out MLM / NSP figures).
+    """
+    out = Path(out)
+    if not corpus:
+        raise MlmkitError("no corpus files given", "pass one or more text files")
+    for p in corpus:
+        if not Path(p).is_file():
+            raise MlmkitError(f"corpus file not found: {p}", "check the path")
+    if not 0.0 < mask_prob < 1.0:
+        raise ConfigError(f"--mask-prob must be between 0 and 1, got {mask_prob}")
+    if resume and (out / "tokenizer.json").exists() and tokenizer is None:
+        tokenizer = out / "tokenizer.json"
+    if tokenizer is not None:
+        tok = load_tokenizer(tokenizer)
+    else:
+        log.info("training a WordPiece tokenizer (vocab %d) on the corpus", vocab_size)
+        tok = train_tokenizer(iter_sentences(corpus), vocab_size=vocab_size, cased=cased)
+    V = tok.get_vocab_size()
+    if config is not None:
+        cfg = BertConfig.load(config)
+        if cfg.vocab_size != V:
+            raise ConfigError(
+                f"the tokenizer has {V} tokens but {config} says vocab_size {cfg.vocab_size}",
+                "use the tokenizer the config was made for, or set vocab_size to match",
+            )
+    elif resume and (out / "config.json").exists():
+        cfg = BertConfig.load(out)
+    else:
+        cfg = preset(preset_name, vocab_size=V, max_position_embeddings=max(512, seq_len))
+    if seq_len > cfg.max_position_embeddings:
+        raise ConfigError(
+            f"--seq-len {seq_len} exceeds max_position_embeddings {cfg.max_position_embeddings}",
+            "use a shorter --seq-len",
+        )
+    cfg.architectures = ["BertForPreTraining"]
+
+    full = tokenize_corpus(corpus, tok, cache_dir)
+    if eval_file is not None:
+        train_c, held = full, tokenize_corpus([eval_file], tok, cache_dir)
+    else:
+        train_c, held = split_heldout(full)
+        if held is None:
+            log.warning("corpus has fewer than 10 documents: no held-out evaluation (pass --eval-file)")
+    kw = dict(max_len=seq_len, batch_size=batch_size, nsp=nsp, mask_prob=mask_prob, whole_word=whole_word)
+    data = PretrainData(train_c, tok, seed=seed, **kw)
+    evaluate = MLMEvaluator(PretrainData(held, tok, seed=seed + 1, **kw)) if held is not None else None
+
+    torch.manual_seed(seed)
+    model = BertForPreTraining(cfg)
+    args = TrainArgs(
+        steps=steps, lr=lr, warmup_steps=warmup_steps, grad_accum=grad_accum, eval_every=eval_every,
+        save_every=save_every, keep_last=keep_last, seed=seed, bf16=bf16, device=device, progress=progress,
+        warmup_ratio=0.06,
+    )
+    meta = {
+        "task": "pretraining",
+        "max_length": seq_len,
+        "nsp": nsp,
+        "whole_word": whole_word,
+        "mask_prob": mask_prob,
+        "corpus": [str(p) for p in corpus],
+    }
+
+    def save_model(m: torch.nn.Module, d: Path, meta_: dict[str, Any]) -> None:
+        save_run(m, d, config=cfg, tokenizer=tok, meta=meta_)
+
+    trainer = Trainer(model, data, args, out, save_model=save_model, evaluate=evaluate)
+    return trainer.train(resume=resume, meta=meta)
+
+
+def run_meta(run_dir: str | Path) -> dict[str, Any]:
+    return read_json(Path(run_dir) / "mlmkit.json")

@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny configs and a tiny base model directory for fine-tuning tests."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+import torch
+
+from mlmkit.checkpoint import save_run
+from mlmkit.config import BertConfig
+from mlmkit.model import BertForPreTraining
+from mlmkit.tokenizer import train_tokenizer
+
+
+def tiny_config(vocab_size: int, **kw) -> BertConfig:
+    base = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                max_position_embeddings=512, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    base.update(kw)
+    return BertConfig(vocab_size=vocab_size, **base)
+
+
+def make_base_model(out: Path, texts: Iterable[str], vocab_size: int = 400, seed: int = 0, **cfg) -> Path:
+    """A randomly initialised BertForPreTraining run directory whose tokenizer is trained on ``texts``."""
+    tok = train_tokenizer(list(texts), vocab_size=vocab_size, min_frequency=1)
+    torch.manual_seed(seed)
+    config = tiny_config(tok.get_vocab_size(), **cfg)
+    config.architectures = ["BertForPreTraining"]
+    save_run(BertForPreTraining(config), out, config=config, tokenizer=tok, meta={"task": "pretraining", "max_length": 128})
+    return out
+
+
+@pytest.fixture
+def base_model_factory(tmp_path: Path):
+    def make(texts: Iterable[str], name: str = "base", **kw) -> Path:
+        return make_base_model(tmp_path / name, texts, **kw)
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_threads():
+    random.seed(0)
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Corpus shards go to the test's tmp dir, never to the user's cache."""
+    monkeypatch.setenv("MLMKIT_CACHE", str(tmp_path / "cache"))
