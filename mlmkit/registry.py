@@ -86,6 +86,11 @@ class TaskInfo:
 
 
 _registry: dict[str, TaskInfo] | None = None
+# every member of Task: a plugin lacking one would fail later, in `mlmkit tasks` or at inference, with a traceback
+PROTOCOL = (
+    "name", "description", "formats", "metrics", "options", "label_names", "hf_architecture", "default_max_length",
+    "read", "from_input", "label_list", "featurize", "build_model", "onnx_outputs", "postprocess", "compute_metrics",
+)
 
 
 def _discover() -> dict[str, TaskInfo]:
@@ -100,9 +105,14 @@ def _discover() -> dict[str, TaskInfo]:
                 f"fix or uninstall {dist}",
             ) from e
         task = obj() if isinstance(obj, type) else obj
-        missing = [a for a in ("name", "build_model", "featurize", "postprocess", "compute_metrics", "read") if not hasattr(task, a)]
+        missing = [a for a in PROTOCOL if not hasattr(task, a)]
         if missing:
             raise TaskError(f"task plugin '{ep.name}' from {dist} lacks {', '.join(missing)}", "implement mlmkit.registry.Task")
+        if task.name != ep.name:  # runs record task.name and are loaded back by it
+            raise TaskError(
+                f"task plugin '{ep.name}' ({ep.value}, from {dist}) calls itself '{task.name}'",
+                "the entry-point name and the task's name must be the same",
+            )
         if ep.name in found:
             other = found[ep.name]
             raise TaskError(

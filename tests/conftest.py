@@ -40,6 +40,11 @@ def base_model_factory(tmp_path: Path):
     return make
 
 
+# Tiny models gain nothing from a second thread, and on 2 shared cores two threads per process
+# oversubscribe them (tests that spawn processes, other jobs): one thread is several times faster here.
+torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
     random.seed(0)
