@@ -27,7 +27,7 @@ tokenizer_app = typer.Typer(no_args_is_help=True, help="Train WordPiece tokenize
 app.add_typer(tokenizer_app, name="tokenizer")
 
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 _state = {"debug": False}
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -45,6 +45,7 @@ LabelColumn = Annotated[str | None, typer.Option("--label-column", help="Classif
 DocStride = Annotated[int | None, typer.Option("--doc-stride", help="QA: overlap of context windows, in tokens.")]
 MaxAnswer = Annotated[int | None, typer.Option("--max-answer-length", help="QA: longest answer, in tokens.")]
 LabelAll = Annotated[bool | None, typer.Option("--label-all-tokens/--label-first-token", help="Tagging: label every sub-token, or only each word's first.")]
+Scheme = Annotated[str | None, typer.Option("--scheme", help="Tagging: tag scheme of the data: auto, iob1, iob2 or bioes.")]
 Aggregation = Annotated[str | None, typer.Option("--aggregation", help="Tagging: word prediction from sub-tokens: first, average or max.")]
 
 
@@ -219,13 +220,14 @@ def finetune(
     max_answer_length: MaxAnswer = None,
     label_all_tokens: LabelAll = None,
     aggregation: Aggregation = None,
+    scheme: Scheme = None,
 ) -> None:
     """Fine-tune a task head on a pretrained encoder."""
     from .finetuning import finetune as run
 
     opts = _task_options(text_column=text_column, pair_column=pair_column, label_column=label_column,
                          doc_stride=doc_stride, max_answer_length=max_answer_length,
-                         label_all_tokens=label_all_tokens, aggregation=aggregation)
+                         label_all_tokens=label_all_tokens, aggregation=aggregation, scheme=scheme)
     metrics = run(
         task, model, train, out_dir, eval_file=eval_file, epochs=epochs, batch_size=batch_size, lr=lr,
         warmup_ratio=warmup_ratio, weight_decay=weight_decay, max_length=max_length, max_steps=max_steps,
@@ -245,10 +247,13 @@ def evaluate(
     text_column: TextColumn = None,
     pair_column: PairColumn = None,
     label_column: LabelColumn = None,
+    aggregation: Aggregation = None,
+    scheme: Scheme = None,
     device: Device = "cpu",
 ) -> None:
     """Score a fine-tuned run (PyTorch) or an exported bundle (onnxruntime) with its task's metrics."""
-    opts = _task_options(text_column=text_column, pair_column=pair_column, label_column=label_column)
+    opts = _task_options(text_column=text_column, pair_column=pair_column, label_column=label_column,
+                         aggregation=aggregation, scheme=scheme)
     if (model / "model.onnx").exists():
         from .runtime import evaluate_bundle
 
@@ -284,6 +289,10 @@ def quickstart(
     from .quickstart import run
 
     run(out_dir, steps=steps, seed=seed, console=out)
+
+
+# export and the inference commands live in cli_serve.py; importing it registers them on `app`
+from . import cli_serve  # noqa: E402,F401
 
 
 def main() -> None:

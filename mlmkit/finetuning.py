@@ -160,9 +160,7 @@ def finetune(
     net = task.build_model(cfg)
     sd = load_state_dict(base)
     missing, unexpected = load_weights(net, sd, allow_missing=tuple(k for k in net.state_dict() if not k.startswith("bert.embeddings") and not k.startswith("bert.encoder")))
-    if resume:
-        pass
-    elif missing:
+    if missing and not resume:
         log.info("the %s head starts fresh: %s", task.name, ", ".join(missing))
     if unexpected:
         log.info("dropping %d weights the %s model does not use (e.g. %s)", len(unexpected), task.name, unexpected[0])
@@ -207,7 +205,9 @@ def evaluate_run(
 ) -> dict[str, float]:
     """Metrics of a fine-tuned run directory on ``data`` (PyTorch); optionally write predictions."""
     task, net, tok, meta = load_finetuned(run_dir)
-    opts = {**meta.get("options", {}), **{k: v for k, v in (options or {}).items() if v is not None}}
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    task_options(task, given)  # an option the task lacks is an error, as in finetune
+    opts = {**meta.get("options", {}), **given}
     meta = {**meta, "options": opts}
     ev = TaskEvaluator(task, task.read(Path(data), **opts), tok, meta)
     metrics = ev(net)

@@ -1,0 +1,593 @@
+"""Token tagging (named entities, chunks): a linear head on every token, entity-level metrics.
+
+Data: CoNLL (one token per line, the tag in the last column, a blank line between sentences,
+-DOCSTART- lines skipped) or JSONL {"tokens": [...], "tags": [...]}; tags are "O" or PREFIX-TYPE
+with the prefixes of IOB1, IOB2 or BIOES.
+
+Words become sub-tokens through the tokenizer's pre-tokenized encoding. The first sub-token of a
+word carries its label, the rest -100 (option label_all_tokens: every sub-token carries the
+word's label, so average / max aggregation see trained positions). A sentence longer than the max
+length is cut into overlapping windows on word boundaries and merged back: each word is read
+from the window where it sits farthest from a cut edge. Nothing is truncated.
+
+Entities come from one chunk decoder, ``chunks``, shared by the predictions and the metrics. It
+follows conlleval (CoNLL-2000 evaluation script) as seqeval's default mode extends it to BIOES:
+a chunk ends after E-/S-, before B-/S-/O, or at a type change; it starts at B-/S-, at I-/E- after
+O/E-/S-, or at a type change. These rules read IOB1, IOB2 and BIOES alike (an I- after O opens a
+chunk, as IOB1 needs and as conlleval does for ill-formed IOB2), so the ``scheme`` option does
+not change decoding: an explicit scheme only refuses data whose prefixes it lacks (E-/S- in
+IOB1/IOB2). ``detect_scheme`` names the scheme of tag sequences: BIOES when any tag is E-/S-;
+IOB1 when some chunk opens with I- and every B- follows a tag of its own type (B- only separates
+adjacent chunks); IOB2 otherwise. seqeval's strict IOBES mode differs from conlleval only on
+ill-formed sequences (it drops a chunk without its E-/S-); conlleval's lenient reading is kept.
+
+The model is transformers' BertForTokenClassification under the same parameter names (bert.*
+without pooler, classifier.*). No torch at module level: the ONNX runtime imports this file.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import functools
+import json
+import math
+import re
+import unicodedata
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlmkit.errors import ConfigError, DataFormatError
+
+SCHEMES = ("auto", "iob1", "iob2", "bioes")
+AGGREGATIONS = ("first", "average", "max")
+PREFIXES = {"auto": "BIES", "iob1": "BI", "iob2": "BI", "bioes": "BIES"}
+JSONL_SUFFIXES = (".jsonl", ".json")
+IGNORE = -100  # label of positions without a target (cross-entropy's ignore_index)
+
+
+# ---- chunks: one decoder for predictions and metrics -------------------------------------------
+def split_tag(tag: str) -> tuple[str, str]:
+    """"B-PER" -> ("B", "PER"); "O" -> ("O", ""). The type is everything after the first hyphen."""
+    if tag == "O":
+        return "O", ""
+    prefix, _, kind = tag.partition("-")
+    return prefix, kind
+
+
+def _chunk_ends(prev: str, tag: str, prev_kind: str, kind: str) -> bool:
+    if prev in ("E", "S"):
+        return True
+    if prev in ("B", "I") and tag in ("B", "S", "O"):
+        return True
+    return prev != "O" and prev_kind != kind
+
+
+def _chunk_starts(prev: str, tag: str, prev_kind: str, kind: str) -> bool:
+    if tag in ("B", "S"):
+        return True
+    if tag in ("I", "E") and prev in ("O", "E", "S"):
+        return True
+    return tag != "O" and prev_kind != kind
+
+
+def chunks(tags: Sequence[str]) -> list[tuple[str, int, int]]:
+    """(type, start, end) of each chunk, ``end`` exclusive, with conlleval's rules (module docstring)."""
+    found: list[tuple[str, int, int]] = []
+    prev, prev_kind, begin = "O", "", 0
+    for i, tag in enumerate([*tags, "O"]):  # the sentinel O closes a chunk open at the end
+        p, kind = split_tag(tag)
+        if _chunk_ends(prev, p, prev_kind, kind):
+            found.append((prev_kind, begin, i))
+        if _chunk_starts(prev, p, prev_kind, kind):
+            begin = i
+        prev, prev_kind = p, kind
+    return found
+
+
+def detect_scheme(tag_seqs: Sequence[Sequence[str]]) -> str:
+    """"bioes", "iob1" or "iob2" by the rule of the module docstring."""
+    i_opens, b_opens = False, False
+    for tags in tag_seqs:
+        prev, prev_kind = "O", ""
+        for tag in tags:
+            p, kind = split_tag(tag)
+            if p in ("E", "S"):
+                return "bioes"
+            opens = prev == "O" or prev_kind != kind
+            i_opens |= p == "I" and opens
+            b_opens |= p == "B" and opens
+            prev, prev_kind = p, kind
+    return "iob1" if i_opens and not b_opens else "iob2"
+
+
+def entity_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict[str, Any]:
+    """Entity-level micro precision / recall / F1 (0-1) and the same per type with its gold support.
+
+    A predicted entity counts only when its type, start and end all equal a gold one; 0/0 is 0."""
+    gold_sets: dict[str, set[tuple[int, int, int]]] = defaultdict(set)
+    pred_sets: dict[str, set[tuple[int, int, int]]] = defaultdict(set)
+    for n, (g, p) in enumerate(zip(gold, pred)):
+        for kind, a, b in chunks(g):
+            gold_sets[kind].add((n, a, b))
+        for kind, a, b in chunks(p):
+            pred_sets[kind].add((n, a, b))
+
+    def prf(correct: int, n_pred: int, n_gold: int) -> tuple[float, float, float]:
+        precision = correct / n_pred if n_pred else 0.0
+        recall = correct / n_gold if n_gold else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        return precision, recall, f1
+
+    per_type: dict[str, dict[str, float]] = {}
+    totals = [0, 0, 0]  # correct, predicted, gold
+    for kind in sorted(set(gold_sets) | set(pred_sets)):
+        counts = (len(gold_sets[kind] & pred_sets[kind]), len(pred_sets[kind]), len(gold_sets[kind]))
+        totals = [t + c for t, c in zip(totals, counts)]
+        p, r, f = prf(*counts)
+        per_type[kind] = {"precision": p, "recall": r, "f1": f, "support": counts[2]}
+    p, r, f = prf(*totals)
+    return {"f1": f, "precision": p, "recall": r, "per_type": per_type}
+
+
+# ---- words and character offsets ---------------------------------------------------------------
+def _is_word_char(ch: str) -> bool:
+    # letters, digits, underscore, and combining marks (a decomposed "é" stays one word)
+    return ch.isalnum() or ch == "_" or unicodedata.category(ch).startswith("M")
+
+
+def split_words(text: str) -> list[tuple[int, int]]:
+    """Character spans of the words of ``text``: runs of word characters, and every other
+    non-space character on its own (punctuation), so text[start:end] is the word exactly."""
+    spans: list[tuple[int, int]] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch.isspace():
+            i += 1
+        elif _is_word_char(ch):
+            j = i + 1
+            while j < n and _is_word_char(text[j]):
+                j += 1
+            spans.append((i, j))
+            i = j
+        else:
+            spans.append((i, i + 1))
+            i += 1
+    return spans
+
+
+def joined_offsets(tokens: Sequence[str]) -> tuple[str, list[list[int]]]:
+    """The text " ".join(tokens) and each token's [start, end) in it (pre-tokenized inputs)."""
+    offsets, pos = [], 0
+    for t in tokens:
+        offsets.append([pos, pos + len(t)])
+        pos += len(t) + 1
+    return " ".join(tokens), offsets
+
+
+# ---- reading -----------------------------------------------------------------------------------
+def _decode(path: Path) -> str:
+    if not path.is_file():
+        what = "is a directory, not a data file" if path.is_dir() else "file not found"
+        raise DataFormatError(path, what, hint="check the path")
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise DataFormatError(
+            path, f"not valid UTF-8 (byte 0x{data[e.start]:02x})", line=line, hint="re-save the file as UTF-8"
+        ) from None
+
+
+def _lines(text: str) -> Iterator[tuple[int, str]]:
+    """(number, line) split on \\n only, so numbers match an editor's (str.splitlines also splits
+    on \\x1c, \\u2028 and friends, which may occur inside tokens)."""
+    for n, raw in enumerate(text.split("\n"), start=1):
+        yield n, raw.rstrip("\r")
+
+
+def _check_tag(tag: Any, scheme: str, path: Path, line: int, field: str) -> str:
+    if not isinstance(tag, str):
+        raise DataFormatError(path, f"a tag must be a string, not {type(tag).__name__}", line=line, field=field)
+    prefix, kind = split_tag(tag)
+    allowed = PREFIXES[scheme]
+    if tag != "O" and (len(prefix) != 1 or prefix not in "BIES" or not kind):
+        raise DataFormatError(
+            path, f"tag '{tag}' is not 'O' or PREFIX-TYPE", line=line, field=field,
+            hint="use IOB1, IOB2 or BIOES tags such as B-PER, I-PER, O",
+        )
+    if tag != "O" and prefix not in allowed:
+        raise DataFormatError(
+            path, f"tag '{tag}' has a prefix that {scheme.upper()} lacks (it uses {', '.join(allowed)} and O)",
+            line=line, field=field, hint="pass --scheme bioes, or leave the scheme on auto",
+        )
+    return tag
+
+
+def _read_conll(path: Path, text: str, scheme: str) -> list[dict[str, Any]]:
+    examples: list[dict[str, Any]] = []
+    tokens: list[str] = []
+    tags: list[str] = []
+    first = 0
+
+    def flush() -> None:
+        if tokens:
+            examples.append({"tokens": list(tokens), "tags": list(tags), "line": first, "source": str(path), "format": "conll"})
+            tokens.clear()
+            tags.clear()
+
+    for n, raw in _lines(text):
+        cols = [c for c in re.split(r"[ \t]+", raw) if c]  # columns: spaces or tabs, not other whitespace
+        if not cols or cols[0] == "-DOCSTART-":
+            flush()
+            continue
+        if len(cols) == 1:
+            raise DataFormatError(
+                path, f"one column ('{cols[0]}'): expected a token and its tag", line=n, field="tag",
+                hint="write 'token tag' on each line (the tag in the last column), a blank line between sentences",
+            )
+        if not tokens:
+            first = n
+        tokens.append(cols[0])
+        tags.append(_check_tag(cols[-1], scheme, path, n, "tag"))
+    flush()
+    return examples
+
+
+def _string_list(rec: dict[str, Any], key: str, path: Path, line: int) -> list[str]:
+    value = rec.get(key)
+    if value is None:
+        raise DataFormatError(
+            path, f"no field '{key}'; the record has: {', '.join(rec) or 'nothing'}", line=line, field=key,
+            hint='each line must be {"tokens": [...], "tags": [...]}',
+        )
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise DataFormatError(path, "must be a list of strings", line=line, field=key)
+    return value
+
+
+def _read_jsonl(path: Path, text: str, scheme: str) -> list[dict[str, Any]]:
+    examples: list[dict[str, Any]] = []
+    for n, raw in _lines(text):
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise DataFormatError(
+                path, f"malformed JSON ({e.msg} at column {e.colno})", line=n, hint="each line must be one JSON object"
+            ) from None
+        if not isinstance(rec, dict):
+            raise DataFormatError(path, f"expected a JSON object, got {type(rec).__name__}", line=n)
+        tokens = _string_list(rec, "tokens", path, n)
+        tags = _string_list(rec, "tags", path, n)
+        if len(tokens) != len(tags):
+            raise DataFormatError(
+                path, f"{len(tags)} tags for {len(tokens)} tokens", line=n, field="tags",
+                hint="give exactly one tag per token",
+            )
+        for k, t in enumerate(tokens):
+            if not t.strip():
+                raise DataFormatError(path, f"token {k + 1} is empty or only whitespace", line=n, field="tokens")
+        examples.append({
+            "tokens": tokens, "tags": [_check_tag(t, scheme, path, n, "tags") for t in tags],
+            "line": n, "source": str(path), "format": "jsonl",
+        })
+    return examples
+
+
+def _is_jsonl(path: Path, text: str) -> bool:
+    if path.suffix.lower() in JSONL_SUFFIXES:
+        return True
+    if path.suffix.lower() in (".conll", ".conllu", ".txt", ".iob", ".bio", ".bioes", ".tsv"):
+        return False
+    return text.lstrip().startswith("{")  # unknown suffix: sniff
+
+
+# ---- options and labels ------------------------------------------------------------------------
+def _options(given: dict[str, Any] | None, defaults: dict[str, Any]) -> dict[str, Any]:
+    opts = {**defaults, **{k: v for k, v in (given or {}).items() if k in defaults and v is not None}}
+    if opts["scheme"] not in SCHEMES:
+        raise ConfigError(f"unknown --scheme '{opts['scheme']}'", f"use one of: {', '.join(SCHEMES)}")
+    if opts["aggregation"] not in AGGREGATIONS:
+        raise ConfigError(f"unknown --aggregation '{opts['aggregation']}'", f"use one of: {', '.join(AGGREGATIONS)}")
+    return opts
+
+
+def _label_ids(examples: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, int]:
+    """tag -> id of the run; a gold tag the model never saw is a data error naming file and line."""
+    labels = list(meta.get("labels") or [])
+    if not labels:
+        raise ConfigError("the run has no label list (mlmkit.json 'labels')", "fine-tune it with the tagging task")
+    ids = {lab: i for i, lab in enumerate(labels)}
+    for ex in examples:
+        if ex.get("tags") is not None and len(ex["tags"]) != len(ex["tokens"]):
+            raise DataFormatError(
+                ex.get("source", "<input>"), f"{len(ex['tags'])} tags for {len(ex['tokens'])} tokens",
+                line=ex.get("line"), field="tags", hint="give exactly one tag per token",
+            )
+        for k, tag in enumerate(ex.get("tags") or ()):
+            if tag not in ids:
+                shown = ", ".join(labels[:20]) + (f", ... ({len(labels)} in all)" if len(labels) > 20 else "")
+                line = ex.get("line")
+                if line is not None and ex.get("format") == "conll":
+                    line += k  # CoNLL: one token per line, none blank inside a sentence
+                raise DataFormatError(
+                    ex.get("source", "<input>"),
+                    f"tag '{tag}' (token {k + 1}, '{ex['tokens'][k]}') was not in the training data; the model knows: {shown}",
+                    line=line, field="tags",
+                    hint="evaluate on data with the training tags, or fine-tune with this tag",
+                )
+    return ids
+
+
+# ---- windows -----------------------------------------------------------------------------------
+def windows(word_of: Sequence[int], budget: int, overlap: int) -> list[tuple[int, int]]:
+    """[start, end) sub-token ranges of at most ``budget`` tokens covering 0..len(word_of), each
+    overlapping the previous by about ``overlap`` tokens. Cuts fall on word starts; only a single
+    word longer than a window is cut inside."""
+    n = len(word_of)
+    if n <= budget:
+        return [(0, n)]
+    starts = [p for p in range(n) if p == 0 or word_of[p] != word_of[p - 1]]
+    is_start = set(starts)
+    spans: list[tuple[int, int]] = []
+    s = 0
+    while True:
+        e = min(s + budget, n)
+        if e < n:
+            b = e
+            while b > s and b not in is_start:
+                b -= 1
+            e = b if b > s else e  # a word longer than the window is cut inside
+        spans.append((s, e))
+        if e >= n:
+            return spans
+        target = max(e - overlap, s + 1)
+        j = bisect.bisect_right(starts, target) - 1  # the last word start at or before the target
+        if starts[j] > s:
+            s = starts[j]
+        else:  # inside one long word: the next word start, else a cut inside the word
+            j = bisect.bisect_right(starts, s)
+            s = starts[j] if j < len(starts) and starts[j] <= e else target
+
+
+@contextlib.contextmanager
+def _plain(tokenizer: Any) -> Iterator[Any]:
+    """The tokenizer without padding or truncation; its settings come back afterwards (it is shared)."""
+    trunc, pad = tokenizer.truncation, tokenizer.padding
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    try:
+        yield tokenizer
+    finally:
+        if trunc is not None:
+            tokenizer.enable_truncation(**trunc)
+        if pad is not None:
+            tokenizer.enable_padding(**pad)
+
+
+# ---- the head ----------------------------------------------------------------------------------
+@functools.cache
+def _model_class() -> type:
+    """transformers' BertForTokenClassification, re-spelt on mlmkit's encoder (torch on demand)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from mlmkit.model import BertModel, init_weights
+
+    class BertForTokenClassification(nn.Module):
+        def __init__(self, config: Any) -> None:
+            super().__init__()
+            if config.num_labels < 1:
+                raise ConfigError("the config has no labels (id2label)", "fine-tune with tagged training data")
+            self.config = config
+            self.bert = BertModel(config, add_pooling_layer=False)
+            p = config.extra.get("classifier_dropout")  # HF: classifier_dropout, else hidden_dropout_prob
+            self.dropout = nn.Dropout(config.hidden_dropout_prob if p is None else p)
+            self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+            init_weights(self, config.initializer_range)  # the encoder is overwritten by the checkpoint
+
+        def forward(
+            self,
+            input_ids: torch.Tensor,
+            attention_mask: torch.Tensor | None = None,
+            token_type_ids: torch.Tensor | None = None,
+            labels: torch.Tensor | None = None,
+        ) -> dict[str, torch.Tensor]:
+            seq, _ = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, H)
+            logits = self.classifier(self.dropout(seq))  # (B, T, L)
+            out = {"logits": logits, "probabilities": torch.softmax(logits.float(), dim=-1)}
+            if labels is not None:
+                flat = logits.float().view(-1, logits.size(-1))  # (B*T, L)
+                if bool((labels != IGNORE).any()):
+                    out["loss"] = F.cross_entropy(flat, labels.view(-1), ignore_index=IGNORE)
+                else:  # a batch of continuation windows only: no target, no NaN
+                    out["loss"] = flat.sum() * 0.0
+            return out
+
+    return BertForTokenClassification
+
+
+# ---- the task ----------------------------------------------------------------------------------
+class TaggingTask:
+    name = "tagging"
+    description = "Token tagging (NER, chunking): CoNLL/JSONL, IOB1/IOB2/BIOES, entity-level P/R/F1."
+    formats = ("conll", "jsonl")
+    metrics = ("f1", "precision", "recall")
+    options = {"label_all_tokens": False, "aggregation": "first", "scheme": "auto"}
+    label_names = ("labels",)
+    hf_architecture = "BertForTokenClassification"
+    default_max_length = 128
+
+    def read(self, path: Path, **options: Any) -> list[dict[str, Any]]:
+        """Examples {"tokens", "tags", "line", "source", "format"} of a CoNLL or JSONL file (by suffix:
+        .jsonl/.json are JSONL; an unknown suffix is sniffed)."""
+        path = Path(path)
+        scheme = _options(options, self.options)["scheme"]
+        text = _decode(path)
+        examples = _read_jsonl(path, text, scheme) if _is_jsonl(path, text) else _read_conll(path, text, scheme)
+        if not examples:
+            raise DataFormatError(
+                path, "no sentences", hint="CoNLL: 'token tag' per line; JSONL: {\"tokens\": [...], \"tags\": [...]} per line"
+            )
+        return examples
+
+    def from_input(self, item: str | dict[str, Any], **options: Any) -> dict[str, Any]:
+        """A text (split into words and punctuation with character offsets), or a record with
+        "text" or pre-tokenized "tokens" (offsets then refer to " ".join(tokens))."""
+        if isinstance(item, dict) and isinstance(item.get("text"), str):
+            item = item["text"]
+        if isinstance(item, str):
+            spans = split_words(item)
+            return {"text": item, "tokens": [item[a:b] for a, b in spans], "offsets": [list(s) for s in spans]}
+        tokens = item.get("tokens") if isinstance(item, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+            have = ", ".join(item) if isinstance(item, dict) else type(item).__name__
+            raise DataFormatError(
+                "<input>", f"expected a text, or a record with 'text' or 'tokens' (a list of strings); got: {have}",
+                field="text", hint='pass {"text": "..."} or {"tokens": ["...", ...]}',
+            )
+        text, offsets = joined_offsets(tokens)
+        return {"text": text, "tokens": list(tokens), "offsets": offsets}
+
+    def label_list(self, examples: list[dict[str, Any]]) -> list[str]:
+        return sorted({t for ex in examples for t in ex["tags"]})
+
+    def featurize(
+        self, examples: list[dict[str, Any]], tokenizer: Any, *, meta: dict[str, Any], max_length: int, training: bool
+    ) -> list[dict[str, Any]]:
+        """Windows of [CLS] sub-tokens [SEP] per example, with "example", "word_ids" (word index per
+        token, -1 on [CLS]/[SEP]) and "window" [start, end, total] in the example's sub-tokens.
+        Consecutive windows of one example share about a quarter of a window."""
+        from mlmkit.tokenizer import special_ids
+
+        opts = _options(meta.get("options"), self.options)
+        if max_length < 3:
+            raise ConfigError(f"--max-length {max_length} leaves no room for words", "use at least 8")
+        if training and any(ex.get("tags") is None for ex in examples):
+            ex = next(ex for ex in examples if ex.get("tags") is None)
+            raise DataFormatError(ex.get("source", "<input>"), "no tags", line=ex.get("line"), field="tags")
+        ids = _label_ids(examples, meta) if training or any(ex.get("tags") for ex in examples) else {}
+        sp = special_ids(tokenizer)
+        budget = max_length - 2
+        overlap = budget // 4
+        with _plain(tokenizer) as tok:
+            encodings = tok.encode_batch([ex["tokens"] for ex in examples], is_pretokenized=True, add_special_tokens=False) if examples else []
+        features: list[dict[str, Any]] = []
+        for i, (ex, enc) in enumerate(zip(examples, encodings)):
+            pieces: list[list[int]] = [[] for _ in ex["tokens"]]
+            for tid, w in zip(enc.ids, enc.word_ids):
+                pieces[w].append(tid)
+            sub_ids: list[int] = []
+            word_of: list[int] = []
+            for w, p in enumerate(pieces):
+                p = p or [sp.unk]  # a word the normaliser erases (a zero-width space) still gets a token
+                sub_ids.extend(p)
+                word_of.extend([w] * len(p))
+            if training:
+                gold = [ids[t] for t in ex["tags"]]
+                sub_labels = [
+                    gold[w] if opts["label_all_tokens"] or p == 0 or word_of[p - 1] != w else IGNORE
+                    for p, w in enumerate(word_of)
+                ]
+            for s, e in windows(word_of, budget, overlap):
+                n_tok = e - s + 2
+                f: dict[str, Any] = {
+                    "input_ids": [sp.cls, *sub_ids[s:e], sp.sep],
+                    "token_type_ids": [0] * n_tok,
+                    "example": i,
+                    "word_ids": [-1, *word_of[s:e], -1],
+                    "window": [s, e, len(sub_ids)],
+                }
+                if training:
+                    f["labels"] = [IGNORE, *sub_labels[s:e], IGNORE]
+                features.append(f)
+        return features
+
+    def build_model(self, config: Any) -> Any:
+        return _model_class()(config)
+
+    def onnx_outputs(self) -> dict[str, dict[int, str]]:
+        return {"probabilities": {0: "batch", 1: "sequence"}}
+
+    def postprocess(
+        self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], *, meta: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """{"tokens", "tags", "scores", "entities"} per example. A word's label distribution comes
+        from its sub-tokens (aggregation first / average / max) in the window where the word has
+        the most context on both sides; entities carry character offsets into the text."""
+        labels = list(meta["labels"])
+        agg = _options(meta.get("options"), self.options)["aggregation"]
+        probs = outputs["probabilities"]
+        # best[i][w] = (context, feature index, token positions) of word w of example i
+        best: list[dict[int, tuple[float, int, list[int]]]] = [{} for _ in examples]
+        for k, f in enumerate(features):
+            s, e, n = f["window"]
+            positions: dict[int, list[int]] = defaultdict(list)
+            for t, w in enumerate(f["word_ids"]):
+                if w >= 0:
+                    positions[w].append(t)
+            seen = best[f["example"]]
+            for w, ts in positions.items():
+                first, last = s + ts[0] - 1, s + ts[-1] - 1  # sub-token indices in the whole example
+                left = first - s if s > 0 else math.inf  # the example's own ends are not cuts
+                right = e - 1 - last if e < n else math.inf
+                context = min(left, right)
+                if w not in seen or context > seen[w][0]:
+                    seen[w] = (context, k, ts)
+        arrays: dict[int, np.ndarray] = {}
+        preds = []
+        for i, ex in enumerate(examples):
+            tags, scores = [], []
+            for w in range(len(ex["tokens"])):
+                if w not in best[i]:
+                    raise ConfigError(f"no model output for word {w} of example {i}", "a bug: please report it")
+                _, k, ts = best[i][w]
+                if k not in arrays:
+                    arrays[k] = np.asarray(probs[k], dtype=np.float64)  # (T, L)
+                rows = arrays[k][ts]  # (sub-tokens of the word, L)
+                if agg == "first":
+                    dist = rows[0]
+                elif agg == "average":
+                    dist = rows.mean(axis=0)
+                else:  # max: the sub-token the model is surest about speaks for the word
+                    dist = rows[int(rows.max(axis=1).argmax())]
+                j = int(dist.argmax())
+                tags.append(labels[j])
+                scores.append(float(dist[j]))
+            if "offsets" in ex:
+                text, offsets = ex["text"], ex["offsets"]
+            else:
+                text, offsets = joined_offsets(ex["tokens"])
+            entities = []
+            for kind, a, b in chunks(tags):
+                start, end = offsets[a][0], offsets[b - 1][1]
+                entities.append({"type": kind, "start": start, "end": end, "text": text[start:end],
+                                 "score": float(np.mean(scores[a:b]))})
+            preds.append({"tokens": list(ex["tokens"]), "tags": tags, "scores": scores, "entities": entities})
+        return preds
+
+    def compute_metrics(
+        self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], *, meta: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Entity-level f1 (the main metric), precision, recall (0-1, conlleval), and per_type
+        {type: {precision, recall, f1, support}}."""
+        _label_ids(examples, meta)
+        if not examples:
+            raise ConfigError("no examples to score", "check the evaluation data")
+        gold = [ex["tags"] for ex in examples]
+        pred = [p["tags"] for p in predictions]
+        if len(pred) != len(gold) or any(len(g) != len(p) for g, p in zip(gold, pred)):
+            raise ConfigError("predictions do not match the examples word for word", "a bug: please report it")
+        return entity_scores(gold, pred)
+
+
+task = TaggingTask()
