@@ -94,15 +94,21 @@ def base_model_dir(model: str | Path) -> Path:
 class TaskEvaluator:
     """Scores a model on evaluation examples with the task's own postprocessing and metrics."""
 
-    def __init__(self, task: Task, examples: list[dict[str, Any]], tok: Any, meta: dict[str, Any], batch_size: int = 64):
+    def __init__(
+        self, task: Task, examples: list[dict[str, Any]], tok: Any, meta: dict[str, Any], batch_size: int = 64,
+        *, calibrate: bool = False,
+    ):
+        """``calibrate``: let the task tune its decision settings on these examples (fine-tuning's
+        evaluation set only: tuning them on test data would flatter the score)."""
         self.task, self.examples, self.meta, self.batch_size = task, examples, meta, batch_size
+        self.calibrate = calibrate
         self.features = task.featurize(examples, tok, meta=meta, max_length=meta["max_length"], training=False)
         self.pad_id = special_ids(tok).pad
         self.predictions: list[dict[str, Any]] = []
 
     def __call__(self, model: torch.nn.Module) -> dict[str, float]:
         outputs = predict_torch(self.task, model, self.features, self.pad_id, self.batch_size)
-        calibrate = getattr(self.task, "calibrate", None)
+        calibrate = getattr(self.task, "calibrate", None) if self.calibrate else None
         if calibrate is not None:  # e.g. QA's null-score threshold, saved with the model
             self.meta.update(calibrate(outputs, self.features, self.examples, meta=self.meta))
         self.predictions = self.task.postprocess(outputs, self.features, self.examples, meta=self.meta)
@@ -169,7 +175,7 @@ def finetune(
     data = FeatureData(features, task, batch_size, special_ids(tok).pad, seed)
     evaluator = None
     if eval_file is not None:
-        evaluator = TaskEvaluator(task, task.read(Path(eval_file), **opts), tok, meta)
+        evaluator = TaskEvaluator(task, task.read(Path(eval_file), **opts), tok, meta, calibrate=True)
     args = TrainArgs(
         epochs=epochs, steps=max_steps, lr=lr, warmup_ratio=warmup_ratio, weight_decay=weight_decay, seed=seed,
         device=device, bf16=bf16, progress=progress, log_every=10, keep_last=1,

@@ -122,4 +122,31 @@ def run(out: str | Path, *, steps: int = 600, seed: int = 0, console: Console | 
     for lab, row in zip(ev["labels"], ev["confusion_matrix"]):
         cm.add_row(lab, *map(str, row))
     console.print(cm)
+
+    t = _step(console, 4, "ONNX export and onnxruntime inference")
+    from .export import export
+    from .runtime import Pipeline
+
+    for run_name, bundle in (("pretrain", "fill-mask"), ("classifier", "classifier")):
+        info = export(out / run_name, out / "exports" / bundle)
+        fused = ", ".join(f"{k} {v}" for k, v in sorted(info.get("fused_operators", {}).items()) if v)
+        console.print(f"{out / 'exports' / bundle}: {info['task']}, fused: {fused or 'none'}, "
+                      f"max |torch - onnx| {info['parity']['max_abs_diff']:.1e}")
+    fill = Pipeline.load(out / "exports" / "fill-mask")(FILL_MASK_EXAMPLES)
+    fm = Table(title="fill-mask (onnxruntime)")
+    fm.add_column("text")
+    fm.add_column("top predictions")
+    for r in fill:
+        cands = r["masks"][0]["candidates"] if r.get("masks") else []
+        fm.add_row(r["text"], ", ".join(f"{c['token']} {c['score']:.2f}" for c in cands))
+    console.print(fm)
+    preds = Pipeline.load(out / "exports" / "classifier")(CLASSIFY_EXAMPLES)
+    ct = Table(title=f"classify (onnxruntime) [dim]({time.perf_counter() - t:.0f}s)[/]")
+    for c in ("text", "label", "score"):
+        ct.add_column(c)
+    for text, p in zip(CLASSIFY_EXAMPLES, preds):
+        ct.add_row(text, p["label"], f"{p['score']:.2f}")
+    console.print(ct)
+    summary["onnx_classify"] = preds
+    console.print(f"\nRuns and bundles are in {out}. Try: mlmkit classify {out / 'exports' / 'classifier'} \"I love it\"")
     return summary

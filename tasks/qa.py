@@ -1,0 +1,494 @@
+"""Extractive question answering: a start/end head over the context (SQuAD v1.1 / v2.0).
+
+Examples are dicts {"id", "question", "context", "answers": [{"text", "answer_start"}], "is_impossible"}.
+A question and its context become one or more windows of ``[CLS] question [SEP] context [SEP]``:
+contexts longer than the max length are split into windows overlapping by ``doc_stride`` tokens,
+and each window keeps the character offsets of its context tokens. For training, an answer that
+is not wholly inside a window (or a question without an answer) points at [CLS], position 0.
+
+Postprocessing (shared by evaluation and the ONNX runtime, so numpy only, never torch) searches
+the n-best start and end positions of every window of an example, keeps spans of context tokens
+no longer than ``max_answer_length``, and cuts the best one out of the original context by
+character offsets, so the answer is exactly the user's text (accents, tabs and odd spaces kept).
+For SQuAD 2.0 the no-answer score is the [CLS] start+end logit, minimum over windows (as the
+reference recipe); "" is predicted when it beats the best span by more than
+``null_score_threshold``, which ``calibrate`` tunes on the evaluation data to maximise F1 (the
+official evaluation script's best_f1_thresh) and which is saved with the model.
+
+Defaults are the reference recipe's: max length 384, stride 128, question 64 tokens, n-best 20,
+answers of at most 30 tokens. EM and F1 follow the official SQuAD script (0-100).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import re
+import string
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlmkit.errors import ConfigError, DataFormatError, MlmkitError, require_file
+
+Offsets = list[tuple[int, int] | None]
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _answers_from(raw: Any, fail: Any) -> list[dict[str, Any]]:
+    """A list of {"text", "answer_start"} from either the SQuAD list form or the HF columnar form."""
+    if isinstance(raw, dict):
+        texts, starts = raw.get("text"), raw.get("answer_start")
+        if not isinstance(texts, list) or not isinstance(starts, list):
+            fail('"answers" must hold the lists "text" and "answer_start"', "answers")
+        if len(texts) != len(starts):
+            fail(f'"answers" has {len(texts)} texts but {len(starts)} answer_start values', "answers")
+        return [{"text": t, "answer_start": s} for t, s in zip(texts, starts)]
+    if isinstance(raw, list):
+        for k, a in enumerate(raw):
+            if not isinstance(a, dict) or "text" not in a or "answer_start" not in a:
+                fail('each answer needs "text" and "answer_start"', f"answers[{k}]")
+        return [{"text": a["text"], "answer_start": a["answer_start"]} for a in raw]
+    fail('"answers" must be a list of {"text", "answer_start"} or {"text": [...], "answer_start": [...]}', "answers")
+    return []  # not reached: fail raises
+
+
+def _example(rec: dict[str, Any], fail: Any, default_id: str) -> dict[str, Any]:
+    """Validate one question record and return the example dict; ``fail(message, field)`` raises."""
+    for key in ("question", "context"):
+        if key not in rec:
+            fail(f'missing "{key}"', key)
+        if not isinstance(rec[key], str):
+            fail(f'"{key}" must be a string, got {type(rec[key]).__name__}', key)
+    qid = str(rec.get("id", default_id))
+    context = rec["context"]
+    flag = rec.get("is_impossible")
+    if flag is not None and not isinstance(flag, bool):
+        fail(f'"is_impossible" must be true or false, got {flag!r}', "is_impossible")
+    if "answers" not in rec or rec["answers"] is None:
+        if flag is not True:
+            fail('missing "answers" (use [] with "is_impossible": true for a question without an answer)', "answers")
+        answers: list[dict[str, Any]] = []
+    else:
+        answers = _answers_from(rec["answers"], fail)
+    impossible = bool(flag) if flag is not None else not answers
+    if impossible:
+        answers = []  # SQuAD 2.0 keeps its guesses in "plausible_answers"; the gold is ""
+    elif not answers:
+        fail('no answers although "is_impossible" is false', "answers")
+    for k, a in enumerate(answers):
+        text, start = a["text"], a["answer_start"]
+        if not isinstance(text, str) or not text:
+            fail(f"question '{qid}': the answer text must be a non-empty string, got {text!r}", f"answers[{k}].text")
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            fail(f"question '{qid}': answer_start must be a non-negative integer, got {start!r}", f"answers[{k}].answer_start")
+        found = context[start : start + len(text)]
+        if found != text:
+            where = context.find(text)
+            hint = f"it occurs at {where}" if where >= 0 else "it does not occur in the context at all"
+            fail(
+                f"question '{qid}': answer {text!r} is not at answer_start {start}; the context there reads "
+                f"{found!r} ({hint})",
+                f"answers[{k}].answer_start",
+            )
+    return {"id": qid, "question": rec["question"], "context": context, "answers": answers, "is_impossible": impossible}
+
+
+def _read_jsonl(path: Path, text: str) -> list[dict[str, Any]]:
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+
+        def fail(msg: str, field: str | None = None, n: int = n) -> None:
+            raise DataFormatError(path, msg, line=n, field=field, hint="fix that line of the file")
+
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            fail(f"malformed JSON: {e.msg} (column {e.colno})")
+        if not isinstance(rec, dict):
+            fail(f'expected a JSON object {{"id", "question", "context", "answers"}}, got {type(rec).__name__}')
+        out.append(_example(rec, fail, default_id=str(n)))
+    return out
+
+
+def _read_squad(path: Path, doc: Any) -> list[dict[str, Any]]:
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        raise DataFormatError(path, 'a SQuAD file is an object with a "data" list', field="data", hint="or use JSON lines")
+    out = []
+    for i, article in enumerate(doc["data"]):
+        paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
+        if not isinstance(paragraphs, list):
+            raise DataFormatError(path, 'each article needs a "paragraphs" list', field=f"data[{i}].paragraphs")
+        for j, para in enumerate(paragraphs):
+            where = f"data[{i}].paragraphs[{j}]"
+            if not isinstance(para, dict) or not isinstance(para.get("context"), str):
+                raise DataFormatError(path, 'each paragraph needs a "context" string', field=f"{where}.context")
+            if not isinstance(para.get("qas"), list):
+                raise DataFormatError(path, 'each paragraph needs a "qas" list', field=f"{where}.qas")
+            for k, qa in enumerate(para["qas"]):
+                at = f"{where}.qas[{k}]"
+                if not isinstance(qa, dict):
+                    raise DataFormatError(path, "each question must be an object", field=at)
+                if "id" not in qa:
+                    raise DataFormatError(path, 'question without "id"', field=f"{at}.id")
+
+                def fail(msg: str, field: str | None = None, at: str = at, qid: Any = qa["id"]) -> None:
+                    if f"question '{qid}'" not in msg:
+                        msg = f"question '{qid}': {msg}"
+                    raise DataFormatError(path, msg, field=f"{at}.{field}" if field else at, hint="fix the data file")
+
+                out.append(_example({**qa, "context": para["context"]}, fail, default_id=str(qa["id"])))
+    return out
+
+
+# ---------------------------------------------------------------- metrics (the official SQuAD script)
+
+
+def normalize_answer(s: str) -> str:
+    """Lower case, drop punctuation, the articles a/an/the and extra whitespace (SQuAD v1.1/v2.0)."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in _PUNCT)
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+_PUNCT = set(string.punctuation)
+
+
+def exact_match(gold: str, pred: str) -> float:
+    return float(normalize_answer(gold) == normalize_answer(pred))
+
+
+def f1_score(gold: str, pred: str) -> float:
+    g, p = normalize_answer(gold).split(), normalize_answer(pred).split()
+    if not g or not p:  # no-answer: 1 only when both are empty
+        return float(g == p)
+    same = sum((collections.Counter(g) & collections.Counter(p)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(p), same / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def gold_answers(example: dict[str, Any]) -> list[str]:
+    """Gold texts as the official script takes them: impossible questions (and empty golds) are [""]."""
+    if example.get("is_impossible"):
+        return [""]
+    return [a["text"] for a in example.get("answers", []) if normalize_answer(a["text"])] or [""]
+
+
+# ---------------------------------------------------------------- the span search
+
+
+def _best_span(
+    start: np.ndarray, end: np.ndarray, offsets: Offsets, n_best: int, max_answer: int
+) -> tuple[float, int, int] | None:
+    """(score, start token, end token) of the best valid span of one window, or None."""
+    n = min(len(start), len(end), len(offsets))
+    ctx = np.array([i for i in range(n) if offsets[i] is not None], dtype=np.int64)
+    if ctx.size == 0:
+        return None
+    s_idx = ctx[np.argsort(-start[ctx], kind="stable")[:n_best]]  # n-best starts among context tokens
+    e_idx = ctx[np.argsort(-end[ctx], kind="stable")[:n_best]]
+    score = start[s_idx][:, None] + end[e_idx][None, :]  # (n_best, n_best)
+    length = e_idx[None, :] - s_idx[:, None] + 1
+    score = np.where((length >= 1) & (length <= max_answer), score, -np.inf)
+    k = int(np.argmax(score))
+    best = float(score.flat[k])
+    if best == -np.inf:
+        return None
+    return best, int(s_idx[k // score.shape[1]]), int(e_idx[k % score.shape[1]])
+
+
+def _search(outputs: dict[str, Any], features: list[dict[str, Any]], n_examples: int, opts: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per example: the best span over all its windows (score, character span) and the null score."""
+    res = [{"score": None, "start": -1, "end": -1, "null": None} for _ in range(n_examples)]
+    n_best, max_answer = int(opts["n_best"]), int(opts["max_answer_length"])
+    for f, st, en in zip(features, outputs["start_logits"], outputs["end_logits"]):
+        st = np.asarray(st, dtype=np.float64).reshape(-1)  # (T,)
+        en = np.asarray(en, dtype=np.float64).reshape(-1)
+        r = res[f["example_index"]]
+        null = float(st[0] + en[0])  # [CLS]
+        r["null"] = null if r["null"] is None else min(r["null"], null)
+        span = _best_span(st, en, f["offsets"], n_best, max_answer)
+        if span is not None and (r["score"] is None or span[0] > r["score"]):
+            r["score"], r["start"], r["end"] = span[0], f["offsets"][span[1]][0], f["offsets"][span[2]][1]
+    return res
+
+
+# ---------------------------------------------------------------- the task
+
+
+@functools.cache
+def _model_class() -> type:
+    """BertForQuestionAnswering with Hugging Face parameter names (torch imported only here)."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    from mlmkit.model import BertModel, init_weights
+
+    class BertForQuestionAnswering(nn.Module):
+        def __init__(self, config: Any) -> None:
+            super().__init__()
+            self.config = config
+            self.bert = BertModel(config, add_pooling_layer=False)
+            self.qa_outputs = nn.Linear(config.hidden_size, 2)
+            init_weights(self, config.initializer_range)
+
+        def forward(
+            self,
+            input_ids: torch.Tensor,
+            attention_mask: torch.Tensor | None = None,
+            token_type_ids: torch.Tensor | None = None,
+            start_positions: torch.Tensor | None = None,
+            end_positions: torch.Tensor | None = None,
+        ) -> dict[str, torch.Tensor]:
+            seq, _ = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, H)
+            logits = self.qa_outputs(seq)  # (B, T, 2)
+            start, end = logits[..., 0].contiguous(), logits[..., 1].contiguous()  # (B, T) each
+            out = {"start_logits": start, "end_logits": end}
+            if start_positions is not None and end_positions is not None:
+                # as transformers: positions outside the sequence are clamped to T and ignored
+                T = start.size(1)
+                sp, ep = start_positions.view(-1).clamp(0, T), end_positions.view(-1).clamp(0, T)
+                out["loss"] = (F.cross_entropy(start.float(), sp, ignore_index=T) + F.cross_entropy(end.float(), ep, ignore_index=T)) / 2
+            return out
+
+    return BertForQuestionAnswering
+
+
+class QATask:
+    name = "qa"
+    description = "extractive question answering: a start/end span of the context (SQuAD v1.1 / v2.0)"
+    formats = ("squad-json", "jsonl")
+    metrics = ("f1", "exact_match")
+    options = {"doc_stride": 128, "max_question_length": 64, "n_best": 20, "max_answer_length": 30}
+    label_names = ("start_positions", "end_positions")
+    hf_architecture = "BertForQuestionAnswering"
+    default_max_length = 384
+
+    # -------------------------------------------------------- data
+
+    def read(self, path: Path, **options: Any) -> list[dict[str, Any]]:
+        """SQuAD v1.1 / v2.0 JSON (.json) or JSON lines {"id", "question", "context", "answers"}."""
+        p = require_file(path, "data file")
+        try:
+            text = p.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise DataFormatError(p, f"not UTF-8 text ({e.reason} at byte {e.start})", hint="save it as UTF-8") from None
+        if p.suffix.lower() == ".jsonl":
+            return _read_jsonl(p, text)
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            if e.msg == "Extra data" or p.suffix.lower() != ".json":  # several JSON values: JSON lines
+                return _read_jsonl(p, text)
+            raise DataFormatError(p, f"malformed JSON: {e.msg} (column {e.colno})", line=e.lineno, hint="fix the JSON") from None
+        if isinstance(doc, dict) and "data" not in doc and "question" in doc:  # a JSON-lines file of one record
+            return _read_jsonl(p, text)
+        return _read_squad(p, doc)
+
+    def from_input(self, item: str | dict[str, Any], **options: Any) -> dict[str, Any]:
+        """An example from a runtime record with "question" and "context" (and optionally "id")."""
+        hint = 'give records with "question" and "context" fields (JSON lines, or CSV/TSV columns of those names)'
+        if not isinstance(item, dict):
+            raise MlmkitError("qa needs a question and a context, not a plain text", hint)
+        missing = [k for k in ("question", "context") if not isinstance(item.get(k), str)]
+        if missing:
+            has = ", ".join(map(repr, item)) or "nothing"
+            raise MlmkitError(f"qa input lacks {' and '.join(map(repr, missing))} (it has {has})", hint)
+        qid = item.get("id")
+        return {
+            "id": "" if qid is None else str(qid), "question": item["question"], "context": item["context"],
+            "answers": [], "is_impossible": False,
+        }
+
+    def label_list(self, examples: list[dict[str, Any]]) -> list[str] | None:
+        return None
+
+    def _opts(self, meta: dict[str, Any]) -> dict[str, Any]:
+        opts = {**self.options, **{k: v for k, v in (meta.get("options") or {}).items() if v is not None}}
+        for k in self.options:
+            if isinstance(opts[k], bool) or not isinstance(opts[k], int) or opts[k] < (0 if k == "doc_stride" else 1):
+                least = 0 if k == "doc_stride" else 1
+                raise ConfigError(f"--{k.replace('_', '-')} must be an integer of at least {least}, got {opts[k]!r}")
+        return opts
+
+    # -------------------------------------------------------- features
+
+    def featurize(
+        self, examples: list[dict[str, Any]], tokenizer: Any, *, meta: dict[str, Any], max_length: int, training: bool
+    ) -> list[dict[str, Any]]:
+        """Windows of [CLS] question [SEP] context [SEP] with the context's character offsets.
+
+        Each feature: input_ids, token_type_ids, example_index, offsets (per token, (start, end) in
+        the context or None for the question and special tokens), and when ``training`` the
+        start/end token positions (0, the [CLS], when the answer is not wholly in the window)."""
+        opts = self._opts(meta)
+        stride, q_max = opts["doc_stride"], opts["max_question_length"]
+        if training and any(ex.get("is_impossible") for ex in examples):
+            meta["version_2_with_negative"] = True  # SQuAD 2.0 training: postprocess may answer ""
+        saved_trunc, saved_pad = tokenizer.truncation, tokenizer.padding
+        try:
+            tokenizer.no_truncation()
+            tokenizer.no_padding()
+            questions, q_lens = self._cut_questions(tokenizer, [ex["question"] for ex in examples], q_max)
+            contexts = [ex["context"] for ex in examples]
+            unique = list(dict.fromkeys(contexts))  # SQuAD asks several questions about each paragraph
+            n_tokens = dict(zip(unique, (len(e.ids) for e in tokenizer.encode_batch(unique, add_special_tokens=False))))
+            c_lens = [n_tokens[c] for c in contexts]
+            windowed = False
+            for ex, q, c in zip(examples, q_lens, c_lens):
+                window = max_length - 3 - q  # context tokens per window
+                windowed = windowed or q + c + 3 > max_length
+                if q + c + 3 > max_length and stride >= window:  # tokenizers would panic
+                    raise ConfigError(
+                        f"--doc-stride {stride} must be smaller than the context window of question "
+                        f"'{ex['id']}': max length {max_length} - {q} question tokens - 3 special tokens = {window} tokens",
+                        "lower --doc-stride or --max-question-length, or raise --max-length",
+                    )
+            # the stride only matters (and is only checked by tokenizers) when some context needs windows
+            tokenizer.enable_truncation(max_length, stride=stride if windowed else 0, strategy="only_second")
+            encodings = tokenizer.encode_batch(list(zip(questions, contexts)))
+        finally:
+            tokenizer.no_truncation()
+            if saved_trunc:
+                tokenizer.enable_truncation(**saved_trunc)
+            if saved_pad:
+                tokenizer.enable_padding(**saved_pad)
+        features = []
+        for i, (ex, enc) in enumerate(zip(examples, encodings)):
+            for e in [enc, *enc.overflowing]:  # the first window, then the rest in context order
+                offsets: Offsets = [tuple(o) if s == 1 else None for o, s in zip(e.offsets, e.sequence_ids)]
+                f = {"input_ids": list(e.ids), "token_type_ids": list(e.type_ids), "example_index": i, "offsets": offsets}
+                if training:
+                    f["start_positions"], f["end_positions"] = self._positions(offsets, ex)
+                features.append(f)
+        return features
+
+    @staticmethod
+    def _cut_questions(tokenizer: Any, questions: list[str], q_max: int) -> tuple[list[str], list[int]]:
+        """Questions cut to at most ``q_max`` tokens, at a word end when possible (so re-tokenizing
+        gives the same tokens), and their lengths in tokens."""
+        out, lengths = list(questions), []
+        for i, enc in enumerate(tokenizer.encode_batch(questions, add_special_tokens=False)):
+            n = len(enc.ids)
+            if n > q_max:
+                words = enc.word_ids
+                ends = [k for k in range(q_max, 0, -1) if words[k] != words[k - 1] or words[k] is None]
+                out[i], n = "", 0
+                for k in ends or range(q_max, 0, -1):
+                    cut = questions[i][: enc.offsets[k - 1][1]]
+                    m = len(tokenizer.encode(cut, add_special_tokens=False).ids)
+                    if m <= q_max:
+                        out[i], n = cut, m
+                        break
+            lengths.append(n)
+        return out, lengths
+
+    @staticmethod
+    def _positions(offsets: Offsets, ex: dict[str, Any]) -> tuple[int, int]:
+        """Token positions of the first answer in this window, or (0, 0) for [CLS]."""
+        if ex.get("is_impossible") or not ex.get("answers"):
+            return 0, 0
+        a = ex["answers"][0]
+        text = a["text"]
+        s_char = a["answer_start"] + len(text) - len(text.lstrip())  # whitespace round an answer is no token
+        e_char = a["answer_start"] + len(text.rstrip())
+        ctx = [i for i, o in enumerate(offsets) if o is not None]
+        if not ctx or offsets[ctx[0]][0] > s_char or offsets[ctx[-1]][1] < e_char:
+            return 0, 0  # not (wholly) inside this window
+        start = next((i for i in ctx if offsets[i][1] > s_char), None)  # first token overlapping the answer
+        end = next((i for i in reversed(ctx) if offsets[i][0] < e_char), None)  # last one
+        if start is None or end is None or end < start:
+            return 0, 0
+        return start, end
+
+    # -------------------------------------------------------- model
+
+    def build_model(self, config: Any) -> Any:
+        return _model_class()(config)
+
+    def onnx_outputs(self) -> dict[str, dict[int, str]]:
+        return {"start_logits": {0: "batch", 1: "sequence"}, "end_logits": {0: "batch", 1: "sequence"}}
+
+    # -------------------------------------------------------- predictions
+
+    @staticmethod
+    def _with_null(meta: dict[str, Any]) -> bool:
+        return bool(meta.get("version_2_with_negative")) or meta.get("null_score_threshold") is not None
+
+    def postprocess(
+        self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], *, meta: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """One {"id", "answer", "score", "start", "end"} per example; start/end are character
+        offsets in the context (-1 and "" for no answer)."""
+        found = _search(outputs, features, len(examples), self._opts(meta))
+        with_null = self._with_null(meta)
+        threshold = float(meta.get("null_score_threshold") or 0.0)
+        preds = []
+        for ex, r in zip(examples, found):
+            no_span = r["score"] is None
+            if no_span or (with_null and r["null"] - r["score"] > threshold):
+                score = r["null"] if r["null"] is not None else 0.0
+                preds.append({"id": ex["id"], "answer": "", "score": float(score), "start": -1, "end": -1})
+            else:
+                answer = ex["context"][r["start"] : r["end"]]
+                preds.append({"id": ex["id"], "answer": answer, "score": float(r["score"]), "start": r["start"], "end": r["end"]})
+        return preds
+
+    def calibrate(
+        self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], *, meta: dict[str, Any]
+    ) -> dict[str, Any]:
+        """SQuAD 2.0: the null-score threshold that maximises F1 on these examples (as the official
+        script's best_f1_thresh); {} when no question here is impossible."""
+        if not any(ex.get("is_impossible") for ex in examples):
+            return {}
+        found = _search(outputs, features, len(examples), self._opts(meta))
+        total = 0.0  # F1 summed over examples, everything predicted "" to begin with
+        candidates = []  # (null - best span, F1 gained by answering instead)
+        for ex, r in zip(examples, found):
+            golds = gold_answers(ex)
+            null_f1 = max(f1_score(g, "") for g in golds)
+            total += null_f1
+            if r["score"] is not None:
+                span_f1 = max(f1_score(g, ex["context"][r["start"] : r["end"]]) for g in golds)
+                candidates.append((r["null"] - r["score"], span_f1 - null_f1))
+        if not candidates:
+            return {"null_score_threshold": 0.0}
+        candidates.sort()
+        best, threshold = total, candidates[0][0] - 1.0  # below every difference: always ""
+        k = 0
+        while k < len(candidates):  # answer every example with a difference <= the threshold
+            diff = candidates[k][0]
+            while k < len(candidates) and candidates[k][0] == diff:
+                total += candidates[k][1]
+                k += 1
+            if total > best:
+                best, threshold = total, diff
+        return {"null_score_threshold": float(threshold)}
+
+    def compute_metrics(
+        self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], *, meta: dict[str, Any]
+    ) -> dict[str, float]:
+        """exact_match and f1 (0-100), each the max over the gold answers, averaged over questions."""
+        if len(predictions) != len(examples):
+            raise MlmkitError(f"{len(predictions)} predictions for {len(examples)} questions")
+        if not examples:
+            return {"f1": 0.0, "exact_match": 0.0}
+        em = f1 = 0.0
+        for p, ex in zip(predictions, examples):
+            golds = gold_answers(ex)
+            em += max(exact_match(g, p["answer"]) for g in golds)
+            f1 += max(f1_score(g, p["answer"]) for g in golds)
+        return {"f1": 100.0 * f1 / len(examples), "exact_match": 100.0 * em / len(examples)}
+
+
+task = QATask()
