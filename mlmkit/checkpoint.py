@@ -91,7 +91,13 @@ def load_state_dict(run_dir: str | Path) -> dict[str, torch.Tensor]:
         except Exception as e:  # safetensors raises its own error types for truncated files
             raise ConfigError(f"{d / WEIGHTS}: unreadable weights ({e})", "the file is corrupted; re-create it") from None
     elif (d / "pytorch_model.bin").exists():
-        sd = torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        try:
+            sd = torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        except Exception as e:  # weights_only refuses pickled code; a truncated file fails too
+            raise ConfigError(
+                f"{d / 'pytorch_model.bin'}: not a plain tensor checkpoint ({str(e).splitlines()[0]})",
+                "mlmkit loads only tensors, never pickled code; convert it to model.safetensors",
+            ) from None
     else:
         raise ConfigError(
             f"no weights in {d}",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -166,7 +167,8 @@ def pretrain(
         keep_last=keep_last, resume=resume, seed=seed, bf16=bf16, device=device,
         progress=err.is_terminal,
     )
-    print_metrics(metrics, f"pretraining {out_dir}", as_json=False)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one process reports
+        print_metrics(metrics, f"pretraining {out_dir}", as_json=False)
 
 
 # ---- tasks and fine-tuning ---------------------------------------------------------------------
@@ -299,5 +301,7 @@ def main() -> None:
     app()
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m mlmkit.cli`: use the package's app, where cli_serve registered
+    from mlmkit.cli import main as _main
+
+    _main()

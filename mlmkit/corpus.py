@@ -6,9 +6,12 @@ sentence ends when it has none).
 
 NSP instances follow the original BERT recipe (create_pretraining_data.py): a target length
 (shorter with probability 0.1), segment A from consecutive sentences, B the true continuation half
-of the time and a span of another document otherwise, the longer side truncated. One deviation: a
-chunk of a single sentence borrows the next sentence when there is one, so IsNext stays near 50%
-(the original forces a random B for such chunks).
+of the time and a span of another document otherwise, the longer side truncated. Two deviations:
+a chunk of a single sentence borrows the next sentence when there is one (the previous one at the end
+of a document), so IsNext stays near 50% (the original forces a random B for such chunks); and a
+random B is as long as the true continuation would have been, not filled up to the target length, so
+sequence length alone does not predict the label (with the original, short documents let a model
+reach ~61% NSP accuracy from lengths alone).
 """
 
 from __future__ import annotations
@@ -181,6 +184,21 @@ def _truncate_pair(a: list[int], b: list[int], max_tokens: int, rng: random.Rand
             longer.pop()
 
 
+def _random_b(doc: list[np.ndarray], want: int, rng: random.Random, tries: int = 4) -> list[int]:
+    """Consecutive sentences of ``doc`` about ``want`` tokens long: the span nearest that length
+    among a few random starts, so the length of a random B tells nothing about IsNext."""
+    best: list[int] = []
+    for _ in range(tries):
+        span: list[int] = []
+        for s in doc[rng.randrange(len(doc)) :]:
+            if span and abs(len(span) + len(s) - want) >= abs(len(span) - want):
+                break
+            span.extend(s.tolist())
+        if not best or abs(len(span) - want) < abs(len(best) - want):
+            best = span
+    return best
+
+
 def nsp_instances(
     corpus: TokenizedCorpus, max_len: int, rng: random.Random, short_seq_prob: float = 0.1
 ) -> list[Instance]:
@@ -201,14 +219,17 @@ def nsp_instances(
             chunk.append(doc[i])
             length += len(doc[i])
             if i == len(doc) - 1 or length >= target:
+                borrowed_prev = False
                 if len(chunk) == 1 and i + 1 < len(doc):  # borrow the next sentence (see module doc)
                     i += 1
                     chunk.append(doc[i])
+                elif len(chunk) == 1 and i > 0:  # the last sentence alone: borrow the previous one
+                    chunk.insert(0, doc[i - 1])
+                    borrowed_prev = True
                 a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
                 a = [t for s in chunk[:a_end] for t in s.tolist()]
                 if len(chunk) == 1 or rng.random() < 0.5:
                     is_next = 1
-                    target_b = max(1, target - len(a))
                     other = d
                     for _ in range(10):
                         other = rng.randrange(corpus.num_docs)
@@ -217,12 +238,9 @@ def nsp_instances(
                     if other == d:
                         other = (d + 1) % corpus.num_docs
                     odoc = corpus.document(other)
-                    b: list[int] = []
-                    for s in odoc[rng.randrange(len(odoc)) :]:
-                        b.extend(s.tolist())
-                        if len(b) >= target_b:
-                            break
-                    i -= len(chunk) - a_end  # the unused sentences are read again
+                    b = _random_b(odoc, sum(map(len, chunk[a_end:])) or target - len(a), rng)
+                    if not borrowed_prev:  # the unused sentences are read again
+                        i -= len(chunk) - a_end
                 else:
                     is_next = 0
                     b = [t for s in chunk[a_end:] for t in s.tolist()]

@@ -222,7 +222,8 @@ class BertLMPredictionHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.transform(x)) + self.bias  # (..., V)
+        # the bias inside the matmul (addmm): a separate add is one more pass over (N, V) logits
+        return F.linear(self.transform(x), self.decoder.weight, self.bias)  # (..., V)
 
 
 class BertPreTrainingHeads(nn.Module):

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer
 
 from .checkpoint import read_json, save_run
 from .config import BertConfig, preset
 from .corpus import PretrainData, TokenizedCorpus, iter_sentences, tokenize_corpus
 from .errors import ConfigError, MlmkitError
 from .model import BertForPreTraining
-from .tokenizer import load_tokenizer, train_tokenizer
-from .training import TrainArgs, Trainer
+from .tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+from .training import TrainArgs, Trainer, init_distributed, latest_checkpoint
 
 log = logging.getLogger("mlmkit")
 
@@ -75,6 +77,26 @@ class MLMEvaluator:
         return m
 
 
+def _train_shared_tokenizer(
+    corpus: list[str | Path], out: Path, *, vocab_size: int, cased: bool, device: str
+) -> Tokenizer:
+    """Train a tokenizer on the corpus. Under torchrun rank 0 trains it and the other ranks read the
+    file it writes: WordPiece training breaks ties differently from one process to the next, so
+    ranks training their own would disagree on token ids."""
+    on_gpu = device.startswith("cuda") and torch.cuda.is_available()
+    if on_gpu and "LOCAL_RANK" in os.environ:  # each rank on its own GPU before nccl's first barrier
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist = init_distributed(torch.device("cuda" if on_gpu else "cpu"))
+    if dist.main:
+        log.info("training a WordPiece tokenizer (vocab %d) on the corpus", vocab_size)
+        tok = train_tokenizer(iter_sentences(corpus), vocab_size=vocab_size, cased=cased)
+        if dist.world == 1:
+            return tok
+        save_tokenizer(tok, out)
+    torch.distributed.barrier()
+    return tok if dist.main else load_tokenizer(out / "tokenizer.json")
+
+
 def pretrain(
     corpus: list[str | Path],
     out: str | Path,
@@ -122,13 +144,18 @@ def pretrain(
             raise MlmkitError(f"corpus file not found: {p}", "check the path")
     if not 0.0 < mask_prob < 1.0:
         raise ConfigError(f"--mask-prob must be between 0 and 1, got {mask_prob}")
-    if resume and (out / "tokenizer.json").exists() and tokenizer is None:
-        tokenizer = out / "tokenizer.json"
+    # on --resume the run's own tokenizer and config: those of its last checkpoint (a run killed
+    # before its end has none at its root yet), else those at the root
+    own = None
+    if resume:
+        ck = latest_checkpoint(out)
+        own = ck if ck is not None else out
+    if own is not None and (own / "tokenizer.json").exists() and tokenizer is None:
+        tokenizer = own / "tokenizer.json"
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     else:
-        log.info("training a WordPiece tokenizer (vocab %d) on the corpus", vocab_size)
-        tok = train_tokenizer(iter_sentences(corpus), vocab_size=vocab_size, cased=cased)
+        tok = _train_shared_tokenizer(corpus, out, vocab_size=vocab_size, cased=cased, device=device)
     V = tok.get_vocab_size()
     if config is not None:
         cfg = BertConfig.load(config)
@@ -137,8 +164,8 @@ def pretrain(
                 f"the tokenizer has {V} tokens but {config} says vocab_size {cfg.vocab_size}",
                 "use the tokenizer the config was made for, or set vocab_size to match",
             )
-    elif resume and (out / "config.json").exists():
-        cfg = BertConfig.load(out)
+    elif own is not None and (own / "config.json").exists():
+        cfg = BertConfig.load(own)
     else:
         cfg = preset(preset_name, vocab_size=V, max_position_embeddings=max(512, seq_len))
     if seq_len > cfg.max_position_embeddings:
@@ -161,6 +188,10 @@ def pretrain(
 
     torch.manual_seed(seed)
     model = BertForPreTraining(cfg)
+    if not nsp:  # no NSP loss: the pooler and NSP head stay as initialised (DDP needs every trained
+        # parameter to take part in the loss)
+        for p in [*model.bert.pooler.parameters(), *model.cls.seq_relationship.parameters()]:
+            p.requires_grad_(False)
     args = TrainArgs(
         steps=steps, lr=lr, warmup_steps=warmup_steps, grad_accum=grad_accum, eval_every=eval_every,
         save_every=save_every, keep_last=keep_last, seed=seed, bf16=bf16, device=device, progress=progress,

@@ -1,0 +1,5 @@
+"""`python -m mlmkit ...` (and `torchrun -m mlmkit ...`): the same app as the `mlmkit` command."""
+
+from mlmkit.cli import main
+
+main()
