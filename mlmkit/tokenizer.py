@@ -96,6 +96,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         cased = not _lowercase_from_config(p.parent)
         tok = _bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100)), cased)
         special_ids(tok)
+        tok.add_special_tokens(SPECIAL_TOKENS)  # so a typed "[MASK]" stays one token, as in tokenizer.json
         return prepare(_add_template(tok))
     try:
         tok = Tokenizer.from_file(str(p))

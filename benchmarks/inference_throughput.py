@@ -1,0 +1,477 @@
+"""Inference throughput: mlmkit ONNX bundles vs transformers pipelines vs a full-logits onnxruntime graph.
+
+    python benchmarks/inference_throughput.py            # the full run (about 10 minutes on 2 quiet cores)
+    python benchmarks/inference_throughput.py --quick    # a smoke run of the same steps (about 4 minutes)
+
+Model: MiniLM-sized BERT (6 layers, hidden 384, 12 heads, intermediate 1536, vocabulary 30522),
+random weights for fill-mask (speed does not depend on them); a WordPiece tokenizer trained on the
+docstrings of Python's standard library, padded with [unusedN] entries to exactly 30522 tokens.
+Inputs: 1,024 English sentences of 8-40 words from the same docstrings, one word of each replaced
+by [MASK] for fill-mask. Batch 32, 2 threads on every side.
+
+Each side runs in its own worker process (torch and onnxruntime in one process slow each other
+down, PERF_NOTES), loaded and warmed up once; the driver then asks the workers for one timed pass
+over all sentences in turn, the compared sides back to back, the direction reversed each round.
+Speeds are medians over the passes; a ratio is the median over the rounds of the two sides'
+back-to-back speeds, which keeps it steady when the machine's load drifts. On a shared machine
+each pass first waits (up to --patience seconds) for other processes to leave the CPUs alone,
+the CPU time other processes took during each pass is measured (/proc/stat), and passes where
+it exceeded 0.15 cores are marked and left out of the figures whenever quiet ones exist.
+
+- fill-mask: the mlmkit bundle (head at [MASK] only, top-k in the graph), the same bundle int8,
+  ``transformers.pipeline("fill-mask", top_k=5)``, and onnxruntime on a plain export of the same
+  model that outputs the full B x T x V logits (same fusions, same length-bucketed batches, top-k
+  of the [MASK] rows in numpy);
+- classification: the mlmkit bundle fp32 and int8 vs ``transformers.pipeline("text-classification")``.
+
+int8 top-1 agreement is measured on the classifier, which is fine-tuned here first (a keyword
+task on the same docstring sentences): the agreement of a random MLM head is meaningless
+(PERF_NOTES), so the fill-mask int8 agreement is printed for information only. The top-1
+agreement between the mlmkit fill-mask bundle and the transformers pipeline (same weights) is
+printed as a correctness check.
+
+The script ends with one line per target: ``target NAME: X.XX (goal >= Y.YY)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+MINILM = {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 12, "intermediate_size": 1536}
+VOCAB = 30522
+MAX_LENGTH = 128
+QUIET = 0.15  # cores other processes may use during a pass that still counts as quiet
+KEYWORDS = {"return", "returns", "returned", "returning"}  # the classifier's task: does the sentence speak of returning?
+TARGETS = [  # name, goal
+    ("fill-mask-vs-transformers", 4.0),
+    ("fill-mask-vs-full-logits", 1.5),
+    ("classify-vs-transformers", 3.0),
+    ("int8-vs-fp32", 1.5),
+    ("int8-top1-agreement", 0.97),
+]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---- setup (torch): data, tokenizer, models, bundles -------------------------------------------
+def words(s: str) -> list[str]:
+    return s.split()
+
+
+def setup(work: Path, quick: bool, n_sentences: int) -> None:
+    """Everything the sides read, written once into ``work`` (reused while setup.json matches)."""
+    import torch
+
+    from mlmkit.checkpoint import save_run
+    from mlmkit.config import BertConfig
+    from mlmkit.export import export
+    from mlmkit.finetuning import finetune
+    from mlmkit.model import BertForPreTraining
+    from mlmkit.stdlib_corpus import docstring_documents
+    from mlmkit.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_tokenizer, train_tokenizer
+
+    stamp = {"quick": quick, "sentences": n_sentences, "version": 6}
+    if (work / "setup.json").exists() and json.loads((work / "setup.json").read_text()) == stamp:
+        log(f"setup: reusing {work}")
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    sents = [s for doc in docstring_documents() for s in doc]
+    rng = random.Random(0)
+    pool = sorted({s for s in sents if 8 <= len(words(s)) <= 40})
+    rng.shuffle(pool)
+    bench, rest = pool[:n_sentences], pool[n_sentences:]
+    masked = []
+    for s in bench:
+        w = words(s)
+        i = rng.choice([k for k, x in enumerate(w) if x.isalpha()] or [0])
+        w[i] = "[MASK]"
+        masked.append(" ".join(w))
+    (work / "sentences.json").write_text(json.dumps({"plain": bench, "masked": masked}))
+
+    # tokenizer: WordPiece on the docstrings, padded to the BERT vocabulary size with [unusedN]
+    tok = train_tokenizer(sents, vocab_size=VOCAB, min_frequency=2)
+    vocab = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
+    vocab += [f"[unused{i}]" for i in range(VOCAB - len(vocab))]
+    tmp = work / "vocab"
+    tmp.mkdir(exist_ok=True)
+    (tmp / "vocab.txt").write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
+    tok = load_tokenizer(tmp / "vocab.txt")
+    tok.add_special_tokens(SPECIAL_TOKENS)  # "[MASK]" typed in a text is the mask token, as in a trained tokenizer
+    assert tok.get_vocab_size() == VOCAB
+    save_tokenizer(tok, tmp, max_length=MAX_LENGTH)
+    log(f"setup: tokenizer of {tok.get_vocab_size()} tokens ({time.perf_counter() - t0:.0f}s)")
+
+    # fill-mask: a random-weight MiniLM pretraining run (an HF checkpoint directory)
+    cfg = BertConfig(vocab_size=VOCAB, max_position_embeddings=512, **MINILM)
+    cfg.architectures = ["BertForPreTraining"]
+    torch.manual_seed(0)
+    save_run(BertForPreTraining(cfg), work / "mlm-run", config=cfg, tokenizer=tok,
+             meta={"task": "pretraining", "max_length": MAX_LENGTH})
+
+    # classification: fine-tuned on a keyword task so that int8 agreement means something
+    data = [(s, "returns" if KEYWORDS & {w.lower().strip(".,;:()") for w in words(s)} else "other") for s in rest]
+    pos = [d for d in data if d[1] == "returns"]
+    neg = [d for d in data if d[1] == "other"][: len(pos)]
+    train = pos + neg
+    random.Random(1).shuffle(train)
+    train = train[: 480 if quick else 1600]
+    import csv
+
+    with open(work / "train.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        w.writerows(train)
+    with open(work / "dev.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        w.writerows((s, "returns" if KEYWORDS & {x.lower().strip(".,;:()") for x in words(s)} else "other") for s in bench)
+    t1 = time.perf_counter()
+    metrics = finetune("classification", work / "mlm-run", work / "train.csv", work / "clf-run", eval_file=work / "dev.csv",
+                       epochs=3, batch_size=32, lr=3e-4, warmup_ratio=0.2, max_length=MAX_LENGTH,
+                       progress=False, seed=0)
+    scores = {k: v for k, v in metrics.items() if isinstance(v, float)}
+    (work / "classifier.json").write_text(json.dumps(scores))
+    log(f"setup: classifier fine-tuned in {time.perf_counter() - t1:.0f}s: " + ", ".join(f"{k} {v:.3f}" for k, v in scores.items()))
+
+    # bundles, and the plain full-logits graph
+    for name, run, kw in (("fill-mask", "mlm-run", {}), ("fill-mask-int8", "mlm-run", {"quantize": "int8"}),
+                          ("classify", "clf-run", {}), ("classify-int8", "clf-run", {"quantize": "int8"})):
+        t1 = time.perf_counter()
+        m = export(work / run, work / "bundles" / name, **kw)
+        log(f"setup: bundle {name}: {m['model_bytes'] / 1e6:.0f} MB, fused {m['fused_operators']}, "
+            f"parity {m['parity']['top1_agreement']:.3f} ({time.perf_counter() - t1:.0f}s)")
+    full_logits_graph(work / "mlm-run", work / "full-logits.onnx")
+    (work / "setup.json").write_text(json.dumps(stamp))
+    log(f"setup: done in {time.perf_counter() - t0:.0f}s")
+
+
+def full_logits_graph(run: Path, out: Path) -> None:
+    """What a user gets from a plain export: prediction logits (B, T, V), the same fusions applied."""
+    import tempfile
+
+    import torch
+
+    from mlmkit.checkpoint import load_state_dict, load_weights
+    from mlmkit.config import BertConfig
+    from mlmkit.export import INPUTS, _torch_export, fuse
+    from mlmkit.model import BertForPreTraining, set_attention_impl
+
+    class Full(torch.nn.Module):
+        def __init__(self, m: BertForPreTraining) -> None:
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask, token_type_ids):  # noqa: ANN001
+            return (self.m(input_ids, attention_mask, token_type_ids)["prediction_logits"],)
+
+    cfg = BertConfig.load(run)
+    m = BertForPreTraining(cfg)
+    load_weights(m, load_state_dict(run))
+    m.eval()
+    set_attention_impl(m, "eager")
+    import numpy as np
+
+    batch = {k: np.ones((2, 8), dtype=np.int64) for k in INPUTS}
+    with tempfile.TemporaryDirectory() as d:
+        plain = Path(d) / "plain.onnx"
+        _torch_export(Full(m), batch, {"logits": {0: "batch", 1: "sequence"}}, plain, 17)
+        fused = fuse(plain, out, cfg)
+    log(f"setup: full-logits graph, fused {fused}")
+
+
+# ---- the sides (each in its own process) -------------------------------------------------------
+def serve_side(name: str, work: Path, threads: int, batch_size: int) -> None:
+    """A worker: load the side, warm it up, then time one pass over all sentences per "run" line
+    on stdin, answering each with a JSON line {"time", "n", "preds"} on stdout."""
+    data = json.loads((work / "sentences.json").read_text())
+    texts = data["plain"] if name.startswith("classify") else data["masked"]
+    run = _SIDES[name](work, threads, batch_size)
+    run(texts[: batch_size * 2])  # warm-up: sessions, kernels, caches
+    print(json.dumps({"ready": name}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        t, c = time.perf_counter(), time.process_time()
+        preds = run(texts)
+        wall, cpu = time.perf_counter() - t, time.process_time() - c  # cpu: all threads of this process
+        print(json.dumps({"time": wall, "cpu": cpu, "n": len(texts), "preds": preds}), flush=True)
+
+
+def _mlmkit_fill(bundle: str):
+    def make(work: Path, threads: int, batch_size: int):
+        from mlmkit.runtime import Pipeline
+
+        pipe = Pipeline.load(work / "bundles" / bundle, threads=threads, batch_size=batch_size)
+        return lambda texts: [r["masks"][0]["candidates"][0]["id"] if r["masks"] else -1 for r in pipe(texts, top_k=5)]
+
+    return make
+
+
+def _mlmkit_classify(bundle: str):
+    def make(work: Path, threads: int, batch_size: int):
+        from mlmkit.runtime import Pipeline
+
+        pipe = Pipeline.load(work / "bundles" / bundle, threads=threads, batch_size=batch_size)
+        return lambda texts: [[r["label"], r["probabilities"]["returns"]] for r in pipe(texts)]
+
+    return make
+
+
+def _transformers(task: str):
+    def make(work: Path, threads: int, batch_size: int):
+        import torch
+        from transformers import pipeline
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        torch.set_num_threads(threads)
+        if task == "fill-mask":
+            pipe = pipeline("fill-mask", model=str(work / "mlm-run"), top_k=5, device="cpu")
+
+            def run(texts: list[str]) -> list[int]:
+                with torch.inference_mode():
+                    out = pipe(texts, batch_size=batch_size)
+                return [r[0]["token"] if r else -1 for r in out]
+
+            return run
+        pipe = pipeline("text-classification", model=str(work / "clf-run"), device="cpu")
+
+        def run_clf(texts: list[str]) -> list[str]:
+            with torch.inference_mode():
+                return [[r["label"]] for r in pipe(texts, batch_size=batch_size, truncation=True)]
+
+        return run_clf
+
+    return make
+
+
+def _full_logits(work: Path, threads: int, batch_size: int):
+    """onnxruntime on the full-logits graph: same tokenizer, same buckets, top-k of the [MASK] rows."""
+    import numpy as np
+
+    from mlmkit.batching import bucket_batches, pad_features
+    from mlmkit.runtime import load_bundle_tokenizer, make_session, read_bundle_meta
+
+    bundle = work / "bundles" / "fill-mask"
+    meta = read_bundle_meta(bundle)
+    tok = load_bundle_tokenizer(bundle, meta)
+    tok.enable_truncation(MAX_LENGTH)
+    tok.add_special_tokens(["[MASK]"])
+    session = make_session(work / "full-logits.onnx", threads=threads)
+    inputs = [i.name for i in session.get_inputs()]
+    mask_id, pad_id = meta["tokenizer"]["mask_id"], meta["tokenizer"]["pad_id"]
+
+    def run(texts: list[str]) -> list[int]:
+        encs = tok.encode_batch(texts)
+        feats = [{"input_ids": e.ids, "token_type_ids": e.type_ids} for e in encs]
+        best = [-1] * len(texts)
+        for batch in bucket_batches([len(f["input_ids"]) for f in feats], batch_size):
+            arrays = pad_features([feats[i] for i in batch], pad_id)
+            (logits,) = session.run(None, {k: arrays[k] for k in inputs})  # (B, T, V)
+            rows, cols = np.nonzero(arrays["input_ids"] == mask_id)
+            x = logits[rows, cols]  # (N, V)
+            top = np.argpartition(-x, 5, axis=1)[:, :5]
+            p = np.exp(x - x.max(axis=1, keepdims=True))
+            p /= p.sum(axis=1, keepdims=True)
+            order = np.argsort(-np.take_along_axis(p, top, 1), axis=1)
+            top = np.take_along_axis(top, order, 1)
+            for r, ids in zip(rows, top):
+                if best[batch[r]] == -1:
+                    best[batch[r]] = int(ids[0])
+        return best
+
+    return run
+
+
+_SIDES = {  # in the order they run: each compared pair back to back
+    "fill-mask/transformers": _transformers("fill-mask"),
+    "fill-mask/mlmkit": _mlmkit_fill("fill-mask"),
+    "fill-mask/ort-full-logits": _full_logits,
+    "fill-mask/mlmkit-int8": _mlmkit_fill("fill-mask-int8"),
+    "classify/transformers": _transformers("text-classification"),
+    "classify/mlmkit": _mlmkit_classify("classify"),
+    "classify/mlmkit-int8": _mlmkit_classify("classify-int8"),
+}
+
+
+# ---- the driver --------------------------------------------------------------------------------
+ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "true"}
+
+
+def busy_seconds() -> float:
+    """CPU seconds all processes have spent busy since boot (Linux /proc/stat), 0.0 elsewhere."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_quiet(patience: float) -> float:
+    """Wait (up to ``patience`` seconds) until other processes use at most QUIET cores over one
+    second; returns the cores they used in the last second measured."""
+    deadline = time.monotonic() + patience
+    while True:
+        b = busy_seconds()
+        time.sleep(1.0)
+        load = busy_seconds() - b
+        if load <= QUIET or time.monotonic() >= deadline:
+            return load
+
+
+class Worker:
+    """One side in its own process, kept alive between passes so that the sides alternate closely."""
+
+    def __init__(self, name: str, args: list[str]) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE), "--role", "side", "--side", name, *args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **ENV},
+        )
+
+    def read(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line:
+            raise SystemExit(f"side {self.name} died (its error is above)")
+        return json.loads(line)
+
+    def run(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def agreement(a: list[Any], b: list[Any]) -> float:
+    """Share of equal top-1 predictions (a token id, or the label of a [label, probability] pair)."""
+    top = [(x[0] if isinstance(x, list) else x, y[0] if isinstance(y, list) else y) for x, y in zip(a, b)]
+    return sum(x == y for x, y in top) / max(1, len(top))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 128 sentences, 2 rounds, a shorter fine-tune")
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("MLMKIT_BENCH_DIR", "runs/bench-inference")),
+                    help="where models, bundles and data are written (reused between runs)")
+    ap.add_argument("--rounds", type=int, default=None, help="timed passes per side, alternating (default 5, --quick 2)")
+    ap.add_argument("--patience", type=float, default=180.0,
+                    help="seconds to wait before each pass for other processes to leave the CPUs alone")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--side", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    work = a.work / ("quick" if a.quick else "full")
+    if a.role == "setup":
+        setup(work, a.quick, 128 if a.quick else 1024)
+        return
+    if a.role == "side":
+        serve_side(a.side, work, a.threads, a.batch_size)
+        return
+
+    rounds = a.rounds or (2 if a.quick else 5)
+    common = ["--work", str(a.work), "--threads", str(a.threads), "--batch-size", str(a.batch_size)]
+    if a.quick:
+        common.append("--quick")
+    if subprocess.run([sys.executable, str(HERE), "--role", "setup", *common], env={**os.environ, **ENV}).returncode:
+        raise SystemExit("setup failed")
+    names = list(_SIDES)  # the sides compared sit next to each other: a pair runs back to back
+    log(f"starting {len(names)} workers (each loads its model and warms up)")
+    workers = {k: Worker(k, common) for k in names}
+    for w in workers.values():
+        w.read()  # ready
+    speeds: dict[str, list[float]] = {k: [] for k in names}
+    others: dict[str, list[float]] = {k: [] for k in names}  # cores used by other processes during each pass
+    preds: dict[str, list[Any]] = {}
+    count = 0
+    try:
+        for r in range(rounds):
+            for name in names if r % 2 == 0 else names[::-1]:  # alternate the direction each round
+                wait_for_quiet(a.patience)  # also lets the previous side's idle threads stop spinning
+                b = busy_seconds()
+                res = workers[name].run()
+                count = res["n"]
+                speeds[name].append(res["n"] / res["time"])
+                others[name].append(max(0.0, busy_seconds() - b - res["cpu"]) / res["time"])
+                preds.setdefault(name, res["preds"])
+                log(f"round {r + 1}/{rounds} {name:28s} {speeds[name][-1]:8.1f} sentences/s"
+                    f"   (other processes busy: {others[name][-1]:.2f} cores)")
+    finally:
+        for w in workers.values():
+            w.close()
+
+    def quiet(*sides: str) -> list[int]:
+        """Rounds in which no other process used more than QUIET cores while these sides ran; all
+        rounds when there is none (a shared machine), which the report then says."""
+        ok = [r for r in range(rounds) if all(others[s][r] <= QUIET for s in sides)]
+        return ok or list(range(rounds))
+
+    speed = {k: statistics.median(speeds[k][r] for r in quiet(k)) for k in names}
+
+    def ratio(x: str, y: str) -> float:
+        """Median over the quiet rounds of x / y measured back to back."""
+        return statistics.median(speeds[x][r] / speeds[y][r] for r in quiet(x, y))
+
+    print(f"\n{count} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, "
+          f"{rounds} alternating passes per side; medians over the quiet passes (sentences/s):")
+    for k in names:
+        marks = ", ".join(f"{x:.0f}" + ("" if o <= QUIET else "*") for x, o in zip(speeds[k], others[k]))
+        print(f"  {k:28s} {speed[k]:8.1f}   (passes: {marks})")
+    print(f"  * other processes used more than {QUIET} cores during that pass; it counts only when no pass was quiet")
+    fm_int8 = agreement(preds["fill-mask/mlmkit-int8"], preds["fill-mask/mlmkit"])
+    clf_int8 = agreement(preds["classify/mlmkit-int8"], preds["classify/mlmkit"])
+    print("agreement (top-1 token or label):")
+    print(f"  mlmkit fill-mask vs transformers pipeline, same weights: {agreement(preds['fill-mask/mlmkit'], preds['fill-mask/transformers']):.4f}")
+    print(f"  mlmkit fill-mask vs full-logits onnxruntime:             {agreement(preds['fill-mask/mlmkit'], preds['fill-mask/ort-full-logits']):.4f}")
+    print(f"  mlmkit classify vs transformers pipeline:                {agreement(preds['classify/mlmkit'], preds['classify/transformers']):.4f}")
+    clf = json.loads((work / "classifier.json").read_text())
+    print(f"  int8 vs fp32, fine-tuned classifier:                     {clf_int8:.4f}   (the classifier: accuracy "
+          f"{clf.get('eval_accuracy', float('nan')):.3f}, macro-F1 {clf.get('eval_macro_f1', float('nan')):.3f} on these sentences)")
+    diffs = [abs(x[1] - y[1]) for x, y in zip(preds["classify/mlmkit-int8"], preds["classify/mlmkit"])]
+    print(f"  int8 vs fp32 probability of the classifier, mean / max abs difference: "
+          f"{statistics.fmean(diffs):.4f} / {max(diffs):.4f}")
+    if clf.get("eval_macro_f1", 0.0) < 0.8:
+        print("  (the classifier has not learned its task - as in --quick - so its int8 agreement says little)")
+    print(f"  int8 vs fp32, fill-mask (random MLM head: information only): {fm_int8:.4f}")
+    print(f"int8 vs fp32 speed, fill-mask: {ratio('fill-mask/mlmkit-int8', 'fill-mask/mlmkit'):.2f}x; "
+          f"classify int8 vs transformers: {ratio('classify/mlmkit-int8', 'classify/transformers'):.2f}x")
+    print()
+    figures = {
+        "fill-mask-vs-transformers": ratio("fill-mask/mlmkit", "fill-mask/transformers"),
+        "fill-mask-vs-full-logits": ratio("fill-mask/mlmkit", "fill-mask/ort-full-logits"),
+        "classify-vs-transformers": ratio("classify/mlmkit", "classify/transformers"),
+        "int8-vs-fp32": ratio("classify/mlmkit-int8", "classify/mlmkit"),
+        "int8-top1-agreement": clf_int8,
+    }
+    pairs = {"fill-mask-vs-transformers": ("fill-mask/mlmkit", "fill-mask/transformers"),
+             "fill-mask-vs-full-logits": ("fill-mask/mlmkit", "fill-mask/ort-full-logits"),
+             "classify-vs-transformers": ("classify/mlmkit", "classify/transformers"),
+             "int8-vs-fp32": ("classify/mlmkit-int8", "classify/mlmkit")}
+    print("ratios from the quiet rounds of each pair: "
+          + ", ".join(f"{k} {len(quiet(*v)) if any(all(others[s][r] <= QUIET for s in v) for r in range(rounds)) else 0}"
+                      f"/{rounds}" for k, v in pairs.items()))
+    for name, goal in TARGETS:
+        print(f"target {name}: {figures[name]:.2f} (goal >= {goal:.2f})")
+
+
+if __name__ == "__main__":
+    main()

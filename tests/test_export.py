@@ -1,0 +1,293 @@
+"""ONNX export: PyTorch parity of all four kinds of bundle on mixed lengths, the fusions, int8, errors.
+
+The run builders here (``corpus``, ``make_task_run``, ``bundles``) are shared with test_runtime.py
+and test_cli_serve.py.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from conftest import make_base_model
+
+import mlmkit.export as export_mod
+from mlmkit.batching import pad_features
+from mlmkit.checkpoint import load_state_dict, load_weights, save_run
+from mlmkit.config import BertConfig
+from mlmkit.errors import ConfigError, MlmkitError, ParityError
+from mlmkit.export import export
+from mlmkit.model import BertForPreTraining, BertSelfAttention
+from mlmkit.registry import get_task
+from mlmkit.tokenizer import load_tokenizer, special_ids
+
+NAMES = "john mary paris london berlin anna peter rome".split()
+WORDS = ("the a cat dog sat on mat went to city in big small red blue house river near old new man woman "
+         "and with from saw that this very good bad happy sad day night").split()
+TAG_LABELS = ["B-LOC", "B-PER", "I-LOC", "I-PER", "O"]
+TASK_SETUP = {  # task -> (labels, max_length, options)
+    "classification": (["neg", "pos"], 32, {}),
+    "tagging": (TAG_LABELS, 24, {}),
+    "qa": (None, 64, {"doc_stride": 24, "max_question_length": 16}),
+}
+
+
+def corpus(n: int = 300, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS + NAMES) for _ in range(rng.randint(4, 14))) + " ." for _ in range(n)]
+
+
+def sentence(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS + NAMES) for _ in range(n))
+
+
+def make_task_run(base: Path, task_name: str, out: Path, head_std: float = 0.5) -> Path:
+    """An untrained task model on ``base``; the head gets a large init so its outputs are not flat."""
+    labels, max_length, options = TASK_SETUP[task_name]
+    task = get_task(task_name)
+    cfg = BertConfig.load(base)
+    if labels:
+        cfg.id2label = dict(enumerate(labels))
+        cfg.label2id = {v: k for k, v in cfg.id2label.items()}
+    cfg.architectures = [task.hf_architecture]
+    torch.manual_seed(1)
+    net = task.build_model(cfg)
+    load_weights(net, load_state_dict(base), allow_missing=("classifier", "qa_outputs", "bert.pooler"))
+    for name, p in net.named_parameters():
+        if name.startswith(("classifier", "qa_outputs")) and p.dim() == 2:
+            torch.nn.init.normal_(p, std=head_std)
+    meta = {"task": task_name, "labels": labels, "max_length": max_length, "options": {**task.options, **options}}
+    save_run(net, out, config=cfg, tokenizer=load_tokenizer(base), meta=meta)
+    return out
+
+
+def build_runs(root: Path) -> dict[str, Path]:
+    base = make_base_model(root / "base", corpus())
+    runs = {"fill-mask": base}
+    for name in TASK_SETUP:
+        runs[name] = make_task_run(base, name, root / name)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    return build_runs(tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(scope="module")
+def bundles(runs, tmp_path_factory) -> dict[str, tuple[Path, dict[str, Any]]]:
+    root = tmp_path_factory.mktemp("bundles")
+    return {kind: (root / kind, export(run, root / kind)) for kind, run in runs.items()}
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+def mixed_batch(tok: Any, n: int = 6, seed: int = 3, masks: bool = False) -> dict[str, np.ndarray]:
+    """Real sentences of 2..30 words in one padded batch; with ``masks`` 0-3 [MASK] per row."""
+    rng = random.Random(seed)
+    sp = special_ids(tok)
+    feats = []
+    for i in range(n):
+        ids = tok.encode(sentence(rng, 2 + (i * 7) % 29)).ids
+        if masks:
+            for j in rng.sample(range(1, len(ids) - 1), k=min(i % 4, len(ids) - 2)):
+                ids[j] = sp.mask
+        feats.append({"input_ids": ids})
+    return pad_features(feats, sp.pad)
+
+
+def session(bundle: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
+
+
+def run_onnx(bundle: Path, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    s = session(bundle)
+    names = [o.name for o in s.get_outputs()]
+    return dict(zip(names, s.run(names, {i.name: batch[i.name] for i in s.get_inputs()})))
+
+
+# ---- fill-mask ---------------------------------------------------------------------------------
+def test_fill_mask_graph_matches_full_pytorch_logits(runs, bundles):
+    """The in-graph gather + top-k equals PyTorch's full B x T x V logits at the [MASK] positions."""
+    d = runs["fill-mask"]
+    tok = load_tokenizer(d)
+    batch = mixed_batch(tok, n=8, masks=True)
+    got = run_onnx(bundles["fill-mask"][0], batch)
+    model = BertForPreTraining(BertConfig.load(d))
+    load_weights(model, load_state_dict(d))
+    model.eval()
+    with torch.no_grad():
+        logits = model(**{k: torch.from_numpy(v) for k, v in batch.items()})["prediction_logits"]  # (B, T, V)
+    where = np.argwhere(batch["input_ids"] == special_ids(tok).mask)  # row-major, as the graph
+    assert len(where) >= 8 and len(set(where[:, 0])) >= 5  # several rows, several masks in some
+    np.testing.assert_array_equal(got["mask_positions"], where)
+    probs = torch.softmax(logits[where[:, 0], where[:, 1]], -1).topk(5)
+    np.testing.assert_allclose(got["top_probs"], probs.values.numpy(), atol=1e-5)
+    np.testing.assert_array_equal(got["top_ids"][:, 0], probs.indices[:, 0].numpy())
+    assert got["top_ids"].shape == (len(where), 5)
+
+
+def test_fill_mask_batch_without_any_mask_gives_no_rows(runs, bundles):
+    batch = mixed_batch(load_tokenizer(runs["fill-mask"]), n=3, masks=False)
+    got = run_onnx(bundles["fill-mask"][0], batch)
+    assert got["mask_positions"].shape == (0, 2) and got["top_ids"].shape == (0, 5)
+
+
+def test_fill_mask_bundle_description(runs, bundles):
+    path, meta = bundles["fill-mask"]
+    on_disk = json.loads((path / "mlmkit.json").read_text())
+    assert on_disk["task"] == meta["task"] == "fill-mask" and on_disk["trained_as"] == "pretraining"
+    assert on_disk["inputs"] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert set(on_disk["outputs"]) == {"mask_positions", "top_ids", "top_probs"}
+    assert on_disk["opset"] >= 17 and on_disk["precision"] == "fp32" and on_disk["top_k"] == 5
+    # two layers: 2 fused attentions, 2 skip layer norms each, one embedding layer norm, the GELUs
+    f = on_disk["fused_operators"]
+    assert f["Attention"] == 2 and f["SkipLayerNormalization"] == 4 and f["EmbedLayerNormalization"] == 1
+    assert f.get("BiasGelu", 0) == 2
+    p = on_disk["parity"]
+    assert p["max_abs_diff"]["top_probs"] <= 1e-4 and p["top1_agreement"] == 1.0
+    assert p["sample"]["min_length"] < p["sample"]["max_length"]
+    assert on_disk["tokenizer"]["vocab_size"] == load_tokenizer(path).get_vocab_size()
+    assert (path / "tokenizer.json").exists() and not list(path.glob(".export-*"))
+
+
+def test_fill_mask_graph_is_fused_and_stores_tied_weight_once(runs, bundles):
+    m = onnx.load(str(bundles["fill-mask"][0] / "model.onnx"))
+    ops = {n.op_type for n in m.graph.node}
+    assert {"Attention", "SkipLayerNormalization", "EmbedLayerNormalization", "TopK"} <= ops
+    cfg = BertConfig.load(runs["fill-mask"])
+    big = [i.name for i in m.graph.initializer if list(i.dims) in ([cfg.vocab_size, cfg.hidden_size], [cfg.hidden_size, cfg.vocab_size])]
+    assert len(big) == 1, big  # the word embeddings double as the MLM decoder
+    # no output has a vocabulary-sized axis: only top-k leaves the graph
+    assert [o.name for o in m.graph.output] == ["mask_positions", "top_ids", "top_probs"]
+
+
+def test_unoptimized_and_int8_exports(runs, bundles, tmp_path):
+    d = runs["fill-mask"]
+    plain = export(d, tmp_path / "plain", optimize=False, top_k=3)
+    assert plain["fused_operators"] == {} and plain["optimizations"] == [] and plain["top_k"] == 3
+    assert "Attention" not in {n.op_type for n in onnx.load(str(tmp_path / "plain" / "model.onnx")).graph.node}
+    q = export(d, tmp_path / "int8", quantize="int8")
+    assert q["precision"] == "int8" and "int8-dynamic-per-channel" in q["optimizations"]
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "int8" / "model.onnx")).graph.node}
+    assert ops & {"QAttention", "DynamicQuantizeMatMul", "MatMulInteger"}
+    assert 0.8 <= q["parity"]["int8_top1_agreement_vs_fp32"] <= 1.0
+    assert q["model_bytes"] < bundles["fill-mask"][1]["model_bytes"]
+
+
+# ---- task bundles ------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", list(TASK_SETUP))
+def test_task_bundle_matches_pytorch_on_mixed_lengths(kind, runs, bundles):
+    d = runs[kind]
+    task = get_task(kind)
+    cfg = BertConfig.load(d)
+    net = task.build_model(cfg)
+    load_weights(net, load_state_dict(d))
+    net.eval()
+    batch = mixed_batch(load_tokenizer(d), n=7)
+    with torch.no_grad():
+        ref = net(**{k: torch.from_numpy(v) for k, v in batch.items()})
+    got = run_onnx(bundles[kind][0], batch)
+    outputs = task.onnx_outputs()
+    assert set(got) == set(outputs)
+    real = batch["attention_mask"].astype(bool)
+    for name, axes in outputs.items():
+        a, b = ref[name].numpy(), got[name]
+        assert a.shape == b.shape
+        if 1 in axes:  # per token: compare at the real tokens
+            a, b = a[real], b[real]
+        assert np.abs(a - b).max() < 1e-4, name
+        assert np.abs(a).max() > 1e-3  # outputs are not flat, so the comparison means something
+    meta = bundles[kind][1]
+    assert meta["task"] == kind and meta["labels"] == TASK_SETUP[kind][0]
+    assert meta["fused_operators"]["Attention"] == 2
+    assert meta["options"] == {**task.options, **TASK_SETUP[kind][2]}
+
+
+# ---- failures ----------------------------------------------------------------------------------
+def test_parity_failure_names_the_output(runs, tmp_path, monkeypatch):
+    real = export_mod._torch_outputs
+
+    def off(*a: Any) -> dict[str, np.ndarray]:
+        out = real(*a)
+        out["top_probs"] = out["top_probs"] + 1e-3
+        return out
+
+    monkeypatch.setattr(export_mod, "_torch_outputs", off)
+    with pytest.raises(ParityError, match=r"top_probs: max diff 1\.00e-03"):
+        export(runs["fill-mask"], tmp_path / "b")
+    assert not (tmp_path / "b" / "mlmkit.json").exists()
+
+
+def test_attention_the_fusion_does_not_recognise_is_refused(runs, tmp_path, monkeypatch):
+    """An attention spelt as einsum exports and runs, but onnxruntime cannot fuse it: refused loudly
+    rather than shipped several times slower."""
+
+    def einsum_attention(self, x, mask):
+        B, T, H = x.shape
+        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / self.head_dim**0.5 + mask
+        ctx = torch.einsum("bhqk,bhkd->bhqd", torch.softmax(scores, -1), v)
+        return ctx.permute(0, 2, 1, 3).reshape(B, T, H)
+
+    monkeypatch.setattr(BertSelfAttention, "forward", einsum_attention)
+    with pytest.raises(MlmkitError, match="fusion did not happen: Attention 0 of 2"):
+        export(runs["fill-mask"], tmp_path / "b")
+    assert not (tmp_path / "b" / "model.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"quantize": "int4"}, "--quantize int4 is not supported"),
+        ({"quantize": "int8", "fp16": True}, "exclude each other"),
+        ({"opset": 13}, "--opset 13 is too old"),
+        ({"top_k": 0}, "--top-k must be between 1"),
+    ],
+)
+def test_bad_export_options(runs, tmp_path, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        export(runs["fill-mask"], tmp_path / "b", **kw)
+
+
+def test_not_a_run_directory(tmp_path):
+    with pytest.raises(ConfigError, match="is not a run directory"):
+        export(tmp_path, tmp_path / "b")
+
+
+def test_task_export_module_is_checked_against_the_model(runs, tmp_path, monkeypatch):
+    """A task's optional export_module(model) is exported instead of the model, and held to the
+    model's own forward: a module that drifts from it is refused."""
+    task = get_task("classification")
+
+    class Drifting(torch.nn.Module):
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+            out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            return {**out, "probabilities": out["probabilities"] * 0.99}
+
+    monkeypatch.setattr(task, "export_module", Drifting, raising=False)
+    with pytest.raises(ParityError, match="probabilities: max diff"):
+        export(runs["classification"], tmp_path / "b")
+    monkeypatch.setattr(task, "export_module", lambda model: model, raising=False)
+    assert export(runs["classification"], tmp_path / "c")["parity"]["top1_agreement"] == 1.0
+
+
+def test_fp16_export(runs, bundles, tmp_path):
+    m = export(runs["classification"], tmp_path / "h", fp16=True)
+    assert m["precision"] == "fp16" and "fp16" in m["optimizations"]
+    assert m["model_bytes"] < 0.7 * bundles["classification"][1]["model_bytes"]
+    g = onnx.load(str(tmp_path / "h" / "model.onnx"))
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in g.graph.initializer)
+    assert [i.type.tensor_type.elem_type for i in g.graph.output] == [onnx.TensorProto.FLOAT]  # fp32 outputs kept
+    a = m["parity"]["fp16_top1_agreement_vs_fp32"]
+    assert a is None or a >= 0.9  # None where the CPU build lacks the fp16 kernels
