@@ -284,7 +284,7 @@ def print_confusion(matrix: list[list[int]], labels: list[str]) -> None:
 @handle_errors
 def quickstart(
     out_dir: Annotated[Path, typer.Option("--out", help="Where the quickstart writes its runs and bundles.")] = Path("runs/quickstart"),
-    steps: Annotated[int, typer.Option("--steps", help="Pretraining steps.")] = 600,
+    steps: Annotated[int, typer.Option("--steps", help="Pretraining steps.")] = 1500,
     seed: Seed = 0,
 ) -> None:
     """The whole pipeline on built-in data, offline: corpus, tokenizer, pretraining, fine-tuning, export, inference."""
