@@ -19,6 +19,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.table import Table
 
 from .errors import MlmkitError
@@ -64,7 +65,13 @@ def handle_errors(fn: F) -> F:
         except MlmkitError as e:
             if _state["debug"]:
                 raise
-            err.print(f"[bold red]error:[/] {e.message}" + (f" [dim]({e.hint})[/]" if e.hint else ""), highlight=False)
+            err.print(f"[bold red]error:[/] {escape(e.message)}" + (f" [dim]({escape(e.hint)})[/]" if e.hint else ""), highlight=False)
+            raise typer.Exit(code=2) from None
+        except OSError as e:  # a folder that does not exist, a full disk, no permission
+            if _state["debug"]:
+                raise
+            where = f": {e.filename}" if getattr(e, "filename", None) else ""
+            err.print(f"[bold red]error:[/] {escape(e.strerror or str(e))}{escape(where)}", highlight=False)
             raise typer.Exit(code=2) from None
 
     return wrapper  # type: ignore[return-value]
@@ -114,20 +121,23 @@ def print_metrics(metrics: dict[str, Any], title: str, as_json: bool) -> None:
 @handle_errors
 def tokenizer_train(
     corpus: Annotated[list[Path], typer.Argument(help="Corpus files (.txt, .txt.gz, .jsonl).")],
-    out_file: Annotated[Path, typer.Option("--out", help="Where to write tokenizer.json (vocab.txt goes beside it).")],
+    out_file: Annotated[Path, typer.Option("--out", help="tokenizer.json to write (vocab.txt goes beside it), or a directory.")],
     vocab_size: Annotated[int, typer.Option("--vocab-size", help="Vocabulary size, special tokens included.")] = 8000,
     cased: Annotated[bool, typer.Option("--cased", help="Keep case and accents (default: lowercase, strip accents).")] = False,
 ) -> None:
     """Train a WordPiece tokenizer with BERT normalisation on a corpus."""
+    from .checkpoint import atomic_write_text
     from .corpus import iter_sentences
     from .tokenizer import save_tokenizer, train_tokenizer
 
     tok = train_tokenizer(iter_sentences(corpus), vocab_size=vocab_size, cased=cased)
+    if out_file.suffix == ".json" and out_file.name != "tokenizer.json":
+        atomic_write_text(out_file, tok.to_str())  # just this file: never touch a tokenizer.json beside it
+        err.print(f"wrote {out_file} ({tok.get_vocab_size()} tokens)")
+        return
     d = out_file.parent if out_file.suffix == ".json" else out_file
     save_tokenizer(tok, d)
-    if out_file.suffix == ".json" and out_file.name != "tokenizer.json":
-        (d / "tokenizer.json").replace(out_file)
-    err.print(f"wrote {out_file} ({tok.get_vocab_size()} tokens) and {d / 'vocab.txt'}")
+    err.print(f"wrote {d / 'tokenizer.json'} ({tok.get_vocab_size()} tokens), vocab.txt and tokenizer_config.json")
 
 
 # ---- pretraining -------------------------------------------------------------------------------
@@ -138,12 +148,14 @@ def pretrain(
     out_dir: Annotated[Path, typer.Option("--out", help="Run directory to write (a Hugging Face checkpoint).")],
     tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help="tokenizer.json or vocab.txt; trained on the corpus if absent.")] = None,
     vocab_size: Annotated[int, typer.Option("--vocab-size", help="Vocabulary of the tokenizer trained when --tokenizer is absent.")] = 8000,
+    cased: Annotated[bool, typer.Option("--cased", help="The trained tokenizer keeps case and accents.")] = False,
     preset: Annotated[str, typer.Option("--preset", help="Model size: tiny (L2/H128), mini (L4/H256), small (L4/H512), base (L12/H768).")] = "tiny",
     config: Annotated[Path | None, typer.Option("--config", help="A BERT config.json (overrides --preset).")] = None,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.")] = 1000,
     batch_size: BatchSize = 32,
     seq_len: Annotated[int, typer.Option("--seq-len", help="Maximum sequence length in tokens.")] = 128,
     lr: LR = 5e-4,
+    warmup_steps: Annotated[int | None, typer.Option("--warmup-steps", help="Linear warmup steps (default: 6% of --steps).")] = None,
     grad_accum: Annotated[int, typer.Option("--grad-accum", help="Micro-batches per optimizer step.")] = 1,
     mask_prob: Annotated[float, typer.Option("--mask-prob", help="Share of tokens selected for MLM (80% [MASK], 10% random, 10% kept).")] = 0.15,
     whole_word: Annotated[bool, typer.Option("--whole-word", help="Select all pieces of a word together.")] = False,
@@ -161,8 +173,8 @@ def pretrain(
     from .pretraining import pretrain as run
 
     metrics = run(
-        list(corpus), out_dir, tokenizer=tokenizer, vocab_size=vocab_size, preset_name=preset, config=config,
-        steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, grad_accum=grad_accum, mask_prob=mask_prob,
+        list(corpus), out_dir, tokenizer=tokenizer, vocab_size=vocab_size, cased=cased, preset_name=preset, config=config,
+        steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, warmup_steps=warmup_steps, grad_accum=grad_accum, mask_prob=mask_prob,
         whole_word=whole_word, nsp=not no_nsp, eval_file=eval_file, eval_every=eval_every, save_every=save_every,
         keep_last=keep_last, resume=resume, seed=seed, bf16=bf16, device=device,
         progress=err.is_terminal,
@@ -209,7 +221,7 @@ def finetune(
     warmup_ratio: Annotated[float, typer.Option("--warmup-ratio", help="Share of steps spent warming up.")] = 0.1,
     weight_decay: Annotated[float, typer.Option("--weight-decay", help="AdamW weight decay (not on biases or LayerNorm).")] = 0.01,
     max_length: Annotated[int | None, typer.Option("--max-length", help="Maximum tokens per input (task default if absent).")] = None,
-    max_steps: Annotated[int | None, typer.Option("--max-steps", help="Stop after N optimizer steps.")] = None,
+    max_steps: Annotated[int | None, typer.Option("--max-steps", help="Train exactly N optimizer steps (overrides --epochs; the schedule spans N).")] = None,
     early_stopping: Annotated[int | None, typer.Option("--early-stopping", help="Stop after N evaluations without gain.")] = None,
     seed: Seed = 0,
     device: Device = "cpu",
@@ -249,13 +261,19 @@ def evaluate(
     text_column: TextColumn = None,
     pair_column: PairColumn = None,
     label_column: LabelColumn = None,
+    doc_stride: DocStride = None,
+    max_answer_length: MaxAnswer = None,
+    label_all_tokens: LabelAll = None,
     aggregation: Aggregation = None,
     scheme: Scheme = None,
     device: Device = "cpu",
 ) -> None:
     """Score a fine-tuned run (PyTorch) or an exported bundle (onnxruntime) with its task's metrics."""
     opts = _task_options(text_column=text_column, pair_column=pair_column, label_column=label_column,
-                         aggregation=aggregation, scheme=scheme)
+                         doc_stride=doc_stride, max_answer_length=max_answer_length,
+                         label_all_tokens=label_all_tokens, aggregation=aggregation, scheme=scheme)
+    if not model.exists():
+        raise MlmkitError(f"not found: {model}", "pass a fine-tuned run directory or an exported bundle")
     if (model / "model.onnx").exists():
         from .runtime import evaluate_bundle
 
@@ -263,7 +281,7 @@ def evaluate(
     else:
         from .finetuning import evaluate_run
 
-        result = evaluate_run(model, data, options=opts, predictions=predictions)
+        result = evaluate_run(model, data, options=opts, predictions=predictions, device=device)
     metrics = {k: v for k, v in result.items() if k != "confusion_matrix"}
     print_metrics(metrics, f"{model} on {data}", as_json)
     if "confusion_matrix" in result and not want_json(as_json):

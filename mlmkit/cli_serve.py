@@ -119,6 +119,8 @@ def _serve(
 
     pipe = Pipeline.load(bundle, device=device, threads=threads, batch_size=batch_size, command=command)
     call = _task_options(**call)  # options left unset take the bundle's
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
     sink = output.open("w", encoding="utf-8") if output is not None else None
     stream = sink if sink is not None else (sys.stdout if want_json(as_json) else None)
     results: list[dict[str, Any]] = []

@@ -163,7 +163,11 @@ def tokenize_corpus(
     shard.parent.mkdir(parents=True, exist_ok=True)
     from .checkpoint import atomic_write
 
-    atomic_write(shard, lambda tmp: np.savez(open(tmp, "wb"), **corpus.__dict__))
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.savez(f, **corpus.__dict__)
+
+    atomic_write(shard, write)
     return corpus
 
 

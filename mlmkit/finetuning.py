@@ -82,7 +82,7 @@ def predict_torch(
 def base_model_dir(model: str | Path) -> Path:
     d = Path(model)
     if not d.exists():
-        raise MlmkitError(f"--model not found: {d}", "pass an mlmkit run directory or a Hugging Face BERT directory")
+        raise MlmkitError(f"model directory not found: {d}", "pass an mlmkit run directory or a Hugging Face BERT directory")
     if not is_model_dir(d):
         raise MlmkitError(
             f"{d} is not a model directory",
@@ -164,16 +164,22 @@ def finetune(
 
     torch.manual_seed(seed)
     net = task.build_model(cfg)
-    sd = load_state_dict(base)
+    # only the encoder carries over: the head starts fresh even when --model is a fine-tuned run
+    # (its labels, and their number, may differ)
+    full = load_state_dict(base)
+    sd = {k: v for k, v in full.items() if k.startswith(("bert.embeddings.", "bert.encoder.", "bert.pooler."))}
     missing, unexpected = load_weights(net, sd, allow_missing=tuple(k for k in net.state_dict() if not k.startswith("bert.embeddings") and not k.startswith("bert.encoder")))
     if missing and not resume:
         log.info("the %s head starts fresh: %s", task.name, ", ".join(missing))
-    if unexpected:
-        log.info("dropping %d weights the %s model does not use (e.g. %s)", len(unexpected), task.name, unexpected[0])
+    dropped = [k for k in full if k not in sd] + unexpected
+    if dropped:
+        log.info("dropping %d weights the %s model does not use (e.g. %s)", len(dropped), task.name, dropped[0])
 
     features = task.featurize(train_ex, tok, meta=meta, max_length=L, training=True)
     data = FeatureData(features, task, batch_size, special_ids(tok).pad, seed)
     evaluator = None
+    if early_stopping is not None and eval_file is None:
+        raise ConfigError("--early-stopping needs --eval", "give an evaluation file to measure progress on")
     if eval_file is not None:
         evaluator = TaskEvaluator(task, task.read(Path(eval_file), **opts), tok, meta, calibrate=True)
     args = TrainArgs(
@@ -207,10 +213,18 @@ def load_finetuned(run_dir: str | Path) -> tuple[Task, torch.nn.Module, Any, dic
 
 
 def evaluate_run(
-    run_dir: str | Path, data: str | Path, *, options: dict[str, Any] | None = None, predictions: str | Path | None = None
+    run_dir: str | Path,
+    data: str | Path,
+    *,
+    options: dict[str, Any] | None = None,
+    predictions: str | Path | None = None,
+    device: str = "cpu",
 ) -> dict[str, float]:
     """Metrics of a fine-tuned run directory on ``data`` (PyTorch); optionally write predictions."""
+    from .training import resolve_device
+
     task, net, tok, meta = load_finetuned(run_dir)
+    net.to(resolve_device(device))
     given = {k: v for k, v in (options or {}).items() if v is not None}
     task_options(task, given)  # an option the task lacks is an error, as in finetune
     opts = {**meta.get("options", {}), **given}

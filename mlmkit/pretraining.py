@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from .checkpoint import read_json, save_run
+from .checkpoint import save_run
 from .config import BertConfig, preset
 from .corpus import PretrainData, TokenizedCorpus, iter_sentences, tokenize_corpus
 from .errors import ConfigError, MlmkitError
@@ -211,7 +211,3 @@ def pretrain(
 
     trainer = Trainer(model, data, args, out, save_model=save_model, evaluate=evaluate)
     return trainer.train(resume=resume, meta=meta)
-
-
-def run_meta(run_dir: str | Path) -> dict[str, Any]:
-    return read_json(Path(run_dir) / "mlmkit.json")

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,8 @@ def run(out: str | Path, *, steps: int = 1500, seed: int = 0, console: Console |
 
     console = console or Console()
     out = Path(out)
+    for sub in ("pretrain", "classifier", "exports"):  # a rerun starts afresh
+        shutil.rmtree(out / sub, ignore_errors=True)
     summary: dict[str, Any] = {}
 
     t = _step(console, 1, "corpus from the docstrings of Python's standard library")

@@ -52,7 +52,7 @@ class TrainArgs:
     grad_accum: int = 1
     max_grad_norm: float = 1.0
     eval_every: int = 0
-    """Evaluate every N steps (0: at each epoch end when training by epochs, else only at the end)."""
+    """Evaluate every N steps (0: at each epoch end, and at the end)."""
     save_every: int = 0
     """Checkpoint every N steps (0: only at evaluations and the end)."""
     keep_last: int = 2
@@ -214,6 +214,11 @@ class Trainer:
             param_groups(self.model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999), eps=1e-6,
             fused=self.device.type in ("cpu", "cuda"),
         )
+        if data.num_batches(0) // self.dist.world < 1:
+            raise ConfigError(
+                f"too little data for {self.dist.world} processes: {data.num_batches(0)} batch(es) per epoch",
+                "lower --batch-size, add data, or use fewer processes",
+            )
         per_epoch = max(1, data.num_batches(0) // self.dist.world // args.grad_accum)
         self.steps_per_epoch = per_epoch
         self.total = args.steps if args.steps is not None else max(1, math.ceil(args.epochs * per_epoch))
@@ -221,6 +226,8 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, linear_schedule(warmup, self.total))
         self.step, self.epoch, self.micro = 0, 0, 0
         self.best: float | None = None
+        self.best_metrics: dict[str, Any] = {}
+        self._epoch_ended = False
         self.bad_evals = 0
         self.history: list[dict[str, Any]] = []
 
@@ -289,6 +296,7 @@ class Trainer:
         w = self.dist.world
         while self.micro >= self.data.num_batches(self.epoch) // w:
             self.epoch, self.micro = self.epoch + 1, 0
+            self._epoch_ended = True
         idx = self.micro * w + self.dist.rank
         b = self.data.batch(self.epoch, idx, batch_seed(self.args.seed, self.epoch, idx))
         self.micro += 1
@@ -324,6 +332,7 @@ class Trainer:
                     better = self.best is None or (v > self.best if self.args.greater_is_better else v < self.best)
                     if better:
                         self.best, self.bad_evals = v, 0
+                        self.best_metrics = {"best_step": self.step, **{f"eval_{k}": x for k, x in metrics.items()}}
                         self.save_model(self.model, self.out, {**meta, "best_step": self.step, "best_metrics": metrics})
                     else:
                         self.bad_evals += 1
@@ -346,6 +355,11 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
         if resume:
             self._resume()
+        elif self.dist.main and latest_checkpoint(self.out) is not None:
+            raise ConfigError(
+                f"{self.out} already holds a run with checkpoints",
+                "pass --resume to continue it, or choose a new --out",
+            )
         else:
             set_seed(self.args.seed)
         a = self.args
@@ -357,6 +371,7 @@ class Trainer:
         with progress as bar:
             task = bar.add_task("train", total=self.total, completed=self.step, loss=float("nan"), tps=0.0)
             while self.step < self.total:
+                self._epoch_ended = False
                 for i in range(a.grad_accum):
                     b = self._next_batch()
                     tokens += int(b["attention_mask"].sum())
@@ -387,7 +402,11 @@ class Trainer:
                 bar.update(task, completed=self.step)
                 if self.step == self.total:
                     break
-                epoch_end = self.micro >= self.data.num_batches(self.epoch) // self.dist.world
+                # an epoch ends when its batches are used up (the position moves to the next epoch at
+                # once, so a checkpoint here resumes there), or when an accumulation spilled over
+                if self.micro >= self.data.num_batches(self.epoch) // self.dist.world:
+                    self.epoch, self.micro, self._epoch_ended = self.epoch + 1, 0, True
+                epoch_end = self._epoch_ended
                 if (a.eval_every and self.step % a.eval_every == 0) or (not a.eval_every and epoch_end):
                     if self._run_eval(meta):
                         log.info("early stopping at step %d: no gain in %s", self.step, a.metric_for_best)
@@ -401,6 +420,8 @@ class Trainer:
                 self._run_eval(meta)
         last_eval = next((r for r in reversed(self.history) if any(k.startswith("eval_") for k in r)), {})
         result = {"step": self.step, **logged, **{k: v for k, v in last_eval.items() if k.startswith("eval_")}}
+        if self.best_metrics:  # the run directory holds the best model: report its figures
+            result = {"step": self.step, "last_step_metrics": result, **self.best_metrics}
         if self.dist.main:
             final = {**meta, "final_metrics": result}
             if a.metric_for_best is None or self.best is None:
@@ -410,6 +431,10 @@ class Trainer:
                 m["final_metrics"] = result
                 write_json(self.out / "mlmkit.json", m)
         _barrier(self.dist)
+        if self.dist.world > 1:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
         return result
 
 

@@ -129,3 +129,28 @@ def test_success_prints_metrics_as_json_when_piped(files, tmp_path):
 def test_debug_shows_the_exception(files, tmp_path):
     r = runner.invoke(app, ["--debug", "pretrain", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "run")])
     assert r.exit_code != 0 and r.exception is not None and "not found" in str(r.exception)
+
+
+def test_a_new_run_into_a_directory_with_checkpoints_is_refused(files, tmp_path):
+    out = tmp_path / "run"
+    assert pretrain(*tiny_args(files, out)).exit_code == 0
+    line = one_error_line(pretrain(*tiny_args(files, out)))
+    assert "already holds a run" in line and "--resume" in line
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-0000002"]  # the first run is intact
+
+
+def test_tokenizer_train_to_a_named_file_leaves_a_tokenizer_json_beside_it_alone(files, tmp_path):
+    (tmp_path / "tokenizer.json").write_text("precious")
+    res = runner.invoke(app, ["tokenizer", "train", str(files["corpus"]), "--vocab-size", "80", "--out", str(tmp_path / "mine.json")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "tokenizer.json").read_text() == "precious"
+    assert json.loads((tmp_path / "mine.json").read_text())["model"]["type"] == "WordPiece"
+    res = runner.invoke(app, ["tokenizer", "train", str(files["corpus"]), "--vocab-size", "80", "--out", str(tmp_path / "d")])
+    assert res.exit_code == 0 and {"tokenizer.json", "vocab.txt"} <= {p.name for p in (tmp_path / "d").iterdir()}
+
+
+def test_an_os_error_is_one_line_too(files, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")  # --out under a regular file cannot be created
+    line = one_error_line(pretrain(*tiny_args(files, blocker / "run")))
+    assert "file" in line

@@ -315,3 +315,22 @@ def test_resume_without_a_checkpoint_is_a_clear_error(classification_setup: dict
     s = classification_setup
     with pytest.raises(ConfigError, match=r"--resume: no complete checkpoint under"):
         finetune("classification", s["base"], s["train"], tmp_path / "empty", resume=True, **s["kw"])
+
+
+def test_finetuning_a_finetuned_run_with_other_labels_starts_a_fresh_head(
+    classification_setup: dict[str, Any], tmp_path: Path
+) -> None:
+    """--model may be a fine-tuned run: only the encoder carries over, whatever its label count."""
+    s = classification_setup
+    first = tmp_path / "first"
+    finetune("classification", s["base"], s["train"], first, **s["kw"])
+    rows = [json.loads(line) for line in s["train"].read_text().splitlines()]
+    three = write_jsonl(tmp_path / "three.jsonl", [{**r, "label": f"c{i % 3}"} for i, r in enumerate(rows)])
+    finetune("classification", first, three, tmp_path / "second", **s["kw"])
+    assert json.loads((tmp_path / "second" / "config.json").read_text())["id2label"] == {"0": "c0", "1": "c1", "2": "c2"}
+
+
+def test_early_stopping_needs_an_eval_file(classification_setup: dict[str, Any], tmp_path: Path) -> None:
+    s = classification_setup
+    with pytest.raises(ConfigError, match="--early-stopping needs --eval"):
+        finetune("classification", s["base"], s["train"], tmp_path / "x", early_stopping=2, **s["kw"])
