@@ -464,9 +464,20 @@ def parse_inputs(text: str, kind: str, source: str = "<stdin>") -> list[str | di
 
 
 def read_stdin() -> list[str | dict[str, Any]]:
-    """Inputs piped on stdin: JSON lines when the first non-blank character is '{', else text lines."""
+    """Inputs piped on stdin: JSON lines when every non-blank line is a JSON object or string,
+    else text lines (one input per line)."""
     text = sys.stdin.read()
-    return parse_inputs(text, "jsonl" if text.lstrip().startswith("{") else "txt")
+    return parse_inputs(text, "jsonl" if _all_json_lines(text) else "txt")
+
+
+def _all_json_lines(text: str) -> bool:
+    lines = [line for line in text.split("\n") if line.strip()]
+    if not lines or lines[0].lstrip()[:1] not in ('{', '"'):
+        return False
+    try:
+        return all(isinstance(json.loads(line), (str, dict)) for line in lines)
+    except json.JSONDecodeError:
+        return False
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:

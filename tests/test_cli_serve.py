@@ -107,6 +107,14 @@ def test_stdin_and_empty_inputs(bundles, tmp_path):
     assert r.exit_code == 0 and out.read_text() == ""
     r = runner.invoke(app, ["classify", str(bundles["classification"])], input="")
     assert r.exit_code == 0 and r.stdout == ""
+    # JSON strings on stdin are texts (quotes gone); a text line that merely starts with '"' stays text
+    r = runner.invoke(app, ["fill-mask", str(bundles["fill-mask"])], input='"one [MASK]"\n"two"\n')
+    assert r.exit_code == 0 and [x["text"] for x in jsonl(r.stdout)] == ["one [MASK]", "two"]
+    r = runner.invoke(app, ["fill-mask", str(bundles["fill-mask"])], input='"quoted" then [MASK]\n')
+    assert r.exit_code == 0 and [x["text"] for x in jsonl(r.stdout)] == ['"quoted" then [MASK]']
+    from mlmkit.runtime import _all_json_lines
+
+    assert _all_json_lines('"a"\n{"text": "b"}\n') and not _all_json_lines('"quoted" word\n') and not _all_json_lines("plain\n")
 
 
 def test_tag_qa_and_predict(bundles):
