@@ -82,7 +82,7 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
     from mlmkit.stdlib_corpus import docstring_documents
     from mlmkit.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_tokenizer, train_tokenizer
 
-    stamp = {"quick": quick, "sentences": n_sentences, "version": 6}
+    stamp = {"quick": quick, "sentences": n_sentences, "version": 7}  # bump when exports change
     if (work / "setup.json").exists() and json.loads((work / "setup.json").read_text()) == stamp:
         log(f"setup: reusing {work}")
         return

@@ -63,10 +63,14 @@ class BertSelfAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.n_head, self.head_dim).permute(0, 2, 1, 3)  # (B, nh, T, hd)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        # mask: (B, 1, 1, T) additive, 0 on real tokens and a large negative number on padding
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
+        # mask: (B, 1, 1, T) additive, 0 on real tokens and a large negative number on padding;
+        # queries: (B, Tq, H) when only some positions need an output (see encode_cls), else all of x
         B, T, H = x.shape
-        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        if queries is not None:
+            T = queries.size(1)
+        q = self._heads(self.query(x if queries is None else queries))  # (B, nh, Tq, hd)
+        k, v = self._heads(self.key(x)), self._heads(self.value(x))
         if self.impl == "sdpa":
             p = self.dropout_p if self.training else 0.0
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=p)
@@ -94,8 +98,8 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.output(self.self(x, mask), x)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
+        return self.output(self.self(x, mask, queries), x if queries is None else queries)
 
 
 class BertIntermediate(nn.Module):
@@ -121,8 +125,8 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = self.attention(x, mask)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.attention(x, mask, queries)  # (B, Tq, H)
         return self.output(self.intermediate(x), x)
 
 
@@ -192,6 +196,21 @@ class BertModel(nn.Module):
         x = self.embeddings(input_ids, token_type_ids)
         x = self.encoder(x, extended_mask(attention_mask, x.dtype))
         return x, (self.pooler(x) if self.pooler is not None else None)
+
+
+def encode_cls(
+    bert: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+) -> torch.Tensor:
+    """The pooled [CLS] vector (B, H), equal to ``bert(...)[1]``, with the last layer computed for
+    [CLS] only: a sequence classifier reads nothing else, so 1/L of the encoder's work is skipped
+    (inference only; export uses it for the classification graph)."""
+    x = bert.embeddings(input_ids, token_type_ids)
+    mask = extended_mask(attention_mask, x.dtype)
+    *body, last = bert.encoder.layer
+    for layer in body:
+        x = layer(x, mask)
+    cls = last(x, mask, queries=x[:, :1])  # (B, 1, H)
+    return bert.pooler(cls)
 
 
 def set_attention_impl(model: nn.Module, impl: str) -> None:

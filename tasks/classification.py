@@ -225,6 +225,24 @@ def _model_class() -> type:
                 out["loss"] = F.cross_entropy(logits.float(), labels)
             return out
 
+    class ClsOnlyGraph(nn.Module):
+        """Inference form of the classifier: the last layer runs for [CLS] only (mlmkit.model.encode_cls)."""
+
+        partial_layers = 1  # export.fuse: the last layer's single-query attention stays unfused
+
+        def __init__(self, model: BertForSequenceClassification) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(
+            self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+        ) -> dict[str, torch.Tensor]:
+            from mlmkit.model import encode_cls
+
+            logits = self.model.classifier(encode_cls(self.model.bert, input_ids, attention_mask, token_type_ids))
+            return {"logits": logits, "probabilities": torch.softmax(logits.float(), dim=-1)}
+
+    BertForSequenceClassification.ClsOnlyGraph = ClsOnlyGraph
     return BertForSequenceClassification
 
 
@@ -318,6 +336,10 @@ class ClassificationTask:
 
     def build_model(self, config: Any) -> Any:
         return _model_class()(config)
+
+    def export_module(self, model: Any) -> Any:
+        """What export.py exports: the same outputs, the last layer computed for [CLS] only."""
+        return _model_class().ClsOnlyGraph(model)
 
     def onnx_outputs(self) -> dict[str, dict[int, str]]:
         return {"probabilities": {0: "batch"}}

@@ -53,7 +53,8 @@ def test_export_table_and_errors(runs, tmp_path, monkeypatch):
     monkeypatch.setattr(cli_serve, "want_json", lambda flag: False)  # as on a terminal
     r = runner.invoke(app, ["export", str(runs["classification"]), "--out", str(tmp_path / "b"), "--quantize", "int8"])
     assert r.exit_code == 0, r.output
-    assert "fused operators" in r.stdout and "Attention 2" in r.stdout and "int8 top-1 agreement vs fp32" in r.stdout
+    # two layers; the classification graph computes the last one for [CLS] only, unfused (encode_cls)
+    assert "fused operators" in r.stdout and "Attention 1" in r.stdout and "int8 top-1 agreement vs fp32" in r.stdout
     assert "classification" in r.stdout
     r = runner.invoke(app, ["export", str(runs["classification"]), "--out", str(tmp_path / "c"), "--quantize", "int4"])
     assert "--quantize int4 is not supported" in one_red_line(r)

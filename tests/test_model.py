@@ -196,3 +196,22 @@ def test_dropout_is_active_in_training_only():
         y1, _ = model(**b)
         y2, _ = model(**b)
     assert torch.equal(y1, y2)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_encode_cls_equals_the_pooled_output(impl):
+    """The classification graph's shortcut (last layer for [CLS] only) changes nothing it outputs."""
+    from mlmkit.model import BertModel, encode_cls, set_attention_impl
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    bert = BertModel(cfg).eval()
+    set_attention_impl(bert, impl)
+    ids = torch.randint(5, 50, (3, 9))
+    am = torch.ones_like(ids)
+    am[1, 4:] = 0
+    tt = torch.zeros_like(ids)
+    tt[2, 5:] = 1
+    with torch.no_grad():
+        torch.testing.assert_close(encode_cls(bert, ids, am, tt), bert(ids, am, tt)[1], atol=1e-6, rtol=1e-5)
