@@ -14,25 +14,11 @@ from .batching import bucket_batches, pad_features, scatter_outputs, shuffled_bu
 from .checkpoint import is_model_dir, load_state_dict, load_weights, read_json, save_run
 from .config import BertConfig
 from .errors import ConfigError, MlmkitError
-from .registry import Task, get_task
+from .registry import Task, get_task, task_options
 from .tokenizer import load_tokenizer, special_ids
 from .training import TrainArgs, Trainer
 
 log = logging.getLogger("mlmkit")
-
-
-def task_options(task: Task, given: dict[str, Any]) -> dict[str, Any]:
-    """The task's defaults overridden by the options given; an option the task lacks is an error."""
-    opts = dict(getattr(task, "options", {}) or {})
-    for k, v in given.items():
-        if v is None:
-            continue
-        if k not in opts:
-            flag = "--" + k.replace("_", "-")
-            known = ", ".join("--" + o.replace("_", "-") for o in opts) or "none"
-            raise ConfigError(f"{flag} does not apply to task '{task.name}'", f"its options: {known}")
-        opts[k] = v
-    return opts
 
 
 class FeatureData:
@@ -225,9 +211,7 @@ def evaluate_run(
 
     task, net, tok, meta = load_finetuned(run_dir)
     net.to(resolve_device(device))
-    given = {k: v for k, v in (options or {}).items() if v is not None}
-    task_options(task, given)  # an option the task lacks is an error, as in finetune
-    opts = {**meta.get("options", {}), **given}
+    opts = task_options(task, options or {}, saved=meta.get("options"))
     meta = {**meta, "options": opts}
     ev = TaskEvaluator(task, task.read(Path(data), **opts), tok, meta)
     metrics = ev(net)

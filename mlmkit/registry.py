@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from .errors import TaskError
+from .errors import ConfigError, TaskError
 
 GROUP = "mlmkit.tasks"
 
@@ -142,6 +142,20 @@ def register(name: str, task: Task, distribution: str = "<runtime>") -> None:
 
 def unregister(name: str) -> None:
     tasks().pop(name, None)
+
+
+def task_options(task: Task, given: dict[str, Any], saved: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The task's defaults, overridden by ``saved`` (a run's or bundle's options), then by the
+    options ``given`` that are not None; a given option the task lacks is an error."""
+    opts = {**dict(getattr(task, "options", {}) or {}), **(saved or {})}
+    for k, v in given.items():
+        if v is None:
+            continue
+        if k not in opts:
+            known = ", ".join("--" + o.replace("_", "-") for o in opts) or "none"
+            raise ConfigError(f"--{k.replace('_', '-')} does not apply to task '{task.name}'", f"its options: {known}")
+        opts[k] = v
+    return opts
 
 
 def get_task(name: str) -> Task:

@@ -331,15 +331,9 @@ class TaskPipeline(Pipeline):
 
     def options(self, given: dict[str, Any] | None = None) -> dict[str, Any]:
         """The task's defaults < the options saved in the bundle < ``given``; unknown ones are an error."""
-        opts = {**dict(getattr(self.task_impl, "options", {}) or {}), **(self.meta.get("options") or {})}
-        for k, v in (given or {}).items():
-            if v is None:
-                continue
-            if k not in opts:
-                known = ", ".join("--" + o.replace("_", "-") for o in opts) or "none"
-                raise ConfigError(f"--{k.replace('_', '-')} does not apply to task '{self.task}'", f"its options: {known}")
-            opts[k] = v
-        return opts
+        from .registry import task_options
+
+        return task_options(self.task_impl, given or {}, saved=self.meta.get("options"))
 
     def __call__(
         self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, **options: Any
