@@ -74,6 +74,7 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
     """Everything the sides read, written once into ``work`` (reused while setup.json matches)."""
     import torch
 
+    from mlmkit.args import ExportArgs, FinetuneArgs
     from mlmkit.checkpoint import save_run
     from mlmkit.config import BertConfig
     from mlmkit.export import export
@@ -139,9 +140,10 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
         w.writerow(["text", "label"])
         w.writerows((s, "returns" if KEYWORDS & {x.lower().strip(".,;:()") for x in words(s)} else "other") for s in bench)
     t1 = time.perf_counter()
-    metrics = finetune("classification", work / "mlm-run", work / "train.csv", work / "clf-run", eval_file=work / "dev.csv",
-                       epochs=3, batch_size=32, lr=3e-4, warmup_ratio=0.2, max_length=MAX_LENGTH,
-                       progress=False, seed=0)
+    metrics = finetune(FinetuneArgs.from_flat(
+        task="classification", model=work / "mlm-run", train_file=work / "train.csv", out=work / "clf-run",
+        eval_file=work / "dev.csv", epochs=3, batch_size=32, lr=3e-4, warmup_ratio=0.2, max_length=MAX_LENGTH,
+        progress=False, seed=0))
     scores = {k: v for k, v in metrics.items() if isinstance(v, float)}
     (work / "classifier.json").write_text(json.dumps(scores))
     log(f"setup: classifier fine-tuned in {time.perf_counter() - t1:.0f}s: " + ", ".join(f"{k} {v:.3f}" for k, v in scores.items()))
@@ -150,7 +152,7 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
     for name, run, kw in (("fill-mask", "mlm-run", {}), ("fill-mask-int8", "mlm-run", {"quantize": "int8"}),
                           ("classify", "clf-run", {}), ("classify-int8", "clf-run", {"quantize": "int8"})):
         t1 = time.perf_counter()
-        m = export(work / run, work / "bundles" / name, **kw)
+        m = export(ExportArgs(run=work / run, out=work / "bundles" / name, **kw))
         log(f"setup: bundle {name}: {m['model_bytes'] / 1e6:.0f} MB, fused {m['fused_operators']}, "
             f"parity {m['parity']['top1_agreement']:.3f} ({time.perf_counter() - t1:.0f}s)")
     full_logits_graph(work / "mlm-run", work / "full-logits.onnx")
@@ -187,7 +189,7 @@ def full_logits_graph(run: Path, out: Path) -> None:
     batch = {k: np.ones((2, 8), dtype=np.int64) for k in INPUTS}
     with tempfile.TemporaryDirectory() as d:
         plain = Path(d) / "plain.onnx"
-        _torch_export(Full(m), batch, {"logits": {0: "batch", 1: "sequence"}}, plain, 17)
+        _torch_export(Full(m), batch, {"logits": ("batch", "sequence", "vocabulary")}, plain, 17)
         fused = fuse(plain, out, cfg)
     log(f"setup: full-logits graph, fused {fused}")
 

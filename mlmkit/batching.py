@@ -1,7 +1,7 @@
 """Length-bucketed batching and padding shared by training, evaluation and the ONNX runtime.
 
 No torch here: the runtime imports this module. Batches are padded to their longest member only;
-callers put results back in input order with the indices each batch carries.
+callers put results back in input order with the indices each batch carries (evaluation.run_features).
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def bucket_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
@@ -67,23 +65,3 @@ def pad_features(
             arr = arr.astype(np.float32) if arr.dtype.kind == "f" else arr.astype(np.int64)
         out[k] = arr
     return out
-
-
-def per_token(axes: dict[int, str]) -> bool:
-    """An output whose axis 1 is the sequence axis is trimmed to each feature's length."""
-    return any(i == 1 and "seq" in name for i, name in axes.items())
-
-
-def scatter_outputs(
-    outputs: dict[str, np.ndarray],
-    batch: Sequence[int],
-    lengths: Sequence[int],
-    axes: dict[str, dict[int, str]],
-    into: dict[str, list[Any]],
-) -> None:
-    """Put row r of each batch output at position batch[r] of ``into``, trimmed to its length."""
-    for name, arr in outputs.items():
-        slot = into.setdefault(name, [None] * len(lengths))
-        trim = per_token(axes.get(name, {}))
-        for r, i in enumerate(batch):
-            slot[i] = arr[r, : lengths[i]] if trim else arr[r]

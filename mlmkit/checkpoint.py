@@ -1,16 +1,12 @@
 """Read and write run directories (Hugging Face checkpoints) atomically.
 
-Every file goes to a temporary name in the same directory and is renamed over the target, so a
-process killed mid-write leaves the previous file intact. Weights are read with safetensors or
+Every file goes through files.atomic_write (a temporary name, then a rename), so a process killed
+mid-write leaves the previous file intact. Weights are read with safetensors or
 ``torch.load(weights_only=True)``: loading a checkpoint never runs code.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,43 +14,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .errors import ConfigError
+from .files import atomic_write, write_json
+from .tokenizer import save_tokenizer
 
 WEIGHTS = "model.safetensors"
 META = "mlmkit.json"
 # keys whose tensors are tied to another parameter; not stored, as transformers does
 TIED_KEYS = ("cls.predictions.decoder.weight",)
-
-
-def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` then rename tmp_path over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
-def write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def read_json(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{p} not found", "is this a run directory or bundle written by mlmkit?") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p}: corrupted JSON ({e})", "re-create it with mlmkit") from None
 
 
 def save_weights(model: torch.nn.Module, path: str | Path) -> None:
@@ -141,8 +107,6 @@ def save_run(
     """Write a run directory: config.json, model.safetensors, tokenizer files, mlmkit.json.
 
     Weights are written before mlmkit.json so a reader that sees the new metadata sees new weights."""
-    from .tokenizer import save_tokenizer
-
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     config.save(d / "config.json")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .files import atomic_write_text
 
 
 @dataclass
@@ -80,8 +81,6 @@ class BertConfig:
         return cls(**known, extra=extra)
 
     def save(self, path: str | Path) -> None:
-        from .checkpoint import atomic_write_text
-
         atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     @classmethod

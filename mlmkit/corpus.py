@@ -31,6 +31,7 @@ import torch
 from tokenizers import Tokenizer
 
 from .errors import DataFormatError, MlmkitError
+from .files import atomic_write
 from .masking import mask_tokens
 from .tokenizer import SpecialIds, continuation_flags, special_ids
 
@@ -161,7 +162,6 @@ def tokenize_corpus(
         doc_offsets=np.concatenate([[0], np.cumsum(doc_sizes)]).astype(np.int64),
     )
     shard.parent.mkdir(parents=True, exist_ok=True)
-    from .checkpoint import atomic_write
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:

@@ -43,36 +43,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import (
-    atomic_write,
-    atomic_write_text,
-    is_model_dir,
-    load_state_dict,
-    load_weights,
-    read_json,
-    write_json,
-)
+from .args import ExportArgs
+from .checkpoint import is_model_dir, load_state_dict, load_weights
 from .config import BertConfig
 from .errors import ConfigError, MlmkitError, ParityError
+from .files import atomic_write, atomic_write_text, read_json, write_json
 from .model import BertForPreTraining, extended_mask, set_attention_impl
-from .registry import get_task
-from .runtime import tokenizer_fingerprint
+from .registry import BATCH, SEQUENCE, get_task, per_token
+from .runtime import BUNDLE_FORMAT, tokenizer_fingerprint
 from .tokenizer import load_tokenizer, special_ids
 
 log = logging.getLogger("mlmkit")
 
 ATOL = 1e-4  # fp32 ONNX vs PyTorch, per output (optimum uses the same for BERT)
 MIN_OPSET = 17  # LayerNormalization is a standard op from opset 17
+MAX_OPSET = 20  # the newest opset the TorchScript exporter and onnxruntime's transformer fusions were checked with
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-INPUT_AXES = {0: "batch", 1: "sequence"}
+MASKS = "masks"  # the fill-mask graph's rows: one per [MASK] of the batch
+DYNAMIC_AXES = (BATCH, SEQUENCE, MASKS)  # axes whose size varies from one run of the graph to the next
 FILL_MASK_OUTPUTS = {
-    "mask_positions": {0: "masks"},
-    "top_ids": {0: "masks"},
-    "top_probs": {0: "masks"},
+    "mask_positions": (MASKS, "coordinate"),
+    "top_ids": (MASKS, "k"),
+    "top_probs": (MASKS, "k"),
 }
 FUSED_OPS = ("Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "LayerNormalization")
 SAMPLE_ROWS = 24
-BUNDLE_FORMAT = 1
 
 
 # ---- the graphs ------------------------------------------------------------------------------
@@ -102,7 +97,7 @@ class FillMaskGraph(nn.Module):
 
 
 class TaskGraph(nn.Module):
-    """A task model's forward, returning its ``onnx_outputs()`` as a tuple in a fixed order."""
+    """A task model's forward, returning its declared ``outputs`` as a tuple in a fixed order."""
 
     def __init__(self, model: nn.Module, names: list[str]) -> None:
         super().__init__()
@@ -128,30 +123,27 @@ def _run_meta(d: Path, cfg: BertConfig) -> dict[str, Any]:
 
 def _build(
     d: Path, meta: dict[str, Any], cfg: BertConfig, mask_id: int, top_k: int
-) -> tuple[nn.Module, nn.Module, dict[str, dict[int, str]]]:
-    """(module to export, PyTorch reference it must match, outputs with their dynamic axes).
+) -> tuple[nn.Module, nn.Module, dict[str, tuple[str, ...]], int]:
+    """(module to export, PyTorch reference it must match, outputs with their axes, partial layers).
 
-    A task may provide ``export_module(model)``: a module with the same forward signature and
-    outputs, written for inference (e.g. skipping work its outputs do not need); it is exported
-    instead of the model and checked against the model's own forward."""
+    A task's ``export_module(model)`` (the model itself by default) is exported and checked against
+    the model's own forward; ``partial_layers`` tells the fusion check what it skipped."""
     sd = load_state_dict(d)
     if meta.get("task") in (None, "pretraining"):
         model = BertForPreTraining(cfg)
         # a BertForMaskedLM checkpoint has no NSP head or pooler; neither is in the fill-mask graph
         load_weights(model, sd, allow_missing=("cls.seq_relationship", "bert.pooler"))
         model.tie_weights()
-        if top_k < 1 or top_k > cfg.vocab_size:
+        if top_k > cfg.vocab_size:
             raise ConfigError(f"--top-k must be between 1 and the vocabulary size {cfg.vocab_size}, got {top_k}")
         graph = FillMaskGraph(model, mask_id, top_k)
-        return graph, graph, dict(FILL_MASK_OUTPUTS)
+        return graph, graph, dict(FILL_MASK_OUTPUTS), 0
     task = get_task(meta["task"])
     model = task.build_model(cfg)
     load_weights(model, sd)
     model.eval()
-    axes = {k: dict(v) for k, v in task.onnx_outputs().items()}
-    reference = TaskGraph(model, list(axes))
-    make = getattr(task, "export_module", None)
-    return (TaskGraph(make(model), list(axes)) if make else reference), reference, axes
+    names = list(task.outputs)
+    return TaskGraph(task.export_module(model), names), TaskGraph(model, names), dict(task.outputs), task.partial_layers
 
 
 # ---- the sample batch ------------------------------------------------------------------------
@@ -185,44 +177,48 @@ def sample_batch(
 
 
 # ---- comparing outputs -----------------------------------------------------------------------
-def _real(name: str, arr: np.ndarray, axes: dict[int, str], mask: np.ndarray) -> np.ndarray:
+def _real(arr: np.ndarray, axes: tuple[str, ...], mask: np.ndarray) -> np.ndarray:
     """Per-token outputs at the real (unpadded) tokens only; others unchanged."""
-    if any(i == 1 and "seq" in a for i, a in axes.items()):
-        return arr[mask.astype(bool)]  # (tokens, ...)
-    return arr
+    return arr[mask.astype(bool)] if per_token(axes) else arr  # (tokens, ...)
 
 
-def _decisions(name: str, arr: np.ndarray, axes: dict[int, str], mask: np.ndarray) -> np.ndarray:
-    """The top-1 choices an output stands for: argmax over labels, or over positions (QA logits)."""
+def _decisions(name: str, arr: np.ndarray, axes: tuple[str, ...], mask: np.ndarray) -> np.ndarray | None:
+    """The top-1 choices an output stands for: argmax over its last axis (labels), over positions for
+    (batch, sequence) scores (QA), the ids themselves for integer outputs; None for an output that
+    makes no choice (one number per row, such as a regression score, or fill-mask's sorted probabilities)."""
     if name == "top_ids":
         return arr[:, 0]
+    if name == "top_probs" or (arr.dtype.kind == "f" and len(axes) == 1):
+        return None
     if arr.dtype.kind != "f":
         return arr.reshape(-1)
-    if arr.ndim == 2 and any(i == 1 and "seq" in a for i, a in axes.items()):  # (B, T) position logits
+    if tuple(axes) == (BATCH, SEQUENCE):
         return np.where(mask.astype(bool), arr, -np.inf).argmax(axis=1)
-    return _real(name, arr, axes, mask).argmax(axis=-1).reshape(-1)
+    return _real(arr, axes, mask).argmax(axis=-1).reshape(-1)
 
 
 def compare(
-    ref: dict[str, np.ndarray], got: dict[str, np.ndarray], axes: dict[str, dict[int, str]], mask: np.ndarray
+    ref: dict[str, np.ndarray], got: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]], mask: np.ndarray
 ) -> dict[str, Any]:
-    """Max abs difference per float output (real tokens only) and top-1 agreement over all outputs."""
+    """Max abs difference per float output (real tokens only) and the top-1 agreement over the outputs
+    that make choices (None when none does)."""
     diffs: dict[str, float] = {}
     agree = total = 0
     for name, a in ref.items():
         b = got[name]
         if a.shape != b.shape:
             raise ParityError(f"output '{name}' has shape {b.shape} in onnxruntime but {a.shape} in PyTorch")
-        if a.dtype.kind == "f" and name != "mask_positions":
-            diffs[name] = float(np.abs(_real(name, a, axes[name], mask) - _real(name, b.astype(np.float32), axes[name], mask)).max(initial=0.0))
         if name == "mask_positions":
             if not np.array_equal(a, b):
                 raise ParityError("output 'mask_positions' differs between onnxruntime and PyTorch")
             continue
+        if a.dtype.kind == "f":
+            diffs[name] = float(np.abs(_real(a, axes[name], mask) - _real(b.astype(np.float32), axes[name], mask)).max(initial=0.0))
         da, db = _decisions(name, a, axes[name], mask), _decisions(name, b, axes[name], mask)
-        agree += int((da == db).sum())
-        total += da.size
-    return {"max_abs_diff": diffs, "top1_agreement": agree / total if total else 1.0}
+        if da is not None:
+            agree += int((da == db).sum())
+            total += da.size
+    return {"max_abs_diff": diffs, "top1_agreement": agree / total if total else None}
 
 
 # ---- onnx steps --------------------------------------------------------------------------------
@@ -261,9 +257,9 @@ def _torch_outputs(graph: nn.Module, batch: dict[str, np.ndarray], names: list[s
     return {n: o.numpy() for n, o in zip(names, out)}
 
 
-def _torch_export(graph: nn.Module, batch: dict[str, np.ndarray], axes: dict[str, dict[int, str]], path: Path, opset: int) -> None:
+def _torch_export(graph: nn.Module, batch: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]], path: Path, opset: int) -> None:
     dummy = tuple(torch.from_numpy(batch[k][:2, : max(2, int(batch["attention_mask"][:2].sum(1).max()))]) for k in INPUTS)
-    dynamic = {**{k: dict(INPUT_AXES) for k in INPUTS}, **axes}
+    dynamic = {name: {i: a for i, a in enumerate(ax) if a in DYNAMIC_AXES} for name, ax in {**dict.fromkeys(INPUTS, (BATCH, SEQUENCE)), **axes}.items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer warnings
         torch.onnx.export(
@@ -316,6 +312,26 @@ def quantize_int8(src: Path, dst: Path) -> None:
         )
 
 
+def check_fp16(
+    path: Path, fp32_out: dict[str, np.ndarray], batch: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]],
+    names: list[str],
+) -> dict[str, Any]:
+    """The fp16 graph against the fp32 one, measured where it can run: onnxruntime's fp16 kernels of
+    the fused operators exist for CUDA only, so without a usable CUDA execution provider the check is
+    skipped and says why. Errors on CUDA are raised, never swallowed."""
+    import onnxruntime as ort
+
+    skipped = {"fp16_top1_agreement_vs_fp32": None, "fp16_max_abs_diff": None}
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return {**skipped, "fp16_check": "skipped: this onnxruntime has no CUDA execution provider"}
+    session = _session(path, ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    if "CUDAExecutionProvider" not in session.get_providers():
+        return {**skipped, "fp16_check": "skipped: no usable CUDA GPU"}
+    h = compare(fp32_out, _run_onnx(session, batch, names), axes, batch["attention_mask"])
+    return {"fp16_top1_agreement_vs_fp32": h["top1_agreement"], "fp16_max_abs_diff": h["max_abs_diff"],
+            "fp16_check": "measured with the CUDA execution provider"}
+
+
 def to_fp16(src: Path, dst: Path) -> None:
     """fp16 weights and compute, fp32 inputs/outputs: for the CUDA execution provider."""
     import onnx
@@ -328,37 +344,17 @@ def to_fp16(src: Path, dst: Path) -> None:
 
 
 # ---- the bundle --------------------------------------------------------------------------------
-def export(
-    run_dir: str | Path,
-    out_dir: str | Path,
-    *,
-    quantize: str | None = None,
-    fp16: bool = False,
-    optimize: bool = True,
-    opset: int = 17,
-    top_k: int = 5,
-) -> dict[str, Any]:
-    """Export a run directory to an ONNX bundle in ``out_dir``; returns the bundle's mlmkit.json.
+def export(args: ExportArgs) -> dict[str, Any]:
+    """Export a run directory to an ONNX bundle in ``args.out``; returns the bundle's mlmkit.json.
 
-    Args:
-        run_dir: a pretraining run (exported as fill-mask) or a fine-tuned run of any registered task.
-        out_dir: the bundle directory (created; existing bundle files are replaced).
-        quantize: None or "int8" (dynamic, per-channel int8 weights; for the CPU).
-        fp16: fp16 weights and compute for the CUDA execution provider.
-        optimize: apply onnxruntime's transformer fusions (refusing a graph that does not fuse).
-        opset: ONNX opset, at least 17.
-        top_k: fill-mask candidates computed in the graph (the runtime can ask for fewer).
-    """
-    d = Path(run_dir)
+    ``args.run``: a pretraining run (exported as fill-mask) or a fine-tuned run of any registered
+    task; the bundle directory is created, and bundle files already there are replaced."""
+    d = Path(args.run)
     if not is_model_dir(d):
         raise ConfigError(f"{d} is not a run directory", "it needs config.json and model.safetensors (an mlmkit run)")
-    if quantize not in (None, "int8"):
-        raise ConfigError(f"--quantize {quantize} is not supported", "use --quantize int8")
-    if quantize and fp16:
-        raise ConfigError("--quantize int8 and --fp16 exclude each other", "int8 is for the CPU, fp16 for CUDA")
-    if opset < MIN_OPSET:
-        raise ConfigError(f"--opset {opset} is too old", f"use {MIN_OPSET} or newer")
-    if (quantize or fp16) and not optimize:
+    if not MIN_OPSET <= args.opset <= MAX_OPSET:
+        raise ConfigError(f"--opset {args.opset} is not supported", f"use {MIN_OPSET} to {MAX_OPSET}")
+    if (args.quantize or args.fp16) and not args.optimize:
         log.info("converting the unfused graph: expect it to be slower than with the fusions")
     cfg = BertConfig.load(d)
     meta = _run_meta(d, cfg)
@@ -369,27 +365,27 @@ def export(
     fill_mask = meta.get("task") in (None, "pretraining")
     max_length = int(min(meta.get("max_length") or 512, cfg.max_position_embeddings))
 
-    graph, reference, axes = _build(d, meta, cfg, specials.mask, top_k)
+    graph, reference, axes, partial = _build(d, meta, cfg, specials.mask, args.top_k)
     graph.eval()
     reference.eval()
     names = list(axes)
     batch = sample_batch(tok.get_vocab_size(), specials, max_length, fill_mask=fill_mask)
     ref = _torch_outputs(reference, batch, names)
     set_attention_impl(graph, "eager")
+    mask = batch["attention_mask"]
 
-    out = Path(out_dir)
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
     try:
         plain = work / "plain.onnx"
-        _torch_export(graph, batch, axes, plain, opset)
+        _torch_export(graph, batch, axes, plain, args.opset)
         fp32, fused = plain, {}
-        if optimize:
+        if args.optimize:
             fp32 = work / "fused.onnx"
-            partial = int(getattr(getattr(graph, "model", None), "partial_layers", 0))
-            fused = fuse(plain, fp32, cfg, use_gpu=fp16, partial_layers=partial)
+            fused = fuse(plain, fp32, cfg, use_gpu=args.fp16, partial_layers=partial)
         fp32_out = _run_onnx(_session(fp32), batch, names)
-        parity = compare(ref, fp32_out, axes, batch["attention_mask"])
+        parity = compare(ref, fp32_out, axes, mask)
         bad = {k: v for k, v in parity["max_abs_diff"].items() if not v <= ATOL}
         if bad:
             listing = ", ".join(f"{k}: max diff {v:.2e}" for k, v in bad.items())
@@ -397,35 +393,27 @@ def export(
                 f"the exported graph differs from PyTorch beyond {ATOL:g}: {listing}",
                 "export with --no-optimize to see whether the fusions cause it, and report it",
             )
-        final, precision, steps = fp32, "fp32", (["transformer-fusion"] if optimize else [])
-        if quantize:
+        final, precision, steps = fp32, "fp32", (["transformer-fusion"] if args.optimize else [])
+        if args.quantize:
             final, precision = work / "int8.onnx", "int8"
             quantize_int8(fp32, final)
             steps.append("int8-dynamic-per-channel")
-            q = compare(fp32_out, _run_onnx(_session(final), batch, names), axes, batch["attention_mask"])
+            q = compare(fp32_out, _run_onnx(_session(final), batch, names), axes, mask)
             parity["int8_top1_agreement_vs_fp32"] = q["top1_agreement"]
             parity["int8_max_abs_diff"] = q["max_abs_diff"]
-        elif fp16:
+        elif args.fp16:
             final, precision = work / "fp16.onnx", "fp16"
             to_fp16(fp32, final)
             steps.append("fp16")
-            try:
-                h = compare(fp32_out, _run_onnx(_session(final), batch, names), axes, batch["attention_mask"])
-                parity["fp16_top1_agreement_vs_fp32"] = h["top1_agreement"]
-                parity["fp16_max_abs_diff"] = h["max_abs_diff"]
-            except ParityError:
-                raise
-            except Exception as e:  # fp16 contrib kernels exist for CUDA only; nothing to measure here
-                parity["fp16_top1_agreement_vs_fp32"] = None
-                log.info("fp16 graph not checked on this machine (%s)", type(e).__name__)
+            parity.update(check_fp16(final, fp32_out, batch, axes, names))
         parity["sample"] = {
             "rows": int(batch["input_ids"].shape[0]),
             "min_length": int(batch["attention_mask"].sum(1).min()),
             "max_length": int(batch["attention_mask"].sum(1).max()),
         }
 
-        bundle_meta = _bundle_meta(meta, cfg, tok, axes, final, fill_mask=fill_mask, max_length=max_length, opset=opset,
-                                   precision=precision, steps=steps, fused=fused, parity=parity, top_k=top_k, source=d)
+        bundle_meta = _bundle_meta(meta, cfg, tok, axes, final, fill_mask=fill_mask, max_length=max_length, opset=args.opset,
+                                   precision=precision, steps=steps, fused=fused, parity=parity, top_k=args.top_k, source=d)
         atomic_write(out / "model.onnx", lambda tmp: shutil.copyfile(final, tmp))
         atomic_write_text(out / "tokenizer.json", tok.to_str(pretty=False))
         write_json(out / "mlmkit.json", bundle_meta)  # last: a reader seeing it sees the new model
@@ -435,11 +423,11 @@ def export(
 
 
 def _bundle_meta(
-    meta: dict[str, Any], cfg: BertConfig, tok: Any, axes: dict[str, dict[int, str]], final: Path, *,
+    meta: dict[str, Any], cfg: BertConfig, tok: Any, axes: dict[str, tuple[str, ...]], final: Path, *,
     fill_mask: bool, max_length: int, opset: int, precision: str, steps: list[str], fused: dict[str, int],
     parity: dict[str, Any], top_k: int, source: Path,
 ) -> dict[str, Any]:
-    # the run's metadata travels along (labels, options, QA's null threshold ...): the task's
+    # the run's metadata travels along (labels, options, the task's saved state ...): the task's
     # featurize / postprocess read it at inference time exactly as at evaluation
     keep = {k: v for k, v in meta.items() if k not in ("train_args", "history", "state")}
     import onnx
@@ -455,7 +443,7 @@ def _bundle_meta(
         "max_length": max_length,
         "options": meta.get("options", {}),
         "inputs": graph_inputs,
-        "outputs": {k: {str(i): a for i, a in v.items()} for k, v in axes.items()},
+        "outputs": {k: list(v) for k, v in axes.items()},
         "top_k": top_k if fill_mask else None,
         "opset": opset,
         "precision": precision,

@@ -1,22 +1,27 @@
-"""`mlmkit finetune` and `mlmkit evaluate` (PyTorch side): any registered task, the one training loop."""
+"""`mlmkit finetune` and `mlmkit evaluate` of a run directory: any registered task, the one training
+loop (training.py) and the one prediction loop (evaluation.py) on a PyTorch forward."""
 
 from __future__ import annotations
 
 import logging
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .batching import bucket_batches, pad_features, scatter_outputs, shuffled_buckets
-from .checkpoint import is_model_dir, load_state_dict, load_weights, read_json, save_run
+from . import evaluation
+from .args import FinetuneArgs
+from .batching import pad_features, shuffled_buckets
+from .checkpoint import is_model_dir, load_state_dict, load_weights, save_run
 from .config import BertConfig
 from .errors import ConfigError, MlmkitError
-from .registry import Task, get_task, task_options
+from .files import read_json, write_jsonl
+from .registry import Example, Feature, Plugin, TaskContext, get_task
 from .tokenizer import load_tokenizer, special_ids
-from .training import TrainArgs, Trainer
+from .training import Trainer, resolve_device
 
 log = logging.getLogger("mlmkit")
 
@@ -24,7 +29,7 @@ log = logging.getLogger("mlmkit")
 class FeatureData:
     """Training data source over task features: length-bucketed batches, a new order each epoch."""
 
-    def __init__(self, features: list[dict[str, Any]], task: Task, batch_size: int, pad_id: int, seed: int) -> None:
+    def __init__(self, features: list[Feature], task: Plugin, batch_size: int, pad_id: int, seed: int) -> None:
         if not features:
             raise MlmkitError("the training data has no examples", "check the --train file")
         self.features, self.task, self.batch_size, self.pad_id, self.seed = features, task, batch_size, pad_id, seed
@@ -46,23 +51,39 @@ class FeatureData:
         return {k: torch.from_numpy(v) for k, v in arrays.items()}
 
 
-@torch.no_grad()
-def predict_torch(
-    task: Task, model: torch.nn.Module, features: list[dict[str, Any]], pad_id: int, batch_size: int = 64
-) -> dict[str, list[np.ndarray]]:
-    """Raw task outputs per feature (the names of ``task.onnx_outputs()``), in feature order."""
-    was_training = model.training
-    model.eval()
-    dev = next(model.parameters()).device
-    axes = task.onnx_outputs()
-    lengths = [len(f["input_ids"]) for f in features]
-    into: dict[str, list[Any]] = {}
-    for batch in bucket_batches(lengths, batch_size):
-        arrays = pad_features([features[i] for i in batch], pad_id)
-        out = model(**{k: torch.from_numpy(v).to(dev) for k, v in arrays.items()})
-        scatter_outputs({k: out[k].float().cpu().numpy() for k in axes}, batch, lengths, axes, into)
-    model.train(was_training)
-    return into
+def torch_forward(model: torch.nn.Module, names: Any) -> evaluation.Forward:
+    """A PyTorch model as evaluation's forward: padded numpy batch in, the named outputs out (fp32 numpy)."""
+    device = next(model.parameters()).device
+
+    @torch.no_grad()
+    def forward(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = model(**{k: torch.from_numpy(v).to(device) for k, v in batch.items()})
+        return {n: out[n].float().cpu().numpy() for n in names}
+
+    return forward
+
+
+class TaskEvaluator:
+    """The Trainer's evaluation of a task model: evaluation.evaluate on its PyTorch forward. Keeps the
+    last predictions and, with ``calibrate``, the decision settings tuned on these examples
+    (fine-tuning's evaluation set only), which fine-tuning saves with the model."""
+
+    def __init__(self, task: Plugin, examples: list[Example], tokenizer: Any, ctx: TaskContext, *,
+                 batch_size: int = 64, calibrate: bool = False) -> None:
+        self.task, self.examples, self.tokenizer, self.ctx = task, examples, tokenizer, ctx
+        self.batch_size, self.calibrate = batch_size, calibrate
+        self.predictions: list[dict[str, Any]] = []
+        self.state: dict[str, Any] = {}
+
+    def __call__(self, model: torch.nn.Module) -> dict[str, Any]:
+        was_training = model.training
+        model.eval()
+        metrics, got = evaluation.evaluate(self.task, self.examples, self.tokenizer, self.ctx,
+                                           torch_forward(model, self.task.outputs), batch_size=self.batch_size,
+                                           calibrate=self.calibrate)
+        model.train(was_training)
+        self.predictions, self.state = got.predictions, dict(got.ctx.state)
+        return metrics
 
 
 def base_model_dir(model: str | Path) -> Path:
@@ -77,152 +98,90 @@ def base_model_dir(model: str | Path) -> Path:
     return d
 
 
-class TaskEvaluator:
-    """Scores a model on evaluation examples with the task's own postprocessing and metrics."""
+def finetune(args: FinetuneArgs) -> dict[str, Any]:
+    """Fine-tune ``args.task`` from a pretraining run or HF BERT directory; write a run directory.
 
-    def __init__(
-        self, task: Task, examples: list[dict[str, Any]], tok: Any, meta: dict[str, Any], batch_size: int = 64,
-        *, calibrate: bool = False,
-    ):
-        """``calibrate``: let the task tune its decision settings on these examples (fine-tuning's
-        evaluation set only: tuning them on test data would flatter the score)."""
-        self.task, self.examples, self.meta, self.batch_size = task, examples, meta, batch_size
-        self.calibrate = calibrate
-        self.features = task.featurize(examples, tok, meta=meta, max_length=meta["max_length"], training=False)
-        self.pad_id = special_ids(tok).pad
-        self.predictions: list[dict[str, Any]] = []
-
-    def __call__(self, model: torch.nn.Module) -> dict[str, float]:
-        outputs = predict_torch(self.task, model, self.features, self.pad_id, self.batch_size)
-        calibrate = getattr(self.task, "calibrate", None) if self.calibrate else None
-        if calibrate is not None:  # e.g. QA's null-score threshold, saved with the model
-            self.meta.update(calibrate(outputs, self.features, self.examples, meta=self.meta))
-        self.predictions = self.task.postprocess(outputs, self.features, self.examples, meta=self.meta)
-        return self.task.compute_metrics(self.predictions, self.examples, meta=self.meta)
-
-
-def finetune(
-    task_name: str,
-    model: str | Path,
-    train: str | Path,
-    out: str | Path,
-    *,
-    eval_file: str | Path | None = None,
-    epochs: float = 3.0,
-    batch_size: int = 32,
-    lr: float = 5e-5,
-    warmup_ratio: float = 0.1,
-    weight_decay: float = 0.01,
-    max_length: int | None = None,
-    seed: int = 0,
-    max_steps: int | None = None,
-    early_stopping: int | None = None,
-    device: str = "cpu",
-    bf16: bool = False,
-    resume: bool = False,
-    progress: bool = True,
-    options: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Fine-tune ``task_name`` from a pretraining run or HF BERT directory; write a run directory.
-
-    The head starts fresh; the best checkpoint by the task's main metric (when ``eval_file`` is
-    given) is kept in ``out``. Returns the final metrics.
+    The head starts fresh; with an evaluation file the best checkpoint by the task's main metric is
+    kept in ``args.out``. Returns the final metrics.
     """
-    task = get_task(task_name)
-    opts = task_options(task, options or {})
-    base = base_model_dir(model)
+    task = get_task(args.task)
+    opts = task.resolve_options(args.options)
+    base = base_model_dir(args.model)
     cfg = BertConfig.load(base)
     tok = load_tokenizer(base)
     if tok.get_vocab_size() > cfg.vocab_size:
         raise ConfigError(f"the tokenizer in {base} has {tok.get_vocab_size()} tokens, the model {cfg.vocab_size}")
-    L = max_length or min(task.default_max_length, cfg.max_position_embeddings)
+    L = args.max_length or min(task.default_max_length, cfg.max_position_embeddings)
     if L > cfg.max_position_embeddings:
         raise ConfigError(f"--max-length {L} exceeds the model's {cfg.max_position_embeddings} positions")
-    train_ex = task.read(Path(train), **opts)
+    train_ex = task.read(Path(args.train_file), opts)
     if not train_ex:
-        raise MlmkitError(f"{train}: no examples", "check the file and the column options")
+        raise MlmkitError(f"{args.train_file}: no examples", "check the file and the column options")
     labels = task.label_list(train_ex)
     if labels is not None:
         cfg.id2label = dict(enumerate(labels))
         cfg.label2id = {v: k for k, v in cfg.id2label.items()}
     cfg.architectures = [task.hf_architecture]
-    meta: dict[str, Any] = {"task": task.name, "labels": labels, "max_length": L, "options": opts, "base_model": str(base)}
+    ctx = TaskContext(max_length=L, options=opts, labels=tuple(labels) if labels is not None else None,
+                      state=task.fit_state(train_ex))
+    meta: dict[str, Any] = {"task": task.name, "labels": labels, "max_length": L, "options": opts,
+                            "task_state": dict(ctx.state), "base_model": str(base)}
 
-    torch.manual_seed(seed)
+    torch.manual_seed(args.train.seed)
     net = task.build_model(cfg)
     # only the encoder carries over: the head starts fresh even when --model is a fine-tuned run
     # (its labels, and their number, may differ)
     full = load_state_dict(base)
     sd = {k: v for k, v in full.items() if k.startswith(("bert.embeddings.", "bert.encoder.", "bert.pooler."))}
-    missing, unexpected = load_weights(net, sd, allow_missing=tuple(k for k in net.state_dict() if not k.startswith("bert.embeddings") and not k.startswith("bert.encoder")))
-    if missing and not resume:
+    head = tuple(k for k in net.state_dict() if not k.startswith(("bert.embeddings", "bert.encoder")))
+    missing, unexpected = load_weights(net, sd, allow_missing=head)
+    if missing and not args.train.resume:
         log.info("the %s head starts fresh: %s", task.name, ", ".join(missing))
     dropped = [k for k in full if k not in sd] + unexpected
     if dropped:
         log.info("dropping %d weights the %s model does not use (e.g. %s)", len(dropped), task.name, dropped[0])
 
-    features = task.featurize(train_ex, tok, meta=meta, max_length=L, training=True)
-    data = FeatureData(features, task, batch_size, special_ids(tok).pad, seed)
+    features = task.featurize(train_ex, tok, ctx, training=True)
+    data = FeatureData(features, task, args.batch_size, special_ids(tok).pad, args.train.seed)
     evaluator = None
-    if early_stopping is not None and eval_file is None:
-        raise ConfigError("--early-stopping needs --eval", "give an evaluation file to measure progress on")
-    if eval_file is not None:
-        evaluator = TaskEvaluator(task, task.read(Path(eval_file), **opts), tok, meta, calibrate=True)
-    args = TrainArgs(
-        epochs=epochs, steps=max_steps, lr=lr, warmup_ratio=warmup_ratio, weight_decay=weight_decay, seed=seed,
-        device=device, bf16=bf16, progress=progress, log_every=10, keep_last=1,
-        metric_for_best=task.metrics[0] if evaluator else None,
-        greater_is_better=getattr(task, "greater_is_better", True),
-        early_stopping_patience=early_stopping,
-    )
+    if args.eval_file is not None:
+        evaluator = TaskEvaluator(task, task.read(Path(args.eval_file), opts), tok, ctx, calibrate=True)
+    train_args = replace(args.train, metric_for_best=task.metrics[0] if evaluator else None,
+                         greater_is_better=task.greater_is_better)
 
     def save_model(m: torch.nn.Module, d: Path, meta_: dict[str, Any]) -> None:
-        save_run(m, d, config=cfg, tokenizer=tok, meta={**meta_, **meta})
+        calibrated = evaluator.state if evaluator is not None else {}
+        save_run(m, d, config=cfg, tokenizer=tok, meta={**meta_, **meta, "task_state": {**meta["task_state"], **calibrated}})
 
-    result = Trainer(net, data, args, out, save_model=save_model, evaluate=evaluator).train(resume=resume, meta=meta)
-    return result
+    return Trainer(net, data, train_args, args.out, save_model=save_model, evaluate=evaluator).train(meta)
 
 
-def load_finetuned(run_dir: str | Path) -> tuple[Task, torch.nn.Module, Any, dict[str, Any]]:
-    """(task, model, tokenizer, meta) of a fine-tuned run directory."""
+def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, dict[str, Any]]:
+    """(task, model in eval mode, tokenizer, mlmkit.json) of a fine-tuned run directory."""
     d = base_model_dir(run_dir)
     meta = read_json(d / "mlmkit.json")
     name = meta.get("task")
     if name in (None, "pretraining"):
         raise MlmkitError(f"{d} is a pretraining run, not a fine-tuned model", "fine-tune it first: mlmkit finetune TASK")
     task = get_task(name)
-    cfg = BertConfig.load(d)
-    net = task.build_model(cfg)
+    net = task.build_model(BertConfig.load(d))
     load_weights(net, load_state_dict(d))
     net.eval()
     return task, net, load_tokenizer(d), meta
 
 
 def evaluate_run(
-    run_dir: str | Path,
-    data: str | Path,
-    *,
-    options: dict[str, Any] | None = None,
-    predictions: str | Path | None = None,
-    device: str = "cpu",
-) -> dict[str, float]:
-    """Metrics of a fine-tuned run directory on ``data`` (PyTorch); optionally write predictions."""
-    from .training import resolve_device
-
+    run_dir: str | Path, data: str | Path, *, options: dict[str, Any] | None = None,
+    predictions: str | Path | None = None, device: str = "cpu", batch_size: int = 64,
+) -> dict[str, Any]:
+    """Metrics of a fine-tuned run directory on labelled ``data`` (PyTorch); optionally write the
+    predictions as JSON lines. The decision settings saved at fine-tuning are used as they are."""
     task, net, tok, meta = load_finetuned(run_dir)
     net.to(resolve_device(device))
-    opts = task_options(task, options or {}, saved=meta.get("options"))
-    meta = {**meta, "options": opts}
-    ev = TaskEvaluator(task, task.read(Path(data), **opts), tok, meta)
-    metrics = ev(net)
+    opts = task.resolve_options(options, saved=meta.get("options"))
+    ctx = TaskContext.from_meta(meta, opts)
+    metrics, got = evaluation.evaluate(task, task.read(Path(data), opts), tok, ctx, torch_forward(net, task.outputs),
+                                       batch_size=batch_size)
     if predictions is not None:
-        write_jsonl(predictions, ev.predictions)
+        write_jsonl(predictions, got.predictions)
     return metrics
-
-
-def write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> None:
-    import json
-
-    from .checkpoint import atomic_write_text
-
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

@@ -12,13 +12,14 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
+from .args import PretrainArgs
 from .checkpoint import save_run
 from .config import BertConfig, preset
 from .corpus import PretrainData, TokenizedCorpus, iter_sentences, tokenize_corpus
 from .errors import ConfigError, MlmkitError
 from .model import BertForPreTraining
 from .tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
-from .training import TrainArgs, Trainer, init_distributed, latest_checkpoint
+from .training import Trainer, init_distributed, latest_checkpoint
 
 log = logging.getLogger("mlmkit")
 
@@ -77,9 +78,7 @@ class MLMEvaluator:
         return m
 
 
-def _train_shared_tokenizer(
-    corpus: list[str | Path], out: Path, *, vocab_size: int, cased: bool, device: str
-) -> Tokenizer:
+def _train_shared_tokenizer(corpus: list[Path], out: Path, *, vocab_size: int, cased: bool, device: str) -> Tokenizer:
     """Train a tokenizer on the corpus. Under torchrun rank 0 trains it and the other ranks read the
     file it writes: WordPiece training breaks ties differently from one process to the next, so
     ranks training their own would disagree on token ids."""
@@ -97,117 +96,72 @@ def _train_shared_tokenizer(
     return tok if dist.main else load_tokenizer(out / "tokenizer.json")
 
 
-def pretrain(
-    corpus: list[str | Path],
-    out: str | Path,
-    *,
-    tokenizer: str | Path | None = None,
-    vocab_size: int = 8000,
-    cased: bool = False,
-    preset_name: str = "tiny",
-    config: str | Path | None = None,
-    steps: int = 1000,
-    batch_size: int = 32,
-    seq_len: int = 128,
-    lr: float = 5e-4,
-    warmup_steps: int | None = None,
-    grad_accum: int = 1,
-    mask_prob: float = 0.15,
-    whole_word: bool = False,
-    nsp: bool = True,
-    eval_file: str | Path | None = None,
-    eval_every: int = 200,
-    save_every: int = 500,
-    keep_last: int = 2,
-    resume: bool = False,
-    seed: int = 0,
-    bf16: bool = False,
-    device: str = "cpu",
-    cache_dir: str | Path | None = None,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Pretrain a BERT with MLM (+ NSP unless ``nsp=False``) and write a run directory to ``out``.
+def pretrain(args: PretrainArgs) -> dict[str, Any]:
+    """Pretrain a BERT with MLM (+ NSP unless ``args.nsp`` is False) and write a run directory to ``args.out``.
 
-    Args:
-        corpus: text files (.txt, .txt.gz, .jsonl): one sentence per line, blank line between documents.
-        tokenizer: tokenizer.json or vocab.txt; without it one of ``vocab_size`` is trained on the corpus
-            (on ``resume``, the run's own tokenizer is used).
-        preset_name / config: model size; a config.json overrides the preset.
-        eval_file: held-out corpus; without it the last documents of the corpus are held out.
-    Returns the final metrics (training loss and held-out MLM / NSP figures).
+    On ``args.train.resume`` the run's own tokenizer and config are used (those of its last
+    checkpoint: a run killed before its end has none at its root yet). Returns the final metrics
+    (training loss and held-out MLM / NSP figures).
     """
-    out = Path(out)
-    if not corpus:
-        raise MlmkitError("no corpus files given", "pass one or more text files")
-    for p in corpus:
+    out, t = Path(args.out), args.train
+    for p in args.corpus:
         if not Path(p).is_file():
             raise MlmkitError(f"corpus file not found: {p}", "check the path")
-    if not 0.0 < mask_prob < 1.0:
-        raise ConfigError(f"--mask-prob must be between 0 and 1, got {mask_prob}")
-    # on --resume the run's own tokenizer and config: those of its last checkpoint (a run killed
-    # before its end has none at its root yet), else those at the root
-    own = None
-    if resume:
-        ck = latest_checkpoint(out)
-        own = ck if ck is not None else out
+    own = (latest_checkpoint(out) or out) if t.resume else None
+    tokenizer = args.tokenizer
     if own is not None and (own / "tokenizer.json").exists() and tokenizer is None:
         tokenizer = own / "tokenizer.json"
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     else:
-        tok = _train_shared_tokenizer(corpus, out, vocab_size=vocab_size, cased=cased, device=device)
+        tok = _train_shared_tokenizer(args.corpus, out, vocab_size=args.vocab_size, cased=args.cased, device=t.device)
     V = tok.get_vocab_size()
-    if config is not None:
-        cfg = BertConfig.load(config)
+    if args.config is not None:
+        cfg = BertConfig.load(args.config)
         if cfg.vocab_size != V:
             raise ConfigError(
-                f"the tokenizer has {V} tokens but {config} says vocab_size {cfg.vocab_size}",
+                f"the tokenizer has {V} tokens but {args.config} says vocab_size {cfg.vocab_size}",
                 "use the tokenizer the config was made for, or set vocab_size to match",
             )
     elif own is not None and (own / "config.json").exists():
         cfg = BertConfig.load(own)
     else:
-        cfg = preset(preset_name, vocab_size=V, max_position_embeddings=max(512, seq_len))
-    if seq_len > cfg.max_position_embeddings:
+        cfg = preset(args.preset, vocab_size=V, max_position_embeddings=max(512, args.seq_len))
+    if args.seq_len > cfg.max_position_embeddings:
         raise ConfigError(
-            f"--seq-len {seq_len} exceeds max_position_embeddings {cfg.max_position_embeddings}",
+            f"--seq-len {args.seq_len} exceeds max_position_embeddings {cfg.max_position_embeddings}",
             "use a shorter --seq-len",
         )
     cfg.architectures = ["BertForPreTraining"]
 
-    full = tokenize_corpus(corpus, tok, cache_dir)
-    if eval_file is not None:
-        train_c, held = full, tokenize_corpus([eval_file], tok, cache_dir)
+    full = tokenize_corpus(args.corpus, tok, args.cache_dir)
+    if args.eval_file is not None:
+        train_c, held = full, tokenize_corpus([args.eval_file], tok, args.cache_dir)
     else:
         train_c, held = split_heldout(full)
         if held is None:
             log.warning("corpus has fewer than 10 documents: no held-out evaluation (pass --eval-file)")
-    kw = dict(max_len=seq_len, batch_size=batch_size, nsp=nsp, mask_prob=mask_prob, whole_word=whole_word)
-    data = PretrainData(train_c, tok, seed=seed, **kw)
-    evaluate = MLMEvaluator(PretrainData(held, tok, seed=seed + 1, **kw)) if held is not None else None
+    kw = dict(max_len=args.seq_len, batch_size=args.batch_size, nsp=args.nsp, mask_prob=args.mask_prob,
+              whole_word=args.whole_word)
+    data = PretrainData(train_c, tok, seed=t.seed, **kw)
+    evaluate = MLMEvaluator(PretrainData(held, tok, seed=t.seed + 1, **kw)) if held is not None else None
 
-    torch.manual_seed(seed)
+    torch.manual_seed(t.seed)
     model = BertForPreTraining(cfg)
-    if not nsp:  # no NSP loss: the pooler and NSP head stay as initialised (DDP needs every trained
+    if not args.nsp:  # no NSP loss: the pooler and NSP head stay as initialised (DDP needs every trained
         # parameter to take part in the loss)
         for p in [*model.bert.pooler.parameters(), *model.cls.seq_relationship.parameters()]:
             p.requires_grad_(False)
-    args = TrainArgs(
-        steps=steps, lr=lr, warmup_steps=warmup_steps, grad_accum=grad_accum, eval_every=eval_every,
-        save_every=save_every, keep_last=keep_last, seed=seed, bf16=bf16, device=device, progress=progress,
-        warmup_ratio=0.06,
-    )
     meta = {
         "task": "pretraining",
-        "max_length": seq_len,
-        "nsp": nsp,
-        "whole_word": whole_word,
-        "mask_prob": mask_prob,
-        "corpus": [str(p) for p in corpus],
+        "max_length": args.seq_len,
+        "nsp": args.nsp,
+        "whole_word": args.whole_word,
+        "mask_prob": args.mask_prob,
+        "corpus": [str(p) for p in args.corpus],
     }
 
     def save_model(m: torch.nn.Module, d: Path, meta_: dict[str, Any]) -> None:
         save_run(m, d, config=cfg, tokenizer=tok, meta=meta_)
 
-    trainer = Trainer(model, data, args, out, save_model=save_model, evaluate=evaluate)
-    return trainer.train(resume=resume, meta=meta)
+    return Trainer(model, data, t, out, save_model=save_model, evaluate=evaluate).train(meta)

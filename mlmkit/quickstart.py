@@ -71,6 +71,7 @@ def fill_mask_torch(run_dir: str | Path, texts: list[str], top_k: int = 5) -> li
 
 def run(out: str | Path, *, steps: int = 1500, seed: int = 0, console: Console | None = None) -> dict[str, Any]:
     """Run the quickstart into ``out``; returns the figures it printed."""
+    from .args import ExportArgs, FinetuneArgs, PretrainArgs
     from .finetuning import evaluate_run, finetune
     from .pretraining import pretrain
     from .stdlib_corpus import write_corpus
@@ -87,11 +88,11 @@ def run(out: str | Path, *, steps: int = 1500, seed: int = 0, console: Console |
                   f"[dim]({time.perf_counter() - t:.1f}s)[/]")
 
     t = _step(console, 2, f"tokenizer + tiny BERT pretrained for {steps} steps (MLM + NSP)")
-    m = pretrain(
-        [out / "corpus.txt"], out / "pretrain", vocab_size=4000, preset_name="tiny", steps=steps, batch_size=32,
+    m = pretrain(PretrainArgs.from_flat(
+        corpus=[out / "corpus.txt"], out=out / "pretrain", vocab_size=4000, preset="tiny", steps=steps, batch_size=32,
         seq_len=64, lr=1.5e-3, eval_every=max(100, steps // 3), save_every=max(100, steps // 3), seed=seed,
         cache_dir=out / "cache", progress=console.is_terminal,
-    )
+    ))
     acc, uni, maj = m["eval_mlm_accuracy"], m["eval_mlm_uniform_baseline"], m["eval_mlm_majority_baseline"]
     table = Table(title=f"held-out masked-token accuracy [dim]({time.perf_counter() - t:.0f}s)[/]")
     for c in ("model", "uniform baseline", "majority baseline", "perplexity", "NSP accuracy"):
@@ -107,11 +108,11 @@ def run(out: str | Path, *, steps: int = 1500, seed: int = 0, console: Console |
     console.print(fm)
 
     t = _step(console, 3, "sentiment classifier fine-tuned on the shipped labelled set")
-    finetune(
-        "classification", out / "pretrain", data_file("quickstart_train.csv"), out / "classifier",
+    finetune(FinetuneArgs.from_flat(
+        task="classification", model=out / "pretrain", train_file=data_file("quickstart_train.csv"), out=out / "classifier",
         eval_file=data_file("quickstart_eval.csv"), epochs=8, batch_size=16, lr=1e-3, seed=seed,
         progress=console.is_terminal,
-    )
+    ))
     ev = evaluate_run(out / "classifier", data_file("quickstart_eval.csv"))
     summary["classifier"] = {k: ev[k] for k in ("accuracy", "macro_f1", "mcc")}
     res = Table(title=f"classifier on the held-out set [dim]({time.perf_counter() - t:.0f}s)[/]")
@@ -132,7 +133,7 @@ def run(out: str | Path, *, steps: int = 1500, seed: int = 0, console: Console |
     from .runtime import Pipeline
 
     for run_name, bundle in (("pretrain", "fill-mask"), ("classifier", "classifier")):
-        info = export(out / run_name, out / "exports" / bundle)
+        info = export(ExportArgs(run=out / run_name, out=out / "exports" / bundle))
         fused = ", ".join(f"{k} {v}" for k, v in sorted(info.get("fused_operators", {}).items()) if v)
         console.print(f"{out / 'exports' / bundle}: {info['task']}, fused: {fused or 'none'}, "
                       f"max |torch - onnx| {max(info['parity']['max_abs_diff'].values()):.1e}")

@@ -1,100 +1,315 @@
-"""The Task protocol and discovery of task plugins through the ``mlmkit.tasks`` entry-point group.
+"""The task contract, and the discovery of task plugins through the ``mlmkit.tasks`` entry-point group.
 
-A task plugin is any object implementing ``Task``, advertised in its package's pyproject.toml:
+A task plugin is any object with the members of ``Task`` (required) and any of the members of
+``TaskDefaults`` (each has a default), advertised in its package's pyproject.toml:
 
     [project.entry-points."mlmkit.tasks"]
     regression = "my_package.regression:task"
 
 The built-in tasks (classification, tagging, qa) are registered exactly this way; the core never
-imports a specific task. Discovery is lazy and runs once; a duplicate name or a plugin that fails
-to load raises TaskError naming the entry point and its distribution.
+imports a specific task. Discovery is lazy and runs once; a duplicate name, a plugin that fails to
+load or one that lacks a required member raises TaskError naming the entry point and its
+distribution. Each task is wrapped in a ``Plugin``, which resolves every optional member once, so
+the rest of the code calls ``plugin.calibrate(...)`` and never asks whether a task has it.
 
-This module, and everything a task needs at inference time (read, from_input, featurize,
-postprocess, compute_metrics), must not import torch: the ONNX runtime calls them. Tasks import
-torch inside build_model / export_module only.
+How data flows through a task (docs/plugins.md walks through writing one):
+
+    read(path) / from_input(item)  -> examples   plain dicts, the task's own keys
+    featurize(examples, tok, ctx)  -> features   input_ids, token_type_ids, "example" (the index of
+                                                 the example it came from), the label_names when
+                                                 training, anything postprocess needs
+    the model (torch or onnxruntime) -> outputs   {name: array per feature}, named and shaped as
+                                                 ``outputs`` declares
+    postprocess(outputs, ...)      -> predictions one JSON-able dict per example
+    compute_metrics(predictions, examples, ctx) -> {metric: value}
+
+This module, and everything a task runs at inference time (read, from_input, featurize,
+postprocess, compute_metrics and the optional hooks but build_model / export_module), must not
+import torch: the onnxruntime runtime calls them. Tasks import torch inside build_model only.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as md
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from .errors import ConfigError, TaskError
+from .errors import ConfigError, DataFormatError, TaskError
 
 GROUP = "mlmkit.tasks"
+EXAMPLE = "example"
+"""Feature key: the index, in the list given to featurize, of the example a feature belongs to."""
+TRUNCATED = "truncated"
+"""Feature key: True when featurize cut its example to the max length (results say so to the user)."""
+BATCH = "batch"
+"""Output axis: one entry per feature of the batch (always axis 0)."""
+SEQUENCE = "sequence"
+"""Output axis: one entry per token; results are trimmed to each feature's own length."""
+
+Example = dict[str, Any]
+Feature = dict[str, Any]
 
 
-@runtime_checkable
-class Task(Protocol):
-    """What a task plugin provides. Features and outputs are plain Python / numpy, never torch."""
+# ---- options and context -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class TaskOption:
+    """A setting of a task, given on the command line as ``--option name=value`` (or ``--name value``).
+
+    The type is the default's (bool, int, float or str) unless ``type`` says otherwise."""
 
     name: str
-    description: str
-    formats: tuple[str, ...]
-    """Data formats ``read`` accepts, e.g. ("csv", "tsv", "jsonl")."""
-    metrics: tuple[str, ...]
-    """Keys of ``compute_metrics``; the first is the main one (early stopping, best checkpoint)."""
-    options: dict[str, Any]
-    """Task-specific options with their defaults (the CLI passes --text-column as text_column)."""
-    label_names: tuple[str, ...]
-    """Feature keys that are training targets, e.g. ("labels",)."""
-    hf_architecture: str
-    """The transformers class a fine-tuned run directory loads as, e.g. "BertForSequenceClassification"."""
-    default_max_length: int
+    default: Any
+    help: str
+    choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    type: type | None = None
 
-    def read(self, path: Path, **options: Any) -> list[dict[str, Any]]:
-        """Examples from a data file; DataFormatError (file, line, field) on bad input."""
+    @property
+    def kind(self) -> type:
+        return self.type or type(self.default)
 
-    def from_input(self, item: str | dict[str, Any], **options: Any) -> dict[str, Any]:
-        """One example from a runtime input (a text, or a record from .jsonl/.csv)."""
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
 
-    def label_list(self, examples: list[dict[str, Any]]) -> list[str] | None:
-        """Labels found in training data (stored as id2label), or None for label-free tasks."""
+    def parse(self, value: Any) -> Any:
+        """``value`` (a string from the command line, or a typed value) checked and converted."""
+        kind = self.kind
+        if isinstance(value, str) and kind is not str:
+            value = _from_string(value, kind)
+        ok = isinstance(value, kind) and (kind is bool) == isinstance(value, bool)  # bool is an int too
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            problem = f"expects {'true or false' if kind is bool else f'a value of type {kind.__name__}'}"
+        elif isinstance(value, float) and not math.isfinite(value):
+            problem = "expects a finite number"
+        elif self.choices is not None and value not in self.choices:
+            problem = f"must be one of: {', '.join(map(str, self.choices))}"
+        elif self.minimum is not None and value < self.minimum:
+            problem = f"must be at least {self.minimum:g}"
+        else:
+            return value
+        raise ConfigError(f"task option {self.flag} {problem}, got {value!r}", self.help)
 
-    def featurize(
-        self, examples: list[dict[str, Any]], tokenizer: Any, *, meta: dict[str, Any], max_length: int, training: bool
-    ) -> list[dict[str, Any]]:
-        """Model features: dicts with input_ids, token_type_ids, the label_names when ``training``,
-        and whatever postprocess needs (example index, offsets). Long inputs become several windows."""
 
-    def build_model(self, config: Any) -> Any:
-        """The torch module: HF parameter names; forward(input_ids, attention_mask, token_type_ids,
-        **labels) returns a dict with "loss" when labels are given and the onnx_outputs keys."""
-
-    def onnx_outputs(self) -> dict[str, dict[int, str]]:
-        """Output names of the exported graph with their dynamic axes, e.g. {"probabilities": {0: "batch"}}."""
-
-    def postprocess(
-        self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], *, meta: dict[str, Any]
-    ) -> list[dict[str, Any]]:
-        """User-facing predictions, one per example, from per-feature numpy outputs (torch or ONNX)."""
-
-    def compute_metrics(
-        self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], *, meta: dict[str, Any]
-    ) -> dict[str, float]:
-        """The task's metrics of predictions against the examples' gold labels."""
+def _from_string(text: str, kind: type) -> Any:
+    s = text.strip()
+    if kind is bool:
+        return {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(s.lower(), text)
+    try:
+        return kind(s)
+    except ValueError:
+        return text
 
 
 @dataclass(frozen=True)
-class TaskInfo:
+class TaskContext:
+    """What a task's hooks see of the model they serve.
+
+    ``labels``: the label list of the run (config.json's id2label), None for label-free tasks;
+    ``options``: every declared option, resolved; ``state``: what ``fit_state`` and ``calibrate``
+    returned, saved with the model (mlmkit.json "task_state") and read back with it."""
+
+    max_length: int
+    options: Mapping[str, Any] = field(default_factory=dict)
+    labels: tuple[str, ...] | None = None
+    state: Mapping[str, Any] = field(default_factory=dict)
+
+    def with_state(self, update: Mapping[str, Any]) -> TaskContext:
+        return replace(self, state={**self.state, **update}) if update else self
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, Any], options: Mapping[str, Any]) -> TaskContext:
+        """The context of a run's or bundle's mlmkit.json, with ``options`` already resolved."""
+        labels = meta.get("labels")
+        return cls(
+            max_length=int(meta["max_length"]),
+            options=dict(options),
+            labels=tuple(labels) if labels is not None else None,
+            state=dict(meta.get("task_state") or {}),
+        )
+
+
+# ---- the contract ------------------------------------------------------------------------------
+@runtime_checkable
+class Task(Protocol):
+    """What every task provides. Features, outputs and predictions are plain Python / numpy."""
+
     name: str
-    task: Task
-    entry_point: str
-    distribution: str
+    """The registered name (must equal the entry-point name); runs and bundles record it."""
+    description: str
+    metrics: tuple[str, ...]
+    """Keys of ``compute_metrics``; the first is the main one (best model, early stopping)."""
+    outputs: dict[str, tuple[str, ...]]
+    """The model's outputs and the names of their axes, e.g. {"probabilities": (BATCH, "label")}:
+    axis 0 is BATCH; SEQUENCE at axis 1 makes an output per token. Exported graphs have exactly these."""
+
+    def read(self, path: Path, options: Mapping[str, Any]) -> list[Example]:
+        """Labelled examples of a data file; DataFormatError (file, line, field) on bad input."""
+
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
+        """Model features (see the module docstring), at most ``ctx.max_length`` tokens each; long
+        inputs may become several features. With ``training`` the label_names keys are filled."""
+
+    def build_model(self, config: Any) -> Any:
+        """The torch module: Hugging Face parameter names (bert.* for the encoder); forward(input_ids,
+        attention_mask, token_type_ids, **labels) returns a dict with the ``outputs`` and, given labels, "loss"."""
+
+    def postprocess(
+        self, outputs: dict[str, list[Any]], features: list[Feature], examples: list[Example], ctx: TaskContext
+    ) -> list[dict[str, Any]]:
+        """One JSON-able prediction per example from the outputs of each feature (numpy)."""
+
+    def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[Example], ctx: TaskContext) -> dict[str, Any]:
+        """The ``metrics`` (floats) of predictions against the examples' gold labels; may add more keys."""
 
 
-_registry: dict[str, TaskInfo] | None = None
-# every member of Task: a plugin lacking one would fail later, in `mlmkit tasks` or at inference, with a traceback
-PROTOCOL = (
-    "name", "description", "formats", "metrics", "options", "label_names", "hf_architecture", "default_max_length",
-    "read", "from_input", "label_list", "featurize", "build_model", "onnx_outputs", "postprocess", "compute_metrics",
-)
+class TaskDefaults:
+    """The optional members of a task, with the value a task gets when it leaves one out."""
+
+    formats: tuple[str, ...] = ()
+    """Data formats ``read`` accepts, for `mlmkit tasks`, e.g. ("csv", "jsonl")."""
+    options: tuple[TaskOption, ...] = ()
+    """Settings of the task; resolved values reach every hook as ``ctx.options`` (and ``read``)."""
+    label_names: tuple[str, ...] = ("labels",)
+    """Feature keys that are training targets, passed to the model's forward by these names."""
+    hf_architecture: str = "BertModel"
+    """config.json's architectures entry of a fine-tuned run, e.g. "BertForSequenceClassification"."""
+    default_max_length: int = 128
+    """Tokens per input when fine-tuning is given no --max-length."""
+    greater_is_better: bool = True
+    """Whether a larger main metric is better."""
+    command: str | None = None
+    """The inference command that serves bundles of this task besides `mlmkit predict` (e.g. "classify")."""
+    partial_layers: int = 0
+    """Trailing encoder layers that ``export_module`` computes for a few positions only (the fusion
+    check does not expect their attention to fuse)."""
+
+    def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> Example:
+        """An example from one runtime input: a text becomes {"text": item}; a record must have a "text"."""
+        if isinstance(item, str):
+            return {"text": item}
+        if isinstance(item, dict) and isinstance(item.get("text"), str):
+            return dict(item)
+        have = ", ".join(item) if isinstance(item, dict) else type(item).__name__
+        raise DataFormatError("<input>", f"expected a text or a record with a 'text' field, got: {have}", field="text")
+
+    def label_list(self, examples: list[Example]) -> list[str] | None:
+        """Labels found in training data (saved as config.json's id2label); None: a label-free task."""
+        return None
+
+    def fit_state(self, examples: list[Example]) -> dict[str, Any]:
+        """Settings derived from the training examples, saved with the model (ctx.state)."""
+        return {}
+
+    def calibrate(
+        self, outputs: dict[str, list[Any]], features: list[Feature], examples: list[Example], ctx: TaskContext
+    ) -> dict[str, Any]:
+        """Decision settings tuned on fine-tuning's evaluation set (never on test data), saved with
+        the model (ctx.state), e.g. QA's null-score threshold."""
+        return {}
+
+    def export_module(self, model: Any) -> Any:
+        """The module to export instead of the model: same inputs and outputs, written for inference.
+        Export checks it against the model's own forward."""
+        return model
+
+    def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
+        """Columns of the terminal table for one prediction (JSON output is the prediction itself)."""
+        return {k: _cell(v) for k, v in prediction.items() if isinstance(v, (str, int, float, bool))}
 
 
-def _discover() -> dict[str, TaskInfo]:
-    found: dict[str, TaskInfo] = {}
+def _cell(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+REQUIRED = ("name", "description", "metrics", "outputs", "read", "featurize", "build_model", "postprocess", "compute_metrics")
+OPTIONAL = tuple(k for k in vars(TaskDefaults) if not k.startswith("_"))
+
+
+class Plugin:
+    """A registered task with its optional members resolved: the only form the core uses."""
+
+    def __init__(self, task: Any, entry_point: str, distribution: str) -> None:
+        self.task, self.entry_point, self.distribution = task, entry_point, distribution
+        missing = [m for m in REQUIRED if not hasattr(task, m)]
+        if missing:
+            raise TaskError(
+                f"task plugin '{getattr(task, 'name', entry_point)}' from {distribution} lacks {', '.join(missing)}",
+                "implement the members of mlmkit.registry.Task (docs/plugins.md)",
+            )
+        defaults = TaskDefaults()
+        for m in OPTIONAL:  # the task's own member, else the default
+            setattr(self, m, getattr(task, m) if hasattr(task, m) else getattr(defaults, m))
+        self.name: str = task.name
+        self.description: str = task.description
+        self.metrics: tuple[str, ...] = tuple(task.metrics)
+        self.outputs: dict[str, tuple[str, ...]] = {k: tuple(v) for k, v in dict(task.outputs).items()}
+        self.read, self.featurize, self.build_model = task.read, task.featurize, task.build_model
+        self.postprocess, self.compute_metrics = task.postprocess, task.compute_metrics
+        self._check()
+
+    # declared for readers and type checkers; set in __init__
+    formats: tuple[str, ...]
+    options: tuple[TaskOption, ...]
+    label_names: tuple[str, ...]
+    hf_architecture: str
+    default_max_length: int
+    greater_is_better: bool
+    command: str | None
+    partial_layers: int
+
+    def _check(self) -> None:
+        where = f"task plugin '{self.name}' ({self.entry_point}, from {self.distribution})"
+        problems = []
+        if not self.metrics or not all(isinstance(m, str) for m in self.metrics):
+            problems.append("metrics must be a non-empty tuple of names")
+        if not self.outputs or any(not axes or axes[0] != BATCH for axes in self.outputs.values()):
+            problems.append(f"outputs must map each output name to its axes, the first being '{BATCH}'")
+        names = [o.name for o in self.options]
+        if not all(isinstance(o, TaskOption) for o in self.options) or len(set(names)) != len(names):
+            problems.append("options must be TaskOption objects with distinct names")
+        if problems:
+            raise TaskError(f"{where}: {'; '.join(problems)}", "see mlmkit.registry.Task and docs/plugins.md")
+
+    def resolve_options(self, given: Mapping[str, Any] | None = None, saved: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Every option: its default, overridden by ``saved`` (a run's or bundle's), then by ``given``
+        (values that are None count as not given); an option the task lacks is an error listing its options."""
+        declared = {o.name: o for o in self.options}
+        values = {n: o.default for n, o in declared.items()}
+        values.update({k: v for k, v in (saved or {}).items() if k in declared})
+        for k, v in (given or {}).items():
+            if v is None:
+                continue
+            if k not in declared:
+                known = ", ".join(o.flag for o in self.options) or "none"
+                raise ConfigError(f"--{k.replace('_', '-')} is not an option of task '{self.name}'", f"its options: {known}")
+            values[k] = declared[k].parse(v)
+        return values
+
+    def describe(self) -> dict[str, Any]:
+        """What `mlmkit tasks --json` prints of the task."""
+        return {
+            "name": self.name, "description": self.description, "formats": list(self.formats),
+            "metrics": list(self.metrics), "package": self.distribution, "command": self.command,
+            "options": [
+                {"name": o.name, "flag": o.flag, "type": o.kind.__name__, "default": o.default, "help": o.help,
+                 **({"choices": list(o.choices)} if o.choices is not None else {})}
+                for o in self.options
+            ],
+        }
+
+
+# ---- discovery ---------------------------------------------------------------------------------
+_registry: dict[str, Plugin] | None = None
+
+
+def _discover() -> dict[str, Plugin]:
+    found: dict[str, Plugin] = {}
     for ep in md.entry_points(group=GROUP):
         dist = getattr(getattr(ep, "dist", None), "name", None) or "?"
         try:
@@ -104,13 +319,10 @@ def _discover() -> dict[str, TaskInfo]:
                 f"task plugin '{ep.name}' ({ep.value}, from {dist}) failed to load: {type(e).__name__}: {e}",
                 f"fix or uninstall {dist}",
             ) from e
-        task = obj() if isinstance(obj, type) else obj
-        missing = [a for a in PROTOCOL if not hasattr(task, a)]
-        if missing:
-            raise TaskError(f"task plugin '{ep.name}' from {dist} lacks {', '.join(missing)}", "implement mlmkit.registry.Task")
-        if task.name != ep.name:  # runs record task.name and are loaded back by it
+        plugin = Plugin(obj() if isinstance(obj, type) else obj, ep.value, dist)
+        if plugin.name != ep.name:  # runs record the task's name and are loaded back by it
             raise TaskError(
-                f"task plugin '{ep.name}' ({ep.value}, from {dist}) calls itself '{task.name}'",
+                f"task plugin '{ep.name}' ({ep.value}, from {dist}) calls itself '{plugin.name}'",
                 "the entry-point name and the task's name must be the same",
             )
         if ep.name in found:
@@ -120,11 +332,11 @@ def _discover() -> dict[str, TaskInfo]:
                 f"and {ep.value} (from {dist})",
                 "uninstall one of the two packages",
             )
-        found[ep.name] = TaskInfo(ep.name, task, ep.value, dist)
+        found[ep.name] = plugin
     return found
 
 
-def tasks() -> dict[str, TaskInfo]:
+def tasks() -> dict[str, Plugin]:
     """All registered tasks by name (discovered once)."""
     global _registry
     if _registry is None:
@@ -132,41 +344,35 @@ def tasks() -> dict[str, TaskInfo]:
     return _registry
 
 
-def register(name: str, task: Task, distribution: str = "<runtime>") -> None:
+def register(task: Any, distribution: str = "<runtime>") -> Plugin:
     """Register a task object directly (tests, notebooks); duplicates are an error as for plugins."""
     reg = tasks()
-    if name in reg:
-        raise TaskError(f"task '{name}' is already registered by {reg[name].distribution}")
-    reg[name] = TaskInfo(name, task, f"{type(task).__module__}:{type(task).__name__}", distribution)
+    plugin = Plugin(task, f"{type(task).__module__}:{type(task).__name__}", distribution)
+    if plugin.name in reg:
+        raise TaskError(f"task '{plugin.name}' is already registered by {reg[plugin.name].distribution}")
+    reg[plugin.name] = plugin
+    return plugin
 
 
-def unregister(name: str) -> None:
-    tasks().pop(name, None)
-
-
-def task_options(task: Task, given: dict[str, Any], saved: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The task's defaults, overridden by ``saved`` (a run's or bundle's options), then by the
-    options ``given`` that are not None; a given option the task lacks is an error."""
-    opts = {**dict(getattr(task, "options", {}) or {}), **(saved or {})}
-    for k, v in given.items():
-        if v is None:
-            continue
-        if k not in opts:
-            known = ", ".join("--" + o.replace("_", "-") for o in opts) or "none"
-            raise ConfigError(f"--{k.replace('_', '-')} does not apply to task '{task.name}'", f"its options: {known}")
-        opts[k] = v
-    return opts
-
-
-def get_task(name: str) -> Task:
+def get_task(name: str) -> Plugin:
     reg = tasks()
     if name not in reg:
         known = ", ".join(sorted(reg)) or "none"
         raise TaskError(f"unknown task '{name}'; registered tasks: {known}", "see `mlmkit tasks`")
-    return reg[name].task
+    return reg[name]
+
+
+def task_for_command(command: str) -> list[str]:
+    """Names of the tasks whose bundles the inference command ``command`` serves."""
+    return sorted(n for n, p in tasks().items() if p.command == command)
 
 
 def reset() -> None:
     """Forget the discovered plugins (tests that install one)."""
     global _registry
     _registry = None
+
+
+def per_token(axes: Sequence[str]) -> bool:
+    """Whether an output with these axes has one entry per token (axis 1 is SEQUENCE)."""
+    return len(axes) > 1 and axes[1] == SEQUENCE

@@ -21,14 +21,12 @@ or cut into windows by the task (tagging, qa).
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import logging
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +34,23 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import AddedToken
 
-from .batching import bucket_batches, pad_features, scatter_outputs
+from . import evaluation
+from .batching import bucket_batches, pad_features
 from .errors import BundleError, ConfigError, DataFormatError
+from .evaluation import Progress
+from .files import write_jsonl
+from .registry import Plugin, TaskContext, TaskOption, get_task, task_for_command
+from .taskkit import iter_records
 from .tokenizer import MASK, is_lowercase, load_tokenizer, special_ids
 
 log = logging.getLogger("mlmkit")
 
 BUNDLE_FILES = ("model.onnx", "tokenizer.json", "mlmkit.json")
-COMMANDS = {"fill-mask": "fill-mask", "classification": "classify", "tagging": "tag", "qa": "qa"}
-"""Bundle task -> the inference command that serves it (any task is served by `mlmkit predict`)."""
-INPUT_SUFFIXES = (".txt", ".jsonl", ".csv", ".tsv")
-Progress = Callable[[float], None]
-"""Called with the number of inputs (possibly fractional, for windowed tasks) each batch completed."""
+BUNDLE_FORMAT = 2
+"""mlmkit.json's format_version: 2 declares output axes by name and keeps a task's saved state in "task_state"."""
+FILL_MASK = "fill-mask"
+"""The task of a bundle exported from a pretraining run (the core's own graph, not a plugin); served
+by the command of the same name."""
 
 
 # ---- the bundle --------------------------------------------------------------------------------
@@ -83,6 +86,9 @@ def read_bundle_meta(path: str | Path) -> dict[str, Any]:
         lacking = [k for k in keys if not isinstance(meta, dict) or k not in meta]
         raise BundleError(f"{d / 'mlmkit.json'} is not a bundle description (no {', '.join(lacking)})",
                           "is it a run directory? export it first: mlmkit export RUN --out DIR")
+    if meta.get("format_version") != BUNDLE_FORMAT:
+        raise BundleError(f"{d} is a bundle of format {meta.get('format_version')}; this mlmkit reads format {BUNDLE_FORMAT}",
+                          "export the run again with this version: mlmkit export RUN --out DIR")
     tok = meta["tokenizer"]
     if not isinstance(tok, dict) or any(not isinstance(tok.get(k), int) for k in ("pad_id", "mask_id", "vocab_size")):
         raise BundleError(f"{d / 'mlmkit.json'}: its 'tokenizer' entry is incomplete", "re-create the bundle with `mlmkit export`")
@@ -145,7 +151,8 @@ def make_session(model: str | Path, *, device: str = "cpu", threads: int | None 
 class Pipeline:
     """A loaded bundle. ``Pipeline.load(path)`` returns the pipeline of the bundle's task; calling it
     on a list of inputs (texts, or records for tasks that take several fields) returns one result
-    dict per input, in input order."""
+    dict per input, in input order. Runtime options (a task's declared options, fill-mask's top_k)
+    are keyword arguments; the bundle's saved options are their defaults."""
 
     def __init__(self, path: Path, meta: dict[str, Any], tokenizer: Any, session: ort.InferenceSession, batch_size: int) -> None:
         if batch_size < 1:
@@ -155,8 +162,8 @@ class Pipeline:
         self.pad_id = int(meta["tokenizer"]["pad_id"])
         self.input_names = [i.name for i in session.get_inputs()]
         self.output_names = [o.name for o in session.get_outputs()]
-        self.axes = {k: {int(i): a for i, a in v.items()} for k, v in meta["outputs"].items()}
-        lacking = [n for n in self.axes if n not in self.output_names]
+        self.outputs = {k: tuple(v) for k, v in meta["outputs"].items()}
+        lacking = [n for n in self.outputs if n not in self.output_names]
         if lacking or self.input_names != list(meta["inputs"]) or "input_ids" not in self.input_names:
             raise BundleError(
                 f"{path / 'model.onnx'} does not match its mlmkit.json (graph inputs {self.input_names}, outputs {self.output_names})",
@@ -175,47 +182,36 @@ class Pipeline:
     def load(
         cls, path: str | Path, *, device: str = "cpu", threads: int | None = None, batch_size: int = 32, command: str | None = None
     ) -> Pipeline:
-        """Load and check a bundle. ``command`` (e.g. "classify") refuses a bundle of another task."""
+        """Load and check a bundle. ``command`` (e.g. "classify") refuses a bundle that command does not serve."""
         d = Path(path)
         meta = read_bundle_meta(d)
         task = str(meta["task"])
-        if command is not None and COMMANDS.get(task) != command:
-            right = COMMANDS.get(task)
-            use = f"use `mlmkit {right} {d}`" if right else f"use `mlmkit predict {d}`"
-            raise BundleError(f"{d} is a {task} bundle; `mlmkit {command}` serves {_task_of(command)} bundles", use)
+        plugin = None if task == FILL_MASK else get_task(task)
+        if command is not None:
+            serves = FILL_MASK if plugin is None else plugin.command
+            if serves != command:
+                which = FILL_MASK if command == FILL_MASK else " or ".join(task_for_command(command)) or "no registered task's"
+                use = f"use `mlmkit {serves} {d}`" if serves else f"use `mlmkit predict {d}`"
+                raise BundleError(f"{d} is a {task} bundle; `mlmkit {command}` serves {which} bundles", use)
         tok = load_bundle_tokenizer(d, meta)
         if meta.get("precision") == "fp16" and device != "cuda":
             log.warning("%s is an fp16 bundle, made for --device cuda; on the CPU it is slow", d)
         session = make_session(d / "model.onnx", device=device, threads=threads)
-        kind = FillMaskPipeline if task == "fill-mask" else TaskPipeline
-        return kind(d, meta, tok, session, batch_size)
+        if plugin is None:
+            return FillMaskPipeline(d, meta, tok, session, batch_size)
+        return TaskPipeline(d, meta, tok, session, batch_size, plugin)
 
-    def __call__(self, inputs: Sequence[str | dict[str, Any]], **kwargs: Any) -> list[dict[str, Any]]:
+    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, **options: Any) -> list[dict[str, Any]]:
         raise NotImplementedError
 
-    def run_batch(self, features: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
-        """One session run on features padded to their longest; token_type_ids default to zeros."""
-        arrays = pad_features(features, self.pad_id)
-        feed = {n: arrays[n] for n in self.input_names}
+    def summary(self, result: dict[str, Any]) -> dict[str, str]:
+        """Table columns for one result (the CLI on a terminal)."""
+        raise NotImplementedError
+
+    def run_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One session run on a padded batch (evaluation's forward)."""
+        feed = {n: batch[n] for n in self.input_names}
         return dict(zip(self.output_names, self.session.run(self.output_names, feed)))
-
-    def run_features(
-        self, features: Sequence[dict[str, Any]], progress: Progress | None = None, per_feature: float = 1.0
-    ) -> dict[str, list[np.ndarray]]:
-        """The model's outputs per feature, in feature order: length-bucketed batches padded to their
-        longest member, outputs trimmed back to each feature's length where they are per token."""
-        lengths = [len(f["input_ids"]) for f in features]
-        into: dict[str, list[Any]] = {n: [None] * len(features) for n in self.axes}
-        for batch in bucket_batches(lengths, self.batch_size):
-            out = self.run_batch([features[i] for i in batch])
-            scatter_outputs({n: out[n] for n in self.axes}, batch, lengths, self.axes, into)
-            if progress is not None:
-                progress(len(batch) * per_feature)
-        return into
-
-
-def _task_of(command: str) -> str:
-    return next((t for t, c in COMMANDS.items() if c == command), command)
 
 
 class FillMaskPipeline(Pipeline):
@@ -224,6 +220,8 @@ class FillMaskPipeline(Pipeline):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.top_k = int(self.meta.get("top_k") or 5)
+        self.option = TaskOption("top_k", self.top_k, f"candidates per [MASK], 1 to {self.top_k} (the export's --top-k)",
+                                 minimum=1)
         self.mask_id = int(self.meta["tokenizer"]["mask_id"])
         self.tokenizer.enable_truncation(self.max_length, strategy="longest_first")
         # a literal "[MASK]" in the text must become the mask id even for a tokenizer built from a
@@ -239,10 +237,14 @@ class FillMaskPipeline(Pipeline):
         return self._token_text[i]
 
     def __call__(
-        self, inputs: Sequence[str | dict[str, Any]], *, top_k: int | None = None, progress: Progress | None = None
+        self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, top_k: int | None = None,
+        **options: Any,
     ) -> list[dict[str, Any]]:
-        k = self.top_k if top_k is None else top_k
-        if not 1 <= k <= self.top_k:
+        if options:
+            raise ConfigError(f"--{next(iter(options)).replace('_', '-')} is not an option of fill-mask bundles",
+                              "its option: --top-k")
+        k = self.top_k if top_k is None else self.option.parse(top_k)
+        if k > self.top_k:
             raise ConfigError(f"--top-k {k}: this bundle was exported with --top-k {self.top_k}",
                               f"ask for 1 to {self.top_k}, or export again with a larger --top-k")
         pairs = [_text_pair(x) for x in inputs]
@@ -261,14 +263,14 @@ class FillMaskPipeline(Pipeline):
                 r["error"] = (f"no [MASK] within the first {self.max_length} tokens" if had
                               else "no [MASK] token in the text")
             results.append(r)
-        _warn_truncated(sum(1 for r in results if r.get("truncated")), len(results), self.max_length)
+        evaluation.warn_truncated(sum(1 for r in results if r.get("truncated")), len(results), self.max_length)
         if progress is not None and len(todo) < len(results):
             progress(len(results) - len(todo))  # texts without [MASK] are done already
         lengths = [len(encs[i].ids) for i in todo]
         for batch in bucket_batches(lengths, self.batch_size):
             items = [todo[j] for j in batch]
-            feats = [{"input_ids": encs[i].ids, "token_type_ids": encs[i].type_ids} for i in items]
-            out = self.run_batch(feats)
+            out = self.run_batch(pad_features([{"input_ids": encs[i].ids, "token_type_ids": encs[i].type_ids} for i in items],
+                                              self.pad_id))
             for (row, pos), ids, probs in zip(out["mask_positions"], out["top_ids"], out["top_probs"]):
                 i = items[int(row)]
                 enc = encs[i]
@@ -288,6 +290,12 @@ class FillMaskPipeline(Pipeline):
                     if "text_pair" not in r:
                         del m["segment"]
         return results
+
+    def summary(self, result: dict[str, Any]) -> dict[str, str]:
+        if not result["masks"]:
+            return {"candidates": f"({result.get('error', 'no [MASK]')})"}
+        return {"candidates": " | ".join(", ".join(f"{c['token']} {c['score']:.3f}" for c in m["candidates"])
+                                         for m in result["masks"])}
 
 
 def _text_pair(item: str | dict[str, Any]) -> tuple[str, str | None]:
@@ -314,86 +322,38 @@ def _fill(text: str, masks: list[dict[str, Any]]) -> str:
     return "".join(out) + text[last:]
 
 
-def _warn_truncated(n: int, total: int, max_length: int) -> None:
-    if n:
-        log.warning("%d of %d inputs were longer than %d tokens and were truncated (their results say \"truncated\": true)",
-                    n, total, max_length)
-
-
 class TaskPipeline(Pipeline):
-    """Any registered task: the task's from_input / featurize / postprocess around the ONNX model."""
+    """A bundle of any registered task: evaluation's loop with the onnxruntime session as the forward."""
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        from .registry import get_task
+    def __init__(self, path: Path, meta: dict[str, Any], tokenizer: Any, session: ort.InferenceSession, batch_size: int,
+                 plugin: Plugin) -> None:
+        super().__init__(path, meta, tokenizer, session, batch_size)
+        self.plugin = plugin
 
-        self.task_impl = get_task(self.task)
+    def context(self, options: dict[str, Any] | None = None) -> TaskContext:
+        """The task's context: the bundle's labels and saved state; its defaults < the options saved
+        in the bundle < ``options`` (an option the task lacks is an error)."""
+        return TaskContext.from_meta(self.meta, self.plugin.resolve_options(options, saved=self.meta.get("options")))
 
-    def options(self, given: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The task's defaults < the options saved in the bundle < ``given``; unknown ones are an error."""
-        from .registry import task_options
+    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, **options: Any) -> list[dict[str, Any]]:
+        ctx = self.context(options)
+        examples = [self.plugin.from_input(x, ctx.options) for x in inputs]
+        return evaluation.predict(self.plugin, examples, self.tokenizer, ctx, self.run_batch, batch_size=self.batch_size,
+                                  progress=progress).predictions
 
-        return task_options(self.task_impl, given or {}, saved=self.meta.get("options"))
-
-    def __call__(
-        self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, **options: Any
-    ) -> list[dict[str, Any]]:
-        opts = self.options(options)
-        examples = [self.task_impl.from_input(x, **opts) for x in inputs]
-        return self.predict_examples(examples, opts, progress=progress)
-
-    def predict_examples(
-        self, examples: list[dict[str, Any]], opts: dict[str, Any], *, progress: Progress | None = None, calibrate: bool = False
-    ) -> list[dict[str, Any]]:
-        if not examples:
-            return []
-        meta = {**self.meta, "options": opts}
-        task = self.task_impl
-        features = task.featurize(examples, self.tokenizer, meta=meta, max_length=self.max_length, training=False)
-        outputs = self.run_features(features, progress, per_feature=len(examples) / max(1, len(features)))
-        if calibrate and getattr(task, "calibrate", None) is not None:  # as finetuning.TaskEvaluator does
-            meta.update(task.calibrate(outputs, features, examples, meta=meta))
-        preds = task.postprocess(outputs, features, examples, meta=meta)
-        truncated = self._truncated(examples, features)
-        for i in truncated:
-            preds[i] = {**preds[i], "truncated": True}
-        _warn_truncated(len(truncated), len(examples), self.max_length)
-        return preds
-
-    def _truncated(self, examples: list[dict[str, Any]], features: list[dict[str, Any]]) -> list[int]:
-        """Examples the task cut to the max length (one feature of full length whose text encodes
-        longer); windowed tasks split long inputs into several features instead and lose nothing."""
-        counts: dict[int, int] = {}
-        full: list[int] = []
-        for f in features:
-            i = f.get("example", f.get("example_index"))
-            if isinstance(i, int):
-                counts[i] = counts.get(i, 0) + 1
-                if len(f["input_ids"]) >= self.max_length:
-                    full.append(i)
-        out = []
-        for i in sorted(set(full)):
-            ex = examples[i]
-            if counts[i] != 1 or not isinstance(ex.get("text"), str):
-                continue
-            pair = ex.get("text_pair")
-            enc = self.tokenizer.encode(ex["text"], pair) if isinstance(pair, str) else self.tokenizer.encode(ex["text"])
-            if len(enc.ids) > self.max_length:
-                out.append(i)
-        return out
+    def summary(self, result: dict[str, Any]) -> dict[str, str]:
+        return self.plugin.summary(result)
 
     def evaluate(
         self, data: str | Path, *, options: dict[str, Any] | None = None, predictions: str | Path | None = None
     ) -> dict[str, Any]:
-        """The task's metrics on labelled ``data``: the steps of finetuning.TaskEvaluator on ONNX outputs."""
-        opts = self.options(options)
-        examples = self.task_impl.read(Path(data), **opts)
-        # the decision settings saved at fine-tuning (QA's null threshold) are used as they are:
-        # tuning them on the data being scored would flatter it (finetuning.TaskEvaluator agrees)
-        preds = self.predict_examples(examples, opts)
-        metrics = self.task_impl.compute_metrics(preds, examples, meta={**self.meta, "options": opts})
+        """The task's metrics on labelled ``data``, the decision settings saved at fine-tuning used as
+        they are (tuning them on the data being scored would flatter it)."""
+        ctx = self.context(options)
+        metrics, got = evaluation.evaluate(self.plugin, self.plugin.read(Path(data), ctx.options), self.tokenizer, ctx,
+                                           self.run_batch, batch_size=self.batch_size)
         if predictions is not None:
-            write_jsonl(predictions, preds)
+            write_jsonl(predictions, got.predictions)
         return metrics
 
 
@@ -410,74 +370,25 @@ def evaluate_bundle(
     pipe = Pipeline.load(bundle, device=device, threads=threads)
     if not isinstance(pipe, TaskPipeline):
         raise BundleError(f"{bundle} is a {pipe.task} bundle, which has no labelled evaluation",
-                          "evaluate a fine-tuned task bundle (classification, tagging, qa)")
+                          "evaluate a bundle of a fine-tuned task")
     return pipe.evaluate(data, options=options, predictions=predictions)
 
 
-# ---- inputs and outputs ------------------------------------------------------------------------
+# ---- inputs ------------------------------------------------------------------------------------
 def read_inputs(path: str | Path) -> list[str | dict[str, Any]]:
     """Inputs of a file: .txt (one text per non-blank line), .jsonl (an object or a string per
     line), .csv / .tsv (a header, then one record per row)."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataFormatError(p, "file not found" if not p.exists() else "not a file", hint="check the --input path")
-    suffix = p.suffix.lower()
-    if suffix not in INPUT_SUFFIXES:
-        raise DataFormatError(p, f"unknown input format '{p.suffix or p.name}'", hint=f"use one of: {', '.join(INPUT_SUFFIXES)}")
-    try:
-        text = p.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise DataFormatError(p, f"not valid UTF-8 (byte {e.start})", hint="re-save the file as UTF-8") from None
-    return parse_inputs(text, suffix.lstrip("."), source=str(p))
-
-
-def parse_inputs(text: str, kind: str, source: str = "<stdin>") -> list[str | dict[str, Any]]:
-    """Inputs of ``text`` in format ``kind`` ("txt", "jsonl", "csv", "tsv")."""
-    if kind == "txt":
-        return [line.rstrip("\r") for line in text.split("\n") if line.strip()]
-    if kind == "jsonl":
-        items: list[str | dict[str, Any]] = []
-        for n, line in enumerate(text.split("\n"), start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataFormatError(source, f"malformed JSON ({e.msg})", line=n, hint="one JSON object per line") from None
-            if not isinstance(rec, (str, dict)):
-                raise DataFormatError(source, f"expected an object or a string, got {type(rec).__name__}", line=n)
-            items.append(rec)
-        return items
-    delimiter = "\t" if kind == "tsv" else ","
-    rows = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter,
-                          quoting=csv.QUOTE_NONE if kind == "tsv" else csv.QUOTE_MINIMAL)
-    try:
-        return [dict(r) for r in rows if any((v or "").strip() for v in r.values() if isinstance(v, str))]
-    except csv.Error as e:
-        raise DataFormatError(source, f"malformed {kind.upper()}: {e}", line=rows.line_num) from None
+    return [r.data for r in iter_records(path)]
 
 
 def read_stdin() -> list[str | dict[str, Any]]:
-    """Inputs piped on stdin: JSON lines when every non-blank line is a JSON object or string,
-    else text lines (one input per line)."""
-    text = sys.stdin.read()
-    return parse_inputs(text, "jsonl" if _all_json_lines(text) else "txt")
-
-
-def _all_json_lines(text: str) -> bool:
-    lines = [line for line in text.split("\n") if line.strip()]
-    if not lines or lines[0].lstrip()[:1] not in ('{', '"'):
-        return False
+    """Inputs piped on stdin: JSON lines when every non-blank line is a JSON object or string, else
+    text lines (one input per line)."""
+    lines = [line.rstrip("\r") for line in sys.stdin.read().split("\n") if line.strip()]
     try:
-        return all(isinstance(json.loads(line), (str, dict)) for line in lines)
+        items = [json.loads(line) for line in lines] if lines and lines[0].lstrip()[:1] in ("{", '"') else None
     except json.JSONDecodeError:
-        return False
-
-
-def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with p.open("w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-
+        items = None
+    if items is not None and all(isinstance(x, (str, dict)) for x in items):
+        return items
+    return lines

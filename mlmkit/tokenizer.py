@@ -8,16 +8,18 @@ set explicitly by the caller: a tokenizer.json can carry a fixed padding setting
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from .errors import ConfigError
+from .files import atomic_write_text, write_json
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
+DEFAULT_VOCAB_SIZE = 8000  # small corpora (the quickstart's) fill no more; BERT-base used 30522
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ def _add_template(tok: Tokenizer) -> Tokenizer:
     return tok
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 8000, cased: bool = False, min_frequency: int = 2) -> Tokenizer:
+def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, cased: bool = False, min_frequency: int = 2) -> Tokenizer:
     """Train a WordPiece tokenizer on an iterator of texts (sentences or lines)."""
     if vocab_size < len(SPECIAL_TOKENS) + 30:
         raise ConfigError(f"--vocab-size {vocab_size} is too small", "use at least a few hundred")
@@ -123,8 +125,6 @@ def is_lowercase(tok: Tokenizer) -> bool:
 
 def save_tokenizer(tok: Tokenizer, out_dir: str | Path, max_length: int = 512) -> None:
     """Write tokenizer.json, vocab.txt and tokenizer_config.json (so transformers loads it too)."""
-    from .checkpoint import atomic_write_text, write_json
-
     d = Path(out_dir)
     atomic_write_text(d / "tokenizer.json", tok.to_str(pretty=False))
     vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
@@ -147,14 +147,3 @@ def continuation_flags(tok: Tokenizer) -> list[bool]:
         if i < len(flags):
             flags[i] = t.startswith("##")
     return flags
-
-
-def batched(it: Iterable[str], n: int) -> Iterator[list[str]]:
-    buf: list[str] = []
-    for x in it:
-        buf.append(x)
-        if len(buf) == n:
-            yield buf
-            buf = []
-    if buf:
-        yield buf

@@ -26,12 +26,26 @@ import functools
 import json
 import re
 import string
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mlmkit.errors import ConfigError, DataFormatError, MlmkitError, require_file
+from mlmkit.errors import MlmkitError
+from mlmkit.taskkit import (
+    BATCH,
+    EXAMPLE,
+    SEQUENCE,
+    ConfigError,
+    DataFormatError,
+    Record,
+    TaskContext,
+    TaskOption,
+    iter_jsonl,
+    read_text,
+    tokenizer_settings,
+)
 
 Offsets = list[tuple[int, int] | None]
 
@@ -98,22 +112,17 @@ def _example(rec: dict[str, Any], fail: Any, default_id: str) -> dict[str, Any]:
     return {"id": qid, "question": rec["question"], "context": context, "answers": answers, "is_impossible": impossible}
 
 
-def _read_jsonl(path: Path, text: str) -> list[dict[str, Any]]:
+def _read_records(records: Iterable[Record]) -> list[dict[str, Any]]:
+    """Examples of JSON-lines records {"id", "question", "context", "answers"}."""
     out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
+    for rec in records:
 
-        def fail(msg: str, field: str | None = None, n: int = n) -> None:
-            raise DataFormatError(path, msg, line=n, field=field, hint="fix that line of the file")
+        def fail(msg: str, field: str | None = None, rec: Record = rec) -> None:
+            raise rec.error(msg, field, "fix that line of the file")
 
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            fail(f"malformed JSON: {e.msg} (column {e.colno})")
-        if not isinstance(rec, dict):
-            fail(f'expected a JSON object {{"id", "question", "context", "answers"}}, got {type(rec).__name__}')
-        out.append(_example(rec, fail, default_id=str(n)))
+        if not isinstance(rec.data, dict):
+            fail(f'expected a JSON object {{"id", "question", "context", "answers"}}, got {type(rec.data).__name__}')
+        out.append(_example(rec.data, fail, default_id=str(rec.line)))
     return out
 
 
@@ -206,14 +215,14 @@ def _best_span(
     return best, int(s_idx[k // score.shape[1]]), int(e_idx[k % score.shape[1]])
 
 
-def _search(outputs: dict[str, Any], features: list[dict[str, Any]], n_examples: int, opts: dict[str, Any]) -> list[dict[str, Any]]:
+def _search(outputs: dict[str, Any], features: list[dict[str, Any]], n_examples: int, opts: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per example: the best span over all its windows (score, character span) and the null score."""
     res = [{"score": None, "start": -1, "end": -1, "null": None} for _ in range(n_examples)]
     n_best, max_answer = int(opts["n_best"]), int(opts["max_answer_length"])
     for f, st, en in zip(features, outputs["start_logits"], outputs["end_logits"]):
         st = np.asarray(st, dtype=np.float64).reshape(-1)  # (T,)
         en = np.asarray(en, dtype=np.float64).reshape(-1)
-        r = res[f["example_index"]]
+        r = res[f[EXAMPLE]]
         null = float(st[0] + en[0])  # [CLS]
         r["null"] = null if r["null"] is None else min(r["null"], null)
         span = _best_span(st, en, f["offsets"], n_best, max_answer)
@@ -269,33 +278,37 @@ class QATask:
     description = "extractive question answering: a start/end span of the context (SQuAD v1.1 / v2.0)"
     formats = ("squad-json", "jsonl")
     metrics = ("f1", "exact_match")
-    options = {"doc_stride": 128, "max_question_length": 64, "n_best": 20, "max_answer_length": 30}
+    outputs = {"start_logits": (BATCH, SEQUENCE), "end_logits": (BATCH, SEQUENCE)}
+    options = (
+        TaskOption("doc_stride", 128, "Overlap of context windows, in tokens.", minimum=0),
+        TaskOption("max_question_length", 64, "Longest question, in tokens (longer ones are cut).", minimum=1),
+        TaskOption("n_best", 20, "Start and end positions searched per window.", minimum=1),
+        TaskOption("max_answer_length", 30, "Longest answer, in tokens.", minimum=1),
+    )
     label_names = ("start_positions", "end_positions")
     hf_architecture = "BertForQuestionAnswering"
     default_max_length = 384
+    command = "qa"
 
     # -------------------------------------------------------- data
 
-    def read(self, path: Path, **options: Any) -> list[dict[str, Any]]:
+    def read(self, path: Path, options: Mapping[str, Any]) -> list[dict[str, Any]]:
         """SQuAD v1.1 / v2.0 JSON (.json) or JSON lines {"id", "question", "context", "answers"}."""
-        p = require_file(path, "data file")
-        try:
-            text = p.read_text(encoding="utf-8-sig")
-        except UnicodeDecodeError as e:
-            raise DataFormatError(p, f"not UTF-8 text ({e.reason} at byte {e.start})", hint="save it as UTF-8") from None
+        p = Path(path)
         if p.suffix.lower() == ".jsonl":
-            return _read_jsonl(p, text)
+            return _read_records(iter_jsonl(p))
+        text = read_text(p)
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as e:
             if e.msg == "Extra data" or p.suffix.lower() != ".json":  # several JSON values: JSON lines
-                return _read_jsonl(p, text)
+                return _read_records(iter_jsonl(p))
             raise DataFormatError(p, f"malformed JSON: {e.msg} (column {e.colno})", line=e.lineno, hint="fix the JSON") from None
         if isinstance(doc, dict) and "data" not in doc and "question" in doc:  # a JSON-lines file of one record
-            return _read_jsonl(p, text)
+            return _read_records(iter_jsonl(p))
         return _read_squad(p, doc)
 
-    def from_input(self, item: str | dict[str, Any], **options: Any) -> dict[str, Any]:
+    def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
         """An example from a runtime record with "question" and "context" (and optionally "id")."""
         hint = 'give records with "question" and "context" fields (JSON lines, or CSV/TSV columns of those names)'
         if not isinstance(item, dict):
@@ -310,39 +323,24 @@ class QATask:
             "answers": [], "is_impossible": False,
         }
 
-    def label_list(self, examples: list[dict[str, Any]]) -> list[str] | None:
-        return None
-
-    def _opts(self, meta: dict[str, Any]) -> dict[str, Any]:
-        opts = {**self.options, **{k: v for k, v in (meta.get("options") or {}).items() if v is not None}}
-        for k in self.options:
-            if isinstance(opts[k], bool) or not isinstance(opts[k], int) or opts[k] < (0 if k == "doc_stride" else 1):
-                least = 0 if k == "doc_stride" else 1
-                raise ConfigError(f"--{k.replace('_', '-')} must be an integer of at least {least}, got {opts[k]!r}")
-        return opts
+    def fit_state(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        """SQuAD 2.0 training data (some questions unanswerable): postprocess may answer ""."""
+        return {"version_2_with_negative": any(ex.get("is_impossible") for ex in examples)}
 
     # -------------------------------------------------------- features
 
-    def featurize(
-        self, examples: list[dict[str, Any]], tokenizer: Any, *, meta: dict[str, Any], max_length: int, training: bool
-    ) -> list[dict[str, Any]]:
+    def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
         """Windows of [CLS] question [SEP] context [SEP] with the context's character offsets.
 
-        Each feature: input_ids, token_type_ids, example_index, offsets (per token, (start, end) in
+        Each feature: input_ids, token_type_ids, example, offsets (per token, (start, end) in
         the context or None for the question and special tokens), and when ``training`` the
         start/end token positions (0, the [CLS], when the answer is not wholly in the window)."""
-        opts = self._opts(meta)
-        stride, q_max = opts["doc_stride"], opts["max_question_length"]
-        if training and any(ex.get("is_impossible") for ex in examples):
-            meta["version_2_with_negative"] = True  # SQuAD 2.0 training: postprocess may answer ""
-        saved_trunc, saved_pad = tokenizer.truncation, tokenizer.padding
-        try:
-            tokenizer.no_truncation()
-            tokenizer.no_padding()
-            questions, q_lens = self._cut_questions(tokenizer, [ex["question"] for ex in examples], q_max)
+        stride, q_max, max_length = ctx.options["doc_stride"], ctx.options["max_question_length"], ctx.max_length
+        with tokenizer_settings(tokenizer) as tok:
+            questions, q_lens = self._cut_questions(tok, [ex["question"] for ex in examples], q_max)
             contexts = [ex["context"] for ex in examples]
             unique = list(dict.fromkeys(contexts))  # SQuAD asks several questions about each paragraph
-            n_tokens = dict(zip(unique, (len(e.ids) for e in tokenizer.encode_batch(unique, add_special_tokens=False))))
+            n_tokens = dict(zip(unique, (len(e.ids) for e in tok.encode_batch(unique, add_special_tokens=False))))
             c_lens = [n_tokens[c] for c in contexts]
             windowed = False
             for ex, q, c in zip(examples, q_lens, c_lens):
@@ -354,20 +352,14 @@ class QATask:
                         f"'{ex['id']}': max length {max_length} - {q} question tokens - 3 special tokens = {window} tokens",
                         "lower --doc-stride or --max-question-length, or raise --max-length",
                     )
-            # the stride only matters (and is only checked by tokenizers) when some context needs windows
-            tokenizer.enable_truncation(max_length, stride=stride if windowed else 0, strategy="only_second")
-            encodings = tokenizer.encode_batch(list(zip(questions, contexts)))
-        finally:
-            tokenizer.no_truncation()
-            if saved_trunc:
-                tokenizer.enable_truncation(**saved_trunc)
-            if saved_pad:
-                tokenizer.enable_padding(**saved_pad)
+        # the stride only matters (and is only checked by tokenizers) when some context needs windows
+        with tokenizer_settings(tokenizer, max_length=max_length, stride=stride if windowed else 0, strategy="only_second") as tok:
+            encodings = tok.encode_batch(list(zip(questions, contexts)))
         features = []
         for i, (ex, enc) in enumerate(zip(examples, encodings)):
             for e in [enc, *enc.overflowing]:  # the first window, then the rest in context order
                 offsets: Offsets = [tuple(o) if s == 1 else None for o, s in zip(e.offsets, e.sequence_ids)]
-                f = {"input_ids": list(e.ids), "token_type_ids": list(e.type_ids), "example_index": i, "offsets": offsets}
+                f = {"input_ids": list(e.ids), "token_type_ids": list(e.type_ids), EXAMPLE: i, "offsets": offsets}
                 if training:
                     f["start_positions"], f["end_positions"] = self._positions(offsets, ex)
                 features.append(f)
@@ -416,23 +408,20 @@ class QATask:
     def build_model(self, config: Any) -> Any:
         return _model_class()(config)
 
-    def onnx_outputs(self) -> dict[str, dict[int, str]]:
-        return {"start_logits": {0: "batch", 1: "sequence"}, "end_logits": {0: "batch", 1: "sequence"}}
-
     # -------------------------------------------------------- predictions
 
     @staticmethod
-    def _with_null(meta: dict[str, Any]) -> bool:
-        return bool(meta.get("version_2_with_negative")) or meta.get("null_score_threshold") is not None
+    def _with_null(ctx: TaskContext) -> bool:
+        return bool(ctx.state.get("version_2_with_negative")) or ctx.state.get("null_score_threshold") is not None
 
     def postprocess(
-        self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], *, meta: dict[str, Any]
+        self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext
     ) -> list[dict[str, Any]]:
         """One {"id", "answer", "score", "start", "end"} per example; start/end are character
         offsets in the context (-1 and "" for no answer)."""
-        found = _search(outputs, features, len(examples), self._opts(meta))
-        with_null = self._with_null(meta)
-        threshold = float(meta.get("null_score_threshold") or 0.0)
+        found = _search(outputs, features, len(examples), ctx.options)
+        with_null = self._with_null(ctx)
+        threshold = float(ctx.state.get("null_score_threshold") or 0.0)
         preds = []
         for ex, r in zip(examples, found):
             no_span = r["score"] is None
@@ -445,13 +434,13 @@ class QATask:
         return preds
 
     def calibrate(
-        self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], *, meta: dict[str, Any]
+        self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext
     ) -> dict[str, Any]:
         """SQuAD 2.0: the null-score threshold that maximises F1 on these examples (as the official
         script's best_f1_thresh); {} when no question here is impossible."""
         if not any(ex.get("is_impossible") for ex in examples):
             return {}
-        found = _search(outputs, features, len(examples), self._opts(meta))
+        found = _search(outputs, features, len(examples), ctx.options)
         total = 0.0  # F1 summed over examples, everything predicted "" to begin with
         candidates = []  # (null - best span, F1 gained by answering instead)
         for ex, r in zip(examples, found):
@@ -475,9 +464,7 @@ class QATask:
                 best, threshold = total, diff
         return {"null_score_threshold": float(threshold)}
 
-    def compute_metrics(
-        self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], *, meta: dict[str, Any]
-    ) -> dict[str, float]:
+    def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, float]:
         """exact_match and f1 (0-100), each the max over the gold answers, averaged over questions."""
         if len(predictions) != len(examples):
             raise MlmkitError(f"{len(predictions)} predictions for {len(examples)} questions")
@@ -489,6 +476,10 @@ class QATask:
             em += max(exact_match(g, p["answer"]) for g in golds)
             f1 += max(f1_score(g, p["answer"]) for g in golds)
         return {"f1": 100.0 * f1 / len(examples), "exact_match": 100.0 * em / len(examples)}
+
+    def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
+        span = f"{prediction['start']}:{prediction['end']}" if prediction["start"] >= 0 else "-"
+        return {"answer": prediction["answer"] or "(no answer)", "score": f"{prediction['score']:.3f}", "span": span}
 
 
 task = QATask()

@@ -28,20 +28,29 @@ without pooler, classifier.*). No torch at module level: the ONNX runtime import
 from __future__ import annotations
 
 import bisect
-import contextlib
 import functools
-import json
 import math
 import re
 import unicodedata
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mlmkit.errors import ConfigError, DataFormatError
+from mlmkit.taskkit import (
+    BATCH,
+    EXAMPLE,
+    SEQUENCE,
+    ConfigError,
+    DataFormatError,
+    TaskContext,
+    TaskOption,
+    iter_jsonl,
+    iter_lines,
+    tokenizer_settings,
+)
 
 SCHEMES = ("auto", "iob1", "iob2", "bioes")
 AGGREGATIONS = ("first", "average", "max")
@@ -171,27 +180,6 @@ def joined_offsets(tokens: Sequence[str]) -> tuple[str, list[list[int]]]:
 
 
 # ---- reading -----------------------------------------------------------------------------------
-def _decode(path: Path) -> str:
-    if not path.is_file():
-        what = "is a directory, not a data file" if path.is_dir() else "file not found"
-        raise DataFormatError(path, what, hint="check the path")
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise DataFormatError(
-            path, f"not valid UTF-8 (byte 0x{data[e.start]:02x})", line=line, hint="re-save the file as UTF-8"
-        ) from None
-
-
-def _lines(text: str) -> Iterator[tuple[int, str]]:
-    """(number, line) split on \\n only, so numbers match an editor's (str.splitlines also splits
-    on \\x1c, \\u2028 and friends, which may occur inside tokens)."""
-    for n, raw in enumerate(text.split("\n"), start=1):
-        yield n, raw.rstrip("\r")
-
-
 def _check_tag(tag: Any, scheme: str, path: Path, line: int, field: str) -> str:
     if not isinstance(tag, str):
         raise DataFormatError(path, f"a tag must be a string, not {type(tag).__name__}", line=line, field=field)
@@ -210,7 +198,7 @@ def _check_tag(tag: Any, scheme: str, path: Path, line: int, field: str) -> str:
     return tag
 
 
-def _read_conll(path: Path, text: str, scheme: str) -> list[dict[str, Any]]:
+def _read_conll(path: Path, scheme: str) -> list[dict[str, Any]]:
     examples: list[dict[str, Any]] = []
     tokens: list[str] = []
     tags: list[str] = []
@@ -222,7 +210,7 @@ def _read_conll(path: Path, text: str, scheme: str) -> list[dict[str, Any]]:
             tokens.clear()
             tags.clear()
 
-    for n, raw in _lines(text):
+    for n, raw in iter_lines(path):
         cols = [c for c in re.split(r"[ \t]+", raw) if c]  # columns: spaces or tabs, not other whitespace
         if not cols or cols[0] == "-DOCSTART-":
             flush()
@@ -240,41 +228,27 @@ def _read_conll(path: Path, text: str, scheme: str) -> list[dict[str, Any]]:
     return examples
 
 
-def _string_list(rec: dict[str, Any], key: str, path: Path, line: int) -> list[str]:
-    value = rec.get(key)
+def _string_list(rec: Any, key: str) -> list[str]:
+    value = rec.fields().get(key)
     if value is None:
-        raise DataFormatError(
-            path, f"no field '{key}'; the record has: {', '.join(rec) or 'nothing'}", line=line, field=key,
-            hint='each line must be {"tokens": [...], "tags": [...]}',
-        )
+        raise rec.error(f"no field '{key}'; the record has: {', '.join(rec.data) or 'nothing'}", key,
+                        'each line must be {"tokens": [...], "tags": [...]}')
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise DataFormatError(path, "must be a list of strings", line=line, field=key)
+        raise rec.error("must be a list of strings", key)
     return value
 
 
-def _read_jsonl(path: Path, text: str, scheme: str) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path, scheme: str) -> list[dict[str, Any]]:
     examples: list[dict[str, Any]] = []
-    for n, raw in _lines(text):
-        if not raw.strip():
-            continue
-        try:
-            rec = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise DataFormatError(
-                path, f"malformed JSON ({e.msg} at column {e.colno})", line=n, hint="each line must be one JSON object"
-            ) from None
-        if not isinstance(rec, dict):
-            raise DataFormatError(path, f"expected a JSON object, got {type(rec).__name__}", line=n)
-        tokens = _string_list(rec, "tokens", path, n)
-        tags = _string_list(rec, "tags", path, n)
+    for rec in iter_jsonl(path):
+        n = rec.line
+        tokens = _string_list(rec, "tokens")
+        tags = _string_list(rec, "tags")
         if len(tokens) != len(tags):
-            raise DataFormatError(
-                path, f"{len(tags)} tags for {len(tokens)} tokens", line=n, field="tags",
-                hint="give exactly one tag per token",
-            )
+            raise rec.error(f"{len(tags)} tags for {len(tokens)} tokens", "tags", "give exactly one tag per token")
         for k, t in enumerate(tokens):
             if not t.strip():
-                raise DataFormatError(path, f"token {k + 1} is empty or only whitespace", line=n, field="tokens")
+                raise rec.error(f"token {k + 1} is empty or only whitespace", "tokens")
         examples.append({
             "tokens": tokens, "tags": [_check_tag(t, scheme, path, n, "tags") for t in tags],
             "line": n, "source": str(path), "format": "jsonl",
@@ -282,27 +256,19 @@ def _read_jsonl(path: Path, text: str, scheme: str) -> list[dict[str, Any]]:
     return examples
 
 
-def _is_jsonl(path: Path, text: str) -> bool:
+def _is_jsonl(path: Path) -> bool:
     if path.suffix.lower() in JSONL_SUFFIXES:
         return True
     if path.suffix.lower() in (".conll", ".conllu", ".txt", ".iob", ".bio", ".bioes", ".tsv"):
         return False
-    return text.lstrip().startswith("{")  # unknown suffix: sniff
+    first = next((line for _, line in iter_lines(path) if line.strip()), "")  # unknown suffix: sniff
+    return first.lstrip().startswith("{")
 
 
 # ---- options and labels ------------------------------------------------------------------------
-def _options(given: dict[str, Any] | None, defaults: dict[str, Any]) -> dict[str, Any]:
-    opts = {**defaults, **{k: v for k, v in (given or {}).items() if k in defaults and v is not None}}
-    if opts["scheme"] not in SCHEMES:
-        raise ConfigError(f"unknown --scheme '{opts['scheme']}'", f"use one of: {', '.join(SCHEMES)}")
-    if opts["aggregation"] not in AGGREGATIONS:
-        raise ConfigError(f"unknown --aggregation '{opts['aggregation']}'", f"use one of: {', '.join(AGGREGATIONS)}")
-    return opts
-
-
-def _label_ids(examples: Sequence[dict[str, Any]], meta: dict[str, Any]) -> dict[str, int]:
+def _label_ids(examples: Sequence[dict[str, Any]], ctx: TaskContext) -> dict[str, int]:
     """tag -> id of the run; a gold tag the model never saw is a data error naming file and line."""
-    labels = list(meta.get("labels") or [])
+    labels = list(ctx.labels or ())
     if not labels:
         raise ConfigError("the run has no label list (mlmkit.json 'labels')", "fine-tune it with the tagging task")
     ids = {lab: i for i, lab in enumerate(labels)}
@@ -358,21 +324,6 @@ def windows(word_of: Sequence[int], budget: int, overlap: int) -> list[tuple[int
             s = starts[j] if j < len(starts) and starts[j] <= e else target
 
 
-@contextlib.contextmanager
-def _plain(tokenizer: Any) -> Iterator[Any]:
-    """The tokenizer without padding or truncation; its settings come back afterwards (it is shared)."""
-    trunc, pad = tokenizer.truncation, tokenizer.padding
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    try:
-        yield tokenizer
-    finally:
-        if trunc is not None:
-            tokenizer.enable_truncation(**trunc)
-        if pad is not None:
-            tokenizer.enable_padding(**pad)
-
-
 # ---- the head ----------------------------------------------------------------------------------
 @functools.cache
 def _model_class() -> type:
@@ -422,25 +373,29 @@ class TaggingTask:
     description = "Token tagging (NER, chunking): CoNLL/JSONL, IOB1/IOB2/BIOES, entity-level P/R/F1."
     formats = ("conll", "jsonl")
     metrics = ("f1", "precision", "recall")
-    options = {"label_all_tokens": False, "aggregation": "first", "scheme": "auto"}
-    label_names = ("labels",)
+    outputs = {"probabilities": (BATCH, SEQUENCE, "label")}
+    options = (
+        TaskOption("label_all_tokens", False, "Train on every sub-token of a word, not only its first."),
+        TaskOption("aggregation", "first", "A word's prediction from its sub-tokens: first, average or max.",
+                   choices=AGGREGATIONS),
+        TaskOption("scheme", "auto", "Tag scheme of the data: auto, iob1, iob2 or bioes.", choices=SCHEMES),
+    )
     hf_architecture = "BertForTokenClassification"
-    default_max_length = 128
+    command = "tag"
 
-    def read(self, path: Path, **options: Any) -> list[dict[str, Any]]:
+    def read(self, path: Path, options: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Examples {"tokens", "tags", "line", "source", "format"} of a CoNLL or JSONL file (by suffix:
         .jsonl/.json are JSONL; an unknown suffix is sniffed)."""
         path = Path(path)
-        scheme = _options(options, self.options)["scheme"]
-        text = _decode(path)
-        examples = _read_jsonl(path, text, scheme) if _is_jsonl(path, text) else _read_conll(path, text, scheme)
+        scheme = options["scheme"]
+        examples = _read_jsonl(path, scheme) if _is_jsonl(path) else _read_conll(path, scheme)
         if not examples:
             raise DataFormatError(
                 path, "no sentences", hint="CoNLL: 'token tag' per line; JSONL: {\"tokens\": [...], \"tags\": [...]} per line"
             )
         return examples
 
-    def from_input(self, item: str | dict[str, Any], **options: Any) -> dict[str, Any]:
+    def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
         """A text (split into words and punctuation with character offsets), or a record with
         "text" or pre-tokenized "tokens" (offsets then refer to " ".join(tokens))."""
         if isinstance(item, dict) and isinstance(item.get("text"), str):
@@ -461,25 +416,22 @@ class TaggingTask:
     def label_list(self, examples: list[dict[str, Any]]) -> list[str]:
         return sorted({t for ex in examples for t in ex["tags"]})
 
-    def featurize(
-        self, examples: list[dict[str, Any]], tokenizer: Any, *, meta: dict[str, Any], max_length: int, training: bool
-    ) -> list[dict[str, Any]]:
-        """Windows of [CLS] sub-tokens [SEP] per example, with "example", "word_ids" (word index per
-        token, -1 on [CLS]/[SEP]) and "window" [start, end, total] in the example's sub-tokens.
-        Consecutive windows of one example share about a quarter of a window."""
+    def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
+        """Windows of [CLS] sub-tokens [SEP] per example, with "word_ids" (word index per token, -1 on
+        [CLS]/[SEP]) and "window" [start, end, total] in the example's sub-tokens. Consecutive windows
+        of one example share about a quarter of a window."""
         from mlmkit.tokenizer import special_ids
 
-        opts = _options(meta.get("options"), self.options)
-        if max_length < 3:
-            raise ConfigError(f"--max-length {max_length} leaves no room for words", "use at least 8")
+        if ctx.max_length < 3:
+            raise ConfigError(f"--max-length {ctx.max_length} leaves no room for words", "use at least 8")
         if training and any(ex.get("tags") is None for ex in examples):
             ex = next(ex for ex in examples if ex.get("tags") is None)
             raise DataFormatError(ex.get("source", "<input>"), "no tags", line=ex.get("line"), field="tags")
-        ids = _label_ids(examples, meta) if training or any(ex.get("tags") for ex in examples) else {}
+        ids = _label_ids(examples, ctx) if training or any(ex.get("tags") for ex in examples) else {}
         sp = special_ids(tokenizer)
-        budget = max_length - 2
+        budget = ctx.max_length - 2
         overlap = budget // 4
-        with _plain(tokenizer) as tok:
+        with tokenizer_settings(tokenizer) as tok:
             encodings = tok.encode_batch([ex["tokens"] for ex in examples], is_pretokenized=True, add_special_tokens=False) if examples else []
         features: list[dict[str, Any]] = []
         for i, (ex, enc) in enumerate(zip(examples, encodings)):
@@ -495,7 +447,7 @@ class TaggingTask:
             if training:
                 gold = [ids[t] for t in ex["tags"]]
                 sub_labels = [
-                    gold[w] if opts["label_all_tokens"] or p == 0 or word_of[p - 1] != w else IGNORE
+                    gold[w] if ctx.options["label_all_tokens"] or p == 0 or word_of[p - 1] != w else IGNORE
                     for p, w in enumerate(word_of)
                 ]
             for s, e in windows(word_of, budget, overlap):
@@ -503,7 +455,7 @@ class TaggingTask:
                 f: dict[str, Any] = {
                     "input_ids": [sp.cls, *sub_ids[s:e], sp.sep],
                     "token_type_ids": [0] * n_tok,
-                    "example": i,
+                    EXAMPLE: i,
                     "word_ids": [-1, *word_of[s:e], -1],
                     "window": [s, e, len(sub_ids)],
                 }
@@ -515,17 +467,14 @@ class TaggingTask:
     def build_model(self, config: Any) -> Any:
         return _model_class()(config)
 
-    def onnx_outputs(self) -> dict[str, dict[int, str]]:
-        return {"probabilities": {0: "batch", 1: "sequence"}}
-
     def postprocess(
-        self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], *, meta: dict[str, Any]
+        self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext
     ) -> list[dict[str, Any]]:
         """{"tokens", "tags", "scores", "entities"} per example. A word's label distribution comes
         from its sub-tokens (aggregation first / average / max) in the window where the word has
         the most context on both sides; entities carry character offsets into the text."""
-        labels = list(meta["labels"])
-        agg = _options(meta.get("options"), self.options)["aggregation"]
+        labels = list(ctx.labels or ())
+        agg = ctx.options["aggregation"]
         probs = outputs["probabilities"]
         # best[i][w] = (context, feature index, token positions) of word w of example i
         best: list[dict[int, tuple[float, int, list[int]]]] = [{} for _ in examples]
@@ -535,7 +484,7 @@ class TaggingTask:
             for t, w in enumerate(f["word_ids"]):
                 if w >= 0:
                     positions[w].append(t)
-            seen = best[f["example"]]
+            seen = best[f[EXAMPLE]]
             for w, ts in positions.items():
                 first, last = s + ts[0] - 1, s + ts[-1] - 1  # sub-token indices in the whole example
                 left = first - s if s > 0 else math.inf  # the example's own ends are not cuts
@@ -575,12 +524,10 @@ class TaggingTask:
             preds.append({"tokens": list(ex["tokens"]), "tags": tags, "scores": scores, "entities": entities})
         return preds
 
-    def compute_metrics(
-        self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], *, meta: dict[str, Any]
-    ) -> dict[str, Any]:
+    def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, Any]:
         """Entity-level f1 (the main metric), precision, recall (0-1, conlleval), and per_type
         {type: {precision, recall, f1, support}}."""
-        _label_ids(examples, meta)
+        _label_ids(examples, ctx)
         if not examples:
             raise ConfigError("no examples to score", "check the evaluation data")
         gold = [ex["tags"] for ex in examples]
@@ -588,6 +535,10 @@ class TaggingTask:
         if len(pred) != len(gold) or any(len(g) != len(p) for g, p in zip(gold, pred)):
             raise ConfigError("predictions do not match the examples word for word", "a bug: please report it")
         return entity_scores(gold, pred)
+
+    def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
+        ents = [f"{e['text']} {e['type']} {e['score']:.2f} {e['start']}:{e['end']}" for e in prediction["entities"]]
+        return {"entities": "; ".join(ents) or "none"}
 
 
 task = TaggingTask()

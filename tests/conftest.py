@@ -56,3 +56,25 @@ def _seed_and_threads():
 def _cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Corpus shards go to the test's tmp dir, never to the user's cache."""
     monkeypatch.setenv("MLMKIT_CACHE", str(tmp_path / "cache"))
+
+
+# ---- the Python API with flat keyword arguments, as the CLI builds it ---------------------------
+def run_pretrain(corpus: list[Path], out: Path, **kw):
+    from mlmkit.args import PretrainArgs
+    from mlmkit.pretraining import pretrain
+
+    return pretrain(PretrainArgs.from_flat(corpus=list(corpus), out=out, **kw))
+
+
+def run_finetune(task: str, model: Path, train: Path, out: Path, **kw):
+    from mlmkit.args import FinetuneArgs
+    from mlmkit.finetuning import finetune
+
+    return finetune(FinetuneArgs.from_flat(task=task, model=model, train_file=train, out=out, **kw))
+
+
+def run_export(run: Path, out: Path, **kw):
+    from mlmkit.args import ExportArgs
+    from mlmkit.export import export
+
+    return export(ExportArgs(run=run, out=out, **kw))

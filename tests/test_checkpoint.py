@@ -7,16 +7,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_pretrain
 from safetensors.torch import load_file
 
 import mlmkit.checkpoint as ckpt
-from mlmkit.checkpoint import atomic_write, atomic_write_text, load_state_dict, save_weights
+from mlmkit.checkpoint import load_state_dict, save_weights
 from mlmkit.config import BertConfig
 from mlmkit.errors import ConfigError
+from mlmkit.files import atomic_write, atomic_write_text
 from mlmkit.model import BertForPreTraining
-from mlmkit.pretraining import pretrain
 from mlmkit.tokenizer import save_tokenizer, train_tokenizer
-from mlmkit.training import Trainer, latest_checkpoint
+from mlmkit.training import Checkpointer, latest_checkpoint
 
 N = 4  # steps between checkpoints
 
@@ -53,7 +54,7 @@ def setup(tmp_path_factory) -> dict[str, Path]:
 def run(setup, out: Path, steps: int = 2 * N, **kw):
     kw = {"save_every": N, "eval_every": 1000, "batch_size": 8, "seq_len": 32, "lr": 1e-3, "seed": 3,
           "progress": False, **kw}
-    return pretrain([setup["corpus"]], out, tokenizer=setup["tok"], config=setup["config"], steps=steps, **kw)
+    return run_pretrain([setup["corpus"]], out, tokenizer=setup["tok"], config=setup["config"], steps=steps, **kw)
 
 
 def weights(d: Path) -> dict[str, torch.Tensor]:
@@ -79,15 +80,15 @@ def straight(setup, tmp_path_factory) -> dict[str, torch.Tensor]:
 
 def kill_after_checkpoint(monkeypatch, step: int) -> None:
     """The process dies right after the checkpoint of ``step`` is complete."""
-    original = Trainer._write_checkpoint
+    original = Checkpointer.save
 
-    def write_then_die(self, meta):
-        ck = original(self, meta)
-        if self.step == step:
+    def save_then_die(self, model, opt, sched, position, meta):
+        ck = original(self, model, opt, sched, position, meta)
+        if position["step"] == step:
             raise Killed
         return ck
 
-    monkeypatch.setattr(Trainer, "_write_checkpoint", write_then_die)
+    monkeypatch.setattr(Checkpointer, "save", save_then_die)
 
 
 def test_same_seed_same_weights(setup, straight, tmp_path):
@@ -122,7 +123,7 @@ def test_resume_takes_tokenizer_and_config_from_the_checkpoint(setup, straight, 
         run(setup, out)
     monkeypatch.undo()
     assert not (out / "tokenizer.json").exists()
-    pretrain([setup["corpus"]], out, steps=2 * N, save_every=N, eval_every=1000, batch_size=8, seq_len=32,
+    run_pretrain([setup["corpus"]], out, steps=2 * N, save_every=N, eval_every=1000, batch_size=8, seq_len=32,
              lr=1e-3, seed=3, progress=False, resume=True)  # no --tokenizer, no --config
     assert_same_weights(weights(out), straight)
 

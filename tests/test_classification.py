@@ -5,19 +5,27 @@ from __future__ import annotations
 import json
 import random
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_finetune
 from mlmkit_tasks.classification import task
 from typer.testing import CliRunner
 
 from mlmkit.errors import DataFormatError
-from mlmkit.finetuning import evaluate_run, finetune
-from mlmkit.registry import Task, get_task
+from mlmkit.finetuning import evaluate_run
+from mlmkit.registry import Task, TaskContext, get_task
 from mlmkit.tokenizer import train_tokenizer
 
-META = {"labels": ["a", "b", "c"], "max_length": 32, "options": {}}
+plugin = get_task("classification")
+OPTS = plugin.resolve_options()
+CTX = TaskContext(max_length=32, options=OPTS, labels=("a", "b", "c"))
+
+
+def read(path: Path, **options):
+    return task.read(path, plugin.resolve_options(options))
 
 
 def write(path: Path, text: str | bytes) -> Path:
@@ -31,14 +39,14 @@ def write(path: Path, text: str | bytes) -> Path:
 # ---- registry ----------------------------------------------------------------------------------
 def test_registered_through_entry_point():
     t = get_task("classification")
-    assert t is task and isinstance(t, Task)
+    assert t.task is task and isinstance(task, Task) and t.command == "classify"
     assert t.metrics[0] == "accuracy" and set(t.formats) == {"csv", "tsv", "jsonl"}
 
 
 # ---- readers -----------------------------------------------------------------------------------
 def test_read_csv_quoting_multiline_and_line_numbers(tmp_path):
     f = write(tmp_path / "d.csv", 'text,label\n"good, really good",pos\n\nbad,neg\n"two\nlines",pos\nlast,neg\n')
-    ex = task.read(f)
+    ex = read(f)
     assert [(e["text"], e["label"], e["line"]) for e in ex] == [
         ("good, really good", "pos", 2), ("bad", "neg", 4), ("two\nlines", "pos", 5), ("last", "neg", 7)]
     assert all("text_pair" not in e for e in ex)
@@ -46,14 +54,14 @@ def test_read_csv_quoting_multiline_and_line_numbers(tmp_path):
 
 def test_read_tsv_pairs_without_quoting(tmp_path):
     f = write(tmp_path / "d.tsv", 'sentence1\tsentence2\ty\nhe said "hi\tthere\tyes\nfoo\tbar\tno\n')
-    ex = task.read(f, text_column="sentence1", pair_column="sentence2", label_column="y")
+    ex = read(f, text_column="sentence1", pair_column="sentence2", label_column="y")
     assert [(e["text"], e["text_pair"], e["label"]) for e in ex] == [('he said "hi', "there", "yes"), ("foo", "bar", "no")]
 
 
 def test_read_jsonl_pairs_and_label_types(tmp_path):
     rows = [{"text": "a", "label": 1}, {"text": "b", "text_pair": "c", "label": "x"}, {"text": "d", "label": True}]
     f = write(tmp_path / "d.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n\n")
-    ex = task.read(f)
+    ex = read(f)
     assert [e["label"] for e in ex] == ["1", "x", "true"]
     assert ex[1]["text_pair"] == "c" and "text_pair" not in ex[0]
     assert [e["line"] for e in ex] == [1, 2, 3]
@@ -69,7 +77,7 @@ def test_label_list_sorted_strings():
     [
         ("d.csv", "sentence,label\nhi,a\n", {}, r"d\.csv, line 1, field 'text': no column 'text'; the header has: sentence, label.*--text-column"),
         ("d.csv", "text,tag\nhi,a\n", {}, r"line 1, field 'label': no column 'label'; the header has: text, tag.*--label-column"),
-        ("d.csv", "text,label\nhi,a\n", {"pair_column": "second"}, r"field 'second': no column 'second'.*--pair-column"),
+        ("d.csv", "text,label\nhi,a\n", {"pair_column": "second"}, r"line 1, field 'second': no column 'second'.*--pair-column"),
         ("d.csv", "text,label\nhi,a\n  ,b\n", {}, r"line 3, field 'text': empty text"),
         ("d.csv", "text,label\nhi,a\nho\n", {}, r"line 3, field 'label':.*ends before this column"),
         ("d.csv", "text,label\nhi, there,a\n", {}, r"line 2: 3 fields but the header has 2.*quote"),
@@ -87,19 +95,22 @@ def test_label_list_sorted_strings():
 def test_read_errors_name_file_line_and_field(tmp_path, name, content, options, pattern):
     f = write(tmp_path / name, content)
     with pytest.raises(DataFormatError, match=pattern):
-        task.read(f, **options)
+        read(f, **options)
 
 
 def test_read_missing_file(tmp_path):
     with pytest.raises(DataFormatError, match=r"nope\.csv: file not found"):
-        task.read(tmp_path / "nope.csv")
+        read(tmp_path / "nope.csv")
 
 
 def test_from_input():
-    assert task.from_input("hello") == {"text": "hello"}
-    assert task.from_input({"q": "a", "p": "b", "label": "x"}, text_column="q", pair_column="p") == {"text": "a", "text_pair": "b"}
-    with pytest.raises(DataFormatError, match="no text field 'text'"):
-        task.from_input({"sentence": "a"})
+    assert task.from_input("hello", OPTS) == {"text": "hello"}
+    named = plugin.resolve_options({"text_column": "q", "pair_column": "p"})
+    assert task.from_input({"q": "a", "p": "b", "label": "x"}, named) == {"text": "a", "text_pair": "b"}
+    with pytest.raises(DataFormatError, match="field 'text': no field 'text'; the record has: sentence"):
+        task.from_input({"sentence": "a"}, OPTS)
+    with pytest.raises(DataFormatError, match="field 'p': no field 'p'"):  # a pair column asked for by name must be there
+        task.from_input({"q": "a"}, named)
 
 
 # ---- featurize ---------------------------------------------------------------------------------
@@ -115,7 +126,7 @@ def test_featurize_pairs_truncation_and_labels(tok):
         {"text": "a b c d e f g " * 10, "text_pair": "a b", "label": "a"},
     ]
     tok.enable_padding(pad_id=0, length=50)  # a caller's setting: featurize must ignore and restore it
-    feats = task.featurize(examples, tok, meta=META, max_length=8, training=True)
+    feats = task.featurize(examples, tok, replace(CTX, max_length=8), training=True)
     assert tok.padding is not None and tok.padding["length"] == 50 and tok.truncation is None
     tok.no_padding()
     assert [f["labels"] for f in feats] == [1, 2, 0]
@@ -127,19 +138,19 @@ def test_featurize_pairs_truncation_and_labels(tok):
     # longest_first keeps the short second text of a truncated pair
     assert len(feats[2]["input_ids"]) == 8 and feats[2]["token_type_ids"][-3:] == [1, 1, 1]
     # evaluation features carry no labels
-    assert all("labels" not in f for f in task.featurize(examples, tok, meta=META, max_length=8, training=False))
+    assert all("labels" not in f for f in task.featurize(examples, tok, replace(CTX, max_length=8), training=False))
 
 
 def test_unknown_label_at_evaluation_names_line_and_known_labels(tok, tmp_path):
     f = write(tmp_path / "eval.csv", "text,label\nthe fox,a\nthe dog,zebra\n")
     with pytest.raises(DataFormatError, match=r"eval\.csv, line 3, field 'label': label 'zebra' was not in the training data; the model knows: a, b, c"):
-        task.featurize(task.read(f), tok, meta=META, max_length=16, training=False)
+        task.featurize(read(f), tok, replace(CTX, max_length=16), training=False)
 
 
 # ---- metrics -----------------------------------------------------------------------------------
 def _score(gold: list[str], pred: list[str]) -> dict:
     preds = [{"label": p} for p in pred]
-    return task.compute_metrics(preds, [{"label": g} for g in gold], meta=META)
+    return task.compute_metrics(preds, [{"label": g} for g in gold], CTX)
 
 
 def test_metrics_equal_hand_computed_values():
@@ -208,7 +219,7 @@ def easy_data(tmp_path, base_model_factory, one_thread):
 def test_learns_easy_set_and_loads_in_transformers(easy_data, tmp_path):
     base, train, held = easy_data
     run = tmp_path / "run"
-    finetune("classification", base, train, run, epochs=4, batch_size=32, lr=4e-3, warmup_ratio=0.1, progress=False)
+    run_finetune("classification", base, train, run, epochs=4, batch_size=32, lr=4e-3, warmup_ratio=0.1, progress=False)
     metrics = evaluate_run(run, held)
     assert metrics["accuracy"] >= 0.9, metrics
     assert metrics["macro_f1"] >= 0.9 and metrics["mcc"] >= 0.8
@@ -222,9 +233,9 @@ def test_learns_easy_set_and_loads_in_transformers(easy_data, tmp_path):
     hf, info = BertForSequenceClassification.from_pretrained(run, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert hf.config.id2label == {0: "negative", 1: "positive"}
-    _, ours, tok, meta = load_finetuned(run)
+    t, ours, tok, meta = load_finetuned(run)
     examples = [{"text": "great box"}, {"text": "it came broken", "text_pair": "the phone was very awful and useless"}]
-    feats = task.featurize(examples, tok, meta=meta, max_length=meta["max_length"], training=False)
+    feats = task.featurize(examples, tok, TaskContext.from_meta(meta, t.resolve_options(saved=meta["options"])), training=False)
     batch = {k: torch.from_numpy(v) for k, v in pad_features(feats, 0).items()}  # mixed lengths: padding is masked
     hf.eval()
     with torch.no_grad():

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mlmkit.checkpoint import load_state_dict, read_json
+from mlmkit.checkpoint import load_state_dict
+from mlmkit.files import read_json
 from mlmkit.tokenizer import load_tokenizer
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import run_finetune
 from safetensors.torch import load_file
 from torch import nn
 from typer.testing import CliRunner
@@ -22,8 +23,9 @@ from mlmkit.checkpoint import load_state_dict, load_weights
 from mlmkit.cli import app
 from mlmkit.config import BertConfig
 from mlmkit.errors import ConfigError
-from mlmkit.finetuning import FeatureData, finetune, task_options
+from mlmkit.finetuning import FeatureData
 from mlmkit.model import BertForPreTraining, BertModel
+from mlmkit.registry import Plugin, TaskOption
 from mlmkit.tokenizer import load_tokenizer
 
 transformers = pytest.importorskip("transformers")  # a dev extra: the parity oracle
@@ -178,24 +180,52 @@ def test_finetune_accepts_hf_dir_and_says_the_head_is_fresh(tmp_path: Path, kind
 
 
 # ---- task options ------------------------------------------------------------------------------
-def test_task_options_defaults_overrides_and_unknown() -> None:
-    task = SimpleNamespace(name="fake", options={"text_column": "text", "doc_stride": 128})
-    assert task_options(task, {}) == {"text_column": "text", "doc_stride": 128}
-    assert task_options(task, {"doc_stride": 64, "text_column": None}) == {"text_column": "text", "doc_stride": 64}
-    assert task.options == {"text_column": "text", "doc_stride": 128}  # the task's defaults are not mutated
-    with pytest.raises(ConfigError, match=r"--label-all-tokens does not apply to task 'fake'") as e:
-        task_options(task, {"label_all_tokens": True})
+class OptionTask:
+    """The required members of a task, and two declared options."""
+
+    name, description, metrics, outputs = "fake", "a fake task", ("score",), {"score": ("batch",)}
+    options = (TaskOption("text_column", "text", "The text field."),
+               TaskOption("doc_stride", 128, "Window overlap.", minimum=0))
+
+    def read(self, path, options): return []
+    def featurize(self, examples, tokenizer, ctx, *, training): return []
+    def build_model(self, config): raise NotImplementedError
+    def postprocess(self, outputs, features, examples, ctx): return []
+    def compute_metrics(self, predictions, examples, ctx): return {"score": 0.0}
+
+
+def test_task_options_defaults_saved_given_and_unknown() -> None:
+    task = Plugin(OptionTask(), "tests:OptionTask", "tests")
+    assert task.resolve_options() == {"text_column": "text", "doc_stride": 128}
+    # strings from the command line take the declared type; None means "not given"
+    assert task.resolve_options({"doc_stride": "64", "text_column": None}) == {"text_column": "text", "doc_stride": 64}
+    # a run's or bundle's saved options come between the defaults and what is given
+    assert task.resolve_options({"text_column": "q"}, saved={"doc_stride": 32, "gone": 1}) == {"text_column": "q", "doc_stride": 32}
+    assert OptionTask.options[1].default == 128  # the declaration is not mutated
+    with pytest.raises(ConfigError, match=r"--label-all-tokens is not an option of task 'fake'") as e:
+        task.resolve_options({"label_all_tokens": True})
     assert e.value.hint == "its options: --text-column, --doc-stride"
+    with pytest.raises(ConfigError, match=r"task option --doc-stride expects a value of type int, got 'many'"):
+        task.resolve_options({"doc_stride": "many"})
+    with pytest.raises(ConfigError, match=r"task option --doc-stride must be at least 0, got -1"):
+        task.resolve_options({"doc_stride": -1})
+    with pytest.raises(ConfigError, match=r"expects a value of type int, got True"):
+        task.resolve_options({"doc_stride": True})
 
 
-def test_cli_rejects_an_option_the_task_lacks(tmp_path: Path) -> None:
-    res = CliRunner().invoke(app, [
-        "finetune", "classification", "--model", str(tmp_path), "--train", str(tmp_path / "t.jsonl"),
-        "--out", str(tmp_path / "o"), "--doc-stride", "64",
-    ])
-    assert res.exit_code == 2, res.output
-    msg = squash(res.stderr)
-    assert "--doc-stride does not apply to task 'classification'" in msg and "--text-column" in msg
+def test_cli_rejects_an_option_the_task_lacks(tmp_path: Path, base_model_factory: Any) -> None:
+    base = base_model_factory(["a b c"] * 4)
+    train = write_jsonl(tmp_path / "t.jsonl", sentiment_rows(4, random.Random(0)))
+    for extra in (["--doc-stride", "64"], ["--option", "doc_stride=64"]):
+        res = CliRunner().invoke(app, [
+            "finetune", "classification", "--model", str(base), "--train", str(train), "--out", str(tmp_path / "o"), *extra,
+        ])
+        assert res.exit_code == 2, res.output
+        msg = squash(res.stderr)
+        assert "--doc-stride is not an option of task 'classification'" in msg and "--text-column" in msg
+    res = CliRunner().invoke(app, ["finetune", "classification", "--model", str(base), "--train", str(train),
+                                   "--out", str(tmp_path / "o"), "--option", "text_column"])
+    assert res.exit_code == 2 and "--option 'text_column' is not NAME=VALUE" in squash(res.stderr)
 
 
 # ---- length-bucketed training data -------------------------------------------------------------
@@ -257,7 +287,7 @@ def classification_setup(tmp_path: Path, base_model_factory: Any) -> dict[str, A
     train = write_jsonl(tmp_path / "train.jsonl", rows)
     base = base_model_factory([r["text"] for r in rows], vocab_size=120)
     # 32 examples / batch 8 = 4 batches an epoch: a checkpoint at step 4, the run ends at step 8
-    kw = dict(batch_size=8, lr=1e-3, max_steps=8, max_length=32, seed=0, progress=False)
+    kw = dict(batch_size=8, lr=1e-3, steps=8, max_length=32, seed=0, progress=False)
     return {"base": base, "train": train, "kw": kw}
 
 
@@ -281,7 +311,7 @@ def test_resume_after_a_kill_matches_an_uninterrupted_run(
 ) -> None:
     s = classification_setup
     full = tmp_path / "full"
-    finetune("classification", s["base"], s["train"], full, **s["kw"])
+    run_finetune("classification", s["base"], s["train"], full, **s["kw"])
 
     cut = tmp_path / "cut"
     real_batch = FeatureData.batch
@@ -296,10 +326,10 @@ def test_resume_after_a_kill_matches_an_uninterrupted_run(
     with monkeypatch.context() as m:
         m.setattr(finetuning.FeatureData, "batch", dying_batch)
         with pytest.raises(Killed):
-            finetune("classification", s["base"], s["train"], cut, **s["kw"])
+            run_finetune("classification", s["base"], s["train"], cut, **s["kw"])
     assert [p.name for p in (cut / "checkpoints").iterdir()] == ["step-0000004"]
 
-    result = finetune("classification", s["base"], s["train"], cut, resume=True, **s["kw"])
+    result = run_finetune("classification", s["base"], s["train"], cut, resume=True, **s["kw"])
     assert result["step"] == 8
     assert any("resumed from" in r.getMessage() and "step 4" in r.getMessage() for r in mlmkit_log)
     want, got = load_file(str(full / "model.safetensors")), load_file(str(cut / "model.safetensors"))
@@ -314,7 +344,7 @@ def test_resume_after_a_kill_matches_an_uninterrupted_run(
 def test_resume_without_a_checkpoint_is_a_clear_error(classification_setup: dict[str, Any], tmp_path: Path) -> None:
     s = classification_setup
     with pytest.raises(ConfigError, match=r"--resume: no complete checkpoint under"):
-        finetune("classification", s["base"], s["train"], tmp_path / "empty", resume=True, **s["kw"])
+        run_finetune("classification", s["base"], s["train"], tmp_path / "empty", resume=True, **s["kw"])
 
 
 def test_finetuning_a_finetuned_run_with_other_labels_starts_a_fresh_head(
@@ -323,14 +353,14 @@ def test_finetuning_a_finetuned_run_with_other_labels_starts_a_fresh_head(
     """--model may be a fine-tuned run: only the encoder carries over, whatever its label count."""
     s = classification_setup
     first = tmp_path / "first"
-    finetune("classification", s["base"], s["train"], first, **s["kw"])
+    run_finetune("classification", s["base"], s["train"], first, **s["kw"])
     rows = [json.loads(line) for line in s["train"].read_text().splitlines()]
     three = write_jsonl(tmp_path / "three.jsonl", [{**r, "label": f"c{i % 3}"} for i, r in enumerate(rows)])
-    finetune("classification", first, three, tmp_path / "second", **s["kw"])
+    run_finetune("classification", first, three, tmp_path / "second", **s["kw"])
     assert json.loads((tmp_path / "second" / "config.json").read_text())["id2label"] == {"0": "c0", "1": "c1", "2": "c2"}
 
 
 def test_early_stopping_needs_an_eval_file(classification_setup: dict[str, Any], tmp_path: Path) -> None:
     s = classification_setup
     with pytest.raises(ConfigError, match="--early-stopping needs --eval"):
-        finetune("classification", s["base"], s["train"], tmp_path / "x", early_stopping=2, **s["kw"])
+        run_finetune("classification", s["base"], s["train"], tmp_path / "x", early_stopping=2, **s["kw"])

@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_pretrain
 
-from mlmkit.checkpoint import load_state_dict, load_weights, read_json
+from mlmkit.checkpoint import load_state_dict, load_weights
 from mlmkit.config import BertConfig
+from mlmkit.files import read_json
 from mlmkit.model import BertForPreTraining
-from mlmkit.pretraining import pretrain, split_heldout
+from mlmkit.pretraining import split_heldout
 from mlmkit.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from mlmkit.training import linear_schedule, param_groups
 
@@ -97,7 +99,7 @@ def lang_dir(tmp_path_factory) -> tuple[Path, list]:
 def test_learns_the_generated_language(lang_dir, tmp_path, one_thread):
     d, topics = lang_dir
     run = tmp_path / "run"
-    m = pretrain([d / "train.txt"], run, tokenizer=d / "tok" / "tokenizer.json", config=d / "config.json",
+    m = run_pretrain([d / "train.txt"], run, tokenizer=d / "tok" / "tokenizer.json", config=d / "config.json",
                  steps=300, batch_size=32, seq_len=64, lr=3e-3, eval_file=d / "eval.txt", eval_every=300,
                  save_every=1000, progress=False)
     # held-out MLM accuracy well above always guessing the most frequent masked token
@@ -137,7 +139,7 @@ def test_learns_the_generated_language(lang_dir, tmp_path, one_thread):
 def test_run_directory_contents(lang_dir, tmp_path, one_thread):
     d, _ = lang_dir
     run = tmp_path / "run"
-    pretrain([d / "train.txt"], run, tokenizer=d / "tok" / "tokenizer.json", config=d / "config.json",
+    run_pretrain([d / "train.txt"], run, tokenizer=d / "tok" / "tokenizer.json", config=d / "config.json",
              steps=4, batch_size=8, seq_len=32, eval_every=2, save_every=1000, keep_last=1, progress=False)
     for name in ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "tokenizer_config.json",
                  "mlmkit.json", "metrics.jsonl"):
@@ -157,7 +159,7 @@ def test_run_directory_contents(lang_dir, tmp_path, one_thread):
 def test_no_nsp_and_whole_word(lang_dir, tmp_path, one_thread):
     d, _ = lang_dir
     run = tmp_path / "run"
-    m = pretrain([d / "train.txt"], run, tokenizer=d / "tok" / "tokenizer.json", config=d / "config.json",
+    m = run_pretrain([d / "train.txt"], run, tokenizer=d / "tok" / "tokenizer.json", config=d / "config.json",
                  steps=3, batch_size=8, seq_len=32, nsp=False, whole_word=True, eval_file=d / "eval.txt",
                  progress=False)
     assert "eval_mlm_accuracy" in m and "eval_nsp_accuracy" not in m and "nsp_loss" not in m
@@ -168,7 +170,7 @@ def test_no_nsp_and_whole_word(lang_dir, tmp_path, one_thread):
 def test_tokenizer_is_trained_on_the_corpus_when_not_given(lang_dir, tmp_path, one_thread):
     d, topics = lang_dir
     run = tmp_path / "run"
-    pretrain([d / "train.txt"], run, vocab_size=120, steps=2, batch_size=4, seq_len=32, progress=False)
+    run_pretrain([d / "train.txt"], run, vocab_size=120, steps=2, batch_size=4, seq_len=32, progress=False)
     tok = load_tokenizer(run)
     assert tok.get_vocab_size() <= 120
     assert tok.token_to_id(topics[0]["det"]) is not None  # a frequent word of the corpus is one token
@@ -182,7 +184,7 @@ def test_vocabulary_mismatch_is_refused_before_training(lang_dir, tmp_path):
     d, _ = lang_dir
     bad = tiny_config(tmp_path / "config.json", vocab_size=999)
     with pytest.raises(ConfigError, match="vocab_size 999"):
-        pretrain([d / "train.txt"], tmp_path / "run", tokenizer=d / "tok" / "tokenizer.json", config=bad,
+        run_pretrain([d / "train.txt"], tmp_path / "run", tokenizer=d / "tok" / "tokenizer.json", config=bad,
                  steps=2, progress=False)
     assert not (tmp_path / "run").exists()
 

@@ -10,13 +10,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import run_finetune
 from mlmkit_tasks.qa import f1_score, normalize_answer, task
 
 from mlmkit.batching import pad_features
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
-from mlmkit.finetuning import evaluate_run, finetune, load_finetuned
-from mlmkit.registry import Task, get_task
+from mlmkit.finetuning import evaluate_run, load_finetuned
+from mlmkit.registry import BATCH, SEQUENCE, Task, TaskContext, get_task
 from mlmkit.tokenizer import train_tokenizer
+
+plugin = get_task("qa")
+
+
+def ctx(max_length: int = 64, state: dict | None = None, **options) -> TaskContext:
+    return TaskContext(max_length=max_length, options=plugin.resolve_options(options), state=state or {})
+
+
+def read(path: Path):
+    return task.read(path, plugin.resolve_options())
 
 
 def write(path: Path, text: str) -> Path:
@@ -53,9 +64,10 @@ def fake_outputs(features: list[dict], spans: dict[int, tuple[int, int]], rng: n
 # ---- registry ----------------------------------------------------------------------------------
 def test_registered_with_reference_defaults():
     t = get_task("qa")
-    assert t is task and isinstance(t, Task)
+    assert t.task is task and isinstance(task, Task) and t.command == "qa"
     assert t.metrics[0] == "f1" and set(t.metrics) == {"f1", "exact_match"}
-    assert t.options == {"doc_stride": 128, "max_question_length": 64, "n_best": 20, "max_answer_length": 30}
+    assert t.resolve_options() == {"doc_stride": 128, "max_question_length": 64, "n_best": 20, "max_answer_length": 30}
+    assert t.outputs == {"start_logits": (BATCH, SEQUENCE), "end_logits": (BATCH, SEQUENCE)}
     assert t.default_max_length == 384 and t.hf_architecture == "BertForQuestionAnswering"
     assert t.label_names == ("start_positions", "end_positions")
 
@@ -72,7 +84,7 @@ SQUAD_V1 = {"version": "1.1", "data": [
 
 
 def test_read_squad_v1(tmp_path):
-    ex = task.read(write(tmp_path / "train.json", json.dumps(SQUAD_V1)))
+    ex = read(write(tmp_path / "train.json", json.dumps(SQUAD_V1)))
     assert [e["id"] for e in ex] == ["a1", "a2", "b1"]
     assert ex[1] == {"id": "a2", "question": "Of what?", "context": "Paris is the capital of France.",
                      "answers": [{"text": "France", "answer_start": 24}], "is_impossible": False}
@@ -84,7 +96,7 @@ def test_read_squad_v2_impossible(tmp_path):
         {"id": "i", "question": "Who is a cat?", "answers": [], "is_impossible": True,
          "plausible_answers": [{"text": "Rex", "answer_start": 0}]},
         {"id": "p", "question": "Who is a dog?", "answers": [{"text": "Rex", "answer_start": 0}], "is_impossible": False}]}]}]}
-    ex = task.read(write(tmp_path / "dev.json", json.dumps(doc)))
+    ex = read(write(tmp_path / "dev.json", json.dumps(doc)))
     assert [(e["id"], e["is_impossible"], e["answers"]) for e in ex] == [
         ("i", True, []), ("p", False, [{"text": "Rex", "answer_start": 0}])]
 
@@ -95,7 +107,7 @@ def test_read_jsonl_both_answer_forms(tmp_path):
         {"question": "What?", "context": "Rex barks.", "answers": [{"text": "barks", "answer_start": 4}]},
         {"id": 7, "question": "Why?", "context": "Rex barks.", "answers": {"text": [], "answer_start": []}},
     ]
-    ex = task.read(jsonl(tmp_path / "d.jsonl", ["", *rows]))
+    ex = read(jsonl(tmp_path / "d.jsonl", ["", *rows]))
     assert [(e["id"], e["answers"], e["is_impossible"]) for e in ex] == [
         ("x", [{"text": "Rex", "answer_start": 0}], False),
         ("3", [{"text": "barks", "answer_start": 4}], False),  # no id: the line number
@@ -123,7 +135,7 @@ def test_read_jsonl_both_answer_forms(tmp_path):
 )
 def test_jsonl_errors(tmp_path, rows, pattern):
     with pytest.raises(DataFormatError, match=pattern):
-        task.read(jsonl(tmp_path / "d.jsonl", rows))
+        read(jsonl(tmp_path / "d.jsonl", rows))
 
 
 def test_squad_errors_name_question_id_and_field(tmp_path):
@@ -131,23 +143,23 @@ def test_squad_errors_name_question_id_and_field(tmp_path):
     doc["data"][1]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] = 3
     with pytest.raises(DataFormatError, match=r"train\.json, field 'data\[1\]\.paragraphs\[0\]\.qas\[0\]\.answers\[0\]\."
                        r"answer_start': question 'b1': answer 'Rex' is not at answer_start 3; the context there reads ' is'"):
-        task.read(write(tmp_path / "train.json", json.dumps(doc)))
+        read(write(tmp_path / "train.json", json.dumps(doc)))
     del doc["data"][0]["paragraphs"][0]["qas"][1]["question"]
     with pytest.raises(DataFormatError, match=r"qas\[1\]\.question': question 'a2': missing \"question\""):
-        task.read(write(tmp_path / "train.json", json.dumps(doc)))
+        read(write(tmp_path / "train.json", json.dumps(doc)))
     with pytest.raises(DataFormatError, match=r"train\.json, line 3: malformed JSON"):
-        task.read(write(tmp_path / "train.json", '{"data": [\n{"title": "x",\n "paragraphs": [}]}'))
+        read(write(tmp_path / "train.json", '{"data": [\n{"title": "x",\n "paragraphs": [}]}'))
     with pytest.raises(DataFormatError, match=r"field 'data'"):
-        task.read(write(tmp_path / "train.json", '{"version": "1.1"}'))
+        read(write(tmp_path / "train.json", '{"version": "1.1"}'))
 
 
 def test_from_input():
-    assert task.from_input({"question": "who?", "context": "rex.", "id": 3}) == {
+    assert task.from_input({"question": "who?", "context": "rex.", "id": 3}, {}) == {
         "id": "3", "question": "who?", "context": "rex.", "answers": [], "is_impossible": False}
     with pytest.raises(MlmkitError, match="qa needs a question and a context"):
-        task.from_input("who is rex?")
+        task.from_input("who is rex?", {})
     with pytest.raises(MlmkitError, match="lacks 'context'"):
-        task.from_input({"question": "who?"})
+        task.from_input({"question": "who?"}, {})
 
 
 # ---- windows and offsets -----------------------------------------------------------------------
@@ -160,13 +172,13 @@ def word_tok():
     return train_tokenizer(texts, vocab_size=300, min_frequency=1)
 
 
-WINDOW_META = {"max_length": 48, "options": {"doc_stride": 16, "max_question_length": 16}}
+WINDOW_CTX = ctx(48, doc_stride=16, max_question_length=16)
 
 
 def context_features(tok, context: str, answer_start: int, answer_end: int) -> tuple[dict, list[dict]]:
     ex = {"id": "w", "question": "where is the treasure ?", "context": context,
           "answers": [{"text": context[answer_start:answer_end], "answer_start": answer_start}], "is_impossible": False}
-    return ex, task.featurize([ex], tok, meta=dict(WINDOW_META), max_length=48, training=True)
+    return ex, task.featurize([ex], tok, WINDOW_CTX, training=True)
 
 
 def check_windows(features: list[dict], max_length: int, stride: int) -> None:
@@ -198,13 +210,13 @@ def test_windowing_recovers_answer_straddling_a_window_boundary(word_tok):
     cut = feats[0]["offsets"].index(first[-2])
     out["start_logits"][0][cut] += 6.0
     out["end_logits"][0][len(feats[0]["input_ids"]) - 2] += 6.0
-    (pred,) = task.postprocess(out, feats, [ex], meta=WINDOW_META)
+    (pred,) = task.postprocess(out, feats, [ex], WINDOW_CTX)
     assert pred["answer"] == context[s_char:e_char] and (pred["start"], pred["end"]) == (s_char, e_char)
     assert pred["id"] == "w" and pred["score"] > 19
     # and the decoy wins when it scores higher: the search really spans all windows
     out["start_logits"][0][cut] += 10.0
     out["end_logits"][0][len(feats[0]["input_ids"]) - 2] += 10.0
-    (pred,) = task.postprocess(out, feats, [ex], meta=WINDOW_META)
+    (pred,) = task.postprocess(out, feats, [ex], WINDOW_CTX)
     assert (pred["start"], pred["end"]) == (s_char, first[-1][1])
 
 
@@ -218,14 +230,14 @@ def test_windowing_recovers_answer_in_the_last_window(word_tok):
     assert last["offsets"][last["start_positions"]][0] == s_char and last["end_positions"] > last["start_positions"]
     assert all(f["start_positions"] == 0 for f in feats[:-2])
     out = fake_outputs(feats, {len(feats) - 1: (last["start_positions"], last["end_positions"])}, np.random.default_rng(1))
-    (pred,) = task.postprocess(out, feats, [ex], meta=WINDOW_META)
+    (pred,) = task.postprocess(out, feats, [ex], WINDOW_CTX)
     assert pred["answer"] == "the end" and pred["start"] == s_char
 
 
 def test_max_answer_length_and_context_only(word_tok):
     context = " ".join(WORDS[:20])
     ex = example(context, WORDS[3])
-    feats = task.featurize([ex], word_tok, meta={"options": {}}, max_length=64, training=True)
+    feats = task.featurize([ex], word_tok, ctx(), training=True)
     (f,) = feats
     q_tokens = [i for i, o in enumerate(f["offsets"]) if o is None]
     out = fake_outputs(feats, {0: (f["start_positions"], f["end_positions"])}, np.random.default_rng(0), high=2.0)
@@ -234,9 +246,9 @@ def test_max_answer_length_and_context_only(word_tok):
     out["end_logits"][0][last] += 3.0  # a long span scoring higher ...
     first_ctx = next(i for i, o in enumerate(f["offsets"]) if o is not None)
     out["start_logits"][0][first_ctx] += 3.0
-    (p,) = task.postprocess(out, feats, [ex], meta={"options": {}})
+    (p,) = task.postprocess(out, feats, [ex], ctx())
     assert p["answer"] == context  # 20 tokens: within the default 30
-    (p,) = task.postprocess(out, feats, [ex], meta={"options": {"max_answer_length": 3}})
+    (p,) = task.postprocess(out, feats, [ex], ctx(max_answer_length=3))
     assert p["answer"] == WORDS[3]  # ... and every span starting at the first word is too long for 3 tokens
 
 
@@ -251,8 +263,8 @@ ODD_ANSWERS = ["café\u00a0crème", "servi\tà Zürich", "naïve 🙂 Ünïcöd�
 def test_character_offsets_round_trip_exactly(cased, max_length):
     tok = train_tokenizer([ODD_CONTEXT, "où est le café ?"] * 3, vocab_size=300, min_frequency=1, cased=cased)
     exs = [example(ODD_CONTEXT, a, question="où est le café ?", qid=str(i)) for i, a in enumerate(ODD_ANSWERS)]
-    meta = {"options": {"doc_stride": 4, "max_question_length": 8}}
-    feats = task.featurize(exs, tok, meta=meta, max_length=max_length, training=True)
+    c = ctx(max_length, doc_stride=4, max_question_length=8)
+    feats = task.featurize(exs, tok, c, training=True)
     assert tok.truncation is None and tok.padding is None  # the caller's tokenizer is left as it was
     for f in feats:  # every context token maps onto exactly its characters, no whitespace included
         for o in f["offsets"]:
@@ -261,10 +273,10 @@ def test_character_offsets_round_trip_exactly(cased, max_length):
                 assert piece and piece == piece.strip()
     spans = {}
     for i, f in enumerate(feats):
-        if f["start_positions"] and f["example_index"] not in {feats[j]["example_index"] for j in spans}:
+        if f["start_positions"] and f["example"] not in {feats[j]["example"] for j in spans}:
             spans[i] = (f["start_positions"], f["end_positions"])
-    assert sorted(feats[j]["example_index"] for j in spans) == list(range(len(exs)))  # each answer in some window
-    preds = task.postprocess(fake_outputs(feats, spans, np.random.default_rng(0)), feats, exs, meta=meta)
+    assert sorted(feats[j]["example"] for j in spans) == list(range(len(exs)))  # each answer in some window
+    preds = task.postprocess(fake_outputs(feats, spans, np.random.default_rng(0)), feats, exs, c)
     for ex, p in zip(exs, preds):
         a = ex["answers"][0]
         assert p["answer"] == a["text"]
@@ -275,15 +287,14 @@ def test_character_offsets_round_trip_exactly(cased, max_length):
 def test_long_question_is_cut_and_stride_checked(word_tok):
     question = " ".join(WORDS[:30]) + " ?"
     ex = example(" ".join(WORDS[30:]), WORDS[35], question=question)
-    (f, *_) = task.featurize([ex], word_tok, meta={"options": {"max_question_length": 10, "doc_stride": 8}},
-                             max_length=40, training=True)
+    (f, *_) = task.featurize([ex], word_tok, ctx(40, max_question_length=10, doc_stride=8), training=True)
     assert f["token_type_ids"].count(0) == 10 + 2  # [CLS] + 10 question tokens + [SEP]
     assert f["offsets"][f["start_positions"]] is not None
     long = example(" ".join(WORDS * 3), WORDS[35], question=question, qid="long")
     with pytest.raises(ConfigError, match=r"--doc-stride 128 must be smaller than the context window of question 'long': "
                        r"max length 128 - 31 question tokens - 3 special tokens = 94 tokens"):
-        task.featurize([ex, long], word_tok, meta={"options": {}}, max_length=128, training=False)
-    assert len(task.featurize([ex], word_tok, meta={"options": {}}, max_length=128, training=False)) == 1  # no windows
+        task.featurize([ex, long], word_tok, ctx(128), training=False)
+    assert len(task.featurize([ex], word_tok, ctx(128), training=False)) == 1  # no windows
 
 
 # ---- metrics -----------------------------------------------------------------------------------
@@ -301,7 +312,7 @@ def test_metrics_equal_hand_computed_values():
                 ex(["a cat sat on the mat"]), ex(["Paris", "in Paris, France"])]
     preds = [{"answer": a} for a in ["eiffel tower.", "the big red dog", "", "x", "cat sat here", "France"]]
     # F1: 1, 2*(2/3*1)/(2/3+1) = 0.8, 1, 0, 2*(2/3*1/2)/(2/3+1/2) = 4/7, max(0, 2*(1/1*1/3)/(1+1/3)) = 0.5
-    m = task.compute_metrics(preds, examples, meta={})
+    m = task.compute_metrics(preds, examples, ctx())
     assert m["exact_match"] == pytest.approx(100 * 2 / 6)
     assert m["f1"] == pytest.approx(100 * (1 + 0.8 + 1 + 0 + 4 / 7 + 0.5) / 6)
     assert f1_score("the", "") == 1.0 and f1_score("", "x") == 0.0
@@ -314,7 +325,7 @@ def test_null_threshold_calibration_improves_f1(word_tok):
     # wrongly unanswered; D is rightly unanswered only while the threshold stays below 1.5
     cases = [("A", WORDS[2], 1.0), ("B", WORDS[5], -2.0), ("C", None, 3.0), ("D", None, 1.5)]
     exs = [example(context, a, qid=q) for q, a, _ in cases]
-    feats = task.featurize(exs, word_tok, meta={"options": {}}, max_length=64, training=True)
+    feats = task.featurize(exs, word_tok, ctx(), training=True)
     assert len(feats) == 4
     out = fake_outputs(feats, {}, np.random.default_rng(0), high=0)
     first_ctx = next(i for i, o in enumerate(feats[0]["offsets"]) if o is not None)
@@ -322,17 +333,18 @@ def test_null_threshold_calibration_improves_f1(word_tok):
         s, e = (f["start_positions"], f["end_positions"]) if a else (first_ctx + 1, first_ctx + 1)  # D's decoy: WORDS[1]
         out["start_logits"][i][s] = out["end_logits"][i][e] = 5.0  # best span: 10
         out["start_logits"][i][0] = out["end_logits"][i][0] = (10.0 + diff) / 2  # [CLS]
-    meta = {"options": {}, "version_2_with_negative": True}
-    before = task.compute_metrics(task.postprocess(out, feats, exs, meta=meta), exs, meta=meta)
+    v2 = ctx(state=task.fit_state(exs))
+    assert v2.state == {"version_2_with_negative": True}
+    before = task.compute_metrics(task.postprocess(out, feats, exs, v2), exs, v2)
     assert before["f1"] == pytest.approx(75.0)
-    update = task.calibrate(out, feats, exs, meta=meta)
+    update = task.calibrate(out, feats, exs, v2)
     assert update == {"null_score_threshold": pytest.approx(1.0, abs=1e-4)}
-    preds = task.postprocess(out, feats, exs, meta={**meta, **update})
+    preds = task.postprocess(out, feats, exs, v2.with_state(update))
     assert [p["answer"] for p in preds] == [WORDS[2], WORDS[5], "", ""]
     assert [(p["start"], p["end"]) for p in preds][2:] == [(-1, -1), (-1, -1)]
-    assert task.compute_metrics(preds, exs, meta=meta)["f1"] == pytest.approx(100.0)
-    assert task.calibrate(out, feats[:2], exs[:2], meta=meta) == {}  # SQuAD 1.1 data: nothing to tune
-    v1 = task.postprocess(out, feats, exs, meta={"options": {}})  # a v1 model never answers ""
+    assert task.compute_metrics(preds, exs, v2)["f1"] == pytest.approx(100.0)
+    assert task.calibrate(out, feats[:2], exs[:2], v2) == {}  # SQuAD 1.1 data: nothing to tune
+    v1 = task.postprocess(out, feats, exs, ctx(state=task.fit_state(exs[:2])))  # a v1 model never answers ""
     assert all(p["answer"] for p in v1)
 
 
@@ -373,7 +385,7 @@ def test_learns_to_answer_and_loads_in_transformers(tmp_path, base_model_factory
     out = tmp_path / "run"
     options = {"doc_stride": 16, "max_question_length": 16}
     # 600 steps: 8 of 8 seeds reached EM >= 99 (the question is read after ~150-300 steps; chance is 25)
-    finetune("qa", base, tmp_path / "train.jsonl", out, max_steps=600, batch_size=32, lr=2e-3, warmup_ratio=0.1,
+    run_finetune("qa", base, tmp_path / "train.jsonl", out, steps=600, batch_size=32, lr=2e-3, warmup_ratio=0.1,
              max_length=64, progress=False, options=options)
     metrics = evaluate_run(out, tmp_path / "dev.jsonl", predictions=tmp_path / "pred.jsonl")
     assert metrics["exact_match"] >= 80.0 and metrics["f1"] >= metrics["exact_match"]
@@ -385,8 +397,8 @@ def test_learns_to_answer_and_loads_in_transformers(tmp_path, base_model_factory
     hf, info = BertForQuestionAnswering.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     t, net, tok, meta = load_finetuned(out)
-    exs = task.read(tmp_path / "dev.jsonl")[:8]
-    feats = t.featurize(exs, tok, meta=meta, max_length=meta["max_length"], training=False)
+    exs = read(tmp_path / "dev.jsonl")[:8]
+    feats = t.featurize(exs, tok, TaskContext.from_meta(meta, t.resolve_options(saved=meta["options"])), training=False)
     batch = {k: torch.from_numpy(v) for k, v in pad_features(feats, 0).items()}
     assert len({len(f["input_ids"]) for f in feats}) > 1  # padding inside the batch
     hf.eval()
@@ -410,10 +422,11 @@ def test_learns_squad2_no_answer_and_saves_the_calibrated_threshold(tmp_path, ba
     jsonl(tmp_path / "train.jsonl", train)
     jsonl(tmp_path / "dev.jsonl", dev)
     out = tmp_path / "run"
-    finetune("qa", base, tmp_path / "train.jsonl", out, eval_file=tmp_path / "dev.jsonl", max_steps=600, batch_size=32,
+    run_finetune("qa", base, tmp_path / "train.jsonl", out, eval_file=tmp_path / "dev.jsonl", steps=600, batch_size=32,
              lr=2e-3, warmup_ratio=0.1, max_length=64, progress=False, options={"doc_stride": 16, "max_question_length": 16})
     meta = json.loads((out / "mlmkit.json").read_text(encoding="utf-8"))
-    assert meta["version_2_with_negative"] is True and isinstance(meta["null_score_threshold"], float)
+    state = meta["task_state"]
+    assert state["version_2_with_negative"] is True and isinstance(state["null_score_threshold"], float)
     metrics = evaluate_run(out, tmp_path / "dev.jsonl", predictions=tmp_path / "pred.jsonl")
     assert metrics["exact_match"] >= 80.0  # 30% impossible: answering everything would score at most 70
     preds = [json.loads(line) for line in (tmp_path / "pred.jsonl").read_text(encoding="utf-8").splitlines()]
@@ -435,7 +448,7 @@ def test_model_loss_matches_transformers_definition():
     ce = torch.nn.CrossEntropyLoss(ignore_index=7)
     want = (ce(out["start_logits"], sp.clamp(0, 7)) + ce(out["end_logits"], ep.clamp(0, 7))) / 2
     torch.testing.assert_close(out["loss"], want)
-    assert set(task.onnx_outputs()) == {"start_logits", "end_logits"} and "loss" not in net(ids)
+    assert set(task.outputs) == {"start_logits", "end_logits"} and "loss" not in net(ids)
 
 
 def test_inference_path_does_not_import_torch():
@@ -448,10 +461,12 @@ def test_inference_path_does_not_import_torch():
         "from mlmkit_tasks.qa import task\n"
         "from mlmkit.tokenizer import train_tokenizer\n"
         "tok = train_tokenizer(['the dog is rex . who is the dog ?'] * 3, vocab_size=100, min_frequency=1)\n"
-        "ex = task.from_input({'question': 'who is the dog ?', 'context': 'the dog is rex .'})\n"
-        "fs = task.featurize([ex], tok, meta={'options': {}}, max_length=32, training=False)\n"
+        "from mlmkit.registry import TaskContext, get_task\n"
+        "c = TaskContext(max_length=32, options=get_task('qa').resolve_options())\n"
+        "ex = task.from_input({'question': 'who is the dog ?', 'context': 'the dog is rex .'}, c.options)\n"
+        "fs = task.featurize([ex], tok, c, training=False)\n"
         "out = {k: [np.zeros(len(f['input_ids'])) for f in fs] for k in ('start_logits', 'end_logits')}\n"
-        "task.postprocess(out, fs, [ex], meta={})\n"
+        "task.postprocess(out, fs, [ex], c)\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -1,5 +1,7 @@
-"""The task registry: entry-point discovery, its errors, a third-party plugin installed from outside
-the package, and the Task contract checked on every discovered task (timm-style parametrisation)."""
+"""The task registry: the contract (required members, optional hooks and their defaults), entry-point
+discovery and its errors, a third-party plugin installed from outside the package and driven through
+the whole CLI, and the contract checked on every discovered task (timm-style parametrisation):
+forward, backward, evaluation, the torch-free runtime side, export with the parity gate and serving."""
 
 from __future__ import annotations
 
@@ -10,19 +12,23 @@ import random
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import run_export, tiny_config
 from typer.testing import CliRunner
 
-from mlmkit import registry
-from mlmkit.batching import pad_features, per_token
+from mlmkit import evaluation, registry
+from mlmkit.batching import pad_features
+from mlmkit.checkpoint import save_run
 from mlmkit.cli import app
-from mlmkit.errors import TaskError
-from mlmkit.finetuning import TaskEvaluator, evaluate_run, finetune, predict_torch, task_options
+from mlmkit.errors import ConfigError, TaskError
+from mlmkit.finetuning import TaskEvaluator, torch_forward
+from mlmkit.registry import BATCH, OPTIONAL, REQUIRED, Plugin, TaskContext, TaskDefaults, per_token
+from mlmkit.runtime import Pipeline
 from mlmkit.tokenizer import special_ids, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,25 +56,30 @@ FAKE_TASK = '''
 class FakeTask:
     name = "{name}"
     description = "a fake task"
-    formats = ("jsonl",)
     metrics = ("score",)
-    options = {{}}
-    label_names = ("labels",)
-    hf_architecture = "BertModel"
-    default_max_length = 32
+    outputs = {{"score": ("batch",)}}
 
-    def read(self, path, **options): return []
-    def from_input(self, item, **options): return {{"text": item}}
-    def label_list(self, examples): return None
-    def featurize(self, examples, tokenizer, *, meta, max_length, training): return []
+    def read(self, path, options): return []
+    def featurize(self, examples, tokenizer, ctx, *, training): return []
     def build_model(self, config): raise NotImplementedError
-    def onnx_outputs(self): return {{"score": {{0: "batch"}}}}
-    def postprocess(self, outputs, features, examples, *, meta): return []
-    def compute_metrics(self, predictions, examples, *, meta): return {{"score": 0.0}}
+    def postprocess(self, outputs, features, examples, ctx): return []
+    def compute_metrics(self, predictions, examples, ctx): return {{"score": 0.0}}
 
 
 task = FakeTask()
 '''
+
+
+class Minimal:
+    """Only the required members."""
+
+    name, description, metrics, outputs = "minimal", "the least a task can be", ("score",), {"score": (BATCH,)}
+
+    def read(self, path, options): return []  # noqa: E704
+    def featurize(self, examples, tokenizer, ctx, *, training): return []  # noqa: E704
+    def build_model(self, config): raise NotImplementedError  # noqa: E704
+    def postprocess(self, outputs, features, examples, ctx): return []  # noqa: E704
+    def compute_metrics(self, predictions, examples, ctx): return {"score": 0.0}  # noqa: E704
 
 
 @pytest.fixture
@@ -97,6 +108,68 @@ def pairreg(site: Path, monkeypatch: pytest.MonkeyPatch):
     return registry.get_task("pairreg")
 
 
+# ---- the contract ------------------------------------------------------------------------------
+def test_the_contract_lists_agree_with_the_protocol_and_the_defaults() -> None:
+    """REQUIRED is exactly the Task protocol's members; OPTIONAL exactly TaskDefaults' (one place each)."""
+    protocol = set(typing.get_type_hints(registry.Task)) | {
+        k for k, v in vars(registry.Task).items() if callable(v) and not k.startswith("_")}
+    assert set(REQUIRED) == protocol
+    assert set(OPTIONAL) == {k for k in vars(TaskDefaults) if not k.startswith("_")}
+    assert not set(REQUIRED) & set(OPTIONAL)
+    # every member is documented where it is declared: a method by its docstring, an attribute by
+    # the string that follows it
+    for cls, names in ((registry.Task, REQUIRED), (TaskDefaults, OPTIONAL)):
+        body = next(n for n in ast.parse((ROOT / "mlmkit" / "registry.py").read_text(encoding="utf-8")).body
+                    if isinstance(n, ast.ClassDef) and n.name == cls.__name__).body
+        documented = {n.name for n in body if isinstance(n, ast.FunctionDef) and ast.get_docstring(n)}
+        documented |= {a.target.id for a, b in zip(body, body[1:]) if isinstance(a, ast.AnnAssign)
+                       and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
+        undocumented = [n for n in names if n not in documented and n != "name" and n != "description"]
+        assert not undocumented, f"{cls.__name__} leaves {undocumented} undocumented"
+
+
+def test_a_task_with_only_the_required_members_gets_every_default(tmp_path: Path) -> None:
+    p = Plugin(Minimal(), "tests:Minimal", "tests")
+    d = TaskDefaults()
+    for name in ("formats", "options", "label_names", "hf_architecture", "default_max_length", "greater_is_better",
+                 "command", "partial_layers"):
+        assert getattr(p, name) == getattr(d, name), name
+    ctx = TaskContext(max_length=16)
+    assert p.from_input("a text", {}) == {"text": "a text"}
+    assert p.from_input({"text": "x", "id": 3}, {}) == {"text": "x", "id": 3}
+    assert p.label_list([{"text": "x"}]) is None and p.fit_state([]) == {}
+    assert p.calibrate({}, [], [], ctx) == {}
+    model = torch.nn.Linear(2, 2)
+    assert p.export_module(model) is model
+    assert p.summary({"score": 0.25, "label": "x", "probabilities": {"x": 1.0}}) == {"score": "0.250", "label": "x"}
+    assert p.resolve_options() == {} and p.describe()["options"] == []
+
+
+def test_a_task_that_declares_wrongly_is_refused() -> None:
+    class NoBatchAxis(Minimal):
+        outputs = {"score": ("sequence",)}
+
+    with pytest.raises(TaskError, match=r"outputs must map each output name to its axes, the first being 'batch'"):
+        Plugin(NoBatchAxis(), "tests:NoBatchAxis", "tests")
+
+    class TwiceTheSameOption(Minimal):
+        options = (registry.TaskOption("a", 1, "one"), registry.TaskOption("a", 2, "two"))
+
+    with pytest.raises(TaskError, match=r"options must be TaskOption objects with distinct names"):
+        Plugin(TwiceTheSameOption(), "tests:TwiceTheSameOption", "tests")
+
+
+def test_the_optional_hooks_a_task_has_are_used() -> None:
+    class Calibrating(Minimal):
+        command = "score"
+
+        def calibrate(self, outputs, features, examples, ctx):
+            return {"threshold": 0.5}
+
+    p = Plugin(Calibrating(), "tests:Calibrating", "tests")
+    assert p.command == "score" and p.calibrate({}, [], [], TaskContext(max_length=8)) == {"threshold": 0.5}
+
+
 # ---- discovery ---------------------------------------------------------------------------------
 def pyproject_task_entry_points() -> dict[str, str]:
     """[project.entry-points."mlmkit.tasks"] of pyproject.toml (tomllib is 3.11+; the project supports 3.10)."""
@@ -113,24 +186,31 @@ def test_builtin_tasks_are_registered_through_entry_points_like_any_plugin() -> 
     assert set(declared) == set(BUILTINS)
     assert set(BUILTINS) <= set(reg)
     for name in BUILTINS:
-        info = reg[name]
-        assert info.distribution == "mlmkit"
-        assert info.entry_point == declared[name] == f"mlmkit_tasks.{name}:task"
-        assert isinstance(info.task, registry.Task)
-        assert info.task.name == name
-        assert info.task.metrics, f"{name} declares no metrics"
+        p = reg[name]
+        assert p.distribution == "mlmkit"
+        assert p.entry_point == declared[name] == f"mlmkit_tasks.{name}:task"
+        assert isinstance(p.task, registry.Task)
+        assert p.name == name and p.metrics, f"{name} declares no metrics"
 
 
 def test_core_never_imports_a_task() -> None:
-    """No module under mlmkit/ imports a task, by import statement or by name (importlib)."""
-    for src in sorted((ROOT / "mlmkit").glob("*.py")):
-        for node in ast.walk(ast.parse(src.read_text(encoding="utf-8"))):
+    """No module under mlmkit/ imports a task, by import statement or by name (importlib), and none
+    names a built-in task in its code (the CLI's command names aside: `mlmkit qa` is a command)."""
+    import typer
+
+    commands = set(typer.main.get_command(app).commands)
+    for src in sorted((ROOT / "mlmkit").rglob("*.py")):
+        tree = ast.parse(src.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 mods = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
                 mods = [node.module or ""] if node.level == 0 else []
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 mods = [node.value] if node.value.startswith("mlmkit_tasks") else []
+                # a string that is a built-in task's name is the core special-casing it (docstrings aside)
+                named = node.value in BUILTINS and node.value not in commands and src.name != "quickstart.py"
+                assert not named, f"{src.name}:{node.lineno} names '{node.value}'"
             else:
                 continue
             bad = [m for m in mods if m.split(".")[0] in ("mlmkit_tasks", "tasks")]
@@ -144,9 +224,9 @@ def test_unknown_task_lists_the_registered_ones() -> None:
     assert "mlmkit tasks" in (e.value.hint or "")
 
 
-def test_cli_unknown_task_exits_2_with_the_list() -> None:
+def test_cli_unknown_task_exits_2_with_the_list(tmp_path: Path) -> None:
     registry.reset()
-    res = CliRunner().invoke(app, ["finetune", "nosuchtask", "--model", "m", "--train", "t.jsonl", "--out", "o"])
+    res = CliRunner().invoke(app, ["finetune", "nosuchtask", "--model", str(tmp_path), "--train", "t.jsonl", "--out", "o"])
     assert res.exit_code == 2, res.output
     assert len(res.stderr.strip().splitlines()) == 1, f"not one line: {res.stderr!r}"
     msg = squash(res.stderr)
@@ -180,8 +260,9 @@ def test_register_refuses_to_overwrite() -> None:
     registry.reset()
     try:
         with pytest.raises(TaskError, match=r"task 'qa' is already registered by mlmkit"):
-            registry.register("qa", registry.get_task("classification"))
-        assert registry.get_task("qa").name == "qa"
+            registry.register(type("Clash", (Minimal,), {"name": "qa"})())
+        assert registry.get_task("qa").entry_point == "mlmkit_tasks.qa:task"
+        assert registry.register(Minimal()).name == "minimal" and registry.get_task("minimal").task.name == "minimal"
     finally:
         registry.reset()
 
@@ -200,35 +281,54 @@ def test_plugin_failing_to_import_names_entry_point_and_distribution(site: Path)
     assert "broken-plugin" in squash(res.stderr) and "Traceback" not in res.output
 
 
-def test_plugin_lacking_the_protocol_is_refused(site: Path) -> None:
-    (site / "halfdone.py").write_text("class T:\n    name = 'half'\n    def read(self, path): return []\n\ntask = T()\n")
+def test_plugin_lacking_required_members_is_refused(site: Path) -> None:
+    (site / "halfdone.py").write_text("class T:\n    name = 'half'\n    def read(self, path, options): return []\n\ntask = T()\n")
     install_distribution(site, "halfdone", {"half": "halfdone:task"})
-    with pytest.raises(TaskError, match=r"task plugin 'half' from halfdone lacks description, formats, .*, build_model, onnx_outputs, postprocess, compute_metrics"):
+    with pytest.raises(TaskError, match=r"task plugin 'half' from halfdone lacks description, metrics, outputs, "
+                                        r"featurize, build_model, postprocess, compute_metrics"):
         registry.tasks()
 
 
 def test_entry_point_name_must_be_the_task_name(site: Path) -> None:
-    """A run records task.name and is loaded back by it: the two names cannot differ."""
+    """A run records the task's name and is loaded back by it: the two names cannot differ."""
     (site / "misnamed.py").write_text(FAKE_TASK.format(name="regression"), encoding="utf-8")
     install_distribution(site, "misnamed", {"pair-regression": "misnamed:task"})
     with pytest.raises(TaskError, match=r"task plugin 'pair-regression' \(misnamed:task, from misnamed\) calls itself 'regression'"):
         registry.tasks()
 
 
+def test_tasks_json_lists_options_for_every_task() -> None:
+    registry.reset()
+    res = CliRunner().invoke(app, ["tasks", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["name"]: r for r in map(json.loads, res.stdout.splitlines())}
+    assert set(rows) == set(BUILTINS)
+    qa = {o["name"]: o for o in rows["qa"]["options"]}
+    assert qa["doc_stride"] == {"name": "doc_stride", "flag": "--doc-stride", "type": "int", "default": 128,
+                                "help": "Overlap of context windows, in tokens."}
+    tagging = {o["name"]: o for o in rows["tagging"]["options"]}
+    assert tagging["scheme"]["choices"] == ["auto", "iob1", "iob2", "bioes"] and tagging["label_all_tokens"]["type"] == "bool"
+    assert rows["classification"]["command"] == "classify"
+
+
 # ---- a third-party plugin, installed without touching the core ---------------------------------
-def test_third_party_plugin_is_discovered_and_listed(pairreg: Any) -> None:
-    assert pairreg.name == "pairreg" and type(pairreg).__module__ == "pairreg.task"
-    info = registry.tasks()["pairreg"]
-    assert (info.distribution, info.entry_point) == ("pairreg", "pairreg.task:task")
+def test_third_party_plugin_is_discovered_and_listed(pairreg: Plugin) -> None:
+    assert pairreg.name == "pairreg" and type(pairreg.task).__module__ == "pairreg.task"
+    assert (pairreg.distribution, pairreg.entry_point) == ("pairreg", "pairreg.task:task")
     assert set(BUILTINS) <= set(registry.tasks())  # the built-ins are still there
+    # it implements the required members, its option and from_input: everything else is a default
+    own = {k for k in vars(type(pairreg.task)) if not k.startswith("_")}
+    assert own == set(REQUIRED) | {"options", "from_input"}
 
     res = CliRunner().invoke(app, ["tasks", "--json"])
     assert res.exit_code == 0, res.output
     rows = {r["name"]: r for r in map(json.loads, res.stdout.splitlines())}
     assert sorted(rows) == sorted(registry.tasks())
     assert rows["pairreg"] == {
-        "name": "pairreg", "description": pairreg.description, "formats": ["jsonl"],
-        "metrics": ["pearson", "spearman"], "package": "pairreg",
+        "name": "pairreg", "description": pairreg.description, "formats": [], "metrics": ["pearson", "spearman"],
+        "package": "pairreg", "command": None,
+        "options": [{"name": "score_field", "flag": "--score-field", "type": "str", "default": "score",
+                     "help": "The JSON field holding the gold score."}],
     }
     assert {rows[n]["package"] for n in BUILTINS} == {"mlmkit"}
 
@@ -237,12 +337,12 @@ COLOURS = "red blue green black white pink gray brown gold teal".split()
 WARM = set(COLOURS[:5])
 
 
-def pair_rows(n: int, rng: random.Random) -> list[dict[str, Any]]:
+def pair_rows(n: int, rng: random.Random, field: str = "score") -> list[dict[str, Any]]:
     """score = share of 'warm' colours over both sentences: a function of the pair a small model can learn."""
     rows = []
     for _ in range(n):
         a, b = rng.sample(COLOURS, 4), rng.sample(COLOURS, 4)
-        rows.append({"text": " ".join(a), "text_pair": " ".join(b), "score": sum(w in WARM for w in a + b) / 8})
+        rows.append({"text": " ".join(a), "text_pair": " ".join(b), field: sum(w in WARM for w in a + b) / 8})
     return rows
 
 
@@ -251,30 +351,61 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def test_third_party_plugin_fine_tunes_and_evaluates(pairreg: Any, base_model_factory: Any, tmp_path: Path) -> None:
+def jsonl(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_third_party_plugin_through_the_whole_cli(pairreg: Plugin, base_model_factory: Any, tmp_path: Path) -> None:
+    """finetune -> evaluate -> export (parity gate) -> predict -> evaluate the bundle, all from the
+    command line, the plugin's own option set there: the gold scores live in a field named 'similarity'."""
     rng = random.Random(0)
-    train = write_jsonl(tmp_path / "train.jsonl", pair_rows(256, rng))
-    test_rows = pair_rows(100, rng)
+    train = write_jsonl(tmp_path / "train.jsonl", pair_rows(256, rng, "similarity"))
+    test_rows = pair_rows(100, rng, "similarity")
     test = write_jsonl(tmp_path / "test.jsonl", test_rows)
     base = base_model_factory([" ".join(COLOURS)] * 4)
-    run = tmp_path / "run"
+    run, bundle = tmp_path / "run", tmp_path / "bundle"
+    cli = CliRunner()
 
-    finetune("pairreg", base, train, run, epochs=8, batch_size=16, lr=3e-3, seed=0, progress=False)
+    # without the option the reader looks for "score" and says so, naming file, line and field
+    r = cli.invoke(app, ["finetune", "pairreg", "--model", str(base), "--train", str(train), "--out", str(run)])
+    assert r.exit_code == 2 and "train.jsonl, line 1, field 'score': missing" in squash(r.stderr), r.output
+    r = cli.invoke(app, ["finetune", "pairreg", "--model", str(base), "--train", str(train), "--out", str(run),
+                         "--option", "score_field=similarity", "--epochs", "8", "--batch-size", "16", "--lr", "3e-3"])
+    assert r.exit_code == 0, r.output
     meta = json.loads((run / "mlmkit.json").read_text())
-    assert (meta["task"], meta["labels"]) == ("pairreg", None)
+    assert (meta["task"], meta["labels"], meta["options"]) == ("pairreg", None, {"score_field": "similarity"})
 
-    preds_file = tmp_path / "preds.jsonl"
-    metrics = evaluate_run(run, test, predictions=preds_file)
-    assert metrics["pearson"] > 0.8 and metrics["spearman"] > 0.8, metrics
-    preds = [json.loads(line) for line in preds_file.read_text().splitlines()]
-    assert len(preds) == len(test_rows) and all(set(p) == {"score"} and isinstance(p["score"], float) for p in preds)
-    mse = sum((p["score"] - r["score"]) ** 2 for p, r in zip(preds, test_rows)) / len(preds)
-    var = sum((r["score"] - 0.5) ** 2 for r in test_rows) / len(test_rows)
+    r = cli.invoke(app, ["evaluate", str(run), "--data", str(test), "--predictions", str(tmp_path / "p.jsonl"), "--json"])
+    assert r.exit_code == 0, r.output
+    torch_metrics = json.loads(r.stdout)
+    assert torch_metrics["pearson"] > 0.8 and torch_metrics["spearman"] > 0.8, torch_metrics  # it learned
+    torch_preds = jsonl((tmp_path / "p.jsonl").read_text())
+    mse = sum((p["score"] - t["similarity"]) ** 2 for p, t in zip(torch_preds, test_rows)) / len(test_rows)
+    var = sum((t["similarity"] - 0.5) ** 2 for t in test_rows) / len(test_rows)
     assert mse < 0.25 * var, (mse, var)  # not just correlated: close to the scores
 
-    res = CliRunner().invoke(app, ["evaluate", str(run), "--data", str(test), "--json"])
-    assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout) == pytest.approx(metrics)
+    r = cli.invoke(app, ["export", str(run), "--out", str(bundle), "--json"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert summary["task"] == "pairreg" and summary["parity"]["max_abs_diff"]["score"] <= 1e-4
+    assert summary["parity"]["top1_agreement"] is None  # a regression makes no choice to agree on
+    assert summary["fused_operators"]["Attention"] == 2
+
+    r = cli.invoke(app, ["predict", str(bundle), "--input", str(test)])
+    assert r.exit_code == 0, r.output
+    onnx_preds = jsonl(r.stdout)
+    assert len(onnx_preds) == len(test_rows)
+    assert max(abs(a["score"] - b["score"]) for a, b in zip(onnx_preds, torch_preds)) < 1e-4
+    r = cli.invoke(app, ["predict", str(bundle), "red blue green black\tpink gray brown gold"])
+    assert r.exit_code == 0 and set(jsonl(r.stdout)[0]) == {"score"}
+
+    r = cli.invoke(app, ["evaluate", str(bundle), "--data", str(test), "--json"])  # the saved option applies
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == pytest.approx(torch_metrics, abs=1e-4)
+    r = cli.invoke(app, ["predict", str(bundle), "a text", "--option", "nonsense=1"])
+    assert r.exit_code == 2 and "--nonsense is not an option of task 'pairreg' (its options: --score-field)" in squash(r.stderr)
+    r = cli.invoke(app, ["classify", str(bundle), "a text"])
+    assert r.exit_code == 2 and "use `mlmkit predict" in squash(r.stderr)
 
 
 def test_third_party_plugin_is_gone_after_its_test() -> None:
@@ -329,34 +460,35 @@ def discovered() -> list[str]:
 
 @pytest.fixture
 def sample(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
-    """Task, examples read from a tiny data file, a tokenizer trained on it, the run metadata."""
+    """Task, examples read from a tiny data file, a tokenizer trained on it, the context and config."""
     name = request.param
     task = registry.get_task(name)
     assert name in SAMPLES, f"add sample data for the task '{name}' to SAMPLES in {Path(__file__).name}"
     s = SAMPLES[name]
     path = tmp_path / s["file"]
     path.write_text(s["data"], encoding="utf-8")
-    opts = task_options(task, {})
-    examples = task.read(path, **opts)
+    opts = task.resolve_options()
+    examples = task.read(path, opts)
     assert len(examples) >= 2
     tok = train_tokenizer(s["data"].replace('"', " ").splitlines() * 3, vocab_size=300, min_frequency=1)
     labels = task.label_list(examples)
-    meta = {"task": name, "labels": labels, "max_length": 64, "options": opts}
+    ctx = TaskContext(max_length=64, options=opts, labels=tuple(labels) if labels else None, state=task.fit_state(examples))
     cfg = tiny_config(tok.get_vocab_size())
     if labels is not None:
         cfg.id2label = dict(enumerate(labels))
         cfg.label2id = {v: k for k, v in cfg.id2label.items()}
-    return {"task": task, "examples": examples, "tok": tok, "meta": meta, "config": cfg, "input": s["input"]}
+    cfg.architectures = [task.hf_architecture]
+    return {"task": task, "examples": examples, "tok": tok, "ctx": ctx, "config": cfg, "input": s["input"], "tmp": tmp_path}
 
 
 @pytest.mark.parametrize("sample", discovered(), indirect=True)
 def test_task_forward_backward(sample: dict[str, Any]) -> None:
-    task, tok, meta = sample["task"], sample["tok"], sample["meta"]
-    feats = task.featurize(sample["examples"], tok, meta=meta, max_length=meta["max_length"], training=True)
+    task, tok, ctx = sample["task"], sample["tok"], sample["ctx"]
+    feats = task.featurize(sample["examples"], tok, ctx, training=True)
     assert feats
     for f in feats:
-        assert len(f["input_ids"]) == len(f["token_type_ids"]) <= meta["max_length"]
-        assert all(k in f for k in task.label_names)
+        assert len(f["input_ids"]) == len(f["token_type_ids"]) <= ctx.max_length
+        assert all(k in f for k in task.label_names) and isinstance(f["example"], int)
 
     torch.manual_seed(0)
     model = task.build_model(sample["config"])
@@ -366,11 +498,10 @@ def test_task_forward_backward(sample: dict[str, Any]) -> None:
     B, T = arrays["input_ids"].shape
     model.train()
     out = model(**{k: torch.from_numpy(v) for k, v in arrays.items()})
-    axes = task.onnx_outputs()
-    assert axes and set(axes) <= set(out), f"forward returned {sorted(out)}, onnx_outputs() names {sorted(axes)}"
-    for k, ax in axes.items():
-        assert out[k].shape[0] == B, k
-        if per_token(ax):
+    assert set(task.outputs) <= set(out), f"forward returned {sorted(out)}, outputs declares {sorted(task.outputs)}"
+    for k, axes in task.outputs.items():
+        assert out[k].dim() == len(axes) and out[k].shape[0] == B, k
+        if per_token(axes):
             assert out[k].shape[1] == T, k
     loss = out["loss"]
     assert loss.dim() == 0 and math.isfinite(loss.item())
@@ -385,26 +516,70 @@ def test_task_forward_backward(sample: dict[str, Any]) -> None:
     model.eval()
     with torch.no_grad():
         inf = model(**{k: torch.from_numpy(arrays[k]) for k in ("input_ids", "attention_mask", "token_type_ids")})
-    assert "loss" not in inf and set(axes) <= set(inf)
+    assert "loss" not in inf and set(task.outputs) <= set(inf)
 
 
 @pytest.mark.parametrize("sample", discovered(), indirect=True)
 def test_task_evaluates_and_predicts_from_runtime_input(sample: dict[str, Any]) -> None:
-    task, tok, meta = sample["task"], sample["tok"], sample["meta"]
+    task, tok, ctx = sample["task"], sample["tok"], sample["ctx"]
     model = task.build_model(sample["config"])
-    ev = TaskEvaluator(task, sample["examples"], tok, dict(meta))
+    ev = TaskEvaluator(task, sample["examples"], tok, ctx, calibrate=True)
     metrics = ev(model)
     assert set(task.metrics) <= set(metrics)
     assert all(isinstance(metrics[k], float) and math.isfinite(metrics[k]) for k in task.metrics), metrics
     assert len(ev.predictions) == len(sample["examples"])
     json.dumps(ev.predictions)  # predictions are written as JSON lines
+    json.dumps(ev.state)  # and the calibrated state into mlmkit.json
 
-    ex = task.from_input(sample["input"], **meta["options"])
-    feats = task.featurize([ex], tok, meta=ev.meta, max_length=meta["max_length"], training=False)
-    outputs = predict_torch(task, model, feats, special_ids(tok).pad)
-    preds = task.postprocess(outputs, feats, [ex], meta=ev.meta)
-    assert len(preds) == 1 and isinstance(preds[0], dict)
-    json.dumps(preds)
+    ex = task.from_input(sample["input"], ctx.options)
+    got = evaluation.predict(task, [ex], tok, ctx, torch_forward(model, task.outputs))
+    assert len(got.predictions) == 1 and isinstance(got.predictions[0], dict)
+    json.dumps(got.predictions)
+    assert all(isinstance(v, str) for v in task.summary(got.predictions[0]).values())
+
+
+@pytest.mark.parametrize("sample", discovered(), indirect=True)
+def test_task_is_exported_and_served(sample: dict[str, Any]) -> None:
+    """Every registered task: a run exports through the parity gate, and its bundle serves the same
+    predictions as PyTorch from a runtime input, through the task's own command and `predict`."""
+    task, tok, ctx, tmp = sample["task"], sample["tok"], sample["ctx"], sample["tmp"]
+    torch.manual_seed(0)
+    model = task.build_model(sample["config"])
+    for name, p in model.named_parameters():  # a large head init: outputs far from flat, choices far from ties
+        if not name.startswith("bert.") and p.dim() == 2:
+            torch.nn.init.normal_(p, std=0.5)
+    model.eval()
+    meta = {"task": task.name, "labels": list(ctx.labels) if ctx.labels else None, "max_length": ctx.max_length,
+            "options": dict(ctx.options), "task_state": dict(ctx.state)}
+    save_run(model, tmp / "run", config=sample["config"], tokenizer=tok, meta=meta)
+    info = run_export(tmp / "run", tmp / "bundle")
+    assert info["task"] == task.name and all(v <= 1e-4 for v in info["parity"]["max_abs_diff"].values())
+    assert info["outputs"] == {k: list(v) for k, v in task.outputs.items()}
+
+    items = [sample["input"], sample["input"]]
+    want = evaluation.predict(task, [task.from_input(x, ctx.options) for x in items], tok, ctx,
+                              torch_forward(model, task.outputs)).predictions
+    pipe = Pipeline.load(tmp / "bundle", command=task.command)
+    assert_close(pipe(items), want)
+    res = CliRunner().invoke(app, ["predict", str(tmp / "bundle")], input=json.dumps(sample["input"]) + "\n")
+    assert res.exit_code == 0, res.output
+    assert_close(jsonl(res.stdout), want[:1])
+
+
+def assert_close(a: Any, b: Any, path: str = "") -> None:
+    """Equal structures, floats within 1e-3."""
+    if isinstance(a, float) or isinstance(b, float):
+        assert a == pytest.approx(b, abs=1e-3), path
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), path
+        for k in a:
+            assert_close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_close(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, path
 
 
 @pytest.mark.parametrize("name", discovered())
@@ -413,18 +588,29 @@ def test_task_runtime_side_needs_no_torch(name: str) -> None:
     if name not in SAMPLES:
         pytest.fail(f"add sample data for the task '{name}' to SAMPLES in {Path(__file__).name}")
     code = (
-        "import importlib, json, sys\n"
+        "import json, sys\n"
         "sys.modules['torch'] = None  # any `import torch` now fails\n"
+        "from mlmkit.registry import TaskContext, get_task\n"
         "from mlmkit.tokenizer import train_tokenizer\n"
-        f"mod, attr = {registry.tasks()[name].entry_point!r}.split(':')\n"
-        "task = getattr(importlib.import_module(mod), attr)\n"
+        f"task = get_task({name!r})\n"
         f"item = json.loads({json.dumps(json.dumps(SAMPLES[name]['input']))})\n"
-        "ex = task.from_input(item)\n"
+        "ctx = TaskContext(max_length=64, options=task.resolve_options())\n"
+        "ex = task.from_input(item, ctx.options)\n"
         "tok = train_tokenizer([json.dumps(item)] * 3, vocab_size=100, min_frequency=1)\n"
-        "meta = {'task': task.name, 'labels': None, 'max_length': 64, 'options': dict(task.options)}\n"
-        "feats = task.featurize([ex], tok, meta=meta, max_length=64, training=False)\n"
+        "feats = task.featurize([ex], tok, ctx, training=False)\n"
         "print(len(feats))\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert int(res.stdout.strip()) >= 1
+
+
+def test_an_unknown_task_option_is_refused_from_the_cli_with_the_valid_ones(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["finetune", "tagging", "--model", str(tmp_path), "--train", "t.conll",
+                                   "--out", str(tmp_path / "o"), "--option", "schema=iob2"])
+    assert res.exit_code == 2
+    msg = squash(res.stderr)
+    assert "--schema is not an option of task 'tagging'" in msg
+    assert "its options: --label-all-tokens, --aggregation, --scheme" in msg
+    with pytest.raises(ConfigError, match="task option --scheme must be one of"):
+        registry.get_task("tagging").resolve_options({"scheme": "iob3"})

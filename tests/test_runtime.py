@@ -15,13 +15,15 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from conftest import run_export, run_finetune
 from test_export import WORDS, build_runs, corpus, sentence
 
+from mlmkit.batching import pad_features
 from mlmkit.checkpoint import load_state_dict, load_weights
 from mlmkit.config import BertConfig
 from mlmkit.errors import BundleError, ConfigError, DataFormatError
-from mlmkit.export import export
-from mlmkit.finetuning import evaluate_run, finetune, load_finetuned, predict_torch
+from mlmkit.evaluation import run_features
+from mlmkit.finetuning import evaluate_run, load_finetuned, torch_forward
 from mlmkit.model import BertForPreTraining
 from mlmkit.runtime import Pipeline, TaskPipeline, evaluate_bundle, make_session, read_inputs
 from mlmkit.tokenizer import load_tokenizer, special_ids, train_tokenizer
@@ -36,7 +38,7 @@ def runs(tmp_path_factory):
 def bundles(runs, tmp_path_factory):
     root = tmp_path_factory.mktemp("bundles")
     for kind, run in runs.items():
-        export(run, root / kind)
+        run_export(run, root / kind)
     return {kind: root / kind for kind in runs}
 
 
@@ -52,7 +54,7 @@ def mlmkit_log(caplog, monkeypatch):
 def test_runtime_and_commands_import_no_torch(bundles):
     code = f"""
 import sys
-import mlmkit.runtime, mlmkit.cli_serve
+import mlmkit.runtime, mlmkit.cli
 from mlmkit.runtime import Pipeline
 r = Pipeline.load({str(bundles['fill-mask'])!r})(["a [MASK] cat"])
 assert r[0]["masks"], r
@@ -118,7 +120,7 @@ def test_fill_mask_with_a_vocab_txt_tokenizer(runs, tmp_path):
     run = Path(shutil.copytree(runs["fill-mask"], tmp_path / "run"))
     (run / "tokenizer.json").write_text(load_tokenizer(run / "vocab.txt").to_str())
     assert load_tokenizer(run).encode("a [MASK]").tokens == ["[CLS]", "a", "[MASK]", "[SEP]"]
-    export(run, tmp_path / "b")
+    run_export(run, tmp_path / "b")
     r = Pipeline.load(tmp_path / "b")(["the [MASK] sat"])[0]
     assert [m["position"] for m in r["masks"]] == [2]
 
@@ -144,15 +146,16 @@ def test_task_pipeline_matches_pytorch(kind, runs, bundles):
     rng = random.Random(5)
     texts = [sentence(rng, n) for n in (3, 40, 9, 1, 25, 14, 60)]
     items = [{"question": "who went", "context": t} for t in texts] if kind == "qa" else texts
-    opts = pipe.options()
-    examples = [task.from_input(x, **opts) for x in items]
-    features = task.featurize(examples, tok, meta={**meta, "options": opts}, max_length=meta["max_length"], training=False)
-    got = pipe.run_features(features)
-    ref = predict_torch(task, net, features, special_ids(tok).pad)
-    for name in task.onnx_outputs():
+    ctx = pipe.context()
+    examples = [task.from_input(x, ctx.options) for x in items]
+    features = task.featurize(examples, tok, ctx, training=False)
+    pad = special_ids(tok).pad
+    got = run_features(features, pipe.run_batch, task.outputs, pad_id=pad, batch_size=4)
+    ref = run_features(features, torch_forward(net, task.outputs), task.outputs, pad_id=pad, batch_size=64)
+    for name in task.outputs:
         for a, b in zip(ref[name], got[name]):
             assert a.shape == b.shape and np.abs(a - b).max() < 1e-4
-    want = task.postprocess(ref, features, examples, meta={**meta, "options": opts})
+    want = task.postprocess(ref, features, examples, ctx)
     got_preds = pipe(items)
     flagged = [i for i, p in enumerate(got_preds) if p.pop("truncated", False)]
     assert flagged == ([1, 6] if kind == "classification" else [])  # the long ones; the others window
@@ -200,8 +203,9 @@ def test_tag_windows_long_text(runs, bundles, mlmkit_log):
     rng = random.Random(2)
     text = sentence(rng, 80) + " , john went to paris ."  # far beyond the 24-token max length
     task, _, tok, meta = load_finetuned(runs["tagging"])
-    ex = task.from_input(text)
-    assert len(task.featurize([ex], tok, meta=meta, max_length=24, training=False)) > 3
+    ctx = pipe.context()
+    ex = task.from_input(text, ctx.options)
+    assert ctx.max_length == 24 and len(task.featurize([ex], tok, ctx, training=False)) > 3
     r = pipe([text, "john went to paris"])
     assert len(r[0]["tags"]) == len(ex["tokens"]) == len(text.split())
     assert "truncated" not in r[0] and "truncated" not in mlmkit_log.text
@@ -215,8 +219,9 @@ def test_qa_windows_long_context(runs, bundles):
     rng = random.Random(3)
     context = sentence(rng, 150)
     task, _, tok, meta = load_finetuned(runs["qa"])
-    ex = task.from_input({"question": "where", "context": context})
-    assert len(task.featurize([ex], tok, meta=meta, max_length=64, training=False)) > 3
+    ctx = pipe.context()
+    ex = task.from_input({"question": "where", "context": context}, ctx.options)
+    assert ctx.max_length == 64 and len(task.featurize([ex], tok, ctx, training=False)) > 3
     r = pipe([{"question": "where did john go", "context": context}, {"question": "who", "context": "mary saw john"}])
     for item_ctx, p in zip((context, "mary saw john"), r):
         assert set(p) >= {"answer", "score", "start", "end"}
@@ -230,13 +235,13 @@ def test_token_type_ids_supplied_when_missing(bundles):
     pipe = Pipeline.load(bundles["classification"])
     tok = pipe.tokenizer
     ids = tok.encode("the cat sat").ids
-    without = pipe.run_batch([{"input_ids": ids}])
-    zeros = pipe.run_batch([{"input_ids": ids, "token_type_ids": [0] * len(ids)}])
+    without = pipe.run_batch(pad_features([{"input_ids": ids}], pipe.pad_id))
+    zeros = pipe.run_batch(pad_features([{"input_ids": ids, "token_type_ids": [0] * len(ids)}], pipe.pad_id))
     np.testing.assert_array_equal(without["probabilities"], zeros["probabilities"])
 
 
 def test_unknown_task_option_is_refused(bundles):
-    with pytest.raises(ConfigError, match="--doc-stride does not apply to task 'classification'"):
+    with pytest.raises(ConfigError, match="--doc-stride is not an option of task 'classification'"):
         Pipeline.load(bundles["classification"])(["a"], doc_stride=3)
 
 
@@ -285,7 +290,7 @@ def test_run_directory_is_not_a_bundle(runs):
 
 
 def test_wrong_command(bundles):
-    with pytest.raises(BundleError, match="is a fill-mask bundle; `mlmkit classify` serves classification"):
+    with pytest.raises(BundleError, match="is a fill-mask bundle; `mlmkit classify` serves classification bundles"):
         Pipeline.load(bundles["fill-mask"], command="classify")
     assert Pipeline.load(bundles["tagging"], command="tag").task == "tagging"
 
@@ -331,9 +336,9 @@ def _labelled(path: Path, n: int, seed: int) -> Path:
 def test_evaluate_bundle_equals_pytorch_classification(runs, tmp_path):
     train, dev = _labelled(tmp_path / "train.csv", 200, 0), _labelled(tmp_path / "dev.csv", 60, 1)
     run = tmp_path / "clf"
-    finetune("classification", runs["fill-mask"], train, run, max_steps=40, batch_size=16, lr=2e-3, progress=False, max_length=32)
+    run_finetune("classification", runs["fill-mask"], train, run, steps=40, batch_size=16, lr=2e-3, progress=False, max_length=32)
     bundle = tmp_path / "clf-bundle"
-    export(run, bundle)
+    run_export(run, bundle)
     want = evaluate_run(run, dev)
     got = evaluate_bundle(bundle, dev, predictions=tmp_path / "pred.jsonl")
     assert want["accuracy"] > 0.8  # it learned, so agreement is not agreement on noise
@@ -390,7 +395,7 @@ def test_read_inputs_errors(tmp_path):
     with pytest.raises(DataFormatError, match=r"bad.jsonl, line 2: malformed JSON"):
         read_inputs(tmp_path / "bad.jsonl")
     (tmp_path / "a.docx").write_text("x")
-    with pytest.raises(DataFormatError, match="unknown input format"):
+    with pytest.raises(DataFormatError, match="unknown format '.docx'"):
         read_inputs(tmp_path / "a.docx")
     with pytest.raises(DataFormatError, match="file not found"):
         read_inputs(tmp_path / "nope.txt")

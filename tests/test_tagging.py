@@ -13,13 +13,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import run_finetune
 from mlmkit_tasks.tagging import chunks, detect_scheme, entity_scores, split_words, task, windows
 
 from mlmkit.errors import ConfigError, DataFormatError
-from mlmkit.registry import Task, get_task
+from mlmkit.registry import BATCH, SEQUENCE, Task, TaskContext, get_task
 from mlmkit.tokenizer import train_tokenizer
 
-META = {"labels": ["B-LOC", "B-PER", "I-LOC", "I-PER", "O"], "max_length": 16, "options": dict(task.options)}
+plugin = get_task("tagging")
+LABELS = ("B-LOC", "B-PER", "I-LOC", "I-PER", "O")
+
+
+def ctx(max_length: int = 16, labels: tuple[str, ...] = LABELS, **options) -> TaskContext:
+    return TaskContext(max_length=max_length, options=plugin.resolve_options(options), labels=labels)
+
+
+CTX = ctx()
+
+
+def read(path: Path, **options):
+    return task.read(path, plugin.resolve_options(options))
 
 
 def write(path: Path, text: str) -> Path:
@@ -33,11 +46,11 @@ def jsonl(path: Path, rows: list[tuple[list[str], list[str]]]) -> Path:
 
 # ---- the plugin --------------------------------------------------------------------------------
 def test_registered_with_its_contract():
-    assert get_task("tagging") is task
+    assert plugin.task is task
     assert isinstance(task, Task)
-    assert (task.name, task.formats, task.metrics[0], task.label_names) == ("tagging", ("conll", "jsonl"), "f1", ("labels",))
-    assert task.hf_architecture == "BertForTokenClassification"
-    assert task.onnx_outputs() == {"probabilities": {0: "batch", 1: "sequence"}}
+    assert (plugin.name, plugin.formats, plugin.metrics[0], plugin.label_names) == ("tagging", ("conll", "jsonl"), "f1", ("labels",))
+    assert plugin.hf_architecture == "BertForTokenClassification" and plugin.command == "tag"
+    assert plugin.outputs == {"probabilities": (BATCH, SEQUENCE, "label")}
 
 
 def test_module_does_not_import_torch():
@@ -54,7 +67,7 @@ def test_read_conll(tmp_path: Path):
         "-DOCSTART- -X- -X- O\n"
         "Zoë\tI-PER\r\nSaldaña\tI-PER\r\n"  # tab-separated, CRLF, no final newline
     ))
-    ex = task.read(f)
+    ex = read(f)
     assert [e["tokens"] for e in ex] == [["Mr", "Smith", "in", "Paris"], ["Zoë", "Saldaña"]]
     assert [e["tags"] for e in ex] == [["O", "B-PER", "O", "B-LOC"], ["I-PER", "I-PER"]]
     assert [e["line"] for e in ex] == [3, 10]
@@ -63,11 +76,11 @@ def test_read_conll(tmp_path: Path):
 
 def test_read_jsonl_and_bioes(tmp_path: Path):
     f = jsonl(tmp_path / "d.jsonl", [(["New", "York", "City"], ["B-LOC", "I-LOC", "E-LOC"]), (["Bob"], ["S-PER"])])
-    ex = task.read(f)
+    ex = read(f)
     assert [e["tags"] for e in ex] == [["B-LOC", "I-LOC", "E-LOC"], ["S-PER"]]
     assert task.label_list(ex) == ["B-LOC", "E-LOC", "I-LOC", "S-PER"]
     with pytest.raises(DataFormatError, match=r"d\.jsonl, line 1, field 'tags': tag 'E-LOC' has a prefix that IOB2 lacks"):
-        task.read(f, scheme="iob2")
+        read(f, scheme="iob2")
 
 
 @pytest.mark.parametrize(
@@ -88,15 +101,15 @@ def test_read_jsonl_and_bioes(tmp_path: Path):
 )
 def test_read_errors_name_file_line_and_field(tmp_path: Path, name: str, text: str, match: str):
     with pytest.raises(DataFormatError, match=match):
-        task.read(write(tmp_path / name, text))
+        read(write(tmp_path / name, text))
 
 
 def test_unknown_option_values_are_refused(tmp_path: Path):
     f = jsonl(tmp_path / "d.jsonl", [(["a"], ["O"])])
-    with pytest.raises(ConfigError, match="unknown --scheme 'iob3'"):
-        task.read(f, scheme="iob3")
-    with pytest.raises(ConfigError, match="unknown --aggregation 'mean'"):
-        task.postprocess({"probabilities": []}, [], [], meta={**META, "options": {"aggregation": "mean"}})
+    with pytest.raises(ConfigError, match="task option --scheme must be one of: auto, iob1, iob2, bioes, got 'iob3'"):
+        read(f, scheme="iob3")
+    with pytest.raises(ConfigError, match="task option --aggregation must be one of: first, average, max, got 'mean'"):
+        ctx(aggregation="mean")
 
 
 # ---- chunks and metrics ------------------------------------------------------------------------
@@ -136,7 +149,7 @@ def test_metrics_hand_computed_with_partial_matches():
     assert entity_scores([["O"]], [["O"]])["f1"] == 0.0  # nothing to find: 0/0 reads as 0, as seqeval
 
     examples = [{"tokens": ["w"] * len(g), "tags": g} for g in gold]
-    got = task.compute_metrics([{"tags": p} for p in pred], examples, meta={**META, "labels": META["labels"] + ["B-ORG"]})
+    got = task.compute_metrics([{"tags": p} for p in pred], examples, ctx(labels=(*LABELS, "B-ORG")))
     assert list(got)[:3] == ["f1", "precision", "recall"] and got["f1"] == 0.5
 
 
@@ -203,7 +216,7 @@ def tok():
 
 def test_featurize_labels_first_subtoken(tok):
     ex = [{"tokens": ["Smithsonian", "in", "Paris"], "tags": ["B-PER", "O", "B-LOC"], "line": 1}]
-    f = task.featurize(ex, tok, meta=META, max_length=64, training=True)
+    f = task.featurize(ex, tok, ctx(64), training=True)
     assert len(f) == 1
     words = f[0]["word_ids"]
     assert words[0] == words[-1] == -1 and words.count(0) > 1  # "smithsonian" is several sub-tokens here
@@ -211,18 +224,18 @@ def test_featurize_labels_first_subtoken(tok):
     first = [t for t in range(1, len(words) - 1) if words[t] != words[t - 1]]
     assert [labels[t] for t in first] == [1, 4, 0]  # B-PER, O, B-LOC
     assert all(labels[t] == -100 for t in range(len(words)) if t not in first)
-    f_all = task.featurize(ex, tok, meta={**META, "options": {"label_all_tokens": True}}, max_length=64, training=True)
+    f_all = task.featurize(ex, tok, ctx(64, label_all_tokens=True), training=True)
     assert f_all[0]["labels"][1 : 1 + words.count(0)] == [1] * words.count(0)
     assert f_all[0]["input_ids"] == f[0]["input_ids"] and len(f[0]["token_type_ids"]) == len(words)
 
 
 def test_featurize_refuses_a_tag_the_model_never_saw(tok, tmp_path: Path):
-    ex = task.read(write(tmp_path / "eval.conll", "Mr O\nSmith B-PER\n\nin O\nRome B-GPE\n"))
+    ex = read(write(tmp_path / "eval.conll", "Mr O\nSmith B-PER\n\nin O\nRome B-GPE\n"))
     with pytest.raises(DataFormatError, match=r"eval\.conll, line 5, field 'tags': tag 'B-GPE' \(token 2, 'Rome'\) was not in"):
-        task.featurize(ex, tok, meta=META, max_length=16, training=False)
-    ex = task.read(jsonl(tmp_path / "eval.jsonl", [(["a"], ["O"]), (["in", "Rome"], ["O", "B-GPE"])]))
+        task.featurize(ex, tok, CTX, training=False)
+    ex = read(jsonl(tmp_path / "eval.jsonl", [(["a"], ["O"]), (["in", "Rome"], ["O", "B-GPE"])]))
     with pytest.raises(DataFormatError, match=r"eval\.jsonl, line 2, field 'tags': tag 'B-GPE'"):
-        task.compute_metrics([{"tags": ["O"]}, {"tags": ["O", "O"]}], ex, meta=META)
+        task.compute_metrics([{"tags": ["O"]}, {"tags": ["O", "O"]}], ex, CTX)
 
 
 def test_windows_cover_on_word_boundaries():
@@ -262,12 +275,11 @@ def fake_outputs(features, gold_ids, n_labels, wrong=None):
 
 def test_long_sentence_is_windowed_and_merged_without_truncation(tok):
     rng = random.Random(0)
-    labels = META["labels"]
+    labels = LABELS
     words = [rng.choice(WORDS) for _ in range(120)]
     tags = [rng.choice(["O", "O", "B-PER", "B-LOC"]) for _ in words]
     examples = [{"tokens": words, "tags": tags}, {"tokens": ["in", "paris"], "tags": ["O", "B-LOC"]}]
-    meta = {**META, "max_length": 32}
-    feats = task.featurize(examples, tok, meta=meta, max_length=32, training=False)
+    feats = task.featurize(examples, tok, ctx(32), training=False)
     long = [f for f in feats if f["example"] == 0]
     assert len(long) > 8 and all(len(f["input_ids"]) <= 32 for f in feats)
     assert {w for f in long for w in f["word_ids"]} - {-1} == set(range(120))
@@ -276,14 +288,14 @@ def test_long_sentence_is_windowed_and_merged_without_truncation(tok):
     wrong = labels.index("I-LOC")
     outputs = fake_outputs(feats, gold_ids, len(labels), wrong)
     for agg in ("first", "average", "max"):
-        preds = task.postprocess(outputs, feats, examples, meta={**meta, "options": {"aggregation": agg}})
+        preds = task.postprocess(outputs, feats, examples, ctx(32, aggregation=agg))
         assert [p["tags"] for p in preds] == [ex["tags"] for ex in examples], agg
     # the check has teeth: reading each word from its first window, or its last, meets wrong words
     for pick in (min, max):
         read = [pick(k for k, f in enumerate(feats) if w in f["word_ids"] and f["example"] == 0) for w in range(120)]
         got = [int(np.argmax(outputs["probabilities"][k][feats[k]["word_ids"].index(w)])) for w, k in enumerate(read)]
         assert wrong in got
-    train_feats = task.featurize(examples, tok, meta=meta, max_length=32, training=True)
+    train_feats = task.featurize(examples, tok, ctx(32), training=True)
     assert [f["input_ids"] for f in train_feats] == [f["input_ids"] for f in feats]
     first_tokens = [sum(1 for f in train_feats if f["example"] == 0 for t, w in enumerate(f["word_ids"])
                         if w == v and f["labels"][t] != -100) for v in range(120)]
@@ -293,8 +305,7 @@ def test_long_sentence_is_windowed_and_merged_without_truncation(tok):
 def test_aggregation_first_average_max():
     feats = [{"input_ids": [2, 5, 6, 7, 3], "word_ids": [-1, 0, 0, 0, -1], "window": [0, 3, 3], "example": 0}]
     rows = np.array([[0, 0, 0], [0.50, 0.40, 0.10], [0.00, 0.90, 0.10], [0.04, 0.00, 0.96], [0, 0, 0]])
-    meta = {"labels": ["B-A", "B-B", "B-C"], "options": {}}
-    got = {agg: task.postprocess({"probabilities": [rows]}, feats, [{"tokens": ["xyz"]}], meta={**meta, "options": {"aggregation": agg}})[0]
+    got = {agg: task.postprocess({"probabilities": [rows]}, feats, [{"tokens": ["xyz"]}], ctx(labels=("B-A", "B-B", "B-C"), aggregation=agg))[0]
            for agg in ("first", "average", "max")}
     assert {a: (g["tags"], round(g["scores"][0], 4)) for a, g in got.items()} == {
         "first": (["B-A"], 0.5), "average": (["B-B"], round(1.3 / 3, 4)), "max": (["B-C"], 0.96)}
@@ -315,13 +326,13 @@ def test_split_words_keeps_exact_spans():
      ["Zoë Saldaña", "São Paulo", "cafe\u0301 Ü \u200b"]),
 ])
 def test_entity_offsets_round_trip(tok, item, entity_texts):
-    ex = task.from_input(item)
+    ex = task.from_input(item, CTX.options)
     want = {"Zoë": "B-PER", "Saldaña": "I-PER", "São": "B-LOC", "Paulo": "I-LOC", "cafe\u0301": "B-LOC", "Ü": "I-LOC", "\u200b": "I-LOC"}
-    labels = META["labels"]
+    labels = LABELS
     gold_ids = [[labels.index(want.get(w, "O")) for w in ex["tokens"]]]
-    feats = task.featurize([ex], tok, meta=META, max_length=8, training=False)  # windows too
+    feats = task.featurize([ex], tok, ctx(8), training=False)  # windows too
     assert len(feats) > 1
-    pred = task.postprocess(fake_outputs(feats, gold_ids, len(labels)), feats, [ex], meta=META)[0]
+    pred = task.postprocess(fake_outputs(feats, gold_ids, len(labels)), feats, [ex], CTX)[0]
     assert [e["text"] for e in pred["entities"]] == entity_texts
     text = item if isinstance(item, str) else " ".join(item["tokens"])
     for e in pred["entities"]:
@@ -330,9 +341,9 @@ def test_entity_offsets_round_trip(tok, item, entity_texts):
 
 
 def test_from_input_records():
-    assert task.from_input({"text": "in Rome"})["offsets"] == [[0, 2], [3, 7]]
+    assert task.from_input({"text": "in Rome"}, CTX.options)["offsets"] == [[0, 2], [3, 7]]
     with pytest.raises(DataFormatError, match="a record with 'text' or 'tokens'"):
-        task.from_input({"sentence": "in Rome"})
+        task.from_input({"sentence": "in Rome"}, CTX.options)
 
 
 # ---- the model ---------------------------------------------------------------------------------
@@ -363,7 +374,7 @@ def pattern_sentence(rng: random.Random) -> tuple[list[str], list[str]]:
 
 
 def test_finetune_learns_pattern_and_loads_in_transformers(tmp_path: Path, base_model_factory):
-    from mlmkit.finetuning import evaluate_run, finetune, load_finetuned
+    from mlmkit.finetuning import evaluate_run, load_finetuned
 
     rng = random.Random(0)
     train, test = [pattern_sentence(rng) for _ in range(240)], [pattern_sentence(rng) for _ in range(80)]
@@ -371,7 +382,7 @@ def test_finetune_learns_pattern_and_loads_in_transformers(tmp_path: Path, base_
     jsonl(tmp_path / "test.jsonl", test)
     base = base_model_factory([" ".join(t) for t, _ in train], vocab_size=200)
     run = tmp_path / "run"
-    finetune("tagging", base, tmp_path / "train.jsonl", run, epochs=6, batch_size=32, lr=3e-3, max_length=24,
+    run_finetune("tagging", base, tmp_path / "train.jsonl", run, epochs=6, batch_size=32, lr=3e-3, max_length=24,
              progress=False, seed=0)
     assert max(len(t) for t, _ in test) > 24  # evaluation goes through windows
     metrics = evaluate_run(run, tmp_path / "test.jsonl", predictions=tmp_path / "pred.jsonl")

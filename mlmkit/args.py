@@ -1,0 +1,256 @@
+"""The arguments of the commands that train and export: one dataclass each, one source for each setting.
+
+Every field is declared with ``arg(default, help)``, so its default and its help text are written
+once, here. The CLI builds its options from these fields (cli/common.py: flags are the field names
+in kebab case unless ``flags`` says otherwise) and the Python API takes the dataclasses:
+
+    from mlmkit.args import PretrainArgs, TrainArgs
+    from mlmkit.pretraining import pretrain
+    pretrain(PretrainArgs(corpus=["corpus.txt"], out="runs/a", train=TrainArgs(steps=200)))
+
+``TrainArgs`` (the training loop's settings) is composed into ``PretrainArgs`` and ``FinetuneArgs``
+as their ``train`` field, whose factory holds that command's defaults. ``Args.from_flat`` builds
+any of them from flat names (``PretrainArgs.from_flat(corpus=[...], out=..., steps=200)``), as the
+CLI does. Cross-field rules live in ``__post_init__`` and name the CLI flags. No torch here.
+"""
+
+from __future__ import annotations
+
+import math
+import typing
+from collections.abc import Callable
+from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .errors import ConfigError
+from .tokenizer import DEFAULT_VOCAB_SIZE
+
+A = TypeVar("A", bound="Args")
+
+
+def arg(
+    default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,
+    flags: tuple[str, ...] | None = None, positional: bool = False, cli: bool = True, hide: tuple[str, ...] = (),
+) -> Any:
+    """A dataclass field with its help text. ``flags``: the CLI spellings (default ``--field-name``);
+    ``positional``: a CLI argument; ``cli``: False keeps it off the command line; ``hide``: fields of a
+    composed dataclass that this command does not offer."""
+    meta = {"help": help, "flags": flags, "positional": positional, "cli": cli, "hide": hide}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class CliField:
+    """A field as the command line sees it: nested fields flattened to their own name."""
+
+    path: tuple[str, ...]
+    type: Any
+    default: Any
+    help: str
+    flags: tuple[str, ...]
+    positional: bool
+
+    @property
+    def name(self) -> str:
+        return self.path[-1]
+
+    @property
+    def required(self) -> bool:
+        return self.default is MISSING
+
+
+def _flags(f: Field) -> tuple[str, ...]:
+    return f.metadata.get("flags") or ("--" + f.name.replace("_", "-"),)
+
+
+def _default(f: Field) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return MISSING
+
+
+def cli_fields(cls: type, prefix: tuple[str, ...] = (), hide: tuple[str, ...] = (), defaults: Any = None) -> list[CliField]:
+    """The command-line fields of an Args dataclass, nested dataclasses flattened (their defaults taken
+    from the enclosing field's factory)."""
+    hints = typing.get_type_hints(cls)
+    out: list[CliField] = []
+    for f in fields(cls):
+        if not f.metadata.get("cli", True) or f.name in hide:
+            continue
+        default = getattr(defaults, f.name) if defaults is not None else _default(f)
+        if is_dataclass(hints[f.name]):
+            out += cli_fields(hints[f.name], (*prefix, f.name), f.metadata.get("hide", ()), default)
+        else:
+            out.append(CliField((*prefix, f.name), hints[f.name], default, f.metadata.get("help", ""), _flags(f),
+                                f.metadata.get("positional", False)))
+    return out
+
+
+def flag(cls: type, name: str) -> str:
+    """The (first) CLI flag of field ``name`` of ``cls``, for messages."""
+    return _flags(next(f for f in fields(cls) if f.name == name))[0]
+
+
+class Args:
+    """Base of the argument dataclasses: building from flat names."""
+
+    @classmethod
+    def from_flat(cls: type[A], **values: Any) -> A:
+        """An instance from flat field names: a nested dataclass's fields are given by their own
+        names (``steps=`` for ``train.steps``). An unknown name is an error."""
+        hints = typing.get_type_hints(cls)
+        own: dict[str, Any] = {}
+        rest = dict(values)
+        for f in fields(cls):
+            sub = hints[f.name]
+            if is_dataclass(sub) and f.name not in rest:
+                names = {g.name for g in fields(sub)}
+                mine = {k: rest.pop(k) for k in list(rest) if k in names}
+                if mine:
+                    base = _default(f)
+                    own[f.name] = type(base)(**{**{g.name: getattr(base, g.name) for g in fields(sub)}, **mine})
+            elif f.name in rest:
+                own[f.name] = rest.pop(f.name)
+        if rest:
+            raise ConfigError(f"{cls.__name__} has no setting {', '.join(sorted(rest))}")
+        return cls(**own)
+
+
+def _check(ok: bool, message: str, hint: str | None = None) -> None:
+    if not ok:
+        raise ConfigError(message, hint)
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+# ---- training --------------------------------------------------------------------------------------
+@dataclass
+class TrainArgs(Args):
+    """Settings of the training loop (training.Trainer), shared by pretraining and fine-tuning."""
+
+    steps: int | None = arg(None, "Optimizer steps in all (the schedule spans them); overrides --epochs.",
+                            flags=("--steps", "--max-steps"))
+    epochs: float | None = arg(None, "Passes over the training data, when --steps is not given.")
+    lr: float = arg(1e-4, "Peak learning rate (linear warmup, then linear decay to 0).")
+    warmup_steps: int | None = arg(None, "Linear warmup steps (default: --warmup-ratio of the steps).")
+    warmup_ratio: float = arg(0.06, "Share of the steps spent warming up, when --warmup-steps is not given.")
+    weight_decay: float = arg(0.01, "AdamW weight decay (not on biases and LayerNorm weights).")
+    grad_accum: int = arg(1, "Micro-batches per optimizer step: the effective batch is --batch-size times this.")
+    max_grad_norm: float = arg(1.0, "Clip the gradient norm to this before each step (0: no clipping).")
+    eval_every: int = arg(0, "Evaluate and checkpoint every N steps (0: at each epoch end).")
+    save_every: int = arg(0, "Also checkpoint every N steps (0: only at evaluations and at the end).")
+    keep_last: int = arg(2, "Complete checkpoints to keep under RUN/checkpoints (at least 1).")
+    log_every: int = arg(10, "Write the training loss to metrics.jsonl every N steps.")
+    early_stopping: int | None = arg(None, "Stop after N evaluations without gain in the main metric.")
+    seed: int = arg(0, "Random seed: a run is reproducible with the same seed.")
+    device: str = arg("cpu", "cpu or cuda (falls back to the CPU, saying so, without a GPU).")
+    bf16: bool = arg(False, "bf16 autocast; refused on a CPU without native bf16.")
+    resume: bool = arg(False, "Continue from the last checkpoint in --out.")
+    progress: bool = arg(True, "A progress bar on stderr.", cli=False)
+    metric_for_best: str | None = arg(None, "Keep the best model by this evaluation metric in the run root.", cli=False)
+    greater_is_better: bool = arg(True, "Whether a larger metric_for_best is better.", cli=False)
+
+    def __post_init__(self) -> None:
+        f = lambda name: flag(TrainArgs, name)  # noqa: E731
+        _check(self.steps is not None or self.epochs is not None, f"give {f('steps')} or {f('epochs')}")
+        _check(self.steps is None or self.steps >= 1, f"{f('steps')} must be at least 1, got {self.steps}")
+        _check(self.epochs is None or (_finite(self.epochs) and self.epochs > 0), f"{f('epochs')} must be positive, got {self.epochs}")
+        _check(_finite(self.lr) and self.lr > 0, f"{f('lr')} must be a positive number, got {self.lr}")
+        _check(self.warmup_steps is None or self.warmup_steps >= 0, f"{f('warmup_steps')} must not be negative")
+        _check(_finite(self.warmup_ratio) and 0 <= self.warmup_ratio <= 1, f"{f('warmup_ratio')} must be between 0 and 1")
+        _check(_finite(self.weight_decay) and self.weight_decay >= 0, f"{f('weight_decay')} must not be negative")
+        _check(_finite(self.max_grad_norm) and self.max_grad_norm >= 0, f"{f('max_grad_norm')} must not be negative")
+        _check(self.grad_accum >= 1, f"{f('grad_accum')} must be at least 1, got {self.grad_accum}")
+        for name in ("eval_every", "save_every"):
+            _check(getattr(self, name) >= 0, f"{f(name)} must not be negative")
+        _check(self.keep_last >= 1, f"{f('keep_last')} must be at least 1, got {self.keep_last}",
+               "the last checkpoint is what --resume continues from")
+        _check(self.log_every >= 1, f"{f('log_every')} must be at least 1")
+        _check(self.early_stopping is None or self.early_stopping >= 1, f"{f('early_stopping')} must be at least 1")
+
+
+@dataclass
+class TokenizerArgs(Args):
+    """`mlmkit tokenizer train`."""
+
+    corpus: list[Path] = arg(help="Corpus files (.txt, .txt.gz, .jsonl).", positional=True)
+    out: Path = arg(help="tokenizer.json to write (vocab.txt goes beside it), or a directory.")
+    vocab_size: int = arg(DEFAULT_VOCAB_SIZE, "Vocabulary size, special tokens included.")
+    cased: bool = arg(False, "Keep case and accents (default: lowercase, strip accents).")
+
+
+@dataclass
+class PretrainArgs(Args):
+    """`mlmkit pretrain`: masked language modelling (+ next-sentence prediction)."""
+
+    corpus: list[Path] = arg(help="Corpus files: one sentence per line, a blank line between documents.", positional=True)
+    out: Path = arg(help="Run directory to write (a Hugging Face checkpoint).")
+    tokenizer: Path | None = arg(None, "tokenizer.json or vocab.txt; trained on the corpus if absent.")
+    vocab_size: int = arg(DEFAULT_VOCAB_SIZE, "Vocabulary of the tokenizer trained when --tokenizer is absent.")
+    cased: bool = arg(False, "The trained tokenizer keeps case and accents.")
+    preset: str = arg("tiny", "Model size: tiny (L2/H128), mini (L4/H256), small (L4/H512), base (L12/H768).")
+    config: Path | None = arg(None, "A BERT config.json (overrides --preset).")
+    batch_size: int = arg(32, "Sequences per micro-batch.")
+    seq_len: int = arg(128, "Maximum sequence length in tokens.")
+    mask_prob: float = arg(0.15, "Share of tokens selected for MLM (80% [MASK], 10% random, 10% kept).")
+    whole_word: bool = arg(False, "Select all pieces of a word together.")
+    nsp: bool = arg(True, "Next-sentence prediction; --no-nsp packs consecutive sentences for MLM only.")
+    eval_file: Path | None = arg(None, "Held-out corpus (default: the last documents of the corpus).")
+    cache_dir: Path | None = arg(None, "Tokenized-corpus cache (default: $MLMKIT_CACHE or ~/.cache/mlmkit).")
+    train: TrainArgs = arg(
+        factory=lambda: TrainArgs(steps=1000, lr=5e-4, warmup_ratio=0.06, eval_every=200, save_every=500, keep_last=2),
+        hide=("epochs", "early_stopping"),
+    )
+
+    def __post_init__(self) -> None:
+        _check(bool(self.corpus), "no corpus files given", "pass one or more text files")
+        _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
+        _check(self.seq_len >= 8, f"--seq-len {self.seq_len} is too short", "use at least 8")
+        _check(_finite(self.mask_prob) and 0.0 < self.mask_prob < 1.0, f"--mask-prob must be between 0 and 1, got {self.mask_prob}")
+
+
+@dataclass
+class FinetuneArgs(Args):
+    """`mlmkit finetune`: a task head on a pretrained encoder."""
+
+    task: str = arg(help="Task name (see `mlmkit tasks`).", positional=True)
+    model: Path = arg(help="An mlmkit run or a Hugging Face BERT directory.")
+    train_file: Path = arg(help="Training data in the task's format.", flags=("--train",))
+    out: Path = arg(help="Run directory to write.")
+    eval_file: Path | None = arg(None, "Evaluation data: scored at each evaluation; the best model is kept.", flags=("--eval",))
+    batch_size: int = arg(32, "Examples per micro-batch.")
+    max_length: int | None = arg(None, "Maximum tokens per input (the task's default if absent).")
+    options: dict[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
+    train: TrainArgs = arg(factory=lambda: TrainArgs(epochs=3.0, lr=5e-5, warmup_ratio=0.1, keep_last=1))
+
+    def __post_init__(self) -> None:
+        _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
+        _check(self.max_length is None or self.max_length >= 8, f"--max-length {self.max_length} is too short", "use at least 8")
+        _check(self.train.early_stopping is None or self.eval_file is not None,
+               "--early-stopping needs --eval", "give an evaluation file to measure progress on")
+
+
+@dataclass
+class ExportArgs(Args):
+    """`mlmkit export`: a run directory -> an ONNX bundle."""
+
+    run: Path = arg(help="A pretraining run (exported as fill-mask) or a fine-tuned run.", positional=True)
+    out: Path = arg(help="Bundle directory to write, e.g. exports/NAME.")
+    quantize: str | None = arg(None, "int8: dynamic int8 weights, for the CPU.")
+    fp16: bool = arg(False, "fp16 weights and compute, for --device cuda.")
+    optimize: bool = arg(True, "onnxruntime's transformer fusions (--no-optimize: the plain graph).")
+    opset: int = arg(17, "ONNX opset (17 or newer).")
+    top_k: int = arg(5, "fill-mask: candidates per [MASK] computed in the graph.")
+
+    def __post_init__(self) -> None:
+        _check(self.quantize in (None, "int8"), f"--quantize {self.quantize} is not supported", "use --quantize int8")
+        _check(not (self.quantize and self.fp16), "--quantize int8 and --fp16 exclude each other",
+               "int8 is for the CPU, fp16 for CUDA")
+        _check(self.top_k >= 1, f"--top-k must be at least 1, got {self.top_k}")

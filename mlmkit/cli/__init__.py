@@ -1,0 +1,49 @@
+"""The `mlmkit` command line: parse, call the library, render with rich. Nothing else lives here.
+
+The commands live in two modules, composed here: training.py (tokenizer, pretrain, tasks, finetune,
+evaluate, quickstart) and inference.py (export and the onnxruntime commands). Library errors
+(MlmkitError) become one red line on stderr and exit status 2; `--debug` shows the traceback.
+Heavy modules (torch) are imported inside the commands that need them, so the inference commands
+start fast.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+from rich.logging import RichHandler
+
+from . import inference, training
+from .common import err, out, state
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
+app.add_typer(training.app)
+app.add_typer(inference.app)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        out.print(f"mlmkit {version('mlmkit')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors on stderr.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+) -> None:
+    """mlmkit: pre-train BERT encoders, fine-tune task heads, export to ONNX and serve them fast."""
+    state["debug"] = debug
+    logger = logging.getLogger("mlmkit")
+    logger.handlers[:] = [RichHandler(console=err, show_time=False, show_path=False, markup=False)]
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    logger.propagate = False
+
+
+def main() -> None:
+    app()

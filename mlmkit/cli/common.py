@@ -1,0 +1,204 @@
+"""What every command of the CLI shares: consoles, the error handler, options built from the argument
+dataclasses, task options, and the one way results and metrics are shown.
+
+No torch here, nor in anything imported at module level: `mlmkit classify ...` must start fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..args import cli_fields
+from ..errors import ConfigError, MlmkitError
+
+out = Console()
+err = Console(stderr=True, soft_wrap=True)
+state = {"debug": False}
+F = TypeVar("F", bound=Callable[..., Any])
+
+Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table (the default when piped).")]
+
+
+# ---- errors --------------------------------------------------------------------------------------
+def handle_errors(fn: F) -> F:
+    """MlmkitError and OS errors -> one red line on stderr, exit status 2 (the traceback with --debug)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except MlmkitError as e:
+            if state["debug"]:
+                raise
+            err.print(f"[bold red]error:[/] {escape(e.message)}" + (f" [dim]({escape(e.hint)})[/]" if e.hint else ""), highlight=False)
+            raise typer.Exit(code=2) from None
+        except OSError as e:  # a folder that does not exist, a full disk, no permission
+            if state["debug"]:
+                raise
+            where = f": {e.filename}" if getattr(e, "filename", None) else ""
+            err.print(f"[bold red]error:[/] {escape(e.strerror or str(e))}{escape(where)}", highlight=False)
+            raise typer.Exit(code=2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+# ---- parameters built from declarations ----------------------------------------------------------
+def _replace_param(fn: Callable[..., Any], name: str, params: list[inspect.Parameter], build: Callable[[dict[str, Any]], Any]) -> Callable[..., Any]:
+    """``fn`` as Typer sees it with its parameter ``name`` replaced by ``params``: the wrapper calls
+    ``build`` on their values and passes the result to ``fn`` as ``name``."""
+    sig = inspect.signature(fn, eval_str=True)  # annotations as objects: Typer reads its options from them
+    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values() if p.name != name]
+    taken = {p.name for p in params}
+    clash = taken & {p.name for p in own}
+    if clash:
+        raise TypeError(f"{fn.__name__}: parameters {sorted(clash)} are declared twice")
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> Any:
+        values = {k: kwargs.pop(k) for k in list(kwargs) if k in taken}
+        return fn(**kwargs, **{name: build(values)})
+
+    positional = [p for p in params if isinstance(_info(p), typer.models.ArgumentInfo)]
+    rest = [p for p in params if p not in positional]
+    order = positional + [p for p in own if isinstance(_info(p), typer.models.ArgumentInfo)]
+    order += [p for p in own if p not in order] + rest
+    wrapper.__signature__ = sig.replace(parameters=order)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in order}
+    return wrapper
+
+
+def _info(p: inspect.Parameter) -> Any:
+    return next((m for m in getattr(p.annotation, "__metadata__", ()) if isinstance(m, typer.models.ParameterInfo)), None)
+
+
+def with_args(cls: type) -> Callable[[F], F]:
+    """Give the command an option (or argument) for every field of the argument dataclass ``cls``
+    (nested ones flattened); the command receives the built dataclass as its ``args`` parameter."""
+    fields = cli_fields(cls)
+    params = []
+    for f in fields:
+        flags = f.flags
+        if f.type is bool and f.default is True:  # on by default: the flag that matters is --no-...
+            flags = (f"{flags[0]}/--no-{flags[0][2:]}",)
+        panel = "Training" if len(f.path) > 1 else None  # the fields of a composed TrainArgs
+        decl = typer.Argument(help=f.help) if f.positional else typer.Option(*flags, help=f.help, rich_help_panel=panel)
+        default = inspect.Parameter.empty if f.required else f.default
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=Annotated[f.type, decl]))
+
+    def build(values: dict[str, Any]) -> Any:
+        return cls.from_flat(**values)
+
+    return lambda fn: _replace_param(fn, "args", params, build)  # type: ignore[return-value]
+
+
+# The built-in tasks' options keep their flags of the first version, as aliases of --option NAME=VALUE.
+# They name options, not tasks: any task declaring an option of that name takes the flag too.
+OPTION_FLAGS: dict[str, tuple[Any, str]] = {
+    "text_column": (str, "--text-column"),
+    "pair_column": (str, "--pair-column"),
+    "label_column": (str, "--label-column"),
+    "doc_stride": (int, "--doc-stride"),
+    "max_answer_length": (int, "--max-answer-length"),
+    "label_all_tokens": (bool, "--label-all-tokens/--label-first-token"),
+    "aggregation": (str, "--aggregation"),
+    "scheme": (str, "--scheme"),
+    "top_k": (int, "--top-k"),
+}
+
+
+def with_task_options(*aliases: str) -> Callable[[F], F]:
+    """Give the command ``--option NAME=VALUE`` (repeatable) and the flags of ``aliases``; the command
+    receives them as its ``options`` parameter, a dict the task checks against its declared options."""
+    params = [inspect.Parameter("option", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        list[str] | None, typer.Option("--option", "-O", metavar="NAME=VALUE", rich_help_panel="Task options",
+                                       help="A task option, repeatable; `mlmkit tasks` lists each task's options.")])]
+    for name in aliases:
+        kind, decl = OPTION_FLAGS[name]
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+            kind | None, typer.Option(decl, help=f"Same as --option {name}=VALUE.", show_default=False,
+                                      rich_help_panel="Task options")]))
+
+    def build(values: dict[str, Any]) -> dict[str, Any]:
+        return parse_task_options(values.pop("option") or [], {k: v for k, v in values.items() if v is not None})
+
+    return lambda fn: _replace_param(fn, "options", params, build)  # type: ignore[return-value]
+
+
+def parse_task_options(pairs: list[str], flagged: dict[str, Any]) -> dict[str, Any]:
+    """NAME=VALUE strings (typed later, by the task's declaration) together with the alias flags given."""
+    opts: dict[str, Any] = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        name = name.strip().replace("-", "_")
+        if not eq or not name:
+            raise ConfigError(f"--option {pair!r} is not NAME=VALUE", "for example --option text_column=sentence")
+        opts[name] = value
+    both = sorted(set(opts) & set(flagged))
+    if both:
+        raise ConfigError(f"task option {both[0]} given twice (--option and {OPTION_FLAGS[both[0]][1].split('/')[0]})")
+    return {**opts, **flagged}
+
+
+# ---- output ------------------------------------------------------------------------------------
+def want_json(flag: bool) -> bool:
+    return flag or not sys.stdout.isatty()
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+
+
+def print_metrics(metrics: dict[str, Any], title: str, as_json: bool) -> None:
+    """Metrics as one JSON object, or a table of the numbers (and a confusion matrix when there is one)."""
+    if want_json(as_json):
+        print_json({k: v for k, v in metrics.items() if k != "confusion_matrix"})
+        return
+    t = Table(title=title)
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k, v in metrics.items():
+        if isinstance(v, (int, float)):
+            t.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
+    out.print(t)
+    if "confusion_matrix" in metrics:
+        cm = Table(title="confusion matrix (rows: gold, columns: predicted)")
+        cm.add_column("gold \\ pred")
+        for lab in metrics.get("labels", []):
+            cm.add_column(str(lab), justify="right")
+        for lab, row in zip(metrics.get("labels", []), metrics["confusion_matrix"]):
+            cm.add_row(str(lab), *map(str, row))
+        out.print(cm)
+
+
+def short(x: Any, n: int = 70) -> str:
+    s = x if isinstance(x, str) else json.dumps(x, ensure_ascii=False)
+    return escape(s if len(s) <= n else s[: n - 1] + "…")
+
+
+def print_results(title: str, items: list[Any], results: list[dict[str, Any]], summary: Callable[[dict[str, Any]], dict[str, str]],
+                  console: Console | None = None) -> None:
+    """Results as a table: the input, then the columns ``summary`` makes of each result."""
+    if not results:
+        err.print("no inputs, no results")
+        return
+    rows = [summary(r) for r in results]
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    t = Table(title=f"{title}: {len(results)} results")
+    t.add_column("#", justify="right")
+    t.add_column("input")
+    for c in columns:
+        t.add_column(c)
+    for i, (x, row) in enumerate(zip(items, rows)):
+        t.add_row(str(i), short(x), *(escape(row.get(c, "")) for c in columns))
+    (console or out).print(t)

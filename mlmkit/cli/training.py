@@ -1,0 +1,140 @@
+"""The commands that train and score: tokenizer train, pretrain, tasks, finetune, evaluate, quickstart.
+
+torch is imported inside the commands that need it, never at module level.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from ..args import FinetuneArgs, PretrainArgs, TokenizerArgs
+from ..errors import MlmkitError
+from .common import (
+    Json,
+    err,
+    handle_errors,
+    out,
+    print_json,
+    print_metrics,
+    want_json,
+    with_args,
+    with_task_options,
+)
+
+app = typer.Typer()
+tokenizer_app = typer.Typer(no_args_is_help=True, help="Train WordPiece tokenizers.")
+app.add_typer(tokenizer_app, name="tokenizer")
+
+ALL_OPTION_FLAGS = ("text_column", "pair_column", "label_column", "doc_stride", "max_answer_length",
+                    "label_all_tokens", "aggregation", "scheme")
+
+
+@tokenizer_app.command("train")
+@handle_errors
+@with_args(TokenizerArgs)
+def tokenizer_train(args: TokenizerArgs) -> None:
+    """Train a WordPiece tokenizer with BERT normalisation on a corpus."""
+    from ..corpus import iter_sentences
+    from ..files import atomic_write_text
+    from ..tokenizer import save_tokenizer, train_tokenizer
+
+    tok = train_tokenizer(iter_sentences(args.corpus), vocab_size=args.vocab_size, cased=args.cased)
+    if args.out.suffix == ".json" and args.out.name != "tokenizer.json":
+        atomic_write_text(args.out, tok.to_str())  # just this file: never touch a tokenizer.json beside it
+        err.print(f"wrote {args.out} ({tok.get_vocab_size()} tokens)")
+        return
+    d = args.out.parent if args.out.suffix == ".json" else args.out
+    save_tokenizer(tok, d)
+    err.print(f"wrote {d / 'tokenizer.json'} ({tok.get_vocab_size()} tokens), vocab.txt and tokenizer_config.json")
+
+
+@app.command()
+@handle_errors
+@with_args(PretrainArgs)
+def pretrain(args: PretrainArgs) -> None:
+    """Pre-train a BERT encoder with masked language modelling and next-sentence prediction."""
+    from dataclasses import replace
+
+    from ..pretraining import pretrain as run
+
+    metrics = run(replace(args, train=replace(args.train, progress=err.is_terminal)))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one process reports
+        print_metrics(metrics, f"pretraining {args.out}", as_json=False)
+
+
+@app.command("tasks")
+@handle_errors
+def list_tasks(as_json: Json = False) -> None:
+    """List the registered tasks: formats, metrics, options and the package providing each."""
+    from ..registry import tasks
+
+    rows = [p.describe() for _, p in sorted(tasks().items())]
+    if want_json(as_json):
+        for r in rows:
+            print_json(r)
+        return
+    t = Table(title="registered tasks")
+    for c in ("name", "description", "formats", "metrics", "options", "command", "package"):
+        t.add_column(c)
+    for r in rows:
+        opts = "\n".join(f"{o['flag']} ({o['type']}, default {o['default']!r})" for o in r["options"])
+        t.add_row(r["name"], r["description"], ", ".join(r["formats"]), ", ".join(r["metrics"]), opts or "-",
+                  r["command"] or "predict", r["package"])
+    out.print(t)
+
+
+@app.command()
+@handle_errors
+@with_task_options(*ALL_OPTION_FLAGS)
+@with_args(FinetuneArgs)
+def finetune(args: FinetuneArgs, options: dict[str, Any]) -> None:
+    """Fine-tune a task head on a pretrained encoder (task options: see `mlmkit tasks`)."""
+    from dataclasses import replace
+
+    from ..finetuning import finetune as run
+
+    metrics = run(replace(args, options={**args.options, **options}, train=replace(args.train, progress=err.is_terminal)))
+    print_metrics(metrics, f"fine-tuning {args.task} -> {args.out}", as_json=False)
+
+
+@app.command()
+@handle_errors
+@with_task_options(*ALL_OPTION_FLAGS)
+def evaluate(
+    model: Annotated[Path, typer.Argument(help="A fine-tuned run directory or an exported bundle.")],
+    data: Annotated[Path, typer.Option("--data", help="Labelled data in the task's format.")],
+    options: dict[str, Any],
+    predictions: Annotated[Path | None, typer.Option("--predictions", help="Write per-example predictions as JSON lines.")] = None,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda (falls back to the CPU, saying so).")] = "cpu",
+    as_json: Json = False,
+) -> None:
+    """Score a fine-tuned run (PyTorch) or an exported bundle (onnxruntime) with its task's metrics."""
+    if not model.exists():
+        raise MlmkitError(f"not found: {model}", "pass a fine-tuned run directory or an exported bundle")
+    if (model / "model.onnx").exists():
+        from ..runtime import evaluate_bundle
+
+        metrics = evaluate_bundle(model, data, options=options, predictions=predictions, device=device)
+    else:
+        from ..finetuning import evaluate_run
+
+        metrics = evaluate_run(model, data, options=options, predictions=predictions, device=device)
+    print_metrics(metrics, f"{model} on {data}", as_json)
+
+
+@app.command()
+@handle_errors
+def quickstart(
+    out_dir: Annotated[Path, typer.Option("--out", help="Where the quickstart writes its runs and bundles.")] = Path("runs/quickstart"),
+    steps: Annotated[int, typer.Option("--steps", help="Pretraining steps.")] = 1500,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed of every stage.")] = 0,
+) -> None:
+    """The whole pipeline on built-in data, offline: corpus, tokenizer, pretraining, fine-tuning, export, inference."""
+    from ..quickstart import run
+
+    run(out_dir, steps=steps, seed=seed, console=out)

@@ -1,0 +1,197 @@
+"""Helpers for task authors: readers with file/line errors, tokenizer settings, the contract's names.
+
+Everything a task plugin needs from the core, importable without torch (the onnxruntime runtime
+imports tasks):
+
+    from mlmkit.taskkit import EXAMPLE, BATCH, TaskContext, TaskOption, iter_records, tokenizer_settings
+
+Readers stream: a file is read line by line, never whole, and each record knows its file and first
+line, so ``record.error("...", field="label")`` names both. Formats by suffix: .txt (one text per
+non-blank line), .jsonl (one JSON value per line), .csv (RFC 4180, a header first) and .tsv (a header
+first, no quoting: a quote is just a character, the GLUE convention).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, DataFormatError
+from .registry import BATCH, EXAMPLE, SEQUENCE, TRUNCATED, TaskContext, TaskOption
+
+__all__ = [
+    "BATCH", "EXAMPLE", "SEQUENCE", "TRUNCATED", "TaskContext", "TaskOption", "ConfigError", "DataFormatError",
+    "Record", "FORMATS", "data_format", "iter_lines", "iter_jsonl", "iter_table", "iter_records", "read_text",
+    "tokenizer_settings",
+]
+
+FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record of a data file: a dict (JSON object, CSV/TSV row) or a str (text line, JSON string)."""
+
+    source: str
+    line: int | None
+    """The record's first line in its file, counting from 1 (None for an input that has no file)."""
+    data: Any
+    columns: tuple[str, ...] | None = None
+    """The header of a CSV/TSV file."""
+    header_line: int | None = None
+
+    def error(self, message: str, field: str | None = None, hint: str | None = None) -> DataFormatError:
+        return DataFormatError(self.source, message, line=self.line, field=field, hint=hint)
+
+    def fields(self) -> dict[str, Any]:
+        """The record as a dict; anything else (a JSON list, a bare text) is an error."""
+        if not isinstance(self.data, dict):
+            raise self.error(f"expected a JSON object, got {type(self.data).__name__}", hint="one JSON object per line")
+        return self.data
+
+    def text(self, key: str, *, required: bool = True, flag: str | None = None) -> str | None:
+        """The non-empty string field ``key``; None when it is absent (or null) and not ``required``.
+        ``flag`` is the option that renames the field, named in the hint."""
+        data = self.fields()
+        value = data.get(key)
+        if value is None:
+            if not required:
+                return None
+            hint = f"name it with {flag}" if flag else None
+            if self.columns is None:
+                raise self.error(f"no field '{key}'; the record has: {', '.join(data) or 'nothing'}", key, hint)
+            if key in self.columns:
+                raise self.error(f"the row has {len(data)} fields and ends before this column", key,
+                                 "every row needs as many fields as the header")
+            raise DataFormatError(self.source, f"no column '{key}'; the header has: {', '.join(self.columns) or 'nothing'}",
+                                  line=self.header_line, field=key, hint=hint)
+        if not isinstance(value, str):
+            raise self.error(f"must be a string, not {type(value).__name__}", key)
+        if not value.strip():
+            raise self.error("empty text", key, "remove the record or fill in its text")
+        return value
+
+
+# ---- reading -----------------------------------------------------------------------------------
+def _checked(path: str | Path) -> Path:
+    p = Path(path)
+    if not p.is_file():
+        what = "is a directory, not a data file" if p.is_dir() else "file not found"
+        raise DataFormatError(p, what, hint="check the path")
+    return p
+
+
+def _decoded(path: Path, keepends: bool = False) -> Iterator[tuple[int, str]]:
+    """(number, line) of each line, split on \\n only (so numbers match an editor's; str.splitlines
+    also splits on \\x1c, \\u2028 and friends, which may occur inside a text), decoded one at a time."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # a spreadsheet's byte-order mark
+            except UnicodeDecodeError as e:
+                raise DataFormatError(path, f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})",
+                                      line=n, hint="re-save the file as UTF-8") from None
+            yield n, line if keepends else line.rstrip("\r\n")
+
+
+def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(number, line) of every line of a UTF-8 text file, line ends removed."""
+    return _decoded(_checked(path))
+
+
+def read_text(path: str | Path) -> str:
+    """A whole UTF-8 text file (for formats that are one document, such as SQuAD JSON)."""
+    return "".join(line for _, line in _decoded(_checked(path), keepends=True))
+
+
+def iter_jsonl(path: str | Path, *, strings: bool = False) -> Iterator[Record]:
+    """A record per non-blank line: a JSON object (or a JSON string when ``strings``)."""
+    p = _checked(path)
+    for n, line in _decoded(p):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataFormatError(p, f"malformed JSON ({e.msg} at column {e.colno})", line=n,
+                                  hint="each line must be one JSON object") from None
+        if not isinstance(value, dict) and not (strings and isinstance(value, str)):
+            kind = "an object or a string" if strings else "a JSON object"
+            raise DataFormatError(p, f"expected {kind}, got {type(value).__name__}", line=n, hint="one JSON object per line")
+        yield Record(str(p), n, value)
+
+
+def iter_table(path: str | Path, delimiter: str) -> Iterator[Record]:
+    """A record {column: value} per non-blank row of a CSV (``delimiter`` ",") or TSV ("\\t") file
+    whose first row is the header. A CSV text may span lines when quoted; TSV has no quoting."""
+    p = _checked(path)
+    kind = "TSV" if delimiter == "\t" else "CSV"
+    quoting = csv.QUOTE_NONE if kind == "TSV" else csv.QUOTE_MINIMAL
+    reader = csv.reader((line for _, line in _decoded(p, keepends=True)), delimiter=delimiter, quoting=quoting, strict=True)
+    header: tuple[str, ...] | None = None
+    start = header_line = 1
+    try:
+        for row in reader:
+            line, start = start, reader.line_num + 1  # the next record starts after this one's last line
+            if not any(c.strip() for c in row):
+                continue
+            if header is None:
+                header, header_line = tuple(c.strip() for c in row), line
+                continue
+            if len(row) > len(header):
+                raise DataFormatError(p, f"{len(row)} fields but the header has {len(header)}", line=line,
+                                      hint="quote texts that contain a comma" if kind == "CSV" else "a text contains a tab")
+            yield Record(str(p), line, dict(zip(header, row)), header, header_line)
+    except csv.Error as e:
+        raise DataFormatError(p, f"malformed {kind}: {e}", line=reader.line_num) from None
+
+
+def data_format(path: str | Path, formats: dict[str, str] = FORMATS) -> str:
+    """The format of ``path`` by its suffix, or an error listing the known suffixes."""
+    p = Path(path)
+    fmt = formats.get(p.suffix.lower())
+    if fmt is None:
+        raise DataFormatError(p, f"unknown format '{p.suffix or p.name}'", hint=f"use one of: {', '.join(formats)}")
+    return fmt
+
+
+def iter_records(path: str | Path, fmt: str | None = None) -> Iterator[Record]:
+    """Records of a .txt / .jsonl / .csv / .tsv file (``fmt`` overrides the suffix): text lines are
+    str records, JSON lines objects or strings, CSV/TSV rows dicts."""
+    fmt = fmt or data_format(path)
+    if fmt == "txt":
+        p = _checked(path)
+        return (Record(str(p), n, line) for n, line in _decoded(p) if line.strip())
+    if fmt == "jsonl":
+        return iter_jsonl(path, strings=True)
+    if fmt in ("csv", "tsv"):
+        return iter_table(path, "\t" if fmt == "tsv" else ",")
+    raise ConfigError(f"unknown record format '{fmt}'", "use txt, jsonl, csv or tsv")
+
+
+# ---- tokenizers ----------------------------------------------------------------------------------
+@contextmanager
+def tokenizer_settings(
+    tokenizer: Any, *, max_length: int | None = None, strategy: str = "longest_first", stride: int = 0
+) -> Iterator[Any]:
+    """The tokenizer unpadded and truncating to ``max_length`` (None: not truncating) inside the block;
+    its own settings come back afterwards, since a caller's tokenizer is shared."""
+    trunc, pad = tokenizer.truncation, tokenizer.padding
+    tokenizer.no_padding()
+    if max_length is None:
+        tokenizer.no_truncation()
+    else:
+        tokenizer.enable_truncation(max_length, stride=stride, strategy=strategy)
+    try:
+        yield tokenizer
+    finally:
+        tokenizer.no_truncation()
+        if trunc is not None:
+            tokenizer.enable_truncation(**trunc)
+        if pad is not None:
+            tokenizer.enable_padding(**pad)
