@@ -213,6 +213,40 @@ def encode_cls(
     return bert.pooler(cls)
 
 
+class BertForLabels(nn.Module):
+    """transformers' BertForSequenceClassification (``per_token`` False: a linear head on the pooled
+    [CLS] vector) or BertForTokenClassification (``per_token`` True: on every token, no pooler),
+    under their parameter names (bert.*, classifier.*). The head's dropout is the config's
+    ``classifier_dropout``, else ``hidden_dropout_prob``, as there. Label -100 is ignored in the loss."""
+
+    def __init__(self, config: BertConfig, per_token: bool) -> None:
+        super().__init__()
+        self.config, self.per_token = config, per_token
+        self.bert = BertModel(config, add_pooling_layer=not per_token)
+        p = config.extra.get("classifier_dropout")
+        self.dropout = nn.Dropout(config.hidden_dropout_prob if p is None else p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        init_weights(self, config.initializer_range)  # the encoder is overwritten by the checkpoint
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        seq, pooled = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, H), tanh(W h_[CLS]) (B, H)
+        logits = self.classifier(self.dropout(seq if self.per_token else pooled))  # (B, T, L) or (B, L)
+        out = {"logits": logits, "probabilities": torch.softmax(logits.float(), dim=-1)}
+        if labels is not None:
+            flat = logits.float().reshape(-1, logits.size(-1))  # (B*T, L) or (B, L)
+            if bool((labels != -100).any()):
+                out["loss"] = F.cross_entropy(flat, labels.reshape(-1), ignore_index=-100)
+            else:  # a batch of continuation windows only: no target, no NaN
+                out["loss"] = flat.sum() * 0.0
+        return out
+
+
 def set_attention_impl(model: nn.Module, impl: str) -> None:
     """Switch every attention block between "sdpa" (training, GPU) and "eager" (ONNX export)."""
     if impl not in ("sdpa", "eager"):

@@ -97,48 +97,15 @@ def _sort_key(labels: set[str]) -> Any:
 
 # ---- the head ----------------------------------------------------------------------------------
 @functools.cache
-def _model_classes() -> tuple[type, type]:
-    """transformers' BertForSequenceClassification re-spelt on mlmkit's encoder, and its inference
-    form (torch on demand)."""
+def _cls_only_graph() -> type:
+    """The classifier's inference form: the last layer runs for [CLS] only (torch on demand)."""
     import torch
-    import torch.nn.functional as F
     from torch import nn
 
-    from mlmkit.model import BertModel, encode_cls, init_weights
-
-    class BertForSequenceClassification(nn.Module):
-        def __init__(self, config: Any) -> None:
-            super().__init__()
-            if config.num_labels < 2:
-                raise ConfigError(
-                    f"classification needs at least two labels, the config has {config.num_labels}",
-                    "the training data must contain two or more distinct labels",
-                )
-            self.config = config
-            self.bert = BertModel(config, add_pooling_layer=True)
-            p = config.extra.get("classifier_dropout")  # HF: classifier_dropout, else hidden_dropout_prob
-            self.dropout = nn.Dropout(config.hidden_dropout_prob if p is None else p)
-            self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-            init_weights(self, config.initializer_range)  # the encoder is overwritten by the checkpoint
-
-        def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: torch.Tensor | None = None,
-            token_type_ids: torch.Tensor | None = None,
-            labels: torch.Tensor | None = None,
-        ) -> dict[str, torch.Tensor]:
-            _, pooled = self.bert(input_ids, attention_mask, token_type_ids)  # pooled: tanh(W h_[CLS]), (B, H)
-            logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
-            out = {"logits": logits, "probabilities": torch.softmax(logits.float(), dim=-1)}
-            if labels is not None:
-                out["loss"] = F.cross_entropy(logits.float(), labels)
-            return out
+    from mlmkit.model import encode_cls
 
     class ClsOnlyGraph(nn.Module):
-        """Inference form of the classifier: the last layer runs for [CLS] only (mlmkit.model.encode_cls)."""
-
-        def __init__(self, model: BertForSequenceClassification) -> None:
+        def __init__(self, model: nn.Module) -> None:
             super().__init__()
             self.model = model
 
@@ -148,7 +115,7 @@ def _model_classes() -> tuple[type, type]:
             logits = self.model.classifier(encode_cls(self.model.bert, input_ids, attention_mask, token_type_ids))
             return {"logits": logits, "probabilities": torch.softmax(logits.float(), dim=-1)}
 
-    return BertForSequenceClassification, ClsOnlyGraph
+    return ClsOnlyGraph
 
 
 class ClassificationTask:
@@ -207,11 +174,17 @@ class ClassificationTask:
         return features
 
     def build_model(self, config: Any) -> Any:
-        return _model_classes()[0](config)
+        """transformers' BertForSequenceClassification, on mlmkit's encoder."""
+        from mlmkit.model import BertForLabels
+
+        if config.num_labels < 2:
+            raise ConfigError(f"classification needs at least two labels, the config has {config.num_labels}",
+                              "the training data must contain two or more distinct labels")
+        return BertForLabels(config, per_token=False)
 
     def export_module(self, model: Any) -> Any:
         """The same outputs, the last layer computed for [CLS] only."""
-        return _model_classes()[1](model)
+        return _cls_only_graph()(model)
 
     def postprocess(
         self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext

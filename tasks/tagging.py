@@ -28,7 +28,6 @@ without pooler, classifier.*). No torch at module level: the ONNX runtime import
 from __future__ import annotations
 
 import bisect
-import functools
 import math
 import re
 import unicodedata
@@ -324,49 +323,6 @@ def windows(word_of: Sequence[int], budget: int, overlap: int) -> list[tuple[int
             s = starts[j] if j < len(starts) and starts[j] <= e else target
 
 
-# ---- the head ----------------------------------------------------------------------------------
-@functools.cache
-def _model_class() -> type:
-    """transformers' BertForTokenClassification, re-spelt on mlmkit's encoder (torch on demand)."""
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    from mlmkit.model import BertModel, init_weights
-
-    class BertForTokenClassification(nn.Module):
-        def __init__(self, config: Any) -> None:
-            super().__init__()
-            if config.num_labels < 1:
-                raise ConfigError("the config has no labels (id2label)", "fine-tune with tagged training data")
-            self.config = config
-            self.bert = BertModel(config, add_pooling_layer=False)
-            p = config.extra.get("classifier_dropout")  # HF: classifier_dropout, else hidden_dropout_prob
-            self.dropout = nn.Dropout(config.hidden_dropout_prob if p is None else p)
-            self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-            init_weights(self, config.initializer_range)  # the encoder is overwritten by the checkpoint
-
-        def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: torch.Tensor | None = None,
-            token_type_ids: torch.Tensor | None = None,
-            labels: torch.Tensor | None = None,
-        ) -> dict[str, torch.Tensor]:
-            seq, _ = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, H)
-            logits = self.classifier(self.dropout(seq))  # (B, T, L)
-            out = {"logits": logits, "probabilities": torch.softmax(logits.float(), dim=-1)}
-            if labels is not None:
-                flat = logits.float().view(-1, logits.size(-1))  # (B*T, L)
-                if bool((labels != IGNORE).any()):
-                    out["loss"] = F.cross_entropy(flat, labels.view(-1), ignore_index=IGNORE)
-                else:  # a batch of continuation windows only: no target, no NaN
-                    out["loss"] = flat.sum() * 0.0
-            return out
-
-    return BertForTokenClassification
-
-
 # ---- the task ----------------------------------------------------------------------------------
 class TaggingTask:
     name = "tagging"
@@ -465,7 +421,12 @@ class TaggingTask:
         return features
 
     def build_model(self, config: Any) -> Any:
-        return _model_class()(config)
+        """transformers' BertForTokenClassification, on mlmkit's encoder."""
+        from mlmkit.model import BertForLabels
+
+        if config.num_labels < 1:
+            raise ConfigError("the config has no labels (id2label)", "fine-tune with tagged training data")
+        return BertForLabels(config, per_token=True)
 
     def postprocess(
         self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext
