@@ -14,7 +14,6 @@ import mlmkit.checkpoint as ckpt
 from mlmkit.checkpoint import load_state_dict, save_weights
 from mlmkit.config import BertConfig
 from mlmkit.errors import ConfigError
-from mlmkit.files import atomic_write, atomic_write_text
 from mlmkit.model import BertForPreTraining
 from mlmkit.tokenizer import save_tokenizer, train_tokenizer
 from mlmkit.training import Checkpointer, latest_checkpoint
@@ -189,20 +188,6 @@ def test_incomplete_checkpoint_never_displaces_a_complete_one(setup, tmp_path, m
 def test_resume_without_checkpoint_is_a_clear_error(setup, tmp_path):
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         run(setup, tmp_path / "run", resume=True)
-
-
-def test_atomic_write_keeps_the_old_file_when_the_writer_dies(tmp_path):
-    p = tmp_path / "file.txt"
-    atomic_write_text(p, "old")
-
-    def dies(tmp: str) -> None:
-        Path(tmp).write_text("new but only half")
-        raise Killed
-
-    with pytest.raises(Killed):
-        atomic_write(p, dies)
-    assert p.read_text() == "old"
-    assert [x.name for x in tmp_path.iterdir()] == ["file.txt"]  # no temporary left behind
 
 
 def test_weights_file_survives_a_failed_overwrite(tmp_path, monkeypatch):

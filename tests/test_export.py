@@ -1,7 +1,7 @@
 """ONNX export: PyTorch parity of all four kinds of bundle on mixed lengths, the fusions, int8, errors.
 
 The run builders here (``corpus``, ``make_task_run``, ``bundles``) are shared with test_runtime.py
-and test_cli_serve.py.
+and test_cli_inference.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,29 @@
+"""`mlmkit quickstart` end to end on a reduced setting (20 pretraining steps): every stage runs,
+offline, and leaves its runs and bundles behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_quickstart_runs_every_stage(tmp_path: Path) -> None:
+    out = tmp_path / "qs"
+    env = {**os.environ, "MLMKIT_CACHE": str(tmp_path / "cache"), "COLUMNS": "200"}
+    r = subprocess.run([sys.executable, "-m", "mlmkit", "quickstart", "--out", str(out), "--steps", "20"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for stage in ("1. corpus", "2. tokenizer + tiny BERT pretrained for 20 steps", "3. sentiment classifier",
+                  "4. ONNX export and onnxruntime inference", "fill-mask (onnxruntime)", "classify (onnxruntime)"):
+        assert stage in r.stdout, stage
+    assert (out / "corpus.txt").stat().st_size > 100_000
+    assert json.loads((out / "pretrain" / "mlmkit.json").read_text())["final_metrics"]["step"] == 20
+    for bundle, task in (("fill-mask", "fill-mask"), ("classifier", "classification")):
+        meta = json.loads((out / "exports" / bundle / "mlmkit.json").read_text())
+        assert meta["task"] == task and meta["parity"]["max_abs_diff"]
+    # the shipped sentiment set is easy: even on a barely pretrained encoder the classifier beats chance (1/3)
+    clf = json.loads((out / "classifier" / "mlmkit.json").read_text())["final_metrics"]
+    assert clf["eval_accuracy"] > 0.6, clf
