@@ -246,7 +246,7 @@ class ExportArgs(Args):
     quantize: str | None = arg(None, "int8: dynamic int8 weights, for the CPU.")
     fp16: bool = arg(False, "fp16 weights and compute, for --device cuda.")
     optimize: bool = arg(True, "onnxruntime's transformer fusions (--no-optimize: the plain graph).")
-    opset: int = arg(17, "ONNX opset (17 or newer).")
+    opset: int = arg(17, "ONNX opset, 17 to 23.")
     top_k: int = arg(5, "fill-mask: candidates per [MASK] computed in the graph.")
 
     def __post_init__(self) -> None:
