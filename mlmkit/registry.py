@@ -58,18 +58,18 @@ Feature = dict[str, Any]
 class TaskOption:
     """A setting of a task, given on the command line as ``--option name=value`` (or ``--name value``).
 
-    The type is the default's (bool, int, float or str) unless ``type`` says otherwise."""
+    The type is the default's (bool, int, float or str) unless ``value_type`` says otherwise."""
 
     name: str
     default: Any
     help: str
     choices: tuple[Any, ...] | None = None
     minimum: float | None = None
-    type: type | None = None
+    value_type: type | None = None
 
     @property
     def kind(self) -> type:
-        return self.type or type(self.default)
+        return self.value_type or type(self.default)
 
     @property
     def flag(self) -> str:
@@ -227,7 +227,8 @@ def _cell(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
-REQUIRED = ("name", "description", "metrics", "outputs", "read", "featurize", "build_model", "postprocess", "compute_metrics")
+# the members, read off the two classes above (never a list kept in step by hand)
+REQUIRED = (*Task.__annotations__, *(k for k, v in vars(Task).items() if callable(v) and not k.startswith("_")))
 OPTIONAL = tuple(k for k in vars(TaskDefaults) if not k.startswith("_"))
 
 
@@ -362,7 +363,7 @@ def get_task(name: str) -> Plugin:
     return reg[name]
 
 
-def task_for_command(command: str) -> list[str]:
+def tasks_for_command(command: str) -> list[str]:
     """Names of the tasks whose bundles the inference command ``command`` serves."""
     return sorted(n for n, p in tasks().items() if p.command == command)
 

@@ -39,7 +39,7 @@ from .batching import bucket_batches, pad_features
 from .errors import BundleError, ConfigError, DataFormatError
 from .evaluation import Progress
 from .files import write_jsonl
-from .registry import Plugin, TaskContext, TaskOption, get_task, task_for_command
+from .registry import Plugin, TaskContext, TaskOption, get_task, tasks_for_command
 from .taskkit import iter_records
 from .tokenizer import MASK, is_lowercase, load_tokenizer, special_ids
 
@@ -190,7 +190,7 @@ class Pipeline:
         if command is not None:
             serves = FILL_MASK if plugin is None else plugin.command
             if serves != command:
-                which = FILL_MASK if command == FILL_MASK else " or ".join(task_for_command(command)) or "no registered task's"
+                which = FILL_MASK if command == FILL_MASK else " or ".join(tasks_for_command(command)) or "no registered task's"
                 use = f"use `mlmkit {serves} {d}`" if serves else f"use `mlmkit predict {d}`"
                 raise BundleError(f"{d} is a {task} bundle; `mlmkit {command}` serves {which} bundles", use)
         tok = load_bundle_tokenizer(d, meta)

@@ -396,11 +396,7 @@ class Trainer:
             for k, v in out.items():
                 if k.endswith("loss"):
                     sums[k] = sums.get(k, 0.0) + float(v.detach())
-            if not math.isfinite(sums["loss"]):  # the weights are gone: stop before they are saved
-                raise ConfigError(
-                    f"the training loss became {sums['loss']} at step {self.step + 1}: training diverged",
-                    "lower --lr (and check the data); the last checkpoint, if any, is intact",
-                )
+        self._stop_if_diverged(sums["loss"])
         if a.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
         self.opt.step()
@@ -408,6 +404,17 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
         return tokens
+
+    def _stop_if_diverged(self, loss: float) -> None:
+        """A NaN or infinite loss: the weights are gone; stop (every rank) before they are saved."""
+        bad = torch.tensor(float(not math.isfinite(loss)), device=self.device)
+        if self.dist.world > 1:  # decided together, or a rank that stops alone leaves the others waiting
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        if bad.item():
+            raise ConfigError(
+                f"the training loss became {loss} at step {self.step + 1}: training diverged",
+                "lower --lr (and check the data); the last checkpoint, if any, is intact",
+            )
 
     def train(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
         """Train to ``total`` steps; returns the last logged and evaluation metrics."""
