@@ -153,6 +153,7 @@ class TrainArgs(Args):
     device: str = arg("cpu", "cpu or cuda (falls back to the CPU, saying so, without a GPU).")
     bf16: bool = arg(False, "bf16 autocast; refused on a CPU without native bf16.")
     resume: bool = arg(False, "Continue from the last checkpoint in --out.")
+    resume_force: bool = arg(False, "With --resume, continue even though settings that decide the data order changed.")
     progress: bool = arg(True, "A progress bar on stderr.", cli=False)
     metric_for_best: str | None = arg(None, "Keep the best model by this evaluation metric in the run root.", cli=False)
     greater_is_better: bool = arg(True, "Whether a larger metric_for_best is better.", cli=False)

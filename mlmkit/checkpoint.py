@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .errors import ConfigError
-from .files import atomic_write, write_json
+from .files import atomic_write, read_json, write_json
 from .tokenizer import save_tokenizer
 
 WEIGHTS = "model.safetensors"
@@ -59,9 +59,11 @@ def load_state_dict(run_dir: str | Path) -> dict[str, torch.Tensor]:
     elif (d / "pytorch_model.bin").exists():
         try:
             sd = torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        except Exception as e:  # weights_only refuses pickled code; a truncated file fails too
+        except Exception as e:  # weights_only refuses pickled code and objects; a truncated file fails too
+            # torch's own message goes on to suggest weights_only=False, which is exactly what must not be done
+            why = "it holds pickled code or objects" if "weights_only" in str(e) else "the file is damaged"
             raise ConfigError(
-                f"{d / 'pytorch_model.bin'}: not a plain tensor checkpoint ({str(e).splitlines()[0]})",
+                f"{d / 'pytorch_model.bin'}: not a plain tensor checkpoint ({why})",
                 "mlmkit loads only tensors, never pickled code; convert it to model.safetensors",
             ) from None
     else:
@@ -113,6 +115,29 @@ def save_run(
     save_tokenizer(tokenizer, d, max_length=int(meta.get("max_length", 512)))
     save_weights(model, d / WEIGHTS)
     write_json(d / META, meta)
+
+
+def read_run_meta(d: str | Path, config: Any) -> dict[str, Any]:
+    """mlmkit.json of a run directory, checked against itself and its config.json: a label list that
+    is not the head's (config.json's id2label, in order) would label every input wrongly, silently."""
+    p = Path(d) / META
+    meta = read_json(p)
+    labels = meta.get("labels")
+    head = [config.id2label[i] for i in sorted(config.id2label)] if config.id2label else None
+    problems = [
+        (not isinstance(meta.get("task"), str), "it names no task"),
+        (not isinstance(meta.get("max_length"), int) or isinstance(meta.get("max_length"), bool)
+         or not 1 <= meta["max_length"] <= config.max_position_embeddings,
+         f"its max_length {meta.get('max_length')!r} is not from 1 to the model's {config.max_position_embeddings} positions"),
+        (labels is not None and labels != head,
+         f"its labels {labels} are not config.json's id2label {head}"),
+        (not isinstance(meta.get("options", {}), dict) or not isinstance(meta.get("task_state", {}), dict),
+         "its options or task_state are not objects"),
+    ]
+    bad = [why for wrong, why in problems if wrong]
+    if bad:
+        raise ConfigError(f"{p}: {bad[0]}", "the run directory was edited or damaged; fine-tune it again")
+    return meta
 
 
 def is_model_dir(d: str | Path) -> bool:

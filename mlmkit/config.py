@@ -37,6 +37,12 @@ class BertConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # HF keys we do not use, round-tripped
 
     def __post_init__(self) -> None:
+        sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "max_position_embeddings", "type_vocab_size")
+        bad = [k for k in sizes if isinstance(getattr(self, k), bool) or not isinstance(getattr(self, k), int) or getattr(self, k) < 1]
+        if bad:
+            raise ConfigError(f"config {bad[0]} must be a positive integer, got {getattr(self, bad[0])!r}",
+                              "fix the config.json")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
@@ -89,10 +95,16 @@ class BertConfig:
         if p.is_dir():
             p = p / "config.json"
         try:
-            return cls.from_dict(json.loads(p.read_text(encoding="utf-8")))
+            d = json.loads(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"config not found: {p}", "pass a run directory or a config.json") from None
-        except (json.JSONDecodeError, TypeError) as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{p}: not a valid BERT config.json ({e})") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"{p}: a config.json holds a JSON object, not a {type(d).__name__}", "pass a BERT config.json")
+        try:
+            return cls.from_dict(d)
+        except (TypeError, ValueError, AttributeError) as e:
             raise ConfigError(f"{p}: not a valid BERT config.json ({e})") from None
 
 

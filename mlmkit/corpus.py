@@ -19,12 +19,15 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import logging
 import os
 import random
 import re
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,27 +38,33 @@ from .files import atomic_write
 from .masking import mask_tokens
 from .tokenizer import SpecialIds, continuation_flags, special_ids
 
+log = logging.getLogger("mlmkit")
 _SENT_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def _open_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, text) for each line of a .txt/.txt.gz/.jsonl file; bad UTF-8 names the line."""
+    """(line number, text) for each line of a .txt/.txt.gz/.jsonl file; bad UTF-8 names the line, a
+    damaged .gz file the file and the line it broke at."""
     raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-    with raw as f:
-        for n, b in enumerate(f, start=1):
-            try:
-                yield n, b.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise DataFormatError(
-                    path, f"bytes that are not UTF-8 at column {e.start + 1}", line=n, hint="re-encode the file as UTF-8"
-                ) from None
+    n = 0
+    try:
+        with raw as f:
+            for n, b in enumerate(f, start=1):
+                try:
+                    yield n, b.decode("utf-8").rstrip("\r\n")
+                except UnicodeDecodeError as e:
+                    raise DataFormatError(
+                        path, f"bytes that are not UTF-8 at column {e.start + 1}", line=n, hint="re-encode the file as UTF-8"
+                    ) from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        what = "ends early: the file is truncated" if isinstance(e, EOFError) else f"is not valid gzip data ({e})"
+        raise DataFormatError(path, f"the compressed stream {what}", line=n + 1 if n else None,
+                              hint="re-create the .gz file, or give the uncompressed text") from None
 
 
 def iter_documents(path: str | Path) -> Iterator[list[str]]:
     """Yield each document of a corpus file as its list of sentences."""
-    p = Path(path)
-    if not p.is_file():
-        raise MlmkitError(f"corpus file not found: {p}", "check the path")
+    p = _corpus_file(path)
     is_jsonl = p.name.endswith((".jsonl", ".jsonl.gz"))
     doc: list[str] = []
     for n, line in _open_lines(p):
@@ -84,6 +93,15 @@ def iter_documents(path: str | Path) -> Iterator[list[str]]:
         yield doc
 
 
+def _corpus_file(path: str | Path) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        raise MlmkitError(f"{p} is a directory, not a corpus file", "give the text files in it")
+    if not p.is_file():
+        raise MlmkitError(f"corpus file not found: {p}", "check the path")
+    return p
+
+
 def iter_sentences(paths: Sequence[str | Path]) -> Iterator[str]:
     for p in paths:
         for doc in iter_documents(p):
@@ -107,6 +125,11 @@ class TokenizedCorpus:
         return [self.tokens[self.sent_offsets[s] : self.sent_offsets[s + 1]] for s in range(s0, s1)]
 
 
+def file_identity(paths: Sequence[str | Path]) -> list[list[Any]]:
+    """[absolute path, size] of each file: what a resumed run must find unchanged."""
+    return [[str(Path(p).resolve()), Path(p).stat().st_size if Path(p).is_file() else None] for p in paths]
+
+
 def _cache_key(paths: Sequence[Path], tok: Tokenizer) -> str:
     h = hashlib.sha256(tok.to_str().encode())
     for p in paths:
@@ -123,10 +146,7 @@ def tokenize_corpus(
     paths: Sequence[str | Path], tok: Tokenizer, cache_dir: str | Path | None = None, batch: int = 1024
 ) -> TokenizedCorpus:
     """Tokenize every sentence once; reuse the cached shard when the files and tokenizer are unchanged."""
-    ps = [Path(p) for p in paths]
-    for p in ps:
-        if not p.is_file():
-            raise MlmkitError(f"corpus file not found: {p}", "check the path")
+    ps = [_corpus_file(p) for p in paths]
     shard = Path(cache_dir or default_cache_dir()) / f"{_cache_key(ps, tok)}.npz"
     if shard.exists():
         try:
@@ -140,9 +160,13 @@ def tokenize_corpus(
     pending: list[str] = []
 
     def flush() -> None:
-        for enc in tok.encode_batch(pending, add_special_tokens=False):
-            chunks.append(np.asarray(enc.ids, dtype=np.int32))
-            sent_lens.append(len(enc.ids))
+        short = [s for s in pending if len(s) <= LONG_LINE]
+        encoded = iter(tok.encode_batch(short, add_special_tokens=False))
+        for s in pending:  # a very long line is encoded in pieces, never whole (bounded memory)
+            ids = next(encoded).ids if len(s) <= LONG_LINE else [i for piece in _pieces(s) for i in
+                                                                 tok.encode(piece, add_special_tokens=False).ids]
+            chunks.append(np.asarray(ids, dtype=np.int32))
+            sent_lens.append(len(ids))
         pending.clear()
 
     for p in ps:
@@ -171,6 +195,22 @@ def tokenize_corpus(
     return corpus
 
 
+LONG_LINE = 100_000  # characters: a longer line is tokenized in pieces
+
+
+def _pieces(text: str, size: int = LONG_LINE) -> Iterator[str]:
+    """``text`` in pieces of about ``size`` characters cut at whitespace (where tokenization splits
+    anyway, so the pieces' tokens are the whole's); a run without whitespace is cut where it must be."""
+    start = 0
+    while start < len(text):
+        end = min(start + size, len(text))
+        if end < len(text):
+            cut = text.rfind(" ", start + size // 2, end)
+            end = cut + 1 if cut > 0 else end
+        yield text[start:end]
+        start = end
+
+
 @dataclass
 class Instance:
     a: np.ndarray
@@ -179,13 +219,21 @@ class Instance:
 
 
 def _truncate_pair(a: list[int], b: list[int], max_tokens: int, rng: random.Random) -> None:
-    """Trim the longer side, from the front or the back at random (BERT truncate_seq_pair)."""
-    while len(a) + len(b) > max_tokens:
-        longer = a if len(a) > len(b) else b
-        if rng.random() < 0.5:
-            del longer[0]
+    """Trim the longer side one token at a time, from the front or the back at random (BERT
+    truncate_seq_pair). The draws are made first and the cuts once, so a pair of n tokens costs O(n),
+    not O(n^2) of deleting from the front of a list."""
+    la, lb = len(a), len(b)
+    cut = {"a": [0, 0], "b": [0, 0]}  # tokens to drop from the front, from the back
+    while la + lb > max_tokens:
+        side = "a" if la > lb else "b"
+        cut[side][0 if rng.random() < 0.5 else 1] += 1
+        if side == "a":
+            la -= 1
         else:
-            longer.pop()
+            lb -= 1
+    for seq, (front, back) in ((a, cut["a"]), (b, cut["b"])):
+        del seq[len(seq) - back :]
+        del seq[:front]
 
 
 def _random_b(doc: list[np.ndarray], want: int, rng: random.Random, tries: int = 4) -> list[int]:
@@ -267,10 +315,10 @@ def packed_instances(corpus: TokenizedCorpus, max_len: int) -> list[Instance]:
             if cur and len(cur) + len(s) > cap:
                 out.append(Instance(np.asarray(cur, np.int32), None, 0))
                 cur = []
-            while len(s) > cap:  # a sentence longer than the window is split
-                out.append(Instance(np.asarray(s[:cap], np.int32), None, 0))
-                s = s[cap:]
-            cur.extend(s)
+            whole = len(s) - len(s) % cap if len(s) > cap else 0
+            for k in range(0, whole, cap):  # a sentence longer than the window is split
+                out.append(Instance(np.asarray(s[k : k + cap], np.int32), None, 0))
+            cur.extend(s[whole:])
         if cur:
             out.append(Instance(np.asarray(cur, np.int32), None, 0))
     return out
@@ -306,6 +354,7 @@ class PretrainData:
         self.continuation = torch.tensor(continuation_flags(tok), dtype=torch.bool)
         self._epoch: int | None = None
         self._instances: list[Instance] = []
+        self._warned = False
 
     def instances(self, epoch: int) -> list[Instance]:
         if self._epoch != epoch:
@@ -317,6 +366,10 @@ class PretrainData:
             rng.shuffle(inst)
             if not inst:
                 raise MlmkitError("the corpus yields no training sequences", "give it more text")
+            if self.batch_size > len(inst) and not self._warned:
+                log.warning("--batch-size %d is more than the %d sequences of the corpus: each batch holds %d",
+                            self.batch_size, len(inst), len(inst))
+                self._warned = True
             self._epoch, self._instances = epoch, inst
         return self._instances
 
@@ -326,7 +379,7 @@ class PretrainData:
     def batch(self, epoch: int, index: int, seed: int) -> dict[str, torch.Tensor]:
         inst = self.instances(epoch)
         start = (index * self.batch_size) % len(inst)
-        chosen = [inst[(start + j) % len(inst)] for j in range(self.batch_size)]
+        chosen = [inst[(start + j) % len(inst)] for j in range(min(self.batch_size, len(inst)))]  # never a repeat
         return self.collate(chosen, torch.Generator().manual_seed(seed))
 
     def collate(self, chosen: Sequence[Instance], gen: torch.Generator) -> dict[str, torch.Tensor]:

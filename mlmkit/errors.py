@@ -43,7 +43,7 @@ class DataFormatError(MlmkitError):
         if field is not None:
             where += f", field '{field}'"
         super().__init__(f"{where}: {message}", hint)
-        self.path, self.line, self.field = str(path), line, field
+        self.path, self.line, self.field, self.detail = str(path), line, field, message
 
 
 class TaskError(MlmkitError):

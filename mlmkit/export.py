@@ -44,10 +44,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .args import ExportArgs
-from .checkpoint import is_model_dir, load_state_dict, load_weights
+from .checkpoint import is_model_dir, load_state_dict, load_weights, read_run_meta
 from .config import BertConfig
 from .errors import ConfigError, MlmkitError, ParityError
-from .files import atomic_write, atomic_write_text, read_json, write_json
+from .files import atomic_write, atomic_write_text, exclusive, write_json
 from .model import BertForPreTraining, extended_mask, set_attention_impl
 from .registry import BATCH, SEQUENCE, get_task, per_token
 from .runtime import BUNDLE_FORMAT, tokenizer_fingerprint
@@ -114,7 +114,7 @@ class TaskGraph(nn.Module):
 def _run_meta(d: Path, cfg: BertConfig) -> dict[str, Any]:
     """mlmkit.json of a run; a Hugging Face masked-LM directory without one counts as pretraining."""
     if (d / "mlmkit.json").exists():
-        return read_json(d / "mlmkit.json")
+        return read_run_meta(d, cfg)
     archs = cfg.architectures or []
     if any(a in ("BertForPreTraining", "BertForMaskedLM") for a in archs):
         return {"task": "pretraining", "max_length": min(512, cfg.max_position_embeddings)}
@@ -349,6 +349,11 @@ def export(args: ExportArgs) -> dict[str, Any]:
 
     ``args.run``: a pretraining run (exported as fill-mask) or a fine-tuned run of any registered
     task; the bundle directory is created, and bundle files already there are replaced."""
+    with exclusive(args.out):  # two exports into one bundle directory would mix their files
+        return _export(args)
+
+
+def _export(args: ExportArgs) -> dict[str, Any]:
     d = Path(args.run)
     if not is_model_dir(d):
         raise ConfigError(f"{d} is not a run directory", "it needs config.json and model.safetensors (an mlmkit run)")
@@ -375,7 +380,6 @@ def export(args: ExportArgs) -> dict[str, Any]:
     mask = batch["attention_mask"]
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
     try:
         plain = work / "plain.onnx"

@@ -9,15 +9,23 @@ place, so an exported bundle is as readable as any other file the user writes.
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+import socket
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 from .errors import ConfigError
+
+log = logging.getLogger("mlmkit")
+
+_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}  # a write that failed, whatever the file object
 
 
 def _umask() -> int:
@@ -28,16 +36,24 @@ def _umask() -> int:
 
 @contextmanager
 def _replacing(path: Path) -> Iterator[str]:
-    """A temporary path beside ``path`` that replaces it when the block completes (never on an error)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    """A temporary path beside ``path`` that replaces it when the block completes (never on an error).
+    An OS error (a full disk, no permission) names ``path``, never the temporary file."""
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory", "give a file name to write to")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from e
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and (e.filename == tmp or (e.filename is None and e.errno in _WRITE_ERRORS)):
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
 
 
@@ -89,3 +105,75 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
     with atomic_open(path) as f:
         for r in rows:
             f.write(json_line(r))
+
+
+# ---- ownership of a directory ----------------------------------------------------------------------
+LOCK = ".mlmkit.lock"
+
+
+@contextmanager
+def exclusive(directory: str | Path) -> Iterator[None]:
+    """Hold DIRECTORY/.mlmkit.lock while the block runs: a second process writing the same run or
+    bundle gets a clear error naming the holder instead of interleaving its files with the first's.
+    A lock left by a process that no longer runs (on this host) is taken over, with a notice."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    lock = d / LOCK
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    while True:
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+        except FileExistsError:
+            holder = _holder(lock)
+            if holder is None and _age(lock) < 5.0:  # its owner is writing it this instant
+                time.sleep(0.05)
+                continue
+            if holder is not None and not _gone(holder):
+                raise ConfigError(
+                    f"{d} is in use by process {holder.get('pid')} on {holder.get('host')} (since {holder.get('since')})",
+                    f"wait for it to end or write elsewhere; if that process is gone, delete {lock}",
+                ) from None
+            log.warning("%s: taking over the lock of process %s, which no longer runs",
+                        d, holder.get("pid") if holder else "(unknown)")
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(me, f)
+        break
+    try:
+        yield
+    finally:
+        if _holder(lock) == me:
+            lock.unlink(missing_ok=True)
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def _holder(lock: Path) -> dict[str, Any] | None:
+    """The lock's content; None when it cannot be read (being written this instant, or damaged)."""
+    try:
+        h = json.loads(lock.read_text(encoding="utf-8"))
+        return h if isinstance(h, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _gone(holder: dict[str, Any]) -> bool:
+    """Whether the process that holds a lock has ended (or is this one: a lock is not re-entered)."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return False  # another machine's process: cannot tell, so it holds
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False

@@ -15,10 +15,11 @@ import torch
 from . import evaluation
 from .args import FinetuneArgs
 from .batching import pad_features, shuffled_buckets
-from .checkpoint import is_model_dir, load_state_dict, load_weights, save_run
+from .checkpoint import is_model_dir, load_state_dict, load_weights, read_run_meta, save_run
 from .config import BertConfig
+from .corpus import file_identity
 from .errors import ConfigError, MlmkitError
-from .files import read_json, write_jsonl
+from .files import write_jsonl
 from .registry import Example, Feature, Plugin, TaskContext, get_task
 from .tokenizer import load_tokenizer, special_ids
 from .training import Trainer, resolve_device
@@ -153,18 +154,19 @@ def finetune(args: FinetuneArgs) -> dict[str, Any]:
         calibrated = evaluator.state if evaluator is not None else {}
         save_run(m, d, config=cfg, tokenizer=tok, meta={**meta_, **meta, "task_state": {**meta["task_state"], **calibrated}})
 
-    return Trainer(net, data, train_args, args.out, save_model=save_model, evaluate=evaluator).train(meta)
+    data_key = {"batch_size": args.batch_size, "max_length": L, "train": file_identity([args.train_file]), "options": opts}
+    return Trainer(net, data, train_args, args.out, save_model=save_model, evaluate=evaluator, data_key=data_key).train(meta)
 
 
 def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, dict[str, Any]]:
     """(task, model in eval mode, tokenizer, mlmkit.json) of a fine-tuned run directory."""
     d = base_model_dir(run_dir)
-    meta = read_json(d / "mlmkit.json")
-    name = meta.get("task")
-    if name in (None, "pretraining"):
+    cfg = BertConfig.load(d)
+    meta = read_run_meta(d, cfg)
+    if meta["task"] == "pretraining":
         raise MlmkitError(f"{d} is a pretraining run, not a fine-tuned model", "fine-tune it first: mlmkit finetune TASK")
-    task = get_task(name)
-    net = task.build_model(BertConfig.load(d))
+    task = get_task(meta["task"])
+    net = task.build_model(cfg)
     load_weights(net, load_state_dict(d))
     net.eval()
     return task, net, load_tokenizer(d), meta

@@ -15,13 +15,14 @@ from tokenizers import Tokenizer
 from .args import PretrainArgs
 from .checkpoint import save_run
 from .config import BertConfig, preset
-from .corpus import PretrainData, TokenizedCorpus, iter_sentences, tokenize_corpus
+from .corpus import PretrainData, TokenizedCorpus, file_identity, iter_sentences, tokenize_corpus
 from .errors import ConfigError, MlmkitError
 from .model import BertForPreTraining
 from .tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from .training import Trainer, init_distributed, latest_checkpoint
 
 log = logging.getLogger("mlmkit")
+MAX_PRESET_POSITIONS = 8192  # a longer position table is a typo far more often than a plan
 
 
 def split_heldout(corpus: TokenizedCorpus, fraction: float = 0.05, max_docs: int = 500) -> tuple[TokenizedCorpus, TokenizedCorpus | None]:
@@ -104,9 +105,8 @@ def pretrain(args: PretrainArgs) -> dict[str, Any]:
     (training loss and held-out MLM / NSP figures).
     """
     out, t = Path(args.out), args.train
-    for p in args.corpus:
-        if not Path(p).is_file():
-            raise MlmkitError(f"corpus file not found: {p}", "check the path")
+    if next(iter_sentences(args.corpus), None) is None:  # checked before a tokenizer is trained on nothing
+        raise MlmkitError(f"the corpus {', '.join(map(str, args.corpus))} is empty", "give text files with one sentence per line")
     own = (latest_checkpoint(out) or out) if t.resume else None
     tokenizer = args.tokenizer
     if own is not None and (own / "tokenizer.json").exists() and tokenizer is None:
@@ -126,6 +126,9 @@ def pretrain(args: PretrainArgs) -> dict[str, Any]:
     elif own is not None and (own / "config.json").exists():
         cfg = BertConfig.load(own)
     else:
+        if args.seq_len > MAX_PRESET_POSITIONS:
+            raise ConfigError(f"--seq-len {args.seq_len} is more than the {MAX_PRESET_POSITIONS} positions a preset model gets",
+                              "use a shorter --seq-len, or pass a --config with max_position_embeddings for it")
         cfg = preset(args.preset, vocab_size=V, max_position_embeddings=max(512, args.seq_len))
     if args.seq_len > cfg.max_position_embeddings:
         raise ConfigError(
@@ -164,4 +167,6 @@ def pretrain(args: PretrainArgs) -> dict[str, Any]:
     def save_model(m: torch.nn.Module, d: Path, meta_: dict[str, Any]) -> None:
         save_run(m, d, config=cfg, tokenizer=tok, meta=meta_)
 
-    return Trainer(model, data, t, out, save_model=save_model, evaluate=evaluate).train(meta)
+    data_key = {"batch_size": args.batch_size, "seq_len": args.seq_len, "nsp": args.nsp, "mask_prob": args.mask_prob,
+                "whole_word": args.whole_word, "corpus": file_identity(args.corpus)}
+    return Trainer(model, data, t, out, save_model=save_model, evaluate=evaluate, data_key=data_key).train(meta)

@@ -48,6 +48,8 @@ BATCH = "batch"
 """Output axis: one entry per feature of the batch (always axis 0)."""
 SEQUENCE = "sequence"
 """Output axis: one entry per token; results are trimmed to each feature's own length."""
+LABEL = "label"
+"""Output axis: one entry per label of the run (ctx.labels); bundles are checked to have as many."""
 
 Example = dict[str, Any]
 Feature = dict[str, Any]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -39,8 +40,8 @@ from .batching import bucket_batches, pad_features
 from .errors import BundleError, ConfigError, DataFormatError
 from .evaluation import Progress
 from .files import write_jsonl
-from .registry import Plugin, TaskContext, TaskOption, get_task, tasks_for_command
-from .taskkit import iter_records
+from .registry import LABEL, Plugin, TaskContext, TaskOption, get_task, tasks_for_command
+from .taskkit import clip_text, iter_records
 from .tokenizer import MASK, is_lowercase, load_tokenizer, special_ids
 
 log = logging.getLogger("mlmkit")
@@ -48,6 +49,7 @@ log = logging.getLogger("mlmkit")
 BUNDLE_FILES = ("model.onnx", "tokenizer.json", "mlmkit.json")
 BUNDLE_FORMAT = 2
 """mlmkit.json's format_version: 2 declares output axes by name and keeps a task's saved state in "task_state"."""
+MAX_LENGTH = 1 << 16  # tokens: no BERT has more positions; a larger max_length in a bundle is damage
 FILL_MASK = "fill-mask"
 """The task of a bundle exported from a pretraining run (the core's own graph, not a plugin); served
 by the command of the same name."""
@@ -92,7 +94,34 @@ def read_bundle_meta(path: str | Path) -> dict[str, Any]:
     tok = meta["tokenizer"]
     if not isinstance(tok, dict) or any(not isinstance(tok.get(k), int) for k in ("pad_id", "mask_id", "vocab_size")):
         raise BundleError(f"{d / 'mlmkit.json'}: its 'tokenizer' entry is incomplete", "re-create the bundle with `mlmkit export`")
+    _check_description(d / "mlmkit.json", meta)
     return meta
+
+
+def _check_description(path: Path, meta: dict[str, Any]) -> None:
+    """Each field of a bundle's mlmkit.json has the type and range the runtime relies on."""
+    positions = (meta.get("model") or {}).get("max_position_embeddings", MAX_LENGTH)
+    labels, outputs = meta.get("labels"), meta["outputs"]
+    problems = [
+        (not isinstance(meta["task"], str), "'task' is not a name"),
+        (not _int_in(meta["max_length"], 1, min(positions, MAX_LENGTH)),
+         f"'max_length' {meta['max_length']!r} is not a whole number of tokens from 1 to {min(positions, MAX_LENGTH)}"),
+        (labels is not None and (not isinstance(labels, list) or not all(isinstance(x, str) for x in labels)),
+         "'labels' is not a list of names"),
+        (not isinstance(meta.get("options", {}), dict), "'options' is not an object"),
+        (not isinstance(meta.get("task_state", {}), dict), "'task_state' is not an object"),
+        (not isinstance(outputs, dict) or not all(isinstance(v, list) and all(isinstance(a, str) for a in v)
+                                                 for v in outputs.values()), "'outputs' does not map names to axis lists"),
+        (not isinstance(meta["inputs"], list), "'inputs' is not a list"),
+        (meta["task"] == FILL_MASK and not _int_in(meta.get("top_k"), 1, meta["tokenizer"]["vocab_size"]), "'top_k' is not valid"),
+    ]
+    bad = [why for wrong, why in problems if wrong]
+    if bad:
+        raise BundleError(f"{path}: {bad[0]}", "re-create the bundle with `mlmkit export`")
+
+
+def _int_in(x: Any, low: int, high: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and low <= x <= high
 
 
 def load_bundle_tokenizer(path: str | Path, meta: dict[str, Any]) -> Any:
@@ -122,6 +151,10 @@ def make_session(model: str | Path, *, device: str = "cpu", threads: int | None 
         raise ConfigError(f"--device {device} is not supported", "use cpu or cuda")
     if threads is not None and threads < 1:
         raise ConfigError(f"--threads must be at least 1, got {threads}")
+    cores = os.cpu_count() or 1
+    if threads is not None and threads > cores:
+        log.warning("--threads %d is more than the %d cores of this machine: using %d", threads, cores, cores)
+        threads = cores
     providers = ["CPUExecutionProvider"]
     if device == "cuda":
         if "CUDAExecutionProvider" in ort.get_available_providers():
@@ -169,6 +202,20 @@ class Pipeline:
                 f"{path / 'model.onnx'} does not match its mlmkit.json (graph inputs {self.input_names}, outputs {self.output_names})",
                 "re-create the bundle with `mlmkit export`",
             )
+        self._check_sizes({o.name: o.shape for o in session.get_outputs()})
+
+    def _check_sizes(self, shapes: dict[str, list[Any]]) -> None:
+        """The graph's fixed output sizes against the description: a label axis has one entry per
+        label (a label list that does not fit the head would label every input wrongly, silently)."""
+        labels = self.meta.get("labels")
+        for name, axes in self.outputs.items():
+            dims = shapes.get(name) or []
+            for axis, dim in zip(axes, dims):
+                if axis == LABEL and isinstance(dim, int) and (labels is None or dim != len(labels)):
+                    raise BundleError(
+                        f"{self.path / 'mlmkit.json'} lists {len(labels or [])} labels but the model's '{name}' has {dim}",
+                        "re-create the bundle with `mlmkit export`",
+                    )
 
     @property
     def task(self) -> str:
@@ -201,7 +248,8 @@ class Pipeline:
             return FillMaskPipeline(d, meta, tok, session, batch_size)
         return TaskPipeline(d, meta, tok, session, batch_size, plugin)
 
-    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, **options: Any) -> list[dict[str, Any]]:
+    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
+                 **options: Any) -> list[dict[str, Any]]:
         raise NotImplementedError
 
     def summary(self, result: dict[str, Any]) -> dict[str, str]:
@@ -237,8 +285,8 @@ class FillMaskPipeline(Pipeline):
         return self._token_text[i]
 
     def __call__(
-        self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, top_k: int | None = None,
-        **options: Any,
+        self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
+        top_k: int | None = None, **options: Any,
     ) -> list[dict[str, Any]]:
         if options:
             raise ConfigError(f"--{next(iter(options)).replace('_', '-')} is not an option of fill-mask bundles",
@@ -247,8 +295,9 @@ class FillMaskPipeline(Pipeline):
         if k > self.top_k:
             raise ConfigError(f"--top-k {k}: this bundle was exported with --top-k {self.top_k}",
                               f"ask for 1 to {self.top_k}, or export again with a larger --top-k")
-        pairs = [_text_pair(x) for x in inputs]
-        encs = self.tokenizer.encode_batch([(a, b) if b is not None else a for a, b in pairs]) if pairs else []
+        pairs = [_text_pair(x, n) for n, x in enumerate(inputs, start=first)]
+        clip = lambda t: clip_text(t, self.tokenizer, self.max_length)  # noqa: E731
+        encs = self.tokenizer.encode_batch([(clip(a), clip(b)) if b is not None else clip(a) for a, b in pairs]) if pairs else []
         results: list[dict[str, Any]] = []
         todo: list[int] = []
         for i, ((a, b), enc) in enumerate(zip(pairs, encs)):
@@ -298,14 +347,14 @@ class FillMaskPipeline(Pipeline):
                                          for m in result["masks"])}
 
 
-def _text_pair(item: str | dict[str, Any]) -> tuple[str, str | None]:
+def _text_pair(item: str | dict[str, Any], n: int) -> tuple[str, str | None]:
     if isinstance(item, str):
         return item, None
     if isinstance(item, dict) and isinstance(item.get("text"), str):
         pair = item.get("text_pair")
         return item["text"], pair if isinstance(pair, str) else None
     have = ", ".join(item) if isinstance(item, dict) else type(item).__name__
-    raise DataFormatError("<input>", f"expected a text or a record with a 'text' field, got: {have}", field="text")
+    raise DataFormatError(f"input {n}", f"expected a text or a record with a 'text' field, got: {have}", field="text")
 
 
 def _fill(text: str, masks: list[dict[str, Any]]) -> str:
@@ -329,15 +378,28 @@ class TaskPipeline(Pipeline):
                  plugin: Plugin) -> None:
         super().__init__(path, meta, tokenizer, session, batch_size)
         self.plugin = plugin
+        if self.outputs != plugin.outputs:  # e.g. a description edited to name another task
+            raise BundleError(
+                f"{path} is described as a {plugin.name} bundle, but its outputs {dict(self.outputs)} are not the task's "
+                f"{dict(plugin.outputs)}", "re-create the bundle with `mlmkit export`")
 
     def context(self, options: dict[str, Any] | None = None) -> TaskContext:
         """The task's context: the bundle's labels and saved state; its defaults < the options saved
         in the bundle < ``options`` (an option the task lacks is an error)."""
         return TaskContext.from_meta(self.meta, self.plugin.resolve_options(options, saved=self.meta.get("options")))
 
-    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, **options: Any) -> list[dict[str, Any]]:
+    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
+                 **options: Any) -> list[dict[str, Any]]:
+        """``first``: the number of the first input, for error messages ("input 7: empty text")."""
         ctx = self.context(options)
-        examples = [self.plugin.from_input(x, ctx.options) for x in inputs]
+        examples = []
+        for n, x in enumerate(inputs, start=first):
+            try:
+                examples.append(self.plugin.from_input(x, ctx.options))
+            except DataFormatError as e:
+                if e.path != "<input>":
+                    raise
+                raise DataFormatError(f"input {n}", e.detail, field=e.field, hint=e.hint) from None
         return evaluation.predict(self.plugin, examples, self.tokenizer, ctx, self.run_batch, batch_size=self.batch_size,
                                   progress=progress).predictions
 
@@ -382,13 +444,28 @@ def read_inputs(path: str | Path) -> list[str | dict[str, Any]]:
 
 
 def read_stdin() -> list[str | dict[str, Any]]:
-    """Inputs piped on stdin: JSON lines when every non-blank line is a JSON object or string, else
-    text lines (one input per line)."""
-    lines = [line.rstrip("\r") for line in sys.stdin.read().split("\n") if line.strip()]
+    """Inputs piped on stdin: JSON lines when the first non-blank line is a JSON object or string
+    (then every line must be one: a bad line is an error naming it, never a reason to read them all
+    as plain text), else text lines (one input per line)."""
+    numbered = [(n, line.rstrip("\r")) for n, line in enumerate(sys.stdin.read().split("\n"), start=1) if line.strip()]
+    if not numbered or not _json_value(numbered[0][1]):
+        return [line for _, line in numbered]
+    items: list[str | dict[str, Any]] = []
+    for n, line in numbered:
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataFormatError("<stdin>", f"malformed JSON ({e.msg} at column {e.colno})", line=n,
+                                  hint="the first line is JSON, so every line must be; or pipe plain text lines") from None
+        if not isinstance(value, (str, dict)):
+            raise DataFormatError("<stdin>", f"expected an object or a string, got {type(value).__name__}", line=n)
+        items.append(value)
+    return items
+
+
+def _json_value(line: str) -> bool:
+    """Whether a line is a JSON object or string (a text that merely starts with a quote is not)."""
     try:
-        items = [json.loads(line) for line in lines] if lines and lines[0].lstrip()[:1] in ("{", '"') else None
+        return isinstance(json.loads(line), (str, dict))
     except json.JSONDecodeError:
-        items = None
-    if items is not None and all(isinstance(x, (str, dict)) for x in items):
-        return items
-    return lines
+        return False

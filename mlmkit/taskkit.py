@@ -14,7 +14,9 @@ first, no quoting: a quote is just a character, the GLUE convention).
 from __future__ import annotations
 
 import csv
+import itertools
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,15 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, DataFormatError
-from .registry import BATCH, EXAMPLE, SEQUENCE, TRUNCATED, TaskContext, TaskOption
+from .registry import BATCH, EXAMPLE, LABEL, SEQUENCE, TRUNCATED, TaskContext, TaskOption
 
 __all__ = [
-    "BATCH", "EXAMPLE", "SEQUENCE", "TRUNCATED", "TaskContext", "TaskOption", "ConfigError", "DataFormatError",
+    "BATCH", "EXAMPLE", "LABEL", "SEQUENCE", "TRUNCATED", "TaskContext", "TaskOption", "ConfigError", "DataFormatError",
     "Record", "FORMATS", "data_format", "iter_lines", "iter_jsonl", "iter_table", "iter_records", "read_text",
-    "tokenizer_settings",
+    "tokenizer_settings", "clip_text",
 ]
 
 FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+FIELD_LIMIT = 1 << 30  # characters in one CSV field (the csv module's 131,072 would reject a long text)
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ def iter_table(path: str | Path, delimiter: str) -> Iterator[Record]:
     p = _checked(path)
     kind = "TSV" if delimiter == "\t" else "CSV"
     quoting = csv.QUOTE_NONE if kind == "TSV" else csv.QUOTE_MINIMAL
+    csv.field_size_limit(FIELD_LIMIT)
     reader = csv.reader((line for _, line in _decoded(p, keepends=True)), delimiter=delimiter, quoting=quoting, strict=True)
     header: tuple[str, ...] | None = None
     start = header_line = 1
@@ -175,6 +179,25 @@ def iter_records(path: str | Path, fmt: str | None = None) -> Iterator[Record]:
 
 
 # ---- tokenizers ----------------------------------------------------------------------------------
+_WORD = re.compile(r"\S+")
+
+
+def clip_text(text: str, tokenizer: Any, max_tokens: int) -> str:
+    """A prefix of ``text`` that tokenizes to more than ``max_tokens`` tokens, the same ones the whole
+    text starts with, or the whole text when it has no more: a 20 MB line costs what the max length
+    uses, not its size. Tokenization splits at whitespace, so a prefix cut after a word tokenizes as
+    the start of the whole; more than ``max_tokens`` tokens keep truncation visible to the tokenizer."""
+    if len(text) <= 8 * max_tokens:  # most texts: nothing to gain
+        return text
+    words = max_tokens + 1
+    with tokenizer_settings(tokenizer) as tok:
+        while True:
+            end = next(itertools.islice(_WORD.finditer(text), words - 1, None), None)
+            if end is None or end.end() >= len(text):
+                return text
+            if len(tok.encode(text[: end.end()], add_special_tokens=False).ids) > max_tokens:
+                return text[: end.end()]
+            words *= 2  # words that make no tokens (control characters): look further
 @contextmanager
 def tokenizer_settings(
     tokenizer: Any, *, max_length: int | None = None, strategy: str = "longest_first", stride: int = 0

@@ -88,7 +88,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         for name in ("tokenizer.json", "vocab.txt"):
             if (p / name).exists():
                 return load_tokenizer(p / name)
-        raise ConfigError(f"no tokenizer.json or vocab.txt in {p}", "pass --tokenizer, or train one")
+        raise ConfigError(f"no tokenizer.json or vocab.txt in {p}", "a model directory needs one of them beside config.json")
     if not p.exists():
         raise ConfigError(f"tokenizer not found: {p}", "check the path")
     if p.suffix == ".txt":

@@ -33,8 +33,8 @@ from torch import nn
 
 from .args import TrainArgs
 from .checkpoint import load_state_dict, load_weights
-from .errors import ConfigError
-from .files import atomic_open, read_json, write_json
+from .errors import ConfigError, MlmkitError
+from .files import atomic_open, exclusive, read_json, write_json
 
 log = logging.getLogger("mlmkit")
 
@@ -193,6 +193,21 @@ class Checkpointer:
         ck = self.root / f"step-{position['step']:07d}"
         if ck.exists():
             shutil.rmtree(ck)
+        try:
+            self._write(ck, model, opt, sched, position, meta)
+        except Exception as e:  # (a kill leaves the directory incomplete, and ``complete`` ignores it)
+            shutil.rmtree(ck, ignore_errors=True)
+            if isinstance(e, OSError):
+                raise MlmkitError(f"could not write the checkpoint {ck}: {e.strerror or e}",
+                                  "free disk space or fix the permissions; the previous checkpoint is intact") from e
+            raise
+        # an incomplete checkpoint (a crashed write) must not count, or it could displace the last complete one
+        for old in self.complete()[: -self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+        return ck
+
+    def _write(self, ck: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, position: dict[str, Any],
+               meta: dict[str, Any]) -> None:
         self.save_model(model, ck, meta)
         st = ck / "state"
         st.mkdir(parents=True, exist_ok=True)
@@ -207,10 +222,6 @@ class Checkpointer:
             rng["cuda"] = torch.cuda.get_rng_state_all()
         torch.save(rng, st / "rng.pt")
         write_json(st / "trainer.json", position)
-        # an incomplete checkpoint (a crashed write) must not count, or it could displace the last complete one
-        for old in self.complete()[: -self.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
-        return ck
 
     def restore(self, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, device: torch.device) -> tuple[Path, dict[str, Any]]:
         """Load the latest checkpoint into the model, optimizer, scheduler and RNGs; (its path, its position)."""
@@ -275,10 +286,13 @@ class Trainer:
 
     def __init__(
         self, model: nn.Module, data: DataSource, args: TrainArgs, out_dir: str | Path, *,
-        save_model: SaveModel, evaluate: Evaluate | None = None,
+        save_model: SaveModel, evaluate: Evaluate | None = None, data_key: dict[str, Any] | None = None,
     ) -> None:
+        """``data_key``: the settings that decide which batch comes at which step (batch size, files,
+        lengths ...): a checkpoint records them and --resume refuses to continue when they changed."""
         self.args, self.data, self.out, self.evaluate = args, data, Path(out_dir), evaluate
         self.save_model = save_model
+        self.data_key = {**(data_key or {}), "seed": args.seed, "grad_accum": args.grad_accum}
         self.device = resolve_device(args.device)
         if args.bf16:
             check_bf16(self.device)
@@ -317,7 +331,7 @@ class Trainer:
     # ---- state -------------------------------------------------------------------------------
     def _position(self) -> dict[str, Any]:
         return {"step": self.step, "epoch": self.cursor.epoch, "micro": self.cursor.micro, "total": self.total,
-                "world": self.dist.world, **self.tracker.state()}
+                "world": self.dist.world, "data": self.data_key, **self.tracker.state()}
 
     def _checkpoint(self, meta: dict[str, Any]) -> None:
         if self.dist.main:
@@ -338,6 +352,14 @@ class Trainer:
                 f"--resume: the checkpoint was written by {pos['world']} processes, this run has {self.dist.world}",
                 "resume with the same --nproc-per-node",
             )
+        saved = json.loads(json.dumps(pos.get("data", self.data_key)))  # as JSON has it (tuples are lists)
+        changed = [k for k in sorted({*saved, *self.data_key}) if saved.get(k) != json.loads(json.dumps(self.data_key.get(k)))]
+        if changed:
+            what = "; ".join(f"{k}: {saved.get(k)!r} then, {self.data_key.get(k)!r} now" for k in changed)
+            if not self.args.resume_force:
+                raise ConfigError(f"--resume: settings that decide the data order changed since the checkpoint ({what})",
+                                  "resume with the run's settings, or pass --resume-force to continue regardless")
+            log.warning("--resume-force: continuing although %s", what)
         self.step, self.cursor.epoch, self.cursor.micro = pos["step"], pos["epoch"], pos["micro"]
         self.tracker.load(pos)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", ck, self.step, self.cursor.epoch, self.cursor.micro)
@@ -418,9 +440,10 @@ class Trainer:
 
     def train(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
         """Train to ``total`` steps; returns the last logged and evaluation metrics."""
-        meta = {**(meta or {}), "train_args": asdict(self.args)}
-        if self.dist.main:
-            self.out.mkdir(parents=True, exist_ok=True)
+        with exclusive(self.out) if self.dist.main else contextlib.nullcontext():
+            return self._train({**(meta or {}), "train_args": asdict(self.args)})
+
+    def _train(self, meta: dict[str, Any]) -> dict[str, Any]:
         self._start()
         a = self.args
         self.model.train()

@@ -23,12 +23,14 @@ from typing import Any
 from mlmkit.taskkit import (
     BATCH,
     EXAMPLE,
+    LABEL,
     TRUNCATED,
     ConfigError,
     DataFormatError,
     Record,
     TaskContext,
     TaskOption,
+    clip_text,
     data_format,
     iter_jsonl,
     iter_records,
@@ -123,7 +125,7 @@ class ClassificationTask:
     description = "Sequence classification of single texts or text pairs ([CLS] head)."
     formats = ("csv", "tsv", "jsonl")
     metrics = ("accuracy", "macro_f1", "mcc")
-    outputs = {"probabilities": (BATCH, "label")}
+    outputs = {"probabilities": (BATCH, LABEL)}
     options = (
         TaskOption("text_column", "text", "The text column / field."),
         TaskOption("pair_column", "text_pair", "The second text of a pair (used when present)."),
@@ -145,6 +147,8 @@ class ClassificationTask:
     def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
         """A text, or a record with the text (and pair) fields."""
         if isinstance(item, str):
+            if not item.strip():
+                raise DataFormatError("<input>", "empty text", hint="give a text to classify, or leave the input out")
             return {"text": item}
         return _example(Record("<input>", None, item), options, labelled=False)
 
@@ -160,7 +164,9 @@ class ClassificationTask:
             raise DataFormatError(ex.get("source", "<input>"), "no label", line=ex.get("line"), field="label")
         # gold labels, where there are any (evaluation data), must be ones the model was trained on
         ids = _label_ids(examples, ctx) if len(unlabelled) < len(examples) else {}
-        inputs = [(ex["text"], ex["text_pair"]) if ex.get("text_pair") is not None else ex["text"] for ex in examples]
+        L = ctx.max_length
+        inputs = [(clip_text(ex["text"], tokenizer, L), clip_text(ex["text_pair"], tokenizer, L))
+                  if ex.get("text_pair") is not None else clip_text(ex["text"], tokenizer, L) for ex in examples]
         with tokenizer_settings(tokenizer, max_length=ctx.max_length) as tok:
             encodings = tok.encode_batch(inputs) if inputs else []
         features = []

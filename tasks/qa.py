@@ -312,11 +312,12 @@ class QATask:
         """An example from a runtime record with "question" and "context" (and optionally "id")."""
         hint = 'give records with "question" and "context" fields (JSON lines, or CSV/TSV columns of those names)'
         if not isinstance(item, dict):
-            raise MlmkitError("qa needs a question and a context, not a plain text", hint)
+            raise DataFormatError("<input>", "qa needs a question and a context, not a plain text", hint=hint)
         missing = [k for k in ("question", "context") if not isinstance(item.get(k), str)]
         if missing:
             has = ", ".join(map(repr, item)) or "nothing"
-            raise MlmkitError(f"qa input lacks {' and '.join(map(repr, missing))} (it has {has})", hint)
+            raise DataFormatError("<input>", f"qa input lacks {' and '.join(map(repr, missing))} (it has {has})",
+                                  field=missing[0], hint=hint)
         qid = item.get("id")
         return {
             "id": "" if qid is None else str(qid), "question": item["question"], "context": item["context"],

@@ -41,6 +41,7 @@ import numpy as np
 from mlmkit.taskkit import (
     BATCH,
     EXAMPLE,
+    LABEL,
     SEQUENCE,
     ConfigError,
     DataFormatError,
@@ -169,11 +170,11 @@ def split_words(text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def joined_offsets(tokens: Sequence[str]) -> tuple[str, list[list[int]]]:
+def joined_offsets(tokens: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
     """The text " ".join(tokens) and each token's [start, end) in it (pre-tokenized inputs)."""
     offsets, pos = [], 0
     for t in tokens:
-        offsets.append([pos, pos + len(t)])
+        offsets.append((pos, pos + len(t)))
         pos += len(t) + 1
     return " ".join(tokens), offsets
 
@@ -323,13 +324,48 @@ def windows(word_of: Sequence[int], budget: int, overlap: int) -> list[tuple[int
             s = starts[j] if j < len(starts) and starts[j] <= e else target
 
 
+def _word_pieces(ids: Sequence[int], word_ids: Sequence[int], n_words: int, unk: int) -> tuple[list[int], list[int]]:
+    """The sub-token ids of a pre-tokenized encoding and the word of each, every word with at least
+    one: a word the normaliser erases (a zero-width space) gets [UNK]."""
+    sub_ids: list[int] = []
+    word_of: list[int] = []
+    expect = 0  # the next word that has no sub-token yet
+    for tid, w in zip(ids, word_ids):
+        while expect < w:
+            sub_ids.append(unk)
+            word_of.append(expect)
+            expect += 1
+        sub_ids.append(tid)
+        word_of.append(w)
+        expect = max(expect, w + 1)
+    for w in range(expect, n_words):
+        sub_ids.append(unk)
+        word_of.append(w)
+    return sub_ids, word_of
+
+
+def _word_distributions(probs: np.ndarray, tokens: list[list[int]], agg: str) -> np.ndarray:
+    """(words, L): each word's label distribution from the rows of its sub-tokens in ``probs`` (T, L)."""
+    counts = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rows = np.asarray(probs, dtype=np.float64)[np.fromiter((x for t in tokens for x in t), dtype=np.int64)]  # (sub-tokens, L)
+    if agg == "first":
+        return rows[starts]
+    if agg == "average":
+        return np.add.reduceat(rows, starts, axis=0) / counts[:, None]
+    # max: the sub-token the model is surest about speaks for the word (the first of equals)
+    word = np.repeat(np.arange(len(tokens)), counts)
+    order = np.lexsort((-rows.max(axis=1), word))  # by word, then most confident first (stable)
+    return rows[order[starts]]
+
+
 # ---- the task ----------------------------------------------------------------------------------
 class TaggingTask:
     name = "tagging"
     description = "Token tagging (NER, chunking): CoNLL/JSONL, IOB1/IOB2/BIOES, entity-level P/R/F1."
     formats = ("conll", "jsonl")
     metrics = ("f1", "precision", "recall")
-    outputs = {"probabilities": (BATCH, SEQUENCE, "label")}
+    outputs = {"probabilities": (BATCH, SEQUENCE, LABEL)}
     options = (
         TaskOption("label_all_tokens", False, "Train on every sub-token of a word, not only its first."),
         TaskOption("aggregation", "first", "A word's prediction from its sub-tokens: first, average or max.",
@@ -358,7 +394,7 @@ class TaggingTask:
             item = item["text"]
         if isinstance(item, str):
             spans = split_words(item)
-            return {"text": item, "tokens": [item[a:b] for a, b in spans], "offsets": [list(s) for s in spans]}
+            return {"text": item, "tokens": [item[a:b] for a, b in spans], "offsets": spans}
         tokens = item.get("tokens") if isinstance(item, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
             have = ", ".join(item) if isinstance(item, dict) else type(item).__name__
@@ -391,15 +427,7 @@ class TaggingTask:
             encodings = tok.encode_batch([ex["tokens"] for ex in examples], is_pretokenized=True, add_special_tokens=False) if examples else []
         features: list[dict[str, Any]] = []
         for i, (ex, enc) in enumerate(zip(examples, encodings)):
-            pieces: list[list[int]] = [[] for _ in ex["tokens"]]
-            for tid, w in zip(enc.ids, enc.word_ids):
-                pieces[w].append(tid)
-            sub_ids: list[int] = []
-            word_of: list[int] = []
-            for w, p in enumerate(pieces):
-                p = p or [sp.unk]  # a word the normaliser erases (a zero-width space) still gets a token
-                sub_ids.extend(p)
-                word_of.extend([w] * len(p))
+            sub_ids, word_of = _word_pieces(enc.ids, enc.word_ids, len(ex["tokens"]), sp.unk)
             if training:
                 gold = [ids[t] for t in ex["tags"]]
                 sub_labels = [
@@ -453,36 +481,33 @@ class TaggingTask:
                 context = min(left, right)
                 if w not in seen or context > seen[w][0]:
                     seen[w] = (context, k, ts)
-        arrays: dict[int, np.ndarray] = {}
+        # each window's words at once: their distributions, then label and score
+        tags: list[list[str]] = [[""] * len(ex["tokens"]) for ex in examples]
+        scores: list[list[float]] = [[0.0] * len(ex["tokens"]) for ex in examples]
+        by_feature: dict[int, list[tuple[int, int, list[int]]]] = defaultdict(list)  # k -> (example, word, positions)
+        for i, seen in enumerate(best):
+            if len(seen) != len(examples[i]["tokens"]):
+                raise ConfigError(f"no model output for some words of example {i}", "a bug: please report it")
+            for w, (_, k, ts) in seen.items():
+                by_feature[k].append((i, w, ts))
+        for k, words in by_feature.items():
+            dist = _word_distributions(probs[k], [ts for _, _, ts in words], agg)  # (words, L)
+            best_label = dist.argmax(axis=1)
+            best_score = dist[np.arange(len(words)), best_label]
+            for (i, w, _), j, p in zip(words, best_label.tolist(), best_score.tolist()):
+                tags[i][w], scores[i][w] = labels[j], p
         preds = []
         for i, ex in enumerate(examples):
-            tags, scores = [], []
-            for w in range(len(ex["tokens"])):
-                if w not in best[i]:
-                    raise ConfigError(f"no model output for word {w} of example {i}", "a bug: please report it")
-                _, k, ts = best[i][w]
-                if k not in arrays:
-                    arrays[k] = np.asarray(probs[k], dtype=np.float64)  # (T, L)
-                rows = arrays[k][ts]  # (sub-tokens of the word, L)
-                if agg == "first":
-                    dist = rows[0]
-                elif agg == "average":
-                    dist = rows.mean(axis=0)
-                else:  # max: the sub-token the model is surest about speaks for the word
-                    dist = rows[int(rows.max(axis=1).argmax())]
-                j = int(dist.argmax())
-                tags.append(labels[j])
-                scores.append(float(dist[j]))
             if "offsets" in ex:
                 text, offsets = ex["text"], ex["offsets"]
             else:
                 text, offsets = joined_offsets(ex["tokens"])
             entities = []
-            for kind, a, b in chunks(tags):
+            for kind, a, b in chunks(tags[i]):
                 start, end = offsets[a][0], offsets[b - 1][1]
                 entities.append({"type": kind, "start": start, "end": end, "text": text[start:end],
-                                 "score": float(np.mean(scores[a:b]))})
-            preds.append({"tokens": list(ex["tokens"]), "tags": tags, "scores": scores, "entities": entities})
+                                 "score": sum(scores[i][a:b]) / (b - a)})
+            preds.append({"tokens": list(ex["tokens"]), "tags": tags[i], "scores": scores[i], "entities": entities})
         return preds
 
     def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, Any]:

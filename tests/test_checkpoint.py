@@ -21,7 +21,7 @@ from mlmkit.training import Checkpointer, latest_checkpoint
 N = 4  # steps between checkpoints
 
 
-class Killed(Exception):
+class Killed(BaseException):
     """Stands for the process being killed."""
 
 

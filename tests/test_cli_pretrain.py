@@ -41,7 +41,7 @@ def pretrain(*args: str | Path):
 
 def tiny_args(files, out: Path) -> list[str | Path]:
     return [files["corpus"], "--out", out, "--tokenizer", files["tok"], "--config", files["config"],
-            "--steps", "2", "--batch-size", "4", "--seq-len", "32"]
+            "--steps", "2", "--batch-size", "2", "--seq-len", "32"]
 
 
 def one_error_line(result) -> str:

@@ -277,7 +277,7 @@ def test_feature_data_order_is_a_function_of_seed_and_epoch() -> None:
 
 
 # ---- resuming ----------------------------------------------------------------------------------
-class Killed(Exception):
+class Killed(BaseException):
     """Stands in for a process killed mid-run."""
 
 

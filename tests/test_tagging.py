@@ -341,7 +341,7 @@ def test_entity_offsets_round_trip(tok, item, entity_texts):
 
 
 def test_from_input_records():
-    assert task.from_input({"text": "in Rome"}, CTX.options)["offsets"] == [[0, 2], [3, 7]]
+    assert task.from_input({"text": "in Rome"}, CTX.options)["offsets"] == [(0, 2), (3, 7)]
     with pytest.raises(DataFormatError, match="a record with 'text' or 'tokens'"):
         task.from_input({"sentence": "in Rome"}, CTX.options)
 

@@ -52,6 +52,12 @@ class InferenceArgs(Args):
     threads: int | None = arg(None, "onnxruntime intra-op threads (default: one per physical core).")
     as_json: bool = arg(False, "Print JSON lines instead of a table (the default when piped).", flags=("--json",))
 
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {self.threads}")
+
 
 # ---- export ------------------------------------------------------------------------------------
 @app.command("export")
@@ -106,9 +112,10 @@ def _inputs(texts: list[str] | None, input_file: Path | None) -> list[Any]:
     return read_stdin()
 
 
-def _chunks(items: list[Any]) -> Iterator[list[Any]]:
+def _chunks(items: list[Any]) -> Iterator[tuple[int, list[Any]]]:
+    """(number of the first input, inputs) of each chunk."""
     for i in range(0, len(items), CHUNK):
-        yield items[i : i + CHUNK]
+        yield i + 1, items[i : i + CHUNK]
 
 
 def run_inference(command: str | None, args: InferenceArgs, options: dict[str, Any], items: list[Any] | None = None) -> None:
@@ -134,8 +141,8 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
             progress.update(bar, rate=f"{speed:,.0f} items/s" if speed else "")
 
         stream = sink if sink is not None else (sys.stdout if want_json(args.as_json) else None)
-        for chunk in _chunks(items):
-            got = pipe(chunk, progress=advance, **options)
+        for first, chunk in _chunks(items):
+            got = pipe(chunk, progress=advance, first=first, **options)
             if stream is not None:
                 stream.write("".join(map(json_line, got)))
                 stream.flush()
