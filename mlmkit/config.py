@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .files import atomic_write_text
+from .files import atomic_write_text, parse_json
 
 
 @dataclass
@@ -95,7 +95,7 @@ class BertConfig:
         if p.is_dir():
             p = p / "config.json"
         try:
-            d = json.loads(p.read_text(encoding="utf-8"))
+            d = parse_json(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"config not found: {p}", "pass a run directory or a config.json") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

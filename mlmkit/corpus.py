@@ -34,7 +34,7 @@ import torch
 from tokenizers import Tokenizer
 
 from .errors import DataFormatError, MlmkitError
-from .files import atomic_write
+from .files import atomic_write, parse_json
 from .masking import mask_tokens
 from .tokenizer import SpecialIds, continuation_flags, special_ids
 
@@ -72,7 +72,7 @@ def iter_documents(path: str | Path) -> Iterator[list[str]]:
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = parse_json(line)
                 text = rec["text"]
             except json.JSONDecodeError as e:
                 raise DataFormatError(p, f"malformed JSON ({e.msg})", line=n, hint="one JSON object per line") from None

@@ -81,11 +81,20 @@ def write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def parse_json(text: str) -> Any:
+    """json.loads, where a document nested too deeply for Python's parser ("[[[[...") is malformed JSON
+    like any other (json.JSONDecodeError), not a RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text[:100], 0) from None
+
+
 def read_json(path: str | Path) -> dict[str, Any]:
     """A JSON object from ``path``; a missing, unreadable or non-object file is a ConfigError naming it."""
     p = Path(path)
     try:
-        obj = json.loads(p.read_text(encoding="utf-8"))
+        obj = parse_json(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{p} not found", "is this a run directory or bundle written by mlmkit?") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -107,6 +107,7 @@ def pretrain(args: PretrainArgs) -> dict[str, Any]:
     out, t = Path(args.out), args.train
     if next(iter_sentences(args.corpus), None) is None:  # checked before a tokenizer is trained on nothing
         raise MlmkitError(f"the corpus {', '.join(map(str, args.corpus))} is empty", "give text files with one sentence per line")
+    given = BertConfig.load(args.config) if args.config is not None else None  # checked before any work
     own = (latest_checkpoint(out) or out) if t.resume else None
     tokenizer = args.tokenizer
     if own is not None and (own / "tokenizer.json").exists() and tokenizer is None:
@@ -116,8 +117,8 @@ def pretrain(args: PretrainArgs) -> dict[str, Any]:
     else:
         tok = _train_shared_tokenizer(args.corpus, out, vocab_size=args.vocab_size, cased=args.cased, device=t.device)
     V = tok.get_vocab_size()
-    if args.config is not None:
-        cfg = BertConfig.load(args.config)
+    if given is not None:
+        cfg = given
         if cfg.vocab_size != V:
             raise ConfigError(
                 f"the tokenizer has {V} tokens but {args.config} says vocab_size {cfg.vocab_size}",

@@ -39,7 +39,7 @@ from . import evaluation
 from .batching import bucket_batches, pad_features
 from .errors import BundleError, ConfigError, DataFormatError
 from .evaluation import Progress
-from .files import write_jsonl
+from .files import parse_json, write_jsonl
 from .registry import LABEL, Plugin, TaskContext, TaskOption, get_task, tasks_for_command
 from .taskkit import clip_text, iter_records
 from .tokenizer import MASK, is_lowercase, load_tokenizer, special_ids
@@ -80,7 +80,7 @@ def read_bundle_meta(path: str | Path) -> dict[str, Any]:
     if missing:
         raise BundleError(f"{d} lacks {', '.join(missing)}", "re-create the bundle with `mlmkit export RUN --out DIR`")
     try:
-        meta = json.loads((d / "mlmkit.json").read_text(encoding="utf-8"))
+        meta = parse_json((d / "mlmkit.json").read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BundleError(f"{d / 'mlmkit.json'} is corrupted ({e})", "re-create the bundle with `mlmkit export`") from None
     keys = ("task", "max_length", "inputs", "outputs", "tokenizer")
@@ -453,7 +453,7 @@ def read_stdin() -> list[str | dict[str, Any]]:
     items: list[str | dict[str, Any]] = []
     for n, line in numbered:
         try:
-            value = json.loads(line)
+            value = parse_json(line)
         except json.JSONDecodeError as e:
             raise DataFormatError("<stdin>", f"malformed JSON ({e.msg} at column {e.colno})", line=n,
                                   hint="the first line is JSON, so every line must be; or pipe plain text lines") from None
@@ -466,6 +466,6 @@ def read_stdin() -> list[str | dict[str, Any]]:
 def _json_value(line: str) -> bool:
     """Whether a line is a JSON object or string (a text that merely starts with a quote is not)."""
     try:
-        return isinstance(json.loads(line), (str, dict))
+        return isinstance(parse_json(line), (str, dict))
     except json.JSONDecodeError:
         return False

@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, DataFormatError
+from .files import parse_json
 from .registry import BATCH, EXAMPLE, LABEL, SEQUENCE, TRUNCATED, TaskContext, TaskOption
 
 __all__ = [
     "BATCH", "EXAMPLE", "LABEL", "SEQUENCE", "TRUNCATED", "TaskContext", "TaskOption", "ConfigError", "DataFormatError",
     "Record", "FORMATS", "data_format", "iter_lines", "iter_jsonl", "iter_table", "iter_records", "read_text",
-    "tokenizer_settings", "clip_text",
+    "tokenizer_settings", "clip_text", "parse_json",
 ]
 
 FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}
@@ -119,7 +120,7 @@ def iter_jsonl(path: str | Path, *, strings: bool = False) -> Iterator[Record]:
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = parse_json(line)
         except json.JSONDecodeError as e:
             raise DataFormatError(p, f"malformed JSON ({e.msg} at column {e.colno})", line=n,
                                   hint="each line must be one JSON object") from None

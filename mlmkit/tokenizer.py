@@ -15,7 +15,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from .errors import ConfigError
-from .files import atomic_write_text, write_json
+from .files import atomic_write_text, parse_json, write_json
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
@@ -93,7 +93,11 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         raise ConfigError(f"tokenizer not found: {p}", "check the path")
     if p.suffix == ".txt":
         vocab = {}
-        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines()):
+        try:
+            lines = p.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{p}: not UTF-8 text (byte {e.start})", "a vocab.txt has one UTF-8 token per line") from None
+        for i, line in enumerate(lines):
             vocab.setdefault(line.rstrip("\n"), i)
         cased = not _lowercase_from_config(p.parent)
         tok = _bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100)), cased)
@@ -112,8 +116,8 @@ def _lowercase_from_config(d: Path) -> bool:
     cfg = d / "tokenizer_config.json"
     if cfg.exists():
         try:
-            return bool(json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case", True))
-        except json.JSONDecodeError:
+            return bool(parse_json(cfg.read_text(encoding="utf-8")).get("do_lower_case", True))
+        except (ValueError, AttributeError):  # unreadable or not an object: BERT's default, lowercase
             pass
     return True
 

@@ -501,7 +501,7 @@ def _logged_by(line: str, step: int) -> bool:
     """Whether a metrics.jsonl line was logged at or before ``step`` (a line cut short by a kill was not)."""
     try:
         return int(json.loads(line).get("step", 0)) <= step
-    except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError, RecursionError):
         return False
 
 

@@ -43,6 +43,7 @@ from mlmkit.taskkit import (
     TaskContext,
     TaskOption,
     iter_jsonl,
+    parse_json,
     read_text,
     tokenizer_settings,
 )
@@ -299,7 +300,7 @@ class QATask:
             return _read_records(iter_jsonl(p))
         text = read_text(p)
         try:
-            doc = json.loads(text)
+            doc = parse_json(text)
         except json.JSONDecodeError as e:
             if e.msg == "Extra data" or p.suffix.lower() != ".json":  # several JSON values: JSON lines
                 return _read_records(iter_jsonl(p))
