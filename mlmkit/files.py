@@ -124,11 +124,17 @@ LOCK = ".mlmkit.lock"
 def exclusive(directory: str | Path) -> Iterator[None]:
     """Hold DIRECTORY/.mlmkit.lock while the block runs: a second process writing the same run or
     bundle gets a clear error naming the holder instead of interleaving its files with the first's.
-    A lock left by a process that no longer runs (on this host) is taken over, with a notice."""
+    A lock left by a process that no longer runs (on this host) is taken over, with a notice; a
+    process that holds the lock already may enter it again (pretraining holds it, then its Trainer)."""
     d = Path(directory)
+    created = not d.exists()
     d.mkdir(parents=True, exist_ok=True)
     lock = d / LOCK
     me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    held = _holder(lock)
+    if held is not None and (held.get("pid"), held.get("host")) == (me["pid"], me["host"]):
+        yield  # this process holds it: the outer block releases it
+        return
     while True:
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
@@ -154,6 +160,8 @@ def exclusive(directory: str | Path) -> Iterator[None]:
     finally:
         if _holder(lock) == me:
             lock.unlink(missing_ok=True)
+        if created and not any(d.iterdir()):  # a run that failed before writing anything leaves no trace
+            d.rmdir()
 
 
 def _age(path: Path) -> float:
@@ -173,12 +181,10 @@ def _holder(lock: Path) -> dict[str, Any] | None:
 
 
 def _gone(holder: dict[str, Any]) -> bool:
-    """Whether the process that holds a lock has ended (or is this one: a lock is not re-entered)."""
+    """Whether the process that holds a lock has ended."""
     pid = holder.get("pid")
     if holder.get("host") != socket.gethostname() or not isinstance(pid, int):
         return False  # another machine's process: cannot tell, so it holds
-    if pid == os.getpid():
-        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -3,7 +3,9 @@ loop (training.py) and the one prediction loop (evaluation.py) on a PyTorch forw
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +21,7 @@ from .checkpoint import is_model_dir, load_state_dict, load_weights, read_run_me
 from .config import BertConfig
 from .corpus import file_identity
 from .errors import ConfigError, MlmkitError
-from .files import write_jsonl
+from .files import exclusive, write_jsonl
 from .registry import Example, Feature, Plugin, TaskContext, get_task
 from .tokenizer import load_tokenizer, special_ids
 from .training import Trainer, resolve_device
@@ -105,6 +107,11 @@ def finetune(args: FinetuneArgs) -> dict[str, Any]:
     The head starts fresh; with an evaluation file the best checkpoint by the task's main metric is
     kept in ``args.out``. Returns the final metrics.
     """
+    with exclusive(args.out) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext():
+        return _finetune(args)
+
+
+def _finetune(args: FinetuneArgs) -> dict[str, Any]:
     task = get_task(args.task)
     opts = task.resolve_options(args.options)
     base = base_model_dir(args.model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -17,6 +18,7 @@ from .checkpoint import save_run
 from .config import BertConfig, preset
 from .corpus import PretrainData, TokenizedCorpus, file_identity, iter_sentences, tokenize_corpus
 from .errors import ConfigError, MlmkitError
+from .files import exclusive
 from .model import BertForPreTraining
 from .tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from .training import Trainer, init_distributed, latest_checkpoint
@@ -104,6 +106,13 @@ def pretrain(args: PretrainArgs) -> dict[str, Any]:
     checkpoint: a run killed before its end has none at its root yet). Returns the final metrics
     (training loss and held-out MLM / NSP figures).
     """
+    # the run directory is this process's from the start (under torchrun: rank 0's), not only once
+    # the tokenizer is trained and the corpus tokenized
+    with exclusive(args.out) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext():
+        return _pretrain(args)
+
+
+def _pretrain(args: PretrainArgs) -> dict[str, Any]:
     out, t = Path(args.out), args.train
     if next(iter_sentences(args.corpus), None) is None:  # checked before a tokenizer is trained on nothing
         raise MlmkitError(f"the corpus {', '.join(map(str, args.corpus))} is empty", "give text files with one sentence per line")
