@@ -40,7 +40,8 @@ def pad_features(
 
     input_ids pad with ``pad_id``, attention_mask / token_type_ids with 0 (an absent
     token_type_ids is all zeros); ``extra`` keys pad with ``label_pad`` when they are per-token
-    lists and are stacked when they are scalars."""
+    lists, and are stacked when they are scalars or numpy arrays (fixed-size targets, such as the
+    multi-hot labels of multi-label classification)."""
     T = max(len(f["input_ids"]) for f in features)
     B = len(features)
     out = {
@@ -56,7 +57,9 @@ def pad_features(
             out["token_type_ids"][r, :n] = f["token_type_ids"]
     for k in extra:
         v0 = features[0][k]
-        if isinstance(v0, (list, tuple, np.ndarray)):
+        if isinstance(v0, np.ndarray):
+            arr = np.stack([f[k] for f in features])
+        elif isinstance(v0, (list, tuple)):
             arr = np.full((B, T), label_pad, dtype=np.int64)
             for r, f in enumerate(features):
                 arr[r, : len(f[k])] = f[k]

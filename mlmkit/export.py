@@ -49,7 +49,7 @@ from .config import BertConfig
 from .errors import ConfigError, MlmkitError, ParityError
 from .files import atomic_write, atomic_write_text, exclusive, write_json
 from .model import BertForPreTraining, extended_mask, set_attention_impl
-from .registry import BATCH, SEQUENCE, get_task, per_token
+from .registry import BATCH, SEQUENCE, TaskContext, get_task, per_token
 from .runtime import BUNDLE_FORMAT, tokenizer_fingerprint
 from .tokenizer import load_tokenizer, special_ids
 
@@ -139,7 +139,7 @@ def _build(
         graph = FillMaskGraph(model, mask_id, top_k)
         return graph, graph, dict(FILL_MASK_OUTPUTS), 0
     task = get_task(meta["task"])
-    model = task.build_model(cfg)
+    model = task.build_model(cfg, TaskContext.from_meta(meta, task.resolve_options(saved=meta.get("options"))))
     load_weights(model, sd)
     model.eval()
     names = list(task.outputs)

@@ -132,11 +132,12 @@ def _finetune(args: FinetuneArgs) -> dict[str, Any]:
     cfg.architectures = [task.hf_architecture]
     ctx = TaskContext(max_length=L, options=opts, labels=tuple(labels) if labels is not None else None,
                       state=task.fit_state(train_ex))
+    cfg.extra.update(task.hf_config(ctx))
     meta: dict[str, Any] = {"task": task.name, "labels": labels, "max_length": L, "options": opts,
                             "task_state": dict(ctx.state), "base_model": str(base)}
 
     torch.manual_seed(args.train.seed)
-    net = task.build_model(cfg)
+    net = task.build_model(cfg, ctx)
     # only the encoder carries over: the head starts fresh even when --model is a fine-tuned run
     # (its labels, and their number, may differ)
     full = load_state_dict(base)
@@ -154,7 +155,7 @@ def _finetune(args: FinetuneArgs) -> dict[str, Any]:
     evaluator = None
     if args.eval_file is not None:
         evaluator = TaskEvaluator(task, task.read(Path(args.eval_file), opts), tok, ctx, calibrate=True)
-    train_args = replace(args.train, metric_for_best=task.metrics[0] if evaluator else None,
+    train_args = replace(args.train, metric_for_best=task.best_metric(ctx) if evaluator else None,
                          greater_is_better=task.greater_is_better)
 
     def save_model(m: torch.nn.Module, d: Path, meta_: dict[str, Any]) -> None:
@@ -173,7 +174,7 @@ def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, d
     if meta["task"] == "pretraining":
         raise MlmkitError(f"{d} is a pretraining run, not a fine-tuned model", "fine-tune it first: mlmkit finetune TASK")
     task = get_task(meta["task"])
-    net = task.build_model(cfg)
+    net = task.build_model(cfg, TaskContext.from_meta(meta, task.resolve_options(saved=meta.get("options"))))
     load_weights(net, load_state_dict(d))
     net.eval()
     return task, net, load_tokenizer(d), meta

@@ -217,11 +217,13 @@ class BertForLabels(nn.Module):
     """transformers' BertForSequenceClassification (``per_token`` False: a linear head on the pooled
     [CLS] vector) or BertForTokenClassification (``per_token`` True: on every token, no pooler),
     under their parameter names (bert.*, classifier.*). The head's dropout is the config's
-    ``classifier_dropout``, else ``hidden_dropout_prob``, as there. Label -100 is ignored in the loss."""
+    ``classifier_dropout``, else ``hidden_dropout_prob``, as there, and so is the loss of each
+    ``problem_type``: cross-entropy (label -100 ignored), per-label binary cross-entropy for
+    multi_label_classification, mean squared error for regression."""
 
-    def __init__(self, config: BertConfig, per_token: bool) -> None:
+    def __init__(self, config: BertConfig, per_token: bool, problem_type: str = "single_label_classification") -> None:
         super().__init__()
-        self.config, self.per_token = config, per_token
+        self.config, self.per_token, self.problem_type = config, per_token, problem_type
         self.bert = BertModel(config, add_pooling_layer=not per_token)
         p = config.extra.get("classifier_dropout")
         self.dropout = nn.Dropout(config.hidden_dropout_prob if p is None else p)
@@ -238,7 +240,13 @@ class BertForLabels(nn.Module):
         seq, pooled = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, H), tanh(W h_[CLS]) (B, H)
         logits = self.classifier(self.dropout(seq if self.per_token else pooled))  # (B, T, L) or (B, L)
         out = {"logits": logits, "probabilities": torch.softmax(logits.float(), dim=-1)}
-        if labels is not None:
+        if labels is None:
+            return out
+        if self.problem_type == "regression":
+            out["loss"] = F.mse_loss(logits.float().squeeze(-1), labels.float())  # (B,) against (B,)
+        elif self.problem_type == "multi_label_classification":
+            out["loss"] = F.binary_cross_entropy_with_logits(logits.float(), labels.float())  # (B, L) 0/1 targets
+        else:
             flat = logits.float().reshape(-1, logits.size(-1))  # (B*T, L) or (B, L)
             if bool((labels != -100).any()):
                 out["loss"] = F.cross_entropy(flat, labels.reshape(-1), ignore_index=-100)

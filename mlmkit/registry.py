@@ -157,9 +157,10 @@ class Task(Protocol):
         """Model features (see the module docstring), at most ``ctx.max_length`` tokens each; long
         inputs may become several features. With ``training`` the label_names keys are filled."""
 
-    def build_model(self, config: Any) -> Any:
-        """The torch module: Hugging Face parameter names (bert.* for the encoder); forward(input_ids,
-        attention_mask, token_type_ids, **labels) returns a dict with the ``outputs`` and, given labels, "loss"."""
+    def build_model(self, config: Any, ctx: TaskContext) -> Any:
+        """The torch module for this config (a BertConfig) and these options: Hugging Face parameter
+        names (bert.* for the encoder); forward(input_ids, attention_mask, token_type_ids, **labels)
+        returns a dict with the ``outputs`` and, given labels, "loss"."""
 
     def postprocess(
         self, outputs: dict[str, list[Any]], features: list[Feature], examples: list[Example], ctx: TaskContext
@@ -214,6 +215,22 @@ class TaskDefaults:
         """Decision settings tuned on fine-tuning's evaluation set (never on test data), saved with
         the model (ctx.state), e.g. QA's null-score threshold."""
         return {}
+
+    def main_metric(self, ctx: TaskContext) -> str | None:
+        """The metric that picks the best model and stops training early, for these options (a task
+        whose options change what it measures); None: the first of ``metrics``."""
+        return None
+
+    def hf_config(self, ctx: TaskContext) -> dict[str, Any]:
+        """Keys config.json of a fine-tuned run gets beside id2label, so transformers reads it the same
+        way, e.g. {"problem_type": "multi_label_classification"}."""
+        return {}
+
+    def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
+        """Whether a Hugging Face checkpoint directory (its config, a BertConfig) is a model of this task,
+        and if so its run description: {"labels", "options", "task_state", "max_length"}, each optional.
+        None (the default): not this task's. `mlmkit export DIR` asks every task; `--task` asks one."""
+        return None
 
     def export_module(self, model: Any) -> Any:
         """The module to export instead of the model: same inputs and outputs, written for inference.
@@ -278,6 +295,10 @@ class Plugin:
             problems.append("options must be TaskOption objects with distinct names")
         if problems:
             raise TaskError(f"{where}: {'; '.join(problems)}", "see mlmkit.registry.Task and docs/plugins.md")
+
+    def best_metric(self, ctx: TaskContext) -> str:
+        """The metric that selects the best model under these options."""
+        return self.main_metric(ctx) or self.metrics[0]
 
     def resolve_options(self, given: Mapping[str, Any] | None = None, saved: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Every option: its default, overridden by ``saved`` (a run's or bundle's), then by ``given``

@@ -180,14 +180,17 @@ def iter_records(path: str | Path, fmt: str | None = None) -> Iterator[Record]:
 
 
 # ---- tokenizers ----------------------------------------------------------------------------------
-_WORD = re.compile(r"\S+")
+# words as BERT's normaliser leaves them: it drops control characters such as \x0c (which Python's \s
+# counts as whitespace) and so joins what they separate; only these four always separate words
+_WORD = re.compile(r"[^ \t\n\r]+")
 
 
 def clip_text(text: str, tokenizer: Any, max_tokens: int) -> str:
     """A prefix of ``text`` that tokenizes to more than ``max_tokens`` tokens, the same ones the whole
     text starts with, or the whole text when it has no more: a 20 MB line costs what the max length
     uses, not its size. Tokenization splits at whitespace, so a prefix cut after a word tokenizes as
-    the start of the whole; more than ``max_tokens`` tokens keep truncation visible to the tokenizer."""
+    the start of the whole; more than ``max_tokens`` tokens keep truncation visible to the tokenizer.
+    A text without spaces, tabs or newlines is tokenized whole."""
     if len(text) <= 8 * max_tokens:  # most texts: nothing to gain
         return text
     words = max_tokens + 1

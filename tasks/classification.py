@@ -1,24 +1,33 @@
 """Sequence classification: a linear head on the pooled [CLS] vector, single texts or text pairs.
 
+Three problem types, with transformers' names (option problem_type, saved in config.json):
+
+- single_label_classification (the default): one label per example, softmax; accuracy (the main
+  metric), macro-F1, Matthews correlation and the confusion matrix;
+- multi_label_classification: any number of labels per example (a JSON list, or a string split on
+  label_separator), a sigmoid per label, the labels at or over ``threshold``; micro-F1 (main),
+  macro-F1 and subset accuracy;
+- regression: one number per example (num_labels 1), the raw score; Pearson (main), Spearman, MSE.
+
 Data: CSV or TSV with a header, or JSONL; a text column, an optional second text (segment B of a
-pair) and a label column, all renamable (options text_column, pair_column, label_column). Labels
-are strings, read from the training data; the core stores them as config.json's id2label.
-Metrics: accuracy (the main one), macro-F1 and Matthews correlation (scikit-learn), plus the
-confusion matrix for the CLI's table.
+pair) and a label column, all renamable (options text_column, pair_column, label_column).
 
 The model is transformers' BertForSequenceClassification under the same parameter names
-(bert.*, classifier.*), so a run directory loads there unchanged. No torch at module level: the
-ONNX runtime imports this file for from_input / featurize / postprocess.
+(bert.*, classifier.*), so a run directory loads there unchanged, and a directory transformers
+wrote exports as this task. No torch at module level: the ONNX runtime imports this file.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from mlmkit.taskkit import (
     BATCH,
@@ -38,35 +47,54 @@ from mlmkit.taskkit import (
 )
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
+SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
+HF_ARCHITECTURE = "BertForSequenceClassification"
 
 
 # ---- reading -----------------------------------------------------------------------------------
-def _label_str(rec: Record, field: str) -> str:
-    """JSON labels may be strings, numbers or booleans; all become strings ("1", "true")."""
+def _label(rec: Record, opts: Mapping[str, Any]) -> str | list[str] | float:
+    """The gold label of a record for the problem type: a string, a list of strings, or a number."""
+    field, kind = opts["label_column"], opts["problem_type"]
     value = rec.fields().get(field)
     if value is None:
         rec.text(field, flag="--label-column")  # raises the missing-field error
-    if isinstance(value, str):
-        label = value.strip()
-    elif isinstance(value, (bool, int, float)):
-        label = json.dumps(value)
-    else:
-        raise rec.error(f"a label must be a string or a number, not {type(value).__name__}", field)
+    if kind == REGRESSION:
+        try:
+            x = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            x = math.nan
+        if not math.isfinite(x):
+            raise rec.error(f"a regression label must be a finite number, not {value!r}", field)
+        return x
+    if kind == MULTI:
+        items = value if isinstance(value, list) else str(value).split(opts["label_separator"]) if isinstance(value, str) else [value]
+        labels = [_label_str(rec, field, v) for v in items if not (isinstance(v, str) and not v.strip())]
+        return sorted(set(labels))
+    label = _label_str(rec, field, value)
     if not label:
         raise rec.error("empty label", field, "every example needs a label")
     return label
+
+
+def _label_str(rec: Record, field: str, value: Any) -> str:
+    """JSON labels may be strings, numbers or booleans; all become strings ("1", "true")."""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, (bool, int, float)):
+        return json.dumps(value)
+    raise rec.error(f"a label must be a string or a number, not {type(value).__name__}", field)
 
 
 def _example(rec: Record, opts: Mapping[str, Any], *, labelled: bool) -> dict[str, Any]:
     """{"text", ["text_pair"], ["label"]} of a record. The pair column is used when a record has it;
     naming one with --pair-column makes it required."""
     pair_named = opts["pair_column"] != "text_pair"
-    ex = {"text": rec.text(opts["text_column"], flag="--text-column")}
+    ex: dict[str, Any] = {"text": rec.text(opts["text_column"], flag="--text-column")}
     pair = rec.text(opts["pair_column"], required=pair_named, flag="--pair-column")
     if pair is not None:
         ex["text_pair"] = pair
     if labelled:
-        ex["label"] = _label_str(rec, opts["label_column"])
+        ex["label"] = _label(rec, opts)
     return ex
 
 
@@ -76,14 +104,18 @@ def _label_ids(examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, in
     if not ctx.labels:
         raise ConfigError("the run has no label list (mlmkit.json 'labels')", "fine-tune it with the classification task")
     ids = {lab: i for i, lab in enumerate(ctx.labels)}
+    if ctx.options["problem_type"] == REGRESSION:
+        return ids
     for ex in examples:
-        if ex.get("label") is not None and ex["label"] not in ids:
-            shown = ", ".join(ctx.labels[:20]) + (f", ... ({len(ctx.labels)} in all)" if len(ctx.labels) > 20 else "")
-            raise DataFormatError(
-                ex.get("source", "<input>"), f"label '{ex['label']}' was not in the training data; the model knows: {shown}",
-                line=ex.get("line"), field=ctx.options.get("label_column", "label"),
-                hint="evaluate on data with the training labels, or fine-tune with this label",
-            )
+        gold = ex.get("label")
+        for lab in ([] if gold is None else gold if isinstance(gold, list) else [gold]):
+            if lab not in ids:
+                shown = ", ".join(ctx.labels[:20]) + (f", ... ({len(ctx.labels)} in all)" if len(ctx.labels) > 20 else "")
+                raise DataFormatError(
+                    ex.get("source", "<input>"), f"label '{lab}' was not in the training data; the model knows: {shown}",
+                    line=ex.get("line"), field=ctx.options.get("label_column", "label"),
+                    hint="evaluate on data with the training labels, or fine-tune with this label",
+                )
     return ids
 
 
@@ -97,7 +129,12 @@ def _sort_key(labels: set[str]) -> Any:
     return int
 
 
-# ---- the head ----------------------------------------------------------------------------------
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+# ---- the inference form ------------------------------------------------------------------------
 @functools.cache
 def _cls_only_graph() -> type:
     """The classifier's inference form: the last layer runs for [CLS] only (torch on demand)."""
@@ -114,24 +151,27 @@ def _cls_only_graph() -> type:
         def forward(
             self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
         ) -> dict[str, torch.Tensor]:
-            logits = self.model.classifier(encode_cls(self.model.bert, input_ids, attention_mask, token_type_ids))
-            return {"logits": logits, "probabilities": torch.softmax(logits.float(), dim=-1)}
+            return {"logits": self.model.classifier(encode_cls(self.model.bert, input_ids, attention_mask, token_type_ids))}
 
     return ClsOnlyGraph
 
 
 class ClassificationTask:
     name = "classification"
-    description = "Sequence classification of single texts or text pairs ([CLS] head)."
+    description = "Sequence classification of single texts or text pairs ([CLS] head): single-label, multi-label, regression."
     formats = ("csv", "tsv", "jsonl")
     metrics = ("accuracy", "macro_f1", "mcc")
-    outputs = {"probabilities": (BATCH, LABEL)}
+    outputs = {"logits": (BATCH, LABEL)}
     options = (
         TaskOption("text_column", "text", "The text column / field."),
         TaskOption("pair_column", "text_pair", "The second text of a pair (used when present)."),
         TaskOption("label_column", "label", "The label column / field."),
+        TaskOption("problem_type", SINGLE, "single_label_classification, multi_label_classification or regression.",
+                   choices=(SINGLE, MULTI, REGRESSION)),
+        TaskOption("threshold", 0.5, "multi-label: the probability from which a label is predicted.", minimum=0.0),
+        TaskOption("label_separator", ",", "multi-label: what separates the labels of a text field (JSON lists need none)."),
     )
-    hf_architecture = "BertForSequenceClassification"
+    hf_architecture = HF_ARCHITECTURE
     command = "classify"
     partial_layers = 1  # export_module computes the last layer for [CLS] only
 
@@ -153,8 +193,25 @@ class ClassificationTask:
         return _example(Record("<input>", None, item), options, labelled=False)
 
     def label_list(self, examples: list[dict[str, Any]]) -> list[str]:
-        found = {ex["label"] for ex in examples}
+        if isinstance(examples[0]["label"], float):
+            return ["score"]  # regression: one output
+        found = {lab for ex in examples for lab in (ex["label"] if isinstance(ex["label"], list) else [ex["label"]])}
         return sorted(found, key=_sort_key(found))
+
+    def hf_config(self, ctx: TaskContext) -> dict[str, Any]:
+        return {"problem_type": ctx.options["problem_type"]}
+
+    def main_metric(self, ctx: TaskContext) -> str:
+        return {SINGLE: "accuracy", MULTI: "micro_f1", REGRESSION: "pearson"}[ctx.options["problem_type"]]
+
+    def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
+        """transformers' BertForSequenceClassification: labels from id2label, the problem type from
+        config.json (as transformers infers it when absent: regression for one label)."""
+        if HF_ARCHITECTURE not in (config.architectures or []):
+            return None
+        kind = config.extra.get("problem_type") or (REGRESSION if config.num_labels == 1 else SINGLE)
+        labels = [config.id2label[i] for i in sorted(config.id2label or {})] or None
+        return {"labels": labels, "options": {"problem_type": kind}}
 
     def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
         """One feature per example: [CLS] A [SEP] (B [SEP]) truncated to the max length."""
@@ -164,10 +221,10 @@ class ClassificationTask:
             raise DataFormatError(ex.get("source", "<input>"), "no label", line=ex.get("line"), field="label")
         # gold labels, where there are any (evaluation data), must be ones the model was trained on
         ids = _label_ids(examples, ctx) if len(unlabelled) < len(examples) else {}
-        L = ctx.max_length
+        L, kind = ctx.max_length, ctx.options["problem_type"]
         inputs = [(clip_text(ex["text"], tokenizer, L), clip_text(ex["text_pair"], tokenizer, L))
                   if ex.get("text_pair") is not None else clip_text(ex["text"], tokenizer, L) for ex in examples]
-        with tokenizer_settings(tokenizer, max_length=ctx.max_length) as tok:
+        with tokenizer_settings(tokenizer, max_length=L) as tok:
             encodings = tok.encode_batch(inputs) if inputs else []
         features = []
         for i, (ex, enc) in enumerate(zip(examples, encodings)):
@@ -175,18 +232,24 @@ class ClassificationTask:
             if enc.overflowing:
                 f[TRUNCATED] = True
             if training:
-                f["labels"] = ids[ex["label"]]
+                if kind == MULTI:  # a fixed-size vector (numpy): one 0/1 per label
+                    f["labels"] = np.zeros(len(ids), dtype=np.float32)
+                    f["labels"][[ids[lab] for lab in ex["label"]]] = 1.0
+                else:
+                    f["labels"] = float(ex["label"]) if kind == REGRESSION else ids[ex["label"]]
             features.append(f)
         return features
 
-    def build_model(self, config: Any) -> Any:
+    def build_model(self, config: Any, ctx: TaskContext) -> Any:
         """transformers' BertForSequenceClassification, on mlmkit's encoder."""
         from mlmkit.model import BertForLabels
 
-        if config.num_labels < 2:
-            raise ConfigError(f"classification needs at least two labels, the config has {config.num_labels}",
-                              "the training data must contain two or more distinct labels")
-        return BertForLabels(config, per_token=False)
+        kind = ctx.options["problem_type"]
+        least = 1 if kind != SINGLE else 2
+        if config.num_labels < least or (kind == REGRESSION and config.num_labels != 1):
+            raise ConfigError(f"{kind} needs {'exactly one' if kind == REGRESSION else f'at least {least}'} label(s), "
+                              f"the config has {config.num_labels}", "check the training data's labels and --problem-type")
+        return BertForLabels(config, per_token=False, problem_type=kind)
 
     def export_module(self, model: Any) -> Any:
         """The same outputs, the last layer computed for [CLS] only."""
@@ -195,37 +258,83 @@ class ClassificationTask:
     def postprocess(
         self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext
     ) -> list[dict[str, Any]]:
-        """{"label", "score", "probabilities": {label: p}} per example (one feature each)."""
-        labels = list(ctx.labels or ())
+        """single-label: {"label", "score", "probabilities": {label: p}}; multi-label: {"labels": [...],
+        "probabilities": {label: p}}; regression: {"score"}. One feature per example."""
+        labels, kind = list(ctx.labels or ()), ctx.options["problem_type"]
         preds: list[dict[str, Any]] = [{} for _ in examples]
-        for f, probs in zip(features, outputs["probabilities"]):
-            p = [float(x) for x in probs]
-            best = max(range(len(p)), key=p.__getitem__)
-            preds[f[EXAMPLE]] = {"label": labels[best], "score": p[best], "probabilities": dict(zip(labels, p))}
+        for f, logits in zip(features, outputs["logits"]):
+            x = np.asarray(logits, dtype=np.float64)
+            if kind == REGRESSION:
+                preds[f[EXAMPLE]] = {"score": float(x[0])}
+            elif kind == MULTI:
+                p = 1.0 / (1.0 + np.exp(-x))
+                chosen = [lab for lab, q in zip(labels, p) if q >= ctx.options["threshold"]]
+                preds[f[EXAMPLE]] = {"labels": chosen, "probabilities": dict(zip(labels, map(float, p)))}
+            else:
+                p = _softmax(x)
+                best = int(p.argmax())
+                preds[f[EXAMPLE]] = {"label": labels[best], "score": float(p[best]), "probabilities": dict(zip(labels, map(float, p)))}
         return preds
 
     def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, Any]:
-        """accuracy, macro_f1 (over the labels present in gold or predictions), mcc (0.0 when
-        undefined), and the confusion matrix (rows gold, columns predicted, in the run's label order)."""
-        import numpy as np
-        from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, matthews_corrcoef
-
-        _label_ids(examples, ctx)
-        labels = list(ctx.labels or ())
-        gold = [ex["label"] for ex in examples]
-        pred = [p["label"] for p in predictions]
-        if not gold:
+        """single-label: accuracy, macro_f1 (over the labels present in gold or predictions), mcc (0.0
+        when undefined), and the confusion matrix (rows gold, columns predicted, in the run's label
+        order); multi-label: micro_f1, macro_f1, subset_accuracy; regression: pearson, spearman, mse."""
+        if not examples:
             raise ConfigError("no examples to score", "check the evaluation data")
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
-            warnings.simplefilter("ignore")  # MCC of a constant prediction: 0/0, reported as 0.0
-            mcc = float(matthews_corrcoef(gold, pred))
-        return {
-            "accuracy": float(accuracy_score(gold, pred)),
-            "macro_f1": float(f1_score(gold, pred, average="macro", zero_division=0)),
-            "mcc": 0.0 if mcc != mcc else mcc,
-            "confusion_matrix": confusion_matrix(gold, pred, labels=labels).tolist(),
-            "labels": labels,
-        }
+        _label_ids(examples, ctx)
+        kind = ctx.options["problem_type"]
+        if kind == REGRESSION:
+            return _regression_metrics([p["score"] for p in predictions], [ex["label"] for ex in examples])
+        if kind == MULTI:
+            return _multi_label_metrics([p["labels"] for p in predictions], [ex["label"] for ex in examples], list(ctx.labels or ()))
+        return _single_label_metrics([p["label"] for p in predictions], [ex["label"] for ex in examples], list(ctx.labels or ()))
+
+    def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
+        if "labels" in prediction:
+            return {"labels": ", ".join(prediction["labels"]) or "(none)"}
+        if "label" in prediction:
+            return {"label": prediction["label"], "score": f"{prediction['score']:.3f}"}
+        return {"score": f"{prediction['score']:.4f}"}
+
+
+def _single_label_metrics(pred: list[str], gold: list[str], labels: list[str]) -> dict[str, Any]:
+    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, matthews_corrcoef
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")  # MCC of a constant prediction: 0/0, reported as 0.0
+        mcc = float(matthews_corrcoef(gold, pred))
+    return {
+        "accuracy": float(accuracy_score(gold, pred)),
+        "macro_f1": float(f1_score(gold, pred, average="macro", zero_division=0)),
+        "mcc": 0.0 if mcc != mcc else mcc,
+        "confusion_matrix": confusion_matrix(gold, pred, labels=labels).tolist(),
+        "labels": labels,
+    }
+
+
+def _multi_label_metrics(pred: list[list[str]], gold: list[list[str]], labels: list[str]) -> dict[str, Any]:
+    from sklearn.metrics import accuracy_score, f1_score
+    from sklearn.preprocessing import MultiLabelBinarizer
+
+    mlb = MultiLabelBinarizer(classes=labels)
+    g, p = mlb.fit_transform(gold), mlb.transform(pred)
+    return {
+        "micro_f1": float(f1_score(g, p, average="micro", zero_division=0)),
+        "macro_f1": float(f1_score(g, p, average="macro", zero_division=0)),
+        "subset_accuracy": float(accuracy_score(g, p)),
+    }
+
+
+def _regression_metrics(pred: list[float], gold: list[float]) -> dict[str, Any]:
+    from scipy.stats import pearsonr, spearmanr
+    from sklearn.metrics import mean_squared_error
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a constant side: correlation undefined, reported as 0.0
+        r, rho = float(pearsonr(pred, gold)[0]) if len(gold) > 1 else math.nan, float(spearmanr(pred, gold)[0])
+    return {"pearson": 0.0 if r != r else r, "spearman": 0.0 if rho != rho else rho,
+            "mse": float(mean_squared_error(gold, pred))}
 
 
 task = ClassificationTask()

@@ -407,7 +407,7 @@ class QATask:
 
     # -------------------------------------------------------- model
 
-    def build_model(self, config: Any) -> Any:
+    def build_model(self, config: Any, ctx: TaskContext) -> Any:
         return _model_class()(config)
 
     # -------------------------------------------------------- predictions

@@ -448,7 +448,7 @@ class TaggingTask:
                 features.append(f)
         return features
 
-    def build_model(self, config: Any) -> Any:
+    def build_model(self, config: Any, ctx: TaskContext) -> Any:
         """transformers' BertForTokenClassification, on mlmkit's encoder."""
         from mlmkit.model import BertForLabels
 

@@ -24,8 +24,9 @@ from mlmkit.batching import pad_features
 from mlmkit.checkpoint import load_state_dict, load_weights, save_run
 from mlmkit.config import BertConfig
 from mlmkit.errors import ConfigError, MlmkitError, ParityError
+from mlmkit.finetuning import load_finetuned
 from mlmkit.model import BertForPreTraining, BertSelfAttention
-from mlmkit.registry import get_task, per_token
+from mlmkit.registry import TaskContext, get_task, per_token
 from mlmkit.tokenizer import load_tokenizer, special_ids
 
 NAMES = "john mary paris london berlin anna peter rome".split()
@@ -58,7 +59,7 @@ def make_task_run(base: Path, task_name: str, out: Path, head_std: float = 0.5) 
         cfg.label2id = {v: k for k, v in cfg.id2label.items()}
     cfg.architectures = [task.hf_architecture]
     torch.manual_seed(1)
-    net = task.build_model(cfg)
+    net = task.build_model(cfg, TaskContext(max_length, task.resolve_options(options), tuple(labels) if labels else None))
     head = tuple(k for k in net.state_dict() if not k.startswith(("bert.embeddings", "bert.encoder")))
     load_weights(net, load_state_dict(base), allow_missing=head)
     for name, p in net.named_parameters():
@@ -192,10 +193,7 @@ def test_every_registered_task_has_a_setup_here():
 @pytest.mark.parametrize("kind", list(TASK_SETUP))
 def test_task_bundle_matches_pytorch_on_mixed_lengths(kind, runs, bundles):
     d = runs[kind]
-    task = get_task(kind)
-    cfg = BertConfig.load(d)
-    net = task.build_model(cfg)
-    load_weights(net, load_state_dict(d))
+    task, net, _, _ = load_finetuned(d)
     net.eval()
     batch = mixed_batch(load_tokenizer(d), n=7)
     with torch.no_grad():
@@ -283,10 +281,10 @@ def test_task_export_module_is_checked_against_the_model(runs, tmp_path, monkeyp
 
         def forward(self, input_ids, attention_mask=None, token_type_ids=None):
             out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-            return {**out, "probabilities": out["probabilities"] * 0.99}
+            return {**out, "logits": out["logits"] * 0.99}
 
     monkeypatch.setattr(task, "export_module", Drifting, raising=False)
-    with pytest.raises(ParityError, match="probabilities: max diff"):
+    with pytest.raises(ParityError, match="logits: max diff"):
         run_export(runs["classification"], tmp_path / "b")
     monkeypatch.setattr(task, "export_module", lambda model: model, raising=False)
     assert run_export(runs["classification"], tmp_path / "c")["parity"]["top1_agreement"] == 1.0

@@ -438,7 +438,7 @@ def test_model_loss_matches_transformers_definition():
     from mlmkit.config import BertConfig
 
     cfg = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
-    net = task.build_model(cfg)
+    net = task.build_model(cfg, ctx())
     assert set(net.state_dict()) >= {"qa_outputs.weight", "qa_outputs.bias"}
     assert not any(k.startswith("bert.pooler") for k in net.state_dict())
     ids = torch.randint(5, 50, (3, 7))

@@ -493,7 +493,7 @@ def test_task_forward_backward(sample: dict[str, Any]) -> None:
         assert all(k in f for k in task.label_names) and isinstance(f["example"], int)
 
     torch.manual_seed(0)
-    model = task.build_model(sample["config"])
+    model = task.build_model(sample["config"], sample["ctx"])
     names = dict(model.named_parameters())
     assert "bert.embeddings.word_embeddings.weight" in names and "bert.encoder.layer.1.output.dense.weight" in names
     arrays = pad_features(feats, special_ids(tok).pad, extra=task.label_names)
@@ -524,7 +524,7 @@ def test_task_forward_backward(sample: dict[str, Any]) -> None:
 @pytest.mark.parametrize("sample", discovered(), indirect=True)
 def test_task_evaluates_and_predicts_from_runtime_input(sample: dict[str, Any]) -> None:
     task, tok, ctx = sample["task"], sample["tok"], sample["ctx"]
-    model = task.build_model(sample["config"])
+    model = task.build_model(sample["config"], sample["ctx"])
     ev = TaskEvaluator(task, sample["examples"], tok, ctx, calibrate=True)
     metrics = ev(model)
     assert set(task.metrics) <= set(metrics)
@@ -546,7 +546,7 @@ def test_task_is_exported_and_served(sample: dict[str, Any]) -> None:
     predictions as PyTorch from a runtime input, through the task's own command and `predict`."""
     task, tok, ctx, tmp = sample["task"], sample["tok"], sample["ctx"], sample["tmp"]
     torch.manual_seed(0)
-    model = task.build_model(sample["config"])
+    model = task.build_model(sample["config"], sample["ctx"])
     for name, p in model.named_parameters():  # a large head init: outputs far from flat, choices far from ties
         if not name.startswith("bert.") and p.dim() == 2:
             torch.nn.init.normal_(p, std=0.5)

@@ -258,7 +258,7 @@ def test_a_bundle_whose_labels_do_not_fit_its_head_is_refused(tmp_path: Path, bu
     meta = json.loads((b / "mlmkit.json").read_text())
     meta["labels"] = ["neg", "pos", "other", "more"]
     (b / "mlmkit.json").write_text(json.dumps(meta))
-    with pytest.raises(BundleError, match=r"lists 4 labels but the model's 'probabilities' has 2"):
+    with pytest.raises(BundleError, match=r"lists 4 labels but the model's 'logits' has 2"):
         Pipeline.load(b)
     one_line(cli("classify", b, "a cat"), "lists 4 labels")
 

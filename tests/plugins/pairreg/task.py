@@ -48,7 +48,7 @@ class PairRegression:
         return [{"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i, TRUNCATED: bool(enc.overflowing),
                  **({"labels": ex["score"]} if training else {})} for i, (ex, enc) in enumerate(zip(examples, encs))]
 
-    def build_model(self, config):
+    def build_model(self, config, ctx):
         import torch
         from torch import nn
 
