@@ -242,13 +242,16 @@ class FinetuneArgs(Args):
 class ExportArgs(Args):
     """`mlmkit export`: a run directory -> an ONNX bundle."""
 
-    run: Path = arg(help="A pretraining run (exported as fill-mask) or a fine-tuned run.", positional=True)
+    run: Path = arg(help="An mlmkit run, or any Hugging Face BERT checkpoint directory.", positional=True)
     out: Path = arg(help="Bundle directory to write, e.g. exports/NAME.")
+    task: str | None = arg(None, "Export as this task (fill-mask or a registered task); default: the run's, "
+                                 "or what the checkpoint's config.json says.")
     quantize: str | None = arg(None, "int8: dynamic int8 weights, for the CPU.")
     fp16: bool = arg(False, "fp16 weights and compute, for --device cuda.")
     optimize: bool = arg(True, "onnxruntime's transformer fusions (--no-optimize: the plain graph).")
     opset: int = arg(17, "ONNX opset, 17 to 23.")
     top_k: int = arg(5, "fill-mask: candidates per [MASK] computed in the graph.")
+    options: dict[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
 
     def __post_init__(self) -> None:
         _check(self.quantize in (None, "int8"), f"--quantize {self.quantize} is not supported", "use --quantize int8")

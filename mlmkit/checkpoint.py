@@ -7,6 +7,7 @@ mid-write leaves the previous file intact. Weights are read with safetensors or
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -48,29 +49,73 @@ def _normalise_key(k: str) -> str:
     return k
 
 
-def load_state_dict(run_dir: str | Path) -> dict[str, torch.Tensor]:
-    """Weights of a run directory or HF BERT directory, keys normalised to HF BERT names."""
-    d = Path(run_dir)
-    if (d / WEIGHTS).exists():
+WEIGHT_FILES = (WEIGHTS, "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def weight_files(d: str | Path) -> list[Path]:
+    """The weight files of a model directory: model.safetensors, pytorch_model.bin, or the shards an
+    index (*.index.json, as transformers writes large checkpoints) lists; [] when there are none."""
+    d = Path(d)
+    for name in WEIGHT_FILES:
+        p = d / name
+        if not p.is_file():
+            continue
+        if not name.endswith(".index.json"):
+            return [p]
+        index = read_json(p)
+        shards = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(shards, dict) or not all(isinstance(v, str) for v in shards.values()):
+            raise ConfigError(f"{p}: not a weight index (no weight_map of file names)", "re-create the checkpoint")
+        files = [d / f for f in sorted(set(shards.values()))]
+        lacking = [f.name for f in files if not f.is_file()]
+        if lacking:
+            raise ConfigError(f"{p} lists shards that are not there: {', '.join(lacking[:3])}", "copy the whole checkpoint directory")
+        return files
+    return []
+
+
+def weights_digest(d: str | Path) -> str:
+    """sha256 of a model directory's weight files, in order: what a bundle records of its source."""
+    h = hashlib.sha256()
+    for f in weight_files(d):
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _read_weights(p: Path) -> dict[str, torch.Tensor]:
+    if p.suffix == ".safetensors":
         try:
-            sd = load_file(str(d / WEIGHTS))
+            return load_file(str(p))
         except Exception as e:  # safetensors raises its own error types for truncated files
-            raise ConfigError(f"{d / WEIGHTS}: unreadable weights ({e})", "the file is corrupted; re-create it") from None
-    elif (d / "pytorch_model.bin").exists():
-        try:
-            sd = torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        except Exception as e:  # weights_only refuses pickled code and objects; a truncated file fails too
-            # torch's own message goes on to suggest weights_only=False, which is exactly what must not be done
-            why = "it holds pickled code or objects" if "weights_only" in str(e) else "the file is damaged"
-            raise ConfigError(
-                f"{d / 'pytorch_model.bin'}: not a plain tensor checkpoint ({why})",
-                "mlmkit loads only tensors, never pickled code; convert it to model.safetensors",
-            ) from None
-    else:
+            raise ConfigError(f"{p}: unreadable weights ({e})", "the file is corrupted; re-create it") from None
+    try:
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # weights_only refuses pickled code and objects; a truncated file fails too
+        # torch's own message goes on to suggest weights_only=False, which is exactly what must not be done
+        why = "it holds pickled code or objects" if "weights_only" in str(e) else "the file is damaged"
+        raise ConfigError(
+            f"{p}: not a plain tensor checkpoint ({why})",
+            "mlmkit loads only tensors, never pickled code; convert it to model.safetensors",
+        ) from None
+
+
+def load_state_dict(run_dir: str | Path) -> dict[str, torch.Tensor]:
+    """Weights of a run directory or HF BERT directory (one file or shards), keys normalised to HF BERT names."""
+    d = Path(run_dir)
+    files = weight_files(d)
+    if not files:
         raise ConfigError(
             f"no weights in {d}",
-            "a model directory needs model.safetensors or pytorch_model.bin beside config.json",
+            "a model directory needs model.safetensors or pytorch_model.bin (or their sharded index) beside config.json",
         )
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        part = _read_weights(f)
+        if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
+            raise ConfigError(f"{f}: not a dictionary of tensors", "is it a model checkpoint?")
+        sd.update(part)
     sd = {_normalise_key(k): v for k, v in sd.items()}
     # transformers ties the decoder bias to cls.predictions.bias; keep the one we use
     if "cls.predictions.decoder.bias" in sd:
@@ -142,4 +187,4 @@ def read_run_meta(d: str | Path, config: Any) -> dict[str, Any]:
 
 def is_model_dir(d: str | Path) -> bool:
     d = Path(d)
-    return (d / "config.json").exists() and ((d / WEIGHTS).exists() or (d / "pytorch_model.bin").exists())
+    return (d / "config.json").exists() and any((d / name).is_file() for name in WEIGHT_FILES)

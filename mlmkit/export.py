@@ -44,10 +44,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .args import ExportArgs
-from .checkpoint import is_model_dir, load_state_dict, load_weights, read_run_meta
+from .checkpoint import is_model_dir, load_state_dict, load_weights
 from .config import BertConfig
 from .errors import ConfigError, MlmkitError, ParityError
 from .files import atomic_write, atomic_write_text, exclusive, write_json
+from .hub import describe
 from .model import BertForPreTraining, extended_mask, set_attention_impl
 from .registry import BATCH, SEQUENCE, TaskContext, get_task, per_token
 from .runtime import BUNDLE_FORMAT, tokenizer_fingerprint
@@ -111,16 +112,6 @@ class TaskGraph(nn.Module):
 
 
 # ---- loading the run -------------------------------------------------------------------------
-def _run_meta(d: Path, cfg: BertConfig) -> dict[str, Any]:
-    """mlmkit.json of a run; a Hugging Face masked-LM directory without one counts as pretraining."""
-    if (d / "mlmkit.json").exists():
-        return read_run_meta(d, cfg)
-    archs = cfg.architectures or []
-    if any(a in ("BertForPreTraining", "BertForMaskedLM") for a in archs):
-        return {"task": "pretraining", "max_length": min(512, cfg.max_position_embeddings)}
-    raise ConfigError(f"{d} has no mlmkit.json", "export an mlmkit run, or a Hugging Face BertForMaskedLM directory")
-
-
 def _build(
     d: Path, meta: dict[str, Any], cfg: BertConfig, mask_id: int, top_k: int
 ) -> tuple[nn.Module, nn.Module, dict[str, tuple[str, ...]], int]:
@@ -129,7 +120,7 @@ def _build(
     A task's ``export_module(model)`` (the model itself by default) is exported and checked against
     the model's own forward; ``partial_layers`` tells the fusion check what it skipped."""
     sd = load_state_dict(d)
-    if meta.get("task") in (None, "pretraining"):
+    if meta["task"] == "pretraining":
         model = BertForPreTraining(cfg)
         # a BertForMaskedLM checkpoint has no NSP head or pooler; neither is in the fill-mask graph
         load_weights(model, sd, allow_missing=("cls.seq_relationship", "bert.pooler"))
@@ -362,12 +353,17 @@ def _export(args: ExportArgs) -> dict[str, Any]:
     if (args.quantize or args.fp16) and not args.optimize:
         log.info("converting the unfused graph: expect it to be slower than with the fusions")
     cfg = BertConfig.load(d)
-    meta = _run_meta(d, cfg)
+    meta = describe(d, cfg, args.task)
+    if meta["task"] == "pretraining" and args.options:
+        raise ConfigError(f"--{next(iter(args.options)).replace('_', '-')}: a fill-mask bundle takes no task options")
+    if meta["task"] != "pretraining":  # a trained model's fixed options stay; a foreign checkpoint's are a reading
+        plugin = get_task(meta["task"])
+        meta["options"] = plugin.resolve_options(args.options, saved=meta.get("options"), model=meta["source"]["format"] == "mlmkit")
     tok = load_tokenizer(d)
     if tok.get_vocab_size() > cfg.vocab_size:
         raise ConfigError(f"the tokenizer of {d} has {tok.get_vocab_size()} tokens, the model only {cfg.vocab_size}")
     specials = special_ids(tok)
-    fill_mask = meta.get("task") in (None, "pretraining")
+    fill_mask = meta["task"] == "pretraining"
     max_length = int(min(meta.get("max_length") or 512, cfg.max_position_embeddings))
 
     graph, reference, axes, partial = _build(d, meta, cfg, specials.mask, args.top_k)
@@ -460,5 +456,5 @@ def _bundle_meta(
             "num_attention_heads": cfg.num_attention_heads, "max_position_embeddings": cfg.max_position_embeddings,
         },
         "model_bytes": os.path.getsize(final),
-        "source": str(source),
+        "source": meta.get("source", {"path": str(source)}),
     }

@@ -20,7 +20,7 @@ from .batching import pad_features, shuffled_buckets
 from .checkpoint import is_model_dir, load_state_dict, load_weights, read_run_meta, save_run
 from .config import BertConfig
 from .corpus import file_identity
-from .errors import ConfigError, MlmkitError
+from .errors import ConfigError, MlmkitError, TaskError
 from .files import exclusive, write_jsonl
 from .registry import Example, Feature, Plugin, TaskContext, get_task
 from .tokenizer import load_tokenizer, special_ids
@@ -113,6 +113,9 @@ def finetune(args: FinetuneArgs) -> dict[str, Any]:
 
 def _finetune(args: FinetuneArgs) -> dict[str, Any]:
     task = get_task(args.task)
+    if not task.trainable:
+        raise TaskError(f"the {task.name} task is not fine-tuned by mlmkit",
+                        f"export a model as it is: mlmkit export MODEL --task {task.name}")
     opts = task.resolve_options(args.options)
     base = base_model_dir(args.model)
     cfg = BertConfig.load(base)
@@ -126,6 +129,7 @@ def _finetune(args: FinetuneArgs) -> dict[str, Any]:
     if not train_ex:
         raise MlmkitError(f"{args.train_file}: no examples", "check the file and the column options")
     labels = task.label_list(train_ex)
+    same_head = _same_head(cfg, task, labels, opts)
     if labels is not None:
         cfg.id2label = dict(enumerate(labels))
         cfg.label2id = {v: k for k, v in cfg.id2label.items()}
@@ -138,13 +142,16 @@ def _finetune(args: FinetuneArgs) -> dict[str, Any]:
 
     torch.manual_seed(args.train.seed)
     net = task.build_model(cfg, ctx)
-    # only the encoder carries over: the head starts fresh even when --model is a fine-tuned run
-    # (its labels, and their number, may differ)
+    # the encoder carries over; the head too when --model is a model of this task with these very
+    # labels (a fine-tuned run, or a transformers checkpoint), otherwise it starts fresh
     full = load_state_dict(base)
-    sd = {k: v for k, v in full.items() if k.startswith(("bert.embeddings.", "bert.encoder.", "bert.pooler."))}
+    encoder = ("bert.embeddings.", "bert.encoder.", "bert.pooler.")
+    sd = full if same_head else {k: v for k, v in full.items() if k.startswith(encoder)}
     head = tuple(k for k in net.state_dict() if not k.startswith(("bert.embeddings", "bert.encoder")))
     missing, unexpected = load_weights(net, sd, allow_missing=head)
-    if missing and not args.train.resume:
+    if same_head and not missing and not args.train.resume:
+        log.info("the %s head carries over from %s (a model of this task with the same labels)", task.name, base)
+    elif missing and not args.train.resume:
         log.info("the %s head starts fresh: %s", task.name, ", ".join(missing))
     dropped = [k for k in full if k not in sd] + unexpected
     if dropped:
@@ -164,6 +171,15 @@ def _finetune(args: FinetuneArgs) -> dict[str, Any]:
 
     data_key = {"batch_size": args.batch_size, "max_length": L, "train": file_identity([args.train_file]), "options": opts}
     return Trainer(net, data, train_args, args.out, save_model=save_model, evaluate=evaluator, data_key=data_key).train(meta)
+
+
+def _same_head(base: BertConfig, task: Plugin, labels: list[str] | None, opts: dict[str, Any]) -> bool:
+    """Whether a base model's head is this task's, for these labels (in this order) and options."""
+    if task.hf_architecture not in (base.architectures or []) or task.hf_architecture == "BertModel":
+        return False
+    base_labels = [base.id2label[i] for i in sorted(base.id2label)] if base.id2label else None
+    wanted = task.hf_config(TaskContext(max_length=1, options=opts))
+    return base_labels == labels and all(base.extra.get(k, v) == v for k, v in wanted.items())
 
 
 def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, dict[str, Any]]:
@@ -188,7 +204,7 @@ def evaluate_run(
     predictions as JSON lines. The decision settings saved at fine-tuning are used as they are."""
     task, net, tok, meta = load_finetuned(run_dir)
     net.to(resolve_device(device))
-    opts = task.resolve_options(options, saved=meta.get("options"))
+    opts = task.resolve_options(options, saved=meta.get("options"), model=True)
     ctx = TaskContext.from_meta(meta, opts)
     metrics, got = evaluation.evaluate(task, task.read(Path(data), opts), tok, ctx, torch_forward(net, task.outputs),
                                        batch_size=batch_size)

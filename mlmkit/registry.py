@@ -60,7 +60,9 @@ Feature = dict[str, Any]
 class TaskOption:
     """A setting of a task, given on the command line as ``--option name=value`` (or ``--name value``).
 
-    The type is the default's (bool, int, float or str) unless ``value_type`` says otherwise."""
+    The type is the default's (bool, int, float or str) unless ``value_type`` says otherwise. A
+    ``fixed`` option is built into the model (its head, its graph): it is set when a model is
+    fine-tuned or exported, and a saved model refuses another value."""
 
     name: str
     default: Any
@@ -68,6 +70,7 @@ class TaskOption:
     choices: tuple[Any, ...] | None = None
     minimum: float | None = None
     value_type: type | None = None
+    fixed: bool = False
 
     @property
     def kind(self) -> type:
@@ -186,6 +189,8 @@ class TaskDefaults:
     """Tokens per input when fine-tuning is given no --max-length."""
     greater_is_better: bool = True
     """Whether a larger main metric is better."""
+    trainable: bool = True
+    """Whether `mlmkit finetune` trains this task (False: it is exported and served as it comes)."""
     command: str | None = None
     """The inference command that serves bundles of this task besides `mlmkit predict` (e.g. "classify")."""
     partial_layers: int = 0
@@ -280,6 +285,7 @@ class Plugin:
     hf_architecture: str
     default_max_length: int
     greater_is_better: bool
+    trainable: bool
     command: str | None
     partial_layers: int
 
@@ -300,9 +306,12 @@ class Plugin:
         """The metric that selects the best model under these options."""
         return self.main_metric(ctx) or self.metrics[0]
 
-    def resolve_options(self, given: Mapping[str, Any] | None = None, saved: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def resolve_options(
+        self, given: Mapping[str, Any] | None = None, saved: Mapping[str, Any] | None = None, *, model: bool = False,
+    ) -> dict[str, Any]:
         """Every option: its default, overridden by ``saved`` (a run's or bundle's), then by ``given``
-        (values that are None count as not given); an option the task lacks is an error listing its options."""
+        (values that are None count as not given); an option the task lacks is an error listing its
+        options. ``model``: ``saved`` belongs to a trained model, whose ``fixed`` options cannot change."""
         declared = {o.name: o for o in self.options}
         values = {n: o.default for n, o in declared.items()}
         values.update({k: v for k, v in (saved or {}).items() if k in declared})
@@ -312,17 +321,21 @@ class Plugin:
             if k not in declared:
                 known = ", ".join(o.flag for o in self.options) or "none"
                 raise ConfigError(f"--{k.replace('_', '-')} is not an option of task '{self.name}'", f"its options: {known}")
-            values[k] = declared[k].parse(v)
+            value = declared[k].parse(v)
+            if model and declared[k].fixed and value != values[k]:
+                raise ConfigError(f"{declared[k].flag} is built into this model ({values[k]!r}); it cannot be {value!r} here",
+                                  "fine-tune or export again with the value you want")
+            values[k] = value
         return values
 
     def describe(self) -> dict[str, Any]:
         """What `mlmkit tasks --json` prints of the task."""
         return {
             "name": self.name, "description": self.description, "formats": list(self.formats),
-            "metrics": list(self.metrics), "package": self.distribution, "command": self.command,
+            "metrics": list(self.metrics), "package": self.distribution, "command": self.command, "trainable": self.trainable,
             "options": [
                 {"name": o.name, "flag": o.flag, "type": o.kind.__name__, "default": o.default, "help": o.help,
-                 **({"choices": list(o.choices)} if o.choices is not None else {})}
+                 **({"choices": list(o.choices)} if o.choices is not None else {}), **({"fixed": True} if o.fixed else {})}
                 for o in self.options
             ],
         }

@@ -386,7 +386,7 @@ class TaskPipeline(Pipeline):
     def context(self, options: dict[str, Any] | None = None) -> TaskContext:
         """The task's context: the bundle's labels and saved state; its defaults < the options saved
         in the bundle < ``options`` (an option the task lacks is an error)."""
-        return TaskContext.from_meta(self.meta, self.plugin.resolve_options(options, saved=self.meta.get("options")))
+        return TaskContext.from_meta(self.meta, self.plugin.resolve_options(options, saved=self.meta.get("options"), model=True))
 
     def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
                  **options: Any) -> list[dict[str, Any]]:

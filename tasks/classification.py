@@ -167,7 +167,7 @@ class ClassificationTask:
         TaskOption("pair_column", "text_pair", "The second text of a pair (used when present)."),
         TaskOption("label_column", "label", "The label column / field."),
         TaskOption("problem_type", SINGLE, "single_label_classification, multi_label_classification or regression.",
-                   choices=(SINGLE, MULTI, REGRESSION)),
+                   choices=(SINGLE, MULTI, REGRESSION), fixed=True),
         TaskOption("threshold", 0.5, "multi-label: the probability from which a label is predicted.", minimum=0.0),
         TaskOption("label_separator", ",", "multi-label: what separates the labels of a text field (JSON lists need none)."),
     )

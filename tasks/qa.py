@@ -325,6 +325,10 @@ class QATask:
             "answers": [], "is_impossible": False,
         }
 
+    def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
+        """transformers' BertForQuestionAnswering."""
+        return {} if "BertForQuestionAnswering" in (config.architectures or []) else None
+
     def fit_state(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         """SQuAD 2.0 training data (some questions unanswerable): postprocess may answer ""."""
         return {"version_2_with_negative": any(ex.get("is_impossible") for ex in examples)}

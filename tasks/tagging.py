@@ -408,6 +408,14 @@ class TaggingTask:
     def label_list(self, examples: list[dict[str, Any]]) -> list[str]:
         return sorted({t for ex in examples for t in ex["tags"]})
 
+    def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
+        """transformers' BertForTokenClassification: tags from id2label; BIOES when they have E-/S-."""
+        if "BertForTokenClassification" not in (config.architectures or []):
+            return None
+        labels = [config.id2label[i] for i in sorted(config.id2label or {})]
+        bioes = any(split_tag(t)[0] in ("E", "S") for t in labels)
+        return {"labels": labels, "options": {"scheme": "bioes" if bioes else "auto"}}
+
     def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
         """Windows of [CLS] sub-tokens [SEP] per example, with "word_ids" (word index per token, -1 on
         [CLS]/[SEP]) and "window" [start, end, total] in the example's sub-tokens. Consecutive windows

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import run_export, tiny_config
+from conftest import run_export, run_finetune, tiny_config
 from typer.testing import CliRunner
 
 from mlmkit import evaluation, registry
@@ -33,7 +33,7 @@ from mlmkit.tokenizer import special_ids, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).resolve().parent / "plugins"
-BUILTINS = ("classification", "qa", "tagging")
+BUILTINS = ("classification", "embedding", "qa", "tagging")
 
 
 def squash(text: str) -> str:
@@ -134,10 +134,11 @@ def test_a_task_with_only_the_required_members_gets_every_default(tmp_path: Path
     p = Plugin(Minimal(), "tests:Minimal", "tests")
     d = TaskDefaults()
     for name in ("formats", "options", "label_names", "hf_architecture", "default_max_length", "greater_is_better",
-                 "command", "partial_layers"):
+                 "trainable", "command", "partial_layers"):
         assert getattr(p, name) == getattr(d, name), name
     ctx = TaskContext(max_length=16)
-    assert p.from_input("a text", {}) == {"text": "a text"}
+    assert p.from_input("a text", {}) == {"text": "a text"} and p.best_metric(ctx) == "score"
+    assert p.main_metric(ctx) is None and p.hf_config(ctx) == {} and p.from_hf(None, tmp_path) is None
     assert p.from_input({"text": "x", "id": 3}, {}) == {"text": "x", "id": 3}
     assert p.label_list([{"text": "x"}]) is None and p.fit_state([]) == {}
     assert p.calibrate({}, [], [], ctx) == {}
@@ -221,7 +222,7 @@ def test_core_never_imports_a_task() -> None:
 
 def test_unknown_task_lists_the_registered_ones() -> None:
     registry.reset()
-    with pytest.raises(TaskError, match=r"unknown task 'ner'; registered tasks: classification, qa, tagging") as e:
+    with pytest.raises(TaskError, match=r"unknown task 'ner'; registered tasks: classification, embedding, qa, tagging") as e:
         registry.get_task("ner")
     assert "mlmkit tasks" in (e.value.hint or "")
 
@@ -232,7 +233,7 @@ def test_cli_unknown_task_exits_2_with_the_list(tmp_path: Path) -> None:
     assert res.exit_code == 2, res.output
     assert len(res.stderr.strip().splitlines()) == 1, f"not one line: {res.stderr!r}"
     msg = squash(res.stderr)
-    assert "unknown task 'nosuchtask'; registered tasks: classification, qa, tagging" in msg
+    assert "unknown task 'nosuchtask'; registered tasks: classification, embedding, qa, tagging" in msg
     assert "Traceback" not in res.output
 
 
@@ -328,7 +329,7 @@ def test_third_party_plugin_is_discovered_and_listed(pairreg: Plugin) -> None:
     assert sorted(rows) == sorted(registry.tasks())
     assert rows["pairreg"] == {
         "name": "pairreg", "description": pairreg.description, "formats": [], "metrics": ["pearson", "spearman"],
-        "package": "pairreg", "command": None,
+        "package": "pairreg", "command": None, "trainable": True,
         "options": [{"name": "score_field", "flag": "--score-field", "type": "str", "default": "score",
                      "help": "The JSON field holding the gold score."}],
     }
@@ -424,6 +425,15 @@ def squad_paragraph(context: str, qas: list[tuple[str, str, str]]) -> dict[str, 
 
 
 SAMPLES: dict[str, dict[str, Any]] = {
+    "embedding": {
+        "file": "sample.jsonl",
+        "data": "".join(json.dumps(r) + "\n" for r in [
+            {"text": "a good film", "text_pair": "a fine film", "score": 4.5},
+            {"text": "a bad film", "text_pair": "good good story", "score": 0.5},
+            {"text": "the plot is dull", "text_pair": "a dull plot", "score": 4.0},
+        ]),
+        "input": "a fine story",
+    },
     "classification": {
         "file": "sample.jsonl",
         "data": "".join(json.dumps(r) + "\n" for r in [
@@ -486,6 +496,10 @@ def sample(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
 @pytest.mark.parametrize("sample", discovered(), indirect=True)
 def test_task_forward_backward(sample: dict[str, Any]) -> None:
     task, tok, ctx = sample["task"], sample["tok"], sample["ctx"]
+    if not task.trainable:  # says so, before any work
+        with pytest.raises(TaskError, match=f"the {task.name} task is not fine-tuned by mlmkit"):
+            run_finetune(task.name, sample["tmp"], sample["tmp"] / "nope", sample["tmp"] / "out")
+        return
     feats = task.featurize(sample["examples"], tok, ctx, training=True)
     assert feats
     for f in feats:

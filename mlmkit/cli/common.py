@@ -114,6 +114,10 @@ OPTION_FLAGS: dict[str, tuple[Any, str]] = {
     "aggregation": (str, "--aggregation"),
     "scheme": (str, "--scheme"),
     "top_k": (int, "--top-k"),
+    "problem_type": (str, "--problem-type"),
+    "threshold": (float, "--threshold"),
+    "pooling": (str, "--pooling"),
+    "normalize": (bool, "--normalize/--no-normalize"),
 }
 
 

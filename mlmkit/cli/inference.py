@@ -46,7 +46,8 @@ class InferenceArgs(Args):
     bundle: Path = arg(help="A bundle directory written by `mlmkit export`.", positional=True)
     texts: list[str] | None = arg(None, "Input texts (or use --input, or pipe them on stdin).", positional=True)
     input_file: Path | None = arg(None, "Inputs: .txt (one per line), .jsonl, .csv or .tsv.", flags=("--input", "-i"))
-    output: Path | None = arg(None, "Write the results as JSON lines to this file.", flags=("--output", "-o"))
+    output: Path | None = arg(None, "Write the results to this file: .jsonl (JSON lines), .parquet, or .npy (embeddings).",
+                              flags=("--output", "-o"))
     batch_size: int = arg(32, "Inputs per batch (length-bucketed).")
     device: str = arg("cpu", "cpu or cuda (falls back to the CPU, saying so, without onnxruntime-gpu or a GPU).")
     threads: int | None = arg(None, "onnxruntime intra-op threads (default: one per physical core).")
@@ -62,13 +63,16 @@ class InferenceArgs(Args):
 # ---- export ------------------------------------------------------------------------------------
 @app.command("export")
 @handle_errors
+@with_task_options("pooling", "normalize", "problem_type")
 @with_args(ExportArgs)
-def export_cmd(args: ExportArgs, as_json: Json = False) -> None:
-    """Export a run to a self-contained ONNX bundle (model.onnx, tokenizer.json, mlmkit.json)."""
+def export_cmd(args: ExportArgs, options: dict[str, Any], as_json: Json = False) -> None:
+    """Export an mlmkit run or any Hugging Face BERT checkpoint to a self-contained ONNX bundle."""
+    from dataclasses import replace
+
     from ..export import export
 
     with err.status(f"exporting {args.run} ..."):
-        meta = export(args)
+        meta = export(replace(args, options=options))
     summary = {k: meta[k] for k in ("task", "precision", "opset", "optimizations", "fused_operators", "parity", "model_bytes")}
     summary["bundle"] = str(args.out)
     if want_json(as_json):
@@ -121,7 +125,8 @@ def _chunks(items: list[Any]) -> Iterator[tuple[int, list[Any]]]:
 def run_inference(command: str | None, args: InferenceArgs, options: dict[str, Any], items: list[Any] | None = None) -> None:
     """Load the bundle (refusing one that ``command`` does not serve), run it over the inputs, write
     the results."""
-    from ..files import atomic_open, json_line
+    from ..files import json_line
+    from ..records import result_writer
     from ..runtime import Pipeline
 
     items = _inputs(args.texts, args.input_file) if items is None else items
@@ -132,7 +137,7 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
         rp.TextColumn("[cyan]{task.fields[rate]}"), rp.TimeElapsedColumn(),
         console=err, transient=True, disable=len(items) < LONG_INPUT or not err.is_terminal,
     )
-    with progress, (atomic_open(args.output) if args.output is not None else contextlib.nullcontext()) as sink:
+    with progress, (result_writer(args.output) if args.output is not None else contextlib.nullcontext()) as sink:
         bar = progress.add_task(pipe.task, total=len(items), rate="")
 
         def advance(n: float) -> None:
@@ -140,12 +145,14 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
             speed = progress.tasks[0].speed
             progress.update(bar, rate=f"{speed:,.0f} items/s" if speed else "")
 
-        stream = sink if sink is not None else (sys.stdout if want_json(args.as_json) else None)
+        to_stdout = sink is None and want_json(args.as_json)
         for first, chunk in _chunks(items):
             got = pipe(chunk, progress=advance, first=first, **options)
-            if stream is not None:
-                stream.write("".join(map(json_line, got)))
-                stream.flush()
+            if sink is not None:
+                sink(got)
+            elif to_stdout:
+                sys.stdout.write("".join(map(json_line, got)))
+                sys.stdout.flush()
             else:
                 results.extend(got)
     if args.output is not None:
@@ -165,7 +172,7 @@ def fill_mask(args: InferenceArgs, options: dict[str, Any]) -> None:
 
 @app.command()
 @handle_errors
-@with_task_options("text_column", "pair_column")
+@with_task_options("text_column", "pair_column", "threshold")
 @with_args(InferenceArgs)
 def classify(args: InferenceArgs, options: dict[str, Any]) -> None:
     """Label each text (or text pair) with a classification bundle; long texts are truncated."""
@@ -200,7 +207,16 @@ def qa(
 
 @app.command()
 @handle_errors
-@with_task_options("text_column", "pair_column", "doc_stride", "max_answer_length", "aggregation", "top_k")
+@with_task_options()
+@with_args(InferenceArgs)
+def embed(args: InferenceArgs, options: dict[str, Any]) -> None:
+    """One vector per text with an embedding bundle (pooling and normalisation are the bundle's)."""
+    run_inference("embed", args, options)
+
+
+@app.command()
+@handle_errors
+@with_task_options("text_column", "pair_column", "doc_stride", "max_answer_length", "aggregation", "top_k", "threshold")
 @with_args(InferenceArgs)
 def predict(args: InferenceArgs, options: dict[str, Any]) -> None:
     """Run any bundle on its inputs: dispatches on the bundle's task (its options default to the export's)."""

@@ -31,7 +31,7 @@ tokenizer_app = typer.Typer(no_args_is_help=True, help="Train WordPiece tokenize
 app.add_typer(tokenizer_app, name="tokenizer")
 
 ALL_OPTION_FLAGS = ("text_column", "pair_column", "label_column", "doc_stride", "max_answer_length",
-                    "label_all_tokens", "aggregation", "scheme")
+                    "label_all_tokens", "aggregation", "scheme", "problem_type", "threshold")
 
 
 @tokenizer_app.command("train")
