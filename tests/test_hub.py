@@ -356,7 +356,24 @@ def test_fine_tuning_keeps_a_head_whose_labels_fit(tmp_path: Path, caplog: pytes
     assert "head starts fresh" in caplog.text
 
 
-def test_multi_label_and_regression_fine_tuning_learn(tmp_path: Path, base_model_factory: Any) -> None:
+def fixed_vocab_base(d: Path, words: list[str]) -> Path:
+    """A random tiny pretraining run whose tokenizer is a fixed vocab.txt: the same token ids (and so
+    the same training) in every process, where a tokenizer trained here could number them otherwise."""
+    from conftest import tiny_config
+
+    from mlmkit.checkpoint import save_run
+    from mlmkit.model import BertForPreTraining
+
+    d.mkdir()
+    (d / "vocab.txt").write_text("".join(t + "\n" for t in SPECIAL + words), encoding="utf-8")
+    tok = load_tokenizer(d / "vocab.txt")
+    config = tiny_config(tok.get_vocab_size())
+    torch.manual_seed(0)
+    save_run(BertForPreTraining(config), d, config=config, tokenizer=tok, meta={"task": "pretraining", "max_length": 64})
+    return d
+
+
+def test_multi_label_and_regression_fine_tuning_learn(tmp_path: Path) -> None:
     rng = random.Random(0)
     topics = {"sport": ["ball", "goal"], "film": ["actor", "scene"], "food": ["bread", "soup"]}
     filler = ["the", "a", "and", "was", "very"]
@@ -373,14 +390,18 @@ def test_multi_label_and_regression_fine_tuning_learn(tmp_path: Path, base_model
     train, test = rows(300), rows(80)
     for name, data in (("train", train), ("test", test)):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
-    base = base_model_factory([" ".join(sum(topics.values(), []) + filler)] * 4, vocab_size=120)
-    run_finetune("classification", base, tmp_path / "train.jsonl", tmp_path / "multi", epochs=12, batch_size=16, lr=3e-3,
+    base = fixed_vocab_base(tmp_path / "base", sum(topics.values(), []) + filler)
+    run_finetune("classification", base, tmp_path / "train.jsonl", tmp_path / "multi", epochs=20, batch_size=16, lr=2e-3,
                  progress=False, options={"problem_type": "multi_label_classification"})
     cfg = json.loads((tmp_path / "multi" / "config.json").read_text())
     assert cfg["problem_type"] == "multi_label_classification" and sorted(cfg["id2label"].values()) == sorted(topics)
     r = runner.invoke(app, ["evaluate", str(tmp_path / "multi"), "--data", str(tmp_path / "test.jsonl"), "--json"])
     m = json.loads(r.stdout)
-    assert m["micro_f1"] > 0.8 and m["subset_accuracy"] > 0.5, m  # chance: a third of the labels right
+    # the trivial answers: every label for every text (micro-F1), the most common label set (subset accuracy)
+    n_gold = sum(len(x["label"]) for x in test)
+    all_labels_f1 = 2 * n_gold / (n_gold + 3 * len(test))
+    common = max(sum(x["label"] == y["label"] for y in test) for x in test) / len(test)
+    assert m["micro_f1"] > all_labels_f1 + 0.15 and m["subset_accuracy"] > common + 0.15, (m, all_labels_f1, common)
     hf = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "multi")
     assert hf.config.problem_type == "multi_label_classification"
 
