@@ -22,7 +22,11 @@ it exceeded 0.15 cores are marked and left out of the figures whenever quiet one
   ``transformers.pipeline("fill-mask", top_k=5)``, and onnxruntime on a plain export of the same
   model that outputs the full B x T x V logits (same fusions, same length-bucketed batches, top-k
   of the [MASK] rows in numpy);
-- classification: the mlmkit bundle fp32 and int8 vs ``transformers.pipeline("text-classification")``.
+- classification: the mlmkit bundle fp32 and int8 vs ``transformers.pipeline("text-classification")``;
+- embedding: the fill-mask model's encoder laid out as a sentence-transformers model (mean pooling,
+  Normalize); the mlmkit embedding bundle fp32 and int8 vs ``SentenceTransformer.encode`` (which
+  sorts by length itself) and vs CTranslate2's ``Encoder`` fp32 and int8 on the same length-bucketed
+  batches, mean pooling and normalisation in numpy; the int8 bundle's mean cosine with fp32.
 
 int8 top-1 agreement is measured on the classifier, which is fine-tuned here first (a keyword
 task on the same docstring sentences): the agreement of a random MLM head is meaningless
@@ -58,6 +62,10 @@ TARGETS = [  # name, goal
     ("classify-vs-transformers", 3.0),
     ("int8-vs-fp32", 1.5),
     ("int8-top1-agreement", 0.97),
+    ("embed-vs-sentence-transformers", 2.0),
+    ("embed-vs-ctranslate2", 1.0),
+    ("embed-int8-vs-ctranslate2-int8", 1.3),
+    ("embed-int8-mean-cosine", 0.99),
 ]
 
 
@@ -83,7 +91,7 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
     from mlmkit.stdlib_corpus import docstring_documents
     from mlmkit.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_tokenizer, train_tokenizer
 
-    stamp = {"quick": quick, "sentences": n_sentences, "version": 7}  # bump when exports change
+    stamp = {"quick": quick, "sentences": n_sentences, "version": 8}  # bump when exports change
     if (work / "setup.json").exists() and json.loads((work / "setup.json").read_text()) == stamp:
         log(f"setup: reusing {work}")
         return
@@ -148,16 +156,49 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
     (work / "classifier.json").write_text(json.dumps(scores))
     log(f"setup: classifier fine-tuned in {time.perf_counter() - t1:.0f}s: " + ", ".join(f"{k} {v:.3f}" for k, v in scores.items()))
 
+    # embedding: the same encoder as a sentence-transformers model (mean pooling, normalised), and
+    # CTranslate2's conversion of it
+    sentence_transformers_model(work / "mlm-run", work / "st-model")
+    import transformers
+    from ctranslate2.converters import TransformersConverter
+
+    transformers.BertConfig.position_embedding_type = "absolute"  # ctranslate2 4.8 reads what transformers 5 dropped
+    TransformersConverter(str(work / "st-model")).convert(str(work / "ct2"), force=True)
+
     # bundles, and the plain full-logits graph
     for name, run, kw in (("fill-mask", "mlm-run", {}), ("fill-mask-int8", "mlm-run", {"quantize": "int8"}),
-                          ("classify", "clf-run", {}), ("classify-int8", "clf-run", {"quantize": "int8"})):
+                          ("classify", "clf-run", {}), ("classify-int8", "clf-run", {"quantize": "int8"}),
+                          ("embed", "st-model", {}), ("embed-int8", "st-model", {"quantize": "int8"})):
         t1 = time.perf_counter()
         m = export(ExportArgs(run=work / run, out=work / "bundles" / name, **kw))
+        agree = m["parity"]["top1_agreement"]
         log(f"setup: bundle {name}: {m['model_bytes'] / 1e6:.0f} MB, fused {m['fused_operators']}, "
-            f"parity {m['parity']['top1_agreement']:.3f} ({time.perf_counter() - t1:.0f}s)")
+            f"parity {max(m['parity']['max_abs_diff'].values()):.1e}{'' if agree is None else f', top-1 {agree:.3f}'} "
+            f"({time.perf_counter() - t1:.0f}s)")
     full_logits_graph(work / "mlm-run", work / "full-logits.onnx")
     (work / "setup.json").write_text(json.dumps(stamp))
     log(f"setup: done in {time.perf_counter() - t0:.0f}s")
+
+
+def sentence_transformers_model(run: Path, out: Path) -> None:
+    """The encoder of ``run`` laid out as sentence-transformers saves a model: a BertModel, mean pooling, Normalize."""
+    import shutil
+
+    import transformers
+
+    transformers.BertModel.from_pretrained(run).save_pretrained(out)
+    for f in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
+        shutil.copy(run / f, out / f)
+    (out / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": MINILM["hidden_size"], "pooling_mode_mean_tokens": True,
+        "pooling_mode_cls_token": False, "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}))
+    (out / "2_Normalize").mkdir(exist_ok=True)
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": MAX_LENGTH, "do_lower_case": False}))
 
 
 def full_logits_graph(run: Path, out: Path) -> None:
@@ -199,7 +240,7 @@ def serve_side(name: str, work: Path, threads: int, batch_size: int) -> None:
     """A worker: load the side, warm it up, then time one pass over all sentences per "run" line
     on stdin, answering each with a JSON line {"time", "n", "preds"} on stdout."""
     data = json.loads((work / "sentences.json").read_text())
-    texts = data["plain"] if name.startswith("classify") else data["masked"]
+    texts = data["masked"] if name.startswith("fill-mask") else data["plain"]
     run = _SIDES[name](work, threads, batch_size)
     run(texts[: batch_size * 2])  # warm-up: sessions, kernels, caches
     print(json.dumps({"ready": name}), flush=True)
@@ -228,6 +269,64 @@ def _mlmkit_classify(bundle: str):
 
         pipe = Pipeline.load(work / "bundles" / bundle, threads=threads, batch_size=batch_size)
         return lambda texts: [[r["label"], r["probabilities"]["returns"]] for r in pipe(texts)]
+
+    return make
+
+
+def _mlmkit_embed(bundle: str):
+    def make(work: Path, threads: int, batch_size: int):
+        from mlmkit.runtime import Pipeline
+
+        pipe = Pipeline.load(work / "bundles" / bundle, threads=threads, batch_size=batch_size)
+        return lambda texts: [r["embedding"] for r in pipe(texts)]
+
+    return make
+
+
+def _sentence_transformers(work: Path, threads: int, batch_size: int):
+    """SentenceTransformer.encode on the same model files (it sorts the texts by length itself)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(threads)
+    model = SentenceTransformer(str(work / "st-model"), device="cpu")
+
+    def run(texts: list[str]) -> list[list[float]]:
+        with torch.inference_mode():
+            return model.encode(texts, batch_size=batch_size, convert_to_numpy=True).tolist()
+
+    return run
+
+
+def _ctranslate2(compute_type: str):
+    """CTranslate2's Encoder on the converted model, given the same length-bucketed batches as mlmkit
+    gets (its best case); mean pooling and normalisation in numpy."""
+
+    def make(work: Path, threads: int, batch_size: int):
+        import ctranslate2
+        import numpy as np
+
+        from mlmkit.batching import bucket_batches
+        from mlmkit.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(work / "st-model")
+        tok.enable_truncation(MAX_LENGTH)
+        encoder = ctranslate2.Encoder(str(work / "ct2"), device="cpu", intra_threads=threads, compute_type=compute_type)
+
+        def run(texts: list[str]) -> list[list[float]]:
+            ids = [e.ids for e in tok.encode_batch(texts)]
+            out: list[Any] = [None] * len(ids)
+            for batch in bucket_batches([len(x) for x in ids], batch_size):
+                h = np.asarray(encoder.forward_batch([ids[i] for i in batch]).last_hidden_state)  # (B, T, H)
+                lens = np.array([len(ids[i]) for i in batch])
+                m = (np.arange(h.shape[1])[None, :] < lens[:, None])[..., None]  # (B, T, 1)
+                v = (h * m).sum(axis=1) / lens[:, None]
+                v /= np.linalg.norm(v, axis=1, keepdims=True)
+                for r, i in enumerate(batch):
+                    out[i] = v[r].tolist()
+            return out
+
+        return run
 
     return make
 
@@ -306,6 +405,11 @@ _SIDES = {  # in the order they run: each compared pair back to back
     "classify/transformers": _transformers("text-classification"),
     "classify/mlmkit": _mlmkit_classify("classify"),
     "classify/mlmkit-int8": _mlmkit_classify("classify-int8"),
+    "embed/sentence-transformers": _sentence_transformers,
+    "embed/mlmkit": _mlmkit_embed("embed"),
+    "embed/ctranslate2": _ctranslate2("float32"),
+    "embed/ctranslate2-int8": _ctranslate2("int8"),
+    "embed/mlmkit-int8": _mlmkit_embed("embed-int8"),
 }
 
 
@@ -361,6 +465,13 @@ class Worker:
         if self.proc.stdin:
             self.proc.stdin.close()
         self.proc.wait(timeout=60)
+
+
+def cosines(a: list[list[float]], b: list[list[float]]) -> list[float]:
+    import numpy as np
+
+    x, y = np.asarray(a), np.asarray(b)
+    return ((x * y).sum(1) / (np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1))).tolist()
 
 
 def agreement(a: list[Any], b: list[Any]) -> float:
@@ -456,6 +567,13 @@ def main() -> None:
     print(f"  int8 vs fp32, fill-mask (random MLM head: information only): {fm_int8:.4f}")
     print(f"int8 vs fp32 speed, fill-mask: {ratio('fill-mask/mlmkit-int8', 'fill-mask/mlmkit'):.2f}x; "
           f"classify int8 vs transformers: {ratio('classify/mlmkit-int8', 'classify/transformers'):.2f}x")
+    emb = {k: cosines(preds[k], preds["embed/sentence-transformers"]) for k in ("embed/mlmkit", "embed/ctranslate2")}
+    int8_cos = cosines(preds["embed/mlmkit-int8"], preds["embed/mlmkit"])
+    ct2_int8_cos = cosines(preds["embed/ctranslate2-int8"], preds["embed/ctranslate2"])
+    print("embeddings, cosine with sentence-transformers (min / mean): "
+          + "; ".join(f"{k.split('/')[1]} {min(v):.5f} / {statistics.fmean(v):.5f}" for k, v in emb.items()))
+    print(f"  int8 vs fp32 cosine (min / mean): mlmkit {min(int8_cos):.4f} / {statistics.fmean(int8_cos):.4f}; "
+          f"ctranslate2 {min(ct2_int8_cos):.4f} / {statistics.fmean(ct2_int8_cos):.4f}")
     print()
     figures = {
         "fill-mask-vs-transformers": ratio("fill-mask/mlmkit", "fill-mask/transformers"),
@@ -463,11 +581,18 @@ def main() -> None:
         "classify-vs-transformers": ratio("classify/mlmkit", "classify/transformers"),
         "int8-vs-fp32": ratio("classify/mlmkit-int8", "classify/mlmkit"),
         "int8-top1-agreement": clf_int8,
+        "embed-vs-sentence-transformers": ratio("embed/mlmkit", "embed/sentence-transformers"),
+        "embed-vs-ctranslate2": ratio("embed/mlmkit", "embed/ctranslate2"),
+        "embed-int8-vs-ctranslate2-int8": ratio("embed/mlmkit-int8", "embed/ctranslate2-int8"),
+        "embed-int8-mean-cosine": statistics.fmean(int8_cos),
     }
     pairs = {"fill-mask-vs-transformers": ("fill-mask/mlmkit", "fill-mask/transformers"),
              "fill-mask-vs-full-logits": ("fill-mask/mlmkit", "fill-mask/ort-full-logits"),
              "classify-vs-transformers": ("classify/mlmkit", "classify/transformers"),
-             "int8-vs-fp32": ("classify/mlmkit-int8", "classify/mlmkit")}
+             "int8-vs-fp32": ("classify/mlmkit-int8", "classify/mlmkit"),
+             "embed-vs-sentence-transformers": ("embed/mlmkit", "embed/sentence-transformers"),
+             "embed-vs-ctranslate2": ("embed/mlmkit", "embed/ctranslate2"),
+             "embed-int8-vs-ctranslate2-int8": ("embed/mlmkit-int8", "embed/ctranslate2-int8")}
     print("ratios from the quiet rounds of each pair: "
           + ", ".join(f"{k} {len(quiet(*v)) if any(all(others[s][r] <= QUIET for s in v) for r in range(rounds)) else 0}"
                       f"/{rounds}" for k, v in pairs.items()))
