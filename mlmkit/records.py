@@ -1,26 +1,123 @@
-"""Where results go: JSON lines, a .npy matrix (one vector per result) or Parquet, by the output's
-suffix; written as chunks of results come, and put in place only when the job completes.
+"""Batch inputs and outputs, streamed: inputs are read a record at a time from .txt / .jsonl / .csv /
+.tsv / .parquet files, directories or globs of them, or stdin; results go to JSON lines, a .npy
+matrix (one vector per result) or Parquet, by the output's suffix. Memory never holds a whole input.
 
 No torch here. Parquet needs pyarrow (`pip install 'mlmkit[parquet]'`).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
-from .errors import ConfigError
-from .files import atomic_open, atomic_write, json_line
+from .errors import ConfigError, DataFormatError
+from .files import atomic_open, atomic_write, json_line, parse_json
+from .taskkit import Record, data_format, iter_records
 
 Write = Callable[[Sequence[dict[str, Any]]], None]
 WRITERS = (".jsonl", ".json", ".npy", ".parquet")
+INPUTS = (".txt", ".jsonl", ".csv", ".tsv", ".parquet")
+Item = Record | DataFormatError
+"""An input record, or (with ``skip``) the error of a bad one, in its place."""
 
+
+# ---- inputs ---------------------------------------------------------------------------------------
+def input_files(spec: str | Path) -> list[Path]:
+    """The files an --input names: a file, a directory (its files of a known kind, sorted), or a glob
+    pattern ('shards/*.parquet', sorted)."""
+    p = Path(spec)
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix.lower() in INPUTS and not f.name.startswith("."))
+        if not files:
+            raise DataFormatError(p, f"a directory without input files ({', '.join(INPUTS)})", hint="check the --input path")
+        return files
+    if any(c in str(spec) for c in "*?["):
+        files = sorted(Path(x) for x in glob.glob(str(spec)) if Path(x).is_file())
+        if not files:
+            raise DataFormatError(str(spec), "no file matches this pattern", hint="check the --input pattern")
+        return files
+    raise DataFormatError(p, "file not found", hint="check the --input path")
+
+
+def iter_inputs(spec: str | Path, *, skip: bool = False) -> Iterator[Item]:
+    """The records of every file --input names, in order, read as they are needed."""
+    for f in input_files(spec):
+        if f.suffix.lower() == ".parquet":
+            yield from _iter_parquet(f)
+        else:
+            yield from iter_records(f, data_format(f, {s: s.lstrip(".") for s in INPUTS if s != ".parquet"}), skip=skip)
+
+
+def _iter_parquet(path: Path, rows: int = 1024) -> Iterator[Record]:
+    """A record {column: value} per row of a Parquet file; ``line`` is the row number."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError("--input .parquet needs pyarrow", "pip install 'mlmkit[parquet]'") from None
+    try:
+        f = pq.ParquetFile(path)
+        n = 0
+        for batch in f.iter_batches(batch_size=rows):
+            for row in batch.to_pylist():
+                n += 1
+                yield Record(str(path), n, row)
+    except OSError as e:  # pyarrow's ArrowInvalid and friends are OSErrors too
+        raise DataFormatError(path, f"not a readable Parquet file ({e})", hint="check the file") from None
+
+
+def stdin_inputs(stream: IO[str] | None = None, *, skip: bool = False) -> Iterator[Item]:
+    """Inputs piped on stdin, read line by line: JSON lines when the first non-blank line is a JSON
+    object or string (then every line must be one: a bad line is an error naming it, never a reason
+    to read them all as text), else text lines."""
+    stream = stream or sys.stdin
+    as_json = None
+    for n, raw in enumerate(stream, start=1):
+        line = raw.rstrip("\r\n")
+        if not line.strip():
+            continue
+        if as_json is None:
+            as_json = _json_value(line)
+        if not as_json:
+            yield Record("<stdin>", n, line)
+            continue
+        try:
+            value = parse_json(line)
+            err = None if isinstance(value, (str, dict)) else f"expected an object or a string, got {type(value).__name__}"
+        except json.JSONDecodeError as e:
+            err = f"malformed JSON ({e.msg} at column {e.colno})"
+        if err is None:
+            yield Record("<stdin>", n, value)
+            continue
+        bad = DataFormatError("<stdin>", err, line=n, hint="the first line is JSON, so every line must be; or pipe plain text lines")
+        if not skip:
+            raise bad
+        yield bad
+
+
+def _json_value(line: str) -> bool:
+    """Whether a line is a JSON object or string (a text that merely starts with a quote is not)."""
+    try:
+        return isinstance(parse_json(line), (str, dict))
+    except json.JSONDecodeError:
+        return False
+
+
+def identity(files: Sequence[Path]) -> list[list[Any]]:
+    """What a resumed job must find unchanged of its inputs: path, size, modification time."""
+    return [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
+# ---- outputs --------------------------------------------------------------------------------------
 
 @contextmanager
 def result_writer(path: Path) -> Iterator[Write]:
@@ -71,7 +168,7 @@ def _parquet(path: Path) -> Iterator[Write]:
         if "writer" not in state:  # the schema of the first chunk: every field, in order
             state["fields"] = list(dict.fromkeys(k for r in results for k in r))
             state["tmp"] = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        table = pa.table({k: [_cell(r.get(k)) for r in results] for k in state["fields"]})
+        table = pa.table({k: [parquet_value(r.get(k)) for r in results] for k in state["fields"]})
         if "writer" not in state:
             state["writer"] = pq.ParquetWriter(str(state["tmp"]), table.schema)
         state["writer"].write_table(table.cast(state["writer"].schema))
@@ -90,7 +187,7 @@ def _parquet(path: Path) -> Iterator[Write]:
             Path(state["tmp"]).unlink(missing_ok=True)
 
 
-def _cell(v: Any) -> Any:
+def parquet_value(v: Any) -> Any:
     """A Parquet cell: numbers, strings, booleans and lists of numbers as they are; anything nested as JSON text."""
     if v is None or isinstance(v, (str, int, float, bool)):
         return v

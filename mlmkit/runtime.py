@@ -25,9 +25,8 @@ import hashlib
 import json
 import logging
 import os
-import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +36,11 @@ from tokenizers import AddedToken
 
 from . import evaluation
 from .batching import bucket_batches, pad_features
-from .errors import BundleError, ConfigError, DataFormatError
+from .errors import BundleError, ConfigError, DataFormatError, MlmkitError
 from .evaluation import Progress
 from .files import parse_json, write_jsonl
 from .registry import LABEL, Plugin, TaskContext, TaskOption, get_task, tasks_for_command
-from .taskkit import clip_text, iter_records
+from .taskkit import clip_text
 from .tokenizer import MASK, is_lowercase, load_tokenizer, special_ids
 
 log = logging.getLogger("mlmkit")
@@ -191,6 +190,7 @@ class Pipeline:
         if batch_size < 1:
             raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
         self.path, self.meta, self.tokenizer, self.session, self.batch_size = path, meta, tokenizer, session, batch_size
+        self.device = "cpu"
         self.max_length = int(meta["max_length"])
         self.pad_id = int(meta["tokenizer"]["pad_id"])
         self.input_names = [i.name for i in session.get_inputs()]
@@ -244,13 +244,47 @@ class Pipeline:
         if meta.get("precision") == "fp16" and device != "cuda":
             log.warning("%s is an fp16 bundle, made for --device cuda; on the CPU it is slow", d)
         session = make_session(d / "model.onnx", device=device, threads=threads)
-        if plugin is None:
-            return FillMaskPipeline(d, meta, tok, session, batch_size)
-        return TaskPipeline(d, meta, tok, session, batch_size, plugin)
+        pipe = FillMaskPipeline(d, meta, tok, session, batch_size) if plugin is None else TaskPipeline(d, meta, tok, session, batch_size, plugin)
+        pipe.device = device
+        return pipe
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed job must find unchanged of its bundle: the path, the graph's size and time,
+        and a hash of its description."""
+        g = (self.path / "model.onnx").stat()
+        desc = hashlib.sha256((self.path / "mlmkit.json").read_bytes()).hexdigest()
+        return {"path": str(self.path.resolve()), "model_bytes": g.st_size, "model_mtime_ns": g.st_mtime_ns, "mlmkit_json_sha256": desc}
 
     def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
-                 **options: Any) -> list[dict[str, Any]]:
+                 errors: dict[int, MlmkitError] | None = None, **options: Any) -> list[dict[str, Any]]:
+        """One result per input, in order. ``first``: the number of the first input, for messages
+        ("input 7: empty text"); ``errors``: collect a bad input's error here, by its position, and
+        give None for it instead of stopping."""
         raise NotImplementedError
+
+    @staticmethod
+    def _each(inputs: Sequence[Any], first: int, convert: Callable[[Any], Any],
+              errors: dict[int, MlmkitError] | None) -> tuple[list[int], list[Any]]:
+        """(positions kept, converted inputs): a bad input's DataFormatError names it by number, and
+        is raised, or recorded in ``errors`` with the input left out."""
+        kept, out = [], []
+        for i, x in enumerate(inputs):
+            try:
+                out.append(convert(x))
+                kept.append(i)
+            except DataFormatError as e:
+                bad = DataFormatError(f"input {first + i}", e.detail, field=e.field, hint=e.hint) if e.path == "<input>" else e
+                if errors is None:
+                    raise bad from None
+                errors[i] = bad
+        return kept, out
+
+    @staticmethod
+    def _aligned(n: int, kept: list[int], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out: list[Any] = [None] * n
+        for i, r in zip(kept, results):
+            out[i] = r
+        return out
 
     def summary(self, result: dict[str, Any]) -> dict[str, str]:
         """Table columns for one result (the CLI on a terminal)."""
@@ -286,7 +320,7 @@ class FillMaskPipeline(Pipeline):
 
     def __call__(
         self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
-        top_k: int | None = None, **options: Any,
+        errors: dict[int, MlmkitError] | None = None, top_k: int | None = None, **options: Any,
     ) -> list[dict[str, Any]]:
         if options:
             raise ConfigError(f"--{next(iter(options)).replace('_', '-')} is not an option of fill-mask bundles",
@@ -295,7 +329,10 @@ class FillMaskPipeline(Pipeline):
         if k > self.top_k:
             raise ConfigError(f"--top-k {k}: this bundle was exported with --top-k {self.top_k}",
                               f"ask for 1 to {self.top_k}, or export again with a larger --top-k")
-        pairs = [_text_pair(x, n) for n, x in enumerate(inputs, start=first)]
+        kept, pairs = self._each(inputs, first, _text_pair, errors)
+        if len(kept) < len(inputs):
+            return self._aligned(len(inputs), kept, self([{"text": a, "text_pair": b} for a, b in pairs], progress=progress,
+                                                         top_k=top_k))
         clip = lambda t: clip_text(t, self.tokenizer, self.max_length)  # noqa: E731
         encs = self.tokenizer.encode_batch([(clip(a), clip(b)) if b is not None else clip(a) for a, b in pairs]) if pairs else []
         results: list[dict[str, Any]] = []
@@ -347,14 +384,14 @@ class FillMaskPipeline(Pipeline):
                                          for m in result["masks"])}
 
 
-def _text_pair(item: str | dict[str, Any], n: int) -> tuple[str, str | None]:
+def _text_pair(item: str | dict[str, Any]) -> tuple[str, str | None]:
     if isinstance(item, str):
         return item, None
     if isinstance(item, dict) and isinstance(item.get("text"), str):
         pair = item.get("text_pair")
         return item["text"], pair if isinstance(pair, str) else None
     have = ", ".join(item) if isinstance(item, dict) else type(item).__name__
-    raise DataFormatError(f"input {n}", f"expected a text or a record with a 'text' field, got: {have}", field="text")
+    raise DataFormatError("<input>", f"expected a text or a record with a 'text' field, got: {have}", field="text")
 
 
 def _fill(text: str, masks: list[dict[str, Any]]) -> str:
@@ -389,19 +426,12 @@ class TaskPipeline(Pipeline):
         return TaskContext.from_meta(self.meta, self.plugin.resolve_options(options, saved=self.meta.get("options"), model=True))
 
     def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
-                 **options: Any) -> list[dict[str, Any]]:
-        """``first``: the number of the first input, for error messages ("input 7: empty text")."""
+                 errors: dict[int, MlmkitError] | None = None, **options: Any) -> list[dict[str, Any]]:
         ctx = self.context(options)
-        examples = []
-        for n, x in enumerate(inputs, start=first):
-            try:
-                examples.append(self.plugin.from_input(x, ctx.options))
-            except DataFormatError as e:
-                if e.path != "<input>":
-                    raise
-                raise DataFormatError(f"input {n}", e.detail, field=e.field, hint=e.hint) from None
-        return evaluation.predict(self.plugin, examples, self.tokenizer, ctx, self.run_batch, batch_size=self.batch_size,
-                                  progress=progress).predictions
+        kept, examples = self._each(inputs, first, lambda x: self.plugin.from_input(x, ctx.options), errors)
+        got = evaluation.predict(self.plugin, examples, self.tokenizer, ctx, self.run_batch, batch_size=self.batch_size,
+                                 progress=progress).predictions
+        return got if len(kept) == len(inputs) else self._aligned(len(inputs), kept, got)
 
     def summary(self, result: dict[str, Any]) -> dict[str, str]:
         return self.plugin.summary(result)
@@ -438,34 +468,9 @@ def evaluate_bundle(
 
 # ---- inputs ------------------------------------------------------------------------------------
 def read_inputs(path: str | Path) -> list[str | dict[str, Any]]:
-    """Inputs of a file: .txt (one text per non-blank line), .jsonl (an object or a string per
-    line), .csv / .tsv (a header, then one record per row)."""
-    return [r.data for r in iter_records(path)]
+    """All the inputs of a file, a directory or a glob of shards (records.iter_inputs streams them):
+    .txt (one text per non-blank line), .jsonl (an object or a string per line), .csv / .tsv (a
+    header, then one record per row), .parquet (a record per row)."""
+    from .records import iter_inputs
 
-
-def read_stdin() -> list[str | dict[str, Any]]:
-    """Inputs piped on stdin: JSON lines when the first non-blank line is a JSON object or string
-    (then every line must be one: a bad line is an error naming it, never a reason to read them all
-    as plain text), else text lines (one input per line)."""
-    numbered = [(n, line.rstrip("\r")) for n, line in enumerate(sys.stdin.read().split("\n"), start=1) if line.strip()]
-    if not numbered or not _json_value(numbered[0][1]):
-        return [line for _, line in numbered]
-    items: list[str | dict[str, Any]] = []
-    for n, line in numbered:
-        try:
-            value = parse_json(line)
-        except json.JSONDecodeError as e:
-            raise DataFormatError("<stdin>", f"malformed JSON ({e.msg} at column {e.colno})", line=n,
-                                  hint="the first line is JSON, so every line must be; or pipe plain text lines") from None
-        if not isinstance(value, (str, dict)):
-            raise DataFormatError("<stdin>", f"expected an object or a string, got {type(value).__name__}", line=n)
-        items.append(value)
-    return items
-
-
-def _json_value(line: str) -> bool:
-    """Whether a line is a JSON object or string (a text that merely starts with a quote is not)."""
-    try:
-        return isinstance(parse_json(line), (str, dict))
-    except json.JSONDecodeError:
-        return False
+    return [r.data for r in iter_inputs(path)]

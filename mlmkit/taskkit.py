@@ -90,16 +90,21 @@ def _checked(path: str | Path) -> Path:
     return p
 
 
-def _decoded(path: Path, keepends: bool = False) -> Iterator[tuple[int, str]]:
+def _decoded(path: Path, keepends: bool = False, skip: bool = False) -> Iterator[tuple[int, str | DataFormatError]]:
     """(number, line) of each line, split on \\n only (so numbers match an editor's; str.splitlines
-    also splits on \\x1c, \\u2028 and friends, which may occur inside a text), decoded one at a time."""
+    also splits on \\x1c, \\u2028 and friends, which may occur inside a text), decoded one at a time.
+    ``skip``: a line that is not UTF-8 comes as its DataFormatError instead of stopping the file."""
     with open(path, "rb") as f:
         for n, raw in enumerate(f, start=1):
             try:
                 line = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # a spreadsheet's byte-order mark
             except UnicodeDecodeError as e:
-                raise DataFormatError(path, f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})",
-                                      line=n, hint="re-save the file as UTF-8") from None
+                err = DataFormatError(path, f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})",
+                                      line=n, hint="re-save the file as UTF-8")
+                if not skip:
+                    raise err from None
+                yield n, err
+                continue
             yield n, line if keepends else line.rstrip("\r\n")
 
 
@@ -113,26 +118,38 @@ def read_text(path: str | Path) -> str:
     return "".join(line for _, line in _decoded(_checked(path), keepends=True))
 
 
-def iter_jsonl(path: str | Path, *, strings: bool = False) -> Iterator[Record]:
-    """A record per non-blank line: a JSON object (or a JSON string when ``strings``)."""
+def iter_jsonl(path: str | Path, *, strings: bool = False, skip: bool = False) -> Iterator[Record | DataFormatError]:
+    """A record per non-blank line: a JSON object (or a JSON string when ``strings``). ``skip``: a bad
+    line comes as its DataFormatError (in its place) instead of stopping the file."""
     p = _checked(path)
-    for n, line in _decoded(p):
+    for n, line in _decoded(p, skip=skip):
+        if isinstance(line, DataFormatError):
+            yield line
+            continue
         if not line.strip():
             continue
+        err = None
         try:
             value = parse_json(line)
         except json.JSONDecodeError as e:
-            raise DataFormatError(p, f"malformed JSON ({e.msg} at column {e.colno})", line=n,
-                                  hint="each line must be one JSON object") from None
-        if not isinstance(value, dict) and not (strings and isinstance(value, str)):
-            kind = "an object or a string" if strings else "a JSON object"
-            raise DataFormatError(p, f"expected {kind}, got {type(value).__name__}", line=n, hint="one JSON object per line")
-        yield Record(str(p), n, value)
+            err = DataFormatError(p, f"malformed JSON ({e.msg} at column {e.colno})", line=n, hint="each line must be one JSON object")
+        else:
+            if not isinstance(value, dict) and not (strings and isinstance(value, str)):
+                kind = "an object or a string" if strings else "a JSON object"
+                err = DataFormatError(p, f"expected {kind}, got {type(value).__name__}", line=n, hint="one JSON object per line")
+        if err is None:
+            yield Record(str(p), n, value)
+        elif skip:
+            yield err
+        else:
+            raise err
 
 
-def iter_table(path: str | Path, delimiter: str) -> Iterator[Record]:
+def iter_table(path: str | Path, delimiter: str, *, skip: bool = False) -> Iterator[Record | DataFormatError]:
     """A record {column: value} per non-blank row of a CSV (``delimiter`` ",") or TSV ("\\t") file
-    whose first row is the header. A CSV text may span lines when quoted; TSV has no quoting."""
+    whose first row is the header. A CSV text may span lines when quoted; TSV has no quoting.
+    ``skip``: a row with too many fields comes as its DataFormatError instead of stopping the file
+    (quoting that breaks the file's structure always stops it)."""
     p = _checked(path)
     kind = "TSV" if delimiter == "\t" else "CSV"
     quoting = csv.QUOTE_NONE if kind == "TSV" else csv.QUOTE_MINIMAL
@@ -149,8 +166,12 @@ def iter_table(path: str | Path, delimiter: str) -> Iterator[Record]:
                 header, header_line = tuple(c.strip() for c in row), line
                 continue
             if len(row) > len(header):
-                raise DataFormatError(p, f"{len(row)} fields but the header has {len(header)}", line=line,
+                err = DataFormatError(p, f"{len(row)} fields but the header has {len(header)}", line=line,
                                       hint="quote texts that contain a comma" if kind == "CSV" else "a text contains a tab")
+                if not skip:
+                    raise err
+                yield err
+                continue
             yield Record(str(p), line, dict(zip(header, row)), header, header_line)
     except csv.Error as e:
         raise DataFormatError(p, f"malformed {kind}: {e}", line=reader.line_num) from None
@@ -165,17 +186,19 @@ def data_format(path: str | Path, formats: dict[str, str] = FORMATS) -> str:
     return fmt
 
 
-def iter_records(path: str | Path, fmt: str | None = None) -> Iterator[Record]:
+def iter_records(path: str | Path, fmt: str | None = None, *, skip: bool = False) -> Iterator[Record | DataFormatError]:
     """Records of a .txt / .jsonl / .csv / .tsv file (``fmt`` overrides the suffix): text lines are
-    str records, JSON lines objects or strings, CSV/TSV rows dicts."""
+    str records, JSON lines objects or strings, CSV/TSV rows dicts. ``skip``: a bad record comes as
+    its DataFormatError, in its place, and reading goes on."""
     fmt = fmt or data_format(path)
     if fmt == "txt":
         p = _checked(path)
-        return (Record(str(p), n, line) for n, line in _decoded(p) if line.strip())
+        return (line if isinstance(line, DataFormatError) else Record(str(p), n, line)
+                for n, line in _decoded(p, skip=skip) if not isinstance(line, str) or line.strip())
     if fmt == "jsonl":
-        return iter_jsonl(path, strings=True)
+        return iter_jsonl(path, strings=True, skip=skip)
     if fmt in ("csv", "tsv"):
-        return iter_table(path, "\t" if fmt == "tsv" else ",")
+        return iter_table(path, "\t" if fmt == "tsv" else ",", skip=skip)
     raise ConfigError(f"unknown record format '{fmt}'", "use txt, jsonl, csv or tsv")
 
 

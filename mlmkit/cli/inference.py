@@ -8,9 +8,7 @@ command serves is the tasks' declaration (``command``); `predict` serves any bun
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,6 +19,7 @@ from rich.table import Table
 
 from ..args import Args, ExportArgs, arg
 from ..errors import ConfigError
+from ..jobs import WINDOW
 from .common import (
     Json,
     err,
@@ -35,8 +34,6 @@ from .common import (
 
 app = typer.Typer()
 
-LONG_INPUT = 200  # inputs from which a progress bar is shown
-CHUNK = 4096  # inputs per pipeline call: results streamed out chunk by chunk
 
 
 @dataclass
@@ -52,12 +49,28 @@ class InferenceArgs(Args):
     device: str = arg("cpu", "cpu or cuda (falls back to the CPU, saying so, without onnxruntime-gpu or a GPU).")
     threads: int | None = arg(None, "onnxruntime intra-op threads (default: one per physical core).")
     as_json: bool = arg(False, "Print JSON lines instead of a table (the default when piped).", flags=("--json",))
+    window: int = arg(WINDOW, "Records read, length-bucketed and written together: memory holds one window per worker.")
+    workers: int | None = arg(None, "Processes, each with its own onnxruntime session and a share of the threads "
+                                    "(default: what measured fastest, see the README).")
+    on_error: str = arg("stop", "stop: a bad record ends the job, naming it; skip: it is listed in --errors and the job goes on.")
+    errors: Path | None = arg(None, "With --on-error skip: the JSON-lines list of bad records "
+                                    "(default: OUTPUT.errors.jsonl, or a count on stderr).")
+    resume: bool = arg(False, "Continue the unfinished job that writes --output, after the records it finished.")
+    id_column: str | None = arg(None, "Carry this input field (JSONL, CSV, TSV, Parquet) into each result under its own name.")
+    engine: str = arg("local", "local, or ray: Ray Data map_batches on a cluster (pip install 'mlmkit[ray]').")
+    address: str | None = arg(None, "With --engine ray: the cluster to join (e.g. auto); default: a Ray started here.")
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ConfigError(f"--batch-size must be at least 1, got {self.batch_size}")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"--threads must be at least 1, got {self.threads}")
+        checks = [(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}"),
+                  (self.threads is None or self.threads >= 1, f"--threads must be at least 1, got {self.threads}"),
+                  (self.window >= 1, f"--window must be at least 1, got {self.window}"),
+                  (self.workers is None or self.workers >= 1, f"--workers must be at least 1, got {self.workers}"),
+                  (self.on_error in ("stop", "skip"), f"--on-error {self.on_error}: use stop or skip"),
+                  (self.engine in ("local", "ray"), f"--engine {self.engine}: use local or ray"),
+                  (self.engine == "local" or self.output is not None, "--engine ray needs --output (a file or directory)")]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
 
 
 # ---- export ------------------------------------------------------------------------------------
@@ -102,63 +115,83 @@ def _share(x: float | None) -> str:
 
 
 # ---- inference ---------------------------------------------------------------------------------
-def _inputs(texts: list[str] | None, input_file: Path | None) -> list[Any]:
-    from ..runtime import read_inputs, read_stdin
-
-    if texts and input_file is not None:
-        raise ConfigError("give input texts or --input, not both")
-    if texts:
-        return list(texts)
-    if input_file is not None:
-        return read_inputs(input_file)
-    if sys.stdin.isatty():
-        raise ConfigError("no inputs", "give texts as arguments, a file with --input, or pipe them on stdin")
-    return read_stdin()
-
-
-def _chunks(items: list[Any]) -> Iterator[tuple[int, list[Any]]]:
-    """(number of the first input, inputs) of each chunk."""
-    for i in range(0, len(items), CHUNK):
-        yield i + 1, items[i : i + CHUNK]
-
-
-def run_inference(command: str | None, args: InferenceArgs, options: dict[str, Any], items: list[Any] | None = None) -> None:
-    """Load the bundle (refusing one that ``command`` does not serve), run it over the inputs, write
-    the results."""
+def run_inference(command: str | None, args: InferenceArgs, options: dict[str, Any], texts: list[Any] | None = None) -> None:
+    """Load the bundle (refusing one that ``command`` does not serve), stream the inputs through it
+    window by window (jobs.batch), and write the results: a file, JSON lines when piped, a table on a
+    terminal."""
     from ..files import json_line
-    from ..records import result_writer
+    from ..jobs import batch, default_workers
+    from ..records import input_files, iter_inputs, stdin_inputs
     from ..runtime import Pipeline
+    from ..taskkit import Record
 
-    items = _inputs(args.texts, args.input_file) if items is None else items
+    skip = args.on_error == "skip"
+    texts = texts if texts is not None else args.texts
+    if texts and args.input_file is not None:
+        raise ConfigError("give input texts or --input, not both")
+    if args.resume and args.output is None:
+        raise ConfigError("--resume needs --output", "a job writing to stdout starts over")
+    files = None
+    if texts:
+        items: Any = [Record("<arguments>", n, t) for n, t in enumerate(texts, start=1)]
+    elif args.input_file is not None:
+        files = input_files(args.input_file)
+        items = iter_inputs(args.input_file, skip=skip)
+    elif sys.stdin.isatty():
+        raise ConfigError("no inputs", "give texts as arguments, a file with --input, or pipe them on stdin")
+    else:
+        items = stdin_inputs(skip=skip)
     pipe = Pipeline.load(args.bundle, device=args.device, threads=args.threads, batch_size=args.batch_size, command=command)
-    results: list[dict[str, Any]] = []
-    progress = rp.Progress(
-        rp.TextColumn("{task.description}"), rp.BarColumn(), rp.MofNCompleteColumn(),
-        rp.TextColumn("[cyan]{task.fields[rate]}"), rp.TimeElapsedColumn(),
-        console=err, transient=True, disable=len(items) < LONG_INPUT or not err.is_terminal,
-    )
-    with progress, (result_writer(args.output) if args.output is not None else contextlib.nullcontext()) as sink:
-        bar = progress.add_task(pipe.task, total=len(items), rate="")
+    if args.engine == "ray":
+        from ..integrations.ray import run_cli
 
-        def advance(n: float) -> None:
-            progress.advance(bar, n)
+        return run_cli(pipe, args, options)
+    errors = args.errors or (args.output.with_name(args.output.name + ".errors.jsonl") if skip and args.output else None)
+    table = not want_json(args.as_json) and args.output is None
+    shown: list[Any] = []
+    results: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    progress = rp.Progress(
+        rp.TextColumn("{task.description}"), rp.MofNCompleteColumn(), rp.TextColumn("[cyan]{task.fields[rate]}"),
+        rp.TimeElapsedColumn(), console=err, transient=True, disable=texts is not None or not err.is_terminal,
+    )
+    n = 0
+    with progress:
+        bar = progress.add_task(pipe.task, total=None, rate="")
+        for w, done in batch(pipe, items, options=options, window=args.window, workers=args.workers or default_workers(),
+                             threads=args.threads, skip=skip, id_column=args.id_column, output=args.output, errors=errors,
+                             resume=args.resume, inputs=files):
+            n += len(done.results)
+            if args.output is None and not table:
+                sys.stdout.write("".join(map(json_line, done.results)))
+                sys.stdout.flush()
+            elif table:
+                records = w.records
+                shown.extend(records[i].data for i in done.kept)
+                results.extend(done.results)
+            if args.output is None:
+                failed.extend(done.errors)
+            progress.advance(bar, len(w.items))
             speed = progress.tasks[0].speed
             progress.update(bar, rate=f"{speed:,.0f} items/s" if speed else "")
-
-        to_stdout = sink is None and want_json(args.as_json)
-        for first, chunk in _chunks(items):
-            got = pipe(chunk, progress=advance, first=first, **options)
-            if sink is not None:
-                sink(got)
-            elif to_stdout:
-                sys.stdout.write("".join(map(json_line, got)))
-                sys.stdout.flush()
-            else:
-                results.extend(got)
     if args.output is not None:
-        err.print(f"wrote {len(items)} results to {args.output}")
-    elif not want_json(args.as_json):
-        print_results(pipe.task, items, results, pipe.summary)
+        err.print(f"wrote {n} results to {args.output}")
+    if failed:
+        _report_errors(failed, errors)
+    elif skip and errors is not None and errors.exists():
+        err.print(f"skipped bad records: see {errors}")
+    if table:
+        print_results(pipe.task, shown, results, pipe.summary)
+
+
+def _report_errors(failed: list[dict[str, Any]], errors: Path | None) -> None:
+    from ..files import write_jsonl
+
+    if errors is not None:
+        write_jsonl(errors, failed)
+        err.print(f"skipped {len(failed)} bad records: see {errors}")
+        return
+    err.print(f"skipped {len(failed)} bad records (--errors FILE lists them), the first: {failed[0]['error']}")
 
 
 @app.command("fill-mask")

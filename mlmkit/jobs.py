@@ -1,0 +1,300 @@
+"""Batch inference over inputs of any size: windows, worker processes, resumable output.
+
+Inputs stream in and are cut into windows of ``window`` records (bad records, with ``--on-error
+skip``, keep their place); each window is one call of the pipeline (length-bucketed inside), so
+memory holds one window (a few per worker) however long the input is, and results keep input order.
+
+With an output file a job is resumable. Its work lives in OUTPUT's job directory
+(``.OUTPUT.job/``): one part file per finished window, then progress.json, written last (the
+window count, the records read, and what the job is: its inputs' paths, sizes and times, the
+bundle, the options). A killed job leaves finished windows and a progress record that names
+them; ``--resume`` reads past the records already done and goes on, and the output appears, by
+a rename, only when every window is there: a complete output file always means a complete job.
+
+No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError, MlmkitError
+from .files import atomic_open, atomic_write, json_line, read_json, write_json
+from .records import Item, identity, result_writer
+from .taskkit import Record
+
+log = logging.getLogger("mlmkit")
+
+WINDOW = 4096  # records per window: enough for good length buckets, little enough memory
+
+
+@dataclass
+class Window:
+    """Records k*window .. (k+1)*window - 1 of the input (1-based ``first``), good and bad."""
+
+    index: int
+    first: int
+    items: list[Item]
+
+    @property
+    def records(self) -> list[Record]:
+        return [x for x in self.items if isinstance(x, Record)]
+
+
+def windows(items: Iterable[Item], size: int, skip: int = 0) -> Iterator[Window]:
+    """Windows of ``size`` items, after passing over the first ``skip`` windows (read, not kept)."""
+    it, k = iter(items), 0
+    while True:
+        chunk: list[Item] = []
+        for x in it:
+            chunk.append(x)
+            if len(chunk) == size:
+                break
+        if not chunk:
+            return
+        if k >= skip:
+            yield Window(k, k * size + 1, chunk)
+        k += 1
+
+
+@dataclass
+class Done:
+    """What one window produced: results (in input order, bad records left out) and errors."""
+
+    results: list[dict[str, Any]]
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    kept: list[int] = field(default_factory=list)
+    """The positions, among the window's records, of those the results are for."""
+
+
+def run_window(pipe: Any, w: Window, options: dict[str, Any], *, skip: bool, id_column: str | None) -> Done:
+    """One window through the pipeline. ``skip``: a bad record becomes an error entry (where it is,
+    what is wrong) instead of stopping the job; ``id_column``: the record's id comes along."""
+    errors = [_error(x) for x in w.items if not isinstance(x, Record)]
+    recs = w.records
+    items = [r.data for r in recs]
+    if id_column is not None:
+        for r in recs:
+            if not isinstance(r.data, dict) or id_column not in r.data:
+                raise r.error(f"no id column '{id_column}'", id_column, "--id-column needs records (JSONL, CSV, TSV or Parquet) that have it")
+    bad: dict[int, MlmkitError] = {}
+    got = pipe(items, first=w.first, errors=bad if skip else None, **options)
+    results, kept = [], []
+    for i, (r, res) in enumerate(zip(recs, got)):
+        if i in bad:
+            errors.append({"source": r.source, "line": r.line, "error": str(bad[i])})
+        elif res is not None:
+            results.append({id_column: r.data[id_column], **res} if id_column is not None else res)
+            kept.append(i)
+    return Done(results, errors, kept)
+
+
+def _error(e: Exception) -> dict[str, Any]:
+    return {"source": getattr(e, "path", None), "line": getattr(e, "line", None), "error": str(e)}
+
+
+# ---- resumable output ---------------------------------------------------------------------------
+class Job:
+    """The job directory of an output file: part files of finished windows, and progress.json."""
+
+    def __init__(self, output: Path, what: dict[str, Any], *, resume: bool, errors: Path | None) -> None:
+        self.output, self.what, self.errors = Path(output), json.loads(json.dumps(what, default=str)), errors
+        self.dir = self.output.parent / f".{self.output.name}.job"
+        self.suffix = self.output.suffix.lower() if self.output.suffix.lower() in (".npy", ".parquet") else ".jsonl"
+        self.done = self.read = self.written = self.failed = 0
+        progress = self.dir / "progress.json"
+        if progress.exists() and not resume and read_json(progress).get("windows") == 0:
+            self.discard()  # a job that finished nothing has nothing to keep
+        if progress.exists():
+            if not resume:
+                raise ConfigError(f"an unfinished job for {self.output} is in {self.dir}",
+                                  "pass --resume to continue it, or delete that directory to start over")
+            p = read_json(progress)
+            changed = [k for k in sorted({*p.get("what", {}), *self.what}) if p.get("what", {}).get(k) != self.what.get(k)]
+            if changed:
+                raise ConfigError(f"--resume: the job in {self.dir} was for other {', '.join(changed)}",
+                                  "resume with the same bundle, inputs and options, or delete that directory to start over")
+            self.done, self.read, self.written, self.failed = p["windows"], p["records"], p["results"], p["errors"]
+            log.info("resuming %s after %d records (%d windows)", self.output, self.read, self.done)
+        elif resume:
+            raise ConfigError(f"--resume: no unfinished job for {self.output}", "drop --resume")
+        else:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._save()
+
+    def _save(self) -> None:
+        write_json(self.dir / "progress.json", {"what": self.what, "windows": self.done, "records": self.read,
+                                                "results": self.written, "errors": self.failed})
+
+    def discard(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _part(self, k: int, kind: str = "") -> Path:
+        return self.dir / f"part-{k:06d}{kind}{self.suffix if not kind else '.jsonl'}"
+
+    def add(self, w: Window, done: Done) -> None:
+        """A finished window: its part files, then the progress record that counts them (last)."""
+        with result_writer(self._part(w.index)) as write:
+            write(done.results)
+        if done.errors:
+            with atomic_open(self._part(w.index, ".errors")) as f:
+                f.writelines(map(json_line, done.errors))
+        self.done, self.read = w.index + 1, self.read + len(w.items)
+        self.written, self.failed = self.written + len(done.results), self.failed + len(done.errors)
+        self._save()
+
+    def finish(self) -> None:
+        """Every window is there: the output (and the errors file) put together and renamed into place."""
+        parts = [self._part(k) for k in range(self.done)]
+        _concatenate(parts, self.output, self.suffix)
+        if self.errors is not None and self.failed:
+            with atomic_open(self.errors) as f:
+                for k in range(self.done):
+                    e = self._part(k, ".errors")
+                    if e.exists():
+                        f.write(e.read_text(encoding="utf-8"))
+        self.discard()
+
+
+def _concatenate(parts: Sequence[Path], out: Path, suffix: str) -> None:
+    if suffix == ".npy":
+        arrays = [np.load(p, mmap_mode="r") for p in parts]
+        arrays = [a for a in arrays if a.size]
+        rows = sum(len(a) for a in arrays)
+        dims = arrays[0].shape[1] if arrays else 0
+
+        def write_npy(tmp: str) -> None:
+            m = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(rows, dims))
+            at = 0
+            for a in arrays:
+                m[at : at + len(a)] = a
+                at += len(a)
+            m.flush()
+            del m
+
+        atomic_write(out, write_npy)
+    elif suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        tables = [pq.read_table(p) for p in parts]
+        tables = [t for t in tables if t.num_rows] or tables[:1]
+        schema = pa.unify_schemas([t.schema for t in tables]) if tables else pa.schema([])
+
+        def write_parquet(tmp: str) -> None:
+            with pq.ParquetWriter(tmp, schema) as w:
+                for t in tables:
+                    w.write_table(t.cast(schema))
+
+        atomic_write(out, write_parquet)
+    else:
+        def write_jsonl(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                for p in parts:
+                    with open(p, "rb") as part:
+                        shutil.copyfileobj(part, f)
+
+        atomic_write(out, write_jsonl)
+
+
+# ---- several processes ---------------------------------------------------------------------------
+_pipe: Any = None
+
+
+def _load(bundle: str, device: str, threads: int, batch_size: int) -> None:
+    global _pipe
+    from .runtime import Pipeline
+
+    _pipe = Pipeline.load(bundle, device=device, threads=threads, batch_size=batch_size)
+
+
+def _work(w: Window, options: dict[str, Any], skip: bool, id_column: str | None) -> Done:
+    return run_window(_pipe, w, options, skip=skip, id_column=id_column)
+
+
+def run_windows(
+    ws: Iterable[Window], pipe: Any, *, workers: int, threads: int, options: dict[str, Any], skip: bool,
+    id_column: str | None,
+) -> Iterator[tuple[Window, Done]]:
+    """(window, what it produced), in input order: with ``pipe`` here (``workers`` 1), or in
+    ``workers`` processes, each loading the same bundle with ``threads`` threads, at most two
+    windows each in flight (so that reading never runs far ahead of the work)."""
+    if workers <= 1:
+        for w in ws:
+            yield w, run_window(pipe, w, options, skip=skip, id_column=id_column)
+        return
+    pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_load,
+                               initargs=(str(pipe.path), pipe.device, threads, pipe.batch_size))
+    pending: deque[tuple[Window, Future]] = deque()
+    try:
+        for w in ws:
+            pending.append((w, pool.submit(_work, w, options, skip, id_column)))
+            if len(pending) >= 2 * workers:
+                w0, f = pending.popleft()
+                yield w0, f.result()
+        while pending:
+            w0, f = pending.popleft()
+            yield w0, f.result()
+    finally:
+        for _, f in pending:
+            f.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def batch(
+    pipe: Any, items: Iterable[Item], *, options: dict[str, Any], window: int = WINDOW, workers: int = 1,
+    threads: int | None = None, skip: bool = False, id_column: str | None = None, output: Path | None = None,
+    errors: Path | None = None, resume: bool = False, inputs: Sequence[Path] | None = None,
+) -> Iterator[tuple[Window, Done]]:
+    """Run a loaded pipeline over a stream of inputs, window by window: (window, what it produced) in
+    input order. With ``output`` the job is resumable (see the module docstring) and the output is
+    written, complete, at the end; ``inputs`` are the files the items come from (None: stdin or
+    arguments, which a job cannot resume from)."""
+    job = None
+    if output is not None:
+        if resume and inputs is None:
+            raise ConfigError("--resume needs inputs read from files", "a job that reads stdin or arguments starts over")
+        what = {"bundle": pipe.identity(), "inputs": identity(inputs) if inputs is not None else None, "options": options,
+                "window": window, "on_error": "skip" if skip else "stop", "id_column": id_column}
+        job = Job(output, what, resume=resume, errors=errors)
+    ws = windows(items, window, skip=job.done if job else 0)
+    try:
+        for w, done in run_windows(ws, pipe, workers=workers, threads=split_threads(threads, workers),
+                                   options=options, skip=skip, id_column=id_column):
+            if job is not None:
+                job.add(w, done)
+            yield w, done
+    except BaseException as e:
+        if job is not None and job.done == 0:
+            job.discard()  # a failed job that finished no window leaves nothing behind
+        elif job is not None and isinstance(e, MlmkitError):
+            e.hint = (f"{e.hint}; " if e.hint else "") + (
+                f"the {job.read} records before window {job.done + 1} are done: --resume continues after them "
+                "if the inputs stay as they are (--on-error skip steps over bad records)")
+        raise
+    if job is not None:
+        job.finish()
+
+
+def default_workers() -> int:
+    """Worker processes when --workers is not given: one, with every core's thread (measured on the
+    project's 2-core machines: two workers of one thread each were no faster; see README, Large inputs)."""
+    return 1
+
+
+def split_threads(threads: int | None, workers: int) -> int:
+    """Threads per worker: the machine's cores (or --threads) shared out, at least one each."""
+    total = threads or os.cpu_count() or 1
+    return max(1, total // workers)
