@@ -1,12 +1,13 @@
 """Batch inputs and outputs, streamed: inputs are read a record at a time from .txt / .jsonl / .csv /
-.tsv / .parquet files, directories or globs of them, or stdin; results go to JSON lines, a .npy
-matrix (one vector per result) or Parquet, by the output's suffix. Memory never holds a whole input.
+.tsv / .parquet files, directories or globs of them, or stdin; results go to JSON lines, CSV/TSV
+(a job's output), a .npy matrix (one vector per result) or Parquet, by the output's suffix. Memory never holds a whole input.
 
 No torch here. Parquet needs pyarrow (`pip install 'mlmkit[parquet]'`).
 """
 
 from __future__ import annotations
 
+import csv
 import glob
 import json
 import os
@@ -23,7 +24,6 @@ from .files import atomic_open, atomic_write, json_line, parse_json
 from .taskkit import Record, data_format, iter_records
 
 Write = Callable[[Sequence[dict[str, Any]]], None]
-WRITERS = (".jsonl", ".json", ".npy", ".parquet")
 INPUTS = (".txt", ".jsonl", ".csv", ".tsv", ".parquet")
 Item = Record | DataFormatError
 """An input record, or (with ``skip``) the error of a bad one, in its place."""
@@ -185,6 +185,28 @@ def _parquet(path: Path) -> Iterator[Write]:
             state.pop("writer").close()
         if "tmp" in state:
             Path(state["tmp"]).unlink(missing_ok=True)
+
+
+def write_table_text(parts: Sequence[Path], path: str | Path, delimiter: str) -> None:
+    """JSON-lines part files as one CSV (or TSV) file: a header of every field met, in order of first
+    appearance (a first pass over the parts), then a row per result; nested values as JSON text."""
+    fields: dict[str, None] = {}
+    for p in parts:
+        with open(p, encoding="utf-8") as f:
+            for line in f:
+                fields.update(dict.fromkeys(json.loads(line)))
+    with open(path, "w", encoding="utf-8", newline="") as out:
+        w = csv.writer(out, delimiter=delimiter)
+        w.writerow(fields)
+        for p in parts:
+            with open(p, encoding="utf-8") as f:
+                for line in f:
+                    r = json.loads(line)
+                    w.writerow("" if r.get(k) is None else _cell(r[k]) for k in fields)
+
+
+def _cell(v: Any) -> Any:
+    return v if isinstance(v, (str, int, float, bool)) else json.dumps(v, ensure_ascii=False)
 
 
 def parquet_value(v: Any) -> Any:

@@ -4,6 +4,7 @@ processes, and Ray Data (local mode)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 import signal
@@ -103,8 +104,22 @@ def test_parquet_in_and_out_with_ids_equals_json_lines(tmp_path: Path, bundle: P
     assert [o["label"] for o in out] == [x["label"] for x in ref]
     assert all(abs(o["score"] - x["score"]) < 1e-6 for o, x in zip(out, ref))
     assert json.loads(out[0]["probabilities"]) == pytest.approx(ref[0]["probabilities"])  # nested: JSON text
+    r = cli("classify", bundle, "--input", tmp_path / "in.parquet", "--output", tmp_path / "out.csv", "--id-column", "id")
+    assert r.exit_code == 0, r.output
+    with open(tmp_path / "out.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert [(t["id"], t["label"]) for t in table] == [(o["id"], o["label"]) for o in out]
+    assert json.loads(table[0]["probabilities"]) == pytest.approx(ref[0]["probabilities"])
     r = cli("classify", bundle, "--input", tmp_path / "in.jsonl", "--id-column", "missing")
     assert r.exit_code == 2 and "no id column 'missing'" in " ".join(r.stderr.split())
+
+
+def test_a_field_only_some_windows_have_is_null_in_the_others(tmp_path: Path, bundle: Path) -> None:
+    f = jsonl(tmp_path / "in.jsonl", [{"text": "short one"}, {"text": "short two"}, {"text": "word " * 400}, {"text": "end"}])
+    r = cli("classify", bundle, "--input", f, "--output", tmp_path / "o.parquet", "--window", "2")
+    assert r.exit_code == 0, r.output
+    out = pq.read_table(tmp_path / "o.parquet").to_pylist()
+    assert [o.get("truncated") for o in out] == [None, None, True, None]
 
 
 def test_bad_records_are_skipped_into_an_errors_file(tmp_path: Path, bundle: Path) -> None:
@@ -116,7 +131,7 @@ def test_bad_records_are_skipped_into_an_errors_file(tmp_path: Path, bundle: Pat
     assert r.exit_code == 0, r.output
     assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 2
     errs = [json.loads(x) for x in (tmp_path / "o.jsonl.errors.jsonl").read_text().splitlines()]
-    assert [e["line"] for e in errs] == [2, 3, 4] and "skipped 3 bad records" not in r.stderr
+    assert [e["line"] for e in errs] == [2, 3, 4] and "skipped 3 bad records: see" in " ".join(r.stderr.split())
     assert "empty text" in errs[1]["error"] and "no field 'text'" in errs[2]["error"]
     r = cli("classify", bundle, "--input", f, "--on-error", "skip")  # to stdout: a count and the first error
     assert r.exit_code == 0 and len(r.stdout.splitlines()) == 2 and "skipped 3 bad records" in " ".join(r.stderr.split())
@@ -130,7 +145,7 @@ def test_workers_give_the_same_output_as_one_process(tmp_path: Path, bundle: Pat
     assert (tmp_path / "o1.jsonl").read_bytes() == (tmp_path / "o2.jsonl").read_bytes()
 
 
-@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet", ".csv"])
 def test_a_killed_job_resumes_to_the_same_bytes(tmp_path: Path, bundle: Path, suffix: str) -> None:
     f = jsonl(tmp_path / "in.jsonl", rows(3000, seed=1))
     whole, cut = tmp_path / f"whole{suffix}", tmp_path / f"cut{suffix}"

@@ -42,8 +42,8 @@ class InferenceArgs(Args):
 
     bundle: Path = arg(help="A bundle directory written by `mlmkit export`.", positional=True)
     texts: list[str] | None = arg(None, "Input texts (or use --input, or pipe them on stdin).", positional=True)
-    input_file: Path | None = arg(None, "Inputs: .txt (one per line), .jsonl, .csv or .tsv.", flags=("--input", "-i"))
-    output: Path | None = arg(None, "Write the results to this file: .jsonl (JSON lines), .parquet, or .npy (embeddings).",
+    input_file: Path | None = arg(None, "Inputs: a .txt (one per line), .jsonl, .csv, .tsv or .parquet file, a directory of them, or a glob (quoted).", flags=("--input", "-i"))
+    output: Path | None = arg(None, "Write the results to this file: .jsonl (JSON lines; any other suffix too), .parquet, .csv, .tsv, or .npy (embeddings).",
                               flags=("--output", "-o"))
     batch_size: int = arg(32, "Inputs per batch (length-bucketed).")
     device: str = arg("cpu", "cpu or cuda (falls back to the CPU, saying so, without onnxruntime-gpu or a GPU).")
@@ -155,13 +155,13 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
         rp.TextColumn("{task.description}"), rp.MofNCompleteColumn(), rp.TextColumn("[cyan]{task.fields[rate]}"),
         rp.TimeElapsedColumn(), console=err, transient=True, disable=texts is not None or not err.is_terminal,
     )
-    n = 0
+    n = bad = 0
     with progress:
         bar = progress.add_task(pipe.task, total=None, rate="")
         for w, done in batch(pipe, items, options=options, window=args.window, workers=args.workers or default_workers(),
                              threads=args.threads, skip=skip, id_column=args.id_column, output=args.output, errors=errors,
                              resume=args.resume, inputs=files):
-            n += len(done.results)
+            n, bad = n + len(done.results), bad + len(done.errors)
             if args.output is None and not table:
                 sys.stdout.write("".join(map(json_line, done.results)))
                 sys.stdout.flush()
@@ -178,8 +178,8 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
         err.print(f"wrote {n} results to {args.output}")
     if failed:
         _report_errors(failed, errors)
-    elif skip and errors is not None and errors.exists():
-        err.print(f"skipped bad records: see {errors}")
+    elif bad:
+        err.print(f"skipped {bad} bad records: see {errors}")
     if table:
         print_results(pipe.task, shown, results, pipe.summary)
 
