@@ -262,6 +262,16 @@ class Pipeline:
         give None for it instead of stopping."""
         raise NotImplementedError
 
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        """The runtime options this bundle's task takes (keyword arguments of a call)."""
+        raise NotImplementedError
+
+    def check(self, inputs: Sequence[Any], options: dict[str, Any] | None = None) -> None:
+        """Raise the error that calling the pipeline on ``inputs`` with ``options`` would raise for a
+        bad option or input ("input 3: ..."), without running the model (a server answers 4xx with it)."""
+        raise NotImplementedError
+
     @staticmethod
     def _each(inputs: Sequence[Any], first: int, convert: Callable[[Any], Any],
               errors: dict[int, MlmkitError] | None) -> tuple[list[int], list[Any]]:
@@ -313,6 +323,23 @@ class FillMaskPipeline(Pipeline):
             raise BundleError(f"{self.path / 'tokenizer.json'}: {MASK} is not token {self.mask_id}", "export the bundle again")
         self._token_text: dict[int, str] = {}
 
+    def _top_k(self, top_k: Any, options: dict[str, Any]) -> int:
+        if options:
+            raise ConfigError(f"--{next(iter(options)).replace('_', '-')} is not an option of fill-mask bundles",
+                              "its option: --top-k")
+        k = self.top_k if top_k is None else self.option.parse(top_k)
+        if k > self.top_k:
+            raise ConfigError(f"--top-k {k}: this bundle was exported with --top-k {self.top_k}",
+                              f"ask for 1 to {self.top_k}, or export again with a larger --top-k")
+        return k
+
+    option_names = ("top_k",)
+
+    def check(self, inputs: Sequence[Any], options: dict[str, Any] | None = None) -> None:
+        options = dict(options or {})
+        self._top_k(options.pop("top_k", None), options)
+        self._each(inputs, 1, _text_pair, None)
+
     def _token(self, i: int) -> str:
         if i not in self._token_text:
             self._token_text[i] = self.tokenizer.decode([i], skip_special_tokens=False).strip()
@@ -322,13 +349,7 @@ class FillMaskPipeline(Pipeline):
         self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
         errors: dict[int, MlmkitError] | None = None, top_k: int | None = None, **options: Any,
     ) -> list[dict[str, Any]]:
-        if options:
-            raise ConfigError(f"--{next(iter(options)).replace('_', '-')} is not an option of fill-mask bundles",
-                              "its option: --top-k")
-        k = self.top_k if top_k is None else self.option.parse(top_k)
-        if k > self.top_k:
-            raise ConfigError(f"--top-k {k}: this bundle was exported with --top-k {self.top_k}",
-                              f"ask for 1 to {self.top_k}, or export again with a larger --top-k")
+        k = self._top_k(top_k, options)
         kept, pairs = self._each(inputs, first, _text_pair, errors)
         if len(kept) < len(inputs):
             return self._aligned(len(inputs), kept, self([{"text": a, "text_pair": b} for a, b in pairs], progress=progress,
@@ -432,6 +453,14 @@ class TaskPipeline(Pipeline):
         got = evaluation.predict(self.plugin, examples, self.tokenizer, ctx, self.run_batch, batch_size=self.batch_size,
                                  progress=progress).predictions
         return got if len(kept) == len(inputs) else self._aligned(len(inputs), kept, got)
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.plugin.options)
+
+    def check(self, inputs: Sequence[Any], options: dict[str, Any] | None = None) -> None:
+        ctx = self.context(options)
+        self._each(inputs, 1, lambda x: self.plugin.from_input(x, ctx.options), None)
 
     def summary(self, result: dict[str, Any]) -> dict[str, str]:
         return self.plugin.summary(result)

@@ -91,7 +91,8 @@ def with_args(cls: type) -> Callable[[F], F]:
         if f.type is bool and f.default is True:  # on by default: the flag that matters is --no-...
             flags = (f"{flags[0]}/--no-{flags[0][2:]}",)
         panel = "Training" if len(f.path) > 1 else None  # the fields of a composed TrainArgs
-        decl = typer.Argument(help=f.help) if f.positional else typer.Option(*flags, help=f.help, rich_help_panel=panel)
+        text = escape(f.help)  # help is plain text: "mlmkit[serve]" is not rich markup
+        decl = typer.Argument(help=text) if f.positional else typer.Option(*flags, help=text, rich_help_panel=panel)
         default = inspect.Parameter.empty if f.required else f.default
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                         annotation=Annotated[f.type, decl]))

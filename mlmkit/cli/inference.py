@@ -1,8 +1,10 @@
-"""`mlmkit export` and the onnxruntime inference commands: fill-mask, classify, tag, qa and predict.
+"""`mlmkit export`, the onnxruntime inference commands (fill-mask, classify, tag, qa, embed, predict)
+and `mlmkit serve`.
 
 The inference commands import the runtime only, never torch: a cold start stays under a second.
-Inputs come from arguments, --input (.txt, .jsonl, .csv, .tsv) or stdin; results go out as a table
-on a terminal, as JSON lines with --output or when stdout is piped, in input order. Which bundles a
+Inputs come from arguments, --input (files, directories or globs of .txt, .jsonl, .csv, .tsv,
+.parquet; streamed by jobs.batch) or stdin; results go out as a table on a terminal, as JSON lines
+when stdout is piped, or to --output, in input order. Which bundles a
 command serves is the tasks' declaration (``command``); `predict` serves any bundle.
 """
 
@@ -20,6 +22,7 @@ from rich.table import Table
 from ..args import Args, ExportArgs, arg
 from ..errors import ConfigError
 from ..jobs import WINDOW
+from ..serve import ServeArgs
 from .common import (
     Json,
     err,
@@ -254,3 +257,16 @@ def embed(args: InferenceArgs, options: dict[str, Any]) -> None:
 def predict(args: InferenceArgs, options: dict[str, Any]) -> None:
     """Run any bundle on its inputs: dispatches on the bundle's task (its options default to the export's)."""
     run_inference(None, args, options)
+
+
+@app.command()
+@handle_errors
+@with_args(ServeArgs)
+def serve(args: ServeArgs) -> None:
+    r"""Serve bundles over HTTP with dynamic batching (FastAPI on uvicorn; pip install 'mlmkit\[serve]').
+
+    POST /v1/models/NAME/predict {"inputs": [...], "options": {...}}; GET /v1/models, /health, /ready,
+    /metrics, /docs. SIGTERM drains: requests in flight finish, new ones get 503."""
+    from ..serve import serve as run
+
+    run(args)

@@ -1,0 +1,477 @@
+"""`mlmkit serve`: bundles behind HTTP, with dynamic batching (FastAPI on uvicorn, `pip install 'mlmkit[serve]'`).
+
+    mlmkit serve exports/clf exports/ner qa=exports/squad --port 8000
+    curl -s localhost:8000/v1/models/clf/predict -d '{"inputs": ["a fine film"]}'
+
+Each bundle is mounted under its name (its directory's name, or NAME=PATH). Endpoints:
+
+- ``POST /v1/models/{name}/predict``: ``{"inputs": [...], "options": {...}}``, inputs in the CLI's
+  shapes (texts, {"text", "text_pair"} records, {"question", "context"} records), options the task's
+  runtime options; answers ``{"results": [...]}`` in input order, each result the object a line of
+  `mlmkit predict`'s JSON lines holds, and ``"warnings"`` when an input was truncated.
+- ``GET /v1/models``, ``GET /health`` (alive), ``GET /ready`` (every model loaded and warmed up, not
+  shutting down), ``GET /metrics`` (Prometheus), ``GET /docs`` (OpenAPI).
+
+Dynamic batching: a request is checked on arrival (a bad input or option is a 4xx at once, never
+its neighbours' problem), then queued for its model. One thread per model takes what is queued
+(waiting up to --max-wait-ms after the first request for more, up to --max-batch-size inputs)
+and runs it as one pipeline call, length-bucketed into onnxruntime batches; requests with other
+options go in their own call. onnxruntime runs off the event loop, with its own threads. A call
+that fails is retried request by request, so only the request at fault fails.
+
+Errors are JSON, ``{"error": ..., "hint": ..., "request_id": ...}``: 400 malformed JSON, 404 an
+unknown model, 413 a body over --max-body-bytes or more than --max-inputs inputs, 422 a wrong input
+shape or option, 503 while loading or shutting down, 500 an internal error (logged with its
+traceback and the request id; the server goes on). SIGTERM (or Ctrl-C): new requests get 503,
+requests in flight finish (up to --drain-seconds), then the server stops; a second signal stops it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import queue
+import re
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .args import Args, arg
+from .errors import ConfigError, MlmkitError
+
+try:  # at module level: FastAPI reads the handlers' annotations from this module's names
+    from fastapi import Request
+    from fastapi.responses import JSONResponse, Response
+except ImportError:  # no [serve] extra: serve() says what to install
+    Request = JSONResponse = Response = Any  # type: ignore[misc,assignment]
+
+log = logging.getLogger("mlmkit")
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass
+class ServeArgs(Args):
+    """`mlmkit serve`'s settings."""
+
+    bundles: list[str] = arg(help="Bundle directories to serve, each as PATH (named after the directory) or NAME=PATH.",
+                             positional=True)
+    host: str = arg("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
+    port: int = arg(8000, "Port to listen on.")
+    device: str = arg("cpu", "cpu or cuda (falls back to the CPU, saying so, without onnxruntime-gpu or a GPU).")
+    threads: int | None = arg(None, "onnxruntime intra-op threads per model (default: one per physical core).")
+    batch_size: int = arg(32, "Inputs per onnxruntime batch (length-bucketed) inside a merged call.")
+    max_batch_size: int = arg(256, "Most inputs merged from queued requests into one call.")
+    max_wait_ms: float = arg(2.0, "How long the first queued request waits for others to join its call (ms).")
+    max_inputs: int = arg(1024, "Most inputs in one request (more: 413).")
+    max_body_bytes: int = arg(8 * 1024 * 1024, "Largest request body (more: 413).")
+    drain_seconds: float = arg(30.0, "On SIGTERM, how long requests in flight may take to finish.")
+    access_log: bool = arg(False, "Log every request (uvicorn's access log).")
+
+    def __post_init__(self) -> None:
+        if not self.bundles:
+            raise ConfigError("no bundles to serve", "give one or more bundle directories, as PATH or NAME=PATH")
+        for name in ("port", "batch_size", "max_batch_size", "max_inputs", "max_body_bytes"):
+            low = 0 if name == "port" else 1
+            if getattr(self, name) < low:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(self, name)}")
+        if self.port > 65535:
+            raise ConfigError(f"--port must be at most 65535, got {self.port}")
+        if not 0 <= self.max_wait_ms <= 10_000 or not 0 <= self.drain_seconds <= 3600:
+            raise ConfigError("--max-wait-ms must be 0 to 10000 and --drain-seconds 0 to 3600")
+
+
+def model_names(specs: Sequence[str]) -> dict[str, Path]:
+    """{name: bundle path} from PATH or NAME=PATH specs; names are URL-safe and distinct."""
+    out: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or Path(spec).exists():  # a path that holds "=" is a path
+            name, path = Path(spec).resolve().name, spec
+        if not NAME.match(name):
+            raise ConfigError(f"model name '{name}' (from {spec}) is not URL-safe",
+                              "name it with letters, digits, '.', '_' or '-': NAME=PATH")
+        if name in out:
+            raise ConfigError(f"two bundles are named '{name}'", "name them apart: NAME=PATH")
+        out[name] = Path(path)
+    return out
+
+
+# ---- dynamic batching ----------------------------------------------------------------------------
+@dataclass
+class _Request:
+    inputs: list[Any]
+    options: dict[str, Any]
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    queued: float
+
+
+class Model:
+    """One bundle: its pipeline, its queue, and the thread that merges queued requests into calls."""
+
+    def __init__(self, name: str, pipe: Any, args: ServeArgs, metrics: Metrics) -> None:
+        self.name, self.pipe, self.args, self.metrics = name, pipe, args, metrics
+        self.queue: queue.Queue[_Request | None] = queue.Queue()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._serve, name=f"mlmkit-{name}", daemon=True)
+
+    def describe(self) -> dict[str, Any]:
+        m = self.pipe.meta
+        return {"name": self.name, "task": self.pipe.task, "labels": m.get("labels"), "max_length": self.pipe.max_length,
+                "options": list(self.pipe.option_names), "source": m.get("source"), "precision": m.get("precision"),
+                "providers": self.pipe.providers}
+
+    async def predict(self, inputs: list[Any], options: dict[str, Any]) -> list[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self.queue.put(_Request(inputs, options, fut, loop, time.monotonic()))
+        return await fut
+
+    def stop(self) -> None:
+        self.queue.put(None)
+
+    def _serve(self) -> None:
+        try:
+            warm_up(self.pipe)
+        finally:
+            self.ready.set()
+        wait = self.args.max_wait_ms / 1000
+        while True:
+            first = self.queue.get()
+            if first is None:
+                return
+            batch, n = [first], len(first.inputs)
+            while n < self.args.max_batch_size:
+                left = first.queued + wait - time.monotonic()
+                try:
+                    r = self.queue.get(timeout=left) if left > 0 else self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if r is None:
+                    self.queue.put(None)  # stop after this batch
+                    break
+                batch.append(r)
+                n += len(r.inputs)
+            groups: dict[str, list[_Request]] = {}
+            for r in batch:
+                if not r.future.done():  # a client that went away
+                    groups.setdefault(json.dumps(r.options, sort_keys=True, default=str), []).append(r)
+            for reqs in groups.values():
+                self._run(reqs)
+
+    def _run(self, reqs: list[_Request]) -> None:
+        """One pipeline call for requests with the same options; if it fails, each request alone."""
+        start = time.monotonic()
+        items = [x for r in reqs for x in r.inputs]
+        for r in reqs:
+            self.metrics.queue_seconds.labels(self.name).observe(start - r.queued)
+        try:
+            bad: dict[int, MlmkitError] = {}
+            results = self.pipe(items, errors=bad, **reqs[0].options)
+        except Exception as e:
+            if len(reqs) > 1:
+                for r in reqs:
+                    self._run([r])
+            else:
+                _resolve(reqs[0], error=e)
+            return
+        self.metrics.batch_inputs.labels(self.name).observe(len(items))
+        self.metrics.inference_seconds.labels(self.name).observe(time.monotonic() - start)
+        at = 0
+        for r in reqs:
+            n = len(r.inputs)
+            wrong = [(i, bad[at + i]) for i in range(n) if at + i in bad]
+            if wrong:  # checked on arrival, so not expected: the input at fault is named
+                i, e = wrong[0]
+                _resolve(r, error=ConfigError(f"input {i + 1}: {e}"))
+            else:
+                _resolve(r, results=results[at : at + n])
+            at += n
+
+
+def _resolve(r: _Request, *, results: list[dict[str, Any]] | None = None, error: BaseException | None = None) -> None:
+    def done() -> None:
+        if not r.future.done():
+            r.future.set_exception(error) if error is not None else r.future.set_result(results)
+
+    r.loop.call_soon_threadsafe(done)
+
+
+def warm_up(pipe: Any) -> None:
+    """Run the graph on a short and a full-length batch once, so the first request is not the slow one."""
+    for rows, length in ((1, 8), (pipe.batch_size, pipe.max_length)):
+        feed = {name: (np.ones if name == "attention_mask" else np.zeros)((rows, length), dtype=np.int64)
+                for name in pipe.input_names}
+        feed["input_ids"][:] = pipe.pad_id
+        pipe.run_batch(feed)
+
+
+class Metrics:
+    """Prometheus metrics of one server (its own registry: two apps in one process do not clash)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("mlmkit_requests", "Prediction requests answered, by model and HTTP status.",
+                                ["model", "status"], registry=r)
+        self.inputs = Counter("mlmkit_inputs", "Inputs predicted, by model.", ["model"], registry=r)
+        self.batch_inputs = Histogram("mlmkit_batch_inputs", "Inputs per merged pipeline call.", ["model"],
+                                      buckets=BATCH_BUCKETS, registry=r)
+        self.queue_seconds = Histogram("mlmkit_queue_seconds", "Time from a request's arrival in the queue to its call.",
+                                       ["model"], buckets=TIME_BUCKETS, registry=r)
+        self.inference_seconds = Histogram("mlmkit_inference_seconds", "Time of one merged pipeline call.", ["model"],
+                                           buckets=TIME_BUCKETS, registry=r)
+        self.request_seconds = Histogram("mlmkit_request_seconds", "Time to answer a prediction request.", ["model"],
+                                         buckets=TIME_BUCKETS, registry=r)
+        self.in_flight = Gauge("mlmkit_requests_in_flight", "Requests being answered.", registry=r)
+
+
+# ---- the app --------------------------------------------------------------------------------------
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.hint = status, message, hint
+
+
+PREDICT_BODY = {
+    "required": True,
+    "content": {"application/json": {"schema": {
+        "type": "object", "required": ["inputs"], "additionalProperties": False,
+        "properties": {
+            "inputs": {"type": "array", "description": "Texts, or records: {text, text_pair}, {question, context}, "
+                                                       "or the fields the task reads.",
+                       "items": {"anyOf": [{"type": "string"}, {"type": "object"}]}},
+            "options": {"type": "object", "description": "The task's runtime options by name, e.g. {\"top_k\": 3} "
+                                                        "(GET /v1/models lists each model's)."},
+        }},
+        "example": {"inputs": ["a fine film", {"text": "first", "text_pair": "second"}]}}},
+}
+
+
+def create_app(models: dict[str, Model], args: ServeArgs) -> Any:
+    """The ASGI app serving loaded ``models`` (their threads are started and stopped with it)."""
+    from fastapi import FastAPI
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    from . import __version__
+
+    metrics = next(iter(models.values())).metrics if models else Metrics()
+    state = {"draining": False, "in_flight": 0}
+
+    async def lifespan(app: Any):  # noqa: ANN202
+        for m in models.values():
+            m.thread.start()
+        yield
+        for m in models.values():
+            m.stop()
+        for m in models.values():
+            m.thread.join(timeout=args.drain_seconds)
+
+    app = FastAPI(title="mlmkit", version=__version__, lifespan=lifespan,
+                  description="BERT bundles exported by `mlmkit export`, served with dynamic batching.")
+    app.state.mlmkit = state
+    app.state.models = models
+
+    def error(status: int, message: str, hint: str | None, request_id: str) -> JSONResponse:
+        body = {"error": message, **({"hint": hint} if hint else {}), "request_id": request_id}
+        return JSONResponse(body, status_code=status, headers={"X-Request-ID": request_id})
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Any:
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
+        request.state.rid = rid
+        if state["draining"] and request.url.path not in ("/health", "/metrics"):
+            return error(503, "the server is shutting down", "send the request to another replica, or retry later", rid)
+        state["in_flight"] += 1
+        metrics.in_flight.inc()
+        try:
+            response = await call_next(request)
+        except Exception:
+            log.exception("request %s (%s %s) failed", rid, request.method, request.url.path)
+            return error(500, "internal error", f"the server log has the traceback under request id {rid}", rid)
+        finally:
+            state["in_flight"] -= 1
+            metrics.in_flight.dec()
+        response.headers["X-Request-ID"] = rid
+        return response
+
+    @app.exception_handler(HTTPError)
+    async def http_error(request: Request, e: HTTPError) -> JSONResponse:
+        return error(e.status, e.message, e.hint, request.state.rid)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def starlette_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        rid = getattr(request.state, "rid", uuid.uuid4().hex[:16])
+        hint = "the endpoints: POST /v1/models/{name}/predict, GET /v1/models, /health, /ready, /metrics, /docs"
+        return error(e.status_code, str(e.detail).lower(), hint if e.status_code in (404, 405) else None, rid)
+
+    @app.get("/health", summary="Liveness: the process answers.")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready", summary="Readiness: every model loaded and warmed up, and not shutting down.")
+    async def ready() -> Any:
+        waiting = [n for n, m in models.items() if not m.ready.is_set()]
+        if waiting or state["draining"]:
+            return JSONResponse({"status": "shutting down" if state["draining"] else "loading", "loading": waiting},
+                                status_code=503)
+        return {"status": "ready", "models": list(models)}
+
+    @app.get("/v1/models", summary="The models served: name, task, labels, max_length, source.")
+    async def list_models() -> dict[str, Any]:
+        return {"models": [m.describe() for m in models.values()]}
+
+    @app.get("/metrics", summary="Prometheus metrics.")
+    async def prometheus() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/models/{name}/predict", summary="Predict: one result per input, in input order.",
+              openapi_extra={"requestBody": PREDICT_BODY})
+    async def predict(name: str, request: Request) -> Response:
+        model = models.get(name)
+        if model is None:
+            metrics.requests.labels("-", "404").inc()
+            raise HTTPError(404, f"no model named '{name}'", f"the models: {', '.join(models)} (GET /v1/models)")
+        start = time.monotonic()
+        status = "500"
+        try:
+            inputs, options = await _read_request(request, args)
+            if not model.ready.is_set():
+                raise HTTPError(503, f"model '{name}' is still loading", "retry when GET /ready says ready")
+            unknown = sorted(set(options) - set(model.pipe.option_names))
+            if unknown:
+                raise HTTPError(422, f"unknown option(s) for model '{name}': {', '.join(unknown)}",
+                                f"its options: {', '.join(model.pipe.option_names) or 'none'}")
+            try:
+                model.pipe.check(inputs, options)
+            except MlmkitError as e:
+                raise HTTPError(422, e.message, e.hint) from None
+            try:
+                results = await model.predict(inputs, options)
+            except MlmkitError as e:
+                raise HTTPError(422, e.message, e.hint) from None
+            status = "200"
+            metrics.inputs.labels(name).inc(len(inputs))
+            body: dict[str, Any] = {"results": results}
+            cut = [i + 1 for i, r in enumerate(results) if r.get("truncated")]
+            if cut:
+                body["warnings"] = [f"input {i}: longer than {model.pipe.max_length} tokens, truncated (or windowed) as "
+                                    "the command line does" for i in cut]
+            return Response(json.dumps(body, ensure_ascii=False), media_type="application/json")
+        except HTTPError as e:
+            status = str(e.status)
+            raise
+        finally:
+            metrics.requests.labels(name, status).inc()
+            metrics.request_seconds.labels(name).observe(time.monotonic() - start)
+
+    return app
+
+
+async def _read_request(request: Request, args: ServeArgs) -> tuple[list[Any], dict[str, Any]]:
+    """The body's inputs and options, or the 4xx that says what is wrong with it."""
+    from .files import parse_json
+
+    limit = args.max_body_bytes
+    declared = request.headers.get("content-length", "")
+    too_big = HTTPError(413, f"the request body is over {limit} bytes",
+                        "send fewer inputs per request, or start the server with a larger --max-body-bytes")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    shape = 'send {"inputs": [...]} (and "options": {...} if any)'
+    try:
+        data = parse_json(b"".join(chunks).decode("utf-8"))
+    except UnicodeDecodeError:
+        raise HTTPError(400, "the request body is not UTF-8", shape) from None
+    except json.JSONDecodeError as e:
+        raise HTTPError(400, f"malformed JSON: {e.msg} at line {e.lineno}, column {e.colno}", shape) from None
+    if not isinstance(data, dict):
+        raise HTTPError(422, f"the body must be a JSON object, got {type(data).__name__}", shape)
+    extra = sorted(set(data) - {"inputs", "options"})
+    if extra:
+        raise HTTPError(422, f"unknown field(s) in the body: {', '.join(extra)}", shape)
+    inputs, options = data.get("inputs"), data.get("options", {})
+    if not isinstance(inputs, list):
+        raise HTTPError(422, "'inputs' must be a list of texts or records", shape)
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise HTTPError(422, "'options' must be an object of the task's option names and values", shape)
+    if len(inputs) > args.max_inputs:
+        raise HTTPError(413, f"{len(inputs)} inputs in one request; the limit is {args.max_inputs}",
+                        "split them over several requests, or start the server with a larger --max-inputs")
+    return inputs, options
+
+
+# ---- running it -----------------------------------------------------------------------------------
+def load_models(args: ServeArgs) -> dict[str, Model]:
+    """Every bundle loaded and checked (a bad one is an error before the server starts)."""
+    from .runtime import Pipeline
+
+    metrics = Metrics()
+    return {name: Model(name, Pipeline.load(path, device=args.device, threads=args.threads, batch_size=args.batch_size),
+                        args, metrics)
+            for name, path in model_names(args.bundles).items()}
+
+
+def serve(args: ServeArgs) -> None:
+    """Load the bundles and serve them until SIGTERM or Ctrl-C (see the module docstring)."""
+    try:
+        import uvicorn
+    except ImportError:
+        raise ConfigError("`mlmkit serve` needs FastAPI and uvicorn", "pip install 'mlmkit[serve]'") from None
+    models = load_models(args)
+    app = create_app(models, args)
+    config = uvicorn.Config(app, host=args.host, port=args.port, access_log=args.access_log, log_level="info",
+                            timeout_graceful_shutdown=args.drain_seconds, log_config=None)
+    server = _draining_server(config, app.state.mlmkit, args.drain_seconds)
+    ours = logging.getLogger("mlmkit")
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):  # uvicorn's lines go where mlmkit's go
+        logging.getLogger(name).handlers[:] = ours.handlers
+        logging.getLogger(name).setLevel(ours.level)
+        logging.getLogger(name).propagate = False
+    log.info("serving %s on http://%s:%d (GET /docs for the API)", ", ".join(models), args.host, args.port)
+    server.run()
+
+
+def _draining_server(config: Any, state: dict[str, Any], drain: float) -> Any:
+    """uvicorn's server, draining first: on the first signal new requests get 503 and those in flight
+    finish (up to ``drain`` seconds), then uvicorn's own shutdown; a second signal stops it at once."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if state["draining"]:
+                self.should_exit = self.force_exit = True
+                return
+            state["draining"] = True
+            log.info("shutting down: new requests get 503; %d in flight may finish", state["in_flight"])
+            threading.Thread(target=self._drain, daemon=True).start()
+
+        def _drain(self) -> None:
+            deadline = time.monotonic() + drain
+            while state["in_flight"] > 0 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            self.should_exit = True
+
+    return DrainingServer(config)
