@@ -28,7 +28,8 @@ cores is marked with *.
   on the same model (the fine-tuning run), results written as JSON lines, torch with 2 threads;
   on the first --ref-rows rows (its Arrow cache is built beforehand, untimed), alternating with
   mlmkit on the same rows for --rounds rounds; the ratio is the median of the rounds' ratios.
-  The two sides' labels are compared as a check.
+  The two sides' labels are compared as a check. The int8 bundle runs once on the same rows, for
+  information (another precision, so not the target).
 
 The script ends with two lines: ``target batch-memory-growth-1m-vs-100k: X.XX (goal <= 1.10)``
 (peak memory at 10 N rows over peak at N) and ``target batch-vs-transformers-datasets: X.XX
@@ -79,7 +80,7 @@ def dataset(work: Path, rows: int) -> Path:
     import pyarrow.parquet as pq
 
     d = work / f"rows-{rows}"
-    if (d / "done").exists():
+    if (d / ".done").exists():
         return d
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
@@ -88,7 +89,7 @@ def dataset(work: Path, rows: int) -> Path:
         n = min(SHARD, rows - at)
         ids = list(range(at, at + n))
         pq.write_table(pa.table({"id": ids, "text": [next(stream) for _ in ids]}), d / f"part-{k:04d}.parquet")
-    (d / "done").write_text("")
+    (d / ".done").write_text("")
     return d
 
 
@@ -176,11 +177,13 @@ def transformers_side(data: Path, model: Path, out: Path, cache: Path, prepare: 
             f.write(json.dumps({"id": i, "label": r["label"], "score": r["score"]}) + "\n")
 
 
-def labels_agree(parquet: Path, jsonl: Path) -> float:
+def labels_agree(parquet: Path, other: Path) -> float:
+    """The share of rows of ``other`` (JSON lines or Parquet, with id and label) labelled as in ``parquet``."""
     import pyarrow.parquet as pq
 
     ours = {r["id"]: r["label"] for r in pq.read_table(parquet, columns=["id", "label"]).to_pylist()}
-    theirs = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    theirs = (pq.read_table(other, columns=["id", "label"]).to_pylist() if other.suffix == ".parquet"
+              else [json.loads(x) for x in other.read_text().splitlines()])
     return sum(ours[t["id"]] == t["label"] for t in theirs) / max(1, len(theirs))
 
 
@@ -223,8 +226,8 @@ def main() -> None:
     out.mkdir()
     mlmkit = [sys.executable, "-m", "mlmkit"]
 
-    def classify(data: Path, dest: Path, *extra: str) -> list[str]:
-        return [*mlmkit, "classify", str(bundle), "--input", str(data), "--output", str(dest), "--id-column", "id", *extra]
+    def classify(data: Path, dest: Path, *extra: str, model: Path = bundle) -> list[str]:
+        return [*mlmkit, "classify", str(model), "--input", str(data), "--output", str(dest), "--id-column", "id", *extra]
 
     runs: dict[str, dict[str, Any]] = {}
     runs["small"] = measure(f"mlmkit classify ({n:,} rows)", classify(small, out / "small.parquet"), n, a.patience)
@@ -241,6 +244,8 @@ def main() -> None:
         got = {name: measure(f"{name} ({ref_rows:,} rows, round {r + 1})", cmd, ref_rows, a.patience)
                for name, cmd in (sides if r % 2 == 0 else sides[::-1])}
         pair.append((got["mlmkit"], got["transformers"]))
+    int8 = measure(f"mlmkit int8 ({ref_rows:,} rows)", classify(ref, out / "ref-int8.parquet", model=bundle.with_name("classify-int8")),
+                   ref_rows, a.patience)
 
     import pyarrow.parquet as pq
 
@@ -249,7 +254,7 @@ def main() -> None:
     mark = lambda r: "*" if r["other"] > QUIET else " "  # noqa: E731
     print(f"\nMiniLM-size classifier, short texts (4-24 words), batch {BATCH}, {os.cpu_count()} cores; "
           "each run a command timed from start to exit:")
-    for r in [*runs.values(), *(x for p in pair for x in p)]:
+    for r in [*runs.values(), *(x for p in pair for x in p), int8]:
         print(f"  {r['name']:40s} {r['rows']:>9,} rows {r['speed']:8.1f} texts/s   peak {r['peak_mb']:7.0f} MB "
               f"({r['processes']} processes){mark(r)}")
     print(f"  * other processes used more than {QUIET} cores during that run")
@@ -259,7 +264,10 @@ def main() -> None:
         print(f"Ray Data vs local ({n:,} rows): {runs['ray']['speed'] / runs['small']['speed']:.2f}x; rows written: {ray_rows:,}")
     print(f"labels: mlmkit vs transformers pipeline on the reference rows: {agree:.4f} agree")
     ratios = [m["speed"] / t["speed"] for m, t in pair]
-    print(f"mlmkit vs transformers + datasets, per round: {', '.join(f'{x:.2f}' for x in ratios)}")
+    print(f"mlmkit vs transformers + datasets, per round: {', '.join(f'{x:.2f}' for x in ratios)}; "
+          f"the int8 bundle (information only: another precision): "
+          f"{int8['speed'] / statistics.median(t['speed'] for _, t in pair):.2f}x, labels agree with fp32 "
+          f"{labels_agree(out / 'ref.parquet', out / 'ref-int8.parquet'):.4f}")
     print()
     print(f"target batch-memory-growth-1m-vs-100k: {runs['large']['peak_mb'] / runs['small']['peak_mb']:.2f} (goal <= 1.10)")
     print(f"target batch-vs-transformers-datasets: {statistics.median(ratios):.2f} (goal >= 3.00)")

@@ -1,4 +1,4 @@
-"""The arguments of the commands that train and export: one dataclass each, one source for each setting.
+"""The arguments of the commands that train, export and serve: one dataclass each, one source for each setting.
 
 Every field is declared with ``arg(default, help)``, so its default and its help text are written
 once, here. The CLI builds its options from these fields (cli/common.py: flags are the field names
@@ -258,3 +258,34 @@ class ExportArgs(Args):
         _check(not (self.quantize and self.fp16), "--quantize int8 and --fp16 exclude each other",
                "int8 is for the CPU, fp16 for CUDA")
         _check(self.top_k >= 1, f"--top-k must be at least 1, got {self.top_k}")
+
+
+@dataclass
+class ServeArgs(Args):
+    """`mlmkit serve`'s settings."""
+
+    bundles: list[str] = arg(help="Bundle directories to serve, each as PATH (named after the directory) or NAME=PATH.",
+                             positional=True)
+    host: str = arg("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
+    port: int = arg(8000, "Port to listen on.")
+    device: str = arg("cpu", "cpu or cuda (falls back to the CPU, saying so, without onnxruntime-gpu or a GPU).")
+    threads: int | None = arg(None, "onnxruntime intra-op threads per model (default: one per physical core).")
+    batch_size: int = arg(32, "Inputs per onnxruntime batch (length-bucketed) inside a merged call.")
+    max_batch_size: int = arg(256, "Most inputs merged from queued requests into one call.")
+    max_wait_ms: float = arg(2.0, "How long the first queued request waits for others to join its call (ms).")
+    max_inputs: int = arg(1024, "Most inputs in one request (more: 413).")
+    max_body_bytes: int = arg(8 * 1024 * 1024, "Largest request body (more: 413).")
+    drain_seconds: float = arg(30.0, "On SIGTERM, how long requests in flight may take to finish.")
+    access_log: bool = arg(False, "Log every request (uvicorn's access log).")
+
+    def __post_init__(self) -> None:
+        if not self.bundles:
+            raise ConfigError("no bundles to serve", "give one or more bundle directories, as PATH or NAME=PATH")
+        for name in ("port", "batch_size", "max_batch_size", "max_inputs", "max_body_bytes"):
+            low = 0 if name == "port" else 1
+            if getattr(self, name) < low:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(self, name)}")
+        if self.port > 65535:
+            raise ConfigError(f"--port must be at most 65535, got {self.port}")
+        if not 0 <= self.max_wait_ms <= 10_000 or not 0 <= self.drain_seconds <= 3600:
+            raise ConfigError("--max-wait-ms must be 0 to 10000 and --drain-seconds 0 to 3600")

@@ -11,7 +11,9 @@ outputs come back in feature order, per-token outputs trimmed to each feature's 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,8 +85,26 @@ def predict(
     return Predicted(preds, ctx, features)
 
 
+_tally: ContextVar[list[int] | None] = ContextVar("mlmkit_truncated", default=None)
+
+
+@contextmanager
+def truncations_counted() -> Iterator[list[int]]:
+    """Within the block (in this thread), truncated inputs are counted into the yielded [count]
+    instead of a warning per call: a batch job or a server says it once, or per request."""
+    box = [0]
+    token = _tally.set(box)
+    try:
+        yield box
+    finally:
+        _tally.reset(token)
+
+
 def warn_truncated(n: int, total: int, max_length: int) -> None:
-    if n:
+    box = _tally.get()
+    if box is not None:
+        box[0] += n
+    elif n:
         log.warning('%d of %d inputs were longer than %d tokens and were truncated (their results say "truncated": true)',
                     n, total, max_length)
 

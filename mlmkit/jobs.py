@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError, MlmkitError
+from .evaluation import truncations_counted
 from .files import atomic_open, atomic_write, json_line, read_json, write_json
 from .records import Item, identity, result_writer, write_table_text
 from .taskkit import Record
@@ -77,6 +78,8 @@ class Done:
     errors: list[dict[str, Any]] = field(default_factory=list)
     kept: list[int] = field(default_factory=list)
     """The positions, among the window's records, of those the results are for."""
+    truncated: int = 0
+    """Inputs longer than the bundle's max length, truncated (the results say so too)."""
 
 
 def run_window(pipe: Any, w: Window, options: dict[str, Any], *, skip: bool, id_column: str | None) -> Done:
@@ -90,7 +93,8 @@ def run_window(pipe: Any, w: Window, options: dict[str, Any], *, skip: bool, id_
             if not isinstance(r.data, dict) or id_column not in r.data:
                 raise r.error(f"no id column '{id_column}'", id_column, "--id-column needs records (JSONL, CSV, TSV or Parquet) that have it")
     bad: dict[int, MlmkitError] = {}
-    got = pipe(items, first=w.first, errors=bad if skip else None, **options)
+    with truncations_counted() as cut:  # said once for the whole job
+        got = pipe(items, first=w.first, errors=bad if skip else None, **options)
     results, kept = [], []
     for i, (r, res) in enumerate(zip(recs, got)):
         if i in bad:
@@ -98,7 +102,7 @@ def run_window(pipe: Any, w: Window, options: dict[str, Any], *, skip: bool, id_
         elif res is not None:
             results.append({id_column: r.data[id_column], **res} if id_column is not None else res)
             kept.append(i)
-    return Done(results, errors, kept)
+    return Done(results, errors, kept, cut[0])
 
 
 def _error(e: Exception) -> dict[str, Any]:
@@ -222,6 +226,7 @@ def _load(bundle: str, device: str, threads: int, batch_size: int) -> None:
     global _pipe
     from .runtime import Pipeline
 
+    steady_memory()
     _pipe = Pipeline.load(bundle, device=device, threads=threads, batch_size=batch_size)
 
 
@@ -291,6 +296,27 @@ def batch(
         raise
     if job is not None:
         job.finish()
+
+
+def steady_memory() -> None:
+    """Keep a long batch job's memory flat, for a process that runs one: glibc's malloc limited to one
+    arena (each thread's own arena otherwise fragments, window after window) and pyarrow allocating
+    with malloc too (its default pool keeps what it freed). Measured on 1,000,000 rows: the peak
+    otherwise creeps up about 10% after the first 100,000; onnxruntime keeps its own arena either way."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt(-8, 1)  # M_ARENA_MAX
+        except (OSError, AttributeError):  # not glibc
+            pass
+    try:
+        import pyarrow as pa
+    except ImportError:
+        return
+    pa.set_memory_pool(pa.system_memory_pool())
 
 
 def default_workers() -> int:

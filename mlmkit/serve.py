@@ -43,8 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from .args import Args, arg
+from .args import ServeArgs
 from .errors import ConfigError, MlmkitError
+from .evaluation import truncations_counted
 
 try:  # at module level: FastAPI reads the handlers' annotations from this module's names
     from fastapi import Request
@@ -57,37 +58,6 @@ log = logging.getLogger("mlmkit")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-
-@dataclass
-class ServeArgs(Args):
-    """`mlmkit serve`'s settings."""
-
-    bundles: list[str] = arg(help="Bundle directories to serve, each as PATH (named after the directory) or NAME=PATH.",
-                             positional=True)
-    host: str = arg("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
-    port: int = arg(8000, "Port to listen on.")
-    device: str = arg("cpu", "cpu or cuda (falls back to the CPU, saying so, without onnxruntime-gpu or a GPU).")
-    threads: int | None = arg(None, "onnxruntime intra-op threads per model (default: one per physical core).")
-    batch_size: int = arg(32, "Inputs per onnxruntime batch (length-bucketed) inside a merged call.")
-    max_batch_size: int = arg(256, "Most inputs merged from queued requests into one call.")
-    max_wait_ms: float = arg(2.0, "How long the first queued request waits for others to join its call (ms).")
-    max_inputs: int = arg(1024, "Most inputs in one request (more: 413).")
-    max_body_bytes: int = arg(8 * 1024 * 1024, "Largest request body (more: 413).")
-    drain_seconds: float = arg(30.0, "On SIGTERM, how long requests in flight may take to finish.")
-    access_log: bool = arg(False, "Log every request (uvicorn's access log).")
-
-    def __post_init__(self) -> None:
-        if not self.bundles:
-            raise ConfigError("no bundles to serve", "give one or more bundle directories, as PATH or NAME=PATH")
-        for name in ("port", "batch_size", "max_batch_size", "max_inputs", "max_body_bytes"):
-            low = 0 if name == "port" else 1
-            if getattr(self, name) < low:
-                raise ConfigError(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(self, name)}")
-        if self.port > 65535:
-            raise ConfigError(f"--port must be at most 65535, got {self.port}")
-        if not 0 <= self.max_wait_ms <= 10_000 or not 0 <= self.drain_seconds <= 3600:
-            raise ConfigError("--max-wait-ms must be 0 to 10000 and --drain-seconds 0 to 3600")
 
 
 def model_names(specs: Sequence[str]) -> dict[str, Path]:
@@ -143,9 +113,14 @@ class Model:
     def _serve(self) -> None:
         try:
             warm_up(self.pipe)
-        finally:
-            self.ready.set()
+        except Exception as e:  # a graph that wants other inputs than a plain batch: real requests may still work
+            log.warning("model %s: the warm-up run failed (%s); serving it anyway", self.name, e)
+        self.ready.set()
         wait = self.args.max_wait_ms / 1000
+        with truncations_counted():  # each response says which of its inputs were truncated; the log does not
+            self._loop(wait)
+
+    def _loop(self, wait: float) -> None:
         while True:
             first = self.queue.get()
             if first is None:
@@ -204,7 +179,10 @@ def _resolve(r: _Request, *, results: list[dict[str, Any]] | None = None, error:
         if not r.future.done():
             r.future.set_exception(error) if error is not None else r.future.set_result(results)
 
-    r.loop.call_soon_threadsafe(done)
+    try:
+        r.loop.call_soon_threadsafe(done)
+    except RuntimeError:  # the event loop has closed: the server is gone, and so is the client
+        pass
 
 
 def warm_up(pipe: Any) -> None:
@@ -361,7 +339,7 @@ def create_app(models: dict[str, Model], args: ServeArgs) -> Any:
             except MlmkitError as e:
                 raise HTTPError(422, e.message, e.hint) from None
             try:
-                results = await model.predict(inputs, options)
+                results = await model.predict(inputs, options) if inputs else []
             except MlmkitError as e:
                 raise HTTPError(422, e.message, e.hint) from None
             status = "200"

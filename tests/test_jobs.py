@@ -219,8 +219,9 @@ def test_ray_data_matches_the_local_results(tmp_path: Path, bundle: Path) -> Non
         out = predict(ray.data.read_parquet(str(shards)), bundle, concurrency=1, threads=1, keep=["id"]).take_all()
         by_id = {o["id"]: o for o in out}
         assert sorted(by_id) == sorted(r["id"] for r in data)
-        for x in local:
-            assert by_id[x["id"]]["label"] == x["label"] and abs(by_id[x["id"]]["score"] - x["score"]) < 1e-6
+        for x in local:  # Ray cuts its own batches: other padding, float noise only
+            got = by_id[x["id"]]
+            assert got["label"] == x["label"] and abs(got["score"] - x["score"]) < 1e-5, (got, x)
         r = cli("predict", bundle, "--input", str(shards / "*.parquet"), "--output", tmp_path / "out", "--engine", "ray",
                 "--id-column", "id")
         assert r.exit_code == 0, r.output

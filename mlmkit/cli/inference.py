@@ -19,10 +19,9 @@ import typer
 from rich import progress as rp
 from rich.table import Table
 
-from ..args import Args, ExportArgs, arg
+from ..args import Args, ExportArgs, ServeArgs, arg
 from ..errors import ConfigError
 from ..jobs import WINDOW
-from ..serve import ServeArgs
 from .common import (
     Json,
     err,
@@ -122,8 +121,9 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
     """Load the bundle (refusing one that ``command`` does not serve), stream the inputs through it
     window by window (jobs.batch), and write the results: a file, JSON lines when piped, a table on a
     terminal."""
+    from ..evaluation import warn_truncated
     from ..files import json_line
-    from ..jobs import batch, default_workers
+    from ..jobs import batch, default_workers, steady_memory
     from ..records import input_files, iter_inputs, stdin_inputs
     from ..runtime import Pipeline
     from ..taskkit import Record
@@ -144,6 +144,7 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
         raise ConfigError("no inputs", "give texts as arguments, a file with --input, or pipe them on stdin")
     else:
         items = stdin_inputs(skip=skip)
+    steady_memory()  # this process is the job's: before the session's and the tokenizer's threads start
     pipe = Pipeline.load(args.bundle, device=args.device, threads=args.threads, batch_size=args.batch_size, command=command)
     if args.engine == "ray":
         from ..integrations.ray import run_cli
@@ -158,13 +159,13 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
         rp.TextColumn("{task.description}"), rp.MofNCompleteColumn(), rp.TextColumn("[cyan]{task.fields[rate]}"),
         rp.TimeElapsedColumn(), console=err, transient=True, disable=texts is not None or not err.is_terminal,
     )
-    n = bad = 0
+    n = bad = cut = 0
     with progress:
         bar = progress.add_task(pipe.task, total=None, rate="")
         for w, done in batch(pipe, items, options=options, window=args.window, workers=args.workers or default_workers(),
                              threads=args.threads, skip=skip, id_column=args.id_column, output=args.output, errors=errors,
                              resume=args.resume, inputs=files):
-            n, bad = n + len(done.results), bad + len(done.errors)
+            n, bad, cut = n + len(done.results), bad + len(done.errors), cut + done.truncated
             if args.output is None and not table:
                 sys.stdout.write("".join(map(json_line, done.results)))
                 sys.stdout.flush()
@@ -177,6 +178,8 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
             progress.advance(bar, len(w.items))
             speed = progress.tasks[0].speed
             progress.update(bar, rate=f"{speed:,.0f} items/s" if speed else "")
+    if cut:
+        warn_truncated(cut, n, pipe.max_length)
     if args.output is not None:
         err.print(f"wrote {n} results to {args.output}")
     if failed:
