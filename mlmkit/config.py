@@ -14,6 +14,8 @@ from typing import Any
 from .errors import ConfigError
 from .files import atomic_write_text, parse_json
 
+LABELLED_HEADS = ("ForSequenceClassification", "ForTokenClassification")
+
 
 @dataclass
 class BertConfig:
@@ -84,6 +86,13 @@ class BertConfig:
                 f"model_type '{known['model_type']}' is not supported",
                 "mlmkit reads BERT checkpoints (model_type 'bert')",
             )
+        if known.get("id2label") is None and any(a.endswith(LABELLED_HEADS) for a in known.get("architectures") or []):
+            # transformers leaves out id2label when it is its default: num_labels (default 2) of LABEL_i
+            n = extra.pop("num_labels", 2)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ConfigError(f"config num_labels must be a positive integer, got {n!r}", "fix the config.json")
+            known["id2label"] = {i: f"LABEL_{i}" for i in range(n)}
+            known["label2id"] = {f"LABEL_{i}": i for i in range(n)}
         return cls(**known, extra=extra)
 
     def save(self, path: str | Path) -> None:

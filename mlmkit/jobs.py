@@ -222,12 +222,12 @@ def _concatenate(parts: Sequence[Path], out: Path, suffix: str) -> None:
 _pipe: Any = None
 
 
-def _load(bundle: str, device: str, threads: int, batch_size: int) -> None:
+def _load(bundle: str, device: str, threads: int, batch_size: int, batch_tokens: int | None) -> None:
     global _pipe
     from .runtime import Pipeline
 
     steady_memory()
-    _pipe = Pipeline.load(bundle, device=device, threads=threads, batch_size=batch_size)
+    _pipe = Pipeline.load(bundle, device=device, threads=threads, batch_size=batch_size, batch_tokens=batch_tokens or 0)
 
 
 def _work(w: Window, options: dict[str, Any], skip: bool, id_column: str | None) -> Done:
@@ -246,7 +246,7 @@ def run_windows(
             yield w, run_window(pipe, w, options, skip=skip, id_column=id_column)
         return
     pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_load,
-                               initargs=(str(pipe.path), pipe.device, threads, pipe.batch_size))
+                               initargs=(str(pipe.path), pipe.device, threads, pipe.batch_size, pipe.batch_tokens))
     pending: deque[tuple[Window, Future]] = deque()
     try:
         for w in ws:

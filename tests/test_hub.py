@@ -125,6 +125,26 @@ def test_sequence_classification_checkpoints(tmp_path: Path, kind: str, weights:
         assert set(r) == {"score"} and isinstance(r["score"], float)
 
 
+def test_classifier_with_transformers_default_labels(tmp_path: Path) -> None:
+    """transformers leaves id2label out of config.json when it is its default (two labels, LABEL_0
+    and LABEL_1): the checkpoint still exports, with those labels, as transformers reads it."""
+    src = tmp_path / "hf"
+    hf = save_hf(src, transformers.BertForSequenceClassification)
+    written = json.loads((src / "config.json").read_text())
+    assert "id2label" not in written and "num_labels" not in written
+    assert hf.config.id2label == {0: "LABEL_0", 1: "LABEL_1"}
+    summary = export_json(src, tmp_path / "b")
+    assert summary["task"] == "classification" and summary["parity"]["max_abs_diff"]["logits"] <= 1e-4
+    (r,) = Pipeline.load(tmp_path / "b")(["the film was good"])
+    assert set(r["probabilities"]) == {"LABEL_0", "LABEL_1"}
+    # num_labels without id2label (older transformers configs): that many LABEL_i
+    from mlmkit.config import BertConfig
+
+    cfg = BertConfig.from_dict({**written, "num_labels": 3})
+    assert cfg.id2label == {0: "LABEL_0", 1: "LABEL_1", 2: "LABEL_2"} and "num_labels" not in cfg.extra
+    assert BertConfig.from_dict({**written, "architectures": ["BertModel"]}).id2label is None
+
+
 def test_token_classification_checkpoint(tmp_path: Path) -> None:
     src = tmp_path / "hf"
     hf = save_hf(src, transformers.BertForTokenClassification, num_labels=5, id2label=dict(enumerate(TAGS)))

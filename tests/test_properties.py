@@ -13,6 +13,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from mlmkit.batching import bucket_batches
 from mlmkit.errors import MlmkitError
 from mlmkit.masking import mask_tokens
 from mlmkit.registry import TaskContext, get_task
@@ -183,3 +184,15 @@ def test_clipping_keeps_the_tokens_the_max_length_uses(tok, text: str, max_token
     assert part[:max_tokens] == whole[:max_tokens]
     assert (len(part) > max_tokens) == (len(whole) > max_tokens)  # truncation still shows
     assert special_ids(tok).pad not in part or "[PAD]" in text  # a literal [PAD] is the token, as in transformers
+
+
+@SETTINGS
+@given(st.lists(st.integers(1, 512), max_size=300), st.integers(1, 64), st.one_of(st.none(), st.integers(1, 4096)))
+def test_bucket_batches_cover_every_index_once_within_limits(lengths, batch_size, max_tokens):
+    batches = bucket_batches(lengths, batch_size, max_tokens)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert all(b and len(b) <= batch_size for b in batches)
+    if max_tokens is not None:  # rows x longest within the budget, unless one row alone is over it
+        assert all(len(b) == 1 or len(b) * max(lengths[i] for i in b) <= max_tokens for b in batches)
+    order = [lengths[i] for b in batches for i in b]
+    assert order == sorted(order, reverse=True)  # longest first: similar lengths share a batch

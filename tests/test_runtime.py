@@ -25,7 +25,14 @@ from mlmkit.errors import BundleError, ConfigError, DataFormatError
 from mlmkit.evaluation import run_features
 from mlmkit.finetuning import evaluate_run, load_finetuned, torch_forward
 from mlmkit.model import BertForPreTraining
-from mlmkit.runtime import Pipeline, TaskPipeline, evaluate_bundle, make_session, read_inputs
+from mlmkit.runtime import (
+    CPU_BATCH_ACTIVATIONS,
+    Pipeline,
+    TaskPipeline,
+    evaluate_bundle,
+    make_session,
+    read_inputs,
+)
 from mlmkit.tokenizer import load_tokenizer, special_ids, train_tokenizer
 
 
@@ -189,6 +196,29 @@ def test_results_keep_input_order_under_bucketing(bundles):
         np.testing.assert_allclose(list(r["probabilities"].values()), list(single["probabilities"].values()), atol=1e-5)
     # distinct outputs, so a permutation would have been caught
     assert len({round(r["score"], 6) for r in batched}) > 3
+
+
+def test_token_budget_batches_give_the_same_results(bundles):
+    """On the CPU batches are also cut by padded tokens (from the hidden size); any budget, or none,
+    gives the same results in the same order, and the budget is checked."""
+    rng = random.Random(3)
+    texts = [sentence(rng, n) for n in (40, 3, 25, 1, 33, 9, 17, 2, 28, 12)]
+    auto = Pipeline.load(bundles["classification"])
+    hidden = json.loads((bundles["classification"] / "mlmkit.json").read_text())["model"]["hidden_size"]
+    assert auto.batch_tokens == CPU_BATCH_ACTIVATIONS // hidden
+    calls: list[tuple[int, int]] = []
+    tight = Pipeline.load(bundles["classification"], batch_tokens=40)
+    run = tight.run_batch
+    tight.run_batch = lambda feed: calls.append(feed["input_ids"].shape) or run(feed)  # type: ignore[method-assign]
+    unlimited = Pipeline.load(bundles["classification"], batch_tokens=0)
+    assert unlimited.batch_tokens is None
+    want = unlimited(texts)
+    for got in (auto(texts), tight(texts)):
+        assert [r["label"] for r in got] == [r["label"] for r in want]
+        np.testing.assert_allclose([r["score"] for r in got], [r["score"] for r in want], atol=1e-5)
+    assert len(calls) > 3 and all(rows == 1 or rows * length <= 40 for rows, length in calls)
+    with pytest.raises(ConfigError, match="--batch-tokens"):
+        Pipeline.load(bundles["classification"], batch_tokens=-1)
 
 
 def test_classify_truncates_long_text_with_notice(bundles, mlmkit_log):

@@ -48,6 +48,8 @@ class InferenceArgs(Args):
     output: Path | None = arg(None, "Write the results to this file: .jsonl (JSON lines; any other suffix too), .parquet, .csv, .tsv, or .npy (embeddings).",
                               flags=("--output", "-o"))
     batch_size: int = arg(32, "Inputs per batch (length-bucketed).")
+    batch_tokens: int | None = arg(None, "Most padded tokens per batch (0: no limit; default on the CPU: what keeps a "
+                                         "batch in cache, 512 at hidden size 384; on CUDA no limit).")
     device: str = arg("cpu", "cpu or cuda (falls back to the CPU, saying so, without onnxruntime-gpu or a GPU).")
     threads: int | None = arg(None, "onnxruntime intra-op threads (default: one per physical core).")
     as_json: bool = arg(False, "Print JSON lines instead of a table (the default when piped).", flags=("--json",))
@@ -64,6 +66,7 @@ class InferenceArgs(Args):
 
     def __post_init__(self) -> None:
         checks = [(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}"),
+                  (self.batch_tokens is None or self.batch_tokens >= 0, f"--batch-tokens must be 0 (no limit) or more, got {self.batch_tokens}"),
                   (self.threads is None or self.threads >= 1, f"--threads must be at least 1, got {self.threads}"),
                   (self.window >= 1, f"--window must be at least 1, got {self.window}"),
                   (self.workers is None or self.workers >= 1, f"--workers must be at least 1, got {self.workers}"),
@@ -145,7 +148,8 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
     else:
         items = stdin_inputs(skip=skip)
     steady_memory()  # this process is the job's: before the session's and the tokenizer's threads start
-    pipe = Pipeline.load(args.bundle, device=args.device, threads=args.threads, batch_size=args.batch_size, command=command)
+    pipe = Pipeline.load(args.bundle, device=args.device, threads=args.threads, batch_size=args.batch_size,
+                         batch_tokens=args.batch_tokens, command=command)
     if args.engine == "ray":
         from ..integrations.ray import run_cli
 

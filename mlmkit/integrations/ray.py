@@ -38,10 +38,11 @@ def _ray() -> Any:
 class _Predictor:
     """One Ray actor: the bundle loaded once, then batch after batch of rows."""
 
-    def __init__(self, bundle: str, options: dict[str, Any], batch_size: int, threads: int | None, keep: list[str]) -> None:
+    def __init__(self, bundle: str, options: dict[str, Any], batch_size: int, batch_tokens: int | None, threads: int | None,
+                 keep: list[str]) -> None:
         from ..runtime import Pipeline
 
-        self.pipe = Pipeline.load(bundle, threads=threads, batch_size=batch_size)
+        self.pipe = Pipeline.load(bundle, threads=threads, batch_size=batch_size, batch_tokens=batch_tokens)
         self.options, self.keep = options, keep
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
@@ -62,13 +63,14 @@ def _plain(v: Any) -> Any:
 
 
 def predict(dataset: Any, bundle: str | Path, *, options: dict[str, Any] | None = None, batch_size: int = 32,
-            threads: int | None = None, concurrency: int = 1, rows_per_batch: int = 1024, keep: list[str] | None = None) -> Any:
+            batch_tokens: int | None = None, threads: int | None = None, concurrency: int = 1, rows_per_batch: int = 1024,
+            keep: list[str] | None = None) -> Any:
     """``dataset`` (a ray.data.Dataset of records with the task's fields, e.g. a "text" column) run
     through ``bundle``: a ray.data.Dataset of results, one row per input row, the ``keep`` columns
     (ids) carried over. ``threads``: onnxruntime threads per actor (default: its share of a node)."""
     _ray()
     return dataset.map_batches(
-        _Predictor, fn_constructor_args=(str(bundle), dict(options or {}), batch_size, threads, list(keep or [])),
+        _Predictor, fn_constructor_args=(str(bundle), dict(options or {}), batch_size, batch_tokens, threads, list(keep or [])),
         batch_size=rows_per_batch, batch_format="numpy", concurrency=concurrency,
     )
 
@@ -104,6 +106,7 @@ def run_cli(pipe: Any, args: Any, options: dict[str, Any]) -> None:
                  **({} if args.address else {"num_cpus": os.cpu_count() or 1}))
     actors = args.workers or 1
     threads = args.threads or max(1, (os.cpu_count() or 1) // actors)
-    out = predict(read(args.input_file), pipe.path, options=options, batch_size=args.batch_size, threads=threads,
+    out = predict(read(args.input_file), pipe.path, options=options, batch_size=args.batch_size,
+                  batch_tokens=args.batch_tokens, threads=threads,
                   concurrency=actors, rows_per_batch=args.window, keep=[args.id_column] if args.id_column else [])
     out.write_parquet(str(args.output))
