@@ -188,12 +188,27 @@ class TokenizerArgs(Args):
 
 
 @dataclass
+class TokenizeArgs(Args):
+    """`mlmkit tokenize`: a corpus into a token shard, for `mlmkit pretrain --data`."""
+
+    corpus: list[Path] = arg(help="Corpus files (.txt, .txt.gz, .jsonl).", positional=True)
+    out: Path = arg(help="Directory to write the shard to (tokens, offsets, manifest, the tokenizer).")
+    tokenizer: Path = arg(help="tokenizer.json or vocab.txt (`mlmkit tokenizer train` makes one).")
+
+    def __post_init__(self) -> None:
+        _check(bool(self.corpus), "no corpus files given", "pass one or more text files")
+
+
+@dataclass
 class PretrainArgs(Args):
     """`mlmkit pretrain`: masked language modelling (+ next-sentence prediction)."""
 
-    corpus: list[Path] = arg(help="Corpus files: one sentence per line, a blank line between documents.", positional=True)
     out: Path = arg(help="Run directory to write (a Hugging Face checkpoint).")
-    tokenizer: Path | None = arg(None, "tokenizer.json or vocab.txt; trained on the corpus if absent.")
+    corpus: list[Path] = arg(help="Corpus files: one sentence per line, a blank line between documents.",
+                             positional=True, factory=list)
+    data: Path | None = arg(None, "A token shard written by `mlmkit tokenize`, instead of corpus files.")
+    tokenizer: Path | None = arg(None, "tokenizer.json or vocab.txt; trained on the corpus if absent "
+                                       "(with --data: the shard's own).")
     vocab_size: int = arg(DEFAULT_VOCAB_SIZE, "Vocabulary of the tokenizer trained when --tokenizer is absent.")
     cased: bool = arg(False, "The trained tokenizer keeps case and accents.")
     preset: str = arg("tiny", "Model size: tiny (L2/H128), mini (L4/H256), small (L4/H512), base (L12/H768).")
@@ -211,7 +226,8 @@ class PretrainArgs(Args):
     )
 
     def __post_init__(self) -> None:
-        _check(bool(self.corpus), "no corpus files given", "pass one or more text files")
+        _check(bool(self.corpus) != (self.data is not None), "give corpus files or --data DIR (one of them)",
+               "pass one or more text files, or a token shard written by `mlmkit tokenize`")
         _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
         _check(self.seq_len >= 8, f"--seq-len {self.seq_len} is too short", "use at least 8")
         _check(_finite(self.mask_prob) and 0.0 < self.mask_prob < 1.0, f"--mask-prob must be between 0 and 1, got {self.mask_prob}")

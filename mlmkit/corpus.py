@@ -1,4 +1,4 @@
-"""Pretraining data: read a corpus, tokenize it once into cached shards, build NSP instances.
+"""Pretraining data: read a corpus, tokenize it once into cached, memory-mapped token shards, build NSP instances.
 
 Corpus format (DESIGN.md): UTF-8 text (.txt or .txt.gz), one sentence per line, a blank line between
 documents; or JSONL with a "text" field, one document per line (its text split on newlines, or on
@@ -6,12 +6,15 @@ sentence ends when it has none).
 
 NSP instances follow the original BERT recipe (create_pretraining_data.py): a target length
 (shorter with probability 0.1), segment A from consecutive sentences, B the true continuation half
-of the time and a span of another document otherwise, the longer side truncated. Two deviations:
+of the time and a span of another document otherwise, the longer side truncated. Three deviations:
 a chunk of a single sentence borrows the next sentence when there is one (the previous one at the end
-of a document), so IsNext stays near 50% (the original forces a random B for such chunks); and a
-random B is as long as the true continuation would have been, not filled up to the target length, so
+of a document), so IsNext stays near 50% (the original forces a random B for such chunks); a random
+B is as long as the true continuation would have been, not filled up to the target length, so
 sequence length alone does not predict the label (with the original, short documents let a model
-reach ~61% NSP accuracy from lengths alone).
+reach ~61% NSP accuracy from lengths alone); and the chunks are fixed (instance_units), each making
+one instance per epoch, made when its batch is drawn: a short target takes a chunk's first
+sentences, and the sentences a NotNext instance leaves unused wait for another epoch (the original
+reads them again at once) — so nothing per epoch grows with the corpus.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ import logging
 import os
 import random
 import re
+import shutil
+import time
 import zlib
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +40,7 @@ import torch
 from tokenizers import Tokenizer
 
 from .errors import DataFormatError, MlmkitError
-from .files import atomic_write, parse_json
+from .files import parse_json
 from .masking import mask_tokens
 from .tokenizer import SpecialIds, continuation_flags, special_ids
 
@@ -110,11 +116,14 @@ def iter_sentences(paths: Sequence[str | Path]) -> Iterator[str]:
 
 @dataclass
 class TokenizedCorpus:
-    """All sentences' token ids concatenated; offsets delimit sentences and documents."""
+    """All sentences' token ids concatenated; offsets delimit sentences and documents. Read from a
+    token shard, the arrays are memory-mapped (pages are read as they are used)."""
 
-    tokens: np.ndarray  # (N,) int32
+    tokens: np.ndarray  # (N,) uint16 / uint32 (int32 when built in memory)
     sent_offsets: np.ndarray  # (S+1,) int64 into tokens
     doc_offsets: np.ndarray  # (D+1,) int64 into sentences
+    cache: Path | None = None  # the shard directory it was read from: instance units are cached there
+    part: str = "all"  # which part of the shard (split_heldout): names the cached units
 
     @property
     def num_docs(self) -> int:
@@ -142,57 +151,190 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("MLMKIT_CACHE", Path.home() / ".cache" / "mlmkit")) / "corpus"
 
 
+SHARD_FORMAT = "mlmkit-token-shard"
+SHARD_VERSION = 1
+
+
 def tokenize_corpus(
-    paths: Sequence[str | Path], tok: Tokenizer, cache_dir: str | Path | None = None, batch: int = 1024
+    paths: Sequence[str | Path], tok: Tokenizer, cache_dir: str | Path | None = None, batch: int = 8192
 ) -> TokenizedCorpus:
-    """Tokenize every sentence once; reuse the cached shard when the files and tokenizer are unchanged."""
+    """Tokenize every sentence once into a token shard (see write_shard); reuse the cached shard when
+    the files and the tokenizer are unchanged. The shard is memory-mapped, not read into memory."""
     ps = [_corpus_file(p) for p in paths]
-    shard = Path(cache_dir or default_cache_dir()) / f"{_cache_key(ps, tok)}.npz"
-    if shard.exists():
-        try:
-            z = np.load(shard)
-            return TokenizedCorpus(z["tokens"], z["sent_offsets"], z["doc_offsets"])
-        except Exception:
-            shard.unlink(missing_ok=True)  # a damaged cache is rebuilt, never trusted
-    chunks: list[np.ndarray] = []
-    sent_lens: list[int] = []
-    doc_sizes: list[int] = []
-    pending: list[str] = []
-
-    def flush() -> None:
-        short = [s for s in pending if len(s) <= LONG_LINE]
-        encoded = iter(tok.encode_batch(short, add_special_tokens=False))
-        for s in pending:  # a very long line is encoded in pieces, never whole (bounded memory)
-            ids = next(encoded).ids if len(s) <= LONG_LINE else [i for piece in _pieces(s) for i in
-                                                                 tok.encode(piece, add_special_tokens=False).ids]
-            chunks.append(np.asarray(ids, dtype=np.int32))
-            sent_lens.append(len(ids))
-        pending.clear()
-
-    for p in ps:
-        for doc in iter_documents(p):
-            doc_sizes.append(len(doc))
-            pending.extend(doc)
-            if len(pending) >= batch:
-                flush()
-    flush()
-    if not sent_lens or sum(sent_lens) == 0:
-        raise MlmkitError(
-            f"the corpus {', '.join(map(str, ps))} is empty", "give text files with one sentence per line"
-        )
-    corpus = TokenizedCorpus(
-        tokens=np.concatenate(chunks) if chunks else np.zeros(0, np.int32),
-        sent_offsets=np.concatenate([[0], np.cumsum(sent_lens)]).astype(np.int64),
-        doc_offsets=np.concatenate([[0], np.cumsum(doc_sizes)]).astype(np.int64),
-    )
-    shard.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            np.savez(f, **corpus.__dict__)
-
-    atomic_write(shard, write)
+    shard = Path(cache_dir or default_cache_dir()) / _cache_key(ps, tok)
+    corpus = read_shard(shard)
+    if corpus is None:
+        write_shard(shard, ps, tok, batch)
+        corpus = read_shard(shard)
+    if corpus is None:
+        raise MlmkitError(f"the token shard {shard} could not be read back", "check the disk, or remove the directory")
     return corpus
+
+
+def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int = 8192, *, with_tokenizer: bool = False) -> None:
+    """Tokenize ``paths`` into the directory ``shard``: tokens.bin (every sentence's ids, concatenated:
+    uint16 when the vocabulary fits, else uint32), sentences.npy (S+1 offsets into the tokens),
+    documents.npy (D+1 offsets into the sentences) and manifest.json (format, counts, source files,
+    tokenizer hash), written last. Tokens go to disk as they are made, so memory holds one batch of
+    sentences and 4 bytes per sentence; the directory is built under a temporary name and renamed
+    into place (another process that finished the same shard first wins, and this one's is dropped).
+    ``with_tokenizer``: a copy of the tokenizer goes in too (a shard to train from elsewhere)."""
+    dtype = np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32
+    shard.parent.mkdir(parents=True, exist_ok=True)
+    tmp = shard.parent / f".{shard.name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    sent_lens, doc_sizes = array("I"), array("I")
+    progress = _Progress(sum(p.stat().st_size for p in paths), compressed=any(p.suffix == ".gz" for p in paths))
+    try:
+        with open(tmp / "tokens.bin", "wb") as out:
+            pending: list[str] = []
+
+            def flush() -> None:
+                progress.update(sum(len(s) + 1 for s in pending), len(pending))
+                short = [s for s in pending if len(s) <= LONG_LINE]
+                encoded = iter(tok.encode_batch(short, add_special_tokens=False))
+                flat: list[int] = []
+                for s in pending:  # a very long line is encoded in pieces, never whole (bounded memory)
+                    ids = next(encoded).ids if len(s) <= LONG_LINE else [i for piece in _pieces(s) for i in
+                                                                         tok.encode(piece, add_special_tokens=False).ids]
+                    flat.extend(ids)
+                    sent_lens.append(len(ids))
+                np.asarray(flat, dtype=dtype).tofile(out)
+                progress.tokens += len(flat)
+                pending.clear()
+
+            for p in paths:
+                for doc in iter_documents(p):
+                    doc_sizes.append(len(doc))
+                    pending.extend(doc)
+                    if len(pending) >= batch:
+                        flush()
+            flush()
+        n_tokens = sum(sent_lens)
+        if n_tokens == 0:
+            raise MlmkitError(f"the corpus {', '.join(map(str, paths))} is empty", "give text files with one sentence per line")
+        np.save(tmp / "sentences.npy", _offsets(sent_lens))
+        np.save(tmp / "documents.npy", _offsets(doc_sizes))
+        manifest = {
+            "format": SHARD_FORMAT, "version": SHARD_VERSION, "dtype": np.dtype(dtype).name,
+            "tokens": int(n_tokens), "sentences": len(sent_lens), "documents": len(doc_sizes),
+            "files": [{"path": str(p.resolve()), "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} for p in paths],
+            "tokenizer_sha256": hashlib.sha256(tok.to_str().encode()).hexdigest(),
+        }
+        if with_tokenizer:
+            (tmp / "tokenizer.json").write_text(tok.to_str(), encoding="utf-8")
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        progress.done()
+        try:
+            tmp.rename(shard)
+        except OSError:
+            if read_shard(shard) is None:  # not a finished shard of another process: this one's replaces it
+                shutil.rmtree(shard, ignore_errors=True)
+                tmp.rename(shard)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _Progress:
+    """Tokenization progress in the log every few seconds: MB read, MB/s, tokens/s, time left."""
+
+    def __init__(self, total_bytes: int, compressed: bool, every: float = 10.0) -> None:
+        self.total, self.compressed, self.every = total_bytes, compressed, every
+        self.bytes = self.sentences = self.tokens = 0
+        self.start = self.shown = time.monotonic()
+
+    def update(self, n_bytes: int, n_sentences: int) -> None:
+        self.bytes += n_bytes
+        self.sentences += n_sentences
+        now = time.monotonic()
+        if now - self.shown >= self.every:
+            self.shown = now
+            log.info("tokenizing: %s", self.line(now))
+
+    def line(self, now: float) -> str:
+        dt = max(now - self.start, 1e-9)
+        text = f"{self.bytes / 1e6:,.0f} MB, {self.bytes / 1e6 / dt:.1f} MB/s, {self.tokens / dt:,.0f} tokens/s"
+        if not self.compressed and self.bytes:  # text read against file sizes (a .gz file's is not comparable)
+            text += f", about {max(0.0, (self.total - self.bytes) / (self.bytes / dt)):.0f} s left"
+        return text
+
+    def done(self) -> None:
+        if time.monotonic() - self.start >= self.every:
+            log.info("tokenized: %s; %d sentences", self.line(time.monotonic()).split(", about")[0], self.sentences)
+
+
+def tokenize_to(paths: Sequence[str | Path], tok: Tokenizer, out: str | Path) -> TokenizedCorpus:
+    """`mlmkit tokenize`: the corpus as a token shard in directory ``out``, with its tokenizer, for
+    `mlmkit pretrain --data` here or on other machines. A previous shard there is replaced; any other
+    non-empty directory is refused."""
+    ps, d = [_corpus_file(p) for p in paths], Path(out)
+    if d.exists() and (not d.is_dir() or (any(d.iterdir()) and not (d / "manifest.json").is_file())):
+        raise MlmkitError(f"{d} exists and is not a token shard", "give a new or empty directory with --out")
+    if d.exists():
+        stale = d.with_name(f".{d.name}.{os.getpid()}.old")
+        d.rename(stale)  # moved aside, removed once the new shard is in place
+        try:
+            write_shard(d, ps, tok, with_tokenizer=True)
+        except BaseException:
+            stale.rename(d)
+            raise
+        shutil.rmtree(stale, ignore_errors=True)
+    else:
+        write_shard(d, ps, tok, with_tokenizer=True)
+    return open_shard(d, tok)
+
+
+def open_shard(d: str | Path, tok: Tokenizer) -> TokenizedCorpus:
+    """A shard written by `mlmkit tokenize`, checked against the tokenizer training will use."""
+    corpus = read_shard(Path(d), repair=False)
+    assert corpus is not None
+    m = parse_json((Path(d) / "manifest.json").read_text(encoding="utf-8"))
+    if m["tokenizer_sha256"] != hashlib.sha256(tok.to_str().encode()).hexdigest():
+        raise MlmkitError(f"{d} was tokenized with another tokenizer than the one given",
+                          f"leave out --tokenizer to use the shard's own ({Path(d) / 'tokenizer.json'}), or tokenize again")
+    return corpus
+
+
+def shard_files(d: str | Path) -> list[dict[str, Any]]:
+    """The source files a shard was made from: {"path", "size", "mtime_ns"} each."""
+    return list(parse_json((Path(d) / "manifest.json").read_text(encoding="utf-8"))["files"])
+
+
+def _offsets(sizes: array) -> np.ndarray:
+    out = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(np.frombuffer(sizes, dtype=np.uint32), out=out[1:])
+    return out
+
+
+def read_shard(shard: Path, *, repair: bool = True) -> TokenizedCorpus | None:
+    """The token shard in directory ``shard``, memory-mapped; None when there is none, or when it is
+    damaged: then, with ``repair`` (a cache entry), it is removed, to be rebuilt (a damaged cache is
+    never trusted); without, an error says what is wrong."""
+    if not (shard / "manifest.json").is_file():
+        if not repair:
+            raise MlmkitError(f"{shard} is not a token shard (no manifest.json)",
+                              "write one with `mlmkit tokenize CORPUS --tokenizer T --out DIR`")
+        if shard.is_file():  # a cache entry of an older mlmkit, or not ours
+            shard.unlink(missing_ok=True)
+        return None
+    try:
+        m = parse_json((shard / "manifest.json").read_text(encoding="utf-8"))
+        if m.get("format") != SHARD_FORMAT or m.get("version") != SHARD_VERSION:
+            raise ValueError("another format")
+        tokens = np.memmap(shard / "tokens.bin", dtype=np.dtype(m["dtype"]), mode="r", shape=(int(m["tokens"]),))
+        sents = np.load(shard / "sentences.npy", mmap_mode="r")
+        docs = np.load(shard / "documents.npy", mmap_mode="r")
+        if (len(sents) != m["sentences"] + 1 or int(sents[-1]) != len(tokens) or len(docs) != m["documents"] + 1
+                or int(docs[-1]) != m["sentences"] or (shard / "tokens.bin").stat().st_size != tokens.nbytes):
+            raise ValueError("counts do not match")
+        return TokenizedCorpus(tokens, sents, docs, cache=shard)
+    except Exception as e:
+        if not repair:
+            raise MlmkitError(f"the token shard {shard} is damaged ({e})", "write it again with `mlmkit tokenize`") from None
+        log.warning("the token cache %s is damaged (%s): tokenizing again", shard, e)
+        shutil.rmtree(shard, ignore_errors=True)
+        return None
 
 
 LONG_LINE = 100_000  # characters: a longer line is tokenized in pieces
@@ -236,99 +378,188 @@ def _truncate_pair(a: list[int], b: list[int], max_tokens: int, rng: random.Rand
         del seq[:front]
 
 
-def _random_b(doc: list[np.ndarray], want: int, rng: random.Random, tries: int = 4) -> list[int]:
-    """Consecutive sentences of ``doc`` about ``want`` tokens long: the span nearest that length
-    among a few random starts, so the length of a random B tells nothing about IsNext."""
-    best: list[int] = []
+def _random_b(corpus: TokenizedCorpus, d: int, want: int, rng: random.Random, tries: int = 4) -> list[int]:
+    """Consecutive sentences of document ``d`` about ``want`` tokens long: the span nearest that
+    length among a few random starts, so the length of a random B tells nothing about IsNext. Read
+    from the offsets: a long document costs what its span does, not what the whole does."""
+    so = corpus.sent_offsets
+    s0, s1 = int(corpus.doc_offsets[d]), int(corpus.doc_offsets[d + 1])
+    best: tuple[int, int, int] | None = None  # first sentence, end, tokens
     for _ in range(tries):
-        span: list[int] = []
-        for s in doc[rng.randrange(len(doc)) :]:
-            if span and abs(len(span) + len(s) - want) >= abs(len(span) - want):
+        start = s0 + rng.randrange(s1 - s0)
+        end, n = start, 0
+        while end < s1:
+            k = int(so[end + 1] - so[end])
+            if n and abs(n + k - want) >= abs(n - want):
                 break
-            span.extend(s.tolist())
-        if not best or abs(len(span) - want) < abs(len(best) - want):
-            best = span
+            n, end = n + k, end + 1
+        if best is None or best[2] == 0 or abs(n - want) < abs(best[2] - want):
+            best = (start, end, n)
+    assert best is not None
+    return corpus.tokens[so[best[0]] : so[best[1]]].tolist()
+
+
+SHORT_SEQ_PROB = 0.1
+
+
+def instance_units(corpus: TokenizedCorpus, max_len: int, nsp: bool) -> np.ndarray:
+    """The units an epoch's instances are drawn from, as U+1 boundaries (cached in the corpus's shard
+    directory, so a large corpus computes them once).
+
+    NSP: runs of consecutive sentences of one document, each growing until it holds max_len - 3
+    tokens or the document ends (BERT's chunks at the full target length); boundaries are sentence
+    indices. --no-nsp: the packed windows of max_len - 2 tokens (whole sentences while they fit,
+    a longer sentence in pieces, never across documents); boundaries are token indices."""
+    kind = "nsp" if nsp else "packed"
+    cached = corpus.cache / f"units-{kind}-{max_len}-{corpus.part}.npy" if corpus.cache is not None else None
+    if cached is not None and cached.is_file():
+        try:
+            units = np.load(cached, mmap_mode="r")
+            last = len(corpus.sent_offsets) - 1 if nsp else len(corpus.tokens)
+            if units.ndim == 1 and len(units) >= 1 and int(units[0]) == 0 and int(units[-1]) == last:
+                return units
+        except (OSError, ValueError):
+            pass
+    cap = max_len - 3 if nsp else max_len - 2
+    ends = array("q")
+    sent = 0  # index of the next sentence
+    pos = 0  # token offset of the next sentence
+    for d0, d1 in _blocks(corpus.doc_offsets):
+        lengths = np.diff(np.asarray(corpus.sent_offsets[d0[0] : d1[-1] + 1])).tolist()
+        k = 0
+        for n_sents in (np.asarray(d1) - np.asarray(d0)).tolist():
+            length = cur = 0
+            for j in range(n_sents):
+                n = lengths[k]
+                k += 1
+                if nsp:
+                    length += n
+                    if length >= cap or j == n_sents - 1:
+                        ends.append(sent + j + 1)
+                        length = 0
+                    continue
+                if cur and cur + n > cap:  # packing: this sentence starts the next window
+                    ends.append(pos)
+                    cur = 0
+                if n > cap:  # a sentence longer than the window is split
+                    whole = n - n % cap
+                    ends.extend(range(pos + cap, pos + whole + 1, cap))
+                    cur = n - whole
+                else:
+                    cur += n
+                pos += n
+            if not nsp and cur:
+                ends.append(pos)
+            sent += n_sents
+    units = np.concatenate([[0], np.frombuffer(ends, dtype=np.int64)]).astype(np.int64)
+    if cached is not None:
+        try:
+            tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+            with open(tmp, "wb") as f:
+                np.save(f, units)
+            tmp.replace(cached)
+        except OSError as e:  # a read-only cache still trains, computing the units each time
+            log.warning("could not cache %s (%s)", cached, e)
+    return units
+
+
+def _blocks(doc_offsets: np.ndarray, size: int = 1 << 16) -> Iterator[tuple[list[int], list[int]]]:
+    """(first sentences, ends) of the documents, ``size`` documents at a time (bounded memory)."""
+    for i in range(0, len(doc_offsets) - 1, size):
+        chunk = np.asarray(doc_offsets[i : i + size + 1]).tolist()
+        yield chunk[:-1], chunk[1:]
+
+
+def nsp_instance(
+    corpus: TokenizedCorpus, units: np.ndarray, u: int, max_tokens: int, rng: random.Random,
+    short_seq_prob: float = SHORT_SEQ_PROB,
+) -> Instance | None:
+    """The NSP instance of unit ``u`` (see instance_units), as BERT's create_instances_from_document
+    makes one from a chunk: with probability ``short_seq_prob`` a shorter target length (the unit's
+    first sentences that reach it); A its first 1..n-1 sentences; B the rest (IsNext) or, half the
+    time, a span of another document as long as the rest would have been (NotNext); the longer side
+    truncated. None when A or B came out empty."""
+    so = corpus.sent_offsets
+    s0, s1 = int(units[u]), int(units[u + 1])
+    d = int(np.searchsorted(corpus.doc_offsets, s0, side="right")) - 1
+    ds0, ds1 = int(corpus.doc_offsets[d]), int(corpus.doc_offsets[d + 1])
+    target = rng.randint(2, max_tokens) if rng.random() < short_seq_prob else max_tokens
+    first, end, length = s0, s0, 0
+    while end < s1 and (end == s0 or length < target):
+        length += int(so[end + 1] - so[end])
+        end += 1
+    if end - first == 1:  # a single sentence borrows the next one, or the previous one (see module doc)
+        if end < ds1:
+            end += 1
+        elif first > ds0:
+            first -= 1
+    n = end - first
+    a_end = first + (rng.randint(1, n - 1) if n >= 2 else 1)
+    a = corpus.tokens[so[first] : so[a_end]].tolist()
+    if n == 1 or rng.random() < 0.5:
+        is_next, want = 1, int(so[end] - so[a_end]) or target - len(a)
+        b = _random_b(corpus, _other_document(corpus, d, want, rng), want, rng)
+    else:
+        is_next, b = 0, corpus.tokens[so[a_end] : so[end]].tolist()
+    _truncate_pair(a, b, max_tokens, rng)
+    return Instance(np.asarray(a, np.int32), np.asarray(b, np.int32), is_next) if a and b else None
+def _other_document(corpus: TokenizedCorpus, d: int, want: int, rng: random.Random, tries: int = 10) -> int:
+    """A random document other than ``d``: the first of a few draws long enough to give ``want``
+    tokens, else the longest drawn (so a random B is rarely shorter than the continuation it stands
+    for, on corpora of short documents too)."""
+    best, best_len = (d + 1) % corpus.num_docs, -1
+    for _ in range(tries):
+        other = rng.randrange(corpus.num_docs)
+        if other == d:
+            continue
+        so, do = corpus.sent_offsets, corpus.doc_offsets
+        n = int(so[do[other + 1]] - so[do[other]])
+        if n >= want:
+            return other
+        if n > best_len:
+            best, best_len = other, n
     return best
 
 
+def packed_instance(corpus: TokenizedCorpus, units: np.ndarray, u: int) -> Instance:
+    """--no-nsp: the packed window ``u`` (see instance_units)."""
+    return Instance(np.asarray(corpus.tokens[int(units[u]) : int(units[u + 1])], np.int32), None, 0)
+
+
 def nsp_instances(
-    corpus: TokenizedCorpus, max_len: int, rng: random.Random, short_seq_prob: float = 0.1
+    corpus: TokenizedCorpus, max_len: int, rng: random.Random, short_seq_prob: float = SHORT_SEQ_PROB
 ) -> list[Instance]:
-    """One pass of NSP instances over every document, as BERT's create_instances_from_document."""
+    """One instance per unit, in corpus order, each from its own generator seeded from ``rng``: what
+    an epoch of PretrainData draws (in another order), all at once. For tests and inspection."""
+    _check_nsp(corpus)
+    units, seed = instance_units(corpus, max_len, nsp=True), rng.getrandbits(64)
+    made = (nsp_instance(corpus, units, u, max_len - 3, random.Random(f"{seed}/{u}"), short_seq_prob)
+            for u in range(len(units) - 1))
+    return [x for x in made if x is not None]
+
+
+def packed_instances(corpus: TokenizedCorpus, max_len: int) -> list[Instance]:
+    """--no-nsp: every packed window, in corpus order."""
+    units = instance_units(corpus, max_len, nsp=False)
+    return [packed_instance(corpus, units, u) for u in range(len(units) - 1)]
+
+
+def _check_nsp(corpus: TokenizedCorpus) -> None:
     if corpus.num_docs < 2:
         raise MlmkitError(
             "next-sentence prediction needs at least 2 documents (blank lines separate them)",
             "add blank lines between documents, or pass --no-nsp",
         )
-    max_tokens = max_len - 3  # [CLS] A [SEP] B [SEP]
-    out: list[Instance] = []
-    for d in range(corpus.num_docs):
-        doc = corpus.document(d)
-        target = rng.randint(2, max_tokens) if rng.random() < short_seq_prob else max_tokens
-        chunk: list[np.ndarray] = []
-        length, i = 0, 0
-        while i < len(doc):
-            chunk.append(doc[i])
-            length += len(doc[i])
-            if i == len(doc) - 1 or length >= target:
-                borrowed_prev = False
-                if len(chunk) == 1 and i + 1 < len(doc):  # borrow the next sentence (see module doc)
-                    i += 1
-                    chunk.append(doc[i])
-                elif len(chunk) == 1 and i > 0:  # the last sentence alone: borrow the previous one
-                    chunk.insert(0, doc[i - 1])
-                    borrowed_prev = True
-                a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-                a = [t for s in chunk[:a_end] for t in s.tolist()]
-                if len(chunk) == 1 or rng.random() < 0.5:
-                    is_next = 1
-                    other = d
-                    for _ in range(10):
-                        other = rng.randrange(corpus.num_docs)
-                        if other != d:
-                            break
-                    if other == d:
-                        other = (d + 1) % corpus.num_docs
-                    odoc = corpus.document(other)
-                    b = _random_b(odoc, sum(map(len, chunk[a_end:])) or target - len(a), rng)
-                    if not borrowed_prev:  # the unused sentences are read again
-                        i -= len(chunk) - a_end
-                else:
-                    is_next = 0
-                    b = [t for s in chunk[a_end:] for t in s.tolist()]
-                _truncate_pair(a, b, max_tokens, rng)
-                if a and b:
-                    out.append(Instance(np.asarray(a, np.int32), np.asarray(b, np.int32), is_next))
-                chunk, length = [], 0
-            i += 1
-    return out
-
-
-def packed_instances(corpus: TokenizedCorpus, max_len: int) -> list[Instance]:
-    """--no-nsp: consecutive sentences of a document packed up to max_len - 2 tokens."""
-    cap = max_len - 2
-    out: list[Instance] = []
-    for d in range(corpus.num_docs):
-        cur: list[int] = []
-        for s in corpus.document(d):
-            s = s.tolist()
-            if cur and len(cur) + len(s) > cap:
-                out.append(Instance(np.asarray(cur, np.int32), None, 0))
-                cur = []
-            whole = len(s) - len(s) % cap if len(s) > cap else 0
-            for k in range(0, whole, cap):  # a sentence longer than the window is split
-                out.append(Instance(np.asarray(s[k : k + cap], np.int32), None, 0))
-            cur.extend(s[whole:])
-        if cur:
-            out.append(Instance(np.asarray(cur, np.int32), None, 0))
-    return out
 
 
 class PretrainData:
-    """The training loop's data source for pretraining: deterministic per (seed, epoch, step).
+    """The training loop's data source for pretraining: deterministic per (seed, epoch, batch).
 
-    Instances are rebuilt per epoch from a seeded RNG (new NSP pairings each epoch) and masks are
-    drawn per step from a generator seeded with (seed, step, rank), so resuming at step k needs no
+    Nothing is built per epoch but a permutation of the units (instance_units): batch k of an epoch
+    takes units k*B .. k*B+B-1 of that permutation and makes their instances then, each from a
+    generator seeded with (seed, epoch, unit), so every epoch has new NSP pairings and short targets.
+    Masks are drawn per step from a generator seeded with (seed, step, rank). Memory does not grow
+    with the corpus (a memory-mapped shard, 16 bytes per unit), and resuming at batch k needs no
     saved data state and no replay: the loop asks for batch k directly.
     """
 
@@ -343,7 +574,9 @@ class PretrainData:
         mask_prob: float = 0.15,
         whole_word: bool = False,
         seed: int = 0,
+        held_out: bool = False,
     ) -> None:
+        """``held_out``: evaluation data (a few fixed batches): a batch size over its sequences is no news."""
         if max_len < 8:
             raise MlmkitError(f"--seq-len {max_len} is too short", "use at least 8")
         self.corpus, self.max_len, self.batch_size, self.nsp = corpus, max_len, batch_size, nsp
@@ -352,34 +585,46 @@ class PretrainData:
         self.vocab_size = tok.get_vocab_size()
         self.special = torch.tensor(self.ids.all, dtype=torch.long)
         self.continuation = torch.tensor(continuation_flags(tok), dtype=torch.bool)
+        if nsp:
+            _check_nsp(corpus)
+        self.units = instance_units(corpus, max_len, nsp)
+        self.num_units = len(self.units) - 1
+        if self.num_units < 1:
+            raise MlmkitError("the corpus yields no training sequences", "give it more text")
+        if batch_size > self.num_units and not held_out:
+            log.warning("--batch-size %d is more than the %d sequences of the corpus: each batch holds %d",
+                        batch_size, self.num_units, self.num_units)
         self._epoch: int | None = None
-        self._instances: list[Instance] = []
-        self._warned = False
+        self._order = np.zeros(0, np.int64)
 
-    def instances(self, epoch: int) -> list[Instance]:
+    def order(self, epoch: int) -> np.ndarray:
+        """The units in the order ``epoch`` visits them."""
         if self._epoch != epoch:
-            rng = random.Random(self.seed * 1_000_003 + epoch)
-            if self.nsp:
-                inst = nsp_instances(self.corpus, self.max_len, rng)
-            else:
-                inst = packed_instances(self.corpus, self.max_len)
-            rng.shuffle(inst)
-            if not inst:
-                raise MlmkitError("the corpus yields no training sequences", "give it more text")
-            if self.batch_size > len(inst) and not self._warned:
-                log.warning("--batch-size %d is more than the %d sequences of the corpus: each batch holds %d",
-                            self.batch_size, len(inst), len(inst))
-                self._warned = True
-            self._epoch, self._instances = epoch, inst
-        return self._instances
+            self._order = np.random.default_rng([self.seed % (1 << 32), epoch]).permutation(self.num_units)
+            self._epoch = epoch
+        return self._order
+
+    def instance(self, epoch: int, u: int) -> Instance | None:
+        if not self.nsp:
+            return packed_instance(self.corpus, self.units, u)
+        rng = random.Random(f"{self.seed}/{epoch}/{u}")
+        return nsp_instance(self.corpus, self.units, u, self.max_len - 3, rng)
 
     def num_batches(self, epoch: int) -> int:
-        return max(1, len(self.instances(epoch)) // self.batch_size)
+        return max(1, self.num_units // self.batch_size)
 
     def batch(self, epoch: int, index: int, seed: int) -> dict[str, torch.Tensor]:
-        inst = self.instances(epoch)
-        start = (index * self.batch_size) % len(inst)
-        chosen = [inst[(start + j) % len(inst)] for j in range(min(self.batch_size, len(inst)))]  # never a repeat
+        order, U = self.order(epoch), self.num_units
+        n, start = min(self.batch_size, U), (index * self.batch_size) % U
+        chosen: list[Instance] = []
+        j = 0
+        while len(chosen) < n and j < U:  # a unit whose A or B came out empty: the next one instead
+            x = self.instance(epoch, int(order[(start + j) % U]))
+            j += 1
+            if x is not None:
+                chosen.append(x)
+        if not chosen:
+            raise MlmkitError("the corpus yields no training sequences", "give it more text")
         return self.collate(chosen, torch.Generator().manual_seed(seed))
 
     def collate(self, chosen: Sequence[Instance], gen: torch.Generator) -> dict[str, torch.Tensor]:

@@ -16,7 +16,16 @@ from tokenizers import Tokenizer
 from .args import PretrainArgs
 from .checkpoint import save_run
 from .config import BertConfig, preset
-from .corpus import PretrainData, TokenizedCorpus, file_identity, iter_sentences, tokenize_corpus
+from .corpus import (
+    PretrainData,
+    TokenizedCorpus,
+    file_identity,
+    iter_sentences,
+    open_shard,
+    read_shard,
+    shard_files,
+    tokenize_corpus,
+)
 from .errors import ConfigError, MlmkitError
 from .files import exclusive
 from .model import BertForPreTraining
@@ -36,9 +45,11 @@ def split_heldout(corpus: TokenizedCorpus, fraction: float = 0.05, max_docs: int
     cut = D - n
     s_cut = int(corpus.doc_offsets[cut])
     t_cut = int(corpus.sent_offsets[s_cut])
-    train = TokenizedCorpus(corpus.tokens[:t_cut], corpus.sent_offsets[: s_cut + 1], corpus.doc_offsets[: cut + 1])
+    train = TokenizedCorpus(corpus.tokens[:t_cut], corpus.sent_offsets[: s_cut + 1], corpus.doc_offsets[: cut + 1],
+                            cache=corpus.cache, part=f"docs-0-{cut}")
     held = TokenizedCorpus(
-        corpus.tokens[t_cut:], corpus.sent_offsets[s_cut:] - t_cut, corpus.doc_offsets[cut:] - s_cut
+        corpus.tokens[t_cut:], corpus.sent_offsets[s_cut:] - t_cut, corpus.doc_offsets[cut:] - s_cut,
+        cache=corpus.cache, part=f"docs-{cut}-{D}",
     )
     return train, held
 
@@ -85,10 +96,7 @@ def _train_shared_tokenizer(corpus: list[Path], out: Path, *, vocab_size: int, c
     """Train a tokenizer on the corpus. Under torchrun rank 0 trains it and the other ranks read the
     file it writes: WordPiece training breaks ties differently from one process to the next, so
     ranks training their own would disagree on token ids."""
-    on_gpu = device.startswith("cuda") and torch.cuda.is_available()
-    if on_gpu and "LOCAL_RANK" in os.environ:  # each rank on its own GPU before nccl's first barrier
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist = init_distributed(torch.device("cuda" if on_gpu else "cpu"))
+    dist = _join(device)
     if dist.main:
         log.info("training a WordPiece tokenizer (vocab %d) on the corpus", vocab_size)
         tok = train_tokenizer(iter_sentences(corpus), vocab_size=vocab_size, cased=cased)
@@ -97,6 +105,26 @@ def _train_shared_tokenizer(corpus: list[Path], out: Path, *, vocab_size: int, c
         save_tokenizer(tok, out)
     torch.distributed.barrier()
     return tok if dist.main else load_tokenizer(out / "tokenizer.json")
+
+
+def _join(device: str) -> Any:
+    """This process's place under torchrun (joining the process group), or a single process."""
+    on_gpu = device.startswith("cuda") and torch.cuda.is_available()
+    if on_gpu and "LOCAL_RANK" in os.environ:  # each rank on its own GPU before nccl's first barrier
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    return init_distributed(torch.device("cuda" if on_gpu else "cpu"))
+
+
+def _tokenized(paths: list[Path], tok: Tokenizer, cache_dir: Path | None, device: str) -> TokenizedCorpus:
+    """The corpus's token shard. Under torchrun rank 0 tokenizes and the others wait, then map the
+    shard it wrote (each rank then builds only its own batches)."""
+    dist = _join(device)
+    if dist.world > 1 and not dist.main:
+        torch.distributed.barrier()
+    corpus = tokenize_corpus(paths, tok, cache_dir)
+    if dist.world > 1 and dist.main:
+        torch.distributed.barrier()
+    return corpus
 
 
 def pretrain(args: PretrainArgs) -> dict[str, Any]:
@@ -114,13 +142,19 @@ def pretrain(args: PretrainArgs) -> dict[str, Any]:
 
 def _pretrain(args: PretrainArgs) -> dict[str, Any]:
     out, t = Path(args.out), args.train
-    if next(iter_sentences(args.corpus), None) is None:  # checked before a tokenizer is trained on nothing
+    if args.data is None and next(iter_sentences(args.corpus), None) is None:  # before a tokenizer is trained on nothing
         raise MlmkitError(f"the corpus {', '.join(map(str, args.corpus))} is empty", "give text files with one sentence per line")
     given = BertConfig.load(args.config) if args.config is not None else None  # checked before any work
     own = (latest_checkpoint(out) or out) if t.resume else None
     tokenizer = args.tokenizer
     if own is not None and (own / "tokenizer.json").exists() and tokenizer is None:
         tokenizer = own / "tokenizer.json"
+    if args.data is not None:
+        read_shard(args.data, repair=False)  # a shard, whole, before anything is built on it
+    if tokenizer is None and args.data is not None:
+        tokenizer = args.data / "tokenizer.json"
+        if not tokenizer.is_file():
+            raise ConfigError(f"{args.data} has no tokenizer.json", "pass the tokenizer it was made with, --tokenizer")
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     else:
@@ -147,9 +181,9 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
         )
     cfg.architectures = ["BertForPreTraining"]
 
-    full = tokenize_corpus(args.corpus, tok, args.cache_dir)
+    full = open_shard(args.data, tok) if args.data is not None else _tokenized(args.corpus, tok, args.cache_dir, t.device)
     if args.eval_file is not None:
-        train_c, held = full, tokenize_corpus([args.eval_file], tok, args.cache_dir)
+        train_c, held = full, _tokenized([args.eval_file], tok, args.cache_dir, t.device)
     else:
         train_c, held = split_heldout(full)
         if held is None:
@@ -157,7 +191,7 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
     kw = dict(max_len=args.seq_len, batch_size=args.batch_size, nsp=args.nsp, mask_prob=args.mask_prob,
               whole_word=args.whole_word)
     data = PretrainData(train_c, tok, seed=t.seed, **kw)
-    evaluate = MLMEvaluator(PretrainData(held, tok, seed=t.seed + 1, **kw)) if held is not None else None
+    evaluate = MLMEvaluator(PretrainData(held, tok, seed=t.seed + 1, held_out=True, **kw)) if held is not None else None
 
     torch.manual_seed(t.seed)
     model = BertForPreTraining(cfg)
@@ -171,12 +205,13 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
         "nsp": args.nsp,
         "whole_word": args.whole_word,
         "mask_prob": args.mask_prob,
-        "corpus": [str(p) for p in args.corpus],
+        "corpus": [str(p) for p in args.corpus] if args.data is None else [f["path"] for f in shard_files(args.data)],
     }
 
     def save_model(m: torch.nn.Module, d: Path, meta_: dict[str, Any]) -> None:
         save_run(m, d, config=cfg, tokenizer=tok, meta=meta_)
 
     data_key = {"batch_size": args.batch_size, "seq_len": args.seq_len, "nsp": args.nsp, "mask_prob": args.mask_prob,
-                "whole_word": args.whole_word, "corpus": file_identity(args.corpus)}
+                "whole_word": args.whole_word,
+                "corpus": file_identity(args.corpus) if args.data is None else [[str(args.data.resolve()), len(full.tokens)]]}
     return Trainer(model, data, t, out, save_model=save_model, evaluate=evaluate, data_key=data_key).train(meta)

@@ -154,3 +154,45 @@ def test_an_os_error_is_one_line_too(files, tmp_path):
     blocker.write_text("x")  # --out under a regular file cannot be created
     line = one_error_line(pretrain(*tiny_args(files, blocker / "run")))
     assert "file" in line
+
+
+# ---- prepare once, train many times ----------------------------------------------------------------
+def test_tokenize_then_pretrain_from_the_shard_trains_as_from_the_files(files, tmp_path):
+    shard = tmp_path / "shard"
+    r = runner.invoke(app, ["tokenize", str(files["corpus"]), "--tokenizer", str(files["tok"]), "--out", str(shard)])
+    assert r.exit_code == 0, r.output
+    assert {"tokens.bin", "sentences.npy", "documents.npy", "manifest.json", "tokenizer.json"} <= {p.name for p in shard.iterdir()}
+    common = ["--config", files["config"], "--steps", "3", "--batch-size", "2", "--seq-len", "32"]
+    from_files = pretrain(files["corpus"], "--out", tmp_path / "a", "--tokenizer", files["tok"], *common)
+    from_shard = pretrain("--data", shard, "--out", tmp_path / "b", *common)  # the shard's own tokenizer
+    assert from_files.exit_code == 0 and from_shard.exit_code == 0, (from_files.output, from_shard.output)
+    a, b = (json.loads(x.stdout.strip().splitlines()[-1]) for x in (from_files, from_shard))
+    assert a["loss"] == b["loss"] and a["eval_mlm_accuracy"] == b["eval_mlm_accuracy"]  # the same tokens, the same batches
+    assert json.loads((tmp_path / "b" / "mlmkit.json").read_text())["corpus"] == [str(files["corpus"].resolve())]
+    # tokenize again over it: replaced; over a directory that is not a shard: refused
+    again = runner.invoke(app, ["tokenize", str(files["corpus"]), "--tokenizer", str(files["tok"]), "--out", str(shard)])
+    assert again.exit_code == 0 and not list(tmp_path.glob(".shard*"))
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    line = one_error_line(runner.invoke(app, ["tokenize", str(files["corpus"]), "--tokenizer", str(files["tok"]),
+                                              "--out", str(tmp_path / "notes")]))
+    assert "is not a token shard" in line and (tmp_path / "notes" / "todo.txt").exists()
+
+
+def test_pretrain_data_errors(files, tmp_path):
+    shard = tmp_path / "shard"
+    assert runner.invoke(app, ["tokenize", str(files["corpus"]), "--tokenizer", str(files["tok"]), "--out", str(shard)]).exit_code == 0
+    other = train_tokenizer(["some other words entirely"] * 20, vocab_size=60, min_frequency=1)
+    save_tokenizer(other, tmp_path / "other")
+    cases = [
+        (["--data", shard, "--tokenizer", tmp_path / "other" / "tokenizer.json"], "another tokenizer"),
+        (["--data", tmp_path / "nothing-here"], "not a token shard"),
+        ([files["corpus"], "--data", shard], "corpus files or --data"),
+        ([], "corpus files or --data"),
+    ]
+    for args, message in cases:
+        line = one_error_line(pretrain(*args, "--out", tmp_path / "run", "--steps", "1"))
+        assert message in line, line
+    (shard / "tokens.bin").write_bytes(b"\0")  # damaged: said, never silently rebuilt or deleted
+    line = one_error_line(pretrain("--data", shard, "--out", tmp_path / "run", "--steps", "1"))
+    assert "is damaged" in line and shard.is_dir()

@@ -63,8 +63,9 @@ def nsp_setup():
 
 
 def test_isnext_rate_is_about_half(nsp_setup):
-    _, inst = nsp_setup
-    assert len(inst) > 2000
+    c, inst = nsp_setup
+    units = corpus_mod.instance_units(c, 64, nsp=True)
+    assert len(inst) == len(units) - 1 > 1000  # one instance per unit and epoch
     is_next = np.mean([x.is_next == 0 for x in inst])  # label 0 = IsNext, as transformers
     assert 0.45 <= is_next <= 0.55, is_next
 
@@ -277,8 +278,7 @@ def test_tokenize_corpus_reuses_its_cache(tmp_path, tok, monkeypatch):
     p = write_txt(tmp_path / "c.txt")
     cache = tmp_path / "cache"
     first = tokenize_corpus([p], tok, cache)
-    shards = list(cache.glob("*.npz"))
-    assert len(shards) == 1
+    assert len(shards(cache)) == 1 and not list(cache.glob(".*"))  # no temporary left behind
     assert first.num_docs == 2 and len(first.sent_offsets) == 6
 
     def no_reading(path):
@@ -296,14 +296,67 @@ def test_tokenize_corpus_reuses_its_cache(tmp_path, tok, monkeypatch):
     assert tokenize_corpus([p], tok, cache).num_docs == 3
 
 
-def test_damaged_cache_is_rebuilt(tmp_path, tok):
+def shards(cache: Path) -> list[Path]:
+    return [d for d in cache.iterdir() if (d / "manifest.json").is_file()]
+
+
+def in_memory(paths: list[Path], tok) -> list[list[list[int]]]:
+    """Every document's sentences' ids, tokenized directly: what a shard must hold."""
+    return [[tok.encode(s, add_special_tokens=False).ids for s in doc] for p in paths for doc in iter_documents(p)]
+
+
+def test_token_shard_is_memory_mapped_and_equals_direct_tokenization(tmp_path, tok):
+    docs = [[f"w{i} w{(i * 7) % 60} w{(i * 13) % 60}." for i in range(k, k + 1 + k % 5)] for k in range(40)]
+    p = write_txt(tmp_path / "c.txt", docs=docs)
+    c = tokenize_corpus([p], tok, tmp_path / "cache")
+    assert isinstance(c.tokens, np.memmap) and c.tokens.dtype == np.uint16  # a 200-word vocabulary fits 16 bits
+    assert isinstance(c.sent_offsets, np.memmap) or c.sent_offsets.base is not None  # np.load(mmap_mode="r")
+    got = [[s.tolist() for s in c.document(d)] for d in range(c.num_docs)]
+    assert got == in_memory([p], tok)
+    (shard,) = shards(tmp_path / "cache")
+    m = json.loads((shard / "manifest.json").read_text())
+    assert (m["tokens"], m["sentences"], m["documents"]) == (len(c.tokens), len(c.sent_offsets) - 1, c.num_docs)
+    assert m["files"][0]["path"] == str(p.resolve()) and len(m["tokenizer_sha256"]) == 64
+
+
+def test_many_files_and_one_big_file_give_the_same_tokens(tmp_path, tok):
+    docs = [[f"w{i} w{(i * 3) % 60}.", f"w{(i * 11) % 60} w{i % 7}."] for i in range(30)]
+    parts = [write_txt(tmp_path / f"part{k}.txt", docs=docs[k * 10 : (k + 1) * 10]) for k in range(3)]
+    whole = write_txt(tmp_path / "whole.txt", docs=docs)
+    a, b = tokenize_corpus(parts, tok, tmp_path / "cache"), tokenize_corpus([whole], tok, tmp_path / "cache")
+    for k in ("tokens", "sent_offsets", "doc_offsets"):
+        assert np.array_equal(getattr(a, k), getattr(b, k))
+    assert len(shards(tmp_path / "cache")) == 2  # keyed by the files: each list has its own
+
+
+def test_a_failed_tokenization_leaves_no_shard(tmp_path, tok):
+    good = write_txt(tmp_path / "good.txt")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine."}\n{"txt": "no text field"}\n')
+    with pytest.raises(DataFormatError, match="line 2"):
+        tokenize_corpus([good, bad], tok, tmp_path / "cache")
+    assert list((tmp_path / "cache").iterdir()) == []  # neither a shard nor its temporary directory
+
+
+@pytest.mark.parametrize("damage", ["truncated tokens", "bad manifest", "old npz cache"])
+def test_damaged_cache_is_rebuilt(tmp_path, tok, damage):
     p = write_txt(tmp_path / "c.txt")
     cache = tmp_path / "cache"
     first = tokenize_corpus([p], tok, cache)
-    (shard,) = cache.glob("*.npz")
-    shard.write_bytes(b"not a zip")
+    (shard,) = shards(cache)
+    want = first.tokens.tolist()
+    del first
+    if damage == "truncated tokens":
+        (shard / "tokens.bin").write_bytes((shard / "tokens.bin").read_bytes()[:-2])
+    elif damage == "bad manifest":
+        (shard / "manifest.json").write_text("{not json")
+    else:  # a cache entry of the same name that is not a shard directory
+        import shutil
+
+        shutil.rmtree(shard)
+        shard.write_bytes(b"not a zip")
     again = tokenize_corpus([p], tok, cache)
-    assert np.array_equal(first.tokens, again.tokens)
+    assert again.tokens.tolist() == want and shard.is_dir()
 
 
 def test_empty_and_missing_corpus(tmp_path, tok):
@@ -313,3 +366,23 @@ def test_empty_and_missing_corpus(tmp_path, tok):
         tokenize_corpus([empty], tok, tmp_path / "cache")
     with pytest.raises(MlmkitError, match="not found"):
         tokenize_corpus([tmp_path / "nope.txt"], tok, tmp_path / "cache")
+
+
+def test_instance_units_are_computed_once_and_cached_beside_the_shard(tmp_path, tok, monkeypatch):
+    docs = [[f"w{i} w{(i * 7) % 60} w{(i * 13) % 60} w{i % 5}." for i in range(k, k + 2 + k % 4)] for k in range(40)]
+    p = write_txt(tmp_path / "c.txt", docs=docs)
+    first = PretrainData(tokenize_corpus([p], tok, tmp_path / "cache"), tok, max_len=32, batch_size=4, seed=1)
+    (shard,) = shards(tmp_path / "cache")
+    assert (shard / "units-nsp-32-all.npy").is_file()
+
+    def computed_again(*args):
+        raise AssertionError("the units were computed again")
+
+    monkeypatch.setattr(corpus_mod, "_blocks", computed_again)
+    again = PretrainData(tokenize_corpus([p], tok, tmp_path / "cache"), tok, max_len=32, batch_size=4, seed=1)
+    assert np.array_equal(first.units, again.units) and first.num_units > 10
+    a, b = first.batch(1, 2, seed=5), again.batch(1, 2, seed=5)  # another process, the same batch
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # each epoch visits every unit once, in its own order
+    epoch0 = first.order(0).tolist()
+    assert sorted(epoch0) == list(range(first.num_units)) and epoch0 != first.order(1).tolist()

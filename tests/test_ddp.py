@@ -68,6 +68,25 @@ def test_two_process_cpu_run_writes_one_checkpoint(corpus, tmp_path):
     assert read_json(out / "mlmkit.json")["final_metrics"]["step"] == 4
 
 
+def test_ranks_draw_disjoint_batches_from_one_shard(corpus, tmp_path):
+    """Rank r of w makes only batches micro * w + r, and together they are the single process's batches."""
+    import torch
+
+    from mlmkit.corpus import PretrainData, tokenize_corpus
+    from mlmkit.tokenizer import train_tokenizer
+    from mlmkit.training import batch_seed
+
+    tok = train_tokenizer(corpus.read_text().split("\n"), vocab_size=100, min_frequency=1)
+    data = PretrainData(tokenize_corpus([corpus], tok, tmp_path / "cache"), tok, max_len=32, batch_size=4, seed=0)
+    world, epoch = 2, 0
+    per_rank = [[data.batch(epoch, m * world + r, batch_seed(0, epoch, m * world + r))["input_ids"] for m in range(3)]
+                for r in range(world)]
+    single = [data.batch(epoch, i, batch_seed(0, epoch, i))["input_ids"] for i in range(6)]
+    assert all(torch.equal(per_rank[i % world][i // world], single[i]) for i in range(6))
+    rows = [tuple(x.tolist()) for b in single for x in b]
+    assert len(set(rows)) == len(rows)  # no sequence twice within the epoch's first batches
+
+
 def test_two_process_mlm_only(corpus, tmp_path):
     # without NSP the pooler and NSP head take no part in the loss: DDP must not wait for their gradients
     out = tmp_path / "run"

@@ -1,4 +1,4 @@
-"""The commands that train and score: tokenizer train, pretrain, tasks, finetune, evaluate, quickstart.
+"""The commands that train and score: tokenizer train, tokenize, pretrain, tasks, finetune, evaluate, quickstart.
 
 torch is imported inside the commands that need it, never at module level.
 """
@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ..args import FinetuneArgs, PretrainArgs, TokenizerArgs
+from ..args import FinetuneArgs, PretrainArgs, TokenizeArgs, TokenizerArgs
 from ..errors import MlmkitError
 from .common import (
     Json,
@@ -51,6 +51,18 @@ def tokenizer_train(args: TokenizerArgs) -> None:
     d = args.out.parent if args.out.suffix == ".json" else args.out
     save_tokenizer(tok, d)
     err.print(f"wrote {d / 'tokenizer.json'} ({tok.get_vocab_size()} tokens), vocab.txt and tokenizer_config.json")
+
+
+@app.command()
+@handle_errors
+@with_args(TokenizeArgs)
+def tokenize(args: TokenizeArgs) -> None:
+    """Tokenize a corpus once into a memory-mapped token shard: `mlmkit pretrain --data DIR` trains from it."""
+    from ..corpus import tokenize_to
+    from ..tokenizer import load_tokenizer
+
+    c = tokenize_to(args.corpus, load_tokenizer(args.tokenizer), args.out)
+    err.print(f"wrote {args.out}: {len(c.tokens):,} tokens, {len(c.sent_offsets) - 1:,} sentences, {c.num_docs:,} documents")
 
 
 @app.command()

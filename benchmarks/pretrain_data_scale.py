@@ -1,0 +1,183 @@
+"""Pretraining data at corpus scale: does the time to the first step and the memory of `mlmkit pretrain`
+stay flat as the corpus grows, and how fast is tokenization against Hugging Face datasets?
+
+    python benchmarks/pretrain_data_scale.py           # 50 MB and 1 GB corpora (about 15 minutes, 3 GB of disk)
+    python benchmarks/pretrain_data_scale.py --quick   # 5 MB and 50 MB
+
+Corpus: the standard library's docstrings (mlmkit's quickstart corpus, about 3 MB), its documents
+repeated in a shuffled order up to the size (a blank line between documents); one tokenizer trained
+on it, given to every side.
+
+- tokenize: `mlmkit tokenize CORPUS --tokenizer T --out SHARD` on the smaller corpus, MB/s of text,
+  against `datasets.load_dataset("text")` + `.map(tokenize, batched=True, num_proc=N)` (N = 1, 2)
+  with the same tokenizer (transformers' fast tokenizer on the same tokenizer.json), caches cold;
+  the faster datasets run is the reference.
+- first step: `mlmkit pretrain --data SHARD --preset tiny --steps 1 --batch-size 8 --seq-len 128`
+  for each corpus, once to prepare (the instance units are computed and cached in the shard), then
+  timed: wall time of the whole command (start-up, loading, one step, saving), and its peak RSS.
+
+Every timed run waits for a quiet CPU (up to --patience s) and measures the CPU other processes
+took; a run where they used more than 0.15 cores is marked *.
+
+Last lines: ``target pretrain-rss-1gb-vs-50mb: X.XX (goal <= 1.20)``,
+``target pretrain-first-step-1gb-vs-50mb: X.XX (goal <= 1.50)`` and
+``target tokenize-vs-datasets-map: X.XX (goal >= 1.00)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+from batch_scale import _sample  # noqa: E402
+from inference_throughput import ENV, QUIET, busy_seconds, log, wait_for_quiet  # noqa: E402
+
+MLMKIT = [sys.executable, "-m", "mlmkit", "-q"]
+
+
+def make_corpus(path: Path, size: int, docs: list[str]) -> None:
+    """Documents in shuffled rounds until ``size`` bytes."""
+    if path.exists() and path.stat().st_size >= size:
+        return
+    rng = random.Random(0)
+    written = 0
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        while written < size:
+            order = list(range(len(docs)))
+            rng.shuffle(order)
+            for i in order:
+                text = docs[i] + "\n\n"
+                f.write(text)
+                written += len(text.encode("utf-8"))
+                if written >= size:
+                    break
+    tmp.replace(path)
+
+
+def run(name: str, cmd: list[str], patience: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``cmd`` once: wall seconds, peak RSS (MB, over its processes), other processes' load."""
+    wait_for_quiet(patience)
+    hwm: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    b, t0 = busy_seconds(), time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **ENV, **(env or {})})
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            _sample(proc.pid, hwm, cpu)
+            done.wait(0.1)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    _, stderr = proc.communicate()
+    seconds = time.perf_counter() - t0
+    done.set()
+    t.join()
+    if proc.returncode:
+        raise SystemExit(f"{name} failed ({proc.returncode}):\n{stderr[-3000:]}")
+    other = max(0.0, busy_seconds() - b - sum(cpu.values())) / seconds
+    res = {"seconds": seconds, "peak_mb": sum(hwm.values()) / 1024, "other": other}
+    log(f"{name:44s} {seconds:8.1f} s  peak {res['peak_mb']:7.0f} MB  (other processes busy: {other:.2f} cores)")
+    return res
+
+
+def mark(r: dict[str, Any]) -> str:
+    return "" if r["other"] <= QUIET else "*"
+
+
+def datasets_side(corpus: Path, tokenizer: Path, cache: Path, procs: int) -> None:
+    import datasets
+    from transformers import PreTrainedTokenizerFast
+
+    datasets.disable_progress_bars()
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer))
+    ds = datasets.load_dataset("text", data_files=str(corpus), split="train", cache_dir=str(cache))
+    ds.map(lambda b: tok(b["text"], add_special_tokens=False), batched=True, num_proc=procs if procs > 1 else None,
+           remove_columns=["text"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="5 MB and 50 MB instead of 50 MB and 1 GB")
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("MLMKIT_BENCH_DIR", "runs/bench-data")))
+    ap.add_argument("--patience", type=float, default=180.0,
+                    help="seconds to wait before each timed run for other processes to leave the CPUs alone")
+    ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--procs", type=int, default=1, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    work = a.work
+    if a.role == "datasets":
+        datasets_side(work / "small.txt", work / "tok" / "tokenizer.json", work / f"hf-cache-{a.procs}", a.procs)
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    small_mb, large_mb = (5, 50) if a.quick else (50, 1000)
+    from mlmkit.stdlib_corpus import docstring_documents
+    from mlmkit.tokenizer import save_tokenizer, train_tokenizer
+
+    docs = ["\n".join(d) for d in docstring_documents()]
+    if not (work / "tok" / "tokenizer.json").exists():
+        save_tokenizer(train_tokenizer((s for d in docs for s in d.split("\n")), vocab_size=8000), work / "tok")
+    tok = work / "tok" / "tokenizer.json"
+    sizes = {"small": small_mb, "large": large_mb}
+    for name, mb in sizes.items():
+        make_corpus(work / f"{name}.txt", mb * 1_000_000, docs)
+    log(f"corpora: {small_mb} MB and {large_mb} MB of standard-library docstrings ({len(docs)} documents, repeated)")
+
+    # tokenization: mlmkit vs datasets.map, on the small corpus, cold
+    text_mb = (work / "small.txt").stat().st_size / 1e6
+    speed: dict[str, tuple[float, str]] = {}
+    for procs in (1, 2):
+        shutil.rmtree(work / f"hf-cache-{procs}", ignore_errors=True)
+        r = run(f"datasets.map num_proc={procs} ({small_mb} MB)",
+                [sys.executable, str(HERE), "--role", "datasets", "--procs", str(procs), "--work", str(work)], a.patience,
+                env={"HF_DATASETS_OFFLINE": "1"})
+        speed[f"datasets num_proc={procs}"] = (text_mb / r["seconds"], mark(r))
+    shards: dict[str, Path] = {}
+    for name, mb in sizes.items():
+        shards[name] = work / f"shard-{name}"
+        r = run(f"mlmkit tokenize ({mb} MB)", [*MLMKIT, "tokenize", str(work / f"{name}.txt"), "--tokenizer", str(tok),
+                                              "--out", str(shards[name])], a.patience)
+        speed[f"mlmkit tokenize ({mb} MB)"] = ((work / f"{name}.txt").stat().st_size / 1e6 / r["seconds"], mark(r))
+
+    # time to the first step and peak memory, the data prepared
+    first: dict[str, dict[str, Any]] = {}
+    for name, mb in sizes.items():
+        cmd = [*MLMKIT, "pretrain", "--data", str(shards[name]), "--preset", "tiny", "--steps", "1", "--batch-size", "8",
+               "--seq-len", "128", "--eval-every", "1000"]
+        prep = run(f"pretrain --steps 1, {mb} MB, preparing", [*cmd, "--out", str(work / f"prep-{name}")], a.patience)
+        shutil.rmtree(work / f"prep-{name}", ignore_errors=True)
+        first[name] = run(f"pretrain --steps 1, {mb} MB, prepared", [*cmd, "--out", str(work / f"run-{name}")], a.patience)
+        first[name]["prep"] = prep["seconds"]
+        shutil.rmtree(work / f"run-{name}", ignore_errors=True)
+
+    print(f"\ntokenization ({text_mb:.0f} MB of text unless said), MB/s:")
+    for k, (v, m) in speed.items():
+        print(f"  {k:34s} {v:8.2f}{m}")
+    print("first training step (`pretrain --data SHARD --steps 1`, tiny model, batch 8 x 128):")
+    for name, mb in sizes.items():
+        r = first[name]
+        print(f"  {mb:>5} MB corpus: {r['seconds']:6.1f} s prepared ({r['prep']:.1f} s the first time, units computed), "
+              f"peak {r['peak_mb']:.0f} MB{mark(r)}")
+    print(f"  * other processes used more than {QUIET} cores during that run")
+    ref = max(v for k, (v, _) in speed.items() if k.startswith("datasets"))
+    print()
+    print(f"target pretrain-rss-1gb-vs-50mb: {first['large']['peak_mb'] / first['small']['peak_mb']:.2f} (goal <= 1.20)")
+    print(f"target pretrain-first-step-1gb-vs-50mb: {first['large']['seconds'] / first['small']['seconds']:.2f} (goal <= 1.50)")
+    print(f"target tokenize-vs-datasets-map: {speed[f'mlmkit tokenize ({small_mb} MB)'][0] / ref:.2f} (goal >= 1.00)")
+
+
+if __name__ == "__main__":
+    main()
