@@ -27,6 +27,8 @@ lint: $(BIN)/mlmkit
 bench: $(BIN)/mlmkit
 	$(BIN)/python benchmarks/pretrain_throughput.py
 	$(BIN)/python benchmarks/inference_throughput.py
+	$(BIN)/python benchmarks/serve_throughput.py
+	$(BIN)/python benchmarks/batch_scale.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
