@@ -177,12 +177,18 @@ class TrainArgs(Args):
         _check(self.early_stopping is None or self.early_stopping >= 1, f"{f('early_stopping')} must be at least 1")
 
 
+CORPUS_HELP = ("Corpus files, directories or quoted globs: .txt/.txt.gz (a sentence per line, a blank line "
+               "between documents), .jsonl/.jsonl.gz or .parquet (a document per line or row).")
+TEXT_COLUMN_HELP = "The text field of .jsonl and the column of .parquet corpus files."
+
+
 @dataclass
 class TokenizerArgs(Args):
     """`mlmkit tokenizer train`."""
 
-    corpus: list[Path] = arg(help="Corpus files (.txt, .txt.gz, .jsonl).", positional=True)
+    corpus: list[Path] = arg(help=CORPUS_HELP, positional=True)
     out: Path = arg(help="tokenizer.json to write (vocab.txt goes beside it), or a directory.")
+    text_column: str = arg("text", TEXT_COLUMN_HELP)
     vocab_size: int = arg(DEFAULT_VOCAB_SIZE, "Vocabulary size, special tokens included.")
     cased: bool = arg(False, "Keep case and accents (default: lowercase, strip accents).")
 
@@ -191,9 +197,10 @@ class TokenizerArgs(Args):
 class TokenizeArgs(Args):
     """`mlmkit tokenize`: a corpus into a token shard, for `mlmkit pretrain --data`."""
 
-    corpus: list[Path] = arg(help="Corpus files (.txt, .txt.gz, .jsonl).", positional=True)
+    corpus: list[Path] = arg(help=CORPUS_HELP, positional=True)
     out: Path = arg(help="Directory to write the shard to (tokens, offsets, manifest, the tokenizer).")
     tokenizer: Path = arg(help="tokenizer.json or vocab.txt (`mlmkit tokenizer train` makes one).")
+    text_column: str = arg("text", TEXT_COLUMN_HELP)
 
     def __post_init__(self) -> None:
         _check(bool(self.corpus), "no corpus files given", "pass one or more text files")
@@ -204,8 +211,8 @@ class PretrainArgs(Args):
     """`mlmkit pretrain`: masked language modelling (+ next-sentence prediction)."""
 
     out: Path = arg(help="Run directory to write (a Hugging Face checkpoint).")
-    corpus: list[Path] = arg(help="Corpus files: one sentence per line, a blank line between documents.",
-                             positional=True, factory=list)
+    corpus: list[Path] = arg(help=CORPUS_HELP, positional=True, factory=list)
+    text_column: str = arg("text", TEXT_COLUMN_HELP)
     data: Path | None = arg(None, "A token shard written by `mlmkit tokenize`, instead of corpus files.")
     tokenizer: Path | None = arg(None, "tokenizer.json or vocab.txt; trained on the corpus if absent "
                                        "(with --data: the shard's own).")

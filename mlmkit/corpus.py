@@ -19,6 +19,7 @@ reads them again at once) — so nothing per epoch grows with the corpus.
 
 from __future__ import annotations
 
+import glob
 import gzip
 import hashlib
 import json
@@ -68,9 +69,15 @@ def _open_lines(path: Path) -> Iterator[tuple[int, str]]:
                               hint="re-create the .gz file, or give the uncompressed text") from None
 
 
-def iter_documents(path: str | Path) -> Iterator[list[str]]:
-    """Yield each document of a corpus file as its list of sentences."""
-    p = _corpus_file(path)
+def iter_documents(path: str | Path, text_column: str = "text") -> Iterator[list[str]]:
+    """Yield each document of a corpus file as its list of sentences. A .jsonl line or a .parquet row
+    is one document, its ``text_column`` split on newlines (or on sentence ends when it has none)."""
+    p = Path(path)
+    if not p.is_file():
+        raise MlmkitError(f"corpus file not found: {p}", "check the path")
+    if p.suffix.lower() == ".parquet":
+        yield from _parquet_documents(p, text_column)
+        return
     is_jsonl = p.name.endswith((".jsonl", ".jsonl.gz"))
     doc: list[str] = []
     for n, line in _open_lines(p):
@@ -79,15 +86,13 @@ def iter_documents(path: str | Path) -> Iterator[list[str]]:
                 continue
             try:
                 rec = parse_json(line)
-                text = rec["text"]
+                text = rec[text_column]
             except json.JSONDecodeError as e:
                 raise DataFormatError(p, f"malformed JSON ({e.msg})", line=n, hint="one JSON object per line") from None
             except (KeyError, TypeError):
-                raise DataFormatError(p, "missing", line=n, field="text", hint='each line needs {"text": ...}') from None
-            if not isinstance(text, str):
-                raise DataFormatError(p, "must be a string", line=n, field="text")
-            parts = [s.strip() for s in (text.splitlines() if "\n" in text else _SENT_END.split(text))]
-            parts = [s for s in parts if s]
+                raise DataFormatError(p, "missing", line=n, field=text_column,
+                                      hint=f'each line needs {{"{text_column}": ...}} (or pass --text-column)') from None
+            parts = _text_sentences(text, p, n, text_column)
             if parts:
                 yield parts
         elif line.strip():
@@ -99,18 +104,67 @@ def iter_documents(path: str | Path) -> Iterator[list[str]]:
         yield doc
 
 
-def _corpus_file(path: str | Path) -> Path:
-    p = Path(path)
-    if p.is_dir():
-        raise MlmkitError(f"{p} is a directory, not a corpus file", "give the text files in it")
-    if not p.is_file():
-        raise MlmkitError(f"corpus file not found: {p}", "check the path")
-    return p
+def _text_sentences(text: Any, p: Path, n: int, field: str) -> list[str]:
+    if not isinstance(text, str):
+        raise DataFormatError(p, "must be a string", line=n, field=field)
+    parts = [s.strip() for s in (text.splitlines() if "\n" in text else _SENT_END.split(text))]
+    return [s for s in parts if s]
 
 
-def iter_sentences(paths: Sequence[str | Path]) -> Iterator[str]:
-    for p in paths:
-        for doc in iter_documents(p):
+def _parquet_documents(p: Path, text_column: str, rows: int = 4096) -> Iterator[list[str]]:
+    """A document per row of a Parquet file (a null text is no document); ``line`` is the row."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MlmkitError(f"{p}: a Parquet corpus needs pyarrow", "pip install 'mlmkit[parquet]'") from None
+    try:
+        f = pq.ParquetFile(p)
+        names = f.schema_arrow.names
+        if text_column not in names:
+            raise DataFormatError(p, f"no column '{text_column}' (the columns: {', '.join(names)})",
+                                  hint="name the text column with --text-column")
+        n = 0
+        for batch in f.iter_batches(batch_size=rows, columns=[text_column]):
+            for text in batch.column(0).to_pylist():
+                n += 1
+                parts = _text_sentences(text, p, n, text_column) if text is not None else []
+                if parts:
+                    yield parts
+    except OSError as e:  # pyarrow's ArrowInvalid and friends are OSErrors too
+        raise DataFormatError(p, f"not a readable Parquet file ({e})", hint="check the file") from None
+
+
+CORPUS_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".parquet")
+
+
+def corpus_files(specs: Sequence[str | Path]) -> list[Path]:
+    """The files corpus arguments name, in order: a file; a directory (its corpus files, sorted:
+    .txt, .txt.gz, .jsonl, .jsonl.gz, .parquet); or a glob pattern ('shards/*.parquet', sorted)."""
+    out: list[Path] = []
+    for spec in specs:
+        p = Path(spec)
+        if p.is_file():
+            out.append(p)
+        elif p.is_dir():
+            found = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")
+                           and f.name.lower().endswith(CORPUS_SUFFIXES))
+            if not found:
+                raise MlmkitError(f"{p} is a directory without corpus files ({', '.join(CORPUS_SUFFIXES)})",
+                                  "give the text files, or a directory that holds them")
+            out += found
+        elif any(c in str(spec) for c in "*?["):
+            found = sorted(Path(x) for x in glob.glob(str(spec)) if Path(x).is_file())
+            if not found:
+                raise MlmkitError(f"no corpus file matches {spec}", "check the pattern")
+            out += found
+        else:
+            raise MlmkitError(f"corpus file not found: {p}", "check the path")
+    return out
+
+
+def iter_sentences(paths: Sequence[str | Path], text_column: str = "text") -> Iterator[str]:
+    for p in corpus_files(paths):
+        for doc in iter_documents(p, text_column):
             yield from doc
 
 
@@ -135,12 +189,17 @@ class TokenizedCorpus:
 
 
 def file_identity(paths: Sequence[str | Path]) -> list[list[Any]]:
-    """[absolute path, size] of each file: what a resumed run must find unchanged."""
+    """[absolute path, size] of each file: what a resumed run must find unchanged (a directory or a
+    glob: of each file it names)."""
+    if any(not Path(p).is_file() and (Path(p).is_dir() or any(c in str(p) for c in "*?[")) for p in paths):
+        paths = corpus_files(paths)
     return [[str(Path(p).resolve()), Path(p).stat().st_size if Path(p).is_file() else None] for p in paths]
 
 
-def _cache_key(paths: Sequence[Path], tok: Tokenizer) -> str:
+def _cache_key(paths: Sequence[Path], tok: Tokenizer, text_column: str) -> str:
     h = hashlib.sha256(tok.to_str().encode())
+    if text_column != "text":  # the default keeps the keys of shards made before the option existed
+        h.update(f"column|{text_column}".encode())
     for p in paths:
         st = p.stat()
         h.update(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
@@ -156,27 +215,30 @@ SHARD_VERSION = 1
 
 
 def tokenize_corpus(
-    paths: Sequence[str | Path], tok: Tokenizer, cache_dir: str | Path | None = None, batch: int = 8192
+    paths: Sequence[str | Path], tok: Tokenizer, cache_dir: str | Path | None = None, batch: int = 8192,
+    text_column: str = "text",
 ) -> TokenizedCorpus:
     """Tokenize every sentence once into a token shard (see write_shard); reuse the cached shard when
-    the files and the tokenizer are unchanged. The shard is memory-mapped, not read into memory."""
-    ps = [_corpus_file(p) for p in paths]
-    shard = Path(cache_dir or default_cache_dir()) / _cache_key(ps, tok)
+    the files and the tokenizer are unchanged. The shard is memory-mapped, not read into memory.
+    ``paths``: files, directories or globs (corpus_files)."""
+    ps = corpus_files(paths)
+    shard = Path(cache_dir or default_cache_dir()) / _cache_key(ps, tok, text_column)
     corpus = read_shard(shard)
     if corpus is None:
-        write_shard(shard, ps, tok, batch)
+        write_shard(shard, ps, tok, batch, text_column=text_column)
         corpus = read_shard(shard)
     if corpus is None:
         raise MlmkitError(f"the token shard {shard} could not be read back", "check the disk, or remove the directory")
     return corpus
 
 
-def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int = 8192, *, with_tokenizer: bool = False) -> None:
+def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int = 8192, *, with_tokenizer: bool = False,
+                text_column: str = "text") -> None:
     """Tokenize ``paths`` into the directory ``shard``: tokens.bin (every sentence's ids, concatenated:
-    uint16 when the vocabulary fits, else uint32), sentences.npy (S+1 offsets into the tokens),
-    documents.npy (D+1 offsets into the sentences) and manifest.json (format, counts, source files,
-    tokenizer hash), written last. Tokens go to disk as they are made, so memory holds one batch of
-    sentences and 4 bytes per sentence; the directory is built under a temporary name and renamed
+    uint16 when the vocabulary fits, else uint32), sentences.bin (S+1 int64 offsets into the tokens),
+    documents.bin (D+1 int64 offsets into the sentences) and manifest.json (format, counts, source
+    files, tokenizer hash), written last. Everything goes to disk as it is made, so memory holds one
+    batch of sentences whatever the corpus size; the directory is built under a temporary name and renamed
     into place (another process that finished the same shard first wins, and this one's is dropped).
     ``with_tokenizer``: a copy of the tokenizer goes in too (a shard to train from elsewhere)."""
     dtype = np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32
@@ -184,42 +246,50 @@ def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int =
     tmp = shard.parent / f".{shard.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    sent_lens, doc_sizes = array("I"), array("I")
     progress = _Progress(sum(p.stat().st_size for p in paths), compressed=any(p.suffix == ".gz" for p in paths))
+    count = {"tokens": 0, "sentences": 0, "documents": 0}
     try:
-        with open(tmp / "tokens.bin", "wb") as out:
+        with (open(tmp / "tokens.bin", "wb") as out, open(tmp / "sentences.bin", "wb") as sents,
+              open(tmp / "documents.bin", "wb") as docs):
+            np.zeros(1, np.int64).tofile(sents)
+            np.zeros(1, np.int64).tofile(docs)
             pending: list[str] = []
+            doc_sizes: list[int] = []
 
             def flush() -> None:
                 progress.update(sum(len(s) + 1 for s in pending), len(pending))
                 short = [s for s in pending if len(s) <= LONG_LINE]
                 encoded = iter(tok.encode_batch(short, add_special_tokens=False))
                 flat: list[int] = []
+                lengths: list[int] = []
                 for s in pending:  # a very long line is encoded in pieces, never whole (bounded memory)
                     ids = next(encoded).ids if len(s) <= LONG_LINE else [i for piece in _pieces(s) for i in
                                                                          tok.encode(piece, add_special_tokens=False).ids]
                     flat.extend(ids)
-                    sent_lens.append(len(ids))
+                    lengths.append(len(ids))
                 np.asarray(flat, dtype=dtype).tofile(out)
+                (count["tokens"] + np.cumsum(lengths, dtype=np.int64)).tofile(sents)
+                (count["sentences"] + np.cumsum(doc_sizes, dtype=np.int64)).tofile(docs)
+                count["tokens"] += len(flat)
+                count["sentences"] += len(pending)
+                count["documents"] += len(doc_sizes)
                 progress.tokens += len(flat)
                 pending.clear()
+                doc_sizes.clear()
 
             for p in paths:
-                for doc in iter_documents(p):
+                for doc in iter_documents(p, text_column):
                     doc_sizes.append(len(doc))
                     pending.extend(doc)
                     if len(pending) >= batch:
                         flush()
             flush()
-        n_tokens = sum(sent_lens)
-        if n_tokens == 0:
+        if count["tokens"] == 0:
             raise MlmkitError(f"the corpus {', '.join(map(str, paths))} is empty", "give text files with one sentence per line")
-        np.save(tmp / "sentences.npy", _offsets(sent_lens))
-        np.save(tmp / "documents.npy", _offsets(doc_sizes))
         manifest = {
-            "format": SHARD_FORMAT, "version": SHARD_VERSION, "dtype": np.dtype(dtype).name,
-            "tokens": int(n_tokens), "sentences": len(sent_lens), "documents": len(doc_sizes),
+            "format": SHARD_FORMAT, "version": SHARD_VERSION, "dtype": np.dtype(dtype).name, **count,
             "files": [{"path": str(p.resolve()), "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} for p in paths],
+            "text_column": text_column,
             "tokenizer_sha256": hashlib.sha256(tok.to_str().encode()).hexdigest(),
         }
         if with_tokenizer:
@@ -264,24 +334,24 @@ class _Progress:
             log.info("tokenized: %s; %d sentences", self.line(time.monotonic()).split(", about")[0], self.sentences)
 
 
-def tokenize_to(paths: Sequence[str | Path], tok: Tokenizer, out: str | Path) -> TokenizedCorpus:
+def tokenize_to(paths: Sequence[str | Path], tok: Tokenizer, out: str | Path, text_column: str = "text") -> TokenizedCorpus:
     """`mlmkit tokenize`: the corpus as a token shard in directory ``out``, with its tokenizer, for
     `mlmkit pretrain --data` here or on other machines. A previous shard there is replaced; any other
     non-empty directory is refused."""
-    ps, d = [_corpus_file(p) for p in paths], Path(out)
+    ps, d = corpus_files(paths), Path(out)
     if d.exists() and (not d.is_dir() or (any(d.iterdir()) and not (d / "manifest.json").is_file())):
         raise MlmkitError(f"{d} exists and is not a token shard", "give a new or empty directory with --out")
     if d.exists():
         stale = d.with_name(f".{d.name}.{os.getpid()}.old")
         d.rename(stale)  # moved aside, removed once the new shard is in place
         try:
-            write_shard(d, ps, tok, with_tokenizer=True)
+            write_shard(d, ps, tok, with_tokenizer=True, text_column=text_column)
         except BaseException:
             stale.rename(d)
             raise
         shutil.rmtree(stale, ignore_errors=True)
     else:
-        write_shard(d, ps, tok, with_tokenizer=True)
+        write_shard(d, ps, tok, with_tokenizer=True, text_column=text_column)
     return open_shard(d, tok)
 
 
@@ -301,12 +371,6 @@ def shard_files(d: str | Path) -> list[dict[str, Any]]:
     return list(parse_json((Path(d) / "manifest.json").read_text(encoding="utf-8"))["files"])
 
 
-def _offsets(sizes: array) -> np.ndarray:
-    out = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(np.frombuffer(sizes, dtype=np.uint32), out=out[1:])
-    return out
-
-
 def read_shard(shard: Path, *, repair: bool = True) -> TokenizedCorpus | None:
     """The token shard in directory ``shard``, memory-mapped; None when there is none, or when it is
     damaged: then, with ``repair`` (a cache entry), it is removed, to be rebuilt (a damaged cache is
@@ -323,10 +387,11 @@ def read_shard(shard: Path, *, repair: bool = True) -> TokenizedCorpus | None:
         if m.get("format") != SHARD_FORMAT or m.get("version") != SHARD_VERSION:
             raise ValueError("another format")
         tokens = np.memmap(shard / "tokens.bin", dtype=np.dtype(m["dtype"]), mode="r", shape=(int(m["tokens"]),))
-        sents = np.load(shard / "sentences.npy", mmap_mode="r")
-        docs = np.load(shard / "documents.npy", mmap_mode="r")
-        if (len(sents) != m["sentences"] + 1 or int(sents[-1]) != len(tokens) or len(docs) != m["documents"] + 1
-                or int(docs[-1]) != m["sentences"] or (shard / "tokens.bin").stat().st_size != tokens.nbytes):
+        sents = np.memmap(shard / "sentences.bin", dtype=np.int64, mode="r", shape=(int(m["sentences"]) + 1,))
+        docs = np.memmap(shard / "documents.bin", dtype=np.int64, mode="r", shape=(int(m["documents"]) + 1,))
+        sizes = [(shard / f).stat().st_size for f in ("tokens.bin", "sentences.bin", "documents.bin")]
+        if (int(sents[-1]) != len(tokens) or int(docs[-1]) != len(sents) - 1
+                or sizes != [tokens.nbytes, sents.nbytes, docs.nbytes]):
             raise ValueError("counts do not match")
         return TokenizedCorpus(tokens, sents, docs, cache=shard)
     except Exception as e:
@@ -559,7 +624,7 @@ class PretrainData:
     takes units k*B .. k*B+B-1 of that permutation and makes their instances then, each from a
     generator seeded with (seed, epoch, unit), so every epoch has new NSP pairings and short targets.
     Masks are drawn per step from a generator seeded with (seed, step, rank). Memory does not grow
-    with the corpus (a memory-mapped shard, 16 bytes per unit), and resuming at batch k needs no
+    with the corpus (a memory-mapped shard, 12 bytes per unit), and resuming at batch k needs no
     saved data state and no replay: the loop asks for batch k directly.
     """
 
@@ -600,7 +665,8 @@ class PretrainData:
     def order(self, epoch: int) -> np.ndarray:
         """The units in the order ``epoch`` visits them."""
         if self._epoch != epoch:
-            self._order = np.random.default_rng([self.seed % (1 << 32), epoch]).permutation(self.num_units)
+            self._order = np.arange(self.num_units, dtype=np.int32 if self.num_units < 1 << 31 else np.int64)
+            np.random.default_rng([self.seed % (1 << 32), epoch]).shuffle(self._order)  # in place: one array
             self._epoch = epoch
         return self._order
 

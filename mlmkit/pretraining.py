@@ -92,14 +92,15 @@ class MLMEvaluator:
         return m
 
 
-def _train_shared_tokenizer(corpus: list[Path], out: Path, *, vocab_size: int, cased: bool, device: str) -> Tokenizer:
+def _train_shared_tokenizer(corpus: list[Path], out: Path, *, vocab_size: int, cased: bool, device: str,
+                            text_column: str = "text") -> Tokenizer:
     """Train a tokenizer on the corpus. Under torchrun rank 0 trains it and the other ranks read the
     file it writes: WordPiece training breaks ties differently from one process to the next, so
     ranks training their own would disagree on token ids."""
     dist = _join(device)
     if dist.main:
         log.info("training a WordPiece tokenizer (vocab %d) on the corpus", vocab_size)
-        tok = train_tokenizer(iter_sentences(corpus), vocab_size=vocab_size, cased=cased)
+        tok = train_tokenizer(iter_sentences(corpus, text_column), vocab_size=vocab_size, cased=cased)
         if dist.world == 1:
             return tok
         save_tokenizer(tok, out)
@@ -115,13 +116,13 @@ def _join(device: str) -> Any:
     return init_distributed(torch.device("cuda" if on_gpu else "cpu"))
 
 
-def _tokenized(paths: list[Path], tok: Tokenizer, cache_dir: Path | None, device: str) -> TokenizedCorpus:
+def _tokenized(paths: list[Path], tok: Tokenizer, cache_dir: Path | None, device: str, text_column: str) -> TokenizedCorpus:
     """The corpus's token shard. Under torchrun rank 0 tokenizes and the others wait, then map the
     shard it wrote (each rank then builds only its own batches)."""
     dist = _join(device)
     if dist.world > 1 and not dist.main:
         torch.distributed.barrier()
-    corpus = tokenize_corpus(paths, tok, cache_dir)
+    corpus = tokenize_corpus(paths, tok, cache_dir, text_column=text_column)
     if dist.world > 1 and dist.main:
         torch.distributed.barrier()
     return corpus
@@ -142,7 +143,7 @@ def pretrain(args: PretrainArgs) -> dict[str, Any]:
 
 def _pretrain(args: PretrainArgs) -> dict[str, Any]:
     out, t = Path(args.out), args.train
-    if args.data is None and next(iter_sentences(args.corpus), None) is None:  # before a tokenizer is trained on nothing
+    if args.data is None and next(iter_sentences(args.corpus, args.text_column), None) is None:  # before a tokenizer is trained on nothing
         raise MlmkitError(f"the corpus {', '.join(map(str, args.corpus))} is empty", "give text files with one sentence per line")
     given = BertConfig.load(args.config) if args.config is not None else None  # checked before any work
     own = (latest_checkpoint(out) or out) if t.resume else None
@@ -158,7 +159,8 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     else:
-        tok = _train_shared_tokenizer(args.corpus, out, vocab_size=args.vocab_size, cased=args.cased, device=t.device)
+        tok = _train_shared_tokenizer(args.corpus, out, vocab_size=args.vocab_size, cased=args.cased, device=t.device,
+                                      text_column=args.text_column)
     V = tok.get_vocab_size()
     if given is not None:
         cfg = given
@@ -181,9 +183,10 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
         )
     cfg.architectures = ["BertForPreTraining"]
 
-    full = open_shard(args.data, tok) if args.data is not None else _tokenized(args.corpus, tok, args.cache_dir, t.device)
+    full = (open_shard(args.data, tok) if args.data is not None
+            else _tokenized(args.corpus, tok, args.cache_dir, t.device, args.text_column))
     if args.eval_file is not None:
-        train_c, held = full, _tokenized([args.eval_file], tok, args.cache_dir, t.device)
+        train_c, held = full, _tokenized([args.eval_file], tok, args.cache_dir, t.device, args.text_column)
     else:
         train_c, held = split_heldout(full)
         if held is None:

@@ -50,12 +50,12 @@ BUNDLE_FORMAT = 2
 """mlmkit.json's format_version: 2 declares output axes by name and keeps a task's saved state in "task_state"."""
 MAX_LENGTH = 1 << 16  # tokens: no BERT has more positions; a larger max_length in a bundle is damage
 FILL_MASK = "fill-mask"
+"""The task of a bundle exported from a pretraining run (the core's own graph, not a plugin); served
+by the command of the same name."""
 CPU_BATCH_ACTIVATIONS = 196_608
 """On the CPU a batch ends before rows x longest x hidden size passes this (512 tokens at hidden
 384, 256 at hidden 768): batches whose activations stay in the cores' caches ran up to 1.5x faster
 than batches of 32 at any length (README, "Speed"). On CUDA, batches are cut by count only."""
-"""The task of a bundle exported from a pretraining run (the core's own graph, not a plugin); served
-by the command of the same name."""
 
 
 # ---- the bundle --------------------------------------------------------------------------------

@@ -161,7 +161,7 @@ def test_tokenize_then_pretrain_from_the_shard_trains_as_from_the_files(files, t
     shard = tmp_path / "shard"
     r = runner.invoke(app, ["tokenize", str(files["corpus"]), "--tokenizer", str(files["tok"]), "--out", str(shard)])
     assert r.exit_code == 0, r.output
-    assert {"tokens.bin", "sentences.npy", "documents.npy", "manifest.json", "tokenizer.json"} <= {p.name for p in shard.iterdir()}
+    assert {"tokens.bin", "sentences.bin", "documents.bin", "manifest.json", "tokenizer.json"} <= {p.name for p in shard.iterdir()}
     common = ["--config", files["config"], "--steps", "3", "--batch-size", "2", "--seq-len", "32"]
     from_files = pretrain(files["corpus"], "--out", tmp_path / "a", "--tokenizer", files["tok"], *common)
     from_shard = pretrain("--data", shard, "--out", tmp_path / "b", *common)  # the shard's own tokenizer

@@ -281,7 +281,7 @@ def test_tokenize_corpus_reuses_its_cache(tmp_path, tok, monkeypatch):
     assert len(shards(cache)) == 1 and not list(cache.glob(".*"))  # no temporary left behind
     assert first.num_docs == 2 and len(first.sent_offsets) == 6
 
-    def no_reading(path):
+    def no_reading(path, *args):
         raise AssertionError("the corpus was read again")
 
     monkeypatch.setattr(corpus_mod, "iter_documents", no_reading)
@@ -310,7 +310,7 @@ def test_token_shard_is_memory_mapped_and_equals_direct_tokenization(tmp_path, t
     p = write_txt(tmp_path / "c.txt", docs=docs)
     c = tokenize_corpus([p], tok, tmp_path / "cache")
     assert isinstance(c.tokens, np.memmap) and c.tokens.dtype == np.uint16  # a 200-word vocabulary fits 16 bits
-    assert isinstance(c.sent_offsets, np.memmap) or c.sent_offsets.base is not None  # np.load(mmap_mode="r")
+    assert isinstance(c.sent_offsets, np.memmap) and isinstance(c.doc_offsets, np.memmap)
     got = [[s.tolist() for s in c.document(d)] for d in range(c.num_docs)]
     assert got == in_memory([p], tok)
     (shard,) = shards(tmp_path / "cache")
@@ -386,3 +386,27 @@ def test_instance_units_are_computed_once_and_cached_beside_the_shard(tmp_path, 
     # each epoch visits every unit once, in its own order
     epoch0 = first.order(0).tolist()
     assert sorted(epoch0) == list(range(first.num_units)) and epoch0 != first.order(1).tolist()
+
+
+def test_a_directory_a_glob_and_parquet_give_the_corpus_their_files_give(tmp_path, tok):
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    d = tmp_path / "shards"
+    d.mkdir()
+    write_txt(d / "a.txt", docs=DOCS[:1])
+    write_txt(d / "b.txt", docs=DOCS[1:])
+    (d / ".hidden.txt").write_text("never read\n")
+    (d / "notes.md").write_text("not a corpus file\n")
+    want = in_memory([d / "a.txt", d / "b.txt"], tok)
+    for spec in ([d], [str(d / "*.txt")], [d / "a.txt", d / "b.txt"]):
+        c = tokenize_corpus(spec, tok, tmp_path / "cache")
+        assert [[s.tolist() for s in c.document(i)] for i in range(c.num_docs)] == want, spec
+    # Parquet: a document per row from the text column (newlines split sentences; a null row is no document)
+    table = pa.table({"id": [1, 2, 3], "body": ["\n".join(DOCS[0]), None, "\n".join(DOCS[1])]})
+    pq.write_table(table, tmp_path / "c.parquet")
+    assert list(iter_documents(tmp_path / "c.parquet", "body")) == DOCS
+    c = tokenize_corpus([tmp_path / "c.parquet"], tok, tmp_path / "cache", text_column="body")
+    assert [[s.tolist() for s in c.document(i)] for i in range(c.num_docs)] == want
+    with pytest.raises(DataFormatError, match=r"no column 'text' \(the columns: id, body\)"):
+        list(iter_documents(tmp_path / "c.parquet"))
+    with pytest.raises(MlmkitError, match="no corpus file matches"):
+        tokenize_corpus([str(tmp_path / "nothing-*.txt")], tok, tmp_path / "cache")

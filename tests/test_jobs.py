@@ -224,7 +224,7 @@ def test_ray_data_matches_the_local_results(tmp_path: Path, bundle: Path) -> Non
             assert got["label"] == x["label"] and abs(got["score"] - x["score"]) < 1e-5, (got, x)
         r = cli("predict", bundle, "--input", str(shards / "*.parquet"), "--output", tmp_path / "out", "--engine", "ray",
                 "--id-column", "id")
-        assert r.exit_code == 0, r.output
+        assert r.exit_code == 0, (r.output, r.exception)
         written = pq.read_table(tmp_path / "out").to_pylist()
         assert sorted(o["id"] for o in written) == sorted(r["id"] for r in data)
     finally:

@@ -43,7 +43,7 @@ def tokenizer_train(args: TokenizerArgs) -> None:
     from ..files import atomic_write_text
     from ..tokenizer import save_tokenizer, train_tokenizer
 
-    tok = train_tokenizer(iter_sentences(args.corpus), vocab_size=args.vocab_size, cased=args.cased)
+    tok = train_tokenizer(iter_sentences(args.corpus, args.text_column), vocab_size=args.vocab_size, cased=args.cased)
     if args.out.suffix == ".json" and args.out.name != "tokenizer.json":
         atomic_write_text(args.out, tok.to_str())  # just this file: never touch a tokenizer.json beside it
         err.print(f"wrote {args.out} ({tok.get_vocab_size()} tokens)")
@@ -61,7 +61,7 @@ def tokenize(args: TokenizeArgs) -> None:
     from ..corpus import tokenize_to
     from ..tokenizer import load_tokenizer
 
-    c = tokenize_to(args.corpus, load_tokenizer(args.tokenizer), args.out)
+    c = tokenize_to(args.corpus, load_tokenizer(args.tokenizer), args.out, text_column=args.text_column)
     err.print(f"wrote {args.out}: {len(c.tokens):,} tokens, {len(c.sent_offsets) - 1:,} sentences, {c.num_docs:,} documents")
 
 
