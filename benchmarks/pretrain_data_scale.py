@@ -9,6 +9,8 @@ repeated in a shuffled order up to the size (a blank line between documents); on
 on it, given to every side.
 
 - tokenize: `mlmkit tokenize CORPUS --tokenizer T --out SHARD` on the smaller corpus, MB/s of text,
+  and on the same text split in 4 files with `--workers 1` and `--workers 2` (information: the
+  tokenizer already runs on every core);
   against `datasets.load_dataset("text")` + `.map(tokenize, batched=True, num_proc=N)` (N = 1, 2)
   with the same tokenizer (transformers' fast tokenizer on the same tokenizer.json), caches cold;
   the faster datasets run is the reference.
@@ -63,6 +65,18 @@ def make_corpus(path: Path, size: int, docs: list[str]) -> None:
                 if written >= size:
                     break
     tmp.replace(path)
+
+
+def split_corpus(src: Path, d: Path, parts: int) -> list[Path]:
+    """``src`` in ``parts`` files of about equal size, cut between documents."""
+    d.mkdir(exist_ok=True)
+    docs = src.read_text(encoding="utf-8").split("\n\n")
+    per = -(-len(docs) // parts)
+    out = []
+    for k in range(parts):
+        out.append(d / f"part-{k}.txt")
+        out[-1].write_text("\n\n".join(docs[k * per : (k + 1) * per]) + "\n", encoding="utf-8")
+    return out
 
 
 def run(name: str, cmd: list[str], patience: float, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -151,6 +165,13 @@ def main() -> None:
         r = run(f"mlmkit tokenize ({mb} MB)", [*MLMKIT, "tokenize", str(work / f"{name}.txt"), "--tokenizer", str(tok),
                                               "--out", str(shards[name])], a.patience)
         speed[f"mlmkit tokenize ({mb} MB)"] = ((work / f"{name}.txt").stat().st_size / 1e6 / r["seconds"], mark(r))
+
+    split = split_corpus(work / "small.txt", work / "small-split", 4)
+    for w in (1, 2):
+        r = run(f"mlmkit tokenize 4 files --workers {w}", [*MLMKIT, "tokenize", *map(str, split), "--tokenizer", str(tok),
+                                                          "--out", str(work / f"shard-split-{w}"), "--workers", str(w)],
+                a.patience)
+        speed[f"mlmkit tokenize 4 files, --workers {w}"] = (text_mb / r["seconds"], mark(r))
 
     # time to the first step and peak memory, the data prepared
     first: dict[str, dict[str, Any]] = {}

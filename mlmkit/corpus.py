@@ -233,57 +233,28 @@ def tokenize_corpus(
 
 
 def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int = 8192, *, with_tokenizer: bool = False,
-                text_column: str = "text") -> None:
+                text_column: str = "text", workers: int = 1) -> None:
     """Tokenize ``paths`` into the directory ``shard``: tokens.bin (every sentence's ids, concatenated:
     uint16 when the vocabulary fits, else uint32), sentences.bin (S+1 int64 offsets into the tokens),
     documents.bin (D+1 int64 offsets into the sentences) and manifest.json (format, counts, source
     files, tokenizer hash), written last. Everything goes to disk as it is made, so memory holds one
     batch of sentences whatever the corpus size; the directory is built under a temporary name and renamed
     into place (another process that finished the same shard first wins, and this one's is dropped).
-    ``with_tokenizer``: a copy of the tokenizer goes in too (a shard to train from elsewhere)."""
+    ``with_tokenizer``: a copy of the tokenizer goes in too (a shard to train from elsewhere).
+    ``workers``: processes, each tokenizing a run of the files (split by size) with its share of the
+    cores; their parts are joined in file order, so the shard is the same as with one."""
     dtype = np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32
     shard.parent.mkdir(parents=True, exist_ok=True)
     tmp = shard.parent / f".{shard.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     progress = _Progress(sum(p.stat().st_size for p in paths), compressed=any(p.suffix == ".gz" for p in paths))
-    count = {"tokens": 0, "sentences": 0, "documents": 0}
     try:
-        with (open(tmp / "tokens.bin", "wb") as out, open(tmp / "sentences.bin", "wb") as sents,
-              open(tmp / "documents.bin", "wb") as docs):
-            np.zeros(1, np.int64).tofile(sents)
-            np.zeros(1, np.int64).tofile(docs)
-            pending: list[str] = []
-            doc_sizes: list[int] = []
-
-            def flush() -> None:
-                progress.update(sum(len(s) + 1 for s in pending), len(pending))
-                short = [s for s in pending if len(s) <= LONG_LINE]
-                encoded = iter(tok.encode_batch(short, add_special_tokens=False))
-                flat: list[int] = []
-                lengths: list[int] = []
-                for s in pending:  # a very long line is encoded in pieces, never whole (bounded memory)
-                    ids = next(encoded).ids if len(s) <= LONG_LINE else [i for piece in _pieces(s) for i in
-                                                                         tok.encode(piece, add_special_tokens=False).ids]
-                    flat.extend(ids)
-                    lengths.append(len(ids))
-                np.asarray(flat, dtype=dtype).tofile(out)
-                (count["tokens"] + np.cumsum(lengths, dtype=np.int64)).tofile(sents)
-                (count["sentences"] + np.cumsum(doc_sizes, dtype=np.int64)).tofile(docs)
-                count["tokens"] += len(flat)
-                count["sentences"] += len(pending)
-                count["documents"] += len(doc_sizes)
-                progress.tokens += len(flat)
-                pending.clear()
-                doc_sizes.clear()
-
-            for p in paths:
-                for doc in iter_documents(p, text_column):
-                    doc_sizes.append(len(doc))
-                    pending.extend(doc)
-                    if len(pending) >= batch:
-                        flush()
-            flush()
+        groups = _split_by_size(paths, workers)
+        if len(groups) > 1:
+            count = _tokenize_in_processes(tmp, groups, tok, dtype, batch, text_column)
+        else:
+            count = _tokenize_into(tmp, paths, tok, dtype, batch, text_column, progress)
         if count["tokens"] == 0:
             raise MlmkitError(f"the corpus {', '.join(map(str, paths))} is empty", "give text files with one sentence per line")
         manifest = {
@@ -304,6 +275,115 @@ def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int =
                 tmp.rename(shard)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _tokenize_into(d: Path, paths: Sequence[Path], tok: Tokenizer, dtype: Any, batch: int, text_column: str,
+                   progress: _Progress | None) -> dict[str, int]:
+    """tokens.bin, sentences.bin and documents.bin of ``paths`` in directory ``d``; their counts."""
+    count = {"tokens": 0, "sentences": 0, "documents": 0}
+    with (open(d / "tokens.bin", "wb") as out, open(d / "sentences.bin", "wb") as sents,
+          open(d / "documents.bin", "wb") as docs):
+        np.zeros(1, np.int64).tofile(sents)
+        np.zeros(1, np.int64).tofile(docs)
+        pending: list[str] = []
+        doc_sizes: list[int] = []
+
+        def flush() -> None:
+            if progress is not None:
+                progress.update(sum(len(s) + 1 for s in pending), len(pending))
+            short = [s for s in pending if len(s) <= LONG_LINE]
+            encoded = iter(tok.encode_batch(short, add_special_tokens=False))
+            flat: list[int] = []
+            lengths: list[int] = []
+            for s in pending:  # a very long line is encoded in pieces, never whole (bounded memory)
+                ids = next(encoded).ids if len(s) <= LONG_LINE else [i for piece in _pieces(s) for i in
+                                                                     tok.encode(piece, add_special_tokens=False).ids]
+                flat.extend(ids)
+                lengths.append(len(ids))
+            np.asarray(flat, dtype=dtype).tofile(out)
+            (count["tokens"] + np.cumsum(lengths, dtype=np.int64)).tofile(sents)
+            (count["sentences"] + np.cumsum(doc_sizes, dtype=np.int64)).tofile(docs)
+            count["tokens"] += len(flat)
+            count["sentences"] += len(pending)
+            count["documents"] += len(doc_sizes)
+            if progress is not None:
+                progress.tokens += len(flat)
+            pending.clear()
+            doc_sizes.clear()
+
+        for p in paths:
+            for doc in iter_documents(p, text_column):
+                doc_sizes.append(len(doc))
+                pending.extend(doc)
+                if len(pending) >= batch:
+                    flush()
+        flush()
+    return count
+
+
+def _split_by_size(paths: Sequence[Path], workers: int) -> list[list[Path]]:
+    """``paths`` in at most ``workers`` consecutive runs of about equal bytes."""
+    if workers <= 1 or len(paths) <= 1:
+        return [list(paths)]
+    sizes = [max(1, p.stat().st_size) for p in paths]
+    target = sum(sizes) / workers
+    groups: list[list[Path]] = [[]]
+    done = 0.0
+    for p, n in zip(paths, sizes):
+        if groups[-1] and done >= target * len(groups) and len(groups) < workers:
+            groups.append([])
+        groups[-1].append(p)
+        done += n
+    return groups
+
+
+def _tokenizer_threads(threads: int) -> None:
+    # the tokenizers library's thread pool reads these when it first starts, after this runs
+    os.environ["RAYON_NUM_THREADS"] = os.environ["RAYON_RS_NUM_CPUS"] = str(threads)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+
+
+def _tokenize_part(d: str, paths: list[str], tok_json: str, dtype: str, batch: int, text_column: str) -> dict[str, int]:
+    Path(d).mkdir()
+    return _tokenize_into(Path(d), [Path(p) for p in paths], Tokenizer.from_str(tok_json), np.dtype(dtype), batch,
+                          text_column, None)
+
+
+def _tokenize_in_processes(tmp: Path, groups: list[list[Path]], tok: Tokenizer, dtype: Any, batch: int,
+                           text_column: str) -> dict[str, int]:
+    """Each run of files tokenized by its own process into tmp/part-K, then joined in order: tokens
+    copied, offsets shifted by what came before (a chunk at a time)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    threads = max(1, (os.cpu_count() or 1) // len(groups))
+    parts = [tmp / f"part-{k}" for k in range(len(groups))]
+    with ProcessPoolExecutor(len(groups), mp_context=get_context("spawn"), initializer=_tokenizer_threads,
+                             initargs=(threads,)) as pool:
+        futures = [pool.submit(_tokenize_part, str(d), [str(p) for p in g], tok.to_str(), np.dtype(dtype).name, batch,
+                               text_column) for d, g in zip(parts, groups)]
+        counts = []
+        for k, f in enumerate(futures):
+            counts.append(f.result())
+            log.info("tokenized part %d of %d (%s tokens)", k + 1, len(groups), f"{counts[-1]['tokens']:,}")
+    total = {"tokens": 0, "sentences": 0, "documents": 0}
+    with (open(tmp / "tokens.bin", "wb") as out, open(tmp / "sentences.bin", "wb") as sents,
+          open(tmp / "documents.bin", "wb") as docs):
+        np.zeros(1, np.int64).tofile(sents)
+        np.zeros(1, np.int64).tofile(docs)
+        for d, c in zip(parts, counts):
+            with open(d / "tokens.bin", "rb") as f:
+                shutil.copyfileobj(f, out, 1 << 24)
+            for name, base, n, into in (("sentences.bin", total["tokens"], c["sentences"], sents),
+                                        ("documents.bin", total["sentences"], c["documents"], docs)):
+                offsets = np.memmap(d / name, dtype=np.int64, mode="r", shape=(n + 1,))
+                for i in range(1, n + 1, 1 << 20):
+                    (offsets[i : i + (1 << 20)] + base).tofile(into)
+                del offsets
+            for k in total:
+                total[k] += c[k]
+            shutil.rmtree(d)
+    return total
 
 
 class _Progress:
@@ -334,7 +414,8 @@ class _Progress:
             log.info("tokenized: %s; %d sentences", self.line(time.monotonic()).split(", about")[0], self.sentences)
 
 
-def tokenize_to(paths: Sequence[str | Path], tok: Tokenizer, out: str | Path, text_column: str = "text") -> TokenizedCorpus:
+def tokenize_to(paths: Sequence[str | Path], tok: Tokenizer, out: str | Path, text_column: str = "text",
+                workers: int = 1) -> TokenizedCorpus:
     """`mlmkit tokenize`: the corpus as a token shard in directory ``out``, with its tokenizer, for
     `mlmkit pretrain --data` here or on other machines. A previous shard there is replaced; any other
     non-empty directory is refused."""
@@ -345,13 +426,13 @@ def tokenize_to(paths: Sequence[str | Path], tok: Tokenizer, out: str | Path, te
         stale = d.with_name(f".{d.name}.{os.getpid()}.old")
         d.rename(stale)  # moved aside, removed once the new shard is in place
         try:
-            write_shard(d, ps, tok, with_tokenizer=True, text_column=text_column)
+            write_shard(d, ps, tok, with_tokenizer=True, text_column=text_column, workers=workers)
         except BaseException:
             stale.rename(d)
             raise
         shutil.rmtree(stale, ignore_errors=True)
     else:
-        write_shard(d, ps, tok, with_tokenizer=True, text_column=text_column)
+        write_shard(d, ps, tok, with_tokenizer=True, text_column=text_column, workers=workers)
     return open_shard(d, tok)
 
 

@@ -45,6 +45,13 @@ class DataFormatError(MlmkitError):
         super().__init__(f"{where}: {message}", hint)
         self.path, self.line, self.field, self.detail = str(path), line, field, message
 
+    def __reduce__(self) -> tuple:  # pickled whole, so that an error raised in a worker process reaches the CLI
+        return _data_format_error, (self.path, self.detail, self.line, self.field, self.hint)
+
+
+def _data_format_error(path: str, message: str, line: int | None, field: str | None, hint: str | None) -> DataFormatError:
+    return DataFormatError(path, message, line=line, field=field, hint=hint)
+
 
 class TaskError(MlmkitError):
     """Unknown, duplicate or broken task plugins."""

@@ -61,7 +61,7 @@ def tokenize(args: TokenizeArgs) -> None:
     from ..corpus import tokenize_to
     from ..tokenizer import load_tokenizer
 
-    c = tokenize_to(args.corpus, load_tokenizer(args.tokenizer), args.out, text_column=args.text_column)
+    c = tokenize_to(args.corpus, load_tokenizer(args.tokenizer), args.out, text_column=args.text_column, workers=args.workers)
     err.print(f"wrote {args.out}: {len(c.tokens):,} tokens, {len(c.sent_offsets) - 1:,} sentences, {c.num_docs:,} documents")
 
 
