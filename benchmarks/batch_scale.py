@@ -126,8 +126,10 @@ def _sample(pid: int, hwm: dict[int, int], cpu: dict[int, float]) -> None:
         cpu[p] = max(cpu.get(p, 0.0), (int(stat[11]) + int(stat[12])) / tick)
 
 
-def measure(name: str, cmd: list[str], rows: int, patience: float, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run ``cmd`` once: texts/s, peak memory (MB, summed over its processes), other processes' load."""
+def run_watched(name: str, cmd: list[str], patience: float, env: dict[str, str] | None = None,
+                every: float = 0.2) -> dict[str, Any]:
+    """Run ``cmd`` once after a quiet CPU: wall seconds, peak memory (MB, summed over its processes,
+    sampled every ``every`` s), how many processes, and the cores other processes used meanwhile."""
     wait_for_quiet(patience)
     hwm: dict[int, int] = {}
     cpu: dict[int, float] = {}
@@ -138,7 +140,7 @@ def measure(name: str, cmd: list[str], rows: int, patience: float, env: dict[str
     def watch() -> None:
         while not done.is_set():
             _sample(proc.pid, hwm, cpu)
-            done.wait(0.2)
+            done.wait(every)
 
     t = threading.Thread(target=watch, daemon=True)
     t.start()
@@ -149,10 +151,16 @@ def measure(name: str, cmd: list[str], rows: int, patience: float, env: dict[str
     if proc.returncode:
         raise SystemExit(f"{name} failed ({proc.returncode}):\n{stderr[-3000:]}")
     other = max(0.0, busy_seconds() - b - sum(cpu.values())) / seconds
-    res = {"name": name, "rows": rows, "seconds": seconds, "speed": rows / seconds, "peak_mb": sum(hwm.values()) / 1024,
-           "processes": len(hwm), "other": other}
+    return {"seconds": seconds, "peak_mb": sum(hwm.values()) / 1024, "processes": len(hwm), "other": other}
+
+
+def measure(name: str, cmd: list[str], rows: int, patience: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``cmd`` once: texts/s, peak memory (MB, summed over its processes), other processes' load."""
+    res = run_watched(name, cmd, patience, env)
+    seconds, other = res["seconds"], res["other"]
+    res.update(name=name, rows=rows, speed=rows / seconds)
     log(f"{name:40s} {rows:>9,} rows {seconds:8.1f} s {res['speed']:8.1f} texts/s  peak {res['peak_mb']:7.0f} MB "
-        f"in {len(hwm)} processes  (other processes busy: {other:.2f} cores)")
+        f"in {res['processes']} processes  (other processes busy: {other:.2f} cores)")
     return res
 
 

@@ -32,17 +32,14 @@ import argparse
 import os
 import random
 import shutil
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
-from batch_scale import _sample  # noqa: E402
-from inference_throughput import ENV, QUIET, busy_seconds, log, wait_for_quiet  # noqa: E402
+from batch_scale import run_watched  # noqa: E402
+from inference_throughput import QUIET, log  # noqa: E402
 
 MLMKIT = [sys.executable, "-m", "mlmkit", "-q"]
 
@@ -81,30 +78,8 @@ def split_corpus(src: Path, d: Path, parts: int) -> list[Path]:
 
 def run(name: str, cmd: list[str], patience: float, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``cmd`` once: wall seconds, peak RSS (MB, over its processes), other processes' load."""
-    wait_for_quiet(patience)
-    hwm: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    b, t0 = busy_seconds(), time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **ENV, **(env or {})})
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            _sample(proc.pid, hwm, cpu)
-            done.wait(0.1)
-
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
-    _, stderr = proc.communicate()
-    seconds = time.perf_counter() - t0
-    done.set()
-    t.join()
-    if proc.returncode:
-        raise SystemExit(f"{name} failed ({proc.returncode}):\n{stderr[-3000:]}")
-    other = max(0.0, busy_seconds() - b - sum(cpu.values())) / seconds
-    res = {"seconds": seconds, "peak_mb": sum(hwm.values()) / 1024, "other": other}
-    log(f"{name:44s} {seconds:8.1f} s  peak {res['peak_mb']:7.0f} MB  (other processes busy: {other:.2f} cores)")
+    res = run_watched(name, cmd, patience, env, every=0.1)
+    log(f"{name:44s} {res['seconds']:8.1f} s  peak {res['peak_mb']:7.0f} MB  (other processes busy: {res['other']:.2f} cores)")
     return res
 
 
