@@ -19,7 +19,6 @@ reads them again at once) — so nothing per epoch grows with the corpus.
 
 from __future__ import annotations
 
-import glob
 import gzip
 import hashlib
 import json
@@ -43,6 +42,7 @@ from tokenizers import Tokenizer
 from .errors import DataFormatError, MlmkitError
 from .files import parse_json
 from .masking import mask_tokens
+from .records import matching_files
 from .tokenizer import SpecialIds, continuation_flags, special_ids
 
 log = logging.getLogger("mlmkit")
@@ -140,26 +140,7 @@ CORPUS_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".parquet")
 def corpus_files(specs: Sequence[str | Path]) -> list[Path]:
     """The files corpus arguments name, in order: a file; a directory (its corpus files, sorted:
     .txt, .txt.gz, .jsonl, .jsonl.gz, .parquet); or a glob pattern ('shards/*.parquet', sorted)."""
-    out: list[Path] = []
-    for spec in specs:
-        p = Path(spec)
-        if p.is_file():
-            out.append(p)
-        elif p.is_dir():
-            found = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")
-                           and f.name.lower().endswith(CORPUS_SUFFIXES))
-            if not found:
-                raise MlmkitError(f"{p} is a directory without corpus files ({', '.join(CORPUS_SUFFIXES)})",
-                                  "give the text files, or a directory that holds them")
-            out += found
-        elif any(c in str(spec) for c in "*?["):
-            found = sorted(Path(x) for x in glob.glob(str(spec)) if Path(x).is_file())
-            if not found:
-                raise MlmkitError(f"no corpus file matches {spec}", "check the pattern")
-            out += found
-        else:
-            raise MlmkitError(f"corpus file not found: {p}", "check the path")
-    return out
+    return [f for spec in specs for f in matching_files(spec, CORPUS_SUFFIXES, kind="corpus", hint="check the corpus path")]
 
 
 def iter_sentences(paths: Sequence[str | Path], text_column: str = "text") -> Iterator[str]:
@@ -402,16 +383,16 @@ class _Progress:
             self.shown = now
             log.info("tokenizing: %s", self.line(now))
 
-    def line(self, now: float) -> str:
+    def line(self, now: float, eta: bool = True) -> str:
         dt = max(now - self.start, 1e-9)
         text = f"{self.bytes / 1e6:,.0f} MB, {self.bytes / 1e6 / dt:.1f} MB/s, {self.tokens / dt:,.0f} tokens/s"
-        if not self.compressed and self.bytes:  # text read against file sizes (a .gz file's is not comparable)
+        if eta and not self.compressed and self.bytes:  # text read against file sizes (a .gz file's is not comparable)
             text += f", about {max(0.0, (self.total - self.bytes) / (self.bytes / dt)):.0f} s left"
         return text
 
     def done(self) -> None:
         if time.monotonic() - self.start >= self.every:
-            log.info("tokenized: %s; %d sentences", self.line(time.monotonic()).split(", about")[0], self.sentences)
+            log.info("tokenized: %s; %d sentences", self.line(time.monotonic(), eta=False), self.sentences)
 
 
 def tokenize_to(paths: Sequence[str | Path], tok: Tokenizer, out: str | Path, text_column: str = "text",

@@ -33,20 +33,28 @@ Item = Record | DataFormatError
 def input_files(spec: str | Path) -> list[Path]:
     """The files an --input names: a file, a directory (its files of a known kind, sorted), or a glob
     pattern ('shards/*.parquet', sorted)."""
+    return matching_files(spec, INPUTS, kind="input", hint="check the --input path")
+
+
+def matching_files(spec: str | Path, suffixes: Sequence[str], *, kind: str, hint: str) -> list[Path]:
+    """The files ``spec`` names: a file; a directory (its files whose names end with one of
+    ``suffixes``, not hidden, sorted); or a glob pattern (sorted). Nothing: a DataFormatError
+    naming the ``kind`` of file wanted, with ``hint``."""
     p = Path(spec)
     if p.is_file():
         return [p]
     if p.is_dir():
-        files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix.lower() in INPUTS and not f.name.startswith("."))
+        files = sorted(f for f in p.iterdir() if f.is_file() and f.name.lower().endswith(tuple(suffixes))
+                       and not f.name.startswith("."))
         if not files:
-            raise DataFormatError(p, f"a directory without input files ({', '.join(INPUTS)})", hint="check the --input path")
+            raise DataFormatError(p, f"a directory without {kind} files ({', '.join(suffixes)})", hint=hint)
         return files
     if any(c in str(spec) for c in "*?["):
         files = sorted(Path(x) for x in glob.glob(str(spec)) if Path(x).is_file())
         if not files:
-            raise DataFormatError(str(spec), "no file matches this pattern", hint="check the --input pattern")
+            raise DataFormatError(str(spec), "no file matches this pattern", hint=hint)
         return files
-    raise DataFormatError(p, "file not found", hint="check the --input path")
+    raise DataFormatError(p, "file not found", hint=hint)
 
 
 def iter_inputs(spec: str | Path, *, skip: bool = False) -> Iterator[Item]:

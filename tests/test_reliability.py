@@ -365,7 +365,7 @@ def test_a_huge_seq_len_for_a_preset_is_refused(tmp_path: Path, data: dict[str, 
 # ---- 7. clear messages ------------------------------------------------------------------------------
 def test_clear_messages(tmp_path: Path, data: dict[str, Path], runs: dict[str, Path], bundles: dict[str, Path]) -> None:
     (tmp_path / "adir").mkdir()
-    one_line(cli("pretrain", tmp_path / "adir", "--out", tmp_path / "r"), "adir is a directory without corpus files")
+    one_line(cli("pretrain", tmp_path / "adir", "--out", tmp_path / "r"), "adir: a directory without corpus files")
     labelled = tmp_path / "d.jsonl"
     labelled.write_text('{"tokens": ["john"], "tags": ["B-PER"]}\n')
     (tmp_path / "preds").mkdir()
