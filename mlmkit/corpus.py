@@ -234,6 +234,7 @@ def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int =
         groups = _split_by_size(paths, workers)
         if len(groups) > 1:
             count = _tokenize_in_processes(tmp, groups, tok, dtype, batch, text_column)
+            progress.bytes, progress.tokens, progress.sentences = progress.total, count["tokens"], count["sentences"]
         else:
             count = _tokenize_into(tmp, paths, tok, dtype, batch, text_column, progress)
         if count["tokens"] == 0:
