@@ -25,8 +25,10 @@ from typing import Any, TypeVar
 
 from .errors import ConfigError
 from .tokenizer import DEFAULT_VOCAB_SIZE
+from .tokenizer import KINDS as TOKENIZER_KINDS
 
 A = TypeVar("A", bound="Args")
+PRETRAIN_ARCHS = ("bert", "roberta", "modernbert")  # families `mlmkit pretrain --arch` makes (models/ has their presets)
 
 
 def arg(
@@ -190,7 +192,16 @@ class TokenizerArgs(Args):
     out: Path = arg(help="tokenizer.json to write (vocab.txt goes beside it), or a directory.")
     text_column: str = arg("text", TEXT_COLUMN_HELP)
     vocab_size: int = arg(DEFAULT_VOCAB_SIZE, "Vocabulary size, special tokens included.")
-    cased: bool = arg(False, "Keep case and accents (default: lowercase, strip accents).")
+    cased: bool = arg(False, "Keep case and accents (default: lowercase, strip accents; WordPiece only).")
+    kind: str = arg("wordpiece", "wordpiece (BERT), bpe (byte-level, as RoBERTa and ModernBERT) or unigram "
+                                 "(SentencePiece style, as XLM-R).")
+    special_tokens: str = arg("auto", "Special-token names: bert ([PAD] [UNK] [CLS] [SEP] [MASK]) or roberta "
+                                      "(<pad> <unk> <s> </s> <mask>); auto: bert for wordpiece, roberta otherwise.")
+
+    def __post_init__(self) -> None:
+        _check(self.kind in TOKENIZER_KINDS, f"--kind {self.kind} is not a tokenizer kind", f"use one of: {', '.join(TOKENIZER_KINDS)}")
+        _check(self.special_tokens in ("auto", "bert", "roberta"), f"--special-tokens {self.special_tokens} is not known",
+               "use auto, bert or roberta")
 
 
 @dataclass
@@ -221,13 +232,17 @@ class PretrainArgs(Args):
                                        "(with --data: the shard's own).")
     vocab_size: int = arg(DEFAULT_VOCAB_SIZE, "Vocabulary of the tokenizer trained when --tokenizer is absent.")
     cased: bool = arg(False, "The trained tokenizer keeps case and accents.")
+    arch: str | None = arg(None, "Model family: bert (MLM + NSP, WordPiece), roberta (MLM on packed sequences, byte-level "
+                                 "BPE) or modernbert (MLM, pre-LN, rotary + local attention, BPE); default: the "
+                                 "--config's, else bert.")
     preset: str = arg("tiny", "Model size: tiny (L2/H128), mini (L4/H256), small (L4/H512), base (L12/H768).")
-    config: Path | None = arg(None, "A BERT config.json (overrides --preset).")
+    config: Path | None = arg(None, "A config.json of the family (overrides --preset).")
     batch_size: int = arg(32, "Sequences per micro-batch.")
     seq_len: int = arg(128, "Maximum sequence length in tokens.")
     mask_prob: float = arg(0.15, "Share of tokens selected for MLM (80% [MASK], 10% random, 10% kept).")
     whole_word: bool = arg(False, "Select all pieces of a word together.")
-    nsp: bool = arg(True, "Next-sentence prediction; --no-nsp packs consecutive sentences for MLM only.")
+    nsp: bool | None = arg(None, "Next-sentence prediction (BERT's; on by default for bert); --no-nsp packs "
+                                 "consecutive sentences for MLM only.")
     eval_file: Path | None = arg(None, "Held-out corpus (default: the last documents of the corpus).")
     cache_dir: Path | None = arg(None, "Tokenized-corpus cache (default: $MLMKIT_CACHE or ~/.cache/mlmkit).")
     train: TrainArgs = arg(
@@ -240,6 +255,10 @@ class PretrainArgs(Args):
                "pass one or more text files, or a token shard written by `mlmkit tokenize`")
         _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
         _check(self.seq_len >= 8, f"--seq-len {self.seq_len} is too short", "use at least 8")
+        _check(self.arch is None or self.arch in PRETRAIN_ARCHS, f"--arch {self.arch} is not a pretraining family",
+               f"use one of: {', '.join(PRETRAIN_ARCHS)}")
+        _check(not (self.nsp and self.arch not in (None, "bert")), f"--nsp: next-sentence prediction is BERT's, not {self.arch}'s",
+               "leave --nsp out: other families pretrain with MLM only")
         _check(_finite(self.mask_prob) and 0.0 < self.mask_prob < 1.0, f"--mask-prob must be between 0 and 1, got {self.mask_prob}")
 
 

@@ -14,19 +14,24 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from .config import ModelConfig
 from .errors import ConfigError
 from .files import atomic_write, read_json, write_json
 from .tokenizer import save_tokenizer
 
 WEIGHTS = "model.safetensors"
 META = "mlmkit.json"
-# keys whose tensors are tied to another parameter; not stored, as transformers does
-TIED_KEYS = ("cls.predictions.decoder.weight",)
+# keys (mlmkit's names) whose tensors are tied to another parameter; not stored, as transformers does
+TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
 
 
-def save_weights(model: torch.nn.Module, path: str | Path) -> None:
-    """Write the state dict as safetensors under HF names, without the tied decoder copy."""
-    sd = {k: v.detach().to("cpu").contiguous() for k, v in unwrap(model).state_dict().items() if k not in TIED_KEYS}
+def save_weights(model: torch.nn.Module, path: str | Path, config: Any = None) -> None:
+    """Write the state dict as safetensors under the family's transformers names (``config``'s
+    family; BERT's when None), without the tied decoder copy."""
+    m = unwrap(model)
+    fam = (config if config is not None else getattr(m, "config", None) or ModelConfig()).family
+    sd = {k: v.detach().to("cpu").contiguous() for k, v in m.state_dict().items() if k not in TIED_KEYS}
+    sd = fam.to_family(sd)
     atomic_write(path, lambda tmp: save_file(sd, tmp, metadata={"format": "pt"}))
 
 
@@ -43,9 +48,6 @@ def _normalise_key(k: str) -> str:
         k = k[: -len("gamma")] + "weight"
     elif k.endswith(".beta"):
         k = k[: -len("beta")] + "bias"
-    # a bare BertModel checkpoint has no "bert." prefix
-    if k.split(".", 1)[0] in ("embeddings", "encoder", "pooler"):
-        k = "bert." + k
     return k
 
 
@@ -101,8 +103,9 @@ def _read_weights(p: Path) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def load_state_dict(run_dir: str | Path) -> dict[str, torch.Tensor]:
-    """Weights of a run directory or HF BERT directory (one file or shards), keys normalised to HF BERT names."""
+def load_state_dict(run_dir: str | Path, config: Any = None) -> dict[str, torch.Tensor]:
+    """Weights of a run directory or Hugging Face directory (one file or shards), keys renamed from
+    the family's names (``config``'s, else its config.json's) to mlmkit's (BERT's)."""
     d = Path(run_dir)
     files = weight_files(d)
     if not files:
@@ -116,7 +119,9 @@ def load_state_dict(run_dir: str | Path) -> dict[str, torch.Tensor]:
         if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
             raise ConfigError(f"{f}: not a dictionary of tensors", "is it a model checkpoint?")
         sd.update(part)
-    sd = {_normalise_key(k): v for k, v in sd.items()}
+    if config is None:
+        config = ModelConfig.load(d) if (d / "config.json").is_file() else ModelConfig()
+    sd = config.family.from_family({_normalise_key(k): v for k, v in sd.items()})
     # transformers ties the decoder bias to cls.predictions.bias; keep the one we use
     if "cls.predictions.decoder.bias" in sd:
         sd.setdefault("cls.predictions.bias", sd["cls.predictions.decoder.bias"])
@@ -143,7 +148,8 @@ def load_weights(
     unexpected = [k for k in sd if k not in own]
     hard = [k for k in missing if not k.startswith(allow_missing)]
     if hard:
-        raise ConfigError(f"checkpoint lacks {len(hard)} weights, e.g. {hard[0]}", "is it a BERT checkpoint?")
+        raise ConfigError(f"checkpoint lacks {len(hard)} weights, e.g. {hard[0]}",
+                          "is it a checkpoint of the model_type its config.json names?")
     unwrap(model).load_state_dict({k: v for k, v in sd.items() if k in own}, strict=False)
     return missing, unexpected
 
@@ -158,7 +164,7 @@ def save_run(
     d.mkdir(parents=True, exist_ok=True)
     config.save(d / "config.json")
     save_tokenizer(tokenizer, d, max_length=int(meta.get("max_length", 512)))
-    save_weights(model, d / WEIGHTS)
+    save_weights(model, d / WEIGHTS, config)
     write_json(d / META, meta)
 
 
@@ -172,8 +178,8 @@ def read_run_meta(d: str | Path, config: Any) -> dict[str, Any]:
     problems = [
         (not isinstance(meta.get("task"), str), "it names no task"),
         (not isinstance(meta.get("max_length"), int) or isinstance(meta.get("max_length"), bool)
-         or not 1 <= meta["max_length"] <= config.max_position_embeddings,
-         f"its max_length {meta.get('max_length')!r} is not from 1 to the model's {config.max_position_embeddings} positions"),
+         or not 1 <= meta["max_length"] <= config.max_tokens,
+         f"its max_length {meta.get('max_length')!r} is not from 1 to the model's {config.max_tokens} positions"),
         (labels is not None and labels != head,
          f"its labels {labels} are not config.json's id2label {head}"),
         (not isinstance(meta.get("options", {}), dict) or not isinstance(meta.get("task_state", {}), dict),

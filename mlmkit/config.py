@@ -1,7 +1,10 @@
-"""BertConfig with Hugging Face field names, and the size presets.
+"""The model config (BERT's field names, whatever the family), and the size presets.
 
-config.json written by mlmkit is a Hugging Face BertConfig: ``transformers.AutoConfig`` reads it,
-and a Hugging Face config.json reads back here (unknown keys are kept in ``extra`` and written back).
+config.json written by mlmkit is the Hugging Face config of the model's family (BertConfig,
+RobertaConfig, DistilBertConfig ...): ``transformers.AutoConfig`` reads it, and a Hugging Face
+config.json reads back here. In memory the fields are BERT's (hidden_size, num_hidden_layers ...)
+and so are the architectures (BertForSequenceClassification ...); the family (models/) renames both
+on the way in and out. Keys mlmkit does not use are kept in ``extra`` and written back.
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ from typing import Any
 
 from .errors import ConfigError
 from .files import atomic_write_text, parse_json
+from .models import family_for
+from .models.core import ACT
 
 LABELLED_HEADS = ("ForSequenceClassification", "ForTokenClassification")
 
 
 @dataclass
-class BertConfig:
+class ModelConfig:
     vocab_size: int = 30522
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -28,7 +33,7 @@ class BertConfig:
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     max_position_embeddings: int = 512
-    type_vocab_size: int = 2  # segments A and B for NSP / sentence pairs
+    type_vocab_size: int = 2  # segments A and B for NSP / sentence pairs; 0: the family has none
     initializer_range: float = 0.02
     layer_norm_eps: float = 1e-12  # the original BERT value; HF checkpoints expect it
     pad_token_id: int = 0
@@ -41,7 +46,8 @@ class BertConfig:
     def __post_init__(self) -> None:
         sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                  "max_position_embeddings", "type_vocab_size")
-        bad = [k for k in sizes if isinstance(getattr(self, k), bool) or not isinstance(getattr(self, k), int) or getattr(self, k) < 1]
+        bad = [k for k in sizes if isinstance(getattr(self, k), bool) or not isinstance(getattr(self, k), int)
+               or getattr(self, k) < (0 if k == "type_vocab_size" else 1)]
         if bad:
             raise ConfigError(f"config {bad[0]} must be a positive integer, got {getattr(self, bad[0])!r}",
                               "fix the config.json")
@@ -51,10 +57,21 @@ class BertConfig:
                 f"{self.num_attention_heads}",
                 "pick a head count that divides the hidden size",
             )
-        if self.hidden_act not in ("gelu", "gelu_new", "relu"):
-            raise ConfigError(f"unsupported hidden_act '{self.hidden_act}'", "use gelu, gelu_new or relu")
+        if self.hidden_act not in ACT:
+            raise ConfigError(f"unsupported hidden_act '{self.hidden_act}'", f"use one of: {', '.join(ACT)}")
         if self.id2label is not None:
             self.id2label = {int(k): v for k, v in self.id2label.items()}
+        self.family.check(self)
+
+    @property
+    def family(self) -> Any:
+        """The model family (models/family.py) of this config's model_type."""
+        return family_for(self.model_type)
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest input the model's positions allow (RoBERTa's count from padding_idx + 1)."""
+        return self.family.max_tokens(self)
 
     @property
     def head_dim(self) -> int:
@@ -65,6 +82,8 @@ class BertConfig:
         return len(self.id2label) if self.id2label else 0
 
     def to_dict(self) -> dict[str, Any]:
+        """config.json as the family's transformers config writes it."""
+        fam = self.family
         d = asdict(self)
         extra = d.pop("extra")
         if d["id2label"] is not None:
@@ -74,18 +93,30 @@ class BertConfig:
             d.pop("label2id")
         if d["architectures"] is None:
             d.pop("architectures")
+        else:
+            d["architectures"] = [fam.architecture(a, self.model_type) for a in d["architectures"]]
+        if not fam.token_types and not d["type_vocab_size"]:
+            d.pop("type_vocab_size")
+        for canonical, name in fam.config_aliases.items():
+            d[name] = d.pop(canonical)
         return {**extra, **d}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BertConfig:
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """A config.json of any supported family (its own key names) -> the canonical fields."""
+        model_type = d.get("model_type", "bert")
+        fam = family_for(model_type if isinstance(model_type, str) else repr(model_type))
+        d = dict(d)
+        for canonical, name in fam.config_aliases.items():
+            if name in d:
+                d[canonical] = d.pop(name)
+        d = {**fam.config_defaults, **d}
+        if isinstance(d.get("architectures"), list):
+            d["architectures"] = [fam.canonical_architecture(a, model_type) if isinstance(a, str) else a
+                                  for a in d["architectures"]]
         names = {f.name for f in fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
         extra = {k: v for k, v in d.items() if k not in names and k != "transformers_version"}
-        if known.get("model_type", "bert") != "bert":
-            raise ConfigError(
-                f"model_type '{known['model_type']}' is not supported",
-                "mlmkit reads BERT checkpoints (model_type 'bert')",
-            )
         if known.get("id2label") is None and any(a.endswith(LABELLED_HEADS) for a in known.get("architectures") or []):
             # transformers leaves out id2label when it is its default: num_labels (default 2) of LABEL_i
             n = extra.pop("num_labels", 2)
@@ -99,7 +130,7 @@ class BertConfig:
         atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     @classmethod
-    def load(cls, path: str | Path) -> BertConfig:
+    def load(cls, path: str | Path) -> ModelConfig:
         p = Path(path)
         if p.is_dir():
             p = p / "config.json"
@@ -108,13 +139,18 @@ class BertConfig:
         except FileNotFoundError:
             raise ConfigError(f"config not found: {p}", "pass a run directory or a config.json") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{p}: not a valid BERT config.json ({e})") from None
+            raise ConfigError(f"{p}: not a valid config.json ({e})") from None
         if not isinstance(d, dict):
-            raise ConfigError(f"{p}: a config.json holds a JSON object, not a {type(d).__name__}", "pass a BERT config.json")
+            raise ConfigError(f"{p}: a config.json holds a JSON object, not a {type(d).__name__}", "pass a model's config.json")
         try:
             return cls.from_dict(d)
+        except ConfigError as e:
+            raise ConfigError(f"{p}: {e.message}", e.hint) from None
         except (TypeError, ValueError, AttributeError) as e:
-            raise ConfigError(f"{p}: not a valid BERT config.json ({e})") from None
+            raise ConfigError(f"{p}: not a valid config.json ({e})") from None
+
+
+BertConfig = ModelConfig  # the name task plugins and earlier code use
 
 
 # name -> (layers, hidden, heads, intermediate); the published compact BERT sizes (Turc et al. 2019)
@@ -126,15 +162,17 @@ PRESETS: dict[str, tuple[int, int, int, int]] = {
 }
 
 
-def preset(name: str, **overrides: Any) -> BertConfig:
-    """A BertConfig of a named size; ``overrides`` set any other field (vocab_size, ...)."""
+def preset(name: str, arch: str = "bert", **overrides: Any) -> ModelConfig:
+    """A config of a named size for the family ``arch`` (its own defaults: RoBERTa's padding id and
+    one token type, ModernBERT's rotary and local attention ...); ``overrides`` set any other field
+    (vocab_size, max_position_embeddings, ...)."""
     if name not in PRESETS:
         raise ConfigError(f"unknown preset '{name}'", f"choose one of: {', '.join(PRESETS)}")
     layers, hidden, heads, inter = PRESETS[name]
-    return BertConfig(
-        num_hidden_layers=layers,
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        intermediate_size=inter,
-        **overrides,
-    )
+    fam = family_for(arch)
+    fields_, extra = {**fam.config_defaults, **fam.preset_overrides(hidden, inter), **overrides}, {}
+    names = {f.name for f in fields(ModelConfig)}
+    for k in [k for k in fields_ if k not in names]:
+        extra[k] = fields_.pop(k)
+    sizes = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=inter)
+    return ModelConfig(**{**sizes, **fields_, "model_type": arch, "extra": {**fam.preset_extra(), **extra}})

@@ -6,9 +6,10 @@ The steps, each checked rather than assumed:
    exports exactly its task's ``onnx_outputs()`` from the task model's own forward);
 2. attention is switched to its eager form and exported with the TorchScript exporter
    (``dynamo=False``): the only combination onnxruntime's BERT fusions recognise (PERF_NOTES);
+   the graph's inputs are the family's (no token_type_ids for RoBERTa, DistilBERT, ModernBERT);
 3. onnxruntime's transformer optimizer fuses Attention, EmbedLayerNormalization,
-   SkipLayerNormalization and BiasGelu; the fused nodes are counted and a graph whose attention or
-   layer norms did not fuse is refused;
+   SkipLayerNormalization and BiasGelu; the fused nodes are counted and a graph short of what its
+   family's graphs were measured to fuse (``Family.fusions``) is refused;
 4. PyTorch and onnxruntime run on a sample batch of mixed lengths (padded to the longest, as the
    runtime batches): the max abs difference per output and the top-1 agreement go into
    mlmkit.json, and an fp32 difference above ``ATOL`` raises ParityError;
@@ -45,11 +46,11 @@ from torch import nn
 
 from .args import ExportArgs
 from .checkpoint import is_model_dir, load_state_dict, load_weights
-from .config import BertConfig
+from .config import ModelConfig
 from .errors import ConfigError, MlmkitError, ParityError
 from .files import atomic_write, atomic_write_text, exclusive, write_json
 from .hub import describe
-from .model import BertForPreTraining, extended_mask, set_attention_impl
+from .models.core import BertForPreTraining, extended_mask, set_attention_impl
 from .registry import BATCH, SEQUENCE, TaskContext, get_task, per_token
 from .runtime import BUNDLE_FORMAT, tokenizer_fingerprint
 from .tokenizer import load_tokenizer, special_ids
@@ -59,7 +60,7 @@ log = logging.getLogger("mlmkit")
 ATOL = 1e-4  # fp32 ONNX vs PyTorch, per output (optimum uses the same for BERT)
 MIN_OPSET = 17  # LayerNormalization is a standard op from opset 17
 MAX_OPSET = 23  # the TorchScript exporter's newest (torch.onnx ONNX_MAX_OPSET); 17-23 fuse and pass parity
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the graph's, less token_type_ids where the family has none
 MASKS = "masks"  # the fill-mask graph's rows: one per [MASK] of the batch
 DYNAMIC_AXES = (BATCH, SEQUENCE, MASKS)  # axes whose size varies from one run of the graph to the next
 FILL_MASK_OUTPUTS = {
@@ -67,7 +68,10 @@ FILL_MASK_OUTPUTS = {
     "top_ids": (MASKS, "k"),
     "top_probs": (MASKS, "k"),
 }
-FUSED_OPS = ("Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu", "FastGelu", "Gelu", "LayerNormalization")
+FUSED_OPS = ("Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu", "FastGelu", "Gelu",
+             "LayerNormalization", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization", "RotaryEmbedding",
+             "GroupQueryAttention")
+FUSED_ONCE = ("EmbedLayerNormalization",)  # one per graph; Family.fusions counts the others per layer
 SAMPLE_ROWS = 24
 
 
@@ -81,7 +85,7 @@ class FillMaskGraph(nn.Module):
         self.mask_id, self.top_k = mask_id, top_k
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         x = self.bert.embeddings(input_ids, token_type_ids)
         x = self.bert.encoder(x, extended_mask(attention_mask, x.dtype))  # (B, T, H); no pooler needed
@@ -105,7 +109,7 @@ class TaskGraph(nn.Module):
         self.model, self.names = model, names
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, ...]:
         out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
         return tuple(out[n].float() for n in self.names)
@@ -113,13 +117,14 @@ class TaskGraph(nn.Module):
 
 # ---- loading the run -------------------------------------------------------------------------
 def _build(
-    d: Path, meta: dict[str, Any], cfg: BertConfig, mask_id: int, top_k: int
+    d: Path, meta: dict[str, Any], cfg: ModelConfig, mask_id: int, top_k: int
 ) -> tuple[nn.Module, nn.Module, dict[str, tuple[str, ...]], int]:
     """(module to export, PyTorch reference it must match, outputs with their axes, partial layers).
 
     A task's ``export_module(model)`` (the model itself by default) is exported and checked against
-    the model's own forward; ``partial_layers`` tells the fusion check what it skipped."""
-    sd = load_state_dict(d)
+    the model's own forward; ``partial_layers`` tells the fusion check what it skipped (nothing
+    when the task kept the model as it is, as for a head that reads every position)."""
+    sd = load_state_dict(d, cfg)
     if meta["task"] == "pretraining":
         model = BertForPreTraining(cfg)
         # a BertForMaskedLM checkpoint has no NSP head or pooler; neither is in the fill-mask graph
@@ -134,7 +139,9 @@ def _build(
     load_weights(model, sd)
     model.eval()
     names = list(task.outputs)
-    return TaskGraph(task.export_module(model), names), TaskGraph(model, names), dict(task.outputs), task.partial_layers
+    module = task.export_module(model)
+    partial = task.partial_layers if module is not model else 0
+    return TaskGraph(module, names), TaskGraph(model, names), dict(task.outputs), partial
 
 
 # ---- the sample batch ------------------------------------------------------------------------
@@ -241,27 +248,33 @@ def _run_onnx(session: Any, batch: dict[str, np.ndarray], names: list[str]) -> d
     return dict(zip(names, session.run(names, feed)))
 
 
-def _torch_outputs(graph: nn.Module, batch: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+def graph_inputs(cfg: ModelConfig) -> tuple[str, ...]:
+    """The exported graph's inputs: token_type_ids only for families that have token types."""
+    return INPUTS if cfg.family.token_types else INPUTS[:2]
+
+
+def _torch_outputs(graph: nn.Module, batch: dict[str, np.ndarray], names: list[str], inputs: tuple[str, ...]) -> dict[str, np.ndarray]:
     set_attention_impl(graph, "sdpa")  # the reference is the model as PyTorch runs it
     with torch.no_grad():
-        out = graph(*(torch.from_numpy(batch[k]) for k in INPUTS))
+        out = graph(*(torch.from_numpy(batch[k]) for k in inputs))
     return {n: o.numpy() for n, o in zip(names, out)}
 
 
-def _torch_export(graph: nn.Module, batch: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]], path: Path, opset: int) -> None:
-    dummy = tuple(torch.from_numpy(batch[k][:2, : max(2, int(batch["attention_mask"][:2].sum(1).max()))]) for k in INPUTS)
-    dynamic = {name: {i: a for i, a in enumerate(ax) if a in DYNAMIC_AXES} for name, ax in {**dict.fromkeys(INPUTS, (BATCH, SEQUENCE)), **axes}.items()}
+def _torch_export(graph: nn.Module, batch: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]], path: Path, opset: int,
+                  inputs: tuple[str, ...]) -> None:
+    dummy = tuple(torch.from_numpy(batch[k][:2, : max(2, int(batch["attention_mask"][:2].sum(1).max()))]) for k in inputs)
+    dynamic = {name: {i: a for i, a in enumerate(ax) if a in DYNAMIC_AXES} for name, ax in {**dict.fromkeys(inputs, (BATCH, SEQUENCE)), **axes}.items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer warnings
         torch.onnx.export(
-            graph, dummy, str(path), dynamo=False, opset_version=opset, input_names=list(INPUTS),
+            graph, dummy, str(path), dynamo=False, opset_version=opset, input_names=list(inputs),
             output_names=list(axes), dynamic_axes=dynamic, do_constant_folding=True,
         )
 
 
-def fuse(src: Path, dst: Path, cfg: BertConfig, *, use_gpu: bool = False, partial_layers: int = 0) -> dict[str, int]:
-    """onnxruntime's BERT fusions; returns the fused operator counts. Refuses a graph whose attention,
-    embedding or skip layer norms did not fuse (an unfused graph runs, but several times slower).
+def fuse(src: Path, dst: Path, cfg: ModelConfig, *, use_gpu: bool = False, partial_layers: int = 0) -> dict[str, int]:
+    """onnxruntime's BERT fusions; returns the fused operator counts. Refuses a graph short of what
+    its family's graphs fuse (``Family.fusions``: an unfused graph runs, but several times slower).
 
     ``partial_layers``: trailing layers the graph computes for a few positions only (the
     classification graph's [CLS]-only last layer); their attention has no fused form and is small."""
@@ -275,7 +288,7 @@ def fuse(src: Path, dst: Path, cfg: BertConfig, *, use_gpu: bool = False, partia
     counts = {k: int(stats.get(k, 0)) for k in FUSED_OPS if stats.get(k, 0)}
     L = cfg.num_hidden_layers - partial_layers
     found = {**counts, "Attention": counts.get("Attention", 0) + counts.get("MultiHeadAttention", 0)}
-    expected = {"Attention": L, "SkipLayerNormalization": 2 * L, "EmbedLayerNormalization": 1}
+    expected = {k: n if k in FUSED_ONCE else n * L for k, n in cfg.family.fusions.items()}
     short = {k: (found.get(k, 0), n) for k, n in expected.items() if found.get(k, 0) < n}
     if short:
         got = ", ".join(f"{k} {have} of {n}" for k, (have, n) in short.items())
@@ -352,7 +365,7 @@ def _export(args: ExportArgs) -> dict[str, Any]:
         raise ConfigError(f"--opset {args.opset} is not supported", f"use {MIN_OPSET} to {MAX_OPSET}")
     if (args.quantize or args.fp16) and not args.optimize:
         log.info("converting the unfused graph: expect it to be slower than with the fusions")
-    cfg = BertConfig.load(d)
+    cfg = ModelConfig.load(d)
     meta = describe(d, cfg, args.task)
     if meta["task"] == "pretraining" and args.options:
         raise ConfigError(f"--{next(iter(args.options)).replace('_', '-')}: a fill-mask bundle takes no task options")
@@ -364,14 +377,15 @@ def _export(args: ExportArgs) -> dict[str, Any]:
         raise ConfigError(f"the tokenizer of {d} has {tok.get_vocab_size()} tokens, the model only {cfg.vocab_size}")
     specials = special_ids(tok)
     fill_mask = meta["task"] == "pretraining"
-    max_length = int(min(meta.get("max_length") or 512, cfg.max_position_embeddings))
+    max_length = int(min(meta.get("max_length") or 512, cfg.max_tokens))
 
     graph, reference, axes, partial = _build(d, meta, cfg, specials.mask, args.top_k)
     graph.eval()
     reference.eval()
     names = list(axes)
     batch = sample_batch(tok.get_vocab_size(), specials, max_length, fill_mask=fill_mask)
-    ref = _torch_outputs(reference, batch, names)
+    inputs = graph_inputs(cfg)
+    ref = _torch_outputs(reference, batch, names, inputs)
     set_attention_impl(graph, "eager")
     mask = batch["attention_mask"]
 
@@ -379,7 +393,7 @@ def _export(args: ExportArgs) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
     try:
         plain = work / "plain.onnx"
-        _torch_export(graph, batch, axes, plain, args.opset)
+        _torch_export(graph, batch, axes, plain, args.opset, inputs)
         fp32, fused = plain, {}
         if args.optimize:
             fp32 = work / "fused.onnx"
@@ -423,7 +437,7 @@ def _export(args: ExportArgs) -> dict[str, Any]:
 
 
 def _bundle_meta(
-    meta: dict[str, Any], cfg: BertConfig, tok: Any, axes: dict[str, tuple[str, ...]], final: Path, *,
+    meta: dict[str, Any], cfg: ModelConfig, tok: Any, axes: dict[str, tuple[str, ...]], final: Path, *,
     fill_mask: bool, max_length: int, opset: int, precision: str, steps: list[str], fused: dict[str, int],
     parity: dict[str, Any], top_k: int, source: Path,
 ) -> dict[str, Any]:
@@ -452,8 +466,8 @@ def _bundle_meta(
         "parity": parity,
         "tokenizer": tokenizer_fingerprint(tok),
         "model": {
-            "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_hidden_layers,
-            "num_attention_heads": cfg.num_attention_heads, "max_position_embeddings": cfg.max_position_embeddings,
+            "model_type": cfg.model_type, "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_hidden_layers,
+            "num_attention_heads": cfg.num_attention_heads, "max_position_embeddings": cfg.max_tokens,
         },
         "model_bytes": os.path.getsize(final),
         "source": meta.get("source", {"path": str(source)}),

@@ -18,7 +18,7 @@ from . import evaluation
 from .args import FinetuneArgs
 from .batching import pad_features, shuffled_buckets
 from .checkpoint import is_model_dir, load_state_dict, load_weights, read_run_meta, save_run
-from .config import BertConfig
+from .config import ModelConfig
 from .corpus import file_identity
 from .errors import ConfigError, MlmkitError, TaskError
 from .files import exclusive, write_jsonl
@@ -118,13 +118,13 @@ def _finetune(args: FinetuneArgs) -> dict[str, Any]:
                         f"export a model as it is: mlmkit export MODEL --task {task.name}")
     opts = task.resolve_options(args.options)
     base = base_model_dir(args.model)
-    cfg = BertConfig.load(base)
+    cfg = ModelConfig.load(base)
     tok = load_tokenizer(base)
     if tok.get_vocab_size() > cfg.vocab_size:
         raise ConfigError(f"the tokenizer in {base} has {tok.get_vocab_size()} tokens, the model {cfg.vocab_size}")
-    L = args.max_length or min(task.default_max_length, cfg.max_position_embeddings)
-    if L > cfg.max_position_embeddings:
-        raise ConfigError(f"--max-length {L} exceeds the model's {cfg.max_position_embeddings} positions")
+    L = args.max_length or min(task.default_max_length, cfg.max_tokens)
+    if L > cfg.max_tokens:
+        raise ConfigError(f"--max-length {L} exceeds the model's {cfg.max_tokens} positions")
     train_ex = task.read(Path(args.train_file), opts)
     if not train_ex:
         raise MlmkitError(f"{args.train_file}: no examples", "check the file and the column options")
@@ -144,7 +144,7 @@ def _finetune(args: FinetuneArgs) -> dict[str, Any]:
     net = task.build_model(cfg, ctx)
     # the encoder carries over; the head too when --model is a model of this task with these very
     # labels (a fine-tuned run, or a transformers checkpoint), otherwise it starts fresh
-    full = load_state_dict(base)
+    full = load_state_dict(base, cfg)
     encoder = ("bert.embeddings.", "bert.encoder.", "bert.pooler.")
     sd = full if same_head else {k: v for k, v in full.items() if k.startswith(encoder)}
     head = tuple(k for k in net.state_dict() if not k.startswith(("bert.embeddings", "bert.encoder")))
@@ -173,7 +173,7 @@ def _finetune(args: FinetuneArgs) -> dict[str, Any]:
     return Trainer(net, data, train_args, args.out, save_model=save_model, evaluate=evaluator, data_key=data_key).train(meta)
 
 
-def _same_head(base: BertConfig, task: Plugin, labels: list[str] | None, opts: dict[str, Any]) -> bool:
+def _same_head(base: ModelConfig, task: Plugin, labels: list[str] | None, opts: dict[str, Any]) -> bool:
     """Whether a base model's head is this task's, for these labels (in this order) and options."""
     if task.hf_architecture not in (base.architectures or []) or task.hf_architecture == "BertModel":
         return False
@@ -185,13 +185,13 @@ def _same_head(base: BertConfig, task: Plugin, labels: list[str] | None, opts: d
 def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, dict[str, Any]]:
     """(task, model in eval mode, tokenizer, mlmkit.json) of a fine-tuned run directory."""
     d = base_model_dir(run_dir)
-    cfg = BertConfig.load(d)
+    cfg = ModelConfig.load(d)
     meta = read_run_meta(d, cfg)
     if meta["task"] == "pretraining":
         raise MlmkitError(f"{d} is a pretraining run, not a fine-tuned model", "fine-tune it first: mlmkit finetune TASK")
     task = get_task(meta["task"])
     net = task.build_model(cfg, TaskContext.from_meta(meta, task.resolve_options(saved=meta.get("options"))))
-    load_weights(net, load_state_dict(d))
+    load_weights(net, load_state_dict(d, cfg))
     net.eval()
     return task, net, load_tokenizer(d), meta
 

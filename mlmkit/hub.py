@@ -1,9 +1,11 @@
-"""Any BERT checkpoint directory, as mlmkit or transformers (or sentence-transformers) wrote it: what
+"""Any checkpoint directory of a supported family, as mlmkit or transformers (or sentence-transformers)
+wrote it: what
 it is, described as a run (the mlmkit.json it would have), so that export, evaluation and serving
 treat it like an mlmkit run.
 
 What a directory is comes from, in order: ``--task``; its own mlmkit.json; config.json's
-``architectures`` (BertForMaskedLM / BertForPreTraining: fill-mask); else every registered task is
+``architectures``, read as BERT's names whatever the family (RobertaForMaskedLM is BertForMaskedLM:
+fill-mask, as BertForPreTraining); else every registered task is
 asked (``from_hf``) whether the checkpoint is one of its models — classification takes
 BertForSequenceClassification, tagging BertForTokenClassification, qa BertForQuestionAnswering,
 embedding a BertModel or a sentence-transformers layout. Exactly one must answer.
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import read_run_meta, weights_digest
-from .config import BertConfig
+from .config import ModelConfig
 from .errors import ConfigError
 from .files import parse_json
 from .registry import get_task, tasks
@@ -25,7 +27,7 @@ MASKED_LM = ("BertForMaskedLM", "BertForPreTraining")
 DEFAULT_MAX_LENGTH = 512
 
 
-def describe(d: Path, config: BertConfig, task: str | None = None) -> dict[str, Any]:
+def describe(d: Path, config: ModelConfig, task: str | None = None) -> dict[str, Any]:
     """The run description of a checkpoint directory: {"task", "labels", "max_length", "options",
     "task_state", ...}, with "source" saying where it came from (path, name, a hash of its weights)."""
     source = {"path": str(d.resolve()), "name": d.resolve().name, "weights_sha256": weights_digest(d)}
@@ -58,7 +60,7 @@ def describe(d: Path, config: BertConfig, task: str | None = None) -> dict[str, 
     }
 
 
-def default_max_length(d: Path, config: BertConfig) -> int:
+def default_max_length(d: Path, config: ModelConfig) -> int:
     """The tokenizer's model_max_length (tokenizer_config.json) when it is a real limit, else 512,
     never more than the model's positions."""
     limit = DEFAULT_MAX_LENGTH
@@ -70,4 +72,4 @@ def default_max_length(d: Path, config: BertConfig) -> int:
             m = None
         if isinstance(m, int) and 0 < m < 1_000_000:  # transformers writes a huge number for "no limit"
             limit = m
-    return min(limit, config.max_position_embeddings)
+    return min(limit, config.max_tokens)

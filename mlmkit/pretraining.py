@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from .args import PretrainArgs
 from .checkpoint import save_run
-from .config import BertConfig, preset
+from .config import ModelConfig, preset
 from .corpus import (
     PretrainData,
     TokenizedCorpus,
@@ -28,8 +28,9 @@ from .corpus import (
 )
 from .errors import ConfigError, MlmkitError
 from .files import exclusive
-from .model import BertForPreTraining
-from .tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+from .models import family_for
+from .models.core import BertForPreTraining
+from .tokenizer import load_tokenizer, save_tokenizer, special_ids, train_tokenizer
 from .training import Trainer, init_distributed, latest_checkpoint
 
 log = logging.getLogger("mlmkit")
@@ -93,14 +94,14 @@ class MLMEvaluator:
 
 
 def _train_shared_tokenizer(corpus: list[Path], out: Path, *, vocab_size: int, cased: bool, device: str,
-                            text_column: str = "text") -> Tokenizer:
+                            text_column: str = "text", kind: str = "wordpiece", specials: Any = None) -> Tokenizer:
     """Train a tokenizer on the corpus. Under torchrun rank 0 trains it and the other ranks read the
     file it writes: WordPiece training breaks ties differently from one process to the next, so
     ranks training their own would disagree on token ids."""
     dist = _join(device)
     if dist.main:
-        log.info("training a WordPiece tokenizer (vocab %d) on the corpus", vocab_size)
-        tok = train_tokenizer(iter_sentences(corpus, text_column), vocab_size=vocab_size, cased=cased)
+        log.info("training a %s tokenizer (vocab %d) on the corpus", kind, vocab_size)
+        tok = train_tokenizer(iter_sentences(corpus, text_column), vocab_size=vocab_size, cased=cased, kind=kind, specials=specials)
         if dist.world == 1:
             return tok
         save_tokenizer(tok, out)
@@ -129,7 +130,8 @@ def _tokenized(paths: list[Path], tok: Tokenizer, cache_dir: Path | None, device
 
 
 def pretrain(args: PretrainArgs) -> dict[str, Any]:
-    """Pretrain a BERT with MLM (+ NSP unless ``args.nsp`` is False) and write a run directory to ``args.out``.
+    """Pretrain an encoder of ``args.arch`` with MLM (+ NSP for BERT unless ``args.nsp`` is False) and write a
+    run directory to ``args.out``.
 
     On ``args.train.resume`` the run's own tokenizer and config are used (those of its last
     checkpoint: a run killed before its end has none at its root yet). Returns the final metrics
@@ -145,7 +147,7 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
     out, t = Path(args.out), args.train
     if args.data is None and next(iter_sentences(args.corpus, args.text_column), None) is None:  # before a tokenizer is trained on nothing
         raise MlmkitError(f"the corpus {', '.join(map(str, args.corpus))} is empty", "give text files with one sentence per line")
-    given = BertConfig.load(args.config) if args.config is not None else None  # checked before any work
+    given = ModelConfig.load(args.config) if args.config is not None else None  # checked before any work
     own = (latest_checkpoint(out) or out) if t.resume else None
     tokenizer = args.tokenizer
     if own is not None and (own / "tokenizer.json").exists() and tokenizer is None:
@@ -156,11 +158,18 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
         tokenizer = args.data / "tokenizer.json"
         if not tokenizer.is_file():
             raise ConfigError(f"{args.data} has no tokenizer.json", "pass the tokenizer it was made with, --tokenizer")
+    own_cfg = ModelConfig.load(own) if own is not None and (own / "config.json").exists() else None
+    fam = (given or own_cfg).family if (given or own_cfg) is not None else family_for(args.arch or "bert")
+    if args.arch is not None and fam is not family_for(args.arch):
+        raise ConfigError(f"--arch {args.arch} but {args.config or own} is a {fam.name} config", "leave --arch out, or pass a config of that family")
+    nsp = fam.nsp if args.nsp is None else args.nsp
+    if nsp and not fam.nsp:
+        raise ConfigError(f"--nsp: next-sentence prediction is BERT's, not {fam.name}'s", "leave --nsp out: this family pretrains with MLM only")
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     else:
         tok = _train_shared_tokenizer(args.corpus, out, vocab_size=args.vocab_size, cased=args.cased, device=t.device,
-                                      text_column=args.text_column)
+                                      text_column=args.text_column, kind=fam.tokenizer_kind, specials=fam.special_tokens)
     V = tok.get_vocab_size()
     if given is not None:
         cfg = given
@@ -169,18 +178,24 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
                 f"the tokenizer has {V} tokens but {args.config} says vocab_size {cfg.vocab_size}",
                 "use the tokenizer the config was made for, or set vocab_size to match",
             )
-    elif own is not None and (own / "config.json").exists():
-        cfg = BertConfig.load(own)
+    elif own_cfg is not None:
+        cfg = own_cfg
     else:
         if args.seq_len > MAX_PRESET_POSITIONS:
             raise ConfigError(f"--seq-len {args.seq_len} is more than the {MAX_PRESET_POSITIONS} positions a preset model gets",
                               "use a shorter --seq-len, or pass a --config with max_position_embeddings for it")
-        cfg = preset(args.preset, vocab_size=V, max_position_embeddings=max(512, args.seq_len))
-    if args.seq_len > cfg.max_position_embeddings:
-        raise ConfigError(
-            f"--seq-len {args.seq_len} exceeds max_position_embeddings {cfg.max_position_embeddings}",
-            "use a shorter --seq-len",
-        )
+        ids = special_ids(tok)
+        cfg = preset(args.preset, fam.name, vocab_size=V, max_position_embeddings=fam.positions_for(max(512, args.seq_len)),
+                     pad_token_id=ids.pad)
+        if fam.name != "bert":  # the ids transformers' configs of these families carry
+            cfg.extra.update(bos_token_id=ids.cls, eos_token_id=ids.sep, cls_token_id=ids.cls, sep_token_id=ids.sep)
+    if args.seq_len > cfg.max_tokens:
+        room = "" if cfg.max_tokens == cfg.max_position_embeddings else f" (its positions start at padding_idx + 1: {cfg.max_tokens} tokens)"
+        raise ConfigError(f"--seq-len {args.seq_len} exceeds max_position_embeddings {cfg.max_position_embeddings}{room}",
+                          "use a shorter --seq-len")
+    if cfg.pad_token_id != special_ids(tok).pad:
+        raise ConfigError(f"the config's pad_token_id {cfg.pad_token_id} is not the tokenizer's padding id {special_ids(tok).pad}",
+                          "set pad_token_id in the config to the tokenizer's")
     cfg.architectures = ["BertForPreTraining"]
 
     full = (open_shard(args.data, tok) if args.data is not None
@@ -191,21 +206,22 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
         train_c, held = split_heldout(full)
         if held is None:
             log.warning("corpus has fewer than 10 documents: no held-out evaluation (pass --eval-file)")
-    kw = dict(max_len=args.seq_len, batch_size=args.batch_size, nsp=args.nsp, mask_prob=args.mask_prob,
+    kw = dict(max_len=args.seq_len, batch_size=args.batch_size, nsp=nsp, mask_prob=args.mask_prob,
               whole_word=args.whole_word)
     data = PretrainData(train_c, tok, seed=t.seed, **kw)
     evaluate = MLMEvaluator(PretrainData(held, tok, seed=t.seed + 1, held_out=True, **kw)) if held is not None else None
 
     torch.manual_seed(t.seed)
     model = BertForPreTraining(cfg)
-    if not args.nsp:  # no NSP loss: the pooler and NSP head stay as initialised (DDP needs every trained
-        # parameter to take part in the loss)
+    if model.nsp and not nsp:  # BERT without its NSP loss: the pooler and NSP head stay as initialised (DDP
+        # needs every trained parameter to take part in the loss)
         for p in [*model.bert.pooler.parameters(), *model.cls.seq_relationship.parameters()]:
             p.requires_grad_(False)
     meta = {
         "task": "pretraining",
         "max_length": args.seq_len,
-        "nsp": args.nsp,
+        "nsp": nsp,
+        "arch": fam.name,
         "whole_word": args.whole_word,
         "mask_prob": args.mask_prob,
         "corpus": [str(p) for p in args.corpus] if args.data is None else [f["path"] for f in shard_files(args.data)],
@@ -214,7 +230,7 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
     def save_model(m: torch.nn.Module, d: Path, meta_: dict[str, Any]) -> None:
         save_run(m, d, config=cfg, tokenizer=tok, meta=meta_)
 
-    data_key = {"batch_size": args.batch_size, "seq_len": args.seq_len, "nsp": args.nsp, "mask_prob": args.mask_prob,
+    data_key = {"batch_size": args.batch_size, "seq_len": args.seq_len, "nsp": nsp, "mask_prob": args.mask_prob,
                 "whole_word": args.whole_word,
                 "corpus": file_identity(args.corpus) if args.data is None else [[str(args.data.resolve()), len(full.tokens)]]}
     return Trainer(model, data, t, out, save_model=save_model, evaluate=evaluate, data_key=data_key).train(meta)

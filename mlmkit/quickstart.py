@@ -46,12 +46,12 @@ def fill_mask_torch(run_dir: str | Path, texts: list[str], top_k: int = 5) -> li
     import torch
 
     from .checkpoint import load_state_dict, load_weights
-    from .config import BertConfig
-    from .model import BertForPreTraining
+    from .config import ModelConfig
+    from .models.core import BertForPreTraining
     from .tokenizer import load_tokenizer, special_ids
 
     tok = load_tokenizer(run_dir)
-    model = BertForPreTraining(BertConfig.load(run_dir))
+    model = BertForPreTraining(ModelConfig.load(run_dir))
     load_weights(model, load_state_dict(run_dir))
     model.eval()
     mask_id = special_ids(tok).mask

@@ -41,7 +41,7 @@ from .evaluation import Progress
 from .files import parse_json, write_jsonl
 from .registry import LABEL, Plugin, TaskContext, TaskOption, get_task, tasks_for_command
 from .taskkit import clip_text
-from .tokenizer import MASK, is_lowercase, load_tokenizer, special_ids
+from .tokenizer import MASK, is_lowercase, load_tokenizer, mask_token, special_ids
 
 log = logging.getLogger("mlmkit")
 
@@ -334,11 +334,14 @@ class FillMaskPipeline(Pipeline):
                                  minimum=1)
         self.mask_id = int(self.meta["tokenizer"]["mask_id"])
         self.tokenizer.enable_truncation(self.max_length, strategy="longest_first")
-        # a literal "[MASK]" in the text must become the mask id even for a tokenizer built from a
-        # bare vocab.txt, where it is an ordinary vocabulary entry that the normaliser would split
-        self.tokenizer.add_special_tokens([AddedToken(MASK, special=True, normalized=False)])
-        if self.tokenizer.token_to_id(MASK) != self.mask_id:
-            raise BundleError(f"{self.path / 'tokenizer.json'}: {MASK} is not token {self.mask_id}", "export the bundle again")
+        self.mask_token = mask_token(self.tokenizer)  # [MASK], or the family's own (<mask>): "[MASK]" is its alias
+        if self.mask_token == MASK:
+            # a literal "[MASK]" in the text must become the mask id even for a tokenizer built from a
+            # bare vocab.txt, where it is an ordinary vocabulary entry that the normaliser would split
+            self.tokenizer.add_special_tokens([AddedToken(MASK, special=True, normalized=False)])
+        if self.tokenizer.token_to_id(self.mask_token) != self.mask_id:
+            raise BundleError(f"{self.path / 'tokenizer.json'}: {self.mask_token} is not token {self.mask_id}",
+                              "export the bundle again")
         self._token_text: dict[int, str] = {}
 
     def _top_k(self, top_k: Any, options: dict[str, Any]) -> int:
@@ -358,6 +361,13 @@ class FillMaskPipeline(Pipeline):
         self._top_k(options.pop("top_k", None), options)
         self._each(inputs, 1, _text_pair, None)
 
+    def _alias(self, text: str) -> str:
+        """"[MASK]" written as the model's own mask token (RoBERTa's <mask>: as long, so every
+        character offset stays the same)."""
+        if self.mask_token != MASK and len(self.mask_token) == len(MASK):
+            return text.replace(MASK, self.mask_token)
+        return text
+
     def _token(self, i: int) -> str:
         if i not in self._token_text:
             self._token_text[i] = self.tokenizer.decode([i], skip_special_tokens=False).strip()
@@ -372,7 +382,7 @@ class FillMaskPipeline(Pipeline):
         if len(kept) < len(inputs):
             return self._aligned(len(inputs), kept, self([{"text": a, "text_pair": b} for a, b in pairs], progress=progress,
                                                          top_k=top_k))
-        clip = lambda t: clip_text(t, self.tokenizer, self.max_length)  # noqa: E731
+        clip = lambda t: clip_text(self._alias(t), self.tokenizer, self.max_length)  # noqa: E731
         encs = self.tokenizer.encode_batch([(clip(a), clip(b)) if b is not None else clip(a) for a, b in pairs]) if pairs else []
         results: list[dict[str, Any]] = []
         todo: list[int] = []
@@ -384,7 +394,7 @@ class FillMaskPipeline(Pipeline):
             if self.mask_id in enc.ids:
                 todo.append(i)
             else:
-                had = (a.count(MASK) + (b or "").count(MASK)) > 0
+                had = any(m in t for t in (a, b or "") for m in {MASK, self.mask_token})
                 r["error"] = (f"no [MASK] within the first {self.max_length} tokens" if had
                               else "no [MASK] token in the text")
             results.append(r)

@@ -141,7 +141,7 @@ def _cls_only_graph() -> type:
     import torch
     from torch import nn
 
-    from mlmkit.model import encode_cls
+    from mlmkit.models.core import encode_cls
 
     class ClsOnlyGraph(nn.Module):
         def __init__(self, model: nn.Module) -> None:
@@ -149,7 +149,7 @@ def _cls_only_graph() -> type:
             self.model = model
 
         def forward(
-            self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+            self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
         ) -> dict[str, torch.Tensor]:
             return {"logits": self.model.classifier(encode_cls(self.model.bert, input_ids, attention_mask, token_type_ids))}
 
@@ -241,8 +241,8 @@ class ClassificationTask:
         return features
 
     def build_model(self, config: Any, ctx: TaskContext) -> Any:
-        """transformers' BertForSequenceClassification, on mlmkit's encoder."""
-        from mlmkit.model import BertForLabels
+        """transformers' *ForSequenceClassification of the config's family, on mlmkit's encoder."""
+        from mlmkit.models.core import BertForLabels
 
         kind = ctx.options["problem_type"]
         least = 1 if kind != SINGLE else 2
@@ -252,8 +252,11 @@ class ClassificationTask:
         return BertForLabels(config, per_token=False, problem_type=kind)
 
     def export_module(self, model: Any) -> Any:
-        """The same outputs, the last layer computed for [CLS] only."""
-        return _cls_only_graph()(model)
+        """The same outputs, the last layer computed for [CLS] only (where the head reads [CLS] alone:
+        not ModernBERT's mean pooling)."""
+        from mlmkit.models.core import reads_cls_only
+
+        return _cls_only_graph()(model) if reads_cls_only(model.bert) else model
 
     def postprocess(
         self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext

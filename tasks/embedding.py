@@ -80,7 +80,7 @@ def _model_class() -> type:
     import torch.nn.functional as F
     from torch import nn
 
-    from mlmkit.model import BertModel
+    from mlmkit.models.core import BertModel
 
     class BertForEmbedding(nn.Module):
         def __init__(self, config: Any, pooling: str, normalize: bool) -> None:

@@ -237,18 +237,19 @@ def _search(outputs: dict[str, Any], features: list[dict[str, Any]], n_examples:
 
 @functools.cache
 def _model_class() -> type:
-    """BertForQuestionAnswering with Hugging Face parameter names (torch imported only here)."""
+    """*ForQuestionAnswering of the config's family with mlmkit's (BERT's) parameter names (torch
+    imported only here)."""
     import torch
     from torch import nn
     from torch.nn import functional as F
 
-    from mlmkit.model import BertModel, init_weights
+    from mlmkit.models.core import init_weights, token_encoder, token_states
 
     class BertForQuestionAnswering(nn.Module):
         def __init__(self, config: Any) -> None:
             super().__init__()
             self.config = config
-            self.bert = BertModel(config, add_pooling_layer=False)
+            self.bert = token_encoder(config)
             self.qa_outputs = nn.Linear(config.hidden_size, 2)
             init_weights(self, config.initializer_range)
 
@@ -260,7 +261,7 @@ def _model_class() -> type:
             start_positions: torch.Tensor | None = None,
             end_positions: torch.Tensor | None = None,
         ) -> dict[str, torch.Tensor]:
-            seq, _ = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, H)
+            seq = token_states(self.bert, input_ids, attention_mask, token_type_ids)  # (B, T, H)
             logits = self.qa_outputs(seq)  # (B, T, 2)
             start, end = logits[..., 0].contiguous(), logits[..., 1].contiguous()  # (B, T) each
             out = {"start_logits": start, "end_logits": end}
@@ -349,13 +350,14 @@ class QATask:
             n_tokens = dict(zip(unique, (len(e.ids) for e in tok.encode_batch(unique, add_special_tokens=False))))
             c_lens = [n_tokens[c] for c in contexts]
             windowed = False
+            n_special = tok.num_special_tokens_to_add(True)  # [CLS] q [SEP] c [SEP]: 3; RoBERTa's <s> q </s></s> c </s>: 4
             for ex, q, c in zip(examples, q_lens, c_lens):
-                window = max_length - 3 - q  # context tokens per window
-                windowed = windowed or q + c + 3 > max_length
-                if q + c + 3 > max_length and stride >= window:  # tokenizers would panic
+                window = max_length - n_special - q  # context tokens per window
+                windowed = windowed or q + c + n_special > max_length
+                if q + c + n_special > max_length and stride >= window:  # tokenizers would panic
                     raise ConfigError(
                         f"--doc-stride {stride} must be smaller than the context window of question "
-                        f"'{ex['id']}': max length {max_length} - {q} question tokens - 3 special tokens = {window} tokens",
+                        f"'{ex['id']}': max length {max_length} - {q} question tokens - {n_special} special tokens = {window} tokens",
                         "lower --doc-stride or --max-question-length, or raise --max-length",
                     )
         # the stride only matters (and is only checked by tokenizers) when some context needs windows

@@ -457,8 +457,8 @@ class TaggingTask:
         return features
 
     def build_model(self, config: Any, ctx: TaskContext) -> Any:
-        """transformers' BertForTokenClassification, on mlmkit's encoder."""
-        from mlmkit.model import BertForLabels
+        """transformers' *ForTokenClassification of the config's family, on mlmkit's encoder."""
+        from mlmkit.models.core import BertForLabels
 
         if config.num_labels < 1:
             raise ConfigError("the config has no labels (id2label)", "fine-tune with tagged training data")

@@ -309,7 +309,7 @@ def test_bad_files_given_as_options(tmp_path: Path, data: dict[str, Path], runs:
     m = Path(shutil.copytree(runs["classification"], tmp_path / "m"))
     (m / "config.json").write_bytes(b"\xff\xfe{}")
     one_line(cli("finetune", "classification", "--model", m, "--train", tmp_path / "t.csv", "--out", tmp_path / "o"),
-             "config.json: not a valid BERT config.json")
+             "config.json: not a valid config.json")
     (tmp_path / "bad.gz").write_text("not gzip")
     bad = tmp_path / "bad.txt.gz"
     shutil.move(tmp_path / "bad.gz", bad)

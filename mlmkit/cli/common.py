@@ -88,7 +88,7 @@ def with_args(cls: type) -> Callable[[F], F]:
     params = []
     for f in fields:
         flags = f.flags
-        if f.type is bool and f.default is True:  # on by default: the flag that matters is --no-...
+        if (f.type is bool and f.default is True) or f.type == bool | None:  # on by default, or undecided: --x/--no-x
             flags = (f"{flags[0]}/--no-{flags[0][2:]}",)
         panel = "Training" if len(f.path) > 1 else None  # the fields of a composed TrainArgs
         text = escape(f.help)  # help is plain text: "mlmkit[serve]" is not rich markup

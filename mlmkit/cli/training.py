@@ -27,7 +27,7 @@ from .common import (
 )
 
 app = typer.Typer()
-tokenizer_app = typer.Typer(no_args_is_help=True, help="Train WordPiece tokenizers.")
+tokenizer_app = typer.Typer(no_args_is_help=True, help="Train tokenizers: WordPiece, byte-level BPE or Unigram.")
 app.add_typer(tokenizer_app, name="tokenizer")
 
 ALL_OPTION_FLAGS = ("text_column", "pair_column", "label_column", "doc_stride", "max_answer_length",
@@ -38,19 +38,22 @@ ALL_OPTION_FLAGS = ("text_column", "pair_column", "label_column", "doc_stride", 
 @handle_errors
 @with_args(TokenizerArgs)
 def tokenizer_train(args: TokenizerArgs) -> None:
-    """Train a WordPiece tokenizer with BERT normalisation on a corpus."""
+    """Train a tokenizer on a corpus: WordPiece with BERT normalisation, byte-level BPE or Unigram."""
     from ..corpus import iter_sentences
     from ..files import atomic_write_text
-    from ..tokenizer import save_tokenizer, train_tokenizer
+    from ..tokenizer import ROBERTA_TOKENS, SPECIAL_TOKENS, save_tokenizer, train_tokenizer
 
-    tok = train_tokenizer(iter_sentences(args.corpus, args.text_column), vocab_size=args.vocab_size, cased=args.cased)
+    specials = {"bert": SPECIAL_TOKENS, "roberta": ROBERTA_TOKENS}.get(args.special_tokens)
+    tok = train_tokenizer(iter_sentences(args.corpus, args.text_column), vocab_size=args.vocab_size, cased=args.cased,
+                          kind=args.kind, specials=specials)
     if args.out.suffix == ".json" and args.out.name != "tokenizer.json":
         atomic_write_text(args.out, tok.to_str())  # just this file: never touch a tokenizer.json beside it
         err.print(f"wrote {args.out} ({tok.get_vocab_size()} tokens)")
         return
     d = args.out.parent if args.out.suffix == ".json" else args.out
     save_tokenizer(tok, d)
-    err.print(f"wrote {d / 'tokenizer.json'} ({tok.get_vocab_size()} tokens), vocab.txt and tokenizer_config.json")
+    beside = "vocab.txt and tokenizer_config.json" if args.kind == "wordpiece" else "tokenizer_config.json"
+    err.print(f"wrote {d / 'tokenizer.json'} ({tok.get_vocab_size()} tokens), {beside}")
 
 
 @app.command()
@@ -69,7 +72,7 @@ def tokenize(args: TokenizeArgs) -> None:
 @handle_errors
 @with_args(PretrainArgs)
 def pretrain(args: PretrainArgs) -> None:
-    """Pre-train a BERT encoder with masked language modelling and next-sentence prediction."""
+    """Pre-train an encoder with masked language modelling (BERT: + next-sentence prediction; --arch roberta | modernbert)."""
     from dataclasses import replace
 
     from ..pretraining import pretrain as run

@@ -1,0 +1,12 @@
+"""BERT: the core as it is (its names are mlmkit's own), with next-sentence prediction."""
+
+from __future__ import annotations
+
+from .family import Family
+
+
+class Bert(Family):
+    """Everything as the base class: post-LN layers, absolute positions, two token types, NSP."""
+
+
+family = Bert()

@@ -1,0 +1,155 @@
+"""What a model family declares: how its config.json, parameter names and architectures map onto
+mlmkit's one core (BERT's names and fields, core.py), which inputs it takes and which blocks differ.
+
+A family is a subclass of ``Family`` in its own module, registered in models/__init__.py. The base
+class is BERT itself, so a family states only what it does differently:
+
+    config_aliases   canonical field -> the family's config.json key (DistilBERT: hidden_size -> dim)
+    renames          (BERT name, family name) prefix pairs, "{n}" standing for a layer index, tried in
+                     order both ways; ``head_renames`` adds the pairs that depend on which head a
+                     state dict holds (RoBERTa's classifier.dense / out_proj exist only on a sequence head)
+    class_prefixes   model_type -> the prefix of its transformers classes (RobertaForMaskedLM ...)
+    token_types      whether its graphs take token_type_ids
+    positions        "absolute", "padding_offset" (RoBERTa) or "none" (rotary, inside the layers)
+    layer()          its block (BERT's post-LN layer unless the family has its own)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from torch import nn
+
+# transformers' head classes, as BERT names them; a family's are its prefix + the same suffix
+HEADS = ("ForPreTraining", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
+         "ForQuestionAnswering", "Model")
+
+
+class Renamer:
+    """Prefix pairs (a, b) with "{n}" for a layer index, applied a -> b or b -> a; the first pair whose
+    side matches a whole leading part of the key (up to a dot or the end) wins."""
+
+    def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
+        self.pairs = [(self._compile(a), a, self._compile(b), b) for a, b in pairs]
+
+    @staticmethod
+    def _compile(prefix: str) -> re.Pattern[str]:
+        return re.compile("^" + re.escape(prefix).replace(r"\{n\}", r"(\d+)") + r"(?=\.|$)")
+
+    def __call__(self, key: str, *, to_family: bool) -> str:
+        for ra, a, rb, b in self.pairs:
+            src, dst = (ra, b) if to_family else (rb, a)
+            m = src.match(key)
+            if m:
+                return (dst.replace("{n}", m.group(1)) if m.groups() else dst) + key[m.end():]
+        return key
+
+
+class Family:
+    name = "bert"
+    model_types: tuple[str, ...] = ("bert",)
+    class_prefixes: dict[str, str] = {"bert": "Bert"}
+    prefix = "bert"  # the backbone's attribute in transformers' head classes
+    bare_roots: tuple[str, ...] = ("embeddings", "encoder", "pooler")  # keys of a backbone saved on its own
+    config_aliases: dict[str, str] = {}
+    config_defaults: dict[str, Any] = {}  # canonical fields transformers' config class defaults differently
+    renames: tuple[tuple[str, str], ...] = ()
+    token_types = True
+    positions = "absolute"
+    nsp = True  # pretraining adds next-sentence prediction (BERT only)
+    final_norm = False
+    pooler_norm = False
+    token_head = False  # a transform (dense, act, norm) before per-token classifiers
+    classifier_dropout_key = "classifier_dropout"
+    architecture_overrides: dict[str, str] = {}  # canonical (BERT) architecture -> the family's, where not prefix + suffix
+    tied: tuple[str, ...] = ("cls.predictions.decoder.weight",)  # canonical keys never stored
+    # what onnxruntime's BERT fusions produce for this family's graphs: op -> count per layer (or for
+    # the graph when the op is listed in FUSED_ONCE); measured, see README "Model families"
+    fusions: dict[str, int] = {"Attention": 1, "SkipLayerNormalization": 2, "EmbedLayerNormalization": 1}
+    # how the family tokenizes by default (tokenizer train --kind, pretrain --arch)
+    tokenizer_kind = "wordpiece"
+    special_tokens = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+    # ---- config ----------------------------------------------------------------------------
+    def embedding_size(self, config: Any) -> int:
+        return config.hidden_size
+
+    def pooler_act(self, config: Any) -> str:
+        return "tanh"
+
+    def mlm_act(self, config: Any) -> str:
+        return config.hidden_act
+
+    def head_bias(self, config: Any) -> bool:
+        return True
+
+    def sequence_pool(self, config: Any) -> str:
+        return "cls"
+
+    def check(self, config: Any) -> None:
+        """Raise ConfigError for a config this family's blocks cannot run."""
+
+    def max_tokens(self, config: Any) -> int:
+        """The longest input its positions allow: RoBERTa's start at padding_idx + 1."""
+        if self.positions == "padding_offset":
+            return config.max_position_embeddings - config.pad_token_id - 1
+        return config.max_position_embeddings
+
+    def positions_for(self, tokens: int) -> int:
+        """max_position_embeddings for inputs of up to ``tokens`` (a pretraining preset's): RoBERTa's
+        table has padding_idx + 1 more rows; rotary families have no table, and keep their long
+        context limit (ModernBERT's 8,192)."""
+        if self.positions == "none":
+            return max(tokens, 8192)
+        pad = int(self.config_defaults.get("pad_token_id", 0))
+        return tokens + pad + 1 if self.positions == "padding_offset" else tokens
+
+    def preset_overrides(self, hidden: int, intermediate: int) -> dict[str, Any]:
+        """Canonical fields a size preset sets differently for this family."""
+        return {}
+
+    def preset_extra(self) -> dict[str, Any]:
+        """Family config keys (config.json's own) a new model of this family is made with."""
+        return {}
+
+    # ---- blocks ------------------------------------------------------------------------------
+    def layer(self, config: Any, index: int) -> nn.Module:
+        from .core import BertLayer
+
+        return BertLayer(config, index)
+
+    # ---- names -------------------------------------------------------------------------------
+    def architecture(self, canonical: str, model_type: str) -> str:
+        """BertForSequenceClassification -> this family's class name for ``model_type``."""
+        if canonical in self.architecture_overrides:
+            canonical = self.architecture_overrides[canonical]
+        for suffix in HEADS:
+            if canonical == "Bert" + suffix:
+                return self.class_prefixes[model_type] + suffix
+        return canonical
+
+    def canonical_architecture(self, name: str, model_type: str) -> str:
+        prefix = self.class_prefixes[model_type]
+        for suffix in HEADS:
+            if name == prefix + suffix:
+                return "Bert" + suffix
+        return name
+
+    def head_renames(self, keys: set[str], *, to_family: bool) -> tuple[tuple[str, str], ...]:
+        """Pairs that apply only to some heads; ``keys`` are the state dict's (canonical when
+        ``to_family``, else the family's)."""
+        return ()
+
+    def to_family(self, sd: dict[str, Any]) -> dict[str, Any]:
+        """A state dict under mlmkit's (BERT) names -> under this family's transformers names."""
+        rename = Renamer([*self.head_renames(set(sd), to_family=True), *self.renames])
+        return {rename(k, to_family=True): v for k, v in sd.items()}
+
+    def from_family(self, sd: dict[str, Any]) -> dict[str, Any]:
+        """A transformers state dict of this family (with or without the backbone's prefix, e.g. a
+        bare RobertaModel) -> mlmkit's names."""
+        sd = {(f"{self.prefix}.{k}" if k.split(".", 1)[0] in self.bare_roots else k): v for k, v in sd.items()}
+        rename = Renamer([*self.head_renames(set(sd), to_family=False), *self.renames])
+        return {rename(k, to_family=False): v for k, v in sd.items()}

@@ -1,0 +1,306 @@
+"""ModernBERT (transformers' modeling_modernbert; Warner et al. 2024, "Smarter, Better, Faster, Longer").
+
+What differs from BERT:
+- the block is pre-LN (``attn_norm`` -> fused ``Wqkv`` attention -> ``Wo``, then ``mlp_norm`` -> GeGLU
+  ``Wi`` / ``Wo``), layer 0 without an attention norm, and a final norm after the last layer;
+- no position embeddings and no token types: rotary embeddings inside the attention, at the global
+  theta on global layers and the local theta on sliding-window layers, where a query sees the keys
+  within ``local_attention // 2`` positions on each side (both ends included); by default every
+  third layer (0, 3, 6 ...) is global;
+- LayerNorms without bias (``norm_bias``), linear layers without bias unless ``attention_bias`` /
+  ``mlp_bias`` / ``classifier_bias`` say so;
+- one head transform ``head`` (dense, ``classifier_activation``, norm) on every head: the MLM head's
+  transform, the sequence head's pooler after [CLS] or mean pooling (``classifier_pooling``), and the
+  per-token transform of the token and span heads; the span head's output layer is ``classifier``
+  too (mlmkit's ``qa_outputs``);
+- the MLM decoder's bias is ``decoder.bias``, its weight tied to the token embeddings.
+
+config.json: ``hidden_activation``, ``norm_eps``; the window, layer pattern and thetas as
+transformers 5 writes them (``layer_types``, ``rope_parameters``) or as earlier ones did
+(``global_attn_every_n_layers``, ``global_rope_theta``, ``local_rope_theta``), read either way,
+``local_attention`` in both. Dropouts: ``embedding_dropout`` is the canonical hidden_dropout_prob
+(the core's embedding dropout, and the classifier's where a config has no ``classifier_dropout``),
+``attention_dropout`` the canonical attention_probs_dropout_prob (on the attention probabilities
+and after ``Wo``, as there), ``mlp_dropout`` read by the MLP itself. In eval mode none applies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..errors import ConfigError
+from .core import ACT, attend, layer_norm
+from .family import Family, Renamer
+
+GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer types
+DEFAULT_THETA = {GLOBAL: 160_000.0, LOCAL: 10_000.0}
+OLD_THETA_KEY = {GLOBAL: "global_rope_theta", LOCAL: "local_rope_theta"}
+DEFAULT_WINDOW = 128  # local_attention: the whole window, half of it on each side
+DEFAULT_GLOBAL_EVERY = 3
+FAR = -10000.0  # the additive mask value of core.extended_mask: finite, so no row turns into NaN
+
+MLM_HEAD = (("cls.predictions.transform.dense", "head.dense"), ("cls.predictions.transform.LayerNorm", "head.norm"))
+CLASSIFIER_HEAD = (("bert.pooler", "head"),)
+SPAN_OUTPUT = (("qa_outputs", "classifier"),)
+
+
+# ---- config ------------------------------------------------------------------------------------
+def _positive_int(config: Any, key: str, default: int) -> int:
+    v = config.extra.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"config {key} must be a positive integer, got {v!r}", "fix the config.json")
+    return v
+
+
+def layer_types(config: Any) -> list[str]:
+    """Each layer's attention, "full_attention" or "sliding_attention": ``layer_types`` where
+    config.json has it (transformers 5), else every ``global_attn_every_n_layers``-th layer global."""
+    types = config.extra.get("layer_types")
+    if types is None:
+        every = _positive_int(config, "global_attn_every_n_layers", DEFAULT_GLOBAL_EVERY)
+        return [GLOBAL if i % every == 0 else LOCAL for i in range(config.num_hidden_layers)]
+    if not isinstance(types, list) or len(types) != config.num_hidden_layers or any(t not in (GLOBAL, LOCAL) for t in types):
+        raise ConfigError(
+            f"config layer_types must list '{GLOBAL}' or '{LOCAL}' for each of the {config.num_hidden_layers} layers, got {types!r}",
+            "fix the config.json",
+        )
+    return list(types)
+
+
+def rope_theta(config: Any, kind: str) -> float:
+    """The rotary base of one layer type, as transformers resolves it: ``rope_parameters[kind]``
+    (with a legacy ``rope_scaling`` laid over it), else the older ``global_rope_theta`` /
+    ``local_rope_theta``, else ModernBERT's defaults. Only the plain ("default") rotary runs here."""
+    params = config.extra.get("rope_parameters") or {}
+    if not isinstance(params, dict):
+        raise ConfigError(f"config rope_parameters must be an object, got {params!r}", "fix the config.json")
+    p = params.get(kind) or {}
+    scaling = config.extra.get("rope_scaling")
+    if not isinstance(p, dict) or not isinstance(scaling, dict | None):
+        raise ConfigError(f"config rope parameters of {kind} must be an object, got {p!r}", "fix the config.json")
+    p = {**p, **(scaling or {})}
+    kind_of_rope = p.get("rope_type", p.get("type", "default"))
+    if kind_of_rope != "default":
+        raise ConfigError(
+            f"rope type '{kind_of_rope}' ({kind} layers) is not supported for modernbert",
+            "mlmkit runs ModernBERT's plain rotary embeddings (rope_type 'default') only",
+        )
+    theta = p.get("rope_theta")
+    if theta is None:
+        theta = config.extra.get(OLD_THETA_KEY[kind], DEFAULT_THETA[kind])
+    if isinstance(theta, bool) or not isinstance(theta, int | float) or theta <= 0:
+        raise ConfigError(f"config rope_theta of {kind} layers must be a positive number, got {theta!r}", "fix the config.json")
+    return float(theta)
+
+
+# ---- blocks ------------------------------------------------------------------------------------
+def rotary(T: torch.Tensor | int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (T, head_dim) in float32 for positions 0 .. T-1; T may be a traced size (export)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))  # (hd/2,)
+    freqs = torch.arange(T, device=device).float()[:, None] * inv_freq[None, :]  # (T, hd/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (T, hd): the two halves rotate together
+    return emb.cos(), emb.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, nh, T, hd) rotated by its positions' angles, computed in float32 as transformers does."""
+    xf = x.float()
+    half = x.size(-1) // 2
+    turned = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+    return (xf * cos + turned * sin).to(x.dtype)
+
+
+def window_mask(T: torch.Tensor | int, Tq: torch.Tensor | int, half: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(Tq, T) additive mask of a sliding-window layer for the first Tq queries: 0 where |i - j| <=
+    ``half``, FAR beyond. Built from the runtime length, so one exported graph serves every length."""
+    pos = torch.arange(T, device=device)
+    far = (pos[:Tq, None] - pos[None, :]).abs() > half  # (Tq, T)
+    return far.to(dtype) * FAR
+
+
+class ModernBertAttention(nn.Module):
+    """Fused-projection self-attention with rotary positions, over the whole sequence (global
+    layers) or a window around each query (local layers). ``impl`` as BertSelfAttention's."""
+
+    impl = "sdpa"
+
+    def __init__(self, config: Any, index: int) -> None:
+        super().__init__()
+        H, bias = config.hidden_size, bool(config.extra.get("attention_bias", False))
+        self.n_head, self.head_dim = config.num_attention_heads, config.head_dim
+        self.Wqkv = nn.Linear(H, 3 * H, bias=bias)  # rows: queries, keys, values
+        self.Wo = nn.Linear(H, H, bias=bias)
+        self.dropout_p = config.attention_probs_dropout_prob
+        self.dropout = nn.Dropout(self.dropout_p)  # on the probabilities (eager; SDPA takes dropout_p)
+        self.out_drop = nn.Dropout(self.dropout_p)  # after Wo, as transformers applies attention_dropout twice
+        kind = layer_types(config)[index]
+        self.theta = rope_theta(config, kind)
+        local = _positive_int(config, "local_attention", DEFAULT_WINDOW)
+        self.half_window = local // 2 if kind == LOCAL else None
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
+        # x (B, T, H) normed; mask (B, 1, 1, T) additive; queries (B, Tq, H) normed: the first Tq positions
+        H = x.size(-1)
+        if queries is None:
+            q, k, v = self.Wqkv(x).unflatten(-1, (3, self.n_head, self.head_dim)).transpose(1, 3).unbind(2)  # (B, nh, T, hd) each
+        else:
+            W, b = self.Wqkv.weight, self.Wqkv.bias
+            q = F.linear(queries, W[:H], None if b is None else b[:H]).unflatten(-1, (self.n_head, self.head_dim)).transpose(1, 2)
+            k, v = F.linear(x, W[H:], None if b is None else b[H:]).unflatten(-1, (2, self.n_head, self.head_dim)).transpose(1, 3).unbind(2)
+        T, Tq = x.size(1), q.size(2)
+        cos, sin = rotary(T, self.head_dim, self.theta, x.device)
+        q, k = rotate(q, cos[:Tq], sin[:Tq]), rotate(k, cos, sin)
+        if self.half_window is not None:
+            mask = mask + window_mask(T, Tq, self.half_window, x.device, mask.dtype)  # (B, 1, Tq, T)
+        out = attend(self, q, k, v, mask).transpose(1, 2).flatten(2)  # (B, Tq, H)
+        return self.out_drop(self.Wo(out))
+
+
+class ModernBertMLP(nn.Module):
+    """GeGLU: ``Wi`` to twice the intermediate size, act(first half) * second half, ``Wo`` back."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        H, inter, bias = config.hidden_size, config.intermediate_size, bool(config.extra.get("mlp_bias", False))
+        self.Wi = nn.Linear(H, 2 * inter, bias=bias)
+        self.act = ACT[config.hidden_act]
+        self.drop = nn.Dropout(float(config.extra.get("mlp_dropout", 0.0)))
+        self.Wo = nn.Linear(inter, H, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, gate = self.Wi(x).chunk(2, dim=-1)  # (B, T, I) each
+        return self.Wo(self.drop(self.act(h) * gate))
+
+
+class ModernBertLayer(nn.Module):
+    """The pre-LN block: x + attn(attn_norm(x)), then + mlp(mlp_norm(.)). Layer 0 has no attention
+    norm (its input is the embeddings' norm), so no parameters there either."""
+
+    def __init__(self, config: Any, index: int) -> None:
+        super().__init__()
+        self.attn_norm = layer_norm(config) if index else nn.Identity()
+        self.attn = ModernBertAttention(config, index)
+        self.mlp_norm = layer_norm(config)
+        self.mlp = ModernBertMLP(config)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
+        normed = None if queries is None else self.attn_norm(queries)
+        h = (x if queries is None else queries) + self.attn(self.attn_norm(x), mask, normed)  # (B, Tq, H)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+# ---- the family --------------------------------------------------------------------------------
+class ModernBert(Family):
+    name = "modernbert"
+    model_types = ("modernbert",)
+    class_prefixes = {"modernbert": "ModernBert"}
+    prefix = "model"
+    bare_roots = ("embeddings", "layers", "final_norm")
+    config_aliases = {
+        "hidden_act": "hidden_activation", "layer_norm_eps": "norm_eps",
+        "hidden_dropout_prob": "embedding_dropout", "attention_probs_dropout_prob": "attention_dropout",
+    }
+    # ModernBertConfig's defaults where the core's readers default otherwise; norm_bias and
+    # classifier_dropout are family keys (they land in ``extra``) that core.layer_norm and
+    # BertForLabels read with BERT's defaults
+    config_defaults = {
+        "vocab_size": 50368, "intermediate_size": 1152, "max_position_embeddings": 8192, "layer_norm_eps": 1e-5,
+        "pad_token_id": 50283, "type_vocab_size": 0, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "norm_bias": False, "classifier_dropout": 0.0,
+    }
+    renames = (
+        ("bert.embeddings.word_embeddings", "model.embeddings.tok_embeddings"),
+        ("bert.embeddings.LayerNorm", "model.embeddings.norm"),
+        ("bert.encoder.layer.{n}", "model.layers.{n}"),  # the block keeps its own names (attn.Wqkv, mlp.Wi ...)
+        ("bert.encoder.final_norm", "model.final_norm"),
+        ("cls.predictions.bias", "decoder.bias"),
+        ("cls.predictions.decoder", "decoder"),
+    )
+    token_types = False
+    positions = "none"
+    nsp = False
+    final_norm = True
+    pooler_norm = True
+    token_head = True
+    architecture_overrides = {"BertForPreTraining": "BertForMaskedLM"}
+    fusions: dict[str, int] = {}  # not measured yet
+    tokenizer_kind = "bpe"
+    special_tokens = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # BERT's names on a byte-level BPE, as ModernBERT's
+
+    def pooler_act(self, config: Any) -> str:
+        return config.extra.get("classifier_activation", "gelu")
+
+    def mlm_act(self, config: Any) -> str:
+        return config.extra.get("classifier_activation", "gelu")
+
+    def head_bias(self, config: Any) -> bool:
+        return bool(config.extra.get("classifier_bias", False))
+
+    def sequence_pool(self, config: Any) -> str:
+        return config.extra.get("classifier_pooling", "cls")
+
+    def check(self, config: Any) -> None:
+        types = layer_types(config)
+        for kind in sorted(set(types)):
+            rope_theta(config, kind)
+        _positive_int(config, "local_attention", DEFAULT_WINDOW)
+        pool = self.sequence_pool(config)
+        if pool not in ("cls", "mean"):
+            raise ConfigError(f"config classifier_pooling must be 'cls' or 'mean', got {pool!r}", "fix the config.json")
+        act = self.pooler_act(config)
+        if act not in ACT:
+            raise ConfigError(f"unsupported classifier_activation {act!r}", f"use one of: {', '.join(ACT)}")
+
+    def preset_overrides(self, hidden: int, intermediate: int) -> dict[str, Any]:
+        # GeGLU at ModernBERT-base's ratio (1152 for BERT-base's 3072: Wi's 2 x 1152 = 3 x hidden);
+        # pad 0: [PAD]'s id in a tokenizer trained with this family's special tokens
+        return {"intermediate_size": intermediate * 3 // 8, "pad_token_id": 0}
+
+    def preset_extra(self) -> dict[str, Any]:
+        # the keys transformers 4.48+ and 5 both read; the token ids are those of a tokenizer
+        # trained with the family's special tokens ([PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4)
+        return {
+            "local_attention": DEFAULT_WINDOW, "global_attn_every_n_layers": DEFAULT_GLOBAL_EVERY,
+            "global_rope_theta": DEFAULT_THETA[GLOBAL], "local_rope_theta": DEFAULT_THETA[LOCAL],
+            "attention_bias": False, "mlp_bias": False, "norm_bias": False, "mlp_dropout": 0.0,
+            "classifier_pooling": "cls", "classifier_activation": "gelu", "classifier_bias": False,
+            "classifier_dropout": 0.0, "decoder_bias": True, "tie_word_embeddings": True,
+            "bos_token_id": 2, "cls_token_id": 2, "eos_token_id": 3, "sep_token_id": 3,
+        }
+
+    def layer(self, config: Any, index: int) -> nn.Module:
+        return ModernBertLayer(config, index)
+
+    # ---- names -------------------------------------------------------------------------------
+    def head_renames(self, keys: set[str], *, to_family: bool) -> tuple[tuple[str, str], ...]:
+        # every head's transform is ``head``: the MLM head's when there is a decoder (its bias; the
+        # weight is tied and not stored) or no classifier, else the classifier heads' pooler
+        if to_family:
+            return MLM_HEAD if any(k.startswith("cls.predictions.") for k in keys) else CLASSIFIER_HEAD + SPAN_OUTPUT
+        mlm = any(k.startswith("decoder.") for k in keys) or ("head.dense.weight" in keys and "classifier.weight" not in keys)
+        return MLM_HEAD if mlm else CLASSIFIER_HEAD
+
+    def from_family(self, sd: dict[str, Any]) -> dict[str, Any]:
+        """As the base class, plus every other name a key can stand for where the keys alone do not
+        tell the head (the model it is loaded into takes the one it has; load_weights returns the rest
+        as unexpected): a two-way ``classifier`` is also the span head's ``qa_outputs``
+        (ModernBertForQuestionAnswering names its output layer ``classifier``, as the token head), and
+        a ``head`` with neither decoder bias nor classifier is an MLM head of ``decoder_bias`` false,
+        given the zero bias it computes with, or a per-token encoder's transform (bert.pooler)."""
+        out = super().from_family(sd)
+        if "bert.pooler.dense.weight" in out and "classifier.weight" in out and out["classifier.weight"].size(0) == 2:
+            out.update({f"qa_outputs.{p}": out[f"classifier.{p}"] for p in ("weight", "bias") if f"classifier.{p}" in out})
+        emb = out.get("bert.embeddings.word_embeddings.weight")
+        if "cls.predictions.transform.dense.weight" in out and "cls.predictions.bias" not in out:
+            as_pooler = Renamer(CLASSIFIER_HEAD)
+            out.update({as_pooler(k, to_family=False): v for k, v in sd.items() if k.startswith("head.")})
+            if emb is not None:
+                out["cls.predictions.bias"] = emb.new_zeros(emb.size(0))
+        return out
+
+
+family = ModernBert()

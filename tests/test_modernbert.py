@@ -1,0 +1,347 @@
+"""ModernBERT parity with transformers: tiny random models of transformers' classes load into mlmkit's
+core and give the same hidden states, MLM / sequence / token / span logits, save back under
+transformers' names, and export to ONNX.
+
+The models have global and local layers and a window of 8 (4 positions each side) on sequences of
+up to 36 tokens, so the window, both rotary bases and the [CLS] row of a local last layer all count;
+the weights are perturbed well beyond their init so that every parameter matters.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from mlmkit.checkpoint import load_state_dict, load_weights, save_weights
+from mlmkit.config import ModelConfig, preset
+from mlmkit.errors import ConfigError
+from mlmkit.models import core, family_for
+from mlmkit.models.modernbert import GLOBAL, LOCAL, ModernBertLayer
+
+transformers = pytest.importorskip("transformers")
+
+V = 100
+ATOL = 1e-5
+BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=2,
+            local_attention=8, global_attn_every_n_layers=2, global_rope_theta=1000.0, local_rope_theta=100.0,
+            pad_token_id=0, bos_token_id=2, cls_token_id=2, eos_token_id=3, sep_token_id=3, max_position_embeddings=64)
+VARIANTS = {
+    # layers global, local, global, local; ModernBERT's defaults: no biases anywhere, GELU
+    "plain": {},
+    # every bias there is, other activations, and a layer pattern global_attn_every_n_layers cannot
+    # state (transformers writes both keys; layer_types wins)
+    "biased": dict(attention_bias=True, mlp_bias=True, norm_bias=True, classifier_bias=True, classifier_activation="silu",
+                   hidden_activation="gelu_pytorch_tanh", layer_types=[LOCAL, GLOBAL, LOCAL, LOCAL]),
+}
+
+
+def perturb(model: nn.Module, seed: int) -> None:
+    """Noise well above the init (std 0.02, LayerNorms at 1, biases at 0), on every parameter."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.1)
+
+
+def hf_dir(tmp_path: Path, cls_name: str, variant: str = "plain", name: str = "hf", seed: int = 0, **kw) -> Path:
+    """A random transformers ModernBERT model of class ``cls_name``, saved by save_pretrained."""
+    cfg = transformers.ModernBertConfig(**{**BASE, **VARIANTS[variant], **kw})
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls_name)(cfg)
+    perturb(model, seed)
+    d = tmp_path / name
+    model.save_pretrained(d)
+    return d
+
+
+def hf_model(cls_name: str, d: Path, impl: str = "eager") -> nn.Module:
+    return getattr(transformers, cls_name).from_pretrained(d, attn_implementation=impl).eval()
+
+
+def inputs(T: int = 36, lengths: tuple[int, ...] = (36, 23, 9), seed: int = 1) -> dict[str, torch.Tensor]:
+    """A right-padded batch: [CLS] first, padding id 0 with attention_mask 0 after each length."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, V, (len(lengths), T), generator=g)
+    ids[:, 0] = 2
+    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
+    ids[mask == 0] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def load_ours(d: Path, build) -> tuple[ModelConfig, nn.Module, list[str]]:
+    """mlmkit's model of ``d`` (config.json + weights through the family's renames), in eval mode;
+    nothing it has may be missing. Returns the keys the state dict had beyond the model's."""
+    cfg = ModelConfig.load(d)
+    model = build(cfg)
+    missing, unexpected = load_weights(model, load_state_dict(d))
+    assert missing == []
+    return cfg, model.eval(), unexpected
+
+
+def real_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    """Largest difference at real tokens (a, b: (B, T, ...))."""
+    return (a - b)[mask.bool()].abs().max().item()
+
+
+class Backbone(nn.Module):
+    """The encoder alone, under the heads' ``bert.`` prefix (mlmkit's names)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.bert = core.BertModel(config, add_pooling_layer=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.bert(input_ids, attention_mask)[0]
+
+
+class SpanModel(nn.Module):
+    """tasks/qa.py's model: the family's per-token encoder and a two-way qa_outputs layer."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.bert = core.token_encoder(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.qa_outputs(core.token_states(self.bert, input_ids, attention_mask, None))  # (B, T, 2)
+        return logits[..., 0], logits[..., 1]
+
+
+# ---- the backbone and the heads against transformers -------------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_backbone_matches_transformers_eager_and_sdpa(tmp_path, variant):
+    d = hf_dir(tmp_path, "ModernBertModel", variant)  # a bare backbone: keys without "model."
+    cfg, ours, unexpected = load_ours(d, Backbone)
+    assert unexpected == []
+    x = inputs()
+    with torch.no_grad():
+        mine = {}
+        for impl in ("eager", "sdpa"):
+            core.set_attention_impl(ours, impl)
+            mine[impl] = ours(**x)
+        assert real_diff(mine["eager"], mine["sdpa"], x["attention_mask"]) <= ATOL
+        for impl in ("eager", "sdpa"):
+            ref = hf_model("ModernBertModel", d, impl)(**x).last_hidden_state
+            for ours_impl, h in mine.items():
+                assert real_diff(h, ref, x["attention_mask"]) <= ATOL, (impl, ours_impl)
+    assert ref.abs().max() > 1.0
+
+
+@pytest.mark.parametrize("variant", [*VARIANTS, "no_decoder_bias"])
+def test_mlm_logits_match(tmp_path, variant):
+    kw = dict(decoder_bias=False) if variant == "no_decoder_bias" else {}
+    d = hf_dir(tmp_path, "ModernBertForMaskedLM", "plain" if kw else variant, **kw)
+    cfg, ours, unexpected = load_ours(d, core.BertForPreTraining)
+    # without a decoder bias the head could also be a bare per-token encoder's (bert.pooler): both given
+    assert sorted(unexpected) == ([] if not kw else ["bert.pooler.dense.weight", "bert.pooler.norm.weight"])
+    x = inputs()
+    with torch.no_grad():
+        got = ours(**x)["prediction_logits"]
+        ref = hf_model("ModernBertForMaskedLM", d)(**x).logits
+        labels = torch.full_like(x["input_ids"], -100)
+        labels[:, 3:7] = x["input_ids"][:, 3:7]
+        part = ours(**x, labels=labels)["mlm_logits"]  # the head at the labelled positions only
+    assert real_diff(got, ref, x["attention_mask"]) <= ATOL
+    assert (part - ref[labels != -100]).abs().max().item() <= ATOL
+    assert ref.abs().max() > 1.0
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_sequence_classification_matches(tmp_path, variant, pooling):
+    d = hf_dir(tmp_path, "ModernBertForSequenceClassification", variant, classifier_pooling=pooling, num_labels=3)
+    cfg, ours, unexpected = load_ours(d, lambda c: core.BertForLabels(c, per_token=False))
+    assert unexpected == []
+    x = inputs()
+    with torch.no_grad():
+        got = ours(**x)["logits"]
+        ref = hf_model("ModernBertForSequenceClassification", d)(**x).logits
+        assert (got - ref).abs().max().item() <= ATOL
+        assert core.reads_cls_only(ours.bert) == (pooling == "cls")
+        if pooling == "cls":  # the [CLS]-only last layer (a local one in "plain") gives the same vector
+            pooled = ours.bert(**x)[1]
+            fast = core.encode_cls(ours.bert, x["input_ids"], x["attention_mask"])
+            assert (fast - pooled).abs().max().item() <= ATOL
+            assert (ours.classify(fast) - ref).abs().max().item() <= ATOL
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_token_classification_matches(tmp_path, variant):
+    d = hf_dir(tmp_path, "ModernBertForTokenClassification", variant, num_labels=5)
+    cfg, ours, unexpected = load_ours(d, lambda c: core.BertForLabels(c, per_token=True))
+    assert unexpected == []
+    x = inputs()
+    with torch.no_grad():
+        got = ours(**x)["logits"]
+        ref = hf_model("ModernBertForTokenClassification", d)(**x).logits
+    assert real_diff(got, ref, x["attention_mask"]) <= ATOL
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_question_answering_matches(tmp_path, variant):
+    d = hf_dir(tmp_path, "ModernBertForQuestionAnswering", variant)
+    cfg, ours, unexpected = load_ours(d, SpanModel)
+    # transformers names the span output layer "classifier", as the token head's: given as both
+    assert sorted(unexpected) == ["classifier.bias", "classifier.weight"]
+    x = inputs()
+    with torch.no_grad():
+        start, end = ours(**x)
+        ref = hf_model("ModernBertForQuestionAnswering", d)(**x)
+    assert real_diff(start, ref.start_logits, x["attention_mask"]) <= ATOL
+    assert real_diff(end, ref.end_logits, x["attention_mask"]) <= ATOL
+
+
+# ---- back to transformers ----------------------------------------------------------------------
+@pytest.mark.parametrize("head", ["mlm", "qa"])
+def test_saves_back_to_transformers(tmp_path, head):
+    cls_name, build = {"mlm": ("ModernBertForMaskedLM", core.BertForPreTraining),
+                       "qa": ("ModernBertForQuestionAnswering", SpanModel)}[head]
+    cfg, ours, _ = load_ours(hf_dir(tmp_path, cls_name, "biased"), build)
+    out = tmp_path / "ours"
+    out.mkdir()
+    save_weights(ours, out / "model.safetensors", cfg)
+    cfg.save(out / "config.json")
+    theirs, info = getattr(transformers, cls_name).from_pretrained(out, attn_implementation="eager", output_loading_info=True)
+    assert info["missing_keys"] in ([], set()) and info["unexpected_keys"] in ([], set()), info
+    x = inputs()
+    with torch.no_grad():
+        got, ref = ours(**x), theirs.eval()(**x)
+    if head == "mlm":
+        assert real_diff(got["prediction_logits"], ref.logits, x["attention_mask"]) <= ATOL
+    else:
+        assert real_diff(got[0], ref.start_logits, x["attention_mask"]) <= ATOL
+        assert real_diff(got[1], ref.end_logits, x["attention_mask"]) <= ATOL
+
+
+def test_preset_model_loads_in_transformers(tmp_path):
+    assert preset("tiny", "modernbert", vocab_size=V).max_position_embeddings == 8192
+    cfg = preset("tiny", "modernbert", vocab_size=V, max_position_embeddings=256)
+    cfg.architectures = ["BertForPreTraining"]
+    assert (cfg.intermediate_size, cfg.pad_token_id, cfg.type_vocab_size, cfg.layer_norm_eps) == (192, 0, 0, 1e-5)
+    torch.manual_seed(0)
+    ours = core.BertForPreTraining(cfg)
+    perturb(ours, 0)
+    save_weights(ours, tmp_path / "model.safetensors", cfg)
+    cfg.save(tmp_path / "config.json")
+    hc = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert hc.model_type == "modernbert" and hc.architectures == ["ModernBertForMaskedLM"]
+    assert hc.layer_types == [GLOBAL, LOCAL] and hc.local_attention == 128 and hc.max_position_embeddings == 256
+    assert hc.rope_parameters[GLOBAL]["rope_theta"] == 160_000.0 and hc.rope_parameters[LOCAL]["rope_theta"] == 10_000.0
+    assert (hc.norm_bias, hc.attention_bias, hc.mlp_bias, hc.decoder_bias, hc.hidden_activation) == (False, False, False, True, "gelu")
+    theirs, info = transformers.ModernBertForMaskedLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert info["missing_keys"] in ([], set()) and info["unexpected_keys"] in ([], set()), info
+    x = inputs(T=150, lengths=(150, 97, 20))  # beyond the 64 positions each side of the window
+    with torch.no_grad():
+        got, ref = ours.eval()(**x)["prediction_logits"], theirs.eval()(**x).logits
+    assert real_diff(got, ref, x["attention_mask"]) <= ATOL
+
+
+# ---- config.json -------------------------------------------------------------------------------
+def test_older_config_keys_read_the_same(tmp_path):
+    """Configs written before transformers 5 state the pattern and bases as global_attn_every_n_layers,
+    global_rope_theta and local_rope_theta, without layer_types or rope_parameters."""
+    d = hf_dir(tmp_path, "ModernBertForMaskedLM")
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes())
+    c = json.loads((d / "config.json").read_text())
+    del c["layer_types"], c["rope_parameters"]
+    c.update(global_rope_theta=BASE["global_rope_theta"], local_rope_theta=BASE["local_rope_theta"])
+    (old / "config.json").write_text(json.dumps(c))
+    cfg, ours, _ = load_ours(old, core.BertForPreTraining)
+    x = inputs()
+    with torch.no_grad():
+        assert real_diff(ours(**x)["prediction_logits"], hf_model("ModernBertForMaskedLM", d)(**x).logits, x["attention_mask"]) <= ATOL
+        # and the comparison is sensitive to the window and to the bases
+        base = ours(**x)["prediction_logits"]
+        for change in ({"local_attention": 10}, {"local_rope_theta": 10_000.0}, {"global_rope_theta": 160_000.0}):
+            other = core.BertForPreTraining(ModelConfig.from_dict({**c, **change}))
+            other.load_state_dict(ours.state_dict())
+            assert real_diff(other.eval()(**x)["prediction_logits"], base, x["attention_mask"]) > 1e-3, change
+
+
+def test_config_fields_and_names():
+    cfg = ModelConfig.from_dict({"model_type": "modernbert", "vocab_size": V, "hidden_size": 32, "num_attention_heads": 2,
+                                 "num_hidden_layers": 3, "intermediate_size": 48, "hidden_activation": "gelu_new",
+                                 "norm_eps": 1e-6, "embedding_dropout": 0.1, "attention_dropout": 0.2, "mlp_dropout": 0.3,
+                                 "architectures": ["ModernBertForQuestionAnswering"]})
+    assert (cfg.hidden_act, cfg.layer_norm_eps, cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob) == ("gelu_new", 1e-6, 0.1, 0.2)
+    assert (cfg.type_vocab_size, cfg.pad_token_id, cfg.max_position_embeddings, cfg.architectures) == (0, 50283, 8192, ["BertForQuestionAnswering"])
+    d = cfg.to_dict()
+    assert {"hidden_activation", "norm_eps", "embedding_dropout", "attention_dropout"} <= set(d)
+    assert not {"hidden_act", "layer_norm_eps", "hidden_dropout_prob", "type_vocab_size"} & set(d)
+    assert d["architectures"] == ["ModernBertForQuestionAnswering"] and d["norm_bias"] is False
+    model = core.BertForPreTraining(cfg)
+    layers = model.bert.encoder.layer
+    assert all(isinstance(x, ModernBertLayer) for x in layers) and isinstance(layers[0].attn_norm, nn.Identity)
+    assert [x.attn.half_window for x in layers] == [None, 64, 64]  # local_attention 128, every third layer global
+    assert (model.bert.embeddings.dropout.p, layers[1].attn.dropout_p, layers[1].attn.out_drop.p, layers[1].mlp.drop.p) == (0.1, 0.2, 0.2, 0.3)
+    fam = family_for("modernbert")
+    assert fam.architecture("BertForPreTraining", "modernbert") == "ModernBertForMaskedLM"
+    assert not hasattr(model.bert.embeddings, "position_embeddings") and not hasattr(model.bert.embeddings, "token_type_embeddings")
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"rope_parameters": {GLOBAL: {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}}}, "rope type 'yarn'"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope type 'linear'"),
+    ({"layer_types": [GLOBAL, LOCAL]}, "layer_types"),
+    ({"layer_types": [GLOBAL, "chunked_attention", LOCAL]}, "layer_types"),
+    ({"classifier_pooling": "max"}, "classifier_pooling"),
+    ({"classifier_activation": "swish7"}, "classifier_activation"),
+    ({"local_attention": 0}, "local_attention"),
+])
+def test_configs_it_cannot_run_are_refused(change, words):
+    with pytest.raises(ConfigError, match=words):
+        ModelConfig.from_dict({"model_type": "modernbert", "vocab_size": V, "hidden_size": 32, "num_attention_heads": 2,
+                               "num_hidden_layers": 3, "intermediate_size": 48, **change})
+
+
+# ---- ONNX --------------------------------------------------------------------------------------
+class _Logits(nn.Module):
+    def __init__(self, model: nn.Module, fn) -> None:
+        super().__init__()
+        self.model, self.fn = model, fn
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.fn(self.model, input_ids, attention_mask)
+
+
+def test_eager_graphs_export_to_onnx(tmp_path):
+    """The TorchScript exporter at opset 17 with dynamic batch and sequence axes: onnxruntime on a
+    batch of another size and length than the export's gives PyTorch's outputs (the window and the
+    rotary angles come from the runtime length). Two graphs: MLM logits and the [CLS]-only classifier."""
+    ort = pytest.importorskip("onnxruntime")
+    _, mlm, _ = load_ours(hf_dir(tmp_path, "ModernBertForMaskedLM", name="mlm"), core.BertForPreTraining)
+    _, seq, _ = load_ours(hf_dir(tmp_path, "ModernBertForSequenceClassification", name="seq", num_labels=3),
+                          lambda c: core.BertForLabels(c, per_token=False))
+    graphs = {
+        "mlm": _Logits(mlm, lambda m, i, a: m(i, a)["prediction_logits"]),
+        "cls": _Logits(seq, lambda m, i, a: m.classify(core.encode_cls(m.bert, i, a))),
+    }
+    dummy = inputs(T=12, lengths=(12, 7))
+    x = inputs()
+    for name, graph in graphs.items():
+        core.set_attention_impl(graph, "eager")
+        path = tmp_path / f"{name}.onnx"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(graph, (dummy["input_ids"], dummy["attention_mask"]), str(path), dynamo=False, opset_version=17,
+                              input_names=["input_ids", "attention_mask"], output_names=["out"],
+                              dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
+                                            "out": {0: "batch", 1: "sequence"} if name == "mlm" else {0: "batch"}})
+        core.set_attention_impl(graph, "sdpa")
+        with torch.no_grad():
+            ref = graph(**x).numpy()
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        (got,) = sess.run(None, {k: v.numpy() for k, v in x.items()})
+        diff = got - ref
+        if name == "mlm":
+            diff = diff[x["attention_mask"].bool().numpy()]
+        assert abs(diff).max() <= 1e-4, name
