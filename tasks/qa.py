@@ -232,6 +232,16 @@ def _search(outputs: dict[str, Any], features: list[dict[str, Any]], n_examples:
     return res
 
 
+def _trimmed(text: str, start: int, end: int) -> tuple[int, int]:
+    """A span without the whitespace at its ends: SentencePiece's lone "▁" pieces (and byte-level
+    "Ġ" pieces) carry the space before a word in their offsets."""
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
+
+
 # ---------------------------------------------------------------- the task
 
 
@@ -437,8 +447,8 @@ class QATask:
                 score = r["null"] if r["null"] is not None else 0.0
                 preds.append({"id": ex["id"], "answer": "", "score": float(score), "start": -1, "end": -1})
             else:
-                answer = ex["context"][r["start"] : r["end"]]
-                preds.append({"id": ex["id"], "answer": answer, "score": float(r["score"]), "start": r["start"], "end": r["end"]})
+                start, end = _trimmed(ex["context"], r["start"], r["end"])
+                preds.append({"id": ex["id"], "answer": ex["context"][start:end], "score": float(r["score"]), "start": start, "end": end})
         return preds
 
     def calibrate(

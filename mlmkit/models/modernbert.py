@@ -78,11 +78,11 @@ def rope_theta(config: Any, kind: str) -> float:
     params = config.extra.get("rope_parameters") or {}
     if not isinstance(params, dict):
         raise ConfigError(f"config rope_parameters must be an object, got {params!r}", "fix the config.json")
-    p = params.get(kind) or {}
-    scaling = config.extra.get("rope_scaling")
-    if not isinstance(p, dict) or not isinstance(scaling, dict | None):
-        raise ConfigError(f"config rope parameters of {kind} must be an object, got {p!r}", "fix the config.json")
-    p = {**p, **(scaling or {})}
+    p, scaling = params.get(kind) or {}, config.extra.get("rope_scaling") or {}
+    for what, v in ((f"rope_parameters.{kind}", p), ("rope_scaling", scaling)):
+        if not isinstance(v, dict):
+            raise ConfigError(f"config {what} must be an object, got {v!r}", "fix the config.json")
+    p = {**p, **scaling}
     kind_of_rope = p.get("rope_type", p.get("type", "default"))
     if kind_of_rope != "default":
         raise ConfigError(
@@ -109,16 +109,15 @@ def rotary(T: torch.Tensor | int, head_dim: int, theta: float, device: torch.dev
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (B, nh, T, hd) rotated by its positions' angles, computed in float32 as transformers does."""
     xf = x.float()
-    half = x.size(-1) // 2
-    turned = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-    return (xf * cos + turned * sin).to(x.dtype)
+    first, second = xf.chunk(2, dim=-1)
+    return (xf * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
 
 
 def window_mask(T: torch.Tensor | int, Tq: torch.Tensor | int, half: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """(Tq, T) additive mask of a sliding-window layer for the first Tq queries: 0 where |i - j| <=
-    ``half``, FAR beyond. Built from the runtime length, so one exported graph serves every length."""
-    pos = torch.arange(T, device=device)
-    far = (pos[:Tq, None] - pos[None, :]).abs() > half  # (Tq, T)
+    ``half``, FAR beyond. Built from the runtime lengths (aranges, no slicing by a size, which the
+    tracer would freeze), so one exported graph serves every length."""
+    far = (torch.arange(Tq, device=device)[:, None] - torch.arange(T, device=device)[None, :]).abs() > half  # (Tq, T)
     return far.to(dtype) * FAR
 
 
@@ -131,7 +130,7 @@ class ModernBertAttention(nn.Module):
     def __init__(self, config: Any, index: int) -> None:
         super().__init__()
         H, bias = config.hidden_size, bool(config.extra.get("attention_bias", False))
-        self.n_head, self.head_dim = config.num_attention_heads, config.head_dim
+        self.hidden, self.n_head, self.head_dim = H, config.num_attention_heads, config.head_dim
         self.Wqkv = nn.Linear(H, 3 * H, bias=bias)  # rows: queries, keys, values
         self.Wo = nn.Linear(H, H, bias=bias)
         self.dropout_p = config.attention_probs_dropout_prob
@@ -144,16 +143,20 @@ class ModernBertAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
         # x (B, T, H) normed; mask (B, 1, 1, T) additive; queries (B, Tq, H) normed: the first Tq positions
-        H = x.size(-1)
+        H = self.hidden
         if queries is None:
             q, k, v = self.Wqkv(x).unflatten(-1, (3, self.n_head, self.head_dim)).transpose(1, 3).unbind(2)  # (B, nh, T, hd) each
         else:
             W, b = self.Wqkv.weight, self.Wqkv.bias
             q = F.linear(queries, W[:H], None if b is None else b[:H]).unflatten(-1, (self.n_head, self.head_dim)).transpose(1, 2)
             k, v = F.linear(x, W[H:], None if b is None else b[H:]).unflatten(-1, (2, self.n_head, self.head_dim)).transpose(1, 3).unbind(2)
-        T, Tq = x.size(1), q.size(2)
-        cos, sin = rotary(T, self.head_dim, self.theta, x.device)
-        q, k = rotate(q, cos[:Tq], sin[:Tq]), rotate(k, cos, sin)
+        # lengths from the inputs (q.size(2), of unbind's output, froze in the ONNX trace), and the
+        # queries' angles (positions 0 .. Tq-1) from their own arange: cos[:Tq] would freeze too
+        T = x.size(1)
+        Tq = T if queries is None else queries.size(1)
+        cos, sin = rotary(T, self.head_dim, self.theta, x.device)  # (T, hd)
+        q = rotate(q, *((cos, sin) if queries is None else rotary(Tq, self.head_dim, self.theta, x.device)))
+        k = rotate(k, cos, sin)
         if self.half_window is not None:
             mask = mask + window_mask(T, Tq, self.half_window, x.device, mask.dtype)  # (B, 1, Tq, T)
         out = attend(self, q, k, v, mask).transpose(1, 2).flatten(2)  # (B, Tq, H)
