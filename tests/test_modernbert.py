@@ -267,11 +267,12 @@ def test_older_config_keys_read_the_same(tmp_path):
 
 def test_config_fields_and_names():
     cfg = ModelConfig.from_dict({"model_type": "modernbert", "vocab_size": V, "hidden_size": 32, "num_attention_heads": 2,
-                                 "num_hidden_layers": 3, "intermediate_size": 48, "hidden_activation": "gelu_new",
+                                 "num_hidden_layers": 3, "intermediate_size": 48, "hidden_activation": "gelu_new", "pad_token_id": 0,
                                  "norm_eps": 1e-6, "embedding_dropout": 0.1, "attention_dropout": 0.2, "mlp_dropout": 0.3,
                                  "architectures": ["ModernBertForQuestionAnswering"]})
     assert (cfg.hidden_act, cfg.layer_norm_eps, cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob) == ("gelu_new", 1e-6, 0.1, 0.2)
-    assert (cfg.type_vocab_size, cfg.pad_token_id, cfg.max_position_embeddings, cfg.architectures) == (0, 50283, 8192, ["BertForQuestionAnswering"])
+    assert (cfg.type_vocab_size, cfg.max_position_embeddings, cfg.architectures) == (0, 8192, ["BertForQuestionAnswering"])
+    assert ModelConfig.from_dict({"model_type": "modernbert"}).pad_token_id == 50283  # ModernBertConfig's default
     d = cfg.to_dict()
     assert {"hidden_activation", "norm_eps", "embedding_dropout", "attention_dropout"} <= set(d)
     assert not {"hidden_act", "layer_norm_eps", "hidden_dropout_prob", "type_vocab_size"} & set(d)
