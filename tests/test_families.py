@@ -17,7 +17,16 @@ import pytest
 import torch
 from conftest import run_finetune, run_pretrain
 from safetensors.torch import load_file
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 from typer.testing import CliRunner
 
 from mlmkit.batching import pad_features
