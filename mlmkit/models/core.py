@@ -15,14 +15,11 @@ decoder) runs only at the positions that carry a label (~15%), not at every toke
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-if TYPE_CHECKING:
-    from .family import Family
 
 ACT = {
     "gelu": F.gelu,  # exact erf form, as the original BERT and HF "gelu"
@@ -35,10 +32,9 @@ ACT = {
 }
 
 
-def family_of(config: Any) -> Family:
-    from . import family_for  # the registry (models/__init__.py) imports this module first
-
-    return family_for(config.model_type)
+def family_of(config: Any) -> Any:
+    """The config's model family (models/family.py), looked up by its model_type (config.py)."""
+    return config.family
 
 
 def layer_norm(config: Any, size: int | None = None) -> nn.LayerNorm:
