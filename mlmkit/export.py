@@ -277,7 +277,26 @@ def fuse(src: Path, dst: Path, cfg: ModelConfig, *, use_gpu: bool = False, parti
     its family's graphs fuse (``Family.fusions``: an unfused graph runs, but several times slower).
 
     ``partial_layers``: trailing layers the graph computes for a few positions only (the
-    classification graph's [CLS]-only last layer); their attention has no fused form and is small."""
+    classification graph's [CLS]-only last layer); their attention has no fused form and is small.
+    ``use_gpu`` (fp16 bundles) lets onnxruntime pick its CUDA forms; where those need the symbolic
+    shape inference a graph defeats (ModernBERT's rotary), the CPU forms are fused instead: they run
+    on the CUDA execution provider as well."""
+    om, counts, short = _optimize(src, cfg, use_gpu, partial_layers)
+    if short and use_gpu:
+        om, counts, short = _optimize(src, cfg, False, partial_layers)
+    if short:
+        got = ", ".join(f"{k} {have} of {n}" for k, (have, n) in short.items())
+        raise MlmkitError(
+            f"onnxruntime's transformer fusion did not happen: {got} fused",
+            "the attention was not exported in the eager form the fusion recognises; "
+            "report it, or export the plain graph with --no-optimize",
+        )
+    om.save_model_to_file(str(dst))
+    return counts
+
+
+def _optimize(src: Path, cfg: ModelConfig, use_gpu: bool, partial_layers: int) -> tuple[Any, dict[str, int], dict[str, tuple[int, int]]]:
+    """(optimized model, fused operator counts, what fell short of the family's fusions)."""
     with _quiet_onnxruntime():
         from onnxruntime.transformers.optimizer import optimize_model
 
@@ -289,16 +308,7 @@ def fuse(src: Path, dst: Path, cfg: ModelConfig, *, use_gpu: bool = False, parti
     L = cfg.num_hidden_layers - partial_layers
     found = {**counts, "Attention": counts.get("Attention", 0) + counts.get("MultiHeadAttention", 0)}
     expected = {k: n if k in FUSED_ONCE else n * L for k, n in cfg.family.fusions.items()}
-    short = {k: (found.get(k, 0), n) for k, n in expected.items() if found.get(k, 0) < n}
-    if short:
-        got = ", ".join(f"{k} {have} of {n}" for k, (have, n) in short.items())
-        raise MlmkitError(
-            f"onnxruntime's transformer fusion did not happen: {got} fused",
-            "the attention was not exported in the eager form the fusion recognises; "
-            "report it, or export the plain graph with --no-optimize",
-        )
-    om.save_model_to_file(str(dst))
-    return counts
+    return om, counts, {k: (found.get(k, 0), n) for k, n in expected.items() if found.get(k, 0) < n}
 
 
 def quantize_int8(src: Path, dst: Path) -> None:

@@ -227,19 +227,28 @@ def clip_text(text: str, tokenizer: Any, max_tokens: int) -> str:
             words *= 2  # words that make no tokens (control characters): look further
 @contextmanager
 def tokenizer_settings(
-    tokenizer: Any, *, max_length: int | None = None, strategy: str = "longest_first", stride: int = 0
+    tokenizer: Any, *, max_length: int | None = None, strategy: str = "longest_first", stride: int = 0,
+    words: bool = False,
 ) -> Iterator[Any]:
     """The tokenizer unpadded and truncating to ``max_length`` (None: not truncating) inside the block;
-    its own settings come back afterwards, since a caller's tokenizer is shared."""
+    its own settings come back afterwards, since a caller's tokenizer is shared. ``words``: the input
+    is pre-split words (``is_pretokenized``), so a byte-level BPE gives each its leading space ("Ġ"),
+    as the word has in running text (RoBERTa's add_prefix_space for tagging)."""
     trunc, pad = tokenizer.truncation, tokenizer.padding
+    pre = tokenizer.pre_tokenizer
+    spaced = words and type(pre).__name__ == "ByteLevel" and not pre.add_prefix_space
     tokenizer.no_padding()
     if max_length is None:
         tokenizer.no_truncation()
     else:
         tokenizer.enable_truncation(max_length, stride=stride, strategy=strategy)
+    if spaced:
+        pre.add_prefix_space = True
     try:
         yield tokenizer
     finally:
+        if spaced:
+            pre.add_prefix_space = False
         tokenizer.no_truncation()
         if trunc is not None:
             tokenizer.enable_truncation(**trunc)

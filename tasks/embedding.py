@@ -61,6 +61,9 @@ def _sentence_transformers(d: Path) -> dict[str, Any]:
         cfg = _json(d / str(kinds["Pooling"].get("path", "1_Pooling")) / "config.json")
         modes = [name for key, name in ST_POOLING.items() if cfg.get(key)]
         other = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v and k not in ST_POOLING]
+        if isinstance(cfg.get("pooling_mode"), str):  # sentence-transformers 6 names the mode itself
+            mode = cfg["pooling_mode"]
+            modes, other = ([mode], []) if mode in ST_POOLING.values() else ([], [mode])
         if other or len(modes) != 1:
             raise DataFormatError(d / "1_Pooling" / "config.json", f"pooling {', '.join(other + modes) or 'none'} is not "
                                   "one of mean, cls and max", hint="export with --task embedding --option pooling=...")

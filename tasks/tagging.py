@@ -324,13 +324,23 @@ def windows(word_of: Sequence[int], budget: int, overlap: int) -> list[tuple[int
             s = starts[j] if j < len(starts) and starts[j] <= e else target
 
 
-def _word_pieces(ids: Sequence[int], word_ids: Sequence[int], n_words: int, unk: int) -> tuple[list[int], list[int]]:
+SPACE_PIECES = ("Ġ", "▁")  # a byte-level BPE's / SentencePiece's word-start marker, as a piece of its own
+
+
+def _word_pieces(ids: Sequence[int], word_ids: Sequence[int], n_words: int, unk: int,
+                 tokens: Sequence[str] = ()) -> tuple[list[int], list[int]]:
     """The sub-token ids of a pre-tokenized encoding and the word of each, every word with at least
-    one: a word the normaliser erases (a zero-width space) gets [UNK]."""
+    one: a word the normaliser erases (a zero-width space) gets [UNK]. A word-start marker that a
+    small BPE / Unigram vocabulary splits off on its own ("Ġ", "▁" followed by the word's letters) is
+    left out: it would be the word's first piece, the same for every word, and carry its label."""
+    keep = [not (t in SPACE_PIECES and k + 1 < len(word_ids) and word_ids[k + 1] == word_ids[k])
+            for k, t in enumerate(tokens)] if tokens else [True] * len(ids)
     sub_ids: list[int] = []
     word_of: list[int] = []
     expect = 0  # the next word that has no sub-token yet
-    for tid, w in zip(ids, word_ids):
+    for tid, w, kept in zip(ids, word_ids, keep):
+        if not kept:
+            continue
         while expect < w:
             sub_ids.append(unk)
             word_of.append(expect)
@@ -431,11 +441,11 @@ class TaggingTask:
         sp = special_ids(tokenizer)
         budget = ctx.max_length - 2
         overlap = budget // 4
-        with tokenizer_settings(tokenizer) as tok:
+        with tokenizer_settings(tokenizer, words=True) as tok:
             encodings = tok.encode_batch([ex["tokens"] for ex in examples], is_pretokenized=True, add_special_tokens=False) if examples else []
         features: list[dict[str, Any]] = []
         for i, (ex, enc) in enumerate(zip(examples, encodings)):
-            sub_ids, word_of = _word_pieces(enc.ids, enc.word_ids, len(ex["tokens"]), sp.unk)
+            sub_ids, word_of = _word_pieces(enc.ids, enc.word_ids, len(ex["tokens"]), sp.unk, enc.tokens)
             if training:
                 gold = [ids[t] for t in ex["tags"]]
                 sub_labels = [

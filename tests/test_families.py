@@ -78,7 +78,7 @@ def family_tokenizer(kind: str) -> Any:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=specials, min_frequency=1,
+        tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=450, special_tokens=specials, min_frequency=1,
                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     else:  # unigram, SentencePiece style (XLM-R)
         specials = ROBERTA_SPECIALS
