@@ -95,7 +95,7 @@ class ModelConfig:
             d.pop("architectures")
         else:
             d["architectures"] = [fam.architecture(a, self.model_type) for a in d["architectures"]]
-        if not fam.token_types and not d["type_vocab_size"]:
+        if not fam.uses_token_types(self) and not d["type_vocab_size"]:
             d.pop("type_vocab_size")
         for canonical, name in fam.config_aliases.items():
             d[name] = d.pop(canonical)

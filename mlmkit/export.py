@@ -250,7 +250,7 @@ def _run_onnx(session: Any, batch: dict[str, np.ndarray], names: list[str]) -> d
 
 def graph_inputs(cfg: ModelConfig) -> tuple[str, ...]:
     """The exported graph's inputs: token_type_ids only for families that have token types."""
-    return INPUTS if cfg.family.token_types else INPUTS[:2]
+    return INPUTS if cfg.family.uses_token_types(cfg) else INPUTS[:2]
 
 
 def _torch_outputs(graph: nn.Module, batch: dict[str, np.ndarray], names: list[str], inputs: tuple[str, ...]) -> dict[str, np.ndarray]:

@@ -55,6 +55,9 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "electra": ("Electra", "wordpiece", dict(SIZES, embedding_size=16, max_position_embeddings=64)),
     "modernbert": ("ModernBert", "bpe-bert", dict(SIZES, num_hidden_layers=3, max_position_embeddings=128, local_attention=8,
                                                   global_attn_every_n_layers=2)),
+    "deberta-v2": ("DebertaV2", "unigram-bert", dict(SIZES, max_position_embeddings=64, relative_attention=True, pos_att_type=["p2c", "c2p"],
+                                                     position_biased_input=False, share_att_key=True, norm_rel_ebd="layer_norm",
+                                                     position_buckets=8, max_relative_positions=16, type_vocab_size=0)),
 }
 HEADS = ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "Model")
 
@@ -80,13 +83,13 @@ def family_tokenizer(kind: str) -> Any:
         tok.decoder = decoders.ByteLevel()
         tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=450, special_tokens=specials, min_frequency=1,
                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    else:  # unigram, SentencePiece style (XLM-R)
-        specials = ROBERTA_SPECIALS
+    else:  # unigram, SentencePiece style (XLM-R; "unigram-bert": DeBERTa-v3's, with BERT's special tokens)
+        specials = ROBERTA_SPECIALS if kind == "unigram" else BERT_SPECIALS
         tok = Tokenizer(models.Unigram())
         tok.normalizer = normalizers.NFKC()
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
-        tok.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=120, special_tokens=specials, unk_token="<unk>"))
+        tok.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=120, special_tokens=specials, unk_token="<unk>" if kind == "unigram" else "[UNK]"))
     if specials is ROBERTA_SPECIALS:
         tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True)])
         tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>")))
@@ -161,7 +164,7 @@ def test_every_family_and_head_exports_with_transformers_outputs(tmp_path: Path,
     hf = save_checkpoint(src, family, head, **labels)
     meta = export(src, tmp_path / "b")
     fam_cfg = ModelConfig.load(src)
-    assert ("token_type_ids" in meta["inputs"]) == fam_cfg.family.token_types
+    assert ("token_type_ids" in meta["inputs"]) == fam_cfg.family.uses_token_types(fam_cfg)
     assert all(v <= 1e-4 for v in meta["parity"]["max_abs_diff"].values()), meta["parity"]
     for op, n in fam_cfg.family.fusions.items():  # the fusion gate held
         assert meta["fused_operators"].get(op, 0) >= n, meta["fused_operators"]
@@ -191,7 +194,7 @@ def test_every_family_and_head_exports_with_transformers_outputs(tmp_path: Path,
         np.testing.assert_allclose(ours["embedding"], (h * m).sum(1) / m.sum(1), atol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["roberta", "xlm-roberta", "modernbert", "distilbert"])
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta", "modernbert", "distilbert", "deberta-v2"])
 def test_tags_and_answers_slice_the_text_exactly(tmp_path: Path, family: str) -> None:
     save_checkpoint(tmp_path / "tag", family, "ForTokenClassification", id2label=dict(enumerate(TAGS)))
     export(tmp_path / "tag", tmp_path / "tb")

@@ -7,10 +7,11 @@ FAMILIES below. Everything else (tasks, export, runtime, serving) sees BERT-shap
 from __future__ import annotations
 
 from ..errors import ConfigError
-from . import bert, distilbert, electra, modernbert, roberta
+from . import bert, deberta, distilbert, electra, modernbert, roberta
 from .family import Family
 
-FAMILIES: tuple[Family, ...] = (bert.family, roberta.family, distilbert.family, electra.family, modernbert.family)
+FAMILIES: tuple[Family, ...] = (bert.family, roberta.family, distilbert.family, electra.family, modernbert.family,
+                                deberta.family)
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.model_types}
 ARCHS = {f.name: f for f in FAMILIES}  # pretrain --arch: a family's name is its first model_type
 

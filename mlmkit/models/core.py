@@ -58,7 +58,7 @@ class BertEmbeddings(nn.Module):
                                                     padding_idx=pad if self.positions == "padding_offset" else None)
         if config.type_vocab_size:
             self.token_type_embeddings = nn.Embedding(config.type_vocab_size, E)
-        self.token_types = fam.token_types
+        self.token_types = fam.uses_token_types(config)
         self.LayerNorm = layer_norm(config, E)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         if E != config.hidden_size:
@@ -174,29 +174,41 @@ class BertLayer(nn.Module):
 
 
 class BertEncoder(nn.Module):
-    """The family's layers, then its final norm where it has one (pre-LN families)."""
+    """The family's layers, then its final norm where it has one (pre-LN families). A family may give
+    the encoder modules of its own, shared by the layers (``Family.encoder_modules``), and hand every
+    layer keyword arguments computed once per forward (``Family.layer_context``: DeBERTa's relative
+    position embeddings and positions); BERT's layers get none."""
 
     def __init__(self, config: Any) -> None:
         super().__init__()
         fam = family_of(config)
+        self.family = fam
         self.layer = nn.ModuleList(fam.layer(config, i) for i in range(config.num_hidden_layers))
         if fam.final_norm:
             self.final_norm = layer_norm(config)
+        for name, module in fam.encoder_modules(config).items():
+            self.add_module(name, module)
+
+    def start(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        """(the first layer's input, the keyword arguments of every layer call) for embeddings ``x``."""
+        return self.family.layer_context(self, x, mask)
 
     def finish(self, x: torch.Tensor) -> torch.Tensor:
         return self.final_norm(x) if hasattr(self, "final_norm") else x
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x, context = self.start(x, mask)
         for layer in self.layer:
-            x = layer(x, mask)
+            x = layer(x, mask, **context)
         return self.finish(x)
 
 
 class BertPooler(nn.Module):
     """What a family's sequence head does before its classifier: pool ([CLS] or mean over real
     tokens), dense, activation (BERT/RoBERTa tanh, ELECTRA GELU, DistilBERT ReLU), and a LayerNorm
-    where the family has one (ModernBERT). ``pool`` "none" applies it at every token (ModernBERT's
-    token and span heads)."""
+    where the family has one (ModernBERT); dropout before the dense layer where the family has it
+    (DeBERTa's ContextPooler). ``pool`` "none" applies it at every token (ModernBERT's token and span
+    heads)."""
 
     def __init__(self, config: Any, pool: str = "cls") -> None:
         super().__init__()
@@ -206,6 +218,9 @@ class BertPooler(nn.Module):
         self.act = ACT[fam.pooler_act(config)]
         if fam.pooler_norm:
             self.norm = layer_norm(config)
+        p = fam.pooler_dropout(config)
+        if p:
+            self.dropout = nn.Dropout(p)
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.pool == "cls":
@@ -213,6 +228,8 @@ class BertPooler(nn.Module):
         elif self.pool == "mean":
             m = (torch.ones_like(x[..., 0]) if attention_mask is None else attention_mask.to(x.dtype)).unsqueeze(-1)
             x = (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # (B, H)
+        if hasattr(self, "dropout"):
+            x = self.dropout(x)
         x = self.act(self.dense(x))
         return self.norm(x) if hasattr(self, "norm") else x
 
@@ -249,7 +266,7 @@ class BertModel(nn.Module):
     def __init__(self, config: Any, add_pooling_layer: bool = True, pool: str = "cls") -> None:
         super().__init__()
         self.config = config
-        self.embeddings = BertEmbeddings(config)
+        self.embeddings = family_of(config).embeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config, pool) if add_pooling_layer else None
 
@@ -278,10 +295,11 @@ def encode_cls(
         token_type_ids = torch.zeros_like(input_ids)
     x = bert.embeddings(input_ids, token_type_ids)
     mask = extended_mask(attention_mask, x.dtype)
+    x, context = bert.encoder.start(x, mask)
     *body, last = bert.encoder.layer
     for layer in body:
-        x = layer(x, mask)
-    cls = bert.encoder.finish(last(x, mask, queries=x[:, :1]))  # (B, 1, H)
+        x = layer(x, mask, **context)
+    cls = bert.encoder.finish(last(x, mask, queries=x[:, :1], **context))  # (B, 1, H)
     return bert.pooler(cls)
 
 

@@ -9,9 +9,13 @@ class is BERT itself, so a family states only what it does differently:
                      order both ways; ``head_renames`` adds the pairs that depend on which head a
                      state dict holds (RoBERTa's classifier.dense / out_proj exist only on a sequence head)
     class_prefixes   model_type -> the prefix of its transformers classes (RobertaForMaskedLM ...)
-    token_types      whether its graphs take token_type_ids
+    token_types      whether its graphs take token_type_ids (``uses_token_types`` where a config decides)
     positions        "absolute", "padding_offset" (RoBERTa) or "none" (rotary, inside the layers)
     layer()          its block (BERT's post-LN layer unless the family has its own)
+    embeddings()     its embeddings (core.BertEmbeddings unless the family has its own)
+    encoder_modules() / layer_context()
+                     state the encoder holds for all its layers, and what it hands each layer on
+                     every forward (DeBERTa's relative position embeddings); none for BERT
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+import torch
 from torch import nn
 
 # transformers' head classes, as BERT names them; a family's are its prefix + the same suffix
@@ -88,6 +93,15 @@ class Family:
     def sequence_pool(self, config: Any) -> str:
         return "cls"
 
+    def uses_token_types(self, config: Any) -> bool:
+        """Whether this config's model takes token_type_ids (``token_types``, unless the family's
+        configs decide it: DeBERTa's by type_vocab_size)."""
+        return self.token_types
+
+    def pooler_dropout(self, config: Any) -> float:
+        """Dropout on the pooled vector before the pooler's dense layer (DeBERTa's ContextPooler); 0: none."""
+        return 0.0
+
     def check(self, config: Any) -> None:
         """Raise ConfigError for a config this family's blocks cannot run."""
 
@@ -119,6 +133,23 @@ class Family:
         from .core import BertLayer
 
         return BertLayer(config, index)
+
+    def embeddings(self, config: Any) -> nn.Module:
+        """Its embeddings: forward(input_ids, token_type_ids=None) -> (B, T, H)."""
+        from .core import BertEmbeddings
+
+        return BertEmbeddings(config)
+
+    def encoder_modules(self, config: Any) -> dict[str, nn.Module]:
+        """Modules the encoder holds beside its layers, shared by all of them: name -> module,
+        registered on core.BertEncoder under that name (so ``bert.encoder.<name>.*`` in state dicts)."""
+        return {}
+
+    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Once per forward, before the first layer: (the first layer's input, the keyword arguments
+        every layer takes beside ``(x, mask, queries)``), from the embeddings ``x`` (B, T, H), the
+        (B, 1, 1, T) additive padding mask and the ``encoder_modules`` on ``encoder``. BERT's: (x, {})."""
+        return x, {}
 
     # ---- names -------------------------------------------------------------------------------
     def architecture(self, canonical: str, model_type: str) -> str:

@@ -1,0 +1,714 @@
+"""Every model family as a classifier: mlmkit bundles vs transformers pipelines vs the graph optimum would make.
+
+    python benchmarks/families.py --work /tmp/bench_fam           # the full run (12-14 minutes on 2 cores, 1 of them setup)
+    python benchmarks/families.py --work /tmp/bench_fam --quick   # 256 sentences, 1 round, no transformers long-input reference
+
+A full run measured 14 minutes on 2 cores with some foreign load (setup 1, throughput 11, long inputs 2;
+setup is reused by later runs in the same --work); --long-reference no saves about a minute,
+--rounds 2 about three.
+
+Models: for each family (bert, roberta, xlm-roberta, distilbert, electra, modernbert) a MiniLM-sized
+ForSequenceClassification checkpoint with 2 labels and random weights (speed does not depend on
+them), saved by transformers: 6 layers, hidden 384, 12 heads, intermediate 1536; ELECTRA with its
+factorised embeddings (embedding_size 128, projected to 384, as ELECTRA-small); ModernBERT with its
+own sizing, a GeGLU MLP of intermediate 576 (1.5 x hidden, as ModernBERT-base's 1152 for 768; Wi is
+384 -> 1152), a 128-token sliding window and every third layer global, max_position_embeddings 8192.
+Each has a tokenizer of its family's kind, trained here with the `tokenizers` library on generated
+sentences: WordPiece (bert, distilbert, electra), byte-level BPE with RoBERTa's specials (roberta),
+SentencePiece-style Unigram (xlm-roberta), byte-level BPE with BERT's specials (modernbert); 4,096
+tokens. Sentences: 8-40 words drawn (by frequency) from the 4,000 commonest words of the docstrings
+of Python's standard library; 1,024 of them are timed (another seed's 20,000 train the tokenizers).
+
+Three sides per family, each in its own worker process (torch and onnxruntime in one process slow
+each other down, PERF_NOTES), loaded and warmed up once, batch 32, 2 threads:
+- mlmkit: the bundle of ``mlmkit export CHECKPOINT --out BUNDLE`` (the Python API), run by
+  ``mlmkit.runtime.Pipeline.load(bundle, threads=2, batch_size=32)`` over the texts;
+- transformers: ``pipeline("text-classification", model=CHECKPOINT)`` with torch at 2 threads,
+  ``batch_size=32, truncation=True``;
+- optimum-equivalent: what optimum's ``optimum-cli export onnx`` + ``ORTOptimizer`` O2 would make of
+  the checkpoint (optimum-onnx needs transformers < 4.58; this project runs transformers 5): the
+  transformers module itself exported by ``torch.onnx.export`` (its attention as it is loaded:
+  sdpa, opset 17, dynamic batch and sequence axes, the inputs optimum's configs give the family;
+  the TorchScript exporter, dynamo=True only when that fails), then
+  ``onnxruntime.transformers.optimizer.optimize_model(model_type="bert", num_heads, hidden_size,
+  opt_level=2)`` as O2 does, run by an onnxruntime session with 2 threads on the checkpoint's
+  tokenizer.json (the `tokenizers` library), the texts in file order in batches of 32, each
+  padded to its longest, as optimum's ORTModel under a pipeline would see them.
+
+Each pass first waits (up to --patience seconds) for other processes to leave the CPUs alone; the
+CPU time other processes took during each pass is measured (/proc/stat), and passes where it
+exceeded 0.15 cores are marked and left out of the figures whenever quiet ones exist. Within a
+family the sides run back to back, the direction reversed each round; a ratio is the median over
+the quiet rounds of the back-to-back ratios.
+
+Then ModernBERT on long inputs: the same ModernBERT classifier bundle (its tokenizer's
+model_max_length and the config's max_position_embeddings are 8192, so the bundle's max length is
+8192) on a batch of one text of 512, 2,048 and 8,192 tokens, the median of 3 runs each after a
+warm-up run; the transformers ModernBertForSequenceClassification (default attention) likewise, for
+reference (not with --quick).
+
+The script ends with ``target family-classify-vs-transformers-min: X.XX (goal >= 3.00)`` and
+``target family-classify-vs-optimum-min: X.XX (goal >= 1.30)``, minima over the families.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+from inference_throughput import ENV as BASE_ENV  # noqa: E402
+from inference_throughput import QUIET, busy_seconds, log, wait_for_quiet  # noqa: E402
+
+ENV = {**BASE_ENV, "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}
+VERSION = 3  # bump when the checkpoints or exports change
+VOCAB = 4096
+MAX_LENGTH = 512
+LONG_MAX = 8192
+LONG_LENGTHS = (512, 2048, 8192)
+LABELS = {0: "neg", 1: "pos"}
+MINILM = dict(num_hidden_layers=6, hidden_size=384, num_attention_heads=12, intermediate_size=1536)
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+# family -> (transformers class prefix, tokenizer kind, config keywords, inputs of optimum's ONNX config)
+FAMILIES: dict[str, tuple[str, str, dict[str, Any], tuple[str, ...]]] = {
+    "bert": ("Bert", "wordpiece", dict(MINILM, max_position_embeddings=512),
+             ("input_ids", "attention_mask", "token_type_ids")),
+    "roberta": ("Roberta", "bpe", dict(MINILM, max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5),
+                ("input_ids", "attention_mask")),
+    "xlm-roberta": ("XLMRoberta", "unigram", dict(MINILM, max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5),
+                    ("input_ids", "attention_mask")),
+    "distilbert": ("DistilBert", "wordpiece", dict(dim=384, n_layers=6, n_heads=12, hidden_dim=1536, max_position_embeddings=512),
+                   ("input_ids", "attention_mask")),
+    "electra": ("Electra", "wordpiece", dict(MINILM, embedding_size=128, max_position_embeddings=512),
+                ("input_ids", "attention_mask", "token_type_ids")),
+    "modernbert": ("ModernBert", "bpe-bert", dict(MINILM, intermediate_size=576, max_position_embeddings=LONG_MAX,
+                                                  local_attention=128),
+                   ("input_ids", "attention_mask")),
+}
+SIDES = ("transformers", "mlmkit", "optimum")  # mlmkit in the middle: back to back with both
+
+
+# ---- data ---------------------------------------------------------------------------------------
+def word_list(n: int = 4000) -> tuple[list[str], list[int]]:
+    """The ``n`` commonest alphabetic words of the standard library's docstrings, with their counts."""
+    from collections import Counter
+
+    from mlmkit.stdlib_corpus import docstring_documents
+
+    c = Counter(w for doc in docstring_documents() for s in doc for w in s.split() if w.isalpha())
+    common = c.most_common(n)
+    return [w for w, _ in common], [k for _, k in common]
+
+
+def make_sentences(words: list[str], weights: list[int], n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(words, weights, k=rng.randint(8, 40))) for _ in range(n)]
+
+
+def family_tokenizer(kind: str, texts: list[str], max_length: int) -> Any:
+    """A transformers fast tokenizer of the family's kind around a `tokenizers` model trained on ``texts``."""
+    import transformers
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    if kind == "wordpiece":
+        specials = BERT_SPECIALS
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=specials, min_frequency=1))
+    elif kind in ("bpe", "bpe-bert"):
+        specials = ROBERTA_SPECIALS if kind == "bpe" else BERT_SPECIALS
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, min_frequency=1,
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    else:  # unigram, SentencePiece style (XLM-R)
+        specials = ROBERTA_SPECIALS
+        tok = Tokenizer(models.Unigram())
+        tok.normalizer = normalizers.NFKC()
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        tok.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=VOCAB, special_tokens=specials, unk_token="<unk>"))
+    if specials is ROBERTA_SPECIALS:
+        tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True)])
+        tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>")))
+        names = dict(bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                     mask_token="<mask>")
+    else:
+        tok.add_special_tokens(["[MASK]"])
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+        names = dict(cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]", mask_token="[MASK]")
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=max_length, **names)
+
+
+def save_checkpoint(d: Path, family: str, texts: list[str]) -> Any:
+    """A randomly initialised ForSequenceClassification of ``family`` saved as transformers saves it."""
+    import torch
+    import transformers
+
+    prefix, kind, kw, _ = FAMILIES[family]
+    fast = family_tokenizer(kind, texts, LONG_MAX if family == "modernbert" else MAX_LENGTH)
+    ids = {"pad_token_id": fast.pad_token_id}
+    if family != "distilbert":
+        ids.update(bos_token_id=fast.cls_token_id, eos_token_id=fast.sep_token_id)
+    if family == "modernbert":
+        ids.update(cls_token_id=fast.cls_token_id, sep_token_id=fast.sep_token_id)
+    cfg = getattr(transformers, f"{prefix}Config")(vocab_size=len(fast), id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
+                                                   **kw, **ids)
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{prefix}ForSequenceClassification")(cfg).eval()
+    model.save_pretrained(d)
+    fast.save_pretrained(d)
+    return model
+
+
+# ---- the optimum-equivalent graph -----------------------------------------------------------------
+def _encode(tok: Any, texts: list[str], inputs: tuple[str, ...]) -> dict[str, Any]:
+    """``texts`` padded to the longest (the `tokenizers` library), as numpy int64 arrays."""
+    import numpy as np
+
+    encs = tok.encode_batch(texts)
+    out = {"input_ids": np.array([e.ids for e in encs], dtype=np.int64),
+           "attention_mask": np.array([e.attention_mask for e in encs], dtype=np.int64)}
+    if "token_type_ids" in inputs:
+        out["token_type_ids"] = np.array([e.type_ids for e in encs], dtype=np.int64)
+    return out
+
+
+def checkpoint_tokenizer(ckpt: Path, max_length: int) -> Any:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    pad = json.loads((ckpt / "config.json").read_text())["pad_token_id"]
+    tok.enable_padding(pad_id=pad, pad_token=tok.id_to_token(pad))
+    tok.enable_truncation(max_length)
+    return tok
+
+
+def optimum_equivalent(ckpt: Path, family: str, out: Path, texts: list[str], attn: str | None = None) -> dict[str, Any]:
+    """torch.onnx.export of the transformers module (TorchScript, else dynamo), then O2's fusions;
+    returns {"exporter", "attention", "fused_operators", "parity"}."""
+    import warnings
+
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    import transformers
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    inputs = FAMILIES[family][3]
+    kw = {"attn_implementation": attn} if attn else {}
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(ckpt, **kw).eval()
+    attention = model.config._attn_implementation
+
+    class Logits(torch.nn.Module):  # optimum's exported graph: the named inputs in, logits out
+        def __init__(self, m: Any) -> None:
+            super().__init__()
+            self.m = m
+
+        def forward(self, *args: torch.Tensor) -> torch.Tensor:
+            return self.m(**dict(zip(inputs, args))).logits
+
+    tok = checkpoint_tokenizer(ckpt, MAX_LENGTH)
+    dummy = _encode(tok, [texts[0], texts[1] + " " + texts[2]], inputs)  # two lengths: the mask is real
+    check = _encode(tok, texts[3:8], inputs)  # another batch and length: the dynamic axes hold
+    with torch.no_grad():
+        want = model(**{k: torch.from_numpy(v) for k, v in check.items()}).logits.numpy()
+    axes = {k: {0: "batch_size", 1: "sequence_length"} for k in inputs}
+    axes["logits"] = {0: "batch_size"}
+    plain = out.with_name("plain.onnx")
+    errors = []
+    for dynamo in (False, True):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(Logits(model), tuple(torch.from_numpy(dummy[k]) for k in inputs), str(plain),
+                                  input_names=list(inputs), output_names=["logits"], dynamic_axes=axes, opset_version=17,
+                                  do_constant_folding=True, dynamo=dynamo)
+            s = ort.InferenceSession(str(plain), providers=["CPUExecutionProvider"])
+            diff = float(np.abs(s.run(None, check)[0] - want).max())
+            if not diff <= 1e-3:
+                raise RuntimeError(f"the exported graph differs from PyTorch by {diff:.2e}")
+            break
+        except Exception as e:  # noqa: BLE001 - the next exporter, or the report
+            errors.append(f"dynamo={dynamo}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    else:
+        raise RuntimeError("torch.onnx.export failed: " + "; ".join(errors))
+    cfg = model.config
+    heads = getattr(cfg, "num_attention_heads", None) or cfg.n_heads
+    hidden = getattr(cfg, "hidden_size", None) or cfg.dim
+    om = optimize_model(str(plain), model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=2,
+                        optimization_options=FusionOptions("bert"), use_gpu=False)
+    stats = {k: int(v) for k, v in om.get_fused_operator_statistics().items() if v}
+    om.save_model_to_file(str(out))
+    plain.unlink()
+    s = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    fused_diff = float(np.abs(s.run(None, check)[0] - want).max())
+    return {"exporter": "torchscript (dynamo=False)" if not dynamo else "dynamo=True", "export_errors": errors,
+            "attention": attention, "fused_operators": stats, "parity": fused_diff}
+
+
+# ---- setup (torch, onnxruntime; untimed) -----------------------------------------------------------
+def setup(work: Path, families: list[str], n_sentences: int, attn: str | None = None) -> None:
+    """Sentences, and for each family a checkpoint, its mlmkit bundle and the optimum-equivalent graph,
+    written once into ``work`` (reused while a family's setup.json matches)."""
+    import torch
+
+    torch.set_num_threads(2)
+    if not (work / "words.json").exists():
+        work.mkdir(parents=True, exist_ok=True)
+        words, weights = word_list()
+        (work / "words.json").write_text(json.dumps({"words": words, "weights": weights}))
+    w = json.loads((work / "words.json").read_text())
+    sents = work / f"sentences-{n_sentences}.json"
+    if not sents.exists():
+        sents.write_text(json.dumps(make_sentences(w["words"], w["weights"], n_sentences, seed=0)))
+    texts = json.loads(sents.read_text())
+    train = None
+    for fam in families:
+        d = work / fam
+        stamp = {"version": VERSION, "family": fam, "optimum_attention": attn}
+        if (d / "setup.json").exists() and json.loads((d / "setup.json").read_text()) == stamp:
+            log(f"setup {fam}: reusing {d}")
+            continue
+        t0 = time.perf_counter()
+        train = train or make_sentences(w["words"], w["weights"], 20_000, seed=1)
+        d.mkdir(parents=True, exist_ok=True)
+        for f in ("export-error.txt", "optimum-error.txt"):
+            (d / f).unlink(missing_ok=True)
+        save_checkpoint(d / "checkpoint", fam, train)
+        t1 = time.perf_counter()
+        from mlmkit.args import ExportArgs
+        from mlmkit.export import export
+
+        try:
+            m = export(ExportArgs(run=d / "checkpoint", out=d / "bundle"))
+            log(f"setup {fam}: bundle max_length {m['max_length']}, fused {m['fused_operators']}, "
+                f"parity {max(m['parity']['max_abs_diff'].values()):.1e} ({time.perf_counter() - t1:.0f}s)")
+        except Exception as e:  # noqa: BLE001 - reported, the other families go on
+            (d / "export-error.txt").write_text(f"{type(e).__name__}: {e}\n" + traceback.format_exc())
+            log(f"setup {fam}: mlmkit export FAILED: {type(e).__name__}: {e}")
+        t1 = time.perf_counter()
+        try:
+            info = optimum_equivalent(d / "checkpoint", fam, d / "optimum-o2.onnx", texts, attn)
+            (d / "optimum.json").write_text(json.dumps(info))
+            log(f"setup {fam}: optimum-equivalent via {info['exporter']} ({info['attention']} attention), "
+                f"fused {info['fused_operators']}, parity {info['parity']:.1e} ({time.perf_counter() - t1:.0f}s)")
+        except Exception as e:  # noqa: BLE001
+            (d / "optimum-error.txt").write_text(f"{type(e).__name__}: {e}\n" + traceback.format_exc())
+            log(f"setup {fam}: optimum-equivalent FAILED: {type(e).__name__}: {e}")
+        (d / "setup.json").write_text(json.dumps(stamp))
+        log(f"setup {fam}: done in {time.perf_counter() - t0:.0f}s")
+
+
+# ---- the sides (each in its own process) -----------------------------------------------------------
+def _mlmkit(d: Path, threads: int, batch_size: int):
+    from mlmkit.runtime import Pipeline
+
+    pipe = Pipeline.load(d / "bundle", threads=threads, batch_size=batch_size)
+    return lambda texts: [[r["label"], r["probabilities"]["pos"]] for r in pipe(texts)]
+
+
+def _transformers(d: Path, threads: int, batch_size: int):
+    import torch
+    from transformers import pipeline
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    torch.set_num_threads(threads)
+    pipe = pipeline("text-classification", model=str(d / "checkpoint"), device="cpu", top_k=None)
+
+    def run(texts: list[str]) -> list[list[Any]]:
+        with torch.inference_mode():
+            out = pipe(texts, batch_size=batch_size, truncation=True)
+        return [[max(r, key=lambda x: x["score"])["label"], next(x["score"] for x in r if x["label"] == "pos")] for r in out]
+
+    return run
+
+
+def _optimum(d: Path, threads: int, batch_size: int):
+    import numpy as np
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(d / "optimum-o2.onnx"), so, providers=["CPUExecutionProvider"])
+    inputs = tuple(i.name for i in session.get_inputs())
+    tok = checkpoint_tokenizer(d / "checkpoint", MAX_LENGTH if d.name != "modernbert" else LONG_MAX)
+
+    def run(texts: list[str]) -> list[list[Any]]:
+        preds = []
+        for at in range(0, len(texts), batch_size):  # file order, each batch padded to its longest
+            (logits,) = session.run(None, _encode(tok, texts[at : at + batch_size], inputs))
+            p = np.exp(logits - logits.max(1, keepdims=True))
+            p /= p.sum(1, keepdims=True)
+            preds += [[LABELS[int(r.argmax())], float(r[1])] for r in p]
+        return preds
+
+    return run
+
+
+_SIDES = {"mlmkit": _mlmkit, "transformers": _transformers, "optimum": _optimum}
+
+
+def serve_side(side: str, d: Path, texts: list[str], threads: int, batch_size: int) -> None:
+    """A worker: load, warm up, then one timed pass over all texts per "run" line on stdin, each
+    answered with a JSON line {"time", "cpu", "n", "preds"} on stdout."""
+    run = _SIDES[side](d, threads, batch_size)
+    run(texts[: batch_size * 2])  # warm-up: sessions, kernels, caches
+    print(json.dumps({"ready": side}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        t, c = time.perf_counter(), time.process_time()
+        preds = run(texts)
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        print(json.dumps({"time": wall, "cpu": cpu, "n": len(texts), "preds": preds}), flush=True)
+
+
+def long_texts(d: Path, work: Path) -> dict[int, str]:
+    """One text of exactly N tokens (with [CLS] and [SEP]) for each of LONG_LENGTHS, by the checkpoint's tokenizer."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(d / "checkpoint" / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    w = json.loads((work / "words.json").read_text())
+    rng = random.Random(2)
+    words = rng.choices(w["words"], w["weights"], k=int(LONG_MAX * 1.2))
+    one = next(x for x in w["words"] if len(tok.encode(f"the {x} the").ids) == len(tok.encode("the the").ids) + 1)
+    out = {}
+    for n in LONG_LENGTHS:
+        lo, hi = 1, len(words)  # the most words that stay within n tokens
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if len(tok.encode(" ".join(words[:mid])).ids) <= n:
+                lo = mid
+            else:
+                hi = mid - 1
+        text = " ".join(words[:lo])
+        text += f" {one}" * (n - len(tok.encode(text).ids))  # one token each
+        out[n] = text
+    return out
+
+
+def serve_long(side: str, d: Path, work: Path, threads: int) -> None:
+    """A worker for the long inputs: "run N" times one batch of the text of N tokens."""
+    texts = long_texts(d, work)
+    if side == "mlmkit":
+        from mlmkit.runtime import Pipeline
+
+        pipe = Pipeline.load(d / "bundle", threads=threads, batch_size=1)
+        tokens = {n: len(pipe.tokenizer.encode(t).ids) for n, t in texts.items()}
+
+        def run(text: str) -> Any:
+            return pipe([text])[0]["label"]
+    else:
+        import torch
+        import transformers
+
+        torch.set_num_threads(threads)
+        tok = transformers.AutoTokenizer.from_pretrained(d / "checkpoint")
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(d / "checkpoint").eval()
+        tokens = {n: len(tok(t).input_ids) for n, t in texts.items()}
+
+        def run(text: str) -> Any:
+            with torch.inference_mode():
+                return int(model(**tok([text], return_tensors="pt", truncation=True)).logits.argmax())
+    print(json.dumps({"ready": side, "tokens": tokens, "attention": None if side == "mlmkit" else model.config._attn_implementation}),
+          flush=True)
+    for line in sys.stdin:
+        parts = line.split()
+        if not parts or parts[0] != "run":
+            break
+        t, c = time.perf_counter(), time.process_time()
+        label = run(texts[int(parts[1])])
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        print(json.dumps({"time": wall, "cpu": cpu, "label": label}), flush=True)
+
+
+# ---- the driver ----------------------------------------------------------------------------------
+class Worker:
+    """One side in its own process, kept alive between passes so that the sides alternate closely."""
+
+    def __init__(self, name: str, args: list[str]) -> None:
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, str(HERE), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env={**os.environ, **ENV})
+
+    def read(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line:
+            raise RuntimeError(f"side {self.name} died (its error is above)")
+        return json.loads(line)
+
+    def ask(self, what: str = "run") -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(what + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+
+
+def timed(worker: Worker, patience: float, what: str = "run") -> tuple[dict[str, Any], float]:
+    """One pass after a quiet CPU: the answer and the cores other processes used meanwhile."""
+    wait_for_quiet(patience)  # also lets the previous side's idle threads stop spinning
+    b = busy_seconds()
+    res = worker.ask(what)
+    return res, max(0.0, busy_seconds() - b - res["cpu"]) / res["time"]
+
+
+def bench_family(fam: str, a: argparse.Namespace, common: list[str], rounds: int) -> dict[str, Any]:
+    d = a.work / fam
+    sides = [s for s in SIDES if not (s == "mlmkit" and (d / "export-error.txt").exists())
+             and not (s == "optimum" and (d / "optimum-error.txt").exists())]
+    workers = {s: Worker(f"{fam}/{s}", ["--role", "side", "--side", s, "--family", fam, *common]) for s in sides}
+    speeds: dict[str, list[float]] = {s: [] for s in sides}
+    others: dict[str, list[float]] = {s: [] for s in sides}
+    preds: dict[str, list[Any]] = {}
+    try:
+        for w in workers.values():
+            w.read()  # ready
+        for r in range(rounds):
+            for s in sides if r % 2 == 0 else sides[::-1]:
+                res, other = timed(workers[s], a.patience)
+                speeds[s].append(res["n"] / res["time"])
+                others[s].append(other)
+                preds.setdefault(s, res["preds"])
+                log(f"{fam} round {r + 1}/{rounds} {s:13s} {speeds[s][-1]:8.1f} sentences/s   (other processes busy: {other:.2f} cores)")
+    finally:
+        for w in workers.values():
+            w.close()
+    return {"speeds": speeds, "others": others, "preds": preds, "rounds": rounds}
+
+
+def quiet_rounds(res: dict[str, Any], *sides: str) -> list[int]:
+    """Rounds in which no other process used more than QUIET cores while these sides ran; all rounds when none."""
+    rounds = range(res["rounds"])
+    return [r for r in rounds if all(res["others"][s][r] <= QUIET for s in sides)] or list(rounds)
+
+
+def bench_long(a: argparse.Namespace, common: list[str], sides: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for s in sides:
+        w = Worker(f"long/{s}", ["--role", "long", "--side", s, "--family", "modernbert", *common])
+        try:
+            ready = w.read()
+            times: dict[int, list[float]] = {}
+            marks: dict[int, list[bool]] = {}
+            for n in LONG_LENGTHS:
+                warm, other = timed(w, a.patience, f"run {n}")  # warm-up at this length
+                if warm["time"] > a.long_budget:
+                    log(f"long {s}: the warm-up at {n} tokens took {warm['time']:.0f}s, more than "
+                        f"--long-budget {a.long_budget:.0f}s: that run only")
+                    times[n], marks[n] = [warm["time"]], [other > QUIET]
+                    break
+                times[n], marks[n] = [], []
+                for _ in range(3):
+                    res, other = timed(w, a.patience, f"run {n}")
+                    times[n].append(res["time"])
+                    marks[n].append(other > QUIET)
+                log(f"long {s} {n:5d} tokens: " + ", ".join(f"{t:.3f}s" + ("*" if m else "") for t, m in zip(times[n], marks[n])))
+            out[s] = {"tokens": ready["tokens"], "attention": ready.get("attention"), "times": times, "noisy": marks}
+        except RuntimeError as e:
+            out[s] = {"error": str(e)}
+        finally:
+            w.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("MLMKIT_BENCH_DIR", "runs/bench-families")),
+                    help="where checkpoints, bundles, graphs and data are written (reused between runs)")
+    ap.add_argument("--quick", action="store_true", help="256 sentences, 1 round, no transformers long-input reference")
+    ap.add_argument("--rounds", type=int, default=None, help="timed passes per side, alternating (default 3, --quick 1)")
+    ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated, of: " + ", ".join(FAMILIES))
+    ap.add_argument("--sentences", type=int, default=None, help="texts timed per pass (default 1024, --quick 256)")
+    ap.add_argument("--no-long", action="store_true", help="skip the ModernBERT long-input timings")
+    ap.add_argument("--long-reference", choices=("auto", "yes", "no"), default="auto",
+                    help="time transformers' ModernBERT on the long inputs too (auto: not with --quick)")
+    ap.add_argument("--long-budget", type=float, default=90.0,
+                    help="seconds: when a side's warm-up run at a length takes longer, it is not repeated and longer ones are skipped")
+    ap.add_argument("--patience", type=float, default=60.0,
+                    help="seconds to wait before each pass for other processes to leave the CPUs alone")
+    ap.add_argument("--optimum-attention", choices=("sdpa", "eager"), default=None,
+                    help="the optimum-equivalent's attention implementation (default: as transformers loads the model)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--side", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--family", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    n = a.sentences or (256 if a.quick else 1024)
+    families = [f.strip() for f in a.families.split(",") if f.strip()]
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        ap.error(f"unknown families {unknown}; choose from {', '.join(FAMILIES)}")
+    if a.role == "setup":
+        setup(a.work, families, n, a.optimum_attention)
+        return
+    if a.role == "side":
+        texts = json.loads((a.work / f"sentences-{n}.json").read_text())
+        serve_side(a.side, a.work / a.family, texts, a.threads, a.batch_size)
+        return
+    if a.role == "long":
+        serve_long(a.side, a.work / a.family, a.work, a.threads)
+        return
+
+    t_start = time.perf_counter()
+    rounds = a.rounds or (1 if a.quick else 3)
+    long_sides = [] if a.no_long or "modernbert" not in families else (
+        ["mlmkit"] + (["transformers"] if a.long_reference == "yes" or (a.long_reference == "auto" and not a.quick) else []))
+    print(f"families.py: {', '.join(families)}; each a MiniLM-sized random ForSequenceClassification (2 labels) saved by "
+          f"transformers;\n  {n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, {rounds} alternating "
+          f"round(s) of mlmkit bundle / transformers pipeline / optimum-equivalent onnxruntime graph, each side in its own "
+          f"process;\n  then ModernBERT long inputs ({', '.join(map(str, LONG_LENGTHS))} tokens, batch 1, median of 3 after a "
+          f"warm-up): {', '.join(long_sides) or 'skipped'}.  Work directory: {a.work}", flush=True)
+    common = ["--work", str(a.work), "--threads", str(a.threads), "--batch-size", str(a.batch_size), "--sentences", str(n)]
+    t0 = time.perf_counter()
+    opt = ["--optimum-attention", a.optimum_attention] if a.optimum_attention else []
+    if subprocess.run([sys.executable, str(HERE), "--role", "setup", "--families", ",".join(families), *common, *opt],
+                      env={**os.environ, **ENV}).returncode:
+        raise SystemExit("setup failed")
+    t_setup = time.perf_counter() - t0
+    results: dict[str, dict[str, Any]] = {}
+    t0 = time.perf_counter()
+    for fam in families:
+        try:
+            results[fam] = bench_family(fam, a, common, rounds)
+        except RuntimeError as e:
+            log(f"{fam}: {e}")
+            results[fam] = {"error": str(e)}
+    t_bench = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    long = bench_long(a, common, long_sides) if long_sides else {}
+    t_long = time.perf_counter() - t0
+
+    print(f"\n{n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, {rounds} alternating pass(es) per side; "
+          f"medians over the quiet passes (sentences/s); ratios: medians of back-to-back ratios")
+    print(f"  {'family':12s} {'mlmkit':>8s} {'transformers':>13s} {'optimum-eq':>11s} {'vs transformers':>16s} {'vs optimum':>11s}")
+    vs_tf: dict[str, float] = {}
+    vs_opt: dict[str, float] = {}
+    for fam in families:
+        res = results[fam]
+        d = a.work / fam
+        if "error" in res:
+            print(f"  {fam:12s} failed: {res['error']}")
+            continue
+        sp = res["speeds"]
+        speed = {s: statistics.median(sp[s][r] for r in quiet_rounds(res, s)) for s in sp}
+
+        def ratio(x: str, y: str, res: dict[str, Any] = res) -> float | None:
+            if x not in res["speeds"] or y not in res["speeds"]:
+                return None
+            return statistics.median(res["speeds"][x][r] / res["speeds"][y][r] for r in quiet_rounds(res, x, y))
+
+        rt, ro = ratio("mlmkit", "transformers"), ratio("mlmkit", "optimum")
+        if rt is not None:
+            vs_tf[fam] = rt
+        if ro is not None:
+            vs_opt[fam] = ro
+
+        def cell(s: str, width: int, speed: dict[str, float] = speed) -> str:
+            return f"{speed[s]:{width}.1f}" if s in speed else f"{'failed':>{width}s}"
+
+        def rcell(x: float | None, width: int) -> str:
+            return f"{x:{width - 1}.2f}x" if x is not None else f"{'-':>{width}s}"
+
+        print(f"  {fam:12s} {cell('mlmkit', 8)} {cell('transformers', 13)} {cell('optimum', 11)} {rcell(rt, 16)} {rcell(ro, 11)}")
+        marks = "; ".join(f"{s} " + ", ".join(f"{x:.0f}" + ("" if o <= QUIET else "*") for x, o in zip(sp[s], res["others"][s]))
+                          for s in sp)
+        print(f"      passes: {marks}")
+        if (d / "export-error.txt").exists():
+            print(f"      mlmkit export failed: {(d / 'export-error.txt').read_text().splitlines()[0]}")
+        else:
+            m = json.loads((d / "bundle" / "mlmkit.json").read_text())
+            print(f"      mlmkit fused: {m['fused_operators']}")
+        if (d / "optimum-error.txt").exists():
+            print(f"      optimum-equivalent failed: {(d / 'optimum-error.txt').read_text().splitlines()[0]}")
+        else:
+            info = json.loads((d / "optimum.json").read_text())
+            print(f"      optimum-eq fused: {info['fused_operators']}  (exported by {info['exporter']}, {info['attention']} attention"
+                  f"{'; ' + ' / '.join(info['export_errors']) if info['export_errors'] else ''})")
+        p = res["preds"]
+        checks = []
+        for other in ("transformers", "optimum"):
+            if "mlmkit" in p and other in p:
+                same = sum(x[0] == y[0] for x, y in zip(p["mlmkit"], p[other])) / len(p["mlmkit"])
+                diff = max(abs(x[1] - y[1]) for x, y in zip(p["mlmkit"], p[other]))
+                checks.append(f"vs {other}: labels {same:.4f} equal, max |p(pos) diff| {diff:.1e}")
+        if checks:
+            print(f"      mlmkit {'; '.join(checks)}")
+    print(f"  * other processes used more than {QUIET} cores during that pass; it counts only when no pass was quiet")
+
+    if long:
+        print("\nModernBERT classifier, long inputs (batch of 1, seconds, median of the quiet ones of 3 runs after a "
+              "warm-up; * = no quiet run):")
+        for s, r in long.items():
+            if "error" in r:
+                print(f"  {s}: failed: {r['error']}")
+                continue
+            name = "mlmkit bundle" if s == "mlmkit" else f"transformers ModernBertForSequenceClassification ({r['attention']})"
+            med = {k: statistics.median([t for t, bad in zip(v, r["noisy"][k]) if not bad] or v) for k, v in r["times"].items()}
+            long[s]["median"] = med
+            cells = ", ".join(f"{k} tokens ({r['tokens'][str(k)]}) {med[k]:.3f}s" + ("*" if all(r["noisy"][k]) else "")
+                              + ("" if len(r["times"][k]) == 3 else " (1 run)") for k in med)
+            print(f"  {name}: {cells}")
+            tag = "modernbert-classify" if s == "mlmkit" else "transformers-modernbert-classify"
+            for lo, hi in zip(LONG_LENGTHS, LONG_LENGTHS[1:]):
+                if lo in med and hi in med:
+                    print(f"  {tag}-{hi}-vs-{lo}: {med[hi] / med[lo]:.2f} (quadratic would be {(hi / lo) ** 2:.2f})")
+        if "mlmkit" in long and "transformers" in long and "error" not in long["mlmkit"] and "error" not in long["transformers"]:
+            m, t = long["mlmkit"]["median"], long["transformers"]["median"]
+            print("  mlmkit vs transformers (time ratio): " + ", ".join(f"{k} tokens {t[k] / m[k]:.2f}x" for k in m if k in t))
+
+    wall = time.perf_counter() - t_start
+    print(f"\nwall time {wall:.0f}s (setup {t_setup:.0f}s, throughput {t_bench:.0f}s, long inputs {t_long:.0f}s)")
+    if len(vs_tf) < len(families) or len(vs_opt) < len(families):
+        print(f"(the minima are over the families measured: vs transformers {', '.join(vs_tf) or 'none'}; "
+              f"vs optimum {', '.join(vs_opt) or 'none'})")
+    lines = []
+    for name, vals, goal in (("family-classify-vs-transformers-min", vs_tf, 3.0), ("family-classify-vs-optimum-min", vs_opt, 1.3)):
+        worst = min(vals, key=vals.__getitem__) if vals else None
+        if worst:
+            print(f"{name} is {worst}'s")
+        lines.append(f"target {name}: {vals[worst] if worst else float('nan'):.2f} (goal >= {goal:.2f})")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
