@@ -30,6 +30,7 @@ bench: $(BIN)/mlmkit
 	$(BIN)/python benchmarks/serve_throughput.py
 	$(BIN)/python benchmarks/batch_scale.py
 	$(BIN)/python benchmarks/pretrain_data_scale.py
+	$(BIN)/python benchmarks/families.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -115,3 +115,31 @@ def test_tagging_and_qa_fine_tune_on_byte_level_bpe(tmp_path: Path) -> None:
     context = "the plot was dull and john went"
     (p,) = Pipeline.load(tmp_path / "qb")([{"id": "x", "question": "who went", "context": context}])
     assert p["answer"] == context[p["start"]:p["end"]] and p["answer"] == p["answer"].strip()
+
+
+def test_a_checkpoint_with_vocab_json_and_merges_txt_only(tmp_path: Path) -> None:
+    """A byte-level BPE tokenizer given as vocab.json + merges.txt (older RoBERTa / GPT-2 layouts) is
+    converted, with RoBERTa's template and a <mask> that takes the space before it."""
+    save_checkpoint(tmp_path / "src", "roberta", "ForMaskedLM")
+    fast = transformers.AutoTokenizer.from_pretrained(tmp_path / "src")
+    model = json.loads((tmp_path / "src" / "tokenizer.json").read_text())["model"]
+    (tmp_path / "src" / "vocab.json").write_text(json.dumps(model["vocab"]))
+    (tmp_path / "src" / "merges.txt").write_text("#version: 0.2\n" + "".join(
+        (" ".join(m) if isinstance(m, list) else m) + "\n" for m in model["merges"]))
+    (tmp_path / "src" / "tokenizer.json").unlink()
+    from mlmkit.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tmp_path / "src")
+    for text in ("the film was good", "john went to <mask> and paris"):
+        assert tok.encode(text).ids == fast(text).input_ids
+    meta = export(tmp_path / "src", tmp_path / "b")
+    assert meta["task"] == "fill-mask"
+
+
+def test_a_sentencepiece_only_checkpoint_names_the_extra_to_install(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path / "src", "xlm-roberta", "ForMaskedLM")
+    (tmp_path / "src" / "tokenizer.json").unlink()
+    (tmp_path / "src" / "sentencepiece.bpe.model").write_bytes(b"\x00not a real model")
+    r = runner.invoke(app, ["export", str(tmp_path / "src"), "--out", str(tmp_path / "b")])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2 and "SentencePiece" in said and "mlmkit[convert]" in said, said
