@@ -2,6 +2,7 @@
 
     python benchmarks/families.py --work /tmp/bench_fam           # the full run (12-14 minutes on 2 cores, 1 of them setup)
     python benchmarks/families.py --work /tmp/bench_fam --quick   # 256 sentences, 1 round, no transformers long-input reference
+    python benchmarks/families.py --work /tmp/bench_fam --only-long   # the ModernBERT long inputs alone
 
 A full run measured 14 minutes on 2 cores with some foreign load (setup 1, throughput 11, long inputs 2;
 setup is reused by later runs in the same --work); --long-reference no saves about a minute,
@@ -550,6 +551,31 @@ def bench_long(a: argparse.Namespace, common: list[str], sides: list[str]) -> di
     return out
 
 
+def report_long(long: dict[str, Any]) -> None:
+    """The long-input table of bench_long's results (adds each side's medians to ``long``)."""
+    if not long:
+        return
+    print("\nModernBERT classifier, long inputs (batch of 1, seconds, median of the quiet ones of 3 runs after a "
+          "warm-up; * = no quiet run):")
+    for s, r in long.items():
+        if "error" in r:
+            print(f"  {s}: failed: {r['error']}")
+            continue
+        name = "mlmkit bundle" if s == "mlmkit" else f"transformers ModernBertForSequenceClassification ({r['attention']})"
+        med = {k: statistics.median([t for t, bad in zip(v, r["noisy"][k]) if not bad] or v) for k, v in r["times"].items()}
+        long[s]["median"] = med
+        cells = ", ".join(f"{k} tokens ({r['tokens'][str(k)]}) {med[k]:.3f}s" + ("*" if all(r["noisy"][k]) else "")
+                          + ("" if len(r["times"][k]) == 3 else " (1 run)") for k in med)
+        print(f"  {name}: {cells}")
+        tag = "modernbert-classify" if s == "mlmkit" else "transformers-modernbert-classify"
+        for lo, hi in zip(LONG_LENGTHS, LONG_LENGTHS[1:]):
+            if lo in med and hi in med:
+                print(f"  {tag}-{hi}-vs-{lo}: {med[hi] / med[lo]:.2f} (quadratic would be {(hi / lo) ** 2:.2f})")
+    if "mlmkit" in long and "transformers" in long and "error" not in long["mlmkit"] and "error" not in long["transformers"]:
+        m, t = long["mlmkit"]["median"], long["transformers"]["median"]
+        print("  mlmkit vs transformers (time ratio): " + ", ".join(f"{k} tokens {t[k] / m[k]:.2f}x" for k in m if k in t))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("MLMKIT_BENCH_DIR", "runs/bench-families")),
@@ -559,6 +585,8 @@ def main() -> None:
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated, of: " + ", ".join(FAMILIES))
     ap.add_argument("--sentences", type=int, default=None, help="texts timed per pass (default 1024, --quick 256)")
     ap.add_argument("--no-long", action="store_true", help="skip the ModernBERT long-input timings")
+    ap.add_argument("--only-long", action="store_true",
+                    help="the ModernBERT long-input timings alone: setup of modernbert only (reused when there), no throughput passes")
     ap.add_argument("--long-reference", choices=("auto", "yes", "no"), default="auto",
                     help="time transformers' ModernBERT on the long inputs too (auto: not with --quick)")
     ap.add_argument("--long-budget", type=float, default=90.0,
@@ -575,6 +603,10 @@ def main() -> None:
     a = ap.parse_args()
     n = a.sentences or (256 if a.quick else 1024)
     families = [f.strip() for f in a.families.split(",") if f.strip()]
+    if a.only_long:
+        if a.no_long or "modernbert" not in families:
+            ap.error("--only-long times ModernBERT's long inputs: not with --no-long, and --families must include modernbert")
+        families = ["modernbert"]
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         ap.error(f"unknown families {unknown}; choose from {', '.join(FAMILIES)}")
@@ -607,7 +639,7 @@ def main() -> None:
     t_setup = time.perf_counter() - t0
     results: dict[str, dict[str, Any]] = {}
     t0 = time.perf_counter()
-    for fam in families:
+    for fam in [] if a.only_long else families:
         try:
             results[fam] = bench_family(fam, a, common, rounds)
         except RuntimeError as e:
@@ -617,6 +649,10 @@ def main() -> None:
     t0 = time.perf_counter()
     long = bench_long(a, common, long_sides) if long_sides else {}
     t_long = time.perf_counter() - t0
+    if a.only_long:
+        report_long(long)
+        print(f"\nwall time {time.perf_counter() - t_start:.0f}s (setup {t_setup:.0f}s, long inputs {t_long:.0f}s)")
+        return
 
     print(f"\n{n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, {rounds} alternating pass(es) per side; "
           f"medians over the quiet passes (sentences/s); ratios: medians of back-to-back ratios")
@@ -675,26 +711,7 @@ def main() -> None:
             print(f"      mlmkit {'; '.join(checks)}")
     print(f"  * other processes used more than {QUIET} cores during that pass; it counts only when no pass was quiet")
 
-    if long:
-        print("\nModernBERT classifier, long inputs (batch of 1, seconds, median of the quiet ones of 3 runs after a "
-              "warm-up; * = no quiet run):")
-        for s, r in long.items():
-            if "error" in r:
-                print(f"  {s}: failed: {r['error']}")
-                continue
-            name = "mlmkit bundle" if s == "mlmkit" else f"transformers ModernBertForSequenceClassification ({r['attention']})"
-            med = {k: statistics.median([t for t, bad in zip(v, r["noisy"][k]) if not bad] or v) for k, v in r["times"].items()}
-            long[s]["median"] = med
-            cells = ", ".join(f"{k} tokens ({r['tokens'][str(k)]}) {med[k]:.3f}s" + ("*" if all(r["noisy"][k]) else "")
-                              + ("" if len(r["times"][k]) == 3 else " (1 run)") for k in med)
-            print(f"  {name}: {cells}")
-            tag = "modernbert-classify" if s == "mlmkit" else "transformers-modernbert-classify"
-            for lo, hi in zip(LONG_LENGTHS, LONG_LENGTHS[1:]):
-                if lo in med and hi in med:
-                    print(f"  {tag}-{hi}-vs-{lo}: {med[hi] / med[lo]:.2f} (quadratic would be {(hi / lo) ** 2:.2f})")
-        if "mlmkit" in long and "transformers" in long and "error" not in long["mlmkit"] and "error" not in long["transformers"]:
-            m, t = long["mlmkit"]["median"], long["transformers"]["median"]
-            print("  mlmkit vs transformers (time ratio): " + ", ".join(f"{k} tokens {t[k] / m[k]:.2f}x" for k in m if k in t))
+    report_long(long)
 
     wall = time.perf_counter() - t_start
     print(f"\nwall time {wall:.0f}s (setup {t_setup:.0f}s, throughput {t_bench:.0f}s, long inputs {t_long:.0f}s)")

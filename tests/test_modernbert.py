@@ -20,8 +20,8 @@ from torch import nn
 from mlmkit.checkpoint import load_state_dict, load_weights, save_weights
 from mlmkit.config import ModelConfig, preset
 from mlmkit.errors import ConfigError
-from mlmkit.models import core, family_for
-from mlmkit.models.modernbert import GLOBAL, LOCAL, ModernBertLayer
+from mlmkit.models import core, family_for, modernbert
+from mlmkit.models.modernbert import GLOBAL, LOCAL, ModernBertLayer, local_attend, local_blocks, window_mask
 
 transformers = pytest.importorskip("transformers")
 
@@ -346,3 +346,142 @@ def test_eager_graphs_export_to_onnx(tmp_path):
         if name == "mlm":
             diff = diff[x["attention_mask"].bool().numpy()]
         assert abs(diff).max() <= 1e-4, name
+
+
+# ---- the sliding window in blocks --------------------------------------------------------------
+def full_mask_attend(m, q, k, v, mask, half, Tq, T):
+    """The local layers' attention as the whole Tq x T product with the band mask added: the form
+    the blocked one replaces (O(T^2)), kept as the reference."""
+    return core.attend(m, q, k, v, mask + window_mask(T, Tq, half, q.device, mask.dtype))
+
+
+class _Attn(nn.Module):
+    """What ``local_attend`` reads of an attention block."""
+
+    def __init__(self, impl: str) -> None:
+        super().__init__()
+        self.impl, self.dropout_p, self.dropout = impl, 0.0, nn.Dropout(0.0)
+
+
+LENGTHS = (1, 2, 3, 4, 5, 7, 8, 11, 12, 13, 16, 23, 24, 25, 36, 63, 64, 65, 100, 128, 129, 191, 192, 193, 200, 256, 257, 300, 513)
+
+
+@pytest.mark.parametrize("half", [1, 4, 5, 64])
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_blocked_window_equals_the_full_mask(half, impl):
+    """At lengths that are and are not multiples of the block (``half``), shorter than one block
+    and longer than several windows, all queries or the first few (the queries path), with padding:
+    the same rows as the full product at every real query."""
+    m = _Attn(impl).eval()
+    g = torch.Generator().manual_seed(half)
+    B, nh, hd = 3, 2, 8
+    for T in LENGTHS:
+        lengths = torch.tensor([T, max(1, T // 2), max(1, T - 5)])
+        mask = ((torch.arange(T)[None] >= lengths[:, None]).float() * -10000.0)[:, None, None, :]  # as core.extended_mask
+        for Tq in sorted({T, 1, min(T, 3), min(T, 70)}):
+            q, k, v = (torch.randn(B, nh, n, hd, generator=g) for n in (Tq, T, T))
+            ref = full_mask_attend(m, q, k, v, mask, half, Tq, T)
+            real = torch.arange(Tq)[None] < lengths[:, None]  # (B, Tq)
+            # Python sizes (eager: the plain form up to 3 half) and 0-d tensors (the traced graph's blocks)
+            for sizes in ((Tq, T), (torch.tensor(Tq), torch.tensor(T))):
+                got = local_attend(m, q, k, v, mask, half, *sizes)
+                assert got.shape == ref.shape
+                assert (got - ref).transpose(1, 2)[real].abs().max().item() <= ATOL, (T, Tq, sizes)
+
+
+def test_blocks_cost_tq_times_window():
+    """The work is Tq x W with W = 3 half keys a block of half queries, and a short input is one block
+    of the whole sequence (what the plain form computes)."""
+    def work(Tq, T, half=64):
+        qidx, kidx, oidx, band = local_blocks(Tq, T, half, torch.device("cpu"), torch.float32)
+        traced = local_blocks(torch.tensor(Tq), torch.tensor(T), half, torch.device("cpu"), torch.float32)
+        assert all(torch.equal(a, b) for a, b in zip((qidx, kidx, oidx, band), traced))
+        assert oidx.shape == (Tq,) and band.shape == (*qidx.shape, kidx.size(1))
+        assert 0 <= int(qidx.min()) and int(qidx.max()) < Tq and 0 <= int(kidx.min()) and int(kidx.max()) < T
+        return tuple(qidx.shape), kidx.size(1)
+
+    assert work(32, 32) == ((1, 32), 32)
+    assert work(192, 192) == ((1, 192), 192)
+    assert work(193, 193) == ((4, 64), 192)
+    assert work(8192, 8192) == ((128, 64), 192)
+    assert work(1, 8192) == ((1, 1), 129)  # encode_cls's [CLS] row: its 129 keys
+    assert work(1, 20) == ((1, 1), 20)
+
+
+@pytest.mark.parametrize("T, lengths", [(5, (5, 3)), (13, (13, 9, 4)), (129, (129, 70, 5)), (300, (300, 257, 31))])
+def test_long_inputs_match_transformers(tmp_path, T, lengths):
+    """Beyond several windows (4 positions each side; a MiniLM-ish window of 64 each side at 300):
+    hidden states and the [CLS]-only classifier as transformers computes them, with either impl."""
+    kw = dict(local_attention=128) if T == 300 else {}
+    d = hf_dir(tmp_path, "ModernBertForSequenceClassification", max_position_embeddings=512, num_labels=3, **kw)
+    _, ours, _ = load_ours(d, lambda c: core.BertForLabels(c, per_token=False))
+    ref_model = hf_model("ModernBertForSequenceClassification", d)
+    x = inputs(T=T, lengths=lengths)
+    with torch.no_grad():
+        ref, ref_hidden = ref_model(**x), ref_model.model(**x).last_hidden_state
+        for impl in ("eager", "sdpa"):
+            core.set_attention_impl(ours, impl)
+            hidden = ours.bert(**x)[0]
+            assert real_diff(hidden, ref_hidden, x["attention_mask"]) <= ATOL, impl
+            assert (ours(**x)["logits"] - ref.logits).abs().max().item() <= ATOL, impl
+            assert (ours.classify(core.encode_cls(ours.bert, x["input_ids"], x["attention_mask"])) - ref.logits).abs().max().item() <= ATOL
+
+
+def test_blocked_graph_exports_for_every_length(tmp_path, monkeypatch):
+    """The TorchScript export of the blocked window: no size of the export's dummy (19 tokens) frozen
+    in the graph, and onnxruntime exact, against the full-mask form in PyTorch, at lengths shorter
+    than a block, multiples of it and not, and past several windows (4 positions each side)."""
+    ort = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    from onnx import numpy_helper
+
+    _, mlm, _ = load_ours(hf_dir(tmp_path, "ModernBertForMaskedLM", name="mlm", max_position_embeddings=512), core.BertForPreTraining)
+    _, seq, _ = load_ours(hf_dir(tmp_path, "ModernBertForSequenceClassification", name="seq", num_labels=3, max_position_embeddings=512),
+                          lambda c: core.BertForLabels(c, per_token=False))
+    graphs = {
+        "mlm": _Logits(mlm, lambda m, i, a: m(i, a)["prediction_logits"]),
+        "cls": _Logits(seq, lambda m, i, a: m.classify(core.encode_cls(m.bert, i, a))),
+    }
+    dummy = inputs(T=19, lengths=(19, 7))
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    for name, graph in graphs.items():
+        core.set_attention_impl(graph, "eager")
+        path = tmp_path / f"{name}.onnx"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(graph, (dummy["input_ids"], dummy["attention_mask"]), str(path), dynamo=False, opset_version=17,
+                              input_names=["input_ids", "attention_mask"], output_names=["out"],
+                              dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
+                                            "out": {0: "batch", 1: "sequence"} if name == "mlm" else {0: "batch"}})
+        ints = [numpy_helper.to_array(a.t).ravel().tolist() for n in onnx.load(str(path)).graph.node if n.op_type == "Constant"
+                for a in n.attribute if a.name == "value" and a.t.data_type == onnx.TensorProto.INT64]
+        assert not [c for c in ints if 19 in c or 18 in c], name  # the dummy's length, its last position
+        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        for T, lengths in ((5, (5, 2, 4)), (12, (12, 3, 8)), (64, (64, 30, 60)), (129, (129, 64, 100)), (300, (300, 17, 299))):
+            x = inputs(T=T, lengths=lengths, seed=T)
+            (got,) = sess.run(None, {k: v.numpy() for k, v in x.items()})
+            with monkeypatch.context() as mp, torch.no_grad():
+                mp.setattr(modernbert, "local_attend", full_mask_attend)
+                ref = graph(**x).numpy()
+            diff = got - ref
+            if name == "mlm":
+                diff = diff[x["attention_mask"].bool().numpy()]
+            assert abs(diff).max() <= 1e-4, (name, T)
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_blocked_window_gradients_equal_the_full_mask(impl):
+    """Training through the blocks (their index copies scatter back in the backward pass)."""
+    m = _Attn(impl)
+    g = torch.Generator().manual_seed(0)
+    T = 300
+    q, k, v = (torch.randn(2, 2, T, 8, generator=g).requires_grad_() for _ in range(3))
+    mask = torch.zeros(2, 1, 1, T)
+    mask[1, ..., 250:] = -10000.0
+    w = torch.randn(2, 2, T, 8, generator=g)
+    w[1, :, 250:] = 0  # the padding queries' rows are read by nothing
+    got = torch.autograd.grad((local_attend(m, q, k, v, mask, 64, T, T) * w).sum(), (q, k, v))
+    ref = torch.autograd.grad((full_mask_attend(m, q, k, v, mask, 64, T, T) * w).sum(), (q, k, v))
+    for a, b in zip(got, ref):
+        assert (a - b).abs().max().item() <= ATOL

@@ -121,6 +121,75 @@ def window_mask(T: torch.Tensor | int, Tq: torch.Tensor | int, half: int, device
     return far.to(dtype) * FAR
 
 
+Size = int | torch.Tensor  # a length: a Python int in eager mode, a 0-d tensor while tracing (export)
+
+
+def _minimum(a: Size, b: Size) -> Size:
+    """min(a, b) of two lengths without a Python comparison of traced ones (which would freeze)."""
+    if isinstance(a, torch.Tensor):
+        return torch.clamp(a, max=b)
+    if isinstance(b, torch.Tensor):
+        return torch.clamp(b, max=a)
+    return min(a, b)
+
+
+def local_blocks(Tq: Size, T: Size, half: int, device: torch.device, dtype: torch.dtype
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The blocks of a sliding-window layer, for the first ``Tq`` of ``T`` positions as queries:
+    query blocks of ``bq`` positions, each with one key window of ``W`` positions that holds every key
+    within ``half`` of its queries, so the attention costs O(Tq x W), not O(Tq x T).
+
+    bq is ``half`` (ModernBERT's 64), and W = bq + 2 half (192); a short input (T <= 3 half) is one
+    block of all Tq queries against W = min(Tq + 2 half, T) keys: the whole sequence, the plain form's
+    work. Nothing is padded: the last query block and the key windows near the ends are shifted
+    (clamped) to lie inside the sequence, so the last block may overlap the one before it, and W <= T.
+
+    Returns qidx (nb, bq) and kidx (nb, W), the positions of each block's queries and keys; oidx (Tq,),
+    the row of query i among the nb x bq rows the blocks compute; band (nb, bq, W), the additive mask
+    (0 where |i - j| <= half, FAR beyond). Eager mode computes the sizes with Python ints; under the
+    ONNX tracer ``T`` and ``Tq`` are 0-d tensors and every size here is a graph op on them (no
+    comparison or branch in Python), so one exported graph serves every length."""
+    b, span = half, 3 * half
+    if isinstance(T, torch.Tensor) or isinstance(Tq, torch.Tensor):
+        Tq_t = Tq if isinstance(Tq, torch.Tensor) else torch.full((), Tq, dtype=torch.long, device=device)
+        bq = torch.where(T <= span, Tq_t, torch.clamp(Tq_t, max=b))
+    else:
+        bq = Tq if T <= span else min(b, Tq)
+    nb = (Tq + bq - 1) // bq  # ceil(Tq / bq)
+    W = _minimum(bq + 2 * half, T)
+    qstart = torch.clamp(torch.arange(nb, device=device) * bq, max=Tq - bq)  # (nb,): the last block ends at Tq
+    kstart = torch.clamp(qstart - half, min=0)
+    kstart = torch.clamp(kstart, max=T - W)  # (nb,): the window [qstart - half, qstart + bq - 1 + half], inside [0, T)
+    qidx = qstart[:, None] + torch.arange(bq, device=device)[None, :]  # (nb, bq)
+    kidx = kstart[:, None] + torch.arange(W, device=device)[None, :]  # (nb, W)
+    i = torch.arange(Tq, device=device)
+    last = (nb - 1) * bq  # queries from here on are the last block's, which starts at Tq - bq
+    oidx = i + (i >= last).long() * (nb * bq - Tq)  # (Tq,)
+    band = ((qidx[:, :, None] - kidx[:, None, :]).abs() > half).to(dtype) * FAR  # (nb, bq, W)
+    return qidx, kidx, oidx, band
+
+
+def local_attend(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, half: int,
+                 Tq: Size, T: Size) -> torch.Tensor:
+    """Sliding-window attention of q (B, nh, Tq, hd), the first Tq positions, over k, v (B, nh, T, hd):
+    each query sees the keys within ``half`` positions (``local_blocks``), and ``mask`` (B, 1, 1, T),
+    the additive padding mask; ``Tq`` and ``T`` as the caller has them from its inputs (sizes of
+    unbind's outputs freeze in the ONNX trace). Returns (B, nh, Tq, hd), what ``attend`` with ``mask + window_mask``
+    gives at every real query (a padding query, whose row nothing reads, sees only its window).
+
+    In eager mode a short input (T <= 3 half: one block, the whole sequence) takes the plain form,
+    ``attend`` with the band mask, which is what the blocks would compute without their index copies
+    (and their scatters in the backward pass); a traced graph always has the blocks, which then
+    reduce to that one block."""
+    if not isinstance(T, torch.Tensor) and not isinstance(Tq, torch.Tensor) and T <= 3 * half:
+        return attend(m, q, k, v, mask + window_mask(T, Tq, half, q.device, mask.dtype))  # (B, nh, Tq, hd)
+    qidx, kidx, oidx, band = local_blocks(Tq, T, half, q.device, mask.dtype)
+    qb, kb, vb = q[:, :, qidx], k[:, :, kidx], v[:, :, kidx]  # (B, nh, nb, bq, hd), (B, nh, nb, W, hd) x 2
+    pad = mask[:, :, 0][:, :, kidx][:, :, :, None, :]  # (B, 1, nb, 1, W)
+    out = attend(m, qb, kb, vb, band + pad)  # (B, nh, nb, bq, hd)
+    return out.flatten(2, 3)[:, :, oidx]  # (B, nh, Tq, hd)
+
+
 class ModernBertAttention(nn.Module):
     """Fused-projection self-attention with rotary positions, over the whole sequence (global
     layers) or a window around each query (local layers). ``impl`` as BertSelfAttention's."""
@@ -157,9 +226,11 @@ class ModernBertAttention(nn.Module):
         cos, sin = rotary(T, self.head_dim, self.theta, x.device)  # (T, hd)
         q = rotate(q, *((cos, sin) if queries is None else rotary(Tq, self.head_dim, self.theta, x.device)))
         k = rotate(k, cos, sin)
-        if self.half_window is not None:
-            mask = mask + window_mask(T, Tq, self.half_window, x.device, mask.dtype)  # (B, 1, Tq, T)
-        out = attend(self, q, k, v, mask).transpose(1, 2).flatten(2)  # (B, Tq, H)
+        if self.half_window is None:
+            out = attend(self, q, k, v, mask)  # (B, nh, Tq, hd)
+        else:
+            out = local_attend(self, q, k, v, mask, self.half_window, Tq, T)
+        out = out.transpose(1, 2).flatten(2)  # (B, Tq, H)
         return self.out_drop(self.Wo(out))
 
 
