@@ -25,8 +25,10 @@ from mlmkit import evaluation, registry
 from mlmkit.batching import pad_features
 from mlmkit.checkpoint import save_run
 from mlmkit.cli import app
+from mlmkit.config import preset
 from mlmkit.errors import ConfigError, TaskError
 from mlmkit.finetuning import TaskEvaluator, torch_forward
+from mlmkit.models import FAMILIES
 from mlmkit.registry import BATCH, OPTIONAL, REQUIRED, Plugin, TaskContext, TaskDefaults, per_token
 from mlmkit.runtime import Pipeline
 from mlmkit.tokenizer import special_ids, train_tokenizer
@@ -554,11 +556,23 @@ def test_task_evaluates_and_predicts_from_runtime_input(sample: dict[str, Any]) 
     assert all(isinstance(v, str) for v in task.summary(got.predictions[0]).values())
 
 
+def family_config(family: str, cfg: Any) -> Any:
+    """The tiny config of ``cfg``'s task for another model family: its preset, the same vocabulary,
+    labels and head, the sample tokenizer's padding id (BERT's special tokens on every family)."""
+    other = preset("tiny", family, vocab_size=cfg.vocab_size, pad_token_id=cfg.pad_token_id, max_position_embeddings=130)
+    other.id2label, other.label2id, other.architectures = cfg.id2label, cfg.label2id, cfg.architectures
+    return other
+
+
+@pytest.mark.parametrize("family", [f.name for f in FAMILIES])
 @pytest.mark.parametrize("sample", discovered(), indirect=True)
-def test_task_is_exported_and_served(sample: dict[str, Any]) -> None:
-    """Every registered task: a run exports through the parity gate, and its bundle serves the same
-    predictions as PyTorch from a runtime input, through the task's own command and `predict`."""
+def test_task_is_exported_and_served(sample: dict[str, Any], family: str) -> None:
+    """Every registered task x every model family: a run exports through the parity gate, and its
+    bundle serves the same predictions as PyTorch from a runtime input, through the task's own
+    command and `predict`."""
     task, tok, ctx, tmp = sample["task"], sample["tok"], sample["ctx"], sample["tmp"]
+    if family != "bert":
+        sample["config"] = family_config(family, sample["config"])
     torch.manual_seed(0)
     model = task.build_model(sample["config"], sample["ctx"])
     for name, p in model.named_parameters():  # a large head init: outputs far from flat, choices far from ties
