@@ -324,6 +324,11 @@ class ServeArgs(Args):
     max_body_bytes: int = arg(8 * 1024 * 1024, "Largest request body (more: 413).")
     drain_seconds: float = arg(30.0, "On SIGTERM, how long requests in flight may take to finish.")
     access_log: bool = arg(False, "Log every request (uvicorn's access log).")
+    api_key: list[str] = arg(help="An API key clients must send as 'Authorization: Bearer KEY' (repeatable; default: "
+                                  "$MLMKIT_API_KEY; none: no check). The probes /health and /ready never need one.", factory=list)
+    public_metrics: bool = arg(False, "Serve /metrics without an API key.")
+    max_queue: int = arg(0, "Most inputs waiting per model; more: 429 with Retry-After (0: 4 x --max-batch-size).")
+    request_timeout: float = arg(30.0, "Seconds a request may wait in the queue; then 503, and it leaves the queue.")
 
     def __post_init__(self) -> None:
         if not self.bundles:
@@ -338,3 +343,9 @@ class ServeArgs(Args):
             raise ConfigError(f"--port must be at most 65535, got {self.port}")
         if not 0 <= self.max_wait_ms <= 10_000 or not 0 <= self.drain_seconds <= 3600:
             raise ConfigError("--max-wait-ms must be 0 to 10000 and --drain-seconds 0 to 3600")
+        if self.max_queue < 0:
+            raise ConfigError(f"--max-queue must be 0 (the default size) or more, got {self.max_queue}")
+        if not _finite(self.request_timeout) or not 0 < self.request_timeout <= 3600:
+            raise ConfigError(f"--request-timeout must be more than 0 and at most 3600 seconds, got {self.request_timeout}")
+        if any(not k or k != k.strip() for k in self.api_key):
+            raise ConfigError("an --api-key is empty or has spaces around it", "give the key itself")

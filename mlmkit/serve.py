@@ -9,8 +9,16 @@ Each bundle is mounted under its name (its directory's name, or NAME=PATH). Endp
   shapes (texts, {"text", "text_pair"} records, {"question", "context"} records), options the task's
   runtime options; answers ``{"results": [...]}`` in input order, each result the object a line of
   `mlmkit predict`'s JSON lines holds, and ``"warnings"`` when an input was truncated.
-- ``GET /v1/models``, ``GET /health`` (alive), ``GET /ready`` (every model loaded and warmed up, not
-  shutting down), ``GET /metrics`` (Prometheus), ``GET /docs`` (OpenAPI).
+- ``POST /v1/embeddings`` (OpenAI's shape), ``POST /embed`` and ``POST /predict`` (text-embeddings-inference's):
+  adapters over the same queue (routes.py).
+- ``GET /v1/models`` (mlmkit's fields, and OpenAI's list shape), ``GET /health`` (alive), ``GET /ready``
+  (every model loaded and warmed up, not shutting down), ``GET /metrics`` (Prometheus), ``GET /docs`` (OpenAPI).
+
+API keys (``--api-key``, repeatable, or MLMKIT_API_KEY): every route but the probes /health and /ready
+(and /metrics with --public-metrics) needs ``Authorization: Bearer KEY``, else 401; keys are compared in constant time
+and never logged. Backpressure: more than --max-queue inputs waiting for a model is a 429 with
+Retry-After at once; a request still queued after --request-timeout seconds is a 503 and leaves the
+queue; a client that hangs up before its turn leaves the queue too (nothing is computed for it).
 
 Dynamic batching: a request is checked on arrival (a bad input or option is a 4xx at once, never
 its neighbours' problem), then queued for its model. One thread per model takes what is queued
@@ -19,9 +27,10 @@ and runs it as one pipeline call, length-bucketed into onnxruntime batches; requ
 options go in their own call. onnxruntime runs off the event loop, with its own threads. A call
 that fails is retried request by request, so only the request at fault fails.
 
-Errors are JSON, ``{"error": ..., "hint": ..., "request_id": ...}``: 400 malformed JSON, 404 an
-unknown model, 413 a body over --max-body-bytes or more than --max-inputs inputs, 422 a wrong input
-shape or option, 503 while loading or shutting down, 500 an internal error (logged with its
+Errors are JSON, ``{"error": ..., "hint": ..., "request_id": ...}``: 400 malformed JSON, 401 no or a
+wrong API key, 404 an unknown model, 413 a body over --max-body-bytes or more than --max-inputs inputs,
+422 a wrong input shape or option, 429 a full queue, 503 while loading or shutting down or after
+--request-timeout, 500 an internal error (logged with its
 traceback and the request id; the server goes on). SIGTERM (or Ctrl-C): new requests get 503,
 requests in flight finish (up to --drain-seconds), then the server stops; a second signal stops it at once.
 """
@@ -29,8 +38,10 @@ requests in flight finish (up to --drain-seconds), then the server stops; a seco
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
+import math
 import queue
 import re
 import threading
@@ -46,6 +57,7 @@ import numpy as np
 from .args import ServeArgs
 from .errors import ConfigError, MlmkitError
 from .evaluation import truncations_counted
+from .routes import ROUTES, Call, HTTPError
 
 try:  # at module level: FastAPI reads the handlers' annotations from this module's names
     from fastapi import Request
@@ -94,6 +106,9 @@ class Model:
         self.queue: queue.Queue[_Request | None] = queue.Queue()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._serve, name=f"mlmkit-{name}", daemon=True)
+        self.waiting = 0  # inputs queued and not yet taken into a call
+        self.lock = threading.Lock()
+        self.max_queue = args.max_queue or 4 * args.max_batch_size
 
     def describe(self) -> dict[str, Any]:
         m = self.pipe.meta
@@ -101,11 +116,38 @@ class Model:
                 "options": list(self.pipe.option_names), "source": m.get("source"), "precision": m.get("precision"),
                 "providers": self.pipe.providers}
 
-    async def predict(self, inputs: list[Any], options: dict[str, Any]) -> list[dict[str, Any]]:
+    async def predict(self, inputs: list[Any], options: dict[str, Any], request: Any = None) -> list[dict[str, Any]]:
+        """The results of ``inputs``, queued for the next merged call; a 429 when the queue is full, a 503
+        after --request-timeout; a client that disconnects (``request``'s) leaves the queue."""
+        with self.lock:
+            if self.waiting and self.waiting + len(inputs) > self.max_queue:
+                self.metrics.rejected.labels(self.name, "queue_full").inc()
+                raise HTTPError(429, f"model '{self.name}' has {self.waiting} inputs waiting (--max-queue {self.max_queue})",
+                                "retry after the Retry-After seconds, or send to another replica")
+            self.waiting += len(inputs)
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self.queue.put(_Request(inputs, options, fut, loop, time.monotonic()))
-        return await fut
+        watch = asyncio.create_task(_hang_up(request, fut)) if request is not None else None
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.args.request_timeout)
+        except asyncio.CancelledError:
+            if fut.cancelled() and watch is not None and watch.done():  # the client hung up: nobody to answer
+                raise HTTPError(499, "the client closed the connection before its answer") from None
+            raise
+        except asyncio.TimeoutError:
+            fut.cancel()  # the model's thread skips it
+            self.metrics.rejected.labels(self.name, "timeout").inc()
+            raise HTTPError(503, f"the request waited over --request-timeout {self.args.request_timeout:g} s for model "
+                                 f"'{self.name}'", "retry later, or send to another replica") from None
+        finally:
+            if watch is not None:
+                watch.cancel()
+
+    def retry_after(self) -> int:
+        """Seconds a client turned away should wait: the queue at the recent pace, at least 1."""
+        per_input = self.metrics.recent_seconds_per_input.get(self.name, 0.01)
+        return max(1, math.ceil(self.waiting * per_input))
 
     def stop(self) -> None:
         self.queue.put(None)
@@ -137,10 +179,14 @@ class Model:
                     break
                 batch.append(r)
                 n += len(r.inputs)
+            with self.lock:
+                self.waiting -= sum(len(r.inputs) for r in batch)
             groups: dict[str, list[_Request]] = {}
             for r in batch:
-                if not r.future.done():  # a client that went away
+                if not r.future.done():
                     groups.setdefault(json.dumps(r.options, sort_keys=True, default=str), []).append(r)
+                elif r.future.cancelled():  # a client that hung up or timed out: nothing computed for it
+                    self.metrics.dropped.labels(self.name).inc()
             for reqs in groups.values():
                 self._run(reqs)
 
@@ -161,7 +207,9 @@ class Model:
                 _resolve(reqs[0], error=e)
             return
         self.metrics.batch_inputs.labels(self.name).observe(len(items))
-        self.metrics.inference_seconds.labels(self.name).observe(time.monotonic() - start)
+        took = time.monotonic() - start
+        self.metrics.inference_seconds.labels(self.name).observe(took)
+        self.metrics.recent_seconds_per_input[self.name] = took / max(1, len(items))
         at = 0
         for r in reqs:
             n = len(r.inputs)
@@ -185,9 +233,21 @@ def _resolve(r: _Request, *, results: list[dict[str, Any]] | None = None, error:
         pass
 
 
+async def _hang_up(request: Any, fut: asyncio.Future) -> None:
+    """Cancel ``fut`` when the client disconnects (its body is read: what comes next is the disconnect)."""
+    while not fut.done():
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            fut.cancel()
+            return
+
+
+WARM_UP_TOKENS = 512  # a long-context model (ModernBERT's 8,192) warms up at this length, not its whole
+
+
 def warm_up(pipe: Any) -> None:
-    """Run the graph on a short and a full-length batch once, so the first request is not the slow one."""
-    for rows, length in ((1, 8), (pipe.batch_size, pipe.max_length)):
+    """Run the graph on a short and a long batch once, so the first request is not the slow one."""
+    for rows, length in ((1, 8), (pipe.batch_size, min(pipe.max_length, WARM_UP_TOKENS))):
         feed = {name: (np.ones if name == "attention_mask" else np.zeros)((rows, length), dtype=np.int64)
                 for name in pipe.input_names}
         feed["input_ids"][:] = pipe.pad_id
@@ -214,15 +274,15 @@ class Metrics:
         self.request_seconds = Histogram("mlmkit_request_seconds", "Time to answer a prediction request.", ["model"],
                                          buckets=TIME_BUCKETS, registry=r)
         self.in_flight = Gauge("mlmkit_requests_in_flight", "Requests being answered.", registry=r)
+        self.rejected = Counter("mlmkit_rejected", "Requests turned away: queue_full (429) or timeout (503).",
+                                ["model", "reason"], registry=r)
+        self.dropped = Counter("mlmkit_dropped", "Queued requests left out of their call (the client hung up or timed "
+                                                 "out): no inference done for them.", ["model"], registry=r)
+        self.unauthorized = Counter("mlmkit_unauthorized", "Requests without a valid API key (401).", registry=r)
+        self.recent_seconds_per_input: dict[str, float] = {}
 
 
 # ---- the app --------------------------------------------------------------------------------------
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.hint = status, message, hint
-
-
 PREDICT_BODY = {
     "required": True,
     "content": {"application/json": {"schema": {
@@ -262,15 +322,16 @@ def create_app(models: dict[str, Model], args: ServeArgs) -> Any:
     app.state.mlmkit = state
     app.state.models = models
 
-    def error(status: int, message: str, hint: str | None, request_id: str) -> JSONResponse:
+    def error(status: int, message: str, hint: str | None, request_id: str, headers: dict[str, str] | None = None) -> JSONResponse:
         body = {"error": message, **({"hint": hint} if hint else {}), "request_id": request_id}
-        return JSONResponse(body, status_code=status, headers={"X-Request-ID": request_id})
+        return JSONResponse(body, status_code=status, headers={"X-Request-ID": request_id, **(headers or {})})
 
-    app.add_middleware(_Guard, state=state, metrics=metrics, error=error)
+    app.add_middleware(_Guard, state=state, metrics=metrics, error=error, keys=api_keys(args),
+                       public=("/health", "/ready", "/metrics") if args.public_metrics else ("/health", "/ready"))
 
     @app.exception_handler(HTTPError)
     async def http_error(request: Request, e: HTTPError) -> JSONResponse:
-        return error(e.status, e.message, e.hint, request.state.rid)
+        return error(e.status, e.message, e.hint, request.state.rid, e.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def starlette_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -290,9 +351,11 @@ def create_app(models: dict[str, Model], args: ServeArgs) -> Any:
                                 status_code=503)
         return {"status": "ready", "models": list(models)}
 
-    @app.get("/v1/models", summary="The models served: name, task, labels, max_length, source.")
+    @app.get("/v1/models", summary="The models served: name, task, labels, max_length, source (and OpenAI's list).")
     async def list_models() -> dict[str, Any]:
-        return {"models": [m.describe() for m in models.values()]}
+        described = [m.describe() for m in models.values()]
+        openai = [{"id": d["name"], "object": "model", "created": started, "owned_by": "mlmkit", **d} for d in described]
+        return {"object": "list", "data": openai, "models": described}
 
     @app.get("/metrics", summary="Prometheus metrics.")
     async def prometheus() -> Response:
@@ -300,17 +363,14 @@ def create_app(models: dict[str, Model], args: ServeArgs) -> Any:
 
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/models/{name}/predict", summary="Predict: one result per input, in input order.",
-              openapi_extra={"requestBody": PREDICT_BODY})
-    async def predict(name: str, request: Request) -> Response:
-        model = models.get(name)
-        if model is None:
-            metrics.requests.labels("-", "404").inc()
-            raise HTTPError(404, f"no model named '{name}'", f"the models: {', '.join(models)} (GET /v1/models)")
+    started = int(time.time())
+
+    async def answer(name: str, model: Model, inputs: list[Any], options: dict[str, Any], request: Request,
+                     respond: Any) -> Response:
+        """What every route does with its call: checks, the queue, metrics; ``respond`` shapes the results."""
         start = time.monotonic()
         status = "500"
         try:
-            inputs, options = await _read_request(request, args)
             if not model.ready.is_set():
                 raise HTTPError(503, f"model '{name}' is still loading", "retry when GET /ready says ready")
             unknown = sorted(set(options) - set(model.pipe.option_names))
@@ -322,16 +382,16 @@ def create_app(models: dict[str, Model], args: ServeArgs) -> Any:
             except MlmkitError as e:
                 raise HTTPError(422, e.message, e.hint) from None
             try:
-                results = await model.predict(inputs, options) if inputs else []
+                results = await model.predict(inputs, options, request) if inputs else []
             except MlmkitError as e:
                 raise HTTPError(422, e.message, e.hint) from None
+            except HTTPError as e:
+                if e.status == 429:
+                    e.headers["Retry-After"] = str(model.retry_after())
+                raise
+            body = respond(results)
             status = "200"
             metrics.inputs.labels(name).inc(len(inputs))
-            body: dict[str, Any] = {"results": results}
-            cut = [i + 1 for i, r in enumerate(results) if r.get("truncated")]
-            if cut:
-                body["warnings"] = [f"input {i}: longer than {model.pipe.max_length} tokens, truncated (or windowed) as "
-                                    "the command line does" for i in cut]
             return Response(json.dumps(body, ensure_ascii=False), media_type="application/json")
         except HTTPError as e:
             status = str(e.status)
@@ -340,7 +400,59 @@ def create_app(models: dict[str, Model], args: ServeArgs) -> Any:
             metrics.requests.labels(name, status).inc()
             metrics.request_seconds.labels(name).observe(time.monotonic() - start)
 
+    @app.post("/v1/models/{name}/predict", summary="Predict: one result per input, in input order.",
+              openapi_extra={"requestBody": PREDICT_BODY})
+    async def predict(name: str, request: Request) -> Response:
+        model = models.get(name)
+        if model is None:
+            metrics.requests.labels("-", "404").inc()
+            raise HTTPError(404, f"no model named '{name}'", f"the models: {', '.join(models)} (GET /v1/models)")
+        try:
+            inputs, options = _inputs_and_options(await _read_json(request, args), args)
+        except HTTPError as e:
+            metrics.requests.labels(name, str(e.status)).inc()
+            raise
+
+        def respond(results: list[dict[str, Any]]) -> dict[str, Any]:
+            body: dict[str, Any] = {"results": results}
+            cut = [i + 1 for i, r in enumerate(results) if r.get("truncated")]
+            if cut:
+                body["warnings"] = [f"input {i}: longer than {model.pipe.max_length} tokens, truncated (or windowed) as "
+                                    "the command line does" for i in cut]
+            return body
+
+        return await answer(name, model, inputs, options, request, respond)
+
+    for route in ROUTES:  # other servers' request shapes, over the same queue (routes.py)
+        app.add_api_route(route.path, _route_handler(route, models, args, metrics, answer), methods=[route.method],
+                          summary=route.summary)
     return app
+
+
+def _route_handler(route: Any, models: dict[str, Model], args: ServeArgs, metrics: Metrics, answer: Any) -> Any:
+    async def handler(request: Request) -> Response:
+        try:
+            call: Call = route.parse(await _read_json(request, args), models)
+            if len(call.inputs) > args.max_inputs:
+                raise HTTPError(413, f"{len(call.inputs)} inputs in one request; the limit is {args.max_inputs}",
+                                "split them over several requests, or start the server with a larger --max-inputs")
+        except HTTPError as e:
+            metrics.requests.labels("-", str(e.status)).inc()
+            raise
+        model = models[call.model]
+        return await answer(call.model, model, call.inputs, call.options, request,
+                            lambda results: route.respond(call, results, model))
+
+    handler.__name__ = "route_" + route.path.strip("/").replace("/", "_")
+    return handler
+
+
+def api_keys(args: ServeArgs) -> tuple[bytes, ...]:
+    """The keys a request may present: --api-key (repeatable), else MLMKIT_API_KEY; none: no check."""
+    import os
+
+    keys = list(args.api_key) or ([os.environ["MLMKIT_API_KEY"]] if os.environ.get("MLMKIT_API_KEY") else [])
+    return tuple(k.encode("utf-8") for k in keys)
 
 
 class _Guard:
@@ -349,8 +461,22 @@ class _Guard:
     and in every error; 503 while draining (but /health and /metrics); the requests in flight
     counted; an exception that escaped a handler becomes a 500 with the id, logged with its traceback."""
 
-    def __init__(self, app: Any, state: dict[str, Any], metrics: Metrics, error: Any) -> None:
+    def __init__(self, app: Any, state: dict[str, Any], metrics: Metrics, error: Any, keys: tuple[bytes, ...] = (),
+                 public: tuple[str, ...] = ("/health",)) -> None:
         self.app, self.state, self.metrics, self.error = app, state, metrics, error
+        self.keys, self.public = keys, public
+
+    def authorized(self, scope: dict[str, Any]) -> bool:
+        """No keys configured, a public path, or ``Authorization: Bearer KEY`` with one of the keys (each
+        compared in constant time, all of them always)."""
+        if not self.keys or scope["path"] in self.public:
+            return True
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = given.partition(b" ")
+        ok = False
+        for key in self.keys:
+            ok |= hmac.compare_digest(token.strip(), key)
+        return ok and scheme.lower() == b"bearer"
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -358,6 +484,11 @@ class _Guard:
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
         rid = given[:128] or uuid.uuid4().hex[:16]
         scope.setdefault("state", {})["rid"] = rid
+        if not self.authorized(scope):
+            self.metrics.unauthorized.inc()
+            reply = self.error(401, "a valid API key is needed", "send the header Authorization: Bearer KEY", rid,
+                               {"WWW-Authenticate": "Bearer"})
+            return await reply(scope, receive, send)
         if self.state["draining"] and scope["path"] not in ("/health", "/metrics"):
             reply = self.error(503, "the server is shutting down", "send the request to another replica, or retry later", rid)
             return await reply(scope, receive, send)
@@ -386,8 +517,8 @@ class _Guard:
             self.metrics.in_flight.dec()
 
 
-async def _read_request(request: Request, args: ServeArgs) -> tuple[list[Any], dict[str, Any]]:
-    """The body's inputs and options, or the 4xx that says what is wrong with it."""
+async def _read_json(request: Request, args: ServeArgs) -> Any:
+    """The request body as JSON, within --max-body-bytes, or the 4xx that says what is wrong with it."""
     from .files import parse_json
 
     limit = args.max_body_bytes
@@ -402,13 +533,17 @@ async def _read_request(request: Request, args: ServeArgs) -> tuple[list[Any], d
         if size > limit:
             raise too_big
         chunks.append(chunk)
-    shape = 'send {"inputs": [...]} (and "options": {...} if any)'
     try:
-        data = parse_json(b"".join(chunks).decode("utf-8"))
+        return parse_json(b"".join(chunks).decode("utf-8"))
     except UnicodeDecodeError:
-        raise HTTPError(400, "the request body is not UTF-8", shape) from None
+        raise HTTPError(400, "the request body is not UTF-8", "send UTF-8 JSON") from None
     except json.JSONDecodeError as e:
-        raise HTTPError(400, f"malformed JSON: {e.msg} at line {e.lineno}, column {e.colno}", shape) from None
+        raise HTTPError(400, f"malformed JSON: {e.msg} at line {e.lineno}, column {e.colno}", "send a JSON object") from None
+
+
+def _inputs_and_options(data: Any, args: ServeArgs) -> tuple[list[Any], dict[str, Any]]:
+    """mlmkit's own body: its inputs and options, or the 4xx that says what is wrong with it."""
+    shape = 'send {"inputs": [...]} (and "options": {...} if any)'
     if not isinstance(data, dict):
         raise HTTPError(422, f"the body must be a JSON object, got {type(data).__name__}", shape)
     extra = sorted(set(data) - {"inputs", "options"})

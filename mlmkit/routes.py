@@ -1,0 +1,192 @@
+"""The request shapes other servers' clients send, as thin adapters over mlmkit's per-model queue.
+
+A route turns its body into one call of a served model (which model, its inputs, its options) and
+that call's results into its own response shape; serve.py does everything else for every route alike
+(body limits, API keys, backpressure, the queue, errors, metrics). Registered in ROUTES:
+
+    POST /v1/embeddings   OpenAI's embeddings API (the `openai` client, LangChain, LlamaIndex ...)
+    POST /embed           text-embeddings-inference's
+    POST /predict         text-embeddings-inference's classification route
+
+No torch here, nor FastAPI: a route is plain data in, plain data out.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+class HTTPError(Exception):
+    """An answer other than 200: its status, a message and how to fix the request."""
+
+    def __init__(self, status: int, message: str, hint: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.hint, self.headers = status, message, hint, dict(headers or {})
+
+
+@dataclass
+class Call:
+    model: str
+    inputs: list[Any]
+    options: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)  # what the route needs again to answer
+
+
+def pick_model(models: Mapping[str, Any], requested: Any, tasks: tuple[str, ...], route: str) -> str:
+    """The model a request names, or the only one of the route's tasks; a 404 / 422 naming them."""
+    fitting = [n for n, m in models.items() if m.pipe.task in tasks]
+    if requested is not None:
+        if not isinstance(requested, str) or requested not in models:
+            raise HTTPError(404, f"no model named {requested!r}", f"the {' or '.join(tasks)} models: {', '.join(fitting) or 'none'}")
+        if requested not in fitting:
+            raise HTTPError(422, f"model '{requested}' is a {models[requested].pipe.task} model; {route} needs "
+                                 f"{' or '.join(tasks)}", f"the {' or '.join(tasks)} models: {', '.join(fitting) or 'none'}")
+        return requested
+    if len(fitting) != 1:
+        raise HTTPError(422, f"{route}: say which model (\"model\": NAME)" if fitting else f"no {' or '.join(tasks)} model is served",
+                        f"the {' or '.join(tasks)} models: {', '.join(fitting) or 'none'}")
+    return fitting[0]
+
+
+def _texts(value: Any, field_name: str, route: str) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(x, str) for x in value):
+        return list(value)
+    hint = f'send "{field_name}": "a text" or ["a text", ...]'
+    if isinstance(value, list) and value and all(isinstance(x, (int, list)) for x in value):
+        raise HTTPError(422, f"{route}: token ids as {field_name} are not accepted", hint + " (texts; the server tokenizes)")
+    raise HTTPError(422, f"{route}: '{field_name}' must be a text or a non-empty list of texts", hint)
+
+
+def _object(body: Any, route: str, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise HTTPError(422, f"{route}: the body must be a JSON object, got {type(body).__name__}")
+    extra = sorted(set(body) - allowed)
+    if extra:
+        raise HTTPError(422, f"{route}: unknown field(s) {', '.join(extra)}", f"its fields: {', '.join(sorted(allowed))}")
+    return body
+
+
+def _dimensions(value: Any, route: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise HTTPError(422, f"{route}: 'dimensions' must be a positive whole number, got {value!r}")
+    return value
+
+
+def truncate_dimensions(vectors: np.ndarray, n: int | None, normalize: bool) -> np.ndarray:
+    """The first ``n`` components (Matryoshka embeddings), L2-normalised again when ``normalize``."""
+    if n is not None:
+        if n > vectors.shape[1]:
+            raise HTTPError(422, f"'dimensions' {n} is more than the model's {vectors.shape[1]}")
+        vectors = vectors[:, :n]
+    if normalize:
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return vectors
+
+
+def _token_count(model: Any, texts: list[str]) -> int:
+    enc = model.pipe.tokenizer.encode_batch(texts)
+    return sum(min(len(e.ids), model.pipe.max_length) for e in enc)
+
+
+class OpenAIEmbeddings:
+    method, path = "POST", "/v1/embeddings"
+    summary = "OpenAI's embeddings API: {model, input, encoding_format, dimensions}."
+    tasks = ("embedding",)
+
+    def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
+        b = _object(body, self.path, {"model", "input", "encoding_format", "dimensions", "user"})
+        fmt = b.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise HTTPError(422, f"{self.path}: encoding_format must be float or base64, got {fmt!r}")
+        name = pick_model(models, b.get("model"), self.tasks, self.path)
+        return Call(name, _texts(b.get("input"), "input", self.path),
+                    state={"format": fmt, "dimensions": _dimensions(b.get("dimensions"), self.path)})
+
+    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+        vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)
+        vectors = truncate_dimensions(vectors, call.state["dimensions"], normalize=call.state["dimensions"] is not None)
+        data = []
+        for i, v in enumerate(vectors):
+            emb: Any = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") if call.state["format"] == "base64" else v.tolist()
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+        tokens = _token_count(model, call.inputs)
+        return {"object": "list", "data": data, "model": call.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+class TEIEmbed:
+    method, path = "POST", "/embed"
+    summary = "text-embeddings-inference's /embed: {inputs, normalize, truncate, dimensions} -> [[float]]."
+    tasks = ("embedding",)
+
+    def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
+        b = _object(body, self.path, {"inputs", "normalize", "truncate", "truncation_direction", "dimensions", "model",
+                                      "prompt_name"})
+        if b.get("truncate") is False:
+            raise HTTPError(422, f"{self.path}: truncate false is not supported; inputs longer than the model are truncated",
+                            "leave 'truncate' out or set it true")
+        if b.get("truncation_direction", "Right") != "Right":
+            raise HTTPError(422, f"{self.path}: only truncation_direction Right is supported")
+        name = pick_model(models, b.get("model"), self.tasks, self.path)
+        normalize = b.get("normalize", True)
+        if not isinstance(normalize, bool):
+            raise HTTPError(422, f"{self.path}: 'normalize' must be true or false")
+        return Call(name, _texts(b.get("inputs"), "inputs", self.path),
+                    state={"normalize": normalize, "dimensions": _dimensions(b.get("dimensions"), self.path)})
+
+    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+        vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)
+        return truncate_dimensions(vectors, call.state["dimensions"], normalize=call.state["normalize"]).tolist()
+
+
+class TEIPredict:
+    method, path = "POST", "/predict"
+    summary = "text-embeddings-inference's /predict (classification): {inputs, raw_scores} -> [[{label, score}]]."
+    tasks = ("classification",)
+
+    def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
+        b = _object(body, self.path, {"inputs", "raw_scores", "truncate", "truncation_direction", "model"})
+        name = pick_model(models, b.get("model"), self.tasks, self.path)
+        if b.get("raw_scores"):
+            raise HTTPError(422, f"{self.path}: raw_scores is not supported; scores are the model's probabilities",
+                            "leave 'raw_scores' out")
+        raw = b.get("inputs")
+        # as TEI reads it: a text, or [text, pair], is one input; any other list is a batch of those
+        single = isinstance(raw, str) or (isinstance(raw, list) and len(raw) == 2 and all(isinstance(x, str) for x in raw))
+        items = [raw] if single else raw
+        if not isinstance(items, list) or not items:
+            raise HTTPError(422, f"{self.path}: 'inputs' must be a text, a [text, pair] list, or a list of those")
+        inputs: list[Any] = []
+        for x in items:
+            if isinstance(x, str):
+                inputs.append(x)
+            elif isinstance(x, list) and len(x) == 2 and all(isinstance(t, str) for t in x):
+                inputs.append({"text": x[0], "text_pair": x[1]})
+            else:
+                raise HTTPError(422, f"{self.path}: each input must be a text or a [text, pair] list")
+        return Call(name, inputs, state={"single": single})
+
+    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+        labels = model.pipe.meta.get("labels") or []
+        out = []
+        for r in results:
+            probs = r.get("probabilities")
+            if isinstance(probs, dict):
+                scores = sorted(({"label": k, "score": float(v)} for k, v in probs.items()), key=lambda s: -s["score"])
+            elif "score" in r and len(labels) == 1:  # regression: the value itself
+                scores = [{"label": labels[0], "score": float(r["score"])}]
+            else:
+                scores = [{"label": r.get("label"), "score": float(r.get("score", 0.0))}]
+            out.append(scores)
+        return out[0] if call.state["single"] else out
+
+
+ROUTES: tuple[Any, ...] = (OpenAIEmbeddings(), TEIEmbed(), TEIPredict())

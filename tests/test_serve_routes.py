@@ -1,0 +1,181 @@
+"""`mlmkit serve` for the clients retrieval stacks already run: the `openai` client's embeddings
+(float, base64, dimensions), text-embeddings-inference's /embed and /predict, API keys, and
+backpressure (429 with Retry-After on a full queue, 503 after --request-timeout, a client that hangs
+up leaves the queue). A real server in a subprocess on a free loopback port."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_export
+from test_export import build_runs
+from test_serve import Server
+from typer.testing import CliRunner
+
+from mlmkit.cli import app as cli_app
+from mlmkit.runtime import Pipeline
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+KEY = "test-key-0123"
+TEXTS = ["a fine film", "the plot was dull and the acting poor", "good", "a story of a king and his horse"]
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("routes")
+    runs = build_runs(root / "runs")
+    out = {}
+    for kind, name in (("embedding", "emb"), ("classification", "clf")):
+        run_export(runs[kind], root / name)
+        out[name] = root / name
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(bundles, tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("log"), *(f"{k}={v}" for k, v in bundles.items()), "--api-key", KEY,
+               "--api-key", "second-key", "--max-wait-ms", "5")
+    yield s
+    s.stop()
+
+
+def auth(key: str = KEY) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_openai_client_gets_the_vectors_mlmkit_embed_writes(server: Server, bundles, tmp_path: Path) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY)
+    got = client.embeddings.create(model="emb", input=TEXTS)
+    assert [d.index for d in got.data] == list(range(len(TEXTS))) and got.model == "emb"
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS) + "\n")
+    r = CliRunner().invoke(cli_app, ["embed", str(bundles["emb"]), "--input", str(src), "--output", str(tmp_path / "v.npy")])
+    assert r.exit_code == 0, r.output
+    want = np.load(tmp_path / "v.npy")
+    np.testing.assert_allclose(np.array([d.embedding for d in got.data]), want, atol=1e-6)
+    assert got.usage.prompt_tokens == got.usage.total_tokens > len(TEXTS)
+    one = client.embeddings.create(model="emb", input=TEXTS[1])
+    np.testing.assert_allclose(one.data[0].embedding, want[1], atol=1e-6)
+    # base64 (little-endian float32, as OpenAI sends it) and Matryoshka dimensions: the first N, re-normalised
+    raw = httpx.post(server.url + "/v1/embeddings", json={"model": "emb", "input": TEXTS, "encoding_format": "base64",
+                                                          "dimensions": 8}, headers=auth(), timeout=30).json()
+    vecs = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in raw["data"]])
+    cut = want[:, :8] / np.linalg.norm(want[:, :8], axis=1, keepdims=True)
+    np.testing.assert_allclose(vecs, cut, atol=1e-6)
+    models = client.models.list()
+    assert {m.id for m in models.data} == {"emb", "clf"}
+
+
+def test_tei_embed_and_predict(server: Server, bundles) -> None:
+    vecs = httpx.post(server.url + "/embed", json={"inputs": TEXTS, "normalize": True}, headers=auth(), timeout=30).json()
+    want = np.array([r["embedding"] for r in Pipeline.load(bundles["emb"])(TEXTS)])
+    want = want / np.linalg.norm(want, axis=1, keepdims=True)
+    np.testing.assert_allclose(np.array(vecs), want, atol=1e-6)
+    single = httpx.post(server.url + "/embed", json={"inputs": TEXTS[0]}, headers=auth(), timeout=30).json()
+    assert len(single) == 1 and len(single[0]) == want.shape[1]
+    preds = httpx.post(server.url + "/predict", json={"inputs": TEXTS}, headers=auth(), timeout=30).json()
+    mine = Pipeline.load(bundles["clf"])(TEXTS)
+    assert [p[0]["label"] for p in preds] == [m["label"] for m in mine]
+    assert all(abs(sum(s["score"] for s in p) - 1.0) < 1e-5 for p in preds)
+    one = httpx.post(server.url + "/predict", json={"inputs": TEXTS[0]}, headers=auth(), timeout=30).json()
+    assert isinstance(one, list) and one[0]["label"] == mine[0]["label"]
+    # a route needing a model of another task, or a model that is not there: 422 / 404 naming the fitting ones
+    r = httpx.post(server.url + "/v1/embeddings", json={"model": "clf", "input": "x"}, headers=auth(), timeout=30)
+    assert r.status_code == 422 and "emb" in r.json()["hint"]
+    r = httpx.post(server.url + "/embed", json={"inputs": "x", "model": "nope"}, headers=auth(), timeout=30)
+    assert r.status_code == 404
+
+
+def test_api_keys(server: Server) -> None:
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # liveness needs no key
+    for headers in ({}, auth("wrong"), {"Authorization": KEY}, {"Authorization": "Basic " + KEY}):
+        r = httpx.post(server.url + "/v1/embeddings", json={"input": "x"}, headers=headers, timeout=10)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer" and "API key" in r.json()["error"]
+        assert KEY not in r.text
+    assert httpx.get(server.url + "/metrics", timeout=10).status_code == 401
+    assert httpx.get(server.url + "/v1/models", headers=auth("second-key"), timeout=10).status_code == 200
+    text = httpx.get(server.url + "/metrics", headers=auth(), timeout=10).text
+    assert "mlmkit_unauthorized_total" in text and KEY not in text and KEY not in server.log.read_text()
+
+
+def test_a_full_queue_gets_429_with_retry_after_and_the_server_goes_on(bundles, tmp_path: Path) -> None:
+    s = Server(tmp_path, f"emb={bundles['emb']}", "--max-queue", "4", "--max-batch-size", "4", "--max-wait-ms", "0")
+    try:
+        statuses: list[int] = []
+        retry: list[str] = []
+        long = [" ".join(["a fine film with a long story"] * 12)] * 4
+
+        def client() -> None:
+            r = httpx.post(s.url + "/embed", json={"inputs": long}, timeout=60)
+            statuses.append(r.status_code)
+            if r.status_code == 429:
+                retry.append(r.headers.get("retry-after", ""))
+                assert "--max-queue" in r.json()["error"]
+
+        threads = [threading.Thread(target=client) for _ in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert 429 in statuses and 200 in statuses and set(statuses) <= {200, 429}, statuses
+        assert all(x.isdigit() and int(x) >= 1 for x in retry)
+        assert httpx.post(s.url + "/embed", json={"inputs": "after the flood"}, timeout=30).status_code == 200
+        assert s.metric("mlmkit_rejected_total", model="emb", reason="queue_full") == statuses.count(429)
+    finally:
+        s.stop()
+
+
+def test_a_client_that_hangs_up_costs_no_inference(bundles, tmp_path: Path) -> None:
+    """While a long call holds the model, a queued request whose client disconnects is dropped from
+    the queue; one that waits past --request-timeout gets 503."""
+    s = Server(tmp_path, f"emb={bundles['emb']}", "--max-batch-size", "1024", "--max-wait-ms", "0", "--request-timeout", "1.5")
+    try:
+        busy = [" ".join(["a fine film with a long story"] * 30)] * 1024
+
+        def hold() -> None:
+            t0 = time.monotonic()
+            httpx.post(s.url + "/embed", json={"inputs": busy}, timeout=60)
+            took.append(time.monotonic() - t0)
+
+        took: list[float] = []
+        holders = [threading.Thread(target=hold) for _ in range(2)]  # one call runs, the other waits its turn
+        for h in holders:
+            h.start()
+            time.sleep(0.1)
+        body = json.dumps({"inputs": ["gone before its turn"]}).encode()
+        host, port = "127.0.0.1", s.port
+        for _ in range(3):  # send a whole request, then hang up at once
+            with socket.create_connection((host, port)) as sock:
+                sock.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            time.sleep(0.05)
+        late = httpx.post(s.url + "/embed", json={"inputs": busy[:8]}, timeout=60)  # queued behind both calls
+        for h in holders:
+            h.join()
+        deadline = time.monotonic() + 20
+        while s.metric("mlmkit_dropped_total", model="emb") < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert s.metric("mlmkit_requests_total", model="emb", status="499") == 3
+        assert s.metric("mlmkit_dropped_total", model="emb") >= 3, (took, httpx.get(s.url + "/metrics").text)
+        assert late.status_code in (200, 503)
+        if late.status_code == 503:
+            assert "--request-timeout" in late.json()["error"]
+        assert httpx.post(s.url + "/embed", json={"inputs": "still serving"}, timeout=30).status_code == 200
+    finally:
+        s.stop()
+
+
+def test_serve_refuses_bad_settings(bundles) -> None:
+    r = CliRunner().invoke(cli_app, ["serve", str(bundles["emb"]), "--request-timeout", "0"])
+    assert r.exit_code == 2 and "--request-timeout" in r.output
+    r = CliRunner().invoke(cli_app, ["serve", str(bundles["emb"]), "--api-key", " spaced"])
+    assert r.exit_code == 2 and "--api-key" in r.output
