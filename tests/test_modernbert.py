@@ -21,7 +21,15 @@ from mlmkit.checkpoint import load_state_dict, load_weights, save_weights
 from mlmkit.config import ModelConfig, preset
 from mlmkit.errors import ConfigError
 from mlmkit.models import core, family_for, modernbert
-from mlmkit.models.modernbert import GLOBAL, LOCAL, ModernBertLayer, local_attend, local_blocks, window_mask
+from mlmkit.models.modernbert import (
+    GLOBAL,
+    LOCAL,
+    ModernBertLayer,
+    local_attend,
+    local_blocks,
+    window_mask,
+    window_plan,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -355,6 +363,11 @@ def full_mask_attend(m, q, k, v, mask, half, Tq, T):
     return core.attend(m, q, k, v, mask + window_mask(T, Tq, half, q.device, mask.dtype))
 
 
+def full_mask_plan(mask, half, Tq, T):
+    """window_plan's plain form at every length (the model's local layers as they were)."""
+    return modernbert.Window(mask + window_mask(T, Tq, half, mask.device, mask.dtype))
+
+
 class _Attn(nn.Module):
     """What ``local_attend`` reads of an attention block."""
 
@@ -384,7 +397,7 @@ def test_blocked_window_equals_the_full_mask(half, impl):
             real = torch.arange(Tq)[None] < lengths[:, None]  # (B, Tq)
             # Python sizes (eager: the plain form up to 3 half) and 0-d tensors (the traced graph's blocks)
             for sizes in ((Tq, T), (torch.tensor(Tq), torch.tensor(T))):
-                got = local_attend(m, q, k, v, mask, half, *sizes)
+                got = local_attend(m, q, k, v, window_plan(mask, half, *sizes))
                 assert got.shape == ref.shape
                 assert (got - ref).transpose(1, 2)[real].abs().max().item() <= ATOL, (T, Tq, sizes)
 
@@ -462,7 +475,7 @@ def test_blocked_graph_exports_for_every_length(tmp_path, monkeypatch):
             x = inputs(T=T, lengths=lengths, seed=T)
             (got,) = sess.run(None, {k: v.numpy() for k, v in x.items()})
             with monkeypatch.context() as mp, torch.no_grad():
-                mp.setattr(modernbert, "local_attend", full_mask_attend)
+                mp.setattr(modernbert, "window_plan", full_mask_plan)
                 ref = graph(**x).numpy()
             diff = got - ref
             if name == "mlm":
@@ -481,7 +494,7 @@ def test_blocked_window_gradients_equal_the_full_mask(impl):
     mask[1, ..., 250:] = -10000.0
     w = torch.randn(2, 2, T, 8, generator=g)
     w[1, :, 250:] = 0  # the padding queries' rows are read by nothing
-    got = torch.autograd.grad((local_attend(m, q, k, v, mask, 64, T, T) * w).sum(), (q, k, v))
+    got = torch.autograd.grad((local_attend(m, q, k, v, window_plan(mask, 64, T, T)) * w).sum(), (q, k, v))
     ref = torch.autograd.grad((full_mask_attend(m, q, k, v, mask, 64, T, T) * w).sum(), (q, k, v))
     for a, b in zip(got, ref):
         assert (a - b).abs().max().item() <= ATOL

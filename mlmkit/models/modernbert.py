@@ -26,7 +26,7 @@ and after ``Wo``, as there), ``mlp_dropout`` read by the MLP itself. In eval mod
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -121,6 +121,7 @@ def window_mask(T: torch.Tensor | int, Tq: torch.Tensor | int, half: int, device
     return far.to(dtype) * FAR
 
 
+PLAIN_UP_TO = 6  # eager mode: the plain form up to this many half-windows (window_plan)
 Size = int | torch.Tensor  # a length: a Python int in eager mode, a 0-d tensor while tracing (export)
 
 
@@ -169,25 +170,59 @@ def local_blocks(Tq: Size, T: Size, half: int, device: torch.device, dtype: torc
     return qidx, kidx, oidx, band
 
 
-def local_attend(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, half: int,
-                 Tq: Size, T: Size) -> torch.Tensor:
-    """Sliding-window attention of q (B, nh, Tq, hd), the first Tq positions, over k, v (B, nh, T, hd):
-    each query sees the keys within ``half`` positions (``local_blocks``), and ``mask`` (B, 1, 1, T),
-    the additive padding mask; ``Tq`` and ``T`` as the caller has them from its inputs (sizes of
-    unbind's outputs freeze in the ONNX trace). Returns (B, nh, Tq, hd), what ``attend`` with ``mask + window_mask``
-    gives at every real query (a padding query, whose row nothing reads, sees only its window).
+class Window(NamedTuple):
+    """How a local layer attends, for one forward: ``mask`` the whole additive mask (padding + band);
+    with ``qidx`` None the plain form (mask (B, 1, Tq, T)), else the blocks of ``local_blocks``
+    (mask (B, 1, nb, bq, W), and their qidx, kidx, oidx)."""
 
-    In eager mode a short input (T <= 3 half: one block, the whole sequence) takes the plain form,
-    ``attend`` with the band mask, which is what the blocks would compute without their index copies
-    (and their scatters in the backward pass); a traced graph always has the blocks, which then
-    reduce to that one block."""
-    if not isinstance(T, torch.Tensor) and not isinstance(Tq, torch.Tensor) and T <= 3 * half:
-        return attend(m, q, k, v, mask + window_mask(T, Tq, half, q.device, mask.dtype))  # (B, nh, Tq, hd)
-    qidx, kidx, oidx, band = local_blocks(Tq, T, half, q.device, mask.dtype)
-    qb, kb, vb = q[:, :, qidx], k[:, :, kidx], v[:, :, kidx]  # (B, nh, nb, bq, hd), (B, nh, nb, W, hd) x 2
-    pad = mask[:, :, 0][:, :, kidx][:, :, :, None, :]  # (B, 1, nb, 1, W)
-    out = attend(m, qb, kb, vb, band + pad)  # (B, nh, nb, bq, hd)
-    return out.flatten(2, 3)[:, :, oidx]  # (B, nh, Tq, hd)
+    mask: torch.Tensor
+    qidx: torch.Tensor | None = None
+    kidx: torch.Tensor | None = None
+    oidx: torch.Tensor | None = None
+
+
+def window_plan(mask: torch.Tensor, half: int, Tq: Size, T: Size) -> Window:
+    """The local attention of the first ``Tq`` of ``T`` positions under ``mask`` (B, 1, 1, T), the
+    additive padding mask; ``Tq`` and ``T`` as the caller has them from its inputs (sizes of unbind's
+    outputs freeze in the ONNX trace). Once per forward for all the local layers (layer_context).
+
+    In eager mode an input of up to PLAIN_UP_TO half-windows (384 tokens at ModernBERT's window) takes
+    the plain form, ``attend`` with the band mask: up to 3 half it is what the blocks compute (one
+    block, the whole sequence) without their index copies, and up to 6 half SDPA's fused kernel on
+    the whole product was measured as fast as the blocks forward and faster forward + backward (the
+    blocks' copies scatter back; 2 CPU threads, 12 heads of 32). A traced graph always has the blocks,
+    which reduce to one block of the whole sequence up to 3 half (onnxruntime's plain MatMul and the
+    blocks' were measured alike from there on)."""
+    if not isinstance(T, torch.Tensor) and not isinstance(Tq, torch.Tensor) and T <= PLAIN_UP_TO * half:
+        return Window(mask + window_mask(T, Tq, half, mask.device, mask.dtype))  # (B, 1, Tq, T)
+    qidx, kidx, oidx, band = local_blocks(Tq, T, half, mask.device, mask.dtype)
+    return Window(band + mask[:, :, 0][:, :, kidx][:, :, :, None, :], qidx, kidx, oidx)  # mask (B, 1, nb, bq, W)
+
+
+def local_attend(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Window) -> torch.Tensor:
+    """Sliding-window attention of q (B, nh, Tq, hd), the first Tq positions, over k, v (B, nh, T, hd)
+    as ``plan`` says. Returns (B, nh, Tq, hd), what ``attend`` with ``mask + window_mask`` gives at
+    every real query (a padding query, whose row nothing reads, sees only its window)."""
+    if plan.qidx is None:
+        return attend(m, q, k, v, plan.mask)
+    if m.impl == "sdpa":  # SDPA's fused kernels take 4-D only (5-D runs its math form, 3x slower): the blocks into the batch
+        qb, kb, vb = (t.transpose(1, 2)[:, i].transpose(2, 3).flatten(0, 1) for t, i in ((q, plan.qidx), (k, plan.kidx), (v, plan.kidx)))
+        out = attend(m, qb, kb, vb, plan.mask.transpose(1, 2).flatten(0, 1))  # (B nb, nh, bq, hd); mask (B nb, 1, bq, W)
+        out = out.unflatten(0, (q.size(0), -1)).transpose(1, 2)  # (B, nh, nb, bq, hd)
+    else:  # the exported form: onnxruntime's MatMul takes the 5-D blocks as they are gathered
+        qb, kb, vb = q[:, :, plan.qidx], k[:, :, plan.kidx], v[:, :, plan.kidx]  # (B, nh, nb, bq, hd), (B, nh, nb, W, hd) x 2
+        out = attend(m, qb, kb, vb, plan.mask)  # (B, nh, nb, bq, hd)
+    return out.flatten(2, 3)[:, :, plan.oidx]  # (B, nh, Tq, hd)
+
+
+def layer_context(encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+    """What every layer would otherwise compute for itself, once per forward: the rotary angles of
+    each base over the T positions, and each window's plan for all T queries."""
+    T = x.size(1)
+    attn = [layer.attn for layer in encoder.layer]
+    rope = {a.theta: rotary(T, a.head_dim, a.theta, x.device) for a in attn}
+    windows = {a.half_window: window_plan(mask, a.half_window, T, T) for a in attn if a.half_window is not None}
+    return {"rope": rope, "windows": windows}
 
 
 class ModernBertAttention(nn.Module):
@@ -210,8 +245,10 @@ class ModernBertAttention(nn.Module):
         local = _positive_int(config, "local_attention", DEFAULT_WINDOW)
         self.half_window = local // 2 if kind == LOCAL else None
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
-        # x (B, T, H) normed; mask (B, 1, 1, T) additive; queries (B, Tq, H) normed: the first Tq positions
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None,
+                rope: dict[float, tuple[torch.Tensor, torch.Tensor]] | None = None, windows: dict[int, Window] | None = None) -> torch.Tensor:
+        # x (B, T, H) normed; mask (B, 1, 1, T) additive; queries (B, Tq, H) normed: the first Tq positions;
+        # rope, windows: layer_context's (computed here when not given)
         H = self.hidden
         if queries is None:
             q, k, v = self.Wqkv(x).unflatten(-1, (3, self.n_head, self.head_dim)).transpose(1, 3).unbind(2)  # (B, nh, T, hd) each
@@ -223,13 +260,14 @@ class ModernBertAttention(nn.Module):
         # queries' angles (positions 0 .. Tq-1) from their own arange: cos[:Tq] would freeze too
         T = x.size(1)
         Tq = T if queries is None else queries.size(1)
-        cos, sin = rotary(T, self.head_dim, self.theta, x.device)  # (T, hd)
+        cos, sin = rope[self.theta] if rope is not None else rotary(T, self.head_dim, self.theta, x.device)  # (T, hd)
         q = rotate(q, *((cos, sin) if queries is None else rotary(Tq, self.head_dim, self.theta, x.device)))
         k = rotate(k, cos, sin)
         if self.half_window is None:
             out = attend(self, q, k, v, mask)  # (B, nh, Tq, hd)
         else:
-            out = local_attend(self, q, k, v, mask, self.half_window, Tq, T)
+            plan = windows[self.half_window] if windows is not None and queries is None else window_plan(mask, self.half_window, Tq, T)
+            out = local_attend(self, q, k, v, plan)
         out = out.transpose(1, 2).flatten(2)  # (B, Tq, H)
         return self.out_drop(self.Wo(out))
 
@@ -261,9 +299,9 @@ class ModernBertLayer(nn.Module):
         self.mlp_norm = layer_norm(config)
         self.mlp = ModernBertMLP(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None, **context: Any) -> torch.Tensor:
         normed = None if queries is None else self.attn_norm(queries)
-        h = (x if queries is None else queries) + self.attn(self.attn_norm(x), mask, normed)  # (B, Tq, H)
+        h = (x if queries is None else queries) + self.attn(self.attn_norm(x), mask, normed, **context)  # (B, Tq, H)
         return h + self.mlp(self.mlp_norm(h))
 
 
@@ -350,6 +388,9 @@ class ModernBert(Family):
 
     def layer(self, config: Any, index: int) -> nn.Module:
         return ModernBertLayer(config, index)
+
+    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        return x, layer_context(encoder, x, mask)
 
     # ---- names -------------------------------------------------------------------------------
     def head_renames(self, keys: set[str], *, to_family: bool) -> tuple[tuple[str, str], ...]:
