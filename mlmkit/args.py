@@ -329,6 +329,8 @@ class ServeArgs(Args):
     public_metrics: bool = arg(False, "Serve /metrics without an API key.")
     max_queue: int = arg(0, "Most inputs waiting per model; more: 429 with Retry-After (0: 4 x --max-batch-size).")
     request_timeout: float = arg(30.0, "Seconds a request may wait in the queue; then 503, and it leaves the queue.")
+    ssl_keyfile: Path | None = arg(None, "TLS: the private key file (with --ssl-certfile: serve https).")
+    ssl_certfile: Path | None = arg(None, "TLS: the certificate file (with --ssl-keyfile).")
 
     def __post_init__(self) -> None:
         if not self.bundles:
@@ -347,5 +349,10 @@ class ServeArgs(Args):
             raise ConfigError(f"--max-queue must be 0 (the default size) or more, got {self.max_queue}")
         if not _finite(self.request_timeout) or not 0 < self.request_timeout <= 3600:
             raise ConfigError(f"--request-timeout must be more than 0 and at most 3600 seconds, got {self.request_timeout}")
+        if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
+            raise ConfigError("TLS needs both --ssl-keyfile and --ssl-certfile")
+        for f in (self.ssl_keyfile, self.ssl_certfile):
+            if f is not None and not Path(f).is_file():
+                raise ConfigError(f"{f} is not a file", "give the PEM key and certificate files")
         if any(not k or k != k.strip() for k in self.api_key):
             raise ConfigError("an --api-key is empty or has spaces around it", "give the key itself")

@@ -582,15 +582,17 @@ def serve(args: ServeArgs) -> None:
         raise ConfigError("`mlmkit serve` needs FastAPI and uvicorn", "pip install 'mlmkit[serve]'") from None
     models = load_models(args)
     app = create_app(models, args)
+    tls = {"ssl_keyfile": str(args.ssl_keyfile), "ssl_certfile": str(args.ssl_certfile)} if args.ssl_keyfile else {}
     config = uvicorn.Config(app, host=args.host, port=args.port, access_log=args.access_log, log_level="info",
-                            timeout_graceful_shutdown=args.drain_seconds, log_config=None)
+                            timeout_graceful_shutdown=args.drain_seconds, log_config=None, **tls)
     server = _draining_server(config, app.state.mlmkit, args.drain_seconds)
     ours = logging.getLogger("mlmkit")
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):  # uvicorn's lines go where mlmkit's go
         logging.getLogger(name).handlers[:] = ours.handlers
         logging.getLogger(name).setLevel(ours.level)
         logging.getLogger(name).propagate = False
-    log.info("serving %s on http://%s:%d (GET /docs for the API)", ", ".join(models), args.host, args.port)
+    log.info("serving %s on %s://%s:%d (GET /docs for the API)", ", ".join(models), "https" if tls else "http",
+             args.host, args.port)
     server.run()
 
 

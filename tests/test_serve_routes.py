@@ -179,3 +179,51 @@ def test_serve_refuses_bad_settings(bundles) -> None:
     assert r.exit_code == 2 and "--request-timeout" in r.output
     r = CliRunner().invoke(cli_app, ["serve", str(bundles["emb"]), "--api-key", " spaced"])
     assert r.exit_code == 2 and "--api-key" in r.output
+    r = CliRunner().invoke(cli_app, ["serve", str(bundles["emb"]), "--ssl-keyfile", str(bundles["emb"] / "mlmkit.json")])
+    assert r.exit_code == 2 and "--ssl-certfile" in r.output
+
+
+def test_tls_with_uvicorn_s_key_and_certificate(bundles, tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl to make a self-signed certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    s = TLSServer(tmp_path, f"emb={bundles['emb']}", "--ssl-keyfile", key, "--ssl-certfile", cert)
+    try:
+        r = httpx.post(s.url + "/embed", json={"inputs": "over https"}, verify=str(cert), timeout=30)
+        assert r.status_code == 200 and len(r.json()) == 1
+    finally:
+        s.stop()
+
+
+class TLSServer(Server):
+    """The same subprocess, polled over https."""
+
+    def __init__(self, tmp: Path, *args: str | Path) -> None:
+        import subprocess
+        import sys
+
+        from test_serve import free_port
+
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.log = tmp / f"serve-{self.port}.log"
+        cert = str(args[args.index("--ssl-certfile") + 1])
+        with open(self.log, "w") as f:
+            self.proc = subprocess.Popen([sys.executable, "-m", "mlmkit", "serve", *map(str, args), "--port", str(self.port)],
+                                         stdout=f, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()
+            try:
+                if httpx.get(self.url + "/ready", verify=cert, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise AssertionError(self.log.read_text())
