@@ -5,8 +5,13 @@ that call's results into its own response shape; serve.py does everything else f
 (body limits, API keys, backpressure, the queue, errors, metrics). Registered in ROUTES:
 
     POST /v1/embeddings   OpenAI's embeddings API (the `openai` client, LangChain, LlamaIndex ...)
+    POST /v1/rerank       reranking as infinity and Cohere shape it
     POST /embed           text-embeddings-inference's
+    POST /rerank          text-embeddings-inference's
     POST /predict         text-embeddings-inference's classification route
+
+Reranking runs a cross-encoder: a classification bundle with one output (what sentence-transformers'
+CrossEncoder saves: ms-marco-MiniLM, bge-reranker), each (query, document) pair one input.
 
 No torch here, nor FastAPI: a route is plain data in, plain data out.
 """
@@ -19,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from .errors import ConfigError
 
 
 class HTTPError(Exception):
@@ -92,7 +99,7 @@ def truncate_dimensions(vectors: np.ndarray, n: int | None, normalize: bool) -> 
     return vectors
 
 
-def _token_count(model: Any, texts: list[str]) -> int:
+def _token_count(model: Any, texts: list[Any]) -> int:
     enc = model.pipe.tokenizer.encode_batch(texts)
     return sum(min(len(e.ids), model.pipe.max_length) for e in enc)
 
@@ -189,4 +196,85 @@ class TEIPredict:
         return out[0] if call.state["single"] else out
 
 
-ROUTES: tuple[Any, ...] = (OpenAIEmbeddings(), TEIEmbed(), TEIPredict())
+def cross_encoder(models: Mapping[str, Any], requested: Any, route: str) -> str:
+    """A classification model with one output (a relevance logit), else a 422 saying what it is."""
+    name = pick_model(models, requested, ("classification",), route)
+    labels = models[name].pipe.meta.get("labels") or []
+    if len(labels) != 1:
+        raise HTTPError(422, f"model '{name}' has {len(labels)} labels; {route} needs a cross-encoder (one relevance score)",
+                        "export a one-label sequence classifier (a sentence-transformers CrossEncoder, bge-reranker ...)")
+    return name
+
+
+def relevance(results: list[dict[str, Any]], raw: bool) -> list[float]:
+    """Each pair's relevance: the sigmoid of the cross-encoder's logit, or the logit itself (``raw``)."""
+    logits = np.asarray([float(r["score"]) for r in results], dtype=np.float64)
+    return (logits if raw else 1.0 / (1.0 + np.exp(-logits))).tolist()
+
+
+def ranked(scores: list[float], top_n: int | None) -> list[int]:
+    """Document indices, most relevant first (ties in input order), at most ``top_n``."""
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    return order[:top_n] if top_n is not None else order
+
+
+def rerank_documents(pipe: Any, query: str, documents: list[str], *, top_n: int | None = None,
+                     raw: bool = False) -> list[dict[str, Any]]:
+    """``documents`` most relevant to ``query`` first, by a cross-encoder bundle's Pipeline:
+    [{"index", "score", "text"}] (score: the sigmoid of the logit, or the logit with ``raw``)."""
+    labels = pipe.meta.get("labels") or []
+    if pipe.task != "classification" or len(labels) != 1:
+        raise ConfigError(f"{pipe.path} is not a cross-encoder ({pipe.task}, {len(labels)} labels)",
+                          "rerank with a one-label sequence classifier (a sentence-transformers CrossEncoder, bge-reranker ...)")
+    scores = relevance(pipe([{"text": query, "text_pair": d} for d in documents]), raw)
+    return [{"index": i, "score": scores[i], "text": documents[i]} for i in ranked(scores, top_n)]
+
+
+def _rerank_call(route: str, model: str, query: Any, documents: Any) -> Call:
+    if not isinstance(query, str) or not query.strip():
+        raise HTTPError(422, f"{route}: 'query' must be a non-empty text")
+    docs = [d.get("text") if isinstance(d, dict) else d for d in documents] if isinstance(documents, list) else None
+    if not docs or not all(isinstance(d, str) for d in docs):
+        raise HTTPError(422, f"{route}: the documents must be a non-empty list of texts")
+    return Call(model, [{"text": query, "text_pair": d} for d in docs], state={"documents": docs})
+
+
+class Rerank:
+    method, path = "POST", "/v1/rerank"
+    summary = "Rerank documents for a query (infinity / Cohere shape): {model, query, documents, top_n, return_documents}."
+
+    def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
+        b = _object(body, self.path, {"model", "query", "documents", "top_n", "return_documents", "raw_scores"})
+        top_n = b.get("top_n")
+        if top_n is not None and (not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1):
+            raise HTTPError(422, f"{self.path}: 'top_n' must be a positive whole number, got {top_n!r}")
+        call = _rerank_call(self.path, cross_encoder(models, b.get("model"), self.path), b.get("query"), b.get("documents"))
+        call.state.update(top_n=top_n, documents_back=bool(b.get("return_documents", False)), raw=bool(b.get("raw_scores", False)))
+        return call
+
+    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+        scores = relevance(results, call.state["raw"])
+        docs = call.state["documents"]
+        out = [{"index": i, "relevance_score": scores[i], **({"document": {"text": docs[i]}} if call.state["documents_back"] else {})}
+               for i in ranked(scores, call.state["top_n"])]
+        tokens = _token_count(model, [(x["text"], x["text_pair"]) for x in call.inputs])
+        return {"object": "rerank", "results": out, "model": call.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+class TEIRerank:
+    method, path = "POST", "/rerank"
+    summary = "text-embeddings-inference's /rerank: {query, texts, raw_scores, return_text} -> [{index, score, text?}]."
+
+    def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
+        b = _object(body, self.path, {"query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction", "model"})
+        call = _rerank_call(self.path, cross_encoder(models, b.get("model"), self.path), b.get("query"), b.get("texts"))
+        call.state.update(raw=bool(b.get("raw_scores", False)), text=bool(b.get("return_text", False)))
+        return call
+
+    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+        scores = relevance(results, call.state["raw"])
+        docs = call.state["documents"]
+        return [{"index": i, "score": scores[i], **({"text": docs[i]} if call.state["text"] else {})} for i in ranked(scores, None)]
+
+
+ROUTES: tuple[Any, ...] = (OpenAIEmbeddings(), Rerank(), TEIEmbed(), TEIRerank(), TEIPredict())

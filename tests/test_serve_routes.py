@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -227,3 +228,62 @@ class TLSServer(Server):
             time.sleep(0.1)
         self.stop()
         raise AssertionError(self.log.read_text())
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory) -> tuple[Path, Any]:
+    """A one-logit BERT sequence classifier saved by transformers (what a CrossEncoder is), exported."""
+    transformers = pytest.importorskip("transformers")
+    from test_families import save_checkpoint
+
+    root = tmp_path_factory.mktemp("ce")
+    hf = save_checkpoint(root / "src", "bert", "ForSequenceClassification", num_labels=1)
+    run_export(root / "src", root / "rerank")
+    return root / "rerank", (hf, transformers.AutoTokenizer.from_pretrained(root / "src"))
+
+
+DOCS = ["the film was good", "a dull plot and poor acting", "john went to paris", "very very good and great"]
+QUERY = "was the film good"
+
+
+def reference_logits(cross_encoder: Any) -> np.ndarray:
+    import torch
+
+    hf, tok = cross_encoder[1]
+    enc = tok([QUERY] * len(DOCS), DOCS, padding=True, return_tensors="pt", return_token_type_ids=True)
+    with torch.no_grad():
+        return hf(**enc).logits[:, 0].numpy()
+
+
+def test_rerank_routes_and_command_order_as_transformers(cross_encoder, tmp_path: Path) -> None:
+    bundle = cross_encoder[0]
+    logits = reference_logits(cross_encoder)
+    order = list(np.argsort(-logits, kind="stable"))
+    sigmoid = 1 / (1 + np.exp(-logits))
+    s = Server(tmp_path, f"ce={bundle}")
+    try:
+        r = httpx.post(s.url + "/v1/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 3, "return_documents": True},
+                       timeout=30).json()
+        assert [x["index"] for x in r["results"]] == order[:3] and r["model"] == "ce"
+        np.testing.assert_allclose([x["relevance_score"] for x in r["results"]], sigmoid[order[:3]], atol=1e-5)
+        assert [x["document"]["text"] for x in r["results"]] == [DOCS[i] for i in order[:3]]
+        tei = httpx.post(s.url + "/rerank", json={"query": QUERY, "texts": DOCS, "raw_scores": True, "return_text": True},
+                         timeout=30).json()
+        assert [x["index"] for x in tei] == order and [x["text"] for x in tei] == [DOCS[i] for i in order]
+        np.testing.assert_allclose([x["score"] for x in tei], logits[order], atol=1e-4)
+        bad = httpx.post(s.url + "/v1/rerank", json={"query": "", "documents": DOCS}, timeout=30)
+        assert bad.status_code == 422
+    finally:
+        s.stop()
+    r = CliRunner().invoke(cli_app, ["rerank", str(bundle), *DOCS, "--query", QUERY, "--json"])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["index"] for x in rows] == order
+    np.testing.assert_allclose([x["score"] for x in rows], sigmoid[order], atol=1e-5)
+
+
+def test_rerank_refuses_a_model_that_is_not_a_cross_encoder(server: Server, bundles) -> None:
+    r = httpx.post(server.url + "/v1/rerank", json={"model": "clf", "query": "q", "documents": ["d"]}, headers=auth(), timeout=30)
+    assert r.status_code == 422 and "cross-encoder" in r.json()["error"]
+    r = CliRunner().invoke(cli_app, ["rerank", str(bundles["clf"]), "doc", "--query", "q"])
+    assert r.exit_code == 2 and "cross-encoder" in " ".join(r.output.split())

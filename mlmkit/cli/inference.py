@@ -259,6 +259,39 @@ def embed(args: InferenceArgs, options: dict[str, Any]) -> None:
 
 @app.command()
 @handle_errors
+def rerank(
+    bundle: Annotated[Path, typer.Argument(help="A cross-encoder bundle (a one-label sequence classifier).")],
+    documents: Annotated[list[str] | None, typer.Argument(help="Documents to rank (or --input).")] = None,
+    query: Annotated[str, typer.Option("--query", help="What the documents are ranked for.")] = "",
+    input: Annotated[Path | None, typer.Option("--input", help="A file of documents: .txt one per line, .jsonl/.csv/.tsv/.parquet.")] = None,
+    text_column: Annotated[str, typer.Option("--text-column", help="The documents' field in --input records.")] = "text",
+    top_n: Annotated[int | None, typer.Option("--top-n", min=1, help="Keep the N most relevant.")] = None,
+    raw_scores: Annotated[bool, typer.Option("--raw-scores", help="The cross-encoder's logits, not their sigmoid.")] = False,
+    as_json: Json = False,
+) -> None:
+    """Rank documents for a query with a cross-encoder, most relevant first (the score: the sigmoid of its logit)."""
+    from ..records import iter_inputs
+    from ..routes import rerank_documents
+    from ..runtime import Pipeline
+
+    if not query.strip():
+        raise ConfigError("no --query", "pass --query TEXT")
+    docs = list(documents or []) + ([rec.text(text_column) for rec in iter_inputs(input)] if input is not None else [])
+    if not docs:
+        raise ConfigError("no documents to rank", "give them as arguments or with --input FILE")
+    ranked = rerank_documents(Pipeline.load(bundle, command="classify"), query, docs, top_n=top_n, raw=raw_scores)
+    if want_json(as_json):
+        for r in ranked:
+            print_json(r)
+        return
+    table = Table("rank", "index", "score", "document")
+    for k, r in enumerate(ranked, 1):
+        table.add_row(str(k), str(r["index"]), f"{r['score']:.4f}", r["text"])
+    out.print(table)
+
+
+@app.command()
+@handle_errors
 @with_task_options("text_column", "pair_column", "doc_stride", "max_answer_length", "aggregation", "top_k", "threshold")
 @with_args(InferenceArgs)
 def predict(args: InferenceArgs, options: dict[str, Any]) -> None:
