@@ -37,13 +37,13 @@ def describe(d: Path, config: ModelConfig, task: str | None = None) -> dict[str,
             return {**own, "source": {**source, "format": "mlmkit"}}
     source["format"] = "sentence-transformers" if (d / "modules.json").exists() else "transformers"
     archs = list(config.architectures or [])
-    if task in FILL_MASK or (task is None and set(archs) & set(MASKED_LM)):
+    claims = {n: info for n, p in sorted(tasks().items()) if (info := p.from_hf(config, d)) is not None} if task is None else {}
+    if task in FILL_MASK or (task is None and set(archs) & set(MASKED_LM) and not claims):  # a masked LM no task claims
         return {"task": "pretraining", "max_length": default_max_length(d, config), "source": source}
     if task is not None:
         info = get_task(task).from_hf(config, d) or {}
         name = task
     else:
-        claims = {n: info for n, p in sorted(tasks().items()) if (info := p.from_hf(config, d)) is not None}
         if len(claims) != 1:
             known = ", ".join(["fill-mask", *sorted(tasks())])
             found = f"config.json's architectures: {', '.join(archs) or 'none'}"

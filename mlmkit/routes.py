@@ -7,6 +7,7 @@ that call's results into its own response shape; serve.py does everything else f
     POST /v1/embeddings   OpenAI's embeddings API (the `openai` client, LangChain, LlamaIndex ...)
     POST /v1/rerank       reranking as infinity and Cohere shape it
     POST /embed           text-embeddings-inference's
+    POST /embed_sparse    text-embeddings-inference's SPLADE vectors
     POST /rerank          text-embeddings-inference's
     POST /predict         text-embeddings-inference's classification route
 
@@ -277,4 +278,17 @@ class TEIRerank:
         return [{"index": i, "score": scores[i], **({"text": docs[i]} if call.state["text"] else {})} for i in ranked(scores, None)]
 
 
-ROUTES: tuple[Any, ...] = (OpenAIEmbeddings(), Rerank(), TEIEmbed(), TEIRerank(), TEIPredict())
+class TEIEmbedSparse:
+    method, path = "POST", "/embed_sparse"
+    summary = "text-embeddings-inference's /embed_sparse (SPLADE): {inputs} -> [[{index, value}]]."
+    tasks = ("sparse-embedding",)
+
+    def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
+        b = _object(body, self.path, {"inputs", "truncate", "truncation_direction", "model", "prompt_name"})
+        return Call(pick_model(models, b.get("model"), self.tasks, self.path), _texts(b.get("inputs"), "inputs", self.path))
+
+    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+        return [[{"index": i, "value": v} for i, v in zip(r["indices"], r["values"])] for r in results]
+
+
+ROUTES: tuple[Any, ...] = (OpenAIEmbeddings(), Rerank(), TEIEmbed(), TEIEmbedSparse(), TEIRerank(), TEIPredict())

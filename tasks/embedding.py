@@ -50,6 +50,19 @@ def _json(path: Path) -> Any:
         raise DataFormatError(path, f"unreadable ({e})", hint="a sentence-transformers directory needs valid JSON here") from None
 
 
+SPLADE_MODULES = ("SpladePooling", "MLMTransformer")  # a sentence-transformers SparseEncoder: the sparse-embedding task's
+
+
+def is_splade_directory(d: Path) -> bool:
+    """A sentence-transformers SparseEncoder directory (its modules.json names SPLADE's modules)."""
+    try:
+        modules = parse_json((d / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
+    return any(k in SPLADE_MODULES for k in kinds)
+
+
 def _sentence_transformers(d: Path) -> dict[str, Any]:
     """The pooling, normalisation and max length a sentence-transformers directory declares."""
     modules = _json(d / "modules.json")
@@ -130,7 +143,7 @@ class EmbeddingTask:
     def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
         """A sentence-transformers directory (modules.json), or a bare encoder (architectures BertModel)."""
         if (directory / "modules.json").is_file():
-            return _sentence_transformers(directory)
+            return None if is_splade_directory(directory) else _sentence_transformers(directory)
         return {} if "BertModel" in (config.architectures or []) else None
 
     def read(self, path: Path, options: Mapping[str, Any]) -> list[dict[str, Any]]:

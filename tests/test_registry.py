@@ -436,6 +436,15 @@ SAMPLES: dict[str, dict[str, Any]] = {
         ]),
         "input": "a fine story",
     },
+    "sparse-embedding": {
+        "file": "sample.jsonl",
+        "data": "".join(json.dumps(r) + "\n" for r in [
+            {"text": "a good film", "text_pair": "a fine film", "score": 4.5},
+            {"text": "a bad film", "text_pair": "good good story", "score": 0.5},
+            {"text": "the plot is dull", "text_pair": "a dull plot", "score": 4.0},
+        ]),
+        "input": "a fine story",
+    },
     "classification": {
         "file": "sample.jsonl",
         "data": "".join(json.dumps(r) + "\n" for r in [

@@ -287,3 +287,54 @@ def test_rerank_refuses_a_model_that_is_not_a_cross_encoder(server: Server, bund
     assert r.status_code == 422 and "cross-encoder" in r.json()["error"]
     r = CliRunner().invoke(cli_app, ["rerank", str(bundles["clf"]), "doc", "--query", "q"])
     assert r.exit_code == 2 and "cross-encoder" in " ".join(r.output.split())
+
+
+def test_splade_sparse_vectors_equal_a_transformers_reference(tmp_path: Path) -> None:
+    """A masked LM exported with --task sparse-embedding: its top terms are SPLADE's (max over real
+    tokens of log(1 + relu(logit))) computed with transformers; served by /embed_sparse and `embed`."""
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    from test_families import save_checkpoint
+
+    hf = save_checkpoint(tmp_path / "src", "roberta", "ForMaskedLM")
+    r = CliRunner().invoke(cli_app, ["export", str(tmp_path / "src"), "--out", str(tmp_path / "b"), "--task",
+                                     "sparse-embedding", "--option", "max_terms=16"])
+    assert r.exit_code == 0, r.output
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "src")
+    enc = tok(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        logits = hf(**enc).logits
+    w = (torch.log1p(torch.relu(logits)) * enc["attention_mask"].unsqueeze(-1)).max(dim=1).values
+    values, indices = torch.topk(w, 16, dim=-1)
+    s = Server(tmp_path, f"splade={tmp_path / 'b'}")
+    try:
+        got = httpx.post(s.url + "/embed_sparse", json={"inputs": TEXTS}, timeout=30).json()
+    finally:
+        s.stop()
+    for row, vals, ids in zip(got, values.numpy(), indices.numpy()):
+        keep = vals > 0
+        assert [e["index"] for e in row] == ids[keep].tolist()
+        np.testing.assert_allclose([e["value"] for e in row], vals[keep], atol=1e-4)
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS) + "\n")
+    r = CliRunner().invoke(cli_app, ["embed", str(tmp_path / "b"), "--input", str(src), "--output", str(tmp_path / "v.jsonl")])
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(line) for line in (tmp_path / "v.jsonl").read_text().splitlines()]
+    assert [x["indices"] for x in lines] == [[e["index"] for e in row] for row in got]
+
+
+def test_a_sentence_transformers_sparse_encoder_directory_is_a_sparse_model(tmp_path: Path) -> None:
+    from test_families import save_checkpoint
+
+    save_checkpoint(tmp_path / "src", "bert", "ForMaskedLM")
+    (tmp_path / "src" / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
+        {"idx": 1, "name": "1", "path": "1_SpladePooling", "type": "sentence_transformers.sparse_encoder.models.SpladePooling"},
+    ]))
+    r = CliRunner().invoke(cli_app, ["export", str(tmp_path / "src"), "--out", str(tmp_path / "b"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "b" / "mlmkit.json").read_text())["task"] == "sparse-embedding"
+    (tmp_path / "src" / "modules.json").unlink()  # the same masked LM without the layout: fill-mask, as before
+    r = CliRunner().invoke(cli_app, ["export", str(tmp_path / "src"), "--out", str(tmp_path / "m"), "--json"])
+    assert r.exit_code == 0 and json.loads((tmp_path / "m" / "mlmkit.json").read_text())["task"] == "fill-mask"
