@@ -10,6 +10,7 @@ that call's results into its own response shape; serve.py does everything else f
     POST /embed_sparse    text-embeddings-inference's SPLADE vectors
     POST /rerank          text-embeddings-inference's
     POST /predict         text-embeddings-inference's classification route
+    POST /tokenize        text-embeddings-inference's (the model's tokenizer only)
 
 Reranking runs a cross-encoder: a classification bundle with one output (what sentence-transformers'
 CrossEncoder saves: ms-marco-MiniLM, bge-reranker), each (query, document) pair one input.
@@ -291,4 +292,29 @@ class TEIEmbedSparse:
         return [[{"index": i, "value": v} for i, v in zip(r["indices"], r["values"])] for r in results]
 
 
-ROUTES: tuple[Any, ...] = (OpenAIEmbeddings(), Rerank(), TEIEmbed(), TEIEmbedSparse(), TEIRerank(), TEIPredict())
+class TEITokenize:
+    """Tokens of each input as the model sees them; the model itself does not run (``runs_model``)."""
+
+    method, path = "POST", "/tokenize"
+    summary = "text-embeddings-inference's /tokenize: {inputs, add_special_tokens} -> [[{id, text, special, start, stop}]]."
+    runs_model = False
+
+    def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
+        b = _object(body, self.path, {"inputs", "add_special_tokens", "model", "prompt_name"})
+        name = b.get("model")
+        if name is None and len(models) == 1:
+            name = next(iter(models))
+        if name not in models:
+            raise HTTPError(404 if name is not None else 422, f"{self.path}: say which model (\"model\": NAME)"
+                            if name is None else f"no model named {name!r}", f"the models: {', '.join(models)}")
+        return Call(name, _texts(b.get("inputs"), "inputs", self.path), state={"special": bool(b.get("add_special_tokens", True))})
+
+    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+        out = []
+        for enc in model.pipe.tokenizer.encode_batch(call.inputs, add_special_tokens=call.state["special"]):
+            out.append([{"id": i, "text": t, "special": bool(m), "start": a, "stop": b}
+                        for i, t, m, (a, b) in zip(enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets)])
+        return out
+
+
+ROUTES: tuple[Any, ...] = (OpenAIEmbeddings(), Rerank(), TEIEmbed(), TEIEmbedSparse(), TEIRerank(), TEIPredict(), TEITokenize())

@@ -440,6 +440,8 @@ def _route_handler(route: Any, models: dict[str, Model], args: ServeArgs, metric
             metrics.requests.labels("-", str(e.status)).inc()
             raise
         model = models[call.model]
+        if not getattr(route, "runs_model", True):  # e.g. /tokenize: the tokenizer only, no queue
+            return Response(json.dumps(route.respond(call, [], model), ensure_ascii=False), media_type="application/json")
         return await answer(call.model, model, call.inputs, call.options, request,
                             lambda results: route.respond(call, results, model))
 

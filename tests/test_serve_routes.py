@@ -338,3 +338,17 @@ def test_a_sentence_transformers_sparse_encoder_directory_is_a_sparse_model(tmp_
     (tmp_path / "src" / "modules.json").unlink()  # the same masked LM without the layout: fill-mask, as before
     r = CliRunner().invoke(cli_app, ["export", str(tmp_path / "src"), "--out", str(tmp_path / "m"), "--json"])
     assert r.exit_code == 0 and json.loads((tmp_path / "m" / "mlmkit.json").read_text())["task"] == "fill-mask"
+
+
+def test_tei_tokenize(server: Server, bundles) -> None:
+    from mlmkit.tokenizer import load_tokenizer
+
+    text = "a fine film, good"
+    got = httpx.post(server.url + "/tokenize", json={"inputs": [text], "model": "emb"}, headers=auth(), timeout=30).json()
+    enc = load_tokenizer(bundles["emb"] / "tokenizer.json").encode(text)
+    assert [t["id"] for t in got[0]] == enc.ids
+    assert got[0][0]["special"] and got[0][-1]["special"] and not any(t["special"] for t in got[0][1:-1])
+    assert all(text[t["start"]:t["stop"]] for t in got[0][1:-1])
+    bare = httpx.post(server.url + "/tokenize", json={"inputs": text, "model": "emb", "add_special_tokens": False},
+                      headers=auth(), timeout=30).json()
+    assert [t["id"] for t in bare[0]] == enc.ids[1:-1]
