@@ -625,11 +625,15 @@ def main() -> None:
     rounds = a.rounds or (1 if a.quick else 3)
     long_sides = [] if a.no_long or "modernbert" not in families else (
         ["mlmkit"] + (["transformers"] if a.long_reference == "yes" or (a.long_reference == "auto" and not a.quick) else []))
-    print(f"families.py: {', '.join(families)}; each a MiniLM-sized random ForSequenceClassification (2 labels) saved by "
-          f"transformers;\n  {n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, {rounds} alternating "
-          f"round(s) of mlmkit bundle / transformers pipeline / optimum-equivalent onnxruntime graph, each side in its own "
-          f"process;\n  then ModernBERT long inputs ({', '.join(map(str, LONG_LENGTHS))} tokens, batch 1, median of 3 after a "
-          f"warm-up): {', '.join(long_sides) or 'skipped'}.  Work directory: {a.work}", flush=True)
+    if a.only_long:
+        print(f"families.py --only-long: the ModernBERT classifier on long inputs ({', '.join(map(str, LONG_LENGTHS))} tokens, "
+              f"batch 1, {a.threads} threads, median of 3 after a warm-up): {', '.join(long_sides)}.  Work directory: {a.work}", flush=True)
+    else:
+        print(f"families.py: {', '.join(families)}; each a MiniLM-sized random ForSequenceClassification (2 labels) saved by "
+              f"transformers;\n  {n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, {rounds} alternating "
+              f"round(s) of mlmkit bundle / transformers pipeline / optimum-equivalent onnxruntime graph, each side in its own "
+              f"process;\n  then ModernBERT long inputs ({', '.join(map(str, LONG_LENGTHS))} tokens, batch 1, median of 3 after a "
+              f"warm-up): {', '.join(long_sides) or 'skipped'}.  Work directory: {a.work}", flush=True)
     common = ["--work", str(a.work), "--threads", str(a.threads), "--batch-size", str(a.batch_size), "--sentences", str(n)]
     t0 = time.perf_counter()
     opt = ["--optimum-attention", a.optimum_attention] if a.optimum_attention else []

@@ -5,8 +5,9 @@ What differs from BERT:
   ``Wi`` / ``Wo``), layer 0 without an attention norm, and a final norm after the last layer;
 - no position embeddings and no token types: rotary embeddings inside the attention, at the global
   theta on global layers and the local theta on sliding-window layers, where a query sees the keys
-  within ``local_attention // 2`` positions on each side (both ends included); by default every
-  third layer (0, 3, 6 ...) is global;
+  within ``local_attention // 2`` positions on each side (both ends included), computed in blocks
+  of half a window against their own window of keys, O(T x window) (``local_blocks``; the plain
+  T x T product for short inputs); by default every third layer (0, 3, 6 ...) is global;
 - LayerNorms without bias (``norm_bias``), linear layers without bias unless ``attention_bias`` /
   ``mlp_bias`` / ``classifier_bias`` say so;
 - one head transform ``head`` (dense, ``classifier_activation``, norm) on every head: the MLM head's
@@ -151,9 +152,9 @@ def local_blocks(Tq: Size, T: Size, half: int, device: torch.device, dtype: torc
     ONNX tracer ``T`` and ``Tq`` are 0-d tensors and every size here is a graph op on them (no
     comparison or branch in Python), so one exported graph serves every length."""
     b, span = half, 3 * half
-    if isinstance(T, torch.Tensor) or isinstance(Tq, torch.Tensor):
-        Tq_t = Tq if isinstance(Tq, torch.Tensor) else torch.full((), Tq, dtype=torch.long, device=device)
-        bq = torch.where(T <= span, Tq_t, torch.clamp(Tq_t, max=b))
+    if isinstance(T, torch.Tensor) or isinstance(Tq, torch.Tensor):  # traced: the choice is a Where in the graph
+        T_t, Tq_t = (n if isinstance(n, torch.Tensor) else torch.full((), n, dtype=torch.long, device=device) for n in (T, Tq))
+        bq = torch.where(T_t <= span, Tq_t, torch.clamp(Tq_t, max=b))
     else:
         bq = Tq if T <= span else min(b, Tq)
     nb = (Tq + bq - 1) // bq  # ceil(Tq / bq)
@@ -191,8 +192,8 @@ def window_plan(mask: torch.Tensor, half: int, Tq: Size, T: Size) -> Window:
     block, the whole sequence) without their index copies, and up to 6 half SDPA's fused kernel on
     the whole product was measured as fast as the blocks forward and faster forward + backward (the
     blocks' copies scatter back; 2 CPU threads, 12 heads of 32). A traced graph always has the blocks,
-    which reduce to one block of the whole sequence up to 3 half (onnxruntime's plain MatMul and the
-    blocks' were measured alike from there on)."""
+    which reduce to one block of the whole sequence up to 3 half (in onnxruntime the plain product and
+    the blocks were measured alike at 4 and 6 half, the blocks faster from 8 half on)."""
     if not isinstance(T, torch.Tensor) and not isinstance(Tq, torch.Tensor) and T <= PLAIN_UP_TO * half:
         return Window(mask + window_mask(T, Tq, half, mask.device, mask.dtype))  # (B, 1, Tq, T)
     qidx, kidx, oidx, band = local_blocks(Tq, T, half, mask.device, mask.dtype)
