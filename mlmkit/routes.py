@@ -46,19 +46,21 @@ class Call:
     state: dict[str, Any] = field(default_factory=dict)  # what the route needs again to answer
 
 
-def pick_model(models: Mapping[str, Any], requested: Any, tasks: tuple[str, ...], route: str) -> str:
-    """The model a request names, or the only one of the route's tasks; a 404 / 422 naming them."""
-    fitting = [n for n, m in models.items() if m.pipe.task in tasks]
+def pick_model(models: Mapping[str, Any], requested: Any, needs: tuple[str, ...], route: str) -> str:
+    """The model a request names, or the only one whose graph has the outputs the route reads (an
+    "embedding", "logits" ...: any task's bundle with them fits); a 404 / 422 naming the fitting ones."""
+    fitting = [n for n, m in models.items() if set(needs) <= set(m.pipe.meta.get("outputs") or {})]
+    what = f"models with {' and '.join(repr(x) for x in needs)} output{'s' if len(needs) > 1 else ''}"
     if requested is not None:
         if not isinstance(requested, str) or requested not in models:
-            raise HTTPError(404, f"no model named {requested!r}", f"the {' or '.join(tasks)} models: {', '.join(fitting) or 'none'}")
+            raise HTTPError(404, f"no model named {requested!r}", f"the {what}: {', '.join(fitting) or 'none'}")
         if requested not in fitting:
-            raise HTTPError(422, f"model '{requested}' is a {models[requested].pipe.task} model; {route} needs "
-                                 f"{' or '.join(tasks)}", f"the {' or '.join(tasks)} models: {', '.join(fitting) or 'none'}")
+            raise HTTPError(422, f"model '{requested}' is a {models[requested].pipe.task} model; {route} needs one with "
+                                 f"{' and '.join(repr(x) for x in needs)}", f"the {what}: {', '.join(fitting) or 'none'}")
         return requested
     if len(fitting) != 1:
-        raise HTTPError(422, f"{route}: say which model (\"model\": NAME)" if fitting else f"no {' or '.join(tasks)} model is served",
-                        f"the {' or '.join(tasks)} models: {', '.join(fitting) or 'none'}")
+        raise HTTPError(422, f"{route}: say which model (\"model\": NAME)" if fitting else f"{route}: no model served fits",
+                        f"the {what}: {', '.join(fitting) or 'none'}")
     return fitting[0]
 
 
@@ -109,14 +111,14 @@ def _token_count(model: Any, texts: list[Any]) -> int:
 class OpenAIEmbeddings:
     method, path = "POST", "/v1/embeddings"
     summary = "OpenAI's embeddings API: {model, input, encoding_format, dimensions}."
-    tasks = ("embedding",)
+    needs = ("embedding",)
 
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
         b = _object(body, self.path, {"model", "input", "encoding_format", "dimensions", "user"})
         fmt = b.get("encoding_format") or "float"
         if fmt not in ("float", "base64"):
             raise HTTPError(422, f"{self.path}: encoding_format must be float or base64, got {fmt!r}")
-        name = pick_model(models, b.get("model"), self.tasks, self.path)
+        name = pick_model(models, b.get("model"), self.needs, self.path)
         return Call(name, _texts(b.get("input"), "input", self.path),
                     state={"format": fmt, "dimensions": _dimensions(b.get("dimensions"), self.path)})
 
@@ -134,7 +136,7 @@ class OpenAIEmbeddings:
 class TEIEmbed:
     method, path = "POST", "/embed"
     summary = "text-embeddings-inference's /embed: {inputs, normalize, truncate, dimensions} -> [[float]]."
-    tasks = ("embedding",)
+    needs = ("embedding",)
 
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
         b = _object(body, self.path, {"inputs", "normalize", "truncate", "truncation_direction", "dimensions", "model",
@@ -144,7 +146,7 @@ class TEIEmbed:
                             "leave 'truncate' out or set it true")
         if b.get("truncation_direction", "Right") != "Right":
             raise HTTPError(422, f"{self.path}: only truncation_direction Right is supported")
-        name = pick_model(models, b.get("model"), self.tasks, self.path)
+        name = pick_model(models, b.get("model"), self.needs, self.path)
         normalize = b.get("normalize", True)
         if not isinstance(normalize, bool):
             raise HTTPError(422, f"{self.path}: 'normalize' must be true or false")
@@ -159,11 +161,11 @@ class TEIEmbed:
 class TEIPredict:
     method, path = "POST", "/predict"
     summary = "text-embeddings-inference's /predict (classification): {inputs, raw_scores} -> [[{label, score}]]."
-    tasks = ("classification",)
+    needs = ("logits",)
 
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
         b = _object(body, self.path, {"inputs", "raw_scores", "truncate", "truncation_direction", "model"})
-        name = pick_model(models, b.get("model"), self.tasks, self.path)
+        name = pick_model(models, b.get("model"), self.needs, self.path)
         if b.get("raw_scores"):
             raise HTTPError(422, f"{self.path}: raw_scores is not supported; scores are the model's probabilities",
                             "leave 'raw_scores' out")
@@ -199,8 +201,8 @@ class TEIPredict:
 
 
 def cross_encoder(models: Mapping[str, Any], requested: Any, route: str) -> str:
-    """A classification model with one output (a relevance logit), else a 422 saying what it is."""
-    name = pick_model(models, requested, ("classification",), route)
+    """A sequence classifier with one label (its logit: the relevance), else a 422 saying what it is."""
+    name = pick_model(models, requested, ("logits",), route)
     labels = models[name].pipe.meta.get("labels") or []
     if len(labels) != 1:
         raise HTTPError(422, f"model '{name}' has {len(labels)} labels; {route} needs a cross-encoder (one relevance score)",
@@ -225,7 +227,7 @@ def rerank_documents(pipe: Any, query: str, documents: list[str], *, top_n: int 
     """``documents`` most relevant to ``query`` first, by a cross-encoder bundle's Pipeline:
     [{"index", "score", "text"}] (score: the sigmoid of the logit, or the logit with ``raw``)."""
     labels = pipe.meta.get("labels") or []
-    if pipe.task != "classification" or len(labels) != 1:
+    if "logits" not in (pipe.meta.get("outputs") or {}) or len(labels) != 1:
         raise ConfigError(f"{pipe.path} is not a cross-encoder ({pipe.task}, {len(labels)} labels)",
                           "rerank with a one-label sequence classifier (a sentence-transformers CrossEncoder, bge-reranker ...)")
     scores = relevance(pipe([{"text": query, "text_pair": d} for d in documents]), raw)
@@ -282,11 +284,11 @@ class TEIRerank:
 class TEIEmbedSparse:
     method, path = "POST", "/embed_sparse"
     summary = "text-embeddings-inference's /embed_sparse (SPLADE): {inputs} -> [[{index, value}]]."
-    tasks = ("sparse-embedding",)
+    needs = ("indices", "values")
 
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
         b = _object(body, self.path, {"inputs", "truncate", "truncation_direction", "model", "prompt_name"})
-        return Call(pick_model(models, b.get("model"), self.tasks, self.path), _texts(b.get("inputs"), "inputs", self.path))
+        return Call(pick_model(models, b.get("model"), self.needs, self.path), _texts(b.get("inputs"), "inputs", self.path))
 
     def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
         return [[{"index": i, "value": v} for i, v in zip(r["indices"], r["values"])] for r in results]

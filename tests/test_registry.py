@@ -35,7 +35,7 @@ from mlmkit.tokenizer import special_ids, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).resolve().parent / "plugins"
-BUILTINS = ("classification", "embedding", "qa", "tagging")
+BUILTINS = ("classification", "embedding", "qa", "sparse-embedding", "tagging")
 
 
 def squash(text: str) -> str:
@@ -193,17 +193,20 @@ def test_builtin_tasks_are_registered_through_entry_points_like_any_plugin() -> 
     for name in BUILTINS:
         p = reg[name]
         assert p.distribution == "mlmkit"
-        assert p.entry_point == declared[name] == f"mlmkit_tasks.{name}:task"
+        assert p.entry_point == declared[name] == f"mlmkit_tasks.{name.replace('-', '_')}:task"
         assert isinstance(p.task, registry.Task)
         assert p.name == name and p.metrics, f"{name} declares no metrics"
 
 
 def test_core_never_imports_a_task() -> None:
     """No module under mlmkit/ imports a task, by import statement or by name (importlib), and none
-    names a built-in task in its code (the CLI's command names aside: `mlmkit qa` is a command)."""
+    names a built-in task in its code (the CLI's command names aside: `mlmkit qa` is a command; so are
+    output names, which the serving routes read from any task's graph: "embedding" is one)."""
     import typer
 
-    commands = set(typer.main.get_command(app).commands)
+    registry.reset()
+    outputs = {name for p in registry.tasks().values() for name in p.outputs}
+    commands = set(typer.main.get_command(app).commands) | outputs
     for src in sorted((ROOT / "mlmkit").rglob("*.py")):
         tree = ast.parse(src.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
@@ -224,7 +227,7 @@ def test_core_never_imports_a_task() -> None:
 
 def test_unknown_task_lists_the_registered_ones() -> None:
     registry.reset()
-    with pytest.raises(TaskError, match=r"unknown task 'ner'; registered tasks: classification, embedding, qa, tagging") as e:
+    with pytest.raises(TaskError, match=r"unknown task 'ner'; registered tasks: classification, embedding, qa, sparse-embedding, tagging") as e:
         registry.get_task("ner")
     assert "mlmkit tasks" in (e.value.hint or "")
 
@@ -235,7 +238,7 @@ def test_cli_unknown_task_exits_2_with_the_list(tmp_path: Path) -> None:
     assert res.exit_code == 2, res.output
     assert len(res.stderr.strip().splitlines()) == 1, f"not one line: {res.stderr!r}"
     msg = squash(res.stderr)
-    assert "unknown task 'nosuchtask'; registered tasks: classification, embedding, qa, tagging" in msg
+    assert "unknown task 'nosuchtask'; registered tasks: classification, embedding, qa, sparse-embedding, tagging" in msg
     assert "Traceback" not in res.output
 
 
