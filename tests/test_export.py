@@ -38,6 +38,7 @@ TASK_SETUP = {  # task -> (labels, max_length, options)
     "tagging": (TAG_LABELS, 24, {}),
     "qa": (None, 64, {"doc_stride": 24, "max_question_length": 16}),
     "embedding": (None, 32, {"pooling": "mean", "normalize": True}),
+    "sparse-embedding": (None, 32, {"max_terms": 32}),
 }
 
 
