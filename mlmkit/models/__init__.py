@@ -13,7 +13,6 @@ from .family import Family
 FAMILIES: tuple[Family, ...] = (bert.family, roberta.family, distilbert.family, electra.family, modernbert.family,
                                 deberta.family)
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.model_types}
-ARCHS = {f.name: f for f in FAMILIES}  # pretrain --arch: a family's name is its first model_type
 
 
 def family_for(model_type: str) -> Family:
@@ -27,4 +26,4 @@ def family_for(model_type: str) -> Family:
         ) from None
 
 
-__all__ = ["ARCHS", "BY_MODEL_TYPE", "FAMILIES", "Family", "family_for"]
+__all__ = ["BY_MODEL_TYPE", "FAMILIES", "Family", "family_for"]

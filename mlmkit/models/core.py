@@ -353,9 +353,6 @@ class BertForLabels(nn.Module):
                 out["loss"] = flat.sum() * 0.0
         return out
 
-    def classify(self, pooled: torch.Tensor) -> torch.Tensor:
-        return self.classifier(pooled)
-
 
 def token_encoder(config: Any) -> BertModel:
     """The encoder of a per-token head (QA spans, embeddings): the family's per-token transform
