@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from family_parity import Backbone, Logits, SpanModel, load_ours, perturb, real_diff
 from torch import nn
 
-from mlmkit.checkpoint import load_state_dict, load_weights, save_weights
+from mlmkit.checkpoint import load_state_dict, save_weights
 from mlmkit.config import ModelConfig, preset
 from mlmkit.errors import ConfigError
 from mlmkit.models import core, family_for
@@ -38,14 +39,6 @@ VARIANTS = {
     "v2": dict(num_hidden_layers=2, position_biased_input=True, type_vocab_size=2, share_att_key=False, embedding_size=16,
                max_relative_positions=12, hidden_act="gelu_new", pooler_hidden_act="tanh"),
 }
-
-
-def perturb(model: nn.Module, seed: int) -> None:
-    """Noise well above the init (std 0.02, LayerNorms at 1, biases at 0), on every parameter."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.1)
 
 
 def hf_dir(tmp_path: Path, cls_name: str, variant: str = "v3", name: str = "hf", seed: int = 0, **kw) -> Path:
@@ -76,46 +69,6 @@ def inputs(variant: str = "v3", T: int = 36, lengths: tuple[int, ...] = (36, 23,
     if VARIANTS[variant].get("type_vocab_size"):
         x["token_type_ids"] = ((torch.arange(T)[None, :] >= n // 2) & (mask == 1)).long()
     return x
-
-
-def load_ours(d: Path, build) -> tuple[ModelConfig, nn.Module, list[str]]:
-    """mlmkit's model of ``d`` (config.json + weights through the family's renames), in eval mode;
-    nothing it has may be missing. Returns the keys the state dict had beyond the model's."""
-    cfg = ModelConfig.load(d)
-    model = build(cfg)
-    missing, unexpected = load_weights(model, load_state_dict(d))
-    assert missing == []
-    return cfg, model.eval(), unexpected
-
-
-def real_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
-    """Largest difference at real tokens (a, b: (B, T, ...))."""
-    return (a - b)[mask.bool()].abs().max().item()
-
-
-class Backbone(nn.Module):
-    """The encoder alone, under the heads' ``bert.`` prefix (mlmkit's names)."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.bert = core.BertModel(config, add_pooling_layer=False)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.bert(input_ids, attention_mask, token_type_ids)[0]
-
-
-class SpanModel(nn.Module):
-    """tasks/qa.py's model: the family's per-token encoder and a two-way qa_outputs layer."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.bert = core.token_encoder(config)
-        self.qa_outputs = nn.Linear(config.hidden_size, 2)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.qa_outputs(core.token_states(self.bert, input_ids, attention_mask, token_type_ids))  # (B, T, 2)
-        return logits[..., 0], logits[..., 1]
 
 
 # ---- the relative positions --------------------------------------------------------------------
@@ -218,7 +171,7 @@ def test_sequence_classification_matches(tmp_path, variant):
         pooled = ours.bert(**x)[1]
         fast = core.encode_cls(ours.bert, x["input_ids"], x["attention_mask"], x.get("token_type_ids"))
         assert (fast - pooled).abs().max().item() <= ATOL
-        assert (ours.classify(fast) - ref).abs().max().item() <= ATOL
+        assert (ours.classifier(fast) - ref).abs().max().item() <= ATOL
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -335,15 +288,6 @@ def test_configs_it_cannot_run_are_refused(change, words):
 
 
 # ---- ONNX --------------------------------------------------------------------------------------
-class _Logits(nn.Module):
-    def __init__(self, model: nn.Module, fn) -> None:
-        super().__init__()
-        self.model, self.fn = model, fn
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.fn(self.model, input_ids, attention_mask)
-
-
 def test_eager_graphs_export_to_onnx(tmp_path):
     """The TorchScript exporter at opset 17 with dynamic batch and sequence axes: onnxruntime on a
     batch of another size and length than the export's gives PyTorch's outputs (the relative
@@ -353,8 +297,8 @@ def test_eager_graphs_export_to_onnx(tmp_path):
     _, seq, _ = load_ours(hf_dir(tmp_path, "DebertaV2ForSequenceClassification", name="seq", num_labels=3),
                           lambda c: core.BertForLabels(c, per_token=False))
     graphs = {
-        "mlm": _Logits(mlm, lambda m, i, a: m(i, a)["prediction_logits"]),
-        "cls": _Logits(seq, lambda m, i, a: m.classify(core.encode_cls(m.bert, i, a))),
+        "mlm": Logits(mlm, lambda m, i, a: m(i, a)["prediction_logits"]),
+        "cls": Logits(seq, lambda m, i, a: m.classifier(core.encode_cls(m.bert, i, a))),
     }
     dummy = inputs(T=12, lengths=(12, 7))
     x = inputs()

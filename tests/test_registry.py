@@ -439,15 +439,6 @@ SAMPLES: dict[str, dict[str, Any]] = {
         ]),
         "input": "a fine story",
     },
-    "sparse-embedding": {
-        "file": "sample.jsonl",
-        "data": "".join(json.dumps(r) + "\n" for r in [
-            {"text": "a good film", "text_pair": "a fine film", "score": 4.5},
-            {"text": "a bad film", "text_pair": "good good story", "score": 0.5},
-            {"text": "the plot is dull", "text_pair": "a dull plot", "score": 4.0},
-        ]),
-        "input": "a fine story",
-    },
     "classification": {
         "file": "sample.jsonl",
         "data": "".join(json.dumps(r) + "\n" for r in [
@@ -474,6 +465,9 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "input": {"question": "Where is the door?", "context": "The door is in the hall."},
     },
 }
+
+
+SAMPLES["sparse-embedding"] = SAMPLES["embedding"]  # the same scored pairs, the same runtime input
 
 
 def discovered() -> list[str]:

@@ -1,0 +1,71 @@
+"""What the model-family parity tests share (test_deberta.py, test_modernbert.py): noise on a random
+transformers model, mlmkit's model of a checkpoint directory, the largest difference at real tokens,
+and small modules that expose one output of mlmkit's core for comparison and ONNX export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mlmkit.checkpoint import load_state_dict, load_weights
+from mlmkit.config import ModelConfig
+from mlmkit.models import core
+
+
+def perturb(model: nn.Module, seed: int) -> None:
+    """Noise well above the init (std 0.02, LayerNorms at 1, biases at 0), on every parameter."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.1)
+
+
+def load_ours(d: Path, build) -> tuple[ModelConfig, nn.Module, list[str]]:
+    """mlmkit's model of ``d`` (config.json + weights through the family's renames), in eval mode;
+    nothing it has may be missing. Returns the keys the state dict had beyond the model's."""
+    cfg = ModelConfig.load(d)
+    model = build(cfg)
+    missing, unexpected = load_weights(model, load_state_dict(d))
+    assert missing == []
+    return cfg, model.eval(), unexpected
+
+
+def real_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    """Largest difference at real tokens (a, b: (B, T, ...))."""
+    return (a - b)[mask.bool()].abs().max().item()
+
+
+class Backbone(nn.Module):
+    """The encoder alone, under the heads' ``bert.`` prefix (mlmkit's names)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.bert = core.BertModel(config, add_pooling_layer=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.bert(input_ids, attention_mask, token_type_ids)[0]
+
+
+class SpanModel(nn.Module):
+    """tasks/qa.py's model: the family's per-token encoder and a two-way qa_outputs layer."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.bert = core.token_encoder(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.qa_outputs(core.token_states(self.bert, input_ids, attention_mask, token_type_ids))  # (B, T, 2)
+        return logits[..., 0], logits[..., 1]
+
+
+class Logits(nn.Module):
+    def __init__(self, model: nn.Module, fn) -> None:
+        super().__init__()
+        self.model, self.fn = model, fn
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.fn(self.model, input_ids, attention_mask)
