@@ -170,7 +170,7 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
     else:
         tok = _train_shared_tokenizer(args.corpus, out, vocab_size=args.vocab_size, cased=args.cased, device=t.device,
                                       text_column=args.text_column, kind=fam.tokenizer_kind, specials=fam.special_tokens)
-    V = tok.get_vocab_size()
+    V, ids = tok.get_vocab_size(), special_ids(tok)
     if given is not None:
         cfg = given
         if cfg.vocab_size != V:
@@ -184,7 +184,6 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
         if args.seq_len > MAX_PRESET_POSITIONS:
             raise ConfigError(f"--seq-len {args.seq_len} is more than the {MAX_PRESET_POSITIONS} positions a preset model gets",
                               "use a shorter --seq-len, or pass a --config with max_position_embeddings for it")
-        ids = special_ids(tok)
         cfg = preset(args.preset, fam.name, vocab_size=V, max_position_embeddings=fam.positions_for(max(512, args.seq_len)),
                      pad_token_id=ids.pad)
         if fam.name != "bert":  # the ids transformers' configs of these families carry
@@ -193,8 +192,8 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
         room = "" if cfg.max_tokens == cfg.max_position_embeddings else f" (its positions start at padding_idx + 1: {cfg.max_tokens} tokens)"
         raise ConfigError(f"--seq-len {args.seq_len} exceeds max_position_embeddings {cfg.max_position_embeddings}{room}",
                           "use a shorter --seq-len")
-    if cfg.pad_token_id != special_ids(tok).pad:
-        raise ConfigError(f"the config's pad_token_id {cfg.pad_token_id} is not the tokenizer's padding id {special_ids(tok).pad}",
+    if cfg.pad_token_id != ids.pad:
+        raise ConfigError(f"the config's pad_token_id {cfg.pad_token_id} is not the tokenizer's padding id {ids.pad}",
                           "set pad_token_id in the config to the tokenizer's")
     cfg.architectures = ["BertForPreTraining"]
 
