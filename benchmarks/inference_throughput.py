@@ -230,7 +230,7 @@ def full_logits_graph(run: Path, out: Path) -> None:
     batch = {k: np.ones((2, 8), dtype=np.int64) for k in INPUTS}
     with tempfile.TemporaryDirectory() as d:
         plain = Path(d) / "plain.onnx"
-        _torch_export(Full(m), batch, {"logits": ("batch", "sequence", "vocabulary")}, plain, 17)
+        _torch_export(Full(m), batch, {"logits": ("batch", "sequence", "vocabulary")}, plain, 17, INPUTS)
         fused = fuse(plain, out, cfg)
     log(f"setup: full-logits graph, fused {fused}")
 

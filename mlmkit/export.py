@@ -441,6 +441,11 @@ def _export(args: ExportArgs) -> dict[str, Any]:
         atomic_write(out / "model.onnx", lambda tmp: shutil.copyfile(final, tmp))
         atomic_write_text(out / "tokenizer.json", tok.to_str(pretty=False))
         write_json(out / "mlmkit.json", bundle_meta)  # last: a reader seeing it sees the new model
+        if (d / "curves.png").is_file():
+            atomic_write(out / "curves.png", lambda tmp: shutil.copyfile(d / "curves.png", tmp))
+        from .cards import write_card
+
+        write_card(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return bundle_meta

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from .errors import ConfigError, MlmkitError, TaskError
 from .files import exclusive, write_jsonl
 from .registry import Example, Feature, Plugin, TaskContext, get_task
 from .tokenizer import load_tokenizer, special_ids
+from .tracking import Reporter, flat_params
 from .training import Trainer, resolve_device
 
 log = logging.getLogger("mlmkit")
@@ -101,17 +103,18 @@ def base_model_dir(model: str | Path) -> Path:
     return d
 
 
-def finetune(args: FinetuneArgs) -> dict[str, Any]:
+def finetune(args: FinetuneArgs, *, reporters: Sequence[Reporter] = ()) -> dict[str, Any]:
     """Fine-tune ``args.task`` from a pretraining run or HF BERT directory; write a run directory.
 
     The head starts fresh; with an evaluation file the best checkpoint by the task's main metric is
-    kept in ``args.out``. Returns the final metrics.
+    kept in ``args.out``. Returns the final metrics. ``reporters``: more tracking reporters beside
+    --report-to's (a sweep's pruner).
     """
     with exclusive(args.out) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext():
-        return _finetune(args)
+        return _finetune(args, reporters)
 
 
-def _finetune(args: FinetuneArgs) -> dict[str, Any]:
+def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> dict[str, Any]:
     task = get_task(args.task)
     if not task.trainable:
         raise TaskError(f"the {task.name} task is not fine-tuned by mlmkit",
@@ -138,7 +141,8 @@ def _finetune(args: FinetuneArgs) -> dict[str, Any]:
                       state=task.fit_state(train_ex))
     cfg.extra.update(task.hf_config(ctx))
     meta: dict[str, Any] = {"task": task.name, "labels": labels, "max_length": L, "options": opts,
-                            "task_state": dict(ctx.state), "base_model": str(base)}
+                            "task_state": dict(ctx.state), "base_model": str(base),
+                            "data": {"train": str(args.train_file), "eval": str(args.eval_file) if args.eval_file else None}}
 
     torch.manual_seed(args.train.seed)
     net = task.build_model(cfg, ctx)
@@ -169,8 +173,17 @@ def _finetune(args: FinetuneArgs) -> dict[str, Any]:
         calibrated = evaluator.state if evaluator is not None else {}
         save_run(m, d, config=cfg, tokenizer=tok, meta={**meta_, **meta, "task_state": {**meta["task_state"], **calibrated}})
 
-    data_key = {"batch_size": args.batch_size, "max_length": L, "train": file_identity([args.train_file]), "options": opts}
-    return Trainer(net, data, train_args, args.out, save_model=save_model, evaluate=evaluator, data_key=data_key).train(meta)
+    data_key = {"batch_size": args.batch_size, "max_length": L, "train": data_identity(args.train_file), "options": opts}
+    return Trainer(net, data, train_args, args.out, save_model=save_model, evaluate=evaluator, data_key=data_key,
+                   params=flat_params(args), reporters=reporters).train(meta)
+
+
+def data_identity(path: Path) -> list[list[Any]]:
+    """[absolute path, size] of a training file, or of a `datasets` directory (its files' total size)."""
+    p = Path(path)
+    if p.is_dir():
+        return [[str(p.resolve()), sum(f.stat().st_size for f in sorted(p.rglob("*")) if f.is_file())]]
+    return file_identity([p])
 
 
 def _same_head(base: ModelConfig, task: Plugin, labels: list[str] | None, opts: dict[str, Any]) -> bool:

@@ -31,6 +31,7 @@ from .files import exclusive
 from .models import family_for
 from .models.core import BertForPreTraining
 from .tokenizer import load_tokenizer, save_tokenizer, special_ids, train_tokenizer
+from .tracking import flat_params
 from .training import Trainer, init_distributed, latest_checkpoint
 
 log = logging.getLogger("mlmkit")
@@ -232,4 +233,5 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
     data_key = {"batch_size": args.batch_size, "seq_len": args.seq_len, "nsp": nsp, "mask_prob": args.mask_prob,
                 "whole_word": args.whole_word,
                 "corpus": file_identity(args.corpus) if args.data is None else [[str(args.data.resolve()), len(full.tokens)]]}
-    return Trainer(model, data, t, out, save_model=save_model, evaluate=evaluate, data_key=data_key).train(meta)
+    return Trainer(model, data, t, out, save_model=save_model, evaluate=evaluate, data_key=data_key,
+                   params=flat_params(args)).train(meta)

@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import ConfigError, DataFormatError
 from .files import atomic_open, atomic_write, json_line, parse_json
-from .taskkit import Record, data_format, iter_records
+from .taskkit import Record, data_format, iter_records, iter_table_rows
 
 Write = Callable[[Sequence[dict[str, Any]]], None]
 INPUTS = (".txt", ".jsonl", ".csv", ".tsv", ".parquet")
@@ -61,26 +61,9 @@ def iter_inputs(spec: str | Path, *, skip: bool = False) -> Iterator[Item]:
     """The records of every file --input names, in order, read as they are needed."""
     for f in input_files(spec):
         if f.suffix.lower() == ".parquet":
-            yield from _iter_parquet(f)
+            yield from iter_table_rows(f)
         else:
             yield from iter_records(f, data_format(f, {s: s.lstrip(".") for s in INPUTS if s != ".parquet"}), skip=skip)
-
-
-def _iter_parquet(path: Path, rows: int = 1024) -> Iterator[Record]:
-    """A record {column: value} per row of a Parquet file; ``line`` is the row number."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ConfigError("--input .parquet needs pyarrow", "pip install 'mlmkit[parquet]'") from None
-    try:
-        f = pq.ParquetFile(path)
-        n = 0
-        for batch in f.iter_batches(batch_size=rows):
-            for row in batch.to_pylist():
-                n += 1
-                yield Record(str(path), n, row)
-    except OSError as e:  # pyarrow's ArrowInvalid and friends are OSErrors too
-        raise DataFormatError(path, f"not a readable Parquet file ({e})", hint="check the file") from None
 
 
 def stdin_inputs(stream: IO[str] | None = None, *, skip: bool = False) -> Iterator[Item]:

@@ -196,6 +196,9 @@ class TaskDefaults:
     partial_layers: int = 0
     """Trailing encoder layers that ``export_module`` computes for a few positions only (the fusion
     check does not expect their attention to fuse)."""
+    pipeline_tag: str = "feature-extraction"
+    """The Hugging Face Hub's pipeline tag of this task's models, for the model card (e.g.
+    "text-classification", "token-classification", "question-answering", "sentence-similarity")."""
 
     def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> Example:
         """An example from one runtime input: a text becomes {"text": item}; a record must have a "text"."""
@@ -288,6 +291,7 @@ class Plugin:
     trainable: bool
     command: str | None
     partial_layers: int
+    pipeline_tag: str
 
     def _check(self) -> None:
         where = f"task plugin '{self.name}' ({self.entry_point}, from {self.distribution})"

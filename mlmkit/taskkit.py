@@ -30,6 +30,7 @@ from .registry import BATCH, EXAMPLE, LABEL, SEQUENCE, TRUNCATED, TaskContext, T
 __all__ = [
     "BATCH", "EXAMPLE", "LABEL", "SEQUENCE", "TRUNCATED", "TaskContext", "TaskOption", "ConfigError", "DataFormatError",
     "Record", "FORMATS", "data_format", "iter_lines", "iter_jsonl", "iter_table", "iter_records", "read_text",
+    "is_table", "iter_table_rows",
     "tokenizer_settings", "clip_text", "parse_json",
 ]
 
@@ -49,8 +50,11 @@ class Record:
     """The header of a CSV/TSV file."""
     header_line: int | None = None
 
+    unit: str = "line"
+    """What ``line`` counts: "line" in text files, "row" in Parquet files and `datasets` directories."""
+
     def error(self, message: str, field: str | None = None, hint: str | None = None) -> DataFormatError:
-        return DataFormatError(self.source, message, line=self.line, field=field, hint=hint)
+        return DataFormatError(self.source, message, line=self.line, field=field, hint=hint, unit=self.unit)
 
     def fields(self) -> dict[str, Any]:
         """The record as a dict; anything else (a JSON list, a bare text) is an error."""
@@ -118,9 +122,93 @@ def read_text(path: str | Path) -> str:
     return "".join(line for _, line in _decoded(_checked(path), keepends=True))
 
 
+# ---- tables: Parquet files and `datasets` directories, read as JSON lines are -------------------
+TABLE_HINT = "a .parquet file, or a directory written by datasets' save_to_disk"
+
+
+def is_table(path: str | Path) -> bool:
+    """Whether ``path`` is a Parquet file or a directory saved by `datasets` (``save_to_disk``): record
+    sources with the fields of a JSON-lines file, which ``iter_jsonl`` reads as it reads JSON lines."""
+    p = Path(path)
+    if p.is_dir():
+        return (p / "state.json").is_file() or (p / "dataset_dict.json").is_file()
+    return p.suffix.lower() == ".parquet"
+
+
+def iter_table_rows(path: str | Path, rows: int = 1024) -> Iterator[Record]:
+    """A record {column: value} per row of a Parquet file or `datasets` directory, read a batch of
+    ``rows`` at a time (never the whole table); ``line`` is the row number, from 1."""
+    p = Path(path)
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError(f"{p}: reading Parquet and datasets directories needs pyarrow", "pip install 'mlmkit[parquet]'") from None
+    if p.is_dir():
+        sources = _dataset_files(p)
+    elif p.is_file():
+        sources = [p]
+    else:
+        raise DataFormatError(p, "file not found", hint="check the path")
+    n = 0
+    for src in sources:
+        try:
+            if src.suffix.lower() == ".parquet":
+                batches = pq.ParquetFile(src).iter_batches(batch_size=rows)
+            else:
+                batches = _arrow_batches(pa, src)
+            for batch in batches:
+                for row in batch.to_pylist():
+                    n += 1
+                    yield Record(str(p), n, row, unit="row")
+        except (OSError, ValueError, pa.ArrowException) as e:  # ArrowInvalid is a ValueError, not an OSError
+            detail = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+            raise DataFormatError(src, f"not a readable {'Parquet' if src.suffix.lower() == '.parquet' else 'Arrow'} "
+                                       f"file ({detail})", hint="check the file, or write it again") from None
+
+
+def _arrow_batches(pa: Any, path: Path) -> Iterator[Any]:
+    """The record batches of an Arrow file as `datasets` writes them (the IPC stream format; the file
+    format too), memory-mapped."""
+    source = pa.memory_map(str(path))
+    try:
+        reader = pa.ipc.open_stream(source)
+    except pa.ArrowInvalid:
+        file_reader = pa.ipc.open_file(source)
+        yield from (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
+        return
+    yield from reader
+
+
+def _dataset_files(d: Path) -> list[Path]:
+    """The Arrow files of a directory saved by ``datasets.Dataset.save_to_disk``, in order."""
+    if (d / "dataset_dict.json").is_file() and not (d / "state.json").is_file():
+        try:
+            splits = parse_json((d / "dataset_dict.json").read_text(encoding="utf-8")).get("splits", [])
+        except (OSError, ValueError, AttributeError):
+            splits = []
+        raise DataFormatError(d, f"a DatasetDict directory ({', '.join(map(str, splits)) or 'no splits'}), not one split",
+                              hint="pass the split's directory, e.g. " + " or ".join(str(d / s) for s in splits[:2]) if splits
+                              else "pass a split's directory")
+    try:
+        state = parse_json((d / "state.json").read_text(encoding="utf-8"))
+        files = [d / f["filename"] for f in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataFormatError(d / "state.json", f"not a datasets state file ({type(e).__name__}: {e})",
+                              hint="save the dataset again with save_to_disk") from None
+    missing = [f for f in files if not f.is_file()]
+    if missing:
+        raise DataFormatError(missing[0], "missing: state.json lists it", hint="save the dataset again with save_to_disk")
+    return files
+
+
 def iter_jsonl(path: str | Path, *, strings: bool = False, skip: bool = False) -> Iterator[Record | DataFormatError]:
     """A record per non-blank line: a JSON object (or a JSON string when ``strings``). ``skip``: a bad
-    line comes as its DataFormatError (in its place) instead of stopping the file."""
+    line comes as its DataFormatError (in its place) instead of stopping the file. A Parquet file or
+    a `datasets` directory (``is_table``) gives a record per row, its columns as the fields."""
+    if is_table(path):
+        yield from iter_table_rows(path)
+        return
     p = _checked(path)
     for n, line in _decoded(p, skip=skip):
         if isinstance(line, DataFormatError):
@@ -180,6 +268,8 @@ def iter_table(path: str | Path, delimiter: str, *, skip: bool = False) -> Itera
 def data_format(path: str | Path, formats: dict[str, str] = FORMATS) -> str:
     """The format of ``path`` by its suffix, or an error listing the known suffixes."""
     p = Path(path)
+    if is_table(p) and "jsonl" in formats.values():  # read as JSON lines are: the same fields
+        return "jsonl"
     fmt = formats.get(p.suffix.lower())
     if fmt is None:
         raise DataFormatError(p, f"unknown format '{p.suffix or p.name}'", hint=f"use one of: {', '.join(formats)}")

@@ -22,7 +22,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,6 +35,7 @@ from .args import TrainArgs
 from .checkpoint import load_state_dict, load_weights
 from .errors import ConfigError, MlmkitError
 from .files import atomic_open, exclusive, read_json, write_json
+from .tracking import Reporter, Reporters, RunInfo, flat_params, parse_report_to
 
 log = logging.getLogger("mlmkit")
 
@@ -287,10 +288,15 @@ class Trainer:
     def __init__(
         self, model: nn.Module, data: DataSource, args: TrainArgs, out_dir: str | Path, *,
         save_model: SaveModel, evaluate: Evaluate | None = None, data_key: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None, reporters: Sequence[Reporter] = (),
     ) -> None:
         """``data_key``: the settings that decide which batch comes at which step (batch size, files,
-        lengths ...): a checkpoint records them and --resume refuses to continue when they changed."""
+        lengths ...): a checkpoint records them and --resume refuses to continue when they changed.
+        ``params``: the command's arguments, flat, for the tracking backends (--report-to);
+        ``reporters``: more reporters beside those (a sweep's pruner)."""
         self.args, self.data, self.out, self.evaluate = args, data, Path(out_dir), evaluate
+        self.params, self.extra_reporters = params or flat_params(args), tuple(reporters)
+        self.reporters = Reporters([])
         self.save_model = save_model
         self.data_key = {**(data_key or {}), "seed": args.seed, "grad_accum": args.grad_accum}
         self.device = resolve_device(args.device)
@@ -338,14 +344,15 @@ class Trainer:
             self.checkpoints.save(self.model, self.opt, self.sched, self._position(), meta)
         self.dist.barrier()
 
-    def _start(self) -> None:
-        """A fresh run (refusing a directory that holds one), or the latest checkpoint's state."""
+    def _start(self) -> int | None:
+        """A fresh run (refusing a directory that holds one), or the latest checkpoint's state; returns
+        the step resumed from (None for a fresh run)."""
         if not self.args.resume:
             if self.dist.main and self.checkpoints.latest() is not None:
                 raise ConfigError(f"{self.out} already holds a run with checkpoints",
                                   "pass --resume to continue it, or choose a new --out")
             set_seed(self.args.seed)
-            return
+            return None
         ck, pos = self.checkpoints.restore(self.model, self.opt, self.sched, self.device)
         if pos.get("world", 1) != self.dist.world:
             raise ConfigError(
@@ -365,6 +372,7 @@ class Trainer:
         log.info("resumed from %s at step %d (epoch %d, batch %d)", ck, self.step, self.cursor.epoch, self.cursor.micro)
         if self.dist.main:  # what was logged after the checkpoint is about to happen again
             self._trim_log(self.step)
+        return self.step
 
     def _trim_log(self, step: int) -> None:
         path = self.out / "metrics.jsonl"
@@ -378,6 +386,7 @@ class Trainer:
         if self.dist.main:
             with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps(rec) + "\n")
+            self.reporters.log(rec)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.args.bf16:
@@ -444,7 +453,28 @@ class Trainer:
             return self._train({**(meta or {}), "train_args": asdict(self.args)})
 
     def _train(self, meta: dict[str, Any]) -> dict[str, Any]:
-        self._start()
+        resumed = self._start()
+        if self.dist.main:
+            self.reporters = Reporters(parse_report_to(self.args.report_to), self.extra_reporters)
+            self.reporters.start(RunInfo(self.out, self.params, resumed, self.args.log_model))
+        try:
+            result = self._loop(meta)
+        except BaseException as e:
+            self.reporters.finish([self.out / "metrics.jsonl"], "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+            raise
+        self.reporters.finish(self._artifacts(), "FINISHED")
+        return result
+
+    def _artifacts(self) -> list[Path]:
+        """The run's files for the tracking backends: its description, metrics, card and curves (the
+        weights too with --log-model)."""
+        names = ["mlmkit.json", "config.json", "metrics.jsonl", "README.md", "curves.png"]
+        if self.args.log_model:
+            names += [p.name for p in sorted(self.out.iterdir()) if p.is_file() and p.name not in names
+                      and p.name not in ("tracking.json", ".lock")]
+        return [self.out / n for n in names if (self.out / n).is_file()]
+
+    def _loop(self, meta: dict[str, Any]) -> dict[str, Any]:
         a = self.args
         self.model.train()
         tokens, t0, logged, sums, n_sum, stopped = 0, time.perf_counter(), {}, {}, 0, False
@@ -491,6 +521,10 @@ class Trainer:
             else:
                 m = read_json(self.out / "mlmkit.json")
                 write_json(self.out / "mlmkit.json", {**m, "final_metrics": result})
+            from . import cards, plots
+
+            plots.write_run_curves(self.out)
+            cards.write_card(self.out)
         self.dist.barrier()
         if self.dist.world > 1:
             torch.distributed.destroy_process_group()

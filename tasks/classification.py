@@ -172,6 +172,7 @@ class ClassificationTask:
         TaskOption("label_separator", ",", "multi-label: what separates the labels of a text field (JSON lists need none)."),
     )
     hf_architecture = HF_ARCHITECTURE
+    pipeline_tag = "text-classification"
     command = "classify"
     partial_layers = 1  # export_module computes the last layer for [CLS] only
 

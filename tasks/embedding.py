@@ -138,6 +138,7 @@ class EmbeddingTask:
         TaskOption("score_column", "score", "Evaluation data: the pair's gold similarity."),
     )
     command = "embed"
+    pipeline_tag = "sentence-similarity"
     trainable = False
 
     def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:

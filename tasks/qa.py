@@ -42,6 +42,7 @@ from mlmkit.taskkit import (
     Record,
     TaskContext,
     TaskOption,
+    is_table,
     iter_jsonl,
     parse_json,
     read_text,
@@ -299,6 +300,7 @@ class QATask:
     )
     label_names = ("start_positions", "end_positions")
     hf_architecture = "BertForQuestionAnswering"
+    pipeline_tag = "question-answering"
     default_max_length = 384
     command = "qa"
 
@@ -307,7 +309,7 @@ class QATask:
     def read(self, path: Path, options: Mapping[str, Any]) -> list[dict[str, Any]]:
         """SQuAD v1.1 / v2.0 JSON (.json) or JSON lines {"id", "question", "context", "answers"}."""
         p = Path(path)
-        if p.suffix.lower() == ".jsonl":
+        if p.suffix.lower() == ".jsonl" or is_table(p):  # Parquet / datasets: the JSON-lines fields as columns
             return _read_records(iter_jsonl(p))
         text = read_text(p)
         try:

@@ -47,6 +47,7 @@ from mlmkit.taskkit import (
     DataFormatError,
     TaskContext,
     TaskOption,
+    is_table,
     iter_jsonl,
     iter_lines,
     tokenizer_settings,
@@ -257,7 +258,7 @@ def _read_jsonl(path: Path, scheme: str) -> list[dict[str, Any]]:
 
 
 def _is_jsonl(path: Path) -> bool:
-    if path.suffix.lower() in JSONL_SUFFIXES:
+    if path.suffix.lower() in JSONL_SUFFIXES or is_table(path):  # Parquet / datasets: rows of tokens and tags
         return True
     if path.suffix.lower() in (".conll", ".conllu", ".txt", ".iob", ".bio", ".bioes", ".tsv"):
         return False
@@ -383,6 +384,7 @@ class TaggingTask:
         TaskOption("scheme", "auto", "Tag scheme of the data: auto, iob1, iob2 or bioes.", choices=SCHEMES),
     )
     hf_architecture = "BertForTokenClassification"
+    pipeline_tag = "token-classification"
     command = "tag"
 
     def read(self, path: Path, options: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ..args import FinetuneArgs, PretrainArgs, TokenizeArgs, TokenizerArgs
+from ..args import FinetuneArgs, PretrainArgs, SweepArgs, TokenizeArgs, TokenizerArgs
 from ..errors import MlmkitError
 from .common import (
     Json,
@@ -115,6 +115,46 @@ def finetune(args: FinetuneArgs, options: dict[str, Any]) -> None:
 
     metrics = run(replace(args, options={**args.options, **options}, train=replace(args.train, progress=err.is_terminal)))
     print_metrics(metrics, f"fine-tuning {args.task} -> {args.out}", as_json=False)
+
+
+@app.command()
+@handle_errors
+@with_task_options(*ALL_OPTION_FLAGS)
+@with_args(SweepArgs)
+def sweep(args: SweepArgs, options: dict[str, Any], as_json: Json = False) -> None:
+    """Search fine-tuning settings with Optuna: a run per trial under --out, the best trial at the end."""
+    from dataclasses import replace
+
+    from ..sweep import sweep as run
+
+    result = run(replace(args, options={**args.options, **options}, train=replace(args.train, progress=err.is_terminal)))
+    if want_json(as_json):
+        print_json({k: result[k] for k in ("best_run", "best_params", "best_value", "metric", "trial")})
+        return
+    t = Table(title=f"sweep {args.out}: {result['metric']} by trial")
+    for c in ("trial", "state", result["metric"], "settings", "run"):
+        t.add_column(c)
+    for tr in result["trials"]:
+        value = "-" if tr["value"] is None else f"{tr['value']:.4f}"
+        t.add_row(str(tr["number"]), tr["state"], value, ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                                    for k, v in tr["params"].items()), tr["run"] or "-")
+    out.print(t)
+    out.print(f"best: trial {result['trial']}, {result['metric']} {result['best_value']:.4f}, "
+              f"{result['best_params']} -> {result['best_run']}")
+
+
+@app.command()
+@handle_errors
+def plot(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories (or their metrics.jsonl) to draw, overlaid.")],
+    out_file: Annotated[Path, typer.Option("--out", help="The picture to write: .png, .svg or .pdf.")] = Path("curves.png"),
+    title: Annotated[str | None, typer.Option("--title", help="A title above the panels.")] = None,
+) -> None:
+    """Training curves of runs: loss, learning rate and each evaluation metric against the step."""
+    from ..plots import plot_runs
+
+    path = plot_runs(runs, out_file, title=title)
+    err.print(f"wrote {path}")
 
 
 @app.command()
