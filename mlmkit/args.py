@@ -273,11 +273,12 @@ class FinetuneArgs(Args):
     """`mlmkit finetune`: a task head on a pretrained encoder."""
 
     task: str = arg(help="Task name (see `mlmkit tasks`).", positional=True)
-    model: Path = arg(help="An mlmkit run or a Hugging Face BERT directory.")
+    model: Path = arg(help="An mlmkit run, or a Hugging Face checkpoint directory of a supported family.")
     train_file: Path = arg(help="Training data in the task's format.", flags=("--train",))
     out: Path = arg(help="Run directory to write.")
     eval_file: Path | None = arg(None, "Evaluation data: scored at each evaluation; the best model is kept.", flags=("--eval",))
-    batch_size: int = arg(32, "Examples per micro-batch.")
+    batch_size: int = arg(32, "Features per micro-batch: an example is one feature, or several (QA's windows of a "
+                              "long context, a plugin's choices).")
     max_length: int | None = arg(None, "Maximum tokens per input (the task's default if absent).")
     options: dict[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
     train: TrainArgs = arg(factory=lambda: TrainArgs(epochs=3.0, lr=5e-5, warmup_ratio=0.1, keep_last=1))
@@ -292,6 +293,8 @@ class FinetuneArgs(Args):
 @dataclass
 class SweepArgs(FinetuneArgs):
     """`mlmkit sweep`: fine-tuning trials chosen by Optuna; --out is the sweep's directory (a run per trial)."""
+
+    out: Path = arg(help="The sweep's directory: a run directory per trial (trial-NNN) and the default storage.")
 
     trials: int = arg(10, "Trials to finish (complete or pruned) in the study, over every process that shares it.")
     search: list[str] = arg(factory=list, help="A setting to search, repeatable: NAME=LOW:HIGH (uniform), "
@@ -312,7 +315,7 @@ class SweepArgs(FinetuneArgs):
 class ExportArgs(Args):
     """`mlmkit export`: a run directory -> an ONNX bundle."""
 
-    run: Path = arg(help="An mlmkit run, or any Hugging Face BERT checkpoint directory.", positional=True)
+    run: Path = arg(help="An mlmkit run, or a Hugging Face checkpoint directory of a supported family.", positional=True)
     out: Path = arg(help="Bundle directory to write, e.g. exports/NAME.")
     task: str | None = arg(None, "Export as this task (fill-mask or a registered task); default: the run's, "
                                  "or what the checkpoint's config.json says.")
@@ -354,6 +357,9 @@ class ServeArgs(Args):
     public_metrics: bool = arg(False, "Serve /metrics without an API key.")
     max_queue: int = arg(0, "Most inputs waiting per model; more: 429 with Retry-After (0: 4 x --max-batch-size).")
     request_timeout: float = arg(30.0, "Seconds a request may wait in the queue; then 503, and it leaves the queue.")
+    timeout_keep_alive: float = arg(5.0, "Seconds an idle keep-alive connection stays open between requests.")
+    header_timeout: float = arg(10.0, "Seconds a client has to send a request's line and headers; then the "
+                                      "connection is closed (slow or silent clients cannot hold connections).")
     ssl_keyfile: Path | None = arg(None, "TLS: the private key file (with --ssl-certfile: serve https).")
     ssl_certfile: Path | None = arg(None, "TLS: the certificate file (with --ssl-keyfile).")
 
@@ -370,6 +376,10 @@ class ServeArgs(Args):
             raise ConfigError(f"--port must be at most 65535, got {self.port}")
         if not 0 <= self.max_wait_ms <= 10_000 or not 0 <= self.drain_seconds <= 3600:
             raise ConfigError("--max-wait-ms must be 0 to 10000 and --drain-seconds 0 to 3600")
+        for name in ("timeout_keep_alive", "header_timeout"):
+            value = getattr(self, name)
+            if not (_finite(value) and 0 < value <= 3600):
+                raise ConfigError(f"{flag(ServeArgs, name)} must be between 0 and 3600 seconds, got {value}")
         if self.max_queue < 0:
             raise ConfigError(f"--max-queue must be 0 (the default size) or more, got {self.max_queue}")
         if not _finite(self.request_timeout) or not 0 < self.request_timeout <= 3600:

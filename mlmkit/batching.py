@@ -44,6 +44,29 @@ def shuffled_buckets(lengths: Sequence[int], batch_size: int, rng: random.Random
     return batches
 
 
+def shuffled_groups(groups: Sequence[Sequence[int]], lengths: Sequence[int], batch_size: int, rng: random.Random,
+                    window: int = 50) -> list[list[int]]:
+    """Training order for features that must stay with their example's: whole ``groups`` (feature
+    indices of one example) shuffled, sorted by their longest feature within windows, packed into
+    batches of at most ``batch_size`` features (a larger group alone), the batches shuffled."""
+    order = list(range(len(groups)))
+    rng.shuffle(order)
+    longest = [max(lengths[i] for i in g) for g in groups]
+    batches: list[list[int]] = []
+    span = window * max(1, batch_size // max(1, max(len(g) for g in groups)))
+    for s in range(0, len(order), span):
+        current: list[int] = []
+        for gi in sorted(order[s : s + span], key=lambda g: longest[g]):
+            if current and len(current) + len(groups[gi]) > batch_size:
+                batches.append(current)
+                current = []
+            current.extend(groups[gi])
+        if current:
+            batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
 def pad_features(
     features: Sequence[dict[str, Any]], pad_id: int, extra: Sequence[str] = (), label_pad: int = -100
 ) -> dict[str, np.ndarray]:

@@ -116,8 +116,10 @@ def _summary(meta: dict[str, Any], task: str, pretraining: bool, bundle: bool, m
         what = f"A {family} encoder pretrained with mlmkit (masked language modelling" + (
             " and next-sentence prediction)." if meta.get("nsp") else ").")
     else:
+        source = (meta.get("source") or {}).get("path")
         what = f"A {family} model for the {task} task" + (
-            f", fine-tuned with mlmkit from `{meta['base_model']}`." if meta.get("base_model") else ", run by mlmkit.")
+            f", fine-tuned with mlmkit from `{meta['base_model']}`." if meta.get("base_model")
+            else f", exported by mlmkit from `{source}`." if source else ".")
     if bundle:
         what += f" This is its ONNX bundle ({meta.get('precision', 'fp32')}), served by onnxruntime."
     labels = meta.get("labels")

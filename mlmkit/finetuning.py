@@ -17,13 +17,13 @@ import torch
 
 from . import evaluation
 from .args import FinetuneArgs
-from .batching import pad_features, shuffled_buckets
+from .batching import pad_features, shuffled_buckets, shuffled_groups
 from .checkpoint import is_model_dir, load_state_dict, load_weights, read_run_meta, save_run
 from .config import ModelConfig
 from .corpus import file_identity
 from .errors import ConfigError, MlmkitError, TaskError
 from .files import exclusive, write_jsonl
-from .registry import Example, Feature, Plugin, TaskContext, get_task
+from .registry import EXAMPLE, Example, Feature, Plugin, TaskContext, get_task
 from .tokenizer import load_tokenizer, special_ids
 from .tracking import Reporter, flat_params
 from .training import Trainer, resolve_device
@@ -39,11 +39,19 @@ class FeatureData:
             raise MlmkitError("the training data has no examples", "check the --train file")
         self.features, self.task, self.batch_size, self.pad_id, self.seed = features, task, batch_size, pad_id, seed
         self.lengths = [len(f["input_ids"]) for f in features]
+        self.groups: list[list[int]] | None = None
+        if task.group_features:  # an example's features stay together, in their order
+            by_example: dict[Any, list[int]] = {}
+            for i, f in enumerate(features):
+                by_example.setdefault(f[EXAMPLE], []).append(i)
+            self.groups = list(by_example.values())
         self._plans: dict[int, list[list[int]]] = {}
 
     def plan(self, epoch: int) -> list[list[int]]:
         if epoch not in self._plans:
-            self._plans = {epoch: shuffled_buckets(self.lengths, self.batch_size, random.Random(self.seed * 7919 + epoch))}
+            rng = random.Random(self.seed * 7919 + epoch)
+            self._plans = {epoch: shuffled_groups(self.groups, self.lengths, self.batch_size, rng) if self.groups is not None
+                           else shuffled_buckets(self.lengths, self.batch_size, rng)}
         return self._plans[epoch]
 
     def num_batches(self, epoch: int) -> int:
@@ -53,6 +61,9 @@ class FeatureData:
         plan = self.plan(epoch)
         feats = [self.features[i] for i in plan[index % len(plan)]]
         arrays = pad_features(feats, self.pad_id, extra=self.task.label_names)
+        if self.groups is not None:  # the example of each feature, numbered from 0 within the batch
+            number: dict[Any, int] = {}
+            arrays[EXAMPLE] = np.array([number.setdefault(f[EXAMPLE], len(number)) for f in feats], dtype=np.int64)
         return {k: torch.from_numpy(v) for k, v in arrays.items()}
 
 
@@ -94,7 +105,7 @@ class TaskEvaluator:
 def base_model_dir(model: str | Path) -> Path:
     d = Path(model)
     if not d.exists():
-        raise MlmkitError(f"model directory not found: {d}", "pass an mlmkit run directory or a Hugging Face BERT directory")
+        raise MlmkitError(f"model directory not found: {d}", "pass an mlmkit run directory or a Hugging Face checkpoint directory")
     if not is_model_dir(d):
         raise MlmkitError(
             f"{d} is not a model directory",
@@ -104,7 +115,7 @@ def base_model_dir(model: str | Path) -> Path:
 
 
 def finetune(args: FinetuneArgs, *, reporters: Sequence[Reporter] = ()) -> dict[str, Any]:
-    """Fine-tune ``args.task`` from a pretraining run or HF BERT directory; write a run directory.
+    """Fine-tune ``args.task`` from a pretraining run or Hugging Face checkpoint; write a run directory.
 
     The head starts fresh; with an evaluation file the best checkpoint by the task's main metric is
     kept in ``args.out``. Returns the final metrics. ``reporters``: more tracking reporters beside

@@ -154,4 +154,8 @@ def run(out: str | Path, *, steps: int = 1500, seed: int = 0, console: Console |
     console.print(ct)
     summary["onnx_classify"] = preds
     console.print(f"\nRuns and bundles are in {out}. Try: mlmkit classify {out / 'exports' / 'classifier'} \"I love it\"")
+    pictures = [p for p in (out / "pretrain" / "curves.png", out / "classifier" / "curves.png") if p.exists()]
+    if pictures:
+        console.print(f"Training curves: {', '.join(map(str, pictures))}; model cards: README.md in each run and bundle.")
+    summary["curves"] = [str(p) for p in pictures]
     return summary

@@ -31,6 +31,7 @@ import torch: the onnxruntime runtime calls them. Tasks import torch inside buil
 from __future__ import annotations
 
 import importlib.metadata as md
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -38,6 +39,13 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from .errors import ConfigError, DataFormatError, TaskError
+
+log = logging.getLogger("mlmkit")
+
+FLAG_OPTIONS = frozenset({"text_column", "pair_column", "label_column", "doc_stride", "max_answer_length", "label_all_tokens",
+                          "aggregation", "scheme", "top_k", "problem_type", "threshold", "pooling", "normalize"})
+"""Option names the CLI also takes as flags of their own (--text-column ...), for any task that declares
+them: the built-in tasks' flags of the first version. Every other option is --option NAME=VALUE."""
 
 GROUP = "mlmkit.tasks"
 EXAMPLE = "example"
@@ -78,7 +86,9 @@ class TaskOption:
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        """How the command line spells this option: its own flag for the options of FLAG_OPTIONS, else
+        ``--option NAME=VALUE`` (the one spelling every option has)."""
+        return "--" + self.name.replace("_", "-") if self.name in FLAG_OPTIONS else f"--option {self.name}=VALUE"
 
     def parse(self, value: Any) -> Any:
         """``value`` (a string from the command line, or a typed value) checked and converted."""
@@ -196,6 +206,11 @@ class TaskDefaults:
     partial_layers: int = 0
     """Trailing encoder layers that ``export_module`` computes for a few positions only (the fusion
     check does not expect their attention to fuse)."""
+    group_features: bool = False
+    """Keep the features of one example together in training batches (multiple choice, listwise
+    ranking: a loss over an example's features). A batch then holds whole examples (one example with
+    more features than --batch-size is a batch of its own), and the model's forward also gets
+    ``example``: int64 [batch], the example of each feature numbered 0, 1, ... within the batch."""
     pipeline_tag: str = "feature-extraction"
     """The Hugging Face Hub's pipeline tag of this task's models, for the model card (e.g.
     "text-classification", "token-classification", "question-answering", "sentence-similarity")."""
@@ -291,6 +306,7 @@ class Plugin:
     trainable: bool
     command: str | None
     partial_layers: int
+    group_features: bool
     pipeline_tag: str
 
     def _check(self) -> None:
@@ -300,7 +316,7 @@ class Plugin:
             problems.append("metrics must be a non-empty tuple of names")
         if not self.outputs or any(not axes or axes[0] != BATCH for axes in self.outputs.values()):
             problems.append(f"outputs must map each output name to its axes, the first being '{BATCH}'")
-        names = [o.name for o in self.options]
+        names = [getattr(o, "name", None) for o in self.options]
         if not all(isinstance(o, TaskOption) for o in self.options) or len(set(names)) != len(names):
             problems.append("options must be TaskOption objects with distinct names")
         if problems:
@@ -324,7 +340,8 @@ class Plugin:
                 continue
             if k not in declared:
                 known = ", ".join(o.flag for o in self.options) or "none"
-                raise ConfigError(f"--{k.replace('_', '-')} is not an option of task '{self.name}'", f"its options: {known}")
+                given_as = f"--{k.replace('_', '-')}" if k in FLAG_OPTIONS else f"--option {k}"
+                raise ConfigError(f"{given_as} is not an option of task '{self.name}'", f"its options: {known}")
             value = declared[k].parse(v)
             if model and declared[k].fixed and value != values[k]:
                 raise ConfigError(f"{declared[k].flag} is built into this model ({values[k]!r}); it cannot be {value!r} here",
@@ -347,42 +364,84 @@ class Plugin:
 
 # ---- discovery ---------------------------------------------------------------------------------
 _registry: dict[str, Plugin] | None = None
+_broken: dict[str, tuple[str, str]] = {}
+"""Plugins that failed to load, by entry-point name: (reason, distribution). They break only themselves."""
+OWN = "mlmkit"  # the distribution of the built-in tasks: a plugin of the same name does not replace one
+
+
+def _load(ep: Any, dist: str) -> Plugin:
+    """The plugin behind one entry point. Anything its import or construction raises, SystemExit and a
+    KeyboardInterrupt that no Ctrl-C caused included, is a TaskError naming the plugin."""
+    import signal
+    import threading
+
+    interrupted: list[bool] = []
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def on_sigint(signum: int, frame: Any) -> None:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        obj = ep.load()
+        plugin = Plugin(obj() if isinstance(obj, type) else obj, ep.value, dist)
+    except TaskError:
+        raise
+    except BaseException as e:  # noqa: BLE001 - a plugin's failure is its own, whatever it raises
+        if isinstance(e, KeyboardInterrupt) and interrupted:
+            raise  # a real Ctrl-C
+        what = f"{type(e).__name__}: {e}" if not isinstance(e, SystemExit) else f"it called sys.exit({e.code!r}) on import"
+        raise TaskError(f"task plugin '{ep.name}' ({ep.value}, from {dist}) failed to load: {what}",
+                        f"fix or uninstall {dist}") from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if plugin.name != ep.name:  # runs record the task's name and are loaded back by it
+        raise TaskError(f"task plugin '{ep.name}' ({ep.value}, from {dist}) calls itself '{plugin.name}'",
+                        "the entry-point name and the task's name must be the same")
+    return plugin
 
 
 def _discover() -> dict[str, Plugin]:
     found: dict[str, Plugin] = {}
+    _broken.clear()
     for ep in md.entry_points(group=GROUP):
         dist = getattr(getattr(ep, "dist", None), "name", None) or "?"
         try:
-            obj = ep.load()
-        except Exception as e:
-            raise TaskError(
-                f"task plugin '{ep.name}' ({ep.value}, from {dist}) failed to load: {type(e).__name__}: {e}",
-                f"fix or uninstall {dist}",
-            ) from e
-        plugin = Plugin(obj() if isinstance(obj, type) else obj, ep.value, dist)
-        if plugin.name != ep.name:  # runs record the task's name and are loaded back by it
-            raise TaskError(
-                f"task plugin '{ep.name}' ({ep.value}, from {dist}) calls itself '{plugin.name}'",
-                "the entry-point name and the task's name must be the same",
-            )
-        if ep.name in found:
-            other = found[ep.name]
-            raise TaskError(
-                f"task '{ep.name}' is registered twice: {other.entry_point} (from {other.distribution}) "
-                f"and {ep.value} (from {dist})",
-                "uninstall one of the two packages",
-            )
+            plugin = _load(ep, dist)
+        except TaskError as e:
+            if ep.name not in found:
+                _broken[ep.name] = (e.args[0], dist)
+            log.warning("%s (the other tasks work; `mlmkit tasks` lists it as broken)", e.args[0])
+            continue
+        if ep.name in found or ep.name in _broken:
+            other = found.get(ep.name)
+            if other is not None and OWN in (other.distribution, dist):  # a built-in keeps its name
+                keep, drop = (other, plugin) if other.distribution == OWN else (plugin, other)
+                log.warning("task '%s' from %s is ignored: the name is mlmkit's own task", ep.name, drop.distribution)
+                found[ep.name] = keep
+                continue
+            where = f"{other.entry_point} (from {other.distribution}) and " if other is not None else ""
+            _broken[ep.name] = (f"task '{ep.name}' is registered twice: {where}{ep.value} (from {dist})", dist)
+            found.pop(ep.name, None)
+            continue
         found[ep.name] = plugin
     return found
 
 
 def tasks() -> dict[str, Plugin]:
-    """All registered tasks by name (discovered once)."""
+    """All registered tasks that loaded, by name (discovered once)."""
     global _registry
     if _registry is None:
         _registry = _discover()
     return _registry
+
+
+def broken() -> dict[str, tuple[str, str]]:
+    """Plugins that failed to load: name -> (reason, distribution)."""
+    tasks()
+    return dict(_broken)
 
 
 def register(task: Any, distribution: str = "<runtime>") -> Plugin:
@@ -397,6 +456,9 @@ def register(task: Any, distribution: str = "<runtime>") -> Plugin:
 
 def get_task(name: str) -> Plugin:
     reg = tasks()
+    if name in _broken and name not in reg:
+        reason, dist = _broken[name]
+        raise TaskError(f"the {name} task is broken: {reason}", f"fix or uninstall {dist}")
     if name not in reg:
         known = ", ".join(sorted(reg)) or "none"
         raise TaskError(f"unknown task '{name}'; registered tasks: {known}", "see `mlmkit tasks`")
@@ -412,6 +474,7 @@ def reset() -> None:
     """Forget the discovered plugins (tests that install one)."""
     global _registry
     _registry = None
+    _broken.clear()
 
 
 def per_token(axes: Sequence[str]) -> bool:

@@ -279,6 +279,8 @@ class Metrics:
         self.dropped = Counter("mlmkit_dropped", "Queued requests left out of their call (the client hung up or timed "
                                                  "out): no inference done for them.", ["model"], registry=r)
         self.unauthorized = Counter("mlmkit_unauthorized", "Requests without a valid API key (401).", registry=r)
+        self.disconnected = Counter("mlmkit_client_disconnects", "Requests whose client hung up before its answer "
+                                                                 "(mid-body or while queued; status 499).", registry=r)
         self.recent_seconds_per_input: dict[str, float] = {}
 
 
@@ -331,6 +333,8 @@ def create_app(models: dict[str, Model], args: ServeArgs) -> Any:
 
     @app.exception_handler(HTTPError)
     async def http_error(request: Request, e: HTTPError) -> JSONResponse:
+        if e.status == 499:  # the client hung up: nobody reads the answer
+            metrics.disconnected.inc()
         return error(e.status, e.message, e.hint, request.state.rid, e.headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -529,18 +533,25 @@ async def _read_json(request: Request, args: ServeArgs) -> Any:
                         "send fewer inputs per request, or start the server with a larger --max-body-bytes")
     if declared.isdigit() and int(declared) > limit:
         raise too_big
+    from starlette.requests import ClientDisconnect
+
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_big
+            chunks.append(chunk)
+    except ClientDisconnect:  # not an error of the server's: counted, never logged with a traceback
+        raise HTTPError(499, "the client closed the connection while sending its request") from None
     try:
         return parse_json(b"".join(chunks).decode("utf-8"))
     except UnicodeDecodeError:
         raise HTTPError(400, "the request body is not UTF-8", "send UTF-8 JSON") from None
     except json.JSONDecodeError as e:
         raise HTTPError(400, f"malformed JSON: {e.msg} at line {e.lineno}, column {e.colno}", "send a JSON object") from None
+    except (ValueError, RecursionError) as e:  # an integer of thousands of digits, JSON nested too deep
+        raise HTTPError(400, f"unreadable JSON: {str(e).splitlines()[0][:200]}", "send ordinary JSON numbers and strings") from None
 
 
 def _inputs_and_options(data: Any, args: ServeArgs) -> tuple[list[Any], dict[str, Any]]:
@@ -582,11 +593,18 @@ def serve(args: ServeArgs) -> None:
         import uvicorn
     except ImportError:
         raise ConfigError("`mlmkit serve` needs FastAPI and uvicorn", "pip install 'mlmkit[serve]'") from None
-    models = load_models(args)
+    sock = listen(args.host, args.port)  # before the models load: a busy port is one line, at once
+    try:
+        models = load_models(args)
+    except BaseException:
+        sock.close()
+        raise
     app = create_app(models, args)
     tls = {"ssl_keyfile": str(args.ssl_keyfile), "ssl_certfile": str(args.ssl_certfile)} if args.ssl_keyfile else {}
     config = uvicorn.Config(app, host=args.host, port=args.port, access_log=args.access_log, log_level="info",
-                            timeout_graceful_shutdown=args.drain_seconds, log_config=None, **tls)
+                            timeout_graceful_shutdown=args.drain_seconds, log_config=None,
+                            timeout_keep_alive=args.timeout_keep_alive, h11_max_incomplete_event_size=HEADER_BYTES,
+                            http=header_timeout_protocol(args.header_timeout), **tls)
     server = _draining_server(config, app.state.mlmkit, args.drain_seconds)
     ours = logging.getLogger("mlmkit")
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):  # uvicorn's lines go where mlmkit's go
@@ -595,7 +613,80 @@ def serve(args: ServeArgs) -> None:
         logging.getLogger(name).propagate = False
     log.info("serving %s on %s://%s:%d (GET /docs for the API)", ", ".join(models), "https" if tls else "http",
              args.host, args.port)
-    server.run()
+    server.run(sockets=[sock])
+
+
+HEADER_BYTES = 64 * 1024
+"""Largest request head (request line and headers) a client may send."""
+
+
+def header_timeout_protocol(seconds: float) -> type:
+    """uvicorn's HTTP protocol (httptools when installed, else h11) closing a connection whose client
+    takes more than ``seconds`` to send a request's head: on a new connection, and when the next
+    request on a kept-alive one begins. uvicorn's own keep-alive timeout covers idle connections."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+
+    class HeadTimeout(base):  # type: ignore[misc, valid-type]
+        _timer: Any = None
+        _armed_for: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._timer is None and (self.cycle is None or self.cycle.response_complete):
+                self._arm()  # the next request's head begins
+            super().data_received(data)
+            if self._timer is not None and self.cycle is not None and self.cycle is not self._armed_for:
+                self._disarm()  # its head is complete: a request cycle has begun
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._armed_for = self.cycle
+            self._timer = self.loop.call_later(seconds, self._expire)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _expire(self) -> None:
+            self._timer = None
+            if self.cycle is self._armed_for and not self.transport.is_closing():
+                log.debug("closing a connection that sent no complete request head in %.0f s", seconds)
+                self.transport.close()
+
+    return HeadTimeout
+
+
+def listen(host: str, port: int) -> Any:
+    """A listening socket on ``host``:``port``, or one line saying why there is none (exit 2)."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ConfigError(f"--port {port}: {host}:{port} is already in use (another server?)",
+                              "choose another --port, or stop what listens there") from None
+        if e.errno in (errno.EACCES, errno.EPERM):
+            raise ConfigError(f"--port {port}: not permitted to listen on {host}:{port}", "use a port above 1023") from None
+        raise ConfigError(f"--host {host} --port {port}: cannot listen there ({e.strerror})", "check the address") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _draining_server(config: Any, state: dict[str, Any], drain: float) -> Any:

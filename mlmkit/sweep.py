@@ -124,8 +124,23 @@ def _optuna() -> Any:
     return optuna
 
 
-def _storage(optuna: Any, url: str) -> Any:
-    """An RDB storage with heartbeats: a trial whose process died is failed, then retried once."""
+def _storage(optuna: Any, url: str, attempts: int = 5) -> Any:
+    """An RDB storage with heartbeats: a trial whose process died is failed, then retried once.
+    Processes that start together on a new database race to create its tables (one gets "UNIQUE
+    constraint failed: alembic_version"): the loser tries again and finds them made."""
+    import time
+
+    for attempt in range(attempts):
+        try:
+            return _rdb(optuna, url)
+        except Exception:  # noqa: BLE001 - the last attempt's error is the caller's
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _rdb(optuna: Any, url: str) -> Any:
     import warnings
 
     with warnings.catch_warnings():

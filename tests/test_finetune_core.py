@@ -233,7 +233,7 @@ def bucket_data(n: int = 1000, batch_size: int = 8, seed: int = 0) -> tuple[Feat
     rng = random.Random(123)
     lengths = [rng.randint(3, 120) for _ in range(n)]
     feats = [{"input_ids": [i + 10] + [7] * (n_ - 1), "token_type_ids": [0] * n_, "labels": i} for i, n_ in enumerate(lengths)]
-    return FeatureData(feats, SimpleNamespace(label_names=("labels",)), batch_size, pad_id=0, seed=seed), lengths
+    return FeatureData(feats, SimpleNamespace(label_names=("labels",), group_features=False), batch_size, pad_id=0, seed=seed), lengths
 
 
 def test_feature_data_batches_are_bucketed_complete_and_reshuffled() -> None:

@@ -352,3 +352,61 @@ def test_tei_tokenize(server: Server, bundles) -> None:
     bare = httpx.post(server.url + "/tokenize", json={"inputs": text, "model": "emb", "add_special_tokens": False},
                       headers=auth(), timeout=30).json()
     assert [t["id"] for t in bare[0]] == enc.ids[1:-1]
+
+
+# ---- hostile clients: hang-ups, silence, a busy port, odd JSON -----------------------------------
+def metric(server: Server, name: str, **labels: str) -> float:
+    """One Prometheus sample of a server whose /metrics needs the key."""
+    import re
+
+    for line in httpx.get(server.url + "/metrics", headers=auth(), timeout=10).text.splitlines():
+        m = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
+        if m and m.group(1) == name and all(dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or "")).get(k) == v
+                                            for k, v in labels.items()):
+            return float(m.group(3))
+    return 0.0
+
+
+def test_a_client_hanging_up_mid_body_is_counted_not_an_error(server: Server) -> None:
+    before = metric(server, "mlmkit_client_disconnects_total")
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            s.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+                      + b"\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n{\"input\": [\"a")
+            time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while metric(server, "mlmkit_client_disconnects_total") < before + 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(server, "mlmkit_client_disconnects_total") == before + 3
+    assert metric(server, "mlmkit_requests_total", model="-", status="500") == 0
+    assert "Traceback" not in server.log.read_text()
+    assert httpx.post(server.url + "/embed", json={"inputs": ["still fine"]}, headers=auth(), timeout=30).status_code == 200
+
+
+def test_odd_json_values_are_4xx(server: Server) -> None:
+    for body in ('{"inputs": ["\\ud800 lone surrogate"]}', '{"inputs": ["a"], "options": {"top_k": ' + "9" * 5000 + "}}"):
+        r = httpx.post(server.url + "/v1/models/clf/predict", content=body, headers={**auth(), "Content-Type": "application/json"},
+                       timeout=30)
+        assert 400 <= r.status_code < 500, (r.status_code, r.text)
+    assert metric(server, "mlmkit_requests_total", model="clf", status="500") == 0
+
+
+def test_silent_and_slow_clients_are_cut_off_and_a_busy_port_is_one_line(bundles, tmp_path: Path) -> None:
+    s = Server(tmp_path, bundles["clf"], "--header-timeout", "1", "--timeout-keep-alive", "1")
+    try:
+        silent = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(30)]
+        slow = socket.create_connection(("127.0.0.1", s.port))
+        slow.sendall(b"POST /v1/models/clf/predict HTTP/1.1\r\nHost: x\r\n")  # a head never finished
+        time.sleep(2.5)
+        for c in [*silent, slow]:
+            c.settimeout(5)
+            assert c.recv(100) == b""  # closed by the server
+            c.close()
+        assert s.post("clf", {"inputs": ["a fine film"]}).status_code == 200
+        # the port is taken now: a second server says so in one line, exit 2, before claiming to serve
+        r = CliRunner().invoke(cli_app, ["serve", str(bundles["clf"]), "--port", str(s.port)])
+        assert r.exit_code == 2, r.output
+        assert "already in use" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert "serving" not in r.output
+    finally:
+        s.stop()

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from ..args import cli_fields
 from ..errors import ConfigError, MlmkitError
+from ..registry import FLAG_OPTIONS
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -120,6 +121,7 @@ OPTION_FLAGS: dict[str, tuple[Any, str]] = {
     "pooling": (str, "--pooling"),
     "normalize": (bool, "--normalize/--no-normalize"),
 }
+assert set(OPTION_FLAGS) == FLAG_OPTIONS, "registry.FLAG_OPTIONS names the options that have flags here"
 
 
 def with_task_options(*aliases: str) -> Callable[[F], F]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..args import FinetuneArgs, PretrainArgs, SweepArgs, TokenizeArgs, TokenizerArgs
@@ -86,11 +87,12 @@ def pretrain(args: PretrainArgs) -> None:
 @handle_errors
 def list_tasks(as_json: Json = False) -> None:
     """List the registered tasks: formats, metrics, options and the package providing each."""
-    from ..registry import tasks
+    from ..registry import broken, tasks
 
     rows = [p.describe() for _, p in sorted(tasks().items())]
+    bad = [{"name": n, "broken": reason, "package": dist} for n, (reason, dist) in sorted(broken().items())]
     if want_json(as_json):
-        for r in rows:
+        for r in rows + bad:
             print_json(r)
         return
     t = Table(title="registered tasks")
@@ -100,6 +102,8 @@ def list_tasks(as_json: Json = False) -> None:
         opts = "\n".join(f"{o['flag']} ({o['type']}, default {o['default']!r})" for o in r["options"])
         t.add_row(r["name"], r["description"], ", ".join(r["formats"]), ", ".join(r["metrics"]), opts or "-",
                   r["command"] or "predict", r["package"])
+    for r in bad:
+        t.add_row(r["name"], f"[red]broken[/red]: {escape(r['broken'])}", "-", "-", "-", "-", r["package"])
     out.print(t)
 
 
