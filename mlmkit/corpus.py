@@ -19,6 +19,8 @@ reads them again at once) — so nothing per epoch grows with the corpus.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import gzip
 import hashlib
 import json
@@ -27,6 +29,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import time
 import zlib
 from array import array
@@ -40,7 +43,7 @@ import torch
 from tokenizers import Tokenizer
 
 from .errors import DataFormatError, MlmkitError
-from .files import parse_json
+from .files import MAX_RECORD_BYTES, bounded_lines, exclusive, parse_json
 from .masking import mask_tokens
 from .records import matching_files
 from .tokenizer import SpecialIds, continuation_flags, special_ids
@@ -49,29 +52,64 @@ log = logging.getLogger("mlmkit")
 _SENT_END = re.compile(r"(?<=[.!?])\s+")
 
 
-def _open_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, text) for each line of a .txt/.txt.gz/.jsonl file; bad UTF-8 names the line, a
-    damaged .gz file the file and the line it broke at."""
+QUIET_LOG = 10.0  # seconds of blank lines (a .gz file of nothing but newlines) before the log says how far it is
+
+
+def _open_lines(path: Path, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[tuple[int, str]]:
+    """(line number, text) for each line of a .txt/.txt.gz/.jsonl file, read (and inflated) a line at
+    a time; bad UTF-8 names the line, a damaged .gz file the file and the line it broke at, and a
+    line of more than ``max_bytes`` (the record ceiling; a small .gz file that inflates to one
+    endless line) the line, as soon as the ceiling is passed: nothing is inflated whole. A long run
+    of blank lines is not silent: every QUIET_LOG seconds the log says how far it is."""
     raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-    n = 0
+    size = path.stat().st_size
+    n = blank = 0
+    shown = time.monotonic()
     try:
         with raw as f:
-            for n, b in enumerate(f, start=1):
-                try:
-                    yield n, b.decode("utf-8").rstrip("\r\n")
+            for n, b in enumerate(bounded_lines(f, max_bytes), start=1):
+                if b is None:
+                    raise DataFormatError(path, f"a line of more than {max_bytes:,} bytes (the record ceiling)", line=n,
+                                          hint="one sentence per line (a blank line between documents), or one document per JSON line")
+                end = len(b) - b.endswith(b"\n")
+                if end and b[end - 1] == 13:  # \r
+                    end -= 1
+                try:  # from a view: the line end is not copied off a long line
+                    line = str(memoryview(b)[:end], "utf-8")
                 except UnicodeDecodeError as e:
                     raise DataFormatError(
                         path, f"bytes that are not UTF-8 at column {e.start + 1}", line=n, hint="re-encode the file as UTF-8"
                     ) from None
+                del b
+                if line and not line.isspace():
+                    blank = 0
+                else:
+                    blank += 1
+                    if blank & 0xFFFF == 0 and time.monotonic() - shown >= QUIET_LOG:
+                        shown = time.monotonic()
+                        at = (f.fileobj if isinstance(f, gzip.GzipFile) else f).tell()  # type: ignore[union-attr]
+                        log.info("%s: line %s, the last %s of them blank (%.0f of %.0f MB read)", path, f"{n:,}",
+                                 f"{blank:,}", at / 1e6, size / 1e6)
+                yield n, line
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         what = "ends early: the file is truncated" if isinstance(e, EOFError) else f"is not valid gzip data ({e})"
         raise DataFormatError(path, f"the compressed stream {what}", line=n + 1 if n else None,
                               hint="re-create the .gz file, or give the uncompressed text") from None
 
 
-def iter_documents(path: str | Path, text_column: str = "text") -> Iterator[list[str]]:
+class DocumentPart(list):
+    """Sentences of a document that goes on in what iter_documents yields next (``parts``)."""
+
+
+DOCUMENT_PART = 1 << 16  # sentences: a longer .txt document is yielded in parts (with ``parts``)
+
+
+def iter_documents(path: str | Path, text_column: str = "text", parts: bool = False) -> Iterator[list[str]]:
     """Yield each document of a corpus file as its list of sentences. A .jsonl line or a .parquet row
-    is one document, its ``text_column`` split on newlines (or on sentence ends when it has none)."""
+    is one document, its ``text_column`` split on newlines (or on sentence ends when it has none).
+    ``parts``: a .txt document of more than DOCUMENT_PART sentences or PENDING_CHARS characters (a
+    file without blank lines is one document) comes in parts, each but the last a DocumentPart (the
+    last may be empty), so that memory never holds a whole long document."""
     p = Path(path)
     if not p.is_file():
         raise MlmkitError(f"corpus file not found: {p}", "check the path")
@@ -80,27 +118,33 @@ def iter_documents(path: str | Path, text_column: str = "text") -> Iterator[list
         return
     is_jsonl = p.name.endswith((".jsonl", ".jsonl.gz"))
     doc: list[str] = []
+    chars, continued = 0, False
     for n, line in _open_lines(p):
         if is_jsonl:
-            if not line.strip():
+            if not line or line.isspace():
                 continue
             try:
-                rec = parse_json(line)
-                text = rec[text_column]
-            except json.JSONDecodeError as e:
+                text = parse_json(line)[text_column]
+            except json.JSONDecodeError as e:  # a lone surrogate and a 5,000-digit integer too
                 raise DataFormatError(p, f"malformed JSON ({e.msg})", line=n, hint="one JSON object per line") from None
-            except (KeyError, TypeError):
+            except (KeyError, TypeError, IndexError):
                 raise DataFormatError(p, "missing", line=n, field=text_column,
                                       hint=f'each line needs {{"{text_column}": ...}} (or pass --text-column)') from None
-            parts = _text_sentences(text, p, n, text_column)
-            if parts:
-                yield parts
-        elif line.strip():
-            doc.append(line.strip())
-        elif doc:
+            del line  # a long document is held as its sentences only
+            sentences = _text_sentences(text, p, n, text_column)
+            del text
+            if sentences:
+                yield sentences
+        elif line and not line.isspace():
+            doc.append(line.strip())  # (the same string when there is nothing to strip)
+            chars += len(line)
+            if parts and (len(doc) >= DOCUMENT_PART or chars >= PENDING_CHARS):
+                yield DocumentPart(doc)
+                doc, chars, continued = [], 0, True
+        elif doc or continued:
             yield doc
-            doc = []
-    if doc:
+            doc, chars, continued = [], 0, False
+    if doc or continued:
         yield doc
 
 
@@ -214,7 +258,7 @@ def tokenize_corpus(
 
 
 def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int = 8192, *, with_tokenizer: bool = False,
-                text_column: str = "text", workers: int = 1) -> None:
+                text_column: str = "text", workers: int = 1, replace: bool = False) -> None:
     """Tokenize ``paths`` into the directory ``shard``: tokens.bin (every sentence's ids, concatenated:
     uint16 when the vocabulary fits, else uint32), sentences.bin (S+1 int64 offsets into the tokens),
     documents.bin (D+1 int64 offsets into the sentences) and manifest.json (format, counts, source
@@ -223,7 +267,9 @@ def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int =
     into place (another process that finished the same shard first wins, and this one's is dropped).
     ``with_tokenizer``: a copy of the tokenizer goes in too (a shard to train from elsewhere).
     ``workers``: processes, each tokenizing a run of the files (split by size) with its share of the
-    cores; their parts are joined in file order, so the shard is the same as with one."""
+    cores; their parts are joined in file order, so the shard is the same as with one.
+    ``replace``: the finished shard replaces one at ``shard`` (replace_shard), instead of yielding
+    to it."""
     dtype = np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32
     shard.parent.mkdir(parents=True, exist_ok=True)
     tmp = shard.parent / f".{shard.name}.{os.getpid()}.tmp"
@@ -249,6 +295,9 @@ def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int =
             (tmp / "tokenizer.json").write_text(tok.to_str(), encoding="utf-8")
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         progress.done()
+        if replace:
+            replace_shard(tmp, shard)
+            return
         try:
             tmp.rename(shard)
         except OSError:
@@ -257,6 +306,83 @@ def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int =
                 tmp.rename(shard)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---- replacing a shard: the old one stays until the new one is in place ----------------------------
+def _aside(d: Path) -> Path:
+    """Where replace_shard keeps the old shard while the new one moves in (where it cannot swap)."""
+    return d.with_name(f".{d.name}.old")
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one step (Linux renameat2 with RENAME_EXCHANGE); False where the system
+    or the file system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not glibc 2.28+
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EPERM):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def replace_shard(new: Path, d: Path) -> None:
+    """Put the finished shard directory ``new`` at ``d``, replacing what is there, so that a process
+    killed at any instant leaves a whole shard at ``d`` or one restore_shard puts back: the two are
+    swapped in one step where the system can (the old one then removed from ``new``'s place); else
+    the old one is moved aside (``.NAME.old``), the new one moved in, and the old one removed."""
+    if not d.exists() or (d.is_dir() and not any(d.iterdir())):
+        os.replace(new, d)  # a new path, or an empty directory: one rename
+        return
+    if _exchange(new, d):
+        shutil.rmtree(new, ignore_errors=True)  # the old shard, in the new one's place
+        return
+    old = _aside(d)
+    shutil.rmtree(old, ignore_errors=True)
+    os.rename(d, old)
+    os.rename(new, d)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def restore_shard(d: Path) -> None:
+    """After a process killed while replacing the shard at ``d`` (replace_shard): the old shard put
+    back when no shard is at ``d``, removed when the new one is in place; nothing to do otherwise."""
+    old = _aside(d)
+    if not (old / "manifest.json").is_file():
+        return
+    if (d / "manifest.json").is_file():
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    if d.is_dir() and not any(d.iterdir()):
+        d.rmdir()
+    if not d.exists():
+        os.rename(old, d)
+        log.warning("%s: put back the token shard that a `mlmkit tokenize` killed while replacing it had moved aside", d)
+
+
+def _remove_stale(d: Path) -> None:
+    """Temporary shards beside ``d`` (``.NAME.PID.tmp``) of processes that no longer run."""
+    for t in d.parent.glob(f".{d.name}.*.tmp"):
+        pid = t.name[len(d.name) + 2 : -len(".tmp")]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(t, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _tokenize_into(d: Path, paths: Sequence[Path], tok: Tokenizer, dtype: Any, batch: int, text_column: str,
@@ -268,7 +394,8 @@ def _tokenize_into(d: Path, paths: Sequence[Path], tok: Tokenizer, dtype: Any, b
         np.zeros(1, np.int64).tofile(sents)
         np.zeros(1, np.int64).tofile(docs)
         pending: list[str] = []
-        doc_sizes: list[int] = []
+        doc_ends: list[int] = []  # the sentence index each document in ``pending`` ends at (one may go on)
+        chars = 0
 
         def flush() -> None:
             if progress is not None:
@@ -277,28 +404,44 @@ def _tokenize_into(d: Path, paths: Sequence[Path], tok: Tokenizer, dtype: Any, b
             encoded = iter(tok.encode_batch(short, add_special_tokens=False))
             flat: list[int] = []
             lengths: list[int] = []
-            for s in pending:  # a very long line is encoded in pieces, never whole (bounded memory)
-                ids = next(encoded).ids if len(s) <= LONG_LINE else [i for piece in _pieces(s) for i in
-                                                                     tok.encode(piece, add_special_tokens=False).ids]
-                flat.extend(ids)
-                lengths.append(len(ids))
+            n_tokens = 0
+            for s in pending:
+                if len(s) <= LONG_LINE:
+                    ids = next(encoded).ids
+                    flat.extend(ids)
+                    lengths.append(len(ids))
+                    continue
+                np.asarray(flat, dtype=dtype).tofile(out)  # a very long line: encoded and written a piece at a time
+                n_tokens += len(flat)
+                flat.clear()
+                n = 0
+                for piece in _pieces(s):
+                    ids = tok.encode(piece, add_special_tokens=False).ids
+                    np.asarray(ids, dtype=dtype).tofile(out)
+                    n += len(ids)
+                lengths.append(n)
+                n_tokens += n
             np.asarray(flat, dtype=dtype).tofile(out)
+            n_tokens += len(flat)
             (count["tokens"] + np.cumsum(lengths, dtype=np.int64)).tofile(sents)
-            (count["sentences"] + np.cumsum(doc_sizes, dtype=np.int64)).tofile(docs)
-            count["tokens"] += len(flat)
+            np.asarray(doc_ends, dtype=np.int64).tofile(docs)
+            count["tokens"] += n_tokens
             count["sentences"] += len(pending)
-            count["documents"] += len(doc_sizes)
+            count["documents"] += len(doc_ends)
             if progress is not None:
-                progress.tokens += len(flat)
+                progress.tokens += n_tokens
             pending.clear()
-            doc_sizes.clear()
+            doc_ends.clear()
 
         for p in paths:
-            for doc in iter_documents(p, text_column):
-                doc_sizes.append(len(doc))
+            for doc in iter_documents(p, text_column, True):  # a long document in parts
                 pending.extend(doc)
-                if len(pending) >= batch:
+                if not isinstance(doc, DocumentPart):
+                    doc_ends.append(count["sentences"] + len(pending))
+                chars += sum(map(len, doc))
+                if len(pending) >= batch or chars >= PENDING_CHARS:  # long lines: fewer of them at once
                     flush()
+                    chars = 0
         flush()
     return count
 
@@ -399,22 +542,22 @@ class _Progress:
 def tokenize_to(paths: Sequence[str | Path], tok: Tokenizer, out: str | Path, text_column: str = "text",
                 workers: int = 1) -> TokenizedCorpus:
     """`mlmkit tokenize`: the corpus as a token shard in directory ``out``, with its tokenizer, for
-    `mlmkit pretrain --data` here or on other machines. A previous shard there is replaced; any other
-    non-empty directory is refused."""
+    `mlmkit pretrain --data` here or on other machines. A previous shard there is replaced once the
+    new one is complete (replace_shard: killed at any instant, a whole shard is at ``out``, or is put
+    back there by the next tokenize or load); any other non-empty directory is refused. Two
+    tokenizations to the same ``out`` at once: the second is refused, naming the first."""
     ps, d = corpus_files(paths), Path(out)
-    if d.exists() and (not d.is_dir() or (any(d.iterdir()) and not (d / "manifest.json").is_file())):
-        raise MlmkitError(f"{d} exists and is not a token shard", "give a new or empty directory with --out")
-    if d.exists():
-        stale = d.with_name(f".{d.name}.{os.getpid()}.old")
-        d.rename(stale)  # moved aside, removed once the new shard is in place
-        try:
-            write_shard(d, ps, tok, with_tokenizer=True, text_column=text_column, workers=workers)
-        except BaseException:
-            stale.rename(d)
-            raise
-        shutil.rmtree(stale, ignore_errors=True)
-    else:
-        write_shard(d, ps, tok, with_tokenizer=True, text_column=text_column, workers=workers)
+    lock = d.absolute().with_name(f".{d.absolute().name}.lock")
+    with exclusive(lock):
+        restore_shard(d)
+        _remove_stale(d)
+        if d.exists() and (not d.is_dir() or (any(d.iterdir()) and not (d / "manifest.json").is_file())):
+            raise MlmkitError(f"{d} exists and is not a token shard", "give a new or empty directory with --out")
+        write_shard(d, ps, tok, with_tokenizer=True, text_column=text_column, workers=workers, replace=True)
+    try:
+        lock.rmdir()  # (one a killed tokenize left, taken over)
+    except OSError:
+        pass
     return open_shard(d, tok)
 
 
@@ -438,6 +581,8 @@ def read_shard(shard: Path, *, repair: bool = True) -> TokenizedCorpus | None:
     """The token shard in directory ``shard``, memory-mapped; None when there is none, or when it is
     damaged: then, with ``repair`` (a cache entry), it is removed, to be rebuilt (a damaged cache is
     never trusted); without, an error says what is wrong."""
+    if not (shard / "manifest.json").is_file() and not repair:
+        restore_shard(shard)  # a tokenize killed while replacing it: the old shard, back in place
     if not (shard / "manifest.json").is_file():
         if not repair:
             raise MlmkitError(f"{shard} is not a token shard (no manifest.json)",
@@ -466,6 +611,7 @@ def read_shard(shard: Path, *, repair: bool = True) -> TokenizedCorpus | None:
 
 
 LONG_LINE = 100_000  # characters: a longer line is tokenized in pieces
+PENDING_CHARS = 1 << 22  # characters of sentences tokenized together (with the batch's count): 4M, ~100 MB of encodings
 
 
 def _pieces(text: str, size: int = LONG_LINE) -> Iterator[str]:

@@ -9,11 +9,17 @@ place, so an exported bundle is as readable as any other file the user writes.
 
 from __future__ import annotations
 
+import base64
+import datetime
+import decimal
 import errno
 import json
 import logging
 import os
+import re
 import socket
+import stat
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -34,10 +40,48 @@ def _umask() -> int:
     return mask
 
 
+def is_stream(path: str | Path) -> bool:
+    """Whether ``path`` is written as a stream, never replaced by a file: "-" (stdout), a FIFO, a
+    character device (/dev/null, a terminal), a socket, or a descriptor of this process
+    (/dev/stdout, /dev/fd/N, /proc/self/fd/N, whatever it is open on). A symlink is what it points to."""
+    if str(path) == "-":
+        return True
+    given = os.path.abspath(path)
+    if given.startswith(("/proc/", "/dev/fd/")) or given in ("/dev/stdin", "/dev/stdout", "/dev/stderr"):
+        return True
+    try:
+        mode = os.stat(path).st_mode  # follows links
+    except OSError:
+        return False  # a new path (or a dangling link: a new file where it points)
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+@contextmanager
+def open_stream(path: str | Path) -> Iterator[IO[str]]:
+    """A UTF-8 text stream written through to ``path`` (see is_stream): stdout for "-", appended to
+    otherwise (a descriptor of a file the shell opened for appending keeps what it had)."""
+    if str(path) == "-":
+        yield sys.stdout
+        sys.stdout.flush()
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        yield f
+
+
+def _target(path: Path) -> Path:
+    """What a write to ``path`` replaces: a symlink's target (the link stays a link), else ``path``."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 @contextmanager
 def _replacing(path: Path) -> Iterator[str]:
     """A temporary path beside ``path`` that replaces it when the block completes (never on an error).
-    An OS error (a full disk, no permission) names ``path``, never the temporary file."""
+    An OS error (a full disk, no permission) names ``path``, never the temporary file. A symlink's
+    target is replaced, not the link; a FIFO or a device is never replaced by a file (refused)."""
+    if is_stream(path):
+        raise ConfigError(f"{path} is not a regular file (a FIFO, a device or a descriptor)",
+                          "write JSON lines to it, or give a file name")
+    path = _target(path)
     if path.is_dir():
         raise ConfigError(f"{path} is a directory", "give a file name to write to")
     try:
@@ -67,7 +111,12 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
 @contextmanager
 def atomic_open(path: str | Path) -> Iterator[IO[str]]:
     """A UTF-8 text stream that replaces ``path`` when the block completes: output can be written as it
-    is produced, yet an error midway leaves the previous file as it was."""
+    is produced, yet an error midway leaves the previous file as it was. A stream (is_stream: "-",
+    a FIFO, /dev/stderr) is written through instead: it has no previous file to keep."""
+    if is_stream(path):
+        with open_stream(path) as f:
+            yield f
+        return
     with _replacing(Path(path)) as tmp, open(tmp, "w", encoding="utf-8") as f:
         yield f
 
@@ -81,13 +130,69 @@ def write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+class JSONDataError(json.JSONDecodeError):
+    """JSON that parses but holds what is no data: a lone surrogate, an integer of thousands of
+    digits. A json.JSONDecodeError (a ValueError), so that what handles malformed JSON handles it."""
+
+
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_DIGITS = re.compile(r"value has (\d+) digits")
+
+
 def parse_json(text: str) -> Any:
-    """json.loads, where a document nested too deeply for Python's parser ("[[[[...") is malformed JSON
-    like any other (json.JSONDecodeError), not a RecursionError."""
+    """json.loads, where what is no data is malformed JSON like any other (json.JSONDecodeError, a
+    ValueError, with the position): a document nested too deeply for Python's parser ("[[[[..."),
+    and, as JSONDataError, a lone surrogate ("\\ud800": no character, so no UTF-8 can hold it; a
+    pair such as "\\ud83d\\ude00" is one character and fine) and an integer longer than Python
+    converts (sys.get_int_max_str_digits(), 4300 digits by default)."""
     try:
-        return json.loads(text)
+        value = json.loads(text) if sys.get_int_max_str_digits() else json.loads(text, parse_int=_bounded_int)
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", text[:100], 0) from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:  # int("1" * 5000): Python's own limit, hit inside the scanner
+        digits = _DIGITS.search(str(e))
+        n = int(digits.group(1)) if digits else None
+        at = re.search(rf"\d{{{n or 4301},}}", text)
+        raise JSONDataError(f"integer of {n or 'too many'} digits", text, at.start() if at else 0) from None
+    if not text.isascii() and (raw := _SURROGATE.search(text)) is not None:  # from errors="surrogateescape"
+        raise JSONDataError(f"lone surrogate \\u{ord(raw.group()):04x} in a string", text, raw.start())
+    if "\\u" in text:
+        lone = _lone_surrogate(text)
+        if lone is not None:
+            raise JSONDataError(f"lone surrogate {text[lone:lone + 6].lower()} in a string", text, lone)
+    return value
+
+
+def _bounded_int(digits: str) -> int:
+    """int() for a JSON parser when Python's own limit on digits is off: the default limit anyway."""
+    if len(digits) > 4300 + digits.startswith("-"):
+        raise ValueError(f"value has {len(digits) - digits.startswith('-')} digits")
+    return int(digits)
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """The position of the first \\uD800-\\uDFFF escape in a JSON text that is not half of a pair
+    (a high one followed at once by a low one), or None."""
+    skip_to = -1
+    for m in _ESCAPED_SURROGATE.finditer(text):
+        start = m.start()
+        if start < skip_to:
+            continue
+        k = start
+        while k and text[k - 1] == "\\":
+            k -= 1
+        if (start - k) % 2:  # "\\\\ud800": an escaped backslash, then the letters "ud800"
+            continue
+        if m.group()[3].lower() in "89ab":  # a high one: a low one must follow
+            low = _ESCAPED_SURROGATE.match(text, m.end())
+            if low is not None and low.group()[3].lower() in "cdef":
+                skip_to = low.end()
+                continue
+        return start
+    return None
 
 
 def read_json(path: str | Path) -> dict[str, Any]:
@@ -105,8 +210,24 @@ def read_json(path: str | Path) -> dict[str, Any]:
 
 
 def json_line(record: dict[str, Any]) -> str:
-    """One JSON-lines row: UTF-8 kept as is (no \\u escapes), newline-terminated."""
-    return json.dumps(record, ensure_ascii=False) + "\n"
+    """One JSON-lines row: UTF-8 kept as is (no \\u escapes), newline-terminated. Values JSON has no
+    type for (an id column read from Parquet) in the form json_value gives them."""
+    return json.dumps(record, ensure_ascii=False, default=json_value) + "\n"
+
+
+def json_value(v: Any) -> Any:
+    """A JSON form of what Parquet holds and JSON has no type for: timestamps, dates and times as ISO
+    8601 text (2024-05-01T12:00:00+00:00), durations as ISO 8601 seconds (PT90.5S), decimals as their
+    exact text ("12.50"), binary as base64 text (RFC 4648, with padding); anything else as str()."""
+    if isinstance(v, (datetime.datetime, datetime.date, datetime.time)):
+        return v.isoformat()
+    if isinstance(v, datetime.timedelta):
+        return f"PT{v.total_seconds():g}S"
+    if isinstance(v, decimal.Decimal):
+        return str(v)
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(v)).decode("ascii")
+    return str(v)
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
@@ -114,6 +235,35 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
     with atomic_open(path) as f:
         for r in rows:
             f.write(json_line(r))
+
+
+# ---- reading ---------------------------------------------------------------------------------------
+MAX_RECORD_BYTES = 64 << 20
+"""The default record ceiling: a longer line (a record, a field) is a bad record, never read whole.
+64 MB is far above any text a model reads (a 512-token input is a few KB; clip_text keeps that much)
+and leaves room for a whole book per JSON line, yet a reader holds at most a few times this much."""
+
+
+def bounded_lines(f: IO[bytes], max_bytes: int | None) -> Iterator[bytes | None]:
+    """The lines of a binary stream (a file, a gzip stream), each with its line end, read a line at
+    a time; a line of more than ``max_bytes`` (None: no ceiling) comes as None instead, and is read
+    past in 1 MB chunks when the next line is asked for (never held whole)."""
+    if max_bytes is None:
+        yield from f
+        return
+    while True:
+        line = f.readline(max_bytes + 1)
+        if not line:
+            return
+        if len(line) > max_bytes and not line.endswith(b"\n"):
+            line = b""
+            yield None
+            while True:
+                rest = f.readline(1 << 20)
+                if not rest or rest.endswith(b"\n"):
+                    break
+            continue
+        yield line
 
 
 # ---- ownership of a directory ----------------------------------------------------------------------
@@ -138,6 +288,9 @@ def exclusive(directory: str | Path) -> Iterator[None]:
     while True:
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+        except FileNotFoundError:  # the last holder removed the emptied directory this instant
+            d.mkdir(parents=True, exist_ok=True)
+            continue
         except FileExistsError:
             holder = _holder(lock)
             if holder is None and _age(lock) < 5.0:  # its owner is writing it this instant
@@ -160,8 +313,11 @@ def exclusive(directory: str | Path) -> Iterator[None]:
     finally:
         if _holder(lock) == me:
             lock.unlink(missing_ok=True)
-        if created and not any(d.iterdir()):  # a run that failed before writing anything leaves no trace
-            d.rmdir()
+        if created and d.is_dir() and not any(d.iterdir()):  # a run that failed before writing anything leaves no trace
+            try:
+                d.rmdir()
+            except OSError:  # another process took it over this instant
+                pass
 
 
 def _age(path: Path) -> float:

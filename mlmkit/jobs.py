@@ -10,6 +10,17 @@ window count, the records read, and what the job is: its inputs' paths, sizes an
 bundle, the options). A killed job leaves finished windows and a progress record that names
 them; ``--resume`` reads past the records already done and goes on, and the output appears, by
 a rename, only when every window is there: a complete output file always means a complete job.
+A job owns its output: it holds the job directory's lock (files.exclusive) from before it reads
+anything there until the output is in place, so a second job writing the same output is refused,
+naming the first. An output that is no regular file ("-" for stdout, a FIFO, /dev/stdout: see
+files.is_stream) is written through, window by window, as JSON lines: no job directory, no resume.
+A symlink's target is the output (the link stays).
+
+An --id-column is carried with its type: into Parquet output as the input's Arrow type (Parquet
+inputs) or the type its values share (JSON lines), checked window by window, so that an id of
+another type is caught at the first window that has one (a bad record, naming its file and row),
+never at the final join; into JSON lines as files.json_value writes what JSON has no type for
+(timestamps and dates ISO 8601, decimals as text, binary base64).
 
 No torch here.
 """
@@ -23,7 +34,8 @@ import shutil
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass, field
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -32,8 +44,18 @@ import numpy as np
 
 from .errors import ConfigError, MlmkitError
 from .evaluation import truncations_counted
-from .files import atomic_open, atomic_write, json_line, read_json, write_json
-from .records import Item, identity, result_writer, write_table_text
+from .files import (
+    LOCK,
+    atomic_open,
+    atomic_write,
+    exclusive,
+    is_stream,
+    json_line,
+    open_stream,
+    read_json,
+    write_json,
+)
+from .records import Item, carried_array, identity, result_writer, write_table_text
 from .taskkit import Record
 
 log = logging.getLogger("mlmkit")
@@ -114,10 +136,14 @@ class Job:
     """The job directory of an output file: part files of finished windows, and progress.json."""
 
     def __init__(self, output: Path, what: dict[str, Any], *, resume: bool, errors: Path | None) -> None:
+        """Call with the job directory's lock held (batch does): this reads, and may discard, what is there."""
         self.output, self.what, self.errors = Path(output), json.loads(json.dumps(what, default=str)), errors
-        self.dir = self.output.parent / f".{self.output.name}.job"
+        self.dir = job_dir(self.output)
         self.suffix = self.output.suffix.lower() if self.output.suffix.lower() in (".npy", ".parquet") else ".jsonl"
         self.done = self.read = self.written = self.failed = 0
+        self.id_column: str | None = self.what.get("id_column")
+        self.schema: Any = None  # Parquet: the parts' schemas unified, and the id column's type in it
+        self.id_type: Any = None
         progress = self.dir / "progress.json"
         if progress.exists() and not resume and read_json(progress).get("windows") == 0:
             self.discard()  # a job that finished nothing has nothing to keep
@@ -132,6 +158,8 @@ class Job:
                                   "resume with the same bundle, inputs and options, or delete that directory to start over")
             self.done, self.read, self.written, self.failed = p["windows"], p["records"], p["results"], p["errors"]
             log.info("resuming %s after %d records (%d windows)", self.output, self.read, self.done)
+            if self.suffix == ".parquet":
+                self._known_schema()
         elif resume:
             raise ConfigError(f"--resume: no unfinished job for {self.output}", "drop --resume")
         else:
@@ -143,28 +171,115 @@ class Job:
                                                 "results": self.written, "errors": self.failed})
 
     def discard(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        """Everything in the job directory but its lock (the directory goes when the lock is let go)."""
+        for f in self.dir.iterdir() if self.dir.is_dir() else ():
+            if f.is_dir():
+                shutil.rmtree(f, ignore_errors=True)
+            elif f.name != LOCK:
+                f.unlink(missing_ok=True)
+
+    def _known_schema(self) -> None:
+        """A resumed Parquet job: the schema its finished parts have, and the id column's type in it."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schemas = [pq.read_schema(self._part(k)) for k in range(self.done)]
+        if schemas:
+            self.schema = pa.unify_schemas(schemas, promote_options="permissive")
+            if self.id_column in self.schema.names:
+                self.id_type = self.schema.field(self.id_column).type
 
     def _part(self, k: int, kind: str = "") -> Path:
         return self.dir / f"part-{k:06d}{kind}{self.suffix if not kind else '.jsonl'}"
 
-    def add(self, w: Window, done: Done) -> None:
-        """A finished window: its part files, then the progress record that counts them (last)."""
-        with result_writer(self._part(w.index)) as write:
+    def add(self, w: Window, done: Done) -> Done:
+        """A finished window: its part files, then the progress record that counts them (last). A
+        Parquet part is checked against those before it (see typed_ids); returns what was written."""
+        types = None
+        if self.suffix == ".parquet" and self.id_column is not None:
+            done = self.typed_ids(w, done)
+            types = {self.id_column: self.id_type}
+        with result_writer(self._part(w.index), types) as write:
             write(done.results)
+        if self.suffix == ".parquet":
+            self._check_schema(w)
         if done.errors:
             with atomic_open(self._part(w.index, ".errors")) as f:
                 f.writelines(map(json_line, done.errors))
         self.done, self.read = w.index + 1, self.read + len(w.items)
         self.written, self.failed = self.written + len(done.results), self.failed + len(done.errors)
         self._save()
+        return done
+
+    def typed_ids(self, w: Window, done: Done) -> Done:
+        """The window's ids as one Arrow type with the ids before it: the input's type (Parquet) or
+        the one their values share (JSON), widened as Parquet widens (int64 to double, a wider
+        decimal). An id that has none in common with those before is a bad record: with --on-error
+        skip an error entry, else a DataFormatError naming its file and row."""
+        import pyarrow as pa
+
+        col, skip = str(self.id_column), self.what.get("on_error") == "skip"
+        records = [w.records[i] for i in done.kept]
+        sources = [r.schema.field(col).type if r.schema is not None and col in r.schema.names else None for r in records]
+        one = sources[0] if sources else None
+        if len(set(sources)) <= 1 and self._id_type_of(pa, [r[col] for r in done.results], one) is not None:
+            return done  # the whole window at once: the usual case
+        keep: list[int] = []
+        errors = list(done.errors)
+        for j, (res, rec, source) in enumerate(zip(done.results, records, sources)):
+            got = self._id_type_of(pa, [res[col]], source)
+            if got is not None:
+                keep.append(j)
+                continue
+            v = res[col]
+            err = rec.error(f"an id of type {type(v).__name__} ({str(v)[:40]!r}) where the ids before it are {self.id_type}: "
+                            "a Parquet column holds one type", col,
+                            f"give the ids one type, or write .jsonl; to start over delete {self.dir}")
+            if not skip:
+                raise err
+            errors.append({"source": rec.source, "line": rec.line, "error": str(err)})
+        if len(keep) == len(done.results):
+            return done
+        return replace(done, results=[done.results[j] for j in keep], kept=[done.kept[j] for j in keep], errors=errors)
+
+    def _id_type_of(self, pa: Any, values: list[Any], source: Any) -> Any:
+        """The id type once ``values`` (of Arrow type ``source``, None: from JSON) are among the ids,
+        or None when they cannot be."""
+        try:
+            t = carried_array(values, source).type
+            if self.id_type is not None and t != self.id_type:
+                t = pa.unify_schemas([pa.schema([("id", self.id_type)]), pa.schema([("id", t)])],
+                                     promote_options="permissive").field("id").type
+        except (pa.ArrowException, OverflowError, TypeError, ValueError):
+            return None
+        if not pa.types.is_null(t):
+            self.id_type = t
+        return t
+
+    def _check_schema(self, w: Window) -> None:
+        """A Parquet part whose columns cannot join those of the parts before: an error now, at the
+        window that differs, not at the final join (which --resume would repeat forever)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        part = self._part(w.index)
+        schema = pq.read_schema(part)
+        try:
+            self.schema = schema if self.schema is None else pa.unify_schemas([self.schema, schema],
+                                                                               promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            part.unlink(missing_ok=True)
+            first = w.records[0] if w.records else None
+            where = f"{first.source}, {first.unit} {first.line} on" if first is not None else f"records {w.first} on"
+            raise ConfigError(f"{where}: results of other types than those before ({str(e).splitlines()[0]})",
+                              f"write .jsonl instead; to start over delete {self.dir}") from None
 
     def finish(self) -> None:
         """Every window is there: the output (and the errors file) put together and renamed into place."""
         parts = [self._part(k) for k in range(self.done)]
         _concatenate(parts, self.output, self.suffix)
         if self.errors is not None and self.failed:
-            with atomic_open(self.errors) as f:
+            with atomic_open(self.errors) as f:  # written through when it is a stream (/dev/stderr)
                 for k in range(self.done):
                     e = self._part(k, ".errors")
                     if e.exists():
@@ -272,30 +387,74 @@ def batch(
     input order. With ``output`` the job is resumable (see the module docstring) and the output is
     written, complete, at the end; ``inputs`` are the files the items come from (None: stdin or
     arguments, which a job cannot resume from)."""
-    job = None
-    if output is not None:
-        if resume and inputs is None:
-            raise ConfigError("--resume needs inputs read from files", "a job that reads stdin or arguments starts over")
-        what = {"bundle": pipe.identity(), "inputs": identity(inputs) if inputs is not None else None, "options": options,
-                "window": window, "on_error": "skip" if skip else "stop", "id_column": id_column}
-        job = Job(output, what, resume=resume, errors=errors)
-    ws = windows(items, window, skip=job.done if job else 0)
+    with ExitStack() as stack:
+        job, stream = None, None
+        if output is not None and is_stream(output):
+            stream = stack.enter_context(_stream(Path(output), resume))
+        elif output is not None:
+            if resume and inputs is None:
+                raise ConfigError("--resume needs inputs read from files", "a job that reads stdin or arguments starts over")
+            output = owned_output(Path(output))
+            stack.callback(_remove_empty, job_dir(output))  # last: once the lock is let go
+            try:
+                stack.enter_context(exclusive(job_dir(output)))
+            except ConfigError as e:
+                raise ConfigError(f"--output {output} is being written by another job: {e.message}", e.hint) from None
+            what = {"bundle": pipe.identity(), "inputs": identity(inputs) if inputs is not None else None,
+                    "options": options, "window": window, "on_error": "skip" if skip else "stop", "id_column": id_column}
+            job = Job(output, what, resume=resume, errors=errors)
+        ws = windows(items, window, skip=job.done if job else 0)
+        try:
+            for w, done in run_windows(ws, pipe, workers=workers, threads=split_threads(threads, workers),
+                                       options=options, skip=skip, id_column=id_column):
+                if job is not None:
+                    done = job.add(w, done)
+                elif stream is not None:
+                    stream.write("".join(map(json_line, done.results)))
+                    stream.flush()
+                yield w, done
+        except BaseException as e:
+            if job is not None and job.done == 0:
+                job.discard()  # a failed job that finished no window leaves nothing behind
+            elif job is not None and isinstance(e, MlmkitError):
+                e.hint = (f"{e.hint}; " if e.hint else "") + (
+                    f"the {job.read} records before window {job.done + 1} are done: --resume continues after them "
+                    "if the inputs stay as they are (--on-error skip steps over bad records)")
+            raise
+        if job is not None:
+            job.finish()
+
+
+def job_dir(output: Path) -> Path:
+    """The job directory of an output file: ``.OUTPUT.job`` beside it."""
+    return output.parent / f".{output.name}.job"
+
+
+def owned_output(output: Path) -> Path:
+    """The file a job with --output ``output`` writes: a symlink's target (the link stays a link),
+    else ``output``; a directory is refused before any work (not at the final rename)."""
+    target = Path(os.path.realpath(output)) if output.is_symlink() else output
+    if target.is_dir():
+        raise ConfigError(f"--output {output} is a directory", "give a file name: .jsonl, .parquet, .csv, .tsv or .npy")
+    return target
+
+
+def _stream(output: Path, resume: bool) -> Any:
+    """An output that is no regular file, written through as JSON lines (see is_stream)."""
+    if resume:
+        raise ConfigError(f"--resume: --output {output} is a stream (a FIFO, a device or stdout), which cannot resume",
+                          "write to a regular file to resume")
+    if output.suffix.lower() in (".npy", ".parquet", ".csv", ".tsv"):
+        raise ConfigError(f"--output {output} is a stream (a FIFO, a device or stdout): only JSON lines can be written "
+                          f"to it, not {output.suffix}", "give a regular file for this format")
+    return open_stream(output)
+
+
+def _remove_empty(d: Path) -> None:
     try:
-        for w, done in run_windows(ws, pipe, workers=workers, threads=split_threads(threads, workers),
-                                   options=options, skip=skip, id_column=id_column):
-            if job is not None:
-                job.add(w, done)
-            yield w, done
-    except BaseException as e:
-        if job is not None and job.done == 0:
-            job.discard()  # a failed job that finished no window leaves nothing behind
-        elif job is not None and isinstance(e, MlmkitError):
-            e.hint = (f"{e.hint}; " if e.hint else "") + (
-                f"the {job.read} records before window {job.done + 1} are done: --resume continues after them "
-                "if the inputs stay as they are (--on-error skip steps over bad records)")
-        raise
-    if job is not None:
-        job.finish()
+        d.rmdir()
+    except OSError:  # not empty (an unfinished job), gone, or taken by the next job
+        pass
 
 
 def steady_memory() -> None:

@@ -8,9 +8,12 @@ No torch here. Parquet needs pyarrow (`pip install 'mlmkit[parquet]'`).
 from __future__ import annotations
 
 import csv
+import datetime
+import decimal
 import glob
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,8 +23,16 @@ from typing import IO, Any
 import numpy as np
 
 from .errors import ConfigError, DataFormatError
-from .files import atomic_open, atomic_write, json_line, parse_json
-from .taskkit import Record, data_format, iter_records, iter_table_rows
+from .files import (
+    MAX_RECORD_BYTES,
+    JSONDataError,
+    atomic_open,
+    atomic_write,
+    bounded_lines,
+    json_line,
+    parse_json,
+)
+from .taskkit import Record, data_format, iter_records, iter_table_rows, too_long
 
 Write = Callable[[Sequence[dict[str, Any]]], None]
 INPUTS = (".txt", ".jsonl", ".csv", ".tsv", ".parquet")
@@ -57,24 +68,69 @@ def matching_files(spec: str | Path, suffixes: Sequence[str], *, kind: str, hint
     raise DataFormatError(p, "file not found", hint=hint)
 
 
-def iter_inputs(spec: str | Path, *, skip: bool = False) -> Iterator[Item]:
-    """The records of every file --input names, in order, read as they are needed."""
+def iter_inputs(spec: str | Path, *, skip: bool = False, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Item]:
+    """The records of every file --input names, in order, read as they are needed; a record of more
+    than ``max_bytes`` (the record ceiling) is a bad record."""
     for f in input_files(spec):
         if f.suffix.lower() == ".parquet":
-            yield from iter_table_rows(f)
+            yield from iter_table_rows(f, skip=skip, max_bytes=max_bytes)
         else:
-            yield from iter_records(f, data_format(f, {s: s.lstrip(".") for s in INPUTS if s != ".parquet"}), skip=skip)
+            yield from iter_records(f, data_format(f, {s: s.lstrip(".") for s in INPUTS if s != ".parquet"}), skip=skip,
+                                    max_bytes=max_bytes)
 
 
-def stdin_inputs(stream: IO[str] | None = None, *, skip: bool = False) -> Iterator[Item]:
+_SURROGATE = re.compile("[\ud800-\udfff]")  # what a text stream decoded with errors="surrogateescape" makes of bad bytes
+
+
+def _stdin_lines(stream: IO[str], max_bytes: int | None) -> Iterator[tuple[int, str | DataFormatError]]:
+    """(number, line without its end) of each line of ``stream``, read from its bytes where it has
+    them (sys.stdin): a line that is not UTF-8, or longer than ``max_bytes`` (never read whole),
+    comes as its DataFormatError."""
+    raw = getattr(stream, "buffer", None)
+    if raw is not None:
+        for n, b in enumerate(bounded_lines(raw, max_bytes), start=1):
+            if b is None:
+                yield n, too_long("<stdin>", n, max_bytes or 0)
+                continue
+            try:
+                yield n, b.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                yield n, DataFormatError("<stdin>", f"not valid UTF-8 (byte 0x{b[e.start]:02x} at column {e.start + 1})",
+                                         line=n, hint="pipe UTF-8 text")
+        return
+    n = 0
+    while True:  # a text stream: the ceiling in characters
+        line = stream.readline(max_bytes + 1) if max_bytes is not None else stream.readline()
+        if not line:
+            return
+        n += 1
+        if max_bytes is not None and len(line) > max_bytes and not line.endswith("\n"):
+            while line and not line.endswith("\n"):
+                line = stream.readline(1 << 20)
+            yield n, too_long("<stdin>", n, max_bytes)
+            continue
+        line = line.rstrip("\r\n")
+        if not line.isascii() and _SURROGATE.search(line):
+            yield n, DataFormatError("<stdin>", "not valid UTF-8", line=n, hint="pipe UTF-8 text")
+            continue
+        yield n, line
+
+
+def stdin_inputs(stream: IO[str] | None = None, *, skip: bool = False,
+                 max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Item]:
     """Inputs piped on stdin, read line by line: JSON lines when the first non-blank line is a JSON
     object or string (then every line must be one: a bad line is an error naming it, never a reason
-    to read them all as text), else text lines."""
+    to read them all as text), else text lines. A line that is not UTF-8 or is longer than
+    ``max_bytes`` is a bad record (``skip``: its error, in its place)."""
     stream = stream or sys.stdin
     as_json = None
-    for n, raw in enumerate(stream, start=1):
-        line = raw.rstrip("\r\n")
-        if not line.strip():
+    for n, line in _stdin_lines(stream, max_bytes):
+        if isinstance(line, DataFormatError):
+            if not skip:
+                raise line
+            yield line
+            continue
+        if not line or line.isspace():
             continue
         if as_json is None:
             as_json = _json_value(line)
@@ -99,6 +155,8 @@ def _json_value(line: str) -> bool:
     """Whether a line is a JSON object or string (a text that merely starts with a quote is not)."""
     try:
         return isinstance(parse_json(line), (str, dict))
+    except JSONDataError:  # JSON, holding a lone surrogate or a huge integer: a bad record, not a text
+        return line.lstrip().startswith(("{", '"'))
     except json.JSONDecodeError:
         return False
 
@@ -111,14 +169,15 @@ def identity(files: Sequence[Path]) -> list[list[Any]]:
 # ---- outputs --------------------------------------------------------------------------------------
 
 @contextmanager
-def result_writer(path: Path) -> Iterator[Write]:
+def result_writer(path: Path, types: dict[str, Any] | None = None) -> Iterator[Write]:
     """A function that writes one chunk of results at a time to ``path``; ``path`` is replaced when
-    the block completes, never before (an error midway leaves what was there)."""
+    the block completes, never before (an error midway leaves what was there). ``types``: fields
+    carried as they are (an id column) into Parquet, with their Arrow type (None: inferred)."""
     suffix = path.suffix.lower()
     if suffix == ".npy":
         yield from _npy(path)
     elif suffix == ".parquet":
-        yield from _parquet(path)
+        yield from _parquet(path, types or {})
     else:
         with atomic_open(path) as f:
             yield lambda results: f.write("".join(map(json_line, results)))
@@ -145,7 +204,7 @@ def _npy(path: Path) -> Iterator[Write]:
     atomic_write(path, save)
 
 
-def _parquet(path: Path) -> Iterator[Write]:
+def _parquet(path: Path, types: dict[str, Any]) -> Iterator[Write]:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -159,7 +218,8 @@ def _parquet(path: Path) -> Iterator[Write]:
         if "writer" not in state:  # the schema of the first chunk: every field, in order
             state["fields"] = list(dict.fromkeys(k for r in results for k in r))
             state["tmp"] = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        table = pa.table({k: [parquet_value(r.get(k)) for r in results] for k in state["fields"]})
+        table = pa.table({k: carried_array([r.get(k) for r in results], types[k]) if k in types
+                          else [parquet_value(r.get(k)) for r in results] for k in state["fields"]})
         if "writer" not in state:
             state["writer"] = pq.ParquetWriter(str(state["tmp"]), table.schema)
         state["writer"].write_table(table.cast(state["writer"].schema))
@@ -200,9 +260,26 @@ def _cell(v: Any) -> Any:
     return v if isinstance(v, (str, int, float, bool)) else json.dumps(v, ensure_ascii=False)
 
 
+def carried_array(values: Sequence[Any], arrow_type: Any) -> Any:
+    """The Arrow array of a carried column (an id): with ``arrow_type`` (the input's), else the type
+    its values have (nested ones included). Raises ArrowInvalid, ArrowTypeError or OverflowError
+    for values that have none in common, or that are not of ``arrow_type``."""
+    import pyarrow as pa
+
+    if arrow_type is None:
+        return pa.array(values)
+    if pa.types.is_float16(arrow_type):  # Python floats do not convert to it directly
+        return pa.array(values, type=pa.float32()).cast(arrow_type)
+    return pa.array(values, type=arrow_type)
+
+
+_PARQUET_SCALARS = (str, int, float, bool, bytes, datetime.date, datetime.time, datetime.timedelta, decimal.Decimal)
+
+
 def parquet_value(v: Any) -> Any:
-    """A Parquet cell: numbers, strings, booleans and lists of numbers as they are; anything nested as JSON text."""
-    if v is None or isinstance(v, (str, int, float, bool)):
+    """A Parquet cell: numbers, strings, booleans, binary, temporal values, decimals and lists of
+    numbers as they are; anything nested as JSON text."""
+    if v is None or isinstance(v, _PARQUET_SCALARS):
         return v
     if isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
         return [float(x) for x in v]

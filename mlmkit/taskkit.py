@@ -14,24 +14,23 @@ first, no quoting: a quote is just a character, the GLUE convention).
 from __future__ import annotations
 
 import csv
-import itertools
 import json
-import re
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, DataFormatError
-from .files import parse_json
+from .files import MAX_RECORD_BYTES, bounded_lines, parse_json
 from .registry import BATCH, EXAMPLE, LABEL, SEQUENCE, TRUNCATED, TaskContext, TaskOption
 
 __all__ = [
     "BATCH", "EXAMPLE", "LABEL", "SEQUENCE", "TRUNCATED", "TaskContext", "TaskOption", "ConfigError", "DataFormatError",
     "Record", "FORMATS", "data_format", "iter_lines", "iter_jsonl", "iter_table", "iter_records", "read_text",
     "is_table", "iter_table_rows",
-    "tokenizer_settings", "clip_text", "parse_json",
+    "tokenizer_settings", "clip_text", "parse_json", "MAX_RECORD_BYTES",
 ]
 
 FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}
@@ -52,6 +51,8 @@ class Record:
 
     unit: str = "line"
     """What ``line`` counts: "line" in text files, "row" in Parquet files and `datasets` directories."""
+    schema: Any = field(default=None, compare=False, repr=False)
+    """The Arrow schema of the table a Parquet or `datasets` row comes from: the types of its values."""
 
     def error(self, message: str, field: str | None = None, hint: str | None = None) -> DataFormatError:
         return DataFormatError(self.source, message, line=self.line, field=field, hint=hint, unit=self.unit)
@@ -94,14 +95,31 @@ def _checked(path: str | Path) -> Path:
     return p
 
 
-def _decoded(path: Path, keepends: bool = False, skip: bool = False) -> Iterator[tuple[int, str | DataFormatError]]:
+def too_long(path: str | Path, n: int, max_bytes: int) -> DataFormatError:
+    """The error of a line longer than the record ceiling."""
+    return DataFormatError(path, f"a line of more than {max_bytes:,} bytes (the record ceiling)", line=n,
+                           hint="split the record, or raise --max-record-bytes; --on-error skip steps over it")
+
+
+def _decoded(path: Path, keepends: bool = False, skip: bool = False,
+             max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[tuple[int, str | DataFormatError]]:
     """(number, line) of each line, split on \\n only (so numbers match an editor's; str.splitlines
     also splits on \\x1c, \\u2028 and friends, which may occur inside a text), decoded one at a time.
-    ``skip``: a line that is not UTF-8 comes as its DataFormatError instead of stopping the file."""
+    ``skip``: a line that is not UTF-8, or longer than ``max_bytes`` (never read whole), comes as its
+    DataFormatError instead of stopping the file."""
     with open(path, "rb") as f:
-        for n, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # a spreadsheet's byte-order mark
+        for n, raw in enumerate(bounded_lines(f, max_bytes), start=1):
+            if raw is None:
+                err = too_long(path, n, max_bytes or 0)
+                if not skip:
+                    raise err
+                yield n, err
+                continue
+            end = len(raw) if keepends else len(raw) - raw.endswith(b"\n")
+            if not keepends and raw[end - 1 : end] == b"\r":
+                end -= 1
+            try:  # from a view: the line end is not copied off a long line
+                line = str(memoryview(raw)[:end], "utf-8-sig" if n == 1 else "utf-8")  # a spreadsheet's byte-order mark
             except UnicodeDecodeError as e:
                 err = DataFormatError(path, f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})",
                                       line=n, hint="re-save the file as UTF-8")
@@ -109,7 +127,8 @@ def _decoded(path: Path, keepends: bool = False, skip: bool = False) -> Iterator
                     raise err from None
                 yield n, err
                 continue
-            yield n, line if keepends else line.rstrip("\r\n")
+            del raw
+            yield n, line
 
 
 def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
@@ -118,8 +137,9 @@ def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
 
 
 def read_text(path: str | Path) -> str:
-    """A whole UTF-8 text file (for formats that are one document, such as SQuAD JSON)."""
-    return "".join(line for _, line in _decoded(_checked(path), keepends=True))
+    """A whole UTF-8 text file (for formats that are one document, such as SQuAD JSON): no record
+    ceiling, the document is the record."""
+    return "".join(line for _, line in _decoded(_checked(path), keepends=True, max_bytes=None))
 
 
 # ---- tables: Parquet files and `datasets` directories, read as JSON lines are -------------------
@@ -135,9 +155,12 @@ def is_table(path: str | Path) -> bool:
     return p.suffix.lower() == ".parquet"
 
 
-def iter_table_rows(path: str | Path, rows: int = 1024) -> Iterator[Record]:
+def iter_table_rows(path: str | Path, rows: int = 1024, *, skip: bool = False,
+                    max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Record | DataFormatError]:
     """A record {column: value} per row of a Parquet file or `datasets` directory, read a batch of
-    ``rows`` at a time (never the whole table); ``line`` is the row number, from 1."""
+    ``rows`` at a time (never the whole table); ``line`` is the row number, from 1, and ``schema``
+    the table's Arrow schema. A row with a text or binary value of more than ``max_bytes`` is a bad
+    record (with ``skip``: its DataFormatError, in its place)."""
     p = Path(path)
     try:
         import pyarrow as pa
@@ -158,13 +181,48 @@ def iter_table_rows(path: str | Path, rows: int = 1024) -> Iterator[Record]:
             else:
                 batches = _arrow_batches(pa, src)
             for batch in batches:
-                for row in batch.to_pylist():
+                big = _oversized(pa, batch, max_bytes)
+                for i, row in enumerate(batch.to_pylist() if not big else _rows_but(batch, big)):
                     n += 1
-                    yield Record(str(p), n, row, unit="row")
+                    if i in big:
+                        err = DataFormatError(p, f"a value of more than {max_bytes:,} bytes (the record ceiling)", line=n,
+                                              field=big[i], unit="row", hint="raise --max-record-bytes; --on-error skip steps over it")
+                        if not skip:
+                            raise err
+                        yield err
+                        continue
+                    yield Record(str(p), n, row, unit="row", schema=batch.schema)
         except (OSError, ValueError, pa.ArrowException) as e:  # ArrowInvalid is a ValueError, not an OSError
             detail = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
             raise DataFormatError(src, f"not a readable {'Parquet' if src.suffix.lower() == '.parquet' else 'Arrow'} "
                                        f"file ({detail})", hint="check the file, or write it again") from None
+
+
+def _oversized(pa: Any, batch: Any, max_bytes: int | None) -> dict[int, str]:
+    """{row in the batch: its first column} for rows whose text or binary value exceeds ``max_bytes``
+    (found from the Arrow offsets, before any value becomes a Python object)."""
+    import pyarrow.compute as pc
+
+    found: dict[int, str] = {}
+    if max_bytes is None:
+        return found
+    for name, col in zip(batch.schema.names, batch.columns):
+        t = col.type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+                or pa.types.is_large_binary(t)):
+            continue
+        if col.nbytes <= max_bytes:
+            continue
+        lengths = pc.binary_length(col).to_numpy(zero_copy_only=False)
+        for i in (lengths > max_bytes).nonzero()[0].tolist():
+            found.setdefault(i, name)
+    return found
+
+
+def _rows_but(batch: Any, left_out: dict[int, str]) -> Iterator[dict[str, Any] | None]:
+    """The rows of a batch as dicts, one at a time, None for those ``left_out`` (never made Python objects)."""
+    for i in range(batch.num_rows):
+        yield None if i in left_out else batch.slice(i, 1).to_pylist()[0]
 
 
 def _arrow_batches(pa: Any, path: Path) -> Iterator[Any]:
@@ -202,19 +260,21 @@ def _dataset_files(d: Path) -> list[Path]:
     return files
 
 
-def iter_jsonl(path: str | Path, *, strings: bool = False, skip: bool = False) -> Iterator[Record | DataFormatError]:
+def iter_jsonl(path: str | Path, *, strings: bool = False, skip: bool = False,
+               max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Record | DataFormatError]:
     """A record per non-blank line: a JSON object (or a JSON string when ``strings``). ``skip``: a bad
-    line comes as its DataFormatError (in its place) instead of stopping the file. A Parquet file or
-    a `datasets` directory (``is_table``) gives a record per row, its columns as the fields."""
+    line (malformed JSON, a lone surrogate, an integer of thousands of digits, a line of more than
+    ``max_bytes``) comes as its DataFormatError (in its place) instead of stopping the file. A Parquet
+    file or a `datasets` directory (``is_table``) gives a record per row, its columns as the fields."""
     if is_table(path):
-        yield from iter_table_rows(path)
+        yield from iter_table_rows(path, skip=skip, max_bytes=max_bytes)
         return
     p = _checked(path)
-    for n, line in _decoded(p, skip=skip):
+    for n, line in _decoded(p, skip=skip, max_bytes=max_bytes):
         if isinstance(line, DataFormatError):
             yield line
             continue
-        if not line.strip():
+        if not line or line.isspace():  # (no stripped copy of a long line)
             continue
         err = None
         try:
@@ -225,6 +285,7 @@ def iter_jsonl(path: str | Path, *, strings: bool = False, skip: bool = False) -
             if not isinstance(value, dict) and not (strings and isinstance(value, str)):
                 kind = "an object or a string" if strings else "a JSON object"
                 err = DataFormatError(p, f"expected {kind}, got {type(value).__name__}", line=n, hint="one JSON object per line")
+        del line  # the record is what is kept: a long line is not held twice
         if err is None:
             yield Record(str(p), n, value)
         elif skip:
@@ -233,21 +294,35 @@ def iter_jsonl(path: str | Path, *, strings: bool = False, skip: bool = False) -
             raise err
 
 
-def iter_table(path: str | Path, delimiter: str, *, skip: bool = False) -> Iterator[Record | DataFormatError]:
+def iter_table(path: str | Path, delimiter: str, *, skip: bool = False,
+               max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Record | DataFormatError]:
     """A record {column: value} per non-blank row of a CSV (``delimiter`` ",") or TSV ("\\t") file
     whose first row is the header. A CSV text may span lines when quoted; TSV has no quoting.
-    ``skip``: a row with too many fields comes as its DataFormatError instead of stopping the file
-    (quoting that breaks the file's structure always stops it)."""
+    ``skip``: a row with too many fields, or a line of more than ``max_bytes`` (read past, an empty
+    line in its place), comes as its DataFormatError instead of stopping the file (quoting that
+    breaks the file's structure, or a quoted field longer than ``max_bytes``, always stops it)."""
     p = _checked(path)
     kind = "TSV" if delimiter == "\t" else "CSV"
     quoting = csv.QUOTE_NONE if kind == "TSV" else csv.QUOTE_MINIMAL
-    csv.field_size_limit(FIELD_LIMIT)
-    reader = csv.reader((line for _, line in _decoded(p, keepends=True)), delimiter=delimiter, quoting=quoting, strict=True)
+    csv.field_size_limit(min(FIELD_LIMIT, max_bytes or FIELD_LIMIT))
+    dropped: list[DataFormatError] = []  # lines over the ceiling, skipped: reported in their place
+
+    def lines() -> Iterator[str]:
+        for _, line in _decoded(p, keepends=True, skip=skip, max_bytes=max_bytes):
+            if isinstance(line, DataFormatError):
+                dropped.append(line)
+                yield "\n"
+            else:
+                yield line
+
+    reader = csv.reader(lines(), delimiter=delimiter, quoting=quoting, strict=True)
     header: tuple[str, ...] | None = None
     start = header_line = 1
     try:
         for row in reader:
             line, start = start, reader.line_num + 1  # the next record starts after this one's last line
+            while dropped:
+                yield dropped.pop(0)
             if not any(c.strip() for c in row):
                 continue
             if header is None:
@@ -276,45 +351,80 @@ def data_format(path: str | Path, formats: dict[str, str] = FORMATS) -> str:
     return fmt
 
 
-def iter_records(path: str | Path, fmt: str | None = None, *, skip: bool = False) -> Iterator[Record | DataFormatError]:
+def iter_records(path: str | Path, fmt: str | None = None, *, skip: bool = False,
+                 max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Record | DataFormatError]:
     """Records of a .txt / .jsonl / .csv / .tsv file (``fmt`` overrides the suffix): text lines are
     str records, JSON lines objects or strings, CSV/TSV rows dicts. ``skip``: a bad record comes as
-    its DataFormatError, in its place, and reading goes on."""
+    its DataFormatError, in its place, and reading goes on. A line of more than ``max_bytes`` (the
+    record ceiling, 64 MB by default) is a bad record, never read whole."""
     fmt = fmt or data_format(path)
     if fmt == "txt":
         p = _checked(path)
         return (line if isinstance(line, DataFormatError) else Record(str(p), n, line)
-                for n, line in _decoded(p, skip=skip) if not isinstance(line, str) or line.strip())
+                for n, line in _decoded(p, skip=skip, max_bytes=max_bytes) if not isinstance(line, str) or (line and not line.isspace()))
     if fmt == "jsonl":
-        return iter_jsonl(path, strings=True, skip=skip)
+        return iter_jsonl(path, strings=True, skip=skip, max_bytes=max_bytes)
     if fmt in ("csv", "tsv"):
-        return iter_table(path, "\t" if fmt == "tsv" else ",", skip=skip)
+        return iter_table(path, "\t" if fmt == "tsv" else ",", skip=skip, max_bytes=max_bytes)
     raise ConfigError(f"unknown record format '{fmt}'", "use txt, jsonl, csv or tsv")
 
 
 # ---- tokenizers ----------------------------------------------------------------------------------
-# words as BERT's normaliser leaves them: it drops control characters such as \x0c (which Python's \s
-# counts as whitespace) and so joins what they separate; only these four always separate words
-_WORD = re.compile(r"[^ \t\n\r]+")
+CHARS_PER_TOKEN = 100
+"""The least chars_per_token gives: more than real text has per token (about 4 in English, 1-2 in
+Chinese and Japanese, 20 in a run of spaces before a word), and WordPiece's longest word before [UNK]."""
+_chars_per_token: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
+
+
+def chars_per_token(tokenizer: Any) -> int:
+    """A ceiling on the characters one token of ``tokenizer`` covers: its longest vocabulary entry,
+    WordPiece's max_input_chars_per_word, or CHARS_PER_TOKEN, whichever is most (computed once per
+    tokenizer and vocabulary size)."""
+    size = tokenizer.get_vocab_size()
+    try:
+        known = _chars_per_token.get(tokenizer)
+    except TypeError:  # not weakly referable: computed each time
+        known = None
+    if known is not None and known[0] == size:
+        return known[1]
+    most = max([CHARS_PER_TOKEN, *map(len, tokenizer.get_vocab())])
+    most = max(most, int(getattr(tokenizer.model, "max_input_chars_per_word", 0) or 0))
+    try:
+        _chars_per_token[tokenizer] = (size, most)
+    except TypeError:
+        pass
+    return most
 
 
 def clip_text(text: str, tokenizer: Any, max_tokens: int) -> str:
     """A prefix of ``text`` that tokenizes to more than ``max_tokens`` tokens, the same ones the whole
     text starts with, or the whole text when it has no more: a 20 MB line costs what the max length
-    uses, not its size. Tokenization splits at whitespace, so a prefix cut after a word tokenizes as
-    the start of the whole; more than ``max_tokens`` tokens keep truncation visible to the tokenizer.
-    A text without spaces, tabs or newlines is tokenized whole."""
+    uses, not its size, with or without whitespace (Chinese, Japanese). Prefixes of doubling length
+    are tokenized until the tokens of their complete words (words as the tokenizer splits them: at
+    whitespace and punctuation, each CJK character apart for BERT) number more than ``max_tokens``;
+    a cut inside a word changes that word's tokens only, and more than ``max_tokens`` tokens keep
+    truncation visible to the tokenizer. The work is bounded: the prefix is at most
+    ``(max_tokens + 2) * chars_per_token(tokenizer)`` characters, so a text whose first tokens cover
+    more than that on average (a word longer than WordPiece's limit, one [UNK]; thousands of
+    characters the normaliser drops) is cut there."""
     if len(text) <= 8 * max_tokens:  # most texts: nothing to gain
         return text
-    words = max_tokens + 1
+    cap = (max_tokens + 2) * chars_per_token(tokenizer)
+    n = 8 * max_tokens
     with tokenizer_settings(tokenizer) as tok:
         while True:
-            end = next(itertools.islice(_WORD.finditer(text), words - 1, None), None)
-            if end is None or end.end() >= len(text):
+            if n >= len(text):
                 return text
-            if len(tok.encode(text[: end.end()], add_special_tokens=False).ids) > max_tokens:
-                return text[: end.end()]
-            words *= 2  # words that make no tokens (control characters): look further
+            if n >= cap:
+                return text[:cap]
+            prefix = text[:n]
+            words = tok.encode(prefix, add_special_tokens=False).word_ids
+            last = words[-1] if words else None  # the word the cut may be inside of
+            if sum(w != last for w in words) > max_tokens:
+                return prefix
+            n = min(2 * n, cap)  # words that make no tokens (control characters): look further
+
+
 @contextmanager
 def tokenizer_settings(
     tokenizer: Any, *, max_length: int | None = None, strategy: str = "longest_first", stride: int = 0,

@@ -1,11 +1,15 @@
 """Property-based tests (hypothesis): arbitrary Unicode text, empty fields, control characters, invalid
 bytes and lengths from 0 to 100k go through the readers, masking and the tasks' runtime side; the only
-exceptions allowed are the project's own (which the CLI turns into one line and exit status 2)."""
+exceptions allowed are the project's own (which the CLI turns into one line and exit status 2). JSON
+records with any strings (lone surrogates too, escaped or raw) and any numbers (5,000-digit integers)
+go through every JSON reader: each is a record of data or a DataFormatError naming its line."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,8 +18,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from mlmkit.batching import bucket_batches
-from mlmkit.errors import MlmkitError
+from mlmkit.corpus import iter_documents
+from mlmkit.errors import DataFormatError, MlmkitError
+from mlmkit.files import json_line
 from mlmkit.masking import mask_tokens
+from mlmkit.records import stdin_inputs
 from mlmkit.registry import TaskContext, get_task
 from mlmkit.taskkit import clip_text, iter_records
 from mlmkit.tokenizer import special_ids, train_tokenizer
@@ -95,6 +102,72 @@ def test_classification_rows_with_empty_fields(tmp_path_factory, rows: list[dict
         assert "d.jsonl" in str(e)
         return
     assert all(e["text"].strip() and e["label"].strip() for e in examples)
+
+
+# ---- JSON records with any strings and numbers --------------------------------------------------------
+ANY_STRING = st.lists(st.integers(0, 0x10FFFF).map(chr), max_size=20).map("".join)  # lone surrogates included
+NUMBER = st.one_of(st.integers().map(str), st.floats().map(json.dumps),  # NaN and Infinity as Python writes them
+                   st.integers(4000, 6000).map(lambda n: "-" * (n % 2) + "9" * n))  # beyond Python's 4300 digits
+SCALAR = st.one_of(st.sampled_from(["null", "true", "false"]), NUMBER,
+                   ANY_STRING.map(json.dumps),  # escaped: "\\ud800"
+                   ANY_STRING.map(lambda t: json.dumps(t, ensure_ascii=False)))  # raw: not UTF-8 once written
+VALUE = st.recursive(SCALAR, lambda kids: st.one_of(
+    st.lists(kids, max_size=3).map(lambda xs: "[" + ",".join(xs) + "]"),
+    st.lists(st.tuples(ANY_STRING.map(json.dumps), kids), max_size=3).map(
+        lambda kv: "{" + ",".join(f"{k}: {v}" for k, v in kv) + "}")), max_leaves=6)
+RECORD = st.tuples(st.one_of(ANY_STRING.map(json.dumps), VALUE), VALUE, VALUE).map(
+    lambda t: f'{{"text": {t[0]}, "label": {t[1]}, "id": {t[2]}}}')
+
+
+def assert_data(v: Any) -> None:
+    """A value a reader may hand on: every string UTF-8 (no surrogates), every integer printable."""
+    if isinstance(v, str):
+        v.encode("utf-8")
+    elif isinstance(v, int):
+        str(v)
+    elif isinstance(v, list):
+        for x in v:
+            assert_data(x)
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            assert_data(k)
+            assert_data(x)
+
+
+@SETTINGS
+@given(lines=st.lists(RECORD, min_size=1, max_size=4))
+@example(lines=['{"text": "\\ud800", "label": 1, "id": 2}'])
+@example(lines=['{"text": "ok", "label": "a", "id": ' + "7" * 5000 + "}", '{"text": "\\ud83d\\ude00", "label": "b", "id": 1}'])
+@example(lines=['{"text": "\udc80", "label": "a", "id": 1}'])  # raw: the file holds bytes that are not UTF-8
+def test_json_records_with_any_strings_and_numbers_are_data_or_name_their_line(tmp_path_factory, lines: list[str]) -> None:
+    p = tmp_path_factory.mktemp("j") / "d.jsonl"
+    data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
+    p.write_bytes(data)
+    skipping = {"records": lambda: iter_records(p, skip=True),
+                "stdin bytes": lambda: stdin_inputs(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"), skip=True),
+                "stdin text": lambda: stdin_inputs(io.StringIO("\n".join(lines) + "\n"), skip=True)}  # raw surrogates, as a str
+    for read in skipping.values():
+        items = list(read())
+        assert len(items) == len(lines)  # a record or an error for each line, in its place
+        for n, item in enumerate(items, start=1):
+            if isinstance(item, DataFormatError):
+                assert item.line == n and f"line {n}" in str(item)
+            else:
+                assert item.line == n
+                assert_data(item.data)
+                json_line(item.data if isinstance(item.data, dict) else {"text": item.data})  # it can be written out
+    task = get_task("classification")
+    stopping = [lambda: list(iter_records(p)), lambda: task.read(p, task.resolve_options()), lambda: list(iter_documents(p))]
+    for read in stopping:
+        try:
+            got = read()
+        except DataFormatError as e:
+            assert "d.jsonl" in str(e) and (e.line is None or 1 <= e.line <= len(lines))
+            continue
+        except MlmkitError as e:
+            assert "d.jsonl" in str(e)
+            continue
+        assert_data(got)
 
 
 # ---- masking ----------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from rich.table import Table
 from ..args import Args, ExportArgs, ServeArgs, arg
 from ..errors import ConfigError
 from ..jobs import WINDOW
+from ..taskkit import MAX_RECORD_BYTES
 from .common import (
     Json,
     err,
@@ -45,7 +46,8 @@ class InferenceArgs(Args):
     bundle: Path = arg(help="A bundle directory written by `mlmkit export`.", positional=True)
     texts: list[str] | None = arg(None, "Input texts (or use --input, or pipe them on stdin).", positional=True)
     input_file: Path | None = arg(None, "Inputs: a .txt (one per line), .jsonl, .csv, .tsv or .parquet file, a directory of them, or a glob (quoted).", flags=("--input", "-i"))
-    output: Path | None = arg(None, "Write the results to this file: .jsonl (JSON lines; any other suffix too), .parquet, .csv, .tsv, or .npy (embeddings).",
+    output: Path | None = arg(None, "Write the results to this file: .jsonl (JSON lines; any other suffix too), .parquet, .csv, .tsv, or .npy (embeddings); "
+                                    "- (stdout), a FIFO or a device: JSON lines, streamed.",
                               flags=("--output", "-o"))
     batch_size: int = arg(32, "Inputs per batch (length-bucketed).")
     batch_tokens: int | None = arg(None, "Most padded tokens per batch (0: no limit; default on the CPU: what keeps a "
@@ -60,7 +62,10 @@ class InferenceArgs(Args):
     errors: Path | None = arg(None, "With --on-error skip: the JSON-lines list of bad records "
                                     "(default: OUTPUT.errors.jsonl, or a count on stderr).")
     resume: bool = arg(False, "Continue the unfinished job that writes --output, after the records it finished.")
-    id_column: str | None = arg(None, "Carry this input field (JSONL, CSV, TSV, Parquet) into each result under its own name.")
+    id_column: str | None = arg(None, "Carry this input field (JSONL, CSV, TSV, Parquet) into each result under its own name "
+                                      "(Parquet output: with its type; JSON lines: timestamps ISO 8601, binary base64).")
+    max_record_bytes: int = arg(MAX_RECORD_BYTES, "A longer input line or value is a bad record (never read whole; "
+                                                  "--on-error skip steps over it).")
     engine: str = arg("local", "local, or ray: Ray Data map_batches on a cluster (pip install 'mlmkit[ray]').")
     address: str | None = arg(None, "With --engine ray: the cluster to join (e.g. auto); default: a Ray started here.")
 
@@ -71,6 +76,7 @@ class InferenceArgs(Args):
                   (self.window >= 1, f"--window must be at least 1, got {self.window}"),
                   (self.workers is None or self.workers >= 1, f"--workers must be at least 1, got {self.workers}"),
                   (self.on_error in ("stop", "skip"), f"--on-error {self.on_error}: use stop or skip"),
+                  (self.max_record_bytes >= 1, f"--max-record-bytes must be at least 1, got {self.max_record_bytes}"),
                   (self.engine in ("local", "ray"), f"--engine {self.engine}: use local or ray"),
                   (self.engine == "local" or self.output is not None, "--engine ray needs --output (a file or directory)")]
         for ok, message in checks:
@@ -84,7 +90,7 @@ class InferenceArgs(Args):
 @with_task_options("pooling", "normalize", "problem_type")
 @with_args(ExportArgs)
 def export_cmd(args: ExportArgs, options: dict[str, Any], as_json: Json = False) -> None:
-    """Export an mlmkit run or any Hugging Face BERT checkpoint to a self-contained ONNX bundle."""
+    """Export an mlmkit run or a Hugging Face checkpoint (BERT, RoBERTa, DistilBERT, ELECTRA, DeBERTa-v2, ModernBERT) to an ONNX bundle."""
     from dataclasses import replace
 
     from ..export import export
@@ -125,7 +131,7 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
     window by window (jobs.batch), and write the results: a file, JSON lines when piped, a table on a
     terminal."""
     from ..evaluation import warn_truncated
-    from ..files import json_line
+    from ..files import is_stream, json_line
     from ..jobs import batch, default_workers, steady_memory
     from ..records import input_files, iter_inputs, stdin_inputs
     from ..runtime import Pipeline
@@ -142,11 +148,11 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
         items: Any = [Record("<arguments>", n, t) for n, t in enumerate(texts, start=1)]
     elif args.input_file is not None:
         files = input_files(args.input_file)
-        items = iter_inputs(args.input_file, skip=skip)
+        items = iter_inputs(args.input_file, skip=skip, max_bytes=args.max_record_bytes)
     elif sys.stdin.isatty():
         raise ConfigError("no inputs", "give texts as arguments, a file with --input, or pipe them on stdin")
     else:
-        items = stdin_inputs(skip=skip)
+        items = stdin_inputs(skip=skip, max_bytes=args.max_record_bytes)
     steady_memory()  # this process is the job's: before the session's and the tokenizer's threads start
     pipe = Pipeline.load(args.bundle, device=args.device, threads=args.threads, batch_size=args.batch_size,
                          batch_tokens=args.batch_tokens, command=command)
@@ -154,7 +160,9 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
         from ..integrations.ray import run_cli
 
         return run_cli(pipe, args, options)
-    errors = args.errors or (args.output.with_name(args.output.name + ".errors.jsonl") if skip and args.output else None)
+    stream = args.output is not None and is_stream(args.output)  # written through by jobs.batch, as JSON lines
+    errors = args.errors or (args.output.with_name(args.output.name + ".errors.jsonl") if skip and args.output and not stream
+                             else None)
     table = not want_json(args.as_json) and args.output is None
     shown: list[Any] = []
     results: list[dict[str, Any]] = []
@@ -177,14 +185,14 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
                 records = w.records
                 shown.extend(records[i].data for i in done.kept)
                 results.extend(done.results)
-            if args.output is None:
+            if args.output is None or stream:
                 failed.extend(done.errors)
             progress.advance(bar, len(w.items))
             speed = progress.tasks[0].speed
             progress.update(bar, rate=f"{speed:,.0f} items/s" if speed else "")
     if cut:
         warn_truncated(cut, n, pipe.max_length)
-    if args.output is not None:
+    if args.output is not None and str(args.output) != "-":
         err.print(f"wrote {n} results to {args.output}")
     if failed:
         _report_errors(failed, errors)
