@@ -30,6 +30,7 @@ so any number of [MASK] per text works, and a batch without any gives N = 0.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -52,7 +53,7 @@ from .files import atomic_write, atomic_write_text, exclusive, write_json
 from .hub import describe
 from .models.core import BertForPreTraining, extended_mask, set_attention_impl
 from .registry import BATCH, SEQUENCE, TaskContext, get_task, per_token
-from .runtime import BUNDLE_FORMAT, tokenizer_fingerprint
+from .runtime import BUNDLE_FORMAT, LABELS_KEY, tokenizer_fingerprint
 from .tokenizer import load_tokenizer, special_ids
 
 log = logging.getLogger("mlmkit")
@@ -436,6 +437,7 @@ def _export(args: ExportArgs) -> dict[str, Any]:
             "max_length": int(batch["attention_mask"].sum(1).max()),
         }
 
+        record_labels(final, meta.get("labels"))
         bundle_meta = _bundle_meta(meta, cfg, tok, axes, final, fill_mask=fill_mask, max_length=max_length, opset=args.opset,
                                    precision=precision, steps=steps, fused=fused, parity=parity, top_k=args.top_k, source=d)
         atomic_write(out / "model.onnx", lambda tmp: shutil.copyfile(final, tmp))
@@ -449,6 +451,19 @@ def _export(args: ExportArgs) -> dict[str, Any]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return bundle_meta
+
+
+def record_labels(path: Path, labels: list[str] | None) -> None:
+    """Write the label order the head was trained with into the graph's own metadata (metadata_props),
+    where an edit of mlmkit.json cannot change it: the runtime refuses a bundle whose labels differ
+    (reordered labels would answer every input with the wrong name)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)  # external weights, if any, stay where they are
+    for p in [p for p in model.metadata_props if p.key == LABELS_KEY]:
+        model.metadata_props.remove(p)
+    model.metadata_props.add(key=LABELS_KEY, value=json.dumps(labels, ensure_ascii=False))
+    onnx.save(model, str(path))
 
 
 def _bundle_meta(

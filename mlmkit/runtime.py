@@ -39,7 +39,7 @@ from .batching import bucket_batches, pad_features
 from .errors import BundleError, ConfigError, DataFormatError, MlmkitError
 from .evaluation import Progress
 from .files import parse_json, write_jsonl
-from .registry import LABEL, Plugin, TaskContext, TaskOption, get_task, tasks_for_command
+from .registry import BATCH, LABEL, SEQUENCE, Plugin, TaskContext, TaskOption, get_task, tasks_for_command
 from .taskkit import clip_text
 from .tokenizer import MASK, is_lowercase, load_tokenizer, mask_token, special_ids
 
@@ -52,6 +52,19 @@ MAX_LENGTH = 1 << 16  # tokens: no BERT has more positions; a larger max_length 
 FILL_MASK = "fill-mask"
 """The task of a bundle exported from a pretraining run (the core's own graph, not a plugin); served
 by the command of the same name."""
+FILL_MASK_OUTPUTS = {"mask_positions": ("masks", "coordinate"), "top_ids": ("masks", "k"), "top_probs": ("masks", "k")}
+"""The fill-mask graph's outputs and their axes (export.FILL_MASK_OUTPUTS; torch-free here)."""
+OUTPUT_TYPES = {"mask_positions": "tensor(int64)", "top_ids": "tensor(int64)", "top_probs": "tensor(float)"}
+"""onnxruntime's element types of the fill-mask outputs; a task graph's outputs are all float32
+(export.TaskGraph casts them; an fp16 or int8 graph keeps float32 inputs and outputs)."""
+TASK_OUTPUT_TYPE = "tensor(float)"
+DYNAMIC_AXES = (BATCH, SEQUENCE, "masks")  # axes whose size varies from run to run: never a fixed size in the graph
+LABELS_KEY = "mlmkit.labels"
+"""The graph's metadata_props entry with the labels, in the order the head was trained with (JSON):
+written by export.record_labels; a bundle's mlmkit.json must list the same. Bundles exported before
+it have none and are checked by the label count alone."""
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+PRECISIONS = ("fp32", "int8", "fp16")
 CPU_BATCH_ACTIVATIONS = 196_608
 """On the CPU a batch ends before rows x longest x hidden size passes this (512 tokens at hidden
 384, 256 at hidden 768): batches whose activations stay in the cores' caches ran up to 1.5x faster
@@ -94,29 +107,53 @@ def read_bundle_meta(path: str | Path) -> dict[str, Any]:
     if meta.get("format_version") != BUNDLE_FORMAT:
         raise BundleError(f"{d} is a bundle of format {meta.get('format_version')}; this mlmkit reads format {BUNDLE_FORMAT}",
                           "export the run again with this version: mlmkit export RUN --out DIR")
-    tok = meta["tokenizer"]
-    if not isinstance(tok, dict) or any(not isinstance(tok.get(k), int) for k in ("pad_id", "mask_id", "vocab_size")):
-        raise BundleError(f"{d / 'mlmkit.json'}: its 'tokenizer' entry is incomplete", "re-create the bundle with `mlmkit export`")
     _check_description(d / "mlmkit.json", meta)
     return meta
 
 
 def _check_description(path: Path, meta: dict[str, Any]) -> None:
-    """Each field of a bundle's mlmkit.json has the type and range the runtime relies on."""
-    positions = (meta.get("model") or {}).get("max_position_embeddings", MAX_LENGTH)
-    labels, outputs = meta.get("labels"), meta["outputs"]
+    """Each field of a bundle's mlmkit.json has the type and range the runtime relies on: one line
+    naming the file and the first field that does not."""
+    tok, model = meta["tokenizer"], meta.get("model", {})
+    tok_ok = isinstance(tok, dict) and _int_in(tok.get("vocab_size"), 1, 1 << 24)
+    V = tok["vocab_size"] if tok_ok else 0
+    model_ok = isinstance(model, dict) and all(
+        _int_in(model.get(k, 1), 1, 1 << 24) for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                       "max_position_embeddings")) and isinstance(model.get("model_type", ""), str)
+    positions = model.get("max_position_embeddings", MAX_LENGTH) if model_ok else MAX_LENGTH
+    labels, outputs, inputs = meta.get("labels"), meta["outputs"], meta["inputs"]
     problems = [
-        (not isinstance(meta["task"], str), "'task' is not a name"),
+        (not tok_ok, "'tokenizer.vocab_size' is not a positive number of tokens"),
+        (tok_ok and not all(_int_in(tok.get(k), 0, V - 1) for k in ("pad_id", "mask_id")),
+         "'tokenizer.pad_id' or 'tokenizer.mask_id' is not a token id of the vocabulary"),
+        (tok_ok and not (isinstance(tok.get("vocab_sha256"), str) and isinstance(tok.get("lowercase"), bool)),
+         "'tokenizer.vocab_sha256' is not a hash or 'tokenizer.lowercase' not true / false"),
+        (not isinstance(meta["task"], str) or not meta["task"], "'task' is not a name"),
+        (not model_ok, "'model' is not an object of the model's sizes (positive whole numbers)"),
         (not _int_in(meta["max_length"], 1, min(positions, MAX_LENGTH)),
          f"'max_length' {meta['max_length']!r} is not a whole number of tokens from 1 to {min(positions, MAX_LENGTH)}"),
-        (labels is not None and (not isinstance(labels, list) or not all(isinstance(x, str) for x in labels)),
+        (labels is not None and (not isinstance(labels, list) or not labels
+                                 or not all(isinstance(x, str) and x for x in labels)),
          "'labels' is not a list of names"),
+        (isinstance(labels, list) and len(set(map(str, labels))) != len(labels), "'labels' names a label twice"),
         (not isinstance(meta.get("options", {}), dict), "'options' is not an object"),
         (not isinstance(meta.get("task_state", {}), dict), "'task_state' is not an object"),
-        (not isinstance(outputs, dict) or not all(isinstance(v, list) and all(isinstance(a, str) for a in v)
-                                                 for v in outputs.values()), "'outputs' does not map names to axis lists"),
-        (not isinstance(meta["inputs"], list), "'inputs' is not a list"),
-        (meta["task"] == FILL_MASK and not _int_in(meta.get("top_k"), 1, meta["tokenizer"]["vocab_size"]), "'top_k' is not valid"),
+        (not isinstance(outputs, dict) or not outputs or not all(isinstance(v, list) and v and all(isinstance(a, str) for a in v)
+                                                                 for v in outputs.values()), "'outputs' does not map names to axis lists"),
+        (not isinstance(inputs, list) or "input_ids" not in inputs or len(set(map(str, inputs))) != len(inputs)
+         or not all(isinstance(i, str) and i in INPUT_NAMES for i in inputs),
+         f"'inputs' is not a list of the graph inputs ({', '.join(INPUT_NAMES)})"),
+        (meta["task"] == FILL_MASK and not _int_in(meta.get("top_k"), 1, max(1, V)), "'top_k' is not valid"),
+        (meta.get("precision", "fp32") not in PRECISIONS, f"'precision' is not one of {', '.join(PRECISIONS)}"),
+        (not _int_in(meta.get("opset", 17), 1, 1000), "'opset' is not an ONNX opset number"),
+        (not isinstance(meta.get("trained_as", ""), str), "'trained_as' is not a task name"),
+        (meta.get("format", "mlmkit-onnx-bundle") != "mlmkit-onnx-bundle", "'format' is not mlmkit-onnx-bundle"),
+        (not _int_in(meta.get("model_bytes", 0), 0, 1 << 50), "'model_bytes' is not a size in bytes"),
+        (not isinstance(meta.get("optimizations", []), list) or not all(isinstance(x, str) for x in meta.get("optimizations", [])),
+         "'optimizations' is not a list of names"),
+        (not isinstance(meta.get("fused_operators", {}), dict), "'fused_operators' is not an object"),
+        (not isinstance(meta.get("parity", {}), dict), "'parity' is not an object"),
+        (not isinstance(meta.get("source", {}), dict), "'source' is not an object"),
     ]
     bad = [why for wrong, why in problems if wrong]
     if bad:
@@ -210,20 +247,56 @@ class Pipeline:
                 f"{path / 'model.onnx'} does not match its mlmkit.json (graph inputs {self.input_names}, outputs {self.output_names})",
                 "re-create the bundle with `mlmkit export`",
             )
-        self._check_sizes({o.name: o.shape for o in session.get_outputs()})
+        self._check_outputs(session)
+        self._check_labels(session)
 
-    def _check_sizes(self, shapes: dict[str, list[Any]]) -> None:
-        """The graph's fixed output sizes against the description: a label axis has one entry per
-        label (a label list that does not fit the head would label every input wrongly, silently)."""
-        labels = self.meta.get("labels")
+    def _check_outputs(self, session: ort.InferenceSession) -> None:
+        """The graph's outputs against the description: as many axes as declared, the element type the
+        pipeline reads, a varying size on every varying axis and the declared size on the fixed ones (a
+        label axis has one entry per label: a label list that does not fit the head would label every
+        input wrongly, silently)."""
+        labels, desc = self.meta.get("labels"), self.path / "mlmkit.json"
+        graph = {o.name: o for o in session.get_outputs()}
+        fixed = {"coordinate": 2, "k": self.meta.get("top_k")} if self.meta["task"] == FILL_MASK else {}
         for name, axes in self.outputs.items():
-            dims = shapes.get(name) or []
+            out = graph[name]
+            dims = list(out.shape or [])
+            if dims and len(dims) != len(axes):
+                raise BundleError(f"{desc}: its 'outputs' give '{name}' the axes {list(axes)}, but the model's '{name}' "
+                                  f"has {len(dims)} ({dims})", "re-create the bundle with `mlmkit export`")
+            want = OUTPUT_TYPES.get(name, TASK_OUTPUT_TYPE) if self.meta["task"] == FILL_MASK else TASK_OUTPUT_TYPE
+            if out.type != want:
+                raise BundleError(f"{self.path / 'model.onnx'}: its output '{name}' is {out.type}, the runtime reads {want}",
+                                  "re-create the bundle with `mlmkit export`")
             for axis, dim in zip(axes, dims):
                 if axis == LABEL and isinstance(dim, int) and (labels is None or dim != len(labels)):
                     raise BundleError(
-                        f"{self.path / 'mlmkit.json'} lists {len(labels or [])} labels but the model's '{name}' has {dim}",
+                        f"{desc} lists {len(labels or [])} labels but the model's '{name}' has {dim}",
                         "re-create the bundle with `mlmkit export`",
                     )
+                if isinstance(dim, int) and (axis in DYNAMIC_AXES or fixed.get(axis, dim) != dim):
+                    size = "varies from run to run" if axis in DYNAMIC_AXES else f"is {fixed[axis]!r}"
+                    raise BundleError(f"{desc}: the model's '{name}' has a size of {dim} along its '{axis}' axis, "
+                                      f"whose size {size}", "re-create the bundle with `mlmkit export`")
+
+    def _check_labels(self, session: ort.InferenceSession) -> None:
+        """The labels against the order the head was trained with, which export records in the graph
+        (LABELS_KEY); a bundle from before that is checked by its label count alone (_check_outputs)."""
+        recorded = session.get_modelmeta().custom_metadata_map.get(LABELS_KEY)
+        if recorded is None:
+            return
+        try:
+            trained = json.loads(recorded)
+        except ValueError:
+            raise BundleError(f"{self.path / 'model.onnx'}: its recorded labels are damaged",
+                              "re-create the bundle with `mlmkit export`") from None
+        labels = self.meta.get("labels")
+        if trained != labels:
+            raise BundleError(
+                f"{self.path / 'mlmkit.json'}: its 'labels' {labels} are not the labels the model was trained with, "
+                f"in that order ({trained}, recorded in model.onnx)",
+                "restore the bundle's own mlmkit.json, or re-create the bundle with `mlmkit export`",
+            )
 
     @property
     def task(self) -> str:
@@ -333,6 +406,9 @@ class FillMaskPipeline(Pipeline):
         self.option = TaskOption("top_k", self.top_k, f"candidates per [MASK], 1 to {self.top_k} (the export's --top-k)",
                                  minimum=1)
         self.mask_id = int(self.meta["tokenizer"]["mask_id"])
+        if self.outputs != FILL_MASK_OUTPUTS:  # e.g. a description edited to name another graph's axes
+            raise BundleError(f"{self.path / 'mlmkit.json'}: its outputs {dict(self.outputs)} are not the fill-mask "
+                              f"graph's {FILL_MASK_OUTPUTS}", "re-create the bundle with `mlmkit export`")
         self.tokenizer.enable_truncation(self.max_length, strategy="longest_first")
         self.mask_token = mask_token(self.tokenizer)  # [MASK], or the family's own (<mask>): "[MASK]" is its alias
         if self.mask_token == MASK:

@@ -5,7 +5,7 @@
   replays the batches already seen. Epochs advance in one place, ``Cursor._next_epoch``.
 - ``Checkpointer``: run directories under RUN/checkpoints/step-N with a state/ folder (optimizer,
   scheduler, RNG, position); state/trainer.json is written last and marks a checkpoint complete;
-  the last ``keep_last`` complete ones are kept.
+  the last ``keep_last`` complete ones are kept; --resume restores the newest that loads whole.
 - ``BestTracker``: the best evaluation so far by the main metric, and early stopping.
 - ``Trainer``: the loop (devices, DDP, AdamW, the linear schedule, metrics.jsonl, progress).
 
@@ -225,27 +225,94 @@ class Checkpointer:
         write_json(st / "trainer.json", position)
 
     def restore(self, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, device: torch.device) -> tuple[Path, dict[str, Any]]:
-        """Load the latest checkpoint into the model, optimizer, scheduler and RNGs; (its path, its position)."""
-        ck = self.latest()
-        if ck is None:
+        """Load the newest checkpoint that loads whole into the model, optimizer, scheduler and RNGs;
+        (its path, its position). A damaged newer one is reported (a warning) and passed over."""
+        done = self.complete()
+        if not done:
             raise ConfigError(f"--resume: no complete checkpoint under {self.root}", "drop --resume")
-        load_weights(model, load_state_dict(ck))
-        state = torch.load(ck / "state" / "optimizer.pt", map_location=device, weights_only=True)
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        rng = torch.load(ck / "state" / "rng.pt", weights_only=True)
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        kind, keys, *rest = rng["numpy"]
-        np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        return ck, read_json(ck / "state" / "trainer.json")
+        passed: list[tuple[Path, MlmkitError]] = []  # said once it is known whether any loads: else one line
+        for ck in reversed(done):
+            try:
+                pos = self._restore(ck, model, opt, sched, device)
+            except MlmkitError as e:
+                passed.append((ck, e))
+                continue
+            for bad, e in passed:
+                log.warning("--resume: passing over the checkpoint %s: %s", bad, e.message)
+            if passed:
+                log.warning("--resume: resuming from %s, the newest checkpoint that loads whole", ck)
+            return ck, pos
+        raise ConfigError(f"--resume: none of the {len(done)} checkpoints under {self.root} loads whole "
+                          f"(the newest: {passed[0][1].message})", "restore the checkpoint files, or start again in a new --out")
+
+    def loadable(self) -> Path | None:
+        """The newest complete checkpoint whose files all load (read, not applied), or None."""
+        for ck in reversed(self.complete()):
+            try:
+                self._read(ck, torch.device("cpu"))
+            except MlmkitError as e:  # (restore, which reads it again, says so)
+                log.debug("passing over the checkpoint %s: %s", ck, e.message)
+                continue
+            return ck
+        return None
+
+    def _read(self, ck: Path, device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """(weights, optimizer + scheduler state, RNG states, position) of one checkpoint, each checked
+        to be whole; MlmkitError (one line, naming the file) for any that is not."""
+        sd = load_state_dict(ck)
+        state = _load_state(ck / "state" / "optimizer.pt", device)
+        if not isinstance(state.get("optimizer"), dict) or not isinstance(state.get("scheduler"), dict):
+            raise ConfigError(f"{ck / 'state' / 'optimizer.pt'}: no optimizer and scheduler state in it", REWRITE)
+        rng = _load_state(ck / "state" / "rng.pt", torch.device("cpu"))
+        numpy_state = rng.get("numpy")
+        if (not isinstance(rng.get("torch"), torch.Tensor) or not isinstance(rng.get("python"), tuple)
+                or not isinstance(numpy_state, tuple) or len(numpy_state) < 2 or not isinstance(numpy_state[1], torch.Tensor)):
+            raise ConfigError(f"{ck / 'state' / 'rng.pt'}: not the random number generators' state", REWRITE)
+        pos = read_json(ck / "state" / "trainer.json")
+        if not isinstance(pos, dict) or not all(isinstance(pos.get(k), int) for k in ("step", "epoch", "micro")):
+            raise ConfigError(f"{ck / 'state' / 'trainer.json'}: no step, epoch and batch position in it", REWRITE)
+        return sd, state, rng, pos
+
+    def _restore(self, ck: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, device: torch.device) -> dict[str, Any]:
+        sd, state, rng, pos = self._read(ck, device)
+        load_weights(model, sd)
+        try:  # a state that unpickles but does not fit (a cut list, a missing key) fails here, before any is set
+            opt.load_state_dict(state["optimizer"])
+            sched.load_state_dict(state["scheduler"])
+            torch.set_rng_state(rng["torch"])
+            random.setstate(rng["python"])
+            kind, keys, *rest = rng["numpy"]
+            np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
+            raise ConfigError(f"{ck / 'state'}: its optimizer, scheduler or RNG state does not fit this run "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})", REWRITE) from None
+        return pos
+
+
+REWRITE = "the file is damaged or was cut short; --resume passes over it to an older checkpoint"
+
+
+def _load_state(p: Path, device: torch.device) -> dict[str, Any]:
+    """A state file written by torch.save, loaded tensors-only; one line for a damaged or truncated
+    file (torch's own message suggests weights_only=False, which must never be done here)."""
+    try:
+        state = torch.load(p, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: missing", REWRITE) from None
+    except Exception as e:  # an unpickling error, a truncated zip, a bad record: torch has no one type for them
+        why = "it holds objects other than tensors" if "Unsupported global" in str(e) else "damaged or truncated"
+        raise ConfigError(f"{p}: unreadable ({why})", REWRITE) from None
+    if not isinstance(state, dict):
+        raise ConfigError(f"{p}: not a state dictionary", REWRITE)
+    return state
 
 
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint of a run directory, or None."""
-    return Checkpointer(Path(out_dir), lambda *a: None, 1).latest()
+    """The newest complete checkpoint of a run directory whose files all load (a damaged newer one is
+    passed over with a warning), or None."""
+    return Checkpointer(Path(out_dir), lambda *a: None, 1).loadable()
 
 
 class BestTracker:
