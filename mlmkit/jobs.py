@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, MlmkitError
+from .errors import ConfigError, DataFormatError, MlmkitError
 from .evaluation import truncations_counted
 from .files import (
     LOCK,
@@ -116,15 +116,33 @@ def run_window(pipe: Any, w: Window, options: dict[str, Any], *, skip: bool, id_
                 raise r.error(f"no id column '{id_column}'", id_column, "--id-column needs records (JSONL, CSV, TSV or Parquet) that have it")
     bad: dict[int, MlmkitError] = {}
     with truncations_counted() as cut:  # said once for the whole job
-        got = pipe(items, first=w.first, errors=bad if skip else None, **options)
+        try:
+            got = pipe(items, first=w.first, errors=bad if skip else None, **options)
+        except DataFormatError as e:
+            at = _position(e, w.first, len(recs))
+            raise (_located(e, recs[at]) if at is not None else e) from None
     results, kept = [], []
     for i, (r, res) in enumerate(zip(recs, got)):
         if i in bad:
-            errors.append({"source": r.source, "line": r.line, "error": str(bad[i])})
+            errors.append({"source": r.source, "line": r.line, "error": str(_located(bad[i], r))})
         elif res is not None:
             results.append({id_column: r.data[id_column], **res} if id_column is not None else res)
             kept.append(i)
     return Done(results, errors, kept, cut[0])
+
+
+def _position(e: DataFormatError, first: int, n: int) -> int | None:
+    """The window position of the record a pipeline's error names as "input N" (it knows no files)."""
+    if e.path.startswith("input ") and e.path[6:].isdigit() and 0 <= int(e.path[6:]) - first < n:
+        return int(e.path[6:]) - first
+    return None
+
+
+def _located(e: MlmkitError, r: Record) -> MlmkitError:
+    """A pipeline's "input N" error about record ``r``, naming its file and line (or row) instead."""
+    if isinstance(e, DataFormatError) and e.path.startswith("input "):
+        return DataFormatError(r.source, e.detail, line=r.line, field=e.field, hint=e.hint, unit=r.unit)
+    return e
 
 
 def _error(e: Exception) -> dict[str, Any]:

@@ -534,3 +534,18 @@ def test_a_second_tokenize_to_the_same_out_is_refused(tmp_path: Path, tok) -> No
     finally:
         holder.kill()
         holder.wait()
+
+
+# ---- a task's from_input errors name the file and line ---------------------------------------------
+def test_a_bad_input_record_names_its_file_and_line_not_its_number(bundle: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "fine"}\n\n{"body": "no text field here"}\n', encoding="utf-8")
+    r = CliRunner().invoke(app, ["classify", str(bundle), "--input", str(src), "--output", str(tmp_path / "o.jsonl")])
+    line = one_error_line(r)
+    assert f"{src}, line 3" in line and "'text'" in line and "input 2" not in line
+    assert not (tmp_path / "o.jsonl").exists()
+    r = CliRunner().invoke(app, ["classify", str(bundle), "--input", str(src), "--output", str(tmp_path / "o.jsonl"),
+                                 "--on-error", "skip"])
+    assert r.exit_code == 0, r.output
+    bad = [json.loads(x) for x in (tmp_path / "o.jsonl.errors.jsonl").read_text().splitlines()]
+    assert [(b["source"], b["line"]) for b in bad] == [(str(src), 3)] and f"{src}, line 3" in bad[0]["error"]
