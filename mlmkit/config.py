@@ -269,7 +269,7 @@ class ModelConfig:
         except (TypeError, ValueError, AttributeError) as e:
             raise ConfigError(f"{p}: not a valid config.json ({e})") from None
         if model_dir is not None:
-            from .checkpoint import check_weights  # (checkpoint.py imports this module)
+            from .weights import check_weights
 
             check_weights(model_dir, config)
         return config

@@ -140,7 +140,7 @@ def _position(e: DataFormatError, first: int, n: int) -> int | None:
 
 def _located(e: MlmkitError, r: Record) -> MlmkitError:
     """A pipeline's "input N" error about record ``r``, naming its file and line (or row) instead."""
-    if isinstance(e, DataFormatError) and e.path.startswith("input "):
+    if isinstance(e, DataFormatError) and e.path.startswith("input ") and not r.source.startswith("<"):  # <arguments>, <stdin>: "input N" says it
         return DataFormatError(r.source, e.detail, line=r.line, field=e.field, hint=e.hint, unit=r.unit)
     return e
 

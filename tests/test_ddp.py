@@ -87,6 +87,7 @@ def test_ranks_draw_disjoint_batches_from_one_shard(corpus, tmp_path):
     assert len(set(rows)) == len(rows)  # no sequence twice within the epoch's first batches
 
 
+@pytest.mark.slow  # 13 s; test_two_process_cpu_run_writes_one_checkpoint covers DDP in make test
 def test_two_process_mlm_only(corpus, tmp_path):
     # without NSP the pooler and NSP head take no part in the loss: DDP must not wait for their gradients
     out = tmp_path / "run"

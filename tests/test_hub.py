@@ -394,6 +394,7 @@ def fixed_vocab_base(d: Path, words: list[str]) -> Path:
     return d
 
 
+@pytest.mark.slow  # 9 s
 def test_multi_label_and_regression_fine_tuning_learn(tmp_path: Path) -> None:
     rng = random.Random(0)
     topics = {"sport": ["ball", "goal"], "film": ["actor", "scene"], "food": ["bread", "soup"]}

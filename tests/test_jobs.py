@@ -145,7 +145,8 @@ def test_workers_give_the_same_output_as_one_process(tmp_path: Path, bundle: Pat
     assert (tmp_path / "o1.jsonl").read_bytes() == (tmp_path / "o2.jsonl").read_bytes()
 
 
-@pytest.mark.parametrize("suffix", [".jsonl", ".parquet", ".csv"])
+@pytest.mark.parametrize("suffix", [".jsonl", pytest.param(".parquet", marks=pytest.mark.slow),
+                                    pytest.param(".csv", marks=pytest.mark.slow)])  # the writers differ, the resume does not
 def test_a_killed_job_resumes_to_the_same_bytes(tmp_path: Path, bundle: Path, suffix: str) -> None:
     f = jsonl(tmp_path / "in.jsonl", rows(3000, seed=1))
     whole, cut = tmp_path / f"whole{suffix}", tmp_path / f"cut{suffix}"
@@ -203,6 +204,7 @@ def test_memory_does_not_grow_with_the_input(tmp_path: Path, bundle: Path) -> No
 
 
 # ---- Ray Data -------------------------------------------------------------------------------------
+@pytest.mark.slow  # 26 s: starts a Ray cluster
 def test_ray_data_matches_the_local_results(tmp_path: Path, bundle: Path) -> None:
     ray = pytest.importorskip("ray")
     from mlmkit.integrations.ray import predict

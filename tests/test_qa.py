@@ -408,6 +408,7 @@ def test_learns_to_answer_and_loads_in_transformers(tmp_path, base_model_factory
     torch.testing.assert_close(ours["end_logits"], theirs.end_logits, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # 18 s; test_learns_to_answer_and_loads_in_transformers is the fast learning test
 def test_learns_squad2_no_answer_and_saves_the_calibrated_threshold(tmp_path, base_model_factory):
     def rows(n: int, seed: int) -> list[dict]:
         out, rng = qa_rows(n, seed, facts=3), random.Random(seed)
