@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -404,9 +405,8 @@ def clip_text(text: str, tokenizer: Any, max_tokens: int) -> str:
     whitespace and punctuation, each CJK character apart for BERT) number more than ``max_tokens``;
     a cut inside a word changes that word's tokens only, and more than ``max_tokens`` tokens keep
     truncation visible to the tokenizer. The work is bounded: the prefix is at most
-    ``(max_tokens + 2) * chars_per_token(tokenizer)`` characters, so a text whose first tokens cover
-    more than that on average (a word longer than WordPiece's limit, one [UNK]; thousands of
-    characters the normaliser drops) is cut there."""
+    ``(max_tokens + 2) * chars_per_token(tokenizer)`` characters that can become tokens (past that,
+    characters the normaliser drops and whitespace are read on, in linear time)."""
     if len(text) <= 8 * max_tokens:  # most texts: nothing to gain
         return text
     cap = (max_tokens + 2) * chars_per_token(tokenizer)
@@ -415,14 +415,26 @@ def clip_text(text: str, tokenizer: Any, max_tokens: int) -> str:
         while True:
             if n >= len(text):
                 return text
-            if n >= cap:
-                return text[:cap]
             prefix = text[:n]
+            if n >= cap and _kept(tok, prefix) >= cap:  # enough characters for max_tokens + 2 tokens
+                return prefix
             words = tok.encode(prefix, add_special_tokens=False).word_ids
             last = words[-1] if words else None  # the word the cut may be inside of
             if sum(w != last for w in words) > max_tokens:
                 return prefix
-            n = min(2 * n, cap)  # words that make no tokens (control characters): look further
+            n = 2 * n if n >= cap else min(2 * n, cap)  # words that make no tokens (control characters): look further
+
+
+_SPACE = re.compile(r"\s+")
+
+
+def _kept(tokenizer: Any, text: str) -> int:
+    """The characters of ``text`` that can become tokens: what the normaliser leaves (BERT's drops
+    control characters and, uncased, accents), less whitespace. A prefix with ``cap`` of them holds
+    more than max_tokens tokens however many characters the normaliser or the pre-tokenizer drop."""
+    norm = getattr(tokenizer, "normalizer", None)
+    kept = norm.normalize_str(text) if norm is not None else text
+    return len(kept) - sum(len(m) for m in _SPACE.findall(kept))
 
 
 @contextmanager

@@ -249,6 +249,8 @@ def test_classification_any_text(tok, text: str) -> None:
 @example(text="AAA\x0c" + "A" * 60 + " H", max_tokens=1)  # \x0c is removed by BERT's normaliser, not a separator
 @example(text="x\u2028" * 200, max_tokens=3)
 @example(text="[PAD]", max_tokens=1)
+@example(text="A\x1f\x1f" * 101, max_tokens=1)  # characters the normaliser drops: a word past WordPiece's 100
+@example(text="A" + " " * 1000 + "B", max_tokens=2)  # whitespace makes no tokens
 def test_clipping_keeps_the_tokens_the_max_length_uses(tok, text: str, max_tokens: int) -> None:
     clipped = clip_text(text, tok, max_tokens)
     assert text.startswith(clipped)
