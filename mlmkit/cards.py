@@ -87,13 +87,19 @@ def results(meta: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _pipeline_tag(task: str) -> str:
+def _plugin(task: str) -> Any:
+    """The registered task of that name, or None (a task not installed here still gets a card)."""
     from .registry import get_task
 
     try:
-        return get_task(task).pipeline_tag
-    except Exception:  # noqa: BLE001 - a task not installed here still gets a card
-        return "feature-extraction"
+        return get_task(task)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _pipeline_tag(task: str) -> str:
+    plugin = _plugin(task)
+    return plugin.pipeline_tag if plugin is not None else "feature-extraction"
 
 
 def _hub_id(base: Any) -> str | None:
@@ -183,12 +189,8 @@ def _usage(d: Path, meta: dict[str, Any], task: str, pretraining: bool, bundle: 
 
 
 def _command(task: str) -> str | None:
-    from .registry import get_task
-
-    try:
-        return get_task(task).command
-    except Exception:  # noqa: BLE001
-        return None
+    plugin = _plugin(task)
+    return plugin.command if plugin is not None else None
 
 
 def _cell(v: Any) -> str:

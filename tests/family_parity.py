@@ -4,6 +4,7 @@ and small modules that expose one output of mlmkit's core for comparison and ONN
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -69,3 +70,14 @@ class Logits(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.fn(self.model, input_ids, attention_mask)
+
+
+def export_logits(graph: nn.Module, dummy: dict[str, torch.Tensor], path: Path, *, per_token: bool) -> None:
+    """``graph`` (input_ids, attention_mask -> one output "out") to ONNX with the TorchScript exporter:
+    batch and sequence dynamic, the output per token (an MLM head) or per row (a classifier)."""
+    axes = {0: "batch", 1: "sequence"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(graph, (dummy["input_ids"], dummy["attention_mask"]), str(path), dynamo=False, opset_version=17,
+                          input_names=["input_ids", "attention_mask"], output_names=["out"],
+                          dynamic_axes={"input_ids": axes, "attention_mask": axes, "out": axes if per_token else {0: "batch"}})

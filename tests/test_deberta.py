@@ -13,12 +13,11 @@ well beyond their init so that every parameter matters.
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from family_parity import Backbone, Logits, SpanModel, load_ours, perturb, real_diff
+from family_parity import Backbone, Logits, SpanModel, export_logits, load_ours, perturb, real_diff
 from torch import nn
 
 from mlmkit.checkpoint import load_state_dict, save_weights
@@ -306,12 +305,7 @@ def test_eager_graphs_export_to_onnx(tmp_path):
         graph.eval()  # the wrapper too: the exporter puts back the mode it finds, the model's with it
         core.set_attention_impl(graph, "eager")
         path = tmp_path / f"{name}.onnx"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(graph, (dummy["input_ids"], dummy["attention_mask"]), str(path), dynamo=False, opset_version=17,
-                              input_names=["input_ids", "attention_mask"], output_names=["out"],
-                              dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
-                                            "out": {0: "batch", 1: "sequence"} if name == "mlm" else {0: "batch"}})
+        export_logits(graph, dummy, path, per_token=name == "mlm")
         core.set_attention_impl(graph, "sdpa")
         with torch.no_grad():
             ref = graph(**x).numpy()

@@ -10,12 +10,11 @@ the weights are perturbed well beyond their init so that every parameter matters
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from family_parity import Backbone, Logits, SpanModel, load_ours, perturb, real_diff
+from family_parity import Backbone, Logits, SpanModel, export_logits, load_ours, perturb, real_diff
 from torch import nn
 
 from mlmkit.checkpoint import save_weights
@@ -282,12 +281,7 @@ def test_eager_graphs_export_to_onnx(tmp_path):
     for name, graph in graphs.items():
         core.set_attention_impl(graph, "eager")
         path = tmp_path / f"{name}.onnx"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(graph, (dummy["input_ids"], dummy["attention_mask"]), str(path), dynamo=False, opset_version=17,
-                              input_names=["input_ids", "attention_mask"], output_names=["out"],
-                              dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
-                                            "out": {0: "batch", 1: "sequence"} if name == "mlm" else {0: "batch"}})
+        export_logits(graph, dummy, path, per_token=name == "mlm")
         core.set_attention_impl(graph, "sdpa")
         with torch.no_grad():
             ref = graph(**x).numpy()
@@ -406,12 +400,7 @@ def test_blocked_graph_exports_for_every_length(tmp_path, monkeypatch):
     for name, graph in graphs.items():
         core.set_attention_impl(graph, "eager")
         path = tmp_path / f"{name}.onnx"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(graph, (dummy["input_ids"], dummy["attention_mask"]), str(path), dynamo=False, opset_version=17,
-                              input_names=["input_ids", "attention_mask"], output_names=["out"],
-                              dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
-                                            "out": {0: "batch", 1: "sequence"} if name == "mlm" else {0: "batch"}})
+        export_logits(graph, dummy, path, per_token=name == "mlm")
         ints = [numpy_helper.to_array(a.t).ravel().tolist() for n in onnx.load(str(path)).graph.node if n.op_type == "Constant"
                 for a in n.attribute if a.name == "value" and a.t.data_type == onnx.TensorProto.INT64]
         assert not [c for c in ints if 19 in c or 18 in c], name  # the dummy's length, its last position
