@@ -19,6 +19,7 @@ quickstart: $(BIN)/mlmkit
 
 test: $(BIN)/mlmkit
 	$(BIN)/ruff check mlmkit tasks tests benchmarks
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 lint: $(BIN)/mlmkit

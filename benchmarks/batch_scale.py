@@ -64,7 +64,7 @@ THREADS = 2
 # ---- data -------------------------------------------------------------------------------------
 def texts(seed: int = 0):
     """An endless seeded stream of short texts: 4-24 words of standard-library docstring sentences."""
-    from mlmkit.stdlib_corpus import docstring_documents
+    from mlmkit.quickstart.stdlib_corpus import docstring_documents
 
     pool = [s.split() for doc in docstring_documents() for s in doc]
     rng = random.Random(seed)

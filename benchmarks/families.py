@@ -21,9 +21,9 @@ tokens. Sentences: 8-40 words drawn (by frequency) from the 4,000 commonest word
 of Python's standard library; 1,024 of them are timed (another seed's 20,000 train the tokenizers).
 
 Three sides per family, each in its own worker process (torch and onnxruntime in one process slow
-each other down, PERF_NOTES), loaded and warmed up once, batch 32, 2 threads:
+each other down, docs/performance.md), loaded and warmed up once, batch 32, 2 threads:
 - mlmkit: the bundle of ``mlmkit export CHECKPOINT --out BUNDLE`` (the Python API), run by
-  ``mlmkit.runtime.Pipeline.load(bundle, threads=2, batch_size=32)`` over the texts;
+  ``mlmkit.infer.pipeline.Pipeline.load(bundle, threads=2, batch_size=32)`` over the texts;
 - transformers: ``pipeline("text-classification", model=CHECKPOINT)`` with torch at 2 threads,
   ``batch_size=32, truncation=True``;
 - optimum-equivalent: what optimum's ``optimum-cli export onnx`` + ``ORTOptimizer`` O2 would make of
@@ -105,7 +105,7 @@ def word_list(n: int = 4000) -> tuple[list[str], list[int]]:
     """The ``n`` commonest alphabetic words of the standard library's docstrings, with their counts."""
     from collections import Counter
 
-    from mlmkit.stdlib_corpus import docstring_documents
+    from mlmkit.quickstart.stdlib_corpus import docstring_documents
 
     c = Counter(w for doc in docstring_documents() for s in doc for w in s.split() if w.isalpha())
     common = c.most_common(n)
@@ -305,7 +305,7 @@ def setup(work: Path, families: list[str], n_sentences: int, attn: str | None = 
         save_checkpoint(d / "checkpoint", fam, train)
         t1 = time.perf_counter()
         from mlmkit.args import ExportArgs
-        from mlmkit.export import export
+        from mlmkit.export.bundle import export
 
         try:
             m = export(ExportArgs(run=d / "checkpoint", out=d / "bundle"))
@@ -329,7 +329,7 @@ def setup(work: Path, families: list[str], n_sentences: int, attn: str | None = 
 
 # ---- the sides (each in its own process) -----------------------------------------------------------
 def _mlmkit(d: Path, threads: int, batch_size: int):
-    from mlmkit.runtime import Pipeline
+    from mlmkit.infer.pipeline import Pipeline
 
     pipe = Pipeline.load(d / "bundle", threads=threads, batch_size=batch_size)
     return lambda texts: [[r["label"], r["probabilities"]["pos"]] for r in pipe(texts)]
@@ -423,7 +423,7 @@ def serve_long(side: str, d: Path, work: Path, threads: int) -> None:
     """A worker for the long inputs: "run N" times one batch of the text of N tokens."""
     texts = long_texts(d, work)
     if side == "mlmkit":
-        from mlmkit.runtime import Pipeline
+        from mlmkit.infer.pipeline import Pipeline
 
         pipe = Pipeline.load(d / "bundle", threads=threads, batch_size=1)
         tokens = {n: len(pipe.tokenizer.encode(t).ids) for n, t in texts.items()}

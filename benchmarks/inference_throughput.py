@@ -10,7 +10,7 @@ Inputs: 1,024 English sentences of 8-40 words from the same docstrings, one word
 by [MASK] for fill-mask. Batch 32, 2 threads on every side.
 
 Each side runs in its own worker process (torch and onnxruntime in one process slow each other
-down, PERF_NOTES), loaded and warmed up once; the driver then asks the workers for one timed pass
+down, docs/performance.md), loaded and warmed up once; the driver then asks the workers for one timed pass
 over all sentences in turn, the compared sides back to back, the direction reversed each round.
 Speeds are medians over the passes; a ratio is the median over the rounds of the two sides'
 back-to-back speeds, which keeps it steady when the machine's load drifts. On a shared machine
@@ -30,7 +30,7 @@ it exceeded 0.15 cores are marked and left out of the figures whenever quiet one
 
 int8 top-1 agreement is measured on the classifier, which is fine-tuned here first (a keyword
 task on the same docstring sentences): the agreement of a random MLM head is meaningless
-(PERF_NOTES), so the fill-mask int8 agreement is printed for information only. The top-1
+(docs/performance.md), so the fill-mask int8 agreement is printed for information only. The top-1
 agreement between the mlmkit fill-mask bundle and the transformers pipeline (same weights) is
 printed as a correctness check.
 
@@ -83,13 +83,13 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
     import torch
 
     from mlmkit.args import ExportArgs, FinetuneArgs
-    from mlmkit.checkpoint import save_run
-    from mlmkit.config import BertConfig
-    from mlmkit.export import export
-    from mlmkit.finetuning import finetune
+    from mlmkit.export.bundle import export
     from mlmkit.model import BertForPreTraining
-    from mlmkit.stdlib_corpus import docstring_documents
-    from mlmkit.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_tokenizer, train_tokenizer
+    from mlmkit.quickstart.stdlib_corpus import docstring_documents
+    from mlmkit.rundir.checkpoint import save_run
+    from mlmkit.rundir.config import BertConfig
+    from mlmkit.text.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_tokenizer, train_tokenizer
+    from mlmkit.train.finetune import finetune
 
     stamp = {"quick": quick, "sentences": n_sentences, "version": 8}  # bump when exports change
     if (work / "setup.json").exists() and json.loads((work / "setup.json").read_text()) == stamp:
@@ -207,10 +207,12 @@ def full_logits_graph(run: Path, out: Path) -> None:
 
     import torch
 
-    from mlmkit.checkpoint import load_state_dict, load_weights
-    from mlmkit.config import BertConfig
-    from mlmkit.export import INPUTS, _torch_export, fuse
+    from mlmkit.export.graphs import torch_export
+    from mlmkit.export.passes import fuse
+    from mlmkit.infer.bundle import INPUT_NAMES as INPUTS
     from mlmkit.model import BertForPreTraining, set_attention_impl
+    from mlmkit.rundir.checkpoint import load_state_dict, load_weights
+    from mlmkit.rundir.config import BertConfig
 
     class Full(torch.nn.Module):
         def __init__(self, m: BertForPreTraining) -> None:
@@ -230,7 +232,7 @@ def full_logits_graph(run: Path, out: Path) -> None:
     batch = {k: np.ones((2, 8), dtype=np.int64) for k in INPUTS}
     with tempfile.TemporaryDirectory() as d:
         plain = Path(d) / "plain.onnx"
-        _torch_export(Full(m), batch, {"logits": ("batch", "sequence", "vocabulary")}, plain, 17, INPUTS)
+        torch_export(Full(m), batch, {"logits": ("batch", "sequence", "vocabulary")}, plain, 17, INPUTS)
         fused = fuse(plain, out, cfg)
     log(f"setup: full-logits graph, fused {fused}")
 
@@ -255,7 +257,7 @@ def serve_side(name: str, work: Path, threads: int, batch_size: int) -> None:
 
 def _mlmkit_fill(bundle: str):
     def make(work: Path, threads: int, batch_size: int):
-        from mlmkit.runtime import Pipeline
+        from mlmkit.infer.pipeline import Pipeline
 
         pipe = Pipeline.load(work / "bundles" / bundle, threads=threads, batch_size=batch_size)
         return lambda texts: [r["masks"][0]["candidates"][0]["id"] if r["masks"] else -1 for r in pipe(texts, top_k=5)]
@@ -265,7 +267,7 @@ def _mlmkit_fill(bundle: str):
 
 def _mlmkit_classify(bundle: str):
     def make(work: Path, threads: int, batch_size: int):
-        from mlmkit.runtime import Pipeline
+        from mlmkit.infer.pipeline import Pipeline
 
         pipe = Pipeline.load(work / "bundles" / bundle, threads=threads, batch_size=batch_size)
         return lambda texts: [[r["label"], r["probabilities"]["returns"]] for r in pipe(texts)]
@@ -275,7 +277,7 @@ def _mlmkit_classify(bundle: str):
 
 def _mlmkit_embed(bundle: str):
     def make(work: Path, threads: int, batch_size: int):
-        from mlmkit.runtime import Pipeline
+        from mlmkit.infer.pipeline import Pipeline
 
         pipe = Pipeline.load(work / "bundles" / bundle, threads=threads, batch_size=batch_size)
         return lambda texts: [r["embedding"] for r in pipe(texts)]
@@ -306,8 +308,8 @@ def _ctranslate2(compute_type: str):
         import ctranslate2
         import numpy as np
 
-        from mlmkit.batching import bucket_batches
-        from mlmkit.tokenizer import load_tokenizer
+        from mlmkit.text.batching import bucket_batches
+        from mlmkit.text.tokenizer import load_tokenizer
 
         tok = load_tokenizer(work / "st-model")
         tok.enable_truncation(MAX_LENGTH)
@@ -363,8 +365,9 @@ def _full_logits(work: Path, threads: int, batch_size: int):
     """onnxruntime on the full-logits graph: same tokenizer, same buckets, top-k of the [MASK] rows."""
     import numpy as np
 
-    from mlmkit.batching import bucket_batches, pad_features
-    from mlmkit.runtime import load_bundle_tokenizer, make_session, read_bundle_meta
+    from mlmkit.infer.bundle import load_bundle_tokenizer, read_bundle_meta
+    from mlmkit.infer.pipeline import make_session
+    from mlmkit.text.batching import bucket_batches, pad_features
 
     bundle = work / "bundles" / "fill-mask"
     meta = read_bundle_meta(bundle)

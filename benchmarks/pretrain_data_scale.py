@@ -113,8 +113,8 @@ def main() -> None:
         return
     work.mkdir(parents=True, exist_ok=True)
     small_mb, large_mb = (5, 50) if a.quick else (50, 1000)
-    from mlmkit.stdlib_corpus import docstring_documents
-    from mlmkit.tokenizer import save_tokenizer, train_tokenizer
+    from mlmkit.quickstart.stdlib_corpus import docstring_documents
+    from mlmkit.text.tokenizer import save_tokenizer, train_tokenizer
 
     docs = ["\n".join(d) for d in docstring_documents()]
     if not (work / "tok" / "tokenizer.json").exists():

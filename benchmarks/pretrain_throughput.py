@@ -2,8 +2,8 @@
 
 The same config (L4 / H256 / A4 / I1024, vocabulary 30522), sequence length 128, batch 32, fp32,
 2 threads, AdamW training steps (forward, MLM + NSP loss, backward, clipping, optimizer step) on the
-same masked batches (random token ids masked with mlmkit.masking.mask_tokens). Each run of each side
-is its own process (torch keeps idle threads spinning between runs; PERF_NOTES), and the sides
+same masked batches (random token ids masked with mlmkit.train.masking.mask_tokens). Each run of each side
+is its own process (torch keeps idle threads spinning between runs; docs/performance.md), and the sides
 alternate so that machine noise hits both alike. Reports training tokens/s of each side (the median
 of the runs) and their ratio; the last line is the target line.
 
@@ -29,7 +29,7 @@ def batches(n: int, batch_size: int, seq_len: int, seed: int = 0) -> list[dict]:
     """``n`` masked pretraining batches: [CLS] A [SEP] B [SEP], random ordinary token ids."""
     import torch
 
-    from mlmkit.masking import mask_tokens
+    from mlmkit.train.masking import mask_tokens
 
     g = torch.Generator().manual_seed(seed)
     V, (pad, unk, cls, sep, mask) = CONFIG["vocab_size"], range(5)
@@ -53,11 +53,11 @@ def worker(side: str, steps: int, warmup: int, batch_size: int, seq_len: int, th
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    from mlmkit.training import param_groups
+    from mlmkit.train.loop import param_groups
 
     if side == "mlmkit":
-        from mlmkit.config import BertConfig
         from mlmkit.model import BertForPreTraining
+        from mlmkit.rundir.config import BertConfig
 
         model = BertForPreTraining(BertConfig(**CONFIG))
     else:

@@ -1,14 +1,49 @@
-"""mlmkit: pre-train BERT encoders (MLM + NSP), fine-tune task heads, export to ONNX, serve with onnxruntime.
+"""mlmkit: pre-train encoders (MLM, + NSP for BERT), fine-tune task heads, export to ONNX, serve with onnxruntime.
 
-The package root imports nothing heavy: ``mlmkit.runtime`` (onnxruntime, no torch) must stay fast
-to import. The API lives in its modules, one function per command taking one argument dataclass:
+The Python API is this package's top level, one function per command taking one argument dataclass:
 
-    from mlmkit.args import PretrainArgs, FinetuneArgs, ExportArgs, TrainArgs
-    from mlmkit.pretraining import pretrain          # pretrain(PretrainArgs(...))
-    from mlmkit.finetuning import finetune, evaluate_run
-    from mlmkit.export import export
-    from mlmkit.runtime import Pipeline              # Pipeline.load(bundle)(inputs)
-    from mlmkit.registry import get_task, tasks      # the task plugins
+    import mlmkit
+    mlmkit.pretrain(mlmkit.PretrainArgs(...))
+    mlmkit.finetune(mlmkit.FinetuneArgs(...)); mlmkit.evaluate_run(run, data)
+    mlmkit.export(mlmkit.ExportArgs(...))
+    mlmkit.Pipeline.load(bundle)(inputs)
+
+Each name is imported when first used, so ``import mlmkit`` stays fast and torch-free (the inference
+side never imports torch; docs/architecture.md has the packages and the rule).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_API = {
+    "pretrain": "mlmkit.train.pretrain",
+    "finetune": "mlmkit.train.finetune",
+    "evaluate_run": "mlmkit.train.finetune",
+    "Pipeline": "mlmkit.infer.pipeline",
+    "Args": "mlmkit.args",
+    "TrainArgs": "mlmkit.args",
+    "TokenizerArgs": "mlmkit.args",
+    "TokenizeArgs": "mlmkit.args",
+    "PretrainArgs": "mlmkit.args",
+    "FinetuneArgs": "mlmkit.args",
+    "SweepArgs": "mlmkit.args",
+    "ExportArgs": "mlmkit.args",
+    "ServeArgs": "mlmkit.args",
+}
+__all__ = [*_API, "export"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "export":  # the package mlmkit.export, callable as the function of the same name
+        return importlib.import_module("mlmkit.export")
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'mlmkit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

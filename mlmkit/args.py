@@ -5,7 +5,7 @@ once, here. The CLI builds its options from these fields (cli/common.py: flags a
 in kebab case unless ``flags`` says otherwise) and the Python API takes the dataclasses:
 
     from mlmkit.args import PretrainArgs, TrainArgs
-    from mlmkit.pretraining import pretrain
+    from mlmkit.train.pretrain import pretrain
     pretrain(PretrainArgs(corpus=["corpus.txt"], out="runs/a", train=TrainArgs(steps=200)))
 
 ``TrainArgs`` (the training loop's settings) is composed into ``PretrainArgs`` and ``FinetuneArgs``
@@ -23,9 +23,9 @@ from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import ConfigError
-from .tokenizer import DEFAULT_VOCAB_SIZE
-from .tokenizer import KINDS as TOKENIZER_KINDS
+from mlmkit.errors import ConfigError
+from mlmkit.text.tokenizer import DEFAULT_VOCAB_SIZE
+from mlmkit.text.tokenizer import KINDS as TOKENIZER_KINDS
 
 A = TypeVar("A", bound="Args")
 PRETRAIN_ARCHS = ("bert", "roberta", "modernbert")  # families `mlmkit pretrain --arch` makes (models/ has their presets)
@@ -180,9 +180,7 @@ class TrainArgs(Args):
                "the last checkpoint is what --resume continues from")
         _check(self.log_every >= 1, f"{f('log_every')} must be at least 1")
         _check(self.early_stopping is None or self.early_stopping >= 1, f"{f('early_stopping')} must be at least 1")
-        from .tracking import parse_report_to
-
-        parse_report_to(self.report_to)
+        # --report-to's names are checked by the commands, against the reporters train/tracking.py registers
 
 
 CORPUS_HELP = ("Corpus files, directories or quoted globs: .txt/.txt.gz (a sentence per line, a blank line "

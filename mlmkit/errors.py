@@ -1,6 +1,6 @@
 """The exception types the CLI turns into one red line and exit status 2.
 
-The library raises these; only ``cli.py`` exits. Each carries a hint saying how to fix it, and
+The library raises these; only the CLI (``mlmkit/cli/``) exits. Each carries a hint saying how to fix it, and
 data errors carry the file, line and field they are about.
 """
 

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import ConfigError
+from mlmkit.errors import ConfigError
 
 log = logging.getLogger("mlmkit")
 

@@ -1,7 +1,7 @@
 """BERT's classes under their old import path (task plugins import them from here); the code is the
 family-agnostic core in models/core.py."""
 
-from .models.core import (  # noqa: F401
+from mlmkit.models.core import (  # noqa: F401
     BertEmbeddings,
     BertForLabels,
     BertForPreTraining,

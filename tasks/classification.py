@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from mlmkit.taskkit import (
+from mlmkit.plugin.taskkit import (
     BATCH,
     EXAMPLE,
     LABEL,

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from mlmkit.errors import TaskError
-from mlmkit.taskkit import (
+from mlmkit.plugin.taskkit import (
     BATCH,
     EXAMPLE,
     TRUNCATED,

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from mlmkit.errors import MlmkitError
-from mlmkit.taskkit import (
+from mlmkit.plugin.taskkit import (
     BATCH,
     EXAMPLE,
     SEQUENCE,

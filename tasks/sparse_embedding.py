@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from mlmkit_tasks.embedding import EmbeddingTask, is_splade_directory
 
-from mlmkit.taskkit import BATCH, EXAMPLE, TaskContext, TaskOption
+from mlmkit.plugin.taskkit import BATCH, EXAMPLE, TaskContext, TaskOption
 
 
 @functools.cache

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from mlmkit.taskkit import (
+from mlmkit.plugin.taskkit import (
     BATCH,
     EXAMPLE,
     LABEL,
@@ -432,7 +432,7 @@ class TaggingTask:
         """Windows of [CLS] sub-tokens [SEP] per example, with "word_ids" (word index per token, -1 on
         [CLS]/[SEP]) and "window" [start, end, total] in the example's sub-tokens. Consecutive windows
         of one example share about a quarter of a window."""
-        from mlmkit.tokenizer import special_ids
+        from mlmkit.text.tokenizer import special_ids
 
         if ctx.max_length < 3:
             raise ConfigError(f"--max-length {ctx.max_length} leaves no room for words", "use at least 8")

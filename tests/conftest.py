@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mlmkit.checkpoint import save_run
-from mlmkit.config import BertConfig
 from mlmkit.model import BertForPreTraining
-from mlmkit.tokenizer import train_tokenizer
+from mlmkit.rundir.checkpoint import save_run
+from mlmkit.rundir.config import BertConfig
+from mlmkit.text.tokenizer import train_tokenizer
 
 
 def tiny_config(vocab_size: int, **kw) -> BertConfig:
@@ -61,20 +61,20 @@ def _cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 # ---- the Python API with flat keyword arguments, as the CLI builds it ---------------------------
 def run_pretrain(corpus: list[Path], out: Path, **kw):
     from mlmkit.args import PretrainArgs
-    from mlmkit.pretraining import pretrain
+    from mlmkit.train.pretrain import pretrain
 
     return pretrain(PretrainArgs.from_flat(corpus=list(corpus), out=out, **kw))
 
 
 def run_finetune(task: str, model: Path, train: Path, out: Path, **kw):
     from mlmkit.args import FinetuneArgs
-    from mlmkit.finetuning import finetune
+    from mlmkit.train.finetune import finetune
 
     return finetune(FinetuneArgs.from_flat(task=task, model=model, train_file=train, out=out, **kw))
 
 
 def run_export(run: Path, out: Path, **kw):
     from mlmkit.args import ExportArgs
-    from mlmkit.export import export
+    from mlmkit.export.bundle import export
 
     return export(ExportArgs(run=run, out=out, **kw))

@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mlmkit.checkpoint import load_state_dict, load_weights
-from mlmkit.config import ModelConfig
 from mlmkit.models import core
+from mlmkit.rundir.checkpoint import load_state_dict, load_weights
+from mlmkit.rundir.config import ModelConfig
 
 
 def perturb(model: nn.Module, seed: int) -> None:

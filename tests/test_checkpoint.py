@@ -10,13 +10,13 @@ import torch
 from conftest import run_pretrain
 from safetensors.torch import load_file
 
-import mlmkit.checkpoint as ckpt
-from mlmkit.checkpoint import load_state_dict, save_weights
-from mlmkit.config import BertConfig
+import mlmkit.rundir.checkpoint as ckpt
 from mlmkit.errors import ConfigError
 from mlmkit.model import BertForPreTraining
-from mlmkit.tokenizer import save_tokenizer, train_tokenizer
-from mlmkit.training import Checkpointer, latest_checkpoint
+from mlmkit.rundir.checkpoint import load_state_dict, save_weights
+from mlmkit.rundir.config import BertConfig
+from mlmkit.text.tokenizer import save_tokenizer, train_tokenizer
+from mlmkit.train.state import Checkpointer, latest_checkpoint
 
 N = 4  # steps between checkpoints
 

@@ -15,9 +15,9 @@ from mlmkit_tasks.classification import task
 from typer.testing import CliRunner
 
 from mlmkit.errors import DataFormatError
-from mlmkit.finetuning import evaluate_run
-from mlmkit.registry import Task, TaskContext, get_task
-from mlmkit.tokenizer import train_tokenizer
+from mlmkit.plugin.registry import Task, TaskContext, get_task
+from mlmkit.text.tokenizer import train_tokenizer
+from mlmkit.train.finetune import evaluate_run
 
 plugin = get_task("classification")
 OPTS = plugin.resolve_options()
@@ -227,8 +227,8 @@ def test_learns_easy_set_and_loads_in_transformers(easy_data, tmp_path):
 
     from transformers import BertForSequenceClassification
 
-    from mlmkit.batching import pad_features
-    from mlmkit.finetuning import load_finetuned
+    from mlmkit.text.batching import pad_features
+    from mlmkit.train.finetune import load_finetuned
 
     hf, info = BertForSequenceClassification.from_pretrained(run, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info

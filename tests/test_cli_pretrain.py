@@ -11,8 +11,8 @@ import torch
 from typer.testing import CliRunner
 
 from mlmkit.cli import app
-from mlmkit.config import BertConfig
-from mlmkit.tokenizer import save_tokenizer, train_tokenizer
+from mlmkit.rundir.config import BertConfig
+from mlmkit.text.tokenizer import save_tokenizer, train_tokenizer
 
 runner = CliRunner()
 

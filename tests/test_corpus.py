@@ -11,17 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from mlmkit import corpus as corpus_mod
-from mlmkit.corpus import (
-    PretrainData,
-    TokenizedCorpus,
-    iter_documents,
-    nsp_instances,
-    packed_instances,
-    tokenize_corpus,
-)
 from mlmkit.errors import DataFormatError, MlmkitError
-from mlmkit.tokenizer import special_ids, train_tokenizer
+from mlmkit.text.tokenizer import special_ids, train_tokenizer
+from mlmkit.train.corpus import instances as corpus_instances
+from mlmkit.train.corpus import shards as corpus_shards
+from mlmkit.train.corpus.files import iter_documents
+from mlmkit.train.corpus.instances import PretrainData, nsp_instances, packed_instances
+from mlmkit.train.corpus.shards import TokenizedCorpus, tokenize_corpus
 
 FIRST_ID = 5  # ids 0-4 are the special tokens
 
@@ -64,7 +60,7 @@ def nsp_setup():
 
 def test_isnext_rate_is_about_half(nsp_setup):
     c, inst = nsp_setup
-    units = corpus_mod.instance_units(c, 64, nsp=True)
+    units = corpus_instances.instance_units(c, 64, nsp=True)
     assert len(inst) == len(units) - 1 > 1000  # one instance per unit and epoch
     is_next = np.mean([x.is_next == 0 for x in inst])  # label 0 = IsNext, as transformers
     assert 0.45 <= is_next <= 0.55, is_next
@@ -284,7 +280,7 @@ def test_tokenize_corpus_reuses_its_cache(tmp_path, tok, monkeypatch):
     def no_reading(path, *args):
         raise AssertionError("the corpus was read again")
 
-    monkeypatch.setattr(corpus_mod, "iter_documents", no_reading)
+    monkeypatch.setattr(corpus_shards, "iter_documents", no_reading)
     second = tokenize_corpus([p], tok, cache)
     for k in ("tokens", "sent_offsets", "doc_offsets"):
         assert np.array_equal(getattr(first, k), getattr(second, k))
@@ -378,7 +374,7 @@ def test_instance_units_are_computed_once_and_cached_beside_the_shard(tmp_path, 
     def computed_again(*args):
         raise AssertionError("the units were computed again")
 
-    monkeypatch.setattr(corpus_mod, "_blocks", computed_again)
+    monkeypatch.setattr(corpus_instances, "_blocks", computed_again)
     again = PretrainData(tokenize_corpus([p], tok, tmp_path / "cache"), tok, max_len=32, batch_size=4, seed=1)
     assert np.array_equal(first.units, again.units) and first.num_units > 10
     a, b = first.batch(1, 2, seed=5), again.batch(1, 2, seed=5)  # another process, the same batch
@@ -416,9 +412,9 @@ def test_tokenizing_in_worker_processes_gives_the_same_shard(tmp_path, tok):
     docs = [[f"w{i} w{(i * 7) % 60} w{(i * 11) % 60}.", f"w{(i * 3) % 60} w{i % 9}."] for i in range(60)]
     parts = [write_txt(tmp_path / f"part{k}.txt", docs=docs[k * 12 : (k + 1) * 12]) for k in range(5)]
     one = tmp_path / "one"
-    corpus_mod.tokenize_to(parts, tok, one)
+    corpus_shards.tokenize_to(parts, tok, one)
     two = tmp_path / "two"
-    corpus_mod.tokenize_to(parts, tok, two, workers=2)
+    corpus_shards.tokenize_to(parts, tok, two, workers=2)
     for name in ("tokens.bin", "sentences.bin", "documents.bin"):
         assert (one / name).read_bytes() == (two / name).read_bytes(), name
     assert json.loads((one / "manifest.json").read_text()) == json.loads((two / "manifest.json").read_text())
@@ -426,5 +422,5 @@ def test_tokenizing_in_worker_processes_gives_the_same_shard(tmp_path, tok):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine."}\n{"txt": "no text"}\n')
     with pytest.raises(DataFormatError, match=r"bad\.jsonl, line 2, field 'text'"):  # raised in a worker, named here
-        corpus_mod.tokenize_to([*parts, bad], tok, tmp_path / "three", workers=2)
+        corpus_shards.tokenize_to([*parts, bad], tok, tmp_path / "three", workers=2)
     assert not (tmp_path / "three").exists()

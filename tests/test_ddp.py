@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mlmkit.checkpoint import load_state_dict
 from mlmkit.files import read_json
-from mlmkit.tokenizer import load_tokenizer
+from mlmkit.rundir.checkpoint import load_state_dict
+from mlmkit.text.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +72,10 @@ def test_ranks_draw_disjoint_batches_from_one_shard(corpus, tmp_path):
     """Rank r of w makes only batches micro * w + r, and together they are the single process's batches."""
     import torch
 
-    from mlmkit.corpus import PretrainData, tokenize_corpus
-    from mlmkit.tokenizer import train_tokenizer
-    from mlmkit.training import batch_seed
+    from mlmkit.text.tokenizer import train_tokenizer
+    from mlmkit.train.corpus.instances import PretrainData
+    from mlmkit.train.corpus.shards import tokenize_corpus
+    from mlmkit.train.state import batch_seed
 
     tok = train_tokenizer(corpus.read_text().split("\n"), vocab_size=100, min_frequency=1)
     data = PretrainData(tokenize_corpus([corpus], tok, tmp_path / "cache"), tok, max_len=32, batch_size=4, seed=0)

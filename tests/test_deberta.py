@@ -20,11 +20,11 @@ import torch
 from family_parity import Backbone, Logits, SpanModel, export_logits, load_ours, perturb, real_diff
 from torch import nn
 
-from mlmkit.checkpoint import load_state_dict, save_weights
-from mlmkit.config import ModelConfig, preset
 from mlmkit.errors import ConfigError
 from mlmkit.models import core, family_for
 from mlmkit.models.deberta import DebertaLayer, RelativePositions, bucket
+from mlmkit.rundir.checkpoint import load_state_dict, save_weights
+from mlmkit.rundir.config import ModelConfig, preset
 
 transformers = pytest.importorskip("transformers")
 

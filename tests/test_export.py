@@ -18,16 +18,16 @@ import pytest
 import torch
 from conftest import make_base_model, run_export
 
-import mlmkit.export as export_mod
-from mlmkit import registry
-from mlmkit.batching import pad_features
-from mlmkit.checkpoint import load_state_dict, load_weights, save_run
-from mlmkit.config import BertConfig
+import mlmkit.export.bundle as export_mod  # the steps, where the parity gate is called
 from mlmkit.errors import ConfigError, MlmkitError, ParityError
-from mlmkit.finetuning import load_finetuned
 from mlmkit.model import BertForPreTraining, BertSelfAttention
-from mlmkit.registry import TaskContext, get_task, per_token
-from mlmkit.tokenizer import load_tokenizer, special_ids
+from mlmkit.plugin import registry
+from mlmkit.plugin.registry import TaskContext, get_task, per_token
+from mlmkit.rundir.checkpoint import load_state_dict, load_weights, save_run
+from mlmkit.rundir.config import BertConfig
+from mlmkit.text.batching import pad_features
+from mlmkit.text.tokenizer import load_tokenizer, special_ids
+from mlmkit.train.finetune import load_finetuned
 
 NAMES = "john mary paris london berlin anna peter rome".split()
 WORDS = ("the a cat dog sat on mat went to city in big small red blue house river near old new man woman "
@@ -220,14 +220,14 @@ def test_task_bundle_matches_pytorch_on_mixed_lengths(kind, runs, bundles):
 
 # ---- failures ----------------------------------------------------------------------------------
 def test_parity_failure_names_the_output(runs, tmp_path, monkeypatch):
-    real = export_mod._torch_outputs
+    real = export_mod.torch_outputs
 
     def off(*a: Any) -> dict[str, np.ndarray]:
         out = real(*a)
         out["top_probs"] = out["top_probs"] + 1e-3
         return out
 
-    monkeypatch.setattr(export_mod, "_torch_outputs", off)
+    monkeypatch.setattr(export_mod, "torch_outputs", off)
     with pytest.raises(ParityError, match=r"top_probs: max diff 1\.00e-03"):
         run_export(runs["fill-mask"], tmp_path / "b")
     assert not (tmp_path / "b" / "mlmkit.json").exists()

@@ -29,14 +29,14 @@ from tokenizers import (
 )
 from typer.testing import CliRunner
 
-from mlmkit.batching import pad_features
-from mlmkit.checkpoint import load_state_dict, load_weights
 from mlmkit.cli import app
-from mlmkit.config import ModelConfig
+from mlmkit.infer.pipeline import Pipeline
 from mlmkit.models.core import BertForLabels, BertForPreTraining
-from mlmkit.runtime import Pipeline
-from mlmkit.tokenizer import load_tokenizer, special_ids
-from mlmkit.training import Checkpointer
+from mlmkit.rundir.checkpoint import load_state_dict, load_weights
+from mlmkit.rundir.config import ModelConfig
+from mlmkit.text.batching import pad_features
+from mlmkit.text.tokenizer import load_tokenizer, special_ids
+from mlmkit.train.state import Checkpointer
 
 transformers = pytest.importorskip("transformers")  # a dev extra: the oracle
 runner = CliRunner()

@@ -13,7 +13,7 @@ import torch
 from test_families import encode_batch, export, hf_out, runner, save_checkpoint, sentences
 
 from mlmkit.cli import app
-from mlmkit.runtime import Pipeline
+from mlmkit.infer.pipeline import Pipeline
 
 transformers = pytest.importorskip("transformers")
 
@@ -127,7 +127,7 @@ def test_a_checkpoint_with_vocab_json_and_merges_txt_only(tmp_path: Path) -> Non
     (tmp_path / "src" / "merges.txt").write_text("#version: 0.2\n" + "".join(
         (" ".join(m) if isinstance(m, list) else m) + "\n" for m in model["merges"]))
     (tmp_path / "src" / "tokenizer.json").unlink()
-    from mlmkit.tokenizer import load_tokenizer
+    from mlmkit.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tmp_path / "src")
     for text in ("the film was good", "john went to <mask> and paris"):

@@ -18,15 +18,15 @@ from safetensors.torch import load_file
 from torch import nn
 from typer.testing import CliRunner
 
-from mlmkit import finetuning
-from mlmkit.checkpoint import load_state_dict, load_weights
 from mlmkit.cli import app
-from mlmkit.config import BertConfig
 from mlmkit.errors import ConfigError
-from mlmkit.finetuning import FeatureData
 from mlmkit.model import BertForPreTraining, BertModel
-from mlmkit.registry import Plugin, TaskOption
-from mlmkit.tokenizer import load_tokenizer
+from mlmkit.plugin.registry import Plugin, TaskOption
+from mlmkit.rundir.checkpoint import load_state_dict, load_weights
+from mlmkit.rundir.config import BertConfig
+from mlmkit.text.tokenizer import load_tokenizer
+from mlmkit.train import finetune as finetuning
+from mlmkit.train.finetune import FeatureData
 
 transformers = pytest.importorskip("transformers")  # a dev extra: the parity oracle
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from conftest import make_base_model, run_finetune
 
-from mlmkit import registry
-from mlmkit.batching import shuffled_groups
-from mlmkit.taskkit import BATCH, EXAMPLE, iter_jsonl, tokenizer_settings
+from mlmkit.plugin import registry
+from mlmkit.plugin.taskkit import BATCH, EXAMPLE, iter_jsonl, tokenizer_settings
+from mlmkit.text.batching import shuffled_groups
 
 ANIMALS = "cat dog cow hen fox owl bee ant".split()
 PETS = ("cat", "dog")

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mlmkit.checkpoint import load_state_dict, load_weights, save_run
-from mlmkit.config import BertConfig
 from mlmkit.model import BertForPreTraining, BertModel
-from mlmkit.tokenizer import SPECIAL_TOKENS, load_tokenizer
+from mlmkit.rundir.checkpoint import load_state_dict, load_weights, save_run
+from mlmkit.rundir.config import BertConfig
+from mlmkit.text.tokenizer import SPECIAL_TOKENS, load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 

@@ -16,10 +16,10 @@ import torch
 from conftest import run_finetune
 from typer.testing import CliRunner
 
-from mlmkit.batching import pad_features
 from mlmkit.cli import app
-from mlmkit.runtime import Pipeline
-from mlmkit.tokenizer import load_tokenizer
+from mlmkit.infer.pipeline import Pipeline
+from mlmkit.text.batching import pad_features
+from mlmkit.text.tokenizer import load_tokenizer
 
 transformers = pytest.importorskip("transformers")  # a dev extra: the oracle
 runner = CliRunner()
@@ -138,7 +138,7 @@ def test_classifier_with_transformers_default_labels(tmp_path: Path) -> None:
     (r,) = Pipeline.load(tmp_path / "b")(["the film was good"])
     assert set(r["probabilities"]) == {"LABEL_0", "LABEL_1"}
     # num_labels without id2label (older transformers configs): that many LABEL_i
-    from mlmkit.config import BertConfig
+    from mlmkit.rundir.config import BertConfig
 
     cfg = BertConfig.from_dict({**written, "num_labels": 3})
     assert cfg.id2label == {0: "LABEL_0", 1: "LABEL_1", 2: "LABEL_2"} and "num_labels" not in cfg.extra
@@ -382,8 +382,8 @@ def fixed_vocab_base(d: Path, words: list[str]) -> Path:
     the same training) in every process, where a tokenizer trained here could number them otherwise."""
     from conftest import tiny_config
 
-    from mlmkit.checkpoint import save_run
     from mlmkit.model import BertForPreTraining
+    from mlmkit.rundir.checkpoint import save_run
 
     d.mkdir()
     (d / "vocab.txt").write_text("".join(t + "\n" for t in SPECIAL + words), encoding="utf-8")

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from mlmkit.cli import app
 from mlmkit.errors import DataFormatError
-from mlmkit.jobs import windows
-from mlmkit.records import input_files, iter_inputs, stdin_inputs
+from mlmkit.infer.jobs import windows
+from mlmkit.text.records import input_files, iter_inputs, stdin_inputs
 
 runner = CliRunner()
 pa = pytest.importorskip("pyarrow")
@@ -207,7 +207,7 @@ def test_memory_does_not_grow_with_the_input(tmp_path: Path, bundle: Path) -> No
 @pytest.mark.slow  # 26 s: starts a Ray cluster
 def test_ray_data_matches_the_local_results(tmp_path: Path, bundle: Path) -> None:
     ray = pytest.importorskip("ray")
-    from mlmkit.integrations.ray import predict
+    from mlmkit.infer.integrations.ray import predict
 
     data = rows(200)
     shards = tmp_path / "shards"

@@ -1,11 +1,11 @@
-"""Masking statistics of mlmkit.masking.mask_tokens over >= 100k tokens (BERT section 3.1)."""
+"""Masking statistics of mlmkit.train.masking.mask_tokens over >= 100k tokens (BERT section 3.1)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from mlmkit.masking import mask_tokens
+from mlmkit.train.masking import mask_tokens
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 SPECIAL = torch.tensor([PAD, UNK, CLS, SEP, MASK])

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from mlmkit.config import BertConfig
 from mlmkit.model import BertForPreTraining, BertModel, masked_lm_loss, set_attention_impl
+from mlmkit.rundir.config import BertConfig
 
 V = 50
 
@@ -131,7 +131,7 @@ def test_decoder_is_tied_to_the_word_embeddings():
     assert model.cls.predictions.decoder.weight is emb
     assert sum(p is emb for p in model.parameters()) == 1  # one parameter, updated once per step
     # after loading a state dict (which, as transformers', omits the decoder copy) it is still tied
-    from mlmkit.checkpoint import TIED_KEYS, load_weights
+    from mlmkit.rundir.checkpoint import TIED_KEYS, load_weights
 
     other = BertForPreTraining(tiny())
     sd = {k: v for k, v in other.state_dict().items() if k not in TIED_KEYS}

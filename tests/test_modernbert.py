@@ -17,8 +17,6 @@ import torch
 from family_parity import Backbone, Logits, SpanModel, export_logits, load_ours, perturb, real_diff
 from torch import nn
 
-from mlmkit.checkpoint import save_weights
-from mlmkit.config import ModelConfig, preset
 from mlmkit.errors import ConfigError
 from mlmkit.models import core, family_for, modernbert
 from mlmkit.models.modernbert import (
@@ -30,6 +28,8 @@ from mlmkit.models.modernbert import (
     window_mask,
     window_plan,
 )
+from mlmkit.rundir.checkpoint import save_weights
+from mlmkit.rundir.config import ModelConfig, preset
 
 transformers = pytest.importorskip("transformers")
 

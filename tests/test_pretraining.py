@@ -19,13 +19,13 @@ import pytest
 import torch
 from conftest import run_pretrain
 
-from mlmkit.checkpoint import load_state_dict, load_weights
-from mlmkit.config import BertConfig
 from mlmkit.files import read_json
 from mlmkit.model import BertForPreTraining
-from mlmkit.pretraining import split_heldout
-from mlmkit.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
-from mlmkit.training import linear_schedule, param_groups
+from mlmkit.rundir.checkpoint import load_state_dict, load_weights
+from mlmkit.rundir.config import BertConfig
+from mlmkit.text.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+from mlmkit.train.loop import linear_schedule, param_groups
+from mlmkit.train.pretrain import split_heldout
 
 N_COLOURS = 4
 
@@ -190,7 +190,7 @@ def test_vocabulary_mismatch_is_refused_before_training(lang_dir, tmp_path):
 
 
 def test_heldout_split_keeps_documents_whole(lang_dir):
-    from mlmkit.corpus import tokenize_corpus
+    from mlmkit.train.corpus.shards import tokenize_corpus
 
     d, _ = lang_dir
     tok = load_tokenizer(d / "tok" / "tokenizer.json")

@@ -17,15 +17,15 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from mlmkit.batching import bucket_batches
-from mlmkit.corpus import iter_documents
 from mlmkit.errors import DataFormatError, MlmkitError
 from mlmkit.files import json_line
-from mlmkit.masking import mask_tokens
-from mlmkit.records import stdin_inputs
-from mlmkit.registry import TaskContext, get_task
-from mlmkit.taskkit import clip_text, iter_records
-from mlmkit.tokenizer import special_ids, train_tokenizer
+from mlmkit.plugin.registry import TaskContext, get_task
+from mlmkit.plugin.taskkit import clip_text, iter_records
+from mlmkit.text.batching import bucket_batches
+from mlmkit.text.records import stdin_inputs
+from mlmkit.text.tokenizer import special_ids, train_tokenizer
+from mlmkit.train.corpus.files import iter_documents
+from mlmkit.train.masking import mask_tokens
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                            HealthCheck.too_slow])

@@ -13,11 +13,11 @@ import torch
 from conftest import run_finetune
 from mlmkit_tasks.qa import f1_score, normalize_answer, task
 
-from mlmkit.batching import pad_features
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
-from mlmkit.finetuning import evaluate_run, load_finetuned
-from mlmkit.registry import BATCH, SEQUENCE, Task, TaskContext, get_task
-from mlmkit.tokenizer import train_tokenizer
+from mlmkit.plugin.registry import BATCH, SEQUENCE, Task, TaskContext, get_task
+from mlmkit.text.batching import pad_features
+from mlmkit.text.tokenizer import train_tokenizer
+from mlmkit.train.finetune import evaluate_run, load_finetuned
 
 plugin = get_task("qa")
 
@@ -436,7 +436,7 @@ def test_learns_squad2_no_answer_and_saves_the_calibrated_threshold(tmp_path, ba
 
 
 def test_model_loss_matches_transformers_definition():
-    from mlmkit.config import BertConfig
+    from mlmkit.rundir.config import BertConfig
 
     cfg = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
     net = task.build_model(cfg, ctx())
@@ -460,9 +460,9 @@ def test_inference_path_does_not_import_torch():
     code = (
         "import sys, numpy as np\n"
         "from mlmkit_tasks.qa import task\n"
-        "from mlmkit.tokenizer import train_tokenizer\n"
+        "from mlmkit.text.tokenizer import train_tokenizer\n"
         "tok = train_tokenizer(['the dog is rex . who is the dog ?'] * 3, vocab_size=100, min_frequency=1)\n"
-        "from mlmkit.registry import TaskContext, get_task\n"
+        "from mlmkit.plugin.registry import TaskContext, get_task\n"
         "c = TaskContext(max_length=32, options=get_task('qa').resolve_options())\n"
         "ex = task.from_input({'question': 'who is the dog ?', 'context': 'the dog is rex .'}, c.options)\n"
         "fs = task.featurize([ex], tok, c, training=False)\n"

@@ -21,13 +21,14 @@ from conftest import run_export
 from test_export import build_runs
 from typer.testing import CliRunner
 
-from mlmkit import corpus as corpus_mod
 from mlmkit.cli import app
 from mlmkit.errors import BundleError, ConfigError, MlmkitError
 from mlmkit.files import LOCK, exclusive
-from mlmkit.runtime import Pipeline
-from mlmkit.tokenizer import save_tokenizer, train_tokenizer
-from mlmkit.training import Checkpointer
+from mlmkit.infer.pipeline import Pipeline
+from mlmkit.text.tokenizer import save_tokenizer, train_tokenizer
+from mlmkit.train.corpus import instances as corpus_instances
+from mlmkit.train.corpus import shards as corpus_shards
+from mlmkit.train.state import Checkpointer
 
 runner = CliRunner()
 WORDS = [f"w{i}" for i in range(40)]
@@ -55,7 +56,7 @@ def data(tmp_path_factory) -> dict[str, Path]:
     (d / "corpus.txt").write_text("\n\n".join(docs) + "\n")
     tok = train_tokenizer((d / "corpus.txt").read_text().split("\n"), vocab_size=120, min_frequency=1)
     save_tokenizer(tok, d / "tok")
-    from mlmkit.config import BertConfig
+    from mlmkit.rundir.config import BertConfig
 
     BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                intermediate_size=64, max_position_embeddings=64).save(d / "config.json")
@@ -103,12 +104,12 @@ def test_pair_truncation_and_packing_are_linear() -> None:
     long = list(range(400_000))
     t0 = time.perf_counter()
     a, b = list(long), list(range(10))
-    corpus_mod._truncate_pair(a, b, 125, random.Random(0))
+    corpus_instances._truncate_pair(a, b, 125, random.Random(0))
     assert (len(a), len(b)) == (115, 10)  # the longer side gives way
     import numpy as np
 
-    tc = corpus_mod.TokenizedCorpus(np.arange(400_000, dtype=np.int32), np.array([0, 400_000]), np.array([0, 1]))
-    packed = corpus_mod.packed_instances(tc, 128)
+    tc = corpus_shards.TokenizedCorpus(np.arange(400_000, dtype=np.int32), np.array([0, 400_000]), np.array([0, 1]))
+    packed = corpus_instances.packed_instances(tc, 128)
     assert sum(len(x.a) for x in packed) == 400_000 and max(len(x.a) for x in packed) == 126
     assert time.perf_counter() - t0 < 2.0
 
@@ -128,7 +129,7 @@ def test_truncation_keeps_the_recipe_of_the_original(seed: int = 3) -> None:
         x, y = list(range(n_a)), list(range(100, 100 + n_b))
         x2, y2 = list(x), list(y)
         original(x, y, m, random.Random(seed))
-        corpus_mod._truncate_pair(x2, y2, m, random.Random(seed))
+        corpus_instances._truncate_pair(x2, y2, m, random.Random(seed))
         assert (x, y) == (x2, y2)
 
 
@@ -381,7 +382,7 @@ def test_clear_messages(tmp_path: Path, data: dict[str, Path], runs: dict[str, P
 
 
 def test_a_refused_pickle_does_not_suggest_unpickling_it(tmp_path: Path) -> None:
-    from mlmkit.checkpoint import load_state_dict
+    from mlmkit.rundir.checkpoint import load_state_dict
 
     class Evil:
         def __reduce__(self):
@@ -394,7 +395,7 @@ def test_a_refused_pickle_does_not_suggest_unpickling_it(tmp_path: Path) -> None
 
 
 def test_a_csv_field_longer_than_the_csv_modules_limit_is_read(tmp_path: Path) -> None:
-    from mlmkit.registry import get_task
+    from mlmkit.plugin.registry import get_task
 
     task = get_task("classification")
     f = tmp_path / "long.csv"

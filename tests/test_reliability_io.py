@@ -31,15 +31,16 @@ from conftest import make_base_model, run_export
 from test_export import corpus, make_task_run, sentence
 from typer.testing import CliRunner
 
-import mlmkit.corpus as corpus_mod
 from mlmkit.cli import app
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
 from mlmkit.files import JSONDataError, parse_json
-from mlmkit.jobs import batch
-from mlmkit.records import iter_inputs, stdin_inputs
-from mlmkit.registry import get_task
-from mlmkit.taskkit import Record, chars_per_token, clip_text, iter_records
-from mlmkit.tokenizer import save_tokenizer, train_tokenizer
+from mlmkit.infer.jobs import batch
+from mlmkit.plugin.registry import get_task
+from mlmkit.plugin.taskkit import Record, chars_per_token, clip_text, iter_records
+from mlmkit.text.records import iter_inputs, stdin_inputs
+from mlmkit.text.tokenizer import save_tokenizer, train_tokenizer
+from mlmkit.train.corpus import files as corpus_files
+from mlmkit.train.corpus import shards as corpus_shards
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -99,8 +100,8 @@ def mlmkit(*args: Any, **kw: Any) -> subprocess.CompletedProcess:
 HOLDER = r"""
 import sys, time
 from pathlib import Path
-from mlmkit.jobs import batch
-from mlmkit.taskkit import Record
+from mlmkit.infer.jobs import batch
+from mlmkit.plugin.taskkit import Record
 
 class Slow:
     def identity(self):
@@ -277,7 +278,7 @@ def peak_mb(code: str, *args: Any) -> tuple[float, str]:
     """Peak resident memory growth (MB) of ``code`` in a fresh process, and what it printed."""
     wrapped = ("import sys\n"
                "def hwm():\n    return int(next(x.split()[1] for x in open('/proc/self/status') if x.startswith('VmHWM'))) / 1024\n"
-               "import mlmkit.corpus, mlmkit.records, pyarrow\nbefore = hwm()\n" + code +
+               "import mlmkit.train.corpus.files, mlmkit.text.records, pyarrow\nbefore = hwm()\n" + code +
                "\nprint('PEAK', hwm() - before)\n")
     r = subprocess.run([sys.executable, "-c", wrapped, *map(str, args)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -290,7 +291,7 @@ def test_a_gz_corpus_that_inflates_to_one_endless_line_stops_at_the_ceiling(tmp_
     p.write_bytes(member * 64)  # gzip members concatenate: 512 MB inflated, in half a MB
     assert p.stat().st_size < 1 << 20
     code = ("from pathlib import Path\nfrom mlmkit.errors import DataFormatError\n"
-            "try:\n    list(mlmkit.corpus.iter_documents(Path(sys.argv[1])))\n"
+            "try:\n    list(mlmkit.train.corpus.files.iter_documents(Path(sys.argv[1])))\n"
             "except DataFormatError as e:\n    print('ERROR', e)\n")
     grew, out = peak_mb(code, p)
     assert "ERROR" in out and "bomb.jsonl.gz, line 1: a line of more than 67,108,864 bytes" in out, out
@@ -304,7 +305,7 @@ def test_a_long_line_over_the_ceiling_is_never_read_whole(tmp_path: Path) -> Non
         for _ in range(16):
             f.write(b"b" * (4 << 20))  # a 64 MB line
         f.write(b'"}\n{"text": "last"}\n')
-    code = ("from mlmkit.records import iter_inputs\n"
+    code = ("from mlmkit.text.records import iter_inputs\n"
             "items = list(iter_inputs(sys.argv[1], skip=True, max_bytes=4 << 20))\n"
             "print([type(x).__name__ for x in items])\n")
     grew, out = peak_mb(code, p)
@@ -315,10 +316,10 @@ def test_a_long_line_over_the_ceiling_is_never_read_whole(tmp_path: Path) -> Non
 def test_blank_lines_in_a_gz_corpus_are_not_silent(tmp_path: Path, monkeypatch, caplog) -> None:
     p = tmp_path / "blank.txt.gz"
     p.write_bytes(gzip.compress(b"\n" * 300_000 + b"a sentence at last\n"))
-    monkeypatch.setattr(corpus_mod, "QUIET_LOG", 0.0)
+    monkeypatch.setattr(corpus_files, "QUIET_LOG", 0.0)
     monkeypatch.setattr(logging.getLogger("mlmkit"), "propagate", True)  # (the CLI's setup turns it off)
     with caplog.at_level(logging.INFO, logger="mlmkit"):
-        assert list(corpus_mod.iter_documents(p)) == [["a sentence at last"]]
+        assert list(corpus_files.iter_documents(p)) == [["a sentence at last"]]
     said = [r.getMessage() for r in caplog.records if "blank" in r.getMessage()]
     assert said and "line 65,536, the last 65,536 of them blank" in said[0], said
 
@@ -327,13 +328,14 @@ def test_a_long_corpus_line_and_a_document_without_end_tokenize_as_the_whole(tmp
     long_line = " ".join(["the cat sat on the mat"] * 20_000)  # 460 KB: tokenized in pieces
     p = tmp_path / "c.txt"
     p.write_text("who is john ?\n" + long_line + "\n" + "\n".join(["the mat"] * 50) + "\n\nanother document here\n")
-    c = corpus_mod.tokenize_corpus([p], tok, tmp_path / "a")
+    c = corpus_shards.tokenize_corpus([p], tok, tmp_path / "a")
     assert c.num_docs == 2 and len(c.sent_offsets) - 1 == 53
     got = c.tokens[c.sent_offsets[1] : c.sent_offsets[2]].tolist()
     assert got == tok.encode(long_line, add_special_tokens=False).ids
-    monkeypatch.setattr(corpus_mod, "DOCUMENT_PART", 3)  # the first document in parts of 3 sentences
-    monkeypatch.setattr(corpus_mod, "PENDING_CHARS", 1000)
-    parts = corpus_mod.tokenize_corpus([p], tok, tmp_path / "b")
+    monkeypatch.setattr(corpus_files, "DOCUMENT_PART", 3)  # the first document in parts of 3 sentences
+    monkeypatch.setattr(corpus_files, "PENDING_CHARS", 1000)
+    monkeypatch.setattr(corpus_shards, "PENDING_CHARS", 1000)
+    parts = corpus_shards.tokenize_corpus([p], tok, tmp_path / "b")
     for k in ("tokens", "sent_offsets", "doc_offsets"):
         assert getattr(parts, k).tolist() == getattr(c, k).tolist(), k
 
@@ -370,7 +372,7 @@ def test_lone_surrogates_and_huge_integers_are_bad_records_in_every_reader(tmp_p
         with pytest.raises(DataFormatError, match=f"d.jsonl, line 2: malformed JSON \\({msg}"):
             task.read(p, task.resolve_options())
         with pytest.raises(DataFormatError, match=f"d.jsonl, line 2: malformed JSON \\({msg}"):
-            list(corpus_mod.iter_documents(p))
+            list(corpus_files.iter_documents(p))
     first_bad = io.StringIO(f"{LONE}\n{good}\n")  # the first line is JSON (with no data): not a reason to read text
     items = list(stdin_inputs(first_bad, skip=True))
     assert isinstance(items[0], DataFormatError) and items[1].data["text"] == "good one"
@@ -478,8 +480,8 @@ def test_cli_carries_a_timestamp_id_into_parquet_and_json_lines(tmp_path: Path, 
 KILL = r"""
 import os, signal, sys
 from pathlib import Path
-import mlmkit.corpus as c
-from mlmkit.tokenizer import load_tokenizer
+import mlmkit.train.corpus.shards as c
+from mlmkit.text.tokenizer import load_tokenizer
 
 def die(*args):
     os.kill(os.getpid(), signal.SIGKILL)
@@ -505,17 +507,17 @@ def test_a_tokenize_killed_while_replacing_a_shard_leaves_the_old_one(tmp_path: 
     old_corpus.write_text("the cat sat\non the mat\n\nwho is john ?\n")
     new_corpus.write_text("我们在北京\n\n学习中文\n")
     shard = tmp_path / "shard"
-    before = corpus_mod.tokenize_to([old_corpus], tok, shard)
+    before = corpus_shards.tokenize_to([old_corpus], tok, shard)
     tokens = before.tokens.tolist()
     r = subprocess.run([sys.executable, "-c", KILL, str(tmp_path / "tok"), str(new_corpus), str(shard), where],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == -9, r.stderr
     if where == "move aside":
         assert not shard.exists()  # the instant the old shard is aside: the next load puts it back
-    again = corpus_mod.open_shard(shard, tok)  # what `pretrain --data` does
+    again = corpus_shards.open_shard(shard, tok)  # what `pretrain --data` does
     assert again.tokens.tolist() == tokens
-    after = corpus_mod.tokenize_to([new_corpus], tok, shard)  # and the next tokenize replaces it
-    assert after.tokens.tolist() == corpus_mod.tokenize_corpus([new_corpus], tok, tmp_path / "cache").tokens.tolist()
+    after = corpus_shards.tokenize_to([new_corpus], tok, shard)  # and the next tokenize replaces it
+    assert after.tokens.tolist() == corpus_shards.tokenize_corpus([new_corpus], tok, tmp_path / "cache").tokens.tolist()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # nothing hidden left
 
 
@@ -529,7 +531,7 @@ def test_a_second_tokenize_to_the_same_out_is_refused(tmp_path: Path, tok) -> No
         (lock_dir / ".mlmkit.lock").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
                                                            "since": "now"}))
         with pytest.raises(MlmkitError, match=f"in use by process {holder.pid}"):
-            corpus_mod.tokenize_to([c], tok, tmp_path / "shard")
+            corpus_shards.tokenize_to([c], tok, tmp_path / "shard")
         assert not (tmp_path / "shard").exists()
     finally:
         holder.kill()

@@ -26,13 +26,14 @@ from conftest import make_base_model, run_export
 from test_export import corpus, make_task_run
 from test_reliability import PEAK, cli, data, one_line, tiny  # noqa: F401  (data: the pretraining fixture)
 
-from mlmkit.checkpoint import save_weights, weight_files
-from mlmkit.config import CEILINGS, ModelConfig, preset
 from mlmkit.errors import BundleError, ConfigError
+from mlmkit.infer.bundle import LABELS_KEY
+from mlmkit.infer.pipeline import Pipeline
 from mlmkit.models import FAMILIES
 from mlmkit.models.core import BertForPreTraining
-from mlmkit.runtime import LABELS_KEY, Pipeline
-from mlmkit.training import Checkpointer, _load_state, latest_checkpoint
+from mlmkit.rundir.checkpoint import save_weights, weight_files
+from mlmkit.rundir.config import CEILINGS, ModelConfig, preset
+from mlmkit.train.state import Checkpointer, _load_state, latest_checkpoint
 
 FAMILY_NAMES = [f.model_types[0] for f in FAMILIES]
 

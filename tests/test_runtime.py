@@ -18,14 +18,9 @@ import torch
 from conftest import run_export, run_finetune
 from test_export import WORDS, build_runs, corpus, sentence
 
-from mlmkit.batching import pad_features
-from mlmkit.checkpoint import load_state_dict, load_weights
-from mlmkit.config import BertConfig
 from mlmkit.errors import BundleError, ConfigError, DataFormatError
-from mlmkit.evaluation import run_features
-from mlmkit.finetuning import evaluate_run, load_finetuned, torch_forward
-from mlmkit.model import BertForPreTraining
-from mlmkit.runtime import (
+from mlmkit.infer.evaluation import run_features
+from mlmkit.infer.pipeline import (
     CPU_BATCH_ACTIVATIONS,
     Pipeline,
     TaskPipeline,
@@ -33,7 +28,12 @@ from mlmkit.runtime import (
     make_session,
     read_inputs,
 )
-from mlmkit.tokenizer import load_tokenizer, special_ids, train_tokenizer
+from mlmkit.model import BertForPreTraining
+from mlmkit.rundir.checkpoint import load_state_dict, load_weights
+from mlmkit.rundir.config import BertConfig
+from mlmkit.text.batching import pad_features
+from mlmkit.text.tokenizer import load_tokenizer, special_ids, train_tokenizer
+from mlmkit.train.finetune import evaluate_run, load_finetuned, torch_forward
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_runtime_and_commands_import_no_torch(bundles):
     code = f"""
 import sys
 import mlmkit.runtime, mlmkit.cli
-from mlmkit.runtime import Pipeline
+from mlmkit.infer.pipeline import Pipeline
 r = Pipeline.load({str(bundles['fill-mask'])!r})(["a [MASK] cat"])
 assert r[0]["masks"], r
 for kind, item in (("classification", "a cat"), ("tagging", "john went to paris"),

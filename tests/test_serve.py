@@ -246,7 +246,9 @@ def test_an_internal_error_fails_only_its_own_request() -> None:
     raise gets a 500 with a request id, its batch neighbours their answers, and the app goes on."""
     from fastapi.testclient import TestClient
 
-    from mlmkit.serve import Metrics, Model, ServeArgs, create_app
+    from mlmkit.args import ServeArgs
+    from mlmkit.infer.serve.app import create_app
+    from mlmkit.infer.serve.queue import Metrics, Model
 
     class Pipe:
         task, max_length, meta, providers, batch_size, pad_id, input_names = "echo", 8, {}, ["CPU"], 4, 0, ["input_ids"]

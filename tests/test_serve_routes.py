@@ -21,7 +21,7 @@ from test_serve import Server
 from typer.testing import CliRunner
 
 from mlmkit.cli import app as cli_app
-from mlmkit.runtime import Pipeline
+from mlmkit.infer.pipeline import Pipeline
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
@@ -341,7 +341,7 @@ def test_a_sentence_transformers_sparse_encoder_directory_is_a_sparse_model(tmp_
 
 
 def test_tei_tokenize(server: Server, bundles) -> None:
-    from mlmkit.tokenizer import load_tokenizer
+    from mlmkit.text.tokenizer import load_tokenizer
 
     text = "a fine film, good"
     got = httpx.post(server.url + "/tokenize", json={"inputs": [text], "model": "emb"}, headers=auth(), timeout=30).json()

@@ -17,8 +17,8 @@ from conftest import run_finetune
 from mlmkit_tasks.tagging import chunks, detect_scheme, entity_scores, split_words, task, windows
 
 from mlmkit.errors import ConfigError, DataFormatError
-from mlmkit.registry import BATCH, SEQUENCE, Task, TaskContext, get_task
-from mlmkit.tokenizer import train_tokenizer
+from mlmkit.plugin.registry import BATCH, SEQUENCE, Task, TaskContext, get_task
+from mlmkit.text.tokenizer import train_tokenizer
 
 plugin = get_task("tagging")
 LABELS = ("B-LOC", "B-PER", "I-LOC", "I-PER", "O")
@@ -374,7 +374,7 @@ def pattern_sentence(rng: random.Random) -> tuple[list[str], list[str]]:
 
 
 def test_finetune_learns_pattern_and_loads_in_transformers(tmp_path: Path, base_model_factory):
-    from mlmkit.finetuning import evaluate_run, load_finetuned
+    from mlmkit.train.finetune import evaluate_run, load_finetuned
 
     rng = random.Random(0)
     train, test = [pattern_sentence(rng) for _ in range(240)], [pattern_sentence(rng) for _ in range(80)]

@@ -15,10 +15,10 @@ import pytest
 import yaml
 from conftest import make_base_model, run_export, run_finetune
 
-from mlmkit.cards import MARKER
 from mlmkit.errors import ConfigError, DataFormatError
-from mlmkit.registry import get_task
-from mlmkit.tracking import RunInfo
+from mlmkit.plugin.registry import get_task
+from mlmkit.rundir.cards import MARKER
+from mlmkit.train.tracking import RunInfo
 
 pytest.importorskip("mlflow")
 pytest.importorskip("tensorboard")
@@ -117,7 +117,7 @@ def test_mlflow_server_and_tensorboard_get_the_run_and_a_resume_adds_no_duplicat
     from mlflow.tracking import MlflowClient
 
     from mlmkit.args import FinetuneArgs
-    from mlmkit.finetuning import finetune
+    from mlmkit.train.finetune import finetune
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "mlmkit-tests")
@@ -222,7 +222,7 @@ def test_plot_two_runs_cards_and_bundle_card(clf, tmp_path):
 def test_pretraining_card_and_curves_show_mlm_baselines(tmp_path):
     from conftest import run_pretrain
 
-    from mlmkit.plots import panels, read_metrics, series
+    from mlmkit.train.plots import panels, read_metrics, series
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("".join(f"the {w} cat sat on the mat number {i}.\n" + ("\n" if i % 5 == 4 else "")
@@ -321,7 +321,7 @@ def sweep_cmd(clf, out: Path, *extra: str) -> list[str]:
 
 def run_sweep(clf, out: Path, trials: int, *search: str):
     from mlmkit.args import SweepArgs
-    from mlmkit.sweep import sweep
+    from mlmkit.train.sweep import sweep
 
     return sweep(SweepArgs.from_flat(task="classification", model=clf["base"], train_file=clf["train"], eval_file=clf["eval"],
                                      out=out, steps=6, eval_every=3, batch_size=16, trials=trials,

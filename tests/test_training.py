@@ -17,7 +17,7 @@ from mlmkit.cli import app
 from mlmkit.errors import ConfigError
 from mlmkit.files import read_json
 from mlmkit.model import BertForLabels
-from mlmkit.training import BestTracker, Trainer
+from mlmkit.train.loop import BestTracker, Trainer
 
 
 class Rows:

@@ -15,8 +15,8 @@ from typing import Annotated
 import typer
 from rich.logging import RichHandler
 
-from . import inference, training
-from .common import err, out, state
+from mlmkit.cli import inference, training
+from mlmkit.cli.common import err, out, state
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 app.add_typer(training.app)

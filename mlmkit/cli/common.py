@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..args import cli_fields
-from ..errors import ConfigError, MlmkitError
-from ..registry import FLAG_OPTIONS
+from mlmkit.args import cli_fields
+from mlmkit.errors import ConfigError, MlmkitError
+from mlmkit.plugin.registry import FLAG_OPTIONS
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)

@@ -19,11 +19,8 @@ import typer
 from rich import progress as rp
 from rich.table import Table
 
-from ..args import Args, ExportArgs, ServeArgs, arg
-from ..errors import ConfigError
-from ..jobs import WINDOW
-from ..taskkit import MAX_RECORD_BYTES
-from .common import (
+from mlmkit.args import Args, ExportArgs, ServeArgs, arg
+from mlmkit.cli.common import (
     Json,
     err,
     handle_errors,
@@ -34,6 +31,9 @@ from .common import (
     with_args,
     with_task_options,
 )
+from mlmkit.errors import ConfigError
+from mlmkit.files import MAX_RECORD_BYTES
+from mlmkit.infer.jobs import WINDOW
 
 app = typer.Typer()
 
@@ -93,7 +93,7 @@ def export_cmd(args: ExportArgs, options: dict[str, Any], as_json: Json = False)
     """Export an mlmkit run or a Hugging Face checkpoint (BERT, RoBERTa, DistilBERT, ELECTRA, DeBERTa-v2, ModernBERT) to an ONNX bundle."""
     from dataclasses import replace
 
-    from ..export import export
+    from mlmkit.export.bundle import export
 
     with err.status(f"exporting {args.run} ..."):
         meta = export(replace(args, options=options))
@@ -130,12 +130,12 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
     """Load the bundle (refusing one that ``command`` does not serve), stream the inputs through it
     window by window (jobs.batch), and write the results: a file, JSON lines when piped, a table on a
     terminal."""
-    from ..evaluation import warn_truncated
-    from ..files import is_stream, json_line
-    from ..jobs import batch, default_workers, steady_memory
-    from ..records import input_files, iter_inputs, stdin_inputs
-    from ..runtime import Pipeline
-    from ..taskkit import Record
+    from mlmkit.files import is_stream, json_line
+    from mlmkit.infer.evaluation import warn_truncated
+    from mlmkit.infer.jobs import batch, default_workers, steady_memory
+    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.text.readers import Record
+    from mlmkit.text.records import input_files, iter_inputs, stdin_inputs
 
     skip = args.on_error == "skip"
     texts = texts if texts is not None else args.texts
@@ -157,7 +157,7 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
     pipe = Pipeline.load(args.bundle, device=args.device, threads=args.threads, batch_size=args.batch_size,
                          batch_tokens=args.batch_tokens, command=command)
     if args.engine == "ray":
-        from ..integrations.ray import run_cli
+        from mlmkit.infer.integrations.ray import run_cli
 
         return run_cli(pipe, args, options)
     stream = args.output is not None and is_stream(args.output)  # written through by jobs.batch, as JSON lines
@@ -203,7 +203,7 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
 
 
 def _report_errors(failed: list[dict[str, Any]], errors: Path | None) -> None:
-    from ..files import write_jsonl
+    from mlmkit.files import write_jsonl
 
     if errors is not None:
         write_jsonl(errors, failed)
@@ -278,9 +278,9 @@ def rerank(
     as_json: Json = False,
 ) -> None:
     """Rank documents for a query with a cross-encoder, most relevant first (the score: the sigmoid of its logit)."""
-    from ..records import iter_inputs
-    from ..routes import rerank_documents
-    from ..runtime import Pipeline
+    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.infer.routes import rerank_documents
+    from mlmkit.text.records import iter_inputs
 
     if not query.strip():
         raise ConfigError("no --query", "pass --query TEXT")
@@ -315,6 +315,6 @@ def serve(args: ServeArgs) -> None:
 
     POST /v1/models/NAME/predict {"inputs": [...], "options": {...}}; GET /v1/models, /health, /ready,
     /metrics, /docs. SIGTERM drains: requests in flight finish, new ones get 503."""
-    from ..serve import serve as run
+    from mlmkit.infer.serve.server import serve as run
 
     run(args)

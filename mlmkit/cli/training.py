@@ -13,9 +13,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..args import FinetuneArgs, PretrainArgs, SweepArgs, TokenizeArgs, TokenizerArgs
-from ..errors import MlmkitError
-from .common import (
+from mlmkit.args import FinetuneArgs, PretrainArgs, SweepArgs, TokenizeArgs, TokenizerArgs
+from mlmkit.cli.common import (
     Json,
     err,
     handle_errors,
@@ -26,6 +25,7 @@ from .common import (
     with_args,
     with_task_options,
 )
+from mlmkit.errors import MlmkitError
 
 app = typer.Typer()
 tokenizer_app = typer.Typer(no_args_is_help=True, help="Train tokenizers: WordPiece, byte-level BPE or Unigram.")
@@ -40,9 +40,9 @@ ALL_OPTION_FLAGS = ("text_column", "pair_column", "label_column", "doc_stride", 
 @with_args(TokenizerArgs)
 def tokenizer_train(args: TokenizerArgs) -> None:
     """Train a tokenizer on a corpus: WordPiece with BERT normalisation, byte-level BPE or Unigram."""
-    from ..corpus import iter_sentences
-    from ..files import atomic_write_text
-    from ..tokenizer import ROBERTA_TOKENS, SPECIAL_TOKENS, save_tokenizer, train_tokenizer
+    from mlmkit.files import atomic_write_text
+    from mlmkit.text.tokenizer import ROBERTA_TOKENS, SPECIAL_TOKENS, save_tokenizer, train_tokenizer
+    from mlmkit.train.corpus.files import iter_sentences
 
     specials = {"bert": SPECIAL_TOKENS, "roberta": ROBERTA_TOKENS}.get(args.special_tokens)
     tok = train_tokenizer(iter_sentences(args.corpus, args.text_column), vocab_size=args.vocab_size, cased=args.cased,
@@ -62,8 +62,8 @@ def tokenizer_train(args: TokenizerArgs) -> None:
 @with_args(TokenizeArgs)
 def tokenize(args: TokenizeArgs) -> None:
     """Tokenize a corpus once into a memory-mapped token shard: `mlmkit pretrain --data DIR` trains from it."""
-    from ..corpus import tokenize_to
-    from ..tokenizer import load_tokenizer
+    from mlmkit.text.tokenizer import load_tokenizer
+    from mlmkit.train.corpus.shards import tokenize_to
 
     c = tokenize_to(args.corpus, load_tokenizer(args.tokenizer), args.out, text_column=args.text_column, workers=args.workers)
     err.print(f"wrote {args.out}: {len(c.tokens):,} tokens, {len(c.sent_offsets) - 1:,} sentences, {c.num_docs:,} documents")
@@ -76,7 +76,7 @@ def pretrain(args: PretrainArgs) -> None:
     """Pre-train an encoder with masked language modelling (BERT: + next-sentence prediction; --arch roberta | modernbert)."""
     from dataclasses import replace
 
-    from ..pretraining import pretrain as run
+    from mlmkit.train.pretrain import pretrain as run
 
     metrics = run(replace(args, train=replace(args.train, progress=err.is_terminal)))
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one process reports
@@ -87,7 +87,7 @@ def pretrain(args: PretrainArgs) -> None:
 @handle_errors
 def list_tasks(as_json: Json = False) -> None:
     """List the registered tasks: formats, metrics, options and the package providing each."""
-    from ..registry import broken, tasks
+    from mlmkit.plugin.registry import broken, tasks
 
     rows = [p.describe() for _, p in sorted(tasks().items())]
     bad = [{"name": n, "broken": reason, "package": dist} for n, (reason, dist) in sorted(broken().items())]
@@ -115,7 +115,7 @@ def finetune(args: FinetuneArgs, options: dict[str, Any]) -> None:
     """Fine-tune a task head on a pretrained encoder (task options: see `mlmkit tasks`)."""
     from dataclasses import replace
 
-    from ..finetuning import finetune as run
+    from mlmkit.train.finetune import finetune as run
 
     metrics = run(replace(args, options={**args.options, **options}, train=replace(args.train, progress=err.is_terminal)))
     print_metrics(metrics, f"fine-tuning {args.task} -> {args.out}", as_json=False)
@@ -129,7 +129,7 @@ def sweep(args: SweepArgs, options: dict[str, Any], as_json: Json = False) -> No
     """Search fine-tuning settings with Optuna: a run per trial under --out, the best trial at the end."""
     from dataclasses import replace
 
-    from ..sweep import sweep as run
+    from mlmkit.train.sweep import sweep as run
 
     result = run(replace(args, options={**args.options, **options}, train=replace(args.train, progress=err.is_terminal)))
     if want_json(as_json):
@@ -155,7 +155,7 @@ def plot(
     title: Annotated[str | None, typer.Option("--title", help="A title above the panels.")] = None,
 ) -> None:
     """Training curves of runs: loss, learning rate and each evaluation metric against the step."""
-    from ..plots import plot_runs
+    from mlmkit.train.plots import plot_runs
 
     path = plot_runs(runs, out_file, title=title)
     err.print(f"wrote {path}")
@@ -176,11 +176,11 @@ def evaluate(
     if not model.exists():
         raise MlmkitError(f"not found: {model}", "pass a fine-tuned run directory or an exported bundle")
     if (model / "model.onnx").exists():
-        from ..runtime import evaluate_bundle
+        from mlmkit.infer.pipeline import evaluate_bundle
 
         metrics = evaluate_bundle(model, data, options=options, predictions=predictions, device=device)
     else:
-        from ..finetuning import evaluate_run
+        from mlmkit.train.finetune import evaluate_run
 
         metrics = evaluate_run(model, data, options=options, predictions=predictions, device=device)
     print_metrics(metrics, f"{model} on {data}", as_json)
@@ -194,6 +194,6 @@ def quickstart(
     seed: Annotated[int, typer.Option("--seed", help="Random seed of every stage.")] = 0,
 ) -> None:
     """The whole pipeline on built-in data, offline: corpus, tokenizer, pretraining, fine-tuning, export, inference."""
-    from ..quickstart import run
+    from mlmkit.quickstart.demo import run
 
     run(out_dir, steps=steps, seed=seed, console=out)

@@ -6,9 +6,9 @@ FAMILIES below. Everything else (tasks, export, runtime, serving) sees BERT-shap
 
 from __future__ import annotations
 
-from ..errors import ConfigError
-from . import bert, deberta, distilbert, electra, modernbert, roberta
-from .family import Family
+from mlmkit.errors import ConfigError
+from mlmkit.models import bert, deberta, distilbert, electra, modernbert, roberta
+from mlmkit.models.family import Family
 
 FAMILIES: tuple[Family, ...] = (bert.family, roberta.family, distilbert.family, electra.family, modernbert.family,
                                 deberta.family)

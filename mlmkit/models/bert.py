@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .family import Family
+from mlmkit.models.family import Family
 
 
 class Bert(Family):

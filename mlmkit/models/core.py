@@ -83,7 +83,7 @@ class BertEmbeddings(nn.Module):
 class BertSelfAttention(nn.Module):
     """Multi-head self-attention. ``impl`` "sdpa" uses torch's fused kernels (flash / memory-efficient
     on GPU); "eager" spells out matmul + softmax, the form onnxruntime's Attention fusion recognises
-    (export.py switches to it; PERF_NOTES: SDPA exports get no fusion)."""
+    (export.py switches to it; docs/performance.md: SDPA exports get no fusion)."""
 
     impl = "sdpa"
 

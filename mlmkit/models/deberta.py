@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError
-from .core import ACT, BertIntermediate, BertOutput, BertSelfOutput, layer_norm
-from .family import Family
+from mlmkit.errors import ConfigError
+from mlmkit.models.core import ACT, BertIntermediate, BertOutput, BertSelfOutput, layer_norm
+from mlmkit.models.family import Family
 
 TERMS = ("c2p", "p2c")  # the relative attention terms transformers' DeBERTa-v2 computes
 LEGACY_MLM_HEAD = (  # DebertaV2OnlyMLMHead (legacy false, the original checkpoints) -> BERT's head
@@ -294,7 +294,7 @@ class Deberta(Family):
         ("bert.pooler", "pooler"),  # the ContextPooler sits beside the backbone
         ("bert", "deberta"),  # the blocks keep their own names (query_proj, rel_embeddings ...)
     )
-    # the class attribute export.py and config.py read; these configs decide by type_vocab_size
+    # the class attribute the exporter and rundir/config.py read; these configs decide by type_vocab_size
     # (uses_token_types): every published DeBERTa-v2 / v3 checkpoint has none
     token_types = False
     nsp = False

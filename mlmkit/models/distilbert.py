@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .family import Family
+from mlmkit.models.family import Family
 
 LAYER = "bert.encoder.layer.{n}"
 FAMILY_LAYER = "distilbert.transformer.layer.{n}"

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .family import Family
-from .roberta import SEQUENCE_HEAD
+from mlmkit.models.family import Family
+from mlmkit.models.roberta import SEQUENCE_HEAD
 
 
 class Electra(Family):

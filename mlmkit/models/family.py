@@ -130,13 +130,13 @@ class Family:
 
     # ---- blocks ------------------------------------------------------------------------------
     def layer(self, config: Any, index: int) -> nn.Module:
-        from .core import BertLayer
+        from mlmkit.models.core import BertLayer
 
         return BertLayer(config, index)
 
     def embeddings(self, config: Any) -> nn.Module:
         """Its embeddings: forward(input_ids, token_type_ids=None) -> (B, T, H)."""
-        from .core import BertEmbeddings
+        from mlmkit.models.core import BertEmbeddings
 
         return BertEmbeddings(config)
 

@@ -33,9 +33,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..errors import ConfigError
-from .core import ACT, attend, layer_norm
-from .family import Family, Renamer
+from mlmkit.errors import ConfigError
+from mlmkit.models.core import ACT, attend, layer_norm
+from mlmkit.models.family import Family, Renamer
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer types
 DEFAULT_THETA = {GLOBAL: 160_000.0, LOCAL: 10_000.0}

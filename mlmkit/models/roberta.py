@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .family import Family
+from mlmkit.models.family import Family
 
 SEQUENCE_HEAD = (("bert.pooler.dense", "classifier.dense"), ("classifier", "classifier.out_proj"))
 

@@ -1,0 +1,174 @@
+"""The bundle format, read side: its files, the description (mlmkit.json) and its checks, the graph's
+inputs, outputs and axes, the tokenizer. Export writes what this module reads; the constants live
+here, once. No torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from mlmkit.errors import BundleError, ConfigError
+from mlmkit.files import parse_json
+from mlmkit.plugin.registry import (
+    BATCH,
+    SEQUENCE,
+)
+from mlmkit.text.tokenizer import is_lowercase, load_tokenizer, special_ids
+
+BUNDLE_FILES = ("model.onnx", "tokenizer.json", "mlmkit.json")
+
+
+BUNDLE_FORMAT = 2
+"""mlmkit.json's format_version: 2 declares output axes by name and keeps a task's saved state in "task_state"."""
+
+
+MAX_LENGTH = 1 << 16  # tokens: no BERT has more positions; a larger max_length in a bundle is damage
+
+
+FILL_MASK = "fill-mask"
+"""The task of a bundle exported from a pretraining run (the core's own graph, not a plugin); served
+by the command of the same name."""
+
+
+MASKS = "masks"  # the fill-mask graph's rows: one per [MASK] of the batch
+FILL_MASK_OUTPUTS = {"mask_positions": (MASKS, "coordinate"), "top_ids": (MASKS, "k"), "top_probs": (MASKS, "k")}
+"""The fill-mask graph's outputs and their axes (mlmkit.export.graphs.FillMaskGraph makes them)."""
+
+
+OUTPUT_TYPES = {"mask_positions": "tensor(int64)", "top_ids": "tensor(int64)", "top_probs": "tensor(float)"}
+"""onnxruntime's element types of the fill-mask outputs; a task graph's outputs are all float32
+(mlmkit.export.graphs.TaskGraph casts them; an fp16 or int8 graph keeps float32 inputs and outputs)."""
+
+
+TASK_OUTPUT_TYPE = "tensor(float)"
+
+
+DYNAMIC_AXES = (BATCH, SEQUENCE, MASKS)  # axes whose size varies from run to run: never a fixed size in the graph
+
+
+LABELS_KEY = "mlmkit.labels"
+"""The graph's metadata_props entry with the labels, in the order the head was trained with (JSON):
+written by mlmkit.export.bundle.record_labels; a bundle's mlmkit.json must list the same. Bundles exported before
+it have none and are checked by the label count alone."""
+
+
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")  # the graph's, less token_type_ids where the family has none
+
+
+PRECISIONS = ("fp32", "int8", "fp16")
+
+
+# ---- the bundle --------------------------------------------------------------------------------
+def tokenizer_fingerprint(tok: Any) -> dict[str, Any]:
+    """What a bundle's mlmkit.json records of its tokenizer and the runtime checks: a hash of the
+    vocabulary (token -> id), its size, casing and the special ids the graph depends on."""
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    digest = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode("utf-8")).hexdigest()
+    ids = special_ids(tok)
+    return {
+        "vocab_sha256": digest,
+        "vocab_size": tok.get_vocab_size(),
+        "lowercase": is_lowercase(tok),
+        "pad_id": ids.pad,
+        "mask_id": ids.mask,
+    }
+
+
+def read_bundle_meta(path: str | Path) -> dict[str, Any]:
+    """mlmkit.json of a bundle, after checking that the bundle's three files are there."""
+    d = Path(path)
+    if not d.is_dir():
+        raise BundleError(f"bundle not found: {d}", "pass a directory written by `mlmkit export`")
+    missing = [f for f in BUNDLE_FILES if not (d / f).is_file()]
+    if missing:
+        raise BundleError(f"{d} lacks {', '.join(missing)}", "re-create the bundle with `mlmkit export RUN --out DIR`")
+    try:
+        meta = parse_json((d / "mlmkit.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BundleError(f"{d / 'mlmkit.json'} is corrupted ({e})", "re-create the bundle with `mlmkit export`") from None
+    keys = ("task", "max_length", "inputs", "outputs", "tokenizer")
+    if not isinstance(meta, dict) or any(k not in meta for k in keys):
+        lacking = [k for k in keys if not isinstance(meta, dict) or k not in meta]
+        raise BundleError(f"{d / 'mlmkit.json'} is not a bundle description (no {', '.join(lacking)})",
+                          "is it a run directory? export it first: mlmkit export RUN --out DIR")
+    if meta.get("format_version") != BUNDLE_FORMAT:
+        raise BundleError(f"{d} is a bundle of format {meta.get('format_version')}; this mlmkit reads format {BUNDLE_FORMAT}",
+                          "export the run again with this version: mlmkit export RUN --out DIR")
+    _check_description(d / "mlmkit.json", meta)
+    return meta
+
+
+def _check_description(path: Path, meta: dict[str, Any]) -> None:
+    """Each field of a bundle's mlmkit.json has the type and range the runtime relies on: one line
+    naming the file and the first field that does not."""
+    tok, model = meta["tokenizer"], meta.get("model", {})
+    tok_ok = isinstance(tok, dict) and _int_in(tok.get("vocab_size"), 1, 1 << 24)
+    V = tok["vocab_size"] if tok_ok else 0
+    model_ok = isinstance(model, dict) and all(
+        _int_in(model.get(k, 1), 1, 1 << 24) for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                       "max_position_embeddings")) and isinstance(model.get("model_type", ""), str)
+    positions = model.get("max_position_embeddings", MAX_LENGTH) if model_ok else MAX_LENGTH
+    labels, outputs, inputs = meta.get("labels"), meta["outputs"], meta["inputs"]
+    problems = [
+        (not tok_ok, "'tokenizer.vocab_size' is not a positive number of tokens"),
+        (tok_ok and not all(_int_in(tok.get(k), 0, V - 1) for k in ("pad_id", "mask_id")),
+         "'tokenizer.pad_id' or 'tokenizer.mask_id' is not a token id of the vocabulary"),
+        (tok_ok and not (isinstance(tok.get("vocab_sha256"), str) and isinstance(tok.get("lowercase"), bool)),
+         "'tokenizer.vocab_sha256' is not a hash or 'tokenizer.lowercase' not true / false"),
+        (not isinstance(meta["task"], str) or not meta["task"], "'task' is not a name"),
+        (not model_ok, "'model' is not an object of the model's sizes (positive whole numbers)"),
+        (not _int_in(meta["max_length"], 1, min(positions, MAX_LENGTH)),
+         f"'max_length' {meta['max_length']!r} is not a whole number of tokens from 1 to {min(positions, MAX_LENGTH)}"),
+        (labels is not None and (not isinstance(labels, list) or not labels
+                                 or not all(isinstance(x, str) and x for x in labels)),
+         "'labels' is not a list of names"),
+        (isinstance(labels, list) and len(set(map(str, labels))) != len(labels), "'labels' names a label twice"),
+        (not isinstance(meta.get("options", {}), dict), "'options' is not an object"),
+        (not isinstance(meta.get("task_state", {}), dict), "'task_state' is not an object"),
+        (not isinstance(outputs, dict) or not outputs or not all(isinstance(v, list) and v and all(isinstance(a, str) for a in v)
+                                                                 for v in outputs.values()), "'outputs' does not map names to axis lists"),
+        (not isinstance(inputs, list) or "input_ids" not in inputs or len(set(map(str, inputs))) != len(inputs)
+         or not all(isinstance(i, str) and i in INPUT_NAMES for i in inputs),
+         f"'inputs' is not a list of the graph inputs ({', '.join(INPUT_NAMES)})"),
+        (meta["task"] == FILL_MASK and not _int_in(meta.get("top_k"), 1, max(1, V)), "'top_k' is not valid"),
+        (meta.get("precision", "fp32") not in PRECISIONS, f"'precision' is not one of {', '.join(PRECISIONS)}"),
+        (not _int_in(meta.get("opset", 17), 1, 1000), "'opset' is not an ONNX opset number"),
+        (not isinstance(meta.get("trained_as", ""), str), "'trained_as' is not a task name"),
+        (meta.get("format", "mlmkit-onnx-bundle") != "mlmkit-onnx-bundle", "'format' is not mlmkit-onnx-bundle"),
+        (not _int_in(meta.get("model_bytes", 0), 0, 1 << 50), "'model_bytes' is not a size in bytes"),
+        (not isinstance(meta.get("optimizations", []), list) or not all(isinstance(x, str) for x in meta.get("optimizations", [])),
+         "'optimizations' is not a list of names"),
+        (not isinstance(meta.get("fused_operators", {}), dict), "'fused_operators' is not an object"),
+        (not isinstance(meta.get("parity", {}), dict), "'parity' is not an object"),
+        (not isinstance(meta.get("source", {}), dict), "'source' is not an object"),
+    ]
+    bad = [why for wrong, why in problems if wrong]
+    if bad:
+        raise BundleError(f"{path}: {bad[0]}", "re-create the bundle with `mlmkit export`")
+
+
+def _int_in(x: Any, low: int, high: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and low <= x <= high
+
+
+def load_bundle_tokenizer(path: str | Path, meta: dict[str, Any]) -> Any:
+    """The bundle's tokenizer, refused when it is not the one the model was exported with."""
+    p = Path(path) / "tokenizer.json"
+    try:
+        tok = load_tokenizer(p)
+    except ConfigError as e:
+        raise BundleError(f"{p} is corrupted or not a tokenizer ({e.message})", "re-create the bundle with `mlmkit export`") from None
+    want, have = meta["tokenizer"], tokenizer_fingerprint(tok)
+    diff = [k for k in ("vocab_size", "vocab_sha256", "lowercase", "pad_id", "mask_id") if want.get(k) != have[k]]
+    if diff:
+        raise BundleError(
+            f"{p} does not match the model: its {', '.join(diff)} differ from the exported tokenizer's "
+            f"(vocabulary {have['vocab_size']} vs {want.get('vocab_size')} tokens)",
+            "restore the tokenizer.json written by `mlmkit export`, or export again",
+        )
+    tok.no_padding()  # a tokenizer.json may carry fixed padding (docs/performance.md); batches pad themselves
+    tok.no_truncation()
+    return tok

@@ -1,0 +1,135 @@
+"""The one prediction loop: examples -> features -> length-bucketed batches -> a forward -> calibration
+-> postprocessing -> metrics. PyTorch evaluation (train/finetune.py) and the onnxruntime runtime
+(infer/pipeline.py) both run it; they differ only in the forward function they pass.
+
+No torch here: the runtime imports this module. A forward takes one padded batch, int64 arrays
+{"input_ids", "attention_mask", "token_type_ids"} of shape (B, T), and returns the task's outputs as
+numpy arrays with B rows. Batches hold features of similar length, padded to their longest only;
+outputs come back in feature order, per-token outputs trimmed to each feature's length.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mlmkit.errors import TaskError
+from mlmkit.plugin.registry import EXAMPLE, TRUNCATED, Example, Feature, Plugin, TaskContext, per_token
+from mlmkit.text.batching import bucket_batches, pad_features
+from mlmkit.text.tokenizer import special_ids
+
+log = logging.getLogger("mlmkit")
+
+Forward = Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]
+Progress = Callable[[float], None]
+"""Called with the number of examples (possibly fractional, for windowed tasks) each batch completed."""
+
+
+def run_features(
+    features: Sequence[Feature], forward: Forward, outputs: Mapping[str, Sequence[str]], *, pad_id: int,
+    batch_size: int, max_tokens: int | None = None, progress: Progress | None = None, per_feature: float = 1.0,
+) -> dict[str, list[np.ndarray]]:
+    """The ``outputs`` of ``forward`` for each feature, in feature order (row r of a batch output is
+    the feature at that batch's position r; per-token outputs are cut to the feature's length).
+    Batches: see batching.bucket_batches."""
+    lengths = [len(f["input_ids"]) for f in features]
+    into: dict[str, list[Any]] = {name: [None] * len(features) for name in outputs}
+    for batch in bucket_batches(lengths, batch_size, max_tokens):
+        got = forward(pad_features([features[i] for i in batch], pad_id))
+        for name, axes in outputs.items():
+            arr, slot, trim = got[name], into[name], per_token(axes)
+            for r, i in enumerate(batch):
+                slot[i] = arr[r, : lengths[i]] if trim else arr[r]
+        if progress is not None:
+            progress(len(batch) * per_feature)
+    return into
+
+
+@dataclass
+class Predicted:
+    predictions: list[dict[str, Any]]
+    """One per example, in order; "truncated": true where featurize cut the example."""
+    ctx: TaskContext
+    """The context used, with whatever ``calibrate`` returned merged into its state."""
+    features: list[Feature]
+
+
+def predict(
+    task: Plugin, examples: list[Example], tokenizer: Any, ctx: TaskContext, forward: Forward, *,
+    batch_size: int = 64, max_tokens: int | None = None, calibrate: bool = False, progress: Progress | None = None,
+) -> Predicted:
+    """Predictions of ``forward`` for ``examples``. ``calibrate``: let the task tune its decision
+    settings on these examples first (fine-tuning's evaluation set only: tuning them on the data
+    being scored would flatter the score)."""
+    if not examples:
+        return Predicted([], ctx, [])
+    features = task.featurize(examples, tokenizer, ctx, training=False)
+    _check_features(task, features, len(examples))
+    outputs = run_features(features, forward, task.outputs, pad_id=special_ids(tokenizer).pad, batch_size=batch_size,
+                           max_tokens=max_tokens, progress=progress, per_feature=len(examples) / max(1, len(features)))
+    if calibrate:
+        ctx = ctx.with_state(task.calibrate(outputs, features, examples, ctx))
+    preds = task.postprocess(outputs, features, examples, ctx)
+    if len(preds) != len(examples):
+        raise TaskError(f"task '{task.name}' returned {len(preds)} predictions for {len(examples)} examples",
+                        "postprocess must return one prediction per example")
+    cut = sorted({f[EXAMPLE] for f in features if f.get(TRUNCATED)})
+    for i in cut:
+        preds[i] = {**preds[i], TRUNCATED: True}
+    warn_truncated(len(cut), len(examples), ctx.max_length)
+    return Predicted(preds, ctx, features)
+
+
+_tally: ContextVar[list[int] | None] = ContextVar("mlmkit_truncated", default=None)
+
+
+@contextmanager
+def truncations_counted() -> Iterator[list[int]]:
+    """Within the block (in this thread), truncated inputs are counted into the yielded [count]
+    instead of a warning per call: a batch job or a server says it once, or per request."""
+    box = [0]
+    token = _tally.set(box)
+    try:
+        yield box
+    finally:
+        _tally.reset(token)
+
+
+def warn_truncated(n: int, total: int, max_length: int) -> None:
+    box = _tally.get()
+    if box is not None:
+        box[0] += n
+    elif n:
+        log.warning('%d of %d inputs were longer than %d tokens and were truncated (their results say "truncated": true)',
+                    n, total, max_length)
+
+
+def evaluate(
+    task: Plugin, examples: list[Example], tokenizer: Any, ctx: TaskContext, forward: Forward, *,
+    batch_size: int = 64, max_tokens: int | None = None, calibrate: bool = False,
+) -> tuple[dict[str, Any], Predicted]:
+    """The task's metrics of ``forward`` on labelled ``examples``, and the predictions behind them."""
+    if not examples:
+        raise TaskError("no examples to score", "check the evaluation data")
+    got = predict(task, examples, tokenizer, ctx, forward, batch_size=batch_size, max_tokens=max_tokens, calibrate=calibrate)
+    return task.compute_metrics(got.predictions, examples, got.ctx), got
+
+
+def _check_features(task: Plugin, features: list[Feature], n_examples: int) -> None:
+    """Every feature must say which example it belongs to, and every example must have one."""
+    seen = set()
+    for f in features:
+        i = f.get(EXAMPLE)
+        if not isinstance(i, int) or not 0 <= i < n_examples:
+            raise TaskError(f"task '{task.name}': a feature has no valid '{EXAMPLE}' index ({i!r})",
+                            f"featurize must set feature['{EXAMPLE}'] to the index of its example")
+        seen.add(i)
+    if len(seen) != n_examples:
+        raise TaskError(f"task '{task.name}': {n_examples - len(seen)} of {n_examples} examples got no feature",
+                        "featurize must give every example at least one feature")

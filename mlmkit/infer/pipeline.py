@@ -1,0 +1,494 @@
+"""onnxruntime inference on exported bundles: sessions, length-bucketed batches, the pipelines.
+
+A loaded bundle is a callable over a list of inputs, results in input order:
+
+    from mlmkit.infer.pipeline import Pipeline
+    fill = Pipeline.load("exports/mlm")
+    fill(["The capital of France is [MASK].", "A [MASK] and a [MASK]."])
+
+No torch here, directly or indirectly (cold start under a second, docs/performance.md): this module needs
+onnxruntime, tokenizers and numpy, and the task plugins' torch-free parts (from_input, featurize,
+postprocess, compute_metrics), the same code `mlmkit evaluate` runs on a PyTorch model.
+
+Fill-mask results, one per input: {"text", "masks": [{"position", "start", "end", "candidates":
+[{"token", "id", "score"}, ...]}, ...], "sequence"}. ``position`` is the token index, ``start`` /
+``end`` the characters of the [MASK] in the text, ``sequence`` the text with every [MASK]
+replaced by its best candidate. A text without [MASK] (or whose only [MASK] lies past the max
+length) gets "masks": [] and an "error" saying so; it is never sent to the model. Inputs longer
+than the max length are truncated (classification, fill-mask: "truncated": true and one warning)
+or cut into windows by the task (tagging, qa).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import AddedToken
+
+from mlmkit.errors import BundleError, ConfigError, DataFormatError, MlmkitError
+from mlmkit.files import write_jsonl
+from mlmkit.infer import evaluation
+from mlmkit.infer.bundle import (
+    DYNAMIC_AXES,
+    FILL_MASK,
+    FILL_MASK_OUTPUTS,
+    LABELS_KEY,
+    OUTPUT_TYPES,
+    TASK_OUTPUT_TYPE,
+    load_bundle_tokenizer,
+    read_bundle_meta,
+)
+from mlmkit.infer.evaluation import Progress
+from mlmkit.plugin.registry import (
+    LABEL,
+    Plugin,
+    TaskContext,
+    TaskOption,
+    get_task,
+    tasks_for_command,
+)
+from mlmkit.plugin.taskkit import clip_text
+from mlmkit.text.batching import bucket_batches, pad_features
+from mlmkit.text.tokenizer import MASK, mask_token
+
+log = logging.getLogger("mlmkit")
+
+
+CPU_BATCH_ACTIVATIONS = 196_608
+"""On the CPU a batch ends before rows x longest x hidden size passes this (512 tokens at hidden
+384, 256 at hidden 768): batches whose activations stay in the cores' caches ran up to 1.5x faster
+than batches of 32 at any length (README, "Speed"). On CUDA, batches are cut by count only."""
+
+
+def make_session(model: str | Path, *, device: str = "cpu", threads: int | None = None, spin: bool = True) -> ort.InferenceSession:
+    """An onnxruntime session on ``device`` ("cpu" or "cuda"). Without onnxruntime-gpu or without a
+    GPU, "cuda" logs a warning and runs on the CPU. ``spin``: onnxruntime's threads spin a while
+    between runs (fastest when nothing else needs the cores)."""
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device} is not supported", "use cpu or cuda")
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--threads must be at least 1, got {threads}")
+    cores = os.cpu_count() or 1
+    if threads is not None and threads > cores:
+        log.warning("--threads %d is more than the %d cores of this machine: using %d", threads, cores, cores)
+        threads = cores
+    providers = ["CPUExecutionProvider"]
+    if device == "cuda":
+        if "CUDAExecutionProvider" in ort.get_available_providers():
+            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        else:
+            log.warning("--device cuda: this onnxruntime has no CUDA execution provider (pip install onnxruntime-gpu); "
+                        "running on the CPU")
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads or 0  # 0: onnxruntime's default, one per physical core
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    if not spin:  # idle pool threads sleep at once instead of spinning: the cores are shared (a server's event loop)
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    try:
+        with warnings.catch_warnings():  # onnxruntime's own "provider not available": said below, once
+            warnings.simplefilter("ignore")
+            session = ort.InferenceSession(str(model), so, providers=providers)
+    except Exception as e:  # onnxruntime raises its own exception types for unreadable graphs
+        reason = str(e).rsplit("failed:", 1)[-1].strip()[:200]  # drop the "[ONNXRuntimeError] ... path" preamble
+        raise BundleError(f"{model} is corrupted or not an ONNX model ({reason})", "re-create the bundle with `mlmkit export`") from None
+    if device == "cuda" and "CUDAExecutionProvider" in providers and "CUDAExecutionProvider" not in session.get_providers():
+        log.warning("--device cuda: no usable GPU for onnxruntime; running on the CPU")
+    return session
+
+
+# ---- pipelines ---------------------------------------------------------------------------------
+class Pipeline:
+    """A loaded bundle. ``Pipeline.load(path)`` returns the pipeline of the bundle's task; calling it
+    on a list of inputs (texts, or records for tasks that take several fields) returns one result
+    dict per input, in input order. Runtime options (a task's declared options, fill-mask's top_k)
+    are keyword arguments; the bundle's saved options are their defaults."""
+
+    def __init__(self, path: Path, meta: dict[str, Any], tokenizer: Any, session: ort.InferenceSession, batch_size: int) -> None:
+        if batch_size < 1:
+            raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
+        self.path, self.meta, self.tokenizer, self.session, self.batch_size = path, meta, tokenizer, session, batch_size
+        self.batch_tokens: int | None = None  # batching.bucket_batches' max_tokens; set by load
+        self.device = "cpu"
+        self.max_length = int(meta["max_length"])
+        self.pad_id = int(meta["tokenizer"]["pad_id"])
+        self.input_names = [i.name for i in session.get_inputs()]
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.outputs = {k: tuple(v) for k, v in meta["outputs"].items()}
+        lacking = [n for n in self.outputs if n not in self.output_names]
+        if lacking or self.input_names != list(meta["inputs"]) or "input_ids" not in self.input_names:
+            raise BundleError(
+                f"{path / 'model.onnx'} does not match its mlmkit.json (graph inputs {self.input_names}, outputs {self.output_names})",
+                "re-create the bundle with `mlmkit export`",
+            )
+        self._check_outputs(session)
+        self._check_labels(session)
+
+    def _check_outputs(self, session: ort.InferenceSession) -> None:
+        """The graph's outputs against the description: as many axes as declared, the element type the
+        pipeline reads, a varying size on every varying axis and the declared size on the fixed ones (a
+        label axis has one entry per label: a label list that does not fit the head would label every
+        input wrongly, silently)."""
+        labels, desc = self.meta.get("labels"), self.path / "mlmkit.json"
+        graph = {o.name: o for o in session.get_outputs()}
+        fixed = {"coordinate": 2, "k": self.meta.get("top_k")} if self.meta["task"] == FILL_MASK else {}
+        for name, axes in self.outputs.items():
+            out = graph[name]
+            dims = list(out.shape or [])
+            if dims and len(dims) != len(axes):
+                raise BundleError(f"{desc}: its 'outputs' give '{name}' the axes {list(axes)}, but the model's '{name}' "
+                                  f"has {len(dims)} ({dims})", "re-create the bundle with `mlmkit export`")
+            want = OUTPUT_TYPES.get(name, TASK_OUTPUT_TYPE) if self.meta["task"] == FILL_MASK else TASK_OUTPUT_TYPE
+            if out.type != want:
+                raise BundleError(f"{self.path / 'model.onnx'}: its output '{name}' is {out.type}, the runtime reads {want}",
+                                  "re-create the bundle with `mlmkit export`")
+            for axis, dim in zip(axes, dims):
+                if axis == LABEL and isinstance(dim, int) and (labels is None or dim != len(labels)):
+                    raise BundleError(
+                        f"{desc} lists {len(labels or [])} labels but the model's '{name}' has {dim}",
+                        "re-create the bundle with `mlmkit export`",
+                    )
+                if isinstance(dim, int) and (axis in DYNAMIC_AXES or fixed.get(axis, dim) != dim):
+                    size = "varies from run to run" if axis in DYNAMIC_AXES else f"is {fixed[axis]!r}"
+                    raise BundleError(f"{desc}: the model's '{name}' has a size of {dim} along its '{axis}' axis, "
+                                      f"whose size {size}", "re-create the bundle with `mlmkit export`")
+
+    def _check_labels(self, session: ort.InferenceSession) -> None:
+        """The labels against the order the head was trained with, which export records in the graph
+        (LABELS_KEY); a bundle from before that is checked by its label count alone (_check_outputs)."""
+        recorded = session.get_modelmeta().custom_metadata_map.get(LABELS_KEY)
+        if recorded is None:
+            return
+        try:
+            trained = json.loads(recorded)
+        except ValueError:
+            raise BundleError(f"{self.path / 'model.onnx'}: its recorded labels are damaged",
+                              "re-create the bundle with `mlmkit export`") from None
+        labels = self.meta.get("labels")
+        if trained != labels:
+            raise BundleError(
+                f"{self.path / 'mlmkit.json'}: its 'labels' {labels} are not the labels the model was trained with, "
+                f"in that order ({trained}, recorded in model.onnx)",
+                "restore the bundle's own mlmkit.json, or re-create the bundle with `mlmkit export`",
+            )
+
+    @property
+    def task(self) -> str:
+        return str(self.meta["task"])
+
+    @property
+    def providers(self) -> list[str]:
+        return list(self.session.get_providers())
+
+    @classmethod
+    def load(
+        cls, path: str | Path, *, device: str = "cpu", threads: int | None = None, batch_size: int = 32,
+        batch_tokens: int | None = None, spin: bool = True, command: str | None = None,
+    ) -> Pipeline:
+        """Load and check a bundle. ``command`` (e.g. "classify") refuses a bundle that command does not
+        serve. ``batch_tokens``: the most padded tokens in one onnxruntime batch (0: no limit; default:
+        CPU_BATCH_ACTIVATIONS over the hidden size on the CPU, no limit on CUDA). ``spin``: see make_session."""
+        if batch_tokens is not None and batch_tokens < 0:
+            raise ConfigError(f"--batch-tokens must be 0 (no limit) or more, got {batch_tokens}")
+        d = Path(path)
+        meta = read_bundle_meta(d)
+        task = str(meta["task"])
+        plugin = None if task == FILL_MASK else get_task(task)
+        if command is not None:
+            serves = FILL_MASK if plugin is None else plugin.command
+            if serves != command:
+                which = FILL_MASK if command == FILL_MASK else " or ".join(tasks_for_command(command)) or "no registered task's"
+                use = f"use `mlmkit {serves} {d}`" if serves else f"use `mlmkit predict {d}`"
+                raise BundleError(f"{d} is a {task} bundle; `mlmkit {command}` serves {which} bundles", use)
+        tok = load_bundle_tokenizer(d, meta)
+        if meta.get("precision") == "fp16" and device != "cuda":
+            log.warning("%s is an fp16 bundle, made for --device cuda; on the CPU it is slow", d)
+        session = make_session(d / "model.onnx", device=device, threads=threads, spin=spin)
+        pipe = FillMaskPipeline(d, meta, tok, session, batch_size) if plugin is None else TaskPipeline(d, meta, tok, session, batch_size, plugin)
+        pipe.device = device
+        hidden = (meta.get("model") or {}).get("hidden_size")
+        if batch_tokens is not None:
+            pipe.batch_tokens = batch_tokens or None
+        elif "CUDAExecutionProvider" not in pipe.providers and isinstance(hidden, int) and hidden > 0:
+            pipe.batch_tokens = max(1, CPU_BATCH_ACTIVATIONS // hidden)
+        return pipe
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed job must find unchanged of its bundle: the path, the graph's size and time,
+        and a hash of its description."""
+        g = (self.path / "model.onnx").stat()
+        desc = hashlib.sha256((self.path / "mlmkit.json").read_bytes()).hexdigest()
+        return {"path": str(self.path.resolve()), "model_bytes": g.st_size, "model_mtime_ns": g.st_mtime_ns, "mlmkit_json_sha256": desc}
+
+    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
+                 errors: dict[int, MlmkitError] | None = None, **options: Any) -> list[dict[str, Any]]:
+        """One result per input, in order. ``first``: the number of the first input, for messages
+        ("input 7: empty text"); ``errors``: collect a bad input's error here, by its position, and
+        give None for it instead of stopping."""
+        raise NotImplementedError
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        """The runtime options this bundle's task takes (keyword arguments of a call)."""
+        raise NotImplementedError
+
+    def check(self, inputs: Sequence[Any], options: dict[str, Any] | None = None) -> None:
+        """Raise the error that calling the pipeline on ``inputs`` with ``options`` would raise for a
+        bad option or input ("input 3: ..."), without running the model (a server answers 4xx with it)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _each(inputs: Sequence[Any], first: int, convert: Callable[[Any], Any],
+              errors: dict[int, MlmkitError] | None) -> tuple[list[int], list[Any]]:
+        """(positions kept, converted inputs): a bad input's DataFormatError names it by number, and
+        is raised, or recorded in ``errors`` with the input left out."""
+        kept, out = [], []
+        for i, x in enumerate(inputs):
+            try:
+                out.append(convert(x))
+                kept.append(i)
+            except DataFormatError as e:
+                bad = DataFormatError(f"input {first + i}", e.detail, field=e.field, hint=e.hint) if e.path == "<input>" else e
+                if errors is None:
+                    raise bad from None
+                errors[i] = bad
+        return kept, out
+
+    @staticmethod
+    def _aligned(n: int, kept: list[int], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out: list[Any] = [None] * n
+        for i, r in zip(kept, results):
+            out[i] = r
+        return out
+
+    def summary(self, result: dict[str, Any]) -> dict[str, str]:
+        """Table columns for one result (the CLI on a terminal)."""
+        raise NotImplementedError
+
+    def run_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One session run on a padded batch (evaluation's forward)."""
+        feed = {n: batch[n] for n in self.input_names}
+        return dict(zip(self.output_names, self.session.run(self.output_names, feed)))
+
+
+class FillMaskPipeline(Pipeline):
+    """Top-k tokens for every [MASK] of each text, computed inside the graph (see export/graphs.py)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.top_k = int(self.meta.get("top_k") or 5)
+        self.option = TaskOption("top_k", self.top_k, f"candidates per [MASK], 1 to {self.top_k} (the export's --top-k)",
+                                 minimum=1)
+        self.mask_id = int(self.meta["tokenizer"]["mask_id"])
+        if self.outputs != FILL_MASK_OUTPUTS:  # e.g. a description edited to name another graph's axes
+            raise BundleError(f"{self.path / 'mlmkit.json'}: its outputs {dict(self.outputs)} are not the fill-mask "
+                              f"graph's {FILL_MASK_OUTPUTS}", "re-create the bundle with `mlmkit export`")
+        self.tokenizer.enable_truncation(self.max_length, strategy="longest_first")
+        self.mask_token = mask_token(self.tokenizer)  # [MASK], or the family's own (<mask>): "[MASK]" is its alias
+        if self.mask_token == MASK:
+            # a literal "[MASK]" in the text must become the mask id even for a tokenizer built from a
+            # bare vocab.txt, where it is an ordinary vocabulary entry that the normaliser would split
+            self.tokenizer.add_special_tokens([AddedToken(MASK, special=True, normalized=False)])
+        if self.tokenizer.token_to_id(self.mask_token) != self.mask_id:
+            raise BundleError(f"{self.path / 'tokenizer.json'}: {self.mask_token} is not token {self.mask_id}",
+                              "export the bundle again")
+        self._token_text: dict[int, str] = {}
+
+    def _top_k(self, top_k: Any, options: dict[str, Any]) -> int:
+        if options:
+            raise ConfigError(f"--{next(iter(options)).replace('_', '-')} is not an option of fill-mask bundles",
+                              "its option: --top-k")
+        k = self.top_k if top_k is None else self.option.parse(top_k)
+        if k > self.top_k:
+            raise ConfigError(f"--top-k {k}: this bundle was exported with --top-k {self.top_k}",
+                              f"ask for 1 to {self.top_k}, or export again with a larger --top-k")
+        return k
+
+    option_names = ("top_k",)
+
+    def check(self, inputs: Sequence[Any], options: dict[str, Any] | None = None) -> None:
+        options = dict(options or {})
+        self._top_k(options.pop("top_k", None), options)
+        self._each(inputs, 1, _text_pair, None)
+
+    def _alias(self, text: str) -> str:
+        """"[MASK]" written as the model's own mask token (RoBERTa's <mask>: as long, so every
+        character offset stays the same)."""
+        if self.mask_token != MASK and len(self.mask_token) == len(MASK):
+            return text.replace(MASK, self.mask_token)
+        return text
+
+    def _token(self, i: int) -> str:
+        if i not in self._token_text:
+            self._token_text[i] = self.tokenizer.decode([i], skip_special_tokens=False).strip()
+        return self._token_text[i]
+
+    def __call__(
+        self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
+        errors: dict[int, MlmkitError] | None = None, top_k: int | None = None, **options: Any,
+    ) -> list[dict[str, Any]]:
+        k = self._top_k(top_k, options)
+        kept, pairs = self._each(inputs, first, _text_pair, errors)
+        if len(kept) < len(inputs):
+            return self._aligned(len(inputs), kept, self([{"text": a, "text_pair": b} for a, b in pairs], progress=progress,
+                                                         top_k=top_k))
+        clip = lambda t: clip_text(self._alias(t), self.tokenizer, self.max_length)  # noqa: E731
+        encs = self.tokenizer.encode_batch([(clip(a), clip(b)) if b is not None else clip(a) for a, b in pairs]) if pairs else []
+        results: list[dict[str, Any]] = []
+        todo: list[int] = []
+        for i, ((a, b), enc) in enumerate(zip(pairs, encs)):
+            r: dict[str, Any] = {"text": a} if b is None else {"text": a, "text_pair": b}
+            if enc.overflowing:
+                r["truncated"] = True
+            r["masks"] = []
+            if self.mask_id in enc.ids:
+                todo.append(i)
+            else:
+                had = any(m in t for t in (a, b or "") for m in {MASK, self.mask_token})
+                r["error"] = (f"no [MASK] within the first {self.max_length} tokens" if had
+                              else "no [MASK] token in the text")
+            results.append(r)
+        evaluation.warn_truncated(sum(1 for r in results if r.get("truncated")), len(results), self.max_length)
+        if progress is not None and len(todo) < len(results):
+            progress(len(results) - len(todo))  # texts without [MASK] are done already
+        lengths = [len(encs[i].ids) for i in todo]
+        for batch in bucket_batches(lengths, self.batch_size, self.batch_tokens):
+            items = [todo[j] for j in batch]
+            out = self.run_batch(pad_features([{"input_ids": encs[i].ids, "token_type_ids": encs[i].type_ids} for i in items],
+                                              self.pad_id))
+            for (row, pos), ids, probs in zip(out["mask_positions"], out["top_ids"], out["top_probs"]):
+                i = items[int(row)]
+                enc = encs[i]
+                start, end = enc.offsets[int(pos)]
+                results[i]["masks"].append({
+                    "position": int(pos), "segment": int(enc.sequence_ids[int(pos)] or 0), "start": int(start), "end": int(end),
+                    "candidates": [{"token": self._token(int(t)), "id": int(t), "score": float(p)} for t, p in zip(ids[:k], probs[:k])],
+                })
+            if progress is not None:
+                progress(len(items))
+        for r in results:
+            if r["masks"]:
+                r["sequence"] = _fill(r["text"], [m for m in r["masks"] if m["segment"] == 0])
+                if "text_pair" in r:
+                    r["sequence_pair"] = _fill(r["text_pair"], [m for m in r["masks"] if m["segment"] == 1])
+                for m in r["masks"]:
+                    if "text_pair" not in r:
+                        del m["segment"]
+        return results
+
+    def summary(self, result: dict[str, Any]) -> dict[str, str]:
+        if not result["masks"]:
+            return {"candidates": f"({result.get('error', 'no [MASK]')})"}
+        return {"candidates": " | ".join(", ".join(f"{c['token']} {c['score']:.3f}" for c in m["candidates"])
+                                         for m in result["masks"])}
+
+
+def _text_pair(item: str | dict[str, Any]) -> tuple[str, str | None]:
+    if isinstance(item, str):
+        return item, None
+    if isinstance(item, dict) and isinstance(item.get("text"), str):
+        pair = item.get("text_pair")
+        return item["text"], pair if isinstance(pair, str) else None
+    have = ", ".join(item) if isinstance(item, dict) else type(item).__name__
+    raise DataFormatError("<input>", f"expected a text or a record with a 'text' field, got: {have}", field="text")
+
+
+def _fill(text: str, masks: list[dict[str, Any]]) -> str:
+    """``text`` with each [MASK] span replaced by its best candidate (word pieces glued on)."""
+    out, last = [], 0
+    for m in sorted(masks, key=lambda m: m["start"]):
+        best = m["candidates"][0]["token"] if m["candidates"] else ""
+        out.append(text[last : m["start"]])
+        if best.startswith("##"):
+            out[-1] = out[-1].rstrip()
+            best = best[2:]
+        out.append(best)
+        last = m["end"]
+    return "".join(out) + text[last:]
+
+
+class TaskPipeline(Pipeline):
+    """A bundle of any registered task: evaluation's loop with the onnxruntime session as the forward."""
+
+    def __init__(self, path: Path, meta: dict[str, Any], tokenizer: Any, session: ort.InferenceSession, batch_size: int,
+                 plugin: Plugin) -> None:
+        super().__init__(path, meta, tokenizer, session, batch_size)
+        self.plugin = plugin
+        if self.outputs != plugin.outputs:  # e.g. a description edited to name another task
+            raise BundleError(
+                f"{path} is described as a {plugin.name} bundle, but its outputs {dict(self.outputs)} are not the task's "
+                f"{dict(plugin.outputs)}", "re-create the bundle with `mlmkit export`")
+
+    def context(self, options: dict[str, Any] | None = None) -> TaskContext:
+        """The task's context: the bundle's labels and saved state; its defaults < the options saved
+        in the bundle < ``options`` (an option the task lacks is an error)."""
+        return TaskContext.from_meta(self.meta, self.plugin.resolve_options(options, saved=self.meta.get("options"), model=True))
+
+    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
+                 errors: dict[int, MlmkitError] | None = None, **options: Any) -> list[dict[str, Any]]:
+        ctx = self.context(options)
+        kept, examples = self._each(inputs, first, lambda x: self.plugin.from_input(x, ctx.options), errors)
+        got = evaluation.predict(self.plugin, examples, self.tokenizer, ctx, self.run_batch, batch_size=self.batch_size,
+                                 max_tokens=self.batch_tokens, progress=progress).predictions
+        return got if len(kept) == len(inputs) else self._aligned(len(inputs), kept, got)
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.plugin.options)
+
+    def check(self, inputs: Sequence[Any], options: dict[str, Any] | None = None) -> None:
+        ctx = self.context(options)
+        self._each(inputs, 1, lambda x: self.plugin.from_input(x, ctx.options), None)
+
+    def summary(self, result: dict[str, Any]) -> dict[str, str]:
+        return self.plugin.summary(result)
+
+    def evaluate(
+        self, data: str | Path, *, options: dict[str, Any] | None = None, predictions: str | Path | None = None
+    ) -> dict[str, Any]:
+        """The task's metrics on labelled ``data``, the decision settings saved at fine-tuning used as
+        they are (tuning them on the data being scored would flatter it)."""
+        ctx = self.context(options)
+        metrics, got = evaluation.evaluate(self.plugin, self.plugin.read(Path(data), ctx.options), self.tokenizer, ctx,
+                                           self.run_batch, batch_size=self.batch_size, max_tokens=self.batch_tokens)
+        if predictions is not None:
+            write_jsonl(predictions, got.predictions)
+        return metrics
+
+
+def evaluate_bundle(
+    bundle: str | Path,
+    data: str | Path,
+    *,
+    options: dict[str, Any] | None = None,
+    predictions: str | Path | None = None,
+    device: str = "cpu",
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Score an exported bundle on labelled ``data`` with its task's metrics (onnxruntime)."""
+    pipe = Pipeline.load(bundle, device=device, threads=threads)
+    if not isinstance(pipe, TaskPipeline):
+        raise BundleError(f"{bundle} is a {pipe.task} bundle, which has no labelled evaluation",
+                          "evaluate a bundle of a fine-tuned task")
+    return pipe.evaluate(data, options=options, predictions=predictions)
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+def read_inputs(path: str | Path) -> list[str | dict[str, Any]]:
+    """All the inputs of a file, a directory or a glob of shards (records.iter_inputs streams them):
+    .txt (one text per non-blank line), .jsonl (an object or a string per line), .csv / .tsv (a
+    header, then one record per row), .parquet (a record per row)."""
+    from mlmkit.text.records import iter_inputs
+
+    return [r.data for r in iter_inputs(path)]

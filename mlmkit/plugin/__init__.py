@@ -1,0 +1,1 @@
+"""The task contract (registry.py) and the task author's kit (taskkit.py). No torch."""

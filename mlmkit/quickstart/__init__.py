@@ -1,0 +1,1 @@
+"""`mlmkit quickstart`: the built-in data (data/, the standard library's docstrings) and the demo."""

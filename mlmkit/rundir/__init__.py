@@ -1,0 +1,1 @@
+"""Run directories: model config, weight files, reading and writing runs, foreign checkpoints, model cards."""

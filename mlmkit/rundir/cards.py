@@ -1,0 +1,225 @@
+"""Model cards: README.md in the Hugging Face model-card format for run directories and bundles.
+
+The card is written from what the directory holds (mlmkit.json, config.json), so it can be rewritten
+at any time (`mlmkit card DIR`): YAML front matter (library_name, pipeline_tag, base_model when it is
+a Hub id, tags, model-index with the evaluation metrics), then the training data, the arguments, the
+results and how to use the model. A bundle's card adds the export facts. A README.md that mlmkit did
+not write (a foreign checkpoint's, or one a user edited and took the marker line out of) is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from mlmkit.files import atomic_write_text, read_json
+
+MARKER = "<!-- mlmkit model card: mlmkit rewrites this file; delete this line to keep your edits -->"
+BUNDLE_FORMAT = "mlmkit-onnx-bundle"
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def write_card(d: str | Path) -> Path | None:
+    """Write DIR/README.md for a run directory or bundle; returns its path, or None when a README.md
+    mlmkit did not write is there (it is kept)."""
+    d = Path(d)
+    path = d / "README.md"
+    if path.exists() and MARKER not in path.read_text(encoding="utf-8", errors="replace"):
+        return None
+    atomic_write_text(path, card(d))
+    return path
+
+
+def card(d: Path) -> str:
+    """The model card of run directory or bundle ``d``, as text."""
+    meta = read_json(d / "mlmkit.json")
+    bundle = meta.get("format") == BUNDLE_FORMAT
+    config = read_json(d / "config.json") if (d / "config.json").exists() else {}
+    task = meta.get("task", "")
+    pretraining = task in ("pretraining", "fill-mask") and meta.get("trained_as", task) == "pretraining"
+    tag = "fill-mask" if pretraining else _pipeline_tag(task)
+    metrics = results(meta)
+    model_type = (meta.get("model") or {}).get("model_type") or config.get("model_type")
+    front: dict[str, Any] = {"library_name": "mlmkit", "pipeline_tag": tag}
+    base = _hub_id(meta.get("base_model"))
+    if base:
+        front["base_model"] = base
+    front["tags"] = [t for t in ("mlmkit", model_type, task, "onnx" if bundle else None) if t]
+    if metrics:
+        data = meta.get("data") or {}
+        dataset = Path(str(data.get("eval") or "held-out")).name
+        front["model-index"] = [{"name": d.name, "results": [{
+            "task": {"type": tag},
+            "dataset": {"name": dataset, "type": dataset},
+            "metrics": [{"type": k, "value": v, "name": k} for k, v in metrics.items()],
+        }]}]
+    out = ["---", *yaml_lines(front), "---", MARKER, "", f"# {d.name}", "", _summary(meta, task, pretraining, bundle, model_type), ""]
+    out += _data(meta, pretraining)
+    args = meta.get("train_args")
+    if args:
+        out += ["## Training arguments", "", "| argument | value |", "|---|---|",
+                *(f"| {k} | {_cell(v)} |" for k, v in args.items() if k not in ("progress",) and v is not None), ""]
+    if metrics:
+        where = "the best evaluation" if meta.get("best_metrics") else "the last evaluation"
+        out += ["## Results", "", f"On {front['model-index'][0]['results'][0]['dataset']['name']}, at {where}"
+                + (f" (step {meta['best_step']})" if meta.get("best_step") else "") + ":", "",
+                "| metric | value |", "|---|---|", *(f"| {k} | {_cell(v)} |" for k, v in metrics.items()), ""]
+    if (d / "curves.png").exists():
+        out += ["## Training curves", "", "![training curves](curves.png)", ""]
+    if bundle:
+        out += _export(meta)
+    out += _usage(d, meta, task, pretraining, bundle, config)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def results(meta: dict[str, Any]) -> dict[str, float]:
+    """The evaluation metrics a run reports (the best model's when one was kept), without the eval_ prefix."""
+    src = meta.get("best_metrics") or meta.get("final_metrics") or {}
+    skip = ("step", "epoch", "loss", "lr", "tokens_per_s")
+    out = {}
+    for k, v in src.items():
+        name = k[5:] if k.startswith("eval_") else k
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and name not in skip and not name.endswith("_loss"):
+            if meta.get("best_metrics") or k.startswith("eval_"):
+                out[name] = round(float(v), 6)
+    return out
+
+
+def _plugin(task: str) -> Any:
+    """The registered task of that name, or None (a task not installed here still gets a card)."""
+    from mlmkit.plugin.registry import get_task
+
+    try:
+        return get_task(task)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _pipeline_tag(task: str) -> str:
+    plugin = _plugin(task)
+    return plugin.pipeline_tag if plugin is not None else "feature-extraction"
+
+
+def _hub_id(base: Any) -> str | None:
+    """``base_model`` as a Hub repository id: the base's config.json ``_name_or_path`` when that is one."""
+    if not isinstance(base, str):
+        return None
+    if HUB_ID.match(base) and not Path(base).exists():
+        return base
+    cfg = Path(base) / "config.json"
+    try:
+        name = json.loads(cfg.read_text(encoding="utf-8")).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) and HUB_ID.match(name) and not Path(name).exists() else None
+
+
+def _summary(meta: dict[str, Any], task: str, pretraining: bool, bundle: bool, model_type: Any) -> str:
+    family = model_type or "encoder"
+    if pretraining:
+        what = f"A {family} encoder pretrained with mlmkit (masked language modelling" + (
+            " and next-sentence prediction)." if meta.get("nsp") else ").")
+    else:
+        source = (meta.get("source") or {}).get("path")
+        what = f"A {family} model for the {task} task" + (
+            f", fine-tuned with mlmkit from `{meta['base_model']}`." if meta.get("base_model")
+            else f", exported by mlmkit from `{source}`." if source else ".")
+    if bundle:
+        what += f" This is its ONNX bundle ({meta.get('precision', 'fp32')}), served by onnxruntime."
+    labels = meta.get("labels")
+    if labels:
+        shown = ", ".join(f"`{x}`" for x in labels[:20]) + (f" and {len(labels) - 20} more" if len(labels) > 20 else "")
+        what += f" Labels: {shown}."
+    return what
+
+
+def _data(meta: dict[str, Any], pretraining: bool) -> list[str]:
+    files = meta.get("corpus") if pretraining else None
+    data = meta.get("data") or {}
+    lines = []
+    if files:
+        lines += [f"- corpus: `{f}`" for f in files[:20]]
+    for k in ("train", "eval"):
+        if data.get(k):
+            lines.append(f"- {k}: `{data[k]}`")
+    if meta.get("max_length"):
+        lines.append(f"- max length: {meta['max_length']} tokens")
+    return ["## Training data", "", *lines, ""] if lines else []
+
+
+def _export(meta: dict[str, Any]) -> list[str]:
+    parity = meta.get("parity")
+    fused = meta.get("fused_operators") or {}
+    rows = [("opset", meta.get("opset")), ("precision", meta.get("precision")),
+            ("quantization", "dynamic int8" if meta.get("precision") == "int8" else "none"),
+            ("optimizations", ", ".join(meta.get("optimizations") or []) or "none"),
+            ("fused operators", ", ".join(f"{k} {v}" for k, v in fused.items()) or "none"),
+            ("parity with PyTorch", json.dumps(parity) if isinstance(parity, dict) else parity),
+            ("inputs", ", ".join(meta.get("inputs") or [])), ("max length", meta.get("max_length")),
+            ("model bytes", meta.get("model_bytes"))]
+    return ["## Export", "", "| | |", "|---|---|", *(f"| {k} | {_cell(v)} |" for k, v in rows if v not in (None, "")), ""]
+
+
+def _usage(d: Path, meta: dict[str, Any], task: str, pretraining: bool, bundle: bool, config: dict[str, Any]) -> list[str]:
+    name = d.name
+    out = ["## How to use", "", "With mlmkit:", "", "```bash"]
+    if bundle:
+        command = "fill-mask" if task == "fill-mask" else _command(task)
+        out += [f"mlmkit {command} {name} --input texts.txt" if command else f"mlmkit predict {name} --input texts.jsonl",
+                f"mlmkit serve {name}        # HTTP: POST /v1/models/{name}/predict"]
+    else:
+        out.append(f"mlmkit export {name} --out exports/{name}")
+        if not pretraining:
+            out.append(f"mlmkit evaluate {name} --data eval.jsonl")
+        else:
+            out.append(f"mlmkit finetune TASK --model {name} --train train.jsonl --out runs/TASK")
+    out += ["```", ""]
+    if bundle:
+        out += ["In Python:", "", "```python", "import mlmkit", "",
+                f'pipe = mlmkit.Pipeline.load("{name}")', 'print(pipe(["a text"]))', "```", ""]
+    else:
+        arch = (config.get("architectures") or [""])[0]
+        if arch:
+            out += ["With transformers (the directory is a Hugging Face checkpoint):", "", "```python",
+                    f"from transformers import AutoTokenizer, {arch}", "",
+                    f'model = {arch}.from_pretrained("{name}")', f'tokenizer = AutoTokenizer.from_pretrained("{name}")', "```", ""]
+    return out
+
+
+def _command(task: str) -> str | None:
+    plugin = _plugin(task)
+    return plugin.command if plugin is not None else None
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(str(x) for x in v)
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def yaml_lines(value: Any, indent: int = 0) -> list[str]:
+    """``value`` (dicts, lists, scalars) as block-style YAML; scalars written as JSON, which YAML reads."""
+    pad = " " * indent
+    lines: list[str] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(v, (dict, list)) and v:
+                lines.append(f"{pad}{k}:")
+                lines += yaml_lines(v, indent + 2)
+            else:
+                lines.append(f"{pad}{k}: {json.dumps(v, ensure_ascii=False)}")
+    elif isinstance(value, list):
+        for item in value:
+            sub = yaml_lines(item, indent + 2)
+            if isinstance(item, (dict, list)) and item:
+                lines.append(f"{pad}- {sub[0].lstrip()}")
+                lines += sub[1:]
+            else:
+                lines.append(f"{pad}- {json.dumps(item, ensure_ascii=False)}")
+    else:
+        lines.append(pad + json.dumps(value, ensure_ascii=False))
+    return lines

@@ -1,0 +1,143 @@
+"""Read and write run directories (Hugging Face checkpoints) atomically.
+
+Every file goes through files.atomic_write (a temporary name, then a rename), so a process killed
+mid-write leaves the previous file intact. Weights are read with safetensors or
+``torch.load(weights_only=True)``: loading a checkpoint never runs code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from mlmkit.errors import ConfigError
+from mlmkit.files import atomic_write, read_json, write_json
+from mlmkit.rundir.config import ModelConfig
+from mlmkit.rundir.weights import (  # noqa: F401 - the weight-file functions, where callers have found them
+    WEIGHT_FILES,
+    WEIGHTS,
+    _normalise_key,
+    _read_weights,
+    check_weights,
+    weight_files,
+    weight_shapes,
+    weights_digest,
+)
+from mlmkit.text.tokenizer import save_tokenizer
+
+META = "mlmkit.json"
+# keys (mlmkit's names) whose tensors are tied to another parameter; not stored, as transformers does
+TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+
+
+def save_weights(model: torch.nn.Module, path: str | Path, config: Any = None) -> None:
+    """Write the state dict as safetensors under the family's transformers names (``config``'s
+    family; BERT's when None), without the tied decoder copy."""
+    m = unwrap(model)
+    fam = (config if config is not None else getattr(m, "config", None) or ModelConfig()).family
+    sd = {k: v.detach().to("cpu").contiguous() for k, v in m.state_dict().items() if k not in TIED_KEYS}
+    sd = fam.to_family(sd)
+    atomic_write(path, lambda tmp: save_file(sd, tmp, metadata={"format": "pt"}))
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain module under DistributedDataParallel / torch.compile wrappers."""
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+        model = getattr(model, "module", None) or model._orig_mod
+    return model
+
+
+def load_state_dict(run_dir: str | Path, config: Any = None) -> dict[str, torch.Tensor]:
+    """Weights of a run directory or Hugging Face directory (one file or shards), keys renamed from
+    the family's names (``config``'s, else its config.json's) to mlmkit's (BERT's)."""
+    d = Path(run_dir)
+    files = weight_files(d)
+    if not files:
+        raise ConfigError(
+            f"no weights in {d}",
+            "a model directory needs model.safetensors or pytorch_model.bin (or their sharded index) beside config.json",
+        )
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        part = _read_weights(f)
+        if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
+            raise ConfigError(f"{f}: not a dictionary of tensors", "is it a model checkpoint?")
+        sd.update(part)
+    if config is None:
+        config = ModelConfig.load(d) if (d / "config.json").is_file() else ModelConfig()
+    sd = config.family.from_family({_normalise_key(k): v for k, v in sd.items()})
+    # transformers ties the decoder bias to cls.predictions.bias; keep the one we use
+    if "cls.predictions.decoder.bias" in sd:
+        sd.setdefault("cls.predictions.bias", sd["cls.predictions.decoder.bias"])
+        del sd["cls.predictions.decoder.bias"]
+    return sd
+
+
+def load_weights(
+    model: torch.nn.Module, sd: dict[str, torch.Tensor], *, allow_missing: tuple[str, ...] = ()
+) -> tuple[list[str], list[str]]:
+    """Load ``sd`` into ``model``. Returns (missing, unexpected) after dropping tied keys.
+
+    Missing keys are an error unless they start with one of ``allow_missing`` (a fresh head);
+    unexpected keys are returned for the caller to report (a pretraining head being dropped)."""
+    own = unwrap(model).state_dict()
+    bad = [k for k, v in sd.items() if k in own and own[k].shape != v.shape]
+    if bad:
+        k = bad[0]
+        raise ConfigError(
+            f"weight {k} has shape {tuple(sd[k].shape)} in the checkpoint but {tuple(own[k].shape)} in the model",
+            "the config.json does not match the weights",
+        )
+    missing = [k for k in own if k not in sd and k not in TIED_KEYS]
+    unexpected = [k for k in sd if k not in own]
+    hard = [k for k in missing if not k.startswith(allow_missing)]
+    if hard:
+        raise ConfigError(f"checkpoint lacks {len(hard)} weights, e.g. {hard[0]}",
+                          "is it a checkpoint of the model_type its config.json names?")
+    unwrap(model).load_state_dict({k: v for k, v in sd.items() if k in own}, strict=False)
+    return missing, unexpected
+
+
+def save_run(
+    model: torch.nn.Module, out_dir: str | Path, *, config: Any, tokenizer: Any, meta: dict[str, Any]
+) -> None:
+    """Write a run directory: config.json, model.safetensors, tokenizer files, mlmkit.json.
+
+    Weights are written before mlmkit.json so a reader that sees the new metadata sees new weights."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    config.save(d / "config.json")
+    save_tokenizer(tokenizer, d, max_length=int(meta.get("max_length", 512)))
+    save_weights(model, d / WEIGHTS, config)
+    write_json(d / META, meta)
+
+
+def read_run_meta(d: str | Path, config: Any) -> dict[str, Any]:
+    """mlmkit.json of a run directory, checked against itself and its config.json: a label list that
+    is not the head's (config.json's id2label, in order) would label every input wrongly, silently."""
+    p = Path(d) / META
+    meta = read_json(p)
+    labels = meta.get("labels")
+    head = [config.id2label[i] for i in sorted(config.id2label)] if config.id2label else None
+    problems = [
+        (not isinstance(meta.get("task"), str), "it names no task"),
+        (not isinstance(meta.get("max_length"), int) or isinstance(meta.get("max_length"), bool)
+         or not 1 <= meta["max_length"] <= config.max_tokens,
+         f"its max_length {meta.get('max_length')!r} is not from 1 to the model's {config.max_tokens} positions"),
+        (labels is not None and labels != head,
+         f"its labels {labels} are not config.json's id2label {head}"),
+        (not isinstance(meta.get("options", {}), dict) or not isinstance(meta.get("task_state", {}), dict),
+         "its options or task_state are not objects"),
+    ]
+    bad = [why for wrong, why in problems if wrong]
+    if bad:
+        raise ConfigError(f"{p}: {bad[0]}", "the run directory was edited or damaged; fine-tune it again")
+    return meta
+
+
+def is_model_dir(d: str | Path) -> bool:
+    d = Path(d)
+    return (d / "config.json").exists() and any((d / name).is_file() for name in WEIGHT_FILES)

@@ -1,0 +1,1 @@
+"""Text in: readers of every data format, records, tokenizers, length buckets. No torch."""

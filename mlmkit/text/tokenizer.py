@@ -1,0 +1,281 @@
+"""Train and load tokenizers of every kind (the `tokenizers` library): WordPiece (BERT), byte-level
+BPE (RoBERTa, ModernBERT) and Unigram / SentencePiece (XLM-R, DeBERTa-v3).
+
+A tokenizer is a ``tokenizers.Tokenizer`` with five special tokens, BERT's ``[PAD] [UNK] [CLS] [SEP]
+[MASK]`` or RoBERTa's ``<pad> <unk> <s> </s> <mask>`` (the names the mask, padding ... roles are
+found under), and its post-processor: ``[CLS] A [SEP] B [SEP]`` with segment ids, or RoBERTa's
+``<s> A </s></s> B </s>``. A checkpoint with only vocab.json + merges.txt (byte-level BPE) is
+converted here; one with only a SentencePiece model needs transformers' converter. Padding and
+truncation are always set explicitly by the caller: a tokenizer.json can carry a fixed padding
+setting (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+
+from mlmkit.errors import ConfigError
+from mlmkit.files import atomic_write_text, parse_json, write_json
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
+ROBERTA_TOKENS = ["<pad>", "<unk>", "<s>", "</s>", "<mask>"]
+SPECIAL_SETS = (SPECIAL_TOKENS, ROBERTA_TOKENS)  # (pad, unk, cls, sep, mask) as each convention names them
+DEFAULT_VOCAB_SIZE = 8000  # small corpora (the quickstart's) fill no more; BERT-base used 30522
+KINDS = ("wordpiece", "bpe", "unigram")
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    pad: int
+    unk: int
+    cls: int
+    sep: int
+    mask: int
+
+    @property
+    def all(self) -> tuple[int, ...]:
+        return (self.pad, self.unk, self.cls, self.sep, self.mask)
+
+
+def special_tokens(tok: Tokenizer) -> list[str]:
+    """The names of (pad, unk, cls, sep, mask): the first convention whose five tokens are all there."""
+    for names in SPECIAL_SETS:
+        if all(tok.token_to_id(t) is not None for t in names):
+            return list(names)
+    missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
+    raise ConfigError(f"tokenizer lacks the special tokens {', '.join(missing)} (nor has it all of {' '.join(ROBERTA_TOKENS)})",
+                      "train it with mlmkit tokenizer train")
+
+
+def special_ids(tok: Tokenizer) -> SpecialIds:
+    return SpecialIds(*(tok.token_to_id(t) for t in special_tokens(tok)))
+
+
+def mask_token(tok: Tokenizer) -> str:
+    return special_tokens(tok)[4]
+
+
+def _bert_pipeline(tok: Tokenizer, cased: bool) -> Tokenizer:
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None if cased else True, lowercase=not cased
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
+def _add_template(tok: Tokenizer) -> Tokenizer:
+    cls, sep = tok.token_to_id(CLS), tok.token_to_id(SEP)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{CLS}:0 $A:0 {SEP}:0",
+        pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
+        special_tokens=[(CLS, cls), (SEP, sep)],
+    )
+    return tok
+
+
+def _roberta_template(tok: Tokenizer, names: list[str]) -> Tokenizer:
+    """<s> A </s> and <s> A </s></s> B </s>, offsets without the leading space (as RoBERTa's)."""
+    cls, sep = names[2], names[3]
+    tok.post_processor = processors.RobertaProcessing((sep, tok.token_to_id(sep)), (cls, tok.token_to_id(cls)),
+                                                      trim_offsets=True, add_prefix_space=False)
+    return tok
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, cased: bool = False, min_frequency: int = 2,
+                    kind: str = "wordpiece", specials: Iterable[str] | None = None) -> Tokenizer:
+    """Train a tokenizer on an iterator of texts (sentences or lines).
+
+    ``kind``: "wordpiece" (BERT's normalisation and ## pieces), "bpe" (byte-level, as RoBERTa and
+    ModernBERT: every byte representable, spaces kept as Ġ; always cased) or "unigram" (SentencePiece
+    style, ▁ for spaces, NFKC). ``specials``: the (pad, unk, cls, sep, mask) names, BERT's by default
+    for wordpiece and RoBERTa's for the others; with RoBERTa's names the template is RoBERTa's."""
+    if kind not in KINDS:
+        raise ConfigError(f"--kind {kind} is not a tokenizer kind", f"use one of: {', '.join(KINDS)}")
+    if vocab_size < len(SPECIAL_TOKENS) + 30:
+        raise ConfigError(f"--vocab-size {vocab_size} is too small", "use at least a few hundred")
+    names = list(specials or (SPECIAL_TOKENS if kind == "wordpiece" else ROBERTA_TOKENS))
+    # ids in the convention's own order: BERT's [PAD] 0 ... [MASK] 4; RoBERTa's <s> 0, <pad> 1, </s> 2, <unk> 3
+    order = [names[2], names[0], names[3], names[1], names[4]] if names[2] == "<s>" else names
+    if kind == "wordpiece":
+        tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=names[1], max_input_chars_per_word=100)), cased)
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=order,
+                                            continuing_subword_prefix="##")
+    elif kind == "bpe":
+        tok = Tokenizer(models.BPE(unk_token=None))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=order,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    else:
+        tok = Tokenizer(models.Unigram())
+        tok.normalizer = normalizers.NFKC()
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=order, unk_token=names[1])
+    tok.train_from_iterator(texts, trainer=trainer)
+    # a typed mask stays one token; RoBERTa's <mask> takes the space before it (lstrip), as there
+    tok.add_special_tokens([AddedToken(names[4], special=True, normalized=False, lstrip=names[4] == "<mask>")])
+    if names[2] == "<s>":
+        return prepare(_roberta_template(tok, names))
+    cls, sep = names[2], names[3]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))],
+    )
+    return prepare(tok)
+
+
+def prepare(tok: Tokenizer) -> Tokenizer:
+    """No padding, no truncation: callers set both per use."""
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+SENTENCEPIECE_FILES = ("sentencepiece.bpe.model", "spm.model", "tokenizer.model")
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load tokenizer.json, vocab.txt, or a directory holding one of them, or vocab.json + merges.txt
+    (byte-level BPE), or a SentencePiece model (converted with transformers' converter)."""
+    p = Path(path)
+    if p.is_dir():
+        for name in ("tokenizer.json", "vocab.txt"):
+            if (p / name).exists():
+                return load_tokenizer(p / name)
+        if (p / "vocab.json").is_file() and (p / "merges.txt").is_file():
+            return _from_vocab_merges(p)
+        for name in SENTENCEPIECE_FILES:
+            if (p / name).is_file():
+                return _from_sentencepiece(p)
+        raise ConfigError(f"no tokenizer in {p} (tokenizer.json, vocab.txt, vocab.json + merges.txt or a SentencePiece model)",
+                          "a model directory needs one of them beside config.json")
+    if not p.exists():
+        raise ConfigError(f"tokenizer not found: {p}", "check the path")
+    if p.suffix == ".txt":
+        vocab = {}
+        try:
+            lines = p.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{p}: not UTF-8 text (byte {e.start})", "a vocab.txt has one UTF-8 token per line") from None
+        for i, line in enumerate(lines):
+            vocab.setdefault(line.rstrip("\n"), i)
+        cased = not _lowercase_from_config(p.parent)
+        tok = _bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100)), cased)
+        special_ids(tok)
+        tok.add_special_tokens(SPECIAL_TOKENS)  # so a typed "[MASK]" stays one token, as in tokenizer.json
+        return prepare(_add_template(tok))
+    try:
+        tok = Tokenizer.from_file(str(p))
+    except Exception as e:
+        raise ConfigError(f"{p}: not a tokenizers JSON file ({e})", "pass a tokenizer.json or vocab.txt") from None
+    special_ids(tok)
+    return prepare(tok)
+
+
+def _from_vocab_merges(d: Path) -> Tokenizer:
+    """A byte-level BPE tokenizer (RoBERTa / GPT-2 files) with RoBERTa's template and <mask>."""
+    try:
+        tok = Tokenizer(models.BPE.from_file(str(d / "vocab.json"), str(d / "merges.txt")))
+    except Exception as e:  # tokenizers raises its own exception type for malformed files
+        raise ConfigError(f"{d}: vocab.json / merges.txt are not a BPE vocabulary ({e})", "re-create the checkpoint") from None
+    space = bool(_tokenizer_config(d).get("add_prefix_space", False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=space)
+    tok.decoder = decoders.ByteLevel()
+    names = special_tokens(tok)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False, lstrip=t == "<mask>") for t in names])
+    return prepare(_roberta_template(tok, names) if names[2] == "<s>" else _add_template(tok))
+
+
+def _from_sentencepiece(d: Path) -> Tokenizer:
+    """A SentencePiece-only checkpoint (XLM-R, DeBERTa-v3), converted by transformers (it needs the
+    sentencepiece and protobuf packages)."""
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError(f"{d} has only a SentencePiece tokenizer model, and converting it needs transformers",
+                          "pip install 'mlmkit[convert]' (transformers, sentencepiece, protobuf), or save a tokenizer.json") from None
+    try:
+        fast = transformers.AutoTokenizer.from_pretrained(str(d), use_fast=True)
+        tok = Tokenizer.from_str(fast.backend_tokenizer.to_str())
+    except Exception as e:  # the converter raises ImportError, ValueError ... depending on what is missing
+        raise ConfigError(f"{d}: the SentencePiece model could not be converted ({str(e)[:200]})",
+                          "pip install 'mlmkit[convert]' (transformers, sentencepiece, protobuf), or save a tokenizer.json") from None
+    special_ids(tok)
+    return prepare(tok)
+
+
+def _tokenizer_config(d: Path) -> dict:
+    cfg = d / "tokenizer_config.json"
+    if cfg.is_file():
+        try:
+            got = parse_json(cfg.read_text(encoding="utf-8"))
+            return got if isinstance(got, dict) else {}
+        except (ValueError, UnicodeDecodeError):
+            pass
+    return {}
+
+
+def _lowercase_from_config(d: Path) -> bool:
+    cfg = d / "tokenizer_config.json"
+    if cfg.exists():
+        try:
+            return bool(parse_json(cfg.read_text(encoding="utf-8")).get("do_lower_case", True))
+        except (ValueError, AttributeError):  # unreadable or not an object: BERT's default, lowercase
+            pass
+    return True
+
+
+def is_lowercase(tok: Tokenizer) -> bool:
+    n = json.loads(tok.to_str()).get("normalizer") or {}
+    return bool(n.get("lowercase", False))
+
+
+def is_wordpiece(tok: Tokenizer) -> bool:
+    return (json.loads(tok.to_str()).get("model") or {}).get("type") == "WordPiece"
+
+
+def save_tokenizer(tok: Tokenizer, out_dir: str | Path, max_length: int = 512) -> None:
+    """Write tokenizer.json, tokenizer_config.json and, for WordPiece, vocab.txt (so transformers and
+    BERT tools load it too)."""
+    d = Path(out_dir)
+    atomic_write_text(d / "tokenizer.json", tok.to_str(pretty=False))
+    pad, unk, cls, sep, mask = special_tokens(tok)
+    names = {"pad_token": pad, "unk_token": unk, "cls_token": cls, "sep_token": sep, "mask_token": mask}
+    if is_wordpiece(tok):
+        vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+        atomic_write_text(d / "vocab.txt", "".join(t + "\n" for t, _ in vocab))
+        config = {"tokenizer_class": "BertTokenizer", "do_lower_case": is_lowercase(tok)}
+    else:  # transformers reads tokenizer.json itself
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", **({"bos_token": cls, "eos_token": sep} if cls == "<s>" else {})}
+    write_json(d / "tokenizer_config.json", {**config, "model_max_length": max_length, **names})
+
+
+def continuation_flags(tok: Tokenizer) -> list[bool]:
+    """flags[id] is True when the token continues a word (a WordPiece "##" piece; a BPE / SentencePiece
+    piece without the Ġ / ▁ of a word start): whole-word masking groups."""
+    flags = [False] * tok.get_vocab_size()
+    model = (json.loads(tok.to_str()).get("model") or {}).get("type")
+    for t, i in tok.get_vocab().items():
+        if i < len(flags):
+            if model == "WordPiece":
+                flags[i] = t.startswith("##")
+            else:  # byte-level BPE and SentencePiece mark a word's start (Ġ / ▁), not its continuation
+                flags[i] = not t.startswith(("Ġ", "▁", "<", "[")) and t.isalnum()
+    return flags

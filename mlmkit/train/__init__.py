@@ -1,0 +1,1 @@
+"""Training: the loop, resume state, devices, masking, pretraining, fine-tuning, tracking, plots, sweeps."""

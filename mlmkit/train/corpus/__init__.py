@@ -1,0 +1,1 @@
+"""Pretraining data: corpus files (files.py), token shards (shards.py), NSP and packed instances (instances.py)."""

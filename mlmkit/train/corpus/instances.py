@@ -1,0 +1,346 @@
+"""Pretraining instances from token shards: NSP pairs and packed windows, made per batch.
+
+NSP instances follow the original BERT recipe (create_pretraining_data.py): a target length
+(shorter with probability 0.1), segment A from consecutive sentences, B the true continuation half
+of the time and a span of another document otherwise, the longer side truncated. Three deviations:
+a chunk of a single sentence borrows the next sentence when there is one (the previous one at the end
+of a document), so IsNext stays near 50% (the original forces a random B for such chunks); a random
+B is as long as the true continuation would have been, not filled up to the target length, so
+sequence length alone does not predict the label (with the original, short documents let a model
+reach ~61% NSP accuracy from lengths alone); and the chunks are fixed (instance_units), each making
+one instance per epoch, made when its batch is drawn: a short target takes a chunk's first
+sentences, and the sentences a NotNext instance leaves unused wait for another epoch (the original
+reads them again at once) — so nothing per epoch grows with the corpus.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from array import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from mlmkit.errors import MlmkitError
+from mlmkit.text.tokenizer import SpecialIds, continuation_flags, special_ids
+from mlmkit.train.corpus.shards import TokenizedCorpus
+from mlmkit.train.masking import mask_tokens
+
+log = logging.getLogger("mlmkit")
+
+
+@dataclass
+class Instance:
+    a: np.ndarray
+    b: np.ndarray | None
+    is_next: int  # 0 = IsNext (B follows A), 1 = NotNext, as transformers' next_sentence_label
+
+
+def _truncate_pair(a: list[int], b: list[int], max_tokens: int, rng: random.Random) -> None:
+    """Trim the longer side one token at a time, from the front or the back at random (BERT
+    truncate_seq_pair). The draws are made first and the cuts once, so a pair of n tokens costs O(n),
+    not O(n^2) of deleting from the front of a list."""
+    la, lb = len(a), len(b)
+    cut = {"a": [0, 0], "b": [0, 0]}  # tokens to drop from the front, from the back
+    while la + lb > max_tokens:
+        side = "a" if la > lb else "b"
+        cut[side][0 if rng.random() < 0.5 else 1] += 1
+        if side == "a":
+            la -= 1
+        else:
+            lb -= 1
+    for seq, (front, back) in ((a, cut["a"]), (b, cut["b"])):
+        del seq[len(seq) - back :]
+        del seq[:front]
+
+
+def _random_b(corpus: TokenizedCorpus, d: int, want: int, rng: random.Random, tries: int = 4) -> list[int]:
+    """Consecutive sentences of document ``d`` about ``want`` tokens long: the span nearest that
+    length among a few random starts, so the length of a random B tells nothing about IsNext. Read
+    from the offsets: a long document costs what its span does, not what the whole does."""
+    so = corpus.sent_offsets
+    s0, s1 = int(corpus.doc_offsets[d]), int(corpus.doc_offsets[d + 1])
+    best: tuple[int, int, int] | None = None  # first sentence, end, tokens
+    for _ in range(tries):
+        start = s0 + rng.randrange(s1 - s0)
+        end, n = start, 0
+        while end < s1:
+            k = int(so[end + 1] - so[end])
+            if n and abs(n + k - want) >= abs(n - want):
+                break
+            n, end = n + k, end + 1
+        if best is None or best[2] == 0 or abs(n - want) < abs(best[2] - want):
+            best = (start, end, n)
+    assert best is not None
+    return corpus.tokens[so[best[0]] : so[best[1]]].tolist()
+
+
+SHORT_SEQ_PROB = 0.1
+
+
+def instance_units(corpus: TokenizedCorpus, max_len: int, nsp: bool) -> np.ndarray:
+    """The units an epoch's instances are drawn from, as U+1 boundaries (cached in the corpus's shard
+    directory, so a large corpus computes them once).
+
+    NSP: runs of consecutive sentences of one document, each growing until it holds max_len - 3
+    tokens or the document ends (BERT's chunks at the full target length); boundaries are sentence
+    indices. --no-nsp: the packed windows of max_len - 2 tokens (whole sentences while they fit,
+    a longer sentence in pieces, never across documents); boundaries are token indices."""
+    kind = "nsp" if nsp else "packed"
+    cached = corpus.cache / f"units-{kind}-{max_len}-{corpus.part}.npy" if corpus.cache is not None else None
+    if cached is not None and cached.is_file():
+        try:
+            units = np.load(cached, mmap_mode="r")
+            last = len(corpus.sent_offsets) - 1 if nsp else len(corpus.tokens)
+            if units.ndim == 1 and len(units) >= 1 and int(units[0]) == 0 and int(units[-1]) == last:
+                return units
+        except (OSError, ValueError):
+            pass
+    cap = max_len - 3 if nsp else max_len - 2
+    ends = array("q")
+    sent = 0  # index of the next sentence
+    pos = 0  # token offset of the next sentence
+    for d0, d1 in _blocks(corpus.doc_offsets):
+        lengths = np.diff(np.asarray(corpus.sent_offsets[d0[0] : d1[-1] + 1])).tolist()
+        k = 0
+        for n_sents in (np.asarray(d1) - np.asarray(d0)).tolist():
+            length = cur = 0
+            for j in range(n_sents):
+                n = lengths[k]
+                k += 1
+                if nsp:
+                    length += n
+                    if length >= cap or j == n_sents - 1:
+                        ends.append(sent + j + 1)
+                        length = 0
+                    continue
+                if cur and cur + n > cap:  # packing: this sentence starts the next window
+                    ends.append(pos)
+                    cur = 0
+                if n > cap:  # a sentence longer than the window is split
+                    whole = n - n % cap
+                    ends.extend(range(pos + cap, pos + whole + 1, cap))
+                    cur = n - whole
+                else:
+                    cur += n
+                pos += n
+            if not nsp and cur:
+                ends.append(pos)
+            sent += n_sents
+    units = np.concatenate([[0], np.frombuffer(ends, dtype=np.int64)]).astype(np.int64)
+    if cached is not None:
+        try:
+            tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+            with open(tmp, "wb") as f:
+                np.save(f, units)
+            tmp.replace(cached)
+        except OSError as e:  # a read-only cache still trains, computing the units each time
+            log.warning("could not cache %s (%s)", cached, e)
+    return units
+
+
+def _blocks(doc_offsets: np.ndarray, size: int = 1 << 16) -> Iterator[tuple[list[int], list[int]]]:
+    """(first sentences, ends) of the documents, ``size`` documents at a time (bounded memory)."""
+    for i in range(0, len(doc_offsets) - 1, size):
+        chunk = np.asarray(doc_offsets[i : i + size + 1]).tolist()
+        yield chunk[:-1], chunk[1:]
+
+
+def nsp_instance(
+    corpus: TokenizedCorpus, units: np.ndarray, u: int, max_tokens: int, rng: random.Random,
+    short_seq_prob: float = SHORT_SEQ_PROB,
+) -> Instance | None:
+    """The NSP instance of unit ``u`` (see instance_units), as BERT's create_instances_from_document
+    makes one from a chunk: with probability ``short_seq_prob`` a shorter target length (the unit's
+    first sentences that reach it); A its first 1..n-1 sentences; B the rest (IsNext) or, half the
+    time, a span of another document as long as the rest would have been (NotNext); the longer side
+    truncated. None when A or B came out empty."""
+    so = corpus.sent_offsets
+    s0, s1 = int(units[u]), int(units[u + 1])
+    d = int(np.searchsorted(corpus.doc_offsets, s0, side="right")) - 1
+    ds0, ds1 = int(corpus.doc_offsets[d]), int(corpus.doc_offsets[d + 1])
+    target = rng.randint(2, max_tokens) if rng.random() < short_seq_prob else max_tokens
+    first, end, length = s0, s0, 0
+    while end < s1 and (end == s0 or length < target):
+        length += int(so[end + 1] - so[end])
+        end += 1
+    if end - first == 1:  # a single sentence borrows the next one, or the previous one (see module doc)
+        if end < ds1:
+            end += 1
+        elif first > ds0:
+            first -= 1
+    n = end - first
+    a_end = first + (rng.randint(1, n - 1) if n >= 2 else 1)
+    a = corpus.tokens[so[first] : so[a_end]].tolist()
+    if n == 1 or rng.random() < 0.5:
+        is_next, want = 1, int(so[end] - so[a_end]) or target - len(a)
+        b = _random_b(corpus, _other_document(corpus, d, want, rng), want, rng)
+    else:
+        is_next, b = 0, corpus.tokens[so[a_end] : so[end]].tolist()
+    _truncate_pair(a, b, max_tokens, rng)
+    return Instance(np.asarray(a, np.int32), np.asarray(b, np.int32), is_next) if a and b else None
+
+
+def _other_document(corpus: TokenizedCorpus, d: int, want: int, rng: random.Random, tries: int = 10) -> int:
+    """A random document other than ``d``: the first of a few draws long enough to give ``want``
+    tokens, else the longest drawn (so a random B is rarely shorter than the continuation it stands
+    for, on corpora of short documents too)."""
+    best, best_len = (d + 1) % corpus.num_docs, -1
+    for _ in range(tries):
+        other = rng.randrange(corpus.num_docs)
+        if other == d:
+            continue
+        so, do = corpus.sent_offsets, corpus.doc_offsets
+        n = int(so[do[other + 1]] - so[do[other]])
+        if n >= want:
+            return other
+        if n > best_len:
+            best, best_len = other, n
+    return best
+
+
+def packed_instance(corpus: TokenizedCorpus, units: np.ndarray, u: int) -> Instance:
+    """--no-nsp: the packed window ``u`` (see instance_units)."""
+    return Instance(np.asarray(corpus.tokens[int(units[u]) : int(units[u + 1])], np.int32), None, 0)
+
+
+def nsp_instances(
+    corpus: TokenizedCorpus, max_len: int, rng: random.Random, short_seq_prob: float = SHORT_SEQ_PROB
+) -> list[Instance]:
+    """One instance per unit, in corpus order, each from its own generator seeded from ``rng``: what
+    an epoch of PretrainData draws (in another order), all at once. For tests and inspection."""
+    _check_nsp(corpus)
+    units, seed = instance_units(corpus, max_len, nsp=True), rng.getrandbits(64)
+    made = (nsp_instance(corpus, units, u, max_len - 3, random.Random(f"{seed}/{u}"), short_seq_prob)
+            for u in range(len(units) - 1))
+    return [x for x in made if x is not None]
+
+
+def packed_instances(corpus: TokenizedCorpus, max_len: int) -> list[Instance]:
+    """--no-nsp: every packed window, in corpus order."""
+    units = instance_units(corpus, max_len, nsp=False)
+    return [packed_instance(corpus, units, u) for u in range(len(units) - 1)]
+
+
+def _check_nsp(corpus: TokenizedCorpus) -> None:
+    if corpus.num_docs < 2:
+        raise MlmkitError(
+            "next-sentence prediction needs at least 2 documents (blank lines separate them)",
+            "add blank lines between documents, or pass --no-nsp",
+        )
+
+
+class PretrainData:
+    """The training loop's data source for pretraining: deterministic per (seed, epoch, batch).
+
+    Nothing is built per epoch but a permutation of the units (instance_units): batch k of an epoch
+    takes units k*B .. k*B+B-1 of that permutation and makes their instances then, each from a
+    generator seeded with (seed, epoch, unit), so every epoch has new NSP pairings and short targets.
+    Masks are drawn per step from a generator seeded with (seed, step, rank). Memory does not grow
+    with the corpus (a memory-mapped shard, 12 bytes per unit), and resuming at batch k needs no
+    saved data state and no replay: the loop asks for batch k directly.
+    """
+
+    def __init__(
+        self,
+        corpus: TokenizedCorpus,
+        tok: Tokenizer,
+        *,
+        max_len: int = 128,
+        batch_size: int = 32,
+        nsp: bool = True,
+        mask_prob: float = 0.15,
+        whole_word: bool = False,
+        seed: int = 0,
+        held_out: bool = False,
+    ) -> None:
+        """``held_out``: evaluation data (a few fixed batches): a batch size over its sequences is no news."""
+        if max_len < 8:
+            raise MlmkitError(f"--seq-len {max_len} is too short", "use at least 8")
+        self.corpus, self.max_len, self.batch_size, self.nsp = corpus, max_len, batch_size, nsp
+        self.mask_prob, self.whole_word, self.seed = mask_prob, whole_word, seed
+        self.ids: SpecialIds = special_ids(tok)
+        self.vocab_size = tok.get_vocab_size()
+        self.special = torch.tensor(self.ids.all, dtype=torch.long)
+        self.continuation = torch.tensor(continuation_flags(tok), dtype=torch.bool)
+        if nsp:
+            _check_nsp(corpus)
+        self.units = instance_units(corpus, max_len, nsp)
+        self.num_units = len(self.units) - 1
+        if self.num_units < 1:
+            raise MlmkitError("the corpus yields no training sequences", "give it more text")
+        if batch_size > self.num_units and not held_out:
+            log.warning("--batch-size %d is more than the %d sequences of the corpus: each batch holds %d",
+                        batch_size, self.num_units, self.num_units)
+        self._epoch: int | None = None
+        self._order = np.zeros(0, np.int64)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The units in the order ``epoch`` visits them."""
+        if self._epoch != epoch:
+            self._order = np.arange(self.num_units, dtype=np.int32 if self.num_units < 1 << 31 else np.int64)
+            np.random.default_rng([self.seed % (1 << 32), epoch]).shuffle(self._order)  # in place: one array
+            self._epoch = epoch
+        return self._order
+
+    def instance(self, epoch: int, u: int) -> Instance | None:
+        if not self.nsp:
+            return packed_instance(self.corpus, self.units, u)
+        rng = random.Random(f"{self.seed}/{epoch}/{u}")
+        return nsp_instance(self.corpus, self.units, u, self.max_len - 3, rng)
+
+    def num_batches(self, epoch: int) -> int:
+        return max(1, self.num_units // self.batch_size)
+
+    def batch(self, epoch: int, index: int, seed: int) -> dict[str, torch.Tensor]:
+        order, U = self.order(epoch), self.num_units
+        n, start = min(self.batch_size, U), (index * self.batch_size) % U
+        chosen: list[Instance] = []
+        j = 0
+        while len(chosen) < n and j < U:  # a unit whose A or B came out empty: the next one instead
+            x = self.instance(epoch, int(order[(start + j) % U]))
+            j += 1
+            if x is not None:
+                chosen.append(x)
+        if not chosen:
+            raise MlmkitError("the corpus yields no training sequences", "give it more text")
+        return self.collate(chosen, torch.Generator().manual_seed(seed))
+
+    def collate(self, chosen: Sequence[Instance], gen: torch.Generator) -> dict[str, torch.Tensor]:
+        """[CLS] A [SEP] (B [SEP]), padded to the longest in the batch, then masked."""
+        rows, segs = [], []
+        for x in chosen:
+            ids = [self.ids.cls, *x.a.tolist(), self.ids.sep]
+            seg = [0] * len(ids)
+            if x.b is not None:
+                ids += [*x.b.tolist(), self.ids.sep]
+                seg += [1] * (len(x.b) + 1)
+            rows.append(ids)
+            segs.append(seg)
+        T = max(map(len, rows))
+        input_ids = torch.full((len(rows), T), self.ids.pad, dtype=torch.long)
+        token_type_ids = torch.zeros_like(input_ids)
+        attention_mask = torch.zeros_like(input_ids)
+        for r, (ids, seg) in enumerate(zip(rows, segs)):
+            input_ids[r, : len(ids)] = torch.tensor(ids)
+            token_type_ids[r, : len(ids)] = torch.tensor(seg)
+            attention_mask[r, : len(ids)] = 1
+        masked, labels = mask_tokens(
+            input_ids,
+            mask_id=self.ids.mask,
+            special_ids=self.special,
+            vocab_size=self.vocab_size,
+            mask_prob=self.mask_prob,
+            generator=gen,
+            continuation=self.continuation,
+            whole_word=self.whole_word,
+        )
+        out = {"input_ids": masked, "attention_mask": attention_mask, "token_type_ids": token_type_ids, "labels": labels}
+        if self.nsp:
+            out["next_sentence_label"] = torch.tensor([x.is_next for x in chosen], dtype=torch.long)
+        return out

@@ -1,0 +1,463 @@
+"""Token shards: a corpus tokenized once into cached, memory-mapped, crash-safe shards, by a pool of
+tokenizing processes; read back as a TokenizedCorpus.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from mlmkit.errors import MlmkitError
+from mlmkit.files import exclusive, parse_json
+from mlmkit.train.corpus.files import PENDING_CHARS, DocumentPart, corpus_files, iter_documents
+
+log = logging.getLogger("mlmkit")
+
+
+@dataclass
+class TokenizedCorpus:
+    """All sentences' token ids concatenated; offsets delimit sentences and documents. Read from a
+    token shard, the arrays are memory-mapped (pages are read as they are used)."""
+
+    tokens: np.ndarray  # (N,) uint16 / uint32 (int32 when built in memory)
+    sent_offsets: np.ndarray  # (S+1,) int64 into tokens
+    doc_offsets: np.ndarray  # (D+1,) int64 into sentences
+    cache: Path | None = None  # the shard directory it was read from: instance units are cached there
+    part: str = "all"  # which part of the shard (split_heldout): names the cached units
+
+    @property
+    def num_docs(self) -> int:
+        return len(self.doc_offsets) - 1
+
+    def document(self, d: int) -> list[np.ndarray]:
+        s0, s1 = self.doc_offsets[d], self.doc_offsets[d + 1]
+        return [self.tokens[self.sent_offsets[s] : self.sent_offsets[s + 1]] for s in range(s0, s1)]
+
+
+def file_identity(paths: Sequence[str | Path]) -> list[list[Any]]:
+    """[absolute path, size] of each file: what a resumed run must find unchanged (a directory or a
+    glob: of each file it names)."""
+    if any(not Path(p).is_file() and (Path(p).is_dir() or any(c in str(p) for c in "*?[")) for p in paths):
+        paths = corpus_files(paths)
+    return [[str(Path(p).resolve()), Path(p).stat().st_size if Path(p).is_file() else None] for p in paths]
+
+
+def _cache_key(paths: Sequence[Path], tok: Tokenizer, text_column: str) -> str:
+    h = hashlib.sha256(tok.to_str().encode())
+    if text_column != "text":  # the default keeps the keys of shards made before the option existed
+        h.update(f"column|{text_column}".encode())
+    for p in paths:
+        st = p.stat()
+        h.update(f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:20]
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("MLMKIT_CACHE", Path.home() / ".cache" / "mlmkit")) / "corpus"
+
+
+SHARD_FORMAT = "mlmkit-token-shard"
+
+
+SHARD_VERSION = 1
+
+
+def tokenize_corpus(
+    paths: Sequence[str | Path], tok: Tokenizer, cache_dir: str | Path | None = None, batch: int = 8192,
+    text_column: str = "text",
+) -> TokenizedCorpus:
+    """Tokenize every sentence once into a token shard (see write_shard); reuse the cached shard when
+    the files and the tokenizer are unchanged. The shard is memory-mapped, not read into memory.
+    ``paths``: files, directories or globs (corpus_files)."""
+    ps = corpus_files(paths)
+    shard = Path(cache_dir or default_cache_dir()) / _cache_key(ps, tok, text_column)
+    corpus = read_shard(shard)
+    if corpus is None:
+        write_shard(shard, ps, tok, batch, text_column=text_column)
+        corpus = read_shard(shard)
+    if corpus is None:
+        raise MlmkitError(f"the token shard {shard} could not be read back", "check the disk, or remove the directory")
+    return corpus
+
+
+def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int = 8192, *, with_tokenizer: bool = False,
+                text_column: str = "text", workers: int = 1, replace: bool = False) -> None:
+    """Tokenize ``paths`` into the directory ``shard``: tokens.bin (every sentence's ids, concatenated:
+    uint16 when the vocabulary fits, else uint32), sentences.bin (S+1 int64 offsets into the tokens),
+    documents.bin (D+1 int64 offsets into the sentences) and manifest.json (format, counts, source
+    files, tokenizer hash), written last. Everything goes to disk as it is made, so memory holds one
+    batch of sentences whatever the corpus size; the directory is built under a temporary name and renamed
+    into place (another process that finished the same shard first wins, and this one's is dropped).
+    ``with_tokenizer``: a copy of the tokenizer goes in too (a shard to train from elsewhere).
+    ``workers``: processes, each tokenizing a run of the files (split by size) with its share of the
+    cores; their parts are joined in file order, so the shard is the same as with one.
+    ``replace``: the finished shard replaces one at ``shard`` (replace_shard), instead of yielding
+    to it."""
+    dtype = np.uint16 if tok.get_vocab_size() <= 1 << 16 else np.uint32
+    shard.parent.mkdir(parents=True, exist_ok=True)
+    tmp = shard.parent / f".{shard.name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    progress = _Progress(sum(p.stat().st_size for p in paths), compressed=any(p.suffix == ".gz" for p in paths))
+    try:
+        groups = _split_by_size(paths, workers)
+        if len(groups) > 1:
+            count = _tokenize_in_processes(tmp, groups, tok, dtype, batch, text_column)
+            progress.bytes, progress.tokens, progress.sentences = progress.total, count["tokens"], count["sentences"]
+        else:
+            count = _tokenize_into(tmp, paths, tok, dtype, batch, text_column, progress)
+        if count["tokens"] == 0:
+            raise MlmkitError(f"the corpus {', '.join(map(str, paths))} is empty", "give text files with one sentence per line")
+        manifest = {
+            "format": SHARD_FORMAT, "version": SHARD_VERSION, "dtype": np.dtype(dtype).name, **count,
+            "files": [{"path": str(p.resolve()), "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} for p in paths],
+            "text_column": text_column,
+            "tokenizer_sha256": hashlib.sha256(tok.to_str().encode()).hexdigest(),
+        }
+        if with_tokenizer:
+            (tmp / "tokenizer.json").write_text(tok.to_str(), encoding="utf-8")
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        progress.done()
+        if replace:
+            replace_shard(tmp, shard)
+            return
+        try:
+            tmp.rename(shard)
+        except OSError:
+            if read_shard(shard) is None:  # not a finished shard of another process: this one's replaces it
+                shutil.rmtree(shard, ignore_errors=True)
+                tmp.rename(shard)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---- replacing a shard: the old one stays until the new one is in place ----------------------------
+def _aside(d: Path) -> Path:
+    """Where replace_shard keeps the old shard while the new one moves in (where it cannot swap)."""
+    return d.with_name(f".{d.name}.old")
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one step (Linux renameat2 with RENAME_EXCHANGE); False where the system
+    or the file system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not glibc 2.28+
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EPERM):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def replace_shard(new: Path, d: Path) -> None:
+    """Put the finished shard directory ``new`` at ``d``, replacing what is there, so that a process
+    killed at any instant leaves a whole shard at ``d`` or one restore_shard puts back: the two are
+    swapped in one step where the system can (the old one then removed from ``new``'s place); else
+    the old one is moved aside (``.NAME.old``), the new one moved in, and the old one removed."""
+    if not d.exists() or (d.is_dir() and not any(d.iterdir())):
+        os.replace(new, d)  # a new path, or an empty directory: one rename
+        return
+    if _exchange(new, d):
+        shutil.rmtree(new, ignore_errors=True)  # the old shard, in the new one's place
+        return
+    old = _aside(d)
+    shutil.rmtree(old, ignore_errors=True)
+    os.rename(d, old)
+    os.rename(new, d)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def restore_shard(d: Path) -> None:
+    """After a process killed while replacing the shard at ``d`` (replace_shard): the old shard put
+    back when no shard is at ``d``, removed when the new one is in place; nothing to do otherwise."""
+    old = _aside(d)
+    if not (old / "manifest.json").is_file():
+        return
+    if (d / "manifest.json").is_file():
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    if d.is_dir() and not any(d.iterdir()):
+        d.rmdir()
+    if not d.exists():
+        os.rename(old, d)
+        log.warning("%s: put back the token shard that a `mlmkit tokenize` killed while replacing it had moved aside", d)
+
+
+def _remove_stale(d: Path) -> None:
+    """Temporary shards beside ``d`` (``.NAME.PID.tmp``) of processes that no longer run."""
+    for t in d.parent.glob(f".{d.name}.*.tmp"):
+        pid = t.name[len(d.name) + 2 : -len(".tmp")]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(t, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _tokenize_into(d: Path, paths: Sequence[Path], tok: Tokenizer, dtype: Any, batch: int, text_column: str,
+                   progress: _Progress | None) -> dict[str, int]:
+    """tokens.bin, sentences.bin and documents.bin of ``paths`` in directory ``d``; their counts."""
+    count = {"tokens": 0, "sentences": 0, "documents": 0}
+    with (open(d / "tokens.bin", "wb") as out, open(d / "sentences.bin", "wb") as sents,
+          open(d / "documents.bin", "wb") as docs):
+        np.zeros(1, np.int64).tofile(sents)
+        np.zeros(1, np.int64).tofile(docs)
+        pending: list[str] = []
+        doc_ends: list[int] = []  # the sentence index each document in ``pending`` ends at (one may go on)
+        chars = 0
+
+        def flush() -> None:
+            if progress is not None:
+                progress.update(sum(len(s) + 1 for s in pending), len(pending))
+            short = [s for s in pending if len(s) <= LONG_LINE]
+            encoded = iter(tok.encode_batch(short, add_special_tokens=False))
+            flat: list[int] = []
+            lengths: list[int] = []
+            n_tokens = 0
+            for s in pending:
+                if len(s) <= LONG_LINE:
+                    ids = next(encoded).ids
+                    flat.extend(ids)
+                    lengths.append(len(ids))
+                    continue
+                np.asarray(flat, dtype=dtype).tofile(out)  # a very long line: encoded and written a piece at a time
+                n_tokens += len(flat)
+                flat.clear()
+                n = 0
+                for piece in _pieces(s):
+                    ids = tok.encode(piece, add_special_tokens=False).ids
+                    np.asarray(ids, dtype=dtype).tofile(out)
+                    n += len(ids)
+                lengths.append(n)
+                n_tokens += n
+            np.asarray(flat, dtype=dtype).tofile(out)
+            n_tokens += len(flat)
+            (count["tokens"] + np.cumsum(lengths, dtype=np.int64)).tofile(sents)
+            np.asarray(doc_ends, dtype=np.int64).tofile(docs)
+            count["tokens"] += n_tokens
+            count["sentences"] += len(pending)
+            count["documents"] += len(doc_ends)
+            if progress is not None:
+                progress.tokens += n_tokens
+            pending.clear()
+            doc_ends.clear()
+
+        for p in paths:
+            for doc in iter_documents(p, text_column, True):  # a long document in parts
+                pending.extend(doc)
+                if not isinstance(doc, DocumentPart):
+                    doc_ends.append(count["sentences"] + len(pending))
+                chars += sum(map(len, doc))
+                if len(pending) >= batch or chars >= PENDING_CHARS:  # long lines: fewer of them at once
+                    flush()
+                    chars = 0
+        flush()
+    return count
+
+
+def _split_by_size(paths: Sequence[Path], workers: int) -> list[list[Path]]:
+    """``paths`` in at most ``workers`` consecutive runs of about equal bytes."""
+    if workers <= 1 or len(paths) <= 1:
+        return [list(paths)]
+    sizes = [max(1, p.stat().st_size) for p in paths]
+    target = sum(sizes) / workers
+    groups: list[list[Path]] = [[]]
+    done = 0.0
+    for p, n in zip(paths, sizes):
+        if groups[-1] and done >= target * len(groups) and len(groups) < workers:
+            groups.append([])
+        groups[-1].append(p)
+        done += n
+    return groups
+
+
+def _tokenizer_threads(threads: int) -> None:
+    # the tokenizers library's thread pool reads these when it first starts, after this runs
+    os.environ["RAYON_NUM_THREADS"] = os.environ["RAYON_RS_NUM_CPUS"] = str(threads)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+
+
+def _tokenize_part(d: str, paths: list[str], tok_json: str, dtype: str, batch: int, text_column: str) -> dict[str, int]:
+    Path(d).mkdir()
+    return _tokenize_into(Path(d), [Path(p) for p in paths], Tokenizer.from_str(tok_json), np.dtype(dtype), batch,
+                          text_column, None)
+
+
+def _tokenize_in_processes(tmp: Path, groups: list[list[Path]], tok: Tokenizer, dtype: Any, batch: int,
+                           text_column: str) -> dict[str, int]:
+    """Each run of files tokenized by its own process into tmp/part-K, then joined in order: tokens
+    copied, offsets shifted by what came before (a chunk at a time)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    threads = max(1, (os.cpu_count() or 1) // len(groups))
+    parts = [tmp / f"part-{k}" for k in range(len(groups))]
+    with ProcessPoolExecutor(len(groups), mp_context=get_context("spawn"), initializer=_tokenizer_threads,
+                             initargs=(threads,)) as pool:
+        futures = [pool.submit(_tokenize_part, str(d), [str(p) for p in g], tok.to_str(), np.dtype(dtype).name, batch,
+                               text_column) for d, g in zip(parts, groups)]
+        counts = []
+        for k, f in enumerate(futures):
+            counts.append(f.result())
+            log.info("tokenized part %d of %d (%s tokens)", k + 1, len(groups), f"{counts[-1]['tokens']:,}")
+    total = {"tokens": 0, "sentences": 0, "documents": 0}
+    with (open(tmp / "tokens.bin", "wb") as out, open(tmp / "sentences.bin", "wb") as sents,
+          open(tmp / "documents.bin", "wb") as docs):
+        np.zeros(1, np.int64).tofile(sents)
+        np.zeros(1, np.int64).tofile(docs)
+        for d, c in zip(parts, counts):
+            with open(d / "tokens.bin", "rb") as f:
+                shutil.copyfileobj(f, out, 1 << 24)
+            for name, base, n, into in (("sentences.bin", total["tokens"], c["sentences"], sents),
+                                        ("documents.bin", total["sentences"], c["documents"], docs)):
+                offsets = np.memmap(d / name, dtype=np.int64, mode="r", shape=(n + 1,))
+                for i in range(1, n + 1, 1 << 20):
+                    (offsets[i : i + (1 << 20)] + base).tofile(into)
+                del offsets
+            for k in total:
+                total[k] += c[k]
+            shutil.rmtree(d)
+    return total
+
+
+class _Progress:
+    """Tokenization progress in the log every few seconds: MB read, MB/s, tokens/s, time left."""
+
+    def __init__(self, total_bytes: int, compressed: bool, every: float = 10.0) -> None:
+        self.total, self.compressed, self.every = total_bytes, compressed, every
+        self.bytes = self.sentences = self.tokens = 0
+        self.start = self.shown = time.monotonic()
+
+    def update(self, n_bytes: int, n_sentences: int) -> None:
+        self.bytes += n_bytes
+        self.sentences += n_sentences
+        now = time.monotonic()
+        if now - self.shown >= self.every:
+            self.shown = now
+            log.info("tokenizing: %s", self.line(now))
+
+    def line(self, now: float, eta: bool = True) -> str:
+        dt = max(now - self.start, 1e-9)
+        text = f"{self.bytes / 1e6:,.0f} MB, {self.bytes / 1e6 / dt:.1f} MB/s, {self.tokens / dt:,.0f} tokens/s"
+        if eta and not self.compressed and self.bytes:  # text read against file sizes (a .gz file's is not comparable)
+            text += f", about {max(0.0, (self.total - self.bytes) / (self.bytes / dt)):.0f} s left"
+        return text
+
+    def done(self) -> None:
+        if time.monotonic() - self.start >= self.every:
+            log.info("tokenized: %s; %d sentences", self.line(time.monotonic(), eta=False), self.sentences)
+
+
+def tokenize_to(paths: Sequence[str | Path], tok: Tokenizer, out: str | Path, text_column: str = "text",
+                workers: int = 1) -> TokenizedCorpus:
+    """`mlmkit tokenize`: the corpus as a token shard in directory ``out``, with its tokenizer, for
+    `mlmkit pretrain --data` here or on other machines. A previous shard there is replaced once the
+    new one is complete (replace_shard: killed at any instant, a whole shard is at ``out``, or is put
+    back there by the next tokenize or load); any other non-empty directory is refused. Two
+    tokenizations to the same ``out`` at once: the second is refused, naming the first."""
+    ps, d = corpus_files(paths), Path(out)
+    lock = d.absolute().with_name(f".{d.absolute().name}.lock")
+    with exclusive(lock):
+        restore_shard(d)
+        _remove_stale(d)
+        if d.exists() and (not d.is_dir() or (any(d.iterdir()) and not (d / "manifest.json").is_file())):
+            raise MlmkitError(f"{d} exists and is not a token shard", "give a new or empty directory with --out")
+        write_shard(d, ps, tok, with_tokenizer=True, text_column=text_column, workers=workers, replace=True)
+    try:
+        lock.rmdir()  # (one a killed tokenize left, taken over)
+    except OSError:
+        pass
+    return open_shard(d, tok)
+
+
+def open_shard(d: str | Path, tok: Tokenizer) -> TokenizedCorpus:
+    """A shard written by `mlmkit tokenize`, checked against the tokenizer training will use."""
+    corpus = read_shard(Path(d), repair=False)
+    assert corpus is not None
+    m = parse_json((Path(d) / "manifest.json").read_text(encoding="utf-8"))
+    if m["tokenizer_sha256"] != hashlib.sha256(tok.to_str().encode()).hexdigest():
+        raise MlmkitError(f"{d} was tokenized with another tokenizer than the one given",
+                          f"leave out --tokenizer to use the shard's own ({Path(d) / 'tokenizer.json'}), or tokenize again")
+    return corpus
+
+
+def shard_files(d: str | Path) -> list[dict[str, Any]]:
+    """The source files a shard was made from: {"path", "size", "mtime_ns"} each."""
+    return list(parse_json((Path(d) / "manifest.json").read_text(encoding="utf-8"))["files"])
+
+
+def read_shard(shard: Path, *, repair: bool = True) -> TokenizedCorpus | None:
+    """The token shard in directory ``shard``, memory-mapped; None when there is none, or when it is
+    damaged: then, with ``repair`` (a cache entry), it is removed, to be rebuilt (a damaged cache is
+    never trusted); without, an error says what is wrong."""
+    if not (shard / "manifest.json").is_file() and not repair:
+        restore_shard(shard)  # a tokenize killed while replacing it: the old shard, back in place
+    if not (shard / "manifest.json").is_file():
+        if not repair:
+            raise MlmkitError(f"{shard} is not a token shard (no manifest.json)",
+                              "write one with `mlmkit tokenize CORPUS --tokenizer T --out DIR`")
+        if shard.is_file():  # a cache entry of an older mlmkit, or not ours
+            shard.unlink(missing_ok=True)
+        return None
+    try:
+        m = parse_json((shard / "manifest.json").read_text(encoding="utf-8"))
+        if m.get("format") != SHARD_FORMAT or m.get("version") != SHARD_VERSION:
+            raise ValueError("another format")
+        tokens = np.memmap(shard / "tokens.bin", dtype=np.dtype(m["dtype"]), mode="r", shape=(int(m["tokens"]),))
+        sents = np.memmap(shard / "sentences.bin", dtype=np.int64, mode="r", shape=(int(m["sentences"]) + 1,))
+        docs = np.memmap(shard / "documents.bin", dtype=np.int64, mode="r", shape=(int(m["documents"]) + 1,))
+        sizes = [(shard / f).stat().st_size for f in ("tokens.bin", "sentences.bin", "documents.bin")]
+        if (int(sents[-1]) != len(tokens) or int(docs[-1]) != len(sents) - 1
+                or sizes != [tokens.nbytes, sents.nbytes, docs.nbytes]):
+            raise ValueError("counts do not match")
+        return TokenizedCorpus(tokens, sents, docs, cache=shard)
+    except Exception as e:
+        if not repair:
+            raise MlmkitError(f"the token shard {shard} is damaged ({e})", "write it again with `mlmkit tokenize`") from None
+        log.warning("the token cache %s is damaged (%s): tokenizing again", shard, e)
+        shutil.rmtree(shard, ignore_errors=True)
+        return None
+
+
+LONG_LINE = 100_000  # characters: a longer line is tokenized in pieces
+
+
+def _pieces(text: str, size: int = LONG_LINE) -> Iterator[str]:
+    """``text`` in pieces of about ``size`` characters cut at whitespace (where tokenization splits
+    anyway, so the pieces' tokens are the whole's); a run without whitespace is cut where it must be."""
+    start = 0
+    while start < len(text):
+        end = min(start + size, len(text))
+        if end < len(text):
+            cut = text.rfind(" ", start + size // 2, end)
+            end = cut + 1 if cut > 0 else end
+        yield text[start:end]
+        start = end

@@ -1,0 +1,239 @@
+"""`mlmkit finetune` and `mlmkit evaluate` of a run directory: any registered task, the one training
+loop (train/loop.py) and the one prediction loop (infer/evaluation.py) on a PyTorch forward."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mlmkit.args import FinetuneArgs
+from mlmkit.errors import ConfigError, MlmkitError, TaskError
+from mlmkit.files import exclusive, write_jsonl
+from mlmkit.infer import evaluation
+from mlmkit.plugin.registry import EXAMPLE, Example, Feature, Plugin, TaskContext, get_task
+from mlmkit.rundir.checkpoint import is_model_dir, load_state_dict, load_weights, read_run_meta, save_run
+from mlmkit.rundir.config import ModelConfig
+from mlmkit.text.batching import pad_features, shuffled_buckets, shuffled_groups
+from mlmkit.text.tokenizer import load_tokenizer, special_ids
+from mlmkit.train.corpus.shards import file_identity
+from mlmkit.train.devices import resolve_device
+from mlmkit.train.loop import Trainer
+from mlmkit.train.tracking import Reporter, flat_params, parse_report_to
+
+log = logging.getLogger("mlmkit")
+
+
+class FeatureData:
+    """Training data source over task features: length-bucketed batches, a new order each epoch."""
+
+    def __init__(self, features: list[Feature], task: Plugin, batch_size: int, pad_id: int, seed: int) -> None:
+        if not features:
+            raise MlmkitError("the training data has no examples", "check the --train file")
+        self.features, self.task, self.batch_size, self.pad_id, self.seed = features, task, batch_size, pad_id, seed
+        self.lengths = [len(f["input_ids"]) for f in features]
+        self.groups: list[list[int]] | None = None
+        if task.group_features:  # an example's features stay together, in their order
+            by_example: dict[Any, list[int]] = {}
+            for i, f in enumerate(features):
+                by_example.setdefault(f[EXAMPLE], []).append(i)
+            self.groups = list(by_example.values())
+        self._plans: dict[int, list[list[int]]] = {}
+
+    def plan(self, epoch: int) -> list[list[int]]:
+        if epoch not in self._plans:
+            rng = random.Random(self.seed * 7919 + epoch)
+            self._plans = {epoch: shuffled_groups(self.groups, self.lengths, self.batch_size, rng) if self.groups is not None
+                           else shuffled_buckets(self.lengths, self.batch_size, rng)}
+        return self._plans[epoch]
+
+    def num_batches(self, epoch: int) -> int:
+        return len(self.plan(epoch))
+
+    def batch(self, epoch: int, index: int, seed: int) -> dict[str, torch.Tensor]:
+        plan = self.plan(epoch)
+        feats = [self.features[i] for i in plan[index % len(plan)]]
+        arrays = pad_features(feats, self.pad_id, extra=self.task.label_names)
+        if self.groups is not None:  # the example of each feature, numbered from 0 within the batch
+            number: dict[Any, int] = {}
+            arrays[EXAMPLE] = np.array([number.setdefault(f[EXAMPLE], len(number)) for f in feats], dtype=np.int64)
+        return {k: torch.from_numpy(v) for k, v in arrays.items()}
+
+
+def torch_forward(model: torch.nn.Module, names: Any) -> evaluation.Forward:
+    """A PyTorch model as evaluation's forward: padded numpy batch in, the named outputs out (fp32 numpy)."""
+    device = next(model.parameters()).device
+
+    @torch.no_grad()
+    def forward(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = model(**{k: torch.from_numpy(v).to(device) for k, v in batch.items()})
+        return {n: out[n].float().cpu().numpy() for n in names}
+
+    return forward
+
+
+class TaskEvaluator:
+    """The Trainer's evaluation of a task model: evaluation.evaluate on its PyTorch forward. Keeps the
+    last predictions and, with ``calibrate``, the decision settings tuned on these examples
+    (fine-tuning's evaluation set only), which fine-tuning saves with the model."""
+
+    def __init__(self, task: Plugin, examples: list[Example], tokenizer: Any, ctx: TaskContext, *,
+                 batch_size: int = 64, calibrate: bool = False) -> None:
+        self.task, self.examples, self.tokenizer, self.ctx = task, examples, tokenizer, ctx
+        self.batch_size, self.calibrate = batch_size, calibrate
+        self.predictions: list[dict[str, Any]] = []
+        self.state: dict[str, Any] = {}
+
+    def __call__(self, model: torch.nn.Module) -> dict[str, Any]:
+        was_training = model.training
+        model.eval()
+        metrics, got = evaluation.evaluate(self.task, self.examples, self.tokenizer, self.ctx,
+                                           torch_forward(model, self.task.outputs), batch_size=self.batch_size,
+                                           calibrate=self.calibrate)
+        model.train(was_training)
+        self.predictions, self.state = got.predictions, dict(got.ctx.state)
+        return metrics
+
+
+def base_model_dir(model: str | Path) -> Path:
+    d = Path(model)
+    if not d.exists():
+        raise MlmkitError(f"model directory not found: {d}", "pass an mlmkit run directory or a Hugging Face checkpoint directory")
+    if not is_model_dir(d):
+        raise MlmkitError(
+            f"{d} is not a model directory",
+            "it needs config.json, model.safetensors or pytorch_model.bin, and tokenizer.json or vocab.txt",
+        )
+    return d
+
+
+def finetune(args: FinetuneArgs, *, reporters: Sequence[Reporter] = ()) -> dict[str, Any]:
+    """Fine-tune ``args.task`` from a pretraining run or Hugging Face checkpoint; write a run directory.
+
+    The head starts fresh; with an evaluation file the best checkpoint by the task's main metric is
+    kept in ``args.out``. Returns the final metrics. ``reporters``: more tracking reporters beside
+    --report-to's (a sweep's pruner).
+    """
+    parse_report_to(args.train.report_to)  # before anything is read or built
+    with exclusive(args.out) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext():
+        return _finetune(args, reporters)
+
+
+def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> dict[str, Any]:
+    task = get_task(args.task)
+    if not task.trainable:
+        raise TaskError(f"the {task.name} task is not fine-tuned by mlmkit",
+                        f"export a model as it is: mlmkit export MODEL --task {task.name}")
+    opts = task.resolve_options(args.options)
+    base = base_model_dir(args.model)
+    cfg = ModelConfig.load(base)
+    tok = load_tokenizer(base)
+    if tok.get_vocab_size() > cfg.vocab_size:
+        raise ConfigError(f"the tokenizer in {base} has {tok.get_vocab_size()} tokens, the model {cfg.vocab_size}")
+    L = args.max_length or min(task.default_max_length, cfg.max_tokens)
+    if L > cfg.max_tokens:
+        raise ConfigError(f"--max-length {L} exceeds the model's {cfg.max_tokens} positions")
+    train_ex = task.read(Path(args.train_file), opts)
+    if not train_ex:
+        raise MlmkitError(f"{args.train_file}: no examples", "check the file and the column options")
+    labels = task.label_list(train_ex)
+    same_head = _same_head(cfg, task, labels, opts)
+    if labels is not None:
+        cfg.id2label = dict(enumerate(labels))
+        cfg.label2id = {v: k for k, v in cfg.id2label.items()}
+    cfg.architectures = [task.hf_architecture]
+    ctx = TaskContext(max_length=L, options=opts, labels=tuple(labels) if labels is not None else None,
+                      state=task.fit_state(train_ex))
+    cfg.extra.update(task.hf_config(ctx))
+    meta: dict[str, Any] = {"task": task.name, "labels": labels, "max_length": L, "options": opts,
+                            "task_state": dict(ctx.state), "base_model": str(base),
+                            "data": {"train": str(args.train_file), "eval": str(args.eval_file) if args.eval_file else None}}
+
+    torch.manual_seed(args.train.seed)
+    net = task.build_model(cfg, ctx)
+    # the encoder carries over; the head too when --model is a model of this task with these very
+    # labels (a fine-tuned run, or a transformers checkpoint), otherwise it starts fresh
+    full = load_state_dict(base, cfg)
+    encoder = ("bert.embeddings.", "bert.encoder.", "bert.pooler.")
+    sd = full if same_head else {k: v for k, v in full.items() if k.startswith(encoder)}
+    head = tuple(k for k in net.state_dict() if not k.startswith(("bert.embeddings", "bert.encoder")))
+    missing, unexpected = load_weights(net, sd, allow_missing=head)
+    if same_head and not missing and not args.train.resume:
+        log.info("the %s head carries over from %s (a model of this task with the same labels)", task.name, base)
+    elif missing and not args.train.resume:
+        log.info("the %s head starts fresh: %s", task.name, ", ".join(missing))
+    dropped = [k for k in full if k not in sd] + unexpected
+    if dropped:
+        log.info("dropping %d weights the %s model does not use (e.g. %s)", len(dropped), task.name, dropped[0])
+
+    features = task.featurize(train_ex, tok, ctx, training=True)
+    data = FeatureData(features, task, args.batch_size, special_ids(tok).pad, args.train.seed)
+    evaluator = None
+    if args.eval_file is not None:
+        evaluator = TaskEvaluator(task, task.read(Path(args.eval_file), opts), tok, ctx, calibrate=True)
+    train_args = replace(args.train, metric_for_best=task.best_metric(ctx) if evaluator else None,
+                         greater_is_better=task.greater_is_better)
+
+    def save_model(m: torch.nn.Module, d: Path, meta_: dict[str, Any]) -> None:
+        calibrated = evaluator.state if evaluator is not None else {}
+        save_run(m, d, config=cfg, tokenizer=tok, meta={**meta_, **meta, "task_state": {**meta["task_state"], **calibrated}})
+
+    data_key = {"batch_size": args.batch_size, "max_length": L, "train": data_identity(args.train_file), "options": opts}
+    return Trainer(net, data, train_args, args.out, save_model=save_model, evaluate=evaluator, data_key=data_key,
+                   params=flat_params(args), reporters=reporters).train(meta)
+
+
+def data_identity(path: Path) -> list[list[Any]]:
+    """[absolute path, size] of a training file, or of a `datasets` directory (its files' total size)."""
+    p = Path(path)
+    if p.is_dir():
+        return [[str(p.resolve()), sum(f.stat().st_size for f in sorted(p.rglob("*")) if f.is_file())]]
+    return file_identity([p])
+
+
+def _same_head(base: ModelConfig, task: Plugin, labels: list[str] | None, opts: dict[str, Any]) -> bool:
+    """Whether a base model's head is this task's, for these labels (in this order) and options."""
+    if task.hf_architecture not in (base.architectures or []) or task.hf_architecture == "BertModel":
+        return False
+    base_labels = [base.id2label[i] for i in sorted(base.id2label)] if base.id2label else None
+    wanted = task.hf_config(TaskContext(max_length=1, options=opts))
+    return base_labels == labels and all(base.extra.get(k, v) == v for k, v in wanted.items())
+
+
+def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, dict[str, Any]]:
+    """(task, model in eval mode, tokenizer, mlmkit.json) of a fine-tuned run directory."""
+    d = base_model_dir(run_dir)
+    cfg = ModelConfig.load(d)
+    meta = read_run_meta(d, cfg)
+    if meta["task"] == "pretraining":
+        raise MlmkitError(f"{d} is a pretraining run, not a fine-tuned model", "fine-tune it first: mlmkit finetune TASK")
+    task = get_task(meta["task"])
+    net = task.build_model(cfg, TaskContext.from_meta(meta, task.resolve_options(saved=meta.get("options"))))
+    load_weights(net, load_state_dict(d, cfg))
+    net.eval()
+    return task, net, load_tokenizer(d), meta
+
+
+def evaluate_run(
+    run_dir: str | Path, data: str | Path, *, options: dict[str, Any] | None = None,
+    predictions: str | Path | None = None, device: str = "cpu", batch_size: int = 64,
+) -> dict[str, Any]:
+    """Metrics of a fine-tuned run directory on labelled ``data`` (PyTorch); optionally write the
+    predictions as JSON lines. The decision settings saved at fine-tuning are used as they are."""
+    task, net, tok, meta = load_finetuned(run_dir)
+    net.to(resolve_device(device))
+    opts = task.resolve_options(options, saved=meta.get("options"), model=True)
+    ctx = TaskContext.from_meta(meta, opts)
+    metrics, got = evaluation.evaluate(task, task.read(Path(data), opts), tok, ctx, torch_forward(net, task.outputs),
+                                       batch_size=batch_size)
+    if predictions is not None:
+        write_jsonl(predictions, got.predictions)
+    return metrics

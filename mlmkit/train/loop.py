@@ -1,0 +1,379 @@
+"""The one training loop, for pretraining and fine-tuning alike, and its small parts.
+
+- ``Cursor``: the loop's position in the data, (epoch, micro-batch). A data source hands out batch
+  ``index`` of ``epoch`` directly (``DataSource``), so resuming seeks straight there and never
+  replays the batches already seen. Epochs advance in one place, ``Cursor._next_epoch``.
+- ``Checkpointer``: run directories under RUN/checkpoints/step-N with a state/ folder (optimizer,
+  scheduler, RNG, position); state/trainer.json is written last and marks a checkpoint complete;
+  the last ``keep_last`` complete ones are kept; --resume restores the newest that loads whole.
+- ``BestTracker``: the best evaluation so far by the main metric, and early stopping.
+- ``Trainer``: the loop (devices, DDP, AdamW, the linear schedule, metrics.jsonl, progress).
+
+Under torchrun each rank takes every world-size-th batch and only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from mlmkit.args import TrainArgs
+from mlmkit.errors import ConfigError
+from mlmkit.files import atomic_open, exclusive, read_json, write_json
+from mlmkit.train.devices import check_bf16, init_distributed, resolve_device
+from mlmkit.train.state import Checkpointer, Cursor, DataSource, SaveModel
+from mlmkit.train.tracking import Reporter, Reporters, RunInfo, flat_params, parse_report_to
+
+log = logging.getLogger("mlmkit")
+
+
+Evaluate = Callable[[nn.Module], dict[str, Any]]
+"""Metrics of the model (in eval mode, under no_grad) on held-out data."""
+
+
+# ---- optimisation ------------------------------------------------------------------------------
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    # matrices and embeddings decay; biases and LayerNorm weights (all 1-D) don't
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
+    """The learning-rate factor at each step: linear warmup over ``warmup`` steps, then linear decay to 0."""
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return f
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class BestTracker:
+    """The best evaluation so far by ``metric`` and the evaluations since it (early stopping)."""
+
+    def __init__(self, metric: str | None, greater_is_better: bool, patience: int | None) -> None:
+        self.metric, self.greater, self.patience = metric, greater_is_better, patience
+        self.best: float | None = None
+        self.bad_evals = 0
+        self.best_metrics: dict[str, Any] = {}
+
+    def update(self, step: int, metrics: dict[str, Any]) -> bool:
+        """Record an evaluation; True when it is the best so far (the caller keeps that model)."""
+        if self.metric is None or self.metric not in metrics:
+            return False
+        v = float(metrics[self.metric])
+        if self.best is None or (v > self.best if self.greater else v < self.best):
+            self.best, self.bad_evals = v, 0
+            self.best_metrics = {"best_step": step, **{f"eval_{k}": x for k, x in metrics.items()}}
+            return True
+        self.bad_evals += 1
+        return False
+
+    @property
+    def should_stop(self) -> bool:
+        return self.patience is not None and self.bad_evals >= self.patience
+
+    def state(self) -> dict[str, Any]:
+        return {"best": self.best, "bad_evals": self.bad_evals, "best_metrics": self.best_metrics}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.best, self.bad_evals = state.get("best"), state.get("bad_evals", 0)
+        self.best_metrics = state.get("best_metrics") or {}
+
+
+# ---- the loop ----------------------------------------------------------------------------------
+class Trainer:
+    """Runs ``args`` over ``data`` on ``model`` (whose forward returns a dict with "loss")."""
+
+    def __init__(
+        self, model: nn.Module, data: DataSource, args: TrainArgs, out_dir: str | Path, *,
+        save_model: SaveModel, evaluate: Evaluate | None = None, data_key: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None, reporters: Sequence[Reporter] = (),
+    ) -> None:
+        """``data_key``: the settings that decide which batch comes at which step (batch size, files,
+        lengths ...): a checkpoint records them and --resume refuses to continue when they changed.
+        ``params``: the command's arguments, flat, for the tracking backends (--report-to);
+        ``reporters``: more reporters beside those (a sweep's pruner)."""
+        self.args, self.data, self.out, self.evaluate = args, data, Path(out_dir), evaluate
+        self.params, self.extra_reporters = params or flat_params(args), tuple(reporters)
+        self.reporters = Reporters([])
+        self.save_model = save_model
+        self.data_key = {**(data_key or {}), "seed": args.seed, "grad_accum": args.grad_accum}
+        self.device = resolve_device(args.device)
+        if args.bf16:
+            check_bf16(self.device)
+        self.dist = init_distributed(self.device)
+        if self.device.type == "cuda" and self.dist.world > 1:
+            self.device = torch.device("cuda", self.dist.local_rank)
+            torch.cuda.set_device(self.device)
+        self.model = model.to(self.device)
+        self.ddp: nn.Module = self.model
+        if self.dist.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.ddp = DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
+        # fused: one kernel over all parameters instead of ~10 small ops per tensor, which cost as
+        # much as a small BERT's forward and backward on 2 CPU cores (transformers' Trainer fuses too)
+        self.opt = torch.optim.AdamW(
+            param_groups(self.model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999), eps=1e-6,
+            fused=self.device.type in ("cpu", "cuda"),
+        )
+        self.cursor = Cursor(data, self.dist)
+        per_epoch = self.cursor.per_epoch()
+        if per_epoch < 1:
+            raise ConfigError(
+                f"too little data for {self.dist.world} processes: {data.num_batches(0)} batch(es) per epoch",
+                "lower --batch-size, add data, or use fewer processes",
+            )
+        self.steps_per_epoch = max(1, per_epoch // args.grad_accum)
+        self.total = args.steps if args.steps is not None else max(1, math.ceil(args.epochs * self.steps_per_epoch))
+        warmup = args.warmup_steps if args.warmup_steps is not None else int(args.warmup_ratio * self.total)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, linear_schedule(warmup, self.total))
+        self.checkpoints = Checkpointer(self.out, save_model, args.keep_last)
+        self.tracker = BestTracker(args.metric_for_best, args.greater_is_better, args.early_stopping)
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+
+    # ---- state -------------------------------------------------------------------------------
+    def _position(self) -> dict[str, Any]:
+        return {"step": self.step, "epoch": self.cursor.epoch, "micro": self.cursor.micro, "total": self.total,
+                "world": self.dist.world, "data": self.data_key, **self.tracker.state()}
+
+    def _checkpoint(self, meta: dict[str, Any]) -> None:
+        if self.dist.main:
+            self.checkpoints.save(self.model, self.opt, self.sched, self._position(), meta)
+        self.dist.barrier()
+
+    def _start(self) -> int | None:
+        """A fresh run (refusing a directory that holds one), or the latest checkpoint's state; returns
+        the step resumed from (None for a fresh run)."""
+        if not self.args.resume:
+            if self.dist.main and self.checkpoints.latest() is not None:
+                raise ConfigError(f"{self.out} already holds a run with checkpoints",
+                                  "pass --resume to continue it, or choose a new --out")
+            set_seed(self.args.seed)
+            return None
+        ck, pos = self.checkpoints.restore(self.model, self.opt, self.sched, self.device)
+        if pos.get("world", 1) != self.dist.world:
+            raise ConfigError(
+                f"--resume: the checkpoint was written by {pos['world']} processes, this run has {self.dist.world}",
+                "resume with the same --nproc-per-node",
+            )
+        saved = json.loads(json.dumps(pos.get("data", self.data_key)))  # as JSON has it (tuples are lists)
+        changed = [k for k in sorted({*saved, *self.data_key}) if saved.get(k) != json.loads(json.dumps(self.data_key.get(k)))]
+        if changed:
+            what = "; ".join(f"{k}: {saved.get(k)!r} then, {self.data_key.get(k)!r} now" for k in changed)
+            if not self.args.resume_force:
+                raise ConfigError(f"--resume: settings that decide the data order changed since the checkpoint ({what})",
+                                  "resume with the run's settings, or pass --resume-force to continue regardless")
+            log.warning("--resume-force: continuing although %s", what)
+        self.step, self.cursor.epoch, self.cursor.micro = pos["step"], pos["epoch"], pos["micro"]
+        self.tracker.load(pos)
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", ck, self.step, self.cursor.epoch, self.cursor.micro)
+        if self.dist.main:  # what was logged after the checkpoint is about to happen again
+            self._trim_log(self.step)
+        return self.step
+
+    def _trim_log(self, step: int) -> None:
+        path = self.out / "metrics.jsonl"
+        if path.exists():
+            kept = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True) if _logged_by(line, step)]
+            with atomic_open(path) as f:
+                f.writelines(kept)
+
+    def _log(self, rec: dict[str, Any]) -> None:
+        self.history.append(rec)
+        if self.dist.main:
+            with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(rec) + "\n")
+            self.reporters.log(rec)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.args.bf16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # ---- evaluation --------------------------------------------------------------------------
+    def _evaluate(self, meta: dict[str, Any]) -> bool:
+        """Evaluate, keep the best model, checkpoint. Returns True when early stopping says stop."""
+        if self.dist.main and self.evaluate is not None:
+            self.model.eval()
+            with torch.no_grad(), self._autocast():
+                metrics = self.evaluate(self.model)
+            self.model.train()
+            self._log({"step": self.step, "epoch": self.cursor.epoch, **{f"eval_{k}": v for k, v in metrics.items()
+                                                                         if isinstance(v, (int, float))}})
+            if self.tracker.update(self.step, metrics):
+                self.save_model(self.model, self.out, {**meta, "best_step": self.step, "best_metrics": metrics})
+        self._checkpoint(meta)
+        stop = [self.tracker.should_stop]
+        if self.dist.world > 1:
+            torch.distributed.broadcast_object_list(stop, src=0)
+        return bool(stop[0])
+
+    # ---- training ----------------------------------------------------------------------------
+    def _step(self, sums: dict[str, float]) -> int:
+        """One optimizer step over grad_accum micro-batches; returns the real tokens it saw."""
+        a, tokens = self.args, 0
+        for i in range(a.grad_accum):
+            b = {k: v.to(self.device, non_blocking=True) for k, v in self.cursor.take(a.seed).items()}
+            tokens += int(b["attention_mask"].sum())
+            # DDP all-reduces gradients only on the last micro-batch of an accumulation
+            last = i == a.grad_accum - 1
+            sync = self.ddp.no_sync() if self.dist.world > 1 and not last else contextlib.nullcontext()
+            with sync, self._autocast():
+                out = self.ddp(**b)
+            (out["loss"] / a.grad_accum).backward()
+            for k, v in out.items():
+                if k.endswith("loss"):
+                    sums[k] = sums.get(k, 0.0) + float(v.detach())
+        self._stop_if_diverged(sums["loss"])
+        if a.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        return tokens
+
+    def _stop_if_diverged(self, loss: float) -> None:
+        """A NaN or infinite loss: the weights are gone; stop (every rank) before they are saved."""
+        bad = torch.tensor(float(not math.isfinite(loss)), device=self.device)
+        if self.dist.world > 1:  # decided together, or a rank that stops alone leaves the others waiting
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        if bad.item():
+            raise ConfigError(
+                f"the training loss became {loss} at step {self.step + 1}: training diverged",
+                "lower --lr (and check the data); the last checkpoint, if any, is intact",
+            )
+
+    def train(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Train to ``total`` steps; returns the last logged and evaluation metrics."""
+        with exclusive(self.out) if self.dist.main else contextlib.nullcontext():
+            return self._train({**(meta or {}), "train_args": asdict(self.args)})
+
+    def _train(self, meta: dict[str, Any]) -> dict[str, Any]:
+        resumed = self._start()
+        if self.dist.main:
+            self.reporters = Reporters(parse_report_to(self.args.report_to), self.extra_reporters)
+            self.reporters.start(RunInfo(self.out, self.params, resumed, self.args.log_model))
+        try:
+            result = self._loop(meta)
+        except BaseException as e:
+            self.reporters.finish([self.out / "metrics.jsonl"], "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+            raise
+        self.reporters.finish(self._artifacts(), "FINISHED")
+        return result
+
+    def _artifacts(self) -> list[Path]:
+        """The run's files for the tracking backends: its description, metrics, card and curves (the
+        weights too with --log-model)."""
+        names = ["mlmkit.json", "config.json", "metrics.jsonl", "README.md", "curves.png"]
+        if self.args.log_model:
+            names += [p.name for p in sorted(self.out.iterdir()) if p.is_file() and p.name not in names
+                      and p.name not in ("tracking.json", ".lock")]
+        return [self.out / n for n in names if (self.out / n).is_file()]
+
+    def _loop(self, meta: dict[str, Any]) -> dict[str, Any]:
+        a = self.args
+        self.model.train()
+        tokens, t0, logged, sums, n_sum, stopped = 0, time.perf_counter(), {}, {}, 0, False
+        with _progress(a.progress and self.dist.main) as bar:
+            task = bar.add_task("train", total=self.total, completed=self.step, loss=float("nan"), tps=0.0)
+            while self.step < self.total:
+                self.cursor.epoch_ended = False
+                tokens += self._step(sums)
+                n_sum += a.grad_accum
+                if self.step % a.log_every == 0 or self.step == self.total:
+                    dt = time.perf_counter() - t0
+                    logged = {k: v / n_sum for k, v in sums.items()}
+                    rec = {"step": self.step, "epoch": self.cursor.epoch, **logged, "lr": self.sched.get_last_lr()[0],
+                           "tokens_per_s": tokens * self.dist.world / max(dt, 1e-9)}
+                    self._log(rec)
+                    bar.update(task, loss=logged.get("loss", float("nan")), tps=rec["tokens_per_s"])
+                    tokens, t0, sums, n_sum = 0, time.perf_counter(), {}, 0
+                bar.update(task, completed=self.step)
+                if self.step == self.total:
+                    break
+                self.cursor.close_epoch()
+                if (a.eval_every and self.step % a.eval_every == 0) or (not a.eval_every and self.cursor.epoch_ended):
+                    if self._evaluate(meta):
+                        log.info("early stopping at step %d: no gain in %s for %d evaluations",
+                                 self.step, a.metric_for_best, a.early_stopping)
+                        stopped = True
+                        break
+                elif a.save_every and self.step % a.save_every == 0:
+                    self._checkpoint(meta)
+            if not stopped:
+                self._evaluate(meta)
+        return self._finish(meta, logged)
+
+    def _finish(self, meta: dict[str, Any], logged: dict[str, float]) -> dict[str, Any]:
+        last_eval = next((r for r in reversed(self.history) if any(k.startswith("eval_") for k in r)), {})
+        result = {"step": self.step, **logged, **{k: v for k, v in last_eval.items() if k.startswith("eval_")}}
+        best = self.tracker.best_metrics
+        if best:  # the run directory holds the best model: report its figures
+            result = {"step": self.step, "last_step_metrics": result,
+                      **{k: v for k, v in best.items() if not isinstance(v, (list, dict))}}
+        if self.dist.main:
+            if self.tracker.best is None:
+                self.save_model(self.model, self.out, {**meta, "final_metrics": result})  # no selection: the final weights
+            else:
+                m = read_json(self.out / "mlmkit.json")
+                write_json(self.out / "mlmkit.json", {**m, "final_metrics": result})
+            from mlmkit.rundir import cards
+            from mlmkit.train import plots
+
+            plots.write_run_curves(self.out)
+            cards.write_card(self.out)
+        self.dist.barrier()
+        if self.dist.world > 1:
+            torch.distributed.destroy_process_group()
+        return result
+
+
+def _logged_by(line: str, step: int) -> bool:
+    """Whether a metrics.jsonl line was logged at or before ``step`` (a line cut short by a kill was not)."""
+    try:
+        return int(json.loads(line).get("step", 0)) <= step
+    except (AttributeError, TypeError, ValueError, RecursionError):
+        return False
+
+
+def _progress(enabled: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.4f}"),
+        TextColumn("{task.fields[tps]:,.0f} tok/s"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        disable=not enabled,
+        transient=False,
+    )

@@ -1,0 +1,135 @@
+"""Training curves: metrics.jsonl of one or more runs as a picture (matplotlib, the ``plots`` extra).
+
+One panel per series against the step: training loss, learning rate, then each evaluation metric;
+runs overlaid with a legend. A pretraining run's held-out MLM accuracy panel also shows its
+baselines (uniform and majority guesses) as dashed lines. `mlmkit finetune` / `pretrain` write
+RUN/curves.png at the end when matplotlib is installed; `mlmkit plot` draws any runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mlmkit.errors import ConfigError, MlmkitError
+from mlmkit.files import atomic_write
+
+log = logging.getLogger("mlmkit")
+
+FORMATS = (".png", ".svg", ".pdf")
+BASELINES = ("eval_mlm_uniform_baseline", "eval_mlm_majority_baseline")
+TITLES = {"loss": "training loss", "lr": "learning rate"}
+
+
+def read_metrics(run: Path) -> list[dict[str, Any]]:
+    """The records of RUN/metrics.jsonl (a line cut short by a kill is left out)."""
+    path = run / "metrics.jsonl" if run.is_dir() else run
+    if not path.is_file():
+        raise MlmkitError(f"{run}: no metrics.jsonl", "pass a run directory written by mlmkit finetune or pretrain")
+    out = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            out.append(rec)
+    return out
+
+
+def series(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """(step, value) per metric name, in the order names first appear."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for rec in records:
+        for k, v in rec.items():
+            if k in ("step", "epoch") or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                continue
+            out.setdefault(k, []).append((rec["step"], float(v)))
+    return out
+
+
+def panels(runs: dict[str, dict[str, list[tuple[int, float]]]]) -> list[str]:
+    """The panels to draw: loss, lr, the other training series, then every evaluation metric."""
+    names: list[str] = []
+    for s in runs.values():
+        names += [k for k in s if k not in names and k not in BASELINES and k != "tokens_per_s"]
+    first = [k for k in ("loss", "lr") if k in names]
+    train = [k for k in names if not k.startswith("eval_") and k not in first]
+    return first + train + [k for k in names if k.startswith("eval_")]
+
+
+def plot_runs(runs: Sequence[str | Path], out: str | Path, *, title: str | None = None) -> Path:
+    """Draw the runs' curves into ``out`` (.png, .svg or .pdf); returns its path."""
+    out = Path(out)
+    if out.suffix.lower() not in FORMATS:
+        raise ConfigError(f"--out {out}: unknown picture format '{out.suffix}'", f"use one of {', '.join(FORMATS)}")
+    plt = _pyplot()
+    data: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for r in runs:
+        p = Path(r)
+        label = p.name if sum(Path(x).name == p.name for x in runs) == 1 else str(p)
+        data[label] = series(read_metrics(p))
+    names = panels(data)
+    if not names:
+        raise MlmkitError("the runs have no metrics to plot yet", "plot a run after its first logging step")
+    cols = min(3, len(names))
+    rows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.3 * rows), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, name in zip(axes.flat, names):
+        for i, (label, s) in enumerate(data.items()):
+            color = colors[i % len(colors)]
+            if name in s:
+                steps, values = zip(*s[name])
+                ax.plot(steps, values, marker="o" if name.startswith("eval_") else None, markersize=3, color=color, label=label)
+            if name == "eval_mlm_accuracy":
+                for b, style in zip(BASELINES, ("--", ":")):
+                    if b in s:
+                        ax.axhline(s[b][-1][1], linestyle=style, color=color, linewidth=1,
+                                   label=f"{label}: {b[9:].replace('_', ' ')}")
+        ax.set_title(TITLES.get(name, name.replace("eval_", "eval ").replace("_", " ")))
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if name == "lr":
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+        if len(data) > 1 or name == "eval_mlm_accuracy":
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(names):]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        atomic_write(out, lambda tmp: fig.savefig(tmp, format=out.suffix[1:].lower(), dpi=110))
+    finally:
+        plt.close(fig)
+    return out
+
+
+def write_run_curves(run: Path) -> Path | None:
+    """RUN/curves.png when matplotlib is installed (None without it, or with nothing to draw)."""
+    try:
+        _pyplot()
+    except ConfigError:
+        log.debug("matplotlib is not installed: no curves.png")
+        return None
+    try:
+        return plot_runs([run], run / "curves.png", title=run.name)
+    except MlmkitError:
+        return None
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("plotting needs matplotlib", "pip install 'mlmkit[plots]'") from None
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt

@@ -1,0 +1,219 @@
+"""`mlmkit sweep`: hyperparameter search over fine-tuning with Optuna (the ``sweep`` extra).
+
+Each trial is one `mlmkit finetune` run, in OUT/trial-NNN, whose settings Optuna's sampler (TPE)
+chooses from the ``--search`` spaces; its value is the best evaluation of the task's main metric.
+Evaluations reach Optuna through the tracking interface (a reporter), so the median pruner stops a
+trial that falls behind. The study lives in an Optuna storage (default OUT/sweep.db): processes on
+several machines that share a storage URL and study name run trials of one study at once, and a
+killed sweep resumes with the same command (a trial left running by a killed process is failed by
+Optuna's heartbeat and retried once).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from mlmkit.args import FinetuneArgs, SweepArgs, TrainArgs
+from mlmkit.errors import ConfigError
+from mlmkit.train.tracking import RunInfo, parse_report_to
+
+log = logging.getLogger("mlmkit")
+
+SEARCHABLE = {"lr": float, "weight_decay": float, "warmup_ratio": float, "warmup_steps": int, "epochs": float,
+              "steps": int, "batch_size": int, "max_length": int, "grad_accum": int, "max_grad_norm": float, "seed": int}
+"""Settings --search may vary, and their types."""
+HEARTBEAT_S = 30
+
+
+@dataclass(frozen=True)
+class Space:
+    """One setting's search space: a range (``low``..``high``, ``log``) or ``choices``."""
+
+    name: str
+    kind: type
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    choices: tuple[Any, ...] = ()
+
+    def suggest(self, trial: Any) -> Any:
+        if self.choices:
+            return trial.suggest_categorical(self.name, list(self.choices))
+        if self.kind is int:
+            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
+        return trial.suggest_float(self.name, float(self.low), float(self.high), log=self.log)
+
+    def describe(self) -> str:
+        if self.choices:
+            return ",".join(str(c) for c in self.choices)
+        return f"{self.low}:{self.high}" + (":log" if self.log else "")
+
+
+def parse_search(specs: list[str]) -> dict[str, Space]:
+    """``--search`` values as spaces; a bad one is an error naming it and the accepted forms."""
+    out: dict[str, Space] = {}
+    for spec in specs:
+        name, eq, body = spec.partition("=")
+        name = name.strip().replace("-", "_")
+        hint = f"NAME=LOW:HIGH, NAME=LOW:HIGH:log or NAME=A,B,C with NAME one of {', '.join(SEARCHABLE)}"
+        if not eq or name not in SEARCHABLE or not body.strip():
+            raise ConfigError(f"--search {spec!r}: " + ("unknown setting " + repr(name) if eq and name else "no NAME=SPACE"), hint)
+        if name in out:
+            raise ConfigError(f"--search {spec!r}: {name} is searched twice", "give each setting once")
+        kind = SEARCHABLE[name]
+        try:
+            if ":" in body:
+                parts = body.split(":")
+                scale = parts.pop() if len(parts) == 3 else "linear"
+                if len(parts) != 2 or scale not in ("log", "linear"):
+                    raise ValueError("a range is LOW:HIGH or LOW:HIGH:log")
+                low, high = (kind(float(p)) if kind is int else float(p) for p in parts)
+                if not low < high or (scale == "log" and low <= 0):
+                    raise ValueError("LOW must be below HIGH (and above 0 on a log scale)")
+                out[name] = Space(name, kind, low, high, scale == "log")
+            else:
+                choices = tuple(kind(float(c)) if kind is int else kind(c) for c in body.split(","))
+                out[name] = Space(name, kind, choices=tuple(dict.fromkeys(choices)))
+        except ValueError as e:
+            raise ConfigError(f"--search {spec!r}: {e}", hint) from None
+    return out
+
+
+class Pruner:
+    """A reporter handing each evaluation of the main metric to the trial; raises TrialPruned when
+    Optuna's pruner says the trial falls behind."""
+
+    def __init__(self, trial: Any, metric: str) -> None:
+        self.trial, self.key = trial, f"eval_{metric}"
+
+    def start(self, run: RunInfo) -> None:
+        pass
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        if self.key in scalars:
+            import optuna
+
+            self.trial.report(scalars[self.key], step)
+            if self.trial.should_prune():
+                raise optuna.TrialPruned(f"{self.key} {scalars[self.key]:.4f} at step {step} is behind the median")
+
+    def finish(self, files: Any, status: str) -> None:
+        pass
+
+
+def finetune_args(args: SweepArgs, out: Path, params: dict[str, Any]) -> FinetuneArgs:
+    """The FinetuneArgs of one trial: the sweep's settings, ``params`` over them, ``out`` its run."""
+    own = {f.name: getattr(args, f.name) for f in fields(FinetuneArgs)}
+    train_names = {f.name for f in fields(TrainArgs)}
+    train = replace(args.train, **{k: v for k, v in params.items() if k in train_names})
+    if "steps" in params:
+        train = replace(train, epochs=None)
+    return FinetuneArgs(**{**own, **{k: v for k, v in params.items() if k not in train_names}, "out": out, "train": train})
+
+
+def _optuna() -> Any:
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError("mlmkit sweep needs optuna", "pip install 'mlmkit[sweep]'") from None
+    return optuna
+
+
+def _storage(optuna: Any, url: str, attempts: int = 5) -> Any:
+    """An RDB storage with heartbeats: a trial whose process died is failed, then retried once.
+    Processes that start together on a new database race to create its tables (one gets "UNIQUE
+    constraint failed: alembic_version"): the loser tries again and finds them made."""
+    import time
+
+    for attempt in range(attempts):
+        try:
+            return _rdb(optuna, url)
+        except Exception:  # noqa: BLE001 - the last attempt's error is the caller's
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _rdb(optuna: Any, url: str) -> Any:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # Optuna >= 4.9
+        if retry is not None:
+            return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=2 * HEARTBEAT_S,
+                                              heartbeat_stale_trial_callback=retry(max_retry=1))
+        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=2 * HEARTBEAT_S,
+                                          failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=1))
+
+
+def sweep(args: SweepArgs) -> dict[str, Any]:
+    """Run trials until the study holds ``args.trials`` finished ones; returns the best trial:
+    {"best_run", "best_params", "best_value", "metric", "trials": [...]}."""
+    optuna = _optuna()
+    from mlmkit.plugin.registry import TaskContext, get_task
+    from mlmkit.train.finetune import finetune
+
+    parse_report_to(args.train.report_to)
+    spaces = parse_search(args.search)
+    task = get_task(args.task)
+    opts = task.resolve_options(args.options)
+    metric = task.best_metric(TaskContext(max_length=args.max_length or task.default_max_length, options=opts))
+    args.out.mkdir(parents=True, exist_ok=True)
+    url = args.storage or f"sqlite:///{(args.out / 'sweep.db').resolve()}"
+    try:
+        storage = _storage(optuna, url)
+        study = optuna.create_study(
+            study_name=args.study, storage=storage, load_if_exists=True,
+            direction="maximize" if task.greater_is_better else "minimize",
+            # processes sharing a study must not propose the same settings: only a sweep of its own is seeded
+            sampler=optuna.samplers.TPESampler(seed=None if args.storage else args.train.seed),
+            pruner=optuna.pruners.MedianPruner(n_startup_trials=2) if args.prune else optuna.pruners.NopPruner())
+    except Exception as e:  # noqa: BLE001 - the storage's own errors, as one line
+        raise ConfigError(f"--storage {url}: {type(e).__name__}: {str(e).splitlines()[0][:300]}",
+                          "check the URL (sqlite:///PATH, postgresql://..., mysql://...) and that the database is reachable") from None
+    key = {"task": args.task, "metric": metric, "search": {n: s.describe() for n, s in sorted(spaces.items())}}
+    have = study.user_attrs.get("mlmkit")
+    if have is None:
+        study.set_user_attr("mlmkit", key)
+    elif have != key:
+        raise ConfigError(f"study {args.study!r} in {url} was made for {have}, not {key}",
+                          "resume with the same task and --search, or choose another --study")
+
+    def objective(trial: Any) -> float:
+        params = {n: s.suggest(trial) for n, s in spaces.items()}
+        run = args.out / f"trial-{trial.number:03d}"
+        trial.set_user_attr("run", str(run))
+        trial.set_user_attr("host", f"{socket.gethostname()}:{os.getpid()}")
+        log.info("trial %d: %s -> %s", trial.number, ", ".join(f"{k}={v}" for k, v in params.items()), run)
+        result = finetune(finetune_args(args, run, params), reporters=[Pruner(trial, metric)])
+        value = result.get(f"eval_{metric}", result.get(metric))
+        if not isinstance(value, (int, float)):
+            raise ConfigError(f"trial {trial.number}: the run reported no {metric}", "check the --eval data")
+        return float(value)
+
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    if len(study.get_trials(states=finished)) < args.trials:
+        study.optimize(objective, callbacks=[optuna.study.MaxTrialsCallback(args.trials, states=finished)],
+                       catch=(), gc_after_trial=True)
+    return summary(study, metric)
+
+
+def summary(study: Any, metric: str) -> dict[str, Any]:
+    import optuna
+
+    trials = [{"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
+               "run": t.user_attrs.get("run"), "host": t.user_attrs.get("host")}
+              for t in study.get_trials(deepcopy=False)]
+    done = [t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))]
+    if not done:
+        raise ConfigError("the sweep has no complete trial", "see the trials' errors above; every trial failed or was pruned")
+    best = study.best_trial
+    return {"metric": metric, "best_run": best.user_attrs.get("run"), "best_params": best.params,
+            "best_value": best.value, "trial": best.number, "trials": trials}

@@ -1,0 +1,183 @@
+"""The layout's rules (docs/architecture.md): the torch-free packages import without torch, the
+import-linter contracts hold and catch a violation, the public paths stay, and the docs' links resolve."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCH_FREE = ("mlmkit.errors", "mlmkit.files", "mlmkit.args", "mlmkit.plugin", "mlmkit.text", "mlmkit.infer")
+"""The packages that never import torch (pyproject.toml's first import-linter contract)."""
+PUBLIC_PLUGIN_PATHS = {"mlmkit.taskkit", "mlmkit.registry", "mlmkit.model"}
+
+
+def _run(code: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, **kw)
+
+
+def test_torch_free_packages_import_with_torch_unimportable():
+    """Every module of the torch-free packages, the public aliases, the CLI and the built-in tasks
+    import in a process where ``import torch`` fails (not merely where nothing happened to import it)."""
+    code = f"""
+import importlib, pkgutil, sys
+sys.modules["torch"] = None  # `import torch` now raises ImportError, as on a machine without it
+names = []
+for top in {TORCH_FREE!r}:
+    mod = importlib.import_module(top)
+    names.append(top)
+    if hasattr(mod, "__path__"):
+        names += [m.name for m in pkgutil.walk_packages(mod.__path__, top + ".")]
+names += ["mlmkit", "mlmkit.registry", "mlmkit.taskkit", "mlmkit.runtime", "mlmkit.cli",
+          "mlmkit_tasks.classification", "mlmkit_tasks.tagging", "mlmkit_tasks.qa", "mlmkit_tasks.embedding",
+          "mlmkit_tasks.sparse_embedding"]
+for n in names:
+    importlib.import_module(n)
+import mlmkit
+mlmkit.Pipeline, mlmkit.PretrainArgs, mlmkit.ExportArgs  # the top level's torch-free names
+print(len(names))
+"""
+    r = _run(code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert int(r.stdout.split()[-1]) > 25  # every module of infer/, text/, plugin/ was walked
+
+
+def test_import_contracts_hold():
+    r = subprocess.run([str(Path(sys.executable).with_name("lint-imports"))], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "3 kept, 0 broken" in r.stdout
+
+
+@pytest.mark.parametrize("module, line, broken", [
+    ("mlmkit/infer/bundle.py", "import torch", "never imports torch"),
+    ("mlmkit/text/batching.py", "from mlmkit.infer import bundle", "Layers"),
+    ("mlmkit/train/loop.py", "import mlmkit.runtime", "public aliases"),
+])
+def test_import_contracts_catch_a_violation(tmp_path, module, line, broken):
+    """The contracts are not vacuous: one forbidden import added to a copy of the tree breaks the
+    contract it should, with the import chain in the report."""
+    for d in ("mlmkit", "tasks"):
+        shutil.copytree(ROOT / d, tmp_path / ("mlmkit_tasks" if d == "tasks" else d),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    target = tmp_path / module
+    target.write_text(target.read_text() + f"\n\ndef _violation():\n    {line}\n")
+    r = subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache"], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert r.returncode != 0, r.stdout[-2000:]
+    report = r.stdout[r.stdout.index("Broken contracts"):]
+    assert broken in report and module[:-3].replace("/", ".") in report, report[:2000]
+
+
+def _mlmkit_imports(tree: ast.AST) -> set[str]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "mlmkit":
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "mlmkit"}
+    return found
+
+
+def test_third_party_plugins_use_only_the_public_paths():
+    """The example plugin (tests/plugins) and docs/plugins.md's task code import only mlmkit.taskkit,
+    mlmkit.registry and mlmkit.model, so the files behind them can move."""
+    used = _mlmkit_imports(ast.parse((ROOT / "tests/plugins/pairreg/task.py").read_text()))
+    assert used and used <= PUBLIC_PLUGIN_PATHS, used
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs/plugins.md").read_text(), re.S)
+    task_code = [b for b in blocks if "class " in b or "def build_model" in b]
+    assert task_code
+    for b in task_code:
+        lines = [ln.strip() for ln in b.splitlines() if re.match(r"\s*(from|import) mlmkit", ln)]
+        assert all(re.match(r"(from|import) (mlmkit\.(taskkit|registry|model))\b", ln) for ln in lines), lines
+
+
+def test_public_api_and_old_paths():
+    """The top-level API, lazily imported; the old module paths users have in their code."""
+    code = """
+import sys
+import mlmkit
+assert "torch" not in sys.modules
+assert {"pretrain", "finetune", "evaluate_run", "export", "Pipeline", "PretrainArgs", "FinetuneArgs", "ExportArgs",
+        "TrainArgs"} <= set(dir(mlmkit))
+from mlmkit.args import ExportArgs, FinetuneArgs, PretrainArgs, TrainArgs
+from mlmkit.runtime import Pipeline
+from mlmkit.taskkit import BATCH, EXAMPLE, Record, TaskOption, iter_jsonl, tokenizer_settings
+from mlmkit.registry import Task, TaskDefaults, get_task, tasks
+assert "torch" not in sys.modules, [m for m in sys.modules if m.startswith("torch")][:3]
+assert mlmkit.Pipeline is Pipeline and mlmkit.PretrainArgs is PretrainArgs and mlmkit.TrainArgs is TrainArgs
+from mlmkit.export import export
+from mlmkit.finetuning import evaluate_run, finetune
+from mlmkit.pretraining import pretrain
+from mlmkit.model import BertModel, init_weights
+import mlmkit.export.bundle  # the package is also an attribute of mlmkit: still callable
+assert callable(mlmkit.export) and mlmkit.finetune is finetune and mlmkit.pretrain is pretrain
+assert mlmkit.evaluate_run is evaluate_run
+try:
+    mlmkit.nothing
+except AttributeError as e:
+    assert "nothing" in str(e)
+print("ok")
+"""
+    r = _run(code)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_top_level_export_calls_the_command(tmp_path):
+    """``mlmkit.export(args)`` is the command, whether ``mlmkit.export`` names the package or not."""
+    import mlmkit
+    from mlmkit.errors import MlmkitError
+
+    args = mlmkit.ExportArgs(run=tmp_path / "no-such-run", out=tmp_path / "bundle")
+    with pytest.raises(MlmkitError) as direct:
+        mlmkit.export.bundle.export(args)
+    with pytest.raises(MlmkitError) as through_the_top:
+        mlmkit.export(args)
+    assert str(through_the_top.value) == str(direct.value) and "no-such-run" in str(direct.value)
+
+
+# ---- documentation ---------------------------------------------------------------------------------
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_readme_is_a_front_door():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 200
+    first_screen = "\n".join(text.splitlines()[:25])
+    assert "make quickstart" in first_screen and "make test" in first_screen
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_relative_links_resolve(doc):
+    broken = []
+    for target in LINK.findall(doc.read_text()):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = (doc.parent / target.split("#", 1)[0]).resolve()
+        if not path.exists():
+            broken.append(target)
+        elif ROOT not in path.parents and path != ROOT:
+            broken.append(f"{target} (outside the repository)")
+    assert not broken, broken
+
+
+def test_nothing_cites_a_document_outside_the_repository():
+    """Comments and docs cite documents that a clone has: docs/NAME.md must exist, and the notes kept
+    outside the repository are never named."""
+    sources = [p for d in ("mlmkit", "tasks", "tests", "benchmarks") for p in (ROOT / d).rglob("*.py")]
+    outside = re.compile(r"PERF_NOTES|DESIGN\.md|STYLE\.md|\.\./shared")
+    for p in [*sources, *DOCS, ROOT / "Makefile", ROOT / "pyproject.toml"]:
+        text = p.read_text()
+        if p.name == "test_layout.py":
+            continue
+        assert not outside.search(text), f"{p.relative_to(ROOT)}: {outside.search(text).group(0)}"
+        for cited in re.findall(r"\bdocs/([\w.-]+\.(?:md|png))", text):
+            assert (ROOT / "docs" / cited).exists(), f"{p.relative_to(ROOT)} cites docs/{cited}"
