@@ -13,6 +13,7 @@ import torch
 
 from mlmkit.errors import DataFormatError, MlmkitError
 from mlmkit.text.tokenizer import special_ids, train_tokenizer
+from mlmkit.train.corpus import files as corpus_files
 from mlmkit.train.corpus import instances as corpus_instances
 from mlmkit.train.corpus import shards as corpus_shards
 from mlmkit.train.corpus.files import iter_documents
@@ -384,7 +385,7 @@ def test_instance_units_are_computed_once_and_cached_beside_the_shard(tmp_path, 
     assert sorted(epoch0) == list(range(first.num_units)) and epoch0 != first.order(1).tolist()
 
 
-def test_a_directory_a_glob_and_parquet_give_the_corpus_their_files_give(tmp_path, tok):
+def test_a_directory_a_glob_and_parquet_give_the_corpus_their_files_give(tmp_path, tok, monkeypatch):
     pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
     d = tmp_path / "shards"
     d.mkdir()
@@ -404,6 +405,10 @@ def test_a_directory_a_glob_and_parquet_give_the_corpus_their_files_give(tmp_pat
     assert [[s.tolist() for s in c.document(i)] for i in range(c.num_docs)] == want
     with pytest.raises(DataFormatError, match=r"no column 'text' \(the columns: id, body\)"):
         list(iter_documents(tmp_path / "c.parquet"))
+    # the one table reader's record ceiling holds for corpora too: a row over it is named, never read whole
+    monkeypatch.setattr(corpus_files, "MAX_RECORD_BYTES", 40)  # row 1 has 39 bytes, row 3 has 44
+    with pytest.raises(DataFormatError, match=r"c\.parquet, row 3, field 'body': a value of more than 40 bytes.*several rows"):
+        list(iter_documents(tmp_path / "c.parquet", "body"))
     with pytest.raises(MlmkitError, match=r"nothing-\*\.txt: no file matches this pattern"):
         tokenize_corpus([str(tmp_path / "nothing-*.txt")], tok, tmp_path / "cache")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,12 +140,16 @@ def is_table(path: str | Path) -> bool:
     return p.suffix.lower() == ".parquet"
 
 
-def iter_table_rows(path: str | Path, rows: int = 1024, *, skip: bool = False,
-                    max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Record | DataFormatError]:
+def iter_table_rows(path: str | Path, rows: int = 1024, *, skip: bool = False, max_bytes: int | None = MAX_RECORD_BYTES,
+                    columns: Sequence[str] | None = None, column_hint: str = "check the column names",
+                    ceiling_hint: str = "raise --max-record-bytes; --on-error skip steps over it",
+                    ) -> Iterator[Record | DataFormatError]:
     """A record {column: value} per row of a Parquet file or `datasets` directory, read a batch of
     ``rows`` at a time (never the whole table); ``line`` is the row number, from 1, and ``schema``
     the table's Arrow schema. A row with a text or binary value of more than ``max_bytes`` is a bad
-    record (with ``skip``: its DataFormatError, in its place)."""
+    record (with ``skip``: its DataFormatError, in its place). ``columns``: read only these (a
+    pretraining corpus reads its text column alone); one the table lacks is an error naming the
+    columns it has, with ``column_hint``; ``ceiling_hint`` says what to do about a value over the ceiling."""
     p = Path(path)
     try:
         import pyarrow as pa
@@ -162,16 +166,21 @@ def iter_table_rows(path: str | Path, rows: int = 1024, *, skip: bool = False,
     for src in sources:
         try:
             if src.suffix.lower() == ".parquet":
-                batches = pq.ParquetFile(src).iter_batches(batch_size=rows)
+                pf = pq.ParquetFile(src)
+                _has_columns(p, pf.schema_arrow.names, columns, column_hint)
+                batches = pf.iter_batches(batch_size=rows, columns=list(columns) if columns is not None else None)
             else:
                 batches = _arrow_batches(pa, src)
             for batch in batches:
+                if columns is not None and src.suffix.lower() != ".parquet":
+                    _has_columns(p, batch.schema.names, columns, column_hint)
+                    batch = batch.select(list(columns))
                 big = _oversized(pa, batch, max_bytes)
                 for i, row in enumerate(batch.to_pylist() if not big else _rows_but(batch, big)):
                     n += 1
                     if i in big:
                         err = DataFormatError(p, f"a value of more than {max_bytes:,} bytes (the record ceiling)", line=n,
-                                              field=big[i], unit="row", hint="raise --max-record-bytes; --on-error skip steps over it")
+                                              field=big[i], unit="row", hint=ceiling_hint)
                         if not skip:
                             raise err
                         yield err
@@ -181,6 +190,12 @@ def iter_table_rows(path: str | Path, rows: int = 1024, *, skip: bool = False,
             detail = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
             raise DataFormatError(src, f"not a readable {'Parquet' if src.suffix.lower() == '.parquet' else 'Arrow'} "
                                        f"file ({detail})", hint="check the file, or write it again") from None
+
+
+def _has_columns(p: Path, names: Sequence[str], wanted: Sequence[str] | None, hint: str) -> None:
+    for c in wanted or ():
+        if c not in names:
+            raise DataFormatError(p, f"no column '{c}' (the columns: {', '.join(names)})", hint=hint)
 
 
 def _oversized(pa: Any, batch: Any, max_bytes: int | None) -> dict[int, str]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from mlmkit.errors import DataFormatError, MlmkitError
 from mlmkit.files import MAX_RECORD_BYTES, bounded_lines, parse_json
+from mlmkit.text.readers import iter_table_rows
 from mlmkit.text.records import matching_files
 
 log = logging.getLogger("mlmkit")
@@ -133,26 +134,15 @@ def _text_sentences(text: Any, p: Path, n: int, field: str) -> list[str]:
 
 
 def _parquet_documents(p: Path, text_column: str, rows: int = 4096) -> Iterator[list[str]]:
-    """A document per row of a Parquet file (a null text is no document); ``line`` is the row."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise MlmkitError(f"{p}: a Parquet corpus needs pyarrow", "pip install 'mlmkit[parquet]'") from None
-    try:
-        f = pq.ParquetFile(p)
-        names = f.schema_arrow.names
-        if text_column not in names:
-            raise DataFormatError(p, f"no column '{text_column}' (the columns: {', '.join(names)})",
-                                  hint="name the text column with --text-column")
-        n = 0
-        for batch in f.iter_batches(batch_size=rows, columns=[text_column]):
-            for text in batch.column(0).to_pylist():
-                n += 1
-                parts = _text_sentences(text, p, n, text_column) if text is not None else []
-                if parts:
-                    yield parts
-    except OSError as e:  # pyarrow's ArrowInvalid and friends are OSErrors too
-        raise DataFormatError(p, f"not a readable Parquet file ({e})", hint="check the file") from None
+    """A document per row of a Parquet file (a null text is no document); ``line`` is the row. Read
+    through the one table reader (text/readers.py): only the text column, a batch of rows at a time,
+    and a value over the record ceiling is an error naming its row, never read whole."""
+    for r in iter_table_rows(p, rows, max_bytes=MAX_RECORD_BYTES, columns=[text_column], column_hint="name the text column with --text-column",
+                             ceiling_hint="one document per row: split a longer one over several rows"):
+        text = r.data[text_column]
+        parts = _text_sentences(text, p, r.line, text_column) if text is not None else []
+        if parts:
+            yield parts
 
 
 CORPUS_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".parquet")
