@@ -1,4 +1,6 @@
-# `make quickstart` and `make test` each create .venv on first use.
+# `make quickstart` and `make test` each create .venv on first use. `make test`: ruff, the import-linter
+# contracts (docs/architecture.md), then the tests in worker processes (pytest-xdist; one torch thread
+# each, tests/conftest.py) with the 15 slowest listed.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -20,7 +22,7 @@ quickstart: $(BIN)/mlmkit
 test: $(BIN)/mlmkit
 	$(BIN)/ruff check mlmkit tasks tests benchmarks
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --numprocesses auto --maxprocesses 4 --durations 15
 
 lint: $(BIN)/mlmkit
 	$(BIN)/ruff check mlmkit tasks tests benchmarks

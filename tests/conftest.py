@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mlmkit.cli.common import err as cli_stderr
 from mlmkit.model import BertForPreTraining
 from mlmkit.rundir.checkpoint import save_run
 from mlmkit.rundir.config import BertConfig
@@ -39,6 +40,11 @@ def base_model_factory(tmp_path: Path):
 
     return make
 
+
+# rich sizes the CLI's stderr console once, at import, from COLUMNS (80 without a terminal) and breaks
+# a longer word, such as a path, across lines: tests compare messages that name tmp paths whole, and
+# the paths are longer under pytest-xdist (.../popen-gw1/...).
+cli_stderr.width = 1000
 
 # Tiny models gain nothing from a second thread, and on 2 shared cores two threads per process
 # oversubscribe them (tests that spawn processes, other jobs): one thread is several times faster here.

@@ -16,7 +16,7 @@ from mlmkit.model import BertForPreTraining
 from mlmkit.rundir.checkpoint import load_state_dict, save_weights
 from mlmkit.rundir.config import BertConfig
 from mlmkit.text.tokenizer import save_tokenizer, train_tokenizer
-from mlmkit.train.state import Checkpointer, latest_checkpoint
+from mlmkit.train.state import ResumeCheckpoints, latest_checkpoint
 
 N = 4  # steps between checkpoints
 
@@ -79,7 +79,7 @@ def straight(setup, tmp_path_factory) -> dict[str, torch.Tensor]:
 
 def kill_after_checkpoint(monkeypatch, step: int) -> None:
     """The process dies right after the checkpoint of ``step`` is complete."""
-    original = Checkpointer.save
+    original = ResumeCheckpoints.save
 
     def save_then_die(self, model, opt, sched, position, meta):
         ck = original(self, model, opt, sched, position, meta)
@@ -87,7 +87,7 @@ def kill_after_checkpoint(monkeypatch, step: int) -> None:
             raise Killed
         return ck
 
-    monkeypatch.setattr(Checkpointer, "save", save_then_die)
+    monkeypatch.setattr(ResumeCheckpoints, "save", save_then_die)
 
 
 def test_same_seed_same_weights(setup, straight, tmp_path):

@@ -36,7 +36,7 @@ from mlmkit.rundir.checkpoint import load_state_dict, load_weights
 from mlmkit.rundir.config import ModelConfig
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import load_tokenizer, special_ids
-from mlmkit.train.state import Checkpointer
+from mlmkit.train.state import ResumeCheckpoints
 
 transformers = pytest.importorskip("transformers")  # a dev extra: the oracle
 runner = CliRunner()
@@ -260,7 +260,7 @@ def test_pretraining_other_families_resumes_exactly_and_loads_in_transformers(
     kw = dict(arch=arch, batch_size=8, seq_len=32, vocab_size=300, lr=1e-3, eval_every=1000, save_every=2, seed=0,
               steps=4, progress=False)
     run_pretrain([corpus], tmp_path / "full", **kw)
-    original = Checkpointer.save
+    original = ResumeCheckpoints.save
 
     def save_then_die(self: Any, *args: Any) -> Any:
         ck = original(self, *args)
@@ -268,7 +268,7 @@ def test_pretraining_other_families_resumes_exactly_and_loads_in_transformers(
             raise Killed
         return ck
 
-    monkeypatch.setattr(Checkpointer, "save", save_then_die)
+    monkeypatch.setattr(ResumeCheckpoints, "save", save_then_die)
     with pytest.raises(Killed):
         run_pretrain([corpus], tmp_path / "cut", **kw)
     monkeypatch.undo()

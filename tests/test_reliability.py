@@ -28,7 +28,7 @@ from mlmkit.infer.pipeline import Pipeline
 from mlmkit.text.tokenizer import save_tokenizer, train_tokenizer
 from mlmkit.train.corpus import instances as corpus_instances
 from mlmkit.train.corpus import shards as corpus_shards
-from mlmkit.train.state import Checkpointer
+from mlmkit.train.state import ResumeCheckpoints
 
 runner = CliRunner()
 WORDS = [f"w{i}" for i in range(40)]
@@ -250,7 +250,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_partial_check
     one_line(cli(*tiny(data, out)), "could not write the checkpoint", "step-0000004", "No space left on device",
              "the previous checkpoint is intact")
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-0000002"]
-    assert Checkpointer(out, lambda *a: None, 1).latest().name == "step-0000002"
+    assert ResumeCheckpoints(out, lambda *a: None, 1).latest().name == "step-0000002"
 
 
 # ---- 4. no silently wrong answer --------------------------------------------------------------------

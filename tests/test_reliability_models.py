@@ -33,7 +33,7 @@ from mlmkit.models import FAMILIES
 from mlmkit.models.core import BertForPreTraining
 from mlmkit.rundir.checkpoint import save_weights, weight_files
 from mlmkit.rundir.config import CEILINGS, ModelConfig, preset
-from mlmkit.train.state import Checkpointer, _load_state, latest_checkpoint
+from mlmkit.train.state import ResumeCheckpoints, _load_state, latest_checkpoint
 
 FAMILY_NAMES = [f.model_types[0] for f in FAMILIES]
 
@@ -395,7 +395,7 @@ def finished(data, tmp_path_factory) -> Path:  # noqa: F811
     out = tmp_path_factory.mktemp("finished") / "run"
     r = cli(*tiny(data, out))
     assert r.exit_code == 0, r.output
-    assert [p.name for p in Checkpointer(out, lambda *a: None, 2).complete()] == ["step-0000002", "step-0000004"]
+    assert [p.name for p in ResumeCheckpoints(out, lambda *a: None, 2).complete()] == ["step-0000002", "step-0000004"]
     return out
 
 
@@ -453,7 +453,7 @@ def test_latest_checkpoint_is_the_newest_that_loads_whole(tmp_path: Path, finish
     assert latest_checkpoint(out).name == "step-0000002"
     damage(out / "checkpoints" / "step-0000002", "optimizer")
     assert latest_checkpoint(out) is None
-    assert Checkpointer(out, lambda *a: None, 2).latest().name == "step-0000004"  # complete, though damaged
+    assert ResumeCheckpoints(out, lambda *a: None, 2).latest().name == "step-0000004"  # complete, though damaged
     model = BertForPreTraining(ModelConfig.load(finished / "checkpoints" / "step-0000002"))
     opt = torch.optim.AdamW(model.parameters())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
@@ -461,7 +461,7 @@ def test_latest_checkpoint_is_the_newest_that_loads_whole(tmp_path: Path, finish
     logger.addHandler(caplog.handler)
     try:
         with pytest.raises(ConfigError, match="none of the 2 checkpoints"):
-            Checkpointer(out, lambda *a: None, 2).restore(model, opt, sched, torch.device("cpu"))
+            ResumeCheckpoints(out, lambda *a: None, 2).restore(model, opt, sched, torch.device("cpu"))
     finally:
         logger.removeHandler(caplog.handler)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # the error says it all, in one line

@@ -37,7 +37,7 @@ def root(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors on stderr.")] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
 ) -> None:
-    """mlmkit: pre-train BERT encoders, fine-tune task heads, export to ONNX and serve them fast."""
+    """mlmkit: pre-train encoders (BERT, RoBERTa, ModernBERT ...), fine-tune task heads, export to ONNX, serve them fast."""
     state["debug"] = debug
     logger = logging.getLogger("mlmkit")
     logger.handlers[:] = [RichHandler(console=err, show_time=False, show_path=False, markup=False)]

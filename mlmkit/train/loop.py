@@ -1,11 +1,14 @@
 """The one training loop, for pretraining and fine-tuning alike, and its small parts.
 
-- ``Cursor``: the loop's position in the data, (epoch, micro-batch). A data source hands out batch
+Its resume state is state.py's and its devices devices.py's:
+
+- ``Cursor`` (state.py): the loop's position in the data, (epoch, micro-batch). A data source hands out batch
   ``index`` of ``epoch`` directly (``DataSource``), so resuming seeks straight there and never
   replays the batches already seen. Epochs advance in one place, ``Cursor._next_epoch``.
-- ``Checkpointer``: run directories under RUN/checkpoints/step-N with a state/ folder (optimizer,
+- ``ResumeCheckpoints`` (state.py): run directories under RUN/checkpoints/step-N with a state/ folder (optimizer,
   scheduler, RNG, position); state/trainer.json is written last and marks a checkpoint complete;
-  the last ``keep_last`` complete ones are kept; --resume restores the newest that loads whole.
+  the last ``keep_last`` complete ones are kept; --resume restores the newest that loads whole
+  (a run directory itself is read and written by rundir/checkpoint.py).
 - ``BestTracker``: the best evaluation so far by the main metric, and early stopping.
 - ``Trainer``: the loop (devices, DDP, AdamW, the linear schedule, metrics.jsonl, progress).
 
@@ -33,7 +36,7 @@ from mlmkit.args import TrainArgs
 from mlmkit.errors import ConfigError
 from mlmkit.files import atomic_open, exclusive, read_json, write_json
 from mlmkit.train.devices import check_bf16, init_distributed, resolve_device
-from mlmkit.train.state import Checkpointer, Cursor, DataSource, SaveModel
+from mlmkit.train.state import ResumeCheckpoints, Cursor, DataSource, SaveModel
 from mlmkit.train.tracking import Reporter, Reporters, RunInfo, flat_params, parse_report_to
 
 log = logging.getLogger("mlmkit")
@@ -151,7 +154,7 @@ class Trainer:
         self.total = args.steps if args.steps is not None else max(1, math.ceil(args.epochs * self.steps_per_epoch))
         warmup = args.warmup_steps if args.warmup_steps is not None else int(args.warmup_ratio * self.total)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, linear_schedule(warmup, self.total))
-        self.checkpoints = Checkpointer(self.out, save_model, args.keep_last)
+        self.checkpoints = ResumeCheckpoints(self.out, save_model, args.keep_last)
         self.tracker = BestTracker(args.metric_for_best, args.greater_is_better, args.early_stopping)
         self.step = 0
         self.history: list[dict[str, Any]] = []

@@ -71,7 +71,7 @@ class Cursor:
             self._next_epoch()
 
 
-class Checkpointer:
+class ResumeCheckpoints:
     """Complete checkpoints under OUT/checkpoints: write (model files, then state/, trainer.json last),
     find the latest, restore one, keep the last ``keep_last``."""
 
@@ -211,4 +211,4 @@ def _load_state(p: Path, device: torch.device) -> dict[str, Any]:
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
     """The newest complete checkpoint of a run directory whose files all load (a damaged newer one is
     passed over with a warning), or None."""
-    return Checkpointer(Path(out_dir), lambda *a: None, 1).loadable()
+    return ResumeCheckpoints(Path(out_dir), lambda *a: None, 1).loadable()
