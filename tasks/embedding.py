@@ -96,7 +96,7 @@ def _model_class() -> type:
     import torch.nn.functional as F
     from torch import nn
 
-    from mlmkit.models.core import BertModel
+    from mlmkit.models.core import BertModel, mean_pool
 
     class BertForEmbedding(nn.Module):
         def __init__(self, config: Any, pooling: str, normalize: bool) -> None:
@@ -109,13 +109,13 @@ def _model_class() -> type:
             if attention_mask is None:
                 attention_mask = torch.ones_like(input_ids)
             seq, _ = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, H)
-            m = attention_mask.unsqueeze(-1).to(seq.dtype)  # (B, T, 1)
             if self.pooling == "cls":
                 x = seq[:, 0]
             elif self.pooling == "max":  # padding can never win (sentence-transformers fills it with -1e9)
+                m = attention_mask.unsqueeze(-1).to(seq.dtype)  # (B, T, 1)
                 x = (seq + (m - 1.0) * 1e9).max(dim=1).values
-            else:
-                x = (seq * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)  # (B, H)
+            else:  # over the real tokens, as sentence-transformers' mean (and ModernBERT's head)
+                x = mean_pool(seq, attention_mask)  # (B, H)
             if self.normalize:
                 x = F.normalize(x, p=2.0, dim=-1)
             return {"embedding": x}

@@ -28,7 +28,7 @@ def _model_class() -> type:
     import torch
     from torch import nn
 
-    from mlmkit.models.core import BertModel, BertPreTrainingHeads, init_weights
+    from mlmkit.models.core import BertModel, BertPreTrainingHeads, init_weights, tie_decoder
 
     class SparseEncoder(nn.Module):
         def __init__(self, config: Any, max_terms: int) -> None:
@@ -37,7 +37,7 @@ def _model_class() -> type:
             self.bert = BertModel(config, add_pooling_layer=False)
             self.cls = BertPreTrainingHeads(config, nsp=False)
             init_weights(self, config.initializer_range)
-            self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+            tie_decoder(self.cls, self.bert)
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                     token_type_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

@@ -5,7 +5,8 @@ The steps, each checked rather than assumed:
 1. the model is rebuilt from the run (a pretraining run becomes a fill-mask graph; a fine-tuned run
    exports exactly its task's ``onnx_outputs()`` from the task model's own forward);
 2. attention is switched to its eager form and exported with the TorchScript exporter
-   (``dynamo=False``): the only combination onnxruntime's BERT fusions recognise (docs/performance.md);
+   (``dynamo=False``): the only combination onnxruntime's BERT fusions recognise (docs/performance.md,
+   "BERT fusions need the TorchScript exporter and eager attention");
    the graph's inputs are the family's (no token_type_ids for RoBERTa, DistilBERT, ModernBERT);
 3. onnxruntime's transformer optimizer fuses Attention, EmbedLayerNormalization,
    SkipLayerNormalization and BiasGelu; the fused nodes are counted and a graph short of what its

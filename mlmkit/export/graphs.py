@@ -2,11 +2,14 @@
 positions only) and a task's graph, and the TorchScript export of either.
 
 The TorchScript exporter (``dynamo=False``) from an eager attention is the only combination
-onnxruntime's BERT fusions recognise (docs/performance.md, "ONNX fusion").
+onnxruntime's BERT fusions recognise (docs/performance.md, "BERT fusions need the TorchScript exporter and eager attention"): every attention block
+declares itself (core.Attention) so that the exporter can switch it, and a graph whose attention is
+not all declared is refused before it is exported (``check_attention``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from pathlib import Path
@@ -16,10 +19,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from mlmkit.errors import ConfigError
 from mlmkit.infer.bundle import DYNAMIC_AXES, FILL_MASK_OUTPUTS, INPUT_NAMES
-from mlmkit.models.core import BertForPreTraining, extended_mask
+from mlmkit.models.core import BertForPreTraining, extended_mask, set_attention_impl
 from mlmkit.plugin.registry import BATCH, SEQUENCE, TaskContext, get_task
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
 from mlmkit.rundir.config import ModelConfig
@@ -101,9 +105,55 @@ def graph_inputs(cfg: ModelConfig) -> tuple[str, ...]:
     return INPUT_NAMES if cfg.family.uses_token_types(cfg) else INPUT_NAMES[:2]
 
 
+class _RefuseSdpa(TorchFunctionMode):
+    """Raises ConfigError at a call of torch's scaled_dot_product_attention, naming the innermost
+    module running (``running``: (name, class) of the modules whose forward has begun, not ended)."""
+
+    def __init__(self, running: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.running = running
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is F.scaled_dot_product_attention:
+            name, cls = self.running[-1] if self.running else ("", "?")
+            raise ConfigError(
+                f"{name or 'the model'} ({cls}) computes attention with scaled_dot_product_attention but is not a "
+                "declared attention block: the exporter cannot switch it to the form onnxruntime fuses",
+                "subclass mlmkit.models.core.Attention and compute with core.attend (or its eager form when impl is 'eager')",
+            )
+        return func(*args, **(kwargs or {}))
+
+
+def check_attention(graph: nn.Module, dummy: tuple[torch.Tensor, ...]) -> None:
+    """Switch every attention block of ``graph`` to the eager form, or refuse it: a graph with no
+    declared block (core.Attention), or whose forward on ``dummy`` still calls SDPA (an attention
+    that did not declare itself), would export unfused (several times slower), and silently."""
+    if not set_attention_impl(graph, "eager"):
+        raise ConfigError("the model has no attention block the exporter can switch to the form onnxruntime fuses",
+                          "a family's attention subclasses mlmkit.models.core.Attention")
+    running: list[tuple[str, str]] = []  # the modules whose forward has begun and not ended, innermost last
+
+    def begin(m: nn.Module, _: Any, name: str) -> None:
+        running.append((name, type(m).__name__))
+
+    def end(*_: Any) -> None:  # (a forward hook returning something would replace the output)
+        running.pop()
+
+    hooks = []
+    for name, m in graph.named_modules():
+        hooks += [m.register_forward_pre_hook(functools.partial(begin, name=name)), m.register_forward_hook(end)]
+    try:
+        with torch.no_grad(), _RefuseSdpa(running):
+            graph(*dummy)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def torch_export(graph: nn.Module, batch: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]], path: Path, opset: int,
                   inputs: tuple[str, ...]) -> None:
     dummy = tuple(torch.from_numpy(batch[k][:2, : max(2, int(batch["attention_mask"][:2].sum(1).max()))]) for k in inputs)
+    check_attention(graph, dummy)
     dynamic = {name: {i: a for i, a in enumerate(ax) if a in DYNAMIC_AXES} for name, ax in {**dict.fromkeys(inputs, (BATCH, SEQUENCE)), **axes}.items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer warnings

@@ -68,7 +68,8 @@ def quantize_int8(src: Path, dst: Path) -> None:
             src, dst, per_channel=True, weight_type=QuantType.QInt8,
             # the encoder's matmuls; the embeddings and the heads (a few rows per batch) stay fp32
             op_types_to_quantize=["MatMul", "Attention"],
-            # the fused graph's contrib ops defeat ONNX shape inference without this (docs/performance.md)
+            # the fused graph's contrib ops defeat ONNX shape inference without this
+            # (docs/performance.md, "int8 quantization of the fused graph")
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
 

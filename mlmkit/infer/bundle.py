@@ -169,6 +169,6 @@ def load_bundle_tokenizer(path: str | Path, meta: dict[str, Any]) -> Any:
             f"(vocabulary {have['vocab_size']} vs {want.get('vocab_size')} tokens)",
             "restore the tokenizer.json written by `mlmkit export`, or export again",
         )
-    tok.no_padding()  # a tokenizer.json may carry fixed padding (docs/performance.md); batches pad themselves
+    tok.no_padding()  # a tokenizer.json may carry fixed padding (docs/performance.md, "Tokenizer files can carry padding"); batches pad themselves
     tok.no_truncation()
     return tok

@@ -6,7 +6,7 @@ A loaded bundle is a callable over a list of inputs, results in input order:
     fill = Pipeline.load("exports/mlm")
     fill(["The capital of France is [MASK].", "A [MASK] and a [MASK]."])
 
-No torch here, directly or indirectly (cold start under a second, docs/performance.md): this module needs
+No torch here, directly or indirectly (cold start under a second: docs/performance.md, "Cold start"): this module needs
 onnxruntime, tokenizers and numpy, and the task plugins' torch-free parts (from_input, featurize,
 postprocess, compute_metrics), the same code `mlmkit evaluate` runs on a PyTorch model.
 

@@ -6,7 +6,11 @@ from mlmkit.models.family import Family
 
 
 class Bert(Family):
-    """Everything as the base class: post-LN layers, absolute positions, two token types, NSP."""
+    """Everything as the base class (post-LN layers, absolute positions, two token types), and what
+    only BERT has: next-sentence prediction in pretraining."""
+
+    pretrains = True
+    nsp = True
 
 
 family = Bert()

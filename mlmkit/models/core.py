@@ -53,16 +53,18 @@ class BertEmbeddings(nn.Module):
         self.positions = fam.positions  # "absolute", "padding_offset" (RoBERTa) or "none" (rotary, in the layers)
         self.pad_id = pad
         self.word_embeddings = nn.Embedding(config.vocab_size, E, padding_idx=pad)
+        # the tables a family lacks are not there at all (as in transformers: no such module, no such
+        # weights); which ones are is said by ``positions`` and ``type_rows``
         if self.positions != "none":
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, E,
                                                     padding_idx=pad if self.positions == "padding_offset" else None)
-        if config.type_vocab_size:
+        self.type_rows = config.type_vocab_size  # 0: no token-type table
+        if self.type_rows:
             self.token_type_embeddings = nn.Embedding(config.type_vocab_size, E)
         self.token_types = fam.uses_token_types(config)
         self.LayerNorm = layer_norm(config, E)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        if E != config.hidden_size:
-            self.project = nn.Linear(E, config.hidden_size)
+        self.project = nn.Linear(E, config.hidden_size) if E != config.hidden_size else None
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         x = self.word_embeddings(input_ids)  # (B, T, E)
@@ -71,21 +73,40 @@ class BertEmbeddings(nn.Module):
         elif self.positions == "padding_offset":  # RoBERTa: pad + 1, pad + 2, ... over real tokens; pad on padding
             real = (input_ids != self.pad_id).long()
             x = x + self.position_embeddings(torch.cumsum(real, dim=1) * real + self.pad_id)
-        if hasattr(self, "token_type_embeddings"):
+        if self.type_rows:
             if self.token_types and token_type_ids is not None:
                 x = x + self.token_type_embeddings(token_type_ids)
             else:  # one token type (RoBERTa's): its row, added everywhere
                 x = x + self.token_type_embeddings.weight[0]
         x = self.dropout(self.LayerNorm(x))
-        return self.project(x) if hasattr(self, "project") else x  # (B, T, H)
+        return self.project(x) if self.project is not None else x  # (B, T, H)
 
 
-class BertSelfAttention(nn.Module):
-    """Multi-head self-attention. ``impl`` "sdpa" uses torch's fused kernels (flash / memory-efficient
-    on GPU); "eager" spells out matmul + softmax, the form onnxruntime's Attention fusion recognises
-    (export.py switches to it; docs/performance.md: SDPA exports get no fusion)."""
+class Attention(nn.Module):
+    """What every family's attention block is: the exporter switches it between two forms of the
+    same product, and finds it by this class (``set_attention_impl``), so a family's attention must
+    subclass it. ``impl`` "sdpa" uses torch's fused kernels (flash / memory-efficient on GPU, what
+    training runs); "eager" spells out matmul + softmax, the form onnxruntime's Attention fusion
+    recognises (SDPA exports get no fusion: docs/performance.md, "BERT fusions need the TorchScript
+    exporter and eager attention"). A block that computes attention without declaring itself would
+    stay SDPA in the graph, silently unfused: export refuses it (export/graphs.py).
 
+    ``attend`` reads ``impl``, ``dropout_p`` (SDPA's dropout) and ``dropout`` (eager's), which a
+    subclass sets; the class holds no parameters, so state dicts are the family's own."""
+
+    IMPLS = ("sdpa", "eager")
     impl = "sdpa"
+    dropout_p: float
+    dropout: nn.Module
+
+    def set_impl(self, impl: str) -> None:
+        if impl not in self.IMPLS:
+            raise ValueError(f"attention impl must be 'sdpa' or 'eager', not {impl!r}")
+        self.impl = impl
+
+
+class BertSelfAttention(Attention):
+    """Multi-head self-attention (query, key, value projections; core.attend)."""
 
     def __init__(self, config: Any) -> None:
         super().__init__()
@@ -182,10 +203,9 @@ class BertEncoder(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         fam = family_of(config)
-        self.family = fam
+        self.config, self.family = config, fam  # (layer_context reads the config: which shared modules it has)
         self.layer = nn.ModuleList(fam.layer(config, i) for i in range(config.num_hidden_layers))
-        if fam.final_norm:
-            self.final_norm = layer_norm(config)
+        self.final_norm = layer_norm(config) if fam.final_norm else None  # pre-LN families' norm after the last layer
         for name, module in fam.encoder_modules(config).items():
             self.add_module(name, module)
 
@@ -194,7 +214,7 @@ class BertEncoder(nn.Module):
         return self.family.layer_context(self, x, mask)
 
     def finish(self, x: torch.Tensor) -> torch.Tensor:
-        return self.final_norm(x) if hasattr(self, "final_norm") else x
+        return self.final_norm(x) if self.final_norm is not None else x
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x, context = self.start(x, mask)
@@ -216,22 +236,27 @@ class BertPooler(nn.Module):
         self.pool = pool
         self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=fam.head_bias(config))
         self.act = ACT[fam.pooler_act(config)]
-        if fam.pooler_norm:
-            self.norm = layer_norm(config)
+        self.norm = layer_norm(config) if fam.pooler_norm else None
         p = fam.pooler_dropout(config)
-        if p:
-            self.dropout = nn.Dropout(p)
+        self.dropout = nn.Dropout(p) if p else None
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.pool == "cls":
             x = x[:, 0]  # (B, H)
         elif self.pool == "mean":
-            m = (torch.ones_like(x[..., 0]) if attention_mask is None else attention_mask.to(x.dtype)).unsqueeze(-1)
-            x = (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # (B, H)
-        if hasattr(self, "dropout"):
+            x = mean_pool(x, torch.ones_like(x[..., 0]) if attention_mask is None else attention_mask)  # (B, H)
+        if self.dropout is not None:
             x = self.dropout(x)
         x = self.act(self.dense(x))
-        return self.norm(x) if hasattr(self, "norm") else x
+        return self.norm(x) if self.norm is not None else x
+
+
+def mean_pool(x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The mean of x (B, T, H) over the real tokens of (B, T) ``attention_mask`` -> (B, H): the
+    sequence pooling of ModernBERT's head and the embedding task's. The token count is clamped at
+    1e-9 as sentence-transformers clamps it (a fully padded row gives zeros, not NaN)."""
+    m = attention_mask.to(x.dtype).unsqueeze(-1)  # (B, T, 1)
+    return (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
 
 
 def init_weights(module: nn.Module, std: float) -> None:
@@ -367,13 +392,20 @@ def token_states(bert: BertModel, input_ids: torch.Tensor, attention_mask: torch
     return per_token if per_token is not None else seq
 
 
-def set_attention_impl(model: nn.Module, impl: str) -> None:
-    """Switch every attention block between "sdpa" (training, GPU) and "eager" (ONNX export)."""
-    if impl not in ("sdpa", "eager"):
+def attention_blocks(model: nn.Module) -> list[Attention]:
+    """The model's attention blocks: the modules that declare themselves by subclassing Attention."""
+    return [m for m in model.modules() if isinstance(m, Attention)]
+
+
+def set_attention_impl(model: nn.Module, impl: str) -> int:
+    """Switch every attention block between "sdpa" (training, GPU) and "eager" (ONNX export);
+    returns how many there are (0: the model declares none, which export refuses)."""
+    if impl not in Attention.IMPLS:
         raise ValueError(f"attention impl must be 'sdpa' or 'eager', not {impl!r}")
-    for m in model.modules():
-        if hasattr(m, "impl") and hasattr(m, "dropout_p"):  # any family's attention block
-            m.impl = impl
+    blocks = attention_blocks(model)
+    for m in blocks:
+        m.set_impl(impl)
+    return len(blocks)
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -400,6 +432,13 @@ class BertLMPredictionHead(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the bias inside the matmul (addmm): a separate add is one more pass over (N, V) logits
         return F.linear(self.transform(x), self.decoder.weight, self.bias)  # (..., V)
+
+
+def tie_decoder(heads: nn.Module, bert: BertModel) -> None:
+    """The MLM decoder's weight is the word embeddings (one parameter, as transformers ties them):
+    checkpoints store it once (``Family.tied``), so every model with an MLM head ties it after
+    building and after loading. ``heads``: a BertPreTrainingHeads."""
+    heads.predictions.decoder.weight = bert.embeddings.word_embeddings.weight
 
 
 class BertPreTrainingHeads(nn.Module):
@@ -438,7 +477,7 @@ class BertForPreTraining(nn.Module):
         self.tie_weights()
 
     def tie_weights(self) -> None:
-        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+        tie_decoder(self.cls, self.bert)
 
     def forward(
         self,

@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlmkit.errors import ConfigError
-from mlmkit.models.core import ACT, BertIntermediate, BertOutput, BertSelfOutput, layer_norm
-from mlmkit.models.family import Family
+from mlmkit.models.core import ACT, Attention, BertIntermediate, BertOutput, BertSelfOutput, layer_norm
+from mlmkit.models.family import ExtraSize, Family
 
 TERMS = ("c2p", "p2c")  # the relative attention terms transformers' DeBERTa-v2 computes
 LEGACY_MLM_HEAD = (  # DebertaV2OnlyMLMHead (legacy false, the original checkpoints) -> BERT's head
@@ -126,22 +126,25 @@ class DebertaEmbeddings(nn.Module):
         fam = config.family
         E = fam.embedding_size(config)
         self.word_embeddings = nn.Embedding(config.vocab_size, E, padding_idx=config.pad_token_id)
-        if _flag(config, "position_biased_input", True):
+        # the modules a config leaves out are not there at all (no weights, as in transformers): the flags say which are
+        self.absolute, self.typed, self.projected = (_flag(config, "position_biased_input", True), config.type_vocab_size > 0,
+                                                     E != config.hidden_size)
+        if self.absolute:
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, E)
-        if config.type_vocab_size > 0:
+        if self.typed:
             self.token_type_embeddings = nn.Embedding(config.type_vocab_size, E)
-        if E != config.hidden_size:
+        if self.projected:
             self.embed_proj = nn.Linear(E, config.hidden_size, bias=False)
         self.LayerNorm = layer_norm(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         x = self.word_embeddings(input_ids)  # (B, T, E)
-        if hasattr(self, "position_embeddings"):
+        if self.absolute:
             x = x + self.position_embeddings(torch.arange(input_ids.size(1), device=input_ids.device).unsqueeze(0))
-        if hasattr(self, "token_type_embeddings"):
+        if self.typed:
             x = x + (self.token_type_embeddings(token_type_ids) if token_type_ids is not None else self.token_type_embeddings.weight[0])
-        if hasattr(self, "embed_proj"):
+        if self.projected:
             x = self.embed_proj(x)
         return self.dropout(self.LayerNorm(x))  # (B, T, H)
 
@@ -182,11 +185,9 @@ class Relative(NamedTuple):
     positions: RelativePositions  # builds the index for the first Tq queries only (the [CLS]-only last layer)
 
 
-class DisentangledSelfAttention(nn.Module):
+class DisentangledSelfAttention(Attention):
     """Content-to-content attention plus the c2p / p2c relative terms, which enter as an additive bias
-    on the scores: SDPA's float mask, or the eager form's added scores. ``impl`` as BertSelfAttention's."""
-
-    impl = "sdpa"
+    on the scores: SDPA's float mask, or the eager form's added scores."""
 
     def __init__(self, config: Any) -> None:
         super().__init__()
@@ -297,15 +298,16 @@ class Deberta(Family):
     # the class attribute the exporter and rundir/config.py read; these configs decide by type_vocab_size
     # (uses_token_types): every published DeBERTa-v2 / v3 checkpoint has none
     token_types = False
-    nsp = False
     classifier_dropout_key = "cls_dropout"
-    architecture_overrides = {"BertForPreTraining": "BertForMaskedLM"}
+    dropout_keys = ("pooler_dropout",)
+    # -1 / 0: "as max_position_embeddings" / "no buckets"
+    extra_sizes = (ExtraSize("embedding_size"), ExtraSize("pooler_hidden_size"), ExtraSize("attention_head_size"),
+                   *(ExtraSize(k, bound="max_position_embeddings", unset=(-1, 0)) for k in ("position_buckets", "max_relative_positions")))
     # measured (tests/test_deberta.py): the two residual adds + LayerNorms of each layer fuse; the
     # attention does not (its relative bias is outside onnxruntime's BERT Attention pattern), nor do
     # the embeddings (no position table in v3, the projection before the norm, the mask after it)
     fusions: dict[str, int] = {"SkipLayerNormalization": 2}
-    tokenizer_kind = "unigram"  # SentencePiece, as DeBERTa-v3's, with BERT's special tokens
-    special_tokens = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+    tokenizer_kind = "unigram"  # SentencePiece, as DeBERTa-v3's, with BERT's special tokens (the base class's)
 
     def embedding_size(self, config: Any) -> int:
         return int(config.extra.get("embedding_size") or config.hidden_size)
@@ -349,6 +351,15 @@ class Deberta(Family):
         if act not in ACT:
             raise ConfigError(f"unsupported pooler_hidden_act {act!r}", f"use one of: {', '.join(ACT)}")
 
+    def shape_mismatch(self, config: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[str, Any, str] | None:
+        """The rows of rel_embeddings against the span the config's buckets make: RelativePositions
+        computes its table from those values, so the meta-device comparison cannot build it."""
+        rel = shapes.get("bert.encoder.rel_embeddings.weight")
+        if rel and rel[0] != 2 * span(config):
+            field = "position_buckets" if position_buckets(config) > 0 else "max_relative_positions"
+            return field, config.extra.get(field), f"the relative position embeddings have {rel[0]} rows, the config makes {2 * span(config)}"
+        return None
+
     def preset_extra(self) -> dict[str, Any]:
         # DeBERTa-v3's layout (microsoft/deberta-v3-base's config.json) at a preset's size
         return {
@@ -375,10 +386,10 @@ class Deberta(Family):
 
     def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
         x = x * (mask[:, 0, 0, :, None] == 0).to(x.dtype)  # padding rows zero, as transformers' embeddings leave them
-        if not hasattr(encoder, "rel_embeddings"):
+        if not relative_attention(encoder.config):
             return x, {}
         rel = encoder.rel_embeddings.weight
-        if hasattr(encoder, "LayerNorm"):
+        if "layer_norm" in _names(encoder.config, "norm_rel_ebd", "none"):
             rel = encoder.LayerNorm(rel)
         positions = encoder.relative_positions
         return x, {"relative": Relative(rel, positions(x.size(1), x.size(1), x.device), positions)}

@@ -46,9 +46,7 @@ class DistilBert(Family):
         ("cls.predictions.decoder", "vocab_projector"),
     )
     token_types = False
-    nsp = False
     classifier_dropout_key = "seq_classif_dropout"
-    architecture_overrides = {"BertForPreTraining": "BertForMaskedLM"}
 
     def pooler_act(self, config: Any) -> str:
         return "relu"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlmkit.models.family import Family
+from mlmkit.models.family import ExtraSize, Family
 from mlmkit.models.roberta import SEQUENCE_HEAD
 
 
@@ -29,8 +29,7 @@ class Electra(Family):
         ("cls.predictions.bias", "generator_lm_head.bias"),
         ("cls.predictions.decoder", "generator_lm_head"),
     )
-    nsp = False
-    architecture_overrides = {"BertForPreTraining": "BertForMaskedLM"}
+    extra_sizes = (ExtraSize("embedding_size"),)
 
     def embedding_size(self, config: Any) -> int:
         return int(config.extra.get("embedding_size") or config.hidden_size)

@@ -34,8 +34,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from mlmkit.errors import ConfigError
-from mlmkit.models.core import ACT, attend, layer_norm
-from mlmkit.models.family import Family, Renamer
+from mlmkit.models.core import ACT, Attention, attend, layer_norm
+from mlmkit.models.family import CLS_SEP_IDS, ExtraSize, Family, Renamer
+from mlmkit.models.rotary import rotary, rotate
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer types
 DEFAULT_THETA = {GLOBAL: 160_000.0, LOCAL: 10_000.0}
@@ -99,21 +100,6 @@ def rope_theta(config: Any, kind: str) -> float:
 
 
 # ---- blocks ------------------------------------------------------------------------------------
-def rotary(T: torch.Tensor | int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin (T, head_dim) in float32 for positions 0 .. T-1; T may be a traced size (export)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))  # (hd/2,)
-    freqs = torch.arange(T, device=device).float()[:, None] * inv_freq[None, :]  # (T, hd/2)
-    emb = torch.cat((freqs, freqs), dim=-1)  # (T, hd): the two halves rotate together
-    return emb.cos(), emb.sin()
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, nh, T, hd) rotated by its positions' angles, computed in float32 as transformers does."""
-    xf = x.float()
-    first, second = xf.chunk(2, dim=-1)
-    return (xf * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
-
-
 def window_mask(T: torch.Tensor | int, Tq: torch.Tensor | int, half: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """(Tq, T) additive mask of a sliding-window layer for the first Tq queries: 0 where |i - j| <=
     ``half``, FAR beyond. Built from the runtime lengths (aranges, no slicing by a size, which the
@@ -226,11 +212,9 @@ def layer_context(encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> di
     return {"rope": rope, "windows": windows}
 
 
-class ModernBertAttention(nn.Module):
-    """Fused-projection self-attention with rotary positions, over the whole sequence (global
-    layers) or a window around each query (local layers). ``impl`` as BertSelfAttention's."""
-
-    impl = "sdpa"
+class ModernBertAttention(Attention):
+    """Fused-projection self-attention with rotary positions (models/rotary.py), over the whole
+    sequence (global layers) or a window around each query (local layers)."""
 
     def __init__(self, config: Any, index: int) -> None:
         super().__init__()
@@ -335,16 +319,17 @@ class ModernBert(Family):
     )
     token_types = False
     positions = "none"
-    nsp = False
+    pretrains = True
+    max_length = 8192  # no position table: a new model keeps ModernBERT's context
+    config_token_ids = CLS_SEP_IDS
+    extra_sizes = (ExtraSize("local_attention"), ExtraSize("global_attn_every_n_layers"))
     final_norm = True
     pooler_norm = True
     token_head = True
-    architecture_overrides = {"BertForPreTraining": "BertForMaskedLM"}
     # measured: the pre-LN residual adds + norms fuse (SkipLayerNormalization, two a layer) and GELU does; the
     # attention does not (rotary + the sliding window are outside onnxruntime's BERT Attention pattern)
     fusions: dict[str, int] = {"SkipLayerNormalization": 2}
-    tokenizer_kind = "bpe"
-    special_tokens = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # BERT's names on a byte-level BPE, as ModernBERT's
+    tokenizer_kind = "bpe"  # with BERT's special-token names (the base class's) on a byte-level BPE, as ModernBERT's
 
     def pooler_act(self, config: Any) -> str:
         return config.extra.get("classifier_activation", "gelu")

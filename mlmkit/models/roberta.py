@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlmkit.models.family import Family
+from mlmkit.models.family import CLS_SEP_IDS, Family
+from mlmkit.text.tokenizer import ANGLES
 
 SEQUENCE_HEAD = (("bert.pooler.dense", "classifier.dense"), ("classifier", "classifier.out_proj"))
 
@@ -31,12 +32,12 @@ class Roberta(Family):
     )
     token_types = False
     positions = "padding_offset"
-    nsp = False
-    architecture_overrides = {"BertForPreTraining": "BertForMaskedLM"}
+    pretrains = True
+    config_token_ids = CLS_SEP_IDS
     tied = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
     fusions = {"Attention": 1, "SkipLayerNormalization": 2}  # no EmbedLayerNormalization: the cumulative positions
     tokenizer_kind = "bpe"
-    special_tokens = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")
+    special_tokens = ANGLES.tokens  # <pad> <unk> <s> </s> <mask>, and <s> A </s></s> B </s>
 
     def mlm_act(self, config: Any) -> str:
         return "gelu"  # RobertaLMHead calls gelu whatever hidden_act says

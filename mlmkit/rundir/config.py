@@ -37,11 +37,6 @@ CEILINGS = {
 }
 MAX_PARAMETERS = 20_000_000_000  # about twice XLM-R XXL's 10.7 billion, the largest published encoder
 MAX_LABELS = 1 << 16  # labels of a classification / tagging head (id2label, num_labels)
-# family keys (config.json's own names, in ``extra``) that size a module: ELECTRA's / DeBERTa's
-# embedding size, DeBERTa's pooler and relative position table, ModernBERT's attention window
-EXTRA_SIZES = ("embedding_size", "pooler_hidden_size", "attention_head_size", "position_buckets",
-               "max_relative_positions", "local_attention", "global_attn_every_n_layers")
-SIGNED_SIZES = ("position_buckets", "max_relative_positions")  # -1 / 0: "unset" (DeBERTa)
 
 
 def _is_int(v: Any) -> bool:
@@ -153,19 +148,22 @@ class ModelConfig:
             raise ConfigError(f"config label2id must map label names to ids, got {self.label2id!r}", "fix the config.json")
 
     def _check_extra(self) -> None:
-        """The family keys (``extra``) that size or regularise a module."""
+        """The family keys (``extra``) that size or regularise a module, as the family declares them
+        (``Family.extra_sizes``, ``Family.dropout_keys``)."""
         if not isinstance(self.extra, dict):
             raise ConfigError(f"config extra must be an object, got {type(self.extra).__name__}")
-        for k in EXTRA_SIZES:
-            v = self.extra.get(k)
-            if v is None or (k in SIGNED_SIZES and _is_int(v) and -1 <= v <= 0):
-                continue  # unset, or (relative positions) "as max_position_embeddings" / "no buckets"
-            if not _is_int(v) or v < 1 or v > CEILINGS["max_position_embeddings" if k in SIGNED_SIZES else "hidden_size"]:
-                ceiling = CEILINGS["max_position_embeddings" if k in SIGNED_SIZES else "hidden_size"]
-                raise ConfigError(f"config {k} must be a positive integer of at most {ceiling:,}, got {v!r}",
+        fam = self.family
+        for size in fam.extra_sizes:
+            v = self.extra.get(size.key)
+            if v is None or (_is_int(v) and v in size.unset):
+                continue
+            ceiling = CEILINGS[size.bound]
+            if not _is_int(v) or not 1 <= v <= ceiling:
+                raise ConfigError(f"config {size.key} must be a positive integer of at most {ceiling:,}, got {v!r}",
                                   "fix the config.json")
+        probabilities = (fam.classifier_dropout_key, *fam.dropout_keys)
         for k, v in self.extra.items():
-            if "dropout" in k and (_is_number(v) or k in (self.family.classifier_dropout_key, "pooler_dropout")):
+            if "dropout" in k and (_is_number(v) or k in probabilities):
                 if v is not None:
                     _check_probability(k, v)
 

@@ -175,14 +175,9 @@ def check_weights(d: str | Path, config: Any) -> None:
     if layers and max(layers) + 1 != config.num_hidden_layers:
         raise wrong(name("num_hidden_layers", "num_hidden_layers"), config.num_hidden_layers,
                     f"there are weights for {max(layers) + 1} layers")
-    rel = have.get("bert.encoder.rel_embeddings.weight")
-    if rel and fam.name == "deberta-v2":
-        from mlmkit.models.deberta import position_buckets, span
-
-        if rel[0] != 2 * span(config):
-            field = "position_buckets" if position_buckets(config) > 0 else "max_relative_positions"
-            raise wrong(field, config.extra.get(field), f"the relative position embeddings have {rel[0]} rows, "
-                        f"the config makes {2 * span(config)}")
+    mismatch = fam.shape_mismatch(config, have)  # what only the family knows to compare (DeBERTa's relative table)
+    if mismatch is not None:
+        raise wrong(*mismatch)
     for key, want in _meta_shapes(config).items():
         if key in have and have[key] != want:
             raise wrong(*_field_of(config, want, have[key]), f"{key} is {list(have[key])}, the config makes {list(want)}")

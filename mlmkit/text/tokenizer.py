@@ -1,13 +1,15 @@
 """Train and load tokenizers of every kind (the `tokenizers` library): WordPiece (BERT), byte-level
 BPE (RoBERTa, ModernBERT) and Unigram / SentencePiece (XLM-R, DeBERTa-v3).
 
-A tokenizer is a ``tokenizers.Tokenizer`` with five special tokens, BERT's ``[PAD] [UNK] [CLS] [SEP]
-[MASK]`` or RoBERTa's ``<pad> <unk> <s> </s> <mask>`` (the names the mask, padding ... roles are
-found under), and its post-processor: ``[CLS] A [SEP] B [SEP]`` with segment ids, or RoBERTa's
-``<s> A </s></s> B </s>``. A checkpoint with only vocab.json + merges.txt (byte-level BPE) is
-converted here; one with only a SentencePiece model needs transformers' converter. Padding and
-truncation are always set explicitly by the caller: a tokenizer.json can carry a fixed padding
-setting (docs/performance.md).
+A tokenizer is a ``tokenizers.Tokenizer`` with five special tokens named by one of two conventions
+(CONVENTIONS, data: the names the pad, unk, cls, sep and mask roles are found under, their ids, how
+a pair is framed): brackets, ``[PAD] [UNK] [CLS] [SEP] [MASK]`` and ``[CLS] A [SEP] B [SEP]`` with
+segment ids (BERT's), or angles, ``<pad> <unk> <s> </s> <mask>`` and ``<s> A </s></s> B </s>``
+(RoBERTa's). A model family declares which it trains with (``Family.special_tokens``, its five
+names); nothing here knows the families. A checkpoint with only vocab.json + merges.txt (byte-level
+BPE) is converted here; one with only a SentencePiece model needs transformers' converter. Padding
+and truncation are always set explicitly by the caller: a tokenizer.json can carry a fixed padding
+setting (docs/performance.md, "Tokenizer files can carry padding").
 """
 
 from __future__ import annotations
@@ -31,10 +33,30 @@ from tokenizers import (
 from mlmkit.errors import ConfigError
 from mlmkit.files import atomic_write_text, parse_json, write_json
 
-PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
-SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
-ROBERTA_TOKENS = ["<pad>", "<unk>", "<s>", "</s>", "<mask>"]
-SPECIAL_SETS = (SPECIAL_TOKENS, ROBERTA_TOKENS)  # (pad, unk, cls, sep, mask) as each convention names them
+
+@dataclass(frozen=True)
+class Convention:
+    """A special-token convention: ``tokens`` the (pad, unk, cls, sep, mask) names; ``id_order`` the
+    roles (indices into ``tokens``) in the order a trained vocabulary numbers them; ``double_sep``
+    the pair framing, cls A sep sep B sep (else cls A sep B sep with segment ids); ``mask_lstrip``
+    whether the mask token takes the space before it; ``cls_is_bos`` whether cls / sep are also the
+    bos / eos tokens transformers' tokenizer config names."""
+
+    tokens: tuple[str, str, str, str, str]
+    id_order: tuple[int, int, int, int, int] = (0, 1, 2, 3, 4)
+    double_sep: bool = False
+    mask_lstrip: bool = False
+    cls_is_bos: bool = False
+
+
+BRACKETS = Convention(("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"))  # [PAD] 0 ... [MASK] 4
+ANGLES = Convention(("<pad>", "<unk>", "<s>", "</s>", "<mask>"), id_order=(2, 0, 3, 1, 4),  # <s> 0, <pad> 1, </s> 2, <unk> 3
+                    double_sep=True, mask_lstrip=True, cls_is_bos=True)
+CONVENTIONS = {c.tokens: c for c in (BRACKETS, ANGLES)}  # keyed by the names a family declares; tried in this order
+
+PAD, UNK, CLS, SEP, MASK = BRACKETS.tokens
+SPECIAL_TOKENS = list(BRACKETS.tokens)
+ROBERTA_TOKENS = list(ANGLES.tokens)  # the angle convention's names, as cli/ imports them
 DEFAULT_VOCAB_SIZE = 8000  # small corpora (the quickstart's) fill no more; BERT-base used 30522
 KINDS = ("wordpiece", "bpe", "unigram")
 
@@ -52,13 +74,19 @@ class SpecialIds:
         return (self.pad, self.unk, self.cls, self.sep, self.mask)
 
 
+def convention_of(names: Iterable[str]) -> Convention:
+    """The convention of these five names; names of neither are framed as brackets are."""
+    names = tuple(names)
+    return CONVENTIONS.get(names) or Convention(names)
+
+
 def special_tokens(tok: Tokenizer) -> list[str]:
     """The names of (pad, unk, cls, sep, mask): the first convention whose five tokens are all there."""
-    for names in SPECIAL_SETS:
+    for names in CONVENTIONS:
         if all(tok.token_to_id(t) is not None for t in names):
             return list(names)
-    missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
-    raise ConfigError(f"tokenizer lacks the special tokens {', '.join(missing)} (nor has it all of {' '.join(ROBERTA_TOKENS)})",
+    missing = [t for t in BRACKETS.tokens if tok.token_to_id(t) is None]
+    raise ConfigError(f"tokenizer lacks the special tokens {', '.join(missing)} (nor has it all of {' '.join(ANGLES.tokens)})",
                       "train it with mlmkit tokenizer train")
 
 
@@ -79,21 +107,18 @@ def _bert_pipeline(tok: Tokenizer, cased: bool) -> Tokenizer:
     return tok
 
 
-def _add_template(tok: Tokenizer) -> Tokenizer:
-    cls, sep = tok.token_to_id(CLS), tok.token_to_id(SEP)
+def _frame(tok: Tokenizer, conv: Convention) -> Tokenizer:
+    """The post-processor of the convention: cls A sep and cls A sep B sep with segment ids, or (double
+    sep) cls A sep sep B sep with offsets without the leading space (transformers' RobertaProcessing)."""
+    cls, sep = conv.tokens[2], conv.tokens[3]
+    if conv.double_sep:
+        tok.post_processor = processors.RobertaProcessing((sep, tok.token_to_id(sep)), (cls, tok.token_to_id(cls)),
+                                                          trim_offsets=True, add_prefix_space=False)
+        return tok
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{CLS}:0 $A:0 {SEP}:0",
-        pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
-        special_tokens=[(CLS, cls), (SEP, sep)],
+        single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))],
     )
-    return tok
-
-
-def _roberta_template(tok: Tokenizer, names: list[str]) -> Tokenizer:
-    """<s> A </s> and <s> A </s></s> B </s>, offsets without the leading space (as RoBERTa's)."""
-    cls, sep = names[2], names[3]
-    tok.post_processor = processors.RobertaProcessing((sep, tok.token_to_id(sep)), (cls, tok.token_to_id(cls)),
-                                                      trim_offsets=True, add_prefix_space=False)
     return tok
 
 
@@ -103,15 +128,16 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, 
 
     ``kind``: "wordpiece" (BERT's normalisation and ## pieces), "bpe" (byte-level, as RoBERTa and
     ModernBERT: every byte representable, spaces kept as Ġ; always cased) or "unigram" (SentencePiece
-    style, ▁ for spaces, NFKC). ``specials``: the (pad, unk, cls, sep, mask) names, BERT's by default
-    for wordpiece and RoBERTa's for the others; with RoBERTa's names the template is RoBERTa's."""
+    style, ▁ for spaces, NFKC). ``specials``: the (pad, unk, cls, sep, mask) names of a convention
+    (CONVENTIONS), which also give their ids and the template; brackets by default for wordpiece and
+    angles for the others."""
     if kind not in KINDS:
         raise ConfigError(f"--kind {kind} is not a tokenizer kind", f"use one of: {', '.join(KINDS)}")
-    if vocab_size < len(SPECIAL_TOKENS) + 30:
+    if vocab_size < len(BRACKETS.tokens) + 30:
         raise ConfigError(f"--vocab-size {vocab_size} is too small", "use at least a few hundred")
-    names = list(specials or (SPECIAL_TOKENS if kind == "wordpiece" else ROBERTA_TOKENS))
-    # ids in the convention's own order: BERT's [PAD] 0 ... [MASK] 4; RoBERTa's <s> 0, <pad> 1, </s> 2, <unk> 3
-    order = [names[2], names[0], names[3], names[1], names[4]] if names[2] == "<s>" else names
+    conv = convention_of(specials or (BRACKETS if kind == "wordpiece" else ANGLES).tokens)
+    names = conv.tokens
+    order = [names[i] for i in conv.id_order]
     if kind == "wordpiece":
         tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=names[1], max_input_chars_per_word=100)), cased)
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=order,
@@ -129,16 +155,9 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, 
         tok.decoder = decoders.Metaspace()
         trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=order, unk_token=names[1])
     tok.train_from_iterator(texts, trainer=trainer)
-    # a typed mask stays one token; RoBERTa's <mask> takes the space before it (lstrip), as there
-    tok.add_special_tokens([AddedToken(names[4], special=True, normalized=False, lstrip=names[4] == "<mask>")])
-    if names[2] == "<s>":
-        return prepare(_roberta_template(tok, names))
-    cls, sep = names[2], names[3]
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
-        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))],
-    )
-    return prepare(tok)
+    # a typed mask stays one token (the angles' <mask> takes the space before it, as RoBERTa's)
+    tok.add_special_tokens([AddedToken(names[4], special=True, normalized=False, lstrip=conv.mask_lstrip)])
+    return prepare(_frame(tok, conv))
 
 
 def prepare(tok: Tokenizer) -> Tokenizer:
@@ -180,7 +199,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         tok = _bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100)), cased)
         special_ids(tok)
         tok.add_special_tokens(SPECIAL_TOKENS)  # so a typed "[MASK]" stays one token, as in tokenizer.json
-        return prepare(_add_template(tok))
+        return prepare(_frame(tok, BRACKETS))
     try:
         tok = Tokenizer.from_file(str(p))
     except Exception as e:
@@ -190,7 +209,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
 
 def _from_vocab_merges(d: Path) -> Tokenizer:
-    """A byte-level BPE tokenizer (RoBERTa / GPT-2 files) with RoBERTa's template and <mask>."""
+    """A byte-level BPE tokenizer (RoBERTa / GPT-2 files), framed by the convention its tokens are of."""
     try:
         tok = Tokenizer(models.BPE.from_file(str(d / "vocab.json"), str(d / "merges.txt")))
     except Exception as e:  # tokenizers raises its own exception type for malformed files
@@ -198,9 +217,10 @@ def _from_vocab_merges(d: Path) -> Tokenizer:
     space = bool(_tokenizer_config(d).get("add_prefix_space", False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=space)
     tok.decoder = decoders.ByteLevel()
-    names = special_tokens(tok)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False, lstrip=t == "<mask>") for t in names])
-    return prepare(_roberta_template(tok, names) if names[2] == "<s>" else _add_template(tok))
+    conv = convention_of(special_tokens(tok))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False, lstrip=conv.mask_lstrip and t == conv.tokens[4])
+                            for t in conv.tokens])
+    return prepare(_frame(tok, conv))
 
 
 def _from_sentencepiece(d: Path) -> Tokenizer:
@@ -256,14 +276,15 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | Path, max_length: int = 512) -
     BERT tools load it too)."""
     d = Path(out_dir)
     atomic_write_text(d / "tokenizer.json", tok.to_str(pretty=False))
-    pad, unk, cls, sep, mask = special_tokens(tok)
+    conv = convention_of(special_tokens(tok))
+    pad, unk, cls, sep, mask = conv.tokens
     names = {"pad_token": pad, "unk_token": unk, "cls_token": cls, "sep_token": sep, "mask_token": mask}
     if is_wordpiece(tok):
         vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
         atomic_write_text(d / "vocab.txt", "".join(t + "\n" for t, _ in vocab))
         config = {"tokenizer_class": "BertTokenizer", "do_lower_case": is_lowercase(tok)}
     else:  # transformers reads tokenizer.json itself
-        config = {"tokenizer_class": "PreTrainedTokenizerFast", **({"bos_token": cls, "eos_token": sep} if cls == "<s>" else {})}
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", **({"bos_token": cls, "eos_token": sep} if conv.cls_is_bos else {})}
     write_json(d / "tokenizer_config.json", {**config, "model_max_length": max_length, **names})
 
 

@@ -36,7 +36,7 @@ from mlmkit.args import TrainArgs
 from mlmkit.errors import ConfigError
 from mlmkit.files import atomic_open, exclusive, read_json, write_json
 from mlmkit.train.devices import check_bf16, init_distributed, resolve_device
-from mlmkit.train.state import ResumeCheckpoints, Cursor, DataSource, SaveModel
+from mlmkit.train.state import Cursor, DataSource, ResumeCheckpoints, SaveModel
 from mlmkit.train.tracking import Reporter, Reporters, RunInfo, flat_params, parse_report_to
 
 log = logging.getLogger("mlmkit")

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 from mlmkit.args import PretrainArgs
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.files import exclusive
-from mlmkit.models import family_for
+from mlmkit.models import FAMILIES, Family, family_for
 from mlmkit.models.core import BertForPreTraining
 from mlmkit.rundir.checkpoint import save_run
 from mlmkit.rundir.config import ModelConfig, preset
@@ -141,10 +141,26 @@ def pretrain(args: PretrainArgs) -> dict[str, Any]:
     (training loss and held-out MLM / NSP figures).
     """
     parse_report_to(args.train.report_to)  # before anything is read or built
+    if args.arch is not None:
+        _check_nsp(args, pretraining_family(args.arch))
     # the run directory is this process's from the start (under torchrun: rank 0's), not only once
     # the tokenizer is trained and the corpus tokenized
     with exclusive(args.out) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext():
         return _pretrain(args)
+
+
+def pretraining_family(arch: str) -> Family:
+    """The family ``--arch`` names, one that declares it pretrains (``Family.pretrains``)."""
+    names = [f.name for f in FAMILIES if f.pretrains]
+    if arch not in names:
+        raise ConfigError(f"--arch {arch} is not a pretraining family", f"use one of: {', '.join(names)}")
+    return family_for(arch)
+
+
+def _check_nsp(args: PretrainArgs, fam: Family) -> None:
+    """--nsp for a family without an NSP head (``Family.nsp``) is refused: nothing would train it."""
+    if args.nsp and not fam.nsp:
+        raise ConfigError(f"--nsp: next-sentence prediction is BERT's, not {fam.name}'s", "leave --nsp out: this family pretrains with MLM only")
 
 
 def _pretrain(args: PretrainArgs) -> dict[str, Any]:
@@ -166,9 +182,8 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
     fam = (given or own_cfg).family if (given or own_cfg) is not None else family_for(args.arch or "bert")
     if args.arch is not None and fam is not family_for(args.arch):
         raise ConfigError(f"--arch {args.arch} but {args.config or own} is a {fam.name} config", "leave --arch out, or pass a config of that family")
+    _check_nsp(args, fam)  # the family of a --config or a resumed run
     nsp = fam.nsp if args.nsp is None else args.nsp
-    if nsp and not fam.nsp:
-        raise ConfigError(f"--nsp: next-sentence prediction is BERT's, not {fam.name}'s", "leave --nsp out: this family pretrains with MLM only")
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     else:
@@ -188,10 +203,9 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
         if args.seq_len > MAX_PRESET_POSITIONS:
             raise ConfigError(f"--seq-len {args.seq_len} is more than the {MAX_PRESET_POSITIONS} positions a preset model gets",
                               "use a shorter --seq-len, or pass a --config with max_position_embeddings for it")
-        cfg = preset(args.preset, fam.name, vocab_size=V, max_position_embeddings=fam.positions_for(max(512, args.seq_len)),
+        cfg = preset(args.preset, fam.name, vocab_size=V, max_position_embeddings=fam.positions_for(args.seq_len),
                      pad_token_id=ids.pad)
-        if fam.name != "bert":  # the ids transformers' configs of these families carry
-            cfg.extra.update(bos_token_id=ids.cls, eos_token_id=ids.sep, cls_token_id=ids.cls, sep_token_id=ids.sep)
+        cfg.extra.update({key: getattr(ids, token) for key, token in fam.config_token_ids.items()})
     if args.seq_len > cfg.max_tokens:
         room = "" if cfg.max_tokens == cfg.max_position_embeddings else f" (its positions start at padding_idx + 1: {cfg.max_tokens} tokens)"
         raise ConfigError(f"--seq-len {args.seq_len} exceeds max_position_embeddings {cfg.max_position_embeddings}{room}",
