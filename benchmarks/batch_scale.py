@@ -47,14 +47,26 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from common import (
+    add_patience,
+    alternating,
+    bench_env,
+    inference_setup,
+    log,
+    mark,
+    noisy_note,
+    run_watched,
+    stdlib_sentences,
+    target,
+    transformers_pipeline,
+    work_dir,
+)
+
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parent))
-from inference_throughput import ENV, QUIET, busy_seconds, log, wait_for_quiet  # noqa: E402
 
 SHARD = 100_000
 BATCH = 32
@@ -64,9 +76,7 @@ THREADS = 2
 # ---- data -------------------------------------------------------------------------------------
 def texts(seed: int = 0):
     """An endless seeded stream of short texts: 4-24 words of standard-library docstring sentences."""
-    from mlmkit.quickstart.stdlib_corpus import docstring_documents
-
-    pool = [s.split() for doc in docstring_documents() for s in doc]
+    pool = [s.split() for s in stdlib_sentences()]
     rng = random.Random(seed)
     while True:
         words = rng.choice(pool)
@@ -94,66 +104,6 @@ def dataset(work: Path, rows: int) -> Path:
 
 
 # ---- measuring one command ----------------------------------------------------------------------
-def _tree(root: int) -> list[int]:
-    """``root`` and every process descending from it."""
-    parent: dict[int, int] = {}
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                parent[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found, todo = [root], [root]
-    while todo:
-        x = todo.pop()
-        kids = [c for c, pp in parent.items() if pp == x]
-        found += kids
-        todo += kids
-    return found
-
-
-def _sample(pid: int, hwm: dict[int, int], cpu: dict[int, float]) -> None:
-    tick = os.sysconf("SC_CLK_TCK")
-    for p in _tree(pid):
-        try:
-            status = Path(f"/proc/{p}/status").read_text()
-            stat = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith("VmHWM:"):
-                hwm[p] = max(hwm.get(p, 0), int(line.split()[1]))
-        cpu[p] = max(cpu.get(p, 0.0), (int(stat[11]) + int(stat[12])) / tick)
-
-
-def run_watched(name: str, cmd: list[str], patience: float, env: dict[str, str] | None = None,
-                every: float = 0.2) -> dict[str, Any]:
-    """Run ``cmd`` once after a quiet CPU: wall seconds, peak memory (MB, summed over its processes,
-    sampled every ``every`` s), how many processes, and the cores other processes used meanwhile."""
-    wait_for_quiet(patience)
-    hwm: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    b, t0 = busy_seconds(), time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, **ENV, **(env or {})})
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            _sample(proc.pid, hwm, cpu)
-            done.wait(every)
-
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
-    _, stderr = proc.communicate()
-    seconds = time.perf_counter() - t0
-    done.set()
-    t.join()
-    if proc.returncode:
-        raise SystemExit(f"{name} failed ({proc.returncode}):\n{stderr[-3000:]}")
-    other = max(0.0, busy_seconds() - b - sum(cpu.values())) / seconds
-    return {"seconds": seconds, "peak_mb": sum(hwm.values()) / 1024, "processes": len(hwm), "other": other}
-
-
 def measure(name: str, cmd: list[str], rows: int, patience: float, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``cmd`` once: texts/s, peak memory (MB, summed over its processes), other processes' load."""
     res = run_watched(name, cmd, patience, env)
@@ -168,18 +118,14 @@ def measure(name: str, cmd: list[str], rows: int, patience: float, env: dict[str
 def transformers_side(data: Path, model: Path, out: Path, cache: Path, prepare: bool) -> None:
     import datasets
     import torch
-    from transformers import pipeline
     from transformers.pipelines.pt_utils import KeyDataset
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
     datasets.disable_progress_bars()
     ds = datasets.load_dataset("parquet", data_files=sorted(glob.glob(str(data / "*.parquet"))), split="train",
                                cache_dir=str(cache))
     if prepare:
         return
-    torch.set_num_threads(THREADS)
-    pipe = pipeline("text-classification", model=str(model), device="cpu")
+    pipe = transformers_pipeline("text-classification", model, THREADS)
     with torch.inference_mode(), open(out, "w", encoding="utf-8") as f:
         for i, r in zip(ds["id"], pipe(KeyDataset(ds, "text"), batch_size=BATCH, truncation=True)):
             f.write(json.dumps({"id": i, "label": r["label"], "score": r["score"]}) + "\n")
@@ -202,10 +148,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=None, help="the smaller row count N (default 100,000; --quick 10,000); the larger is 10 N")
     ap.add_argument("--ref-rows", type=int, default=None, help="rows for the transformers reference (default 20,000; --quick 5,000)")
     ap.add_argument("--rounds", type=int, default=None, help="alternating rounds of the reference pair (default 2, --quick 1)")
-    ap.add_argument("--work", type=Path, default=Path(os.environ.get("MLMKIT_BENCH_DIR", "runs/bench-inference")),
+    ap.add_argument("--work", type=Path, default=work_dir("runs/bench-inference"),
                     help="the work directory of inference_throughput.py (its setup is reused)")
-    ap.add_argument("--patience", type=float, default=180.0,
-                    help="seconds to wait before each run for other processes to leave the CPUs alone")
+    add_patience(ap, before="each run")
     ap.add_argument("--no-ray", action="store_true", help="leave out the Ray Data run")
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--data", type=Path, default=None, help=argparse.SUPPRESS)
@@ -220,15 +165,13 @@ def main() -> None:
     n = a.rows or (10_000 if a.quick else 100_000)
     ref_rows = a.ref_rows or (5_000 if a.quick else 20_000)
     rounds = a.rounds or (1 if a.quick else 2)
-    setup = [sys.executable, str(HERE.parent / "inference_throughput.py"), "--role", "setup", "--work", str(a.work)]
-    if subprocess.run(setup + (["--quick"] if a.quick else []), env={**os.environ, **ENV}).returncode:
-        raise SystemExit("setup failed")
+    inference_setup(a.work, a.quick)
     bundle = models / "bundles" / "classify"
     t0 = time.perf_counter()
     small, large, ref = dataset(batch, n), dataset(batch, 10 * n), dataset(batch, ref_rows)
     log(f"data: {n:,}, {10 * n:,} and {ref_rows:,} rows in Parquet shards of {SHARD:,} ({time.perf_counter() - t0:.0f}s)")
     me = [sys.executable, str(HERE), "--work", str(a.work), *(["--quick"] if a.quick else [])]
-    subprocess.run([*me, "--role", "prepare", "--data", str(ref)], check=True, env={**os.environ, **ENV})
+    subprocess.run([*me, "--role", "prepare", "--data", str(ref)], check=True, env=bench_env())
     out = batch / "out"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
@@ -245,13 +188,12 @@ def main() -> None:
         cmd = [*mlmkit, "predict", str(bundle), "--input", str(small), "--output", str(out / "ray"), "--engine", "ray",
                "--id-column", "id"]
         runs["ray"] = measure("mlmkit predict --engine ray", cmd, n, a.patience, env={"RAY_USAGE_STATS_ENABLED": "0"})
-    pair: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    for r in range(rounds):
-        sides = [("mlmkit", classify(ref, out / "ref.parquet")),
-                 ("transformers", [*me, "--role", "transformers", "--data", str(ref), "--out", str(out / "ref-hf.jsonl")])]
-        got = {name: measure(f"{name} ({ref_rows:,} rows, round {r + 1})", cmd, ref_rows, a.patience)
-               for name, cmd in (sides if r % 2 == 0 else sides[::-1])}
-        pair.append((got["mlmkit"], got["transformers"]))
+    sides = {"mlmkit": classify(ref, out / "ref.parquet"),
+             "transformers": [*me, "--role", "transformers", "--data", str(ref), "--out", str(out / "ref-hf.jsonl")]}
+    got: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+    for r, name in alternating(list(sides), rounds):
+        got[name].append(measure(f"{name} ({ref_rows:,} rows, round {r + 1})", sides[name], ref_rows, a.patience))
+    pair = list(zip(got["mlmkit"], got["transformers"]))
     int8 = measure(f"mlmkit int8 ({ref_rows:,} rows)", classify(ref, out / "ref-int8.parquet", model=bundle.with_name("classify-int8")),
                    ref_rows, a.patience)
 
@@ -259,13 +201,12 @@ def main() -> None:
 
     same = pq.read_table(out / "small.parquet").equals(pq.read_table(out / "w2.parquet"))
     agree = labels_agree(out / "ref.parquet", out / "ref-hf.jsonl")
-    mark = lambda r: "*" if r["other"] > QUIET else " "  # noqa: E731
     print(f"\nMiniLM-size classifier, short texts (4-24 words), batch {BATCH}, {os.cpu_count()} cores; "
           "each run a command timed from start to exit:")
     for r in [*runs.values(), *(x for p in pair for x in p), int8]:
         print(f"  {r['name']:40s} {r['rows']:>9,} rows {r['speed']:8.1f} texts/s   peak {r['peak_mb']:7.0f} MB "
-              f"({r['processes']} processes){mark(r)}")
-    print(f"  * other processes used more than {QUIET} cores during that run")
+              f"({r['processes']} processes){mark(r['other']) or ' '}")
+    print(noisy_note("run", counted=False))
     print(f"--workers 2 vs 1 ({n:,} rows): {runs['workers2']['speed'] / runs['small']['speed']:.2f}x; output identical: {same}")
     if "ray" in runs:
         ray_rows = pq.read_table(out / "ray").num_rows
@@ -277,8 +218,8 @@ def main() -> None:
           f"{int8['speed'] / statistics.median(t['speed'] for _, t in pair):.2f}x, labels agree with fp32 "
           f"{labels_agree(out / 'ref.parquet', out / 'ref-int8.parquet'):.4f}")
     print()
-    print(f"target batch-memory-growth-1m-vs-100k: {runs['large']['peak_mb'] / runs['small']['peak_mb']:.2f} (goal <= 1.10)")
-    print(f"target batch-vs-transformers-datasets: {statistics.median(ratios):.2f} (goal >= 3.00)")
+    print(target("batch-memory-growth-1m-vs-100k", runs["large"]["peak_mb"] / runs["small"]["peak_mb"], "<=", 1.1))
+    print(target("batch-vs-transformers-datasets", statistics.median(ratios), ">=", 3.0))
 
 
 if __name__ == "__main__":

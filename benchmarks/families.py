@@ -56,29 +56,44 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import statistics
-import subprocess
-import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parent))
-from inference_throughput import ENV as BASE_ENV  # noqa: E402
-from inference_throughput import QUIET, busy_seconds, log, wait_for_quiet  # noqa: E402
+from common import (
+    MINILM,
+    QUIET,
+    add_patience,
+    agreement,
+    answer_passes,
+    log,
+    mark,
+    median_speeds,
+    noisy_note,
+    passes,
+    quiet_median,
+    race,
+    ratio,
+    setup_step,
+    stdlib_sentences,
+    target,
+    thread_env,
+    timed,
+    transformers_pipeline,
+    work_dir,
+    workers,
+)
 
-ENV = {**BASE_ENV, "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}
+HERE = Path(__file__).resolve()
+ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", **thread_env(2)}  # over common.ENV
 VERSION = 3  # bump when the checkpoints or exports change
 VOCAB = 4096
 MAX_LENGTH = 512
 LONG_MAX = 8192
 LONG_LENGTHS = (512, 2048, 8192)
 LABELS = {0: "neg", 1: "pos"}
-MINILM = dict(num_hidden_layers=6, hidden_size=384, num_attention_heads=12, intermediate_size=1536)
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 # family -> (transformers class prefix, tokenizer kind, config keywords, inputs of optimum's ONNX config)
@@ -105,9 +120,7 @@ def word_list(n: int = 4000) -> tuple[list[str], list[int]]:
     """The ``n`` commonest alphabetic words of the standard library's docstrings, with their counts."""
     from collections import Counter
 
-    from mlmkit.quickstart.stdlib_corpus import docstring_documents
-
-    c = Counter(w for doc in docstring_documents() for s in doc for w in s.split() if w.isalpha())
+    c = Counter(w for s in stdlib_sentences() for w in s.split() if w.isalpha())
     common = c.most_common(n)
     return [w for w, _ in common], [k for _, k in common]
 
@@ -337,12 +350,8 @@ def _mlmkit(d: Path, threads: int, batch_size: int):
 
 def _transformers(d: Path, threads: int, batch_size: int):
     import torch
-    from transformers import pipeline
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
-    torch.set_num_threads(threads)
-    pipe = pipeline("text-classification", model=str(d / "checkpoint"), device="cpu", top_k=None)
+    pipe = transformers_pipeline("text-classification", d / "checkpoint", threads, top_k=None)
 
     def run(texts: list[str]) -> list[list[Any]]:
         with torch.inference_mode():
@@ -383,14 +392,7 @@ def serve_side(side: str, d: Path, texts: list[str], threads: int, batch_size: i
     answered with a JSON line {"time", "cpu", "n", "preds"} on stdout."""
     run = _SIDES[side](d, threads, batch_size)
     run(texts[: batch_size * 2])  # warm-up: sessions, kernels, caches
-    print(json.dumps({"ready": side}), flush=True)
-    for line in sys.stdin:
-        if line.strip() != "run":
-            break
-        t, c = time.perf_counter(), time.process_time()
-        preds = run(texts)
-        wall, cpu = time.perf_counter() - t, time.process_time() - c
-        print(json.dumps({"time": wall, "cpu": cpu, "n": len(texts), "preds": preds}), flush=True)
+    answer_passes({"ready": side}, lambda _: {"n": len(texts), "preds": run(texts)})
 
 
 def long_texts(d: Path, work: Path) -> dict[int, str]:
@@ -442,112 +444,44 @@ def serve_long(side: str, d: Path, work: Path, threads: int) -> None:
         def run(text: str) -> Any:
             with torch.inference_mode():
                 return int(model(**tok([text], return_tensors="pt", truncation=True)).logits.argmax())
-    print(json.dumps({"ready": side, "tokens": tokens, "attention": None if side == "mlmkit" else model.config._attn_implementation}),
-          flush=True)
-    for line in sys.stdin:
-        parts = line.split()
-        if not parts or parts[0] != "run":
-            break
-        t, c = time.perf_counter(), time.process_time()
-        label = run(texts[int(parts[1])])
-        wall, cpu = time.perf_counter() - t, time.process_time() - c
-        print(json.dumps({"time": wall, "cpu": cpu, "label": label}), flush=True)
+    answer_passes({"ready": side, "tokens": tokens, "attention": None if side == "mlmkit" else model.config._attn_implementation},
+                  lambda args: {"label": run(texts[int(args[0])])})
 
 
 # ---- the driver ----------------------------------------------------------------------------------
-class Worker:
-    """One side in its own process, kept alive between passes so that the sides alternate closely."""
-
-    def __init__(self, name: str, args: list[str]) -> None:
-        self.name = name
-        self.proc = subprocess.Popen([sys.executable, str(HERE), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env={**os.environ, **ENV})
-
-    def read(self) -> dict[str, Any]:
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line:
-            raise RuntimeError(f"side {self.name} died (its error is above)")
-        return json.loads(line)
-
-    def ask(self, what: str = "run") -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(what + "\n")
-        self.proc.stdin.flush()
-        return self.read()
-
-    def close(self) -> None:
-        try:
-            if self.proc.stdin:
-                self.proc.stdin.close()
-            self.proc.wait(timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-
-
-def timed(worker: Worker, patience: float, what: str = "run") -> tuple[dict[str, Any], float]:
-    """One pass after a quiet CPU: the answer and the cores other processes used meanwhile."""
-    wait_for_quiet(patience)  # also lets the previous side's idle threads stop spinning
-    b = busy_seconds()
-    res = worker.ask(what)
-    return res, max(0.0, busy_seconds() - b - res["cpu"]) / res["time"]
-
-
 def bench_family(fam: str, a: argparse.Namespace, common: list[str], rounds: int) -> dict[str, Any]:
     d = a.work / fam
     sides = [s for s in SIDES if not (s == "mlmkit" and (d / "export-error.txt").exists())
              and not (s == "optimum" and (d / "optimum-error.txt").exists())]
-    workers = {s: Worker(f"{fam}/{s}", ["--role", "side", "--side", s, "--family", fam, *common]) for s in sides}
-    speeds: dict[str, list[float]] = {s: [] for s in sides}
-    others: dict[str, list[float]] = {s: [] for s in sides}
-    preds: dict[str, list[Any]] = {}
-    try:
-        for w in workers.values():
-            w.read()  # ready
-        for r in range(rounds):
-            for s in sides if r % 2 == 0 else sides[::-1]:
-                res, other = timed(workers[s], a.patience)
-                speeds[s].append(res["n"] / res["time"])
-                others[s].append(other)
-                preds.setdefault(s, res["preds"])
-                log(f"{fam} round {r + 1}/{rounds} {s:13s} {speeds[s][-1]:8.1f} sentences/s   (other processes busy: {other:.2f} cores)")
-    finally:
-        for w in workers.values():
-            w.close()
-    return {"speeds": speeds, "others": others, "preds": preds, "rounds": rounds}
-
-
-def quiet_rounds(res: dict[str, Any], *sides: str) -> list[int]:
-    """Rounds in which no other process used more than QUIET cores while these sides ran; all rounds when none."""
-    rounds = range(res["rounds"])
-    return [r for r in rounds if all(res["others"][s][r] <= QUIET for s in sides)] or list(rounds)
+    args = {s: ["--role", "side", "--side", s, "--family", fam, *common] for s in sides}
+    with workers(HERE, args, ENV) as ws:
+        return race(ws, rounds, a.patience, label=f"{fam} ")
 
 
 def bench_long(a: argparse.Namespace, common: list[str], sides: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for s in sides:
-        w = Worker(f"long/{s}", ["--role", "long", "--side", s, "--family", "modernbert", *common])
         try:
-            ready = w.read()
-            times: dict[int, list[float]] = {}
-            marks: dict[int, list[bool]] = {}
-            for n in LONG_LENGTHS:
-                warm, other = timed(w, a.patience, f"run {n}")  # warm-up at this length
-                if warm["time"] > a.long_budget:
-                    log(f"long {s}: the warm-up at {n} tokens took {warm['time']:.0f}s, more than "
-                        f"--long-budget {a.long_budget:.0f}s: that run only")
-                    times[n], marks[n] = [warm["time"]], [other > QUIET]
-                    break
-                times[n], marks[n] = [], []
-                for _ in range(3):
-                    res, other = timed(w, a.patience, f"run {n}")
-                    times[n].append(res["time"])
-                    marks[n].append(other > QUIET)
-                log(f"long {s} {n:5d} tokens: " + ", ".join(f"{t:.3f}s" + ("*" if m else "") for t, m in zip(times[n], marks[n])))
-            out[s] = {"tokens": ready["tokens"], "attention": ready.get("attention"), "times": times, "noisy": marks}
+            with workers(HERE, {s: ["--role", "long", "--side", s, "--family", "modernbert", *common]}, ENV) as ws:
+                w = ws[s]
+                times: dict[int, list[float]] = {}
+                others: dict[int, list[float]] = {}
+                for n in LONG_LENGTHS:
+                    warm, other = timed(w, a.patience, f"run {n}")  # warm-up at this length
+                    if warm["time"] > a.long_budget:
+                        log(f"long {s}: the warm-up at {n} tokens took {warm['time']:.0f}s, more than "
+                            f"--long-budget {a.long_budget:.0f}s: that run only")
+                        times[n], others[n] = [warm["time"]], [other]
+                        break
+                    times[n], others[n] = [], []
+                    for _ in range(3):
+                        res, other = timed(w, a.patience, f"run {n}")
+                        times[n].append(res["time"])
+                        others[n].append(other)
+                    log(f"long {s} {n:5d} tokens: " + ", ".join(f"{t:.3f}s" + mark(o) for t, o in zip(times[n], others[n])))
+                out[s] = {"tokens": w.ready["tokens"], "attention": w.ready.get("attention"), "times": times, "others": others}
         except RuntimeError as e:
             out[s] = {"error": str(e)}
-        finally:
-            w.close()
     return out
 
 
@@ -562,9 +496,9 @@ def report_long(long: dict[str, Any]) -> None:
             print(f"  {s}: failed: {r['error']}")
             continue
         name = "mlmkit bundle" if s == "mlmkit" else f"transformers ModernBertForSequenceClassification ({r['attention']})"
-        med = {k: statistics.median([t for t, bad in zip(v, r["noisy"][k]) if not bad] or v) for k, v in r["times"].items()}
+        med = {k: quiet_median(v, r["others"][k]) for k, v in r["times"].items()}
         long[s]["median"] = med
-        cells = ", ".join(f"{k} tokens ({r['tokens'][str(k)]}) {med[k]:.3f}s" + ("*" if all(r["noisy"][k]) else "")
+        cells = ", ".join(f"{k} tokens ({r['tokens'][str(k)]}) {med[k]:.3f}s" + ("*" if all(o > QUIET for o in r["others"][k]) else "")
                           + ("" if len(r["times"][k]) == 3 else " (1 run)") for k in med)
         print(f"  {name}: {cells}")
         tag = "modernbert-classify" if s == "mlmkit" else "transformers-modernbert-classify"
@@ -578,7 +512,7 @@ def report_long(long: dict[str, Any]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work", type=Path, default=Path(os.environ.get("MLMKIT_BENCH_DIR", "runs/bench-families")),
+    ap.add_argument("--work", type=Path, default=work_dir("runs/bench-families"),
                     help="where checkpoints, bundles, graphs and data are written (reused between runs)")
     ap.add_argument("--quick", action="store_true", help="256 sentences, 1 round, no transformers long-input reference")
     ap.add_argument("--rounds", type=int, default=None, help="timed passes per side, alternating (default 3, --quick 1)")
@@ -591,8 +525,7 @@ def main() -> None:
                     help="time transformers' ModernBERT on the long inputs too (auto: not with --quick)")
     ap.add_argument("--long-budget", type=float, default=90.0,
                     help="seconds: when a side's warm-up run at a length takes longer, it is not repeated and longer ones are skipped")
-    ap.add_argument("--patience", type=float, default=60.0,
-                    help="seconds to wait before each pass for other processes to leave the CPUs alone")
+    add_patience(ap, 60.0)
     ap.add_argument("--optimum-attention", choices=("sdpa", "eager"), default=None,
                     help="the optimum-equivalent's attention implementation (default: as transformers loads the model)")
     ap.add_argument("--threads", type=int, default=2)
@@ -637,9 +570,7 @@ def main() -> None:
     common = ["--work", str(a.work), "--threads", str(a.threads), "--batch-size", str(a.batch_size), "--sentences", str(n)]
     t0 = time.perf_counter()
     opt = ["--optimum-attention", a.optimum_attention] if a.optimum_attention else []
-    if subprocess.run([sys.executable, str(HERE), "--role", "setup", "--families", ",".join(families), *common, *opt],
-                      env={**os.environ, **ENV}).returncode:
-        raise SystemExit("setup failed")
+    setup_step(HERE, "--families", ",".join(families), *common, *opt, env=ENV)
     t_setup = time.perf_counter() - t0
     results: dict[str, dict[str, Any]] = {}
     t0 = time.perf_counter()
@@ -670,14 +601,8 @@ def main() -> None:
             print(f"  {fam:12s} failed: {res['error']}")
             continue
         sp = res["speeds"]
-        speed = {s: statistics.median(sp[s][r] for r in quiet_rounds(res, s)) for s in sp}
-
-        def ratio(x: str, y: str, res: dict[str, Any] = res) -> float | None:
-            if x not in res["speeds"] or y not in res["speeds"]:
-                return None
-            return statistics.median(res["speeds"][x][r] / res["speeds"][y][r] for r in quiet_rounds(res, x, y))
-
-        rt, ro = ratio("mlmkit", "transformers"), ratio("mlmkit", "optimum")
+        speed = median_speeds(res)
+        rt, ro = (ratio(res, "mlmkit", y) if "mlmkit" in sp and y in sp else None for y in ("transformers", "optimum"))
         if rt is not None:
             vs_tf[fam] = rt
         if ro is not None:
@@ -690,9 +615,7 @@ def main() -> None:
             return f"{x:{width - 1}.2f}x" if x is not None else f"{'-':>{width}s}"
 
         print(f"  {fam:12s} {cell('mlmkit', 8)} {cell('transformers', 13)} {cell('optimum', 11)} {rcell(rt, 16)} {rcell(ro, 11)}")
-        marks = "; ".join(f"{s} " + ", ".join(f"{x:.0f}" + ("" if o <= QUIET else "*") for x, o in zip(sp[s], res["others"][s]))
-                          for s in sp)
-        print(f"      passes: {marks}")
+        print(f"      passes: {'; '.join(f'{s} ' + passes(sp[s], res['others'][s]) for s in sp)}")
         if (d / "export-error.txt").exists():
             print(f"      mlmkit export failed: {(d / 'export-error.txt').read_text().splitlines()[0]}")
         else:
@@ -708,12 +631,12 @@ def main() -> None:
         checks = []
         for other in ("transformers", "optimum"):
             if "mlmkit" in p and other in p:
-                same = sum(x[0] == y[0] for x, y in zip(p["mlmkit"], p[other])) / len(p["mlmkit"])
+                same = agreement(p["mlmkit"], p[other])
                 diff = max(abs(x[1] - y[1]) for x, y in zip(p["mlmkit"], p[other]))
                 checks.append(f"vs {other}: labels {same:.4f} equal, max |p(pos) diff| {diff:.1e}")
         if checks:
             print(f"      mlmkit {'; '.join(checks)}")
-    print(f"  * other processes used more than {QUIET} cores during that pass; it counts only when no pass was quiet")
+    print(noisy_note())
 
     report_long(long)
 
@@ -727,7 +650,7 @@ def main() -> None:
         worst = min(vals, key=vals.__getitem__) if vals else None
         if worst:
             print(f"{name} is {worst}'s")
-        lines.append(f"target {name}: {vals[worst] if worst else float('nan'):.2f} (goal >= {goal:.2f})")
+        lines.append(target(name, vals[worst] if worst else float("nan"), ">=", goal))
     print("\n".join(lines))
 
 

@@ -41,20 +41,36 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from common import (
+    MINILM,
+    add_patience,
+    agreement,
+    answer_passes,
+    cosines,
+    log,
+    median_speeds,
+    noisy_note,
+    passes,
+    quiet_rounds,
+    race,
+    ratio,
+    setup_step,
+    stdlib_sentences,
+    target,
+    transformers_pipeline,
+    work_dir,
+    workers,
+)
+
 HERE = Path(__file__).resolve()
-MINILM = {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 12, "intermediate_size": 1536}
 VOCAB = 30522
 MAX_LENGTH = 128
-QUIET = 0.15  # cores other processes may use during a pass that still counts as quiet
 KEYWORDS = {"return", "returns", "returned", "returning"}  # the classifier's task: does the sentence speak of returning?
 TARGETS = [  # name, goal
     ("fill-mask-vs-transformers", 4.0),
@@ -69,10 +85,6 @@ TARGETS = [  # name, goal
 ]
 
 
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 # ---- setup (torch): data, tokenizer, models, bundles -------------------------------------------
 def words(s: str) -> list[str]:
     return s.split()
@@ -85,7 +97,6 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
     from mlmkit.args import ExportArgs, FinetuneArgs
     from mlmkit.export.bundle import export
     from mlmkit.model import BertForPreTraining
-    from mlmkit.quickstart.stdlib_corpus import docstring_documents
     from mlmkit.rundir.checkpoint import save_run
     from mlmkit.rundir.config import BertConfig
     from mlmkit.text.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_tokenizer, train_tokenizer
@@ -97,7 +108,7 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
         return
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    sents = [s for doc in docstring_documents() for s in doc]
+    sents = stdlib_sentences()
     rng = random.Random(0)
     pool = sorted({s for s in sents if 8 <= len(words(s)) <= 40})
     rng.shuffle(pool)
@@ -245,44 +256,31 @@ def serve_side(name: str, work: Path, threads: int, batch_size: int) -> None:
     texts = data["masked"] if name.startswith("fill-mask") else data["plain"]
     run = _SIDES[name](work, threads, batch_size)
     run(texts[: batch_size * 2])  # warm-up: sessions, kernels, caches
-    print(json.dumps({"ready": name}), flush=True)
-    for line in sys.stdin:
-        if line.strip() != "run":
-            break
-        t, c = time.perf_counter(), time.process_time()
-        preds = run(texts)
-        wall, cpu = time.perf_counter() - t, time.process_time() - c  # cpu: all threads of this process
-        print(json.dumps({"time": wall, "cpu": cpu, "n": len(texts), "preds": preds}), flush=True)
+    answer_passes({"ready": name}, lambda _: {"n": len(texts), "preds": run(texts)})
 
 
-def _mlmkit_fill(bundle: str):
+def _mlmkit(bundle: str, answers: Any, **kw: Any):
+    """The mlmkit pipeline of ``bundle``; ``answers`` turns its results into the predictions compared."""
+
     def make(work: Path, threads: int, batch_size: int):
         from mlmkit.infer.pipeline import Pipeline
 
         pipe = Pipeline.load(work / "bundles" / bundle, threads=threads, batch_size=batch_size)
-        return lambda texts: [r["masks"][0]["candidates"][0]["id"] if r["masks"] else -1 for r in pipe(texts, top_k=5)]
+        return lambda texts: answers(pipe(texts, **kw))
 
     return make
 
 
-def _mlmkit_classify(bundle: str):
-    def make(work: Path, threads: int, batch_size: int):
-        from mlmkit.infer.pipeline import Pipeline
-
-        pipe = Pipeline.load(work / "bundles" / bundle, threads=threads, batch_size=batch_size)
-        return lambda texts: [[r["label"], r["probabilities"]["returns"]] for r in pipe(texts)]
-
-    return make
+def _fill(results: list[dict[str, Any]]) -> list[int]:
+    return [r["masks"][0]["candidates"][0]["id"] if r["masks"] else -1 for r in results]
 
 
-def _mlmkit_embed(bundle: str):
-    def make(work: Path, threads: int, batch_size: int):
-        from mlmkit.infer.pipeline import Pipeline
+def _label(results: list[dict[str, Any]]) -> list[list[Any]]:
+    return [[r["label"], r["probabilities"]["returns"]] for r in results]
 
-        pipe = Pipeline.load(work / "bundles" / bundle, threads=threads, batch_size=batch_size)
-        return lambda texts: [r["embedding"] for r in pipe(texts)]
 
-    return make
+def _embedding(results: list[dict[str, Any]]) -> list[list[float]]:
+    return [r["embedding"] for r in results]
 
 
 def _sentence_transformers(work: Path, threads: int, batch_size: int):
@@ -336,13 +334,9 @@ def _ctranslate2(compute_type: str):
 def _transformers(task: str):
     def make(work: Path, threads: int, batch_size: int):
         import torch
-        from transformers import pipeline
-        from transformers.utils import logging as hf_logging
 
-        hf_logging.set_verbosity_error()
-        torch.set_num_threads(threads)
         if task == "fill-mask":
-            pipe = pipeline("fill-mask", model=str(work / "mlm-run"), top_k=5, device="cpu")
+            pipe = transformers_pipeline("fill-mask", work / "mlm-run", threads, top_k=5)
 
             def run(texts: list[str]) -> list[int]:
                 with torch.inference_mode():
@@ -350,7 +344,7 @@ def _transformers(task: str):
                 return [r[0]["token"] if r else -1 for r in out]
 
             return run
-        pipe = pipeline("text-classification", model=str(work / "clf-run"), device="cpu")
+        pipe = transformers_pipeline("text-classification", work / "clf-run", threads)
 
         def run_clf(texts: list[str]) -> list[str]:
             with torch.inference_mode():
@@ -402,95 +396,28 @@ def _full_logits(work: Path, threads: int, batch_size: int):
 
 _SIDES = {  # in the order they run: each compared pair back to back
     "fill-mask/transformers": _transformers("fill-mask"),
-    "fill-mask/mlmkit": _mlmkit_fill("fill-mask"),
+    "fill-mask/mlmkit": _mlmkit("fill-mask", _fill, top_k=5),
     "fill-mask/ort-full-logits": _full_logits,
-    "fill-mask/mlmkit-int8": _mlmkit_fill("fill-mask-int8"),
+    "fill-mask/mlmkit-int8": _mlmkit("fill-mask-int8", _fill, top_k=5),
     "classify/transformers": _transformers("text-classification"),
-    "classify/mlmkit": _mlmkit_classify("classify"),
-    "classify/mlmkit-int8": _mlmkit_classify("classify-int8"),
+    "classify/mlmkit": _mlmkit("classify", _label),
+    "classify/mlmkit-int8": _mlmkit("classify-int8", _label),
     "embed/sentence-transformers": _sentence_transformers,
-    "embed/mlmkit": _mlmkit_embed("embed"),
+    "embed/mlmkit": _mlmkit("embed", _embedding),
     "embed/ctranslate2": _ctranslate2("float32"),
     "embed/ctranslate2-int8": _ctranslate2("int8"),
-    "embed/mlmkit-int8": _mlmkit_embed("embed-int8"),
+    "embed/mlmkit-int8": _mlmkit("embed-int8", _embedding),
 }
 
 
 # ---- the driver --------------------------------------------------------------------------------
-ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "true"}
-
-
-def busy_seconds() -> float:
-    """CPU seconds all processes have spent busy since boot (Linux /proc/stat), 0.0 elsewhere."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    except OSError:
-        return 0.0
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_for_quiet(patience: float) -> float:
-    """Wait (up to ``patience`` seconds) until other processes use at most QUIET cores over one
-    second; returns the cores they used in the last second measured."""
-    deadline = time.monotonic() + patience
-    while True:
-        b = busy_seconds()
-        time.sleep(1.0)
-        load = busy_seconds() - b
-        if load <= QUIET or time.monotonic() >= deadline:
-            return load
-
-
-class Worker:
-    """One side in its own process, kept alive between passes so that the sides alternate closely."""
-
-    def __init__(self, name: str, args: list[str]) -> None:
-        self.name = name
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE), "--role", "side", "--side", name, *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **ENV},
-        )
-
-    def read(self) -> dict[str, Any]:
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line:
-            raise SystemExit(f"side {self.name} died (its error is above)")
-        return json.loads(line)
-
-    def run(self) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("run\n")
-        self.proc.stdin.flush()
-        return self.read()
-
-    def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-
-
-def cosines(a: list[list[float]], b: list[list[float]]) -> list[float]:
-    import numpy as np
-
-    x, y = np.asarray(a), np.asarray(b)
-    return ((x * y).sum(1) / (np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1))).tolist()
-
-
-def agreement(a: list[Any], b: list[Any]) -> float:
-    """Share of equal top-1 predictions (a token id, or the label of a [label, probability] pair)."""
-    top = [(x[0] if isinstance(x, list) else x, y[0] if isinstance(y, list) else y) for x, y in zip(a, b)]
-    return sum(x == y for x, y in top) / max(1, len(top))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a smoke run: 128 sentences, 2 rounds, a shorter fine-tune")
-    ap.add_argument("--work", type=Path, default=Path(os.environ.get("MLMKIT_BENCH_DIR", "runs/bench-inference")),
+    ap.add_argument("--work", type=Path, default=work_dir("runs/bench-inference"),
                     help="where models, bundles and data are written (reused between runs)")
     ap.add_argument("--rounds", type=int, default=None, help="timed passes per side, alternating (default 5, --quick 2)")
-    ap.add_argument("--patience", type=float, default=180.0,
-                    help="seconds to wait before each pass for other processes to leave the CPUs alone")
+    add_patience(ap)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
@@ -508,51 +435,22 @@ def main() -> None:
     common = ["--work", str(a.work), "--threads", str(a.threads), "--batch-size", str(a.batch_size)]
     if a.quick:
         common.append("--quick")
-    if subprocess.run([sys.executable, str(HERE), "--role", "setup", *common], env={**os.environ, **ENV}).returncode:
-        raise SystemExit("setup failed")
+    setup_step(HERE, *common)
     names = list(_SIDES)  # the sides compared sit next to each other: a pair runs back to back
     log(f"starting {len(names)} workers (each loads its model and warms up)")
-    workers = {k: Worker(k, common) for k in names}
-    for w in workers.values():
-        w.read()  # ready
-    speeds: dict[str, list[float]] = {k: [] for k in names}
-    others: dict[str, list[float]] = {k: [] for k in names}  # cores used by other processes during each pass
-    preds: dict[str, list[Any]] = {}
-    count = 0
     try:
-        for r in range(rounds):
-            for name in names if r % 2 == 0 else names[::-1]:  # alternate the direction each round
-                wait_for_quiet(a.patience)  # also lets the previous side's idle threads stop spinning
-                b = busy_seconds()
-                res = workers[name].run()
-                count = res["n"]
-                speeds[name].append(res["n"] / res["time"])
-                others[name].append(max(0.0, busy_seconds() - b - res["cpu"]) / res["time"])
-                preds.setdefault(name, res["preds"])
-                log(f"round {r + 1}/{rounds} {name:28s} {speeds[name][-1]:8.1f} sentences/s"
-                    f"   (other processes busy: {others[name][-1]:.2f} cores)")
-    finally:
-        for w in workers.values():
-            w.close()
-
-    def quiet(*sides: str) -> list[int]:
-        """Rounds in which no other process used more than QUIET cores while these sides ran; all
-        rounds when there is none (a shared machine), which the report then says."""
-        ok = [r for r in range(rounds) if all(others[s][r] <= QUIET for s in sides)]
-        return ok or list(range(rounds))
-
-    speed = {k: statistics.median(speeds[k][r] for r in quiet(k)) for k in names}
-
-    def ratio(x: str, y: str) -> float:
-        """Median over the quiet rounds of x / y measured back to back."""
-        return statistics.median(speeds[x][r] / speeds[y][r] for r in quiet(x, y))
+        with workers(HERE, {k: ["--role", "side", "--side", k, *common] for k in names}) as ws:
+            res = race(ws, rounds, a.patience, width=28)
+    except RuntimeError as e:  # a side died: its error is above
+        raise SystemExit(str(e)) from None
+    speeds, others, preds, count = res["speeds"], res["others"], res["preds"], res["n"]
+    speed = median_speeds(res)
 
     print(f"\n{count} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, "
           f"{rounds} alternating passes per side; medians over the quiet passes (sentences/s):")
     for k in names:
-        marks = ", ".join(f"{x:.0f}" + ("" if o <= QUIET else "*") for x, o in zip(speeds[k], others[k]))
-        print(f"  {k:28s} {speed[k]:8.1f}   (passes: {marks})")
-    print(f"  * other processes used more than {QUIET} cores during that pass; it counts only when no pass was quiet")
+        print(f"  {k:28s} {speed[k]:8.1f}   (passes: {passes(speeds[k], others[k])})")
+    print(noisy_note())
     fm_int8 = agreement(preds["fill-mask/mlmkit-int8"], preds["fill-mask/mlmkit"])
     clf_int8 = agreement(preds["classify/mlmkit-int8"], preds["classify/mlmkit"])
     print("agreement (top-1 token or label):")
@@ -568,8 +466,8 @@ def main() -> None:
     if clf.get("eval_macro_f1", 0.0) < 0.8:
         print("  (the classifier has not learned its task - as in --quick - so its int8 agreement says little)")
     print(f"  int8 vs fp32, fill-mask (random MLM head: information only): {fm_int8:.4f}")
-    print(f"int8 vs fp32 speed, fill-mask: {ratio('fill-mask/mlmkit-int8', 'fill-mask/mlmkit'):.2f}x; "
-          f"classify int8 vs transformers: {ratio('classify/mlmkit-int8', 'classify/transformers'):.2f}x")
+    print(f"int8 vs fp32 speed, fill-mask: {ratio(res, 'fill-mask/mlmkit-int8', 'fill-mask/mlmkit'):.2f}x; "
+          f"classify int8 vs transformers: {ratio(res, 'classify/mlmkit-int8', 'classify/transformers'):.2f}x")
     emb = {k: cosines(preds[k], preds["embed/sentence-transformers"]) for k in ("embed/mlmkit", "embed/ctranslate2")}
     int8_cos = cosines(preds["embed/mlmkit-int8"], preds["embed/mlmkit"])
     ct2_int8_cos = cosines(preds["embed/ctranslate2-int8"], preds["embed/ctranslate2"])
@@ -578,17 +476,6 @@ def main() -> None:
     print(f"  int8 vs fp32 cosine (min / mean): mlmkit {min(int8_cos):.4f} / {statistics.fmean(int8_cos):.4f}; "
           f"ctranslate2 {min(ct2_int8_cos):.4f} / {statistics.fmean(ct2_int8_cos):.4f}")
     print()
-    figures = {
-        "fill-mask-vs-transformers": ratio("fill-mask/mlmkit", "fill-mask/transformers"),
-        "fill-mask-vs-full-logits": ratio("fill-mask/mlmkit", "fill-mask/ort-full-logits"),
-        "classify-vs-transformers": ratio("classify/mlmkit", "classify/transformers"),
-        "int8-vs-fp32": ratio("classify/mlmkit-int8", "classify/mlmkit"),
-        "int8-top1-agreement": clf_int8,
-        "embed-vs-sentence-transformers": ratio("embed/mlmkit", "embed/sentence-transformers"),
-        "embed-vs-ctranslate2": ratio("embed/mlmkit", "embed/ctranslate2"),
-        "embed-int8-vs-ctranslate2-int8": ratio("embed/mlmkit-int8", "embed/ctranslate2-int8"),
-        "embed-int8-mean-cosine": statistics.fmean(int8_cos),
-    }
     pairs = {"fill-mask-vs-transformers": ("fill-mask/mlmkit", "fill-mask/transformers"),
              "fill-mask-vs-full-logits": ("fill-mask/mlmkit", "fill-mask/ort-full-logits"),
              "classify-vs-transformers": ("classify/mlmkit", "classify/transformers"),
@@ -596,11 +483,12 @@ def main() -> None:
              "embed-vs-sentence-transformers": ("embed/mlmkit", "embed/sentence-transformers"),
              "embed-vs-ctranslate2": ("embed/mlmkit", "embed/ctranslate2"),
              "embed-int8-vs-ctranslate2-int8": ("embed/mlmkit-int8", "embed/ctranslate2-int8")}
+    figures = {k: ratio(res, *v) for k, v in pairs.items()}
+    figures.update({"int8-top1-agreement": clf_int8, "embed-int8-mean-cosine": statistics.fmean(int8_cos)})
     print("ratios from the quiet rounds of each pair: "
-          + ", ".join(f"{k} {len(quiet(*v)) if any(all(others[s][r] <= QUIET for s in v) for r in range(rounds)) else 0}"
-                      f"/{rounds}" for k, v in pairs.items()))
+          + ", ".join(f"{k} {len(quiet_rounds(res, *v, fallback=False))}/{rounds}" for k, v in pairs.items()))
     for name, goal in TARGETS:
-        print(f"target {name}: {figures[name]:.2f} (goal >= {goal:.2f})")
+        print(target(name, figures[name], ">=", goal))
 
 
 if __name__ == "__main__":

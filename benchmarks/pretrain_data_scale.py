@@ -29,17 +29,15 @@ Last lines: ``target pretrain-rss-1gb-vs-50mb: X.XX (goal <= 1.20)``,
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+from common import add_patience, log, mark, noisy_note, run_watched, target, work_dir
+
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parent))
-from batch_scale import run_watched  # noqa: E402
-from inference_throughput import QUIET, log  # noqa: E402
 
 MLMKIT = [sys.executable, "-m", "mlmkit", "-q"]
 
@@ -83,10 +81,6 @@ def run(name: str, cmd: list[str], patience: float, env: dict[str, str] | None =
     return res
 
 
-def mark(r: dict[str, Any]) -> str:
-    return "" if r["other"] <= QUIET else "*"
-
-
 def datasets_side(corpus: Path, tokenizer: Path, cache: Path, procs: int) -> None:
     import datasets
     from transformers import PreTrainedTokenizerFast
@@ -101,9 +95,8 @@ def datasets_side(corpus: Path, tokenizer: Path, cache: Path, procs: int) -> Non
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="5 MB and 50 MB instead of 50 MB and 1 GB")
-    ap.add_argument("--work", type=Path, default=Path(os.environ.get("MLMKIT_BENCH_DIR", "runs/bench-data")))
-    ap.add_argument("--patience", type=float, default=180.0,
-                    help="seconds to wait before each timed run for other processes to leave the CPUs alone")
+    ap.add_argument("--work", type=Path, default=work_dir("runs/bench-data"))
+    add_patience(ap, before="each timed run")
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--procs", type=int, default=1, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -133,20 +126,20 @@ def main() -> None:
         r = run(f"datasets.map num_proc={procs} ({small_mb} MB)",
                 [sys.executable, str(HERE), "--role", "datasets", "--procs", str(procs), "--work", str(work)], a.patience,
                 env={"HF_DATASETS_OFFLINE": "1"})
-        speed[f"datasets num_proc={procs}"] = (text_mb / r["seconds"], mark(r))
+        speed[f"datasets num_proc={procs}"] = (text_mb / r["seconds"], mark(r["other"]))
     shards: dict[str, Path] = {}
     for name, mb in sizes.items():
         shards[name] = work / f"shard-{name}"
         r = run(f"mlmkit tokenize ({mb} MB)", [*MLMKIT, "tokenize", str(work / f"{name}.txt"), "--tokenizer", str(tok),
                                               "--out", str(shards[name])], a.patience)
-        speed[f"mlmkit tokenize ({mb} MB)"] = ((work / f"{name}.txt").stat().st_size / 1e6 / r["seconds"], mark(r))
+        speed[f"mlmkit tokenize ({mb} MB)"] = ((work / f"{name}.txt").stat().st_size / 1e6 / r["seconds"], mark(r["other"]))
 
     split = split_corpus(work / "small.txt", work / "small-split", 4)
     for w in (1, 2):
         r = run(f"mlmkit tokenize 4 files --workers {w}", [*MLMKIT, "tokenize", *map(str, split), "--tokenizer", str(tok),
                                                           "--out", str(work / f"shard-split-{w}"), "--workers", str(w)],
                 a.patience)
-        speed[f"mlmkit tokenize 4 files, --workers {w}"] = (text_mb / r["seconds"], mark(r))
+        speed[f"mlmkit tokenize 4 files, --workers {w}"] = (text_mb / r["seconds"], mark(r["other"]))
 
     # time to the first step and peak memory, the data prepared
     first: dict[str, dict[str, Any]] = {}
@@ -166,13 +159,13 @@ def main() -> None:
     for name, mb in sizes.items():
         r = first[name]
         print(f"  {mb:>5} MB corpus: {r['seconds']:6.1f} s prepared ({r['prep']:.1f} s the first time, units computed), "
-              f"peak {r['peak_mb']:.0f} MB{mark(r)}")
-    print(f"  * other processes used more than {QUIET} cores during that run")
+              f"peak {r['peak_mb']:.0f} MB{mark(r['other'])}")
+    print(noisy_note("run", counted=False))
     ref = max(v for k, (v, _) in speed.items() if k.startswith("datasets"))
     print()
-    print(f"target pretrain-rss-1gb-vs-50mb: {first['large']['peak_mb'] / first['small']['peak_mb']:.2f} (goal <= 1.20)")
-    print(f"target pretrain-first-step-1gb-vs-50mb: {first['large']['seconds'] / first['small']['seconds']:.2f} (goal <= 1.50)")
-    print(f"target tokenize-vs-datasets-map: {speed[f'mlmkit tokenize ({small_mb} MB)'][0] / ref:.2f} (goal >= 1.00)")
+    print(target("pretrain-rss-1gb-vs-50mb", first["large"]["peak_mb"] / first["small"]["peak_mb"], "<=", 1.2))
+    print(target("pretrain-first-step-1gb-vs-50mb", first["large"]["seconds"] / first["small"]["seconds"], "<=", 1.5))
+    print(target("tokenize-vs-datasets-map", speed[f"mlmkit tokenize ({small_mb} MB)"][0] / ref, ">=", 1.0))
 
 
 if __name__ == "__main__":

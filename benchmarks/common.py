@@ -1,0 +1,355 @@
+"""What the benchmarks share: the quiet-CPU check and the marking of noisy passes, worker processes
+that time passes on request, alternating rounds and their medians and ratios, thread settings,
+measuring a command's processes, and a few builders.
+
+A benchmark run as ``python benchmarks/NAME.py`` has benchmarks/ first on sys.path, so it imports
+this module as ``from common import ...``; no benchmark imports another.
+
+These machines are shared and noisy (docs/performance.md, Threads across processes: a neighbour on
+the CPU ruins ratios, not just times), so every timed pass waits for the other processes to leave
+the CPUs alone, the cores they used during the pass are measured (/proc/stat), and a pass where
+they used more than QUIET cores is marked ``*`` and counts only when no pass was quiet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+BENCHMARKS = Path(__file__).resolve().parent
+INFERENCE = BENCHMARKS / "inference_throughput.py"  # its setup (models, bundles, sentences) serves other scripts
+QUIET = 0.15  # cores other processes may use during a pass that still counts as quiet
+ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "true"}
+MINILM = {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 12, "intermediate_size": 1536}
+
+
+def log(msg: str) -> None:
+    """Progress on stderr (stdout is the report, or a worker's answers)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---- processes and threads ----------------------------------------------------------------------
+def thread_env(threads: int) -> dict[str, str]:
+    """The environment that holds OpenMP, MKL and OpenBLAS to ``threads`` threads in a child process."""
+    n = str(threads)
+    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
+
+
+def bench_env(**extra: str) -> dict[str, str]:
+    """A child process's environment: this one's, ENV (offline, tokenizers' threads), then ``extra``."""
+    return {**os.environ, **ENV, **extra}
+
+
+def work_dir(default: str) -> Path:
+    """The default --work: $MLMKIT_BENCH_DIR, else ``default``."""
+    return Path(os.environ.get("MLMKIT_BENCH_DIR", default))
+
+
+def add_patience(ap: argparse.ArgumentParser, default: float = 180.0, before: str = "each pass") -> None:
+    """The --patience option of every benchmark: how long a pass waits for a quiet CPU."""
+    ap.add_argument("--patience", type=float, default=default,
+                    help=f"seconds to wait before {before} for other processes to leave the CPUs alone")
+
+
+def setup_step(script: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    """``script --role setup ARGS`` in its own process; SystemExit("setup failed") when it fails."""
+    if subprocess.run([sys.executable, str(script), "--role", "setup", *args], env=bench_env(**(env or {}))).returncode:
+        raise SystemExit("setup failed")
+
+
+def inference_setup(work: Path, quick: bool) -> None:
+    """inference_throughput.py's setup in ``work`` (its classifier, bundles, sentences), made or reused."""
+    setup_step(INFERENCE, "--work", str(work), *(["--quick"] if quick else []))
+
+
+def transformers_pipeline(task: str, model: Path, threads: int, **kw: Any) -> Any:
+    """``transformers.pipeline(task, model=...)`` on the CPU, torch at ``threads`` threads, transformers'
+    warnings silenced."""
+    import torch
+    from transformers import pipeline
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    torch.set_num_threads(threads)
+    return pipeline(task, model=str(model), device="cpu", **kw)
+
+
+# ---- the quiet-CPU check ------------------------------------------------------------------------
+def busy_seconds() -> float:
+    """CPU seconds all processes have spent busy since boot (Linux /proc/stat), 0.0 elsewhere."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_quiet(patience: float) -> float:
+    """Wait (up to ``patience`` seconds) until other processes use at most QUIET cores over one
+    second; returns the cores they used in the last second measured."""
+    deadline = time.monotonic() + patience
+    while True:
+        b = busy_seconds()
+        time.sleep(1.0)
+        load = busy_seconds() - b
+        if load <= QUIET or time.monotonic() >= deadline:
+            return load
+
+
+def other_cores(busy_before: float, own_cpu: float, seconds: float) -> float:
+    """The cores other processes used over ``seconds`` since busy_seconds() read ``busy_before``,
+    less ``own_cpu``, the CPU seconds of what was measured."""
+    return max(0.0, busy_seconds() - busy_before - own_cpu) / seconds
+
+
+def mark(other: float) -> str:
+    """"*" for a noisy pass (other processes used more than QUIET cores), "" for a quiet one."""
+    return "" if other <= QUIET else "*"
+
+
+def passes(values: Iterable[float], others: Iterable[float], digits: int = 0) -> str:
+    """Each pass's figure, the noisy ones marked: "412, 398*, 405"."""
+    return ", ".join(f"{x:.{digits}f}{mark(o)}" for x, o in zip(values, others))
+
+
+def noisy_note(unit: str = "pass", counted: bool = True) -> str:
+    """The footnote to the marks."""
+    note = f"  * other processes used more than {QUIET} cores during that {unit}"
+    return note + (f"; it counts only when no {unit} was quiet" if counted else "")
+
+
+def quiet(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The quiet ones of ``runs`` (each with its "other" cores); all of them when none is."""
+    return [x for x in runs if x["other"] <= QUIET] or runs
+
+
+def quiet_median(values: Sequence[float], others: Sequence[float]) -> float:
+    """The median of the quiet passes' values; of all when none is quiet."""
+    return statistics.median([x for x, o in zip(values, others) if o <= QUIET] or values)
+
+
+# ---- workers and alternating rounds -------------------------------------------------------------
+def answer_passes(ready: dict[str, Any], one_pass: Callable[[list[str]], dict[str, Any]]) -> None:
+    """A worker's end of Worker: print ``ready`` as a JSON line, then for each line "run [ARGS]" on
+    stdin time ``one_pass(ARGS)`` and answer with a JSON line {"time", "cpu", **what it returned}
+    (cpu: all threads of this process); any other line, or the end of stdin, ends it."""
+    print(json.dumps(ready), flush=True)
+    for line in sys.stdin:
+        parts = line.split()
+        if not parts or parts[0] != "run":
+            break
+        t, c = time.perf_counter(), time.process_time()
+        out = one_pass(parts[1:])
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        print(json.dumps({"time": wall, "cpu": cpu, **out}), flush=True)
+
+
+class Worker:
+    """``script ARGS`` in its own process (which calls answer_passes), kept alive between passes so
+    that the sides alternate closely; its ready line is ``ready`` once workers() has read it."""
+
+    def __init__(self, name: str, script: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.ready: dict[str, Any] = {}
+        self.proc = subprocess.Popen([sys.executable, str(script), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=bench_env(**(env or {})))
+
+    def read(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line:
+            raise RuntimeError(f"side {self.name} died (its error is above)")
+        return json.loads(line)
+
+    def ask(self, what: str = "run") -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(what + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+
+
+@contextmanager
+def workers(script: Path, args: dict[str, list[str]], env: dict[str, str] | None = None) -> Iterator[dict[str, Worker]]:
+    """A Worker per name of ``args`` (``script`` with that name's arguments), all started at once and
+    each read ready; all closed on leaving. RuntimeError when one dies."""
+    started: dict[str, Worker] = {}
+    try:
+        for name, a in args.items():
+            started[name] = Worker(name, script, a, env)
+        for w in started.values():
+            w.ready = w.read()
+        yield started
+    finally:
+        for w in started.values():
+            w.close()
+
+
+def timed(worker: Worker, patience: float, what: str = "run") -> tuple[dict[str, Any], float]:
+    """One pass after a quiet CPU: the answer and the cores other processes used meanwhile."""
+    wait_for_quiet(patience)  # also lets the previous side's idle threads stop spinning
+    b = busy_seconds()
+    res = worker.ask(what)
+    return res, other_cores(b, res["cpu"], res["time"])
+
+
+def alternating(sides: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
+    """(round, side) for ``rounds`` rounds of every side, the direction reversed each round, so that
+    the sides compared run back to back and a drift of the machine's load hits them alike."""
+    for r in range(rounds):
+        for side in sides if r % 2 == 0 else sides[::-1]:
+            yield r, side
+
+
+def race(ws: dict[str, Worker], rounds: int, patience: float, label: str = "", width: int = 13) -> dict[str, Any]:
+    """``rounds`` alternating rounds of one timed pass per worker (in ``ws``'s order), each logged:
+    {"speeds": {side: [sentences/s]}, "others": {side: [cores]}, "preds": {side: its first pass's},
+    "rounds", "n": sentences per pass}."""
+    speeds: dict[str, list[float]] = {s: [] for s in ws}
+    others: dict[str, list[float]] = {s: [] for s in ws}  # cores used by other processes during each pass
+    preds: dict[str, Any] = {}
+    n = 0
+    for r, s in alternating(list(ws), rounds):
+        res, other = timed(ws[s], patience)
+        n = res["n"]
+        speeds[s].append(res["n"] / res["time"])
+        others[s].append(other)
+        preds.setdefault(s, res["preds"])
+        log(f"{label}round {r + 1}/{rounds} {s:{width}s} {speeds[s][-1]:8.1f} sentences/s   (other processes busy: {other:.2f} cores)")
+    return {"speeds": speeds, "others": others, "preds": preds, "rounds": rounds, "n": n}
+
+
+def quiet_rounds(res: dict[str, Any], *sides: str, fallback: bool = True) -> list[int]:
+    """Rounds of race()'s ``res`` in which no other process used more than QUIET cores while these
+    sides ran; all rounds when there is none (a shared machine), unless not ``fallback``."""
+    rounds = range(res["rounds"])
+    ok = [r for r in rounds if all(res["others"][s][r] <= QUIET for s in sides)]
+    return ok or (list(rounds) if fallback else [])
+
+
+def median_speeds(res: dict[str, Any]) -> dict[str, float]:
+    """Each side's median speed over its quiet rounds."""
+    return {s: statistics.median(v[r] for r in quiet_rounds(res, s)) for s, v in res["speeds"].items()}
+
+
+def ratio(res: dict[str, Any], x: str, y: str) -> float:
+    """Median over the quiet rounds of x / y measured back to back: steady when the load drifts."""
+    sp = res["speeds"]
+    return statistics.median(sp[x][r] / sp[y][r] for r in quiet_rounds(res, x, y))
+
+
+# ---- a command's processes ----------------------------------------------------------------------
+def cpu_of(pid: int) -> float:
+    """CPU seconds of process ``pid`` and its threads so far (OSError once it is gone)."""
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def status_kb(pid: int, field: str) -> int | None:
+    """A kB field of /proc/PID/status (VmRSS, VmHWM...), None when it has none."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return None
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and every process descending from it."""
+    parent: dict[int, int] = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                parent[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, todo = [root], [root]
+    while todo:
+        x = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == x]
+        found += kids
+        todo += kids
+    return found
+
+
+def _sample(pid: int, hwm: dict[int, int], cpu: dict[int, float]) -> None:
+    for p in _tree(pid):
+        try:
+            peak, used = status_kb(p, "VmHWM"), cpu_of(p)
+        except OSError:
+            continue
+        if peak is not None:
+            hwm[p] = max(hwm.get(p, 0), peak)
+        cpu[p] = max(cpu.get(p, 0.0), used)
+
+
+def run_watched(name: str, cmd: list[str], patience: float, env: dict[str, str] | None = None,
+                every: float = 0.2) -> dict[str, Any]:
+    """Run ``cmd`` once after a quiet CPU: wall seconds, peak memory (MB, the sum over its processes
+    of each one's VmHWM, sampled every ``every`` s), how many processes, and the cores other
+    processes used meanwhile (/proc/stat less the command's own)."""
+    wait_for_quiet(patience)
+    hwm: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    b, t0 = busy_seconds(), time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=bench_env(**(env or {})))
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            _sample(proc.pid, hwm, cpu)
+            done.wait(every)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    _, stderr = proc.communicate()
+    seconds = time.perf_counter() - t0
+    done.set()
+    t.join()
+    if proc.returncode:
+        raise SystemExit(f"{name} failed ({proc.returncode}):\n{stderr[-3000:]}")
+    return {"seconds": seconds, "peak_mb": sum(hwm.values()) / 1024, "processes": len(hwm),
+            "other": other_cores(b, sum(cpu.values()), seconds)}
+
+
+# ---- figures ------------------------------------------------------------------------------------
+def stdlib_sentences() -> list[str]:
+    """Every sentence of the docstrings of Python's standard library (mlmkit's quickstart corpus)."""
+    from mlmkit.quickstart.stdlib_corpus import docstring_documents
+
+    return [s for doc in docstring_documents() for s in doc]
+
+
+def agreement(a: list[Any], b: list[Any]) -> float:
+    """Share of equal top-1 predictions (a token id or label, or the label of a [label, probability] pair)."""
+    top = [(x[0] if isinstance(x, list) else x, y[0] if isinstance(y, list) else y) for x, y in zip(a, b)]
+    return sum(x == y for x, y in top) / max(1, len(top))
+
+
+def cosines(a: list[list[float]], b: list[list[float]]) -> list[float]:
+    """The cosine of each pair of vectors."""
+    import numpy as np
+
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return ((x * y).sum(1) / (np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1))).tolist()
+
+
+def target(name: str, value: float, op: str, goal: float, fmt: str = ".2f", unit: str = "") -> str:
+    """The line a benchmark ends with, one per target: "target NAME: X.XX (goal >= Y.YY)"."""
+    return f"target {name}: {value:{fmt}}{unit} (goal {op} {goal:{fmt}}{unit})"
