@@ -62,10 +62,7 @@ from mlmkit.text.tokenizer import load_tokenizer, special_ids
 
 log = logging.getLogger("mlmkit")
 
-
 MIN_OPSET = 17  # LayerNormalization is a standard op from opset 17
-
-
 MAX_OPSET = 23  # the TorchScript exporter's newest (torch.onnx ONNX_MAX_OPSET); 17-23 fuse and pass parity
 
 

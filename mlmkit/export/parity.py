@@ -21,10 +21,7 @@ from mlmkit.plugin.registry import BATCH, SEQUENCE, per_token
 
 log = logging.getLogger("mlmkit")
 
-
 ATOL = 1e-4  # fp32 ONNX vs PyTorch, per output (optimum uses the same for BERT)
-
-
 SAMPLE_ROWS = 24
 
 

@@ -19,45 +19,25 @@ from mlmkit.plugin.registry import (
 from mlmkit.text.tokenizer import is_lowercase, load_tokenizer, special_ids
 
 BUNDLE_FILES = ("model.onnx", "tokenizer.json", "mlmkit.json")
-
-
 BUNDLE_FORMAT = 2
 """mlmkit.json's format_version: 2 declares output axes by name and keeps a task's saved state in "task_state"."""
-
-
 MAX_LENGTH = 1 << 16  # tokens: no BERT has more positions; a larger max_length in a bundle is damage
-
-
 FILL_MASK = "fill-mask"
 """The task of a bundle exported from a pretraining run (the core's own graph, not a plugin); served
 by the command of the same name."""
-
-
 MASKS = "masks"  # the fill-mask graph's rows: one per [MASK] of the batch
 FILL_MASK_OUTPUTS = {"mask_positions": (MASKS, "coordinate"), "top_ids": (MASKS, "k"), "top_probs": (MASKS, "k")}
 """The fill-mask graph's outputs and their axes (mlmkit.export.graphs.FillMaskGraph makes them)."""
-
-
 OUTPUT_TYPES = {"mask_positions": "tensor(int64)", "top_ids": "tensor(int64)", "top_probs": "tensor(float)"}
 """onnxruntime's element types of the fill-mask outputs; a task graph's outputs are all float32
 (mlmkit.export.graphs.TaskGraph casts them; an fp16 or int8 graph keeps float32 inputs and outputs)."""
-
-
 TASK_OUTPUT_TYPE = "tensor(float)"
-
-
 DYNAMIC_AXES = (BATCH, SEQUENCE, MASKS)  # axes whose size varies from run to run: never a fixed size in the graph
-
-
 LABELS_KEY = "mlmkit.labels"
 """The graph's metadata_props entry with the labels, in the order the head was trained with (JSON):
 written by mlmkit.export.bundle.record_labels; a bundle's mlmkit.json must list the same. Bundles exported before
 it have none and are checked by the label count alone."""
-
-
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")  # the graph's, less token_type_ids where the family has none
-
-
 PRECISIONS = ("fp32", "int8", "fp16")
 
 

@@ -62,7 +62,6 @@ from mlmkit.text.tokenizer import MASK, mask_token
 
 log = logging.getLogger("mlmkit")
 
-
 CPU_BATCH_ACTIVATIONS = 196_608
 """On the CPU a batch ends before rows x longest x hidden size passes this (512 tokens at hidden
 384, 256 at hidden 768): batches whose activations stay in the cores' caches ran up to 1.5x faster

@@ -41,7 +41,6 @@ from mlmkit.train.tracking import Reporter, Reporters, RunInfo, flat_params, par
 
 log = logging.getLogger("mlmkit")
 
-
 Evaluate = Callable[[nn.Module], dict[str, Any]]
 """Metrics of the model (in eval mode, under no_grad) on held-out data."""
 

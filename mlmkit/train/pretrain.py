@@ -37,6 +37,7 @@ from mlmkit.train.state import latest_checkpoint
 from mlmkit.train.tracking import flat_params, parse_report_to
 
 log = logging.getLogger("mlmkit")
+
 MAX_PRESET_POSITIONS = 8192  # a longer position table is a typo far more often than a plan
 
 

@@ -24,21 +24,10 @@ from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.infer.evaluation import truncations_counted
 from mlmkit.infer.routes import HTTPError
 
-try:  # at module level: FastAPI reads the handlers' annotations from this module's names
-    from fastapi import Request
-    from fastapi.responses import JSONResponse, Response
-except ImportError:  # no [serve] extra: serve() says what to install
-    Request = JSONResponse = Response = Any  # type: ignore[misc,assignment]
-
 log = logging.getLogger("mlmkit")
 
-
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
-
-
 TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 

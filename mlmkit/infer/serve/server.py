@@ -14,17 +14,11 @@ from mlmkit.errors import ConfigError
 from mlmkit.infer.serve.app import create_app
 from mlmkit.infer.serve.queue import load_models
 
-try:  # at module level: FastAPI reads the handlers' annotations from this module's names
-    from fastapi import Request
-    from fastapi.responses import JSONResponse, Response
-except ImportError:  # no [serve] extra: serve() says what to install
-    Request = JSONResponse = Response = Any  # type: ignore[misc,assignment]
-
 log = logging.getLogger("mlmkit")
 
 
 def serve(args: ServeArgs) -> None:
-    """Load the bundles and serve them until SIGTERM or Ctrl-C (see the module docstring)."""
+    """Load the bundles and serve them until SIGTERM or Ctrl-C (the endpoints: app.py's docstring)."""
     try:
         import uvicorn
     except ImportError:

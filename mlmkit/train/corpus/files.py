@@ -25,10 +25,7 @@ from mlmkit.text.records import matching_files
 
 log = logging.getLogger("mlmkit")
 
-
 _SENT_END = re.compile(r"(?<=[.!?])\s+")
-
-
 QUIET_LOG = 10.0  # seconds of blank lines (a .gz file of nothing but newlines) before the log says how far it is
 
 

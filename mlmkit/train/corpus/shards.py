@@ -71,8 +71,6 @@ def default_cache_dir() -> Path:
 
 
 SHARD_FORMAT = "mlmkit-token-shard"
-
-
 SHARD_VERSION = 1
 
 
