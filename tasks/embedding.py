@@ -1,20 +1,35 @@
-"""Sentence embeddings: one vector per text, pooled over the encoder's real tokens inside the graph.
+"""Sentence embeddings: one vector per text, pooled over the encoder's real tokens inside the graph,
+fine-tuned for retrieval (or similarity) with a loss of mlmkit/train/losses.py.
 
 Pooling ``mean`` (the default), ``cls`` or ``max`` over the tokens the attention mask keeps, then an
 optional L2 normalisation (``normalize``): what sentence-transformers does with a Pooling and a
 Normalize module. A sentence-transformers directory (modules.json, 1_Pooling/config.json,
-sentence_bert_config.json) is read as it says; any other BERT checkpoint is a plain encoder. The
-bundle returns a (batch, hidden) tensor, never the batch x length x hidden one.
+sentence_bert_config.json) is read as it says, and a fine-tuned run is one too; any other BERT
+checkpoint is a plain encoder. The bundle returns a (batch, hidden) tensor, never the batch x length x
+hidden one.
 
-Evaluation data are sentence pairs with a similarity score (the STS benchmark's layout: CSV/TSV or
-JSONL with text, text_pair, score): Spearman (the main metric) and Pearson correlation of the
-cosine of the two embeddings with the gold scores. mlmkit does not fine-tune this task.
+Data, in any format fine-tuning reads (CSV / TSV / JSONL / Parquet / `datasets` directories):
+
+- rows of an anchor, its positive and any hard negatives (``anchor``, ``positive``, ``negative`` or
+  ``negative_1`` ...): trained with ``mnrl`` / ``cached-mnrl``; evaluated as retrieval, each anchor
+  searching every positive and negative of the file;
+- scored pairs (``text``, ``text_pair``, ``score``, the STS layout): trained with ``cosent``;
+  evaluated by the Spearman (main) and Pearson correlation of the pairs' cosine with the scores;
+- a BEIR directory (text/beir.py): its train split's (query, relevant document) pairs for training,
+  its test (or dev) split for evaluation: nDCG@10 (main), MRR@10, MAP@100, Recall@10/100,
+  Precision@10 over an exact search of the whole corpus (infer/retrieval.py).
+
+In a training batch an example's texts stay together (``group_features``); ``--batch-size`` counts
+texts, so 64 holds 32 (anchor, positive) pairs.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import logging
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +37,8 @@ from typing import Any
 import numpy as np
 
 from mlmkit.errors import TaskError
+from mlmkit.infer.retrieval import METRICS as RETRIEVAL_METRICS
+from mlmkit.infer.retrieval import mean_metrics, retrieve
 from mlmkit.plugin.taskkit import (
     BATCH,
     EXAMPLE,
@@ -37,10 +54,16 @@ from mlmkit.plugin.taskkit import (
     parse_json,
     tokenizer_settings,
 )
+from mlmkit.text.beir import is_beir, read_split
+
+log = logging.getLogger("mlmkit")
 
 POOLINGS = ("mean", "cls", "max")
 ST_POOLING = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max"}
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
+LOSS_DATA = {"mnrl": "rows", "cached-mnrl": "rows", "cosent": "scored"}
+"""The losses (mlmkit/train/losses.py's LOSSES) and the data each trains on: "rows" (anchor, positive,
+negatives...) or "scored" pairs."""
 
 
 def _json(path: Path) -> Any:
@@ -97,17 +120,50 @@ def _model_class() -> type:
     from torch import nn
 
     from mlmkit.models.core import BertModel, mean_pool
+    from mlmkit.train.losses import LOSSES, PairBatch, cached, direct, matryoshka
 
     class BertForEmbedding(nn.Module):
-        def __init__(self, config: Any, pooling: str, normalize: bool) -> None:
+        def __init__(self, config: Any, pooling: str, normalize: bool, options: Mapping[str, Any] | None = None) -> None:
             super().__init__()
             self.config, self.pooling, self.normalize = config, pooling, normalize
             self.bert = BertModel(config, add_pooling_layer=False)
+            o = options or {}
+            spec = LOSSES[o.get("loss", "mnrl")]
+            self.objective = spec.make(scale=float(o.get("scale", 20.0)), symmetric=bool(o.get("symmetric", False)))
+            self.mini_batch_size = int(o.get("mini_batch_size", 32)) if spec.cached else 0
+            self.matryoshka = _dims(o.get("matryoshka_dims", ""), config.hidden_size)
+            self.weights = _weights(o.get("matryoshka_weights", ""), len(self.matryoshka))
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                    token_type_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                    token_type_ids: torch.Tensor | None = None, part: torch.Tensor | None = None,
+                    text_id: torch.Tensor | None = None, score: torch.Tensor | None = None,
+                    example: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
             if attention_mask is None:
                 attention_mask = torch.ones_like(input_ids)
+            if part is not None:  # training: the loss over the batch's examples, and the embeddings it saw
+                if example is None:  # an example's features come together, its anchor (part 0) first
+                    example = torch.cumsum(part == 0, 0) - 1
+                loss, emb = self.loss(input_ids, attention_mask, token_type_ids, PairBatch(example, part, text_id, score))
+                return {"loss": loss, "embedding": emb}
+            return {"embedding": self.embed(input_ids, attention_mask, token_type_ids)}
+
+        def loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None,
+                 batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            def embed(idx: torch.Tensor) -> torch.Tensor:  # some rows, trimmed to their longest (right padding)
+                idx = idx.to(input_ids.device)
+                n = int(attention_mask[idx].sum(1).max())
+                tt = token_type_ids[idx, :n] if token_type_ids is not None else None
+                return self.embed(input_ids[idx, :n], attention_mask[idx, :n], tt)
+
+            fn = self.objective
+            if self.matryoshka:
+                fn = matryoshka(fn, self.matryoshka, self.weights)
+            if self.mini_batch_size:
+                return cached(embed, len(input_ids), lambda E: fn(E, batch), self.mini_batch_size, input_ids.device)
+            return direct(embed, len(input_ids), lambda E: fn(E, batch))
+
+        def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  token_type_ids: torch.Tensor | None) -> torch.Tensor:
             seq, _ = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, H)
             if self.pooling == "cls":
                 x = seq[:, 0]
@@ -118,28 +174,102 @@ def _model_class() -> type:
                 x = mean_pool(seq, attention_mask)  # (B, H)
             if self.normalize:
                 x = F.normalize(x, p=2.0, dim=-1)
-            return {"embedding": x}
+            return x
 
     return BertForEmbedding
 
 
+def _dims(value: Any, hidden: int | None = None) -> list[int]:
+    """``matryoshka_dims`` ("384,256,128,64") as whole numbers from 1 to the hidden size."""
+    if value in ("", None):
+        return []
+    try:
+        dims = [int(x) for x in str(value).split(",") if x.strip()]
+    except ValueError:
+        raise TaskError(f"matryoshka_dims must be whole numbers separated by commas, not {value!r}",
+                        "e.g. --option matryoshka_dims=384,256,128,64") from None
+    if any(d < 1 or (hidden is not None and d > hidden) for d in dims) or len(set(dims)) != len(dims):
+        raise TaskError(f"matryoshka_dims {value!r}: each must be from 1 to the hidden size{f' ({hidden})' if hidden else ''}, once",
+                        "e.g. --option matryoshka_dims=384,256,128,64")
+    return dims
+
+
+def _weights(value: Any, n: int) -> list[float]:
+    if value in ("", None):
+        return [1.0] * n
+    try:
+        w = [float(x) for x in str(value).split(",") if x.strip()]
+    except ValueError:
+        w = []
+    if len(w) != n or not all(math.isfinite(x) and x >= 0 for x in w):
+        raise TaskError(f"matryoshka_weights {value!r}: give one non-negative number per dimension of matryoshka_dims",
+                        "e.g. --option matryoshka_weights=1,1,1,1")
+    return w
+
+
+def _text_id(ids: list[int]) -> int:
+    """The same int64 for the same token ids: which texts of a batch are equal (never each other's negatives)."""
+    return int.from_bytes(hashlib.blake2b(np.asarray(ids, dtype=np.int64).tobytes(), digest_size=8).digest(), "little",
+                          signed=True)
+
+
+def _negative_columns(fields: Mapping[str, Any], prefix: str) -> list[str]:
+    """``negative``, then ``negative_1``, ``negative_2`` ... (by number) among a record's fields."""
+    numbered = sorted((int(k[len(prefix) + 1:]), k) for k in fields if k.startswith(prefix + "_") and k[len(prefix) + 1:].isdigit())
+    return ([prefix] if prefix in fields else []) + [k for _, k in numbered]
+
+
+def _as_retrieval(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Training-style rows as a retrieval evaluation: each anchor a query, searching the distinct texts
+    of every positive and negative of the file, its own positive the one relevant document."""
+    doc_ids: dict[str, str] = {}
+    for r in rows:
+        for text in (r["positive"], *r["negatives"]):
+            doc_ids.setdefault(text, f"d{len(doc_ids)}")
+    queries = [{"kind": "query", "id": f"q{i}", "text": r["anchor"], "judged": {doc_ids[r["positive"]]: 1}}
+               for i, r in enumerate(rows)]
+    return queries + [{"kind": "doc", "id": did, "text": text} for text, did in doc_ids.items()]
+
+
 class EmbeddingTask:
     name = "embedding"
-    description = "Sentence embeddings: mean / cls / max pooling (+ L2 normalisation) in the graph; STS evaluation."
-    formats = ("csv", "tsv", "jsonl")
-    metrics = ("spearman", "pearson")
+    description = ("Sentence embeddings: mean / cls / max pooling (+ L2 normalisation) in the graph; fine-tuned with "
+                   "mnrl, cached-mnrl (GradCache) or cosent; retrieval (nDCG@10) or STS evaluation.")
+    formats = ("csv", "tsv", "jsonl", "parquet", "beir")
+    metrics = (*RETRIEVAL_METRICS, "spearman", "pearson")
     outputs = {"embedding": (BATCH, "hidden")}
     options = (
         TaskOption("pooling", "mean", "How token vectors become one: mean, cls or max (over real tokens).", choices=POOLINGS,
                    fixed=True),
         TaskOption("normalize", False, "L2-normalise the embeddings (cosine similarity becomes a dot product).", fixed=True),
-        TaskOption("text_column", "text", "Evaluation data: the first text of a pair."),
-        TaskOption("pair_column", "text_pair", "Evaluation data: the second text of a pair."),
-        TaskOption("score_column", "score", "Evaluation data: the pair's gold similarity."),
+        TaskOption("loss", "auto", "Fine-tuning loss: mnrl or cached-mnrl on (anchor, positive, negatives) rows or a "
+                   "BEIR directory, cosent on scored pairs; auto: mnrl or cosent, by the data.", choices=("auto", *LOSS_DATA)),
+        TaskOption("scale", 20.0, "Fine-tuning: the cosine's scale in the losses (20: temperature 0.05).", minimum=0.0),
+        TaskOption("symmetric", False, "Fine-tuning (mnrl): add the positive -> anchor direction."),
+        TaskOption("mini_batch_size", 32, "Fine-tuning (cached-mnrl): texts embedded at once; the batch is --batch-size.",
+                   minimum=1),
+        TaskOption("matryoshka_dims", "", "Fine-tuning: also train the first d dimensions for each d listed "
+                   "(e.g. 384,256,128,64); evaluation reports each."),
+        TaskOption("matryoshka_weights", "", "Fine-tuning: the weight of each matryoshka dimension (default 1 each)."),
+        TaskOption("anchor_column", "anchor", "Training rows: the anchor (query) field."),
+        TaskOption("positive_column", "positive", "Training rows: the positive field; hard negatives are negative, "
+                   "negative_1, negative_2 ..."),
+        TaskOption("text_column", "text", "Scored pairs: the first text of a pair."),
+        TaskOption("pair_column", "text_pair", "Scored pairs: the second text of a pair."),
+        TaskOption("score_column", "score", "Scored pairs: the pair's gold similarity."),
     )
+    label_names = ("part", "text_id", "score")
+    group_features = True
+    default_max_length = 128
     command = "embed"
     pipeline_tag = "sentence-similarity"
-    trainable = False
+
+    def main_metric(self, ctx: TaskContext) -> str:
+        return "spearman" if LOSS_DATA[_loss(ctx)] == "scored" else "ndcg@10"
+
+    def fit_state(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        """The kind of training data ("rows" or "scored"), which ``loss=auto`` trains by."""
+        return {"data": "scored" if examples and "score" in examples[0] else "rows"}
 
     def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
         """A sentence-transformers directory (modules.json), or a bare encoder (architectures BertModel)."""
@@ -147,23 +277,38 @@ class EmbeddingTask:
             return None if is_splade_directory(directory) else _sentence_transformers(directory)
         return {} if "BertModel" in (config.architectures or []) else None
 
-    def read(self, path: Path, options: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Scored pairs {"text", "text_pair", "score", "line", "source"} of a CSV/TSV/JSONL file."""
+    def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False) -> list[dict[str, Any]]:
+        """Examples of a data file or a BEIR directory (``DIR:SPLIT``): for training, rows {"anchor",
+        "positive", "negatives"} or scored pairs {"text", "text_pair", "score"}; for evaluation, scored
+        pairs or a retrieval set ({"kind": "query", "id", "text", "judged"} then {"kind": "doc", "id", "text"})."""
+        if is_beir(path):
+            split = read_split(path, training=training)
+            for why, n in split.skipped.items():
+                log.warning("%s: %d queries of the %s split left out: %s", split.directory, n, split.split, why)
+            if training:
+                return [{"anchor": split.queries[q], "positive": split.corpus[d], "negatives": []}
+                        for q in split.qrels for d in split.positives(q)]
+            return ([{"kind": "query", "id": q, "text": text, "judged": split.qrels[q]} for q, text in split.queries.items()]
+                    + [{"kind": "doc", "id": d, "text": text} for d, text in split.corpus.items()])
         fmt = data_format(path, FORMATS)
-        examples = []
+        rows, pairs = [], []
         for rec in iter_jsonl(path) if fmt == "jsonl" else iter_records(path, fmt):
-            value = rec.fields().get(options["score_column"])
-            try:
-                score = float(value) if not isinstance(value, bool) else math.nan
-            except (TypeError, ValueError):
-                score = math.nan
-            if not math.isfinite(score):
-                raise rec.error(f"the score must be a finite number, not {value!r}", options["score_column"])
-            examples.append({"text": rec.text(options["text_column"]), "text_pair": rec.text(options["pair_column"]),
-                             "score": score, "line": rec.line, "source": rec.source})
-        if not examples:
-            raise DataFormatError(path, "no pairs", hint="evaluation data: text, text_pair and score per record")
-        return examples
+            fields = rec.fields()
+            if options["anchor_column"] in fields:
+                negs = _negative_columns(fields, "negative")
+                rows.append({"anchor": rec.text(options["anchor_column"]), "positive": rec.text(options["positive_column"]),
+                             "negatives": [t for t in (rec.text(k, required=False) for k in negs) if t]})
+            else:
+                pairs.append(_scored_pair(rec, options, hint=f"scored pairs need {options['score_column']}; rows need "
+                                                               f"{options['anchor_column']} and {options['positive_column']}"))
+            if rows and pairs:
+                raise rec.error("rows (anchor, positive) and scored pairs mixed in one file", hint="one kind of data per file")
+        if not rows and not pairs:
+            raise DataFormatError(path, "no examples", hint="anchor and positive (and negatives) per record, or text, "
+                                                            "text_pair and score")
+        if rows and not training:
+            return _as_retrieval(rows)
+        return rows or pairs
 
     def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
         """A text, or a record with a text field (its text_column)."""
@@ -172,19 +317,56 @@ class EmbeddingTask:
         return {"text": Record("<input>", None, item).text(options["text_column"])}
 
     def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
-        """A feature per text: one per example, two for a pair (part 0 and 1)."""
+        """A feature per text: ``part`` 0 the anchor (a pair's first text, a query, a document, an
+        input), 1 the positive (the second), 2.. the hard negatives; for training also ``text_id``
+        (equal texts, equal ids) and the pair's ``score`` (0 for rows)."""
         if training:
-            raise TaskError("the embedding task is not fine-tuned by mlmkit",
-                            "export the encoder as it is: mlmkit export MODEL --task embedding")
+            kind = "scored" if examples and "score" in examples[0] else "rows"
+            want = LOSS_DATA[_loss(ctx)]
+            if kind != want:
+                raise TaskError(f"the {_loss(ctx)} loss trains on {'scored pairs' if want == 'scored' else 'rows of an anchor and its positive'}, "
+                                f"and the data are {'scored pairs' if kind == 'scored' else 'rows'}",
+                                "use --option loss=cosent for scored pairs, loss=mnrl (or cached-mnrl) for rows")
         texts = [(i, part, clip_text(t, tokenizer, ctx.max_length)) for i, ex in enumerate(examples)
-                 for part, t in enumerate((ex["text"], ex.get("text_pair"))) if t is not None]
+                 for part, t in enumerate(_texts(ex)) if t is not None]
         with tokenizer_settings(tokenizer, max_length=ctx.max_length) as tok:
             encodings = tok.encode_batch([t for _, _, t in texts]) if texts else []
-        return [{"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i, "part": part,
-                 **({TRUNCATED: True} if enc.overflowing else {})} for (i, part, _), enc in zip(texts, encodings)]
+        feats = []
+        for (i, part, _), enc in zip(texts, encodings):
+            f = {"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i, "part": part,
+                 **({TRUNCATED: True} if enc.overflowing else {})}
+            if training:
+                f["text_id"], f["score"] = _text_id(enc.ids), float(examples[i].get("score", 0.0))
+            feats.append(f)
+        return feats
 
     def build_model(self, config: Any, ctx: TaskContext) -> Any:
-        return _model_class()(config, ctx.options["pooling"], bool(ctx.options["normalize"]))
+        if _loss(ctx) == "cached-mnrl" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise TaskError("cached-mnrl does not run under torchrun yet (its second forward happens inside backward, "
+                            "which DistributedDataParallel does not allow)", "use loss=mnrl, or one process")
+        _dims(ctx.options["matryoshka_dims"], config.hidden_size)  # a bad list is an error before training
+        _weights(ctx.options["matryoshka_weights"], len(_dims(ctx.options["matryoshka_dims"])))
+        return _model_class()(config, ctx.options["pooling"], bool(ctx.options["normalize"]), {**ctx.options, "loss": _loss(ctx)})
+
+    def run_files(self, config: Any, ctx: TaskContext) -> dict[str, str]:
+        """The run is also a sentence-transformers directory: its modules (the encoder at the root, the
+        pooling, the normalisation) and its max length."""
+        import json
+
+        pooling = ctx.options["pooling"]
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+        files = {"1_Pooling/config.json": json.dumps({
+            "word_embedding_dimension": config.hidden_size, "pooling_mode_cls_token": pooling == "cls",
+            "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": pooling == "max",
+            "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
+            "pooling_mode_lasttoken": False, "include_prompt": True}, indent=2) + "\n",
+            "sentence_bert_config.json": json.dumps({"max_seq_length": ctx.max_length, "do_lower_case": False}, indent=2) + "\n"}
+        if ctx.options["normalize"]:
+            modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+            files["2_Normalize/config.json"] = "{}\n"
+        files["modules.json"] = json.dumps(modules, indent=2) + "\n"
+        return files
 
     def postprocess(
         self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext
@@ -201,11 +383,14 @@ class EmbeddingTask:
         return preds
 
     def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, Any]:
-        """Spearman and Pearson correlation of the pairs' cosine with their gold scores."""
+        """Retrieval metrics (a retrieval set) or the pairs' Spearman and Pearson correlation (scored pairs)."""
+        if examples and examples[0].get("kind") == "query":
+            return _retrieval_metrics(predictions, examples, _dims(ctx.options["matryoshka_dims"]))
         from scipy.stats import pearsonr, spearmanr
 
         if any("cosine" not in p or "score" not in ex for p, ex in zip(predictions, examples)):
-            raise TaskError("embedding evaluation needs pairs with a score", "give text, text_pair and score per record")
+            raise TaskError("embedding evaluation needs pairs with a score, rows, or a BEIR directory",
+                            "give text, text_pair and score per record, anchor and positive, or a BEIR directory")
         cos, gold = [p["cosine"] for p in predictions], [ex["score"] for ex in examples]
         if len(gold) < 2:
             raise TaskError("embedding evaluation needs at least two pairs")
@@ -215,6 +400,61 @@ class EmbeddingTask:
     def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
         v = np.asarray(prediction["embedding"])
         return {"dims": str(v.size), "norm": f"{np.linalg.norm(v):.3f}", "start": ", ".join(f"{x:.3f}" for x in v[:4]) + " ..."}
+
+
+def _scored_pair(rec: Record, options: Mapping[str, Any], hint: str | None = None) -> dict[str, Any]:
+    """{"text", "text_pair", "score", "line", "source"} of one record (the STS layout)."""
+    value = rec.fields().get(options["score_column"])
+    try:
+        score = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        score = math.nan
+    if not math.isfinite(score):
+        raise rec.error(f"the score must be a finite number, not {value!r}", options["score_column"], hint=hint)
+    return {"text": rec.text(options["text_column"]), "text_pair": rec.text(options["pair_column"]),
+            "score": score, "line": rec.line, "source": rec.source}
+
+
+def read_scored_pairs(path: Path, options: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Scored pairs of a CSV/TSV/JSONL (or Parquet) file: the STS layout, text, text_pair and score."""
+    fmt = data_format(path, FORMATS)
+    pairs = [_scored_pair(rec, options) for rec in (iter_jsonl(path) if fmt == "jsonl" else iter_records(path, fmt))]
+    if not pairs:
+        raise DataFormatError(path, "no pairs", hint="evaluation data: text, text_pair and score per record")
+    return pairs
+
+
+def _loss(ctx: TaskContext) -> str:
+    """The loss option, ``auto`` resolved by the kind of training data (fit_state): mnrl or cosent."""
+    loss = ctx.options.get("loss", "auto")
+    if loss == "auto":
+        return "cosent" if ctx.state.get("data") == "scored" else "mnrl"
+    return loss
+
+
+def _texts(ex: dict[str, Any]) -> list[str | None]:
+    if "anchor" in ex:
+        return [ex["anchor"], ex["positive"], *ex["negatives"]]
+    return [ex["text"], ex.get("text_pair")]
+
+
+def _retrieval_metrics(predictions: list[dict[str, Any]], examples: list[dict[str, Any]], dims: list[int]) -> dict[str, float]:
+    """Every query searches the whole corpus (exact cosine, infer/retrieval.py); the metrics at the full
+    dimension, and with matryoshka dimensions the same at each as METRIC@dimD."""
+    queries = [(ex, p) for ex, p in zip(examples, predictions) if ex["kind"] == "query"]
+    docs = [(ex, p) for ex, p in zip(examples, predictions) if ex["kind"] == "doc"]
+    if not queries or not docs:
+        raise TaskError("retrieval evaluation needs queries and documents")
+    q = np.asarray([p["embedding"] for _, p in queries], dtype=np.float32)
+    d = np.asarray([p["embedding"] for _, p in docs], dtype=np.float32)
+    qids, dids = [ex["id"] for ex, _ in queries], [ex["id"] for ex, _ in docs]
+    qrels = {ex["id"]: ex["judged"] for ex, _ in queries}
+    out: dict[str, float] = {}
+    for dim in [None, *[x for x in dims if x < q.shape[1]]]:
+        ranked = retrieve(qids, q[:, :dim], dids, d[:, :dim], k=100)
+        got = mean_metrics({k: [did for did, _ in v] for k, v in ranked.items()}, qrels)
+        out.update(got if dim is None else {f"{m}@dim{dim}": v for m, v in got.items()})
+    return out
 
 
 task = EmbeddingTask()

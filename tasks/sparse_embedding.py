@@ -13,12 +13,14 @@ pairs' cosine (of their sparse vectors) with the gold scores. mlmkit does not fi
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mlmkit_tasks.embedding import EmbeddingTask, is_splade_directory
+from mlmkit_tasks.embedding import EmbeddingTask, is_splade_directory, read_scored_pairs
 
+from mlmkit.errors import TaskError
 from mlmkit.plugin.taskkit import BATCH, EXAMPLE, TaskContext, TaskOption
 
 
@@ -65,6 +67,30 @@ class SparseEmbeddingTask(EmbeddingTask):
         TaskOption("score_column", "score", "Evaluation data: the pair's gold similarity."),
     )
     hf_architecture = "BertForMaskedLM"
+    # the embedding task's evaluation on scored pairs; its fine-tuning (and retrieval data) are not this task's
+    formats = ("csv", "tsv", "jsonl")
+    metrics = ("spearman", "pearson")
+    trainable = False
+    label_names = ("labels",)
+    group_features = False
+
+    def read(self, path: Path, options: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return read_scored_pairs(path, options)
+
+    def main_metric(self, ctx: TaskContext) -> str | None:
+        return None
+
+    def fit_state(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        return {}
+
+    def run_files(self, config: Any, ctx: TaskContext) -> dict[str, str]:
+        return {}
+
+    def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
+        if training:
+            raise TaskError("the sparse-embedding task is not fine-tuned by mlmkit",
+                            "export the masked LM as it is: mlmkit export MODEL --task sparse-embedding")
+        return super().featurize(examples, tokenizer, ctx, training=False)
 
     def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
         """A sentence-transformers SparseEncoder directory (SpladePooling); any masked LM with --task."""

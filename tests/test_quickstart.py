@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,3 +28,8 @@ def test_quickstart_runs_every_stage(tmp_path: Path) -> None:
     # the shipped sentiment set is easy: even on a barely pretrained encoder the classifier beats chance (1/3)
     clf = json.loads((out / "classifier" / "mlmkit.json").read_text())["final_metrics"]
     assert clf["eval_accuracy"] > 0.6, clf
+    # the embedding model learns the retrieval set: its nDCG@10 above the pretrained encoder's
+    assert "5. embedding model fine-tuned" in r.stdout and (out / "embedding" / "modules.json").is_file()
+    emb = json.loads((out / "embedding" / "mlmkit.json").read_text())["final_metrics"]
+    zero = float(re.search(r"pretrained encoder, mean pooling\D*([0-9.]+)", r.stdout).group(1))
+    assert emb["eval_ndcg@10"] > zero + 0.05, (zero, emb)

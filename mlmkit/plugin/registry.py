@@ -31,6 +31,7 @@ import torch: the onnxruntime runtime calls them. Tasks import torch inside buil
 from __future__ import annotations
 
 import importlib.metadata as md
+import inspect
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -164,7 +165,9 @@ class Task(Protocol):
     axis 0 is BATCH; SEQUENCE at axis 1 makes an output per token. Exported graphs have exactly these."""
 
     def read(self, path: Path, options: Mapping[str, Any]) -> list[Example]:
-        """Labelled examples of a data file; DataFormatError (file, line, field) on bad input."""
+        """Labelled examples of a data file; DataFormatError (file, line, field) on bad input. A task
+        whose training and evaluation data differ in one source (a BEIR directory's train and test
+        splits) may take a keyword ``training``: True for --train, False otherwise."""
 
     def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
         """Model features (see the module docstring), at most ``ctx.max_length`` tokens each; long
@@ -249,6 +252,12 @@ class TaskDefaults:
         way, e.g. {"problem_type": "multi_label_classification"}."""
         return {}
 
+    def run_files(self, config: Any, ctx: TaskContext) -> dict[str, str]:
+        """Files a fine-tuned run directory gets beside the Hugging Face ones: {relative path: text},
+        so another library reads the run as its own (the embedding task's sentence-transformers
+        modules.json, 1_Pooling/config.json, ...)."""
+        return {}
+
     def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
         """Whether a Hugging Face checkpoint directory (its config, a BertConfig) is a model of this task,
         and if so its run description: {"labels", "options", "task_state", "max_length"}, each optional.
@@ -292,7 +301,11 @@ class Plugin:
         self.description: str = task.description
         self.metrics: tuple[str, ...] = tuple(task.metrics)
         self.outputs: dict[str, tuple[str, ...]] = {k: tuple(v) for k, v in dict(task.outputs).items()}
-        self.read, self.featurize, self.build_model = task.read, task.featurize, task.build_model
+        self._read, self.featurize, self.build_model = task.read, task.featurize, task.build_model
+        try:  # ``training`` is optional: a data set whose training and evaluation parts differ (a BEIR split)
+            self._read_training = "training" in inspect.signature(task.read).parameters
+        except (TypeError, ValueError):
+            self._read_training = False
         self.postprocess, self.compute_metrics = task.postprocess, task.compute_metrics
         self._check()
 
@@ -321,6 +334,12 @@ class Plugin:
             problems.append("options must be TaskOption objects with distinct names")
         if problems:
             raise TaskError(f"{where}: {'; '.join(problems)}", "see mlmkit.plugin.registry.Task and docs/plugins.md")
+
+    def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False) -> list[dict[str, Any]]:
+        """The task's ``read``, told whether the data are for training where it asks (``training``)."""
+        if self._read_training:
+            return self._read(path, options, training=training)
+        return self._read(path, options)
 
     def best_metric(self, ctx: TaskContext) -> str:
         """The metric that selects the best model under these options."""

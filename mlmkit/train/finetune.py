@@ -17,12 +17,13 @@ import torch
 
 from mlmkit.args import FinetuneArgs
 from mlmkit.errors import ConfigError, MlmkitError, TaskError
-from mlmkit.files import exclusive, write_jsonl
+from mlmkit.files import atomic_write_text, exclusive, write_jsonl
 from mlmkit.infer import evaluation
 from mlmkit.plugin.registry import EXAMPLE, Example, Feature, Plugin, TaskContext, get_task
 from mlmkit.rundir.checkpoint import is_model_dir, load_state_dict, load_weights, read_run_meta, save_run
 from mlmkit.rundir.config import ModelConfig
 from mlmkit.text.batching import pad_features, shuffled_buckets, shuffled_groups
+from mlmkit.text.beir import split_spec
 from mlmkit.text.tokenizer import load_tokenizer, special_ids
 from mlmkit.train.corpus.shards import file_identity
 from mlmkit.train.devices import resolve_device
@@ -141,7 +142,7 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> dict[str, An
     L = args.max_length or min(task.default_max_length, cfg.max_tokens)
     if L > cfg.max_tokens:
         raise ConfigError(f"--max-length {L} exceeds the model's {cfg.max_tokens} positions")
-    train_ex = task.read(Path(args.train_file), opts)
+    train_ex = task.read(Path(args.train_file), opts, training=True)
     if not train_ex:
         raise MlmkitError(f"{args.train_file}: no examples", "check the file and the column options")
     labels = task.label_list(train_ex)
@@ -184,6 +185,9 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> dict[str, An
 
     def save_model(m: torch.nn.Module, d: Path, meta_: dict[str, Any]) -> None:
         calibrated = evaluator.state if evaluator is not None else {}
+        for name, text in task.run_files(cfg, ctx).items():  # before save_run, which writes mlmkit.json last
+            (d / name).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(d / name, text)
         save_run(m, d, config=cfg, tokenizer=tok, meta={**meta_, **meta, "task_state": {**meta["task_state"], **calibrated}})
 
     data_key = {"batch_size": args.batch_size, "max_length": L, "train": data_identity(args.train_file), "options": opts}
@@ -192,10 +196,12 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> dict[str, An
 
 
 def data_identity(path: Path) -> list[list[Any]]:
-    """[absolute path, size] of a training file, or of a `datasets` directory (its files' total size)."""
-    p = Path(path)
+    """[absolute path, size] of a training file, or of a directory (`datasets`, BEIR: its files' total
+    size); a BEIR split (DIR:SPLIT) is its directory's with the split named."""
+    p, split = split_spec(path)
     if p.is_dir():
-        return [[str(p.resolve()), sum(f.stat().st_size for f in sorted(p.rglob("*")) if f.is_file())]]
+        return [[str(p.resolve()) + (f":{split}" if split else ""),
+                 sum(f.stat().st_size for f in sorted(p.rglob("*")) if f.is_file())]]
     return file_identity([p])
 
 
@@ -220,6 +226,29 @@ def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, d
     load_weights(net, load_state_dict(d, cfg))
     net.eval()
     return task, net, load_tokenizer(d), meta
+
+
+def evaluate_base(
+    task_name: str, model: str | Path, data: str | Path, *, options: dict[str, Any] | None = None,
+    max_length: int | None = None, device: str = "cpu", batch_size: int = 64,
+) -> dict[str, Any]:
+    """Metrics of a base model (a run or a checkpoint) with ``task_name``'s head as built, before any
+    fine-tuning: the zero-shot score of a task whose head has no parameters (the embedding task's
+    pooling); for any other task, a fresh random head's."""
+    task = get_task(task_name)
+    base = base_model_dir(model)
+    cfg, tok = ModelConfig.load(base), load_tokenizer(base)
+    opts = task.resolve_options(options)
+    ctx = TaskContext(max_length=max_length or min(task.default_max_length, cfg.max_tokens), options=opts)
+    torch.manual_seed(0)
+    net = task.build_model(cfg, ctx)
+    encoder = ("bert.embeddings.", "bert.encoder.", "bert.pooler.")
+    load_weights(net, {k: v for k, v in load_state_dict(base, cfg).items() if k.startswith(encoder)},
+                 allow_missing=tuple(net.state_dict()))
+    net.to(resolve_device(device)).eval()
+    metrics, _ = evaluation.evaluate(task, task.read(Path(data), opts), tok, ctx, torch_forward(net, task.outputs),
+                                     batch_size=batch_size)
+    return metrics
 
 
 def evaluate_run(

@@ -1,0 +1,111 @@
+"""Dense retrieval and its metrics: exact cosine search in chunks, and nDCG@k, MRR@k, MAP@k, Recall@k and
+Precision@k with trec_eval's definitions (what BEIR reports through pytrec_eval). No torch.
+
+Definitions, per query, then the mean over the queries (``relevant``: a judged grade > 0):
+
+- ``ndcg@k``: sum of grade / log2(rank + 1) over the top k, over the same for the ideal ordering of
+  the judged documents (trec_eval's ndcg_cut: linear gains);
+- ``mrr@k``: 1 / the rank of the first relevant document in the top k, 0 when there is none;
+- ``map@k``: the sum of precision at the rank of each relevant document in the top k, over the number
+  of relevant documents (trec_eval's map_cut);
+- ``recall@k``: relevant documents in the top k over the relevant documents;
+- ``precision@k``: relevant documents in the top k over k.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+METRICS = ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100", "precision@10")
+"""What retrieval evaluation reports, the main metric first."""
+
+
+def normalized(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (a zero row stays zero): cosine becomes a dot product."""
+    x = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(norms, 1e-12)
+
+
+def search(queries: np.ndarray, docs: np.ndarray, k: int, *, chunk: int = 16384) -> tuple[np.ndarray, np.ndarray]:
+    """The top ``k`` documents of each query by cosine: (indices (Q, k'), scores (Q, k')), best first,
+    k' = min(k, D). The documents are scored a chunk at a time, so memory is Q x (chunk + k) scores,
+    never Q x D."""
+    q, d = normalized(queries), normalized(docs)
+    k = min(k, len(d))
+    best_s = np.full((len(q), 0), -np.inf, dtype=np.float32)
+    best_i = np.zeros((len(q), 0), dtype=np.int64)
+    for start in range(0, len(d), chunk):
+        cs = q @ d[start:start + chunk].T  # (Q, chunk)
+        s = np.concatenate([best_s, cs], axis=1)
+        i = np.concatenate([best_i, np.broadcast_to(np.arange(start, start + cs.shape[1]), cs.shape)], axis=1)
+        if s.shape[1] > k:  # keep the k best so far
+            top = np.argpartition(-s, k - 1, axis=1)[:, :k]
+            s, i = np.take_along_axis(s, top, 1), np.take_along_axis(i, top, 1)
+        best_s, best_i = s, i
+    order = np.argsort(-best_s, axis=1, kind="stable")
+    return np.take_along_axis(best_i, order, 1), np.take_along_axis(best_s, order, 1)
+
+
+def _at(metric: str) -> tuple[str, int]:
+    name, _, k = metric.partition("@")
+    return name, int(k)
+
+
+def query_metrics(ranked: Sequence[str], judged: Mapping[str, int], metrics: Sequence[str] = METRICS) -> dict[str, float]:
+    """The metrics of one query's ranking (document ids, best first) against its judgements."""
+    relevant = {d for d, g in judged.items() if g > 0}
+    out: dict[str, float] = {}
+    for metric in metrics:
+        name, k = _at(metric)
+        top = list(ranked[:k])
+        hits = [d in relevant for d in top]
+        if name == "ndcg":
+            dcg = sum(judged.get(d, 0) / math.log2(r + 2) for r, d in enumerate(top) if judged.get(d, 0) > 0)
+            ideal = sorted((g for g in judged.values() if g > 0), reverse=True)[:k]
+            idcg = sum(g / math.log2(r + 2) for r, g in enumerate(ideal))
+            out[metric] = dcg / idcg if idcg else 0.0
+        elif name == "mrr":
+            out[metric] = next((1.0 / (r + 1) for r, h in enumerate(hits) if h), 0.0)
+        elif name == "map":
+            found, total = 0, 0.0
+            for r, h in enumerate(hits):
+                if h:
+                    found += 1
+                    total += found / (r + 1)
+            out[metric] = total / len(relevant) if relevant else 0.0
+        elif name == "recall":
+            out[metric] = sum(hits) / len(relevant) if relevant else 0.0
+        elif name == "precision":
+            out[metric] = sum(hits) / k
+        else:
+            raise ValueError(f"unknown retrieval metric {metric!r}")
+    return out
+
+
+def mean_metrics(runs: Mapping[str, Sequence[str]], qrels: Mapping[str, Mapping[str, int]],
+                 metrics: Sequence[str] = METRICS) -> dict[str, float]:
+    """The mean of ``query_metrics`` over the judged queries (a query missing from ``runs`` scores 0)."""
+    totals = dict.fromkeys(metrics, 0.0)
+    for qid, judged in qrels.items():
+        for m, v in query_metrics(runs.get(qid, ()), judged, metrics).items():
+            totals[m] += v
+    return {m: v / len(qrels) for m, v in totals.items()} if qrels else totals
+
+
+def retrieve(query_ids: Sequence[str], q: np.ndarray, doc_ids: Sequence[str], d: np.ndarray,
+             k: int = 100) -> dict[str, list[tuple[str, float]]]:
+    """Each query's top ``k`` documents with their cosine scores, best first."""
+    idx, scores = search(q, d, k)
+    return {qid: [(doc_ids[j], float(s)) for j, s in zip(row, srow)] for qid, row, srow in zip(query_ids, idx, scores)}
+
+
+def write_trec(path: str, ranked: Mapping[str, Sequence[tuple[str, float]]], tag: str = "mlmkit") -> None:
+    """A ranking in TREC run format: ``qid Q0 docid rank score tag`` per line."""
+    from mlmkit.files import atomic_write_text
+
+    lines = [f"{qid} Q0 {did} {r} {s:.6f} {tag}" for qid, docs in ranked.items() for r, (did, s) in enumerate(docs, 1)]
+    atomic_write_text(path, "\n".join(lines) + "\n")

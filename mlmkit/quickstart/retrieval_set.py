@@ -1,0 +1,38 @@
+"""A retrieval set built offline from the standard library's docstrings, in BEIR's layout.
+
+Each docstring of two or more sentences is one query and one document: the query is its first
+sentence (the summary line), the document the rest. Every fifth query is a test query; the corpus
+holds every document, so a test query searches the training documents too. The same Python gives the
+same set (files are read with ``ast`` in sorted order, as the pretraining corpus is).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlmkit.files import write_jsonl
+from mlmkit.quickstart.stdlib_corpus import docstring_documents
+
+
+def write_retrieval_set(out: str | Path, max_documents: int = 2000, test_every: int = 5) -> dict[str, int]:
+    """Write ``out``/corpus.jsonl, queries.jsonl, qrels/train.tsv and qrels/test.tsv; returns the counts."""
+    out = Path(out)
+    corpus, queries, splits = [], [], {"train": [], "test": []}
+    seen: set[str] = set()
+    for sents in docstring_documents():
+        query, text = sents[0], " ".join(sents[1:])
+        if query in seen or len(text.split()) < 8:  # one query per summary line; a document says something
+            continue
+        seen.add(query)
+        n = len(corpus)
+        corpus.append({"_id": f"d{n}", "title": "", "text": text})
+        queries.append({"_id": f"q{n}", "text": query})
+        splits["test" if n % test_every == test_every - 1 else "train"].append(f"q{n}\td{n}\t1")
+        if len(corpus) >= max_documents:
+            break
+    (out / "qrels").mkdir(parents=True, exist_ok=True)
+    write_jsonl(out / "corpus.jsonl", corpus)
+    write_jsonl(out / "queries.jsonl", queries)
+    for split, rows in splits.items():
+        (out / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return {"documents": len(corpus), "train_queries": len(splits["train"]), "test_queries": len(splits["test"])}

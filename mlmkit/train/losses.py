@@ -1,0 +1,165 @@
+"""Losses of embedding training, one interface, registered in one place (LOSSES).
+
+A loss is a function of a batch's embeddings ``E`` (F, H), one row per feature, and its ``PairBatch``
+(which example each feature belongs to, and which column of it: 0 the anchor, 1 the positive, 2.. the
+hard negatives; the gold score of scored pairs). How the embeddings are computed is the other half:
+all at once (``direct``), or GradCache-style in mini-batches (``cached``), which gives the same loss
+and the same gradients in the memory of one mini-batch:
+
+1. embed every mini-batch without a graph, saving each one's RNG state (dropout);
+2. compute the loss on the detached embeddings, and its gradient with respect to them;
+3. in backward, embed each mini-batch again from its saved RNG state, with a graph, and push the
+   saved gradient through it (times the gradient the loss receives, e.g. 1 / grad_accum).
+
+Texts that are equal (the same token ids: ``text_id``) are never each other's negatives: a candidate
+with the positive's text is masked out of the softmax, so a duplicate in a batch is no false negative.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PairBatch:
+    example: torch.Tensor  # (F,) int64: the example of each feature, 0.. within the batch
+    part: torch.Tensor  # (F,) int64: 0 anchor (or a pair's first text), 1 positive (second), 2.. negatives
+    text_id: torch.Tensor  # (F,) int64: equal for features with equal token ids
+    score: torch.Tensor  # (F,) float: the example's gold score (scored pairs)
+
+
+EmbeddingLoss = Callable[[torch.Tensor, PairBatch], torch.Tensor]
+Embed = Callable[[torch.Tensor], torch.Tensor]
+"""Feature indices (n,) -> their embeddings (n, H), with a graph where grad is enabled."""
+
+
+def _rows(b: PairBatch, part: int) -> torch.Tensor:
+    """Indices of the features of column ``part``, ordered by example (one per example)."""
+    idx = (b.part == part).nonzero().squeeze(1)
+    return idx[torch.argsort(b.example[idx], stable=True)]
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
+
+
+def mnrl(scale: float = 20.0, symmetric: bool = False) -> EmbeddingLoss:
+    """Multiple negatives ranking (InfoNCE): each anchor against every positive and hard negative of
+    the batch, its own positive the target, cosine times ``scale`` (20: temperature 0.05).
+    ``symmetric`` adds the positive -> anchor direction and averages the two."""
+
+    def loss(E: torch.Tensor, b: PairBatch) -> torch.Tensor:
+        a, p = _rows(b, 0), _rows(b, 1)
+        if len(a) != len(p) or not len(a):
+            raise ValueError("every example needs an anchor and a positive")
+        cand = torch.cat([p, (b.part >= 2).nonzero().squeeze(1)])
+        n = len(a)
+        target = torch.arange(n, device=E.device)
+        # a candidate with the same text as the anchor's positive is not a negative (but the positive is)
+        same = b.text_id[cand][None, :] == b.text_id[p][:, None]  # (n, n + negatives)
+        same[target, target] = False
+        s = (scale * _cos(E[a], E[cand])).masked_fill(same, -math.inf)
+        out = F.cross_entropy(s, target)
+        if symmetric:  # each positive against the anchors, its own anchor the target
+            same_anchor = b.text_id[a][None, :] == b.text_id[a][:, None]
+            same_anchor[target, target] = False
+            back = (scale * _cos(E[p], E[a])).masked_fill(same_anchor, -math.inf)
+            out = (out + F.cross_entropy(back, target)) / 2
+        return out
+
+    return loss
+
+
+def cosent(scale: float = 20.0) -> EmbeddingLoss:
+    """CoSENT for scored pairs: log(1 + sum over pairs (i, j) with gold_i > gold_j of
+    exp(scale * (cos_j - cos_i))), so the cosines are ordered as the gold scores are."""
+
+    def loss(E: torch.Tensor, b: PairBatch) -> torch.Tensor:
+        a, p = _rows(b, 0), _rows(b, 1)
+        cos = (F.normalize(E[a], dim=-1) * F.normalize(E[p], dim=-1)).sum(-1) * scale  # (n,)
+        gold = b.score[a]
+        diff = cos[None, :] - cos[:, None]  # (i, j): cos_j - cos_i
+        diff = diff.masked_fill(~(gold[:, None] > gold[None, :]), -math.inf)
+        return torch.logsumexp(torch.cat([torch.zeros(1, device=E.device, dtype=diff.dtype), diff.flatten()]), dim=0)
+
+    return loss
+
+
+def matryoshka(inner: EmbeddingLoss, dims: Sequence[int], weights: Sequence[float] | None = None) -> EmbeddingLoss:
+    """``inner`` on the first d dimensions of the embeddings for each d of ``dims``, weighted: the
+    leading dimensions carry a usable embedding by themselves (what the `dimensions` request field cuts)."""
+    w = list(weights) if weights else [1.0] * len(dims)
+
+    def loss(E: torch.Tensor, b: PairBatch) -> torch.Tensor:
+        return sum(wi * inner(E[:, :d], b) for d, wi in zip(dims, w))
+
+    return loss
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    make: Callable[..., EmbeddingLoss]  # (scale=, symmetric=) -> the loss
+    cached: bool = False  # computed in mini-batches (GradCache)
+    description: str = ""
+
+
+LOSSES: dict[str, LossSpec] = {
+    "mnrl": LossSpec(mnrl, description="in-batch and hard negatives (InfoNCE)"),
+    "cached-mnrl": LossSpec(mnrl, cached=True, description="mnrl in mini-batches (GradCache): large batches in small memory"),
+    "cosent": LossSpec(lambda scale=20.0, symmetric=False: cosent(scale), description="scored pairs: cosines ordered as the scores"),
+}
+"""The embedding task's --option loss=NAME (the task names the data each one trains on)."""
+
+
+# ---- computing the embeddings -------------------------------------------------------------------------
+def direct(embed: Embed, n: int, loss: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the loss, the embeddings) of all ``n`` features embedded at once, with one graph."""
+    E = embed(torch.arange(n))
+    return loss(E), E
+
+
+class _Rng:
+    """The RNG state one mini-batch was embedded with, to embed it again with the same dropout."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+    def replay(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        with torch.random.fork_rng(devices=[self.device] if self.cuda is not None else []):
+            torch.set_rng_state(self.cpu)
+            if self.cuda is not None:
+                torch.cuda.set_rng_state(self.cuda, self.device)
+            return fn()
+
+
+def cached(embed: Embed, n: int, loss: Callable[[torch.Tensor], torch.Tensor], mini_batch_size: int,
+           device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``direct``'s loss with its gradients, computed GradCache-style (the module docstring), and the
+    embeddings (without a graph); memory holds the graph of one mini-batch, not of ``n`` features."""
+    chunks = [torch.arange(s, min(s + mini_batch_size, n)) for s in range(0, n, mini_batch_size)]
+    rngs, reps = [], []
+    with torch.no_grad():
+        for c in chunks:
+            rngs.append(_Rng(device))
+            reps.append(embed(c))
+    E = torch.cat(reps).requires_grad_()
+    with torch.enable_grad():
+        value = loss(E)
+        (grad,) = torch.autograd.grad(value, E)
+    out = value.detach().requires_grad_()
+
+    def backward(g: torch.Tensor) -> None:  # g: d(final objective) / d(loss), e.g. 1 / grad_accum
+        for c, rng, gc in zip(chunks, rngs, grad.split([len(c) for c in chunks])):
+            with torch.enable_grad():
+                e = rng.replay(lambda c=c: embed(c))
+            e.backward(gc * g)
+
+    out.register_hook(backward)
+    return out, E.detach()

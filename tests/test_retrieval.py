@@ -1,0 +1,315 @@
+"""Retrieval training and evaluation: the losses against their formulas, GradCache against the uncached
+loss (loss and every gradient), the IR metrics against pytrec_eval (trec_eval), exact search, the BEIR
+reader's errors, and a fine-tune on the built-in retrieval set end to end (sentence-transformers loads
+the run; the bundle scores what the run scores)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_base_model, run_export, run_finetune
+from typer.testing import CliRunner
+
+from mlmkit.cli import app
+from mlmkit.errors import DataFormatError, TaskError
+from mlmkit.infer.retrieval import mean_metrics, query_metrics, search
+from mlmkit.plugin.registry import TaskContext, get_task
+from mlmkit.quickstart.retrieval_set import write_retrieval_set
+from mlmkit.text.beir import read_split
+from mlmkit.train import losses
+from mlmkit.train.finetune import evaluate_base
+from mlmkit.train.losses import PairBatch
+
+runner = CliRunner()
+
+
+# ---- the losses, against plain formulas --------------------------------------------------------------
+def _batch(parts: list[list[int]], texts: list[list[int]] | None = None, scores: list[float] | None = None) -> PairBatch:
+    """Features of examples in order: parts[i] the columns of example i (0 anchor, 1 positive, 2.. negatives)."""
+    example = [i for i, ps in enumerate(parts) for _ in ps]
+    part = [p for ps in parts for p in ps]
+    text = [t for ts in texts for t in ts] if texts else list(range(len(part)))
+    score = [scores[i] for i in example] if scores else [0.0] * len(part)
+    return PairBatch(torch.tensor(example), torch.tensor(part), torch.tensor(text), torch.tensor(score))
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.dot(a, b) / (a.norm() * b.norm()))
+
+
+def test_mnrl_is_infonce_over_positives_and_hard_negatives():
+    torch.manual_seed(0)
+    b = _batch([[0, 1, 2], [0, 1], [0, 1, 2, 3]])
+    E = torch.randn(len(b.part), 8)
+    anchors, positives = [0, 3, 5], [1, 4, 6]
+    candidates = positives + [2, 7, 8]
+    want = 0.0
+    for i, a in enumerate(anchors):
+        logits = [20.0 * _cos(E[a], E[c]) for c in candidates]
+        want += -logits[i] + math.log(sum(math.exp(x) for x in logits))
+    assert float(losses.mnrl()(E, b)) == pytest.approx(want / 3, abs=1e-5)
+    # symmetric: the mean of that and each positive against the anchors
+    back = 0.0
+    for i, p in enumerate(positives):
+        logits = [20.0 * _cos(E[p], E[a]) for a in anchors]
+        back += -logits[i] + math.log(sum(math.exp(x) for x in logits))
+    assert float(losses.mnrl(symmetric=True)(E, b)) == pytest.approx((want / 3 + back / 3) / 2, abs=1e-5)
+
+
+def test_a_text_twice_in_a_batch_is_no_false_negative():
+    """Example 2's positive is example 0's positive text: for anchor 0 it is not a negative (nor the other way)."""
+    torch.manual_seed(1)
+    b = _batch([[0, 1], [0, 1], [0, 1]], texts=[[10, 11], [12, 13], [14, 11]])
+    E = torch.randn(6, 8)
+    E[5] = E[1]  # the same text embeds the same
+    anchors, positives = [0, 2, 4], [1, 3, 5]
+    want = 0.0
+    for i, a in enumerate(anchors):
+        keep = [j for j in range(3) if j == i or not (i != j and {i, j} == {0, 2})]
+        logits = [10.0 * _cos(E[a], E[positives[j]]) for j in keep]
+        want += -logits[keep.index(i)] + math.log(sum(math.exp(x) for x in logits))
+    assert float(losses.mnrl(scale=10.0)(E, b)) == pytest.approx(want / 3, abs=1e-5)
+
+
+def test_cosent_orders_the_cosines_as_the_scores():
+    torch.manual_seed(2)
+    scores = [0.9, 0.1, 0.5, 0.5]
+    b = _batch([[0, 1]] * 4, scores=scores)
+    E = torch.randn(8, 8)
+    cos = [20.0 * _cos(E[2 * i], E[2 * i + 1]) for i in range(4)]
+    terms = [math.exp(cos[j] - cos[i]) for i in range(4) for j in range(4) if scores[i] > scores[j]]
+    assert float(losses.cosent()(E, b)) == pytest.approx(math.log(1 + sum(terms)), abs=1e-4)
+
+
+def test_matryoshka_is_the_weighted_inner_loss_on_leading_dimensions():
+    torch.manual_seed(3)
+    b = _batch([[0, 1], [0, 1], [0, 1, 2]])
+    E = torch.randn(7, 16)
+    inner = losses.mnrl()
+    want = 1.0 * inner(E[:, :16], b) + 0.5 * inner(E[:, :8], b) + 0.25 * inner(E[:, :4], b)
+    assert float(losses.matryoshka(inner, [16, 8, 4], [1.0, 0.5, 0.25])(E, b)) == pytest.approx(float(want), abs=1e-6)
+
+
+def test_every_loss_the_task_offers_is_registered():
+    from mlmkit_tasks.embedding import LOSS_DATA
+
+    assert set(LOSS_DATA) == set(losses.LOSSES)
+    assert get_task("embedding").best_metric(TaskContext(max_length=8, options={"loss": "cosent"})) == "spearman"
+
+
+# ---- GradCache: the same loss and gradients in mini-batches -------------------------------------------
+def _embedding_model(tok_size: int = 60, dropout: float = 0.0, **options):
+    from conftest import tiny_config
+
+    task = get_task("embedding")
+    cfg = tiny_config(tok_size, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    opts = task.resolve_options({"loss": "mnrl", **options})
+    torch.manual_seed(0)
+    return task.build_model(cfg, TaskContext(max_length=32, options=opts))
+
+
+def _training_batch(n_examples: int = 7, seed: int = 0) -> dict[str, torch.Tensor]:
+    rng = random.Random(seed)
+    rows, parts, examples, text_ids = [], [], [], []
+    for i in range(n_examples):
+        for part in range(2 + (i % 3 == 0)):  # some examples carry a hard negative
+            rows.append([2] + [rng.randrange(5, 60) for _ in range(rng.randrange(3, 12))] + [3])
+            parts.append(part)
+            examples.append(i)
+            text_ids.append(len(text_ids))
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    return {"input_ids": ids, "attention_mask": (ids != 0).long(), "token_type_ids": torch.zeros_like(ids),
+            "part": torch.tensor(parts), "text_id": torch.tensor(text_ids), "score": torch.zeros(len(rows)),
+            "example": torch.tensor(examples)}
+
+
+def _loss_and_grads(model, batch, scale: float = 1.0):
+    model.zero_grad()
+    loss = model(**batch)["loss"]
+    (loss * scale).backward()  # as the training loop divides by grad_accum
+    return float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("mini_batch_size", [1, 3, 5])
+def test_cached_mnrl_gives_mnrls_loss_and_every_parameters_gradient(mini_batch_size):
+    batch = _training_batch()
+    direct = _embedding_model()
+    cached = _embedding_model(loss="cached-mnrl", mini_batch_size=mini_batch_size)
+    cached.load_state_dict(direct.state_dict())
+    l1, g1 = _loss_and_grads(direct, batch, scale=0.5)
+    l2, g2 = _loss_and_grads(cached, batch, scale=0.5)
+    assert l2 == pytest.approx(l1, abs=1e-5)
+    assert g1.keys() == g2.keys() and len(g1) > 10
+    for name in g1:
+        assert torch.allclose(g1[name], g2[name], atol=1e-5), (name, float((g1[name] - g2[name]).abs().max()))
+
+
+def test_cached_mnrl_replays_each_mini_batchs_dropout():
+    """With dropout, the re-embedding in backward uses the mini-batch's own RNG state: its gradients are
+    those of embedding the same mini-batches, in order, with a graph."""
+    batch = _training_batch(6, seed=1)
+    model = _embedding_model(dropout=0.2, loss="cached-mnrl", mini_batch_size=4)
+    model.train()
+    torch.manual_seed(123)
+    l_cached, g_cached = _loss_and_grads(model, batch)
+
+    model.zero_grad()
+    torch.manual_seed(123)
+    n = len(batch["input_ids"])
+    embs = []
+    for s in range(0, n, 4):
+        idx = torch.arange(s, min(s + 4, n))
+        width = int(batch["attention_mask"][idx].sum(1).max())
+        embs.append(model.embed(batch["input_ids"][idx, :width], batch["attention_mask"][idx, :width],
+                                batch["token_type_ids"][idx, :width]))
+    pb = PairBatch(batch["example"], batch["part"], batch["text_id"], batch["score"])
+    ref = model.objective(torch.cat(embs), pb)
+    ref.backward()
+    assert float(ref.detach()) == pytest.approx(l_cached, abs=1e-5)
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            assert torch.allclose(p.grad, g_cached[name], atol=1e-5), name
+
+
+# ---- metrics and search ---------------------------------------------------------------------------------
+def test_metrics_equal_trec_eval_through_pytrec_eval():
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    rng = random.Random(0)
+    qrels, runs = {}, {}
+    for q in range(30):
+        docs = [f"d{i}" for i in rng.sample(range(300), 150)]
+        qrels[f"q{q}"] = {d: rng.choice([0, 1, 1, 2, 3]) for d in rng.sample(docs, rng.randrange(1, 12))}
+        if q == 0:  # a query whose relevant documents are all past the cut
+            qrels["q0"] = {docs[-1]: 2}
+        scores = sorted((rng.random() for _ in docs), reverse=True)  # distinct scores: no tie order to argue about
+        runs[f"q{q}"] = dict(zip(docs, scores))
+    ranked = {q: sorted(r, key=r.get, reverse=True) for q, r in runs.items()}
+    ours = {q: query_metrics(ranked[q], qrels[q]) for q in qrels}
+    ev = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut_10", "map_cut_100", "recall_10", "recall_100", "P_10"})
+    ref = ev.evaluate(runs)
+    top10 = {q: {d: runs[q][d] for d in ranked[q][:10]} for q in runs}
+    rr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(top10)
+    for q in qrels:
+        assert ours[q]["ndcg@10"] == pytest.approx(ref[q]["ndcg_cut_10"], abs=1e-6)
+        assert ours[q]["map@100"] == pytest.approx(ref[q]["map_cut_100"], abs=1e-6)
+        assert ours[q]["recall@10"] == pytest.approx(ref[q]["recall_10"], abs=1e-6)
+        assert ours[q]["recall@100"] == pytest.approx(ref[q]["recall_100"], abs=1e-6)
+        assert ours[q]["precision@10"] == pytest.approx(ref[q]["P_10"], abs=1e-6)
+        assert ours[q]["mrr@10"] == pytest.approx(rr[q]["recip_rank"], abs=1e-6)
+    assert ours["q0"]["ndcg@10"] == 0.0 and ours["q0"]["mrr@10"] == 0.0
+    means = mean_metrics(ranked, qrels)
+    assert means["ndcg@10"] == pytest.approx(np.mean([ref[q]["ndcg_cut_10"] for q in qrels]), abs=1e-6)
+
+
+def test_chunked_search_is_exact():
+    rng = np.random.default_rng(0)
+    q, d = rng.normal(size=(9, 16)), rng.normal(size=(1000, 16))
+    idx, scores = search(q, d, 50, chunk=37)  # chunks smaller than k
+    full = (q / np.linalg.norm(q, axis=1, keepdims=True)) @ (d / np.linalg.norm(d, axis=1, keepdims=True)).T
+    assert (idx == np.argsort(-full, axis=1)[:, :50]).all()
+    assert np.allclose(scores, np.sort(full, axis=1)[:, ::-1][:, :50], atol=1e-5)
+    assert search(q, d[:3], 10)[0].shape == (9, 3)
+
+
+# ---- BEIR directories ---------------------------------------------------------------------------------
+def _beir(tmp: Path, corpus=None, queries=None, qrels=None) -> Path:
+    d = tmp / "beir"
+    (d / "qrels").mkdir(parents=True)
+    corpus = corpus if corpus is not None else ['{"_id": "d1", "title": "Cats", "text": "purr"}',
+                                                '{"_id": "d2", "text": "dogs bark"}', '{"_id": "d3", "text": "fish swim"}']
+    queries = queries if queries is not None else ['{"_id": "q1", "text": "what purrs"}', '{"_id": "q2", "text": "who barks"}',
+                                                   '{"_id": "q3", "text": "nothing"}']
+    (d / "corpus.jsonl").write_text("\n".join(corpus) + "\n")
+    (d / "queries.jsonl").write_text("\n".join(queries) + "\n")
+    for split, rows in (qrels or {"test": ["q1\td1\t1", "q2\td2\t2", "q3\td3\t0"], "dev": ["q2\td2\t1"]}).items():
+        (d / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
+    return d
+
+
+def test_a_beir_split_is_read_with_titles_and_its_unjudged_queries_counted(tmp_path):
+    d = _beir(tmp_path)
+    s = read_split(d, training=False)
+    assert s.split == "test" and s.corpus["d1"] == "Cats purr" and s.corpus["d2"] == "dogs bark"
+    assert s.queries == {"q1": "what purrs", "q2": "who barks"} and s.skipped == {"no relevant document": 1}
+    assert read_split(f"{d}:dev", training=False).queries == {"q2": "who barks"}
+    with pytest.raises(DataFormatError, match=r"qrels/train\.tsv: no such split.*here: dev, test|no train\.tsv"):
+        read_split(d, training=True)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (dict(qrels={"test": ["q1\td9\t1"]}), r"qrels/test\.tsv, line 2: document 'd9' is not in corpus\.jsonl"),
+    (dict(qrels={"test": ["q1\td1\t1", "q7\td1\t1"]}), r"qrels/test\.tsv, line 3: query 'q7' is not in queries\.jsonl"),
+    (dict(qrels={"test": ["q1\td1\tmany"]}), r"qrels/test\.tsv, line 2, field 'score': the score must be a number"),
+    (dict(corpus=['{"_id": "d1", "text": "a"}', '{"_id": "d1", "text": "b"}']),
+     r"corpus\.jsonl, line 2, field '_id': the id 'd1' again \(first on line 1\)"),
+    (dict(corpus=['{"_id": "d1", "text": "a"}', '{"_id": "d2", "text": "b"']), r"corpus\.jsonl, line 2: malformed JSON"),
+    (dict(corpus=[]), r"corpus\.jsonl: no documents"),
+    (dict(qrels={"test": ["q1\td1\t0"]}), r"qrels/test\.tsv: no query with a relevant document"),
+])
+def test_bad_beir_data_is_one_error_naming_file_and_line(tmp_path, edit, match):
+    d = _beir(tmp_path, **edit)
+    with pytest.raises(DataFormatError, match=match):
+        read_split(d, training=False)
+
+
+# ---- end to end on the built-in retrieval set ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def retrieval(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("retrieval")
+    beir = tmp / "set"
+    counts = write_retrieval_set(beir, max_documents=500)
+    texts = [json.loads(line)["text"] for f in ("corpus.jsonl", "queries.jsonl") for line in open(beir / f)]
+    torch.manual_seed(0)
+    base = make_base_model(tmp / "base", texts, vocab_size=1500)
+    run = tmp / "run"
+    metrics = run_finetune("embedding", base, beir, run, eval_file=beir, steps=60, lr=1e-3, batch_size=64,
+                           max_length=48, eval_every=1000, progress=False)
+    return {"tmp": tmp, "beir": beir, "base": base, "run": run, "metrics": metrics, "counts": counts}
+
+
+def test_fine_tuning_on_the_built_in_set_beats_zero_shot(retrieval):
+    assert retrieval["counts"]["test_queries"] == 100 and retrieval["counts"]["documents"] == 500
+    zero = evaluate_base("embedding", retrieval["base"], retrieval["beir"], max_length=48)
+    tuned = retrieval["metrics"]
+    assert tuned["eval_ndcg@10"] > zero["ndcg@10"] + 0.05, (zero, tuned)
+    assert set(tuned) >= {f"eval_{m}" for m in ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100", "precision@10")}
+
+
+def test_the_run_is_a_sentence_transformers_directory_with_the_same_vectors(retrieval):
+    st = pytest.importorskip("sentence_transformers")
+    from mlmkit.text.batching import pad_features
+    from mlmkit.train.finetune import load_finetuned
+
+    texts = ["Return the number of items in the queue.", "A Mapping is a container.", "x"]
+    theirs = st.SentenceTransformer(str(retrieval["run"]), device="cpu").encode(texts, convert_to_numpy=True)
+    task, net, tok, meta = load_finetuned(retrieval["run"])
+    ctx = TaskContext(max_length=meta["max_length"], options=meta["options"])
+    batch = pad_features(task.featurize([{"text": t} for t in texts], tok, ctx, training=False), 0)
+    with torch.no_grad():
+        ours = net(**{k: torch.from_numpy(v) for k, v in batch.items()})["embedding"].numpy()
+    assert np.abs(ours - theirs).max() < 1e-5
+
+
+def test_the_bundle_scores_what_the_run_scores(retrieval, tmp_path):
+    bundle = tmp_path / "bundle"
+    run_export(retrieval["run"], bundle)
+    r = runner.invoke(app, ["evaluate", str(bundle), "--data", str(retrieval["beir"]), "--json"], env={"COLUMNS": "1000"})
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert abs(got["ndcg@10"] - retrieval["metrics"]["eval_ndcg@10"]) < 0.002, (got, retrieval["metrics"])
+
+
+def test_a_loss_on_the_wrong_kind_of_data_is_one_line(retrieval, tmp_path):
+    with pytest.raises(TaskError, match="the cosent loss trains on scored pairs, and the data are rows"):
+        run_finetune("embedding", retrieval["base"], retrieval["beir"], tmp_path / "x", steps=1,
+                     options={"loss": "cosent"}, progress=False)
+    with pytest.raises(TaskError, match="matryoshka_dims '64,9999'"):
+        run_finetune("embedding", retrieval["base"], retrieval["beir"], tmp_path / "y", steps=1,
+                     options={"matryoshka_dims": "64,9999"}, progress=False)
