@@ -34,6 +34,7 @@ bench: $(BIN)/mlmkit
 	$(BIN)/python benchmarks/batch_scale.py
 	$(BIN)/python benchmarks/pretrain_data_scale.py
 	$(BIN)/python benchmarks/families.py
+	$(BIN)/python benchmarks/retrieval_training.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

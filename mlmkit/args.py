@@ -329,6 +329,48 @@ class ExportArgs(Args):
 
 
 @dataclass
+class MineArgs(Args):
+    """`mlmkit mine`: hard negatives for (query, positive) data, from a retriever's ranking of a corpus."""
+
+    data: Path = arg(help="A BEIR directory (DIR, or DIR:SPLIT; its train split by default), or a .jsonl / "
+                          ".csv / .tsv / .parquet file of anchor, positive rows.", positional=True)
+    out: Path = arg(help="The rows to write (.jsonl): anchor, positive, negative_1 ... negative_K.")
+    corpus: Path | None = arg(None, "The documents to mine: a .txt (one per line) or a .jsonl with a text field "
+                                    "(a BEIR corpus.jsonl too); default: the BEIR directory's corpus, or the rows' positives.")
+    retriever: str = arg("bm25", "bm25 (the bm25s library), or the directory of an embedding bundle.")
+    negatives: int = arg(5, "Negatives per row.")
+    rank_range: str = arg("0:100", "The ranks negatives are taken from, A:B (rank 0 is the best match); the "
+                                   "query's positives are passed over wherever they rank.", flags=("--range",))
+    margin: float | None = arg(None, "Keep a negative only if its score is at most the positive's minus this.")
+    max_score_ratio: float | None = arg(None, "Keep a negative only if its score is at most this times the positive's.")
+    with_scores: bool = arg(False, "Add each row's scores: [positive, negative_1, ...] (for distillation losses).")
+    anchor_column: str = arg("anchor", "Rows: the anchor (query) field.")
+    positive_column: str = arg("positive", "Rows: the positive field.")
+    batch_size: int = arg(256, "Queries searched at once.")
+    device: str = arg("cpu", "cpu or cuda (an embedding bundle's onnxruntime session).")
+
+    def __post_init__(self) -> None:
+        _check(self.negatives >= 1, f"--negatives must be at least 1, got {self.negatives}")
+        _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
+        _check(not (self.margin is not None and self.max_score_ratio is not None),
+               "--margin and --max-score-ratio exclude each other", "filter by one of them")
+        _check(self.max_score_ratio is None or (_finite(self.max_score_ratio) and self.max_score_ratio > 0),
+               f"--max-score-ratio must be a positive number, got {self.max_score_ratio}")
+        _check(self.margin is None or _finite(self.margin), f"--margin must be a number, got {self.margin}")
+        self.window()
+
+    def window(self) -> tuple[int, int]:
+        """--range A:B as (A, B), 0 <= A < B."""
+        a, sep, b = self.rank_range.partition(":")
+        try:
+            lo, hi = int(a or 0), int(b)
+        except ValueError:
+            lo = hi = -1
+        _check(sep == ":" and 0 <= lo < hi, f"--range {self.rank_range} is not A:B with 0 <= A < B", "e.g. --range 10:100")
+        return lo, hi
+
+
+@dataclass
 class ServeArgs(Args):
     """`mlmkit serve`'s settings."""
 

@@ -159,8 +159,9 @@ def _model_class() -> type:
             if self.matryoshka:
                 fn = matryoshka(fn, self.matryoshka, self.weights)
             if self.mini_batch_size:
-                return cached(embed, len(input_ids), lambda E: fn(E, batch), self.mini_batch_size, input_ids.device)
-            return direct(embed, len(input_ids), lambda E: fn(E, batch))
+                return cached(embed, len(input_ids), lambda E: fn(E, batch), self.mini_batch_size, input_ids.device,
+                              lengths=attention_mask.sum(1))
+            return direct(embed, len(input_ids), lambda E: fn(E, batch), lengths=attention_mask.sum(1))
 
         def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                   token_type_ids: torch.Tensor | None) -> torch.Tensor:

@@ -14,7 +14,8 @@ from pathlib import Path
 def test_quickstart_runs_every_stage(tmp_path: Path) -> None:
     out = tmp_path / "qs"
     env = {**os.environ, "MLMKIT_CACHE": str(tmp_path / "cache"), "COLUMNS": "200"}
-    r = subprocess.run([sys.executable, "-m", "mlmkit", "quickstart", "--out", str(out), "--steps", "20"],
+    r = subprocess.run([sys.executable, "-m", "mlmkit", "quickstart", "--out", str(out), "--steps", "20",
+                        "--retrieval-documents", "400"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     for stage in ("1. corpus", "2. tokenizer + tiny BERT pretrained for 20 steps", "3. sentiment classifier",

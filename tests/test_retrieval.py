@@ -153,7 +153,7 @@ def test_cached_mnrl_gives_mnrls_loss_and_every_parameters_gradient(mini_batch_s
 
 def test_cached_mnrl_replays_each_mini_batchs_dropout():
     """With dropout, the re-embedding in backward uses the mini-batch's own RNG state: its gradients are
-    those of embedding the same mini-batches, in order, with a graph."""
+    those of embedding the same mini-batches (the texts sorted by length, cut in fours), in order, with a graph."""
     batch = _training_batch(6, seed=1)
     model = _embedding_model(dropout=0.2, loss="cached-mnrl", mini_batch_size=4)
     model.train()
@@ -162,15 +162,14 @@ def test_cached_mnrl_replays_each_mini_batchs_dropout():
 
     model.zero_grad()
     torch.manual_seed(123)
-    n = len(batch["input_ids"])
-    embs = []
-    for s in range(0, n, 4):
-        idx = torch.arange(s, min(s + 4, n))
+    order = torch.argsort(batch["attention_mask"].sum(1), stable=True)  # the mini-batches: by length, 4 texts each
+    E = torch.empty(len(order), model.config.hidden_size)
+    for idx in order.split(4):
         width = int(batch["attention_mask"][idx].sum(1).max())
-        embs.append(model.embed(batch["input_ids"][idx, :width], batch["attention_mask"][idx, :width],
-                                batch["token_type_ids"][idx, :width]))
+        E[idx] = model.embed(batch["input_ids"][idx, :width], batch["attention_mask"][idx, :width],
+                             batch["token_type_ids"][idx, :width])
     pb = PairBatch(batch["example"], batch["part"], batch["text_id"], batch["score"])
-    ref = model.objective(torch.cat(embs), pb)
+    ref = model.objective(E, pb)
     ref.backward()
     assert float(ref.detach()) == pytest.approx(l_cached, abs=1e-5)
     for name, p in model.named_parameters():
@@ -313,3 +312,74 @@ def test_a_loss_on_the_wrong_kind_of_data_is_one_line(retrieval, tmp_path):
     with pytest.raises(TaskError, match="matryoshka_dims '64,9999'"):
         run_finetune("embedding", retrieval["base"], retrieval["beir"], tmp_path / "y", steps=1,
                      options={"matryoshka_dims": "64,9999"}, progress=False)
+
+
+# ---- hard-negative mining --------------------------------------------------------------------------------
+def _mine(*args: str) -> tuple[int, list[dict]]:
+    out = [a for a in args if a.endswith(".jsonl")][-1]
+    r = runner.invoke(app, ["mine", *args, "--json"], env={"COLUMNS": "1000"})
+    rows = [json.loads(line) for line in open(out)] if r.exit_code == 0 else []
+    return r, rows
+
+
+def test_mining_skips_positives_and_keeps_to_the_window(retrieval, tmp_path):
+    from mlmkit.infer.retrieval import BM25
+
+    beir = retrieval["beir"]
+    r, rows = _mine(str(beir), "--out", str(tmp_path / "m.jsonl"), "--negatives", "4", "--range", "3:40", "--with-scores")
+    assert r.exit_code == 0, r.output
+    split = read_split(beir, training=True)
+    assert len(rows) == sum(len(split.positives(q)) for q in split.qrels) and json.loads(r.stdout)["short"] == {}
+    docs = list(split.corpus.values())
+    bm25 = BM25(docs)
+    queries = [row["anchor"] for row in rows[:30]]
+    ranked, _ = bm25.search(queries, 40)
+    for row, order in zip(rows[:30], ranked):
+        qid = next(q for q, t in split.queries.items() if t == row["anchor"])
+        positives = {split.corpus[d] for d in split.positives(qid)}
+        negs = [row[f"negative_{i}"] for i in range(1, 5)]
+        window = [docs[i] for i in order[3:40]]
+        assert not set(negs) & positives and all(n in window for n in negs)
+        assert negs == [d for d in window if d not in positives][:4]  # the best of the window, in rank order
+        assert row["scores"][1:] == sorted(row["scores"][1:], reverse=True)
+
+
+def test_mining_filters_by_margin_and_counts_the_short_rows(retrieval, tmp_path):
+    r, rows = _mine(str(retrieval["beir"]), "--out", str(tmp_path / "m.jsonl"), "--negatives", "3", "--margin", "1.0",
+                    "--with-scores")
+    assert r.exit_code == 0, r.output
+    short = json.loads(r.stdout)["short"]
+    for row in rows:
+        assert all(s <= row["scores"][0] - 1.0 + 1e-5 for s in row["scores"][1:])
+    assert short.get("the margin or score-ratio filter", 0) == sum(1 for row in rows if len(row["scores"]) < 4) > 0
+
+
+def test_mining_with_an_embedding_bundle_then_training_on_the_rows(retrieval, tmp_path):
+    bundle = tmp_path / "bundle"
+    run_export(retrieval["run"], bundle)
+    r, rows = _mine(str(retrieval["beir"]), "--out", str(tmp_path / "m.jsonl"), "--retriever", str(bundle), "--negatives", "2")
+    assert r.exit_code == 0, r.output
+    assert rows and all("negative_2" in row and row["negative_1"] != row["positive"] for row in rows)
+    m = run_finetune("embedding", retrieval["base"], tmp_path / "m.jsonl", tmp_path / "run", steps=3, batch_size=12,
+                     max_length=32, progress=False)
+    assert math.isfinite(m["loss"])
+
+
+def test_mining_rows_against_a_corpus_file_and_bad_input(tmp_path):
+    rows = tmp_path / "pairs.jsonl"
+    rows.write_text("\n".join(json.dumps({"anchor": a, "positive": p}) for a, p in [
+        ("red fruit", "apples are red fruit"), ("yellow fruit", "bananas are yellow"), ("sour fruit", "lemons are sour")]))
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("apples are red fruit\ncherries are red fruit too\nbananas are yellow\nsour lemons and limes\n"
+                      "fruit salad\n")
+    r, got = _mine(str(rows), "--out", str(tmp_path / "m.jsonl"), "--corpus", str(corpus), "--negatives", "2")
+    assert r.exit_code == 0, r.output
+    assert got[0]["anchor"] == "red fruit" and got[0]["negative_1"] == "cherries are red fruit too"
+    assert all(row["positive"] not in (row.get("negative_1"), row.get("negative_2")) for row in got)
+    r, _ = _mine(str(rows), "--out", str(tmp_path / "x.jsonl"), "--range", "50:60")
+    assert r.exit_code == 2 and "--range 50:60 starts past the corpus's 3 documents" in r.output
+    r, _ = _mine(str(rows), "--out", str(tmp_path / "x.jsonl"), "--range", "9:3")
+    assert r.exit_code == 2 and "--range 9:3 is not A:B" in r.output
+    rows.write_text('{"anchor": "a", "positive": "b"}\n{"anchor": "c"}\n')
+    r, _ = _mine(str(rows), "--out", str(tmp_path / "x.jsonl"))
+    assert r.exit_code == 2 and "pairs.jsonl, line 2" in r.output and "positive" in r.output

@@ -19,7 +19,7 @@ import typer
 from rich import progress as rp
 from rich.table import Table
 
-from mlmkit.args import Args, ExportArgs, ServeArgs, arg
+from mlmkit.args import Args, ExportArgs, MineArgs, ServeArgs, arg
 from mlmkit.cli.common import (
     Json,
     err,
@@ -305,6 +305,23 @@ def rerank(
 def predict(args: InferenceArgs, options: dict[str, Any]) -> None:
     """Run any bundle on its inputs: dispatches on the bundle's task (its options default to the export's)."""
     run_inference(None, args, options)
+
+
+@app.command()
+@handle_errors
+@with_args(MineArgs)
+def mine(args: MineArgs, as_json: Json = False) -> None:
+    """Mine hard negatives for (query, positive) data: a BEIR directory or anchor, positive rows, ranked by BM25 or an embedding bundle."""
+    from mlmkit.infer.mining import mine as run
+
+    with err.status(f"mining {args.data} ..."):
+        stats = run(args)
+    if want_json(as_json):
+        print_json(stats)
+        return
+    short = ", ".join(f"{n} ({why})" for why, n in stats["short"].items()) or "none"
+    out.print(f"{stats['rows']:,} rows with {stats['negatives']:,} negatives from {stats['documents']:,} documents "
+              f"-> {stats['out']}; rows with fewer than {args.negatives}: {short}")
 
 
 @app.command()

@@ -192,8 +192,10 @@ def quickstart(
     out_dir: Annotated[Path, typer.Option("--out", help="Where the quickstart writes its runs and bundles.")] = Path("runs/quickstart"),
     steps: Annotated[int, typer.Option("--steps", help="Pretraining steps.")] = 1500,
     seed: Annotated[int, typer.Option("--seed", help="Random seed of every stage.")] = 0,
+    retrieval_documents: Annotated[int, typer.Option("--retrieval-documents", min=50,
+                                                     help="Documents of the retrieval set step 5 trains on.")] = 1000,
 ) -> None:
-    """The whole pipeline on built-in data, offline: corpus, tokenizer, pretraining, fine-tuning, export, inference."""
+    """The whole pipeline on built-in data, offline: corpus, tokenizer, pretraining, fine-tuning, export, inference, retrieval."""
     from mlmkit.quickstart.demo import run
 
-    run(out_dir, steps=steps, seed=seed, console=out)
+    run(out_dir, steps=steps, seed=seed, retrieval_documents=retrieval_documents, console=out)

@@ -1,4 +1,5 @@
-"""Dense retrieval and its metrics: exact cosine search in chunks, and nDCG@k, MRR@k, MAP@k, Recall@k and
+"""Retrieval and its metrics: retrievers (BM25 with bm25s; dense, over an embedding bundle, with an
+exact cosine search in chunks), and nDCG@k, MRR@k, MAP@k, Recall@k and
 Precision@k with trec_eval's definitions (what BEIR reports through pytrec_eval). No torch.
 
 Definitions, per query, then the mean over the queries (``relevant``: a judged grade > 0):
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -34,12 +37,12 @@ def search(queries: np.ndarray, docs: np.ndarray, k: int, *, chunk: int = 16384)
     """The top ``k`` documents of each query by cosine: (indices (Q, k'), scores (Q, k')), best first,
     k' = min(k, D). The documents are scored a chunk at a time, so memory is Q x (chunk + k) scores,
     never Q x D."""
-    q, d = normalized(queries), normalized(docs)
+    q, d = normalized(queries), docs  # the documents are normalised a chunk at a time (a memory-mapped corpus)
     k = min(k, len(d))
     best_s = np.full((len(q), 0), -np.inf, dtype=np.float32)
     best_i = np.zeros((len(q), 0), dtype=np.int64)
     for start in range(0, len(d), chunk):
-        cs = q @ d[start:start + chunk].T  # (Q, chunk)
+        cs = q @ normalized(d[start:start + chunk]).T  # (Q, chunk)
         s = np.concatenate([best_s, cs], axis=1)
         i = np.concatenate([best_i, np.broadcast_to(np.arange(start, start + cs.shape[1]), cs.shape)], axis=1)
         if s.shape[1] > k:  # keep the k best so far
@@ -109,3 +112,77 @@ def write_trec(path: str, ranked: Mapping[str, Sequence[tuple[str, float]]], tag
 
     lines = [f"{qid} Q0 {did} {r} {s:.6f} {tag}" for qid, docs in ranked.items() for r, (did, s) in enumerate(docs, 1)]
     atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+# ---- retrievers: queries -> the top k documents of a corpus, and the score of a given pair ----------------
+class BM25:
+    """BM25 over the corpus (the bm25s library: sparse matrices, English stop words)."""
+
+    def __init__(self, docs: Sequence[str]) -> None:
+        try:
+            import bm25s
+        except ImportError:
+            from mlmkit.errors import ConfigError
+
+            raise ConfigError("--retriever bm25 needs the bm25s package", "pip install 'mlmkit[retrieval]'") from None
+        self.bm25s = bm25s
+        self.index = bm25s.BM25()
+        self.index.index(bm25s.tokenize(list(docs), show_progress=False), show_progress=False)
+        self.size = len(docs)
+
+    def _tokens(self, queries: Sequence[str]) -> Any:
+        return self.bm25s.tokenize(list(queries), show_progress=False)
+
+    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        docs, scores = self.index.retrieve(self._tokens(queries), k=min(k, self.size), show_progress=False)
+        return np.asarray(docs, dtype=np.int64), np.asarray(scores, dtype=np.float32)
+
+    def pair_scores(self, queries: Sequence[str], docs: Sequence[int]) -> np.ndarray:
+        tokens = self.bm25s.tokenize(list(queries), show_progress=False, return_ids=False)
+        return np.asarray([float(self.index.get_scores(t)[d]) for t, d in zip(tokens, docs)], dtype=np.float32)
+
+
+class Dense:
+    """Cosine over an embedding bundle's vectors. The corpus is embedded once into a memory-mapped file
+    (``work``), and searched a chunk at a time: memory is the query batch and one chunk, never the
+    corpus's vectors at once."""
+
+    def __init__(self, bundle: str | Path, docs: Sequence[str], work: str | Path, *, device: str = "cpu",
+                 batch: int = 1024) -> None:
+        from mlmkit.infer.pipeline import Pipeline
+
+        self.pipe = Pipeline.load(bundle, device=device)
+        if self.pipe.task != "embedding":
+            from mlmkit.errors import ConfigError
+
+            raise ConfigError(f"{bundle} is a {self.pipe.task} bundle, not an embedding one",
+                              "give --retriever bm25 or an embedding bundle (mlmkit export RUN --task embedding)")
+        first = self.embed(docs[:batch])
+        path = Path(work) / "corpus-embeddings.npy"
+        self.vectors = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(len(docs), first.shape[1]))
+        self.vectors[: len(first)] = normalized(first)
+        for start in range(len(first), len(docs), batch):
+            self.vectors[start:start + batch] = normalized(self.embed(docs[start:start + batch]))
+        self.vectors.flush()
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return np.asarray([r["embedding"] for r in self.pipe(list(texts))], dtype=np.float32)
+
+    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        return search(self.embed(queries), self.vectors, k)
+
+    def pair_scores(self, queries: Sequence[str], docs: Sequence[int]) -> np.ndarray:
+        q = normalized(self.embed(queries))
+        return np.einsum("qh,qh->q", q, self.vectors[np.asarray(docs, dtype=np.int64)])
+
+
+def bm25_metrics(data: str | Path) -> dict[str, float]:
+    """The retrieval metrics of BM25 (bm25s) on a BEIR directory's evaluation split: the lexical
+    baseline a dense model should beat."""
+    from mlmkit.text.beir import read_split
+
+    split = read_split(data, training=False)
+    dids = list(split.corpus)
+    qids = list(split.queries)
+    idx, _ = BM25([split.corpus[d] for d in dids]).search([split.queries[q] for q in qids], 100)
+    return mean_metrics({q: [dids[i] for i in row] for q, row in zip(qids, idx)}, split.qrels)

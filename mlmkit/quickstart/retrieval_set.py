@@ -21,9 +21,11 @@ def write_retrieval_set(out: str | Path, max_documents: int = 2000, test_every: 
     seen: set[str] = set()
     for sents in docstring_documents():
         query, text = sents[0], " ".join(sents[1:])
-        if query in seen or len(text.split()) < 8:  # one query per summary line; a document says something
+        # one query per summary line and one document per text (a copy would be an unjudged right
+        # answer); a document says something
+        if query in seen or text in seen or len(text.split()) < 8:
             continue
-        seen.add(query)
+        seen.update((query, text))
         n = len(corpus)
         corpus.append({"_id": f"d{n}", "title": "", "text": text})
         queries.append({"_id": f"q{n}", "text": query})

