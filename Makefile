@@ -22,7 +22,7 @@ quickstart: $(BIN)/mlmkit
 test: $(BIN)/mlmkit
 	$(BIN)/ruff check mlmkit tasks tests benchmarks
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q --numprocesses auto --maxprocesses 4 --durations 15
+	$(BIN)/python -m pytest -q --numprocesses auto --maxprocesses 4 --dist worksteal --durations 15
 
 lint: $(BIN)/mlmkit
 	$(BIN)/ruff check mlmkit tasks tests benchmarks

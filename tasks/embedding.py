@@ -120,7 +120,7 @@ def _model_class() -> type:
     from torch import nn
 
     from mlmkit.models.core import BertModel, mean_pool
-    from mlmkit.train.losses import LOSSES, PairBatch, cached, direct, matryoshka
+    from mlmkit.train.losses import LOSSES, PairBatch, cached, direct, distributed, matryoshka
 
     class BertForEmbedding(nn.Module):
         def __init__(self, config: Any, pooling: str, normalize: bool, options: Mapping[str, Any] | None = None) -> None:
@@ -158,6 +158,7 @@ def _model_class() -> type:
             fn = self.objective
             if self.matryoshka:
                 fn = matryoshka(fn, self.matryoshka, self.weights)
+            fn = distributed(fn)  # in-batch negatives from every rank under torchrun
             if self.mini_batch_size:
                 return cached(embed, len(input_ids), lambda E: fn(E, batch), self.mini_batch_size, input_ids.device,
                               lengths=attention_mask.sum(1))

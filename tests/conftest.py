@@ -84,3 +84,12 @@ def run_export(run: Path, out: Path, **kw):
     from mlmkit.export.bundle import export
 
     return export(ExportArgs(run=run, out=out, **kw))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests first: with the suite spread over worker processes, one started last would
+    run on alone at the end."""
+    first = ("test_quickstart.py", "test_two_processes_share_one_sqlite_study", "test_learns_the_generated_language",
+             "test_learns_to_answer_and_loads_in_transformers", "test_two_process_cpu_run_writes_one_checkpoint",
+             "test_mnrl_under_torchrun_sees_every_ranks_negatives")
+    items.sort(key=lambda item: not any(name in item.nodeid for name in first))

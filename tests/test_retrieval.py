@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -383,3 +384,54 @@ def test_mining_rows_against_a_corpus_file_and_bad_input(tmp_path):
     rows.write_text('{"anchor": "a", "positive": "b"}\n{"anchor": "c"}\n')
     r, _ = _mine(str(rows), "--out", str(tmp_path / "x.jsonl"))
     assert r.exit_code == 2 and "pairs.jsonl, line 2" in r.output and "positive" in r.output
+
+
+# ---- torchrun: in-batch negatives from every rank ----------------------------------------------------------
+def _half(batch: dict[str, torch.Tensor], rank: int, examples: int) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s share of a batch: its examples, numbered from 0."""
+    keep = (batch["example"] >= rank * examples) & (batch["example"] < (rank + 1) * examples)
+    half = {k: v[keep] for k, v in batch.items()}
+    half["example"] = half["example"] - rank * examples
+    return half
+
+
+def _ddp_rank(out: str) -> None:
+    """One rank of test_mnrl_under_torchrun_sees_every_ranks_negatives (run by torch.distributed.run)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.parallel.DistributedDataParallel(_embedding_model())
+    loss = model(**_half(_training_batch(8), rank, 4))["loss"]
+    loss.backward()
+    if rank == 0:
+        torch.save({"loss": float(loss.detach()), "grads": {n.removeprefix("module."): p.grad for n, p in
+                                                             model.named_parameters() if p.grad is not None}}, out)
+    dist.destroy_process_group()
+
+
+def test_mnrl_under_torchrun_sees_every_ranks_negatives(tmp_path):
+    """Two gloo processes, each with half of a batch: the loss and every gradient (after DDP's
+    averaging) equal one process's over the whole batch, so each anchor met the other rank's texts."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "rank0.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(Path(__file__).resolve()), str(out)], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = torch.load(out)
+    model = _embedding_model()
+    loss = model(**_training_batch(8))["loss"]
+    loss.backward()
+    assert got["loss"] == pytest.approx(float(loss.detach()), abs=1e-5)
+    half = _embedding_model()
+    assert float(half(**_half(_training_batch(8), 0, 4))["loss"].detach()) != pytest.approx(got["loss"], abs=1e-3)
+    for name, p in model.named_parameters():
+        assert torch.allclose(got["grads"][name], p.grad, atol=1e-5), name
+
+
+if __name__ == "__main__":
+    _ddp_rank(sys.argv[1])

@@ -101,6 +101,48 @@ def matryoshka(inner: EmbeddingLoss, dims: Sequence[int], weights: Sequence[floa
     return loss
 
 
+def distributed(inner: EmbeddingLoss) -> EmbeddingLoss:
+    """``inner`` over the global batch under torchrun: every rank's embeddings gathered (in rank order,
+    its examples renumbered after the previous ranks'), the gradient flowing back to each rank's own
+    rows. Each rank then computes the same loss, d(loss)/d(own rows) arrives world-size times (one from
+    every rank's copy), and DistributedDataParallel's averaging makes the parameters' gradients those
+    of one process over the whole batch. One process: ``inner`` itself."""
+
+    def loss(E: torch.Tensor, b: PairBatch) -> torch.Tensor:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return inner(E, b)
+        from torch.distributed.nn.functional import all_gather
+
+        world = dist.get_world_size()
+        n = torch.tensor([len(E)], device=E.device)
+        sizes = [torch.zeros_like(n) for _ in range(world)]
+        dist.all_gather(sizes, n)
+        rows = [int(s) for s in sizes]
+        pad = max(rows) - len(E)
+
+        def padded(x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([x, x.new_zeros((pad, *x.shape[1:]))]) if pad else x
+
+        Es = all_gather(padded(E))  # with gradients back to each rank's own rows
+        meta = torch.stack([b.example, b.part, b.text_id]).T.contiguous()  # (n, 3) int64
+        metas = [torch.zeros((max(rows), 3), dtype=meta.dtype, device=meta.device) for _ in range(world)]
+        dist.all_gather(metas, padded(meta))
+        scores = [torch.zeros(max(rows), dtype=b.score.dtype, device=b.score.device) for _ in range(world)]
+        dist.all_gather(scores, padded(b.score))
+        offset, ex = 0, []
+        for m, r in zip(metas, rows):
+            ex.append(m[:r, 0] + offset)
+            offset += int(m[:r, 0].max()) + 1 if r else 0
+        glob = PairBatch(torch.cat(ex), torch.cat([m[:r, 1] for m, r in zip(metas, rows)]),
+                         torch.cat([m[:r, 2] for m, r in zip(metas, rows)]),
+                         torch.cat([s[:r] for s, r in zip(scores, rows)]))
+        return inner(torch.cat([e[:r] for e, r in zip(Es, rows)]), glob)
+
+    return loss
+
+
 @dataclass(frozen=True)
 class LossSpec:
     make: Callable[..., EmbeddingLoss]  # (scale=, symmetric=) -> the loss
