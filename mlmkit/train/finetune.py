@@ -31,6 +31,7 @@ from mlmkit.train.loop import Trainer
 from mlmkit.train.tracking import Reporter, flat_params, parse_report_to
 
 log = logging.getLogger("mlmkit")
+ENCODER = ("bert.embeddings.", "bert.encoder.", "bert.pooler.")  # the weights a base model gives any task
 
 
 class FeatureData:
@@ -179,8 +180,7 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> dict[str, An
     # the encoder carries over; the head too when --model is a model of this task with these very
     # labels (a fine-tuned run, or a transformers checkpoint), otherwise it starts fresh
     full = load_state_dict(base, cfg)
-    encoder = ("bert.embeddings.", "bert.encoder.", "bert.pooler.")
-    sd = full if same_head else {k: v for k, v in full.items() if k.startswith(encoder)}
+    sd = full if same_head else {k: v for k, v in full.items() if k.startswith(ENCODER)}
     head = tuple(k for k in net.state_dict() if not k.startswith(("bert.embeddings", "bert.encoder")))
     missing, unexpected = load_weights(net, sd, allow_missing=head)
     if same_head and not missing and not args.train.resume:
@@ -258,8 +258,7 @@ def evaluate_base(
     ctx = TaskContext(max_length=max_length or min(task.default_max_length, cfg.max_tokens), options=opts)
     torch.manual_seed(0)
     net = task.build_model(cfg, ctx)
-    encoder = ("bert.embeddings.", "bert.encoder.", "bert.pooler.")
-    load_weights(net, {k: v for k, v in load_state_dict(base, cfg).items() if k.startswith(encoder)},
+    load_weights(net, {k: v for k, v in load_state_dict(base, cfg).items() if k.startswith(ENCODER)},
                  allow_missing=tuple(net.state_dict()))
     net.to(resolve_device(device)).eval()
     metrics, _ = evaluation.evaluate(task, task.read(Path(data), opts), tok, ctx, torch_forward(net, task.outputs),
