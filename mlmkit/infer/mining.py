@@ -121,12 +121,12 @@ def mine(args: MineArgs) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="mlmkit-mine-") as work:
         retriever = BM25(data.docs) if args.retriever == "bm25" else Dense(args.retriever, data.docs, work, device=args.device)
         log.info("mining %d pairs over %d documents with %s", len(data.pairs), len(data.docs), args.retriever)
+        need_pos = args.with_scores or args.margin is not None or args.max_score_ratio is not None
         with atomic_open(args.out) as f:
             for start in range(0, len(data.pairs), args.batch_size):
                 batch = data.pairs[start:start + args.batch_size]
                 queries = [q for q, _ in batch]
                 idx, scores = retriever.search(queries, hi)
-                need_pos = args.with_scores or args.margin is not None or args.max_score_ratio is not None
                 pos_scores = retriever.pair_scores(queries, [p for _, p in batch]) if need_pos else None
                 for n, (query, pos) in enumerate(batch):
                     ceiling = None
