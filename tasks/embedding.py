@@ -13,14 +13,25 @@ Data, in any format fine-tuning reads (CSV / TSV / JSONL / Parquet / `datasets` 
 - rows of an anchor, its positive and any hard negatives (``anchor``, ``positive``, ``negative`` or
   ``negative_1`` ...): trained with ``mnrl`` / ``cached-mnrl``; evaluated as retrieval, each anchor
   searching every positive and negative of the file;
+- the same rows with the teacher's ``scores`` (a list: the positive's, then each negative's, as
+  `mlmkit mine --with-scores` writes them): trained with ``margin-mse``;
 - scored pairs (``text``, ``text_pair``, ``score``, the STS layout): trained with ``cosent``;
   evaluated by the Spearman (main) and Pearson correlation of the pairs' cosine with the scores;
+- with ``teacher`` (an embedding bundle or run), any of these or plain texts (``text``): trained with
+  ``mse-distill`` toward the teacher's embedding of every text (computed once, before training);
 - a BEIR directory (text/beir.py): its train split's (query, relevant document) pairs for training,
   its test (or dev) split for evaluation: nDCG@10 (main), MRR@10, MAP@100, Recall@10/100,
   Precision@10 over an exact search of the whole corpus (infer/retrieval.py).
 
 In a training batch an example's texts stay together (``group_features``); ``--batch-size`` counts
 texts, so 64 holds 32 (anchor, positive) pairs.
+
+Prompts (``query_prompt``, ``document_prompt``, as e5 and bge use them: "query: ", "passage: ") are
+built into the model like its pooling: put before every query (an anchor) and every document (a
+positive, a negative, a corpus text) in training and retrieval evaluation, and before an input the
+caller declares one (``input_type``: `mlmkit embed --as query`, the OpenAI route's ``input_type``,
+TEI's ``prompt_name``). A sentence-transformers directory's prompts are read from, and a run's written
+to, config_sentence_transformers.json ({"prompts": {"query": ..., "document": ...}}).
 """
 
 from __future__ import annotations
@@ -61,9 +72,15 @@ log = logging.getLogger("mlmkit")
 POOLINGS = ("mean", "cls", "max")
 ST_POOLING = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max"}
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
-LOSS_DATA = {"mnrl": "rows", "cached-mnrl": "rows", "cosent": "scored"}
+INPUT_TYPES = ("none", "query", "document")
+ST_PROMPTS = {"query_prompt": ("query",), "document_prompt": ("document", "passage", "corpus")}
+"""The prompt options and the names a sentence-transformers directory's "prompts" gives them (the first found)."""
+LOSS_DATA = {"mnrl": ("rows",), "cached-mnrl": ("rows",), "cosent": ("scored",), "margin-mse": ("rows",),
+             "mse-distill": ("rows", "scored", "texts")}
 """The losses (mlmkit/train/losses.py's LOSSES) and the data each trains on: "rows" (anchor, positive,
-negatives...) or "scored" pairs."""
+negatives..., with the teacher's scores for margin-mse), "scored" pairs, or plain "texts"."""
+NO_TARGET = np.zeros(0, dtype=np.float32)  # a training feature's "target" without a teacher (mse-distill's only)
+DATA_NAMES = {"rows": "rows of an anchor and its positive", "scored": "scored pairs", "texts": "plain texts"}
 
 
 def _json(path: Path) -> Any:
@@ -104,6 +121,12 @@ def _sentence_transformers(d: Path) -> dict[str, Any]:
             raise DataFormatError(d / "1_Pooling" / "config.json", f"pooling {', '.join(other + modes) or 'none'} is not "
                                   "one of mean, cls and max", hint="export with --task embedding --option pooling=...")
         options["pooling"] = modes[0]
+    if (d / "config_sentence_transformers.json").is_file():
+        prompts = _json(d / "config_sentence_transformers.json").get("prompts") or {}
+        for option, names in ST_PROMPTS.items():
+            found = [prompts[n] for n in names if isinstance(prompts.get(n), str) and prompts[n]]
+            if found:
+                options[option] = found[0]
     info: dict[str, Any] = {"options": options}
     if (d / "sentence_bert_config.json").is_file():
         max_len = _json(d / "sentence_bert_config.json").get("max_seq_length")
@@ -123,13 +146,18 @@ def _model_class() -> type:
     from mlmkit.train.losses import LOSSES, PairBatch, cached, direct, distributed, matryoshka
 
     class BertForEmbedding(nn.Module):
-        def __init__(self, config: Any, pooling: str, normalize: bool, options: Mapping[str, Any] | None = None) -> None:
+        def __init__(self, config: Any, pooling: str, normalize: bool, options: Mapping[str, Any] | None = None,
+                     teacher_dim: int | None = None) -> None:
             super().__init__()
             self.config, self.pooling, self.normalize = config, pooling, normalize
             self.bert = BertModel(config, add_pooling_layer=False)
             o = options or {}
             spec = LOSSES[o.get("loss", "mnrl")]
-            self.objective = spec.make(scale=float(o.get("scale", 20.0)), symmetric=bool(o.get("symmetric", False)))
+            # mse-distill from a teacher of another size: the student's embeddings mapped to the teacher's
+            # (training only; the run's and the bundle's embeddings are the student's own)
+            self.distill_projection = nn.Linear(config.hidden_size, teacher_dim) if teacher_dim and teacher_dim != config.hidden_size else None
+            self.objective = spec.make(scale=float(o.get("scale", 20.0)), symmetric=bool(o.get("symmetric", False)),
+                                       project=self.distill_projection)
             self.mini_batch_size = int(o.get("mini_batch_size", 32)) if spec.cached else 0
             self.matryoshka = _dims(o.get("matryoshka_dims", ""), config.hidden_size)
             self.weights = _weights(o.get("matryoshka_weights", ""), len(self.matryoshka))
@@ -137,13 +165,15 @@ def _model_class() -> type:
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                     token_type_ids: torch.Tensor | None = None, part: torch.Tensor | None = None,
                     text_id: torch.Tensor | None = None, score: torch.Tensor | None = None,
-                    example: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                    example: torch.Tensor | None = None, target: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
             if attention_mask is None:
                 attention_mask = torch.ones_like(input_ids)
+            if target is not None and target.shape[-1] == 0:  # no teacher (NO_TARGET)
+                target = None
             if part is not None:  # training: the loss over the batch's examples, and the embeddings it saw
                 if example is None:  # an example's features come together, its anchor (part 0) first
                     example = torch.cumsum(part == 0, 0) - 1
-                loss, emb = self.loss(input_ids, attention_mask, token_type_ids, PairBatch(example, part, text_id, score))
+                loss, emb = self.loss(input_ids, attention_mask, token_type_ids, PairBatch(example, part, text_id, score, target))
                 return {"loss": loss, "embedding": emb}
             return {"embedding": self.embed(input_ids, attention_mask, token_type_ids)}
 
@@ -244,8 +274,16 @@ class EmbeddingTask:
         TaskOption("pooling", "mean", "How token vectors become one: mean, cls or max (over real tokens).", choices=POOLINGS,
                    fixed=True),
         TaskOption("normalize", False, "L2-normalise the embeddings (cosine similarity becomes a dot product).", fixed=True),
+        TaskOption("query_prompt", "", "Text put before every query (anchor) in training, evaluation and --as query "
+                   "(e5: 'query: ').", fixed=True),
+        TaskOption("document_prompt", "", "Text put before every document (positive, negative, corpus text) in "
+                   "training, evaluation and --as document (e5: 'passage: ').", fixed=True),
+        TaskOption("input_type", "none", "What the inputs are, for the prompt put before them: query, document or "
+                   "none (`mlmkit embed --as query`).", choices=INPUT_TYPES),
         TaskOption("loss", "auto", "Fine-tuning loss: mnrl or cached-mnrl on (anchor, positive, negatives) rows or a "
-                   "BEIR directory, cosent on scored pairs; auto: mnrl or cosent, by the data.", choices=("auto", *LOSS_DATA)),
+                   "BEIR directory, margin-mse on rows with teacher scores, cosent on scored pairs, mse-distill "
+                   "toward a teacher; auto: mse-distill with a teacher, else mnrl or cosent by the data.",
+                   choices=("auto", *LOSS_DATA)),
         TaskOption("scale", 20.0, "Fine-tuning: the cosine's scale in the losses (20: temperature 0.05).", minimum=0.0),
         TaskOption("symmetric", False, "Fine-tuning (mnrl): add the positive -> anchor direction."),
         TaskOption("mini_batch_size", 32, "Fine-tuning (cached-mnrl): texts embedded at once; the batch is --batch-size.",
@@ -253,6 +291,10 @@ class EmbeddingTask:
         TaskOption("matryoshka_dims", "", "Fine-tuning: also train the first d dimensions for each d listed "
                    "(e.g. 384,256,128,64); evaluation reports each."),
         TaskOption("matryoshka_weights", "", "Fine-tuning: the weight of each matryoshka dimension (default 1 each)."),
+        TaskOption("teacher", "", "Fine-tuning (mse-distill): an embedding bundle or run whose embeddings the model "
+                   "learns (a learned projection where the sizes differ)."),
+        TaskOption("scores_column", "scores", "Training rows (margin-mse): the teacher's scores, the positive's then "
+                   "each negative's (mlmkit mine --with-scores)."),
         TaskOption("anchor_column", "anchor", "Training rows: the anchor (query) field."),
         TaskOption("positive_column", "positive", "Training rows: the positive field; hard negatives are negative, "
                    "negative_1, negative_2 ..."),
@@ -260,18 +302,22 @@ class EmbeddingTask:
         TaskOption("pair_column", "text_pair", "Scored pairs: the second text of a pair."),
         TaskOption("score_column", "score", "Scored pairs: the pair's gold similarity."),
     )
-    label_names = ("part", "text_id", "score")
+    label_names = ("part", "text_id", "score", "target")
     group_features = True
     default_max_length = 128
     command = "embed"
     pipeline_tag = "sentence-similarity"
 
     def main_metric(self, ctx: TaskContext) -> str:
-        return "spearman" if LOSS_DATA[_loss(ctx)] == "scored" else "ndcg@10"
+        return "spearman" if _loss(ctx) == "cosent" or ctx.state.get("data") == "scored" else "ndcg@10"
 
     def fit_state(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        """The kind of training data ("rows" or "scored"), which ``loss=auto`` trains by."""
-        return {"data": "scored" if examples and "score" in examples[0] else "rows"}
+        """The kind of training data ("rows", "scored" or "texts"), which ``loss=auto`` trains by, and
+        the size of the teacher's embeddings (mse-distill)."""
+        state: dict[str, Any] = {"data": _kind(examples)}
+        if examples and "targets" in examples[0]:
+            state["teacher_dim"] = int(len(examples[0]["targets"][0]))
+        return state
 
     def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
         """A sentence-transformers directory (modules.json), or a bare encoder (architectures BertModel)."""
@@ -288,29 +334,41 @@ class EmbeddingTask:
             for why, n in split.skipped.items():
                 log.warning("%s: %d queries of the %s split left out: %s", split.directory, n, split.split, why)
             if training:
-                return [{"anchor": split.queries[q], "positive": split.corpus[d], "negatives": []}
+                rows = [{"anchor": split.queries[q], "positive": split.corpus[d], "negatives": []}
                         for q in split.qrels for d in split.positives(q)]
+                if _loss_option(options) == "margin-mse":
+                    raise TaskError("margin-mse trains on rows with the teacher's scores; a BEIR split has none",
+                                    f"mine them: mlmkit mine {path} --out rows.jsonl --with-scores")
+                if _loss_option(options) == "mse-distill":
+                    _with_teacher(rows, options)
+                return rows
             return ([{"kind": "query", "id": q, "text": text, "judged": split.qrels[q]} for q, text in split.queries.items()]
                     + [{"kind": "doc", "id": d, "text": text} for d, text in split.corpus.items()])
         fmt = data_format(path, FORMATS)
-        rows, pairs = [], []
+        loss = _loss_option(options)
+        texts_ok = training and loss == "mse-distill"  # plain texts: only a teacher's embeddings to learn
+        examples: list[dict[str, Any]] = []
         for rec in iter_jsonl(path) if fmt == "jsonl" else iter_records(path, fmt):
             fields = rec.fields()
             if options["anchor_column"] in fields:
-                negs = _negative_columns(fields, "negative")
-                rows.append({"anchor": rec.text(options["anchor_column"]), "positive": rec.text(options["positive_column"]),
-                             "negatives": [t for t in (rec.text(k, required=False) for k in negs) if t]})
+                ex = _row(rec, options, scores=loss == "margin-mse")
+            elif texts_ok and options["score_column"] not in fields:
+                ex = {"text": rec.text(options["text_column"]), "text_pair": rec.text(options["pair_column"], required=False)}
             else:
-                pairs.append(_scored_pair(rec, options, hint=f"scored pairs need {options['score_column']}; rows need "
-                                                               f"{options['anchor_column']} and {options['positive_column']}"))
-            if rows and pairs:
-                raise rec.error("rows (anchor, positive) and scored pairs mixed in one file", hint="one kind of data per file")
-        if not rows and not pairs:
+                ex = _scored_pair(rec, options, hint=f"scored pairs need {options['score_column']}; rows need "
+                                                     f"{options['anchor_column']} and {options['positive_column']}")
+            if examples and _kind([ex]) != _kind(examples[:1]):
+                raise rec.error(f"{DATA_NAMES[_kind([ex])]} and {DATA_NAMES[_kind(examples[:1])]} mixed in one file",
+                                hint="one kind of data per file")
+            examples.append(ex)
+        if not examples:
             raise DataFormatError(path, "no examples", hint="anchor and positive (and negatives) per record, or text, "
                                                             "text_pair and score")
-        if rows and not training:
-            return _as_retrieval(rows)
-        return rows or pairs
+        if not training:
+            return _as_retrieval(examples) if "anchor" in examples[0] else examples
+        if loss == "mse-distill":
+            _with_teacher(examples, options)
+        return examples
 
     def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
         """A text, or a record with a text field (its text_column)."""
@@ -323,14 +381,15 @@ class EmbeddingTask:
         input), 1 the positive (the second), 2.. the hard negatives; for training also ``text_id``
         (equal texts, equal ids) and the pair's ``score`` (0 for rows)."""
         if training:
-            kind = "scored" if examples and "score" in examples[0] else "rows"
-            want = LOSS_DATA[_loss(ctx)]
-            if kind != want:
-                raise TaskError(f"the {_loss(ctx)} loss trains on {'scored pairs' if want == 'scored' else 'rows of an anchor and its positive'}, "
-                                f"and the data are {'scored pairs' if kind == 'scored' else 'rows'}",
-                                "use --option loss=cosent for scored pairs, loss=mnrl (or cached-mnrl) for rows")
-        texts = [(i, part, clip_text(t, tokenizer, ctx.max_length)) for i, ex in enumerate(examples)
-                 for part, t in enumerate(_texts(ex)) if t is not None]
+            kind, want = _kind(examples), LOSS_DATA[_loss(ctx)]
+            if kind not in want:
+                raise TaskError(f"the {_loss(ctx)} loss trains on {' or '.join(DATA_NAMES[w] for w in want)}, "
+                                f"and the data are {DATA_NAMES[kind]}",
+                                "use --option loss=cosent for scored pairs, loss=mnrl (or cached-mnrl) for rows, "
+                                "loss=mse-distill with --option teacher=BUNDLE for any")
+        texts = [(i, part, clip_text(_prompt(ex, part, ctx.options) + t, tokenizer, ctx.max_length))
+                 for i, ex in enumerate(examples) for part, t in enumerate(_texts(ex)) if t is not None]
+        distill = training and _loss(ctx) == "mse-distill"
         with tokenizer_settings(tokenizer, max_length=ctx.max_length) as tok:
             encodings = tok.encode_batch([t for _, _, t in texts]) if texts else []
         feats = []
@@ -338,7 +397,10 @@ class EmbeddingTask:
             f = {"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i, "part": part,
                  **({TRUNCATED: True} if enc.overflowing else {})}
             if training:
-                f["text_id"], f["score"] = _text_id(enc.ids), float(examples[i].get("score", 0.0))
+                ex = examples[i]
+                f["text_id"], f["score"] = _text_id(enc.ids), float(ex["scores"][part - 1] if part and "scores" in ex
+                                                                    else ex.get("score", 0.0))
+                f["target"] = ex["targets"][part] if distill else NO_TARGET
             feats.append(f)
         return feats
 
@@ -348,7 +410,12 @@ class EmbeddingTask:
                             "which DistributedDataParallel does not allow)", "use loss=mnrl, or one process")
         _dims(ctx.options["matryoshka_dims"], config.hidden_size)  # a bad list is an error before training
         _weights(ctx.options["matryoshka_weights"], len(_dims(ctx.options["matryoshka_dims"])))
-        return _model_class()(config, ctx.options["pooling"], bool(ctx.options["normalize"]), {**ctx.options, "loss": _loss(ctx)})
+        teacher_dim = ctx.state.get("teacher_dim") if _loss(ctx) == "mse-distill" else None
+        if teacher_dim and teacher_dim != config.hidden_size and ctx.options["matryoshka_dims"]:
+            raise TaskError(f"matryoshka_dims with a teacher of another size ({teacher_dim}, the model {config.hidden_size})",
+                            "distil from a teacher of the model's size, or leave matryoshka_dims out")
+        return _model_class()(config, ctx.options["pooling"], bool(ctx.options["normalize"]), {**ctx.options, "loss": _loss(ctx)},
+                              teacher_dim=teacher_dim)
 
     def run_files(self, config: Any, ctx: TaskContext) -> dict[str, str]:
         """The run is also a sentence-transformers directory: its modules (the encoder at the root, the
@@ -356,6 +423,7 @@ class EmbeddingTask:
         import json
 
         pooling = ctx.options["pooling"]
+        prompts = {names[0]: ctx.options[option] for option, names in ST_PROMPTS.items() if ctx.options[option]}
         modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
         files = {"1_Pooling/config.json": json.dumps({
@@ -363,7 +431,9 @@ class EmbeddingTask:
             "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": pooling == "max",
             "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
             "pooling_mode_lasttoken": False, "include_prompt": True}, indent=2) + "\n",
-            "sentence_bert_config.json": json.dumps({"max_seq_length": ctx.max_length, "do_lower_case": False}, indent=2) + "\n"}
+            "sentence_bert_config.json": json.dumps({"max_seq_length": ctx.max_length, "do_lower_case": False}, indent=2) + "\n",
+            "config_sentence_transformers.json": json.dumps({"prompts": prompts, "default_prompt_name": None,
+                                                             "similarity_fn_name": "cosine"}, indent=2) + "\n"}
         if ctx.options["normalize"]:
             modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
             files["2_Normalize/config.json"] = "{}\n"
@@ -426,12 +496,111 @@ def read_scored_pairs(path: Path, options: Mapping[str, Any]) -> list[dict[str, 
     return pairs
 
 
+def _loss_option(options: Mapping[str, Any]) -> str:
+    """The loss as far as the options say: ``auto`` with a teacher is mse-distill (else still auto)."""
+    loss = options.get("loss", "auto")
+    return "mse-distill" if loss == "auto" and options.get("teacher") else loss
+
+
 def _loss(ctx: TaskContext) -> str:
-    """The loss option, ``auto`` resolved by the kind of training data (fit_state): mnrl or cosent."""
-    loss = ctx.options.get("loss", "auto")
+    """The loss option, ``auto`` resolved: mse-distill with a teacher, else by the kind of training data
+    (fit_state): cosent for scored pairs, mnrl for rows."""
+    loss = _loss_option(ctx.options)
     if loss == "auto":
         return "cosent" if ctx.state.get("data") == "scored" else "mnrl"
     return loss
+
+
+def _kind(examples: list[dict[str, Any]]) -> str:
+    """What the examples are: "rows" (anchor, positive ...), "scored" pairs or plain "texts"."""
+    if not examples or "anchor" in examples[0]:
+        return "rows"
+    return "scored" if "score" in examples[0] else "texts"
+
+
+def _row(rec: Record, options: Mapping[str, Any], *, scores: bool) -> dict[str, Any]:
+    """{"anchor", "positive", "negatives"} of a record, with the teacher's "scores" (the positive's,
+    then each negative's) when it has them; ``scores``: they are required (margin-mse)."""
+    negs = _negative_columns(rec.fields(), "negative")
+    texts = [(k, rec.text(k, required=False)) for k in negs]
+    row: dict[str, Any] = {"anchor": rec.text(options["anchor_column"]), "positive": rec.text(options["positive_column"])}
+    col = options["scores_column"]
+    value = rec.fields().get(col)
+    if value is None:
+        if scores:
+            raise rec.error("margin-mse needs the teacher's scores", col, hint="mlmkit mine --with-scores writes them "
+                            "(the positive's, then each negative's)")
+        row["negatives"] = [t for _, t in texts if t]
+        return row
+    ok = isinstance(value, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                                         for x in value)
+    if not ok or len(value) != 1 + len(texts):
+        raise rec.error(f"expected {1 + len(texts)} finite numbers (the positive's score, then one per negative), "
+                        f"got {value!r}"[:300], col, hint="the list mlmkit mine --with-scores writes")
+    kept = [(t, float(x)) for (_, t), x in zip(texts, value[1:]) if t]
+    row["negatives"] = [t for t, _ in kept]
+    row["scores"] = [float(value[0]), *(x for _, x in kept)]
+    return row
+
+
+def _with_teacher(examples: list[dict[str, Any]], options: Mapping[str, Any]) -> None:
+    """Each example's "targets": the teacher's embedding of each of its texts (queries as queries,
+    documents as documents, with the teacher's own prompts)."""
+    if not options.get("teacher"):
+        raise TaskError("mse-distill needs a teacher", "--option teacher=BUNDLE_OR_RUN (an embedding bundle or run)")
+    embed = _teacher(Path(options["teacher"]))
+    by_kind: dict[str, list[tuple[int, int, str]]] = {}
+    for i, ex in enumerate(examples):
+        for part, t in enumerate(_texts(ex)):
+            if t is not None:
+                kind = ("query" if part == 0 else "document") if "anchor" in ex else "none"
+                by_kind.setdefault(kind, []).append((i, part, t))
+    for ex in examples:
+        ex["targets"] = {}
+    log.info("embedding the %d training texts with the teacher %s", sum(map(len, by_kind.values())), options["teacher"])
+    for kind, items in by_kind.items():
+        vectors = embed([t for _, _, t in items], kind)
+        for (i, part, _), v in zip(items, vectors):
+            examples[i]["targets"][part] = v
+    for ex in examples:
+        ex["targets"] = [ex["targets"][p] for p in sorted(ex["targets"])]
+
+
+def _teacher(path: Path) -> Any:
+    """(texts, input type) -> float32 (n, D): an embedding bundle (onnxruntime) or run (PyTorch)."""
+    if not path.exists():
+        raise TaskError(f"teacher not found: {path}", "give an embedding bundle (mlmkit export) or a fine-tuned embedding run")
+    if (path / "model.onnx").is_file():
+        from mlmkit.infer.pipeline import Pipeline
+
+        pipe = Pipeline.load(path, command="embed")
+        return lambda texts, kind: np.asarray([r["embedding"] for r in pipe(texts, input_type=kind)], dtype=np.float32)
+    from mlmkit.infer.evaluation import predict
+    from mlmkit.train.finetune import load_finetuned, torch_forward
+
+    task, net, tok, meta = load_finetuned(path)
+    if task.name != "embedding":
+        raise TaskError(f"the teacher {path} is a {task.name} run", "give an embedding bundle or run")
+
+    def embed(texts: list[str], kind: str) -> np.ndarray:
+        ctx = TaskContext.from_meta(meta, task.resolve_options({"input_type": kind}, saved=meta.get("options")))
+        got = predict(task, [{"text": t} for t in texts], tok, ctx, torch_forward(net, task.outputs))
+        return np.asarray([p["embedding"] for p in got.predictions], dtype=np.float32)
+
+    return embed
+
+
+def _prompt(ex: dict[str, Any], part: int, options: Mapping[str, Any]) -> str:
+    """The prompt before text ``part`` of ``ex``: a query's (an anchor, a retrieval query, an input
+    declared a query) or a document's (a positive or negative, a corpus text, an input declared one);
+    none for scored pairs and undeclared inputs."""
+    if "anchor" in ex:
+        kind = "query" if part == 0 else "document"
+    elif "kind" in ex:
+        kind = "query" if ex["kind"] == "query" else "document"
+    else:
+        kind = options.get("input_type", "none")
+    return str(options.get(f"{kind}_prompt", "")) if kind != "none" else ""
 
 
 def _texts(ex: dict[str, Any]) -> list[str | None]:

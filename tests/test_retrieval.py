@@ -28,6 +28,7 @@ from mlmkit.train.finetune import evaluate_base
 from mlmkit.train.losses import PairBatch
 
 runner = CliRunner()
+PROMPTS = {"query_prompt": "query: ", "document_prompt": "passage: "}  # the fine-tuned run's, as e5's
 
 
 # ---- the losses, against plain formulas --------------------------------------------------------------
@@ -95,6 +96,30 @@ def test_matryoshka_is_the_weighted_inner_loss_on_leading_dimensions():
     inner = losses.mnrl()
     want = 1.0 * inner(E[:, :16], b) + 0.5 * inner(E[:, :8], b) + 0.25 * inner(E[:, :4], b)
     assert float(losses.matryoshka(inner, [16, 8, 4], [1.0, 0.5, 0.25])(E, b)) == pytest.approx(float(want), abs=1e-6)
+
+
+def test_margin_mse_regresses_the_teachers_margins():
+    torch.manual_seed(2)
+    b = _batch([[0, 1, 2, 3], [0, 1, 2]])
+    b.score = torch.tensor([0.0, 9.0, 4.0, 1.0, 0.0, 7.0, 6.5])  # the teacher's score of each text for its anchor
+    E = torch.randn(7, 8)
+    want = []
+    for a, p, negs in ((0, 1, (2, 3)), (4, 5, (6,))):
+        for n in negs:
+            student = float(E[a] @ E[p] - E[a] @ E[n])
+            want.append((student - float(b.score[p] - b.score[n])) ** 2)
+    assert float(losses.margin_mse()(E, b)) == pytest.approx(sum(want) / len(want), rel=1e-5)
+
+
+def test_mse_distill_is_the_squared_error_to_the_teachers_vectors():
+    torch.manual_seed(3)
+    b = _batch([[0, 1], [0, 1]])
+    E, T = torch.randn(4, 8), torch.randn(4, 8)
+    b.target = T
+    assert float(losses.mse_distill()(E, b)) == pytest.approx(float(((E - T) ** 2).mean()), rel=1e-5)
+    proj = torch.nn.Linear(8, 5)
+    b.target = T[:, :5]
+    assert float(losses.mse_distill(project=proj)(E, b)) == pytest.approx(float(((proj(E) - T[:, :5]) ** 2).mean()), rel=1e-5)
 
 
 def test_every_loss_the_task_offers_is_registered():
@@ -270,7 +295,7 @@ def retrieval(tmp_path_factory):
     base = make_base_model(tmp / "base", texts, vocab_size=1500)
     run = tmp / "run"
     metrics = run_finetune("embedding", base, beir, run, eval_file=beir, steps=60, lr=1e-3, batch_size=64,
-                           max_length=48, eval_every=1000, progress=False)
+                           max_length=48, eval_every=1000, progress=False, options=PROMPTS)
     return {"tmp": tmp, "beir": beir, "base": base, "run": run, "metrics": metrics, "counts": counts}
 
 
@@ -288,13 +313,20 @@ def test_the_run_is_a_sentence_transformers_directory_with_the_same_vectors(retr
     from mlmkit.train.finetune import load_finetuned
 
     texts = ["Return the number of items in the queue.", "A Mapping is a container.", "x"]
-    theirs = st.SentenceTransformer(str(retrieval["run"]), device="cpu").encode(texts, convert_to_numpy=True)
+    model = st.SentenceTransformer(str(retrieval["run"]), device="cpu")
+    assert model.prompts == {"query": "query: ", "document": "passage: "}
     task, net, tok, meta = load_finetuned(retrieval["run"])
-    ctx = TaskContext(max_length=meta["max_length"], options=meta["options"])
-    batch = pad_features(task.featurize([{"text": t} for t in texts], tok, ctx, training=False), 0)
-    with torch.no_grad():
-        ours = net(**{k: torch.from_numpy(v) for k, v in batch.items()})["embedding"].numpy()
-    assert np.abs(ours - theirs).max() < 1e-5
+
+    def ours(input_type: str) -> np.ndarray:
+        ctx = TaskContext(max_length=meta["max_length"], options={**meta["options"], "input_type": input_type})
+        batch = pad_features(task.featurize([{"text": t} for t in texts], tok, ctx, training=False), 0)
+        with torch.no_grad():
+            return net(**{k: torch.from_numpy(v) for k, v in batch.items()})["embedding"].numpy()
+
+    for prompt, kind in ((None, "none"), ("query", "query"), ("document", "document")):
+        theirs = model.encode(texts, convert_to_numpy=True, prompt_name=prompt)
+        assert np.abs(ours(kind) - theirs).max() < 1e-5, kind
+    assert np.abs(ours("query") - ours("none")).max() > 1e-3  # the prompt is in the text the model saw
 
 
 def test_the_bundle_scores_what_the_run_scores(retrieval, tmp_path):
@@ -304,6 +336,104 @@ def test_the_bundle_scores_what_the_run_scores(retrieval, tmp_path):
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout)
     assert abs(got["ndcg@10"] - retrieval["metrics"]["eval_ndcg@10"]) < 0.002, (got, retrieval["metrics"])
+
+
+def test_a_sentence_transformers_directorys_prompts_are_read(retrieval, tmp_path):
+    import shutil
+
+    from mlmkit.rundir.config import BertConfig
+
+    task = get_task("embedding")
+    assert task.from_hf(BertConfig.load(retrieval["run"]), retrieval["run"])["options"] == {
+        "normalize": False, "pooling": "mean", **PROMPTS}
+    other = shutil.copytree(retrieval["run"], tmp_path / "e5", ignore=shutil.ignore_patterns("*.safetensors"))
+    (other / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "q: ", "passage": "p: "}}))
+    got = task.from_hf(BertConfig.load(other), other)["options"]
+    assert (got["query_prompt"], got["document_prompt"]) == ("q: ", "p: ")
+
+
+def test_prompts_reach_embed_and_both_serving_routes(retrieval, tmp_path):
+    """The run's prompts travel into the bundle: `mlmkit embed --as query|document`, the OpenAI route's
+    input_type and TEI's prompt_name give what the pipeline gives for that input type."""
+    from fastapi.testclient import TestClient
+
+    from mlmkit.args import ServeArgs
+    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.infer.serve.app import create_app
+    from mlmkit.infer.serve.queue import Metrics, Model
+
+    bundle = tmp_path / "bundle"
+    run_export(retrieval["run"], bundle)
+    texts = ["Return the number of items in the queue.", "A Mapping is a container."]
+    pipe = Pipeline.load(bundle)
+    want = {k: np.array([r["embedding"] for r in pipe(texts, input_type=k)]) for k in ("none", "query", "document")}
+    assert np.abs(want["query"] - want["document"]).max() > 1e-3
+    r = runner.invoke(app, ["embed", str(bundle), *texts, "--as", "query", "--output", str(tmp_path / "q.npy")])
+    assert r.exit_code == 0, r.output
+    np.testing.assert_allclose(np.load(tmp_path / "q.npy"), want["query"], atol=1e-6)
+    r = runner.invoke(app, ["embed", str(bundle), *texts, "--as", "question"])
+    assert r.exit_code == 2 and "query" in r.output and "document" in r.output
+    args = ServeArgs(bundles=[str(bundle)])
+    model = Model("emb", pipe, args, Metrics())
+    with TestClient(create_app({"emb": model}, args)) as http:
+        assert model.ready.wait(30)
+        for kind in ("query", "document"):
+            got = http.post("/v1/embeddings", json={"input": texts, "input_type": kind}).json()
+            np.testing.assert_allclose([d["embedding"] for d in got["data"]], want[kind], atol=1e-5)
+            got = http.post("/embed", json={"inputs": texts, "prompt_name": kind, "normalize": False}).json()
+            np.testing.assert_allclose(got, want[kind], atol=1e-5)
+        plain = http.post("/v1/embeddings", json={"input": texts}).json()
+        np.testing.assert_allclose([d["embedding"] for d in plain["data"]], want["none"], atol=1e-5)
+        bad = http.post("/embed", json={"inputs": texts, "prompt_name": "web"})
+        assert bad.status_code == 422 and "no prompt named 'web'" in bad.json()["error"], bad.json()
+        bad = http.post("/v1/embeddings", json={"input": texts, "input_type": "passage"})
+        assert bad.status_code == 422 and "input_type must be query or document" in bad.json()["error"]
+
+
+def test_distilling_the_fine_tuned_model_into_its_base_learns_retrieval(retrieval, tmp_path):
+    """mse-distill (loss auto with a teacher) from the fine-tuned run's bundle: the base model, trained only
+    toward the teacher's vectors, retrieves as the teacher does; a student of another size learns
+    through a projection, and its run is still a plain embedding model (the student's own vectors)."""
+    teacher = tmp_path / "teacher"
+    run_export(retrieval["run"], teacher)
+    zero = evaluate_base("embedding", retrieval["base"], retrieval["beir"], max_length=48)["ndcg@10"]
+    m = run_finetune("embedding", retrieval["base"], retrieval["beir"], tmp_path / "student", eval_file=retrieval["beir"],
+                     steps=40, lr=1e-3, batch_size=64, max_length=48, eval_every=1000, progress=False,
+                     options={"teacher": str(teacher), **PROMPTS})
+    assert m["eval_ndcg@10"] > zero + 0.06, (zero, m, retrieval["metrics"]["eval_ndcg@10"])
+    texts = [json.loads(line)["text"] for line in open(retrieval["beir"] / "corpus.jsonl")]
+    small = make_base_model(tmp_path / "small", texts[:200], vocab_size=600, hidden_size=32, intermediate_size=64)
+    m = run_finetune("embedding", small, retrieval["beir"], tmp_path / "small-student", steps=30, lr=2e-3,
+                     batch_size=64, max_length=48, progress=False, options={"teacher": str(teacher), "loss": "mse-distill"})
+    curve = [json.loads(line)["loss"] for line in open(tmp_path / "small-student" / "metrics.jsonl") if '"loss"' in line]
+    assert curve[-1] < 0.7 * curve[0], curve
+    assert json.loads((tmp_path / "small-student" / "mlmkit.json").read_text())["task_state"]["teacher_dim"] == 64
+    run_export(tmp_path / "small-student", tmp_path / "small-bundle")
+    from mlmkit.infer.pipeline import Pipeline
+
+    assert len(Pipeline.load(tmp_path / "small-bundle")(["a text"])[0]["embedding"]) == 32
+
+
+def test_margin_mse_trains_on_mined_scores_and_bad_scores_name_their_line(retrieval, tmp_path):
+    rows = tmp_path / "mined.jsonl"
+    r, got = _mine(str(retrieval["beir"]), "--out", str(rows), "--negatives", "3", "--with-scores")
+    assert r.exit_code == 0, r.output
+    m = run_finetune("embedding", retrieval["base"], rows, tmp_path / "run", steps=4, batch_size=32, max_length=32,
+                     progress=False, options={"loss": "margin-mse"})
+    assert math.isfinite(m["loss"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(got[0]) + "\n" + json.dumps({**got[1], "scores": got[1]["scores"][:2]}) + "\n")
+    with pytest.raises(DataFormatError, match=r"bad.jsonl, line 2.*scores.*expected 4 finite numbers"):
+        run_finetune("embedding", retrieval["base"], bad, tmp_path / "x", steps=1, progress=False,
+                     options={"loss": "margin-mse"})
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"anchor": "a query", "positive": "a document"}) + "\n")
+    with pytest.raises(DataFormatError, match=r"plain.jsonl, line 1.*margin-mse needs the teacher's scores"):
+        run_finetune("embedding", retrieval["base"], plain, tmp_path / "y", steps=1, progress=False,
+                     options={"loss": "margin-mse"})
+    with pytest.raises(TaskError, match="mse-distill needs a teacher"):
+        run_finetune("embedding", retrieval["base"], plain, tmp_path / "z", steps=1, progress=False,
+                     options={"loss": "mse-distill"})
 
 
 def test_a_loss_on_the_wrong_kind_of_data_is_one_line(retrieval, tmp_path):

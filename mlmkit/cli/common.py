@@ -120,6 +120,7 @@ OPTION_FLAGS: dict[str, tuple[Any, str]] = {
     "threshold": (float, "--threshold"),
     "pooling": (str, "--pooling"),
     "normalize": (bool, "--normalize/--no-normalize"),
+    "input_type": (str, "--input-type", "--as"),  # the second: a short alias
 }
 assert set(OPTION_FLAGS) == FLAG_OPTIONS, "registry.FLAG_OPTIONS names the options that have flags here"
 
@@ -131,9 +132,9 @@ def with_task_options(*aliases: str) -> Callable[[F], F]:
         list[str] | None, typer.Option("--option", "-O", metavar="NAME=VALUE", rich_help_panel="Task options",
                                        help="A task option, repeatable; `mlmkit tasks` lists each task's options.")])]
     for name in aliases:
-        kind, decl = OPTION_FLAGS[name]
+        kind, *decls = OPTION_FLAGS[name]
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
-            kind | None, typer.Option(decl, help=f"Same as --option {name}=VALUE.", show_default=False,
+            kind | None, typer.Option(*decls, help=f"Same as --option {name}=VALUE.", show_default=False,
                                       rich_help_panel="Task options")]))
 
     def build(values: dict[str, Any]) -> dict[str, Any]:

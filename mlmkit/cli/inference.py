@@ -258,7 +258,7 @@ def qa(
 
 @app.command()
 @handle_errors
-@with_task_options()
+@with_task_options("input_type")
 @with_args(InferenceArgs)
 def embed(args: InferenceArgs, options: dict[str, Any]) -> None:
     """One vector per text with an embedding bundle (pooling and normalisation are the bundle's)."""

@@ -157,22 +157,23 @@ class Dense:
 
             raise ConfigError(f"{bundle} is a {self.pipe.task} bundle, not an embedding one",
                               "give --retriever bm25 or an embedding bundle (mlmkit export RUN --task embedding)")
-        first = self.embed(docs[:batch])
+        first = self.embed(docs[:batch], "document")
         path = Path(work) / "corpus-embeddings.npy"
         self.vectors = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(len(docs), first.shape[1]))
         self.vectors[: len(first)] = normalized(first)
         for start in range(len(first), len(docs), batch):
-            self.vectors[start:start + batch] = normalized(self.embed(docs[start:start + batch]))
+            self.vectors[start:start + batch] = normalized(self.embed(docs[start:start + batch], "document"))
         self.vectors.flush()
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        return np.asarray([r["embedding"] for r in self.pipe(list(texts))], dtype=np.float32)
+    def embed(self, texts: Sequence[str], input_type: str) -> np.ndarray:
+        """Vectors of ``texts`` as queries or documents (each with its prompt, if the bundle has one)."""
+        return np.asarray([r["embedding"] for r in self.pipe(list(texts), input_type=input_type)], dtype=np.float32)
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        return search(self.embed(queries), self.vectors, k)
+        return search(self.embed(queries, "query"), self.vectors, k)
 
     def pair_scores(self, queries: Sequence[str], docs: Sequence[int]) -> np.ndarray:
-        q = normalized(self.embed(queries))
+        q = normalized(self.embed(queries, "query"))
         return np.einsum("qh,qh->q", q, self.vectors[np.asarray(docs, dtype=np.int64)])
 
 

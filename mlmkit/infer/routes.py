@@ -103,6 +103,25 @@ def truncate_dimensions(vectors: np.ndarray, n: int | None, normalize: bool) -> 
     return vectors
 
 
+INPUT_TYPES = ("query", "document")
+"""What an embedding request may declare its inputs to be: the embedding task's prompts by name."""
+
+
+def _prompt_names(model: Any) -> list[str]:
+    """The prompts an embedding bundle has (TEI's prompt_name), by name."""
+    options = model.pipe.meta.get("options") or {}
+    return [k for k in INPUT_TYPES if options.get(f"{k}_prompt")]
+
+
+def _input_type(model: Any, kind: str | None) -> dict[str, Any]:
+    """The pipeline option for a declared input type (none declared: the inputs as they are)."""
+    if kind is None:
+        return {}
+    if "input_type" not in model.pipe.option_names:
+        raise HTTPError(422, f"a {model.pipe.task} model has no query or document prompts", "leave the input type out")
+    return {"input_type": kind}
+
+
 def _token_count(model: Any, texts: list[Any]) -> int:
     enc = model.pipe.tokenizer.encode_batch(texts)
     return sum(min(len(e.ids), model.pipe.max_length) for e in enc)
@@ -110,16 +129,20 @@ def _token_count(model: Any, texts: list[Any]) -> int:
 
 class OpenAIEmbeddings:
     method, path = "POST", "/v1/embeddings"
-    summary = "OpenAI's embeddings API: {model, input, encoding_format, dimensions}."
+    summary = "OpenAI's embeddings API: {model, input, encoding_format, dimensions, input_type}."
     needs = ("embedding",)
 
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
-        b = _object(body, self.path, {"model", "input", "encoding_format", "dimensions", "user"})
+        b = _object(body, self.path, {"model", "input", "encoding_format", "dimensions", "user", "input_type"})
         fmt = b.get("encoding_format") or "float"
         if fmt not in ("float", "base64"):
             raise HTTPError(422, f"{self.path}: encoding_format must be float or base64, got {fmt!r}")
+        kind = b.get("input_type")
+        if kind is not None and kind not in INPUT_TYPES:
+            raise HTTPError(422, f"{self.path}: input_type must be {' or '.join(INPUT_TYPES)}, got {kind!r}",
+                            "it picks the model's query or document prompt")
         name = pick_model(models, b.get("model"), self.needs, self.path)
-        return Call(name, _texts(b.get("input"), "input", self.path),
+        return Call(name, _texts(b.get("input"), "input", self.path), _input_type(models[name], kind),
                     state={"format": fmt, "dimensions": _dimensions(b.get("dimensions"), self.path)})
 
     def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
@@ -135,7 +158,7 @@ class OpenAIEmbeddings:
 
 class TEIEmbed:
     method, path = "POST", "/embed"
-    summary = "text-embeddings-inference's /embed: {inputs, normalize, truncate, dimensions} -> [[float]]."
+    summary = "text-embeddings-inference's /embed: {inputs, normalize, truncate, dimensions, prompt_name} -> [[float]]."
     needs = ("embedding",)
 
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
@@ -150,7 +173,13 @@ class TEIEmbed:
         normalize = b.get("normalize", True)
         if not isinstance(normalize, bool):
             raise HTTPError(422, f"{self.path}: 'normalize' must be true or false")
-        return Call(name, _texts(b.get("inputs"), "inputs", self.path),
+        prompt = b.get("prompt_name")
+        if prompt is not None:
+            named = _prompt_names(models[name])
+            if prompt not in named:
+                raise HTTPError(422, f"{self.path}: model '{name}' has no prompt named {prompt!r}",
+                                f"its prompts: {', '.join(named) or 'none'}")
+        return Call(name, _texts(b.get("inputs"), "inputs", self.path), _input_type(models[name], prompt),
                     state={"normalize": normalize, "dimensions": _dimensions(b.get("dimensions"), self.path)})
 
     def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:

@@ -30,7 +30,9 @@ class PairBatch:
     example: torch.Tensor  # (F,) int64: the example of each feature, 0.. within the batch
     part: torch.Tensor  # (F,) int64: 0 anchor (or a pair's first text), 1 positive (second), 2.. negatives
     text_id: torch.Tensor  # (F,) int64: equal for features with equal token ids
-    score: torch.Tensor  # (F,) float: the example's gold score (scored pairs)
+    score: torch.Tensor  # (F,) float: the example's gold score (scored pairs), or the teacher's score of
+    # this text for its anchor (margin-mse rows; 0 for the anchor)
+    target: torch.Tensor | None = None  # (F, D) float: the teacher's embedding of each text (mse-distill)
 
 
 EmbeddingLoss = Callable[[torch.Tensor, PairBatch], torch.Tensor]
@@ -48,7 +50,7 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
 
 
-def mnrl(scale: float = 20.0, symmetric: bool = False) -> EmbeddingLoss:
+def mnrl(scale: float = 20.0, symmetric: bool = False, **_: object) -> EmbeddingLoss:
     """Multiple negatives ranking (InfoNCE): each anchor against every positive and hard negative of
     the batch, its own positive the target, cosine times ``scale`` (20: temperature 0.05).
     ``symmetric`` adds the positive -> anchor direction and averages the two."""
@@ -75,7 +77,38 @@ def mnrl(scale: float = 20.0, symmetric: bool = False) -> EmbeddingLoss:
     return loss
 
 
-def cosent(scale: float = 20.0) -> EmbeddingLoss:
+def margin_mse(**_: object) -> EmbeddingLoss:
+    """MarginMSE (TAS-B): for every negative of an example, the student's margin dot(a, p) - dot(a, n)
+    regressed on the teacher's, score(p) - score(n) (the rows' scores), the squared errors averaged.
+    Dot products, as the teacher scores are raw (a cross-encoder's logits, a retriever's scores)."""
+
+    def loss(E: torch.Tensor, b: PairBatch) -> torch.Tensor:
+        a, p = _rows(b, 0), _rows(b, 1)
+        neg = (b.part >= 2).nonzero().squeeze(1)
+        if len(a) != len(p) or not len(neg):
+            raise ValueError("margin-mse needs an anchor, a positive and negatives per example")
+        row = torch.searchsorted(b.example[a].contiguous(), b.example[neg].contiguous())  # each negative's example
+        ai, pi = a[row], p[row]
+        student = (E[ai] * E[pi]).sum(-1) - (E[ai] * E[neg]).sum(-1)
+        return F.mse_loss(student, (b.score[pi] - b.score[neg]).to(student.dtype))
+
+    return loss
+
+
+def mse_distill(project: Callable[[torch.Tensor], torch.Tensor] | None = None, **_: object) -> EmbeddingLoss:
+    """Every text's embedding toward the teacher's (``PairBatch.target``): the mean squared error over
+    their components; ``project`` maps the student's dimension to the teacher's where they differ."""
+
+    def loss(E: torch.Tensor, b: PairBatch) -> torch.Tensor:
+        if b.target is None:
+            raise ValueError("mse-distill needs the teacher's embedding of every text")
+        S = project(E) if project is not None else E
+        return F.mse_loss(S, b.target.to(S.dtype))
+
+    return loss
+
+
+def cosent(scale: float = 20.0, **_: object) -> EmbeddingLoss:
     """CoSENT for scored pairs: log(1 + sum over pairs (i, j) with gold_i > gold_j of
     exp(scale * (cos_j - cos_i))), so the cosines are ordered as the gold scores are."""
 
@@ -131,13 +164,19 @@ def distributed(inner: EmbeddingLoss) -> EmbeddingLoss:
         dist.all_gather(metas, padded(meta))
         scores = [torch.zeros(max(rows), dtype=b.score.dtype, device=b.score.device) for _ in range(world)]
         dist.all_gather(scores, padded(b.score))
+        targets = None
+        if b.target is not None:
+            targets = [torch.zeros((max(rows), b.target.shape[1]), dtype=b.target.dtype, device=b.target.device)
+                       for _ in range(world)]
+            dist.all_gather(targets, padded(b.target.contiguous()))
         offset, ex = 0, []
         for m, r in zip(metas, rows):
             ex.append(m[:r, 0] + offset)
             offset += int(m[:r, 0].max()) + 1 if r else 0
         glob = PairBatch(torch.cat(ex), torch.cat([m[:r, 1] for m, r in zip(metas, rows)]),
                          torch.cat([m[:r, 2] for m, r in zip(metas, rows)]),
-                         torch.cat([s[:r] for s, r in zip(scores, rows)]))
+                         torch.cat([s[:r] for s, r in zip(scores, rows)]),
+                         torch.cat([t[:r] for t, r in zip(targets, rows)]) if targets is not None else None)
         return inner(torch.cat([e[:r] for e, r in zip(Es, rows)]), glob)
 
     return loss
@@ -145,7 +184,7 @@ def distributed(inner: EmbeddingLoss) -> EmbeddingLoss:
 
 @dataclass(frozen=True)
 class LossSpec:
-    make: Callable[..., EmbeddingLoss]  # (scale=, symmetric=) -> the loss
+    make: Callable[..., EmbeddingLoss]  # (scale=, symmetric=, project=) -> the loss; each takes what it uses
     cached: bool = False  # computed in mini-batches (GradCache)
     description: str = ""
 
@@ -153,7 +192,9 @@ class LossSpec:
 LOSSES: dict[str, LossSpec] = {
     "mnrl": LossSpec(mnrl, description="in-batch and hard negatives (InfoNCE)"),
     "cached-mnrl": LossSpec(mnrl, cached=True, description="mnrl in mini-batches (GradCache): large batches in small memory"),
-    "cosent": LossSpec(lambda scale=20.0, symmetric=False: cosent(scale), description="scored pairs: cosines ordered as the scores"),
+    "cosent": LossSpec(cosent, description="scored pairs: cosines ordered as the scores"),
+    "margin-mse": LossSpec(margin_mse, description="rows with teacher scores: the teacher's margins (TAS-B)"),
+    "mse-distill": LossSpec(mse_distill, description="a teacher's embeddings, a projection where the sizes differ"),
 }
 """The embedding task's --option loss=NAME (the task names the data each one trains on)."""
 
