@@ -52,6 +52,7 @@ from mlmkit.infer.retrieval import METRICS as RETRIEVAL_METRICS
 from mlmkit.infer.retrieval import mean_metrics, retrieve
 from mlmkit.plugin.taskkit import (
     BATCH,
+    DISTINCT,
     EXAMPLE,
     TRUNCATED,
     DataFormatError,
@@ -79,6 +80,7 @@ LOSS_DATA = {"mnrl": ("rows",), "cached-mnrl": ("rows",), "cosent": ("scored",),
              "mse-distill": ("rows", "scored", "texts")}
 """The losses (mlmkit/train/losses.py's LOSSES) and the data each trains on: "rows" (anchor, positive,
 negatives..., with the teacher's scores for margin-mse), "scored" pairs, or plain "texts"."""
+IN_BATCH = ("mnrl", "cached-mnrl")  # the losses whose negatives are the batch's other texts
 NO_TARGET = np.zeros(0, dtype=np.float32)  # a training feature's "target" without a teacher (mse-distill's only)
 DATA_NAMES = {"rows": "rows of an anchor and its positive", "scored": "scored pairs", "texts": "plain texts"}
 
@@ -390,6 +392,7 @@ class EmbeddingTask:
         texts = [(i, part, clip_text(_prompt(ex, part, ctx.options) + t, tokenizer, ctx.max_length))
                  for i, ex in enumerate(examples) for part, t in enumerate(_texts(ex)) if t is not None]
         distill = training and _loss(ctx) == "mse-distill"
+        in_batch = training and _loss(ctx) in IN_BATCH
         with tokenizer_settings(tokenizer, max_length=ctx.max_length) as tok:
             encodings = tok.encode_batch([t for _, _, t in texts]) if texts else []
         feats = []
@@ -398,8 +401,10 @@ class EmbeddingTask:
                  **({TRUNCATED: True} if enc.overflowing else {})}
             if training:
                 ex = examples[i]
-                f["text_id"], f["score"] = _text_id(enc.ids), float(ex["scores"][part - 1] if part and "scores" in ex
-                                                                    else ex.get("score", 0.0))
+                f["text_id"] = _text_id(enc.ids)
+                if in_batch:  # no text twice in a batch: it would be its own false negative
+                    f[DISTINCT] = f["text_id"]
+                f["score"] = float(ex["scores"][part - 1] if part and "scores" in ex else ex.get("score", 0.0))
                 f["target"] = ex["targets"][part] if distill else NO_TARGET
             feats.append(f)
         return feats

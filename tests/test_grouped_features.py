@@ -124,3 +124,23 @@ def test_shuffled_groups_packs_whole_groups() -> None:
         held = [g for g in groups if set(g) & set(b)]
         assert all(set(g) <= set(b) for g in held)  # no group is split
         assert len(b) <= 4 or len(held) == 1  # a larger group is a batch of its own
+
+
+def test_no_batch_holds_a_key_twice_and_the_moved_groups_are_counted() -> None:
+    """Groups of two features whose texts repeat (a query with several positives): every group in
+    exactly one batch, no key twice in a batch, the batches full but for the end, and the groups that
+    waited are the ones counted."""
+    rng = random.Random(1)
+    groups = [[2 * i, 2 * i + 1] for i in range(600)]
+    keys = [frozenset({f"q{rng.randrange(150)}", f"d{i}"}) for i in range(600)]  # 150 queries, 4 positives each
+    lengths = [rng.randrange(5, 60) for _ in range(1200)]
+    moved: set[int] = set()
+    batches = shuffled_groups(groups, lengths, 32, random.Random(0), window=4, keys=keys, moved=moved)
+    assert sorted(i for b in batches for i in b) == list(range(1200))
+    for b in batches:
+        held = [gi for gi, g in enumerate(groups) if g[0] in b]
+        seen = [k for gi in held for k in keys[gi]]
+        assert len(seen) == len(set(seen)), b
+    assert sum(len(b) < 32 for b in batches) <= 3
+    assert 0 < len(moved) < 600
+    assert shuffled_groups(groups, lengths, 32, random.Random(0), window=4) != batches  # without keys: other batches

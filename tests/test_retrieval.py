@@ -436,6 +436,27 @@ def test_margin_mse_trains_on_mined_scores_and_bad_scores_name_their_line(retrie
                      options={"loss": "mse-distill"})
 
 
+def test_no_training_batch_holds_a_text_twice(retrieval, tmp_path, caplog):
+    """A query with several positives (and a positive shared by queries): its rows go to different
+    batches, and the log counts the rows that were moved."""
+    from mlmkit.text.tokenizer import load_tokenizer
+    from mlmkit.train.finetune import FeatureData
+
+    rng = random.Random(0)
+    rows = [{"anchor": f"query {rng.randrange(40)}", "positive": f"document {rng.randrange(300)}", "negatives": []}
+            for _ in range(400)]
+    task = get_task("embedding")
+    ctx = TaskContext(max_length=16, options=task.resolve_options({"loss": "mnrl"}), state={"data": "rows"})
+    feats = task.featurize(rows, load_tokenizer(retrieval["base"]), ctx, training=True)
+    with caplog.at_level("INFO", logger="mlmkit"):
+        data = FeatureData(feats, task, 32, 0, seed=1)
+        n = data.num_batches(0)
+    for i in range(n):
+        ids = data.batch(0, i, 0)["text_id"].tolist()
+        assert len(ids) == len(set(ids)), i
+    assert "examples moved to a later batch" in caplog.text
+
+
 def test_a_loss_on_the_wrong_kind_of_data_is_one_line(retrieval, tmp_path):
     with pytest.raises(TaskError, match="the cosent loss trains on scored pairs, and the data are rows"):
         run_finetune("embedding", retrieval["base"], retrieval["beir"], tmp_path / "x", steps=1,

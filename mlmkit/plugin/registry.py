@@ -53,6 +53,10 @@ EXAMPLE = "example"
 """Feature key: the index, in the list given to featurize, of the example a feature belongs to."""
 TRUNCATED = "truncated"
 """Feature key: True when featurize cut its example to the max length (results say so to the user)."""
+DISTINCT = "distinct"
+"""Training feature key of a task with group_features: no two features of a batch should share its
+value (the embedding task's text hash: a text twice in a batch would be its own false negative); an
+example that would bring a second one goes to a later batch, and the log counts them."""
 BATCH = "batch"
 """Output axis: one entry per feature of the batch (always axis 0)."""
 SEQUENCE = "sequence"

@@ -20,7 +20,16 @@ from typing import Any
 
 from mlmkit.errors import ConfigError, DataFormatError
 from mlmkit.files import MAX_RECORD_BYTES, parse_json
-from mlmkit.plugin.registry import BATCH, EXAMPLE, LABEL, SEQUENCE, TRUNCATED, TaskContext, TaskOption
+from mlmkit.plugin.registry import (
+    BATCH,
+    DISTINCT,
+    EXAMPLE,
+    LABEL,
+    SEQUENCE,
+    TRUNCATED,
+    TaskContext,
+    TaskOption,
+)
 from mlmkit.text.readers import (  # noqa: F401  the kit's readers (text/readers.py)
     FORMATS,
     Record,
@@ -36,7 +45,7 @@ from mlmkit.text.readers import (  # noqa: F401  the kit's readers (text/readers
 )
 
 __all__ = [
-    "BATCH", "EXAMPLE", "LABEL", "SEQUENCE", "TRUNCATED", "TaskContext", "TaskOption", "ConfigError", "DataFormatError",
+    "BATCH", "DISTINCT", "EXAMPLE", "LABEL", "SEQUENCE", "TRUNCATED", "TaskContext", "TaskOption", "ConfigError", "DataFormatError",
     "Record", "FORMATS", "data_format", "iter_lines", "iter_jsonl", "iter_table", "iter_records", "read_text",
     "is_table", "iter_table_rows",
     "tokenizer_settings", "clip_text", "parse_json", "MAX_RECORD_BYTES",

@@ -45,24 +45,45 @@ def shuffled_buckets(lengths: Sequence[int], batch_size: int, rng: random.Random
 
 
 def shuffled_groups(groups: Sequence[Sequence[int]], lengths: Sequence[int], batch_size: int, rng: random.Random,
-                    window: int = 50) -> list[list[int]]:
+                    window: int = 50, keys: Sequence[frozenset[Any]] | None = None,
+                    moved: set[int] | None = None) -> list[list[int]]:
     """Training order for features that must stay with their example's: whole ``groups`` (feature
     indices of one example) shuffled, sorted by their longest feature within windows, packed into
-    batches of at most ``batch_size`` features (a larger group alone), the batches shuffled."""
+    batches of at most ``batch_size`` features (a larger group alone), the batches shuffled.
+
+    ``keys``: each group's values that no other group of its batch may share (its texts); a group
+    that would bring one in a second time waits for a later batch (still in length order, across
+    windows too) and is added to ``moved``. No batch holds a value twice across its groups; a value in
+    more groups than there are batches around them leaves smaller batches at the end."""
     order = list(range(len(groups)))
     rng.shuffle(order)
     longest = [max(lengths[i] for i in g) for g in groups]
     batches: list[list[int]] = []
     span = window * max(1, batch_size // max(1, max(len(g) for g in groups)))
+    waiting: list[int] = []
     for s in range(0, len(order), span):
-        current: list[int] = []
-        for gi in sorted(order[s : s + span], key=lambda g: longest[g]):
-            if current and len(current) + len(groups[gi]) > batch_size:
-                batches.append(current)
-                current = []
-            current.extend(groups[gi])
-        if current:
+        todo = sorted(waiting + order[s : s + span], key=lambda g: longest[g])
+        last, waiting = s + span >= len(order), []
+        while todo:
+            current, seen, later, full = [], set(), [], False
+            for n, gi in enumerate(todo):
+                if current and len(current) + len(groups[gi]) > batch_size:
+                    later.extend(todo[n:])
+                    full = True
+                    break
+                if keys is not None and not seen.isdisjoint(keys[gi]):
+                    later.append(gi)
+                    if moved is not None:
+                        moved.add(gi)
+                    continue
+                current.extend(groups[gi])
+                if keys is not None:
+                    seen |= keys[gi]
+            if later and not full and not last:
+                waiting = todo  # the rest cannot fill a batch without a copy: they join the next window's
+                break
             batches.append(current)
+            todo = later
     rng.shuffle(batches)
     return batches
 

@@ -19,7 +19,7 @@ from mlmkit.args import FinetuneArgs
 from mlmkit.errors import ConfigError, MlmkitError, TaskError
 from mlmkit.files import atomic_write_text, exclusive, write_jsonl
 from mlmkit.infer import evaluation
-from mlmkit.plugin.registry import EXAMPLE, Example, Feature, Plugin, TaskContext, get_task
+from mlmkit.plugin.registry import DISTINCT, EXAMPLE, Example, Feature, Plugin, TaskContext, get_task
 from mlmkit.rundir.checkpoint import is_model_dir, load_state_dict, load_weights, read_run_meta, save_run
 from mlmkit.rundir.config import ModelConfig
 from mlmkit.text.batching import pad_features, shuffled_buckets, shuffled_groups
@@ -43,18 +43,28 @@ class FeatureData:
         self.features, self.task, self.batch_size, self.pad_id, self.seed = features, task, batch_size, pad_id, seed
         self.lengths = [len(f["input_ids"]) for f in features]
         self.groups: list[list[int]] | None = None
+        self.keys: list[frozenset[Any]] | None = None
         if task.group_features:  # an example's features stay together, in their order
             by_example: dict[Any, list[int]] = {}
             for i, f in enumerate(features):
                 by_example.setdefault(f[EXAMPLE], []).append(i)
             self.groups = list(by_example.values())
+            if DISTINCT in features[0]:  # and no value of theirs twice in a batch (the embedding task's texts)
+                self.keys = [frozenset(features[i][DISTINCT] for i in g) for g in self.groups]
         self._plans: dict[int, list[list[int]]] = {}
 
     def plan(self, epoch: int) -> list[list[int]]:
         if epoch not in self._plans:
             rng = random.Random(self.seed * 7919 + epoch)
-            self._plans = {epoch: shuffled_groups(self.groups, self.lengths, self.batch_size, rng) if self.groups is not None
-                           else shuffled_buckets(self.lengths, self.batch_size, rng)}
+            if self.groups is None:
+                self._plans = {epoch: shuffled_buckets(self.lengths, self.batch_size, rng)}
+            else:
+                moved: set[int] = set()
+                self._plans = {epoch: shuffled_groups(self.groups, self.lengths, self.batch_size, rng, keys=self.keys,
+                                                      moved=moved)}
+                if moved:
+                    log.info("epoch %d: %d of %d examples moved to a later batch, which holds none of their texts yet",
+                             epoch + 1, len(moved), len(self.groups))
         return self._plans[epoch]
 
     def num_batches(self, epoch: int) -> int:
