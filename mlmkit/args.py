@@ -346,8 +346,11 @@ class MineArgs(Args):
     with_scores: bool = arg(False, "Add each row's scores: [positive, negative_1, ...] (for distillation losses).")
     anchor_column: str = arg("anchor", "Rows: the anchor (query) field.")
     positive_column: str = arg("positive", "Rows: the positive field.")
-    batch_size: int = arg(256, "Queries searched at once.")
+    batch_size: int = arg(256, "Queries searched at once (and written together: --resume goes on after the last batch written).")
     device: str = arg("cpu", "cpu or cuda (an embedding bundle's onnxruntime session).")
+    index: str = arg("exact", "With an embedding bundle: exact search, or faiss (an HNSW index, approximate, for corpora "
+                              "too large for exact search).")
+    resume: bool = arg(False, "Continue the unfinished mining job that writes --out, after the batches it finished.")
 
     def __post_init__(self) -> None:
         _check(self.negatives >= 1, f"--negatives must be at least 1, got {self.negatives}")
@@ -357,6 +360,9 @@ class MineArgs(Args):
         _check(self.max_score_ratio is None or (_finite(self.max_score_ratio) and self.max_score_ratio > 0),
                f"--max-score-ratio must be a positive number, got {self.max_score_ratio}")
         _check(self.margin is None or _finite(self.margin), f"--margin must be a number, got {self.margin}")
+        _check(self.index in ("exact", "faiss"), f"--index {self.index}: use exact or faiss")
+        _check(self.out.suffix.lower() == ".jsonl", f"--out {self.out}: mined rows are written as .jsonl",
+               "give a file name ending in .jsonl")
         self.window()
 
     def window(self) -> tuple[int, int]:

@@ -48,8 +48,8 @@ from typing import Any
 import numpy as np
 
 from mlmkit.errors import TaskError
+from mlmkit.infer.retrieval import INDEXES, mean_metrics, retrieve, write_trec
 from mlmkit.infer.retrieval import METRICS as RETRIEVAL_METRICS
-from mlmkit.infer.retrieval import mean_metrics, retrieve
 from mlmkit.plugin.taskkit import (
     BATCH,
     DISTINCT,
@@ -281,7 +281,11 @@ class EmbeddingTask:
         TaskOption("document_prompt", "", "Text put before every document (positive, negative, corpus text) in "
                    "training, evaluation and --as document (e5: 'passage: ').", fixed=True),
         TaskOption("input_type", "none", "What the inputs are, for the prompt put before them: query, document or "
-                   "none (`mlmkit embed --as query`).", choices=INPUT_TYPES),
+                   "none (`mlmkit embed --as query`).", choices=INPUT_TYPES, saved=False),
+        TaskOption("index", "exact", "Retrieval evaluation: exact search, or a faiss HNSW index (approximate) for "
+                   "corpora too large for it.", choices=INDEXES, saved=False),
+        TaskOption("save_run", "", "Retrieval evaluation: write the ranking (top 100 per query) to this file in TREC "
+                   "run format.", saved=False),
         TaskOption("loss", "auto", "Fine-tuning loss: mnrl or cached-mnrl on (anchor, positive, negatives) rows or a "
                    "BEIR directory, margin-mse on rows with teacher scores, cosent on scored pairs, mse-distill "
                    "toward a teacher; auto: mse-distill with a teacher, else mnrl or cosent by the data.",
@@ -462,7 +466,7 @@ class EmbeddingTask:
     def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, Any]:
         """Retrieval metrics (a retrieval set) or the pairs' Spearman and Pearson correlation (scored pairs)."""
         if examples and examples[0].get("kind") == "query":
-            return _retrieval_metrics(predictions, examples, _dims(ctx.options["matryoshka_dims"]))
+            return _retrieval_metrics(predictions, examples, _dims(ctx.options["matryoshka_dims"]), ctx.options)
         from scipy.stats import pearsonr, spearmanr
 
         if any("cosine" not in p or "score" not in ex for p, ex in zip(predictions, examples)):
@@ -614,9 +618,11 @@ def _texts(ex: dict[str, Any]) -> list[str | None]:
     return [ex["text"], ex.get("text_pair")]
 
 
-def _retrieval_metrics(predictions: list[dict[str, Any]], examples: list[dict[str, Any]], dims: list[int]) -> dict[str, float]:
-    """Every query searches the whole corpus (exact cosine, infer/retrieval.py); the metrics at the full
-    dimension, and with matryoshka dimensions the same at each as METRIC@dimD."""
+def _retrieval_metrics(predictions: list[dict[str, Any]], examples: list[dict[str, Any]], dims: list[int],
+                       options: Mapping[str, Any]) -> dict[str, float]:
+    """Every query searches the whole corpus (cosine, exact or through ``index``, infer/retrieval.py);
+    the metrics at the full dimension, and with matryoshka dimensions the same at each as
+    METRIC@dimD. ``save_run``: the full dimension's ranking goes to that file (TREC run format)."""
     queries = [(ex, p) for ex, p in zip(examples, predictions) if ex["kind"] == "query"]
     docs = [(ex, p) for ex, p in zip(examples, predictions) if ex["kind"] == "doc"]
     if not queries or not docs:
@@ -627,7 +633,9 @@ def _retrieval_metrics(predictions: list[dict[str, Any]], examples: list[dict[st
     qrels = {ex["id"]: ex["judged"] for ex, _ in queries}
     out: dict[str, float] = {}
     for dim in [None, *[x for x in dims if x < q.shape[1]]]:
-        ranked = retrieve(qids, q[:, :dim], dids, d[:, :dim], k=100)
+        ranked = retrieve(qids, q[:, :dim], dids, d[:, :dim], k=100, index=options.get("index", "exact"))
+        if dim is None and options.get("save_run"):
+            write_trec(options["save_run"], ranked)
         got = mean_metrics({k: [did for did, _ in v] for k, v in ranked.items()}, qrels)
         out.update(got if dim is None else {f"{m}@dim{dim}": v for m, v in got.items()})
     return out

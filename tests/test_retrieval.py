@@ -338,6 +338,32 @@ def test_the_bundle_scores_what_the_run_scores(retrieval, tmp_path):
     assert abs(got["ndcg@10"] - retrieval["metrics"]["eval_ndcg@10"]) < 0.002, (got, retrieval["metrics"])
 
 
+def test_save_run_writes_the_ranking_trec_eval_scores_and_faiss_finds_nearly_the_same(retrieval, tmp_path):
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    pytest.importorskip("faiss")
+    bundle = tmp_path / "bundle"
+    run_export(retrieval["run"], bundle)
+    got = {}
+    for index in ("exact", "faiss"):
+        trec = tmp_path / f"{index}.trec"
+        r = runner.invoke(app, ["evaluate", str(bundle), "--data", str(retrieval["beir"]), "--json", "--index", index,
+                                "--save-run", str(trec)], env={"COLUMNS": "1000"})
+        assert r.exit_code == 0, r.output
+        got[index] = json.loads(r.stdout)
+        run: dict[str, dict[str, float]] = {}
+        for line in trec.read_text().splitlines():
+            qid, q0, did, rank, score, tag = line.split()
+            assert q0 == "Q0" and tag == "mlmkit"
+            run.setdefault(qid, {})[did] = float(score)
+        split = read_split(retrieval["beir"], training=False)
+        assert len(run) == len(split.qrels) and all(len(docs) == 100 for docs in run.values())
+        per_query = pytrec_eval.RelevanceEvaluator(split.qrels, {"ndcg_cut.10"}).evaluate(run)
+        ndcg = sum(v["ndcg_cut_10"] for v in per_query.values()) / len(split.qrels)
+        assert ndcg == pytest.approx(got[index]["ndcg@10"], abs=1e-6)
+    assert abs(got["faiss"]["ndcg@10"] - got["exact"]["ndcg@10"]) < 0.01, got
+    assert "save_run" not in json.loads((bundle / "mlmkit.json").read_text())["options"]  # a setting of one call
+
+
 def test_a_sentence_transformers_directorys_prompts_are_read(retrieval, tmp_path):
     import shutil
 
@@ -512,9 +538,43 @@ def test_mining_with_an_embedding_bundle_then_training_on_the_rows(retrieval, tm
     r, rows = _mine(str(retrieval["beir"]), "--out", str(tmp_path / "m.jsonl"), "--retriever", str(bundle), "--negatives", "2")
     assert r.exit_code == 0, r.output
     assert rows and all("negative_2" in row and row["negative_1"] != row["positive"] for row in rows)
+    r, approx = _mine(str(retrieval["beir"]), "--out", str(tmp_path / "f.jsonl"), "--retriever", str(bundle), "--negatives",
+                      "2", "--index", "faiss")
+    assert r.exit_code == 0, r.output
+    same = sum(a["negative_1"] == b["negative_1"] for a, b in zip(rows, approx))
+    assert len(approx) == len(rows) and same >= 0.9 * len(rows), same
     m = run_finetune("embedding", retrieval["base"], tmp_path / "m.jsonl", tmp_path / "run", steps=3, batch_size=12,
                      max_length=32, progress=False)
     assert math.isfinite(m["loss"])
+
+
+def test_a_killed_mining_job_resumes_to_the_same_rows(retrieval, tmp_path, monkeypatch):
+    from mlmkit.infer import mining
+
+    args = [str(retrieval["beir"]), "--negatives", "3", "--batch-size", "50", "--with-scores"]
+    r, straight = _mine(*args, "--out", str(tmp_path / "straight.jsonl"))
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "m.jsonl"
+    real, calls = mining._mine_batch, []
+
+    def dies_on_the_third(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # a kill between batches
+        return real(*a, **kw)
+
+    monkeypatch.setattr(mining, "_mine_batch", dies_on_the_third)
+    r = runner.invoke(app, ["mine", *args, "--out", str(out)])
+    assert r.exit_code != 0 and not out.exists()
+    monkeypatch.setattr(mining, "_mine_batch", real)
+    r, _ = _mine(*args, "--out", str(out))
+    assert r.exit_code == 2 and "pass --resume to continue it" in r.output
+    r, _ = _mine(*args[:-1], "--out", str(out), "--resume")  # without --with-scores: another job
+    assert r.exit_code == 2 and "with_scores" in r.output
+    r, resumed = _mine(*args, "--out", str(out), "--resume")
+    assert r.exit_code == 0, r.output
+    assert resumed == straight and json.loads(r.stdout)["rows"] == len(straight)
+    assert not (tmp_path / ".m.jsonl.job").exists()
 
 
 def test_mining_rows_against_a_corpus_file_and_bad_input(tmp_path):

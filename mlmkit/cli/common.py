@@ -121,6 +121,8 @@ OPTION_FLAGS: dict[str, tuple[Any, str]] = {
     "pooling": (str, "--pooling"),
     "normalize": (bool, "--normalize/--no-normalize"),
     "input_type": (str, "--input-type", "--as"),  # the second: a short alias
+    "index": (str, "--index"),
+    "save_run": (str, "--save-run"),
 }
 assert set(OPTION_FLAGS) == FLAG_OPTIONS, "registry.FLAG_OPTIONS names the options that have flags here"
 

@@ -90,7 +90,8 @@ def _export(args: ExportArgs) -> dict[str, Any]:
         raise ConfigError(f"--{next(iter(args.options)).replace('_', '-')}: a fill-mask bundle takes no task options")
     if meta["task"] != "pretraining":  # a trained model's fixed options stay; a foreign checkpoint's are a reading
         plugin = get_task(meta["task"])
-        meta["options"] = plugin.resolve_options(args.options, saved=meta.get("options"), model=meta["source"]["format"] == "mlmkit")
+        meta["options"] = plugin.saved_options(plugin.resolve_options(args.options, saved=meta.get("options"),
+                                                                      model=meta["source"]["format"] == "mlmkit"))
     tok = load_tokenizer(d)
     if tok.get_vocab_size() > cfg.vocab_size:
         raise ConfigError(f"the tokenizer of {d} has {tok.get_vocab_size()} tokens, the model only {cfg.vocab_size}")

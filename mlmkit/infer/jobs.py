@@ -102,6 +102,8 @@ class Done:
     """The positions, among the window's records, of those the results are for."""
     truncated: int = 0
     """Inputs longer than the bundle's max length, truncated (the results say so too)."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """Tallies the job keeps across --resume (Job.counts), e.g. mining's short rows by reason."""
 
 
 def run_window(pipe: Any, w: Window, options: dict[str, Any], *, skip: bool, id_column: str | None) -> Done:
@@ -159,6 +161,7 @@ class Job:
         self.dir = job_dir(self.output)
         self.suffix = self.output.suffix.lower() if self.output.suffix.lower() in (".npy", ".parquet") else ".jsonl"
         self.done = self.read = self.written = self.failed = 0
+        self.counts: dict[str, int] = {}
         self.id_column: str | None = self.what.get("id_column")
         self.schema: Any = None  # Parquet: the parts' schemas unified, and the id column's type in it
         self.id_type: Any = None
@@ -175,6 +178,7 @@ class Job:
                 raise ConfigError(f"--resume: the job in {self.dir} was for other {', '.join(changed)}",
                                   "resume with the same bundle, inputs and options, or delete that directory to start over")
             self.done, self.read, self.written, self.failed = p["windows"], p["records"], p["results"], p["errors"]
+            self.counts = dict(p.get("counts", {}))
             log.info("resuming %s after %d records (%d windows)", self.output, self.read, self.done)
             if self.suffix == ".parquet":
                 self._known_schema()
@@ -186,7 +190,7 @@ class Job:
 
     def _save(self) -> None:
         write_json(self.dir / "progress.json", {"what": self.what, "windows": self.done, "records": self.read,
-                                                "results": self.written, "errors": self.failed})
+                                                "results": self.written, "errors": self.failed, "counts": self.counts})
 
     def discard(self) -> None:
         """Everything in the job directory but its lock (the directory goes when the lock is let go)."""
@@ -226,6 +230,8 @@ class Job:
                 f.writelines(map(json_line, done.errors))
         self.done, self.read = w.index + 1, self.read + len(w.items)
         self.written, self.failed = self.written + len(done.results), self.failed + len(done.errors)
+        for k, n in done.counts.items():
+            self.counts[k] = self.counts.get(k, 0) + n
         self._save()
         return done
 
@@ -413,7 +419,7 @@ def batch(
             if resume and inputs is None:
                 raise ConfigError("--resume needs inputs read from files", "a job that reads stdin or arguments starts over")
             output = owned_output(Path(output))
-            stack.callback(_remove_empty, job_dir(output))  # last: once the lock is let go
+            stack.callback(remove_empty, job_dir(output))  # last: once the lock is let go
             try:
                 stack.enter_context(exclusive(job_dir(output)))
             except ConfigError as e:
@@ -468,7 +474,8 @@ def _stream(output: Path, resume: bool) -> Any:
     return open_stream(output)
 
 
-def _remove_empty(d: Path) -> None:
+def remove_empty(d: Path) -> None:
+    """Remove a job directory that holds nothing (its lock let go); leave one that holds work."""
     try:
         d.rmdir()
     except OSError:  # not empty (an unfinished job), gone, or taken by the next job

@@ -4,27 +4,30 @@ For each (query, positive) pair: the retriever ranks the corpus (BM25, or an emb
 cosine), the query's known positives (and copies of their text) are passed over wherever they rank,
 and the negatives are the next documents inside the rank window (``--range A:B``), optionally only
 those scoring at most the positive's score minus a margin, or at most a ratio of it. A row that gets fewer negatives than asked
-is still written, and counted with the reason. Rows are written as they are mined, and the output
-appears whole or not at all. No torch.
+is still written, and counted with the reason. Rows are written as they are mined, a batch of
+queries at a time, into OUT's job directory (infer/jobs.py's Job, as batch inference does), and OUT
+appears whole, by a rename, when every batch is there; a killed run continues with ``--resume``
+after the batches it finished (an embedding bundle's corpus vectors, kept in the job directory, are
+not computed again), and refuses to when the data, the retriever or the settings changed. No torch.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from mlmkit.args import MineArgs
 from mlmkit.errors import ConfigError, DataFormatError
-from mlmkit.files import atomic_open
+from mlmkit.files import exclusive
+from mlmkit.infer.jobs import Done, Job, Window, job_dir, owned_output, remove_empty
 from mlmkit.infer.retrieval import BM25, Dense
-from mlmkit.text.beir import is_beir, read_split
+from mlmkit.text.beir import is_beir, read_split, split_spec
 from mlmkit.text.readers import data_format, iter_jsonl, iter_records
+from mlmkit.text.records import identity
 
 log = logging.getLogger("mlmkit")
 
@@ -97,7 +100,7 @@ def _negatives(ranked: Iterator[tuple[int, float]], docs: list[str], skip: set[i
     got, filtered = [], False
     same = {docs[i] for i in skip}
     for doc, score in ranked:
-        if doc in skip or docs[doc] in same:
+        if doc < 0 or doc in skip or docs[doc] in same:  # -1: past a faiss graph's reach
             continue
         if ceiling is not None and score > ceiling:
             filtered = True
@@ -108,43 +111,80 @@ def _negatives(ranked: Iterator[tuple[int, float]], docs: list[str], skip: set[i
     return got, SHORT_FILTER if filtered else SHORT_WINDOW
 
 
+def _what(args: MineArgs) -> dict[str, Any]:
+    """What a resumed mining job must find unchanged: the data, the corpus and the retriever's files
+    (paths, sizes, times) and every setting."""
+    def files(p: Path | None) -> list[list[Any]] | None:
+        if p is None:
+            return None
+        d, split = split_spec(p) if is_beir(p) else (p, None)
+        return identity(sorted(f for f in d.rglob("*") if f.is_file()) if d.is_dir() else [d]) + ([[split]] if split else [])
+
+    bundle = None if args.retriever == "bm25" else files(Path(args.retriever))
+    return {**{k: v for k, v in asdict(args).items() if k not in ("out", "resume", "device")},
+            "data": files(args.data), "corpus": files(args.corpus), "bundle": bundle}
+
+
 def mine(args: MineArgs) -> dict[str, Any]:
     """Mine, write ``args.out``, and return what happened: rows, negatives, and the rows that got fewer
-    negatives than asked, by reason."""
+    negatives than asked, by reason (over the whole job, a resumed one too)."""
     data = read_pairs(args)
     lo, hi = args.window()
     if lo >= len(data.docs):
         raise ConfigError(f"--range {args.rank_range} starts past the corpus's {len(data.docs):,} documents",
                           f"give a range below {len(data.docs):,}")
-    short: Counter[str] = Counter()
-    written = negatives = 0
-    with tempfile.TemporaryDirectory(prefix="mlmkit-mine-") as work:
-        retriever = BM25(data.docs) if args.retriever == "bm25" else Dense(args.retriever, data.docs, work, device=args.device)
-        log.info("mining %d pairs over %d documents with %s", len(data.pairs), len(data.docs), args.retriever)
-        need_pos = args.with_scores or args.margin is not None or args.max_score_ratio is not None
-        with atomic_open(args.out) as f:
-            for start in range(0, len(data.pairs), args.batch_size):
-                batch = data.pairs[start:start + args.batch_size]
-                queries = [q for q, _ in batch]
-                idx, scores = retriever.search(queries, hi)
-                pos_scores = retriever.pair_scores(queries, [p for _, p in batch]) if need_pos else None
-                for n, (query, pos) in enumerate(batch):
-                    ceiling = None
-                    if args.margin is not None:
-                        ceiling = float(pos_scores[n]) - args.margin
-                    elif args.max_score_ratio is not None:
-                        ceiling = float(pos_scores[n]) * args.max_score_ratio
-                    window = zip(idx[n][lo:hi].tolist(), scores[n][lo:hi].tolist())
-                    got, why = _negatives(window, data.docs, data.positives.get(query, set()) | {pos}, args.negatives, ceiling)
-                    if why:
-                        short[why] += 1
-                    row: dict[str, Any] = {"anchor": query, "positive": data.docs[pos]}
-                    row.update({f"negative_{i}": data.docs[d] for i, (d, _) in enumerate(got, 1)})
-                    if args.with_scores:
-                        row["scores"] = [float(pos_scores[n]), *(float(s) for _, s in got)]
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                    written, negatives = written + 1, negatives + len(got)
+    out = owned_output(Path(args.out))
+    try:
+        with exclusive(job_dir(out)):
+            job = Job(out, _what(args), resume=args.resume, errors=None)
+            try:
+                if args.retriever == "bm25":
+                    retriever: Any = BM25(data.docs)
+                else:
+                    retriever = Dense(args.retriever, data.docs, job.dir, device=args.device, index=args.index)
+                log.info("mining %d pairs over %d documents with %s", len(data.pairs), len(data.docs), args.retriever)
+                need_pos = args.with_scores or args.margin is not None or args.max_score_ratio is not None
+                for k, start in enumerate(range(0, len(data.pairs), args.batch_size)):
+                    if k < job.done:
+                        continue
+                    batch = data.pairs[start:start + args.batch_size]
+                    job.add(Window(k, start + 1, list(batch)), _mine_batch(batch, retriever, data, args, (lo, hi), need_pos))
+            except BaseException:
+                if job.done == 0:
+                    job.discard()  # nothing finished: nothing to resume
+                raise
+            written, negatives = job.written, job.counts.get("negatives", 0)
+            short = {k.removeprefix("short: "): n for k, n in job.counts.items() if k.startswith("short: ")}
+            job.finish()
+    finally:
+        remove_empty(job_dir(out))  # once the lock is let go: a job directory with nothing in it goes
     for why, n in short.items():
         log.warning("%d of %d rows got fewer than %d negatives: %s", n, written, args.negatives, why)
-    return {"rows": written, "negatives": negatives, "documents": len(data.docs), "short": dict(short),
-            "out": str(args.out)}
+    return {"rows": written, "negatives": negatives, "documents": len(data.docs), "short": short, "out": str(args.out)}
+
+
+def _mine_batch(batch: list[tuple[str, int]], retriever: Any, data: Pairs, args: MineArgs, window: tuple[int, int],
+                need_pos: bool) -> Done:
+    """The rows of one batch of (query, positive) pairs, and their tallies (negatives; short rows by reason)."""
+    lo, hi = window
+    queries = [q for q, _ in batch]
+    idx, scores = retriever.search(queries, hi)
+    pos_scores = retriever.pair_scores(queries, [p for _, p in batch]) if need_pos else None
+    rows, counts = [], Counter[str]()
+    for n, (query, pos) in enumerate(batch):
+        ceiling = None
+        if args.margin is not None:
+            ceiling = float(pos_scores[n]) - args.margin
+        elif args.max_score_ratio is not None:
+            ceiling = float(pos_scores[n]) * args.max_score_ratio
+        ranked = zip(idx[n][lo:hi].tolist(), scores[n][lo:hi].tolist())
+        got, why = _negatives(ranked, data.docs, data.positives.get(query, set()) | {pos}, args.negatives, ceiling)
+        if why:
+            counts[f"short: {why}"] += 1
+        row: dict[str, Any] = {"anchor": query, "positive": data.docs[pos]}
+        row.update({f"negative_{i}": data.docs[d] for i, (d, _) in enumerate(got, 1)})
+        if args.with_scores:
+            row["scores"] = [float(pos_scores[n]), *(float(s) for _, s in got)]
+        rows.append(row)
+        counts["negatives"] += len(got)
+    return Done(rows, counts=dict(counts))

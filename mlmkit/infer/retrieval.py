@@ -15,6 +15,7 @@ Definitions, per query, then the mean over the queries (``relevant``: a judged g
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -51,6 +52,45 @@ def search(queries: np.ndarray, docs: np.ndarray, k: int, *, chunk: int = 16384)
         best_s, best_i = s, i
     order = np.argsort(-best_s, axis=1, kind="stable")
     return np.take_along_axis(best_i, order, 1), np.take_along_axis(best_s, order, 1)
+
+
+INDEXES = ("exact", "faiss")
+"""How a dense search finds the top k: exactly (a chunk of documents at a time), or with a faiss HNSW
+graph (approximate; for corpora too large for exact search; `pip install 'mlmkit[retrieval]'`)."""
+
+
+class FaissIndex:
+    """A faiss HNSW graph (inner product) over the normalised documents, added a chunk at a time:
+    memory is the index, never a second copy of the corpus. Approximate: a query may get fewer than
+    k documents (the graph's reach), marked -1."""
+
+    def __init__(self, docs: np.ndarray, *, chunk: int = 16384) -> None:
+        try:
+            import faiss
+        except ImportError:
+            from mlmkit.errors import ConfigError
+
+            raise ConfigError("--index faiss needs faiss", "pip install 'mlmkit[retrieval]' (faiss-cpu)") from None
+        self.size = len(docs)
+        self.graph = faiss.IndexHNSWFlat(int(docs.shape[1]), 32, faiss.METRIC_INNER_PRODUCT)
+        self.graph.hnsw.efConstruction = 80
+        for start in range(0, len(docs), chunk):
+            self.graph.add(np.ascontiguousarray(normalized(docs[start:start + chunk])))
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        k = min(k, self.size)
+        self.graph.hnsw.efSearch = max(128, 2 * k)
+        scores, idx = self.graph.search(np.ascontiguousarray(normalized(queries)), k)
+        return idx.astype(np.int64), scores.astype(np.float32)
+
+
+def dense_search(queries: np.ndarray, docs: np.ndarray, k: int, *, index: str = "exact") -> tuple[np.ndarray, np.ndarray]:
+    """``search`` (exact), or through a FaissIndex of the documents (``index="faiss"``)."""
+    if index not in INDEXES:
+        from mlmkit.errors import ConfigError
+
+        raise ConfigError(f"index {index!r} is not one of {', '.join(INDEXES)}")
+    return search(queries, docs, k) if index == "exact" else FaissIndex(docs).search(queries, k)
 
 
 def _at(metric: str) -> tuple[str, int]:
@@ -100,17 +140,25 @@ def mean_metrics(runs: Mapping[str, Sequence[str]], qrels: Mapping[str, Mapping[
 
 
 def retrieve(query_ids: Sequence[str], q: np.ndarray, doc_ids: Sequence[str], d: np.ndarray,
-             k: int = 100) -> dict[str, list[tuple[str, float]]]:
-    """Each query's top ``k`` documents with their cosine scores, best first."""
-    idx, scores = search(q, d, k)
-    return {qid: [(doc_ids[j], float(s)) for j, s in zip(row, srow)] for qid, row, srow in zip(query_ids, idx, scores)}
+             k: int = 100, *, index: str = "exact") -> dict[str, list[tuple[str, float]]]:
+    """Each query's top ``k`` documents with their cosine scores, best first (``index``: see INDEXES);
+    equal scores (equal texts, or equal after truncation) in trec_eval's order: by document id,
+    descending, so the metrics of a saved run are the ones printed."""
+    idx, scores = dense_search(q, d, k, index=index)
+    out = {}
+    for qid, row, srow in zip(query_ids, idx, scores):
+        docs = sorted(((doc_ids[j], float(s)) for j, s in zip(row, srow) if j >= 0), key=lambda x: x[0], reverse=True)
+        out[qid] = sorted(docs, key=lambda x: -x[1])  # stable: ties stay by id, descending
+    return out
 
 
-def write_trec(path: str, ranked: Mapping[str, Sequence[tuple[str, float]]], tag: str = "mlmkit") -> None:
-    """A ranking in TREC run format: ``qid Q0 docid rank score tag`` per line."""
+def write_trec(path: str | Path, ranked: Mapping[str, Sequence[tuple[str, float]]], tag: str = "mlmkit") -> None:
+    """A ranking in TREC run format, ``qid Q0 docid rank score tag`` per line (rank from 1), written
+    whole or not at all; what trec_eval, ranx and pytrec_eval read."""
     from mlmkit.files import atomic_write_text
 
-    lines = [f"{qid} Q0 {did} {r} {s:.6f} {tag}" for qid, docs in ranked.items() for r, (did, s) in enumerate(docs, 1)]
+    # 9 significant digits tell every float32 apart: the file has the ties the ranking had, no others
+    lines = [f"{qid} Q0 {did} {r} {s:.9g} {tag}" for qid, docs in ranked.items() for r, (did, s) in enumerate(docs, 1)]
     atomic_write_text(path, "\n".join(lines) + "\n")
 
 
@@ -144,11 +192,11 @@ class BM25:
 
 class Dense:
     """Cosine over an embedding bundle's vectors. The corpus is embedded once into a memory-mapped file
-    (``work``), and searched a chunk at a time: memory is the query batch and one chunk, never the
-    corpus's vectors at once."""
+    in ``work`` (a resumed job's is used again), and searched a chunk at a time: memory is the query
+    batch and one chunk, never the corpus's vectors at once; or through a faiss index (``index``)."""
 
     def __init__(self, bundle: str | Path, docs: Sequence[str], work: str | Path, *, device: str = "cpu",
-                 batch: int = 1024) -> None:
+                 batch: int = 1024, index: str = "exact") -> None:
         from mlmkit.infer.pipeline import Pipeline
 
         self.pipe = Pipeline.load(bundle, device=device)
@@ -157,20 +205,26 @@ class Dense:
 
             raise ConfigError(f"{bundle} is a {self.pipe.task} bundle, not an embedding one",
                               "give --retriever bm25 or an embedding bundle (mlmkit export RUN --task embedding)")
-        first = self.embed(docs[:batch], "document")
-        path = Path(work) / "corpus-embeddings.npy"
-        self.vectors = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(len(docs), first.shape[1]))
-        self.vectors[: len(first)] = normalized(first)
-        for start in range(len(first), len(docs), batch):
-            self.vectors[start:start + batch] = normalized(self.embed(docs[start:start + batch], "document"))
-        self.vectors.flush()
+        path, done = Path(work) / "corpus-embeddings.npy", Path(work) / "corpus-embeddings.json"
+        if done.is_file() and json.loads(done.read_text()).get("documents") == len(docs):  # a resumed job's
+            self.vectors = np.load(path, mmap_mode="r")
+        else:
+            first = self.embed(docs[:batch], "document")
+            self.vectors = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(len(docs), first.shape[1]))
+            self.vectors[: len(first)] = normalized(first)
+            for start in range(len(first), len(docs), batch):
+                self.vectors[start:start + batch] = normalized(self.embed(docs[start:start + batch], "document"))
+            self.vectors.flush()
+            done.write_text(json.dumps({"documents": len(docs)}))
+        self.index = FaissIndex(self.vectors) if index == "faiss" else None
 
     def embed(self, texts: Sequence[str], input_type: str) -> np.ndarray:
         """Vectors of ``texts`` as queries or documents (each with its prompt, if the bundle has one)."""
         return np.asarray([r["embedding"] for r in self.pipe(list(texts), input_type=input_type)], dtype=np.float32)
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        return search(self.embed(queries, "query"), self.vectors, k)
+        q = self.embed(queries, "query")
+        return self.index.search(q, k) if self.index is not None else search(q, self.vectors, k)
 
     def pair_scores(self, queries: Sequence[str], docs: Sequence[int]) -> np.ndarray:
         q = normalized(self.embed(queries, "query"))

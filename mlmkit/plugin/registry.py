@@ -44,7 +44,8 @@ from mlmkit.errors import ConfigError, DataFormatError, TaskError
 log = logging.getLogger("mlmkit")
 
 FLAG_OPTIONS = frozenset({"text_column", "pair_column", "label_column", "doc_stride", "max_answer_length", "label_all_tokens",
-                          "aggregation", "scheme", "top_k", "problem_type", "threshold", "pooling", "normalize", "input_type"})
+                          "aggregation", "scheme", "top_k", "problem_type", "threshold", "pooling", "normalize", "input_type",
+                          "index", "save_run"})
 """Option names the CLI also takes as flags of their own (--text-column ...), for any task that declares
 them: the built-in tasks' flags of the first version. Every other option is --option NAME=VALUE."""
 
@@ -75,7 +76,8 @@ class TaskOption:
 
     The type is the default's (bool, int, float or str) unless ``value_type`` says otherwise. A
     ``fixed`` option is built into the model (its head, its graph): it is set when a model is
-    fine-tuned or exported, and a saved model refuses another value."""
+    fine-tuned or exported, and a saved model refuses another value. An option that is not ``saved``
+    is a setting of one call (a file to write, how to search): never kept in a run or bundle."""
 
     name: str
     default: Any
@@ -84,6 +86,7 @@ class TaskOption:
     minimum: float | None = None
     value_type: type | None = None
     fixed: bool = False
+    saved: bool = True
 
     @property
     def kind(self) -> type:
@@ -371,6 +374,11 @@ class Plugin:
                                   "fine-tune or export again with the value you want")
             values[k] = value
         return values
+
+    def saved_options(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The resolved options a run or bundle keeps (every one but those of a single call)."""
+        keep = {o.name for o in self.options if o.saved}
+        return {k: v for k, v in values.items() if k in keep}
 
     def describe(self) -> dict[str, Any]:
         """What `mlmkit tasks --json` prints of the task."""

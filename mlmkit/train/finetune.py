@@ -181,7 +181,7 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> dict[str, An
     ctx = TaskContext(max_length=L, options=opts, labels=tuple(labels) if labels is not None else None,
                       state=task.fit_state(train_ex))
     cfg.extra.update(task.hf_config(ctx))
-    meta: dict[str, Any] = {"task": task.name, "labels": labels, "max_length": L, "options": opts,
+    meta: dict[str, Any] = {"task": task.name, "labels": labels, "max_length": L, "options": task.saved_options(opts),
                             "task_state": dict(ctx.state), "base_model": str(base),
                             "data": {"train": str(args.train_file), "eval": str(args.eval_file) if args.eval_file else None}}
 
