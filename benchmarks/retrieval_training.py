@@ -10,15 +10,21 @@ processes' wall time (imports, loading, training, saving), and the training call
 search of the test split's corpus, nDCG@10 with trec_eval's definition).
 
 Then mlmkit's cached-mnrl at 512 pairs a batch against mnrl at 32: peak memory of the whole process
-and seconds per pair, a few steps each.
+and seconds per pair, a few steps each; `mlmkit mine` over a corpus of --mine-documents documents
+(three random standard-library sentences each; the queries are one sentence of their positive) with
+BM25 and with the MiniLM bundle: wall time and peak memory of each process; and encoding
+--encode-documents of them, `mlmkit embed` on the bundle against `SentenceTransformer.encode`
+(batch 32), each in its own process: documents per second.
 
     python benchmarks/retrieval_training.py [--documents 1000] [--rounds 1] [--quick]
+        [--mine-documents 100000] [--mine-queries 2000] [--encode-documents 10000]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -27,10 +33,12 @@ from pathlib import Path
 from common import (
     add_patience,
     log,
+    mark,
     noisy_note,
     passes,
     quiet_median,
     run_watched,
+    stdlib_sentences,
     target,
     thread_env,
     work_dir,
@@ -104,6 +112,34 @@ def side_st(work: Path, out: Path) -> dict:
     return {"train_seconds": seconds}
 
 
+def side_st_encode(work: Path, out: Path) -> dict:
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(THREADS)
+    docs = (work / "encode.txt").read_text(encoding="utf-8").splitlines()
+    model = SentenceTransformer(str(minilm()), device="cpu")
+    model.max_seq_length = RECIPE["max_length"]
+    t0 = time.perf_counter()
+    vectors = model.encode(docs, batch_size=32, convert_to_numpy=True)
+    seconds = time.perf_counter() - t0
+    np.save(out.parent / f"{out.name}.npy", vectors)
+    return {"encode_seconds": seconds}
+
+
+def mining_data(work: Path, documents: int, queries: int) -> None:
+    """corpus.txt (one document per line: three random standard-library sentences), pairs.jsonl (a
+    sentence of a document -> that document) and encode.txt (the first documents, to encode)."""
+    rng = random.Random(0)
+    sentences = stdlib_sentences()
+    docs = [" ".join(rng.sample(sentences, 3)) for _ in range(documents)]
+    (work / "corpus.txt").write_text("\n".join(docs) + "\n", encoding="utf-8")
+    with open(work / "pairs.jsonl", "w", encoding="utf-8") as f:
+        for i in rng.sample(range(documents), min(queries, documents)):
+            f.write(json.dumps({"anchor": docs[i].split(". ")[0], "positive": docs[i]}) + "\n")
+
+
 def ndcg(model: Path, beir: Path) -> float:
     """nDCG@10 of a model directory (a run, or sentence-transformers') on the test split, by mlmkit's evaluation."""
     import torch
@@ -122,6 +158,8 @@ def role(args: argparse.Namespace) -> None:
         res = side_st(args.work, out)
     elif args.role == "cached":
         res = side_mlmkit(args.work, out, loss=args.loss, batch_pairs=args.batch_pairs, steps=args.steps)
+    elif args.role == "st-encode":
+        res = side_st_encode(args.work, out)
     else:
         res = {"ndcg@10": ndcg(out, args.work / "set")}
     (out.parent / f"{out.name}.json").write_text(json.dumps(res))
@@ -145,6 +183,10 @@ def main() -> None:
     ap.add_argument("--loss", default="mnrl", help=argparse.SUPPRESS)
     ap.add_argument("--batch-pairs", type=int, default=32, help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--mine-documents", type=int, default=100_000, help="the corpus `mlmkit mine` searches")
+    ap.add_argument("--mine-queries", type=int, default=2000, help="the (query, positive) pairs mined for")
+    ap.add_argument("--encode-documents", type=int, default=10_000, help="documents encoded by each side")
+    ap.add_argument("--skip-training", action="store_true", help="only the mining and encoding parts")
     add_patience(ap, 120.0, "each training")
     args = ap.parse_args()
     if args.role:
@@ -157,6 +199,14 @@ def main() -> None:
     counts = write_retrieval_set(work / "set", max_documents=docs)
     minilm()  # fail early without the model
     log(f"retrieval set: {counts}")
+    lines = [] if args.skip_training else training(args, work, counts)
+    lines += mining(args, work)
+    for line in lines:
+        print(line)
+
+
+def training(args: argparse.Namespace, work: Path, counts: dict) -> list[str]:
+    """The training comparison and the cached-mnrl memory; returns the target lines."""
     runs: dict[str, list[dict]] = {"mlmkit": [], "st": []}
     for r in range(1 if args.quick else args.rounds):
         for side in (("mlmkit", "st") if r % 2 == 0 else ("st", "mlmkit")):
@@ -193,9 +243,45 @@ def main() -> None:
           + "; ".join(f"{n}: peak {c['peak_mb']:.0f} MB{'*' if c['other'] > 0.15 else ''}, {c['pairs_per_s']:.1f} pairs/s"
                       for n, c in cached.items()))
     print(f"training call: {secs['st'] / secs['mlmkit']:.2f}x sentence-transformers' (mlmkit's includes reading and saving)")
-    print(target("retrieval-train-vs-sentence-transformers", wall["st"] / wall["mlmkit"], ">=", 2.0))
-    print(target("retrieval-ndcg-vs-sentence-transformers", score["mlmkit"] - score["st"], ">=", -0.005, fmt="+.3f"))
-    print(target("cached-mnrl-rss-512-vs-32", cached["cached-mnrl-512"]["peak_mb"] / cached["mnrl-32"]["peak_mb"], "<=", 1.30))
+    return [target("retrieval-train-vs-sentence-transformers", wall["st"] / wall["mlmkit"], ">=", 2.0),
+            target("retrieval-ndcg-vs-sentence-transformers", score["mlmkit"] - score["st"], ">=", -0.005, fmt="+.3f"),
+            target("cached-mnrl-rss-512-vs-32", cached["cached-mnrl-512"]["peak_mb"] / cached["mnrl-32"]["peak_mb"],
+                   "<=", 1.30)]
+
+
+def mining(args: argparse.Namespace, work: Path) -> list[str]:
+    """`mlmkit mine` with BM25 and with the MiniLM bundle, and corpus encoding against SentenceTransformer.encode."""
+    n_docs = 2000 if args.quick else args.mine_documents
+    n_enc = min(n_docs, 500 if args.quick else args.encode_documents)
+    mining_data(work, n_docs, 200 if args.quick else args.mine_queries)
+    docs = (work / "corpus.txt").read_text(encoding="utf-8").splitlines()
+    (work / "encode.txt").write_text("\n".join(docs[:n_enc]) + "\n", encoding="utf-8")
+    bundle = work / "minilm-bundle"
+    if not (bundle / "model.onnx").is_file():
+        run_watched("export", [sys.executable, "-m", "mlmkit", "export", str(minilm()), "--out", str(bundle)],
+                    args.patience, env=thread_env(THREADS))
+    mlmkit = [sys.executable, "-m", "mlmkit"]
+    mined = {}
+    for name, retriever in (("bm25", "bm25"), ("bundle", str(bundle))):
+        out = work / f"mined-{name}.jsonl"
+        out.unlink(missing_ok=True)
+        mined[name] = run_watched(f"mine {name}", [*mlmkit, "mine", str(work / "pairs.jsonl"), "--corpus", str(work / "corpus.txt"),
+                                                   "--out", str(out), "--retriever", retriever, "--negatives", "5",
+                                                   "--range", "10:100"], args.patience * 10, env=thread_env(THREADS))
+        log(f"mine {name}: {mined[name]['seconds']:.1f}s, peak {mined[name]['peak_mb']:.0f} MB")
+    queries = sum(1 for _ in open(work / "pairs.jsonl"))
+    print(f"\nmlmkit mine, {n_docs:,} documents, {queries:,} queries, 5 negatives from ranks 10:100, {THREADS} threads: "
+          + "; ".join(f"{n}: {m['seconds']:.1f} s{mark(m['other'])}, peak {m['peak_mb']:.0f} MB" for n, m in mined.items())
+          + " (the bundle's includes embedding the corpus)")
+    enc = {"mlmkit": run_watched("embed", [*mlmkit, "embed", str(bundle), "--input", str(work / "encode.txt"), "--output",
+                                           str(work / "encoded.npy"), "--threads", str(THREADS), "--workers", "1"],
+                                 args.patience * 10, env=thread_env(THREADS)),
+           "st": run_side("st-encode", work, work / "st-encoded", args.patience * 10)}
+    rate = {k: n_enc / v["seconds"] for k, v in enc.items()}
+    print(f"corpus encoding, {n_enc:,} documents (whole processes): mlmkit embed {rate['mlmkit']:.0f} docs/s"
+          f"{mark(enc['mlmkit']['other'])}, SentenceTransformer.encode {rate['st']:.0f} docs/s{mark(enc['st']['other'])} "
+          f"(encode call alone: {n_enc / enc['st']['encode_seconds']:.0f} docs/s): {rate['mlmkit'] / rate['st']:.2f}x")
+    return []
 
 
 if __name__ == "__main__":

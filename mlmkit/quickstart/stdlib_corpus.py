@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import re
 import sysconfig
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +31,20 @@ def _sentences(doc: str) -> list[str]:
     return out
 
 
+_BLOCKS = (ast.stmt, ast.excepthandler, ast.match_case)
+
+
+def _definitions(tree: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of ``tree`` in ast.walk's order, but only statements and the blocks that hold them: a
+    docstring's owner (module, class, function) is never inside an expression, and skipping those
+    makes the walk several times faster."""
+    todo = deque([tree])
+    while todo:
+        node = todo.popleft()
+        todo.extend(c for c in ast.iter_child_nodes(node) if isinstance(c, _BLOCKS))
+        yield node
+
+
 def docstring_documents(max_chars: int = 3_000_000) -> Iterator[list[str]]:
     root = Path(sysconfig.get_paths()["stdlib"])
     total = 0
@@ -41,7 +56,7 @@ def docstring_documents(max_chars: int = 3_000_000) -> Iterator[list[str]]:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
-        for node in ast.walk(tree):
+        for node in _definitions(tree):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 doc = ast.get_docstring(node)
                 sents = _sentences(doc) if doc else []
