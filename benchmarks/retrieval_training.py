@@ -119,8 +119,7 @@ def side_st_encode(work: Path, out: Path) -> dict:
 
     torch.set_num_threads(THREADS)
     docs = (work / "encode.txt").read_text(encoding="utf-8").splitlines()
-    model = SentenceTransformer(str(minilm()), device="cpu")
-    model.max_seq_length = RECIPE["max_length"]
+    model = SentenceTransformer(str(minilm()), device="cpu")  # its own max length (256), as the bundle's
     t0 = time.perf_counter()
     vectors = model.encode(docs, batch_size=32, convert_to_numpy=True)
     seconds = time.perf_counter() - t0
@@ -278,9 +277,14 @@ def mining(args: argparse.Namespace, work: Path) -> list[str]:
                                  args.patience * 10, env=thread_env(THREADS)),
            "st": run_side("st-encode", work, work / "st-encoded", args.patience * 10)}
     rate = {k: n_enc / v["seconds"] for k, v in enc.items()}
+    import numpy as np
+
+    a, b = np.load(work / "encoded.npy"), np.load(work / "st-encoded.npy")
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
     print(f"corpus encoding, {n_enc:,} documents (whole processes): mlmkit embed {rate['mlmkit']:.0f} docs/s"
           f"{mark(enc['mlmkit']['other'])}, SentenceTransformer.encode {rate['st']:.0f} docs/s{mark(enc['st']['other'])} "
-          f"(encode call alone: {n_enc / enc['st']['encode_seconds']:.0f} docs/s): {rate['mlmkit'] / rate['st']:.2f}x")
+          f"(encode call alone: {n_enc / enc['st']['encode_seconds']:.0f} docs/s): {rate['mlmkit'] / rate['st']:.2f}x; "
+          f"cosine of the two sides' vectors: min {cos.min():.5f}, mean {cos.mean():.5f}")
     return []
 
 

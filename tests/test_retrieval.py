@@ -96,6 +96,9 @@ def test_matryoshka_is_the_weighted_inner_loss_on_leading_dimensions():
     inner = losses.mnrl()
     want = 1.0 * inner(E[:, :16], b) + 0.5 * inner(E[:, :8], b) + 0.25 * inner(E[:, :4], b)
     assert float(losses.matryoshka(inner, [16, 8, 4], [1.0, 0.5, 0.25])(E, b)) == pytest.approx(float(want), abs=1e-6)
+    b.target = torch.randn(7, 16)  # mse-distill: the teacher's vectors cut to the same leading dimensions
+    want = sum(float(((E[:, :d] - b.target[:, :d]) ** 2).mean()) for d in (16, 8))
+    assert float(losses.matryoshka(losses.mse_distill(), [16, 8])(E, b)) == pytest.approx(want, rel=1e-5)
 
 
 def test_margin_mse_regresses_the_teachers_margins():

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -128,8 +128,9 @@ def matryoshka(inner: EmbeddingLoss, dims: Sequence[int], weights: Sequence[floa
     leading dimensions carry a usable embedding by themselves (what the `dimensions` request field cuts)."""
     w = list(weights) if weights else [1.0] * len(dims)
 
-    def loss(E: torch.Tensor, b: PairBatch) -> torch.Tensor:
-        return sum(wi * inner(E[:, :d], b) for d, wi in zip(dims, w))
+    def loss(E: torch.Tensor, b: PairBatch) -> torch.Tensor:  # a teacher's vectors (mse-distill) are cut alike
+        return sum(wi * inner(E[:, :d], b if b.target is None else replace(b, target=b.target[:, :d]))
+                   for d, wi in zip(dims, w))
 
     return loss
 
