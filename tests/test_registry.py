@@ -36,7 +36,7 @@ from mlmkit.train.finetune import TaskEvaluator, torch_forward
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).resolve().parent / "plugins"
-BUILTINS = ("classification", "embedding", "qa", "sparse-embedding", "tagging")
+BUILTINS = ("classification", "embedding", "qa", "rerank", "sparse-embedding", "tagging")
 
 
 def squash(text: str) -> str:
@@ -228,7 +228,7 @@ def test_core_never_imports_a_task() -> None:
 
 def test_unknown_task_lists_the_registered_ones() -> None:
     registry.reset()
-    with pytest.raises(TaskError, match=r"unknown task 'ner'; registered tasks: classification, embedding, qa, sparse-embedding, tagging") as e:
+    with pytest.raises(TaskError, match=r"unknown task 'ner'; registered tasks: classification, embedding, qa, rerank, sparse-embedding, tagging") as e:
         registry.get_task("ner")
     assert "mlmkit tasks" in (e.value.hint or "")
 
@@ -239,7 +239,7 @@ def test_cli_unknown_task_exits_2_with_the_list(tmp_path: Path) -> None:
     assert res.exit_code == 2, res.output
     assert len(res.stderr.strip().splitlines()) == 1, f"not one line: {res.stderr!r}"
     msg = squash(res.stderr)
-    assert "unknown task 'nosuchtask'; registered tasks: classification, embedding, qa, sparse-embedding, tagging" in msg
+    assert "unknown task 'nosuchtask'; registered tasks: classification, embedding, qa, rerank, sparse-embedding, tagging" in msg
     assert "Traceback" not in res.output
 
 
@@ -471,6 +471,16 @@ SAMPLES: dict[str, dict[str, Any]] = {
             {"text": "bad acting and a dull plot", "label": "neg"},
         ]),
         "input": "a fine story",
+    },
+    "rerank": {
+        "file": "sample.jsonl",
+        "data": "".join(json.dumps(r) + "\n" for r in [
+            {"query": "a good film", "document": "a fine and good film", "label": 1},
+            {"query": "a good film", "document": "bad acting", "label": 0},
+            {"query": "a dull plot", "document": "the plot is dull", "label": 1},
+            {"query": "a dull plot", "document": "a fine story", "label": 0},
+        ]),
+        "input": {"text": "a good film", "text_pair": "a fine story"},
     },
     "tagging": {
         "file": "sample.conll",

@@ -320,7 +320,7 @@ def test_run_directory_is_not_a_bundle(runs):
 
 
 def test_wrong_command(bundles):
-    with pytest.raises(BundleError, match="is a fill-mask bundle; `mlmkit classify` serves classification bundles"):
+    with pytest.raises(BundleError, match="is a fill-mask bundle; `mlmkit classify` serves classification or rerank bundles"):
         Pipeline.load(bundles["fill-mask"], command="classify")
     assert Pipeline.load(bundles["tagging"], command="tag").task == "tagging"
 

@@ -123,6 +123,8 @@ OPTION_FLAGS: dict[str, tuple[Any, str]] = {
     "input_type": (str, "--input-type", "--as"),  # the second: a short alias
     "index": (str, "--index"),
     "save_run": (str, "--save-run"),
+    "first_stage": (str, "--first-stage"),
+    "rerank_top": (int, "--rerank-top"),
 }
 assert set(OPTION_FLAGS) == FLAG_OPTIONS, "registry.FLAG_OPTIONS names the options that have flags here"
 

@@ -163,7 +163,7 @@ def plot(
 
 @app.command()
 @handle_errors
-@with_task_options(*ALL_OPTION_FLAGS, "index", "save_run")
+@with_task_options(*ALL_OPTION_FLAGS, "index", "save_run", "first_stage", "rerank_top")
 def evaluate(
     model: Annotated[Path, typer.Argument(help="A fine-tuned run directory or an exported bundle.")],
     data: Annotated[Path, typer.Option("--data", help="Labelled data in the task's format.")],

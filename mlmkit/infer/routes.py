@@ -239,10 +239,12 @@ def cross_encoder(models: Mapping[str, Any], requested: Any, route: str) -> str:
     return name
 
 
-def relevance(results: list[dict[str, Any]], raw: bool) -> list[float]:
-    """Each pair's relevance: the sigmoid of the cross-encoder's logit, or the logit itself (``raw``)."""
-    logits = np.asarray([float(r["score"]) for r in results], dtype=np.float64)
-    return (logits if raw else 1.0 / (1.0 + np.exp(-logits))).tolist()
+def relevance(results: list[dict[str, Any]], raw: bool, meta: Mapping[str, Any] | None = None) -> list[float]:
+    """Each pair's relevance: the cross-encoder's logit under its activation (a rerank bundle records
+    it; sigmoid otherwise, as CrossEncoder's default for one label), or the logit itself (``raw``)."""
+    logits = np.asarray([float(r.get("logit", r["score"])) for r in results], dtype=np.float64)
+    identity = ((meta or {}).get("options") or {}).get("activation") == "identity"
+    return (logits if raw or identity else 1.0 / (1.0 + np.exp(-logits))).tolist()
 
 
 def ranked(scores: list[float], top_n: int | None) -> list[int]:
@@ -259,7 +261,7 @@ def rerank_documents(pipe: Any, query: str, documents: list[str], *, top_n: int 
     if "logits" not in (pipe.meta.get("outputs") or {}) or len(labels) != 1:
         raise ConfigError(f"{pipe.path} is not a cross-encoder ({pipe.task}, {len(labels)} labels)",
                           "rerank with a one-label sequence classifier (a sentence-transformers CrossEncoder, bge-reranker ...)")
-    scores = relevance(pipe([{"text": query, "text_pair": d} for d in documents]), raw)
+    scores = relevance(pipe([{"text": query, "text_pair": d} for d in documents]), raw, pipe.meta)
     return [{"index": i, "score": scores[i], "text": documents[i]} for i in ranked(scores, top_n)]
 
 
@@ -286,7 +288,7 @@ class Rerank:
         return call
 
     def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
-        scores = relevance(results, call.state["raw"])
+        scores = relevance(results, call.state["raw"], model.pipe.meta)
         docs = call.state["documents"]
         out = [{"index": i, "relevance_score": scores[i], **({"document": {"text": docs[i]}} if call.state["documents_back"] else {})}
                for i in ranked(scores, call.state["top_n"])]
@@ -305,7 +307,7 @@ class TEIRerank:
         return call
 
     def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
-        scores = relevance(results, call.state["raw"])
+        scores = relevance(results, call.state["raw"], model.pipe.meta)
         docs = call.state["documents"]
         return [{"index": i, "score": scores[i], **({"text": docs[i]} if call.state["text"] else {})} for i in ranked(scores, None)]
 

@@ -45,7 +45,7 @@ log = logging.getLogger("mlmkit")
 
 FLAG_OPTIONS = frozenset({"text_column", "pair_column", "label_column", "doc_stride", "max_answer_length", "label_all_tokens",
                           "aggregation", "scheme", "top_k", "problem_type", "threshold", "pooling", "normalize", "input_type",
-                          "index", "save_run"})
+                          "index", "save_run", "first_stage", "rerank_top"})
 """Option names the CLI also takes as flags of their own (--text-column ...), for any task that declares
 them: the built-in tasks' flags of the first version. Every other option is --option NAME=VALUE."""
 

@@ -88,7 +88,7 @@ class BestTracker:
         v = float(metrics[self.metric])
         if self.best is None or (v > self.best if self.greater else v < self.best):
             self.best, self.bad_evals = v, 0
-            self.best_metrics = {"best_step": step, **{f"eval_{k}": x for k, x in metrics.items()}}
+            self.best_metrics = {"best_step": step, **{f"eval_{k}": x for k, x in metrics.items()}, **_scalars(metrics, "eval_")}
             return True
         self.bad_evals += 1
         return False
@@ -225,8 +225,7 @@ class Trainer:
             with torch.no_grad(), self._autocast():
                 metrics = self.evaluate(self.model)
             self.model.train()
-            self._log({"step": self.step, "epoch": self.cursor.epoch, **{f"eval_{k}": v for k, v in metrics.items()
-                                                                         if isinstance(v, (int, float))}})
+            self._log({"step": self.step, "epoch": self.cursor.epoch, **_scalars(metrics, "eval_")})
             if self.tracker.update(self.step, metrics):
                 self.save_model(self.model, self.out, {**meta, "best_step": self.step, "best_metrics": metrics})
         self._checkpoint(meta)
@@ -379,3 +378,15 @@ def _progress(enabled: bool):
         disable=not enabled,
         transient=False,
     )
+
+
+def _scalars(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
+    """The numbers of a task's metrics, flat: a group of them (a reranker's "first_stage") as
+    PREFIX + group + "_" + name; lists and texts (a confusion matrix, label names) left out."""
+    out: dict[str, float] = {}
+    for k, v in metrics.items():
+        if isinstance(v, dict):
+            out.update(_scalars(v, f"{prefix}{k}_"))
+        elif isinstance(v, (int, float)):
+            out[f"{prefix}{k}"] = v
+    return out

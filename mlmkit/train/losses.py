@@ -260,3 +260,77 @@ def cached(embed: Embed, n: int, loss: Callable[[torch.Tensor], torch.Tensor], m
 
     out.register_hook(backward)
     return out, E.detach()
+
+
+# ---- reranking: a cross-encoder's scores of a query's candidates ---------------------------------------
+RankLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""(scores (n,), gold labels (n,), group (n,): the query of each candidate, 0.. within the batch) -> the loss."""
+
+
+def _groups(group: torch.Tensor) -> list[torch.Tensor]:
+    """The candidate indices of each query of the batch."""
+    return [(group == g).nonzero().squeeze(1) for g in torch.unique(group)]
+
+
+def rank_bce(max_label: float = 1.0) -> RankLoss:
+    """Pointwise: binary cross-entropy of sigmoid(score) against label / max_label (graded labels
+    become soft targets)."""
+
+    def loss(s: torch.Tensor, y: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+        return F.binary_cross_entropy_with_logits(s, y / max_label)
+
+    return loss
+
+
+def rank_mnrl(max_label: float = 1.0) -> RankLoss:
+    """For every relevant candidate (label > 0) of a query: its softmax cross-entropy against the
+    query's irrelevant ones (label 0), averaged over the relevant candidates."""
+
+    def loss(s: torch.Tensor, y: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+        terms = []
+        for idx in _groups(group):
+            ys, ss = y[idx], s[idx]
+            neg = ss[ys <= 0]
+            for p in ss[ys > 0]:
+                terms.append(torch.logsumexp(torch.cat([p[None], neg]), 0) - p)
+        return torch.stack(terms).mean() if terms else s.sum() * 0.0
+
+    return loss
+
+
+def rank_listnet(max_label: float = 1.0) -> RankLoss:
+    """ListNet: per query, the cross-entropy of the softmax of the scores against the softmax of the
+    labels, averaged over the queries."""
+
+    def loss(s: torch.Tensor, y: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+        return torch.stack([-(torch.softmax(y[idx], 0) * torch.log_softmax(s[idx], 0)).sum() for idx in _groups(group)]).mean()
+
+    return loss
+
+
+def rank_lambda(max_label: float = 1.0) -> RankLoss:
+    """LambdaRank with NDCG weights: per query, over the pairs (i, j) with label_i > label_j,
+    |delta NDCG_ij| x log(1 + exp(-(s_i - s_j))), where delta NDCG_ij is the change of NDCG (gains
+    2^label - 1, the current ranks by score) from swapping i and j; summed per query, averaged over queries."""
+
+    def loss(s: torch.Tensor, y: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+        out = []
+        for idx in _groups(group):
+            ys, ss = y[idx], s[idx]
+            gain = torch.pow(2.0, ys) - 1.0
+            ideal = (torch.sort(gain, descending=True).values / torch.log2(torch.arange(len(ys), device=s.device) + 2.0)).sum()
+            rank = torch.empty_like(ss)
+            rank[torch.argsort(ss.detach(), descending=True)] = torch.arange(len(ss), device=s.device, dtype=ss.dtype)
+            disc = 1.0 / torch.log2(rank + 2.0)
+            better = ys[:, None] > ys[None, :]
+            delta = ((gain[:, None] - gain[None, :]) * (disc[:, None] - disc[None, :])).abs() / ideal.clamp_min(1e-12)
+            pair = F.softplus(-(ss[:, None] - ss[None, :]))
+            out.append((delta * pair)[better].sum())
+        return torch.stack(out).mean()
+
+    return loss
+
+
+RANK_LOSSES: dict[str, Callable[..., RankLoss]] = {"bce": rank_bce, "mnrl": rank_mnrl, "listnet": rank_listnet,
+                                                   "lambda": rank_lambda}
+"""The rerank task's --option loss=NAME: pointwise (bce) or over a query's candidates (the others)."""

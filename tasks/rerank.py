@@ -1,0 +1,292 @@
+"""Reranking: a cross-encoder scoring (query, document) pairs, fine-tuned pointwise or listwise.
+
+The model is a one-label sequence classifier (transformers' BertForSequenceClassification of the
+family, num_labels 1: the logit is the relevance), so the run loads in sentence-transformers'
+CrossEncoder with the same scores, and its bundle is what `mlmkit rerank`, `/v1/rerank` and TEI's
+`/rerank` serve. The activation applied to the logit (``activation``: sigmoid, as CrossEncoder's
+default for one label, or identity) is built into the model: config.json records it for
+CrossEncoder, and evaluation, `mlmkit classify` and the routes apply it, so no two of them disagree.
+
+Data, one example per query (its candidates stay in one batch, ``group_features``):
+
+- rows of a query, a document and a label (``query``, ``document``, ``label``: 0/1 or graded up to
+  ``max_label``), the rows of one query gathered;
+- rows of an anchor (or query), its positive and negatives (what `mlmkit mine` writes): the
+  positive labelled 1, the negatives 0;
+- for evaluation, a BEIR directory (``DIR[:SPLIT]``): each query's top ``rerank_top`` documents of a
+  first stage (``first_stage``: BM25, or an embedding bundle) are reranked, and the retrieval metrics
+  of both are reported (the first stage's under "first_stage").
+
+Losses (mlmkit/train/losses.py's RANK_LOSSES): ``bce`` (pointwise), ``mnrl`` (a relevant candidate's
+softmax against the query's irrelevant ones), ``listnet``, ``lambda`` (NDCG-weighted pairs). For the
+three listwise losses a query whose candidates are all relevant or all irrelevant teaches nothing:
+it is left out of training and counted in the log.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mlmkit_tasks.classification import HF_ARCHITECTURE, REGRESSION, _cls_only_graph
+
+from mlmkit.errors import TaskError
+from mlmkit.infer.retrieval import METRICS as RETRIEVAL_METRICS
+from mlmkit.infer.retrieval import mean_metrics
+from mlmkit.plugin.taskkit import (
+    BATCH,
+    EXAMPLE,
+    LABEL,
+    TRUNCATED,
+    DataFormatError,
+    Record,
+    TaskContext,
+    TaskOption,
+    clip_text,
+    data_format,
+    iter_jsonl,
+    iter_records,
+    tokenizer_settings,
+)
+from mlmkit.text.beir import is_beir, read_split
+
+log = logging.getLogger("mlmkit")
+
+FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
+LOSSES = ("bce", "mnrl", "listnet", "lambda")
+LISTWISE = ("mnrl", "listnet", "lambda")
+ACTIVATIONS = {"sigmoid": "torch.nn.modules.activation.Sigmoid", "identity": "torch.nn.modules.linear.Identity"}
+"""The activation option and the class sentence-transformers' CrossEncoder reads from config.json."""
+SKIPPED = "all of its candidates have one label (a listwise loss learns nothing from it)"
+
+
+def activate(logit: float, activation: str) -> float:
+    """The relevance score of a logit under the model's activation."""
+    return float(1.0 / (1.0 + np.exp(-logit))) if activation == "sigmoid" else float(logit)
+
+
+@functools.cache
+def _model_class() -> type:
+    """The cross-encoder with the rerank losses (torch on demand)."""
+    import torch
+
+    from mlmkit.models.core import BertForLabels
+    from mlmkit.train.losses import RANK_LOSSES
+
+    class BertForRerank(BertForLabels):
+        def __init__(self, config: Any, loss: str, max_label: float) -> None:
+            super().__init__(config, per_token=False, problem_type=REGRESSION)
+            self.objective = RANK_LOSSES[loss](max_label=max_label)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                    token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                    example: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+            logits = super().forward(input_ids, attention_mask, token_type_ids)["logits"]  # (B, 1)
+            out = {"logits": logits}
+            if labels is not None:
+                group = example if example is not None else torch.zeros_like(labels, dtype=torch.long)
+                out["loss"] = self.objective(logits.float().squeeze(-1), labels.float(), group)
+            return out
+
+    return BertForRerank
+
+
+class RerankTask:
+    name = "rerank"
+    description = ("Cross-encoder reranking of (query, document) pairs: bce, mnrl, listnet or lambda over a query's "
+                   "candidates; evaluated by reranking a first stage (BM25 or a bundle) on BEIR data.")
+    formats = ("csv", "tsv", "jsonl", "parquet", "beir")
+    metrics = RETRIEVAL_METRICS
+    outputs = {"logits": (BATCH, LABEL)}
+    options = (
+        TaskOption("loss", "bce", "Fine-tuning loss: bce (pointwise), mnrl, listnet or lambda (over a query's candidates).",
+                   choices=LOSSES),
+        TaskOption("activation", "sigmoid", "The score of a logit, at evaluation and serving: sigmoid or identity (raw).",
+                   choices=tuple(ACTIVATIONS), fixed=True),
+        TaskOption("max_label", 1.0, "The largest graded label (labels run from 0 to it; bce's target is label / max_label).",
+                   minimum=1e-9),
+        TaskOption("query_column", "query", "The query field (rows from mlmkit mine: their anchor is the query)."),
+        TaskOption("document_column", "document", "The document field of (query, document, label) rows."),
+        TaskOption("label_column", "label", "The label field of (query, document, label) rows."),
+        TaskOption("first_stage", "bm25", "BEIR evaluation: the first stage whose top documents are reranked: bm25, "
+                   "or an embedding bundle.", saved=False),
+        TaskOption("rerank_top", 100, "BEIR evaluation: the first stage's documents reranked per query.", minimum=1,
+                   saved=False),
+    )
+    label_names = ("labels",)
+    group_features = True
+    hf_architecture = HF_ARCHITECTURE
+    pipeline_tag = "text-ranking"
+    command = "classify"  # a one-label classifier of pairs: `mlmkit rerank` and the rerank routes serve it
+    partial_layers = 1
+    default_max_length = 256
+
+    def label_list(self, examples: list[dict[str, Any]]) -> list[str]:
+        return ["score"]
+
+    def hf_config(self, ctx: TaskContext) -> dict[str, Any]:
+        return {"problem_type": REGRESSION, "sentence_transformers": {"activation_fn": ACTIVATIONS[ctx.options["activation"]]}}
+
+    def main_metric(self, ctx: TaskContext) -> str:
+        return "ndcg@10"
+
+    def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False) -> list[dict[str, Any]]:
+        """One example per query: {"query", "docs", "labels", "source", "line"} (training and rows),
+        and for evaluation its "judged" documents ({doc id: grade}) and the first stage's ranking
+        ("first", doc ids best first); doc ids are "d0", "d1" ... within a query, or the corpus's."""
+        if is_beir(path):
+            if training:
+                raise TaskError("a BEIR split has positives only; a reranker trains on rows with negatives",
+                                f"mine them: mlmkit mine {path} --out rows.jsonl, then --train rows.jsonl")
+            return _first_stage(path, options)
+        fmt = data_format(path, FORMATS)
+        by_query: dict[str, dict[str, Any]] = {}
+        top = float(options["max_label"])
+        for rec in iter_jsonl(path) if fmt == "jsonl" else iter_records(path, fmt):
+            fields = rec.fields()
+            qcol = options["query_column"] if options["query_column"] in fields or "anchor" not in fields else "anchor"
+            query = rec.text(qcol)
+            ex = by_query.setdefault(query, {"query": query, "docs": [], "labels": [], "source": rec.source, "line": rec.line})
+            if "positive" in fields:
+                negs = sorted((int(k[9:]), k) for k in fields if k.startswith("negative_") and k[9:].isdigit())
+                texts = [rec.text("positive")] + [t for t in (rec.text(k, required=False) for _, k in negs) if t]
+                ex["docs"] += texts
+                ex["labels"] += [top] + [0.0] * (len(texts) - 1)
+            else:
+                ex["docs"].append(rec.text(options["document_column"]))
+                ex["labels"].append(_grade(rec, options["label_column"], top))
+        if not by_query:
+            raise DataFormatError(path, "no examples", hint="query, document and label per record, or anchor, positive "
+                                                            "and negatives (mlmkit mine)")
+        examples = list(by_query.values())
+        if training and options["loss"] in LISTWISE:
+            kept = [ex for ex in examples if 0 < sum(y > 0 for y in ex["labels"]) < len(ex["labels"])]
+            if len(kept) < len(examples):
+                log.warning("%s: %d of %d queries left out of training: %s", path, len(examples) - len(kept), len(examples), SKIPPED)
+            if not kept:
+                raise TaskError(f"{path}: no query has both relevant and irrelevant candidates",
+                                f"the {options['loss']} loss ranks a query's candidates against each other; use loss=bce")
+            examples = kept
+        if not training:
+            for ex in examples:
+                ex["judged"] = {f"d{i}": y for i, y in enumerate(ex["labels"]) if y > 0}
+                ex["first"] = [f"d{i}" for i in range(len(ex["docs"]))]
+        return examples
+
+    def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+        """A (query, document) pair: {"text", "text_pair"} (what `mlmkit rerank` and the routes send) or
+        the option's query and document fields."""
+        if isinstance(item, str):
+            raise DataFormatError("<input>", "a reranker scores pairs, not single texts",
+                                  hint='give {"text": QUERY, "text_pair": DOCUMENT} records, or use mlmkit rerank')
+        rec = Record("<input>", None, item)
+        if "text" in item:
+            return {"query": rec.text("text"), "docs": [rec.text("text_pair")]}
+        return {"query": rec.text(options["query_column"]), "docs": [rec.text(options["document_column"])]}
+
+    def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
+        """A feature per (query, candidate): [CLS] query [SEP] document [SEP], truncated to the max length."""
+        L = ctx.max_length
+        pairs = [(i, j, (clip_text(ex["query"], tokenizer, L), clip_text(doc, tokenizer, L)))
+                 for i, ex in enumerate(examples) for j, doc in enumerate(ex["docs"])]
+        with tokenizer_settings(tokenizer, max_length=L) as tok:
+            encodings = tok.encode_batch([p for _, _, p in pairs]) if pairs else []
+        feats = []
+        for (i, j, _), enc in zip(pairs, encodings):
+            f: dict[str, Any] = {"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i, "candidate": j,
+                                 **({TRUNCATED: True} if enc.overflowing else {})}
+            if training:
+                f["labels"] = float(examples[i]["labels"][j])
+            feats.append(f)
+        return feats
+
+    def build_model(self, config: Any, ctx: TaskContext) -> Any:
+        if not config.id2label:  # a bare encoder (evaluated before fine-tuning): the one relevance output
+            config.id2label, config.label2id = {0: "score"}, {"score": 0}
+        if config.num_labels != 1:
+            raise TaskError(f"a reranker has one output (its relevance), the config has {config.num_labels}",
+                            "fine-tune from an encoder or a one-label cross-encoder")
+        return _model_class()(config, ctx.options["loss"], float(ctx.options["max_label"]))
+
+    def export_module(self, model: Any) -> Any:
+        from mlmkit.models.core import reads_cls_only
+
+        return _cls_only_graph()(model) if reads_cls_only(model.bert) else model
+
+    def postprocess(self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]],
+                    ctx: TaskContext) -> list[dict[str, Any]]:
+        """{"score"} for an input pair (the activated logit, and "logit"); {"scores": [...]} for a
+        query's candidates, in their order."""
+        logits: list[list[float]] = [[0.0] * len(ex["docs"]) for ex in examples]
+        for f, v in zip(features, outputs["logits"]):
+            logits[f[EXAMPLE]][f["candidate"]] = float(np.asarray(v).reshape(-1)[0])
+        act = ctx.options["activation"]
+        preds = []
+        for row in logits:
+            scores = [activate(x, act) for x in row]
+            preds.append({"score": scores[0], "logit": row[0]} if len(row) == 1 else {"scores": scores, "logits": row})
+        return preds
+
+    def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, Any]:
+        """The retrieval metrics of the reranked candidates (ties in the first stage's order), and the
+        first stage's own under "first_stage"."""
+        if not examples or "judged" not in examples[0]:
+            raise TaskError("rerank evaluation needs labelled candidates or a BEIR directory")
+        reranked, first, qrels = {}, {}, {}
+        for n, (ex, p) in enumerate(zip(examples, predictions)):
+            scores = p["scores"] if "scores" in p else [p["score"]]
+            ids = ex.get("ids") or [f"d{i}" for i in range(len(ex["docs"]))]
+            order = sorted(range(len(ids)), key=lambda i: (-scores[i], i))
+            key = ex.get("id", f"q{n}")
+            reranked[key], first[key], qrels[key] = [ids[i] for i in order], ex["first"], ex["judged"]
+        return {**mean_metrics(reranked, qrels), "first_stage": mean_metrics(first, qrels)}
+
+    def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
+        return {"score": f"{prediction['score']:.4f}"} if "score" in prediction else {"candidates": str(len(prediction["scores"]))}
+
+
+def _grade(rec: Record, field: str, top: float) -> float:
+    value = rec.fields().get(field)
+    try:
+        y = float(value) if not isinstance(value, bool) else float(int(value))
+    except (TypeError, ValueError):
+        y = float("nan")
+    if not 0.0 <= y <= top:  # NaN too
+        raise rec.error(f"a label must be a number from 0 to {top:g}, not {value!r}", field,
+                        hint="graded labels: --option max_label=N declares the largest")
+    return y
+
+
+def _first_stage(path: Path, options: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A BEIR evaluation split's queries with the first stage's top ``rerank_top`` documents as their
+    candidates (BM25 over the corpus, or an embedding bundle's exact search)."""
+    from mlmkit.errors import ConfigError
+    from mlmkit.infer.retrieval import BM25, Dense
+
+    split = read_split(path, training=False)
+    for why, n in split.skipped.items():
+        log.warning("%s: %d queries of the %s split left out: %s", split.directory, n, split.split, why)
+    dids = list(split.corpus)
+    k = int(options["rerank_top"])
+    if k > len(dids):
+        raise ConfigError(f"--rerank-top {k} is more than the {len(dids):,} documents the first stage can return",
+                          f"give at most {len(dids):,}")
+    qids = [q for q in split.queries if q in split.qrels]
+    texts = [split.corpus[d] for d in dids]
+    with tempfile.TemporaryDirectory(prefix="mlmkit-rerank-") as work:
+        stage = BM25(texts) if options["first_stage"] == "bm25" else Dense(options["first_stage"], texts, work)
+        idx, _ = stage.search([split.queries[q] for q in qids], k)
+    out = []
+    for q, row in zip(qids, idx):
+        ids = [dids[i] for i in row if i >= 0]
+        out.append({"id": q, "query": split.queries[q], "docs": [split.corpus[d] for d in ids], "ids": ids, "first": ids,
+                    "judged": split.qrels[q]})
+    return out
+
+
+task = RerankTask()
