@@ -344,6 +344,8 @@ class MineArgs(Args):
     margin: float | None = arg(None, "Keep a negative only if its score is at most the positive's minus this.")
     max_score_ratio: float | None = arg(None, "Keep a negative only if its score is at most this times the positive's.")
     with_scores: bool = arg(False, "Add each row's scores: [positive, negative_1, ...] (for distillation losses).")
+    score_with: Path | None = arg(None, "A cross-encoder bundle (rerank or one-label classification) whose logits are "
+                                        "each row's scores instead of the retriever's (margin-mse distils it).")
     anchor_column: str = arg("anchor", "Rows: the anchor (query) field.")
     positive_column: str = arg("positive", "Rows: the positive field.")
     batch_size: int = arg(256, "Queries searched at once (and written together: --resume goes on after the last batch written).")

@@ -39,6 +39,7 @@ TASK_SETUP = {  # task -> (labels, max_length, options)
     "qa": (None, 64, {"doc_stride": 24, "max_question_length": 16}),
     "embedding": (None, 32, {"pooling": "mean", "normalize": True}),
     "sparse-embedding": (None, 32, {"max_terms": 32}),
+    "rerank": (["score"], 32, {}),
 }
 
 
@@ -213,7 +214,7 @@ def test_task_bundle_matches_pytorch_on_mixed_lengths(kind, runs, bundles):
     meta = bundles[kind][1]
     assert meta["task"] == kind and meta["labels"] == TASK_SETUP[kind][0]
     # the classification graph runs its last layer for [CLS] only: that attention stays unfused
-    assert meta["fused_operators"]["Attention"] == (1 if kind == "classification" else 2)
+    assert meta["fused_operators"]["Attention"] == (1 if kind in ("classification", "rerank") else 2)
     assert meta["options"] == task.saved_options(task.resolve_options(TASK_SETUP[kind][2]))
     assert meta["outputs"] == {k: list(v) for k, v in task.outputs.items()}
 

@@ -208,3 +208,27 @@ def test_bad_rerank_input_is_one_line(reranker, tmp_path):
         task.read(reranker["beir"], task.resolve_options({"rerank_top": 9999}))
     with pytest.raises(TaskError, match="a BEIR split has positives only"):
         run_finetune("rerank", reranker["base"], reranker["beir"], tmp_path / "x", steps=1, progress=False)
+
+
+def test_mined_rows_scored_by_the_reranker_distil_into_a_bi_encoder(reranker, tmp_path):
+    """`mlmkit mine --score-with RERANKER`: each row's scores are the cross-encoder's logits of its
+    positive and negatives, and the embedding task's margin-mse trains on them."""
+    from mlmkit.infer.pipeline import Pipeline
+
+    bundle = tmp_path / "rr"
+    run_export(reranker["run"], bundle)
+    out = tmp_path / "scored.jsonl"
+    r = runner.invoke(app, ["mine", str(reranker["beir"]), "--out", str(out), "--negatives", "3", "--score-with", str(bundle),
+                            "--json"], env={"COLUMNS": "1000"})
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in open(out)]
+    row = rows[0]
+    docs = [row["positive"], row["negative_1"], row["negative_2"], row["negative_3"]]
+    want = [p["logit"] for p in Pipeline.load(bundle)([{"text": row["anchor"], "text_pair": d} for d in docs])]
+    np.testing.assert_allclose(row["scores"], want, atol=1e-5)
+    m = run_finetune("embedding", reranker["base"], out, tmp_path / "bi", steps=3, batch_size=32, max_length=32,
+                     progress=False, options={"loss": "margin-mse"})
+    assert math.isfinite(m["loss"])
+    r = runner.invoke(app, ["mine", str(reranker["beir"]), "--out", str(tmp_path / "x.jsonl"), "--score-with",
+                            str(reranker["beir"])])
+    assert r.exit_code == 2, r.output

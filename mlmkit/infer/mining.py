@@ -122,7 +122,7 @@ def _what(args: MineArgs) -> dict[str, Any]:
 
     bundle = None if args.retriever == "bm25" else files(Path(args.retriever))
     return {**{k: v for k, v in asdict(args).items() if k not in ("out", "resume", "device")},
-            "data": files(args.data), "corpus": files(args.corpus), "bundle": bundle}
+            "data": files(args.data), "corpus": files(args.corpus), "bundle": bundle, "score_with": files(args.score_with)}
 
 
 def mine(args: MineArgs) -> dict[str, Any]:
@@ -144,11 +144,13 @@ def mine(args: MineArgs) -> dict[str, Any]:
                     retriever = Dense(args.retriever, data.docs, job.dir, device=args.device, index=args.index)
                 log.info("mining %d pairs over %d documents with %s", len(data.pairs), len(data.docs), args.retriever)
                 need_pos = args.with_scores or args.margin is not None or args.max_score_ratio is not None
+                scorer = _scorer(args.score_with, args.device) if args.score_with is not None else None
                 for k, start in enumerate(range(0, len(data.pairs), args.batch_size)):
                     if k < job.done:
                         continue
                     batch = data.pairs[start:start + args.batch_size]
-                    job.add(Window(k, start + 1, list(batch)), _mine_batch(batch, retriever, data, args, (lo, hi), need_pos))
+                    done = _mine_batch(batch, retriever, data, args, (lo, hi), need_pos)
+                    job.add(Window(k, start + 1, list(batch)), _rescored(done, scorer) if scorer is not None else done)
             except BaseException:
                 if job.done == 0:
                     job.discard()  # nothing finished: nothing to resume
@@ -161,6 +163,30 @@ def mine(args: MineArgs) -> dict[str, Any]:
     for why, n in short.items():
         log.warning("%d of %d rows got fewer than %d negatives: %s", n, written, args.negatives, why)
     return {"rows": written, "negatives": negatives, "documents": len(data.docs), "short": short, "out": str(args.out)}
+
+
+def _scorer(bundle: Path, device: str) -> Any:
+    """A cross-encoder bundle's raw logits of (query, document) pairs."""
+    from mlmkit.infer.pipeline import Pipeline
+
+    pipe = Pipeline.load(bundle, device=device, command="classify")
+    if len(pipe.meta.get("labels") or []) != 1:
+        raise ConfigError(f"--score-with {bundle} is not a cross-encoder ({pipe.task}, {len(pipe.meta.get('labels') or [])} labels)",
+                          "give a rerank bundle, or a one-label sequence classifier's")
+    return lambda pairs: [float(r.get("logit", r["score"])) for r in pipe([{"text": q, "text_pair": d} for q, d in pairs])]
+
+
+def _rescored(done: Done, scorer: Any) -> Done:
+    """The rows' "scores" from the cross-encoder: its logit of the positive, then of each negative."""
+    pairs = [(row["anchor"], row[k]) for row in done.results for k in _documents(row)]
+    scores = iter(scorer(pairs))
+    for row in done.results:
+        row["scores"] = [next(scores) for _ in _documents(row)]
+    return done
+
+
+def _documents(row: dict[str, Any]) -> list[str]:
+    return ["positive", *sorted((k for k in row if k.startswith("negative_")), key=lambda k: int(k[9:]))]
 
 
 def _mine_batch(batch: list[tuple[str, int]], retriever: Any, data: Pairs, args: MineArgs, window: tuple[int, int],
