@@ -6,8 +6,18 @@ one. The graph runs the MLM head at every real token, pools inside onnxruntime a
 ``max_terms`` largest weights (top-k in the graph), so the batch x length x vocabulary tensor never
 leaves it; a result is {"indices": [...], "values": [...]}, highest first, zeros dropped.
 
-Evaluation data are scored pairs as for the embedding task: Spearman and Pearson correlation of the
-pairs' cosine (of their sparse vectors) with the gold scores. mlmkit does not fine-tune this task.
+Fine-tuning (``mlmkit finetune sparse-embedding`` from any masked-LM checkpoint or run: its MLM head
+is where SPLADE starts) reads what the embedding task's mnrl reads ((anchor, positive, negatives)
+rows, a BEIR directory), and trains the contrastive loss over sparse dot products (in-batch and hard
+negatives) plus the FLOPS regulariser, with separate weights for queries (anchors) and documents
+(``query_flops``, ``document_flops``; 0 turns one off) reached by a quadratic warm-up over
+``flops_warmup`` steps; the log has the mean number of non-zero terms per query and per document.
+The run is also a sentence-transformers SparseEncoder directory.
+
+Evaluation: on a BEIR directory (or rows), retrieval through an inverted index (scipy.sparse: every
+query's dot product with the documents it shares a term with): the retrieval metrics and the mean
+non-zeros (``query_terms``, ``document_terms``); on scored pairs, as for the embedding task, the
+Spearman and Pearson correlation of the pairs' cosine with the gold scores.
 """
 
 from __future__ import annotations
@@ -18,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mlmkit_tasks.embedding import EmbeddingTask, is_splade_directory, read_scored_pairs
+from mlmkit_tasks.embedding import EmbeddingTask, is_splade_directory
 
-from mlmkit.errors import TaskError
+from mlmkit.infer.retrieval import METRICS as RETRIEVAL_METRICS
+from mlmkit.infer.retrieval import mean_metrics
 from mlmkit.plugin.taskkit import BATCH, EXAMPLE, TaskContext, TaskOption
 
 
@@ -31,26 +42,52 @@ def _model_class() -> type:
     from torch import nn
 
     from mlmkit.models.core import BertModel, BertPreTrainingHeads, init_weights, tie_decoder
+    from mlmkit.train.losses import PairBatch, distributed, flops, mnrl
 
     class SparseEncoder(nn.Module):
-        def __init__(self, config: Any, max_terms: int) -> None:
+        def __init__(self, config: Any, max_terms: int, options: Mapping[str, Any] | None = None) -> None:
             super().__init__()
             self.config, self.max_terms = config, min(max_terms, config.vocab_size)
             self.bert = BertModel(config, add_pooling_layer=False)
             self.cls = BertPreTrainingHeads(config, nsp=False)
             init_weights(self, config.initializer_range)
             tie_decoder(self.cls, self.bert)
+            o = options or {}
+            self.objective = distributed(mnrl(scale=float(o.get("scale", 1.0)), dot=True))
+            self.flops_weights = (float(o.get("query_flops", 5e-5)), float(o.get("document_flops", 3e-5)))
+            self.warmup = int(o.get("flops_warmup", 100))
+            self.seen = 0  # training forwards, for the warm-up (a resumed run warms up again)
 
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                    token_type_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-            if attention_mask is None:
-                attention_mask = torch.ones_like(input_ids)
+        def vectors(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    token_type_ids: torch.Tensor | None) -> torch.Tensor:
+            """(B, V): per vocabulary entry, the max over the real tokens of log(1 + relu(MLM logit))."""
             seq, _ = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, H)
             logits = self.cls.predictions(seq)  # (B, T, V): inside the graph only
-            weights = torch.log1p(torch.relu(logits)) * attention_mask.unsqueeze(-1).to(logits.dtype)
-            values, indices = torch.topk(weights.max(dim=1).values, self.max_terms, dim=-1)  # (B, k)
+            return (torch.log1p(torch.relu(logits)) * attention_mask.unsqueeze(-1).to(logits.dtype)).max(dim=1).values
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                    token_type_ids: torch.Tensor | None = None, part: torch.Tensor | None = None,
+                    text_id: torch.Tensor | None = None, score: torch.Tensor | None = None,
+                    example: torch.Tensor | None = None, target: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+            if attention_mask is None:
+                attention_mask = torch.ones_like(input_ids)
+            W = self.vectors(input_ids, attention_mask, token_type_ids)
+            values, indices = torch.topk(W, self.max_terms, dim=-1)  # (B, k)
             # entries of weight 0 are no terms: -1, so that which of the tied zeros topk picks never matters
-            return {"indices": torch.where(values > 0, indices, torch.full_like(indices, -1)), "values": values}
+            out = {"indices": torch.where(values > 0, indices, torch.full_like(indices, -1)), "values": values}
+            if part is not None:  # training: sparse mnrl + the FLOPS regulariser, warmed up quadratically
+                if example is None:
+                    example = torch.cumsum(part == 0, 0) - 1
+                contrastive = self.objective(W, PairBatch(example, part, text_id, score))
+                q, d = W[part == 0], W[part > 0]
+                ramp = min(1.0, (self.seen / self.warmup) ** 2) if self.warmup > 0 else 1.0
+                reg = ramp * (self.flops_weights[0] * flops(q) + self.flops_weights[1] * flops(d))
+                if self.training:
+                    self.seen += 1
+                return {**out, "loss": contrastive + reg, "flops_loss": reg.detach(),
+                        "log_query_terms": (q > 0).sum(1).float().mean().detach(),
+                        "log_document_terms": (d > 0).sum(1).float().mean().detach()}
+            return out
 
     return SparseEncoder
 
@@ -62,42 +99,68 @@ class SparseEmbeddingTask(EmbeddingTask):
     options = (
         TaskOption("max_terms", 256, "Most non-zero entries kept per text (the largest, chosen in the graph).", minimum=1,
                    fixed=True),
+        TaskOption("query_flops", 5e-5, "Fine-tuning: the FLOPS regulariser's weight on the queries (anchors); 0: off.",
+                   minimum=0.0),
+        TaskOption("document_flops", 3e-5, "Fine-tuning: the FLOPS regulariser's weight on the documents; 0: off.",
+                   minimum=0.0),
+        TaskOption("flops_warmup", 100, "Fine-tuning: steps over which the FLOPS weights grow quadratically to their "
+                   "value.", minimum=0),
+        TaskOption("scale", 1.0, "Fine-tuning: the dot products' scale in the contrastive loss.", minimum=0.0),
+        TaskOption("anchor_column", "anchor", "Training rows: the anchor (query) field."),
+        TaskOption("positive_column", "positive", "Training rows: the positive field; hard negatives are negative_1 ..."),
         TaskOption("text_column", "text", "Evaluation data: the first text of a pair."),
         TaskOption("pair_column", "text_pair", "Evaluation data: the second text of a pair."),
         TaskOption("score_column", "score", "Evaluation data: the pair's gold similarity."),
     )
     hf_architecture = "BertForMaskedLM"
-    # the embedding task's evaluation on scored pairs; its fine-tuning (and retrieval data) are not this task's
-    formats = ("csv", "tsv", "jsonl")
-    metrics = ("spearman", "pearson")
-    trainable = False
-    label_names = ("labels",)
-    group_features = False
+    base_heads = ("cls.predictions.",)
+    formats = ("csv", "tsv", "jsonl", "parquet", "beir")
+    metrics = (*RETRIEVAL_METRICS, "query_terms", "document_terms", "spearman", "pearson")
+    trainable = True
+    label_names = ("part", "text_id", "score")
+    group_features = True
 
-    def read(self, path: Path, options: Mapping[str, Any]) -> list[dict[str, Any]]:
-        return read_scored_pairs(path, options)
+    def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False) -> list[dict[str, Any]]:
+        """What the embedding task reads for mnrl (rows, BEIR directories) and scored pairs."""
+        return super().read(path, _as_embedding(options), training=training)
 
     def main_metric(self, ctx: TaskContext) -> str | None:
-        return None
-
-    def fit_state(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        return {}
+        return "ndcg@10" if ctx.state.get("data") == "rows" else "spearman"
 
     def run_files(self, config: Any, ctx: TaskContext) -> dict[str, str]:
-        return {}
+        """The run is also a sentence-transformers SparseEncoder directory: the masked LM at the root,
+        SPLADE's max pooling of log(1 + relu), the max length."""
+        import json
+
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
+                   {"idx": 1, "name": "1", "path": "1_SpladePooling",
+                    "type": "sentence_transformers.sparse_encoder.models.SpladePooling"}]
+        dump = lambda x: json.dumps(x, indent=2) + "\n"  # noqa: E731
+        return {"modules.json": dump(modules),
+                "1_SpladePooling/config.json": dump({"pooling_strategy": "max", "activation_function": "relu",
+                                                     "word_embedding_dimension": config.vocab_size}),
+                "sentence_bert_config.json": dump({"max_seq_length": ctx.max_length, "do_lower_case": False}),
+                "config_sentence_transformers.json": dump({"model_type": "SparseEncoder", "similarity_fn_name": "dot"})}
 
     def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
-        if training:
-            raise TaskError("the sparse-embedding task is not fine-tuned by mlmkit",
-                            "export the masked LM as it is: mlmkit export MODEL --task sparse-embedding")
-        return super().featurize(examples, tokenizer, ctx, training=False)
+        feats = super().featurize(examples, tokenizer, TaskContext(ctx.max_length, _as_embedding(ctx.options), ctx.labels,
+                                                                    ctx.state), training=training)
+        for f in feats:
+            f.pop("target", None)  # no teacher here
+        return feats
 
     def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
         """A sentence-transformers SparseEncoder directory (SpladePooling); any masked LM with --task."""
         return {} if is_splade_directory(directory) else None
 
     def build_model(self, config: Any, ctx: TaskContext) -> Any:
-        return _model_class()(config, int(ctx.options["max_terms"]))
+        return _model_class()(config, int(ctx.options["max_terms"]), ctx.options)
+
+    def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, Any]:
+        """Retrieval through an inverted index (a retrieval set), or the pairs' correlations."""
+        if examples and examples[0].get("kind") == "query":
+            return _sparse_retrieval(predictions, examples)
+        return super().compute_metrics(predictions, examples, ctx)
 
     def postprocess(
         self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext
@@ -123,6 +186,46 @@ class SparseEmbeddingTask(EmbeddingTask):
     def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
         top = ", ".join(f"{i}:{v:.2f}" for i, v in list(zip(prediction["indices"], prediction["values"]))[:5])
         return {"terms": str(len(prediction["indices"])), "top": top + (" ..." if len(prediction["indices"]) > 5 else "")}
+
+
+
+def _as_embedding(options: Mapping[str, Any]) -> dict[str, Any]:
+    """These options as the embedding task's reader and featurizer take them (its defaults, mnrl)."""
+    from mlmkit_tasks.embedding import task as embedding
+
+    return {**{o.name: o.default for o in embedding.options}, **options, "loss": "mnrl"}
+
+
+def _csr(preds: list[dict[str, Any]], width: int) -> Any:
+    from scipy.sparse import csr_matrix
+
+    indptr = np.cumsum([0] + [len(p["indices"]) for p in preds])
+    idx = np.asarray([i for p in preds for i in p["indices"]], dtype=np.int64)
+    val = np.asarray([v for p in preds for v in p["values"]], dtype=np.float32)
+    return csr_matrix((val, idx, indptr), shape=(len(preds), width))
+
+
+def _sparse_retrieval(predictions: list[dict[str, Any]], examples: list[dict[str, Any]], k: int = 100,
+                      chunk: int = 64) -> dict[str, float]:
+    """Each query's top ``k`` documents by the dot product of sparse vectors, through an inverted
+    index (the documents' csr matrix, transposed: term -> documents), ``chunk`` queries at a time;
+    the retrieval metrics and the mean number of terms per query and per document."""
+    queries = [(ex, p) for ex, p in zip(examples, predictions) if ex["kind"] == "query"]
+    docs = [(ex, p) for ex, p in zip(examples, predictions) if ex["kind"] == "doc"]
+    width = 1 + max([i for _, p in queries + docs for i in p["indices"]] or [0])
+    D = _csr([p for _, p in docs], width).T.tocsr()  # (V, documents): the inverted index
+    dids = [ex["id"] for ex, _ in docs]
+    runs: dict[str, list[str]] = {}
+    for start in range(0, len(queries), chunk):
+        part = queries[start:start + chunk]
+        S = (_csr([p for _, p in part], width) @ D).toarray()  # (chunk, documents)
+        top = np.argsort(-S, axis=1, kind="stable")[:, :k]
+        for (ex, _), row, srow in zip(part, top, S):
+            runs[ex["id"]] = [dids[j] for j in row if srow[j] > 0]
+    out = mean_metrics(runs, {ex["id"]: ex["judged"] for ex, _ in queries})
+    out["query_terms"] = float(np.mean([len(p["indices"]) for _, p in queries]))
+    out["document_terms"] = float(np.mean([len(p["indices"]) for _, p in docs]))
+    return out
 
 
 task = SparseEmbeddingTask()

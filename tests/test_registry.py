@@ -502,9 +502,19 @@ SAMPLES: dict[str, dict[str, Any]] = {
 
 # the metrics of a task whose data decide what it measures, for its sample (the embedding task: retrieval
 # metrics for rows and BEIR directories, these for scored pairs)
-SAMPLE_METRICS = {"embedding": ("spearman", "pearson")}
+SAMPLE_METRICS = {"embedding": ("spearman", "pearson"),
+                  "sparse-embedding": ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100", "precision@10",
+                                       "query_terms", "document_terms")}
 HEADLESS = {"embedding"}  # tasks whose head has no parameters: the embedding task's pooling and normalisation
-SAMPLES["sparse-embedding"] = SAMPLES["embedding"]  # the same scored pairs, the same runtime input
+SAMPLES["sparse-embedding"] = {  # SPLADE trains on (anchor, positive) rows, evaluated as retrieval
+    "file": "sample.jsonl",
+    "data": "".join(json.dumps(r) + "\n" for r in [
+        {"anchor": "a good film", "positive": "a fine and good film"},
+        {"anchor": "a dull plot", "positive": "the plot is dull"},
+        {"anchor": "bad acting", "positive": "the acting was bad"},
+    ]),
+    "input": "a fine story",
+}
 
 
 def discovered() -> list[str]:
@@ -525,17 +535,18 @@ def sample(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
     path = tmp_path / s["file"]
     path.write_text(s["data"], encoding="utf-8")
     opts = task.resolve_options()
-    examples = task.read(path, opts)
+    examples = task.read(path, opts)  # as evaluation reads them
+    train = task.read(path, opts, training=True)  # as fine-tuning does (a retrieval set and rows differ)
     assert len(examples) >= 2
     tok = train_tokenizer(s["data"].replace('"', " ").splitlines() * 3, vocab_size=300, min_frequency=1)
     labels = task.label_list(examples)
-    ctx = TaskContext(max_length=64, options=opts, labels=tuple(labels) if labels else None, state=task.fit_state(examples))
+    ctx = TaskContext(max_length=64, options=opts, labels=tuple(labels) if labels else None, state=task.fit_state(train))
     cfg = tiny_config(tok.get_vocab_size())
     if labels is not None:
         cfg.id2label = dict(enumerate(labels))
         cfg.label2id = {v: k for k, v in cfg.id2label.items()}
     cfg.architectures = [task.hf_architecture]
-    return {"task": task, "examples": examples, "tok": tok, "ctx": ctx, "config": cfg, "input": s["input"], "tmp": tmp_path}
+    return {"task": task, "examples": examples, "train": train, "tok": tok, "ctx": ctx, "config": cfg, "input": s["input"], "tmp": tmp_path}
 
 
 @pytest.mark.parametrize("sample", discovered(), indirect=True)
@@ -545,7 +556,7 @@ def test_task_forward_backward(sample: dict[str, Any]) -> None:
         with pytest.raises(TaskError, match=f"the {task.name} task is not fine-tuned by mlmkit"):
             run_finetune(task.name, sample["tmp"], sample["tmp"] / "nope", sample["tmp"] / "out")
         return
-    feats = task.featurize(sample["examples"], tok, ctx, training=True)
+    feats = task.featurize(sample["train"], tok, ctx, training=True)
     assert feats
     for f in feats:
         assert len(f["input_ids"]) == len(f["token_type_ids"]) <= ctx.max_length

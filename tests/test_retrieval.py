@@ -486,6 +486,71 @@ def test_no_training_batch_holds_a_text_twice(retrieval, tmp_path, caplog):
     assert "examples moved to a later batch" in caplog.text
 
 
+# ---- SPLADE: sparse-embedding fine-tuning --------------------------------------------------------------------
+def test_flops_is_the_sum_of_squared_mean_weights():
+    X = torch.rand(5, 12)
+    want = sum((sum(float(X[i, j]) for i in range(5)) / 5) ** 2 for j in range(12))
+    assert float(losses.flops(X)) == pytest.approx(want, rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def splade(retrieval):
+    """The same steps twice from the tiny base's (random) masked-LM head: without the FLOPS regulariser,
+    and with it (warmed up over 10 steps)."""
+    runs = {}
+    for name, weight in (("plain", "0"), ("flops", "0.01")):
+        out = retrieval["tmp"] / f"splade-{name}"
+        m = run_finetune("sparse-embedding", retrieval["base"], retrieval["beir"], out, eval_file=retrieval["beir"],
+                         steps=30, lr=1e-3, batch_size=64, max_length=48, eval_every=1000, progress=False,
+                         options={"query_flops": weight, "document_flops": weight, "flops_warmup": 10})
+        runs[name] = (out, m)
+    return runs
+
+
+def test_splade_learns_and_the_flops_regulariser_lowers_the_non_zeros(retrieval, splade):
+    """From a random masked-LM head the tiny model's contrastive loss falls, but its retrieval does not
+    rise in so few steps (docs/retrieval.md, "SPLADE"): what is asserted is the regulariser's effect."""
+    zero = evaluate_base("sparse-embedding", retrieval["base"], retrieval["beir"], max_length=48)
+    (plain, m), (_, f) = splade["plain"], splade["flops"]
+    # evaluation counts the kept terms (at most max_terms, 256); the training log every non-zero
+    assert f["eval_document_terms"] < 0.5 * m["eval_document_terms"] and f["eval_query_terms"] < 0.5 * m["eval_query_terms"]
+    log = [json.loads(line) for line in open(plain / "metrics.jsonl") if '"loss"' in line]
+    flog = [json.loads(line) for line in open(splade["flops"][0] / "metrics.jsonl") if '"loss"' in line]
+    assert flog[-1]["document_terms"] < 0.2 * log[-1]["document_terms"], (flog[-1], log[-1])
+    assert log[-1]["loss"] < log[0]["loss"] and {"query_terms", "document_terms", "flops_loss"} <= set(log[0])
+    assert zero["query_terms"] == 256  # the untrained head's vectors: every one of the kept terms non-zero
+
+
+def test_the_splade_run_is_a_sparse_encoder_and_its_bundle_serves_its_vectors(splade, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.train.finetune import load_finetuned
+
+    run = splade["flops"][0]
+    texts = ["Return the number of items in the queue.", "A Mapping is a container."]
+    theirs = st.SparseEncoder(str(run), device="cpu").encode(texts, convert_to_tensor=True).to_dense().numpy()
+    task, net, tok, meta = load_finetuned(run)
+    ctx = TaskContext(max_length=meta["max_length"], options=meta["options"])
+    from mlmkit.text.batching import pad_features
+
+    batch = pad_features(task.featurize([{"text": t} for t in texts], tok, ctx, training=False), 0)
+    with torch.no_grad():
+        full = net.vectors(*(torch.from_numpy(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))).numpy()
+    assert np.abs(full - theirs).max() < 1e-5
+    bundle = tmp_path / "bundle"
+    run_export(run, bundle)
+    for got, want in zip(Pipeline.load(bundle)(texts), full):
+        dense = np.zeros_like(want)
+        dense[got["indices"]] = got["values"]
+        assert np.abs(dense - want).max() < 1e-4  # every non-zero term (fewer than max_terms after FLOPS)
+
+
+def test_a_splade_base_needs_a_masked_lm_head(retrieval, tmp_path):
+    emb = retrieval["run"]  # an embedding run: an encoder without the MLM head
+    with pytest.raises(TaskError, match="has no cls.predictions weights, which the sparse-embedding task starts from"):
+        run_finetune("sparse-embedding", emb, retrieval["beir"], tmp_path / "x", steps=1, progress=False)
+
+
 def test_a_loss_on_the_wrong_kind_of_data_is_one_line(retrieval, tmp_path):
     with pytest.raises(TaskError, match="the cosent loss trains on scored pairs, and the data are rows"):
         run_finetune("embedding", retrieval["base"], retrieval["beir"], tmp_path / "x", steps=1,

@@ -221,6 +221,9 @@ class TaskDefaults:
     ranking: a loss over an example's features). A batch then holds whole examples (one example with
     more features than --batch-size is a batch of its own), and the model's forward also gets
     ``example``: int64 [batch], the example of each feature numbered 0, 1, ... within the batch."""
+    base_heads: tuple[str, ...] = ()
+    """Prefixes of a base model's head weights this task's model takes over besides the encoder (the
+    SPLADE task: the masked-LM head, "cls.predictions."); fine-tuning refuses a base without them."""
     pipeline_tag: str = "feature-extraction"
     """The Hugging Face Hub's pipeline tag of this task's models, for the model card (e.g.
     "text-classification", "token-classification", "question-answering", "sentence-similarity")."""
@@ -327,6 +330,7 @@ class Plugin:
     command: str | None
     partial_layers: int
     group_features: bool
+    base_heads: tuple[str, ...]
     pipeline_tag: str
 
     def _check(self) -> None:

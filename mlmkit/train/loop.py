@@ -247,9 +247,10 @@ class Trainer:
             with sync, self._autocast():
                 out = self.ddp(**b)
             (out["loss"] / a.grad_accum).backward()
-            for k, v in out.items():
-                if k.endswith("loss"):
-                    sums[k] = sums.get(k, 0.0) + float(v.detach())
+            for k, v in out.items():  # the losses, and figures a model reports as log_NAME (logged as NAME)
+                if k.endswith("loss") or k.startswith("log_"):
+                    name = k.removeprefix("log_")
+                    sums[name] = sums.get(name, 0.0) + float(v.detach())
         self._stop_if_diverged(sums["loss"])
         if a.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)

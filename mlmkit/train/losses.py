@@ -50,10 +50,12 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
 
 
-def mnrl(scale: float = 20.0, symmetric: bool = False, **_: object) -> EmbeddingLoss:
+def mnrl(scale: float = 20.0, symmetric: bool = False, dot: bool = False, **_: object) -> EmbeddingLoss:
     """Multiple negatives ranking (InfoNCE): each anchor against every positive and hard negative of
-    the batch, its own positive the target, cosine times ``scale`` (20: temperature 0.05).
+    the batch, its own positive the target, cosine times ``scale`` (20: temperature 0.05), or the dot
+    product times ``scale`` with ``dot`` (sparse vectors: SPLADE's similarity).
     ``symmetric`` adds the positive -> anchor direction and averages the two."""
+    sim = (lambda a, b: a @ b.T) if dot else _cos
 
     def loss(E: torch.Tensor, b: PairBatch) -> torch.Tensor:
         a, p = _rows(b, 0), _rows(b, 1)
@@ -65,12 +67,12 @@ def mnrl(scale: float = 20.0, symmetric: bool = False, **_: object) -> Embedding
         # a candidate with the same text as the anchor's positive is not a negative (but the positive is)
         same = b.text_id[cand][None, :] == b.text_id[p][:, None]  # (n, n + negatives)
         same[target, target] = False
-        s = (scale * _cos(E[a], E[cand])).masked_fill(same, -math.inf)
+        s = (scale * sim(E[a], E[cand])).masked_fill(same, -math.inf)
         out = F.cross_entropy(s, target)
         if symmetric:  # each positive against the anchors, its own anchor the target
             same_anchor = b.text_id[a][None, :] == b.text_id[a][:, None]
             same_anchor[target, target] = False
-            back = (scale * _cos(E[p], E[a])).masked_fill(same_anchor, -math.inf)
+            back = (scale * sim(E[p], E[a])).masked_fill(same_anchor, -math.inf)
             out = (out + F.cross_entropy(back, target)) / 2
         return out
 
@@ -181,6 +183,12 @@ def distributed(inner: EmbeddingLoss) -> EmbeddingLoss:
         return inner(torch.cat([e[:r] for e, r in zip(Es, rows)]), glob)
 
     return loss
+
+
+def flops(X: torch.Tensor) -> torch.Tensor:
+    """SPLADE's FLOPS regulariser of a batch of sparse vectors (n, V): the sum over the vocabulary of
+    the squared mean weight, the expected cost of a dot product with an inverted index."""
+    return (X.mean(0) ** 2).sum()
 
 
 @dataclass(frozen=True)
