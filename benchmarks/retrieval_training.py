@@ -16,8 +16,17 @@ BM25 and with the MiniLM bundle: wall time and peak memory of each process; and 
 --encode-documents of them, `mlmkit embed` on the bundle against `SentenceTransformer.encode`
 (batch 32), each in its own process: documents per second.
 
+Then a reranker and a SPLADE model, the same recipe on both sides against CrossEncoderTrainer and
+SparseEncoderTrainer: the reranker from all-MiniLM-L6-v2's encoder (a fresh one-label head) on
+(query, document, label) pairs from rows mined with BM25 (ranks 10:100, 3 negatives a query), binary
+cross-entropy; SPLADE from a masked LM made of that encoder and an MLM head tied to its embeddings
+(saved once, the same file for both sides), on the training pairs, in-batch negatives, FLOPS weights
+3e-5 / 5e-5; 32 pairs a batch, 1 epoch, lr 2e-5, max length 128. Both sides' models are scored by
+mlmkit's evaluation (the reranker on BM25's top 20 of each test query; SPLADE through its inverted
+index), and the two-stage table prints BM25, the fine-tuned bi-encoder and the reranker on top.
+
     python benchmarks/retrieval_training.py [--documents 1000] [--rounds 1] [--quick]
-        [--mine-documents 100000] [--mine-queries 2000] [--encode-documents 10000]
+        [--mine-documents 100000] [--mine-queries 2000] [--encode-documents 10000] [--parts train,mine,rerank,splade]
 """
 
 from __future__ import annotations
@@ -127,6 +136,115 @@ def side_st_encode(work: Path, out: Path) -> dict:
     return {"encode_seconds": seconds}
 
 
+def side_mlmkit_rerank(work: Path, out: Path) -> dict:
+    import torch
+
+    from mlmkit.args import FinetuneArgs
+    from mlmkit.train.finetune import finetune
+
+    torch.set_num_threads(THREADS)
+    args = FinetuneArgs.from_flat(
+        task="rerank", model=minilm(), train_file=work / "rerank-rows.jsonl", out=out, batch_size=RECIPE["batch_pairs"],
+        max_length=RECIPE["max_length"], lr=RECIPE["lr"], warmup_ratio=0.0, weight_decay=0.0, seed=RECIPE["seed"],
+        progress=False, epochs=RECIPE["epochs"], options={"loss": "bce"})
+    t0 = time.perf_counter()
+    finetune(args)
+    return {"train_seconds": time.perf_counter() - t0}
+
+
+def side_st_rerank(work: Path, out: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from sentence_transformers.cross_encoder import (
+        CrossEncoder,
+        CrossEncoderTrainer,
+        CrossEncoderTrainingArguments,
+    )
+    from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
+
+    torch.set_num_threads(THREADS)
+    rows = [json.loads(line) for line in open(work / "rerank-rows.jsonl")]
+    model = CrossEncoder(str(minilm()), num_labels=1, max_length=RECIPE["max_length"], device="cpu")
+    data = Dataset.from_dict({"query": [r["query"] for r in rows], "document": [r["document"] for r in rows],
+                              "label": [float(r["label"]) for r in rows]})
+    args = CrossEncoderTrainingArguments(
+        output_dir=str(out / "trainer"), per_device_train_batch_size=RECIPE["batch_pairs"], num_train_epochs=RECIPE["epochs"],
+        learning_rate=RECIPE["lr"], warmup_ratio=0.0, weight_decay=0.0, seed=RECIPE["seed"], save_strategy="no",
+        report_to="none", logging_steps=1000, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+    trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=data, loss=BinaryCrossEntropyLoss(model))
+    t0 = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - t0
+    model.save_pretrained(str(out))
+    return {"train_seconds": seconds}
+
+
+def masked_lm(work: Path) -> Path:
+    """all-MiniLM-L6-v2's encoder with a masked-LM head tied to its word embeddings (the head's transform
+    freshly initialised, seed 0): where both SPLADE sides start."""
+    d = work / "minilm-mlm"
+    if (d / "config.json").is_file():
+        return d
+    import torch
+    from transformers import AutoTokenizer, BertForMaskedLM, BertModel
+
+    torch.manual_seed(0)
+    enc = BertModel.from_pretrained(str(minilm()))
+    mlm = BertForMaskedLM(enc.config)
+    mlm.bert.load_state_dict(enc.state_dict(), strict=False)
+    mlm.tie_weights()
+    mlm.save_pretrained(str(d))
+    AutoTokenizer.from_pretrained(str(minilm())).save_pretrained(str(d))
+    return d
+
+
+def side_mlmkit_splade(work: Path, out: Path) -> dict:
+    import torch
+
+    from mlmkit.args import FinetuneArgs
+    from mlmkit.train.finetune import finetune
+
+    torch.set_num_threads(THREADS)
+    args = FinetuneArgs.from_flat(
+        task="sparse-embedding", model=work / "minilm-mlm", train_file=work / "set", out=out,
+        batch_size=2 * RECIPE["batch_pairs"], max_length=RECIPE["max_length"], lr=RECIPE["lr"], warmup_ratio=0.0,
+        weight_decay=0.0, seed=RECIPE["seed"], progress=False, epochs=RECIPE["epochs"],
+        options={"query_flops": 5e-5, "document_flops": 3e-5, "flops_warmup": 0})
+    t0 = time.perf_counter()
+    finetune(args)
+    return {"train_seconds": time.perf_counter() - t0}
+
+
+def side_st_splade(work: Path, out: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from sentence_transformers.sparse_encoder import (
+        SparseEncoder,
+        SparseEncoderTrainer,
+        SparseEncoderTrainingArguments,
+    )
+    from sentence_transformers.sparse_encoder.losses import SparseMultipleNegativesRankingLoss, SpladeLoss
+    from sentence_transformers.sparse_encoder.models import MLMTransformer, SpladePooling
+
+    torch.set_num_threads(THREADS)
+    mlm = MLMTransformer(str(work / "minilm-mlm"), max_seq_length=RECIPE["max_length"])
+    model = SparseEncoder(modules=[mlm, SpladePooling(pooling_strategy="max")], device="cpu")
+    anchors, positives = zip(*pairs(work / "set"))
+    data = Dataset.from_dict({"anchor": list(anchors), "positive": list(positives)})
+    loss = SpladeLoss(model, SparseMultipleNegativesRankingLoss(model, scale=1.0), document_regularizer_weight=3e-5,
+                      query_regularizer_weight=5e-5)
+    args = SparseEncoderTrainingArguments(
+        output_dir=str(out / "trainer"), per_device_train_batch_size=RECIPE["batch_pairs"], num_train_epochs=RECIPE["epochs"],
+        learning_rate=RECIPE["lr"], warmup_ratio=0.0, weight_decay=0.0, seed=RECIPE["seed"], save_strategy="no",
+        report_to="none", logging_steps=1000, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+    trainer = SparseEncoderTrainer(model=model, args=args, train_dataset=data, loss=loss)
+    t0 = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - t0
+    model.save(str(out))
+    return {"train_seconds": seconds}
+
+
 def mining_data(work: Path, documents: int, queries: int) -> None:
     """corpus.txt (one document per line: three random standard-library sentences), pairs.jsonl (a
     sentence of a document -> that document) and encode.txt (the first documents, to encode)."""
@@ -149,6 +267,31 @@ def ndcg(model: Path, beir: Path) -> float:
     return evaluate_base("embedding", model, beir, max_length=RECIPE["max_length"])["ndcg@10"]
 
 
+ROLES = {"mlmkit-rerank": side_mlmkit_rerank, "st-rerank": side_st_rerank, "mlmkit-splade": side_mlmkit_splade,
+         "st-splade": side_st_splade}
+
+
+def rerank_ndcg(model: Path, beir: Path) -> float:
+    """nDCG@10 of a cross-encoder directory (a run, or CrossEncoder's) reranking BM25's top 20 of each test query."""
+    import torch
+
+    from mlmkit.train.finetune import evaluate_base
+
+    torch.set_num_threads(THREADS)
+    return evaluate_base("rerank", model, beir, max_length=RECIPE["max_length"], keep_head=True,
+                         options={"first_stage": "bm25", "rerank_top": 20})["ndcg@10"]
+
+
+def splade_ndcg(model: Path, beir: Path) -> float:
+    """nDCG@10 of a SPLADE directory (a run, or SparseEncoder's) through mlmkit's inverted index."""
+    import torch
+
+    from mlmkit.train.finetune import evaluate_base
+
+    torch.set_num_threads(THREADS)
+    return evaluate_base("sparse-embedding", model, beir, max_length=RECIPE["max_length"], keep_head=True)["ndcg@10"]
+
+
 def role(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if args.role == "mlmkit":
@@ -159,6 +302,12 @@ def role(args: argparse.Namespace) -> None:
         res = side_mlmkit(args.work, out, loss=args.loss, batch_pairs=args.batch_pairs, steps=args.steps)
     elif args.role == "st-encode":
         res = side_st_encode(args.work, out)
+    elif args.role in ROLES:
+        res = ROLES[args.role](args.work, out)
+    elif args.role == "eval-rerank":
+        res = {"ndcg@10": rerank_ndcg(out, args.work / "set")}
+    elif args.role == "eval-splade":
+        res = {"ndcg@10": splade_ndcg(out, args.work / "set")}
     else:
         res = {"ndcg@10": ndcg(out, args.work / "set")}
     (out.parent / f"{out.name}.json").write_text(json.dumps(res))
@@ -185,7 +334,8 @@ def main() -> None:
     ap.add_argument("--mine-documents", type=int, default=100_000, help="the corpus `mlmkit mine` searches")
     ap.add_argument("--mine-queries", type=int, default=2000, help="the (query, positive) pairs mined for")
     ap.add_argument("--encode-documents", type=int, default=10_000, help="documents encoded by each side")
-    ap.add_argument("--skip-training", action="store_true", help="only the mining and encoding parts")
+    ap.add_argument("--skip-training", action="store_true", help="the same as --parts mine,rerank,splade")
+    ap.add_argument("--parts", default="train,mine,rerank,splade", help="which parts to run, comma-separated")
     add_patience(ap, 120.0, "each training")
     args = ap.parse_args()
     if args.role:
@@ -198,10 +348,78 @@ def main() -> None:
     counts = write_retrieval_set(work / "set", max_documents=docs)
     minilm()  # fail early without the model
     log(f"retrieval set: {counts}")
-    lines = [] if args.skip_training else training(args, work, counts)
-    lines += mining(args, work)
+    parts = set(args.parts.split(",")) - ({"train"} if args.skip_training else set())
+    lines = training(args, work, counts) if "train" in parts else []
+    if "mine" in parts:
+        lines += mining(args, work)
+    if "rerank" in parts:
+        lines += reranking(args, work)
+    if "splade" in parts:
+        lines += splade(args, work)
     for line in lines:
         print(line)
+
+
+def rerank_rows(work: Path) -> None:
+    """(query, document, label) rows from BM25-mined training rows: the positive 1, 3 negatives of ranks 10:100 0."""
+    mined = work / "rerank-mined.jsonl"
+    mined.unlink(missing_ok=True)
+    run_watched("mine", [sys.executable, "-m", "mlmkit", "mine", str(work / "set"), "--out", str(mined), "--negatives", "3",
+                         "--range", "10:100"], 600, env=thread_env(THREADS))
+    with open(work / "rerank-rows.jsonl", "w", encoding="utf-8") as f:
+        for line in open(mined, encoding="utf-8"):
+            r = json.loads(line)
+            for k, y in (("positive", 1), *((k, 0) for k in sorted(r) if k.startswith("negative_"))):
+                f.write(json.dumps({"query": r["anchor"], "document": r[k], "label": y}) + "\n")
+
+
+def sides(args: argparse.Namespace, work: Path, names: tuple[str, str], evaluate: str) -> dict[str, dict]:
+    got = {}
+    for name in names:
+        out = work / name
+        got[name] = run_side(name, work, out, args.patience * 5)
+        got[name].update(run_side(evaluate, work, out, args.patience * 5))
+        log(f"{name}: {got[name]['train_seconds']:.1f}s training, nDCG@10 {got[name]['ndcg@10']:.4f}")
+    return got
+
+
+def reranking(args: argparse.Namespace, work: Path) -> list[str]:
+    """The cross-encoder against CrossEncoderTrainer, and the two-stage table."""
+    rerank_rows(work)
+    n = sum(1 for _ in open(work / "rerank-rows.jsonl"))
+    got = sides(args, work, ("mlmkit-rerank", "st-rerank"), "eval-rerank")
+    m, s = got["mlmkit-rerank"], got["st-rerank"]
+    print(f"\nreranker fine-tuning, all-MiniLM-L6-v2 + a one-label head, {n:,} pairs, bce, batch 32 pairs, "
+          f"max length {RECIPE['max_length']}, 1 epoch, {THREADS} threads (whole processes):")
+    print(f"  mlmkit finetune rerank {m['seconds']:.1f} s{mark(m['other'])} (training call {m['train_seconds']:.1f}), "
+          f"nDCG@10 {m['ndcg@10']:.4f}; CrossEncoderTrainer {s['seconds']:.1f} s{mark(s['other'])} "
+          f"(train() {s['train_seconds']:.1f}), nDCG@10 {s['ndcg@10']:.4f} (BM25's top 20 reranked)")
+    import torch
+
+    from mlmkit.infer.retrieval import bm25_metrics
+    from mlmkit.train.finetune import evaluate_base
+
+    torch.set_num_threads(THREADS)
+    bm25 = bm25_metrics(work / "set")["ndcg@10"]
+    bi = evaluate_base("embedding", work / "mlmkit-0", work / "set", max_length=RECIPE["max_length"])["ndcg@10"] \
+        if (work / "mlmkit-0" / "mlmkit.json").is_file() else float("nan")
+    print(f"two stages on the test split, nDCG@10: BM25 {bm25:.4f}; the fine-tuned bi-encoder {bi:.4f}; "
+          f"BM25 top 20 reranked by mlmkit's reranker {m['ndcg@10']:.4f}")
+    return [target("rerank-train-vs-sentence-transformers", s["seconds"] / m["seconds"], ">=", 2.0)]
+
+
+def splade(args: argparse.Namespace, work: Path) -> list[str]:
+    """SPLADE fine-tuning against SparseEncoderTrainer."""
+    run_watched("masked LM", [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(HERE.parent)!r}); "
+                              f"import retrieval_training as r; from pathlib import Path; r.masked_lm(Path({str(work)!r}))"],
+                600, env=thread_env(THREADS))
+    got = sides(args, work, ("mlmkit-splade", "st-splade"), "eval-splade")
+    m, s = got["mlmkit-splade"], got["st-splade"]
+    print(f"\nSPLADE fine-tuning from all-MiniLM-L6-v2 + an MLM head, sparse MNRL + FLOPS (3e-5 / 5e-5), batch 32 pairs, "
+          f"1 epoch, {THREADS} threads (whole processes): mlmkit {m['seconds']:.1f} s{mark(m['other'])} "
+          f"(training call {m['train_seconds']:.1f}), nDCG@10 {m['ndcg@10']:.4f}; SparseEncoderTrainer {s['seconds']:.1f} s"
+          f"{mark(s['other'])} (train() {s['train_seconds']:.1f}), nDCG@10 {s['ndcg@10']:.4f}")
+    return [target("splade-train-vs-sentence-transformers", s["seconds"] / m["seconds"], ">=", 2.0)]
 
 
 def training(args: argparse.Namespace, work: Path, counts: dict) -> list[str]:

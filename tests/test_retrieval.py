@@ -496,13 +496,13 @@ def test_flops_is_the_sum_of_squared_mean_weights():
 @pytest.fixture(scope="module")
 def splade(retrieval):
     """The same steps twice from the tiny base's (random) masked-LM head: without the FLOPS regulariser,
-    and with it (warmed up over 10 steps)."""
+    and with it (warmed up over 5 steps)."""
     runs = {}
-    for name, weight in (("plain", "0"), ("flops", "0.01")):
+    for name, weight in (("plain", "0"), ("flops", "0.05")):
         out = retrieval["tmp"] / f"splade-{name}"
         m = run_finetune("sparse-embedding", retrieval["base"], retrieval["beir"], out, eval_file=retrieval["beir"],
-                         steps=30, lr=1e-3, batch_size=64, max_length=48, eval_every=1000, progress=False,
-                         options={"query_flops": weight, "document_flops": weight, "flops_warmup": 10})
+                         steps=24, lr=1e-3, batch_size=64, max_length=48, eval_every=1000, progress=False,
+                         options={"query_flops": weight, "document_flops": weight, "flops_warmup": 4})
         runs[name] = (out, m)
     return runs
 
@@ -526,7 +526,7 @@ def test_the_splade_run_is_a_sparse_encoder_and_its_bundle_serves_its_vectors(sp
     from mlmkit.infer.pipeline import Pipeline
     from mlmkit.train.finetune import load_finetuned
 
-    run = splade["flops"][0]
+    run = splade["plain"][0]  # every vocabulary entry still in play: more than the bundle's 256 kept terms
     texts = ["Return the number of items in the queue.", "A Mapping is a container."]
     theirs = st.SparseEncoder(str(run), device="cpu").encode(texts, convert_to_tensor=True).to_dense().numpy()
     task, net, tok, meta = load_finetuned(run)
@@ -539,10 +539,10 @@ def test_the_splade_run_is_a_sparse_encoder_and_its_bundle_serves_its_vectors(sp
     assert np.abs(full - theirs).max() < 1e-5
     bundle = tmp_path / "bundle"
     run_export(run, bundle)
-    for got, want in zip(Pipeline.load(bundle)(texts), full):
-        dense = np.zeros_like(want)
-        dense[got["indices"]] = got["values"]
-        assert np.abs(dense - want).max() < 1e-4  # every non-zero term (fewer than max_terms after FLOPS)
+    for got, want in zip(Pipeline.load(bundle)(texts), full):  # the 256 largest terms, with the run's weights
+        assert len(got["indices"]) == 256 and np.abs(np.asarray(got["values"]) - want[got["indices"]]).max() < 1e-4
+        rest = np.delete(want, got["indices"])
+        assert min(got["values"]) >= rest.max() - 1e-4
 
 
 def test_a_splade_base_needs_a_masked_lm_head(retrieval, tmp_path):

@@ -261,11 +261,13 @@ def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, d
 
 def evaluate_base(
     task_name: str, model: str | Path, data: str | Path, *, options: dict[str, Any] | None = None,
-    max_length: int | None = None, device: str = "cpu", batch_size: int = 64,
+    max_length: int | None = None, device: str = "cpu", batch_size: int = 64, keep_head: bool = False,
 ) -> dict[str, Any]:
     """Metrics of a base model (a run or a checkpoint) with ``task_name``'s head as built, before any
     fine-tuning: the zero-shot score of a task whose head has no parameters (the embedding task's
-    pooling); for any other task, a fresh random head's."""
+    pooling) or starts from the base's (the SPLADE task's masked-LM head, ``base_heads``); for any
+    other task, a fresh random head's. ``keep_head``: the checkpoint's own head where it has one of
+    this task's names (a model of the task trained elsewhere, e.g. a CrossEncoder directory)."""
     task = get_task(task_name)
     base = base_model_dir(model)
     cfg, tok = ModelConfig.load(base), load_tokenizer(base)
@@ -273,8 +275,10 @@ def evaluate_base(
     ctx = TaskContext(max_length=max_length or min(task.default_max_length, cfg.max_tokens), options=opts)
     torch.manual_seed(0)
     net = task.build_model(cfg, ctx)
-    load_weights(net, {k: v for k, v in load_state_dict(base, cfg).items() if k.startswith(ENCODER)},
-                 allow_missing=tuple(net.state_dict()))
+    kept = load_state_dict(base, cfg)
+    if not keep_head:
+        kept = {k: v for k, v in kept.items() if k.startswith((*ENCODER, *task.base_heads))}
+    load_weights(net, {k: v for k, v in kept.items() if k in net.state_dict()}, allow_missing=tuple(net.state_dict()))
     net.to(resolve_device(device)).eval()
     metrics, _ = evaluation.evaluate(task, task.read(Path(data), opts), tok, ctx, torch_forward(net, task.outputs),
                                      batch_size=batch_size)
