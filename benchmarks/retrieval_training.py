@@ -378,7 +378,7 @@ def sides(args: argparse.Namespace, work: Path, names: tuple[str, str], evaluate
     for name in names:
         out = work / name
         got[name] = run_side(name, work, out, args.patience * 5)
-        got[name].update(run_side(evaluate, work, out, args.patience * 5))
+        got[name]["ndcg@10"] = run_side(evaluate, work, out, args.patience * 5)["ndcg@10"]
         log(f"{name}: {got[name]['train_seconds']:.1f}s training, nDCG@10 {got[name]['ndcg@10']:.4f}")
     return got
 

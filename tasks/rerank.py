@@ -196,10 +196,13 @@ class RerankTask:
                  for i, ex in enumerate(examples) for j, doc in enumerate(ex["docs"])]
         with tokenizer_settings(tokenizer, max_length=L) as tok:
             encodings = tok.encode_batch([p for _, _, p in pairs]) if pairs else []
+        # a pointwise loss needs no query's candidates together: in training each pair is a group of its
+        # own, and the batches are cut by length alone (less padding than whole queries)
+        alone = training and ctx.options["loss"] not in LISTWISE
         feats = []
-        for (i, j, _), enc in zip(pairs, encodings):
-            f: dict[str, Any] = {"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i, "candidate": j,
-                                 **({TRUNCATED: True} if enc.overflowing else {})}
+        for n, ((i, j, _), enc) in enumerate(zip(pairs, encodings)):
+            f: dict[str, Any] = {"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: n if alone else i,
+                                 "candidate": j, **({TRUNCATED: True} if enc.overflowing else {})}
             if training:
                 f["labels"] = float(examples[i]["labels"][j])
             feats.append(f)

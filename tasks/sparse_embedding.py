@@ -59,11 +59,17 @@ def _model_class() -> type:
             self.seen = 0  # training forwards, for the warm-up (a resumed run warms up again)
 
         def vectors(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    token_type_ids: torch.Tensor | None) -> torch.Tensor:
-            """(B, V): per vocabulary entry, the max over the real tokens of log(1 + relu(MLM logit))."""
+                    token_type_ids: torch.Tensor | None, packed: bool = False) -> torch.Tensor:
+            """(B, V): per vocabulary entry, the max over the real tokens of log(1 + relu(MLM logit)).
+            ``packed`` (training): the vocabulary projection, the largest matrix product, runs for the
+            real tokens only, not the padding (rows right-padded: each text's tokens are contiguous)."""
             seq, _ = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, H)
-            logits = self.cls.predictions(seq)  # (B, T, V): inside the graph only
-            return (torch.log1p(torch.relu(logits)) * attention_mask.unsqueeze(-1).to(logits.dtype)).max(dim=1).values
+            if not packed:
+                logits = self.cls.predictions(seq)  # (B, T, V): inside the graph only
+                return (torch.log1p(torch.relu(logits)) * attention_mask.unsqueeze(-1).to(logits.dtype)).max(dim=1).values
+            mask = attention_mask.bool()
+            w = torch.log1p(torch.relu(self.cls.predictions(seq[mask])))  # (real tokens, V)
+            return torch.stack([part.max(0).values for part in w.split(mask.sum(1).tolist())])
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                     token_type_ids: torch.Tensor | None = None, part: torch.Tensor | None = None,
@@ -71,7 +77,7 @@ def _model_class() -> type:
                     example: torch.Tensor | None = None, target: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
             if attention_mask is None:
                 attention_mask = torch.ones_like(input_ids)
-            W = self.vectors(input_ids, attention_mask, token_type_ids)
+            W = self.vectors(input_ids, attention_mask, token_type_ids, packed=part is not None)
             values, indices = torch.topk(W, self.max_terms, dim=-1)  # (B, k)
             # entries of weight 0 are no terms: -1, so that which of the tied zeros topk picks never matters
             out = {"indices": torch.where(values > 0, indices, torch.full_like(indices, -1)), "values": values}

@@ -76,14 +76,44 @@ def _decisions(name: str, arr: np.ndarray, axes: tuple[str, ...], mask: np.ndarr
     return _real(arr, axes, mask).argmax(axis=-1).reshape(-1)
 
 
+def sparse_diff(ref_ids: np.ndarray, ref_vals: np.ndarray, ids: np.ndarray, vals: np.ndarray) -> float:
+    """The largest difference between two batches of sparse vectors (the top terms of each row: ids,
+    -1 for none, and their weights), compared as maps term -> weight: a term both keep, by its
+    weights; a term one side kept and the other cut, by how far its weight is above the other side's
+    smallest kept weight (two near-equal terms may trade places at the cut, which is no error), or by
+    its whole weight where the other side kept fewer terms than it could (it found the term zero)."""
+    width, worst = ref_ids.shape[1], 0.0
+    for ra, va, rb, vb in zip(ref_ids, ref_vals, ids, vals):
+        a = {int(i): float(v) for i, v in zip(ra, va) if i >= 0}
+        b = {int(i): float(v) for i, v in zip(rb, vb) if i >= 0}
+        for k in a.keys() | b.keys():
+            if k in a and k in b:
+                d = abs(a[k] - b[k])
+            else:
+                v, other = (a[k], b) if k in a else (b[k], a)
+                d = max(0.0, v - min(other.values())) if len(other) == width else v
+            worst = max(worst, d)
+    return worst
+
+
 def compare(
     ref: dict[str, np.ndarray], got: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]], mask: np.ndarray
 ) -> dict[str, Any]:
     """Max abs difference per float output (real tokens only) and the top-1 agreement over the outputs
-    that make choices (None when none does)."""
+    that make choices (None when none does). Sparse vectors (outputs "indices" and "values") are
+    compared as maps (sparse_diff), reported under "values"."""
     diffs: dict[str, float] = {}
     agree = total = 0
+    sparse = {"indices", "values"} <= set(ref)
+    if sparse:
+        for name in ("indices", "values"):
+            if ref[name].shape != got[name].shape:
+                raise ParityError(f"output '{name}' has shape {got[name].shape} in onnxruntime but {ref[name].shape} in PyTorch")
+        diffs["values"] = sparse_diff(ref["indices"].astype(np.int64), ref["values"], got["indices"].astype(np.int64),
+                                      got["values"].astype(np.float32))
     for name, a in ref.items():
+        if sparse and name in ("indices", "values"):
+            continue
         b = got[name]
         if a.shape != b.shape:
             raise ParityError(f"output '{name}' has shape {b.shape} in onnxruntime but {a.shape} in PyTorch")
