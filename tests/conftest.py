@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterable
 from pathlib import Path
@@ -49,6 +50,10 @@ cli_stderr.width = 1000
 # Tiny models gain nothing from a second thread, and on 2 shared cores two threads per process
 # oversubscribe them (tests that spawn processes, other jobs): one thread is several times faster here.
 torch.set_num_threads(1)
+# and so do the mlmkit processes the tests start (the quickstart, sweeps, servers' model threads): torch
+# reads these at its import, and a child with two threads beside the other worker oversubscribes the cores
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)
