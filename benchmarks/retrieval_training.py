@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import sys
 import time
@@ -315,6 +316,8 @@ def role(args: argparse.Namespace) -> None:
 
 # ---- the driver -----------------------------------------------------------------------------------------------
 def run_side(name: str, work: Path, out: Path, patience: float, *extra: str) -> dict:
+    if not name.startswith("eval"):  # a training side starts afresh: a run left by an earlier pass is not resumed
+        shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, str(HERE), "--role", name, "--work", str(work), "--out", str(out), *extra]
     watched = run_watched(name, cmd, patience, env=thread_env(THREADS))
     return {**watched, **json.loads((out.parent / f"{out.name}.json").read_text())}
