@@ -76,8 +76,10 @@ def pairs(beir: Path) -> list[tuple[str, str]]:
 
 
 # ---- the sides, each in its own process -------------------------------------------------------------
-def side_mlmkit(work: Path, out: Path, loss: str = "mnrl", batch_pairs: int = RECIPE["batch_pairs"],
+def mlmkit_side(task: str, model: Path, train: Path, out: Path, batch_size: int, options: dict,
                 steps: int | None = None) -> dict:
+    """mlmkit's finetune() on the recipe (lr, max length, no warmup or decay, 1 epoch or ``steps``):
+    the training call's seconds."""
     import torch
 
     from mlmkit.args import FinetuneArgs
@@ -85,13 +87,26 @@ def side_mlmkit(work: Path, out: Path, loss: str = "mnrl", batch_pairs: int = RE
 
     torch.set_num_threads(THREADS)
     args = FinetuneArgs.from_flat(
-        task="embedding", model=minilm(), train_file=work / "set", out=out, batch_size=2 * batch_pairs,
-        max_length=RECIPE["max_length"], lr=RECIPE["lr"], warmup_ratio=0.0, weight_decay=0.0, seed=RECIPE["seed"],
-        progress=False, options={"loss": loss, "scale": RECIPE["scale"], "mini_batch_size": MINI_BATCH},
+        task=task, model=model, train_file=train, out=out, batch_size=batch_size, max_length=RECIPE["max_length"],
+        lr=RECIPE["lr"], warmup_ratio=0.0, weight_decay=0.0, seed=RECIPE["seed"], progress=False, options=options,
         **({"steps": steps} if steps else {"epochs": RECIPE["epochs"]}))
     t0 = time.perf_counter()
     finetune(args)
     return {"train_seconds": time.perf_counter() - t0}
+
+
+def st_args(kind: type, out: Path) -> object:
+    """A sentence-transformers trainer's arguments (``kind``: its TrainingArguments class) on the recipe."""
+    return kind(
+        output_dir=str(out / "trainer"), per_device_train_batch_size=RECIPE["batch_pairs"], num_train_epochs=RECIPE["epochs"],
+        learning_rate=RECIPE["lr"], warmup_ratio=0.0, weight_decay=0.0, seed=RECIPE["seed"], save_strategy="no",
+        report_to="none", logging_steps=1000, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+
+
+def side_mlmkit(work: Path, out: Path, loss: str = "mnrl", batch_pairs: int = RECIPE["batch_pairs"],
+                steps: int | None = None) -> dict:
+    return mlmkit_side("embedding", minilm(), work / "set", out, 2 * batch_pairs,
+                       {"loss": loss, "scale": RECIPE["scale"], "mini_batch_size": MINI_BATCH}, steps)
 
 
 def side_st(work: Path, out: Path) -> dict:
@@ -109,10 +124,7 @@ def side_st(work: Path, out: Path) -> dict:
     model.max_seq_length = RECIPE["max_length"]
     anchors, positives = zip(*pairs(work / "set"))
     data = Dataset.from_dict({"anchor": list(anchors), "positive": list(positives)})
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(out / "trainer"), per_device_train_batch_size=RECIPE["batch_pairs"], num_train_epochs=RECIPE["epochs"],
-        learning_rate=RECIPE["lr"], warmup_ratio=0.0, weight_decay=0.0, seed=RECIPE["seed"], save_strategy="no",
-        report_to="none", logging_steps=1000, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+    args = st_args(SentenceTransformerTrainingArguments, out)
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data,
                                          loss=MultipleNegativesRankingLoss(model, scale=RECIPE["scale"]))
     t0 = time.perf_counter()
@@ -138,19 +150,7 @@ def side_st_encode(work: Path, out: Path) -> dict:
 
 
 def side_mlmkit_rerank(work: Path, out: Path) -> dict:
-    import torch
-
-    from mlmkit.args import FinetuneArgs
-    from mlmkit.train.finetune import finetune
-
-    torch.set_num_threads(THREADS)
-    args = FinetuneArgs.from_flat(
-        task="rerank", model=minilm(), train_file=work / "rerank-rows.jsonl", out=out, batch_size=RECIPE["batch_pairs"],
-        max_length=RECIPE["max_length"], lr=RECIPE["lr"], warmup_ratio=0.0, weight_decay=0.0, seed=RECIPE["seed"],
-        progress=False, epochs=RECIPE["epochs"], options={"loss": "bce"})
-    t0 = time.perf_counter()
-    finetune(args)
-    return {"train_seconds": time.perf_counter() - t0}
+    return mlmkit_side("rerank", minilm(), work / "rerank-rows.jsonl", out, RECIPE["batch_pairs"], {"loss": "bce"})
 
 
 def side_st_rerank(work: Path, out: Path) -> dict:
@@ -168,10 +168,7 @@ def side_st_rerank(work: Path, out: Path) -> dict:
     model = CrossEncoder(str(minilm()), num_labels=1, max_length=RECIPE["max_length"], device="cpu")
     data = Dataset.from_dict({"query": [r["query"] for r in rows], "document": [r["document"] for r in rows],
                               "label": [float(r["label"]) for r in rows]})
-    args = CrossEncoderTrainingArguments(
-        output_dir=str(out / "trainer"), per_device_train_batch_size=RECIPE["batch_pairs"], num_train_epochs=RECIPE["epochs"],
-        learning_rate=RECIPE["lr"], warmup_ratio=0.0, weight_decay=0.0, seed=RECIPE["seed"], save_strategy="no",
-        report_to="none", logging_steps=1000, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+    args = st_args(CrossEncoderTrainingArguments, out)
     trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=data, loss=BinaryCrossEntropyLoss(model))
     t0 = time.perf_counter()
     trainer.train()
@@ -200,20 +197,8 @@ def masked_lm(work: Path) -> Path:
 
 
 def side_mlmkit_splade(work: Path, out: Path) -> dict:
-    import torch
-
-    from mlmkit.args import FinetuneArgs
-    from mlmkit.train.finetune import finetune
-
-    torch.set_num_threads(THREADS)
-    args = FinetuneArgs.from_flat(
-        task="sparse-embedding", model=work / "minilm-mlm", train_file=work / "set", out=out,
-        batch_size=2 * RECIPE["batch_pairs"], max_length=RECIPE["max_length"], lr=RECIPE["lr"], warmup_ratio=0.0,
-        weight_decay=0.0, seed=RECIPE["seed"], progress=False, epochs=RECIPE["epochs"],
-        options={"query_flops": 5e-5, "document_flops": 3e-5, "flops_warmup": 0})
-    t0 = time.perf_counter()
-    finetune(args)
-    return {"train_seconds": time.perf_counter() - t0}
+    return mlmkit_side("sparse-embedding", work / "minilm-mlm", work / "set", out, 2 * RECIPE["batch_pairs"],
+                       {"query_flops": 5e-5, "document_flops": 3e-5, "flops_warmup": 0})
 
 
 def side_st_splade(work: Path, out: Path) -> dict:
@@ -234,10 +219,7 @@ def side_st_splade(work: Path, out: Path) -> dict:
     data = Dataset.from_dict({"anchor": list(anchors), "positive": list(positives)})
     loss = SpladeLoss(model, SparseMultipleNegativesRankingLoss(model, scale=1.0), document_regularizer_weight=3e-5,
                       query_regularizer_weight=5e-5)
-    args = SparseEncoderTrainingArguments(
-        output_dir=str(out / "trainer"), per_device_train_batch_size=RECIPE["batch_pairs"], num_train_epochs=RECIPE["epochs"],
-        learning_rate=RECIPE["lr"], warmup_ratio=0.0, weight_decay=0.0, seed=RECIPE["seed"], save_strategy="no",
-        report_to="none", logging_steps=1000, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
+    args = st_args(SparseEncoderTrainingArguments, out)
     trainer = SparseEncoderTrainer(model=model, args=args, train_dataset=data, loss=loss)
     t0 = time.perf_counter()
     trainer.train()
