@@ -15,8 +15,10 @@ setting (docs/performance.md, "Tokenizer files can carry padding").
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 from tokenizers import (
@@ -140,24 +142,70 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, 
     order = [names[i] for i in conv.id_order]
     if kind == "wordpiece":
         tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=names[1], max_input_chars_per_word=100)), cased)
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=order,
-                                            continuing_subword_prefix="##")
+        tok.model = _train_wordpiece(tok, texts, vocab_size, min_frequency, order, names[1])
+        tok.add_special_tokens(order)
     elif kind == "bpe":
         tok = Tokenizer(models.BPE(unk_token=None))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=order,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(texts, trainer=trainers.BpeTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=order,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     else:
         tok = Tokenizer(models.Unigram())
         tok.normalizer = normalizers.NFKC()
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
-        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=order, unk_token=names[1])
-    tok.train_from_iterator(texts, trainer=trainer)
+        tok.train_from_iterator(texts, trainer=trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=order,
+                                                                       unk_token=names[1]))
     # a typed mask stays one token (the angles' <mask> takes the space before it, as RoBERTa's)
     tok.add_special_tokens([AddedToken(names[4], special=True, normalized=False, lstrip=conv.mask_lstrip)])
     return prepare(_frame(tok, conv))
+
+
+# WordPiece and byte-level BPE training are deterministic: the same texts give the same tokenizer.json
+# in any process. `tokenizers`' WordPiece trainer is not (its issue #1794): it numbers the continuation pieces
+# ("##x") in the order of a hash map, and merges of equal count are then chosen by those numbers.
+# So WordPiece is trained as plain BPE over words whose continuation characters are spelled with
+# private-use characters (a word's first character stays itself): every symbol is then a character,
+# characters are numbered in code-point order, and equal counts are broken the same way each time.
+# Words with characters past U+1FFFF or in the private-use planes are left out of that training.
+# (Unigram is not made so: its trainer scores the characters it must keep in a hash set's order.)
+_CONTINUED = 0xF0000  # "##" + chr(c) is spelled chr(_CONTINUED + c), for c up to U+1FFFD
+
+
+def _continued(word: str) -> str | None:
+    if any(ord(c) >= _CONTINUED for c in word) or any(ord(c) > 0x1FFFD for c in word[1:]):
+        return None
+    return word[0] + "".join(chr(_CONTINUED + ord(c)) for c in word[1:])
+
+
+def _piece(symbol: str) -> str:
+    plain = "".join(chr(ord(c) - _CONTINUED) if ord(c) >= _CONTINUED else c for c in symbol)
+    return "##" + plain if ord(symbol[0]) >= _CONTINUED else plain
+
+
+def _train_wordpiece(tok: Tokenizer, texts: Iterable[str], vocab_size: int, min_frequency: int, specials: list[str],
+                     unk: str) -> models.WordPiece:
+    normalize, split = tok.normalizer.normalize_str, tok.pre_tokenizer.pre_tokenize_str
+    counts: Counter[str] = Counter()
+    it = iter(texts)
+    while chunk := list(islice(it, 1024)):  # the normaliser makes the newlines spaces: no word spans two texts
+        counts.update(w for w, _ in split(normalize("\n".join(chunk))))
+
+    def words() -> Iterable[str]:  # each distinct word spelled once, as often as it occurs (a few at a time)
+        for word, n in counts.items():
+            spelled = _continued(word)
+            for start in range(0, n if spelled else 0, 4096):
+                yield " ".join([spelled] * min(4096, n - start))
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    alphabet = sorted({c for w in counts if _continued(w) for c in w})  # every character may start a word, as in BERT's
+    bpe.train_from_iterator(words(), trainer=trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                                                  special_tokens=specials, initial_alphabet=alphabet))
+    vocab = {(s if s in specials else _piece(s)): i for s, i in bpe.get_vocab().items()}
+    return models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=100)
 
 
 def prepare(tok: Tokenizer) -> Tokenizer:
