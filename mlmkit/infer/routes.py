@@ -84,6 +84,36 @@ def _object(body: Any, route: str, allowed: set[str]) -> dict[str, Any]:
     return body
 
 
+def _flag(b: Mapping[str, Any], name: str, route: str, default: bool = False) -> bool:
+    """A true / false field (JSON's booleans only: "false", "0" or 0 are no answer, not true)."""
+    value = b.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise HTTPError(422, f"{route}: '{name}' must be true or false, got {value!r}")
+    return value
+
+
+def _truncation(b: Mapping[str, Any], route: str) -> None:
+    """TEI's truncate / truncation_direction: inputs longer than the model are cut at the right, always;
+    asking for anything else is refused, not ignored."""
+    if not _flag(b, "truncate", route, default=True):
+        raise HTTPError(422, f"{route}: truncate false is not supported; inputs longer than the model are truncated",
+                        "leave 'truncate' out or set it true")
+    if b.get("truncation_direction") not in (None, "Right", "right"):
+        raise HTTPError(422, f"{route}: only truncation_direction Right is supported, got {b.get('truncation_direction')!r}")
+
+
+def _prompt(model: Any, name: str, prompt: Any, route: str) -> dict[str, Any]:
+    """TEI's prompt_name: the pipeline option for a prompt the model has (none given: {})."""
+    if prompt is None:
+        return {}
+    named = _prompt_names(model)
+    if prompt not in named:
+        raise HTTPError(422, f"{route}: model '{name}' has no prompt named {prompt!r}", f"its prompts: {', '.join(named) or 'none'}")
+    return _input_type(model, prompt)
+
+
 def _dimensions(value: Any, route: str) -> int | None:
     if value is None:
         return None
@@ -164,22 +194,10 @@ class TEIEmbed:
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
         b = _object(body, self.path, {"inputs", "normalize", "truncate", "truncation_direction", "dimensions", "model",
                                       "prompt_name"})
-        if b.get("truncate") is False:
-            raise HTTPError(422, f"{self.path}: truncate false is not supported; inputs longer than the model are truncated",
-                            "leave 'truncate' out or set it true")
-        if b.get("truncation_direction", "Right") != "Right":
-            raise HTTPError(422, f"{self.path}: only truncation_direction Right is supported")
+        _truncation(b, self.path)
         name = pick_model(models, b.get("model"), self.needs, self.path)
-        normalize = b.get("normalize", True)
-        if not isinstance(normalize, bool):
-            raise HTTPError(422, f"{self.path}: 'normalize' must be true or false")
-        prompt = b.get("prompt_name")
-        if prompt is not None:
-            named = _prompt_names(models[name])
-            if prompt not in named:
-                raise HTTPError(422, f"{self.path}: model '{name}' has no prompt named {prompt!r}",
-                                f"its prompts: {', '.join(named) or 'none'}")
-        return Call(name, _texts(b.get("inputs"), "inputs", self.path), _input_type(models[name], prompt),
+        normalize = _flag(b, "normalize", self.path, default=True)
+        return Call(name, _texts(b.get("inputs"), "inputs", self.path), _prompt(models[name], name, b.get("prompt_name"), self.path),
                     state={"normalize": normalize, "dimensions": _dimensions(b.get("dimensions"), self.path)})
 
     def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
@@ -194,8 +212,9 @@ class TEIPredict:
 
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
         b = _object(body, self.path, {"inputs", "raw_scores", "truncate", "truncation_direction", "model"})
+        _truncation(b, self.path)
         name = pick_model(models, b.get("model"), self.needs, self.path)
-        if b.get("raw_scores"):
+        if _flag(b, "raw_scores", self.path):
             raise HTTPError(422, f"{self.path}: raw_scores is not supported; scores are the model's probabilities",
                             "leave 'raw_scores' out")
         raw = b.get("inputs")
@@ -284,7 +303,7 @@ class Rerank:
         if top_n is not None and (not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1):
             raise HTTPError(422, f"{self.path}: 'top_n' must be a positive whole number, got {top_n!r}")
         call = _rerank_call(self.path, cross_encoder(models, b.get("model"), self.path), b.get("query"), b.get("documents"))
-        call.state.update(top_n=top_n, documents_back=bool(b.get("return_documents", False)), raw=bool(b.get("raw_scores", False)))
+        call.state.update(top_n=top_n, documents_back=_flag(b, "return_documents", self.path), raw=_flag(b, "raw_scores", self.path))
         return call
 
     def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
@@ -302,8 +321,9 @@ class TEIRerank:
 
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
         b = _object(body, self.path, {"query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction", "model"})
+        _truncation(b, self.path)
         call = _rerank_call(self.path, cross_encoder(models, b.get("model"), self.path), b.get("query"), b.get("texts"))
-        call.state.update(raw=bool(b.get("raw_scores", False)), text=bool(b.get("return_text", False)))
+        call.state.update(raw=_flag(b, "raw_scores", self.path), text=_flag(b, "return_text", self.path))
         return call
 
     def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
@@ -319,7 +339,9 @@ class TEIEmbedSparse:
 
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
         b = _object(body, self.path, {"inputs", "truncate", "truncation_direction", "model", "prompt_name"})
-        return Call(pick_model(models, b.get("model"), self.needs, self.path), _texts(b.get("inputs"), "inputs", self.path))
+        _truncation(b, self.path)
+        name = pick_model(models, b.get("model"), self.needs, self.path)
+        return Call(name, _texts(b.get("inputs"), "inputs", self.path), _prompt(models[name], name, b.get("prompt_name"), self.path))
 
     def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
         return [[{"index": i, "value": v} for i, v in zip(r["indices"], r["values"])] for r in results]
@@ -337,14 +359,19 @@ class TEITokenize:
         name = b.get("model")
         if name is None and len(models) == 1:
             name = next(iter(models))
-        if name not in models:
+        if not isinstance(name, str) or name not in models:
             raise HTTPError(404 if name is not None else 422, f"{self.path}: say which model (\"model\": NAME)"
                             if name is None else f"no model named {name!r}", f"the models: {', '.join(models)}")
-        return Call(name, _texts(b.get("inputs"), "inputs", self.path), state={"special": bool(b.get("add_special_tokens", True))})
+        prompt = b.get("prompt_name")
+        _prompt(models[name], name, prompt, self.path)  # one the model has
+        prefix = (models[name].pipe.meta.get("options") or {}).get(f"{prompt}_prompt", "") if prompt else ""
+        return Call(name, _texts(b.get("inputs"), "inputs", self.path),
+                    state={"special": _flag(b, "add_special_tokens", self.path, default=True), "prompt": prefix})
 
     def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
         out = []
-        for enc in model.pipe.tokenizer.encode_batch(call.inputs, add_special_tokens=call.state["special"]):
+        texts = [call.state["prompt"] + t for t in call.inputs]  # as the model sees them: its prompt first
+        for enc in model.pipe.tokenizer.encode_batch(texts, add_special_tokens=call.state["special"]):
             out.append([{"id": i, "text": t, "special": bool(m), "start": a, "stop": b}
                         for i, t, m, (a, b) in zip(enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets)])
         return out

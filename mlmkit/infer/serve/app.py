@@ -45,7 +45,7 @@ import uuid
 from typing import Any
 
 from mlmkit.args import ServeArgs
-from mlmkit.errors import MlmkitError
+from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.infer.routes import ROUTES, Call, HTTPError
 from mlmkit.infer.serve.queue import Metrics, Model
 
@@ -74,8 +74,9 @@ PREDICT_BODY = {
 }
 
 
-def create_app(models: dict[str, Model], args: ServeArgs) -> Any:
-    """The ASGI app serving loaded ``models`` (their threads are started and stopped with it)."""
+def create_app(models: dict[str, Model], args: ServeArgs, keys: tuple[bytes, ...] | None = None) -> Any:
+    """The ASGI app serving loaded ``models`` (their threads are started and stopped with it);
+    ``keys``: the API keys (read from ``args`` when not given)."""
     from fastapi import FastAPI
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -102,7 +103,7 @@ def create_app(models: dict[str, Model], args: ServeArgs) -> Any:
         body = {"error": message, **({"hint": hint} if hint else {}), "request_id": request_id}
         return JSONResponse(body, status_code=status, headers={"X-Request-ID": request_id, **(headers or {})})
 
-    app.add_middleware(_Guard, state=state, metrics=metrics, error=error, keys=api_keys(args),
+    app.add_middleware(_Guard, state=state, metrics=metrics, error=error, keys=api_keys(args) if keys is None else keys,
                        public=("/health", "/ready", "/metrics") if args.public_metrics else ("/health", "/ready"))
 
     @app.exception_handler(HTTPError)
@@ -228,11 +229,25 @@ def _route_handler(route: Any, models: dict[str, Model], args: ServeArgs, metric
 
 
 def api_keys(args: ServeArgs) -> tuple[bytes, ...]:
-    """The keys a request may present: --api-key (repeatable), else MLMKIT_API_KEY; none: no check."""
+    """The keys a request may present: --api-key (repeatable), else MLMKIT_API_KEY; none: no check.
+
+    MLMKIT_API_KEY as secret stores give it: set but empty (or only spaces) refuses to start (it would
+    serve everyone); spaces or a line break around the key (a secret file's last newline, a CR) are
+    taken off, with a warning (kept, no client could ever send them)."""
     import os
 
-    keys = list(args.api_key) or ([os.environ["MLMKIT_API_KEY"]] if os.environ.get("MLMKIT_API_KEY") else [])
-    return tuple(k.encode("utf-8") for k in keys)
+    if args.api_key:
+        return tuple(k.encode("utf-8") for k in args.api_key)
+    raw = os.environ.get("MLMKIT_API_KEY")
+    if raw is None:
+        return ()
+    key = raw.strip()
+    if not key:
+        raise ConfigError("MLMKIT_API_KEY is set but empty: the server would answer every client",
+                          "set it to the key, or unset it to serve without keys")
+    if key != raw:
+        log.warning("MLMKIT_API_KEY has spaces or a line break around the key: the key without them is used")
+    return (key.encode("utf-8"),)
 
 
 class _Guard:

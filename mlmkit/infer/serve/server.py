@@ -11,7 +11,7 @@ from typing import Any
 
 from mlmkit.args import ServeArgs
 from mlmkit.errors import ConfigError
-from mlmkit.infer.serve.app import create_app
+from mlmkit.infer.serve.app import api_keys, create_app
 from mlmkit.infer.serve.queue import load_models
 
 log = logging.getLogger("mlmkit")
@@ -23,13 +23,14 @@ def serve(args: ServeArgs) -> None:
         import uvicorn
     except ImportError:
         raise ConfigError("`mlmkit serve` needs FastAPI and uvicorn", "pip install 'mlmkit[serve]'") from None
-    sock = listen(args.host, args.port)  # before the models load: a busy port is one line, at once
+    keys = api_keys(args)  # before the models load: a bad key, or a busy port, is one line at once
+    sock = listen(args.host, args.port)
     try:
         models = load_models(args)
     except BaseException:
         sock.close()
         raise
-    app = create_app(models, args)
+    app = create_app(models, args, keys)
     tls = {"ssl_keyfile": str(args.ssl_keyfile), "ssl_certfile": str(args.ssl_certfile)} if args.ssl_keyfile else {}
     config = uvicorn.Config(app, host=args.host, port=args.port, access_log=args.access_log, log_level="info",
                             timeout_graceful_shutdown=args.drain_seconds, log_config=None,
