@@ -59,6 +59,7 @@ from common import (
     log,
     mark,
     noisy_note,
+    print_machine,
     run_watched,
     stdlib_sentences,
     target,
@@ -165,6 +166,7 @@ def main() -> None:
     n = a.rows or (10_000 if a.quick else 100_000)
     ref_rows = a.ref_rows or (5_000 if a.quick else 20_000)
     rounds = a.rounds or (1 if a.quick else 2)
+    print_machine(2)
     inference_setup(a.work, a.quick)
     bundle = models / "bundles" / "classify"
     t0 = time.perf_counter()

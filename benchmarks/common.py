@@ -353,3 +353,86 @@ def cosines(a: list[list[float]], b: list[list[float]]) -> list[float]:
 def target(name: str, value: float, op: str, goal: float, fmt: str = ".2f", unit: str = "") -> str:
     """The line a benchmark ends with, one per target: "target NAME: X.XX (goal >= Y.YY)"."""
     return f"target {name}: {value:{fmt}}{unit} (goal {op} {goal:{fmt}}{unit})"
+
+
+# ---- the machine: its CPU and the GEMM ceiling every ratio is read against --------------------------
+CPU_FEATURES = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI",
+                "avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16", "amx_int8": "AMX-INT8"}
+_GEMM = r"""
+import json, sys, time
+import torch
+torch.set_num_threads(int(sys.argv[1]))
+n, out = 1024, {}
+def rate(a, b, mm):
+    for _ in range(3):
+        mm(a, b)
+    t0, k = time.perf_counter(), 0
+    while time.perf_counter() - t0 < 1.0:
+        mm(a, b)
+        k += 1
+    return 2 * n ** 3 * k / (time.perf_counter() - t0)
+a, b = torch.randn(n, n), torch.randn(n, n)
+out["fp32"] = rate(a, b, torch.mm)
+if sys.argv[2] == "1":
+    out["bf16"] = rate(a.bfloat16(), b.bfloat16(), torch.mm)
+if sys.argv[3] == "1":
+    try:
+        ai, bi = torch.randint(-64, 64, (n, n), dtype=torch.int8), torch.randint(-64, 64, (n, n), dtype=torch.int8)
+        out["int8"] = rate(ai, bi, torch._int_mm)
+    except Exception as e:  # noqa: BLE001 - a torch without the CPU kernel: said, not guessed
+        out["int8_error"] = f"{type(e).__name__}: {str(e)[:120]}"
+print(json.dumps(out))
+"""
+
+
+def cpu_info() -> dict[str, Any]:
+    """The CPU's model name and which of CPU_FEATURES it has (/proc/cpuinfo)."""
+    model, flags = "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == "unknown CPU":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return {"model": model, "cores": os.cpu_count(), "features": [v for k, v in CPU_FEATURES.items() if k in flags]}
+
+
+def gemm_ceiling(threads: int, python: str = sys.executable) -> dict[str, Any]:
+    """FLOP/s of a 1024 x 1024 matrix product on ``threads`` threads, in a process of its own: fp32
+    always, bf16 where the CPU has it natively (AVX512-BF16 or AMX), int8 where it has VNNI or AMX
+    (torch._int_mm). The ceiling a side's useful FLOP/s are a share of."""
+    feats = set(cpu_info()["features"])
+    bf16 = "1" if feats & {"AVX512-BF16", "AMX-BF16"} else "0"
+    int8 = "1" if feats & {"AVX512-VNNI", "AVX-VNNI", "AMX-INT8"} else "0"
+    r = subprocess.run([python, "-c", _GEMM, str(threads), bf16, int8], capture_output=True, text=True,
+                       env={**os.environ, **thread_env(threads)}, timeout=300)
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+    return json.loads(r.stdout)
+
+
+def machine_lines(threads: int) -> tuple[list[str], dict[str, Any]]:
+    """The lines every benchmark prints first (the CPU, its features, the GEMM ceiling measured now)
+    and the ceiling itself, for each side's share of it."""
+    cpu = cpu_info()
+    ceiling = gemm_ceiling(threads)
+    rates = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in ceiling.items() if isinstance(v, float))
+    lines = [f"machine: {cpu['model']}, {cpu['cores']} cores; {', '.join(cpu['features']) or 'no AVX2'}",
+             f"GEMM ceiling, 1024^3 on {threads} threads (torch, measured now): {rates or ceiling.get('error')}"
+             + (f"; int8: {ceiling['int8_error']}" if "int8_error" in ceiling else "")]
+    return lines, ceiling
+
+
+def share(flops_per_s: float, ceiling: dict[str, Any], kind: str = "fp32") -> str:
+    """A side's useful FLOP/s as a share of the measured ceiling, e.g. "41% of fp32"."""
+    top = ceiling.get(kind)
+    return f"{flops_per_s / top:.0%} of {kind}" if isinstance(top, float) and top > 0 else "no ceiling"
+
+
+def print_machine(threads: int) -> dict[str, Any]:
+    """Print machine_lines (before a benchmark's first pass) and return the ceiling."""
+    lines, ceiling = machine_lines(threads)
+    print("\n".join(lines), flush=True)
+    return ceiling

@@ -8,15 +8,18 @@ A full run measured 14 minutes on 2 cores with some foreign load (setup 1, throu
 setup is reused by later runs in the same --work); --long-reference no saves about a minute,
 --rounds 2 about three.
 
-Models: for each family (bert, roberta, xlm-roberta, distilbert, electra, modernbert) a MiniLM-sized
+Models: for each family (bert, roberta, xlm-roberta, distilbert, electra, modernbert, deberta-v3) a MiniLM-sized
 ForSequenceClassification checkpoint with 2 labels and random weights (speed does not depend on
 them), saved by transformers: 6 layers, hidden 384, 12 heads, intermediate 1536; ELECTRA with its
 factorised embeddings (embedding_size 128, projected to 384, as ELECTRA-small); ModernBERT with its
 own sizing, a GeGLU MLP of intermediate 576 (1.5 x hidden, as ModernBERT-base's 1152 for 768; Wi is
-384 -> 1152), a 128-token sliding window and every third layer global, max_position_embeddings 8192.
+384 -> 1152), a 128-token sliding window and every third layer global, max_position_embeddings 8192;
+DeBERTa-v3 with its disentangled relative attention (256 position buckets, c2p and p2c, shared keys,
+no absolute positions or token types: the slowest family, with no fused attention in onnxruntime).
 Each has a tokenizer of its family's kind, trained here with the `tokenizers` library on generated
 sentences: WordPiece (bert, distilbert, electra), byte-level BPE with RoBERTa's specials (roberta),
-SentencePiece-style Unigram (xlm-roberta), byte-level BPE with BERT's specials (modernbert); 4,096
+SentencePiece-style Unigram (xlm-roberta; deberta-v3 with BERT's specials), byte-level BPE with BERT's
+specials (modernbert); 4,096
 tokens. Sentences: 8-40 words drawn (by frequency) from the 4,000 commonest words of the docstrings
 of Python's standard library; 1,024 of them are timed (another seed's 20,000 train the tokenizers).
 
@@ -73,6 +76,7 @@ from common import (
     median_speeds,
     noisy_note,
     passes,
+    print_machine,
     quiet_median,
     race,
     ratio,
@@ -110,6 +114,13 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], tuple[str, ...]]] = {
                 ("input_ids", "attention_mask", "token_type_ids")),
     "modernbert": ("ModernBert", "bpe-bert", dict(MINILM, intermediate_size=576, max_position_embeddings=LONG_MAX,
                                                   local_attention=128),
+                   ("input_ids", "attention_mask")),
+    # DeBERTa-v3 (deberta-v2 in transformers): disentangled relative attention, no absolute positions,
+    # no token types, SentencePiece with BERT's specials, as microsoft/deberta-v3-* are
+    "deberta-v3": ("DebertaV2", "unigram-bert", dict(MINILM, max_position_embeddings=512, type_vocab_size=0,
+                                                     relative_attention=True, position_buckets=256, max_relative_positions=-1,
+                                                     pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
+                                                     share_att_key=True, position_biased_input=False, layer_norm_eps=1e-7),
                    ("input_ids", "attention_mask")),
 }
 SIDES = ("transformers", "mlmkit", "optimum")  # mlmkit in the middle: back to back with both
@@ -158,13 +169,14 @@ def family_tokenizer(kind: str, texts: list[str], max_length: int) -> Any:
         tok.decoder = decoders.ByteLevel()
         tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, min_frequency=1,
                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    else:  # unigram, SentencePiece style (XLM-R)
-        specials = ROBERTA_SPECIALS
+    else:  # unigram, SentencePiece style (XLM-R's specials; DeBERTa-v3's are BERT's)
+        specials = ROBERTA_SPECIALS if kind == "unigram" else BERT_SPECIALS
         tok = Tokenizer(models.Unigram())
         tok.normalizer = normalizers.NFKC()
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
-        tok.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=VOCAB, special_tokens=specials, unk_token="<unk>"))
+        tok.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=VOCAB, special_tokens=specials,
+                                                               unk_token=specials[3] if kind == "unigram" else "[UNK]"))
     if specials is ROBERTA_SPECIALS:
         tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True)])
         tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>")))
@@ -554,6 +566,7 @@ def main() -> None:
         serve_long(a.side, a.work / a.family, a.work, a.threads)
         return
 
+    print_machine(a.threads)
     t_start = time.perf_counter()
     rounds = a.rounds or (1 if a.quick else 3)
     long_sides = [] if a.no_long or "modernbert" not in families else (

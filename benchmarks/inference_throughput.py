@@ -57,6 +57,7 @@ from common import (
     median_speeds,
     noisy_note,
     passes,
+    print_machine,
     quiet_rounds,
     race,
     ratio,
@@ -432,6 +433,7 @@ def main() -> None:
         return
 
     rounds = a.rounds or (2 if a.quick else 5)
+    print_machine(a.threads)
     common = ["--work", str(a.work), "--threads", str(a.threads), "--batch-size", str(a.batch_size)]
     if a.quick:
         common.append("--quick")

@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import add_patience, log, mark, noisy_note, run_watched, target, work_dir
+from common import add_patience, log, mark, noisy_note, print_machine, run_watched, target, work_dir
 
 HERE = Path(__file__).resolve()
 
@@ -104,6 +104,7 @@ def main() -> None:
     if a.role == "datasets":
         datasets_side(work / "small.txt", work / "tok" / "tokenizer.json", work / f"hf-cache-{a.procs}", a.procs)
         return
+    print_machine(1)  # tokenization: one process, one thread, as datasets.map num_proc=1
     work.mkdir(parents=True, exist_ok=True)
     small_mb, large_mb = (5, 50) if a.quick else (50, 1000)
     from mlmkit.quickstart.stdlib_corpus import docstring_documents

@@ -30,6 +30,7 @@ from common import (
     noisy_note,
     other_cores,
     passes,
+    print_machine,
     quiet_median,
     target,
     thread_env,
@@ -124,6 +125,7 @@ def main() -> None:
     import torch
     import transformers
 
+    print_machine(a.threads)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {a.threads} threads; "
           f"L{CONFIG['num_hidden_layers']}/H{CONFIG['hidden_size']}/A{CONFIG['num_attention_heads']}/"
           f"I{CONFIG['intermediate_size']} V{CONFIG['vocab_size']}, batch {a.batch_size} x {a.seq_len}, fp32, "
