@@ -318,14 +318,15 @@ class ExportArgs(Args):
     fp16: bool = arg(False, "fp16 weights and compute, for --device cuda.")
     optimize: bool = arg(True, "onnxruntime's transformer fusions (--no-optimize: the plain graph).")
     opset: int = arg(17, "ONNX opset, 17 to 23.")
-    top_k: int = arg(5, "fill-mask: candidates per [MASK] computed in the graph.")
+    top_k: int | None = arg(None, "fill-mask: candidates per [MASK] computed in the graph (5); sparse-embedding: "
+                                  "the terms kept per text (its max_terms option).")
     options: dict[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
 
     def __post_init__(self) -> None:
         _check(self.quantize in (None, "int8"), f"--quantize {self.quantize} is not supported", "use --quantize int8")
         _check(not (self.quantize and self.fp16), "--quantize int8 and --fp16 exclude each other",
                "int8 is for the CPU, fp16 for CUDA")
-        _check(self.top_k >= 1, f"--top-k must be at least 1, got {self.top_k}")
+        _check(self.top_k is None or self.top_k >= 1, f"--top-k must be at least 1, got {self.top_k}")
 
 
 @dataclass

@@ -102,6 +102,7 @@ class SparseEmbeddingTask(EmbeddingTask):
     name = "sparse-embedding"
     description = "SPLADE sparse vectors from a masked-LM head: max over tokens of log(1 + relu(logit)), top terms in the graph."
     outputs = {"indices": (BATCH, "terms"), "values": (BATCH, "terms")}
+    top_k_option = "max_terms"  # `mlmkit export --top-k`
     options = (
         TaskOption("max_terms", 256, "Most non-zero entries kept per text (the largest, chosen in the graph).", minimum=1,
                    fixed=True),

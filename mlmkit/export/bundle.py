@@ -54,7 +54,7 @@ from mlmkit.export.passes import fuse, quantize_int8, to_fp16
 from mlmkit.files import atomic_write, atomic_write_text, exclusive, write_json
 from mlmkit.infer.bundle import BUNDLE_FORMAT, LABELS_KEY, tokenizer_fingerprint
 from mlmkit.models.core import set_attention_impl
-from mlmkit.plugin.registry import get_task
+from mlmkit.plugin.registry import get_task, tasks
 from mlmkit.rundir.checkpoint import is_model_dir
 from mlmkit.rundir.config import ModelConfig
 from mlmkit.rundir.hub import describe
@@ -64,6 +64,24 @@ log = logging.getLogger("mlmkit")
 
 MIN_OPSET = 17  # LayerNormalization is a standard op from opset 17
 MAX_OPSET = 23  # the TorchScript exporter's newest (torch.onnx ONNX_MAX_OPSET); 17-23 fuse and pass parity
+
+
+FILL_MASK_TOP_K = 5  # candidates per [MASK] a fill-mask graph computes without --top-k
+
+
+def _top_k_option(plugin: Any, args: ExportArgs) -> dict[str, Any]:
+    """The task options of the export: --top-k is fill-mask's, or sets a task's ``top_k_option``
+    (the SPLADE task's max_terms); a task without one refuses it."""
+    if args.top_k is None:
+        return dict(args.options)
+    name = plugin.top_k_option
+    if name is None:
+        takers = ["fill-mask", *sorted(n for n, p in tasks().items() if p.top_k_option)]
+        raise ConfigError(f"--top-k is for {' and '.join(takers)} exports, not for task '{plugin.name}'",
+                          "leave it out")
+    if args.options.get(name, args.top_k) != args.top_k:
+        raise ConfigError(f"--top-k {args.top_k} and --option {name}={args.options[name]} disagree", "give one of them")
+    return {**args.options, name: args.top_k}
 
 
 # ---- the bundle --------------------------------------------------------------------------------
@@ -88,9 +106,13 @@ def _export(args: ExportArgs) -> dict[str, Any]:
     meta = describe(d, cfg, args.task)
     if meta["task"] == "pretraining" and args.options:
         raise ConfigError(f"--{next(iter(args.options)).replace('_', '-')}: a fill-mask bundle takes no task options")
+    top_k = FILL_MASK_TOP_K if args.top_k is None else args.top_k
     if meta["task"] != "pretraining":  # a trained model's fixed options stay; a foreign checkpoint's are a reading
         plugin = get_task(meta["task"])
-        meta["options"] = plugin.saved_options(plugin.resolve_options(args.options, saved=meta.get("options"),
+        given, saved = _top_k_option(plugin, args), dict(meta.get("options") or {})
+        if args.top_k is not None:  # the graph is built now: --top-k chooses again what the run was trained with
+            saved.pop(plugin.top_k_option, None)
+        meta["options"] = plugin.saved_options(plugin.resolve_options(given, saved=saved,
                                                                       model=meta["source"]["format"] == "mlmkit"))
     tok = load_tokenizer(d)
     if tok.get_vocab_size() > cfg.vocab_size:
@@ -99,7 +121,7 @@ def _export(args: ExportArgs) -> dict[str, Any]:
     fill_mask = meta["task"] == "pretraining"
     max_length = int(min(meta.get("max_length") or 512, cfg.max_tokens))
 
-    graph, reference, axes, partial = build_graph(d, meta, cfg, specials.mask, args.top_k)
+    graph, reference, axes, partial = build_graph(d, meta, cfg, specials.mask, top_k)
     graph.eval()
     reference.eval()
     names = list(axes)
@@ -148,7 +170,7 @@ def _export(args: ExportArgs) -> dict[str, Any]:
 
         record_labels(final, meta.get("labels"))
         bundle_meta = _bundle_meta(meta, cfg, tok, axes, final, fill_mask=fill_mask, max_length=max_length, opset=args.opset,
-                                   precision=precision, steps=steps, fused=fused, parity=parity, top_k=args.top_k, source=d)
+                                   precision=precision, steps=steps, fused=fused, parity=parity, top_k=top_k, source=d)
         atomic_write(out / "model.onnx", lambda tmp: shutil.copyfile(final, tmp))
         atomic_write_text(out / "tokenizer.json", tok.to_str(pretty=False))
         write_json(out / "mlmkit.json", bundle_meta)  # last: a reader seeing it sees the new model

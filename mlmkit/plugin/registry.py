@@ -224,6 +224,9 @@ class TaskDefaults:
     base_heads: tuple[str, ...] = ()
     """Prefixes of a base model's head weights this task's model takes over besides the encoder (the
     SPLADE task: the masked-LM head, "cls.predictions."); fine-tuning refuses a base without them."""
+    top_k_option: str | None = None
+    """The option `mlmkit export --top-k` sets for this task (the SPLADE task: "max_terms"); None: the
+    flag is refused for it (it is fill-mask's: the candidates per [MASK])."""
     pipeline_tag: str = "feature-extraction"
     """The Hugging Face Hub's pipeline tag of this task's models, for the model card (e.g.
     "text-classification", "token-classification", "question-answering", "sentence-similarity")."""
@@ -331,6 +334,7 @@ class Plugin:
     partial_layers: int
     group_features: bool
     base_heads: tuple[str, ...]
+    top_k_option: str | None
     pipeline_tag: str
 
     def _check(self) -> None:
@@ -343,6 +347,8 @@ class Plugin:
         names = [getattr(o, "name", None) for o in self.options]
         if not all(isinstance(o, TaskOption) for o in self.options) or len(set(names)) != len(names):
             problems.append("options must be TaskOption objects with distinct names")
+        elif self.top_k_option is not None and self.top_k_option not in names:
+            problems.append(f"top_k_option '{self.top_k_option}' is not one of its options")
         if problems:
             raise TaskError(f"{where}: {'; '.join(problems)}", "see mlmkit.plugin.registry.Task and docs/plugins.md")
 
