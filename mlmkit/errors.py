@@ -73,3 +73,31 @@ def require_file(path: str | Path, what: str = "file") -> Path:
     if not p.exists():
         raise MlmkitError(f"{what} not found: {p}", "check the path")
     return p
+
+
+def redacted(url: str) -> str:
+    """``url`` fit for a message or a file: the password of ``scheme://user:password@host`` as ***."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.netloc.rsplit("@", 1)[1]
+        return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+    except ValueError:  # not a URL: nothing to find in it
+        return url
+
+
+def scrubbed(text: str, url: str) -> str:
+    """``text`` (an error of a library that was given ``url``) with the url's password nowhere in it."""
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    text = text.replace(url, redacted(url))
+    for secret in {password, unquote(password)} if password else ():
+        text = text.replace(secret, "***")
+    return text

@@ -154,12 +154,29 @@ def test_mlflow_server_and_tensorboard_get_the_run_and_a_resume_adds_no_duplicat
 def test_report_to_errors_are_one_line(clf, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="unknown backend wandbx.*tensorboard, mlflow"):
         run_finetune("classification", clf["base"], clf["train"], tmp_path / "a", steps=2, report_to="wandbx")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # nothing listens there
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
-    with pytest.raises(ConfigError, match="cannot reach the tracking store"):
+    # an unreachable or unusable store: test_a_tracking_store_fails_in_seconds_and_its_password_is_never_shown
+
+
+def test_a_tracking_store_fails_in_seconds_and_its_password_is_never_shown(clf, tmp_path, monkeypatch):
+    import time
+
+    from mlmkit.errors import redacted, scrubbed
+
+    port = free_port()  # nothing listens: MLflow's own retries would take minutes
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:hunter%402@127.0.0.1:{port}/")
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match="cannot use the tracking store") as e:
+        run_finetune("classification", clf["base"], clf["train"], tmp_path / "a", steps=2, report_to="mlflow")
+    assert time.monotonic() - t0 < 30 and not (tmp_path / "a" / "model.safetensors").exists()
+    assert "hunter" not in str(e.value) and f"http://alice:***@127.0.0.1:{port}/" in str(e.value)
+    (tmp_path / "file").write_text("x")  # a store that cannot be made: a file where its directory goes
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path}/file/mlruns")
+    with pytest.raises(ConfigError, match="cannot use the tracking store"):
         run_finetune("classification", clf["base"], clf["train"], tmp_path / "b", steps=2, report_to="mlflow")
-    assert not (tmp_path / "b" / "model.safetensors").exists()
+    assert redacted("postgresql://bob:s3cr%40t@db:5432/optuna") == "postgresql://bob:***@db:5432/optuna"
+    assert redacted("sqlite:///runs/sweep.db") == "sqlite:///runs/sweep.db"
+    assert scrubbed("could not log in as bob with s3cr@t to postgresql://bob:s3cr%40t@db/x", "postgresql://bob:s3cr%40t@db/x") \
+        == "could not log in as bob with *** to postgresql://bob:***@db/x"
 
 
 # ---- curves and cards --------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmkit.args import FinetuneArgs, SweepArgs, TrainArgs
-from mlmkit.errors import ConfigError
+from mlmkit.errors import ConfigError, redacted, scrubbed
 from mlmkit.train.tracking import RunInfo, parse_report_to
 
 log = logging.getLogger("mlmkit")
@@ -176,14 +176,15 @@ def sweep(args: SweepArgs) -> dict[str, Any]:
             sampler=optuna.samplers.TPESampler(seed=None if args.storage else args.train.seed),
             pruner=optuna.pruners.MedianPruner(n_startup_trials=2) if args.prune else optuna.pruners.NopPruner())
     except Exception as e:  # noqa: BLE001 - the storage's own errors, as one line
-        raise ConfigError(f"--storage {url}: {type(e).__name__}: {str(e).splitlines()[0][:300]}",
+        first = str(e).splitlines()[0][:300] if str(e) else ""
+        raise ConfigError(scrubbed(f"--storage {url}: {type(e).__name__}: {first}", url),
                           "check the URL (sqlite:///PATH, postgresql://..., mysql://...) and that the database is reachable") from None
     key = {"task": args.task, "metric": metric, "search": {n: s.describe() for n, s in sorted(spaces.items())}}
     have = study.user_attrs.get("mlmkit")
     if have is None:
         study.set_user_attr("mlmkit", key)
     elif have != key:
-        raise ConfigError(f"study {args.study!r} in {url} was made for {have}, not {key}",
+        raise ConfigError(f"study {args.study!r} in {redacted(url)} was made for {have}, not {key}",
                           "resume with the same task and --search, or choose another --study")
 
     def objective(trial: Any) -> float:

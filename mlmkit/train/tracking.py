@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from mlmkit.errors import ConfigError
+from mlmkit.errors import ConfigError, redacted, scrubbed
 from mlmkit.files import read_json, write_json
 
 log = logging.getLogger("mlmkit")
@@ -97,10 +97,13 @@ class MLflow:
         mlflow = _require("mlflow", "mlflow")
         from mlflow.tracking import MlflowClient
 
-        self.client, self.run_info, self.failed = MlflowClient(), run, False
+        uri = mlflow.get_tracking_uri()
+        self.run_info, self.failed = run, False
         state = read_json(run.out / STATE) if (run.out / STATE).exists() else {}
         run_id = os.environ.get("MLFLOW_RUN_ID") or (state.get("mlflow_run_id") if run.resumed_from is not None else None)
         try:
+            _reachable(uri)  # in seconds, before MLflow's own retries (minutes by default)
+            self.client = MlflowClient()
             if run_id:
                 self.run_id = self.client.get_run(run_id).info.run_id
                 self.client.update_run(self.run_id, status="RUNNING")
@@ -116,11 +119,12 @@ class MLflow:
             new = [mlflow.entities.Param(k, v) for k, v in params.items() if k not in known]
             if new:
                 self.client.log_batch(self.run_id, params=new)
-        except Exception as e:  # noqa: BLE001 - any failure of the store, as one line
-            raise ConfigError(f"--report-to mlflow: cannot reach the tracking store "
-                              f"{mlflow.get_tracking_uri()}: {type(e).__name__}: {str(e).splitlines()[0][:300]}",
+        except Exception as e:  # noqa: BLE001 - any failure of the store, as one line, without its password
+            first = str(e).splitlines()[0][:300] if str(e) else ""
+            raise ConfigError(scrubbed(f"--report-to mlflow: cannot use the tracking store {uri}: {type(e).__name__}: "
+                                       f"{first}", uri),
                               "check MLFLOW_TRACKING_URI (and MLFLOW_RUN_ID), or drop --report-to mlflow") from None
-        write_json(run.out / STATE, {**state, "mlflow_run_id": self.run_id, "mlflow_tracking_uri": mlflow.get_tracking_uri()})
+        write_json(run.out / STATE, {**state, "mlflow_run_id": self.run_id, "mlflow_tracking_uri": redacted(uri)})
 
     def _logged_steps(self) -> dict[str, int]:
         """The last step the run holds for each metric (a resumed run does not log those again)."""
@@ -133,9 +137,12 @@ class MLflow:
         try:
             fn()
         except Exception as e:  # noqa: BLE001 - the run goes on without MLflow
+            import mlflow
+
             self.failed = True
-            log.warning("--report-to mlflow: %s failed (%s: %s); no more MLflow logging for this run",
-                        what, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            log.warning("%s", scrubbed(f"--report-to mlflow: {what} failed ({type(e).__name__}: {first}); no more MLflow "
+                                       "logging for this run", mlflow.get_tracking_uri()))
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         import time
@@ -155,6 +162,17 @@ class MLflow:
             elif f.exists():
                 self._guard(f"sending {f.name}", lambda f=f: self.client.log_artifact(self.run_id, str(f)))
         self._guard("ending the run", lambda: self.client.set_terminated(self.run_id, status=status))
+
+
+def _reachable(uri: str, seconds: float = 5.0) -> None:
+    """An http(s) tracking server answers a TCP connection within ``seconds`` (else OSError)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    if parts.scheme in ("http", "https") and parts.hostname:
+        socket.create_connection((parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)),
+                                 timeout=seconds).close()
 
 
 REPORTERS: dict[str, Callable[[], Reporter]] = {"tensorboard": TensorBoard, "mlflow": MLflow}
