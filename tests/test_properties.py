@@ -271,3 +271,126 @@ def test_bucket_batches_cover_every_index_once_within_limits(lengths, batch_size
         assert all(len(b) == 1 or len(b) * max(lengths[i] for i in b) <= max_tokens for b in batches)
     order = [lengths[i] for b in batches for i in b]
     assert order == sorted(order, reverse=True)  # longest first: similar lengths share a batch
+
+
+# ---- model cards: the front matter reads back as written, whatever the names hold ----------------
+YAML_TEXT = st.one_of(st.text(max_size=24), st.sampled_from(["a: b", "- x", "--- ", "#c", "null", "yes", "~", "&a *a",
+                                                             "'q\"\\", "{x: 1}", "\u2028", "\x85", "\ufeff"]))
+SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=False), YAML_TEXT)
+NESTED = st.recursive(SCALAR, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                      st.dictionaries(YAML_TEXT, inner, max_size=3)), max_leaves=10)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=NESTED)
+def test_card_front_matter_is_read_back_as_written(value: Any) -> None:
+    """YAML syntax in a label, run or file name is text, never structure (a card's front matter
+    parsed to other values is an injection)."""
+    import yaml
+
+    from mlmkit.rundir.cards import yaml_lines
+
+    assert yaml.safe_load("\n".join(yaml_lines({"root": value}))) == {"root": value}
+
+
+def test_a_card_names_a_run_and_data_with_yaml_syntax_as_they_are(tmp_path: Path) -> None:
+    import yaml
+
+    from mlmkit.rundir.cards import card
+
+    run = tmp_path / "run: x # - ---"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (run / "mlmkit.json").write_text(json.dumps({"task": "classification", "data": {"eval": "held: out\n---.csv"},
+                                                 "final_metrics": {"eval_accuracy": 0.5}, "labels": ["a: b", "- c"]}))
+    front = yaml.safe_load(card(run).split("---\n", 2)[1])
+    index = front["model-index"][0]
+    assert index["name"] == run.name and index["results"][0]["dataset"]["name"] == "held: out\n---.csv"
+
+
+# ---- route bodies: any JSON is a call or a 4xx naming what is wrong --------------------------------
+class _Pipe:
+    def __init__(self, task: str, outputs: tuple[str, ...], labels: list[str] | None = None, **options: Any) -> None:
+        self.task, self.option_names = task, {"input_type"} if task == "embedding" else set()
+        self.meta = {"outputs": {o: [] for o in outputs}, "labels": labels, "options": options}
+
+
+class _Model:
+    def __init__(self, pipe: _Pipe) -> None:
+        self.pipe = pipe
+
+
+FAKE_MODELS = {"emb": _Model(_Pipe("embedding", ("embedding",), query_prompt="query: ")),
+               "rr": _Model(_Pipe("rerank", ("logits",), ["score"])),
+               "splade": _Model(_Pipe("sparse-embedding", ("indices", "values")))}
+JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2, 10**9), st.floats(), st.text(max_size=6)),
+                    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+                    max_leaves=8)
+
+
+def _body(route: Any) -> Any:
+    """Bodies with the route's own fields (each of any JSON value, or a fitting one) and stray ones."""
+    import re
+
+    fields = sorted(set(re.findall(r"[{,] ?([a-z_]+)", route.summary)) | {"model", "truncate", "truncation_direction"})
+    good = {"input": st.just(["a text"]), "inputs": st.just("a text"), "query": st.just("q"), "documents": st.just(["d"]),
+            "texts": st.just(["d"]), "model": st.sampled_from(sorted(FAKE_MODELS))}
+    value = {f: st.one_of(JSON, good.get(f, JSON)) for f in fields}
+    return st.one_of(JSON, st.fixed_dictionaries({}, optional=value))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_route_parses_any_body_or_answers_4xx(data: Any) -> None:
+    from mlmkit.infer.routes import ROUTES, Call, HTTPError
+
+    for route in ROUTES:
+        body = data.draw(_body(route), label=route.path)
+        try:
+            call = route.parse(body, FAKE_MODELS)
+        except HTTPError as e:
+            assert 400 <= e.status < 500 and e.message.startswith((route.path, "no model named", "model '")), e.message
+            continue
+        assert isinstance(call, Call) and call.model in FAKE_MODELS and call.inputs
+
+
+BOOLEAN_FIELDS = {  # route -> (a body it accepts, its true / false fields)
+    "/embed": ({"inputs": "x", "model": "emb"}, ("normalize", "truncate")),
+    "/predict": ({"inputs": "x", "model": "rr"}, ("raw_scores", "truncate")),
+    "/v1/rerank": ({"query": "q", "documents": ["d"], "model": "rr"}, ("return_documents", "raw_scores")),
+    "/rerank": ({"query": "q", "texts": ["d"], "model": "rr"}, ("raw_scores", "return_text", "truncate")),
+    "/embed_sparse": ({"inputs": "x", "model": "splade"}, ("truncate",)),
+    "/tokenize": ({"inputs": "x", "model": "emb"}, ("add_special_tokens",)),
+}
+
+
+@pytest.mark.parametrize("value", ["false", "0", 0, 1, "true", [], {}])
+def test_a_boolean_field_takes_json_booleans_only(value: Any) -> None:
+    """"false" or "0" read as true by truthiness would turn on what the client turned off."""
+    from mlmkit.infer.routes import ROUTES, HTTPError
+
+    routes = {r.path: r for r in ROUTES}
+    for path, (body, names) in BOOLEAN_FIELDS.items():
+        routes[path].parse(body, FAKE_MODELS)  # the body itself is fine
+        for name in names:
+            with pytest.raises(HTTPError, match=f"{path}: '{name}' must be true or false"):
+                routes[path].parse({**body, name: value}, FAKE_MODELS)
+
+
+def test_tei_truncation_and_prompt_fields_act_or_are_refused() -> None:
+    from mlmkit.infer.routes import ROUTES, HTTPError
+
+    routes = {r.path: r for r in ROUTES}
+    for path in ("/embed", "/predict", "/rerank", "/embed_sparse"):
+        body = BOOLEAN_FIELDS[path][0]
+        routes[path].parse({**body, "truncate": True, "truncation_direction": "Right"}, FAKE_MODELS)
+        with pytest.raises(HTTPError, match=f"{path}: truncate false is not supported"):
+            routes[path].parse({**body, "truncate": False}, FAKE_MODELS)
+        with pytest.raises(HTTPError, match=f"{path}: only truncation_direction Right is supported, got 'Left'"):
+            routes[path].parse({**body, "truncation_direction": "Left"}, FAKE_MODELS)
+    with pytest.raises(HTTPError, match="model 'splade' has no prompt named 'query'"):
+        routes["/embed_sparse"].parse({"inputs": "x", "prompt_name": "query"}, FAKE_MODELS)
+    assert routes["/embed"].parse({"inputs": "x", "model": "emb", "prompt_name": "query"}, FAKE_MODELS).options == \
+        {"input_type": "query"}
+    assert routes["/tokenize"].parse({"inputs": "x", "model": "emb", "prompt_name": "query"}, FAKE_MODELS).state["prompt"] \
+        == "query: "

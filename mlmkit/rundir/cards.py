@@ -10,6 +10,7 @@ not write (a foreign checkpoint's, or one a user edited and took the marker line
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -202,16 +203,20 @@ def _cell(v: Any) -> str:
 
 
 def yaml_lines(value: Any, indent: int = 0) -> list[str]:
-    """``value`` (dicts, lists, scalars) as block-style YAML; scalars written as JSON, which YAML reads."""
+    """``value`` (dicts, lists, scalars) as block-style YAML that any YAML reader reads back as ``value``:
+    scalars as JSON (a quoted string keeps ``: # - ---`` and newlines as text), what YAML will not take
+    raw escaped, keys quoted unless they are plain names."""
     pad = " " * indent
     lines: list[str] = []
     if isinstance(value, dict):
         for k, v in value.items():
+            plain = isinstance(k, str) and _PLAIN_KEY.fullmatch(k) and k.lower() not in _YAML_WORDS
+            key = k if plain else _scalar(str(k))
             if isinstance(v, (dict, list)) and v:
-                lines.append(f"{pad}{k}:")
+                lines.append(f"{pad}{key}:")
                 lines += yaml_lines(v, indent + 2)
             else:
-                lines.append(f"{pad}{k}: {json.dumps(v, ensure_ascii=False)}")
+                lines.append(f"{pad}{key}: {_scalar(v)}")
     elif isinstance(value, list):
         for item in value:
             sub = yaml_lines(item, indent + 2)
@@ -219,7 +224,24 @@ def yaml_lines(value: Any, indent: int = 0) -> list[str]:
                 lines.append(f"{pad}- {sub[0].lstrip()}")
                 lines += sub[1:]
             else:
-                lines.append(f"{pad}- {json.dumps(item, ensure_ascii=False)}")
+                lines.append(f"{pad}- {_scalar(item)}")
     else:
-        lines.append(pad + json.dumps(value, ensure_ascii=False))
+        lines.append(pad + _scalar(value))
     return lines
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+_YAML_WORDS = {"null", "true", "false", "yes", "no", "on", "off", "y", "n"}  # plain, they read as None or booleans
+# characters a YAML stream may not hold raw (C1 controls, BOM, non-characters), or reads as line breaks
+_RAW_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
+
+
+def _scalar(v: Any) -> str:
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return ".nan" if math.isnan(v) else (".inf" if v > 0 else "-.inf")
+        mantissa, e, exponent = repr(v).partition("e")  # YAML 1.1 reads 5e-05 as text: 5.0e-05
+        return mantissa + ("" if "." in mantissa or not e else ".0") + e + exponent
+    if isinstance(v, (dict, list)):  # empty ones (the others are blocks)
+        return "{}" if isinstance(v, dict) else "[]"
+    return _RAW_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(v, ensure_ascii=False))
