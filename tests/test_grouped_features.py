@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import make_base_model, run_finetune
 
+from mlmkit.errors import TaskError
 from mlmkit.plugin import registry
 from mlmkit.plugin.taskkit import BATCH, EXAMPLE, iter_jsonl, tokenizer_settings
 from mlmkit.text.batching import shuffled_groups
@@ -144,3 +145,21 @@ def test_no_batch_holds_a_key_twice_and_the_moved_groups_are_counted() -> None:
     assert sum(len(b) < 32 for b in batches) <= 3
     assert 0 < len(moved) < 600
     assert shuffled_groups(groups, lengths, 32, random.Random(0), window=4) != batches  # without keys: other batches
+
+
+@pytest.mark.parametrize("mangle, match", [
+    (lambda feats: [{k: v for k, v in f.items() if k != EXAMPLE} for f in feats], "feature 0 has no valid 'example' index \\(None\\)"),
+    (lambda feats: [{**f, EXAMPLE: str(f[EXAMPLE])} for f in feats], "feature 0 has no valid 'example' index \\('0'\\)"),
+    (lambda feats: [{**f, EXAMPLE: f[EXAMPLE] + 10_000} for f in feats], "has no valid 'example' index \\(10000\\)"),
+    (lambda feats: feats[1:] + feats[:1], "the features of example 0 are not together"),  # one of example 0's moved last
+])
+def test_a_grouped_plugin_that_mangles_example_is_one_line_naming_it(task, tmp_path: Path, monkeypatch, mangle, match) -> None:
+    """A plugin's mistake with "example" is one line naming the task and its package, never a
+    traceback or examples silently merged into one."""
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows(8, 0)))
+    base = make_base_model(tmp_path / "base", [f"which one is a pet ? {a}" for a in ANIMALS])
+    featurize = task.featurize
+    monkeypatch.setattr(task, "featurize", lambda *a, **kw: mangle(featurize(*a, **kw)))
+    with pytest.raises(TaskError, match=f"task 'multiple-choice-test' \\(<runtime>\\): .*{match}"):
+        run_finetune(task.name, base, train, tmp_path / "run", steps=1, batch_size=10)

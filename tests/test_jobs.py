@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import run_export
@@ -180,6 +181,22 @@ def test_resume_refuses_another_input(tmp_path: Path, bundle: Path) -> None:
                                                    "results": 10, "errors": 0}))
     r = cli("classify", bundle, "--input", f, "--output", tmp_path / "o.jsonl", "--resume")
     assert r.exit_code == 2 and "was for other" in " ".join(r.stderr.split())
+
+
+@pytest.mark.parametrize("damage, field", [({"windows": "3"}, "windows"), ({"records": None}, "records"),
+                                           ({"windows": -1}, "windows"), ({"what": []}, "what"),
+                                           ({"counts": {"short": "x"}}, "counts.short"), ("drop-results", "results")])
+def test_a_damaged_progress_file_is_one_line_naming_its_field(tmp_path: Path, bundle: Path, damage: Any, field: str) -> None:
+    f = jsonl(tmp_path / "in.jsonl", rows(50))
+    job = tmp_path / ".o.jsonl.job"
+    job.mkdir()
+    good = {"what": {}, "windows": 1, "records": 10, "results": 10, "errors": 0, "counts": {}}
+    bad = {k: v for k, v in good.items() if k != "results"} if damage == "drop-results" else {**good, **damage}
+    (job / "progress.json").write_text(json.dumps(bad))
+    r = cli("classify", bundle, "--input", f, "--output", tmp_path / "o.jsonl", "--resume")
+    said = " ".join(r.stderr.split())
+    assert r.exit_code == 2 and (f"field {field} must" in said or f"{field} must" in said) and "progress.json" in said, said
+    assert "Traceback" not in r.stderr
 
 
 def test_memory_does_not_grow_with_the_input(tmp_path: Path, bundle: Path) -> None:

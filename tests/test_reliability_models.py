@@ -190,6 +190,16 @@ def test_sizes_each_within_their_ceiling_but_too_many_parameters_together_are_re
     ("electra", "embedding_size", 0, "config embedding_size must be a positive integer of at most 16,384, got 0"),
     ("deberta-v2", "max_relative_positions", 10**9, "config max_relative_positions must be a positive integer"),
     ("modernbert", "local_attention", "wide", "config local_attention must be a positive integer"),
+    ("modernbert", "local_attention", 0, "config local_attention must be a positive integer"),
+    ("modernbert", "local_attention", -2, "config local_attention must be a positive integer"),
+    ("modernbert", "local_attention", 7, "config local_attention must be even (half of the window on each side), got 7"),
+    ("modernbert", "global_attn_every_n_layers", 0, "config global_attn_every_n_layers must be a positive integer"),
+    ("modernbert", "global_rope_theta", 0, "config rope_theta of full_attention layers must be a positive number, got 0"),
+    ("modernbert", "global_rope_theta", float("nan"), "config rope_theta of full_attention layers must be a positive number, got nan"),
+    ("deberta-v2", "position_buckets", 0, "does not match the weights"),
+    ("deberta-v2", "pos_att_type", ["c2p", "zzz"], "pos_att_type 'zzz' is not supported for deberta-v2"),
+    ("roberta", "pad_token_id", 10**6, "config pad_token_id must be a token id from 0 to 99, got 1000000"),
+    ("distilbert", "n_heads", 3, "hidden_size 128 is not a multiple of num_attention_heads 3"),
 ])
 def test_every_config_field_is_typed_and_ranged_in_one_line(
     tmp_path: Path, families: dict[str, Path], arch: str, key: str, value: Any, message: str
@@ -200,6 +210,19 @@ def test_every_config_field_is_typed_and_ranged_in_one_line(
         ModelConfig.load(d)
     assert e.value.message.startswith(f"{p}: ") and message in e.value.message, e.value.message
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("arch, claim", [("bert", "roberta"), ("roberta", "bert"), ("distilbert", "bert"), ("modernbert", "electra")])
+def test_weights_of_another_family_than_config_json_names_are_refused(tmp_path: Path, families: dict[str, Path],
+                                                                     arch: str, claim: str) -> None:
+    """A BERT checkpoint whose config.json says roberta fine-tuned and exported before (exit 0), its
+    weights loaded into RoBERTa's blocks."""
+    from mlmkit.rundir.checkpoint import load_state_dict
+
+    d = Path(shutil.copytree(families[arch], tmp_path / arch))
+    edit_config(d, model_type=claim)
+    with pytest.raises(ConfigError, match=f"config.json says model_type '{claim}', but the weights are a {arch} model's"):
+        load_state_dict(d, ModelConfig.load(d))
 
 
 def test_num_labels_has_a_ceiling(tmp_path: Path, families: dict[str, Path]) -> None:

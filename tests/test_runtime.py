@@ -141,6 +141,9 @@ def test_fill_mask_pairs_and_top_k_limit(bundles):
         pipe(["a [MASK]"], top_k=6)
     with pytest.raises(DataFormatError, match="'text' field"):
         pipe([{"sentence": "a [MASK]"}])
+    for pair in (7, ["on the [MASK]"], {"text": "x"}):  # never dropped without a word, as classification answers
+        with pytest.raises(DataFormatError, match="text_pair.*must be a text"):
+            pipe([{"text": "the [MASK] sat", "text_pair": pair}])
 
 
 # ---- task pipelines ----------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def predict(
     if not examples:
         return Predicted([], ctx, [])
     features = task.featurize(examples, tokenizer, ctx, training=False)
-    _check_features(task, features, len(examples))
+    check_features(task, features, len(examples))
     outputs = run_features(features, forward, task.outputs, pad_id=special_ids(tokenizer).pad, batch_size=batch_size,
                            max_tokens=max_tokens, progress=progress, per_feature=len(examples) / max(1, len(features)))
     if calibrate:
@@ -121,15 +121,24 @@ def evaluate(
     return task.compute_metrics(got.predictions, examples, got.ctx), got
 
 
-def _check_features(task: Plugin, features: list[Feature], n_examples: int) -> None:
-    """Every feature must say which example it belongs to, and every example must have one."""
-    seen = set()
-    for f in features:
-        i = f.get(EXAMPLE)
-        if not isinstance(i, int) or not 0 <= i < n_examples:
-            raise TaskError(f"task '{task.name}': a feature has no valid '{EXAMPLE}' index ({i!r})",
-                            f"featurize must set feature['{EXAMPLE}'] to the index of its example")
+def check_features(task: Plugin, features: list[Feature], n_examples: int, *, grouped: bool = False,
+                   complete: bool = True) -> None:
+    """Every feature must say which example it belongs to, and (``complete``) every example must have
+    one; with ``grouped`` (a task's training features, group_features), an example's features come one
+    after another: features interleaved with another example's would be merged without a word."""
+    seen: set[int] = set()
+    last = None
+    for n, f in enumerate(features):
+        i = f.get(EXAMPLE) if isinstance(f, dict) else None
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_examples:
+            raise TaskError(f"task '{task.name}' ({task.distribution}): feature {n} has no valid '{EXAMPLE}' index ({i!r})",
+                            f"featurize must set feature['{EXAMPLE}'] to the index of its example, 0 to {n_examples - 1}")
+        if grouped and i != last and i in seen:
+            raise TaskError(f"task '{task.name}' ({task.distribution}): the features of example {i} are not together "
+                            f"(feature {n} follows another example's)",
+                            "featurize must give an example's features one after another (group_features)")
         seen.add(i)
-    if len(seen) != n_examples:
+        last = i
+    if complete and len(seen) != n_examples:
         raise TaskError(f"task '{task.name}': {n_examples - len(seen)} of {n_examples} examples got no feature",
                         "featurize must give every example at least one feature")

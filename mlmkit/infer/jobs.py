@@ -152,6 +152,29 @@ def _error(e: Exception) -> dict[str, Any]:
 
 
 # ---- resumable output ---------------------------------------------------------------------------
+PROGRESS_COUNTS = ("windows", "records", "results", "errors")
+
+
+def _progress(path: Path, job: Path) -> dict[str, Any]:
+    """progress.json as a Job writes it, or one line naming the field that is not (a damaged or
+    hand-edited file): the counts whole numbers, 0 or more, ``what`` and ``counts`` objects."""
+    p = read_json(path)
+    hint = f"delete {job} to start over"
+    if not isinstance(p, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(p).__name__}", hint)
+    for k in PROGRESS_COUNTS:
+        v = p.get(k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"{path}: field {k} must be a whole number, 0 or more, got {v!r}", hint)
+    for k in ("what", "counts"):
+        if not isinstance(p.get(k, {}), dict):
+            raise ConfigError(f"{path}: field {k} must be an object, got {p[k]!r}", hint)
+    bad = [k for k, v in p.get("counts", {}).items() if isinstance(v, bool) or not isinstance(v, int)]
+    if bad:
+        raise ConfigError(f"{path}: counts.{bad[0]} must be a whole number, got {p['counts'][bad[0]]!r}", hint)
+    return p
+
+
 class Job:
     """The job directory of an output file: part files of finished windows, and progress.json."""
 
@@ -166,13 +189,13 @@ class Job:
         self.schema: Any = None  # Parquet: the parts' schemas unified, and the id column's type in it
         self.id_type: Any = None
         progress = self.dir / "progress.json"
-        if progress.exists() and not resume and read_json(progress).get("windows") == 0:
+        if progress.exists() and not resume and _progress(progress, self.dir).get("windows") == 0:
             self.discard()  # a job that finished nothing has nothing to keep
         if progress.exists():
             if not resume:
                 raise ConfigError(f"an unfinished job for {self.output} is in {self.dir}",
                                   "pass --resume to continue it, or delete that directory to start over")
-            p = read_json(progress)
+            p = _progress(progress, self.dir)
             changed = [k for k in sorted({*p.get("what", {}), *self.what}) if p.get("what", {}).get(k) != self.what.get(k)]
             if changed:
                 raise ConfigError(f"--resume: the job in {self.dir} was for other {', '.join(changed)}",

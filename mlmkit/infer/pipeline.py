@@ -398,7 +398,9 @@ def _text_pair(item: str | dict[str, Any]) -> tuple[str, str | None]:
         return item, None
     if isinstance(item, dict) and isinstance(item.get("text"), str):
         pair = item.get("text_pair")
-        return item["text"], pair if isinstance(pair, str) else None
+        if pair is not None and not isinstance(pair, str):  # read as no pair, it would be dropped without a word
+            raise DataFormatError("<input>", f"must be a text, got {type(pair).__name__}", field="text_pair")
+        return item["text"], pair
     have = ", ".join(item) if isinstance(item, dict) else type(item).__name__
     raise DataFormatError("<input>", f"expected a text or a record with a 'text' field, got: {have}", field="text")
 

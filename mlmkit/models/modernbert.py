@@ -27,6 +27,7 @@ and after ``Wo``, as there), ``mlp_dropout`` read by the MLP itself. In eval mod
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import torch
@@ -94,7 +95,7 @@ def rope_theta(config: Any, kind: str) -> float:
     theta = p.get("rope_theta")
     if theta is None:
         theta = config.extra.get(OLD_THETA_KEY[kind], DEFAULT_THETA[kind])
-    if isinstance(theta, bool) or not isinstance(theta, int | float) or theta <= 0:
+    if isinstance(theta, bool) or not isinstance(theta, int | float) or not 0 < theta < math.inf:  # NaN too
         raise ConfigError(f"config rope_theta of {kind} layers must be a positive number, got {theta!r}", "fix the config.json")
     return float(theta)
 
@@ -347,7 +348,10 @@ class ModernBert(Family):
         types = layer_types(config)
         for kind in sorted(set(types)):
             rope_theta(config, kind)
-        _positive_int(config, "local_attention", DEFAULT_WINDOW)
+        window = _positive_int(config, "local_attention", DEFAULT_WINDOW)
+        if window % 2:  # transformers attends local_attention // 2 each side: an odd window is one it never runs
+            raise ConfigError(f"config local_attention must be even (half of the window on each side), got {window}",
+                              "fix the config.json")
         pool = self.sequence_pool(config)
         if pool not in ("cls", "mean"):
             raise ConfigError(f"config classifier_pooling must be 'cls' or 'mean', got {pool!r}", "fix the config.json")

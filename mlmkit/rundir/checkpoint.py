@@ -68,12 +68,29 @@ def load_state_dict(run_dir: str | Path, config: Any = None) -> dict[str, torch.
         sd.update(part)
     if config is None:
         config = ModelConfig.load(d) if (d / "config.json").is_file() else ModelConfig()
-    sd = config.family.from_family({_normalise_key(k): v for k, v in sd.items()})
+    sd = {_normalise_key(k): v for k, v in sd.items()}
+    _check_family(d, config, sd)
+    sd = config.family.from_family(sd)
     # transformers ties the decoder bias to cls.predictions.bias; keep the one we use
     if "cls.predictions.decoder.bias" in sd:
         sd.setdefault("cls.predictions.bias", sd["cls.predictions.decoder.bias"])
         del sd["cls.predictions.decoder.bias"]
     return sd
+
+
+def _check_family(d: Path, config: Any, sd: dict[str, Any]) -> None:
+    """The weights are of the family config.json names: keys under another family's backbone (a BERT
+    checkpoint whose config says roberta) would load into the wrong blocks without a word."""
+    from mlmkit.models import FAMILIES
+
+    roots = {k.split(".", 1)[0] for k in sd}
+    own = config.family.prefix
+    others = {f.prefix: f.name for f in FAMILIES if f.prefix != own}
+    foreign = sorted(roots & set(others))
+    if foreign and own not in roots:
+        raise ConfigError(f"{d}: config.json says model_type {config.model_type!r}, but the weights are a {others[foreign[0]]} "
+                          f"model's (their keys start with '{foreign[0]}.')",
+                          "fix model_type in config.json, or give the checkpoint these weights belong to")
 
 
 def load_weights(

@@ -207,6 +207,7 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> dict[str, An
         log.info("dropping %d weights the %s model does not use (e.g. %s)", len(dropped), task.name, dropped[0])
 
     features = task.featurize(train_ex, tok, ctx, training=True)
+    evaluation.check_features(task, features, len(train_ex), grouped=task.group_features, complete=False)
     data = FeatureData(features, task, args.batch_size, special_ids(tok).pad, args.train.seed)
     evaluator = None
     if args.eval_file is not None:
