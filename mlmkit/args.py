@@ -406,6 +406,8 @@ class ServeArgs(Args):
     timeout_keep_alive: float = arg(5.0, "Seconds an idle keep-alive connection stays open between requests.")
     header_timeout: float = arg(10.0, "Seconds a client has to send a request's line and headers; then the "
                                       "connection is closed (slow or silent clients cannot hold connections).")
+    max_connections: int = arg(0, "Most open connections, idle ones too; more are answered 503 and closed (0: the "
+                                  "process's open-file limit less 64, at most 4096).")
     ssl_keyfile: Path | None = arg(None, "TLS: the private key file (with --ssl-certfile: serve https).")
     ssl_certfile: Path | None = arg(None, "TLS: the certificate file (with --ssl-keyfile).")
 
@@ -428,6 +430,8 @@ class ServeArgs(Args):
                 raise ConfigError(f"{flag(ServeArgs, name)} must be between 0 and 3600 seconds, got {value}")
         if self.max_queue < 0:
             raise ConfigError(f"--max-queue must be 0 (the default size) or more, got {self.max_queue}")
+        if self.max_connections < 0:
+            raise ConfigError(f"--max-connections must be 0 (from the open-file limit) or more, got {self.max_connections}")
         if not _finite(self.request_timeout) or not 0 < self.request_timeout <= 3600:
             raise ConfigError(f"--request-timeout must be more than 0 and at most 3600 seconds, got {self.request_timeout}")
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):

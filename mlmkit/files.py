@@ -140,14 +140,20 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _DIGITS = re.compile(r"value has (\d+) digits")
 
 
-def parse_json(text: str) -> Any:
+def parse_json(text: str, *, strict: bool = False) -> Any:
     """json.loads, where what is no data is malformed JSON like any other (json.JSONDecodeError, a
     ValueError, with the position): a document nested too deeply for Python's parser ("[[[[..."),
     and, as JSONDataError, a lone surrogate ("\\ud800": no character, so no UTF-8 can hold it; a
     pair such as "\\ud83d\\ude00" is one character and fine) and an integer longer than Python
-    converts (sys.get_int_max_str_digits(), 4300 digits by default)."""
+    converts (sys.get_int_max_str_digits(), 4300 digits by default). ``strict`` (a request body):
+    NaN / Infinity, which JSON does not have, and a key twice in one object (which one would count?)
+    are JSONDataError too."""
+    kw: dict[str, Any] = {} if sys.get_int_max_str_digits() else {"parse_int": _bounded_int}
+    if strict:
+        kw.update(parse_constant=lambda name: _not_json(f"{name} is not a JSON number", text, name),
+                  object_pairs_hook=lambda pairs: _unique_keys(pairs, text))
     try:
-        value = json.loads(text) if sys.get_int_max_str_digits() else json.loads(text, parse_int=_bounded_int)
+        value = json.loads(text, **kw)
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", text[:100], 0) from None
     except json.JSONDecodeError:
@@ -164,6 +170,19 @@ def parse_json(text: str) -> Any:
         if lone is not None:
             raise JSONDataError(f"lone surrogate {text[lone:lone + 6].lower()} in a string", text, lone)
     return value
+
+
+def _not_json(message: str, text: str, near: str) -> Any:
+    raise JSONDataError(message, text, max(0, text.find(near)))
+
+
+def _unique_keys(pairs: list[tuple[str, Any]], text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            _not_json(f"the key {k!r} twice in one object", text, json.dumps(k))
+        out[k] = v
+    return out
 
 
 def _bounded_int(digits: str) -> int:

@@ -388,12 +388,29 @@ def test_odd_json_values_are_4xx(server: Server) -> None:
         r = httpx.post(server.url + "/v1/models/clf/predict", content=body, headers={**auth(), "Content-Type": "application/json"},
                        timeout=30)
         assert 400 <= r.status_code < 500, (r.status_code, r.text)
+    for body, said in (('{"input": "a", "input": ["b", "c"]}', "the key 'input' twice in one object"),  # which one counts?
+                       ('{"inputs": "a", "dimensions": NaN}', "NaN is not a JSON number")):
+        r = httpx.post(server.url + "/embed", content=body, headers={**auth(), "Content-Type": "application/json"}, timeout=30)
+        assert r.status_code == 400 and said in r.json()["error"], r.text
     assert metric(server, "mlmkit_requests_total", model="clf", status="500") == 0
 
 
 def test_silent_and_slow_clients_are_cut_off_and_a_busy_port_is_one_line(bundles, tmp_path: Path) -> None:
-    s = Server(tmp_path, bundles["clf"], "--header-timeout", "1", "--timeout-keep-alive", "1")
+    s = Server(tmp_path, bundles["clf"], "--header-timeout", "1", "--timeout-keep-alive", "1", "--max-connections", "40")
     try:
+        big = socket.create_connection(("127.0.0.1", s.port))  # a request head of megabytes: 431, closed
+        big.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2_000_000 + b"\r\n\r\n")
+        big.settimeout(5)
+        assert big.recv(100).startswith(b"HTTP/1.1 431")
+        big.close()
+        body = json.dumps({"inputs": ["a fine film " * 20_000]})  # a large body after a small head still counts
+        assert s.post("clf", body, headers={"Content-Type": "application/json"}).status_code == 200
+        idle = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(45)]  # past --max-connections
+        time.sleep(0.3)
+        assert httpx.get(s.url + "/health", timeout=10).status_code == 503  # answered and closed, no file descriptor lost
+        for c in idle:
+            c.close()
+        time.sleep(0.3)
         silent = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(30)]
         slow = socket.create_connection(("127.0.0.1", s.port))
         slow.sendall(b"POST /v1/models/clf/predict HTTP/1.1\r\nHost: x\r\n")  # a head never finished

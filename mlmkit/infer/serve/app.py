@@ -334,7 +334,7 @@ async def _read_json(request: Request, args: ServeArgs) -> Any:
     except ClientDisconnect:  # not an error of the server's: counted, never logged with a traceback
         raise HTTPError(499, "the client closed the connection while sending its request") from None
     try:
-        return parse_json(b"".join(chunks).decode("utf-8"))
+        return parse_json(b"".join(chunks).decode("utf-8"), strict=True)
     except UnicodeDecodeError:
         raise HTTPError(400, "the request body is not UTF-8", "send UTF-8 JSON") from None
     except json.JSONDecodeError as e:

@@ -35,7 +35,8 @@ def serve(args: ServeArgs) -> None:
     config = uvicorn.Config(app, host=args.host, port=args.port, access_log=args.access_log, log_level="info",
                             timeout_graceful_shutdown=args.drain_seconds, log_config=None,
                             timeout_keep_alive=args.timeout_keep_alive, h11_max_incomplete_event_size=HEADER_BYTES,
-                            http=header_timeout_protocol(args.header_timeout), **tls)
+                            limit_concurrency=max_connections(args), http=header_timeout_protocol(args.header_timeout),
+                            **tls)
     server = _draining_server(config, app.state.mlmkit, args.drain_seconds)
     ours = logging.getLogger("mlmkit")
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):  # uvicorn's lines go where mlmkit's go
@@ -48,7 +49,23 @@ def serve(args: ServeArgs) -> None:
 
 
 HEADER_BYTES = 64 * 1024
-"""Largest request head (request line and headers) a client may send."""
+"""Largest request head (request line and headers) a client may send; more is a 431 and the
+connection closed (h11 has the limit built in, httptools does not: the protocol below counts)."""
+
+
+def max_connections(args: ServeArgs) -> int:
+    """--max-connections, or the open-file limit less 64 (the models', logs' and sockets' own files),
+    at most 4096: past it a connection is answered 503 and closed, never an accept() that fails for
+    want of a file descriptor."""
+    if args.max_connections:
+        return args.max_connections
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        soft = 1024
+    return max(16, min(4096, (soft if soft > 0 else 4096 + 64) - 64))
 
 
 def header_timeout_protocol(seconds: float) -> type:
@@ -63,6 +80,8 @@ def header_timeout_protocol(seconds: float) -> type:
     class HeadTimeout(base):  # type: ignore[misc, valid-type]
         _timer: Any = None
         _armed_for: Any = None
+        _head: int | None = None  # bytes of the request head so far; None once it is complete
+        _tail = b""  # the last bytes read of it
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -71,6 +90,19 @@ def header_timeout_protocol(seconds: float) -> type:
         def data_received(self, data: bytes) -> None:
             if self._timer is None and (self.cycle is None or self.cycle.response_complete):
                 self._arm()  # the next request's head begins
+            if self._head is not None:  # its bytes up to the blank line that ends it (which two reads may split)
+                seen = self._tail + data
+                end = seen.find(b"\r\n\r\n")
+                self._head += len(data) if end < 0 else end + 4 - len(self._tail)
+                self._tail = seen[-3:]
+                if self._head > HEADER_BYTES:
+                    self._disarm()
+                    self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
+                                         b"connection: close\r\n\r\n")
+                    self.transport.close()
+                    return
+                if end >= 0:
+                    self._head = None
             super().data_received(data)
             if self._timer is not None and self.cycle is not None and self.cycle is not self._armed_for:
                 self._disarm()  # its head is complete: a request cycle has begun
@@ -80,6 +112,7 @@ def header_timeout_protocol(seconds: float) -> type:
             super().connection_lost(exc)
 
         def _arm(self) -> None:
+            self._head, self._tail = 0, b""
             self._armed_for = self.cycle
             self._timer = self.loop.call_later(seconds, self._expire)
 
