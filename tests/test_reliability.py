@@ -420,3 +420,20 @@ def test_os_errors_name_the_file_not_a_temporary(tmp_path: Path) -> None:
         assert e.value.filename == str(ro / "out.txt")
     finally:
         ro.chmod(0o700)
+
+
+@pytest.mark.parametrize("files", [
+    {"tokenizer.json": '{"version": "1.0", "model": {"type": "WordPiece", "vocab": '},  # cut short
+    {"tokenizer.json": '{"version": "1.0", "model": {"type": "Nope"}}'},
+    {"vocab.json": '{"a": 1}', "merges.txt": "#version\nab c d e\n"},
+    {"spm.model": "\x00\x01 not a sentencepiece model \xff" * 10},
+])
+def test_a_damaged_tokenizer_file_is_one_line(tmp_path: Path, files: dict[str, str]) -> None:
+    from mlmkit.errors import ConfigError
+    from mlmkit.text.tokenizer import load_tokenizer
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(text, encoding="latin-1")
+    with pytest.raises(ConfigError) as e:
+        load_tokenizer(tmp_path)
+    assert str(tmp_path) in str(e.value) and "\n" not in str(e.value), str(e.value)

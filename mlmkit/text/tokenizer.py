@@ -283,8 +283,10 @@ def _from_sentencepiece(d: Path) -> Tokenizer:
         fast = transformers.AutoTokenizer.from_pretrained(str(d), use_fast=True)
         tok = Tokenizer.from_str(fast.backend_tokenizer.to_str())
     except Exception as e:  # the converter raises ImportError, ValueError ... depending on what is missing
-        raise ConfigError(f"{d}: the SentencePiece model could not be converted ({str(e)[:200]})",
-                          "pip install 'mlmkit[convert]' (transformers, sentencepiece, protobuf), or save a tokenizer.json") from None
+        said = " ".join(str(e).split())[:200] or type(e).__name__  # one line: transformers' messages have several
+        raise ConfigError(f"{d}: the SentencePiece model could not be converted ({said})",
+                          "check the .model file, or pip install 'mlmkit[convert]' (transformers, sentencepiece, protobuf), "
+                          "or save a tokenizer.json") from None
     special_ids(tok)
     return prepare(tok)
 
