@@ -375,13 +375,13 @@ def test_two_processes_share_one_sqlite_study(clf, tmp_path):
     import optuna
 
     db = f"sqlite:///{tmp_path / 'shared.db'}"
-    cmds = [sweep_cmd(clf, tmp_path / f"m{i}", "--trials", "5", "--storage", db, "--study", "shared") for i in range(2)]
+    cmds = [sweep_cmd(clf, tmp_path / f"m{i}", "--trials", "3", "--storage", db, "--study", "shared") for i in range(2)]
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
     study = optuna.load_study(study_name="shared", storage=db)
     done = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
-    assert 5 <= len(done) <= 6  # each process checks the count after its trial: one may start a last one
+    assert 3 <= len(done) <= 4  # each process checks the count after its trial: one may start a last one
     assert len({t.number for t in study.trials}) == len(study.trials)
     assert len({t.user_attrs["host"] for t in done}) == 2  # both processes ran trials of the one study
     bests = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
