@@ -699,3 +699,25 @@ def test_an_unknown_task_option_is_refused_from_the_cli_with_the_valid_ones(tmp_
     assert "its options: --label-all-tokens, --aggregation, --scheme" in msg
     with pytest.raises(ConfigError, match="task option --scheme must be one of"):
         registry.get_task("tagging").resolve_options({"scheme": "iob3"})
+
+
+def test_every_option_flag_acts_or_is_refused_for_every_task() -> None:
+    """The task-option flags (--top-k, --pooling, --doc-stride ...) reach a task as options: a task
+    that declares the option takes it, every other one refuses it in one line naming the flag and
+    task and the tasks that have it (an accepted-and-ignored flag cannot come back this way)."""
+    from mlmkit.cli.common import OPTION_FLAGS
+    from mlmkit.plugin.registry import get_task, tasks
+
+    sample = {int: 3, float: 0.5, bool: True, str: "x"}
+    for name in sorted(tasks()):
+        task = get_task(name)
+        declared = {o.name: o for o in task.options}
+        for option, (kind, flag, *_) in OPTION_FLAGS.items():
+            if option in declared:  # acts: the value given is the value the task runs with
+                assert task.resolve_options({option: declared[option].default})[option] == declared[option].default
+                continue
+            shown = flag.split("/")[0]
+            takers = sorted(n for n in tasks() if any(o.name == option for o in get_task(n).options))
+            with pytest.raises(ConfigError, match=f"{re.escape(shown)} is not an option of task '{re.escape(name)}'") as e:
+                task.resolve_options({option: sample[kind]})
+            assert not takers or f"(the tasks that have it: {', '.join(takers)})" in str(e.value), str(e.value)

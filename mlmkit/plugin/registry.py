@@ -377,7 +377,9 @@ class Plugin:
             if k not in declared:
                 known = ", ".join(o.flag for o in self.options) or "none"
                 given_as = f"--{k.replace('_', '-')}" if k in FLAG_OPTIONS else f"--option {k}"
-                raise ConfigError(f"{given_as} is not an option of task '{self.name}'", f"its options: {known}")
+                takers = sorted(n for n, p in tasks().items() if any(o.name == k for o in p.options))
+                raise ConfigError(f"{given_as} is not an option of task '{self.name}'"
+                                  + (f" (the tasks that have it: {', '.join(takers)})" if takers else ""), f"its options: {known}")
             value = declared[k].parse(v)
             if model and declared[k].fixed and value != values[k]:
                 raise ConfigError(f"{declared[k].flag} is built into this model ({values[k]!r}); it cannot be {value!r} here",
