@@ -401,6 +401,8 @@ def main() -> None:
 
 def rerank_rows(work: Path) -> None:
     """(query, document, label) rows from BM25-mined training rows: the positive 1, 3 negatives of ranks 10:100 0."""
+    from mlmkit.text.readers import numbered
+
     mined = work / "rerank-mined.jsonl"
     mined.unlink(missing_ok=True)
     run_watched("mine", [sys.executable, "-m", "mlmkit", "mine", str(work / "set"), "--out", str(mined), "--negatives", "3",
@@ -408,7 +410,7 @@ def rerank_rows(work: Path) -> None:
     with open(work / "rerank-rows.jsonl", "w", encoding="utf-8") as f:
         for line in open(mined, encoding="utf-8"):
             r = json.loads(line)
-            for k, y in (("positive", 1), *((k, 0) for k in sorted(r) if k.startswith("negative_"))):
+            for k, y in (("positive", 1), *((k, 0) for k in numbered(r, "negative"))):
                 f.write(json.dumps({"query": r["anchor"], "document": r[k], "label": y}) + "\n")
 
 

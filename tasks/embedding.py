@@ -67,6 +67,7 @@ from mlmkit.plugin.taskkit import (
     tokenizer_settings,
 )
 from mlmkit.text.beir import is_beir, read_split
+from mlmkit.text.readers import numbered
 
 log = logging.getLogger("mlmkit")
 
@@ -249,8 +250,7 @@ def _text_id(ids: list[int]) -> int:
 
 def _negative_columns(fields: Mapping[str, Any], prefix: str) -> list[str]:
     """``negative``, then ``negative_1``, ``negative_2`` ... (by number) among a record's fields."""
-    numbered = sorted((int(k[len(prefix) + 1:]), k) for k in fields if k.startswith(prefix + "_") and k[len(prefix) + 1:].isdigit())
-    return ([prefix] if prefix in fields else []) + [k for _, k in numbered]
+    return ([prefix] if prefix in fields else []) + numbered(fields, prefix)
 
 
 def _as_retrieval(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

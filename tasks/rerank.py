@@ -54,6 +54,7 @@ from mlmkit.plugin.taskkit import (
     tokenizer_settings,
 )
 from mlmkit.text.beir import is_beir, read_split
+from mlmkit.text.readers import numbered
 
 log = logging.getLogger("mlmkit")
 
@@ -153,8 +154,8 @@ class RerankTask:
             query = rec.text(qcol)
             ex = by_query.setdefault(query, {"query": query, "docs": [], "labels": [], "source": rec.source, "line": rec.line})
             if "positive" in fields:
-                negs = sorted((int(k[9:]), k) for k in fields if k.startswith("negative_") and k[9:].isdigit())
-                texts = [rec.text("positive")] + [t for t in (rec.text(k, required=False) for _, k in negs) if t]
+                negs = numbered(fields, "negative")
+                texts = [rec.text("positive")] + [t for t in (rec.text(k, required=False) for k in negs) if t]
                 ex["docs"] += texts
                 ex["labels"] += [top] + [0.0] * (len(texts) - 1)
             else:

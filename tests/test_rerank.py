@@ -21,6 +21,7 @@ from mlmkit.errors import ConfigError, DataFormatError, TaskError
 from mlmkit.infer.mining import mine
 from mlmkit.plugin.registry import TaskContext, get_task
 from mlmkit.quickstart.retrieval_set import write_retrieval_set
+from mlmkit.text.readers import numbered
 from mlmkit.train import losses
 
 runner = CliRunner()
@@ -99,7 +100,7 @@ def _shuffled_rows(mined, out, seed: int = 0):
     with open(out, "w") as f:
         for line in open(mined):
             r = json.loads(line)
-            cands = [(r["positive"], 1)] + [(r[k], 0) for k in sorted(r) if k.startswith("negative_")]
+            cands = [(r["positive"], 1)] + [(r[k], 0) for k in numbered(r, "negative")]
             rng.shuffle(cands)
             f.writelines(json.dumps({"query": r["anchor"], "document": d, "label": y}) + "\n" for d, y in cands)
 

@@ -26,7 +26,7 @@ from mlmkit.files import exclusive
 from mlmkit.infer.jobs import Done, Job, Window, job_dir, owned_output, remove_empty
 from mlmkit.infer.retrieval import BM25, Dense
 from mlmkit.text.beir import is_beir, read_split, split_spec
-from mlmkit.text.readers import data_format, iter_jsonl, iter_records
+from mlmkit.text.readers import data_format, iter_jsonl, iter_records, numbered
 from mlmkit.text.records import identity
 
 log = logging.getLogger("mlmkit")
@@ -186,7 +186,7 @@ def _rescored(done: Done, scorer: Any) -> Done:
 
 
 def _documents(row: dict[str, Any]) -> list[str]:
-    return ["positive", *sorted((k for k in row if k.startswith("negative_")), key=lambda k: int(k[9:]))]
+    return ["positive", *numbered(row, "negative")]
 
 
 def _mine_batch(batch: list[tuple[str, int]], retriever: Any, data: Pairs, args: MineArgs, window: tuple[int, int],

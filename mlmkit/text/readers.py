@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,13 @@ class Record:
 
 
 # ---- reading -----------------------------------------------------------------------------------
+def numbered(fields: Iterable[str], prefix: str) -> list[str]:
+    """The fields PREFIX_1, PREFIX_2 ... among ``fields``, by their number (negative_1, negative_2 ...
+    of a mined row); PREFIX_ with no number after it is not one of them."""
+    n = len(prefix) + 1
+    return [k for _, k in sorted((int(k[n:]), k) for k in fields if k.startswith(prefix + "_") and k[n:].isdigit())]
+
+
 def _checked(path: str | Path) -> Path:
     p = Path(path)
     if not p.is_file():

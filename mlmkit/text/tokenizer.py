@@ -193,15 +193,17 @@ def _train_wordpiece(tok: Tokenizer, texts: Iterable[str], vocab_size: int, min_
     while chunk := list(islice(it, 1024)):  # the normaliser makes the newlines spaces: no word spans two texts
         counts.update(w for w, _ in split(normalize("\n".join(chunk))))
 
+    spelled = {w: s for w in counts if (s := _continued(w))}
+
     def words() -> Iterable[str]:  # each distinct word spelled once, as often as it occurs (a few at a time)
-        for word, n in counts.items():
-            spelled = _continued(word)
-            for start in range(0, n if spelled else 0, 4096):
-                yield " ".join([spelled] * min(4096, n - start))
+        for word, s in spelled.items():
+            n = counts[word]
+            for start in range(0, n, 4096):
+                yield " ".join([s] * min(4096, n - start))
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    alphabet = sorted({c for w in counts if _continued(w) for c in w})  # every character may start a word, as in BERT's
+    alphabet = sorted({c for w in spelled for c in w})  # every character may start a word, as in BERT's
     bpe.train_from_iterator(words(), trainer=trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                                                   special_tokens=specials, initial_alphabet=alphabet))
     vocab = {(s if s in specials else _piece(s)): i for s, i in bpe.get_vocab().items()}
