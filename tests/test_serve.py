@@ -261,7 +261,7 @@ def test_an_internal_error_fails_only_its_own_request() -> None:
         def run_batch(self, feed: dict[str, Any]) -> None:
             pass
 
-        def __call__(self, items: list[Any], errors: dict | None = None) -> list[dict[str, Any]]:
+        def __call__(self, items: list[Any], errors: dict | None = None, tokens: list | None = None) -> list[dict[str, Any]]:
             self.calls.append(len(items))
             time.sleep(0.05)
             if "boom" in items:

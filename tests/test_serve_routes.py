@@ -63,7 +63,9 @@ def test_openai_client_gets_the_vectors_mlmkit_embed_writes(server: Server, bund
     assert r.exit_code == 0, r.output
     want = np.load(tmp_path / "v.npy")
     np.testing.assert_allclose(np.array([d.embedding for d in got.data]), want, atol=1e-6)
-    assert got.usage.prompt_tokens == got.usage.total_tokens > len(TEXTS)
+    # usage: the tokens the model ran on, counted by the pipeline (special tokens included)
+    counted = sum(len(e.ids) for e in Pipeline.load(bundles["emb"]).tokenizer.encode_batch(TEXTS))
+    assert got.usage.prompt_tokens == got.usage.total_tokens == counted > 2 * len(TEXTS)
     one = client.embeddings.create(model="emb", input=TEXTS[1])
     np.testing.assert_allclose(one.data[0].embedding, want[1], atol=1e-6)
     # base64 (little-endian float32, as OpenAI sends it) and Matryoshka dimensions: the first N, re-normalised
@@ -267,6 +269,8 @@ def test_rerank_routes_and_command_order_as_transformers(cross_encoder, tmp_path
         assert [x["index"] for x in r["results"]] == order[:3] and r["model"] == "ce"
         np.testing.assert_allclose([x["relevance_score"] for x in r["results"]], sigmoid[order[:3]], atol=1e-5)
         assert [x["document"]["text"] for x in r["results"]] == [DOCS[i] for i in order[:3]]
+        pairs = Pipeline.load(bundle).tokenizer.encode_batch([(QUERY, d) for d in DOCS])
+        assert r["usage"] == {"prompt_tokens": sum(len(e.ids) for e in pairs), "total_tokens": sum(len(e.ids) for e in pairs)}
         tei = httpx.post(s.url + "/rerank", json={"query": QUERY, "texts": DOCS, "raw_scores": True, "return_text": True},
                          timeout=30).json()
         assert [x["index"] for x in tei] == order and [x["text"] for x in tei] == [DOCS[i] for i in order]

@@ -33,14 +33,15 @@ Progress = Callable[[float], None]
 
 def run_features(
     features: Sequence[Feature], forward: Forward, outputs: Mapping[str, Sequence[str]], *, pad_id: int,
-    batch_size: int, max_tokens: int | None = None, progress: Progress | None = None, per_feature: float = 1.0,
+    batch_size: int, max_tokens: int | None = None, run_tokens: int | None = None, progress: Progress | None = None,
+    per_feature: float = 1.0,
 ) -> dict[str, list[np.ndarray]]:
     """The ``outputs`` of ``forward`` for each feature, in feature order (row r of a batch output is
     the feature at that batch's position r; per-token outputs are cut to the feature's length).
     Batches: see batching.bucket_batches."""
     lengths = [len(f["input_ids"]) for f in features]
     into: dict[str, list[Any]] = {name: [None] * len(features) for name in outputs}
-    for batch in bucket_batches(lengths, batch_size, max_tokens):
+    for batch in bucket_batches(lengths, batch_size, max_tokens, run_tokens):
         got = forward(pad_features([features[i] for i in batch], pad_id))
         for name, axes in outputs.items():
             arr, slot, trim = got[name], into[name], per_token(axes)
@@ -62,7 +63,8 @@ class Predicted:
 
 def predict(
     task: Plugin, examples: list[Example], tokenizer: Any, ctx: TaskContext, forward: Forward, *,
-    batch_size: int = 64, max_tokens: int | None = None, calibrate: bool = False, progress: Progress | None = None,
+    batch_size: int = 64, max_tokens: int | None = None, run_tokens: int | None = None, calibrate: bool = False,
+    progress: Progress | None = None,
 ) -> Predicted:
     """Predictions of ``forward`` for ``examples``. ``calibrate``: let the task tune its decision
     settings on these examples first (fine-tuning's evaluation set only: tuning them on the data
@@ -72,7 +74,7 @@ def predict(
     features = task.featurize(examples, tokenizer, ctx, training=False)
     check_features(task, features, len(examples))
     outputs = run_features(features, forward, task.outputs, pad_id=special_ids(tokenizer).pad, batch_size=batch_size,
-                           max_tokens=max_tokens, progress=progress, per_feature=len(examples) / max(1, len(features)))
+                           max_tokens=max_tokens, run_tokens=run_tokens, progress=progress, per_feature=len(examples) / max(1, len(features)))
     if calibrate:
         ctx = ctx.with_state(task.calibrate(outputs, features, examples, ctx))
     preds = task.postprocess(outputs, features, examples, ctx)
@@ -112,12 +114,13 @@ def warn_truncated(n: int, total: int, max_length: int) -> None:
 
 def evaluate(
     task: Plugin, examples: list[Example], tokenizer: Any, ctx: TaskContext, forward: Forward, *,
-    batch_size: int = 64, max_tokens: int | None = None, calibrate: bool = False,
+    batch_size: int = 64, max_tokens: int | None = None, run_tokens: int | None = None, calibrate: bool = False,
 ) -> tuple[dict[str, Any], Predicted]:
     """The task's metrics of ``forward`` on labelled ``examples``, and the predictions behind them."""
     if not examples:
         raise TaskError("no examples to score", "check the evaluation data")
-    got = predict(task, examples, tokenizer, ctx, forward, batch_size=batch_size, max_tokens=max_tokens, calibrate=calibrate)
+    got = predict(task, examples, tokenizer, ctx, forward, batch_size=batch_size, max_tokens=max_tokens,
+                  run_tokens=run_tokens, calibrate=calibrate)
     return task.compute_metrics(got.predictions, examples, got.ctx), got
 
 

@@ -49,6 +49,7 @@ from mlmkit.infer.bundle import (
 )
 from mlmkit.infer.evaluation import Progress
 from mlmkit.plugin.registry import (
+    EXAMPLE,
     LABEL,
     Plugin,
     TaskContext,
@@ -66,6 +67,14 @@ CPU_BATCH_ACTIVATIONS = 196_608
 """On the CPU a batch ends before rows x longest x hidden size passes this (512 tokens at hidden
 384, 256 at hidden 768): batches whose activations stay in the cores' caches ran up to 1.5x faster
 than batches of 32 at any length (README, "Speed"). On CUDA, batches are cut by count only."""
+
+CPU_RUN_TOKENS = 16
+"""On the CPU one onnxruntime run costs a fixed time, the weights read from memory once, plus a time
+per padded token: the MiniLM-size classifier took 2.5 ms + 0.15 ms a token (2026-12-02, AMD EPYC, 2
+threads), so a run is worth about 17 tokens of padding, whatever the model's size (both terms grow
+with its weights). The batches of a call are cut where that costs least (batching.bucket_batches):
+calls of 8 / 32 / 64 random sentences ran 1.19x / 1.13x / 1.07x faster than cut only when full
+(docs/performance.md, "Cutting batches")."""
 
 
 def make_session(model: str | Path, *, device: str = "cpu", threads: int | None = None, spin: bool = True) -> ort.InferenceSession:
@@ -119,6 +128,7 @@ class Pipeline:
             raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
         self.path, self.meta, self.tokenizer, self.session, self.batch_size = path, meta, tokenizer, session, batch_size
         self.batch_tokens: int | None = None  # batching.bucket_batches' max_tokens; set by load
+        self.run_tokens: int | None = None  # and its run_tokens (the CPU's cost of one more run); set by load
         self.device = "cpu"
         self.max_length = int(meta["max_length"])
         self.pad_id = int(meta["tokenizer"]["pad_id"])
@@ -221,6 +231,8 @@ class Pipeline:
             pipe.batch_tokens = batch_tokens or None
         elif "CUDAExecutionProvider" not in pipe.providers and isinstance(hidden, int) and hidden > 0:
             pipe.batch_tokens = max(1, CPU_BATCH_ACTIVATIONS // hidden)
+        if "CUDAExecutionProvider" not in pipe.providers:
+            pipe.run_tokens = CPU_RUN_TOKENS
         return pipe
 
     def identity(self) -> dict[str, Any]:
@@ -231,10 +243,13 @@ class Pipeline:
         return {"path": str(self.path.resolve()), "model_bytes": g.st_size, "model_mtime_ns": g.st_mtime_ns, "mlmkit_json_sha256": desc}
 
     def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
-                 errors: dict[int, MlmkitError] | None = None, **options: Any) -> list[dict[str, Any]]:
+                 errors: dict[int, MlmkitError] | None = None, tokens: list[int] | None = None,
+                 **options: Any) -> list[dict[str, Any]]:
         """One result per input, in order. ``first``: the number of the first input, for messages
         ("input 7: empty text"); ``errors``: collect a bad input's error here, by its position, and
-        give None for it instead of stopping."""
+        give None for it instead of stopping; ``tokens``: filled with each input's tokens, the ones
+        the model ran on (special tokens and a prompt included, a window's each time; a bad input 0):
+        a server's ``usage`` without tokenizing again."""
         raise NotImplementedError
 
     @property
@@ -335,15 +350,21 @@ class FillMaskPipeline(Pipeline):
 
     def __call__(
         self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
-        errors: dict[int, MlmkitError] | None = None, top_k: int | None = None, **options: Any,
+        errors: dict[int, MlmkitError] | None = None, tokens: list[int] | None = None, top_k: int | None = None,
+        **options: Any,
     ) -> list[dict[str, Any]]:
         k = self._top_k(top_k, options)
         kept, pairs = self._each(inputs, first, _text_pair, errors)
         if len(kept) < len(inputs):
-            return self._aligned(len(inputs), kept, self([{"text": a, "text_pair": b} for a, b in pairs], progress=progress,
-                                                         top_k=top_k))
+            counted: list[int] | None = None if tokens is None else []
+            got = self([{"text": a, "text_pair": b} for a, b in pairs], progress=progress, tokens=counted, top_k=top_k)
+            if tokens is not None and counted is not None:
+                tokens[:] = [c or 0 for c in self._aligned(len(inputs), kept, counted)]
+            return self._aligned(len(inputs), kept, got)
         clip = lambda t: clip_text(self._alias(t), self.tokenizer, self.max_length)  # noqa: E731
         encs = self.tokenizer.encode_batch([(clip(a), clip(b)) if b is not None else clip(a) for a, b in pairs]) if pairs else []
+        if tokens is not None:
+            tokens[:] = [len(e.ids) for e in encs]
         results: list[dict[str, Any]] = []
         todo: list[int] = []
         for i, ((a, b), enc) in enumerate(zip(pairs, encs)):
@@ -362,7 +383,7 @@ class FillMaskPipeline(Pipeline):
         if progress is not None and len(todo) < len(results):
             progress(len(results) - len(todo))  # texts without [MASK] are done already
         lengths = [len(encs[i].ids) for i in todo]
-        for batch in bucket_batches(lengths, self.batch_size, self.batch_tokens):
+        for batch in bucket_batches(lengths, self.batch_size, self.batch_tokens, self.run_tokens):
             items = [todo[j] for j in batch]
             out = self.run_batch(pad_features([{"input_ids": encs[i].ids, "token_type_ids": encs[i].type_ids} for i in items],
                                               self.pad_id))
@@ -437,12 +458,19 @@ class TaskPipeline(Pipeline):
         return TaskContext.from_meta(self.meta, self.plugin.resolve_options(options, saved=self.meta.get("options"), model=True))
 
     def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
-                 errors: dict[int, MlmkitError] | None = None, **options: Any) -> list[dict[str, Any]]:
+                 errors: dict[int, MlmkitError] | None = None, tokens: list[int] | None = None,
+                 **options: Any) -> list[dict[str, Any]]:
         ctx = self.context(options)
         kept, examples = self._each(inputs, first, lambda x: self.plugin.from_input(x, ctx.options), errors)
         got = evaluation.predict(self.plugin, examples, self.tokenizer, ctx, self.run_batch, batch_size=self.batch_size,
-                                 max_tokens=self.batch_tokens, progress=progress).predictions
-        return got if len(kept) == len(inputs) else self._aligned(len(inputs), kept, got)
+                                 max_tokens=self.batch_tokens, run_tokens=self.run_tokens, progress=progress)
+        if tokens is not None:
+            counts = [0] * len(examples)
+            for f in got.features:
+                counts[f[EXAMPLE]] += len(f["input_ids"])
+            tokens[:] = [c or 0 for c in self._aligned(len(inputs), kept, counts)]
+        preds = got.predictions
+        return preds if len(kept) == len(inputs) else self._aligned(len(inputs), kept, preds)
 
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -462,7 +490,8 @@ class TaskPipeline(Pipeline):
         they are (tuning them on the data being scored would flatter it)."""
         ctx = self.context(options)
         metrics, got = evaluation.evaluate(self.plugin, self.plugin.read(Path(data), ctx.options), self.tokenizer, ctx,
-                                           self.run_batch, batch_size=self.batch_size, max_tokens=self.batch_tokens)
+                                           self.run_batch, batch_size=self.batch_size, max_tokens=self.batch_tokens,
+                                           run_tokens=self.run_tokens)
         if predictions is not None:
             write_jsonl(predictions, got.predictions)
         return metrics

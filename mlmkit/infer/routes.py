@@ -15,7 +15,8 @@ that call's results into its own response shape; serve/app.py does everything el
 Reranking runs a cross-encoder: a classification bundle with one output (what sentence-transformers'
 CrossEncoder saves: ms-marco-MiniLM, bge-reranker), each (query, document) pair one input.
 
-No torch here, nor FastAPI: a route is plain data in, plain data out.
+No torch here, nor FastAPI: a route is plain data in, plain data out (numpy arrays among it: the
+server writes them as JSON lists, from their buffers).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Call:
     inputs: list[Any]
     options: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)  # what the route needs again to answer
+    tokens: int = 0  # what the model ran on, for ``usage``: set by the server with the results
 
 
 def pick_model(models: Mapping[str, Any], requested: Any, needs: tuple[str, ...], route: str) -> str:
@@ -152,9 +154,9 @@ def _input_type(model: Any, kind: str | None) -> dict[str, Any]:
     return {"input_type": kind}
 
 
-def _token_count(model: Any, texts: list[Any]) -> int:
-    enc = model.pipe.tokenizer.encode_batch(texts)
-    return sum(min(len(e.ids), model.pipe.max_length) for e in enc)
+def _usage(call: Call) -> dict[str, int]:
+    """OpenAI's usage: the tokens the model ran on (the pipeline counted them; nothing tokenized again)."""
+    return {"prompt_tokens": call.tokens, "total_tokens": call.tokens}
 
 
 class OpenAIEmbeddings:
@@ -180,10 +182,9 @@ class OpenAIEmbeddings:
         vectors = truncate_dimensions(vectors, call.state["dimensions"], normalize=call.state["dimensions"] is not None)
         data = []
         for i, v in enumerate(vectors):
-            emb: Any = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") if call.state["format"] == "base64" else v.tolist()
+            emb: Any = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") if call.state["format"] == "base64" else v
             data.append({"object": "embedding", "index": i, "embedding": emb})
-        tokens = _token_count(model, call.inputs)
-        return {"object": "list", "data": data, "model": call.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return {"object": "list", "data": data, "model": call.model, "usage": _usage(call)}
 
 
 class TEIEmbed:
@@ -202,7 +203,7 @@ class TEIEmbed:
 
     def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
         vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)
-        return truncate_dimensions(vectors, call.state["dimensions"], normalize=call.state["normalize"]).tolist()
+        return truncate_dimensions(vectors, call.state["dimensions"], normalize=call.state["normalize"])
 
 
 class TEIPredict:
@@ -311,8 +312,7 @@ class Rerank:
         docs = call.state["documents"]
         out = [{"index": i, "relevance_score": scores[i], **({"document": {"text": docs[i]}} if call.state["documents_back"] else {})}
                for i in ranked(scores, call.state["top_n"])]
-        tokens = _token_count(model, [(x["text"], x["text_pair"]) for x in call.inputs])
-        return {"object": "rerank", "results": out, "model": call.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return {"object": "rerank", "results": out, "model": call.model, "usage": _usage(call)}
 
 
 class TEIRerank:

@@ -13,13 +13,23 @@ from typing import Any
 import numpy as np
 
 
-def bucket_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
+def bucket_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None,
+                   run_tokens: int | None = None) -> list[list[int]]:
     """Indices grouped into batches of similar length (sorted, longest first): inference order.
 
     ``max_tokens``: a batch also ends before its padded size (rows x its longest) would pass this
     many tokens (a batch always has at least one row). On the CPU, batches whose activations stay
-    in cache run faster than larger ones (see runtime.CPU_BATCH_ACTIVATIONS)."""
+    in cache run faster than larger ones (see pipeline.CPU_BATCH_ACTIVATIONS).
+
+    ``run_tokens``: what one more batch costs, in padded tokens; given, the cuts are the ones of
+    least total cost (batches x run_tokens + padded tokens, within the limits above), found
+    exactly (dynamic programming over the sorted lengths). Without it a batch is cut only when it
+    is full, which pads a short text to a long one's length wherever they share a batch: on the
+    CPU a run costs a fixed time (the weights are read once per run) plus a time per padded token,
+    and a few more, shorter batches cost less than padding (see pipeline.CPU_RUN_TOKENS)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    if run_tokens is not None:
+        return _least_cost(order, [lengths[i] for i in order], batch_size, max_tokens, run_tokens)
     if max_tokens is None:
         return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     batches: list[list[int]] = []
@@ -28,6 +38,30 @@ def bucket_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | No
             batches.append([])
         batches[-1].append(i)
     return batches
+
+
+def _least_cost(order: list[int], longest_first: list[int], batch_size: int, max_tokens: int | None,
+                run_tokens: int) -> list[list[int]]:
+    """``order`` cut into contiguous batches of least total cost: each batch ``run_tokens`` plus its
+    rows x its first (longest) length. best[i]: the least cost of the first i; O(n x batch_size)."""
+    n = len(order)
+    best = [0] + [-1] * n
+    start = [0] * (n + 1)
+    for j in range(n):
+        longest = longest_first[j]
+        rows = min(n - j, batch_size)
+        if max_tokens is not None:
+            rows = min(rows, max(1, max_tokens // max(1, longest)))
+        base = best[j] + run_tokens
+        for i in range(j + 1, j + rows + 1):
+            cost = base + (i - j) * longest
+            if best[i] < 0 or cost < best[i]:
+                best[i], start[i] = cost, j
+    cuts, i = [], n
+    while i > 0:
+        cuts.append((start[i], i))
+        i = start[i]
+    return [order[a:b] for a, b in reversed(cuts)]
 
 
 def shuffled_buckets(lengths: Sequence[int], batch_size: int, rng: random.Random, window: int = 50) -> list[list[int]]:

@@ -42,6 +42,7 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from mlmkit.args import ServeArgs
@@ -161,17 +162,17 @@ def create_app(models: dict[str, Model], args: ServeArgs, keys: tuple[bytes, ...
             except MlmkitError as e:
                 raise HTTPError(422, e.message, e.hint) from None
             try:
-                results = await model.predict(inputs, options, request) if inputs else []
+                results, tokens = await model.predict(inputs, options, request) if inputs else ([], 0)
             except MlmkitError as e:
                 raise HTTPError(422, e.message, e.hint) from None
             except HTTPError as e:
                 if e.status == 429:
                     e.headers["Retry-After"] = str(model.retry_after())
                 raise
-            body = respond(results)
+            body = respond(results, tokens)
             status = "200"
             metrics.inputs.labels(name).inc(len(inputs))
-            return Response(json.dumps(body, ensure_ascii=False), media_type="application/json")
+            return Response(encoded(body), media_type="application/json")
         except HTTPError as e:
             status = str(e.status)
             raise
@@ -192,7 +193,7 @@ def create_app(models: dict[str, Model], args: ServeArgs, keys: tuple[bytes, ...
             metrics.requests.labels(name, str(e.status)).inc()
             raise
 
-        def respond(results: list[dict[str, Any]]) -> dict[str, Any]:
+        def respond(results: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
             body: dict[str, Any] = {"results": results}
             cut = [i + 1 for i, r in enumerate(results) if r.get("truncated")]
             if cut:
@@ -220,12 +221,32 @@ def _route_handler(route: Any, models: dict[str, Model], args: ServeArgs, metric
             raise
         model = models[call.model]
         if not getattr(route, "runs_model", True):  # e.g. /tokenize: the tokenizer only, no queue
-            return Response(json.dumps(route.respond(call, [], model), ensure_ascii=False), media_type="application/json")
+            return Response(encoded(route.respond(call, [], model)), media_type="application/json")
         return await answer(call.model, model, call.inputs, call.options, request,
-                            lambda results: route.respond(call, results, model))
+                            lambda results, tokens: route.respond(replace(call, tokens=tokens), results, model))
 
     handler.__name__ = "route_" + route.path.strip("/").replace("/", "_")
     return handler
+
+
+def encoded(body: Any) -> bytes:
+    """A response body as JSON (UTF-8 as is), by orjson: numpy arrays are written from their buffers
+    (a vector's 384 floats in ~10 us; ``tolist()`` and ``json.dumps`` took ~250 us), float32 values
+    in their shortest form, which reads back to the same float32; NaN as null."""
+    import orjson
+
+    return orjson.dumps(body, default=_plain, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+
+
+def _plain(v: Any) -> Any:
+    """What orjson leaves to us: numpy arrays it cannot read in place (a column slice, float16)."""
+    import numpy as np
+
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    raise TypeError(f"{type(v).__name__} is not JSON serializable")
 
 
 def api_keys(args: ServeArgs) -> tuple[bytes, ...]:

@@ -75,9 +75,10 @@ class Model:
                 "options": list(self.pipe.option_names), "source": m.get("source"), "precision": m.get("precision"),
                 "providers": self.pipe.providers}
 
-    async def predict(self, inputs: list[Any], options: dict[str, Any], request: Any = None) -> list[dict[str, Any]]:
-        """The results of ``inputs``, queued for the next merged call; a 429 when the queue is full, a 503
-        after --request-timeout; a client that disconnects (``request``'s) leaves the queue."""
+    async def predict(self, inputs: list[Any], options: dict[str, Any], request: Any = None) -> tuple[list[dict[str, Any]], int]:
+        """The results of ``inputs`` and the tokens the model ran on, queued for the next merged call; a
+        429 when the queue is full, a 503 after --request-timeout; a client that disconnects
+        (``request``'s) leaves the queue."""
         with self.lock:
             if self.waiting and self.waiting + len(inputs) > self.max_queue:
                 self.metrics.rejected.labels(self.name, "queue_full").inc()
@@ -157,7 +158,8 @@ class Model:
             self.metrics.queue_seconds.labels(self.name).observe(start - r.queued)
         try:
             bad: dict[int, MlmkitError] = {}
-            results = self.pipe(items, errors=bad, **reqs[0].options)
+            tokens: list[int] = []
+            results = self.pipe(items, errors=bad, tokens=tokens, **reqs[0].options)
         except Exception as e:
             if len(reqs) > 1:
                 for r in reqs:
@@ -177,11 +179,12 @@ class Model:
                 i, e = wrong[0]
                 _resolve(r, error=ConfigError(f"input {i + 1}: {e}"))
             else:
-                _resolve(r, results=results[at : at + n])
+                _resolve(r, results=(results[at : at + n], sum(tokens[at : at + n])))
             at += n
 
 
-def _resolve(r: _Request, *, results: list[dict[str, Any]] | None = None, error: BaseException | None = None) -> None:
+def _resolve(r: _Request, *, results: tuple[list[dict[str, Any]], int] | None = None,
+             error: BaseException | None = None) -> None:
     def done() -> None:
         if not r.future.done():
             r.future.set_exception(error) if error is not None else r.future.set_result(results)

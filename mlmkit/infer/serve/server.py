@@ -20,9 +20,10 @@ log = logging.getLogger("mlmkit")
 def serve(args: ServeArgs) -> None:
     """Load the bundles and serve them until SIGTERM or Ctrl-C (the endpoints: app.py's docstring)."""
     try:
+        import orjson  # noqa: F401
         import uvicorn
     except ImportError:
-        raise ConfigError("`mlmkit serve` needs FastAPI and uvicorn", "pip install 'mlmkit[serve]'") from None
+        raise ConfigError("`mlmkit serve` needs FastAPI, uvicorn and orjson", "pip install 'mlmkit[serve]'") from None
     keys = api_keys(args)  # before the models load: a bad key, or a busy port, is one line at once
     sock = listen(args.host, args.port)
     try:
