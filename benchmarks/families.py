@@ -71,6 +71,7 @@ from common import (
     add_patience,
     agreement,
     answer_passes,
+    encoder_flops,
     log,
     mark,
     median_speeds,
@@ -81,6 +82,7 @@ from common import (
     race,
     ratio,
     setup_step,
+    share,
     stdlib_sentences,
     target,
     thread_env,
@@ -300,6 +302,15 @@ def optimum_equivalent(ckpt: Path, family: str, out: Path, texts: list[str], att
 
 
 # ---- setup (torch, onnxruntime; untimed) -----------------------------------------------------------
+def useful_per_text(ckpt: Path, texts: list[str]) -> float:
+    """The mean useful FLOPs of one of ``texts`` through ``ckpt`` (common.encoder_flops), as its tokenizer cuts them."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    tok.enable_truncation(MAX_LENGTH)
+    return encoder_flops(ckpt, [len(e.ids) for e in tok.encode_batch(texts)]) / len(texts)
+
+
 def setup(work: Path, families: list[str], n_sentences: int, attn: str | None = None) -> None:
     """Sentences, and for each family a checkpoint, its mlmkit bundle and the optimum-equivalent graph,
     written once into ``work`` (reused while a family's setup.json matches)."""
@@ -566,7 +577,7 @@ def main() -> None:
         serve_long(a.side, a.work / a.family, a.work, a.threads)
         return
 
-    print_machine(a.threads)
+    ceiling = print_machine(a.threads)
     t_start = time.perf_counter()
     rounds = a.rounds or (1 if a.quick else 3)
     long_sides = [] if a.no_long or "modernbert" not in families else (
@@ -603,8 +614,10 @@ def main() -> None:
         return
 
     print(f"\n{n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, {rounds} alternating pass(es) per side; "
-          f"medians over the quiet passes (sentences/s); ratios: medians of back-to-back ratios")
-    print(f"  {'family':12s} {'mlmkit':>8s} {'transformers':>13s} {'optimum-eq':>11s} {'vs transformers':>16s} {'vs optimum':>11s}")
+          f"medians over the quiet passes (sentences/s); ratios: medians of back-to-back ratios; 'of fp32': each side's "
+          "useful FLOP/s (padding not counted) over the fp32 GEMM ceiling above, mlmkit / transformers / optimum-eq")
+    print(f"  {'family':12s} {'mlmkit':>8s} {'transformers':>13s} {'optimum-eq':>11s} {'vs transformers':>16s} {'vs optimum':>11s}"
+          f"   {'of fp32':>17s}")
     vs_tf: dict[str, float] = {}
     vs_opt: dict[str, float] = {}
     for fam in families:
@@ -627,7 +640,11 @@ def main() -> None:
         def rcell(x: float | None, width: int) -> str:
             return f"{x:{width - 1}.2f}x" if x is not None else f"{'-':>{width}s}"
 
-        print(f"  {fam:12s} {cell('mlmkit', 8)} {cell('transformers', 13)} {cell('optimum', 11)} {rcell(rt, 16)} {rcell(ro, 11)}")
+        per_text = useful_per_text(d / "checkpoint", json.loads((a.work / f"sentences-{n}.json").read_text()))
+        shares = " / ".join(share(speed[s] * per_text, ceiling).split(" ")[0] if s in speed else "-"
+                            for s in ("mlmkit", "transformers", "optimum"))
+        print(f"  {fam:12s} {cell('mlmkit', 8)} {cell('transformers', 13)} {cell('optimum', 11)} {rcell(rt, 16)} {rcell(ro, 11)}"
+              f"   {shares:>17s}")
         print(f"      passes: {'; '.join(f'{s} ' + passes(sp[s], res['others'][s]) for s in sp)}")
         if (d / "export-error.txt").exists():
             print(f"      mlmkit export failed: {(d / 'export-error.txt').read_text().splitlines()[0]}")

