@@ -30,6 +30,7 @@ lint: $(BIN)/mlmkit
 bench: $(BIN)/mlmkit
 	$(BIN)/python benchmarks/pretrain_throughput.py
 	$(BIN)/python benchmarks/inference_throughput.py
+	$(BIN)/python benchmarks/batch_cuts.py
 	$(BIN)/python benchmarks/serve_throughput.py
 	$(BIN)/python benchmarks/batch_scale.py
 	$(BIN)/python benchmarks/pretrain_data_scale.py

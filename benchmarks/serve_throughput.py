@@ -4,6 +4,7 @@ mlmkit's own offline speed on the same sentences.
     python benchmarks/serve_throughput.py            # about 30 minutes on 2 quiet cores, soak included
     python benchmarks/serve_throughput.py --quick    # a smoke run: 256 sentences, 1 round, 30 s soak
     python benchmarks/serve_throughput.py --soak 0   # no soak run
+    python benchmarks/serve_throughput.py --quick --profile classify   # where the server's time goes (py-spy)
 
 Sentences: the 1,024 sentences of 8-40 words of benchmarks/inference_throughput.py's setup (reused
 when its work directory has it). 2 threads everywhere. Every server runs in its own process.
@@ -57,6 +58,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -374,7 +376,7 @@ class Server:
             self.log.unlink(missing_ok=True)
 
 
-def mlmkit_server(bundle: Path, api: Api) -> Server:
+def mlmkit_server(bundle: Path | str, api: Api) -> Server:
     port = free_port()
     return Server("mlmkit", [sys.executable, "-m", "mlmkit", "-q", "serve", str(bundle), "--port", str(port),
                              "--threads", str(THREADS)], api, port)
@@ -505,6 +507,54 @@ def soak_part(bundle: Path, texts: list[str], seconds: float, patience: float) -
         server.close()
 
 
+def profile(bundle: Path | str, api: Api, texts: list[str], patience: float, top: int = 8) -> None:
+    """py-spy (25 Hz, non-blocking: it takes ~0.15 cores itself) on `mlmkit serve` through two passes of
+    CLIENTS clients: each thread's share of the
+    samples (the model thread, the event loop) and its top frames; the batches /metrics saw."""
+    import re
+    from collections import Counter
+
+    import httpx
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        raise SystemExit("--profile needs py-spy: pip install py-spy")
+    server = mlmkit_server(bundle, api)
+    out = Path(tempfile.mkdtemp(prefix="serve-profile-")) / "profile.txt"
+    try:
+        server.run(texts[: CLIENTS * 2], 0)
+        wait_for_quiet(patience)
+        rec = subprocess.Popen([spy, "record", "-r", "25", "--nonblocking", "-f", "raw", "-o", str(out), "--threads", "-p", str(server.proc.pid)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)
+        for _ in range(2):
+            report("profiled pass", server.run(texts, 0))
+        rec.send_signal(signal.SIGINT)  # py-spy writes its samples on an interrupt, not on SIGTERM
+        rec.wait(60)
+        metrics = httpx.get(f"http://127.0.0.1:{server.port}/metrics").text
+    finally:
+        server.close()
+    threads: dict[str, Counter[str]] = {}
+    for line in out.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        frames = stack.split(";")
+        name = "model thread" if any("Model._serve" in f for f in frames) else ("event loop" if "MainThread" in frames[0]
+                                                                                 else frames[0])
+        threads.setdefault(name, Counter())[frames[-1]] += int(n)
+    total = sum(sum(c.values()) for c in threads.values())
+    for name, c in sorted(threads.items(), key=lambda kv: -sum(kv[1].values())):
+        n = sum(c.values())
+        print(f"{name}: {n} samples ({n / total:.0%})")
+        for frame, k in c.most_common(top):
+            print(f"  {k / n:6.1%}  {frame}")
+
+    def total_of(metric: str) -> float:
+        return sum(float(x) for x in re.findall(rf"^{metric}\{{[^}}]*\}} (\S+)$", metrics, re.M))
+    calls = total_of("mlmkit_batch_inputs_count")
+    print(f"merged calls: {calls:.0f}, {total_of('mlmkit_batch_inputs_sum') / max(1, calls):.1f} inputs each "
+          f"(warm-up included); raw samples: {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a smoke run: 256 sentences, one round, a 30 s soak")
@@ -518,6 +568,9 @@ def main() -> None:
     ap.add_argument("--infinity-venv", type=Path, default=None,
                     help="infinity's venv (default WORK/infinity-venv; made with INFINITY_REQUIREMENTS when missing)")
     ap.add_argument("--no-infinity", action="store_true", help="part 1 and the soak only")
+    ap.add_argument("--profile", choices=("classify", "embed"), default=None,
+                    help="instead of the benchmark: `mlmkit serve` on that bundle under 64 clients for 2 passes, "
+                         "sampled by py-spy (`pip install py-spy`); prints where each thread spends its samples")
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -540,6 +593,10 @@ def main() -> None:
     inference_setup(a.work, a.quick)
     texts = json.loads((work / "sentences.json").read_text())["plain"]
     texts = texts[:256] if a.quick else texts
+    if a.profile:
+        spec = work / "bundles" / "classify" if a.profile == "classify" else f"minilm={work / 'bundles' / 'embed'}"
+        profile(spec, CLASSIFY if a.profile == "classify" else EMBED, texts, a.patience)
+        return
 
     clf = classify_part(work, texts, rounds, a.patience, a.quick)
     venv = a.infinity_venv or a.work / "infinity-venv"

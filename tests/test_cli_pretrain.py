@@ -196,3 +196,19 @@ def test_pretrain_data_errors(files, tmp_path):
     (shard / "tokens.bin").write_bytes(b"\0")  # damaged: said, never silently rebuilt or deleted
     line = one_error_line(pretrain("--data", shard, "--out", tmp_path / "run", "--steps", "1"))
     assert "is damaged" in line and shard.is_dir()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_by_default_only_where_the_cpu_has_it_and_it_was_measured_faster(native, monkeypatch):
+    from mlmkit.models.core import BertModel
+    from mlmkit.train.devices import BF16_MIN_HIDDEN, use_bf16
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    cpu = torch.device("cpu")
+    small, large = (BertModel(BertConfig(vocab_size=64, hidden_size=h, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=2 * h)) for h in (BF16_MIN_HIDDEN // 2, BF16_MIN_HIDDEN))
+    assert use_bf16(None, cpu, large) is native  # undecided: on where native
+    assert use_bf16(None, cpu, small) is False  # smaller than any size measured faster: fp32
+    assert use_bf16(False, cpu, large) is False  # --no-bf16
+    assert use_bf16(None, torch.device("cuda"), large) is False  # a GPU: only when asked

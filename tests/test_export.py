@@ -173,17 +173,36 @@ def test_fill_mask_graph_is_fused_and_stores_tied_weight_once(runs, bundles):
     assert [o.name for o in m.graph.output] == ["mask_positions", "top_ids", "top_probs"]
 
 
-def test_unoptimized_and_int8_exports(runs, bundles, tmp_path):
+def test_unoptimized_and_int8_exports(runs, bundles, tmp_path, monkeypatch, caplog):
     d = runs["fill-mask"]
-    plain = run_export(d, tmp_path / "plain", optimize=False, top_k=3)
+    monkeypatch.setattr(export_mod, "fast_int8_cpu", lambda: "AVX512-VNNI")  # such a CPU: an fp32 export says int8 pays
+    with caplog.at_level("INFO", logger="mlmkit"):
+        plain = run_export(d, tmp_path / "plain", optimize=False, top_k=3)
+    assert "this CPU has AVX512-VNNI" in caplog.text and "--quantize int8" in caplog.text
+    caplog.clear()
     assert plain["fused_operators"] == {} and plain["optimizations"] == [] and plain["top_k"] == 3
     assert "Attention" not in {n.op_type for n in onnx.load(str(tmp_path / "plain" / "model.onnx")).graph.node}
-    q = run_export(d, tmp_path / "int8", quantize="int8")
+    with caplog.at_level("INFO", logger="mlmkit"):
+        q = run_export(d, tmp_path / "int8", quantize="int8")
+    assert "this CPU has" not in caplog.text  # int8 already
     assert q["precision"] == "int8" and "int8-dynamic-per-channel" in q["optimizations"]
     ops = {n.op_type for n in onnx.load(str(tmp_path / "int8" / "model.onnx")).graph.node}
     assert ops & {"QAttention", "DynamicQuantizeMatMul", "MatMulInteger"}
     assert 0.8 <= q["parity"]["int8_top1_agreement_vs_fp32"] <= 1.0
     assert q["model_bytes"] < bundles["fill-mask"][1]["model_bytes"]
+
+
+def test_fast_int8_cpu_reads_the_flags(tmp_path):
+    from mlmkit.export.passes import fast_int8_cpu
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni avx512_bf16\n")
+    assert fast_int8_cpu(info) == "AVX512-VNNI"
+    info.write_text("flags\t: fpu avx2 avx512_vnni amx_tile amx_int8\n")
+    assert fast_int8_cpu(info) == "AMX-INT8"  # the fastest named
+    info.write_text("flags\t: fpu avx2 fma\n")
+    assert fast_int8_cpu(info) is None
+    assert fast_int8_cpu(tmp_path / "missing") is None  # not Linux: nothing said
 
 
 # ---- task bundles ------------------------------------------------------------------------------

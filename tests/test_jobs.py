@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -241,10 +243,26 @@ def test_ray_data_matches_the_local_results(tmp_path: Path, bundle: Path) -> Non
         for x in local:  # Ray cuts its own batches: other padding, float noise only
             got = by_id[x["id"]]
             assert got["label"] == x["label"] and abs(got["score"] - x["score"]) < 1e-5, (got, x)
-        r = cli("predict", bundle, "--input", str(shards / "*.parquet"), "--output", tmp_path / "out", "--engine", "ray",
-                "--id-column", "id")
-        assert r.exit_code == 0, (r.output, r.exception)
-        written = pq.read_table(tmp_path / "out").to_pylist()
-        assert sorted(o["id"] for o in written) == sorted(r["id"] for r in data)
+        def ray_job(out: Path) -> Any:
+            return cli("predict", bundle, "--input", str(shards / "*.parquet"), "--output", out, "--engine", "ray",
+                       "--id-column", "id")
+
+        for _ in range(2):  # the second job replaces the first one's shards, whole
+            r = ray_job(tmp_path / "out")
+            assert r.exit_code == 0, (r.output, r.exception)
+            written = pq.read_table(tmp_path / "out").to_pylist()
+            assert sorted(o["id"] for o in written) == sorted(r["id"] for r in data)
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []  # no job lock, no shards left beside
+        mine = tmp_path / "mine"
+        mine.mkdir()
+        (mine / "notes.txt").write_text("keep me")
+        r = ray_job(mine)  # a directory of other files: refused before any work, nothing lost
+        assert r.exit_code == 2 and "notes.txt" in r.output and (mine / "notes.txt").read_text() == "keep me"
+        lock = tmp_path / ".out.job" / ".mlmkit.lock"  # another live process holds the output
+        lock.parent.mkdir()
+        lock.write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname(), "since": "now"}))
+        r = ray_job(tmp_path / "out")
+        assert r.exit_code == 2 and "being written by another job" in r.output
+        assert sorted(o["id"] for o in pq.read_table(tmp_path / "out").to_pylist()) == sorted(r["id"] for r in data)
     finally:
         ray.shutdown()

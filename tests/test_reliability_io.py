@@ -313,6 +313,19 @@ def test_a_long_line_over_the_ceiling_is_never_read_whole(tmp_path: Path) -> Non
     assert grew < 40, grew  # a few times the 4 MB ceiling, never the 64 MB line
 
 
+def test_a_document_read_whole_has_a_ceiling_too(tmp_path: Path) -> None:
+    from mlmkit.errors import DataFormatError
+    from mlmkit.text.readers import DOCUMENT_BYTES, read_text
+
+    squad = tmp_path / "train.json"
+    squad.write_text('{"version": "v2.0", "data": []}\n')
+    assert read_text(squad) == '{"version": "v2.0", "data": []}\n'
+    with pytest.raises(DataFormatError, match="more than 16 bytes in one document") as e:
+        read_text(squad, max_bytes=16)
+    assert "train.json" in str(e.value) and ".jsonl" in (e.value.hint or "")
+    assert DOCUMENT_BYTES >= 1 << 30  # SQuAD 2.0's 40 MB, and far more, still reads
+
+
 def test_blank_lines_in_a_gz_corpus_are_not_silent(tmp_path: Path, monkeypatch, caplog) -> None:
     p = tmp_path / "blank.txt.gz"
     p.write_bytes(gzip.compress(b"\n" * 300_000 + b"a sentence at last\n"))

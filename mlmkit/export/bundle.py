@@ -50,7 +50,7 @@ from mlmkit.export.parity import (
     sample_batch,
     torch_outputs,
 )
-from mlmkit.export.passes import fuse, quantize_int8, to_fp16
+from mlmkit.export.passes import fast_int8_cpu, fuse, quantize_int8, to_fp16
 from mlmkit.files import atomic_write, atomic_write_text, exclusive, write_json
 from mlmkit.infer.bundle import BUNDLE_FORMAT, LABELS_KEY, tokenizer_fingerprint
 from mlmkit.models.core import set_attention_impl
@@ -181,7 +181,17 @@ def _export(args: ExportArgs) -> dict[str, Any]:
         write_card(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if precision == "fp32" and (feature := fast_int8_cpu()):
+        log.info("this CPU has %s: an int8 bundle (the same command with --quantize int8) ran the MiniLM-size classifier "
+                 "%s fp32's speed on such a CPU; its top-1 agreement with fp32 is in mlmkit.json (docs/performance.md, "
+                 "\"GEMM ceilings and CPU kinds\")", feature, INT8_SPEEDUP)
     return bundle_meta
+
+
+INT8_SPEEDUP = "at 1.8x-2.3x"
+"""int8 against fp32 on CPUs with int8 dot products (the MiniLM-size classifier, offline, 2 threads,
+top-1 agreement 1.00): 1.76x on an AMD EPYC with AVX512-VNNI, 2.31x on an Intel Xeon with AMX
+(docs/performance.md, "GEMM ceilings and CPU kinds")."""
 
 
 def record_labels(path: Path, labels: list[str] | None) -> None:

@@ -128,10 +128,20 @@ def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
     return _decoded(_checked(path))
 
 
-def read_text(path: str | Path) -> str:
-    """A whole UTF-8 text file (for formats that are one document, such as SQuAD JSON): no record
-    ceiling, the document is the record."""
-    return "".join(line for _, line in _decoded(_checked(path), keepends=True, max_bytes=None))
+DOCUMENT_BYTES = 1 << 30
+"""The ceiling on a file read whole as one document (SQuAD JSON: v2.0's training set is 40 MB):
+parsed, a document takes several times its size in memory."""
+
+
+def read_text(path: str | Path, max_bytes: int = DOCUMENT_BYTES) -> str:
+    """A whole UTF-8 text file (for formats that are one document, such as SQuAD JSON), of at most
+    ``max_bytes``: a larger one is a DataFormatError saying to give it as JSON lines, which are read
+    a record at a time."""
+    p = _checked(path)
+    if p.stat().st_size > max_bytes:
+        raise DataFormatError(p, f"more than {max_bytes:,} bytes in one document (what is read whole)",
+                              hint="give the examples as JSON lines (.jsonl, one per line), which are read one at a time")
+    return "".join(line for _, line in _decoded(p, keepends=True, max_bytes=max_bytes))
 
 
 # ---- tables: Parquet files and `datasets` directories, read as JSON lines are -------------------

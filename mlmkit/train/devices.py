@@ -34,14 +34,37 @@ def check_bf16(device: torch.device) -> None:
         if not torch.cuda.is_bf16_supported():
             raise ConfigError("--bf16: this GPU has no bf16 support", "drop --bf16")
         return
-    native = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or getattr(
-        torch.cpu, "_is_amx_tile_supported", lambda: False
-    )()
-    if not native:
+    if not native_bf16_cpu():
         raise ConfigError(
             "--bf16: this CPU has no native bf16 (torch falls back to a kernel ~24x slower than fp32)",
             "drop --bf16 on this machine, or train on a GPU",
         )
+
+
+def native_bf16_cpu() -> bool:
+    """Whether this CPU computes bf16 in hardware (AVX512-BF16 or AMX)."""
+    return bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+                or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+
+
+BF16_MIN_HIDDEN = 128
+"""The smallest hidden size bf16 autocast was measured faster at (the tiny preset, H128: 1.16x at the
+same loss); below it, where the casts weigh more against smaller products, training stays fp32 unless
+--bf16 asks."""
+
+
+def use_bf16(asked: bool | None, device: torch.device, model: torch.nn.Module | None = None) -> bool:
+    """--bf16 / --no-bf16 as given; undecided (None): on where it was measured faster at the same
+    held-out loss, a CPU with native bf16 and a model of hidden size BF16_MIN_HIDDEN or more
+    (docs/performance.md, "GEMM ceilings and CPU kinds"; the Trainer says so when the run starts);
+    off on a GPU unless asked, and on a CPU without native bf16."""
+    if asked is not None:
+        if asked:
+            check_bf16(device)
+        return asked
+    hidden = next((h for m in (model.modules() if model is not None else ())
+                   if isinstance(h := getattr(getattr(m, "config", None), "hidden_size", None), int)), 0)
+    return device.type == "cpu" and hidden >= BF16_MIN_HIDDEN and native_bf16_cpu()
 
 
 @dataclass

@@ -35,7 +35,7 @@ from torch import nn
 from mlmkit.args import TrainArgs
 from mlmkit.errors import ConfigError
 from mlmkit.files import atomic_open, exclusive, read_json, write_json
-from mlmkit.train.devices import check_bf16, init_distributed, resolve_device
+from mlmkit.train.devices import init_distributed, resolve_device, use_bf16
 from mlmkit.train.state import Cursor, DataSource, ResumeCheckpoints, SaveModel
 from mlmkit.train.tracking import Reporter, Reporters, RunInfo, flat_params, parse_report_to
 
@@ -124,8 +124,7 @@ class Trainer:
         self.save_model = save_model
         self.data_key = {**(data_key or {}), "seed": args.seed, "grad_accum": args.grad_accum}
         self.device = resolve_device(args.device)
-        if args.bf16:
-            check_bf16(self.device)
+        self.bf16 = use_bf16(args.bf16, self.device, model)
         self.dist = init_distributed(self.device)
         if self.device.type == "cuda" and self.dist.world > 1:
             self.device = torch.device("cuda", self.dist.local_rank)
@@ -213,7 +212,7 @@ class Trainer:
             self.reporters.log(rec)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.args.bf16:
+        if self.bf16:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -278,6 +277,8 @@ class Trainer:
 
     def _train(self, meta: dict[str, Any]) -> dict[str, Any]:
         resumed = self._start()
+        if self.bf16 and self.args.bf16 is None and self.dist.main:  # after the checks: an error stays one line
+            log.info("bf16 autocast: on (this CPU has native bf16; --no-bf16 keeps fp32)")
         if self.dist.main:
             self.reporters = Reporters(parse_report_to(self.args.report_to), self.extra_reporters)
             self.reporters.start(RunInfo(self.out, self.params, resumed, self.args.log_model))

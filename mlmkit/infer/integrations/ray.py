@@ -18,6 +18,9 @@ entities) are JSON text, as in mlmkit's own Parquet output. From the command lin
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +109,45 @@ def run_cli(pipe: Any, args: Any, options: dict[str, Any]) -> None:
                  **({} if args.address else {"num_cpus": os.cpu_count() or 1}))
     actors = args.workers or 1
     threads = args.threads or max(1, (os.cpu_count() or 1) // actors)
-    out = predict(read(args.input_file), pipe.path, options=options, batch_size=args.batch_size,
-                  batch_tokens=args.batch_tokens, threads=threads,
-                  concurrency=actors, rows_per_batch=args.window, keep=[args.id_column] if args.id_column else [])
-    out.write_parquet(str(args.output))
+    with output_directory(Path(args.output)) as into:
+        out = predict(read(args.input_file), pipe.path, options=options, batch_size=args.batch_size,
+                      batch_tokens=args.batch_tokens, threads=threads,
+                      concurrency=actors, rows_per_batch=args.window, keep=[args.id_column] if args.id_column else [])
+        out.write_parquet(str(into))
+
+
+@contextmanager
+def output_directory(output: Path) -> Iterator[Path]:
+    """Where a Ray job writes its shards: a directory beside ``output``, which replaces ``output``
+    only when every shard is written (a job that fails or is killed leaves the last output whole,
+    and its own shards in .OUTPUT.ray-PID for a look). The job holds ``output``'s job lock
+    meanwhile, so a second job on the same output is refused, as local jobs are. Checked before any
+    work: ``output`` is a new directory, an empty one, or one of Parquet shards (a previous job's);
+    a file, or a directory holding anything else, is refused (replacing it would lose that)."""
+    from mlmkit.files import exclusive
+    from mlmkit.infer.jobs import job_dir
+
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"--output {output} is a file; --engine ray writes a directory of Parquet shards",
+                          "give a new or empty directory")
+    other = next((p.name for p in sorted(output.iterdir()) if p.suffix != ".parquet"), None) if output.is_dir() else None
+    if other is not None:
+        raise ConfigError(f"--output {output} holds {other}, not only Parquet shards: replacing it would lose that",
+                          "give a new or empty directory")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with exclusive(job_dir(output)):
+            into = output.parent / f".{output.name}.ray-{os.getpid()}"
+            shutil.rmtree(into, ignore_errors=True)
+            yield into
+            if not into.is_dir():  # nothing to write (no rows): an empty directory, as Ray leaves none
+                into.mkdir()
+            old = output.parent / f".{output.name}.old-{os.getpid()}"
+            if output.exists():
+                os.replace(output, old)
+            os.replace(into, output)
+            shutil.rmtree(old, ignore_errors=True)
+    except ConfigError as e:
+        if "is in use" in e.message:
+            raise ConfigError(f"--output {output} is being written by another job: {e.message}", e.hint) from None
+        raise

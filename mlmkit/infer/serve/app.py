@@ -23,8 +23,10 @@ queue; a client that hangs up before its turn leaves the queue too (nothing is c
 Dynamic batching: a request is checked on arrival (a bad input or option is a 4xx at once, never
 its neighbours' problem), then queued for its model. One thread per model takes what is queued
 (waiting up to --max-wait-ms after the first request for more, up to --max-batch-size inputs)
-and runs it as one pipeline call, length-bucketed into onnxruntime batches; requests with other
-options go in their own call. onnxruntime runs off the event loop, with its own threads. A call
+and runs it as one pipeline call: its inputs sorted by length and cut into onnxruntime batches
+where padding would cost more than one more run (batching.bucket_batches); requests with other
+options go in their own call. Response bodies are written by orjson (vectors from their numpy
+buffers), and ``usage`` counts the tokens the pipeline ran on (nothing is tokenized twice). onnxruntime runs off the event loop, with its own threads. A call
 that fails is retried request by request, so only the request at fault fails.
 
 Errors are JSON, ``{"error": ..., "hint": ..., "request_id": ...}``: 400 malformed JSON, 401 no or a
