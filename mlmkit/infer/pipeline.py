@@ -70,11 +70,11 @@ than batches of 32 at any length (README, "Speed"). On CUDA, batches are cut by 
 
 CPU_RUN_TOKENS = 16
 """On the CPU one onnxruntime run costs a fixed time, the weights read from memory once, plus a time
-per padded token: the MiniLM-size classifier took 2.5 ms + 0.15 ms a token (2026-12-02, AMD EPYC, 2
-threads), so a run is worth about 17 tokens of padding, whatever the model's size (both terms grow
-with its weights). The batches of a call are cut where that costs least (batching.bucket_batches):
-calls of 8 / 32 / 64 random sentences ran 1.19x / 1.13x / 1.07x faster than cut only when full
-(docs/performance.md, "Cutting batches")."""
+per padded token: fitted on the MiniLM-size classifier, a run is worth 10 to 28 tokens of padding
+(2026-12-02, AMD EPYC, 2 threads, benchmarks/batch_cuts.py), whatever the model's size (both terms
+grow with its weights). The batches of a call are cut where that costs least (batching.bucket_batches):
+calls of 8 / 32 / 64 mixed sentences ran 1.28x / 1.13x / 1.07x faster than cut only when full, and
+8 or 28 instead of 16 was within the noise (docs/performance.md, Tuning)."""
 
 
 def make_session(model: str | Path, *, device: str = "cpu", threads: int | None = None, spin: bool = True) -> ort.InferenceSession:
