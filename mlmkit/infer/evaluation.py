@@ -74,7 +74,8 @@ def predict(
     features = task.featurize(examples, tokenizer, ctx, training=False)
     check_features(task, features, len(examples))
     outputs = run_features(features, forward, task.outputs, pad_id=special_ids(tokenizer).pad, batch_size=batch_size,
-                           max_tokens=max_tokens, run_tokens=run_tokens, progress=progress, per_feature=len(examples) / max(1, len(features)))
+                           max_tokens=max_tokens, run_tokens=run_tokens, progress=progress,
+                           per_feature=len(examples) / max(1, len(features)))
     if calibrate:
         ctx = ctx.with_state(task.calibrate(outputs, features, examples, ctx))
     preds = task.postprocess(outputs, features, examples, ctx)

@@ -356,9 +356,9 @@ class FillMaskPipeline(Pipeline):
         k = self._top_k(top_k, options)
         kept, pairs = self._each(inputs, first, _text_pair, errors)
         if len(kept) < len(inputs):
-            counted: list[int] | None = None if tokens is None else []
+            counted: list[int] = []
             got = self([{"text": a, "text_pair": b} for a, b in pairs], progress=progress, tokens=counted, top_k=top_k)
-            if tokens is not None and counted is not None:
+            if tokens is not None:
                 tokens[:] = [c or 0 for c in self._aligned(len(inputs), kept, counted)]
             return self._aligned(len(inputs), kept, got)
         clip = lambda t: clip_text(self._alias(t), self.tokenizer, self.max_length)  # noqa: E731

@@ -25,9 +25,10 @@ its neighbours' problem), then queued for its model. One thread per model takes 
 (waiting up to --max-wait-ms after the first request for more, up to --max-batch-size inputs)
 and runs it as one pipeline call: its inputs sorted by length and cut into onnxruntime batches
 where padding would cost more than one more run (batching.bucket_batches); requests with other
-options go in their own call. Response bodies are written by orjson (vectors from their numpy
-buffers), and ``usage`` counts the tokens the pipeline ran on (nothing is tokenized twice). onnxruntime runs off the event loop, with its own threads. A call
-that fails is retried request by request, so only the request at fault fails.
+options go in their own call. onnxruntime runs off the event loop, with its own threads. A call
+that fails is retried request by request, so only the request at fault fails. Response bodies are
+written by orjson (vectors from their numpy buffers), and ``usage`` counts the tokens the
+pipeline ran on (nothing is tokenized twice).
 
 Errors are JSON, ``{"error": ..., "hint": ..., "request_id": ...}``: 400 malformed JSON, 401 no or a
 wrong API key, 404 an unknown model, 413 a body over --max-body-bytes or more than --max-inputs inputs,
