@@ -349,6 +349,9 @@ class MineArgs(Args):
     with_scores: bool = arg(False, "Add each row's scores: [positive, negative_1, ...] (for distillation losses).")
     score_with: Path | None = arg(None, "A cross-encoder bundle (rerank or one-label classification) whose logits are "
                                         "each row's scores instead of the retriever's (margin-mse distils it).")
+    keep_other_splits: bool = arg(False, "A BEIR directory: mine the documents judged relevant in its other splits too "
+                                         "(by default they are left out: a negative that is a test answer teaches the "
+                                         "model the test set).")
     anchor_column: str = arg("anchor", "Rows: the anchor (query) field.")
     positive_column: str = arg("positive", "Rows: the positive field.")
     batch_size: int = arg(256, "Queries searched at once (and written together: --resume goes on after the last batch written).")

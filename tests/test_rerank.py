@@ -120,7 +120,7 @@ def reranker(tmp_path_factory):
     rows = tmp / "rows.jsonl"
     mine(MineArgs(data=beir, out=rows, negatives=7, rank_range="100:400"))
     mine(MineArgs(data=type(beir)(f"{beir}:test"), out=tmp / "test-mined.jsonl", negatives=7,
-                  rank_range="100:400"))
+                  rank_range="100:400", keep_other_splits=True))  # evaluation rows: the training documents too
     _shuffled_rows(tmp / "test-mined.jsonl", tmp / "test-rows.jsonl")
     run = tmp / "run"
     metrics = run_finetune("rerank", base, rows, run, eval_file=tmp / "test-rows.jsonl", steps=60, lr=2e-3, batch_size=64,

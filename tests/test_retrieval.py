@@ -576,7 +576,10 @@ def test_mining_skips_positives_and_keeps_to_the_window(retrieval, tmp_path):
     assert r.exit_code == 0, r.output
     split = read_split(beir, training=True)
     assert len(rows) == sum(len(split.positives(q)) for q in split.qrels) and json.loads(r.stdout)["short"] == {}
-    docs = list(split.corpus.values())
+    test = read_split(f"{beir}:test", training=False)
+    test_answers = {test.corpus[d] for q in test.qrels for d in test.positives(q)}
+    assert json.loads(r.stdout)["held_out"] == len(test_answers) == 100
+    docs = [t for t in split.corpus.values() if t not in test_answers]  # the test split's answers are not mined
     bm25 = BM25(docs)
     queries = [row["anchor"] for row in rows[:30]]
     ranked, _ = bm25.search(queries, 40)
@@ -588,6 +591,24 @@ def test_mining_skips_positives_and_keeps_to_the_window(retrieval, tmp_path):
         assert not set(negs) & positives and all(n in window for n in negs)
         assert negs == [d for d in window if d not in positives][:4]  # the best of the window, in rank order
         assert row["scores"][1:] == sorted(row["scores"][1:], reverse=True)
+
+
+def test_mining_leaves_the_other_splits_answers_out_unless_asked(retrieval, tmp_path):
+    beir = retrieval["beir"]
+    test = read_split(f"{beir}:test", training=False)
+    answers = {test.corpus[d] for q in test.qrels for d in test.positives(q)}
+    negatives = lambda rows: {v for row in rows for k, v in row.items() if k.startswith("negative_")}  # noqa: E731
+    r, rows = _mine(str(beir), "--out", str(tmp_path / "m.jsonl"), "--negatives", "5")
+    assert r.exit_code == 0, r.output
+    assert not negatives(rows) & answers and json.loads(r.stdout)["documents"] == 500 - len(answers)
+    r, kept = _mine(str(beir), "--out", str(tmp_path / "k.jsonl"), "--negatives", "5", "--keep-other-splits")
+    assert r.exit_code == 0, r.output
+    assert len(negatives(kept) & answers) > 20 and json.loads(r.stdout)["held_out"] == 0
+    # mined for the test split, the training answers are the ones left out; a text that is an answer
+    # of both splits stays
+    r, rows = _mine(f"{beir}:test", "--out", str(tmp_path / "t.jsonl"), "--negatives", "5", "--range", "0:50")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["documents"] == len(answers) and negatives(rows) <= answers
 
 
 def test_mining_filters_by_margin_and_counts_the_short_rows(retrieval, tmp_path):

@@ -320,7 +320,8 @@ def mine(args: MineArgs, as_json: Json = False) -> None:
         print_json(stats)
         return
     short = ", ".join(f"{n} ({why})" for why, n in stats["short"].items()) or "none"
-    out.print(f"{stats['rows']:,} rows with {stats['negatives']:,} negatives from {stats['documents']:,} documents "
+    held = f" ({stats['held_out']:,} other splits' answers left out)" if stats["held_out"] else ""
+    out.print(f"{stats['rows']:,} rows with {stats['negatives']:,} negatives from {stats['documents']:,} documents{held} "
               f"-> {stats['out']}; rows with fewer than {args.negatives}: {short}")
 
 

@@ -141,3 +141,18 @@ def read_split(path: str | Path, *, training: bool) -> BeirSplit:
     if not qrels:
         raise DataFormatError(qrels_file, "no query with a relevant document", hint="a qrels row per (query, document, score > 0)")
     return BeirSplit(d, split, corpus, {q: texts[q] for q in qrels}, qrels, skipped)
+
+
+def other_splits_answers(split: BeirSplit) -> dict[str, set[str]]:
+    """Per other split of ``split``'s directory (each qrels/*.tsv but its own), the documents judged
+    relevant there and in no judgement of ``split``: that split's answers. Mined as negatives for
+    training, they teach a model that the other split's answers are wrong."""
+    here = {d for judged in split.qrels.values() for d in judged}
+    out: dict[str, set[str]] = {}
+    for f in sorted((split.directory / "qrels").glob("*.tsv")):
+        if f.stem != split.split:
+            docs = {did for _, _, did, g in read_qrels(f) if g > 0 and did not in here}
+            if docs:
+                out[f.stem] = docs
+    return out
+
