@@ -89,7 +89,7 @@ def pairs(beir: Path) -> list[tuple[str, str]]:
 
 # ---- the sides, each in its own process -------------------------------------------------------------
 def mlmkit_side(task: str, model: Path, train: Path, out: Path, batch_size: int, options: dict,
-                steps: int | None = None, **recipe: float) -> dict:
+                steps: int | None = None, **recipe: float | None) -> dict:
     """mlmkit's finetune() on the recipe (lr, max length, no warmup or decay, 1 epoch or ``steps``;
     ``recipe`` changes any of them): the training call's seconds."""
     import torch
@@ -99,7 +99,8 @@ def mlmkit_side(task: str, model: Path, train: Path, out: Path, batch_size: int,
 
     torch.set_num_threads(THREADS)
     settings = {"max_length": RECIPE["max_length"], "lr": RECIPE["lr"], "warmup_ratio": 0.0, "weight_decay": 0.0,
-                "seed": RECIPE["seed"], **({"steps": steps} if steps else {"epochs": RECIPE["epochs"]}), **recipe}
+                "seed": RECIPE["seed"], "bf16": False,  # fp32, as sentence-transformers' trainers run on the CPU
+                **({"steps": steps} if steps else {"epochs": RECIPE["epochs"]}), **recipe}
     args = FinetuneArgs.from_flat(task=task, model=model, train_file=train, out=out, batch_size=batch_size,
                                   progress=False, options=options, **settings)
     t0 = time.perf_counter()
@@ -170,7 +171,7 @@ def side_mlmkit_reranker(work: Path, out: Path, steps: int | None = None) -> dic
     or ``steps``)."""
     r = TWO_STAGE_RERANKER
     return mlmkit_side("rerank", minilm(), work / "reranker-rows.jsonl", out, RECIPE["batch_pairs"], {"loss": r["loss"]},
-                       steps, lr=r["lr"], warmup_ratio=r["warmup_ratio"])
+                       steps, lr=r["lr"], warmup_ratio=r["warmup_ratio"], bf16=None)  # mlmkit's default: bf16 where native
 
 
 def side_st_rerank(work: Path, out: Path) -> dict:

@@ -7,7 +7,8 @@ CrossEncoder with the same scores, and its bundle is what `mlmkit rerank`, `/v1/
 default for one label, or identity) is built into the model: config.json records it for
 CrossEncoder, and evaluation, `mlmkit classify` and the routes apply it, so no two of them disagree.
 
-Data, one example per query (its candidates stay in one batch, ``group_features``):
+Data, one example per query (its candidates stay in one batch, ``group_features``; in training with the
+pointwise ``bce``, one per pair, batched by length):
 
 - rows of a query, a document and a label (``query``, ``document``, ``label``: 0/1 or graded up to
   ``max_label``), the rows of one query gathered;
@@ -173,6 +174,10 @@ class RerankTask:
                 raise TaskError(f"{path}: no query has both relevant and irrelevant candidates",
                                 f"the {options['loss']} loss ranks a query's candidates against each other; use loss=bce")
             examples = kept
+        elif training:
+            # a pointwise loss needs no query's candidates together: each pair is an example of its own,
+            # so the batches are cut by length alone (less padding than whole queries)
+            examples = [{**ex, "docs": [doc], "labels": [y]} for ex in examples for doc, y in zip(ex["docs"], ex["labels"])]
         if not training:
             for ex in examples:
                 ex["judged"] = {f"d{i}": y for i, y in enumerate(ex["labels"]) if y > 0}
@@ -197,13 +202,10 @@ class RerankTask:
                  for i, ex in enumerate(examples) for j, doc in enumerate(ex["docs"])]
         with tokenizer_settings(tokenizer, max_length=L) as tok:
             encodings = tok.encode_batch([p for _, _, p in pairs]) if pairs else []
-        # a pointwise loss needs no query's candidates together: in training each pair is a group of its
-        # own, and the batches are cut by length alone (less padding than whole queries)
-        alone = training and ctx.options["loss"] not in LISTWISE
         feats = []
-        for n, ((i, j, _), enc) in enumerate(zip(pairs, encodings)):
-            f: dict[str, Any] = {"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: n if alone else i,
-                                 "candidate": j, **({TRUNCATED: True} if enc.overflowing else {})}
+        for (i, j, _), enc in zip(pairs, encodings):
+            f: dict[str, Any] = {"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i, "candidate": j,
+                                 **({TRUNCATED: True} if enc.overflowing else {})}
             if training:
                 f["labels"] = float(examples[i]["labels"][j])
             feats.append(f)

@@ -12,8 +12,8 @@ not computed again), and refuses to when the data, the retriever or the settings
 
 From a BEIR directory, the documents judged relevant in its other splits (the test answers, when
 training rows are mined) are left out of the corpus unless ``--keep-other-splits``: mined as negatives
-they teach a model that every test answer is wrong (on the built-in set a reranker trained that way
-ranked BM25's top 20 at 0.21 nDCG@10, a random order; without them, 0.34). No torch.
+they teach a model that every test answer is wrong (measured on the built-in set: docs/retrieval.md,
+"Hard negatives"). No torch.
 """
 
 from __future__ import annotations

@@ -155,4 +155,3 @@ def other_splits_answers(split: BeirSplit) -> dict[str, set[str]]:
             if docs:
                 out[f.stem] = docs
     return out
-
