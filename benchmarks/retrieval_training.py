@@ -27,7 +27,7 @@ index). Then the two-stage table, every stage on its bundle (onnxruntime, no tor
 BM25, the bi-encoder (the training part's run when it ran, else all-MiniLM-L6-v2 as it ships), and
 each with its top 20 reranked by a reranker trained for it (mlmkit alone, TWO_STAGE_RERANKER: every
 training query of the standard library's docstrings, the built-in set's test queries left out with
-their answers, BM25's ranks 0:30, 7 negatives a query, mnrl, lr 1e-4, 1 epoch; ~16 minutes on 2
+their answers, BM25's ranks 0:30, 7 negatives a query, mnrl, lr 1e-4, 1 epoch; 13 to 16 minutes on 2
 cores): nDCG@10 and queries/s of each stage.
 
     python benchmarks/retrieval_training.py [--documents 1000] [--rounds 1] [--quick]
