@@ -459,7 +459,7 @@ def reranking(args: argparse.Namespace, work: Path) -> list[str]:
     return [target("rerank-train-vs-sentence-transformers", s["seconds"] / m["seconds"], ">=", 2.0)]
 
 
-def reranker_rows(args: argparse.Namespace, work: Path) -> int:
+def reranker_rows(work: Path) -> int:
     """reranker-rows.jsonl: TWO_STAGE_RERANKER's rows, mined from a retrieval set of every docstring whose
     first documents are the built-in set's (so its test queries are test queries there too); the count."""
     from mlmkit.quickstart.retrieval_set import write_retrieval_set
@@ -481,7 +481,7 @@ def two_stages(args: argparse.Namespace, work: Path) -> list[str]:
     """BM25 -> bi-encoder -> reranker on the bundles: the fine-tuned bi-encoder (the training part's
     mlmkit run; all-MiniLM-L6-v2 as it ships without that part) and the reranker trained here on
     TWO_STAGE_RERANKER's recipe, exported."""
-    queries = reranker_rows(args, work)
+    queries = reranker_rows(work)
     rr = run_side("mlmkit-reranker", work, work / "mlmkit-reranker", args.patience * 5,
                   *(("--steps", "20") if args.quick else ()))
     recipe = TWO_STAGE_RERANKER

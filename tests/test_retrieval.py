@@ -23,6 +23,7 @@ from mlmkit.infer.retrieval import mean_metrics, query_metrics, search
 from mlmkit.plugin.registry import TaskContext, get_task
 from mlmkit.quickstart.retrieval_set import write_retrieval_set
 from mlmkit.text.beir import read_split
+from mlmkit.text.readers import numbered
 from mlmkit.train import losses
 from mlmkit.train.finetune import evaluate_base
 from mlmkit.train.losses import PairBatch
@@ -568,6 +569,12 @@ def _mine(*args: str) -> tuple[int, list[dict]]:
     return r, rows
 
 
+def _answers(split: str) -> set[str]:
+    """The texts of the documents a BEIR split judges relevant."""
+    s = read_split(split, training=False)
+    return {s.corpus[d] for q in s.qrels for d in s.positives(q)}
+
+
 def test_mining_skips_positives_and_keeps_to_the_window(retrieval, tmp_path):
     from mlmkit.infer.retrieval import BM25
 
@@ -576,8 +583,7 @@ def test_mining_skips_positives_and_keeps_to_the_window(retrieval, tmp_path):
     assert r.exit_code == 0, r.output
     split = read_split(beir, training=True)
     assert len(rows) == sum(len(split.positives(q)) for q in split.qrels) and json.loads(r.stdout)["short"] == {}
-    test = read_split(f"{beir}:test", training=False)
-    test_answers = {test.corpus[d] for q in test.qrels for d in test.positives(q)}
+    test_answers = _answers(f"{beir}:test")
     assert json.loads(r.stdout)["held_out"] == len(test_answers) == 100
     docs = [t for t in split.corpus.values() if t not in test_answers]  # the test split's answers are not mined
     bm25 = BM25(docs)
@@ -595,9 +601,8 @@ def test_mining_skips_positives_and_keeps_to_the_window(retrieval, tmp_path):
 
 def test_mining_leaves_the_other_splits_answers_out_unless_asked(retrieval, tmp_path):
     beir = retrieval["beir"]
-    test = read_split(f"{beir}:test", training=False)
-    answers = {test.corpus[d] for q in test.qrels for d in test.positives(q)}
-    negatives = lambda rows: {v for row in rows for k, v in row.items() if k.startswith("negative_")}  # noqa: E731
+    answers = _answers(f"{beir}:test")
+    negatives = lambda rows: {row[k] for row in rows for k in numbered(row, "negative")}  # noqa: E731
     r, rows = _mine(str(beir), "--out", str(tmp_path / "m.jsonl"), "--negatives", "5")
     assert r.exit_code == 0, r.output
     assert not negatives(rows) & answers and json.loads(r.stdout)["documents"] == 500 - len(answers)
