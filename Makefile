@@ -1,6 +1,7 @@
-# `make quickstart` and `make test` each create .venv on first use. `make test`: ruff, the import-linter
-# contracts (docs/architecture.md), then the tests in worker processes (pytest-xdist; one torch thread
-# each, tests/conftest.py) with the 15 slowest listed.
+# `make quickstart` and `make test` each create .venv on first use (mlmkit with its [train] extra and
+# the dev tools). `make test`: ruff, the import-linter contracts and mypy (docs/architecture.md), then
+# the tests in worker processes (pytest-xdist; one torch thread each, tests/conftest.py) with the 15
+# slowest listed.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -14,6 +15,7 @@ $(BIN)/mlmkit: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e '.[dev]'
+	mkdir -p $(VENV)/mypy-path && ln -sfn $(CURDIR)/tasks $(VENV)/mypy-path/mlmkit_tasks  # mypy: tasks/ is mlmkit_tasks
 	touch $(BIN)/mlmkit
 
 quickstart: $(BIN)/mlmkit
@@ -22,10 +24,13 @@ quickstart: $(BIN)/mlmkit
 test: $(BIN)/mlmkit
 	$(BIN)/ruff check mlmkit tasks tests benchmarks
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q --numprocesses auto --maxprocesses 4 --dist worksteal --durations 15
 
 lint: $(BIN)/mlmkit
 	$(BIN)/ruff check mlmkit tasks tests benchmarks
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 bench: $(BIN)/mlmkit
 	$(BIN)/python benchmarks/pretrain_throughput.py

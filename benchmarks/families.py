@@ -341,7 +341,7 @@ def setup(work: Path, families: list[str], n_sentences: int, attn: str | None = 
         save_checkpoint(d / "checkpoint", fam, train)
         t1 = time.perf_counter()
         from mlmkit.args import ExportArgs
-        from mlmkit.export.bundle import export
+        from mlmkit.exporter.bundle import export
 
         try:
             m = export(ExportArgs(run=d / "checkpoint", out=d / "bundle"))
@@ -533,7 +533,8 @@ def report_long(long: dict[str, Any]) -> None:
         print("  mlmkit vs transformers (time ratio): " + ", ".join(f"{k} tokens {t[k] / m[k]:.2f}x" for k in m if k in t))
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, int, list[str]]:
+    """The command line, checked: the arguments, the sentences timed per pass and the families to run."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=work_dir("runs/bench-families"),
                     help="where checkpoints, bundles, graphs and data are written (reused between runs)")
@@ -566,6 +567,134 @@ def main() -> None:
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         ap.error(f"unknown families {unknown}; choose from {', '.join(FAMILIES)}")
+    return a, n, families
+
+
+def long_sides_of(a: argparse.Namespace, families: list[str]) -> list[str]:
+    """The sides timed on ModernBERT's long inputs: none, mlmkit, or mlmkit and the transformers reference."""
+    return [] if a.no_long or "modernbert" not in families else (
+        ["mlmkit"] + (["transformers"] if a.long_reference == "yes" or (a.long_reference == "auto" and not a.quick) else []))
+
+
+def print_plan(a: argparse.Namespace, families: list[str], n: int, rounds: int, long_sides: list[str]) -> None:
+    """The opening line: what this run will time, and where its work directory is."""
+    if a.only_long:
+        print(f"families.py --only-long: the ModernBERT classifier on long inputs ({', '.join(map(str, LONG_LENGTHS))} tokens, "
+              f"batch 1, {a.threads} threads, median of 3 after a warm-up): {', '.join(long_sides)}.  Work directory: {a.work}", flush=True)
+    else:
+        print(f"families.py: {', '.join(families)}; each a MiniLM-sized random ForSequenceClassification (2 labels) saved by "
+              f"transformers;\n  {n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, {rounds} alternating "
+              f"round(s) of mlmkit bundle / transformers pipeline / optimum-equivalent onnxruntime graph, each side in its own "
+              f"process;\n  then ModernBERT long inputs ({', '.join(map(str, LONG_LENGTHS))} tokens, batch 1, median of 3 after a "
+              f"warm-up): {', '.join(long_sides) or 'skipped'}.  Work directory: {a.work}", flush=True)
+
+
+def bench_families(a: argparse.Namespace, families: list[str], common: list[str], rounds: int) -> dict[str, dict[str, Any]]:
+    """The throughput races of every family (none with --only-long); a family that fails gets its error."""
+    results: dict[str, dict[str, Any]] = {}
+    for fam in [] if a.only_long else families:
+        try:
+            results[fam] = bench_family(fam, a, common, rounds)
+        except RuntimeError as e:
+            log(f"{fam}: {e}")
+            results[fam] = {"error": str(e)}
+    return results
+
+
+def speed_cell(speed: dict[str, float], s: str, width: int) -> str:
+    """Side ``s``'s median speed in ``width`` characters, or 'failed' when it has none."""
+    return f"{speed[s]:{width}.1f}" if s in speed else f"{'failed':>{width}s}"
+
+
+def ratio_cell(x: float | None, width: int) -> str:
+    """A ratio as ``1.23x`` in ``width`` characters, or '-' when there is none."""
+    return f"{x:{width - 1}.2f}x" if x is not None else f"{'-':>{width}s}"
+
+
+def print_fusions(d: Path) -> None:
+    """What the mlmkit export and the optimum-equivalent fused in family directory ``d``, or why they failed."""
+    if (d / "export-error.txt").exists():
+        print(f"      mlmkit export failed: {(d / 'export-error.txt').read_text().splitlines()[0]}")
+    else:
+        m = json.loads((d / "bundle" / "mlmkit.json").read_text())
+        print(f"      mlmkit fused: {m['fused_operators']}")
+    if (d / "optimum-error.txt").exists():
+        print(f"      optimum-equivalent failed: {(d / 'optimum-error.txt').read_text().splitlines()[0]}")
+    else:
+        info = json.loads((d / "optimum.json").read_text())
+        print(f"      optimum-eq fused: {info['fused_operators']}  (exported by {info['exporter']}, {info['attention']} attention"
+              f"{'; ' + ' / '.join(info['export_errors']) if info['export_errors'] else ''})")
+
+
+def print_agreement(p: dict[str, Any]) -> None:
+    """mlmkit's labels and p(pos) against each other side's (nothing when no pair of sides answered)."""
+    checks = []
+    for other in ("transformers", "optimum"):
+        if "mlmkit" in p and other in p:
+            same = agreement(p["mlmkit"], p[other])
+            diff = max(abs(x[1] - y[1]) for x, y in zip(p["mlmkit"], p[other]))
+            checks.append(f"vs {other}: labels {same:.4f} equal, max |p(pos) diff| {diff:.1e}")
+    if checks:
+        print(f"      mlmkit {'; '.join(checks)}")
+
+
+def report_family(fam: str, res: dict[str, Any], work: Path, n: int,
+                  ceiling: dict[str, Any]) -> tuple[float | None, float | None]:
+    """One family's row of the throughput table and its detail lines; returns mlmkit vs transformers and vs optimum."""
+    d = work / fam
+    sp = res["speeds"]
+    speed = median_speeds(res)
+    rt, ro = (ratio(res, "mlmkit", y) if "mlmkit" in sp and y in sp else None for y in ("transformers", "optimum"))
+    per_text = useful_per_text(d / "checkpoint", json.loads((work / f"sentences-{n}.json").read_text()))
+    shares = " / ".join(share(speed[s] * per_text, ceiling).split(" ")[0] if s in speed else "-"
+                        for s in ("mlmkit", "transformers", "optimum"))
+    print(f"  {fam:12s} {speed_cell(speed, 'mlmkit', 8)} {speed_cell(speed, 'transformers', 13)} "
+          f"{speed_cell(speed, 'optimum', 11)} {ratio_cell(rt, 16)} {ratio_cell(ro, 11)}   {shares:>17s}")
+    print(f"      passes: {'; '.join(f'{s} ' + passes(sp[s], res['others'][s]) for s in sp)}")
+    print_fusions(d)
+    print_agreement(res["preds"])
+    return rt, ro
+
+
+def report_families(a: argparse.Namespace, families: list[str], results: dict[str, dict[str, Any]], n: int, rounds: int,
+                    ceiling: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
+    """The throughput table of every family; returns mlmkit's ratios to transformers and to optimum by family."""
+    print(f"\n{n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, {rounds} alternating pass(es) per side; "
+          f"medians over the quiet passes (sentences/s); ratios: medians of back-to-back ratios; 'of fp32': each side's "
+          "useful FLOP/s (padding not counted) over the fp32 GEMM ceiling above, mlmkit / transformers / optimum-eq")
+    print(f"  {'family':12s} {'mlmkit':>8s} {'transformers':>13s} {'optimum-eq':>11s} {'vs transformers':>16s} {'vs optimum':>11s}"
+          f"   {'of fp32':>17s}")
+    vs_tf: dict[str, float] = {}
+    vs_opt: dict[str, float] = {}
+    for fam in families:
+        res = results[fam]
+        if "error" in res:
+            print(f"  {fam:12s} failed: {res['error']}")
+            continue
+        rt, ro = report_family(fam, res, a.work, n, ceiling)
+        if rt is not None:
+            vs_tf[fam] = rt
+        if ro is not None:
+            vs_opt[fam] = ro
+    return vs_tf, vs_opt
+
+
+def report_targets(families: list[str], vs_tf: dict[str, float], vs_opt: dict[str, float]) -> None:
+    """The two target lines, minima over the families measured (and which family each minimum is)."""
+    if len(vs_tf) < len(families) or len(vs_opt) < len(families):
+        print(f"(the minima are over the families measured: vs transformers {', '.join(vs_tf) or 'none'}; "
+              f"vs optimum {', '.join(vs_opt) or 'none'})")
+    lines = []
+    for name, vals, goal in (("family-classify-vs-transformers-min", vs_tf, 3.0), ("family-classify-vs-optimum-min", vs_opt, 1.3)):
+        worst = min(vals, key=vals.__getitem__) if vals else None
+        if worst:
+            print(f"{name} is {worst}'s")
+        lines.append(target(name, vals[worst] if worst else float("nan"), ">=", goal))
+    print("\n".join(lines))
+
+
+def main() -> None:
+    a, n, families = parse_args()
     if a.role == "setup":
         setup(a.work, families, n, a.optimum_attention)
         return
@@ -580,30 +709,15 @@ def main() -> None:
     ceiling = print_machine(a.threads)
     t_start = time.perf_counter()
     rounds = a.rounds or (1 if a.quick else 3)
-    long_sides = [] if a.no_long or "modernbert" not in families else (
-        ["mlmkit"] + (["transformers"] if a.long_reference == "yes" or (a.long_reference == "auto" and not a.quick) else []))
-    if a.only_long:
-        print(f"families.py --only-long: the ModernBERT classifier on long inputs ({', '.join(map(str, LONG_LENGTHS))} tokens, "
-              f"batch 1, {a.threads} threads, median of 3 after a warm-up): {', '.join(long_sides)}.  Work directory: {a.work}", flush=True)
-    else:
-        print(f"families.py: {', '.join(families)}; each a MiniLM-sized random ForSequenceClassification (2 labels) saved by "
-              f"transformers;\n  {n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, {rounds} alternating "
-              f"round(s) of mlmkit bundle / transformers pipeline / optimum-equivalent onnxruntime graph, each side in its own "
-              f"process;\n  then ModernBERT long inputs ({', '.join(map(str, LONG_LENGTHS))} tokens, batch 1, median of 3 after a "
-              f"warm-up): {', '.join(long_sides) or 'skipped'}.  Work directory: {a.work}", flush=True)
+    long_sides = long_sides_of(a, families)
+    print_plan(a, families, n, rounds, long_sides)
     common = ["--work", str(a.work), "--threads", str(a.threads), "--batch-size", str(a.batch_size), "--sentences", str(n)]
     t0 = time.perf_counter()
     opt = ["--optimum-attention", a.optimum_attention] if a.optimum_attention else []
     setup_step(HERE, "--families", ",".join(families), *common, *opt, env=ENV)
     t_setup = time.perf_counter() - t0
-    results: dict[str, dict[str, Any]] = {}
     t0 = time.perf_counter()
-    for fam in [] if a.only_long else families:
-        try:
-            results[fam] = bench_family(fam, a, common, rounds)
-        except RuntimeError as e:
-            log(f"{fam}: {e}")
-            results[fam] = {"error": str(e)}
+    results = bench_families(a, families, common, rounds)
     t_bench = time.perf_counter() - t0
     t0 = time.perf_counter()
     long = bench_long(a, common, long_sides) if long_sides else {}
@@ -613,75 +727,14 @@ def main() -> None:
         print(f"\nwall time {time.perf_counter() - t_start:.0f}s (setup {t_setup:.0f}s, long inputs {t_long:.0f}s)")
         return
 
-    print(f"\n{n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, {rounds} alternating pass(es) per side; "
-          f"medians over the quiet passes (sentences/s); ratios: medians of back-to-back ratios; 'of fp32': each side's "
-          "useful FLOP/s (padding not counted) over the fp32 GEMM ceiling above, mlmkit / transformers / optimum-eq")
-    print(f"  {'family':12s} {'mlmkit':>8s} {'transformers':>13s} {'optimum-eq':>11s} {'vs transformers':>16s} {'vs optimum':>11s}"
-          f"   {'of fp32':>17s}")
-    vs_tf: dict[str, float] = {}
-    vs_opt: dict[str, float] = {}
-    for fam in families:
-        res = results[fam]
-        d = a.work / fam
-        if "error" in res:
-            print(f"  {fam:12s} failed: {res['error']}")
-            continue
-        sp = res["speeds"]
-        speed = median_speeds(res)
-        rt, ro = (ratio(res, "mlmkit", y) if "mlmkit" in sp and y in sp else None for y in ("transformers", "optimum"))
-        if rt is not None:
-            vs_tf[fam] = rt
-        if ro is not None:
-            vs_opt[fam] = ro
-
-        def cell(s: str, width: int, speed: dict[str, float] = speed) -> str:
-            return f"{speed[s]:{width}.1f}" if s in speed else f"{'failed':>{width}s}"
-
-        def rcell(x: float | None, width: int) -> str:
-            return f"{x:{width - 1}.2f}x" if x is not None else f"{'-':>{width}s}"
-
-        per_text = useful_per_text(d / "checkpoint", json.loads((a.work / f"sentences-{n}.json").read_text()))
-        shares = " / ".join(share(speed[s] * per_text, ceiling).split(" ")[0] if s in speed else "-"
-                            for s in ("mlmkit", "transformers", "optimum"))
-        print(f"  {fam:12s} {cell('mlmkit', 8)} {cell('transformers', 13)} {cell('optimum', 11)} {rcell(rt, 16)} {rcell(ro, 11)}"
-              f"   {shares:>17s}")
-        print(f"      passes: {'; '.join(f'{s} ' + passes(sp[s], res['others'][s]) for s in sp)}")
-        if (d / "export-error.txt").exists():
-            print(f"      mlmkit export failed: {(d / 'export-error.txt').read_text().splitlines()[0]}")
-        else:
-            m = json.loads((d / "bundle" / "mlmkit.json").read_text())
-            print(f"      mlmkit fused: {m['fused_operators']}")
-        if (d / "optimum-error.txt").exists():
-            print(f"      optimum-equivalent failed: {(d / 'optimum-error.txt').read_text().splitlines()[0]}")
-        else:
-            info = json.loads((d / "optimum.json").read_text())
-            print(f"      optimum-eq fused: {info['fused_operators']}  (exported by {info['exporter']}, {info['attention']} attention"
-                  f"{'; ' + ' / '.join(info['export_errors']) if info['export_errors'] else ''})")
-        p = res["preds"]
-        checks = []
-        for other in ("transformers", "optimum"):
-            if "mlmkit" in p and other in p:
-                same = agreement(p["mlmkit"], p[other])
-                diff = max(abs(x[1] - y[1]) for x, y in zip(p["mlmkit"], p[other]))
-                checks.append(f"vs {other}: labels {same:.4f} equal, max |p(pos) diff| {diff:.1e}")
-        if checks:
-            print(f"      mlmkit {'; '.join(checks)}")
+    vs_tf, vs_opt = report_families(a, families, results, n, rounds, ceiling)
     print(noisy_note())
 
     report_long(long)
 
     wall = time.perf_counter() - t_start
     print(f"\nwall time {wall:.0f}s (setup {t_setup:.0f}s, throughput {t_bench:.0f}s, long inputs {t_long:.0f}s)")
-    if len(vs_tf) < len(families) or len(vs_opt) < len(families):
-        print(f"(the minima are over the families measured: vs transformers {', '.join(vs_tf) or 'none'}; "
-              f"vs optimum {', '.join(vs_opt) or 'none'})")
-    lines = []
-    for name, vals, goal in (("family-classify-vs-transformers-min", vs_tf, 3.0), ("family-classify-vs-optimum-min", vs_opt, 1.3)):
-        worst = min(vals, key=vals.__getitem__) if vals else None
-        if worst:
-            print(f"{name} is {worst}'s")
-        lines.append(target(name, vals[worst] if worst else float("nan"), ">=", goal))
-    print("\n".join(lines))
+    report_targets(families, vs_tf, vs_opt)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -91,24 +92,13 @@ def words(s: str) -> list[str]:
     return s.split()
 
 
-def setup(work: Path, quick: bool, n_sentences: int) -> None:
-    """Everything the sides read, written once into ``work`` (reused while setup.json matches)."""
-    import torch
+def keyword_label(s: str) -> str:
+    """The classifier's label of sentence ``s``: "returns" when it has one of KEYWORDS, else "other"."""
+    return "returns" if KEYWORDS & {w.lower().strip(".,;:()") for w in words(s)} else "other"
 
-    from mlmkit.args import ExportArgs, FinetuneArgs
-    from mlmkit.export.bundle import export
-    from mlmkit.model import BertForPreTraining
-    from mlmkit.rundir.checkpoint import save_run
-    from mlmkit.rundir.config import BertConfig
-    from mlmkit.text.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_tokenizer, train_tokenizer
-    from mlmkit.train.finetune import finetune
 
-    stamp = {"quick": quick, "sentences": n_sentences, "version": 8}  # bump when exports change
-    if (work / "setup.json").exists() and json.loads((work / "setup.json").read_text()) == stamp:
-        log(f"setup: reusing {work}")
-        return
-    work.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+def write_sentences(work: Path, n_sentences: int) -> tuple[list[str], list[str], list[str]]:
+    """The timed sentences, plain and masked, into sentences.json; returns all sentences, the timed ones and the rest."""
     sents = stdlib_sentences()
     rng = random.Random(0)
     pool = sorted({s for s in sents if 8 <= len(words(s)) <= 40})
@@ -121,8 +111,13 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
         w[i] = "[MASK]"
         masked.append(" ".join(w))
     (work / "sentences.json").write_text(json.dumps({"plain": bench, "masked": masked}))
+    return sents, bench, rest
 
-    # tokenizer: WordPiece on the docstrings, padded to the BERT vocabulary size with [unusedN]
+
+def padded_tokenizer(work: Path, sents: list[str], t0: float) -> Any:
+    """WordPiece trained on ``sents``, padded to the BERT vocabulary size with [unusedN], saved in work/vocab."""
+    from mlmkit.text.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_tokenizer, train_tokenizer
+
     tok = train_tokenizer(sents, vocab_size=VOCAB, min_frequency=2)
     vocab = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
     vocab += [f"[unused{i}]" for i in range(VOCAB - len(vocab))]
@@ -134,31 +129,47 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
     assert tok.get_vocab_size() == VOCAB
     save_tokenizer(tok, tmp, max_length=MAX_LENGTH)
     log(f"setup: tokenizer of {tok.get_vocab_size()} tokens ({time.perf_counter() - t0:.0f}s)")
+    return tok
 
-    # fill-mask: a random-weight MiniLM pretraining run (an HF checkpoint directory)
-    cfg = BertConfig(vocab_size=VOCAB, max_position_embeddings=512, **MINILM)
+
+def save_mlm_run(work: Path, tok: Any) -> None:
+    """The fill-mask model: a random-weight MiniLM pretraining run (an HF checkpoint directory) in work/mlm-run."""
+    import torch
+
+    from mlmkit.model import BertForPreTraining
+    from mlmkit.models.config import ModelConfig
+    from mlmkit.rundir.checkpoint import save_run
+
+    cfg = ModelConfig(vocab_size=VOCAB, max_position_embeddings=512, **MINILM)
     cfg.architectures = ["BertForPreTraining"]
     torch.manual_seed(0)
     save_run(BertForPreTraining(cfg), work / "mlm-run", config=cfg, tokenizer=tok,
              meta={"task": "pretraining", "max_length": MAX_LENGTH})
 
-    # classification: fine-tuned on a keyword task so that int8 agreement means something
-    data = [(s, "returns" if KEYWORDS & {w.lower().strip(".,;:()") for w in words(s)} else "other") for s in rest]
+
+def write_csv(path: Path, rows: Iterable[tuple[str, str]]) -> None:
+    """``rows`` of (text, label) as a CSV file with a header."""
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        w.writerows(rows)
+
+
+def finetune_classifier(work: Path, bench: list[str], rest: list[str], quick: bool) -> None:
+    """The classifier, fine-tuned from mlm-run on the keyword task so that int8 agreement means something."""
+    from mlmkit.args import FinetuneArgs
+    from mlmkit.train.finetune import finetune
+
+    data = [(s, keyword_label(s)) for s in rest]
     pos = [d for d in data if d[1] == "returns"]
     neg = [d for d in data if d[1] == "other"][: len(pos)]
     train = pos + neg
     random.Random(1).shuffle(train)
     train = train[: 480 if quick else 1600]
-    import csv
-
-    with open(work / "train.csv", "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["text", "label"])
-        w.writerows(train)
-    with open(work / "dev.csv", "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["text", "label"])
-        w.writerows((s, "returns" if KEYWORDS & {x.lower().strip(".,;:()") for x in words(s)} else "other") for s in bench)
+    write_csv(work / "train.csv", train)
+    write_csv(work / "dev.csv", ((s, keyword_label(s)) for s in bench))
     t1 = time.perf_counter()
     metrics = finetune(FinetuneArgs.from_flat(
         task="classification", model=work / "mlm-run", train_file=work / "train.csv", out=work / "clf-run",
@@ -168,8 +179,9 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
     (work / "classifier.json").write_text(json.dumps(scores))
     log(f"setup: classifier fine-tuned in {time.perf_counter() - t1:.0f}s: " + ", ".join(f"{k} {v:.3f}" for k, v in scores.items()))
 
-    # embedding: the same encoder as a sentence-transformers model (mean pooling, normalised), and
-    # CTranslate2's conversion of it
+
+def embedding_models(work: Path) -> None:
+    """The encoder as a sentence-transformers model (mean pooling, normalised), and CTranslate2's conversion of it."""
     sentence_transformers_model(work / "mlm-run", work / "st-model")
     import transformers
     from ctranslate2.converters import TransformersConverter
@@ -177,7 +189,12 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
     transformers.BertConfig.position_embedding_type = "absolute"  # ctranslate2 4.8 reads what transformers 5 dropped
     TransformersConverter(str(work / "st-model")).convert(str(work / "ct2"), force=True)
 
-    # bundles, and the plain full-logits graph
+
+def export_bundles(work: Path) -> None:
+    """The fp32 and int8 bundles of the three models, and the plain full-logits graph."""
+    from mlmkit.args import ExportArgs
+    from mlmkit.exporter.bundle import export
+
     for name, run, kw in (("fill-mask", "mlm-run", {}), ("fill-mask-int8", "mlm-run", {"quantize": "int8"}),
                           ("classify", "clf-run", {}), ("classify-int8", "clf-run", {"quantize": "int8"}),
                           ("embed", "st-model", {}), ("embed-int8", "st-model", {"quantize": "int8"})):
@@ -188,6 +205,22 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
             f"parity {max(m['parity']['max_abs_diff'].values()):.1e}{'' if agree is None else f', top-1 {agree:.3f}'} "
             f"({time.perf_counter() - t1:.0f}s)")
     full_logits_graph(work / "mlm-run", work / "full-logits.onnx")
+
+
+def setup(work: Path, quick: bool, n_sentences: int) -> None:
+    """Everything the sides read, written once into ``work`` (reused while setup.json matches)."""
+    stamp = {"quick": quick, "sentences": n_sentences, "version": 8}  # bump when exports change
+    if (work / "setup.json").exists() and json.loads((work / "setup.json").read_text()) == stamp:
+        log(f"setup: reusing {work}")
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    sents, bench, rest = write_sentences(work, n_sentences)
+    tok = padded_tokenizer(work, sents, t0)
+    save_mlm_run(work, tok)
+    finetune_classifier(work, bench, rest, quick)
+    embedding_models(work)
+    export_bundles(work)
     (work / "setup.json").write_text(json.dumps(stamp))
     log(f"setup: done in {time.perf_counter() - t0:.0f}s")
 
@@ -219,12 +252,12 @@ def full_logits_graph(run: Path, out: Path) -> None:
 
     import torch
 
-    from mlmkit.export.graphs import torch_export
-    from mlmkit.export.passes import fuse
+    from mlmkit.exporter.graphs import torch_export
+    from mlmkit.exporter.passes import fuse
     from mlmkit.infer.bundle import INPUT_NAMES as INPUTS
     from mlmkit.model import BertForPreTraining, set_attention_impl
     from mlmkit.rundir.checkpoint import load_state_dict, load_weights
-    from mlmkit.rundir.config import BertConfig
+    from mlmkit.rundir.config import load_config
 
     class Full(torch.nn.Module):
         def __init__(self, m: BertForPreTraining) -> None:
@@ -234,7 +267,7 @@ def full_logits_graph(run: Path, out: Path) -> None:
         def forward(self, input_ids, attention_mask, token_type_ids):  # noqa: ANN001
             return (self.m(input_ids, attention_mask, token_type_ids)["prediction_logits"],)
 
-    cfg = BertConfig.load(run)
+    cfg = load_config(run)
     m = BertForPreTraining(cfg)
     load_weights(m, load_state_dict(run))
     m.eval()

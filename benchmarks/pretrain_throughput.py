@@ -74,9 +74,9 @@ def worker(side: str, steps: int, warmup: int, batch_size: int, seq_len: int, th
 
     if side == "mlmkit":
         from mlmkit.model import BertForPreTraining
-        from mlmkit.rundir.config import BertConfig
+        from mlmkit.models.config import ModelConfig
 
-        model = BertForPreTraining(BertConfig(**CONFIG))
+        model = BertForPreTraining(ModelConfig(**CONFIG))
     else:
         import transformers
 

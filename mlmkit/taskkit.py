@@ -1,8 +1,72 @@
-"""The public path of mlmkit.plugin.taskkit, which task plugins import (docs/plugins.md): the same module
-under its first name, so a plugin written against it keeps working when files move."""
+"""The task author's kit: everything a task plugin needs from mlmkit at module level, without torch.
 
-import sys
+The onnxruntime runtime imports tasks to featurize and postprocess, so nothing here reaches torch (an
+import-linter contract holds it). A plugin, built-in or a third party's, imports from here and from
+``mlmkit.registry`` (the contract) at module level, and from ``mlmkit.model`` (the torch side) inside
+``build_model`` only (docs/plugins.md):
 
-from mlmkit.plugin import taskkit
+    from mlmkit.taskkit import EXAMPLE, BATCH, TaskContext, TaskOption, iter_records, tokenizer_settings
 
-sys.modules[__name__] = taskkit
+This module is the one public path of these names; each is defined where the core uses it:
+
+- the contract's names: mlmkit.registry;
+- readers that stream a file and know each record's line (CSV/TSV, JSONL, text, Parquet, `datasets`
+  directories) and BEIR directories: mlmkit.text.readers, mlmkit.text.beir;
+- tokenizer settings for one block and clipping huge texts: mlmkit.text.truncation; a tokenizer's
+  special token ids: mlmkit.text.tokenizer;
+- retrieval: exact (or faiss) search, the IR metrics, TREC run files, BM25 and dense retrievers over
+  a bundle: mlmkit.infer.retrieval;
+- an exported bundle's pipeline (onnxruntime): mlmkit.infer.pipeline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mlmkit.errors import ConfigError, DataFormatError, MlmkitError, TaskError
+from mlmkit.files import MAX_RECORD_BYTES, parse_json
+from mlmkit.infer.retrieval import BM25, INDEXES, Dense, mean_metrics, retrieve, write_trec
+from mlmkit.infer.retrieval import METRICS as RETRIEVAL_METRICS
+from mlmkit.registry import BATCH, DISTINCT, EXAMPLE, LABEL, SEQUENCE, TRUNCATED, TaskContext, TaskOption
+from mlmkit.text.beir import BeirSplit, is_beir, read_split
+from mlmkit.text.readers import (
+    FORMATS,
+    Record,
+    data_format,
+    is_table,
+    iter_jsonl,
+    iter_lines,
+    iter_records,
+    iter_table,
+    iter_table_rows,
+    numbered,
+    read_text,
+)
+from mlmkit.text.tokenizer import special_ids
+from mlmkit.text.truncation import clip_text, tokenizer_settings
+
+__all__ = [
+    # the contract's names
+    "BATCH", "DISTINCT", "EXAMPLE", "LABEL", "SEQUENCE", "TRUNCATED", "TaskContext", "TaskOption",
+    # errors the CLI prints as one line
+    "ConfigError", "DataFormatError", "MlmkitError", "TaskError",
+    # readers
+    "Record", "FORMATS", "data_format", "iter_lines", "iter_jsonl", "iter_table", "iter_records", "read_text",
+    "is_table", "iter_table_rows", "numbered", "parse_json", "MAX_RECORD_BYTES",
+    "BeirSplit", "is_beir", "read_split",
+    # tokenizers
+    "tokenizer_settings", "clip_text", "special_ids",
+    # retrieval
+    "RETRIEVAL_METRICS", "INDEXES", "retrieve", "mean_metrics", "write_trec", "BM25", "Dense",
+    # inference on bundles
+    "load_pipeline",
+]
+
+
+def load_pipeline(bundle: str | Path, **kwargs: Any) -> Any:
+    """An exported bundle's ``Pipeline`` (mlmkit.infer.pipeline; onnxruntime is imported on first use,
+    so importing a task stays cheap): ``load_pipeline(path, command="embed")(texts)``."""
+    from mlmkit.infer.pipeline import Pipeline
+
+    return Pipeline.load(bundle, **kwargs)

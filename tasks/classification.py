@@ -19,7 +19,6 @@ wrote exports as this task. No torch at module level: the ONNX runtime imports t
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import warnings
@@ -29,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from mlmkit.plugin.taskkit import (
+from mlmkit.taskkit import (
     BATCH,
     EXAMPLE,
     LABEL,
@@ -60,7 +59,7 @@ def _label(rec: Record, opts: Mapping[str, Any]) -> str | list[str] | float:
         rec.text(field, flag="--label-column")  # raises the missing-field error
     if kind == REGRESSION:
         try:
-            x = float(value) if not isinstance(value, bool) else math.nan
+            x = float(value) if value is not None and not isinstance(value, bool) else math.nan
         except (TypeError, ValueError):
             x = math.nan
         if not math.isfinite(x):
@@ -135,25 +134,14 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 # ---- the inference form ------------------------------------------------------------------------
-@functools.cache
-def _cls_only_graph() -> type:
-    """The classifier's inference form: the last layer runs for [CLS] only (torch on demand)."""
-    import torch
-    from torch import nn
+def cls_only(model: Any) -> Any:
+    """The same outputs, the last layer computed for [CLS] only where the head reads [CLS] alone (not
+    ModernBERT's mean pooling): heads/classification.py's ClsOnlyGraph. The reranker's too."""
+    from mlmkit_tasks.heads.classification import ClsOnlyGraph
 
-    from mlmkit.models.core import encode_cls
+    from mlmkit.model import reads_cls_only
 
-    class ClsOnlyGraph(nn.Module):
-        def __init__(self, model: nn.Module) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(
-            self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
-        ) -> dict[str, torch.Tensor]:
-            return {"logits": self.model.classifier(encode_cls(self.model.bert, input_ids, attention_mask, token_type_ids))}
-
-    return ClsOnlyGraph
+    return ClsOnlyGraph(model) if reads_cls_only(model.bert) else model
 
 
 class ClassificationTask:
@@ -163,12 +151,12 @@ class ClassificationTask:
     metrics = ("accuracy", "macro_f1", "mcc")
     outputs = {"logits": (BATCH, LABEL)}
     options = (
-        TaskOption("text_column", "text", "The text column / field."),
-        TaskOption("pair_column", "text_pair", "The second text of a pair (used when present)."),
-        TaskOption("label_column", "label", "The label column / field."),
+        TaskOption("text_column", "text", "The text column / field.", flags=("--text-column",)),
+        TaskOption("pair_column", "text_pair", "The second text of a pair (used when present).", flags=("--pair-column",)),
+        TaskOption("label_column", "label", "The label column / field.", flags=("--label-column",)),
         TaskOption("problem_type", SINGLE, "single_label_classification, multi_label_classification or regression.",
-                   choices=(SINGLE, MULTI, REGRESSION), fixed=True),
-        TaskOption("threshold", 0.5, "multi-label: the probability from which a label is predicted.", minimum=0.0),
+                   choices=(SINGLE, MULTI, REGRESSION), fixed=True, flags=("--problem-type",)),
+        TaskOption("threshold", 0.5, "multi-label: the probability from which a label is predicted.", minimum=0.0, flags=("--threshold",)),
         TaskOption("label_separator", ",", "multi-label: what separates the labels of a text field (JSON lists need none)."),
     )
     hf_architecture = HF_ARCHITECTURE
@@ -243,7 +231,7 @@ class ClassificationTask:
 
     def build_model(self, config: Any, ctx: TaskContext) -> Any:
         """transformers' *ForSequenceClassification of the config's family, on mlmkit's encoder."""
-        from mlmkit.models.core import BertForLabels
+        from mlmkit.model import BertForLabels
 
         kind = ctx.options["problem_type"]
         least = 1 if kind != SINGLE else 2
@@ -253,11 +241,8 @@ class ClassificationTask:
         return BertForLabels(config, per_token=False, problem_type=kind)
 
     def export_module(self, model: Any) -> Any:
-        """The same outputs, the last layer computed for [CLS] only (where the head reads [CLS] alone:
-        not ModernBERT's mean pooling)."""
-        from mlmkit.models.core import reads_cls_only
-
-        return _cls_only_graph()(model) if reads_cls_only(model.bert) else model
+        """The same outputs, the last layer computed for [CLS] only (cls_only)."""
+        return cls_only(model)
 
     def postprocess(
         self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext

@@ -1,5 +1,5 @@
 """Sentence embeddings: one vector per text, pooled over the encoder's real tokens inside the graph,
-fine-tuned for retrieval (or similarity) with a loss of mlmkit/train/losses.py.
+fine-tuned for retrieval (or similarity) with one of LOSSES (functions of mlmkit.model).
 
 Pooling ``mean`` (the default), ``cls`` or ``max`` over the tokens the attention mask keeps, then an
 optional L2 normalisation (``normalize``): what sentence-transformers does with a Pooling and a
@@ -36,38 +36,43 @@ to, config_sentence_transformers.json ({"prompts": {"query": ..., "document": ..
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mlmkit.errors import TaskError
-from mlmkit.infer.retrieval import INDEXES, mean_metrics, retrieve, write_trec
-from mlmkit.infer.retrieval import METRICS as RETRIEVAL_METRICS
-from mlmkit.plugin.taskkit import (
+from mlmkit.taskkit import (
     BATCH,
     DISTINCT,
     EXAMPLE,
+    INDEXES,
+    RETRIEVAL_METRICS,
     TRUNCATED,
     DataFormatError,
     Record,
     TaskContext,
+    TaskError,
     TaskOption,
     clip_text,
     data_format,
+    is_beir,
     iter_jsonl,
     iter_records,
+    load_pipeline,
+    mean_metrics,
+    numbered,
     parse_json,
+    read_split,
+    retrieve,
     tokenizer_settings,
+    write_trec,
 )
-from mlmkit.text.beir import is_beir, read_split
-from mlmkit.text.readers import numbered
 
 log = logging.getLogger("mlmkit")
 
@@ -77,11 +82,30 @@ FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
 INPUT_TYPES = ("none", "query", "document")
 ST_PROMPTS = {"query_prompt": ("query",), "document_prompt": ("document", "passage", "corpus")}
 """The prompt options and the names a sentence-transformers directory's "prompts" gives them (the first found)."""
-LOSS_DATA = {"mnrl": ("rows",), "cached-mnrl": ("rows",), "cosent": ("scored",), "margin-mse": ("rows",),
-             "mse-distill": ("rows", "scored", "texts")}
-"""The losses (mlmkit/train/losses.py's LOSSES) and the data each trains on: "rows" (anchor, positive,
-negatives..., with the teacher's scores for margin-mse), "scored" pairs, or plain "texts"."""
-IN_BATCH = ("mnrl", "cached-mnrl")  # the losses whose negatives are the batch's other texts
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A fine-tuning loss of the task (``--option loss=NAME``): the function of mlmkit.model that makes
+    it, the data it trains on ("rows": anchor, positive, negatives..., with the teacher's scores for
+    margin-mse; "scored" pairs; plain "texts"), and how the batch is embedded for it."""
+
+    function: str
+    data: tuple[str, ...]
+    description: str
+    cached: bool = False  # embedded in mini-batches (GradCache): large batches in small memory
+    in_batch: bool = False  # its negatives are the batch's other texts (no text twice in a batch)
+
+
+LOSSES = {
+    "mnrl": Loss("mnrl", ("rows",), "in-batch and hard negatives (InfoNCE)", in_batch=True),
+    "cached-mnrl": Loss("mnrl", ("rows",), "mnrl in mini-batches (GradCache)", cached=True, in_batch=True),
+    "cosent": Loss("cosent", ("scored",), "scored pairs: cosines ordered as the scores"),
+    "margin-mse": Loss("margin_mse", ("rows",), "rows with teacher scores: the teacher's margins (TAS-B)"),
+    "mse-distill": Loss("mse_distill", ("rows", "scored", "texts"),
+                        "a teacher's embeddings, a projection where the sizes differ"),
+}
+"""The losses, declared here only: the option's choices, the data checks and the model read this."""
 NO_TARGET = np.zeros(0, dtype=np.float32)  # a training feature's "target" without a teacher (mse-distill's only)
 DATA_NAMES = {"rows": "rows of an anchor and its positive", "scored": "scored pairs", "texts": "plain texts"}
 
@@ -136,82 +160,6 @@ def _sentence_transformers(d: Path) -> dict[str, Any]:
         if isinstance(max_len, int) and max_len > 0:
             info["max_length"] = max_len
     return info
-
-
-@functools.cache
-def _model_class() -> type:
-    """An encoder with pooling and normalisation (torch on demand)."""
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    from mlmkit.models.core import BertModel, mean_pool
-    from mlmkit.train.losses import LOSSES, PairBatch, cached, direct, distributed, matryoshka
-
-    class BertForEmbedding(nn.Module):
-        def __init__(self, config: Any, pooling: str, normalize: bool, options: Mapping[str, Any] | None = None,
-                     teacher_dim: int | None = None) -> None:
-            super().__init__()
-            self.config, self.pooling, self.normalize = config, pooling, normalize
-            self.bert = BertModel(config, add_pooling_layer=False)
-            o = options or {}
-            spec = LOSSES[o.get("loss", "mnrl")]
-            # mse-distill from a teacher of another size: the student's embeddings mapped to the teacher's
-            # (training only; the run's and the bundle's embeddings are the student's own)
-            self.distill_projection = nn.Linear(config.hidden_size, teacher_dim) if teacher_dim and teacher_dim != config.hidden_size else None
-            self.objective = spec.make(scale=float(o.get("scale", 20.0)), symmetric=bool(o.get("symmetric", False)),
-                                       project=self.distill_projection)
-            self.mini_batch_size = int(o.get("mini_batch_size", 32)) if spec.cached else 0
-            self.matryoshka = _dims(o.get("matryoshka_dims", ""), config.hidden_size)
-            self.weights = _weights(o.get("matryoshka_weights", ""), len(self.matryoshka))
-
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                    token_type_ids: torch.Tensor | None = None, part: torch.Tensor | None = None,
-                    text_id: torch.Tensor | None = None, score: torch.Tensor | None = None,
-                    example: torch.Tensor | None = None, target: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-            if attention_mask is None:
-                attention_mask = torch.ones_like(input_ids)
-            if target is not None and target.shape[-1] == 0:  # no teacher (NO_TARGET)
-                target = None
-            if part is not None:  # training: the loss over the batch's examples, and the embeddings it saw
-                if example is None:  # an example's features come together, its anchor (part 0) first
-                    example = torch.cumsum(part == 0, 0) - 1
-                loss, emb = self.loss(input_ids, attention_mask, token_type_ids, PairBatch(example, part, text_id, score, target))
-                return {"loss": loss, "embedding": emb}
-            return {"embedding": self.embed(input_ids, attention_mask, token_type_ids)}
-
-        def loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None,
-                 batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            def embed(idx: torch.Tensor) -> torch.Tensor:  # some rows, trimmed to their longest (right padding)
-                idx = idx.to(input_ids.device)
-                n = int(attention_mask[idx].sum(1).max())
-                tt = token_type_ids[idx, :n] if token_type_ids is not None else None
-                return self.embed(input_ids[idx, :n], attention_mask[idx, :n], tt)
-
-            fn = self.objective
-            if self.matryoshka:
-                fn = matryoshka(fn, self.matryoshka, self.weights)
-            fn = distributed(fn)  # in-batch negatives from every rank under torchrun
-            if self.mini_batch_size:
-                return cached(embed, len(input_ids), lambda E: fn(E, batch), self.mini_batch_size, input_ids.device,
-                              lengths=attention_mask.sum(1))
-            return direct(embed, len(input_ids), lambda E: fn(E, batch), lengths=attention_mask.sum(1))
-
-        def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  token_type_ids: torch.Tensor | None) -> torch.Tensor:
-            seq, _ = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, H)
-            if self.pooling == "cls":
-                x = seq[:, 0]
-            elif self.pooling == "max":  # padding can never win (sentence-transformers fills it with -1e9)
-                m = attention_mask.unsqueeze(-1).to(seq.dtype)  # (B, T, 1)
-                x = (seq + (m - 1.0) * 1e9).max(dim=1).values
-            else:  # over the real tokens, as sentence-transformers' mean (and ModernBERT's head)
-                x = mean_pool(seq, attention_mask)  # (B, H)
-            if self.normalize:
-                x = F.normalize(x, p=2.0, dim=-1)
-            return x
-
-    return BertForEmbedding
 
 
 def _dims(value: Any, hidden: int | None = None) -> list[int]:
@@ -269,27 +217,27 @@ class EmbeddingTask:
     name = "embedding"
     description = ("Sentence embeddings: mean / cls / max pooling (+ L2 normalisation) in the graph; fine-tuned with "
                    "mnrl, cached-mnrl (GradCache) or cosent; retrieval (nDCG@10) or STS evaluation.")
-    formats = ("csv", "tsv", "jsonl", "parquet", "beir")
-    metrics = (*RETRIEVAL_METRICS, "spearman", "pearson")
+    formats: tuple[str, ...] = ("csv", "tsv", "jsonl", "parquet", "beir")
+    metrics: tuple[str, ...] = (*RETRIEVAL_METRICS, "spearman", "pearson")
     outputs = {"embedding": (BATCH, "hidden")}
-    options = (
+    options: tuple[TaskOption, ...] = (
         TaskOption("pooling", "mean", "How token vectors become one: mean, cls or max (over real tokens).", choices=POOLINGS,
-                   fixed=True),
-        TaskOption("normalize", False, "L2-normalise the embeddings (cosine similarity becomes a dot product).", fixed=True),
+                   fixed=True, flags=("--pooling",)),
+        TaskOption("normalize", False, "L2-normalise the embeddings (cosine similarity becomes a dot product).", fixed=True, flags=("--normalize/--no-normalize",)),
         TaskOption("query_prompt", "", "Text put before every query (anchor) in training, evaluation and --as query "
                    "(e5: 'query: ').", fixed=True),
         TaskOption("document_prompt", "", "Text put before every document (positive, negative, corpus text) in "
                    "training, evaluation and --as document (e5: 'passage: ').", fixed=True),
         TaskOption("input_type", "none", "What the inputs are, for the prompt put before them: query, document or "
-                   "none (`mlmkit embed --as query`).", choices=INPUT_TYPES, saved=False),
+                   "none (`mlmkit embed --as query`).", choices=INPUT_TYPES, saved=False, flags=("--input-type", "--as")),
         TaskOption("index", "exact", "Retrieval evaluation: exact search, or a faiss HNSW index (approximate) for "
-                   "corpora too large for it.", choices=INDEXES, saved=False),
+                   "corpora too large for it.", choices=INDEXES, saved=False, flags=("--index",), evaluation=True),
         TaskOption("save_run", "", "Retrieval evaluation: write the ranking (top 100 per query) to this file in TREC "
-                   "run format.", saved=False),
+                   "run format.", saved=False, flags=("--save-run",), evaluation=True),
         TaskOption("loss", "auto", "Fine-tuning loss: mnrl or cached-mnrl on (anchor, positive, negatives) rows or a "
                    "BEIR directory, margin-mse on rows with teacher scores, cosent on scored pairs, mse-distill "
                    "toward a teacher; auto: mse-distill with a teacher, else mnrl or cosent by the data.",
-                   choices=("auto", *LOSS_DATA)),
+                   choices=("auto", *LOSSES)),
         TaskOption("scale", 20.0, "Fine-tuning: the cosine's scale in the losses (20: temperature 0.05).", minimum=0.0),
         TaskOption("symmetric", False, "Fine-tuning (mnrl): add the positive -> anchor direction."),
         TaskOption("mini_batch_size", 32, "Fine-tuning (cached-mnrl): texts embedded at once; the batch is --batch-size.",
@@ -304,11 +252,11 @@ class EmbeddingTask:
         TaskOption("anchor_column", "anchor", "Training rows: the anchor (query) field."),
         TaskOption("positive_column", "positive", "Training rows: the positive field; hard negatives are negative, "
                    "negative_1, negative_2 ..."),
-        TaskOption("text_column", "text", "Scored pairs: the first text of a pair."),
-        TaskOption("pair_column", "text_pair", "Scored pairs: the second text of a pair."),
+        TaskOption("text_column", "text", "Scored pairs: the first text of a pair.", flags=("--text-column",)),
+        TaskOption("pair_column", "text_pair", "Scored pairs: the second text of a pair.", flags=("--pair-column",)),
         TaskOption("score_column", "score", "Scored pairs: the pair's gold similarity."),
     )
-    label_names = ("part", "text_id", "score", "target")
+    label_names: tuple[str, ...] = ("part", "text_id", "score", "target")
     group_features = True
     default_max_length = 128
     command = "embed"
@@ -387,7 +335,7 @@ class EmbeddingTask:
         input), 1 the positive (the second), 2.. the hard negatives; for training also ``text_id``
         (equal texts, equal ids) and the pair's ``score`` (0 for rows)."""
         if training:
-            kind, want = _kind(examples), LOSS_DATA[_loss(ctx)]
+            kind, want = _kind(examples), LOSSES[_loss(ctx)].data
             if kind not in want:
                 raise TaskError(f"the {_loss(ctx)} loss trains on {' or '.join(DATA_NAMES[w] for w in want)}, "
                                 f"and the data are {DATA_NAMES[kind]}",
@@ -396,7 +344,7 @@ class EmbeddingTask:
         texts = [(i, part, clip_text(_prompt(ex, part, ctx.options) + t, tokenizer, ctx.max_length))
                  for i, ex in enumerate(examples) for part, t in enumerate(_texts(ex)) if t is not None]
         distill = training and _loss(ctx) == "mse-distill"
-        in_batch = training and _loss(ctx) in IN_BATCH
+        in_batch = training and LOSSES[_loss(ctx)].in_batch
         with tokenizer_settings(tokenizer, max_length=ctx.max_length) as tok:
             encodings = tok.encode_batch([t for _, _, t in texts]) if texts else []
         feats = []
@@ -423,8 +371,14 @@ class EmbeddingTask:
         if teacher_dim and teacher_dim != config.hidden_size and ctx.options["matryoshka_dims"]:
             raise TaskError(f"matryoshka_dims with a teacher of another size ({teacher_dim}, the model {config.hidden_size})",
                             "distil from a teacher of the model's size, or leave matryoshka_dims out")
-        return _model_class()(config, ctx.options["pooling"], bool(ctx.options["normalize"]), {**ctx.options, "loss": _loss(ctx)},
-                              teacher_dim=teacher_dim)
+        from mlmkit_tasks.heads.embedding import BertForEmbedding
+
+        o, loss = ctx.options, LOSSES[_loss(ctx)]
+        return BertForEmbedding(config, o["pooling"], bool(o["normalize"]), loss=loss.function, cached=loss.cached,
+                                scale=float(o["scale"]), symmetric=bool(o["symmetric"]), mini_batch_size=int(o["mini_batch_size"]),
+                                matryoshka=_dims(o["matryoshka_dims"], config.hidden_size),
+                                matryoshka_weights=_weights(o["matryoshka_weights"], len(_dims(o["matryoshka_dims"]))),
+                                teacher_dim=teacher_dim)
 
     def run_files(self, config: Any, ctx: TaskContext) -> dict[str, str]:
         """The run is also a sentence-transformers directory: its modules (the encoder at the root, the
@@ -487,22 +441,13 @@ def _scored_pair(rec: Record, options: Mapping[str, Any], hint: str | None = Non
     """{"text", "text_pair", "score", "line", "source"} of one record (the STS layout)."""
     value = rec.fields().get(options["score_column"])
     try:
-        score = float(value) if not isinstance(value, bool) else math.nan
+        score = float(value) if value is not None and not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):
         score = math.nan
     if not math.isfinite(score):
         raise rec.error(f"the score must be a finite number, not {value!r}", options["score_column"], hint=hint)
     return {"text": rec.text(options["text_column"]), "text_pair": rec.text(options["pair_column"]),
             "score": score, "line": rec.line, "source": rec.source}
-
-
-def read_scored_pairs(path: Path, options: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Scored pairs of a CSV/TSV/JSONL (or Parquet) file: the STS layout, text, text_pair and score."""
-    fmt = data_format(path, FORMATS)
-    pairs = [_scored_pair(rec, options) for rec in (iter_jsonl(path) if fmt == "jsonl" else iter_records(path, fmt))]
-    if not pairs:
-        raise DataFormatError(path, "no pairs", hint="evaluation data: text, text_pair and score per record")
-    return pairs
 
 
 def _loss_option(options: Mapping[str, Any]) -> str:
@@ -580,12 +525,9 @@ def _teacher(path: Path) -> Any:
     if not path.exists():
         raise TaskError(f"teacher not found: {path}", "give an embedding bundle (mlmkit export) or a fine-tuned embedding run")
     if (path / "model.onnx").is_file():
-        from mlmkit.infer.pipeline import Pipeline
-
-        pipe = Pipeline.load(path, command="embed")
+        pipe = load_pipeline(path, command="embed")
         return lambda texts, kind: np.asarray([r["embedding"] for r in pipe(texts, input_type=kind)], dtype=np.float32)
-    from mlmkit.infer.evaluation import predict
-    from mlmkit.train.finetune import load_finetuned, torch_forward
+    from mlmkit.model import load_finetuned, predict, torch_forward
 
     task, net, tok, meta = load_finetuned(path)
     if task.name != "embedding":

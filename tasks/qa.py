@@ -22,23 +22,22 @@ answers of at most 30 tokens. EM and F1 follow the official SQuAD script (0-100)
 from __future__ import annotations
 
 import collections
-import functools
 import json
 import re
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
-from mlmkit.errors import MlmkitError
-from mlmkit.plugin.taskkit import (
+from mlmkit.taskkit import (
     BATCH,
     EXAMPLE,
     SEQUENCE,
     ConfigError,
     DataFormatError,
+    MlmkitError,
     Record,
     TaskContext,
     TaskOption,
@@ -50,12 +49,14 @@ from mlmkit.plugin.taskkit import (
 )
 
 Offsets = list[tuple[int, int] | None]
+Fail = Callable[[str, str], NoReturn]
+"""How a reader reports a bad question record: ``fail(message, field)`` raises the DataFormatError naming it."""
 
 
 # ---------------------------------------------------------------- reading
 
 
-def _answers_from(raw: Any, fail: Any) -> list[dict[str, Any]]:
+def _answers_from(raw: Any, fail: Fail) -> list[dict[str, Any]]:
     """A list of {"text", "answer_start"} from either the SQuAD list form or the HF columnar form."""
     if isinstance(raw, dict):
         texts, starts = raw.get("text"), raw.get("answer_start")
@@ -70,10 +71,9 @@ def _answers_from(raw: Any, fail: Any) -> list[dict[str, Any]]:
                 fail('each answer needs "text" and "answer_start"', f"answers[{k}]")
         return [{"text": a["text"], "answer_start": a["answer_start"]} for a in raw]
     fail('"answers" must be a list of {"text", "answer_start"} or {"text": [...], "answer_start": [...]}', "answers")
-    return []  # not reached: fail raises
 
 
-def _example(rec: dict[str, Any], fail: Any, default_id: str) -> dict[str, Any]:
+def _example(rec: dict[str, Any], fail: Fail, default_id: str) -> dict[str, Any]:
     """Validate one question record and return the example dict; ``fail(message, field)`` raises."""
     for key in ("question", "context"):
         if key not in rec:
@@ -119,7 +119,7 @@ def _read_records(records: Iterable[Record]) -> list[dict[str, Any]]:
     out = []
     for rec in records:
 
-        def fail(msg: str, field: str | None = None, rec: Record = rec) -> None:
+        def fail(msg: str, field: str | None = None, rec: Record = rec) -> NoReturn:
             raise rec.error(msg, field, "fix that line of the file")
 
         if not isinstance(rec.data, dict):
@@ -149,7 +149,7 @@ def _read_squad(path: Path, doc: Any) -> list[dict[str, Any]]:
                 if "id" not in qa:
                     raise DataFormatError(path, 'question without "id"', field=f"{at}.id")
 
-                def fail(msg: str, field: str | None = None, at: str = at, qid: Any = qa["id"]) -> None:
+                def fail(msg: str, field: str | None = None, at: str = at, qid: Any = qa["id"]) -> NoReturn:
                     if f"question '{qid}'" not in msg:
                         msg = f"question '{qid}': {msg}"
                     raise DataFormatError(path, msg, field=f"{at}.{field}" if field else at, hint="fix the data file")
@@ -246,46 +246,6 @@ def _trimmed(text: str, start: int, end: int) -> tuple[int, int]:
 # ---------------------------------------------------------------- the task
 
 
-@functools.cache
-def _model_class() -> type:
-    """*ForQuestionAnswering of the config's family with mlmkit's (BERT's) parameter names (torch
-    imported only here)."""
-    import torch
-    from torch import nn
-    from torch.nn import functional as F
-
-    from mlmkit.models.core import init_weights, token_encoder, token_states
-
-    class BertForQuestionAnswering(nn.Module):
-        def __init__(self, config: Any) -> None:
-            super().__init__()
-            self.config = config
-            self.bert = token_encoder(config)
-            self.qa_outputs = nn.Linear(config.hidden_size, 2)
-            init_weights(self, config.initializer_range)
-
-        def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: torch.Tensor | None = None,
-            token_type_ids: torch.Tensor | None = None,
-            start_positions: torch.Tensor | None = None,
-            end_positions: torch.Tensor | None = None,
-        ) -> dict[str, torch.Tensor]:
-            seq = token_states(self.bert, input_ids, attention_mask, token_type_ids)  # (B, T, H)
-            logits = self.qa_outputs(seq)  # (B, T, 2)
-            start, end = logits[..., 0].contiguous(), logits[..., 1].contiguous()  # (B, T) each
-            out = {"start_logits": start, "end_logits": end}
-            if start_positions is not None and end_positions is not None:
-                # as transformers: positions outside the sequence are clamped to T and ignored
-                T = start.size(1)
-                sp, ep = start_positions.view(-1).clamp(0, T), end_positions.view(-1).clamp(0, T)
-                out["loss"] = (F.cross_entropy(start.float(), sp, ignore_index=T) + F.cross_entropy(end.float(), ep, ignore_index=T)) / 2
-            return out
-
-    return BertForQuestionAnswering
-
-
 class QATask:
     name = "qa"
     description = "extractive question answering: a start/end span of the context (SQuAD v1.1 / v2.0)"
@@ -293,10 +253,10 @@ class QATask:
     metrics = ("f1", "exact_match")
     outputs = {"start_logits": (BATCH, SEQUENCE), "end_logits": (BATCH, SEQUENCE)}
     options = (
-        TaskOption("doc_stride", 128, "Overlap of context windows, in tokens.", minimum=0),
+        TaskOption("doc_stride", 128, "Overlap of context windows, in tokens.", minimum=0, flags=("--doc-stride",)),
         TaskOption("max_question_length", 64, "Longest question, in tokens (longer ones are cut).", minimum=1),
         TaskOption("n_best", 20, "Start and end positions searched per window.", minimum=1),
-        TaskOption("max_answer_length", 30, "Longest answer, in tokens.", minimum=1),
+        TaskOption("max_answer_length", 30, "Longest answer, in tokens.", minimum=1, flags=("--max-answer-length",)),
     )
     label_names = ("start_positions", "end_positions")
     hf_architecture = "BertForQuestionAnswering"
@@ -414,11 +374,11 @@ class QATask:
         text = a["text"]
         s_char = a["answer_start"] + len(text) - len(text.lstrip())  # whitespace round an answer is no token
         e_char = a["answer_start"] + len(text.rstrip())
-        ctx = [i for i, o in enumerate(offsets) if o is not None]
-        if not ctx or offsets[ctx[0]][0] > s_char or offsets[ctx[-1]][1] < e_char:
+        ctx = [(i, o) for i, o in enumerate(offsets) if o is not None]  # the context's tokens and their spans
+        if not ctx or ctx[0][1][0] > s_char or ctx[-1][1][1] < e_char:
             return 0, 0  # not (wholly) inside this window
-        start = next((i for i in ctx if offsets[i][1] > s_char), None)  # first token overlapping the answer
-        end = next((i for i in reversed(ctx) if offsets[i][0] < e_char), None)  # last one
+        start = next((i for i, o in ctx if o[1] > s_char), None)  # first token overlapping the answer
+        end = next((i for i, o in reversed(ctx) if o[0] < e_char), None)  # last one
         if start is None or end is None or end < start:
             return 0, 0
         return start, end
@@ -426,7 +386,9 @@ class QATask:
     # -------------------------------------------------------- model
 
     def build_model(self, config: Any, ctx: TaskContext) -> Any:
-        return _model_class()(config)
+        from mlmkit_tasks.heads.qa import BertForQuestionAnswering
+
+        return BertForQuestionAnswering(config)
 
     # -------------------------------------------------------- predictions
 

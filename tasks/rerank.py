@@ -18,7 +18,7 @@ pointwise ``bce``, one per pair, batched by length):
   first stage (``first_stage``: BM25, or an embedding bundle) are reranked, and the retrieval metrics
   of both are reported (the first stage's under "first_stage").
 
-Losses (mlmkit/train/losses.py's RANK_LOSSES): ``bce`` (pointwise), ``mnrl`` (a relevant candidate's
+Losses (LOSSES below, functions of mlmkit.model): ``bce`` (pointwise), ``mnrl`` (a relevant candidate's
 softmax against the query's irrelevant ones), ``listnet``, ``lambda`` (NDCG-weighted pairs). For the
 three listwise losses a query whose candidates are all relevant or all irrelevant teaches nothing:
 it is left out of training and counted in the log.
@@ -26,7 +26,6 @@ it is left out of training and counted in the log.
 
 from __future__ import annotations
 
-import functools
 import logging
 import tempfile
 from collections.abc import Mapping
@@ -34,34 +33,40 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mlmkit_tasks.classification import HF_ARCHITECTURE, REGRESSION, _cls_only_graph
+from mlmkit_tasks.classification import HF_ARCHITECTURE, REGRESSION
 
-from mlmkit.errors import TaskError
-from mlmkit.infer.retrieval import METRICS as RETRIEVAL_METRICS
-from mlmkit.infer.retrieval import mean_metrics
-from mlmkit.plugin.taskkit import (
+from mlmkit.taskkit import (
     BATCH,
+    BM25,
     EXAMPLE,
     LABEL,
+    RETRIEVAL_METRICS,
     TRUNCATED,
+    ConfigError,
     DataFormatError,
+    Dense,
     Record,
     TaskContext,
+    TaskError,
     TaskOption,
     clip_text,
     data_format,
+    is_beir,
     iter_jsonl,
     iter_records,
+    mean_metrics,
+    numbered,
+    read_split,
     tokenizer_settings,
 )
-from mlmkit.text.beir import is_beir, read_split
-from mlmkit.text.readers import numbered
 
 log = logging.getLogger("mlmkit")
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
-LOSSES = ("bce", "mnrl", "listnet", "lambda")
-LISTWISE = ("mnrl", "listnet", "lambda")
+LOSSES = {"bce": "rank_bce", "mnrl": "rank_mnrl", "listnet": "rank_listnet", "lambda": "rank_lambda"}
+"""The losses (``--option loss=``) and the function of mlmkit.model each is: pointwise (bce) or over a
+query's candidates (the others, LISTWISE)."""
+LISTWISE = tuple(name for name in LOSSES if name != "bce")
 ACTIVATIONS = {"sigmoid": "torch.nn.modules.activation.Sigmoid", "identity": "torch.nn.modules.linear.Identity"}
 """The activation option and the class sentence-transformers' CrossEncoder reads from config.json."""
 SKIPPED = "all of its candidates have one label (a listwise loss learns nothing from it)"
@@ -70,32 +75,6 @@ SKIPPED = "all of its candidates have one label (a listwise loss learns nothing 
 def activate(logit: float, activation: str) -> float:
     """The relevance score of a logit under the model's activation."""
     return float(1.0 / (1.0 + np.exp(-logit))) if activation == "sigmoid" else float(logit)
-
-
-@functools.cache
-def _model_class() -> type:
-    """The cross-encoder with the rerank losses (torch on demand)."""
-    import torch
-
-    from mlmkit.models.core import BertForLabels
-    from mlmkit.train.losses import RANK_LOSSES
-
-    class BertForRerank(BertForLabels):
-        def __init__(self, config: Any, loss: str, max_label: float) -> None:
-            super().__init__(config, per_token=False, problem_type=REGRESSION)
-            self.objective = RANK_LOSSES[loss](max_label=max_label)
-
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                    token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                    example: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-            logits = super().forward(input_ids, attention_mask, token_type_ids)["logits"]  # (B, 1)
-            out = {"logits": logits}
-            if labels is not None:
-                group = example if example is not None else torch.zeros_like(labels, dtype=torch.long)
-                out["loss"] = self.objective(logits.float().squeeze(-1), labels.float(), group)
-            return out
-
-    return BertForRerank
 
 
 class RerankTask:
@@ -107,18 +86,18 @@ class RerankTask:
     outputs = {"logits": (BATCH, LABEL)}
     options = (
         TaskOption("loss", "bce", "Fine-tuning loss: bce (pointwise), mnrl, listnet or lambda (over a query's candidates).",
-                   choices=LOSSES),
+                   choices=tuple(LOSSES)),
         TaskOption("activation", "sigmoid", "The score of a logit, at evaluation and serving: sigmoid or identity (raw).",
                    choices=tuple(ACTIVATIONS), fixed=True),
         TaskOption("max_label", 1.0, "The largest graded label (labels run from 0 to it; bce's target is label / max_label).",
                    minimum=1e-9),
         TaskOption("query_column", "query", "The query field (rows from mlmkit mine: their anchor is the query)."),
         TaskOption("document_column", "document", "The document field of (query, document, label) rows."),
-        TaskOption("label_column", "label", "The label field of (query, document, label) rows."),
+        TaskOption("label_column", "label", "The label field of (query, document, label) rows.", flags=("--label-column",)),
         TaskOption("first_stage", "bm25", "BEIR evaluation: the first stage whose top documents are reranked: bm25, "
-                   "or an embedding bundle.", saved=False),
+                   "or an embedding bundle.", saved=False, flags=("--first-stage",), evaluation=True),
         TaskOption("rerank_top", 100, "BEIR evaluation: the first stage's documents reranked per query.", minimum=1,
-                   saved=False),
+                   saved=False, flags=("--rerank-top",), evaluation=True),
     )
     label_names = ("labels",)
     group_features = True
@@ -217,12 +196,14 @@ class RerankTask:
         if config.num_labels != 1:
             raise TaskError(f"a reranker has one output (its relevance), the config has {config.num_labels}",
                             "fine-tune from an encoder or a one-label cross-encoder")
-        return _model_class()(config, ctx.options["loss"], float(ctx.options["max_label"]))
+        from mlmkit_tasks.heads.rerank import BertForRerank
+
+        return BertForRerank(config, LOSSES[ctx.options["loss"]], float(ctx.options["max_label"]))
 
     def export_module(self, model: Any) -> Any:
-        from mlmkit.models.core import reads_cls_only
+        from mlmkit_tasks.classification import cls_only
 
-        return _cls_only_graph()(model) if reads_cls_only(model.bert) else model
+        return cls_only(model)
 
     def postprocess(self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]],
                     ctx: TaskContext) -> list[dict[str, Any]]:
@@ -259,7 +240,7 @@ class RerankTask:
 def _grade(rec: Record, field: str, top: float) -> float:
     value = rec.fields().get(field)
     try:
-        y = float(value) if not isinstance(value, bool) else float(int(value))
+        y = float("nan") if value is None else float(value) if not isinstance(value, bool) else float(int(value))
     except (TypeError, ValueError):
         y = float("nan")
     if not 0.0 <= y <= top:  # NaN too
@@ -271,9 +252,6 @@ def _grade(rec: Record, field: str, top: float) -> float:
 def _first_stage(path: Path, options: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A BEIR evaluation split's queries with the first stage's top ``rerank_top`` documents as their
     candidates (BM25 over the corpus, or an embedding bundle's exact search)."""
-    from mlmkit.errors import ConfigError
-    from mlmkit.infer.retrieval import BM25, Dense
-
     split = read_split(path, training=False)
     for why, n in split.skipped.items():
         log.warning("%s: %d queries of the %s split left out: %s", split.directory, n, split.split, why)

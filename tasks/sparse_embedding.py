@@ -22,7 +22,6 @@ Spearman and Pearson correlation of the pairs' cosine with the gold scores.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,72 +29,7 @@ from typing import Any
 import numpy as np
 from mlmkit_tasks.embedding import EmbeddingTask, is_splade_directory
 
-from mlmkit.infer.retrieval import METRICS as RETRIEVAL_METRICS
-from mlmkit.infer.retrieval import mean_metrics
-from mlmkit.plugin.taskkit import BATCH, EXAMPLE, TaskContext, TaskOption
-
-
-@functools.cache
-def _model_class() -> type:
-    """The encoder, the MLM head at every token, SPLADE's pooling and the top terms (torch on demand)."""
-    import torch
-    from torch import nn
-
-    from mlmkit.models.core import BertModel, BertPreTrainingHeads, init_weights, tie_decoder
-    from mlmkit.train.losses import PairBatch, distributed, flops, mnrl
-
-    class SparseEncoder(nn.Module):
-        def __init__(self, config: Any, max_terms: int, options: Mapping[str, Any] | None = None) -> None:
-            super().__init__()
-            self.config, self.max_terms = config, min(max_terms, config.vocab_size)
-            self.bert = BertModel(config, add_pooling_layer=False)
-            self.cls = BertPreTrainingHeads(config, nsp=False)
-            init_weights(self, config.initializer_range)
-            tie_decoder(self.cls, self.bert)
-            o = options or {}
-            self.objective = distributed(mnrl(scale=float(o.get("scale", 1.0)), dot=True))
-            self.flops_weights = (float(o.get("query_flops", 5e-5)), float(o.get("document_flops", 3e-5)))
-            self.warmup = int(o.get("flops_warmup", 100))
-            self.seen = 0  # training forwards, for the warm-up (a resumed run warms up again)
-
-        def vectors(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    token_type_ids: torch.Tensor | None, packed: bool = False) -> torch.Tensor:
-            """(B, V): per vocabulary entry, the max over the real tokens of log(1 + relu(MLM logit)).
-            ``packed`` (training): the vocabulary projection, the largest matrix product, runs for the
-            real tokens only, not the padding (rows right-padded: each text's tokens are contiguous)."""
-            seq, _ = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, H)
-            if not packed:
-                logits = self.cls.predictions(seq)  # (B, T, V): inside the graph only
-                return (torch.log1p(torch.relu(logits)) * attention_mask.unsqueeze(-1).to(logits.dtype)).max(dim=1).values
-            mask = attention_mask.bool()
-            w = torch.log1p(torch.relu(self.cls.predictions(seq[mask])))  # (real tokens, V)
-            return torch.stack([part.max(0).values for part in w.split(mask.sum(1).tolist())])
-
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                    token_type_ids: torch.Tensor | None = None, part: torch.Tensor | None = None,
-                    text_id: torch.Tensor | None = None, score: torch.Tensor | None = None,
-                    example: torch.Tensor | None = None, target: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-            if attention_mask is None:
-                attention_mask = torch.ones_like(input_ids)
-            W = self.vectors(input_ids, attention_mask, token_type_ids, packed=part is not None)
-            values, indices = torch.topk(W, self.max_terms, dim=-1)  # (B, k)
-            # entries of weight 0 are no terms: -1, so that which of the tied zeros topk picks never matters
-            out = {"indices": torch.where(values > 0, indices, torch.full_like(indices, -1)), "values": values}
-            if part is not None:  # training: sparse mnrl + the FLOPS regulariser, warmed up quadratically
-                if example is None:
-                    example = torch.cumsum(part == 0, 0) - 1
-                contrastive = self.objective(W, PairBatch(example, part, text_id, score))
-                q, d = W[part == 0], W[part > 0]
-                ramp = min(1.0, (self.seen / self.warmup) ** 2) if self.warmup > 0 else 1.0
-                reg = ramp * (self.flops_weights[0] * flops(q) + self.flops_weights[1] * flops(d))
-                if self.training:
-                    self.seen += 1
-                return {**out, "loss": contrastive + reg, "flops_loss": reg.detach(),
-                        "log_query_terms": (q > 0).sum(1).float().mean().detach(),
-                        "log_document_terms": (d > 0).sum(1).float().mean().detach()}
-            return out
-
-    return SparseEncoder
+from mlmkit.taskkit import BATCH, EXAMPLE, RETRIEVAL_METRICS, TaskContext, TaskOption, mean_metrics
 
 
 class SparseEmbeddingTask(EmbeddingTask):
@@ -115,8 +49,8 @@ class SparseEmbeddingTask(EmbeddingTask):
         TaskOption("scale", 1.0, "Fine-tuning: the dot products' scale in the contrastive loss.", minimum=0.0),
         TaskOption("anchor_column", "anchor", "Training rows: the anchor (query) field."),
         TaskOption("positive_column", "positive", "Training rows: the positive field; hard negatives are negative_1 ..."),
-        TaskOption("text_column", "text", "Evaluation data: the first text of a pair."),
-        TaskOption("pair_column", "text_pair", "Evaluation data: the second text of a pair."),
+        TaskOption("text_column", "text", "Evaluation data: the first text of a pair.", flags=("--text-column",)),
+        TaskOption("pair_column", "text_pair", "Evaluation data: the second text of a pair.", flags=("--pair-column",)),
         TaskOption("score_column", "score", "Evaluation data: the pair's gold similarity."),
     )
     hf_architecture = "BertForMaskedLM"
@@ -131,7 +65,7 @@ class SparseEmbeddingTask(EmbeddingTask):
         """What the embedding task reads for mnrl (rows, BEIR directories) and scored pairs."""
         return super().read(path, _as_embedding(options), training=training)
 
-    def main_metric(self, ctx: TaskContext) -> str | None:
+    def main_metric(self, ctx: TaskContext) -> str:
         return "ndcg@10" if ctx.state.get("data") == "rows" else "spearman"
 
     def run_files(self, config: Any, ctx: TaskContext) -> dict[str, str]:
@@ -161,7 +95,9 @@ class SparseEmbeddingTask(EmbeddingTask):
         return {} if is_splade_directory(directory) else None
 
     def build_model(self, config: Any, ctx: TaskContext) -> Any:
-        return _model_class()(config, int(ctx.options["max_terms"]), ctx.options)
+        from mlmkit_tasks.heads.sparse_embedding import SparseEncoder
+
+        return SparseEncoder(config, int(ctx.options["max_terms"]), ctx.options)
 
     def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, Any]:
         """Retrieval through an inverted index (a retrieval set), or the pairs' correlations."""

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from mlmkit.plugin.taskkit import (
+from mlmkit.taskkit import (
     BATCH,
     EXAMPLE,
     LABEL,
@@ -50,6 +50,7 @@ from mlmkit.plugin.taskkit import (
     is_table,
     iter_jsonl,
     iter_lines,
+    special_ids,
     tokenizer_settings,
 )
 
@@ -121,10 +122,10 @@ def entity_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) 
     A predicted entity counts only when its type, start and end all equal a gold one; 0/0 is 0."""
     gold_sets: dict[str, set[tuple[int, int, int]]] = defaultdict(set)
     pred_sets: dict[str, set[tuple[int, int, int]]] = defaultdict(set)
-    for n, (g, p) in enumerate(zip(gold, pred)):
+    for n, (g, pr) in enumerate(zip(gold, pred)):
         for kind, a, b in chunks(g):
             gold_sets[kind].add((n, a, b))
-        for kind, a, b in chunks(p):
+        for kind, a, b in chunks(pr):
             pred_sets[kind].add((n, a, b))
 
     def prf(correct: int, n_pred: int, n_gold: int) -> tuple[float, float, float]:
@@ -181,20 +182,21 @@ def joined_offsets(tokens: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
 
 
 # ---- reading -----------------------------------------------------------------------------------
-def _check_tag(tag: Any, scheme: str, path: Path, line: int, field: str) -> str:
+def _check_tag(tag: Any, scheme: str, path: Path, line: int | None, field: str, unit: str = "line") -> str:
+    """``tag``, checked against ``scheme``; a bad one is an error naming its ``line`` (a table's row: ``unit``)."""
     if not isinstance(tag, str):
-        raise DataFormatError(path, f"a tag must be a string, not {type(tag).__name__}", line=line, field=field)
+        raise DataFormatError(path, f"a tag must be a string, not {type(tag).__name__}", line=line, field=field, unit=unit)
     prefix, kind = split_tag(tag)
     allowed = PREFIXES[scheme]
     if tag != "O" and (len(prefix) != 1 or prefix not in "BIES" or not kind):
         raise DataFormatError(
-            path, f"tag '{tag}' is not 'O' or PREFIX-TYPE", line=line, field=field,
+            path, f"tag '{tag}' is not 'O' or PREFIX-TYPE", line=line, field=field, unit=unit,
             hint="use IOB1, IOB2 or BIOES tags such as B-PER, I-PER, O",
         )
     if tag != "O" and prefix not in allowed:
         raise DataFormatError(
             path, f"tag '{tag}' has a prefix that {scheme.upper()} lacks (it uses {', '.join(allowed)} and O)",
-            line=line, field=field, hint="pass --scheme bioes, or leave the scheme on auto",
+            line=line, field=field, unit=unit, hint="pass --scheme bioes, or leave the scheme on auto",
         )
     return tag
 
@@ -251,7 +253,7 @@ def _read_jsonl(path: Path, scheme: str) -> list[dict[str, Any]]:
             if not t.strip():
                 raise rec.error(f"token {k + 1} is empty or only whitespace", "tokens")
         examples.append({
-            "tokens": tokens, "tags": [_check_tag(t, scheme, path, n, "tags") for t in tags],
+            "tokens": tokens, "tags": [_check_tag(t, scheme, path, n, "tags", rec.unit) for t in tags],
             "line": n, "source": str(path), "format": "jsonl",
         })
     return examples
@@ -378,10 +380,10 @@ class TaggingTask:
     metrics = ("f1", "precision", "recall")
     outputs = {"probabilities": (BATCH, SEQUENCE, LABEL)}
     options = (
-        TaskOption("label_all_tokens", False, "Train on every sub-token of a word, not only its first."),
+        TaskOption("label_all_tokens", False, "Train on every sub-token of a word, not only its first.", flags=("--label-all-tokens/--label-first-token",)),
         TaskOption("aggregation", "first", "A word's prediction from its sub-tokens: first, average or max.",
-                   choices=AGGREGATIONS),
-        TaskOption("scheme", "auto", "Tag scheme of the data: auto, iob1, iob2 or bioes.", choices=SCHEMES),
+                   choices=AGGREGATIONS, flags=("--aggregation",)),
+        TaskOption("scheme", "auto", "Tag scheme of the data: auto, iob1, iob2 or bioes.", choices=SCHEMES, flags=("--scheme",)),
     )
     hf_architecture = "BertForTokenClassification"
     pipeline_tag = "token-classification"
@@ -432,8 +434,6 @@ class TaggingTask:
         """Windows of [CLS] sub-tokens [SEP] per example, with "word_ids" (word index per token, -1 on
         [CLS]/[SEP]) and "window" [start, end, total] in the example's sub-tokens. Consecutive windows
         of one example share about a quarter of a window."""
-        from mlmkit.text.tokenizer import special_ids
-
         if ctx.max_length < 3:
             raise ConfigError(f"--max-length {ctx.max_length} leaves no room for words", "use at least 8")
         if training and any(ex.get("tags") is None for ex in examples):
@@ -470,7 +470,7 @@ class TaggingTask:
 
     def build_model(self, config: Any, ctx: TaskContext) -> Any:
         """transformers' *ForTokenClassification of the config's family, on mlmkit's encoder."""
-        from mlmkit.models.core import BertForLabels
+        from mlmkit.model import BertForLabels
 
         if config.num_labels < 1:
             raise ConfigError("the config has no labels (id2label)", "fine-tune with tagged training data")

@@ -12,16 +12,16 @@ import torch
 
 from mlmkit.cli.common import err as cli_stderr
 from mlmkit.model import BertForPreTraining
+from mlmkit.models.config import ModelConfig
 from mlmkit.rundir.checkpoint import save_run
-from mlmkit.rundir.config import BertConfig
 from mlmkit.text.tokenizer import train_tokenizer
 
 
-def tiny_config(vocab_size: int, **kw) -> BertConfig:
+def tiny_config(vocab_size: int, **kw) -> ModelConfig:
     base = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
                 max_position_embeddings=512, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     base.update(kw)
-    return BertConfig(vocab_size=vocab_size, **base)
+    return ModelConfig(vocab_size=vocab_size, **base)
 
 
 def make_base_model(out: Path, texts: Iterable[str], vocab_size: int = 400, seed: int = 0, **cfg) -> Path:
@@ -86,7 +86,7 @@ def run_finetune(task: str, model: Path, train: Path, out: Path, **kw):
 
 def run_export(run: Path, out: Path, **kw):
     from mlmkit.args import ExportArgs
-    from mlmkit.export.bundle import export
+    from mlmkit.exporter.bundle import export
 
     return export(ExportArgs(run=run, out=out, **kw))
 

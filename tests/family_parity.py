@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from mlmkit.models import core
+from mlmkit.models.config import ModelConfig
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
-from mlmkit.rundir.config import ModelConfig
+from mlmkit.rundir.config import load_config
 
 
 def perturb(model: nn.Module, seed: int) -> None:
@@ -26,7 +27,7 @@ def perturb(model: nn.Module, seed: int) -> None:
 def load_ours(d: Path, build) -> tuple[ModelConfig, nn.Module, list[str]]:
     """mlmkit's model of ``d`` (config.json + weights through the family's renames), in eval mode;
     nothing it has may be missing. Returns the keys the state dict had beyond the model's."""
-    cfg = ModelConfig.load(d)
+    cfg = load_config(d)
     model = build(cfg)
     missing, unexpected = load_weights(model, load_state_dict(d))
     assert missing == []

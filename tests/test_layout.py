@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TORCH_FREE = ("mlmkit.errors", "mlmkit.files", "mlmkit.args", "mlmkit.plugin", "mlmkit.text", "mlmkit.infer")
+TORCH_FREE = ("mlmkit.errors", "mlmkit.files", "mlmkit.args", "mlmkit.registry", "mlmkit.taskkit", "mlmkit.text",
+              "mlmkit.infer")
 """The packages that never import torch (pyproject.toml's first import-linter contract)."""
 PUBLIC_PLUGIN_PATHS = {"mlmkit.taskkit", "mlmkit.registry", "mlmkit.model"}
 
@@ -23,8 +24,9 @@ def _run(code: str, **kw) -> subprocess.CompletedProcess:
 
 
 def test_torch_free_packages_import_with_torch_unimportable():
-    """Every module of the torch-free packages, the public aliases, the CLI and the built-in tasks
-    import in a process where ``import torch`` fails (not merely where nothing happened to import it)."""
+    """Every module of the torch-free packages, the CLI and every built-in task (all of mlmkit_tasks
+    but its heads) import in a process where ``import torch`` fails (not merely where nothing happened
+    to import it)."""
     code = f"""
 import importlib, pkgutil, sys
 sys.modules["torch"] = None  # `import torch` now raises ImportError, as on a machine without it
@@ -34,9 +36,10 @@ for top in {TORCH_FREE!r}:
     names.append(top)
     if hasattr(mod, "__path__"):
         names += [m.name for m in pkgutil.walk_packages(mod.__path__, top + ".")]
-names += ["mlmkit", "mlmkit.registry", "mlmkit.taskkit", "mlmkit.runtime", "mlmkit.cli",
-          "mlmkit_tasks.classification", "mlmkit_tasks.tagging", "mlmkit_tasks.qa", "mlmkit_tasks.embedding",
-          "mlmkit_tasks.sparse_embedding"]
+import mlmkit_tasks
+tasks = [m.name for m in pkgutil.iter_modules(mlmkit_tasks.__path__, "mlmkit_tasks.") if m.name != "mlmkit_tasks.heads"]
+assert len(tasks) >= 6, tasks
+names += ["mlmkit", "mlmkit.cli", *tasks]
 for n in names:
     importlib.import_module(n)
 import mlmkit
@@ -45,20 +48,21 @@ print(len(names))
 """
     r = _run(code)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert int(r.stdout.split()[-1]) > 25  # every module of infer/, text/, plugin/ was walked
+    assert int(r.stdout.split()[-1]) > 30  # every module of infer/, text/ and the tasks was walked
 
 
 def test_import_contracts_hold():
     r = subprocess.run([str(Path(sys.executable).with_name("lint-imports"))], capture_output=True, text=True,
                        timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:]
-    assert "3 kept, 0 broken" in r.stdout
+    assert "4 kept, 0 broken" in r.stdout
 
 
 @pytest.mark.parametrize("module, line, broken", [
     ("mlmkit/infer/bundle.py", "import torch", "never imports torch"),
     ("mlmkit/text/batching.py", "from mlmkit.infer import bundle", "Layers"),
-    ("mlmkit/train/loop.py", "import mlmkit.runtime", "public aliases"),
+    ("mlmkit/train/loop.py", "import mlmkit.model", "never imports the plugin kits"),
+    ("tasks/qa.py", "from mlmkit.train import losses", "only through the plugin paths"),
 ])
 def test_import_contracts_catch_a_violation(tmp_path, module, line, broken):
     """The contracts are not vacuous: one forbidden import added to a copy of the tree breaks the
@@ -67,13 +71,13 @@ def test_import_contracts_catch_a_violation(tmp_path, module, line, broken):
         shutil.copytree(ROOT / d, tmp_path / ("mlmkit_tasks" if d == "tasks" else d),
                         ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    target = tmp_path / module
+    target = tmp_path / module.replace("tasks/", "mlmkit_tasks/")
     target.write_text(target.read_text() + f"\n\ndef _violation():\n    {line}\n")
     r = subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache"], capture_output=True,
                        text=True, timeout=120, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert r.returncode != 0, r.stdout[-2000:]
     report = r.stdout[r.stdout.index("Broken contracts"):]
-    assert broken in report and module[:-3].replace("/", ".") in report, report[:2000]
+    assert broken in report and module[:-3].replace("tasks/", "mlmkit_tasks/").replace("/", ".") in report, report[:2000]
 
 
 def _mlmkit_imports(tree: ast.AST) -> set[str]:
@@ -89,8 +93,9 @@ def _mlmkit_imports(tree: ast.AST) -> set[str]:
 def test_third_party_plugins_use_only_the_public_paths():
     """The example plugin (tests/plugins) and docs/plugins.md's task code import only mlmkit.taskkit,
     mlmkit.registry and mlmkit.model, so the files behind them can move."""
-    used = _mlmkit_imports(ast.parse((ROOT / "tests/plugins/pairreg/task.py").read_text()))
-    assert used and used <= PUBLIC_PLUGIN_PATHS, used
+    for module in ("task.py", "head.py"):
+        used = _mlmkit_imports(ast.parse((ROOT / "tests/plugins/pairreg" / module).read_text()))
+        assert used and used <= PUBLIC_PLUGIN_PATHS, (module, used)
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs/plugins.md").read_text(), re.S)
     task_code = [b for b in blocks if "class " in b or "def build_model" in b]
     assert task_code
@@ -99,27 +104,38 @@ def test_third_party_plugins_use_only_the_public_paths():
         assert all(re.match(r"(from|import) (mlmkit\.(taskkit|registry|model))\b", ln) for ln in lines), lines
 
 
-def test_public_api_and_old_paths():
-    """The top-level API, lazily imported; the old module paths users have in their code."""
+def test_public_api_and_plugin_paths():
+    """The top-level API, lazily imported; the three paths plugin authors import, each the one home of
+    its names; the alias modules of earlier layouts are gone."""
     code = """
-import sys
+import importlib, sys
 import mlmkit
 assert "torch" not in sys.modules
 assert {"pretrain", "finetune", "evaluate_run", "export", "Pipeline", "PretrainArgs", "FinetuneArgs", "ExportArgs",
         "TrainArgs"} <= set(dir(mlmkit))
 from mlmkit.args import ExportArgs, FinetuneArgs, PretrainArgs, TrainArgs
-from mlmkit.runtime import Pipeline
-from mlmkit.taskkit import BATCH, EXAMPLE, Record, TaskOption, iter_jsonl, tokenizer_settings
+from mlmkit.infer.pipeline import Pipeline
+from mlmkit.taskkit import BATCH, EXAMPLE, Record, TaskOption, iter_jsonl, tokenizer_settings, retrieve, load_pipeline
 from mlmkit.registry import Task, TaskDefaults, get_task, tasks
+import mlmkit.taskkit, mlmkit.registry
+assert set(mlmkit.taskkit.__all__) <= set(dir(mlmkit.taskkit))
 assert "torch" not in sys.modules, [m for m in sys.modules if m.startswith("torch")][:3]
 assert mlmkit.Pipeline is Pipeline and mlmkit.PretrainArgs is PretrainArgs and mlmkit.TrainArgs is TrainArgs
-from mlmkit.export import export
-from mlmkit.finetuning import evaluate_run, finetune
-from mlmkit.pretraining import pretrain
-from mlmkit.model import BertModel, init_weights
-import mlmkit.export.bundle  # the package is also an attribute of mlmkit: still callable
-assert callable(mlmkit.export) and mlmkit.finetune is finetune and mlmkit.pretrain is pretrain
-assert mlmkit.evaluate_run is evaluate_run
+import mlmkit.model
+assert set(mlmkit.model.__all__) <= set(dir(mlmkit.model))
+from mlmkit.model import BertModel, ModelConfig, init_weights, mnrl
+from mlmkit.exporter.bundle import export
+from mlmkit.train.finetune import evaluate_run, finetune
+from mlmkit.train.pretrain import pretrain
+import mlmkit.exporter
+assert mlmkit.export is export and mlmkit.finetune is finetune and mlmkit.pretrain is pretrain
+assert mlmkit.evaluate_run is evaluate_run and not callable(mlmkit.exporter)
+for gone in ("mlmkit.runtime", "mlmkit.pretraining", "mlmkit.finetuning", "mlmkit.plugin", "mlmkit.export"):
+    try:
+        importlib.import_module(gone)
+    except ImportError:
+        continue
+    raise AssertionError(gone + " still imports")
 try:
     mlmkit.nothing
 except AttributeError as e:
@@ -131,16 +147,52 @@ print("ok")
 
 
 def test_top_level_export_calls_the_command(tmp_path):
-    """``mlmkit.export(args)`` is the command, whether ``mlmkit.export`` names the package or not."""
+    """``mlmkit.export(args)`` is the command of mlmkit/exporter/bundle.py."""
     import mlmkit
     from mlmkit.errors import MlmkitError
+    from mlmkit.exporter.bundle import export
 
     args = mlmkit.ExportArgs(run=tmp_path / "no-such-run", out=tmp_path / "bundle")
     with pytest.raises(MlmkitError) as direct:
-        mlmkit.export.bundle.export(args)
+        export(args)
     with pytest.raises(MlmkitError) as through_the_top:
         mlmkit.export(args)
     assert str(through_the_top.value) == str(direct.value) and "no-such-run" in str(direct.value)
+
+
+# ---- the shape of the code ----------------------------------------------------------------------------
+SOURCES = sorted(p for d in ("mlmkit", "tasks", "benchmarks") for p in (ROOT / d).rglob("*.py"))
+LONGEST = 80
+
+
+def test_no_class_is_defined_inside_a_function():
+    """Heads and models are module-level classes: importable, subclassable, seen by the type checker."""
+    found = []
+    for p in SOURCES:
+        if "benchmarks" in p.parts:
+            continue
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found += [f"{p.relative_to(ROOT)}:{c.lineno} {c.name}" for c in ast.walk(node) if isinstance(c, ast.ClassDef)]
+    assert not found, found
+
+
+def test_no_function_is_longer_than_80_lines():
+    found = []
+    for p in SOURCES:
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > LONGEST:
+                found.append(f"{p.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not found, found
+
+
+def test_tests_follow_the_packages():
+    """tests/PACKAGE/ holds the tests of mlmkit/PACKAGE (tasks/ of the built-in tasks, base/ of the
+    modules at the top of mlmkit/): every test directory names a package that exists."""
+    dirs = [d.name for d in (ROOT / "tests").iterdir() if d.is_dir() and any(d.glob("test_*.py"))]
+    packages = {d.name for d in (ROOT / "mlmkit").iterdir() if (d / "__init__.py").is_file()} | {"tasks", "base", "registry"}
+    assert dirs and set(dirs) <= packages, sorted(set(dirs) - packages)
+    assert not [p.name for p in (ROOT / "tests").glob("test_*.py") if p.name != "test_layout.py"]
 
 
 # ---- documentation ---------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from mlmkit.args import cli_fields
 from mlmkit.errors import ConfigError, MlmkitError
-from mlmkit.plugin.registry import FLAG_OPTIONS
+from mlmkit.registry import Plugin, TaskOption, option_flags
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -31,6 +31,10 @@ Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a tabl
 
 
 # ---- errors --------------------------------------------------------------------------------------
+TRAIN_MODULES = ("torch", "onnx", "safetensors")
+"""What `pip install 'mlmkit[train]'` adds to the torch-free install: training, evaluation of runs, export."""
+
+
 def handle_errors(fn: F) -> F:
     """MlmkitError and OS errors -> one red line on stderr, exit status 2 (the traceback with --debug)."""
 
@@ -42,6 +46,13 @@ def handle_errors(fn: F) -> F:
             if state["debug"]:
                 raise
             err.print(f"[bold red]error:[/] {escape(e.message)}" + (f" [dim]({escape(e.hint)})[/]" if e.hint else ""), highlight=False)
+            raise typer.Exit(code=2) from None
+        except ModuleNotFoundError as e:  # the torch side on a torch-free install (pip install mlmkit)
+            if state["debug"] or e.name not in TRAIN_MODULES:
+                raise
+            err.print(f"[bold red]error:[/] this command needs {e.name}, which this install leaves out "
+                      "[dim](pip install 'mlmkit[train]' for training and export; inference on bundles needs "
+                      "nothing more)[/]", highlight=False)
             raise typer.Exit(code=2) from None
         except OSError as e:  # a folder that does not exist, a full disk, no permission
             if state["debug"]:
@@ -104,50 +115,55 @@ def with_args(cls: type) -> Callable[[F], F]:
     return lambda fn: _replace_param(fn, "args", params, build)  # type: ignore[return-value]
 
 
-# The built-in tasks' options keep their flags of the first version, as aliases of --option NAME=VALUE.
-# They name options, not tasks: any task declaring an option of that name takes the flag too.
-OPTION_FLAGS: dict[str, tuple[Any, str]] = {
-    "text_column": (str, "--text-column"),
-    "pair_column": (str, "--pair-column"),
-    "label_column": (str, "--label-column"),
-    "doc_stride": (int, "--doc-stride"),
-    "max_answer_length": (int, "--max-answer-length"),
-    "label_all_tokens": (bool, "--label-all-tokens/--label-first-token"),
-    "aggregation": (str, "--aggregation"),
-    "scheme": (str, "--scheme"),
-    "top_k": (int, "--top-k"),
-    "problem_type": (str, "--problem-type"),
-    "threshold": (float, "--threshold"),
-    "pooling": (str, "--pooling"),
-    "normalize": (bool, "--normalize/--no-normalize"),
-    "input_type": (str, "--input-type", "--as"),  # the second: a short alias
-    "index": (str, "--index"),
-    "save_run": (str, "--save-run"),
-    "first_stage": (str, "--first-stage"),
-    "rerank_top": (int, "--rerank-top"),
+# ---- task options -------------------------------------------------------------------------------
+# A task option with flags of its own (TaskOption.flags, declared by the task) is a flag of the commands
+# that run its task, besides --option NAME=VALUE:
+TRAINING = ("finetune", "sweep")
+TAKES: dict[str, Callable[[Plugin, TaskOption], bool]] = {
+    "finetune": lambda p, o: p.trainable and o.saved and not o.evaluation,  # what is trained and kept
+    "evaluate": lambda p, o: not o.fixed,  # a model's fixed options are set
+    "export": lambda p, o: o.fixed,  # what is built into the graph
+    "predict": lambda p, o: not o.fixed and not o.evaluation,  # every task's runtime options
 }
-assert set(OPTION_FLAGS) == FLAG_OPTIONS, "registry.FLAG_OPTIONS names the options that have flags here"
+"""Which options' flags a command takes; a task's own inference command (classify, tag, qa, embed:
+``Task.command``) takes those of the tasks it serves, as predict does of all."""
+FILL_MASK_TOP_K = TaskOption("top_k", 5, "fill-mask: candidates per [MASK], at most the export's --top-k.",
+                             minimum=1, flags=("--top-k",))
+"""fill-mask bundles (the pretraining head, no task plugin) take one option, the same way."""
 
 
-def with_task_options(*aliases: str) -> Callable[[F], F]:
-    """Give the command ``--option NAME=VALUE`` (repeatable) and the flags of ``aliases``; the command
-    receives them as its ``options`` parameter, a dict the task checks against its declared options."""
+def command_flags(command: str) -> dict[str, TaskOption]:
+    """The task options whose flags ``command`` takes (TAKES), by name."""
+    if command == "fill-mask":
+        return {"top_k": FILL_MASK_TOP_K}
+    takes = TAKES.get("finetune" if command in TRAINING else command)
+    if takes is None:  # classify, tag, qa, embed
+        def takes(p: Plugin, o: TaskOption) -> bool:
+            return p.command == command and TAKES["predict"](p, o)
+    found = option_flags(takes)
+    return {**found, "top_k": FILL_MASK_TOP_K} if command == "predict" else found
+
+
+def with_task_options(command: str, *extra: TaskOption) -> Callable[[F], F]:
+    """Give the command ``--option NAME=VALUE`` (repeatable) and the flags of the task options it takes
+    (command_flags); the command receives them as its ``options`` parameter, a dict the task checks
+    against its declared options."""
     params = [inspect.Parameter("option", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
         list[str] | None, typer.Option("--option", "-O", metavar="NAME=VALUE", rich_help_panel="Task options",
                                        help="A task option, repeatable; `mlmkit tasks` lists each task's options.")])]
-    for name in aliases:
-        kind, *decls = OPTION_FLAGS[name]
+    flagged = {**command_flags(command), **{o.name: o for o in extra}}
+    for name, o in sorted(flagged.items()):
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
-            kind | None, typer.Option(*decls, help=f"Same as --option {name}=VALUE.", show_default=False,
-                                      rich_help_panel="Task options")]))
+            o.kind | None, typer.Option(*o.flags, help=f"Same as --option {name}=VALUE.", show_default=False,
+                                        rich_help_panel="Task options")]))
 
     def build(values: dict[str, Any]) -> dict[str, Any]:
-        return parse_task_options(values.pop("option") or [], {k: v for k, v in values.items() if v is not None})
+        return parse_task_options(values.pop("option") or [], {k: v for k, v in values.items() if v is not None}, flagged)
 
     return lambda fn: _replace_param(fn, "options", params, build)  # type: ignore[return-value]
 
 
-def parse_task_options(pairs: list[str], flagged: dict[str, Any]) -> dict[str, Any]:
+def parse_task_options(pairs: list[str], flagged: dict[str, Any], flags: dict[str, TaskOption] | None = None) -> dict[str, Any]:
     """NAME=VALUE strings (typed later, by the task's declaration) together with the alias flags given."""
     opts: dict[str, Any] = {}
     for pair in pairs:
@@ -158,7 +174,8 @@ def parse_task_options(pairs: list[str], flagged: dict[str, Any]) -> dict[str, A
         opts[name] = value
     both = sorted(set(opts) & set(flagged))
     if both:
-        raise ConfigError(f"task option {both[0]} given twice (--option and {OPTION_FLAGS[both[0]][1].split('/')[0]})")
+        flag = (flags or {})[both[0]].flag if both[0] in (flags or {}) else f"--{both[0].replace('_', '-')}"
+        raise ConfigError(f"task option {both[0]} given twice (--option and {flag})")
     return {**opts, **flagged}
 
 

@@ -87,13 +87,13 @@ class InferenceArgs(Args):
 # ---- export ------------------------------------------------------------------------------------
 @app.command("export")
 @handle_errors
-@with_task_options("pooling", "normalize", "problem_type")
+@with_task_options("export")
 @with_args(ExportArgs)
 def export_cmd(args: ExportArgs, options: dict[str, Any], as_json: Json = False) -> None:
     """Export an mlmkit run or a Hugging Face checkpoint (BERT, RoBERTa, DistilBERT, ELECTRA, DeBERTa-v2, ModernBERT) to an ONNX bundle."""
     from dataclasses import replace
 
-    from mlmkit.export.bundle import export
+    from mlmkit.exporter.bundle import export
 
     with err.status(f"exporting {args.run} ..."):
         meta = export(replace(args, options=options))
@@ -214,7 +214,7 @@ def _report_errors(failed: list[dict[str, Any]], errors: Path | None) -> None:
 
 @app.command("fill-mask")
 @handle_errors
-@with_task_options("top_k")
+@with_task_options("fill-mask")
 @with_args(InferenceArgs)
 def fill_mask(args: InferenceArgs, options: dict[str, Any]) -> None:
     """Top-k tokens for every [MASK] in each text; a text without [MASK] gets an "error" field."""
@@ -223,7 +223,7 @@ def fill_mask(args: InferenceArgs, options: dict[str, Any]) -> None:
 
 @app.command()
 @handle_errors
-@with_task_options("text_column", "pair_column", "threshold")
+@with_task_options("classify")
 @with_args(InferenceArgs)
 def classify(args: InferenceArgs, options: dict[str, Any]) -> None:
     """Label each text (or text pair) with a classification bundle; long texts are truncated."""
@@ -232,7 +232,7 @@ def classify(args: InferenceArgs, options: dict[str, Any]) -> None:
 
 @app.command()
 @handle_errors
-@with_task_options("aggregation")
+@with_task_options("tag")
 @with_args(InferenceArgs)
 def tag(args: InferenceArgs, options: dict[str, Any]) -> None:
     """Tag the words of each text: entities with character offsets and scores (long texts windowed)."""
@@ -241,7 +241,7 @@ def tag(args: InferenceArgs, options: dict[str, Any]) -> None:
 
 @app.command()
 @handle_errors
-@with_task_options("doc_stride", "max_answer_length")
+@with_task_options("qa")
 @with_args(InferenceArgs)
 def qa(
     args: InferenceArgs, options: dict[str, Any],
@@ -258,7 +258,7 @@ def qa(
 
 @app.command()
 @handle_errors
-@with_task_options("input_type")
+@with_task_options("embed")
 @with_args(InferenceArgs)
 def embed(args: InferenceArgs, options: dict[str, Any]) -> None:
     """One vector per text with an embedding bundle (pooling and normalisation are the bundle's)."""
@@ -279,7 +279,7 @@ def rerank(
 ) -> None:
     """Rank documents for a query with a cross-encoder, most relevant first (the score: the sigmoid of its logit)."""
     from mlmkit.infer.pipeline import Pipeline
-    from mlmkit.infer.routes import rerank_documents
+    from mlmkit.infer.reranking import rerank_documents
     from mlmkit.text.records import iter_inputs
 
     if not query.strip():
@@ -300,7 +300,7 @@ def rerank(
 
 @app.command()
 @handle_errors
-@with_task_options("text_column", "pair_column", "doc_stride", "max_answer_length", "aggregation", "top_k", "threshold")
+@with_task_options("predict")
 @with_args(InferenceArgs)
 def predict(args: InferenceArgs, options: dict[str, Any]) -> None:
     """Run any bundle on its inputs: dispatches on the bundle's task (its options default to the export's)."""

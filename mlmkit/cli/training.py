@@ -31,8 +31,6 @@ app = typer.Typer()
 tokenizer_app = typer.Typer(no_args_is_help=True, help="Train tokenizers: WordPiece, byte-level BPE or Unigram.")
 app.add_typer(tokenizer_app, name="tokenizer")
 
-ALL_OPTION_FLAGS = ("text_column", "pair_column", "label_column", "doc_stride", "max_answer_length",
-                    "label_all_tokens", "aggregation", "scheme", "problem_type", "threshold")
 
 
 @tokenizer_app.command("train")
@@ -87,7 +85,7 @@ def pretrain(args: PretrainArgs) -> None:
 @handle_errors
 def list_tasks(as_json: Json = False) -> None:
     """List the registered tasks: formats, metrics, options and the package providing each."""
-    from mlmkit.plugin.registry import broken, tasks
+    from mlmkit.registry import broken, tasks
 
     rows = [p.describe() for _, p in sorted(tasks().items())]
     bad = [{"name": n, "broken": reason, "package": dist} for n, (reason, dist) in sorted(broken().items())]
@@ -109,7 +107,7 @@ def list_tasks(as_json: Json = False) -> None:
 
 @app.command()
 @handle_errors
-@with_task_options(*ALL_OPTION_FLAGS)
+@with_task_options("finetune")
 @with_args(FinetuneArgs)
 def finetune(args: FinetuneArgs, options: dict[str, Any]) -> None:
     """Fine-tune a task head on a pretrained encoder (task options: see `mlmkit tasks`)."""
@@ -123,7 +121,7 @@ def finetune(args: FinetuneArgs, options: dict[str, Any]) -> None:
 
 @app.command()
 @handle_errors
-@with_task_options(*ALL_OPTION_FLAGS)
+@with_task_options("sweep")
 @with_args(SweepArgs)
 def sweep(args: SweepArgs, options: dict[str, Any], as_json: Json = False) -> None:
     """Search fine-tuning settings with Optuna: a run per trial under --out, the best trial at the end."""
@@ -163,7 +161,7 @@ def plot(
 
 @app.command()
 @handle_errors
-@with_task_options(*ALL_OPTION_FLAGS, "index", "save_run", "first_stage", "rerank_top")
+@with_task_options("evaluate")
 def evaluate(
     model: Annotated[Path, typer.Argument(help="A fine-tuned run directory or an exported bundle.")],
     data: Annotated[Path, typer.Option("--data", help="Labelled data in the task's format.")],

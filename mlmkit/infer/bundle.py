@@ -12,7 +12,7 @@ from typing import Any
 
 from mlmkit.errors import BundleError, ConfigError
 from mlmkit.files import parse_json
-from mlmkit.plugin.registry import (
+from mlmkit.registry import (
     BATCH,
     SEQUENCE,
 )
@@ -27,15 +27,15 @@ FILL_MASK = "fill-mask"
 by the command of the same name."""
 MASKS = "masks"  # the fill-mask graph's rows: one per [MASK] of the batch
 FILL_MASK_OUTPUTS = {"mask_positions": (MASKS, "coordinate"), "top_ids": (MASKS, "k"), "top_probs": (MASKS, "k")}
-"""The fill-mask graph's outputs and their axes (mlmkit.export.graphs.FillMaskGraph makes them)."""
+"""The fill-mask graph's outputs and their axes (mlmkit.exporter.graphs.FillMaskGraph makes them)."""
 OUTPUT_TYPES = {"mask_positions": "tensor(int64)", "top_ids": "tensor(int64)", "top_probs": "tensor(float)"}
 """onnxruntime's element types of the fill-mask outputs; a task graph's outputs are all float32
-(mlmkit.export.graphs.TaskGraph casts them; an fp16 or int8 graph keeps float32 inputs and outputs)."""
+(mlmkit.exporter.graphs.TaskGraph casts them; an fp16 or int8 graph keeps float32 inputs and outputs)."""
 TASK_OUTPUT_TYPE = "tensor(float)"
 DYNAMIC_AXES = (BATCH, SEQUENCE, MASKS)  # axes whose size varies from run to run: never a fixed size in the graph
 LABELS_KEY = "mlmkit.labels"
 """The graph's metadata_props entry with the labels, in the order the head was trained with (JSON):
-written by mlmkit.export.bundle.record_labels; a bundle's mlmkit.json must list the same. Bundles exported before
+written by mlmkit.exporter.bundle.record_labels; a bundle's mlmkit.json must list the same. Bundles exported before
 it have none and are checked by the label count alone."""
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")  # the graph's, less token_type_ids where the family has none
 PRECISIONS = ("fp32", "int8", "fp16")

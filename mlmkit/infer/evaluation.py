@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from mlmkit.errors import TaskError
-from mlmkit.plugin.registry import EXAMPLE, TRUNCATED, Example, Feature, Plugin, TaskContext, per_token
+from mlmkit.registry import EXAMPLE, TRUNCATED, Example, Feature, Plugin, TaskContext, per_token
 from mlmkit.text.batching import bucket_batches, pad_features
 from mlmkit.text.tokenizer import special_ids
 

@@ -38,7 +38,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -61,22 +61,24 @@ from mlmkit.text.records import Item, carried_array, identity, result_writer, wr
 log = logging.getLogger("mlmkit")
 
 WINDOW = 4096  # records per window: enough for good length buckets, little enough memory
+T = TypeVar("T")
 
 
 @dataclass
-class Window:
-    """Records k*window .. (k+1)*window - 1 of the input (1-based ``first``), good and bad."""
+class Window(Generic[T]):
+    """Records k*window .. (k+1)*window - 1 of the input (1-based ``first``), good and bad: the items
+    of a batch job (Window[Item]), or what another job works on (mining's (query, positive) pairs)."""
 
     index: int
     first: int
-    items: list[Item]
+    items: list[T]
 
     @property
     def records(self) -> list[Record]:
         return [x for x in self.items if isinstance(x, Record)]
 
 
-def windows(items: Iterable[Item], size: int, skip: int = 0) -> Iterator[Window]:
+def windows(items: Iterable[Item], size: int, skip: int = 0) -> Iterator[Window[Item]]:
     """Windows of ``size`` items, after passing over the first ``skip`` windows (read, not kept)."""
     it, k = iter(items), 0
     while True:
@@ -106,7 +108,7 @@ class Done:
     """Tallies the job keeps across --resume (Job.counts), e.g. mining's short rows by reason."""
 
 
-def run_window(pipe: Any, w: Window, options: dict[str, Any], *, skip: bool, id_column: str | None) -> Done:
+def run_window(pipe: Any, w: Window[Item], options: dict[str, Any], *, skip: bool, id_column: str | None) -> Done:
     """One window through the pipeline. ``skip``: a bad record becomes an error entry (where it is,
     what is wrong) instead of stopping the job; ``id_column``: the record's id comes along."""
     errors = [_error(x) for x in w.items if not isinstance(x, Record)]
@@ -237,7 +239,7 @@ class Job:
     def _part(self, k: int, kind: str = "") -> Path:
         return self.dir / f"part-{k:06d}{kind}{self.suffix if not kind else '.jsonl'}"
 
-    def add(self, w: Window, done: Done) -> Done:
+    def add(self, w: Window[T], done: Done) -> Done:
         """A finished window: its part files, then the progress record that counts them (last). A
         Parquet part is checked against those before it (see typed_ids); returns what was written."""
         types = None
@@ -258,7 +260,7 @@ class Job:
         self._save()
         return done
 
-    def typed_ids(self, w: Window, done: Done) -> Done:
+    def typed_ids(self, w: Window[T], done: Done) -> Done:
         """The window's ids as one Arrow type with the ids before it: the input's type (Parquet) or
         the one their values share (JSON), widened as Parquet widens (int64 to double, a wider
         decimal). An id that has none in common with those before is a bad record: with --on-error
@@ -303,7 +305,7 @@ class Job:
             self.id_type = t
         return t
 
-    def _check_schema(self, w: Window) -> None:
+    def _check_schema(self, w: Window[T]) -> None:
         """A Parquet part whose columns cannot join those of the parts before: an error now, at the
         window that differs, not at the final join (which --resume would repeat forever)."""
         import pyarrow as pa
@@ -392,14 +394,14 @@ def _load(bundle: str, device: str, threads: int, batch_size: int, batch_tokens:
     _pipe = Pipeline.load(bundle, device=device, threads=threads, batch_size=batch_size, batch_tokens=batch_tokens or 0)
 
 
-def _work(w: Window, options: dict[str, Any], skip: bool, id_column: str | None) -> Done:
+def _work(w: Window[Item], options: dict[str, Any], skip: bool, id_column: str | None) -> Done:
     return run_window(_pipe, w, options, skip=skip, id_column=id_column)
 
 
 def run_windows(
-    ws: Iterable[Window], pipe: Any, *, workers: int, threads: int, options: dict[str, Any], skip: bool,
+    ws: Iterable[Window[Item]], pipe: Any, *, workers: int, threads: int, options: dict[str, Any], skip: bool,
     id_column: str | None,
-) -> Iterator[tuple[Window, Done]]:
+) -> Iterator[tuple[Window[Item], Done]]:
     """(window, what it produced), in input order: with ``pipe`` here (``workers`` 1), or in
     ``workers`` processes, each loading the same bundle with ``threads`` threads, at most two
     windows each in flight (so that reading never runs far ahead of the work)."""
@@ -409,7 +411,7 @@ def run_windows(
         return
     pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_load,
                                initargs=(str(pipe.path), pipe.device, threads, pipe.batch_size, pipe.batch_tokens))
-    pending: deque[tuple[Window, Future]] = deque()
+    pending: deque[tuple[Window[Item], Future[Done]]] = deque()
     try:
         for w in ws:
             pending.append((w, pool.submit(_work, w, options, skip, id_column)))
@@ -429,7 +431,7 @@ def batch(
     pipe: Any, items: Iterable[Item], *, options: dict[str, Any], window: int = WINDOW, workers: int = 1,
     threads: int | None = None, skip: bool = False, id_column: str | None = None, output: Path | None = None,
     errors: Path | None = None, resume: bool = False, inputs: Sequence[Path] | None = None,
-) -> Iterator[tuple[Window, Done]]:
+) -> Iterator[tuple[Window[Item], Done]]:
     """Run a loaded pipeline over a stream of inputs, window by window: (window, what it produced) in
     input order. With ``output`` the job is resumable (see the module docstring) and the output is
     written, complete, at the end; ``inputs`` are the files the items come from (None: stdin or

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -74,7 +74,8 @@ def read_pairs(args: MineArgs) -> Pairs:
         held_out = 0 if args.keep_other_splits else _hold_out(split, docs)
         index = {text: i for i, text in enumerate(docs)}
         where = {did: index[text] for did, text in split.corpus.items() if text in index}
-        pairs, positives = [], {}
+        pairs: list[tuple[str, int]] = []
+        positives: dict[str, set[int]] = {}
         for qid, text in split.queries.items():
             pos = {where[d] for d in split.positives(qid) if d in where}
             positives.setdefault(text, set()).update(pos)
@@ -87,7 +88,7 @@ def read_pairs(args: MineArgs) -> Pairs:
     if not rows:
         raise DataFormatError(args.data, "no rows", hint="one anchor and positive per record")
     docs = _read_corpus(args.corpus) if args.corpus else list(dict.fromkeys(p for _, p in rows))
-    index: dict[str, int] = {}
+    index = {}
     for i, text in enumerate(docs):
         index.setdefault(text, i)
     pairs, positives = [], {}
@@ -161,7 +162,7 @@ def mine(args: MineArgs) -> dict[str, Any]:
             job = Job(out, _what(args), resume=args.resume, errors=None)
             try:
                 if args.retriever == "bm25":
-                    retriever: Any = BM25(data.docs)
+                    retriever: BM25 | Dense = BM25(data.docs)
                 else:
                     retriever = Dense(args.retriever, data.docs, job.dir, device=args.device, index=args.index)
                 log.info("mining %d pairs over %d documents with %s", len(data.pairs), len(data.docs), args.retriever)
@@ -188,7 +189,10 @@ def mine(args: MineArgs) -> dict[str, Any]:
             "out": str(args.out)}
 
 
-def _scorer(bundle: Path, device: str) -> Any:
+Scorer = Callable[[Sequence[tuple[str, str]]], list[float]]
+
+
+def _scorer(bundle: Path, device: str) -> Scorer:
     """A cross-encoder bundle's raw logits of (query, document) pairs."""
     from mlmkit.infer.pipeline import Pipeline
 
@@ -199,7 +203,7 @@ def _scorer(bundle: Path, device: str) -> Any:
     return lambda pairs: [float(r.get("logit", r["score"])) for r in pipe([{"text": q, "text_pair": d} for q, d in pairs])]
 
 
-def _rescored(done: Done, scorer: Any) -> Done:
+def _rescored(done: Done, scorer: Scorer) -> Done:
     """The rows' "scores" from the cross-encoder: its logit of the positive, then of each negative."""
     pairs = [(row["anchor"], row[k]) for row in done.results for k in _documents(row)]
     scores = iter(scorer(pairs))
@@ -212,7 +216,7 @@ def _documents(row: dict[str, Any]) -> list[str]:
     return ["positive", *numbered(row, "negative")]
 
 
-def _mine_batch(batch: list[tuple[str, int]], retriever: Any, data: Pairs, args: MineArgs, window: tuple[int, int],
+def _mine_batch(batch: list[tuple[str, int]], retriever: BM25 | Dense, data: Pairs, args: MineArgs, window: tuple[int, int],
                 need_pos: bool) -> Done:
     """The rows of one batch of (query, positive) pairs, and their tallies (negatives; short rows by reason)."""
     lo, hi = window
@@ -221,11 +225,12 @@ def _mine_batch(batch: list[tuple[str, int]], retriever: Any, data: Pairs, args:
     pos_scores = retriever.pair_scores(queries, [p for _, p in batch]) if need_pos else None
     rows, counts = [], Counter[str]()
     for n, (query, pos) in enumerate(batch):
+        pos_score = float(pos_scores[n]) if pos_scores is not None else None  # there whenever need_pos: each use below
         ceiling = None
-        if args.margin is not None:
-            ceiling = float(pos_scores[n]) - args.margin
-        elif args.max_score_ratio is not None:
-            ceiling = float(pos_scores[n]) * args.max_score_ratio
+        if args.margin is not None and pos_score is not None:
+            ceiling = pos_score - args.margin
+        elif args.max_score_ratio is not None and pos_score is not None:
+            ceiling = pos_score * args.max_score_ratio
         ranked = zip(idx[n][lo:hi].tolist(), scores[n][lo:hi].tolist())
         got, why = _negatives(ranked, data.docs, data.positives.get(query, set()) | {pos}, args.negatives, ceiling)
         if why:
@@ -233,7 +238,7 @@ def _mine_batch(batch: list[tuple[str, int]], retriever: Any, data: Pairs, args:
         row: dict[str, Any] = {"anchor": query, "positive": data.docs[pos]}
         row.update({f"negative_{i}": data.docs[d] for i, (d, _) in enumerate(got, 1)})
         if args.with_scores:
-            row["scores"] = [float(pos_scores[n]), *(float(s) for _, s in got)]
+            row["scores"] = [pos_score, *(float(s) for _, s in got)]
         rows.append(row)
         counts["negatives"] += len(got)
     return Done(rows, counts=dict(counts))

@@ -28,7 +28,7 @@ import os
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import onnxruntime as ort
@@ -48,7 +48,7 @@ from mlmkit.infer.bundle import (
     read_bundle_meta,
 )
 from mlmkit.infer.evaluation import Progress
-from mlmkit.plugin.registry import (
+from mlmkit.registry import (
     EXAMPLE,
     LABEL,
     Plugin,
@@ -57,9 +57,9 @@ from mlmkit.plugin.registry import (
     get_task,
     tasks_for_command,
 )
-from mlmkit.plugin.taskkit import clip_text
 from mlmkit.text.batching import bucket_batches, pad_features
 from mlmkit.text.tokenizer import MASK, mask_token
+from mlmkit.text.truncation import clip_text
 
 log = logging.getLogger("mlmkit")
 
@@ -117,6 +117,9 @@ def make_session(model: str | Path, *, device: str = "cpu", threads: int | None 
 
 
 # ---- pipelines ---------------------------------------------------------------------------------
+T = TypeVar("T")
+
+
 class Pipeline:
     """A loaded bundle. ``Pipeline.load(path)`` returns the pipeline of the bundle's task; calling it
     on a list of inputs (texts, or records for tasks that take several fields) returns one result
@@ -242,9 +245,16 @@ class Pipeline:
         desc = hashlib.sha256((self.path / "mlmkit.json").read_bytes()).hexdigest()
         return {"path": str(self.path.resolve()), "model_bytes": g.st_size, "model_mtime_ns": g.st_mtime_ns, "mlmkit_json_sha256": desc}
 
+    @overload
+    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = ..., first: int = ...,
+                 errors: None = ..., tokens: list[int] | None = ..., **options: Any) -> list[dict[str, Any]]: ...
+    @overload
+    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = ..., first: int = ...,
+                 errors: dict[int, MlmkitError], tokens: list[int] | None = ...,
+                 **options: Any) -> list[dict[str, Any] | None]: ...
     def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
                  errors: dict[int, MlmkitError] | None = None, tokens: list[int] | None = None,
-                 **options: Any) -> list[dict[str, Any]]:
+                 **options: Any) -> list[dict[str, Any]] | list[dict[str, Any] | None]:
         """One result per input, in order. ``first``: the number of the first input, for messages
         ("input 7: empty text"); ``errors``: collect a bad input's error here, by its position, and
         give None for it instead of stopping; ``tokens``: filled with each input's tokens, the ones
@@ -280,8 +290,9 @@ class Pipeline:
         return kept, out
 
     @staticmethod
-    def _aligned(n: int, kept: list[int], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        out: list[Any] = [None] * n
+    def _aligned(n: int, kept: list[int], results: list[T]) -> list[T | None]:
+        """``results`` of the inputs ``kept``, at their positions among ``n`` inputs; None for the others."""
+        out: list[T | None] = [None] * n
         for i, r in zip(kept, results):
             out[i] = r
         return out
@@ -348,11 +359,21 @@ class FillMaskPipeline(Pipeline):
             self._token_text[i] = self.tokenizer.decode([i], skip_special_tokens=False).strip()
         return self._token_text[i]
 
+    @overload
+    def __call__(
+        self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = ..., first: int = ...,
+        errors: None = ..., tokens: list[int] | None = ..., top_k: int | None = ..., **options: Any,
+    ) -> list[dict[str, Any]]: ...
+    @overload
+    def __call__(
+        self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = ..., first: int = ...,
+        errors: dict[int, MlmkitError], tokens: list[int] | None = ..., top_k: int | None = ..., **options: Any,
+    ) -> list[dict[str, Any] | None]: ...
     def __call__(
         self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
         errors: dict[int, MlmkitError] | None = None, tokens: list[int] | None = None, top_k: int | None = None,
         **options: Any,
-    ) -> list[dict[str, Any]]:
+    ) -> list[dict[str, Any]] | list[dict[str, Any] | None]:
         k = self._top_k(top_k, options)
         kept, pairs = self._each(inputs, first, _text_pair, errors)
         if len(kept) < len(inputs):
@@ -457,9 +478,16 @@ class TaskPipeline(Pipeline):
         in the bundle < ``options`` (an option the task lacks is an error)."""
         return TaskContext.from_meta(self.meta, self.plugin.resolve_options(options, saved=self.meta.get("options"), model=True))
 
+    @overload
+    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = ..., first: int = ...,
+                 errors: None = ..., tokens: list[int] | None = ..., **options: Any) -> list[dict[str, Any]]: ...
+    @overload
+    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = ..., first: int = ...,
+                 errors: dict[int, MlmkitError], tokens: list[int] | None = ...,
+                 **options: Any) -> list[dict[str, Any] | None]: ...
     def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
                  errors: dict[int, MlmkitError] | None = None, tokens: list[int] | None = None,
-                 **options: Any) -> list[dict[str, Any]]:
+                 **options: Any) -> list[dict[str, Any]] | list[dict[str, Any] | None]:
         ctx = self.context(options)
         kept, examples = self._each(inputs, first, lambda x: self.plugin.from_input(x, ctx.options), errors)
         got = evaluation.predict(self.plugin, examples, self.tokenizer, ctx, self.run_batch, batch_size=self.batch_size,

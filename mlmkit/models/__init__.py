@@ -1,29 +1,16 @@
-"""Model families on one encoder core. The registry: config.json's model_type -> its family.
+"""Model families on one encoder core, and the registry: config.json's model_type -> its family.
 
-Adding a family is one module declaring a ``Family`` subclass (see family.py) and one entry in
-FAMILIES below. Everything else (tasks, export, runtime, serving) sees BERT-shaped models.
+Adding a family is one module declaring a ``Family`` subclass (config.py has the interface) and one
+entry in FAMILIES below. Everything else (tasks, export, runtime, serving) sees BERT-shaped models.
 """
 
 from __future__ import annotations
 
-from mlmkit.errors import ConfigError
 from mlmkit.models import bert, deberta, distilbert, electra, modernbert, roberta
-from mlmkit.models.family import Family
+from mlmkit.models.config import BY_MODEL_TYPE, Family, family_for, register
 
 FAMILIES: tuple[Family, ...] = (bert.family, roberta.family, distilbert.family, electra.family, modernbert.family,
                                 deberta.family)
-BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.model_types}
-
-
-def family_for(model_type: str) -> Family:
-    """The family of a config.json's model_type; a clear error for one mlmkit does not run."""
-    try:
-        return BY_MODEL_TYPE[model_type]
-    except KeyError:
-        raise ConfigError(
-            f"model_type '{model_type}' is not supported",
-            f"mlmkit runs these model types: {', '.join(sorted(BY_MODEL_TYPE))}",
-        ) from None
-
+register(*FAMILIES)
 
 __all__ = ["BY_MODEL_TYPE", "FAMILIES", "Family", "family_for"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlmkit.models.family import Family
+from mlmkit.models.config import Family
 
 
 class Bert(Family):

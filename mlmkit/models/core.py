@@ -21,23 +21,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ACT = {
-    "gelu": F.gelu,  # exact erf form, as the original BERT and HF "gelu"
-    "gelu_python": F.gelu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-    "silu": F.silu,
-    "tanh": torch.tanh,
-}
+from mlmkit.models.config import ACT, ModelConfig
 
 
-def family_of(config: Any) -> Any:
+def family_of(config: ModelConfig) -> Any:
     """The config's model family (models/family.py), looked up by its model_type (config.py)."""
     return config.family
 
 
-def layer_norm(config: Any, size: int | None = None) -> nn.LayerNorm:
+def layer_norm(config: ModelConfig, size: int | None = None) -> nn.LayerNorm:
     """The family's LayerNorm: eps from the config, a bias unless the config says none (ModernBERT)."""
     return nn.LayerNorm(size or config.hidden_size, eps=config.layer_norm_eps, bias=bool(config.extra.get("norm_bias", True)))
 
@@ -46,7 +38,7 @@ class BertEmbeddings(nn.Module):
     """Word (+ position) (+ token type) embeddings, LayerNorm, dropout, at the family's embedding
     size, projected to the hidden size where that differs (ELECTRA's embeddings_project)."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         fam = family_of(config)
         E, pad = fam.embedding_size(config), config.pad_token_id
@@ -108,7 +100,7 @@ class Attention(nn.Module):
 class BertSelfAttention(Attention):
     """Multi-head self-attention (query, key, value projections; core.attend)."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.n_head, self.head_dim = config.num_attention_heads, config.head_dim
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
@@ -144,7 +136,7 @@ def attend(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
 
 
 class BertSelfOutput(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = layer_norm(config)
@@ -155,7 +147,7 @@ class BertSelfOutput(nn.Module):
 
 
 class BertAttention(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
@@ -165,7 +157,7 @@ class BertAttention(nn.Module):
 
 
 class BertIntermediate(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.act = ACT[config.hidden_act]
@@ -175,7 +167,7 @@ class BertIntermediate(nn.Module):
 
 
 class BertOutput(BertSelfOutput):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
 
@@ -183,7 +175,7 @@ class BertOutput(BertSelfOutput):
 class BertLayer(nn.Module):
     """The post-LN block of BERT, RoBERTa, DistilBERT and ELECTRA."""
 
-    def __init__(self, config: Any, index: int = 0) -> None:
+    def __init__(self, config: ModelConfig, index: int = 0) -> None:
         super().__init__()
         self.attention = BertAttention(config)
         self.intermediate = BertIntermediate(config)
@@ -194,17 +186,27 @@ class BertLayer(nn.Module):
         return self.output(self.intermediate(x), x)
 
 
+def make_layer(config: ModelConfig, index: int) -> nn.Module:
+    """Layer ``index`` of the config's family: its own block, else the post-LN BertLayer."""
+    return config.family.layer(config, index) or BertLayer(config, index)
+
+
+def make_embeddings(config: ModelConfig) -> nn.Module:
+    """The embeddings of the config's family: its own, else BertEmbeddings."""
+    return config.family.embeddings(config) or BertEmbeddings(config)
+
+
 class BertEncoder(nn.Module):
     """The family's layers, then its final norm where it has one (pre-LN families). A family may give
     the encoder modules of its own, shared by the layers (``Family.encoder_modules``), and hand every
     layer keyword arguments computed once per forward (``Family.layer_context``: DeBERTa's relative
     position embeddings and positions); BERT's layers get none."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         fam = family_of(config)
         self.config, self.family = config, fam  # (layer_context reads the config: which shared modules it has)
-        self.layer = nn.ModuleList(fam.layer(config, i) for i in range(config.num_hidden_layers))
+        self.layer = nn.ModuleList(make_layer(config, i) for i in range(config.num_hidden_layers))
         self.final_norm = layer_norm(config) if fam.final_norm else None  # pre-LN families' norm after the last layer
         for name, module in fam.encoder_modules(config).items():
             self.add_module(name, module)
@@ -230,7 +232,7 @@ class BertPooler(nn.Module):
     (DeBERTa's ContextPooler). ``pool`` "none" applies it at every token (ModernBERT's token and span
     heads)."""
 
-    def __init__(self, config: Any, pool: str = "cls") -> None:
+    def __init__(self, config: ModelConfig, pool: str = "cls") -> None:
         super().__init__()
         fam = family_of(config)
         self.pool = pool
@@ -288,10 +290,10 @@ class BertModel(nn.Module):
 
     Families without token types (RoBERTa, DistilBERT, ModernBERT) ignore ``token_type_ids``."""
 
-    def __init__(self, config: Any, add_pooling_layer: bool = True, pool: str = "cls") -> None:
+    def __init__(self, config: ModelConfig, add_pooling_layer: bool = True, pool: str = "cls") -> None:
         super().__init__()
         self.config = config
-        self.embeddings = family_of(config).embeddings(config)
+        self.embeddings = make_embeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config, pool) if add_pooling_layer else None
 
@@ -316,6 +318,9 @@ def encode_cls(
     """The pooled [CLS] vector (B, H), equal to ``bert(...)[1]``, with the last layer computed for
     [CLS] only: a sequence classifier that reads [CLS] reads nothing else, so 1/L of the encoder's
     work is skipped (inference only; export uses it for the classification graph)."""
+    pooler = bert.pooler
+    if pooler is None:
+        raise ValueError("encode_cls needs a model with a pooler (reads_cls_only says when it applies)")
     if token_type_ids is None:
         token_type_ids = torch.zeros_like(input_ids)
     x = bert.embeddings(input_ids, token_type_ids)
@@ -325,7 +330,7 @@ def encode_cls(
     for layer in body:
         x = layer(x, mask, **context)
     cls = bert.encoder.finish(last(x, mask, queries=x[:, :1], **context))  # (B, 1, H)
-    return bert.pooler(cls)
+    return pooler(cls)
 
 
 def reads_cls_only(bert: BertModel) -> bool:
@@ -341,7 +346,7 @@ class BertForLabels(nn.Module):
     ``problem_type``: cross-entropy (label -100 ignored), per-label binary cross-entropy for
     multi_label_classification, mean squared error for regression."""
 
-    def __init__(self, config: Any, per_token: bool, problem_type: str = "single_label_classification") -> None:
+    def __init__(self, config: ModelConfig, per_token: bool, problem_type: str = "single_label_classification") -> None:
         super().__init__()
         fam = family_of(config)
         self.config, self.per_token, self.problem_type = config, per_token, problem_type
@@ -379,7 +384,7 @@ class BertForLabels(nn.Module):
         return out
 
 
-def token_encoder(config: Any) -> BertModel:
+def token_encoder(config: ModelConfig) -> BertModel:
     """The encoder of a per-token head (QA spans, embeddings): the family's per-token transform
     (ModernBERT's head) as its pooler with ``pool`` "none", else no pooler."""
     return BertModel(config, add_pooling_layer=family_of(config).token_head, pool="none")
@@ -409,7 +414,7 @@ def set_attention_impl(model: nn.Module, impl: str) -> int:
 
 
 class BertPredictionHeadTransform(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         fam = family_of(config)
         E = fam.embedding_size(config)
@@ -422,7 +427,7 @@ class BertPredictionHeadTransform(nn.Module):
 
 
 class BertLMPredictionHead(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         E = family_of(config).embedding_size(config)
         self.transform = BertPredictionHeadTransform(config)
@@ -442,7 +447,7 @@ def tie_decoder(heads: nn.Module, bert: BertModel) -> None:
 
 
 class BertPreTrainingHeads(nn.Module):
-    def __init__(self, config: Any, nsp: bool = True) -> None:
+    def __init__(self, config: ModelConfig, nsp: bool = True) -> None:
         super().__init__()
         self.predictions = BertLMPredictionHead(config)
         if nsp:
@@ -467,7 +472,7 @@ class BertForPreTraining(nn.Module):
     full ``prediction_logits`` (B, T, V), as transformers does.
     """
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
         self.nsp = family_of(config).nsp

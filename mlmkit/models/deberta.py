@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlmkit.errors import ConfigError
+from mlmkit.models.config import ExtraSize, Family, ModelConfig
 from mlmkit.models.core import ACT, Attention, BertIntermediate, BertOutput, BertSelfOutput, layer_norm
-from mlmkit.models.family import ExtraSize, Family
 
 TERMS = ("c2p", "p2c")  # the relative attention terms transformers' DeBERTa-v2 computes
 LEGACY_MLM_HEAD = (  # DebertaV2OnlyMLMHead (legacy false, the original checkpoints) -> BERT's head
@@ -50,21 +50,21 @@ LEGACY_MLM_HEAD = (  # DebertaV2OnlyMLMHead (legacy false, the original checkpoi
 
 
 # ---- config ------------------------------------------------------------------------------------
-def _flag(config: Any, key: str, default: bool) -> bool:
+def _flag(config: ModelConfig, key: str, default: bool) -> bool:
     v = config.extra.get(key, default)
     if not isinstance(v, bool):
         raise ConfigError(f"config {key} must be true or false, got {v!r}", "fix the config.json")
     return v
 
 
-def _int(config: Any, key: str, default: int) -> int:
+def _int(config: ModelConfig, key: str, default: int) -> int:
     v = config.extra.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int):
         raise ConfigError(f"config {key} must be an integer, got {v!r}", "fix the config.json")
     return v
 
 
-def _names(config: Any, key: str, default: str | None) -> list[str]:
+def _names(config: ModelConfig, key: str, default: str | None) -> list[str]:
     """A list of names or a "|"-separated string of them (older configs), lowercased, as transformers reads it."""
     v = config.extra.get(key, default)
     if v is None:
@@ -76,28 +76,28 @@ def _names(config: Any, key: str, default: str | None) -> list[str]:
     return [x.strip().lower() for x in v if x.strip()]
 
 
-def relative_attention(config: Any) -> bool:
+def relative_attention(config: ModelConfig) -> bool:
     return _flag(config, "relative_attention", False)
 
 
-def attention_terms(config: Any) -> tuple[str, ...]:
+def attention_terms(config: ModelConfig) -> tuple[str, ...]:
     """The relative terms among ("c2p", "p2c") the config's ``pos_att_type`` names."""
     names = _names(config, "pos_att_type", None)
     return tuple(t for t in TERMS if t in names)
 
 
-def position_buckets(config: Any) -> int:
+def position_buckets(config: ModelConfig) -> int:
     """``position_buckets``; 0 or less: relative positions are not bucketed."""
     return _int(config, "position_buckets", -1)
 
 
-def max_relative_positions(config: Any) -> int:
+def max_relative_positions(config: ModelConfig) -> int:
     """``max_relative_positions``, max_position_embeddings where it is below 1 (as transformers)."""
     m = _int(config, "max_relative_positions", -1)
     return m if m >= 1 else config.max_position_embeddings
 
 
-def span(config: Any) -> int:
+def span(config: ModelConfig) -> int:
     """Relative distances have rows -span .. span - 1 of ``rel_embeddings`` (2 * span rows)."""
     b = position_buckets(config)
     return b if b > 0 else max_relative_positions(config)
@@ -121,7 +121,7 @@ class DebertaEmbeddings(nn.Module):
     """Word (+ position) (+ token type) embeddings at the embedding size, ``embed_proj`` to the hidden
     size, LayerNorm, dropout. The padding rows are zeroed by the encoder (layer_context), which has the mask."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         fam = config.family
         E = fam.embedding_size(config)
@@ -155,7 +155,7 @@ class RelativePositions(nn.Module):
     ``reach`` (where the clamp holds on both sides) every difference reads the first or last row,
     so the table ends there; a (non-persistent) buffer, in no state dict."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         S, M, buckets = span(config), max_relative_positions(config), position_buckets(config)
         reach = max(S, M) + 1
@@ -189,7 +189,7 @@ class DisentangledSelfAttention(Attention):
     """Content-to-content attention plus the c2p / p2c relative terms, which enter as an additive bias
     on the scores: SDPA's float mask, or the eager form's added scores."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         H = config.hidden_size
         self.n_head, self.head_dim = config.num_attention_heads, config.head_dim
@@ -256,7 +256,7 @@ class DisentangledSelfAttention(Attention):
 
 
 class DebertaAttention(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.self = DisentangledSelfAttention(config)
         self.output = BertSelfOutput(config)
@@ -269,7 +269,7 @@ class DebertaAttention(nn.Module):
 class DebertaLayer(nn.Module):
     """BERT's post-LN block around the disentangled attention; ``relative`` from the encoder."""
 
-    def __init__(self, config: Any, index: int = 0) -> None:
+    def __init__(self, config: ModelConfig, index: int = 0) -> None:
         super().__init__()
         self.attention = DebertaAttention(config)
         self.intermediate = BertIntermediate(config)
@@ -309,19 +309,19 @@ class Deberta(Family):
     fusions: dict[str, int] = {"SkipLayerNormalization": 2}
     tokenizer_kind = "unigram"  # SentencePiece, as DeBERTa-v3's, with BERT's special tokens (the base class's)
 
-    def embedding_size(self, config: Any) -> int:
+    def embedding_size(self, config: ModelConfig) -> int:
         return int(config.extra.get("embedding_size") or config.hidden_size)
 
-    def pooler_act(self, config: Any) -> str:
+    def pooler_act(self, config: ModelConfig) -> str:
         return config.extra.get("pooler_hidden_act", "gelu")
 
-    def pooler_dropout(self, config: Any) -> float:
+    def pooler_dropout(self, config: ModelConfig) -> float:
         return float(config.extra.get("pooler_dropout") or 0.0)
 
-    def uses_token_types(self, config: Any) -> bool:
+    def uses_token_types(self, config: ModelConfig) -> bool:
         return config.type_vocab_size > 0
 
-    def check(self, config: Any) -> None:
+    def check(self, config: ModelConfig) -> None:
         for key, default in (("relative_attention", False), ("position_biased_input", True), ("share_att_key", False),
                              ("legacy", True)):
             _flag(config, key, default)
@@ -351,7 +351,7 @@ class Deberta(Family):
         if act not in ACT:
             raise ConfigError(f"unsupported pooler_hidden_act {act!r}", f"use one of: {', '.join(ACT)}")
 
-    def shape_mismatch(self, config: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[str, Any, str] | None:
+    def shape_mismatch(self, config: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> tuple[str, Any, str] | None:
         """The rows of rel_embeddings against the span the config's buckets make: RelativePositions
         computes its table from those values, so the meta-device comparison cannot build it."""
         rel = shapes.get("bert.encoder.rel_embeddings.weight")
@@ -369,13 +369,13 @@ class Deberta(Family):
         }
 
     # ---- blocks ------------------------------------------------------------------------------
-    def embeddings(self, config: Any) -> nn.Module:
+    def embeddings(self, config: ModelConfig) -> nn.Module:
         return DebertaEmbeddings(config)
 
-    def layer(self, config: Any, index: int) -> nn.Module:
+    def layer(self, config: ModelConfig, index: int) -> nn.Module:
         return DebertaLayer(config, index)
 
-    def encoder_modules(self, config: Any) -> dict[str, nn.Module]:
+    def encoder_modules(self, config: ModelConfig) -> dict[str, nn.Module]:
         if not relative_attention(config):
             return {}
         modules: dict[str, nn.Module] = {"rel_embeddings": nn.Embedding(2 * span(config), config.hidden_size)}

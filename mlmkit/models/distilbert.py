@@ -9,9 +9,7 @@ vocab_layer_norm + vocab_projector; the sequence head pre_classifier + ReLU + cl
 
 from __future__ import annotations
 
-from typing import Any
-
-from mlmkit.models.family import Family
+from mlmkit.models.config import Family, ModelConfig
 
 LAYER = "bert.encoder.layer.{n}"
 FAMILY_LAYER = "distilbert.transformer.layer.{n}"
@@ -48,7 +46,7 @@ class DistilBert(Family):
     token_types = False
     classifier_dropout_key = "seq_classif_dropout"
 
-    def pooler_act(self, config: Any) -> str:
+    def pooler_act(self, config: ModelConfig) -> str:
         return "relu"
 
 

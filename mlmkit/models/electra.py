@@ -9,9 +9,7 @@ classifier.dense + GELU + classifier.out_proj on [CLS].
 
 from __future__ import annotations
 
-from typing import Any
-
-from mlmkit.models.family import ExtraSize, Family
+from mlmkit.models.config import ExtraSize, Family, ModelConfig
 from mlmkit.models.roberta import SEQUENCE_HEAD
 
 
@@ -31,13 +29,13 @@ class Electra(Family):
     )
     extra_sizes = (ExtraSize("embedding_size"),)
 
-    def embedding_size(self, config: Any) -> int:
+    def embedding_size(self, config: ModelConfig) -> int:
         return int(config.extra.get("embedding_size") or config.hidden_size)
 
-    def pooler_act(self, config: Any) -> str:
+    def pooler_act(self, config: ModelConfig) -> str:
         return "gelu"
 
-    def mlm_act(self, config: Any) -> str:
+    def mlm_act(self, config: ModelConfig) -> str:
         return "gelu"  # ElectraGeneratorPredictions: get_activation("gelu")
 
     def head_renames(self, keys: set[str], *, to_family: bool) -> tuple[tuple[str, str], ...]:

@@ -28,15 +28,15 @@ and after ``Wo``, as there), ``mlp_dropout`` read by the MLP itself. In eval mod
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from mlmkit.errors import ConfigError
+from mlmkit.models.config import CLS_SEP_IDS, ExtraSize, Family, ModelConfig, Renamer
 from mlmkit.models.core import ACT, Attention, attend, layer_norm
-from mlmkit.models.family import CLS_SEP_IDS, ExtraSize, Family, Renamer
 from mlmkit.models.rotary import rotary, rotate
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer types
@@ -52,14 +52,14 @@ SPAN_OUTPUT = (("qa_outputs", "classifier"),)
 
 
 # ---- config ------------------------------------------------------------------------------------
-def _positive_int(config: Any, key: str, default: int) -> int:
+def _positive_int(config: ModelConfig, key: str, default: int) -> int:
     v = config.extra.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ConfigError(f"config {key} must be a positive integer, got {v!r}", "fix the config.json")
     return v
 
 
-def layer_types(config: Any) -> list[str]:
+def layer_types(config: ModelConfig) -> list[str]:
     """Each layer's attention, "full_attention" or "sliding_attention": ``layer_types`` where
     config.json has it (transformers 5), else every ``global_attn_every_n_layers``-th layer global."""
     types = config.extra.get("layer_types")
@@ -74,7 +74,7 @@ def layer_types(config: Any) -> list[str]:
     return list(types)
 
 
-def rope_theta(config: Any, kind: str) -> float:
+def rope_theta(config: ModelConfig, kind: str) -> float:
     """The rotary base of one layer type, as transformers resolves it: ``rope_parameters[kind]``
     (with a legacy ``rope_scaling`` laid over it), else the older ``global_rope_theta`` /
     ``local_rope_theta``, else ModernBERT's defaults. Only the plain ("default") rotary runs here."""
@@ -110,7 +110,7 @@ def window_mask(T: torch.Tensor | int, Tq: torch.Tensor | int, half: int, device
 
 
 PLAIN_UP_TO = 6  # eager mode: the plain form up to this many half-windows (window_plan)
-Size = int | torch.Tensor  # a length: a Python int in eager mode, a 0-d tensor while tracing (export)
+Size: TypeAlias = int | torch.Tensor  # a length: a Python int in eager mode, a 0-d tensor while tracing (export)
 
 
 def _minimum(a: Size, b: Size) -> Size:
@@ -217,7 +217,7 @@ class ModernBertAttention(Attention):
     """Fused-projection self-attention with rotary positions (models/rotary.py), over the whole
     sequence (global layers) or a window around each query (local layers)."""
 
-    def __init__(self, config: Any, index: int) -> None:
+    def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__()
         H, bias = config.hidden_size, bool(config.extra.get("attention_bias", False))
         self.hidden, self.n_head, self.head_dim = H, config.num_attention_heads, config.head_dim
@@ -261,7 +261,7 @@ class ModernBertAttention(Attention):
 class ModernBertMLP(nn.Module):
     """GeGLU: ``Wi`` to twice the intermediate size, act(first half) * second half, ``Wo`` back."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         H, inter, bias = config.hidden_size, config.intermediate_size, bool(config.extra.get("mlp_bias", False))
         self.Wi = nn.Linear(H, 2 * inter, bias=bias)
@@ -278,7 +278,7 @@ class ModernBertLayer(nn.Module):
     """The pre-LN block: x + attn(attn_norm(x)), then + mlp(mlp_norm(.)). Layer 0 has no attention
     norm (its input is the embeddings' norm), so no parameters there either."""
 
-    def __init__(self, config: Any, index: int) -> None:
+    def __init__(self, config: ModelConfig, index: int) -> None:
         super().__init__()
         self.attn_norm = layer_norm(config) if index else nn.Identity()
         self.attn = ModernBertAttention(config, index)
@@ -302,7 +302,7 @@ class ModernBert(Family):
         "hidden_act": "hidden_activation", "layer_norm_eps": "norm_eps",
         "hidden_dropout_prob": "embedding_dropout", "attention_probs_dropout_prob": "attention_dropout",
     }
-    # ModernBertConfig's defaults where the core's readers default otherwise; norm_bias and
+    # ModernModelConfig's defaults where the core's readers default otherwise; norm_bias and
     # classifier_dropout are family keys (they land in ``extra``) that core.layer_norm and
     # BertForLabels read with BERT's defaults
     config_defaults = {
@@ -332,19 +332,19 @@ class ModernBert(Family):
     fusions: dict[str, int] = {"SkipLayerNormalization": 2}
     tokenizer_kind = "bpe"  # with BERT's special-token names (the base class's) on a byte-level BPE, as ModernBERT's
 
-    def pooler_act(self, config: Any) -> str:
+    def pooler_act(self, config: ModelConfig) -> str:
         return config.extra.get("classifier_activation", "gelu")
 
-    def mlm_act(self, config: Any) -> str:
+    def mlm_act(self, config: ModelConfig) -> str:
         return config.extra.get("classifier_activation", "gelu")
 
-    def head_bias(self, config: Any) -> bool:
+    def head_bias(self, config: ModelConfig) -> bool:
         return bool(config.extra.get("classifier_bias", False))
 
-    def sequence_pool(self, config: Any) -> str:
+    def sequence_pool(self, config: ModelConfig) -> str:
         return config.extra.get("classifier_pooling", "cls")
 
-    def check(self, config: Any) -> None:
+    def check(self, config: ModelConfig) -> None:
         types = layer_types(config)
         for kind in sorted(set(types)):
             rope_theta(config, kind)
@@ -376,7 +376,7 @@ class ModernBert(Family):
             "bos_token_id": 2, "cls_token_id": 2, "eos_token_id": 3, "sep_token_id": 3,
         }
 
-    def layer(self, config: Any, index: int) -> nn.Module:
+    def layer(self, config: ModelConfig, index: int) -> nn.Module:
         return ModernBertLayer(config, index)
 
     def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:

@@ -9,9 +9,7 @@ tanh + ``classifier.out_proj`` on <s> (no pooler).
 
 from __future__ import annotations
 
-from typing import Any
-
-from mlmkit.models.family import CLS_SEP_IDS, Family
+from mlmkit.models.config import CLS_SEP_IDS, Family, ModelConfig
 from mlmkit.text.tokenizer import ANGLES
 
 SEQUENCE_HEAD = (("bert.pooler.dense", "classifier.dense"), ("classifier", "classifier.out_proj"))
@@ -39,7 +37,7 @@ class Roberta(Family):
     tokenizer_kind = "bpe"
     special_tokens = ANGLES.tokens  # <pad> <unk> <s> </s> <mask>, and <s> A </s></s> B </s>
 
-    def mlm_act(self, config: Any) -> str:
+    def mlm_act(self, config: ModelConfig) -> str:
         return "gelu"  # RobertaLMHead calls gelu whatever hidden_act says
 
     def head_renames(self, keys: set[str], *, to_family: bool) -> tuple[tuple[str, str], ...]:

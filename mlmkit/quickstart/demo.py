@@ -49,11 +49,11 @@ def fill_mask_torch(run_dir: str | Path, texts: list[str], top_k: int = 5) -> li
 
     from mlmkit.models.core import BertForPreTraining
     from mlmkit.rundir.checkpoint import load_state_dict, load_weights
-    from mlmkit.rundir.config import ModelConfig
+    from mlmkit.rundir.config import load_config
     from mlmkit.text.tokenizer import load_tokenizer, special_ids
 
     tok = load_tokenizer(run_dir)
-    model = BertForPreTraining(ModelConfig.load(run_dir))
+    model = BertForPreTraining(load_config(run_dir))
     load_weights(model, load_state_dict(run_dir))
     model.eval()
     mask_id = special_ids(tok).mask
@@ -74,22 +74,35 @@ def fill_mask_torch(run_dir: str | Path, texts: list[str], top_k: int = 5) -> li
 def run(out: str | Path, *, steps: int = 1500, seed: int = 0, retrieval_documents: int = 1000,
         console: Console | None = None) -> dict[str, Any]:
     """Run the quickstart into ``out``; returns the figures it printed."""
-    from mlmkit.args import ExportArgs, FinetuneArgs, PretrainArgs
-    from mlmkit.errors import MlmkitError
-    from mlmkit.quickstart.stdlib_corpus import write_corpus
-    from mlmkit.train.finetune import evaluate_run, finetune
-    from mlmkit.train.pretrain import pretrain
-
     console = console or Console()
     out = Path(out)
     for sub in ("pretrain", "classifier", "exports", "embedding", "retrieval"):  # a rerun starts afresh
         shutil.rmtree(out / sub, ignore_errors=True)
     summary: dict[str, Any] = {}
+    _corpus_stage(console, out)
+    summary["pretrain"] = _pretrain_stage(console, out, steps=steps, seed=seed)
+    summary["classifier"] = _classifier_stage(console, out, seed=seed)
+    summary["onnx_classify"] = _onnx_stage(console, out)
+    summary["retrieval"] = _retrieval_stage(console, out, seed=seed, retrieval_documents=retrieval_documents)
+    summary["curves"] = _closing_lines(console, out)
+    return summary
+
+
+def _corpus_stage(console: Console, out: Path) -> None:
+    """Step 1: the corpus, from the standard library's docstrings (nothing to download)."""
+    from mlmkit.quickstart.stdlib_corpus import write_corpus
 
     t = _step(console, 1, "corpus from the docstrings of Python's standard library")
     stats = write_corpus(out / "corpus.txt", max_chars=1_500_000)
     console.print(f"{stats['documents']:,} documents, {stats['sentences']:,} sentences -> {out / 'corpus.txt'} "
                   f"[dim]({time.perf_counter() - t:.1f}s)[/]")
+
+
+def _pretrain_stage(console: Console, out: Path, *, steps: int, seed: int) -> dict[str, Any]:
+    """Step 2: the tokenizer and the tiny BERT, with its held-out figures next to the baselines and a few
+    fill-mask predictions (what pretraining learnt, before any fine-tuning); returns its final metrics."""
+    from mlmkit.args import PretrainArgs
+    from mlmkit.train.pretrain import pretrain
 
     t = _step(console, 2, f"tokenizer + tiny BERT pretrained for {steps} steps (MLM + NSP)")
     m = pretrain(PretrainArgs.from_flat(
@@ -103,13 +116,20 @@ def run(out: str | Path, *, steps: int = 1500, seed: int = 0, retrieval_document
         table.add_column(c, justify="right")
     table.add_row(f"{acc:.1%}", f"{uni:.2%}", f"{maj:.1%}", f"{m['eval_perplexity']:.1f}", f"{m.get('eval_nsp_accuracy', 0):.1%}")
     console.print(table)
-    summary["pretrain"] = m
     fm = Table(title="fill-mask (PyTorch)")
     fm.add_column("text")
     fm.add_column("top predictions")
     for text, preds in zip(FILL_MASK_EXAMPLES, fill_mask_torch(out / "pretrain", FILL_MASK_EXAMPLES)):
         fm.add_row(text, ", ".join(f"{w} {p:.2f}" for w, p in preds))
     console.print(fm)
+    return m
+
+
+def _classifier_stage(console: Console, out: Path, *, seed: int) -> dict[str, Any]:
+    """Step 3: the sentiment classifier fine-tuned on the shipped set, its held-out scores and confusion
+    matrix; returns the scores."""
+    from mlmkit.args import FinetuneArgs
+    from mlmkit.train.finetune import evaluate_run, finetune
 
     t = _step(console, 3, "sentiment classifier fine-tuned on the shipped labelled set")
     finetune(FinetuneArgs.from_flat(
@@ -118,7 +138,6 @@ def run(out: str | Path, *, steps: int = 1500, seed: int = 0, retrieval_document
         progress=console.is_terminal,
     ))
     ev = evaluate_run(out / "classifier", data_file("quickstart_eval.csv"))
-    summary["classifier"] = {k: ev[k] for k in ("accuracy", "macro_f1", "mcc")}
     res = Table(title=f"classifier on the held-out set [dim]({time.perf_counter() - t:.0f}s)[/]")
     for k in ("accuracy", "macro_f1", "mcc"):
         res.add_column(k, justify="right")
@@ -131,11 +150,17 @@ def run(out: str | Path, *, steps: int = 1500, seed: int = 0, retrieval_document
     for lab, row in zip(ev["labels"], ev["confusion_matrix"]):
         cm.add_row(lab, *map(str, row))
     console.print(cm)
+    return {k: ev[k] for k in ("accuracy", "macro_f1", "mcc")}
 
-    t = _step(console, 4, "ONNX export and onnxruntime inference")
-    from mlmkit.export.bundle import export
+
+def _onnx_stage(console: Console, out: Path) -> list[dict[str, Any]]:
+    """Step 4: both runs exported to ONNX bundles and run through onnxruntime, as a deployment would;
+    returns the classifier's predictions."""
+    from mlmkit.args import ExportArgs
+    from mlmkit.exporter.bundle import export
     from mlmkit.infer.pipeline import Pipeline
 
+    t = _step(console, 4, "ONNX export and onnxruntime inference")
     for run_name, bundle in (("pretrain", "fill-mask"), ("classifier", "classifier")):
         info = export(ExportArgs(run=out / run_name, out=out / "exports" / bundle))
         fused = ", ".join(f"{k} {v}" for k, v in sorted(info.get("fused_operators", {}).items()) if v)
@@ -156,12 +181,18 @@ def run(out: str | Path, *, steps: int = 1500, seed: int = 0, retrieval_document
     for text, p in zip(CLASSIFY_EXAMPLES, preds):
         ct.add_row(text, p["label"], f"{p['score']:.2f}")
     console.print(ct)
-    summary["onnx_classify"] = preds
+    return preds
+
+
+def _retrieval_stage(console: Console, out: Path, *, seed: int, retrieval_documents: int) -> dict[str, Any]:
+    """Step 5: the embedding model fine-tuned on a retrieval set from the same docstrings, scored against
+    the pretrained encoder (and BM25 when bm25s is installed); returns the nDCG@10 of each."""
+    from mlmkit.args import FinetuneArgs
+    from mlmkit.errors import MlmkitError
+    from mlmkit.quickstart.retrieval_set import write_retrieval_set
+    from mlmkit.train.finetune import evaluate_base, finetune
 
     t = _step(console, 5, "embedding model fine-tuned on a retrieval set from the same docstrings")
-    from mlmkit.quickstart.retrieval_set import write_retrieval_set
-    from mlmkit.train.finetune import evaluate_base
-
     counts = write_retrieval_set(out / "retrieval", max_documents=retrieval_documents)
     console.print(f"{counts['documents']:,} documents, {counts['train_queries']:,} training and "
                   f"{counts['test_queries']:,} test queries -> {out / 'retrieval'}")
@@ -178,8 +209,6 @@ def run(out: str | Path, *, steps: int = 1500, seed: int = 0, retrieval_document
         eval_file=out / "retrieval", epochs=2, batch_size=64, lr=1e-3, max_length=64, seed=seed,
         progress=console.is_terminal,
     ))
-    summary["retrieval"] = {"zero_shot_ndcg@10": zero["ndcg@10"], "fine_tuned_ndcg@10": tuned["eval_ndcg@10"],
-                            "bm25_ndcg@10": bm25["ndcg@10"] if bm25 else None}
     rt = Table(title=f"test queries searching {counts['documents']:,} documents [dim]({time.perf_counter() - t:.0f}s)[/]")
     for c in ("", "nDCG@10", "MRR@10", "Recall@100"):
         rt.add_column(c, justify="right")
@@ -188,9 +217,15 @@ def run(out: str | Path, *, steps: int = 1500, seed: int = 0, retrieval_document
     rt.add_row("pretrained encoder, mean pooling", *(f"{zero[k]:.3f}" for k in ("ndcg@10", "mrr@10", "recall@100")))
     rt.add_row("fine-tuned (mnrl)", *(f"{tuned['eval_' + k]:.3f}" for k in ("ndcg@10", "mrr@10", "recall@100")))
     console.print(rt)
+    return {"zero_shot_ndcg@10": zero["ndcg@10"], "fine_tuned_ndcg@10": tuned["eval_ndcg@10"],
+            "bm25_ndcg@10": bm25["ndcg@10"] if bm25 else None}
+
+
+def _closing_lines(console: Console, out: Path) -> list[str]:
+    """Where the runs, bundles and training curves are, and a command to try next; returns the curves'
+    paths."""
     console.print(f"\nRuns and bundles are in {out}. Try: mlmkit classify {out / 'exports' / 'classifier'} \"I love it\"")
     pictures = [p for p in (out / "pretrain" / "curves.png", out / "classifier" / "curves.png") if p.exists()]
     if pictures:
         console.print(f"Training curves: {', '.join(map(str, pictures))}; model cards: README.md in each run and bundle.")
-    summary["curves"] = [str(p) for p in pictures]
-    return summary
+    return [str(p) for p in pictures]

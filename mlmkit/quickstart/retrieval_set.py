@@ -17,7 +17,9 @@ from mlmkit.quickstart.stdlib_corpus import docstring_documents
 def write_retrieval_set(out: str | Path, max_documents: int = 2000, test_every: int = 5) -> dict[str, int]:
     """Write ``out``/corpus.jsonl, queries.jsonl, qrels/train.tsv and qrels/test.tsv; returns the counts."""
     out = Path(out)
-    corpus, queries, splits = [], [], {"train": [], "test": []}
+    corpus: list[dict[str, str]] = []
+    queries: list[dict[str, str]] = []
+    splits: dict[str, list[str]] = {"train": [], "test": []}
     seen: set[str] = set()
     for sents in docstring_documents():
         query, text = sents[0], " ".join(sents[1:])

@@ -90,7 +90,7 @@ def results(meta: dict[str, Any]) -> dict[str, float]:
 
 def _plugin(task: str) -> Any:
     """The registered task of that name, or None (a task not installed here still gets a card)."""
-    from mlmkit.plugin.registry import get_task
+    from mlmkit.registry import get_task
 
     try:
         return get_task(task)

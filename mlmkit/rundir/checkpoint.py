@@ -15,7 +15,8 @@ from safetensors.torch import save_file
 
 from mlmkit.errors import ConfigError
 from mlmkit.files import atomic_write, read_json, write_json
-from mlmkit.rundir.config import ModelConfig
+from mlmkit.models.config import ModelConfig
+from mlmkit.rundir.config import load_config, save_config
 from mlmkit.rundir.weights import (  # noqa: F401 - the weight-file functions, where callers have found them
     WEIGHT_FILES,
     WEIGHTS,
@@ -67,7 +68,7 @@ def load_state_dict(run_dir: str | Path, config: Any = None) -> dict[str, torch.
             raise ConfigError(f"{f}: not a dictionary of tensors", "is it a model checkpoint?")
         sd.update(part)
     if config is None:
-        config = ModelConfig.load(d) if (d / "config.json").is_file() else ModelConfig()
+        config = load_config(d) if (d / "config.json").is_file() else ModelConfig()
     sd = {_normalise_key(k): v for k, v in sd.items()}
     _check_family(d, config, sd)
     sd = config.family.from_family(sd)
@@ -126,7 +127,7 @@ def save_run(
     Weights are written before mlmkit.json so a reader that sees the new metadata sees new weights."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    config.save(d / "config.json")
+    save_config(config, d / "config.json")
     save_tokenizer(tokenizer, d, max_length=int(meta.get("max_length", 512)))
     save_weights(model, d / WEIGHTS, config)
     write_json(d / META, meta)

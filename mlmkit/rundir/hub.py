@@ -18,9 +18,9 @@ from typing import Any
 
 from mlmkit.errors import ConfigError
 from mlmkit.files import parse_json
-from mlmkit.plugin.registry import get_task, tasks
+from mlmkit.models.config import ModelConfig
+from mlmkit.registry import get_task, tasks
 from mlmkit.rundir.checkpoint import read_run_meta, weights_digest
-from mlmkit.rundir.config import ModelConfig
 
 FILL_MASK = ("fill-mask", "pretraining")
 MASKED_LM = ("BertForMaskedLM", "BertForPreTraining")

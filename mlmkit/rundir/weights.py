@@ -12,13 +12,15 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from safetensors.torch import load_file
 
 from mlmkit.errors import ConfigError
 from mlmkit.files import read_json
+from mlmkit.models.config import ModelConfig
+from mlmkit.models.core import make_embeddings, make_layer
 
 WEIGHTS = "model.safetensors"
 MAX_HEADER = 100 << 20  # bytes of a safetensors JSON header; a large model's is a few hundred KB
@@ -117,7 +119,8 @@ def _header_shapes(p: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _ints(x: Any) -> bool:
+def _ints(x: object) -> TypeGuard[list[int]]:
+    """Whether ``x`` is a list of non-negative integers (a header's shape or offsets)."""
     return isinstance(x, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in x)
 
 
@@ -140,7 +143,7 @@ def weight_shapes(files: list[Path]) -> dict[str, tuple[int, ...]] | None:
     return shapes
 
 
-def check_weights(d: str | Path, config: Any) -> None:
+def check_weights(d: str | Path, config: ModelConfig) -> None:
     """Raise ConfigError where ``config`` (the directory's config.json) does not describe its weights:
     the sizes are read from the weights' headers and compared before any module is built. Called by
     ModelConfig.load for every model directory, whatever the family."""
@@ -183,12 +186,12 @@ def check_weights(d: str | Path, config: Any) -> None:
             raise wrong(*_field_of(config, want, have[key]), f"{key} is {list(have[key])}, the config makes {list(want)}")
 
 
-def _meta_shapes(config: Any) -> dict[str, tuple[int, ...]]:
+def _meta_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The shapes of the embeddings, the first layer and the encoder's shared modules this config
     makes, built on the meta device (no memory): every family's blocks, whatever sizes they read."""
     fam = config.family
     with torch.device("meta"):
-        parts = {"bert.embeddings.": fam.embeddings(config), "bert.encoder.layer.0.": fam.layer(config, 0)}
+        parts = {"bert.embeddings.": make_embeddings(config), "bert.encoder.layer.0.": make_layer(config, 0)}
         try:
             parts.update({f"bert.encoder.{n}.": m for n, m in fam.encoder_modules(config).items()})
         except RuntimeError:  # one computes a table from its values (DeBERTa's buckets): check_weights checks its rows
@@ -196,7 +199,7 @@ def _meta_shapes(config: Any) -> dict[str, tuple[int, ...]]:
     return {prefix + k: tuple(v.shape) for prefix, m in parts.items() for k, v in m.state_dict().items()}
 
 
-def _field_of(config: Any, want: tuple[int, ...], have: tuple[int, ...]) -> tuple[str, int]:
+def _field_of(config: ModelConfig, want: tuple[int, ...], have: tuple[int, ...]) -> tuple[str, int]:
     """(config field, its value) that most likely made ``want`` differ from the weights' ``have``."""
     name = config.family.config_aliases.get
     for w, h in zip(want, have):

@@ -99,7 +99,10 @@ def shuffled_groups(groups: Sequence[Sequence[int]], lengths: Sequence[int], bat
         todo = sorted(waiting + order[s : s + span], key=lambda g: longest[g])
         last, waiting = s + span >= len(order), []
         while todo:
-            current, seen, later, full = [], set(), [], False
+            current: list[int] = []
+            seen: set[Any] = set()
+            later: list[int] = []
+            full = False
             for n, gi in enumerate(todo):
                 if current and len(current) + len(groups[gi]) > batch_size:
                     later.extend(todo[n:])

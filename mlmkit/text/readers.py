@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from mlmkit.errors import ConfigError, DataFormatError
 from mlmkit.files import MAX_RECORD_BYTES, bounded_lines, parse_json
@@ -48,6 +48,10 @@ class Record:
             raise self.error(f"expected a JSON object, got {type(self.data).__name__}", hint="one JSON object per line")
         return self.data
 
+    @overload
+    def text(self, key: str, *, required: Literal[True] = ..., flag: str | None = ...) -> str: ...
+    @overload
+    def text(self, key: str, *, required: bool = ..., flag: str | None = ...) -> str | None: ...
     def text(self, key: str, *, required: bool = True, flag: str | None = None) -> str | None:
         """The non-empty string field ``key``; None when it is absent (or null) and not ``required``.
         ``flag`` is the option that renames the field, named in the hint."""
@@ -93,6 +97,12 @@ def too_long(path: str | Path, n: int, max_bytes: int) -> DataFormatError:
                            hint="split the record, or raise --max-record-bytes; --on-error skip steps over it")
 
 
+@overload
+def _decoded(path: Path, keepends: bool = ..., skip: Literal[False] = ...,
+             max_bytes: int | None = ...) -> Iterator[tuple[int, str]]: ...
+@overload
+def _decoded(path: Path, keepends: bool = ..., skip: bool = ...,
+             max_bytes: int | None = ...) -> Iterator[tuple[int, str | DataFormatError]]: ...
 def _decoded(path: Path, keepends: bool = False, skip: bool = False,
              max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[tuple[int, str | DataFormatError]]:
     """(number, line) of each line, split on \\n only (so numbers match an editor's; str.splitlines
@@ -145,7 +155,6 @@ def read_text(path: str | Path, max_bytes: int = DOCUMENT_BYTES) -> str:
 
 
 # ---- tables: Parquet files and `datasets` directories, read as JSON lines are -------------------
-TABLE_HINT = "a .parquet file, or a directory written by datasets' save_to_disk"
 
 
 def is_table(path: str | Path) -> bool:
@@ -157,6 +166,14 @@ def is_table(path: str | Path) -> bool:
     return p.suffix.lower() == ".parquet"
 
 
+@overload
+def iter_table_rows(path: str | Path, rows: int = ..., *, skip: Literal[False] = ..., max_bytes: int | None = ...,
+                    columns: Sequence[str] | None = ..., column_hint: str = ..., ceiling_hint: str = ...,
+                    ) -> Iterator[Record]: ...
+@overload
+def iter_table_rows(path: str | Path, rows: int = ..., *, skip: bool = ..., max_bytes: int | None = ...,
+                    columns: Sequence[str] | None = ..., column_hint: str = ..., ceiling_hint: str = ...,
+                    ) -> Iterator[Record | DataFormatError]: ...
 def iter_table_rows(path: str | Path, rows: int = 1024, *, skip: bool = False, max_bytes: int | None = MAX_RECORD_BYTES,
                     columns: Sequence[str] | None = None, column_hint: str = "check the column names",
                     ceiling_hint: str = "raise --max-record-bytes; --on-error skip steps over it",
@@ -277,6 +294,12 @@ def _dataset_files(d: Path) -> list[Path]:
     return files
 
 
+@overload
+def iter_jsonl(path: str | Path, *, strings: bool = ..., skip: Literal[False] = ...,
+               max_bytes: int | None = ...) -> Iterator[Record]: ...
+@overload
+def iter_jsonl(path: str | Path, *, strings: bool = ..., skip: bool = ...,
+               max_bytes: int | None = ...) -> Iterator[Record | DataFormatError]: ...
 def iter_jsonl(path: str | Path, *, strings: bool = False, skip: bool = False,
                max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Record | DataFormatError]:
     """A record per non-blank line: a JSON object (or a JSON string when ``strings``). ``skip``: a bad
@@ -311,6 +334,12 @@ def iter_jsonl(path: str | Path, *, strings: bool = False, skip: bool = False,
             raise err
 
 
+@overload
+def iter_table(path: str | Path, delimiter: str, *, skip: Literal[False] = ...,
+               max_bytes: int | None = ...) -> Iterator[Record]: ...
+@overload
+def iter_table(path: str | Path, delimiter: str, *, skip: bool = ...,
+               max_bytes: int | None = ...) -> Iterator[Record | DataFormatError]: ...
 def iter_table(path: str | Path, delimiter: str, *, skip: bool = False,
                max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Record | DataFormatError]:
     """A record {column: value} per non-blank row of a CSV (``delimiter`` ",") or TSV ("\\t") file
@@ -320,7 +349,6 @@ def iter_table(path: str | Path, delimiter: str, *, skip: bool = False,
     breaks the file's structure, or a quoted field longer than ``max_bytes``, always stops it)."""
     p = _checked(path)
     kind = "TSV" if delimiter == "\t" else "CSV"
-    quoting = csv.QUOTE_NONE if kind == "TSV" else csv.QUOTE_MINIMAL
     csv.field_size_limit(min(FIELD_LIMIT, max_bytes or FIELD_LIMIT))
     dropped: list[DataFormatError] = []  # lines over the ceiling, skipped: reported in their place
 
@@ -332,7 +360,8 @@ def iter_table(path: str | Path, delimiter: str, *, skip: bool = False,
             else:
                 yield line
 
-    reader = csv.reader(lines(), delimiter=delimiter, quoting=quoting, strict=True)
+    reader = csv.reader(lines(), delimiter=delimiter, quoting=csv.QUOTE_NONE if kind == "TSV" else csv.QUOTE_MINIMAL,
+                        strict=True)
     header: tuple[str, ...] | None = None
     start = header_line = 1
     try:
@@ -368,6 +397,12 @@ def data_format(path: str | Path, formats: dict[str, str] = FORMATS) -> str:
     return fmt
 
 
+@overload
+def iter_records(path: str | Path, fmt: str | None = ..., *, skip: Literal[False] = ...,
+                 max_bytes: int | None = ...) -> Iterator[Record]: ...
+@overload
+def iter_records(path: str | Path, fmt: str | None = ..., *, skip: bool = ...,
+                 max_bytes: int | None = ...) -> Iterator[Record | DataFormatError]: ...
 def iter_records(path: str | Path, fmt: str | None = None, *, skip: bool = False,
                  max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Record | DataFormatError]:
     """Records of a .txt / .jsonl / .csv / .tsv file (``fmt`` overrides the suffix): text lines are

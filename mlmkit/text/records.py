@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal, overload
 
 import numpy as np
 
@@ -68,6 +68,10 @@ def matching_files(spec: str | Path, suffixes: Sequence[str], *, kind: str, hint
     raise DataFormatError(p, "file not found", hint=hint)
 
 
+@overload
+def iter_inputs(spec: str | Path, *, skip: Literal[False] = ..., max_bytes: int | None = ...) -> Iterator[Record]: ...
+@overload
+def iter_inputs(spec: str | Path, *, skip: bool = ..., max_bytes: int | None = ...) -> Iterator[Item]: ...
 def iter_inputs(spec: str | Path, *, skip: bool = False, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Item]:
     """The records of every file --input names, in order, read as they are needed; a record of more
     than ``max_bytes`` (the record ceiling) is a bad record."""
@@ -116,6 +120,12 @@ def _stdin_lines(stream: IO[str], max_bytes: int | None) -> Iterator[tuple[int, 
         yield n, line
 
 
+@overload
+def stdin_inputs(stream: IO[str] | None = ..., *, skip: Literal[False] = ...,
+                 max_bytes: int | None = ...) -> Iterator[Record]: ...
+@overload
+def stdin_inputs(stream: IO[str] | None = ..., *, skip: bool = ...,
+                 max_bytes: int | None = ...) -> Iterator[Item]: ...
 def stdin_inputs(stream: IO[str] | None = None, *, skip: bool = False,
                  max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Item]:
     """Inputs piped on stdin, read line by line: JSON lines when the first non-blank line is a JSON
@@ -180,7 +190,10 @@ def result_writer(path: Path, types: dict[str, Any] | None = None) -> Iterator[W
         yield from _parquet(path, types or {})
     else:
         with atomic_open(path) as f:
-            yield lambda results: f.write("".join(map(json_line, results)))
+            def write(results: Sequence[dict[str, Any]]) -> None:
+                f.write("".join(map(json_line, results)))
+
+            yield write
 
 
 def vector(result: dict[str, Any]) -> list[float]:

@@ -78,8 +78,12 @@ class SpecialIds:
 
 def convention_of(names: Iterable[str]) -> Convention:
     """The convention of these five names; names of neither are framed as brackets are."""
-    names = tuple(names)
-    return CONVENTIONS.get(names) or Convention(names)
+    given = tuple(names)
+    if len(given) != 5:
+        raise ConfigError(f"special tokens {' '.join(given) or '(none)'}: expected five names (pad, unk, cls, sep, mask)",
+                          "name them as one of the conventions: " + "; ".join(" ".join(c) for c in CONVENTIONS))
+    five = (given[0], given[1], given[2], given[3], given[4])
+    return CONVENTIONS.get(five) or Convention(five)
 
 
 def special_tokens(tok: Tokenizer) -> list[str]:
@@ -92,8 +96,16 @@ def special_tokens(tok: Tokenizer) -> list[str]:
                       "train it with mlmkit tokenizer train")
 
 
+def token_id(tok: Tokenizer, token: str) -> int:
+    """The id of a special token the tokenizer has (``special_tokens`` found them all)."""
+    i = tok.token_to_id(token)
+    if i is None:
+        raise ConfigError(f"tokenizer lacks the special token {token}", "train it with mlmkit tokenizer train")
+    return i
+
+
 def special_ids(tok: Tokenizer) -> SpecialIds:
-    return SpecialIds(*(tok.token_to_id(t) for t in special_tokens(tok)))
+    return SpecialIds(*(token_id(tok, t) for t in special_tokens(tok)))
 
 
 def mask_token(tok: Tokenizer) -> str:
@@ -114,12 +126,12 @@ def _frame(tok: Tokenizer, conv: Convention) -> Tokenizer:
     sep) cls A sep sep B sep with offsets without the leading space (transformers' RobertaProcessing)."""
     cls, sep = conv.tokens[2], conv.tokens[3]
     if conv.double_sep:
-        tok.post_processor = processors.RobertaProcessing((sep, tok.token_to_id(sep)), (cls, tok.token_to_id(cls)),
+        tok.post_processor = processors.RobertaProcessing((sep, token_id(tok, sep)), (cls, token_id(tok, cls)),
                                                           trim_offsets=True, add_prefix_space=False)
         return tok
     tok.post_processor = processors.TemplateProcessing(
         single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
-        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))],
+        special_tokens=[(cls, token_id(tok, cls)), (sep, token_id(tok, sep))],
     )
     return tok
 
@@ -238,7 +250,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     if not p.exists():
         raise ConfigError(f"tokenizer not found: {p}", "check the path")
     if p.suffix == ".txt":
-        vocab = {}
+        vocab: dict[str, int] = {}
         try:
             lines = p.read_text(encoding="utf-8").splitlines()
         except UnicodeDecodeError as e:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -19,65 +18,19 @@ from mlmkit.args import FinetuneArgs
 from mlmkit.errors import ConfigError, MlmkitError, TaskError
 from mlmkit.files import atomic_write_text, exclusive, write_jsonl
 from mlmkit.infer import evaluation
-from mlmkit.plugin.registry import DISTINCT, EXAMPLE, Example, Feature, Plugin, TaskContext, get_task
+from mlmkit.models.config import ModelConfig
+from mlmkit.registry import Example, Plugin, TaskContext, get_task
 from mlmkit.rundir.checkpoint import is_model_dir, load_state_dict, load_weights, read_run_meta, save_run
-from mlmkit.rundir.config import ModelConfig
-from mlmkit.text.batching import pad_features, shuffled_buckets, shuffled_groups
+from mlmkit.rundir.config import load_config
 from mlmkit.text.beir import split_spec
 from mlmkit.text.tokenizer import load_tokenizer, special_ids
-from mlmkit.train.corpus.shards import file_identity
+from mlmkit.train.data import FeatureData
 from mlmkit.train.devices import resolve_device
 from mlmkit.train.loop import Trainer
 from mlmkit.train.tracking import Reporter, flat_params, parse_report_to
 
 log = logging.getLogger("mlmkit")
 ENCODER = ("bert.embeddings.", "bert.encoder.", "bert.pooler.")  # the weights a base model gives any task
-
-
-class FeatureData:
-    """Training data source over task features: length-bucketed batches, a new order each epoch."""
-
-    def __init__(self, features: list[Feature], task: Plugin, batch_size: int, pad_id: int, seed: int) -> None:
-        if not features:
-            raise MlmkitError("the training data has no examples", "check the --train file")
-        self.features, self.task, self.batch_size, self.pad_id, self.seed = features, task, batch_size, pad_id, seed
-        self.lengths = [len(f["input_ids"]) for f in features]
-        self.groups: list[list[int]] | None = None
-        self.keys: list[frozenset[Any]] | None = None
-        if task.group_features:  # an example's features stay together, in their order
-            by_example: dict[Any, list[int]] = {}
-            for i, f in enumerate(features):
-                by_example.setdefault(f[EXAMPLE], []).append(i)
-            self.groups = list(by_example.values())
-            if DISTINCT in features[0]:  # and no value of theirs twice in a batch (the embedding task's texts)
-                self.keys = [frozenset(features[i][DISTINCT] for i in g) for g in self.groups]
-        self._plans: dict[int, list[list[int]]] = {}
-
-    def plan(self, epoch: int) -> list[list[int]]:
-        if epoch not in self._plans:
-            rng = random.Random(self.seed * 7919 + epoch)
-            if self.groups is None:
-                self._plans = {epoch: shuffled_buckets(self.lengths, self.batch_size, rng)}
-            else:
-                moved: set[int] = set()
-                self._plans = {epoch: shuffled_groups(self.groups, self.lengths, self.batch_size, rng, keys=self.keys,
-                                                      moved=moved)}
-                if moved:
-                    log.info("epoch %d: %d of %d examples moved to a later batch, which holds none of their texts yet",
-                             epoch + 1, len(moved), len(self.groups))
-        return self._plans[epoch]
-
-    def num_batches(self, epoch: int) -> int:
-        return len(self.plan(epoch))
-
-    def batch(self, epoch: int, index: int, seed: int) -> dict[str, torch.Tensor]:
-        plan = self.plan(epoch)
-        feats = [self.features[i] for i in plan[index % len(plan)]]
-        arrays = pad_features(feats, self.pad_id, extra=self.task.label_names)
-        if self.groups is not None:  # the example of each feature, numbered from 0 within the batch
-            number: dict[Any, int] = {}
-            arrays[EXAMPLE] = np.array([number.setdefault(f[EXAMPLE], len(number)) for f in feats], dtype=np.int64)
-        return {k: torch.from_numpy(v) for k, v in arrays.items()}
 
 
 def torch_forward(model: torch.nn.Module, names: Any) -> evaluation.Forward:
@@ -161,7 +114,7 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> dict[str, An
                         f"export a model as it is: mlmkit export MODEL --task {task.name}")
     task.resolve_options(args.options)  # an unknown or bad option is refused before any model is read
     base = base_model_dir(args.model)
-    cfg = ModelConfig.load(base)
+    cfg = load_config(base)
     opts = task.resolve_options(args.options, saved=base_options(task, base, cfg))
     tok = load_tokenizer(base)
     if tok.get_vocab_size() > cfg.vocab_size:
@@ -234,7 +187,7 @@ def data_identity(path: Path) -> list[list[Any]]:
     if p.is_dir():
         return [[str(p.resolve()) + (f":{split}" if split else ""),
                  sum(f.stat().st_size for f in sorted(p.rglob("*")) if f.is_file())]]
-    return file_identity([p])
+    return [[str(p.resolve()), p.stat().st_size]]
 
 
 def _same_head(base: ModelConfig, task: Plugin, labels: list[str] | None, opts: dict[str, Any]) -> bool:
@@ -249,7 +202,7 @@ def _same_head(base: ModelConfig, task: Plugin, labels: list[str] | None, opts: 
 def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, dict[str, Any]]:
     """(task, model in eval mode, tokenizer, mlmkit.json) of a fine-tuned run directory."""
     d = base_model_dir(run_dir)
-    cfg = ModelConfig.load(d)
+    cfg = load_config(d)
     meta = read_run_meta(d, cfg)
     if meta["task"] == "pretraining":
         raise MlmkitError(f"{d} is a pretraining run, not a fine-tuned model", "fine-tune it first: mlmkit finetune TASK")
@@ -271,7 +224,7 @@ def evaluate_base(
     this task's names (a model of the task trained elsewhere, e.g. a CrossEncoder directory)."""
     task = get_task(task_name)
     base = base_model_dir(model)
-    cfg, tok = ModelConfig.load(base), load_tokenizer(base)
+    cfg, tok = load_config(base), load_tokenizer(base)
     opts = task.resolve_options(options)
     ctx = TaskContext(max_length=max_length or min(task.default_max_length, cfg.max_tokens), options=opts)
     torch.manual_seed(0)

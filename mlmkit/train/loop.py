@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,9 +35,13 @@ from torch import nn
 from mlmkit.args import TrainArgs
 from mlmkit.errors import ConfigError
 from mlmkit.files import atomic_open, exclusive, read_json, write_json
+from mlmkit.train.data import DataSource
 from mlmkit.train.devices import init_distributed, resolve_device, use_bf16
-from mlmkit.train.state import Cursor, DataSource, ResumeCheckpoints, SaveModel
+from mlmkit.train.state import Cursor, ResumeCheckpoints, SaveModel
 from mlmkit.train.tracking import Reporter, Reporters, RunInfo, flat_params, parse_report_to
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 log = logging.getLogger("mlmkit")
 
@@ -149,7 +153,12 @@ class Trainer:
                 "lower --batch-size, add data, or use fewer processes",
             )
         self.steps_per_epoch = max(1, per_epoch // args.grad_accum)
-        self.total = args.steps if args.steps is not None else max(1, math.ceil(args.epochs * self.steps_per_epoch))
+        if args.steps is not None:
+            self.total = args.steps
+        elif args.epochs is not None:
+            self.total = max(1, math.ceil(args.epochs * self.steps_per_epoch))
+        else:  # TrainArgs refuses this when it is made
+            raise ConfigError("give --steps or --epochs")
         warmup = args.warmup_steps if args.warmup_steps is not None else int(args.warmup_ratio * self.total)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, linear_schedule(warmup, self.total))
         self.checkpoints = ResumeCheckpoints(self.out, save_model, args.keep_last)
@@ -302,7 +311,9 @@ class Trainer:
     def _loop(self, meta: dict[str, Any]) -> dict[str, Any]:
         a = self.args
         self.model.train()
-        tokens, t0, logged, sums, n_sum, stopped = 0, time.perf_counter(), {}, {}, 0, False
+        logged: dict[str, float] = {}
+        sums: dict[str, float] = {}
+        tokens, t0, n_sum, stopped = 0, time.perf_counter(), 0, False
         with _progress(a.progress and self.dist.main) as bar:
             task = bar.add_task("train", total=self.total, completed=self.step, loss=float("nan"), tps=0.0)
             while self.step < self.total:
@@ -334,7 +345,7 @@ class Trainer:
         return self._finish(meta, logged)
 
     def _finish(self, meta: dict[str, Any], logged: dict[str, float]) -> dict[str, Any]:
-        last_eval = next((r for r in reversed(self.history) if any(k.startswith("eval_") for k in r)), {})
+        last_eval: dict[str, Any] = next((r for r in reversed(self.history) if any(k.startswith("eval_") for k in r)), {})
         result = {"step": self.step, **logged, **{k: v for k, v in last_eval.items() if k.startswith("eval_")}}
         best = self.tracker.best_metrics
         if best:  # the run directory holds the best model: report its figures
@@ -365,7 +376,7 @@ def _logged_by(line: str, step: int) -> bool:
         return False
 
 
-def _progress(enabled: bool):
+def _progress(enabled: bool) -> Progress:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 

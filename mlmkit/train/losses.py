@@ -1,4 +1,7 @@
-"""Losses of embedding training, one interface, registered in one place (LOSSES).
+"""Losses of embedding and ranking training: plain functions, one interface each.
+
+The tasks declare which they offer and under which names (the embedding task's and the rerank
+task's LOSSES); plugins reach them through mlmkit.model.
 
 A loss is a function of a batch's embeddings ``E`` (F, H), one row per feature, and its ``PairBatch``
 (which example each feature belongs to, and which column of it: 0 the anchor, 1 the positive, 2.. the
@@ -20,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -191,23 +195,6 @@ def flops(X: torch.Tensor) -> torch.Tensor:
     return (X.mean(0) ** 2).sum()
 
 
-@dataclass(frozen=True)
-class LossSpec:
-    make: Callable[..., EmbeddingLoss]  # (scale=, symmetric=, project=) -> the loss; each takes what it uses
-    cached: bool = False  # computed in mini-batches (GradCache)
-    description: str = ""
-
-
-LOSSES: dict[str, LossSpec] = {
-    "mnrl": LossSpec(mnrl, description="in-batch and hard negatives (InfoNCE)"),
-    "cached-mnrl": LossSpec(mnrl, cached=True, description="mnrl in mini-batches (GradCache): large batches in small memory"),
-    "cosent": LossSpec(cosent, description="scored pairs: cosines ordered as the scores"),
-    "margin-mse": LossSpec(margin_mse, description="rows with teacher scores: the teacher's margins (TAS-B)"),
-    "mse-distill": LossSpec(mse_distill, description="a teacher's embeddings, a projection where the sizes differ"),
-}
-"""The embedding task's --option loss=NAME (the task names the data each one trains on)."""
-
-
 # ---- computing the embeddings -------------------------------------------------------------------------
 def direct(embed: Embed, n: int, loss: Callable[[torch.Tensor], torch.Tensor], lengths: torch.Tensor | None = None,
            pieces: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,7 +250,7 @@ def cached(embed: Embed, n: int, loss: Callable[[torch.Tensor], torch.Tensor], m
     def backward(g: torch.Tensor) -> None:  # g: d(final objective) / d(loss), e.g. 1 / grad_accum
         for c, rng in zip(chunks, rngs):
             with torch.enable_grad():
-                e = rng.replay(lambda c=c: embed(c))
+                e = rng.replay(partial(embed, c))
             e.backward(grad[c.to(grad.device)] * g)
 
     out.register_hook(backward)
@@ -337,8 +324,3 @@ def rank_lambda(max_label: float = 1.0) -> RankLoss:
         return torch.stack(out).mean()
 
     return loss
-
-
-RANK_LOSSES: dict[str, Callable[..., RankLoss]] = {"bce": rank_bce, "mnrl": rank_mnrl, "listnet": rank_listnet,
-                                                   "lambda": rank_lambda}
-"""The rerank task's --option loss=NAME: pointwise (bce) or over a query's candidates (the others)."""

@@ -17,12 +17,12 @@ from mlmkit.args import PretrainArgs
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.files import exclusive
 from mlmkit.models import FAMILIES, Family, family_for
+from mlmkit.models.config import ModelConfig, preset
 from mlmkit.models.core import BertForPreTraining
 from mlmkit.rundir.checkpoint import save_run
-from mlmkit.rundir.config import ModelConfig, preset
+from mlmkit.rundir.config import load_config
 from mlmkit.text.tokenizer import load_tokenizer, save_tokenizer, special_ids, train_tokenizer
 from mlmkit.train.corpus.files import iter_sentences
-from mlmkit.train.corpus.instances import PretrainData
 from mlmkit.train.corpus.shards import (
     TokenizedCorpus,
     file_identity,
@@ -31,6 +31,7 @@ from mlmkit.train.corpus.shards import (
     shard_files,
     tokenize_corpus,
 )
+from mlmkit.train.data import PretrainData
 from mlmkit.train.devices import init_distributed
 from mlmkit.train.loop import Trainer
 from mlmkit.train.state import latest_checkpoint
@@ -165,11 +166,52 @@ def _check_nsp(args: PretrainArgs, fam: Family) -> None:
 
 
 def _pretrain(args: PretrainArgs) -> dict[str, Any]:
+    """The pretraining itself (pretrain() holds the run directory): every input checked before any
+    work, then the tokenizer, the config, the data, the model and the training loop."""
     out, t = Path(args.out), args.train
     if args.data is None and next(iter_sentences(args.corpus, args.text_column), None) is None:  # before a tokenizer is trained on nothing
         raise MlmkitError(f"the corpus {', '.join(map(str, args.corpus))} is empty", "give text files with one sentence per line")
-    given = ModelConfig.load(args.config) if args.config is not None else None  # checked before any work
+    given = load_config(args.config) if args.config is not None else None  # checked before any work
     own = (latest_checkpoint(out) or out) if t.resume else None
+    tokenizer = _tokenizer_file(args, own)
+    own_cfg = load_config(own) if own is not None and (own / "config.json").exists() else None
+    fam = _family(args, given or own_cfg, own)
+    nsp = fam.nsp if args.nsp is None else args.nsp
+    if tokenizer is not None:
+        tok = load_tokenizer(tokenizer)
+    else:
+        tok = _train_shared_tokenizer(args.corpus, out, vocab_size=args.vocab_size, cased=args.cased, device=t.device,
+                                      text_column=args.text_column, kind=fam.tokenizer_kind, specials=fam.special_tokens)
+    cfg = _model_config(args, fam, tok, given, own_cfg)
+
+    full = (open_shard(args.data, tok) if args.data is not None
+            else _tokenized(args.corpus, tok, args.cache_dir, t.device, args.text_column))
+    if args.eval_file is not None:
+        train_c, held = full, _tokenized([args.eval_file], tok, args.cache_dir, t.device, args.text_column)
+    else:
+        train_c, held = split_heldout(full)
+        if held is None:
+            log.warning("corpus has fewer than 10 documents: no held-out evaluation (pass --eval-file)")
+    kw = dict(max_len=args.seq_len, batch_size=args.batch_size, nsp=nsp, mask_prob=args.mask_prob,
+              whole_word=args.whole_word)
+    data = PretrainData(train_c, tok, seed=t.seed, **kw)
+    evaluate = MLMEvaluator(PretrainData(held, tok, seed=t.seed + 1, held_out=True, **kw)) if held is not None else None
+    model = _new_model(cfg, nsp=nsp, seed=t.seed)
+    meta = _run_meta(args, fam, nsp=nsp)
+
+    def save_model(m: torch.nn.Module, d: Path, meta_: dict[str, Any]) -> None:
+        save_run(m, d, config=cfg, tokenizer=tok, meta=meta_)
+
+    data_key = {"batch_size": args.batch_size, "seq_len": args.seq_len, "nsp": nsp, "mask_prob": args.mask_prob,
+                "whole_word": args.whole_word,
+                "corpus": file_identity(args.corpus) if args.data is None else [[str(args.data.resolve()), len(full.tokens)]]}
+    return Trainer(model, data, t, out, save_model=save_model, evaluate=evaluate, data_key=data_key,
+                   params=flat_params(args)).train(meta)
+
+
+def _tokenizer_file(args: PretrainArgs, own: Path | None) -> Path | None:
+    """The tokenizer to load: --tokenizer, else a resumed run's own, else the one a --data shard was made
+    with (the shard is read whole first, before anything is built on it); None: one is trained."""
     tokenizer = args.tokenizer
     if own is not None and (own / "tokenizer.json").exists() and tokenizer is None:
         tokenizer = own / "tokenizer.json"
@@ -179,17 +221,23 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
         tokenizer = args.data / "tokenizer.json"
         if not tokenizer.is_file():
             raise ConfigError(f"{args.data} has no tokenizer.json", "pass the tokenizer it was made with, --tokenizer")
-    own_cfg = ModelConfig.load(own) if own is not None and (own / "config.json").exists() else None
-    fam = (given or own_cfg).family if (given or own_cfg) is not None else family_for(args.arch or "bert")
+    return tokenizer
+
+
+def _family(args: PretrainArgs, cfg: ModelConfig | None, own: Path | None) -> Family:
+    """The family pretrained: that of a --config or of the resumed run (``cfg``), else --arch (BERT by
+    default); an --arch that disagrees with the config, or an --nsp the family has no head for, is refused."""
+    fam = cfg.family if cfg is not None else family_for(args.arch or "bert")
     if args.arch is not None and fam is not family_for(args.arch):
         raise ConfigError(f"--arch {args.arch} but {args.config or own} is a {fam.name} config", "leave --arch out, or pass a config of that family")
     _check_nsp(args, fam)  # the family of a --config or a resumed run
-    nsp = fam.nsp if args.nsp is None else args.nsp
-    if tokenizer is not None:
-        tok = load_tokenizer(tokenizer)
-    else:
-        tok = _train_shared_tokenizer(args.corpus, out, vocab_size=args.vocab_size, cased=args.cased, device=t.device,
-                                      text_column=args.text_column, kind=fam.tokenizer_kind, specials=fam.special_tokens)
+    return fam
+
+
+def _model_config(args: PretrainArgs, fam: Family, tok: Tokenizer, given: ModelConfig | None,
+                  own_cfg: ModelConfig | None) -> ModelConfig:
+    """The model's config: --config (its vocabulary the tokenizer's), a resumed run's, else the preset's
+    sized to the tokenizer and --seq-len; checked against --seq-len and the tokenizer's padding id."""
     V, ids = tok.get_vocab_size(), special_ids(tok)
     if given is not None:
         cfg = given
@@ -215,27 +263,23 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
         raise ConfigError(f"the config's pad_token_id {cfg.pad_token_id} is not the tokenizer's padding id {ids.pad}",
                           "set pad_token_id in the config to the tokenizer's")
     cfg.architectures = ["BertForPreTraining"]
+    return cfg
 
-    full = (open_shard(args.data, tok) if args.data is not None
-            else _tokenized(args.corpus, tok, args.cache_dir, t.device, args.text_column))
-    if args.eval_file is not None:
-        train_c, held = full, _tokenized([args.eval_file], tok, args.cache_dir, t.device, args.text_column)
-    else:
-        train_c, held = split_heldout(full)
-        if held is None:
-            log.warning("corpus has fewer than 10 documents: no held-out evaluation (pass --eval-file)")
-    kw = dict(max_len=args.seq_len, batch_size=args.batch_size, nsp=nsp, mask_prob=args.mask_prob,
-              whole_word=args.whole_word)
-    data = PretrainData(train_c, tok, seed=t.seed, **kw)
-    evaluate = MLMEvaluator(PretrainData(held, tok, seed=t.seed + 1, held_out=True, **kw)) if held is not None else None
 
-    torch.manual_seed(t.seed)
+def _new_model(cfg: ModelConfig, *, nsp: bool, seed: int) -> BertForPreTraining:
+    """The model to pretrain, initialised from ``seed``; BERT without NSP keeps its pooler and NSP head frozen."""
+    torch.manual_seed(seed)
     model = BertForPreTraining(cfg)
     if model.nsp and not nsp:  # BERT without its NSP loss: the pooler and NSP head stay as initialised (DDP
         # needs every trained parameter to take part in the loss)
         for p in [*model.bert.pooler.parameters(), *model.cls.seq_relationship.parameters()]:
             p.requires_grad_(False)
-    meta = {
+    return model
+
+
+def _run_meta(args: PretrainArgs, fam: Family, *, nsp: bool) -> dict[str, Any]:
+    """What the run directory records of how it was pretrained (mlmkit.json), for export and fine-tuning."""
+    return {
         "task": "pretraining",
         "max_length": args.seq_len,
         "nsp": nsp,
@@ -244,12 +288,3 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
         "mask_prob": args.mask_prob,
         "corpus": [str(p) for p in args.corpus] if args.data is None else [f["path"] for f in shard_files(args.data)],
     }
-
-    def save_model(m: torch.nn.Module, d: Path, meta_: dict[str, Any]) -> None:
-        save_run(m, d, config=cfg, tokenizer=tok, meta=meta_)
-
-    data_key = {"batch_size": args.batch_size, "seq_len": args.seq_len, "nsp": nsp, "mask_prob": args.mask_prob,
-                "whole_word": args.whole_word,
-                "corpus": file_identity(args.corpus) if args.data is None else [[str(args.data.resolve()), len(full.tokens)]]}
-    return Trainer(model, data, t, out, save_model=save_model, evaluate=evaluate, data_key=data_key,
-                   params=flat_params(args)).train(meta)

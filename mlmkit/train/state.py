@@ -9,7 +9,7 @@ import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ from torch import nn
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.files import read_json, write_json
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
+from mlmkit.train.data import DataSource, batch_seed
 from mlmkit.train.devices import Dist
 
 log = logging.getLogger("mlmkit")
@@ -26,18 +27,6 @@ log = logging.getLogger("mlmkit")
 # ---- the parts of the loop -----------------------------------------------------------------------
 SaveModel = Callable[[nn.Module, Path, dict[str, Any]], None]
 """Writes the model files of a run directory (config, weights, tokenizer, mlmkit.json with the meta)."""
-
-
-class DataSource(Protocol):
-    def num_batches(self, epoch: int) -> int:
-        """Micro-batches in ``epoch`` (across all ranks)."""
-
-    def batch(self, epoch: int, index: int, seed: int) -> dict[str, torch.Tensor]:
-        """Micro-batch ``index`` of ``epoch``; ``seed`` drives any per-batch randomness (masking)."""
-
-
-def batch_seed(seed: int, epoch: int, index: int) -> int:
-    return (seed * 1_000_003 + epoch * 100_003 + index) % (2**63)
 
 
 class Cursor:

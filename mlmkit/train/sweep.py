@@ -44,6 +44,8 @@ class Space:
     def suggest(self, trial: Any) -> Any:
         if self.choices:
             return trial.suggest_categorical(self.name, list(self.choices))
+        if self.low is None or self.high is None:  # parse_search gives a range both ends
+            raise ConfigError(f"--search {self.name}: a space is LOW:HIGH or choices A,B,C")
         if self.kind is int:
             return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
         return trial.suggest_float(self.name, float(self.low), float(self.high), log=self.log)
@@ -157,7 +159,7 @@ def sweep(args: SweepArgs) -> dict[str, Any]:
     """Run trials until the study holds ``args.trials`` finished ones; returns the best trial:
     {"best_run", "best_params", "best_value", "metric", "trials": [...]}."""
     optuna = _optuna()
-    from mlmkit.plugin.registry import TaskContext, get_task
+    from mlmkit.registry import TaskContext, get_task
     from mlmkit.train.finetune import finetune
 
     parse_report_to(args.train.report_to)

@@ -19,6 +19,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -158,9 +159,9 @@ class MLflow:
     def finish(self, files: Sequence[Path], status: str) -> None:
         for f in files:
             if f.is_dir():
-                self._guard(f"sending {f.name}", lambda f=f: self.client.log_artifacts(self.run_id, str(f), f.name))
+                self._guard(f"sending {f.name}", partial(self.client.log_artifacts, self.run_id, str(f), f.name))
             elif f.exists():
-                self._guard(f"sending {f.name}", lambda f=f: self.client.log_artifact(self.run_id, str(f)))
+                self._guard(f"sending {f.name}", partial(self.client.log_artifact, self.run_id, str(f)))
         self._guard("ending the run", lambda: self.client.set_terminated(self.run_id, status=status))
 
 

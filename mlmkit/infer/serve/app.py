@@ -45,19 +45,22 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
 from mlmkit.args import ServeArgs
 from mlmkit.errors import ConfigError, MlmkitError
-from mlmkit.infer.routes import ROUTES, Call, HTTPError
+from mlmkit.infer.serve.http import HTTPError
 from mlmkit.infer.serve.queue import Metrics, Model
+from mlmkit.infer.serve.routes import ROUTES, Call
 
 try:  # at module level: FastAPI reads the handlers' annotations from this module's names
     from fastapi import Request
     from fastapi.responses import JSONResponse, Response
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError:  # no [serve] extra: serve() says what to install
-    Request = JSONResponse = Response = Any  # type: ignore[misc,assignment]
+    Request = JSONResponse = Response = StarletteHTTPException = Any  # type: ignore[misc,assignment]
 
 log = logging.getLogger("mlmkit")
 
@@ -82,88 +85,125 @@ def create_app(models: dict[str, Model], args: ServeArgs, keys: tuple[bytes, ...
     """The ASGI app serving loaded ``models`` (their threads are started and stopped with it);
     ``keys``: the API keys (read from ``args`` when not given)."""
     from fastapi import FastAPI
-    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     from mlmkit import __version__
 
-    metrics = next(iter(models.values())).metrics if models else Metrics()
-    state = {"draining": False, "in_flight": 0}
+    service = _Service(models, args)
+    app = FastAPI(title="mlmkit", version=__version__, lifespan=service.lifespan,
+                  description="BERT bundles exported by `mlmkit export`, served with dynamic batching.")
+    app.state.mlmkit = service.state
+    app.state.models = models
+    app.add_middleware(_Guard, state=service.state, metrics=service.metrics, error=_error,
+                       keys=api_keys(args) if keys is None else keys,
+                       public=("/health", "/ready", "/metrics") if args.public_metrics else ("/health", "/ready"))
+    _add_routes(app, service)
+    return app
 
-    async def lifespan(app: Any):  # noqa: ANN202
-        for m in models.values():
+
+def _add_routes(app: Any, service: _Service) -> None:
+    """The error handlers and every route, in the order FastAPI matches them (mlmkit's, then routes.py's)."""
+    app.add_exception_handler(HTTPError, service.http_error)
+    app.add_exception_handler(StarletteHTTPException, service.starlette_error)
+    app.get("/health", summary="Liveness: the process answers.")(service.health)
+    app.get("/ready", summary="Readiness: every model loaded and warmed up, and not shutting down."
+            )(service.ready)
+    app.get("/v1/models", summary="The models served: name, task, labels, max_length, source "
+                                  "(and OpenAI's list).")(service.list_models)
+    app.get("/metrics", summary="Prometheus metrics.")(service.prometheus)
+    app.post("/v1/models/{name}/predict", summary="Predict: one result per input, in input order.",
+             openapi_extra={"requestBody": PREDICT_BODY})(service.predict)
+    for route in ROUTES:  # other servers' request shapes, over the same queue (routes.py)
+        app.add_api_route(route.path, _route_handler(route, service.models, service.args, service.metrics,
+                                                     service.answer),
+                          methods=[route.method], summary=route.summary)
+
+
+def _error(status: int, message: str, hint: str | None, request_id: str,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    """An error reply in mlmkit's shape, {"error", "hint", "request_id"}, with the id in its headers too."""
+    body = {"error": message, **({"hint": hint} if hint else {}), "request_id": request_id}
+    return JSONResponse(body, status_code=status, headers={"X-Request-ID": request_id, **(headers or {})})
+
+
+class _Service:
+    """What the app's handlers share: the models, the metrics, the draining state the middleware and the
+    server read (``state``), and when the app was made (OpenAI's ``created``).
+
+    The route methods have no docstrings on purpose: FastAPI would publish them as the routes' OpenAPI
+    descriptions; each route's summary (in _add_routes) says what it does."""
+
+    def __init__(self, models: dict[str, Model], args: ServeArgs) -> None:
+        """The shared state, set before any route can answer (``started`` among it)."""
+        self.models, self.args = models, args
+        self.metrics = next(iter(models.values())).metrics if models else Metrics()
+        self.state: dict[str, Any] = {"draining": False, "in_flight": 0}
+        self.started = int(time.time())  # set with the rest, before any route that reads it exists
+
+    async def lifespan(self, app: Any) -> AsyncIterator[None]:
+        """The models' threads run while the app does; at shutdown each gets --drain-seconds to finish."""
+        for m in self.models.values():
             m.thread.start()
         yield
-        for m in models.values():
+        for m in self.models.values():
             m.stop()
-        for m in models.values():
-            m.thread.join(timeout=args.drain_seconds)
+        for m in self.models.values():
+            m.thread.join(timeout=self.args.drain_seconds)
 
-    app = FastAPI(title="mlmkit", version=__version__, lifespan=lifespan,
-                  description="BERT bundles exported by `mlmkit export`, served with dynamic batching.")
-    app.state.mlmkit = state
-    app.state.models = models
-
-    def error(status: int, message: str, hint: str | None, request_id: str, headers: dict[str, str] | None = None) -> JSONResponse:
-        body = {"error": message, **({"hint": hint} if hint else {}), "request_id": request_id}
-        return JSONResponse(body, status_code=status, headers={"X-Request-ID": request_id, **(headers or {})})
-
-    app.add_middleware(_Guard, state=state, metrics=metrics, error=error, keys=api_keys(args) if keys is None else keys,
-                       public=("/health", "/ready", "/metrics") if args.public_metrics else ("/health", "/ready"))
-
-    @app.exception_handler(HTTPError)
-    async def http_error(request: Request, e: HTTPError) -> JSONResponse:
+    async def http_error(self, request: Request, e: HTTPError) -> JSONResponse:
+        """Our HTTPError as its JSON reply (a client that hung up is counted: nobody reads the reply)."""
         if e.status == 499:  # the client hung up: nobody reads the answer
-            metrics.disconnected.inc()
-        return error(e.status, e.message, e.hint, request.state.rid, e.headers)
+            self.metrics.disconnected.inc()
+        return _error(e.status, e.message, e.hint, request.state.rid, e.headers)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def starlette_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+    async def starlette_error(self, request: Request, e: StarletteHTTPException) -> JSONResponse:
+        """Starlette's own errors (an unknown path, a wrong method) in mlmkit's error shape."""
         rid = getattr(request.state, "rid", uuid.uuid4().hex[:16])
         hint = "the endpoints: POST /v1/models/{name}/predict, GET /v1/models, /health, /ready, /metrics, /docs"
-        return error(e.status_code, str(e.detail).lower(), hint if e.status_code in (404, 405) else None, rid)
+        return _error(e.status_code, str(e.detail).lower(), hint if e.status_code in (404, 405) else None, rid)
 
-    @app.get("/health", summary="Liveness: the process answers.")
-    async def health() -> dict[str, str]:
+    async def health(self) -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/ready", summary="Readiness: every model loaded and warmed up, and not shutting down.")
-    async def ready() -> Any:
-        waiting = [n for n, m in models.items() if not m.ready.is_set()]
-        if waiting or state["draining"]:
-            return JSONResponse({"status": "shutting down" if state["draining"] else "loading", "loading": waiting},
+    async def ready(self) -> Any:
+        waiting = [n for n, m in self.models.items() if not m.ready.is_set()]
+        draining = self.state["draining"]
+        if waiting or draining:
+            return JSONResponse({"status": "shutting down" if draining else "loading", "loading": waiting},
                                 status_code=503)
-        return {"status": "ready", "models": list(models)}
+        return {"status": "ready", "models": list(self.models)}
 
-    @app.get("/v1/models", summary="The models served: name, task, labels, max_length, source (and OpenAI's list).")
-    async def list_models() -> dict[str, Any]:
-        described = [m.describe() for m in models.values()]
-        openai = [{"id": d["name"], "object": "model", "created": started, "owned_by": "mlmkit", **d} for d in described]
+    async def list_models(self) -> dict[str, Any]:
+        described = [m.describe() for m in self.models.values()]
+        openai = [{"id": d["name"], "object": "model", "created": self.started, "owned_by": "mlmkit", **d}
+                  for d in described]
         return {"object": "list", "data": openai, "models": described}
 
-    @app.get("/metrics", summary="Prometheus metrics.")
-    async def prometheus() -> Response:
+    async def prometheus(self) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    started = int(time.time())
+    async def predict(self, name: str, request: Request) -> Response:
+        model = self.models.get(name)
+        if model is None:
+            self.metrics.requests.labels("-", "404").inc()
+            raise HTTPError(404, f"no model named '{name}'",
+                            f"the models: {', '.join(self.models)} (GET /v1/models)")
+        try:
+            inputs, options = _inputs_and_options(await _read_json(request, self.args), self.args)
+        except HTTPError as e:
+            self.metrics.requests.labels(name, str(e.status)).inc()
+            raise
+        return await self.answer(name, model, inputs, options, request,
+                                 lambda results, tokens: _predict_body(results, model.pipe.max_length))
 
-    async def answer(name: str, model: Model, inputs: list[Any], options: dict[str, Any], request: Request,
-                     respond: Any) -> Response:
+    async def answer(self, name: str, model: Model, inputs: list[Any], options: dict[str, Any],
+                     request: Request, respond: Any) -> Response:
         """What every route does with its call: checks, the queue, metrics; ``respond`` shapes the results."""
         start = time.monotonic()
         status = "500"
         try:
-            if not model.ready.is_set():
-                raise HTTPError(503, f"model '{name}' is still loading", "retry when GET /ready says ready")
-            unknown = sorted(set(options) - set(model.pipe.option_names))
-            if unknown:
-                raise HTTPError(422, f"unknown option(s) for model '{name}': {', '.join(unknown)}",
-                                f"its options: {', '.join(model.pipe.option_names) or 'none'}")
-            try:
-                model.pipe.check(inputs, options)
-            except MlmkitError as e:
-                raise HTTPError(422, e.message, e.hint) from None
+            _check_call(name, model, inputs, options)
             try:
                 results, tokens = await model.predict(inputs, options, request) if inputs else ([], 0)
             except MlmkitError as e:
@@ -174,42 +214,39 @@ def create_app(models: dict[str, Model], args: ServeArgs, keys: tuple[bytes, ...
                 raise
             body = respond(results, tokens)
             status = "200"
-            metrics.inputs.labels(name).inc(len(inputs))
+            self.metrics.inputs.labels(name).inc(len(inputs))
             return Response(encoded(body), media_type="application/json")
         except HTTPError as e:
             status = str(e.status)
             raise
         finally:
-            metrics.requests.labels(name, status).inc()
-            metrics.request_seconds.labels(name).observe(time.monotonic() - start)
+            self.metrics.requests.labels(name, status).inc()
+            self.metrics.request_seconds.labels(name).observe(time.monotonic() - start)
 
-    @app.post("/v1/models/{name}/predict", summary="Predict: one result per input, in input order.",
-              openapi_extra={"requestBody": PREDICT_BODY})
-    async def predict(name: str, request: Request) -> Response:
-        model = models.get(name)
-        if model is None:
-            metrics.requests.labels("-", "404").inc()
-            raise HTTPError(404, f"no model named '{name}'", f"the models: {', '.join(models)} (GET /v1/models)")
-        try:
-            inputs, options = _inputs_and_options(await _read_json(request, args), args)
-        except HTTPError as e:
-            metrics.requests.labels(name, str(e.status)).inc()
-            raise
 
-        def respond(results: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
-            body: dict[str, Any] = {"results": results}
-            cut = [i + 1 for i, r in enumerate(results) if r.get("truncated")]
-            if cut:
-                body["warnings"] = [f"input {i}: longer than {model.pipe.max_length} tokens, truncated (or windowed) as "
-                                    "the command line does" for i in cut]
-            return body
+def _check_call(name: str, model: Model, inputs: list[Any], options: dict[str, Any]) -> None:
+    """A call's checks before it is queued (the model loaded, its options known, its inputs well formed):
+    a bad request is its own 4xx at once, never its batch neighbours' problem."""
+    if not model.ready.is_set():
+        raise HTTPError(503, f"model '{name}' is still loading", "retry when GET /ready says ready")
+    unknown = sorted(set(options) - set(model.pipe.option_names))
+    if unknown:
+        raise HTTPError(422, f"unknown option(s) for model '{name}': {', '.join(unknown)}",
+                        f"its options: {', '.join(model.pipe.option_names) or 'none'}")
+    try:
+        model.pipe.check(inputs, options)
+    except MlmkitError as e:
+        raise HTTPError(422, e.message, e.hint) from None
 
-        return await answer(name, model, inputs, options, request, respond)
 
-    for route in ROUTES:  # other servers' request shapes, over the same queue (routes.py)
-        app.add_api_route(route.path, _route_handler(route, models, args, metrics, answer), methods=[route.method],
-                          summary=route.summary)
-    return app
+def _predict_body(results: list[dict[str, Any]], max_length: int) -> dict[str, Any]:
+    """The predict route's answer: the results, and a warning for each input that was truncated."""
+    body: dict[str, Any] = {"results": results}
+    cut = [i + 1 for i, r in enumerate(results) if r.get("truncated")]
+    if cut:
+        body["warnings"] = [f"input {i}: longer than {max_length} tokens, truncated (or windowed) as "
+                            "the command line does" for i in cut]
+    return body
 
 
 def _route_handler(route: Any, models: dict[str, Model], args: ServeArgs, metrics: Metrics, answer: Any) -> Any:

@@ -22,7 +22,7 @@ import numpy as np
 from mlmkit.args import ServeArgs
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.infer.evaluation import truncations_counted
-from mlmkit.infer.routes import HTTPError
+from mlmkit.infer.serve.http import HTTPError
 
 log = logging.getLogger("mlmkit")
 

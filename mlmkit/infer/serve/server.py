@@ -1,12 +1,10 @@
 """The uvicorn lifecycle of `mlmkit serve`: the listening socket, a header timeout for slow clients,
-and draining on shutdown. No torch.
+and draining on shutdown (the uvicorn subclasses for those two: uvicorn_parts.py). No torch.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from typing import Any
 
 from mlmkit.args import ServeArgs
@@ -24,6 +22,9 @@ def serve(args: ServeArgs) -> None:
         import uvicorn
     except ImportError:
         raise ConfigError("`mlmkit serve` needs FastAPI, uvicorn and orjson", "pip install 'mlmkit[serve]'") from None
+    # only now: uvicorn_parts subclasses uvicorn's classes at import, and uvicorn is the [serve] extra
+    from mlmkit.infer.serve.uvicorn_parts import HEADER_BYTES, DrainingServer, header_timeout_protocol
+
     keys = api_keys(args)  # before the models load: a bad key, or a busy port, is one line at once
     sock = listen(args.host, args.port)
     try:
@@ -38,7 +39,7 @@ def serve(args: ServeArgs) -> None:
                             timeout_keep_alive=args.timeout_keep_alive, h11_max_incomplete_event_size=HEADER_BYTES,
                             limit_concurrency=max_connections(args), http=header_timeout_protocol(args.header_timeout),
                             **tls)
-    server = _draining_server(config, app.state.mlmkit, args.drain_seconds)
+    server = DrainingServer(config, app.state.mlmkit, args.drain_seconds)
     ours = logging.getLogger("mlmkit")
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):  # uvicorn's lines go where mlmkit's go
         logging.getLogger(name).handlers[:] = ours.handlers
@@ -47,11 +48,6 @@ def serve(args: ServeArgs) -> None:
     log.info("serving %s on %s://%s:%d (GET /docs for the API)", ", ".join(models), "https" if tls else "http",
              args.host, args.port)
     server.run(sockets=[sock])
-
-
-HEADER_BYTES = 64 * 1024
-"""Largest request head (request line and headers) a client may send; more is a 431 and the
-connection closed (h11 has the limit built in, httptools does not: the protocol below counts)."""
 
 
 def max_connections(args: ServeArgs) -> int:
@@ -67,68 +63,6 @@ def max_connections(args: ServeArgs) -> int:
     except (ImportError, OSError, ValueError):
         soft = 1024
     return max(16, min(4096, (soft if soft > 0 else 4096 + 64) - 64))
-
-
-def header_timeout_protocol(seconds: float) -> type:
-    """uvicorn's HTTP protocol (httptools when installed, else h11) closing a connection whose client
-    takes more than ``seconds`` to send a request's head: on a new connection, and when the next
-    request on a kept-alive one begins. uvicorn's own keep-alive timeout covers idle connections."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
-    except ImportError:
-        from uvicorn.protocols.http.h11_impl import H11Protocol as base
-
-    class HeadTimeout(base):  # type: ignore[misc, valid-type]
-        _timer: Any = None
-        _armed_for: Any = None
-        _head: int | None = None  # bytes of the request head so far; None once it is complete
-        _tail = b""  # the last bytes read of it
-
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._arm()
-
-        def data_received(self, data: bytes) -> None:
-            if self._timer is None and (self.cycle is None or self.cycle.response_complete):
-                self._arm()  # the next request's head begins
-            if self._head is not None:  # its bytes up to the blank line that ends it (which two reads may split)
-                seen = self._tail + data
-                end = seen.find(b"\r\n\r\n")
-                self._head += len(data) if end < 0 else end + 4 - len(self._tail)
-                self._tail = seen[-3:]
-                if self._head > HEADER_BYTES:
-                    self._disarm()
-                    self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
-                                         b"connection: close\r\n\r\n")
-                    self.transport.close()
-                    return
-                if end >= 0:
-                    self._head = None
-            super().data_received(data)
-            if self._timer is not None and self.cycle is not None and self.cycle is not self._armed_for:
-                self._disarm()  # its head is complete: a request cycle has begun
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-        def _arm(self) -> None:
-            self._head, self._tail = 0, b""
-            self._armed_for = self.cycle
-            self._timer = self.loop.call_later(seconds, self._expire)
-
-        def _disarm(self) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-
-        def _expire(self) -> None:
-            self._timer = None
-            if self.cycle is self._armed_for and not self.transport.is_closing():
-                log.debug("closing a connection that sent no complete request head in %.0f s", seconds)
-                self.transport.close()
-
-    return HeadTimeout
 
 
 def listen(host: str, port: int) -> Any:
@@ -152,26 +86,3 @@ def listen(host: str, port: int) -> Any:
         raise ConfigError(f"--host {host} --port {port}: cannot listen there ({e.strerror})", "check the address") from None
     sock.set_inheritable(True)
     return sock
-
-
-def _draining_server(config: Any, state: dict[str, Any], drain: float) -> Any:
-    """uvicorn's server, draining first: on the first signal new requests get 503 and those in flight
-    finish (up to ``drain`` seconds), then uvicorn's own shutdown; a second signal stops it at once."""
-    import uvicorn
-
-    class DrainingServer(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            if state["draining"]:
-                self.should_exit = self.force_exit = True
-                return
-            state["draining"] = True
-            log.info("shutting down: new requests get 503; %d in flight may finish", state["in_flight"])
-            threading.Thread(target=self._drain, daemon=True).start()
-
-        def _drain(self) -> None:
-            deadline = time.monotonic() + drain
-            while state["in_flight"] > 0 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            self.should_exit = True
-
-    return DrainingServer(config)

@@ -123,9 +123,11 @@ def iter_documents(path: str | Path, text_column: str = "text", parts: bool = Fa
         yield doc
 
 
-def _text_sentences(text: Any, p: Path, n: int, field: str) -> list[str]:
+def _text_sentences(text: Any, p: Path, n: int | None, field: str, unit: str = "line") -> list[str]:
+    """The sentences of a document's text; a value that is no string is an error naming its ``line``
+    (a table's row: ``unit``)."""
     if not isinstance(text, str):
-        raise DataFormatError(p, "must be a string", line=n, field=field)
+        raise DataFormatError(p, "must be a string", line=n, field=field, unit=unit)
     parts = [s.strip() for s in (text.splitlines() if "\n" in text else _SENT_END.split(text))]
     return [s for s in parts if s]
 
@@ -137,7 +139,7 @@ def _parquet_documents(p: Path, text_column: str, rows: int = 4096) -> Iterator[
     for r in iter_table_rows(p, rows, max_bytes=MAX_RECORD_BYTES, columns=[text_column], column_hint="name the text column with --text-column",
                              ceiling_hint="one document per row: split a longer one over several rows"):
         text = r.data[text_column]
-        parts = _text_sentences(text, p, r.line, text_column) if text is not None else []
+        parts = _text_sentences(text, p, r.line, text_column, r.unit) if text is not None else []
         if parts:
             yield parts
 

@@ -19,17 +19,13 @@ import logging
 import os
 import random
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-from tokenizers import Tokenizer
 
 from mlmkit.errors import MlmkitError
-from mlmkit.text.tokenizer import SpecialIds, continuation_flags, special_ids
 from mlmkit.train.corpus.shards import TokenizedCorpus
-from mlmkit.train.masking import mask_tokens
 
 log = logging.getLogger("mlmkit")
 
@@ -214,7 +210,7 @@ def nsp_instances(
 ) -> list[Instance]:
     """One instance per unit, in corpus order, each from its own generator seeded from ``rng``: what
     an epoch of PretrainData draws (in another order), all at once. For tests and inspection."""
-    _check_nsp(corpus)
+    check_nsp(corpus)
     units, seed = instance_units(corpus, max_len, nsp=True), rng.getrandbits(64)
     made = (nsp_instance(corpus, units, u, max_len - 3, random.Random(f"{seed}/{u}"), short_seq_prob)
             for u in range(len(units) - 1))
@@ -227,120 +223,9 @@ def packed_instances(corpus: TokenizedCorpus, max_len: int) -> list[Instance]:
     return [packed_instance(corpus, units, u) for u in range(len(units) - 1)]
 
 
-def _check_nsp(corpus: TokenizedCorpus) -> None:
+def check_nsp(corpus: TokenizedCorpus) -> None:
     if corpus.num_docs < 2:
         raise MlmkitError(
             "next-sentence prediction needs at least 2 documents (blank lines separate them)",
             "add blank lines between documents, or pass --no-nsp",
         )
-
-
-class PretrainData:
-    """The training loop's data source for pretraining: deterministic per (seed, epoch, batch).
-
-    Nothing is built per epoch but a permutation of the units (instance_units): batch k of an epoch
-    takes units k*B .. k*B+B-1 of that permutation and makes their instances then, each from a
-    generator seeded with (seed, epoch, unit), so every epoch has new NSP pairings and short targets.
-    Masks are drawn per step from a generator seeded with (seed, step, rank). Memory does not grow
-    with the corpus (a memory-mapped shard, 12 bytes per unit), and resuming at batch k needs no
-    saved data state and no replay: the loop asks for batch k directly.
-    """
-
-    def __init__(
-        self,
-        corpus: TokenizedCorpus,
-        tok: Tokenizer,
-        *,
-        max_len: int = 128,
-        batch_size: int = 32,
-        nsp: bool = True,
-        mask_prob: float = 0.15,
-        whole_word: bool = False,
-        seed: int = 0,
-        held_out: bool = False,
-    ) -> None:
-        """``held_out``: evaluation data (a few fixed batches): a batch size over its sequences is no news."""
-        if max_len < 8:
-            raise MlmkitError(f"--seq-len {max_len} is too short", "use at least 8")
-        self.corpus, self.max_len, self.batch_size, self.nsp = corpus, max_len, batch_size, nsp
-        self.mask_prob, self.whole_word, self.seed = mask_prob, whole_word, seed
-        self.ids: SpecialIds = special_ids(tok)
-        self.vocab_size = tok.get_vocab_size()
-        self.special = torch.tensor(self.ids.all, dtype=torch.long)
-        self.continuation = torch.tensor(continuation_flags(tok), dtype=torch.bool)
-        if nsp:
-            _check_nsp(corpus)
-        self.units = instance_units(corpus, max_len, nsp)
-        self.num_units = len(self.units) - 1
-        if self.num_units < 1:
-            raise MlmkitError("the corpus yields no training sequences", "give it more text")
-        if batch_size > self.num_units and not held_out:
-            log.warning("--batch-size %d is more than the %d sequences of the corpus: each batch holds %d",
-                        batch_size, self.num_units, self.num_units)
-        self._epoch: int | None = None
-        self._order = np.zeros(0, np.int64)
-
-    def order(self, epoch: int) -> np.ndarray:
-        """The units in the order ``epoch`` visits them."""
-        if self._epoch != epoch:
-            self._order = np.arange(self.num_units, dtype=np.int32 if self.num_units < 1 << 31 else np.int64)
-            np.random.default_rng([self.seed % (1 << 32), epoch]).shuffle(self._order)  # in place: one array
-            self._epoch = epoch
-        return self._order
-
-    def instance(self, epoch: int, u: int) -> Instance | None:
-        if not self.nsp:
-            return packed_instance(self.corpus, self.units, u)
-        rng = random.Random(f"{self.seed}/{epoch}/{u}")
-        return nsp_instance(self.corpus, self.units, u, self.max_len - 3, rng)
-
-    def num_batches(self, epoch: int) -> int:
-        return max(1, self.num_units // self.batch_size)
-
-    def batch(self, epoch: int, index: int, seed: int) -> dict[str, torch.Tensor]:
-        order, U = self.order(epoch), self.num_units
-        n, start = min(self.batch_size, U), (index * self.batch_size) % U
-        chosen: list[Instance] = []
-        j = 0
-        while len(chosen) < n and j < U:  # a unit whose A or B came out empty: the next one instead
-            x = self.instance(epoch, int(order[(start + j) % U]))
-            j += 1
-            if x is not None:
-                chosen.append(x)
-        if not chosen:
-            raise MlmkitError("the corpus yields no training sequences", "give it more text")
-        return self.collate(chosen, torch.Generator().manual_seed(seed))
-
-    def collate(self, chosen: Sequence[Instance], gen: torch.Generator) -> dict[str, torch.Tensor]:
-        """[CLS] A [SEP] (B [SEP]), padded to the longest in the batch, then masked."""
-        rows, segs = [], []
-        for x in chosen:
-            ids = [self.ids.cls, *x.a.tolist(), self.ids.sep]
-            seg = [0] * len(ids)
-            if x.b is not None:
-                ids += [*x.b.tolist(), self.ids.sep]
-                seg += [1] * (len(x.b) + 1)
-            rows.append(ids)
-            segs.append(seg)
-        T = max(map(len, rows))
-        input_ids = torch.full((len(rows), T), self.ids.pad, dtype=torch.long)
-        token_type_ids = torch.zeros_like(input_ids)
-        attention_mask = torch.zeros_like(input_ids)
-        for r, (ids, seg) in enumerate(zip(rows, segs)):
-            input_ids[r, : len(ids)] = torch.tensor(ids)
-            token_type_ids[r, : len(ids)] = torch.tensor(seg)
-            attention_mask[r, : len(ids)] = 1
-        masked, labels = mask_tokens(
-            input_ids,
-            mask_id=self.ids.mask,
-            special_ids=self.special,
-            vocab_size=self.vocab_size,
-            mask_prob=self.mask_prob,
-            generator=gen,
-            continuation=self.continuation,
-            whole_word=self.whole_word,
-        )
-        out = {"input_ids": masked, "attention_mask": attention_mask, "token_type_ids": token_type_ids, "labels": labels}
-        if self.nsp:
-            out["next_sentence_label"] = torch.tensor([x.is_next for x in chosen], dtype=torch.long)
-        return out

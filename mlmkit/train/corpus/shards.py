@@ -332,16 +332,16 @@ def _tokenize_in_processes(tmp: Path, groups: list[list[Path]], tok: Tokenizer, 
         np.zeros(1, np.int64).tofile(sents)
         np.zeros(1, np.int64).tofile(docs)
         for d, c in zip(parts, counts):
-            with open(d / "tokens.bin", "rb") as f:
-                shutil.copyfileobj(f, out, 1 << 24)
+            with open(d / "tokens.bin", "rb") as part:
+                shutil.copyfileobj(part, out, 1 << 24)
             for name, base, n, into in (("sentences.bin", total["tokens"], c["sentences"], sents),
                                         ("documents.bin", total["sentences"], c["documents"], docs)):
                 offsets = np.memmap(d / name, dtype=np.int64, mode="r", shape=(n + 1,))
                 for i in range(1, n + 1, 1 << 20):
                     (offsets[i : i + (1 << 20)] + base).tofile(into)
                 del offsets
-            for k in total:
-                total[k] += c[k]
+            for key in total:
+                total[key] += c[key]
             shutil.rmtree(d)
     return total
 

@@ -3,7 +3,8 @@
 The example plugin of docs/plugins.md: only the required members of mlmkit.registry.Task plus the
 two optional ones it needs (its option ``score_field``, and ``from_input`` for tab-separated pairs).
 Head: a linear layer named ``regressor`` on the pooled [CLS] vector, MSE loss; metrics Pearson and
-Spearman correlation (numpy only). torch is imported inside ``build_model`` only.
+Spearman correlation (numpy only). The head is head.py's module-level class, which imports torch;
+``build_model`` imports it, so this module never does.
 """
 
 from __future__ import annotations
@@ -49,26 +50,9 @@ class PairRegression:
                  **({"labels": ex["score"]} if training else {})} for i, (ex, enc) in enumerate(zip(examples, encs))]
 
     def build_model(self, config, ctx):
-        import torch
-        from torch import nn
+        from .head import PairRegressor  # torch: imported here, never at the task module's level
 
-        from mlmkit.model import BertModel, init_weights
-
-        class PairRegressor(nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.bert = BertModel(config, add_pooling_layer=True)
-                self.regressor = nn.Linear(config.hidden_size, 1)
-                init_weights(self, config.initializer_range)
-
-            def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
-                _, pooled = self.bert(input_ids, attention_mask, token_type_ids)  # (B, H)
-                out = {"score": self.regressor(pooled).squeeze(-1)}  # (B,)
-                if labels is not None:
-                    out["loss"] = torch.nn.functional.mse_loss(out["score"].float(), labels.float())
-                return out
-
-        return PairRegressor()
+        return PairRegressor(config)
 
     def postprocess(self, outputs, features, examples, ctx):
         return [{"score": float(s)} for s in outputs["score"]]  # one feature per example, in order

@@ -1,0 +1,292 @@
+"""`mlmkit export`: a run directory -> a self-contained ONNX bundle (model.onnx, tokenizer.json, mlmkit.json).
+
+The steps, each checked rather than assumed:
+
+1. the model is rebuilt from the run (a pretraining run becomes a fill-mask graph; a fine-tuned run
+   exports exactly its task's ``onnx_outputs()`` from the task model's own forward);
+2. attention is switched to its eager form and exported with the TorchScript exporter
+   (``dynamo=False``): the only combination onnxruntime's BERT fusions recognise (docs/performance.md,
+   "BERT fusions need the TorchScript exporter and eager attention");
+   the graph's inputs are the family's (no token_type_ids for RoBERTa, DistilBERT, ModernBERT);
+3. onnxruntime's transformer optimizer fuses Attention, EmbedLayerNormalization,
+   SkipLayerNormalization and BiasGelu; the fused nodes are counted and a graph short of what its
+   family's graphs were measured to fuse (``Family.fusions``) is refused;
+4. PyTorch and onnxruntime run on a sample batch of mixed lengths (padded to the longest, as the
+   runtime batches): the max abs difference per output and the top-1 agreement go into
+   mlmkit.json, and an fp32 difference above ``ATOL`` raises ParityError;
+5. optionally int8 dynamic quantisation (per-channel weights, CPU) or fp16 (CUDA), with the top-1
+   agreement against the fp32 graph on the same sample.
+
+The fill-mask graph finds the [MASK] positions itself (input_ids == mask id, on real tokens), runs
+the MLM head on those rows only and returns the top-k inside the graph, so no batch x length x
+vocabulary tensor is ever built. Its outputs are one row per [MASK] of the batch:
+
+    mask_positions  (N, 2) int64    [batch row, token position] of each [MASK], row-major order
+    top_ids         (N, k) int64    the k most likely token ids, best first
+    top_probs       (N, k) float32  their softmax probabilities over the whole vocabulary
+
+so any number of [MASK] per text works, and a batch without any gives N = 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from mlmkit.args import ExportArgs
+from mlmkit.errors import ConfigError, ParityError
+from mlmkit.exporter.graphs import build_graph, graph_inputs, torch_export
+from mlmkit.exporter.parity import (
+    ATOL,
+    check_fp16,
+    compare,
+    onnx_session,
+    run_onnx,
+    sample_batch,
+    torch_outputs,
+)
+from mlmkit.exporter.passes import fast_int8_cpu, fuse, quantize_int8, to_fp16
+from mlmkit.files import atomic_write, atomic_write_text, exclusive, write_json
+from mlmkit.infer.bundle import BUNDLE_FORMAT, LABELS_KEY, tokenizer_fingerprint
+from mlmkit.models.config import ModelConfig
+from mlmkit.models.core import set_attention_impl
+from mlmkit.registry import get_task, tasks
+from mlmkit.rundir.checkpoint import is_model_dir
+from mlmkit.rundir.config import load_config
+from mlmkit.rundir.hub import describe
+from mlmkit.text.tokenizer import load_tokenizer, special_ids
+
+log = logging.getLogger("mlmkit")
+
+MIN_OPSET = 17  # LayerNormalization is a standard op from opset 17
+MAX_OPSET = 23  # the TorchScript exporter's newest (torch.onnx ONNX_MAX_OPSET); 17-23 fuse and pass parity
+
+
+FILL_MASK_TOP_K = 5  # candidates per [MASK] a fill-mask graph computes without --top-k
+
+
+def _top_k_option(plugin: Any, args: ExportArgs) -> dict[str, Any]:
+    """The task options of the export: --top-k is fill-mask's, or sets a task's ``top_k_option``
+    (the SPLADE task's max_terms); a task without one refuses it."""
+    if args.top_k is None:
+        return dict(args.options)
+    name = plugin.top_k_option
+    if name is None:
+        takers = ["fill-mask", *sorted(n for n, p in tasks().items() if p.top_k_option)]
+        raise ConfigError(f"--top-k is for {' and '.join(takers)} exports, not for task '{plugin.name}'",
+                          "leave it out")
+    if args.options.get(name, args.top_k) != args.top_k:
+        raise ConfigError(f"--top-k {args.top_k} and --option {name}={args.options[name]} disagree", "give one of them")
+    return {**args.options, name: args.top_k}
+
+
+# ---- the bundle --------------------------------------------------------------------------------
+def export(args: ExportArgs) -> dict[str, Any]:
+    """Export a run directory to an ONNX bundle in ``args.out``; returns the bundle's mlmkit.json.
+
+    ``args.run``: a pretraining run (exported as fill-mask) or a fine-tuned run of any registered
+    task; the bundle directory is created, and bundle files already there are replaced."""
+    with exclusive(args.out):  # two exports into one bundle directory would mix their files
+        return _export(args)
+
+
+def _export(args: ExportArgs) -> dict[str, Any]:
+    """The export itself (export() holds the bundle directory): the run checked and rebuilt, its graph
+    exported, fused and checked against PyTorch in a scratch directory, then the bundle written."""
+    d = Path(args.run)
+    _check_args(args, d)
+    cfg = load_config(d)
+    meta, top_k = _run_meta(args, d, cfg)
+    tok = load_tokenizer(d)
+    if tok.get_vocab_size() > cfg.vocab_size:
+        raise ConfigError(f"the tokenizer of {d} has {tok.get_vocab_size()} tokens, the model only {cfg.vocab_size}")
+    specials = special_ids(tok)
+    fill_mask = meta["task"] == "pretraining"
+    max_length = int(min(meta.get("max_length") or 512, cfg.max_tokens))
+
+    graph, reference, axes, partial = build_graph(d, meta, cfg, specials.mask, top_k)
+    graph.eval()
+    reference.eval()
+    batch = sample_batch(tok.get_vocab_size(), specials, max_length, fill_mask=fill_mask)
+    inputs = graph_inputs(cfg)
+    ref = torch_outputs(reference, batch, list(axes), inputs)
+    set_attention_impl(graph, "eager")
+
+    out = Path(args.out)
+    work = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    try:
+        onnx_graph = _onnx_graph(args, cfg, graph, batch, axes, inputs, ref, work, partial=partial)
+        record_labels(onnx_graph.path, meta.get("labels"))
+        bundle_meta = _bundle_meta(meta, cfg, tok, axes, onnx_graph.path, fill_mask=fill_mask,
+                                   max_length=max_length, opset=args.opset, precision=onnx_graph.precision,
+                                   steps=onnx_graph.steps, fused=onnx_graph.fused, parity=onnx_graph.parity,
+                                   top_k=top_k, source=d)
+        _write_bundle(out, d, onnx_graph.path, tok, bundle_meta)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if onnx_graph.precision == "fp32" and (feature := fast_int8_cpu()):
+        log.info("this CPU has %s: an int8 bundle (the same command with --quantize int8) ran the MiniLM-size classifier "
+                 "%s fp32's speed on such a CPU; its top-1 agreement with fp32 is in mlmkit.json (docs/performance.md, "
+                 "\"GEMM ceilings and CPU kinds\")", feature, INT8_SPEEDUP)
+    return bundle_meta
+
+
+def _check_args(args: ExportArgs, d: Path) -> None:
+    """What is refused before anything is loaded (not a run directory, an opset outside 17-23), and a
+    word on converting an unfused graph."""
+    if not is_model_dir(d):
+        raise ConfigError(f"{d} is not a run directory", "it needs config.json and model.safetensors (an mlmkit run)")
+    if not MIN_OPSET <= args.opset <= MAX_OPSET:
+        raise ConfigError(f"--opset {args.opset} is not supported", f"use {MIN_OPSET} to {MAX_OPSET}")
+    if (args.quantize or args.fp16) and not args.optimize:
+        log.info("converting the unfused graph: expect it to be slower than with the fusions")
+
+
+def _run_meta(args: ExportArgs, d: Path, cfg: ModelConfig) -> tuple[dict[str, Any], int]:
+    """The run's metadata with the export's task options resolved into it, and the graph's top-k:
+    the options are fixed in the graph, so they are settled before it is built."""
+    meta = describe(d, cfg, args.task)
+    if meta["task"] == "pretraining" and args.options:
+        raise ConfigError(f"--{next(iter(args.options)).replace('_', '-')}: a fill-mask bundle takes no task options")
+    top_k = FILL_MASK_TOP_K if args.top_k is None else args.top_k
+    if meta["task"] != "pretraining":  # a trained model's fixed options stay; a foreign checkpoint's are a reading
+        plugin = get_task(meta["task"])
+        given, saved = _top_k_option(plugin, args), dict(meta.get("options") or {})
+        if args.top_k is not None:  # the graph is built now: --top-k chooses again what the run was trained with
+            saved.pop(plugin.top_k_option, None)
+        meta["options"] = plugin.saved_options(plugin.resolve_options(given, saved=saved,
+                                                                      model=meta["source"]["format"] == "mlmkit"))
+    return meta, top_k
+
+
+class _OnnxGraph(NamedTuple):
+    """The graph a bundle ships, and how it was made: its precision, the steps applied, the fused
+    operators counted, and its parity figures against PyTorch."""
+
+    path: Path
+    precision: str
+    steps: list[str]
+    fused: dict[str, int]
+    parity: dict[str, Any]
+
+
+def _onnx_graph(args: ExportArgs, cfg: ModelConfig, graph: Any, batch: dict[str, Any],
+                axes: dict[str, tuple[str, ...]], inputs: tuple[str, ...], ref: dict[str, Any], work: Path, *,
+                partial: int) -> _OnnxGraph:
+    """The ONNX graph in ``work``: exported, fused (--optimize), checked against PyTorch's outputs ``ref``
+    (ParityError beyond ATOL), then int8 or fp16 when asked, each with its agreement against fp32."""
+    names, mask = list(axes), batch["attention_mask"]
+    plain = work / "plain.onnx"
+    torch_export(graph, batch, axes, plain, args.opset, inputs)
+    fp32, fused = plain, {}
+    if args.optimize:
+        fp32 = work / "fused.onnx"
+        fused = fuse(plain, fp32, cfg, use_gpu=args.fp16, partial_layers=partial)
+    fp32_out = run_onnx(onnx_session(fp32), batch, names)
+    parity = compare(ref, fp32_out, axes, mask)
+    _check_parity(parity)
+    final, precision, steps = fp32, "fp32", (["transformer-fusion"] if args.optimize else [])
+    if args.quantize:
+        final, precision = work / "int8.onnx", "int8"
+        quantize_int8(fp32, final)
+        steps.append("int8-dynamic-per-channel")
+        q = compare(fp32_out, run_onnx(onnx_session(final), batch, names), axes, mask)
+        parity["int8_top1_agreement_vs_fp32"] = q["top1_agreement"]
+        parity["int8_max_abs_diff"] = q["max_abs_diff"]
+    elif args.fp16:
+        final, precision = work / "fp16.onnx", "fp16"
+        to_fp16(fp32, final)
+        steps.append("fp16")
+        parity.update(check_fp16(final, fp32_out, batch, axes, names))
+    parity["sample"] = {
+        "rows": int(batch["input_ids"].shape[0]),
+        "min_length": int(batch["attention_mask"].sum(1).min()),
+        "max_length": int(batch["attention_mask"].sum(1).max()),
+    }
+    return _OnnxGraph(final, precision, steps, fused, parity)
+
+
+def _check_parity(parity: dict[str, Any]) -> None:
+    """ParityError naming each output whose fp32 difference from PyTorch is above ATOL (or NaN)."""
+    bad = {k: v for k, v in parity["max_abs_diff"].items() if not v <= ATOL}
+    if bad:
+        listing = ", ".join(f"{k}: max diff {v:.2e}" for k, v in bad.items())
+        raise ParityError(
+            f"the exported graph differs from PyTorch beyond {ATOL:g}: {listing}",
+            "export with --no-optimize to see whether the fusions cause it, and report it",
+        )
+
+
+def _write_bundle(out: Path, d: Path, final: Path, tok: Any, bundle_meta: dict[str, Any]) -> None:
+    """The bundle's files, each replaced atomically: model.onnx and tokenizer.json before mlmkit.json (a
+    reader that sees the new mlmkit.json sees the new model), then the run's curves and the model card."""
+    atomic_write(out / "model.onnx", lambda tmp: shutil.copyfile(final, tmp))
+    atomic_write_text(out / "tokenizer.json", tok.to_str(pretty=False))
+    write_json(out / "mlmkit.json", bundle_meta)  # last: a reader seeing it sees the new model
+    if (d / "curves.png").is_file():
+        atomic_write(out / "curves.png", lambda tmp: shutil.copyfile(d / "curves.png", tmp))
+    from mlmkit.rundir.cards import write_card
+
+    write_card(out)
+
+
+INT8_SPEEDUP = "at 1.8x-2.3x"
+"""int8 against fp32 on CPUs with int8 dot products (the MiniLM-size classifier, offline, 2 threads,
+top-1 agreement 1.00): 1.76x on an AMD EPYC with AVX512-VNNI, 2.31x on an Intel Xeon with AMX
+(docs/performance.md, "GEMM ceilings and CPU kinds")."""
+
+
+def record_labels(path: Path, labels: list[str] | None) -> None:
+    """Write the label order the head was trained with into the graph's own metadata (metadata_props),
+    where an edit of mlmkit.json cannot change it: the runtime refuses a bundle whose labels differ
+    (reordered labels would answer every input with the wrong name)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)  # external weights, if any, stay where they are
+    for p in [p for p in model.metadata_props if p.key == LABELS_KEY]:
+        model.metadata_props.remove(p)
+    model.metadata_props.add(key=LABELS_KEY, value=json.dumps(labels, ensure_ascii=False))
+    onnx.save(model, str(path))
+
+
+def _bundle_meta(
+    meta: dict[str, Any], cfg: ModelConfig, tok: Any, axes: dict[str, tuple[str, ...]], final: Path, *,
+    fill_mask: bool, max_length: int, opset: int, precision: str, steps: list[str], fused: dict[str, int],
+    parity: dict[str, Any], top_k: int, source: Path,
+) -> dict[str, Any]:
+    # the run's metadata travels along (labels, options, the task's saved state ...): the task's
+    # featurize / postprocess read it at inference time exactly as at evaluation
+    keep = {k: v for k, v in meta.items() if k not in ("train_args", "history", "state")}
+    import onnx
+
+    graph_inputs = [i.name for i in onnx.load(str(final), load_external_data=False).graph.input]
+    return {
+        **keep,
+        "format": "mlmkit-onnx-bundle",
+        "format_version": BUNDLE_FORMAT,
+        "task": "fill-mask" if fill_mask else meta["task"],
+        "trained_as": meta.get("task", "pretraining"),
+        "labels": meta.get("labels"),
+        "max_length": max_length,
+        "options": meta.get("options", {}),
+        "inputs": graph_inputs,
+        "outputs": {k: list(v) for k, v in axes.items()},
+        "top_k": top_k if fill_mask else None,
+        "opset": opset,
+        "precision": precision,
+        "optimizations": steps,
+        "fused_operators": fused,
+        "parity": parity,
+        "tokenizer": tokenizer_fingerprint(tok),
+        "model": {
+            "model_type": cfg.model_type, "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_hidden_layers,
+            "num_attention_heads": cfg.num_attention_heads, "max_position_embeddings": cfg.max_tokens,
+        },
+        "model_bytes": os.path.getsize(final),
+        "source": meta.get("source", {"path": str(source)}),
+    }

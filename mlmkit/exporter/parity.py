@@ -1,0 +1,186 @@
+"""The parity gates: the exported graph against PyTorch on a sample batch, per output and per
+decision, in fp32, int8 and fp16.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from mlmkit.errors import ParityError
+from mlmkit.models.core import set_attention_impl
+from mlmkit.registry import BATCH, SEQUENCE, per_token
+
+log = logging.getLogger("mlmkit")
+
+ATOL = 1e-4  # fp32 ONNX vs PyTorch, per output (optimum uses the same for BERT)
+SAMPLE_ROWS = 24
+
+
+# ---- the sample batch ------------------------------------------------------------------------
+def sample_batch(
+    vocab_size: int, specials: Any, max_length: int, *, fill_mask: bool, rows: int = SAMPLE_ROWS, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Random token ids of mixed lengths (3 .. min(max_length, 128)) padded to the longest, half of
+    them sentence pairs; for fill-mask 1-3 [MASK] per row except the first, which has none."""
+    rng = np.random.default_rng(seed)
+    longest = max(3, min(max_length, 128))
+    lengths = np.linspace(3, longest, rows).round().astype(int)
+    rng.shuffle(lengths)
+    words = np.setdiff1d(np.arange(vocab_size), np.asarray(specials.all))
+    T = int(lengths.max())
+    ids = np.full((rows, T), specials.pad, dtype=np.int64)
+    mask = np.zeros((rows, T), dtype=np.int64)
+    types = np.zeros((rows, T), dtype=np.int64)
+    for r, n in enumerate(lengths):
+        seq = rng.choice(words, size=n)
+        seq[0], seq[-1] = specials.cls, specials.sep
+        if r % 2 and n >= 5:  # a pair: [CLS] A [SEP] B [SEP]
+            cut = n // 2
+            seq[cut] = specials.sep
+            types[r, cut + 1 : n] = 1
+        if fill_mask and r > 0:
+            inner = [i for i in range(1, n - 1) if seq[i] != specials.sep]
+            for i in rng.choice(inner, size=min(len(inner), int(rng.integers(1, 4))), replace=False):
+                seq[i] = specials.mask
+        ids[r, :n], mask[r, :n] = seq, 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+# ---- comparing outputs -----------------------------------------------------------------------
+def _real(arr: np.ndarray, axes: tuple[str, ...], mask: np.ndarray) -> np.ndarray:
+    """Per-token outputs at the real (unpadded) tokens only; others unchanged."""
+    return arr[mask.astype(bool)] if per_token(axes) else arr  # (tokens, ...)
+
+
+def _decisions(name: str, arr: np.ndarray, axes: tuple[str, ...], mask: np.ndarray) -> np.ndarray | None:
+    """The top-1 choices an output stands for: argmax over its last axis (labels), over positions for
+    (batch, sequence) scores (QA), the ids themselves for integer outputs; None for an output that
+    makes no choice (one number per row, such as a regression score, or fill-mask's sorted probabilities)."""
+    if name == "top_ids":
+        return arr[:, 0]
+    if name == "top_probs" or (arr.dtype.kind == "f" and len(axes) == 1):
+        return None
+    if arr.dtype.kind != "f":
+        return arr.reshape(-1)
+    if tuple(axes) == (BATCH, SEQUENCE):
+        return np.where(mask.astype(bool), arr, -np.inf).argmax(axis=1)
+    return _real(arr, axes, mask).argmax(axis=-1).reshape(-1)
+
+
+def sparse_diff(ref_ids: np.ndarray, ref_vals: np.ndarray, ids: np.ndarray, vals: np.ndarray) -> float:
+    """The largest difference between two batches of sparse vectors (the top terms of each row: ids,
+    -1 for none, and their weights), compared as maps term -> weight: a term both keep, by its
+    weights; a term one side kept and the other cut, by how far its weight is above the other side's
+    smallest kept weight (two near-equal terms may trade places at the cut, which is no error), or by
+    its whole weight where the other side kept fewer terms than it could (it found the term zero)."""
+    width, worst = ref_ids.shape[1], 0.0
+    for ra, va, rb, vb in zip(ref_ids, ref_vals, ids, vals):
+        a = {int(i): float(v) for i, v in zip(ra, va) if i >= 0}
+        b = {int(i): float(v) for i, v in zip(rb, vb) if i >= 0}
+        for k in a.keys() | b.keys():
+            if k in a and k in b:
+                d = abs(a[k] - b[k])
+            else:
+                v, other = (a[k], b) if k in a else (b[k], a)
+                d = max(0.0, v - min(other.values())) if len(other) == width else v
+            worst = max(worst, d)
+    return worst
+
+
+def compare(
+    ref: dict[str, np.ndarray], got: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]], mask: np.ndarray
+) -> dict[str, Any]:
+    """Max abs difference per float output (real tokens only) and the top-1 agreement over the outputs
+    that make choices (None when none does). Sparse vectors (outputs "indices" and "values") are
+    compared as maps (sparse_diff), reported under "values"."""
+    diffs: dict[str, float] = {}
+    agree = total = 0
+    sparse = {"indices", "values"} <= set(ref)
+    if sparse:
+        for name in ("indices", "values"):
+            if ref[name].shape != got[name].shape:
+                raise ParityError(f"output '{name}' has shape {got[name].shape} in onnxruntime but {ref[name].shape} in PyTorch")
+        diffs["values"] = sparse_diff(ref["indices"].astype(np.int64), ref["values"], got["indices"].astype(np.int64),
+                                      got["values"].astype(np.float32))
+    for name, a in ref.items():
+        if sparse and name in ("indices", "values"):
+            continue
+        b = got[name]
+        if a.shape != b.shape:
+            raise ParityError(f"output '{name}' has shape {b.shape} in onnxruntime but {a.shape} in PyTorch")
+        if name == "mask_positions":
+            if not np.array_equal(a, b):
+                raise ParityError("output 'mask_positions' differs between onnxruntime and PyTorch")
+            continue
+        if a.dtype.kind == "f":
+            diffs[name] = float(np.abs(_real(a, axes[name], mask) - _real(b.astype(np.float32), axes[name], mask)).max(initial=0.0))
+        da, db = _decisions(name, a, axes[name], mask), _decisions(name, b, axes[name], mask)
+        if da is not None:
+            agree += int((da == db).sum())
+            total += da.size
+    return {"max_abs_diff": diffs, "top1_agreement": agree / total if total else None}
+
+
+# ---- onnx steps --------------------------------------------------------------------------------
+@contextlib.contextmanager
+def quiet_onnxruntime() -> Iterator[None]:
+    """onnxruntime's python tools log through the root logger (and configure it on first use):
+    silence them during a call and leave the process's logging as it was."""
+    handlers, disabled = list(logging.root.handlers), logging.root.manager.disable
+    logging.disable(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(disabled)
+        logging.root.handlers[:] = handlers
+
+
+def onnx_session(path: Path, providers: list[str] | None = None) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=providers or ["CPUExecutionProvider"])
+
+
+def run_onnx(session: Any, batch: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+    feed = {i.name: batch[i.name] for i in session.get_inputs()}
+    return dict(zip(names, session.run(names, feed)))
+
+
+def torch_outputs(graph: nn.Module, batch: dict[str, np.ndarray], names: list[str], inputs: tuple[str, ...]) -> dict[str, np.ndarray]:
+    set_attention_impl(graph, "sdpa")  # the reference is the model as PyTorch runs it
+    with torch.no_grad():
+        out = graph(*(torch.from_numpy(batch[k]) for k in inputs))
+    return {n: o.numpy() for n, o in zip(names, out)}
+
+
+def check_fp16(
+    path: Path, fp32_out: dict[str, np.ndarray], batch: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]],
+    names: list[str],
+) -> dict[str, Any]:
+    """The fp16 graph against the fp32 one, measured where it can run: onnxruntime's fp16 kernels of
+    the fused operators exist for CUDA only, so without a usable CUDA execution provider the check is
+    skipped and says why. Errors on CUDA are raised, never swallowed."""
+    import onnxruntime as ort
+
+    skipped = {"fp16_top1_agreement_vs_fp32": None, "fp16_max_abs_diff": None}
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return {**skipped, "fp16_check": "skipped: this onnxruntime has no CUDA execution provider"}
+    session = onnx_session(path, ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    if "CUDAExecutionProvider" not in session.get_providers():
+        return {**skipped, "fp16_check": "skipped: no usable CUDA GPU"}
+    h = compare(fp32_out, run_onnx(session, batch, names), axes, batch["attention_mask"])
+    return {"fp16_top1_agreement_vs_fp32": h["top1_agreement"], "fp16_max_abs_diff": h["max_abs_diff"],
+            "fp16_check": "measured with the CUDA execution provider"}

@@ -1,0 +1,40 @@
+"""Reranking documents with a cross-encoder bundle: `mlmkit rerank`, the rerank routes and Python alike.
+
+A cross-encoder is a classification bundle with one output (what sentence-transformers' CrossEncoder
+saves: ms-marco-MiniLM, bge-reranker; mlmkit's rerank task), each (query, document) pair one input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from mlmkit.errors import ConfigError
+
+
+def relevance(results: list[dict[str, Any]], raw: bool, meta: Mapping[str, Any] | None = None) -> list[float]:
+    """Each pair's relevance: the cross-encoder's logit under its activation (a rerank bundle records
+    it; sigmoid otherwise, as CrossEncoder's default for one label), or the logit itself (``raw``)."""
+    logits = np.asarray([float(r.get("logit", r["score"])) for r in results], dtype=np.float64)
+    identity = ((meta or {}).get("options") or {}).get("activation") == "identity"
+    return (logits if raw or identity else 1.0 / (1.0 + np.exp(-logits))).tolist()
+
+
+def ranked(scores: list[float], top_n: int | None) -> list[int]:
+    """Document indices, most relevant first (ties in input order), at most ``top_n``."""
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    return order[:top_n] if top_n is not None else order
+
+
+def rerank_documents(pipe: Any, query: str, documents: list[str], *, top_n: int | None = None,
+                     raw: bool = False) -> list[dict[str, Any]]:
+    """``documents`` most relevant to ``query`` first, by a cross-encoder bundle's Pipeline:
+    [{"index", "score", "text"}] (score: the sigmoid of the logit, or the logit with ``raw``)."""
+    labels = pipe.meta.get("labels") or []
+    if "logits" not in (pipe.meta.get("outputs") or {}) or len(labels) != 1:
+        raise ConfigError(f"{pipe.path} is not a cross-encoder ({pipe.task}, {len(labels)} labels)",
+                          "rerank with a one-label sequence classifier (a sentence-transformers CrossEncoder, bge-reranker ...)")
+    scores = relevance(pipe([{"text": query, "text_pair": d} for d in documents]), raw, pipe.meta)
+    return [{"index": i, "score": scores[i], "text": documents[i]} for i in ranked(scores, top_n)]

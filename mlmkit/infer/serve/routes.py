@@ -1,0 +1,347 @@
+"""The request shapes other servers' clients send, as thin adapters over mlmkit's per-model queue.
+
+A route turns its body into one call of a served model (which model, its inputs, its options) and
+that call's results into its own response shape; app.py does everything else for every route alike
+(body limits, API keys, backpressure, the queue, errors, metrics). Registered in ROUTES:
+
+    POST /v1/embeddings   OpenAI's embeddings API (the `openai` client, LangChain, LlamaIndex ...)
+    POST /v1/rerank       reranking as infinity and Cohere shape it
+    POST /embed           text-embeddings-inference's
+    POST /embed_sparse    text-embeddings-inference's SPLADE vectors
+    POST /rerank          text-embeddings-inference's
+    POST /predict         text-embeddings-inference's classification route
+    POST /tokenize        text-embeddings-inference's (the model's tokenizer only)
+
+Reranking runs a cross-encoder: a classification bundle with one output (what sentence-transformers'
+CrossEncoder saves: ms-marco-MiniLM, bge-reranker), each (query, document) pair one input.
+
+No torch here, nor FastAPI: a route is plain data in, plain data out (numpy arrays among it: the
+server writes them as JSON lists, from their buffers).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mlmkit.infer.reranking import ranked, relevance
+from mlmkit.infer.serve.http import HTTPError
+
+
+@dataclass
+class Call:
+    model: str
+    inputs: list[Any]
+    options: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)  # what the route needs again to answer
+    tokens: int = 0  # what the model ran on, for ``usage``: set by the server with the results
+
+
+def pick_model(models: Mapping[str, Any], requested: Any, needs: tuple[str, ...], route: str) -> str:
+    """The model a request names, or the only one whose graph has the outputs the route reads (an
+    "embedding", "logits" ...: any task's bundle with them fits); a 404 / 422 naming the fitting ones."""
+    fitting = [n for n, m in models.items() if set(needs) <= set(m.pipe.meta.get("outputs") or {})]
+    what = f"models with {' and '.join(repr(x) for x in needs)} output{'s' if len(needs) > 1 else ''}"
+    if requested is not None:
+        if not isinstance(requested, str) or requested not in models:
+            raise HTTPError(404, f"no model named {requested!r}", f"the {what}: {', '.join(fitting) or 'none'}")
+        if requested not in fitting:
+            raise HTTPError(422, f"model '{requested}' is a {models[requested].pipe.task} model; {route} needs one with "
+                                 f"{' and '.join(repr(x) for x in needs)}", f"the {what}: {', '.join(fitting) or 'none'}")
+        return requested
+    if len(fitting) != 1:
+        raise HTTPError(422, f"{route}: say which model (\"model\": NAME)" if fitting else f"{route}: no model served fits",
+                        f"the {what}: {', '.join(fitting) or 'none'}")
+    return fitting[0]
+
+
+def _texts(value: Any, field_name: str, route: str) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(x, str) for x in value):
+        return list(value)
+    hint = f'send "{field_name}": "a text" or ["a text", ...]'
+    if isinstance(value, list) and value and all(isinstance(x, (int, list)) for x in value):
+        raise HTTPError(422, f"{route}: token ids as {field_name} are not accepted", hint + " (texts; the server tokenizes)")
+    raise HTTPError(422, f"{route}: '{field_name}' must be a text or a non-empty list of texts", hint)
+
+
+def _object(body: Any, route: str, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise HTTPError(422, f"{route}: the body must be a JSON object, got {type(body).__name__}")
+    extra = sorted(set(body) - allowed)
+    if extra:
+        raise HTTPError(422, f"{route}: unknown field(s) {', '.join(extra)}", f"its fields: {', '.join(sorted(allowed))}")
+    return body
+
+
+def _flag(b: Mapping[str, Any], name: str, route: str, default: bool = False) -> bool:
+    """A true / false field (JSON's booleans only: "false", "0" or 0 are no answer, not true)."""
+    value = b.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise HTTPError(422, f"{route}: '{name}' must be true or false, got {value!r}")
+    return value
+
+
+def _truncation(b: Mapping[str, Any], route: str) -> None:
+    """TEI's truncate / truncation_direction: inputs longer than the model are cut at the right, always;
+    asking for anything else is refused, not ignored."""
+    if not _flag(b, "truncate", route, default=True):
+        raise HTTPError(422, f"{route}: truncate false is not supported; inputs longer than the model are truncated",
+                        "leave 'truncate' out or set it true")
+    if b.get("truncation_direction") not in (None, "Right", "right"):
+        raise HTTPError(422, f"{route}: only truncation_direction Right is supported, got {b.get('truncation_direction')!r}")
+
+
+def _prompt(model: Any, name: str, prompt: Any, route: str) -> dict[str, Any]:
+    """TEI's prompt_name: the pipeline option for a prompt the model has (none given: {})."""
+    if prompt is None:
+        return {}
+    named = _prompt_names(model)
+    if prompt not in named:
+        raise HTTPError(422, f"{route}: model '{name}' has no prompt named {prompt!r}", f"its prompts: {', '.join(named) or 'none'}")
+    return _input_type(model, prompt)
+
+
+def _dimensions(value: Any, route: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise HTTPError(422, f"{route}: 'dimensions' must be a positive whole number, got {value!r}")
+    return value
+
+
+def truncate_dimensions(vectors: np.ndarray, n: int | None, normalize: bool) -> np.ndarray:
+    """The first ``n`` components (Matryoshka embeddings), L2-normalised again when ``normalize``."""
+    if n is not None:
+        if n > vectors.shape[1]:
+            raise HTTPError(422, f"'dimensions' {n} is more than the model's {vectors.shape[1]}")
+        vectors = vectors[:, :n]
+    if normalize:
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return vectors
+
+
+INPUT_TYPES = ("query", "document")
+"""What an embedding request may declare its inputs to be: the embedding task's prompts by name."""
+
+
+def _prompt_names(model: Any) -> list[str]:
+    """The prompts an embedding bundle has (TEI's prompt_name), by name."""
+    options = model.pipe.meta.get("options") or {}
+    return [k for k in INPUT_TYPES if options.get(f"{k}_prompt")]
+
+
+def _input_type(model: Any, kind: str | None) -> dict[str, Any]:
+    """The pipeline option for a declared input type (none declared: the inputs as they are)."""
+    if kind is None:
+        return {}
+    if "input_type" not in model.pipe.option_names:
+        raise HTTPError(422, f"a {model.pipe.task} model has no query or document prompts", "leave the input type out")
+    return {"input_type": kind}
+
+
+def _usage(call: Call) -> dict[str, int]:
+    """OpenAI's usage: the tokens the model ran on (the pipeline counted them; nothing tokenized again)."""
+    return {"prompt_tokens": call.tokens, "total_tokens": call.tokens}
+
+
+class OpenAIEmbeddings:
+    method, path = "POST", "/v1/embeddings"
+    summary = "OpenAI's embeddings API: {model, input, encoding_format, dimensions, input_type}."
+    needs = ("embedding",)
+
+    def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
+        b = _object(body, self.path, {"model", "input", "encoding_format", "dimensions", "user", "input_type"})
+        fmt = b.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise HTTPError(422, f"{self.path}: encoding_format must be float or base64, got {fmt!r}")
+        kind = b.get("input_type")
+        if kind is not None and kind not in INPUT_TYPES:
+            raise HTTPError(422, f"{self.path}: input_type must be {' or '.join(INPUT_TYPES)}, got {kind!r}",
+                            "it picks the model's query or document prompt")
+        name = pick_model(models, b.get("model"), self.needs, self.path)
+        return Call(name, _texts(b.get("input"), "input", self.path), _input_type(models[name], kind),
+                    state={"format": fmt, "dimensions": _dimensions(b.get("dimensions"), self.path)})
+
+    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+        vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)
+        vectors = truncate_dimensions(vectors, call.state["dimensions"], normalize=call.state["dimensions"] is not None)
+        data = []
+        for i, v in enumerate(vectors):
+            emb: Any = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") if call.state["format"] == "base64" else v
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+        return {"object": "list", "data": data, "model": call.model, "usage": _usage(call)}
+
+
+class TEIEmbed:
+    method, path = "POST", "/embed"
+    summary = "text-embeddings-inference's /embed: {inputs, normalize, truncate, dimensions, prompt_name} -> [[float]]."
+    needs = ("embedding",)
+
+    def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
+        b = _object(body, self.path, {"inputs", "normalize", "truncate", "truncation_direction", "dimensions", "model",
+                                      "prompt_name"})
+        _truncation(b, self.path)
+        name = pick_model(models, b.get("model"), self.needs, self.path)
+        normalize = _flag(b, "normalize", self.path, default=True)
+        return Call(name, _texts(b.get("inputs"), "inputs", self.path), _prompt(models[name], name, b.get("prompt_name"), self.path),
+                    state={"normalize": normalize, "dimensions": _dimensions(b.get("dimensions"), self.path)})
+
+    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+        vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)
+        return truncate_dimensions(vectors, call.state["dimensions"], normalize=call.state["normalize"])
+
+
+class TEIPredict:
+    method, path = "POST", "/predict"
+    summary = "text-embeddings-inference's /predict (classification): {inputs, raw_scores} -> [[{label, score}]]."
+    needs = ("logits",)
+
+    def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
+        b = _object(body, self.path, {"inputs", "raw_scores", "truncate", "truncation_direction", "model"})
+        _truncation(b, self.path)
+        name = pick_model(models, b.get("model"), self.needs, self.path)
+        if _flag(b, "raw_scores", self.path):
+            raise HTTPError(422, f"{self.path}: raw_scores is not supported; scores are the model's probabilities",
+                            "leave 'raw_scores' out")
+        raw = b.get("inputs")
+        # as TEI reads it: a text, or [text, pair], is one input; any other list is a batch of those
+        single = isinstance(raw, str) or (isinstance(raw, list) and len(raw) == 2 and all(isinstance(x, str) for x in raw))
+        items = [raw] if single else raw
+        if not isinstance(items, list) or not items:
+            raise HTTPError(422, f"{self.path}: 'inputs' must be a text, a [text, pair] list, or a list of those")
+        inputs: list[Any] = []
+        for x in items:
+            if isinstance(x, str):
+                inputs.append(x)
+            elif isinstance(x, list) and len(x) == 2 and all(isinstance(t, str) for t in x):
+                inputs.append({"text": x[0], "text_pair": x[1]})
+            else:
+                raise HTTPError(422, f"{self.path}: each input must be a text or a [text, pair] list")
+        return Call(name, inputs, state={"single": single})
+
+    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+        labels = model.pipe.meta.get("labels") or []
+        out = []
+        for r in results:
+            probs = r.get("probabilities")
+            if isinstance(probs, dict):
+                scores = sorted(({"label": k, "score": float(v)} for k, v in probs.items()), key=lambda s: -s["score"])
+            elif "score" in r and len(labels) == 1:  # regression: the value itself
+                scores = [{"label": labels[0], "score": float(r["score"])}]
+            else:
+                scores = [{"label": r.get("label"), "score": float(r.get("score", 0.0))}]
+            out.append(scores)
+        return out[0] if call.state["single"] else out
+
+
+def cross_encoder(models: Mapping[str, Any], requested: Any, route: str) -> str:
+    """A sequence classifier with one label (its logit: the relevance), else a 422 saying what it is."""
+    name = pick_model(models, requested, ("logits",), route)
+    labels = models[name].pipe.meta.get("labels") or []
+    if len(labels) != 1:
+        raise HTTPError(422, f"model '{name}' has {len(labels)} labels; {route} needs a cross-encoder (one relevance score)",
+                        "export a one-label sequence classifier (a sentence-transformers CrossEncoder, bge-reranker ...)")
+    return name
+
+
+def _rerank_call(route: str, model: str, query: Any, documents: Any) -> Call:
+    if not isinstance(query, str) or not query.strip():
+        raise HTTPError(422, f"{route}: 'query' must be a non-empty text")
+    docs = [d.get("text") if isinstance(d, dict) else d for d in documents] if isinstance(documents, list) else None
+    if not docs or not all(isinstance(d, str) for d in docs):
+        raise HTTPError(422, f"{route}: the documents must be a non-empty list of texts")
+    return Call(model, [{"text": query, "text_pair": d} for d in docs], state={"documents": docs})
+
+
+class Rerank:
+    method, path = "POST", "/v1/rerank"
+    summary = "Rerank documents for a query (infinity / Cohere shape): {model, query, documents, top_n, return_documents}."
+
+    def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
+        b = _object(body, self.path, {"model", "query", "documents", "top_n", "return_documents", "raw_scores"})
+        top_n = b.get("top_n")
+        if top_n is not None and (not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1):
+            raise HTTPError(422, f"{self.path}: 'top_n' must be a positive whole number, got {top_n!r}")
+        call = _rerank_call(self.path, cross_encoder(models, b.get("model"), self.path), b.get("query"), b.get("documents"))
+        call.state.update(top_n=top_n, documents_back=_flag(b, "return_documents", self.path), raw=_flag(b, "raw_scores", self.path))
+        return call
+
+    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+        scores = relevance(results, call.state["raw"], model.pipe.meta)
+        docs = call.state["documents"]
+        out = [{"index": i, "relevance_score": scores[i], **({"document": {"text": docs[i]}} if call.state["documents_back"] else {})}
+               for i in ranked(scores, call.state["top_n"])]
+        return {"object": "rerank", "results": out, "model": call.model, "usage": _usage(call)}
+
+
+class TEIRerank:
+    method, path = "POST", "/rerank"
+    summary = "text-embeddings-inference's /rerank: {query, texts, raw_scores, return_text} -> [{index, score, text?}]."
+
+    def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
+        b = _object(body, self.path, {"query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction", "model"})
+        _truncation(b, self.path)
+        call = _rerank_call(self.path, cross_encoder(models, b.get("model"), self.path), b.get("query"), b.get("texts"))
+        call.state.update(raw=_flag(b, "raw_scores", self.path), text=_flag(b, "return_text", self.path))
+        return call
+
+    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+        scores = relevance(results, call.state["raw"], model.pipe.meta)
+        docs = call.state["documents"]
+        return [{"index": i, "score": scores[i], **({"text": docs[i]} if call.state["text"] else {})} for i in ranked(scores, None)]
+
+
+class TEIEmbedSparse:
+    method, path = "POST", "/embed_sparse"
+    summary = "text-embeddings-inference's /embed_sparse (SPLADE): {inputs} -> [[{index, value}]]."
+    needs = ("indices", "values")
+
+    def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
+        b = _object(body, self.path, {"inputs", "truncate", "truncation_direction", "model", "prompt_name"})
+        _truncation(b, self.path)
+        name = pick_model(models, b.get("model"), self.needs, self.path)
+        return Call(name, _texts(b.get("inputs"), "inputs", self.path), _prompt(models[name], name, b.get("prompt_name"), self.path))
+
+    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+        return [[{"index": i, "value": v} for i, v in zip(r["indices"], r["values"])] for r in results]
+
+
+class TEITokenize:
+    """Tokens of each input as the model sees them; the model itself does not run (``runs_model``)."""
+
+    method, path = "POST", "/tokenize"
+    summary = "text-embeddings-inference's /tokenize: {inputs, add_special_tokens} -> [[{id, text, special, start, stop}]]."
+    runs_model = False
+
+    def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
+        b = _object(body, self.path, {"inputs", "add_special_tokens", "model", "prompt_name"})
+        name = b.get("model")
+        if name is None and len(models) == 1:
+            name = next(iter(models))
+        if not isinstance(name, str) or name not in models:
+            raise HTTPError(404 if name is not None else 422, f"{self.path}: say which model (\"model\": NAME)"
+                            if name is None else f"no model named {name!r}", f"the models: {', '.join(models)}")
+        prompt = b.get("prompt_name")
+        _prompt(models[name], name, prompt, self.path)  # one the model has
+        prefix = (models[name].pipe.meta.get("options") or {}).get(f"{prompt}_prompt", "") if prompt else ""
+        return Call(name, _texts(b.get("inputs"), "inputs", self.path),
+                    state={"special": _flag(b, "add_special_tokens", self.path, default=True), "prompt": prefix})
+
+    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+        out = []
+        texts = [call.state["prompt"] + t for t in call.inputs]  # as the model sees them: its prompt first
+        for enc in model.pipe.tokenizer.encode_batch(texts, add_special_tokens=call.state["special"]):
+            out.append([{"id": i, "text": t, "special": bool(m), "start": a, "stop": b}
+                        for i, t, m, (a, b) in zip(enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets)])
+        return out
+
+
+ROUTES: tuple[Any, ...] = (OpenAIEmbeddings(), Rerank(), TEIEmbed(), TEIEmbedSparse(), TEIRerank(), TEIPredict(), TEITokenize())

@@ -1,0 +1,533 @@
+"""The model config and the family it is read through: what a model is, before any weights.
+
+``ModelConfig`` holds BERT's field names whatever the family (hidden_size, num_hidden_layers ...).
+config.json written by mlmkit is the Hugging Face config of the model's family (BertConfig,
+RobertaConfig, DistilBertConfig ...): ``transformers.AutoConfig`` reads it, and a Hugging Face
+config.json reads back here. The family (``Family``, below) renames fields and architectures on the
+way in and out; keys mlmkit does not use are kept in ``extra`` and written back. Reading and writing
+config.json files (and checking them against a directory's weights) is rundir/config.py's.
+
+What a model family declares: how its config.json, parameter names and architectures map onto
+mlmkit's one core (BERT's names and fields, core.py), which inputs it takes, which blocks differ, and
+whether and how it pretrains. Everything mlmkit knows of a family is declared here, in its module:
+rundir/, train/, export/ and text/ ask the family, never test its name.
+
+A family is a subclass of ``Family`` in its own module, registered in models/__init__.py. The base
+class is BERT's blocks and names, so a family states only what it does differently; what only BERT
+has (next-sentence prediction) and what a family opts into (``pretrains``) are off in the base and
+on in bert.py:
+
+    config_aliases   canonical field -> the family's config.json key (DistilBERT: hidden_size -> dim)
+    extra_sizes      the family's own config keys that size a module, checked with the canonical sizes
+                     (rundir/config.py); ``dropout_keys`` the ones read as probabilities
+    renames          (BERT name, family name) prefix pairs, "{n}" standing for a layer index, tried in
+                     order both ways; ``head_renames`` adds the pairs that depend on which head a
+                     state dict holds (RoBERTa's classifier.dense / out_proj exist only on a sequence head)
+    class_prefixes   model_type -> the prefix of its transformers classes (RobertaForMaskedLM ...);
+                     without ``nsp`` a pretraining run is the family's *ForMaskedLM (``architecture``)
+    token_types      whether its graphs take token_type_ids (``uses_token_types`` where a config decides)
+    positions        "absolute", "padding_offset" (RoBERTa) or "none" (rotary, inside the layers:
+                     models/rotary.py)
+    pretrains        whether `mlmkit pretrain --arch` makes it: its presets (``preset_overrides``,
+                     ``preset_extra``, ``max_length``, ``config_token_ids``), tokenizer (``tokenizer_kind``,
+                     ``special_tokens``, a convention of text/tokenizer.py) and ``nsp``
+    layer()          its block (BERT's post-LN layer unless the family has its own); its attention
+                     subclasses core.Attention, which the exporter switches to the form it fuses
+    embeddings()     its embeddings (core.BertEmbeddings unless the family has its own)
+    encoder_modules() / layer_context()
+                     state the encoder holds for all its layers, and what it hands each layer on
+                     every forward (DeBERTa's relative position embeddings); none for BERT
+    check() / shape_mismatch()
+                     what a config must hold for its blocks to run, and what the weights' shapes must
+                     agree with beyond the modules check_weights builds (rundir/weights.py)
+
+The families register themselves in models/__init__.py (``register``); ``family_for`` finds one by
+config.json's model_type.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mlmkit.errors import ConfigError
+from mlmkit.text.tokenizer import BRACKETS
+
+# hidden_act (and a family's head activations) by config.json name
+ACT = {
+    "gelu": F.gelu,  # exact erf form, as the original BERT and HF "gelu"
+    "gelu_python": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+    "tanh": torch.tanh,
+}
+
+LABELLED_HEADS = ("ForSequenceClassification", "ForTokenClassification")
+
+# Ceilings on config sizes, each well above every published encoder of the supported families and far
+# below what kills a machine: a config.json is input, and a typo or a damaged file (10^9 rows) would
+# otherwise be found by the allocator. Sizes are also checked against the weights' shapes
+# (checkpoint.check_weights); these hold where there are none to compare with (--config, a .bin).
+CEILINGS = {
+    "vocab_size": 1 << 20,  # 1,048,576; XLM-R and mDeBERTa have 250,002 / 251,000 tokens
+    "hidden_size": 1 << 14,  # 16,384; XLM-R XXL (the largest) has 4,096
+    "intermediate_size": 1 << 16,  # 65,536; XLM-R XXL has 16,384
+    "num_hidden_layers": 256,  # XLM-R XXL and DeBERTa-v2-xxlarge have 48
+    "num_attention_heads": 1 << 14,  # never above hidden_size (it divides it)
+    "max_position_embeddings": 1 << 17,  # 131,072; ModernBERT has 8,192, the longest encoders 32,768
+    "type_vocab_size": 1 << 10,  # 1,024; BERT has 2, RoBERTa 1
+}
+MAX_PARAMETERS = 20_000_000_000  # about twice XLM-R XXL's 10.7 billion, the largest published encoder
+MAX_LABELS = 1 << 16  # labels of a classification / tagging head (id2label, num_labels)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _label_id(k: Any) -> bool:
+    if _is_int(k):
+        return k >= 0
+    return isinstance(k, str) and k.isascii() and k.isdigit()
+
+
+def _check_probability(key: str, v: Any) -> None:
+    if not _is_number(v) or not 0 <= v < 1:
+        raise ConfigError(f"config {key} must be a probability from 0 up to (not including) 1, got {v!r}",
+                          "fix the config.json")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"  # exact erf GELU, as the original BERT and HF "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2  # segments A and B for NSP / sentence pairs; 0: the family has none
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12  # the original BERT value; HF checkpoints expect it
+    pad_token_id: int = 0
+    model_type: str = "bert"
+    architectures: list[str] | None = None
+    id2label: dict[int, str] | None = None
+    label2id: dict[str, int] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # HF keys we do not use, round-tripped
+
+    def __post_init__(self) -> None:
+        """Every field's type and range, checked before anything is built on them: a config.json is
+        input, and a size of 10^9 would otherwise be found out by the allocator (256 GB)."""
+        if not isinstance(self.model_type, str):
+            raise ConfigError(f"config model_type must be a name, got {self.model_type!r}", "fix the config.json")
+        key = self.family.config_aliases.get  # the field as the family's config.json names it
+        sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "max_position_embeddings", "type_vocab_size")
+        for k in sizes:
+            v, low = getattr(self, k), (0 if k == "type_vocab_size" else 1)
+            if not _is_int(v) or v < low:
+                what = "a whole number, 0 or more" if low == 0 else "a positive integer"
+                raise ConfigError(f"config {key(k, k)} must be {what}, got {v!r}", "fix the config.json")
+            if v > CEILINGS[k]:
+                raise ConfigError(f"config {key(k, k)} {v} is beyond what any encoder has (at most {CEILINGS[k]:,})",
+                                  "fix the config.json: is the value a typo, or a damaged file?")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                f"{self.num_attention_heads}",
+                "pick a head count that divides the hidden size",
+            )
+        if not isinstance(self.hidden_act, str) or self.hidden_act not in ACT:
+            raise ConfigError(f"unsupported {key('hidden_act', 'hidden_act')} {self.hidden_act!r}", f"use one of: {', '.join(ACT)}")
+        for k in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            _check_probability(key(k, k), getattr(self, k))
+        for k in ("layer_norm_eps", "initializer_range"):
+            v = getattr(self, k)
+            if not _is_number(v) or not math.isfinite(v) or v < 0 or (v == 0 and k == "layer_norm_eps"):
+                want = "a positive number" if k == "layer_norm_eps" else "a number, 0 or more"
+                raise ConfigError(f"config {key(k, k)} must be {want}, got {v!r}", "fix the config.json")
+        if self.architectures is not None and (not isinstance(self.architectures, list)
+                                               or not all(isinstance(a, str) for a in self.architectures)):
+            raise ConfigError(f"config architectures must be a list of class names, got {self.architectures!r}",
+                              "fix the config.json")
+        self._check_labels()
+        self._check_extra()
+        self.family.check(self)
+        if self.pad_token_id is not None or self.family.positions == "padding_offset":  # RoBERTa's positions count from it
+            if not _is_int(self.pad_token_id) or not 0 <= self.pad_token_id < self.vocab_size:
+                raise ConfigError(f"config pad_token_id must be a token id from 0 to {self.vocab_size - 1}, "
+                                  f"got {self.pad_token_id!r}", "fix the config.json")
+        params = self.parameter_estimate()
+        if params > MAX_PARAMETERS:
+            raise ConfigError(f"config sizes make a model of about {params / 1e9:.0f} billion parameters, beyond any "
+                              f"encoder (at most {MAX_PARAMETERS / 1e9:.0f} billion)", "fix the config.json's sizes")
+
+    def _check_labels(self) -> None:
+        if self.id2label is not None:
+            if not isinstance(self.id2label, dict):
+                raise ConfigError(f"config id2label must map label ids to names, got {self.id2label!r}", "fix the config.json")
+            bad = [k for k in self.id2label if not _label_id(k)]
+            if bad:
+                raise ConfigError(f"config id2label key {bad[0]!r} is not a label id (0, 1, ...)", "fix the config.json")
+            ids = {int(k): v for k, v in self.id2label.items()}
+            if sorted(ids) != list(range(len(ids))) or len(ids) > MAX_LABELS:
+                raise ConfigError(f"config id2label must number its labels 0 to n - 1 (n at most {MAX_LABELS:,}), "
+                                  f"got ids {sorted(ids)[:5]}{' ...' if len(ids) > 5 else ''}", "fix the config.json")
+            names = list(ids.values())
+            if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+                raise ConfigError("config id2label must give each label a name of its own, got "
+                                  f"{[ids[i] for i in sorted(ids)][:10]}", "fix the config.json")
+            self.id2label = ids
+        if self.label2id is not None and (not isinstance(self.label2id, dict)
+                                          or not all(isinstance(k, str) and _is_int(v) for k, v in self.label2id.items())):
+            raise ConfigError(f"config label2id must map label names to ids, got {self.label2id!r}", "fix the config.json")
+
+    def _check_extra(self) -> None:
+        """The family keys (``extra``) that size or regularise a module, as the family declares them
+        (``Family.extra_sizes``, ``Family.dropout_keys``)."""
+        if not isinstance(self.extra, dict):
+            raise ConfigError(f"config extra must be an object, got {type(self.extra).__name__}")
+        fam = self.family
+        for size in fam.extra_sizes:
+            v = self.extra.get(size.key)
+            if v is None or (_is_int(v) and v in size.unset):
+                continue
+            ceiling = CEILINGS[size.bound]
+            if not _is_int(v) or not 1 <= v <= ceiling:
+                raise ConfigError(f"config {size.key} must be a positive integer of at most {ceiling:,}, got {v!r}",
+                                  "fix the config.json")
+        probabilities = (fam.classifier_dropout_key, *fam.dropout_keys)
+        for k, v in self.extra.items():
+            if "dropout" in k and (_is_number(v) or k in probabilities):
+                if v is not None:
+                    _check_probability(k, v)
+
+    def parameter_estimate(self) -> int:
+        """About how many parameters the config makes (embeddings, layers, the MLM head): what a
+        config whose checkpoint has no header to compare it with (pytorch_model.bin) is held to."""
+        E, H, F = self.family.embedding_size(self), self.hidden_size, self.intermediate_size
+        rows = self.vocab_size + self.type_vocab_size + (self.max_position_embeddings if self.family.positions != "none" else 0)
+        layer = 4 * H * H + 3 * H * F  # attention's four projections; the MLP's two (three: ModernBERT's GeGLU)
+        return rows * E + self.num_hidden_layers * layer + self.vocab_size + H * E
+
+    @property
+    def family(self) -> Family:
+        """The model family (models/family.py) of this config's model_type."""
+        return family_for(self.model_type)
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest input the model's positions allow (RoBERTa's count from padding_idx + 1)."""
+        return self.family.max_tokens(self)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.id2label) if self.id2label else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """config.json as the family's transformers config writes it."""
+        fam = self.family
+        d = asdict(self)
+        extra = d.pop("extra")
+        if d["id2label"] is not None:
+            d["id2label"] = {str(k): v for k, v in d["id2label"].items()}
+        else:
+            d.pop("id2label")
+            d.pop("label2id")
+        if d["architectures"] is None:
+            d.pop("architectures")
+        else:
+            d["architectures"] = [fam.architecture(a, self.model_type) for a in d["architectures"]]
+        if not fam.uses_token_types(self) and not d["type_vocab_size"]:
+            d.pop("type_vocab_size")
+        for canonical, name in fam.config_aliases.items():
+            d[name] = d.pop(canonical)
+        return {**extra, **d}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """A config.json of any supported family (its own key names) -> the canonical fields."""
+        model_type = d.get("model_type", "bert")
+        fam = family_for(model_type if isinstance(model_type, str) else repr(model_type))
+        d = dict(d)
+        for canonical, name in fam.config_aliases.items():
+            if name in d:
+                d[canonical] = d.pop(name)
+        d = {**fam.config_defaults, **d}
+        if isinstance(d.get("architectures"), list):
+            d["architectures"] = [fam.canonical_architecture(a, model_type) if isinstance(a, str) else a
+                                  for a in d["architectures"]]
+        names = {f.name for f in fields(cls)} - {"extra"}
+        known = {k: v for k, v in d.items() if k in names}
+        extra = {k: v for k, v in d.items() if k not in names and k != "transformers_version"}
+        if known.get("id2label") is None and any(isinstance(a, str) and a.endswith(LABELLED_HEADS)
+                                                      for a in known.get("architectures") or []):
+            # transformers leaves out id2label when it is its default: num_labels (default 2) of LABEL_i
+            n = extra.pop("num_labels", 2)
+            if not _is_int(n) or not 1 <= n <= MAX_LABELS:
+                raise ConfigError(f"config num_labels must be a positive integer of at most {MAX_LABELS:,}, got {n!r}",
+                                  "fix the config.json")
+            known["id2label"] = {i: f"LABEL_{i}" for i in range(n)}
+            known["label2id"] = {f"LABEL_{i}": i for i in range(n)}
+        return cls(**known, extra=extra)
+
+
+# ---- the family interface ----------------------------------------------------------------------
+# transformers' head classes, as BERT names them; a family's are its prefix + the same suffix
+HEADS = ("ForPreTraining", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
+         "ForQuestionAnswering", "Model")
+# Family.config_token_ids of the configs that carry bos / eos / cls / sep ids (RoBERTa's, ModernBERT's):
+# bos and cls are the cls token, eos and sep the sep token
+CLS_SEP_IDS = {"bos_token_id": "cls", "eos_token_id": "sep", "cls_token_id": "cls", "sep_token_id": "sep"}
+
+
+class Renamer:
+    """Prefix pairs (a, b) with "{n}" for a layer index, applied a -> b or b -> a; the first pair whose
+    side matches a whole leading part of the key (up to a dot or the end) wins."""
+
+    def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
+        self.pairs = [(self._compile(a), a, self._compile(b), b) for a, b in pairs]
+
+    @staticmethod
+    def _compile(prefix: str) -> re.Pattern[str]:
+        return re.compile("^" + re.escape(prefix).replace(r"\{n\}", r"(\d+)") + r"(?=\.|$)")
+
+    def __call__(self, key: str, *, to_family: bool) -> str:
+        for ra, a, rb, b in self.pairs:
+            src, dst = (ra, b) if to_family else (rb, a)
+            m = src.match(key)
+            if m:
+                return (dst.replace("{n}", m.group(1)) if m.groups() else dst) + key[m.end():]
+        return key
+
+
+@dataclass(frozen=True)
+class ExtraSize:
+    """A family key of config.json (kept in ``ModelConfig.extra``) that sizes a module: checked with
+    the canonical sizes before anything is built, as a whole number from 1 up to the ceiling of the
+    canonical field ``bound`` (rundir/config.py, CEILINGS), or one of ``unset`` (DeBERTa's -1 / 0:
+    "as max_position_embeddings", "no buckets"). A config.json is input: a typo of 10^9 would
+    otherwise be found by the allocator."""
+
+    key: str
+    bound: str = "hidden_size"
+    unset: tuple[int, ...] = ()
+
+
+class Family:
+    name = "bert"
+    model_types: tuple[str, ...] = ("bert",)
+    class_prefixes: dict[str, str] = {"bert": "Bert"}
+    prefix = "bert"  # the backbone's attribute in transformers' head classes
+    bare_roots: tuple[str, ...] = ("embeddings", "encoder", "pooler")  # keys of a backbone saved on its own
+    config_aliases: dict[str, str] = {}
+    config_defaults: dict[str, Any] = {}  # canonical fields transformers' config class defaults differently
+    renames: tuple[tuple[str, str], ...] = ()
+    token_types = True
+    positions = "absolute"
+    # pretraining: whether `mlmkit pretrain --arch` makes this family (tested presets), with
+    # next-sentence prediction (BERT only; without it the run is the family's *ForMaskedLM), and the
+    # positions a new model gets at least (a rotary family has no table and keeps its long context)
+    pretrains = False
+    nsp = False
+    max_length = 512
+    # config.json key -> the special token (text.tokenizer.SpecialIds field) whose id a new model of this
+    # family writes there: the ids transformers' config class of the family carries (BERT's: none)
+    config_token_ids: dict[str, str] = {}
+    extra_sizes: tuple[ExtraSize, ...] = ()
+    # family keys read as dropout probabilities besides ``classifier_dropout_key``, checked even when
+    # they are not numbers (a key named *dropout* is checked when it is one)
+    dropout_keys: tuple[str, ...] = ()
+    final_norm = False
+    pooler_norm = False
+    token_head = False  # a transform (dense, act, norm) before per-token classifiers
+    classifier_dropout_key = "classifier_dropout"
+    tied: tuple[str, ...] = ("cls.predictions.decoder.weight",)  # canonical keys never stored
+    # what onnxruntime's BERT fusions produce for this family's graphs: op -> count per layer (or for
+    # the graph when the op is listed in FUSED_ONCE); measured, see README "Model families"
+    fusions: dict[str, int] = {"Attention": 1, "SkipLayerNormalization": 2, "EmbedLayerNormalization": 1}
+    # how the family tokenizes by default (tokenizer train --kind, pretrain --arch): the kind, and the
+    # (pad, unk, cls, sep, mask) names of one of text/tokenizer.py's CONVENTIONS, which also say how
+    # a pair is framed ([CLS] A [SEP] B [SEP] here)
+    tokenizer_kind = "wordpiece"
+    special_tokens: tuple[str, ...] = BRACKETS.tokens
+
+    # ---- config ----------------------------------------------------------------------------
+    def embedding_size(self, config: ModelConfig) -> int:
+        return config.hidden_size
+
+    def pooler_act(self, config: ModelConfig) -> str:
+        return "tanh"
+
+    def mlm_act(self, config: ModelConfig) -> str:
+        return config.hidden_act
+
+    def head_bias(self, config: ModelConfig) -> bool:
+        return True
+
+    def sequence_pool(self, config: ModelConfig) -> str:
+        return "cls"
+
+    def uses_token_types(self, config: ModelConfig) -> bool:
+        """Whether this config's model takes token_type_ids (``token_types``, unless the family's
+        configs decide it: DeBERTa's by type_vocab_size)."""
+        return self.token_types
+
+    def pooler_dropout(self, config: ModelConfig) -> float:
+        """Dropout on the pooled vector before the pooler's dense layer (DeBERTa's ContextPooler); 0: none."""
+        return 0.0
+
+    def check(self, config: ModelConfig) -> None:
+        """Raise ConfigError for a config this family's blocks cannot run."""
+
+    def shape_mismatch(self, config: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> tuple[str, Any, str] | None:
+        """Where the weights' ``shapes`` (mlmkit's names, from their headers) contradict ``config`` in
+        a module check_weights cannot build on the meta device (a table computed from config values:
+        DeBERTa's relative positions): (the config.json field, its value, what the weights have);
+        None where they agree. Called by rundir/weights.check_weights before anything is built."""
+        return None
+
+    def max_tokens(self, config: ModelConfig) -> int:
+        """The longest input its positions allow: RoBERTa's start at padding_idx + 1."""
+        if self.positions == "padding_offset":
+            return config.max_position_embeddings - config.pad_token_id - 1
+        return config.max_position_embeddings
+
+    def positions_for(self, tokens: int) -> int:
+        """max_position_embeddings of a new model for inputs of up to ``tokens`` (a pretraining
+        preset's): at least ``max_length``; RoBERTa's table has padding_idx + 1 more rows."""
+        tokens = max(tokens, self.max_length)
+        pad = int(self.config_defaults.get("pad_token_id", 0))
+        return tokens + pad + 1 if self.positions == "padding_offset" else tokens
+
+    def preset_overrides(self, hidden: int, intermediate: int) -> dict[str, Any]:
+        """Canonical fields a size preset sets differently for this family."""
+        return {}
+
+    def preset_extra(self) -> dict[str, Any]:
+        """Family config keys (config.json's own) a new model of this family is made with."""
+        return {}
+
+    # ---- blocks ------------------------------------------------------------------------------
+    def layer(self, config: ModelConfig, index: int) -> nn.Module | None:
+        """Its block ``index``: forward(x, mask, queries=None, **layer_context) -> (B, T, H); None: the
+        core's post-LN BertLayer (core.make_layer)."""
+        return None
+
+    def embeddings(self, config: ModelConfig) -> nn.Module | None:
+        """Its embeddings: forward(input_ids, token_type_ids=None) -> (B, T, H); None: the core's
+        BertEmbeddings (core.make_embeddings)."""
+        return None
+
+    def encoder_modules(self, config: ModelConfig) -> dict[str, nn.Module]:
+        """Modules the encoder holds beside its layers, shared by all of them: name -> module,
+        registered on core.BertEncoder under that name (so ``bert.encoder.<name>.*`` in state dicts)."""
+        return {}
+
+    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Once per forward, before the first layer: (the first layer's input, the keyword arguments
+        every layer takes beside ``(x, mask, queries)``), from the embeddings ``x`` (B, T, H), the
+        (B, 1, 1, T) additive padding mask and the ``encoder_modules`` on ``encoder``. BERT's: (x, {})."""
+        return x, {}
+
+    # ---- names -------------------------------------------------------------------------------
+    def architecture(self, canonical: str, model_type: str) -> str:
+        """BertForSequenceClassification -> this family's class name for ``model_type``. A pretraining
+        run of a family without NSP has no NSP head: it is the family's *ForMaskedLM."""
+        if canonical == "BertForPreTraining" and not self.nsp:
+            canonical = "BertForMaskedLM"
+        for suffix in HEADS:
+            if canonical == "Bert" + suffix:
+                return self.class_prefixes[model_type] + suffix
+        return canonical
+
+    def canonical_architecture(self, name: str, model_type: str) -> str:
+        prefix = self.class_prefixes[model_type]
+        for suffix in HEADS:
+            if name == prefix + suffix:
+                return "Bert" + suffix
+        return name
+
+    def head_renames(self, keys: set[str], *, to_family: bool) -> tuple[tuple[str, str], ...]:
+        """Pairs that apply only to some heads; ``keys`` are the state dict's (canonical when
+        ``to_family``, else the family's)."""
+        return ()
+
+    def to_family(self, sd: dict[str, Any]) -> dict[str, Any]:
+        """A state dict under mlmkit's (BERT) names -> under this family's transformers names."""
+        rename = Renamer([*self.head_renames(set(sd), to_family=True), *self.renames])
+        return {rename(k, to_family=True): v for k, v in sd.items()}
+
+    def from_family(self, sd: dict[str, Any]) -> dict[str, Any]:
+        """A transformers state dict of this family (with or without the backbone's prefix, e.g. a
+        bare RobertaModel) -> mlmkit's names."""
+        sd = {(f"{self.prefix}.{k}" if k.split(".", 1)[0] in self.bare_roots else k): v for k, v in sd.items()}
+        rename = Renamer([*self.head_renames(set(sd), to_family=False), *self.renames])
+        return {rename(k, to_family=False): v for k, v in sd.items()}
+
+
+# ---- the registry: config.json's model_type -> its family -------------------------------------------
+BY_MODEL_TYPE: dict[str, Family] = {}
+
+
+def register(*families: Family) -> None:
+    """Make ``families`` the ones of their model types (models/__init__.py registers the built-in ones)."""
+    for fam in families:
+        for t in fam.model_types:
+            BY_MODEL_TYPE[t] = fam
+
+
+def family_for(model_type: str) -> Family:
+    """The family of a config.json's model_type; a clear error for one mlmkit does not run."""
+    try:
+        return BY_MODEL_TYPE[model_type]
+    except KeyError:
+        raise ConfigError(
+            f"model_type '{model_type}' is not supported",
+            f"mlmkit runs these model types: {', '.join(sorted(BY_MODEL_TYPE))}",
+        ) from None
+
+
+# name -> (layers, hidden, heads, intermediate); the published compact BERT sizes (Turc et al. 2019)
+PRESETS: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (2, 128, 2, 512),
+    "mini": (4, 256, 4, 1024),
+    "small": (4, 512, 8, 2048),
+    "base": (12, 768, 12, 3072),
+}
+
+
+def preset(name: str, arch: str = "bert", **overrides: Any) -> ModelConfig:
+    """A config of a named size for the family ``arch`` (its own defaults: RoBERTa's padding id and
+    one token type, ModernBERT's rotary and local attention ...); ``overrides`` set any other field
+    (vocab_size, max_position_embeddings, ...)."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset '{name}'", f"choose one of: {', '.join(PRESETS)}")
+    layers, hidden, heads, inter = PRESETS[name]
+    fam = family_for(arch)
+    fields_, extra = {**fam.config_defaults, **fam.preset_overrides(hidden, inter), **overrides}, {}
+    names = {f.name for f in fields(ModelConfig)}
+    for k in [k for k in fields_ if k not in names]:
+        extra[k] = fields_.pop(k)
+    sizes = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=inter)
+    return ModelConfig(**{**sizes, **fields_, "model_type": arch, "extra": {**fam.preset_extra(), **extra}})

@@ -1,0 +1,351 @@
+"""ONNX export: PyTorch parity of all four kinds of bundle on mixed lengths, the fusions, int8, errors.
+
+The runs come from tests/task_runs.py (one of every task kind, ``build_runs``); the check that its
+``TASK_SETUP`` names every registered task is here.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from conftest import run_export
+from task_runs import TASK_SETUP, build_runs, sentence
+
+import mlmkit.exporter.bundle as export_mod  # the steps, where the parity gate is called
+from mlmkit import registry
+from mlmkit.errors import ConfigError, MlmkitError, ParityError
+from mlmkit.model import BertForPreTraining, BertSelfAttention
+from mlmkit.registry import get_task, per_token
+from mlmkit.rundir.checkpoint import load_state_dict, load_weights
+from mlmkit.rundir.config import load_config
+from mlmkit.text.batching import pad_features
+from mlmkit.text.tokenizer import load_tokenizer, special_ids
+from mlmkit.train.finetune import load_finetuned
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    return build_runs(tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(scope="module")
+def bundles(runs, tmp_path_factory) -> dict[str, tuple[Path, dict[str, Any]]]:
+    root = tmp_path_factory.mktemp("bundles")
+    return {kind: (root / kind, run_export(run, root / kind)) for kind, run in runs.items()}
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+def mixed_batch(tok: Any, n: int = 6, seed: int = 3, masks: bool = False) -> dict[str, np.ndarray]:
+    """Real sentences of 2..30 words in one padded batch; with ``masks`` 0-3 [MASK] per row."""
+    rng = random.Random(seed)
+    sp = special_ids(tok)
+    feats = []
+    for i in range(n):
+        ids = tok.encode(sentence(rng, 2 + (i * 7) % 29)).ids
+        if masks:
+            for j in rng.sample(range(1, len(ids) - 1), k=min(i % 4, len(ids) - 2)):
+                ids[j] = sp.mask
+        feats.append({"input_ids": ids})
+    return pad_features(feats, sp.pad)
+
+
+def session(bundle: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
+
+
+def run_onnx(bundle: Path, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    s = session(bundle)
+    names = [o.name for o in s.get_outputs()]
+    return dict(zip(names, s.run(names, {i.name: batch[i.name] for i in s.get_inputs()})))
+
+
+# ---- fill-mask ---------------------------------------------------------------------------------
+def test_fill_mask_graph_matches_full_pytorch_logits(runs, bundles):
+    """The in-graph gather + top-k equals PyTorch's full B x T x V logits at the [MASK] positions."""
+    d = runs["fill-mask"]
+    tok = load_tokenizer(d)
+    batch = mixed_batch(tok, n=8, masks=True)
+    got = run_onnx(bundles["fill-mask"][0], batch)
+    model = BertForPreTraining(load_config(d))
+    load_weights(model, load_state_dict(d))
+    model.eval()
+    with torch.no_grad():
+        logits = model(**{k: torch.from_numpy(v) for k, v in batch.items()})["prediction_logits"]  # (B, T, V)
+    where = np.argwhere(batch["input_ids"] == special_ids(tok).mask)  # row-major, as the graph
+    assert len(where) >= 8 and len(set(where[:, 0])) >= 5  # several rows, several masks in some
+    np.testing.assert_array_equal(got["mask_positions"], where)
+    probs = torch.softmax(logits[where[:, 0], where[:, 1]], -1).topk(5)
+    np.testing.assert_allclose(got["top_probs"], probs.values.numpy(), atol=1e-5)
+    np.testing.assert_array_equal(got["top_ids"][:, 0], probs.indices[:, 0].numpy())
+    assert got["top_ids"].shape == (len(where), 5)
+
+
+def test_fill_mask_batch_without_any_mask_gives_no_rows(runs, bundles):
+    batch = mixed_batch(load_tokenizer(runs["fill-mask"]), n=3, masks=False)
+    got = run_onnx(bundles["fill-mask"][0], batch)
+    assert got["mask_positions"].shape == (0, 2) and got["top_ids"].shape == (0, 5)
+
+
+def test_fill_mask_bundle_description(runs, bundles):
+    path, meta = bundles["fill-mask"]
+    on_disk = json.loads((path / "mlmkit.json").read_text())
+    assert on_disk["task"] == meta["task"] == "fill-mask" and on_disk["trained_as"] == "pretraining"
+    assert on_disk["inputs"] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert set(on_disk["outputs"]) == {"mask_positions", "top_ids", "top_probs"}
+    assert on_disk["opset"] >= 17 and on_disk["precision"] == "fp32" and on_disk["top_k"] == 5
+    # two layers: 2 fused attentions, 2 skip layer norms each, one embedding layer norm, the GELUs
+    f = on_disk["fused_operators"]
+    assert f["Attention"] == 2 and f["SkipLayerNormalization"] == 4 and f["EmbedLayerNormalization"] == 1
+    assert f.get("BiasGelu", 0) == 2
+    p = on_disk["parity"]
+    assert p["max_abs_diff"]["top_probs"] <= 1e-4 and p["top1_agreement"] == 1.0
+    assert p["sample"]["min_length"] < p["sample"]["max_length"]
+    assert on_disk["tokenizer"]["vocab_size"] == load_tokenizer(path).get_vocab_size()
+    assert (path / "tokenizer.json").exists() and not list(path.glob(".export-*"))
+
+
+def test_fill_mask_graph_is_fused_and_stores_tied_weight_once(runs, bundles):
+    m = onnx.load(str(bundles["fill-mask"][0] / "model.onnx"))
+    ops = {n.op_type for n in m.graph.node}
+    assert {"Attention", "SkipLayerNormalization", "EmbedLayerNormalization", "TopK"} <= ops
+    cfg = load_config(runs["fill-mask"])
+    big = [i.name for i in m.graph.initializer if list(i.dims) in ([cfg.vocab_size, cfg.hidden_size], [cfg.hidden_size, cfg.vocab_size])]
+    assert len(big) == 1, big  # the word embeddings double as the MLM decoder
+    # no output has a vocabulary-sized axis: only top-k leaves the graph
+    assert [o.name for o in m.graph.output] == ["mask_positions", "top_ids", "top_probs"]
+
+
+def test_unoptimized_and_int8_exports(runs, bundles, tmp_path, monkeypatch, caplog):
+    d = runs["fill-mask"]
+    monkeypatch.setattr(export_mod, "fast_int8_cpu", lambda: "AVX512-VNNI")  # such a CPU: an fp32 export says int8 pays
+    with caplog.at_level("INFO", logger="mlmkit"):
+        plain = run_export(d, tmp_path / "plain", optimize=False, top_k=3)
+    assert "this CPU has AVX512-VNNI" in caplog.text and "--quantize int8" in caplog.text
+    caplog.clear()
+    assert plain["fused_operators"] == {} and plain["optimizations"] == [] and plain["top_k"] == 3
+    assert "Attention" not in {n.op_type for n in onnx.load(str(tmp_path / "plain" / "model.onnx")).graph.node}
+    with caplog.at_level("INFO", logger="mlmkit"):
+        q = run_export(d, tmp_path / "int8", quantize="int8")
+    assert "this CPU has" not in caplog.text  # int8 already
+    assert q["precision"] == "int8" and "int8-dynamic-per-channel" in q["optimizations"]
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "int8" / "model.onnx")).graph.node}
+    assert ops & {"QAttention", "DynamicQuantizeMatMul", "MatMulInteger"}
+    assert 0.8 <= q["parity"]["int8_top1_agreement_vs_fp32"] <= 1.0
+    assert q["model_bytes"] < bundles["fill-mask"][1]["model_bytes"]
+
+
+def test_fast_int8_cpu_reads_the_flags(tmp_path):
+    from mlmkit.exporter.passes import fast_int8_cpu
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni avx512_bf16\n")
+    assert fast_int8_cpu(info) == "AVX512-VNNI"
+    info.write_text("flags\t: fpu avx2 avx512_vnni amx_tile amx_int8\n")
+    assert fast_int8_cpu(info) == "AMX-INT8"  # the fastest named
+    info.write_text("flags\t: fpu avx2 fma\n")
+    assert fast_int8_cpu(info) is None
+    assert fast_int8_cpu(tmp_path / "missing") is None  # not Linux: nothing said
+
+
+# ---- task bundles ------------------------------------------------------------------------------
+def test_every_registered_task_has_a_setup():
+    """The task bundles below are the registry's tasks: a new built-in task must add its setup to
+    TASK_SETUP (tests/task_runs.py)."""
+    registry.reset()
+    assert set(TASK_SETUP) == set(registry.tasks()), "add the new tasks to TASK_SETUP in tests/task_runs.py"
+
+
+@pytest.mark.parametrize("kind", list(TASK_SETUP))
+def test_task_bundle_matches_pytorch_on_mixed_lengths(kind, runs, bundles):
+    d = runs[kind]
+    task, net, _, _ = load_finetuned(d)
+    net.eval()
+    batch = mixed_batch(load_tokenizer(d), n=7)
+    with torch.no_grad():
+        ref = net(**{k: torch.from_numpy(v) for k, v in batch.items()})
+    got = run_onnx(bundles[kind][0], batch)
+    assert set(got) == set(task.outputs)
+    real = batch["attention_mask"].astype(bool)
+    for name, axes in task.outputs.items():
+        a, b = ref[name].numpy(), got[name]
+        assert a.shape == b.shape
+        if per_token(axes):  # per token: compare at the real tokens
+            a, b = a[real], b[real]
+        assert np.abs(a - b).max() < 1e-4, name
+        assert np.abs(a).max() > 1e-3  # outputs are not flat, so the comparison means something
+    meta = bundles[kind][1]
+    assert meta["task"] == kind and meta["labels"] == TASK_SETUP[kind][0]
+    # the classification graph runs its last layer for [CLS] only: that attention stays unfused
+    assert meta["fused_operators"]["Attention"] == (1 if kind in ("classification", "rerank") else 2)
+    assert meta["options"] == task.saved_options(task.resolve_options(TASK_SETUP[kind][2]))
+    assert meta["outputs"] == {k: list(v) for k, v in task.outputs.items()}
+
+
+# ---- failures ----------------------------------------------------------------------------------
+def test_parity_failure_names_the_output(runs, tmp_path, monkeypatch):
+    real = export_mod.torch_outputs
+
+    def off(*a: Any) -> dict[str, np.ndarray]:
+        out = real(*a)
+        out["top_probs"] = out["top_probs"] + 1e-3
+        return out
+
+    monkeypatch.setattr(export_mod, "torch_outputs", off)
+    with pytest.raises(ParityError, match=r"top_probs: max diff 1\.00e-03"):
+        run_export(runs["fill-mask"], tmp_path / "b")
+    assert not (tmp_path / "b" / "mlmkit.json").exists()
+
+
+def test_attention_the_fusion_does_not_recognise_is_refused(runs, tmp_path, monkeypatch):
+    """An attention spelt as einsum exports and runs, but onnxruntime cannot fuse it: refused loudly
+    rather than shipped several times slower."""
+
+    def einsum_attention(self, x, mask, queries=None):
+        B, T, H = x.shape
+        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / self.head_dim**0.5 + mask
+        ctx = torch.einsum("bhqk,bhkd->bhqd", torch.softmax(scores, -1), v)
+        return ctx.permute(0, 2, 1, 3).reshape(B, T, H)
+
+    monkeypatch.setattr(BertSelfAttention, "forward", einsum_attention)
+    with pytest.raises(MlmkitError, match="fusion did not happen: Attention 0 of 2"):
+        run_export(runs["fill-mask"], tmp_path / "b")
+    assert not (tmp_path / "b" / "model.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"quantize": "int4"}, "--quantize int4 is not supported"),
+        ({"quantize": "int8", "fp16": True}, "exclude each other"),
+        ({"opset": 13}, "--opset 13 is not supported"),
+        ({"opset": 99}, "--opset 99 is not supported"),
+        ({"top_k": 0}, "--top-k must be at least 1"),
+        ({"top_k": 10**6}, "--top-k must be between 1 and the vocabulary size"),
+    ],
+)
+def test_bad_export_options(runs, tmp_path, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        run_export(runs["fill-mask"], tmp_path / "b", **kw)
+
+
+def test_not_a_run_directory(tmp_path):
+    with pytest.raises(ConfigError, match="is not a run directory"):
+        run_export(tmp_path, tmp_path / "b")
+
+
+def test_task_export_module_is_checked_against_the_model(runs, tmp_path, monkeypatch):
+    """A task's optional export_module(model) is exported instead of the model, and held to the
+    model's own forward: a module that drifts from it is refused."""
+    task = get_task("classification")
+
+    class Drifting(torch.nn.Module):
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+            out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            return {**out, "logits": out["logits"] * 0.99}
+
+    monkeypatch.setattr(task, "export_module", Drifting, raising=False)
+    with pytest.raises(ParityError, match="logits: max diff"):
+        run_export(runs["classification"], tmp_path / "b")
+    monkeypatch.setattr(task, "export_module", lambda model: model, raising=False)
+    assert run_export(runs["classification"], tmp_path / "c")["parity"]["top1_agreement"] == 1.0
+
+
+def test_fp16_export(runs, bundles, tmp_path):
+    m = run_export(runs["classification"], tmp_path / "h", fp16=True)
+    assert m["precision"] == "fp16" and "fp16" in m["optimizations"]
+    assert m["model_bytes"] < 0.7 * bundles["classification"][1]["model_bytes"]
+    g = onnx.load(str(tmp_path / "h" / "model.onnx"))
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in g.graph.initializer)
+    assert [i.type.tensor_type.elem_type for i in g.graph.output] == [onnx.TensorProto.FLOAT]  # fp32 outputs kept
+    p = m["parity"]
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        assert p["fp16_check"].startswith(("measured", "skipped: no usable CUDA GPU"))
+    else:  # onnxruntime's fp16 kernels of the fused operators exist for CUDA only: said, not guessed
+        assert p["fp16_check"] == "skipped: this onnxruntime has no CUDA execution provider"
+    if p["fp16_check"].startswith("measured"):
+        assert p["fp16_top1_agreement_vs_fp32"] >= 0.9
+    else:
+        assert p["fp16_top1_agreement_vs_fp32"] is None
+
+
+def test_sparse_vectors_compare_as_maps_and_near_ties_may_trade_places_at_the_cut():
+    from mlmkit.exporter.parity import sparse_diff
+
+    ids = np.array([[5, 9, 2], [7, 1, -1]])
+    vals = np.array([[3.0, 1.00001, 1.0], [2.0, 0.5, 0.0]], dtype=np.float32)
+    swapped = np.array([[5, 9, 4], [1, 7, -1]])  # term 2 and term 4 (both ~1.0) trade places at the cut
+    got = np.array([[3.0, 1.00001, 1.00000], [0.5, 2.0, 0.0]], dtype=np.float32)
+    assert sparse_diff(ids, vals, swapped, got) < 1e-4
+    wrong = np.array([[5, 9, 4], [7, 1, 3]])  # a real miss: term 3 kept with 0.4 where the other side found zero
+    assert sparse_diff(ids, vals, wrong, np.array([[3.0, 1.00001, 2.5], [2.0, 0.5, 0.4]], dtype=np.float32)) > 1.0
+
+
+def _masked_lm(out: Path, **sizes) -> Path:
+    """A randomly initialised BertForMaskedLM with a WordPiece vocabulary of BERT's size (30,522
+    tokens: the vocabulary a SPLADE bundle picks its top terms from); ``sizes``: the encoder's, tiny
+    by default."""
+    import itertools
+
+    from transformers import BertConfig as HFConfig
+    from transformers import BertForMaskedLM
+
+    words = ["".join(p) for p in itertools.product("abcdefghijklmnopqrstuvwxyz", repeat=3)]
+    pieces = [*words, *(f"##{w}" for w in words)]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the quick brown fox jumps over lazy dog".split()]
+    vocab += [p for p in pieces if p not in vocab][: 30522 - len(vocab)]
+    out.mkdir(parents=True)
+    (out / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    cfg = HFConfig(vocab_size=len(vocab), **{"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                             "intermediate_size": 128, **sizes})
+    BertForMaskedLM(cfg).save_pretrained(out)
+    return out
+
+
+def _sparse_export_sizes(base: Path, tmp_path: Path, sizes: tuple[int | None, ...]) -> None:
+    from mlmkit.infer.pipeline import Pipeline
+
+    for k in sizes:
+        meta = run_export(base, tmp_path / f"k{k}", task="sparse-embedding", top_k=k)  # the parity gate passes
+        want = 256 if k is None else k
+        assert meta["options"]["max_terms"] == want and meta["top_k"] is None
+        (vec,) = Pipeline.load(tmp_path / f"k{k}")(["the quick brown fox jumps over the lazy dog"])
+        assert 0 < len(vec["indices"]) <= want and len(vec["indices"]) == len(vec["values"])
+
+
+def test_sparse_export_of_a_full_vocabulary_at_the_default_and_what_top_k_sets(tmp_path):
+    """Issue 26's failure: the default 256 terms of a 30,522-token masked LM failed the parity gate
+    (near-equal terms trading places at the cut). --top-k sets the terms; a task without a top-k refuses it."""
+    from mlmkit.exporter.bundle import _top_k_option
+
+    base = _masked_lm(tmp_path / "mlm")
+    _sparse_export_sizes(base, tmp_path, (None,))  # more sizes: the slow test, at MiniLM's size
+    from mlmkit.args import ExportArgs
+
+    sparse = get_task("sparse-embedding")
+    assert _top_k_option(sparse, ExportArgs(run=base, out=tmp_path / "o", top_k=64)) == {"max_terms": 64}
+    assert _top_k_option(sparse, ExportArgs(run=base, out=tmp_path / "o", options={"max_terms": 8})) == {"max_terms": 8}
+    with pytest.raises(ConfigError, match="--top-k 64 and --option max_terms=32 disagree"):
+        run_export(base, tmp_path / "x", task="sparse-embedding", top_k=64, options={"max_terms": 32})
+    with pytest.raises(ConfigError, match="--top-k is for fill-mask and sparse-embedding exports, not for task 'embedding'"):
+        run_export(base, tmp_path / "y", task="embedding", top_k=8)
+
+
+@pytest.mark.slow
+def test_sparse_export_of_a_minilm_size_masked_lm(tmp_path):
+    base = _masked_lm(tmp_path / "mlm", hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                      intermediate_size=1536)
+    _sparse_export_sizes(base, tmp_path, (None, 64, 512))

@@ -1,0 +1,748 @@
+"""Retrieval training and evaluation: the losses against their formulas, GradCache against the uncached
+loss (loss and every gradient), the IR metrics against pytrec_eval (trec_eval), exact search, the BEIR
+reader's errors, and a fine-tune on the built-in retrieval set end to end (sentence-transformers loads
+the run; the bundle scores what the run scores)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_base_model, run_export, run_finetune
+from typer.testing import CliRunner
+
+from mlmkit.cli import app
+from mlmkit.errors import DataFormatError, TaskError
+from mlmkit.infer.retrieval import mean_metrics, query_metrics, search
+from mlmkit.quickstart.retrieval_set import write_retrieval_set
+from mlmkit.registry import TaskContext, get_task
+from mlmkit.text.beir import read_split
+from mlmkit.text.readers import numbered
+from mlmkit.train import losses
+from mlmkit.train.finetune import evaluate_base
+from mlmkit.train.losses import PairBatch
+
+runner = CliRunner()
+PROMPTS = {"query_prompt": "query: ", "document_prompt": "passage: "}  # the fine-tuned run's, as e5's
+
+
+# ---- the losses, against plain formulas --------------------------------------------------------------
+def _batch(parts: list[list[int]], texts: list[list[int]] | None = None, scores: list[float] | None = None) -> PairBatch:
+    """Features of examples in order: parts[i] the columns of example i (0 anchor, 1 positive, 2.. negatives)."""
+    example = [i for i, ps in enumerate(parts) for _ in ps]
+    part = [p for ps in parts for p in ps]
+    text = [t for ts in texts for t in ts] if texts else list(range(len(part)))
+    score = [scores[i] for i in example] if scores else [0.0] * len(part)
+    return PairBatch(torch.tensor(example), torch.tensor(part), torch.tensor(text), torch.tensor(score))
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.dot(a, b) / (a.norm() * b.norm()))
+
+
+def test_mnrl_is_infonce_over_positives_and_hard_negatives():
+    torch.manual_seed(0)
+    b = _batch([[0, 1, 2], [0, 1], [0, 1, 2, 3]])
+    E = torch.randn(len(b.part), 8)
+    anchors, positives = [0, 3, 5], [1, 4, 6]
+    candidates = positives + [2, 7, 8]
+    want = 0.0
+    for i, a in enumerate(anchors):
+        logits = [20.0 * _cos(E[a], E[c]) for c in candidates]
+        want += -logits[i] + math.log(sum(math.exp(x) for x in logits))
+    assert float(losses.mnrl()(E, b)) == pytest.approx(want / 3, abs=1e-5)
+    # symmetric: the mean of that and each positive against the anchors
+    back = 0.0
+    for i, p in enumerate(positives):
+        logits = [20.0 * _cos(E[p], E[a]) for a in anchors]
+        back += -logits[i] + math.log(sum(math.exp(x) for x in logits))
+    assert float(losses.mnrl(symmetric=True)(E, b)) == pytest.approx((want / 3 + back / 3) / 2, abs=1e-5)
+
+
+def test_a_text_twice_in_a_batch_is_no_false_negative():
+    """Example 2's positive is example 0's positive text: for anchor 0 it is not a negative (nor the other way)."""
+    torch.manual_seed(1)
+    b = _batch([[0, 1], [0, 1], [0, 1]], texts=[[10, 11], [12, 13], [14, 11]])
+    E = torch.randn(6, 8)
+    E[5] = E[1]  # the same text embeds the same
+    anchors, positives = [0, 2, 4], [1, 3, 5]
+    want = 0.0
+    for i, a in enumerate(anchors):
+        keep = [j for j in range(3) if j == i or not (i != j and {i, j} == {0, 2})]
+        logits = [10.0 * _cos(E[a], E[positives[j]]) for j in keep]
+        want += -logits[keep.index(i)] + math.log(sum(math.exp(x) for x in logits))
+    assert float(losses.mnrl(scale=10.0)(E, b)) == pytest.approx(want / 3, abs=1e-5)
+
+
+def test_cosent_orders_the_cosines_as_the_scores():
+    torch.manual_seed(2)
+    scores = [0.9, 0.1, 0.5, 0.5]
+    b = _batch([[0, 1]] * 4, scores=scores)
+    E = torch.randn(8, 8)
+    cos = [20.0 * _cos(E[2 * i], E[2 * i + 1]) for i in range(4)]
+    terms = [math.exp(cos[j] - cos[i]) for i in range(4) for j in range(4) if scores[i] > scores[j]]
+    assert float(losses.cosent()(E, b)) == pytest.approx(math.log(1 + sum(terms)), abs=1e-4)
+
+
+def test_matryoshka_is_the_weighted_inner_loss_on_leading_dimensions():
+    torch.manual_seed(3)
+    b = _batch([[0, 1], [0, 1], [0, 1, 2]])
+    E = torch.randn(7, 16)
+    inner = losses.mnrl()
+    want = 1.0 * inner(E[:, :16], b) + 0.5 * inner(E[:, :8], b) + 0.25 * inner(E[:, :4], b)
+    assert float(losses.matryoshka(inner, [16, 8, 4], [1.0, 0.5, 0.25])(E, b)) == pytest.approx(float(want), abs=1e-6)
+    b.target = torch.randn(7, 16)  # mse-distill: the teacher's vectors cut to the same leading dimensions
+    want = sum(float(((E[:, :d] - b.target[:, :d]) ** 2).mean()) for d in (16, 8))
+    assert float(losses.matryoshka(losses.mse_distill(), [16, 8])(E, b)) == pytest.approx(want, rel=1e-5)
+
+
+def test_margin_mse_regresses_the_teachers_margins():
+    torch.manual_seed(2)
+    b = _batch([[0, 1, 2, 3], [0, 1, 2]])
+    b.score = torch.tensor([0.0, 9.0, 4.0, 1.0, 0.0, 7.0, 6.5])  # the teacher's score of each text for its anchor
+    E = torch.randn(7, 8)
+    want = []
+    for a, p, negs in ((0, 1, (2, 3)), (4, 5, (6,))):
+        for n in negs:
+            student = float(E[a] @ E[p] - E[a] @ E[n])
+            want.append((student - float(b.score[p] - b.score[n])) ** 2)
+    assert float(losses.margin_mse()(E, b)) == pytest.approx(sum(want) / len(want), rel=1e-5)
+
+
+def test_mse_distill_is_the_squared_error_to_the_teachers_vectors():
+    torch.manual_seed(3)
+    b = _batch([[0, 1], [0, 1]])
+    E, T = torch.randn(4, 8), torch.randn(4, 8)
+    b.target = T
+    assert float(losses.mse_distill()(E, b)) == pytest.approx(float(((E - T) ** 2).mean()), rel=1e-5)
+    proj = torch.nn.Linear(8, 5)
+    b.target = T[:, :5]
+    assert float(losses.mse_distill(project=proj)(E, b)) == pytest.approx(float(((proj(E) - T[:, :5]) ** 2).mean()), rel=1e-5)
+
+
+def test_every_loss_the_task_offers_is_a_function_of_the_kit():
+    from mlmkit_tasks.embedding import LOSSES
+
+    import mlmkit.model as kit
+
+    for name, loss in LOSSES.items():
+        assert callable(getattr(kit, loss.function)), name
+    option = next(o for o in get_task("embedding").options if o.name == "loss")
+    assert option.choices == ("auto", *LOSSES)
+    assert get_task("embedding").best_metric(TaskContext(max_length=8, options={"loss": "cosent"})) == "spearman"
+
+
+# ---- GradCache: the same loss and gradients in mini-batches -------------------------------------------
+def _embedding_model(tok_size: int = 60, dropout: float = 0.0, **options):
+    from conftest import tiny_config
+
+    task = get_task("embedding")
+    cfg = tiny_config(tok_size, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    opts = task.resolve_options({"loss": "mnrl", **options})
+    torch.manual_seed(0)
+    return task.build_model(cfg, TaskContext(max_length=32, options=opts))
+
+
+def _training_batch(n_examples: int = 7, seed: int = 0) -> dict[str, torch.Tensor]:
+    rng = random.Random(seed)
+    rows, parts, examples, text_ids = [], [], [], []
+    for i in range(n_examples):
+        for part in range(2 + (i % 3 == 0)):  # some examples carry a hard negative
+            rows.append([2] + [rng.randrange(5, 60) for _ in range(rng.randrange(3, 12))] + [3])
+            parts.append(part)
+            examples.append(i)
+            text_ids.append(len(text_ids))
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    return {"input_ids": ids, "attention_mask": (ids != 0).long(), "token_type_ids": torch.zeros_like(ids),
+            "part": torch.tensor(parts), "text_id": torch.tensor(text_ids), "score": torch.zeros(len(rows)),
+            "example": torch.tensor(examples)}
+
+
+def _loss_and_grads(model, batch, scale: float = 1.0):
+    model.zero_grad()
+    loss = model(**batch)["loss"]
+    (loss * scale).backward()  # as the training loop divides by grad_accum
+    return float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("mini_batch_size", [1, 3, 5])
+def test_cached_mnrl_gives_mnrls_loss_and_every_parameters_gradient(mini_batch_size):
+    batch = _training_batch()
+    direct = _embedding_model()
+    cached = _embedding_model(loss="cached-mnrl", mini_batch_size=mini_batch_size)
+    cached.load_state_dict(direct.state_dict())
+    l1, g1 = _loss_and_grads(direct, batch, scale=0.5)
+    l2, g2 = _loss_and_grads(cached, batch, scale=0.5)
+    assert l2 == pytest.approx(l1, abs=1e-5)
+    assert g1.keys() == g2.keys() and len(g1) > 10
+    for name in g1:
+        assert torch.allclose(g1[name], g2[name], atol=1e-5), (name, float((g1[name] - g2[name]).abs().max()))
+
+
+def test_cached_mnrl_replays_each_mini_batchs_dropout():
+    """With dropout, the re-embedding in backward uses the mini-batch's own RNG state: its gradients are
+    those of embedding the same mini-batches (the texts sorted by length, cut in fours), in order, with a graph."""
+    batch = _training_batch(6, seed=1)
+    model = _embedding_model(dropout=0.2, loss="cached-mnrl", mini_batch_size=4)
+    model.train()
+    torch.manual_seed(123)
+    l_cached, g_cached = _loss_and_grads(model, batch)
+
+    model.zero_grad()
+    torch.manual_seed(123)
+    order = torch.argsort(batch["attention_mask"].sum(1), stable=True)  # the mini-batches: by length, 4 texts each
+    E = torch.empty(len(order), model.config.hidden_size)
+    for idx in order.split(4):
+        width = int(batch["attention_mask"][idx].sum(1).max())
+        E[idx] = model.embed(batch["input_ids"][idx, :width], batch["attention_mask"][idx, :width],
+                             batch["token_type_ids"][idx, :width])
+    pb = PairBatch(batch["example"], batch["part"], batch["text_id"], batch["score"])
+    ref = model.objective(E, pb)
+    ref.backward()
+    assert float(ref.detach()) == pytest.approx(l_cached, abs=1e-5)
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            assert torch.allclose(p.grad, g_cached[name], atol=1e-5), name
+
+
+# ---- metrics and search ---------------------------------------------------------------------------------
+def test_metrics_equal_trec_eval_through_pytrec_eval():
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    rng = random.Random(0)
+    qrels, runs = {}, {}
+    for q in range(30):
+        docs = [f"d{i}" for i in rng.sample(range(300), 150)]
+        qrels[f"q{q}"] = {d: rng.choice([0, 1, 1, 2, 3]) for d in rng.sample(docs, rng.randrange(1, 12))}
+        if q == 0:  # a query whose relevant documents are all past the cut
+            qrels["q0"] = {docs[-1]: 2}
+        scores = sorted((rng.random() for _ in docs), reverse=True)  # distinct scores: no tie order to argue about
+        runs[f"q{q}"] = dict(zip(docs, scores))
+    ranked = {q: sorted(r, key=r.get, reverse=True) for q, r in runs.items()}
+    ours = {q: query_metrics(ranked[q], qrels[q]) for q in qrels}
+    ev = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut_10", "map_cut_100", "recall_10", "recall_100", "P_10"})
+    ref = ev.evaluate(runs)
+    top10 = {q: {d: runs[q][d] for d in ranked[q][:10]} for q in runs}
+    rr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(top10)
+    for q in qrels:
+        assert ours[q]["ndcg@10"] == pytest.approx(ref[q]["ndcg_cut_10"], abs=1e-6)
+        assert ours[q]["map@100"] == pytest.approx(ref[q]["map_cut_100"], abs=1e-6)
+        assert ours[q]["recall@10"] == pytest.approx(ref[q]["recall_10"], abs=1e-6)
+        assert ours[q]["recall@100"] == pytest.approx(ref[q]["recall_100"], abs=1e-6)
+        assert ours[q]["precision@10"] == pytest.approx(ref[q]["P_10"], abs=1e-6)
+        assert ours[q]["mrr@10"] == pytest.approx(rr[q]["recip_rank"], abs=1e-6)
+    assert ours["q0"]["ndcg@10"] == 0.0 and ours["q0"]["mrr@10"] == 0.0
+    means = mean_metrics(ranked, qrels)
+    assert means["ndcg@10"] == pytest.approx(np.mean([ref[q]["ndcg_cut_10"] for q in qrels]), abs=1e-6)
+
+
+def test_chunked_search_is_exact():
+    rng = np.random.default_rng(0)
+    q, d = rng.normal(size=(9, 16)), rng.normal(size=(1000, 16))
+    idx, scores = search(q, d, 50, chunk=37)  # chunks smaller than k
+    full = (q / np.linalg.norm(q, axis=1, keepdims=True)) @ (d / np.linalg.norm(d, axis=1, keepdims=True)).T
+    assert (idx == np.argsort(-full, axis=1)[:, :50]).all()
+    assert np.allclose(scores, np.sort(full, axis=1)[:, ::-1][:, :50], atol=1e-5)
+    assert search(q, d[:3], 10)[0].shape == (9, 3)
+
+
+# ---- BEIR directories ---------------------------------------------------------------------------------
+def _beir(tmp: Path, corpus=None, queries=None, qrels=None) -> Path:
+    d = tmp / "beir"
+    (d / "qrels").mkdir(parents=True)
+    corpus = corpus if corpus is not None else ['{"_id": "d1", "title": "Cats", "text": "purr"}',
+                                                '{"_id": "d2", "text": "dogs bark"}', '{"_id": "d3", "text": "fish swim"}']
+    queries = queries if queries is not None else ['{"_id": "q1", "text": "what purrs"}', '{"_id": "q2", "text": "who barks"}',
+                                                   '{"_id": "q3", "text": "nothing"}']
+    (d / "corpus.jsonl").write_text("\n".join(corpus) + "\n")
+    (d / "queries.jsonl").write_text("\n".join(queries) + "\n")
+    for split, rows in (qrels or {"test": ["q1\td1\t1", "q2\td2\t2", "q3\td3\t0"], "dev": ["q2\td2\t1"]}).items():
+        (d / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
+    return d
+
+
+def test_a_beir_split_is_read_with_titles_and_its_unjudged_queries_counted(tmp_path):
+    d = _beir(tmp_path)
+    s = read_split(d, training=False)
+    assert s.split == "test" and s.corpus["d1"] == "Cats purr" and s.corpus["d2"] == "dogs bark"
+    assert s.queries == {"q1": "what purrs", "q2": "who barks"} and s.skipped == {"no relevant document": 1}
+    assert read_split(f"{d}:dev", training=False).queries == {"q2": "who barks"}
+    with pytest.raises(DataFormatError, match=r"qrels/train\.tsv: no such split.*here: dev, test|no train\.tsv"):
+        read_split(d, training=True)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (dict(qrels={"test": ["q1\td9\t1"]}), r"qrels/test\.tsv, line 2: document 'd9' is not in corpus\.jsonl"),
+    (dict(qrels={"test": ["q1\td1\t1", "q7\td1\t1"]}), r"qrels/test\.tsv, line 3: query 'q7' is not in queries\.jsonl"),
+    (dict(qrels={"test": ["q1\td1\tmany"]}), r"qrels/test\.tsv, line 2, field 'score': the score must be a number"),
+    (dict(corpus=['{"_id": "d1", "text": "a"}', '{"_id": "d1", "text": "b"}']),
+     r"corpus\.jsonl, line 2, field '_id': the id 'd1' again \(first on line 1\)"),
+    (dict(corpus=['{"_id": "d1", "text": "a"}', '{"_id": "d2", "text": "b"']), r"corpus\.jsonl, line 2: malformed JSON"),
+    (dict(corpus=[]), r"corpus\.jsonl: no documents"),
+    (dict(qrels={"test": ["q1\td1\t0"]}), r"qrels/test\.tsv: no query with a relevant document"),
+])
+def test_bad_beir_data_is_one_error_naming_file_and_line(tmp_path, edit, match):
+    d = _beir(tmp_path, **edit)
+    with pytest.raises(DataFormatError, match=match):
+        read_split(d, training=False)
+
+
+# ---- end to end on the built-in retrieval set ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def retrieval(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("retrieval")
+    beir = tmp / "set"
+    counts = write_retrieval_set(beir, max_documents=500)
+    texts = [json.loads(line)["text"] for f in ("corpus.jsonl", "queries.jsonl") for line in open(beir / f)]
+    torch.manual_seed(0)
+    base = make_base_model(tmp / "base", texts, vocab_size=1500)
+    run = tmp / "run"
+    metrics = run_finetune("embedding", base, beir, run, eval_file=beir, steps=60, lr=1e-3, batch_size=64,
+                           max_length=48, eval_every=1000, progress=False, options=PROMPTS)
+    return {"tmp": tmp, "beir": beir, "base": base, "run": run, "metrics": metrics, "counts": counts}
+
+
+def test_fine_tuning_on_the_built_in_set_beats_zero_shot(retrieval):
+    assert retrieval["counts"]["test_queries"] == 100 and retrieval["counts"]["documents"] == 500
+    zero = evaluate_base("embedding", retrieval["base"], retrieval["beir"], max_length=48)
+    tuned = retrieval["metrics"]
+    assert tuned["eval_ndcg@10"] > zero["ndcg@10"] + 0.05, (zero, tuned)
+    assert set(tuned) >= {f"eval_{m}" for m in ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100", "precision@10")}
+
+
+def test_the_run_is_a_sentence_transformers_directory_with_the_same_vectors(retrieval):
+    st = pytest.importorskip("sentence_transformers")
+    from mlmkit.text.batching import pad_features
+    from mlmkit.train.finetune import load_finetuned
+
+    texts = ["Return the number of items in the queue.", "A Mapping is a container.", "x"]
+    model = st.SentenceTransformer(str(retrieval["run"]), device="cpu")
+    assert model.prompts == {"query": "query: ", "document": "passage: "}
+    task, net, tok, meta = load_finetuned(retrieval["run"])
+
+    def ours(input_type: str) -> np.ndarray:
+        ctx = TaskContext(max_length=meta["max_length"], options={**meta["options"], "input_type": input_type})
+        batch = pad_features(task.featurize([{"text": t} for t in texts], tok, ctx, training=False), 0)
+        with torch.no_grad():
+            return net(**{k: torch.from_numpy(v) for k, v in batch.items()})["embedding"].numpy()
+
+    for prompt, kind in ((None, "none"), ("query", "query"), ("document", "document")):
+        theirs = model.encode(texts, convert_to_numpy=True, prompt_name=prompt)
+        assert np.abs(ours(kind) - theirs).max() < 1e-5, kind
+    assert np.abs(ours("query") - ours("none")).max() > 1e-3  # the prompt is in the text the model saw
+
+
+def test_the_bundle_scores_what_the_run_scores(retrieval, tmp_path):
+    bundle = tmp_path / "bundle"
+    run_export(retrieval["run"], bundle)
+    r = runner.invoke(app, ["evaluate", str(bundle), "--data", str(retrieval["beir"]), "--json"], env={"COLUMNS": "1000"})
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert abs(got["ndcg@10"] - retrieval["metrics"]["eval_ndcg@10"]) < 0.002, (got, retrieval["metrics"])
+
+
+def test_save_run_writes_the_ranking_trec_eval_scores_and_faiss_finds_nearly_the_same(retrieval, tmp_path):
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    pytest.importorskip("faiss")
+    bundle = tmp_path / "bundle"
+    run_export(retrieval["run"], bundle)
+    got = {}
+    for index in ("exact", "faiss"):
+        trec = tmp_path / f"{index}.trec"
+        r = runner.invoke(app, ["evaluate", str(bundle), "--data", str(retrieval["beir"]), "--json", "--index", index,
+                                "--save-run", str(trec)], env={"COLUMNS": "1000"})
+        assert r.exit_code == 0, r.output
+        got[index] = json.loads(r.stdout)
+        run: dict[str, dict[str, float]] = {}
+        for line in trec.read_text().splitlines():
+            qid, q0, did, rank, score, tag = line.split()
+            assert q0 == "Q0" and tag == "mlmkit"
+            run.setdefault(qid, {})[did] = float(score)
+        split = read_split(retrieval["beir"], training=False)
+        assert len(run) == len(split.qrels) and all(len(docs) == 100 for docs in run.values())
+        per_query = pytrec_eval.RelevanceEvaluator(split.qrels, {"ndcg_cut.10"}).evaluate(run)
+        ndcg = sum(v["ndcg_cut_10"] for v in per_query.values()) / len(split.qrels)
+        assert ndcg == pytest.approx(got[index]["ndcg@10"], abs=1e-6)
+    assert abs(got["faiss"]["ndcg@10"] - got["exact"]["ndcg@10"]) < 0.01, got
+    assert "save_run" not in json.loads((bundle / "mlmkit.json").read_text())["options"]  # a setting of one call
+
+
+def test_a_sentence_transformers_directorys_prompts_are_read(retrieval, tmp_path):
+    import shutil
+
+    from mlmkit.rundir.config import load_config
+
+    task = get_task("embedding")
+    assert task.from_hf(load_config(retrieval["run"]), retrieval["run"])["options"] == {
+        "normalize": False, "pooling": "mean", **PROMPTS}
+    other = shutil.copytree(retrieval["run"], tmp_path / "e5", ignore=shutil.ignore_patterns("*.safetensors"))
+    (other / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "q: ", "passage": "p: "}}))
+    got = task.from_hf(load_config(other), other)["options"]
+    assert (got["query_prompt"], got["document_prompt"]) == ("q: ", "p: ")
+
+
+def test_prompts_reach_embed_and_both_serving_routes(retrieval, tmp_path):
+    """The run's prompts travel into the bundle: `mlmkit embed --as query|document`, the OpenAI route's
+    input_type and TEI's prompt_name give what the pipeline gives for that input type."""
+    from fastapi.testclient import TestClient
+
+    from mlmkit.args import ServeArgs
+    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.infer.serve.app import create_app
+    from mlmkit.infer.serve.queue import Metrics, Model
+
+    bundle = tmp_path / "bundle"
+    run_export(retrieval["run"], bundle)
+    texts = ["Return the number of items in the queue.", "A Mapping is a container."]
+    pipe = Pipeline.load(bundle)
+    want = {k: np.array([r["embedding"] for r in pipe(texts, input_type=k)]) for k in ("none", "query", "document")}
+    assert np.abs(want["query"] - want["document"]).max() > 1e-3
+    r = runner.invoke(app, ["embed", str(bundle), *texts, "--as", "query", "--output", str(tmp_path / "q.npy")])
+    assert r.exit_code == 0, r.output
+    np.testing.assert_allclose(np.load(tmp_path / "q.npy"), want["query"], atol=1e-6)
+    r = runner.invoke(app, ["embed", str(bundle), *texts, "--as", "question"])
+    assert r.exit_code == 2 and "query" in r.output and "document" in r.output
+    args = ServeArgs(bundles=[str(bundle)])
+    model = Model("emb", pipe, args, Metrics())
+    with TestClient(create_app({"emb": model}, args)) as http:
+        assert model.ready.wait(30)
+        for kind in ("query", "document"):
+            got = http.post("/v1/embeddings", json={"input": texts, "input_type": kind}).json()
+            np.testing.assert_allclose([d["embedding"] for d in got["data"]], want[kind], atol=1e-5)
+            got = http.post("/embed", json={"inputs": texts, "prompt_name": kind, "normalize": False}).json()
+            np.testing.assert_allclose(got, want[kind], atol=1e-5)
+        plain = http.post("/v1/embeddings", json={"input": texts}).json()
+        np.testing.assert_allclose([d["embedding"] for d in plain["data"]], want["none"], atol=1e-5)
+        bad = http.post("/embed", json={"inputs": texts, "prompt_name": "web"})
+        assert bad.status_code == 422 and "no prompt named 'web'" in bad.json()["error"], bad.json()
+        bad = http.post("/v1/embeddings", json={"input": texts, "input_type": "passage"})
+        assert bad.status_code == 422 and "input_type must be query or document" in bad.json()["error"]
+
+
+def test_distilling_the_fine_tuned_model_into_its_base_learns_retrieval(retrieval, tmp_path):
+    """mse-distill (loss auto with a teacher) from the fine-tuned run's bundle: the base model, trained only
+    toward the teacher's vectors, retrieves as the teacher does; a student of another size learns
+    through a projection, and its run is still a plain embedding model (the student's own vectors)."""
+    teacher = tmp_path / "teacher"
+    run_export(retrieval["run"], teacher)
+    zero = evaluate_base("embedding", retrieval["base"], retrieval["beir"], max_length=48)["ndcg@10"]
+    m = run_finetune("embedding", retrieval["base"], retrieval["beir"], tmp_path / "student", eval_file=retrieval["beir"],
+                     steps=40, lr=1e-3, batch_size=64, max_length=48, eval_every=1000, progress=False,
+                     options={"teacher": str(teacher), **PROMPTS})
+    assert m["eval_ndcg@10"] > zero + 0.06, (zero, m, retrieval["metrics"]["eval_ndcg@10"])
+    texts = [json.loads(line)["text"] for line in open(retrieval["beir"] / "corpus.jsonl")]
+    small = make_base_model(tmp_path / "small", texts[:200], vocab_size=600, hidden_size=32, intermediate_size=64)
+    m = run_finetune("embedding", small, retrieval["beir"], tmp_path / "small-student", steps=30, lr=2e-3,
+                     batch_size=64, max_length=48, progress=False, options={"teacher": str(teacher), "loss": "mse-distill"})
+    curve = [json.loads(line)["loss"] for line in open(tmp_path / "small-student" / "metrics.jsonl") if '"loss"' in line]
+    assert curve[-1] < 0.7 * curve[0], curve
+    assert json.loads((tmp_path / "small-student" / "mlmkit.json").read_text())["task_state"]["teacher_dim"] == 64
+    run_export(tmp_path / "small-student", tmp_path / "small-bundle")
+    from mlmkit.infer.pipeline import Pipeline
+
+    assert len(Pipeline.load(tmp_path / "small-bundle")(["a text"])[0]["embedding"]) == 32
+
+
+def test_margin_mse_trains_on_mined_scores_and_bad_scores_name_their_line(retrieval, tmp_path):
+    rows = tmp_path / "mined.jsonl"
+    r, got = _mine(str(retrieval["beir"]), "--out", str(rows), "--negatives", "3", "--with-scores")
+    assert r.exit_code == 0, r.output
+    m = run_finetune("embedding", retrieval["base"], rows, tmp_path / "run", steps=4, batch_size=32, max_length=32,
+                     progress=False, options={"loss": "margin-mse"})
+    assert math.isfinite(m["loss"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(got[0]) + "\n" + json.dumps({**got[1], "scores": got[1]["scores"][:2]}) + "\n")
+    with pytest.raises(DataFormatError, match=r"bad.jsonl, line 2.*scores.*expected 4 finite numbers"):
+        run_finetune("embedding", retrieval["base"], bad, tmp_path / "x", steps=1, progress=False,
+                     options={"loss": "margin-mse"})
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"anchor": "a query", "positive": "a document"}) + "\n")
+    with pytest.raises(DataFormatError, match=r"plain.jsonl, line 1.*margin-mse needs the teacher's scores"):
+        run_finetune("embedding", retrieval["base"], plain, tmp_path / "y", steps=1, progress=False,
+                     options={"loss": "margin-mse"})
+    with pytest.raises(TaskError, match="mse-distill needs a teacher"):
+        run_finetune("embedding", retrieval["base"], plain, tmp_path / "z", steps=1, progress=False,
+                     options={"loss": "mse-distill"})
+
+
+def test_no_training_batch_holds_a_text_twice(retrieval, tmp_path, caplog):
+    """A query with several positives (and a positive shared by queries): its rows go to different
+    batches, and the log counts the rows that were moved."""
+    from mlmkit.text.tokenizer import load_tokenizer
+    from mlmkit.train.data import FeatureData
+
+    rng = random.Random(0)
+    rows = [{"anchor": f"query {rng.randrange(40)}", "positive": f"document {rng.randrange(300)}", "negatives": []}
+            for _ in range(400)]
+    task = get_task("embedding")
+    ctx = TaskContext(max_length=16, options=task.resolve_options({"loss": "mnrl"}), state={"data": "rows"})
+    feats = task.featurize(rows, load_tokenizer(retrieval["base"]), ctx, training=True)
+    with caplog.at_level("INFO", logger="mlmkit"):
+        data = FeatureData(feats, task, 32, 0, seed=1)
+        n = data.num_batches(0)
+    for i in range(n):
+        ids = data.batch(0, i, 0)["text_id"].tolist()
+        assert len(ids) == len(set(ids)), i
+    assert "examples moved to a later batch" in caplog.text
+
+
+# ---- SPLADE: sparse-embedding fine-tuning --------------------------------------------------------------------
+def test_flops_is_the_sum_of_squared_mean_weights():
+    X = torch.rand(5, 12)
+    want = sum((sum(float(X[i, j]) for i in range(5)) / 5) ** 2 for j in range(12))
+    assert float(losses.flops(X)) == pytest.approx(want, rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def splade(retrieval):
+    """The same steps twice from the tiny base's (random) masked-LM head: without the FLOPS regulariser,
+    and with it (warmed up over 5 steps)."""
+    runs = {}
+    for name, weight in (("plain", "0"), ("flops", "0.05")):
+        out = retrieval["tmp"] / f"splade-{name}"
+        m = run_finetune("sparse-embedding", retrieval["base"], retrieval["beir"], out, eval_file=retrieval["beir"],
+                         steps=24, lr=1e-3, batch_size=64, max_length=48, eval_every=1000, progress=False,
+                         options={"query_flops": weight, "document_flops": weight, "flops_warmup": 4})
+        runs[name] = (out, m)
+    return runs
+
+
+def test_splade_learns_and_the_flops_regulariser_lowers_the_non_zeros(retrieval, splade):
+    """From a random masked-LM head the tiny model's contrastive loss falls, but its retrieval does not
+    rise in so few steps (docs/retrieval.md, "SPLADE"): what is asserted is the regulariser's effect."""
+    zero = evaluate_base("sparse-embedding", retrieval["base"], retrieval["beir"], max_length=48)
+    (plain, m), (_, f) = splade["plain"], splade["flops"]
+    # evaluation counts the kept terms (at most max_terms, 256); the training log every non-zero
+    assert f["eval_document_terms"] < 0.5 * m["eval_document_terms"] and f["eval_query_terms"] < 0.5 * m["eval_query_terms"]
+    log = [json.loads(line) for line in open(plain / "metrics.jsonl") if '"loss"' in line]
+    flog = [json.loads(line) for line in open(splade["flops"][0] / "metrics.jsonl") if '"loss"' in line]
+    assert flog[-1]["document_terms"] < 0.2 * log[-1]["document_terms"], (flog[-1], log[-1])
+    assert log[-1]["loss"] < log[0]["loss"] and {"query_terms", "document_terms", "flops_loss"} <= set(log[0])
+    assert zero["query_terms"] == 256  # the untrained head's vectors: every one of the kept terms non-zero
+
+
+def test_the_splade_run_is_a_sparse_encoder_and_its_bundle_serves_its_vectors(splade, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.train.finetune import load_finetuned
+
+    run = splade["plain"][0]  # every vocabulary entry still in play: more than the bundle's 256 kept terms
+    texts = ["Return the number of items in the queue.", "A Mapping is a container."]
+    theirs = st.SparseEncoder(str(run), device="cpu").encode(texts, convert_to_tensor=True).to_dense().numpy()
+    task, net, tok, meta = load_finetuned(run)
+    ctx = TaskContext(max_length=meta["max_length"], options=meta["options"])
+    from mlmkit.text.batching import pad_features
+
+    batch = pad_features(task.featurize([{"text": t} for t in texts], tok, ctx, training=False), 0)
+    with torch.no_grad():
+        full = net.vectors(*(torch.from_numpy(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))).numpy()
+    assert np.abs(full - theirs).max() < 1e-5
+    bundle = tmp_path / "bundle"
+    run_export(run, bundle)
+    for got, want in zip(Pipeline.load(bundle)(texts), full):  # the 256 largest terms, with the run's weights
+        assert len(got["indices"]) == 256 and np.abs(np.asarray(got["values"]) - want[got["indices"]]).max() < 1e-4
+        rest = np.delete(want, got["indices"])
+        assert min(got["values"]) >= rest.max() - 1e-4
+
+
+def test_a_splade_base_needs_a_masked_lm_head(retrieval, tmp_path):
+    emb = retrieval["run"]  # an embedding run: an encoder without the MLM head
+    with pytest.raises(TaskError, match="has no cls.predictions weights, which the sparse-embedding task starts from"):
+        run_finetune("sparse-embedding", emb, retrieval["beir"], tmp_path / "x", steps=1, progress=False)
+
+
+def test_a_loss_on_the_wrong_kind_of_data_is_one_line(retrieval, tmp_path):
+    with pytest.raises(TaskError, match="the cosent loss trains on scored pairs, and the data are rows"):
+        run_finetune("embedding", retrieval["base"], retrieval["beir"], tmp_path / "x", steps=1,
+                     options={"loss": "cosent"}, progress=False)
+    with pytest.raises(TaskError, match="matryoshka_dims '64,9999'"):
+        run_finetune("embedding", retrieval["base"], retrieval["beir"], tmp_path / "y", steps=1,
+                     options={"matryoshka_dims": "64,9999"}, progress=False)
+
+
+# ---- hard-negative mining --------------------------------------------------------------------------------
+def _mine(*args: str) -> tuple[int, list[dict]]:
+    out = [a for a in args if a.endswith(".jsonl")][-1]
+    r = runner.invoke(app, ["mine", *args, "--json"], env={"COLUMNS": "1000"})
+    rows = [json.loads(line) for line in open(out)] if r.exit_code == 0 else []
+    return r, rows
+
+
+def _answers(split: str) -> set[str]:
+    """The texts of the documents a BEIR split judges relevant."""
+    s = read_split(split, training=False)
+    return {s.corpus[d] for q in s.qrels for d in s.positives(q)}
+
+
+def test_mining_skips_positives_and_keeps_to_the_window(retrieval, tmp_path):
+    from mlmkit.infer.retrieval import BM25
+
+    beir = retrieval["beir"]
+    r, rows = _mine(str(beir), "--out", str(tmp_path / "m.jsonl"), "--negatives", "4", "--range", "3:40", "--with-scores")
+    assert r.exit_code == 0, r.output
+    split = read_split(beir, training=True)
+    assert len(rows) == sum(len(split.positives(q)) for q in split.qrels) and json.loads(r.stdout)["short"] == {}
+    test_answers = _answers(f"{beir}:test")
+    assert json.loads(r.stdout)["held_out"] == len(test_answers) == 100
+    docs = [t for t in split.corpus.values() if t not in test_answers]  # the test split's answers are not mined
+    bm25 = BM25(docs)
+    queries = [row["anchor"] for row in rows[:30]]
+    ranked, _ = bm25.search(queries, 40)
+    for row, order in zip(rows[:30], ranked):
+        qid = next(q for q, t in split.queries.items() if t == row["anchor"])
+        positives = {split.corpus[d] for d in split.positives(qid)}
+        negs = [row[f"negative_{i}"] for i in range(1, 5)]
+        window = [docs[i] for i in order[3:40]]
+        assert not set(negs) & positives and all(n in window for n in negs)
+        assert negs == [d for d in window if d not in positives][:4]  # the best of the window, in rank order
+        assert row["scores"][1:] == sorted(row["scores"][1:], reverse=True)
+
+
+def test_mining_leaves_the_other_splits_answers_out_unless_asked(retrieval, tmp_path):
+    beir = retrieval["beir"]
+    answers = _answers(f"{beir}:test")
+    negatives = lambda rows: {row[k] for row in rows for k in numbered(row, "negative")}  # noqa: E731
+    r, rows = _mine(str(beir), "--out", str(tmp_path / "m.jsonl"), "--negatives", "5")
+    assert r.exit_code == 0, r.output
+    assert not negatives(rows) & answers and json.loads(r.stdout)["documents"] == 500 - len(answers)
+    r, kept = _mine(str(beir), "--out", str(tmp_path / "k.jsonl"), "--negatives", "5", "--keep-other-splits")
+    assert r.exit_code == 0, r.output
+    assert len(negatives(kept) & answers) > 20 and json.loads(r.stdout)["held_out"] == 0
+    # mined for the test split, the training answers are the ones left out; a text that is an answer
+    # of both splits stays
+    r, rows = _mine(f"{beir}:test", "--out", str(tmp_path / "t.jsonl"), "--negatives", "5", "--range", "0:50")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["documents"] == len(answers) and negatives(rows) <= answers
+
+
+def test_mining_filters_by_margin_and_counts_the_short_rows(retrieval, tmp_path):
+    r, rows = _mine(str(retrieval["beir"]), "--out", str(tmp_path / "m.jsonl"), "--negatives", "3", "--margin", "1.0",
+                    "--with-scores")
+    assert r.exit_code == 0, r.output
+    short = json.loads(r.stdout)["short"]
+    for row in rows:
+        assert all(s <= row["scores"][0] - 1.0 + 1e-5 for s in row["scores"][1:])
+    assert short.get("the margin or score-ratio filter", 0) == sum(1 for row in rows if len(row["scores"]) < 4) > 0
+
+
+def test_mining_with_an_embedding_bundle_then_training_on_the_rows(retrieval, tmp_path):
+    bundle = tmp_path / "bundle"
+    run_export(retrieval["run"], bundle)
+    r, rows = _mine(str(retrieval["beir"]), "--out", str(tmp_path / "m.jsonl"), "--retriever", str(bundle), "--negatives", "2")
+    assert r.exit_code == 0, r.output
+    assert rows and all("negative_2" in row and row["negative_1"] != row["positive"] for row in rows)
+    r, approx = _mine(str(retrieval["beir"]), "--out", str(tmp_path / "f.jsonl"), "--retriever", str(bundle), "--negatives",
+                      "2", "--index", "faiss")
+    assert r.exit_code == 0, r.output
+    same = sum(a["negative_1"] == b["negative_1"] for a, b in zip(rows, approx))
+    assert len(approx) == len(rows) and same >= 0.9 * len(rows), same
+    m = run_finetune("embedding", retrieval["base"], tmp_path / "m.jsonl", tmp_path / "run", steps=3, batch_size=12,
+                     max_length=32, progress=False)
+    assert math.isfinite(m["loss"])
+
+
+def test_a_killed_mining_job_resumes_to_the_same_rows(retrieval, tmp_path, monkeypatch):
+    from mlmkit.infer import mining
+
+    args = [str(retrieval["beir"]), "--negatives", "3", "--batch-size", "50", "--with-scores"]
+    r, straight = _mine(*args, "--out", str(tmp_path / "straight.jsonl"))
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "m.jsonl"
+    real, calls = mining._mine_batch, []
+
+    def dies_on_the_third(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # a kill between batches
+        return real(*a, **kw)
+
+    monkeypatch.setattr(mining, "_mine_batch", dies_on_the_third)
+    r = runner.invoke(app, ["mine", *args, "--out", str(out)])
+    assert r.exit_code != 0 and not out.exists()
+    monkeypatch.setattr(mining, "_mine_batch", real)
+    r, _ = _mine(*args, "--out", str(out))
+    assert r.exit_code == 2 and "pass --resume to continue it" in r.output
+    r, _ = _mine(*args[:-1], "--out", str(out), "--resume")  # without --with-scores: another job
+    assert r.exit_code == 2 and "with_scores" in r.output
+    r, resumed = _mine(*args, "--out", str(out), "--resume")
+    assert r.exit_code == 0, r.output
+    assert resumed == straight and json.loads(r.stdout)["rows"] == len(straight)
+    assert not (tmp_path / ".m.jsonl.job").exists()
+
+
+def test_mining_rows_against_a_corpus_file_and_bad_input(tmp_path):
+    rows = tmp_path / "pairs.jsonl"
+    rows.write_text("\n".join(json.dumps({"anchor": a, "positive": p}) for a, p in [
+        ("red fruit", "apples are red fruit"), ("yellow fruit", "bananas are yellow"), ("sour fruit", "lemons are sour")]))
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("apples are red fruit\ncherries are red fruit too\nbananas are yellow\nsour lemons and limes\n"
+                      "fruit salad\n")
+    r, got = _mine(str(rows), "--out", str(tmp_path / "m.jsonl"), "--corpus", str(corpus), "--negatives", "2")
+    assert r.exit_code == 0, r.output
+    assert got[0]["anchor"] == "red fruit" and got[0]["negative_1"] == "cherries are red fruit too"
+    assert all(row["positive"] not in (row.get("negative_1"), row.get("negative_2")) for row in got)
+    r, _ = _mine(str(rows), "--out", str(tmp_path / "x.jsonl"), "--range", "50:60")
+    assert r.exit_code == 2 and "--range 50:60 starts past the corpus's 3 documents" in r.output
+    r, _ = _mine(str(rows), "--out", str(tmp_path / "x.jsonl"), "--range", "9:3")
+    assert r.exit_code == 2 and "--range 9:3 is not A:B" in r.output
+    rows.write_text('{"anchor": "a", "positive": "b"}\n{"anchor": "c"}\n')
+    r, _ = _mine(str(rows), "--out", str(tmp_path / "x.jsonl"))
+    assert r.exit_code == 2 and "pairs.jsonl, line 2" in r.output and "positive" in r.output
+
+
+# ---- torchrun: in-batch negatives from every rank ----------------------------------------------------------
+def _half(batch: dict[str, torch.Tensor], rank: int, examples: int) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s share of a batch: its examples, numbered from 0."""
+    keep = (batch["example"] >= rank * examples) & (batch["example"] < (rank + 1) * examples)
+    half = {k: v[keep] for k, v in batch.items()}
+    half["example"] = half["example"] - rank * examples
+    return half
+
+
+def _ddp_rank(out: str) -> None:
+    """One rank of test_mnrl_under_torchrun_sees_every_ranks_negatives (run by torch.distributed.run)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.parallel.DistributedDataParallel(_embedding_model())
+    loss = model(**_half(_training_batch(8), rank, 4))["loss"]
+    loss.backward()
+    if rank == 0:
+        torch.save({"loss": float(loss.detach()), "grads": {n.removeprefix("module."): p.grad for n, p in
+                                                             model.named_parameters() if p.grad is not None}}, out)
+    dist.destroy_process_group()
+
+
+def test_mnrl_under_torchrun_sees_every_ranks_negatives(tmp_path):
+    """Two gloo processes, each with half of a batch: the loss and every gradient (after DDP's
+    averaging) equal one process's over the whole batch, so each anchor met the other rank's texts."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "rank0.pt"
+    tests = str(Path(__file__).resolve().parents[1])  # conftest's directory, for the script's imports
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(Path(__file__).resolve()), str(out)], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = torch.load(out)
+    model = _embedding_model()
+    loss = model(**_training_batch(8))["loss"]
+    loss.backward()
+    assert got["loss"] == pytest.approx(float(loss.detach()), abs=1e-5)
+    half = _embedding_model()
+    assert float(half(**_half(_training_batch(8), 0, 4))["loss"].detach()) != pytest.approx(got["loss"], abs=1e-3)
+    for name, p in model.named_parameters():
+        assert torch.allclose(got["grads"][name], p.grad, atol=1e-5), name
+
+
+if __name__ == "__main__":
+    _ddp_rank(sys.argv[1])

@@ -1,0 +1,388 @@
+"""Watching and comparing runs: MLflow and TensorBoard reporting (resumes included), curves, model
+cards, fine-tuning data from Parquet and `datasets` directories, and Optuna sweeps."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import make_base_model, run_export, run_finetune
+
+from mlmkit.errors import ConfigError, DataFormatError
+from mlmkit.registry import get_task
+from mlmkit.rundir.cards import MARKER
+from mlmkit.train.tracking import RunInfo
+
+pytest.importorskip("mlflow")
+pytest.importorskip("tensorboard")
+
+WORDS = "good bad fine poor great awful nice grim".split()
+POSITIVE = {"good", "fine", "great", "nice"}
+
+
+def clf_rows(n: int, seed: int = 0) -> list[dict]:
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        w = rng.choice(WORDS)
+        rows.append({"text": f"the {w} thing number {i % 7}", "label": "pos" if w in POSITIVE else "neg"})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def clf(tmp_path_factory):
+    d = tmp_path_factory.mktemp("clf")
+    rows = clf_rows(96)
+    base = make_base_model(d / "base", [r["text"] for r in rows] * 2)
+    return {"base": base, "train": write_jsonl(d / "train.jsonl", rows), "eval": write_jsonl(d / "eval.jsonl", clf_rows(32, 1)),
+            "dir": d}
+
+
+# ---- MLflow and TensorBoard --------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server on a loopback port, sqlite backend, serving artifacts itself."""
+    import httpx
+
+    d = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{d}/mlflow.db", "--artifacts-destination",
+         str(d / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=open(d / "server.log", "wb"), env=env, cwd=d)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("the MLflow server did not start:\n" + (d / "server.log").read_text()[-3000:])
+        time.sleep(0.5)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+class Kill:
+    """A reporter that stops the run at ``step`` as a Ctrl-C would, after that step was logged."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def start(self, run: RunInfo) -> None:
+        pass
+
+    def log(self, step: int, scalars: dict) -> None:
+        if step >= self.step:
+            raise KeyboardInterrupt
+
+    def finish(self, files, status: str) -> None:
+        pass
+
+
+def tb_steps(run: Path, tag: str) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def test_mlflow_server_and_tensorboard_get_the_run_and_a_resume_adds_no_duplicate_steps(clf, mlflow_server, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from mlmkit.args import FinetuneArgs
+    from mlmkit.train.finetune import finetune
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "mlmkit-tests")
+    out = tmp_path / "run"
+    kw = dict(task="classification", model=clf["base"], train_file=clf["train"], eval_file=clf["eval"], out=out, steps=24,
+              eval_every=8, log_every=4, lr=1e-3, batch_size=16, report_to="tensorboard,mlflow")
+    with pytest.raises(KeyboardInterrupt):  # killed after step 20 was logged; the last checkpoint is step 16
+        finetune(FinetuneArgs.from_flat(**kw), reporters=[Kill(20)])
+    run_id = json.loads((out / "tracking.json").read_text())["mlflow_run_id"]
+    client = MlflowClient(mlflow_server)
+    assert client.get_run(run_id).info.status == "KILLED"
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [4, 8, 12, 16, 20]
+
+    result = finetune(FinetuneArgs.from_flat(**kw, resume=True))
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.experiment_id == client.get_experiment_by_name("mlmkit-tests").experiment_id
+    assert run.data.params["lr"] == "0.001" and run.data.params["task"] == "classification"
+    assert run.data.params["batch_size"] == "16" and run.data.params["report_to"] == "tensorboard,mlflow"
+    loss = client.get_metric_history(run_id, "loss")
+    assert [m.step for m in loss] == [4, 8, 12, 16, 20, 24]  # each step once, across the kill
+    assert [m.step for m in client.get_metric_history(run_id, "eval_accuracy")] == [8, 16, 24]
+    assert {m.key for m in client.get_metric_history(run_id, "lr")} == {"lr"}
+    logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m.value for m in loss] == pytest.approx([r["loss"] for r in logged if "loss" in r])
+    assert result["eval_accuracy"] == max(m.value for m in client.get_metric_history(run_id, "eval_accuracy"))
+    artifacts = {a.path for a in client.list_artifacts(run_id)}
+    assert {"mlmkit.json", "config.json", "metrics.jsonl", "README.md", "curves.png"} <= artifacts
+    assert "model.safetensors" not in artifacts  # only with --log-model
+
+    assert tb_steps(out, "train/loss") == [4, 8, 12, 16, 20, 24]
+    assert tb_steps(out, "eval/accuracy") == [8, 16, 24]
+
+
+def test_report_to_errors_are_one_line(clf, tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="unknown backend wandbx.*tensorboard, mlflow"):
+        run_finetune("classification", clf["base"], clf["train"], tmp_path / "a", steps=2, report_to="wandbx")
+    # an unreachable or unusable store: test_a_tracking_store_fails_in_seconds_and_its_password_is_never_shown
+
+
+def test_a_tracking_store_fails_in_seconds_and_its_password_is_never_shown(clf, tmp_path, monkeypatch):
+    import time
+
+    from mlmkit.errors import redacted, scrubbed
+
+    port = free_port()  # nothing listens: MLflow's own retries would take minutes
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:hunter%402@127.0.0.1:{port}/")
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match="cannot use the tracking store") as e:
+        run_finetune("classification", clf["base"], clf["train"], tmp_path / "a", steps=2, report_to="mlflow")
+    assert time.monotonic() - t0 < 30 and not (tmp_path / "a" / "model.safetensors").exists()
+    assert "hunter" not in str(e.value) and f"http://alice:***@127.0.0.1:{port}/" in str(e.value)
+    (tmp_path / "file").write_text("x")  # a store that cannot be made: a file where its directory goes
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path}/file/mlruns")
+    with pytest.raises(ConfigError, match="cannot use the tracking store"):
+        run_finetune("classification", clf["base"], clf["train"], tmp_path / "b", steps=2, report_to="mlflow")
+    assert redacted("postgresql://bob:s3cr%40t@db:5432/optuna") == "postgresql://bob:***@db:5432/optuna"
+    assert redacted("sqlite:///runs/sweep.db") == "sqlite:///runs/sweep.db"
+    assert scrubbed("could not log in as bob with s3cr@t to postgresql://bob:s3cr%40t@db/x", "postgresql://bob:s3cr%40t@db/x") \
+        == "could not log in as bob with *** to postgresql://bob:***@db/x"
+
+
+# ---- curves and cards --------------------------------------------------------------------------
+def png_size(path: Path) -> tuple[int, int]:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        im.verify()
+    with Image.open(path) as im:
+        return im.size
+
+
+def front_matter(text: str) -> dict:
+    assert text.startswith("---\n")
+    return yaml.safe_load(text.split("---\n", 2)[1])
+
+
+def test_plot_two_runs_cards_and_bundle_card(clf, tmp_path):
+    runs = []
+    for lr in (1e-3, 1e-4):
+        out = tmp_path / f"lr{lr}"
+        run_finetune("classification", clf["base"], clf["train"], out, eval_file=clf["eval"], steps=12, eval_every=6,
+                     log_every=3, lr=lr, batch_size=16)
+        assert png_size(out / "curves.png")[0] > 300  # each run draws its own curves at the end
+        runs.append(out)
+    r = subprocess.run([sys.executable, "-m", "mlmkit", "plot", *map(str, runs), "--out", str(tmp_path / "both.png")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    w, h = png_size(tmp_path / "both.png")
+    assert w > 1000 and h > 300  # loss, lr and three evaluation panels
+
+    card = (runs[0] / "README.md").read_text()
+    meta = json.loads((runs[0] / "mlmkit.json").read_text())
+    fm = front_matter(card)
+    assert fm["library_name"] == "mlmkit" and fm["pipeline_tag"] == "text-classification"
+    got = {m["type"]: m["value"] for m in fm["model-index"][0]["results"][0]["metrics"]}
+    assert got["accuracy"] == pytest.approx(meta["best_metrics"]["accuracy"], abs=1e-6)
+    assert set(got) == {"accuracy", "macro_f1", "mcc"}
+    assert "BertForSequenceClassification.from_pretrained" in card and "![training curves](curves.png)" in card
+
+    bundle = tmp_path / "bundle"
+    run_export(runs[0], bundle)
+    bcard = (bundle / "README.md").read_text()
+    bfm = front_matter(bcard)
+    assert "onnx" in bfm["tags"] and bfm["pipeline_tag"] == "text-classification"
+    assert "| opset | 17 |" in bcard and "SkipLayerNormalization" in bcard and "mlmkit classify bundle" in bcard
+    assert (bundle / "curves.png").exists()
+
+    (bundle / "README.md").write_text("# my own notes\n")  # not mlmkit's: kept on the next export
+    run_export(runs[0], bundle)
+    assert (bundle / "README.md").read_text() == "# my own notes\n"
+    (bundle / "README.md").write_text(bcard.replace("# bundle", "# bundle (edited)"))  # still carries the marker: rewritten
+    run_export(runs[0], bundle)
+    assert MARKER in (bundle / "README.md").read_text() and "(edited)" not in (bundle / "README.md").read_text()
+    r = subprocess.run([sys.executable, "-m", "mlmkit", "plot", str(runs[0]), "--out", str(tmp_path / "x.gif")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown picture format" in r.stderr
+
+
+def test_pretraining_card_and_curves_show_mlm_baselines(tmp_path):
+    from conftest import run_pretrain
+
+    from mlmkit.train.plots import panels, read_metrics, series
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join(f"the {w} cat sat on the mat number {i}.\n" + ("\n" if i % 5 == 4 else "")
+                              for i, w in enumerate(WORDS * 12)))
+    out = tmp_path / "pre"
+    run_pretrain([corpus], out, steps=6, eval_every=3, log_every=3, batch_size=8, seq_len=32, vocab_size=200)
+    fm = front_matter((out / "README.md").read_text())
+    assert fm["pipeline_tag"] == "fill-mask"
+    assert "mlm_accuracy" in {m["type"] for m in fm["model-index"][0]["results"][0]["metrics"]}
+    s = series(read_metrics(out))
+    assert "eval_mlm_accuracy" in panels({"pre": s}) and "eval_mlm_uniform_baseline" not in panels({"pre": s})
+    assert png_size(out / "curves.png")[0] > 300
+
+
+# ---- Parquet and datasets directories ----------------------------------------------------------
+def tag_rows(n: int) -> list[dict]:
+    rows = []
+    for i in range(n):
+        w = WORDS[i % len(WORDS)]
+        rows.append({"tokens": ["the", w, "cat", str(i % 5)], "tags": ["O", "B-ADJ" if w in POSITIVE else "O", "B-N", "O"]})
+    return rows
+
+
+def qa_rows(n: int) -> list[dict]:
+    rows = []
+    for i in range(n):
+        w = WORDS[i % len(WORDS)]
+        context = f"the cat was {w} and the dog was calm number {i % 5}"
+        rows.append({"id": str(i), "question": "how was the cat?", "context": context,
+                     "answers": {"text": [w], "answer_start": [context.index(w)]}})
+    return rows
+
+
+def save_forms(d: Path, rows: list[dict]) -> dict[str, Path]:
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), d / "data.parquet", row_group_size=7)  # several row groups
+    datasets.Dataset.from_list(rows).save_to_disk(str(d / "hf"), num_shards=3)  # several Arrow files
+    return {"jsonl": write_jsonl(d / "data.jsonl", rows), "parquet": d / "data.parquet", "datasets": d / "hf"}
+
+
+def strip(examples: list[dict]) -> list[dict]:
+    return [{k: v for k, v in ex.items() if k not in ("source", "line", "format")} for ex in examples]
+
+
+@pytest.mark.parametrize("task,rows", [("classification", clf_rows(40)), ("tagging", tag_rows(40)), ("qa", qa_rows(40))])
+def test_every_task_trains_from_parquet_and_datasets_as_from_jsonl(task, rows, tmp_path):
+    forms = save_forms(tmp_path / "data", rows)
+    assert len(list((forms["datasets"]).glob("*.arrow"))) > 1
+    t = get_task(task)
+    opts = t.resolve_options({})
+    want = strip(t.read(forms["jsonl"], opts))
+    texts = [r.get("text") or r.get("context") or " ".join(r["tokens"]) for r in rows]
+    base = make_base_model(tmp_path / "base", texts * 2)
+    losses = {}
+    for name, path in forms.items():
+        assert strip(t.read(path, opts)) == want, name
+        out = tmp_path / name
+        run_finetune(task, base, path, out, eval_file=path, steps=4, log_every=1, batch_size=8, lr=1e-3)
+        losses[name] = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert losses["parquet"] == losses["jsonl"] and losses["datasets"] == losses["jsonl"]
+
+
+def test_table_errors_name_file_row_and_field(tmp_path):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = get_task("classification")
+    opts = t.resolve_options({})
+    rows = clf_rows(5)
+    rows[3]["label"] = None
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "bad.parquet")
+    with pytest.raises(DataFormatError, match=r"bad\.parquet, row 4, field 'label'"):
+        t.read(tmp_path / "bad.parquet", opts)
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(DataFormatError, match=r"broken\.parquet: not a readable Parquet file"):
+        t.read(tmp_path / "broken.parquet", opts)
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(clf_rows(4)),
+                          "validation": datasets.Dataset.from_list(clf_rows(4))}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(DataFormatError, match=r"DatasetDict directory \(train, validation\)") as e:
+        t.read(tmp_path / "dd", opts)
+    assert str(tmp_path / "dd" / "train") in e.value.hint
+    assert len(t.read(tmp_path / "dd" / "validation", opts)) == 4
+
+
+# ---- sweeps ------------------------------------------------------------------------------------
+def sweep_cmd(clf, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "mlmkit", "sweep", "classification", "--model", str(clf["base"]), "--train", str(clf["train"]),
+            "--eval", str(clf["eval"]), "--out", str(out), "--steps", "6", "--eval-every", "3", "--batch-size", "16",
+            "--search", "lr=1e-4:3e-3:log", "--search", "warmup_ratio=0,0.2", "--json", *extra]
+
+
+def run_sweep(clf, out: Path, trials: int, *search: str):
+    from mlmkit.args import SweepArgs
+    from mlmkit.train.sweep import sweep
+
+    return sweep(SweepArgs.from_flat(task="classification", model=clf["base"], train_file=clf["train"], eval_file=clf["eval"],
+                                     out=out, steps=6, eval_every=3, batch_size=16, trials=trials,
+                                     search=["lr=1e-4:3e-3:log", "warmup_ratio=0,0.2", *search]))
+
+
+def test_sweep_finds_its_best_trial_and_resumes(clf, tmp_path):
+    import optuna
+
+    out = tmp_path / "sweep"
+    best = run_sweep(clf, out, 3)
+    study = optuna.load_study(study_name="mlmkit-sweep", storage=f"sqlite:///{out / 'sweep.db'}")
+    done = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert len(done) == 3 and len(best["trials"]) == 3
+    complete = [t for t in done if t.state.name == "COMPLETE"]
+    assert best["best_value"] == max(t.value for t in complete)
+    winner = next(t for t in complete if t.value == best["best_value"])
+    assert best["best_params"] == winner.params and Path(best["best_run"]) == out / f"trial-{winner.number:03d}"
+    meta = json.loads((Path(best["best_run"]) / "mlmkit.json").read_text())
+    assert meta["best_metrics"]["accuracy"] == best["best_value"]
+    assert meta["train_args"]["lr"] == best["best_params"]["lr"]
+
+    run_sweep(clf, out, 4)  # the same study, one trial more
+    assert len(optuna.load_study(study_name="mlmkit-sweep", storage=f"sqlite:///{out / 'sweep.db'}").trials) == 4
+    with pytest.raises(ConfigError, match="was made for"):
+        run_sweep(clf, out, 5, "seed=1,2")
+    with pytest.raises(ConfigError, match="unknown setting 'colour'"):
+        run_sweep(clf, tmp_path / "s2", 2, "colour=1:2")
+    with pytest.raises(ConfigError, match="LOW must be below HIGH"):
+        run_sweep(clf, tmp_path / "s2", 2, "weight_decay=0.1:0.01")
+
+
+def test_two_processes_share_one_sqlite_study(clf, tmp_path):
+    import optuna
+
+    db = f"sqlite:///{tmp_path / 'shared.db'}"
+    cmds = [sweep_cmd(clf, tmp_path / f"m{i}", "--trials", "3", "--storage", db, "--study", "shared") for i in range(2)]
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
+    study = optuna.load_study(study_name="shared", storage=db)
+    done = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert 3 <= len(done) <= 4  # each process checks the count after its trial: one may start a last one
+    assert len({t.number for t in study.trials}) == len(study.trials)
+    assert len({t.user_attrs["host"] for t in done}) == 2  # both processes ran trials of the one study
+    bests = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    assert bests[0]["best_value"] == bests[1]["best_value"] == study.best_value
