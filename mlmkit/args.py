@@ -220,7 +220,7 @@ class TokenizeArgs(Args):
     tokenizer: Path = arg(help="tokenizer.json or vocab.txt (`mlmkit tokenizer train` makes one).")
     text_column: str = arg("text", TEXT_COLUMN_HELP)
     workers: int = arg(1, "Processes, each tokenizing a run of the files with its share of the cores (one file: one "
-                          "process; the tokenizer already uses every core, see the README).")
+                          "process; the tokenizer already uses every core, see docs/cli.md).")
 
     def __post_init__(self) -> None:
         _check(bool(self.corpus), "no corpus files given", "pass one or more text files")

@@ -101,9 +101,9 @@ def _replacing(path: Path) -> Iterator[str]:
         raise
 
 
-def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)``, then rename tmp_path over ``path``; on any failure ``path`` is untouched
-    and the temporary file is removed."""
+def atomic_write(path: str | Path, write: Callable[[str], object]) -> None:
+    """Call ``write(tmp_path)`` (what it returns is not used), then rename tmp_path over ``path``; on any
+    failure ``path`` is untouched and the temporary file is removed."""
     with _replacing(Path(path)) as tmp:
         write(tmp)
 

@@ -6,7 +6,8 @@ A task plugin is any object with the members of ``Task`` (required) and any of t
     [project.entry-points."mlmkit.tasks"]
     regression = "my_package.regression:task"
 
-The built-in tasks (classification, tagging, qa) are registered exactly this way; the core never
+The built-in tasks (classification, tagging, qa, embedding, sparse-embedding, rerank: tasks/) are
+registered exactly this way, and import mlmkit only through the plugin paths; the core never
 imports a specific task. Discovery is lazy and runs once; a duplicate name, a plugin that fails to
 load or one that lacks a required member raises TaskError naming the entry point and its
 distribution. Each task is wrapped in a ``Plugin``, which resolves every optional member once, so

@@ -24,7 +24,7 @@ import math
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,6 +44,9 @@ from mlmkit.taskkit import (
     iter_records,
     tokenizer_settings,
 )
+
+if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
+    from mlmkit.model import ModelConfig
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
 SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
@@ -193,13 +196,14 @@ class ClassificationTask:
     def main_metric(self, ctx: TaskContext) -> str:
         return {SINGLE: "accuracy", MULTI: "micro_f1", REGRESSION: "pearson"}[ctx.options["problem_type"]]
 
-    def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
+    def from_hf(self, config: ModelConfig, directory: Path) -> dict[str, Any] | None:
         """transformers' BertForSequenceClassification: labels from id2label, the problem type from
         config.json (as transformers infers it when absent: regression for one label)."""
         if HF_ARCHITECTURE not in (config.architectures or []):
             return None
         kind = config.extra.get("problem_type") or (REGRESSION if config.num_labels == 1 else SINGLE)
-        labels = [config.id2label[i] for i in sorted(config.id2label or {})] or None
+        id2label = config.id2label or {}
+        labels = [id2label[i] for i in sorted(id2label)] or None
         return {"labels": labels, "options": {"problem_type": kind}}
 
     def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
@@ -229,7 +233,7 @@ class ClassificationTask:
             features.append(f)
         return features
 
-    def build_model(self, config: Any, ctx: TaskContext) -> Any:
+    def build_model(self, config: ModelConfig, ctx: TaskContext) -> Any:
         """transformers' *ForSequenceClassification of the config's family, on mlmkit's encoder."""
         from mlmkit.model import BertForLabels
 

@@ -43,7 +43,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -73,6 +73,9 @@ from mlmkit.taskkit import (
     tokenizer_settings,
     write_trec,
 )
+
+if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
+    from mlmkit.model import ModelConfig
 
 log = logging.getLogger("mlmkit")
 
@@ -273,7 +276,7 @@ class EmbeddingTask:
             state["teacher_dim"] = int(len(examples[0]["targets"][0]))
         return state
 
-    def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
+    def from_hf(self, config: ModelConfig, directory: Path) -> dict[str, Any] | None:
         """A sentence-transformers directory (modules.json), or a bare encoder (architectures BertModel)."""
         if (directory / "modules.json").is_file():
             return None if is_splade_directory(directory) else _sentence_transformers(directory)
@@ -361,7 +364,7 @@ class EmbeddingTask:
             feats.append(f)
         return feats
 
-    def build_model(self, config: Any, ctx: TaskContext) -> Any:
+    def build_model(self, config: ModelConfig, ctx: TaskContext) -> Any:
         if _loss(ctx) == "cached-mnrl" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise TaskError("cached-mnrl does not run under torchrun yet (its second forward happens inside backward, "
                             "which DistributedDataParallel does not allow)", "use loss=mnrl, or one process")
@@ -380,7 +383,7 @@ class EmbeddingTask:
                                 matryoshka_weights=_weights(o["matryoshka_weights"], len(_dims(o["matryoshka_dims"]))),
                                 teacher_dim=teacher_dim)
 
-    def run_files(self, config: Any, ctx: TaskContext) -> dict[str, str]:
+    def run_files(self, config: ModelConfig, ctx: TaskContext) -> dict[str, str]:
         """The run is also a sentence-transformers directory: its modules (the encoder at the root, the
         pooling, the normalisation) and its max length."""
         import json

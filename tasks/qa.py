@@ -27,7 +27,7 @@ import re
 import string
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -47,6 +47,9 @@ from mlmkit.taskkit import (
     read_text,
     tokenizer_settings,
 )
+
+if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
+    from mlmkit.model import ModelConfig
 
 Offsets = list[tuple[int, int] | None]
 Fail = Callable[[str, str], NoReturn]
@@ -298,7 +301,7 @@ class QATask:
             "answers": [], "is_impossible": False,
         }
 
-    def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
+    def from_hf(self, config: ModelConfig, directory: Path) -> dict[str, Any] | None:
         """transformers' BertForQuestionAnswering."""
         return {} if "BertForQuestionAnswering" in (config.architectures or []) else None
 
@@ -385,7 +388,7 @@ class QATask:
 
     # -------------------------------------------------------- model
 
-    def build_model(self, config: Any, ctx: TaskContext) -> Any:
+    def build_model(self, config: ModelConfig, ctx: TaskContext) -> Any:
         from mlmkit_tasks.heads.qa import BertForQuestionAnswering
 
         return BertForQuestionAnswering(config)

@@ -30,7 +30,7 @@ import logging
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mlmkit_tasks.classification import HF_ARCHITECTURE, REGRESSION
@@ -59,6 +59,9 @@ from mlmkit.taskkit import (
     read_split,
     tokenizer_settings,
 )
+
+if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
+    from mlmkit.model import ModelConfig
 
 log = logging.getLogger("mlmkit")
 
@@ -190,7 +193,7 @@ class RerankTask:
             feats.append(f)
         return feats
 
-    def build_model(self, config: Any, ctx: TaskContext) -> Any:
+    def build_model(self, config: ModelConfig, ctx: TaskContext) -> Any:
         if not config.id2label:  # a bare encoder (evaluated before fine-tuning): the one relevance output
             config.id2label, config.label2id = {0: "score"}, {"score": 0}
         if config.num_labels != 1:

@@ -24,12 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mlmkit_tasks.embedding import EmbeddingTask, is_splade_directory
 
 from mlmkit.taskkit import BATCH, EXAMPLE, RETRIEVAL_METRICS, TaskContext, TaskOption, mean_metrics
+
+if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
+    from mlmkit.model import ModelConfig
 
 
 class SparseEmbeddingTask(EmbeddingTask):
@@ -68,7 +71,7 @@ class SparseEmbeddingTask(EmbeddingTask):
     def main_metric(self, ctx: TaskContext) -> str:
         return "ndcg@10" if ctx.state.get("data") == "rows" else "spearman"
 
-    def run_files(self, config: Any, ctx: TaskContext) -> dict[str, str]:
+    def run_files(self, config: ModelConfig, ctx: TaskContext) -> dict[str, str]:
         """The run is also a sentence-transformers SparseEncoder directory: the masked LM at the root,
         SPLADE's max pooling of log(1 + relu), the max length."""
         import json
@@ -90,11 +93,11 @@ class SparseEmbeddingTask(EmbeddingTask):
             f.pop("target", None)  # no teacher here
         return feats
 
-    def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
+    def from_hf(self, config: ModelConfig, directory: Path) -> dict[str, Any] | None:
         """A sentence-transformers SparseEncoder directory (SpladePooling); any masked LM with --task."""
         return {} if is_splade_directory(directory) else None
 
-    def build_model(self, config: Any, ctx: TaskContext) -> Any:
+    def build_model(self, config: ModelConfig, ctx: TaskContext) -> Any:
         from mlmkit_tasks.heads.sparse_embedding import SparseEncoder
 
         return SparseEncoder(config, int(ctx.options["max_terms"]), ctx.options)

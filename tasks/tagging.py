@@ -34,7 +34,7 @@ import unicodedata
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,6 +53,9 @@ from mlmkit.taskkit import (
     special_ids,
     tokenizer_settings,
 )
+
+if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
+    from mlmkit.model import ModelConfig
 
 SCHEMES = ("auto", "iob1", "iob2", "bioes")
 AGGREGATIONS = ("first", "average", "max")
@@ -422,11 +425,12 @@ class TaggingTask:
     def label_list(self, examples: list[dict[str, Any]]) -> list[str]:
         return sorted({t for ex in examples for t in ex["tags"]})
 
-    def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
+    def from_hf(self, config: ModelConfig, directory: Path) -> dict[str, Any] | None:
         """transformers' BertForTokenClassification: tags from id2label; BIOES when they have E-/S-."""
         if "BertForTokenClassification" not in (config.architectures or []):
             return None
-        labels = [config.id2label[i] for i in sorted(config.id2label or {})]
+        id2label = config.id2label or {}
+        labels = [id2label[i] for i in sorted(id2label)]
         bioes = any(split_tag(t)[0] in ("E", "S") for t in labels)
         return {"labels": labels, "options": {"scheme": "bioes" if bioes else "auto"}}
 
@@ -468,7 +472,7 @@ class TaggingTask:
                 features.append(f)
         return features
 
-    def build_model(self, config: Any, ctx: TaskContext) -> Any:
+    def build_model(self, config: ModelConfig, ctx: TaskContext) -> Any:
         """transformers' *ForTokenClassification of the config's family, on mlmkit's encoder."""
         from mlmkit.model import BertForLabels
 

@@ -80,6 +80,19 @@ def test_import_contracts_catch_a_violation(tmp_path, module, line, broken):
     assert broken in report and module[:-3].replace("tasks/", "mlmkit_tasks/").replace("/", ".") in report, report[:2000]
 
 
+def test_the_type_checker_catches_a_wrong_attribute_of_the_config(tmp_path):
+    """mypy, as `make test` runs it (pyproject.toml's settings), on a copy of mlmkit/ with one typo of
+    a ModelConfig field added: the check is not vacuous."""
+    shutil.copytree(ROOT / "mlmkit", tmp_path / "mlmkit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    core = tmp_path / "mlmkit" / "models" / "core.py"
+    core.write_text(core.read_text() + "\n\ndef _typo(config: ModelConfig) -> int:\n    return config.hiden_size\n")
+    r = subprocess.run([sys.executable, "-m", "mypy", "-p", "mlmkit", "--no-incremental"], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
+    assert r.returncode == 1, r.stdout[-2000:]
+    assert '"ModelConfig" has no attribute "hiden_size"' in r.stdout and "Found 1 error" in r.stdout, r.stdout[-2000:]
+
+
 def _mlmkit_imports(tree: ast.AST) -> set[str]:
     found = set()
     for node in ast.walk(tree):

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mlmkit.args import cli_fields
+from mlmkit.args import Args, cli_fields
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.registry import Plugin, TaskOption, option_flags
 
@@ -50,9 +50,9 @@ def handle_errors(fn: F) -> F:
         except ModuleNotFoundError as e:  # the torch side on a torch-free install (pip install mlmkit)
             if state["debug"] or e.name not in TRAIN_MODULES:
                 raise
+            hint = "pip install 'mlmkit[train]' for training and export; inference on bundles needs nothing more"
             err.print(f"[bold red]error:[/] this command needs {e.name}, which this install leaves out "
-                      "[dim](pip install 'mlmkit[train]' for training and export; inference on bundles needs "
-                      "nothing more)[/]", highlight=False)
+                      f"[dim]({escape(hint)})[/]", highlight=False)
             raise typer.Exit(code=2) from None
         except OSError as e:  # a folder that does not exist, a full disk, no permission
             if state["debug"]:
@@ -93,7 +93,7 @@ def _info(p: inspect.Parameter) -> Any:
     return next((m for m in getattr(p.annotation, "__metadata__", ()) if isinstance(m, typer.models.ParameterInfo)), None)
 
 
-def with_args(cls: type) -> Callable[[F], F]:
+def with_args(cls: type[Args]) -> Callable[[F], F]:
     """Give the command an option (or argument) for every field of the argument dataclass ``cls``
     (nested ones flattened); the command receives the built dataclass as its ``args`` parameter."""
     fields = cli_fields(cls)

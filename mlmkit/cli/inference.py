@@ -57,7 +57,7 @@ class InferenceArgs(Args):
     as_json: bool = arg(False, "Print JSON lines instead of a table (the default when piped).", flags=("--json",))
     window: int = arg(WINDOW, "Records read, length-bucketed and written together: memory holds one window per worker.")
     workers: int | None = arg(None, "Processes, each with its own onnxruntime session and a share of the threads "
-                                    "(default: what measured fastest, see the README).")
+                                    "(default: what measured fastest, see docs/performance.md).")
     on_error: str = arg("stop", "stop: a bad record ends the job, naming it; skip: it is listed in --errors and the job goes on.")
     errors: Path | None = arg(None, "With --on-error skip: the JSON-lines list of bad records "
                                     "(default: OUTPUT.errors.jsonl, or a count on stderr).")

@@ -66,7 +66,8 @@ log = logging.getLogger("mlmkit")
 CPU_BATCH_ACTIVATIONS = 196_608
 """On the CPU a batch ends before rows x longest x hidden size passes this (512 tokens at hidden
 384, 256 at hidden 768): batches whose activations stay in the cores' caches ran up to 1.5x faster
-than batches of 32 at any length (README, "Speed"). On CUDA, batches are cut by count only."""
+than batches of 32 at any length (measured 2026-12-01; docs/performance.md, "Tuning",
+has the cuts' current figures). On CUDA, batches are cut by count only."""
 
 CPU_RUN_TOKENS = 16
 """On the CPU one onnxruntime run costs a fixed time, the weights read from memory once, plus a time

@@ -76,7 +76,7 @@ LABELLED_HEADS = ("ForSequenceClassification", "ForTokenClassification")
 # Ceilings on config sizes, each well above every published encoder of the supported families and far
 # below what kills a machine: a config.json is input, and a typo or a damaged file (10^9 rows) would
 # otherwise be found by the allocator. Sizes are also checked against the weights' shapes
-# (checkpoint.check_weights); these hold where there are none to compare with (--config, a .bin).
+# (rundir/weights.py, check_weights); these hold where there are none to compare with (--config, a .bin).
 CEILINGS = {
     "vocab_size": 1 << 20,  # 1,048,576; XLM-R and mDeBERTa have 250,002 / 251,000 tokens
     "hidden_size": 1 << 14,  # 16,384; XLM-R XXL (the largest) has 4,096
@@ -364,7 +364,7 @@ class Family:
     classifier_dropout_key = "classifier_dropout"
     tied: tuple[str, ...] = ("cls.predictions.decoder.weight",)  # canonical keys never stored
     # what onnxruntime's BERT fusions produce for this family's graphs: op -> count per layer (or for
-    # the graph when the op is listed in FUSED_ONCE); measured, see README "Model families"
+    # the graph when the op is listed in FUSED_ONCE); measured, see docs/families.md
     fusions: dict[str, int] = {"Attention": 1, "SkipLayerNormalization": 2, "EmbedLayerNormalization": 1}
     # how the family tokenizes by default (tokenizer train --kind, pretrain --arch): the kind, and the
     # (pad, unk, cls, sep, mask) names of one of text/tokenizer.py's CONVENTIONS, which also say how

@@ -303,7 +303,7 @@ class Deberta(Family):
     # -1 / 0: "as max_position_embeddings" / "no buckets"
     extra_sizes = (ExtraSize("embedding_size"), ExtraSize("pooler_hidden_size"), ExtraSize("attention_head_size"),
                    *(ExtraSize(k, bound="max_position_embeddings", unset=(-1, 0)) for k in ("position_buckets", "max_relative_positions")))
-    # measured (tests/test_deberta.py): the two residual adds + LayerNorms of each layer fuse; the
+    # measured (tests/models/test_deberta.py): the two residual adds + LayerNorms of each layer fuse; the
     # attention does not (its relative bias is outside onnxruntime's BERT Attention pattern), nor do
     # the embeddings (no position table in v3, the projection before the norm, the mask after it)
     fusions: dict[str, int] = {"SkipLayerNormalization": 2}

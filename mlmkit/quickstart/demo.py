@@ -43,7 +43,7 @@ def _step(console: Console, n: int, title: str) -> float:
     return time.perf_counter()
 
 
-def fill_mask_torch(run_dir: str | Path, texts: list[str], top_k: int = 5) -> list[list[tuple[str, float]]]:
+def fill_mask_torch(run_dir: str | Path, texts: list[str], top_k: int = 5) -> list[list[tuple[str | None, float]]]:
     """Top-k tokens for the first [MASK] of each text with the PyTorch model of a pretraining run."""
     import torch
 
@@ -57,7 +57,7 @@ def fill_mask_torch(run_dir: str | Path, texts: list[str], top_k: int = 5) -> li
     load_weights(model, load_state_dict(run_dir))
     model.eval()
     mask_id = special_ids(tok).mask
-    results = []
+    results: list[list[tuple[str | None, float]]] = []
     for text in texts:
         ids = torch.tensor([tok.encode(text).ids])
         pos = (ids[0] == mask_id).nonzero()

@@ -17,16 +17,7 @@ from mlmkit.errors import ConfigError
 from mlmkit.files import atomic_write, read_json, write_json
 from mlmkit.models.config import ModelConfig
 from mlmkit.rundir.config import load_config, save_config
-from mlmkit.rundir.weights import (  # noqa: F401 - the weight-file functions, where callers have found them
-    WEIGHT_FILES,
-    WEIGHTS,
-    _normalise_key,
-    _read_weights,
-    check_weights,
-    weight_files,
-    weight_shapes,
-    weights_digest,
-)
+from mlmkit.rundir.weights import WEIGHT_FILES, WEIGHTS, normalise_key, read_weights, weight_files
 from mlmkit.text.tokenizer import save_tokenizer
 
 META = "mlmkit.json"
@@ -34,7 +25,7 @@ META = "mlmkit.json"
 TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
 
 
-def save_weights(model: torch.nn.Module, path: str | Path, config: Any = None) -> None:
+def save_weights(model: torch.nn.Module, path: str | Path, config: ModelConfig | None = None) -> None:
     """Write the state dict as safetensors under the family's transformers names (``config``'s
     family; BERT's when None), without the tied decoder copy."""
     m = unwrap(model)
@@ -51,7 +42,7 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def load_state_dict(run_dir: str | Path, config: Any = None) -> dict[str, torch.Tensor]:
+def load_state_dict(run_dir: str | Path, config: ModelConfig | None = None) -> dict[str, torch.Tensor]:
     """Weights of a run directory or Hugging Face directory (one file or shards), keys renamed from
     the family's names (``config``'s, else its config.json's) to mlmkit's (BERT's)."""
     d = Path(run_dir)
@@ -63,13 +54,13 @@ def load_state_dict(run_dir: str | Path, config: Any = None) -> dict[str, torch.
         )
     sd: dict[str, torch.Tensor] = {}
     for f in files:
-        part = _read_weights(f)
+        part = read_weights(f)
         if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
             raise ConfigError(f"{f}: not a dictionary of tensors", "is it a model checkpoint?")
         sd.update(part)
     if config is None:
         config = load_config(d) if (d / "config.json").is_file() else ModelConfig()
-    sd = {_normalise_key(k): v for k, v in sd.items()}
+    sd = {normalise_key(k): v for k, v in sd.items()}
     _check_family(d, config, sd)
     sd = config.family.from_family(sd)
     # transformers ties the decoder bias to cls.predictions.bias; keep the one we use
@@ -79,7 +70,7 @@ def load_state_dict(run_dir: str | Path, config: Any = None) -> dict[str, torch.
     return sd
 
 
-def _check_family(d: Path, config: Any, sd: dict[str, Any]) -> None:
+def _check_family(d: Path, config: ModelConfig, sd: dict[str, Any]) -> None:
     """The weights are of the family config.json names: keys under another family's backbone (a BERT
     checkpoint whose config says roberta) would load into the wrong blocks without a word."""
     from mlmkit.models import FAMILIES
@@ -120,7 +111,7 @@ def load_weights(
 
 
 def save_run(
-    model: torch.nn.Module, out_dir: str | Path, *, config: Any, tokenizer: Any, meta: dict[str, Any]
+    model: torch.nn.Module, out_dir: str | Path, *, config: ModelConfig, tokenizer: Any, meta: dict[str, Any]
 ) -> None:
     """Write a run directory: config.json, model.safetensors, tokenizer files, mlmkit.json.
 
@@ -133,7 +124,7 @@ def save_run(
     write_json(d / META, meta)
 
 
-def read_run_meta(d: str | Path, config: Any) -> dict[str, Any]:
+def read_run_meta(d: str | Path, config: ModelConfig) -> dict[str, Any]:
     """mlmkit.json of a run directory, checked against itself and its config.json: a label list that
     is not the head's (config.json's id2label, in order) would label every input wrongly, silently."""
     p = Path(d) / META

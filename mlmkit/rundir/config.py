@@ -21,7 +21,7 @@ def save_config(config: ModelConfig, path: str | Path) -> None:
 def load_config(path: str | Path) -> ModelConfig:
     """config.json of a model directory (or the file itself), every field checked; of a directory
     also against the shapes its weights' headers declare, so that nothing is built on a config
-    that does not describe its weights (checkpoint.check_weights)."""
+    that does not describe its weights (weights.check_weights)."""
     p = Path(path)
     model_dir = p if p.is_dir() else None
     if model_dir is not None:

@@ -20,7 +20,8 @@ from mlmkit.errors import ConfigError
 from mlmkit.files import parse_json
 from mlmkit.models.config import ModelConfig
 from mlmkit.registry import get_task, tasks
-from mlmkit.rundir.checkpoint import read_run_meta, weights_digest
+from mlmkit.rundir.checkpoint import read_run_meta
+from mlmkit.rundir.weights import weights_digest
 
 FILL_MASK = ("fill-mask", "pretraining")
 MASKED_LM = ("BertForMaskedLM", "BertForPreTraining")

@@ -29,7 +29,7 @@ MAX_HEADER = 100 << 20  # bytes of a safetensors JSON header; a large model's is
 LAYER_KEY = re.compile(r"^bert\.encoder\.layer\.(\d+)\.")
 
 
-def _normalise_key(k: str) -> str:
+def normalise_key(k: str) -> str:
     # TF-era checkpoints spell LayerNorm parameters gamma/beta
     if k.endswith(".gamma"):
         k = k[: -len("gamma")] + "weight"
@@ -73,7 +73,7 @@ def weights_digest(d: str | Path) -> str:
     return h.hexdigest()
 
 
-def _read_weights(p: Path) -> dict[str, torch.Tensor]:
+def read_weights(p: Path) -> dict[str, torch.Tensor]:
     if p.suffix == ".safetensors":
         try:
             return load_file(str(p))
@@ -135,7 +135,7 @@ def weight_shapes(files: list[Path]) -> dict[str, tuple[int, ...]] | None:
             continue
         try:  # mapped, not read: the tensors' pages stay on disk
             part = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
-        except Exception:  # a legacy (non-zip) or damaged pickle: _read_weights says which when it is loaded
+        except Exception:  # a legacy (non-zip) or damaged pickle: read_weights says which when it is loaded
             return None
         if not isinstance(part, dict):
             return None
@@ -154,7 +154,7 @@ def check_weights(d: str | Path, config: ModelConfig) -> None:
         return
     where = files[0].name if len(files) == 1 else f"the {len(files)} shards of {d}"
     fam = config.family
-    sd = fam.from_family({_normalise_key(k): torch.empty(s, device="meta") for k, s in shapes.items()})
+    sd = fam.from_family({normalise_key(k): torch.empty(s, device="meta") for k, s in shapes.items()})
     have = {k: tuple(v.shape) for k, v in sd.items()}
     name = fam.config_aliases.get
     E = fam.embedding_size(config)

@@ -186,13 +186,14 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
 
     full = (open_shard(args.data, tok) if args.data is not None
             else _tokenized(args.corpus, tok, args.cache_dir, t.device, args.text_column))
+    held: TokenizedCorpus | None
     if args.eval_file is not None:
         train_c, held = full, _tokenized([args.eval_file], tok, args.cache_dir, t.device, args.text_column)
     else:
         train_c, held = split_heldout(full)
         if held is None:
             log.warning("corpus has fewer than 10 documents: no held-out evaluation (pass --eval-file)")
-    kw = dict(max_len=args.seq_len, batch_size=args.batch_size, nsp=nsp, mask_prob=args.mask_prob,
+    kw: dict[str, Any] = dict(max_len=args.seq_len, batch_size=args.batch_size, nsp=nsp, mask_prob=args.mask_prob,
               whole_word=args.whole_word)
     data = PretrainData(train_c, tok, seed=t.seed, **kw)
     evaluate = MLMEvaluator(PretrainData(held, tok, seed=t.seed + 1, held_out=True, **kw)) if held is not None else None
@@ -272,6 +273,7 @@ def _new_model(cfg: ModelConfig, *, nsp: bool, seed: int) -> BertForPreTraining:
     model = BertForPreTraining(cfg)
     if model.nsp and not nsp:  # BERT without its NSP loss: the pooler and NSP head stay as initialised (DDP
         # needs every trained parameter to take part in the loss)
+        assert model.bert.pooler is not None  # a model with an NSP head has its pooler
         for p in [*model.bert.pooler.parameters(), *model.cls.seq_relationship.parameters()]:
             p.requires_grad_(False)
     return model

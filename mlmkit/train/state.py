@@ -102,6 +102,7 @@ class ResumeCheckpoints:
         st.mkdir(parents=True, exist_ok=True)
         torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, st / "optimizer.pt")
         npst = np.random.get_state()
+        assert isinstance(npst, tuple)  # the global generator is an MT19937: its state is the legacy tuple
         rng = {  # plain tensors and tuples only, so it loads with weights_only=True
             "torch": torch.get_rng_state(),
             "python": random.getstate(),
@@ -125,8 +126,8 @@ class ResumeCheckpoints:
             except MlmkitError as e:
                 passed.append((ck, e))
                 continue
-            for bad, e in passed:
-                log.warning("--resume: passing over the checkpoint %s: %s", bad, e.message)
+            for bad, why in passed:
+                log.warning("--resume: passing over the checkpoint %s: %s", bad, why.message)
             if passed:
                 log.warning("--resume: resuming from %s, the newest checkpoint that loads whole", ck)
             return ck, pos

@@ -19,6 +19,7 @@ from conftest import make_base_model, run_export, run_finetune
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
+SITE = sysconfig.get_paths()["purelib"]
 WORDS = "the a cat dog sat on mat went to city big small red blue house river good bad".split()
 
 
@@ -31,7 +32,7 @@ def base_closure(name: str = "mlmkit") -> dict[str, metadata.Distribution]:
         key = re.sub(r"[-_.]+", "-", todo.pop()).lower()
         if key in found:
             continue
-        dist = metadata.distribution(key)
+        dist = next(iter(metadata.distributions(name=key, path=[SITE])))  # installed, not a source tree's egg-info
         found[key] = dist
         for spec in dist.requires or []:
             req = Requirement(spec)
@@ -44,7 +45,7 @@ def link_install(venv: Path, dists: dict[str, metadata.Distribution]) -> None:
     """Each distribution's files, top-level entries linked into the venv's site-packages."""
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
-    here = Path(sysconfig.get_paths()["purelib"])
+    here = Path(SITE)
     for dist in dists.values():
         for top in {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}:
             src, dst = here / top, site / top
@@ -62,8 +63,8 @@ def torch_free(tmp_path_factory) -> dict[str, Path]:
     rows = root / "train.csv"
     rows.write_text("text,label\n" + "".join(f"{w} {w} cat,{'pos' if i % 2 else 'neg'}\n" for i, w in enumerate(WORDS * 3)))
     base = make_base_model(root / "base", [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))])
-    clf = run_finetune("classification", base, rows, root / "clf", epochs=1, max_length=16)
-    run_export(clf, root / "clf-bundle")
+    run_finetune("classification", base, rows, root / "clf", epochs=1, max_length=16)
+    run_export(root / "clf", root / "clf-bundle")
     run_export(base, root / "emb-bundle", task="embedding")
     return {"python": venv / "bin" / "python", "clf": root / "clf-bundle", "emb": root / "emb-bundle", "rows": rows,
             "base": base}

@@ -32,8 +32,9 @@ from mlmkit.infer.pipeline import Pipeline
 from mlmkit.models import FAMILIES
 from mlmkit.models.config import CEILINGS, ModelConfig, preset
 from mlmkit.models.core import BertForPreTraining
-from mlmkit.rundir.checkpoint import save_weights, weight_files
+from mlmkit.rundir.checkpoint import save_weights
 from mlmkit.rundir.config import load_config, save_config
+from mlmkit.rundir.weights import weight_files
 from mlmkit.train.state import ResumeCheckpoints, _load_state, latest_checkpoint
 
 FAMILY_NAMES = [f.model_types[0] for f in FAMILIES]

@@ -36,9 +36,10 @@ from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
 from mlmkit.files import JSONDataError, parse_json
 from mlmkit.infer.jobs import batch
 from mlmkit.registry import get_task
-from mlmkit.taskkit import Record, chars_per_token, clip_text, iter_records
+from mlmkit.taskkit import Record, clip_text, iter_records
 from mlmkit.text.records import iter_inputs, stdin_inputs
 from mlmkit.text.tokenizer import save_tokenizer, train_tokenizer
+from mlmkit.text.truncation import chars_per_token
 from mlmkit.train.corpus import files as corpus_files
 from mlmkit.train.corpus import shards as corpus_shards
 

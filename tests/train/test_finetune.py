@@ -184,8 +184,8 @@ class OptionTask:
     """The required members of a task, and two declared options."""
 
     name, description, metrics, outputs = "fake", "a fake task", ("score",), {"score": ("batch",)}
-    options = (TaskOption("text_column", "text", "The text field."),
-               TaskOption("doc_stride", 128, "Window overlap.", minimum=0))
+    options = (TaskOption("text_column", "text", "The text field.", flags=("--text-column",)),
+               TaskOption("doc_stride", 128, "Window overlap.", minimum=0, flags=("--doc-stride",)))
 
     def read(self, path, options): return []
     def featurize(self, examples, tokenizer, ctx, *, training): return []
@@ -204,7 +204,12 @@ def test_task_options_defaults_saved_given_and_unknown() -> None:
     assert OptionTask.options[1].default == 128  # the declaration is not mutated
     with pytest.raises(ConfigError, match=r"--label-all-tokens is not an option of task 'fake'") as e:
         task.resolve_options({"label_all_tokens": True})
-    assert e.value.hint == "its options: --text-column, --doc-stride"
+    assert e.value.hint == "its options: --text-column, --doc-stride"  # as their declarations spell them
+    plain = Plugin(type("Plain", (OptionTask,), {"options": (TaskOption("doc_stride", 128, "Window overlap."),)})(),
+                   "tests:Plain", "tests")
+    with pytest.raises(ConfigError) as e:  # no flags declared: the one spelling every option has
+        plain.resolve_options({"text_column": "q"})
+    assert e.value.hint == "its options: --option doc_stride=VALUE"
     with pytest.raises(ConfigError, match=r"task option --doc-stride expects a value of type int, got 'many'"):
         task.resolve_options({"doc_stride": "many"})
     with pytest.raises(ConfigError, match=r"task option --doc-stride must be at least 0, got -1"):

@@ -60,7 +60,7 @@ try:  # at module level: FastAPI reads the handlers' annotations from this modul
     from fastapi.responses import JSONResponse, Response
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError:  # no [serve] extra: serve() says what to install
-    Request = JSONResponse = Response = StarletteHTTPException = Any  # type: ignore[misc,assignment]
+    Request = JSONResponse = Response = StarletteHTTPException = Any
 
 log = logging.getLogger("mlmkit")
 

@@ -176,8 +176,8 @@ class Model:
             n = len(r.inputs)
             wrong = [(i, bad[at + i]) for i in range(n) if at + i in bad]
             if wrong:  # checked on arrival, so not expected: the input at fault is named
-                i, e = wrong[0]
-                _resolve(r, error=ConfigError(f"input {i + 1}: {e}"))
+                i, why = wrong[0]
+                _resolve(r, error=ConfigError(f"input {i + 1}: {why}"))
             else:
                 _resolve(r, results=(results[at : at + n], sum(tokens[at : at + n])))
             at += n

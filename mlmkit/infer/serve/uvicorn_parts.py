@@ -21,7 +21,7 @@ import uvicorn
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpProtocol
 except ImportError:  # httptools is optional for uvicorn too: its pure-Python h11 protocol then
-    from uvicorn.protocols.http.h11_impl import H11Protocol as _HttpProtocol  # type: ignore[assignment]
+    from uvicorn.protocols.http.h11_impl import H11Protocol as _HttpProtocol
 
 log = logging.getLogger("mlmkit")
 
@@ -30,7 +30,7 @@ HEADER_BYTES = 64 * 1024
 connection closed (h11 has the limit built in, httptools does not: HeadTimeout counts)."""
 
 
-class HeadTimeout(_HttpProtocol):  # type: ignore[misc, valid-type]
+class HeadTimeout(_HttpProtocol):
     """uvicorn's HTTP protocol (httptools when installed, else h11) closing a connection whose client
     takes more than ``header_timeout`` seconds to send a request's head: on a new connection, and when the
     next request on a kept-alive one begins. uvicorn's own keep-alive timeout covers idle connections."""

@@ -61,6 +61,7 @@ def _open_lines(path: Path, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterato
                     blank += 1
                     if blank & 0xFFFF == 0 and time.monotonic() - shown >= QUIET_LOG:
                         shown = time.monotonic()
+                        # typeshed types a GzipFile's fileobj as protocols without tell(); gzip.open(path) holds a file
                         at = (f.fileobj if isinstance(f, gzip.GzipFile) else f).tell()  # type: ignore[union-attr]
                         log.info("%s: line %s, the last %s of them blank (%.0f of %.0f MB read)", path, f"{n:,}",
                                  f"{blank:,}", at / 1e6, size / 1e6)
