@@ -173,6 +173,17 @@ def test_top_level_export_calls_the_command(tmp_path):
     assert str(through_the_top.value) == str(direct.value) and "no-such-run" in str(direct.value)
 
 
+def test_every_package_is_declared_for_the_wheel():
+    """pyproject.toml lists each package (a wheel holds only those): every directory with an __init__.py
+    under mlmkit/ and tasks/, and the data directory the quickstart reads."""
+    import tomllib
+
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(("mlmkit_tasks" if p.parts[0] == "tasks" else p.parts[0], *p.parts[1:-1])).rstrip(".")
+             for d in ("mlmkit", "tasks") for p in (ROOT / d).rglob("__init__.py") for p in [p.relative_to(ROOT)]}
+    assert found | {"mlmkit.quickstart.data"} == declared, sorted(found ^ declared)
+
+
 # ---- the shape of the code ----------------------------------------------------------------------------
 SOURCES = sorted(p for d in ("mlmkit", "tasks", "benchmarks") for p in (ROOT / d).rglob("*.py"))
 LONGEST = 80
