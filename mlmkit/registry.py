@@ -26,7 +26,8 @@ How data flows through a task (docs/plugins.md walks through writing one):
 
 This module, and everything a task runs at inference time (read, from_input, featurize,
 postprocess, compute_metrics and the optional hooks but build_model / export_module), must not
-import torch: the onnxruntime runtime calls them. Tasks import torch inside build_model only.
+import torch: the onnxruntime runtime calls them. Tasks import torch inside build_model only (a head
+is a module-level class in a module of its own, which build_model imports).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import importlib.metadata as md
 import inspect
 import logging
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -362,6 +364,12 @@ class Plugin:
             problems.append("options must be TaskOption objects with distinct names")
         elif self.top_k_option is not None and self.top_k_option not in names:
             problems.append(f"top_k_option '{self.top_k_option}' is not one of its options")
+        else:
+            bad = [o.name for o in self.options if not isinstance(o.flags, tuple)
+                   or not all(isinstance(f, str) and re.fullmatch(r"--[a-z][a-z0-9-]*(/--[a-z][a-z0-9-]*)?", f) for f in o.flags)
+                   or ("/" in "".join(o.flags)) != (o.kind is bool and len(o.flags) == 1)]
+            if bad:  # the CLI is built from them: a malformed one must break only this plugin
+                problems.append(f"option {bad[0]}: flags must be a tuple of --long-names (one --x/--no-x for a bool)")
         if problems:
             raise TaskError(f"{where}: {'; '.join(problems)}", "see mlmkit.registry.Task and docs/plugins.md")
 

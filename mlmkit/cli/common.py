@@ -144,14 +144,14 @@ def command_flags(command: str) -> dict[str, TaskOption]:
     return {**found, "top_k": FILL_MASK_TOP_K} if command == "predict" else found
 
 
-def with_task_options(command: str, *extra: TaskOption) -> Callable[[F], F]:
+def with_task_options(command: str) -> Callable[[F], F]:
     """Give the command ``--option NAME=VALUE`` (repeatable) and the flags of the task options it takes
     (command_flags); the command receives them as its ``options`` parameter, a dict the task checks
     against its declared options."""
     params = [inspect.Parameter("option", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
         list[str] | None, typer.Option("--option", "-O", metavar="NAME=VALUE", rich_help_panel="Task options",
                                        help="A task option, repeatable; `mlmkit tasks` lists each task's options.")])]
-    flagged = {**command_flags(command), **{o.name: o for o in extra}}
+    flagged = command_flags(command)
     for name, o in sorted(flagged.items()):
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
             o.kind | None, typer.Option(*o.flags, help=f"Same as --option {name}=VALUE.", show_default=False,

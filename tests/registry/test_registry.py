@@ -164,6 +164,19 @@ def test_a_task_that_declares_wrongly_is_refused() -> None:
     with pytest.raises(TaskError, match=r"options must be TaskOption objects with distinct names"):
         Plugin(TwiceTheSameOption(), "tests:TwiceTheSameOption", "tests")
 
+    for flags, kind in ((" --x", 1), ("--x", 1), (("--Bad",), 1), (("--x",), True), (("--x/--no-x",), 1)):
+        class BadFlags(Minimal):
+            options = (registry.TaskOption("x", kind, "x", flags=flags),)
+
+        with pytest.raises(TaskError, match=r"option x: flags must be a tuple of --long-names"):
+            Plugin(BadFlags(), "tests:BadFlags", "tests")
+    good = (("--x", "--y"), 1), (("--x/--no-x",), True), ((), True)
+    for flags, kind in good:
+        class Flags(Minimal):
+            options = (registry.TaskOption("x", kind, "x", flags=flags),)
+
+        assert Plugin(Flags(), "tests:Flags", "tests").options[0].flags == flags
+
 
 def test_the_optional_hooks_a_task_has_are_used() -> None:
     class Calibrating(Minimal):
