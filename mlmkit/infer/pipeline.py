@@ -309,7 +309,7 @@ class Pipeline:
 
 
 class FillMaskPipeline(Pipeline):
-    """Top-k tokens for every [MASK] of each text, computed inside the graph (see export/graphs.py)."""
+    """Top-k tokens for every [MASK] of each text, computed inside the graph (see exporter/graphs.py)."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)

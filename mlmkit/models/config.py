@@ -10,7 +10,7 @@ config.json files (and checking them against a directory's weights) is rundir/co
 What a model family declares: how its config.json, parameter names and architectures map onto
 mlmkit's one core (BERT's names and fields, core.py), which inputs it takes, which blocks differ, and
 whether and how it pretrains. Everything mlmkit knows of a family is declared here, in its module:
-rundir/, train/, export/ and text/ ask the family, never test its name.
+rundir/, train/, exporter/ and text/ ask the family, never test its name.
 
 A family is a subclass of ``Family`` in its own module, registered in models/__init__.py. The base
 class is BERT's blocks and names, so a family states only what it does differently; what only BERT
@@ -19,7 +19,7 @@ on in bert.py:
 
     config_aliases   canonical field -> the family's config.json key (DistilBERT: hidden_size -> dim)
     extra_sizes      the family's own config keys that size a module, checked with the canonical sizes
-                     (rundir/config.py); ``dropout_keys`` the ones read as probabilities
+                     (ModelConfig, below); ``dropout_keys`` the ones read as probabilities
     renames          (BERT name, family name) prefix pairs, "{n}" standing for a layer index, tried in
                      order both ways; ``head_renames`` adds the pairs that depend on which head a
                      state dict holds (RoBERTa's classifier.dense / out_proj exist only on a sequence head)
@@ -31,9 +31,9 @@ on in bert.py:
     pretrains        whether `mlmkit pretrain --arch` makes it: its presets (``preset_overrides``,
                      ``preset_extra``, ``max_length``, ``config_token_ids``), tokenizer (``tokenizer_kind``,
                      ``special_tokens``, a convention of text/tokenizer.py) and ``nsp``
-    layer()          its block (BERT's post-LN layer unless the family has its own); its attention
+    layer()          its block (None: BERT's post-LN layer, core.make_layer); its attention
                      subclasses core.Attention, which the exporter switches to the form it fuses
-    embeddings()     its embeddings (core.BertEmbeddings unless the family has its own)
+    embeddings()     its embeddings (None: core.BertEmbeddings, core.make_embeddings)
     encoder_modules() / layer_context()
                      state the encoder holds for all its layers, and what it hands each layer on
                      every forward (DeBERTa's relative position embeddings); none for BERT
@@ -325,7 +325,7 @@ class Renamer:
 class ExtraSize:
     """A family key of config.json (kept in ``ModelConfig.extra``) that sizes a module: checked with
     the canonical sizes before anything is built, as a whole number from 1 up to the ceiling of the
-    canonical field ``bound`` (rundir/config.py, CEILINGS), or one of ``unset`` (DeBERTa's -1 / 0:
+    canonical field ``bound`` (CEILINGS, above), or one of ``unset`` (DeBERTa's -1 / 0:
     "as max_position_embeddings", "no buckets"). A config.json is input: a typo of 10^9 would
     otherwise be found by the allocator."""
 

@@ -81,7 +81,7 @@ class Attention(nn.Module):
     training runs); "eager" spells out matmul + softmax, the form onnxruntime's Attention fusion
     recognises (SDPA exports get no fusion: docs/performance.md, "BERT fusions need the TorchScript
     exporter and eager attention"). A block that computes attention without declaring itself would
-    stay SDPA in the graph, silently unfused: export refuses it (export/graphs.py).
+    stay SDPA in the graph, silently unfused: export refuses it (exporter/graphs.py).
 
     ``attend`` reads ``impl``, ``dropout_p`` (SDPA's dropout) and ``dropout`` (eager's), which a
     subclass sets; the class holds no parameters, so state dicts are the family's own."""

@@ -295,7 +295,7 @@ class Deberta(Family):
         ("bert.pooler", "pooler"),  # the ContextPooler sits beside the backbone
         ("bert", "deberta"),  # the blocks keep their own names (query_proj, rel_embeddings ...)
     )
-    # the class attribute the exporter and rundir/config.py read; these configs decide by type_vocab_size
+    # the class attribute the exporter and ModelConfig read; these configs decide by type_vocab_size
     # (uses_token_types): every published DeBERTa-v2 / v3 checkpoint has none
     token_types = False
     classifier_dropout_key = "cls_dropout"
