@@ -136,8 +136,8 @@ def save_mlm_run(work: Path, tok: Any) -> None:
     """The fill-mask model: a random-weight MiniLM pretraining run (an HF checkpoint directory) in work/mlm-run."""
     import torch
 
-    from mlmkit.model import BertForPreTraining
     from mlmkit.models.config import ModelConfig
+    from mlmkit.models.core import BertForPreTraining
     from mlmkit.rundir.checkpoint import save_run
 
     cfg = ModelConfig(vocab_size=VOCAB, max_position_embeddings=512, **MINILM)
@@ -255,7 +255,7 @@ def full_logits_graph(run: Path, out: Path) -> None:
     from mlmkit.exporter.graphs import torch_export
     from mlmkit.exporter.passes import fuse
     from mlmkit.infer.bundle import INPUT_NAMES as INPUTS
-    from mlmkit.model import BertForPreTraining, set_attention_impl
+    from mlmkit.models.core import BertForPreTraining, set_attention_impl
     from mlmkit.rundir.checkpoint import load_state_dict, load_weights
     from mlmkit.rundir.config import load_config
 

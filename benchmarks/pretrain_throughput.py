@@ -73,8 +73,8 @@ def worker(side: str, steps: int, warmup: int, batch_size: int, seq_len: int, th
     from mlmkit.train.loop import param_groups
 
     if side == "mlmkit":
-        from mlmkit.model import BertForPreTraining
         from mlmkit.models.config import ModelConfig
+        from mlmkit.models.core import BertForPreTraining
 
         model = BertForPreTraining(ModelConfig(**CONFIG))
     else:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from mlmkit.cli.common import err as cli_stderr
-from mlmkit.model import BertForPreTraining
 from mlmkit.models.config import ModelConfig
+from mlmkit.models.core import BertForPreTraining
 from mlmkit.rundir.checkpoint import save_run
 from mlmkit.text.tokenizer import train_tokenizer
 

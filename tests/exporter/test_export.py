@@ -22,7 +22,7 @@ from task_runs import TASK_SETUP, build_runs, sentence
 import mlmkit.exporter.bundle as export_mod  # the steps, where the parity gate is called
 from mlmkit import registry
 from mlmkit.errors import ConfigError, MlmkitError, ParityError
-from mlmkit.model import BertForPreTraining, BertSelfAttention
+from mlmkit.models.core import BertForPreTraining, BertSelfAttention
 from mlmkit.registry import get_task, per_token
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
 from mlmkit.rundir.config import load_config

@@ -28,7 +28,7 @@ from mlmkit.infer.pipeline import (
     make_session,
     read_inputs,
 )
-from mlmkit.model import BertForPreTraining
+from mlmkit.models.core import BertForPreTraining
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
 from mlmkit.rundir.config import load_config
 from mlmkit.text.batching import pad_features

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from mlmkit.model import BertForPreTraining, BertModel, masked_lm_loss, set_attention_impl
 from mlmkit.models.config import ModelConfig
+from mlmkit.models.core import BertForPreTraining, BertModel, masked_lm_loss, set_attention_impl
 
 V = 50
 
@@ -201,7 +201,7 @@ def test_dropout_is_active_in_training_only():
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 def test_encode_cls_equals_the_pooled_output(impl):
     """The classification graph's shortcut (last layer for [CLS] only) changes nothing it outputs."""
-    from mlmkit.model import BertModel, encode_cls, set_attention_impl
+    from mlmkit.models.core import BertModel, encode_cls, set_attention_impl
 
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mlmkit.model import BertForPreTraining, BertModel
 from mlmkit.models.config import ModelConfig
+from mlmkit.models.core import BertForPreTraining, BertModel
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights, save_run
 from mlmkit.rundir.config import load_config
 from mlmkit.text.tokenizer import SPECIAL_TOKENS, load_tokenizer
@@ -101,7 +101,7 @@ def test_mlmkit_run_loads_in_transformers(our_run):
 
 
 def test_parity_holds_for_eager_attention_too(our_run):
-    from mlmkit.model import set_attention_impl
+    from mlmkit.models.core import set_attention_impl
 
     run, model = our_run
     theirs = transformers.BertForPreTraining.from_pretrained(run, attn_implementation="eager")

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 import mlmkit.rundir.checkpoint as ckpt
 from mlmkit.errors import ConfigError
-from mlmkit.model import BertForPreTraining
 from mlmkit.models.config import ModelConfig
+from mlmkit.models.core import BertForPreTraining
 from mlmkit.rundir.checkpoint import load_state_dict, save_weights
 from mlmkit.rundir.config import load_config, save_config
 from mlmkit.text.tokenizer import save_tokenizer, train_tokenizer

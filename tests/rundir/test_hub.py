@@ -382,7 +382,7 @@ def fixed_vocab_base(d: Path, words: list[str]) -> Path:
     the same training) in every process, where a tokenizer trained here could number them otherwise."""
     from conftest import tiny_config
 
-    from mlmkit.model import BertForPreTraining
+    from mlmkit.models.core import BertForPreTraining
     from mlmkit.rundir.checkpoint import save_run
 
     d.mkdir()

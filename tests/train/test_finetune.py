@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from mlmkit.cli import app
 from mlmkit.errors import ConfigError
-from mlmkit.model import BertForPreTraining, BertModel
 from mlmkit.models.config import ModelConfig
+from mlmkit.models.core import BertForPreTraining, BertModel
 from mlmkit.registry import Plugin, TaskOption
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
 from mlmkit.rundir.config import load_config

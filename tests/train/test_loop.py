@@ -16,7 +16,7 @@ from mlmkit.args import FinetuneArgs, PretrainArgs, TrainArgs, cli_fields
 from mlmkit.cli import app
 from mlmkit.errors import ConfigError
 from mlmkit.files import read_json
-from mlmkit.model import BertForLabels
+from mlmkit.models.core import BertForLabels
 from mlmkit.train.loop import BestTracker, Trainer
 
 

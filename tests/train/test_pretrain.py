@@ -20,8 +20,8 @@ import torch
 from conftest import run_pretrain
 
 from mlmkit.files import read_json
-from mlmkit.model import BertForPreTraining
 from mlmkit.models.config import ModelConfig
+from mlmkit.models.core import BertForPreTraining
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
 from mlmkit.rundir.config import load_config, save_config
 from mlmkit.text.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
