@@ -22,7 +22,8 @@ it exceeded 0.15 cores are marked and left out of the figures whenever quiet one
   ``transformers.pipeline("fill-mask", top_k=5)``, and onnxruntime on a plain export of the same
   model that outputs the full B x T x V logits (same fusions, same length-bucketed batches, top-k
   of the [MASK] rows in numpy);
-- classification: the mlmkit bundle fp32 and int8 vs ``transformers.pipeline("text-classification")``;
+- classification: the mlmkit bundle fp32, int8 (dynamic) and int8 static (`--calibrate` on 512 other
+  docstring sentences) vs ``transformers.pipeline("text-classification")``;
 - embedding: the fill-mask model's encoder laid out as a sentence-transformers model (mean pooling,
   Normalize); the mlmkit embedding bundle fp32 and int8 vs ``SentenceTransformer.encode`` (which
   sorts by length itself) and vs CTranslate2's ``Encoder`` fp32 and int8 on the same length-bucketed
@@ -80,6 +81,8 @@ TARGETS = [  # name, goal
     ("classify-vs-transformers", 3.0),
     ("int8-vs-fp32", 1.5),
     ("int8-top1-agreement", 0.97),
+    ("int8-static-vs-fp32", 1.5),
+    ("int8-static-top1-agreement", 0.97),
     ("embed-vs-sentence-transformers", 2.0),
     ("embed-vs-ctranslate2", 1.0),
     ("embed-int8-vs-ctranslate2-int8", 1.3),
@@ -195,8 +198,10 @@ def export_bundles(work: Path) -> None:
     from mlmkit.args import ExportArgs
     from mlmkit.exporter.bundle import export
 
+    static = {"quantize": "int8", "calibrate": work / "calibration.txt"}
     for name, run, kw in (("fill-mask", "mlm-run", {}), ("fill-mask-int8", "mlm-run", {"quantize": "int8"}),
                           ("classify", "clf-run", {}), ("classify-int8", "clf-run", {"quantize": "int8"}),
+                          ("classify-int8-static", "clf-run", static),
                           ("embed", "st-model", {}), ("embed-int8", "st-model", {"quantize": "int8"})):
         t1 = time.perf_counter()
         m = export(ExportArgs(run=work / run, out=work / "bundles" / name, **kw))
@@ -209,13 +214,14 @@ def export_bundles(work: Path) -> None:
 
 def setup(work: Path, quick: bool, n_sentences: int) -> None:
     """Everything the sides read, written once into ``work`` (reused while setup.json matches)."""
-    stamp = {"quick": quick, "sentences": n_sentences, "version": 8}  # bump when exports change
+    stamp = {"quick": quick, "sentences": n_sentences, "version": 9}  # bump when exports change
     if (work / "setup.json").exists() and json.loads((work / "setup.json").read_text()) == stamp:
         log(f"setup: reusing {work}")
         return
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     sents, bench, rest = write_sentences(work, n_sentences)
+    (work / "calibration.txt").write_text("\n".join(rest[:512]) + "\n")  # static int8's ranges: not the timed texts
     tok = padded_tokenizer(work, sents, t0)
     save_mlm_run(work, tok)
     finetune_classifier(work, bench, rest, quick)
@@ -436,12 +442,40 @@ _SIDES = {  # in the order they run: each compared pair back to back
     "classify/transformers": _transformers("text-classification"),
     "classify/mlmkit": _mlmkit("classify", _label),
     "classify/mlmkit-int8": _mlmkit("classify-int8", _label),
+    "classify/mlmkit-int8-static": _mlmkit("classify-int8-static", _label),
     "embed/sentence-transformers": _sentence_transformers,
     "embed/mlmkit": _mlmkit("embed", _embedding),
     "embed/ctranslate2": _ctranslate2("float32"),
     "embed/ctranslate2-int8": _ctranslate2("int8"),
     "embed/mlmkit-int8": _mlmkit("embed-int8", _embedding),
 }
+
+
+def report_agreement(res: dict[str, Any], work: Path) -> tuple[float, float]:
+    """The agreement lines (top-1 token or label, int8 against fp32) and int8's speed; returns the
+    classifier's dynamic and static int8 top-1 agreement with fp32."""
+    preds = res["preds"]
+    fm_int8 = agreement(preds["fill-mask/mlmkit-int8"], preds["fill-mask/mlmkit"])
+    clf_int8 = agreement(preds["classify/mlmkit-int8"], preds["classify/mlmkit"])
+    clf_static = agreement(preds["classify/mlmkit-int8-static"], preds["classify/mlmkit"])
+    print("agreement (top-1 token or label):")
+    print(f"  mlmkit fill-mask vs transformers pipeline, same weights: {agreement(preds['fill-mask/mlmkit'], preds['fill-mask/transformers']):.4f}")
+    print(f"  mlmkit fill-mask vs full-logits onnxruntime:             {agreement(preds['fill-mask/mlmkit'], preds['fill-mask/ort-full-logits']):.4f}")
+    print(f"  mlmkit classify vs transformers pipeline:                {agreement(preds['classify/mlmkit'], preds['classify/transformers']):.4f}")
+    clf = json.loads((work / "classifier.json").read_text())
+    print(f"  int8 vs fp32, fine-tuned classifier:                     {clf_int8:.4f}   (the classifier: accuracy "
+          f"{clf.get('eval_accuracy', float('nan')):.3f}, macro-F1 {clf.get('eval_macro_f1', float('nan')):.3f} on these sentences)")
+    print(f"  int8 static (calibrated) vs fp32, fine-tuned classifier: {clf_static:.4f}")
+    diffs = [abs(x[1] - y[1]) for x, y in zip(preds["classify/mlmkit-int8"], preds["classify/mlmkit"])]
+    print(f"  int8 vs fp32 probability of the classifier, mean / max abs difference: "
+          f"{statistics.fmean(diffs):.4f} / {max(diffs):.4f}")
+    if clf.get("eval_macro_f1", 0.0) < 0.8:
+        print("  (the classifier has not learned its task - as in --quick - so its int8 agreement says little)")
+    print(f"  int8 vs fp32, fill-mask (random MLM head: information only): {fm_int8:.4f}")
+    print(f"int8 vs fp32 speed, fill-mask: {ratio(res, 'fill-mask/mlmkit-int8', 'fill-mask/mlmkit'):.2f}x; "
+          f"classify int8 vs transformers: {ratio(res, 'classify/mlmkit-int8', 'classify/transformers'):.2f}x; "
+          f"classify int8 static vs dynamic: {ratio(res, 'classify/mlmkit-int8-static', 'classify/mlmkit-int8'):.2f}x")
+    return clf_int8, clf_static
 
 
 # ---- the driver --------------------------------------------------------------------------------
@@ -486,23 +520,7 @@ def main() -> None:
     for k in names:
         print(f"  {k:28s} {speed[k]:8.1f}   (passes: {passes(speeds[k], others[k])})")
     print(noisy_note())
-    fm_int8 = agreement(preds["fill-mask/mlmkit-int8"], preds["fill-mask/mlmkit"])
-    clf_int8 = agreement(preds["classify/mlmkit-int8"], preds["classify/mlmkit"])
-    print("agreement (top-1 token or label):")
-    print(f"  mlmkit fill-mask vs transformers pipeline, same weights: {agreement(preds['fill-mask/mlmkit'], preds['fill-mask/transformers']):.4f}")
-    print(f"  mlmkit fill-mask vs full-logits onnxruntime:             {agreement(preds['fill-mask/mlmkit'], preds['fill-mask/ort-full-logits']):.4f}")
-    print(f"  mlmkit classify vs transformers pipeline:                {agreement(preds['classify/mlmkit'], preds['classify/transformers']):.4f}")
-    clf = json.loads((work / "classifier.json").read_text())
-    print(f"  int8 vs fp32, fine-tuned classifier:                     {clf_int8:.4f}   (the classifier: accuracy "
-          f"{clf.get('eval_accuracy', float('nan')):.3f}, macro-F1 {clf.get('eval_macro_f1', float('nan')):.3f} on these sentences)")
-    diffs = [abs(x[1] - y[1]) for x, y in zip(preds["classify/mlmkit-int8"], preds["classify/mlmkit"])]
-    print(f"  int8 vs fp32 probability of the classifier, mean / max abs difference: "
-          f"{statistics.fmean(diffs):.4f} / {max(diffs):.4f}")
-    if clf.get("eval_macro_f1", 0.0) < 0.8:
-        print("  (the classifier has not learned its task - as in --quick - so its int8 agreement says little)")
-    print(f"  int8 vs fp32, fill-mask (random MLM head: information only): {fm_int8:.4f}")
-    print(f"int8 vs fp32 speed, fill-mask: {ratio(res, 'fill-mask/mlmkit-int8', 'fill-mask/mlmkit'):.2f}x; "
-          f"classify int8 vs transformers: {ratio(res, 'classify/mlmkit-int8', 'classify/transformers'):.2f}x")
+    clf_int8, clf_static = report_agreement(res, work)
     emb = {k: cosines(preds[k], preds["embed/sentence-transformers"]) for k in ("embed/mlmkit", "embed/ctranslate2")}
     int8_cos = cosines(preds["embed/mlmkit-int8"], preds["embed/mlmkit"])
     ct2_int8_cos = cosines(preds["embed/ctranslate2-int8"], preds["embed/ctranslate2"])
@@ -515,11 +533,13 @@ def main() -> None:
              "fill-mask-vs-full-logits": ("fill-mask/mlmkit", "fill-mask/ort-full-logits"),
              "classify-vs-transformers": ("classify/mlmkit", "classify/transformers"),
              "int8-vs-fp32": ("classify/mlmkit-int8", "classify/mlmkit"),
+             "int8-static-vs-fp32": ("classify/mlmkit-int8-static", "classify/mlmkit"),
              "embed-vs-sentence-transformers": ("embed/mlmkit", "embed/sentence-transformers"),
              "embed-vs-ctranslate2": ("embed/mlmkit", "embed/ctranslate2"),
              "embed-int8-vs-ctranslate2-int8": ("embed/mlmkit-int8", "embed/ctranslate2-int8")}
     figures = {k: ratio(res, *v) for k, v in pairs.items()}
-    figures.update({"int8-top1-agreement": clf_int8, "embed-int8-mean-cosine": statistics.fmean(int8_cos)})
+    figures.update({"int8-top1-agreement": clf_int8, "int8-static-top1-agreement": clf_static,
+                    "embed-int8-mean-cosine": statistics.fmean(int8_cos)})
     print("ratios from the quiet rounds of each pair: "
           + ", ".join(f"{k} {len(quiet_rounds(res, *v, fallback=False))}/{rounds}" for k, v in pairs.items()))
     for name, goal in TARGETS:

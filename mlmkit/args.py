@@ -318,7 +318,14 @@ class ExportArgs(Args):
     out: Path = arg(help="Bundle directory to write, e.g. exports/NAME.")
     task: str | None = arg(None, "Export as this task (fill-mask or a registered task); default: the run's, "
                                  "or what the checkpoint's config.json says.")
-    quantize: str | None = arg(None, "int8: dynamic int8 weights, for the CPU.")
+    quantize: str | None = arg(None, "int8: int8 weights, for the CPU (activations quantised per call, or with "
+                                     "--calibrate ranges measured beforehand).")
+    calibrate: Path | None = arg(None, "--quantize int8: inputs as `mlmkit predict --input` reads them (.txt, .jsonl, "
+                                       ".csv, .tsv, .parquet; the first 512) on which the activations' ranges are "
+                                       "measured (static int8, QDQ) and the agreement with fp32 is measured.")
+    min_agreement: float | None = arg(None, "--quantize int8: refuse the bundle, writing nothing, when its agreement "
+                                            "with fp32 is below this: top-1 for outputs that choose, the mean cosine "
+                                            "for vectors (on the --calibrate inputs, else the sample batch).")
     fp16: bool = arg(False, "fp16 weights and compute, for --device cuda.")
     optimize: bool = arg(True, "onnxruntime's transformer fusions (--no-optimize: the plain graph).")
     opset: int = arg(17, "ONNX opset, 17 to 23.")
@@ -331,6 +338,12 @@ class ExportArgs(Args):
         _check(not (self.quantize and self.fp16), "--quantize int8 and --fp16 exclude each other",
                "int8 is for the CPU, fp16 for CUDA")
         _check(self.top_k is None or self.top_k >= 1, f"--top-k must be at least 1, got {self.top_k}")
+        _check(self.calibrate is None or self.quantize == "int8", "--calibrate is for --quantize int8",
+               "add --quantize int8, or leave --calibrate out")
+        _check(self.min_agreement is None or self.quantize == "int8", "--min-agreement is for --quantize int8",
+               "add --quantize int8, or leave --min-agreement out")
+        _check(self.min_agreement is None or (math.isfinite(self.min_agreement) and 0 < self.min_agreement <= 1),
+               f"--min-agreement must be above 0 and at most 1, got {self.min_agreement}", "e.g. --min-agreement 0.98")
 
 
 @dataclass

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -43,6 +44,8 @@ from mlmkit.errors import ConfigError, ParityError
 from mlmkit.exporter.graphs import build_graph, graph_inputs, torch_export
 from mlmkit.exporter.parity import (
     ATOL,
+    agreement,
+    calibration_batches,
     check_fp16,
     compare,
     onnx_session,
@@ -50,7 +53,7 @@ from mlmkit.exporter.parity import (
     sample_batch,
     torch_outputs,
 )
-from mlmkit.exporter.passes import fast_int8_cpu, fuse, quantize_int8, to_fp16
+from mlmkit.exporter.passes import fast_int8_cpu, fuse, quantize_int8, quantize_int8_static, to_fp16
 from mlmkit.files import atomic_write, atomic_write_text, exclusive, write_json
 from mlmkit.infer.bundle import BUNDLE_FORMAT, LABELS_KEY, tokenizer_fingerprint
 from mlmkit.models.config import ModelConfig
@@ -116,11 +119,13 @@ def _export(args: ExportArgs) -> dict[str, Any]:
     inputs = graph_inputs(cfg)
     ref = torch_outputs(reference, batch, list(axes), inputs)
     set_attention_impl(graph, "eager")
+    calib = (calibration_batches(args.calibrate, meta, tok, specials.pad, max_length, inputs)
+             if args.calibrate is not None else None)
 
     out = Path(args.out)
     work = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
     try:
-        onnx_graph = _onnx_graph(args, cfg, graph, batch, axes, inputs, ref, work, partial=partial)
+        onnx_graph = _onnx_graph(args, cfg, graph, batch, axes, inputs, ref, work, partial=partial, calib=calib)
         record_labels(onnx_graph.path, meta.get("labels"))
         bundle_meta = _bundle_meta(meta, cfg, tok, axes, onnx_graph.path, fill_mask=fill_mask,
                                    max_length=max_length, opset=args.opset, precision=onnx_graph.precision,
@@ -177,7 +182,7 @@ class _OnnxGraph(NamedTuple):
 
 def _onnx_graph(args: ExportArgs, cfg: ModelConfig, graph: Any, batch: dict[str, Any],
                 axes: dict[str, tuple[str, ...]], inputs: tuple[str, ...], ref: dict[str, Any], work: Path, *,
-                partial: int) -> _OnnxGraph:
+                partial: int, calib: list[dict[str, Any]] | None = None) -> _OnnxGraph:
     """The ONNX graph in ``work``: exported, fused (--optimize), checked against PyTorch's outputs ``ref``
     (ParityError beyond ATOL), then int8 or fp16 when asked, each with its agreement against fp32."""
     names, mask = list(axes), batch["attention_mask"]
@@ -193,11 +198,12 @@ def _onnx_graph(args: ExportArgs, cfg: ModelConfig, graph: Any, batch: dict[str,
     final, precision, steps = fp32, "fp32", (["transformer-fusion"] if args.optimize else [])
     if args.quantize:
         final, precision = work / "int8.onnx", "int8"
-        quantize_int8(fp32, final)
-        steps.append("int8-dynamic-per-channel")
+        steps.append(_int8(args, fp32, final, calib))
         q = compare(fp32_out, run_onnx(onnx_session(final), batch, names), axes, mask)
         parity["int8_top1_agreement_vs_fp32"] = q["top1_agreement"]
         parity["int8_max_abs_diff"] = q["max_abs_diff"]
+        on = f"{sum(len(b['input_ids']) for b in calib)} --calibrate inputs" if calib else "the sample batch"
+        parity["int8_agreement"] = _int8_agreement(args, fp32, final, calib or [batch], axes, names, on=on)
     elif args.fp16:
         final, precision = work / "fp16.onnx", "fp16"
         to_fp16(fp32, final)
@@ -209,6 +215,34 @@ def _onnx_graph(args: ExportArgs, cfg: ModelConfig, graph: Any, batch: dict[str,
         "max_length": int(batch["attention_mask"].sum(1).max()),
     }
     return _OnnxGraph(final, precision, steps, fused, parity)
+
+
+def _int8(args: ExportArgs, fp32: Path, final: Path, calib: list[dict[str, Any]] | None) -> str:
+    """The int8 graph: activation ranges calibrated on ``calib`` (static, QDQ), else computed per call
+    (dynamic); weights per output channel either way. Returns the step's name."""
+    if calib:
+        quantize_int8_static(fp32, final, calib)
+        return "int8-static-qdq-per-channel"
+    quantize_int8(fp32, final)
+    return "int8-dynamic-per-channel"
+
+
+def _int8_agreement(args: ExportArgs, fp32: Path, final: Path, batches: list[dict[str, Any]],
+                    axes: dict[str, tuple[str, ...]], names: list[str], *, on: str) -> dict[str, Any]:
+    """The int8 graph's agreement with fp32 on ``batches`` (parity.agreement), held to --min-agreement:
+    below it, ParityError, and the bundle is not written."""
+    a, b = onnx_session(fp32), onnx_session(final)
+    got = agreement([run_onnx(a, x, names) for x in batches], [run_onnx(b, x, names) for x in batches], axes,
+                    [x["attention_mask"] for x in batches])
+    measure = "top-1 agreement" if got["top1"] is not None else "mean cosine"
+    if args.min_agreement is not None and (got["value"] is None or got["value"] < args.min_agreement):
+        # rounded down: a value just below the gate must not print as the gate
+        shown = "nothing to compare" if got["value"] is None else f"{math.floor(got['value'] * 1e6) / 1e6:.6f}"
+        raise ParityError(f"the int8 graph's {measure} with fp32 on {on} is {shown}, below --min-agreement "
+                          f"{args.min_agreement:g}; no bundle written",
+                          "calibrate on inputs like the ones it will serve (--calibrate), use dynamic int8 "
+                          "(without --calibrate), or export fp32")
+    return {**got, "measure": measure, "on": on}
 
 
 def _check_parity(parity: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ from torch import nn
 
 from mlmkit.errors import ParityError
 from mlmkit.models.core import set_attention_impl
-from mlmkit.registry import BATCH, SEQUENCE, per_token
+from mlmkit.registry import BATCH, LABEL, SEQUENCE, per_token
 
 log = logging.getLogger("mlmkit")
 
@@ -128,6 +128,67 @@ def compare(
             agree += int((da == db).sum())
             total += da.size
     return {"max_abs_diff": diffs, "top1_agreement": agree / total if total else None}
+
+
+CALIBRATION_INPUTS = 512  # the first inputs of --calibrate: enough for stable ranges, read in seconds
+CALIBRATION_BATCH = 32
+
+
+def calibration_batches(path: Path, meta: dict[str, Any], tok: Any, pad_id: int, max_length: int,
+                        inputs: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
+    """The first CALIBRATION_INPUTS inputs of ``path`` (any file `mlmkit predict --input` reads) as the
+    graph's feeds, featurized by the bundle's task as inference will featurize them (fill-mask: the
+    texts tokenized), in batches of similar length."""
+    from itertools import islice
+
+    from mlmkit.errors import ConfigError
+    from mlmkit.registry import TaskContext, get_task
+    from mlmkit.text.batching import bucket_batches, pad_features
+    from mlmkit.text.records import iter_inputs
+    from mlmkit.text.truncation import tokenizer_settings
+
+    items = [r.data for r in islice(iter_inputs(path), CALIBRATION_INPUTS)]
+    if not items:
+        raise ConfigError(f"--calibrate {path} has no inputs", "give texts or records as `mlmkit predict --input` reads them")
+    if meta["task"] == "pretraining":
+        if not all(isinstance(x, str) for x in items):
+            raise ConfigError(f"--calibrate {path}: a fill-mask bundle is calibrated on texts", "give a .txt file")
+        with tokenizer_settings(tok, max_length=max_length) as t:
+            features: list[dict[str, Any]] = [{"input_ids": e.ids, "token_type_ids": e.type_ids}
+                                              for e in t.encode_batch([str(x) for x in items])]
+    else:
+        task = get_task(meta["task"])
+        ctx = TaskContext.from_meta({**meta, "max_length": max_length}, task.resolve_options(saved=meta.get("options")))
+        features = task.featurize([task.from_input(x, ctx.options) for x in items], tok, ctx, training=False)
+    lengths = [len(f["input_ids"]) for f in features]
+    return [{k: v for k, v in pad_features([features[i] for i in b], pad_id).items() if k in inputs}
+            for b in bucket_batches(lengths, CALIBRATION_BATCH)]
+
+
+def agreement(ref: list[dict[str, np.ndarray]], got: list[dict[str, np.ndarray]], axes: dict[str, tuple[str, ...]],
+              masks: list[np.ndarray]) -> dict[str, float | None]:
+    """How far a converted graph (int8, fp16) agrees with fp32 over batches of real inputs: the top-1
+    agreement of the outputs that choose (among labels, or positions: tags, QA spans, fill-mask ids),
+    and the mean cosine of the rows of vector outputs (embeddings; sparse vectors as term maps are
+    held to their top terms' ids). ``value`` is the one a gate reads: top-1 where the graph chooses,
+    else the cosine."""
+    agree = total = 0
+    cosines: list[np.ndarray] = []
+    for r, g, mask in zip(ref, got, masks):
+        for name, a in r.items():
+            b, ax = g[name], axes[name]
+            if a.dtype.kind == "f" and len(ax) == 2 and ax[1] not in (LABEL, SEQUENCE) and name != "values":
+                x, y = a.astype(np.float64), b.astype(np.float64)
+                den = np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)
+                cosines.append(np.where(den > 0, (x * y).sum(1) / np.where(den > 0, den, 1.0), 1.0))
+                continue
+            da, db = _decisions(name, a, ax, mask), _decisions(name, b, ax, mask)
+            if da is not None:
+                agree += int((da == db).sum())
+                total += da.size
+    top1 = agree / total if total else None
+    cosine = float(np.concatenate(cosines).mean()) if cosines else None
+    return {"top1": top1, "cosine": cosine, "value": top1 if top1 is not None else cosine}
 
 
 # ---- onnx steps --------------------------------------------------------------------------------

@@ -74,6 +74,37 @@ def quantize_int8(src: Path, dst: Path) -> None:
         )
 
 
+class Feeds:
+    """Calibration batches as onnxruntime's quantizer reads them (a CalibrationDataReader: get_next)."""
+
+    def __init__(self, batches: list[dict[str, Any]]) -> None:
+        self.rest = iter(batches)
+
+    def get_next(self) -> dict[str, Any] | None:
+        return next(self.rest, None)
+
+
+def quantize_int8_static(src: Path, dst: Path, batches: list[dict[str, Any]]) -> None:
+    """Static int8 quantisation (QDQ): int8 weights per output channel, and the activations' ranges
+    calibrated on ``batches`` (feeds of the graph's inputs), so no range is computed per call. The
+    encoder's matmuls are quantised, as in quantize_int8."""
+    import onnx
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    typed = dst.with_name(dst.stem + "-typed.onnx")
+    with quiet_onnxruntime():
+        # symbolic shape inference knows onnxruntime's contrib ops (Attention, SkipLayerNormalization ...),
+        # where ONNX's does not: without it the quantizer skips the activations it cannot type
+        quant_pre_process(src, typed, skip_optimization=True)
+        quantize_static(
+            typed, dst, Feeds(batches), quant_format=QuantFormat.QDQ, per_channel=True,
+            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,  # onnxruntime's x86 recommendation
+            op_types_to_quantize=["MatMul"],
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+
+
 INT8_FEATURES = {"amx_int8": "AMX-INT8", "avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI"}
 """CPU features (their /proc/cpuinfo flags) with int8 dot products in hardware, the fastest first."""
 

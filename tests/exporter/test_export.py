@@ -22,6 +22,7 @@ from task_runs import TASK_SETUP, build_runs, sentence
 import mlmkit.exporter.bundle as export_mod  # the steps, where the parity gate is called
 from mlmkit import registry
 from mlmkit.errors import ConfigError, MlmkitError, ParityError
+from mlmkit.infer.pipeline import Pipeline
 from mlmkit.models.core import BertForPreTraining, BertSelfAttention
 from mlmkit.registry import get_task, per_token
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
@@ -142,6 +143,40 @@ def test_unoptimized_and_int8_exports(runs, bundles, tmp_path, monkeypatch, capl
     assert q["model_bytes"] < bundles["fill-mask"][1]["model_bytes"]
 
 
+def _texts(path: Path, n: int, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    path.write_text("".join(sentence(rng, rng.randint(3, 20)) + "\n" for _ in range(n)))
+    return path
+
+
+@pytest.mark.parametrize("task", ["classification", "tagging", "embedding"])
+def test_static_int8_is_calibrated_on_the_inputs_it_is_given(runs, tmp_path, task):
+    """--calibrate: activation ranges measured on real inputs, featurized by the task (QDQ nodes with
+    constant scales, no DynamicQuantizeLinear), the agreement with fp32 measured on those inputs."""
+    calib = _texts(tmp_path / "calib.txt", 64)
+    q = run_export(runs[task], tmp_path / "int8", quantize="int8", calibrate=calib, min_agreement=0.5)
+    assert q["precision"] == "int8" and "int8-static-qdq-per-channel" in q["optimizations"]
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "int8" / "model.onnx")).graph.node]
+    assert ops.count("QuantizeLinear") >= 2 and "DynamicQuantizeLinear" not in ops
+    got = q["parity"]["int8_agreement"]
+    assert got["on"] == "64 --calibrate inputs" and 0.5 <= got["value"] <= 1.0
+    assert (got["top1"] is None) == (task == "embedding") and (got["cosine"] is None) == (task != "embedding")
+    out = Pipeline.load(tmp_path / "int8")(["john went to paris", "the cat sat on the mat"])
+    assert len(out) == 2
+
+
+def test_min_agreement_refuses_a_bundle_below_it_and_writes_nothing(runs, tmp_path):
+    """An embedding's int8 vectors are never exactly fp32's (cosine < 1): --min-agreement 1 refuses the
+    bundle in one ParityError naming the measure, and the bundle directory gets no model."""
+    with pytest.raises(ParityError, match=r"int8 graph's mean cosine with fp32 on the sample batch is 0\.\d+, below "
+                                          r"--min-agreement 1; no bundle written"):
+        run_export(runs["embedding"], tmp_path / "b", quantize="int8", min_agreement=1.0)
+    assert not (tmp_path / "b" / "model.onnx").exists() and not (tmp_path / "b" / "mlmkit.json").exists()
+    (tmp_path / "empty.txt").write_text("\n")
+    with pytest.raises(ConfigError, match="--calibrate .* has no inputs"):
+        run_export(runs["embedding"], tmp_path / "c", quantize="int8", calibrate=tmp_path / "empty.txt")
+
+
 def test_fast_int8_cpu_reads_the_flags(tmp_path):
     from mlmkit.exporter.passes import fast_int8_cpu
 
@@ -230,6 +265,11 @@ def test_attention_the_fusion_does_not_recognise_is_refused(runs, tmp_path, monk
         ({"opset": 99}, "--opset 99 is not supported"),
         ({"top_k": 0}, "--top-k must be at least 1"),
         ({"top_k": 10**6}, "--top-k must be between 1 and the vocabulary size"),
+        ({"calibrate": Path("x.txt")}, "--calibrate is for --quantize int8"),
+        ({"min_agreement": 0.9}, "--min-agreement is for --quantize int8"),
+        ({"quantize": "int8", "min_agreement": 0.0}, "--min-agreement must be above 0 and at most 1"),
+        ({"quantize": "int8", "min_agreement": 1.5}, "--min-agreement must be above 0 and at most 1"),
+        ({"quantize": "int8", "min_agreement": float("nan")}, "--min-agreement must be above 0 and at most 1"),
     ],
 )
 def test_bad_export_options(runs, tmp_path, kw, match):
