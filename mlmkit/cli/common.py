@@ -210,6 +210,27 @@ def print_metrics(metrics: dict[str, Any], title: str, as_json: bool) -> None:
         out.print(cm)
 
 
+def print_comparison(models: list[Any], results: list[dict[str, Any]], title: str) -> None:
+    """Several models' metrics side by side: one row per model, a column per number any of them has
+    (examples/s and size last, when measured)."""
+    last = ("examples_per_second", "seconds", "model_bytes")
+    keys = [k for k in dict.fromkeys(k for r in results for k, v in r.items() if isinstance(v, (int, float))
+                                     and not isinstance(v, bool)) if k not in last]
+    keys += [k for k in last if any(k in r for r in results)]
+    t = Table(title=title)
+    t.add_column("model")
+    for k in keys:
+        t.add_column({"examples_per_second": "examples/s", "model_bytes": "MB"}.get(k, k), justify="right")
+    for m, r in zip(models, results):
+        cells = []
+        for k in keys:
+            v = r.get(k)
+            cells.append("-" if v is None else f"{v / 1e6:.1f}" if k == "model_bytes" else
+                         f"{v:.1f}" if k == "examples_per_second" else f"{v:.4f}" if isinstance(v, float) else str(v))
+        t.add_row(escape(str(m)), *cells)
+    out.print(t)
+
+
 def short(x: Any, n: int = 70) -> str:
     s = x if isinstance(x, str) else json.dumps(x, ensure_ascii=False)
     return escape(s if len(s) <= n else s[: n - 1] + "…")

@@ -19,6 +19,7 @@ from mlmkit.cli.common import (
     err,
     handle_errors,
     out,
+    print_comparison,
     print_json,
     print_metrics,
     want_json,
@@ -163,25 +164,43 @@ def plot(
 @handle_errors
 @with_task_options("evaluate")
 def evaluate(
-    model: Annotated[Path, typer.Argument(help="A fine-tuned run directory or an exported bundle.")],
+    models: Annotated[list[Path], typer.Argument(help="Fine-tuned run directories or exported bundles; several are "
+                                                      "scored on the same data, side by side.")],
     data: Annotated[Path, typer.Option("--data", help="Labelled data in the task's format.")],
     options: dict[str, Any],
-    predictions: Annotated[Path | None, typer.Option("--predictions", help="Write per-example predictions as JSON lines.")] = None,
+    predictions: Annotated[Path | None, typer.Option("--predictions", help="Write per-example predictions as JSON lines "
+                                                                           "(one model).")] = None,
+    speed: Annotated[bool, typer.Option("--speed", help="Also time each model's prediction of the data "
+                                                        "(examples/s on this machine) and give its size.")] = False,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda (falls back to the CPU, saying so).")] = "cpu",
     as_json: Json = False,
 ) -> None:
-    """Score a fine-tuned run (PyTorch) or an exported bundle (onnxruntime) with its task's metrics."""
-    if not model.exists():
-        raise MlmkitError(f"not found: {model}", "pass a fine-tuned run directory or an exported bundle")
+    """Score fine-tuned runs (PyTorch) or exported bundles (onnxruntime) with their task's metrics."""
+    if len(models) > 1 and predictions is not None:
+        raise MlmkitError("--predictions takes one model", "evaluate the model whose predictions you want alone")
+    for m in models:
+        if not m.exists():
+            raise MlmkitError(f"not found: {m}", "pass a fine-tuned run directory or an exported bundle")
+    results = [_evaluate_one(m, data, options, predictions, device, speed) for m in models]
+    if len(models) == 1:
+        print_metrics(results[0], f"{models[0]} on {data}", as_json)
+    elif want_json(as_json):
+        for m, r in zip(models, results):
+            print_json({"model": str(m), **{k: v for k, v in r.items() if k != "confusion_matrix"}})
+    else:
+        print_comparison(models, results, f"{len(models)} models on {data}")
+
+
+def _evaluate_one(model: Path, data: Path, options: dict[str, Any], predictions: Path | None, device: str,
+                  speed: bool) -> dict[str, Any]:
+    """One model's metrics: a bundle through onnxruntime, a run through PyTorch."""
     if (model / "model.onnx").exists():
         from mlmkit.infer.pipeline import evaluate_bundle
 
-        metrics = evaluate_bundle(model, data, options=options, predictions=predictions, device=device)
-    else:
-        from mlmkit.train.finetune import evaluate_run
+        return evaluate_bundle(model, data, options=options, predictions=predictions, device=device, speed=speed)
+    from mlmkit.train.finetune import evaluate_run
 
-        metrics = evaluate_run(model, data, options=options, predictions=predictions, device=device)
-    print_metrics(metrics, f"{model} on {data}", as_json)
+    return evaluate_run(model, data, options=options, predictions=predictions, device=device, speed=speed)
 
 
 @app.command()

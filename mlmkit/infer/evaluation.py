@@ -11,6 +11,7 @@ outputs come back in feature order, per-token outputs trimmed to each feature's 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -113,16 +114,30 @@ def warn_truncated(n: int, total: int, max_length: int) -> None:
                     n, total, max_length)
 
 
+WARM_UP = 8  # examples predicted once before a timed evaluation
+
+
 def evaluate(
     task: Plugin, examples: list[Example], tokenizer: Any, ctx: TaskContext, forward: Forward, *,
     batch_size: int = 64, max_tokens: int | None = None, run_tokens: int | None = None, calibrate: bool = False,
+    speed: bool = False,
 ) -> tuple[dict[str, Any], Predicted]:
-    """The task's metrics of ``forward`` on labelled ``examples``, and the predictions behind them."""
+    """The task's metrics of ``forward`` on labelled ``examples``, and the predictions behind them.
+    ``speed``: also "examples_per_second", the examples over the time of their prediction (featurize,
+    forward, postprocess; after a warm-up on a few of them), and "seconds"."""
     if not examples:
         raise TaskError("no examples to score", "check the evaluation data")
+    if speed:  # first calls allocate and plan
+        predict(task, examples[:WARM_UP], tokenizer, ctx, forward, batch_size=batch_size, max_tokens=max_tokens,
+                run_tokens=run_tokens)
+    start = time.perf_counter()
     got = predict(task, examples, tokenizer, ctx, forward, batch_size=batch_size, max_tokens=max_tokens,
                   run_tokens=run_tokens, calibrate=calibrate)
-    return task.compute_metrics(got.predictions, examples, got.ctx), got
+    took = time.perf_counter() - start
+    metrics = task.compute_metrics(got.predictions, examples, got.ctx)
+    if speed:
+        metrics.update(examples_per_second=len(examples) / took if took > 0 else float("inf"), seconds=took)
+    return metrics, got
 
 
 def check_features(task: Plugin, features: list[Feature], n_examples: int, *, grouped: bool = False,

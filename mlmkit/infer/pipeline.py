@@ -513,14 +513,18 @@ class TaskPipeline(Pipeline):
         return self.plugin.summary(result)
 
     def evaluate(
-        self, data: str | Path, *, options: dict[str, Any] | None = None, predictions: str | Path | None = None
+        self, data: str | Path, *, options: dict[str, Any] | None = None, predictions: str | Path | None = None,
+        speed: bool = False,
     ) -> dict[str, Any]:
         """The task's metrics on labelled ``data``, the decision settings saved at fine-tuning used as
-        they are (tuning them on the data being scored would flatter it)."""
+        they are (tuning them on the data being scored would flatter it). ``speed``: with the
+        examples per second of the prediction (evaluation.evaluate) and the model's bytes."""
         ctx = self.context(options)
         metrics, got = evaluation.evaluate(self.plugin, self.plugin.read(Path(data), ctx.options), self.tokenizer, ctx,
                                            self.run_batch, batch_size=self.batch_size, max_tokens=self.batch_tokens,
-                                           run_tokens=self.run_tokens)
+                                           run_tokens=self.run_tokens, speed=speed)
+        if speed:
+            metrics["model_bytes"] = (self.path / "model.onnx").stat().st_size
         if predictions is not None:
             write_jsonl(predictions, got.predictions)
         return metrics
@@ -534,13 +538,15 @@ def evaluate_bundle(
     predictions: str | Path | None = None,
     device: str = "cpu",
     threads: int | None = None,
+    speed: bool = False,
 ) -> dict[str, Any]:
-    """Score an exported bundle on labelled ``data`` with its task's metrics (onnxruntime)."""
+    """Score an exported bundle on labelled ``data`` with its task's metrics (onnxruntime); ``speed``:
+    with its examples per second and bytes (TaskPipeline.evaluate)."""
     pipe = Pipeline.load(bundle, device=device, threads=threads)
     if not isinstance(pipe, TaskPipeline):
         raise BundleError(f"{bundle} is a {pipe.task} bundle, which has no labelled evaluation",
                           "evaluate a bundle of a fine-tuned task")
-    return pipe.evaluate(data, options=options, predictions=predictions)
+    return pipe.evaluate(data, options=options, predictions=predictions, speed=speed)
 
 
 # ---- inputs ------------------------------------------------------------------------------------

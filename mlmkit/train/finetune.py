@@ -22,6 +22,7 @@ from mlmkit.models.config import ModelConfig
 from mlmkit.registry import Example, Plugin, TaskContext, get_task
 from mlmkit.rundir.checkpoint import is_model_dir, load_state_dict, load_weights, read_run_meta, save_run
 from mlmkit.rundir.config import load_config
+from mlmkit.rundir.weights import weight_files
 from mlmkit.text.beir import split_spec
 from mlmkit.text.tokenizer import load_tokenizer, special_ids
 from mlmkit.train.data import FeatureData
@@ -241,16 +242,19 @@ def evaluate_base(
 
 def evaluate_run(
     run_dir: str | Path, data: str | Path, *, options: dict[str, Any] | None = None,
-    predictions: str | Path | None = None, device: str = "cpu", batch_size: int = 64,
+    predictions: str | Path | None = None, device: str = "cpu", batch_size: int = 64, speed: bool = False,
 ) -> dict[str, Any]:
     """Metrics of a fine-tuned run directory on labelled ``data`` (PyTorch); optionally write the
-    predictions as JSON lines. The decision settings saved at fine-tuning are used as they are."""
+    predictions as JSON lines. The decision settings saved at fine-tuning are used as they are.
+    ``speed``: with the examples per second of the prediction and the bytes of the weights."""
     task, net, tok, meta = load_finetuned(run_dir)
     net.to(resolve_device(device))
     opts = task.resolve_options(options, saved=meta.get("options"), model=True)
     ctx = TaskContext.from_meta(meta, opts)
     metrics, got = evaluation.evaluate(task, task.read(Path(data), opts), tok, ctx, torch_forward(net, task.outputs),
-                                       batch_size=batch_size)
+                                       batch_size=batch_size, speed=speed)
+    if speed:
+        metrics["model_bytes"] = sum(f.stat().st_size for f in weight_files(Path(run_dir)))
     if predictions is not None:
         write_jsonl(predictions, got.predictions)
     return metrics

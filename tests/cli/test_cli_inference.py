@@ -192,3 +192,33 @@ def test_evaluate_a_bundle(bundles, runs, tmp_path):
     assert len(jsonl((tmp_path / "p.jsonl").read_text())) == 2
     r = runner.invoke(app, ["evaluate", str(bundles["fill-mask"]), "--data", str(data)])
     assert "fill-mask bundle" in one_red_line(r)
+
+
+def test_evaluate_several_models_side_by_side(bundles, runs, tmp_path, monkeypatch):
+    """`mlmkit evaluate A B C --speed`: the same data through each (a run by PyTorch, bundles by
+    onnxruntime), one JSON line per model with its metrics, examples/s and bytes; the table on a
+    terminal; --predictions takes one model."""
+    rng = random.Random(0)
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\n" + "".join(f"{sentence(rng, 6)},{rng.choice(['neg', 'pos'])}\n" for _ in range(30)))
+    int8 = tmp_path / "int8"
+    run_export(runs["classification"], int8, quantize="int8")
+    models = [runs["classification"], bundles["classification"], int8]
+    r = runner.invoke(app, ["evaluate", *map(str, models), "--data", str(data), "--speed"])
+    assert r.exit_code == 0, r.output
+    rows = jsonl(r.stdout)
+    assert [x["model"] for x in rows] == [str(m) for m in models]
+    assert all(x["examples_per_second"] > 0 and x["model_bytes"] > 0 and 0 <= x["accuracy"] <= 1 for x in rows)
+    assert abs(rows[0]["accuracy"] - rows[1]["accuracy"]) < 1e-9  # PyTorch and onnxruntime: the same predictions
+    assert rows[2]["model_bytes"] < rows[1]["model_bytes"]
+    plain = runner.invoke(app, ["evaluate", *map(str, models[1:]), "--data", str(data)])
+    assert all("examples_per_second" not in x for x in jsonl(plain.stdout))  # timing only when asked
+    import mlmkit.cli.training as cli_training
+
+    monkeypatch.setattr(cli_training, "want_json", lambda flag: False)  # as on a terminal
+    table = runner.invoke(app, ["evaluate", *map(str, models), "--data", str(data), "--speed"])
+    assert table.exit_code == 0 and "examples/s" in table.stdout and "accuracy" in table.stdout, table.output
+    two = runner.invoke(app, ["evaluate", *map(str, models[1:]), "--data", str(data), "--predictions", str(tmp_path / "p")])
+    assert "--predictions takes one model" in one_red_line(two)
+    gone = runner.invoke(app, ["evaluate", str(models[1]), str(tmp_path / "nothing"), "--data", str(data)])
+    assert "not found" in one_red_line(gone) and not gone.stdout
