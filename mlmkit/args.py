@@ -290,6 +290,35 @@ class FinetuneArgs(Args):
 
 
 @dataclass
+class DistillArgs(Args):
+    """`mlmkit distill`: a student with fewer layers, trained on a fine-tuned teacher's outputs."""
+
+    teacher: Path = arg(help="A fine-tuned run directory (any task but sparse-embedding).", positional=True)
+    train_file: Path = arg(help="What the teacher labels: inputs as `mlmkit predict --input` reads them (.txt, .jsonl, "
+                                ".csv, .tsv, .parquet; labels in them are not used), or the task's own data format "
+                                "(a BEIR directory, SQuAD JSON, CoNLL).", flags=("--train",))
+    out: Path = arg(help="The student's run directory.")
+    layers: int = arg(help="The student's layers, 1 to the teacher's.")
+    layer_map: str | None = arg(None, "Which teacher layer starts each student layer, e.g. 0,2,4 (increasing, "
+                                      "distinct); default: every L/K-th from the first.")
+    temperature: float = arg(2.0, "Softmax temperature of the distillation loss on logits (squared, it scales the loss).")
+    held_out: float = arg(0.1, "Share of the inputs kept out of training, on which the student's agreement with the "
+                               "teacher is measured (0: none).")
+    batch_size: int = arg(32, "Features per micro-batch.")
+    max_length: int | None = arg(None, "Maximum tokens per input (the teacher's if absent).")
+    options: dict[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
+    train: TrainArgs = arg(factory=lambda: TrainArgs(epochs=3.0, lr=1e-4, warmup_ratio=0.1, keep_last=1))
+
+    def __post_init__(self) -> None:
+        _check(self.layers >= 1, f"--layers must be at least 1, got {self.layers}")
+        _check(math.isfinite(self.temperature) and self.temperature > 0,
+               f"--temperature must be a positive number, got {self.temperature}")
+        _check(0 <= self.held_out < 1, f"--held-out must be from 0 up to (not including) 1, got {self.held_out}")
+        _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
+        _check(self.max_length is None or self.max_length >= 8, f"--max-length {self.max_length} is too short", "use at least 8")
+
+
+@dataclass
 class SweepArgs(FinetuneArgs):
     """`mlmkit sweep`: fine-tuning trials chosen by Optuna; --out is the sweep's directory (a run per trial)."""
 

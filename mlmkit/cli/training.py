@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from mlmkit.args import FinetuneArgs, PretrainArgs, SweepArgs, TokenizeArgs, TokenizerArgs
+from mlmkit.args import DistillArgs, FinetuneArgs, PretrainArgs, SweepArgs, TokenizeArgs, TokenizerArgs
 from mlmkit.cli.common import (
     Json,
     err,
@@ -118,6 +118,19 @@ def finetune(args: FinetuneArgs, options: dict[str, Any]) -> None:
 
     metrics = run(replace(args, options={**args.options, **options}, train=replace(args.train, progress=err.is_terminal)))
     print_metrics(metrics, f"fine-tuning {args.task} -> {args.out}", as_json=False)
+
+
+@app.command()
+@handle_errors
+@with_args(DistillArgs)
+def distill(args: DistillArgs) -> None:
+    """Distil a fine-tuned run into a student with fewer layers, trained on the teacher's outputs."""
+    from dataclasses import replace
+
+    from mlmkit.train.distill import distill as run
+
+    metrics = run(replace(args, train=replace(args.train, progress=err.is_terminal)))
+    print_metrics(metrics, f"distilling {args.teacher} -> {args.out}", as_json=False)
 
 
 @app.command()

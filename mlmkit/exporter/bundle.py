@@ -44,7 +44,6 @@ from mlmkit.errors import ConfigError, ParityError
 from mlmkit.exporter.graphs import build_graph, graph_inputs, torch_export
 from mlmkit.exporter.parity import (
     ATOL,
-    agreement,
     calibration_batches,
     check_fp16,
     compare,
@@ -56,6 +55,7 @@ from mlmkit.exporter.parity import (
 from mlmkit.exporter.passes import fast_int8_cpu, fuse, quantize_int8, quantize_int8_static, to_fp16
 from mlmkit.files import atomic_write, atomic_write_text, exclusive, write_json
 from mlmkit.infer.bundle import BUNDLE_FORMAT, LABELS_KEY, tokenizer_fingerprint
+from mlmkit.infer.evaluation import agreement
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import set_attention_impl
 from mlmkit.registry import get_task, tasks
@@ -234,7 +234,8 @@ def _int8_agreement(args: ExportArgs, fp32: Path, final: Path, batches: list[dic
     a, b = onnx_session(fp32), onnx_session(final)
     got = agreement([run_onnx(a, x, names) for x in batches], [run_onnx(b, x, names) for x in batches], axes,
                     [x["attention_mask"] for x in batches])
-    measure = "top-1 agreement" if got["top1"] is not None else "mean cosine"
+    measure = ("top-1 agreement" if got["top1"] is not None else "mean cosine" if got["cosine"] is not None
+               else "score correlation")
     if args.min_agreement is not None and (got["value"] is None or got["value"] < args.min_agreement):
         # rounded down: a value just below the gate must not print as the gate
         shown = "nothing to compare" if got["value"] is None else f"{math.floor(got['value'] * 1e6) / 1e6:.6f}"

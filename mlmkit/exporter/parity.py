@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from mlmkit.errors import ParityError
+from mlmkit.infer.evaluation import decisions, real_rows
 from mlmkit.models.core import set_attention_impl
-from mlmkit.registry import BATCH, LABEL, SEQUENCE, per_token
 
 log = logging.getLogger("mlmkit")
 
@@ -56,26 +56,6 @@ def sample_batch(
 
 
 # ---- comparing outputs -----------------------------------------------------------------------
-def _real(arr: np.ndarray, axes: tuple[str, ...], mask: np.ndarray) -> np.ndarray:
-    """Per-token outputs at the real (unpadded) tokens only; others unchanged."""
-    return arr[mask.astype(bool)] if per_token(axes) else arr  # (tokens, ...)
-
-
-def _decisions(name: str, arr: np.ndarray, axes: tuple[str, ...], mask: np.ndarray) -> np.ndarray | None:
-    """The top-1 choices an output stands for: argmax over its last axis (labels), over positions for
-    (batch, sequence) scores (QA), the ids themselves for integer outputs; None for an output that
-    makes no choice (one number per row, such as a regression score, or fill-mask's sorted probabilities)."""
-    if name == "top_ids":
-        return arr[:, 0]
-    if name == "top_probs" or (arr.dtype.kind == "f" and len(axes) == 1):
-        return None
-    if arr.dtype.kind != "f":
-        return arr.reshape(-1)
-    if tuple(axes) == (BATCH, SEQUENCE):
-        return np.where(mask.astype(bool), arr, -np.inf).argmax(axis=1)
-    return _real(arr, axes, mask).argmax(axis=-1).reshape(-1)
-
-
 def sparse_diff(ref_ids: np.ndarray, ref_vals: np.ndarray, ids: np.ndarray, vals: np.ndarray) -> float:
     """The largest difference between two batches of sparse vectors (the top terms of each row: ids,
     -1 for none, and their weights), compared as maps term -> weight: a term both keep, by its
@@ -122,8 +102,8 @@ def compare(
                 raise ParityError("output 'mask_positions' differs between onnxruntime and PyTorch")
             continue
         if a.dtype.kind == "f":
-            diffs[name] = float(np.abs(_real(a, axes[name], mask) - _real(b.astype(np.float32), axes[name], mask)).max(initial=0.0))
-        da, db = _decisions(name, a, axes[name], mask), _decisions(name, b, axes[name], mask)
+            diffs[name] = float(np.abs(real_rows(a, axes[name], mask) - real_rows(b.astype(np.float32), axes[name], mask)).max(initial=0.0))
+        da, db = decisions(name, a, axes[name], mask), decisions(name, b, axes[name], mask)
         if da is not None:
             agree += int((da == db).sum())
             total += da.size
@@ -163,32 +143,6 @@ def calibration_batches(path: Path, meta: dict[str, Any], tok: Any, pad_id: int,
     lengths = [len(f["input_ids"]) for f in features]
     return [{k: v for k, v in pad_features([features[i] for i in b], pad_id).items() if k in inputs}
             for b in bucket_batches(lengths, CALIBRATION_BATCH)]
-
-
-def agreement(ref: list[dict[str, np.ndarray]], got: list[dict[str, np.ndarray]], axes: dict[str, tuple[str, ...]],
-              masks: list[np.ndarray]) -> dict[str, float | None]:
-    """How far a converted graph (int8, fp16) agrees with fp32 over batches of real inputs: the top-1
-    agreement of the outputs that choose (among labels, or positions: tags, QA spans, fill-mask ids),
-    and the mean cosine of the rows of vector outputs (embeddings; sparse vectors as term maps are
-    held to their top terms' ids). ``value`` is the one a gate reads: top-1 where the graph chooses,
-    else the cosine."""
-    agree = total = 0
-    cosines: list[np.ndarray] = []
-    for r, g, mask in zip(ref, got, masks):
-        for name, a in r.items():
-            b, ax = g[name], axes[name]
-            if a.dtype.kind == "f" and len(ax) == 2 and ax[1] not in (LABEL, SEQUENCE) and name != "values":
-                x, y = a.astype(np.float64), b.astype(np.float64)
-                den = np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)
-                cosines.append(np.where(den > 0, (x * y).sum(1) / np.where(den > 0, den, 1.0), 1.0))
-                continue
-            da, db = _decisions(name, a, ax, mask), _decisions(name, b, ax, mask)
-            if da is not None:
-                agree += int((da == db).sum())
-                total += da.size
-    top1 = agree / total if total else None
-    cosine = float(np.concatenate(cosines).mean()) if cosines else None
-    return {"top1": top1, "cosine": cosine, "value": top1 if top1 is not None else cosine}
 
 
 # ---- onnx steps --------------------------------------------------------------------------------

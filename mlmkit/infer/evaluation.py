@@ -21,7 +21,18 @@ from typing import Any
 import numpy as np
 
 from mlmkit.errors import TaskError
-from mlmkit.registry import EXAMPLE, TRUNCATED, Example, Feature, Plugin, TaskContext, per_token
+from mlmkit.registry import (
+    BATCH,
+    EXAMPLE,
+    LABEL,
+    SEQUENCE,
+    TRUNCATED,
+    Example,
+    Feature,
+    Plugin,
+    TaskContext,
+    per_token,
+)
 from mlmkit.text.batching import bucket_batches, pad_features
 from mlmkit.text.tokenizer import special_ids
 
@@ -161,3 +172,61 @@ def check_features(task: Plugin, features: list[Feature], n_examples: int, *, gr
     if complete and len(seen) != n_examples:
         raise TaskError(f"task '{task.name}': {n_examples - len(seen)} of {n_examples} examples got no feature",
                         "featurize must give every example at least one feature")
+
+
+# ---- agreement of two models' outputs -----------------------------------------------------------
+def real_rows(arr: np.ndarray, axes: tuple[str, ...], mask: np.ndarray) -> np.ndarray:
+    """Per-token outputs at the real (unpadded) tokens only; others unchanged."""
+    return arr[mask.astype(bool)] if per_token(axes) else arr  # (tokens, ...)
+
+
+def decisions(name: str, arr: np.ndarray, axes: tuple[str, ...], mask: np.ndarray) -> np.ndarray | None:
+    """The top-1 choices an output stands for: argmax over its last axis (labels), over positions for
+    (batch, sequence) scores (QA), the ids themselves for integer outputs; None for an output that
+    makes no choice (one number per row, such as a regression score, or fill-mask's sorted probabilities)."""
+    if name == "top_ids":
+        return arr[:, 0]
+    if name == "top_probs" or (arr.dtype.kind == "f" and len(axes) == 1):
+        return None
+    if arr.dtype.kind != "f":
+        return arr.reshape(-1)
+    if tuple(axes) == (BATCH, SEQUENCE):
+        return np.where(mask.astype(bool), arr, -np.inf).argmax(axis=1)
+    return real_rows(arr, axes, mask).argmax(axis=-1).reshape(-1)
+
+
+def agreement(ref: Sequence[Mapping[str, np.ndarray]], got: Sequence[Mapping[str, np.ndarray]],
+              axes: Mapping[str, tuple[str, ...]], masks: Sequence[np.ndarray]) -> dict[str, float | None]:
+    """How far one model's outputs (int8, fp16, a distilled student) agree with another's (fp32, the
+    teacher) over batches of real inputs: the top-1 agreement of the outputs that choose (among labels,
+    or positions: tags, QA spans, fill-mask ids), the mean cosine of the rows of vector outputs
+    (embeddings; sparse vectors as term maps are held to their top terms' ids), and the Pearson
+    correlation of one-number outputs (a reranker's relevance, a regression). ``value`` is the one a
+    gate reads: top-1 where the model chooses, else the cosine, else the correlation."""
+    agree = total = 0
+    cosines: list[np.ndarray] = []
+    scores: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+    for r, g, mask in zip(ref, got, masks):
+        for name, a in r.items():
+            b, ax = g[name], axes[name]
+            if a.dtype.kind == "f" and (len(ax) == 1 or (ax[1:] == (LABEL,) and a.shape[1] == 1)):  # one number a row
+                scores[0].append(a.reshape(-1))
+                scores[1].append(b.reshape(-1))
+                continue
+            if a.dtype.kind == "f" and len(ax) == 2 and ax[1] not in (LABEL, SEQUENCE) and name != "values":
+                x, y = a.astype(np.float64), b.astype(np.float64)
+                den = np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)
+                cosines.append(np.where(den > 0, (x * y).sum(1) / np.where(den > 0, den, 1.0), 1.0))
+                continue
+            da, db = decisions(name, a, ax, mask), decisions(name, b, ax, mask)
+            if da is not None:
+                agree += int((da == db).sum())
+                total += da.size
+    top1 = agree / total if total else None
+    cosine = float(np.concatenate(cosines).mean()) if cosines else None
+    pearson = None
+    if scores[0]:
+        x, y = np.concatenate(scores[0]).astype(np.float64), np.concatenate(scores[1]).astype(np.float64)
+        pearson = float(np.corrcoef(x, y)[0, 1]) if len(x) > 1 and x.std() > 0 and y.std() > 0 else None
+    value = top1 if top1 is not None else cosine if cosine is not None else pearson
+    return {"top1": top1, "cosine": cosine, "pearson": pearson, "value": value}

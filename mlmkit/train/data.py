@@ -45,10 +45,13 @@ def batch_seed(seed: int, epoch: int, index: int) -> int:
 class FeatureData:
     """Training data source over task features: length-bucketed batches, a new order each epoch."""
 
-    def __init__(self, features: list[Feature], task: Plugin, batch_size: int, pad_id: int, seed: int) -> None:
+    def __init__(self, features: list[Feature], task: Plugin, batch_size: int, pad_id: int, seed: int,
+                 extra: Sequence[str] | None = None) -> None:
+        """``extra``: the feature keys batched beside the inputs (default: the task's label_names)."""
         if not features:
             raise MlmkitError("the training data has no examples", "check the --train file")
         self.features, self.task, self.batch_size, self.pad_id, self.seed = features, task, batch_size, pad_id, seed
+        self.extra = tuple(task.label_names if extra is None else extra)
         self.lengths = [len(f["input_ids"]) for f in features]
         self.groups: list[list[int]] | None = None
         self.keys: list[frozenset[Any]] | None = None
@@ -81,7 +84,7 @@ class FeatureData:
     def batch(self, epoch: int, index: int, seed: int) -> dict[str, torch.Tensor]:
         plan = self.plan(epoch)
         feats = [self.features[i] for i in plan[index % len(plan)]]
-        arrays = pad_features(feats, self.pad_id, extra=self.task.label_names)
+        arrays = pad_features(feats, self.pad_id, extra=self.extra)
         if self.groups is not None:  # the example of each feature, numbered from 0 within the batch
             number: dict[Any, int] = {}
             arrays[EXAMPLE] = np.array([number.setdefault(f[EXAMPLE], len(number)) for f in feats], dtype=np.int64)

@@ -1,0 +1,234 @@
+"""`mlmkit distill`: a smaller student of a fine-tuned run, trained to give the teacher's outputs.
+
+The student is an ordinary run of the teacher's task and family, with K of its layers: it starts from
+the teacher's embeddings, its head and the K layers of the layer map (DistilBERT's recipe: every
+L/K-th layer from the first by default), so training starts near the teacher, not from scratch. The
+teacher labels the training inputs once (a torch forward over them, before training); the inputs may
+be the task's own data, labelled or not, or plain texts: the gold labels are not used.
+
+The loss, per output the task declares (the default of every task; a task may not need more):
+
+    label outputs (batch, label) or (batch, sequence, label), more than one label
+                      KL(teacher || student) of the softmaxes at temperature T, times T^2 (Hinton et
+                      al. 2015), per token at the real tokens for tagging
+    position scores (batch, sequence), QA's start / end logits
+                      the same over the real positions of each row
+    anything else     (a vector, one score: embeddings, a reranker's relevance) mean squared error
+
+The student's agreement with the teacher on the held-out inputs (top-1 for outputs that choose,
+mean cosine for vectors: infer.evaluation.agreement) goes into its mlmkit.json ("distill"), with the
+teacher, the layer map, the loss and the temperature.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mlmkit.args import DistillArgs
+from mlmkit.errors import ConfigError, MlmkitError
+from mlmkit.files import atomic_write_text, exclusive, read_json, write_json
+from mlmkit.infer import evaluation
+from mlmkit.registry import LABEL, SEQUENCE, Example, Feature, Plugin, TaskContext
+from mlmkit.rundir.checkpoint import load_weights, save_run
+from mlmkit.text.batching import pad_features
+from mlmkit.text.records import iter_inputs
+from mlmkit.text.tokenizer import special_ids
+from mlmkit.train.data import FeatureData
+from mlmkit.train.finetune import load_finetuned, torch_forward
+from mlmkit.train.loop import Trainer
+from mlmkit.train.tracking import flat_params, parse_report_to
+
+log = logging.getLogger("mlmkit")
+
+TARGET = "teacher_"  # feature keys of the teacher's outputs: TARGET + output name
+
+
+def layer_map(teacher_layers: int, k: int, spec: str | None = None) -> list[int]:
+    """The teacher layer each of the student's ``k`` layers starts from: ``spec`` ("0,2,4"), else
+    every L/K-th from the first (6 -> 3: 0, 2, 4)."""
+    if not 1 <= k <= teacher_layers:
+        raise ConfigError(f"--layers {k}: the student has 1 to the teacher's {teacher_layers} layers",
+                          f"give --layers 1 to {teacher_layers}")
+    if spec is None:
+        return [i * teacher_layers // k for i in range(k)]
+    try:
+        got = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--layer-map {spec!r} is not a list of layer numbers", "e.g. --layer-map 0,2,4") from None
+    if len(got) != k:
+        raise ConfigError(f"--layer-map {spec!r} names {len(got)} layers, --layers is {k}", "name one teacher layer per student layer")
+    if any(not 0 <= x < teacher_layers for x in got):
+        raise ConfigError(f"--layer-map {spec!r}: the teacher's layers are 0 to {teacher_layers - 1}")
+    if got != sorted(set(got)):
+        raise ConfigError(f"--layer-map {spec!r}: each teacher layer once, in increasing order", "e.g. --layer-map 0,2,4")
+    return got
+
+
+def student_weights(teacher: dict[str, torch.Tensor], mapping: list[int]) -> dict[str, torch.Tensor]:
+    """The teacher's weights with its layers ``mapping[i]`` as the student's layers ``i`` (the other
+    layers dropped; embeddings, shared encoder modules and the head as they are)."""
+    new = {f"bert.encoder.layer.{m}.": f"bert.encoder.layer.{i}." for i, m in enumerate(mapping)}
+    out: dict[str, torch.Tensor] = {}
+    for k, v in teacher.items():
+        if not k.startswith("bert.encoder.layer."):
+            out[k] = v
+            continue
+        prefix = ".".join(k.split(".")[:4]) + "."
+        if prefix in new:
+            out[new[prefix] + k[len(prefix):]] = v
+    return out
+
+
+class DistillData(FeatureData):
+    """FeatureData whose batches also carry the teacher's outputs (TARGET + name), padded to the batch's
+    longest feature where they are per token."""
+
+    def __init__(self, features: list[Feature], task: Plugin, batch_size: int, pad_id: int, seed: int,
+                 outputs: dict[str, tuple[str, ...]]) -> None:
+        super().__init__(features, task, batch_size, pad_id, seed, extra=())  # no gold labels: the teacher's outputs
+        self.outputs = outputs
+
+    def batch(self, epoch: int, index: int, seed: int) -> dict[str, torch.Tensor]:
+        out = super().batch(epoch, index, seed)
+        plan = self.plan(epoch)
+        feats = [self.features[i] for i in plan[index % len(plan)]]
+        T = out["input_ids"].shape[1]
+        for name, axes in self.outputs.items():
+            rows = [np.asarray(f[TARGET + name], dtype=np.float32) for f in feats]
+            if len(axes) > 1 and axes[1] == SEQUENCE:  # per token: padded to the batch's length
+                rows = [np.pad(r, [(0, T - len(r))] + [(0, 0)] * (r.ndim - 1)) for r in rows]
+            out[TARGET + name] = torch.from_numpy(np.stack(rows))
+        return out
+
+
+class Distiller(nn.Module):
+    """The student in training: its outputs held to the teacher's (the module docstring's losses)."""
+
+    def __init__(self, student: nn.Module, outputs: dict[str, tuple[str, ...]], temperature: float) -> None:
+        super().__init__()
+        self.student, self.outputs, self.temperature = student, outputs, temperature
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, **teacher: torch.Tensor) -> dict[str, torch.Tensor]:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        got = self.student(input_ids, attention_mask, token_type_ids)
+        losses = [self.loss(got[name].float(), teacher[TARGET + name].float(), axes, attention_mask.bool())
+                  for name, axes in self.outputs.items()]
+        return {**got, "loss": torch.stack(losses).sum()}
+
+    def loss(self, s: torch.Tensor, t: torch.Tensor, axes: tuple[str, ...], mask: torch.Tensor) -> torch.Tensor:
+        T = self.temperature
+        if axes[-1] == LABEL and s.shape[-1] > 1:  # (B, L) or (B, T, L): KL of the softmaxes
+            if len(axes) == 3:
+                s, t = s[mask], t[mask]  # the real tokens
+            return F.kl_div(F.log_softmax(s / T, -1), F.log_softmax(t / T, -1), log_target=True,
+                            reduction="batchmean") * T * T
+        if tuple(axes[1:]) == (SEQUENCE,):  # (B, T) position scores: a softmax over each row's real positions
+            fill = torch.finfo(s.dtype).min
+            s, t = s.masked_fill(~mask, fill), t.masked_fill(~mask, fill)
+            logp, logq = F.log_softmax(s / T, -1), F.log_softmax(t / T, -1)
+            return (logq.exp() * (logq - logp)).masked_fill(~mask, 0.0).sum(-1).mean() * T * T
+        return F.mse_loss(s, t)
+
+
+def distill(args: DistillArgs) -> dict[str, Any]:
+    """Distil ``args.teacher`` into a student of ``args.layers`` layers; write its run directory.
+    Returns the final training metrics with the held-out agreement ("agreement_...")."""
+    parse_report_to(args.train.report_to)
+    with exclusive(args.out) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext():
+        return _distill(args)
+
+
+INPUT_SUFFIXES = (".txt", ".jsonl", ".csv", ".tsv", ".parquet")
+
+
+def _examples(task: Plugin, path: Path, options: dict[str, Any]) -> list[Example]:
+    """The inputs the teacher labels: a file of inputs as `mlmkit predict --input` reads them (texts,
+    or records of the task's input fields; any labels in them are not used), else the task's own data
+    format (a BEIR directory, SQuAD JSON, CoNLL), read as evaluation data."""
+    if path.suffix.lower() in INPUT_SUFFIXES:
+        return [task.from_input(r.data, options) for r in iter_inputs(path)]
+    return task.read(path, options, training=False)
+
+
+def _distill(args: DistillArgs) -> dict[str, Any]:
+    task, teacher, tok, meta = load_finetuned(args.teacher)
+    if any(not axes or axes[0] != "batch" for axes in task.outputs.values()) or "indices" in task.outputs:
+        raise ConfigError(f"the {task.name} task's outputs are not distilled yet", "distil a classification, tagging, "
+                          "qa, embedding or rerank run")
+    cfg = teacher.bert.config
+    mapping = layer_map(cfg.num_hidden_layers, args.layers, args.layer_map)
+    opts = task.resolve_options(args.options, saved=meta.get("options"), model=True)
+    L = args.max_length or int(meta["max_length"])
+    if L > cfg.max_tokens:
+        raise ConfigError(f"--max-length {L} exceeds the model's {cfg.max_tokens} positions")
+    ctx = TaskContext.from_meta({**meta, "max_length": L}, opts)
+    examples = _examples(task, Path(args.train_file), opts)
+    if len(examples) < 2:
+        raise MlmkitError(f"{args.train_file}: {len(examples)} inputs", "the teacher needs inputs to label: give more")
+    random.Random(args.train.seed).shuffle(examples)
+    n_held = int(len(examples) * args.held_out)
+    held, train_ex = examples[:n_held], examples[n_held:]
+    outputs = {name: tuple(axes) for name, axes in task.outputs.items()}
+    pad = special_ids(tok).pad
+    features = task.featurize(train_ex, tok, ctx, training=False)
+    evaluation.check_features(task, features, len(train_ex), complete=False)
+    log.info("the teacher labels %d inputs (%d features)", len(train_ex), len(features))
+    got = evaluation.run_features(features, torch_forward(teacher, outputs), outputs, pad_id=pad, batch_size=64)
+    for i, f in enumerate(features):
+        f.update({TARGET + name: got[name][i] for name in outputs})
+
+    student_cfg = replace(cfg, num_hidden_layers=args.layers, extra=dict(cfg.extra))
+    torch.manual_seed(args.train.seed)
+    student = task.build_model(student_cfg, ctx)
+    load_weights(student, student_weights(teacher.state_dict(), mapping))
+    info: dict[str, Any] = {"teacher": str(args.teacher), "layer_map": mapping, "temperature": args.temperature,
+            "loss": "kl on logits and positions, mse on vectors and scores", "inputs": str(args.train_file)}
+    run_meta: dict[str, Any] = {**{k: meta[k] for k in ("task", "labels", "task_state") if k in meta}, "max_length": L,
+                "options": task.saved_options(opts), "distill": info}
+
+    def save_model(m: nn.Module, d: Path, meta_: dict[str, Any]) -> None:
+        for name, text in task.run_files(student_cfg, ctx).items():  # before save_run, which writes mlmkit.json last
+            (d / name).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(d / name, text)
+        save_run(m.student if isinstance(m, Distiller) else m, d, config=student_cfg, tokenizer=tok,
+                 meta={**meta_, **run_meta})
+
+    data = DistillData(features, task, args.batch_size, pad, args.train.seed, outputs)
+    data_key = {"batch_size": args.batch_size, "max_length": L, "teacher": str(Path(args.teacher).resolve()),
+                "inputs": str(Path(args.train_file).resolve()), "layer_map": mapping, "held_out": args.held_out}
+    model = Distiller(student, outputs, args.temperature)
+    metrics = Trainer(model, data, args.train, args.out, save_model=save_model, data_key=data_key,
+                      params=flat_params(args)).train(run_meta)
+    if held:
+        agree = held_out_agreement(task, held, tok, ctx, teacher, student.eval(), outputs, pad)
+        info["agreement"] = {**agree, "held_out": len(held)}
+        desc = read_json(Path(args.out) / "mlmkit.json")
+        write_json(Path(args.out) / "mlmkit.json", {**desc, "distill": info})
+        metrics = {**metrics, **{f"agreement_{k}": v for k, v in agree.items() if v is not None}}
+    return metrics
+
+
+def held_out_agreement(task: Plugin, held: list[Example], tok: Any, ctx: TaskContext, teacher: nn.Module,
+                       student: nn.Module, outputs: dict[str, tuple[str, ...]], pad: int) -> dict[str, float | None]:
+    """The student's agreement with the teacher on inputs neither trained on (evaluation.agreement)."""
+    features = task.featurize(held, tok, ctx, training=False)
+    ref, got, masks = [], [], []
+    for b in [features[i:i + 64] for i in range(0, len(features), 64)]:
+        batch = pad_features(b, pad)
+        ref.append(torch_forward(teacher, outputs)(batch))
+        got.append(torch_forward(student, outputs)(batch))
+        masks.append(batch["attention_mask"])
+    return evaluation.agreement(ref, got, outputs, masks)

@@ -1,0 +1,139 @@
+"""`mlmkit distill`: a student with fewer layers learns the teacher's outputs for every built-in task it
+takes (its held-out agreement far above a fresh student's), is an ordinary run (transformers loads it
+with the same outputs), and bad requests are one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import run_finetune
+from task_runs import build_runs, sentence
+from typer.testing import CliRunner
+
+from mlmkit.args import DistillArgs
+from mlmkit.cli import app
+from mlmkit.errors import ConfigError, MlmkitError
+from mlmkit.files import read_json
+from mlmkit.registry import TaskContext
+from mlmkit.text.tokenizer import special_ids
+from mlmkit.train.distill import _examples, distill, held_out_agreement, layer_map, student_weights
+from mlmkit.train.finetune import load_finetuned
+
+TASKS = ("classification", "tagging", "qa", "embedding", "rerank")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    return build_runs(tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(scope="module")
+def teachers(runs, tmp_path_factory) -> dict[str, Path]:
+    """The task runs, the classifier fine-tuned on a keyword task first: an untrained head on the tiny
+    base gives every text one label, which any student agrees with."""
+    d, rng = tmp_path_factory.mktemp("teacher"), random.Random(1)
+    rows = [sentence(rng, rng.randint(4, 14)) for _ in range(300)]
+    data = d / "train.csv"
+    data.write_text("text,label\n" + "".join(f"{t},{'yes' if ' cat' in ' ' + t or ' dog' in ' ' + t else 'no'}\n" for t in rows))
+    run_finetune("classification", runs["fill-mask"], data, d / "clf", epochs=3, lr=1e-3, max_length=32)
+    return {**runs, "classification": d / "clf"}
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, Path]:
+    """Unlabelled inputs as `mlmkit predict --input` reads them, for each task."""
+    d, rng = tmp_path_factory.mktemp("inputs"), random.Random(0)
+    texts = d / "texts.txt"
+    texts.write_text("".join(sentence(rng, rng.randint(4, 16)) + "\n" for _ in range(500)))
+    qa = d / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"question": sentence(rng, 4), "context": sentence(rng, 30)}) + "\n" for _ in range(300)))
+    pairs = d / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"text": sentence(rng, 5), "text_pair": sentence(rng, 12)}) + "\n" for _ in range(400)))
+    return {"classification": texts, "tagging": texts, "embedding": texts, "qa": qa, "rerank": pairs}
+
+
+def fresh_student_agreement(teacher_dir: Path, data: Path, layers: int = 1) -> float:
+    """The agreement with the teacher of a student of ``layers`` with fresh random weights."""
+    task, teacher, tok, meta = load_finetuned(teacher_dir)
+    ctx = TaskContext.from_meta(meta, task.resolve_options(saved=meta.get("options")))
+    cfg = replace(teacher.bert.config, num_hidden_layers=layers, extra=dict(teacher.bert.config.extra))
+    torch.manual_seed(1)
+    student = task.build_model(cfg, ctx).eval()
+    examples = _examples(task, data, ctx.options)[:100]
+    got = held_out_agreement(task, examples, tok, ctx, teacher, student, {k: tuple(v) for k, v in task.outputs.items()},
+                             special_ids(tok).pad)
+    return float(got["value"] or 0.0)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_student_learns_the_teachers_outputs(teachers, inputs, tmp_path, task):
+    runs = teachers
+    out = tmp_path / "student"
+    m = distill(DistillArgs.from_flat(teacher=runs[task], train_file=inputs[task], out=out, layers=1, epochs=3, lr=3e-4))
+    desc = read_json(out / "mlmkit.json")
+    info = desc["distill"]
+    assert desc["task"] == task and info["layer_map"] == [0] and info["teacher"] == str(runs[task])
+    assert read_json(out / "config.json")["num_hidden_layers"] == 1
+    fresh = fresh_student_agreement(runs[task], inputs[task])
+    got = info["agreement"]["value"]
+    assert m["agreement_value"] == got and info["agreement"]["held_out"] > 0
+    floor = 0.5 if task == "rerank" else 0.9  # rerank: the Pearson correlation of the relevance scores
+    assert got >= floor and got >= fresh + 0.3, (task, fresh, got)
+
+
+def test_a_distilled_classifier_loads_in_transformers_with_the_same_outputs(runs, inputs, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "student"
+    distill(DistillArgs.from_flat(teacher=runs["classification"], train_file=inputs["classification"], out=out,
+                                  layers=1, steps=20))
+    _, ours, tok, _ = load_finetuned(out)
+    theirs = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
+    enc = tok.encode("john went to paris and saw the old river")
+    ids = torch.tensor([enc.ids])
+    with torch.no_grad():
+        a = ours(ids, torch.ones_like(ids), torch.zeros_like(ids))["logits"]
+        b = theirs(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids)).logits
+    np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5)
+
+
+def test_layer_maps_and_weights():
+    assert layer_map(6, 3) == [0, 2, 4] and layer_map(12, 4) == [0, 3, 6, 9] and layer_map(2, 2) == [0, 1]
+    assert layer_map(6, 2, "1,5") == [1, 5]
+    for k, spec, match in ((0, None, "--layers 0"), (7, None, "--layers 7"), (2, "1,1", "each teacher layer once"),
+                           (2, "3,1", "increasing"), (2, "0,6", "0 to 5"), (2, "0", "names 1 layers"), (1, "x", "not a list")):
+        with pytest.raises(ConfigError, match=match):
+            layer_map(6, k, spec)
+    sd = {"bert.embeddings.w": torch.zeros(1), "bert.encoder.layer.0.a": torch.zeros(1),
+          "bert.encoder.layer.2.a": torch.ones(1), "bert.encoder.layer.10.a": torch.full((1,), 2.0), "classifier.w": torch.zeros(1)}
+    got = student_weights(sd, [2, 10])
+    assert set(got) == {"bert.embeddings.w", "bert.encoder.layer.0.a", "bert.encoder.layer.1.a", "classifier.w"}
+    assert float(got["bert.encoder.layer.0.a"]) == 1.0 and float(got["bert.encoder.layer.1.a"]) == 2.0
+
+
+def test_bad_requests_are_one_line_and_write_nothing(runs, inputs, tmp_path):
+    runner = CliRunner()
+    cases = [
+        ([str(runs["classification"]), "--layers", "0"], "--layers must be at least 1"),
+        ([str(runs["classification"]), "--layers", "3"], "--layers 3: the student has 1 to the teacher's 2 layers"),
+        ([str(runs["classification"]), "--layers", "2", "--layer-map", "1,1"], "each teacher layer once"),
+        ([str(runs["classification"]), "--layers", "1", "--layer-map", "4"], "the teacher's layers are 0 to 1"),
+        ([str(runs["fill-mask"]), "--layers", "1"], "is a pretraining run"),
+        ([str(runs["sparse-embedding"]), "--layers", "1"], "outputs are not distilled yet"),
+        ([str(runs["classification"]), "--layers", "1", "--temperature", "0"], "--temperature must be a positive number"),
+    ]
+    for i, (argv, match) in enumerate(cases):
+        out = tmp_path / f"o{i}"
+        r = runner.invoke(app, ["distill", *argv, "--train", str(inputs["classification"]), "--out", str(out)])
+        text = " ".join(r.stderr.split())
+        assert r.exit_code == 2 and text.startswith("error:") and match in text and "Traceback" not in r.output, (argv, r.output)
+        assert not (out / "model.safetensors").exists() and not (out / "mlmkit.json").exists()
+    with pytest.raises(MlmkitError, match="the teacher needs inputs"):
+        (tmp_path / "one.txt").write_text("a cat\n")
+        distill(DistillArgs.from_flat(teacher=runs["classification"], train_file=tmp_path / "one.txt",
+                                      out=tmp_path / "x", layers=1))
