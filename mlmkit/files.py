@@ -101,6 +101,12 @@ def _replacing(path: Path) -> Iterator[str]:
         raise
 
 
+def cache_root() -> Path:
+    """Where mlmkit keeps what it computed once (token shards, a teacher's outputs): $MLMKIT_CACHE, or
+    ~/.cache/mlmkit."""
+    return Path(os.environ.get("MLMKIT_CACHE", Path.home() / ".cache" / "mlmkit"))
+
+
 def atomic_write(path: str | Path, write: Callable[[str], object]) -> None:
     """Call ``write(tmp_path)`` (what it returns is not used), then rename tmp_path over ``path``; on any
     failure ``path`` is untouched and the temporary file is removed."""

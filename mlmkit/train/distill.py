@@ -3,8 +3,9 @@
 The student is an ordinary run of the teacher's task and family, with K of its layers: it starts from
 the teacher's embeddings, its head and the K layers of the layer map (DistilBERT's recipe: every
 L/K-th layer from the first by default), so training starts near the teacher, not from scratch. The
-teacher labels the training inputs once (a torch forward over them, before training); the inputs may
-be the task's own data, labelled or not, or plain texts: the gold labels are not used.
+teacher labels the training inputs once (a torch forward over them, before training, kept in the cache:
+teacher_outputs); the inputs may be the task's own data, labelled or not, or plain texts: the gold
+labels are not used.
 
 The loss, per output the task declares (the default of every task; a task may not need more):
 
@@ -23,6 +24,8 @@ teacher, the layer map, the loss and the temperature.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import random
@@ -37,15 +40,16 @@ from torch import nn
 
 from mlmkit.args import DistillArgs
 from mlmkit.errors import ConfigError, MlmkitError
-from mlmkit.files import atomic_write_text, exclusive, read_json, write_json
+from mlmkit.files import atomic_write, atomic_write_text, cache_root, exclusive, read_json, write_json
 from mlmkit.infer import evaluation
-from mlmkit.registry import LABEL, SEQUENCE, Example, Feature, Plugin, TaskContext
+from mlmkit.registry import LABEL, SEQUENCE, Example, Feature, Plugin, TaskContext, per_token
 from mlmkit.rundir.checkpoint import load_weights, save_run
+from mlmkit.rundir.weights import weights_digest
 from mlmkit.text.batching import pad_features
 from mlmkit.text.records import iter_inputs
 from mlmkit.text.tokenizer import special_ids
 from mlmkit.train.data import FeatureData
-from mlmkit.train.finetune import load_finetuned, torch_forward
+from mlmkit.train.finetune import base_model_dir, data_identity, load_finetuned, torch_forward
 from mlmkit.train.loop import Trainer
 from mlmkit.train.tracking import flat_params, parse_report_to
 
@@ -185,8 +189,10 @@ def _distill(args: DistillArgs) -> dict[str, Any]:
     pad = special_ids(tok).pad
     features = task.featurize(train_ex, tok, ctx, training=False)
     evaluation.check_features(task, features, len(train_ex), complete=False)
-    log.info("the teacher labels %d inputs (%d features)", len(train_ex), len(features))
-    got = evaluation.run_features(features, torch_forward(teacher, outputs), outputs, pad_id=pad, batch_size=64)
+    key = {"teacher": weights_digest(base_model_dir(args.teacher)), "inputs": data_identity(Path(args.train_file)),
+           "max_length": L, "options": task.saved_options(opts), "seed": args.train.seed, "held_out": args.held_out,
+           "features": len(features), "format": 1}
+    got = teacher_outputs(key, features, teacher, outputs, pad)
     for i, f in enumerate(features):
         f.update({TARGET + name: got[name][i] for name in outputs})
 
@@ -219,6 +225,41 @@ def _distill(args: DistillArgs) -> dict[str, Any]:
         write_json(Path(args.out) / "mlmkit.json", {**desc, "distill": info})
         metrics = {**metrics, **{f"agreement_{k}": v for k, v in agree.items() if v is not None}}
     return metrics
+
+
+def teacher_outputs(key: dict[str, Any], features: list[Feature], teacher: nn.Module, outputs: dict[str, tuple[str, ...]],
+                    pad: int) -> dict[str, list[np.ndarray]]:
+    """The teacher's outputs for each feature, computed once: kept under $MLMKIT_CACHE/teacher-outputs,
+    keyed by the teacher's weights, the inputs (path and size), the max length, the options and the
+    held-out split, so a --resume or another student of the same teacher and data reuses them."""
+    path = cache_root() / "teacher-outputs" / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24] + ".npz")
+    if path.is_file():
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                got = {name: np.split(z[name], z[name + ".offsets"][1:-1]) if name + ".offsets" in z.files
+                       else list(z[name]) for name in outputs}
+            if all(len(v) == len(features) for v in got.values()):
+                log.info("the teacher's outputs for these %d features: %s", len(features), path)
+                return got
+        except (OSError, ValueError, KeyError) as e:  # a damaged or older file is computed again
+            log.warning("%s is unreadable (%s): the teacher labels the inputs again", path, e)
+    log.info("the teacher labels %d features", len(features))
+    got = evaluation.run_features(features, torch_forward(teacher, outputs), outputs, pad_id=pad, batch_size=64)
+    arrays: dict[str, Any] = {}
+    for name, rows in got.items():
+        if per_token(outputs[name]):  # rows of different lengths: concatenated, with their offsets
+            arrays[name] = np.concatenate(rows)
+            arrays[name + ".offsets"] = np.cumsum([0, *map(len, rows)])
+        else:
+            arrays[name] = np.stack(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+
+    atomic_write(path, write)
+    return got
 
 
 def held_out_agreement(task: Plugin, held: list[Example], tok: Any, ctx: TaskContext, teacher: nn.Module,

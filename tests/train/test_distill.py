@@ -137,3 +137,26 @@ def test_bad_requests_are_one_line_and_write_nothing(runs, inputs, tmp_path):
         (tmp_path / "one.txt").write_text("a cat\n")
         distill(DistillArgs.from_flat(teacher=runs["classification"], train_file=tmp_path / "one.txt",
                                       out=tmp_path / "x", layers=1))
+
+
+def test_the_teachers_outputs_are_computed_once_per_teacher_and_inputs(teachers, inputs, tmp_path, monkeypatch):
+    """The second student of the same teacher and inputs reads the teacher's outputs from the cache
+    (the teacher is not run again) and trains the same; other inputs are labelled anew."""
+    import mlmkit.train.distill as distill_mod
+
+    kw = dict(teacher=teachers["tagging"], layers=1, steps=10)
+    first = distill(DistillArgs.from_flat(train_file=inputs["tagging"], out=tmp_path / "a", **kw))
+    cached = list((Path(tmp_path / "cache") / "teacher-outputs").glob("*.npz"))
+    assert len(cached) == 1
+
+    def no_teacher(*a, **k):
+        raise AssertionError("the teacher ran again")
+
+    with monkeypatch.context() as m:
+        m.setattr(distill_mod.evaluation, "run_features", no_teacher)
+        again = distill(DistillArgs.from_flat(train_file=inputs["tagging"], out=tmp_path / "b", **kw))
+    assert again["loss"] == pytest.approx(first["loss"], rel=1e-6)
+    other = tmp_path / "other.txt"
+    other.write_text(inputs["tagging"].read_text() + "one more line of text\n")
+    distill(DistillArgs.from_flat(train_file=other, out=tmp_path / "c", **kw))
+    assert len(list((Path(tmp_path / "cache") / "teacher-outputs").glob("*.npz"))) == 2

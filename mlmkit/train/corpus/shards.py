@@ -22,7 +22,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from mlmkit.errors import MlmkitError
-from mlmkit.files import exclusive, parse_json
+from mlmkit.files import cache_root, exclusive, parse_json
 from mlmkit.train.corpus.files import PENDING_CHARS, DocumentPart, corpus_files, iter_documents
 
 log = logging.getLogger("mlmkit")
@@ -67,7 +67,7 @@ def _cache_key(paths: Sequence[Path], tok: Tokenizer, text_column: str) -> str:
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("MLMKIT_CACHE", Path.home() / ".cache" / "mlmkit")) / "corpus"
+    return cache_root() / "corpus"
 
 
 SHARD_FORMAT = "mlmkit-token-shard"
