@@ -23,10 +23,12 @@ specials (modernbert); 4,096
 tokens. Sentences: 8-40 words drawn (by frequency) from the 4,000 commonest words of the docstrings
 of Python's standard library; 1,024 of them are timed (another seed's 20,000 train the tokenizers).
 
-Three sides per family, each in its own worker process (torch and onnxruntime in one process slow
+Four sides per family, each in its own worker process (torch and onnxruntime in one process slow
 each other down, docs/performance.md), loaded and warmed up once, batch 32, 2 threads:
 - mlmkit: the bundle of ``mlmkit export CHECKPOINT --out BUNDLE`` (the Python API), run by
   ``mlmkit.infer.pipeline.Pipeline.load(bundle, threads=2, batch_size=32)`` over the texts;
+- mlmkit-int8: the same with ``--quantize int8`` (dynamic), its speed against fp32 and its labels'
+  agreement printed per family (random weights: the agreement is for information only);
 - transformers: ``pipeline("text-classification", model=CHECKPOINT)`` with torch at 2 threads,
   ``batch_size=32, truncation=True``;
 - optimum-equivalent: what optimum's ``optimum-cli export onnx`` + ``ORTOptimizer`` O2 would make of
@@ -94,7 +96,7 @@ from common import (
 
 HERE = Path(__file__).resolve()
 ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", **thread_env(2)}  # over common.ENV
-VERSION = 3  # bump when the checkpoints or exports change
+VERSION = 5  # bump when the checkpoints or exports change
 VOCAB = 4096
 MAX_LENGTH = 512
 LONG_MAX = 8192
@@ -125,7 +127,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], tuple[str, ...]]] = {
                                                      share_att_key=True, position_biased_input=False, layer_norm_eps=1e-7),
                    ("input_ids", "attention_mask")),
 }
-SIDES = ("transformers", "mlmkit", "optimum")  # mlmkit in the middle: back to back with both
+SIDES = ("transformers", "mlmkit", "optimum", "mlmkit-int8")  # mlmkit back to back with the others; int8 last
 
 
 # ---- data ---------------------------------------------------------------------------------------
@@ -350,6 +352,7 @@ def setup(work: Path, families: list[str], n_sentences: int, attn: str | None = 
         except Exception as e:  # noqa: BLE001 - reported, the other families go on
             (d / "export-error.txt").write_text(f"{type(e).__name__}: {e}\n" + traceback.format_exc())
             log(f"setup {fam}: mlmkit export FAILED: {type(e).__name__}: {e}")
+        setup_int8(d, fam)
         t1 = time.perf_counter()
         try:
             info = optimum_equivalent(d / "checkpoint", fam, d / "optimum-o2.onnx", texts, attn)
@@ -363,12 +366,31 @@ def setup(work: Path, families: list[str], n_sentences: int, attn: str | None = 
         log(f"setup {fam}: done in {time.perf_counter() - t0:.0f}s")
 
 
+def setup_int8(d: Path, fam: str) -> None:
+    """The family's int8 bundle (dynamic, as `mlmkit export --quantize int8`), or int8-error.txt saying why not."""
+    from mlmkit.args import ExportArgs
+    from mlmkit.exporter.bundle import export
+
+    (d / "int8-error.txt").unlink(missing_ok=True)
+    try:
+        q = export(ExportArgs(run=d / "checkpoint", out=d / "bundle-int8", quantize="int8"))
+        log(f"setup {fam}: int8 bundle, top-1 agreement with fp32 on the sample batch "
+            f"{q['parity']['int8_top1_agreement_vs_fp32']:.3f}")
+    except Exception as e:  # noqa: BLE001 - reported, the fp32 sides go on
+        (d / "int8-error.txt").write_text(f"{type(e).__name__}: {e}\n" + traceback.format_exc())
+        log(f"setup {fam}: mlmkit int8 export FAILED: {type(e).__name__}: {e}")
+
+
 # ---- the sides (each in its own process) -----------------------------------------------------------
-def _mlmkit(d: Path, threads: int, batch_size: int):
+def _mlmkit(d: Path, threads: int, batch_size: int, bundle: str = "bundle"):
     from mlmkit.infer.pipeline import Pipeline
 
-    pipe = Pipeline.load(d / "bundle", threads=threads, batch_size=batch_size)
+    pipe = Pipeline.load(d / bundle, threads=threads, batch_size=batch_size)
     return lambda texts: [[r["label"], r["probabilities"]["pos"]] for r in pipe(texts)]
+
+
+def _mlmkit_int8(d: Path, threads: int, batch_size: int):
+    return _mlmkit(d, threads, batch_size, bundle="bundle-int8")
 
 
 def _transformers(d: Path, threads: int, batch_size: int):
@@ -407,7 +429,7 @@ def _optimum(d: Path, threads: int, batch_size: int):
     return run
 
 
-_SIDES = {"mlmkit": _mlmkit, "transformers": _transformers, "optimum": _optimum}
+_SIDES = {"mlmkit": _mlmkit, "transformers": _transformers, "optimum": _optimum, "mlmkit-int8": _mlmkit_int8}
 
 
 def serve_side(side: str, d: Path, texts: list[str], threads: int, batch_size: int) -> None:
@@ -474,7 +496,8 @@ def serve_long(side: str, d: Path, work: Path, threads: int) -> None:
 # ---- the driver ----------------------------------------------------------------------------------
 def bench_family(fam: str, a: argparse.Namespace, common: list[str], rounds: int) -> dict[str, Any]:
     d = a.work / fam
-    sides = [s for s in SIDES if not (s == "mlmkit" and (d / "export-error.txt").exists())
+    sides = [s for s in SIDES if not (s.startswith("mlmkit") and (d / "export-error.txt").exists())
+             and not (s == "mlmkit-int8" and (d / "int8-error.txt").exists())
              and not (s == "optimum" and (d / "optimum-error.txt").exists())]
     args = {s: ["--role", "side", "--side", s, "--family", fam, *common] for s in sides}
     with workers(HERE, args, ENV) as ws:
@@ -638,6 +661,15 @@ def print_agreement(p: dict[str, Any]) -> None:
         print(f"      mlmkit {'; '.join(checks)}")
 
 
+def print_int8(res: dict[str, Any], speed: dict[str, float]) -> None:
+    """The int8 bundle against the fp32 one: speed, and labels equal (random weights: for information only)."""
+    p = res["preds"]
+    if "mlmkit-int8" not in speed or "mlmkit" not in speed:
+        return
+    print(f"      int8: {speed['mlmkit-int8']:.1f} sentences/s, {ratio(res, 'mlmkit-int8', 'mlmkit'):.2f}x fp32; labels "
+          f"{agreement(p['mlmkit-int8'], p['mlmkit']):.4f} equal (random weights: for information only)")
+
+
 def report_family(fam: str, res: dict[str, Any], work: Path, n: int,
                   ceiling: dict[str, Any]) -> tuple[float | None, float | None]:
     """One family's row of the throughput table and its detail lines; returns mlmkit vs transformers and vs optimum."""
@@ -653,6 +685,7 @@ def report_family(fam: str, res: dict[str, Any], work: Path, n: int,
     print(f"      passes: {'; '.join(f'{s} ' + passes(sp[s], res['others'][s]) for s in sp)}")
     print_fusions(d)
     print_agreement(res["preds"])
+    print_int8(res, speed)
     return rt, ro
 
 

@@ -58,6 +58,18 @@ def _optimize(src: Path, cfg: ModelConfig, use_gpu: bool, partial_layers: int) -
     return om, counts, {k: (found.get(k, 0), n) for k, n in expected.items() if found.get(k, 0) < n}
 
 
+def activation_matmuls(path: Path) -> list[str]:
+    """The MatMul nodes of a graph whose second input is not a weight matrix: attention's scores where
+    no fused Attention holds them, and the relative-position tables folded into (heads, positions,
+    head size) constants (DeBERTa's disentangled attention). Per-channel int8 needs a 2-D constant B:
+    onnxruntime refuses the graph at run time otherwise ("b zero point is not valid")."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    matrices = {i.name for i in graph.initializer if len(i.dims) == 2}
+    return [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] not in matrices]
+
+
 def quantize_int8(src: Path, dst: Path) -> None:
     """Dynamic int8 quantisation: int8 weights per output channel, activations quantised on the fly."""
     import onnx
@@ -67,7 +79,7 @@ def quantize_int8(src: Path, dst: Path) -> None:
         quantize_dynamic(
             src, dst, per_channel=True, weight_type=QuantType.QInt8,
             # the encoder's matmuls; the embeddings and the heads (a few rows per batch) stay fp32
-            op_types_to_quantize=["MatMul", "Attention"],
+            op_types_to_quantize=["MatMul", "Attention"], nodes_to_exclude=activation_matmuls(src),
             # the fused graph's contrib ops defeat ONNX shape inference without this
             # (docs/performance.md, "int8 quantization of the fused graph")
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
@@ -100,7 +112,7 @@ def quantize_int8_static(src: Path, dst: Path, batches: list[dict[str, Any]]) ->
         quantize_static(
             typed, dst, Feeds(batches), quant_format=QuantFormat.QDQ, per_channel=True,
             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,  # onnxruntime's x86 recommendation
-            op_types_to_quantize=["MatMul"],
+            op_types_to_quantize=["MatMul"], nodes_to_exclude=activation_matmuls(typed),
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
 

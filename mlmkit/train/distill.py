@@ -201,9 +201,10 @@ def _distill(args: DistillArgs) -> dict[str, Any]:
     student = task.build_model(student_cfg, ctx)
     load_weights(student, student_weights(teacher.state_dict(), mapping))
     info: dict[str, Any] = {"teacher": str(args.teacher), "layer_map": mapping, "temperature": args.temperature,
-            "loss": "kl on logits and positions, mse on vectors and scores", "inputs": str(args.train_file)}
-    run_meta: dict[str, Any] = {**{k: meta[k] for k in ("task", "labels", "task_state") if k in meta}, "max_length": L,
-                "options": task.saved_options(opts), "distill": info}
+                            "loss": "kl on logits and positions, mse on vectors and scores",
+                            "inputs": str(args.train_file)}
+    run_meta: dict[str, Any] = {**{k: meta[k] for k in ("task", "labels", "task_state") if k in meta},
+                                "max_length": L, "options": task.saved_options(opts), "distill": info}
 
     def save_model(m: nn.Module, d: Path, meta_: dict[str, Any]) -> None:
         for name, text in task.run_files(student_cfg, ctx).items():  # before save_run, which writes mlmkit.json last

@@ -18,7 +18,7 @@ from mlmkit.infer.pipeline import Pipeline
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.mark.parametrize("family", ["roberta", "modernbert", "distilbert"])
+@pytest.mark.parametrize("family", ["roberta", "modernbert", "distilbert", "deberta-v2"])
 def test_int8_and_fp16_bundles_of_other_families(tmp_path: Path, family: str) -> None:
     save_checkpoint(tmp_path / "src", family, "ForSequenceClassification", perturb=False, id2label={0: "neg", 1: "pos"})
     q = export(tmp_path / "src", tmp_path / "int8", "--quantize", "int8")
