@@ -185,6 +185,8 @@ def evaluate(
                                                                            "(one model).")] = None,
     speed: Annotated[bool, typer.Option("--speed", help="Also time each model's prediction of the data "
                                                         "(examples/s on this machine) and give its size.")] = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Draw quality against speed (implies --speed): "
+                                                             ".png, .svg or .pdf (pip install 'mlmkit[plots]').")] = None,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda (falls back to the CPU, saying so).")] = "cpu",
     as_json: Json = False,
 ) -> None:
@@ -194,7 +196,11 @@ def evaluate(
     for m in models:
         if not m.exists():
             raise MlmkitError(f"not found: {m}", "pass a fine-tuned run directory or an exported bundle")
-    results = [_evaluate_one(m, data, options, predictions, device, speed) for m in models]
+    results = [_evaluate_one(m, data, options, predictions, device, speed or plot is not None) for m in models]
+    if plot is not None:
+        from mlmkit.train.plots import plot_trade_off
+
+        err.print(f"wrote {plot_trade_off(models, results, plot)}")
     if len(models) == 1:
         print_metrics(results[0], f"{models[0]} on {data}", as_json)
     elif want_json(as_json):

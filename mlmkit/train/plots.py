@@ -111,6 +111,35 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, *, title: str | None 
     return out
 
 
+def plot_trade_off(models: Sequence[str | Path], results: Sequence[dict[str, Any]], out: str | Path) -> Path:
+    """Quality against speed: each model a point, its first metric (the task's main one, as
+    compute_metrics reports it) against its examples per second (`mlmkit evaluate --speed`)."""
+    out = Path(out)
+    if out.suffix.lower() not in FORMATS:
+        raise ConfigError(f"--plot {out}: unknown picture format '{out.suffix}'", f"use one of {', '.join(FORMATS)}")
+    numbers = [k for k, v in results[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+               and k not in ("examples_per_second", "seconds", "model_bytes") and all(k in r for r in results)]
+    if not numbers or not all("examples_per_second" in r for r in results):
+        raise MlmkitError("the models share no metric to plot against their speed", "evaluate models of one task, with --speed")
+    metric = numbers[0]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.0, 4.2))
+    for m, r in zip(models, results):
+        ax.scatter(r["examples_per_second"], r[metric], s=30)
+        ax.annotate(f"{Path(m).name} ({r.get('model_bytes', 0) / 1e6:.1f} MB)", (r["examples_per_second"], r[metric]),
+                    textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.set_xlabel("examples/s (this machine)")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        atomic_write(out, lambda tmp: fig.savefig(tmp, format=out.suffix[1:].lower(), dpi=110))
+    finally:
+        plt.close(fig)
+    return out
+
+
 def write_run_curves(run: Path) -> Path | None:
     """RUN/curves.png when matplotlib is installed (None without it, or with nothing to draw)."""
     try:

@@ -218,6 +218,8 @@ def test_evaluate_several_models_side_by_side(bundles, runs, tmp_path, monkeypat
     monkeypatch.setattr(cli_training, "want_json", lambda flag: False)  # as on a terminal
     table = runner.invoke(app, ["evaluate", *map(str, models), "--data", str(data), "--speed"])
     assert table.exit_code == 0 and "examples/s" in table.stdout and "accuracy" in table.stdout, table.output
+    picture = runner.invoke(app, ["evaluate", *map(str, models), "--data", str(data), "--plot", str(tmp_path / "t.png")])
+    assert picture.exit_code == 0 and (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", picture.output
     two = runner.invoke(app, ["evaluate", *map(str, models[1:]), "--data", str(data), "--predictions", str(tmp_path / "p")])
     assert "--predictions takes one model" in one_red_line(two)
     gone = runner.invoke(app, ["evaluate", str(models[1]), str(tmp_path / "nothing"), "--data", str(data)])
