@@ -192,18 +192,21 @@ def _onnx_graph(args: ExportArgs, cfg: ModelConfig, graph: Any, batch: dict[str,
     if args.optimize:
         fp32 = work / "fused.onnx"
         fused = fuse(plain, fp32, cfg, use_gpu=args.fp16, partial_layers=partial)
-    fp32_out = run_onnx(onnx_session(fp32), batch, names)
+    fp32_session = onnx_session(fp32)
+    fp32_out = run_onnx(fp32_session, batch, names)
     parity = compare(ref, fp32_out, axes, mask)
     _check_parity(parity)
     final, precision, steps = fp32, "fp32", (["transformer-fusion"] if args.optimize else [])
     if args.quantize:
         final, precision = work / "int8.onnx", "int8"
         steps.append(_int8(args, fp32, final, calib))
-        q = compare(fp32_out, run_onnx(onnx_session(final), batch, names), axes, mask)
+        int8_session = onnx_session(final)
+        q = compare(fp32_out, run_onnx(int8_session, batch, names), axes, mask)
         parity["int8_top1_agreement_vs_fp32"] = q["top1_agreement"]
         parity["int8_max_abs_diff"] = q["max_abs_diff"]
         on = f"{sum(len(b['input_ids']) for b in calib)} --calibrate inputs" if calib else "the sample batch"
-        parity["int8_agreement"] = _int8_agreement(args, fp32, final, calib or [batch], axes, names, on=on)
+        parity["int8_agreement"] = _int8_agreement(args, fp32_session, int8_session, calib or [batch], axes, names,
+                                                   on=on)
     elif args.fp16:
         final, precision = work / "fp16.onnx", "fp16"
         to_fp16(fp32, final)
@@ -227,11 +230,11 @@ def _int8(args: ExportArgs, fp32: Path, final: Path, calib: list[dict[str, Any]]
     return "int8-dynamic-per-channel"
 
 
-def _int8_agreement(args: ExportArgs, fp32: Path, final: Path, batches: list[dict[str, Any]],
+def _int8_agreement(args: ExportArgs, a: Any, b: Any, batches: list[dict[str, Any]],
                     axes: dict[str, tuple[str, ...]], names: list[str], *, on: str) -> dict[str, Any]:
-    """The int8 graph's agreement with fp32 on ``batches`` (parity.agreement), held to --min-agreement:
-    below it, ParityError, and the bundle is not written."""
-    a, b = onnx_session(fp32), onnx_session(final)
+    """The agreement of the int8 session ``b`` with the fp32 one ``a`` on ``batches``
+    (infer.evaluation.agreement), held to --min-agreement: below it, ParityError, and the bundle is not
+    written."""
     got = agreement([run_onnx(a, x, names) for x in batches], [run_onnx(b, x, names) for x in batches], axes,
                     [x["attention_mask"] for x in batches])
     measure = ("top-1 agreement" if got["top1"] is not None else "mean cosine" if got["cosine"] is not None

@@ -268,9 +268,10 @@ def held_out_agreement(task: Plugin, held: list[Example], tok: Any, ctx: TaskCon
     """The student's agreement with the teacher on inputs neither trained on (evaluation.agreement)."""
     features = task.featurize(held, tok, ctx, training=False)
     ref, got, masks = [], [], []
+    teach, learn = torch_forward(teacher, outputs), torch_forward(student, outputs)
     for b in [features[i:i + 64] for i in range(0, len(features), 64)]:
         batch = pad_features(b, pad)
-        ref.append(torch_forward(teacher, outputs)(batch))
-        got.append(torch_forward(student, outputs)(batch))
+        ref.append(teach(batch))
+        got.append(learn(batch))
         masks.append(batch["attention_mask"])
     return evaluation.agreement(ref, got, outputs, masks)

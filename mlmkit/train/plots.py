@@ -64,9 +64,7 @@ def panels(runs: dict[str, dict[str, list[tuple[int, float]]]]) -> list[str]:
 
 def plot_runs(runs: Sequence[str | Path], out: str | Path, *, title: str | None = None) -> Path:
     """Draw the runs' curves into ``out`` (.png, .svg or .pdf); returns its path."""
-    out = Path(out)
-    if out.suffix.lower() not in FORMATS:
-        raise ConfigError(f"--out {out}: unknown picture format '{out.suffix}'", f"use one of {', '.join(FORMATS)}")
+    out = _picture(out, "--out")
     plt = _pyplot()
     data: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for r in runs:
@@ -103,20 +101,13 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, *, title: str | None 
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        atomic_write(out, lambda tmp: fig.savefig(tmp, format=out.suffix[1:].lower(), dpi=110))
-    finally:
-        plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def plot_trade_off(models: Sequence[str | Path], results: Sequence[dict[str, Any]], out: str | Path) -> Path:
     """Quality against speed: each model a point, its first metric (the task's main one, as
     compute_metrics reports it) against its examples per second (`mlmkit evaluate --speed`)."""
-    out = Path(out)
-    if out.suffix.lower() not in FORMATS:
-        raise ConfigError(f"--plot {out}: unknown picture format '{out.suffix}'", f"use one of {', '.join(FORMATS)}")
+    out = _picture(out, "--plot")
     numbers = [k for k, v in results[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                and k not in ("examples_per_second", "seconds", "model_bytes") and all(k in r for r in results)]
     if not numbers or not all("examples_per_second" in r for r in results):
@@ -132,12 +123,7 @@ def plot_trade_off(models: Sequence[str | Path], results: Sequence[dict[str, Any
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        atomic_write(out, lambda tmp: fig.savefig(tmp, format=out.suffix[1:].lower(), dpi=110))
-    finally:
-        plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def write_run_curves(run: Path) -> Path | None:
@@ -151,6 +137,24 @@ def write_run_curves(run: Path) -> Path | None:
         return plot_runs([run], run / "curves.png", title=run.name)
     except MlmkitError:
         return None
+
+
+def _picture(out: str | Path, flag: str) -> Path:
+    """``out`` as a picture path, its format one matplotlib writes (FORMATS), else the flag's one-line error."""
+    out = Path(out)
+    if out.suffix.lower() not in FORMATS:
+        raise ConfigError(f"{flag} {out}: unknown picture format '{out.suffix}'", f"use one of {', '.join(FORMATS)}")
+    return out
+
+
+def _save(plt: Any, fig: Any, out: Path) -> Path:
+    """``fig`` written to ``out`` whole (atomically), then closed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        atomic_write(out, lambda tmp: fig.savefig(tmp, format=out.suffix[1:].lower(), dpi=110))
+    finally:
+        plt.close(fig)
+    return out
 
 
 def _pyplot() -> Any:
