@@ -289,28 +289,48 @@ class FinetuneArgs(Args):
                "--early-stopping needs --eval", "give an evaluation file to measure progress on")
 
 
+DISTILL_LR = 1e-4
+"""distill's --lr default (with --static and --train the table's own, mlmkit.train.static.STATIC_LR)."""
+
+
 @dataclass
 class DistillArgs(Args):
     """`mlmkit distill`: a student with fewer layers, trained on a fine-tuned teacher's outputs."""
 
-    teacher: Path = arg(help="A fine-tuned run directory (any task but sparse-embedding).", positional=True)
-    train_file: Path = arg(help="What the teacher labels: inputs as `mlmkit predict --input` reads them (.txt, .jsonl, "
-                                ".csv, .tsv, .parquet; labels in them are not used), or the task's own data format "
-                                "(a BEIR directory, SQuAD JSON, CoNLL).", flags=("--train",))
-    out: Path = arg(help="The student's run directory.")
-    layers: int = arg(help="The student's layers, 1 to the teacher's.")
+    teacher: Path = arg(help="A fine-tuned run directory (any task but sparse-embedding); with --static, an embedding "
+                             "run, sentence-transformers directory or embedding bundle.", positional=True)
+    out: Path = arg(help="The student's run directory (with --static: the bundle's).")
+    train_file: Path | None = arg(None, "What the teacher labels: inputs as `mlmkit predict --input` reads them (.txt, "
+                                        ".jsonl, .csv, .tsv, .parquet; labels in them are not used), or the task's own "
+                                        "data format (a BEIR directory, SQuAD JSON, CoNLL). With --static: optional "
+                                        "training data of `finetune embedding` (rows, scored pairs, a BEIR directory) "
+                                        "that tunes the table.", flags=("--train",))
+    layers: int | None = arg(None, "The student's layers, 1 to the teacher's (not with --static).")
     layer_map: str | None = arg(None, "Which teacher layer starts each student layer, e.g. 0,2,4 (increasing, "
                                       "distinct); default: every L/K-th from the first.")
+    static: bool = arg(False, "Make a static-embedding bundle instead: a vector per token from the teacher, PCA, SIF "
+                              "weighting; a text's embedding is the mean of its tokens' (no transformer runs).")
+    dims: int | None = arg(None, "With --static: the vectors' dimensions (PCA), 1 to the teacher's; default 256 or the "
+                                 "teacher's, the smaller.")
     temperature: float = arg(2.0, "Softmax temperature of the distillation loss on logits (squared, it scales the loss).")
     held_out: float = arg(0.1, "Share of the inputs kept out of training, on which the student's agreement with the "
                                "teacher is measured (0: none).")
     batch_size: int = arg(32, "Features per micro-batch.")
     max_length: int | None = arg(None, "Maximum tokens per input (the teacher's if absent).")
     options: dict[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
-    train: TrainArgs = arg(factory=lambda: TrainArgs(epochs=3.0, lr=1e-4, warmup_ratio=0.1, keep_last=1))
+    train: TrainArgs = arg(factory=lambda: TrainArgs(epochs=3.0, lr=DISTILL_LR, warmup_ratio=0.1, keep_last=1))
 
     def __post_init__(self) -> None:
-        _check(self.layers >= 1, f"--layers must be at least 1, got {self.layers}")
+        if self.static:
+            _check(self.layers is None and self.layer_map is None, "--layers and --layer-map make a transformer student, "
+                   "--static a table", "drop --layers and --layer-map, or --static")
+        else:
+            _check(self.layers is not None, "distill needs --layers (the student's), or --static", "e.g. --layers 3")
+            _check(self.train_file is not None, "distill needs --train (what the teacher labels)",
+                   "give a file of texts or the task's data: --train DATA")
+            _check(self.dims is None, "--dims is a static table's size", "add --static, or drop --dims")
+        _check(self.layers is None or self.layers >= 1, f"--layers must be at least 1, got {self.layers}")
+        _check(self.dims is None or self.dims >= 1, f"--dims must be at least 1, got {self.dims}")
         _check(math.isfinite(self.temperature) and self.temperature > 0,
                f"--temperature must be a positive number, got {self.temperature}")
         _check(0 <= self.held_out < 1, f"--held-out must be from 0 up to (not including) 1, got {self.held_out}")

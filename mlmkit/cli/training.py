@@ -124,7 +124,8 @@ def finetune(args: FinetuneArgs, options: dict[str, Any]) -> None:
 @handle_errors
 @with_args(DistillArgs)
 def distill(args: DistillArgs) -> None:
-    """Distil a fine-tuned run into a student with fewer layers, trained on the teacher's outputs."""
+    """Distil a fine-tuned run into a student with fewer layers trained on the teacher's outputs, or (--static) an
+    embedding model into a table of token vectors."""
     from dataclasses import replace
 
     from mlmkit.train.distill import distill as run

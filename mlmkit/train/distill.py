@@ -151,6 +151,10 @@ def distill(args: DistillArgs) -> dict[str, Any]:
     """Distil ``args.teacher`` into a student of ``args.layers`` layers; write its run directory.
     Returns the final training metrics with the held-out agreement ("agreement_...")."""
     parse_report_to(args.train.report_to)
+    if args.static:
+        from mlmkit.train.static import distill_static
+
+        return distill_static(args)
     with exclusive(args.out) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext():
         return _distill(args)
 
@@ -168,6 +172,7 @@ def _examples(task: Plugin, path: Path, options: dict[str, Any]) -> list[Example
 
 
 def _distill(args: DistillArgs) -> dict[str, Any]:
+    assert args.layers is not None and args.train_file is not None  # (DistillArgs checks them without --static)
     task, teacher, tok, meta = load_finetuned(args.teacher)
     if any(not axes or axes[0] != "batch" for axes in task.outputs.values()) or "indices" in task.outputs:
         raise ConfigError(f"the {task.name} task's outputs are not distilled yet", "distil a classification, tagging, "

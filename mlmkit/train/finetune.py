@@ -22,6 +22,7 @@ from mlmkit.models.config import ModelConfig
 from mlmkit.registry import Example, Plugin, TaskContext, get_task
 from mlmkit.rundir.checkpoint import is_model_dir, load_state_dict, load_weights, read_run_meta, save_run
 from mlmkit.rundir.config import load_config
+from mlmkit.rundir.hub import describe
 from mlmkit.rundir.weights import weight_files
 from mlmkit.text.beir import split_spec
 from mlmkit.text.tokenizer import load_tokenizer, special_ids
@@ -201,10 +202,11 @@ def _same_head(base: ModelConfig, task: Plugin, labels: list[str] | None, opts: 
 
 
 def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, dict[str, Any]]:
-    """(task, model in eval mode, tokenizer, mlmkit.json) of a fine-tuned run directory."""
+    """(task, model in eval mode, tokenizer, mlmkit.json) of a fine-tuned run directory, or of a Hugging
+    Face or sentence-transformers checkpoint of a task (its description read as `mlmkit export` reads it)."""
     d = base_model_dir(run_dir)
     cfg = load_config(d)
-    meta = read_run_meta(d, cfg)
+    meta = read_run_meta(d, cfg) if (d / "mlmkit.json").is_file() else describe(d, cfg)
     if meta["task"] == "pretraining":
         raise MlmkitError(f"{d} is a pretraining run, not a fine-tuned model", "fine-tune it first: mlmkit finetune TASK")
     task = get_task(meta["task"])
