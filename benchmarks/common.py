@@ -159,10 +159,11 @@ class Worker:
     """``script ARGS`` in its own process (which calls answer_passes), kept alive between passes so
     that the sides alternate closely; its ready line is ``ready`` once workers() has read it."""
 
-    def __init__(self, name: str, script: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, name: str, script: Path, args: list[str], env: dict[str, str] | None = None,
+                 python: str = sys.executable) -> None:
         self.name = name
         self.ready: dict[str, Any] = {}
-        self.proc = subprocess.Popen([sys.executable, str(script), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([python, str(script), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, env=bench_env(**(env or {})))
 
     def read(self) -> dict[str, Any]:
@@ -187,13 +188,15 @@ class Worker:
 
 
 @contextmanager
-def workers(script: Path, args: dict[str, list[str]], env: dict[str, str] | None = None) -> Iterator[dict[str, Worker]]:
-    """A Worker per name of ``args`` (``script`` with that name's arguments), all started at once and
-    each read ready; all closed on leaving. RuntimeError when one dies."""
+def workers(script: Path, args: dict[str, list[str]], env: dict[str, str] | None = None,
+            pythons: dict[str, str] | None = None) -> Iterator[dict[str, Worker]]:
+    """A Worker per name of ``args`` (``script`` with that name's arguments, run by ``pythons[name]``
+    where given: a peer's own venv), all started at once and each read ready; all closed on leaving.
+    RuntimeError when one dies."""
     started: dict[str, Worker] = {}
     try:
         for name, a in args.items():
-            started[name] = Worker(name, script, a, env)
+            started[name] = Worker(name, script, a, env, (pythons or {}).get(name, sys.executable))
         for w in started.values():
             w.ready = w.read()
         yield started

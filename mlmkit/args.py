@@ -308,6 +308,8 @@ class DistillArgs(Args):
     layers: int | None = arg(None, "The student's layers, 1 to the teacher's (not with --static).")
     layer_map: str | None = arg(None, "Which teacher layer starts each student layer, e.g. 0,2,4 (increasing, "
                                       "distinct); default: every L/K-th from the first.")
+    eval_file: Path | None = arg(None, "Labelled evaluation data in the task's format: the student is scored at each "
+                                       "evaluation and the best one kept (not with --static).", flags=("--eval",))
     static: bool = arg(False, "Make a static-embedding bundle instead: a vector per token from the teacher, PCA, SIF "
                               "weighting; a text's embedding is the mean of its tokens' (no transformer runs).")
     dims: int | None = arg(None, "With --static: the vectors' dimensions (PCA), 1 to the teacher's; default 256 or the "
@@ -324,12 +326,16 @@ class DistillArgs(Args):
         if self.static:
             _check(self.layers is None and self.layer_map is None, "--layers and --layer-map make a transformer student, "
                    "--static a table", "drop --layers and --layer-map, or --static")
+            _check(self.eval_file is None, "--eval scores a transformer student; a static table is scored by "
+                   "`mlmkit evaluate BUNDLE --data D`", "drop --eval")
         else:
             _check(self.layers is not None, "distill needs --layers (the student's), or --static", "e.g. --layers 3")
             _check(self.train_file is not None, "distill needs --train (what the teacher labels)",
                    "give a file of texts or the task's data: --train DATA")
             _check(self.dims is None, "--dims is a static table's size", "add --static, or drop --dims")
         _check(self.layers is None or self.layers >= 1, f"--layers must be at least 1, got {self.layers}")
+        _check(self.train.early_stopping is None or self.eval_file is not None,
+               "--early-stopping needs --eval (it stops on the evaluation metric)", "add --eval FILE")
         _check(self.dims is None or self.dims >= 1, f"--dims must be at least 1, got {self.dims}")
         _check(math.isfinite(self.temperature) and self.temperature > 0,
                f"--temperature must be a positive number, got {self.temperature}")

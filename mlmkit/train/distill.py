@@ -49,7 +49,7 @@ from mlmkit.text.batching import pad_features
 from mlmkit.text.records import iter_inputs
 from mlmkit.text.tokenizer import special_ids
 from mlmkit.train.data import FeatureData
-from mlmkit.train.finetune import base_model_dir, data_identity, load_finetuned, torch_forward
+from mlmkit.train.finetune import TaskEvaluator, base_model_dir, data_identity, load_finetuned, torch_forward
 from mlmkit.train.loop import Trainer
 from mlmkit.train.tracking import flat_params, parse_report_to
 
@@ -128,6 +128,8 @@ class Distiller(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         got = self.student(input_ids, attention_mask, token_type_ids)
+        if not teacher:  # an evaluation's batch: the student's outputs alone
+            return got
         losses = [self.loss(got[name].float(), teacher[TARGET + name].float(), axes, attention_mask.bool())
                   for name, axes in self.outputs.items()]
         return {**got, "loss": torch.stack(losses).sum()}
@@ -173,7 +175,8 @@ def _examples(task: Plugin, path: Path, options: dict[str, Any]) -> list[Example
 
 def _distill(args: DistillArgs) -> dict[str, Any]:
     assert args.layers is not None and args.train_file is not None  # (DistillArgs checks them without --static)
-    task, teacher, tok, meta = load_finetuned(args.teacher)
+    labeller, teacher_id, init = bundle_teacher(Path(args.teacher))
+    task, teacher, tok, meta = load_finetuned(init)
     if any(not axes or axes[0] != "batch" for axes in task.outputs.values()) or "indices" in task.outputs:
         raise ConfigError(f"the {task.name} task's outputs are not distilled yet", "distil a classification, tagging, "
                           "qa, embedding or rerank run")
@@ -194,10 +197,11 @@ def _distill(args: DistillArgs) -> dict[str, Any]:
     pad = special_ids(tok).pad
     features = task.featurize(train_ex, tok, ctx, training=False)
     evaluation.check_features(task, features, len(train_ex), complete=False)
-    key = {"teacher": weights_digest(base_model_dir(args.teacher)), "inputs": data_identity(Path(args.train_file)),
+    forward = labeller or torch_forward(teacher, outputs)
+    key = {"teacher": teacher_id or weights_digest(base_model_dir(args.teacher)), "inputs": data_identity(Path(args.train_file)),
            "max_length": L, "options": task.saved_options(opts), "seed": args.train.seed, "held_out": args.held_out,
            "features": len(features), "format": 1}
-    got = teacher_outputs(key, features, teacher, outputs, pad)
+    got = teacher_outputs(key, features, forward, outputs, pad)
     for i, f in enumerate(features):
         f.update({TARGET + name: got[name][i] for name in outputs})
 
@@ -205,7 +209,8 @@ def _distill(args: DistillArgs) -> dict[str, Any]:
     torch.manual_seed(args.train.seed)
     student = task.build_model(student_cfg, ctx)
     load_weights(student, student_weights(teacher.state_dict(), mapping))
-    info: dict[str, Any] = {"teacher": str(args.teacher), "layer_map": mapping, "temperature": args.temperature,
+    info: dict[str, Any] = {"teacher": str(args.teacher), **({"initialised_from": str(init)} if labeller else {}),
+                            "labelled_by": "onnxruntime" if labeller else "pytorch", "layer_map": mapping, "temperature": args.temperature,
                             "loss": "kl on logits and positions, mse on vectors and scores",
                             "inputs": str(args.train_file)}
     run_meta: dict[str, Any] = {**{k: meta[k] for k in ("task", "labels", "task_state") if k in meta},
@@ -222,10 +227,15 @@ def _distill(args: DistillArgs) -> dict[str, Any]:
     data_key = {"batch_size": args.batch_size, "max_length": L, "teacher": str(Path(args.teacher).resolve()),
                 "inputs": str(Path(args.train_file).resolve()), "layer_map": mapping, "held_out": args.held_out}
     model = Distiller(student, outputs, args.temperature)
-    metrics = Trainer(model, data, args.train, args.out, save_model=save_model, data_key=data_key,
+    evaluator, train_args = None, args.train
+    if args.eval_file is not None:  # the teacher's decision settings stay (no calibration on the student)
+        evaluator = TaskEvaluator(task, task.read(Path(args.eval_file), opts), tok, ctx)
+        train_args = replace(args.train, metric_for_best=task.best_metric(ctx), greater_is_better=task.greater_is_better)
+        info["eval"] = str(args.eval_file)
+    metrics = Trainer(model, data, train_args, args.out, save_model=save_model, evaluate=evaluator, data_key=data_key,
                       params=flat_params(args)).train(run_meta)
     if held:
-        agree = held_out_agreement(task, held, tok, ctx, teacher, student.eval(), outputs, pad)
+        agree = held_out_agreement(task, held, tok, ctx, forward, student.eval(), outputs, pad)
         info["agreement"] = {**agree, "held_out": len(held)}
         desc = read_json(Path(args.out) / "mlmkit.json")
         write_json(Path(args.out) / "mlmkit.json", {**desc, "distill": info})
@@ -233,8 +243,31 @@ def _distill(args: DistillArgs) -> dict[str, Any]:
     return metrics
 
 
-def teacher_outputs(key: dict[str, Any], features: list[Feature], teacher: nn.Module, outputs: dict[str, tuple[str, ...]],
-                    pad: int) -> dict[str, list[np.ndarray]]:
+def bundle_teacher(path: Path) -> tuple[evaluation.Forward | None, str | None, Path]:
+    """(the forward that labels the inputs, the teacher's identity for the cache, the run the student
+    starts from): for a bundle, onnxruntime labels and the student starts from the run the bundle was
+    exported from (its mlmkit.json's source, checked to hold the same weights); for a run, (None,
+    None, the run)."""
+    if not (path / "model.onnx").is_file():
+        return None, None, path
+    from mlmkit.infer.pipeline import Pipeline
+
+    pipe = Pipeline.load(path)
+    if pipe.task == "fill-mask":
+        raise ConfigError(f"{path} is a fill-mask bundle, not a fine-tuned model", "distil a bundle of a fine-tuned task")
+    source = pipe.meta.get("source") or {}
+    run = Path(str(source.get("path", "")))
+    fix = f"give the run {path} was exported from as the teacher, or export it again from the run"
+    if not source.get("path") or not (run / "config.json").is_file():
+        raise ConfigError(f"{path}: the student starts from the teacher's weights, and the run it was exported from "
+                          f"({source.get('path', 'not recorded')}) is not there", fix)
+    if source.get("weights_sha256") and source["weights_sha256"] != weights_digest(run):
+        raise ConfigError(f"{path} was exported from other weights than {run} holds now", fix)
+    return pipe.run_batch, json.dumps(pipe.identity(), sort_keys=True), run
+
+
+def teacher_outputs(key: dict[str, Any], features: list[Feature], forward: evaluation.Forward,
+                    outputs: dict[str, tuple[str, ...]], pad: int) -> dict[str, list[np.ndarray]]:
     """The teacher's outputs for each feature, computed once: kept under $MLMKIT_CACHE/teacher-outputs,
     keyed by the teacher's weights, the inputs (path and size), the max length, the options and the
     held-out split, so a --resume or another student of the same teacher and data reuses them."""
@@ -250,7 +283,7 @@ def teacher_outputs(key: dict[str, Any], features: list[Feature], teacher: nn.Mo
         except (OSError, ValueError, KeyError) as e:  # a damaged or older file is computed again
             log.warning("%s is unreadable (%s): the teacher labels the inputs again", path, e)
     log.info("the teacher labels %d features", len(features))
-    got = evaluation.run_features(features, torch_forward(teacher, outputs), outputs, pad_id=pad, batch_size=64)
+    got = evaluation.run_features(features, forward, outputs, pad_id=pad, batch_size=64)
     arrays: dict[str, Any] = {}
     for name, rows in got.items():
         if per_token(outputs[name]):  # rows of different lengths: concatenated, with their offsets
@@ -268,12 +301,13 @@ def teacher_outputs(key: dict[str, Any], features: list[Feature], teacher: nn.Mo
     return got
 
 
-def held_out_agreement(task: Plugin, held: list[Example], tok: Any, ctx: TaskContext, teacher: nn.Module,
+def held_out_agreement(task: Plugin, held: list[Example], tok: Any, ctx: TaskContext, teach: evaluation.Forward,
                        student: nn.Module, outputs: dict[str, tuple[str, ...]], pad: int) -> dict[str, float | None]:
-    """The student's agreement with the teacher on inputs neither trained on (evaluation.agreement)."""
+    """The student's agreement with the teacher (its forward: ``teach``) on inputs neither trained on
+    (evaluation.agreement)."""
     features = task.featurize(held, tok, ctx, training=False)
     ref, got, masks = [], [], []
-    teach, learn = torch_forward(teacher, outputs), torch_forward(student, outputs)
+    learn = torch_forward(student, outputs)
     for b in [features[i:i + 64] for i in range(0, len(features), 64)]:
         batch = pad_features(b, pad)
         ref.append(teach(batch))

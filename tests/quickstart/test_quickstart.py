@@ -34,3 +34,6 @@ def test_quickstart_runs_every_stage(tmp_path: Path) -> None:
     emb = json.loads((out / "embedding" / "mlmkit.json").read_text())["final_metrics"]
     zero = float(re.search(r"pretrained encoder, mean pooling\D*([0-9.]+)", r.stdout).group(1))
     assert emb["eval_ndcg@10"] > zero + 0.05, (zero, emb)
+    # the cheaper classifier: a 1-layer student of it and both int8, side by side
+    assert "6. the classifier made cheaper" in r.stdout and "student int8" in r.stdout
+    assert json.loads((out / "student" / "mlmkit.json").read_text())["distill"]["layer_map"] == [0]

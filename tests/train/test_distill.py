@@ -23,7 +23,7 @@ from mlmkit.files import read_json
 from mlmkit.registry import TaskContext
 from mlmkit.text.tokenizer import special_ids
 from mlmkit.train.distill import _examples, distill, held_out_agreement, layer_map, student_weights
-from mlmkit.train.finetune import load_finetuned
+from mlmkit.train.finetune import load_finetuned, torch_forward
 
 TASKS = ("classification", "tagging", "qa", "embedding", "rerank")
 
@@ -66,8 +66,8 @@ def fresh_student_agreement(teacher_dir: Path, data: Path, layers: int = 1) -> f
     torch.manual_seed(1)
     student = task.build_model(cfg, ctx).eval()
     examples = _examples(task, data, ctx.options)[:100]
-    got = held_out_agreement(task, examples, tok, ctx, teacher, student, {k: tuple(v) for k, v in task.outputs.items()},
-                             special_ids(tok).pad)
+    outputs = {k: tuple(v) for k, v in task.outputs.items()}
+    got = held_out_agreement(task, examples, tok, ctx, torch_forward(teacher, outputs), student, outputs, special_ids(tok).pad)
     return float(got["value"] or 0.0)
 
 
@@ -126,6 +126,8 @@ def test_bad_requests_are_one_line_and_write_nothing(runs, inputs, tmp_path):
         ([str(runs["fill-mask"]), "--layers", "1"], "is a pretraining run"),
         ([str(runs["sparse-embedding"]), "--layers", "1"], "outputs are not distilled yet"),
         ([str(runs["classification"]), "--layers", "1", "--temperature", "0"], "--temperature must be a positive number"),
+        ([str(runs["classification"])], "distill needs --layers"),
+        ([str(runs["classification"]), "--layers", "1", "--dims", "8"], "--dims is a static table's size"),
     ]
     for i, (argv, match) in enumerate(cases):
         out = tmp_path / f"o{i}"
@@ -137,6 +139,40 @@ def test_bad_requests_are_one_line_and_write_nothing(runs, inputs, tmp_path):
         (tmp_path / "one.txt").write_text("a cat\n")
         distill(DistillArgs.from_flat(teacher=runs["classification"], train_file=tmp_path / "one.txt",
                                       out=tmp_path / "x", layers=1))
+
+
+def test_a_bundle_teacher_labels_with_onnxruntime_and_the_student_starts_from_its_run(teachers, inputs, tmp_path):
+    from conftest import run_export
+
+    bundle = tmp_path / "bundle"
+    run_export(teachers["classification"], bundle)
+    out = tmp_path / "student"
+    distill(DistillArgs.from_flat(teacher=bundle, train_file=inputs["classification"], out=out, layers=1, epochs=3, lr=3e-4))
+    info = read_json(out / "mlmkit.json")["distill"]
+    assert info["labelled_by"] == "onnxruntime" and Path(info["initialised_from"]).resolve() == teachers["classification"].resolve()
+    fresh = fresh_student_agreement(teachers["classification"], inputs["classification"])
+    assert info["agreement"]["value"] >= max(0.9, fresh + 0.3), (fresh, info)
+    # a bundle whose run is gone (or holds other weights now) cannot start a student
+    desc = read_json(bundle / "mlmkit.json")
+    desc["source"]["path"] = str(tmp_path / "gone")
+    (bundle / "mlmkit.json").write_text(json.dumps(desc))
+    r = CliRunner().invoke(app, ["distill", str(bundle), "--train", str(inputs["classification"]), "--out",
+                                 str(tmp_path / "x"), "--layers", "1"])
+    assert r.exit_code == 2 and "the run it was exported from" in " ".join(r.stderr.split()), r.output
+    assert not (tmp_path / "x" / "mlmkit.json").exists()
+
+
+def test_eval_scores_the_student_on_labelled_data_and_keeps_the_best(teachers, inputs, tmp_path):
+    labelled = teachers["classification"].parent / "train.csv"
+    out = tmp_path / "student"
+    m = distill(DistillArgs.from_flat(teacher=teachers["classification"], train_file=inputs["classification"], out=out,
+                                      eval_file=labelled, layers=1, epochs=2, lr=3e-4))
+    desc = read_json(out / "mlmkit.json")
+    assert "eval_accuracy" in m and desc["best_metrics"]["accuracy"] == pytest.approx(m["eval_accuracy"])
+    from mlmkit.train.finetune import evaluate_run
+
+    teacher = evaluate_run(teachers["classification"], labelled)["accuracy"]
+    assert desc["distill"]["eval"] == str(labelled) and m["eval_accuracy"] >= teacher - 0.05, (teacher, m)
 
 
 def test_the_teachers_outputs_are_computed_once_per_teacher_and_inputs(teachers, inputs, tmp_path, monkeypatch):
