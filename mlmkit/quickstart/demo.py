@@ -237,13 +237,13 @@ def _cheaper_stage(console: Console, out: Path, *, seed: int) -> list[dict[str, 
     distill(DistillArgs.from_flat(teacher=out / "classifier", train_file=data_file("quickstart_train.csv"),
                                   out=out / "student", layers=1, epochs=8, batch_size=16, lr=1e-3, seed=seed,
                                   progress=console.is_terminal))
-    names = {"teacher (2 layers)": ("classifier", {}), "teacher int8": ("classifier", {"quantize": "int8"}),
-             "student (1 layer)": ("student", {}), "student int8": ("student", {"quantize": "int8"})}
+    names = {"teacher (2 layers)": ("classifier", None), "teacher int8": ("classifier", "int8"),
+             "student (1 layer)": ("student", None), "student int8": ("student", "int8")}
     rows = []
-    for name, (run, kw) in names.items():
-        bundle = out / "exports" / f"{run}{'-int8' if kw else ''}"
+    for name, (run, quantize) in names.items():
+        bundle = out / "exports" / f"{run}{'-int8' if quantize else ''}"
         if not (bundle / "model.onnx").is_file():
-            export(ExportArgs(run=out / run, out=bundle, **kw))
+            export(ExportArgs(run=out / run, out=bundle, quantize=quantize))
         rows.append({"model": name, **evaluate_bundle(bundle, data_file("quickstart_eval.csv"), speed=True)})
     table = Table(title=f"quality, speed and size on the held-out set [dim]({time.perf_counter() - t:.0f}s; "
                         f"speeds of a tiny model on 100 texts are noisy)[/]")
