@@ -18,8 +18,10 @@ threads, the same 1,000 test sentences a pass:
   sentences); the student's bundle fp32, int8, int8 static;
 - OpenVINO: the teacher through optimum-intel's ``OVModelForSequenceClassification`` quantized by
   ``OVQuantizer`` (NNCF, int8, the same 512 calibration sentences);
-- optimum-onnx: the teacher exported by ``ORTModelForSequenceClassification``, ``ORTOptimizer`` O3,
-  and that graph through ``ORTQuantizer``'s dynamic int8 (avx512_vnni, per channel).
+- optimum-onnx: the teacher exported by ``ORTModelForSequenceClassification`` and optimised by
+  ``ORTOptimizer`` O3; and ``ORTQuantizer``'s dynamic int8 (avx512_vnni, per channel) of the plain
+  export (the O3 graph does not quantize with onnxruntime 1.32: its fused operators' outputs have no
+  type for the quantizer).
 
 The peers get their sentences in batches of 32 sorted by length (the fastest way their docs allow;
 mlmkit sorts itself). Quality is each side's accuracy on the gold labels; agreement is its top-1
@@ -73,8 +75,10 @@ from common import (
 HERE = Path(__file__).resolve()
 THREADS = 2
 MAX_LENGTH = 64
-PEERS = ["model2vec[distill]==0.10.0", "optimum-intel[openvino,nncf]==2.2.0", "optimum-onnx[onnxruntime]==0.1.0"]
-"""The peers' venv (torch 2.13.0 first, the CPU build on this disk); pinned to the versions measured."""
+PEERS = ["model2vec[distill]==0.9.0", "optimum-intel[openvino,nncf]==1.27.0", "optimum-onnx[onnxruntime]==0.1.0",
+         "transformers==4.57.6", "huggingface-hub==0.36.2", "datasets==4.1.1"]
+"""The peers' venv (torch 2.13.0 first, the CPU build on this disk): the versions pip chose together on
+2026-12-03 (optimum-intel 2.x and model2vec 0.10 did not resolve beside optimum-onnx), pinned."""
 TARGETS = [  # name, op, goal
     ("student-l3-speed-vs-teacher", ">=", 1.8), ("student-l3-quality-vs-teacher", ">=", 0.98),
     ("student-int8-speed-vs-teacher", ">=", 3.0), ("student-int8-quality-vs-teacher", ">=", 0.97),
@@ -210,19 +214,23 @@ def peer_setup(work: Path) -> None:
                            ov_config=OVConfig(quantization_config=OVQuantizationConfig(num_samples=len(cal))))
         tok.save_pretrained(work / "openvino-int8")
         log("peer setup: OpenVINO int8 (NNCF) written")
-    if not (work / "optimum-o3-int8" / "model_optimized_quantized.onnx").is_file():
+    if not (work / "optimum-int8" / "model_quantized.onnx").is_file():
         from optimum.onnxruntime import ORTModelForSequenceClassification, ORTOptimizer, ORTQuantizer
         from optimum.onnxruntime.configuration import AutoOptimizationConfig, AutoQuantizationConfig
         from transformers import AutoTokenizer
 
         model = ORTModelForSequenceClassification.from_pretrained(work / "teacher", export=True)
+        model.save_pretrained(work / "optimum-export")
         ORTOptimizer.from_pretrained(model).optimize(save_dir=work / "optimum-o3",
                                                      optimization_config=AutoOptimizationConfig.O3())
-        AutoTokenizer.from_pretrained(work / "teacher").save_pretrained(work / "optimum-o3")
-        q = ORTQuantizer.from_pretrained(work / "optimum-o3", file_name="model_optimized.onnx")
-        q.quantize(save_dir=work / "optimum-o3-int8",
+        # the O3 graph itself does not quantize (onnxruntime's quantizer finds no type for the fused
+        # operators' outputs: "Unable to find data type for weight_name=..."), so the int8 side is
+        # ORTQuantizer's dynamic int8 of optimum's plain export, as its quantization guide does it
+        q = ORTQuantizer.from_pretrained(work / "optimum-export", file_name="model.onnx")
+        q.quantize(save_dir=work / "optimum-int8",
                    quantization_config=AutoQuantizationConfig.avx512_vnni(is_static=False, per_channel=True))
-        AutoTokenizer.from_pretrained(work / "teacher").save_pretrained(work / "optimum-o3-int8")
+        for d in ("optimum-o3", "optimum-int8"):
+            AutoTokenizer.from_pretrained(work / "teacher").save_pretrained(work / d)
         log("peer setup: optimum-onnx O3 and O3 + dynamic int8 written")
     if not (work / "model2vec" / "config.json").is_file():
         from model2vec.distill import distill as m2v_distill
@@ -237,7 +245,11 @@ def peer_setup(work: Path) -> None:
         queries = json.loads((work / "queries.json").read_text())
         import numpy as np
 
-        np.savez(work / "model2vec-vectors.npz", corpus=m.encode(corpus), queries=m.encode(list(queries.values())))
+        m.encode(corpus[:64])  # warm up
+        t = time.perf_counter()
+        c, q = m.encode(corpus), m.encode(list(queries.values()))
+        np.savez(work / "model2vec-vectors.npz", corpus=c, queries=q,
+                 texts_per_second=(len(corpus) + len(queries)) / (time.perf_counter() - t))
 
 
 def minilm_dir(work: Path) -> Path:
@@ -283,7 +295,7 @@ def peer_classifier(work: Path, name: str) -> Any:
         from optimum.onnxruntime import ORTModelForSequenceClassification
 
         d, f = (work / "optimum-o3", "model_optimized.onnx") if name == "optimum/o3" else \
-               (work / "optimum-o3-int8", "model_optimized_quantized.onnx")
+               (work / "optimum-int8", "model_quantized.onnx")
         so = ort.SessionOptions()
         so.intra_op_num_threads = THREADS
         model = ORTModelForSequenceClassification.from_pretrained(d, file_name=f, session_options=so)
@@ -309,7 +321,7 @@ def peer_classifier(work: Path, name: str) -> Any:
 def classifier_part(work: Path, rounds: int, patience: float, peers: str | None) -> dict[str, float]:
     _, gold = test_rows(work)
     ours = ["teacher", "student", "teacher-int8", "student-int8", "teacher-int8-static", "student-int8-static"]
-    names = [f"mlmkit/{n}" for n in ours] + (["openvino/int8", "optimum/o3", "optimum/o3-int8"] if peers else [])
+    names = [f"mlmkit/{n}" for n in ours] + (["openvino/int8", "optimum/o3", "optimum/int8"] if peers else [])
     args = {n: ["--role", "side", "--side", n, "--work", str(work)] for n in names}
     env = thread_env(THREADS)
     with workers(HERE, args, env, pythons={n: peers for n in names if peers and not n.startswith("mlmkit/")}) as ws:
@@ -332,19 +344,24 @@ def classifier_part(work: Path, rounds: int, patience: float, peers: str | None)
         best8 = max(("mlmkit/teacher-int8", "mlmkit/teacher-int8-static"), key=lambda n: ratio(res, n, "openvino/int8"))
         out["int8-vs-openvino-int8"] = ratio(res, best8, "openvino/int8")
         out["fp32-vs-optimum-onnx"] = ratio(res, teacher, "optimum/o3")
-        print(f"  (int8 vs OpenVINO: {best8.split('/')[1]}; mlmkit int8 dynamic vs optimum-onnx's O3 int8: "
-              f"{ratio(res, 'mlmkit/teacher-int8', 'optimum/o3-int8'):.2f}x)")
+        print(f"  (int8 vs OpenVINO: {best8.split('/')[1]}; mlmkit int8 dynamic vs optimum-onnx's dynamic int8: "
+              f"{ratio(res, 'mlmkit/teacher-int8', 'optimum/int8'):.2f}x)")
     print("  " + noisy_note())
     return out
 
 
 def whole_process(cmd: list[str], patience: float) -> tuple[float, float]:
+    """(seconds, cores other processes used meanwhile) of one run of ``cmd``, after a quiet CPU."""
+    import resource
+
     wait_for_quiet(patience)
-    b = busy_seconds()
+    b, before = busy_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     subprocess.run(cmd, check=True, env=bench_env(**thread_env(THREADS)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - t
-    return wall, other_cores(b, 0.0, wall)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    own = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)  # the command's own CPU time
+    return wall, other_cores(b, own, wall)
 
 
 def static_part(work: Path, rounds: int, patience: float, peers: str | None) -> dict[str, float]:
@@ -355,29 +372,39 @@ def static_part(work: Path, rounds: int, patience: float, peers: str | None) -> 
     from mlmkit.text.beir import read_split
 
     rs = work / "retrieval"
-    ndcg = {n: evaluate_bundle(work / d, rs, threads=THREADS)["ndcg@10"]
-            for n, d in (("MiniLM-L6 (teacher)", "bundles/minilm"), ("mlmkit static", "static"),
-                         ("mlmkit static, tuned", "static-tuned"))}
+    scored = {n: evaluate_bundle(work / d, rs, threads=THREADS, speed=True)
+              for n, d in (("MiniLM-L6 (teacher)", "bundles/minilm"), ("mlmkit static", "static"),
+                           ("mlmkit static, tuned", "static-tuned"))}
+    ndcg = {n: m["ndcg@10"] for n, m in scored.items()}
+    rates = {n: m["examples_per_second"] for n, m in scored.items()}
     if peers:
         split = read_split(rs, training=False)
         z = np.load(work / "model2vec-vectors.npz")
         ranked = retrieve(list(split.queries), z["queries"], list(split.corpus), z["corpus"], k=100)
         ndcg["model2vec"] = mean_metrics({q: [d for d, _ in r] for q, r in ranked.items()}, split.qrels)["ndcg@10"]
+        rates["model2vec"] = float(z["texts_per_second"])
     mlmkit = str(Path(sys.executable).parent / "mlmkit")
     times: dict[str, list[float]] = {"static": [], "teacher": []}
+    others: dict[str, list[float]] = {"static": [], "teacher": []}
     for r in range(rounds):
         for s in (("static", "teacher") if r % 2 == 0 else ("teacher", "static")):
             d = work / ("static" if s == "static" else "bundles/minilm")
             wall, other = whole_process([mlmkit, "embed", str(d), "--input", str(work / "corpus.txt"), "--output",
                                          str(work / f"{s}.npy"), "--threads", str(THREADS)], patience)
             times[s].append(wall)
+            others[s].append(other)
             log(f"static round {r + 1}/{rounds} {s:8s} {wall:6.2f}s   (other processes busy: {other:.2f} cores)")
-    speed = statistics.median(t / s for s, t in zip(times["static"], times["teacher"]))
-    print(f"\nstatic embeddings (built-in retrieval set: {len((work / 'corpus.txt').read_text().splitlines())} documents)")
+    quiet = [r for r in range(rounds) if others["static"][r] <= 0.15 and others["teacher"][r] <= 0.15] or list(range(rounds))
+    speed = statistics.median(times["teacher"][r] / times["static"][r] for r in quiet)
+    print(f"\nstatic embeddings (built-in retrieval set: {len((work / 'corpus.txt').read_text().splitlines())} documents, "
+          f"{len(read_split(rs, training=False).queries)} test queries)")
+    print(f"  {'model':24s} {'nDCG@10':>8s} {'texts/s':>9s}   (texts/s: the evaluation's queries and documents, one pass, in this process)")
     for n, v in ndcg.items():
-        print(f"  {n:24s} nDCG@10 {v:.4f}")
-    print(f"  whole `mlmkit embed` of the corpus: static {statistics.median(times['static']):.2f}s, "
-          f"teacher {statistics.median(times['teacher']):.2f}s ({speed:.1f}x)")
+        r = f"{rates[n]:9.0f}" if n in rates else f"{'-':>9s}"
+        print(f"  {n:24s} {v:8.4f} {r}")
+    print(f"  whole `mlmkit embed` of the corpus (process start, tokenizing, model): static "
+          f"{passes(times['static'], others['static'], 2)} s, teacher {passes(times['teacher'], others['teacher'], 2)} s; "
+          f"{speed:.1f}x")
     out = {"static-speed-vs-teacher": speed}
     if peers:
         out["static-ndcg-vs-model2vec"] = max(ndcg["mlmkit static"], ndcg["mlmkit static, tuned"]) - ndcg["model2vec"]

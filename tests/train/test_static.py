@@ -19,6 +19,7 @@ from mlmkit.cli import app
 from mlmkit.infer.pipeline import Pipeline, evaluate_bundle
 from mlmkit.infer.static import STATIC, read_static_table, static_embeddings
 from mlmkit.quickstart.retrieval_set import write_retrieval_set
+from mlmkit.text.batching import pad_features
 from mlmkit.train.distill import distill
 from mlmkit.train.finetune import load_finetuned
 from mlmkit.train.static import sif_weights, token_rows
@@ -44,18 +45,15 @@ def test_the_bundle_is_the_numpy_mean_of_the_pca_of_the_teachers_token_vectors(s
     assert pipe.meta["model"]["model_type"] == STATIC and pipe.meta["static"]["dims"] == 16
     table, counted = read_static_table(setup["table"])
     # the table, again in plain numpy: each token alone through the teacher, PCA by SVD, the SIF weights
+    # (the run's pooled vectors before its normalisation: their norms weigh the tokens)
     task, net, tok, _ = load_finetuned(setup["teacher"])
+    net.normalize = False
     ids, _ = token_rows(tok)
     cls, sep = tok.encode("").ids
     with torch.no_grad():
         x = torch.tensor([[cls, i, sep] for i in ids])
         vectors = net(x, torch.ones_like(x))["embedding"].double().numpy()
-    centred = vectors - vectors.mean(0)
-    _, _, vt = np.linalg.svd(centred, full_matrices=False)
-    ref = (centred @ vt[:16].T) * sif_weights(len(ids))[:, None]
-    got = table[ids]
-    signs = np.sign((ref * got).sum(0))  # a component's sign is a convention
-    np.testing.assert_allclose(got, ref * signs, atol=2e-4 * np.abs(ref).max())
+    assert_table(table[ids], vectors)
     specials = [i for i in range(tok.get_vocab_size()) if i not in set(ids)]
     assert specials and not table[specials].any() and not counted[specials].any() and counted[ids].all()
     # the bundle's embeddings: the normalised mean of the text's rows, specials left out
@@ -68,14 +66,27 @@ def test_the_bundle_is_the_numpy_mean_of_the_pca_of_the_teachers_token_vectors(s
     assert not got_emb[3].any()  # a text with no counted token: a zero vector, not NaN
 
 
-def test_a_bundle_teacher_gives_the_runs_table(setup, tmp_path):
+def assert_table(got: np.ndarray, vectors: np.ndarray, dims: int = 16) -> None:
+    """``got`` is the PCA (by SVD) of the token vectors to ``dims``, SIF-weighted, up to each component's sign."""
+    centred = vectors - vectors.mean(0)
+    _, _, vt = np.linalg.svd(centred, full_matrices=False)
+    ref = (centred @ vt[:dims].T) * sif_weights(len(vectors))[:, None]
+    signs = np.sign((ref * got).sum(0))  # a component's sign is a convention
+    np.testing.assert_allclose(got, ref * signs, atol=2e-4 * np.abs(ref).max())
+
+
+def test_a_bundle_teacher_makes_the_table_of_its_graphs_token_vectors(setup, tmp_path):
     bundle = tmp_path / "bundle"
     run_export(setup["teacher"], bundle)
     out = tmp_path / "from-bundle"
     distill(DistillArgs(teacher=bundle, out=out, static=True, dims=16))
-    a, _ = read_static_table(setup["table"])
-    b, _ = read_static_table(out)
-    np.testing.assert_allclose(np.abs(a), np.abs(b), atol=1e-3 * np.abs(a).max())
+    pipe = Pipeline.load(bundle)
+    ids, around = token_rows(pipe.tokenizer)
+    feats = [{"input_ids": [around[0], i, *around[1:]], "token_type_ids": [0] * 3} for i in ids]
+    vectors = pipe.run_batch(pad_features(feats, pipe.pad_id))["embedding"].astype(np.float64)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-4)  # this teacher's graph normalises
+    table, _ = read_static_table(out)
+    assert_table(table[ids], vectors)
 
 
 def test_every_embedding_command_runs_the_static_bundle(setup, tmp_path):
