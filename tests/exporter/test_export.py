@@ -389,3 +389,15 @@ def test_sparse_export_of_a_minilm_size_masked_lm(tmp_path):
     base = _masked_lm(tmp_path / "mlm", hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
                       intermediate_size=1536)
     _sparse_export_sizes(base, tmp_path, (None, 64, 512))
+
+
+def test_a_one_layer_classifier_exports_fused_and_agrees(tmp_path):
+    """Its one layer is the [CLS]-only layer: there is no full attention for onnxruntime to fuse the
+    embeddings' normalisation with, and the export must not demand it (a distilled 1-layer student)."""
+    from conftest import make_base_model
+    from task_runs import corpus, make_task_run
+
+    base = make_base_model(tmp_path / "base", corpus(), num_hidden_layers=1)
+    run = make_task_run(base, "classification", tmp_path / "clf")
+    meta = run_export(run, tmp_path / "bundle")
+    assert meta["fused_operators"].get("SkipLayerNormalization") and meta["parity"]["top1_agreement"] == 1.0
