@@ -39,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -365,9 +364,6 @@ class EmbeddingTask:
         return feats
 
     def build_model(self, config: ModelConfig, ctx: TaskContext) -> Any:
-        if _loss(ctx) == "cached-mnrl" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise TaskError("cached-mnrl does not run under torchrun yet (its second forward happens inside backward, "
-                            "which DistributedDataParallel does not allow)", "use loss=mnrl, or one process")
         _dims(ctx.options["matryoshka_dims"], config.hidden_size)  # a bad list is an error before training
         _weights(ctx.options["matryoshka_weights"], len(_dims(ctx.options["matryoshka_dims"])))
         teacher_dim = ctx.state.get("teacher_dim") if _loss(ctx) == "mse-distill" else None

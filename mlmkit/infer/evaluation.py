@@ -43,17 +43,35 @@ Progress = Callable[[float], None]
 """Called with the number of examples (possibly fractional, for windowed tasks) each batch completed."""
 
 
+@dataclass(frozen=True)
+class Spread:
+    """A prediction spread across ``world`` processes (torchrun's ranks, each with the same model):
+    this one runs batches ``rank``, ``rank + world``, ... of the one batching, and ``gather`` (every
+    process calls it together) hands each process every process's object, in rank order. Then every
+    process holds all the outputs and goes on as one process would, so the metrics are one
+    process's (train/finetune.py's TaskEvaluator builds it from torch.distributed)."""
+
+    rank: int
+    world: int
+    gather: Callable[[Any], list[Any]]
+
+
 def run_features(
     features: Sequence[Feature], forward: Forward, outputs: Mapping[str, Sequence[str]], *, pad_id: int,
     batch_size: int, max_tokens: int | None = None, run_tokens: int | None = None, progress: Progress | None = None,
-    per_feature: float = 1.0,
+    per_feature: float = 1.0, spread: Spread | None = None,
 ) -> dict[str, list[np.ndarray]]:
     """The ``outputs`` of ``forward`` for each feature, in feature order (row r of a batch output is
     the feature at that batch's position r; per-token outputs are cut to the feature's length).
-    Batches: see batching.bucket_batches."""
+    Batches: see batching.bucket_batches; with ``spread``, this process runs its share of them and
+    every process gets all the outputs."""
     lengths = [len(f["input_ids"]) for f in features]
     into: dict[str, list[Any]] = {name: [None] * len(features) for name in outputs}
-    for batch in bucket_batches(lengths, batch_size, max_tokens, run_tokens):
+    mine: list[int] = []
+    for n, batch in enumerate(bucket_batches(lengths, batch_size, max_tokens, run_tokens)):
+        if spread is not None and n % spread.world != spread.rank:
+            continue
+        mine.extend(batch)
         got = forward(pad_features([features[i] for i in batch], pad_id))
         for name, axes in outputs.items():
             arr, slot, trim = got[name], into[name], per_token(axes)
@@ -61,6 +79,11 @@ def run_features(
                 slot[i] = arr[r, : lengths[i]] if trim else arr[r]
         if progress is not None:
             progress(len(batch) * per_feature)
+    if spread is not None:
+        for done, values in spread.gather((mine, {name: [into[name][i] for i in mine] for name in outputs})):
+            for name, got_values in values.items():
+                for i, v in zip(done, got_values):
+                    into[name][i] = v
     return into
 
 
@@ -76,18 +99,19 @@ class Predicted:
 def predict(
     task: Plugin, examples: list[Example], tokenizer: Any, ctx: TaskContext, forward: Forward, *,
     batch_size: int = 64, max_tokens: int | None = None, run_tokens: int | None = None, calibrate: bool = False,
-    progress: Progress | None = None,
+    progress: Progress | None = None, spread: Spread | None = None,
 ) -> Predicted:
     """Predictions of ``forward`` for ``examples``. ``calibrate``: let the task tune its decision
     settings on these examples first (fine-tuning's evaluation set only: tuning them on the data
-    being scored would flatter the score)."""
+    being scored would flatter the score). ``spread``: the forward passes shared across processes
+    (run_features), everything else done by each as by one."""
     if not examples:
         return Predicted([], ctx, [])
     features = task.featurize(examples, tokenizer, ctx, training=False)
     check_features(task, features, len(examples))
     outputs = run_features(features, forward, task.outputs, pad_id=special_ids(tokenizer).pad, batch_size=batch_size,
                            max_tokens=max_tokens, run_tokens=run_tokens, progress=progress,
-                           per_feature=len(examples) / max(1, len(features)))
+                           per_feature=len(examples) / max(1, len(features)), spread=spread)
     if calibrate:
         ctx = ctx.with_state(task.calibrate(outputs, features, examples, ctx))
     preds = task.postprocess(outputs, features, examples, ctx)
@@ -131,7 +155,7 @@ WARM_UP = 8  # examples predicted once before a timed evaluation
 def evaluate(
     task: Plugin, examples: list[Example], tokenizer: Any, ctx: TaskContext, forward: Forward, *,
     batch_size: int = 64, max_tokens: int | None = None, run_tokens: int | None = None, calibrate: bool = False,
-    speed: bool = False,
+    speed: bool = False, spread: Spread | None = None,
 ) -> tuple[dict[str, Any], Predicted]:
     """The task's metrics of ``forward`` on labelled ``examples``, and the predictions behind them.
     ``speed``: also "examples_per_second", the examples over the time of their prediction (featurize,
@@ -143,7 +167,7 @@ def evaluate(
                 run_tokens=run_tokens)
     start = time.perf_counter()
     got = predict(task, examples, tokenizer, ctx, forward, batch_size=batch_size, max_tokens=max_tokens,
-                  run_tokens=run_tokens, calibrate=calibrate)
+                  run_tokens=run_tokens, calibrate=calibrate, spread=spread)
     took = time.perf_counter() - start
     metrics = task.compute_metrics(got.predictions, examples, got.ctx)
     if speed:

@@ -92,3 +92,42 @@ def init_distributed(device: torch.device) -> Dist:
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+# ---- a model that runs its own backward passes under torchrun ---------------------------------------
+def syncs_own_gradients(model: torch.nn.Module) -> bool:
+    """Whether a model says (its ``syncs_own_gradients`` attribute, True) that its forward runs
+    backward passes of its own (cached-mnrl's mini-batches, re-embedded inside the loss's backward).
+    DistributedDataParallel's reducer allows one backward per forward, so the Trainer runs such a
+    model without it and averages its gradients across the ranks itself, once a step
+    (``average_gradients``)."""
+    return bool(getattr(model, "syncs_own_gradients", False))
+
+
+def broadcast_parameters(model: torch.nn.Module) -> None:
+    """Every rank starts from rank 0's parameters and buffers (what DistributedDataParallel does when
+    it wraps a model)."""
+    import torch.distributed as dist
+
+    for t in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(t.data, src=0)
+
+
+def average_gradients(model: torch.nn.Module) -> None:
+    """The ranks' gradients averaged, in one all-reduce of one flat buffer: after it every rank holds
+    DistributedDataParallel's gradients (a parameter no rank used keeps none). A parameter with no
+    gradient on one rank counts as zeros there, so every rank reduces the same buffer."""
+    import torch.distributed as dist
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    used = torch.tensor([float(p.grad is not None) for p in params], device=params[0].device)
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+                     + [used])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for p, u in zip(params, flat[-len(params):].tolist()):
+        n = p.numel()
+        if u > 0:
+            p.grad = flat[offset:offset + n].view_as(p).clone()
+        offset += n

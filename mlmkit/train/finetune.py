@@ -47,10 +47,31 @@ def torch_forward(model: torch.nn.Module, names: Any) -> evaluation.Forward:
     return forward
 
 
+def ranks_spread() -> evaluation.Spread | None:
+    """torchrun's ranks as an evaluation's Spread (None in one process)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    world = dist.get_world_size()
+
+    def gather(obj: Any) -> list[Any]:
+        got: list[Any] = [None] * world
+        dist.all_gather_object(got, obj)
+        return got
+
+    return evaluation.Spread(dist.get_rank(), world, gather)
+
+
 class TaskEvaluator:
     """The Trainer's evaluation of a task model: evaluation.evaluate on its PyTorch forward. Keeps the
     last predictions and, with ``calibrate``, the decision settings tuned on these examples
-    (fine-tuning's evaluation set only), which fine-tuning saves with the model."""
+    (fine-tuning's evaluation set only), which fine-tuning saves with the model.
+
+    Under torchrun every rank calls it (``spreads``): each runs its share of the batches, the
+    outputs are gathered to all, and every rank computes one process's metrics."""
+
+    spreads = True
 
     def __init__(self, task: Plugin, examples: list[Example], tokenizer: Any, ctx: TaskContext, *,
                  batch_size: int = 64, calibrate: bool = False) -> None:
@@ -64,7 +85,7 @@ class TaskEvaluator:
         model.eval()
         metrics, got = evaluation.evaluate(self.task, self.examples, self.tokenizer, self.ctx,
                                            torch_forward(model, self.task.outputs), batch_size=self.batch_size,
-                                           calibrate=self.calibrate)
+                                           calibrate=self.calibrate, spread=ranks_spread())
         model.train(was_training)
         self.predictions, self.state = got.predictions, dict(got.ctx.state)
         return metrics

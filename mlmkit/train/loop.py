@@ -12,7 +12,9 @@ Its resume state is state.py's and its devices devices.py's:
 - ``BestTracker``: the best evaluation so far by the main metric, and early stopping.
 - ``Trainer``: the loop (devices, DDP, AdamW, the linear schedule, metrics.jsonl, progress).
 
-Under torchrun each rank takes every world-size-th batch and only rank 0 writes.
+Under torchrun each rank takes every world-size-th batch and only rank 0 writes; an evaluation that
+spreads (finetune.py's TaskEvaluator) runs its batches across the ranks, and a model that runs its
+own backward passes (cached-mnrl) goes without DDP, its gradients averaged once a step (devices.py).
 """
 
 from __future__ import annotations
@@ -36,7 +38,14 @@ from mlmkit.args import TrainArgs
 from mlmkit.errors import ConfigError
 from mlmkit.files import atomic_open, exclusive, read_json, write_json
 from mlmkit.train.data import DataSource
-from mlmkit.train.devices import init_distributed, resolve_device, use_bf16
+from mlmkit.train.devices import (
+    average_gradients,
+    broadcast_parameters,
+    init_distributed,
+    resolve_device,
+    syncs_own_gradients,
+    use_bf16,
+)
 from mlmkit.train.state import Cursor, ResumeCheckpoints, SaveModel
 from mlmkit.train.tracking import Reporter, Reporters, RunInfo, flat_params, parse_report_to
 
@@ -135,7 +144,12 @@ class Trainer:
             torch.cuda.set_device(self.device)
         self.model = model.to(self.device)
         self.ddp: nn.Module = self.model
-        if self.dist.world > 1:
+        # a model that runs backward passes of its own (cached-mnrl) goes without DDP's reducer, which
+        # allows one backward per forward: the Trainer averages its gradients once a step instead
+        self.own_sync = self.dist.world > 1 and syncs_own_gradients(self.model)
+        if self.own_sync:
+            broadcast_parameters(self.model)
+        elif self.dist.world > 1:
             from torch.nn.parallel import DistributedDataParallel
 
             self.ddp = DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
@@ -228,14 +242,17 @@ class Trainer:
     # ---- evaluation --------------------------------------------------------------------------
     def _evaluate(self, meta: dict[str, Any]) -> bool:
         """Evaluate, keep the best model, checkpoint. Returns True when early stopping says stop."""
-        if self.dist.main and self.evaluate is not None:
+        # an evaluation that spreads (TaskEvaluator) runs on every rank, each taking a share of the batches
+        every_rank = bool(getattr(self.evaluate, "spreads", False))
+        if self.evaluate is not None and (self.dist.main or every_rank):
             self.model.eval()
             with torch.no_grad(), self._autocast():
                 metrics = self.evaluate(self.model)
             self.model.train()
-            self._log({"step": self.step, "epoch": self.cursor.epoch, **_scalars(metrics, "eval_")})
-            if self.tracker.update(self.step, metrics):
-                self.save_model(self.model, self.out, {**meta, "best_step": self.step, "best_metrics": metrics})
+            if self.dist.main:
+                self._log({"step": self.step, "epoch": self.cursor.epoch, **_scalars(metrics, "eval_")})
+                if self.tracker.update(self.step, metrics):
+                    self.save_model(self.model, self.out, {**meta, "best_step": self.step, "best_metrics": metrics})
         self._checkpoint(meta)
         stop = [self.tracker.should_stop]
         if self.dist.world > 1:
@@ -251,7 +268,7 @@ class Trainer:
             tokens += int(b["attention_mask"].sum())
             # DDP all-reduces gradients only on the last micro-batch of an accumulation
             last = i == a.grad_accum - 1
-            sync = self.ddp.no_sync() if self.dist.world > 1 and not last else contextlib.nullcontext()
+            sync = self.ddp.no_sync() if self.dist.world > 1 and not last and not self.own_sync else contextlib.nullcontext()
             with sync, self._autocast():
                 out = self.ddp(**b)
             (out["loss"] / a.grad_accum).backward()
@@ -260,6 +277,8 @@ class Trainer:
                     name = k.removeprefix("log_")
                     sums[name] = sums.get(name, 0.0) + float(v.detach())
         self._stop_if_diverged(sums["loss"])
+        if self.own_sync:
+            average_gradients(self.model)
         if a.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
         self.opt.step()

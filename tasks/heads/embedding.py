@@ -34,6 +34,7 @@ class BertForEmbedding(nn.Module):
                                    if teacher_dim and teacher_dim != config.hidden_size else None)
         self.objective = getattr(kit, loss)(scale=scale, symmetric=symmetric, project=self.distill_projection)
         self.mini_batch_size = mini_batch_size if cached else 0
+        self.syncs_own_gradients = bool(cached)  # under torchrun: no DDP reducer (mlmkit.train.devices)
         self.matryoshka, self.weights = list(matryoshka), list(matryoshka_weights) or [1.0] * len(matryoshka)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,

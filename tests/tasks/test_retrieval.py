@@ -705,24 +705,42 @@ def _half(batch: dict[str, torch.Tensor], rank: int, examples: int) -> dict[str,
     return half
 
 
-def _ddp_rank(out: str) -> None:
-    """One rank of test_mnrl_under_torchrun_sees_every_ranks_negatives (run by torch.distributed.run)."""
+def _ddp_rank(out: str, loss_name: str = "mnrl", *paths: str) -> None:
+    """One rank of the torchrun tests below (run by torch.distributed.run): mnrl under
+    DistributedDataParallel; cached-mnrl as the Trainer runs it, without DDP's reducer (its gradients
+    averaged once, after its own backward passes); "evaluate": the Trainer's evaluation of run
+    ``paths[0]`` on ``paths[1]``, its batches spread over the ranks."""
     import torch.distributed as dist
+
+    from mlmkit.train.devices import average_gradients, broadcast_parameters, syncs_own_gradients
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    model = torch.nn.parallel.DistributedDataParallel(_embedding_model())
+    if loss_name == "evaluate":
+        metrics, predictions, share = _evaluate_run(Path(paths[0]), Path(paths[1]))
+        if rank == 0:
+            torch.save({"metrics": metrics, "predictions": predictions, "share": share}, out)
+        dist.destroy_process_group()
+        return
+    if loss_name == "mnrl":
+        model = torch.nn.parallel.DistributedDataParallel(_embedding_model())
+    else:
+        model = _embedding_model(loss="cached-mnrl", mini_batch_size=3)
+        assert syncs_own_gradients(model)
+        if rank == 1:  # rank 0's weights reach every rank
+            torch.nn.init.normal_(model.bert.embeddings.word_embeddings.weight)
+        broadcast_parameters(model)
     loss = model(**_half(_training_batch(8), rank, 4))["loss"]
     loss.backward()
+    if loss_name != "mnrl":
+        average_gradients(model)
     if rank == 0:
         torch.save({"loss": float(loss.detach()), "grads": {n.removeprefix("module."): p.grad for n, p in
                                                              model.named_parameters() if p.grad is not None}}, out)
     dist.destroy_process_group()
 
 
-def test_mnrl_under_torchrun_sees_every_ranks_negatives(tmp_path):
-    """Two gloo processes, each with half of a batch: the loss and every gradient (after DDP's
-    averaging) equal one process's over the whole batch, so each anchor met the other rank's texts."""
+def _torchrun_rank0(tmp_path: Path, *args: str) -> dict:
     import os
     import subprocess
     import sys
@@ -731,9 +749,15 @@ def test_mnrl_under_torchrun_sees_every_ranks_negatives(tmp_path):
     tests = str(Path(__file__).resolve().parents[1])  # conftest's directory, for the script's imports
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        str(Path(__file__).resolve()), str(out)], env=env, capture_output=True, text=True, timeout=180)
+                        str(Path(__file__).resolve()), str(out), *args], env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
-    got = torch.load(out)
+    return torch.load(out)
+
+
+def test_mnrl_under_torchrun_sees_every_ranks_negatives(tmp_path):
+    """Two gloo processes, each with half of a batch: the loss and every gradient (after DDP's
+    averaging) equal one process's over the whole batch, so each anchor met the other rank's texts."""
+    got = _torchrun_rank0(tmp_path)
     model = _embedding_model()
     loss = model(**_training_batch(8))["loss"]
     loss.backward()
@@ -744,5 +768,54 @@ def test_mnrl_under_torchrun_sees_every_ranks_negatives(tmp_path):
         assert torch.allclose(got["grads"][name], p.grad, atol=1e-5), name
 
 
+def _evaluate_run(run: Path, data: Path) -> tuple[dict, list, int]:
+    """The Trainer's evaluation (TaskEvaluator, batches of 16) of ``run`` on ``data``: its metrics, its
+    predictions, and how many of the batches this process ran."""
+    from mlmkit.infer import evaluation
+    from mlmkit.train.finetune import TaskEvaluator, load_finetuned
+
+    task, net, tok, meta = load_finetuned(run)
+    ctx = TaskContext(max_length=meta["max_length"], options=meta["options"])
+    calls = []
+    real = evaluation.run_features
+
+    def counted(features, forward, *a, **kw):
+        return real(features, lambda b: calls.append(1) or forward(b), *a, **kw)
+
+    evaluation.run_features = counted
+    try:
+        ev = TaskEvaluator(task, task.read(data, meta["options"]), tok, ctx, batch_size=16)
+        metrics = ev(net)
+    finally:
+        evaluation.run_features = real
+    return metrics, ev.predictions, len(calls)
+
+
+def test_evaluation_under_torchrun_is_spread_and_equals_one_process(retrieval, tmp_path):
+    """The Trainer's evaluation in two gloo processes: each rank runs about half of the batches, and
+    the metrics and predictions are one process's."""
+    got = _torchrun_rank0(tmp_path, "evaluate", str(retrieval["run"]), str(retrieval["beir"]))
+    metrics, predictions, batches = _evaluate_run(retrieval["run"], retrieval["beir"])
+    assert batches >= 4 and abs(got["share"] - batches / 2) <= 1, (got["share"], batches)
+    assert got["metrics"].keys() == metrics.keys()
+    for k, v in metrics.items():
+        assert got["metrics"][k] == pytest.approx(v, abs=1e-6), k
+    assert got["predictions"] == predictions
+
+
+def test_cached_mnrl_under_torchrun_equals_one_process(tmp_path):
+    """cached-mnrl in two gloo processes (mini-batches of 3, no DDP reducer, one gradient all-reduce):
+    the loss and every gradient equal one process's mnrl over the whole batch."""
+    got = _torchrun_rank0(tmp_path, "cached-mnrl")
+    model = _embedding_model()
+    loss = model(**_training_batch(8))["loss"]
+    loss.backward()
+    assert got["loss"] == pytest.approx(float(loss.detach()), abs=1e-5)
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert got["grads"].keys() == grads.keys() and len(grads) > 10
+    for name, g in grads.items():
+        assert torch.allclose(got["grads"][name], g, atol=1e-5), (name, float((got["grads"][name] - g).abs().max()))
+
+
 if __name__ == "__main__":
-    _ddp_rank(sys.argv[1])
+    _ddp_rank(*sys.argv[1:])
