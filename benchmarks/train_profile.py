@@ -67,8 +67,8 @@ TOP = 12  # profile frames printed
 def useful_flops(recipe: str, length: int, labelled: int) -> float:
     """The FLOPs a training step of ``recipe`` must do (forward x 3), padding-free by construction."""
     c = MINILM
-    H, I, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
-    per_token = 2 * L * (4 * H * H + 2 * H * I)
+    H, F, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    per_token = 2 * L * (4 * H * H + 2 * H * F)
     fwd = TEXTS * (length * per_token + 4 * L * H * length * length)
     if recipe == "pretrain":  # the MLM head's transform and vocabulary-wide decoder, at the labelled positions
         fwd += labelled * 2 * (H * H + H * c["vocab_size"])
@@ -238,7 +238,7 @@ def main() -> None:
         spread = f" (rounds {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
         print(f"  {recipe:15s} {'step speed, mlmkit / peer':36s} {statistics.median(ratios):.2f}x{spread}")
         if top:
-            print(f"    mlmkit's top frames by self CPU time (one profiled step): "
+            print("    mlmkit's top frames by self CPU time (one profiled step): "
                   + "; ".join(f"{k} {s:.0%}" for k, s, _ in top))
     print(noisy_note())
     if "embedding" in shares:
