@@ -720,6 +720,7 @@ def _ddp_rank(out: str, loss_name: str = "mnrl", *paths: str) -> None:
         metrics, predictions, share = _evaluate_run(Path(paths[0]), Path(paths[1]))
         if rank == 0:
             torch.save({"metrics": metrics, "predictions": predictions, "share": share}, out)
+        dist.barrier()
         dist.destroy_process_group()
         return
     if loss_name == "mnrl":
@@ -737,6 +738,7 @@ def _ddp_rank(out: str, loss_name: str = "mnrl", *paths: str) -> None:
     if rank == 0:
         torch.save({"loss": float(loss.detach()), "grads": {n.removeprefix("module."): p.grad for n, p in
                                                              model.named_parameters() if p.grad is not None}}, out)
+    dist.barrier()  # as the Trainer ends: no rank tears gloo down while another still talks to it
     dist.destroy_process_group()
 
 
