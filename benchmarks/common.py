@@ -331,6 +331,43 @@ def run_watched(name: str, cmd: list[str], patience: float, env: dict[str, str] 
             "other": other_cores(b, sum(cpu.values()), seconds)}
 
 
+# ---- setups reused across runs ------------------------------------------------------------------------
+LIBRARIES = ("torch", "transformers", "tokenizers", "onnx", "onnxruntime", "sentence-transformers", "optimum")
+
+
+def made_by(script: str | Path, **settings: Any) -> dict[str, Any]:
+    """The key of a setup a benchmark writes once and reuses: ``settings``, a digest of the code that
+    wrote it (mlmkit's and its tasks' sources, and ``script``) and the installed versions of the
+    libraries it ran on. A setup is reused only while its key matches (``reusable``): a change to any
+    of them makes it anew, where a stamp bumped by hand was forgotten."""
+    import hashlib
+    from importlib import metadata
+
+    root = BENCHMARKS.parent
+    h = hashlib.sha256()
+    for f in sorted([*(root / "mlmkit").rglob("*.py"), *(root / "tasks").rglob("*.py"), Path(script)]):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {**settings, "code": h.hexdigest()[:16], "versions": versions}
+
+
+def reusable(d: Path, key: dict[str, Any]) -> bool:
+    """Whether ``d`` holds a setup made under ``key`` (its made-by.json, written by ``made``)."""
+    f = d / "made-by.json"
+    return f.is_file() and json.loads(f.read_text()) == key
+
+
+def made(d: Path, key: dict[str, Any]) -> None:
+    """Record that ``d``'s setup is complete and was made under ``key``."""
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "made-by.json").write_text(json.dumps(key))
+
+
 # ---- figures ------------------------------------------------------------------------------------
 def stdlib_sentences() -> list[str]:
     """Every sentence of the docstrings of Python's standard library (mlmkit's quickstart corpus)."""

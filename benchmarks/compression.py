@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -58,6 +59,8 @@ from common import (
     bench_env,
     busy_seconds,
     log,
+    made,
+    made_by,
     noisy_note,
     other_cores,
     passes,
@@ -65,6 +68,7 @@ from common import (
     quiet_rounds,
     race,
     ratio,
+    reusable,
     target,
     thread_env,
     wait_for_quiet,
@@ -134,6 +138,12 @@ def setup(work: Path, quick: bool) -> None:
     from mlmkit.train.finetune import finetune
 
     work.mkdir(parents=True, exist_ok=True)
+    key = made_by(HERE, quick=quick)  # what made the work directory's contents: a change makes them anew
+    if not reusable(work, key):
+        for old in work.iterdir():
+            if old.name != "peers":  # the peers' venv is keyed by its pins (peers-ready)
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
+        made(work, key)  # each step below still marks its own completion
     if not (work / "test.csv").is_file():
         data = sentences(quick)
         write_csv(work / "train.csv", data["train"])
@@ -183,7 +193,10 @@ def setup(work: Path, quick: bool) -> None:
 # ---- the peers' venv and their setup -------------------------------------------------------------
 def peers_python(venv: Path) -> str:
     py = venv / "bin" / "python"
-    if not (venv / "peers-ready").is_file():
+    ready = venv / "peers-ready"  # the pins it was made with: other pins make it anew
+    if not (ready.is_file() and ready.read_text() == "\n".join(PEERS) + "\n"):
+        if ready.is_file():  # one this benchmark made, with other pins (a venv it did not make is never removed)
+            shutil.rmtree(venv)
         log(f"installing the peers into {venv} (several minutes, once)")
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(py), "-m", "pip", "install", "-q", "torch==2.13.0"], check=True)

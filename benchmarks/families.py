@@ -75,6 +75,7 @@ from common import (
     answer_passes,
     encoder_flops,
     log,
+    made_by,
     mark,
     median_speeds,
     noisy_note,
@@ -96,7 +97,6 @@ from common import (
 
 HERE = Path(__file__).resolve()
 ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", **thread_env(2)}  # over common.ENV
-VERSION = 5  # bump when the checkpoints or exports change
 VOCAB = 4096
 MAX_LENGTH = 512
 LONG_MAX = 8192
@@ -331,7 +331,7 @@ def setup(work: Path, families: list[str], n_sentences: int, attn: str | None = 
     train = None
     for fam in families:
         d = work / fam
-        stamp = {"version": VERSION, "family": fam, "optimum_attention": attn}
+        stamp = made_by(HERE, family=fam, optimum_attention=attn)  # the code that makes it, too
         if (d / "setup.json").exists() and json.loads((d / "setup.json").read_text()) == stamp:
             log(f"setup {fam}: reusing {d}")
             continue

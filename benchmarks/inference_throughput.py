@@ -56,6 +56,7 @@ from common import (
     answer_passes,
     cosines,
     log,
+    made_by,
     median_speeds,
     noisy_note,
     passes,
@@ -214,7 +215,7 @@ def export_bundles(work: Path) -> None:
 
 def setup(work: Path, quick: bool, n_sentences: int) -> None:
     """Everything the sides read, written once into ``work`` (reused while setup.json matches)."""
-    stamp = {"quick": quick, "sentences": n_sentences, "version": 9}  # bump when exports change
+    stamp = made_by(HERE, quick=quick, sentences=n_sentences)  # and the code and libraries that make it
     if (work / "setup.json").exists() and json.loads((work / "setup.json").read_text()) == stamp:
         log(f"setup: reusing {work}")
         return

@@ -42,6 +42,7 @@ from mlmkit.train.devices import (
     average_gradients,
     broadcast_parameters,
     init_distributed,
+    keep_freed_memory,
     resolve_device,
     syncs_own_gradients,
     use_bf16,
@@ -137,6 +138,8 @@ class Trainer:
         self.save_model = save_model
         self.data_key = {**(data_key or {}), "seed": args.seed, "grad_accum": args.grad_accum}
         self.device = resolve_device(args.device)
+        if self.device.type == "cpu":  # a step's large blocks reused, not mapped and zeroed anew each step
+            keep_freed_memory()
         self.bf16 = use_bf16(args.bf16, self.device, model)
         self.dist = init_distributed(self.device)
         if self.device.type == "cuda" and self.dist.world > 1:

@@ -49,7 +49,8 @@ class BertForEmbedding(nn.Module):
             if example is None:  # an example's features come together, its anchor (part 0) first
                 example = torch.cumsum(part == 0, 0) - 1
             loss, emb = self.loss(input_ids, attention_mask, token_type_ids, PairBatch(example, part, text_id, score, target))
-            return {"loss": loss, "embedding": emb}
+            # the examples (anchors) the step held: metrics.jsonl's "examples", what a pairs/s figure counts
+            return {"loss": loss, "embedding": emb, "log_examples": (part == 0).sum().float()}
         return {"embedding": self.embed(input_ids, attention_mask, token_type_ids)}
 
     def loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None,
