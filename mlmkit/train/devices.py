@@ -78,13 +78,15 @@ def keep_freed_memory() -> bool:
     frees and re-allocates dozens of such blocks (attention's (batch, heads, length, length) scores,
     probabilities and dropout masks, per layer), and the kernel faults in and zeroes their pages anew
     every step: a MiniLM-size step at length 256 ran 1.27x-1.53x faster without it on 2 cores
-    (docs/performance.md, "Freed memory kept between training steps"). The process's peak memory is
-    the step's, as before; what changes is that it is not given back between steps. The Trainer calls
-    this on the CPU; it applies to the whole process."""
+    (docs/performance.md, "Freed memory kept between training steps"). The process's peak memory stays
+    near the step's (blocks whose sizes change from step to step can fragment the heap: SPLADE's
+    vocabulary-wide blocks raised its peak 5-8%), and it is not given back between steps. The Trainer calls
+    this on the CPU; it applies to the whole process. ``MLMKIT_KEEP_FREED_MEMORY=0`` in the
+    environment turns it off (glibc's defaults stay)."""
     import ctypes
     import platform
 
-    if platform.libc_ver()[0] != "glibc":
+    if os.environ.get("MLMKIT_KEEP_FREED_MEMORY", "1").strip() == "0" or platform.libc_ver()[0] != "glibc":
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt

@@ -213,14 +213,19 @@ print(int(kept), faults[-1])  # a step after the first: what every later step of
 def test_kept_freed_memory_spares_every_later_step_its_page_faults() -> None:
     """What the Trainer sets on the CPU (keep_freed_memory): a training step whose attention blocks
     are over 32 MB reuses the previous step's memory (next to no page faults); glibc's default maps
-    and zeroes those blocks afresh each step (tens of thousands of faults)."""
+    and zeroes those blocks afresh each step (tens of thousands of faults), and so does a process
+    that opted out with MLMKIT_KEEP_FREED_MEMORY=0 though it asked to keep."""
+    import os
     import subprocess
     import sys
 
     got = {}
-    for mode in ("kept", "default"):
-        r = subprocess.run([sys.executable, "-c", _STEP_FAULTS, mode], capture_output=True, text=True, check=True)
+    for mode, asks, env in (("kept", "kept", {}), ("default", "default", {}),
+                            ("opted-out", "kept", {"MLMKIT_KEEP_FREED_MEMORY": "0"})):
+        r = subprocess.run([sys.executable, "-c", _STEP_FAULTS, asks], capture_output=True, text=True, check=True,
+                           env={**os.environ, "MLMKIT_KEEP_FREED_MEMORY": "1", **env})
         kept, got[mode] = map(int, r.stdout.split())
-        assert kept == (mode == "kept")
+        assert kept == (mode == "kept"), mode
     assert got["default"] > 20_000, got  # 4 KB pages of the blocks freed and re-allocated
+    assert got["opted-out"] > 20_000, got
     assert got["kept"] < 1_000, got
