@@ -410,7 +410,8 @@ class MineArgs(Args):
     out: Path = arg(help="The rows to write (.jsonl): anchor, positive, negative_1 ... negative_K.")
     corpus: Path | None = arg(None, "The documents to mine: a .txt (one per line) or a .jsonl with a text field "
                                     "(a BEIR corpus.jsonl too); default: the BEIR directory's corpus, or the rows' positives.")
-    retriever: str = arg("bm25", "bm25 (the bm25s library), or the directory of an embedding bundle.")
+    retriever: str = arg("bm25", "bm25 (the bm25s library), the directory of an embedding bundle, or an index (mlmkit index) "
+                                 "of the data's corpus (a BEIR directory's: its ids).")
     negatives: int = arg(5, "Negatives per row.")
     rank_range: str = arg("0:100", "The ranks negatives are taken from, A:B (rank 0 is the best match); the "
                                    "query's positives are passed over wherever they rank.", flags=("--range",))
@@ -439,6 +440,9 @@ class MineArgs(Args):
                f"--max-score-ratio must be a positive number, got {self.max_score_ratio}")
         _check(self.margin is None or _finite(self.margin), f"--margin must be a number, got {self.margin}")
         _check(self.index in ("exact", "faiss"), f"--index {self.index}: use exact or faiss")
+        _check(self.index == "exact" or (self.retriever != "bm25" and not (Path(self.retriever) / "manifest.json").is_file()),
+               f"--index {self.index} is for an embedding bundle; --retriever {self.retriever} searches its own way "
+               "(an index built with mlmkit index --ann hnsw is approximate already)")
         _check(self.out.suffix.lower() == ".jsonl", f"--out {self.out}: mined rows are written as .jsonl",
                "give a file name ending in .jsonl")
         self.window()

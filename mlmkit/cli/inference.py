@@ -325,6 +325,105 @@ def mine(args: MineArgs, as_json: Json = False) -> None:
               f"-> {stats['out']}; rows with fewer than {args.negatives}: {short}")
 
 
+@app.command("index")
+@handle_errors
+def index_cmd(
+    bundle: Annotated[Path, typer.Argument(help="An embedding bundle (mlmkit export).")],
+    corpus: Annotated[Path, typer.Option("--corpus", help="Documents: a BEIR corpus.jsonl (_id, title, text), JSON lines, "
+                                         "Parquet or CSV with an id column, or .txt (one a line, its line number the id).")],
+    out_dir: Annotated[Path, typer.Option("--out", help="The index directory.")],
+    quantize: Annotated[str, typer.Option("--quantize", help="float32, float16, int8 (calibrated ranges) or binary "
+                                          "(sign bits, with an int8 copy for rescoring).")] = "float32",
+    ann: Annotated[str, typer.Option("--ann", help="flat (exact), hnsw or ivf (faiss, beside the vectors).")] = "flat",
+    append: Annotated[bool, typer.Option("--append", help="Add the documents to the index at --out.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the build that was killed, after its last window.")] = False,
+    id_column: Annotated[str | None, typer.Option("--id-column", help="The documents' id field (default: _id, else id).")] = None,
+    text_column: Annotated[str, typer.Option("--text-column", help="The documents' text field (a title goes before it).")] = "text",
+    window: Annotated[int, typer.Option("--window", min=1, help="Documents embedded and written together.")] = WINDOW,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Embedding processes, each with a share of the threads.")] = 1,
+    threads: Annotated[int | None, typer.Option("--threads", min=1, help="onnxruntime threads in all.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Documents per onnxruntime batch.")] = 32,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    as_json: Json = False,
+) -> None:
+    """Embed a corpus into an on-disk index that `mlmkit search` reads: vectors memory-mapped, ids beside them, a manifest."""
+    import time
+
+    from mlmkit.infer.index import BuildArgs, build
+
+    args = BuildArgs(bundle, corpus, out_dir, quantization=quantize, ann=ann, append=append, resume=resume, id_column=id_column,
+                     text_column=text_column, window=window, workers=workers, threads=threads, batch_size=batch_size, device=device)
+    t0, done = time.perf_counter(), [0]
+    with err.status(f"indexing {corpus} ...") as status:
+        def advance(n: int) -> None:
+            done[0] += n
+            status.update(f"indexing {corpus}: {done[0]:,} documents, {done[0] / (time.perf_counter() - t0):,.0f} docs/s")
+
+        m = build(args, advance)
+    summary = {"index": str(out_dir), "count": m["count"], "dims": m["dims"], "quantization": m["quantization"], "ann": m["ann"],
+               "added": m["shards"][-1]["count"], "seconds": round(time.perf_counter() - t0, 2)}
+    if want_json(as_json):
+        print_json(summary)
+        return
+    out.print(f"{summary['added']:,} documents added to {out_dir} ({m['count']:,} in all, {m['dims']} dims, {m['quantization']}, "
+              f"--ann {m['ann']}) in {summary['seconds']} s")
+
+
+@app.command("search")
+@handle_errors
+def search_cmd(
+    index: Annotated[Path, typer.Argument(help="An index directory (mlmkit index).")],
+    queries: Annotated[list[str] | None, typer.Argument(help="Query texts (or --input).")] = None,
+    input: Annotated[Path | None, typer.Option("--input", help="Queries: .txt one a line, or .jsonl/.csv/.parquet records.")] = None,
+    text_column: Annotated[str, typer.Option("--text-column", help="The queries' field in --input records.")] = "text",
+    top_k: Annotated[int, typer.Option("--top-k", help="Hits per query.")] = 10,
+    rescore: Annotated[int | None, typer.Option("--rescore", help="Quantized or ANN indexes: candidates scored again "
+                                                "with the rescoring vectors (default: 4 x top-k, at least 100).")] = None,
+    bundle: Annotated[Path | None, typer.Option("--bundle", help="The bundle to embed queries with (default: the index's; "
+                                                "another is refused).")] = None,
+    export: Annotated[Path | None, typer.Option("--export", help="Write the index's ids and vectors as Parquet instead "
+                                                "(id, vector: fixed-size list of float32) and exit.")] = None,
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Queries embedded and searched together.")] = 256,
+    as_json: Json = False,
+) -> None:
+    """The top-k documents of each query in an index, best first: JSON lines {"query", "hits": [{"id", "score"}]} or a table."""
+    import numpy as np
+
+    from mlmkit.files import json_line
+    from mlmkit.infer.index import Index, hits, query_bundle, search_vectors
+    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.text.records import iter_inputs
+
+    ix = Index.open(index)
+    if export is not None:
+        from mlmkit.infer.index import export_parquet
+
+        n = export_parquet(ix, export)
+        err.print(f"wrote {n:,} ids and vectors to {export}")
+        return
+    texts = list(queries or []) + ([r.text(text_column) if isinstance(r.data, dict) else str(r.data).strip()
+                                    for r in iter_inputs(input)] if input is not None else [])
+    if not texts:
+        raise ConfigError("no queries", "give them as arguments or with --input FILE")
+    if top_k < 1 or top_k > ix.count:
+        raise ConfigError(f"--top-k {top_k}: give 1 to the index's {ix.count:,} documents")
+    pipe = Pipeline.load(query_bundle(ix, bundle), command="embed")
+    table = not want_json(as_json)
+    t = Table("query", "rank", "id", "score") if table else None
+    for a in range(0, len(texts), batch):
+        part = texts[a:a + batch]
+        q = [r["embedding"] for r in pipe(part, input_type="query")]
+        rows, scores = search_vectors(ix, np.asarray(q, dtype=np.float32), top_k, rescore=rescore)
+        for text, found in zip(part, hits(ix, rows, scores)):
+            if t is None:
+                sys.stdout.write(json_line({"query": text, "hits": found}))
+            else:
+                for k, h in enumerate(found, 1):
+                    t.add_row(text if k == 1 else "", str(k), h["id"], f"{h['score']:.4f}")
+    if t is not None:
+        out.print(t)
+
+
 @app.command()
 @handle_errors
 @with_args(ServeArgs)

@@ -213,7 +213,13 @@ def evaluate(
 
 def _evaluate_one(model: Path, data: Path, options: dict[str, Any], predictions: Path | None, device: str,
                   speed: bool) -> dict[str, Any]:
-    """One model's metrics: a bundle through onnxruntime, a run through PyTorch."""
+    """One model's metrics: an index's stored vectors, a bundle through onnxruntime, a run through PyTorch."""
+    if (model / "manifest.json").exists():
+        from mlmkit.infer.index import evaluate_index
+
+        if options or predictions is not None or speed:
+            raise MlmkitError(f"{model} is an index: it takes --data alone", "drop --option, --predictions and --speed")
+        return evaluate_index(model, data, device=device)
     if (model / "model.onnx").exists():
         from mlmkit.infer.pipeline import evaluate_bundle
 

@@ -28,6 +28,7 @@ from typing import Any
 from mlmkit.args import MineArgs
 from mlmkit.errors import ConfigError, DataFormatError
 from mlmkit.files import exclusive
+from mlmkit.infer.index import IndexRetriever
 from mlmkit.infer.jobs import Done, Job, Window, job_dir, owned_output, remove_empty
 from mlmkit.infer.retrieval import BM25, Dense
 from mlmkit.text.beir import BeirSplit, is_beir, other_splits_answers, read_split, split_spec
@@ -49,6 +50,7 @@ class Pairs:
     pairs: list[tuple[str, int]]
     positives: dict[str, set[int]]
     held_out: int = 0  # documents left out of ``docs``: another split's answers
+    ids: dict[str, int] | None = None  # a BEIR corpus's: document id -> its place in ``docs`` (None: rows)
 
 
 def _hold_out(split: BeirSplit, docs: list[str]) -> int:
@@ -80,7 +82,7 @@ def read_pairs(args: MineArgs) -> Pairs:
             pos = {where[d] for d in split.positives(qid) if d in where}
             positives.setdefault(text, set()).update(pos)
             pairs += [(text, p) for p in sorted(pos)]
-        return Pairs(docs, pairs, positives, held_out)
+        return Pairs(docs, pairs, positives, held_out, where)
     rows = []
     fmt = data_format(args.data, {".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"})
     for rec in iter_jsonl(args.data) if fmt == "jsonl" else iter_records(args.data, fmt):
@@ -162,7 +164,12 @@ def mine(args: MineArgs) -> dict[str, Any]:
             job = Job(out, _what(args), resume=args.resume, errors=None)
             try:
                 if args.retriever == "bm25":
-                    retriever: BM25 | Dense = BM25(data.docs)
+                    retriever: BM25 | Dense | IndexRetriever = BM25(data.docs)
+                elif (Path(args.retriever) / "manifest.json").is_file():
+                    if data.ids is None:
+                        raise ConfigError(f"--retriever {args.retriever} is an index: mining from one needs a BEIR "
+                                          "directory, whose corpus ids the index holds", "give the BEIR directory the index was built from")
+                    retriever = IndexRetriever(Path(args.retriever), data.ids, device=args.device)
                 else:
                     retriever = Dense(args.retriever, data.docs, job.dir, device=args.device, index=args.index)
                 log.info("mining %d pairs over %d documents with %s", len(data.pairs), len(data.docs), args.retriever)
@@ -216,7 +223,7 @@ def _documents(row: dict[str, Any]) -> list[str]:
     return ["positive", *numbered(row, "negative")]
 
 
-def _mine_batch(batch: list[tuple[str, int]], retriever: BM25 | Dense, data: Pairs, args: MineArgs, window: tuple[int, int],
+def _mine_batch(batch: list[tuple[str, int]], retriever: BM25 | Dense | IndexRetriever, data: Pairs, args: MineArgs, window: tuple[int, int],
                 need_pos: bool) -> Done:
     """The rows of one batch of (query, positive) pairs, and their tallies (negatives; short rows by reason)."""
     lo, hi = window
