@@ -480,6 +480,8 @@ class ServeArgs(Args):
     api_key: list[str] = arg(help="An API key clients must send as 'Authorization: Bearer KEY' (repeatable; default: "
                                   "$MLMKIT_API_KEY; none: no check). The probes /health and /ready never need one.", factory=list)
     public_metrics: bool = arg(False, "Serve /metrics without an API key.")
+    index: list[str] = arg(help="An index (mlmkit index) that POST /v1/search answers from, as PATH or NAME=PATH "
+                                "(repeatable); its queries are embedded by the served bundle that built it.", factory=list)
     max_queue: int = arg(0, "Most inputs waiting per model; more: 429 with Retry-After (0: 4 x --max-batch-size).")
     request_timeout: float = arg(30.0, "Seconds a request may wait in the queue; then 503, and it leaves the queue.")
     timeout_keep_alive: float = arg(5.0, "Seconds an idle keep-alive connection stays open between requests.")

@@ -344,6 +344,10 @@ def index_cmd(
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="onnxruntime threads in all.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Documents per onnxruntime batch.")] = 32,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    engine: Annotated[str, typer.Option("--engine", help="local, or ray: embed on a Ray cluster, --workers actors "
+                                        "(pip install 'mlmkit[ray]'); the same index as a local build.")] = "local",
+    address: Annotated[str | None, typer.Option("--address", help="With --engine ray: the cluster to join (e.g. auto); "
+                                                "default: a Ray started here.")] = None,
     as_json: Json = False,
 ) -> None:
     """Embed a corpus into an on-disk index that `mlmkit search` reads: vectors memory-mapped, ids beside them, a manifest."""
@@ -352,7 +356,8 @@ def index_cmd(
     from mlmkit.infer.index import BuildArgs, build
 
     args = BuildArgs(bundle, corpus, out_dir, quantization=quantize, ann=ann, append=append, resume=resume, id_column=id_column,
-                     text_column=text_column, window=window, workers=workers, threads=threads, batch_size=batch_size, device=device)
+                     text_column=text_column, window=window, workers=workers, threads=threads, batch_size=batch_size, device=device,
+                     engine=engine, address=address)
     t0, done = time.perf_counter(), [0]
     with err.status(f"indexing {corpus} ...") as status:
         def advance(n: int) -> None:

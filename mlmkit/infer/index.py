@@ -19,8 +19,8 @@ An index is a directory:
 Embedding is a batch job (infer/jobs.py): windows of documents, worker processes, a killed job resumed
 after its last finished window. Memory while building: a window of documents and their vectors (the
 faiss structure, with --ann, is held whole while it is built). Memory while searching: the vectors are
-memory-mapped and read a chunk of CHUNK rows at a time, so a search holds queries x (CHUNK + k) scores,
-never queries x corpus.
+memory-mapped and read a chunk of CHUNK rows at a time, and queries are scored QUERY_BLOCK at a time, so a
+search holds QUERY_BLOCK x (CHUNK + k) scores, never queries x corpus.
 
 Quantization (scores are dot products of unit vectors, so cosines):
 
@@ -60,6 +60,9 @@ QUANTIZATIONS = ("float32", "float16", "int8", "binary")
 ANNS = ("flat", "hnsw", "ivf")
 CHUNK = 65536
 """Rows of vectors scored at once in a flat search."""
+QUERY_BLOCK = 64
+"""Queries scored together: a block holds QUERY_BLOCK x (CHUNK + k) scores and rows, ~64 MB, whatever
+the number of queries asked."""
 CALIBRATION = (0.1, 99.9)
 """The percentiles of each dimension's values that bound int8's range."""
 MANIFEST = "manifest.json"
@@ -279,6 +282,9 @@ def search_vectors(ix: Index, queries: np.ndarray, k: int, *, rescore: int | Non
         raise ConfigError(f"query vectors of {q.shape[-1]} dimensions; the index holds {ix.dims}")
     if rescore is not None and rescore < k:
         raise ConfigError(f"--rescore {rescore} is below --top-k {k}", "rescore at least as many candidates as are kept")
+    if len(q) > QUERY_BLOCK:
+        parts = [search_vectors(ix, q[a:a + QUERY_BLOCK], k, rescore=rescore) for a in range(0, len(q), QUERY_BLOCK)]
+        return np.concatenate([r for r, _ in parts]), np.concatenate([s for _, s in parts])
     quantized, ann = ix.quantization in ("int8", "binary"), ix.manifest.get("ann", "flat") != "flat"
     n = min(ix.count, rescore or max(4 * k, 100)) if quantized or ann else k
     if ann:
@@ -369,8 +375,12 @@ class BuildArgs:
     device: str = "cpu"
     hnsw_m: int = 32
     ivf_lists: int | None = None
+    engine: str = "local"
+    address: str | None = None
 
     def __post_init__(self) -> None:
+        if self.engine not in ("local", "ray"):
+            raise ConfigError(f"--engine {self.engine}: use local or ray")
         if self.quantization not in QUANTIZATIONS:
             raise ConfigError(f"--quantize {self.quantization}: use one of {', '.join(QUANTIZATIONS)}")
         if self.ann not in ANNS:
@@ -412,7 +422,9 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
         embedded = pending / "embedded.parquet"
         try:
             files = input_files(args.corpus)
-            if not embedded.is_file():
+            if not embedded.is_file() and args.engine == "ray":
+                _embed_on_ray(args, pending, embedded, progress)
+            elif not embedded.is_file():
                 items = corpus_records(iter_inputs(args.corpus), args.id_column, args.text_column)
                 resume = (pending / ".embedded.parquet.job" / "progress.json").is_file() and args.resume
                 for w, _ in batch(pipe, items, options={"input_type": "document"}, window=args.window, workers=args.workers,
@@ -428,6 +440,52 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
             raise
         shutil.rmtree(pending, ignore_errors=True)
     return manifest
+
+
+def _embed_on_ray(args: BuildArgs, pending: Path, embedded: Path, progress: Any) -> None:
+    """--engine ray: the documents read and checked here (ids, titles: each bad one names its file and
+    line, as in a local build) into Parquet files of ``args.window`` documents under ``pending``, which
+    the cluster reads (on a cluster of several machines ``--out`` must be on storage they share), then
+    embedded there and streamed back, in order, into ``embedded``. A resumed Ray build starts over."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mlmkit.infer.integrations.ray import embed_in_order
+    from mlmkit.text.records import iter_inputs
+
+    docs = pending / "documents"
+    shutil.rmtree(docs, ignore_errors=True)
+    docs.mkdir()
+    files: list[Path] = []
+    part: list[dict[str, str]] = []
+
+    def flush() -> None:
+        files.append(docs / f"part-{len(files):06d}.parquet")
+        pq.write_table(pa.Table.from_pylist(part, schema=pa.schema([("id", pa.string()), ("text", pa.string())])), files[-1])
+        part.clear()
+
+    for rec in corpus_records(iter_inputs(args.corpus), args.id_column, args.text_column):
+        part.append(rec.data if isinstance(rec, Record) else rec)
+        if len(part) == args.window:
+            flush()
+    if part:
+        flush()
+    if not files:
+        raise DataFormatError(args.corpus, "no documents", hint="one document per line or record")
+    schema = pa.schema([("id", pa.string()), ("embedding", pa.list_(pa.float32()))])
+
+    def write(tmp: str) -> None:
+        with pq.ParquetWriter(tmp, schema) as w:
+            for b in embed_in_order(files, args.bundle, options={"input_type": "document"}, address=args.address,
+                                    workers=args.workers, threads=args.threads, batch_size=args.batch_size,
+                                    rows_per_batch=args.window):
+                w.write_table(pa.table({"id": b.column("id").cast(pa.string()),
+                                        "embedding": b.column("embedding").cast(pa.list_(pa.float32()))}, schema=schema))
+                if progress is not None:
+                    progress(b.num_rows)
+
+    atomic_write(embedded, write)
+    shutil.rmtree(docs, ignore_errors=True)
 
 
 def _embedded_batches(path: Path) -> Iterator[tuple[list[str], np.ndarray]]:
@@ -586,6 +644,21 @@ def query_bundle(ix: Index, bundle: Path | None) -> Path:
         raise ConfigError(f"the index's bundle {b} is not there", "pass --bundle with the bundle it was built with")
     check_bundle(ix, b)
     return b
+
+
+def served_indexes(indexes: dict[str, Path], bundles: dict[str, Path]) -> dict[str, tuple[str, Index]]:
+    """`mlmkit serve --index`: each index opened and paired with the served bundle that built it (by
+    checksum), {index name: (model name, Index)}; one that no served bundle built is refused."""
+    sums = {name: bundle_checksum(path) for name, path in bundles.items() if (path / "model.onnx").is_file()}
+    out: dict[str, tuple[str, Index]] = {}
+    for name, path in indexes.items():
+        ix = Index.open(path)
+        model = next((m for m, c in sums.items() if c == ix.manifest["bundle"].get("sha256")), None)
+        if model is None:
+            raise ConfigError(f"--index {path} was built with the bundle {ix.manifest['bundle'].get('path')}, which is not served "
+                              "(no served bundle has its graph and description)", "serve that bundle beside the index")
+        out[name] = (model, ix)
+    return out
 
 
 def query_vectors(ix: Index, texts: Sequence[str], bundle: Path | None = None, *, device: str = "cpu") -> np.ndarray:

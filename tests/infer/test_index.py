@@ -226,3 +226,78 @@ def test_mining_from_an_index_mines_what_its_bundle_mines(setup, tmp_path):
     assert np.mean(same) > 0.95, np.mean(same)  # float rounding may swap a near tie
     bad = runner.invoke(app, ["mine", str(tmp_path / "beir"), "--retriever", "bm25", "--index", "faiss", "--out", str(tmp_path / "x.jsonl")])
     assert "--index faiss is for an embedding bundle" in one_red_line(bad)
+
+
+def test_serve_answers_v1_search_with_the_indexs_hits_for_texts_and_vectors(setup, tmp_path):
+    """`mlmkit serve BUNDLE --index INDEX`: POST /v1/search equals the plain numpy top-k for query
+    vectors, and `mlmkit search` for query texts; bad requests are one 4xx each."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from serve_process import Server
+
+    ix = built(setup, "f32")
+    i8 = built(setup, "int8", quantization="int8")
+    s = Server(tmp_path, f"emb={setup['bundle']}", "--index", f"docs={ix.path}", "--index", f"small={i8.path}")
+    try:
+        def post(body):
+            return httpx.post(s.url + "/v1/search", json=body, timeout=30)
+
+        want, want_scores = exact(setup, 5)
+        r = post({"index": "docs", "vector": setup["q"][:3].tolist(), "top_k": 5})
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert got["index"] == "docs" and got["model"] == "emb" and len(got["results"]) == 3
+        for j, res in enumerate(got["results"]):
+            assert [h["id"] for h in res["hits"]] == [f"d{i}" for i in want[j]]
+            assert np.allclose([h["score"] for h in res["hits"]], want_scores[j], atol=1e-5)
+        one = post({"index": "docs", "vector": setup["q"][1].tolist(), "top_k": 5}).json()  # one vector, not a list of them
+        assert [h["id"] for h in one["results"][0]["hits"]] == [h["id"] for h in got["results"][1]["hits"]]
+        texts = post({"index": "docs", "query": setup["queries"][:2], "top_k": 3})
+        assert texts.status_code == 200 and texts.json()["usage"]["total_tokens"] > 0, texts.text
+        cli = runner.invoke(app, ["search", str(ix.path), *setup["queries"][:2], "--top-k", "3", "--json"])
+        by_cli = [json.loads(x)["hits"] for x in cli.stdout.splitlines()]
+        for a, b in zip([r["hits"] for r in texts.json()["results"]], by_cli, strict=True):
+            assert [h["id"] for h in a] == [h["id"] for h in b]
+            assert np.allclose([h["score"] for h in a], [h["score"] for h in b], atol=1e-5)
+        assert post({"index": "small", "vector": setup["q"][0].tolist(), "top_k": 3, "rescore": 50}).status_code == 200
+        bad = {
+            "no index named 'nope'": ({"index": "nope", "query": "a dog"}, 404),
+            "say which index": ({"query": "a dog"}, 422),
+            "has 3 values; the index holds 64": ({"index": "docs", "vector": [0.1, 0.2, 0.3]}, 422),
+            "not a finite float32": ({"index": "docs", "vector": [1e39] * 64}, 422),
+            "past index 'docs''s 1,200 documents": ({"index": "docs", "query": "a dog", "top_k": DOCS + 1}, 422),
+            "'top_k' must be a positive whole number": ({"index": "docs", "query": "a dog", "top_k": 0}, 422),
+            "rescore 2 is below top_k 3": ({"index": "small", "query": "a dog", "top_k": 3, "rescore": 2}, 422),
+            "one of the two": ({"index": "docs", "query": "a dog", "vector": [0.0] * 64}, 422),
+            "unknown field(s) model": ({"index": "docs", "query": "a dog", "model": "emb"}, 422),
+        }
+        for message, (body, status) in bad.items():
+            r = post(body)
+            assert r.status_code == status and message in r.json()["error"], (message, r.status_code, r.text)
+        assert httpx.get(s.url + "/health", timeout=5).status_code == 200
+    finally:
+        s.stop()
+    # an index that no served bundle built is refused before the server starts
+    other = tmp_path / "other-bundle"
+    shutil.copytree(setup["bundle"], other)
+    meta = json.loads((other / "mlmkit.json").read_text())
+    (other / "mlmkit.json").write_text(json.dumps({**meta, "note": "another"}))
+    r = runner.invoke(app, ["serve", str(other), "--index", str(ix.path), "--port", "0"])
+    assert "which is not served" in one_red_line(r)
+
+
+@pytest.mark.slow  # ~30 s: starts a Ray cluster
+def test_a_ray_built_index_equals_a_local_one(setup, tmp_path):
+    ray = pytest.importorskip("ray")
+    local = built(setup, "f32")
+    try:
+        r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(setup["corpus"]), "--out", str(tmp_path / "ray"),
+                                "--engine", "ray", "--workers", "2", "--threads", "2", "--window", "300", "--json"])
+        assert r.exit_code == 0, (r.output, r.exception)
+    finally:
+        ray.shutdown()
+    got = Index.open(tmp_path / "ray")
+    assert got.count == DOCS and got.ids(np.arange(DOCS)) == local.ids(np.arange(DOCS))
+    a = np.concatenate([c for _, c in got.chunks()])
+    assert np.allclose(a, np.concatenate([c for _, c in local.chunks()]), atol=1e-5)  # Ray's batches pad otherwise
+    assert sorted(p.name for p in (tmp_path / "ray").iterdir()) == ["manifest.json", "shard-000000"]

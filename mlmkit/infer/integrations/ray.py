@@ -71,11 +71,29 @@ def predict(dataset: Any, bundle: str | Path, *, options: dict[str, Any] | None 
     """``dataset`` (a ray.data.Dataset of records with the task's fields, e.g. a "text" column) run
     through ``bundle``: a ray.data.Dataset of results, one row per input row, the ``keep`` columns
     (ids) carried over. ``threads``: onnxruntime threads per actor (default: its share of a node)."""
-    _ray()
+    ray = _ray()
+    # an actor's CPU share leaves one CPU of the cluster to the reads: actors holding every CPU of a small
+    # cluster (--workers 2 on 2 cores) left the read tasks none, and the job waited for ever
+    cpus = float(ray.cluster_resources().get("CPU", 1)) if ray.is_initialized() else 1.0
     return dataset.map_batches(
         _Predictor, fn_constructor_args=(str(bundle), dict(options or {}), batch_size, batch_tokens, threads, list(keep or [])),
         batch_size=rows_per_batch, batch_format="numpy", concurrency=concurrency,
+        num_cpus=min(1.0, max(0.1, (cpus - 1) / concurrency)),
     )
+
+
+def embed_in_order(files: list[Path], bundle: str | Path, *, options: dict[str, Any], address: str | None = None,
+                   workers: int = 1, threads: int | None = None, batch_size: int = 32, rows_per_batch: int = 1024) -> Iterator[Any]:
+    """The records of Parquet ``files`` ({id, text}) embedded on the cluster by ``workers`` actors, streamed
+    back to this process in the files' order as Arrow batches of ``id`` and ``embedding`` (what
+    `mlmkit index --engine ray` writes into its index: the same vectors, in the same order, as a local
+    build). Memory here: the batches in flight, never the whole output."""
+    ray = init(address)
+    ray.data.DataContext.get_current().execution_options.preserve_order = True
+    threads = threads or max(1, (os.cpu_count() or 1) // workers)
+    out = predict(ray.data.read_parquet([str(f) for f in files]), bundle, options=options, batch_size=batch_size,
+                  threads=threads, concurrency=workers, rows_per_batch=rows_per_batch, keep=["id"])
+    yield from out.iter_batches(batch_size=rows_per_batch, batch_format="pyarrow")
 
 
 def read(spec: str | Path) -> Any:
@@ -97,16 +115,23 @@ def read(spec: str | Path) -> Any:
     raise ConfigError(f"--engine ray does not read {kind} files", "use Parquet, JSON lines, CSV or text")
 
 
+def init(address: str | None) -> Any:
+    """Ray, joined to the cluster at ``address`` (e.g. auto), or started here on this machine's cores."""
+    ray = _ray()
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 **({} if address else {"num_cpus": os.cpu_count() or 1}))
+    return ray
+
+
 def run_cli(pipe: Any, args: Any, options: dict[str, Any]) -> None:
     """`mlmkit predict ... --engine ray`: read, map, write Parquet shards into the --output directory."""
-    ray = _ray()
+    _ray()
     if args.input_file is None:
         raise ConfigError("--engine ray reads files", "give --input FILE, DIRECTORY or 'PATTERN'")
     if args.output.suffix:
         raise ConfigError(f"--engine ray writes a directory of Parquet shards, not {args.output}", "give --output DIRECTORY/")
-    if not ray.is_initialized():
-        ray.init(address=args.address, include_dashboard=False, log_to_driver=False,
-                 **({} if args.address else {"num_cpus": os.cpu_count() or 1}))
+    init(args.address)
     actors = args.workers or 1
     threads = args.threads or max(1, (os.cpu_count() or 1) // actors)
     with output_directory(Path(args.output)) as into:

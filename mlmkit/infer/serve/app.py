@@ -10,7 +10,7 @@ Each bundle is mounted under its name (its directory's name, or NAME=PATH). Endp
   runtime options; answers ``{"results": [...]}`` in input order, each result the object a line of
   `mlmkit predict`'s JSON lines holds, and ``"warnings"`` when an input was truncated.
 - ``POST /v1/embeddings`` (OpenAI's shape), ``POST /embed`` and ``POST /predict`` (text-embeddings-inference's):
-  adapters over the same queue (routes.py).
+  adapters over the same queue (routes.py); ``POST /v1/search``: an index served with ``--index``.
 - ``GET /v1/models`` (mlmkit's fields, and OpenAI's list shape), ``GET /health`` (alive), ``GET /ready``
   (every model loaded and warmed up, not shutting down), ``GET /metrics`` (Prometheus), ``GET /docs`` (OpenAPI).
 
@@ -40,6 +40,7 @@ requests in flight finish (up to --drain-seconds), then the server stops; a seco
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -198,8 +199,9 @@ class _Service:
                                  lambda results, tokens: _predict_body(results, model.pipe.max_length))
 
     async def answer(self, name: str, model: Model, inputs: list[Any], options: dict[str, Any],
-                     request: Request, respond: Any) -> Response:
-        """What every route does with its call: checks, the queue, metrics; ``respond`` shapes the results."""
+                     request: Request, respond: Any, offload: bool = False) -> Response:
+        """What every route does with its call: checks, the queue, metrics; ``respond`` shapes the results
+        (in a worker thread with ``offload``: work that would hold the event loop, such as a search)."""
         start = time.monotonic()
         status = "500"
         try:
@@ -212,7 +214,7 @@ class _Service:
                 if e.status == 429:
                     e.headers["Retry-After"] = str(model.retry_after())
                 raise
-            body = respond(results, tokens)
+            body = await asyncio.to_thread(respond, results, tokens) if offload else respond(results, tokens)
             status = "200"
             self.metrics.inputs.labels(name).inc(len(inputs))
             return Response(encoded(body), media_type="application/json")
@@ -253,8 +255,9 @@ def _route_handler(route: Any, models: dict[str, Model], args: ServeArgs, metric
     async def handler(request: Request) -> Response:
         try:
             call: Call = route.parse(await _read_json(request, args), models)
-            if len(call.inputs) > args.max_inputs:
-                raise HTTPError(413, f"{len(call.inputs)} inputs in one request; the limit is {args.max_inputs}",
+            size = len(call.inputs) if call.size is None else call.size
+            if size > args.max_inputs:
+                raise HTTPError(413, f"{size} inputs in one request; the limit is {args.max_inputs}",
                                 "split them over several requests, or start the server with a larger --max-inputs")
         except HTTPError as e:
             metrics.requests.labels("-", str(e.status)).inc()
@@ -263,7 +266,8 @@ def _route_handler(route: Any, models: dict[str, Model], args: ServeArgs, metric
         if not getattr(route, "runs_model", True):  # e.g. /tokenize: the tokenizer only, no queue
             return Response(encoded(route.respond(call, [], model)), media_type="application/json")
         return await answer(call.model, model, call.inputs, call.options, request,
-                            lambda results, tokens: route.respond(replace(call, tokens=tokens), results, model))
+                            lambda results, tokens: route.respond(replace(call, tokens=tokens), results, model),
+                            getattr(route, "offload", False))
 
     handler.__name__ = "route_" + route.path.strip("/").replace("/", "_")
     return handler

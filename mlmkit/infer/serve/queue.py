@@ -31,18 +31,18 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
-def model_names(specs: Sequence[str]) -> dict[str, Path]:
-    """{name: bundle path} from PATH or NAME=PATH specs; names are URL-safe and distinct."""
+def model_names(specs: Sequence[str], what: str = "bundle") -> dict[str, Path]:
+    """{name: path} from PATH or NAME=PATH specs (bundles, or indexes); names are URL-safe and distinct."""
     out: dict[str, Path] = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep or Path(spec).exists():  # a path that holds "=" is a path
             name, path = Path(spec).resolve().name, spec
         if not NAME.match(name):
-            raise ConfigError(f"model name '{name}' (from {spec}) is not URL-safe",
+            raise ConfigError(f"{what} name '{name}' (from {spec}) is not URL-safe",
                               "name it with letters, digits, '.', '_' or '-': NAME=PATH")
         if name in out:
-            raise ConfigError(f"two bundles are named '{name}'", "name them apart: NAME=PATH")
+            raise ConfigError(f"two {what}s are named '{name}'", "name them apart: NAME=PATH")
         out[name] = Path(path)
     return out
 
@@ -68,6 +68,7 @@ class Model:
         self.waiting = 0  # inputs queued and not yet taken into a call
         self.lock = threading.Lock()
         self.max_queue = args.max_queue or 4 * args.max_batch_size
+        self.indexes: dict[str, Any] = {}  # name -> infer.index.Index: what POST /v1/search searches with this model
 
     def describe(self) -> dict[str, Any]:
         m = self.pipe.meta
@@ -248,11 +249,17 @@ class Metrics:
 
 # ---- running it -----------------------------------------------------------------------------------
 def load_models(args: ServeArgs) -> dict[str, Model]:
-    """Every bundle loaded and checked (a bad one is an error before the server starts)."""
+    """Every bundle loaded and checked, and each --index given to the model whose bundle built it (a bad
+    one is an error before the server starts)."""
+    from mlmkit.infer.index import served_indexes
     from mlmkit.infer.pipeline import Pipeline
 
     metrics = Metrics()
-    return {name: Model(name, Pipeline.load(path, device=args.device, threads=args.threads, batch_size=args.batch_size,
-                                                  batch_tokens=args.batch_tokens, spin=False),
-                        args, metrics)
-            for name, path in model_names(args.bundles).items()}
+    bundles = model_names(args.bundles)
+    models = {name: Model(name, Pipeline.load(path, device=args.device, threads=args.threads, batch_size=args.batch_size,
+                                              batch_tokens=args.batch_tokens, spin=False),
+                          args, metrics)
+              for name, path in bundles.items()}
+    for name, (model, ix) in served_indexes(model_names(args.index, "index"), bundles).items():
+        models[model].indexes[name] = ix
+    return models

@@ -11,6 +11,8 @@ that call's results into its own response shape; app.py does everything else for
     POST /rerank          text-embeddings-inference's
     POST /predict         text-embeddings-inference's classification route
     POST /tokenize        text-embeddings-inference's (the model's tokenizer only)
+    POST /v1/search       the top k documents of an index served with --index (mlmkit index), for query
+                          texts (embedded by the index's bundle) or query vectors (no model run)
 
 Reranking runs a cross-encoder: a classification bundle with one output (what sentence-transformers'
 CrossEncoder saves: ms-marco-MiniLM, bge-reranker), each (query, document) pair one input.
@@ -22,6 +24,7 @@ server writes them as JSON lists, from their buffers).
 from __future__ import annotations
 
 import base64
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +42,7 @@ class Call:
     options: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)  # what the route needs again to answer
     tokens: int = 0  # what the model ran on, for ``usage``: set by the server with the results
+    size: int | None = None  # how many inputs the request holds when they are not the model's (query vectors)
 
 
 def pick_model(models: Mapping[str, Any], requested: Any, needs: tuple[str, ...], route: str) -> str:
@@ -344,4 +348,84 @@ class TEITokenize:
         return out
 
 
-ROUTES: tuple[Any, ...] = (OpenAIEmbeddings(), Rerank(), TEIEmbed(), TEIEmbedSparse(), TEIRerank(), TEIPredict(), TEITokenize())
+class Search:
+    """An index's top k for query texts (embedded as queries by the bundle that built the index) or for
+    query vectors (the model does not run). The search itself runs off the event loop (``offload``), one
+    at a time, so that its memory stays one search's (infer/index.py: QUERY_BLOCK x (CHUNK + k) scores)."""
+
+    method, path = "POST", "/v1/search"
+    summary = ("Search an index (mlmkit serve --index): {index, query | vector, top_k, rescore} -> "
+               "{results: [{hits: [{id, score}]}]}, a result per query, hits best first.")
+    offload = True
+    searching = threading.Lock()
+
+    def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
+        b = _object(body, self.path, {"index", "query", "vector", "top_k", "rescore"})
+        served = {n: (m, ix) for m, model in models.items() for n, ix in model.indexes.items()}
+        if not served:
+            raise HTTPError(404, f"{self.path}: no index is served", "start the server with --index PATH (built by mlmkit index)")
+        name = b.get("index")
+        if name is None and len(served) == 1:
+            name = next(iter(served))
+        if not isinstance(name, str) or name not in served:
+            raise HTTPError(404 if name is not None else 422, f"no index named {name!r}" if name is not None
+                            else f"{self.path}: say which index (\"index\": NAME)", f"the indexes: {', '.join(served)}")
+        model, ix = served[name]
+        top_k = _count(b.get("top_k", 10), "top_k", self.path)
+        if top_k > ix.count:
+            raise HTTPError(422, f"{self.path}: top_k {top_k} is past index '{name}''s {ix.count:,} documents",
+                            f"ask for {ix.count} or fewer")
+        rescore = b.get("rescore")
+        if rescore is not None and _count(rescore, "rescore", self.path) < top_k:
+            raise HTTPError(422, f"{self.path}: rescore {rescore} is below top_k {top_k}", "rescore at least top_k candidates")
+        state = {"name": name, "index": ix, "top_k": top_k, "rescore": rescore}
+        if (b.get("query") is None) == (b.get("vector") is None):
+            raise HTTPError(422, f"{self.path}: send 'query' (a text or a list of texts) or 'vector' (a list of numbers, "
+                                 "or a list of those), one of the two")
+        if b.get("vector") is not None:
+            state["vectors"] = _vectors(b["vector"], ix.dims, self.path)
+            return Call(model, [], state=state, size=len(state["vectors"]))
+        options = {"input_type": "query"} if "input_type" in models[model].pipe.option_names else {}
+        return Call(model, _texts(b.get("query"), "query", self.path), options, state=state)
+
+    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+        from mlmkit.errors import MlmkitError
+        from mlmkit.infer.index import hits, search_vectors
+
+        st = call.state
+        q = st.get("vectors")
+        if q is None:
+            q = np.asarray([r["embedding"] for r in results], dtype=np.float32)
+        try:
+            with self.searching:
+                rows, scores = search_vectors(st["index"], q, st["top_k"], rescore=st["rescore"])
+        except MlmkitError as e:
+            raise HTTPError(422, f"{self.path}: {e.message}", e.hint) from None
+        found = hits(st["index"], rows, scores)
+        return {"object": "search", "index": st["name"], "model": call.model, "results": [{"hits": h} for h in found],
+                "usage": _usage(call)}
+
+
+def _count(value: Any, name: str, route: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise HTTPError(422, f"{route}: '{name}' must be a positive whole number, got {value!r}")
+    return value
+
+
+def _vectors(value: Any, dims: int, route: str) -> np.ndarray:
+    """One query vector, or a list of them, as a (Q, dims) float32 array of finite values; else a 422."""
+    rows = value if isinstance(value, list) and value and all(isinstance(v, list) for v in value) else [value]
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in row):
+            raise HTTPError(422, f"{route}: 'vector' must be a list of numbers or a list of such lists")
+        if len(row) != dims:
+            raise HTTPError(422, f"{route}: query vector {i + 1} has {len(row)} values; the index holds {dims}-dimensional vectors",
+                            "embed queries with the index's bundle, or send its dimensions")
+    with np.errstate(over="ignore"):
+        x = np.asarray(rows, dtype=np.float32)
+    if not np.isfinite(x).all():
+        raise HTTPError(422, f"{route}: a query vector holds a value that is not a finite float32 (NaN, infinite or too large)")
+    return x
+
+
+ROUTES: tuple[Any, ...] = (OpenAIEmbeddings(), Rerank(), TEIEmbed(), TEIEmbedSparse(), TEIRerank(), TEIPredict(), TEITokenize(), Search())
