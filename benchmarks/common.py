@@ -14,6 +14,7 @@ they used more than QUIET cores is marked ``*`` and counts only when no pass was
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -369,8 +370,10 @@ def made(d: Path, key: dict[str, Any]) -> None:
 
 
 # ---- figures ------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
 def stdlib_sentences() -> list[str]:
-    """Every sentence of the docstrings of Python's standard library (mlmkit's quickstart corpus)."""
+    """Every sentence of the docstrings of Python's standard library (mlmkit's quickstart corpus), parsed
+    once a process (do not change the list)."""
     from mlmkit.quickstart.stdlib_corpus import docstring_documents
 
     return [s for doc in docstring_documents() for s in doc]

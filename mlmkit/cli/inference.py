@@ -335,6 +335,9 @@ def index_cmd(
     quantize: Annotated[str, typer.Option("--quantize", help="float32, float16, int8 (calibrated ranges) or binary "
                                           "(sign bits, with an int8 copy for rescoring).")] = "float32",
     ann: Annotated[str, typer.Option("--ann", help="flat (exact), hnsw or ivf (faiss, beside the vectors).")] = "flat",
+    rescore_copy: Annotated[str | None, typer.Option("--rescore-copy", help="float16: keep the vectors as float16 beside an "
+                                                     "int8 or binary index, and rescore its candidates from them (binary "
+                                                     "keeps an int8 copy otherwise).")] = None,
     append: Annotated[bool, typer.Option("--append", help="Add the documents to the index at --out.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the build that was killed, after its last window.")] = False,
     id_column: Annotated[str | None, typer.Option("--id-column", help="The documents' id field (default: _id, else id).")] = None,
@@ -357,7 +360,7 @@ def index_cmd(
 
     args = BuildArgs(bundle, corpus, out_dir, quantization=quantize, ann=ann, append=append, resume=resume, id_column=id_column,
                      text_column=text_column, window=window, workers=workers, threads=threads, batch_size=batch_size, device=device,
-                     engine=engine, address=address)
+                     engine=engine, address=address, rescore_copy=rescore_copy)
     t0, done = time.perf_counter(), [0]
     with err.status(f"indexing {corpus} ...") as status:
         def advance(n: int) -> None:

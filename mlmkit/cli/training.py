@@ -221,8 +221,11 @@ def _evaluate_one(model: Path, data: Path, options: dict[str, Any], predictions:
             raise MlmkitError(f"{model} is an index: it takes --data alone", "drop --option, --predictions and --speed")
         return evaluate_index(model, data, device=device)
     if (model / "model.onnx").exists():
+        from mlmkit.infer.index import evaluate_bundle_by_index, through_index
         from mlmkit.infer.pipeline import evaluate_bundle
 
+        if predictions is None and not speed and through_index(model, data, options):  # bounded memory, any corpus
+            return evaluate_bundle_by_index(model, data, device=device)
         return evaluate_bundle(model, data, options=options, predictions=predictions, device=device, speed=speed)
     from mlmkit.train.finetune import evaluate_run
 

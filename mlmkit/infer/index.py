@@ -11,7 +11,8 @@ An index is a directory:
       vectors.bin         the unit-length vectors as the quantization stores them, row-major:
                           float32 or float16 (D values), int8 (D values, the ranges below), binary
                           (D / 8 bytes of sign bits, numpy.packbits order)
-      rescore.bin         binary only: the same vectors as int8, what rescoring reads
+      rescore.bin         the rescoring copy (RESCORE_COPIES): binary's int8 copy, or with
+                          --rescore-copy float16 the vectors as float16 (int8 and binary)
     ann.faiss           --ann hnsw | ivf: a faiss index over every shard's vectors, in shard order
     .pending/           a build or append in progress: the batch job that embeds the documents
                         (resumable with --resume), then the shard being written
@@ -26,14 +27,18 @@ Quantization (scores are dot products of unit vectors, so cosines):
 
 - ``float16``: half the disk, scores within ~1e-3 of float32;
 - ``int8``: each dimension's range (the 0.1 and 99.9 percentiles of the first window's values, the
-  calibration) cut into 255 steps; a query is scored against the dequantized vectors;
+  calibration) cut into 255 steps; the float query is scored against the dequantized vectors
+  (asymmetric: quantizing the query too, to the documents' ranges, lost a tenth of recall@10 on a
+  static model at 100k documents, 0.881 against 0.976, 2026-12-04);
 - ``binary``: one bit a dimension (positive or not); a query (float) is scored against +-1 vectors,
   then its ``rescore`` best are scored again with the int8 copy, and the best ``top_k`` of those kept.
   (Bits cut at each dimension's median instead of 0 were measured no better on all-MiniLM-L6-v2 and
   worse on a tiny random model, 2026-12-04.)
 
-int8 is rescored from itself: its first stage scores the quantized query against the quantized
-vectors, the second the float query against the dequantized ones.
+``--rescore-copy float16`` keeps the vectors as float16 beside an int8 or binary index: the first
+stage still reads only the quantized vectors (what must stay in memory for speed), and the candidates
+are rescored from the float16 copy, read from disk for them alone: recall@10 1.000 for int8 from 100
+candidates on that set.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ import numpy as np
 
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
 from mlmkit.files import LOCK, atomic_write, exclusive, read_json, write_json
+from mlmkit.infer.retrieval import normalized, top_k
 from mlmkit.text.readers import Record
 
 log = logging.getLogger("mlmkit")
@@ -65,6 +71,8 @@ QUERY_BLOCK = 64
 the number of queries asked."""
 CALIBRATION = (0.1, 99.9)
 """The percentiles of each dimension's values that bound int8's range."""
+RESCORE_COPIES = ("int8", "float16")
+"""What a quantized index may keep beside its vectors for rescoring: int8 (binary's default), float16."""
 MANIFEST = "manifest.json"
 FORMAT = 1
 
@@ -110,6 +118,11 @@ class Index:
         return str(self.manifest["quantization"])
 
     @property
+    def copy(self) -> str | None:
+        """The rescoring copy's kind (RESCORE_COPIES), or None: rescoring reads the vectors themselves."""
+        return self.manifest.get("rescore_copy", "int8" if self.quantization == "binary" else None)
+
+    @property
     def ranges(self) -> np.ndarray | None:
         r = self.manifest.get("ranges")
         return np.asarray(r, dtype=np.float32) if r is not None else None
@@ -152,7 +165,8 @@ class Index:
 
         cols = width // np.dtype(_dtype(q)).itemsize
         vectors = mapped("vectors.bin", _dtype(q), cols, np.dtype(_dtype(q)).itemsize)
-        rescore = mapped("rescore.bin", np.int8, self.dims, 1) if q == "binary" else None
+        copy = np.float16 if self.copy == "float16" else np.int8
+        rescore = mapped("rescore.bin", copy, self.dims, np.dtype(copy).itemsize) if self.copy else None
         ids = _read_ids(s / "ids.arrow", n, hint)
         return vectors, ids, rescore
 
@@ -177,12 +191,15 @@ class Index:
         for vectors, _, rescore in self.shards:
             source = rescore if which == "rescore" and rescore is not None else vectors
             for a in range(0, len(source), CHUNK):
-                yield start + a, self.floats(np.asarray(source[a:a + CHUNK]), int8=source is rescore)
+                yield start + a, self.floats(np.asarray(source[a:a + CHUNK]), copy=source is rescore)
             start += len(vectors)
 
-    def floats(self, raw: np.ndarray, *, int8: bool = False) -> np.ndarray:
-        """Stored rows as float32: as stored (floats), dequantized (int8), +-1 (binary)."""
-        if self.quantization == "binary" and not int8:
+    def floats(self, raw: np.ndarray, *, copy: bool = False) -> np.ndarray:
+        """Stored rows as float32: as stored (floats), dequantized (int8), +-1 (binary); ``copy``: rows of
+        the rescoring copy (int8 dequantized, float16 as they are)."""
+        if copy and self.copy == "float16":
+            return raw.astype(np.float32)
+        if self.quantization == "binary" and not copy:
             return np.unpackbits(raw, axis=1, count=self.dims).astype(np.float32) * 2 - 1
         if self.quantization in ("int8", "binary"):
             return dequantize(raw, self.ranges)
@@ -197,7 +214,7 @@ class Index:
             sel = np.nonzero((rows >= start) & (rows < start + n))[0]
             if len(sel):
                 src = copy if rescore and copy is not None else vectors
-                out[sel] = self.floats(np.asarray(src[rows[sel] - start]), int8=src is copy)
+                out[sel] = self.floats(np.asarray(src[rows[sel] - start]), copy=src is copy)
             start += n
         return out
 
@@ -234,41 +251,20 @@ def dequantize(q: np.ndarray, ranges: np.ndarray | None) -> np.ndarray:
     return lo + (q.astype(np.float32) + 128) * ((hi - lo) / 255)
 
 
-def stored(x: np.ndarray, quantization: str, ranges: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """(vectors as stored, the rescoring copy) of unit-length float32 rows."""
+def stored(x: np.ndarray, quantization: str, ranges: np.ndarray | None,
+           copy: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(vectors as stored, the rescoring copy of kind ``copy`` or None) of unit-length float32 rows."""
     if quantization == "float32":
         return x.astype(np.float32), None
     if quantization == "float16":
         return x.astype(np.float16), None
     assert ranges is not None
     q8 = quantize(x, ranges)
-    if quantization == "int8":
-        return q8, None
-    return np.packbits(x > 0, axis=1), q8
+    kept = x.astype(np.float16) if copy == "float16" else q8 if copy == "int8" else None
+    return (q8 if quantization == "int8" else np.packbits(x > 0, axis=1)), kept
 
 
 # ---- search --------------------------------------------------------------------------------------
-def top_k(scores_of: Iterable[tuple[int, np.ndarray]], queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k best (rows, scores) per query over chunks of (first row, (Q, chunk) scores), best first,
-    ties by row: memory is Q x (chunk + k)."""
-    best_s = np.full((queries, 0), -np.inf, dtype=np.float32)
-    best_i = np.zeros((queries, 0), dtype=np.int64)
-    for start, cs in scores_of:
-        s = np.concatenate([best_s, cs.astype(np.float32)], axis=1)
-        i = np.concatenate([best_i, np.broadcast_to(np.arange(start, start + cs.shape[1]), cs.shape)], axis=1)
-        if s.shape[1] > k:
-            top = np.argpartition(-s, k - 1, axis=1)[:, :k]
-            s, i = np.take_along_axis(s, top, 1), np.take_along_axis(i, top, 1)
-        best_s, best_i = s, i
-    order = np.lexsort((best_i, -best_s), axis=1)
-    return np.take_along_axis(best_i, order, 1), np.take_along_axis(best_s, order, 1)
-
-
-def unit(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
 def search_vectors(ix: Index, queries: np.ndarray, k: int, *, rescore: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The top ``k`` rows of each query vector and their cosines, best first (-1 past a faiss graph's
     reach). Quantized indexes score ``rescore`` candidates (default: 4k, at least 100) in the first
@@ -277,7 +273,7 @@ def search_vectors(ix: Index, queries: np.ndarray, k: int, *, rescore: int | Non
         raise ConfigError(f"--top-k must be at least 1, got {k}")
     if k > ix.count:
         raise ConfigError(f"--top-k {k} is past the index's {ix.count:,} documents", f"give --top-k {ix.count} or less")
-    q = unit(queries)
+    q = normalized(queries)
     if q.ndim != 2 or q.shape[1] != ix.dims:
         raise ConfigError(f"query vectors of {q.shape[-1]} dimensions; the index holds {ix.dims}")
     if rescore is not None and rescore < k:
@@ -285,17 +281,13 @@ def search_vectors(ix: Index, queries: np.ndarray, k: int, *, rescore: int | Non
     if len(q) > QUERY_BLOCK:
         parts = [search_vectors(ix, q[a:a + QUERY_BLOCK], k, rescore=rescore) for a in range(0, len(q), QUERY_BLOCK)]
         return np.concatenate([r for r, _ in parts]), np.concatenate([s for _, s in parts])
-    quantized, ann = ix.quantization in ("int8", "binary"), ix.manifest.get("ann", "flat") != "flat"
-    n = min(ix.count, rescore or max(4 * k, 100)) if quantized or ann else k
-    if ann:
+    two_stages = ix.quantization == "binary" or ix.copy is not None or ix.manifest.get("ann", "flat") != "flat"
+    n = min(ix.count, rescore or max(4 * k, 100)) if two_stages else k
+    if ix.manifest.get("ann", "flat") != "flat":
         rows, scores = _ann_search(ix, ix.path / "ann.faiss", q, n)
     else:
-        ranges = ix.ranges
-        first = quantize(q, ranges).astype(np.float32) if ix.quantization == "int8" and ranges is not None else q
-        rows, scores = top_k(((a, first @ c.T) for a, c in ix.chunks()), len(q), n)
-    if not quantized and n == k:
-        return rows, scores
-    return _rescored(ix, q, rows, k)
+        rows, scores = top_k(((a, q @ c.T) for a, c in ix.chunks()), len(q), n)
+    return _rescored(ix, q, rows, k) if two_stages else (rows, scores)
 
 
 def _rescored(ix: Index, q: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -377,8 +369,17 @@ class BuildArgs:
     ivf_lists: int | None = None
     engine: str = "local"
     address: str | None = None
+    rescore_copy: str | None = None
+    """RESCORE_COPIES, for int8 and binary (None: binary keeps int8, int8 none)."""
 
     def __post_init__(self) -> None:
+        if self.rescore_copy is not None and (self.rescore_copy not in RESCORE_COPIES
+                                              or self.quantization not in ("int8", "binary")
+                                              or (self.quantization, self.rescore_copy) == ("int8", "int8")):
+            raise ConfigError(f"--rescore-copy {self.rescore_copy} with --quantize {self.quantization}",
+                              "--rescore-copy float16 keeps the vectors for rescoring beside an int8 or binary index")
+        if self.rescore_copy is None and self.quantization == "binary":
+            self.rescore_copy = "int8"
         if self.engine not in ("local", "ray"):
             raise ConfigError(f"--engine {self.engine}: use local or ray")
         if self.quantization not in QUANTIZATIONS:
@@ -412,9 +413,11 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
             if old.manifest["bundle"].get("sha256") != checksum:
                 raise ConfigError(f"{out} was built with the bundle {old.manifest['bundle'].get('path')}, not {args.bundle} "
                                   "(another graph or description)", "append with the index's own bundle, or build a new index")
-            if (args.quantization, args.ann) != (old.quantization, old.manifest.get("ann", "flat")):
-                raise ConfigError(f"{out} is a {old.quantization} index with --ann {old.manifest.get('ann')}; "
-                                  f"--append takes the index's own settings", f"pass --quantize {old.quantization} --ann {old.manifest.get('ann')}")
+            if (args.quantization, args.ann, args.rescore_copy) != (old.quantization, old.manifest.get("ann", "flat"), old.copy):
+                copy = f" --rescore-copy {old.copy}" if old.copy and old.quantization != "binary" else ""
+                raise ConfigError(f"{out} is a {old.quantization} index with --ann {old.manifest.get('ann')}"
+                                  f"{f' and a {old.copy} rescoring copy' if old.copy else ''}; --append takes the index's own "
+                                  "settings", f"pass --quantize {old.quantization} --ann {old.manifest.get('ann')}{copy}")
         pending = out / ".pending"
         if pending.exists() and not args.resume:
             raise ConfigError(f"an unfinished build is in {pending}", "pass --resume to continue it, or delete that directory")
@@ -491,7 +494,10 @@ def _embed_on_ray(args: BuildArgs, pending: Path, embedded: Path, progress: Any)
 def _embedded_batches(path: Path) -> Iterator[tuple[list[str], np.ndarray]]:
     import pyarrow.parquet as pq
 
-    f = pq.ParquetFile(path)
+    # pre_buffer=False: pyarrow's pre-buffering (its default) kept what it read, row group after row group:
+    # building a 1M-document index peaked at 2.1 GB (0.65 GB at 100k); 270 MB for 400 MB of vectors without
+    # it (pyarrow 25.0.1, measured 2026-12-04)
+    f = pq.ParquetFile(path, pre_buffer=False)
     for b in f.iter_batches(batch_size=8192, columns=["id", "embedding"]):
         vec = b.column("embedding")
         dims = len(vec[0]) if len(vec) else 0
@@ -514,14 +520,14 @@ def _write_shard(args: BuildArgs, out: Path, old: Index | None, embedded: Path, 
     writer = None
     with open(shard / "vectors.bin", "wb") as vf, open(shard / "rescore.bin", "wb") as rf:
         for ids, x in _embedded_batches(embedded):
-            x = unit(x)
+            x = normalized(x)
             if dims == 0:
                 dims = x.shape[1]
                 if old is not None and dims != old.dims:
                     raise ConfigError(f"the bundle gives {dims} dimensions; {out} holds {old.dims}")
                 if ranges is None and args.quantization in ("int8", "binary"):
                     ranges = calibrate(x)
-            v, r = stored(x, args.quantization, ranges)
+            v, r = stored(x, args.quantization, ranges, args.rescore_copy)
             vf.write(np.ascontiguousarray(v).tobytes())
             if r is not None:
                 rf.write(np.ascontiguousarray(r).tobytes())
@@ -535,7 +541,7 @@ def _write_shard(args: BuildArgs, out: Path, old: Index | None, embedded: Path, 
         writer.close()
     if n == 0:
         raise DataFormatError(args.corpus, "no documents", hint="one document per line or record")
-    if args.quantization != "binary":
+    if args.rescore_copy is None:
         (shard / "rescore.bin").unlink()
     _check_unique(seen, old, shard, args.corpus)
     total = (old.count if old else 0) + n
@@ -544,7 +550,7 @@ def _write_shard(args: BuildArgs, out: Path, old: Index | None, embedded: Path, 
         "bundle": {"path": str(Path(args.bundle).resolve()), "sha256": checksum},
         "prompts": {k: (pipe.meta.get("options") or {}).get(k, "") for k in ("query_prompt", "document_prompt")},
         "dims": dims, "count": total, "quantization": args.quantization,
-        "ranges": ranges.tolist() if ranges is not None else None,
+        "ranges": ranges.tolist() if ranges is not None else None, "rescore_copy": args.rescore_copy,
         "ann": args.ann, "ann_settings": old.manifest.get("ann_settings", {}) if old else _ann_settings(args, total),
         "shards": [*(old.manifest["shards"] if old else []), {"name": name, "count": n}],
     }
@@ -691,6 +697,34 @@ def evaluate_index(path: Path, data: Path, *, k: int = 100, rescore: int | None 
     return mean_metrics(runs, split.qrels)
 
 
+def through_index(bundle: Path, data: Path, options: dict[str, Any]) -> bool:
+    """Whether `mlmkit evaluate BUNDLE --data DATA` scores through a temporary index
+    (evaluate_bundle_by_index): an embedding bundle, a BEIR directory, and none of the options that only
+    the in-memory evaluation reads (--option index, save_run, matryoshka_dims)."""
+    from mlmkit.text.beir import is_beir
+
+    if options or not (bundle / "mlmkit.json").is_file() or not is_beir(data):
+        return False
+    return bool(read_json(bundle / "mlmkit.json").get("task") == "embedding")
+
+
+def evaluate_bundle_by_index(bundle: Path, data: Path, *, device: str = "cpu") -> dict[str, float]:
+    """An embedding bundle's retrieval metrics on a BEIR directory (``DIR[:SPLIT]``) in bounded memory:
+    its corpus embedded into a float32 index under $MLMKIT_CACHE (a window at a time, vectors on disk),
+    the queries searched there, the index removed. Equal to the bundle's in-memory evaluation (tested)."""
+    import tempfile
+
+    from mlmkit.files import cache_root
+    from mlmkit.text.beir import split_spec
+
+    d, _ = split_spec(data)
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="evaluate-index-", dir=root) as tmp:
+        build(BuildArgs(bundle, d / "corpus.jsonl", Path(tmp) / "index", device=device))
+        return evaluate_index(Path(tmp) / "index", data, device=device)
+
+
 class IndexRetriever:
     """Mining's retriever over an index of the data's corpus: the stored vectors, the queries embedded
     with the index's bundle. ``places``: document id -> its place in the mined corpus. Hits the corpus
@@ -730,7 +764,7 @@ class IndexRetriever:
         if lost:
             raise ConfigError(f"{self.ix.path} does not hold a positive of the data ({len(lost)} of this batch)",
                               "build the index from the whole corpus being mined")
-        q = unit(query_vectors(self.ix, queries, device=self.device))
+        q = normalized(query_vectors(self.ix, queries, device=self.device))
         return np.einsum("qh,qh->q", q, self.ix.rows(np.asarray([self._rows[d] for d in docs], dtype=np.int64), rescore=True))
 
 

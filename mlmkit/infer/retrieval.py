@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,24 +34,28 @@ def normalized(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, 1e-12)
 
 
-def search(queries: np.ndarray, docs: np.ndarray, k: int, *, chunk: int = 16384) -> tuple[np.ndarray, np.ndarray]:
-    """The top ``k`` documents of each query by cosine: (indices (Q, k'), scores (Q, k')), best first,
-    k' = min(k, D). The documents are scored a chunk at a time, so memory is Q x (chunk + k) scores,
-    never Q x D."""
-    q, d = normalized(queries), docs  # the documents are normalised a chunk at a time (a memory-mapped corpus)
-    k = min(k, len(d))
-    best_s = np.full((len(q), 0), -np.inf, dtype=np.float32)
-    best_i = np.zeros((len(q), 0), dtype=np.int64)
-    for start in range(0, len(d), chunk):
-        cs = q @ normalized(d[start:start + chunk]).T  # (Q, chunk)
-        s = np.concatenate([best_s, cs], axis=1)
+def top_k(scores_of: Iterable[tuple[int, np.ndarray]], queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best (rows, scores) per query over chunks of (first row, (Q, chunk) scores), best first,
+    ties by row: memory is Q x (chunk + k), never Q x every row."""
+    best_s = np.full((queries, 0), -np.inf, dtype=np.float32)
+    best_i = np.zeros((queries, 0), dtype=np.int64)
+    for start, cs in scores_of:
+        s = np.concatenate([best_s, cs.astype(np.float32)], axis=1)
         i = np.concatenate([best_i, np.broadcast_to(np.arange(start, start + cs.shape[1]), cs.shape)], axis=1)
         if s.shape[1] > k:  # keep the k best so far
             top = np.argpartition(-s, k - 1, axis=1)[:, :k]
             s, i = np.take_along_axis(s, top, 1), np.take_along_axis(i, top, 1)
         best_s, best_i = s, i
-    order = np.argsort(-best_s, axis=1, kind="stable")
+    order = np.lexsort((best_i, -best_s), axis=1)
     return np.take_along_axis(best_i, order, 1), np.take_along_axis(best_s, order, 1)
+
+
+def search(queries: np.ndarray, docs: np.ndarray, k: int, *, chunk: int = 16384) -> tuple[np.ndarray, np.ndarray]:
+    """The top ``k`` documents of each query by cosine: (indices (Q, k'), scores (Q, k')), best first,
+    k' = min(k, D). The documents are normalised and scored a chunk at a time (a memory-mapped corpus
+    is read a chunk at a time too), so memory is Q x (chunk + k) scores, never Q x D."""
+    q = normalized(queries)
+    return top_k(((a, q @ normalized(docs[a:a + chunk]).T) for a in range(0, len(docs), chunk)), len(q), min(k, len(docs)))
 
 
 INDEXES = ("exact", "faiss")

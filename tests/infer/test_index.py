@@ -16,8 +16,10 @@ from typer.testing import CliRunner
 
 from mlmkit.cli import app
 from mlmkit.errors import ConfigError
-from mlmkit.infer.index import BuildArgs, Index, build, search_vectors, unit
+from mlmkit.files import cache_root
+from mlmkit.infer.index import BuildArgs, Index, build, search_vectors
 from mlmkit.infer.pipeline import Pipeline
+from mlmkit.infer.retrieval import normalized
 
 runner = CliRunner()
 DOCS = 1200
@@ -33,9 +35,9 @@ def setup(tmp_path_factory):
     (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     pipe = Pipeline.load(root / "bundle")
     texts = [f"{d['title']} {d['text']}" for d in docs]
-    vectors = unit(np.asarray([r["embedding"] for r in pipe(texts, input_type="document")], dtype=np.float32))
+    vectors = normalized(np.asarray([r["embedding"] for r in pipe(texts, input_type="document")], dtype=np.float32))
     queries = [sentence(rng, 4) for _ in range(20)]
-    q = unit(np.asarray([r["embedding"] for r in pipe(queries, input_type="query")], dtype=np.float32))
+    q = normalized(np.asarray([r["embedding"] for r in pipe(queries, input_type="query")], dtype=np.float32))
     return {"root": root, "bundle": root / "bundle", "corpus": root / "corpus.jsonl", "docs": docs, "vectors": vectors, "q": q,
             "queries": queries}
 
@@ -85,10 +87,31 @@ def test_quantized_indexes_keep_the_exact_hits_and_binary_rescored_over_everythi
     b, i8 = built(setup, "binary", quantization="binary"), built(setup, "int8", quantization="int8")
     rows_b, scores_b = search_vectors(b, setup["q"], 10, rescore=DOCS)
     assert (b.manifest["ranges"] == i8.manifest["ranges"]) and (b.shards[0][2] == i8.shards[0][0]).all()
-    exact_i8 = unit(setup["q"]) @ np.concatenate([c for _, c in i8.chunks()]).T
+    exact_i8 = normalized(setup["q"]) @ np.concatenate([c for _, c in i8.chunks()]).T
     top = np.lexsort((np.broadcast_to(np.arange(DOCS), exact_i8.shape), -exact_i8), axis=1)[:, :10]
     assert (rows_b == top).all() and np.allclose(scores_b, np.take_along_axis(exact_i8, top, 1), atol=1e-5)
     assert (b.path / "shard-000000" / "vectors.bin").stat().st_size == DOCS * 64 // 8
+
+
+def test_a_float16_rescoring_copy_gives_int8_and_binary_the_exact_hits(setup, tmp_path):
+    want, want_scores = exact(setup, 10)
+    for q in ("int8", "binary"):
+        ix = built(setup, f"{q}-copy", quantization=q, rescore_copy="float16")
+        assert ix.copy == "float16" and (ix.path / "shard-000000" / "rescore.bin").stat().st_size == DOCS * 64 * 2
+        rows, scores = search_vectors(ix, setup["q"], 10, rescore=DOCS)  # every document rescored: float16's own top 10
+        recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(rows, want)])
+        assert recall >= 0.98 and np.allclose(scores, want_scores, atol=2e-3), (q, recall)  # float16 swaps near ties only
+    assert built(setup, "int8", quantization="int8").copy is None and built(setup, "binary", quantization="binary").copy == "int8"
+    for quant, copy in (("int8", "int8"), ("float32", "float16"), ("int8", "float32")):
+        with pytest.raises(ConfigError, match="--rescore-copy"):
+            BuildArgs(setup["bundle"], setup["corpus"], tmp_path / "x", quantization=quant, rescore_copy=copy)
+    # an append keeps the index's copy: asking for none is refused, the index untouched
+    idx = tmp_path / "ix"
+    shutil.copytree(built(setup, "int8-copy").path, idx)
+    (tmp_path / "new.jsonl").write_text(json.dumps({"_id": "new", "text": "a dog"}) + "\n")
+    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "new.jsonl"), "--out", str(idx), "--append",
+                            "--quantize", "int8"])
+    assert "--rescore-copy float16" in one_red_line(r) and Index.open(idx).count == DOCS
 
 
 def test_ann_indexes_find_the_exact_hits(setup):
@@ -204,9 +227,17 @@ def test_evaluating_an_index_scores_its_stored_vectors_as_the_bundle_scores_the_
     by_bundle = runner.invoke(app, ["evaluate", str(setup["bundle"]), "--data", str(tmp_path / "beir"), "--json"])
     assert by_index.exit_code == 0 and by_bundle.exit_code == 0, by_index.output + by_bundle.output
     got, want = json.loads(by_index.stdout), json.loads(by_bundle.stdout)
+    # the bundle itself is scored through a temporary index too (bounded memory): equal to its in-memory
+    # evaluation, which an option only that path reads still takes
+    from mlmkit.infer.index import through_index
+    from mlmkit.infer.pipeline import evaluate_bundle
+
+    in_memory = evaluate_bundle(setup["bundle"], tmp_path / "beir")
+    assert through_index(setup["bundle"], tmp_path / "beir", {}) and not through_index(setup["bundle"], tmp_path / "beir", {"index": "exact"})
     for m in ("ndcg@10", "mrr@10", "recall@100"):
-        assert got[m] == pytest.approx(want[m], abs=1e-4), (m, got, want)
-    assert 0 < got["recall@100"] <= 1
+        assert got[m] == pytest.approx(want[m], abs=1e-4) == pytest.approx(in_memory[m], abs=1e-4), (m, got, want, in_memory)
+    assert set(want) == set(in_memory) and 0 < got["recall@100"] <= 1
+    assert not list(cache_root().glob("evaluate-index-*"))  # the temporary index is gone
 
 
 def test_mining_from_an_index_mines_what_its_bundle_mines(setup, tmp_path):
