@@ -385,7 +385,7 @@ def search_cmd(
     input: Annotated[Path | None, typer.Option("--input", help="Queries: .txt one a line, or .jsonl/.csv/.parquet records.")] = None,
     text_column: Annotated[str, typer.Option("--text-column", help="The queries' field in --input records.")] = "text",
     top_k: Annotated[int, typer.Option("--top-k", help="Hits per query.")] = 10,
-    rescore: Annotated[int | None, typer.Option("--rescore", help="Quantized or ANN indexes: candidates scored again "
+    rescore: Annotated[int | None, typer.Option("--rescore", help="Binary, --rescore-copy or ANN indexes: candidates scored again "
                                                 "with the rescoring vectors (default: 4 x top-k, at least 100).")] = None,
     bundle: Annotated[Path | None, typer.Option("--bundle", help="The bundle to embed queries with (default: the index's; "
                                                 "another is refused).")] = None,

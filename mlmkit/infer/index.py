@@ -123,6 +123,11 @@ class Index:
         return self.manifest.get("rescore_copy", "int8" if self.quantization == "binary" else None)
 
     @property
+    def two_stages(self) -> bool:
+        """Whether a search takes candidates, then rescores them: binary, a rescoring copy, or --ann."""
+        return self.quantization == "binary" or self.copy is not None or self.manifest.get("ann", "flat") != "flat"
+
+    @property
     def ranges(self) -> np.ndarray | None:
         r = self.manifest.get("ranges")
         return np.asarray(r, dtype=np.float32) if r is not None else None
@@ -267,8 +272,9 @@ def stored(x: np.ndarray, quantization: str, ranges: np.ndarray | None,
 # ---- search --------------------------------------------------------------------------------------
 def search_vectors(ix: Index, queries: np.ndarray, k: int, *, rescore: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The top ``k`` rows of each query vector and their cosines, best first (-1 past a faiss graph's
-    reach). Quantized indexes score ``rescore`` candidates (default: 4k, at least 100) in the first
-    stage and rescore them from their rescoring vectors; an ANN index gives the first stage."""
+    reach). A two-stage index (Index.two_stages) takes ``rescore`` candidates (default: 4k, at least
+    100) from its first stage (the quantized vectors, or the ANN index) and rescores them from its
+    rescoring vectors; the others score the float query against every vector (dequantized) at once."""
     if k < 1:
         raise ConfigError(f"--top-k must be at least 1, got {k}")
     if k > ix.count:
@@ -278,10 +284,13 @@ def search_vectors(ix: Index, queries: np.ndarray, k: int, *, rescore: int | Non
         raise ConfigError(f"query vectors of {q.shape[-1]} dimensions; the index holds {ix.dims}")
     if rescore is not None and rescore < k:
         raise ConfigError(f"--rescore {rescore} is below --top-k {k}", "rescore at least as many candidates as are kept")
+    if rescore is not None and not ix.two_stages:
+        raise ConfigError(f"--rescore {rescore}: {ix.path} ({ix.quantization}, flat) is searched in one stage, with nothing "
+                          "to rescore from", "leave --rescore out, or build the index with --rescore-copy float16 (int8) or --ann")
     if len(q) > QUERY_BLOCK:
         parts = [search_vectors(ix, q[a:a + QUERY_BLOCK], k, rescore=rescore) for a in range(0, len(q), QUERY_BLOCK)]
         return np.concatenate([r for r, _ in parts]), np.concatenate([s for _, s in parts])
-    two_stages = ix.quantization == "binary" or ix.copy is not None or ix.manifest.get("ann", "flat") != "flat"
+    two_stages = ix.two_stages
     n = min(ix.count, rescore or max(4 * k, 100)) if two_stages else k
     if ix.manifest.get("ann", "flat") != "flat":
         rows, scores = _ann_search(ix, ix.path / "ann.faiss", q, n)

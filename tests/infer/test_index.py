@@ -212,6 +212,8 @@ def test_bad_input_is_one_line_and_leaves_the_index_as_it_was(setup, tmp_path):
     with open(idx / "shard-000000" / "vectors.bin", "r+b") as f:
         f.truncate(1000)
     assert "truncated or replaced" in cli("search", str(idx), "a dog")
+    with pytest.raises(ConfigError, match="searched in one stage"):
+        search_vectors(built(setup, "int8", quantization="int8"), setup["q"], 3, rescore=100)
     with pytest.raises(ConfigError, match="query vectors of 3 dimensions"):
         search_vectors(ix, np.ones((1, 3), np.float32), 3)
 
@@ -267,8 +269,8 @@ def test_serve_answers_v1_search_with_the_indexs_hits_for_texts_and_vectors(setu
     from serve_process import Server
 
     ix = built(setup, "f32")
-    i8 = built(setup, "int8", quantization="int8")
-    s = Server(tmp_path, f"emb={setup['bundle']}", "--index", f"docs={ix.path}", "--index", f"small={i8.path}")
+    small = built(setup, "binary", quantization="binary")
+    s = Server(tmp_path, f"emb={setup['bundle']}", "--index", f"docs={ix.path}", "--index", f"small={small.path}")
     try:
         def post(body):
             return httpx.post(s.url + "/v1/search", json=body, timeout=30)
@@ -300,6 +302,7 @@ def test_serve_answers_v1_search_with_the_indexs_hits_for_texts_and_vectors(setu
             "'top_k' must be a positive whole number": ({"index": "docs", "query": "a dog", "top_k": 0}, 422),
             "rescore 2 is below top_k 3": ({"index": "small", "query": "a dog", "top_k": 3, "rescore": 2}, 422),
             "one of the two": ({"index": "docs", "query": "a dog", "vector": [0.0] * 64}, 422),
+            "is searched in one stage": ({"index": "docs", "query": "a dog", "top_k": 3, "rescore": 50}, 422),
             "unknown field(s) model": ({"index": "docs", "query": "a dog", "model": "emb"}, 422),
         }
         for message, (body, status) in bad.items():
