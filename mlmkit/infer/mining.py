@@ -2,8 +2,10 @@
 
 For each (query, positive) pair: the retriever ranks the corpus (BM25, or an embedding bundle's
 cosine), the query's known positives (and copies of their text) are passed over wherever they rank,
-and the negatives are the next documents inside the rank window (``--range A:B``), optionally only
-those scoring at most the positive's score minus a margin, or at most a ratio of it. A row that gets fewer negatives than asked
+and the negatives are the next documents inside the rank window (``--range A:B``, ranks counting the
+documents that are not the query's positives, so that a query with several positives still has B - A
+candidates: the retriever is asked for B plus the most positives a query of the batch has), optionally
+only those scoring at most the positive's score minus a margin, or at most a ratio of it. A row that gets fewer negatives than asked
 is still written, and counted with the reason. Rows are written as they are mined, a batch of
 queries at a time, into OUT's job directory (infer/jobs.py's Job, as batch inference does), and OUT
 appears whole, by a rename, when every batch is there; a killed run continues with ``--resume``
@@ -228,7 +230,9 @@ def _mine_batch(batch: list[tuple[str, int]], retriever: BM25 | Dense | IndexRet
     """The rows of one batch of (query, positive) pairs, and their tallies (negatives; short rows by reason)."""
     lo, hi = window
     queries = [q for q, _ in batch]
-    idx, scores = retriever.search(queries, hi)
+    known = [data.positives.get(q, set()) | {p} for q, p in batch]
+    # ranks count the documents that are not positives: a query's positives are passed over, and searched past
+    idx, scores = retriever.search(queries, hi + max(len(k) for k in known))
     pos_scores = retriever.pair_scores(queries, [p for _, p in batch]) if need_pos else None
     rows, counts = [], Counter[str]()
     for n, (query, pos) in enumerate(batch):
@@ -238,8 +242,8 @@ def _mine_batch(batch: list[tuple[str, int]], retriever: BM25 | Dense | IndexRet
             ceiling = pos_score - args.margin
         elif args.max_score_ratio is not None and pos_score is not None:
             ceiling = pos_score * args.max_score_ratio
-        ranked = zip(idx[n][lo:hi].tolist(), scores[n][lo:hi].tolist())
-        got, why = _negatives(ranked, data.docs, data.positives.get(query, set()) | {pos}, args.negatives, ceiling)
+        ranked = [(d, s) for d, s in zip(idx[n].tolist(), scores[n].tolist()) if d not in known[n]][lo:hi]
+        got, why = _negatives(iter(ranked), data.docs, known[n], args.negatives, ceiling)
         if why:
             counts[f"short: {why}"] += 1
         row: dict[str, Any] = {"anchor": query, "positive": data.docs[pos]}

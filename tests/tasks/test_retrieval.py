@@ -593,15 +593,33 @@ def test_mining_skips_positives_and_keeps_to_the_window(retrieval, tmp_path):
     docs = [t for t in split.corpus.values() if t not in test_answers]  # the test split's answers are not mined
     bm25 = BM25(docs)
     queries = [row["anchor"] for row in rows[:30]]
-    ranked, _ = bm25.search(queries, 40)
+    ranked, _ = bm25.search(queries, 60)
     for row, order in zip(rows[:30], ranked):
         qid = next(q for q, t in split.queries.items() if t == row["anchor"])
         positives = {split.corpus[d] for d in split.positives(qid)}
         negs = [row[f"negative_{i}"] for i in range(1, 5)]
-        window = [docs[i] for i in order[3:40]]
-        assert not set(negs) & positives and all(n in window for n in negs)
-        assert negs == [d for d in window if d not in positives][:4]  # the best of the window, in rank order
+        window = [docs[i] for i in order if docs[i] not in positives][3:40]  # ranks count the other documents
+        assert not set(negs) & positives and negs == window[:4]  # the best of the window, in rank order
         assert row["scores"][1:] == sorted(row["scores"][1:], reverse=True)
+
+
+def test_a_query_with_many_positives_still_gets_its_negatives_from_a_narrow_window(tmp_path):
+    """Ranks count the documents that are not the query's positives: eight positives at the top of
+    the ranking leave a window of 3 its 3 negatives (sentence-transformers' faiss path returned too few)."""
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    docs = [{"_id": f"p{i}", "text": f"red apple pie recipe number {i}"} for i in range(8)]
+    docs += [{"_id": f"n{i}", "text": f"red apple {w}"} for i, w in enumerate(["tart", "juice", "cake", "jam", "tree"])]
+    docs += [{"_id": f"o{i}", "text": f"blue river stone {i}"} for i in range(20)]
+    (beir / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (beir / "queries.jsonl").write_text(json.dumps({"_id": "q", "text": "red apple pie recipe"}) + "\n")
+    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q\tp{i}\t1\n" for i in range(8)))
+    r, rows = _mine(str(beir), "--out", str(tmp_path / "m.jsonl"), "--negatives", "3", "--range", "0:3")
+    assert r.exit_code == 0, r.output
+    assert len(rows) == 8 and json.loads(r.stdout)["short"] == {}, r.stdout
+    for row in rows:
+        negs = [row[f"negative_{i}"] for i in range(1, 4)]
+        assert len(set(negs)) == 3 and all(n.startswith("red apple") and "pie" not in n for n in negs), negs
 
 
 def test_mining_leaves_the_other_splits_answers_out_unless_asked(retrieval, tmp_path):

@@ -354,8 +354,8 @@ class Search:
     at a time, so that its memory stays one search's (infer/index.py: QUERY_BLOCK x (CHUNK + k) scores)."""
 
     method, path = "POST", "/v1/search"
-    summary = ("Search an index (mlmkit serve --index): {index, query | vector, top_k, rescore} -> "
-               "{results: [{hits: [{id, score}]}]}, a result per query, hits best first.")
+    summary = ("Search an index (mlmkit serve --index): {index, query, vector, top_k, rescore} -> "
+               "{results: [{hits: [{id, score}]}]}: query texts or vectors, a result per query, hits best first.")
     offload = True
     searching = threading.Lock()
 
@@ -368,7 +368,7 @@ class Search:
         if name is None and len(served) == 1:
             name = next(iter(served))
         if not isinstance(name, str) or name not in served:
-            raise HTTPError(404 if name is not None else 422, f"no index named {name!r}" if name is not None
+            raise HTTPError(404 if name is not None else 422, f"{self.path}: no index named {name!r}" if name is not None
                             else f"{self.path}: say which index (\"index\": NAME)", f"the indexes: {', '.join(served)}")
         model, ix = served[name]
         top_k = _count(b.get("top_k", 10), "top_k", self.path)
