@@ -284,7 +284,7 @@ def rerank(
 
     if not query.strip():
         raise ConfigError("no --query", "pass --query TEXT")
-    docs = list(documents or []) + ([rec.text(text_column) for rec in iter_inputs(input)] if input is not None else [])
+    docs = list(documents or []) + ([rec.line_text(text_column) for rec in iter_inputs(input)] if input is not None else [])
     if not docs:
         raise ConfigError("no documents to rank", "give them as arguments or with --input FILE")
     ranked = rerank_documents(Pipeline.load(bundle, command="classify"), query, docs, top_n=top_n, raw=raw_scores)
@@ -409,8 +409,7 @@ def search_cmd(
         n = export_parquet(ix, export)
         err.print(f"wrote {n:,} ids and vectors to {export}")
         return
-    texts = list(queries or []) + ([r.text(text_column) if isinstance(r.data, dict) else str(r.data).strip()
-                                    for r in iter_inputs(input)] if input is not None else [])
+    texts = list(queries or []) + ([r.line_text(text_column) for r in iter_inputs(input)] if input is not None else [])
     if not texts:
         raise ConfigError("no queries", "give them as arguments or with --input FILE")
     if top_k < 1 or top_k > ix.count:

@@ -61,6 +61,8 @@ class Record:
             if not required:
                 return None
             hint = f"name it with {flag}" if flag else None
+            if key in data:  # there, and null (a Parquet or datasets row, JSON's null)
+                raise self.error("its value is null", key, "give it a value, or leave the record out")
             if self.columns is None:
                 raise self.error(f"no field '{key}'; the record has: {', '.join(data) or 'nothing'}", key, hint)
             if key in self.columns:
@@ -73,6 +75,15 @@ class Record:
         if not value.strip():
             raise self.error("empty text", key, "remove the record or fill in its text")
         return value
+
+
+    def line_text(self, key: str) -> str:
+        """A text file's line as it is (one text a line), or a record's non-empty string field ``key``."""
+        if isinstance(self.data, str):
+            if not self.data.strip():
+                raise self.error("empty text", hint="remove the line or fill in its text")
+            return self.data
+        return self.text(key)
 
 
 # ---- reading -----------------------------------------------------------------------------------

@@ -282,6 +282,11 @@ def test_rerank_routes_and_command_order_as_transformers(cross_encoder, tmp_path
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert [x["index"] for x in rows] == order
     np.testing.assert_allclose([x["score"] for x in rows], sigmoid[order], atol=1e-5)
+    # the README's own example: a .txt of one document a line, as every other inference command reads it
+    (tmp_path / "docs.txt").write_text("\n".join(DOCS) + "\n")
+    r = CliRunner().invoke(cli_app, ["rerank", str(bundle), "--query", QUERY, "--input", str(tmp_path / "docs.txt"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert [json.loads(line)["index"] for line in r.stdout.splitlines()] == order
 
 
 def test_rerank_refuses_a_model_that_is_not_a_cross_encoder(server: Server, bundles) -> None:

@@ -565,3 +565,15 @@ def test_a_bad_input_record_names_its_file_and_line_not_its_number(bundle: Path,
     assert r.exit_code == 0, r.output
     bad = [json.loads(x) for x in (tmp_path / "o.jsonl.errors.jsonl").read_text().splitlines()]
     assert [(b["source"], b["line"]) for b in bad] == [(str(src), 3)] and f"{src}, line 3" in bad[0]["error"]
+
+
+def test_a_null_value_is_named_null_not_missing(tmp_path: Path) -> None:
+    """A Parquet row whose label is null has the field: the error says its value is null."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    pq.write_table(pa.table({"text": ["a fine film", "dull"], "label": ["pos", None]}), tmp_path / "d.parquet")
+    task = get_task("classification")
+    with pytest.raises(DataFormatError, match=r"row 2, field 'label': its value is null.*give it a value"):
+        task.read(tmp_path / "d.parquet", task.resolve_options({}))
+    rec = next(iter_inputs(tmp_path / "d.parquet"))
+    assert rec.line_text("text") == "a fine film"
