@@ -664,6 +664,8 @@ def query_bundle(ix: Index, bundle: Path | None) -> Path:
 def served_indexes(indexes: dict[str, Path], bundles: dict[str, Path]) -> dict[str, tuple[str, Index]]:
     """`mlmkit serve --index`: each index opened and paired with the served bundle that built it (by
     checksum), {index name: (model name, Index)}; one that no served bundle built is refused."""
+    if not indexes:
+        return {}  # no checksums to read: a served bundle's graph can be hundreds of MB
     sums = {name: bundle_checksum(path) for name, path in bundles.items() if (path / "model.onnx").is_file()}
     out: dict[str, tuple[str, Index]] = {}
     for name, path in indexes.items():

@@ -113,11 +113,12 @@ def _prompt(model: Any, name: str, prompt: Any, route: str) -> dict[str, Any]:
     return _input_type(model, prompt)
 
 
-def _dimensions(value: Any, route: str) -> int | None:
+def _positive(value: Any, name: str, route: str) -> int | None:
+    """A positive whole-number field (dimensions, top_n, top_k, rescore), None when absent; else a 422."""
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise HTTPError(422, f"{route}: 'dimensions' must be a positive whole number, got {value!r}")
+        raise HTTPError(422, f"{route}: '{name}' must be a positive whole number, got {value!r}")
     return value
 
 
@@ -172,7 +173,7 @@ class OpenAIEmbeddings:
                             "it picks the model's query or document prompt")
         name = pick_model(models, b.get("model"), self.needs, self.path)
         return Call(name, _texts(b.get("input"), "input", self.path), _input_type(models[name], kind),
-                    state={"format": fmt, "dimensions": _dimensions(b.get("dimensions"), self.path)})
+                    state={"format": fmt, "dimensions": _positive(b.get("dimensions"), "dimensions", self.path)})
 
     def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
         vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)
@@ -196,7 +197,7 @@ class TEIEmbed:
         name = pick_model(models, b.get("model"), self.needs, self.path)
         normalize = _flag(b, "normalize", self.path, default=True)
         return Call(name, _texts(b.get("inputs"), "inputs", self.path), _prompt(models[name], name, b.get("prompt_name"), self.path),
-                    state={"normalize": normalize, "dimensions": _dimensions(b.get("dimensions"), self.path)})
+                    state={"normalize": normalize, "dimensions": _positive(b.get("dimensions"), "dimensions", self.path)})
 
     def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
         vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)
@@ -271,9 +272,7 @@ class Rerank:
 
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
         b = _object(body, self.path, {"model", "query", "documents", "top_n", "return_documents", "raw_scores"})
-        top_n = b.get("top_n")
-        if top_n is not None and (not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1):
-            raise HTTPError(422, f"{self.path}: 'top_n' must be a positive whole number, got {top_n!r}")
+        top_n = _positive(b.get("top_n"), "top_n", self.path)
         call = _rerank_call(self.path, cross_encoder(models, b.get("model"), self.path), b.get("query"), b.get("documents"))
         call.state.update(top_n=top_n, documents_back=_flag(b, "return_documents", self.path), raw=_flag(b, "raw_scores", self.path))
         return call
@@ -371,12 +370,12 @@ class Search:
             raise HTTPError(404 if name is not None else 422, f"{self.path}: no index named {name!r}" if name is not None
                             else f"{self.path}: say which index (\"index\": NAME)", f"the indexes: {', '.join(served)}")
         model, ix = served[name]
-        top_k = _count(b.get("top_k", 10), "top_k", self.path)
+        top_k = _positive(b.get("top_k"), "top_k", self.path) or 10
         if top_k > ix.count:
             raise HTTPError(422, f"{self.path}: top_k {top_k} is past index '{name}''s {ix.count:,} documents",
                             f"ask for {ix.count} or fewer")
-        rescore = b.get("rescore")
-        if rescore is not None and _count(rescore, "rescore", self.path) < top_k:
+        rescore = _positive(b.get("rescore"), "rescore", self.path)
+        if rescore is not None and rescore < top_k:
             raise HTTPError(422, f"{self.path}: rescore {rescore} is below top_k {top_k}", "rescore at least top_k candidates")
         state = {"name": name, "index": ix, "top_k": top_k, "rescore": rescore}
         if (b.get("query") is None) == (b.get("vector") is None):
@@ -404,12 +403,6 @@ class Search:
         found = hits(st["index"], rows, scores)
         return {"object": "search", "index": st["name"], "model": call.model, "results": [{"hits": h} for h in found],
                 "usage": _usage(call)}
-
-
-def _count(value: Any, name: str, route: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise HTTPError(422, f"{route}: '{name}' must be a positive whole number, got {value!r}")
-    return value
 
 
 def _vectors(value: Any, dims: int, route: str) -> np.ndarray:
