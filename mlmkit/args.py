@@ -177,6 +177,8 @@ class TrainArgs(Args):
         _check(_finite(self.weight_decay) and self.weight_decay >= 0, f"{f('weight_decay')} must not be negative")
         _check(_finite(self.max_grad_norm) and self.max_grad_norm >= 0, f"{f('max_grad_norm')} must not be negative")
         _check(self.grad_accum >= 1, f"{f('grad_accum')} must be at least 1, got {self.grad_accum}")
+        _check(-2**63 <= self.seed < 2**64, f"{f('seed')} {self.seed} is past 64 bits",  # what torch.manual_seed takes
+               "give a seed from 0 to 18446744073709551615")
         for name in ("eval_every", "save_every"):
             _check(getattr(self, name) >= 0, f"{f(name)} must not be negative")
         _check(self.keep_last >= 1, f"{f('keep_last')} must be at least 1, got {self.keep_last}",

@@ -394,3 +394,13 @@ def test_a_damaged_tokenizer_file_is_one_line(tmp_path: Path, files: dict[str, s
     with pytest.raises(ConfigError) as e:
         load_tokenizer(tmp_path)
     assert str(tmp_path) in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("seed", [str(2**64), str(10**30), str(-2**63 - 1)])
+def test_a_seed_past_64_bits_is_one_line_before_any_work(tmp_path: Path, seed: str) -> None:
+    (tmp_path / "c.txt").write_text("a b c\n")
+    for command in (["finetune", "classification", "--model", str(tmp_path / "m"), "--train", str(tmp_path / "t.csv")],
+                    ["pretrain", str(tmp_path / "c.txt")]):
+        r = cli(*command, "--out", tmp_path / "out", "--steps", "1", "--seed", seed)
+        one_line(r, f"--seed {seed} is past 64 bits")
+        assert not (tmp_path / "out").exists()
