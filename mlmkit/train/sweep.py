@@ -175,7 +175,8 @@ def sweep(args: SweepArgs) -> dict[str, Any]:
             study_name=args.study, storage=storage, load_if_exists=True,
             direction="maximize" if task.greater_is_better else "minimize",
             # processes sharing a study must not propose the same settings: only a sweep of its own is seeded
-            sampler=optuna.samplers.TPESampler(seed=None if args.storage else args.train.seed),
+            # (optuna's samplers take 32-bit seeds; --seed may be up to 64 bits, folded as set_seed folds numpy's)
+            sampler=optuna.samplers.TPESampler(seed=None if args.storage else args.train.seed % 2**32),
             pruner=optuna.pruners.MedianPruner(n_startup_trials=2) if args.prune else optuna.pruners.NopPruner())
     except Exception as e:  # noqa: BLE001 - the storage's own errors, as one line
         first = str(e).splitlines()[0][:300] if str(e) else ""

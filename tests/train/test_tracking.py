@@ -336,13 +336,19 @@ def sweep_cmd(clf, out: Path, *extra: str) -> list[str]:
             "--search", "lr=1e-4:3e-3:log", "--search", "warmup_ratio=0,0.2", "--json", *extra]
 
 
-def run_sweep(clf, out: Path, trials: int, *search: str):
+def run_sweep(clf, out: Path, trials: int, *search: str, seed: int = 0):
     from mlmkit.args import SweepArgs
     from mlmkit.train.sweep import sweep
 
     return sweep(SweepArgs.from_flat(task="classification", model=clf["base"], train_file=clf["train"], eval_file=clf["eval"],
-                                     out=out, steps=6, eval_every=3, batch_size=16, trials=trials,
+                                     out=out, steps=6, eval_every=3, batch_size=16, trials=trials, seed=seed,
                                      search=["lr=1e-4:3e-3:log", "warmup_ratio=0,0.2", *search]))
+
+
+def test_a_sweep_takes_a_64_bit_seed(clf, tmp_path):
+    """optuna's sampler takes 32-bit seeds: a larger --seed was refused as a bad --storage."""
+    best = run_sweep(clf, tmp_path / "sweep", 1, seed=2**64 - 1)
+    assert len(best["trials"]) == 1
 
 
 def test_sweep_finds_its_best_trial_and_resumes(clf, tmp_path):
