@@ -123,9 +123,14 @@ class Index:
         return self.manifest.get("rescore_copy", "int8" if self.quantization == "binary" else None)
 
     @property
+    def ann(self) -> str:
+        """ANNS: flat (exact), or the faiss index in ann.faiss."""
+        return str(self.manifest.get("ann", "flat"))
+
+    @property
     def two_stages(self) -> bool:
         """Whether a search takes candidates, then rescores them: binary, a rescoring copy, or --ann."""
-        return self.quantization == "binary" or self.copy is not None or self.manifest.get("ann", "flat") != "flat"
+        return self.quantization == "binary" or self.copy is not None or self.ann != "flat"
 
     @property
     def ranges(self) -> np.ndarray | None:
@@ -290,13 +295,12 @@ def search_vectors(ix: Index, queries: np.ndarray, k: int, *, rescore: int | Non
     if len(q) > QUERY_BLOCK:
         parts = [search_vectors(ix, q[a:a + QUERY_BLOCK], k, rescore=rescore) for a in range(0, len(q), QUERY_BLOCK)]
         return np.concatenate([r for r, _ in parts]), np.concatenate([s for _, s in parts])
-    two_stages = ix.two_stages
-    n = min(ix.count, rescore or max(4 * k, 100)) if two_stages else k
-    if ix.manifest.get("ann", "flat") != "flat":
+    n = min(ix.count, rescore or max(4 * k, 100)) if ix.two_stages else k
+    if ix.ann != "flat":
         rows, scores = _ann_search(ix, ix.path / "ann.faiss", q, n)
     else:
         rows, scores = top_k(((a, q @ c.T) for a, c in ix.chunks()), len(q), n)
-    return _rescored(ix, q, rows, k) if two_stages else (rows, scores)
+    return _rescored(ix, q, rows, k) if ix.two_stages else (rows, scores)
 
 
 def _rescored(ix: Index, q: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -315,7 +319,7 @@ def _ann_search(ix: Index, path: Path, q: np.ndarray, n: int) -> tuple[np.ndarra
     faiss = _faiss()
     index = faiss.read_index_binary(str(path)) if ix.quantization == "binary" else faiss.read_index(str(path))
     settings = ix.manifest.get("ann_settings", {})
-    if ix.manifest["ann"] == "hnsw":
+    if ix.ann == "hnsw":
         faiss.ParameterSpace().set_index_parameter(index, "efSearch", max(int(settings.get("ef_search", 128)), n))
     else:
         faiss.ParameterSpace().set_index_parameter(index, "nprobe", int(settings.get("nprobe", 16)))
@@ -422,11 +426,11 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
             if old.manifest["bundle"].get("sha256") != checksum:
                 raise ConfigError(f"{out} was built with the bundle {old.manifest['bundle'].get('path')}, not {args.bundle} "
                                   "(another graph or description)", "append with the index's own bundle, or build a new index")
-            if (args.quantization, args.ann, args.rescore_copy) != (old.quantization, old.manifest.get("ann", "flat"), old.copy):
+            if (args.quantization, args.ann, args.rescore_copy) != (old.quantization, old.ann, old.copy):
                 copy = f" --rescore-copy {old.copy}" if old.copy and old.quantization != "binary" else ""
-                raise ConfigError(f"{out} is a {old.quantization} index with --ann {old.manifest.get('ann')}"
+                raise ConfigError(f"{out} is a {old.quantization} index with --ann {old.ann}"
                                   f"{f' and a {old.copy} rescoring copy' if old.copy else ''}; --append takes the index's own "
-                                  "settings", f"pass --quantize {old.quantization} --ann {old.manifest.get('ann')}{copy}")
+                                  "settings", f"pass --quantize {old.quantization} --ann {old.ann}{copy}")
         pending = out / ".pending"
         if pending.exists() and not args.resume:
             raise ConfigError(f"an unfinished build is in {pending}", "pass --resume to continue it, or delete that directory")

@@ -76,7 +76,6 @@ class Record:
             raise self.error("empty text", key, "remove the record or fill in its text")
         return value
 
-
     def line_text(self, key: str) -> str:
         """A text file's line as it is (one text a line), or a record's non-empty string field ``key``."""
         if isinstance(self.data, str):
