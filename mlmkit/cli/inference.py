@@ -328,7 +328,8 @@ def mine(args: MineArgs, as_json: Json = False) -> None:
 @app.command("index")
 @handle_errors
 def index_cmd(
-    bundle: Annotated[Path, typer.Argument(help="An embedding bundle (mlmkit export).")],
+    bundle: Annotated[Path, typer.Argument(help="An embedding bundle (mlmkit export); a sparse-embedding one builds an "
+                                           "inverted index.")],
     corpus: Annotated[Path, typer.Option("--corpus", help="Documents: a BEIR corpus.jsonl (_id, title, text), JSON lines, "
                                          "Parquet or CSV with an id column, or .txt (one a line, its line number the id).")],
     out_dir: Annotated[Path, typer.Option("--out", help="The index directory.")],
@@ -353,7 +354,8 @@ def index_cmd(
                                                 "default: a Ray started here.")] = None,
     as_json: Json = False,
 ) -> None:
-    """Embed a corpus into an on-disk index that `mlmkit search` reads: vectors memory-mapped, ids beside them, a manifest."""
+    """Embed a corpus into an on-disk index that `mlmkit search` reads: vectors memory-mapped (or a SPLADE bundle's inverted
+    index), ids beside them, a manifest."""
     import time
 
     from mlmkit.infer.index import BuildArgs, build
@@ -395,10 +397,9 @@ def search_cmd(
     as_json: Json = False,
 ) -> None:
     """The top-k documents of each query in an index, best first: JSON lines {"query", "hits": [{"id", "score"}]} or a table."""
-    import numpy as np
 
     from mlmkit.files import json_line
-    from mlmkit.infer.index import Index, hits, query_bundle, search_vectors
+    from mlmkit.infer.index import Index, as_input, as_queries, hits, query_bundle, search_vectors
     from mlmkit.infer.pipeline import Pipeline
     from mlmkit.text.records import iter_inputs
 
@@ -419,8 +420,7 @@ def search_cmd(
     t = Table("query", "rank", "id", "score") if table else None
     for a in range(0, len(texts), batch):
         part = texts[a:a + batch]
-        q = [r["embedding"] for r in pipe(part, input_type="query")]
-        rows, scores = search_vectors(ix, np.asarray(q, dtype=np.float32), top_k, rescore=rescore)
+        rows, scores = search_vectors(ix, as_queries(ix, pipe(part, **as_input(pipe, "query"))), top_k, rescore=rescore)
         for text, found in zip(part, hits(ix, rows, scores)):
             if t is None:
                 sys.stdout.write(json_line({"query": text, "hits": found}))

@@ -14,6 +14,11 @@ An index is a directory:
       rescore.bin         the rescoring copy (RESCORE_COPIES): binary's int8 copy, or with
                           --rescore-copy float16 the vectors as float16 (int8 and binary)
     ann.faiss           --ann hnsw | ivf: a faiss index over every shard's vectors, in shard order
+
+A sparse-embedding (SPLADE) bundle builds a sparse index (the manifest's ``kind``): its shards hold an
+inverted index on disk instead of vectors.bin (infer/postings.py: the postings of each term, a block of
+documents at a time, and the documents' own terms), ``dims`` is the vocabulary, and its scores are dot
+products. It takes no --quantize, --ann or --rescore.
     .pending/           a build or append in progress: the batch job that embeds the documents
                         (resumable with --resume), then the shard being written
 
@@ -43,8 +48,8 @@ candidates on that set.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -57,11 +62,13 @@ import numpy as np
 
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
 from mlmkit.files import LOCK, atomic_write, exclusive, read_json, write_json
+from mlmkit.infer import postings
 from mlmkit.infer.retrieval import normalized, top_k
 from mlmkit.text.readers import Record
 
 log = logging.getLogger("mlmkit")
 
+KINDS = ("dense", "sparse")
 QUANTIZATIONS = ("float32", "float16", "int8", "binary")
 ANNS = ("flat", "hnsw", "ivf")
 CHUNK = 65536
@@ -103,7 +110,14 @@ class Index:
     path: Path
     manifest: dict[str, Any]
     shards: list[tuple[np.ndarray, Any, np.ndarray | None]] = field(default_factory=list)
-    """(vectors, ids, rescore vectors) per shard, memory-mapped."""
+    """(vectors, ids, rescore vectors) per shard, memory-mapped (a sparse index's vectors: (count, 0))."""
+    sparse: list[postings.Postings] = field(default_factory=list)
+    """A sparse index's shards (kind "sparse")."""
+
+    @property
+    def kind(self) -> str:
+        """KINDS: dense (vectors) or sparse (an inverted index)."""
+        return str(self.manifest.get("kind", "dense"))
 
     @property
     def dims(self) -> int:
@@ -147,6 +161,8 @@ class Index:
         for k, kind in (("dims", int), ("count", int), ("quantization", str), ("shards", list), ("bundle", dict)):
             if not isinstance(m.get(k), kind) or isinstance(m.get(k), bool):
                 raise ConfigError(f"{d / MANIFEST}: field {k} must be {kind.__name__}, got {m.get(k)!r}", hint)
+        if m.get("kind", "dense") not in KINDS:
+            raise ConfigError(f"{d / MANIFEST}: kind {m.get('kind')!r} is not one of {', '.join(KINDS)}", hint)
         if m["quantization"] not in QUANTIZATIONS:
             raise ConfigError(f"{d / MANIFEST}: quantization {m['quantization']!r} is not one of {', '.join(QUANTIZATIONS)}", hint)
         ix = cls(d, m)
@@ -162,6 +178,12 @@ class Index:
         return ix
 
     def _shard(self, s: Path, n: int, hint: str) -> tuple[np.ndarray, Any, np.ndarray | None]:
+        if self.kind == "sparse":
+            block = self.manifest.get("block")
+            if not isinstance(block, int) or isinstance(block, bool) or block < 1:
+                raise ConfigError(f"{self.path / MANIFEST}: a sparse index's block must be a positive int, got {block!r}", hint)
+            self.sparse.append(postings.Postings.open(s, n, self.dims, block, hint))
+            return np.zeros((n, 0), dtype=np.float32), _read_ids(s / "ids.arrow", n, hint), None
         q, width = self.quantization, row_bytes(self.quantization, self.dims)
 
         def mapped(name: str, dtype: Any, cols: int, per: int) -> np.ndarray:
@@ -219,10 +241,12 @@ class Index:
         """The float32 vectors of global rows (what rescoring reads: the int8 copy of a binary index)."""
         out = np.zeros((len(rows), self.dims), dtype=np.float32)
         start = 0
-        for vectors, _, copy in self.shards:
+        for s, (vectors, _, copy) in enumerate(self.shards):
             n = len(vectors)
             sel = np.nonzero((rows >= start) & (rows < start + n))[0]
-            if len(sel):
+            if len(sel) and self.kind == "sparse":
+                out[sel] = self.sparse[s].dense(rows[sel] - start)
+            elif len(sel):
                 src = copy if rescore and copy is not None else vectors
                 out[sel] = self.floats(np.asarray(src[rows[sel] - start]), copy=src is copy)
             start += n
@@ -275,15 +299,21 @@ def stored(x: np.ndarray, quantization: str, ranges: np.ndarray | None,
 
 
 # ---- search --------------------------------------------------------------------------------------
-def search_vectors(ix: Index, queries: np.ndarray, k: int, *, rescore: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The top ``k`` rows of each query vector and their cosines, best first (-1 past a faiss graph's
     reach). A two-stage index (Index.two_stages) takes ``rescore`` candidates (default: 4k, at least
     100) from its first stage (the quantized vectors, or the ANN index) and rescores them from its
-    rescoring vectors; the others score the float query against every vector (dequantized) at once."""
+    rescoring vectors; the others score the float query against every vector (dequantized) at once.
+    A sparse index takes the queries as a CSR matrix (as_queries) and scores dot products through its
+    postings; a document that shares no term with a query is no hit (-1)."""
     if k < 1:
         raise ConfigError(f"--top-k must be at least 1, got {k}")
     if k > ix.count:
         raise ConfigError(f"--top-k {k} is past the index's {ix.count:,} documents", f"give --top-k {ix.count} or less")
+    if ix.kind == "sparse":
+        if rescore is not None:
+            raise ConfigError(f"--rescore {rescore}: {ix.path} is a sparse index, searched exactly in one stage", "leave --rescore out")
+        return _search_postings(ix, queries, k)
     q = normalized(queries)
     if q.ndim != 2 or q.shape[1] != ix.dims:
         raise ConfigError(f"query vectors of {q.shape[-1]} dimensions; the index holds {ix.dims}")
@@ -301,6 +331,16 @@ def search_vectors(ix: Index, queries: np.ndarray, k: int, *, rescore: int | Non
     else:
         rows, scores = top_k(((a, q @ c.T) for a, c in ix.chunks()), len(q), n)
     return _rescored(ix, q, rows, k) if ix.two_stages else (rows, scores)
+
+
+def _search_postings(ix: Index, q: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+    if q.shape[1] != ix.dims:
+        raise ConfigError(f"sparse queries over a vocabulary of {q.shape[1]:,}; the index's is {ix.dims:,}")
+    parts = [top_k(postings.scores(ix.sparse, q[a:a + QUERY_BLOCK]), min(QUERY_BLOCK, q.shape[0] - a), k)
+             for a in range(0, q.shape[0], QUERY_BLOCK)]
+    rows = np.concatenate([r for r, _ in parts]) if parts else np.zeros((0, k), np.int64)
+    scores = np.concatenate([s for _, s in parts]) if parts else np.zeros((0, k), np.float32)
+    return np.where(scores > 0, rows, -1), scores
 
 
 def _rescored(ix: Index, q: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -420,6 +460,9 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     pipe = Pipeline.load(args.bundle, device=args.device, threads=args.threads, batch_size=args.batch_size, command="embed")
     checksum = bundle_checksum(Path(args.bundle))
+    if is_sparse(pipe) and (args.quantization, args.ann, args.rescore_copy) != ("float32", "flat", None):
+        raise ConfigError(f"{args.bundle} gives sparse vectors (sparse-embedding): its index is an inverted index, which takes "
+                          "no --quantize, --ann or --rescore-copy", "drop them")
     with exclusive(out):
         old = Index.open(out) if exists else None
         if old is not None:
@@ -439,11 +482,11 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
         try:
             files = input_files(args.corpus)
             if not embedded.is_file() and args.engine == "ray":
-                _embed_on_ray(args, pending, embedded, progress)
+                _embed_on_ray(args, pending, embedded, progress, pipe)
             elif not embedded.is_file():
                 items = corpus_records(iter_inputs(args.corpus), args.id_column, args.text_column)
                 resume = (pending / ".embedded.parquet.job" / "progress.json").is_file() and args.resume
-                for w, _ in batch(pipe, items, options={"input_type": "document"}, window=args.window, workers=args.workers,
+                for w, _ in batch(pipe, items, options=as_input(pipe, "document"), window=args.window, workers=args.workers,
                                   threads=args.threads, id_column="id", output=embedded, resume=resume, inputs=files):
                     if progress is not None:
                         progress(len(w.items))
@@ -458,7 +501,27 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
     return manifest
 
 
-def _embed_on_ray(args: BuildArgs, pending: Path, embedded: Path, progress: Any) -> None:
+def is_sparse(pipe: Any) -> bool:
+    """Whether a bundle gives sparse vectors ({"indices", "values"}): its index is an inverted one."""
+    return bool(pipe.meta.get("task") == "sparse-embedding")
+
+
+def as_input(pipe: Any, kind: str) -> dict[str, Any]:
+    """The pipeline options that embed texts as ``kind`` (query or document) with the bundle's prompts
+    ({} for a bundle without them: sparse-embedding)."""
+    return {"input_type": kind} if "input_type" in pipe.option_names else {}
+
+
+def _embedded_schema(sparse: bool) -> Any:
+    """What the embedding job leaves for the shard writer: ids and vectors (dense, or sparse terms)."""
+    import pyarrow as pa
+
+    if sparse:
+        return pa.schema([("id", pa.string()), ("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float32()))])
+    return pa.schema([("id", pa.string()), ("embedding", pa.list_(pa.float32()))])
+
+
+def _embed_on_ray(args: BuildArgs, pending: Path, embedded: Path, progress: Any, pipe: Any) -> None:
     """--engine ray: the documents read and checked here (ids, titles: each bad one names its file and
     line, as in a local build) into Parquet files of ``args.window`` documents under ``pending``, which
     the cluster reads (on a cluster of several machines ``--out`` must be on storage they share), then
@@ -488,15 +551,14 @@ def _embed_on_ray(args: BuildArgs, pending: Path, embedded: Path, progress: Any)
         flush()
     if not files:
         raise DataFormatError(args.corpus, "no documents", hint="one document per line or record")
-    schema = pa.schema([("id", pa.string()), ("embedding", pa.list_(pa.float32()))])
+    schema = _embedded_schema(is_sparse(pipe))
 
     def write(tmp: str) -> None:
         with pq.ParquetWriter(tmp, schema) as w:
-            for b in embed_in_order(files, args.bundle, options={"input_type": "document"}, address=args.address,
+            for b in embed_in_order(files, args.bundle, options=as_input(pipe, "document"), address=args.address,
                                     workers=args.workers, threads=args.threads, batch_size=args.batch_size,
                                     rows_per_batch=args.window):
-                w.write_table(pa.table({"id": b.column("id").cast(pa.string()),
-                                        "embedding": b.column("embedding").cast(pa.list_(pa.float32()))}, schema=schema))
+                w.write_table(pa.table({f.name: b.column(f.name).cast(f.type) for f in schema}, schema=schema))
                 if progress is not None:
                     progress(b.num_rows)
 
@@ -504,14 +566,21 @@ def _embed_on_ray(args: BuildArgs, pending: Path, embedded: Path, progress: Any)
     shutil.rmtree(docs, ignore_errors=True)
 
 
-def _embedded_batches(path: Path) -> Iterator[tuple[list[str], np.ndarray]]:
+def _embedded_batches(path: Path, *, sparse: bool = False) -> Iterator[tuple[list[str], Any]]:
+    """The embedded documents, 8,192 at a time: (ids, (n, dims) float32 vectors), or with ``sparse``
+    (ids, (starts, terms, weights): CSR rows, postings.Writer.add)."""
     import pyarrow.parquet as pq
 
     # pre_buffer=False: pyarrow's pre-buffering (its default) kept what it read, row group after row group:
     # building a 1M-document index peaked at 2.1 GB (0.65 GB at 100k); 270 MB for 400 MB of vectors without
     # it (pyarrow 25.0.1, measured 2026-12-04)
     f = pq.ParquetFile(path, pre_buffer=False)
-    for b in f.iter_batches(batch_size=8192, columns=["id", "embedding"]):
+    for b in f.iter_batches(batch_size=8192, columns=["id", "indices", "values"] if sparse else ["id", "embedding"]):
+        if sparse:  # CSR rows: (starts, terms, weights)
+            terms, weights = b.column("indices"), b.column("values")
+            yield [str(v) for v in b.column("id").to_pylist()], (terms.offsets.to_numpy(), terms.flatten().to_numpy(),
+                                                                  weights.flatten().to_numpy())
+            continue
         vec = b.column("embedding")
         dims = len(vec[0]) if len(vec) else 0
         x = np.asarray(vec.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(vec), dims)
@@ -531,8 +600,23 @@ def _write_shard(args: BuildArgs, out: Path, old: Index | None, embedded: Path, 
     seen = _id_hashes(old)
     n = dims = 0
     writer = None
-    with open(shard / "vectors.bin", "wb") as vf, open(shard / "rescore.bin", "wb") as rf:
-        for ids, x in _embedded_batches(embedded):
+    sparse = is_sparse(pipe)
+    block = old.manifest.get("block") if old is not None else postings.BLOCK if sparse else None
+    if sparse:
+        dims = int(pipe.meta["model"]["vocab_size"])
+    with contextlib.ExitStack() as stack:
+        vf, rf = (stack.enter_context(open(shard / name, "wb")) for name in ("vectors.bin", "rescore.bin"))
+        terms = stack.enter_context(postings.Writer(shard, dims, int(block or 0))) if sparse else None
+        for ids, x in _embedded_batches(embedded, sparse=sparse):
+            table = pa.table({"id": pa.array(ids, pa.string())})
+            if writer is None:
+                writer = pa.ipc.new_file(str(shard / "ids.arrow"), table.schema)
+            writer.write_table(table)
+            seen.append(_hashes(ids))
+            n += len(ids)
+            if terms is not None:
+                terms.add(*x)
+                continue
             x = normalized(x)
             if dims == 0:
                 dims = x.shape[1]
@@ -544,22 +628,20 @@ def _write_shard(args: BuildArgs, out: Path, old: Index | None, embedded: Path, 
             vf.write(np.ascontiguousarray(v).tobytes())
             if r is not None:
                 rf.write(np.ascontiguousarray(r).tobytes())
-            table = pa.table({"id": pa.array(ids, pa.string())})
-            if writer is None:
-                writer = pa.ipc.new_file(str(shard / "ids.arrow"), table.schema)
-            writer.write_table(table)
-            seen.append(_hashes(ids))
-            n += len(ids)
+        if terms is not None:
+            terms.finish()
     if writer is not None:
         writer.close()
     if n == 0:
         raise DataFormatError(args.corpus, "no documents", hint="one document per line or record")
     if args.rescore_copy is None:
         (shard / "rescore.bin").unlink()
+    if sparse:
+        (shard / "vectors.bin").unlink()
     _check_unique(seen, old, shard, args.corpus)
     total = (old.count if old else 0) + n
     manifest = {
-        "format": FORMAT,
+        "format": FORMAT, "kind": "sparse" if sparse else "dense", **({"block": block} if sparse else {}),
         "bundle": {"path": str(Path(args.bundle).resolve()), "sha256": checksum},
         "prompts": {k: (pipe.meta.get("options") or {}).get(k, "") for k in ("query_prompt", "document_prompt")},
         "dims": dims, "count": total, "quantization": args.quantization,
@@ -682,12 +764,20 @@ def served_indexes(indexes: dict[str, Path], bundles: dict[str, Path]) -> dict[s
     return out
 
 
-def query_vectors(ix: Index, texts: Sequence[str], bundle: Path | None = None, *, device: str = "cpu") -> np.ndarray:
-    """``texts`` embedded as queries with the index's bundle (its query prompt)."""
+def as_queries(ix: Index, results: Sequence[dict[str, Any]]) -> Any:
+    """The index's bundle's results for query texts as search_vectors takes them: (Q, dims) float32
+    vectors, or a sparse index's (Q, vocabulary) CSR matrix."""
+    if ix.kind == "sparse":
+        return postings.queries(results, ix.dims)
+    return np.asarray([r["embedding"] for r in results], dtype=np.float32)
+
+
+def query_vectors(ix: Index, texts: Sequence[str], bundle: Path | None = None, *, device: str = "cpu") -> Any:
+    """``texts`` embedded as queries with the index's bundle (its query prompt), as_queries."""
     from mlmkit.infer.pipeline import Pipeline
 
     pipe = Pipeline.load(query_bundle(ix, bundle), device=device, command="embed")
-    return np.asarray([r["embedding"] for r in pipe(list(texts), input_type="query")], dtype=np.float32)
+    return as_queries(ix, pipe(list(texts), **as_input(pipe, "query")))
 
 
 def evaluate_index(path: Path, data: Path, *, k: int = 100, rescore: int | None = None, device: str = "cpu",
@@ -779,22 +869,33 @@ class IndexRetriever:
         if lost:
             raise ConfigError(f"{self.ix.path} does not hold a positive of the data ({len(lost)} of this batch)",
                               "build the index from the whole corpus being mined")
-        q = normalized(query_vectors(self.ix, queries, device=self.device))
+        q = query_vectors(self.ix, queries, device=self.device)
+        q = q.toarray() if self.ix.kind == "sparse" else normalized(q)  # dot products (sparse), cosines
         return np.einsum("qh,qh->q", q, self.ix.rows(np.asarray([self._rows[d] for d in docs], dtype=np.int64), rescore=True))
 
 
 def export_parquet(ix: Index, path: Path) -> int:
     """ids and float32 vectors (dequantized) as a Parquet table: ``id`` string, ``vector``
-    fixed_size_list<float32>[dims], what LanceDB, DuckDB and Qdrant's importers read. Written a
-    chunk at a time, whole or not at all."""
+    fixed_size_list<float32>[dims], what LanceDB, DuckDB and Qdrant's importers read; a sparse index's
+    as ``indices`` list<int32> and ``values`` list<float32> (Qdrant's sparse vectors). Written a chunk
+    at a time, whole or not at all."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([("id", pa.string()), ("vector", pa.list_(pa.float32(), ix.dims))])
+    schema = (_embedded_schema(sparse=True) if ix.kind == "sparse"
+              else pa.schema([("id", pa.string()), ("vector", pa.list_(pa.float32(), ix.dims))]))
 
     def write(tmp: str) -> None:
         with pq.ParquetWriter(tmp, schema) as w:
-            for start, x in ix.chunks("rescore"):
+            start = 0
+            for p in ix.sparse:
+                for a in range(0, p.count, CHUNK):
+                    e = min(p.count, a + CHUNK)
+                    terms, values = p.vectors(a, e)
+                    w.write_table(pa.table({"id": ix.ids(np.arange(start + a, start + e)), "indices": terms, "values": values},
+                                           schema=schema))
+                start += p.count
+            for start, x in ix.chunks("rescore") if ix.kind == "dense" else ():
                 ids = ix.ids(np.arange(start, start + len(x)))
                 w.write_table(pa.table({"id": pa.array(ids, pa.string()),
                                         "vector": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), ix.dims)}, schema=schema))
@@ -808,6 +909,3 @@ def hits(ix: Index, rows: np.ndarray, scores: np.ndarray) -> list[list[dict[str,
     return [[{"id": i, "score": float(s)} for i, s in zip(ix.ids(row[row >= 0]), srow[row >= 0])]
             for row, srow in zip(rows, scores)]
 
-
-def manifest_summary(m: dict[str, Any]) -> str:
-    return json.dumps({k: m[k] for k in ("count", "dims", "quantization", "ann")})

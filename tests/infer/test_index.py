@@ -320,6 +320,102 @@ def test_serve_answers_v1_search_with_the_indexs_hits_for_texts_and_vectors(setu
     assert "which is not served" in one_red_line(r)
 
 
+# ---- a sparse-embedding (SPLADE) bundle: an inverted index ----------------------------------------------
+@pytest.fixture(scope="module")
+def sparse(setup):
+    root = setup["root"]
+    run_export(make_task_run(root / "base", "sparse-embedding", root / "sparse-run"), root / "sparse-bundle")
+    pipe = Pipeline.load(root / "sparse-bundle")
+    width = json.loads((root / "sparse-bundle" / "mlmkit.json").read_text())["model"]["vocab_size"]
+
+    def dense(results) -> np.ndarray:
+        out = np.zeros((len(results), width), dtype=np.float32)
+        for row, r in zip(out, results):
+            row[r["indices"]] = r["values"]
+        return out
+
+    texts = [f"{d['title']} {d['text']}" for d in setup["docs"]]
+    return {"bundle": root / "sparse-bundle", "docs": dense(pipe(texts)), "q": dense(pipe(setup["queries"])), "width": width,
+            "results": pipe(texts[:5])}
+
+
+def test_a_sparse_bundle_builds_an_inverted_index_searched_as_a_plain_dot_product_top_k(setup, sparse, tmp_path, monkeypatch):
+    """SPLADE vectors go into postings on disk (several blocks, two shards by an append) and come back
+    as the numpy top k of the dense dot products, zero scores no hits; the export is the vectors."""
+    from mlmkit.infer import postings
+    from mlmkit.infer.index import as_queries
+
+    monkeypatch.setattr(postings, "BLOCK", 100)  # 12 blocks; the manifest keeps it for the append
+    lines = setup["corpus"].read_text().splitlines(keepends=True)
+    (tmp_path / "a.jsonl").write_text("".join(lines[:730]))
+    (tmp_path / "b.jsonl").write_text("".join(lines[730:]))
+    r = runner.invoke(app, ["index", str(sparse["bundle"]), "--corpus", str(tmp_path / "a.jsonl"), "--out", str(tmp_path / "ix")])
+    assert r.exit_code == 0, r.output
+    monkeypatch.setattr(postings, "BLOCK", 7)  # not what the index says: the append keeps 100
+    build(BuildArgs(sparse["bundle"], tmp_path / "b.jsonl", tmp_path / "ix", append=True))
+    ix = Index.open(tmp_path / "ix")
+    assert (ix.kind, ix.count, ix.dims, ix.manifest["block"], len(ix.sparse)) == ("sparse", DOCS, sparse["width"], 100, 2)
+    assert not (tmp_path / "ix" / "shard-000000" / "vectors.bin").exists()
+    s = sparse["q"] @ sparse["docs"].T
+    want = np.lexsort((np.broadcast_to(np.arange(DOCS), s.shape), -s), axis=1)[:, :10]
+    want_s = np.take_along_axis(s, want, 1)
+    q = as_queries(ix, Pipeline.load(sparse["bundle"])(setup["queries"]))
+    rows, scores = search_vectors(ix, q, 10)
+    assert (rows == np.where(want_s > 0, want, -1)).mean() > 0.97, (rows, want)  # float sums in another order: near ties
+    assert np.allclose(scores, want_s, atol=1e-5) and (want_s > 0).any()
+    assert np.allclose(ix.rows(np.asarray([0, 729, 730, DOCS - 1]), rescore=True), sparse["docs"][[0, 729, 730, DOCS - 1]])
+    # a document sharing no term with the query is no hit
+    lone = as_queries(ix, [{"indices": [0], "values": [1.0]}])
+    got, _ = search_vectors(ix, lone, 5)
+    assert set(got[0][got[0] >= 0]) <= set(np.nonzero(sparse["docs"][:, 0])[0])
+    # the command line, and the export (Qdrant's sparse vectors: indices, values)
+    cli = runner.invoke(app, ["search", str(ix.path), *setup["queries"][:2], "--top-k", "3", "--json"])
+    assert [h["id"] for h in json.loads(cli.stdout.splitlines()[1])["hits"]] == ix.ids(rows[1][:3])
+    assert runner.invoke(app, ["search", str(ix.path), "--export", str(tmp_path / "sp.parquet")]).exit_code == 0
+    t = pytest.importorskip("pyarrow.parquet").read_table(tmp_path / "sp.parquet").slice(0, 5).to_pylist()
+    for row, want_r, d in zip(t, sparse["results"], setup["docs"]):
+        assert row["id"] == d["_id"] and row["indices"] == want_r["indices"]
+        assert np.allclose(row["values"], want_r["values"], atol=1e-6)
+
+
+def test_a_sparse_index_evaluates_as_its_bundle_and_refuses_what_it_cannot_do(setup, sparse, tmp_path):
+    from types import SimpleNamespace
+
+    from mlmkit.infer.pipeline import evaluate_bundle
+    from mlmkit.infer.serve.routes import HTTPError, Search
+    from mlmkit.quickstart.retrieval_set import write_retrieval_set
+
+    write_retrieval_set(tmp_path / "beir", max_documents=150)
+    build(BuildArgs(sparse["bundle"], tmp_path / "beir" / "corpus.jsonl", tmp_path / "ix"))
+    by_index = runner.invoke(app, ["evaluate", str(tmp_path / "ix"), "--data", str(tmp_path / "beir"), "--json"])
+    assert by_index.exit_code == 0, by_index.output
+    got, want = json.loads(by_index.stdout), evaluate_bundle(sparse["bundle"], tmp_path / "beir")  # in memory: scipy.sparse
+    for m in ("ndcg@10", "mrr@10", "recall@100"):
+        assert got[m] == pytest.approx(want[m], abs=1e-4), (m, got, want)
+    assert 0 < got["recall@100"] <= 1
+    r = runner.invoke(app, ["mine", str(tmp_path / "beir"), "--retriever", str(tmp_path / "ix"), "--out", str(tmp_path / "m.jsonl"),
+                            "--negatives", "2", "--range", "0:20", "--with-scores"])
+    assert r.exit_code == 0, r.output
+    mined = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert len(mined) > 50 and all(len(m["scores"]) == 3 and m["negative_2"] for m in mined[:10])
+
+    def cli(*argv: str) -> str:
+        return one_red_line(runner.invoke(app, list(argv)))
+
+    corpus_file = str(tmp_path / "beir" / "corpus.jsonl")
+    assert "takes no --quantize" in cli("index", str(sparse["bundle"]), "--corpus", corpus_file, "--out", str(tmp_path / "q"),
+                                        "--quantize", "int8")
+    assert "sparse index, searched exactly" in cli("search", str(tmp_path / "ix"), "a dog", "--rescore", "50")
+    ix = Index.open(tmp_path / "ix")
+    with pytest.raises(HTTPError, match="is sparse .* send 'query' texts"):
+        Search().parse({"index": "sp", "vector": [0.5] * ix.dims}, {"m": SimpleNamespace(indexes={"sp": ix})})
+    with open(tmp_path / "ix" / "shard-000000" / "weights.bin", "r+b") as f:
+        f.truncate(100)
+    assert "weights.bin holds 100 bytes" in cli("search", str(tmp_path / "ix"), "a dog")
+    (tmp_path / "ix" / "shard-000000" / "offsets.bin").unlink()
+    assert "offsets.bin is missing" in cli("search", str(tmp_path / "ix"), "a dog")
+
+
 @pytest.mark.slow  # ~30 s: starts a Ray cluster
 def test_a_ray_built_index_equals_a_local_one(setup, tmp_path):
     ray = pytest.importorskip("ray")

@@ -381,20 +381,23 @@ class Search:
         if (b.get("query") is None) == (b.get("vector") is None):
             raise HTTPError(422, f"{self.path}: send 'query' (a text or a list of texts) or 'vector' (a list of numbers, "
                                  "or a list of those), one of the two")
+        if b.get("vector") is not None and ix.kind == "sparse":
+            raise HTTPError(422, f"{self.path}: index '{name}' is sparse (an inverted index): send 'query' texts, not 'vector'")
         if b.get("vector") is not None:
             state["vectors"] = _vectors(b["vector"], ix.dims, self.path)
             return Call(model, [], state=state, size=len(state["vectors"]))
-        options = {"input_type": "query"} if "input_type" in models[model].pipe.option_names else {}
-        return Call(model, _texts(b.get("query"), "query", self.path), options, state=state)
+        from mlmkit.infer.index import as_input
+
+        return Call(model, _texts(b.get("query"), "query", self.path), as_input(models[model].pipe, "query"), state=state)
 
     def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
         from mlmkit.errors import MlmkitError
-        from mlmkit.infer.index import hits, search_vectors
+        from mlmkit.infer.index import as_queries, hits, search_vectors
 
         st = call.state
         q = st.get("vectors")
         if q is None:
-            q = np.asarray([r["embedding"] for r in results], dtype=np.float32)
+            q = as_queries(st["index"], results)
         try:
             with self.searching:
                 rows, scores = search_vectors(st["index"], q, st["top_k"], rescore=st["rescore"])
