@@ -121,12 +121,29 @@ class Args:
                 own[f.name] = rest.pop(f.name)
         if rest:
             raise ConfigError(f"{cls.__name__} has no setting {', '.join(sorted(rest))}")
+        for name, value in values.items():
+            for p in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(p, Path) and not _utf8(str(p)):
+                    f = next((c for c in cli_fields(cls) if c.name == name), None)
+                    what = name.upper() if f is None or f.positional else f.flags[0]
+                    raise ConfigError(f"{what} {ascii(str(p))}: the name holds bytes that are not UTF-8",
+                                      "rename the file or directory with UTF-8 characters: a run records its paths in "
+                                      "JSON (mlmkit.json), which cannot hold them")
         return cls(**own)
 
 
 def _check(ok: bool, message: str, hint: str | None = None) -> None:
     if not ok:
         raise ConfigError(message, hint)
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` is UTF-8 text (a name with bytes that are not arrives with lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _finite(x: float) -> bool:
@@ -478,7 +495,7 @@ class ServeArgs(Args):
     max_inputs: int = arg(1024, "Most inputs in one request (more: 413).")
     max_body_bytes: int = arg(8 * 1024 * 1024, "Largest request body (more: 413).")
     drain_seconds: float = arg(30.0, "On SIGTERM, how long requests in flight may take to finish.")
-    access_log: bool = arg(False, "Log every request (uvicorn's access log).")
+    access_log: bool = arg(False, "Log every request (uvicorn's access log; the query string's values are left out).")
     api_key: list[str] = arg(help="An API key clients must send as 'Authorization: Bearer KEY' (repeatable; default: "
                                   "$MLMKIT_API_KEY; none: no check). The probes /health and /ready never need one.", factory=list)
     public_metrics: bool = arg(False, "Serve /metrics without an API key.")

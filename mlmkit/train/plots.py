@@ -25,19 +25,30 @@ BASELINES = ("eval_mlm_uniform_baseline", "eval_mlm_majority_baseline")
 TITLES = {"loss": "training loss", "lr": "learning rate"}
 
 
+MAX_STEP = 2**53
+"""Steps are whole numbers from 0 below this (what a float, and so a plot's axis, holds exactly)."""
+
+
 def read_metrics(run: Path) -> list[dict[str, Any]]:
-    """The records of RUN/metrics.jsonl (a line cut short by a kill is left out)."""
+    """The records of RUN/metrics.jsonl (a line cut short by a kill is left out, and one whose step
+    is no whole number from 0 below MAX_STEP, with a warning: no training writes such a step)."""
     path = run / "metrics.jsonl" if run.is_dir() else run
     if not path.is_file():
         raise MlmkitError(f"{run}: no metrics.jsonl", "pass a run directory written by mlmkit finetune or pretrain")
-    out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    out, odd = [], []
+    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+        step = rec.get("step") if isinstance(rec, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < MAX_STEP:
             out.append(rec)
+        elif isinstance(step, (int, float)):
+            odd.append(n)
+    if odd:
+        log.warning("%s: %d record(s) with a step that is no whole number from 0 below 2**53 left out (line %s)", path,
+                    len(odd), ", ".join(map(str, odd[:5])) + (" ..." if len(odd) > 5 else ""))
     return out
 
 
@@ -46,10 +57,18 @@ def series(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
     out: dict[str, list[tuple[int, float]]] = {}
     for rec in records:
         for k, v in rec.items():
-            if k in ("step", "epoch") or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            if k in ("step", "epoch") or isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
                 continue
             out.setdefault(k, []).append((rec["step"], float(v)))
     return out
+
+
+def _finite(v: int | float) -> bool:
+    """Whether a value is a finite float (an integer of hundreds of digits is not one)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def panels(runs: dict[str, dict[str, list[tuple[int, float]]]]) -> list[str]:

@@ -404,3 +404,14 @@ def test_a_seed_past_64_bits_is_one_line_before_any_work(tmp_path: Path, seed: s
         r = cli(*command, "--out", tmp_path / "out", "--steps", "1", "--seed", seed)
         one_line(r, f"--seed {seed} is past 64 bits")
         assert not (tmp_path / "out").exists()
+
+
+def test_a_path_that_is_not_utf8_is_one_line_before_any_work(tmp_path: Path, data: dict[str, Path]) -> None:
+    """A name holding bytes 0xfe / 0xff (arriving as lone surrogates) is refused before training: the run
+    would record it in mlmkit.json, which JSON cannot hold, and curves.png's title would fail."""
+    odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/run-\xfe\xff")
+    one_line(cli(*tiny(data, Path(odd))), "--out", "the name holds bytes that are not UTF-8")
+    shutil.copy(data["corpus"], os.fsdecode(os.fsencode(str(tmp_path)) + b"/c\xfe.txt"))
+    one_line(cli("pretrain", os.fsdecode(os.fsencode(str(tmp_path)) + b"/c\xfe.txt"),
+             "--out", tmp_path / "run", "--steps", "1"), "CORPUS", "not UTF-8")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [os.fsdecode(b"c\xfe.txt")]

@@ -30,7 +30,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 runner = CliRunner()
-LIMITS = ["--max-inputs", "64", "--max-body-bytes", "65536", "--max-wait-ms", "20"]
+LIMITS = ["--max-inputs", "64", "--max-body-bytes", "65536", "--max-wait-ms", "20", "--access-log"]
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +119,11 @@ def test_models_health_ready_metrics_and_docs(server: Server, bundles) -> None:
     spec = httpx.get(server.url + "/openapi.json").json()
     assert "/v1/models/{name}/predict" in spec["paths"] and httpx.get(server.url + "/docs").status_code == 200
     assert "mlmkit_requests_in_flight" in httpx.get(server.url + "/metrics").text
+    # --access-log: each request a line, the query string's values left out (a key sent there is never logged)
+    assert httpx.get(server.url + "/health?api_key=s3cr3t-k3y&flag").status_code == 200
+    time.sleep(0.2)
+    log = server.log.read_text()
+    assert '"GET /health?api_key=***&*** HTTP/1.1" 200' in log and "s3cr3t" not in log, log[-2000:]
 
 
 # ---- bad requests ------------------------------------------------------------------------------------

@@ -236,6 +236,26 @@ def test_plot_two_runs_cards_and_bundle_card(clf, tmp_path):
     assert r.returncode == 2 and "unknown picture format" in r.stderr
 
 
+def test_plot_leaves_out_records_whose_step_or_value_no_float_holds(tmp_path, caplog):
+    """A metrics.jsonl edited by hand (a 401-digit step, a 401-digit loss, a step of true): plotted
+    without them, a warning naming the lines, never an OverflowError."""
+    pytest.importorskip("matplotlib")
+    from mlmkit.train.plots import plot_runs, read_metrics, series
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"step": 1, "loss": 2.0}, {"step": 10**400, "loss": 1.0}, {"step": 2, "loss": 10**400}, {"step": True, "loss": 1.5},
+             {"step": 3, "loss": 1.2}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with caplog.at_level("WARNING", logger="mlmkit"):
+        assert series(read_metrics(run)) == {"loss": [(1, 2.0), (3, 1.2)]}
+    assert "line 2, 4" in caplog.text
+    r = subprocess.run([sys.executable, "-m", "mlmkit", "plot", str(run), "--out", str(tmp_path / "c.png")], capture_output=True, text=True)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert png_size(tmp_path / "c.png")[0] > 100
+    plot_runs([run], tmp_path / "d.svg")
+
+
 def test_pretraining_card_and_curves_show_mlm_baselines(tmp_path):
     from conftest import run_pretrain
 

@@ -45,9 +45,26 @@ def serve(args: ServeArgs) -> None:
         logging.getLogger(name).handlers[:] = ours.handlers
         logging.getLogger(name).setLevel(ours.level)
         logging.getLogger(name).propagate = False
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, NoQueryValues) for f in access.filters):
+        access.addFilter(NoQueryValues())
     log.info("serving %s on %s://%s:%d (GET /docs for the API)", ", ".join(models), "https" if tls else "http",
              args.host, args.port)
     server.run(sockets=[sock])
+
+
+class NoQueryValues(logging.Filter):
+    """--access-log lines without the values of the query string (``/health?api_key=***``): a client
+    that sends a key or a text there must not find it in the log. uvicorn's access record's arguments
+    are (client, method, path with its query, HTTP version, status)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str) and "?" in args[2]:
+            path, _, query = args[2].partition("?")
+            hidden = "&".join(f"{p.partition('=')[0]}=***" if "=" in p else "***" for p in query.split("&") if p)
+            record.args = (args[0], args[1], f"{path}?{hidden}", args[3], args[4])
+        return True
 
 
 def max_connections(args: ServeArgs) -> int:
