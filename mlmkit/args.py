@@ -124,8 +124,8 @@ class Args:
         for name, value in values.items():
             for p in value if isinstance(value, (list, tuple)) else [value]:
                 if isinstance(p, Path) and not _utf8(str(p)):
-                    f = next((c for c in cli_fields(cls) if c.name == name), None)
-                    what = name.upper() if f is None or f.positional else f.flags[0]
+                    field_ = next((c for c in cli_fields(cls) if c.name == name), None)
+                    what = name.upper() if field_ is None or field_.positional else field_.flags[0]
                     raise ConfigError(f"{what} {ascii(str(p))}: the name holds bytes that are not UTF-8",
                                       "rename the file or directory with UTF-8 characters: a run records its paths in "
                                       "JSON (mlmkit.json), which cannot hold them")
