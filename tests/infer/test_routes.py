@@ -359,6 +359,15 @@ def test_tei_tokenize(server: Server, bundles) -> None:
     bare = httpx.post(server.url + "/tokenize", json={"inputs": text, "model": "emb", "add_special_tokens": False},
                       headers=auth(), timeout=30).json()
     assert [t["id"] for t in bare[0]] == enc.ids[1:-1]
+    # a long text: the tokens the model sees, its max length, not every token of it (a 9 MB text made a
+    # 200 MB answer in a minute, on the event loop: /health waited); quickly, and /health still answers
+    long = "好的电影" * 500_000  # 6 MB, no whitespace
+    t0 = time.perf_counter()
+    got = httpx.post(server.url + "/tokenize", json={"inputs": [long, text], "model": "emb"}, headers=auth(), timeout=60).json()
+    max_length = json.loads((bundles["emb"] / "mlmkit.json").read_text())["max_length"]
+    assert len(got[0]) == max_length and got[0][-1]["special"] and [t["id"] for t in got[1]] == enc.ids
+    assert [t["id"] for t in got[0][:-1]] == load_tokenizer(bundles["emb"] / "tokenizer.json").encode(long[:1000]).ids[:max_length - 1]
+    assert time.perf_counter() - t0 < 20
 
 
 # ---- hostile clients: hang-ups, silence, a busy port, odd JSON -----------------------------------

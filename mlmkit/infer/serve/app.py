@@ -264,7 +264,11 @@ def _route_handler(route: Any, models: dict[str, Model], args: ServeArgs, metric
             raise
         model = models[call.model]
         if not getattr(route, "runs_model", True):  # e.g. /tokenize: the tokenizer only, no queue
-            return Response(encoded(route.respond(call, [], model)), media_type="application/json")
+            def body() -> bytes:
+                return encoded(route.respond(call, [], model))
+
+            return Response(await asyncio.to_thread(body) if getattr(route, "offload", False) else body(),
+                            media_type="application/json")
         return await answer(call.model, model, call.inputs, call.options, request,
                             lambda results, tokens: route.respond(replace(call, tokens=tokens), results, model),
                             getattr(route, "offload", False))

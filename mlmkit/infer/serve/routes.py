@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -318,11 +319,19 @@ class TEIEmbedSparse:
 
 
 class TEITokenize:
-    """Tokens of each input as the model sees them; the model itself does not run (``runs_model``)."""
+    """Tokens of each input as the model sees them: its prompt first, clipped at its max length (as every
+    other route clips), so a 9 MB text costs what the max length uses (text/truncation.py's clip_text).
+    The model itself does not run (``runs_model``); the tokenizing runs off the event loop (``offload``),
+    with a copy of the model's tokenizer (truncation is a setting of the tokenizer, which the model's
+    batches share)."""
 
     method, path = "POST", "/tokenize"
-    summary = "text-embeddings-inference's /tokenize: {inputs, add_special_tokens} -> [[{id, text, special, start, stop}]]."
+    summary = ("text-embeddings-inference's /tokenize: {inputs, add_special_tokens} -> [[{id, text, special, start, stop}]], "
+               "each input's tokens as the model sees them, at most its max length.")
     runs_model = False
+    offload = True
+    copies: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+    lock = threading.Lock()
 
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
         b = _object(body, self.path, {"inputs", "add_special_tokens", "model", "prompt_name"})
@@ -339,9 +348,18 @@ class TEITokenize:
                     state={"special": _flag(b, "add_special_tokens", self.path, default=True), "prompt": prefix})
 
     def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+        from mlmkit.text.truncation import clip_text, tokenizer_settings
+
         out = []
-        texts = [call.state["prompt"] + t for t in call.inputs]  # as the model sees them: its prompt first
-        for enc in model.pipe.tokenizer.encode_batch(texts, add_special_tokens=call.state["special"]):
+        n = model.pipe.max_length
+        with self.lock:  # one at a time: the copy's truncation setting is shared too
+            tok = self.copies.get(model.pipe)
+            if tok is None:
+                tok = self.copies[model.pipe] = type(model.pipe.tokenizer).from_str(model.pipe.tokenizer.to_str())
+            texts = [clip_text(call.state["prompt"] + t, tok, n) for t in call.inputs]  # its prompt first
+            with tokenizer_settings(tok, max_length=n):
+                encs = tok.encode_batch(texts, add_special_tokens=call.state["special"])
+        for enc in encs:
             out.append([{"id": i, "text": t, "special": bool(m), "start": a, "stop": b}
                         for i, t, m, (a, b) in zip(enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets)])
         return out
