@@ -25,6 +25,10 @@ class ConfigError(MlmkitError):
     """Inconsistent options, configs or run directories."""
 
 
+class Diverged(ConfigError):
+    """Training stopped at a NaN or infinite loss (a sweep records the trial as failed and goes on)."""
+
+
 class DataFormatError(MlmkitError):
     """A data file that cannot be read: names the file, line and field."""
 

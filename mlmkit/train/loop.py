@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from mlmkit.args import TrainArgs
-from mlmkit.errors import ConfigError
+from mlmkit.errors import ConfigError, Diverged
 from mlmkit.files import atomic_open, exclusive, read_json, write_json
 from mlmkit.train.data import DataSource
 from mlmkit.train.devices import (
@@ -296,7 +296,7 @@ class Trainer:
         if self.dist.world > 1:  # decided together, or a rank that stops alone leaves the others waiting
             torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
         if bad.item():
-            raise ConfigError(
+            raise Diverged(
                 f"the training loss became {loss} at step {self.step + 1}: training diverged",
                 "lower --lr (and check the data); the last checkpoint, if any, is intact",
             )

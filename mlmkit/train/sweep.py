@@ -12,6 +12,7 @@ Optuna's heartbeat and retried once).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 from dataclasses import dataclass, fields, replace
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmkit.args import FinetuneArgs, SweepArgs, TrainArgs
-from mlmkit.errors import ConfigError, redacted, scrubbed
+from mlmkit.errors import ConfigError, Diverged, MlmkitError, redacted, scrubbed
 from mlmkit.train.tracking import RunInfo, parse_report_to
 
 log = logging.getLogger("mlmkit")
@@ -74,16 +75,38 @@ def parse_search(specs: list[str]) -> dict[str, Space]:
                 scale = parts.pop() if len(parts) == 3 else "linear"
                 if len(parts) != 2 or scale not in ("log", "linear"):
                     raise ValueError("a range is LOW:HIGH or LOW:HIGH:log")
-                low, high = (kind(float(p)) if kind is int else float(p) for p in parts)
+                low, high = (_number(p, kind) for p in parts)
                 if not low < high or (scale == "log" and low <= 0):
                     raise ValueError("LOW must be below HIGH (and above 0 on a log scale)")
                 out[name] = Space(name, kind, low, high, scale == "log")
             else:
-                choices = tuple(kind(float(c)) if kind is int else kind(c) for c in body.split(","))
+                choices = tuple(_number(c, kind) for c in body.split(","))
                 out[name] = Space(name, kind, choices=tuple(dict.fromkeys(choices)))
         except ValueError as e:
             raise ConfigError(f"--search {spec!r}: {e}", hint) from None
     return out
+
+
+def _number(text: str, kind: type) -> Any:
+    """A --search value: a finite number, and for a whole-number setting a whole one (1.5 for
+    batch_size was taken as 1)."""
+    x = float(text)
+    if not math.isfinite(x):
+        raise ValueError(f"{text.strip()} is not a finite number")
+    if kind is int and not x.is_integer():
+        raise ValueError(f"{text.strip()} is not a whole number, which this setting takes")
+    return int(text) if kind is int and text.strip().lstrip("+-").isdigit() else kind(x)
+
+
+def check_spaces(args: SweepArgs, spaces: dict[str, Space]) -> None:
+    """Every value a space can give (its choices, a range's ends) is one fine-tuning takes: a trial
+    refused for its settings is refused here, before the study, naming the --search value."""
+    for name, space in spaces.items():
+        for value in space.choices or (space.low, space.high):
+            try:
+                finetune_args(args, args.out / "trial-000", {name: value})
+            except ConfigError as e:
+                raise ConfigError(f"--search {name}={space.describe()}: {value} is refused: {e.message}", e.hint) from None
 
 
 class Pruner:
@@ -129,8 +152,13 @@ def _optuna() -> Any:
 def _storage(optuna: Any, url: str, attempts: int = 5) -> Any:
     """An RDB storage with heartbeats: a trial whose process died is failed, then retried once.
     Processes that start together on a new database race to create its tables (one gets "UNIQUE
-    constraint failed: alembic_version"): the loser tries again and finds them made."""
+    constraint failed: alembic_version"): the loser tries again and finds them made. An in-memory
+    SQLite URL is Optuna's in-memory storage: no other process can share it, and the heartbeat's
+    thread, on a connection of its own, found another empty database (three tracebacks)."""
     import time
+
+    if url in ("sqlite://", "sqlite:///:memory:"):
+        return optuna.storages.InMemoryStorage()
 
     for attempt in range(attempts):
         try:
@@ -164,6 +192,7 @@ def sweep(args: SweepArgs) -> dict[str, Any]:
 
     parse_report_to(args.train.report_to)
     spaces = parse_search(args.search)
+    check_spaces(args, spaces)
     task = get_task(args.task)
     opts = task.resolve_options(args.options)
     metric = task.best_metric(TaskContext(max_length=args.max_length or task.default_max_length, options=opts))
@@ -196,16 +225,41 @@ def sweep(args: SweepArgs) -> dict[str, Any]:
         trial.set_user_attr("run", str(run))
         trial.set_user_attr("host", f"{socket.gethostname()}:{os.getpid()}")
         log.info("trial %d: %s -> %s", trial.number, ", ".join(f"{k}={v}" for k, v in params.items()), run)
-        result = finetune(finetune_args(args, run, params), reporters=[Pruner(trial, metric)])
+        try:
+            result = finetune(finetune_args(args, run, params), reporters=[Pruner(trial, metric)])
+        except Diverged as e:  # these settings' outcome, not the sweep's: recorded, and the sweep goes on
+            log.warning("trial %d failed: %s", trial.number, e.message)
+            trial.set_user_attr("error", e.message)
+            return float("nan")  # Optuna's failed trial
+        except MlmkitError as e:  # the data, the model, the machine: every trial would meet it
+            stopped.append(e)
+            trial.study.stop()
+            return float("nan")
         value = result.get(f"eval_{metric}", result.get(metric))
         if not isinstance(value, (int, float)):
-            raise ConfigError(f"trial {trial.number}: the run reported no {metric}", "check the --eval data")
+            stopped.append(ConfigError(f"trial {trial.number}: the run reported no {metric}", "check the --eval data"))
+            trial.study.stop()
+            return float("nan")
+        log.info("trial %d: %s %.4f", trial.number, metric, value)
         return float(value)
 
+    def enough_failed(study: Any, trial: Any) -> None:
+        if len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))) >= args.trials:
+            log.warning("%d trials failed: the sweep stops", args.trials)
+            study.stop()
+
+    stopped: list[MlmkitError] = []
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     if len(study.get_trials(states=finished)) < args.trials:
-        study.optimize(objective, callbacks=[optuna.study.MaxTrialsCallback(args.trials, states=finished)],
-                       catch=(), gc_after_trial=True)
+        quiet = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(optuna.logging.ERROR)  # mlmkit says what each trial did, once
+        try:
+            study.optimize(objective, callbacks=[optuna.study.MaxTrialsCallback(args.trials, states=finished), enough_failed],
+                           catch=(), gc_after_trial=True)
+        finally:
+            optuna.logging.set_verbosity(quiet)
+    if stopped:
+        raise stopped[0]
     return summary(study, metric)
 
 

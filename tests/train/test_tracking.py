@@ -397,6 +397,51 @@ def test_sweep_finds_its_best_trial_and_resumes(clf, tmp_path):
         run_sweep(clf, tmp_path / "s2", 2, "weight_decay=0.1:0.01")
 
 
+@pytest.mark.parametrize("search, words", [
+    ("weight_decay=1e-5:inf:log", "inf is not a finite number"), ("max_grad_norm=-inf:1e-3", "-inf is not a finite number"),
+    ("seed=1e30,1e31", "is past 64 bits"), ("batch_size=1.5:3", "1.5 is not a whole number"),
+    ("batch_size=0,0", "batch_size=0: 0 is refused"), ("weight_decay=nan:1", "nan is not a finite number"),
+])
+def test_a_search_space_fine_tuning_would_refuse_is_one_error_before_any_trial(clf, tmp_path, search, words):
+    with pytest.raises(ConfigError, match="--search") as e:
+        run_sweep(clf, tmp_path / "s", 2, search)
+    assert words in str(e.value) and not (tmp_path / "s" / "trial-000").exists(), str(e.value)
+
+
+def test_a_diverging_trial_is_failed_and_the_sweep_goes_on_in_an_in_memory_study(clf, tmp_path, capfd, monkeypatch):
+    """A trial whose loss turns NaN (the first, here, whatever the sampler picks) is recorded as failed
+    and the sweep goes on to its trials; --storage sqlite:// is Optuna's in-memory storage (its heartbeat
+    thread printed tracebacks). A setting that every trial would meet ends the sweep with its one error."""
+    from mlmkit.args import SweepArgs
+    from mlmkit.errors import Diverged
+    from mlmkit.train import finetune as finetune_module
+    from mlmkit.train.sweep import sweep
+
+    real, calls = finetune_module.finetune, []
+
+    def first_diverges(args, **kw):
+        calls.append(args.out)
+        if len(calls) == 1:
+            raise Diverged("the training loss became nan at step 4: training diverged")
+        return real(args, **kw)
+
+    monkeypatch.setattr(finetune_module, "finetune", first_diverges)
+    settings = dict(task="classification", model=clf["base"], train_file=clf["train"], eval_file=clf["eval"], steps=6,
+                    eval_every=3, batch_size=16, trials=2, storage="sqlite://", search=["lr=1e-4:1e-3:log"])
+    best = sweep(SweepArgs.from_flat(out=tmp_path / "s", **settings))
+    states = [t["state"] for t in best["trials"]]
+    assert states == ["FAIL", "COMPLETE", "COMPLETE"] and best["trial"] in (1, 2), states
+    assert "Traceback" not in capfd.readouterr().err and not (tmp_path / "s" / "sweep.db").exists()
+    # every trial diverging: the sweep stops after as many failures as trials, with one error
+    monkeypatch.setattr(finetune_module, "finetune", lambda args, **kw: (_ for _ in ()).throw(Diverged("nan")))
+    with pytest.raises(ConfigError, match="no complete trial"):
+        sweep(SweepArgs.from_flat(out=tmp_path / "t", **settings))
+    # an error that is not the trial's settings' (here the model is gone): the sweep stops at once with it
+    monkeypatch.setattr(finetune_module, "finetune", lambda args, **kw: (_ for _ in ()).throw(ConfigError("no such model")))
+    with pytest.raises(ConfigError, match="no such model"):
+        sweep(SweepArgs.from_flat(out=tmp_path / "u", **settings))
+
+
 def test_two_processes_share_one_sqlite_study(clf, tmp_path):
     import optuna
 
