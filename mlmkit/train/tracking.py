@@ -75,18 +75,36 @@ class TensorBoard:
         from torch.utils.tensorboard import SummaryWriter
 
         purge = run.resumed_from + 1 if run.resumed_from is not None else None
-        self.writer = SummaryWriter(log_dir=str(run.out / "tensorboard"), purge_step=purge)
+        self.dir = run.out / "tensorboard"
+        try:  # a directory it cannot write: one line now, not a traceback from the writer's thread later
+            self.dir.mkdir(parents=True, exist_ok=True)
+            probe = self.dir / f".probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise self._error(e) from None
+        self.writer = SummaryWriter(log_dir=str(self.dir), purge_step=purge)
         if run.resumed_from is None:
             rows = "\n".join(f"| {k} | {v} |" for k, v in sorted(run.params.items()))
             self.writer.add_text("params", "| parameter | value |\n|---|---|\n" + rows, 0)
 
+    def _error(self, e: OSError) -> ConfigError:
+        return ConfigError(f"--report-to tensorboard: cannot write {self.dir}: {e.strerror or e}",
+                           "give --out on a disk that can be written, or leave tensorboard out of --report-to")
+
     def log(self, step: int, scalars: dict[str, float]) -> None:
-        for k, v in scalars.items():
-            self.writer.add_scalar(k.replace("eval_", "eval/", 1) if k.startswith("eval_") else f"train/{k}", v, step)
-        self.writer.flush()
+        try:
+            for k, v in scalars.items():
+                self.writer.add_scalar(k.replace("eval_", "eval/", 1) if k.startswith("eval_") else f"train/{k}", v, step)
+            self.writer.flush()
+        except OSError as e:
+            raise self._error(e) from None
 
     def finish(self, files: Sequence[Path], status: str) -> None:
-        self.writer.close()
+        try:
+            self.writer.close()
+        except OSError as e:  # the run's own error, if it failed, is the one to see
+            log.warning("%s", self._error(e))
 
 
 class MLflow:
@@ -94,9 +112,18 @@ class MLflow:
     local ./mlruns), MLFLOW_EXPERIMENT_NAME, MLFLOW_RUN_ID to attach to an existing run. Failures of
     the tracking server after the start are warned about once and do not stop training."""
 
+    RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+    """MLflow's HTTP retries while mlmkit trains, unless the environment sets them: a server answering 500
+    costs seconds (1 + 2 of back-off) before the warning, not MLflow's default 7 retries at a back-off
+    factor of 2 (258 s of a stalled run, measured)."""
+
     def start(self, run: RunInfo) -> None:
         mlflow = _require("mlflow", "mlflow")
         from mlflow.tracking import MlflowClient
+
+        for k, v in self.RETRIES.items():
+            os.environ.setdefault(k, v)
 
         uri = mlflow.get_tracking_uri()
         self.run_info, self.failed = run, False

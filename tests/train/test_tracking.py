@@ -113,6 +113,74 @@ def tb_steps(run: Path, tag: str) -> list[int]:
     return [e.step for e in acc.Scalars(tag)]
 
 
+def test_tensorboard_where_it_cannot_write_is_one_line_and_a_failing_close_a_warning(tmp_path, caplog):
+    """A run directory tensorboard cannot write (read-only; here its tensorboard/ is a file): refused at
+    the start in one line, before the writer's thread exists (it printed a traceback from there); a
+    close that fails at the end of a run is a warning, so the run's own error stays the one shown."""
+    from mlmkit.train.tracking import RunInfo, TensorBoard
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "tensorboard").write_text("a file where the directory goes")
+    with pytest.raises(ConfigError, match=r"--report-to tensorboard: cannot write .*tensorboard"):
+        TensorBoard().start(RunInfo(tmp_path / "run", {}))
+    tb = TensorBoard()
+    tb.start(RunInfo(tmp_path / "ok", {"lr": 0.1}))
+    real = tb.writer
+
+    class ReadOnly:
+        def close(self):
+            real.close()
+            raise OSError(30, "Read-only file system")
+
+    tb.writer = ReadOnly()
+    with caplog.at_level("WARNING", logger="mlmkit"):
+        tb.finish([], "FAILED")
+    assert "Read-only file system" in caplog.text
+
+
+def test_a_tracking_server_answering_500_costs_seconds_not_minutes(tmp_path, monkeypatch, caplog):
+    """MLflow retries a 500 seven times at a back-off factor of 2 (a run stalled 258 s at its first
+    failing call): mlmkit sets 2 retries at a factor of 1 unless the environment says otherwise."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from mlflow.tracking import MlflowClient
+
+    from mlmkit.train.tracking import MLflow, RunInfo
+
+    class Broken(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(500)
+            self.end_headers()
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Broken)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    for k in MLflow.RETRIES:  # restored after the test: start sets them for the process
+        monkeypatch.setenv(k, "0")
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(ConfigError, match="cannot use the tracking store"):
+            MLflow().start(RunInfo(tmp_path, {"lr": 0.1}))
+        assert time.perf_counter() - t0 < 20 and os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+        rep = MLflow()  # a run whose server starts failing mid-run
+        rep.client, rep.run_id, rep.done, rep.failed = MlflowClient(url), "0" * 32, {}, False
+        t0 = time.perf_counter()
+        with caplog.at_level("WARNING", logger="mlmkit"):
+            rep.log(1, {"loss": 1.0})
+            rep.log(2, {"loss": 0.5})  # after the first failure: no more calls
+        assert time.perf_counter() - t0 < 20 and caplog.text.count("no more MLflow logging") == 1
+    finally:
+        server.shutdown()
+
+
 def test_mlflow_server_and_tensorboard_get_the_run_and_a_resume_adds_no_duplicate_steps(clf, mlflow_server, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
