@@ -234,12 +234,24 @@ SENTENCEPIECE_FILES = ("sentencepiece.bpe.model", "spm.model", "tokenizer.model"
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load tokenizer.json, vocab.txt, or a directory holding one of them, or vocab.json + merges.txt
-    (byte-level BPE), or a SentencePiece model (converted with transformers' converter)."""
-    p = Path(path)
+    (byte-level BPE), or a SentencePiece model (converted with transformers' converter). A vocabulary of
+    special tokens alone is refused: every text would be unknown tokens, and a model would train on them
+    without a word said."""
+    tok = _load(Path(path))
+    added = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    words = tok.get_vocab_size(with_added_tokens=True) - len(set(special_ids(tok).all)) - len(added - set(special_tokens(tok)))
+    if words <= 0:
+        raise ConfigError(f"{path}: the vocabulary holds only special tokens ({', '.join(sorted(tok.get_vocab()))}): every text "
+                          "would be unknown tokens", "train a tokenizer on the corpus (mlmkit tokenizer train), or give the "
+                          "model's own")
+    return tok
+
+
+def _load(p: Path) -> Tokenizer:
     if p.is_dir():
         for name in ("tokenizer.json", "vocab.txt"):
             if (p / name).exists():
-                return load_tokenizer(p / name)
+                return _load(p / name)
         if (p / "vocab.json").is_file() and (p / "merges.txt").is_file():
             return _from_vocab_merges(p)
         for name in SENTENCEPIECE_FILES:

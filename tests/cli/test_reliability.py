@@ -415,3 +415,21 @@ def test_a_path_that_is_not_utf8_is_one_line_before_any_work(tmp_path: Path, dat
     one_line(cli("pretrain", os.fsdecode(os.fsencode(str(tmp_path)) + b"/c\xfe.txt"),
              "--out", tmp_path / "run", "--steps", "1"), "CORPUS", "not UTF-8")
     assert sorted(p.name for p in tmp_path.iterdir()) == [os.fsdecode(b"c\xfe.txt")]
+
+
+def test_a_tokenizer_of_special_tokens_alone_is_one_line(tmp_path: Path, data: dict[str, Path]) -> None:
+    """Its vocabulary is [PAD] [UNK] [CLS] [SEP] [MASK]: export died in its parity sample ("a cannot be
+    empty"), and fine-tuning trained on all-[UNK] inputs without a word."""
+    from tokenizers import Tokenizer, models
+
+    from mlmkit.text.tokenizer import load_tokenizer
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(specials)}, unk_token="[UNK]"))
+    tok.add_special_tokens(specials)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(ConfigError, match="the vocabulary holds only special tokens"):
+        load_tokenizer(tmp_path / "tokenizer.json")
+    one_line(cli("pretrain", data["corpus"], "--out", tmp_path / "run", "--tokenizer", tmp_path / "tokenizer.json",
+                 "--config", data["config"], "--steps", "1"), "only special tokens")
+    assert load_tokenizer(data["tok"]).get_vocab_size() > 5  # a real one still loads
