@@ -194,8 +194,10 @@ def check_features(task: Plugin, features: list[Feature], n_examples: int, *, gr
         seen.add(i)
         last = i
     if complete and len(seen) != n_examples:
-        raise TaskError(f"task '{task.name}': {n_examples - len(seen)} of {n_examples} examples got no feature",
-                        "featurize must give every example at least one feature")
+        first = next(i for i in range(n_examples) if i not in seen)
+        raise TaskError(f"task '{task.name}' ({task.distribution}): {n_examples - len(seen)} of {n_examples} examples got no "
+                        f"feature (the first: example {first})", "featurize must give every example at least one feature, "
+                        f"each under its own '{EXAMPLE}' index (two examples' features under one index merge them)")
 
 
 # ---- agreement of two models' outputs -----------------------------------------------------------

@@ -183,7 +183,8 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> dict[str, An
         log.info("dropping %d weights the %s model does not use (e.g. %s)", len(dropped), task.name, dropped[0])
 
     features = task.featurize(train_ex, tok, ctx, training=True)
-    evaluation.check_features(task, features, len(train_ex), grouped=task.group_features, complete=False)
+    # a grouped task's example is its features' group: one with none (or two under one index) is a featurize bug
+    evaluation.check_features(task, features, len(train_ex), grouped=task.group_features, complete=task.group_features)
     data = FeatureData(features, task, args.batch_size, special_ids(tok).pad, args.train.seed)
     evaluator = None
     if args.eval_file is not None:

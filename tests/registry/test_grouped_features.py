@@ -152,6 +152,9 @@ def test_no_batch_holds_a_key_twice_and_the_moved_groups_are_counted() -> None:
     (lambda feats: [{**f, EXAMPLE: str(f[EXAMPLE])} for f in feats], "feature 0 has no valid 'example' index \\('0'\\)"),
     (lambda feats: [{**f, EXAMPLE: f[EXAMPLE] + 10_000} for f in feats], "has no valid 'example' index \\(10000\\)"),
     (lambda feats: feats[1:] + feats[:1], "the features of example 0 are not together"),  # one of example 0's moved last
+    # two examples' features under one index (i // 2): the second half of the examples got none
+    (lambda feats: [{**f, EXAMPLE: f[EXAMPLE] // 2} for f in feats], "4 of 8 examples got no feature \\(the first: example 4\\)"),
+    (lambda feats: [f for f in feats if f[EXAMPLE] % 2 == 0], "4 of 8 examples got no feature \\(the first: example 1\\)"),
 ])
 def test_a_grouped_plugin_that_mangles_example_is_one_line_naming_it(task, tmp_path: Path, monkeypatch, mangle, match) -> None:
     """A plugin's mistake with "example" is one line naming the task and its package, never a
