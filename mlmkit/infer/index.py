@@ -502,8 +502,9 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
 
 
 def is_sparse(pipe: Any) -> bool:
-    """Whether a bundle gives sparse vectors ({"indices", "values"}): its index is an inverted one."""
-    return bool(pipe.meta.get("task") == "sparse-embedding")
+    """Whether a bundle gives sparse vectors (its outputs "indices" and "values", as parity reads
+    them): its index is an inverted one."""
+    return {"indices", "values"} <= set(pipe.meta.get("outputs") or {})
 
 
 def as_input(pipe: Any, kind: str) -> dict[str, Any]:

@@ -714,10 +714,50 @@ def test_an_unknown_task_option_is_refused_from_the_cli_with_the_valid_ones(tmp_
         registry.get_task("tagging").resolve_options({"scheme": "iob3"})
 
 
+def read_names(sources: list[Path]) -> set[str]:
+    """The names the code of ``sources`` reads as keys: ``options["pooling"]``, ``opts.get("doc_stride")``,
+    ``"scheme" in options``, the prompts' ``options[f"{kind}_prompt"]``. An option whose name is not
+    among them is declared, accepted and never read."""
+    used: set[str] = set()
+    for src in sources:
+        for node in ast.walk(ast.parse(src.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Subscript):  # options["pooling"]
+                keys = [node.slice]
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("get", "pop", "setdefault"):
+                keys = node.args[:1]  # opts.get("doc_stride", ...)
+            elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+                keys = [node.left]  # "scheme" in options
+            else:
+                continue
+            for k in keys:
+                if isinstance(k, ast.Constant) and isinstance(k.value, str):
+                    used.add(k.value)
+                elif isinstance(k, ast.JoinedStr):  # options[f"{kind}_prompt"]: each kind's option
+                    tail = "".join(v.value for v in k.values if isinstance(v, ast.Constant))
+                    used |= {f"{kind}{tail}" for kind in ("query", "document")} if tail.startswith("_") else set()
+    return used
+
+
+CODE = sorted((ROOT / "tasks").rglob("*.py")) + sorted((ROOT / "mlmkit").rglob("*.py"))
+
+
+def test_an_option_declared_and_never_read_is_found(tmp_path: Path) -> None:
+    """The walker below fails on an option a task takes and ignores: here a plugin's "ignored_knob"."""
+    plugin = tmp_path / "ignoring.py"
+    plugin.write_text("from mlmkit.taskkit import TaskOption\n\n\nclass Ignoring:\n    name = 'ignoring'\n"
+                      "    options = (TaskOption('ignored_knob', 'red', 'Ignored.', flags=('--ignored-knob',)),)\n\n"
+                      "    def featurize(self, examples, tokenizer, ctx, *, training):\n        return []\n")
+    assert "ignored_knob" not in read_names([plugin, *CODE])
+    plugin.write_text(plugin.read_text().replace("return []", "return [ctx.options['ignored_knob']]"))
+    assert "ignored_knob" in read_names([plugin, *CODE])
+
+
 def test_every_option_flag_acts_or_is_refused_for_every_task() -> None:
     """The task-option flags (--top-k, --pooling, --doc-stride ...) reach a task as options: a task
-    that declares the option takes it, every other one refuses it in one line naming the flag and
-    task and the tasks that have it (an accepted-and-ignored flag cannot come back this way)."""
+    that declares the option takes it, and its code reads it (read_names: an option accepted and never
+    read fails here; this walker passed such an option before, since it only checked that the default
+    came back), and every other task refuses it in one line naming the flag and task and the tasks
+    that have it."""
     from mlmkit.cli.common import FILL_MASK_TOP_K, command_flags
     from mlmkit.registry import get_task, tasks
 
@@ -725,13 +765,17 @@ def test_every_option_flag_acts_or_is_refused_for_every_task() -> None:
     every = {n: o for c in ("finetune", "evaluate", "export", "predict") for n, o in command_flags(c).items()
              if o is not FILL_MASK_TOP_K}  # fill-mask bundles' own option, not a task's
     assert {"doc_stride", "pooling", "index", "label_all_tokens", "input_type"} <= set(every)
+    reads = read_names(CODE)
+    unread = sorted(f"{n}: {o.name}" for n in tasks() for o in get_task(n).options if o.name not in reads)
+    assert not unread, f"options declared and never read: {unread}"  # flagged or not
     for name in sorted(tasks()):
         task = get_task(name)
         declared = {o.name: o for o in task.options}
         for option, o in every.items():
             kind, flag = o.kind, o.flags[0]
-            if option in declared:  # acts: the value given is the value the task runs with
+            if option in declared:  # acts: the value given is the value the task runs with, and is read
                 assert task.resolve_options({option: declared[option].default})[option] == declared[option].default
+                assert option in reads, f"task {name} declares {flag} and no code reads it"
                 continue
             shown = flag.split("/")[0]
             takers = sorted(n for n in tasks() if any(o.name == option for o in get_task(n).options))

@@ -327,15 +327,25 @@ def test_a_document_read_whole_has_a_ceiling_too(tmp_path: Path) -> None:
     assert DOCUMENT_BYTES >= 1 << 30  # SQuAD 2.0's 40 MB, and far more, still reads
 
 
-def test_blank_lines_in_a_gz_corpus_are_not_silent(tmp_path: Path, monkeypatch, caplog) -> None:
+def test_blank_lines_in_a_gz_corpus_are_read_past_quickly_and_not_silently(tmp_path: Path, monkeypatch, caplog) -> None:
+    """A small .gz of millions of newlines: read past a buffer at a time (a line at a time ran ~110k
+    lines/s, minutes of "0 of 17 MB read"), the log saying the lines and the text inflated, and the
+    line numbers after the run still right."""
+    import re
+    import time
+
     p = tmp_path / "blank.txt.gz"
-    p.write_bytes(gzip.compress(b"\n" * 300_000 + b"a sentence at last\n"))
+    p.write_bytes(gzip.compress(b"one two\n" + b"\n" * 20_000_000 + b"\r\n" + b"a sentence at last\n", 1))
     monkeypatch.setattr(corpus_files, "QUIET_LOG", 0.0)
     monkeypatch.setattr(logging.getLogger("mlmkit"), "propagate", True)  # (the CLI's setup turns it off)
+    t0 = time.perf_counter()
     with caplog.at_level(logging.INFO, logger="mlmkit"):
-        assert list(corpus_files.iter_documents(p)) == [["a sentence at last"]]
+        assert list(corpus_files.iter_documents(p)) == [["one two"], ["a sentence at last"]]
+    assert time.perf_counter() - t0 < 10  # 0.2 s here; 3 minutes a line at a time
     said = [r.getMessage() for r in caplog.records if "blank" in r.getMessage()]
-    assert said and "line 65,536, the last 65,536 of them blank" in said[0], said
+    assert said and re.search(r"line [\d,]+, the last [\d,]+ of them blank \(\d+ MB of text; \d+ of the file's \d+ MB read\)",
+                              said[-1]), said[-3:]
+    assert list(corpus_files._open_lines(p)) == [(1, "one two"), (2, ""), (20_000_003, "a sentence at last")]  # a run: its first
 
 
 def test_a_long_corpus_line_and_a_document_without_end_tokenize_as_the_whole(tmp_path: Path, tok, monkeypatch) -> None:
