@@ -250,7 +250,7 @@ def _tokenize_into(d: Path, paths: Sequence[Path], tok: Tokenizer, dtype: Any, b
                 n_tokens += len(flat)
                 flat.clear()
                 n = 0
-                for piece in _pieces(s):
+                for piece in _pieces(s, tok=tok):
                     ids = tok.encode(piece, add_special_tokens=False).ids
                     np.asarray(ids, dtype=dtype).tofile(out)
                     n += len(ids)
@@ -448,14 +448,47 @@ def read_shard(shard: Path, *, repair: bool = True) -> TokenizedCorpus | None:
 LONG_LINE = 100_000  # characters: a longer line is tokenized in pieces
 
 
-def _pieces(text: str, size: int = LONG_LINE) -> Iterator[str]:
-    """``text`` in pieces of about ``size`` characters cut at whitespace (where tokenization splits
-    anyway, so the pieces' tokens are the whole's); a run without whitespace is cut where it must be."""
+def _pieces(text: str, size: int = LONG_LINE, tok: Any = None) -> Iterator[str]:
+    """``text`` in pieces of about ``size`` characters, each encoded on its own, cut where the tokens
+    stay the whole's (_token_cut, with ``tok``); without a tokenizer, after the last whitespace (or
+    where it must be, in a run without)."""
     start = 0
     while start < len(text):
         end = min(start + size, len(text))
-        if end < len(text):
+        if end < len(text) and tok is not None:
+            end = _token_cut(text, start + size // 2, end, tok)
+        elif end < len(text):
             cut = text.rfind(" ", start + size // 2, end)
             end = cut + 1 if cut > 0 else end
         yield text[start:end]
         start = end
+
+
+CUT_TRIES = 48  # places looked at for a token-keeping cut
+CUT_MARGIN = 64  # characters each side of a cut that must tokenize as the uncut text does
+
+
+def _token_cut(text: str, lo: int, hi: int, tok: Any) -> int:
+    """A place in text[lo:hi] where cutting leaves the tokens of the CUT_MARGIN characters each side
+    as the uncut text's (each side encoded on its own, as the pieces are), tried in this order: beside
+    the last spaces (after one for WordPiece and byte-level BPE, before one for SentencePiece's
+    Metaspace, whose piece would end in a lone marker), the pre-tokenizer's word starts (a long run of
+    punctuated words without a space), then every place back from ``hi``. ``hi`` when none of CUT_TRIES
+    does: in a long run without whitespace, Metaspace marks a piece's first word (one token in
+    ``size`` characters differs; WordPiece and byte-level BPE find a place)."""
+    def keeps(at: int) -> bool:
+        a, b = text[max(lo, at - CUT_MARGIN):at], text[at:at + CUT_MARGIN]
+        ids = tok.encode(a + b, add_special_tokens=False).ids
+        return bool(ids == tok.encode(a, add_special_tokens=False).ids + tok.encode(b, add_special_tokens=False).ids)
+
+    spaces: list[int] = []
+    at = hi
+    while len(spaces) < 8 and (at := text.rfind(" ", lo, at)) > lo:
+        spaces += [at + 1, at]
+    window = text[max(lo, hi - 4 * CUT_MARGIN):hi]
+    pre = tok.pre_tokenizer
+    starts = [hi - len(window) + o[0] for _, o in pre.pre_tokenize_str(window)][1:] if pre is not None else []
+    for at in [*spaces, *reversed(starts), *range(hi - 1, lo, -1)][:CUT_TRIES]:
+        if lo < at < hi and keeps(at):
+            return at
+    return spaces[0] if spaces else hi
