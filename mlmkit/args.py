@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from mlmkit.errors import ConfigError
+from mlmkit.files import MAX_RECORD_BYTES
 from mlmkit.text.tokenizer import DEFAULT_VOCAB_SIZE
 from mlmkit.text.tokenizer import KINDS as TOKENIZER_KINDS
 
@@ -205,6 +206,14 @@ class TrainArgs(Args):
         # --report-to's names are checked by the commands, against the reporters train/tracking.py registers
 
 
+RECORD_HELP = ("A longer corpus line, data record or value is refused, naming it (never read whole; 64 MB by default, "
+               "the ceiling of every reader).")
+
+
+def _check_ceiling(max_bytes: int) -> None:
+    _check(max_bytes >= 1, f"--max-record-bytes must be at least 1, got {max_bytes}")
+
+
 CORPUS_HELP = ("Corpus files, directories or quoted globs: .txt/.txt.gz (a sentence per line, a blank line "
                "between documents), .jsonl/.jsonl.gz or .parquet (a document per line or row).")
 TEXT_COLUMN_HELP = "The text field of .jsonl and the column of .parquet corpus files."
@@ -240,10 +249,12 @@ class TokenizeArgs(Args):
     text_column: str = arg("text", TEXT_COLUMN_HELP)
     workers: int = arg(1, "Processes, each tokenizing a run of the files with its share of the cores (one file: one "
                           "process; the tokenizer already uses every core, see docs/cli.md).")
+    max_record_bytes: int = arg(MAX_RECORD_BYTES, RECORD_HELP)
 
     def __post_init__(self) -> None:
         _check(bool(self.corpus), "no corpus files given", "pass one or more text files")
         _check(self.workers >= 1, f"--workers must be at least 1, got {self.workers}")
+        _check_ceiling(self.max_record_bytes)
 
 
 @dataclass
@@ -271,6 +282,7 @@ class PretrainArgs(Args):
                                  "consecutive sentences for MLM only.")
     eval_file: Path | None = arg(None, "Held-out corpus (default: the last documents of the corpus).")
     cache_dir: Path | None = arg(None, "Tokenized-corpus cache (default: $MLMKIT_CACHE or ~/.cache/mlmkit).")
+    max_record_bytes: int = arg(MAX_RECORD_BYTES, RECORD_HELP)
     train: TrainArgs = arg(
         factory=lambda: TrainArgs(steps=1000, lr=5e-4, warmup_ratio=0.06, eval_every=200, save_every=500, keep_last=2),
         hide=("epochs", "early_stopping"),
@@ -284,6 +296,7 @@ class PretrainArgs(Args):
         # --arch and --nsp are checked against the families where pretraining starts (train/pretrain.py):
         # the families declare whether and how they pretrain, and models/ is above this module
         _check(_finite(self.mask_prob) and 0.0 < self.mask_prob < 1.0, f"--mask-prob must be between 0 and 1, got {self.mask_prob}")
+        _check_ceiling(self.max_record_bytes)
 
 
 @dataclass
@@ -299,6 +312,7 @@ class FinetuneArgs(Args):
                               "long context, a plugin's choices).")
     max_length: int | None = arg(None, "Maximum tokens per input (the task's default if absent).")
     options: dict[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
+    max_record_bytes: int = arg(MAX_RECORD_BYTES, RECORD_HELP)
     train: TrainArgs = arg(factory=lambda: TrainArgs(epochs=3.0, lr=5e-5, warmup_ratio=0.1, keep_last=1))
 
     def __post_init__(self) -> None:
@@ -306,6 +320,7 @@ class FinetuneArgs(Args):
         _check(self.max_length is None or self.max_length >= 8, f"--max-length {self.max_length} is too short", "use at least 8")
         _check(self.train.early_stopping is None or self.eval_file is not None,
                "--early-stopping needs --eval", "give an evaluation file to measure progress on")
+        _check_ceiling(self.max_record_bytes)
 
 
 DISTILL_LR = 1e-4

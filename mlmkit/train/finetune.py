@@ -16,7 +16,7 @@ import torch
 
 from mlmkit.args import FinetuneArgs
 from mlmkit.errors import ConfigError, MlmkitError, TaskError
-from mlmkit.files import atomic_write_text, exclusive, write_jsonl
+from mlmkit.files import atomic_write_text, exclusive, record_ceiling, write_jsonl
 from mlmkit.infer import evaluation
 from mlmkit.models.config import ModelConfig
 from mlmkit.registry import Example, Plugin, TaskContext, get_task
@@ -126,7 +126,8 @@ def finetune(args: FinetuneArgs, *, reporters: Sequence[Reporter] = ()) -> dict[
     --report-to's (a sweep's pruner).
     """
     parse_report_to(args.train.report_to)  # before anything is read or built
-    with exclusive(args.out) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext():
+    with exclusive(args.out) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext(), \
+            record_ceiling(args.max_record_bytes):  # the task's readers' too
         return _finetune(args, reporters)
 
 

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from mlmkit.args import PretrainArgs
 from mlmkit.errors import ConfigError, MlmkitError
-from mlmkit.files import exclusive
+from mlmkit.files import exclusive, record_ceiling
 from mlmkit.models import FAMILIES, Family, family_for
 from mlmkit.models.config import ModelConfig, preset
 from mlmkit.models.core import BertForPreTraining
@@ -147,7 +147,8 @@ def pretrain(args: PretrainArgs) -> dict[str, Any]:
         _check_nsp(args, pretraining_family(args.arch))
     # the run directory is this process's from the start (under torchrun: rank 0's), not only once
     # the tokenizer is trained and the corpus tokenized
-    with exclusive(args.out) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext():
+    with exclusive(args.out) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext(), \
+            record_ceiling(args.max_record_bytes):
         return _pretrain(args)
 
 

@@ -433,3 +433,24 @@ def test_a_tokenizer_of_special_tokens_alone_is_one_line(tmp_path: Path, data: d
     one_line(cli("pretrain", data["corpus"], "--out", tmp_path / "run", "--tokenizer", tmp_path / "tokenizer.json",
                  "--config", data["config"], "--steps", "1"), "only special tokens")
     assert load_tokenizer(data["tok"]).get_vocab_size() > 5  # a real one still loads
+
+
+def test_max_record_bytes_reaches_tokenize_pretrain_and_finetune_readers(tmp_path: Path, data: dict[str, Path]) -> None:
+    """--max-record-bytes (the inference commands had it alone): a corpus line or a training record
+    over it is one line naming it, for `mlmkit tokenize`, `pretrain` and `finetune` (the task's own
+    reader, through taskkit's); the default, 64 MB, reads them."""
+    from conftest import make_base_model
+
+    model = make_base_model(tmp_path / "model", data["corpus"].read_text().split("\n")[:50])
+    (tmp_path / "train.jsonl").write_text(json.dumps({"text": "w1 w2 " * 20, "label": "a"}) + "\n"
+                                          + json.dumps({"text": "w3", "label": "b"}) + "\n")
+    runs = {
+        "tokenize": ["tokenize", data["corpus"], "--tokenizer", data["tok"], "--out", tmp_path / "shard"],
+        "pretrain": [*tiny(data, tmp_path / "run")],
+        "finetune": ["finetune", "classification", "--model", model, "--train", tmp_path / "train.jsonl", "--out",
+                     tmp_path / "ft", "--steps", "1"],
+    }
+    for name, argv in runs.items():
+        where = "train.jsonl, line 1" if name == "finetune" else "corpus.txt, line 1"
+        one_line(cli(*argv, "--max-record-bytes", "20"), where, "more than 20 bytes")
+    assert cli(*runs["tokenize"]).exit_code == 0  # the default ceiling

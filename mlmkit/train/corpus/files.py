@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmkit.errors import DataFormatError, MlmkitError
-from mlmkit.files import MAX_RECORD_BYTES, bounded_lines, parse_json
+from mlmkit.files import RECORD_CEILING, bounded_lines, ceiling, parse_json
 from mlmkit.text.readers import iter_table_rows
 from mlmkit.text.records import matching_files
 
@@ -29,7 +29,7 @@ _SENT_END = re.compile(r"(?<=[.!?])\s+")
 QUIET_LOG = 10.0  # seconds of blank lines (a .gz file of nothing but newlines) before the log says how far it is
 
 
-def _open_lines(path: Path, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[tuple[int, str]]:
+def _open_lines(path: Path, max_bytes: int | None = RECORD_CEILING) -> Iterator[tuple[int, str]]:
     """(line number, text) for each line of a .txt/.txt.gz/.jsonl file, read (and inflated) a line at
     a time; bad UTF-8 names the line, a damaged .gz file the file and the line it broke at, and a
     line of more than ``max_bytes`` (the record ceiling; a small .gz file that inflates to one
@@ -38,6 +38,7 @@ def _open_lines(path: Path, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterato
     past a buffer at a time (gigabytes of newlines inflated from a small .gz file: ~110k lines/s
     read a line at a time); the line numbers count them all. A long run is not silent: every QUIET_LOG
     seconds the log says how far it is, in lines, in text inflated and in the file read."""
+    max_bytes = ceiling(max_bytes)  # the process's ceiling, unless one was given
     raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
     size = path.stat().st_size
     n = blank = text = 0
@@ -153,7 +154,7 @@ def _parquet_documents(p: Path, text_column: str, rows: int = 4096) -> Iterator[
     """A document per row of a Parquet file (a null text is no document); ``line`` is the row. Read
     through the one table reader (text/readers.py): only the text column, a batch of rows at a time,
     and a value over the record ceiling is an error naming its row, never read whole."""
-    for r in iter_table_rows(p, rows, max_bytes=MAX_RECORD_BYTES, columns=[text_column], column_hint="name the text column with --text-column",
+    for r in iter_table_rows(p, rows, max_bytes=RECORD_CEILING, columns=[text_column], column_hint="name the text column with --text-column",
                              ceiling_hint="one document per row: split a longer one over several rows"):
         text = r.data[text_column]
         parts = _text_sentences(text, p, r.line, text_column, r.unit) if text is not None else []

@@ -22,7 +22,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from mlmkit.errors import MlmkitError
-from mlmkit.files import cache_root, exclusive, parse_json
+from mlmkit.files import RECORD_CEILING, cache_root, ceiling, exclusive, parse_json, set_record_ceiling
 from mlmkit.train.corpus.files import PENDING_CHARS, DocumentPart, corpus_files, iter_documents
 
 log = logging.getLogger("mlmkit")
@@ -297,10 +297,11 @@ def _split_by_size(paths: Sequence[Path], workers: int) -> list[list[Path]]:
     return groups
 
 
-def _tokenizer_threads(threads: int) -> None:
+def _tokenizer_threads(threads: int, max_bytes: int | None) -> None:
     # the tokenizers library's thread pool reads these when it first starts, after this runs
     os.environ["RAYON_NUM_THREADS"] = os.environ["RAYON_RS_NUM_CPUS"] = str(threads)
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    set_record_ceiling(max_bytes)  # the parent's --max-record-bytes
 
 
 def _tokenize_part(d: str, paths: list[str], tok_json: str, dtype: str, batch: int, text_column: str) -> dict[str, int]:
@@ -319,7 +320,7 @@ def _tokenize_in_processes(tmp: Path, groups: list[list[Path]], tok: Tokenizer, 
     threads = max(1, (os.cpu_count() or 1) // len(groups))
     parts = [tmp / f"part-{k}" for k in range(len(groups))]
     with ProcessPoolExecutor(len(groups), mp_context=get_context("spawn"), initializer=_tokenizer_threads,
-                             initargs=(threads,)) as pool:
+                             initargs=(threads, ceiling(RECORD_CEILING))) as pool:
         futures = [pool.submit(_tokenize_part, str(d), [str(p) for p in g], tok.to_str(), np.dtype(dtype).name, batch,
                                text_column) for d, g in zip(parts, groups)]
         counts = []
