@@ -340,6 +340,39 @@ def run_watched(name: str, cmd: list[str], patience: float, env: dict[str, str] 
 
 
 # ---- setups reused across runs ------------------------------------------------------------------------
+def peers_python(venv: Path, pins: Sequence[str]) -> str:
+    """The python of a peers' venv at ``venv`` with ``pins`` installed (torch 2.13.0 first: the CPU build
+    on this disk), made once; a venv this made with other pins is made anew (one it did not make is
+    never removed). For peers whose pins conflict with mlmkit's (optimum-onnx needs transformers < 4.58)."""
+    import shutil
+
+    py = venv / "bin" / "python"
+    ready = venv / "peers-ready"
+    if not (ready.is_file() and ready.read_text() == "\n".join(pins) + "\n"):
+        if ready.is_file():
+            shutil.rmtree(venv)
+        log(f"installing the peers into {venv} (several minutes, once)")
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "torch==2.13.0"], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", *pins], check=True)
+        ready.write_text("\n".join(pins) + "\n")
+    return str(py)
+
+
+def mlmkit_cuts(lengths: Sequence[int], batch_size: int, hidden: int, *, count_only: bool = False) -> list[list[int]]:
+    """The batches mlmkit's pipeline cuts on the CPU (infer/pipeline.py) from texts of these token
+    ``lengths``: sorted by length, at most ``batch_size`` texts and CPU_BATCH_ACTIVATIONS / ``hidden``
+    padded tokens a batch, cut at the least cost of padding plus CPU_RUN_TOKENS a batch: what a peer that
+    takes its batches from outside is given, so that both sides do the same work. ``count_only``: by
+    length and count alone (what the peers got before 2026-12-04)."""
+    from mlmkit.infer.pipeline import CPU_BATCH_ACTIVATIONS, CPU_RUN_TOKENS
+    from mlmkit.text.batching import bucket_batches
+
+    if count_only:
+        return bucket_batches(lengths, batch_size)
+    return bucket_batches(lengths, batch_size, max(1, CPU_BATCH_ACTIVATIONS // hidden), CPU_RUN_TOKENS)
+
+
 LIBRARIES = ("torch", "transformers", "tokenizers", "onnx", "onnxruntime", "sentence-transformers", "optimum")
 
 

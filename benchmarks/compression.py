@@ -64,6 +64,7 @@ from common import (
     noisy_note,
     other_cores,
     passes,
+    peers_python,
     print_machine,
     quiet_rounds,
     race,
@@ -191,20 +192,6 @@ def setup(work: Path, quick: bool) -> None:
 
 
 # ---- the peers' venv and their setup -------------------------------------------------------------
-def peers_python(venv: Path) -> str:
-    py = venv / "bin" / "python"
-    ready = venv / "peers-ready"  # the pins it was made with: other pins make it anew
-    if not (ready.is_file() and ready.read_text() == "\n".join(PEERS) + "\n"):
-        if ready.is_file():  # one this benchmark made, with other pins (a venv it did not make is never removed)
-            shutil.rmtree(venv)
-        log(f"installing the peers into {venv} (several minutes, once)")
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "torch==2.13.0"], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", *PEERS], check=True)
-        (venv / "peers-ready").write_text("\n".join(PEERS) + "\n")
-    return str(py)
-
-
 def peer_setup(work: Path) -> None:
     """OpenVINO int8 and optimum-onnx O3 (+ dynamic int8) of the teacher, model2vec's table (peers' venv)."""
     cal = [s for s in (work / "calibration.txt").read_text(encoding="utf-8").splitlines() if s]
@@ -455,7 +442,7 @@ def main() -> None:
         raise SystemExit("setup failed")
     peers = None
     if not a.no_peers:
-        peers = peers_python(a.peers_venv or a.work / "peers")
+        peers = peers_python(a.peers_venv or a.work / "peers", PEERS)
         if subprocess.run([peers, str(HERE), "--role", "peer-setup", "--work", str(a.work)], env=bench_env()).returncode:
             raise SystemExit("the peers' setup failed")
     setup_times = json.loads((a.work / "setup.json").read_text())

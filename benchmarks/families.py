@@ -1,4 +1,4 @@
-"""Every model family as a classifier: mlmkit bundles vs transformers pipelines vs the graph optimum would make.
+"""Every model family as a classifier: mlmkit bundles vs transformers pipelines vs optimum-onnx (O3, and its int8).
 
     python benchmarks/families.py --work /tmp/bench_fam           # the full run (12-14 minutes on 2 cores, 1 of them setup)
     python benchmarks/families.py --work /tmp/bench_fam --quick   # 256 sentences, 1 round, no transformers long-input reference
@@ -23,23 +23,25 @@ specials (modernbert); 4,096
 tokens. Sentences: 8-40 words drawn (by frequency) from the 4,000 commonest words of the docstrings
 of Python's standard library; 1,024 of them are timed (another seed's 20,000 train the tokenizers).
 
-Four sides per family, each in its own worker process (torch and onnxruntime in one process slow
-each other down, docs/performance.md), loaded and warmed up once, batch 32, 2 threads:
+Five sides per family, each in its own worker process (torch and onnxruntime in one process slow
+each other down, docs/performance.md), loaded and warmed up once, batch 32, 2 threads, max length 512:
 - mlmkit: the bundle of ``mlmkit export CHECKPOINT --out BUNDLE`` (the Python API), run by
-  ``mlmkit.infer.pipeline.Pipeline.load(bundle, threads=2, batch_size=32)`` over the texts;
-- mlmkit-int8: the same with ``--quantize int8`` (dynamic), its speed against fp32 and its labels'
-  agreement printed per family (random weights: the agreement is for information only);
+  ``mlmkit.infer.pipeline.Pipeline.load(bundle, threads=2, batch_size=32)`` over the texts (its cuts:
+  by length, count, padded tokens and least cost);
+- mlmkit-int8: the same with ``--quantize int8`` (dynamic), its labels' agreement with fp32 printed
+  (random weights: for information only);
 - transformers: ``pipeline("text-classification", model=CHECKPOINT)`` with torch at 2 threads,
-  ``batch_size=32, truncation=True``;
-- optimum-equivalent: what optimum's ``optimum-cli export onnx`` + ``ORTOptimizer`` O2 would make of
-  the checkpoint (optimum-onnx needs transformers < 4.58; this project runs transformers 5): the
-  transformers module itself exported by ``torch.onnx.export`` (its attention as it is loaded:
-  sdpa, opset 17, dynamic batch and sequence axes, the inputs optimum's configs give the family;
-  the TorchScript exporter, dynamo=True only when that fails), then
-  ``onnxruntime.transformers.optimizer.optimize_model(model_type="bert", num_heads, hidden_size,
-  opt_level=2)`` as O2 does, run by an onnxruntime session with 2 threads on the checkpoint's
-  tokenizer.json (the `tokenizers` library), the texts in file order in batches of 32, each
-  padded to its longest, as optimum's ORTModel under a pipeline would see them.
+  ``batch_size=32, truncation=True``: its own batches, in input order, each padded to its longest
+  (the pipeline's documented use);
+- optimum: optimum-onnx itself (0.1.0, in a venv of its own: it needs transformers < 4.58, this project
+  runs 5): ``ORTModelForSequenceClassification.from_pretrained(CHECKPOINT, export=True)``, then
+  ``ORTOptimizer`` at O3 (its highest level for a CPU; O4 is fp16, for GPUs), run by ORTModel with 2
+  threads and the checkpoint's tokenizer on mlmkit's own cuts of the texts (common.mlmkit_cuts), so
+  both sides pad and batch alike;
+- optimum-int8: ``ORTQuantizer``'s dynamic int8 (avx512_vnni, per channel) of optimum's plain export,
+  as its quantization guide does it (its O3 graph does not quantize: compression.py), on the same cuts.
+Until 2026-12-04 this compared an "optimum-equivalent" stand-in (the transformers module exported with
+SDPA attention, which defeats onnxruntime's fusions, fed batches in file order); it is gone.
 
 Each pass first waits (up to --patience seconds) for other processes to leave the CPUs alone; the
 CPU time other processes took during each pass is measured (/proc/stat), and passes where it
@@ -54,7 +56,8 @@ warm-up run; the transformers ModernBertForSequenceClassification (default atten
 reference (not with --quick).
 
 The script ends with ``target family-classify-vs-transformers-min: X.XX (goal >= 3.00)`` and
-``target family-classify-vs-optimum-min: X.XX (goal >= 1.30)``, minima over the families.
+``target family-classify-vs-optimum-min: X.XX (goal >= 1.30)`` and
+``target family-int8-vs-optimum-int8-min: X.XX (goal >= 1.00)``, minima over the families.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import subprocess
 import time
 import traceback
 from pathlib import Path
@@ -73,19 +77,23 @@ from common import (
     add_patience,
     agreement,
     answer_passes,
+    bench_env,
     encoder_flops,
     log,
     made_by,
     mark,
     median_speeds,
+    mlmkit_cuts,
     noisy_note,
     passes,
+    peers_python,
     print_machine,
     quiet_median,
     race,
     ratio,
     setup_step,
     share,
+    spread,
     stdlib_sentences,
     target,
     thread_env,
@@ -127,7 +135,14 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], tuple[str, ...]]] = {
                                                      share_att_key=True, position_biased_input=False, layer_norm_eps=1e-7),
                    ("input_ids", "attention_mask")),
 }
-SIDES = ("transformers", "mlmkit", "optimum", "mlmkit-int8")  # mlmkit back to back with the others; int8 last
+SIDES = ("transformers", "mlmkit", "optimum", "mlmkit-int8", "optimum-int8")  # compared pairs back to back
+OPTIMUM = ["optimum-onnx[onnxruntime]==0.1.0", "transformers==4.57.6", "huggingface-hub==0.36.2"]
+"""optimum-onnx's venv (common.peers_python): the versions compression.py's peers resolved to on 2026-12-03."""
+GOT = {  # what each side gets besides 2 threads, batch 32 and max length 512, which all share
+    "mlmkit": "fp32; mlmkit's cuts", "mlmkit-int8": "int8 dynamic; mlmkit's cuts",
+    "transformers": "fp32 (torch); the pipeline's batches, in input order, padded to the longest",
+    "optimum": "fp32, optimum-onnx O3; mlmkit's cuts", "optimum-int8": "int8 dynamic (ORTQuantizer, avx512_vnni); mlmkit's cuts",
+}
 
 
 # ---- data ---------------------------------------------------------------------------------------
@@ -216,91 +231,54 @@ def save_checkpoint(d: Path, family: str, texts: list[str]) -> Any:
     return model
 
 
-# ---- the optimum-equivalent graph -----------------------------------------------------------------
-def _encode(tok: Any, texts: list[str], inputs: tuple[str, ...]) -> dict[str, Any]:
-    """``texts`` padded to the longest (the `tokenizers` library), as numpy int64 arrays."""
-    import numpy as np
+# ---- optimum-onnx (its own venv) ----------------------------------------------------------------
+def optimum_setup(d: Path) -> None:
+    """In optimum's venv: the checkpoint exported by optimum-onnx, optimised at O3, and the plain export
+    quantized to dynamic int8; optimum.json says what O3 fused, optimum-error.txt (and
+    optimum-int8-error.txt) why a step failed."""
+    from collections import Counter
 
-    encs = tok.encode_batch(texts)
-    out = {"input_ids": np.array([e.ids for e in encs], dtype=np.int64),
-           "attention_mask": np.array([e.attention_mask for e in encs], dtype=np.int64)}
-    if "token_type_ids" in inputs:
-        out["token_type_ids"] = np.array([e.type_ids for e in encs], dtype=np.int64)
-    return out
+    import onnx
+    from optimum.onnxruntime import ORTModelForSequenceClassification, ORTOptimizer, ORTQuantizer
+    from optimum.onnxruntime.configuration import AutoOptimizationConfig, AutoQuantizationConfig
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(d / "checkpoint")
+    try:
+        model = ORTModelForSequenceClassification.from_pretrained(d / "checkpoint", export=True)
+        model.save_pretrained(d / "optimum-export")
+        ORTOptimizer.from_pretrained(model).optimize(save_dir=d / "optimum-o3", optimization_config=AutoOptimizationConfig.O3())
+        tok.save_pretrained(d / "optimum-o3")
+        ops = Counter(n.op_type for n in onnx.load(str(d / "optimum-o3" / "model_optimized.onnx"), load_external_data=False).graph.node)
+        fused = {k: v for k, v in ops.items() if k in ("Attention", "MultiHeadAttention", "EmbedLayerNormalization",
+                                                       "SkipLayerNormalization", "LayerNormalization", "BiasGelu", "FastGelu", "Gelu")}
+        (d / "optimum.json").write_text(json.dumps({"optimization": "O3", "fused_operators": fused}))
+    except Exception as e:  # noqa: BLE001 - reported, the other sides go on
+        (d / "optimum-error.txt").write_text(f"{type(e).__name__}: {e}\n" + traceback.format_exc())
+        return
+    try:
+        q = ORTQuantizer.from_pretrained(d / "optimum-export", file_name="model.onnx")
+        q.quantize(save_dir=d / "optimum-int8",
+                   quantization_config=AutoQuantizationConfig.avx512_vnni(is_static=False, per_channel=True))
+        tok.save_pretrained(d / "optimum-int8")
+    except Exception as e:  # noqa: BLE001
+        (d / "optimum-int8-error.txt").write_text(f"{type(e).__name__}: {e}\n" + traceback.format_exc())
 
 
 def checkpoint_tokenizer(ckpt: Path, max_length: int) -> Any:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
-    pad = json.loads((ckpt / "config.json").read_text())["pad_token_id"]
-    tok.enable_padding(pad_id=pad, pad_token=tok.id_to_token(pad))
     tok.enable_truncation(max_length)
     return tok
 
 
-def optimum_equivalent(ckpt: Path, family: str, out: Path, texts: list[str], attn: str | None = None) -> dict[str, Any]:
-    """torch.onnx.export of the transformers module (TorchScript, else dynamo), then O2's fusions;
-    returns {"exporter", "attention", "fused_operators", "parity"}."""
-    import warnings
-
-    import numpy as np
-    import onnxruntime as ort
-    import torch
-    import transformers
-    from onnxruntime.transformers.fusion_options import FusionOptions
-    from onnxruntime.transformers.optimizer import optimize_model
-
-    inputs = FAMILIES[family][3]
-    kw = {"attn_implementation": attn} if attn else {}
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(ckpt, **kw).eval()
-    attention = model.config._attn_implementation
-
-    class Logits(torch.nn.Module):  # optimum's exported graph: the named inputs in, logits out
-        def __init__(self, m: Any) -> None:
-            super().__init__()
-            self.m = m
-
-        def forward(self, *args: torch.Tensor) -> torch.Tensor:
-            return self.m(**dict(zip(inputs, args))).logits
-
-    tok = checkpoint_tokenizer(ckpt, MAX_LENGTH)
-    dummy = _encode(tok, [texts[0], texts[1] + " " + texts[2]], inputs)  # two lengths: the mask is real
-    check = _encode(tok, texts[3:8], inputs)  # another batch and length: the dynamic axes hold
-    with torch.no_grad():
-        want = model(**{k: torch.from_numpy(v) for k, v in check.items()}).logits.numpy()
-    axes = {k: {0: "batch_size", 1: "sequence_length"} for k in inputs}
-    axes["logits"] = {0: "batch_size"}
-    plain = out.with_name("plain.onnx")
-    errors = []
-    for dynamo in (False, True):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                torch.onnx.export(Logits(model), tuple(torch.from_numpy(dummy[k]) for k in inputs), str(plain),
-                                  input_names=list(inputs), output_names=["logits"], dynamic_axes=axes, opset_version=17,
-                                  do_constant_folding=True, dynamo=dynamo)
-            s = ort.InferenceSession(str(plain), providers=["CPUExecutionProvider"])
-            diff = float(np.abs(s.run(None, check)[0] - want).max())
-            if not diff <= 1e-3:
-                raise RuntimeError(f"the exported graph differs from PyTorch by {diff:.2e}")
-            break
-        except Exception as e:  # noqa: BLE001 - the next exporter, or the report
-            errors.append(f"dynamo={dynamo}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    else:
-        raise RuntimeError("torch.onnx.export failed: " + "; ".join(errors))
-    cfg = model.config
-    heads = getattr(cfg, "num_attention_heads", None) or cfg.n_heads
-    hidden = getattr(cfg, "hidden_size", None) or cfg.dim
-    om = optimize_model(str(plain), model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=2,
-                        optimization_options=FusionOptions("bert"), use_gpu=False)
-    stats = {k: int(v) for k, v in om.get_fused_operator_statistics().items() if v}
-    om.save_model_to_file(str(out))
-    plain.unlink()
-    s = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    fused_diff = float(np.abs(s.run(None, check)[0] - want).max())
-    return {"exporter": "torchscript (dynamo=False)" if not dynamo else "dynamo=True", "export_errors": errors,
-            "attention": attention, "fused_operators": stats, "parity": fused_diff}
+def write_cuts(d: Path, texts: list[str]) -> None:
+    """cuts.json: mlmkit's batches of ``texts`` (their token lengths by the checkpoint's tokenizer), for
+    the optimum sides, whose venv has no mlmkit."""
+    tok = checkpoint_tokenizer(d / "checkpoint", MAX_LENGTH if d.name != "modernbert" else LONG_MAX)
+    lengths = [len(e.ids) for e in tok.encode_batch(texts)]
+    (d / "cuts.json").write_text(json.dumps({"n": len(texts), "batches": mlmkit_cuts(lengths, 32, MINILM["hidden_size"])}))
 
 
 # ---- setup (torch, onnxruntime; untimed) -----------------------------------------------------------
@@ -313,9 +291,9 @@ def useful_per_text(ckpt: Path, texts: list[str]) -> float:
     return encoder_flops(ckpt, [len(e.ids) for e in tok.encode_batch(texts)]) / len(texts)
 
 
-def setup(work: Path, families: list[str], n_sentences: int, attn: str | None = None) -> None:
-    """Sentences, and for each family a checkpoint, its mlmkit bundle and the optimum-equivalent graph,
-    written once into ``work`` (reused while a family's setup.json matches)."""
+def setup(work: Path, families: list[str], n_sentences: int) -> None:
+    """Sentences, and for each family a checkpoint, its mlmkit bundles and optimum-onnx's graphs (made in
+    optimum's venv), written once into ``work`` (reused while a family's setup.json matches)."""
     import torch
 
     torch.set_num_threads(2)
@@ -327,18 +305,17 @@ def setup(work: Path, families: list[str], n_sentences: int, attn: str | None = 
     sents = work / f"sentences-{n_sentences}.json"
     if not sents.exists():
         sents.write_text(json.dumps(make_sentences(w["words"], w["weights"], n_sentences, seed=0)))
-    texts = json.loads(sents.read_text())
     train = None
     for fam in families:
         d = work / fam
-        stamp = made_by(HERE, family=fam, optimum_attention=attn)  # the code that makes it, too
+        stamp = made_by(HERE, family=fam, optimum=OPTIMUM)  # the code that makes it, too
         if (d / "setup.json").exists() and json.loads((d / "setup.json").read_text()) == stamp:
             log(f"setup {fam}: reusing {d}")
             continue
         t0 = time.perf_counter()
         train = train or make_sentences(w["words"], w["weights"], 20_000, seed=1)
         d.mkdir(parents=True, exist_ok=True)
-        for f in ("export-error.txt", "optimum-error.txt"):
+        for f in ("export-error.txt", "optimum-error.txt", "optimum-int8-error.txt", "optimum.json"):
             (d / f).unlink(missing_ok=True)
         save_checkpoint(d / "checkpoint", fam, train)
         t1 = time.perf_counter()
@@ -354,14 +331,16 @@ def setup(work: Path, families: list[str], n_sentences: int, attn: str | None = 
             log(f"setup {fam}: mlmkit export FAILED: {type(e).__name__}: {e}")
         setup_int8(d, fam)
         t1 = time.perf_counter()
-        try:
-            info = optimum_equivalent(d / "checkpoint", fam, d / "optimum-o2.onnx", texts, attn)
-            (d / "optimum.json").write_text(json.dumps(info))
-            log(f"setup {fam}: optimum-equivalent via {info['exporter']} ({info['attention']} attention), "
-                f"fused {info['fused_operators']}, parity {info['parity']:.1e} ({time.perf_counter() - t1:.0f}s)")
-        except Exception as e:  # noqa: BLE001
-            (d / "optimum-error.txt").write_text(f"{type(e).__name__}: {e}\n" + traceback.format_exc())
-            log(f"setup {fam}: optimum-equivalent FAILED: {type(e).__name__}: {e}")
+        r = subprocess.run([peers_python(work / "optimum-venv", OPTIMUM), str(HERE), "--role", "optimum-setup", "--family", fam,
+                            "--work", str(work)], capture_output=True, text=True, env=bench_env(**ENV))
+        if r.returncode and not (d / "optimum-error.txt").exists():
+            (d / "optimum-error.txt").write_text(f"the setup process exited {r.returncode}\n{r.stderr[-3000:]}")
+        for f in ("optimum-error.txt", "optimum-int8-error.txt"):
+            if (d / f).exists():
+                log(f"setup {fam}: {f.removesuffix('-error.txt')} FAILED: {(d / f).read_text().splitlines()[0]}")
+        if (d / "optimum.json").exists():
+            log(f"setup {fam}: optimum-onnx O3 fused {json.loads((d / 'optimum.json').read_text())['fused_operators']} "
+                f"({time.perf_counter() - t1:.0f}s)")
         (d / "setup.json").write_text(json.dumps(stamp))
         log(f"setup {fam}: done in {time.perf_counter() - t0:.0f}s")
 
@@ -406,30 +385,43 @@ def _transformers(d: Path, threads: int, batch_size: int):
     return run
 
 
-def _optimum(d: Path, threads: int, batch_size: int):
-    import numpy as np
+def _optimum(d: Path, threads: int, batch_size: int, which: str = "o3"):
+    """optimum-onnx's ORTModel (in its venv) on mlmkit's cuts of the texts (cuts.json)."""
     import onnxruntime as ort
+    import torch
+    from optimum.onnxruntime import ORTModelForSequenceClassification
+    from transformers import AutoTokenizer
 
+    torch.set_num_threads(threads)
+    sub, name = ("optimum-o3", "model_optimized.onnx") if which == "o3" else ("optimum-int8", "model_quantized.onnx")
     so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(d / "optimum-o2.onnx"), so, providers=["CPUExecutionProvider"])
-    inputs = tuple(i.name for i in session.get_inputs())
-    tok = checkpoint_tokenizer(d / "checkpoint", MAX_LENGTH if d.name != "modernbert" else LONG_MAX)
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    model = ORTModelForSequenceClassification.from_pretrained(d / sub, file_name=name, session_options=so)
+    tok = AutoTokenizer.from_pretrained(d / sub)
+    cuts = json.loads((d / "cuts.json").read_text())
+    longest = MAX_LENGTH if d.name != "modernbert" else LONG_MAX
 
     def run(texts: list[str]) -> list[list[Any]]:
-        preds = []
-        for at in range(0, len(texts), batch_size):  # file order, each batch padded to its longest
-            (logits,) = session.run(None, _encode(tok, texts[at : at + batch_size], inputs))
-            p = np.exp(logits - logits.max(1, keepdims=True))
-            p /= p.sum(1, keepdims=True)
-            preds += [[LABELS[int(r.argmax())], float(r[1])] for r in p]
+        batches = cuts["batches"] if len(texts) == cuts["n"] else [list(range(a, min(a + batch_size, len(texts))))
+                                                                    for a in range(0, len(texts), batch_size)]  # the warm-up
+        preds: list[Any] = [None] * len(texts)
+        for b in batches:
+            enc = tok([texts[i] for i in b], padding=True, truncation=True, max_length=longest, return_tensors="pt")
+            with torch.inference_mode():
+                p = model(**enc).logits.softmax(-1)
+            for i, row in zip(b, p.tolist()):
+                preds[i] = [LABELS[int(max(range(len(row)), key=row.__getitem__))], float(row[1])]
         return preds
 
     return run
 
 
-_SIDES = {"mlmkit": _mlmkit, "transformers": _transformers, "optimum": _optimum, "mlmkit-int8": _mlmkit_int8}
+def _optimum_int8(d: Path, threads: int, batch_size: int):
+    return _optimum(d, threads, batch_size, "int8")
+
+
+_SIDES = {"mlmkit": _mlmkit, "transformers": _transformers, "optimum": _optimum, "mlmkit-int8": _mlmkit_int8,
+          "optimum-int8": _optimum_int8}
 
 
 def serve_side(side: str, d: Path, texts: list[str], threads: int, batch_size: int) -> None:
@@ -498,9 +490,12 @@ def bench_family(fam: str, a: argparse.Namespace, common: list[str], rounds: int
     d = a.work / fam
     sides = [s for s in SIDES if not (s.startswith("mlmkit") and (d / "export-error.txt").exists())
              and not (s == "mlmkit-int8" and (d / "int8-error.txt").exists())
-             and not (s == "optimum" and (d / "optimum-error.txt").exists())]
+             and not (s.startswith("optimum") and (d / "optimum-error.txt").exists())
+             and not (s == "optimum-int8" and (d / "optimum-int8-error.txt").exists())]
+    write_cuts(d, json.loads((a.work / f"sentences-{a.sentences or (256 if a.quick else 1024)}.json").read_text()))
     args = {s: ["--role", "side", "--side", s, "--family", fam, *common] for s in sides}
-    with workers(HERE, args, ENV) as ws:
+    py = peers_python(a.work / "optimum-venv", OPTIMUM)
+    with workers(HERE, args, ENV, pythons={s: py for s in sides if s.startswith("optimum")}) as ws:
         return race(ws, rounds, a.patience, label=f"{fam} ")
 
 
@@ -573,8 +568,6 @@ def parse_args() -> tuple[argparse.Namespace, int, list[str]]:
     ap.add_argument("--long-budget", type=float, default=90.0,
                     help="seconds: when a side's warm-up run at a length takes longer, it is not repeated and longer ones are skipped")
     add_patience(ap, 60.0)
-    ap.add_argument("--optimum-attention", choices=("sdpa", "eager"), default=None,
-                    help="the optimum-equivalent's attention implementation (default: as transformers loads the model)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
@@ -607,7 +600,7 @@ def print_plan(a: argparse.Namespace, families: list[str], n: int, rounds: int, 
     else:
         print(f"families.py: {', '.join(families)}; each a MiniLM-sized random ForSequenceClassification (2 labels) saved by "
               f"transformers;\n  {n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, {rounds} alternating "
-              f"round(s) of mlmkit bundle / transformers pipeline / optimum-equivalent onnxruntime graph, each side in its own "
+              f"round(s) of mlmkit bundle (fp32, int8) / transformers pipeline / optimum-onnx O3 (and its int8), each side in its own "
               f"process;\n  then ModernBERT long inputs ({', '.join(map(str, LONG_LENGTHS))} tokens, batch 1, median of 3 after a "
               f"warm-up): {', '.join(long_sides) or 'skipped'}.  Work directory: {a.work}", flush=True)
 
@@ -641,12 +634,11 @@ def print_fusions(d: Path) -> None:
     else:
         m = json.loads((d / "bundle" / "mlmkit.json").read_text())
         print(f"      mlmkit fused: {m['fused_operators']}")
-    if (d / "optimum-error.txt").exists():
-        print(f"      optimum-equivalent failed: {(d / 'optimum-error.txt').read_text().splitlines()[0]}")
-    else:
-        info = json.loads((d / "optimum.json").read_text())
-        print(f"      optimum-eq fused: {info['fused_operators']}  (exported by {info['exporter']}, {info['attention']} attention"
-              f"{'; ' + ' / '.join(info['export_errors']) if info['export_errors'] else ''})")
+    for f in ("optimum-error.txt", "optimum-int8-error.txt"):
+        if (d / f).exists():
+            print(f"      {f.removesuffix('-error.txt')} failed: {(d / f).read_text().splitlines()[0]}")
+    if (d / "optimum.json").exists():
+        print(f"      optimum-onnx O3 fused: {json.loads((d / 'optimum.json').read_text())['fused_operators']}")
 
 
 def print_agreement(p: dict[str, Any]) -> None:
@@ -666,7 +658,9 @@ def print_int8(res: dict[str, Any], speed: dict[str, float]) -> None:
     p = res["preds"]
     if "mlmkit-int8" not in speed or "mlmkit" not in speed:
         return
-    print(f"      int8: {speed['mlmkit-int8']:.1f} sentences/s, {ratio(res, 'mlmkit-int8', 'mlmkit'):.2f}x fp32; labels "
+    vs = (f"; {ratio(res, 'mlmkit-int8', 'optimum-int8'):.2f}x optimum-onnx's int8 ({spread(res, 'mlmkit-int8', 'optimum-int8')}, "
+          f"{speed['optimum-int8']:.1f} sentences/s)" if "optimum-int8" in speed else "")
+    print(f"      int8: {speed['mlmkit-int8']:.1f} sentences/s, {ratio(res, 'mlmkit-int8', 'mlmkit'):.2f}x fp32{vs}; labels "
           f"{agreement(p['mlmkit-int8'], p['mlmkit']):.4f} equal (random weights: for information only)")
 
 
@@ -683,6 +677,7 @@ def report_family(fam: str, res: dict[str, Any], work: Path, n: int,
     print(f"  {fam:12s} {speed_cell(speed, 'mlmkit', 8)} {speed_cell(speed, 'transformers', 13)} "
           f"{speed_cell(speed, 'optimum', 11)} {ratio_cell(rt, 16)} {ratio_cell(ro, 11)}   {shares:>17s}")
     print(f"      passes: {'; '.join(f'{s} ' + passes(sp[s], res['others'][s]) for s in sp)}")
+    print("      ratios' spread: " + "; ".join(f"vs {y} {spread(res, 'mlmkit', y)}" for y in ("transformers", "optimum") if y in sp))
     print_fusions(d)
     print_agreement(res["preds"])
     print_int8(res, speed)
@@ -690,15 +685,18 @@ def report_family(fam: str, res: dict[str, Any], work: Path, n: int,
 
 
 def report_families(a: argparse.Namespace, families: list[str], results: dict[str, dict[str, Any]], n: int, rounds: int,
-                    ceiling: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
-    """The throughput table of every family; returns mlmkit's ratios to transformers and to optimum by family."""
+                    ceiling: dict[str, Any]) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """The throughput table of every family; returns mlmkit's ratios to transformers and to optimum O3,
+    and its int8's to optimum's int8, by family."""
     print(f"\n{n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, {rounds} alternating pass(es) per side; "
           f"medians over the quiet passes (sentences/s); ratios: medians of back-to-back ratios; 'of fp32': each side's "
-          "useful FLOP/s (padding not counted) over the fp32 GEMM ceiling above, mlmkit / transformers / optimum-eq")
-    print(f"  {'family':12s} {'mlmkit':>8s} {'transformers':>13s} {'optimum-eq':>11s} {'vs transformers':>16s} {'vs optimum':>11s}"
+          "useful FLOP/s (padding not counted) over the fp32 GEMM ceiling above, mlmkit / transformers / optimum O3")
+    print("  what each side got: " + "; ".join(f"{k}: {v}" for k, v in GOT.items()))
+    print(f"  {'family':12s} {'mlmkit':>8s} {'transformers':>13s} {'optimum O3':>11s} {'vs transformers':>16s} {'vs optimum':>11s}"
           f"   {'of fp32':>17s}")
     vs_tf: dict[str, float] = {}
     vs_opt: dict[str, float] = {}
+    int8: dict[str, float] = {}
     for fam in families:
         res = results[fam]
         if "error" in res:
@@ -709,16 +707,19 @@ def report_families(a: argparse.Namespace, families: list[str], results: dict[st
             vs_tf[fam] = rt
         if ro is not None:
             vs_opt[fam] = ro
-    return vs_tf, vs_opt
+        if "mlmkit-int8" in res["speeds"] and "optimum-int8" in res["speeds"]:
+            int8[fam] = ratio(res, "mlmkit-int8", "optimum-int8")
+    return vs_tf, vs_opt, int8
 
 
-def report_targets(families: list[str], vs_tf: dict[str, float], vs_opt: dict[str, float]) -> None:
-    """The two target lines, minima over the families measured (and which family each minimum is)."""
-    if len(vs_tf) < len(families) or len(vs_opt) < len(families):
+def report_targets(families: list[str], vs_tf: dict[str, float], vs_opt: dict[str, float], int8: dict[str, float]) -> None:
+    """The target lines, minima over the families measured (and which family each minimum is)."""
+    if min(len(vs_tf), len(vs_opt), len(int8)) < len(families):
         print(f"(the minima are over the families measured: vs transformers {', '.join(vs_tf) or 'none'}; "
-              f"vs optimum {', '.join(vs_opt) or 'none'})")
+              f"vs optimum {', '.join(vs_opt) or 'none'}; int8 vs optimum's int8 {', '.join(int8) or 'none'})")
     lines = []
-    for name, vals, goal in (("family-classify-vs-transformers-min", vs_tf, 3.0), ("family-classify-vs-optimum-min", vs_opt, 1.3)):
+    for name, vals, goal in (("family-classify-vs-transformers-min", vs_tf, 3.0), ("family-classify-vs-optimum-min", vs_opt, 1.3),
+                             ("family-int8-vs-optimum-int8-min", int8, 1.0)):
         worst = min(vals, key=vals.__getitem__) if vals else None
         if worst:
             print(f"{name} is {worst}'s")
@@ -729,7 +730,10 @@ def report_targets(families: list[str], vs_tf: dict[str, float], vs_opt: dict[st
 def main() -> None:
     a, n, families = parse_args()
     if a.role == "setup":
-        setup(a.work, families, n, a.optimum_attention)
+        setup(a.work, families, n)
+        return
+    if a.role == "optimum-setup":  # in optimum's venv
+        optimum_setup(a.work / a.family)
         return
     if a.role == "side":
         texts = json.loads((a.work / f"sentences-{n}.json").read_text())
@@ -746,8 +750,7 @@ def main() -> None:
     print_plan(a, families, n, rounds, long_sides)
     common = ["--work", str(a.work), "--threads", str(a.threads), "--batch-size", str(a.batch_size), "--sentences", str(n)]
     t0 = time.perf_counter()
-    opt = ["--optimum-attention", a.optimum_attention] if a.optimum_attention else []
-    setup_step(HERE, "--families", ",".join(families), *common, *opt, env=ENV)
+    setup_step(HERE, "--families", ",".join(families), *common, env=ENV)
     t_setup = time.perf_counter() - t0
     t0 = time.perf_counter()
     results = bench_families(a, families, common, rounds)
@@ -760,14 +763,14 @@ def main() -> None:
         print(f"\nwall time {time.perf_counter() - t_start:.0f}s (setup {t_setup:.0f}s, long inputs {t_long:.0f}s)")
         return
 
-    vs_tf, vs_opt = report_families(a, families, results, n, rounds, ceiling)
+    vs_tf, vs_opt, int8 = report_families(a, families, results, n, rounds, ceiling)
     print(noisy_note())
 
     report_long(long)
 
     wall = time.perf_counter() - t_start
     print(f"\nwall time {wall:.0f}s (setup {t_setup:.0f}s, throughput {t_bench:.0f}s, long inputs {t_long:.0f}s)")
-    report_targets(families, vs_tf, vs_opt)
+    report_targets(families, vs_tf, vs_opt, int8)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ from common import (
     log,
     made_by,
     median_speeds,
+    mlmkit_cuts,
     noisy_note,
     passes,
     print_machine,
@@ -345,19 +346,6 @@ def _sentence_transformers(work: Path, threads: int, batch_size: int):
     return run
 
 
-def mlmkit_cuts(lengths: list[int], batch_size: int, *, count_only: bool = False) -> list[list[int]]:
-    """The batches mlmkit's pipeline cuts (infer/pipeline.py on the CPU): by length, at most
-    ``batch_size`` texts and CPU_BATCH_ACTIVATIONS / hidden padded tokens, at the least cost of padding
-    plus CPU_RUN_TOKENS a batch; ``count_only``: by length and count alone (what the peers got before
-    2026-12-04, which docs/performance.md credits mlmkit with up to 1.5x over on mixed lengths)."""
-    from mlmkit.infer.pipeline import CPU_BATCH_ACTIVATIONS, CPU_RUN_TOKENS
-    from mlmkit.text.batching import bucket_batches
-
-    if count_only:
-        return bucket_batches(lengths, batch_size)
-    return bucket_batches(lengths, batch_size, max(1, CPU_BATCH_ACTIVATIONS // MINILM["hidden_size"]), CPU_RUN_TOKENS)
-
-
 def _ctranslate2(compute_type: str, count_only: bool = False):
     """CTranslate2's Encoder on the converted model, given the batches mlmkit cuts (mlmkit_cuts: its
     best case); mean pooling and normalisation in numpy."""
@@ -375,7 +363,7 @@ def _ctranslate2(compute_type: str, count_only: bool = False):
         def run(texts: list[str]) -> list[list[float]]:
             ids = [e.ids for e in tok.encode_batch(texts)]
             out: list[Any] = [None] * len(ids)
-            for batch in mlmkit_cuts([len(x) for x in ids], batch_size, count_only=count_only):
+            for batch in mlmkit_cuts([len(x) for x in ids], batch_size, MINILM["hidden_size"], count_only=count_only):
                 h = np.asarray(encoder.forward_batch([ids[i] for i in batch]).last_hidden_state)  # (B, T, H)
                 lens = np.array([len(ids[i]) for i in batch])
                 m = (np.arange(h.shape[1])[None, :] < lens[:, None])[..., None]  # (B, T, 1)
@@ -435,7 +423,7 @@ def _full_logits(work: Path, threads: int, batch_size: int, count_only: bool = F
         encs = tok.encode_batch(texts)
         feats = [{"input_ids": e.ids, "token_type_ids": e.type_ids} for e in encs]
         best = [-1] * len(texts)
-        for batch in mlmkit_cuts([len(f["input_ids"]) for f in feats], batch_size, count_only=count_only):
+        for batch in mlmkit_cuts([len(f["input_ids"]) for f in feats], batch_size, MINILM["hidden_size"], count_only=count_only):
             arrays = pad_features([feats[i] for i in batch], pad_id)
             (logits,) = session.run(None, {k: arrays[k] for k in inputs})  # (B, T, V)
             rows, cols = np.nonzero(arrays["input_ids"] == mask_id)
