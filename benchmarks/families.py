@@ -241,9 +241,8 @@ def optimum_setup(d: Path) -> None:
     import onnx
     from optimum.onnxruntime import ORTModelForSequenceClassification, ORTOptimizer, ORTQuantizer
     from optimum.onnxruntime.configuration import AutoOptimizationConfig, AutoQuantizationConfig
-    from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(d / "checkpoint")
+    tok = v4_tokenizer(d / "checkpoint")
     try:
         model = ORTModelForSequenceClassification.from_pretrained(d / "checkpoint", export=True)
         model.save_pretrained(d / "optimum-export")
@@ -263,6 +262,17 @@ def optimum_setup(d: Path) -> None:
         tok.save_pretrained(d / "optimum-int8")
     except Exception as e:  # noqa: BLE001
         (d / "optimum-int8-error.txt").write_text(f"{type(e).__name__}: {e}\n" + traceback.format_exc())
+
+
+def v4_tokenizer(ckpt: Path) -> Any:
+    """The checkpoint's tokenizer.json as transformers 4 (optimum's venv) reads it: transformers 5 names its
+    tokenizer class TokenizersBackend, which 4 does not know; the padding token from config.json."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    pad = json.loads((ckpt / "config.json").read_text())["pad_token_id"]
+    return PreTrainedTokenizerFast(tokenizer_file=str(ckpt / "tokenizer.json"), pad_token=Tokenizer.from_file(
+        str(ckpt / "tokenizer.json")).id_to_token(pad), model_max_length=LONG_MAX if ckpt.parent.name == "modernbert" else MAX_LENGTH)
 
 
 def checkpoint_tokenizer(ckpt: Path, max_length: int) -> Any:
