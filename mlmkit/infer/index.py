@@ -14,13 +14,13 @@ An index is a directory:
       rescore.bin         the rescoring copy (RESCORE_COPIES): binary's int8 copy, or with
                           --rescore-copy float16 the vectors as float16 (int8 and binary)
     ann.faiss           --ann hnsw | ivf: a faiss index over every shard's vectors, in shard order
+    .pending/           a build or append in progress: the batch job that embeds the documents
+                        (resumable with --resume), then the shard being written
 
 A sparse-embedding (SPLADE) bundle builds a sparse index (the manifest's ``kind``): its shards hold an
 inverted index on disk instead of vectors.bin (infer/postings.py: the postings of each term, a block of
 documents at a time, and the documents' own terms), ``dims`` is the vocabulary, and its scores are dot
 products. It takes no --quantize, --ann or --rescore.
-    .pending/           a build or append in progress: the batch job that embeds the documents
-                        (resumable with --resume), then the shard being written
 
 Embedding is a batch job (infer/jobs.py): windows of documents, worker processes, a killed job resumed
 after its last finished window. Memory while building: a window of documents and their vectors (the

@@ -20,7 +20,7 @@ similarity); a document that shares no term with a query scores 0 and is no hit.
 
 Memory while building: one block's postings, inverted by a sort (about 28 bytes a posting: 16,384
 documents of 256 terms, 120 MB at most). While searching: the pages of the postings read, plus
-QUERY_BLOCK x BLOCK scores (8 MB).
+QUERY_BLOCK x BLOCK scores (4 MB).
 """
 
 from __future__ import annotations
