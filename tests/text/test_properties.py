@@ -357,7 +357,7 @@ class _Model:
 
 
 class _Index:  # what POST /v1/search reads of an index before it searches
-    count, dims = 100, 4
+    count, dims, kind = 100, 4, "dense"
 
 
 FAKE_MODELS = {"emb": _Model(_Pipe("embedding", ("embedding",), query_prompt="query: "), {"docs": _Index()}),

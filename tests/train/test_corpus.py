@@ -13,7 +13,6 @@ import torch
 
 from mlmkit.errors import DataFormatError, MlmkitError
 from mlmkit.text.tokenizer import special_ids, train_tokenizer
-from mlmkit.train.corpus import files as corpus_files
 from mlmkit.train.corpus import instances as corpus_instances
 from mlmkit.train.corpus import shards as corpus_shards
 from mlmkit.train.corpus.files import iter_documents
@@ -407,8 +406,10 @@ def test_a_directory_a_glob_and_parquet_give_the_corpus_their_files_give(tmp_pat
     with pytest.raises(DataFormatError, match=r"no column 'text' \(the columns: id, body\)"):
         list(iter_documents(tmp_path / "c.parquet"))
     # the one table reader's record ceiling holds for corpora too: a row over it is named, never read whole
-    monkeypatch.setattr(corpus_files, "MAX_RECORD_BYTES", 40)  # row 1 has 39 bytes, row 3 has 44
-    with pytest.raises(DataFormatError, match=r"c\.parquet, row 3, field 'body': a value of more than 40 bytes.*several rows"):
+    from mlmkit.files import record_ceiling
+
+    with record_ceiling(40), pytest.raises(DataFormatError,  # row 1 has 39 bytes, row 3 has 44
+                                           match=r"c\.parquet, row 3, field 'body': a value of more than 40 bytes.*several rows"):
         list(iter_documents(tmp_path / "c.parquet", "body"))
     with pytest.raises(MlmkitError, match=r"nothing-\*\.txt: no file matches this pattern"):
         tokenize_corpus([str(tmp_path / "nothing-*.txt")], tok, tmp_path / "cache")
