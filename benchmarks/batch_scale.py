@@ -148,7 +148,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="10k and 100k rows, a 5k-row reference, one round")
     ap.add_argument("--rows", type=int, default=None, help="the smaller row count N (default 100,000; --quick 10,000); the larger is 10 N")
     ap.add_argument("--ref-rows", type=int, default=None, help="rows for the transformers reference (default 20,000; --quick 5,000)")
-    ap.add_argument("--rounds", type=int, default=None, help="alternating rounds of the reference pair (default 2, --quick 1)")
+    ap.add_argument("--rounds", type=int, default=None, help="alternating rounds of the reference pair (default 3, --quick 1)")
     ap.add_argument("--work", type=Path, default=work_dir("runs/bench-inference"),
                     help="the work directory of inference_throughput.py (its setup is reused)")
     add_patience(ap, before="each run")
@@ -165,7 +165,7 @@ def main() -> None:
 
     n = a.rows or (10_000 if a.quick else 100_000)
     ref_rows = a.ref_rows or (5_000 if a.quick else 20_000)
-    rounds = a.rounds or (1 if a.quick else 2)
+    rounds = a.rounds or (1 if a.quick else 3)
     print_machine(2)
     inference_setup(a.work, a.quick)
     bundle = models / "bundles" / "classify"
