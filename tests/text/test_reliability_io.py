@@ -275,6 +275,12 @@ def test_a_record_over_the_ceiling_is_a_bad_record_in_every_format(tmp_path: Pat
         list(stdin_inputs(bad_utf8))
 
 
+READ_CORPUS = ("from pathlib import Path\nfrom mlmkit.errors import DataFormatError\n"
+               "try:\n    list(mlmkit.train.corpus.files.iter_documents(Path(sys.argv[1])))\n"
+               "except DataFormatError as e:\n    print('ERROR', e)\n")
+"""peak_mb's code that reads the corpus file of argv[1], printing the error it meets."""
+
+
 def peak_mb(code: str, *args: Any) -> tuple[float, str]:
     """Peak resident memory growth (MB) of ``code`` in a fresh process, and what it printed."""
     wrapped = ("import sys\n"
@@ -291,10 +297,7 @@ def test_a_gz_corpus_that_inflates_to_one_endless_line_stops_at_the_ceiling(tmp_
     p = tmp_path / "bomb.jsonl.gz"
     p.write_bytes(member * 64)  # gzip members concatenate: 512 MB inflated, in half a MB
     assert p.stat().st_size < 1 << 20
-    code = ("from pathlib import Path\nfrom mlmkit.errors import DataFormatError\n"
-            "try:\n    list(mlmkit.train.corpus.files.iter_documents(Path(sys.argv[1])))\n"
-            "except DataFormatError as e:\n    print('ERROR', e)\n")
-    grew, out = peak_mb(code, p)
+    grew, out = peak_mb(READ_CORPUS, p)
     assert "ERROR" in out and "bomb.jsonl.gz, line 1: a line of more than 67,108,864 bytes" in out, out
     assert grew < 100, grew  # the 512 MB line is never held (the old reader held it, then its text: > 1 GB),
     # and the ceiling is held once (readline of 64 MB held its pieces and their join: 130 MB), 2026-12-04
@@ -308,10 +311,7 @@ def test_a_line_past_the_ceiling_is_refused_holding_the_ceiling_once(tmp_path: P
         for _ in range(200):
             f.write(b"word " * 200_000)
         f.write(b"\nthe next line\n")
-    code = ("from pathlib import Path\nfrom mlmkit.errors import DataFormatError\n"
-            "try:\n    list(mlmkit.train.corpus.files.iter_documents(Path(sys.argv[1])))\n"
-            "except DataFormatError as e:\n    print('ERROR', e)\n")
-    grew, out = peak_mb(code, p)
+    grew, out = peak_mb(READ_CORPUS, p)
     assert "huge.txt, line 1: a line of more than 67,108,864 bytes" in out, out
     assert grew < 90, grew  # 64 MB held once (95 MB with the process, 2026-12-04; 159 before)
     from mlmkit.files import bounded_lines
