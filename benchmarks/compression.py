@@ -70,6 +70,7 @@ from common import (
     race,
     ratio,
     reusable,
+    spread,
     target,
     thread_env,
     wait_for_quiet,
@@ -318,7 +319,9 @@ def peer_classifier(work: Path, name: str) -> Any:
 
 
 # ---- the report ----------------------------------------------------------------------------------------
-def classifier_part(work: Path, rounds: int, patience: float, peers: str | None) -> dict[str, float]:
+def classifier_part(work: Path, rounds: int, patience: float,
+                    peers: str | None) -> tuple[dict[str, float], dict[str, str]]:
+    """The classifier's sides raced: (the targets' ratios, each one's spread over the rounds)."""
     _, gold = test_rows(work)
     ours = ["teacher", "student", "teacher-int8", "student-int8", "teacher-int8-static", "student-int8-static"]
     names = [f"mlmkit/{n}" for n in ours] + (["openvino/int8", "optimum/o3", "optimum/int8"] if peers else [])
@@ -339,15 +342,19 @@ def classifier_part(work: Path, rounds: int, patience: float, peers: str | None)
            "student-l3-quality-vs-teacher": acc["mlmkit/student"] / acc[teacher],
            "student-int8-speed-vs-teacher": ratio(res, fastest, teacher),
            "student-int8-quality-vs-teacher": acc[fastest] / acc[teacher]}
+    spreads = {"student-l3-speed-vs-teacher": spread(res, "mlmkit/student", teacher),
+               "student-int8-speed-vs-teacher": spread(res, fastest, teacher)}
     print(f"  (student int8 in the targets: {fastest.split('/')[1]}, the faster of dynamic and static)")
     if peers:
         best8 = max(("mlmkit/teacher-int8", "mlmkit/teacher-int8-static"), key=lambda n: ratio(res, n, "openvino/int8"))
         out["int8-vs-openvino-int8"] = ratio(res, best8, "openvino/int8")
         out["fp32-vs-optimum-onnx"] = ratio(res, teacher, "optimum/o3")
+        spreads["int8-vs-openvino-int8"] = spread(res, best8, "openvino/int8")
+        spreads["fp32-vs-optimum-onnx"] = spread(res, teacher, "optimum/o3")
         print(f"  (int8 vs OpenVINO: {best8.split('/')[1]}; mlmkit int8 dynamic vs optimum-onnx's dynamic int8: "
               f"{ratio(res, 'mlmkit/teacher-int8', 'optimum/int8'):.2f}x)")
     print("  " + noisy_note())
-    return out
+    return out, spreads
 
 
 def whole_process(cmd: list[str], patience: float) -> tuple[float, float]:
@@ -364,7 +371,8 @@ def whole_process(cmd: list[str], patience: float) -> tuple[float, float]:
     return wall, other_cores(b, own, wall)
 
 
-def static_part(work: Path, rounds: int, patience: float, peers: str | None) -> dict[str, float]:
+def static_part(work: Path, rounds: int, patience: float, peers: str | None) -> tuple[dict[str, float], dict[str, str]]:
+    """Static embeddings' quality and whole-process speed: (the targets' figures, the speed's spread)."""
     import numpy as np
 
     from mlmkit.infer.pipeline import evaluate_bundle
@@ -395,7 +403,8 @@ def static_part(work: Path, rounds: int, patience: float, peers: str | None) -> 
             others[s].append(other)
             log(f"static round {r + 1}/{rounds} {s:8s} {wall:6.2f}s   (other processes busy: {other:.2f} cores)")
     quiet = [r for r in range(rounds) if others["static"][r] <= 0.15 and others["teacher"][r] <= 0.15] or list(range(rounds))
-    speed = statistics.median(times["teacher"][r] / times["static"][r] for r in quiet)
+    each = [times["teacher"][r] / times["static"][r] for r in quiet]
+    speed = statistics.median(each)
     print(f"\nstatic embeddings (built-in retrieval set: {len((work / 'corpus.txt').read_text().splitlines())} documents, "
           f"{len(read_split(rs, training=False).queries)} test queries)")
     print(f"  {'model':24s} {'nDCG@10':>8s} {'texts/s':>9s}   (texts/s: the evaluation's queries and documents, one pass, in this process)")
@@ -406,10 +415,11 @@ def static_part(work: Path, rounds: int, patience: float, peers: str | None) -> 
           f"{passes(times['static'], others['static'], 2)} s, teacher {passes(times['teacher'], others['teacher'], 2)} s; "
           f"{speed:.1f}x")
     out = {"static-speed-vs-teacher": speed}
+    spreads = {"static-speed-vs-teacher": f"{min(each):.2f}-{max(each):.2f} over {len(each)} rounds"}
     if peers:
         out["static-ndcg-vs-model2vec"] = max(ndcg["mlmkit static"], ndcg["mlmkit static, tuned"]) - ndcg["model2vec"]
         print(f"  (untuned static vs model2vec: {ndcg['mlmkit static'] - ndcg['model2vec']:+.4f})")
-    return out
+    return out, spreads
 
 
 def main() -> None:
@@ -447,12 +457,15 @@ def main() -> None:
             raise SystemExit("the peers' setup failed")
     setup_times = json.loads((a.work / "setup.json").read_text())
     print("setup (seconds, when made in this run or before): " + ", ".join(f"{k} {v:.0f}" for k, v in setup_times.items()))
-    got = classifier_part(a.work, a.rounds, a.patience, peers)
-    got.update(static_part(a.work, a.rounds, a.patience, peers))
+    got, spreads = classifier_part(a.work, a.rounds, a.patience, peers)
+    static, static_spreads = static_part(a.work, a.rounds, a.patience, peers)
+    got.update(static)
+    spreads.update(static_spreads)
     print()
     for name, op, goal in TARGETS:
         if name in got:
-            print(target(name, got[name], op, goal, fmt="+.4f" if "ndcg" in name else ".2f"))
+            print(target(name, got[name], op, goal, fmt="+.4f" if "ndcg" in name else ".2f")
+                  + (f"   ({spreads[name]})" if name in spreads else ""))
 
 
 if __name__ == "__main__":
