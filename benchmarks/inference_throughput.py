@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import time
 from collections.abc import Iterable
@@ -226,7 +227,10 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
     if (work / "setup.json").exists() and json.loads((work / "setup.json").read_text()) == stamp:
         log(f"setup: reusing {work}")
         return
-    work.mkdir(parents=True, exist_ok=True)
+    if work.exists():  # made by other code or settings: nothing of it is reused (a half-made one included)
+        log(f"setup: {work} was made under another key; making it anew")
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
     t0 = time.perf_counter()
     sents, bench, rest = write_sentences(work, n_sentences)
     (work / "calibration.txt").write_text("\n".join(rest[:512]) + "\n")  # static int8's ranges: not the timed texts
