@@ -203,6 +203,11 @@ class TrainArgs(Args):
                "the last checkpoint is what --resume continues from")
         _check(self.log_every >= 1, f"{f('log_every')} must be at least 1")
         _check(self.early_stopping is None or self.early_stopping >= 1, f"{f('early_stopping')} must be at least 1")
+        _check(self.resume or not self.resume_force, f"{f('resume_force')} goes with {f('resume')}",
+               f"add {f('resume')} to continue the run in --out, or leave {f('resume_force')} out")
+        _check(not self.log_model or "mlflow" in (n.strip() for n in self.report_to.split(",")),
+               f"{f('log_model')} goes with {f('report_to')} mlflow (it sends the weights to MLflow)",
+               f"add {f('report_to')} mlflow, or leave {f('log_model')} out")
         # --report-to's names are checked by the commands, against the reporters train/tracking.py registers
 
 

@@ -123,6 +123,11 @@ class TaskOption:
         raise ConfigError(f"task option {self.flag} {problem}, got {value!r}", self.help)
 
 
+FILL_MASK_TOP_K = TaskOption("top_k", 5, "fill-mask: candidates per [MASK], at most the export's --top-k.",
+                             minimum=1, flags=("--top-k",))
+"""fill-mask bundles (the pretraining head, no task plugin) take one option, the way tasks take theirs."""
+
+
 def _from_string(text: str, kind: type) -> Any:
     s = text.strip()
     if kind is bool:
@@ -397,11 +402,8 @@ class Plugin:
                 continue
             if k not in declared:
                 known = ", ".join(o.flag for o in self.options) or "none"
-                others = {n: o for n, p in tasks().items() for o in p.options if o.name == k}
-                flagged = [o.flag for o in others.values() if o.flags]
-                given_as = flagged[0] if flagged else f"--option {k}"
-                takers = sorted(others)
-                raise ConfigError(f"{given_as} is not an option of task '{self.name}'"
+                takers = sorted(n for n, p in tasks().items() if any(o.name == k for o in p.options))
+                raise ConfigError(f"{spelled(k)} is not an option of task '{self.name}'"
                                   + (f" (the tasks that have it: {', '.join(takers)})" if takers else ""), f"its options: {known}")
             value = declared[k].parse(v)
             if model and declared[k].fixed and value != values[k]:
@@ -546,6 +548,12 @@ def option_flags(takes: Callable[[Plugin, TaskOption], bool]) -> dict[str, TaskO
 def tasks_for_command(command: str) -> list[str]:
     """Names of the tasks whose bundles the inference command ``command`` serves."""
     return sorted(n for n, p in tasks().items() if p.command == command)
+
+
+def spelled(name: str) -> str:
+    """How a message names option ``name``: the first flag a task (or fill-mask) gives it, else ``--option NAME``."""
+    flagged = [o.flag for p in tasks().values() for o in (*p.options, FILL_MASK_TOP_K) if o.name == name and o.flags]
+    return flagged[0] if flagged else f"--option {name}"
 
 
 def reset() -> None:

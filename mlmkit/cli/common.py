@@ -20,7 +20,7 @@ from rich.table import Table
 
 from mlmkit.args import Args, cli_fields
 from mlmkit.errors import ConfigError, MlmkitError
-from mlmkit.registry import Plugin, TaskOption, option_flags
+from mlmkit.registry import FILL_MASK_TOP_K, Plugin, TaskOption, option_flags
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -127,9 +127,6 @@ TAKES: dict[str, Callable[[Plugin, TaskOption], bool]] = {
 }
 """Which options' flags a command takes; a task's own inference command (classify, tag, qa, embed:
 ``Task.command``) takes those of the tasks it serves, as predict does of all."""
-FILL_MASK_TOP_K = TaskOption("top_k", 5, "fill-mask: candidates per [MASK], at most the export's --top-k.",
-                             minimum=1, flags=("--top-k",))
-"""fill-mask bundles (the pretraining head, no task plugin) take one option, the same way."""
 
 
 def command_flags(command: str) -> dict[str, TaskOption]:

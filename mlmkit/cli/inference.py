@@ -78,7 +78,10 @@ class InferenceArgs(Args):
                   (self.on_error in ("stop", "skip"), f"--on-error {self.on_error}: use stop or skip"),
                   (self.max_record_bytes >= 1, f"--max-record-bytes must be at least 1, got {self.max_record_bytes}"),
                   (self.engine in ("local", "ray"), f"--engine {self.engine}: use local or ray"),
-                  (self.engine == "local" or self.output is not None, "--engine ray needs --output (a file or directory)")]
+                  (self.engine == "local" or self.output is not None, "--engine ray needs --output (a file or directory)"),
+                  (self.errors is None or self.on_error == "skip",
+                   "--errors goes with --on-error skip (with stop, the first bad record ends the job, naming it)"),
+                  (self.address is None or self.engine == "ray", "--address goes with --engine ray (the cluster to join)")]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
@@ -386,7 +389,8 @@ def search_cmd(
     queries: Annotated[list[str] | None, typer.Argument(help="Query texts (or --input).")] = None,
     input: Annotated[Path | None, typer.Option("--input", help="Queries: .txt one a line, or .jsonl/.csv/.parquet records.")] = None,
     text_column: Annotated[str, typer.Option("--text-column", help="The queries' field in --input records.")] = "text",
-    top_k: Annotated[int, typer.Option("--top-k", help="Hits per query.")] = 10,
+    top_k: Annotated[int | None, typer.Option("--top-k", help="Hits per query (default 10, or every document of a "
+                                              "smaller index).")] = None,
     rescore: Annotated[int | None, typer.Option("--rescore", help="Binary, --rescore-copy or ANN indexes: candidates scored again "
                                                 "with the rescoring vectors (default: 4 x top-k, at least 100).")] = None,
     bundle: Annotated[Path | None, typer.Option("--bundle", help="The bundle to embed queries with (default: the index's; "
@@ -413,6 +417,7 @@ def search_cmd(
     texts = list(queries or []) + ([r.line_text(text_column) for r in iter_inputs(input)] if input is not None else [])
     if not texts:
         raise ConfigError("no queries", "give them as arguments or with --input FILE")
+    top_k = min(10, ix.count) if top_k is None else top_k
     if top_k < 1 or top_k > ix.count:
         raise ConfigError(f"--top-k {top_k}: give 1 to the index's {ix.count:,} documents")
     pipe = Pipeline.load(query_bundle(ix, bundle), command="embed")

@@ -58,7 +58,7 @@ from mlmkit.infer.bundle import BUNDLE_FORMAT, LABELS_KEY, tokenizer_fingerprint
 from mlmkit.infer.evaluation import agreement
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import set_attention_impl
-from mlmkit.registry import get_task, tasks
+from mlmkit.registry import FILL_MASK_TOP_K, get_task, tasks
 from mlmkit.rundir.checkpoint import is_model_dir
 from mlmkit.rundir.config import load_config
 from mlmkit.rundir.hub import describe
@@ -68,9 +68,6 @@ log = logging.getLogger("mlmkit")
 
 MIN_OPSET = 17  # LayerNormalization is a standard op from opset 17
 MAX_OPSET = 23  # the TorchScript exporter's newest (torch.onnx ONNX_MAX_OPSET); 17-23 fuse and pass parity
-
-
-FILL_MASK_TOP_K = 5  # candidates per [MASK] a fill-mask graph computes without --top-k
 
 
 def _top_k_option(plugin: Any, args: ExportArgs) -> dict[str, Any]:
@@ -158,7 +155,7 @@ def _run_meta(args: ExportArgs, d: Path, cfg: ModelConfig) -> tuple[dict[str, An
     meta = describe(d, cfg, args.task)
     if meta["task"] == "pretraining" and args.options:
         raise ConfigError(f"--{next(iter(args.options)).replace('_', '-')}: a fill-mask bundle takes no task options")
-    top_k = FILL_MASK_TOP_K if args.top_k is None else args.top_k
+    top_k = FILL_MASK_TOP_K.default if args.top_k is None else args.top_k  # candidates a fill-mask graph computes
     if meta["task"] != "pretraining":  # a trained model's fixed options stay; a foreign checkpoint's are a reading
         plugin = get_task(meta["task"])
         given, saved = _top_k_option(plugin, args), dict(meta.get("options") or {})

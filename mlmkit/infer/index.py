@@ -439,6 +439,8 @@ class BuildArgs:
             raise ConfigError(f"--quantize {self.quantization}: use one of {', '.join(QUANTIZATIONS)}")
         if self.ann not in ANNS:
             raise ConfigError(f"--ann {self.ann}: use one of {', '.join(ANNS)}")
+        if self.address is not None and self.engine != "ray":
+            raise ConfigError("--address goes with --engine ray (the cluster to join)", "add --engine ray, or leave --address out")
 
 
 def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
@@ -477,6 +479,8 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
         pending = out / ".pending"
         if pending.exists() and not args.resume:
             raise ConfigError(f"an unfinished build is in {pending}", "pass --resume to continue it, or delete that directory")
+        if args.resume and not pending.exists():  # else it would add the corpus again, as an --append
+            raise ConfigError(f"--resume: no unfinished build in {out}", "drop --resume (--append adds documents to a finished index)")
         pending.mkdir(exist_ok=True)
         embedded = pending / "embedded.parquet"
         try:

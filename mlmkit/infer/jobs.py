@@ -130,7 +130,9 @@ def run_window(pipe: Any, w: Window[Item], options: dict[str, Any], *, skip: boo
         if i in bad:
             errors.append({"source": r.source, "line": r.line, "error": str(_located(bad[i], r))})
         elif res is not None:
-            results.append({id_column: r.data[id_column], **res} if id_column is not None else res)
+            # the carried id goes first and wins over a result's own field of that name (qa's "id", a string)
+            results.append({id_column: r.data[id_column], **{k: v for k, v in res.items() if k != id_column}}
+                           if id_column is not None else res)
             kept.append(i)
     return Done(results, errors, kept, cut[0])
 

@@ -55,6 +55,7 @@ from mlmkit.registry import (
     TaskContext,
     TaskOption,
     get_task,
+    spelled,
     tasks_for_command,
 )
 from mlmkit.text.batching import bucket_batches, pad_features
@@ -333,7 +334,7 @@ class FillMaskPipeline(Pipeline):
 
     def _top_k(self, top_k: Any, options: dict[str, Any]) -> int:
         if options:
-            raise ConfigError(f"--{next(iter(options)).replace('_', '-')} is not an option of fill-mask bundles",
+            raise ConfigError(f"{spelled(next(iter(options)))} is not an option of fill-mask bundles",
                               "its option: --top-k")
         k = self.top_k if top_k is None else self.option.parse(top_k)
         if k > self.top_k:

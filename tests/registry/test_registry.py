@@ -758,8 +758,8 @@ def test_every_option_flag_acts_or_is_refused_for_every_task() -> None:
     read fails here; this walker passed such an option before, since it only checked that the default
     came back), and every other task refuses it in one line naming the flag and task and the tasks
     that have it."""
-    from mlmkit.cli.common import FILL_MASK_TOP_K, command_flags
-    from mlmkit.registry import get_task, tasks
+    from mlmkit.cli.common import command_flags
+    from mlmkit.registry import FILL_MASK_TOP_K, get_task, tasks
 
     sample = {int: 3, float: 0.5, bool: True, str: "x"}
     every = {n: o for c in ("finetune", "evaluate", "export", "predict") for n, o in command_flags(c).items()
