@@ -11,10 +11,12 @@ Optuna's heartbeat and retried once).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -198,23 +200,24 @@ def sweep(args: SweepArgs) -> dict[str, Any]:
     metric = task.best_metric(TaskContext(max_length=args.max_length or task.default_max_length, options=opts))
     args.out.mkdir(parents=True, exist_ok=True)
     url = args.storage or f"sqlite:///{(args.out / 'sweep.db').resolve()}"
+    # processes sharing a study must not propose the same settings: only a sweep of its own is seeded
+    # (optuna's samplers take 32-bit seeds; --seed may be up to 64 bits, folded as set_seed folds numpy's)
+    how = {"sampler": optuna.samplers.TPESampler(seed=None if args.storage else args.train.seed % 2**32),
+           "pruner": optuna.pruners.MedianPruner(n_startup_trials=2) if args.prune else optuna.pruners.NopPruner()}
     try:
         storage = _storage(optuna, url)
-        study = optuna.create_study(
-            study_name=args.study, storage=storage, load_if_exists=True,
-            direction="maximize" if task.greater_is_better else "minimize",
-            # processes sharing a study must not propose the same settings: only a sweep of its own is seeded
-            # (optuna's samplers take 32-bit seeds; --seed may be up to 64 bits, folded as set_seed folds numpy's)
-            sampler=optuna.samplers.TPESampler(seed=None if args.storage else args.train.seed % 2**32),
-            pruner=optuna.pruners.MedianPruner(n_startup_trials=2) if args.prune else optuna.pruners.NopPruner())
+        try:  # a study that exists is only read: a finished one is reported from a read-only database too
+            study = optuna.load_study(study_name=args.study, storage=storage, **how)
+        except KeyError:
+            study = optuna.create_study(study_name=args.study, storage=storage, load_if_exists=True,
+                                        direction="maximize" if task.greater_is_better else "minimize", **how)
     except Exception as e:  # noqa: BLE001 - the storage's own errors, as one line
-        first = str(e).splitlines()[0][:300] if str(e) else ""
-        raise ConfigError(scrubbed(f"--storage {url}: {type(e).__name__}: {first}", url),
-                          "check the URL (sqlite:///PATH, postgresql://..., mysql://...) and that the database is reachable") from None
+        raise _storage_error(e, url) from None
     key = {"task": args.task, "metric": metric, "search": {n: s.describe() for n, s in sorted(spaces.items())}}
     have = study.user_attrs.get("mlmkit")
     if have is None:
-        study.set_user_attr("mlmkit", key)
+        with _writes(url):
+            study.set_user_attr("mlmkit", key)
     elif have != key:
         raise ConfigError(f"study {args.study!r} in {redacted(url)} was made for {have}, not {key}",
                           "resume with the same task and --search, or choose another --study")
@@ -254,13 +257,37 @@ def sweep(args: SweepArgs) -> dict[str, Any]:
         quiet = optuna.logging.get_verbosity()
         optuna.logging.set_verbosity(optuna.logging.ERROR)  # mlmkit says what each trial did, once
         try:
-            study.optimize(objective, callbacks=[optuna.study.MaxTrialsCallback(args.trials, states=finished), enough_failed],
-                           catch=(), gc_after_trial=True)
+            with _writes(url):
+                study.optimize(objective, callbacks=[optuna.study.MaxTrialsCallback(args.trials, states=finished),
+                                                     enough_failed], catch=(), gc_after_trial=True)
         finally:
             optuna.logging.set_verbosity(quiet)
     if stopped:
         raise stopped[0]
     return summary(study, metric)
+
+
+def _storage_error(e: BaseException, url: str) -> ConfigError:
+    """The storage's own error (SQLAlchemy's, the driver's) as one line, without the URL's password."""
+    first = str(e).splitlines()[0][:300] if str(e) else ""
+    hint = "check the URL (sqlite:///PATH, postgresql://..., mysql://...) and that the database is reachable"
+    if "readonly" in first.replace("-", "").replace(" ", "").lower():
+        hint = "the study can be read, not written: make the database (and its directory) writable, or give another --storage"
+    return ConfigError(scrubbed(f"--storage {url}: {type(e).__name__}: {first}", url), hint)
+
+
+@contextlib.contextmanager
+def _writes(url: str) -> Iterator[None]:
+    """Errors of the storage while the study is written (a read-only database, a server gone) as one line;
+    the trials' own errors pass through."""
+    try:
+        yield
+    except Exception as e:
+        # optuna wraps a failed commit in its StorageInternalError, with the driver's error as the cause
+        cause = e.__cause__ if type(e).__name__ == "StorageInternalError" and e.__cause__ is not None else e
+        if type(cause).__module__.split(".")[0] not in ("sqlalchemy", "sqlite3", "psycopg2", "pymysql", "MySQLdb"):
+            raise
+        raise _storage_error(cause, url) from None
 
 
 def summary(study: Any, metric: str) -> dict[str, Any]:

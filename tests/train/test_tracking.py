@@ -465,6 +465,31 @@ def test_sweep_finds_its_best_trial_and_resumes(clf, tmp_path):
         run_sweep(clf, tmp_path / "s2", 2, "weight_decay=0.1:0.01")
 
 
+def test_a_read_only_study_is_reported_when_finished_and_refused_in_one_line_when_it_needs_a_write(clf, tmp_path):
+    """A study in a database that can be read, not written (SQLite's mode=ro: root ignores file
+    permissions): a finished sweep reports its best trial (it was refused before it was read), one
+    that needs another trial is one line naming the storage, and nothing in the database changes."""
+    from mlmkit.args import SweepArgs
+    from mlmkit.train.sweep import sweep
+
+    out = tmp_path / "sweep"
+    best = run_sweep(clf, out, 2)
+    db = out / "sweep.db"
+    before = db.read_bytes()
+    ro = f"sqlite:///file:{db}?mode=ro&uri=true"
+
+    def again(trials: int) -> dict:
+        return sweep(SweepArgs.from_flat(task="classification", model=clf["base"], train_file=clf["train"], eval_file=clf["eval"],
+                                         out=out, steps=6, eval_every=3, batch_size=16, trials=trials, storage=ro,
+                                         search=["lr=1e-4:3e-3:log", "warmup_ratio=0,0.2"]))
+
+    assert again(2)["best_value"] == best["best_value"]
+    with pytest.raises(ConfigError, match="readonly database") as e:
+        again(3)
+    assert "can be read, not written" in e.value.hint and not (out / "trial-002").exists()
+    assert db.read_bytes() == before
+
+
 @pytest.mark.parametrize("search, words", [
     ("weight_decay=1e-5:inf:log", "inf is not a finite number"), ("max_grad_norm=-inf:1e-3", "-inf is not a finite number"),
     ("seed=1e30,1e31", "is past 64 bits"), ("batch_size=1.5:3", "1.5 is not a whole number"),
