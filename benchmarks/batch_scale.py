@@ -203,20 +203,25 @@ def main() -> None:
 
     same = pq.read_table(out / "small.parquet").equals(pq.read_table(out / "w2.parquet"))
     agree = labels_agree(out / "ref.parquet", out / "ref-hf.jsonl")
-    print(f"\nMiniLM-size classifier, short texts (4-24 words), batch {BATCH}, {os.cpu_count()} cores; "
-          "each run a command timed from start to exit:")
+    print(f"\nMiniLM-size classifier, short texts (4-24 words), {os.cpu_count()} cores; each run a command timed from start "
+          "to exit. What each side got: fp32 (the int8 run aside), max length 128, batch "
+          f"{BATCH}; mlmkit: its defaults (one process, a thread a core; --workers 2: a thread each), batches on mlmkit's "
+          f"cuts; transformers: the pipeline over a datasets Parquet dataset, {THREADS} torch threads, its batches in row "
+          f"order; the reference pair {len(pair)} alternating rounds, every other run once")
     for r in [*runs.values(), *(x for p in pair for x in p), int8]:
         print(f"  {r['name']:40s} {r['rows']:>9,} rows {r['speed']:8.1f} texts/s   peak {r['peak_mb']:7.0f} MB "
               f"({r['processes']} processes){mark(r['other']) or ' '}")
     print(noisy_note("run", counted=False))
-    print(f"--workers 2 vs 1 ({n:,} rows): {runs['workers2']['speed'] / runs['small']['speed']:.2f}x; output identical: {same}")
+    print(f"--workers 2 vs 1 ({n:,} rows, one run each): {runs['workers2']['speed'] / runs['small']['speed']:.2f}x; "
+          f"output identical: {same}")
     if "ray" in runs:
         ray_rows = pq.read_table(out / "ray").num_rows
-        print(f"Ray Data vs local ({n:,} rows): {runs['ray']['speed'] / runs['small']['speed']:.2f}x; rows written: {ray_rows:,}")
+        print(f"Ray Data (one actor of two threads) vs local ({n:,} rows, one run each): "
+              f"{runs['ray']['speed'] / runs['small']['speed']:.2f}x; rows written: {ray_rows:,}")
     print(f"labels: mlmkit vs transformers pipeline on the reference rows: {agree:.4f} agree")
     ratios = [m["speed"] / t["speed"] for m, t in pair]
     print(f"mlmkit vs transformers + datasets, per round: {', '.join(f'{x:.2f}' for x in ratios)}; "
-          f"the int8 bundle (information only: another precision): "
+          f"the int8 bundle (one run; information only: another precision): "
           f"{int8['speed'] / statistics.median(t['speed'] for _, t in pair):.2f}x, labels agree with fp32 "
           f"{labels_agree(out / 'ref.parquet', out / 'ref-int8.parquet'):.4f}")
     print()

@@ -331,7 +331,11 @@ def classifier_part(work: Path, rounds: int, patience: float,
         res = race(ws, rounds, patience, width=28)
     acc = {n: sum(p == g for p, g in zip(res["preds"][n], gold)) / len(gold) for n in names}
     teacher = "mlmkit/teacher"
-    print(f"\nclassifier ({len(gold)} test sentences, summary line or body; {rounds} rounds; 2 threads)")
+    print(f"\nclassifier ({len(gold)} test sentences, summary line or body; {rounds} alternating rounds; {THREADS} threads "
+          f"and max length {MAX_LENGTH} on every side; ratios: medians of the rounds' back-to-back ratios)")
+    print("  what each side got: mlmkit/*: its bundle (fp32, int8 dynamic, int8 static as named) through Pipeline.load, "
+          "batch 32 on mlmkit's cuts (length, count, padded tokens, least cost); openvino/int8 (NNCF), optimum/o3 (fp32) "
+          "and optimum/int8 (dynamic): batches of 32 sorted by length, each padded to its longest")
     print(f"  {'side':28s} {'sentences/s':>12s} {'vs teacher':>10s} {'accuracy':>9s} {'agreement':>9s}   passes")
     for n in names:
         sp = [res["speeds"][n][r] for r in quiet_rounds(res, n)]
@@ -352,7 +356,7 @@ def classifier_part(work: Path, rounds: int, patience: float,
         spreads["int8-vs-openvino-int8"] = spread(res, best8, "openvino/int8")
         spreads["fp32-vs-optimum-onnx"] = spread(res, teacher, "optimum/o3")
         print(f"  (int8 vs OpenVINO: {best8.split('/')[1]}; mlmkit int8 dynamic vs optimum-onnx's dynamic int8: "
-              f"{ratio(res, 'mlmkit/teacher-int8', 'optimum/int8'):.2f}x)")
+              f"{ratio(res, 'mlmkit/teacher-int8', 'optimum/int8'):.2f}x, {spread(res, 'mlmkit/teacher-int8', 'optimum/int8')})")
     print("  " + noisy_note())
     return out, spreads
 
@@ -411,7 +415,10 @@ def static_part(work: Path, rounds: int, patience: float, peers: str | None) -> 
     for n, v in ndcg.items():
         r = f"{rates[n]:9.0f}" if n in rates else f"{'-':>9s}"
         print(f"  {n:24s} {v:8.4f} {r}")
-    print(f"  whole `mlmkit embed` of the corpus (process start, tokenizing, model): static "
+    print("  (nDCG@10 and texts/s: each model's own max length and batches, fp32; model2vec's encode at its default "
+          "threads, for information)")
+    print(f"  whole `mlmkit embed` of the corpus ({rounds} alternating rounds, {THREADS} threads, fp32, batch 32, each "
+          f"bundle's max length; process start, tokenizing, model): static "
           f"{passes(times['static'], others['static'], 2)} s, teacher {passes(times['teacher'], others['teacher'], 2)} s; "
           f"{speed:.1f}x")
     out = {"static-speed-vs-teacher": speed}

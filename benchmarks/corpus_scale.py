@@ -347,7 +347,9 @@ def mining(args: argparse.Namespace, docs: Path, n: int) -> list[str]:
     r_st = run_watched("mine_hard_negatives", [sys.executable, "-c", ST_MINE.replace("NEGATIVES", str(NEGATIVES)), str(hf), str(data),
                                                str(data / "st-mined.jsonl")], args.patience, env=env)
     rows = {k: sum(1 for _ in open(data / f"{k}-mined.jsonl", encoding="utf-8")) for k in ("mlmkit", "st")}
-    return [f"mining {n:,} documents, {MINED_QUERIES:,} pairs, {NEGATIVES} negatives from ranks 0-100, tiny BERT, 2 threads: "
+    return [f"mining {n:,} documents, {MINED_QUERIES:,} pairs, {NEGATIVES} negatives from ranks 0-100, tiny BERT, "
+            "fp32, 2 threads, batch 32 and max length 128 on both sides (mlmkit: its bundle; sentence-transformers: the "
+            "checkpoint in torch), one run each, mlmkit first: "
             f"mlmkit mine {r_ours['seconds']:.1f} s, peak {r_ours['peak_mb']:,.0f} MB, {rows['mlmkit']:,} rows{mark(r_ours['other'])}; "
             f"mine_hard_negatives {r_st['seconds']:.1f} s, peak {r_st['peak_mb']:,.0f} MB, {rows['st']:,} rows{mark(r_st['other'])}",
             f"mine-speed-vs-sentence-transformers: {r_st['seconds'] / r_ours['seconds']:.2f}x, "

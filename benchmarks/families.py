@@ -536,12 +536,12 @@ def bench_long(a: argparse.Namespace, common: list[str], sides: list[str]) -> di
     return out
 
 
-def report_long(long: dict[str, Any]) -> None:
+def report_long(long: dict[str, Any], threads: int) -> None:
     """The long-input table of bench_long's results (adds each side's medians to ``long``)."""
     if not long:
         return
-    print("\nModernBERT classifier, long inputs (batch of 1, seconds, median of the quiet ones of 3 runs after a "
-          "warm-up; * = no quiet run):")
+    print(f"\nModernBERT classifier, long inputs (both sides fp32, {threads} threads, batch of 1, max length {LONG_MAX}; "
+          "seconds, median of the quiet ones of 3 runs after a warm-up, one side's runs after the other's; * = no quiet run):")
     for s, r in long.items():
         if "error" in r:
             print(f"  {s}: failed: {r['error']}")
@@ -558,7 +558,7 @@ def report_long(long: dict[str, Any]) -> None:
                 print(f"  {tag}-{hi}-vs-{lo}: {med[hi] / med[lo]:.2f} (quadratic would be {(hi / lo) ** 2:.2f})")
     if "mlmkit" in long and "transformers" in long and "error" not in long["mlmkit"] and "error" not in long["transformers"]:
         m, t = long["mlmkit"]["median"], long["transformers"]["median"]
-        print("  mlmkit vs transformers (time ratio): " + ", ".join(f"{k} tokens {t[k] / m[k]:.2f}x" for k in m if k in t))
+        print("  mlmkit vs transformers (time ratio of the medians, for information): " + ", ".join(f"{k} tokens {t[k] / m[k]:.2f}x" for k in m if k in t))
 
 
 def parse_args() -> tuple[argparse.Namespace, int, list[str]]:
@@ -670,7 +670,7 @@ def print_int8(res: dict[str, Any], speed: dict[str, float]) -> None:
         return
     vs = (f"; {ratio(res, 'mlmkit-int8', 'optimum-int8'):.2f}x optimum-onnx's int8 ({spread(res, 'mlmkit-int8', 'optimum-int8')}, "
           f"{speed['optimum-int8']:.1f} sentences/s)" if "optimum-int8" in speed else "")
-    print(f"      int8: {speed['mlmkit-int8']:.1f} sentences/s, {ratio(res, 'mlmkit-int8', 'mlmkit'):.2f}x fp32{vs}; labels "
+    print(f"      int8: {speed['mlmkit-int8']:.1f} sentences/s, {ratio(res, 'mlmkit-int8', 'mlmkit'):.2f}x fp32 ({spread(res, 'mlmkit-int8', 'mlmkit')}){vs}; labels "
           f"{agreement(p['mlmkit-int8'], p['mlmkit']):.4f} equal (random weights: for information only)")
 
 
@@ -698,7 +698,8 @@ def report_families(a: argparse.Namespace, families: list[str], results: dict[st
                     ceiling: dict[str, Any]) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """The throughput table of every family; returns mlmkit's ratios to transformers and to optimum O3,
     and its int8's to optimum's int8, by family."""
-    print(f"\n{n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, {rounds} alternating pass(es) per side; "
+    print(f"\n{n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, max length {MAX_LENGTH} "
+          f"(ModernBERT {LONG_MAX}; no sentence reaches it), {rounds} alternating pass(es) per side; "
           f"medians over the quiet passes (sentences/s); ratios: medians of back-to-back ratios; 'of fp32': each side's "
           "useful FLOP/s (padding not counted) over the fp32 GEMM ceiling above, mlmkit / transformers / optimum O3")
     print("  what each side got: " + "; ".join(f"{k}: {v}" for k, v in GOT.items()))
@@ -769,14 +770,14 @@ def main() -> None:
     long = bench_long(a, common, long_sides) if long_sides else {}
     t_long = time.perf_counter() - t0
     if a.only_long:
-        report_long(long)
+        report_long(long, a.threads)
         print(f"\nwall time {time.perf_counter() - t_start:.0f}s (setup {t_setup:.0f}s, long inputs {t_long:.0f}s)")
         return
 
     vs_tf, vs_opt, int8 = report_families(a, families, results, n, rounds, ceiling)
     print(noisy_note())
 
-    report_long(long)
+    report_long(long, a.threads)
 
     wall = time.perf_counter() - t_start
     print(f"\nwall time {wall:.0f}s (setup {t_setup:.0f}s, throughput {t_bench:.0f}s, long inputs {t_long:.0f}s)")

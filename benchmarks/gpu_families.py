@@ -74,7 +74,8 @@ def main() -> None:
             dt = time.perf_counter() - t0
             other = other_cores(busy, time.process_time() - cpu, dt)
             extra = {k: v for k, v in meta["parity"].items() if k.startswith("fp16")}
-            print(f"{fam} {precision}: {len(texts) / dt:.1f} sentences/s{mark(other)} on {pipe.providers[0]}; "
+            print(f"{fam} {precision}: {len(texts) / dt:.1f} sentences/s{mark(other)} on {pipe.providers[0]} (one pass after a "
+                  f"warm-up, batch 32 on mlmkit's cuts, max length {meta.get('max_length', 512)}); "
                   f"fused {meta['fused_operators']}{'; ' + json.dumps(extra) if extra else ''}")
     print(noisy_note(counted=False))
 

@@ -551,7 +551,8 @@ def reranking(args: argparse.Namespace, work: Path) -> list[str]:
     c = compare(sides(args, work, ("mlmkit-rerank", "st-rerank"), "eval-rerank"), "mlmkit-rerank", "st-rerank")
     m, s = c["mlmkit-rerank"], c["st-rerank"]
     print(f"\nreranker fine-tuning, all-MiniLM-L6-v2 + a one-label head, {n:,} pairs, bce, batch 32 pairs, "
-          f"max length {RECIPE['max_length']}, 1 epoch, {THREADS} threads (medians; passes in brackets):")
+          f"max length {RECIPE['max_length']}, 1 epoch, fp32 and {THREADS} threads on both sides, sides alternating "
+          "(medians; passes in brackets):")
     print(f"  mlmkit finetune rerank {m['seconds']:.1f} s [{m['passes']['seconds']}] (training call {m['train_seconds']:.1f}), "
           f"nDCG@10 {m['ndcg@10']:.4f}; CrossEncoderTrainer {s['seconds']:.1f} s [{s['passes']['seconds']}] "
           f"(train() {s['train_seconds']:.1f}), nDCG@10 {s['ndcg@10']:.4f} (BM25's top 20 reranked)")
@@ -615,7 +616,8 @@ def splade(args: argparse.Namespace, work: Path) -> list[str]:
     m, s = c["mlmkit-splade"], c["st-splade"]
     print(f"\nSPLADE fine-tuning from all-MiniLM-L6-v2 + an MLM head, sparse MNRL + FLOPS (3e-5 / 5e-5, both sides "
           f"warmed up quadratically over {splade_warmup(work)} steps, SparseEncoderTrainer's schedule), batch 32 pairs, "
-          f"1 epoch, {THREADS} threads (medians; passes in brackets): mlmkit {m['seconds']:.1f} s [{m['passes']['seconds']}] "
+          f"max length {RECIPE['max_length']}, 1 epoch, fp32 and {THREADS} threads on both sides, sides alternating (medians; "
+          f"passes in brackets): mlmkit {m['seconds']:.1f} s [{m['passes']['seconds']}] "
           f"(training call {m['train_seconds']:.1f}), nDCG@10 {m['ndcg@10']:.4f}; SparseEncoderTrainer {s['seconds']:.1f} s "
           f"[{s['passes']['seconds']}] (train() {s['train_seconds']:.1f}), nDCG@10 {s['ndcg@10']:.4f}")
     print(f"  {ratio_line(c)}")
@@ -632,7 +634,7 @@ def training(args: argparse.Namespace, work: Path, counts: dict, recipe: str) ->
     what = (f"documents of {counts['min_tokens']}+ tokens (median {counts['median_tokens']}), all truncated"
             if recipe == "long" else "the built-in set's documents")
     print(f"\nembedding fine-tuning ({recipe} documents: {what}), all-MiniLM-L6-v2, {pairs_n:,} pairs, MNRL, batch "
-          f"{RECIPE['batch_pairs']} pairs, max length {length}, {RECIPE['epochs']} epoch, lr {RECIPE['lr']}, {THREADS} threads, "
+          f"{RECIPE['batch_pairs']} pairs, max length {length}, {RECIPE['epochs']} epoch, lr {RECIPE['lr']}, fp32 and {THREADS} threads on both sides, "
           f"{len(c['mlmkit']['passes']['seconds'].split(','))} rounds, sides alternating")
     print("train s: the training call (mlmkit: finetune(), reading and saving included; sentence-transformers: "
           "trainer.train()); process s: the whole process, imports, loading and saving included; medians, passes listed")
@@ -702,7 +704,8 @@ def mining(args: argparse.Namespace, work: Path) -> list[str]:
 
     a, b = np.load(work / "encoded.npy"), np.load(work / "st-encoded.npy")
     cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-    print(f"corpus encoding, {n_enc:,} documents (whole processes): mlmkit embed {rate['mlmkit']:.0f} docs/s"
+    print(f"corpus encoding, {n_enc:,} documents (whole processes, one run each, for information; both sides fp32, "
+          f"{THREADS} threads, batch 32, the model's max length 256): mlmkit embed {rate['mlmkit']:.0f} docs/s"
           f"{mark(enc['mlmkit']['other'])}, SentenceTransformer.encode {rate['st']:.0f} docs/s{mark(enc['st']['other'])} "
           f"(encode call alone: {n_enc / enc['st']['encode_seconds']:.0f} docs/s): {rate['mlmkit'] / rate['st']:.2f}x; "
           f"cosine of the two sides' vectors: min {cos.min():.5f}, mean {cos.mean():.5f}")
