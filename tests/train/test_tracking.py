@@ -550,3 +550,14 @@ def test_two_processes_share_one_sqlite_study(clf, tmp_path):
     assert len({t.user_attrs["host"] for t in done}) == 2  # both processes ran trials of the one study
     bests = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
     assert bests[0]["best_value"] == bests[1]["best_value"] == study.best_value
+
+
+
+def test_a_setting_the_model_refuses_stops_the_sweep_at_its_first_trial_in_one_line(clf, tmp_path, capfd):
+    """A --search value only the model can refuse (max_length past its positions, known once the
+    checkpoint is read) stops the sweep in the first trial with fine-tuning's own line, not Optuna's
+    traceback, and no trial trains."""
+    with pytest.raises(ConfigError, match="--max-length 100000 exceeds the model's 512 positions"):
+        run_sweep(clf, tmp_path / "s", 2, "max_length=100000,200000")
+    assert not list((tmp_path / "s").glob("trial-*/model.safetensors"))
+    assert "Traceback" not in capfd.readouterr().err
