@@ -252,7 +252,8 @@ def main() -> None:
         return
     ceiling = print_machine(THREADS)
     kind = "bf16" if a.bf16 else "fp32"
-    print(f"training steps, MiniLM size, {TEXTS} texts of {a.length} tokens, {kind}, {a.steps} timed steps a pass, "
+    print(f"training steps, MiniLM size, {TEXTS} texts of {a.length} tokens, {kind} and {THREADS} threads on every side, "
+          f"{a.steps} timed steps a pass, "
           f"{a.rounds} rounds, sides alternating; useful FLOP/s over the {kind} GEMM ceiling above")
     print(f"  {'recipe':15s} {'side':36s} {'s/step':>7s} {'GFLOP/s':>8s} {'of ceiling':>12s}   passes (s/step)")
     shares = {}
