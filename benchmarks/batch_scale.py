@@ -199,6 +199,12 @@ def main() -> None:
     int8 = measure(f"mlmkit int8 ({ref_rows:,} rows)", classify(ref, out / "ref-int8.parquet", model=bundle.with_name("classify-int8")),
                    ref_rows, a.patience)
 
+    report(runs, pair, int8, out, n)
+
+
+def report(runs: dict[str, dict[str, Any]], pair: list[tuple[dict[str, Any], dict[str, Any]]], int8: dict[str, Any],
+           out: Path, n: int) -> None:
+    """The table of every run, what each side got, the checks and the target lines."""
     import pyarrow.parquet as pq
 
     same = pq.read_table(out / "small.parquet").equals(pq.read_table(out / "w2.parquet"))
