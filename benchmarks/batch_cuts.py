@@ -152,12 +152,9 @@ def main() -> None:
           f"{pipe.batch_size} rows and {pipe.batch_tokens} padded tokens; the rules differ only in where a call is cut")
     print(f"  {'call':>6s} {'rule':>14s} {'texts/s':>8s} {'runs':>5s} {'padding':>8s}   passes")
     speed: dict[tuple[str, int], float] = {}
-
-    def by_round(size: int) -> dict[str, Any]:
-        """The passes of calls of ``size`` in race()'s shape: a ratio is the median of the rounds' ratios."""
-        return {"rounds": rounds, "speeds": {rule: [x["speed"] for x in got[(rule, size)]] for rule in rules},
-                "others": {rule: [x["other"] for x in got[(rule, size)]] for rule in rules}}
-
+    # each call size's passes in race()'s shape, for common.ratio and spread: the median of the rounds' ratios
+    by_round = {size: {"rounds": rounds, "speeds": {rule: [x["speed"] for x in got[(rule, size)]] for rule in rules},
+                       "others": {rule: [x["other"] for x in got[(rule, size)]] for rule in rules}} for size in CALLS}
     for size in CALLS:
         for rule in rules:
             res = got[(rule, size)]
@@ -165,15 +162,15 @@ def main() -> None:
             print(f"  {size or len(texts):6d} {rule:>14s} {speed[(rule, size)]:8.1f} {res[0]['runs']:5d} "
                   f"{res[0]['padded'] / real_tokens:7.2f}x   ({passes([x['speed'] for x in res], [x['other'] for x in res])})")
         for rule in rules[1:]:
-            print(f"  {'':6s} {'ratio':>14s} {ratio(by_round(size), rule, 'full'):7.2f}x  {rule} / full "
-                  f"({spread(by_round(size), rule, 'full')})")
+            print(f"  {'':6s} {'ratio':>14s} {ratio(by_round[size], rule, 'full'):7.2f}x  {rule} / full "
+                  f"({spread(by_round[size], rule, 'full')})")
     print(noisy_note())
     print()
-    print(target("batch-cuts-call-32", ratio(by_round(32), "least-cost", "full"), ">=", 1.05)
-          + f"   ({spread(by_round(32), 'least-cost', 'full')})")
-    print(f"(for information, medians of the rounds' ratios: calls of 8 {ratio(by_round(8), 'least-cost', 'full'):.2f}x, "
-          f"of 64 {ratio(by_round(64), 'least-cost', 'full'):.2f}x, all at once {ratio(by_round(0), 'least-cost', 'full'):.2f}x; "
-          f"median over the call sizes {statistics.median(ratio(by_round(s), 'least-cost', 'full') for s in CALLS):.2f})")
+    print(target("batch-cuts-call-32", ratio(by_round[32], "least-cost", "full"), ">=", 1.05)
+          + f"   ({spread(by_round[32], 'least-cost', 'full')})")
+    print(f"(for information, medians of the rounds' ratios: calls of 8 {ratio(by_round[8], 'least-cost', 'full'):.2f}x, "
+          f"of 64 {ratio(by_round[64], 'least-cost', 'full'):.2f}x, all at once {ratio(by_round[0], 'least-cost', 'full'):.2f}x; "
+          f"median over the call sizes {statistics.median(ratio(by_round[s], 'least-cost', 'full') for s in CALLS):.2f})")
 
 
 if __name__ == "__main__":

@@ -280,11 +280,13 @@ def _storage_error(e: BaseException, url: str) -> ConfigError:
 def _writes(url: str) -> Iterator[None]:
     """Errors of the storage while the study is written (a read-only database, a server gone) as one line;
     the trials' own errors pass through."""
+    from optuna.exceptions import StorageInternalError
+
     try:
         yield
     except Exception as e:
         # optuna wraps a failed commit in its StorageInternalError, with the driver's error as the cause
-        cause = e.__cause__ if type(e).__name__ == "StorageInternalError" and e.__cause__ is not None else e
+        cause = e.__cause__ if isinstance(e, StorageInternalError) and e.__cause__ is not None else e
         if type(cause).__module__.split(".")[0] not in ("sqlalchemy", "sqlite3", "psycopg2", "pymysql", "MySQLdb"):
             raise
         raise _storage_error(cause, url) from None

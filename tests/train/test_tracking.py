@@ -424,12 +424,12 @@ def sweep_cmd(clf, out: Path, *extra: str) -> list[str]:
             "--search", "lr=1e-4:3e-3:log", "--search", "warmup_ratio=0,0.2", "--json", *extra]
 
 
-def run_sweep(clf, out: Path, trials: int, *search: str, seed: int = 0):
+def run_sweep(clf, out: Path, trials: int, *search: str, seed: int = 0, storage: str | None = None):
     from mlmkit.args import SweepArgs
     from mlmkit.train.sweep import sweep
 
     return sweep(SweepArgs.from_flat(task="classification", model=clf["base"], train_file=clf["train"], eval_file=clf["eval"],
-                                     out=out, steps=6, eval_every=3, batch_size=16, trials=trials, seed=seed,
+                                     out=out, steps=6, eval_every=3, batch_size=16, trials=trials, seed=seed, storage=storage,
                                      search=["lr=1e-4:3e-3:log", "warmup_ratio=0,0.2", *search]))
 
 
@@ -469,23 +469,14 @@ def test_a_read_only_study_is_reported_when_finished_and_refused_in_one_line_whe
     """A study in a database that can be read, not written (SQLite's mode=ro: root ignores file
     permissions): a finished sweep reports its best trial (it was refused before it was read), one
     that needs another trial is one line naming the storage, and nothing in the database changes."""
-    from mlmkit.args import SweepArgs
-    from mlmkit.train.sweep import sweep
-
     out = tmp_path / "sweep"
     best = run_sweep(clf, out, 2)
     db = out / "sweep.db"
     before = db.read_bytes()
     ro = f"sqlite:///file:{db}?mode=ro&uri=true"
-
-    def again(trials: int) -> dict:
-        return sweep(SweepArgs.from_flat(task="classification", model=clf["base"], train_file=clf["train"], eval_file=clf["eval"],
-                                         out=out, steps=6, eval_every=3, batch_size=16, trials=trials, storage=ro,
-                                         search=["lr=1e-4:3e-3:log", "warmup_ratio=0,0.2"]))
-
-    assert again(2)["best_value"] == best["best_value"]
+    assert run_sweep(clf, out, 2, storage=ro)["best_value"] == best["best_value"]
     with pytest.raises(ConfigError, match="readonly database") as e:
-        again(3)
+        run_sweep(clf, out, 3, storage=ro)
     assert "can be read, not written" in e.value.hint and not (out / "trial-002").exists()
     assert db.read_bytes() == before
 
@@ -550,7 +541,6 @@ def test_two_processes_share_one_sqlite_study(clf, tmp_path):
     assert len({t.user_attrs["host"] for t in done}) == 2  # both processes ran trials of the one study
     bests = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
     assert bests[0]["best_value"] == bests[1]["best_value"] == study.best_value
-
 
 
 def test_a_setting_the_model_refuses_stops_the_sweep_at_its_first_trial_in_one_line(clf, tmp_path, capfd):
