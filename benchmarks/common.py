@@ -445,7 +445,8 @@ _GEMM = r"""
 import json, sys, time
 import torch
 torch.set_num_threads(int(sys.argv[1]))
-n, out = 1024, {}
+m, k_, n = (int(x) for x in sys.argv[4].split("x")) if len(sys.argv) > 4 else (1024, 1024, 1024)
+out = {}
 def rate(a, b, mm):  # the best of five 0.4 s windows: a ceiling is what the machine can do, noise only lowers it
     for _ in range(3):
         mm(a, b)
@@ -455,16 +456,16 @@ def rate(a, b, mm):  # the best of five 0.4 s windows: a ceiling is what the mac
         while time.perf_counter() - t0 < 0.4:
             mm(a, b)
             k += 1
-        best = max(best, 2 * n ** 3 * k / (time.perf_counter() - t0))
+        best = max(best, 2 * m * k_ * n * k / (time.perf_counter() - t0))
     return best
-a, b = torch.randn(n, n), torch.randn(n, n)
+a, b = torch.randn(m, k_), torch.randn(k_, n)
 an, bn = a.numpy(), b.numpy()
 out["fp32"] = max(rate(a, b, torch.mm), rate(an, bn, lambda x, y: x @ y))  # torch's BLAS or numpy's, the faster
 if sys.argv[2] == "1":
     out["bf16"] = rate(a.bfloat16(), b.bfloat16(), torch.mm)
 if sys.argv[3] == "1":
     try:
-        ai, bi = torch.randint(-64, 64, (n, n), dtype=torch.int8), torch.randint(-64, 64, (n, n), dtype=torch.int8)
+        ai, bi = torch.randint(-64, 64, (m, k_), dtype=torch.int8), torch.randint(-64, 64, (k_, n), dtype=torch.int8)
         out["int8"] = rate(ai, bi, torch._int_mm)
     except Exception as e:  # noqa: BLE001 - a torch without the CPU kernel: said, not guessed
         out["int8_error"] = f"{type(e).__name__}: {str(e)[:120]}"
@@ -486,15 +487,17 @@ def cpu_info() -> dict[str, Any]:
     return {"model": model, "cores": os.cpu_count(), "features": [v for k, v in CPU_FEATURES.items() if k in flags]}
 
 
-def gemm_ceiling(threads: int, python: str = sys.executable) -> dict[str, Any]:
-    """FLOP/s of a 1024 x 1024 matrix product on ``threads`` threads, in a process of its own, the best
+def gemm_ceiling(threads: int, python: str = sys.executable, shape: tuple[int, int, int] | None = None) -> dict[str, Any]:
+    """FLOP/s of a 1024 x 1024 matrix product (or ``shape``: M x K times K x N, e.g. a batch's tokens x
+    hidden x intermediate, the model's own FFN) on ``threads`` threads, in a process of its own, the best
     of five windows: fp32 always (torch's or numpy's BLAS, the faster: on an AMD EPYC numpy's was),
     bf16 where the CPU has it natively (AVX512-BF16 or AMX), int8 where it has VNNI or AMX
     (torch._int_mm). The ceiling a side's useful FLOP/s are a share of."""
     feats = set(cpu_info()["features"])
     bf16 = "1" if feats & {"AVX512-BF16", "AMX-BF16"} else "0"
     int8 = "1" if feats & {"AVX512-VNNI", "AVX-VNNI", "AMX-INT8"} else "0"
-    r = subprocess.run([python, "-c", _GEMM, str(threads), bf16, int8], capture_output=True, text=True,
+    dims = ["x".join(map(str, shape))] if shape else []
+    r = subprocess.run([python, "-c", _GEMM, str(threads), bf16, int8, *dims], capture_output=True, text=True,
                        env={**os.environ, **thread_env(threads)}, timeout=300)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["no output"])[-1][:200]}

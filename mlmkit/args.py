@@ -30,6 +30,24 @@ from mlmkit.text.tokenizer import KINDS as TOKENIZER_KINDS
 
 A = TypeVar("A", bound="Args")
 
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
+"""What --precision takes: auto, or a precision a bundle may run in (mlmkit.infer.precision chooses)."""
+PRECISION_HELP = ("auto (default; $MLMKIT_PRECISION sets another): the fastest precision this machine computes in "
+                  "hardware whose gate passes (bf16 through OpenVINO on AMX / AVX512-BF16 CPUs), else the bundle's own; "
+                  "fp32, bf16, fp16 or int8: that one, or one line saying why not.")
+MIN_AGREEMENT_HELP = ("The gate's threshold for a precision other than the bundle's (default: 0.99 top-1 agreement "
+                      "with fp32, 0.999 mean cosine of vectors or correlation of scores), on the gate's sample.")
+
+
+def check_precision(precision: str | None, min_agreement: float | None) -> None:
+    """--precision and --min-agreement of a command that runs bundles, checked."""
+    _check(precision is None or precision in PRECISIONS, f"--precision {precision} is not a precision",
+           f"use one of {', '.join(PRECISIONS)}")
+    _check(min_agreement is None or (math.isfinite(min_agreement) and 0 < min_agreement <= 1),
+           f"--min-agreement must be above 0 and at most 1, got {min_agreement}", "e.g. --min-agreement 0.98")
+    _check(min_agreement is None or precision != "fp32", "--min-agreement is a gate's threshold; --precision fp32 runs no gate",
+           "leave --min-agreement out, or use --precision auto or bf16")
+
 
 def arg(
     default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,
@@ -417,9 +435,15 @@ class ExportArgs(Args):
     calibrate: Path | None = arg(None, "--quantize int8: inputs as `mlmkit predict --input` reads them (.txt, .jsonl, "
                                        ".csv, .tsv, .parquet; the first 512) on which the activations' ranges are "
                                        "measured (static int8, QDQ) and the agreement with fp32 is measured.")
-    min_agreement: float | None = arg(None, "--quantize int8: refuse the bundle, writing nothing, when its agreement "
-                                            "with fp32 is below this: top-1 for outputs that choose, the mean cosine "
-                                            "for vectors (on the --calibrate inputs, else the sample batch).")
+    min_agreement: float | None = arg(None, "The gates' threshold: the agreement with fp32 below which a precision "
+                                            "fails (top-1 for outputs that choose, else the mean cosine of vectors, else "
+                                            "the correlation of scores; on the --calibrate inputs, else the sample batch). "
+                                            "int8: the bundle is refused, nothing written; bf16: its gate is recorded as "
+                                            "failed (default for bf16: 0.99 top-1, 0.999 cosine).")
+    precision: str = arg("auto", "auto: an fp32 graph, with the bf16 gate measured where this machine has bf16 units "
+                                 "(each machine picks again at run time); fp32: an fp32 graph that runs in fp32 "
+                                 "everywhere; bf16: an fp32 graph whose bf16 gate must pass here; int8: --quantize int8; "
+                                 "fp16: --fp16 (for --device cuda).")
     fp16: bool = arg(False, "fp16 weights and compute, for --device cuda.")
     optimize: bool = arg(True, "onnxruntime's transformer fusions (--no-optimize: the plain graph).")
     opset: int = arg(17, "ONNX opset, 17 to 23.")
@@ -428,14 +452,23 @@ class ExportArgs(Args):
     options: dict[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
 
     def __post_init__(self) -> None:
+        _check(self.precision in PRECISIONS, f"--precision {self.precision} is not a precision",
+               f"use one of {', '.join(PRECISIONS)}")
         _check(self.quantize in (None, "int8"), f"--quantize {self.quantize} is not supported", "use --quantize int8")
+        graph = "int8" if self.quantize else "fp16" if self.fp16 else None  # what the older flags ask for
+        _check(graph is None or self.precision in ("auto", graph),
+               f"--precision {self.precision} and --{'quantize int8' if self.quantize else 'fp16'} disagree", "give one of them")
+        if self.precision == "int8":
+            self.quantize = "int8"
+        elif self.precision == "fp16":
+            self.fp16 = True
+        elif graph is not None:
+            self.precision = graph
         _check(not (self.quantize and self.fp16), "--quantize int8 and --fp16 exclude each other",
                "int8 is for the CPU, fp16 for CUDA")
         _check(self.top_k is None or self.top_k >= 1, f"--top-k must be at least 1, got {self.top_k}")
         _check(self.calibrate is None or self.quantize == "int8", "--calibrate is for --quantize int8",
                "add --quantize int8, or leave --calibrate out")
-        _check(self.min_agreement is None or self.quantize == "int8", "--min-agreement is for --quantize int8",
-               "add --quantize int8, or leave --min-agreement out")
         _check(self.min_agreement is None or (math.isfinite(self.min_agreement) and 0 < self.min_agreement <= 1),
                f"--min-agreement must be above 0 and at most 1, got {self.min_agreement}", "e.g. --min-agreement 0.98")
 
@@ -466,6 +499,7 @@ class MineArgs(Args):
     positive_column: str = arg("positive", "Rows: the positive field.")
     batch_size: int = arg(256, "Queries searched at once (and written together: --resume goes on after the last batch written).")
     device: str = arg("cpu", "cpu or cuda (an embedding bundle's onnxruntime session).")
+    precision: str | None = arg(None, PRECISION_HELP)
     index: str = arg("exact", "With an embedding bundle: exact search, or faiss (an HNSW index, approximate, for corpora "
                               "too large for exact search).")
     resume: bool = arg(False, "Continue the unfinished mining job that writes --out, after the batches it finished.")
@@ -479,6 +513,7 @@ class MineArgs(Args):
                f"--max-score-ratio must be a positive number, got {self.max_score_ratio}")
         _check(self.margin is None or _finite(self.margin), f"--margin must be a number, got {self.margin}")
         _check(self.index in ("exact", "faiss"), f"--index {self.index}: use exact or faiss")
+        check_precision(self.precision, None)
         _check(self.index == "exact" or (self.retriever != "bm25" and not (Path(self.retriever) / "manifest.json").is_file()),
                f"--index {self.index} is for an embedding bundle; --retriever {self.retriever} searches its own way "
                "(an index built with mlmkit index --ann hnsw is approximate already)")
@@ -506,6 +541,8 @@ class ServeArgs(Args):
     host: str = arg("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
     port: int = arg(8000, "Port to listen on.")
     device: str = arg("cpu", "cpu or cuda (falls back to the CPU, saying so, without onnxruntime-gpu or a GPU).")
+    precision: str | None = arg(None, PRECISION_HELP)
+    min_agreement: float | None = arg(None, MIN_AGREEMENT_HELP)
     threads: int | None = arg(None, "onnxruntime intra-op threads per model (default: one per physical core).")
     batch_size: int = arg(32, "Inputs per onnxruntime batch (length-bucketed) inside a merged call.")
     batch_tokens: int | None = arg(None, "Most padded tokens per onnxruntime batch (0: no limit; default on the CPU: "
@@ -534,6 +571,7 @@ class ServeArgs(Args):
     def __post_init__(self) -> None:
         if not self.bundles:
             raise ConfigError("no bundles to serve", "give one or more bundle directories, as PATH or NAME=PATH")
+        check_precision(self.precision, self.min_agreement)
         for name in ("port", "batch_size", "max_batch_size", "max_inputs", "max_body_bytes"):
             low = 0 if name == "port" else 1
             if getattr(self, name) < low:

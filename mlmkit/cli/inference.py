@@ -19,7 +19,16 @@ import typer
 from rich import progress as rp
 from rich.table import Table
 
-from mlmkit.args import Args, ExportArgs, MineArgs, ServeArgs, arg
+from mlmkit.args import (
+    MIN_AGREEMENT_HELP,
+    PRECISION_HELP,
+    Args,
+    ExportArgs,
+    MineArgs,
+    ServeArgs,
+    arg,
+    check_precision,
+)
 from mlmkit.cli.common import (
     Json,
     err,
@@ -53,6 +62,8 @@ class InferenceArgs(Args):
     batch_tokens: int | None = arg(None, "Most padded tokens per batch (0: no limit; default on the CPU: what keeps a "
                                          "batch in cache, 512 at hidden size 384; on CUDA no limit).")
     device: str = arg("cpu", "cpu or cuda (falls back to the CPU, saying so, without onnxruntime-gpu or a GPU).")
+    precision: str | None = arg(None, PRECISION_HELP)
+    min_agreement: float | None = arg(None, MIN_AGREEMENT_HELP)
     threads: int | None = arg(None, "onnxruntime intra-op threads (default: one per physical core).")
     as_json: bool = arg(False, "Print JSON lines instead of a table (the default when piped).", flags=("--json",))
     window: int = arg(WINDOW, "Records read, length-bucketed and written together: memory holds one window per worker.")
@@ -85,6 +96,7 @@ class InferenceArgs(Args):
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        check_precision(self.precision, self.min_agreement)
 
 
 # ---- export ------------------------------------------------------------------------------------
@@ -97,11 +109,14 @@ def export_cmd(args: ExportArgs, options: dict[str, Any], as_json: Json = False)
     from dataclasses import replace
 
     from mlmkit.exporter.bundle import export
+    from mlmkit.infer.precision import said
 
     with err.status(f"exporting {args.run} ..."):
         meta = export(replace(args, options=options))
     summary = {k: meta[k] for k in ("task", "precision", "opset", "optimizations", "fused_operators", "parity", "model_bytes")}
     summary["bundle"] = str(args.out)
+    gates = {k: v for k, v in meta["gate"].items() if isinstance(v, dict)}  # a precision's gate (the sample stays in the file)
+    summary["gates"] = gates
     if want_json(as_json):
         print_json(summary)
         return
@@ -121,6 +136,8 @@ def export_cmd(args: ExportArgs, options: dict[str, Any], as_json: Json = False)
                   else f"top-1 agreement {_share(p['fp16_top1_agreement_vs_fp32'])}")
     s = p["sample"]
     t.add_row("sample", f"{s['rows']} inputs of {s['min_length']}-{s['max_length']} tokens in one padded batch")
+    for name, g in gates.items():
+        t.add_row(f"{name} gate vs fp32", said(g) if g.get("passed") is not None else f"not measured: {g['not_measured']}")
     out.print(t)
 
 
@@ -158,7 +175,8 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
         items = stdin_inputs(skip=skip, max_bytes=args.max_record_bytes)
     steady_memory()  # this process is the job's: before the session's and the tokenizer's threads start
     pipe = Pipeline.load(args.bundle, device=args.device, threads=args.threads, batch_size=args.batch_size,
-                         batch_tokens=args.batch_tokens, command=command)
+                         batch_tokens=args.batch_tokens, command=command, precision=args.precision,
+                         min_agreement=args.min_agreement)
     if args.engine == "ray":
         from mlmkit.infer.integrations.ray import run_cli
 
@@ -351,6 +369,7 @@ def index_cmd(
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="onnxruntime threads in all.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Documents per onnxruntime batch.")] = 32,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    precision: Annotated[str | None, typer.Option("--precision", help=PRECISION_HELP)] = None,
     engine: Annotated[str, typer.Option("--engine", help="local, or ray: embed on a Ray cluster, --workers actors "
                                         "(pip install 'mlmkit[ray]'); the same index as a local build.")] = "local",
     address: Annotated[str | None, typer.Option("--address", help="With --engine ray: the cluster to join (e.g. auto); "
@@ -365,7 +384,7 @@ def index_cmd(
 
     args = BuildArgs(bundle, corpus, out_dir, quantization=quantize, ann=ann, append=append, resume=resume, id_column=id_column,
                      text_column=text_column, window=window, workers=workers, threads=threads, batch_size=batch_size, device=device,
-                     engine=engine, address=address, rescore_copy=rescore_copy)
+                     engine=engine, address=address, rescore_copy=rescore_copy, precision=precision)
     t0, done = time.perf_counter(), [0]
     with err.status(f"indexing {corpus} ...") as status:
         def advance(n: int) -> None:

@@ -52,10 +52,12 @@ from mlmkit.exporter.parity import (
     sample_batch,
     torch_outputs,
 )
-from mlmkit.exporter.passes import fast_int8_cpu, fuse, quantize_int8, quantize_int8_static, to_fp16
+from mlmkit.exporter.passes import fuse, quantize_int8, quantize_int8_static, to_fp16
 from mlmkit.files import atomic_write, atomic_write_text, exclusive, write_json
 from mlmkit.infer.bundle import BUNDLE_FORMAT, LABELS_KEY, tokenizer_fingerprint
+from mlmkit.infer.engines import ENGINES, cpu_feature
 from mlmkit.infer.evaluation import agreement
+from mlmkit.infer.precision import bf16_unavailable, gate_sample, judge, measure, padded, said
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import set_attention_impl
 from mlmkit.registry import FILL_MASK_TOP_K, get_task, tasks
@@ -128,11 +130,15 @@ def _export(args: ExportArgs) -> dict[str, Any]:
                                    max_length=max_length, opset=args.opset, precision=onnx_graph.precision,
                                    steps=onnx_graph.steps, fused=onnx_graph.fused, parity=onnx_graph.parity,
                                    top_k=top_k, source=d)
+        bundle_meta["gate"] = _gate(args, onnx_graph, calib or [batch], axes, specials.pad,
+                                    on=onnx_graph.parity.get("int8_agreement", {}).get("on") or
+                                    (f"{sum(len(b['input_ids']) for b in calib)} --calibrate inputs" if calib else "the sample batch"))
+        bundle_meta["run_precision"] = "fp32" if args.precision == "fp32" else "auto"
         _write_bundle(out, d, onnx_graph.path, tok, bundle_meta)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if onnx_graph.precision == "fp32" and (feature := fast_int8_cpu()):
-        log.info("this CPU has %s: an int8 bundle (the same command with --quantize int8) ran the MiniLM-size classifier "
+    if onnx_graph.precision == "fp32" and not bundle_meta["gate"].get("bf16", {}).get("passed") and (feature := cpu_feature("int8")):
+        log.info("this CPU has %s: an int8 bundle (the same command with --precision int8) ran the MiniLM-size classifier "
                  "%s fp32's speed on such a CPU; its top-1 agreement with fp32 is in mlmkit.json (docs/performance.md, "
                  "\"GEMM ceilings and CPU kinds\")", feature, INT8_SPEEDUP)
     return bundle_meta
@@ -244,6 +250,32 @@ def _int8_agreement(args: ExportArgs, a: Any, b: Any, batches: list[dict[str, An
                           "calibrate on inputs like the ones it will serve (--calibrate), use dynamic int8 "
                           "(without --calibrate), or export fp32")
     return {**got, "measure": measure, "on": on}
+
+
+def _gate(args: ExportArgs, graph: _OnnxGraph, batches: list[dict[str, Any]], axes: dict[str, tuple[str, ...]],
+          pad_id: int, *, on: str) -> dict[str, Any]:
+    """mlmkit.json's "gate": its sample (GATE_ROWS of ``batches``, which every machine measures a
+    precision on again) and, for an fp32 graph, the bf16 gate measured here where this machine can
+    (OpenVINO on bf16 units) or why not. --precision bf16 whose gate fails or cannot be measured is
+    refused, no bundle written."""
+    gate = gate_sample(batches, on)
+    if graph.precision != "fp32":
+        return gate
+    why_not = bf16_unavailable("cpu")
+    if why_not is not None:
+        if args.precision == "bf16":
+            raise ConfigError(f"--precision bf16: {why_not}; no bundle written",
+                              "export on a machine with bf16 units, or with --precision auto (each machine gates bf16 itself)")
+        gate["bf16"] = {"precision": "bf16", "passed": None, "not_measured": why_not}
+        return gate
+    bf16 = ENGINES["openvino"].open(graph.path, precision="bf16", device="cpu", threads=None, spin=True)
+    result = judge(measure(onnx_session(graph.path), bf16, padded(gate, pad_id), axes), "bf16", args.min_agreement,
+                   f"{len(gate['input_ids'])}-input sample ({on})")
+    if args.precision == "bf16" and not result["passed"]:
+        raise ParityError(f"--precision bf16: its gate failed: {said(result)}; no bundle written",
+                          "export with --precision auto or fp32, or set another threshold with --min-agreement")
+    gate["bf16"] = result
+    return gate
 
 
 def _check_parity(parity: dict[str, Any]) -> None:

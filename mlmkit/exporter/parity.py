@@ -17,42 +17,12 @@ from torch import nn
 
 from mlmkit.errors import ParityError
 from mlmkit.infer.evaluation import decisions, real_rows
+from mlmkit.infer.precision import SAMPLE_ROWS, sample_batch  # noqa: F401 - the gate's sample, made where the runtime makes it
 from mlmkit.models.core import set_attention_impl
 
 log = logging.getLogger("mlmkit")
 
 ATOL = 1e-4  # fp32 ONNX vs PyTorch, per output (optimum uses the same for BERT)
-SAMPLE_ROWS = 24
-
-
-# ---- the sample batch ------------------------------------------------------------------------
-def sample_batch(
-    vocab_size: int, specials: Any, max_length: int, *, fill_mask: bool, rows: int = SAMPLE_ROWS, seed: int = 0
-) -> dict[str, np.ndarray]:
-    """Random token ids of mixed lengths (3 .. min(max_length, 128)) padded to the longest, half of
-    them sentence pairs; for fill-mask 1-3 [MASK] per row except the first, which has none."""
-    rng = np.random.default_rng(seed)
-    longest = max(3, min(max_length, 128))
-    lengths = np.linspace(3, longest, rows).round().astype(int)
-    rng.shuffle(lengths)
-    words = np.setdiff1d(np.arange(vocab_size), np.asarray(specials.all))
-    T = int(lengths.max())
-    ids = np.full((rows, T), specials.pad, dtype=np.int64)
-    mask = np.zeros((rows, T), dtype=np.int64)
-    types = np.zeros((rows, T), dtype=np.int64)
-    for r, n in enumerate(lengths):
-        seq = rng.choice(words, size=n)
-        seq[0], seq[-1] = specials.cls, specials.sep
-        if r % 2 and n >= 5:  # a pair: [CLS] A [SEP] B [SEP]
-            cut = n // 2
-            seq[cut] = specials.sep
-            types[r, cut + 1 : n] = 1
-        if fill_mask and r > 0:
-            inner = [i for i in range(1, n - 1) if seq[i] != specials.sep]
-            for i in rng.choice(inner, size=min(len(inner), int(rng.integers(1, 4))), replace=False):
-                seq[i] = specials.mask
-        ids[r, :n], mask[r, :n] = seq, 1
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
 # ---- comparing outputs -----------------------------------------------------------------------

@@ -119,21 +119,6 @@ def quantize_int8_static(src: Path, dst: Path, batches: list[dict[str, Any]]) ->
         )
 
 
-INT8_FEATURES = {"amx_int8": "AMX-INT8", "avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI"}
-"""CPU features (their /proc/cpuinfo flags) with int8 dot products in hardware, the fastest first."""
-
-
-def fast_int8_cpu(cpuinfo: str | Path = "/proc/cpuinfo") -> str | None:
-    """The feature that makes int8 fast on this CPU (INT8_FEATURES), or None: none of them, or no
-    /proc/cpuinfo (not Linux)."""
-    try:
-        text = Path(cpuinfo).read_text(errors="replace")
-    except OSError:
-        return None
-    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
-    return next((name for flag, name in INT8_FEATURES.items() if flag in flags), None)
-
-
 def to_fp16(src: Path, dst: Path) -> None:
     """fp16 weights and compute, fp32 inputs/outputs: for the CUDA execution provider."""
     import onnx

@@ -123,6 +123,10 @@ def _check_description(path: Path, meta: dict[str, Any]) -> None:
          "'optimizations' is not a list of names"),
         (not isinstance(meta.get("fused_operators", {}), dict), "'fused_operators' is not an object"),
         (not isinstance(meta.get("parity", {}), dict), "'parity' is not an object"),
+        (not isinstance(meta.get("gate", {}), dict), "'gate' is not an object"),
+        (isinstance(meta.get("gate"), dict) and not isinstance(meta["gate"].get("bf16", {}), dict),
+         "'gate.bf16' is not an object"),
+        (meta.get("run_precision", "auto") not in ("auto", "fp32"), "'run_precision' is not auto or fp32"),
         (not isinstance(meta.get("source", {}), dict), "'source' is not an object"),
     ]
     bad = [why for wrong, why in problems if wrong]

@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from mlmkit.args import check_precision
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
 from mlmkit.files import LOCK, atomic_write, exclusive, read_json, write_json
 from mlmkit.infer import postings
@@ -424,8 +425,10 @@ class BuildArgs:
     address: str | None = None
     rescore_copy: str | None = None
     """RESCORE_COPIES, for int8 and binary (None: binary keeps int8, int8 none)."""
+    precision: str | None = None  # --precision (mlmkit.infer.precision): the documents' vectors are computed in it
 
     def __post_init__(self) -> None:
+        check_precision(self.precision, None)
         if self.rescore_copy is not None and (self.rescore_copy not in RESCORE_COPIES
                                               or self.quantization not in ("int8", "binary")
                                               or (self.quantization, self.rescore_copy) == ("int8", "int8")):
@@ -460,7 +463,8 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
                                            for p in out.iterdir()):
         raise ConfigError(f"--out {out} is a directory that is not an index", "give a new or empty directory")
     out.mkdir(parents=True, exist_ok=True)
-    pipe = Pipeline.load(args.bundle, device=args.device, threads=args.threads, batch_size=args.batch_size, command="embed")
+    pipe = Pipeline.load(args.bundle, device=args.device, threads=args.threads, batch_size=args.batch_size, command="embed",
+                         precision=args.precision)
     checksum = bundle_checksum(Path(args.bundle))
     if is_sparse(pipe) and (args.quantization, args.ann, args.rescore_copy) != ("float32", "flat", None):
         raise ConfigError(f"{args.bundle} gives sparse vectors (sparse-embedding): its index is an inverted index, which takes "
@@ -777,11 +781,12 @@ def as_queries(ix: Index, results: Sequence[dict[str, Any]]) -> Any:
     return np.asarray([r["embedding"] for r in results], dtype=np.float32)
 
 
-def query_vectors(ix: Index, texts: Sequence[str], bundle: Path | None = None, *, device: str = "cpu") -> Any:
+def query_vectors(ix: Index, texts: Sequence[str], bundle: Path | None = None, *, device: str = "cpu",
+                  precision: str | None = None) -> Any:
     """``texts`` embedded as queries with the index's bundle (its query prompt), as_queries."""
     from mlmkit.infer.pipeline import Pipeline
 
-    pipe = Pipeline.load(query_bundle(ix, bundle), device=device, command="embed")
+    pipe = Pipeline.load(query_bundle(ix, bundle), device=device, command="embed", precision=precision)
     return as_queries(ix, pipe(list(texts), **as_input(pipe, "query")))
 
 
@@ -841,8 +846,8 @@ class IndexRetriever:
     does not hold (another split's answers, left out) are dropped from the ranking, which is searched
     that much deeper, so that ranks count the mined corpus's documents as the other retrievers' do."""
 
-    def __init__(self, path: Path, places: dict[str, int], *, device: str = "cpu") -> None:
-        self.ix, self.places, self.device = Index.open(path), places, device
+    def __init__(self, path: Path, places: dict[str, int], *, device: str = "cpu", precision: str | None = None) -> None:
+        self.ix, self.places, self.device, self.precision = Index.open(path), places, device, precision
         self.outside = sum(1 for a in range(0, self.ix.count, CHUNK)
                            for i in self.ix.ids(np.arange(a, min(a + CHUNK, self.ix.count))) if i not in places)
         if self.outside == self.ix.count:
@@ -851,7 +856,7 @@ class IndexRetriever:
         self._rows: dict[int, int] | None = None  # a corpus place -> the index's row, built when asked
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        rows, scores = search_vectors(self.ix, query_vectors(self.ix, queries, device=self.device),
+        rows, scores = search_vectors(self.ix, query_vectors(self.ix, queries, device=self.device, precision=self.precision),
                                       min(self.ix.count, k + self.outside))
         places = np.full((len(rows), k), -1, dtype=np.int64)
         kept = np.full((len(rows), k), -np.inf, dtype=np.float32)
@@ -874,7 +879,7 @@ class IndexRetriever:
         if lost:
             raise ConfigError(f"{self.ix.path} does not hold a positive of the data ({len(lost)} of this batch)",
                               "build the index from the whole corpus being mined")
-        q = query_vectors(self.ix, queries, device=self.device)
+        q = query_vectors(self.ix, queries, device=self.device, precision=self.precision)
         q = q.toarray() if self.ix.kind == "sparse" else normalized(q)  # dot products (sparse), cosines
         return np.einsum("qh,qh->q", q, self.ix.rows(np.asarray([self._rows[d] for d in docs], dtype=np.int64), rescore=True))
 

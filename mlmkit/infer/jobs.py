@@ -388,12 +388,14 @@ def _concatenate(parts: Sequence[Path], out: Path, suffix: str) -> None:
 _pipe: Any = None
 
 
-def _load(bundle: str, device: str, threads: int, batch_size: int, batch_tokens: int | None) -> None:
+def _load(bundle: str, device: str, threads: int, batch_size: int, batch_tokens: int | None, precision: str,
+          gate: dict[str, Any] | None) -> None:
     global _pipe
     from mlmkit.infer.pipeline import Pipeline
 
     steady_memory()
-    _pipe = Pipeline.load(bundle, device=device, threads=threads, batch_size=batch_size, batch_tokens=batch_tokens or 0)
+    _pipe = Pipeline.load(bundle, device=device, threads=threads, batch_size=batch_size, batch_tokens=batch_tokens or 0,
+                          precision=precision, gate=gate)  # the parent's choice: its gate is not measured again
 
 
 def _work(w: Window[Item], options: dict[str, Any], skip: bool, id_column: str | None) -> Done:
@@ -412,7 +414,8 @@ def run_windows(
             yield w, run_window(pipe, w, options, skip=skip, id_column=id_column)
         return
     pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_load,
-                               initargs=(str(pipe.path), pipe.device, threads, pipe.batch_size, pipe.batch_tokens))
+                               initargs=(str(pipe.path), pipe.device, threads, pipe.batch_size, pipe.batch_tokens,
+                                         pipe.precision, pipe.choice.gate if pipe.choice else None))
     pending: deque[tuple[Window[Item], Future[Done]]] = deque()
     try:
         for w in ws:

@@ -148,7 +148,7 @@ def _what(args: MineArgs) -> dict[str, Any]:
         return identity(sorted(f for f in d.rglob("*") if f.is_file()) if d.is_dir() else [d]) + ([[split]] if split else [])
 
     bundle = None if args.retriever == "bm25" else files(Path(args.retriever))
-    return {**{k: v for k, v in asdict(args).items() if k not in ("out", "resume", "device")},
+    return {**{k: v for k, v in asdict(args).items() if k not in ("out", "resume", "device", "precision")},
             "data": files(args.data), "corpus": files(args.corpus), "bundle": bundle, "score_with": files(args.score_with)}
 
 
@@ -171,12 +171,13 @@ def mine(args: MineArgs) -> dict[str, Any]:
                     if data.ids is None:
                         raise ConfigError(f"--retriever {args.retriever} is an index: mining from one needs a BEIR "
                                           "directory, whose corpus ids the index holds", "give the BEIR directory the index was built from")
-                    retriever = IndexRetriever(Path(args.retriever), data.ids, device=args.device)
+                    retriever = IndexRetriever(Path(args.retriever), data.ids, device=args.device, precision=args.precision)
                 else:
-                    retriever = Dense(args.retriever, data.docs, job.dir, device=args.device, index=args.index)
+                    retriever = Dense(args.retriever, data.docs, job.dir, device=args.device, index=args.index,
+                                      precision=args.precision)
                 log.info("mining %d pairs over %d documents with %s", len(data.pairs), len(data.docs), args.retriever)
                 need_pos = args.with_scores or args.margin is not None or args.max_score_ratio is not None
-                scorer = _scorer(args.score_with, args.device) if args.score_with is not None else None
+                scorer = _scorer(args.score_with, args.device, args.precision) if args.score_with is not None else None
                 for k, start in enumerate(range(0, len(data.pairs), args.batch_size)):
                     if k < job.done:
                         continue
@@ -201,11 +202,11 @@ def mine(args: MineArgs) -> dict[str, Any]:
 Scorer = Callable[[Sequence[tuple[str, str]]], list[float]]
 
 
-def _scorer(bundle: Path, device: str) -> Scorer:
+def _scorer(bundle: Path, device: str, precision: str | None = None) -> Scorer:
     """A cross-encoder bundle's raw logits of (query, document) pairs."""
     from mlmkit.infer.pipeline import Pipeline
 
-    pipe = Pipeline.load(bundle, device=device, command="classify")
+    pipe = Pipeline.load(bundle, device=device, command="classify", precision=precision)
     if len(pipe.meta.get("labels") or []) != 1:
         raise ConfigError(f"--score-with {bundle} is not a cross-encoder ({pipe.task}, {len(pipe.meta.get('labels') or [])} labels)",
                           "give a rerank bundle, or a one-label sequence classifier's")

@@ -24,14 +24,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import numpy as np
-import onnxruntime as ort
 from tokenizers import AddedToken
 
 from mlmkit.errors import BundleError, ConfigError, DataFormatError, MlmkitError
@@ -47,7 +44,9 @@ from mlmkit.infer.bundle import (
     load_bundle_tokenizer,
     read_bundle_meta,
 )
+from mlmkit.infer.engines import make_session  # noqa: F401 - its home was here: benchmarks import it from here
 from mlmkit.infer.evaluation import Progress
+from mlmkit.infer.precision import Choice, choose
 from mlmkit.registry import (
     EXAMPLE,
     LABEL,
@@ -59,7 +58,7 @@ from mlmkit.registry import (
     tasks_for_command,
 )
 from mlmkit.text.batching import bucket_batches, pad_features
-from mlmkit.text.tokenizer import MASK, mask_token
+from mlmkit.text.tokenizer import MASK, mask_token, special_ids
 from mlmkit.text.truncation import clip_text
 
 log = logging.getLogger("mlmkit")
@@ -79,45 +78,6 @@ calls of 8 / 32 / 64 mixed sentences ran 1.28x / 1.13x / 1.07x faster than cut o
 8 or 28 instead of 16 was within the noise (docs/performance.md, Tuning)."""
 
 
-def make_session(model: str | Path, *, device: str = "cpu", threads: int | None = None, spin: bool = True) -> ort.InferenceSession:
-    """An onnxruntime session on ``device`` ("cpu" or "cuda"). Without onnxruntime-gpu or without a
-    GPU, "cuda" logs a warning and runs on the CPU. ``spin``: onnxruntime's threads spin a while
-    between runs (fastest when nothing else needs the cores)."""
-    if device not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {device} is not supported", "use cpu or cuda")
-    if threads is not None and threads < 1:
-        raise ConfigError(f"--threads must be at least 1, got {threads}")
-    cores = os.cpu_count() or 1
-    if threads is not None and threads > cores:
-        log.warning("--threads %d is more than the %d cores of this machine: using %d", threads, cores, cores)
-        threads = cores
-    providers = ["CPUExecutionProvider"]
-    if device == "cuda":
-        if "CUDAExecutionProvider" in ort.get_available_providers():
-            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-        else:
-            log.warning("--device cuda: this onnxruntime has no CUDA execution provider (pip install onnxruntime-gpu); "
-                        "running on the CPU")
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads or 0  # 0: onnxruntime's default, one per physical core
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3
-    if not spin:  # idle pool threads sleep at once instead of spinning: the cores are shared (a server's event loop)
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    try:
-        with warnings.catch_warnings():  # onnxruntime's own "provider not available": said below, once
-            warnings.simplefilter("ignore")
-            session = ort.InferenceSession(str(model), so, providers=providers)
-    except Exception as e:  # onnxruntime raises its own exception types for unreadable graphs
-        reason = str(e).rsplit("failed:", 1)[-1].strip()[:200]  # drop the "[ONNXRuntimeError] ... path" preamble
-        raise BundleError(f"{model} is corrupted or not an ONNX model ({reason})", "re-create the bundle with `mlmkit export`") from None
-    if device == "cuda" and "CUDAExecutionProvider" in providers and "CUDAExecutionProvider" not in session.get_providers():
-        log.warning("--device cuda: no usable GPU for onnxruntime; running on the CPU")
-    return session
-
-
 # ---- pipelines ---------------------------------------------------------------------------------
 T = TypeVar("T")
 
@@ -128,13 +88,14 @@ class Pipeline:
     dict per input, in input order. Runtime options (a task's declared options, fill-mask's top_k)
     are keyword arguments; the bundle's saved options are their defaults."""
 
-    def __init__(self, path: Path, meta: dict[str, Any], tokenizer: Any, session: ort.InferenceSession, batch_size: int) -> None:
+    def __init__(self, path: Path, meta: dict[str, Any], tokenizer: Any, session: Any, batch_size: int) -> None:
         if batch_size < 1:
             raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
         self.path, self.meta, self.tokenizer, self.session, self.batch_size = path, meta, tokenizer, session, batch_size
         self.batch_tokens: int | None = None  # batching.bucket_batches' max_tokens; set by load
         self.run_tokens: int | None = None  # and its run_tokens (the CPU's cost of one more run); set by load
         self.device = "cpu"
+        self.choice: Choice | None = None  # the precision and engine it runs in, and why; set by load
         self.max_length = int(meta["max_length"])
         self.pad_id = int(meta["tokenizer"]["pad_id"])
         self.input_names = [i.name for i in session.get_inputs()]
@@ -149,7 +110,7 @@ class Pipeline:
         self._check_outputs(session)
         self._check_labels(session)
 
-    def _check_outputs(self, session: ort.InferenceSession) -> None:
+    def _check_outputs(self, session: Any) -> None:
         """The graph's outputs against the description: as many axes as declared, the element type the
         pipeline reads, a varying size on every varying axis and the declared size on the fixed ones (a
         label axis has one entry per label: a label list that does not fit the head would label every
@@ -178,7 +139,7 @@ class Pipeline:
                     raise BundleError(f"{desc}: the model's '{name}' has a size of {dim} along its '{axis}' axis, "
                                       f"whose size {size}", "re-create the bundle with `mlmkit export`")
 
-    def _check_labels(self, session: ort.InferenceSession) -> None:
+    def _check_labels(self, session: Any) -> None:
         """The labels against the order the head was trained with, which export records in the graph
         (LABELS_KEY); a bundle from before that is checked by its label count alone (_check_outputs)."""
         recorded = session.get_modelmeta().custom_metadata_map.get(LABELS_KEY)
@@ -205,14 +166,23 @@ class Pipeline:
     def providers(self) -> list[str]:
         return list(self.session.get_providers())
 
+    @property
+    def precision(self) -> str:
+        """The precision it computes in (bf16 for an fp32 bundle run by OpenVINO on bf16 units)."""
+        return self.choice.precision if self.choice is not None else str(self.meta.get("precision", "fp32"))
+
     @classmethod
     def load(
         cls, path: str | Path, *, device: str = "cpu", threads: int | None = None, batch_size: int = 32,
-        batch_tokens: int | None = None, spin: bool = True, command: str | None = None,
+        batch_tokens: int | None = None, spin: bool = True, command: str | None = None, precision: str | None = None,
+        min_agreement: float | None = None, gate: dict[str, Any] | None = None,
     ) -> Pipeline:
         """Load and check a bundle. ``command`` (e.g. "classify") refuses a bundle that command does not
         serve. ``batch_tokens``: the most padded tokens in one onnxruntime batch (0: no limit; default:
-        CPU_BATCH_ACTIVATIONS over the hidden size on the CPU, no limit on CUDA). ``spin``: see make_session."""
+        CPU_BATCH_ACTIVATIONS over the hidden size on the CPU, no limit on CUDA). ``spin``: see make_session.
+        ``precision``: auto (default: $MLMKIT_PRECISION, else auto), fp32, bf16, fp16 or int8, held to
+        the gate (``min_agreement``: its threshold) as mlmkit.infer.precision.choose says; ``gate``: a
+        passed gate of that precision measured already (a job's workers take their parent's)."""
         if batch_tokens is not None and batch_tokens < 0:
             raise ConfigError(f"--batch-tokens must be 0 (no limit) or more, got {batch_tokens}")
         d = Path(path)
@@ -228,9 +198,15 @@ class Pipeline:
         tok = load_bundle_tokenizer(d, meta)
         if meta.get("precision") == "fp16" and device != "cuda":
             log.warning("%s is an fp16 bundle, made for --device cuda; on the CPU it is slow", d)
-        session = make_session(d / "model.onnx", device=device, threads=threads, spin=spin)
-        pipe = FillMaskPipeline(d, meta, tok, session, batch_size) if plugin is None else TaskPipeline(d, meta, tok, session, batch_size, plugin)
-        pipe.device = device
+
+        def make(session: Any) -> Pipeline:  # the checks of a session against the description run here
+            return (FillMaskPipeline(d, meta, tok, session, batch_size) if plugin is None
+                    else TaskPipeline(d, meta, tok, session, batch_size, plugin))
+
+        pipe, choice = choose(d, meta, precision, make, device=device, threads=threads, spin=spin,
+                              min_agreement=min_agreement, gate=gate, specials=special_ids(tok))
+        pipe.device, pipe.choice = device, choice
+        (log.info if choice.skipped or choice.precision == "bf16" else log.debug)("%s: %s", d, choice.why)
         hidden = (meta.get("model") or {}).get("hidden_size")
         if batch_tokens is not None:
             pipe.batch_tokens = batch_tokens or None
@@ -466,7 +442,7 @@ def _fill(text: str, masks: list[dict[str, Any]]) -> str:
 class TaskPipeline(Pipeline):
     """A bundle of any registered task: evaluation's loop with the onnxruntime session as the forward."""
 
-    def __init__(self, path: Path, meta: dict[str, Any], tokenizer: Any, session: ort.InferenceSession, batch_size: int,
+    def __init__(self, path: Path, meta: dict[str, Any], tokenizer: Any, session: Any, batch_size: int,
                  plugin: Plugin) -> None:
         super().__init__(path, meta, tokenizer, session, batch_size)
         self.plugin = plugin

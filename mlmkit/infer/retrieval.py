@@ -200,10 +200,10 @@ class Dense:
     batch and one chunk, never the corpus's vectors at once; or through a faiss index (``index``)."""
 
     def __init__(self, bundle: str | Path, docs: Sequence[str], work: str | Path, *, device: str = "cpu",
-                 batch: int = 1024, index: str = "exact") -> None:
+                 batch: int = 1024, index: str = "exact", precision: str | None = None) -> None:
         from mlmkit.infer.pipeline import Pipeline
 
-        self.pipe = Pipeline.load(bundle, device=device)
+        self.pipe = Pipeline.load(bundle, device=device, precision=precision)
         if self.pipe.task != "embedding":
             from mlmkit.errors import ConfigError
 

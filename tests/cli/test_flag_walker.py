@@ -96,6 +96,8 @@ def generic_flag(flag: str, d: Path) -> list[str] | None:
         "--errors": ["--on-error", "skip", "--errors", str(d / "bad.jsonl")], "--resume": ["--resume", "--output", out],
         "--id-column": ["--id-column", "id"], "--max-record-bytes": ["--max-record-bytes", "4096"],
         "--engine": ["--engine", "local"], "--address": None,
+        "--precision": ["--precision", "auto"],  # the default's path: bf16 through OpenVINO where the CPU has bf16 units
+        "--min-agreement": ["--precision", "auto", "--min-agreement", "0.5"],
         "--option": ["--option", "no_such_option=1"],  # refused: every task names its options
         "--context": [],  # qa's: the questions are arguments then (below)
     }[flag]
@@ -295,6 +297,7 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
             "--window": ["--window", "2"], "--workers": ["--workers", "1"], "--threads": ["--threads", "1"],
             "--batch-size": ["--batch-size", "2"], "--device": ["--device", "cuda"], "--engine": ["--engine", "local"],
             "--address": None,  # refused without --engine ray (the partner test)
+            "--precision": ["--precision", "auto"],
         }
         for flag in walk("index", flags):
             if not flags[flag]:

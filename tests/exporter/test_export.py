@@ -126,10 +126,12 @@ def test_fill_mask_graph_is_fused_and_stores_tied_weight_once(runs, bundles):
 
 def test_unoptimized_and_int8_exports(runs, bundles, tmp_path, monkeypatch, caplog):
     d = runs["fill-mask"]
-    monkeypatch.setattr(export_mod, "fast_int8_cpu", lambda: "AVX512-VNNI")  # such a CPU: an fp32 export says int8 pays
+    # such a CPU, without bf16 units: an fp32 export says int8 pays
+    monkeypatch.setattr(export_mod, "cpu_feature", lambda kind: "AVX512-VNNI" if kind == "int8" else None)
+    monkeypatch.setenv("MLMKIT_CPU_FLAGS", "-amx_bf16,-avx512_bf16")  # no bf16 gate passed: int8 is the way to speed
     with caplog.at_level("INFO", logger="mlmkit"):
         plain = run_export(d, tmp_path / "plain", optimize=False, top_k=3)
-    assert "this CPU has AVX512-VNNI" in caplog.text and "--quantize int8" in caplog.text
+    assert "this CPU has AVX512-VNNI" in caplog.text and "--precision int8" in caplog.text
     caplog.clear()
     assert plain["fused_operators"] == {} and plain["optimizations"] == [] and plain["top_k"] == 3
     assert "Attention" not in {n.op_type for n in onnx.load(str(tmp_path / "plain" / "model.onnx")).graph.node}
@@ -175,19 +177,6 @@ def test_min_agreement_refuses_a_bundle_below_it_and_writes_nothing(runs, tmp_pa
     (tmp_path / "empty.txt").write_text("\n")
     with pytest.raises(ConfigError, match="--calibrate .* has no inputs"):
         run_export(runs["embedding"], tmp_path / "c", quantize="int8", calibrate=tmp_path / "empty.txt")
-
-
-def test_fast_int8_cpu_reads_the_flags(tmp_path):
-    from mlmkit.exporter.passes import fast_int8_cpu
-
-    info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni avx512_bf16\n")
-    assert fast_int8_cpu(info) == "AVX512-VNNI"
-    info.write_text("flags\t: fpu avx2 avx512_vnni amx_tile amx_int8\n")
-    assert fast_int8_cpu(info) == "AMX-INT8"  # the fastest named
-    info.write_text("flags\t: fpu avx2 fma\n")
-    assert fast_int8_cpu(info) is None
-    assert fast_int8_cpu(tmp_path / "missing") is None  # not Linux: nothing said
 
 
 # ---- task bundles ------------------------------------------------------------------------------
@@ -266,7 +255,8 @@ def test_attention_the_fusion_does_not_recognise_is_refused(runs, tmp_path, monk
         ({"top_k": 0}, "--top-k must be at least 1"),
         ({"top_k": 10**6}, "--top-k must be between 1 and the vocabulary size"),
         ({"calibrate": Path("x.txt")}, "--calibrate is for --quantize int8"),
-        ({"min_agreement": 0.9}, "--min-agreement is for --quantize int8"),
+        ({"precision": "bf17"}, "--precision bf17 is not a precision"),
+        ({"precision": "int8", "fp16": True}, "--precision int8 and --fp16 disagree"),
         ({"quantize": "int8", "min_agreement": 0.0}, "--min-agreement must be above 0 and at most 1"),
         ({"quantize": "int8", "min_agreement": 1.5}, "--min-agreement must be above 0 and at most 1"),
         ({"quantize": "int8", "min_agreement": float("nan")}, "--min-agreement must be above 0 and at most 1"),

@@ -42,10 +42,12 @@ class _Predictor:
     """One Ray actor: the bundle loaded once, then batch after batch of rows."""
 
     def __init__(self, bundle: str, options: dict[str, Any], batch_size: int, batch_tokens: int | None, threads: int | None,
-                 keep: list[str]) -> None:
+                 keep: list[str], precision: str | None = None) -> None:
         from mlmkit.infer.pipeline import Pipeline
 
-        self.pipe = Pipeline.load(bundle, threads=threads, batch_size=batch_size, batch_tokens=batch_tokens)
+        # each actor chooses its precision on its own node (the gate's sample travels in the bundle)
+        self.pipe = Pipeline.load(bundle, threads=threads, batch_size=batch_size, batch_tokens=batch_tokens,
+                                  precision=precision)
         self.options, self.keep = options, keep
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
@@ -67,7 +69,7 @@ def _plain(v: Any) -> Any:
 
 def predict(dataset: Any, bundle: str | Path, *, options: dict[str, Any] | None = None, batch_size: int = 32,
             batch_tokens: int | None = None, threads: int | None = None, concurrency: int = 1, rows_per_batch: int = 1024,
-            keep: list[str] | None = None) -> Any:
+            keep: list[str] | None = None, precision: str | None = None) -> Any:
     """``dataset`` (a ray.data.Dataset of records with the task's fields, e.g. a "text" column) run
     through ``bundle``: a ray.data.Dataset of results, one row per input row, the ``keep`` columns
     (ids) carried over. ``threads``: onnxruntime threads per actor (default: its share of a node)."""
@@ -76,7 +78,8 @@ def predict(dataset: Any, bundle: str | Path, *, options: dict[str, Any] | None 
     # cluster (--workers 2 on 2 cores) left the read tasks none, and the job waited for ever
     cpus = float(ray.cluster_resources().get("CPU", 1)) if ray.is_initialized() else 1.0
     return dataset.map_batches(
-        _Predictor, fn_constructor_args=(str(bundle), dict(options or {}), batch_size, batch_tokens, threads, list(keep or [])),
+        _Predictor, fn_constructor_args=(str(bundle), dict(options or {}), batch_size, batch_tokens, threads, list(keep or []),
+                                         precision),
         batch_size=rows_per_batch, batch_format="numpy", concurrency=concurrency,
         num_cpus=min(1.0, max(0.1, (cpus - 1) / concurrency)),
     )
@@ -137,7 +140,8 @@ def run_cli(pipe: Any, args: Any, options: dict[str, Any]) -> None:
     with output_directory(Path(args.output)) as into:
         out = predict(read(args.input_file), pipe.path, options=options, batch_size=args.batch_size,
                       batch_tokens=args.batch_tokens, threads=threads,
-                      concurrency=actors, rows_per_batch=args.window, keep=[args.id_column] if args.id_column else [])
+                      concurrency=actors, rows_per_batch=args.window, keep=[args.id_column] if args.id_column else [],
+                      precision=args.precision)
         out.write_parquet(str(into))
 
 

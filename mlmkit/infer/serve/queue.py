@@ -74,7 +74,7 @@ class Model:
         m = self.pipe.meta
         return {"name": self.name, "task": self.pipe.task, "labels": m.get("labels"), "max_length": self.pipe.max_length,
                 "options": list(self.pipe.option_names), "source": m.get("source"), "precision": m.get("precision"),
-                "providers": self.pipe.providers}
+                "providers": self.pipe.providers, "computes_in": self.pipe.precision}
 
     async def predict(self, inputs: list[Any], options: dict[str, Any], request: Any = None) -> tuple[list[dict[str, Any]], int]:
         """The results of ``inputs`` and the tokens the model ran on, queued for the next merged call; a
@@ -257,7 +257,8 @@ def load_models(args: ServeArgs) -> dict[str, Model]:
     metrics = Metrics()
     bundles = model_names(args.bundles)
     models = {name: Model(name, Pipeline.load(path, device=args.device, threads=args.threads, batch_size=args.batch_size,
-                                              batch_tokens=args.batch_tokens, spin=False),
+                                              batch_tokens=args.batch_tokens, spin=False, precision=args.precision,
+                                              min_agreement=args.min_agreement),
                           args, metrics)
               for name, path in bundles.items()}
     for name, (model, ix) in served_indexes(model_names(args.index, "index"), bundles).items():

