@@ -296,6 +296,7 @@ def rerank(
     text_column: Annotated[str, typer.Option("--text-column", help="The documents' field in --input records.")] = "text",
     top_n: Annotated[int | None, typer.Option("--top-n", min=1, help="Keep the N most relevant.")] = None,
     raw_scores: Annotated[bool, typer.Option("--raw-scores", help="The cross-encoder's logits, not their sigmoid.")] = False,
+    precision: Annotated[str | None, typer.Option("--precision", help=PRECISION_HELP)] = None,
     as_json: Json = False,
 ) -> None:
     """Rank documents for a query with a cross-encoder, most relevant first (the score: the sigmoid of its logit)."""
@@ -308,7 +309,8 @@ def rerank(
     docs = list(documents or []) + ([rec.line_text(text_column) for rec in iter_inputs(input)] if input is not None else [])
     if not docs:
         raise ConfigError("no documents to rank", "give them as arguments or with --input FILE")
-    ranked = rerank_documents(Pipeline.load(bundle, command="classify"), query, docs, top_n=top_n, raw=raw_scores)
+    ranked = rerank_documents(Pipeline.load(bundle, command="classify", precision=precision), query, docs, top_n=top_n,
+                              raw=raw_scores)
     if want_json(as_json):
         for r in ranked:
             print_json(r)
@@ -417,6 +419,7 @@ def search_cmd(
     export: Annotated[Path | None, typer.Option("--export", help="Write the index's ids and vectors as Parquet instead "
                                                 "(id, vector: fixed-size list of float32) and exit.")] = None,
     batch: Annotated[int, typer.Option("--batch", min=1, help="Queries embedded and searched together.")] = 256,
+    precision: Annotated[str | None, typer.Option("--precision", help=PRECISION_HELP)] = None,
     as_json: Json = False,
 ) -> None:
     """The top-k documents of each query in an index, best first: JSON lines {"query", "hits": [{"id", "score"}]} or a table."""
@@ -439,7 +442,7 @@ def search_cmd(
     top_k = min(10, ix.count) if top_k is None else top_k
     if top_k < 1 or top_k > ix.count:
         raise ConfigError(f"--top-k {top_k}: give 1 to the index's {ix.count:,} documents")
-    pipe = Pipeline.load(query_bundle(ix, bundle), command="embed")
+    pipe = Pipeline.load(query_bundle(ix, bundle), command="embed", precision=precision)
     table = not want_json(as_json)
     t = Table("query", "rank", "id", "score") if table else None
     for a in range(0, len(texts), batch):

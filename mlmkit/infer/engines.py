@@ -190,36 +190,55 @@ class ModelMeta:
     custom_metadata_map: dict[str, str]
 
 
+SHORT_SEQUENCE = 128
+"""Batches of up to this many tokens run on a compilation without OpenVINO's fused attention kernels
+(SNIPPETS_MODE=DISABLE: attention as AMX matrix products and a softmax), longer ones on its default:
+on MiniLM in bf16, 2 threads, Intel Xeon with AMX (2026-12-06), the unfused form ran 1.13x at 30
+tokens (embeddings; 1.07x classification, 1.08x fill-mask), 1.02x at 128, 0.91x at 256 and 0.77x at
+512 (docs/performance.md, "Precision and engines"). The second compilation is made at the first long
+batch; it added 27 MB on MiniLM."""
+
+
 class OpenVinoSession:
     """A model.onnx compiled by OpenVINO for the CPU in ``precision`` (its INFERENCE_PRECISION_HINT),
-    with onnxruntime's session surface. A request per thread: OpenVINO's are not shared between threads."""
+    with onnxruntime's session surface: twice, for short and for long batches (SHORT_SEQUENCE). A
+    request per thread: OpenVINO's are not shared between threads."""
 
     def __init__(self, model: Path, *, precision: str, threads: int | None) -> None:
         import openvino as ov
 
-        core = ov.Core()
+        self.core, self.precision = ov.Core(), precision
+        self.config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": _OV_PRECISION[precision], "PERFORMANCE_HINT": "LATENCY"}
+        if threads:
+            self.config["INFERENCE_NUM_THREADS"] = threads
         try:
-            m = core.read_model(str(model))
-            config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": _OV_PRECISION[precision], "PERFORMANCE_HINT": "LATENCY"}
-            if threads:
-                config["INFERENCE_NUM_THREADS"] = threads
-            self.compiled = core.compile_model(m, "CPU", config)
+            self.model = self.core.read_model(str(model))
+            self.short = self._compile(short=True)
         except Exception as e:  # OpenVINO raises its own exception types, with a C++ report
             reason = " ".join(str(e).split())[:200]
             raise BundleError(f"OpenVINO cannot read {model} ({reason})",
                               "run it with --precision fp32 (onnxruntime), or re-create the bundle with `mlmkit export`") from None
-        self.precision = precision
-        self._inputs = [self._arg(p) for p in self.compiled.inputs]
-        self._outputs = [self._arg(p) for p in self.compiled.outputs]
+        self.long: Any = None  # compiled at the first batch longer than SHORT_SEQUENCE
+        self._lock = threading.Lock()
+        m = self.model
+        self._inputs = [self._arg(p, p.get_any_name()) for p in self.short.inputs]
+        # an output tensor may carry several names (the ONNX output's and an inner node's): the ONNX
+        # output's is the one its Result node is named after ("embedding/sink_port_0")
+        results = [r.get_friendly_name().rsplit("/sink_port_", 1)[0] for r in m.get_results()]
+        self._outputs = [self._arg(p, r if r in p.get_names() else p.get_any_name())
+                         for p, r in zip(self.short.outputs, results)]
         rt = m.get_rt_info()  # the ONNX file's metadata_props, as OpenVINO's ONNX reader keeps them
         framework = rt["framework"] if "framework" in rt else {}
         self._meta = {str(k): (v.astype(str) if hasattr(v, "astype") else str(v)) for k, v in dict(framework).items()}
         self._local = threading.local()
 
+    def _compile(self, *, short: bool) -> Any:
+        return self.core.compile_model(self.model, "CPU", {**self.config, **({"SNIPPETS_MODE": "DISABLE"} if short else {})})
+
     @staticmethod
-    def _arg(port: Any) -> NodeArg:
+    def _arg(port: Any, name: str) -> NodeArg:
         shape = [d.get_length() if d.is_static else None for d in port.get_partial_shape()]
-        return NodeArg(port.get_any_name(), shape, _OV_TYPES.get(port.get_element_type().get_type_name(), "tensor(unknown)"))
+        return NodeArg(name, shape, _OV_TYPES.get(port.get_element_type().get_type_name(), "tensor(unknown)"))
 
     def get_inputs(self) -> list[NodeArg]:
         return list(self._inputs)
@@ -234,9 +253,15 @@ class OpenVinoSession:
         return [f"OpenVINO CPU ({self.precision})"]
 
     def run(self, names: list[str] | None, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-        req = getattr(self._local, "request", None)
-        if req is None:
-            req = self._local.request = self.compiled.create_infer_request()
-        got = req.infer(feed)
-        by_name = {p.get_any_name(): np.array(got[p]) for p in self.compiled.outputs}
+        short = feed["input_ids"].shape[-1] <= SHORT_SEQUENCE
+        if not short and self.long is None:
+            with self._lock:
+                if self.long is None:
+                    self.long = self._compile(short=False)
+        compiled = self.short if short else self.long
+        requests = self._local.__dict__.setdefault("requests", {})
+        if short not in requests:
+            requests[short] = compiled.create_infer_request()
+        got = requests[short].infer(feed)
+        by_name = {o.name: np.array(got[p]) for o, p in zip(self._outputs, compiled.outputs)}
         return [by_name[n] for n in (names or [o.name for o in self._outputs])]

@@ -27,7 +27,7 @@ import numpy as np
 
 from mlmkit.args import PRECISIONS
 from mlmkit.errors import BundleError, ConfigError
-from mlmkit.infer.engines import BF16_FEATURES, ENGINES, cpu_feature, cpu_flags
+from mlmkit.infer.engines import BF16_FEATURES, ENGINES, cpu_feature
 from mlmkit.infer.evaluation import agreement
 from mlmkit.text.batching import pad_features
 
@@ -224,11 +224,3 @@ def choose(path: Path, meta: dict[str, Any], precision: str | None, make: Callab
             raise ConfigError(f"--precision bf16: {why_not}", "run it with --precision fp32 or auto, or set another "
                                                                "threshold with --min-agreement")
     return ref, Choice("fp32", ort.name, f"fp32 on {ort.name}: bf16 not used: {why_not}", gate, {"bf16": why_not})
-
-
-def flags_summary() -> str:
-    """The CPU features that decide precision here, for messages and benchmarks."""
-    have = cpu_flags()
-    names = [n for f, n in {**BF16_FEATURES, "amx_int8": "AMX-INT8", "avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI",
-                            "avx512f": "AVX-512", "avx2": "AVX2"}.items() if f in have]
-    return ", ".join(names) or "none of AVX2, AVX-512, VNNI, bf16"

@@ -256,7 +256,8 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
 
     # rerank
     rr = {"--query": [], "--input": [], "--text-column": ["--input", str(records), "--text-column", "body"],
-          "--top-n": ["--top-n", "2"], "--raw-scores": ["--raw-scores"], "--json": ["--json"]}
+          "--top-n": ["--top-n", "2"], "--raw-scores": ["--raw-scores"], "--json": ["--json"],
+          "--precision": ["--precision", "fp32"]}
     for task in TASKS:
         base = ["rerank", str(bundles[task]), "--query", "where did john go", "--input", str(docs)]
         if task != "rerank":
@@ -328,7 +329,8 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
         assert len(plain) == 1 and plain[0]["hits"], r.output
         flags = {"--input": ["--input", str(queries), "--text-column", "q"], "--text-column": None, "--json": [],
                  "--top-k": ["--top-k", "2"], "--rescore": ["--rescore", "4"], "--bundle": ["--bundle", str(bundles[task])],
-                 "--export": ["--export", str(tmp_path / f"{task}.parquet")], "--batch": ["--batch", "1"]}
+                 "--export": ["--export", str(tmp_path / f"{task}.parquet")], "--batch": ["--batch", "1"],
+                 "--precision": ["--precision", "fp32"]}
         for flag in walk("search", flags):
             if flags[flag] is None:
                 continue

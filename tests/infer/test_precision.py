@@ -245,3 +245,21 @@ def test_on_real_bf16_units_auto_computes_in_bf16(bundles, monkeypatch):
     a = np.array([r["embedding"] for r in pipe(texts)])
     b = np.array([r["embedding"] for r in Pipeline.load(bundles["embedding"], precision="fp32")(texts)])
     assert not np.array_equal(a, b) and (a * b).sum(1).min() > 0.99
+
+
+@needs_openvino
+def test_openvino_runs_short_and_long_batches_each_on_its_compilation(bundles):
+    """Batches up to SHORT_SEQUENCE tokens run without OpenVINO's fused attention, longer ones with it
+    (compiled at the first long batch): both agree with onnxruntime (fp32 here, so closely)."""
+    from mlmkit.infer.engines import SHORT_SEQUENCE, OpenVinoSession, make_session
+
+    ov_session = OpenVinoSession(bundles["embedding"] / "model.onnx", precision="fp32", threads=1)
+    ref = make_session(bundles["embedding"] / "model.onnx", threads=1)
+    rng = np.random.default_rng(0)
+    vocab = json.loads((bundles["embedding"] / "mlmkit.json").read_text())["tokenizer"]["vocab_size"]
+    for T in (12, SHORT_SEQUENCE, SHORT_SEQUENCE + 40):
+        ids = rng.integers(5, vocab, size=(3, T))
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        (a,), (b,) = ov_session.run(["embedding"], feed), ref.run(["embedding"], feed)
+        assert a.shape == b.shape and np.abs(a - b).max() < 1e-4
+        assert (ov_session.long is not None) == (T > SHORT_SEQUENCE)
