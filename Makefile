@@ -35,6 +35,7 @@ lint: $(BIN)/mlmkit
 bench: $(BIN)/mlmkit
 	$(BIN)/python benchmarks/pretrain_throughput.py
 	$(BIN)/python benchmarks/inference_throughput.py
+	$(BIN)/python benchmarks/precision.py
 	$(BIN)/python benchmarks/batch_cuts.py
 	$(BIN)/python benchmarks/serve_throughput.py
 	$(BIN)/python benchmarks/batch_scale.py

@@ -130,9 +130,10 @@ def _export(args: ExportArgs) -> dict[str, Any]:
                                    max_length=max_length, opset=args.opset, precision=onnx_graph.precision,
                                    steps=onnx_graph.steps, fused=onnx_graph.fused, parity=onnx_graph.parity,
                                    top_k=top_k, source=d)
-        bundle_meta["gate"] = _gate(args, onnx_graph, calib or [batch], axes, specials.pad,
-                                    on=onnx_graph.parity.get("int8_agreement", {}).get("on") or
-                                    (f"{sum(len(b['input_ids']) for b in calib)} --calibrate inputs" if calib else "the sample batch"))
+        # fill-mask's gate compares the [MASK] rows' choices: the sample batch has [MASK]s, --calibrate texts may not
+        real = calib if calib and not fill_mask else None
+        bundle_meta["gate"] = _gate(args, onnx_graph, real or [batch], axes, specials.pad,
+                                    on=f"{sum(len(b['input_ids']) for b in real)} --calibrate inputs" if real else "the sample batch")
         bundle_meta["run_precision"] = "fp32" if args.precision == "fp32" else "auto"
         _write_bundle(out, d, onnx_graph.path, tok, bundle_meta)
     finally:

@@ -77,6 +77,15 @@ grow with its weights). The batches of a call are cut where that costs least (ba
 calls of 8 / 32 / 64 mixed sentences ran 1.28x / 1.13x / 1.07x faster than cut only when full, and
 8 or 28 instead of 16 was within the noise (docs/performance.md, Tuning)."""
 
+BF16_BATCH_ACTIVATIONS = 786_432
+BF16_RUN_TOKENS = 128
+"""The same two cuts for an fp32 bundle computed in bf16 by OpenVINO on AMX: the matrix products are
+about 3x cheaper, so a run's fixed cost is worth more tokens and larger batches pay (2,048 tokens at
+hidden 384). On MiniLM embeddings, batch 32, 2 threads, Intel Xeon with AMX (2026-12-06): 1.09x the
+fp32 cuts (16 / 512 tokens); 100-200 / 2,048-4,096 were within the noise of each other."""
+CPU_CUTS = {"onnxruntime": (CPU_BATCH_ACTIVATIONS, CPU_RUN_TOKENS), "openvino": (BF16_BATCH_ACTIVATIONS, BF16_RUN_TOKENS)}
+"""Each engine's (activations of a batch, tokens a run is worth) on the CPU."""
+
 
 # ---- pipelines ---------------------------------------------------------------------------------
 T = TypeVar("T")
@@ -179,7 +188,7 @@ class Pipeline:
     ) -> Pipeline:
         """Load and check a bundle. ``command`` (e.g. "classify") refuses a bundle that command does not
         serve. ``batch_tokens``: the most padded tokens in one onnxruntime batch (0: no limit; default:
-        CPU_BATCH_ACTIVATIONS over the hidden size on the CPU, no limit on CUDA). ``spin``: see make_session.
+        CPU_CUTS' activations of its engine over the hidden size on the CPU, no limit on CUDA). ``spin``: see make_session.
         ``precision``: auto (default: $MLMKIT_PRECISION, else auto), fp32, bf16, fp16 or int8, held to
         the gate (``min_agreement``: its threshold) as mlmkit.infer.precision.choose says; ``gate``: a
         passed gate of that precision measured already (a job's workers take their parent's)."""
@@ -208,12 +217,13 @@ class Pipeline:
         pipe.device, pipe.choice = device, choice
         (log.info if choice.skipped or choice.precision == "bf16" else log.debug)("%s: %s", d, choice.why)
         hidden = (meta.get("model") or {}).get("hidden_size")
+        activations, run_tokens = CPU_CUTS[choice.engine]
         if batch_tokens is not None:
             pipe.batch_tokens = batch_tokens or None
         elif "CUDAExecutionProvider" not in pipe.providers and isinstance(hidden, int) and hidden > 0:
-            pipe.batch_tokens = max(1, CPU_BATCH_ACTIVATIONS // hidden)
+            pipe.batch_tokens = max(1, activations // hidden)
         if "CUDAExecutionProvider" not in pipe.providers:
-            pipe.run_tokens = CPU_RUN_TOKENS
+            pipe.run_tokens = run_tokens
         return pipe
 
     def identity(self) -> dict[str, Any]:

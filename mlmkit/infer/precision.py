@@ -15,7 +15,6 @@ Pearson correlation of scores (infer.evaluation.agreement), held to GATE_THRESHO
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from collections.abc import Callable
@@ -31,7 +30,6 @@ from mlmkit.infer.engines import BF16_FEATURES, ENGINES, cpu_feature
 from mlmkit.infer.evaluation import agreement
 from mlmkit.text.batching import pad_features
 
-log = logging.getLogger("mlmkit")
 T = TypeVar("T")
 
 PRECISION_ENV = "MLMKIT_PRECISION"

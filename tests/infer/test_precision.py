@@ -263,3 +263,12 @@ def test_openvino_runs_short_and_long_batches_each_on_its_compilation(bundles):
         (a,), (b,) = ov_session.run(["embedding"], feed), ref.run(["embedding"], feed)
         assert a.shape == b.shape and np.abs(a - b).max() < 1e-4
         assert (ov_session.long is not None) == (T > SHORT_SEQUENCE)
+
+
+def test_the_gate_sample_is_the_calibrate_inputs_where_given(runs, tmp_path):
+    texts = tmp_path / "calib.txt"
+    texts.write_text("\n".join(corpus(40, seed=3)) + "\n")
+    meta = run_export(runs["embedding"], tmp_path / "q", precision="int8", calibrate=texts)
+    gate = meta["gate"]
+    assert gate["on"] == "40 --calibrate inputs" and len(gate["input_ids"]) == 32 and "bf16" not in gate
+    assert len({len(r) for r in gate["input_ids"]}) > 3  # spread over the length-sorted batches, not the 32 shortest
