@@ -14,12 +14,15 @@ they used more than QUIET cores is marked ``*`` and counts only when no pass was
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -264,6 +267,135 @@ def spread(res: dict[str, Any], x: str, y: str) -> str:
     sp = res["speeds"]
     each = [sp[x][r] / sp[y][r] for r in quiet_rounds(res, x, y)]
     return f"{min(each):.2f}-{max(each):.2f} over {len(each)} rounds"
+
+
+# ---- HTTP servers under load (serve_throughput.py, precision.py) -----------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Connection:
+    """A minimal keep-alive HTTP/1.1 client on asyncio streams: the load generator shares the CPUs with
+    the server, and httpx spent about 10 ms of CPU per request here (a core for 100 requests/s)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        self.writer.write(head + body)
+        status_line = await self.reader.readline()
+        status, length, chunked = int(status_line.split()[1]), 0, False
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+            elif name.lower() == "transfer-encoding" and "chunked" in value.lower():
+                chunked = True
+        if not chunked:
+            return status, await self.reader.readexactly(length)
+        parts = []
+        while True:
+            size = int((await self.reader.readline()).strip(), 16)
+            data = await self.reader.readexactly(size + 2)
+            if size == 0:
+                return status, b"".join(parts)
+            parts.append(data[:-2])
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class Api:
+    """How a side is asked: its path, one request's body for one text, and the answer read back."""
+
+    def __init__(self, path: str, body: Callable[[str], dict[str, Any]], answer: Callable[[Any], Any]) -> None:
+        self.path, self.body, self.answer = path, body, answer
+
+
+async def sweep(port: int, api: Api, texts: list[str], clients: int) -> tuple[float, list[float], list[Any]]:
+    """``clients`` clients through all ``texts``, one per request: (seconds, latencies, answers in order)."""
+    answers: list[Any] = [None] * len(texts)
+    latencies: list[float] = []
+    todo = iter(range(len(texts)))
+    bodies = [json.dumps(api.body(t)).encode() for t in texts]
+
+    async def client() -> None:
+        conn = Connection("127.0.0.1", port)
+        try:
+            for i in todo:
+                t = time.perf_counter()
+                status, body = await conn.post(api.path, bodies[i])
+                latencies.append(time.perf_counter() - t)
+                if status != 200:
+                    raise SystemExit(f"HTTP {status}: {body[:500]!r}")
+                answers[i] = api.answer(json.loads(body))
+        finally:
+            conn.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return time.perf_counter() - t0, latencies, answers
+
+
+class Server:
+    """A server process, ready to answer when made."""
+
+    def __init__(self, name: str, cmd: list[str], api: Api, port: int, ready: str = "/ready", env: dict[str, str] | None = None,
+                 patience: float = 300, threads: int = 2) -> None:
+        import httpx
+
+        self.name, self.api, self.port = name, api, port
+        self.log = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(cmd, env=bench_env(**thread_env(threads), **(env or {})),
+                                         stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + patience
+        while True:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{name} exited with {self.proc.returncode}; its log ({self.log}) ends:\n"
+                                 + self.log.read_text(errors="replace")[-3000:])
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}{ready}", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.close()
+                raise SystemExit(f"{name} did not get ready in {patience:.0f} s; its log: {self.log}")
+            time.sleep(0.2)
+
+    def run(self, texts: list[str], patience: float, clients: int = 64) -> dict[str, Any]:
+        wait_for_quiet(patience)
+        b, mine, theirs = busy_seconds(), time.process_time(), cpu_of(self.proc.pid)
+        seconds, lat, answers = asyncio.run(sweep(self.port, self.api, texts, clients))
+        other = other_cores(b, time.process_time() - mine + cpu_of(self.proc.pid) - theirs, seconds)
+        lat.sort()
+        return {"rps": len(texts) / seconds, "p50": lat[len(lat) // 2] * 1000, "p99": lat[int(len(lat) * 0.99)] * 1000,
+                "other": other, "answers": answers}
+
+    def close(self) -> None:
+        """Stop the server; its log is kept only when it had stopped by itself."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.log.unlink(missing_ok=True)
 
 
 # ---- a command's processes ----------------------------------------------------------------------

@@ -4,6 +4,7 @@ bundle and OpenVINO's default settings on the same model file, on embeddings, cl
     python benchmarks/precision.py            # about 10 minutes on 2 quiet cores (the first time: +3 for the setup)
     python benchmarks/precision.py --quick    # 256 sentences, 2 rounds
     python benchmarks/precision.py --tasks embed --rounds 5
+    python benchmarks/precision.py --tasks embed --whole    # and `mlmkit serve` / an `mlmkit embed` job, fp32 vs auto
 
 Models, all MiniLM size (6 layers, hidden 384, 12 heads, vocabulary 30522), exported by `mlmkit export`
 (fp32, auto: the bf16 gate recorded where it can be measured) and `--precision int8` (dynamic):
@@ -46,16 +47,22 @@ import json
 import random
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from common import (
     MINILM,
+    Api,
+    Server,
     add_patience,
     agreement,
+    alternating,
     answer_passes,
+    busy_seconds,
     cosines,
     encoder_flops,
+    free_port,
     gemm_ceiling,
     log,
     machine_lines,
@@ -63,12 +70,14 @@ from common import (
     made_by,
     median_speeds,
     mlmkit_cuts,
+    other_cores,
     race,
     ratio,
     reusable,
     spread,
     stdlib_sentences,
     target,
+    wait_for_quiet,
     work_dir,
     workers,
 )
@@ -286,6 +295,75 @@ def report(task: str, res: dict[str, Any], ready: dict[str, dict[str, Any]], flo
     return lines
 
 
+# ---- serving and a batch job, whole processes ---------------------------------------------------------
+EMBED = Api("/v1/embeddings", lambda t: {"model": "minilm", "input": [t]}, lambda r: r["data"][0]["embedding"])
+WHOLE = {"mlmkit-fp32": {"MLMKIT_PRECISION": "fp32"}, "mlmkit-auto": {}}
+"""The two sides of the whole-process parts: the environment each runs in (auto: none set)."""
+
+
+def serve_part(work: Path, rounds: int, patience: float) -> list[str]:
+    """`mlmkit serve` on the embedding bundle, fp32 against auto, one sentence a request at 16 and 64
+    clients (common.Server, common.sweep), a server started afresh for each side's round."""
+    texts = json.loads((work / "sentences.json").read_text())["plain"]
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {s: {16: [], 64: []} for s in WHOLE}
+    for r, side in alternating(list(WHOLE), rounds):
+        port = free_port()
+        server = Server(side, [sys.executable, "-m", "mlmkit", "-q", "serve", f"minilm={work / 'embed-auto'}", "--port",
+                               str(port), "--threads", str(THREADS)], EMBED, port, env=WHOLE[side], threads=THREADS)
+        try:
+            server.run(texts, 0)  # warm-up: a whole pass (OpenVINO prepares its kernels per shape)
+            for clients in (16, 64):
+                res = server.run(texts, patience, clients)
+                res.pop("answers")
+                runs[side][clients].append(res)
+                log(f"serve round {r + 1}/{rounds} {side} x{clients}: {res['rps']:.1f} requests/s, p99 {res['p99']:.1f} ms"
+                    f"   (other processes busy: {res['other']:.2f} cores)")
+        finally:
+            server.close()
+    lines = [f"serve: `mlmkit serve` on the embedding bundle, /v1/embeddings, one sentence a request, {len(texts)} a pass, "
+             f"{THREADS} threads, median of {rounds} rounds"]
+    for clients in (16, 64):
+        med = {s: {k: statistics.median(x[k] for x in runs[s][clients]) for k in ("rps", "p50", "p99")} for s in WHOLE}
+        each = [a["rps"] / b["rps"] for a, b in zip(runs["mlmkit-auto"][clients], runs["mlmkit-fp32"][clients])]
+        lines.append(f"  {clients} clients: " + "; ".join(f"{s} {m['rps']:.1f} requests/s, p50 {m['p50']:.1f} ms, p99 {m['p99']:.1f} ms"
+                                                          for s, m in med.items())
+                     + f"; auto vs fp32 {statistics.median(each):.2f}x ({min(each):.2f}-{max(each):.2f})")
+    return lines
+
+
+def job_part(work: Path, rounds: int, patience: float) -> list[str]:
+    """`mlmkit embed --input F --output X.npy` over 4,096 sentences, a whole process each (start-up and,
+    for auto, the gate counted), fp32 against auto."""
+    import resource
+    import subprocess
+
+    from common import bench_env
+
+    def child_cpu() -> float:
+        u = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return u.ru_utime + u.ru_stime
+
+    texts = json.loads((work / "sentences.json").read_text())["plain"] * 4
+    src = work / "job-input.txt"
+    src.write_text("\n".join(texts) + "\n")
+    speeds: dict[str, list[float]] = {s: [] for s in WHOLE}
+    for r, side in alternating(list(WHOLE), rounds):
+        wait_for_quiet(patience)
+        b, c, t = busy_seconds(), child_cpu(), time.perf_counter()
+        cmd = [sys.executable, "-m", "mlmkit", "-q", "embed", str(work / "embed-auto"), "--input", str(src),
+               "--output", str(work / f"job-{side}.npy"), "--threads", str(THREADS)]
+        subprocess.run(cmd, check=True, env=bench_env(**WHOLE[side]), capture_output=True)
+        seconds = time.perf_counter() - t
+        speeds[side].append(len(texts) / seconds)
+        other = other_cores(b, child_cpu() - c, seconds)
+        log(f"job round {r + 1}/{rounds} {side}: {speeds[side][-1]:.1f} texts/s, {seconds:.1f} s "
+            f"(the whole process; other processes busy: {other:.2f} cores)")
+    each = [a / b for a, b in zip(speeds["mlmkit-auto"], speeds["mlmkit-fp32"])]
+    return [f"job: `mlmkit embed --input` of {len(texts)} sentences to .npy, the whole process, {THREADS} threads, "
+            f"median of {rounds} rounds: " + "; ".join(f"{s} {statistics.median(v):.1f} texts/s" for s, v in speeds.items())
+            + f"; auto vs fp32 {statistics.median(each):.2f}x ({min(each):.2f}-{max(each):.2f})"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--role", choices=["driver", "side"], default="driver")
@@ -295,6 +373,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--whole", action="store_true", help="also `mlmkit serve` and an `mlmkit embed` job, fp32 against auto")
     add_patience(ap)
     a = ap.parse_args()
     if a.role == "side":
@@ -324,6 +403,10 @@ def main() -> None:
             bf16 = ceiling.get("bf16")
             share = flops / res["n"] * median_speeds(res)["mlmkit-auto"] / bf16 if isinstance(bf16, float) else 0.0
             targets.append(target("precision-embed-share-of-bf16-ceiling", share, ">=", 0.5))
+    if a.whole:
+        for part in (serve_part, job_part):
+            block = part(a.work, rounds, a.patience)
+            print("\n".join(block), flush=True)
     print("\n".join(targets))
 
 
