@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from mlmkit.args import ExportArgs
-from mlmkit.errors import ConfigError, ParityError
+from mlmkit.errors import ConfigError, MlmkitError, ParityError
 from mlmkit.exporter.graphs import build_graph, graph_inputs, torch_export
 from mlmkit.exporter.parity import (
     ATOL,
@@ -269,9 +269,16 @@ def _gate(args: ExportArgs, graph: _OnnxGraph, batches: list[dict[str, Any]], ax
                               "export on a machine with bf16 units, or with --precision auto (each machine gates bf16 itself)")
         gate["bf16"] = {"precision": "bf16", "passed": None, "not_measured": why_not}
         return gate
-    bf16 = ENGINES["openvino"].open(graph.path, precision="bf16", device="cpu", threads=None, spin=True)
-    result = judge(measure(onnx_session(graph.path), bf16, padded(gate, pad_id), axes), "bf16", args.min_agreement,
-                   f"{len(gate['input_ids'])}-input sample ({on})")
+    try:
+        bf16 = ENGINES["openvino"].open(graph.path, precision="bf16", device="cpu", threads=None, spin=True)
+        result = judge(measure(onnx_session(graph.path), bf16, padded(gate, pad_id), axes), "bf16", args.min_agreement,
+                       f"{len(gate['input_ids'])}-input sample ({on})")
+    except Exception as e:  # noqa: BLE001 - a graph OpenVINO cannot read or run: recorded, and each machine runs fp32
+        why = f"OpenVINO cannot run it ({e.message if isinstance(e, MlmkitError) else ' '.join(str(e).split())[:200]})"
+        if args.precision == "bf16":
+            raise ConfigError(f"--precision bf16: {why}; no bundle written", "export with --precision auto or fp32") from None
+        gate["bf16"] = {"precision": "bf16", "passed": None, "not_measured": why}  # each machine tries again
+        return gate
     if args.precision == "bf16" and not result["passed"]:
         raise ParityError(f"--precision bf16: its gate failed: {said(result)}; no bundle written",
                           "export with --precision auto or fp32, or set another threshold with --min-agreement")

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from mlmkit.args import PRECISIONS
-from mlmkit.errors import BundleError, ConfigError
+from mlmkit.errors import BundleError, ConfigError, MlmkitError
 from mlmkit.infer.engines import BF16_FEATURES, ENGINES, cpu_feature
 from mlmkit.infer.evaluation import agreement
 from mlmkit.text.batching import pad_features
@@ -146,9 +146,13 @@ def judge(result: dict[str, Any], precision: str, min_agreement: float | None, o
 
 
 def said(g: dict[str, Any]) -> str:
-    """A gate's record in words: "mean cosine 0.99998 >= 0.999 on the 24-input sample (...)"."""
-    v = "nothing to compare" if g["value"] is None else f"{math.floor(g['value'] * 1e6) / 1e6:.6g}"  # rounded down
-    return f"{g['measure']} {v} {'>=' if g['passed'] else '<'} {g['threshold']:g} on the {g['on']}"
+    """A gate's record in words: "mean cosine 0.99998 >= 0.999 on the 24-input sample (...)"; a record
+    edited out of shape says what it lacks rather than failing."""
+    value, threshold = g.get("value"), g.get("threshold")
+    if not isinstance(threshold, (int, float)) or not (value is None or isinstance(value, (int, float))):
+        return "its record in mlmkit.json has no value and threshold"
+    v = "nothing to compare" if value is None else f"{math.floor(value * 1e6) / 1e6:.6g}"  # rounded down
+    return f"{g.get('measure', 'agreement')} {v} {'>=' if g.get('passed') else '<'} {threshold:g} on the {g.get('on', 'sample')}"
 
 
 # ---- the choice ------------------------------------------------------------------------------------
@@ -209,16 +213,21 @@ def choose(path: Path, meta: dict[str, Any], precision: str | None, make: Callab
         raise ConfigError(f"--precision bf16: {why_not}", "run it with --precision fp32 or auto")
     ref = make(ort.open(model, precision="fp32", device=device, threads=threads, spin=spin))
     if why_not is None:
-        fast = make(ENGINES["openvino"].open(model, precision="bf16", device=device, threads=threads, spin=spin))
-        if gate is None or not gate.get("passed"):
-            batch, on = _sample(meta, path, specials)
-            axes = {k: tuple(v) for k, v in meta["outputs"].items()}
-            gate = judge(measure(ref.session, fast.session, batch, axes), "bf16", min_agreement, on)  # type: ignore[attr-defined]
-        if gate["passed"]:
-            return fast, Choice("bf16", "openvino", f"bf16 on openvino: this CPU has {cpu_feature('bf16')}; "
-                                                    f"its gate passed: {said(gate)}", gate)
-        why_not = f"its gate failed here: {said(gate)}"
+        sample = None if gate is not None and gate.get("passed") else _sample(meta, path, specials)  # a damaged one: BundleError
+        try:
+            fast = make(ENGINES["openvino"].open(model, precision="bf16", device=device, threads=threads, spin=spin))
+            if sample is not None:
+                axes = {k: tuple(v) for k, v in meta["outputs"].items()}
+                gate = judge(measure(ref.session, fast.session, sample[0], axes), "bf16", min_agreement, sample[1])  # type: ignore[attr-defined]
+        except Exception as e:  # noqa: BLE001 - a graph OpenVINO cannot read or run: fp32 then, saying why
+            why_not = f"OpenVINO cannot run it ({e.message if isinstance(e, MlmkitError) else ' '.join(str(e).split())[:200]})"
+        else:
+            assert gate is not None  # measured, or given as passed
+            if gate["passed"]:
+                return fast, Choice("bf16", "openvino", f"bf16 on openvino: this CPU has {cpu_feature('bf16')}; "
+                                                        f"its gate passed: {said(gate)}", gate)
+            why_not = f"its gate failed here: {said(gate)}"
         if want == "bf16":
-            raise ConfigError(f"--precision bf16: {why_not}", "run it with --precision fp32 or auto, or set another "
-                                                               "threshold with --min-agreement")
+            raise ConfigError(f"--precision bf16: {why_not}", "run it with --precision fp32 or auto"
+                              + (", or set another threshold with --min-agreement" if "gate failed" in why_not else ""))
     return ref, Choice("fp32", ort.name, f"fp32 on {ort.name}: bf16 not used: {why_not}", gate, {"bf16": why_not})

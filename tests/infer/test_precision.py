@@ -272,3 +272,28 @@ def test_the_gate_sample_is_the_calibrate_inputs_where_given(runs, tmp_path):
     gate = meta["gate"]
     assert gate["on"] == "40 --calibrate inputs" and len(gate["input_ids"]) == 32 and "bf16" not in gate
     assert len({len(r) for r in gate["input_ids"]}) > 3  # spread over the length-sorted batches, not the 32 shortest
+
+
+def test_a_graph_openvino_cannot_run_stays_fp32_under_auto_and_is_refused_as_bf16(bundles, monkeypatch):
+    monkeypatch.setenv("MLMKIT_CPU_FLAGS", BF16)
+    monkeypatch.setattr(ENGINES["openvino"], "missing", lambda: None)
+
+    def cannot(*a, **k):
+        raise BundleError("OpenVINO cannot read model.onnx (OpConversionFailure: QAttention)", "run it with --precision fp32")
+
+    monkeypatch.setattr(ENGINES["openvino"], "open", cannot)
+    pipe = Pipeline.load(bundles["classification"], precision="auto")
+    assert pipe.precision == "fp32" and "bf16 not used: OpenVINO cannot run it (OpenVINO cannot read" in pipe.choice.why
+    with pytest.raises(ConfigError, match=r"--precision bf16: OpenVINO cannot run it \(OpenVINO cannot read"):
+        Pipeline.load(bundles["classification"], precision="bf16")
+
+
+@needs_openvino
+def test_a_recorded_gate_edited_out_of_shape_is_said_not_a_crash(copy, monkeypatch):
+    monkeypatch.setenv("MLMKIT_CPU_FLAGS", BF16)
+    d = copy("embedding")
+    meta = json.loads((d / "mlmkit.json").read_text())
+    meta["gate"]["bf16"] = {"passed": False}
+    (d / "mlmkit.json").write_text(json.dumps(meta))
+    pipe = Pipeline.load(d, precision="auto")
+    assert pipe.precision == "fp32" and "its record in mlmkit.json has no value and threshold" in pipe.choice.why

@@ -18,6 +18,22 @@ from mlmkit.infer.pipeline import Pipeline
 transformers = pytest.importorskip("transformers")
 
 
+@pytest.mark.skipif(__import__("importlib").util.find_spec("openvino") is None, reason="OpenVINO is not installed")
+@pytest.mark.parametrize("family", ["roberta", "modernbert", "distilbert", "deberta-v2"])
+def test_every_family_s_fused_graph_runs_in_bf16_through_openvino(tmp_path: Path, family: str, monkeypatch) -> None:
+    """OpenVINO reads each family's fused fp32 graph (its com.microsoft operators, rotary and
+    disentangled attention too): auto on bf16 units (forced where the CPU has none) picks it, and its
+    labels are fp32's."""
+    monkeypatch.setenv("MLMKIT_CPU_FLAGS", "+amx_bf16")
+    save_checkpoint(tmp_path / "src", family, "ForSequenceClassification", id2label={0: "neg", 1: "pos"})
+    meta = export(tmp_path / "src", tmp_path / "b")
+    assert meta["gate"]["bf16"]["passed"], meta["gate"]["bf16"]
+    fast, ref = Pipeline.load(tmp_path / "b", precision="auto"), Pipeline.load(tmp_path / "b", precision="fp32")
+    assert (fast.precision, ref.precision) == ("bf16", "fp32")
+    texts = sentences(16)
+    assert [r["label"] for r in fast(texts)] == [r["label"] for r in ref(texts)]
+
+
 @pytest.mark.parametrize("family", ["roberta", "modernbert", "distilbert", "deberta-v2"])
 def test_int8_and_fp16_bundles_of_other_families(tmp_path: Path, family: str) -> None:
     save_checkpoint(tmp_path / "src", family, "ForSequenceClassification", perturb=False, id2label={0: "neg", 1: "pos"})
