@@ -64,23 +64,12 @@ def cpu_feature(kind: str, flags: frozenset[str] | None = None) -> str | None:
     return next((name for flag, name in table.items() if flag in have), None)
 
 
-def cpu_name(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
-    try:
-        for line in Path(cpuinfo).read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 # ---- the engines ------------------------------------------------------------------------------------
 class Engine:
-    """One way to run a model.onnx. ``runs``: the (bundle precision, run precision, device) it computes."""
+    """One way to run a model.onnx: which precision it computes in is mlmkit.infer.precision's choice."""
 
     name = ""
     install = ""  # the pip command that brings it
-    runs: frozenset[tuple[str, str, str]] = frozenset()
 
     def missing(self) -> str | None:
         """Why this engine cannot be used here (its package not installed), or None."""
@@ -92,9 +81,9 @@ class Engine:
 
 
 class OnnxRuntimeEngine(Engine):
+    """fp32, int8 and fp16 graphs as they are, on the CPU or CUDA (make_session)."""
+
     name, install = "onnxruntime", "pip install onnxruntime"
-    runs = frozenset({("fp32", "fp32", "cpu"), ("int8", "int8", "cpu"), ("fp16", "fp16", "cpu"),
-                      ("fp32", "fp32", "cuda"), ("fp16", "fp16", "cuda"), ("int8", "int8", "cuda")})
 
     def missing(self) -> str | None:
         return None  # a base dependency
@@ -104,8 +93,9 @@ class OnnxRuntimeEngine(Engine):
 
 
 class OpenVinoEngine(Engine):
+    """An fp32 graph computed in bf16 (or fp32) on the CPU (OpenVinoSession)."""
+
     name, install = "openvino", "pip install 'mlmkit[openvino]'"
-    runs = frozenset({("fp32", "bf16", "cpu"), ("fp32", "fp32", "cpu")})
 
     def missing(self) -> str | None:
         try:
