@@ -114,6 +114,8 @@ def test_models_health_ready_metrics_and_docs(server: Server, bundles) -> None:
     assert models["clf"]["task"] == "classification" and models["clf"]["labels"] == ["neg", "pos"]
     assert "threshold" in models["clf"]["options"] and models["mlm"]["options"] == ["top_k"]
     assert models["ner"]["max_length"] == 24 and models["mlm"]["task"] == "fill-mask" and models["emb"]["source"]
+    # the test process sets MLMKIT_PRECISION=fp32 (conftest.py), which the server inherits
+    assert models["clf"]["precision"] == "fp32" and models["clf"]["computes_in"] == "fp32"
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
     assert httpx.get(server.url + "/ready").json()["status"] == "ready"
     spec = httpx.get(server.url + "/openapi.json").json()
