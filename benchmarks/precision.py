@@ -5,6 +5,7 @@ bundle and OpenVINO's default settings on the same model file, on embeddings, cl
     python benchmarks/precision.py --quick    # 256 sentences, 2 rounds
     python benchmarks/precision.py --tasks embed --rounds 5
     python benchmarks/precision.py --tasks embed --whole    # and `mlmkit serve` / an `mlmkit embed` job, fp32 vs auto
+    python benchmarks/precision.py --peers                  # and optimum-intel, NNCF int8 weights, sentence-transformers' OpenVINO
 
 Models, all MiniLM size (6 layers, hidden 384, 12 heads, vocabulary 30522), exported by `mlmkit export`
 (fp32, auto: the bf16 gate recorded where it can be measured) and `--precision int8` (dynamic):
@@ -25,6 +26,13 @@ Sides, each in its own worker process, in alternating rounds (benchmarks/common.
   setting OpenVINO's default (on an AMX CPU it picks bf16 itself), on the same model.onnx, given mlmkit's
   tokenization and the batches mlmkit cuts for OpenVINO (common.mlmkit_cuts, engine="openvino"): the same
   work as mlmkit-auto's, its best case.
+
+With --peers, in a venv of their own (OPTIMUM_INTEL; --peers-venv to reuse one):
+- optimum-intel: ``OVModelFor{FeatureExtraction,SequenceClassification,MaskedLM}`` on its own OpenVINO
+  export of each run (its defaults: bf16 on AMX), given mlmkit's batches for OpenVINO (cuts-TASK.json),
+  mean pooling and normalisation in numpy for embeddings, the full vocabulary logits for fill-mask;
+- optimum-intel-int8w: the same with NNCF's int8 weights (``OVWeightQuantizationConfig(bits=8)``);
+- st-openvino (embeddings): ``SentenceTransformer(model, backend="openvino").encode`` (its own batches).
 
 Each line names the precision each side computed in. Quality is against mlmkit-fp32's outputs: mean and
 minimum cosine of the embeddings, top-1 agreement of the labels and of the masked tokens. The share of
@@ -205,10 +213,105 @@ def serve_side(task: str, side: str, work: Path) -> None:
 
         def run(xs: list[str]) -> list[Any]:
             return answers(task, pipe(xs))
+    elif side in PEER_SIDES:
+        run, ready = peer_side(task, side, work, texts)
     else:
         run, ready = openvino_side(task, bundle)
     run(texts)  # warm-up, a whole pass: OpenVINO prepares its kernels for each new shape on its first run
     answer_passes({"ready": side, **ready}, lambda _: {"n": len(texts), "preds": run(texts)})
+
+
+# ---- the peers in their own venv (optimum-intel pins its own transformers and torch) ------------------
+OPTIMUM_INTEL = ["optimum-intel[openvino,nncf]==2.2.0", "sentence-transformers==6.3.0"]
+"""The peers' venv (2026-12-06: with openvino 2026.4.1, nncf 3.4.0, transformers 5.5.4, torch 2.14.1)."""
+PEER_SIDES = ("optimum-intel", "optimum-intel-int8w", "st-openvino")
+"""optimum-intel's OVModelFor* on an OpenVINO export of each run (its defaults: bf16 on AMX), the same with
+NNCF's int8 weights (OVWeightQuantizationConfig(bits=8): what `optimum-cli export openvino --weight-format
+int8` makes), both given mlmkit's batches; sentence-transformers' ``backend="openvino"`` (embeddings only,
+its own batches: it sorts by length itself)."""
+OV_CLASSES = {"embed": "OVModelForFeatureExtraction", "classify": "OVModelForSequenceClassification",
+              "fill-mask": "OVModelForMaskedLM"}
+
+
+def peer_setup(work: Path) -> None:
+    """In the peers' venv: each run exported to OpenVINO by optimum-intel, plain and with int8 weights."""
+    import optimum.intel as oi
+
+    runs = json.loads((work / "runs.json").read_text())
+    for task, cls_name in OV_CLASSES.items():
+        cls = getattr(oi, cls_name)
+        for name, q in (("fp", None), ("int8w", oi.OVWeightQuantizationConfig(bits=8))):
+            out = work / f"ov-{task}-{name}"
+            if not (out / "openvino_model.xml").exists():
+                log(f"setup: optimum-intel export of {task} ({name})")
+                model = cls.from_pretrained(runs[task], export=True, **({"quantization_config": q} if q else {}))
+                model.save_pretrained(out)
+
+
+def peer_side(task: str, side: str, work: Path, texts: list[str]) -> tuple[Any, dict[str, Any]]:
+    """A peer, in its venv (no mlmkit there): optimum-intel on mlmkit's batches (cuts-TASK.json), or
+    sentence-transformers' OpenVINO backend."""
+    import numpy as np
+
+    runs = json.loads((work / "runs.json").read_text())
+    if side == "st-openvino":
+        from sentence_transformers import SentenceTransformer
+
+        st = SentenceTransformer(runs[task], device="cpu", backend="openvino",
+                                 model_kwargs={"ov_config": {"INFERENCE_NUM_THREADS": THREADS}})
+        return (lambda xs: st.encode(xs, batch_size=BATCH).tolist()), {"precision": "default", "engine": "openvino"}
+    import optimum.intel as oi
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(runs[task])
+    model = getattr(oi, OV_CLASSES[task]).from_pretrained(work / f"ov-{task}-{'int8w' if side.endswith('int8w') else 'fp'}",
+                                                        ov_config={"INFERENCE_NUM_THREADS": THREADS})
+    cuts = json.loads((work / f"cuts-{task}.json").read_text())
+    labels = model.config.id2label
+
+    def run(xs: list[str]) -> list[Any]:
+        got: list[Any] = [None] * len(xs)
+        batches = cuts["batches"] if len(xs) == cuts["n"] else [list(range(len(xs)))]
+        for b in batches:
+            enc = tok([xs[i] for i in b], padding=True, truncation=True, max_length=MAX_LENGTH, return_tensors="np")
+            out = model(**enc)
+            if task == "embed":
+                m = enc["attention_mask"][..., None]
+                v = (np.asarray(out.last_hidden_state) * m).sum(1) / m.sum(1)
+                v /= np.linalg.norm(v, axis=1, keepdims=True)
+                rows: list[Any] = v.tolist()
+            elif task == "classify":
+                rows = [labels[int(k)] for k in np.asarray(out.logits).argmax(-1)]
+            else:
+                logits, ids = np.asarray(out.logits), enc["input_ids"]
+                rows = [int(logits[r, np.flatnonzero(ids[r] == tok.mask_token_id)[0]].argmax())
+                        if (ids[r] == tok.mask_token_id).any() else -1 for r in range(len(b))]
+            for r, i in enumerate(b):
+                got[i] = rows[r]
+        return got
+
+    try:
+        hint = model.request.get_property("INFERENCE_PRECISION_HINT")
+        precision = {"f32": "fp32"}.get(hint.get_type_name(), hint.get_type_name())
+    except Exception:  # noqa: BLE001 - only a label for the table
+        precision = "default"
+    return run, {"precision": precision + (" + int8 weights" if side.endswith("int8w") else ""), "engine": "optimum-intel"}
+
+
+def write_cuts(work: Path) -> None:
+    """cuts-TASK.json: the batches mlmkit cuts for OpenVINO of each task's sentences, for the peers' venv."""
+    from mlmkit.text.tokenizer import load_tokenizer
+
+    runs = json.loads((work / "runs.json").read_text())
+    data = json.loads((work / "sentences.json").read_text())
+    for task in TASKS:
+        tok = load_tokenizer(Path(runs[task]))
+        tok.no_padding()
+        tok.enable_truncation(MAX_LENGTH)
+        texts = data["masked" if task == "fill-mask" else "plain"]
+        lengths = [len(e.ids) for e in tok.encode_batch(texts)]
+        batches = mlmkit_cuts(lengths, BATCH, MINILM["hidden_size"], engine="openvino")
+        (work / f"cuts-{task}.json").write_text(json.dumps({"n": len(texts), "batches": batches}))
 
 
 def openvino_side(task: str, bundle: Path) -> tuple[Any, dict[str, Any]]:
@@ -366,9 +469,13 @@ def job_part(work: Path, rounds: int, patience: float) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--role", choices=["driver", "side"], default="driver")
+    ap.add_argument("--role", choices=["driver", "side", "peer-setup"], default="driver")
+    ap.add_argument("--peers", action="store_true", help="also optimum-intel (its defaults, and NNCF int8 weights) and "
+                                                         "sentence-transformers' OpenVINO backend, in a venv of their own")
+    ap.add_argument("--peers-venv", type=Path, default=None, help="the peers' venv (default WORK/peers-venv; made with "
+                                                                 "OPTIMUM_INTEL when missing)")
     ap.add_argument("--task", choices=TASKS)
-    ap.add_argument("--side", choices=[*SIDES, "mlmkit-bf16"])
+    ap.add_argument("--side", choices=[*SIDES, "mlmkit-bf16", *PEER_SIDES])
     ap.add_argument("--work", type=Path, default=work_dir("runs/bench-precision"))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=None)
@@ -378,9 +485,20 @@ def main() -> None:
     a = ap.parse_args()
     if a.role == "side":
         return serve_side(a.task, a.side, a.work)
+    if a.role == "peer-setup":
+        return peer_setup(a.work)
     n = 256 if a.quick else 1024
     rounds = a.rounds or (2 if a.quick else 3)
     setup(a.work, n)
+    peers_py = None
+    if a.peers:
+        import subprocess
+
+        from common import bench_env, peers_python
+
+        peers_py = peers_python(a.peers_venv or a.work.parent / "precision-peers-venv", OPTIMUM_INTEL)
+        write_cuts(a.work)
+        subprocess.run([peers_py, str(HERE), "--role", "peer-setup", "--work", str(a.work)], check=True, env=bench_env())
     lines, _ = machine_lines(THREADS)
     ceiling = gemm_ceiling(THREADS, shape=FFN_SHAPE)
     lines.append(f"GEMM ceiling in MiniLM's FFN shape {'x'.join(map(str, FFN_SHAPE))} on {THREADS} threads: "
@@ -388,9 +506,10 @@ def main() -> None:
     print("\n".join(lines), flush=True)
     out, targets = [], []
     for task in a.tasks.split(","):
-        sides = [*SIDES, "mlmkit-bf16"] if task == "fill-mask" else SIDES
-        args = {s: ["--role", "side", "--task", task, "--side", s, "--work", str(a.work)] for s in sides}
-        with workers(HERE, args) as ws:
+        sides = [*SIDES, "mlmkit-bf16"] if task == "fill-mask" else list(SIDES)
+        peers = [s for s in PEER_SIDES if peers_py and (s != "st-openvino" or task == "embed")]
+        args = {s: ["--role", "side", "--task", task, "--side", s, "--work", str(a.work)] for s in sides + peers}
+        with workers(HERE, args, pythons={s: peers_py for s in peers if peers_py}) as ws:
             ready = {s: w.ready for s, w in ws.items()}
             res = race(ws, rounds, a.patience, label=f"{task} ")
         flops = useful_flops(a.work, task)
