@@ -181,7 +181,7 @@ def choose(path: Path, meta: dict[str, Any], precision: str | None, make: Callab
     """The precision and engine ``path``'s bundle runs in here (see the module's docstring), and what
     ``make`` (the pipeline, which checks a session against the bundle's description) makes of its
     session. Every session is checked before a gate runs on it; the fp32 session measured against is
-    the one kept when bf16 is not used. ``gate``: a passed gate measured already for this precision (a
+    the one kept when bf16 is not used, and none is made when a passed ``gate`` is given. ``gate``: a passed gate measured already for this precision (a
     job's workers take the parent's); ``specials``: the tokenizer's special ids, for a bundle without
     a gate sample."""
     want = requested(precision)
@@ -211,12 +211,14 @@ def choose(path: Path, meta: dict[str, Any], precision: str | None, make: Callab
         why_not = f"its gate failed at export: {said(recorded)} (--min-agreement sets another threshold)"
     if why_not is not None and want == "bf16":
         raise ConfigError(f"--precision bf16: {why_not}", "run it with --precision fp32 or auto")
-    ref = make(ort.open(model, precision="fp32", device=device, threads=threads, spin=spin))
+    ref = None  # the fp32 pipeline: made for the gate, or for running in fp32
     if why_not is None:
         sample = None if gate is not None and gate.get("passed") else _sample(meta, path, specials)  # a damaged one: BundleError
+        if sample is not None:  # outside the try below: a bundle onnxruntime refuses is an error, not a reason
+            ref = make(ort.open(model, precision="fp32", device=device, threads=threads, spin=spin))
         try:
             fast = make(ENGINES["openvino"].open(model, precision="bf16", device=device, threads=threads, spin=spin))
-            if sample is not None:
+            if sample is not None and ref is not None:
                 axes = {k: tuple(v) for k, v in meta["outputs"].items()}
                 gate = judge(measure(ref.session, fast.session, sample[0], axes), "bf16", min_agreement, sample[1])  # type: ignore[attr-defined]
         except Exception as e:  # noqa: BLE001 - a graph OpenVINO cannot read or run: fp32 then, saying why
@@ -230,4 +232,6 @@ def choose(path: Path, meta: dict[str, Any], precision: str | None, make: Callab
         if want == "bf16":
             raise ConfigError(f"--precision bf16: {why_not}", "run it with --precision fp32 or auto"
                               + (", or set another threshold with --min-agreement" if "gate failed" in why_not else ""))
+    if ref is None:
+        ref = make(ort.open(model, precision="fp32", device=device, threads=threads, spin=spin))
     return ref, Choice("fp32", ort.name, f"fp32 on {ort.name}: bf16 not used: {why_not}", gate, {"bf16": why_not})
