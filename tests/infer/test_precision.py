@@ -109,20 +109,16 @@ def test_a_bundle_runs_only_in_its_own_precision_when_it_is_not_fp32(runs, bundl
 @needs_openvino
 @pytest.mark.parametrize("kind", ["fill-mask", "classification", "tagging", "qa", "embedding", "sparse-embedding", "rerank"])
 def test_every_task_runs_in_bf16_through_openvino_near_fp32(kind, bundles, monkeypatch):
-    """auto on bf16 units (forced where the CPU has none: OpenVINO then computes in fp32, and the
-    choice is what is tested) runs each task's graph through OpenVINO, its outputs read by the same
-    pipeline, close to onnxruntime's fp32."""
+    """Each task's graph through OpenVINO in bf16 (forced where the CPU has no bf16 units: OpenVINO then
+    computes in fp32), its outputs read by the same pipeline, close to onnxruntime's fp32. The gate is
+    held low here (a tiny random reranker's scores hardly vary, and bf16's rounding is most of their
+    spread: its correlation was 0.82 on AMX); the gate's own decisions are tested below."""
     monkeypatch.setenv("MLMKIT_CPU_FLAGS", BF16)
     texts = corpus(12, seed=5)
     inputs = ([{"question": t[:20], "context": t} for t in texts] if kind == "qa"
               else [{"text": t, "text_pair": t[::-1]} for t in texts] if kind == "rerank"
               else [t.replace(t.split()[1], "[MASK]", 1) for t in texts] if kind == "fill-mask" else texts)
-    if kind == "rerank":  # a tiny random reranker's scores hardly vary: bf16's rounding is most of their spread
-        auto = Pipeline.load(bundles[kind], precision="auto")
-        assert auto.precision == "fp32" and "bf16 not used: its gate failed at export: score correlation" in auto.choice.why
-        fast = Pipeline.load(bundles[kind], precision="bf16", min_agreement=0.5)
-    else:
-        fast = Pipeline.load(bundles[kind], precision="auto")
+    fast = Pipeline.load(bundles[kind], precision="bf16", min_agreement=0.5)
     assert (fast.precision, fast.choice.engine, fast.providers) == ("bf16", "openvino", ["OpenVINO CPU (bf16)"]), fast.choice.why
     assert fast.choice.gate["passed"] and "its gate passed" in fast.choice.why
     ref = Pipeline.load(bundles[kind], precision="fp32")
