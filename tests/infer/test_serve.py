@@ -263,3 +263,11 @@ def test_sigterm_lets_the_request_in_flight_finish_and_turns_new_ones_away(bundl
         assert s.proc.wait(timeout=60) == 0
     finally:
         s.stop()
+
+
+def test_only_loopback_addresses_count_as_this_machine_alone() -> None:
+    """`serve` warns when it listens beyond this machine without an API key: which hosts are loopback."""
+    from mlmkit.infer.serve.server import loopback
+
+    assert all(loopback(h) for h in ("127.0.0.1", "127.8.0.3", "::1", "[::1]", "localhost"))
+    assert not any(loopback(h) for h in ("0.0.0.0", "::", "10.0.0.5", "192.168.1.2", "example.internal"))

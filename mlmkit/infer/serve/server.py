@@ -26,6 +26,9 @@ def serve(args: ServeArgs) -> None:
     from mlmkit.infer.serve.uvicorn_parts import HEADER_BYTES, DrainingServer, header_timeout_protocol
 
     keys = api_keys(args)  # before the models load: a bad key, or a busy port, is one line at once
+    if not keys and not loopback(args.host):
+        log.warning("--host %s without an API key: anyone who reaches this machine on port %d can use every model "
+                    "(set --api-key or MLMKIT_API_KEY)", args.host, args.port)
     sock = listen(args.host, args.port)
     try:
         models = load_models(args)
@@ -80,6 +83,18 @@ def max_connections(args: ServeArgs) -> int:
     except (ImportError, OSError, ValueError):
         soft = 1024
     return max(16, min(4096, (soft if soft > 0 else 4096 + 64) - 64))
+
+
+def loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
 
 
 def listen(host: str, port: int) -> Any:
