@@ -228,7 +228,7 @@ class ModelConfig:
 
     @property
     def family(self) -> Family:
-        """The model family (models/family.py) of this config's model_type."""
+        """The model family (Family, below; one module per family in models/) of this config's model_type."""
         return family_for(self.model_type)
 
     @property

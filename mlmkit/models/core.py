@@ -5,8 +5,9 @@ References:
    MLM + NSP, the tied decoder).
 2) transformers' modeling_bert.py (and modeling_roberta / distilbert / electra / modernbert): inside
    mlmkit a model's parameters carry BERT's names (bert.embeddings.*, bert.encoder.layer.N.*,
-   cls.predictions.*, classifier.*); a family (family.py) renames them to its own on the way in and
-   out, and supplies the blocks that differ (positions, layers, norms, heads' activations).
+   cls.predictions.*, classifier.*); a family (models/config.py's Family, a module of its own in
+   models/) renames them to its own on the way in and out, and supplies the blocks that differ
+   (positions, layers, norms, heads' activations).
 
 The speed trick: in training, the MLM head (dense, activation, LayerNorm, the vocabulary-wide
 decoder) runs only at the positions that carry a label (~15%), not at every token.
@@ -25,7 +26,7 @@ from mlmkit.models.config import ACT, ModelConfig
 
 
 def family_of(config: ModelConfig) -> Any:
-    """The config's model family (models/family.py), looked up by its model_type (config.py)."""
+    """The config's model family (models/config.py's Family), looked up by its model_type."""
     return config.family
 
 
