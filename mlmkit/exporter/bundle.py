@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from mlmkit.args import ExportArgs
-from mlmkit.errors import ConfigError, MlmkitError, ParityError
+from mlmkit.errors import ConfigError, ParityError
 from mlmkit.exporter.graphs import build_graph, graph_inputs, torch_export
 from mlmkit.exporter.parity import (
     ATOL,
@@ -57,7 +57,7 @@ from mlmkit.files import atomic_write, atomic_write_text, exclusive, write_json
 from mlmkit.infer.bundle import BUNDLE_FORMAT, LABELS_KEY, tokenizer_fingerprint
 from mlmkit.infer.engines import ENGINES, cpu_feature
 from mlmkit.infer.evaluation import agreement
-from mlmkit.infer.precision import bf16_unavailable, gate_sample, judge, measure, padded, said
+from mlmkit.infer.precision import bf16_unavailable, cannot_run, gate_sample, judge, measure, padded, said
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import set_attention_impl
 from mlmkit.registry import FILL_MASK_TOP_K, get_task, tasks
@@ -182,6 +182,7 @@ class _OnnxGraph(NamedTuple):
     steps: list[str]
     fused: dict[str, int]
     parity: dict[str, Any]
+    fp32_session: Any  # onnxruntime's session of the fp32 graph the parity ran on (the gates' reference)
 
 
 def _onnx_graph(args: ExportArgs, cfg: ModelConfig, graph: Any, batch: dict[str, Any],
@@ -221,7 +222,7 @@ def _onnx_graph(args: ExportArgs, cfg: ModelConfig, graph: Any, batch: dict[str,
         "min_length": int(batch["attention_mask"].sum(1).min()),
         "max_length": int(batch["attention_mask"].sum(1).max()),
     }
-    return _OnnxGraph(final, precision, steps, fused, parity)
+    return _OnnxGraph(final, precision, steps, fused, parity, fp32_session)
 
 
 def _int8(args: ExportArgs, fp32: Path, final: Path, calib: list[dict[str, Any]] | None) -> str:
@@ -269,12 +270,12 @@ def _gate(args: ExportArgs, graph: _OnnxGraph, batches: list[dict[str, Any]], ax
                               "export on a machine with bf16 units, or with --precision auto (each machine gates bf16 itself)")
         gate["bf16"] = {"precision": "bf16", "passed": None, "not_measured": why_not}
         return gate
-    try:
+    try:  # the fp32 graph is the shipped one: its parity session is the reference
         bf16 = ENGINES["openvino"].open(graph.path, precision="bf16", device="cpu", threads=None, spin=True)
-        result = judge(measure(onnx_session(graph.path), bf16, padded(gate, pad_id), axes), "bf16", args.min_agreement,
+        result = judge(measure(graph.fp32_session, bf16, padded(gate, pad_id), axes), "bf16", args.min_agreement,
                        f"{len(gate['input_ids'])}-input sample ({on})")
     except Exception as e:  # noqa: BLE001 - a graph OpenVINO cannot read or run: recorded, and each machine runs fp32
-        why = f"OpenVINO cannot run it ({e.message if isinstance(e, MlmkitError) else ' '.join(str(e).split())[:200]})"
+        why = cannot_run(e)
         if args.precision == "bf16":
             raise ConfigError(f"--precision bf16: {why}; no bundle written", "export with --precision auto or fp32") from None
         gate["bf16"] = {"precision": "bf16", "passed": None, "not_measured": why}  # each machine tries again

@@ -155,6 +155,11 @@ def said(g: dict[str, Any]) -> str:
     return f"{g.get('measure', 'agreement')} {v} {'>=' if g.get('passed') else '<'} {threshold:g} on the {g.get('on', 'sample')}"
 
 
+def cannot_run(e: Exception) -> str:
+    """Why OpenVINO could not read or run a graph, in one line (its C++ report folded and cut)."""
+    return f"OpenVINO cannot run it ({e.message if isinstance(e, MlmkitError) else ' '.join(str(e).split())[:200]})"
+
+
 # ---- the choice ------------------------------------------------------------------------------------
 def requested(precision: str | None) -> str:
     """--precision as given, else $MLMKIT_PRECISION, else auto; checked."""
@@ -222,7 +227,7 @@ def choose(path: Path, meta: dict[str, Any], precision: str | None, make: Callab
                 axes = {k: tuple(v) for k, v in meta["outputs"].items()}
                 gate = judge(measure(ref.session, fast.session, sample[0], axes), "bf16", min_agreement, sample[1])  # type: ignore[attr-defined]
         except Exception as e:  # noqa: BLE001 - a graph OpenVINO cannot read or run: fp32 then, saying why
-            why_not = f"OpenVINO cannot run it ({e.message if isinstance(e, MlmkitError) else ' '.join(str(e).split())[:200]})"
+            why_not = cannot_run(e)
         else:
             assert gate is not None  # measured, or given as passed
             if gate["passed"]:
