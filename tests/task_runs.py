@@ -10,7 +10,7 @@ import random
 from pathlib import Path
 
 import torch
-from conftest import make_base_model
+from conftest import make_base_model, run_export
 
 from mlmkit.registry import TaskContext, get_task
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights, save_run
@@ -67,3 +67,10 @@ def build_runs(root: Path) -> dict[str, Path]:
     for name in TASK_SETUP:
         runs[name] = make_task_run(base, name, root / name)
     return runs
+
+
+def export_all(runs: dict[str, Path], root: Path) -> dict[str, Path]:
+    """Each of ``runs`` exported with the defaults into ``root``/KIND: kind -> its bundle."""
+    for kind, run in runs.items():
+        run_export(run, root / kind)
+    return {kind: root / kind for kind in runs}

@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from conftest import run_export, run_finetune
-from task_runs import WORDS, build_runs, corpus, sentence
+from task_runs import WORDS, build_runs, corpus, export_all, sentence
 
 from mlmkit.errors import BundleError, ConfigError, DataFormatError
 from mlmkit.infer.evaluation import run_features
@@ -43,10 +43,7 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bundles(runs, tmp_path_factory):
-    root = tmp_path_factory.mktemp("bundles")
-    for kind, run in runs.items():
-        run_export(run, root / kind)
-    return {kind: root / kind for kind in runs}
+    return export_all(runs, tmp_path_factory.mktemp("bundles"))
 
 
 @pytest.fixture

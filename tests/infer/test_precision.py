@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import run_export
-from task_runs import build_runs, corpus
+from task_runs import build_runs, corpus, export_all
 
 from mlmkit.errors import BundleError, ConfigError, ParityError
 from mlmkit.infer import precision as precision_mod
@@ -32,8 +32,7 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bundles(runs, tmp_path_factory):
-    root = tmp_path_factory.mktemp("bundles")
-    return {kind: (run_export(run, root / kind), root / kind)[1] for kind, run in runs.items()}
+    return export_all(runs, tmp_path_factory.mktemp("bundles"))
 
 
 @pytest.fixture
