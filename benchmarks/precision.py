@@ -54,6 +54,7 @@ import argparse
 import json
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -67,6 +68,7 @@ from common import (
     agreement,
     alternating,
     answer_passes,
+    bench_env,
     busy_seconds,
     cosines,
     encoder_flops,
@@ -80,6 +82,7 @@ from common import (
     minilm,
     mlmkit_cuts,
     other_cores,
+    peers_python,
     race,
     ratio,
     reusable,
@@ -431,9 +434,6 @@ def job_part(work: Path, rounds: int, patience: float) -> list[str]:
     """`mlmkit embed --input F --output X.npy` over 4,096 sentences, a whole process each (start-up and,
     for auto, the gate counted), fp32 against auto."""
     import resource
-    import subprocess
-
-    from common import bench_env
 
     def child_cpu() -> float:
         u = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -485,10 +485,6 @@ def main() -> None:
     setup(a.work, n)
     peers_py = None
     if a.peers:
-        import subprocess
-
-        from common import bench_env, peers_python
-
         peers_py = peers_python(a.peers_venv or a.work.parent / "precision-peers-venv", OPTIMUM_INTEL)
         write_cuts(a.work)
         subprocess.run([peers_py, str(HERE), "--role", "peer-setup", "--work", str(a.work)], check=True, env=bench_env())
