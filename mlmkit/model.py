@@ -7,8 +7,11 @@ uses it:
 
 - the model config (mlmkit.models.config) and the encoder core (mlmkit.models.core): ``BertModel``
   (the encoder of whatever family the config is, under BERT's parameter names), its heads and helpers;
-- the embedding and ranking losses, and how a batch's embeddings are computed for them, all at once or
-  GradCache-style (mlmkit.train.losses);
+- the one forward and pooling of the models with an output per text, and the PairBatch they train on
+  (mlmkit.models.pooled);
+- the embedding and ranking losses, ``implements`` (a plugin's loss function for the registry's name,
+  mlmkit.objectives) and ``build_loss``, and how a batch's embeddings are computed for them, all at
+  once or GradCache-style (mlmkit.train.losses);
 - a fine-tuned run loaded for prediction, and the one prediction loop (mlmkit.train.finetune,
   mlmkit.infer.evaluation): a teacher's outputs computed inside a task.
 """
@@ -37,14 +40,16 @@ from mlmkit.models.core import (
     token_encoder,
     token_states,
 )
+from mlmkit.models.pooled import PairBatch, TextEncoder, pool
 from mlmkit.train.finetune import load_finetuned, torch_forward
 from mlmkit.train.losses import (
-    PairBatch,
+    build_loss,
     cached,
     cosent,
     direct,
     distributed,
     flops,
+    implements,
     margin_mse,
     matryoshka,
     mnrl,
@@ -59,11 +64,13 @@ __all__ = [
     # the config and the encoder
     "ModelConfig", "BertEmbeddings", "BertLayer", "BertModel", "BertPooler", "BertSelfAttention", "extended_mask",
     "init_weights", "set_attention_impl", "token_encoder", "token_states", "mean_pool", "encode_cls", "reads_cls_only",
+    # the models with an output per text: one forward (part -> training on a PairBatch), one pooling
+    "TextEncoder", "pool",
     # heads
     "BertForLabels", "BertForPreTraining", "BertPreTrainingHeads", "tie_decoder", "masked_lm_loss",
     # losses of embeddings (a batch's PairBatch) and of rankings (a query's candidates)
     "PairBatch", "mnrl", "cosent", "margin_mse", "mse_distill", "matryoshka", "distributed", "flops", "direct", "cached",
-    "rank_bce", "rank_mnrl", "rank_listnet", "rank_lambda",
+    "rank_bce", "rank_mnrl", "rank_listnet", "rank_lambda", "implements", "build_loss",
     # prediction with a fine-tuned run
     "load_finetuned", "torch_forward", "predict",
 ]

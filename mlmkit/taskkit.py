@@ -16,7 +16,8 @@ This module is the one public path of these names; each is defined where the cor
   special token ids: mlmkit.text.tokenizer;
 - retrieval: exact (or faiss) search, the IR metrics, TREC run files, BM25 and dense retrievers over
   a bundle: mlmkit.infer.retrieval;
-- an exported bundle's pipeline (onnxruntime): mlmkit.infer.pipeline.
+- an exported bundle's pipeline (onnxruntime): mlmkit.infer.pipeline;
+- the loss registry (a task's ``loss`` option's choices, what each loss trains on): mlmkit.objectives.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mlmkit.errors import ConfigError, DataFormatError, MlmkitError, TaskError
 from mlmkit.files import MAX_RECORD_BYTES, parse_json
 from mlmkit.infer.retrieval import BM25, INDEXES, Dense, mean_metrics, retrieve, write_trec
 from mlmkit.infer.retrieval import METRICS as RETRIEVAL_METRICS
+from mlmkit.objectives import Loss, get_loss, losses, register_loss
 from mlmkit.registry import BATCH, DISTINCT, EXAMPLE, LABEL, SEQUENCE, TRUNCATED, TaskContext, TaskOption
 from mlmkit.text.beir import BeirSplit, is_beir, read_split
 from mlmkit.text.readers import (
@@ -61,6 +63,8 @@ __all__ = [
     "RETRIEVAL_METRICS", "INDEXES", "retrieve", "mean_metrics", "write_trec", "BM25", "Dense",
     # inference on bundles
     "load_pipeline",
+    # the loss registry (implementations: mlmkit.model.implements)
+    "Loss", "get_loss", "losses", "register_loss",
 ]
 
 

@@ -1,5 +1,5 @@
 """Sentence embeddings: one vector per text, pooled over the encoder's real tokens inside the graph,
-fine-tuned for retrieval (or similarity) with one of LOSSES (functions of mlmkit.model).
+fine-tuned for retrieval (or similarity) with one of the registry's embedding losses (mlmkit.taskkit.losses).
 
 Pooling ``mean`` (the default), ``cls`` or ``max`` over the tokens the attention mask keeps, then an
 optional L2 normalisation (``normalize``): what sentence-transformers does with a Pooling and a
@@ -40,7 +40,6 @@ import hashlib
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,10 +59,12 @@ from mlmkit.taskkit import (
     TaskOption,
     clip_text,
     data_format,
+    get_loss,
     is_beir,
     iter_jsonl,
     iter_records,
     load_pipeline,
+    losses,
     mean_metrics,
     numbered,
     parse_json,
@@ -86,28 +87,6 @@ ST_PROMPTS = {"query_prompt": ("query",), "document_prompt": ("document", "passa
 """The prompt options and the names a sentence-transformers directory's "prompts" gives them (the first found)."""
 
 
-@dataclass(frozen=True)
-class Loss:
-    """A fine-tuning loss of the task (``--option loss=NAME``): the function of mlmkit.model that makes
-    it, the data it trains on ("rows": anchor, positive, negatives..., with the teacher's scores for
-    margin-mse; "scored" pairs; plain "texts"), and how the batch is embedded for it."""
-
-    function: str
-    data: tuple[str, ...]
-    description: str
-    cached: bool = False  # embedded in mini-batches (GradCache): large batches in small memory
-    in_batch: bool = False  # its negatives are the batch's other texts (no text twice in a batch)
-
-
-LOSSES = {
-    "mnrl": Loss("mnrl", ("rows",), "in-batch and hard negatives (InfoNCE)", in_batch=True),
-    "cached-mnrl": Loss("mnrl", ("rows",), "mnrl in mini-batches (GradCache)", cached=True, in_batch=True),
-    "cosent": Loss("cosent", ("scored",), "scored pairs: cosines ordered as the scores"),
-    "margin-mse": Loss("margin_mse", ("rows",), "rows with teacher scores: the teacher's margins (TAS-B)"),
-    "mse-distill": Loss("mse_distill", ("rows", "scored", "texts"),
-                        "a teacher's embeddings, a projection where the sizes differ"),
-}
-"""The losses, declared here only: the option's choices, the data checks and the model read this."""
 NO_TARGET = np.zeros(0, dtype=np.float32)  # a training feature's "target" without a teacher (mse-distill's only)
 DATA_NAMES = {"rows": "rows of an anchor and its positive", "scored": "scored pairs", "texts": "plain texts"}
 
@@ -239,7 +218,7 @@ class EmbeddingTask:
         TaskOption("loss", "auto", "Fine-tuning loss: mnrl or cached-mnrl on (anchor, positive, negatives) rows or a "
                    "BEIR directory, margin-mse on rows with teacher scores, cosent on scored pairs, mse-distill "
                    "toward a teacher; auto: mse-distill with a teacher, else mnrl or cosent by the data.",
-                   choices=("auto", *LOSSES)),
+                   choices=("auto", *losses("embedding"))),
         TaskOption("scale", 20.0, "Fine-tuning: the cosine's scale in the losses (20: temperature 0.05).", minimum=0.0),
         TaskOption("symmetric", False, "Fine-tuning (mnrl): add the positive -> anchor direction."),
         TaskOption("mini_batch_size", 32, "Fine-tuning (cached-mnrl): texts embedded at once; the batch is --batch-size.",
@@ -337,7 +316,7 @@ class EmbeddingTask:
         input), 1 the positive (the second), 2.. the hard negatives; for training also ``text_id``
         (equal texts, equal ids) and the pair's ``score`` (0 for rows)."""
         if training:
-            kind, want = _kind(examples), LOSSES[_loss(ctx)].data
+            kind, want = _kind(examples), get_loss("embedding", _loss(ctx)).data
             if kind not in want:
                 raise TaskError(f"the {_loss(ctx)} loss trains on {' or '.join(DATA_NAMES[w] for w in want)}, "
                                 f"and the data are {DATA_NAMES[kind]}",
@@ -346,7 +325,7 @@ class EmbeddingTask:
         texts = [(i, part, clip_text(_prompt(ex, part, ctx.options) + t, tokenizer, ctx.max_length))
                  for i, ex in enumerate(examples) for part, t in enumerate(_texts(ex)) if t is not None]
         distill = training and _loss(ctx) == "mse-distill"
-        in_batch = training and LOSSES[_loss(ctx)].in_batch
+        in_batch = training and get_loss("embedding", _loss(ctx)).in_batch
         with tokenizer_settings(tokenizer, max_length=ctx.max_length) as tok:
             encodings = tok.encode_batch([t for _, _, t in texts]) if texts else []
         feats = []
@@ -372,8 +351,8 @@ class EmbeddingTask:
                             "distil from a teacher of the model's size, or leave matryoshka_dims out")
         from mlmkit_tasks.heads.embedding import BertForEmbedding
 
-        o, loss = ctx.options, LOSSES[_loss(ctx)]
-        return BertForEmbedding(config, o["pooling"], bool(o["normalize"]), loss=loss.function, cached=loss.cached,
+        o, loss = ctx.options, get_loss("embedding", _loss(ctx))
+        return BertForEmbedding(config, o["pooling"], bool(o["normalize"]), loss=loss, cached=loss.cached,
                                 scale=float(o["scale"]), symmetric=bool(o["symmetric"]), mini_batch_size=int(o["mini_batch_size"]),
                                 matryoshka=_dims(o["matryoshka_dims"], config.hidden_size),
                                 matryoshka_weights=_weights(o["matryoshka_weights"], len(_dims(o["matryoshka_dims"]))),

@@ -18,7 +18,7 @@ pointwise ``bce``, one per pair, batched by length):
   first stage (``first_stage``: BM25, or an embedding bundle) are reranked, and the retrieval metrics
   of both are reported (the first stage's under "first_stage").
 
-Losses (LOSSES below, functions of mlmkit.model): ``bce`` (pointwise), ``mnrl`` (a relevant candidate's
+Losses (the registry's rank losses, mlmkit.taskkit.losses): ``bce`` (pointwise), ``mnrl`` (a relevant candidate's
 softmax against the query's irrelevant ones), ``listnet``, ``lambda`` (NDCG-weighted pairs). For the
 three listwise losses a query whose candidates are all relevant or all irrelevant teaches nothing:
 it is left out of training and counted in the log.
@@ -51,9 +51,11 @@ from mlmkit.taskkit import (
     TaskOption,
     clip_text,
     data_format,
+    get_loss,
     is_beir,
     iter_jsonl,
     iter_records,
+    losses,
     mean_metrics,
     numbered,
     read_split,
@@ -66,10 +68,6 @@ if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports t
 log = logging.getLogger("mlmkit")
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
-LOSSES = {"bce": "rank_bce", "mnrl": "rank_mnrl", "listnet": "rank_listnet", "lambda": "rank_lambda"}
-"""The losses (``--option loss=``) and the function of mlmkit.model each is: pointwise (bce) or over a
-query's candidates (the others, LISTWISE)."""
-LISTWISE = tuple(name for name in LOSSES if name != "bce")
 ACTIVATIONS = {"sigmoid": "torch.nn.modules.activation.Sigmoid", "identity": "torch.nn.modules.linear.Identity"}
 """The activation option and the class sentence-transformers' CrossEncoder reads from config.json."""
 SKIPPED = "all of its candidates have one label (a listwise loss learns nothing from it)"
@@ -89,7 +87,7 @@ class RerankTask:
     outputs = {"logits": (BATCH, LABEL)}
     options = (
         TaskOption("loss", "bce", "Fine-tuning loss: bce (pointwise), mnrl, listnet or lambda (over a query's candidates).",
-                   choices=tuple(LOSSES)),
+                   choices=tuple(losses("rank"))),
         TaskOption("activation", "sigmoid", "The score of a logit, at evaluation and serving: sigmoid or identity (raw).",
                    choices=tuple(ACTIVATIONS), fixed=True),
         TaskOption("max_label", 1.0, "The largest graded label (labels run from 0 to it; bce's target is label / max_label).",
@@ -148,7 +146,7 @@ class RerankTask:
             raise DataFormatError(path, "no examples", hint="query, document and label per record, or anchor, positive "
                                                             "and negatives (mlmkit mine)")
         examples = list(by_query.values())
-        if training and options["loss"] in LISTWISE:
+        if training and get_loss("rank", options["loss"]).listwise:
             kept = [ex for ex in examples if 0 < sum(y > 0 for y in ex["labels"]) < len(ex["labels"])]
             if len(kept) < len(examples):
                 log.warning("%s: %d of %d queries left out of training: %s", path, len(examples) - len(kept), len(examples), SKIPPED)
@@ -201,7 +199,7 @@ class RerankTask:
                             "fine-tune from an encoder or a one-label cross-encoder")
         from mlmkit_tasks.heads.rerank import BertForRerank
 
-        return BertForRerank(config, LOSSES[ctx.options["loss"]], float(ctx.options["max_label"]))
+        return BertForRerank(config, get_loss("rank", ctx.options["loss"]), float(ctx.options["max_label"]))
 
     def export_module(self, model: Any) -> Any:
         from mlmkit_tasks.classification import cls_only

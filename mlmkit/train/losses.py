@@ -1,7 +1,8 @@
 """Losses of embedding and ranking training: plain functions, one interface each.
 
-The tasks declare which they offer and under which names (the embedding task's and the rerank
-task's LOSSES); plugins reach them through mlmkit.model.
+Each loss a user can name is declared once in the loss registry (mlmkit.objectives: its name, kind
+and data); its function here is registered with ``@implements`` under the function's name, and
+``build_loss`` makes it from the registry's entry. Plugins reach these through mlmkit.model.
 
 A loss is a function of a batch's embeddings ``E`` (F, H), one row per feature, and its ``PairBatch``
 (which example each feature belongs to, and which column of it: 0 the anchor, 1 the positive, 2.. the
@@ -22,26 +23,44 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 
-
-@dataclass
-class PairBatch:
-    example: torch.Tensor  # (F,) int64: the example of each feature, 0.. within the batch
-    part: torch.Tensor  # (F,) int64: 0 anchor (or a pair's first text), 1 positive (second), 2.. negatives
-    text_id: torch.Tensor  # (F,) int64: equal for features with equal token ids
-    score: torch.Tensor  # (F,) float: the example's gold score (scored pairs), or the teacher's score of
-    # this text for its anchor (margin-mse rows; 0 for the anchor)
-    target: torch.Tensor | None = None  # (F, D) float: the teacher's embedding of each text (mse-distill)
-
+from mlmkit.errors import ConfigError
+from mlmkit.models.pooled import PairBatch
+from mlmkit.objectives import Loss
 
 EmbeddingLoss = Callable[[torch.Tensor, PairBatch], torch.Tensor]
 Embed = Callable[[torch.Tensor], torch.Tensor]
 """Feature indices (n,) -> their embeddings (n, H), with a graph where grad is enabled."""
+
+
+Factory = TypeVar("Factory", bound=Callable[..., Callable[..., torch.Tensor]])
+IMPLEMENTATIONS: dict[str, Callable[..., Callable[..., torch.Tensor]]] = {}
+"""function name -> the factory of a loss (the registry's ``Loss.function``): ``implements`` adds to it."""
+
+
+def implements(factory: Factory) -> Factory:
+    """Register ``factory`` (options -> a loss function) as the implementation named after it."""
+    have = IMPLEMENTATIONS.get(factory.__name__)
+    if have is not None and have is not factory:
+        raise ValueError(f"a loss implementation named {factory.__name__!r} is registered already")
+    IMPLEMENTATIONS[factory.__name__] = factory
+    return factory
+
+
+def build_loss(loss: Loss, **options: object) -> Callable[..., torch.Tensor]:
+    """The loss function of the registry's ``loss``, made with ``options`` (scale, max_label ...; an
+    embedding loss ignores the options it has no use for)."""
+    factory = IMPLEMENTATIONS.get(loss.function)
+    if factory is None:
+        raise ConfigError(f"the {loss.kind} loss {loss.name!r} has no implementation {loss.function!r}",
+                          "import the module that defines it (with @implements) before the model is built")
+    return factory(**options)
 
 
 def _rows(b: PairBatch, part: int) -> torch.Tensor:
@@ -54,6 +73,7 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
 
 
+@implements
 def mnrl(scale: float = 20.0, symmetric: bool = False, dot: bool = False, **_: object) -> EmbeddingLoss:
     """Multiple negatives ranking (InfoNCE): each anchor against every positive and hard negative of
     the batch, its own positive the target, cosine times ``scale`` (20: temperature 0.05), or the dot
@@ -83,6 +103,7 @@ def mnrl(scale: float = 20.0, symmetric: bool = False, dot: bool = False, **_: o
     return loss
 
 
+@implements
 def margin_mse(**_: object) -> EmbeddingLoss:
     """MarginMSE (TAS-B): for every negative of an example, the student's margin dot(a, p) - dot(a, n)
     regressed on the teacher's, score(p) - score(n) (the rows' scores), the squared errors averaged.
@@ -101,6 +122,7 @@ def margin_mse(**_: object) -> EmbeddingLoss:
     return loss
 
 
+@implements
 def mse_distill(project: Callable[[torch.Tensor], torch.Tensor] | None = None, **_: object) -> EmbeddingLoss:
     """Every text's embedding toward the teacher's (``PairBatch.target``): the mean squared error over
     their components; ``project`` maps the student's dimension to the teacher's where they differ."""
@@ -114,6 +136,7 @@ def mse_distill(project: Callable[[torch.Tensor], torch.Tensor] | None = None, *
     return loss
 
 
+@implements
 def cosent(scale: float = 20.0, **_: object) -> EmbeddingLoss:
     """CoSENT for scored pairs: log(1 + sum over pairs (i, j) with gold_i > gold_j of
     exp(scale * (cos_j - cos_i))), so the cosines are ordered as the gold scores are."""
@@ -267,6 +290,7 @@ def _groups(group: torch.Tensor) -> list[torch.Tensor]:
     return [(group == g).nonzero().squeeze(1) for g in torch.unique(group)]
 
 
+@implements
 def rank_bce(max_label: float = 1.0) -> RankLoss:
     """Pointwise: binary cross-entropy of sigmoid(score) against label / max_label (graded labels
     become soft targets)."""
@@ -277,6 +301,7 @@ def rank_bce(max_label: float = 1.0) -> RankLoss:
     return loss
 
 
+@implements
 def rank_mnrl(max_label: float = 1.0) -> RankLoss:
     """For every relevant candidate (label > 0) of a query: its softmax cross-entropy against the
     query's irrelevant ones (label 0), averaged over the relevant candidates."""
@@ -293,6 +318,7 @@ def rank_mnrl(max_label: float = 1.0) -> RankLoss:
     return loss
 
 
+@implements
 def rank_listnet(max_label: float = 1.0) -> RankLoss:
     """ListNet: per query, the cross-entropy of the softmax of the scores against the softmax of the
     labels, averaged over the queries."""
@@ -303,6 +329,7 @@ def rank_listnet(max_label: float = 1.0) -> RankLoss:
     return loss
 
 
+@implements
 def rank_lambda(max_label: float = 1.0) -> RankLoss:
     """LambdaRank with NDCG weights: per query, over the pairs (i, j) with label_i > label_j,
     |delta NDCG_ij| x log(1 + exp(-(s_i - s_j))), where delta NDCG_ij is the change of NDCG (gains

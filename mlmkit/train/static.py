@@ -43,6 +43,8 @@ from mlmkit.args import DISTILL_LR, DistillArgs
 from mlmkit.errors import ConfigError
 from mlmkit.files import atomic_write, cache_root, exclusive
 from mlmkit.infer.static import STATIC, write_static_bundle
+from mlmkit.models.pooled import TextEncoder, pool
+from mlmkit.objectives import get_loss
 from mlmkit.registry import TaskContext, get_task
 from mlmkit.rundir.cards import write_card
 from mlmkit.text.batching import pad_features
@@ -173,7 +175,7 @@ def sif_weights(n: int, sif: float = SIF) -> np.ndarray:
     return (sif / (sif + p)).astype(np.float32)
 
 
-class StaticEncoder(nn.Module):
+class StaticEncoder(TextEncoder):
     """The table in training: a text's embedding is the normalised mean of its counted tokens' rows
     (the bundle's graph, mlmkit.infer.static); the loss is ``objective`` over the batch's texts."""
 
@@ -184,23 +186,17 @@ class StaticEncoder(nn.Module):
         self.objective = objective
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        w = self.counted[input_ids] * attention_mask.to(self.table.dtype)  # (B, T)
-        x = torch.einsum("bt,btd->bd", w, self.table[input_ids]) / w.sum(1, keepdim=True).clamp_min(1e-9)
-        return F.normalize(x, p=2.0, dim=-1)
+        weights = self.counted[input_ids] * attention_mask.to(self.table.dtype)  # (B, T): the counted real tokens
+        return F.normalize(pool(self.table[input_ids], weights, "mean"), p=2.0, dim=-1)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, part: torch.Tensor | None = None,
-                text_id: torch.Tensor | None = None, score: torch.Tensor | None = None,
-                example: torch.Tensor | None = None, target: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               token_type_ids: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        return {"embedding": self.embed(input_ids, attention_mask)}
+
+    def train_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None,
+                   batch: losses.PairBatch) -> dict[str, torch.Tensor]:
         emb = self.embed(input_ids, attention_mask)
-        if part is None:
-            return {"embedding": emb}
-        if example is None:
-            example = torch.cumsum(part == 0, 0) - 1
-        assert text_id is not None and score is not None
-        return {"loss": self.objective(emb, losses.PairBatch(example, part, text_id, score)), "embedding": emb}
+        return {"loss": self.objective(emb, batch), "embedding": emb}
 
 
 STATIC_LOSSES = {"rows": "mnrl", "scored": "cosent"}
@@ -267,15 +263,14 @@ def train_table(args: DistillArgs, table: np.ndarray, counted: np.ndarray, tok: 
     examples = task.read(train_file, opts, training=True)
     state = task.fit_state(examples)
     loss = STATIC_LOSSES.get(state["data"]) if opts["loss"] == "auto" else str(opts["loss"])
-    if loss not in STATIC_LOSSES.values():
+    if loss is None or loss not in STATIC_LOSSES.values():
         raise ConfigError(f"a static table trains with mnrl on rows or a BEIR directory, cosent on scored pairs; "
                           f"{args.train_file} holds {state['data']}" + ("" if opts["loss"] == "auto" else f" and loss={opts['loss']}"),
                           "give (anchor, positive) rows, scored pairs (text, text_pair, score) or a BEIR directory")
     opts = {**opts, "loss": loss, "query_prompt": "", "document_prompt": ""}  # a table has no use for prompts
     ctx = TaskContext(max_length=max_length, options=opts, state=state)
     features = task.featurize(examples, tok, ctx, training=True)
-    assert loss is not None
-    objective = getattr(losses, loss)(scale=float(opts["scale"]), symmetric=bool(opts["symmetric"]))
+    objective = losses.build_loss(get_loss("embedding", loss), scale=float(opts["scale"]), symmetric=bool(opts["symmetric"]))
     model = StaticEncoder(table, counted, objective)
     data = FeatureData(features, task, args.batch_size, special_ids(tok).pad, args.train.seed)
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 import torch
 from mlmkit_tasks.classification import REGRESSION
 
-import mlmkit.model as kit
-from mlmkit.model import BertForLabels, ModelConfig
+from mlmkit.model import BertForLabels, ModelConfig, build_loss
+from mlmkit.taskkit import Loss
 
 
 class BertForRerank(BertForLabels):
-    """One relevance logit per (query, document) pair; ``loss`` names the rank loss of mlmkit.model
-    (rank_bce, rank_mnrl ...: the task's LOSSES), computed over the pairs of each query (``example``)."""
+    """One relevance logit per (query, document) pair; ``loss`` is a rank loss of the registry
+    (bce, listnet ...), computed over the pairs of each query (``example``)."""
 
-    def __init__(self, config: ModelConfig, loss: str, max_label: float) -> None:
+    def __init__(self, config: ModelConfig, loss: Loss, max_label: float) -> None:
         super().__init__(config, per_token=False, problem_type=REGRESSION)
-        self.objective = getattr(kit, loss)(max_label=max_label)
+        self.objective = build_loss(loss, max_label=max_label)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,

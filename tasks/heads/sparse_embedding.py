@@ -6,22 +6,23 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch import nn
 
 from mlmkit.model import (
     BertModel,
     BertPreTrainingHeads,
     ModelConfig,
     PairBatch,
+    TextEncoder,
     distributed,
     flops,
     init_weights,
     mnrl,
+    pool,
     tie_decoder,
 )
 
 
-class SparseEncoder(nn.Module):
+class SparseEncoder(TextEncoder):
     """Sparse vectors over the vocabulary, the ``max_terms`` largest entries chosen in the graph; trained
     with the sparse mnrl (dot products) plus the FLOPS regulariser, warmed up quadratically."""
 
@@ -46,31 +47,31 @@ class SparseEncoder(nn.Module):
         seq, _ = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, H)
         if not packed:
             logits = self.cls.predictions(seq)  # (B, T, V): inside the graph only
-            return (torch.log1p(torch.relu(logits)) * attention_mask.unsqueeze(-1).to(logits.dtype)).max(dim=1).values
+            return pool(torch.log1p(torch.relu(logits)), attention_mask, "max")
         mask = attention_mask.bool()
         w = torch.log1p(torch.relu(self.cls.predictions(seq[mask])))  # (real tokens, V)
         return torch.stack([part.max(0).values for part in w.split(mask.sum(1).tolist())])
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, part: torch.Tensor | None = None,
-                text_id: torch.Tensor | None = None, score: torch.Tensor | None = None,
-                example: torch.Tensor | None = None, target: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        W = self.vectors(input_ids, attention_mask, token_type_ids, packed=part is not None)
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               token_type_ids: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        return self._terms(self.vectors(input_ids, attention_mask, token_type_ids))
+
+    def _terms(self, W: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The ``max_terms`` largest entries of each vector: their ids (-1 for an entry of weight 0, so
+        that which of the tied zeros topk picks never matters) and weights."""
         values, indices = torch.topk(W, self.max_terms, dim=-1)  # (B, k)
-        # entries of weight 0 are no terms: -1, so that which of the tied zeros topk picks never matters
-        out = {"indices": torch.where(values > 0, indices, torch.full_like(indices, -1)), "values": values}
-        if part is not None:  # training: sparse mnrl + the FLOPS regulariser, warmed up quadratically
-            if example is None:
-                example = torch.cumsum(part == 0, 0) - 1
-            contrastive = self.objective(W, PairBatch(example, part, text_id, score))
-            q, d = W[part == 0], W[part > 0]
-            ramp = min(1.0, (self.seen / self.warmup) ** 2) if self.warmup > 0 else 1.0
-            reg = ramp * (self.flops_weights[0] * flops(q) + self.flops_weights[1] * flops(d))
-            if self.training:
-                self.seen += 1
-            return {**out, "loss": contrastive + reg, "flops_loss": reg.detach(),
-                    "log_query_terms": (q > 0).sum(1).float().mean().detach(),
-                    "log_document_terms": (d > 0).sum(1).float().mean().detach()}
-        return out
+        return {"indices": torch.where(values > 0, indices, torch.full_like(indices, -1)), "values": values}
+
+    def train_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None,
+                   batch: PairBatch) -> dict[str, torch.Tensor]:
+        """Sparse mnrl + the FLOPS regulariser, warmed up quadratically."""
+        W = self.vectors(input_ids, attention_mask, token_type_ids, packed=True)
+        contrastive = self.objective(W, batch)
+        q, d = W[batch.part == 0], W[batch.part > 0]
+        ramp = min(1.0, (self.seen / self.warmup) ** 2) if self.warmup > 0 else 1.0
+        reg = ramp * (self.flops_weights[0] * flops(q) + self.flops_weights[1] * flops(d))
+        if self.training:
+            self.seen += 1
+        return {**self._terms(W), "loss": contrastive + reg, "flops_loss": reg.detach(),
+                "log_query_terms": (q > 0).sum(1).float().mean().detach(),
+                "log_document_terms": (d > 0).sum(1).float().mean().detach()}

@@ -86,16 +86,6 @@ def test_lambda_weighs_each_misordered_pair_by_its_ndcg_change():
     assert float(losses.rank_lambda()(s, y, group)) == pytest.approx(sum(per) / len(per), rel=1e-5)
 
 
-def test_every_loss_the_task_offers_is_a_function_of_the_kit():
-    from mlmkit_tasks.rerank import LOSSES
-
-    import mlmkit.model as kit
-
-    assert all(callable(getattr(kit, fn)) for fn in LOSSES.values())
-    option = next(o for o in get_task("rerank").options if o.name == "loss")
-    assert option.choices == tuple(LOSSES)
-
-
 # ---- a reranker on the built-in set --------------------------------------------------------------------------
 def _shuffled_rows(mined, out, seed: int = 0):
     """Mined rows as (query, document, label) rows, each query's candidates in a random order: the

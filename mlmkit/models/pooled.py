@@ -1,0 +1,72 @@
+"""The one forward of the models that give each text an output of its own: dense embeddings, SPLADE's
+sparse vectors, static tables (and token vectors for late interaction), with the pooling they share.
+
+A ``TextEncoder`` is called as every training and prediction loop calls a model (the batch's
+features as keyword arguments). Without ``part`` it predicts (``encode``); with it, it trains on the
+batch's texts as a ``PairBatch`` says they belong together (``train_step``), the batch structure
+every embedding loss reads (mlmkit.train.losses).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mlmkit.models.core import mean_pool
+
+POOLINGS = ("mean", "cls", "max")
+
+
+@dataclass
+class PairBatch:
+    example: torch.Tensor  # (F,) int64: the example of each feature, 0.. within the batch
+    part: torch.Tensor  # (F,) int64: 0 anchor (or a pair's first text), 1 positive (second), 2.. negatives
+    text_id: torch.Tensor  # (F,) int64: equal for features with equal token ids
+    score: torch.Tensor  # (F,) float: the example's gold score (scored pairs), or the teacher's score of
+    # this text for its anchor (margin-mse rows; 0 for the anchor)
+    target: torch.Tensor | None = None  # (F, D) float: the teacher's embedding of each text (mse-distill)
+
+
+def pool(x: torch.Tensor, attention_mask: torch.Tensor, mode: str = "mean") -> torch.Tensor:
+    """(B, T, D) token states -> (B, D), over the tokens ``attention_mask`` (B, T) keeps: ``mean`` (a
+    float mask weighs the tokens: a static table's counted tokens), ``cls`` (the first token) or ``max``
+    (padding can never win: sentence-transformers fills it with -1e9)."""
+    if mode == "cls":
+        return x[:, 0]
+    if mode == "max":
+        m = attention_mask.unsqueeze(-1).to(x.dtype)  # (B, T, 1)
+        return (x + (m - 1.0) * 1e9).max(dim=1).values
+    if mode == "mean":
+        return mean_pool(x, attention_mask)
+    raise ValueError(f"pooling {mode!r} is not one of {POOLINGS}")
+
+
+class TextEncoder(nn.Module):
+    """The forward the pooled heads share; a subclass gives ``encode`` (prediction: a dict of outputs)
+    and ``train_step`` (the loss over a batch of texts, with the outputs)."""
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, part: torch.Tensor | None = None,
+                text_id: torch.Tensor | None = None, score: torch.Tensor | None = None,
+                example: torch.Tensor | None = None, target: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if part is None:
+            return self.encode(input_ids, attention_mask, token_type_ids)
+        if text_id is None or score is None:
+            raise ValueError("a training batch of texts needs their text_id and score with their part")
+        if example is None:  # an example's features come together, its anchor (part 0) first
+            example = torch.cumsum(part == 0, 0) - 1
+        if target is not None and target.shape[-1] == 0:  # no teacher (the embedding task's NO_TARGET)
+            target = None
+        return self.train_step(input_ids, attention_mask, token_type_ids, PairBatch(example, part, text_id, score, target))
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               token_type_ids: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def train_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None,
+                   batch: PairBatch) -> dict[str, torch.Tensor]:
+        raise NotImplementedError

@@ -1,0 +1,90 @@
+"""The loss registry: every training loss by kind and name, declared once, without torch.
+
+A loss is a named object (``Loss``), like a task or a model family: the name a user gives
+(``--option loss=NAME``), what it trains on, and the implementation that computes it. The
+implementations are torch functions (mlmkit.train.losses), registered there under their function's
+name with ``@implements``; this side never imports them, so a task's option choices, its data checks
+and the CLI's help read the registry at the speed of a bundle's start.
+
+Two kinds, each with its own interface on the torch side:
+
+- ``embedding``: a batch's embeddings and its PairBatch (which example and column each text is) ->
+  the loss (mnrl, cosent ...): the embedding task, SPLADE, static tables;
+- ``rank``: a cross-encoder's scores of a query's candidates, their labels and their query -> the
+  loss (bce, listwise ...): the rerank task.
+
+A plugin registers a loss of its own with ``register_loss`` (from mlmkit.taskkit) and its
+implementation with ``mlmkit.model.implements``; the built-in ones are registered below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlmkit.errors import ConfigError
+
+KINDS = ("embedding", "rank")
+DATA = ("rows", "scored", "texts")
+"""What an embedding loss trains on: rows (anchor, positive, negatives ...; with the teacher's scores
+for margin-mse), scored pairs, plain texts."""
+
+
+@dataclass(frozen=True)
+class Loss:
+    """One loss: ``name`` as users give it, ``function`` the implementation's registered name (a torch
+    function of mlmkit.train.losses, or a plugin's), and how the batch is embedded for it."""
+
+    kind: str
+    name: str
+    function: str
+    description: str
+    data: tuple[str, ...] = ("rows",)  # embedding losses: the kinds of training data it reads
+    cached: bool = False  # embedded in mini-batches (GradCache): large batches in small memory
+    in_batch: bool = False  # its negatives are the batch's other texts (no text twice in a batch)
+    listwise: bool = False  # rank losses: over a query's candidates (not each pair alone)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"loss {self.name!r}: kind {self.kind!r} is not one of {KINDS}")
+        if unknown := set(self.data) - set(DATA):
+            raise ValueError(f"loss {self.name!r}: data {sorted(unknown)} not among {DATA}")
+
+
+LOSSES: dict[str, dict[str, Loss]] = {kind: {} for kind in KINDS}
+"""kind -> name -> Loss: the registry (register_loss adds to it)."""
+
+
+def register_loss(*losses: Loss) -> None:
+    """Add ``losses`` to the registry; a name taken by another loss of its kind is an error."""
+    for loss in losses:
+        have = LOSSES[loss.kind].get(loss.name)
+        if have is not None and have != loss:
+            raise ValueError(f"a {loss.kind} loss named {loss.name!r} is registered already")
+        LOSSES[loss.kind][loss.name] = loss
+
+
+def losses(kind: str) -> dict[str, Loss]:
+    """The registered losses of ``kind``, by name, in registration order (a task option's choices)."""
+    return dict(LOSSES[kind])
+
+
+def get_loss(kind: str, name: str) -> Loss:
+    """The ``kind`` loss ``name``; an unknown name is a ConfigError listing the names there are."""
+    try:
+        return LOSSES[kind][name]
+    except KeyError:
+        raise ConfigError(f"no {kind} loss named {name!r}", f"use one of: {', '.join(LOSSES.get(kind, {}))}") from None
+
+
+register_loss(
+    Loss("embedding", "mnrl", "mnrl", "in-batch and hard negatives (InfoNCE)", in_batch=True),
+    Loss("embedding", "cached-mnrl", "mnrl", "mnrl in mini-batches (GradCache)", cached=True, in_batch=True),
+    Loss("embedding", "cosent", "cosent", "scored pairs: cosines ordered as the scores", data=("scored",)),
+    Loss("embedding", "margin-mse", "margin_mse", "rows with teacher scores: the teacher's margins (TAS-B)"),
+    Loss("embedding", "mse-distill", "mse_distill", "a teacher's embeddings, a projection where the sizes differ",
+         data=("rows", "scored", "texts")),
+    Loss("rank", "bce", "rank_bce", "pointwise: binary cross-entropy of each pair against label / max_label"),
+    Loss("rank", "mnrl", "rank_mnrl", "each relevant candidate against the query's irrelevant ones", listwise=True),
+    Loss("rank", "listnet", "rank_listnet", "the softmax of the scores against that of the labels", listwise=True),
+    Loss("rank", "lambda", "rank_lambda", "LambdaRank: pairs weighted by their swap's change of NDCG", listwise=True),
+)
