@@ -1,7 +1,9 @@
-"""The task contract, and the discovery of task plugins through the ``mlmkit.tasks`` entry-point group.
+"""The registry of task plugins: each task wrapped once in a ``Plugin``, and discovery through the
+``mlmkit.tasks`` entry-point group.
 
 A task plugin is any object with the members of ``Task`` (required) and any of the members of
-``TaskDefaults`` (each has a default), advertised in its package's pyproject.toml:
+``TaskDefaults`` (each has a default), the contract declared in mlmkit/contract.py and imported from
+here, and advertised in its package's pyproject.toml:
 
     [project.entry-points."mlmkit.tasks"]
     regression = "my_package.regression:task"
@@ -13,21 +15,9 @@ load or one that lacks a required member raises TaskError naming the entry point
 distribution. Each task is wrapped in a ``Plugin``, which resolves every optional member once, so
 the rest of the code calls ``plugin.calibrate(...)`` and never asks whether a task has it.
 
-How data flows through a task (docs/plugins.md walks through writing one):
-
-    read(path) / from_input(item)  -> examples   plain dicts, the task's own keys
-    featurize(examples, tok, ctx)  -> features   input_ids, token_type_ids, "example" (the index of
-                                                 the example it came from), the label_names when
-                                                 training, anything postprocess needs
-    the model (torch or onnxruntime) -> outputs   {name: array per feature}, named and shaped as
-                                                 ``outputs`` declares
-    postprocess(outputs, ...)      -> predictions one JSON-able dict per example
-    compute_metrics(predictions, examples, ctx) -> {metric: value}
-
-This module, and everything a task runs at inference time (read, from_input, featurize,
-postprocess, compute_metrics and the optional hooks but build_model / export_module), must not
-import torch: the onnxruntime runtime calls them. Tasks import torch inside build_model only (a head
-is a module-level class in a module of its own, which build_model imports).
+``mlmkit.registry`` is a public path: the contract's names (``Task``, ``TaskDefaults``,
+``TaskOption``, ``TaskContext``, the feature keys and output axes) are importable from it as from
+mlmkit/contract.py. Like the contract, this module never imports torch.
 """
 
 from __future__ import annotations
@@ -35,274 +25,43 @@ from __future__ import annotations
 import importlib.metadata as md
 import inspect
 import logging
-import math
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from mlmkit.errors import ConfigError, DataFormatError, TaskError
+from mlmkit.contract import (
+    BATCH,
+    DISTINCT,
+    EXAMPLE,
+    FILL_MASK_TOP_K,
+    LABEL,
+    OPTIONAL,
+    REQUIRED,
+    SEQUENCE,
+    TRUNCATED,
+    Example,
+    Feature,
+    Task,
+    TaskContext,
+    TaskDefaults,
+    TaskOption,
+    per_token,
+)
+from mlmkit.errors import ConfigError, TaskError
+
+__all__ = [
+    # the contract (mlmkit/contract.py)
+    "EXAMPLE", "TRUNCATED", "DISTINCT", "BATCH", "SEQUENCE", "LABEL", "Example", "Feature", "TaskOption",
+    "FILL_MASK_TOP_K", "TaskContext", "Task", "TaskDefaults", "REQUIRED", "OPTIONAL", "per_token",
+    # the registry
+    "GROUP", "OWN", "Plugin", "tasks", "broken", "register", "get_task", "option_flags", "tasks_for_command",
+    "spelled", "reset",
+]
 
 log = logging.getLogger("mlmkit")
 
 GROUP = "mlmkit.tasks"
-EXAMPLE = "example"
-"""Feature key: the index, in the list given to featurize, of the example a feature belongs to."""
-TRUNCATED = "truncated"
-"""Feature key: True when featurize cut its example to the max length (results say so to the user)."""
-DISTINCT = "distinct"
-"""Training feature key of a task with group_features: no two features of a batch should share its
-value (the embedding task's text hash: a text twice in a batch would be its own false negative); an
-example that would bring a second one goes to a later batch, and the log counts them."""
-BATCH = "batch"
-"""Output axis: one entry per feature of the batch (always axis 0)."""
-SEQUENCE = "sequence"
-"""Output axis: one entry per token; results are trimmed to each feature's own length."""
-LABEL = "label"
-"""Output axis: one entry per label of the run (ctx.labels); bundles are checked to have as many."""
-
-Example = dict[str, Any]
-Feature = dict[str, Any]
-
-
-# ---- options and context -----------------------------------------------------------------------
-@dataclass(frozen=True)
-class TaskOption:
-    """A setting of a task, given on the command line as ``--option name=value`` (or ``--name value``).
-
-    The type is the default's (bool, int, float or str) unless ``value_type`` says otherwise. A
-    ``fixed`` option is built into the model (its head, its graph): it is set when a model is
-    fine-tuned or exported, and a saved model refuses another value. An option that is not ``saved``
-    is a setting of one call (a file to write, how to search): never kept in a run or bundle.
-
-    ``flags``: the option's own command-line flags besides ``--option NAME=VALUE`` (click's
-    declarations: ``("--doc-stride",)``, ``("--normalize/--no-normalize",)`` for a bool, aliases after
-    the first); the commands that run the task take them (docs/plugins.md says which). An
-    ``evaluation`` option is a setting of evaluation only: its flag is on `mlmkit evaluate` alone."""
-
-    name: str
-    default: Any
-    help: str
-    choices: tuple[Any, ...] | None = None
-    minimum: float | None = None
-    value_type: type | None = None
-    fixed: bool = False
-    saved: bool = True
-    flags: tuple[str, ...] = ()
-    evaluation: bool = False
-
-    @property
-    def kind(self) -> type:
-        return self.value_type or type(self.default)
-
-    @property
-    def flag(self) -> str:
-        """How the command line spells this option: its first flag, else ``--option NAME=VALUE`` (the
-        one spelling every option has)."""
-        return self.flags[0].split("/")[0] if self.flags else f"--option {self.name}=VALUE"
-
-    def parse(self, value: Any) -> Any:
-        """``value`` (a string from the command line, or a typed value) checked and converted."""
-        kind = self.kind
-        if isinstance(value, str) and kind is not str:
-            value = _from_string(value, kind)
-        ok = isinstance(value, kind) and (kind is bool) == isinstance(value, bool)  # bool is an int too
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value, ok = float(value), True
-        if not ok:
-            problem = f"expects {'true or false' if kind is bool else f'a value of type {kind.__name__}'}"
-        elif isinstance(value, float) and not math.isfinite(value):
-            problem = "expects a finite number"
-        elif self.choices is not None and value not in self.choices:
-            problem = f"must be one of: {', '.join(map(str, self.choices))}"
-        elif self.minimum is not None and value < self.minimum:
-            problem = f"must be at least {self.minimum:g}"
-        else:
-            return value
-        raise ConfigError(f"task option {self.flag} {problem}, got {value!r}", self.help)
-
-
-FILL_MASK_TOP_K = TaskOption("top_k", 5, "fill-mask: candidates per [MASK], at most the export's --top-k.",
-                             minimum=1, flags=("--top-k",))
-"""fill-mask bundles (the pretraining head, no task plugin) take one option, the way tasks take theirs."""
-
-
-def _from_string(text: str, kind: type) -> Any:
-    s = text.strip()
-    if kind is bool:
-        return {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(s.lower(), text)
-    try:
-        return kind(s)
-    except ValueError:
-        return text
-
-
-@dataclass(frozen=True)
-class TaskContext:
-    """What a task's hooks see of the model they serve.
-
-    ``labels``: the label list of the run (config.json's id2label), None for label-free tasks;
-    ``options``: every declared option, resolved; ``state``: what ``fit_state`` and ``calibrate``
-    returned, saved with the model (mlmkit.json "task_state") and read back with it."""
-
-    max_length: int
-    options: Mapping[str, Any] = field(default_factory=dict)
-    labels: tuple[str, ...] | None = None
-    state: Mapping[str, Any] = field(default_factory=dict)
-
-    def with_state(self, update: Mapping[str, Any]) -> TaskContext:
-        return replace(self, state={**self.state, **update}) if update else self
-
-    @classmethod
-    def from_meta(cls, meta: Mapping[str, Any], options: Mapping[str, Any]) -> TaskContext:
-        """The context of a run's or bundle's mlmkit.json, with ``options`` already resolved."""
-        labels = meta.get("labels")
-        return cls(
-            max_length=int(meta["max_length"]),
-            options=dict(options),
-            labels=tuple(labels) if labels is not None else None,
-            state=dict(meta.get("task_state") or {}),
-        )
-
-
-# ---- the contract ------------------------------------------------------------------------------
-@runtime_checkable
-class Task(Protocol):
-    """What every task provides. Features, outputs and predictions are plain Python / numpy."""
-
-    name: str
-    """The registered name (must equal the entry-point name); runs and bundles record it."""
-    description: str
-    metrics: tuple[str, ...]
-    """Keys of ``compute_metrics``; the first is the main one (best model, early stopping)."""
-    outputs: dict[str, tuple[str, ...]]
-    """The model's outputs and the names of their axes, e.g. {"probabilities": (BATCH, "label")}:
-    axis 0 is BATCH; SEQUENCE at axis 1 makes an output per token. Exported graphs have exactly these."""
-
-    def read(self, path: Path, options: Mapping[str, Any]) -> list[Example]:
-        """Labelled examples of a data file; DataFormatError (file, line, field) on bad input. A task
-        whose training and evaluation data differ in one source (a BEIR directory's train and test
-        splits) may take a keyword ``training``: True for --train, False otherwise."""
-
-    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
-        """Model features (see the module docstring), at most ``ctx.max_length`` tokens each; long
-        inputs may become several features. With ``training`` the label_names keys are filled."""
-
-    def build_model(self, config: Any, ctx: TaskContext) -> Any:
-        """The torch module for this config (a ModelConfig) and these options: Hugging Face parameter
-        names (bert.* for the encoder); forward(input_ids, attention_mask, token_type_ids, **labels)
-        returns a dict with the ``outputs`` and, given labels, "loss"."""
-
-    def postprocess(
-        self, outputs: dict[str, list[Any]], features: list[Feature], examples: list[Example], ctx: TaskContext
-    ) -> list[dict[str, Any]]:
-        """One JSON-able prediction per example from the outputs of each feature (numpy)."""
-
-    def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[Example], ctx: TaskContext) -> dict[str, Any]:
-        """The ``metrics`` (floats) of predictions against the examples' gold labels; may add more keys."""
-
-
-class TaskDefaults:
-    """The optional members of a task, with the value a task gets when it leaves one out."""
-
-    formats: tuple[str, ...] = ()
-    """Data formats ``read`` accepts, for `mlmkit tasks`, e.g. ("csv", "jsonl")."""
-    options: tuple[TaskOption, ...] = ()
-    """Settings of the task; resolved values reach every hook as ``ctx.options`` (and ``read``)."""
-    label_names: tuple[str, ...] = ("labels",)
-    """Feature keys that are training targets, passed to the model's forward by these names."""
-    hf_architecture: str = "BertModel"
-    """config.json's architectures entry of a fine-tuned run, e.g. "BertForSequenceClassification"."""
-    default_max_length: int = 128
-    """Tokens per input when fine-tuning is given no --max-length."""
-    greater_is_better: bool = True
-    """Whether a larger main metric is better."""
-    trainable: bool = True
-    """Whether `mlmkit finetune` trains this task (False: it is exported and served as it comes)."""
-    command: str | None = None
-    """The inference command that serves bundles of this task besides `mlmkit predict` (e.g. "classify")."""
-    partial_layers: int = 0
-    """Trailing encoder layers that ``export_module`` computes for a few positions only (the fusion
-    check does not expect their attention to fuse)."""
-    group_features: bool = False
-    """Keep the features of one example together in training batches (multiple choice, listwise
-    ranking: a loss over an example's features). A batch then holds whole examples (one example with
-    more features than --batch-size is a batch of its own), and the model's forward also gets
-    ``example``: int64 [batch], the example of each feature numbered 0, 1, ... within the batch."""
-    base_heads: tuple[str, ...] = ()
-    """Prefixes of a base model's head weights this task's model takes over besides the encoder (the
-    SPLADE task: the masked-LM head, "cls.predictions."); fine-tuning refuses a base without them."""
-    top_k_option: str | None = None
-    """The option `mlmkit export --top-k` sets for this task (the SPLADE task: "max_terms"); None: the
-    flag is refused for it (it is fill-mask's: the candidates per [MASK])."""
-    pipeline_tag: str = "feature-extraction"
-    """The Hugging Face Hub's pipeline tag of this task's models, for the model card (e.g.
-    "text-classification", "token-classification", "question-answering", "sentence-similarity")."""
-
-    def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> Example:
-        """An example from one runtime input: a text becomes {"text": item}; a record must have a "text"."""
-        if isinstance(item, str):
-            return {"text": item}
-        if isinstance(item, dict) and isinstance(item.get("text"), str):
-            return dict(item)
-        have = ", ".join(item) if isinstance(item, dict) else type(item).__name__
-        raise DataFormatError("<input>", f"expected a text or a record with a 'text' field, got: {have}", field="text")
-
-    def label_list(self, examples: list[Example]) -> list[str] | None:
-        """Labels found in training data (saved as config.json's id2label); None: a label-free task."""
-        return None
-
-    def fit_state(self, examples: list[Example]) -> dict[str, Any]:
-        """Settings derived from the training examples, saved with the model (ctx.state)."""
-        return {}
-
-    def calibrate(
-        self, outputs: dict[str, list[Any]], features: list[Feature], examples: list[Example], ctx: TaskContext
-    ) -> dict[str, Any]:
-        """Decision settings tuned on fine-tuning's evaluation set (never on test data), saved with
-        the model (ctx.state), e.g. QA's null-score threshold."""
-        return {}
-
-    def main_metric(self, ctx: TaskContext) -> str | None:
-        """The metric that picks the best model and stops training early, for these options (a task
-        whose options change what it measures); None: the first of ``metrics``."""
-        return None
-
-    def hf_config(self, ctx: TaskContext) -> dict[str, Any]:
-        """Keys config.json of a fine-tuned run gets beside id2label, so transformers reads it the same
-        way, e.g. {"problem_type": "multi_label_classification"}."""
-        return {}
-
-    def run_files(self, config: Any, ctx: TaskContext) -> dict[str, str]:
-        """Files a fine-tuned run directory gets beside the Hugging Face ones: {relative path: text},
-        so another library reads the run as its own (the embedding task's sentence-transformers
-        modules.json, 1_Pooling/config.json, ...)."""
-        return {}
-
-    def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
-        """Whether a Hugging Face checkpoint directory (its config, a ModelConfig) is a model of this task,
-        and if so its run description: {"labels", "options", "task_state", "max_length"}, each optional.
-        None (the default): not this task's. `mlmkit export DIR` asks every task; `--task` asks one."""
-        return None
-
-    def export_module(self, model: Any) -> Any:
-        """The module to export instead of the model: same inputs and outputs, written for inference.
-        Export checks it against the model's own forward."""
-        return model
-
-    def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
-        """Columns of the terminal table for one prediction (JSON output is the prediction itself)."""
-        return {k: _cell(v) for k, v in prediction.items() if isinstance(v, (str, int, float, bool))}
-
-
-def _cell(v: Any) -> str:
-    return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-
-# the members, read off the two classes above (never a list kept in step by hand)
-REQUIRED = (*Task.__annotations__, *(k for k, v in vars(Task).items() if callable(v) and not k.startswith("_")))
-OPTIONAL = tuple(k for k in vars(TaskDefaults) if not k.startswith("_"))
 
 
 class Plugin:
@@ -562,7 +321,3 @@ def reset() -> None:
     _registry = None
     _broken.clear()
 
-
-def per_token(axes: Sequence[str]) -> bool:
-    """Whether an output with these axes has one entry per token (axis 1 is SEQUENCE)."""
-    return len(axes) > 1 and axes[1] == SEQUENCE

@@ -124,7 +124,8 @@ def test_every_member_of_the_contract_is_declared_documented_and_resolved() -> N
     # every member is documented where it is declared: a method by its docstring, an attribute by
     # the string that follows it
     for cls, names in ((registry.Task, REQUIRED), (TaskDefaults, OPTIONAL)):
-        body = next(n for n in ast.parse((ROOT / "mlmkit" / "registry.py").read_text(encoding="utf-8")).body
+        declared = Path(sys.modules[cls.__module__].__file__)  # mlmkit/contract.py, where the contract is declared
+        body = next(n for n in ast.parse(declared.read_text(encoding="utf-8")).body
                     if isinstance(n, ast.ClassDef) and n.name == cls.__name__).body
         documented = {n.name for n in body if isinstance(n, ast.FunctionDef) and ast.get_docstring(n)}
         documented |= {a.target.id for a, b in zip(body, body[1:]) if isinstance(a, ast.AnnAssign)
