@@ -167,9 +167,11 @@ class Task(Protocol):
     axis 0 is BATCH; SEQUENCE at axis 1 makes an output per token. Exported graphs have exactly these."""
 
     def read(self, path: Path, options: Mapping[str, Any]) -> list[Example]:
-        """Labelled examples of a data file; DataFormatError (file, line, field) on bad input. A task
-        whose training and evaluation data differ in one source (a BEIR directory's train and test
-        splits) may take a keyword ``training``: True for --train, False otherwise."""
+        """Labelled examples of a data file; DataFormatError (file, line, field) on bad input. Two
+        keywords are optional: ``training`` (True for --train, False otherwise), for a task whose
+        training and evaluation data differ in one source (a BEIR directory's train and test splits),
+        and ``max_bytes``, the record ceiling the user gave (--max-record-bytes), to pass to the kit's
+        readers: a task without it reads with their default, MAX_RECORD_BYTES."""
 
     def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
         """Model features (see the module docstring), at most ``ctx.max_length`` tokens each; long

@@ -269,38 +269,6 @@ MAX_RECORD_BYTES = 64 << 20
 and leaves room for a whole book per JSON line, yet a reader holds at most a few times this much."""
 
 
-class _Ceiling(int):
-    """The record ceiling a reader was not given: the process's (record_ceiling), MAX_RECORD_BYTES unless set."""
-
-
-RECORD_CEILING = _Ceiling(MAX_RECORD_BYTES)
-"""The readers' default ``max_bytes``: resolved by ``ceiling`` to the ceiling of the process."""
-_ceiling: list[int | None] = [MAX_RECORD_BYTES]
-
-
-def ceiling(max_bytes: int | None) -> int | None:
-    """A reader's ``max_bytes``: as given, or, for the default RECORD_CEILING, the process's ceiling
-    (`--max-record-bytes` of tokenize, pretrain, finetune and sweep sets it for their task's readers too)."""
-    return _ceiling[0] if max_bytes is RECORD_CEILING else max_bytes
-
-
-def set_record_ceiling(max_bytes: int | None) -> None:
-    """The process's ceiling from now on (a worker process started by one inside record_ceiling)."""
-    _ceiling[0] = max_bytes
-
-
-@contextmanager
-def record_ceiling(max_bytes: int | None) -> Iterator[None]:
-    """The readers that are not given a ceiling use ``max_bytes`` inside the block (a task plugin's
-    reader too, through taskkit's), then the one before."""
-    before = _ceiling[0]
-    set_record_ceiling(max_bytes)
-    try:
-        yield
-    finally:
-        set_record_ceiling(before)
-
-
 class ByteLines(Protocol):
     """A binary stream read by lines: a file opened "rb", a gzip stream, sys.stdin.buffer."""
 

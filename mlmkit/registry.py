@@ -49,6 +49,7 @@ from mlmkit.contract import (
     per_token,
 )
 from mlmkit.errors import ConfigError, TaskError
+from mlmkit.files import MAX_RECORD_BYTES
 
 __all__ = [
     # the contract (mlmkit/contract.py)
@@ -83,10 +84,12 @@ class Plugin:
         self.metrics: tuple[str, ...] = tuple(task.metrics)
         self.outputs: dict[str, tuple[str, ...]] = {k: tuple(v) for k, v in dict(task.outputs).items()}
         self._read, self.featurize, self.build_model = task.read, task.featurize, task.build_model
-        try:  # ``training`` is optional: a data set whose training and evaluation parts differ (a BEIR split)
-            self._read_training = "training" in inspect.signature(task.read).parameters
+        try:  # optional keywords: ``training`` (a data set whose training and evaluation parts differ, a
+            # BEIR split) and ``max_bytes`` (the record ceiling the user gave, --max-record-bytes)
+            takes = set(inspect.signature(task.read).parameters)
         except (TypeError, ValueError):
-            self._read_training = False
+            takes = set()
+        self._read_keywords = takes & {"training", "max_bytes"}
         self.postprocess, self.compute_metrics = task.postprocess, task.compute_metrics
         self._check()
 
@@ -137,11 +140,16 @@ class Plugin:
         if problems:
             raise TaskError(f"{where}: {'; '.join(problems)}", "see mlmkit.registry.Task and docs/plugins.md")
 
-    def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False) -> list[dict[str, Any]]:
-        """The task's ``read``, told whether the data are for training where it asks (``training``)."""
-        if self._read_training:
-            return self._read(path, options, training=training)
-        return self._read(path, options)
+    def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False,
+             max_bytes: int | None = MAX_RECORD_BYTES) -> list[dict[str, Any]]:
+        """The task's ``read``, told whether the data are for training and the record ceiling where it
+        asks for them (``training``, ``max_bytes``). A task that takes no ``max_bytes`` reads with its
+        readers' default ceiling (MAX_RECORD_BYTES); a ceiling given to it otherwise is said in the log."""
+        given = {"training": training, "max_bytes": max_bytes}
+        if "max_bytes" not in self._read_keywords and max_bytes != MAX_RECORD_BYTES:
+            log.warning("the %s task's read takes no max_bytes: %s is read with the default record ceiling of %s bytes, "
+                        "not %s", self.name, path, f"{MAX_RECORD_BYTES:,}", "none" if max_bytes is None else f"{max_bytes:,}")
+        return self._read(path, options, **{k: v for k, v in given.items() if k in self._read_keywords})
 
     def best_metric(self, ctx: TaskContext) -> str:
         """The metric that selects the best model under these options."""

@@ -32,6 +32,7 @@ from mlmkit.taskkit import (
     BATCH,
     EXAMPLE,
     LABEL,
+    MAX_RECORD_BYTES,
     TRUNCATED,
     ConfigError,
     DataFormatError,
@@ -167,10 +168,11 @@ class ClassificationTask:
     command = "classify"
     partial_layers = 1  # export_module computes the last layer for [CLS] only
 
-    def read(self, path: Path, options: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def read(self, path: Path, options: Mapping[str, Any], *, max_bytes: int | None = MAX_RECORD_BYTES) -> list[dict[str, Any]]:
         """Labelled examples {"text", ["text_pair"], "label", "line", "source"} of a CSV/TSV/JSONL file."""
         fmt = data_format(path, FORMATS)
-        records = iter_jsonl(path) if fmt == "jsonl" else iter_records(path, fmt)  # JSON lines: objects only
+        records = (iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl"  # JSON lines: objects only
+                   else iter_records(path, fmt, max_bytes=max_bytes))
         examples = [{**_example(rec, options, labelled=True), "line": rec.line, "source": rec.source} for rec in records]
         if not examples:
             raise DataFormatError(path, "no examples", hint="the file needs a header and at least one labelled row")

@@ -50,6 +50,7 @@ from mlmkit.taskkit import (
     DISTINCT,
     EXAMPLE,
     INDEXES,
+    MAX_RECORD_BYTES,
     RETRIEVAL_METRICS,
     TRUNCATED,
     DataFormatError,
@@ -260,12 +261,13 @@ class EmbeddingTask:
             return None if is_splade_directory(directory) else _sentence_transformers(directory)
         return {} if "BertModel" in (config.architectures or []) else None
 
-    def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False) -> list[dict[str, Any]]:
+    def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False,
+             max_bytes: int | None = MAX_RECORD_BYTES) -> list[dict[str, Any]]:
         """Examples of a data file or a BEIR directory (``DIR:SPLIT``): for training, rows {"anchor",
         "positive", "negatives"} or scored pairs {"text", "text_pair", "score"}; for evaluation, scored
         pairs or a retrieval set ({"kind": "query", "id", "text", "judged"} then {"kind": "doc", "id", "text"})."""
         if is_beir(path):
-            split = read_split(path, training=training)
+            split = read_split(path, training=training, max_bytes=max_bytes)
             for why, n in split.skipped.items():
                 log.warning("%s: %d queries of the %s split left out: %s", split.directory, n, split.split, why)
             if training:
@@ -283,7 +285,8 @@ class EmbeddingTask:
         loss = _loss_option(options)
         texts_ok = training and loss == "mse-distill"  # plain texts: only a teacher's embeddings to learn
         examples: list[dict[str, Any]] = []
-        for rec in iter_jsonl(path) if fmt == "jsonl" else iter_records(path, fmt):
+        records = iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl" else iter_records(path, fmt, max_bytes=max_bytes)
+        for rec in records:
             fields = rec.fields()
             if options["anchor_column"] in fields:
                 ex = _row(rec, options, scores=loss == "margin-mse")

@@ -34,6 +34,7 @@ import numpy as np
 from mlmkit.taskkit import (
     BATCH,
     EXAMPLE,
+    MAX_RECORD_BYTES,
     SEQUENCE,
     ConfigError,
     DataFormatError,
@@ -269,20 +270,20 @@ class QATask:
 
     # -------------------------------------------------------- data
 
-    def read(self, path: Path, options: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def read(self, path: Path, options: Mapping[str, Any], *, max_bytes: int | None = MAX_RECORD_BYTES) -> list[dict[str, Any]]:
         """SQuAD v1.1 / v2.0 JSON (.json) or JSON lines {"id", "question", "context", "answers"}."""
         p = Path(path)
         if p.suffix.lower() == ".jsonl" or is_table(p):  # Parquet / datasets: the JSON-lines fields as columns
-            return _read_records(iter_jsonl(p))
+            return _read_records(iter_jsonl(p, max_bytes=max_bytes))
         text = read_text(p)
         try:
             doc = parse_json(text)
         except json.JSONDecodeError as e:
             if e.msg == "Extra data" or p.suffix.lower() != ".json":  # several JSON values: JSON lines
-                return _read_records(iter_jsonl(p))
+                return _read_records(iter_jsonl(p, max_bytes=max_bytes))
             raise DataFormatError(p, f"malformed JSON: {e.msg} (column {e.colno})", line=e.lineno, hint="fix the JSON") from None
         if isinstance(doc, dict) and "data" not in doc and "question" in doc:  # a JSON-lines file of one record
-            return _read_records(iter_jsonl(p))
+            return _read_records(iter_jsonl(p, max_bytes=max_bytes))
         return _read_squad(p, doc)
 
     def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from mlmkit.taskkit import (
     BM25,
     EXAMPLE,
     LABEL,
+    MAX_RECORD_BYTES,
     RETRIEVAL_METRICS,
     TRUNCATED,
     ConfigError,
@@ -117,7 +118,8 @@ class RerankTask:
     def main_metric(self, ctx: TaskContext) -> str:
         return "ndcg@10"
 
-    def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False) -> list[dict[str, Any]]:
+    def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False,
+             max_bytes: int | None = MAX_RECORD_BYTES) -> list[dict[str, Any]]:
         """One example per query: {"query", "docs", "labels", "source", "line"} (training and rows),
         and for evaluation its "judged" documents ({doc id: grade}) and the first stage's ranking
         ("first", doc ids best first); doc ids are "d0", "d1" ... within a query, or the corpus's."""
@@ -125,11 +127,12 @@ class RerankTask:
             if training:
                 raise TaskError("a BEIR split has positives only; a reranker trains on rows with negatives",
                                 f"mine them: mlmkit mine {path} --out rows.jsonl, then --train rows.jsonl")
-            return _first_stage(path, options)
+            return _first_stage(path, options, max_bytes)
         fmt = data_format(path, FORMATS)
         by_query: dict[str, dict[str, Any]] = {}
         top = float(options["max_label"])
-        for rec in iter_jsonl(path) if fmt == "jsonl" else iter_records(path, fmt):
+        records = iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl" else iter_records(path, fmt, max_bytes=max_bytes)
+        for rec in records:
             fields = rec.fields()
             qcol = options["query_column"] if options["query_column"] in fields or "anchor" not in fields else "anchor"
             query = rec.text(qcol)
@@ -250,10 +253,10 @@ def _grade(rec: Record, field: str, top: float) -> float:
     return y
 
 
-def _first_stage(path: Path, options: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _first_stage(path: Path, options: Mapping[str, Any], max_bytes: int | None) -> list[dict[str, Any]]:
     """A BEIR evaluation split's queries with the first stage's top ``rerank_top`` documents as their
     candidates (BM25 over the corpus, or an embedding bundle's exact search)."""
-    split = read_split(path, training=False)
+    split = read_split(path, training=False, max_bytes=max_bytes)
     for why, n in split.skipped.items():
         log.warning("%s: %d queries of the %s split left out: %s", split.directory, n, split.split, why)
     dids = list(split.corpus)

@@ -29,7 +29,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mlmkit_tasks.embedding import EmbeddingTask, is_splade_directory
 
-from mlmkit.taskkit import BATCH, EXAMPLE, RETRIEVAL_METRICS, TaskContext, TaskOption, mean_metrics
+from mlmkit.taskkit import (
+    BATCH,
+    EXAMPLE,
+    MAX_RECORD_BYTES,
+    RETRIEVAL_METRICS,
+    TaskContext,
+    TaskOption,
+    mean_metrics,
+)
 
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
     from mlmkit.model import ModelConfig
@@ -64,9 +72,10 @@ class SparseEmbeddingTask(EmbeddingTask):
     label_names = ("part", "text_id", "score")
     group_features = True
 
-    def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False) -> list[dict[str, Any]]:
+    def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False,
+             max_bytes: int | None = MAX_RECORD_BYTES) -> list[dict[str, Any]]:
         """What the embedding task reads for mnrl (rows, BEIR directories) and scored pairs."""
-        return super().read(path, _as_embedding(options), training=training)
+        return super().read(path, _as_embedding(options), training=training, max_bytes=max_bytes)
 
     def main_metric(self, ctx: TaskContext) -> str:
         return "ndcg@10" if ctx.state.get("data") == "rows" else "spearman"

@@ -42,6 +42,7 @@ from mlmkit.taskkit import (
     BATCH,
     EXAMPLE,
     LABEL,
+    MAX_RECORD_BYTES,
     SEQUENCE,
     ConfigError,
     DataFormatError,
@@ -204,7 +205,7 @@ def _check_tag(tag: Any, scheme: str, path: Path, line: int | None, field: str, 
     return tag
 
 
-def _read_conll(path: Path, scheme: str) -> list[dict[str, Any]]:
+def _read_conll(path: Path, scheme: str, max_bytes: int | None) -> list[dict[str, Any]]:
     examples: list[dict[str, Any]] = []
     tokens: list[str] = []
     tags: list[str] = []
@@ -216,7 +217,7 @@ def _read_conll(path: Path, scheme: str) -> list[dict[str, Any]]:
             tokens.clear()
             tags.clear()
 
-    for n, raw in iter_lines(path):
+    for n, raw in iter_lines(path, max_bytes):
         cols = [c for c in re.split(r"[ \t]+", raw) if c]  # columns: spaces or tabs, not other whitespace
         if not cols or cols[0] == "-DOCSTART-":
             flush()
@@ -244,9 +245,9 @@ def _string_list(rec: Any, key: str) -> list[str]:
     return value
 
 
-def _read_jsonl(path: Path, scheme: str) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path, scheme: str, max_bytes: int | None) -> list[dict[str, Any]]:
     examples: list[dict[str, Any]] = []
-    for rec in iter_jsonl(path):
+    for rec in iter_jsonl(path, max_bytes=max_bytes):
         n = rec.line
         tokens = _string_list(rec, "tokens")
         tags = _string_list(rec, "tags")
@@ -392,12 +393,12 @@ class TaggingTask:
     pipeline_tag = "token-classification"
     command = "tag"
 
-    def read(self, path: Path, options: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def read(self, path: Path, options: Mapping[str, Any], *, max_bytes: int | None = MAX_RECORD_BYTES) -> list[dict[str, Any]]:
         """Examples {"tokens", "tags", "line", "source", "format"} of a CoNLL or JSONL file (by suffix:
         .jsonl/.json are JSONL; an unknown suffix is sniffed)."""
         path = Path(path)
         scheme = options["scheme"]
-        examples = _read_jsonl(path, scheme) if _is_jsonl(path) else _read_conll(path, scheme)
+        examples = _read_jsonl(path, scheme, max_bytes) if _is_jsonl(path) else _read_conll(path, scheme, max_bytes)
         if not examples:
             raise DataFormatError(
                 path, "no sentences", hint="CoNLL: 'token tag' per line; JSONL: {\"tokens\": [...], \"tags\": [...]} per line"

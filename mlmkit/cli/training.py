@@ -61,12 +61,11 @@ def tokenizer_train(args: TokenizerArgs) -> None:
 @with_args(TokenizeArgs)
 def tokenize(args: TokenizeArgs) -> None:
     """Tokenize a corpus once into a memory-mapped token shard: `mlmkit pretrain --data DIR` trains from it."""
-    from mlmkit.files import record_ceiling
     from mlmkit.text.tokenizer import load_tokenizer
     from mlmkit.train.corpus.shards import tokenize_to
 
-    with record_ceiling(args.max_record_bytes):
-        c = tokenize_to(args.corpus, load_tokenizer(args.tokenizer), args.out, text_column=args.text_column, workers=args.workers)
+    c = tokenize_to(args.corpus, load_tokenizer(args.tokenizer), args.out, text_column=args.text_column, workers=args.workers,
+                    max_bytes=args.max_record_bytes)
     err.print(f"wrote {args.out}: {len(c.tokens):,} tokens, {len(c.sent_offsets) - 1:,} sentences, {c.num_docs:,} documents")
 
 

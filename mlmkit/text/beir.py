@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlmkit.errors import DataFormatError
+from mlmkit.files import MAX_RECORD_BYTES
 from mlmkit.text.readers import Record, iter_jsonl, iter_table
 
 FILES = ("corpus.jsonl", "queries.jsonl")
@@ -67,10 +68,10 @@ def pick_split(d: Path, split: str | None, preferred: tuple[str, ...]) -> str:
                           hint=f"name a split as {d}:SPLIT (here: {', '.join(have) or 'none'})")
 
 
-def _records(path: Path, what: str) -> Iterator[tuple[Record, str]]:
+def _records(path: Path, what: str, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[tuple[Record, str]]:
     """(record, its _id) of a corpus or queries file; an id seen twice is an error naming both lines."""
     seen: dict[str, int | None] = {}
-    for rec in iter_jsonl(path):
+    for rec in iter_jsonl(path, max_bytes=max_bytes):
         rid = rec.fields().get("_id")
         if isinstance(rid, int) and not isinstance(rid, bool):
             rid = str(rid)
@@ -92,9 +93,9 @@ def _optional(rec: Record, key: str) -> str:
     return v.strip()
 
 
-def read_corpus(d: Path) -> dict[str, str]:
+def read_corpus(d: Path, max_bytes: int | None = MAX_RECORD_BYTES) -> dict[str, str]:
     corpus: dict[str, str] = {}
-    for rec, did in _records(d / "corpus.jsonl", "document"):
+    for rec, did in _records(d / "corpus.jsonl", "document", max_bytes):
         title, text = _optional(rec, "title"), _optional(rec, "text")
         if not title and not text:
             raise rec.error("a document needs a title or a text", "text")
@@ -104,9 +105,9 @@ def read_corpus(d: Path) -> dict[str, str]:
     return corpus
 
 
-def read_qrels(path: Path) -> Iterator[tuple[Record, str, str, int]]:
+def read_qrels(path: Path, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[tuple[Record, str, str, int]]:
     """(record, query id, document id, grade) per judgement row of a qrels TSV file (a header first)."""
-    for rec in iter_table(path, "\t"):
+    for rec in iter_table(path, "\t", max_bytes=max_bytes):
         row = list(rec.fields().values())
         if len(row) < 3:
             raise rec.error("expected query-id, corpus-id and score", hint="a header, then one judgement per line")
@@ -118,17 +119,18 @@ def read_qrels(path: Path) -> Iterator[tuple[Record, str, str, int]]:
         yield rec, qid, did, g
 
 
-def read_split(path: str | Path, *, training: bool) -> BeirSplit:
+def read_split(path: str | Path, *, training: bool, max_bytes: int | None = MAX_RECORD_BYTES) -> BeirSplit:
     """A BEIR directory's split (``DIR:SPLIT``, or train / test-then-dev by default). A judgement
     naming an unknown query or document is an error naming the qrels file and line; a judged query
-    with no relevant document is left out and counted in ``skipped``."""
+    with no relevant document is left out and counted in ``skipped``; a line of more than
+    ``max_bytes`` is a bad record."""
     d, split = split_spec(path)
     split = pick_split(d, split, TRAIN_SPLITS if training else EVAL_SPLITS)
-    corpus = read_corpus(d)
-    texts = {qid: rec.text("text") for rec, qid in _records(d / "queries.jsonl", "query")}
+    corpus = read_corpus(d, max_bytes)
+    texts = {qid: rec.text("text") for rec, qid in _records(d / "queries.jsonl", "query", max_bytes)}
     qrels: dict[str, dict[str, int]] = {}
     qrels_file = d / "qrels" / f"{split}.tsv"
-    for rec, qid, did, g in read_qrels(qrels_file):
+    for rec, qid, did, g in read_qrels(qrels_file, max_bytes):
         if qid not in texts:
             raise rec.error(f"query {qid!r} is not in queries.jsonl", hint="the qrels and the queries disagree")
         if did not in corpus:

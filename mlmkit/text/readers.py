@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 from mlmkit.errors import ConfigError, DataFormatError
-from mlmkit.files import RECORD_CEILING, bounded_lines, ceiling, parse_json
+from mlmkit.files import MAX_RECORD_BYTES, bounded_lines, parse_json
 
 FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}
 FIELD_LIMIT = 1 << 30  # characters in one CSV field (the csv module's 131,072 would reject a long text)
@@ -114,12 +114,11 @@ def _decoded(path: Path, keepends: bool = ..., skip: Literal[False] = ...,
 def _decoded(path: Path, keepends: bool = ..., skip: bool = ...,
              max_bytes: int | None = ...) -> Iterator[tuple[int, str | DataFormatError]]: ...
 def _decoded(path: Path, keepends: bool = False, skip: bool = False,
-             max_bytes: int | None = RECORD_CEILING) -> Iterator[tuple[int, str | DataFormatError]]:
+             max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[tuple[int, str | DataFormatError]]:
     """(number, line) of each line, split on \\n only (so numbers match an editor's; str.splitlines
     also splits on \\x1c, \\u2028 and friends, which may occur inside a text), decoded one at a time.
     ``skip``: a line that is not UTF-8, or longer than ``max_bytes`` (never read whole), comes as its
     DataFormatError instead of stopping the file."""
-    max_bytes = ceiling(max_bytes)  # the process's ceiling, unless one was given
     with open(path, "rb") as f:
         for n, raw in enumerate(bounded_lines(f, max_bytes), start=1):
             if raw is None:
@@ -144,9 +143,10 @@ def _decoded(path: Path, keepends: bool = False, skip: bool = False,
             yield n, line
 
 
-def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
-    """(number, line) of every line of a UTF-8 text file, line ends removed."""
-    return _decoded(_checked(path))
+def iter_lines(path: str | Path, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[tuple[int, str]]:
+    """(number, line) of every line of a UTF-8 text file, line ends removed; a line of more than
+    ``max_bytes`` is a DataFormatError naming it."""
+    return _decoded(_checked(path), max_bytes=max_bytes)
 
 
 DOCUMENT_BYTES = 1 << 30
@@ -185,7 +185,7 @@ def iter_table_rows(path: str | Path, rows: int = ..., *, skip: Literal[False] =
 def iter_table_rows(path: str | Path, rows: int = ..., *, skip: bool = ..., max_bytes: int | None = ...,
                     columns: Sequence[str] | None = ..., column_hint: str = ..., ceiling_hint: str = ...,
                     ) -> Iterator[Record | DataFormatError]: ...
-def iter_table_rows(path: str | Path, rows: int = 1024, *, skip: bool = False, max_bytes: int | None = RECORD_CEILING,
+def iter_table_rows(path: str | Path, rows: int = 1024, *, skip: bool = False, max_bytes: int | None = MAX_RECORD_BYTES,
                     columns: Sequence[str] | None = None, column_hint: str = "check the column names",
                     ceiling_hint: str = "raise --max-record-bytes; --on-error skip steps over it",
                     ) -> Iterator[Record | DataFormatError]:
@@ -195,7 +195,6 @@ def iter_table_rows(path: str | Path, rows: int = 1024, *, skip: bool = False, m
     record (with ``skip``: its DataFormatError, in its place). ``columns``: read only these (a
     pretraining corpus reads its text column alone); one the table lacks is an error naming the
     columns it has, with ``column_hint``; ``ceiling_hint`` says what to do about a value over the ceiling."""
-    max_bytes = ceiling(max_bytes)  # the process's ceiling, unless one was given
     p = Path(path)
     try:
         import pyarrow as pa
@@ -313,12 +312,11 @@ def iter_jsonl(path: str | Path, *, strings: bool = ..., skip: Literal[False] = 
 def iter_jsonl(path: str | Path, *, strings: bool = ..., skip: bool = ...,
                max_bytes: int | None = ...) -> Iterator[Record | DataFormatError]: ...
 def iter_jsonl(path: str | Path, *, strings: bool = False, skip: bool = False,
-               max_bytes: int | None = RECORD_CEILING) -> Iterator[Record | DataFormatError]:
+               max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Record | DataFormatError]:
     """A record per non-blank line: a JSON object (or a JSON string when ``strings``). ``skip``: a bad
     line (malformed JSON, a lone surrogate, an integer of thousands of digits, a line of more than
     ``max_bytes``) comes as its DataFormatError (in its place) instead of stopping the file. A Parquet
     file or a `datasets` directory (``is_table``) gives a record per row, its columns as the fields."""
-    max_bytes = ceiling(max_bytes)  # the process's ceiling, unless one was given
     if is_table(path):
         yield from iter_table_rows(path, skip=skip, max_bytes=max_bytes)
         return
@@ -354,13 +352,12 @@ def iter_table(path: str | Path, delimiter: str, *, skip: Literal[False] = ...,
 def iter_table(path: str | Path, delimiter: str, *, skip: bool = ...,
                max_bytes: int | None = ...) -> Iterator[Record | DataFormatError]: ...
 def iter_table(path: str | Path, delimiter: str, *, skip: bool = False,
-               max_bytes: int | None = RECORD_CEILING) -> Iterator[Record | DataFormatError]:
+               max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Record | DataFormatError]:
     """A record {column: value} per non-blank row of a CSV (``delimiter`` ",") or TSV ("\\t") file
     whose first row is the header. A CSV text may span lines when quoted; TSV has no quoting.
     ``skip``: a row with too many fields, or a line of more than ``max_bytes`` (read past, an empty
     line in its place), comes as its DataFormatError instead of stopping the file (quoting that
     breaks the file's structure, or a quoted field longer than ``max_bytes``, always stops it)."""
-    max_bytes = ceiling(max_bytes)  # the process's ceiling, unless one was given
     p = _checked(path)
     kind = "TSV" if delimiter == "\t" else "CSV"
     csv.field_size_limit(min(FIELD_LIMIT, max_bytes or FIELD_LIMIT))
@@ -418,12 +415,11 @@ def iter_records(path: str | Path, fmt: str | None = ..., *, skip: Literal[False
 def iter_records(path: str | Path, fmt: str | None = ..., *, skip: bool = ...,
                  max_bytes: int | None = ...) -> Iterator[Record | DataFormatError]: ...
 def iter_records(path: str | Path, fmt: str | None = None, *, skip: bool = False,
-                 max_bytes: int | None = RECORD_CEILING) -> Iterator[Record | DataFormatError]:
+                 max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Record | DataFormatError]:
     """Records of a .txt / .jsonl / .csv / .tsv file (``fmt`` overrides the suffix): text lines are
     str records, JSON lines objects or strings, CSV/TSV rows dicts. ``skip``: a bad record comes as
     its DataFormatError, in its place, and reading goes on. A line of more than ``max_bytes`` (the
     record ceiling, 64 MB by default) is a bad record, never read whole."""
-    max_bytes = ceiling(max_bytes)  # the process's ceiling, unless one was given
     fmt = fmt or data_format(path)
     if fmt == "txt":
         p = _checked(path)

@@ -24,12 +24,11 @@ import numpy as np
 
 from mlmkit.errors import ConfigError, DataFormatError
 from mlmkit.files import (
-    RECORD_CEILING,
+    MAX_RECORD_BYTES,
     JSONDataError,
     atomic_open,
     atomic_write,
     bounded_lines,
-    ceiling,
     json_line,
     parse_json,
 )
@@ -73,10 +72,9 @@ def matching_files(spec: str | Path, suffixes: Sequence[str], *, kind: str, hint
 def iter_inputs(spec: str | Path, *, skip: Literal[False] = ..., max_bytes: int | None = ...) -> Iterator[Record]: ...
 @overload
 def iter_inputs(spec: str | Path, *, skip: bool = ..., max_bytes: int | None = ...) -> Iterator[Item]: ...
-def iter_inputs(spec: str | Path, *, skip: bool = False, max_bytes: int | None = RECORD_CEILING) -> Iterator[Item]:
+def iter_inputs(spec: str | Path, *, skip: bool = False, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Item]:
     """The records of every file --input names, in order, read as they are needed; a record of more
     than ``max_bytes`` (the record ceiling) is a bad record."""
-    max_bytes = ceiling(max_bytes)  # the process's ceiling, unless one was given
     for f in input_files(spec):
         if f.suffix.lower() == ".parquet":
             yield from iter_table_rows(f, skip=skip, max_bytes=max_bytes)
@@ -129,12 +127,11 @@ def stdin_inputs(stream: IO[str] | None = ..., *, skip: Literal[False] = ...,
 def stdin_inputs(stream: IO[str] | None = ..., *, skip: bool = ...,
                  max_bytes: int | None = ...) -> Iterator[Item]: ...
 def stdin_inputs(stream: IO[str] | None = None, *, skip: bool = False,
-                 max_bytes: int | None = RECORD_CEILING) -> Iterator[Item]:
+                 max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Item]:
     """Inputs piped on stdin, read line by line: JSON lines when the first non-blank line is a JSON
     object or string (then every line must be one: a bad line is an error naming it, never a reason
     to read them all as text), else text lines. A line that is not UTF-8 or is longer than
     ``max_bytes`` is a bad record (``skip``: its error, in its place)."""
-    max_bytes = ceiling(max_bytes)  # the process's ceiling, unless one was given
     stream = stream or sys.stdin
     as_json = None
     for n, line in _stdin_lines(stream, max_bytes):

@@ -16,7 +16,7 @@ import torch
 
 from mlmkit.args import FinetuneArgs
 from mlmkit.errors import ConfigError, MlmkitError, TaskError
-from mlmkit.files import atomic_write_text, exclusive, record_ceiling, write_jsonl
+from mlmkit.files import atomic_write_text, exclusive, write_jsonl
 from mlmkit.infer import evaluation
 from mlmkit.models.config import ModelConfig
 from mlmkit.registry import Example, Plugin, TaskContext, get_task
@@ -126,8 +126,7 @@ def finetune(args: FinetuneArgs, *, reporters: Sequence[Reporter] = ()) -> dict[
     --report-to's (a sweep's pruner).
     """
     parse_report_to(args.train.report_to)  # before anything is read or built
-    with exclusive(args.out) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext(), \
-            record_ceiling(args.max_record_bytes):  # the task's readers' too
+    with exclusive(args.out) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext():
         return _finetune(args, reporters)
 
 
@@ -146,7 +145,7 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> dict[str, An
     L = args.max_length or min(task.default_max_length, cfg.max_tokens)
     if L > cfg.max_tokens:
         raise ConfigError(f"--max-length {L} exceeds the model's {cfg.max_tokens} positions")
-    train_ex = task.read(Path(args.train_file), opts, training=True)
+    train_ex = task.read(Path(args.train_file), opts, training=True, max_bytes=args.max_record_bytes)
     if not train_ex:
         raise MlmkitError(f"{args.train_file}: no examples", "check the file and the column options")
     labels = task.label_list(train_ex)
@@ -189,7 +188,8 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> dict[str, An
     data = FeatureData(features, task, args.batch_size, special_ids(tok).pad, args.train.seed)
     evaluator = None
     if args.eval_file is not None:
-        evaluator = TaskEvaluator(task, task.read(Path(args.eval_file), opts), tok, ctx, calibrate=True)
+        evaluator = TaskEvaluator(task, task.read(Path(args.eval_file), opts, max_bytes=args.max_record_bytes), tok, ctx,
+                                  calibrate=True)
     train_args = replace(args.train, metric_for_best=task.best_metric(ctx) if evaluator else None,
                          greater_is_better=task.greater_is_better)
 

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from mlmkit.args import PretrainArgs
 from mlmkit.errors import ConfigError, MlmkitError
-from mlmkit.files import exclusive, record_ceiling
+from mlmkit.files import MAX_RECORD_BYTES, exclusive
 from mlmkit.models import FAMILIES, Family, family_for
 from mlmkit.models.config import ModelConfig, preset
 from mlmkit.models.core import BertForPreTraining
@@ -99,14 +99,15 @@ class MLMEvaluator:
 
 
 def _train_shared_tokenizer(corpus: list[Path], out: Path, *, vocab_size: int, cased: bool, device: str,
-                            text_column: str = "text", kind: str = "wordpiece", specials: Any = None) -> Tokenizer:
+                            text_column: str = "text", kind: str = "wordpiece", specials: Any = None,
+                            max_bytes: int | None = MAX_RECORD_BYTES) -> Tokenizer:
     """Train a tokenizer on the corpus. Under torchrun rank 0 trains it and the other ranks read the
     file it writes: WordPiece training breaks ties differently from one process to the next, so
     ranks training their own would disagree on token ids."""
     dist = _join(device)
     if dist.main:
         log.info("training a %s tokenizer (vocab %d) on the corpus", kind, vocab_size)
-        tok = train_tokenizer(iter_sentences(corpus, text_column), vocab_size=vocab_size, cased=cased, kind=kind, specials=specials)
+        tok = train_tokenizer(iter_sentences(corpus, text_column, max_bytes), vocab_size=vocab_size, cased=cased, kind=kind, specials=specials)
         if dist.world == 1:
             return tok
         save_tokenizer(tok, out)
@@ -122,13 +123,14 @@ def _join(device: str) -> Any:
     return init_distributed(torch.device("cuda" if on_gpu else "cpu"))
 
 
-def _tokenized(paths: list[Path], tok: Tokenizer, cache_dir: Path | None, device: str, text_column: str) -> TokenizedCorpus:
+def _tokenized(paths: list[Path], tok: Tokenizer, cache_dir: Path | None, device: str, text_column: str,
+               max_bytes: int | None) -> TokenizedCorpus:
     """The corpus's token shard. Under torchrun rank 0 tokenizes and the others wait, then map the
     shard it wrote (each rank then builds only its own batches)."""
     dist = _join(device)
     if dist.world > 1 and not dist.main:
         torch.distributed.barrier()
-    corpus = tokenize_corpus(paths, tok, cache_dir, text_column=text_column)
+    corpus = tokenize_corpus(paths, tok, cache_dir, text_column=text_column, max_bytes=max_bytes)
     if dist.world > 1 and dist.main:
         torch.distributed.barrier()
     return corpus
@@ -147,8 +149,7 @@ def pretrain(args: PretrainArgs) -> dict[str, Any]:
         _check_nsp(args, pretraining_family(args.arch))
     # the run directory is this process's from the start (under torchrun: rank 0's), not only once
     # the tokenizer is trained and the corpus tokenized
-    with exclusive(args.out) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext(), \
-            record_ceiling(args.max_record_bytes):
+    with exclusive(args.out) if int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext():
         return _pretrain(args)
 
 
@@ -170,7 +171,7 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
     """The pretraining itself (pretrain() holds the run directory): every input checked before any
     work, then the tokenizer, the config, the data, the model and the training loop."""
     out, t = Path(args.out), args.train
-    if args.data is None and next(iter_sentences(args.corpus, args.text_column), None) is None:  # before a tokenizer is trained on nothing
+    if args.data is None and next(iter_sentences(args.corpus, args.text_column, args.max_record_bytes), None) is None:  # before a tokenizer is trained on nothing
         raise MlmkitError(f"the corpus {', '.join(map(str, args.corpus))} is empty", "give text files with one sentence per line")
     given = load_config(args.config) if args.config is not None else None  # checked before any work
     own = (latest_checkpoint(out) or out) if t.resume else None
@@ -182,14 +183,15 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
         tok = load_tokenizer(tokenizer)
     else:
         tok = _train_shared_tokenizer(args.corpus, out, vocab_size=args.vocab_size, cased=args.cased, device=t.device,
-                                      text_column=args.text_column, kind=fam.tokenizer_kind, specials=fam.special_tokens)
+                                      text_column=args.text_column, kind=fam.tokenizer_kind, specials=fam.special_tokens,
+                                      max_bytes=args.max_record_bytes)
     cfg = _model_config(args, fam, tok, given, own_cfg)
 
     full = (open_shard(args.data, tok) if args.data is not None
-            else _tokenized(args.corpus, tok, args.cache_dir, t.device, args.text_column))
+            else _tokenized(args.corpus, tok, args.cache_dir, t.device, args.text_column, args.max_record_bytes))
     held: TokenizedCorpus | None
     if args.eval_file is not None:
-        train_c, held = full, _tokenized([args.eval_file], tok, args.cache_dir, t.device, args.text_column)
+        train_c, held = full, _tokenized([args.eval_file], tok, args.cache_dir, t.device, args.text_column, args.max_record_bytes)
     else:
         train_c, held = split_heldout(full)
         if held is None:

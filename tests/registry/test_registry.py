@@ -290,6 +290,34 @@ def test_register_refuses_to_overwrite() -> None:
         registry.reset()
 
 
+def test_read_is_given_the_record_ceiling_where_it_takes_one(caplog: pytest.LogCaptureFixture) -> None:
+    """--max-record-bytes reaches a task's read as ``max_bytes`` (no process-wide state); a task whose
+    read takes none reads with the default ceiling, and a ceiling it cannot honour is said in the log."""
+    got: list[dict] = []
+
+    class Ceiling(Minimal):
+        name = "ceiling"
+
+        def read(self, path, options, *, max_bytes):
+            got.append({"max_bytes": max_bytes})
+            return []
+
+    registry.reset()
+    try:
+        registry.register(Ceiling())
+        registry.register(Minimal())
+        registry.get_task("ceiling").read(Path("x"), {}, training=True, max_bytes=40)
+        assert got == [{"max_bytes": 40}]
+        with caplog.at_level("WARNING", logger="mlmkit"):
+            assert registry.get_task("minimal").read(Path("x"), {}, training=True) == []  # the default: nothing to say
+        assert "max_bytes" not in caplog.text
+        with caplog.at_level("WARNING", logger="mlmkit"):
+            registry.get_task("minimal").read(Path("x"), {}, max_bytes=40)
+        assert "the minimal task's read takes no max_bytes: x is read with the default record ceiling" in caplog.text
+    finally:
+        registry.reset()
+
+
 def test_plugin_failing_to_import_breaks_only_itself(site: Path) -> None:
     (site / "broken_plugin.py").write_text("import a_dependency_that_is_not_installed\ntask = None\n", encoding="utf-8")
     install_distribution(site, "broken-plugin", {"broken": "broken_plugin:task"})

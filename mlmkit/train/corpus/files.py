@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmkit.errors import DataFormatError, MlmkitError
-from mlmkit.files import RECORD_CEILING, bounded_lines, ceiling, parse_json
+from mlmkit.files import MAX_RECORD_BYTES, bounded_lines, parse_json
 from mlmkit.text.readers import iter_table_rows
 from mlmkit.text.records import matching_files
 
@@ -29,7 +29,7 @@ _SENT_END = re.compile(r"(?<=[.!?])\s+")
 QUIET_LOG = 10.0  # seconds of blank lines (a .gz file of nothing but newlines) before the log says how far it is
 
 
-def _open_lines(path: Path, max_bytes: int | None = RECORD_CEILING) -> Iterator[tuple[int, str]]:
+def _open_lines(path: Path, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[tuple[int, str]]:
     """(line number, text) for each line of a .txt/.txt.gz/.jsonl file, read (and inflated) a line at
     a time; bad UTF-8 names the line, a damaged .gz file the file and the line it broke at, and a
     line of more than ``max_bytes`` (the record ceiling; a small .gz file that inflates to one
@@ -38,7 +38,6 @@ def _open_lines(path: Path, max_bytes: int | None = RECORD_CEILING) -> Iterator[
     past a buffer at a time (gigabytes of newlines inflated from a small .gz file: ~110k lines/s
     read a line at a time); the line numbers count them all. A long run is not silent: every QUIET_LOG
     seconds the log says how far it is, in lines, in text inflated and in the file read."""
-    max_bytes = ceiling(max_bytes)  # the process's ceiling, unless one was given
     raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
     size = path.stat().st_size
     n = blank = text = 0
@@ -97,7 +96,8 @@ PENDING_CHARS = 1 << 22  # characters of sentences tokenized together (with the 
 DOCUMENT_PART = 1 << 16  # sentences: a longer .txt document is yielded in parts (with ``parts``)
 
 
-def iter_documents(path: str | Path, text_column: str = "text", parts: bool = False) -> Iterator[list[str]]:
+def iter_documents(path: str | Path, text_column: str = "text", parts: bool = False,
+                   max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[list[str]]:
     """Yield each document of a corpus file as its list of sentences. A .jsonl line or a .parquet row
     is one document, its ``text_column`` split on newlines (or on sentence ends when it has none).
     ``parts``: a .txt document of more than DOCUMENT_PART sentences or PENDING_CHARS characters (a
@@ -107,12 +107,12 @@ def iter_documents(path: str | Path, text_column: str = "text", parts: bool = Fa
     if not p.is_file():
         raise MlmkitError(f"corpus file not found: {p}", "check the path")
     if p.suffix.lower() == ".parquet":
-        yield from _parquet_documents(p, text_column)
+        yield from _parquet_documents(p, text_column, max_bytes=max_bytes)
         return
     is_jsonl = p.name.endswith((".jsonl", ".jsonl.gz"))
     doc: list[str] = []
     chars, continued = 0, False
-    for n, line in _open_lines(p):
+    for n, line in _open_lines(p, max_bytes):
         if is_jsonl:
             if not line or line.isspace():
                 continue
@@ -150,11 +150,12 @@ def _text_sentences(text: Any, p: Path, n: int | None, field: str, unit: str = "
     return [s for s in parts if s]
 
 
-def _parquet_documents(p: Path, text_column: str, rows: int = 4096) -> Iterator[list[str]]:
+def _parquet_documents(p: Path, text_column: str, rows: int = 4096, *,
+                       max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[list[str]]:
     """A document per row of a Parquet file (a null text is no document); ``line`` is the row. Read
     through the one table reader (text/readers.py): only the text column, a batch of rows at a time,
     and a value over the record ceiling is an error naming its row, never read whole."""
-    for r in iter_table_rows(p, rows, max_bytes=RECORD_CEILING, columns=[text_column], column_hint="name the text column with --text-column",
+    for r in iter_table_rows(p, rows, max_bytes=max_bytes, columns=[text_column], column_hint="name the text column with --text-column",
                              ceiling_hint="one document per row: split a longer one over several rows"):
         text = r.data[text_column]
         parts = _text_sentences(text, p, r.line, text_column, r.unit) if text is not None else []
@@ -171,7 +172,8 @@ def corpus_files(specs: Sequence[str | Path]) -> list[Path]:
     return [f for spec in specs for f in matching_files(spec, CORPUS_SUFFIXES, kind="corpus", hint="check the corpus path")]
 
 
-def iter_sentences(paths: Sequence[str | Path], text_column: str = "text") -> Iterator[str]:
+def iter_sentences(paths: Sequence[str | Path], text_column: str = "text",
+                   max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[str]:
     for p in corpus_files(paths):
-        for doc in iter_documents(p, text_column):
+        for doc in iter_documents(p, text_column, max_bytes=max_bytes):
             yield from doc

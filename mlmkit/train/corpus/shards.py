@@ -22,7 +22,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from mlmkit.errors import MlmkitError
-from mlmkit.files import RECORD_CEILING, cache_root, ceiling, exclusive, parse_json, set_record_ceiling
+from mlmkit.files import MAX_RECORD_BYTES, cache_root, exclusive, parse_json
 from mlmkit.train.corpus.files import PENDING_CHARS, DocumentPart, corpus_files, iter_documents
 
 log = logging.getLogger("mlmkit")
@@ -76,16 +76,17 @@ SHARD_VERSION = 1
 
 def tokenize_corpus(
     paths: Sequence[str | Path], tok: Tokenizer, cache_dir: str | Path | None = None, batch: int = 8192,
-    text_column: str = "text",
+    text_column: str = "text", max_bytes: int | None = MAX_RECORD_BYTES,
 ) -> TokenizedCorpus:
     """Tokenize every sentence once into a token shard (see write_shard); reuse the cached shard when
     the files and the tokenizer are unchanged. The shard is memory-mapped, not read into memory.
-    ``paths``: files, directories or globs (corpus_files)."""
+    ``paths``: files, directories or globs (corpus_files); a line (a value) of more than ``max_bytes``
+    is a bad record (the record ceiling, --max-record-bytes)."""
     ps = corpus_files(paths)
     shard = Path(cache_dir or default_cache_dir()) / _cache_key(ps, tok, text_column)
     corpus = read_shard(shard)
     if corpus is None:
-        write_shard(shard, ps, tok, batch, text_column=text_column)
+        write_shard(shard, ps, tok, batch, text_column=text_column, max_bytes=max_bytes)
         corpus = read_shard(shard)
     if corpus is None:
         raise MlmkitError(f"the token shard {shard} could not be read back", "check the disk, or remove the directory")
@@ -93,7 +94,8 @@ def tokenize_corpus(
 
 
 def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int = 8192, *, with_tokenizer: bool = False,
-                text_column: str = "text", workers: int = 1, replace: bool = False) -> None:
+                text_column: str = "text", workers: int = 1, replace: bool = False,
+                max_bytes: int | None = MAX_RECORD_BYTES) -> None:
     """Tokenize ``paths`` into the directory ``shard``: tokens.bin (every sentence's ids, concatenated:
     uint16 when the vocabulary fits, else uint32), sentences.bin (S+1 int64 offsets into the tokens),
     documents.bin (D+1 int64 offsets into the sentences) and manifest.json (format, counts, source
@@ -114,10 +116,10 @@ def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int =
     try:
         groups = _split_by_size(paths, workers)
         if len(groups) > 1:
-            count = _tokenize_in_processes(tmp, groups, tok, dtype, batch, text_column)
+            count = _tokenize_in_processes(tmp, groups, tok, dtype, batch, text_column, max_bytes)
             progress.bytes, progress.tokens, progress.sentences = progress.total, count["tokens"], count["sentences"]
         else:
-            count = _tokenize_into(tmp, paths, tok, dtype, batch, text_column, progress)
+            count = _tokenize_into(tmp, paths, tok, dtype, batch, text_column, progress, max_bytes)
         if count["tokens"] == 0:
             raise MlmkitError(f"the corpus {', '.join(map(str, paths))} is empty", "give text files with one sentence per line")
         manifest = {
@@ -221,7 +223,7 @@ def _alive(pid: int) -> bool:
 
 
 def _tokenize_into(d: Path, paths: Sequence[Path], tok: Tokenizer, dtype: Any, batch: int, text_column: str,
-                   progress: _Progress | None) -> dict[str, int]:
+                   progress: _Progress | None, max_bytes: int | None) -> dict[str, int]:
     """tokens.bin, sentences.bin and documents.bin of ``paths`` in directory ``d``; their counts."""
     count = {"tokens": 0, "sentences": 0, "documents": 0}
     with (open(d / "tokens.bin", "wb") as out, open(d / "sentences.bin", "wb") as sents,
@@ -269,7 +271,7 @@ def _tokenize_into(d: Path, paths: Sequence[Path], tok: Tokenizer, dtype: Any, b
             doc_ends.clear()
 
         for p in paths:
-            for doc in iter_documents(p, text_column, True):  # a long document in parts
+            for doc in iter_documents(p, text_column, True, max_bytes):  # a long document in parts
                 pending.extend(doc)
                 if not isinstance(doc, DocumentPart):
                     doc_ends.append(count["sentences"] + len(pending))
@@ -297,21 +299,21 @@ def _split_by_size(paths: Sequence[Path], workers: int) -> list[list[Path]]:
     return groups
 
 
-def _tokenizer_threads(threads: int, max_bytes: int | None) -> None:
+def _tokenizer_threads(threads: int) -> None:
     # the tokenizers library's thread pool reads these when it first starts, after this runs
     os.environ["RAYON_NUM_THREADS"] = os.environ["RAYON_RS_NUM_CPUS"] = str(threads)
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
-    set_record_ceiling(max_bytes)  # the parent's --max-record-bytes
 
 
-def _tokenize_part(d: str, paths: list[str], tok_json: str, dtype: str, batch: int, text_column: str) -> dict[str, int]:
+def _tokenize_part(d: str, paths: list[str], tok_json: str, dtype: str, batch: int, text_column: str,
+                   max_bytes: int | None) -> dict[str, int]:
     Path(d).mkdir()
     return _tokenize_into(Path(d), [Path(p) for p in paths], Tokenizer.from_str(tok_json), np.dtype(dtype), batch,
-                          text_column, None)
+                          text_column, None, max_bytes)
 
 
 def _tokenize_in_processes(tmp: Path, groups: list[list[Path]], tok: Tokenizer, dtype: Any, batch: int,
-                           text_column: str) -> dict[str, int]:
+                           text_column: str, max_bytes: int | None) -> dict[str, int]:
     """Each run of files tokenized by its own process into tmp/part-K, then joined in order: tokens
     copied, offsets shifted by what came before (a chunk at a time)."""
     from concurrent.futures import ProcessPoolExecutor
@@ -320,9 +322,9 @@ def _tokenize_in_processes(tmp: Path, groups: list[list[Path]], tok: Tokenizer, 
     threads = max(1, (os.cpu_count() or 1) // len(groups))
     parts = [tmp / f"part-{k}" for k in range(len(groups))]
     with ProcessPoolExecutor(len(groups), mp_context=get_context("spawn"), initializer=_tokenizer_threads,
-                             initargs=(threads, ceiling(RECORD_CEILING))) as pool:
+                             initargs=(threads,)) as pool:
         futures = [pool.submit(_tokenize_part, str(d), [str(p) for p in g], tok.to_str(), np.dtype(dtype).name, batch,
-                               text_column) for d, g in zip(parts, groups)]
+                               text_column, max_bytes) for d, g in zip(parts, groups)]
         counts = []
         for k, f in enumerate(futures):
             counts.append(f.result())
@@ -376,7 +378,7 @@ class _Progress:
 
 
 def tokenize_to(paths: Sequence[str | Path], tok: Tokenizer, out: str | Path, text_column: str = "text",
-                workers: int = 1) -> TokenizedCorpus:
+                workers: int = 1, max_bytes: int | None = MAX_RECORD_BYTES) -> TokenizedCorpus:
     """`mlmkit tokenize`: the corpus as a token shard in directory ``out``, with its tokenizer, for
     `mlmkit pretrain --data` here or on other machines. A previous shard there is replaced once the
     new one is complete (replace_shard: killed at any instant, a whole shard is at ``out``, or is put
@@ -389,7 +391,8 @@ def tokenize_to(paths: Sequence[str | Path], tok: Tokenizer, out: str | Path, te
         _remove_stale(d)
         if d.exists() and (not d.is_dir() or (any(d.iterdir()) and not (d / "manifest.json").is_file())):
             raise MlmkitError(f"{d} exists and is not a token shard", "give a new or empty directory with --out")
-        write_shard(d, ps, tok, with_tokenizer=True, text_column=text_column, workers=workers, replace=True)
+        write_shard(d, ps, tok, with_tokenizer=True, text_column=text_column, workers=workers, replace=True,
+                    max_bytes=max_bytes)
     try:
         lock.rmdir()  # (one a killed tokenize left, taken over)
     except OSError:

@@ -16,6 +16,7 @@ import numpy as np
 from mlmkit.taskkit import (
     BATCH,
     EXAMPLE,
+    MAX_RECORD_BYTES,
     TRUNCATED,
     Record,
     TaskContext,
@@ -32,9 +33,9 @@ class PairRegression:
     outputs = {"score": (BATCH,)}
     options = (TaskOption("score_field", "score", "The JSON field holding the gold score."),)
 
-    def read(self, path, options):
+    def read(self, path, options, *, max_bytes=MAX_RECORD_BYTES):
         return [{"text": r.text("text"), "text_pair": r.text("text_pair"), "score": _number(r, options["score_field"])}
-                for r in iter_jsonl(path)]
+                for r in iter_jsonl(path, max_bytes=max_bytes)]
 
     def from_input(self, item, options):  # a text "A<TAB>B", or a record {"text", "text_pair"}
         if isinstance(item, str):
