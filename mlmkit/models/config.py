@@ -5,12 +5,14 @@ config.json written by mlmkit is the Hugging Face config of the model's family (
 RobertaConfig, DistilBertConfig ...): ``transformers.AutoConfig`` reads it, and a Hugging Face
 config.json reads back here. The family (``Family``, below) renames fields and architectures on the
 way in and out; keys mlmkit does not use are kept in ``extra`` and written back. Reading and writing
-config.json files (and checking them against a directory's weights) is rundir/config.py's.
+config.json files (and checking them against a directory's weights) is rundir/config.py's; the
+checks every field goes through (ceilings, labels, probabilities) are models/checks.py's, and
+transformers' head names and the parameter renamer models/names.py's, importable from here too.
 
 What a model family declares: how its config.json, parameter names and architectures map onto
-mlmkit's one core (BERT's names and fields, core.py), which inputs it takes, which blocks differ, and
-whether and how it pretrains. Everything mlmkit knows of a family is declared here, in its module:
-rundir/, train/, exporter/ and text/ ask the family, never test its name.
+mlmkit's one core (BERT's names and fields, core.py and blocks.py), which inputs it takes, which
+blocks differ, and whether and how it pretrains. Everything mlmkit knows of a family is declared
+here, in its module: rundir/, train/, exporter/ and text/ ask the family, never test its name.
 
 A family is a subclass of ``Family`` in its own module, registered in models/__init__.py. The base
 class is BERT's blocks and names, so a family states only what it does differently; what only BERT
@@ -19,7 +21,7 @@ on in bert.py:
 
     config_aliases   canonical field -> the family's config.json key (DistilBERT: hidden_size -> dim)
     extra_sizes      the family's own config keys that size a module, checked with the canonical sizes
-                     (ModelConfig, below); ``dropout_keys`` the ones read as probabilities
+                     (checks.py's ExtraSize); ``dropout_keys`` the ones read as probabilities
     renames          (BERT name, family name) prefix pairs, "{n}" standing for a layer index, tried in
                      order both ways; ``head_renames`` adds the pairs that depend on which head a
                      state dict holds (RoBERTa's classifier.dense / out_proj exist only on a sequence head)
@@ -31,9 +33,9 @@ on in bert.py:
     pretrains        whether `mlmkit pretrain --arch` makes it: its presets (``preset_overrides``,
                      ``preset_extra``, ``max_length``, ``config_token_ids``), tokenizer (``tokenizer_kind``,
                      ``special_tokens``, a convention of text/tokenizer.py) and ``nsp``
-    layer()          its block (None: BERT's post-LN layer, core.make_layer); its attention
-                     subclasses core.Attention, which the exporter switches to the form it fuses
-    embeddings()     its embeddings (None: core.BertEmbeddings, core.make_embeddings)
+    layer()          its block (None: BERT's post-LN layer, blocks.make_layer); its attention
+                     subclasses blocks.Attention, which the exporter switches to the form it fuses
+    embeddings()     its embeddings (None: blocks.BertEmbeddings, blocks.make_embeddings)
     encoder_modules() / layer_context()
                      state the encoder holds for all its layers, and what it hands each layer on
                      every forward (DeBERTa's relative position embeddings); none for BERT
@@ -47,67 +49,33 @@ config.json's model_type.
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mlmkit.errors import ConfigError
+from mlmkit.models.checks import (
+    ACT,
+    CEILINGS,
+    MAX_LABELS,
+    MAX_PARAMETERS,
+    ExtraSize,
+    check_extra,
+    check_fields,
+    checked_labels,
+    is_int,
+)
+from mlmkit.models.names import CLS_SEP_IDS, HEADS, LABELLED_HEADS, Renamer
 from mlmkit.text.tokenizer import BRACKETS
 
-# hidden_act (and a family's head activations) by config.json name
-ACT = {
-    "gelu": F.gelu,  # exact erf form, as the original BERT and HF "gelu"
-    "gelu_python": F.gelu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-    "silu": F.silu,
-    "tanh": torch.tanh,
-}
-
-LABELLED_HEADS = ("ForSequenceClassification", "ForTokenClassification")
-
-# Ceilings on config sizes, each well above every published encoder of the supported families and far
-# below what kills a machine: a config.json is input, and a typo or a damaged file (10^9 rows) would
-# otherwise be found by the allocator. Sizes are also checked against the weights' shapes
-# (rundir/weights.py, check_weights); these hold where there are none to compare with (--config, a .bin).
-CEILINGS = {
-    "vocab_size": 1 << 20,  # 1,048,576; XLM-R and mDeBERTa have 250,002 / 251,000 tokens
-    "hidden_size": 1 << 14,  # 16,384; XLM-R XXL (the largest) has 4,096
-    "intermediate_size": 1 << 16,  # 65,536; XLM-R XXL has 16,384
-    "num_hidden_layers": 256,  # XLM-R XXL and DeBERTa-v2-xxlarge have 48
-    "num_attention_heads": 1 << 14,  # never above hidden_size (it divides it)
-    "max_position_embeddings": 1 << 17,  # 131,072; ModernBERT has 8,192, the longest encoders 32,768
-    "type_vocab_size": 1 << 10,  # 1,024; BERT has 2, RoBERTa 1
-}
-MAX_PARAMETERS = 20_000_000_000  # about twice XLM-R XXL's 10.7 billion, the largest published encoder
-MAX_LABELS = 1 << 16  # labels of a classification / tagging head (id2label, num_labels)
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _label_id(k: Any) -> bool:
-    if _is_int(k):
-        return k >= 0
-    return isinstance(k, str) and k.isascii() and k.isdigit()
-
-
-def _check_probability(key: str, v: Any) -> None:
-    if not _is_number(v) or not 0 <= v < 1:
-        raise ConfigError(f"config {key} must be a probability from 0 up to (not including) 1, got {v!r}",
-                          "fix the config.json")
+__all__ = [
+    # what a config.json may hold (mlmkit/models/checks.py) and transformers' names (mlmkit/models/names.py)
+    "ACT", "CEILINGS", "MAX_PARAMETERS", "MAX_LABELS", "ExtraSize", "HEADS", "LABELLED_HEADS", "CLS_SEP_IDS", "Renamer",
+    # the config, the family interface, the registry of families, the size presets
+    "ModelConfig", "Family", "BY_MODEL_TYPE", "register", "family_for", "PRESETS", "preset",
+]
 
 
 @dataclass
@@ -137,86 +105,19 @@ class ModelConfig:
         if not isinstance(self.model_type, str):
             raise ConfigError(f"config model_type must be a name, got {self.model_type!r}", "fix the config.json")
         key = self.family.config_aliases.get  # the field as the family's config.json names it
-        sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                 "max_position_embeddings", "type_vocab_size")
-        for k in sizes:
-            v, low = getattr(self, k), (0 if k == "type_vocab_size" else 1)
-            if not _is_int(v) or v < low:
-                what = "a whole number, 0 or more" if low == 0 else "a positive integer"
-                raise ConfigError(f"config {key(k, k)} must be {what}, got {v!r}", "fix the config.json")
-            if v > CEILINGS[k]:
-                raise ConfigError(f"config {key(k, k)} {v} is beyond what any encoder has (at most {CEILINGS[k]:,})",
-                                  "fix the config.json: is the value a typo, or a damaged file?")
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(
-                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
-                f"{self.num_attention_heads}",
-                "pick a head count that divides the hidden size",
-            )
-        if not isinstance(self.hidden_act, str) or self.hidden_act not in ACT:
-            raise ConfigError(f"unsupported {key('hidden_act', 'hidden_act')} {self.hidden_act!r}", f"use one of: {', '.join(ACT)}")
-        for k in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            _check_probability(key(k, k), getattr(self, k))
-        for k in ("layer_norm_eps", "initializer_range"):
-            v = getattr(self, k)
-            if not _is_number(v) or not math.isfinite(v) or v < 0 or (v == 0 and k == "layer_norm_eps"):
-                want = "a positive number" if k == "layer_norm_eps" else "a number, 0 or more"
-                raise ConfigError(f"config {key(k, k)} must be {want}, got {v!r}", "fix the config.json")
-        if self.architectures is not None and (not isinstance(self.architectures, list)
-                                               or not all(isinstance(a, str) for a in self.architectures)):
-            raise ConfigError(f"config architectures must be a list of class names, got {self.architectures!r}",
-                              "fix the config.json")
-        self._check_labels()
-        self._check_extra()
+        check_fields(vars(self), lambda k: key(k, k))
+        self.id2label = checked_labels(self.id2label, self.label2id)
+        fam = self.family
+        check_extra(self.extra, fam.extra_sizes, (fam.classifier_dropout_key, *fam.dropout_keys))
         self.family.check(self)
         if self.pad_token_id is not None or self.family.positions == "padding_offset":  # RoBERTa's positions count from it
-            if not _is_int(self.pad_token_id) or not 0 <= self.pad_token_id < self.vocab_size:
+            if not is_int(self.pad_token_id) or not 0 <= self.pad_token_id < self.vocab_size:
                 raise ConfigError(f"config pad_token_id must be a token id from 0 to {self.vocab_size - 1}, "
                                   f"got {self.pad_token_id!r}", "fix the config.json")
         params = self.parameter_estimate()
         if params > MAX_PARAMETERS:
             raise ConfigError(f"config sizes make a model of about {params / 1e9:.0f} billion parameters, beyond any "
                               f"encoder (at most {MAX_PARAMETERS / 1e9:.0f} billion)", "fix the config.json's sizes")
-
-    def _check_labels(self) -> None:
-        if self.id2label is not None:
-            if not isinstance(self.id2label, dict):
-                raise ConfigError(f"config id2label must map label ids to names, got {self.id2label!r}", "fix the config.json")
-            bad = [k for k in self.id2label if not _label_id(k)]
-            if bad:
-                raise ConfigError(f"config id2label key {bad[0]!r} is not a label id (0, 1, ...)", "fix the config.json")
-            ids = {int(k): v for k, v in self.id2label.items()}
-            if sorted(ids) != list(range(len(ids))) or len(ids) > MAX_LABELS:
-                raise ConfigError(f"config id2label must number its labels 0 to n - 1 (n at most {MAX_LABELS:,}), "
-                                  f"got ids {sorted(ids)[:5]}{' ...' if len(ids) > 5 else ''}", "fix the config.json")
-            names = list(ids.values())
-            if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
-                raise ConfigError("config id2label must give each label a name of its own, got "
-                                  f"{[ids[i] for i in sorted(ids)][:10]}", "fix the config.json")
-            self.id2label = ids
-        if self.label2id is not None and (not isinstance(self.label2id, dict)
-                                          or not all(isinstance(k, str) and _is_int(v) for k, v in self.label2id.items())):
-            raise ConfigError(f"config label2id must map label names to ids, got {self.label2id!r}", "fix the config.json")
-
-    def _check_extra(self) -> None:
-        """The family keys (``extra``) that size or regularise a module, as the family declares them
-        (``Family.extra_sizes``, ``Family.dropout_keys``)."""
-        if not isinstance(self.extra, dict):
-            raise ConfigError(f"config extra must be an object, got {type(self.extra).__name__}")
-        fam = self.family
-        for size in fam.extra_sizes:
-            v = self.extra.get(size.key)
-            if v is None or (_is_int(v) and v in size.unset):
-                continue
-            ceiling = CEILINGS[size.bound]
-            if not _is_int(v) or not 1 <= v <= ceiling:
-                raise ConfigError(f"config {size.key} must be a positive integer of at most {ceiling:,}, got {v!r}",
-                                  "fix the config.json")
-        probabilities = (fam.classifier_dropout_key, *fam.dropout_keys)
-        for k, v in self.extra.items():
-            if "dropout" in k and (_is_number(v) or k in probabilities):
-                if v is not None:
-                    _check_probability(k, v)
 
     def parameter_estimate(self) -> int:
         """About how many parameters the config makes (embeddings, layers, the MLM head): what a
@@ -284,7 +185,7 @@ class ModelConfig:
                                                       for a in known.get("architectures") or []):
             # transformers leaves out id2label when it is its default: num_labels (default 2) of LABEL_i
             n = extra.pop("num_labels", 2)
-            if not _is_int(n) or not 1 <= n <= MAX_LABELS:
+            if not is_int(n) or not 1 <= n <= MAX_LABELS:
                 raise ConfigError(f"config num_labels must be a positive integer of at most {MAX_LABELS:,}, got {n!r}",
                                   "fix the config.json")
             known["id2label"] = {i: f"LABEL_{i}" for i in range(n)}
@@ -293,47 +194,6 @@ class ModelConfig:
 
 
 # ---- the family interface ----------------------------------------------------------------------
-# transformers' head classes, as BERT names them; a family's are its prefix + the same suffix
-HEADS = ("ForPreTraining", "ForMaskedLM", "ForSequenceClassification", "ForTokenClassification",
-         "ForQuestionAnswering", "Model")
-# Family.config_token_ids of the configs that carry bos / eos / cls / sep ids (RoBERTa's, ModernBERT's):
-# bos and cls are the cls token, eos and sep the sep token
-CLS_SEP_IDS = {"bos_token_id": "cls", "eos_token_id": "sep", "cls_token_id": "cls", "sep_token_id": "sep"}
-
-
-class Renamer:
-    """Prefix pairs (a, b) with "{n}" for a layer index, applied a -> b or b -> a; the first pair whose
-    side matches a whole leading part of the key (up to a dot or the end) wins."""
-
-    def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
-        self.pairs = [(self._compile(a), a, self._compile(b), b) for a, b in pairs]
-
-    @staticmethod
-    def _compile(prefix: str) -> re.Pattern[str]:
-        return re.compile("^" + re.escape(prefix).replace(r"\{n\}", r"(\d+)") + r"(?=\.|$)")
-
-    def __call__(self, key: str, *, to_family: bool) -> str:
-        for ra, a, rb, b in self.pairs:
-            src, dst = (ra, b) if to_family else (rb, a)
-            m = src.match(key)
-            if m:
-                return (dst.replace("{n}", m.group(1)) if m.groups() else dst) + key[m.end():]
-        return key
-
-
-@dataclass(frozen=True)
-class ExtraSize:
-    """A family key of config.json (kept in ``ModelConfig.extra``) that sizes a module: checked with
-    the canonical sizes before anything is built, as a whole number from 1 up to the ceiling of the
-    canonical field ``bound`` (CEILINGS, above), or one of ``unset`` (DeBERTa's -1 / 0:
-    "as max_position_embeddings", "no buckets"). A config.json is input: a typo of 10^9 would
-    otherwise be found by the allocator."""
-
-    key: str
-    bound: str = "hidden_size"
-    unset: tuple[int, ...] = ()
-
-
 class Family:
     name = "bert"
     model_types: tuple[str, ...] = ("bert",)
@@ -431,17 +291,17 @@ class Family:
     # ---- blocks ------------------------------------------------------------------------------
     def layer(self, config: ModelConfig, index: int) -> nn.Module | None:
         """Its block ``index``: forward(x, mask, queries=None, **layer_context) -> (B, T, H); None: the
-        core's post-LN BertLayer (core.make_layer)."""
+        core's post-LN BertLayer (blocks.make_layer)."""
         return None
 
     def embeddings(self, config: ModelConfig) -> nn.Module | None:
         """Its embeddings: forward(input_ids, token_type_ids=None) -> (B, T, H); None: the core's
-        BertEmbeddings (core.make_embeddings)."""
+        BertEmbeddings (blocks.make_embeddings)."""
         return None
 
     def encoder_modules(self, config: ModelConfig) -> dict[str, nn.Module]:
         """Modules the encoder holds beside its layers, shared by all of them: name -> module,
-        registered on core.BertEncoder under that name (so ``bert.encoder.<name>.*`` in state dicts)."""
+        registered on blocks.BertEncoder under that name (so ``bert.encoder.<name>.*`` in state dicts)."""
         return {}
 
     def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
