@@ -334,8 +334,8 @@ def setup(work: Path, families: list[str], n_sentences: int) -> None:
 
         try:
             m = export(ExportArgs(run=d / "checkpoint", out=d / "bundle"))
-            log(f"setup {fam}: bundle max_length {m['max_length']}, fused {m['fused_operators']}, "
-                f"parity {max(m['parity']['max_abs_diff'].values()):.1e} ({time.perf_counter() - t1:.0f}s)")
+            log(f"setup {fam}: bundle max_length {m.max_length}, fused {m.fused_operators}, "
+                f"parity {max(m.parity['max_abs_diff'].values()):.1e} ({time.perf_counter() - t1:.0f}s)")
         except Exception as e:  # noqa: BLE001 - reported, the other families go on
             (d / "export-error.txt").write_text(f"{type(e).__name__}: {e}\n" + traceback.format_exc())
             log(f"setup {fam}: mlmkit export FAILED: {type(e).__name__}: {e}")
@@ -364,7 +364,7 @@ def setup_int8(d: Path, fam: str) -> None:
     try:
         q = export(ExportArgs(run=d / "checkpoint", out=d / "bundle-int8", quantize="int8"))
         log(f"setup {fam}: int8 bundle, top-1 agreement with fp32 on the sample batch "
-            f"{q['parity']['int8_top1_agreement_vs_fp32']:.3f}")
+            f"{q.parity['int8_top1_agreement_vs_fp32']:.3f}")
     except Exception as e:  # noqa: BLE001 - reported, the fp32 sides go on
         (d / "int8-error.txt").write_text(f"{type(e).__name__}: {e}\n" + traceback.format_exc())
         log(f"setup {fam}: mlmkit int8 export FAILED: {type(e).__name__}: {e}")

@@ -214,9 +214,9 @@ def export_bundles(work: Path) -> None:
                           ("embed", "st-model", {}), ("embed-int8", "st-model", {"quantize": "int8"})):
         t1 = time.perf_counter()
         m = export(ExportArgs(run=work / run, out=work / "bundles" / name, **kw))
-        agree = m["parity"]["top1_agreement"]
-        log(f"setup: bundle {name}: {m['model_bytes'] / 1e6:.0f} MB, fused {m['fused_operators']}, "
-            f"parity {max(m['parity']['max_abs_diff'].values()):.1e}{'' if agree is None else f', top-1 {agree:.3f}'} "
+        agree = m.parity["top1_agreement"]
+        log(f"setup: bundle {name}: {m.model_bytes / 1e6:.0f} MB, fused {m.fused_operators}, "
+            f"parity {max(m.parity['max_abs_diff'].values()):.1e}{'' if agree is None else f', top-1 {agree:.3f}'} "
             f"({time.perf_counter() - t1:.0f}s)")
     full_logits_graph(work / "mlm-run", work / "full-logits.onnx")
 
@@ -422,7 +422,7 @@ def _full_logits(work: Path, threads: int, batch_size: int, count_only: bool = F
     tok.add_special_tokens(["[MASK]"])
     session = make_session(work / "full-logits.onnx", threads=threads)
     inputs = [i.name for i in session.get_inputs()]
-    mask_id, pad_id = meta["tokenizer"]["mask_id"], meta["tokenizer"]["pad_id"]
+    mask_id, pad_id = meta.tokenizer.mask_id, meta.tokenizer.pad_id
 
     def run(texts: list[str]) -> list[int]:
         encs = tok.encode_batch(texts)

@@ -141,7 +141,7 @@ def setup(work: Path, n: int) -> None:
         for precision in ("auto", "int8"):
             m = export(ExportArgs(run=run, out=work / f"{task}-{precision}", precision=precision,
                                   task="embedding" if task == "embed" else None))
-            log(f"setup: {task} {precision}: gates {json.dumps({k: v for k, v in m['gate'].items() if isinstance(v, dict)})}")
+            log(f"setup: {task} {precision}: gates {json.dumps({k: v for k, v in m.gate.items() if isinstance(v, dict)})}")
     made(work, key)
 
 
@@ -320,13 +320,13 @@ def openvino_side(task: str, bundle: Path) -> tuple[Any, dict[str, Any]]:
 
     meta = read_bundle_meta(bundle)
     tok = load_bundle_tokenizer(bundle, meta)
-    tok.enable_truncation(int(meta["max_length"]))
+    tok.enable_truncation(meta.max_length)
     compiled = ov.Core().compile_model(str(bundle / "model.onnx"), "CPU", {"INFERENCE_NUM_THREADS": THREADS})
     req = compiled.create_infer_request()
     names = [p.get_any_name() for p in compiled.inputs]
     outs = {p.get_any_name(): p for p in compiled.outputs}
-    labels = meta.get("labels")
-    pad = int(meta["tokenizer"]["pad_id"])
+    labels = meta.labels
+    pad = meta.tokenizer.pad_id
 
     def run(xs: list[str]) -> list[Any]:
         encs = tok.encode_batch(xs)

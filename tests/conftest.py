@@ -90,10 +90,11 @@ def run_finetune(task: str, model: Path, train: Path, out: Path, **kw):
 
 
 def run_export(run: Path, out: Path, **kw):
+    """Export ``run`` to ``out``; the bundle's description as its mlmkit.json holds it (BundleMeta.to_json)."""
     from mlmkit.args import ExportArgs
     from mlmkit.exporter.bundle import export
 
-    return export(ExportArgs(run=run, out=out, **kw))
+    return export(ExportArgs(run=run, out=out, **kw)).to_json()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -113,19 +113,20 @@ def export_cmd(args: ExportArgs, options: dict[str, Any], as_json: Json = False)
 
     with err.status(f"exporting {args.run} ..."):
         meta = export(replace(args, options=options))
-    summary = {k: meta[k] for k in ("task", "precision", "opset", "optimizations", "fused_operators", "parity", "model_bytes")}
+    summary = {k: getattr(meta, k) for k in ("task", "precision", "opset", "fused_operators", "parity", "model_bytes")}
+    summary["optimizations"] = list(meta.optimizations)
     summary["bundle"] = str(args.out)
-    gates = {k: v for k, v in meta["gate"].items() if isinstance(v, dict)}  # a precision's gate (the sample stays in the file)
+    gates = {k: v for k, v in meta.gate.items() if isinstance(v, dict)}  # a precision's gate (the sample stays in the file)
     summary["gates"] = gates
     if want_json(as_json):
         print_json(summary)
         return
-    t = Table(title=f"{meta['task']} bundle {args.out} ({meta['precision']}, opset {args.opset}, {meta['model_bytes'] / 1e6:.1f} MB)")
+    t = Table(title=f"{meta.task} bundle {args.out} ({meta.precision}, opset {args.opset}, {meta.model_bytes / 1e6:.1f} MB)")
     t.add_column("check")
     t.add_column("result")
-    fused = ", ".join(f"{k} {v}" for k, v in meta["fused_operators"].items()) or "none (--no-optimize)"
+    fused = ", ".join(f"{k} {v}" for k, v in meta.fused_operators.items()) or "none (--no-optimize)"
     t.add_row("fused operators", fused)
-    p = meta["parity"]
+    p = meta.parity
     for name, diff in p["max_abs_diff"].items():
         t.add_row(f"max abs diff vs PyTorch: {name}", f"{diff:.2e}")
     t.add_row("top-1 agreement vs PyTorch", _share(p["top1_agreement"]))

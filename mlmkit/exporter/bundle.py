@@ -36,6 +36,7 @@ import math
 import os
 import shutil
 import tempfile
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -54,7 +55,7 @@ from mlmkit.exporter.parity import (
 )
 from mlmkit.exporter.passes import fuse, quantize_int8, quantize_int8_static, to_fp16
 from mlmkit.files import atomic_write, atomic_write_text, exclusive, write_json
-from mlmkit.infer.bundle import BUNDLE_FORMAT, LABELS_KEY, tokenizer_fingerprint
+from mlmkit.infer.bundle import LABELS_KEY, BundleMeta, ModelShape, tokenizer_fingerprint
 from mlmkit.infer.engines import ENGINES, cpu_feature
 from mlmkit.infer.evaluation import agreement
 from mlmkit.infer.precision import bf16_unavailable, cannot_run, gate_sample, judge, measure, padded, said
@@ -88,7 +89,7 @@ def _top_k_option(plugin: Any, args: ExportArgs) -> dict[str, Any]:
 
 
 # ---- the bundle --------------------------------------------------------------------------------
-def export(args: ExportArgs) -> dict[str, Any]:
+def export(args: ExportArgs) -> BundleMeta:
     """Export a run directory to an ONNX bundle in ``args.out``; returns the bundle's mlmkit.json.
 
     ``args.run``: a pretraining run (exported as fill-mask) or a fine-tuned run of any registered
@@ -97,7 +98,7 @@ def export(args: ExportArgs) -> dict[str, Any]:
         return _export(args)
 
 
-def _export(args: ExportArgs) -> dict[str, Any]:
+def _export(args: ExportArgs) -> BundleMeta:
     """The export itself (export() holds the bundle directory): the run checked and rebuilt, its graph
     exported, fused and checked against PyTorch in a scratch directory, then the bundle written."""
     d = Path(args.run)
@@ -132,13 +133,13 @@ def _export(args: ExportArgs) -> dict[str, Any]:
                                    top_k=top_k, source=d)
         # fill-mask's gate compares the [MASK] rows' choices: the sample batch has [MASK]s, --calibrate texts may not
         real = calib if calib and not fill_mask else None
-        bundle_meta["gate"] = _gate(args, onnx_graph, real or [batch], axes, specials.pad,
-                                    on=f"{sum(len(b['input_ids']) for b in real)} --calibrate inputs" if real else "the sample batch")
-        bundle_meta["run_precision"] = "fp32" if args.precision == "fp32" else "auto"
+        gate = _gate(args, onnx_graph, real or [batch], axes, specials.pad,
+                     on=f"{sum(len(b['input_ids']) for b in real)} --calibrate inputs" if real else "the sample batch")
+        bundle_meta = replace(bundle_meta, gate=gate, run_precision="fp32" if args.precision == "fp32" else "auto")
         _write_bundle(out, d, onnx_graph.path, tok, bundle_meta)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if onnx_graph.precision == "fp32" and not bundle_meta["gate"].get("bf16", {}).get("passed") and (feature := cpu_feature("int8")):
+    if onnx_graph.precision == "fp32" and not bundle_meta.gate.get("bf16", {}).get("passed") and (feature := cpu_feature("int8")):
         log.info("this CPU has %s: an int8 bundle (the same command with --precision int8) ran the MiniLM-size classifier "
                  "%s fp32's speed on such a CPU; its top-1 agreement with fp32 is in mlmkit.json (docs/performance.md, "
                  "\"GEMM ceilings and CPU kinds\")", feature, INT8_SPEEDUP)
@@ -298,12 +299,12 @@ def _check_parity(parity: dict[str, Any]) -> None:
         )
 
 
-def _write_bundle(out: Path, d: Path, final: Path, tok: Any, bundle_meta: dict[str, Any]) -> None:
+def _write_bundle(out: Path, d: Path, final: Path, tok: Any, bundle_meta: BundleMeta) -> None:
     """The bundle's files, each replaced atomically: model.onnx and tokenizer.json before mlmkit.json (a
     reader that sees the new mlmkit.json sees the new model), then the run's curves and the model card."""
     atomic_write(out / "model.onnx", lambda tmp: shutil.copyfile(final, tmp))
     atomic_write_text(out / "tokenizer.json", tok.to_str(pretty=False))
-    write_json(out / "mlmkit.json", bundle_meta)  # last: a reader seeing it sees the new model
+    write_json(out / "mlmkit.json", bundle_meta.to_json())  # last: a reader seeing it sees the new model
     if (d / "curves.png").is_file():
         atomic_write(out / "curves.png", lambda tmp: shutil.copyfile(d / "curves.png", tmp))
     from mlmkit.rundir.cards import write_card
@@ -334,35 +335,35 @@ def _bundle_meta(
     meta: dict[str, Any], cfg: ModelConfig, tok: Any, axes: dict[str, tuple[str, ...]], final: Path, *,
     fill_mask: bool, max_length: int, opset: int, precision: str, steps: list[str], fused: dict[str, int],
     parity: dict[str, Any], top_k: int, source: Path,
-) -> dict[str, Any]:
-    # the run's metadata travels along (labels, options, the task's saved state ...): the task's
-    # featurize / postprocess read it at inference time exactly as at evaluation
-    keep = {k: v for k, v in meta.items() if k not in ("train_args", "history", "state")}
+) -> BundleMeta:
+    """The bundle's description. The run's metadata travels along (labels, options, the task's saved
+    state ...: the task's featurize / postprocess read them at inference time exactly as at evaluation;
+    the rest, its data and metrics, in ``run`` for the model card)."""
     import onnx
 
     graph_inputs = [i.name for i in onnx.load(str(final), load_external_data=False).graph.input]
-    return {
-        **keep,
-        "format": "mlmkit-onnx-bundle",
-        "format_version": BUNDLE_FORMAT,
-        "task": "fill-mask" if fill_mask else meta["task"],
-        "trained_as": meta.get("task", "pretraining"),
-        "labels": meta.get("labels"),
-        "max_length": max_length,
-        "options": meta.get("options", {}),
-        "inputs": graph_inputs,
-        "outputs": {k: list(v) for k, v in axes.items()},
-        "top_k": top_k if fill_mask else None,
-        "opset": opset,
-        "precision": precision,
-        "optimizations": steps,
-        "fused_operators": fused,
-        "parity": parity,
-        "tokenizer": tokenizer_fingerprint(tok),
-        "model": {
-            "model_type": cfg.model_type, "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_hidden_layers,
-            "num_attention_heads": cfg.num_attention_heads, "max_position_embeddings": cfg.max_tokens,
-        },
-        "model_bytes": os.path.getsize(final),
-        "source": meta.get("source", {"path": str(source)}),
-    }
+    typed = {f.name for f in fields(BundleMeta)} | {"format", "train_args", "history", "state"}
+    labels = meta.get("labels")
+    return BundleMeta(
+        task="fill-mask" if fill_mask else meta["task"],
+        trained_as=meta.get("task", "pretraining"),
+        labels=tuple(labels) if labels is not None else None,
+        max_length=max_length,
+        options=meta.get("options", {}),
+        task_state=meta.get("task_state") or {},
+        inputs=tuple(graph_inputs),
+        outputs={k: tuple(v) for k, v in axes.items()},
+        top_k=top_k if fill_mask else None,
+        opset=opset,
+        precision=precision,
+        optimizations=tuple(steps),
+        fused_operators=fused,
+        parity=parity,
+        tokenizer=tokenizer_fingerprint(tok),
+        model=ModelShape(model_type=cfg.model_type, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                         num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+                         max_position_embeddings=cfg.max_tokens),
+        model_bytes=os.path.getsize(final),
+        source=meta.get("source", {"path": str(source)}),
+        run={k: v for k, v in meta.items() if k not in typed},
+    )

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from mlmkit.errors import BundleError, ConfigError
 from mlmkit.files import parse_json
-from mlmkit.registry import (
-    BATCH,
-    SEQUENCE,
-)
+from mlmkit.registry import BATCH, SEQUENCE, TaskContext
 from mlmkit.text.tokenizer import is_lowercase, load_tokenizer, special_ids
 
 BUNDLE_FILES = ("model.onnx", "tokenizer.json", "mlmkit.json")
@@ -42,22 +41,111 @@ PRECISIONS = ("fp32", "int8", "fp16")
 
 
 # ---- the bundle --------------------------------------------------------------------------------
-def tokenizer_fingerprint(tok: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TokenizerPrint:
+    """What a bundle records of its tokenizer (tokenizer_fingerprint), checked when it loads."""
+
+    vocab_sha256: str
+    vocab_size: int
+    lowercase: bool
+    pad_id: int
+    mask_id: int
+
+
+def tokenizer_fingerprint(tok: Any) -> TokenizerPrint:
     """What a bundle's mlmkit.json records of its tokenizer and the runtime checks: a hash of the
     vocabulary (token -> id), its size, casing and the special ids the graph depends on."""
     vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
     digest = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode("utf-8")).hexdigest()
     ids = special_ids(tok)
-    return {
-        "vocab_sha256": digest,
-        "vocab_size": tok.get_vocab_size(),
-        "lowercase": is_lowercase(tok),
-        "pad_id": ids.pad,
-        "mask_id": ids.mask,
-    }
+    return TokenizerPrint(vocab_sha256=digest, vocab_size=tok.get_vocab_size(), lowercase=is_lowercase(tok),
+                          pad_id=ids.pad, mask_id=ids.mask)
 
 
-def read_bundle_meta(path: str | Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ModelShape:
+    """The model's sizes, as mlmkit.json's "model" records them (a static table has no layers)."""
+
+    model_type: str = ""
+    vocab_size: int | None = None
+    hidden_size: int | None = None
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    max_position_embeddings: int | None = None
+
+
+@dataclass(frozen=True)
+class BundleMeta:
+    """A bundle's description (mlmkit.json), typed: every field the runtime reads, checked when it is
+    read (``from_json``: one line naming the file and the field) and written the one way (``to_json``).
+
+    ``run`` holds what the bundle carries of its run and the runtime does not read (the data it was
+    trained on, its metrics, a distillation's or a static table's record ...): model cards show it,
+    and a later version's fields travel in it unread."""
+
+    task: str
+    max_length: int
+    inputs: tuple[str, ...]
+    outputs: dict[str, tuple[str, ...]]
+    tokenizer: TokenizerPrint
+    model: ModelShape = field(default_factory=ModelShape)
+    labels: tuple[str, ...] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    task_state: dict[str, Any] = field(default_factory=dict)
+    trained_as: str = ""
+    top_k: int | None = None
+    opset: int = 17
+    precision: str = "fp32"
+    run_precision: str = "auto"  # fp32: export --precision fp32 pinned it (auto never picks bf16 for it)
+    optimizations: tuple[str, ...] = ()
+    fused_operators: dict[str, int] = field(default_factory=dict)
+    parity: dict[str, Any] = field(default_factory=dict)
+    gate: dict[str, Any] = field(default_factory=dict)  # the precision gate's sample and records (infer/precision.py)
+    model_bytes: int = 0
+    source: dict[str, Any] = field(default_factory=dict)
+    run: dict[str, Any] = field(default_factory=dict)
+    format_version: int = BUNDLE_FORMAT
+
+    @classmethod
+    def from_json(cls, data: Any, path: Path) -> BundleMeta:
+        """The description ``data`` (parsed mlmkit.json at ``path``), checked field by field."""
+        keys = ("task", "max_length", "inputs", "outputs", "tokenizer")
+        if not isinstance(data, dict) or any(k not in data for k in keys):
+            lacking = [k for k in keys if not isinstance(data, dict) or k not in data]
+            raise BundleError(f"{path} is not a bundle description (no {', '.join(lacking)})",
+                              "is it a run directory? export it first: mlmkit export RUN --out DIR")
+        if data.get("format_version") != BUNDLE_FORMAT:
+            raise BundleError(f"{path.parent} is a bundle of format {data.get('format_version')}; this mlmkit reads format "
+                              f"{BUNDLE_FORMAT}", "export the run again with this version: mlmkit export RUN --out DIR")
+        _check_description(path, data)
+        known = {f.name for f in fields(cls)} - {"run", "tokenizer", "model"}
+        tok, model, labels = data["tokenizer"], data.get("model") or {}, data.get("labels")
+        typed: dict[str, Any] = {k: data[k] for k in known if data.get(k) is not None}
+        typed.update(
+            inputs=tuple(data["inputs"]), outputs={k: tuple(v) for k, v in data["outputs"].items()},
+            labels=tuple(labels) if labels is not None else None, optimizations=tuple(data.get("optimizations") or ()),
+            tokenizer=TokenizerPrint(**{f.name: tok[f.name] for f in fields(TokenizerPrint)}),
+            model=ModelShape(**{f.name: model[f.name] for f in fields(ModelShape) if f.name in model}),
+        )
+        return cls(**typed, run={k: v for k, v in data.items() if k not in known | {"tokenizer", "model", "format"}})
+
+    def to_json(self) -> dict[str, Any]:
+        """mlmkit.json's object: what the run carried, then every typed field."""
+        out: dict[str, Any] = {**self.run, "format": "mlmkit-onnx-bundle"}
+        for f in fields(self):
+            if f.name != "run":
+                v = getattr(self, f.name)
+                out[f.name] = list(v) if isinstance(v, tuple) else v
+        out["outputs"] = {k: list(v) for k, v in self.outputs.items()}
+        out["tokenizer"], out["model"] = asdict(self.tokenizer), {k: v for k, v in asdict(self.model).items() if v is not None}
+        return out
+
+    def context(self, options: Mapping[str, Any]) -> TaskContext:
+        """The task's context for this bundle, with ``options`` already resolved."""
+        return TaskContext(max_length=self.max_length, options=dict(options), labels=self.labels, state=dict(self.task_state))
+
+
+def read_bundle_meta(path: str | Path) -> BundleMeta:
     """mlmkit.json of a bundle, after checking that the bundle's three files are there."""
     d = Path(path)
     if not d.is_dir():
@@ -66,19 +154,10 @@ def read_bundle_meta(path: str | Path) -> dict[str, Any]:
     if missing:
         raise BundleError(f"{d} lacks {', '.join(missing)}", "re-create the bundle with `mlmkit export RUN --out DIR`")
     try:
-        meta = parse_json((d / "mlmkit.json").read_text(encoding="utf-8"))
+        data = parse_json((d / "mlmkit.json").read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BundleError(f"{d / 'mlmkit.json'} is corrupted ({e})", "re-create the bundle with `mlmkit export`") from None
-    keys = ("task", "max_length", "inputs", "outputs", "tokenizer")
-    if not isinstance(meta, dict) or any(k not in meta for k in keys):
-        lacking = [k for k in keys if not isinstance(meta, dict) or k not in meta]
-        raise BundleError(f"{d / 'mlmkit.json'} is not a bundle description (no {', '.join(lacking)})",
-                          "is it a run directory? export it first: mlmkit export RUN --out DIR")
-    if meta.get("format_version") != BUNDLE_FORMAT:
-        raise BundleError(f"{d} is a bundle of format {meta.get('format_version')}; this mlmkit reads format {BUNDLE_FORMAT}",
-                          "export the run again with this version: mlmkit export RUN --out DIR")
-    _check_description(d / "mlmkit.json", meta)
-    return meta
+    return BundleMeta.from_json(data, d / "mlmkit.json")
 
 
 def _check_description(path: Path, meta: dict[str, Any]) -> None:
@@ -138,19 +217,19 @@ def _int_in(x: Any, low: int, high: int) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and low <= x <= high
 
 
-def load_bundle_tokenizer(path: str | Path, meta: dict[str, Any]) -> Any:
+def load_bundle_tokenizer(path: str | Path, meta: BundleMeta) -> Any:
     """The bundle's tokenizer, refused when it is not the one the model was exported with."""
     p = Path(path) / "tokenizer.json"
     try:
         tok = load_tokenizer(p)
     except ConfigError as e:
         raise BundleError(f"{p} is corrupted or not a tokenizer ({e.message})", "re-create the bundle with `mlmkit export`") from None
-    want, have = meta["tokenizer"], tokenizer_fingerprint(tok)
-    diff = [k for k in ("vocab_size", "vocab_sha256", "lowercase", "pad_id", "mask_id") if want.get(k) != have[k]]
+    want, have = meta.tokenizer, tokenizer_fingerprint(tok)
+    diff = [f.name for f in fields(TokenizerPrint) if getattr(want, f.name) != getattr(have, f.name)]
     if diff:
         raise BundleError(
             f"{p} does not match the model: its {', '.join(diff)} differ from the exported tokenizer's "
-            f"(vocabulary {have['vocab_size']} vs {want.get('vocab_size')} tokens)",
+            f"(vocabulary {have.vocab_size} vs {want.vocab_size} tokens)",
             "restore the tokenizer.json written by `mlmkit export`, or export again",
         )
     tok.no_padding()  # a tokenizer.json may carry fixed padding (docs/performance.md, "Tokenizer files can carry padding"); batches pad themselves

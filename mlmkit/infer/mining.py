@@ -207,8 +207,8 @@ def _scorer(bundle: Path, device: str, precision: str | None = None) -> Scorer:
     from mlmkit.infer.pipeline import Pipeline
 
     pipe = Pipeline.load(bundle, device=device, command="classify", precision=precision)
-    if len(pipe.meta.get("labels") or []) != 1:
-        raise ConfigError(f"--score-with {bundle} is not a cross-encoder ({pipe.task}, {len(pipe.meta.get('labels') or [])} labels)",
+    if len(pipe.meta.labels or ()) != 1:
+        raise ConfigError(f"--score-with {bundle} is not a cross-encoder ({pipe.task}, {len(pipe.meta.labels or ())} labels)",
                           "give a rerank bundle, or a one-label sequence classifier's")
     return lambda pairs: [float(r.get("logit", r["score"])) for r in pipe([{"text": q, "text_pair": d} for q, d in pairs])]
 

@@ -41,6 +41,7 @@ from mlmkit.infer.bundle import (
     LABELS_KEY,
     OUTPUT_TYPES,
     TASK_OUTPUT_TYPE,
+    BundleMeta,
     load_bundle_tokenizer,
     read_bundle_meta,
 )
@@ -97,7 +98,7 @@ class Pipeline:
     dict per input, in input order. Runtime options (a task's declared options, fill-mask's top_k)
     are keyword arguments; the bundle's saved options are their defaults."""
 
-    def __init__(self, path: Path, meta: dict[str, Any], tokenizer: Any, session: Any, batch_size: int) -> None:
+    def __init__(self, path: Path, meta: BundleMeta, tokenizer: Any, session: Any, batch_size: int) -> None:
         if batch_size < 1:
             raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
         self.path, self.meta, self.tokenizer, self.session, self.batch_size = path, meta, tokenizer, session, batch_size
@@ -105,13 +106,13 @@ class Pipeline:
         self.run_tokens: int | None = None  # and its run_tokens (the CPU's cost of one more run); set by load
         self.device = "cpu"
         self.choice: Choice | None = None  # the precision and engine it runs in, and why; set by load
-        self.max_length = int(meta["max_length"])
-        self.pad_id = int(meta["tokenizer"]["pad_id"])
+        self.max_length = meta.max_length
+        self.pad_id = meta.tokenizer.pad_id
         self.input_names = [i.name for i in session.get_inputs()]
         self.output_names = [o.name for o in session.get_outputs()]
-        self.outputs = {k: tuple(v) for k, v in meta["outputs"].items()}
+        self.outputs = dict(meta.outputs)
         lacking = [n for n in self.outputs if n not in self.output_names]
-        if lacking or self.input_names != list(meta["inputs"]) or "input_ids" not in self.input_names:
+        if lacking or self.input_names != list(meta.inputs) or "input_ids" not in self.input_names:
             raise BundleError(
                 f"{path / 'model.onnx'} does not match its mlmkit.json (graph inputs {self.input_names}, outputs {self.output_names})",
                 "re-create the bundle with `mlmkit export`",
@@ -124,16 +125,16 @@ class Pipeline:
         pipeline reads, a varying size on every varying axis and the declared size on the fixed ones (a
         label axis has one entry per label: a label list that does not fit the head would label every
         input wrongly, silently)."""
-        labels, desc = self.meta.get("labels"), self.path / "mlmkit.json"
+        labels, desc = self.meta.labels, self.path / "mlmkit.json"
         graph = {o.name: o for o in session.get_outputs()}
-        fixed = {"coordinate": 2, "k": self.meta.get("top_k")} if self.meta["task"] == FILL_MASK else {}
+        fixed = {"coordinate": 2, "k": self.meta.top_k} if self.meta.task == FILL_MASK else {}
         for name, axes in self.outputs.items():
             out = graph[name]
             dims = list(out.shape or [])
             if dims and len(dims) != len(axes):
                 raise BundleError(f"{desc}: its 'outputs' give '{name}' the axes {list(axes)}, but the model's '{name}' "
                                   f"has {len(dims)} ({dims})", "re-create the bundle with `mlmkit export`")
-            want = OUTPUT_TYPES.get(name, TASK_OUTPUT_TYPE) if self.meta["task"] == FILL_MASK else TASK_OUTPUT_TYPE
+            want = OUTPUT_TYPES.get(name, TASK_OUTPUT_TYPE) if self.meta.task == FILL_MASK else TASK_OUTPUT_TYPE
             if out.type != want:
                 raise BundleError(f"{self.path / 'model.onnx'}: its output '{name}' is {out.type}, the runtime reads {want}",
                                   "re-create the bundle with `mlmkit export`")
@@ -159,7 +160,7 @@ class Pipeline:
         except ValueError:
             raise BundleError(f"{self.path / 'model.onnx'}: its recorded labels are damaged",
                               "re-create the bundle with `mlmkit export`") from None
-        labels = self.meta.get("labels")
+        labels = list(self.meta.labels) if self.meta.labels is not None else None
         if trained != labels:
             raise BundleError(
                 f"{self.path / 'mlmkit.json'}: its 'labels' {labels} are not the labels the model was trained with, "
@@ -169,7 +170,7 @@ class Pipeline:
 
     @property
     def task(self) -> str:
-        return str(self.meta["task"])
+        return self.meta.task
 
     @property
     def providers(self) -> list[str]:
@@ -178,7 +179,7 @@ class Pipeline:
     @property
     def precision(self) -> str:
         """The precision it computes in (bf16 for an fp32 bundle run by OpenVINO on bf16 units)."""
-        return self.choice.precision if self.choice is not None else str(self.meta.get("precision", "fp32"))
+        return self.choice.precision if self.choice is not None else self.meta.precision
 
     @classmethod
     def load(
@@ -196,7 +197,7 @@ class Pipeline:
             raise ConfigError(f"--batch-tokens must be 0 (no limit) or more, got {batch_tokens}")
         d = Path(path)
         meta = read_bundle_meta(d)
-        task = str(meta["task"])
+        task = meta.task
         plugin = None if task == FILL_MASK else get_task(task)
         if command is not None:
             serves = FILL_MASK if plugin is None else plugin.command
@@ -205,7 +206,7 @@ class Pipeline:
                 use = f"use `mlmkit {serves} {d}`" if serves else f"use `mlmkit predict {d}`"
                 raise BundleError(f"{d} is a {task} bundle; `mlmkit {command}` serves {which} bundles", use)
         tok = load_bundle_tokenizer(d, meta)
-        if meta.get("precision") == "fp16" and device != "cuda":
+        if meta.precision == "fp16" and device != "cuda":
             log.warning("%s is an fp16 bundle, made for --device cuda; on the CPU it is slow", d)
 
         def make(session: Any) -> Pipeline:  # the checks of a session against the description run here
@@ -216,7 +217,7 @@ class Pipeline:
                               min_agreement=min_agreement, gate=gate, specials=special_ids(tok))
         pipe.device, pipe.choice = device, choice
         (log.info if choice.skipped or choice.precision == "bf16" else log.debug)("%s: %s", d, choice.why)
-        hidden = (meta.get("model") or {}).get("hidden_size")
+        hidden = meta.model.hidden_size
         activations, run_tokens = CPU_CUTS[choice.engine]
         if batch_tokens is not None:
             pipe.batch_tokens = batch_tokens or None
@@ -300,10 +301,10 @@ class FillMaskPipeline(Pipeline):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.top_k = int(self.meta.get("top_k") or 5)
+        self.top_k = self.meta.top_k or 5
         self.option = TaskOption("top_k", self.top_k, f"candidates per [MASK], 1 to {self.top_k} (the export's --top-k)",
                                  minimum=1)
-        self.mask_id = int(self.meta["tokenizer"]["mask_id"])
+        self.mask_id = self.meta.tokenizer.mask_id
         if self.outputs != FILL_MASK_OUTPUTS:  # e.g. a description edited to name another graph's axes
             raise BundleError(f"{self.path / 'mlmkit.json'}: its outputs {dict(self.outputs)} are not the fill-mask "
                               f"graph's {FILL_MASK_OUTPUTS}", "re-create the bundle with `mlmkit export`")
@@ -452,7 +453,7 @@ def _fill(text: str, masks: list[dict[str, Any]]) -> str:
 class TaskPipeline(Pipeline):
     """A bundle of any registered task: evaluation's loop with the onnxruntime session as the forward."""
 
-    def __init__(self, path: Path, meta: dict[str, Any], tokenizer: Any, session: Any, batch_size: int,
+    def __init__(self, path: Path, meta: BundleMeta, tokenizer: Any, session: Any, batch_size: int,
                  plugin: Plugin) -> None:
         super().__init__(path, meta, tokenizer, session, batch_size)
         self.plugin = plugin
@@ -464,7 +465,7 @@ class TaskPipeline(Pipeline):
     def context(self, options: dict[str, Any] | None = None) -> TaskContext:
         """The task's context: the bundle's labels and saved state; its defaults < the options saved
         in the bundle < ``options`` (an option the task lacks is an error)."""
-        return TaskContext.from_meta(self.meta, self.plugin.resolve_options(options, saved=self.meta.get("options"), model=True))
+        return self.meta.context(self.plugin.resolve_options(options, saved=self.meta.options, model=True))
 
     @overload
     def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = ..., first: int = ...,

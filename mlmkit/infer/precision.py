@@ -26,6 +26,7 @@ import numpy as np
 
 from mlmkit.args import PRECISIONS
 from mlmkit.errors import BundleError, ConfigError, MlmkitError
+from mlmkit.infer.bundle import BundleMeta
 from mlmkit.infer.engines import BF16_FEATURES, ENGINES, cpu_feature
 from mlmkit.infer.evaluation import agreement
 from mlmkit.text.batching import pad_features
@@ -102,23 +103,22 @@ def padded(sample: dict[str, Any], pad_id: int) -> dict[str, np.ndarray]:
                         pad_id)
 
 
-def _sample(meta: dict[str, Any], path: Path, specials: Any) -> tuple[dict[str, np.ndarray], str]:
+def _sample(meta: BundleMeta, path: Path, specials: Any) -> tuple[dict[str, np.ndarray], str]:
     """The gate's sample of a bundle, padded as one batch, and what it is; for a bundle exported before
     the gate, the random sample export would have made (``specials``: the tokenizer's special ids)."""
-    g = meta.get("gate")
-    if g is None:
-        batch = sample_batch(int(meta["tokenizer"]["vocab_size"]), specials, int(meta["max_length"]),
-                             fill_mask=meta["task"] == "fill-mask")
+    g = meta.gate
+    if not g:
+        batch = sample_batch(meta.tokenizer.vocab_size, specials, meta.max_length, fill_mask=meta.task == "fill-mask")
         return batch, f"{SAMPLE_ROWS}-input sample (random token ids, made here: the bundle carries no gate sample)"
     ids, types = g.get("input_ids"), g.get("token_type_ids")
-    V = int(meta["tokenizer"]["vocab_size"])
+    V = meta.tokenizer.vocab_size
     ok = (isinstance(ids, list) and ids and isinstance(types, list) and len(types) == len(ids)
           and all(isinstance(r, list) and r and all(isinstance(x, int) and 0 <= x < V for x in r) for r in ids)
           and all(isinstance(t, list) and len(t) == len(r) and all(x in (0, 1) for x in t) for r, t in zip(ids, types)))
-    if not ok:
+    if not ok or not isinstance(ids, list):
         raise BundleError(f"{path / 'mlmkit.json'}: 'gate' has no sample of token ids below the vocabulary's size",
                           "re-create the bundle with `mlmkit export`")
-    return padded(g, int(meta["tokenizer"]["pad_id"])), f"{len(ids)}-input sample ({g.get('on', 'the sample batch')})"
+    return padded(g, meta.tokenizer.pad_id), f"{len(ids)}-input sample ({g.get('on', 'the sample batch')})"
 
 
 # ---- the gate -------------------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def bf16_unavailable(device: str) -> str | None:
     return ENGINES["openvino"].missing()
 
 
-def choose(path: Path, meta: dict[str, Any], precision: str | None, make: Callable[[Any], T], *, device: str = "cpu",
+def choose(path: Path, meta: BundleMeta, precision: str | None, make: Callable[[Any], T], *, device: str = "cpu",
            threads: int | None = None, spin: bool = True, min_agreement: float | None = None,
            gate: dict[str, Any] | None = None, specials: Any = None) -> tuple[T, Choice]:
     """The precision and engine ``path``'s bundle runs in here (see the module's docstring), and what
@@ -190,7 +190,7 @@ def choose(path: Path, meta: dict[str, Any], precision: str | None, make: Callab
     job's workers take the parent's); ``specials``: the tokenizer's special ids, for a bundle without
     a gate sample."""
     want = requested(precision)
-    have = str(meta.get("precision", "fp32"))
+    have = meta.precision
     model = path / "model.onnx"
     ort = ENGINES["onnxruntime"]
     if precision is None and want != "auto" and have != "fp32":
@@ -209,9 +209,9 @@ def choose(path: Path, meta: dict[str, Any], precision: str | None, make: Callab
     if want in ("fp16", "int8"):
         hint = "--device cuda with a bundle exported with --precision fp16" if want == "fp16" else "export it with --precision int8"
         raise ConfigError(f"--precision {want}: {path} is an fp32 bundle", f"for {want}, {hint}")
-    pinned = meta.get("run_precision") == "fp32" and want == "auto"
+    pinned = meta.run_precision == "fp32" and want == "auto"
     why_not = "the bundle was exported with --precision fp32" if pinned else bf16_unavailable(device)
-    recorded = (meta.get("gate") or {}).get("bf16")
+    recorded = meta.gate.get("bf16")
     if why_not is None and isinstance(recorded, dict) and recorded.get("passed") is False and min_agreement is None:
         why_not = f"its gate failed at export: {said(recorded)} (--min-agreement sets another threshold)"
     if why_not is not None and want == "bf16":
@@ -224,8 +224,7 @@ def choose(path: Path, meta: dict[str, Any], precision: str | None, make: Callab
         try:
             fast = make(ENGINES["openvino"].open(model, precision="bf16", device=device, threads=threads, spin=spin))
             if sample is not None and ref is not None:
-                axes = {k: tuple(v) for k, v in meta["outputs"].items()}
-                gate = judge(measure(ref.session, fast.session, sample[0], axes), "bf16", min_agreement, sample[1])  # type: ignore[attr-defined]
+                gate = judge(measure(ref.session, fast.session, sample[0], meta.outputs), "bf16", min_agreement, sample[1])  # type: ignore[attr-defined]
         except Exception as e:  # noqa: BLE001 - a graph OpenVINO cannot read or run: fp32 then, saying why
             why_not = cannot_run(e)
         else:

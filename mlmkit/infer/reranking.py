@@ -6,19 +6,19 @@ saves: ms-marco-MiniLM, bge-reranker; mlmkit's rerank task), each (query, docume
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from mlmkit.errors import ConfigError
+from mlmkit.infer.bundle import BundleMeta
 
 
-def relevance(results: list[dict[str, Any]], raw: bool, meta: Mapping[str, Any] | None = None) -> list[float]:
+def relevance(results: list[dict[str, Any]], raw: bool, meta: BundleMeta | None = None) -> list[float]:
     """Each pair's relevance: the cross-encoder's logit under its activation (a rerank bundle records
     it; sigmoid otherwise, as CrossEncoder's default for one label), or the logit itself (``raw``)."""
     logits = np.asarray([float(r.get("logit", r["score"])) for r in results], dtype=np.float64)
-    identity = ((meta or {}).get("options") or {}).get("activation") == "identity"
+    identity = meta is not None and meta.options.get("activation") == "identity"
     return (logits if raw or identity else 1.0 / (1.0 + np.exp(-logits))).tolist()
 
 
@@ -32,8 +32,8 @@ def rerank_documents(pipe: Any, query: str, documents: list[str], *, top_n: int 
                      raw: bool = False) -> list[dict[str, Any]]:
     """``documents`` most relevant to ``query`` first, by a cross-encoder bundle's Pipeline:
     [{"index", "score", "text"}] (score: the sigmoid of the logit, or the logit with ``raw``)."""
-    labels = pipe.meta.get("labels") or []
-    if "logits" not in (pipe.meta.get("outputs") or {}) or len(labels) != 1:
+    labels = pipe.meta.labels or ()
+    if "logits" not in pipe.meta.outputs or len(labels) != 1:
         raise ConfigError(f"{pipe.path} is not a cross-encoder ({pipe.task}, {len(labels)} labels)",
                           "rerank with a one-label sequence classifier (a sentence-transformers CrossEncoder, bge-reranker ...)")
     scores = relevance(pipe([{"text": query, "text_pair": d} for d in documents]), raw, pipe.meta)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from mlmkit.files import atomic_write, atomic_write_text, write_json
-from mlmkit.infer.bundle import BUNDLE_FORMAT, tokenizer_fingerprint
+from mlmkit.infer.bundle import BundleMeta, ModelShape, tokenizer_fingerprint
 
 STATIC = "static-embedding"
 """The model type of a static-embedding bundle (mlmkit.json's model.model_type)."""
@@ -84,7 +84,7 @@ def static_embeddings(table: np.ndarray, counted: np.ndarray, ids: list[list[int
 
 
 def write_static_bundle(out: str | Path, table: np.ndarray, counted: np.ndarray, tok: Any, *, max_length: int,
-                        options: dict[str, Any], info: dict[str, Any], source: str) -> dict[str, Any]:
+                        options: dict[str, Any], info: dict[str, Any], source: str) -> BundleMeta:
     """Write the bundle's three files into ``out`` (model.onnx and tokenizer.json before mlmkit.json, each
     replaced atomically) and return its description."""
     import onnx
@@ -94,29 +94,14 @@ def write_static_bundle(out: str | Path, table: np.ndarray, counted: np.ndarray,
     model = static_graph(table, counted)
     atomic_write(d / "model.onnx", lambda tmp: onnx.save(model, tmp))
     atomic_write_text(d / "tokenizer.json", tok.to_str(pretty=False))
-    meta = {
-        "format": "mlmkit-onnx-bundle",
-        "format_version": BUNDLE_FORMAT,
-        "task": "embedding",
-        "trained_as": "embedding",
-        "labels": None,
-        "max_length": max_length,
-        "options": {**options, "pooling": "mean", "normalize": True},
-        "inputs": ["input_ids", "attention_mask"],
-        "outputs": {"embedding": ["batch", "hidden"]},
-        "top_k": None,
-        "opset": STATIC_OPSET,
-        "precision": "fp32",
-        "optimizations": [],
-        "fused_operators": {},
-        "parity": {},
-        "tokenizer": tokenizer_fingerprint(tok),
-        "model": {"model_type": STATIC, "vocab_size": int(table.shape[0]), "hidden_size": int(table.shape[1])},
-        "model_bytes": os.path.getsize(d / "model.onnx"),
-        "source": {"path": source},
-        "static": info,
-    }
-    write_json(d / "mlmkit.json", meta)
+    meta = BundleMeta(
+        task="embedding", trained_as="embedding", max_length=max_length, options={**options, "pooling": "mean", "normalize": True},
+        inputs=("input_ids", "attention_mask"), outputs={"embedding": ("batch", "hidden")}, opset=STATIC_OPSET,
+        tokenizer=tokenizer_fingerprint(tok),
+        model=ModelShape(model_type=STATIC, vocab_size=int(table.shape[0]), hidden_size=int(table.shape[1])),
+        model_bytes=os.path.getsize(d / "model.onnx"), source={"path": source}, run={"static": info},
+    )
+    write_json(d / "mlmkit.json", meta.to_json())
     return meta
 
 

@@ -166,9 +166,9 @@ def _onnx_stage(console: Console, out: Path) -> list[dict[str, Any]]:
     t = _step(console, 4, "ONNX export and onnxruntime inference")
     for run_name, bundle in (("pretrain", "fill-mask"), ("classifier", "classifier")):
         info = export(ExportArgs(run=out / run_name, out=out / "exports" / bundle))
-        fused = ", ".join(f"{k} {v}" for k, v in sorted(info.get("fused_operators", {}).items()) if v)
-        console.print(f"{out / 'exports' / bundle}: {info['task']}, fused: {fused or 'none'}, "
-                      f"max |torch - onnx| {max(info['parity']['max_abs_diff'].values()):.1e}")
+        fused = ", ".join(f"{k} {v}" for k, v in sorted(info.fused_operators.items()) if v)
+        console.print(f"{out / 'exports' / bundle}: {info.task}, fused: {fused or 'none'}, "
+                      f"max |torch - onnx| {max(info.parity['max_abs_diff'].values()):.1e}")
     fill = Pipeline.load(out / "exports" / "fill-mask")(FILL_MASK_EXAMPLES)
     fm = Table(title="fill-mask (onnxruntime)")
     fm.add_column("text")

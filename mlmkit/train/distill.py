@@ -255,7 +255,7 @@ def bundle_teacher(path: Path) -> tuple[evaluation.Forward | None, str | None, P
     pipe = Pipeline.load(path)
     if pipe.task == "fill-mask":
         raise ConfigError(f"{path} is a fill-mask bundle, not a fine-tuned model", "distil a bundle of a fine-tuned task")
-    source = pipe.meta.get("source") or {}
+    source = pipe.meta.source
     run = Path(str(source.get("path", "")))
     fix = f"give the run {path} was exported from as the teacher, or export it again from the run"
     if not source.get("path") or not (run / "config.json").is_file():

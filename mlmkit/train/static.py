@@ -84,8 +84,8 @@ class StaticTeacher:
 
             pipe = Pipeline.load(path)
             _check_embedding(path, pipe.task)
-            return cls(pipe.tokenizer, lambda b: pipe.run_batch(b)["embedding"], dict(pipe.meta.get("options") or {}),
-                       pipe.max_length, json.dumps(pipe.identity(), sort_keys=True), (pipe.meta.get("model") or {}).get("hidden_size"))
+            return cls(pipe.tokenizer, lambda b: pipe.run_batch(b)["embedding"], dict(pipe.meta.options),
+                       pipe.max_length, json.dumps(pipe.identity(), sort_keys=True), pipe.meta.model.hidden_size)
         from mlmkit.rundir.weights import weights_digest
         from mlmkit.train.finetune import base_model_dir, load_finetuned, torch_forward
 

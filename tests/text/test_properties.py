@@ -10,6 +10,7 @@ import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -348,7 +349,7 @@ def test_a_card_names_a_run_and_data_with_yaml_syntax_as_they_are(tmp_path: Path
 class _Pipe:
     def __init__(self, task: str, outputs: tuple[str, ...], labels: list[str] | None = None, **options: Any) -> None:
         self.task, self.option_names = task, {"input_type"} if task == "embedding" else set()
-        self.meta = {"outputs": {o: [] for o in outputs}, "labels": labels, "options": options}
+        self.meta = SimpleNamespace(outputs={o: () for o in outputs}, labels=labels, options=options)
 
 
 class _Model:

@@ -42,7 +42,7 @@ def setup(tmp_path_factory) -> dict[str, Path]:
 
 def test_the_bundle_is_the_numpy_mean_of_the_pca_of_the_teachers_token_vectors(setup):
     pipe = Pipeline.load(setup["table"], command="embed")
-    assert pipe.meta["model"]["model_type"] == STATIC and pipe.meta["static"]["dims"] == 16
+    assert pipe.meta.model.model_type == STATIC and pipe.meta.run["static"]["dims"] == 16
     table, counted = read_static_table(setup["table"])
     # the table, again in plain numpy: each token alone through the teacher, PCA by SVD, the SIF weights
     # (the run's pooled vectors before its normalisation: their norms weigh the tokens)

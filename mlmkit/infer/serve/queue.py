@@ -72,8 +72,9 @@ class Model:
 
     def describe(self) -> dict[str, Any]:
         m = self.pipe.meta
-        return {"name": self.name, "task": self.pipe.task, "labels": m.get("labels"), "max_length": self.pipe.max_length,
-                "options": list(self.pipe.option_names), "source": m.get("source"), "precision": m.get("precision"),
+        return {"name": self.name, "task": self.pipe.task, "labels": list(m.labels) if m.labels is not None else None,
+                "max_length": self.pipe.max_length, "options": list(self.pipe.option_names), "source": m.source,
+                "precision": m.precision,
                 "providers": self.pipe.providers, "computes_in": self.pipe.precision}
 
     async def predict(self, inputs: list[Any], options: dict[str, Any], request: Any = None) -> tuple[list[dict[str, Any]], int]:

@@ -49,7 +49,7 @@ class Call:
 def pick_model(models: Mapping[str, Any], requested: Any, needs: tuple[str, ...], route: str) -> str:
     """The model a request names, or the only one whose graph has the outputs the route reads (an
     "embedding", "logits" ...: any task's bundle with them fits); a 404 / 422 naming the fitting ones."""
-    fitting = [n for n, m in models.items() if set(needs) <= set(m.pipe.meta.get("outputs") or {})]
+    fitting = [n for n, m in models.items() if set(needs) <= set(m.pipe.meta.outputs)]
     what = f"models with {' and '.join(repr(x) for x in needs)} output{'s' if len(needs) > 1 else ''}"
     if requested is not None:
         if not isinstance(requested, str) or requested not in models:
@@ -140,7 +140,7 @@ INPUT_TYPES = ("query", "document")
 
 def _prompt_names(model: Any) -> list[str]:
     """The prompts an embedding bundle has (TEI's prompt_name), by name."""
-    options = model.pipe.meta.get("options") or {}
+    options = model.pipe.meta.options
     return [k for k in INPUT_TYPES if options.get(f"{k}_prompt")]
 
 
@@ -234,7 +234,7 @@ class TEIPredict:
         return Call(name, inputs, state={"single": single})
 
     def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
-        labels = model.pipe.meta.get("labels") or []
+        labels = list(model.pipe.meta.labels or ())
         out = []
         for r in results:
             probs = r.get("probabilities")
@@ -251,7 +251,7 @@ class TEIPredict:
 def cross_encoder(models: Mapping[str, Any], requested: Any, route: str) -> str:
     """A sequence classifier with one label (its logit: the relevance), else a 422 saying what it is."""
     name = pick_model(models, requested, ("logits",), route)
-    labels = models[name].pipe.meta.get("labels") or []
+    labels = list(models[name].pipe.meta.labels or ())
     if len(labels) != 1:
         raise HTTPError(422, f"model '{name}' has {len(labels)} labels; {route} needs a cross-encoder (one relevance score)",
                         "export a one-label sequence classifier (a sentence-transformers CrossEncoder, bge-reranker ...)")
@@ -343,7 +343,7 @@ class TEITokenize:
                             if name is None else f"no model named {name!r}", f"the models: {', '.join(models)}")
         prompt = b.get("prompt_name")
         _prompt(models[name], name, prompt, self.path)  # one the model has
-        prefix = (models[name].pipe.meta.get("options") or {}).get(f"{prompt}_prompt", "") if prompt else ""
+        prefix = models[name].pipe.meta.options.get(f"{prompt}_prompt", "") if prompt else ""
         return Call(name, _texts(b.get("inputs"), "inputs", self.path),
                     state={"special": _flag(b, "add_special_tokens", self.path, default=True), "prompt": prefix})
 
