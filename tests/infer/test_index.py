@@ -1,4 +1,4 @@
-"""`mlmkit index` / `mlmkit search` (infer/index.py): an on-disk index equals the plain numpy search
+"""`mlmkit index` / `mlmkit search` (infer/index/): an on-disk index equals the plain numpy search
 over the bundle's own vectors, at every quantization; resumed, appended and exported indexes equal
 straight ones; bad input is one line, exit 2, the index untouched."""
 
@@ -114,7 +114,7 @@ def test_a_float16_rescoring_copy_gives_int8_and_binary_the_exact_hits(setup, tm
     assert "--rescore-copy float16" in one_red_line(r) and Index.open(idx).count == DOCS
 
 
-def test_ann_indexes_find_the_exact_hits(setup):
+def test_ann_indexes_find_the_exact_hits(setup, tmp_path):
     pytest.importorskip("faiss")
     want, _ = exact(setup, 10)
     for q, ann in (("float32", "hnsw"), ("int8", "hnsw"), ("float32", "ivf")):
@@ -122,6 +122,14 @@ def test_ann_indexes_find_the_exact_hits(setup):
         rows, _ = search_vectors(ix, setup["q"], 10, rescore=200)
         recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(rows, want)])
         assert recall >= 0.85, (q, ann, recall)
+    # an ann.faiss over other vectors than the manifest's (an append stopped between the two) is refused
+    lines = setup["corpus"].read_text().splitlines(keepends=True)
+    (tmp_path / "few.jsonl").write_text("".join(lines[:40]))
+    build(BuildArgs(setup["bundle"], tmp_path / "few.jsonl", tmp_path / "few", ann="hnsw"))
+    shutil.copytree(built(setup, "float32-hnsw").path, tmp_path / "ix")
+    shutil.copy(tmp_path / "few" / "ann.faiss", tmp_path / "ix" / "ann.faiss")
+    with pytest.raises(ConfigError, match="holds 40 vectors; the manifest says 1,200"):
+        search_vectors(Index.open(tmp_path / "ix"), setup["q"], 10)
 
 
 def test_a_killed_build_resumes_to_the_vectors_of_a_straight_one_and_an_append_equals_one_build(setup, tmp_path):
@@ -378,6 +386,29 @@ def test_a_sparse_bundle_builds_an_inverted_index_searched_as_a_plain_dot_produc
         assert np.allclose(row["values"], want_r["values"], atol=1e-6)
 
 
+def test_a_killed_sparse_build_resumes_to_the_files_of_a_straight_one(setup, sparse, tmp_path):
+    """A sparse build's terms wait on disk (the postings are written when all are in): a kill after two
+    windows, then --resume, gives the shard a straight build gives, file for file."""
+    build(BuildArgs(sparse["bundle"], setup["corpus"], tmp_path / "straight", window=256))
+    seen = [0]
+
+    def kill(n: int) -> None:
+        seen[0] += n
+        if seen[0] >= 512:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build(BuildArgs(sparse["bundle"], setup["corpus"], tmp_path / "killed", window=256), kill)
+    with open(tmp_path / "killed" / ".pending" / "terms.bin", "ab") as f:
+        f.write(b"half a window")  # what a kill midway through the third window's terms leaves
+    build(BuildArgs(sparse["bundle"], setup["corpus"], tmp_path / "killed", window=256, resume=True))
+    a, b = tmp_path / "straight" / "shard-000000", tmp_path / "killed" / "shard-000000"
+    assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
+    for f in a.iterdir():
+        assert f.read_bytes() == (b / f.name).read_bytes(), f.name
+    assert Index.open(b.parent).count == DOCS
+
+
 def test_a_sparse_index_evaluates_as_its_bundle_and_refuses_what_it_cannot_do(setup, sparse, tmp_path):
     from types import SimpleNamespace
 
@@ -433,26 +464,108 @@ def test_a_ray_built_index_equals_a_local_one(setup, tmp_path):
     assert sorted(p.name for p in (tmp_path / "ray").iterdir()) == ["manifest.json", "shard-000000"]
 
 
-def test_writing_a_shard_reads_the_embedded_vectors_in_bounded_memory(tmp_path):
-    """The embedded vectors (Parquet, a row group a window) are read a batch at a time: pyarrow's
-    pre-buffering, its default, kept every row group read (a 1M-document build peaked at 2.1 GB)."""
-    import subprocess
-    import sys
+def test_vectors_are_written_once_into_the_pending_shard_and_a_killed_int8_build_resumes_to_a_straight_one(setup, tmp_path,
+                                                                                                           monkeypatch):
+    """A window's vectors go from the model into .pending/shard-NNNNNN/vectors.bin, quantized, and the
+    shard is renamed into the index: no other file holds them. A kill leaves the windows on disk (after
+    the calibration's first rows), a resume equals a straight build byte for byte, and a resume with
+    other settings is refused."""
+    from mlmkit.infer.index import building, pending
 
-    script = f"""
-import resource, numpy as np, pyarrow as pa, pyarrow.parquet as pq
-from mlmkit.infer.index import _embedded_batches
-path = {str(tmp_path / "e.parquet")!r}
-schema = pa.schema([("id", pa.string()), ("embedding", pa.list_(pa.float64()))])
-with pq.ParquetWriter(path, schema) as w:
-    for k in range(48):
-        w.write_table(pa.table({{"id": [str(i) for i in range(2048)],
-                                 "embedding": pa.FixedSizeListArray.from_arrays(pa.array(np.random.rand(2048 * 64)), 64)
-                                 .cast(pa.list_(pa.float64()))}}, schema=schema))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-rows = sum(len(ids) for ids, _ in _embedded_batches(path))
-print(rows, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
-"""
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    rows, grew_mb = map(int, r.stdout.split())
-    assert rows == 48 * 2048 and grew_mb < 25, grew_mb  # the file holds 50 MB of vectors; pre-buffered: ~+50 MB
+    monkeypatch.setattr(pending, "CALIBRATION_ROWS", 300)  # calibrated after two windows of 256, not at the end
+    straight = built(setup, "int8-cal300", quantization="int8")
+    out = tmp_path / "killed"
+    seen = [0]
+
+    def kill(n: int) -> None:
+        seen[0] += n
+        if seen[0] >= 768:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build(BuildArgs(setup["bundle"], setup["corpus"], out, quantization="int8", window=256), kill)
+    files = {str(f.relative_to(out / ".pending")): f.stat().st_size for f in (out / ".pending").rglob("*") if f.is_file()}
+    assert files == {"progress.json": files["progress.json"], "ids.jsonl": files["ids.jsonl"],
+                     "shard-000000/vectors.bin": 768 * 64}, files  # int8: a byte a dimension, nowhere else
+    with pytest.raises(ConfigError, match="was for other quantization"):
+        build(BuildArgs(setup["bundle"], setup["corpus"], out, quantization="float16", window=256, resume=True))
+    # a kill between the shard's rename into the index and the manifest: the resume writes the manifest
+    real = building.write_json
+    monkeypatch.setattr(building, "write_json", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    got = [0]
+    with pytest.raises(KeyboardInterrupt):
+        build(BuildArgs(setup["bundle"], setup["corpus"], out, quantization="int8", window=256, resume=True),
+              lambda n: got.__setitem__(0, got[0] + n))
+    assert got[0] == DOCS - 768 and (out / "shard-000000").is_dir() and not (out / "manifest.json").exists()
+    # and a kill after the manifest, before .pending/ is removed: the resume removes it, adding nothing
+
+    def written_then_killed(*a):
+        real(*a)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(building, "write_json", written_then_killed)
+    with pytest.raises(KeyboardInterrupt):
+        build(BuildArgs(setup["bundle"], setup["corpus"], out, quantization="int8", window=256, resume=True))
+    monkeypatch.setattr(building, "write_json", real)
+    assert (out / ".pending").is_dir() and Index.open(out).count == DOCS
+    build(BuildArgs(setup["bundle"], setup["corpus"], out, quantization="int8", window=256, resume=True))
+    resumed = Index.open(out)
+    assert resumed.manifest["ranges"] == straight.manifest["ranges"] and not (out / ".pending").exists()
+    assert (np.asarray(resumed.shards[0][0]) == np.asarray(straight.shards[0][0])).all()
+    assert resumed.ids(np.arange(DOCS)) == straight.ids(np.arange(DOCS))
+
+
+def test_a_search_knows_the_bundle_by_its_recorded_size_and_time_and_hashes_only_a_changed_or_copied_one(setup, tmp_path,
+                                                                                                        monkeypatch):
+    """The manifest records the bundle's graph size and time at build; a search with the bundle as it was
+    reads no model.onnx, a copy is hashed once a process, and a graph changed since is refused."""
+    import builtins
+    import os
+
+    from mlmkit.infer.index import identity, query_bundle
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(setup["bundle"], bundle)
+    lines = setup["corpus"].read_text().splitlines(keepends=True)
+    (tmp_path / "docs.jsonl").write_text("".join(lines[:40]))
+    build(BuildArgs(bundle, tmp_path / "docs.jsonl", tmp_path / "ix"))
+    ix = Index.open(tmp_path / "ix")
+    graph = (bundle / "model.onnx").stat()
+    recorded = ix.manifest["bundle"]
+    assert (recorded["model_bytes"], recorded["model_mtime_ns"], len(recorded["sha256"])) == (graph.st_size, graph.st_mtime_ns, 64)
+
+    reads: list[str] = []
+
+    def spy(path, *a, **kw):
+        if str(path).endswith("model.onnx"):
+            reads.append(str(path))
+        return builtins.open(path, *a, **kw)
+
+    monkeypatch.setattr(identity, "open", spy, raising=False)
+    identity._checksum.cache_clear()
+    for _ in range(3):
+        assert query_bundle(ix, None) == bundle
+    assert reads == []  # the same path, size and time: model.onnx not read
+    copy = tmp_path / "copy"
+    shutil.copytree(bundle, copy)
+    for _ in range(3):
+        assert query_bundle(ix, copy) == copy
+    assert reads == [str(copy / "model.onnx")]  # elsewhere: hashed once, then known
+    # an index built before the size and time were recorded: hashed once, and searched
+    old = tmp_path / "old-ix"
+    shutil.copytree(ix.path, old)
+    m = json.loads((old / "manifest.json").read_text())
+    m["bundle"] = {k: m["bundle"][k] for k in ("path", "sha256")}
+    (old / "manifest.json").write_text(json.dumps(m))
+    assert query_bundle(Index.open(old), None) == bundle and len(reads) == 2
+    # the graph changed in place, its size kept (its time is not): hashed, and refused with the reason
+    with open(bundle / "model.onnx", "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    assert (bundle / "model.onnx").stat().st_size == graph.st_size
+    monkeypatch.setattr(identity, "open", builtins.open, raising=False)
+    assert "has changed since" in one_red_line(runner.invoke(app, ["search", str(ix.path), "a dog"]))
+    r = runner.invoke(app, ["search", str(ix.path), "a dog", "--bundle", str(copy), "--json"])  # the graph as it was
+    assert r.exit_code == 0 and json.loads(r.stdout)["hits"], r.output

@@ -1,0 +1,92 @@
+"""``--ann hnsw | ivf``: a faiss index over every shard's vectors (ann.faiss), built and searched. No torch.
+
+HNSW (M 32, efSearch at least the candidates asked) or IVF (4 sqrt(N) lists, nprobe 16) over the
+stored vectors: Flat for float32, SQfp16 for float16, SQ8 for int8, and faiss's binary indexes for
+binary. An append rebuilds it (its IVF lists are trained again on the whole corpus).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlmkit.errors import ConfigError
+from mlmkit.files import atomic_write
+from mlmkit.infer.index.store import CHUNK, Index
+
+FILE = "ann.faiss"
+
+
+def faiss_module() -> Any:
+    """faiss, or one line saying how to install it."""
+    try:
+        import faiss
+    except ImportError:
+        raise ConfigError("--ann hnsw and ivf need faiss", "pip install 'mlmkit[retrieval]' (faiss-cpu), or --ann flat") from None
+    return faiss
+
+
+def ann_settings(ann: str, count: int, *, hnsw_m: int, ivf_lists: int | None) -> dict[str, Any]:
+    """The manifest's ``ann_settings`` of a new index of ``count`` documents."""
+    if ann == "hnsw":
+        return {"m": hnsw_m, "ef_construction": 80, "ef_search": 128}
+    if ann == "ivf":
+        return {"lists": ivf_lists or max(1, min(65536, int(4 * np.sqrt(count)))), "nprobe": 16}
+    return {}
+
+
+def build_ann(out: Path, manifest: dict[str, Any]) -> None:
+    """ann.faiss over every shard ``manifest`` names in ``out``, written atomically. Memory: the faiss
+    structure, held whole while it is built (and, for IVF, its training sample)."""
+    faiss = faiss_module()
+    ix = Index(out, manifest)
+    ix.shards = [ix.shard(out / s["name"], s["count"], "rebuild the index") for s in manifest["shards"]]
+    q, d, s = ix.quantization, ix.dims, manifest["ann_settings"]
+    if q == "binary":
+        spec = f"BHNSW{s['m']}" if manifest["ann"] == "hnsw" else f"BIVF{s['lists']}"
+        index = faiss.index_binary_factory(d, spec)
+    else:
+        code = {"float32": "Flat", "float16": "SQfp16", "int8": "SQ8"}[q]
+        spec = f"HNSW{s['m']}" + ("" if code == "Flat" else f"_{code}") if manifest["ann"] == "hnsw" else f"IVF{s['lists']},{code}"
+        index = faiss.index_factory(d, spec, faiss.METRIC_INNER_PRODUCT)
+    if manifest["ann"] == "hnsw":
+        faiss.ParameterSpace().set_index_parameter(index, "efConstruction", int(s["ef_construction"]))
+
+    def raw() -> Iterator[np.ndarray]:
+        for vectors, _, _ in ix.shards:
+            for a in range(0, len(vectors), CHUNK):
+                chunk = np.asarray(vectors[a:a + CHUNK])
+                yield chunk if q == "binary" else np.ascontiguousarray(ix.floats(chunk))
+
+    if not index.is_trained:
+        rng = np.random.default_rng(0)
+        sample = np.concatenate(list(raw()))  # training sample: at most 256 a list (faiss's own advice)
+        sample = sample[rng.permutation(len(sample))[: 256 * int(s.get("lists", 1))]]
+        index.train(sample)
+    for chunk in raw():
+        index.add(chunk)
+    writer = faiss.write_index_binary if q == "binary" else faiss.write_index
+    atomic_write(out / FILE, lambda tmp: writer(index, tmp))
+
+
+def ann_search(ix: Index, q: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``n`` candidates of each (unit) query from ann.faiss: (rows, scores), -1 past the graph's
+    reach. An ann.faiss over another number of vectors than the manifest's (an append killed between
+    writing it and its manifest) is refused, never searched."""
+    faiss = faiss_module()
+    path = ix.path / FILE
+    index = faiss.read_index_binary(str(path)) if ix.quantization == "binary" else faiss.read_index(str(path))
+    if index.ntotal != ix.count:
+        raise ConfigError(f"{path} holds {index.ntotal:,} vectors; the manifest says {ix.count:,}: an append that was "
+                          "stopped before its manifest was written", "finish that append: the same `mlmkit index` command with --resume")
+    settings = ix.manifest.get("ann_settings", {})
+    if ix.ann == "hnsw":
+        faiss.ParameterSpace().set_index_parameter(index, "efSearch", max(int(settings.get("ef_search", 128)), n))
+    else:
+        faiss.ParameterSpace().set_index_parameter(index, "nprobe", int(settings.get("nprobe", 16)))
+    x = np.packbits(q > 0, axis=1) if ix.quantization == "binary" else np.ascontiguousarray(q)
+    scores, rows = index.search(x, n)
+    return rows.astype(np.int64), scores.astype(np.float32)

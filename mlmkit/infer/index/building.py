@@ -1,0 +1,324 @@
+"""`mlmkit index`: a corpus embedded into a new shard of an index (a new index, or ``--append``),
+resumable after a kill (``--resume``), locally or on a Ray cluster. No torch.
+
+Embedding is a batch job's windows (infer/windows.py, infer/jobs.py: windows of documents in input
+order, worker processes); each window goes straight into the shard being written under ``.pending/``
+(pending.py: vectors written once, resumable after the last window on disk). When every document is
+in, the ids are checked (each once, over the index and the shard), the shard is renamed into the
+index, the ANN index built over every shard (ann.py), and the manifest written last, atomically: a
+kill at any point leaves the index as it was (its manifest names only complete shards), and
+``--resume`` finishes the build.
+
+Memory while building: a window of documents and their vectors (the first CALIBRATION_ROWS documents
+of a new int8 or binary index; the faiss structure, with --ann, held whole while it is built).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlmkit.args import check_precision
+from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
+from mlmkit.files import LOCK, exclusive, write_json
+from mlmkit.infer import postings
+from mlmkit.infer.index.ann import ann_settings, build_ann, faiss_module
+from mlmkit.infer.index.codecs import QUANTIZATIONS, RESCORE_COPIES
+from mlmkit.infer.index.identity import record
+from mlmkit.infer.index.pending import Pending
+from mlmkit.infer.index.search import as_input, is_sparse
+from mlmkit.infer.index.store import ANNS, FORMAT, MANIFEST, Index, id_hashes
+from mlmkit.text.readers import Record
+
+
+def corpus_records(items: Iterable[Any], id_column: str | None, text_column: str) -> Iterator[Any]:
+    """Records as the index takes them, {"id", "text"}: a BEIR corpus's ``_id`` (or ``id``), its
+    ``title`` before its ``text``; a text line's id is its line number. A record without an id, or
+    with an empty text, names its file and line."""
+    for rec in items:
+        if not isinstance(rec, Record):
+            yield rec
+            continue
+        if isinstance(rec.data, str):
+            if id_column is not None:
+                raise rec.error(f"a text line has no id column {id_column!r}", hint="give JSON lines or Parquet with that column")
+            yield replace(rec, data={"id": str(rec.line), "text": rec.data})
+            continue
+        f = rec.fields()
+        col = id_column or next((c for c in ("_id", "id") if c in f), None)
+        value = f.get(col) if col is not None else None
+        if value is None or isinstance(value, (dict, list, bool)) or str(value) == "":
+            raise rec.error("no document id" if col is None or col not in f else f"its id is {value!r}", col or "_id",
+                            hint="every document needs an id: _id (BEIR) or id, or name the column with --id-column")
+        title = f.get("title")
+        title = title.strip() if isinstance(title, str) else ""
+        text = rec.text(text_column, required=not title)  # a title alone is a document, as in BEIR
+        yield replace(rec, data={"id": str(value), "text": f"{title} {text or ''}".strip() if title else text}, schema=None)
+
+
+@dataclass
+class BuildArgs:
+    bundle: Path
+    corpus: Path
+    out: Path
+    quantization: str = "float32"
+    ann: str = "flat"
+    append: bool = False
+    resume: bool = False
+    id_column: str | None = None
+    text_column: str = "text"
+    window: int = 4096
+    workers: int = 1
+    threads: int | None = None
+    batch_size: int = 32
+    device: str = "cpu"
+    hnsw_m: int = 32
+    ivf_lists: int | None = None
+    engine: str = "local"
+    address: str | None = None
+    rescore_copy: str | None = None
+    """RESCORE_COPIES, for int8 and binary (None: binary keeps int8, int8 none)."""
+    precision: str | None = None  # --precision (mlmkit.infer.precision): the documents' vectors are computed in it
+
+    def __post_init__(self) -> None:
+        check_precision(self.precision, None)
+        if self.rescore_copy is not None and (self.rescore_copy not in RESCORE_COPIES
+                                              or self.quantization not in ("int8", "binary")
+                                              or (self.quantization, self.rescore_copy) == ("int8", "int8")):
+            raise ConfigError(f"--rescore-copy {self.rescore_copy} with --quantize {self.quantization}",
+                              "--rescore-copy float16 keeps the vectors for rescoring beside an int8 or binary index")
+        if self.rescore_copy is None and self.quantization == "binary":
+            self.rescore_copy = "int8"
+        if self.engine not in ("local", "ray"):
+            raise ConfigError(f"--engine {self.engine}: use local or ray")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"--quantize {self.quantization}: use one of {', '.join(QUANTIZATIONS)}")
+        if self.ann not in ANNS:
+            raise ConfigError(f"--ann {self.ann}: use one of {', '.join(ANNS)}")
+        if self.address is not None and self.engine != "ray":
+            raise ConfigError("--address goes with --engine ray (the cluster to join)", "add --engine ray, or leave --address out")
+
+
+def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
+    """Embed the corpus into a new shard of ``args.out`` (a new index, or ``append``), then write the
+    manifest that names it. ``progress(n)``: called as each window of n documents is embedded. Returns
+    the manifest."""
+    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.text.records import identity, input_files
+
+    out = Path(args.out)
+    exists = (out / MANIFEST).is_file()
+    if exists and not args.append and not args.resume:
+        raise ConfigError(f"{out} is an index already", "pass --append to add documents to it, or give a new --out")
+    if args.append and not exists:
+        raise ConfigError(f"--append: {out} is not an index", "build it first, without --append")
+    if out.exists() and not exists and any(p.name not in (".pending", LOCK) and not p.name.startswith(("shard-", "ann.faiss"))
+                                           for p in out.iterdir()):
+        raise ConfigError(f"--out {out} is a directory that is not an index", "give a new or empty directory")
+    out.mkdir(parents=True, exist_ok=True)
+    pipe = Pipeline.load(args.bundle, device=args.device, threads=args.threads, batch_size=args.batch_size, command="embed",
+                         precision=args.precision)
+    bundle = record(Path(args.bundle))  # the bundle's identity, read once: what a search checks cheaply
+    sparse = is_sparse(pipe)
+    if sparse and (args.quantization, args.ann, args.rescore_copy) != ("float32", "flat", None):
+        raise ConfigError(f"{args.bundle} gives sparse vectors (sparse-embedding): its index is an inverted index, which takes "
+                          "no --quantize, --ann or --rescore-copy", "drop them")
+    if args.ann != "flat":
+        faiss_module()  # said now, not after the corpus is embedded
+    with exclusive(out):
+        old = Index.open(out) if exists else None
+        if old is not None:
+            if old.manifest["bundle"].get("sha256") != bundle["sha256"]:
+                raise ConfigError(f"{out} was built with the bundle {old.manifest['bundle'].get('path')}, not {args.bundle} "
+                                  "(another graph or description)", "append with the index's own bundle, or build a new index")
+            if (args.quantization, args.ann, args.rescore_copy) != (old.quantization, old.ann, old.copy):
+                copy = f" --rescore-copy {old.copy}" if old.copy and old.quantization != "binary" else ""
+                raise ConfigError(f"{out} is a {old.quantization} index with --ann {old.ann}"
+                                  f"{f' and a {old.copy} rescoring copy' if old.copy else ''}; --append takes the index's own "
+                                  "settings", f"pass --quantize {old.quantization} --ann {old.ann}{copy}")
+        pending = out / ".pending"
+        if pending.exists() and not args.resume:
+            raise ConfigError(f"an unfinished build is in {pending}", "pass --resume to continue it, or delete that directory")
+        if args.resume and not pending.exists():  # else it would add the corpus again, as an --append
+            raise ConfigError(f"--resume: no unfinished build in {out}", "drop --resume (--append adds documents to a finished index)")
+        if args.resume and old is not None and Pending.committed(pending, len(old.shards)):
+            shutil.rmtree(pending, ignore_errors=True)  # stopped after its manifest: the build is done
+            return dict(old.manifest)
+        files = input_files(args.corpus)
+        what = {"bundle": pipe.identity(), "inputs": identity(files), "options": as_input(pipe, "document"),
+                "window": args.window, "id_column": args.id_column, "text_column": args.text_column, "engine": args.engine,
+                "quantization": args.quantization, "rescore_copy": args.rescore_copy, "precision": args.precision,
+                "shards": len(old.shards) if old else 0}
+        pending.mkdir(exist_ok=True)
+        block = (old.manifest.get("block") if old is not None else postings.BLOCK) if sparse else None
+        dims = int(pipe.meta.model.vocab_size or 0) if sparse else old.dims if old else 0
+        try:  # --resume with another bundle, corpus or settings is refused here, what was done kept
+            p = Pending(pending, f"shard-{len(old.shards) if old else 0:06d}", what, quantization=args.quantization,
+                        copy=args.rescore_copy, ranges=old.ranges if old else None, dims=dims, sparse=sparse, block=block,
+                        resume=args.resume)
+        except BaseException:
+            if not args.resume:
+                shutil.rmtree(pending, ignore_errors=True)
+            raise
+        with p:
+            manifest = _fill_and_commit(args, out, old, p, pipe, bundle, progress)
+        shutil.rmtree(pending, ignore_errors=True)
+    return manifest
+
+
+def _fill_and_commit(args: BuildArgs, out: Path, old: Index | None, p: Pending, pipe: Any, bundle: dict[str, Any],
+                     progress: Any) -> dict[str, Any]:
+    """The shard's documents embedded (where a kill left them), checked, and put into the index. On an
+    error .pending/ stays for --resume when windows are on disk; it goes when nothing was, or when the
+    documents themselves are bad (an id twice: a resume would meet it again)."""
+    try:
+        if not p.complete:
+            if args.engine == "ray":
+                p.restart()  # a Ray build starts over
+                _embed_on_ray(args, p, pipe, progress)
+            else:
+                _embed_here(args, p, pipe, progress)
+            try:
+                _check_unique(p.finish(args.corpus), old, p.shard, args.corpus)
+            except MlmkitError:
+                shutil.rmtree(p.dir, ignore_errors=True)
+                raise
+            p.mark_complete()
+        return _commit(args, out, old, p, pipe, bundle)
+    except BaseException as e:
+        if not p.complete and p.windows == 0:
+            shutil.rmtree(p.dir, ignore_errors=True)  # nothing finished: nothing to resume
+        elif isinstance(e, MlmkitError) and p.dir.exists():
+            e.hint = (f"{e.hint}; " if e.hint else "") + (
+                f"{p.rows:,} documents are in {p.dir}: --resume continues after them if the corpus stays as it is")
+        raise
+
+
+def _embed_here(args: BuildArgs, p: Pending, pipe: Any, progress: Any) -> None:
+    """The corpus's windows after those on disk, embedded here (``--workers`` processes), into ``p``."""
+    from mlmkit.infer.jobs import run_windows, split_threads
+    from mlmkit.infer.windows import windows
+    from mlmkit.text.records import iter_inputs
+
+    items = corpus_records(iter_inputs(args.corpus), args.id_column, args.text_column)
+    for w, done in run_windows(windows(items, args.window, skip=p.windows), pipe, workers=args.workers,
+                               threads=split_threads(args.threads, args.workers), options=as_input(pipe, "document"),
+                               skip=False, id_column="id"):
+        ids = [str(r["id"]) for r in done.results]
+        if p.sparse:
+            x: Any = (np.asarray([len(r["indices"]) for r in done.results], dtype=np.int64),
+                      np.asarray([t for r in done.results for t in r["indices"]], dtype=np.int32),
+                      np.asarray([v for r in done.results for v in r["values"]], dtype=np.float32))
+        else:
+            x = np.asarray([r["embedding"] for r in done.results], dtype=np.float32)
+        p.add(w.index, len(w.items), ids, x)
+        if progress is not None:
+            progress(len(w.items))
+
+
+def _embed_on_ray(args: BuildArgs, p: Pending, pipe: Any, progress: Any) -> None:
+    """--engine ray: the documents read and checked here (ids, titles: each bad one names its file and
+    line, as in a local build) into Parquet files of ``args.window`` documents under .pending/documents,
+    which the cluster reads (on a cluster of several machines ``--out`` must be on storage they share),
+    then embedded there and streamed back, in order, into ``p``. A resumed Ray build starts over."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mlmkit.infer.integrations.ray import embed_in_order
+    from mlmkit.text.records import iter_inputs
+
+    docs = p.dir / "documents"
+    shutil.rmtree(docs, ignore_errors=True)
+    docs.mkdir()
+    files: list[Path] = []
+    part: list[dict[str, str]] = []
+
+    def flush() -> None:
+        files.append(docs / f"part-{len(files):06d}.parquet")
+        pq.write_table(pa.Table.from_pylist(part, schema=pa.schema([("id", pa.string()), ("text", pa.string())])), files[-1])
+        part.clear()
+
+    for rec in corpus_records(iter_inputs(args.corpus), args.id_column, args.text_column):
+        part.append(rec.data if isinstance(rec, Record) else rec)
+        if len(part) == args.window:
+            flush()
+    if part:
+        flush()
+    if not files:
+        raise DataFormatError(args.corpus, "no documents", hint="one document per line or record")
+    k = 0
+    for b in embed_in_order(files, args.bundle, options=as_input(pipe, "document"), address=args.address,
+                            workers=args.workers, threads=args.threads, batch_size=args.batch_size, rows_per_batch=args.window):
+        if not b.num_rows:
+            continue
+        ids = [str(v) for v in b.column("id").to_pylist()]
+        if p.sparse:
+            terms, weights = _lists(b, "indices", pa.int32()), _lists(b, "values", pa.float32())
+            x: Any = (np.diff(terms.offsets.to_numpy()), terms.flatten().to_numpy(), weights.flatten().to_numpy())
+        else:
+            x = _lists(b, "embedding", pa.float32()).flatten().to_numpy().reshape(b.num_rows, -1)
+        p.add(k, b.num_rows, ids, x)
+        k += 1
+        if progress is not None:
+            progress(b.num_rows)
+    shutil.rmtree(docs, ignore_errors=True)
+
+
+def _lists(batch: Any, name: str, value: Any) -> Any:
+    """A column of Ray's batch as one Arrow list array of ``value`` (whatever its chunks and list type)."""
+    import pyarrow as pa
+
+    col = batch.column(name)
+    return (col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col).cast(pa.list_(value))
+
+
+def _check_unique(seen: list[np.ndarray], old: Index | None, shard: Path, corpus: Path) -> None:
+    """Every id once, over the index and the new shard (8-byte hashes held, not the ids; an equal
+    hash is looked up by id, so a collision is never an error)."""
+    if old is not None:
+        seen = [id_hashes(ids.to_pylist()) for _, ids, _ in old.shards] + seen
+    h = np.sort(np.concatenate(seen)) if seen else np.zeros(0, np.uint64)
+    if not (h[1:] == h[:-1]).any():
+        return
+    import pyarrow as pa
+
+    new = pa.ipc.open_file(pa.memory_map(str(shard / "ids.arrow"))).read_all().column(0).to_pylist()
+    before = [i for _, ids, _ in (old.shards if old else []) for i in ids.to_pylist()]
+    seen_ids: set[str] = set()
+    for k, i in enumerate([*before, *new]):
+        if i in seen_ids:
+            where = f"document {k - len(before) + 1} of the corpus" if k >= len(before) else "the index"
+            raise DataFormatError(corpus, f"the id {i!r} comes twice ({where}; {'once in the index already' if i in set(before) else 'earlier in the corpus'})",
+                                  field="_id", hint="give every document its own id; nothing was added to the index")
+        seen_ids.add(i)
+
+
+def _commit(args: BuildArgs, out: Path, old: Index | None, p: Pending, pipe: Any, bundle: dict[str, Any]) -> dict[str, Any]:
+    """The finished shard renamed into the index, the ANN index rebuilt over every shard, then the
+    manifest that names them, written last: a kill before its rename leaves the index as it was (a
+    shard or an ann.faiss it does not name; a resume does this again)."""
+    name, n, sparse = p.name, p.rows, p.sparse
+    total = (old.count if old else 0) + n
+    manifest = {
+        "format": FORMAT, "kind": "sparse" if sparse else "dense", **({"block": p.block} if sparse else {}),
+        "bundle": bundle,
+        "prompts": {k: pipe.meta.options.get(k, "") for k in ("query_prompt", "document_prompt")},
+        "dims": p.dims, "count": total, "quantization": args.quantization,
+        "ranges": p.state["ranges"], "rescore_copy": args.rescore_copy, "ann": args.ann,
+        "ann_settings": old.manifest.get("ann_settings", {}) if old else ann_settings(args.ann, total, hnsw_m=args.hnsw_m,
+                                                                                      ivf_lists=args.ivf_lists),
+        "shards": [*(old.manifest["shards"] if old else []), {"name": name, "count": n}],
+    }
+    if p.shard.is_dir():  # else a commit killed after this rename left it in the index already
+        shutil.rmtree(out / name, ignore_errors=True)  # a killed build's shard that no manifest names
+        os.replace(p.shard, out / name)  # named by no manifest yet: harmless if what follows is killed
+    if args.ann != "flat":
+        build_ann(out, manifest)
+    write_json(out / MANIFEST, manifest)
+    return manifest

@@ -1,0 +1,115 @@
+"""Searching an index: query vectors (or texts, embedded with the index's bundle) in, each query's top k
+rows out, in bounded memory. No torch.
+
+A flat index scores the float query against every stored vector (dequantized) a CHUNK of rows at a
+time, QUERY_BLOCK queries at a time. A two-stage index (binary, a rescoring copy, or --ann) takes
+candidates from its first stage (the quantized vectors, or ann.faiss) and scores them again from its
+rescoring vectors. A sparse index scores dot products through its postings (infer/postings.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlmkit.errors import ConfigError
+from mlmkit.infer import postings
+from mlmkit.infer.index.ann import ann_search
+from mlmkit.infer.index.identity import query_bundle
+from mlmkit.infer.index.store import QUERY_BLOCK, Index
+from mlmkit.infer.retrieval import normalized, top_k
+
+
+def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The top ``k`` rows of each query vector and their cosines, best first (-1 past a faiss graph's
+    reach). A two-stage index (Index.two_stages) takes ``rescore`` candidates (default: 4k, at least
+    100) from its first stage (the quantized vectors, or the ANN index) and rescores them from its
+    rescoring vectors; the others score the float query against every vector (dequantized) at once.
+    A sparse index takes the queries as a CSR matrix (as_queries) and scores dot products through its
+    postings; a document that shares no term with a query is no hit (-1)."""
+    if k < 1:
+        raise ConfigError(f"--top-k must be at least 1, got {k}")
+    if k > ix.count:
+        raise ConfigError(f"--top-k {k} is past the index's {ix.count:,} documents", f"give --top-k {ix.count} or less")
+    if ix.kind == "sparse":
+        if rescore is not None:
+            raise ConfigError(f"--rescore {rescore}: {ix.path} is a sparse index, searched exactly in one stage", "leave --rescore out")
+        return _search_postings(ix, queries, k)
+    q = normalized(queries)
+    if q.ndim != 2 or q.shape[1] != ix.dims:
+        raise ConfigError(f"query vectors of {q.shape[-1]} dimensions; the index holds {ix.dims}")
+    if rescore is not None and rescore < k:
+        raise ConfigError(f"--rescore {rescore} is below --top-k {k}", "rescore at least as many candidates as are kept")
+    if rescore is not None and not ix.two_stages:
+        raise ConfigError(f"--rescore {rescore}: {ix.path} ({ix.quantization}, flat) is searched in one stage, with nothing "
+                          "to rescore from", "leave --rescore out, or build the index with --rescore-copy float16 (int8) or --ann")
+    if len(q) > QUERY_BLOCK:
+        parts = [search_vectors(ix, q[a:a + QUERY_BLOCK], k, rescore=rescore) for a in range(0, len(q), QUERY_BLOCK)]
+        return np.concatenate([r for r, _ in parts]), np.concatenate([s for _, s in parts])
+    n = min(ix.count, rescore or max(4 * k, 100)) if ix.two_stages else k
+    if ix.ann != "flat":
+        rows, scores = ann_search(ix, q, n)
+    else:
+        rows, scores = top_k(((a, q @ c.T) for a, c in ix.chunks()), len(q), n)
+    return _rescored(ix, q, rows, k) if ix.two_stages else (rows, scores)
+
+
+def _search_postings(ix: Index, q: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+    if q.shape[1] != ix.dims:
+        raise ConfigError(f"sparse queries over a vocabulary of {q.shape[1]:,}; the index's is {ix.dims:,}")
+    parts = [top_k(postings.scores(ix.sparse, q[a:a + QUERY_BLOCK]), min(QUERY_BLOCK, q.shape[0] - a), k)
+             for a in range(0, q.shape[0], QUERY_BLOCK)]
+    rows = np.concatenate([r for r, _ in parts]) if parts else np.zeros((0, k), np.int64)
+    scores = np.concatenate([s for _, s in parts]) if parts else np.zeros((0, k), np.float32)
+    return np.where(scores > 0, rows, -1), scores
+
+
+def _rescored(ix: Index, q: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's candidates scored again, float query x the rescoring vectors; the best k."""
+    out_i = np.full((len(q), k), -1, dtype=np.int64)
+    out_s = np.full((len(q), k), -np.inf, dtype=np.float32)
+    for j in range(len(q)):
+        cand = rows[j][rows[j] >= 0]
+        s = ix.rows(cand, rescore=True) @ q[j]
+        order = np.lexsort((cand, -s))[:k]
+        out_i[j, : len(order)], out_s[j, : len(order)] = cand[order], s[order]
+    return out_i, out_s
+
+
+def hits(ix: Index, rows: np.ndarray, scores: np.ndarray) -> list[list[dict[str, Any]]]:
+    """Each query's hits, {"id", "score"}, best first (rows past a faiss graph's reach left out)."""
+    return [[{"id": i, "score": float(s)} for i, s in zip(ix.ids(row[row >= 0]), srow[row >= 0])]
+            for row, srow in zip(rows, scores)]
+
+
+# ---- query texts, embedded with the index's bundle -------------------------------------------------
+def is_sparse(pipe: Any) -> bool:
+    """Whether a bundle gives sparse vectors (its outputs "indices" and "values", as parity reads
+    them): its index is an inverted one."""
+    return {"indices", "values"} <= set(pipe.meta.outputs)
+
+
+def as_input(pipe: Any, kind: str) -> dict[str, Any]:
+    """The pipeline options that embed texts as ``kind`` (query or document) with the bundle's prompts
+    ({} for a bundle without them: sparse-embedding)."""
+    return {"input_type": kind} if "input_type" in pipe.option_names else {}
+
+
+def as_queries(ix: Index, results: Sequence[dict[str, Any]]) -> Any:
+    """The index's bundle's results for query texts as search_vectors takes them: (Q, dims) float32
+    vectors, or a sparse index's (Q, vocabulary) CSR matrix."""
+    if ix.kind == "sparse":
+        return postings.queries(results, ix.dims)
+    return np.asarray([r["embedding"] for r in results], dtype=np.float32)
+
+
+def query_vectors(ix: Index, texts: Sequence[str], bundle: Path | None = None, *, device: str = "cpu",
+                  precision: str | None = None) -> Any:
+    """``texts`` embedded as queries with the index's bundle (its query prompt), as_queries."""
+    from mlmkit.infer.pipeline import Pipeline
+
+    pipe = Pipeline.load(query_bundle(ix, bundle), device=device, command="embed", precision=precision)
+    return as_queries(ix, pipe(list(texts), **as_input(pipe, "query")))

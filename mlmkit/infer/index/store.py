@@ -1,0 +1,215 @@
+"""An index directory on disk and its reader, ``Index``. No torch.
+
+An index is a directory:
+
+    manifest.json       what it is (``FORMAT``): its kind, the bundle (identity.py: its path, the sha256
+                        of its graph and description, and the graph's size and time), its prompts, dims,
+                        count, quantization (codecs.py), the int8 ranges, the rescoring copy, the ANN
+                        settings, and its shards; written last, atomically: it names only complete shards
+    shard-NNNNNN/       one per build or append, never changed once in place:
+      ids.arrow           the documents' ids (an Arrow IPC file, memory-mapped)
+      vectors.bin         the unit-length vectors as the quantization stores them, row-major
+      rescore.bin         the rescoring copy (codecs.RESCORE_COPIES): binary's int8 copy, or with
+                          --rescore-copy float16 the vectors as float16 (int8 and binary)
+    ann.faiss           --ann hnsw | ivf: a faiss index over every shard's vectors, in shard order (ann.py)
+    .pending/           a build or append in progress (building.py, pending.py), resumable with --resume
+
+A sparse-embedding (SPLADE) bundle builds a sparse index (the manifest's ``kind``): its shards hold an
+inverted index on disk instead of vectors.bin (infer/postings.py: the postings of each term, a block of
+documents at a time, and the documents' own terms), ``dims`` is the vocabulary, and its scores are dot
+products. It takes no --quantize, --ann or --rescore.
+
+Memory while searching: the vectors are memory-mapped and read a chunk of CHUNK rows at a time, and
+queries are scored QUERY_BLOCK at a time (search.py), so a search holds QUERY_BLOCK x (CHUNK + k)
+scores, never queries x corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlmkit.errors import ConfigError
+from mlmkit.files import read_json
+from mlmkit.infer import postings
+from mlmkit.infer.index.codecs import QUANTIZATIONS, dtype, floats, row_bytes
+
+KINDS = ("dense", "sparse")
+ANNS = ("flat", "hnsw", "ivf")
+CHUNK = 65536
+"""Rows of vectors scored at once in a flat search."""
+QUERY_BLOCK = 64
+"""Queries scored together: a block holds QUERY_BLOCK x (CHUNK + k) scores and rows, ~64 MB, whatever
+the number of queries asked."""
+MANIFEST = "manifest.json"
+FORMAT = 1
+"""The manifest's format. Fields added since (the bundle's ``model_bytes``, ``model_mtime_ns`` and
+``mlmkit_json_sha256``) are optional: a manifest without them is read as before."""
+
+
+@dataclass
+class Index:
+    """An index directory opened for reading: its manifest checked against its files."""
+
+    path: Path
+    manifest: dict[str, Any]
+    shards: list[tuple[np.ndarray, Any, np.ndarray | None]] = field(default_factory=list)
+    """(vectors, ids, rescore vectors) per shard, memory-mapped (a sparse index's vectors: (count, 0))."""
+    sparse: list[postings.Postings] = field(default_factory=list)
+    """A sparse index's shards (kind "sparse")."""
+
+    @property
+    def kind(self) -> str:
+        """KINDS: dense (vectors) or sparse (an inverted index)."""
+        return str(self.manifest.get("kind", "dense"))
+
+    @property
+    def dims(self) -> int:
+        return int(self.manifest["dims"])
+
+    @property
+    def count(self) -> int:
+        return int(self.manifest["count"])
+
+    @property
+    def quantization(self) -> str:
+        return str(self.manifest["quantization"])
+
+    @property
+    def copy(self) -> str | None:
+        """The rescoring copy's kind (RESCORE_COPIES), or None: rescoring reads the vectors themselves."""
+        return self.manifest.get("rescore_copy", "int8" if self.quantization == "binary" else None)
+
+    @property
+    def ann(self) -> str:
+        """ANNS: flat (exact), or the faiss index in ann.faiss."""
+        return str(self.manifest.get("ann", "flat"))
+
+    @property
+    def two_stages(self) -> bool:
+        """Whether a search takes candidates, then rescores them: binary, a rescoring copy, or --ann."""
+        return self.quantization == "binary" or self.copy is not None or self.ann != "flat"
+
+    @property
+    def ranges(self) -> np.ndarray | None:
+        r = self.manifest.get("ranges")
+        return np.asarray(r, dtype=np.float32) if r is not None else None
+
+    @classmethod
+    def open(cls, path: str | Path) -> Index:
+        d = Path(path)
+        if not (d / MANIFEST).is_file():
+            raise ConfigError(f"{d} is not an index: no {MANIFEST}", "build one with `mlmkit index BUNDLE --corpus DOCS --out DIR`")
+        m = read_json(d / MANIFEST)
+        hint = f"rebuild the index, or restore {d} from a copy"
+        for k, kind in (("dims", int), ("count", int), ("quantization", str), ("shards", list), ("bundle", dict)):
+            if not isinstance(m.get(k), kind) or isinstance(m.get(k), bool):
+                raise ConfigError(f"{d / MANIFEST}: field {k} must be {kind.__name__}, got {m.get(k)!r}", hint)
+        if m.get("kind", "dense") not in KINDS:
+            raise ConfigError(f"{d / MANIFEST}: kind {m.get('kind')!r} is not one of {', '.join(KINDS)}", hint)
+        if m["quantization"] not in QUANTIZATIONS:
+            raise ConfigError(f"{d / MANIFEST}: quantization {m['quantization']!r} is not one of {', '.join(QUANTIZATIONS)}", hint)
+        ix = cls(d, m)
+        total = 0
+        for s in m["shards"]:
+            n = s.get("count") if isinstance(s, dict) else None
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(s.get("name"), str):
+                raise ConfigError(f"{d / MANIFEST}: a shard must have a name and a count, got {s!r}", hint)
+            ix.shards.append(ix.shard(d / s["name"], n, hint))
+            total += n
+        if total != ix.count:
+            raise ConfigError(f"{d / MANIFEST}: count {ix.count} but its shards hold {total} vectors", hint)
+        return ix
+
+    def shard(self, s: Path, n: int, hint: str) -> tuple[np.ndarray, Any, np.ndarray | None]:
+        """The shard directory ``s`` of ``n`` documents, memory-mapped and checked against the manifest."""
+        if self.kind == "sparse":
+            block = self.manifest.get("block")
+            if not isinstance(block, int) or isinstance(block, bool) or block < 1:
+                raise ConfigError(f"{self.path / MANIFEST}: a sparse index's block must be a positive int, got {block!r}", hint)
+            self.sparse.append(postings.Postings.open(s, n, self.dims, block, hint))
+            return np.zeros((n, 0), dtype=np.float32), read_ids(s / "ids.arrow", n, hint), None
+
+        def mapped(name: str, kind: str) -> np.ndarray:
+            f, t = s / name, np.dtype(dtype(kind))
+            width = row_bytes(kind, self.dims)
+            size = f.stat().st_size if f.is_file() else -1
+            if size != n * width:
+                what = "is missing" if size < 0 else f"holds {size:,} bytes"
+                raise ConfigError(f"{f} {what}; the manifest says {n:,} vectors of {width:,} bytes ({n * width:,} bytes): "
+                                  "a truncated or replaced file", hint)
+            cols = width // t.itemsize
+            return np.memmap(f, dtype=t, mode="r", shape=(n, cols)) if n else np.zeros((0, cols), dtype=t)
+
+        vectors = mapped("vectors.bin", self.quantization)
+        rescore = mapped("rescore.bin", self.copy) if self.copy else None
+        return vectors, read_ids(s / "ids.arrow", n, hint), rescore
+
+    def ids(self, rows: np.ndarray) -> list[str]:
+        """The ids of global row numbers."""
+        out: list[str] = [""] * len(rows)
+        start = 0
+        for _, ids, _ in self.shards:
+            n = len(ids)
+            sel = np.nonzero((rows >= start) & (rows < start + n))[0]
+            if len(sel):
+                got = ids.take(rows[sel] - start).to_pylist()
+                for j, v in zip(sel, got):
+                    out[j] = v
+            start += n
+        return out
+
+    def chunks(self, which: str = "vectors") -> Iterator[tuple[int, np.ndarray]]:
+        """(first row, a chunk of float32 vectors as the first stage scores them): dequantized,
+        binary as +-1; ``which="rescore"``: the rescoring copy's rows where there is one."""
+        start = 0
+        for vectors, _, rescore in self.shards:
+            source = rescore if which == "rescore" and rescore is not None else vectors
+            for a in range(0, len(source), CHUNK):
+                yield start + a, self.floats(np.asarray(source[a:a + CHUNK]), copy=source is rescore)
+            start += len(vectors)
+
+    def floats(self, raw: np.ndarray, *, copy: bool = False) -> np.ndarray:
+        """Stored rows as float32: as stored (floats), dequantized (int8), +-1 (binary); ``copy``: rows of
+        the rescoring copy (int8 dequantized, float16 as they are)."""
+        kind = self.copy if copy and self.copy else self.quantization
+        return floats(raw, kind, self.dims, self.ranges)
+
+    def rows(self, rows: np.ndarray, *, rescore: bool) -> np.ndarray:
+        """The float32 vectors of global rows (what rescoring reads: the int8 copy of a binary index)."""
+        out = np.zeros((len(rows), self.dims), dtype=np.float32)
+        start = 0
+        for s, (vectors, _, copy) in enumerate(self.shards):
+            n = len(vectors)
+            sel = np.nonzero((rows >= start) & (rows < start + n))[0]
+            if len(sel) and self.kind == "sparse":
+                out[sel] = self.sparse[s].dense(rows[sel] - start)
+            elif len(sel):
+                src = copy if rescore and copy is not None else vectors
+                out[sel] = self.floats(np.asarray(src[rows[sel] - start]), copy=src is copy)
+            start += n
+        return out
+
+
+def read_ids(path: Path, n: int, hint: str) -> Any:
+    """An ids.arrow of ``n`` ids, memory-mapped (a pyarrow string column)."""
+    import pyarrow as pa
+
+    try:
+        ids = pa.ipc.open_file(pa.memory_map(str(path))).read_all().column(0)
+    except (OSError, pa.ArrowInvalid) as e:
+        raise ConfigError(f"{path}: not a readable ids file ({str(e).splitlines()[0]})", hint) from None
+    if len(ids) != n:
+        raise ConfigError(f"{path} holds {len(ids):,} ids; the manifest says {n:,} vectors", hint)
+    return ids
+
+
+def id_hashes(ids: Sequence[str]) -> np.ndarray:
+    """8-byte hashes of ids (blake2b): what the uniqueness check over an index holds instead of the ids."""
+    return np.asarray([int.from_bytes(hashlib.blake2b(i.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+                       for i in ids], dtype=np.uint64)
