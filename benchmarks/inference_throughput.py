@@ -151,12 +151,13 @@ def save_mlm_run(work: Path, tok: Any) -> None:
     from mlmkit.models.config import ModelConfig
     from mlmkit.models.core import BertForPreTraining
     from mlmkit.rundir.checkpoint import save_run
+    from mlmkit.rundir.meta import RunMeta
 
     cfg = ModelConfig(vocab_size=VOCAB, max_position_embeddings=512, **MINILM)
     cfg.architectures = ["BertForPreTraining"]
     torch.manual_seed(0)
     save_run(BertForPreTraining(cfg), work / "mlm-run", config=cfg, tokenizer=tok,
-             meta={"task": "pretraining", "max_length": MAX_LENGTH})
+             meta=RunMeta(task="pretraining", max_length=MAX_LENGTH))
 
 
 def write_csv(path: Path, rows: Iterable[tuple[str, str]]) -> None:

@@ -175,6 +175,7 @@ def mlm_run(work: Path) -> Path:
     from mlmkit.models.config import ModelConfig
     from mlmkit.models.core import BertForPreTraining
     from mlmkit.rundir.checkpoint import save_run
+    from mlmkit.rundir.meta import RunMeta
     from mlmkit.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer(minilm())
@@ -182,7 +183,7 @@ def mlm_run(work: Path) -> Path:
     cfg.architectures = ["BertForPreTraining"]
     torch.manual_seed(0)
     save_run(BertForPreTraining(cfg), work / "mlm-run", config=cfg, tokenizer=tok,
-             meta={"task": "pretraining", "max_length": MAX_LENGTH})
+             meta=RunMeta(task="pretraining", max_length=MAX_LENGTH))
     return work / "mlm-run"
 
 

@@ -140,17 +140,6 @@ class TaskContext:
     def with_state(self, update: Mapping[str, Any]) -> TaskContext:
         return replace(self, state={**self.state, **update}) if update else self
 
-    @classmethod
-    def from_meta(cls, meta: Mapping[str, Any], options: Mapping[str, Any]) -> TaskContext:
-        """The context of a run's or bundle's mlmkit.json, with ``options`` already resolved."""
-        labels = meta.get("labels")
-        return cls(
-            max_length=int(meta["max_length"]),
-            options=dict(options),
-            labels=tuple(labels) if labels is not None else None,
-            state=dict(meta.get("task_state") or {}),
-        )
-
 
 # ---- the contract ------------------------------------------------------------------------------
 @runtime_checkable

@@ -515,7 +515,7 @@ def _teacher(path: Path) -> Any:
         raise TaskError(f"the teacher {path} is a {task.name} run", "give an embedding bundle or run")
 
     def embed(texts: list[str], kind: str) -> np.ndarray:
-        ctx = TaskContext.from_meta(meta, task.resolve_options({"input_type": kind}, saved=meta.get("options")))
+        ctx = meta.context(task.resolve_options({"input_type": kind}, saved=meta.options))
         got = predict(task, [{"text": t} for t in texts], tok, ctx, torch_forward(net, task.outputs))
         return np.asarray([p["embedding"] for p in got.predictions], dtype=np.float32)
 

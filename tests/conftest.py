@@ -14,6 +14,7 @@ from mlmkit.cli.common import err as cli_stderr
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import BertForPreTraining
 from mlmkit.rundir.checkpoint import save_run
+from mlmkit.rundir.meta import RunMeta
 from mlmkit.text.tokenizer import train_tokenizer
 
 
@@ -30,7 +31,7 @@ def make_base_model(out: Path, texts: Iterable[str], vocab_size: int = 400, seed
     torch.manual_seed(seed)
     config = tiny_config(tok.get_vocab_size(), **cfg)
     config.architectures = ["BertForPreTraining"]
-    save_run(BertForPreTraining(config), out, config=config, tokenizer=tok, meta={"task": "pretraining", "max_length": 128})
+    save_run(BertForPreTraining(config), out, config=config, tokenizer=tok, meta=RunMeta(task="pretraining", max_length=128))
     return out
 
 

@@ -15,6 +15,7 @@ from conftest import make_base_model, run_export
 from mlmkit.registry import TaskContext, get_task
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights, save_run
 from mlmkit.rundir.config import load_config
+from mlmkit.rundir.meta import RunMeta
 from mlmkit.text.tokenizer import load_tokenizer
 
 NAMES = "john mary paris london berlin anna peter rome".split()
@@ -56,7 +57,8 @@ def make_task_run(base: Path, task_name: str, out: Path, head_std: float = 0.5) 
     for name, p in net.named_parameters():
         if not name.startswith("bert.") and p.dim() == 2:
             torch.nn.init.normal_(p, std=head_std)
-    meta = {"task": task_name, "labels": labels, "max_length": max_length, "options": task.resolve_options(options)}
+    meta = RunMeta(task=task_name, labels=tuple(labels) if labels else None, max_length=max_length,
+                   options=task.resolve_options(options))
     save_run(net, out, config=cfg, tokenizer=load_tokenizer(base), meta=meta)
     return out
 

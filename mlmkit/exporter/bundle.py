@@ -65,6 +65,7 @@ from mlmkit.registry import FILL_MASK_TOP_K, get_task, tasks
 from mlmkit.rundir.checkpoint import is_model_dir
 from mlmkit.rundir.config import load_config
 from mlmkit.rundir.hub import describe
+from mlmkit.rundir.meta import RunMeta
 from mlmkit.text.tokenizer import load_tokenizer, special_ids
 
 log = logging.getLogger("mlmkit")
@@ -109,8 +110,8 @@ def _export(args: ExportArgs) -> BundleMeta:
     if tok.get_vocab_size() > cfg.vocab_size:
         raise ConfigError(f"the tokenizer of {d} has {tok.get_vocab_size()} tokens, the model only {cfg.vocab_size}")
     specials = special_ids(tok)
-    fill_mask = meta["task"] == "pretraining"
-    max_length = int(min(meta.get("max_length") or 512, cfg.max_tokens))
+    fill_mask = meta.pretraining
+    max_length = min(meta.max_length, cfg.max_tokens)
 
     graph, reference, axes, partial = build_graph(d, meta, cfg, specials.mask, top_k)
     graph.eval()
@@ -126,7 +127,7 @@ def _export(args: ExportArgs) -> BundleMeta:
     work = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
     try:
         onnx_graph = _onnx_graph(args, cfg, graph, batch, axes, inputs, ref, work, partial=partial, calib=calib)
-        record_labels(onnx_graph.path, meta.get("labels"))
+        record_labels(onnx_graph.path, list(meta.labels) if meta.labels is not None else None)
         bundle_meta = _bundle_meta(meta, cfg, tok, axes, onnx_graph.path, fill_mask=fill_mask,
                                    max_length=max_length, opset=args.opset, precision=onnx_graph.precision,
                                    steps=onnx_graph.steps, fused=onnx_graph.fused, parity=onnx_graph.parity,
@@ -157,20 +158,20 @@ def _check_args(args: ExportArgs, d: Path) -> None:
         log.info("converting the unfused graph: expect it to be slower than with the fusions")
 
 
-def _run_meta(args: ExportArgs, d: Path, cfg: ModelConfig) -> tuple[dict[str, Any], int]:
+def _run_meta(args: ExportArgs, d: Path, cfg: ModelConfig) -> tuple[RunMeta, int]:
     """The run's metadata with the export's task options resolved into it, and the graph's top-k:
     the options are fixed in the graph, so they are settled before it is built."""
     meta = describe(d, cfg, args.task)
-    if meta["task"] == "pretraining" and args.options:
+    if meta.pretraining and args.options:
         raise ConfigError(f"--{next(iter(args.options)).replace('_', '-')}: a fill-mask bundle takes no task options")
     top_k = FILL_MASK_TOP_K.default if args.top_k is None else args.top_k  # candidates a fill-mask graph computes
-    if meta["task"] != "pretraining":  # a trained model's fixed options stay; a foreign checkpoint's are a reading
-        plugin = get_task(meta["task"])
-        given, saved = _top_k_option(plugin, args), dict(meta.get("options") or {})
+    if not meta.pretraining:  # a trained model's fixed options stay; a foreign checkpoint's are a reading
+        plugin = get_task(meta.task)
+        given, saved = _top_k_option(plugin, args), dict(meta.options)
         if args.top_k is not None:  # the graph is built now: --top-k chooses again what the run was trained with
-            saved.pop(plugin.top_k_option, None)
-        meta["options"] = plugin.saved_options(plugin.resolve_options(given, saved=saved,
-                                                                      model=meta["source"]["format"] == "mlmkit"))
+            saved.pop(plugin.top_k_option or "", None)
+        from_mlmkit = (meta.source or {}).get("format") == "mlmkit"
+        meta = replace(meta, options=plugin.saved_options(plugin.resolve_options(given, saved=saved, model=from_mlmkit)))
     return meta, top_k
 
 
@@ -332,25 +333,24 @@ def record_labels(path: Path, labels: list[str] | None) -> None:
 
 
 def _bundle_meta(
-    meta: dict[str, Any], cfg: ModelConfig, tok: Any, axes: dict[str, tuple[str, ...]], final: Path, *,
+    meta: RunMeta, cfg: ModelConfig, tok: Any, axes: dict[str, tuple[str, ...]], final: Path, *,
     fill_mask: bool, max_length: int, opset: int, precision: str, steps: list[str], fused: dict[str, int],
     parity: dict[str, Any], top_k: int, source: Path,
 ) -> BundleMeta:
     """The bundle's description. The run's metadata travels along (labels, options, the task's saved
     state ...: the task's featurize / postprocess read them at inference time exactly as at evaluation;
-    the rest, its data and metrics, in ``run`` for the model card)."""
+    the rest, its data and metrics, in ``run`` for the model card; not its training arguments)."""
     import onnx
 
     graph_inputs = [i.name for i in onnx.load(str(final), load_external_data=False).graph.input]
-    typed = {f.name for f in fields(BundleMeta)} | {"format", "train_args", "history", "state"}
-    labels = meta.get("labels")
+    typed = {f.name for f in fields(BundleMeta)} | {"format", "format_version", "train_args", "history", "state"}
     return BundleMeta(
-        task="fill-mask" if fill_mask else meta["task"],
-        trained_as=meta.get("task", "pretraining"),
-        labels=tuple(labels) if labels is not None else None,
+        task="fill-mask" if fill_mask else meta.task,
+        trained_as=meta.task,
+        labels=meta.labels,
         max_length=max_length,
-        options=meta.get("options", {}),
-        task_state=meta.get("task_state") or {},
+        options=meta.options,
+        task_state=meta.task_state,
         inputs=tuple(graph_inputs),
         outputs={k: tuple(v) for k, v in axes.items()},
         top_k=top_k if fill_mask else None,
@@ -364,6 +364,6 @@ def _bundle_meta(
                          num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
                          max_position_embeddings=cfg.max_tokens),
         model_bytes=os.path.getsize(final),
-        source=meta.get("source", {"path": str(source)}),
-        run={k: v for k, v in meta.items() if k not in typed},
+        source=meta.source or {"path": str(source)},
+        run={k: v for k, v in meta.to_json().items() if k not in typed},
     )

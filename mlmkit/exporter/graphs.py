@@ -25,8 +25,9 @@ from mlmkit.errors import ConfigError
 from mlmkit.infer.bundle import DYNAMIC_AXES, FILL_MASK_OUTPUTS, INPUT_NAMES
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import BertForPreTraining, extended_mask, set_attention_impl
-from mlmkit.registry import BATCH, SEQUENCE, TaskContext, get_task
+from mlmkit.registry import BATCH, SEQUENCE, get_task
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
+from mlmkit.rundir.meta import RunMeta
 
 log = logging.getLogger("mlmkit")
 
@@ -73,7 +74,7 @@ class TaskGraph(nn.Module):
 
 # ---- loading the run -------------------------------------------------------------------------
 def build_graph(
-    d: Path, meta: dict[str, Any], cfg: ModelConfig, mask_id: int, top_k: int
+    d: Path, meta: RunMeta, cfg: ModelConfig, mask_id: int, top_k: int
 ) -> tuple[nn.Module, nn.Module, dict[str, tuple[str, ...]], int]:
     """(module to export, PyTorch reference it must match, outputs with their axes, partial layers).
 
@@ -81,7 +82,7 @@ def build_graph(
     the model's own forward; ``partial_layers`` tells the fusion check what it skipped (nothing
     when the task kept the model as it is, as for a head that reads every position)."""
     sd = load_state_dict(d, cfg)
-    if meta["task"] == "pretraining":
+    if meta.pretraining:
         model = BertForPreTraining(cfg)
         # a BertForMaskedLM checkpoint has no NSP head or pooler; neither is in the fill-mask graph
         load_weights(model, sd, allow_missing=("cls.seq_relationship", "bert.pooler"))
@@ -90,8 +91,8 @@ def build_graph(
             raise ConfigError(f"--top-k must be between 1 and the vocabulary size {cfg.vocab_size}, got {top_k}")
         graph = FillMaskGraph(model, mask_id, top_k)
         return graph, graph, dict(FILL_MASK_OUTPUTS), 0
-    task = get_task(meta["task"])
-    model = task.build_model(cfg, TaskContext.from_meta(meta, task.resolve_options(saved=meta.get("options"))))
+    task = get_task(meta.task)
+    model = task.build_model(cfg, meta.context(task.resolve_options(saved=meta.options)))
     load_weights(model, sd)
     model.eval()
     names = list(task.outputs)

@@ -19,6 +19,7 @@ from mlmkit.errors import ParityError
 from mlmkit.infer.evaluation import decisions, real_rows
 from mlmkit.infer.precision import SAMPLE_ROWS, sample_batch  # noqa: F401 - the gate's sample, made where the runtime makes it
 from mlmkit.models.core import set_attention_impl
+from mlmkit.rundir.meta import RunMeta
 
 log = logging.getLogger("mlmkit")
 
@@ -84,7 +85,7 @@ CALIBRATION_INPUTS = 512  # the first inputs of --calibrate: enough for stable r
 CALIBRATION_BATCH = 32
 
 
-def calibration_batches(path: Path, meta: dict[str, Any], tok: Any, pad_id: int, max_length: int,
+def calibration_batches(path: Path, meta: RunMeta, tok: Any, pad_id: int, max_length: int,
                         inputs: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
     """The first CALIBRATION_INPUTS inputs of ``path`` (any file `mlmkit predict --input` reads) as the
     graph's feeds, featurized by the bundle's task as inference will featurize them (fill-mask: the
@@ -92,7 +93,7 @@ def calibration_batches(path: Path, meta: dict[str, Any], tok: Any, pad_id: int,
     from itertools import islice
 
     from mlmkit.errors import ConfigError
-    from mlmkit.registry import TaskContext, get_task
+    from mlmkit.registry import get_task
     from mlmkit.text.batching import bucket_batches, pad_features
     from mlmkit.text.records import iter_inputs
     from mlmkit.text.truncation import tokenizer_settings
@@ -100,15 +101,15 @@ def calibration_batches(path: Path, meta: dict[str, Any], tok: Any, pad_id: int,
     items = [r.data for r in islice(iter_inputs(path), CALIBRATION_INPUTS)]
     if not items:
         raise ConfigError(f"--calibrate {path} has no inputs", "give texts or records as `mlmkit predict --input` reads them")
-    if meta["task"] == "pretraining":
+    if meta.pretraining:
         if not all(isinstance(x, str) for x in items):
             raise ConfigError(f"--calibrate {path}: a fill-mask bundle is calibrated on texts", "give a .txt file")
         with tokenizer_settings(tok, max_length=max_length) as t:
             features: list[dict[str, Any]] = [{"input_ids": e.ids, "token_type_ids": e.type_ids}
                                               for e in t.encode_batch([str(x) for x in items])]
     else:
-        task = get_task(meta["task"])
-        ctx = TaskContext.from_meta({**meta, "max_length": max_length}, task.resolve_options(saved=meta.get("options")))
+        task = get_task(meta.task)
+        ctx = meta.context(task.resolve_options(saved=meta.options), max_length=max_length)
         features = task.featurize([task.from_input(x, ctx.options) for x in items], tok, ctx, training=False)
     lengths = [len(f["input_ids"]) for f in features]
     return [{k: v for k, v in pad_features([features[i] for i in b], pad_id).items() if k in inputs}

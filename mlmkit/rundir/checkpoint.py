@@ -14,13 +14,13 @@ import torch
 from safetensors.torch import save_file
 
 from mlmkit.errors import ConfigError
-from mlmkit.files import atomic_write, read_json, write_json
+from mlmkit.files import atomic_write
 from mlmkit.models.config import ModelConfig
 from mlmkit.rundir.config import load_config, save_config
+from mlmkit.rundir.meta import META, RunMeta, read_meta, write_meta
 from mlmkit.rundir.weights import WEIGHT_FILES, WEIGHTS, normalise_key, read_weights, weight_files
 from mlmkit.text.tokenizer import save_tokenizer
 
-META = "mlmkit.json"
 # keys (mlmkit's names) whose tensors are tied to another parameter; not stored, as transformers does
 TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
 
@@ -110,40 +110,33 @@ def load_weights(
     return missing, unexpected
 
 
-def save_run(
-    model: torch.nn.Module, out_dir: str | Path, *, config: ModelConfig, tokenizer: Any, meta: dict[str, Any]
-) -> None:
+def save_run(model: torch.nn.Module, out_dir: str | Path, *, config: ModelConfig, tokenizer: Any, meta: RunMeta) -> None:
     """Write a run directory: config.json, model.safetensors, tokenizer files, mlmkit.json.
 
     Weights are written before mlmkit.json so a reader that sees the new metadata sees new weights."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     save_config(config, d / "config.json")
-    save_tokenizer(tokenizer, d, max_length=int(meta.get("max_length", 512)))
+    save_tokenizer(tokenizer, d, max_length=meta.max_length)
     save_weights(model, d / WEIGHTS, config)
-    write_json(d / META, meta)
+    write_meta(d, meta)
 
 
-def read_run_meta(d: str | Path, config: ModelConfig) -> dict[str, Any]:
-    """mlmkit.json of a run directory, checked against itself and its config.json: a label list that
-    is not the head's (config.json's id2label, in order) would label every input wrongly, silently."""
-    p = Path(d) / META
-    meta = read_json(p)
-    labels = meta.get("labels")
+def read_run_meta(d: str | Path, config: ModelConfig) -> RunMeta:
+    """mlmkit.json of a run directory, checked field by field and against its config.json: a label
+    list that is not the head's (config.json's id2label, in order) would label every input wrongly,
+    silently."""
+    meta = read_meta(d)
+    labels = list(meta.labels) if meta.labels is not None else None
     head = [config.id2label[i] for i in sorted(config.id2label)] if config.id2label else None
     problems = [
-        (not isinstance(meta.get("task"), str), "it names no task"),
-        (not isinstance(meta.get("max_length"), int) or isinstance(meta.get("max_length"), bool)
-         or not 1 <= meta["max_length"] <= config.max_tokens,
-         f"its max_length {meta.get('max_length')!r} is not from 1 to the model's {config.max_tokens} positions"),
-        (labels is not None and labels != head,
-         f"its labels {labels} are not config.json's id2label {head}"),
-        (not isinstance(meta.get("options", {}), dict) or not isinstance(meta.get("task_state", {}), dict),
-         "its options or task_state are not objects"),
+        (meta.max_length > config.max_tokens,
+         f"its max_length {meta.max_length} is not from 1 to the model's {config.max_tokens} positions"),
+        (labels is not None and labels != head, f"its labels {labels} are not config.json's id2label {head}"),
     ]
     bad = [why for wrong, why in problems if wrong]
     if bad:
-        raise ConfigError(f"{p}: {bad[0]}", "the run directory was edited or damaged; fine-tune it again")
+        raise ConfigError(f"{Path(d) / META}: {bad[0]}", "the run directory was edited or damaged; fine-tune it again")
     return meta
 
 

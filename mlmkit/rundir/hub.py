@@ -13,14 +13,15 @@ embedding a BertModel or a sentence-transformers layout. Exactly one must answer
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from mlmkit.errors import ConfigError
 from mlmkit.files import parse_json
 from mlmkit.models.config import ModelConfig
 from mlmkit.registry import get_task, tasks
 from mlmkit.rundir.checkpoint import read_run_meta
+from mlmkit.rundir.meta import RunMeta
 from mlmkit.rundir.weights import weights_digest
 
 FILL_MASK = ("fill-mask", "pretraining")
@@ -28,19 +29,19 @@ MASKED_LM = ("BertForMaskedLM", "BertForPreTraining")
 DEFAULT_MAX_LENGTH = 512
 
 
-def describe(d: Path, config: ModelConfig, task: str | None = None) -> dict[str, Any]:
-    """The run description of a checkpoint directory: {"task", "labels", "max_length", "options",
-    "task_state", ...}, with "source" saying where it came from (path, name, a hash of its weights)."""
+def describe(d: Path, config: ModelConfig, task: str | None = None) -> RunMeta:
+    """The run description of a checkpoint directory (its task, labels, max length, options, task
+    state ...), with ``source`` saying where it came from (path, name, a hash of its weights)."""
     source = {"path": str(d.resolve()), "name": d.resolve().name, "weights_sha256": weights_digest(d)}
     if (d / "mlmkit.json").exists():
         own = read_run_meta(d, config)
-        if task is None or task == own["task"] or (task in FILL_MASK and own["task"] in FILL_MASK):
-            return {**own, "source": {**source, "format": "mlmkit"}}
+        if task is None or task == own.task or (task in FILL_MASK and own.task in FILL_MASK):
+            return replace(own, source={**source, "format": "mlmkit"})
     source["format"] = "sentence-transformers" if (d / "modules.json").exists() else "transformers"
     archs = list(config.architectures or [])
     claims = {n: info for n, p in sorted(tasks().items()) if (info := p.from_hf(config, d)) is not None} if task is None else {}
     if task in FILL_MASK or (task is None and set(archs) & set(MASKED_LM) and not claims):  # a masked LM no task claims
-        return {"task": "pretraining", "max_length": default_max_length(d, config), "source": source}
+        return RunMeta(task="pretraining", max_length=default_max_length(d, config), source=source)
     if task is not None:
         info = get_task(task).from_hf(config, d) or {}
         name = task
@@ -55,10 +56,9 @@ def describe(d: Path, config: ModelConfig, task: str | None = None) -> dict[str,
     labels = info.get("labels")
     if labels is None and config.id2label and task is not None:
         labels = [config.id2label[i] for i in sorted(config.id2label)]
-    return {
-        "task": name, "labels": labels, "max_length": int(info.get("max_length") or default_max_length(d, config)),
-        "options": dict(info.get("options") or {}), "task_state": dict(info.get("task_state") or {}), "source": source,
-    }
+    return RunMeta(task=name, labels=tuple(labels) if labels is not None else None,
+                   max_length=int(info.get("max_length") or default_max_length(d, config)),
+                   options=dict(info.get("options") or {}), task_state=dict(info.get("task_state") or {}), source=source)
 
 
 def default_max_length(d: Path, config: ModelConfig) -> int:

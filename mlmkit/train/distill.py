@@ -40,10 +40,11 @@ from torch import nn
 
 from mlmkit.args import DistillArgs
 from mlmkit.errors import ConfigError, MlmkitError
-from mlmkit.files import atomic_write, atomic_write_text, cache_root, exclusive, read_json, write_json
+from mlmkit.files import atomic_write, atomic_write_text, cache_root, exclusive
 from mlmkit.infer import evaluation
 from mlmkit.registry import LABEL, SEQUENCE, Example, Feature, Plugin, TaskContext, per_token
 from mlmkit.rundir.checkpoint import load_weights, save_run
+from mlmkit.rundir.meta import RunMeta, read_meta, write_meta
 from mlmkit.rundir.weights import weights_digest
 from mlmkit.text.batching import pad_features
 from mlmkit.text.records import iter_inputs
@@ -182,11 +183,11 @@ def _distill(args: DistillArgs) -> dict[str, Any]:
                           "qa, embedding or rerank run")
     cfg = teacher.bert.config
     mapping = layer_map(cfg.num_hidden_layers, args.layers, args.layer_map)
-    opts = task.resolve_options(args.options, saved=meta.get("options"), model=True)
-    L = args.max_length or int(meta["max_length"])
+    opts = task.resolve_options(args.options, saved=meta.options, model=True)
+    L = args.max_length or meta.max_length
     if L > cfg.max_tokens:
         raise ConfigError(f"--max-length {L} exceeds the model's {cfg.max_tokens} positions")
-    ctx = TaskContext.from_meta({**meta, "max_length": L}, opts)
+    ctx = meta.context(opts, max_length=L)
     examples = _examples(task, Path(args.train_file), opts)
     if len(examples) < 2:
         raise MlmkitError(f"{args.train_file}: {len(examples)} inputs", "the teacher needs inputs to label: give more")
@@ -213,15 +214,15 @@ def _distill(args: DistillArgs) -> dict[str, Any]:
                             "labelled_by": "onnxruntime" if labeller else "pytorch", "layer_map": mapping, "temperature": args.temperature,
                             "loss": "kl on logits and positions, mse on vectors and scores",
                             "inputs": str(args.train_file)}
-    run_meta: dict[str, Any] = {**{k: meta[k] for k in ("task", "labels", "task_state") if k in meta},
-                                "max_length": L, "options": task.saved_options(opts), "distill": info}
+    run_meta = RunMeta(task=meta.task, labels=meta.labels, task_state=meta.task_state, max_length=L,
+                       options=task.saved_options(opts), distill=info)
 
-    def save_model(m: nn.Module, d: Path, meta_: dict[str, Any]) -> None:
+    def save_model(m: nn.Module, d: Path, meta_: RunMeta) -> None:
         for name, text in task.run_files(student_cfg, ctx).items():  # before save_run, which writes mlmkit.json last
             (d / name).parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(d / name, text)
         save_run(m.student if isinstance(m, Distiller) else m, d, config=student_cfg, tokenizer=tok,
-                 meta={**meta_, **run_meta})
+                 meta=meta_)
 
     data = DistillData(features, task, args.batch_size, pad, args.train.seed, outputs)
     data_key = {"batch_size": args.batch_size, "max_length": L, "teacher": str(Path(args.teacher).resolve()),
@@ -237,8 +238,7 @@ def _distill(args: DistillArgs) -> dict[str, Any]:
     if held:
         agree = held_out_agreement(task, held, tok, ctx, forward, student.eval(), outputs, pad)
         info["agreement"] = {**agree, "held_out": len(held)}
-        desc = read_json(Path(args.out) / "mlmkit.json")
-        write_json(Path(args.out) / "mlmkit.json", {**desc, "distill": info})
+        write_meta(args.out, replace(read_meta(args.out), distill=info))
         metrics = {**metrics, **{f"agreement_{k}": v for k, v in agree.items() if v is not None}}
     return metrics
 

@@ -23,6 +23,7 @@ from mlmkit.registry import Example, Plugin, TaskContext, get_task
 from mlmkit.rundir.checkpoint import is_model_dir, load_state_dict, load_weights, read_run_meta, save_run
 from mlmkit.rundir.config import load_config
 from mlmkit.rundir.hub import describe
+from mlmkit.rundir.meta import RunMeta
 from mlmkit.rundir.weights import weight_files
 from mlmkit.text.beir import split_spec
 from mlmkit.text.tokenizer import load_tokenizer, special_ids
@@ -110,7 +111,7 @@ def base_options(task: Plugin, base: Path, cfg: ModelConfig) -> dict[str, Any]:
     normalisation, a classifier's problem type)."""
     if (base / "mlmkit.json").is_file():
         meta = read_run_meta(base, cfg)
-        found = dict(meta.get("options") or {}) if meta.get("task") == task.name else {}
+        found = dict(meta.options) if meta.task == task.name else {}
     else:
         info = task.from_hf(cfg, base)
         found = dict(info.get("options") or {}) if info else {}
@@ -157,9 +158,9 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> dict[str, An
     ctx = TaskContext(max_length=L, options=opts, labels=tuple(labels) if labels is not None else None,
                       state=task.fit_state(train_ex))
     cfg.extra.update(task.hf_config(ctx))
-    meta: dict[str, Any] = {"task": task.name, "labels": labels, "max_length": L, "options": task.saved_options(opts),
-                            "task_state": dict(ctx.state), "base_model": str(base),
-                            "data": {"train": str(args.train_file), "eval": str(args.eval_file) if args.eval_file else None}}
+    meta = RunMeta(task=task.name, labels=ctx.labels, max_length=L, options=task.saved_options(opts),
+                   task_state=dict(ctx.state), base_model=str(base),
+                   data={"train": str(args.train_file), "eval": str(args.eval_file) if args.eval_file else None})
 
     torch.manual_seed(args.train.seed)
     net = task.build_model(cfg, ctx)
@@ -193,12 +194,12 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> dict[str, An
     train_args = replace(args.train, metric_for_best=task.best_metric(ctx) if evaluator else None,
                          greater_is_better=task.greater_is_better)
 
-    def save_model(m: torch.nn.Module, d: Path, meta_: dict[str, Any]) -> None:
+    def save_model(m: torch.nn.Module, d: Path, meta_: RunMeta) -> None:
         calibrated = evaluator.state if evaluator is not None else {}
         for name, text in task.run_files(cfg, ctx).items():  # before save_run, which writes mlmkit.json last
             (d / name).parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(d / name, text)
-        save_run(m, d, config=cfg, tokenizer=tok, meta={**meta_, **meta, "task_state": {**meta["task_state"], **calibrated}})
+        save_run(m, d, config=cfg, tokenizer=tok, meta=replace(meta_, task_state={**meta.task_state, **calibrated}))
 
     data_key = {"batch_size": args.batch_size, "max_length": L, "train": data_identity(args.train_file), "options": opts}
     return Trainer(net, data, train_args, args.out, save_model=save_model, evaluate=evaluator, data_key=data_key,
@@ -224,16 +225,16 @@ def _same_head(base: ModelConfig, task: Plugin, labels: list[str] | None, opts: 
     return base_labels == labels and all(base.extra.get(k, v) == v for k, v in wanted.items())
 
 
-def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, dict[str, Any]]:
-    """(task, model in eval mode, tokenizer, mlmkit.json) of a fine-tuned run directory, or of a Hugging
+def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, RunMeta]:
+    """(task, model in eval mode, tokenizer, mlmkit.json as a RunMeta) of a fine-tuned run directory, or of a Hugging
     Face or sentence-transformers checkpoint of a task (its description read as `mlmkit export` reads it)."""
     d = base_model_dir(run_dir)
     cfg = load_config(d)
     meta = read_run_meta(d, cfg) if (d / "mlmkit.json").is_file() else describe(d, cfg)
-    if meta["task"] == "pretraining":
+    if meta.pretraining:
         raise MlmkitError(f"{d} is a pretraining run, not a fine-tuned model", "fine-tune it first: mlmkit finetune TASK")
-    task = get_task(meta["task"])
-    net = task.build_model(cfg, TaskContext.from_meta(meta, task.resolve_options(saved=meta.get("options"))))
+    task = get_task(meta.task)
+    net = task.build_model(cfg, meta.context(task.resolve_options(saved=meta.options)))
     load_weights(net, load_state_dict(d, cfg))
     net.eval()
     return task, net, load_tokenizer(d), meta
@@ -274,8 +275,8 @@ def evaluate_run(
     ``speed``: with the examples per second of the prediction and the bytes of the weights."""
     task, net, tok, meta = load_finetuned(run_dir)
     net.to(resolve_device(device))
-    opts = task.resolve_options(options, saved=meta.get("options"), model=True)
-    ctx = TaskContext.from_meta(meta, opts)
+    opts = task.resolve_options(options, saved=meta.options, model=True)
+    ctx = meta.context(opts)
     metrics, got = evaluation.evaluate(task, task.read(Path(data), opts), tok, ctx, torch_forward(net, task.outputs),
                                        batch_size=batch_size, speed=speed)
     if speed:

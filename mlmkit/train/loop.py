@@ -26,7 +26,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,8 @@ from torch import nn
 
 from mlmkit.args import TrainArgs
 from mlmkit.errors import ConfigError, Diverged
-from mlmkit.files import atomic_open, exclusive, read_json, write_json
+from mlmkit.files import atomic_open, exclusive
+from mlmkit.rundir.meta import RunMeta, read_meta, write_meta
 from mlmkit.train.data import DataSource
 from mlmkit.train.devices import (
     average_gradients,
@@ -188,7 +189,7 @@ class Trainer:
         return {"step": self.step, "epoch": self.cursor.epoch, "micro": self.cursor.micro, "total": self.total,
                 "world": self.dist.world, "data": self.data_key, **self.tracker.state()}
 
-    def _checkpoint(self, meta: dict[str, Any]) -> None:
+    def _checkpoint(self, meta: RunMeta) -> None:
         if self.dist.main:
             self.checkpoints.save(self.model, self.opt, self.sched, self._position(), meta)
         self.dist.barrier()
@@ -243,7 +244,7 @@ class Trainer:
         return contextlib.nullcontext()
 
     # ---- evaluation --------------------------------------------------------------------------
-    def _evaluate(self, meta: dict[str, Any]) -> bool:
+    def _evaluate(self, meta: RunMeta) -> bool:
         """Evaluate, keep the best model, checkpoint. Returns True when early stopping says stop."""
         # an evaluation that spreads (TaskEvaluator) runs on every rank, each taking a share of the batches
         every_rank = bool(getattr(self.evaluate, "spreads", False))
@@ -255,7 +256,7 @@ class Trainer:
             if self.dist.main:
                 self._log({"step": self.step, "epoch": self.cursor.epoch, **_scalars(metrics, "eval_")})
                 if self.tracker.update(self.step, metrics):
-                    self.save_model(self.model, self.out, {**meta, "best_step": self.step, "best_metrics": metrics})
+                    self.save_model(self.model, self.out, replace(meta, best_step=self.step, best_metrics=metrics))
         self._checkpoint(meta)
         stop = [self.tracker.should_stop]
         if self.dist.world > 1:
@@ -301,12 +302,13 @@ class Trainer:
                 "lower --lr (and check the data); the last checkpoint, if any, is intact",
             )
 
-    def train(self, meta: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Train to ``total`` steps; returns the last logged and evaluation metrics."""
+    def train(self, meta: RunMeta) -> dict[str, Any]:
+        """Train to ``total`` steps; returns the last logged and evaluation metrics. ``meta``: the run's
+        description, which every save of the model writes with the training's arguments and figures."""
         with exclusive(self.out) if self.dist.main else contextlib.nullcontext():
-            return self._train({**(meta or {}), "train_args": asdict(self.args)})
+            return self._train(replace(meta, train_args=asdict(self.args)))
 
-    def _train(self, meta: dict[str, Any]) -> dict[str, Any]:
+    def _train(self, meta: RunMeta) -> dict[str, Any]:
         resumed = self._start()
         if self.bf16 and self.args.bf16 is None and self.dist.main:  # after the checks: an error stays one line
             log.info("bf16 autocast: on (this CPU has native bf16; --no-bf16 keeps fp32)")
@@ -330,7 +332,7 @@ class Trainer:
                       and p.name not in ("tracking.json", ".lock")]
         return [self.out / n for n in names if (self.out / n).is_file()]
 
-    def _loop(self, meta: dict[str, Any]) -> dict[str, Any]:
+    def _loop(self, meta: RunMeta) -> dict[str, Any]:
         a = self.args
         self.model.train()
         logged: dict[str, float] = {}
@@ -366,7 +368,7 @@ class Trainer:
                 self._evaluate(meta)
         return self._finish(meta, logged)
 
-    def _finish(self, meta: dict[str, Any], logged: dict[str, float]) -> dict[str, Any]:
+    def _finish(self, meta: RunMeta, logged: dict[str, float]) -> dict[str, Any]:
         last_eval: dict[str, Any] = next((r for r in reversed(self.history) if any(k.startswith("eval_") for k in r)), {})
         result = {"step": self.step, **logged, **{k: v for k, v in last_eval.items() if k.startswith("eval_")}}
         best = self.tracker.best_metrics
@@ -375,10 +377,9 @@ class Trainer:
                       **{k: v for k, v in best.items() if not isinstance(v, (list, dict))}}
         if self.dist.main:
             if self.tracker.best is None:
-                self.save_model(self.model, self.out, {**meta, "final_metrics": result})  # no selection: the final weights
+                self.save_model(self.model, self.out, replace(meta, final_metrics=result))  # no selection: the final weights
             else:
-                m = read_json(self.out / "mlmkit.json")
-                write_json(self.out / "mlmkit.json", {**m, "final_metrics": result})
+                write_meta(self.out, replace(read_meta(self.out), final_metrics=result))
             from mlmkit.rundir import cards
             from mlmkit.train import plots
 

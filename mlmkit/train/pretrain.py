@@ -21,6 +21,7 @@ from mlmkit.models.config import ModelConfig, preset
 from mlmkit.models.core import BertForPreTraining
 from mlmkit.rundir.checkpoint import save_run
 from mlmkit.rundir.config import load_config
+from mlmkit.rundir.meta import PRETRAINING, RunMeta
 from mlmkit.text.tokenizer import load_tokenizer, save_tokenizer, special_ids, train_tokenizer
 from mlmkit.train.corpus.files import iter_sentences
 from mlmkit.train.corpus.shards import (
@@ -203,7 +204,7 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
     model = _new_model(cfg, nsp=nsp, seed=t.seed)
     meta = _run_meta(args, fam, nsp=nsp)
 
-    def save_model(m: torch.nn.Module, d: Path, meta_: dict[str, Any]) -> None:
+    def save_model(m: torch.nn.Module, d: Path, meta_: RunMeta) -> None:
         save_run(m, d, config=cfg, tokenizer=tok, meta=meta_)
 
     data_key = {"batch_size": args.batch_size, "seq_len": args.seq_len, "nsp": nsp, "mask_prob": args.mask_prob,
@@ -282,14 +283,8 @@ def _new_model(cfg: ModelConfig, *, nsp: bool, seed: int) -> BertForPreTraining:
     return model
 
 
-def _run_meta(args: PretrainArgs, fam: Family, *, nsp: bool) -> dict[str, Any]:
+def _run_meta(args: PretrainArgs, fam: Family, *, nsp: bool) -> RunMeta:
     """What the run directory records of how it was pretrained (mlmkit.json), for export and fine-tuning."""
-    return {
-        "task": "pretraining",
-        "max_length": args.seq_len,
-        "nsp": nsp,
-        "arch": fam.name,
-        "whole_word": args.whole_word,
-        "mask_prob": args.mask_prob,
-        "corpus": [str(p) for p in args.corpus] if args.data is None else [f["path"] for f in shard_files(args.data)],
-    }
+    return RunMeta(task=PRETRAINING, max_length=args.seq_len, nsp=nsp, arch=fam.name, whole_word=args.whole_word,
+                   mask_prob=args.mask_prob,
+                   corpus=[str(p) for p in args.corpus] if args.data is None else [f["path"] for f in shard_files(args.data)])

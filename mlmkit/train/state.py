@@ -18,6 +18,7 @@ from torch import nn
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.files import read_json, write_json
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
+from mlmkit.rundir.meta import RunMeta
 from mlmkit.train.data import DataSource, batch_seed
 from mlmkit.train.devices import Dist
 
@@ -25,7 +26,7 @@ log = logging.getLogger("mlmkit")
 
 
 # ---- the parts of the loop -----------------------------------------------------------------------
-SaveModel = Callable[[nn.Module, Path, dict[str, Any]], None]
+SaveModel = Callable[[nn.Module, Path, RunMeta], None]
 """Writes the model files of a run directory (config, weights, tokenizer, mlmkit.json with the meta)."""
 
 
@@ -76,7 +77,7 @@ class ResumeCheckpoints:
         done = self.complete()
         return done[-1] if done else None
 
-    def save(self, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, position: dict[str, Any], meta: dict[str, Any]) -> Path:
+    def save(self, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, position: dict[str, Any], meta: RunMeta) -> Path:
         """A kill midway leaves an incomplete directory that ``latest`` ignores, and the previous
         checkpoint untouched."""
         ck = self.root / f"step-{position['step']:07d}"
@@ -96,7 +97,7 @@ class ResumeCheckpoints:
         return ck
 
     def _write(self, ck: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, position: dict[str, Any],
-               meta: dict[str, Any]) -> None:
+               meta: RunMeta) -> None:
         self.save_model(model, ck, meta)
         st = ck / "state"
         st.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,7 @@ from mlmkit.models.pooled import TextEncoder, pool
 from mlmkit.objectives import get_loss
 from mlmkit.registry import TaskContext, get_task
 from mlmkit.rundir.cards import write_card
+from mlmkit.rundir.meta import RunMeta
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import special_ids
 from mlmkit.train import losses
@@ -94,7 +95,7 @@ class StaticTeacher:
         if hasattr(net, "normalize"):  # the pooled vectors before the normalisation: their norms weigh the tokens
             net.normalize = False
         forward = torch_forward(net, ["embedding"])
-        return cls(tok, lambda b: forward(b)["embedding"], dict(meta.get("options") or {}), int(meta["max_length"]),
+        return cls(tok, lambda b: forward(b)["embedding"], dict(meta.options), meta.max_length,
                    weights_digest(base_model_dir(path)), int(net.bert.config.hidden_size))
 
 
@@ -274,7 +275,7 @@ def train_table(args: DistillArgs, table: np.ndarray, counted: np.ndarray, tok: 
     model = StaticEncoder(table, counted, objective)
     data = FeatureData(features, task, args.batch_size, special_ids(tok).pad, args.train.seed)
 
-    def save(m: nn.Module, d: Path, meta: dict[str, Any]) -> None:
+    def save(m: nn.Module, d: Path, meta: RunMeta) -> None:
         from safetensors.torch import save_file
 
         enc = m if isinstance(m, StaticEncoder) else getattr(m, "module", m)
@@ -287,6 +288,6 @@ def train_table(args: DistillArgs, table: np.ndarray, counted: np.ndarray, tok: 
     data_key = {"batch_size": args.batch_size, "max_length": max_length, "inputs": data_identity(train_file),
                 "teacher": str(Path(args.teacher).resolve()), "kind": STATIC}
     metrics = Trainer(model, data, args.train, args.out, save_model=save, data_key=data_key,
-                      params=flat_params(args)).train({"task": "embedding"})
+                      params=flat_params(args)).train(RunMeta(task="embedding", max_length=max_length))
     return model.table.detach().cpu().numpy(), {"data": str(args.train_file), "loss": loss, "examples": len(examples),
                                                 "final": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}

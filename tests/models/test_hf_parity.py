@@ -12,6 +12,7 @@ from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import BertForPreTraining, BertModel
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights, save_run
 from mlmkit.rundir.config import load_config
+from mlmkit.rundir.meta import RunMeta
 from mlmkit.text.tokenizer import SPECIAL_TOKENS, load_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -84,7 +85,7 @@ def our_run(tmp_path) -> tuple[Path, BertForPreTraining]:
     write_vocab(tmp_path)
     tok = load_tokenizer(tmp_path / "vocab.txt")
     run = tmp_path / "run"
-    save_run(model, run, config=cfg, tokenizer=tok, meta={"task": "pretraining", "max_length": 64})
+    save_run(model, run, config=cfg, tokenizer=tok, meta=RunMeta(task="pretraining", max_length=64))
     return run, model
 
 

@@ -30,6 +30,7 @@ from mlmkit.models import FAMILIES
 from mlmkit.models.config import preset
 from mlmkit.registry import BATCH, OPTIONAL, REQUIRED, Plugin, TaskContext, TaskDefaults, per_token
 from mlmkit.rundir.checkpoint import save_run
+from mlmkit.rundir.meta import RunMeta
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import special_ids, train_tokenizer
 from mlmkit.train.finetune import TaskEvaluator, torch_forward
@@ -676,8 +677,8 @@ def test_task_is_exported_and_served(sample: dict[str, Any], family: str) -> Non
         if not name.startswith("bert.") and p.dim() == 2:
             torch.nn.init.normal_(p, std=0.5)
     model.eval()
-    meta = {"task": task.name, "labels": list(ctx.labels) if ctx.labels else None, "max_length": ctx.max_length,
-            "options": dict(ctx.options), "task_state": dict(ctx.state)}
+    meta = RunMeta(task=task.name, labels=ctx.labels, max_length=ctx.max_length, options=dict(ctx.options),
+                   task_state=dict(ctx.state))
     save_run(model, tmp / "run", config=sample["config"], tokenizer=tok, meta=meta)
     info = run_export(tmp / "run", tmp / "bundle")
     assert info["task"] == task.name and all(v <= 1e-4 for v in info["parity"]["max_abs_diff"].values())

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from mlmkit.cli import app
 from mlmkit.infer.pipeline import Pipeline
+from mlmkit.rundir.meta import RunMeta
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import load_tokenizer
 
@@ -390,7 +391,7 @@ def fixed_vocab_base(d: Path, words: list[str]) -> Path:
     tok = load_tokenizer(d / "vocab.txt")
     config = tiny_config(tok.get_vocab_size())
     torch.manual_seed(0)
-    save_run(BertForPreTraining(config), d, config=config, tokenizer=tok, meta={"task": "pretraining", "max_length": 64})
+    save_run(BertForPreTraining(config), d, config=config, tokenizer=tok, meta=RunMeta(task="pretraining", max_length=64))
     return d
 
 

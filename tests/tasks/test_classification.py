@@ -235,7 +235,7 @@ def test_learns_easy_set_and_loads_in_transformers(easy_data, tmp_path):
     assert hf.config.id2label == {0: "negative", 1: "positive"}
     t, ours, tok, meta = load_finetuned(run)
     examples = [{"text": "great box"}, {"text": "it came broken", "text_pair": "the phone was very awful and useless"}]
-    feats = task.featurize(examples, tok, TaskContext.from_meta(meta, t.resolve_options(saved=meta["options"])), training=False)
+    feats = task.featurize(examples, tok, meta.context(t.resolve_options(saved=meta.options)), training=False)
     batch = {k: torch.from_numpy(v) for k, v in pad_features(feats, 0).items()}  # mixed lengths: padding is masked
     hf.eval()
     with torch.no_grad():

@@ -398,7 +398,7 @@ def test_learns_to_answer_and_loads_in_transformers(tmp_path, base_model_factory
     assert not info["missing_keys"] and not info["unexpected_keys"]
     t, net, tok, meta = load_finetuned(out)
     exs = read(tmp_path / "dev.jsonl")[:8]
-    feats = t.featurize(exs, tok, TaskContext.from_meta(meta, t.resolve_options(saved=meta["options"])), training=False)
+    feats = t.featurize(exs, tok, meta.context(t.resolve_options(saved=meta.options)), training=False)
     batch = {k: torch.from_numpy(v) for k, v in pad_features(feats, 0).items()}
     assert len({len(f["input_ids"]) for f in feats}) > 1  # padding inside the batch
     hf.eval()

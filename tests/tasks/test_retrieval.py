@@ -319,7 +319,7 @@ def test_the_run_is_a_sentence_transformers_directory_with_the_same_vectors(retr
     task, net, tok, meta = load_finetuned(retrieval["run"])
 
     def ours(input_type: str) -> np.ndarray:
-        ctx = TaskContext(max_length=meta["max_length"], options={**meta["options"], "input_type": input_type})
+        ctx = TaskContext(max_length=meta.max_length, options={**meta.options, "input_type": input_type})
         batch = pad_features(task.featurize([{"text": t} for t in texts], tok, ctx, training=False), 0)
         with torch.no_grad():
             return net(**{k: torch.from_numpy(v) for k, v in batch.items()})["embedding"].numpy()
@@ -528,7 +528,7 @@ def test_the_splade_run_is_a_sparse_encoder_and_its_bundle_serves_its_vectors(sp
     texts = ["Return the number of items in the queue.", "A Mapping is a container."]
     theirs = st.SparseEncoder(str(run), device="cpu").encode(texts, convert_to_tensor=True).to_dense().numpy()
     task, net, tok, meta = load_finetuned(run)
-    ctx = TaskContext(max_length=meta["max_length"], options=meta["options"])
+    ctx = TaskContext(max_length=meta.max_length, options=meta.options)
     from mlmkit.text.batching import pad_features
 
     batch = pad_features(task.featurize([{"text": t} for t in texts], tok, ctx, training=False), 0)
@@ -787,7 +787,7 @@ def _evaluate_run(run: Path, data: Path) -> tuple[dict, list, int]:
     from mlmkit.train.finetune import TaskEvaluator, load_finetuned
 
     task, net, tok, meta = load_finetuned(run)
-    ctx = TaskContext(max_length=meta["max_length"], options=meta["options"])
+    ctx = TaskContext(max_length=meta.max_length, options=meta.options)
     calls = []
     real = evaluation.run_features
 
@@ -796,7 +796,7 @@ def _evaluate_run(run: Path, data: Path) -> tuple[dict, list, int]:
 
     evaluation.run_features = counted
     try:
-        ev = TaskEvaluator(task, task.read(data, meta["options"]), tok, ctx, batch_size=16)
+        ev = TaskEvaluator(task, task.read(data, meta.options), tok, ctx, batch_size=16)
         metrics = ev(net)
     finally:
         evaluation.run_features = real

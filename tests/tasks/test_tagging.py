@@ -396,7 +396,7 @@ def test_finetune_learns_pattern_and_loads_in_transformers(tmp_path: Path, base_
     _, net, tok, meta = load_finetuned(run)
     hf, info = BertForTokenClassification.from_pretrained(run, output_loading_info=True, attn_implementation="eager")
     assert not info["missing_keys"] and not info["unexpected_keys"], info
-    assert hf.config.id2label == dict(enumerate(meta["labels"]))
+    assert hf.config.id2label == dict(enumerate(meta.labels or ()))
     hf.eval()
     ids = torch.tensor([tok.encode("mr smith went to paris").ids, tok.encode("in rome").ids + [0] * 3])
     mask = (ids != 0).long()

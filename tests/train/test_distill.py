@@ -20,7 +20,6 @@ from mlmkit.args import DistillArgs
 from mlmkit.cli import app
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.files import read_json
-from mlmkit.registry import TaskContext
 from mlmkit.text.tokenizer import special_ids
 from mlmkit.train.distill import _examples, distill, held_out_agreement, layer_map, student_weights
 from mlmkit.train.finetune import load_finetuned, torch_forward
@@ -61,7 +60,7 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
 def fresh_student_agreement(teacher_dir: Path, data: Path, layers: int = 1) -> float:
     """The agreement with the teacher of a student of ``layers`` with fresh random weights."""
     task, teacher, tok, meta = load_finetuned(teacher_dir)
-    ctx = TaskContext.from_meta(meta, task.resolve_options(saved=meta.get("options")))
+    ctx = meta.context(task.resolve_options(saved=meta.options))
     cfg = replace(teacher.bert.config, num_hidden_layers=layers, extra=dict(teacher.bert.config.extra))
     torch.manual_seed(1)
     student = task.build_model(cfg, ctx).eval()

@@ -17,6 +17,7 @@ from mlmkit.cli import app
 from mlmkit.errors import ConfigError
 from mlmkit.files import read_json
 from mlmkit.models.core import BertForLabels
+from mlmkit.rundir.meta import RunMeta
 from mlmkit.train.loop import BestTracker, Trainer
 
 
@@ -48,14 +49,14 @@ def train(tmp: Path, data: Rows, evaluate: Any = None, **kw: Any) -> tuple[torch
     model = classifier()
     saved: dict[str, Any] = {}
 
-    def save_model(m: torch.nn.Module, d: Path, meta: dict[str, Any]) -> None:
+    def save_model(m: torch.nn.Module, d: Path, meta: RunMeta) -> None:
         d.mkdir(parents=True, exist_ok=True)
         if d == tmp:  # the run root: the model the run keeps
             saved.update(weights={k: v.clone() for k, v in m.state_dict().items()}, meta=meta)
-            (d / "mlmkit.json").write_text(json.dumps(meta, default=str))
+            (d / "mlmkit.json").write_text(json.dumps(meta.to_json(), default=str))
 
     args = TrainArgs(**{"lr": 1e-3, "progress": False, "log_every": 1, **kw})
-    Trainer(model, data, args, tmp, save_model=save_model, evaluate=evaluate).train({})
+    Trainer(model, data, args, tmp, save_model=save_model, evaluate=evaluate).train(RunMeta(task="classification", max_length=16))
     return model, saved
 
 
@@ -110,7 +111,7 @@ def test_best_model_is_kept_and_early_stopping_stops(tmp_path: Path) -> None:
     # evaluations 1..4: the best is the second (0.8); the third and fourth do not beat it: stop there
     assert len(ev.seen) == 4
     meta = saved["meta"]
-    assert meta["best_step"] == 8 and meta["best_metrics"]["score"] == 0.8
+    assert meta.best_step == 8 and meta.best_metrics["score"] == 0.8
     for k, v in saved["weights"].items():  # the run root holds the weights the best evaluation saw
         assert torch.equal(v, ev.seen[1][k]), k
     assert any(not torch.equal(model.state_dict()[k], ev.seen[1][k]) for k in ev.seen[1])  # training went on past it
@@ -125,7 +126,7 @@ def test_best_model_is_kept_and_early_stopping_stops(tmp_path: Path) -> None:
 def test_without_patience_training_runs_to_the_end_and_keeps_the_best(tmp_path: Path) -> None:
     ev = Scripted([0.5, 0.8, 0.6, 0.7])
     _, saved = train(tmp_path, Rows(32, 8), ev, epochs=4, metric_for_best="score")
-    assert len(ev.seen) == 4 and saved["meta"]["best_step"] == 8
+    assert len(ev.seen) == 4 and saved["meta"].best_step == 8
 
 
 def test_best_tracker_lower_is_better_and_patience() -> None:

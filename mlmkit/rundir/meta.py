@@ -1,0 +1,137 @@
+"""A run directory's description (mlmkit.json), typed: ``RunMeta``, read, checked and written here only.
+
+What pretraining, fine-tuning, distillation and the training loop record of a run, and what export,
+evaluation and fine-tuning from it read. Every field is checked when the file is read: a wrong type
+is one line naming the file and the field. The file carries a ``format_version`` from this layout
+on (1); a run written before it (no version) reads the same way, and a key this version does not
+know is kept, unread, in ``other`` and written back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from mlmkit.errors import ConfigError
+from mlmkit.files import parse_json, write_json
+from mlmkit.registry import TaskContext
+
+META = "mlmkit.json"
+RUN_FORMAT = 1
+"""mlmkit.json's format_version for runs: 1 is the typed layout (2026-12-06); a file without one is
+the layout before it, which has the same fields."""
+PRETRAINING = "pretraining"
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """The description of a run: its task and head, how it was trained and what it scored."""
+
+    task: str  # "pretraining" or a registered task
+    max_length: int
+    labels: tuple[str, ...] | None = None
+    options: dict[str, Any] = field(default_factory=dict)  # the task's saved options
+    task_state: dict[str, Any] = field(default_factory=dict)  # what the task fitted on the data (fit_state, calibration)
+    base_model: str | None = None  # fine-tuning: the checkpoint it started from
+    data: dict[str, Any] | None = None  # fine-tuning: {"train": file, "eval": file or None}
+    source: dict[str, Any] | None = None  # where the weights came from (export's description of a checkpoint)
+    train_args: dict[str, Any] | None = None  # the training loop's arguments
+    best_step: int | None = None
+    best_metrics: dict[str, Any] | None = None
+    final_metrics: dict[str, Any] | None = None
+    distill: dict[str, Any] | None = None  # a distilled student: its teacher, layer map, agreement
+    nsp: bool | None = None  # pretraining: next-sentence prediction, the family, the masking and the corpus
+    arch: str | None = None
+    whole_word: bool | None = None
+    mask_prob: float | None = None
+    corpus: list[str] | None = None
+    other: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, written back as read
+
+    @property
+    def pretraining(self) -> bool:
+        return self.task == PRETRAINING
+
+    def context(self, options: Mapping[str, Any], max_length: int | None = None) -> TaskContext:
+        """The task's context for this run, with ``options`` already resolved (``max_length``: another)."""
+        return TaskContext(max_length=max_length or self.max_length, options=dict(options), labels=self.labels,
+                           state=dict(self.task_state))
+
+    @classmethod
+    def from_json(cls, data: Any, path: Path | str) -> RunMeta:
+        """The description ``data`` (parsed mlmkit.json at ``path``), checked field by field."""
+        if not isinstance(data, dict):
+            raise _bad(path, "it is not a JSON object")
+        version = data.get("format_version")
+        if version is not None and version != RUN_FORMAT:
+            raise ConfigError(f"{path}: a run of format {version}; this mlmkit reads format {RUN_FORMAT} (and older runs)",
+                              "use the mlmkit version that wrote it, or train the run again")
+        known = {f.name for f in fields(cls)} - {"other"}
+        for f in fields(cls):
+            if f.name in data and data[f.name] is not None and not _fits(data[f.name], f.name):
+                raise _bad(path, f"'{f.name}' is not {_KINDS[f.name][1]} ({data[f.name]!r})")
+            if f.name in ("task", "max_length") and f.name not in data:
+                raise _bad(path, f"it has no '{f.name}'")
+        typed = {k: v for k, v in data.items() if k in known and v is not None}
+        if "labels" in typed:
+            typed["labels"] = tuple(typed["labels"])
+        return cls(**typed, other={k: v for k, v in data.items() if k not in known | {"format_version"}})
+
+    def to_json(self) -> dict[str, Any]:
+        """mlmkit.json's object: the fields that have a value (``labels`` always: null for a task
+        without), then the keys read and not known."""
+        out: dict[str, Any] = {"format_version": RUN_FORMAT}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name != "other" and (v is not None or f.name == "labels"):
+                out[f.name] = list(v) if isinstance(v, tuple) else v
+        return {**out, **self.other}
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+_OBJECT = (lambda x: isinstance(x, dict), "an object")
+_KINDS: dict[str, tuple[Any, str]] = {
+    "task": (lambda x: isinstance(x, str) and bool(x), "a task name"),
+    "max_length": (lambda x: _is_int(x) and x >= 1, "a positive whole number of tokens"),
+    "labels": (lambda x: isinstance(x, list) and all(isinstance(v, str) for v in x), "a list of names"),
+    "options": _OBJECT, "task_state": _OBJECT, "data": _OBJECT, "source": _OBJECT, "train_args": _OBJECT,
+    "best_metrics": _OBJECT, "final_metrics": _OBJECT, "distill": _OBJECT,
+    "base_model": (lambda x: isinstance(x, str), "a path"),
+    "best_step": (_is_int, "a step number"),
+    "nsp": (lambda x: isinstance(x, bool), "true or false"), "whole_word": (lambda x: isinstance(x, bool), "true or false"),
+    "arch": (lambda x: isinstance(x, str), "a family name"),
+    "mask_prob": (lambda x: isinstance(x, (int, float)) and not isinstance(x, bool), "a number"),
+    "corpus": (lambda x: isinstance(x, list) and all(isinstance(v, str) for v in x), "a list of files"),
+    "other": (lambda x: True, "anything"),
+}
+
+
+def _fits(value: Any, name: str) -> bool:
+    return bool(_KINDS[name][0](value))
+
+
+def _bad(path: Path | str, why: str) -> ConfigError:
+    return ConfigError(f"{path}: {why}", "the run directory was edited or damaged; train it again")
+
+
+def read_meta(d: str | Path) -> RunMeta:
+    """mlmkit.json of run directory ``d``, checked field by field (read_run_meta also checks it against
+    the model's config.json)."""
+    p = Path(d) / META
+    try:
+        data = parse_json(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{d} has no {META}", "is it a run directory?") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise _bad(p, f"it is not JSON ({e})") from None
+    return RunMeta.from_json(data, p)
+
+
+def write_meta(d: str | Path, meta: RunMeta) -> None:
+    """Write ``meta`` as run directory ``d``'s mlmkit.json (atomically)."""
+    write_json(Path(d) / META, meta.to_json())
