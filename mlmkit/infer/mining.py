@@ -7,7 +7,7 @@ documents that are not the query's positives, so that a query with several posit
 candidates: the retriever is asked for B plus the most positives a query of the batch has), optionally
 only those scoring at most the positive's score minus a margin, or at most a ratio of it. A row that gets fewer negatives than asked
 is still written, and counted with the reason. Rows are written as they are mined, a batch of
-queries at a time, into OUT's job directory (infer/jobs.py's Job, as batch inference does), and OUT
+queries at a time, into OUT's job directory (infer/jobdir.py's Job, as batch inference does), and OUT
 appears whole, by a rename, when every batch is there; a killed run continues with ``--resume``
 after the batches it finished (an embedding bundle's corpus vectors, kept in the job directory, are
 not computed again), and refuses to when the data, the retriever or the settings changed.

@@ -1,5 +1,5 @@
 """The on-disk inverted index of a sparse-embedding (SPLADE) bundle: what `mlmkit index` builds in a
-shard when the bundle gives sparse vectors (infer/index.py has the directory, the manifest and the
+shard when the bundle gives sparse vectors (infer/index/store.py has the directory, the manifest and the
 commands). No torch.
 
 A sparse shard holds, beside its ids.arrow:

@@ -211,7 +211,7 @@ def iter_table_rows(path: str | Path, rows: int = 1024, *, skip: bool = False, m
     for src in sources:
         try:
             if src.suffix.lower() == ".parquet":
-                pf = pq.ParquetFile(src, pre_buffer=False)  # pre-buffering kept every row group read: see infer/index.py
+                pf = pq.ParquetFile(src, pre_buffer=False)  # pre-buffering kept every row group read, not one at a time
                 _has_columns(p, pf.schema_arrow.names, columns, column_hint)
                 batches = pf.iter_batches(batch_size=rows, columns=list(columns) if columns is not None else None)
             else:

@@ -368,7 +368,7 @@ class TEITokenize:
 class Search:
     """An index's top k for query texts (embedded as queries by the bundle that built the index) or for
     query vectors (the model does not run). The search itself runs off the event loop (``offload``), one
-    at a time, so that its memory stays one search's (infer/index.py: QUERY_BLOCK x (CHUNK + k) scores)."""
+    at a time, so that its memory stays one search's (infer/index/search.py: QUERY_BLOCK x (CHUNK + k) scores)."""
 
     method, path = "POST", "/v1/search"
     summary = ("Search an index (mlmkit serve --index): {index, query, vector, top_k, rescore} -> "
