@@ -533,6 +533,21 @@ class MineArgs(Args):
 
 
 @dataclass
+class DataArgs(Args):
+    """`mlmkit data`: the built-in data sets written to a directory (mlmkit/quickstart/sets.py)."""
+
+    out: Path = arg(help="Directory to write the sets into (made if absent; files of an earlier run are replaced).",
+                    positional=True)
+    sets: list[str] = arg(factory=list, flags=("--set",), help="A set to write, repeatable: corpus, classification, "
+                                                              "tagging, qa or retrieval (default: every one).")
+    retrieval_documents: int = arg(1000, "Documents of the retrieval set (the quickstart's 1,000; the standard library "
+                                         "has about 2,900).")
+
+    def __post_init__(self) -> None:
+        _check(self.retrieval_documents >= 1, f"--retrieval-documents must be at least 1, got {self.retrieval_documents}")
+
+
+@dataclass
 class ServeArgs(Args):
     """`mlmkit serve`'s settings."""
 

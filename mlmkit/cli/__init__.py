@@ -1,8 +1,9 @@
 """The `mlmkit` command line: parse, call the library, render with rich. Nothing else lives here.
 
 The commands live in two modules, composed here: training.py (tokenizer, pretrain, tasks, finetune,
-evaluate, quickstart) and inference.py (export and the onnxruntime commands). Library errors
-(MlmkitError) become one red line on stderr and exit status 2; `--debug` shows the traceback.
+distill, sweep, plot, evaluate, quickstart, data) and inference.py (export and the onnxruntime
+commands). Library errors (MlmkitError) become one red line on stderr and exit status 2; `--debug`
+shows the traceback.
 Heavy modules (torch) are imported inside the commands that need them, so the inference commands
 start fast.
 """

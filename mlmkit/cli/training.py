@@ -1,4 +1,5 @@
-"""The commands that train and score: tokenizer train, tokenize, pretrain, tasks, finetune, evaluate, quickstart.
+"""The commands that train and score: tokenizer train, tokenize, pretrain, tasks, finetune, distill, sweep, plot,
+evaluate, quickstart, and data (the built-in data sets).
 
 torch is imported inside the commands that need it, never at module level.
 """
@@ -13,7 +14,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from mlmkit.args import DistillArgs, FinetuneArgs, PretrainArgs, SweepArgs, TokenizeArgs, TokenizerArgs
+from mlmkit.args import (
+    DataArgs,
+    DistillArgs,
+    FinetuneArgs,
+    PretrainArgs,
+    SweepArgs,
+    TokenizeArgs,
+    TokenizerArgs,
+)
 from mlmkit.cli.common import (
     Json,
     err,
@@ -246,3 +255,19 @@ def quickstart(
     from mlmkit.quickstart.demo import run
 
     run(out_dir, steps=steps, seed=seed, retrieval_documents=retrieval_documents, console=out)
+
+
+@app.command()
+@handle_errors
+@with_args(DataArgs)
+def data(args: DataArgs) -> None:
+    """Write the built-in data sets to a directory (corpus, classification, tagging, qa, retrieval), each in the format
+    the commands read, and print a command that uses each."""
+    from mlmkit.quickstart.sets import write_sets
+
+    with err.status(f"writing the built-in sets to {args.out} ..."):
+        written = write_sets(args.out, args.sets, retrieval_documents=args.retrieval_documents)
+    for w in written:
+        out.print(f"[bold]{w.name}[/]: {escape(str(w.path))} [dim]({escape(w.holds)})[/]", highlight=False, soft_wrap=True)
+        for command in w.commands:
+            out.print(f"  {escape(command)}", highlight=False, soft_wrap=True)

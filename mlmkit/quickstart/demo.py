@@ -260,6 +260,7 @@ def _closing_lines(console: Console, out: Path) -> list[str]:
     """Where the runs, bundles and training curves are, and a command to try next; returns the curves'
     paths."""
     console.print(f"\nRuns and bundles are in {out}. Try: mlmkit classify {out / 'exports' / 'classifier'} \"I love it\"")
+    console.print("The data sets as files, to train on with the other commands: mlmkit data DIR")
     pictures = [p for p in (out / "pretrain" / "curves.png", out / "classifier" / "curves.png") if p.exists()]
     if pictures:
         console.print(f"Training curves: {', '.join(map(str, pictures))}; model cards: README.md in each run and bundle.")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlmkit.files import write_jsonl
+from mlmkit.files import atomic_write_text, write_jsonl
 from mlmkit.quickstart.stdlib_corpus import docstring_documents
 
 
@@ -34,9 +34,8 @@ def write_retrieval_set(out: str | Path, max_documents: int = 2000, test_every: 
         splits["test" if n % test_every == test_every - 1 else "train"].append(f"q{n}\td{n}\t1")
         if len(corpus) >= max_documents:
             break
-    (out / "qrels").mkdir(parents=True, exist_ok=True)
-    write_jsonl(out / "corpus.jsonl", corpus)
+    write_jsonl(out / "corpus.jsonl", corpus)  # each file atomically
     write_jsonl(out / "queries.jsonl", queries)
     for split, rows in splits.items():
-        (out / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n", encoding="utf-8")
+        atomic_write_text(out / "qrels" / f"{split}.tsv", "query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
     return {"documents": len(corpus), "train_queries": len(splits["train"]), "test_queries": len(splits["test"])}
