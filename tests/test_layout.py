@@ -219,6 +219,19 @@ def test_tests_follow_the_packages():
     assert not [p.name for p in (ROOT / "tests").glob("test_*.py") if p.name != "test_layout.py"]
 
 
+def test_every_module_has_a_test_module_or_a_row_saying_which_tests_it():
+    """tests/README.md lists the modules tested under another name; the rest have test_MODULE.py."""
+    own = {p.name for p in (ROOT / "tests").rglob("test_*.py")}
+    modules = sorted(str(p.relative_to(ROOT)) for root in ("mlmkit", "tasks") for p in (ROOT / root).rglob("*.py")
+                     if p.name not in ("__init__.py", "__main__.py") and "__pycache__" not in p.parts)
+    rows = dict(re.findall(r"^\| `([\w/]+\.py)` \| (.+) \|$", (ROOT / "tests" / "README.md").read_text(), re.M))
+    untested = [m for m in modules if f"test_{Path(m).stem}.py" not in own and m not in rows]
+    assert not untested, f"no test module and no row in tests/README.md: {untested}"
+    assert not sorted(set(rows) - set(modules)), "rows for modules that are gone"
+    named = {t for cell in rows.values() for t in re.findall(r"`([\w/]+\.py)`", cell)}
+    assert not sorted(t for t in named if not (ROOT / "tests" / t).is_file()), "rows naming tests that are gone"
+
+
 # ---- documentation ---------------------------------------------------------------------------------
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
