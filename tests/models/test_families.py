@@ -60,10 +60,10 @@ def test_every_family_and_head_exports_with_transformers_outputs(tmp_path: Path,
     hf = save_checkpoint(src, family, head, **labels)
     meta = export(src, tmp_path / "b")
     fam_cfg = load_config(src)
-    assert ("token_type_ids" in meta.inputs) == fam_cfg.family.uses_token_types(fam_cfg)
-    assert all(v <= 1e-4 for v in meta.parity["max_abs_diff"].values()), meta.parity
+    assert ("token_type_ids" in meta["inputs"]) == fam_cfg.family.uses_token_types(fam_cfg)
+    assert all(v <= 1e-4 for v in meta["parity"]["max_abs_diff"].values()), meta["parity"]
     for op, n in fam_cfg.family.fusions.items():  # the fusion gate held
-        assert meta.fused_operators.get(op, 0) >= n, meta.fused_operators
+        assert meta["fused_operators"].get(op, 0) >= n, meta["fused_operators"]
     tok = load_tokenizer(src)
     if head == "ForMaskedLM":
         mask = tok.id_to_token(special_ids(tok).mask)

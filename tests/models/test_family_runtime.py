@@ -27,7 +27,7 @@ def test_every_family_s_fused_graph_runs_in_bf16_through_openvino(tmp_path: Path
     monkeypatch.setenv("MLMKIT_CPU_FLAGS", "+amx_bf16")
     save_checkpoint(tmp_path / "src", family, "ForSequenceClassification", id2label={0: "neg", 1: "pos"})
     meta = export(tmp_path / "src", tmp_path / "b")
-    assert meta.gate["bf16"]["passed"], meta.gate["bf16"]
+    assert meta["gate"]["bf16"]["passed"], meta["gate"]["bf16"]
     fast, ref = Pipeline.load(tmp_path / "b", precision="auto"), Pipeline.load(tmp_path / "b", precision="fp32")
     assert (fast.precision, ref.precision) == ("bf16", "fp32")
     texts = sentences(16)
@@ -38,9 +38,9 @@ def test_every_family_s_fused_graph_runs_in_bf16_through_openvino(tmp_path: Path
 def test_int8_and_fp16_bundles_of_other_families(tmp_path: Path, family: str) -> None:
     save_checkpoint(tmp_path / "src", family, "ForSequenceClassification", perturb=False, id2label={0: "neg", 1: "pos"})
     q = export(tmp_path / "src", tmp_path / "int8", "--quantize", "int8")
-    assert q.precision == "int8" and q.parity["int8_top1_agreement_vs_fp32"] >= 0.9, q.parity
+    assert q["precision"] == "int8" and q["parity"]["int8_top1_agreement_vs_fp32"] >= 0.9, q["parity"]
     h = export(tmp_path / "src", tmp_path / "fp16", "--fp16")
-    assert h.precision == "fp16" and "fp16_check" in h.parity
+    assert h["precision"] == "fp16" and "fp16_check" in h["parity"]
     got = Pipeline.load(tmp_path / "int8")(["the film was good", "a dull plot"])
     assert [r["label"] for r in got] and all(r["label"] in ("neg", "pos") for r in got)
 
@@ -93,7 +93,7 @@ def test_xlm_roberta_sentence_transformers_directory(tmp_path: Path) -> None:
                                          st_models.Normalize()], device="cpu")
     model.save(str(tmp_path / "st"))
     meta = export(tmp_path / "st", tmp_path / "b")
-    assert meta.task == "embedding" and meta.options["normalize"] is True and "token_type_ids" not in meta.inputs
+    assert meta["task"] == "embedding" and meta["options"]["normalize"] is True and "token_type_ids" not in meta["inputs"]
     texts = ["the film was good", "john went to paris and the plot was very dull", "a"]
     ours = np.stack([r["embedding"] for r in Pipeline.load(tmp_path / "b")(texts)])
     want = model.encode(texts, convert_to_numpy=True)
@@ -149,7 +149,7 @@ def test_a_checkpoint_with_vocab_json_and_merges_txt_only(tmp_path: Path) -> Non
     for text in ("the film was good", "john went to <mask> and paris"):
         assert tok.encode(text).ids == fast(text).input_ids
     meta = export(tmp_path / "src", tmp_path / "b")
-    assert meta.task == "fill-mask"
+    assert meta["task"] == "fill-mask"
 
 
 def test_a_sentencepiece_only_checkpoint_names_the_extra_to_install(tmp_path: Path) -> None:
