@@ -132,16 +132,22 @@ def test_ann_indexes_find_the_exact_hits(setup, tmp_path):
         search_vectors(Index.open(tmp_path / "ix"), setup["q"], 10)
 
 
-def test_a_killed_build_resumes_to_the_vectors_of_a_straight_one_and_an_append_equals_one_build(setup, tmp_path):
-    straight = built(setup, "f32")
-    out = tmp_path / "killed"
+
+def killed_after(documents: int):
+    """A build's progress callback that stops it (as a kill would) once ``documents`` are embedded."""
     seen = [0]
 
     def kill(n: int) -> None:
         seen[0] += n
-        if seen[0] >= 512:
+        if seen[0] >= documents:
             raise KeyboardInterrupt
 
+    return kill
+
+def test_a_killed_build_resumes_to_the_vectors_of_a_straight_one_and_an_append_equals_one_build(setup, tmp_path):
+    straight = built(setup, "f32")
+    out = tmp_path / "killed"
+    kill = killed_after(512)
     with pytest.raises(KeyboardInterrupt):
         build(BuildArgs(setup["bundle"], setup["corpus"], out, window=256), kill)
     assert not (out / "manifest.json").exists() and (out / ".pending").is_dir()
@@ -390,13 +396,7 @@ def test_a_killed_sparse_build_resumes_to_the_files_of_a_straight_one(setup, spa
     """A sparse build's terms wait on disk (the postings are written when all are in): a kill after two
     windows, then --resume, gives the shard a straight build gives, file for file."""
     build(BuildArgs(sparse["bundle"], setup["corpus"], tmp_path / "straight", window=256))
-    seen = [0]
-
-    def kill(n: int) -> None:
-        seen[0] += n
-        if seen[0] >= 512:
-            raise KeyboardInterrupt
-
+    kill = killed_after(512)
     with pytest.raises(KeyboardInterrupt):
         build(BuildArgs(sparse["bundle"], setup["corpus"], tmp_path / "killed", window=256), kill)
     with open(tmp_path / "killed" / ".pending" / "terms.bin", "ab") as f:
@@ -475,13 +475,7 @@ def test_vectors_are_written_once_into_the_pending_shard_and_a_killed_int8_build
     monkeypatch.setattr(pending, "CALIBRATION_ROWS", 300)  # calibrated after two windows of 256, not at the end
     straight = built(setup, "int8-cal300", quantization="int8")
     out = tmp_path / "killed"
-    seen = [0]
-
-    def kill(n: int) -> None:
-        seen[0] += n
-        if seen[0] >= 768:
-            raise KeyboardInterrupt
-
+    kill = killed_after(768)
     with pytest.raises(KeyboardInterrupt):
         build(BuildArgs(setup["bundle"], setup["corpus"], out, quantization="int8", window=256), kill)
     files = {str(f.relative_to(out / ".pending")): f.stat().st_size for f in (out / ".pending").rglob("*") if f.is_file()}
