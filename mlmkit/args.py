@@ -1,4 +1,4 @@
-"""The arguments of the commands that train, export and serve: one dataclass each, one source for each setting.
+"""The arguments of every command: one dataclass each, one source for each setting.
 
 Every field is declared with ``arg(default, help)``, so its default and its help text are written
 once, here. The CLI builds its options from these fields (cli/common.py: flags are the field names
@@ -12,6 +12,12 @@ in kebab case unless ``flags`` says otherwise) and the Python API takes the data
 as their ``train`` field, whose factory holds that command's defaults. ``Args.from_flat`` builds
 any of them from flat names (``PretrainArgs.from_flat(corpus=[...], out=..., steps=200)``), as the
 CLI does. Cross-field rules live in ``__post_init__`` and name the CLI flags. No torch here.
+
+An option that means the same thing in several commands is declared once, as an ``Opt`` of a group
+(``Engine``: --engine, --address; ``Runtime``: --device, --precision, --min-agreement, --threads,
+--batch-size, --batch-tokens, --window of a bundle's session; ``Output``: --output, --json;
+``Inputs``; ``Training``), and each dataclass takes it as a field: ``device: str = Runtime.device()``.
+``BuildArgs`` (`mlmkit index`) lives with the index it builds, mlmkit.infer.index.building.
 """
 
 from __future__ import annotations
@@ -169,6 +175,84 @@ def _finite(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+# ---- options shared by several commands ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Opt:
+    """An option declared once for every command whose option means the same thing: its flags, default
+    and help. A dataclass takes it as a field, ``device: str = Runtime.device()`` (a new field each
+    time). An option that shares its name with another but means something else (each command's
+    --out, a training --batch-size and an onnxruntime one) is declared by its command, its help
+    saying what it is there; tests/cli/test_options.py holds both to this."""
+
+    flags: tuple[str, ...]
+    default: Any
+    help: str
+
+    def __call__(self) -> Any:
+        return arg(self.default, self.help, flags=self.flags)
+
+
+class Engine:
+    """Where a batch job runs (the inference commands, index): here, or on a Ray cluster."""
+
+    engine = Opt(("--engine",), "local", "local, or ray: the job on a Ray cluster, --workers actors (pip install "
+                                         "'mlmkit[ray]'), with the same results as a local run.")
+    address = Opt(("--address",), None, "With --engine ray: the cluster to join (e.g. auto); default: a Ray started here.")
+
+
+class Runtime:
+    """How a model runs: a bundle's onnxruntime session (the inference commands, index, mine, rerank,
+    search, serve, evaluate), or the device a model trains on."""
+
+    device = Opt(("--device",), "cpu", "cpu or cuda (falls back to the CPU, saying so, without a GPU, or for a bundle "
+                                       "without onnxruntime-gpu).")
+    precision = Opt(("--precision",), None, PRECISION_HELP)
+    min_agreement = Opt(("--min-agreement",), None, MIN_AGREEMENT_HELP)
+    threads = Opt(("--threads",), None, "onnxruntime intra-op threads (default: one per physical core), shared out among "
+                                        "the worker processes where there are several.")
+    batch_size = Opt(("--batch-size",), 32, "Inputs per onnxruntime batch (length-bucketed).")
+    batch_tokens = Opt(("--batch-tokens",), None, "Most padded tokens per onnxruntime batch (0: no limit; default on the "
+                                                  "CPU: what keeps a batch in cache, 512 at hidden size 384; on CUDA no limit).")
+    window = Opt(("--window",), 4096, "Records read, length-bucketed and written together: memory holds one window per "
+                                      "worker.")  # 4096: mlmkit.infer.windows.WINDOW (a test holds them equal)
+
+
+class Output:
+    """Where results go: a file, or stdout as a table or JSON."""
+
+    output = Opt(("--output", "-o"), None, "Write the results to this file: .jsonl (JSON lines; any other suffix too), "
+                                           ".parquet, .csv, .tsv, or .npy (embeddings); - (stdout), a FIFO or a device: "
+                                           "JSON lines, streamed.")
+    as_json = Opt(("--json",), False, "Print JSON instead of a table (the default when piped): an object per line.")
+
+
+class Inputs:
+    """Input files and the ceiling on what is read of them."""
+
+    input_file = Opt(("--input", "-i"), None, "Inputs: a .txt (one per line), .jsonl, .csv, .tsv or .parquet file, a "
+                                              "directory of them, or a glob (quoted).")
+    text_column = Opt(("--text-column",), "text", "The field of --input records that holds the texts.")
+    corpus_column = Opt(("--text-column",), "text", "The text field of .jsonl and the column of .parquet corpus files.")
+    max_record_bytes = Opt(("--max-record-bytes",), MAX_RECORD_BYTES,
+                           "A longer line, record or value is an error that names it (never read whole; 64 MB by "
+                           "default, the ceiling of every reader); --on-error skip, where a command has it, steps over it.")
+
+
+class Training:
+    """What the training commands, the quickstart and `mlmkit data` share beyond TrainArgs."""
+
+    seed = Opt(("--seed",), 0, "Random seed: the same seed gives the same run.")
+    eval_file = Opt(("--eval",), None, "Labelled evaluation data in the task's format: scored at each evaluation, the "
+                                       "best model kept.")
+    max_length = Opt(("--max-length",), None, "Maximum tokens per input (default: the task's; distill: the teacher's).")
+    vocab_size = Opt(("--vocab-size",), DEFAULT_VOCAB_SIZE, "Vocabulary size of the tokenizer trained, special tokens "
+                                                            "included.")
+    cased = Opt(("--cased",), False, "The tokenizer trained keeps case and accents (default: lowercase, strip accents; "
+                                     "WordPiece only).")
+    retrieval_documents = Opt(("--retrieval-documents",), 1000, "Documents of the built-in retrieval set (the "
+                                                                "quickstart's 1,000; the standard library has about 2,900).")
+
+
 # ---- training --------------------------------------------------------------------------------------
 @dataclass
 class TrainArgs(Args):
@@ -188,8 +272,8 @@ class TrainArgs(Args):
     keep_last: int = arg(2, "Complete checkpoints to keep under RUN/checkpoints (at least 1).")
     log_every: int = arg(10, "Write the training loss to metrics.jsonl every N steps.")
     early_stopping: int | None = arg(None, "Stop after N evaluations without gain in the main metric.")
-    seed: int = arg(0, "Random seed: a run is reproducible with the same seed.")
-    device: str = arg("cpu", "cpu or cuda (falls back to the CPU, saying so, without a GPU).")
+    seed: int = Training.seed()
+    device: str = Runtime.device()
     bf16: bool | None = arg(None, "bf16 autocast. Default: on a CPU with native bf16 (AVX512-BF16, AMX) for a model "
                                   "of hidden size 128 or more, where it was measured faster at the same loss; off "
                                   "elsewhere. --no-bf16 keeps fp32; --bf16 is refused on a CPU without native bf16.")
@@ -229,17 +313,12 @@ class TrainArgs(Args):
         # --report-to's names are checked by the commands, against the reporters train/tracking.py registers
 
 
-RECORD_HELP = ("A longer corpus line, data record or value is refused, naming it (never read whole; 64 MB by default, "
-               "the ceiling of every reader).")
-
-
 def _check_ceiling(max_bytes: int) -> None:
     _check(max_bytes >= 1, f"--max-record-bytes must be at least 1, got {max_bytes}")
 
 
 CORPUS_HELP = ("Corpus files, directories or quoted globs: .txt/.txt.gz (a sentence per line, a blank line "
                "between documents), .jsonl/.jsonl.gz or .parquet (a document per line or row).")
-TEXT_COLUMN_HELP = "The text field of .jsonl and the column of .parquet corpus files."
 
 
 @dataclass
@@ -248,9 +327,9 @@ class TokenizerArgs(Args):
 
     corpus: list[Path] = arg(help=CORPUS_HELP, positional=True)
     out: Path = arg(help="tokenizer.json to write (vocab.txt goes beside it), or a directory.")
-    text_column: str = arg("text", TEXT_COLUMN_HELP)
-    vocab_size: int = arg(DEFAULT_VOCAB_SIZE, "Vocabulary size, special tokens included.")
-    cased: bool = arg(False, "Keep case and accents (default: lowercase, strip accents; WordPiece only).")
+    text_column: str = Inputs.corpus_column()
+    vocab_size: int = Training.vocab_size()
+    cased: bool = Training.cased()
     kind: str = arg("wordpiece", "wordpiece (BERT), bpe (byte-level, as RoBERTa and ModernBERT) or unigram "
                                  "(SentencePiece style, as XLM-R).")
     special_tokens: str = arg("auto", "Special-token names: bert ([PAD] [UNK] [CLS] [SEP] [MASK]) or roberta "
@@ -269,10 +348,10 @@ class TokenizeArgs(Args):
     corpus: list[Path] = arg(help=CORPUS_HELP, positional=True)
     out: Path = arg(help="Directory to write the shard to (tokens, offsets, manifest, the tokenizer).")
     tokenizer: Path = arg(help="tokenizer.json or vocab.txt (`mlmkit tokenizer train` makes one).")
-    text_column: str = arg("text", TEXT_COLUMN_HELP)
+    text_column: str = Inputs.corpus_column()
     workers: int = arg(1, "Processes, each tokenizing a run of the files with its share of the cores (one file: one "
                           "process; the tokenizer already uses every core, see docs/cli.md).")
-    max_record_bytes: int = arg(MAX_RECORD_BYTES, RECORD_HELP)
+    max_record_bytes: int = Inputs.max_record_bytes()
 
     def __post_init__(self) -> None:
         _check(bool(self.corpus), "no corpus files given", "pass one or more text files")
@@ -286,12 +365,12 @@ class PretrainArgs(Args):
 
     out: Path = arg(help="Run directory to write (a Hugging Face checkpoint).")
     corpus: list[Path] = arg(help=CORPUS_HELP, positional=True, factory=list)
-    text_column: str = arg("text", TEXT_COLUMN_HELP)
+    text_column: str = Inputs.corpus_column()
     data: Path | None = arg(None, "A token shard written by `mlmkit tokenize`, instead of corpus files.")
     tokenizer: Path | None = arg(None, "tokenizer.json or vocab.txt; trained on the corpus if absent "
                                        "(with --data: the shard's own).")
-    vocab_size: int = arg(DEFAULT_VOCAB_SIZE, "Vocabulary of the tokenizer trained when --tokenizer is absent.")
-    cased: bool = arg(False, "The trained tokenizer keeps case and accents.")
+    vocab_size: int = Training.vocab_size()
+    cased: bool = Training.cased()
     arch: str | None = arg(None, "Model family: bert (MLM + NSP, WordPiece), roberta (MLM on packed sequences, byte-level "
                                  "BPE) or modernbert (MLM, pre-LN, rotary + local attention, BPE); default: the "
                                  "--config's, else bert.")
@@ -305,7 +384,7 @@ class PretrainArgs(Args):
                                  "consecutive sentences for MLM only.")
     eval_file: Path | None = arg(None, "Held-out corpus (default: the last documents of the corpus).")
     cache_dir: Path | None = arg(None, "Tokenized-corpus cache (default: $MLMKIT_CACHE or ~/.cache/mlmkit).")
-    max_record_bytes: int = arg(MAX_RECORD_BYTES, RECORD_HELP)
+    max_record_bytes: int = Inputs.max_record_bytes()
     train: TrainArgs = arg(
         factory=lambda: TrainArgs(steps=1000, lr=5e-4, warmup_ratio=0.06, eval_every=200, save_every=500, keep_last=2),
         hide=("epochs", "early_stopping"),
@@ -330,12 +409,12 @@ class FinetuneArgs(Args):
     model: Path = arg(help="An mlmkit run, or a Hugging Face checkpoint directory of a supported family.")
     train_file: Path = arg(help="Training data in the task's format.", flags=("--train",))
     out: Path = arg(help="Run directory to write.")
-    eval_file: Path | None = arg(None, "Evaluation data: scored at each evaluation; the best model is kept.", flags=("--eval",))
+    eval_file: Path | None = Training.eval_file()
     batch_size: int = arg(32, "Features per micro-batch: an example is one feature, or several (QA's windows of a "
                               "long context, a plugin's choices).")
-    max_length: int | None = arg(None, "Maximum tokens per input (the task's default if absent).")
+    max_length: int | None = Training.max_length()
     options: dict[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
-    max_record_bytes: int = arg(MAX_RECORD_BYTES, RECORD_HELP)
+    max_record_bytes: int = Inputs.max_record_bytes()
     train: TrainArgs = arg(factory=lambda: TrainArgs(epochs=3.0, lr=5e-5, warmup_ratio=0.1, keep_last=1))
 
     def __post_init__(self) -> None:
@@ -365,8 +444,7 @@ class DistillArgs(Args):
     layers: int | None = arg(None, "The student's layers, 1 to the teacher's (not with --static).")
     layer_map: str | None = arg(None, "Which teacher layer starts each student layer, e.g. 0,2,4 (increasing, "
                                       "distinct); default: every L/K-th from the first.")
-    eval_file: Path | None = arg(None, "Labelled evaluation data in the task's format: the student is scored at each "
-                                       "evaluation and the best one kept (not with --static).", flags=("--eval",))
+    eval_file: Path | None = Training.eval_file()
     static: bool = arg(False, "Make a static-embedding bundle instead: a vector per token from the teacher, PCA, SIF "
                               "weighting; a text's embedding is the mean of its tokens' (no transformer runs).")
     dims: int | None = arg(None, "With --static: the vectors' dimensions (PCA), 1 to the teacher's; default 256 or the "
@@ -375,7 +453,7 @@ class DistillArgs(Args):
     held_out: float = arg(0.1, "Share of the inputs kept out of training, on which the student's agreement with the "
                                "teacher is measured (0: none).")
     batch_size: int = arg(32, "Features per micro-batch.")
-    max_length: int | None = arg(None, "Maximum tokens per input (the teacher's if absent).")
+    max_length: int | None = Training.max_length()
     options: dict[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
     train: TrainArgs = arg(factory=lambda: TrainArgs(epochs=3.0, lr=DISTILL_LR, warmup_ratio=0.1, keep_last=1))
 
@@ -420,6 +498,35 @@ class SweepArgs(FinetuneArgs):
         _check(self.trials >= 1, f"--trials must be at least 1, got {self.trials}")
         _check(self.eval_file is not None, "mlmkit sweep needs --eval", "trials are compared on the evaluation metric")
         _check(bool(self.search), "give at least one --search NAME=SPACE", "e.g. --search lr=1e-5:1e-3:log")
+
+
+@dataclass
+class EvaluateArgs(Args):
+    """`mlmkit evaluate`: fine-tuned runs, bundles or indexes scored on labelled data, side by side."""
+
+    models: list[Path] = arg(help="Fine-tuned run directories or exported bundles; several are scored on the same data, "
+                                  "side by side.", positional=True)
+    data: Path = arg(help="Labelled data in the task's format.")
+    predictions: Path | None = arg(None, "Write per-example predictions as JSON lines (one model).")
+    speed: bool = arg(False, "Also time each model's prediction of the data (examples/s on this machine) and give its size.")
+    plot: Path | None = arg(None, "Draw quality against speed (implies --speed): .png, .svg or .pdf "
+                                  "(pip install 'mlmkit[plots]').")
+    device: str = Runtime.device()
+
+    def __post_init__(self) -> None:
+        _check(len(self.models) <= 1 or self.predictions is None, "--predictions takes one model",
+               "evaluate the model whose predictions you want alone")
+        for m in self.models:
+            _check(Path(m).exists(), f"not found: {m}", "pass a fine-tuned run directory or an exported bundle")
+
+
+@dataclass
+class PlotArgs(Args):
+    """`mlmkit plot`: runs' training curves, overlaid."""
+
+    runs: list[Path] = arg(help="Run directories (or their metrics.jsonl) to draw, overlaid.", positional=True)
+    out: Path = arg(Path("curves.png"), "The picture to write: .png, .svg or .pdf.")
+    title: str | None = arg(None, "A title above the panels.")
 
 
 @dataclass
@@ -473,6 +580,108 @@ class ExportArgs(Args):
                f"--min-agreement must be above 0 and at most 1, got {self.min_agreement}", "e.g. --min-agreement 0.98")
 
 
+# ---- inference -------------------------------------------------------------------------------------
+@dataclass
+class InferenceArgs(Args):
+    """What every inference command takes (fill-mask, classify, tag, qa, embed, predict): a batch job
+    over a bundle (mlmkit.infer.jobs)."""
+
+    bundle: Path = arg(help="A bundle directory written by `mlmkit export`.", positional=True)
+    texts: list[str] | None = arg(None, "Input texts (or use --input, or pipe them on stdin).", positional=True)
+    input_file: Path | None = Inputs.input_file()
+    output: Path | None = Output.output()
+    batch_size: int = Runtime.batch_size()
+    batch_tokens: int | None = Runtime.batch_tokens()
+    device: str = Runtime.device()
+    precision: str | None = Runtime.precision()
+    min_agreement: float | None = Runtime.min_agreement()
+    threads: int | None = Runtime.threads()
+    as_json: bool = Output.as_json()
+    window: int = Runtime.window()
+    workers: int | None = arg(None, "Processes, each with its own onnxruntime session and a share of the threads "
+                                    "(default: what measured fastest, see docs/performance.md).")
+    on_error: str = arg("stop", "stop: a bad record ends the job, naming it; skip: it is listed in --errors and the job goes on.")
+    errors: Path | None = arg(None, "With --on-error skip: the JSON-lines list of bad records "
+                                    "(default: OUTPUT.errors.jsonl, or a count on stderr).")
+    resume: bool = arg(False, "Continue the unfinished job that writes --output, after the records it finished.")
+    id_column: str | None = arg(None, "Carry this input field (JSONL, CSV, TSV, Parquet) into each result under its own name "
+                                      "(Parquet output: with its type; JSON lines: timestamps ISO 8601, binary base64).")
+    max_record_bytes: int = Inputs.max_record_bytes()
+    engine: str = Engine.engine()
+    address: str | None = Engine.address()
+
+    def __post_init__(self) -> None:
+        checks = [(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}"),
+                  (self.batch_tokens is None or self.batch_tokens >= 0, f"--batch-tokens must be 0 (no limit) or more, got {self.batch_tokens}"),
+                  (self.threads is None or self.threads >= 1, f"--threads must be at least 1, got {self.threads}"),
+                  (self.window >= 1, f"--window must be at least 1, got {self.window}"),
+                  (self.workers is None or self.workers >= 1, f"--workers must be at least 1, got {self.workers}"),
+                  (self.on_error in ("stop", "skip"), f"--on-error {self.on_error}: use stop or skip"),
+                  (self.max_record_bytes >= 1, f"--max-record-bytes must be at least 1, got {self.max_record_bytes}"),
+                  (self.engine in ("local", "ray"), f"--engine {self.engine}: use local or ray"),
+                  (self.engine == "local" or self.output is not None, "--engine ray needs --output (a file or directory)"),
+                  (self.errors is None or self.on_error == "skip",
+                   "--errors goes with --on-error skip (with stop, the first bad record ends the job, naming it)"),
+                  (self.address is None or self.engine == "ray", "--address goes with --engine ray (the cluster to join)")]
+        for ok, message in checks:
+            _check(ok, message)
+        check_precision(self.precision, self.min_agreement)
+
+
+@dataclass
+class QaArgs(InferenceArgs):
+    """`mlmkit qa`: questions as arguments ask about one --context (or question, context records)."""
+
+    context: str | None = arg(None, "The context that the text arguments (questions) ask about.")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(not self.texts or self.context is not None, "questions given without --context",
+               "pass --context TEXT, or records with question and context via --input")
+        _check(self.context is None or bool(self.texts), "--context given without questions", "add the questions as arguments")
+
+
+@dataclass
+class RerankArgs(Args):
+    """`mlmkit rerank`: documents ranked for a query by a cross-encoder bundle."""
+
+    bundle: Path = arg(help="A cross-encoder bundle (a one-label sequence classifier).", positional=True)
+    documents: list[str] | None = arg(None, "Documents to rank (or --input).", positional=True)
+    query: str = arg("", "What the documents are ranked for.")
+    input_file: Path | None = Inputs.input_file()
+    text_column: str = Inputs.text_column()
+    top_n: int | None = arg(None, "Keep the N most relevant.")
+    raw_scores: bool = arg(False, "The cross-encoder's logits, not their sigmoid.")
+    precision: str | None = Runtime.precision()
+
+    def __post_init__(self) -> None:
+        _check(self.top_n is None or self.top_n >= 1, f"--top-n must be at least 1, got {self.top_n}")
+        check_precision(self.precision, None)
+        _check(bool(self.query.strip()), "no --query", "pass --query TEXT")
+
+
+@dataclass
+class SearchArgs(Args):
+    """`mlmkit search`: the top-k documents of each query in an index (mlmkit index)."""
+
+    index: Path = arg(help="An index directory (mlmkit index).", positional=True)
+    queries: list[str] | None = arg(None, "Query texts (or --input).", positional=True)
+    input_file: Path | None = Inputs.input_file()
+    text_column: str = Inputs.text_column()
+    top_k: int | None = arg(None, "Hits per query (default 10, or every document of a smaller index).")
+    rescore: int | None = arg(None, "Binary, --rescore-copy or ANN indexes: candidates scored again with the rescoring "
+                                    "vectors (default: 4 x top-k, at least 100).")
+    bundle: Path | None = arg(None, "The bundle to embed queries with (default: the index's; another is refused).")
+    export: Path | None = arg(None, "Write the index's ids and vectors as Parquet instead (id, vector: fixed-size list "
+                                    "of float32) and exit.")
+    batch: int = arg(256, "Queries embedded and searched together.")
+    precision: str | None = Runtime.precision()
+
+    def __post_init__(self) -> None:
+        _check(self.batch >= 1, f"--batch must be at least 1, got {self.batch}")
+        check_precision(self.precision, None)
+
+
 @dataclass
 class MineArgs(Args):
     """`mlmkit mine`: hard negatives for (query, positive) data, from a retriever's ranking of a corpus."""
@@ -498,8 +707,8 @@ class MineArgs(Args):
     anchor_column: str = arg("anchor", "Rows: the anchor (query) field.")
     positive_column: str = arg("positive", "Rows: the positive field.")
     batch_size: int = arg(256, "Queries searched at once (and written together: --resume goes on after the last batch written).")
-    device: str = arg("cpu", "cpu or cuda (an embedding bundle's onnxruntime session).")
-    precision: str | None = arg(None, PRECISION_HELP)
+    device: str = Runtime.device()
+    precision: str | None = Runtime.precision()
     index: str = arg("exact", "With an embedding bundle: exact search, or faiss (an HNSW index, approximate, for corpora "
                               "too large for exact search).")
     resume: bool = arg(False, "Continue the unfinished mining job that writes --out, after the batches it finished.")
@@ -540,11 +749,25 @@ class DataArgs(Args):
                     positional=True)
     sets: list[str] = arg(factory=list, flags=("--set",), help="A set to write, repeatable: corpus, classification, "
                                                               "tagging, qa or retrieval (default: every one).")
-    retrieval_documents: int = arg(1000, "Documents of the retrieval set (the quickstart's 1,000; the standard library "
-                                         "has about 2,900).")
+    retrieval_documents: int = Training.retrieval_documents()
 
     def __post_init__(self) -> None:
         _check(self.retrieval_documents >= 1, f"--retrieval-documents must be at least 1, got {self.retrieval_documents}")
+
+
+@dataclass
+class QuickstartArgs(Args):
+    """`mlmkit quickstart`: the whole pipeline on the built-in data (mlmkit/quickstart/demo.py)."""
+
+    out: Path = arg(Path("runs/quickstart"), "Where the quickstart writes its runs and bundles.")
+    steps: int = arg(1500, "Steps of its pretraining stage.")
+    seed: int = Training.seed()
+    retrieval_documents: int = Training.retrieval_documents()
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1, f"--steps must be at least 1, got {self.steps}")
+        _check(self.retrieval_documents >= 50, f"--retrieval-documents must be at least 50, got {self.retrieval_documents}",
+               "the quickstart's retrieval step needs a set of 50 documents or more")
 
 
 @dataclass
@@ -555,13 +778,12 @@ class ServeArgs(Args):
                              positional=True)
     host: str = arg("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
     port: int = arg(8000, "Port to listen on.")
-    device: str = arg("cpu", "cpu or cuda (falls back to the CPU, saying so, without onnxruntime-gpu or a GPU).")
-    precision: str | None = arg(None, PRECISION_HELP)
-    min_agreement: float | None = arg(None, MIN_AGREEMENT_HELP)
-    threads: int | None = arg(None, "onnxruntime intra-op threads per model (default: one per physical core).")
-    batch_size: int = arg(32, "Inputs per onnxruntime batch (length-bucketed) inside a merged call.")
-    batch_tokens: int | None = arg(None, "Most padded tokens per onnxruntime batch (0: no limit; default on the CPU: "
-                                         "what keeps a batch in cache, 512 at hidden size 384; on CUDA no limit).")
+    device: str = Runtime.device()
+    precision: str | None = Runtime.precision()
+    min_agreement: float | None = Runtime.min_agreement()
+    threads: int | None = Runtime.threads()
+    batch_size: int = Runtime.batch_size()
+    batch_tokens: int | None = Runtime.batch_tokens()
     max_batch_size: int = arg(256, "Most inputs merged from queued requests into one call.")
     max_wait_ms: float = arg(2.0, "How long the first queued request waits for others to join its call (ms).")
     max_inputs: int = arg(1024, "Most inputs in one request (more: 413).")

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mlmkit.args import Args, cli_fields
+from mlmkit.args import Args, Output, cli_fields
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.registry import FILL_MASK_TOP_K, Plugin, TaskOption, option_flags
 
@@ -27,7 +27,8 @@ err = Console(stderr=True, soft_wrap=True)
 state = {"debug": False}
 F = TypeVar("F", bound=Callable[..., Any])
 
-Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table (the default when piped).")]
+Json = Annotated[bool, typer.Option(*Output.as_json.flags, help=escape(Output.as_json.help))]
+"""--json (args.Output.as_json) beside a command's argument dataclass: ``as_json: Json = False``."""
 
 
 # ---- errors --------------------------------------------------------------------------------------
@@ -67,7 +68,8 @@ def handle_errors(fn: F) -> F:
 # ---- parameters built from declarations ----------------------------------------------------------
 def _replace_param(fn: Callable[..., Any], name: str, params: list[inspect.Parameter], build: Callable[[dict[str, Any]], Any]) -> Callable[..., Any]:
     """``fn`` as Typer sees it with its parameter ``name`` replaced by ``params``: the wrapper calls
-    ``build`` on their values and passes the result to ``fn`` as ``name``."""
+    ``build`` on their values and passes the result to ``fn`` as ``name``. Arguments come first, then
+    ``fn``'s own options, then ``params``' options; --json (Json) last."""
     sig = inspect.signature(fn, eval_str=True)  # annotations as objects: Typer reads its options from them
     own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values() if p.name != name]
     taken = {p.name for p in params}
@@ -83,7 +85,8 @@ def _replace_param(fn: Callable[..., Any], name: str, params: list[inspect.Param
     positional = [p for p in params if isinstance(_info(p), typer.models.ArgumentInfo)]
     rest = [p for p in params if p not in positional]
     order = positional + [p for p in own if isinstance(_info(p), typer.models.ArgumentInfo)]
-    order += [p for p in own if p not in order] + rest
+    last = [p for p in own if p.annotation == Json]
+    order += [p for p in own if p not in order and p not in last] + rest + last
     wrapper.__signature__ = sig.replace(parameters=order)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in order}
     return wrapper

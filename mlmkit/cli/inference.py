@@ -11,23 +11,21 @@ command serves is the tasks' declaration (``command``); `predict` serves any bun
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from rich import progress as rp
 from rich.table import Table
 
 from mlmkit.args import (
-    MIN_AGREEMENT_HELP,
-    PRECISION_HELP,
-    Args,
     ExportArgs,
+    InferenceArgs,
     MineArgs,
+    QaArgs,
+    RerankArgs,
+    SearchArgs,
     ServeArgs,
-    arg,
-    check_precision,
 )
 from mlmkit.cli.common import (
     Json,
@@ -41,62 +39,9 @@ from mlmkit.cli.common import (
     with_task_options,
 )
 from mlmkit.errors import ConfigError
-from mlmkit.files import MAX_RECORD_BYTES
-from mlmkit.infer.jobs import WINDOW
+from mlmkit.infer.index import BuildArgs
 
 app = typer.Typer()
-
-
-
-@dataclass
-class InferenceArgs(Args):
-    """What every inference command takes."""
-
-    bundle: Path = arg(help="A bundle directory written by `mlmkit export`.", positional=True)
-    texts: list[str] | None = arg(None, "Input texts (or use --input, or pipe them on stdin).", positional=True)
-    input_file: Path | None = arg(None, "Inputs: a .txt (one per line), .jsonl, .csv, .tsv or .parquet file, a directory of them, or a glob (quoted).", flags=("--input", "-i"))
-    output: Path | None = arg(None, "Write the results to this file: .jsonl (JSON lines; any other suffix too), .parquet, .csv, .tsv, or .npy (embeddings); "
-                                    "- (stdout), a FIFO or a device: JSON lines, streamed.",
-                              flags=("--output", "-o"))
-    batch_size: int = arg(32, "Inputs per batch (length-bucketed).")
-    batch_tokens: int | None = arg(None, "Most padded tokens per batch (0: no limit; default on the CPU: what keeps a "
-                                         "batch in cache, 512 at hidden size 384; on CUDA no limit).")
-    device: str = arg("cpu", "cpu or cuda (falls back to the CPU, saying so, without onnxruntime-gpu or a GPU).")
-    precision: str | None = arg(None, PRECISION_HELP)
-    min_agreement: float | None = arg(None, MIN_AGREEMENT_HELP)
-    threads: int | None = arg(None, "onnxruntime intra-op threads (default: one per physical core).")
-    as_json: bool = arg(False, "Print JSON lines instead of a table (the default when piped).", flags=("--json",))
-    window: int = arg(WINDOW, "Records read, length-bucketed and written together: memory holds one window per worker.")
-    workers: int | None = arg(None, "Processes, each with its own onnxruntime session and a share of the threads "
-                                    "(default: what measured fastest, see docs/performance.md).")
-    on_error: str = arg("stop", "stop: a bad record ends the job, naming it; skip: it is listed in --errors and the job goes on.")
-    errors: Path | None = arg(None, "With --on-error skip: the JSON-lines list of bad records "
-                                    "(default: OUTPUT.errors.jsonl, or a count on stderr).")
-    resume: bool = arg(False, "Continue the unfinished job that writes --output, after the records it finished.")
-    id_column: str | None = arg(None, "Carry this input field (JSONL, CSV, TSV, Parquet) into each result under its own name "
-                                      "(Parquet output: with its type; JSON lines: timestamps ISO 8601, binary base64).")
-    max_record_bytes: int = arg(MAX_RECORD_BYTES, "A longer input line or value is a bad record (never read whole; "
-                                                  "--on-error skip steps over it).")
-    engine: str = arg("local", "local, or ray: Ray Data map_batches on a cluster (pip install 'mlmkit[ray]').")
-    address: str | None = arg(None, "With --engine ray: the cluster to join (e.g. auto); default: a Ray started here.")
-
-    def __post_init__(self) -> None:
-        checks = [(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}"),
-                  (self.batch_tokens is None or self.batch_tokens >= 0, f"--batch-tokens must be 0 (no limit) or more, got {self.batch_tokens}"),
-                  (self.threads is None or self.threads >= 1, f"--threads must be at least 1, got {self.threads}"),
-                  (self.window >= 1, f"--window must be at least 1, got {self.window}"),
-                  (self.workers is None or self.workers >= 1, f"--workers must be at least 1, got {self.workers}"),
-                  (self.on_error in ("stop", "skip"), f"--on-error {self.on_error}: use stop or skip"),
-                  (self.max_record_bytes >= 1, f"--max-record-bytes must be at least 1, got {self.max_record_bytes}"),
-                  (self.engine in ("local", "ray"), f"--engine {self.engine}: use local or ray"),
-                  (self.engine == "local" or self.output is not None, "--engine ray needs --output (a file or directory)"),
-                  (self.errors is None or self.on_error == "skip",
-                   "--errors goes with --on-error skip (with stop, the first bad record ends the job, naming it)"),
-                  (self.address is None or self.engine == "ray", "--address goes with --engine ray (the cluster to join)")]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
-        check_precision(self.precision, self.min_agreement)
 
 
 # ---- export ------------------------------------------------------------------------------------
@@ -264,17 +209,10 @@ def tag(args: InferenceArgs, options: dict[str, Any]) -> None:
 @app.command()
 @handle_errors
 @with_task_options("qa")
-@with_args(InferenceArgs)
-def qa(
-    args: InferenceArgs, options: dict[str, Any],
-    context: Annotated[str | None, typer.Option("--context", help="The context that the text arguments (questions) ask about.")] = None,
-) -> None:
+@with_args(QaArgs)
+def qa(args: QaArgs, options: dict[str, Any]) -> None:
     """Answer questions with a span of their context: answer text, score and character span."""
-    if args.texts and context is None:
-        raise ConfigError("questions given without --context", "pass --context TEXT, or records with question and context via --input")
-    if context is not None and not args.texts:
-        raise ConfigError("--context given without questions", "add the questions as arguments")
-    items = [{"question": q, "context": context} for q in args.texts] if args.texts else None
+    items = [{"question": q, "context": args.context} for q in args.texts] if args.texts else None
     run_inference("qa", args, options, items)
 
 
@@ -289,29 +227,19 @@ def embed(args: InferenceArgs, options: dict[str, Any]) -> None:
 
 @app.command()
 @handle_errors
-def rerank(
-    bundle: Annotated[Path, typer.Argument(help="A cross-encoder bundle (a one-label sequence classifier).")],
-    documents: Annotated[list[str] | None, typer.Argument(help="Documents to rank (or --input).")] = None,
-    query: Annotated[str, typer.Option("--query", help="What the documents are ranked for.")] = "",
-    input: Annotated[Path | None, typer.Option("--input", help="A file of documents: .txt one per line, .jsonl/.csv/.tsv/.parquet.")] = None,
-    text_column: Annotated[str, typer.Option("--text-column", help="The documents' field in --input records.")] = "text",
-    top_n: Annotated[int | None, typer.Option("--top-n", min=1, help="Keep the N most relevant.")] = None,
-    raw_scores: Annotated[bool, typer.Option("--raw-scores", help="The cross-encoder's logits, not their sigmoid.")] = False,
-    precision: Annotated[str | None, typer.Option("--precision", help=PRECISION_HELP)] = None,
-    as_json: Json = False,
-) -> None:
+@with_args(RerankArgs)
+def rerank(args: RerankArgs, as_json: Json = False) -> None:
     """Rank documents for a query with a cross-encoder, most relevant first (the score: the sigmoid of its logit)."""
     from mlmkit.infer.pipeline import Pipeline
     from mlmkit.infer.reranking import rerank_documents
     from mlmkit.text.records import iter_inputs
 
-    if not query.strip():
-        raise ConfigError("no --query", "pass --query TEXT")
-    docs = list(documents or []) + ([rec.line_text(text_column) for rec in iter_inputs(input)] if input is not None else [])
+    docs = list(args.documents or []) + ([rec.line_text(args.text_column) for rec in iter_inputs(args.input_file)]
+                                         if args.input_file is not None else [])
     if not docs:
         raise ConfigError("no documents to rank", "give them as arguments or with --input FILE")
-    ranked = rerank_documents(Pipeline.load(bundle, command="classify", precision=precision), query, docs, top_n=top_n,
-                              raw=raw_scores)
+    ranked = rerank_documents(Pipeline.load(args.bundle, command="classify", precision=args.precision), args.query, docs,
+                              top_n=args.top_n, raw=args.raw_scores)
     if want_json(as_json):
         for r in ranked:
             print_json(r)
@@ -351,78 +279,34 @@ def mine(args: MineArgs, as_json: Json = False) -> None:
 
 @app.command("index")
 @handle_errors
-def index_cmd(
-    bundle: Annotated[Path, typer.Argument(help="An embedding bundle (mlmkit export); a sparse-embedding one builds an "
-                                           "inverted index.")],
-    corpus: Annotated[Path, typer.Option("--corpus", help="Documents: a BEIR corpus.jsonl (_id, title, text), JSON lines, "
-                                         "Parquet or CSV with an id column, or .txt (one a line, its line number the id).")],
-    out_dir: Annotated[Path, typer.Option("--out", help="The index directory.")],
-    quantize: Annotated[str, typer.Option("--quantize", help="float32, float16, int8 (calibrated ranges) or binary "
-                                          "(sign bits, with an int8 copy for rescoring).")] = "float32",
-    ann: Annotated[str, typer.Option("--ann", help="flat (exact), hnsw or ivf (faiss, beside the vectors).")] = "flat",
-    rescore_copy: Annotated[str | None, typer.Option("--rescore-copy", help="float16: keep the vectors as float16 beside an "
-                                                     "int8 or binary index, and rescore its candidates from them (binary "
-                                                     "keeps an int8 copy otherwise).")] = None,
-    append: Annotated[bool, typer.Option("--append", help="Add the documents to the index at --out.")] = False,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the build that was killed, after its last window.")] = False,
-    id_column: Annotated[str | None, typer.Option("--id-column", help="The documents' id field (default: _id, else id).")] = None,
-    text_column: Annotated[str, typer.Option("--text-column", help="The documents' text field (a title goes before it).")] = "text",
-    window: Annotated[int, typer.Option("--window", min=1, help="Documents embedded and written together.")] = WINDOW,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Embedding processes, each with a share of the threads.")] = 1,
-    threads: Annotated[int | None, typer.Option("--threads", min=1, help="onnxruntime threads in all.")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Documents per onnxruntime batch.")] = 32,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
-    precision: Annotated[str | None, typer.Option("--precision", help=PRECISION_HELP)] = None,
-    engine: Annotated[str, typer.Option("--engine", help="local, or ray: embed on a Ray cluster, --workers actors "
-                                        "(pip install 'mlmkit[ray]'); the same index as a local build.")] = "local",
-    address: Annotated[str | None, typer.Option("--address", help="With --engine ray: the cluster to join (e.g. auto); "
-                                                "default: a Ray started here.")] = None,
-    as_json: Json = False,
-) -> None:
+@with_args(BuildArgs)
+def index_cmd(args: BuildArgs, as_json: Json = False) -> None:
     """Embed a corpus into an on-disk index that `mlmkit search` reads: vectors memory-mapped (or a SPLADE bundle's inverted
     index), ids beside them, a manifest."""
     import time
 
-    from mlmkit.infer.index import BuildArgs, build
+    from mlmkit.infer.index import build
 
-    args = BuildArgs(bundle, corpus, out_dir, quantization=quantize, ann=ann, append=append, resume=resume, id_column=id_column,
-                     text_column=text_column, window=window, workers=workers, threads=threads, batch_size=batch_size, device=device,
-                     engine=engine, address=address, rescore_copy=rescore_copy, precision=precision)
     t0, done = time.perf_counter(), [0]
-    with err.status(f"indexing {corpus} ...") as status:
+    with err.status(f"indexing {args.corpus} ...") as status:
         def advance(n: int) -> None:
             done[0] += n
-            status.update(f"indexing {corpus}: {done[0]:,} documents, {done[0] / (time.perf_counter() - t0):,.0f} docs/s")
+            status.update(f"indexing {args.corpus}: {done[0]:,} documents, {done[0] / (time.perf_counter() - t0):,.0f} docs/s")
 
         m = build(args, advance)
-    summary = {"index": str(out_dir), "count": m["count"], "dims": m["dims"], "quantization": m["quantization"], "ann": m["ann"],
+    summary = {"index": str(args.out), "count": m["count"], "dims": m["dims"], "quantization": m["quantization"], "ann": m["ann"],
                "added": m["shards"][-1]["count"], "seconds": round(time.perf_counter() - t0, 2)}
     if want_json(as_json):
         print_json(summary)
         return
-    out.print(f"{summary['added']:,} documents added to {out_dir} ({m['count']:,} in all, {m['dims']} dims, {m['quantization']}, "
+    out.print(f"{summary['added']:,} documents added to {args.out} ({m['count']:,} in all, {m['dims']} dims, {m['quantization']}, "
               f"--ann {m['ann']}) in {summary['seconds']} s")
 
 
 @app.command("search")
 @handle_errors
-def search_cmd(
-    index: Annotated[Path, typer.Argument(help="An index directory (mlmkit index).")],
-    queries: Annotated[list[str] | None, typer.Argument(help="Query texts (or --input).")] = None,
-    input: Annotated[Path | None, typer.Option("--input", help="Queries: .txt one a line, or .jsonl/.csv/.parquet records.")] = None,
-    text_column: Annotated[str, typer.Option("--text-column", help="The queries' field in --input records.")] = "text",
-    top_k: Annotated[int | None, typer.Option("--top-k", help="Hits per query (default 10, or every document of a "
-                                              "smaller index).")] = None,
-    rescore: Annotated[int | None, typer.Option("--rescore", help="Binary, --rescore-copy or ANN indexes: candidates scored again "
-                                                "with the rescoring vectors (default: 4 x top-k, at least 100).")] = None,
-    bundle: Annotated[Path | None, typer.Option("--bundle", help="The bundle to embed queries with (default: the index's; "
-                                                "another is refused).")] = None,
-    export: Annotated[Path | None, typer.Option("--export", help="Write the index's ids and vectors as Parquet instead "
-                                                "(id, vector: fixed-size list of float32) and exit.")] = None,
-    batch: Annotated[int, typer.Option("--batch", min=1, help="Queries embedded and searched together.")] = 256,
-    precision: Annotated[str | None, typer.Option("--precision", help=PRECISION_HELP)] = None,
-    as_json: Json = False,
-) -> None:
+@with_args(SearchArgs)
+def search_cmd(args: SearchArgs, as_json: Json = False) -> None:
     """The top-k documents of each query in an index, best first: JSON lines {"query", "hits": [{"id", "score"}]} or a table."""
 
     from mlmkit.files import json_line
@@ -430,25 +314,26 @@ def search_cmd(
     from mlmkit.infer.pipeline import Pipeline
     from mlmkit.text.records import iter_inputs
 
-    ix = Index.open(index)
-    if export is not None:
+    ix = Index.open(args.index)
+    if args.export is not None:
         from mlmkit.infer.index import export_parquet
 
-        n = export_parquet(ix, export)
-        err.print(f"wrote {n:,} ids and vectors to {export}")
+        n = export_parquet(ix, args.export)
+        err.print(f"wrote {n:,} ids and vectors to {args.export}")
         return
-    texts = list(queries or []) + ([r.line_text(text_column) for r in iter_inputs(input)] if input is not None else [])
+    texts = list(args.queries or []) + ([r.line_text(args.text_column) for r in iter_inputs(args.input_file)]
+                                        if args.input_file is not None else [])
     if not texts:
         raise ConfigError("no queries", "give them as arguments or with --input FILE")
-    top_k = min(10, ix.count) if top_k is None else top_k
+    top_k = min(10, ix.count) if args.top_k is None else args.top_k
     if top_k < 1 or top_k > ix.count:
         raise ConfigError(f"--top-k {top_k}: give 1 to the index's {ix.count:,} documents")
-    pipe = Pipeline.load(query_bundle(ix, bundle), command="embed", precision=precision)
+    pipe = Pipeline.load(query_bundle(ix, args.bundle), command="embed", precision=args.precision)
     table = not want_json(as_json)
     t = Table("query", "rank", "id", "score") if table else None
-    for a in range(0, len(texts), batch):
-        part = texts[a:a + batch]
-        rows, scores = search_vectors(ix, as_queries(ix, pipe(part, **as_input(pipe, "query"))), top_k, rescore=rescore)
+    for a in range(0, len(texts), args.batch):
+        part = texts[a:a + args.batch]
+        rows, scores = search_vectors(ix, as_queries(ix, pipe(part, **as_input(pipe, "query"))), top_k, rescore=args.rescore)
         for text, found in zip(part, hits(ix, rows, scores)):
             if t is None:
                 sys.stdout.write(json_line({"query": text, "hits": found}))

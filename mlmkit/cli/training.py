@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -17,8 +17,11 @@ from rich.table import Table
 from mlmkit.args import (
     DataArgs,
     DistillArgs,
+    EvaluateArgs,
     FinetuneArgs,
+    PlotArgs,
     PretrainArgs,
+    QuickstartArgs,
     SweepArgs,
     TokenizeArgs,
     TokenizerArgs,
@@ -172,46 +175,28 @@ def sweep(args: SweepArgs, options: dict[str, Any], as_json: Json = False) -> No
 
 @app.command()
 @handle_errors
-def plot(
-    runs: Annotated[list[Path], typer.Argument(help="Run directories (or their metrics.jsonl) to draw, overlaid.")],
-    out_file: Annotated[Path, typer.Option("--out", help="The picture to write: .png, .svg or .pdf.")] = Path("curves.png"),
-    title: Annotated[str | None, typer.Option("--title", help="A title above the panels.")] = None,
-) -> None:
+@with_args(PlotArgs)
+def plot(args: PlotArgs) -> None:
     """Training curves of runs: loss, learning rate and each evaluation metric against the step."""
     from mlmkit.train.plots import plot_runs
 
-    path = plot_runs(runs, out_file, title=title)
+    path = plot_runs(args.runs, args.out, title=args.title)
     err.print(f"wrote {path}")
 
 
 @app.command()
 @handle_errors
 @with_task_options("evaluate")
-def evaluate(
-    models: Annotated[list[Path], typer.Argument(help="Fine-tuned run directories or exported bundles; several are "
-                                                      "scored on the same data, side by side.")],
-    data: Annotated[Path, typer.Option("--data", help="Labelled data in the task's format.")],
-    options: dict[str, Any],
-    predictions: Annotated[Path | None, typer.Option("--predictions", help="Write per-example predictions as JSON lines "
-                                                                           "(one model).")] = None,
-    speed: Annotated[bool, typer.Option("--speed", help="Also time each model's prediction of the data "
-                                                        "(examples/s on this machine) and give its size.")] = False,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Draw quality against speed (implies --speed): "
-                                                             ".png, .svg or .pdf (pip install 'mlmkit[plots]').")] = None,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda (falls back to the CPU, saying so).")] = "cpu",
-    as_json: Json = False,
-) -> None:
+@with_args(EvaluateArgs)
+def evaluate(args: EvaluateArgs, options: dict[str, Any], as_json: Json = False) -> None:
     """Score fine-tuned runs (PyTorch) or exported bundles (onnxruntime) with their task's metrics."""
-    if len(models) > 1 and predictions is not None:
-        raise MlmkitError("--predictions takes one model", "evaluate the model whose predictions you want alone")
-    for m in models:
-        if not m.exists():
-            raise MlmkitError(f"not found: {m}", "pass a fine-tuned run directory or an exported bundle")
-    results = [_evaluate_one(m, data, options, predictions, device, speed or plot is not None) for m in models]
-    if plot is not None:
+    models, data = args.models, args.data
+    results = [_evaluate_one(m, data, options, args.predictions, args.device, args.speed or args.plot is not None)
+               for m in models]
+    if args.plot is not None:
         from mlmkit.train.plots import plot_trade_off
 
-        err.print(f"wrote {plot_trade_off(models, results, plot)}")
+        err.print(f"wrote {plot_trade_off(models, results, args.plot)}")
     if len(models) == 1:
         print_metrics(results[0], f"{models[0]} on {data}", as_json)
     elif want_json(as_json):
@@ -244,17 +229,12 @@ def _evaluate_one(model: Path, data: Path, options: dict[str, Any], predictions:
 
 @app.command()
 @handle_errors
-def quickstart(
-    out_dir: Annotated[Path, typer.Option("--out", help="Where the quickstart writes its runs and bundles.")] = Path("runs/quickstart"),
-    steps: Annotated[int, typer.Option("--steps", help="Pretraining steps.")] = 1500,
-    seed: Annotated[int, typer.Option("--seed", help="Random seed of every stage.")] = 0,
-    retrieval_documents: Annotated[int, typer.Option("--retrieval-documents", min=50,
-                                                     help="Documents of the retrieval set step 5 trains on.")] = 1000,
-) -> None:
+@with_args(QuickstartArgs)
+def quickstart(args: QuickstartArgs) -> None:
     """The whole pipeline on built-in data, offline: corpus, tokenizer, pretraining, fine-tuning, export, inference, retrieval."""
     from mlmkit.quickstart.demo import run
 
-    run(out_dir, steps=steps, seed=seed, retrieval_documents=retrieval_documents, console=out)
+    run(args.out, steps=args.steps, seed=args.seed, retrieval_documents=args.retrieval_documents, console=out)
 
 
 @app.command()

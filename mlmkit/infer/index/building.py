@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from mlmkit.args import check_precision
+from mlmkit.args import Args, Engine, Runtime, arg, check_precision, flag
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
 from mlmkit.files import LOCK, exclusive, write_json
 from mlmkit.infer import postings
@@ -63,30 +63,41 @@ def corpus_records(items: Iterable[Any], id_column: str | None, text_column: str
 
 
 @dataclass
-class BuildArgs:
-    bundle: Path
-    corpus: Path
-    out: Path
-    quantization: str = "float32"
-    ann: str = "flat"
-    append: bool = False
-    resume: bool = False
-    id_column: str | None = None
-    text_column: str = "text"
-    window: int = 4096
-    workers: int = 1
-    threads: int | None = None
-    batch_size: int = 32
-    device: str = "cpu"
-    hnsw_m: int = 32
-    ivf_lists: int | None = None
-    engine: str = "local"
-    address: str | None = None
-    rescore_copy: str | None = None
+class BuildArgs(Args):
+    """`mlmkit index`: a corpus embedded into a new index at ``out`` (or a new shard of it: ``append``)."""
+
+    bundle: Path = arg(help="An embedding bundle (mlmkit export); a sparse-embedding one builds an inverted index.",
+                       positional=True)
+    corpus: Path = arg(help="Documents: a BEIR corpus.jsonl (_id, title, text), JSON lines, Parquet or CSV with an id "
+                            "column, or .txt (one a line, its line number the id).")
+    out: Path = arg(help="The index directory.")
+    quantization: str = arg("float32", "float32, float16, int8 (calibrated ranges) or binary (sign bits, with an int8 "
+                                       "copy for rescoring).", flags=("--quantize",))
+    ann: str = arg("flat", "flat (exact), hnsw or ivf (faiss, beside the vectors).")
+    rescore_copy: str | None = arg(None, "float16: keep the vectors as float16 beside an int8 or binary index, and rescore "
+                                         "its candidates from them (binary keeps an int8 copy otherwise).")
     """RESCORE_COPIES, for int8 and binary (None: binary keeps int8, int8 none)."""
-    precision: str | None = None  # --precision (mlmkit.infer.precision): the documents' vectors are computed in it
+    append: bool = arg(False, "Add the documents to the index at --out.")
+    resume: bool = arg(False, "Continue the build that was killed, after its last window.")
+    id_column: str | None = arg(None, "The documents' id field (default: _id, else id).")
+    text_column: str = arg("text", "The documents' text field (a title goes before it).")
+    window: int = Runtime.window()
+    workers: int = arg(1, "Embedding processes, each with a share of the threads.")
+    threads: int | None = Runtime.threads()
+    batch_size: int = Runtime.batch_size()
+    device: str = Runtime.device()
+    precision: str | None = Runtime.precision()  # the documents' vectors are computed in it (mlmkit.infer.precision)
+    engine: str = Engine.engine()
+    address: str | None = Engine.address()
+    hnsw_m: int = arg(32, "--ann hnsw: neighbours per node.", cli=False)
+    ivf_lists: int | None = arg(None, "--ann ivf: the lists (default: from the corpus size).", cli=False)
 
     def __post_init__(self) -> None:
+        for name in ("window", "workers", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{flag(BuildArgs, name)} must be at least 1, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {self.threads}")
         check_precision(self.precision, None)
         if self.rescore_copy is not None and (self.rescore_copy not in RESCORE_COPIES
                                               or self.quantization not in ("int8", "binary")
