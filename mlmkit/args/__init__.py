@@ -1,0 +1,105 @@
+"""The arguments of every command: one dataclass each, one source for each setting.
+
+Every field is declared with ``arg(default, help)``, so its default and its help text are written
+once, here. The CLI builds its options from these fields (cli/common.py: flags are the field names
+in kebab case unless ``flags`` says otherwise) and the Python API takes the dataclasses:
+
+    from mlmkit.args import PretrainArgs, TrainArgs
+    from mlmkit.train.pretrain import pretrain
+    pretrain(PretrainArgs(corpus=["corpus.txt"], out="runs/a", train=TrainArgs(steps=200)))
+
+``TrainArgs`` (the training loop's settings) is composed into ``PretrainArgs`` and ``FinetuneArgs``
+as their ``train`` field, whose factory holds that command's defaults. ``Args.from_flat`` builds
+any of them from flat names (``PretrainArgs.from_flat(corpus=[...], out=..., steps=200)``), as the
+CLI does. Cross-field rules live in ``__post_init__`` and name the CLI flags. No torch here.
+
+An option that means the same thing in several commands is declared once, as an ``Opt`` of a group
+(``Engine``: --engine, --address; ``Runtime``: --device, --precision, --min-agreement, --threads,
+--batch-size, --batch-tokens, --window of a bundle's session; ``Output``: --output, --json;
+``Inputs``; ``Training``), and each dataclass takes it as a field: ``device: str = Runtime.device()``.
+``BuildArgs`` (`mlmkit index`) lives with the index it builds, mlmkit.infer.index.building.
+"""
+
+from __future__ import annotations
+
+from mlmkit.args.base import (
+    MIN_AGREEMENT_HELP,
+    PRECISION_HELP,
+    PRECISIONS,
+    A,
+    Args,
+    CliField,
+    Engine,
+    Inputs,
+    Opt,
+    Output,
+    Runtime,
+    Training,
+    arg,
+    check_precision,
+    cli_fields,
+    flag,
+)
+from mlmkit.args.inference import (
+    DataArgs,
+    InferenceArgs,
+    MineArgs,
+    QaArgs,
+    QuickstartArgs,
+    RerankArgs,
+    SearchArgs,
+    ServeArgs,
+)
+from mlmkit.args.training import (
+    CORPUS_HELP,
+    DISTILL_LR,
+    DistillArgs,
+    EvaluateArgs,
+    ExportArgs,
+    FinetuneArgs,
+    PlotArgs,
+    PretrainArgs,
+    SweepArgs,
+    TokenizeArgs,
+    TokenizerArgs,
+    TrainArgs,
+)
+
+__all__ = [
+    "A",
+    "PRECISIONS",
+    "PRECISION_HELP",
+    "MIN_AGREEMENT_HELP",
+    "check_precision",
+    "arg",
+    "CliField",
+    "cli_fields",
+    "flag",
+    "Args",
+    "Opt",
+    "Engine",
+    "Runtime",
+    "Output",
+    "Inputs",
+    "Training",
+    "TrainArgs",
+    "CORPUS_HELP",
+    "TokenizerArgs",
+    "TokenizeArgs",
+    "PretrainArgs",
+    "FinetuneArgs",
+    "DISTILL_LR",
+    "DistillArgs",
+    "SweepArgs",
+    "EvaluateArgs",
+    "PlotArgs",
+    "ExportArgs",
+    "InferenceArgs",
+    "QaArgs",
+    "RerankArgs",
+    "SearchArgs",
+    "MineArgs",
+    "DataArgs",
+    "QuickstartArgs",
+    "ServeArgs",
+]
