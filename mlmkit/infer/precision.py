@@ -110,12 +110,12 @@ def _sample(meta: BundleMeta, path: Path, specials: Any) -> tuple[dict[str, np.n
     if not g:
         batch = sample_batch(meta.tokenizer.vocab_size, specials, meta.max_length, fill_mask=meta.task == "fill-mask")
         return batch, f"{SAMPLE_ROWS}-input sample (random token ids, made here: the bundle carries no gate sample)"
-    ids, types = g.get("input_ids"), g.get("token_type_ids")
+    ids, types = g.get("input_ids") or [], g.get("token_type_ids") or []
     V = meta.tokenizer.vocab_size
     ok = (isinstance(ids, list) and ids and isinstance(types, list) and len(types) == len(ids)
           and all(isinstance(r, list) and r and all(isinstance(x, int) and 0 <= x < V for x in r) for r in ids)
           and all(isinstance(t, list) and len(t) == len(r) and all(x in (0, 1) for x in t) for r, t in zip(ids, types)))
-    if not ok or not isinstance(ids, list):
+    if not ok:
         raise BundleError(f"{path / 'mlmkit.json'}: 'gate' has no sample of token ids below the vocabulary's size",
                           "re-create the bundle with `mlmkit export`")
     return padded(g, meta.tokenizer.pad_id), f"{len(ids)}-input sample ({g.get('on', 'the sample batch')})"
