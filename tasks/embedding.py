@@ -32,11 +32,14 @@ positive, a negative, a corpus text) in training and retrieval evaluation, and b
 caller declares one (``input_type``: `mlmkit embed --as query`, the OpenAI route's ``input_type``,
 TEI's ``prompt_name``). A sentence-transformers directory's prompts are read from, and a run's written
 to, config_sentence_transformers.json ({"prompts": {"query": ..., "document": ...}}).
+
+This module holds the task itself (its options, reading, features, model and run files); what it
+makes of records, BEIR and sentence-transformers directories and a teacher is embedding_data.py's,
+its evaluation (retrieval metrics, the pairs' correlations) embedding_metrics.py's.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections.abc import Mapping
@@ -44,6 +47,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from mlmkit_tasks.embedding_data import (
+    DATA_NAMES,
+    FORMATS,
+    NO_TARGET,
+    SPLADE_MODULES,
+    ST_POOLING,
+    ST_PROMPTS,
+    anchor_row,
+    as_retrieval,
+    data_kind,
+    example_texts,
+    is_splade_directory,
+    loss_option,
+    prompt_for,
+    scored_pair,
+    sentence_transformers_options,
+    text_id,
+    with_teacher,
+)
+from mlmkit_tasks.embedding_metrics import pair_correlations, retrieval_metrics
 
 from mlmkit.taskkit import (
     BATCH,
@@ -64,15 +87,9 @@ from mlmkit.taskkit import (
     is_beir,
     iter_jsonl,
     iter_records,
-    load_pipeline,
     losses,
-    mean_metrics,
-    numbered,
-    parse_json,
     read_split,
-    retrieve,
     tokenizer_settings,
-    write_trec,
 )
 
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
@@ -80,68 +97,13 @@ if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports t
 
 log = logging.getLogger("mlmkit")
 
+__all__ = [  # the data and evaluation helpers' public names are importable from here too, as before
+    "DATA_NAMES", "FORMATS", "INPUT_TYPES", "NO_TARGET", "POOLINGS", "SPLADE_MODULES", "ST_POOLING", "ST_PROMPTS",
+    "EmbeddingTask", "is_splade_directory", "task",
+]
+
 POOLINGS = ("mean", "cls", "max")
-ST_POOLING = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max"}
-FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
 INPUT_TYPES = ("none", "query", "document")
-ST_PROMPTS = {"query_prompt": ("query",), "document_prompt": ("document", "passage", "corpus")}
-"""The prompt options and the names a sentence-transformers directory's "prompts" gives them (the first found)."""
-
-
-NO_TARGET = np.zeros(0, dtype=np.float32)  # a training feature's "target" without a teacher (mse-distill's only)
-DATA_NAMES = {"rows": "rows of an anchor and its positive", "scored": "scored pairs", "texts": "plain texts"}
-
-
-def _json(path: Path) -> Any:
-    try:
-        return parse_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataFormatError(path, f"unreadable ({e})", hint="a sentence-transformers directory needs valid JSON here") from None
-
-
-SPLADE_MODULES = ("SpladePooling", "MLMTransformer")  # a sentence-transformers SparseEncoder: the sparse-embedding task's
-
-
-def is_splade_directory(d: Path) -> bool:
-    """A sentence-transformers SparseEncoder directory (its modules.json names SPLADE's modules)."""
-    try:
-        modules = parse_json((d / "modules.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
-    return any(k in SPLADE_MODULES for k in kinds)
-
-
-def _sentence_transformers(d: Path) -> dict[str, Any]:
-    """The pooling, normalisation and max length a sentence-transformers directory declares."""
-    modules = _json(d / "modules.json")
-    if not isinstance(modules, list):
-        raise DataFormatError(d / "modules.json", "expected a list of modules")
-    kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
-    options: dict[str, Any] = {"normalize": "Normalize" in kinds}
-    if "Pooling" in kinds:
-        cfg = _json(d / str(kinds["Pooling"].get("path", "1_Pooling")) / "config.json")
-        modes = [name for key, name in ST_POOLING.items() if cfg.get(key)]
-        other = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v and k not in ST_POOLING]
-        if isinstance(cfg.get("pooling_mode"), str):  # sentence-transformers 6 names the mode itself
-            mode = cfg["pooling_mode"]
-            modes, other = ([mode], []) if mode in ST_POOLING.values() else ([], [mode])
-        if other or len(modes) != 1:
-            raise DataFormatError(d / "1_Pooling" / "config.json", f"pooling {', '.join(other + modes) or 'none'} is not "
-                                  "one of mean, cls and max", hint="export with --task embedding --option pooling=...")
-        options["pooling"] = modes[0]
-    if (d / "config_sentence_transformers.json").is_file():
-        prompts = _json(d / "config_sentence_transformers.json").get("prompts") or {}
-        for option, names in ST_PROMPTS.items():
-            found = [prompts[n] for n in names if isinstance(prompts.get(n), str) and prompts[n]]
-            if found:
-                options[option] = found[0]
-    info: dict[str, Any] = {"options": options}
-    if (d / "sentence_bert_config.json").is_file():
-        max_len = _json(d / "sentence_bert_config.json").get("max_seq_length")
-        if isinstance(max_len, int) and max_len > 0:
-            info["max_length"] = max_len
-    return info
 
 
 def _dims(value: Any, hidden: int | None = None) -> list[int]:
@@ -172,27 +134,13 @@ def _weights(value: Any, n: int) -> list[float]:
     return w
 
 
-def _text_id(ids: list[int]) -> int:
-    """The same int64 for the same token ids: which texts of a batch are equal (never each other's negatives)."""
-    return int.from_bytes(hashlib.blake2b(np.asarray(ids, dtype=np.int64).tobytes(), digest_size=8).digest(), "little",
-                          signed=True)
-
-
-def _negative_columns(fields: Mapping[str, Any], prefix: str) -> list[str]:
-    """``negative``, then ``negative_1``, ``negative_2`` ... (by number) among a record's fields."""
-    return ([prefix] if prefix in fields else []) + numbered(fields, prefix)
-
-
-def _as_retrieval(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Training-style rows as a retrieval evaluation: each anchor a query, searching the distinct texts
-    of every positive and negative of the file, its own positive the one relevant document."""
-    doc_ids: dict[str, str] = {}
-    for r in rows:
-        for text in (r["positive"], *r["negatives"]):
-            doc_ids.setdefault(text, f"d{len(doc_ids)}")
-    queries = [{"kind": "query", "id": f"q{i}", "text": r["anchor"], "judged": {doc_ids[r["positive"]]: 1}}
-               for i, r in enumerate(rows)]
-    return queries + [{"kind": "doc", "id": did, "text": text} for text, did in doc_ids.items()]
+def _loss(ctx: TaskContext) -> str:
+    """The loss option, ``auto`` resolved: mse-distill with a teacher, else by the kind of training data
+    (fit_state): cosent for scored pairs, mnrl for rows."""
+    loss = loss_option(ctx.options)
+    if loss == "auto":
+        return "cosent" if ctx.state.get("data") == "scored" else "mnrl"
+    return loss
 
 
 class EmbeddingTask:
@@ -250,7 +198,7 @@ class EmbeddingTask:
     def fit_state(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         """The kind of training data ("rows", "scored" or "texts"), which ``loss=auto`` trains by, and
         the size of the teacher's embeddings (mse-distill)."""
-        state: dict[str, Any] = {"data": _kind(examples)}
+        state: dict[str, Any] = {"data": data_kind(examples)}
         if examples and "targets" in examples[0]:
             state["teacher_dim"] = int(len(examples[0]["targets"][0]))
         return state
@@ -258,7 +206,7 @@ class EmbeddingTask:
     def from_hf(self, config: ModelConfig, directory: Path) -> dict[str, Any] | None:
         """A sentence-transformers directory (modules.json), or a bare encoder (architectures BertModel)."""
         if (directory / "modules.json").is_file():
-            return None if is_splade_directory(directory) else _sentence_transformers(directory)
+            return None if is_splade_directory(directory) else sentence_transformers_options(directory)
         return {} if "BertModel" in (config.architectures or []) else None
 
     def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False,
@@ -273,39 +221,39 @@ class EmbeddingTask:
             if training:
                 rows = [{"anchor": split.queries[q], "positive": split.corpus[d], "negatives": []}
                         for q in split.qrels for d in split.positives(q)]
-                if _loss_option(options) == "margin-mse":
+                if loss_option(options) == "margin-mse":
                     raise TaskError("margin-mse trains on rows with the teacher's scores; a BEIR split has none",
                                     f"mine them: mlmkit mine {path} --out rows.jsonl --with-scores")
-                if _loss_option(options) == "mse-distill":
-                    _with_teacher(rows, options)
+                if loss_option(options) == "mse-distill":
+                    with_teacher(rows, options)
                 return rows
             return ([{"kind": "query", "id": q, "text": text, "judged": split.qrels[q]} for q, text in split.queries.items()]
                     + [{"kind": "doc", "id": d, "text": text} for d, text in split.corpus.items()])
         fmt = data_format(path, FORMATS)
-        loss = _loss_option(options)
+        loss = loss_option(options)
         texts_ok = training and loss == "mse-distill"  # plain texts: only a teacher's embeddings to learn
         examples: list[dict[str, Any]] = []
         records = iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl" else iter_records(path, fmt, max_bytes=max_bytes)
         for rec in records:
             fields = rec.fields()
             if options["anchor_column"] in fields:
-                ex = _row(rec, options, scores=loss == "margin-mse")
+                ex = anchor_row(rec, options, scores=loss == "margin-mse")
             elif texts_ok and options["score_column"] not in fields:
                 ex = {"text": rec.text(options["text_column"]), "text_pair": rec.text(options["pair_column"], required=False)}
             else:
-                ex = _scored_pair(rec, options, hint=f"scored pairs need {options['score_column']}; rows need "
+                ex = scored_pair(rec, options, hint=f"scored pairs need {options['score_column']}; rows need "
                                                      f"{options['anchor_column']} and {options['positive_column']}")
-            if examples and _kind([ex]) != _kind(examples[:1]):
-                raise rec.error(f"{DATA_NAMES[_kind([ex])]} and {DATA_NAMES[_kind(examples[:1])]} mixed in one file",
+            if examples and data_kind([ex]) != data_kind(examples[:1]):
+                raise rec.error(f"{DATA_NAMES[data_kind([ex])]} and {DATA_NAMES[data_kind(examples[:1])]} mixed in one file",
                                 hint="one kind of data per file")
             examples.append(ex)
         if not examples:
             raise DataFormatError(path, "no examples", hint="anchor and positive (and negatives) per record, or text, "
                                                             "text_pair and score")
         if not training:
-            return _as_retrieval(examples) if "anchor" in examples[0] else examples
+            return as_retrieval(examples) if "anchor" in examples[0] else examples
         if loss == "mse-distill":
-            _with_teacher(examples, options)
+            with_teacher(examples, options)
         return examples
 
     def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
@@ -319,14 +267,14 @@ class EmbeddingTask:
         input), 1 the positive (the second), 2.. the hard negatives; for training also ``text_id``
         (equal texts, equal ids) and the pair's ``score`` (0 for rows)."""
         if training:
-            kind, want = _kind(examples), get_loss("embedding", _loss(ctx)).data
+            kind, want = data_kind(examples), get_loss("embedding", _loss(ctx)).data
             if kind not in want:
                 raise TaskError(f"the {_loss(ctx)} loss trains on {' or '.join(DATA_NAMES[w] for w in want)}, "
                                 f"and the data are {DATA_NAMES[kind]}",
                                 "use --option loss=cosent for scored pairs, loss=mnrl (or cached-mnrl) for rows, "
                                 "loss=mse-distill with --option teacher=BUNDLE for any")
-        texts = [(i, part, clip_text(_prompt(ex, part, ctx.options) + t, tokenizer, ctx.max_length))
-                 for i, ex in enumerate(examples) for part, t in enumerate(_texts(ex)) if t is not None]
+        texts = [(i, part, clip_text(prompt_for(ex, part, ctx.options) + t, tokenizer, ctx.max_length))
+                 for i, ex in enumerate(examples) for part, t in enumerate(example_texts(ex)) if t is not None]
         distill = training and _loss(ctx) == "mse-distill"
         in_batch = training and get_loss("embedding", _loss(ctx)).in_batch
         with tokenizer_settings(tokenizer, max_length=ctx.max_length) as tok:
@@ -337,7 +285,7 @@ class EmbeddingTask:
                  **({TRUNCATED: True} if enc.overflowing else {})}
             if training:
                 ex = examples[i]
-                f["text_id"] = _text_id(enc.ids)
+                f["text_id"] = text_id(enc.ids)
                 if in_batch:  # no text twice in a batch: it would be its own false negative
                     f[DISTINCT] = f["text_id"]
                 f["score"] = float(ex["scores"][part - 1] if part and "scores" in ex else ex.get("score", 0.0))
@@ -401,167 +349,12 @@ class EmbeddingTask:
     def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, Any]:
         """Retrieval metrics (a retrieval set) or the pairs' Spearman and Pearson correlation (scored pairs)."""
         if examples and examples[0].get("kind") == "query":
-            return _retrieval_metrics(predictions, examples, _dims(ctx.options["matryoshka_dims"]), ctx.options)
-        from scipy.stats import pearsonr, spearmanr
-
-        if any("cosine" not in p or "score" not in ex for p, ex in zip(predictions, examples)):
-            raise TaskError("embedding evaluation needs pairs with a score, rows, or a BEIR directory",
-                            "give text, text_pair and score per record, anchor and positive, or a BEIR directory")
-        cos, gold = [p["cosine"] for p in predictions], [ex["score"] for ex in examples]
-        if len(gold) < 2:
-            raise TaskError("embedding evaluation needs at least two pairs")
-        r, rho = float(pearsonr(cos, gold)[0]), float(spearmanr(cos, gold)[0])
-        return {"spearman": 0.0 if rho != rho else rho, "pearson": 0.0 if r != r else r}
+            return retrieval_metrics(predictions, examples, _dims(ctx.options["matryoshka_dims"]), ctx.options)
+        return pair_correlations(predictions, examples)
 
     def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
         v = np.asarray(prediction["embedding"])
         return {"dims": str(v.size), "norm": f"{np.linalg.norm(v):.3f}", "start": ", ".join(f"{x:.3f}" for x in v[:4]) + " ..."}
-
-
-def _scored_pair(rec: Record, options: Mapping[str, Any], hint: str | None = None) -> dict[str, Any]:
-    """{"text", "text_pair", "score", "line", "source"} of one record (the STS layout)."""
-    value = rec.fields().get(options["score_column"])
-    try:
-        score = float(value) if value is not None and not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        score = math.nan
-    if not math.isfinite(score):
-        raise rec.error(f"the score must be a finite number, not {value!r}", options["score_column"], hint=hint)
-    return {"text": rec.text(options["text_column"]), "text_pair": rec.text(options["pair_column"]),
-            "score": score, "line": rec.line, "source": rec.source}
-
-
-def _loss_option(options: Mapping[str, Any]) -> str:
-    """The loss as far as the options say: ``auto`` with a teacher is mse-distill (else still auto)."""
-    loss = options.get("loss", "auto")
-    return "mse-distill" if loss == "auto" and options.get("teacher") else loss
-
-
-def _loss(ctx: TaskContext) -> str:
-    """The loss option, ``auto`` resolved: mse-distill with a teacher, else by the kind of training data
-    (fit_state): cosent for scored pairs, mnrl for rows."""
-    loss = _loss_option(ctx.options)
-    if loss == "auto":
-        return "cosent" if ctx.state.get("data") == "scored" else "mnrl"
-    return loss
-
-
-def _kind(examples: list[dict[str, Any]]) -> str:
-    """What the examples are: "rows" (anchor, positive ...), "scored" pairs or plain "texts"."""
-    if not examples or "anchor" in examples[0]:
-        return "rows"
-    return "scored" if "score" in examples[0] else "texts"
-
-
-def _row(rec: Record, options: Mapping[str, Any], *, scores: bool) -> dict[str, Any]:
-    """{"anchor", "positive", "negatives"} of a record, with the teacher's "scores" (the positive's,
-    then each negative's) when it has them; ``scores``: they are required (margin-mse)."""
-    negs = _negative_columns(rec.fields(), "negative")
-    texts = [(k, rec.text(k, required=False)) for k in negs]
-    row: dict[str, Any] = {"anchor": rec.text(options["anchor_column"]), "positive": rec.text(options["positive_column"])}
-    col = options["scores_column"]
-    value = rec.fields().get(col)
-    if value is None:
-        if scores:
-            raise rec.error("margin-mse needs the teacher's scores", col, hint="mlmkit mine --with-scores writes them "
-                            "(the positive's, then each negative's)")
-        row["negatives"] = [t for _, t in texts if t]
-        return row
-    ok = isinstance(value, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-                                         for x in value)
-    if not ok or len(value) != 1 + len(texts):
-        raise rec.error(f"expected {1 + len(texts)} finite numbers (the positive's score, then one per negative), "
-                        f"got {value!r}"[:300], col, hint="the list mlmkit mine --with-scores writes")
-    kept = [(t, float(x)) for (_, t), x in zip(texts, value[1:]) if t]
-    row["negatives"] = [t for t, _ in kept]
-    row["scores"] = [float(value[0]), *(x for _, x in kept)]
-    return row
-
-
-def _with_teacher(examples: list[dict[str, Any]], options: Mapping[str, Any]) -> None:
-    """Each example's "targets": the teacher's embedding of each of its texts (queries as queries,
-    documents as documents, with the teacher's own prompts)."""
-    if not options.get("teacher"):
-        raise TaskError("mse-distill needs a teacher", "--option teacher=BUNDLE_OR_RUN (an embedding bundle or run)")
-    embed = _teacher(Path(options["teacher"]))
-    by_kind: dict[str, list[tuple[int, int, str]]] = {}
-    for i, ex in enumerate(examples):
-        for part, t in enumerate(_texts(ex)):
-            if t is not None:
-                kind = ("query" if part == 0 else "document") if "anchor" in ex else "none"
-                by_kind.setdefault(kind, []).append((i, part, t))
-    for ex in examples:
-        ex["targets"] = {}
-    log.info("embedding the %d training texts with the teacher %s", sum(map(len, by_kind.values())), options["teacher"])
-    for kind, items in by_kind.items():
-        vectors = embed([t for _, _, t in items], kind)
-        for (i, part, _), v in zip(items, vectors):
-            examples[i]["targets"][part] = v
-    for ex in examples:
-        ex["targets"] = [ex["targets"][p] for p in sorted(ex["targets"])]
-
-
-def _teacher(path: Path) -> Any:
-    """(texts, input type) -> float32 (n, D): an embedding bundle (onnxruntime) or run (PyTorch)."""
-    if not path.exists():
-        raise TaskError(f"teacher not found: {path}", "give an embedding bundle (mlmkit export) or a fine-tuned embedding run")
-    if (path / "model.onnx").is_file():
-        pipe = load_pipeline(path, command="embed")
-        return lambda texts, kind: np.asarray([r["embedding"] for r in pipe(texts, input_type=kind)], dtype=np.float32)
-    from mlmkit.model import load_finetuned, predict, torch_forward
-
-    task, net, tok, meta = load_finetuned(path)
-    if task.name != "embedding":
-        raise TaskError(f"the teacher {path} is a {task.name} run", "give an embedding bundle or run")
-
-    def embed(texts: list[str], kind: str) -> np.ndarray:
-        ctx = meta.context(task.resolve_options({"input_type": kind}, saved=meta.options))
-        got = predict(task, [{"text": t} for t in texts], tok, ctx, torch_forward(net, task.outputs))
-        return np.asarray([p["embedding"] for p in got.predictions], dtype=np.float32)
-
-    return embed
-
-
-def _prompt(ex: dict[str, Any], part: int, options: Mapping[str, Any]) -> str:
-    """The prompt before text ``part`` of ``ex``: a query's (an anchor, a retrieval query, an input
-    declared a query) or a document's (a positive or negative, a corpus text, an input declared one);
-    none for scored pairs and undeclared inputs."""
-    if "anchor" in ex:
-        kind = "query" if part == 0 else "document"
-    elif "kind" in ex:
-        kind = "query" if ex["kind"] == "query" else "document"
-    else:
-        kind = options.get("input_type", "none")
-    return str(options.get(f"{kind}_prompt", "")) if kind != "none" else ""
-
-
-def _texts(ex: dict[str, Any]) -> list[str | None]:
-    if "anchor" in ex:
-        return [ex["anchor"], ex["positive"], *ex["negatives"]]
-    return [ex["text"], ex.get("text_pair")]
-
-
-def _retrieval_metrics(predictions: list[dict[str, Any]], examples: list[dict[str, Any]], dims: list[int],
-                       options: Mapping[str, Any]) -> dict[str, float]:
-    """Every query searches the whole corpus (cosine, exact or through ``index``, infer/retrieval.py);
-    the metrics at the full dimension, and with matryoshka dimensions the same at each as
-    METRIC@dimD. ``save_run``: the full dimension's ranking goes to that file (TREC run format)."""
-    queries = [(ex, p) for ex, p in zip(examples, predictions) if ex["kind"] == "query"]
-    docs = [(ex, p) for ex, p in zip(examples, predictions) if ex["kind"] == "doc"]
-    if not queries or not docs:
-        raise TaskError("retrieval evaluation needs queries and documents")
-    q = np.asarray([p["embedding"] for _, p in queries], dtype=np.float32)
-    d = np.asarray([p["embedding"] for _, p in docs], dtype=np.float32)
-    qids, dids = [ex["id"] for ex, _ in queries], [ex["id"] for ex, _ in docs]
-    qrels = {ex["id"]: ex["judged"] for ex, _ in queries}
-    out: dict[str, float] = {}
-    for dim in [None, *[x for x in dims if x < q.shape[1]]]:
-        ranked = retrieve(qids, q[:, :dim], dids, d[:, :dim], k=100, index=options.get("index", "exact"))
-        if dim is None and options.get("save_run"):
-            write_trec(options["save_run"], ranked)
-        got = mean_metrics({k: [did for did, _ in v] for k, v in ranked.items()}, qrels)
-        out.update(got if dim is None else {f"{m}@dim{dim}": v for m, v in got.items()})
-    return out
 
 
 task = EmbeddingTask()

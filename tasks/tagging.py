@@ -10,16 +10,14 @@ word's label, so average / max aggregation see trained positions). A sentence lo
 length is cut into overlapping windows on word boundaries and merged back: each word is read
 from the window where it sits farthest from a cut edge. Nothing is truncated.
 
-Entities come from one chunk decoder, ``chunks``, shared by the predictions and the metrics. It
-follows conlleval (CoNLL-2000 evaluation script) as seqeval's default mode extends it to BIOES:
-a chunk ends after E-/S-, before B-/S-/O, or at a type change; it starts at B-/S-, at I-/E- after
-O/E-/S-, or at a type change. These rules read IOB1, IOB2 and BIOES alike (an I- after O opens a
-chunk, as IOB1 needs and as conlleval does for ill-formed IOB2), so the ``scheme`` option does
-not change decoding: an explicit scheme only refuses data whose prefixes it lacks (E-/S- in
-IOB1/IOB2). ``detect_scheme`` names the scheme of tag sequences: BIOES when any tag is E-/S-;
-IOB1 when some chunk opens with I- and every B- follows a tag of its own type (B- only separates
-adjacent chunks); IOB2 otherwise. seqeval's strict IOBES mode differs from conlleval only on
-ill-formed sequences (it drops a chunk without its E-/S-); conlleval's lenient reading is kept.
+Entities come from one chunk decoder, ``chunks``, shared by the predictions and the metrics:
+conlleval's rules (the CoNLL-2000 evaluation script) as seqeval's default mode extends them to
+BIOES, which read IOB1, IOB2 and BIOES alike, so an explicit ``scheme`` only refuses data whose
+prefixes it lacks (tagging_schemes.py says how, and how ``detect_scheme`` names a scheme).
+
+This module holds the task itself and its readers (CoNLL, JSONL); the tag schemes, chunk decoder
+and entity scores are tagging_schemes.py's, the words, windows and sub-tokens tagging_words.py's.
+Their public names are importable from here too.
 
 The model is transformers' BertForTokenClassification under the same parameter names (bert.*
 without pooler, classifier.*). No torch at module level: the ONNX runtime imports this file.
@@ -27,16 +25,23 @@ without pooler, classifier.*). No torch at module level: the ONNX runtime import
 
 from __future__ import annotations
 
-import bisect
 import math
 import re
-import unicodedata
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from mlmkit_tasks.tagging_schemes import PREFIXES, SCHEMES, chunks, detect_scheme, entity_scores, split_tag
+from mlmkit_tasks.tagging_words import (
+    SPACE_PIECES,
+    joined_offsets,
+    split_words,
+    windows,
+    word_distributions,
+    word_pieces,
+)
 
 from mlmkit.taskkit import (
     BATCH,
@@ -58,131 +63,14 @@ from mlmkit.taskkit import (
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
     from mlmkit.model import ModelConfig
 
-SCHEMES = ("auto", "iob1", "iob2", "bioes")
+__all__ = [  # the schemes' and words' public names are importable from here too, as before
+    "AGGREGATIONS", "IGNORE", "JSONL_SUFFIXES", "PREFIXES", "SCHEMES", "SPACE_PIECES", "TaggingTask", "chunks",
+    "detect_scheme", "entity_scores", "joined_offsets", "split_tag", "split_words", "task", "windows",
+]
+
 AGGREGATIONS = ("first", "average", "max")
-PREFIXES = {"auto": "BIES", "iob1": "BI", "iob2": "BI", "bioes": "BIES"}
 JSONL_SUFFIXES = (".jsonl", ".json")
 IGNORE = -100  # label of positions without a target (cross-entropy's ignore_index)
-
-
-# ---- chunks: one decoder for predictions and metrics -------------------------------------------
-def split_tag(tag: str) -> tuple[str, str]:
-    """"B-PER" -> ("B", "PER"); "O" -> ("O", ""). The type is everything after the first hyphen."""
-    if tag == "O":
-        return "O", ""
-    prefix, _, kind = tag.partition("-")
-    return prefix, kind
-
-
-def _chunk_ends(prev: str, tag: str, prev_kind: str, kind: str) -> bool:
-    if prev in ("E", "S"):
-        return True
-    if prev in ("B", "I") and tag in ("B", "S", "O"):
-        return True
-    return prev != "O" and prev_kind != kind
-
-
-def _chunk_starts(prev: str, tag: str, prev_kind: str, kind: str) -> bool:
-    if tag in ("B", "S"):
-        return True
-    if tag in ("I", "E") and prev in ("O", "E", "S"):
-        return True
-    return tag != "O" and prev_kind != kind
-
-
-def chunks(tags: Sequence[str]) -> list[tuple[str, int, int]]:
-    """(type, start, end) of each chunk, ``end`` exclusive, with conlleval's rules (module docstring)."""
-    found: list[tuple[str, int, int]] = []
-    prev, prev_kind, begin = "O", "", 0
-    for i, tag in enumerate([*tags, "O"]):  # the sentinel O closes a chunk open at the end
-        p, kind = split_tag(tag)
-        if _chunk_ends(prev, p, prev_kind, kind):
-            found.append((prev_kind, begin, i))
-        if _chunk_starts(prev, p, prev_kind, kind):
-            begin = i
-        prev, prev_kind = p, kind
-    return found
-
-
-def detect_scheme(tag_seqs: Sequence[Sequence[str]]) -> str:
-    """"bioes", "iob1" or "iob2" by the rule of the module docstring."""
-    i_opens, b_opens = False, False
-    for tags in tag_seqs:
-        prev, prev_kind = "O", ""
-        for tag in tags:
-            p, kind = split_tag(tag)
-            if p in ("E", "S"):
-                return "bioes"
-            opens = prev == "O" or prev_kind != kind
-            i_opens |= p == "I" and opens
-            b_opens |= p == "B" and opens
-            prev, prev_kind = p, kind
-    return "iob1" if i_opens and not b_opens else "iob2"
-
-
-def entity_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict[str, Any]:
-    """Entity-level micro precision / recall / F1 (0-1) and the same per type with its gold support.
-
-    A predicted entity counts only when its type, start and end all equal a gold one; 0/0 is 0."""
-    gold_sets: dict[str, set[tuple[int, int, int]]] = defaultdict(set)
-    pred_sets: dict[str, set[tuple[int, int, int]]] = defaultdict(set)
-    for n, (g, pr) in enumerate(zip(gold, pred)):
-        for kind, a, b in chunks(g):
-            gold_sets[kind].add((n, a, b))
-        for kind, a, b in chunks(pr):
-            pred_sets[kind].add((n, a, b))
-
-    def prf(correct: int, n_pred: int, n_gold: int) -> tuple[float, float, float]:
-        precision = correct / n_pred if n_pred else 0.0
-        recall = correct / n_gold if n_gold else 0.0
-        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        return precision, recall, f1
-
-    per_type: dict[str, dict[str, float]] = {}
-    totals = [0, 0, 0]  # correct, predicted, gold
-    for kind in sorted(set(gold_sets) | set(pred_sets)):
-        counts = (len(gold_sets[kind] & pred_sets[kind]), len(pred_sets[kind]), len(gold_sets[kind]))
-        totals = [t + c for t, c in zip(totals, counts)]
-        p, r, f = prf(*counts)
-        per_type[kind] = {"precision": p, "recall": r, "f1": f, "support": counts[2]}
-    p, r, f = prf(*totals)
-    return {"f1": f, "precision": p, "recall": r, "per_type": per_type}
-
-
-# ---- words and character offsets ---------------------------------------------------------------
-def _is_word_char(ch: str) -> bool:
-    # letters, digits, underscore, and combining marks (a decomposed "é" stays one word)
-    return ch.isalnum() or ch == "_" or unicodedata.category(ch).startswith("M")
-
-
-def split_words(text: str) -> list[tuple[int, int]]:
-    """Character spans of the words of ``text``: runs of word characters, and every other
-    non-space character on its own (punctuation), so text[start:end] is the word exactly."""
-    spans: list[tuple[int, int]] = []
-    i, n = 0, len(text)
-    while i < n:
-        ch = text[i]
-        if ch.isspace():
-            i += 1
-        elif _is_word_char(ch):
-            j = i + 1
-            while j < n and _is_word_char(text[j]):
-                j += 1
-            spans.append((i, j))
-            i = j
-        else:
-            spans.append((i, i + 1))
-            i += 1
-    return spans
-
-
-def joined_offsets(tokens: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
-    """The text " ".join(tokens) and each token's [start, end) in it (pre-tokenized inputs)."""
-    offsets, pos = [], 0
-    for t in tokens:
-        offsets.append((pos, pos + len(t)))
-        pos += len(t) + 1
-    return " ".join(tokens), offsets
 
 
 # ---- reading -----------------------------------------------------------------------------------
@@ -300,82 +188,6 @@ def _label_ids(examples: Sequence[dict[str, Any]], ctx: TaskContext) -> dict[str
     return ids
 
 
-# ---- windows -----------------------------------------------------------------------------------
-def windows(word_of: Sequence[int], budget: int, overlap: int) -> list[tuple[int, int]]:
-    """[start, end) sub-token ranges of at most ``budget`` tokens covering 0..len(word_of), each
-    overlapping the previous by about ``overlap`` tokens. Cuts fall on word starts; only a single
-    word longer than a window is cut inside."""
-    n = len(word_of)
-    if n <= budget:
-        return [(0, n)]
-    starts = [p for p in range(n) if p == 0 or word_of[p] != word_of[p - 1]]
-    is_start = set(starts)
-    spans: list[tuple[int, int]] = []
-    s = 0
-    while True:
-        e = min(s + budget, n)
-        if e < n:
-            b = e
-            while b > s and b not in is_start:
-                b -= 1
-            e = b if b > s else e  # a word longer than the window is cut inside
-        spans.append((s, e))
-        if e >= n:
-            return spans
-        target = max(e - overlap, s + 1)
-        j = bisect.bisect_right(starts, target) - 1  # the last word start at or before the target
-        if starts[j] > s:
-            s = starts[j]
-        else:  # inside one long word: the next word start, else a cut inside the word
-            j = bisect.bisect_right(starts, s)
-            s = starts[j] if j < len(starts) and starts[j] <= e else target
-
-
-SPACE_PIECES = ("Ġ", "▁")  # a byte-level BPE's / SentencePiece's word-start marker, as a piece of its own
-
-
-def _word_pieces(ids: Sequence[int], word_ids: Sequence[int], n_words: int, unk: int,
-                 tokens: Sequence[str] = ()) -> tuple[list[int], list[int]]:
-    """The sub-token ids of a pre-tokenized encoding and the word of each, every word with at least
-    one: a word the normaliser erases (a zero-width space) gets [UNK]. A word-start marker that a
-    small BPE / Unigram vocabulary splits off on its own ("Ġ", "▁" followed by the word's letters) is
-    left out: it would be the word's first piece, the same for every word, and carry its label."""
-    keep = [not (t in SPACE_PIECES and k + 1 < len(word_ids) and word_ids[k + 1] == word_ids[k])
-            for k, t in enumerate(tokens)] if tokens else [True] * len(ids)
-    sub_ids: list[int] = []
-    word_of: list[int] = []
-    expect = 0  # the next word that has no sub-token yet
-    for tid, w, kept in zip(ids, word_ids, keep):
-        if not kept:
-            continue
-        while expect < w:
-            sub_ids.append(unk)
-            word_of.append(expect)
-            expect += 1
-        sub_ids.append(tid)
-        word_of.append(w)
-        expect = max(expect, w + 1)
-    for w in range(expect, n_words):
-        sub_ids.append(unk)
-        word_of.append(w)
-    return sub_ids, word_of
-
-
-def _word_distributions(probs: np.ndarray, tokens: list[list[int]], agg: str) -> np.ndarray:
-    """(words, L): each word's label distribution from the rows of its sub-tokens in ``probs`` (T, L)."""
-    counts = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rows = np.asarray(probs, dtype=np.float64)[np.fromiter((x for t in tokens for x in t), dtype=np.int64)]  # (sub-tokens, L)
-    if agg == "first":
-        return rows[starts]
-    if agg == "average":
-        return np.add.reduceat(rows, starts, axis=0) / counts[:, None]
-    # max: the sub-token the model is surest about speaks for the word (the first of equals)
-    word = np.repeat(np.arange(len(tokens)), counts)
-    order = np.lexsort((-rows.max(axis=1), word))  # by word, then most confident first (stable)
-    return rows[order[starts]]
-
-
 # ---- the task ----------------------------------------------------------------------------------
 class TaggingTask:
     name = "tagging"
@@ -452,7 +264,7 @@ class TaggingTask:
             encodings = tok.encode_batch([ex["tokens"] for ex in examples], is_pretokenized=True, add_special_tokens=False) if examples else []
         features: list[dict[str, Any]] = []
         for i, (ex, enc) in enumerate(zip(examples, encodings)):
-            sub_ids, word_of = _word_pieces(enc.ids, enc.word_ids, len(ex["tokens"]), sp.unk, enc.tokens)
+            sub_ids, word_of = word_pieces(enc.ids, enc.word_ids, len(ex["tokens"]), sp.unk, enc.tokens)
             if training:
                 gold = [ids[t] for t in ex["tags"]]
                 sub_labels = [
@@ -516,7 +328,7 @@ class TaggingTask:
             for w, (_, k, ts) in seen.items():
                 by_feature[k].append((i, w, ts))
         for k, words in by_feature.items():
-            dist = _word_distributions(probs[k], [ts for _, _, ts in words], agg)  # (words, L)
+            dist = word_distributions(probs[k], [ts for _, _, ts in words], agg)  # (words, L)
             best_label = dist.argmax(axis=1)
             best_score = dist[np.arange(len(words)), best_label]
             for (i, w, _), j, p in zip(words, best_label.tolist(), best_score.tolist()):

@@ -1,0 +1,242 @@
+"""The embedding task's data: what its ``read`` makes of a file, a BEIR directory or a
+sentence-transformers directory, and what its ``featurize`` takes from an example.
+
+- a sentence-transformers directory's pooling, normalisation, prompts and max length
+  (``sentence_transformers_options``), and whether a directory is a SPLADE SparseEncoder instead
+  (``is_splade_directory``, the sparse-embedding task's);
+- a data file's records as rows of an anchor, its positive and hard negatives (``anchor_row``, with
+  the teacher's scores for margin-mse), scored pairs (``scored_pair``), and the kind of data a list
+  of examples is (``data_kind``); rows as a retrieval evaluation (``as_retrieval``);
+- the teacher's embedding of every training text (``with_teacher``, mse-distill);
+- an example's texts (``example_texts``), the prompt before each (``prompt_for``) and the id that
+  tells equal texts of a batch (``text_id``).
+
+No torch at module level: a teacher run is loaded through mlmkit.model when mse-distill asks for one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlmkit.taskkit import (
+    DataFormatError,
+    Record,
+    TaskError,
+    load_pipeline,
+    numbered,
+    parse_json,
+)
+
+log = logging.getLogger("mlmkit")
+
+ST_POOLING = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max"}
+FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
+ST_PROMPTS = {"query_prompt": ("query",), "document_prompt": ("document", "passage", "corpus")}
+"""The prompt options and the names a sentence-transformers directory's "prompts" gives them (the first found)."""
+
+
+NO_TARGET = np.zeros(0, dtype=np.float32)  # a training feature's "target" without a teacher (mse-distill's only)
+DATA_NAMES = {"rows": "rows of an anchor and its positive", "scored": "scored pairs", "texts": "plain texts"}
+
+
+# ---- sentence-transformers directories -----------------------------------------------------------
+SPLADE_MODULES = ("SpladePooling", "MLMTransformer")  # a sentence-transformers SparseEncoder: the sparse-embedding task's
+
+
+def _json(path: Path) -> Any:
+    try:
+        return parse_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataFormatError(path, f"unreadable ({e})", hint="a sentence-transformers directory needs valid JSON here") from None
+
+
+def is_splade_directory(d: Path) -> bool:
+    """A sentence-transformers SparseEncoder directory (its modules.json names SPLADE's modules)."""
+    try:
+        modules = parse_json((d / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
+    return any(k in SPLADE_MODULES for k in kinds)
+
+
+def sentence_transformers_options(d: Path) -> dict[str, Any]:
+    """The pooling, normalisation, prompts ({"options": ...}) and max length a sentence-transformers
+    directory declares."""
+    modules = _json(d / "modules.json")
+    if not isinstance(modules, list):
+        raise DataFormatError(d / "modules.json", "expected a list of modules")
+    kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
+    options: dict[str, Any] = {"normalize": "Normalize" in kinds}
+    if "Pooling" in kinds:
+        cfg = _json(d / str(kinds["Pooling"].get("path", "1_Pooling")) / "config.json")
+        modes = [name for key, name in ST_POOLING.items() if cfg.get(key)]
+        other = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v and k not in ST_POOLING]
+        if isinstance(cfg.get("pooling_mode"), str):  # sentence-transformers 6 names the mode itself
+            mode = cfg["pooling_mode"]
+            modes, other = ([mode], []) if mode in ST_POOLING.values() else ([], [mode])
+        if other or len(modes) != 1:
+            raise DataFormatError(d / "1_Pooling" / "config.json", f"pooling {', '.join(other + modes) or 'none'} is not "
+                                  "one of mean, cls and max", hint="export with --task embedding --option pooling=...")
+        options["pooling"] = modes[0]
+    if (d / "config_sentence_transformers.json").is_file():
+        prompts = _json(d / "config_sentence_transformers.json").get("prompts") or {}
+        for option, names in ST_PROMPTS.items():
+            found = [prompts[n] for n in names if isinstance(prompts.get(n), str) and prompts[n]]
+            if found:
+                options[option] = found[0]
+    info: dict[str, Any] = {"options": options}
+    if (d / "sentence_bert_config.json").is_file():
+        max_len = _json(d / "sentence_bert_config.json").get("max_seq_length")
+        if isinstance(max_len, int) and max_len > 0:
+            info["max_length"] = max_len
+    return info
+
+
+# ---- records -------------------------------------------------------------------------------------
+def loss_option(options: Mapping[str, Any]) -> str:
+    """The loss as far as the options say: ``auto`` with a teacher is mse-distill (else still auto)."""
+    loss = options.get("loss", "auto")
+    return "mse-distill" if loss == "auto" and options.get("teacher") else loss
+
+
+def data_kind(examples: list[dict[str, Any]]) -> str:
+    """What the examples are: "rows" (anchor, positive ...), "scored" pairs or plain "texts"."""
+    if not examples or "anchor" in examples[0]:
+        return "rows"
+    return "scored" if "score" in examples[0] else "texts"
+
+
+def _negative_columns(fields: Mapping[str, Any], prefix: str) -> list[str]:
+    """``negative``, then ``negative_1``, ``negative_2`` ... (by number) among a record's fields."""
+    return ([prefix] if prefix in fields else []) + numbered(fields, prefix)
+
+
+def anchor_row(rec: Record, options: Mapping[str, Any], *, scores: bool) -> dict[str, Any]:
+    """{"anchor", "positive", "negatives"} of a record, with the teacher's "scores" (the positive's,
+    then each negative's) when it has them; ``scores``: they are required (margin-mse)."""
+    negs = _negative_columns(rec.fields(), "negative")
+    texts = [(k, rec.text(k, required=False)) for k in negs]
+    row: dict[str, Any] = {"anchor": rec.text(options["anchor_column"]), "positive": rec.text(options["positive_column"])}
+    col = options["scores_column"]
+    value = rec.fields().get(col)
+    if value is None:
+        if scores:
+            raise rec.error("margin-mse needs the teacher's scores", col, hint="mlmkit mine --with-scores writes them "
+                            "(the positive's, then each negative's)")
+        row["negatives"] = [t for _, t in texts if t]
+        return row
+    ok = isinstance(value, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                                         for x in value)
+    if not ok or len(value) != 1 + len(texts):
+        raise rec.error(f"expected {1 + len(texts)} finite numbers (the positive's score, then one per negative), "
+                        f"got {value!r}"[:300], col, hint="the list mlmkit mine --with-scores writes")
+    kept = [(t, float(x)) for (_, t), x in zip(texts, value[1:]) if t]
+    row["negatives"] = [t for t, _ in kept]
+    row["scores"] = [float(value[0]), *(x for _, x in kept)]
+    return row
+
+
+def scored_pair(rec: Record, options: Mapping[str, Any], hint: str | None = None) -> dict[str, Any]:
+    """{"text", "text_pair", "score", "line", "source"} of one record (the STS layout)."""
+    value = rec.fields().get(options["score_column"])
+    try:
+        score = float(value) if value is not None and not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        score = math.nan
+    if not math.isfinite(score):
+        raise rec.error(f"the score must be a finite number, not {value!r}", options["score_column"], hint=hint)
+    return {"text": rec.text(options["text_column"]), "text_pair": rec.text(options["pair_column"]),
+            "score": score, "line": rec.line, "source": rec.source}
+
+
+def as_retrieval(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Training-style rows as a retrieval evaluation: each anchor a query, searching the distinct texts
+    of every positive and negative of the file, its own positive the one relevant document."""
+    doc_ids: dict[str, str] = {}
+    for r in rows:
+        for text in (r["positive"], *r["negatives"]):
+            doc_ids.setdefault(text, f"d{len(doc_ids)}")
+    queries = [{"kind": "query", "id": f"q{i}", "text": r["anchor"], "judged": {doc_ids[r["positive"]]: 1}}
+               for i, r in enumerate(rows)]
+    return queries + [{"kind": "doc", "id": did, "text": text} for text, did in doc_ids.items()]
+
+
+# ---- the teacher (mse-distill) -------------------------------------------------------------------
+def with_teacher(examples: list[dict[str, Any]], options: Mapping[str, Any]) -> None:
+    """Each example's "targets": the teacher's embedding of each of its texts (queries as queries,
+    documents as documents, with the teacher's own prompts)."""
+    if not options.get("teacher"):
+        raise TaskError("mse-distill needs a teacher", "--option teacher=BUNDLE_OR_RUN (an embedding bundle or run)")
+    embed = _teacher(Path(options["teacher"]))
+    by_kind: dict[str, list[tuple[int, int, str]]] = {}
+    for i, ex in enumerate(examples):
+        for part, t in enumerate(example_texts(ex)):
+            if t is not None:
+                kind = ("query" if part == 0 else "document") if "anchor" in ex else "none"
+                by_kind.setdefault(kind, []).append((i, part, t))
+    for ex in examples:
+        ex["targets"] = {}
+    log.info("embedding the %d training texts with the teacher %s", sum(map(len, by_kind.values())), options["teacher"])
+    for kind, items in by_kind.items():
+        vectors = embed([t for _, _, t in items], kind)
+        for (i, part, _), v in zip(items, vectors):
+            examples[i]["targets"][part] = v
+    for ex in examples:
+        ex["targets"] = [ex["targets"][p] for p in sorted(ex["targets"])]
+
+
+def _teacher(path: Path) -> Any:
+    """(texts, input type) -> float32 (n, D): an embedding bundle (onnxruntime) or run (PyTorch)."""
+    if not path.exists():
+        raise TaskError(f"teacher not found: {path}", "give an embedding bundle (mlmkit export) or a fine-tuned embedding run")
+    if (path / "model.onnx").is_file():
+        pipe = load_pipeline(path, command="embed")
+        return lambda texts, kind: np.asarray([r["embedding"] for r in pipe(texts, input_type=kind)], dtype=np.float32)
+    from mlmkit.model import load_finetuned, predict, torch_forward
+
+    task, net, tok, meta = load_finetuned(path)
+    if task.name != "embedding":
+        raise TaskError(f"the teacher {path} is a {task.name} run", "give an embedding bundle or run")
+
+    def embed(texts: list[str], kind: str) -> np.ndarray:
+        ctx = meta.context(task.resolve_options({"input_type": kind}, saved=meta.options))
+        got = predict(task, [{"text": t} for t in texts], tok, ctx, torch_forward(net, task.outputs))
+        return np.asarray([p["embedding"] for p in got.predictions], dtype=np.float32)
+
+    return embed
+
+
+# ---- what featurize takes from an example --------------------------------------------------------
+def example_texts(ex: dict[str, Any]) -> list[str | None]:
+    """An example's texts by ``part``: an anchor, its positive and its negatives; or a text and its pair
+    (None without one)."""
+    if "anchor" in ex:
+        return [ex["anchor"], ex["positive"], *ex["negatives"]]
+    return [ex["text"], ex.get("text_pair")]
+
+
+def prompt_for(ex: dict[str, Any], part: int, options: Mapping[str, Any]) -> str:
+    """The prompt before text ``part`` of ``ex``: a query's (an anchor, a retrieval query, an input
+    declared a query) or a document's (a positive or negative, a corpus text, an input declared one);
+    none for scored pairs and undeclared inputs."""
+    if "anchor" in ex:
+        kind = "query" if part == 0 else "document"
+    elif "kind" in ex:
+        kind = "query" if ex["kind"] == "query" else "document"
+    else:
+        kind = options.get("input_type", "none")
+    return str(options.get(f"{kind}_prompt", "")) if kind != "none" else ""
+
+
+def text_id(ids: list[int]) -> int:
+    """The same int64 for the same token ids: which texts of a batch are equal (never each other's negatives)."""
+    return int.from_bytes(hashlib.blake2b(np.asarray(ids, dtype=np.int64).tobytes(), digest_size=8).digest(), "little",
+                          signed=True)
