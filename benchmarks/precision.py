@@ -342,11 +342,9 @@ def openvino_side(task: str, bundle: Path) -> tuple[Any, dict[str, Any]]:
                 for row, i in enumerate(b):
                     got[i] = labels[int(np.argmax(r[outs["logits"]][row]))]
             else:
-                seen: set[int] = set()
-                for (row, _), ids in zip(r[outs["mask_positions"]], r[outs["top_ids"]]):
-                    if int(row) not in seen:  # the first [MASK] of each text
-                        seen.add(int(row))
-                        got[b[int(row)]] = int(ids[0])
+                for row, i in enumerate(b):  # the first [MASK] of each text: its first token with candidates
+                    first = r[outs["indices"]][row, :, 0]
+                    got[i] = int(first[first >= 0][0]) if (first >= 0).any() else -1
         return got
 
     hint = compiled.get_property("INFERENCE_PRECISION_HINT")  # what OpenVINO chose by itself

@@ -109,11 +109,6 @@ class TaskOption:
         raise ConfigError(f"task option {self.flag} {problem}, got {value!r}", self.help)
 
 
-FILL_MASK_TOP_K = TaskOption("top_k", 5, "fill-mask: candidates per [MASK], at most the export's --top-k.",
-                             minimum=1, flags=("--top-k",))
-"""fill-mask bundles (the pretraining head, no task plugin) take one option, the way tasks take theirs."""
-
-
 def _from_string(text: str, kind: type) -> Any:
     s = text.strip()
     if kind is bool:
@@ -130,12 +125,15 @@ class TaskContext:
 
     ``labels``: the label list of the run (config.json's id2label), None for label-free tasks;
     ``options``: every declared option, resolved; ``state``: what ``fit_state`` and ``calibrate``
-    returned, saved with the model (mlmkit.json "task_state") and read back with it."""
+    returned, saved with the model (mlmkit.json "task_state") and read back with it; ``tokenizer``: the
+    tokenizer of the model (a ``tokenizers.Tokenizer``), for a hook that turns token ids back into text
+    or needs a special token's id (the prediction loop and export set it; None where no hook needs it)."""
 
     max_length: int
     options: Mapping[str, Any] = field(default_factory=dict)
     labels: tuple[str, ...] | None = None
     state: Mapping[str, Any] = field(default_factory=dict)
+    tokenizer: Any = field(default=None, compare=False, repr=False)
 
     def with_state(self, update: Mapping[str, Any]) -> TaskContext:
         return replace(self, state={**self.state, **update}) if update else self
@@ -211,8 +209,12 @@ class TaskDefaults:
     """Prefixes of a base model's head weights this task's model takes over besides the encoder (the
     SPLADE task: the masked-LM head, "cls.predictions."); fine-tuning refuses a base without them."""
     top_k_option: str | None = None
-    """The option `mlmkit export --top-k` sets for this task (the SPLADE task: "max_terms"); None: the
-    flag is refused for it (it is fill-mask's: the candidates per [MASK])."""
+    """The option `mlmkit export --top-k` sets for this task (the SPLADE task: "max_terms", fill-mask:
+    "candidates"); None: the flag is refused for it."""
+    masked_lm: bool = False
+    """Whether this task is what a masked LM is exported and served as when no other task claims it: a
+    pretraining run, a BertForMaskedLM or BertForPreTraining checkpoint (the built-in fill-mask). At
+    most one registered task says so."""
     pipeline_tag: str = "feature-extraction"
     """The Hugging Face Hub's pipeline tag of this task's models, for the model card (e.g.
     "text-classification", "token-classification", "question-answering", "sentence-similarity")."""

@@ -34,7 +34,6 @@ from mlmkit.contract import (
     BATCH,
     DISTINCT,
     EXAMPLE,
-    FILL_MASK_TOP_K,
     LABEL,
     OPTIONAL,
     REQUIRED,
@@ -54,10 +53,10 @@ from mlmkit.files import MAX_RECORD_BYTES
 __all__ = [
     # the contract (mlmkit/contract.py)
     "EXAMPLE", "TRUNCATED", "DISTINCT", "BATCH", "SEQUENCE", "LABEL", "Example", "Feature", "TaskOption",
-    "FILL_MASK_TOP_K", "TaskContext", "Task", "TaskDefaults", "REQUIRED", "OPTIONAL", "per_token",
+    "TaskContext", "Task", "TaskDefaults", "REQUIRED", "OPTIONAL", "per_token",
     # the registry
     "GROUP", "OWN", "Plugin", "tasks", "broken", "register", "get_task", "option_flags", "tasks_for_command",
-    "spelled", "reset",
+    "spelled", "reset", "PRETRAINING", "masked_lm_task", "task_of",
 ]
 
 log = logging.getLogger("mlmkit")
@@ -106,6 +105,7 @@ class Plugin:
     group_features: bool
     base_heads: tuple[str, ...]
     top_k_option: str | None
+    masked_lm: bool
     pipeline_tag: str
     # the optional hooks, the task's own or TaskDefaults' (bound methods, as TaskDefaults declares them)
     from_input: Callable[[str | dict[str, Any], Mapping[str, Any]], Example]
@@ -173,7 +173,7 @@ class Plugin:
                 raise ConfigError(f"{spelled(k)} is not an option of task '{self.name}'"
                                   + (f" (the tasks that have it: {', '.join(takers)})" if takers else ""), f"its options: {known}")
             value = declared[k].parse(v)
-            if model and declared[k].fixed and value != values[k]:
+            if model and declared[k].fixed and k in (saved or {}) and value != values[k]:  # built in, as saved
                 raise ConfigError(f"{declared[k].flag} is built into this model ({values[k]!r}); it cannot be {value!r} here",
                                   "fine-tune or export again with the value you want")
             values[k] = value
@@ -312,14 +312,35 @@ def option_flags(takes: Callable[[Plugin, TaskOption], bool]) -> dict[str, TaskO
     return found
 
 
+PRETRAINING = "pretraining"
+"""The task a pretraining run records (mlmkit.json): not a registered task; it is exported and served
+as the masked-LM task (``masked_lm_task``)."""
+
+
+def masked_lm_task() -> Plugin:
+    """The task a masked LM is exported and served as when no other task claims it (a pretraining run,
+    a BertForMaskedLM checkpoint): the one registered task with ``masked_lm``."""
+    found = [p for _, p in sorted(tasks().items()) if p.masked_lm]
+    if len(found) != 1:
+        why = "none does" if not found else f"{' and '.join(p.name for p in found)} all say so"
+        raise TaskError(f"exactly one registered task must serve masked-LM models (masked_lm = True); {why}",
+                        "reinstall mlmkit, or uninstall the plugin that claims it too (see `mlmkit tasks`)")
+    return found[0]
+
+
+def task_of(name: str) -> Plugin:
+    """The task of a run or bundle that records ``name``: a pretraining run's is the masked-LM task."""
+    return masked_lm_task() if name == PRETRAINING else get_task(name)
+
+
 def tasks_for_command(command: str) -> list[str]:
     """Names of the tasks whose bundles the inference command ``command`` serves."""
     return sorted(n for n, p in tasks().items() if p.command == command)
 
 
 def spelled(name: str) -> str:
-    """How a message names option ``name``: the first flag a task (or fill-mask) gives it, else ``--option NAME``."""
-    flagged = [o.flag for p in tasks().values() for o in (*p.options, FILL_MASK_TOP_K) if o.name == name and o.flags]
+    """How a message names option ``name``: the first flag a task gives it, else ``--option NAME``."""
+    flagged = [o.flag for p in tasks().values() for o in p.options if o.name == name and o.flags]
     return flagged[0] if flagged else f"--option {name}"
 
 

@@ -13,7 +13,7 @@ This module is the one public path of these names; each is defined where the cor
 - readers that stream a file and know each record's line (CSV/TSV, JSONL, text, Parquet, `datasets`
   directories) and BEIR directories: mlmkit.text.readers, mlmkit.text.beir;
 - tokenizer settings for one block and clipping huge texts: mlmkit.text.truncation; a tokenizer's
-  special token ids: mlmkit.text.tokenizer;
+  special token ids and its mask token: mlmkit.text.tokenizer;
 - retrieval: exact (or faiss) search, the IR metrics, TREC run files, BM25 and dense retrievers over
   a bundle: mlmkit.infer.retrieval;
 - an exported bundle's pipeline (onnxruntime): mlmkit.infer.pipeline;
@@ -45,7 +45,7 @@ from mlmkit.text.readers import (
     numbered,
     read_text,
 )
-from mlmkit.text.tokenizer import special_ids
+from mlmkit.text.tokenizer import MASK, mask_token, special_ids
 from mlmkit.text.truncation import clip_text, tokenizer_settings
 
 __all__ = [
@@ -58,7 +58,7 @@ __all__ = [
     "is_table", "iter_table_rows", "numbered", "parse_json", "MAX_RECORD_BYTES",
     "BeirSplit", "is_beir", "read_split",
     # tokenizers
-    "tokenizer_settings", "clip_text", "special_ids",
+    "tokenizer_settings", "clip_text", "special_ids", "mask_token", "MASK",
     # retrieval
     "RETRIEVAL_METRICS", "INDEXES", "retrieve", "mean_metrics", "write_trec", "BM25", "Dense",
     # inference on bundles

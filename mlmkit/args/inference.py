@@ -25,8 +25,8 @@ from mlmkit.errors import ConfigError
 # ---- inference -------------------------------------------------------------------------------------
 @dataclass
 class InferenceArgs(Args):
-    """What every inference command takes (fill-mask, classify, tag, qa, embed, predict): a batch job
-    over a bundle (mlmkit.infer.jobs)."""
+    """What every inference command takes (classify, tag, qa, embed, predict, a task's own command): a
+    batch job over a bundle (mlmkit.infer.jobs)."""
 
     bundle: Path = arg(help="A bundle directory written by `mlmkit export`.", positional=True)
     texts: list[str] | None = arg(None, "Input texts (or use --input, or pipe them on stdin).", positional=True)

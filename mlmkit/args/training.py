@@ -304,8 +304,8 @@ class ExportArgs(Args):
 
     run: Path = arg(help="An mlmkit run, or a Hugging Face checkpoint directory of a supported family.", positional=True)
     out: Path = arg(help="Bundle directory to write, e.g. exports/NAME.")
-    task: str | None = arg(None, "Export as this task (fill-mask or a registered task); default: the run's, "
-                                 "or what the checkpoint's config.json says.")
+    task: str | None = arg(None, "Export as this registered task (`mlmkit tasks`); default: the run's (a "
+                                 "pretraining run's: the masked-LM task), or what the checkpoint's config.json says.")
     quantize: str | None = arg(None, "int8: int8 weights, for the CPU (activations quantised per call, or with "
                                      "--calibrate ranges measured beforehand).")
     calibrate: Path | None = arg(None, "--quantize int8: inputs as `mlmkit predict --input` reads them (.txt, .jsonl, "
@@ -323,8 +323,9 @@ class ExportArgs(Args):
     fp16: bool = arg(False, "fp16 weights and compute, for --device cuda.")
     optimize: bool = arg(True, "onnxruntime's transformer fusions (--no-optimize: the plain graph).")
     opset: int = arg(17, "ONNX opset, 17 to 23.")
-    top_k: int | None = arg(None, "fill-mask: candidates per [MASK] computed in the graph (5); sparse-embedding: "
-                                  "the terms kept per text (its max_terms option).")
+    top_k: int | None = arg(None, "The top-k a task computes in the graph (its top_k_option in `mlmkit "
+                                  "tasks`): the candidates per [MASK] of a masked LM (5), the terms kept per text of "
+                                  "a sparse embedding.")
     options: dict[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
 
     def __post_init__(self) -> None:

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from mlmkit.args import Args, Output, cli_fields
 from mlmkit.errors import ConfigError, MlmkitError
-from mlmkit.registry import FILL_MASK_TOP_K, Plugin, TaskOption, option_flags
+from mlmkit.registry import Plugin, TaskOption, option_flags
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -129,19 +129,17 @@ TAKES: dict[str, Callable[[Plugin, TaskOption], bool]] = {
     "predict": lambda p, o: not o.fixed and not o.evaluation,  # every task's runtime options
 }
 """Which options' flags a command takes; a task's own inference command (classify, tag, qa, embed:
-``Task.command``) takes those of the tasks it serves, as predict does of all."""
+``Task.command``: classify, tag, qa, embed, fill-mask) takes those of the tasks it serves, as predict
+does of all."""
 
 
 def command_flags(command: str) -> dict[str, TaskOption]:
     """The task options whose flags ``command`` takes (TAKES), by name."""
-    if command == "fill-mask":
-        return {"top_k": FILL_MASK_TOP_K}
     takes = TAKES.get("finetune" if command in TRAINING else command)
     if takes is None:  # classify, tag, qa, embed
         def takes(p: Plugin, o: TaskOption) -> bool:
             return p.command == command and TAKES["predict"](p, o)
-    found = option_flags(takes)
-    return {**found, "top_k": FILL_MASK_TOP_K} if command == "predict" else found
+    return option_flags(takes)
 
 
 def with_task_options(command: str) -> Callable[[F], F]:

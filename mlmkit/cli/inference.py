@@ -1,5 +1,5 @@
-"""`mlmkit export`, the onnxruntime inference commands (fill-mask, classify, tag, qa, embed, predict)
-and `mlmkit serve`.
+"""`mlmkit export`, the onnxruntime inference commands (classify, tag, qa, embed, predict, and the
+command of any other task that names one) and `mlmkit serve`.
 
 The inference commands import the runtime only, never torch: a cold start stays under a second.
 Inputs come from arguments, --input (files, directories or globs of .txt, .jsonl, .csv, .tsv,
@@ -40,6 +40,7 @@ from mlmkit.cli.common import (
 )
 from mlmkit.errors import ConfigError
 from mlmkit.infer.index import BuildArgs
+from mlmkit.registry import tasks
 
 app = typer.Typer()
 
@@ -179,15 +180,6 @@ def _report_errors(failed: list[dict[str, Any]], errors: Path | None) -> None:
     err.print(f"skipped {len(failed)} bad records (--errors FILE lists them), the first: {failed[0]['error']}")
 
 
-@app.command("fill-mask")
-@handle_errors
-@with_task_options("fill-mask")
-@with_args(InferenceArgs)
-def fill_mask(args: InferenceArgs, options: dict[str, Any]) -> None:
-    """Top-k tokens for every [MASK] in each text; a text without [MASK] gets an "error" field."""
-    run_inference("fill-mask", args, options)
-
-
 @app.command()
 @handle_errors
 @with_task_options("classify")
@@ -248,6 +240,21 @@ def rerank(args: RerankArgs, as_json: Json = False) -> None:
     for k, r in enumerate(ranked, 1):
         table.add_row(str(k), str(r["index"]), f"{r['score']:.4f}", r["text"])
     out.print(table)
+
+
+def _task_command(command: str, description: str) -> None:
+    """`mlmkit COMMAND BUNDLE`: the inference command a registered task names (``Task.command``) where
+    none is written above (the built-in fill-mask's, a plugin's), run as predict runs its bundles."""
+    def run(args: InferenceArgs, options: dict[str, Any]) -> None:
+        run_inference(command, args, options)
+
+    run.__doc__ = description
+    app.command(command)(handle_errors(with_task_options(command)(with_args(InferenceArgs)(run))))
+
+
+for _command in sorted({p.command for p in tasks().values() if p.command}
+                       - {c.name or c.callback.__name__ for c in app.registered_commands if c.callback}):
+    _task_command(_command, next(p.description for _, p in sorted(tasks().items()) if p.command == _command))
 
 
 @app.command()

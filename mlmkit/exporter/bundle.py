@@ -2,8 +2,9 @@
 
 The steps, each checked rather than assumed:
 
-1. the model is rebuilt from the run (a pretraining run becomes a fill-mask graph; a fine-tuned run
-   exports exactly its task's ``onnx_outputs()`` from the task model's own forward);
+1. the model is rebuilt from the run by its task (a pretraining run's: the masked-LM task, which
+   the built-in fill-mask is) and exports exactly the task's ``outputs`` from the task model's own
+   forward, or from the module its ``export_module`` writes for inference;
 2. attention is switched to its eager form and exported with the TorchScript exporter
    (``dynamo=False``): the only combination onnxruntime's BERT fusions recognise (docs/performance.md,
    "BERT fusions need the TorchScript exporter and eager attention");
@@ -16,16 +17,6 @@ The steps, each checked rather than assumed:
    mlmkit.json, and an fp32 difference above ``ATOL`` raises ParityError;
 5. optionally int8 dynamic quantisation (per-channel weights, CPU) or fp16 (CUDA), with the top-1
    agreement against the fp32 graph on the same sample.
-
-The fill-mask graph finds the [MASK] positions itself (input_ids == mask id, on real tokens), runs
-the MLM head on those rows only and returns the top-k inside the graph, so no batch x length x
-vocabulary tensor is ever built. Its outputs are one row per [MASK] of the batch:
-
-    mask_positions  (N, 2) int64    [batch row, token position] of each [MASK], row-major order
-    top_ids         (N, k) int64    the k most likely token ids, best first
-    top_probs       (N, k) float32  their softmax probabilities over the whole vocabulary
-
-so any number of [MASK] per text works, and a batch without any gives N = 0.
 """
 
 from __future__ import annotations
@@ -61,7 +52,7 @@ from mlmkit.infer.evaluation import agreement
 from mlmkit.infer.precision import bf16_unavailable, cannot_run, gate_sample, judge, measure, padded, said
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import set_attention_impl
-from mlmkit.registry import FILL_MASK_TOP_K, get_task, tasks
+from mlmkit.registry import task_of, tasks
 from mlmkit.rundir.checkpoint import is_model_dir
 from mlmkit.rundir.config import load_config
 from mlmkit.rundir.hub import describe
@@ -75,13 +66,13 @@ MAX_OPSET = 23  # the TorchScript exporter's newest (torch.onnx ONNX_MAX_OPSET);
 
 
 def _top_k_option(plugin: Any, args: ExportArgs) -> dict[str, Any]:
-    """The task options of the export: --top-k is fill-mask's, or sets a task's ``top_k_option``
-    (the SPLADE task's max_terms); a task without one refuses it."""
+    """The task options of the export: --top-k sets the task's ``top_k_option`` (fill-mask's
+    candidates, the SPLADE task's max_terms); a task without one refuses it."""
     if args.top_k is None:
         return dict(args.options)
     name = plugin.top_k_option
     if name is None:
-        takers = ["fill-mask", *sorted(n for n, p in tasks().items() if p.top_k_option)]
+        takers = sorted(n for n, p in tasks().items() if p.top_k_option)
         raise ConfigError(f"--top-k is for {' and '.join(takers)} exports, not for task '{plugin.name}'",
                           "leave it out")
     if args.options.get(name, args.top_k) != args.top_k:
@@ -93,8 +84,8 @@ def _top_k_option(plugin: Any, args: ExportArgs) -> dict[str, Any]:
 def export(args: ExportArgs) -> BundleMeta:
     """Export a run directory to an ONNX bundle in ``args.out``; returns the bundle's mlmkit.json.
 
-    ``args.run``: a pretraining run (exported as fill-mask) or a fine-tuned run of any registered
-    task; the bundle directory is created, and bundle files already there are replaced."""
+    ``args.run``: a pretraining run (exported as the masked-LM task) or a fine-tuned run of any
+    registered task; the bundle directory is created, and bundle files already there are replaced."""
     with exclusive(args.out):  # two exports into one bundle directory would mix their files
         return _export(args)
 
@@ -105,18 +96,17 @@ def _export(args: ExportArgs) -> BundleMeta:
     d = Path(args.run)
     _check_args(args, d)
     cfg = load_config(d)
-    meta, top_k = _run_meta(args, d, cfg)
+    meta = _run_meta(args, d, cfg)
     tok = load_tokenizer(d)
     if tok.get_vocab_size() > cfg.vocab_size:
         raise ConfigError(f"the tokenizer of {d} has {tok.get_vocab_size()} tokens, the model only {cfg.vocab_size}")
     specials = special_ids(tok)
-    fill_mask = meta.pretraining
     max_length = min(meta.max_length, cfg.max_tokens)
 
-    graph, reference, axes, partial = build_graph(d, meta, cfg, specials.mask, top_k)
+    graph, reference, axes, partial = build_graph(d, meta, cfg, tok)
     graph.eval()
     reference.eval()
-    batch = sample_batch(tok.get_vocab_size(), specials, max_length, fill_mask=fill_mask)
+    batch = sample_batch(tok.get_vocab_size(), specials, max_length)
     inputs = graph_inputs(cfg)
     ref = torch_outputs(reference, batch, list(axes), inputs)
     set_attention_impl(graph, "eager")
@@ -128,12 +118,10 @@ def _export(args: ExportArgs) -> BundleMeta:
     try:
         onnx_graph = _onnx_graph(args, cfg, graph, batch, axes, inputs, ref, work, partial=partial, calib=calib)
         record_labels(onnx_graph.path, list(meta.labels) if meta.labels is not None else None)
-        bundle_meta = _bundle_meta(meta, cfg, tok, axes, onnx_graph.path, fill_mask=fill_mask,
-                                   max_length=max_length, opset=args.opset, precision=onnx_graph.precision,
-                                   steps=onnx_graph.steps, fused=onnx_graph.fused, parity=onnx_graph.parity,
-                                   top_k=top_k, source=d)
-        # fill-mask's gate compares the [MASK] rows' choices: the sample batch has [MASK]s, --calibrate texts may not
-        real = calib if calib and not fill_mask else None
+        bundle_meta = _bundle_meta(meta, cfg, tok, axes, onnx_graph.path, max_length=max_length, opset=args.opset,
+                                   precision=onnx_graph.precision, steps=onnx_graph.steps, fused=onnx_graph.fused,
+                                   parity=onnx_graph.parity, source=d)
+        real = calib or None
         gate = _gate(args, onnx_graph, real or [batch], axes, specials.pad,
                      on=f"{sum(len(b['input_ids']) for b in real)} --calibrate inputs" if real else "the sample batch")
         bundle_meta = replace(bundle_meta, gate=gate, run_precision="fp32" if args.precision == "fp32" else "auto")
@@ -158,21 +146,17 @@ def _check_args(args: ExportArgs, d: Path) -> None:
         log.info("converting the unfused graph: expect it to be slower than with the fusions")
 
 
-def _run_meta(args: ExportArgs, d: Path, cfg: ModelConfig) -> tuple[RunMeta, int]:
-    """The run's metadata with the export's task options resolved into it, and the graph's top-k:
-    the options are fixed in the graph, so they are settled before it is built."""
+def _run_meta(args: ExportArgs, d: Path, cfg: ModelConfig) -> RunMeta:
+    """The run's metadata with the export's task options resolved into it: the options are fixed in
+    the graph, so they are settled before it is built."""
     meta = describe(d, cfg, args.task)
-    if meta.pretraining and args.options:
-        raise ConfigError(f"--{next(iter(args.options)).replace('_', '-')}: a fill-mask bundle takes no task options")
-    top_k = FILL_MASK_TOP_K.default if args.top_k is None else args.top_k  # candidates a fill-mask graph computes
-    if not meta.pretraining:  # a trained model's fixed options stay; a foreign checkpoint's are a reading
-        plugin = get_task(meta.task)
-        given, saved = _top_k_option(plugin, args), dict(meta.options)
-        if args.top_k is not None:  # the graph is built now: --top-k chooses again what the run was trained with
-            saved.pop(plugin.top_k_option or "", None)
-        from_mlmkit = (meta.source or {}).get("format") == "mlmkit"
-        meta = replace(meta, options=plugin.saved_options(plugin.resolve_options(given, saved=saved, model=from_mlmkit)))
-    return meta, top_k
+    plugin = task_of(meta.task)
+    given, saved = _top_k_option(plugin, args), dict(meta.options)
+    if args.top_k is not None:  # the graph is built now: --top-k chooses again what the run was trained with
+        saved.pop(plugin.top_k_option or "", None)
+    # a trained model's fixed options stay; a foreign checkpoint's are a reading
+    from_mlmkit = (meta.source or {}).get("format") == "mlmkit"
+    return replace(meta, options=plugin.saved_options(plugin.resolve_options(given, saved=saved, model=from_mlmkit)))
 
 
 class _OnnxGraph(NamedTuple):
@@ -334,8 +318,8 @@ def record_labels(path: Path, labels: list[str] | None) -> None:
 
 def _bundle_meta(
     meta: RunMeta, cfg: ModelConfig, tok: Any, axes: dict[str, tuple[str, ...]], final: Path, *,
-    fill_mask: bool, max_length: int, opset: int, precision: str, steps: list[str], fused: dict[str, int],
-    parity: dict[str, Any], top_k: int, source: Path,
+    max_length: int, opset: int, precision: str, steps: list[str], fused: dict[str, int],
+    parity: dict[str, Any], source: Path,
 ) -> BundleMeta:
     """The bundle's description. The run's metadata travels along (labels, options, the task's saved
     state ...: the task's featurize / postprocess read them at inference time exactly as at evaluation;
@@ -345,7 +329,7 @@ def _bundle_meta(
     graph_inputs = [i.name for i in onnx.load(str(final), load_external_data=False).graph.input]
     typed = {f.name for f in fields(BundleMeta)} | {"format", "format_version", "train_args", "history", "state"}
     return BundleMeta(
-        task="fill-mask" if fill_mask else meta.task,
+        task=task_of(meta.task).name,
         trained_as=meta.task,
         labels=meta.labels,
         max_length=max_length,
@@ -353,7 +337,6 @@ def _bundle_meta(
         task_state=meta.task_state,
         inputs=tuple(graph_inputs),
         outputs={k: tuple(v) for k, v in axes.items()},
-        top_k=top_k if fill_mask else None,
         opset=opset,
         precision=precision,
         optimizations=tuple(steps),

@@ -1,5 +1,5 @@
-"""The torch modules that are exported: the fill-mask graph (MLM head and top-k at the [MASK]
-positions only) and a task's graph, and the TorchScript export of either.
+"""The torch module that is exported (a task's graph: its model's forward, or the module its
+``export_module`` writes for inference) and its TorchScript export.
 
 The TorchScript exporter (``dynamo=False``) from an eager attention is the only combination
 onnxruntime's BERT fusions recognise (docs/performance.md, "BERT fusions need the TorchScript exporter and eager attention"): every attention block
@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,10 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from mlmkit.errors import ConfigError
-from mlmkit.infer.bundle import DYNAMIC_AXES, FILL_MASK_OUTPUTS, INPUT_NAMES
+from mlmkit.infer.bundle import DYNAMIC_AXES, INPUT_NAMES
 from mlmkit.models.config import ModelConfig
-from mlmkit.models.core import BertForPreTraining, extended_mask, set_attention_impl
-from mlmkit.registry import BATCH, SEQUENCE, get_task
+from mlmkit.models.core import set_attention_impl
+from mlmkit.registry import BATCH, SEQUENCE, task_of
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
 from mlmkit.rundir.meta import RunMeta
 
@@ -33,31 +34,6 @@ log = logging.getLogger("mlmkit")
 
 
 # ---- the graphs ------------------------------------------------------------------------------
-class FillMaskGraph(nn.Module):
-    """Encoder + MLM head at the [MASK] positions only + top-k: the exported fill-mask model."""
-
-    def __init__(self, model: BertForPreTraining, mask_id: int, top_k: int) -> None:
-        super().__init__()
-        self.bert, self.head = model.bert, model.cls.predictions
-        self.mask_id, self.top_k = mask_id, top_k
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        x = self.bert.embeddings(input_ids, token_type_ids)
-        x = self.bert.encoder(x, extended_mask(attention_mask, x.dtype))  # (B, T, H); no pooler needed
-        B, T, H = x.shape
-        is_mask = ((input_ids == self.mask_id) & (attention_mask != 0)).reshape(-1)  # (B*T,)
-        flat = torch.nonzero(is_mask).squeeze(1)  # (N,) indices into B*T, row-major
-        h = self.head.transform(x.reshape(-1, H).index_select(0, flat))  # (N, H)
-        # F.linear on a 2-D input exports as Gemm(transB=1) reading the embedding matrix itself, so the
-        # tied decoder weight is stored once (a MatMul on its transpose would get a folded second copy)
-        logits = F.linear(h, self.head.decoder.weight, self.head.bias)  # (N, V)
-        probs, ids = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)  # (N, k)
-        positions = torch.stack([flat // T, flat % T], dim=1)  # (N, 2): [row, position]
-        return positions, ids, probs
-
-
 class TaskGraph(nn.Module):
     """A task model's forward, returning its declared ``outputs`` as a tuple in a fixed order."""
 
@@ -74,25 +50,20 @@ class TaskGraph(nn.Module):
 
 # ---- loading the run -------------------------------------------------------------------------
 def build_graph(
-    d: Path, meta: RunMeta, cfg: ModelConfig, mask_id: int, top_k: int
+    d: Path, meta: RunMeta, cfg: ModelConfig, tokenizer: Any
 ) -> tuple[nn.Module, nn.Module, dict[str, tuple[str, ...]], int]:
     """(module to export, PyTorch reference it must match, outputs with their axes, partial layers).
 
-    A task's ``export_module(model)`` (the model itself by default) is exported and checked against
-    the model's own forward; ``partial_layers`` tells the fusion check what it skipped (nothing
-    when the task kept the model as it is, as for a head that reads every position)."""
+    The run's task (a pretraining run's: the masked-LM task) builds its model with the run's options
+    and the tokenizer in its context, and the run's weights are loaded into it (a checkpoint's heads
+    the model does not have, such as a pretraining run's next-sentence head, are left out). A task's
+    ``export_module(model)`` (the model itself by default) is exported and checked against the model's
+    own forward; ``partial_layers`` tells the fusion check what it skipped (nothing when the task kept
+    the model as it is, as for a head that reads every position)."""
     sd = load_state_dict(d, cfg)
-    if meta.pretraining:
-        model = BertForPreTraining(cfg)
-        # a BertForMaskedLM checkpoint has no NSP head or pooler; neither is in the fill-mask graph
-        load_weights(model, sd, allow_missing=("cls.seq_relationship", "bert.pooler"))
-        model.tie_weights()
-        if top_k > cfg.vocab_size:
-            raise ConfigError(f"--top-k must be between 1 and the vocabulary size {cfg.vocab_size}, got {top_k}")
-        graph = FillMaskGraph(model, mask_id, top_k)
-        return graph, graph, dict(FILL_MASK_OUTPUTS), 0
-    task = get_task(meta.task)
-    model = task.build_model(cfg, meta.context(task.resolve_options(saved=meta.options)))
+    task = task_of(meta.task)
+    ctx = replace(meta.context(task.resolve_options(saved=meta.options)), tokenizer=tokenizer)
+    model = task.build_model(cfg, ctx)
     load_weights(model, sd)
     model.eval()
     names = list(task.outputs)

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import warnings
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,9 @@ def compare(
     ref: dict[str, np.ndarray], got: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]], mask: np.ndarray
 ) -> dict[str, Any]:
     """Max abs difference per float output (real tokens only) and the top-1 agreement over the outputs
-    that make choices (None when none does). Sparse vectors (outputs "indices" and "values") are
-    compared as maps (sparse_diff), reported under "values"."""
+    that make choices (None when none does). Top terms (outputs "indices" and "values": a sparse
+    vector's, or each token's candidates) are compared as maps (sparse_diff), row by row (token by
+    token), reported under "values"."""
     diffs: dict[str, float] = {}
     agree = total = 0
     sparse = {"indices", "values"} <= set(ref)
@@ -60,24 +62,24 @@ def compare(
         for name in ("indices", "values"):
             if ref[name].shape != got[name].shape:
                 raise ParityError(f"output '{name}' has shape {got[name].shape} in onnxruntime but {ref[name].shape} in PyTorch")
-        diffs["values"] = sparse_diff(ref["indices"].astype(np.int64), ref["values"], got["indices"].astype(np.int64),
-                                      got["values"].astype(np.float32))
+        rows = lambda name, x: real_rows(x, axes[name], mask).reshape(-1, x.shape[-1])  # noqa: E731
+        diffs["values"] = sparse_diff(rows("indices", ref["indices"]).astype(np.int64), rows("values", ref["values"]),
+                                      rows("indices", got["indices"]).astype(np.int64),
+                                      rows("values", got["values"]).astype(np.float32))
+        chosen = decisions("indices", ref["indices"], got["indices"], axes["indices"], mask)
+        agree, total = int((chosen[0] == chosen[1]).sum()), chosen[0].size  # type: ignore[index]
     for name, a in ref.items():
         if sparse and name in ("indices", "values"):
             continue
         b = got[name]
         if a.shape != b.shape:
             raise ParityError(f"output '{name}' has shape {b.shape} in onnxruntime but {a.shape} in PyTorch")
-        if name == "mask_positions":
-            if not np.array_equal(a, b):
-                raise ParityError("output 'mask_positions' differs between onnxruntime and PyTorch")
-            continue
         if a.dtype.kind == "f":
             diffs[name] = float(np.abs(real_rows(a, axes[name], mask) - real_rows(b.astype(np.float32), axes[name], mask)).max(initial=0.0))
-        da, db = decisions(name, a, axes[name], mask), decisions(name, b, axes[name], mask)
-        if da is not None:
-            agree += int((da == db).sum())
-            total += da.size
+        chosen = decisions(name, a, b, axes[name], mask)
+        if chosen is not None:
+            agree += int((chosen[0] == chosen[1]).sum())
+            total += chosen[0].size
     return {"max_abs_diff": diffs, "top1_agreement": agree / total if total else None}
 
 
@@ -88,29 +90,22 @@ CALIBRATION_BATCH = 32
 def calibration_batches(path: Path, meta: RunMeta, tok: Any, pad_id: int, max_length: int,
                         inputs: tuple[str, ...]) -> list[dict[str, np.ndarray]]:
     """The first CALIBRATION_INPUTS inputs of ``path`` (any file `mlmkit predict --input` reads) as the
-    graph's feeds, featurized by the bundle's task as inference will featurize them (fill-mask: the
-    texts tokenized), in batches of similar length."""
+    graph's feeds, featurized by the bundle's task as inference will featurize them (a pretraining
+    run's: the masked-LM task's, for which a text without a [MASK] is one token), in batches of
+    similar length."""
     from itertools import islice
 
     from mlmkit.errors import ConfigError
-    from mlmkit.registry import get_task
+    from mlmkit.registry import task_of
     from mlmkit.text.batching import bucket_batches, pad_features
     from mlmkit.text.records import iter_inputs
-    from mlmkit.text.truncation import tokenizer_settings
 
     items = [r.data for r in islice(iter_inputs(path), CALIBRATION_INPUTS)]
     if not items:
         raise ConfigError(f"--calibrate {path} has no inputs", "give texts or records as `mlmkit predict --input` reads them")
-    if meta.pretraining:
-        if not all(isinstance(x, str) for x in items):
-            raise ConfigError(f"--calibrate {path}: a fill-mask bundle is calibrated on texts", "give a .txt file")
-        with tokenizer_settings(tok, max_length=max_length) as t:
-            features: list[dict[str, Any]] = [{"input_ids": e.ids, "token_type_ids": e.type_ids}
-                                              for e in t.encode_batch([str(x) for x in items])]
-    else:
-        task = get_task(meta.task)
-        ctx = meta.context(task.resolve_options(saved=meta.options), max_length=max_length)
-        features = task.featurize([task.from_input(x, ctx.options) for x in items], tok, ctx, training=False)
+    task = task_of(meta.task)
+    ctx = replace(meta.context(task.resolve_options(saved=meta.options), max_length=max_length), tokenizer=tok)
+    features = task.featurize([task.from_input(x, ctx.options) for x in items], tok, ctx, training=False)
     lengths = [len(f["input_ids"]) for f in features]
     return [{k: v for k, v in pad_features([features[i] for i in b], pad_id).items() if k in inputs}
             for b in bucket_batches(lengths, CALIBRATION_BATCH)]

@@ -12,25 +12,28 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from tokenizers import AddedToken
+
 from mlmkit.errors import BundleError, ConfigError
 from mlmkit.files import parse_json
 from mlmkit.registry import BATCH, SEQUENCE, TaskContext
-from mlmkit.text.tokenizer import is_lowercase, load_tokenizer, special_ids
+from mlmkit.text.tokenizer import MASK, is_lowercase, load_tokenizer, mask_token, special_ids
 
 BUNDLE_FILES = ("model.onnx", "tokenizer.json", "mlmkit.json")
 BUNDLE_FORMAT = 2
 """mlmkit.json's format_version: 2 declares output axes by name and keeps a task's saved state in "task_state"."""
 MAX_LENGTH = 1 << 16  # tokens: no BERT has more positions; a larger max_length in a bundle is damage
-FILL_MASK = "fill-mask"
-"""The task of a bundle exported from a pretraining run (the core's own graph, not a plugin); served
-by the command of the same name."""
-MASKS = "masks"  # the fill-mask graph's rows: one per [MASK] of the batch
-FILL_MASK_OUTPUTS = {"mask_positions": (MASKS, "coordinate"), "top_ids": (MASKS, "k"), "top_probs": (MASKS, "k")}
-"""The fill-mask graph's outputs and their axes (mlmkit.exporter.graphs.FillMaskGraph makes them)."""
-OUTPUT_TYPES = {"mask_positions": "tensor(int64)", "top_ids": "tensor(int64)", "top_probs": "tensor(float)"}
-"""onnxruntime's element types of the fill-mask outputs; a task graph's outputs are all float32
-(mlmkit.exporter.graphs.TaskGraph casts them; an fp16 or int8 graph keeps float32 inputs and outputs)."""
 TASK_OUTPUT_TYPE = "tensor(float)"
+"""onnxruntime's element type of a graph's outputs: all float32 (mlmkit.exporter.graphs.TaskGraph casts
+them; an fp16 or int8 graph keeps float32 inputs and outputs)."""
+MASKS = "masks"
+MASK_ROWS = {"mask_positions": (MASKS, "coordinate"), "top_ids": (MASKS, "k"), "top_probs": (MASKS, "k")}
+"""The outputs of the masked-LM graphs exported before 2026-12-06 (then the core's own graph, not a
+task's): one row per [MASK] of the batch, its [batch row, position], the ids (int64) and probabilities
+of its top-k (``top_k`` in mlmkit.json). Such bundles still load: the runtime reads their outputs as
+the masked-LM task's per-token ones (tokens_from_mask_rows)."""
+MASK_ROW_TYPES = {"mask_positions": "tensor(int64)", "top_ids": "tensor(int64)", "top_probs": "tensor(float)"}
 DYNAMIC_AXES = (BATCH, SEQUENCE, MASKS)  # axes whose size varies from run to run: never a fixed size in the graph
 LABELS_KEY = "mlmkit.labels"
 """The graph's metadata_props entry with the labels, in the order the head was trained with (JSON):
@@ -93,7 +96,7 @@ class BundleMeta:
     options: dict[str, Any] = field(default_factory=dict)
     task_state: dict[str, Any] = field(default_factory=dict)
     trained_as: str = ""
-    top_k: int | None = None
+    top_k: int | None = None  # a masked-LM bundle of before 2026-12-06 (MASK_ROWS): its candidates
     opset: int = 17
     precision: str = "fp32"
     run_precision: str = "auto"  # fp32: export --precision fp32 pinned it (auto never picks bf16 for it)
@@ -192,7 +195,8 @@ def _check_description(path: Path, meta: dict[str, Any]) -> None:
         (not isinstance(inputs, list) or "input_ids" not in inputs or len(set(map(str, inputs))) != len(inputs)
          or not all(isinstance(i, str) and i in INPUT_NAMES for i in inputs),
          f"'inputs' is not a list of the graph inputs ({', '.join(INPUT_NAMES)})"),
-        (meta["task"] == FILL_MASK and not _int_in(meta.get("top_k"), 1, max(1, V)), "'top_k' is not valid"),
+        ((meta.get("top_k") is not None or _axes(outputs) == MASK_ROWS) and not _int_in(meta.get("top_k"), 1, max(1, V)),
+         "'top_k' is not a number of candidates from 1 to the vocabulary's size"),
         (meta.get("precision", "fp32") not in PRECISIONS, f"'precision' is not one of {', '.join(PRECISIONS)}"),
         (not _int_in(meta.get("opset", 17), 1, 1000), "'opset' is not an ONNX opset number"),
         (not isinstance(meta.get("trained_as", ""), str), "'trained_as' is not a task name"),
@@ -213,8 +217,27 @@ def _check_description(path: Path, meta: dict[str, Any]) -> None:
         raise BundleError(f"{path}: {bad[0]}", "re-create the bundle with `mlmkit export`")
 
 
+def _axes(outputs: Any) -> Any:
+    """'outputs' as BundleMeta holds them (axis tuples), or as they are where they are not axis lists."""
+    ok = isinstance(outputs, dict) and all(isinstance(v, list) for v in outputs.values())
+    return {k: tuple(v) for k, v in outputs.items()} if ok else outputs
+
+
 def _int_in(x: Any, low: int, high: int) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and low <= x <= high
+
+
+def tokens_from_mask_rows(out: Mapping[str, np.ndarray], shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """The outputs of a masked-LM graph of before 2026-12-06 (MASK_ROWS) on a batch of ``shape``
+    (rows, tokens), as today's graph gives them: per token, the candidates' ids ("indices", float,
+    -1 where no [MASK] is) and probabilities ("values", 0 there)."""
+    k = out["top_ids"].shape[1]
+    indices = np.full((*shape, k), -1.0, dtype=np.float32)
+    values = np.zeros((*shape, k), dtype=np.float32)
+    rows, positions = out["mask_positions"][:, 0], out["mask_positions"][:, 1]
+    indices[rows, positions] = out["top_ids"]
+    values[rows, positions] = out["top_probs"]
+    return {"indices": indices, "values": values}
 
 
 def load_bundle_tokenizer(path: str | Path, meta: BundleMeta) -> Any:
@@ -232,6 +255,9 @@ def load_bundle_tokenizer(path: str | Path, meta: BundleMeta) -> Any:
             f"(vocabulary {have.vocab_size} vs {want.vocab_size} tokens)",
             "restore the tokenizer.json written by `mlmkit export`, or export again",
         )
+    if mask_token(tok) == MASK:  # a "[MASK]" typed in a text is the mask token, as in Hugging Face's tokenizers,
+        # also where tokenizer.json holds it as a vocabulary entry only (one made from a vocab.txt)
+        tok.add_special_tokens([AddedToken(MASK, special=True, normalized=False)])
     tok.no_padding()  # a tokenizer.json may carry fixed padding (docs/performance.md, "Tokenizer files can carry padding"); batches pad themselves
     tok.no_truncation()
     return tok

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -107,6 +107,8 @@ def predict(
     (run_features), everything else done by each as by one."""
     if not examples:
         return Predicted([], ctx, [])
+    if ctx.tokenizer is None:  # for the hooks that read tokens back (TaskContext)
+        ctx = replace(ctx, tokenizer=tokenizer)
     features = task.featurize(examples, tokenizer, ctx, training=False)
     check_features(task, features, len(examples))
     outputs = run_features(features, forward, task.outputs, pad_id=special_ids(tokenizer).pad, batch_size=batch_size,
@@ -206,26 +208,29 @@ def real_rows(arr: np.ndarray, axes: tuple[str, ...], mask: np.ndarray) -> np.nd
     return arr[mask.astype(bool)] if per_token(axes) else arr  # (tokens, ...)
 
 
-def decisions(name: str, arr: np.ndarray, axes: tuple[str, ...], mask: np.ndarray) -> np.ndarray | None:
-    """The top-1 choices an output stands for: argmax over its last axis (labels), over positions for
-    (batch, sequence) scores (QA), the ids themselves for integer outputs; None for an output that
-    makes no choice (one number per row, such as a regression score, or fill-mask's sorted probabilities)."""
-    if name == "top_ids":
-        return arr[:, 0]
-    if name == "top_probs" or (arr.dtype.kind == "f" and len(axes) == 1):
+def decisions(name: str, a: np.ndarray, b: np.ndarray, axes: tuple[str, ...],
+              mask: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The top-1 choices two models' output ``name`` stands for, side by side: argmax over its last axis
+    (labels), over positions for (batch, sequence) scores (QA); for top terms ("indices": ids best
+    first, -1 for none), the first id of each row (of each real token, for per-token terms) that
+    either side chose (a fill-mask graph's tokens without a [MASK] choose nothing); None for an
+    output that makes no choice (one number per row, such as a regression score, or top terms' values)."""
+    if name == "values" or (a.dtype.kind == "f" and len(axes) == 1):
         return None
-    if arr.dtype.kind != "f":
-        return arr.reshape(-1)
+    if name == "indices":
+        da, db = (real_rows(x, axes, mask)[..., 0].reshape(-1) for x in (a, b))
+        chose = (da >= 0) | (db >= 0)
+        return da[chose], db[chose]
     if tuple(axes) == (BATCH, SEQUENCE):
-        return np.where(mask.astype(bool), arr, -np.inf).argmax(axis=1)
-    return real_rows(arr, axes, mask).argmax(axis=-1).reshape(-1)
+        return np.where(mask.astype(bool), a, -np.inf).argmax(axis=1), np.where(mask.astype(bool), b, -np.inf).argmax(axis=1)
+    return real_rows(a, axes, mask).argmax(axis=-1).reshape(-1), real_rows(b, axes, mask).argmax(axis=-1).reshape(-1)
 
 
 def agreement(ref: Sequence[Mapping[str, np.ndarray]], got: Sequence[Mapping[str, np.ndarray]],
               axes: Mapping[str, tuple[str, ...]], masks: Sequence[np.ndarray]) -> dict[str, float | None]:
     """How far one model's outputs (int8, fp16, a distilled student) agree with another's (fp32, the
     teacher) over batches of real inputs: the top-1 agreement of the outputs that choose (among labels,
-    or positions: tags, QA spans, fill-mask ids), the mean cosine of the rows of vector outputs
+    or positions: tags, QA spans, top terms' first ids), the mean cosine of the rows of vector outputs
     (embeddings; sparse vectors as term maps are held to their top terms' ids), and the Pearson
     correlation of one-number outputs (a reranker's relevance, a regression). ``value`` is the one a
     gate reads: top-1 where the model chooses, else the cosine, else the correlation."""
@@ -244,10 +249,10 @@ def agreement(ref: Sequence[Mapping[str, np.ndarray]], got: Sequence[Mapping[str
                 den = np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)
                 cosines.append(np.where(den > 0, (x * y).sum(1) / np.where(den > 0, den, 1.0), 1.0))
                 continue
-            da, db = decisions(name, a, ax, mask), decisions(name, b, ax, mask)
-            if da is not None:
-                agree += int((da == db).sum())
-                total += da.size
+            chosen = decisions(name, a, b, ax, mask)
+            if chosen is not None:
+                agree += int((chosen[0] == chosen[1]).sum())
+                total += chosen[0].size
     top1 = agree / total if total else None
     cosine = float(np.concatenate(cosines).mean()) if cosines else None
     pearson = None

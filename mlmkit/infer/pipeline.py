@@ -3,20 +3,15 @@
 A loaded bundle is a callable over a list of inputs, results in input order:
 
     from mlmkit.infer.pipeline import Pipeline
-    fill = Pipeline.load("exports/mlm")
-    fill(["The capital of France is [MASK].", "A [MASK] and a [MASK]."])
+    fill = Pipeline.load("exports/mlm")  # a fill-mask bundle, exported from a pretraining run
+    fill(["The capital of France is [MASK].", "A [MASK] and a [MASK]."], top_k=3)
 
 No torch here, directly or indirectly (cold start under a second: docs/performance.md, "Cold start"): this module needs
 onnxruntime, tokenizers and numpy, and the task plugins' torch-free parts (from_input, featurize,
 postprocess, compute_metrics), the same code `mlmkit evaluate` runs on a PyTorch model.
 
-Fill-mask results, one per input: {"text", "masks": [{"position", "start", "end", "candidates":
-[{"token", "id", "score"}, ...]}, ...], "sequence"}. ``position`` is the token index, ``start`` /
-``end`` the characters of the [MASK] in the text, ``sequence`` the text with every [MASK]
-replaced by its best candidate. A text without [MASK] (or whose only [MASK] lies past the max
-length) gets "masks": [] and an "error" saying so; it is never sent to the model. Inputs longer
-than the max length are truncated (classification, fill-mask: "truncated": true and one warning)
-or cut into windows by the task (tagging, qa).
+Inputs longer than the max length are truncated (their results say "truncated": true, with one
+warning) or cut into windows by the task (tagging, qa).
 """
 
 from __future__ import annotations
@@ -25,25 +20,25 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import numpy as np
-from tokenizers import AddedToken
 
 from mlmkit.errors import BundleError, ConfigError, DataFormatError, MlmkitError
 from mlmkit.files import write_jsonl
 from mlmkit.infer import evaluation
 from mlmkit.infer.bundle import (
     DYNAMIC_AXES,
-    FILL_MASK,
-    FILL_MASK_OUTPUTS,
     LABELS_KEY,
-    OUTPUT_TYPES,
+    MASK_ROW_TYPES,
+    MASK_ROWS,
     TASK_OUTPUT_TYPE,
     BundleMeta,
     load_bundle_tokenizer,
     read_bundle_meta,
+    tokens_from_mask_rows,
 )
 from mlmkit.infer.engines import make_session  # noqa: F401 - its home was here: benchmarks import it from here
 from mlmkit.infer.evaluation import Progress
@@ -53,14 +48,10 @@ from mlmkit.registry import (
     LABEL,
     Plugin,
     TaskContext,
-    TaskOption,
     get_task,
-    spelled,
     tasks_for_command,
 )
-from mlmkit.text.batching import bucket_batches, pad_features
-from mlmkit.text.tokenizer import MASK, mask_token, special_ids
-from mlmkit.text.truncation import clip_text
+from mlmkit.text.tokenizer import special_ids
 
 log = logging.getLogger("mlmkit")
 
@@ -93,15 +84,22 @@ T = TypeVar("T")
 
 
 class Pipeline:
-    """A loaded bundle. ``Pipeline.load(path)`` returns the pipeline of the bundle's task; calling it
-    on a list of inputs (texts, or records for tasks that take several fields) returns one result
-    dict per input, in input order. Runtime options (a task's declared options, fill-mask's top_k)
-    are keyword arguments; the bundle's saved options are their defaults."""
+    """A loaded bundle of any registered task: evaluation's loop with the onnxruntime session as the
+    forward. ``Pipeline.load(path)`` loads and checks one; calling it on a list of inputs (texts, or
+    records for tasks that take several fields) returns one result dict per input, in input order.
+    Runtime options (the task's declared options) are keyword arguments; the bundle's saved options
+    are their defaults."""
 
-    def __init__(self, path: Path, meta: BundleMeta, tokenizer: Any, session: Any, batch_size: int) -> None:
+    def __init__(self, path: Path, meta: BundleMeta, tokenizer: Any, session: Any, batch_size: int,
+                 plugin: Plugin) -> None:
         if batch_size < 1:
             raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
+        # a masked-LM graph of the first bundle format 2 answers one row per [MASK]: read per token
+        self.mask_rows = dict(meta.outputs) == MASK_ROWS
+        if self.mask_rows and plugin.top_k_option:  # its candidates were recorded as "top_k"
+            meta = replace(meta, options={plugin.top_k_option: meta.top_k, **meta.options})
         self.path, self.meta, self.tokenizer, self.session, self.batch_size = path, meta, tokenizer, session, batch_size
+        self.plugin = plugin
         self.batch_tokens: int | None = None  # batching.bucket_batches' max_tokens; set by load
         self.run_tokens: int | None = None  # and its run_tokens (the CPU's cost of one more run); set by load
         self.device = "cpu"
@@ -110,8 +108,8 @@ class Pipeline:
         self.pad_id = meta.tokenizer.pad_id
         self.input_names = [i.name for i in session.get_inputs()]
         self.output_names = [o.name for o in session.get_outputs()]
-        self.outputs = dict(meta.outputs)
-        lacking = [n for n in self.outputs if n not in self.output_names]
+        self.outputs = dict(plugin.outputs) if self.mask_rows else dict(meta.outputs)
+        lacking = [n for n in meta.outputs if n not in self.output_names]
         if lacking or self.input_names != list(meta.inputs) or "input_ids" not in self.input_names:
             raise BundleError(
                 f"{path / 'model.onnx'} does not match its mlmkit.json (graph inputs {self.input_names}, outputs {self.output_names})",
@@ -119,6 +117,10 @@ class Pipeline:
             )
         self._check_outputs(session)
         self._check_labels(session)
+        if self.outputs != plugin.outputs:  # e.g. a description edited to name another task
+            raise BundleError(
+                f"{path} is described as a {plugin.name} bundle, but its outputs {dict(self.outputs)} are not the task's "
+                f"{dict(plugin.outputs)}", "re-create the bundle with `mlmkit export`")
 
     def _check_outputs(self, session: Any) -> None:
         """The graph's outputs against the description: as many axes as declared, the element type the
@@ -127,14 +129,14 @@ class Pipeline:
         input wrongly, silently)."""
         labels, desc = self.meta.labels, self.path / "mlmkit.json"
         graph = {o.name: o for o in session.get_outputs()}
-        fixed = {"coordinate": 2, "k": self.meta.top_k} if self.meta.task == FILL_MASK else {}
-        for name, axes in self.outputs.items():
+        fixed = {"coordinate": 2, "k": self.meta.top_k} if self.mask_rows else {}
+        for name, axes in self.meta.outputs.items():
             out = graph[name]
             dims = list(out.shape or [])
             if dims and len(dims) != len(axes):
                 raise BundleError(f"{desc}: its 'outputs' give '{name}' the axes {list(axes)}, but the model's '{name}' "
                                   f"has {len(dims)} ({dims})", "re-create the bundle with `mlmkit export`")
-            want = OUTPUT_TYPES.get(name, TASK_OUTPUT_TYPE) if self.meta.task == FILL_MASK else TASK_OUTPUT_TYPE
+            want = MASK_ROW_TYPES[name] if self.mask_rows else TASK_OUTPUT_TYPE
             if out.type != want:
                 raise BundleError(f"{self.path / 'model.onnx'}: its output '{name}' is {out.type}, the runtime reads {want}",
                                   "re-create the bundle with `mlmkit export`")
@@ -198,11 +200,11 @@ class Pipeline:
         d = Path(path)
         meta = read_bundle_meta(d)
         task = meta.task
-        plugin = None if task == FILL_MASK else get_task(task)
+        plugin = get_task(task)
         if command is not None:
-            serves = FILL_MASK if plugin is None else plugin.command
+            serves = plugin.command
             if serves != command:
-                which = FILL_MASK if command == FILL_MASK else " or ".join(tasks_for_command(command)) or "no registered task's"
+                which = " or ".join(tasks_for_command(command)) or "no registered task's"
                 use = f"use `mlmkit {serves} {d}`" if serves else f"use `mlmkit predict {d}`"
                 raise BundleError(f"{d} is a {task} bundle; `mlmkit {command}` serves {which} bundles", use)
         tok = load_bundle_tokenizer(d, meta)
@@ -210,8 +212,7 @@ class Pipeline:
             log.warning("%s is an fp16 bundle, made for --device cuda; on the CPU it is slow", d)
 
         def make(session: Any) -> Pipeline:  # the checks of a session against the description run here
-            return (FillMaskPipeline(d, meta, tok, session, batch_size) if plugin is None
-                    else TaskPipeline(d, meta, tok, session, batch_size, plugin))
+            return Pipeline(d, meta, tok, session, batch_size, plugin)
 
         pipe, choice = choose(d, meta, precision, make, device=device, threads=threads, spin=spin,
                               min_agreement=min_agreement, gate=gate, specials=special_ids(tok))
@@ -233,33 +234,6 @@ class Pipeline:
         g = (self.path / "model.onnx").stat()
         desc = hashlib.sha256((self.path / "mlmkit.json").read_bytes()).hexdigest()
         return {"path": str(self.path.resolve()), "model_bytes": g.st_size, "model_mtime_ns": g.st_mtime_ns, "mlmkit_json_sha256": desc}
-
-    @overload
-    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = ..., first: int = ...,
-                 errors: None = ..., tokens: list[int] | None = ..., **options: Any) -> list[dict[str, Any]]: ...
-    @overload
-    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = ..., first: int = ...,
-                 errors: dict[int, MlmkitError], tokens: list[int] | None = ...,
-                 **options: Any) -> list[dict[str, Any] | None]: ...
-    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
-                 errors: dict[int, MlmkitError] | None = None, tokens: list[int] | None = None,
-                 **options: Any) -> list[dict[str, Any]] | list[dict[str, Any] | None]:
-        """One result per input, in order. ``first``: the number of the first input, for messages
-        ("input 7: empty text"); ``errors``: collect a bad input's error here, by its position, and
-        give None for it instead of stopping; ``tokens``: filled with each input's tokens, the ones
-        the model ran on (special tokens and a prompt included, a window's each time; a bad input 0):
-        a server's ``usage`` without tokenizing again."""
-        raise NotImplementedError
-
-    @property
-    def option_names(self) -> tuple[str, ...]:
-        """The runtime options this bundle's task takes (keyword arguments of a call)."""
-        raise NotImplementedError
-
-    def check(self, inputs: Sequence[Any], options: dict[str, Any] | None = None) -> None:
-        """Raise the error that calling the pipeline on ``inputs`` with ``options`` would raise for a
-        bad option or input ("input 3: ..."), without running the model (a server answers 4xx with it)."""
-        raise NotImplementedError
 
     @staticmethod
     def _each(inputs: Sequence[Any], first: int, convert: Callable[[Any], Any],
@@ -286,182 +260,6 @@ class Pipeline:
             out[i] = r
         return out
 
-    def summary(self, result: dict[str, Any]) -> dict[str, str]:
-        """Table columns for one result (the CLI on a terminal)."""
-        raise NotImplementedError
-
-    def run_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One session run on a padded batch (evaluation's forward)."""
-        feed = {n: batch[n] for n in self.input_names}
-        return dict(zip(self.output_names, self.session.run(self.output_names, feed)))
-
-
-class FillMaskPipeline(Pipeline):
-    """Top-k tokens for every [MASK] of each text, computed inside the graph (see exporter/graphs.py)."""
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.top_k = self.meta.top_k or 5
-        self.option = TaskOption("top_k", self.top_k, f"candidates per [MASK], 1 to {self.top_k} (the export's --top-k)",
-                                 minimum=1)
-        self.mask_id = self.meta.tokenizer.mask_id
-        if self.outputs != FILL_MASK_OUTPUTS:  # e.g. a description edited to name another graph's axes
-            raise BundleError(f"{self.path / 'mlmkit.json'}: its outputs {dict(self.outputs)} are not the fill-mask "
-                              f"graph's {FILL_MASK_OUTPUTS}", "re-create the bundle with `mlmkit export`")
-        self.tokenizer.enable_truncation(self.max_length, strategy="longest_first")
-        self.mask_token = mask_token(self.tokenizer)  # [MASK], or the family's own (<mask>): "[MASK]" is its alias
-        if self.mask_token == MASK:
-            # a literal "[MASK]" in the text must become the mask id even for a tokenizer built from a
-            # bare vocab.txt, where it is an ordinary vocabulary entry that the normaliser would split
-            self.tokenizer.add_special_tokens([AddedToken(MASK, special=True, normalized=False)])
-        if self.tokenizer.token_to_id(self.mask_token) != self.mask_id:
-            raise BundleError(f"{self.path / 'tokenizer.json'}: {self.mask_token} is not token {self.mask_id}",
-                              "export the bundle again")
-        self._token_text: dict[int, str] = {}
-
-    def _top_k(self, top_k: Any, options: dict[str, Any]) -> int:
-        if options:
-            raise ConfigError(f"{spelled(next(iter(options)))} is not an option of fill-mask bundles",
-                              "its option: --top-k")
-        k = self.top_k if top_k is None else self.option.parse(top_k)
-        if k > self.top_k:
-            raise ConfigError(f"--top-k {k}: this bundle was exported with --top-k {self.top_k}",
-                              f"ask for 1 to {self.top_k}, or export again with a larger --top-k")
-        return k
-
-    option_names = ("top_k",)
-
-    def check(self, inputs: Sequence[Any], options: dict[str, Any] | None = None) -> None:
-        options = dict(options or {})
-        self._top_k(options.pop("top_k", None), options)
-        self._each(inputs, 1, _text_pair, None)
-
-    def _alias(self, text: str) -> str:
-        """"[MASK]" written as the model's own mask token (RoBERTa's <mask>: as long, so every
-        character offset stays the same)."""
-        if self.mask_token != MASK and len(self.mask_token) == len(MASK):
-            return text.replace(MASK, self.mask_token)
-        return text
-
-    def _token(self, i: int) -> str:
-        if i not in self._token_text:
-            self._token_text[i] = self.tokenizer.decode([i], skip_special_tokens=False).strip()
-        return self._token_text[i]
-
-    @overload
-    def __call__(
-        self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = ..., first: int = ...,
-        errors: None = ..., tokens: list[int] | None = ..., top_k: int | None = ..., **options: Any,
-    ) -> list[dict[str, Any]]: ...
-    @overload
-    def __call__(
-        self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = ..., first: int = ...,
-        errors: dict[int, MlmkitError], tokens: list[int] | None = ..., top_k: int | None = ..., **options: Any,
-    ) -> list[dict[str, Any] | None]: ...
-    def __call__(
-        self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
-        errors: dict[int, MlmkitError] | None = None, tokens: list[int] | None = None, top_k: int | None = None,
-        **options: Any,
-    ) -> list[dict[str, Any]] | list[dict[str, Any] | None]:
-        k = self._top_k(top_k, options)
-        kept, pairs = self._each(inputs, first, _text_pair, errors)
-        if len(kept) < len(inputs):
-            counted: list[int] = []
-            got = self([{"text": a, "text_pair": b} for a, b in pairs], progress=progress, tokens=counted, top_k=top_k)
-            if tokens is not None:
-                tokens[:] = [c or 0 for c in self._aligned(len(inputs), kept, counted)]
-            return self._aligned(len(inputs), kept, got)
-        clip = lambda t: clip_text(self._alias(t), self.tokenizer, self.max_length)  # noqa: E731
-        encs = self.tokenizer.encode_batch([(clip(a), clip(b)) if b is not None else clip(a) for a, b in pairs]) if pairs else []
-        if tokens is not None:
-            tokens[:] = [len(e.ids) for e in encs]
-        results: list[dict[str, Any]] = []
-        todo: list[int] = []
-        for i, ((a, b), enc) in enumerate(zip(pairs, encs)):
-            r: dict[str, Any] = {"text": a} if b is None else {"text": a, "text_pair": b}
-            if enc.overflowing:
-                r["truncated"] = True
-            r["masks"] = []
-            if self.mask_id in enc.ids:
-                todo.append(i)
-            else:
-                had = any(m in t for t in (a, b or "") for m in {MASK, self.mask_token})
-                r["error"] = (f"no [MASK] within the first {self.max_length} tokens" if had
-                              else "no [MASK] token in the text")
-            results.append(r)
-        evaluation.warn_truncated(sum(1 for r in results if r.get("truncated")), len(results), self.max_length)
-        if progress is not None and len(todo) < len(results):
-            progress(len(results) - len(todo))  # texts without [MASK] are done already
-        lengths = [len(encs[i].ids) for i in todo]
-        for batch in bucket_batches(lengths, self.batch_size, self.batch_tokens, self.run_tokens):
-            items = [todo[j] for j in batch]
-            out = self.run_batch(pad_features([{"input_ids": encs[i].ids, "token_type_ids": encs[i].type_ids} for i in items],
-                                              self.pad_id))
-            for (row, pos), ids, probs in zip(out["mask_positions"], out["top_ids"], out["top_probs"]):
-                i = items[int(row)]
-                enc = encs[i]
-                start, end = enc.offsets[int(pos)]
-                results[i]["masks"].append({
-                    "position": int(pos), "segment": int(enc.sequence_ids[int(pos)] or 0), "start": int(start), "end": int(end),
-                    "candidates": [{"token": self._token(int(t)), "id": int(t), "score": float(p)} for t, p in zip(ids[:k], probs[:k])],
-                })
-            if progress is not None:
-                progress(len(items))
-        for r in results:
-            if r["masks"]:
-                r["sequence"] = _fill(r["text"], [m for m in r["masks"] if m["segment"] == 0])
-                if "text_pair" in r:
-                    r["sequence_pair"] = _fill(r["text_pair"], [m for m in r["masks"] if m["segment"] == 1])
-                for m in r["masks"]:
-                    if "text_pair" not in r:
-                        del m["segment"]
-        return results
-
-    def summary(self, result: dict[str, Any]) -> dict[str, str]:
-        if not result["masks"]:
-            return {"candidates": f"({result.get('error', 'no [MASK]')})"}
-        return {"candidates": " | ".join(", ".join(f"{c['token']} {c['score']:.3f}" for c in m["candidates"])
-                                         for m in result["masks"])}
-
-
-def _text_pair(item: str | dict[str, Any]) -> tuple[str, str | None]:
-    if isinstance(item, str):
-        return item, None
-    if isinstance(item, dict) and isinstance(item.get("text"), str):
-        pair = item.get("text_pair")
-        if pair is not None and not isinstance(pair, str):  # read as no pair, it would be dropped without a word
-            raise DataFormatError("<input>", f"must be a text, got {type(pair).__name__}", field="text_pair")
-        return item["text"], pair
-    have = ", ".join(item) if isinstance(item, dict) else type(item).__name__
-    raise DataFormatError("<input>", f"expected a text or a record with a 'text' field, got: {have}", field="text")
-
-
-def _fill(text: str, masks: list[dict[str, Any]]) -> str:
-    """``text`` with each [MASK] span replaced by its best candidate (word pieces glued on)."""
-    out, last = [], 0
-    for m in sorted(masks, key=lambda m: m["start"]):
-        best = m["candidates"][0]["token"] if m["candidates"] else ""
-        out.append(text[last : m["start"]])
-        if best.startswith("##"):
-            out[-1] = out[-1].rstrip()
-            best = best[2:]
-        out.append(best)
-        last = m["end"]
-    return "".join(out) + text[last:]
-
-
-class TaskPipeline(Pipeline):
-    """A bundle of any registered task: evaluation's loop with the onnxruntime session as the forward."""
-
-    def __init__(self, path: Path, meta: BundleMeta, tokenizer: Any, session: Any, batch_size: int,
-                 plugin: Plugin) -> None:
-        super().__init__(path, meta, tokenizer, session, batch_size)
-        self.plugin = plugin
-        if self.outputs != plugin.outputs:  # e.g. a description edited to name another task
-            raise BundleError(
-                f"{path} is described as a {plugin.name} bundle, but its outputs {dict(self.outputs)} are not the task's "
-                f"{dict(plugin.outputs)}", "re-create the bundle with `mlmkit export`")
-
     def context(self, options: dict[str, Any] | None = None) -> TaskContext:
         """The task's context: the bundle's labels and saved state; its defaults < the options saved
         in the bundle < ``options`` (an option the task lacks is an error)."""
@@ -477,6 +275,11 @@ class TaskPipeline(Pipeline):
     def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
                  errors: dict[int, MlmkitError] | None = None, tokens: list[int] | None = None,
                  **options: Any) -> list[dict[str, Any]] | list[dict[str, Any] | None]:
+        """One result per input, in order. ``first``: the number of the first input, for messages
+        ("input 7: empty text"); ``errors``: collect a bad input's error here, by its position, and
+        give None for it instead of stopping; ``tokens``: filled with each input's tokens, the ones
+        the model ran on (special tokens and a prompt included, a window's each time; a bad input 0):
+        a server's ``usage`` without tokenizing again."""
         ctx = self.context(options)
         kept, examples = self._each(inputs, first, lambda x: self.plugin.from_input(x, ctx.options), errors)
         got = evaluation.predict(self.plugin, examples, self.tokenizer, ctx, self.run_batch, batch_size=self.batch_size,
@@ -491,14 +294,24 @@ class TaskPipeline(Pipeline):
 
     @property
     def option_names(self) -> tuple[str, ...]:
+        """The runtime options this bundle's task takes (keyword arguments of a call)."""
         return tuple(o.name for o in self.plugin.options)
 
     def check(self, inputs: Sequence[Any], options: dict[str, Any] | None = None) -> None:
+        """Raise the error that calling the pipeline on ``inputs`` with ``options`` would raise for a
+        bad option or input ("input 3: ..."), without running the model (a server answers 4xx with it)."""
         ctx = self.context(options)
         self._each(inputs, 1, lambda x: self.plugin.from_input(x, ctx.options), None)
 
     def summary(self, result: dict[str, Any]) -> dict[str, str]:
+        """Table columns for one result (the CLI on a terminal)."""
         return self.plugin.summary(result)
+
+    def run_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One session run on a padded batch (evaluation's forward)."""
+        feed = {n: batch[n] for n in self.input_names}
+        out = dict(zip(self.output_names, self.session.run(self.output_names, feed)))
+        return tokens_from_mask_rows(out, batch["input_ids"].shape) if self.mask_rows else out
 
     def evaluate(
         self, data: str | Path, *, options: dict[str, Any] | None = None, predictions: str | Path | None = None,
@@ -529,11 +342,8 @@ def evaluate_bundle(
     speed: bool = False,
 ) -> dict[str, Any]:
     """Score an exported bundle on labelled ``data`` with its task's metrics (onnxruntime); ``speed``:
-    with its examples per second and bytes (TaskPipeline.evaluate)."""
+    with its examples per second and bytes (Pipeline.evaluate)."""
     pipe = Pipeline.load(bundle, device=device, threads=threads)
-    if not isinstance(pipe, TaskPipeline):
-        raise BundleError(f"{bundle} is a {pipe.task} bundle, which has no labelled evaluation",
-                          "evaluate a bundle of a fine-tuned task")
     return pipe.evaluate(data, options=options, predictions=predictions, speed=speed)
 
 

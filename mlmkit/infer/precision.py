@@ -56,10 +56,11 @@ class Choice:
 
 # ---- the gate's sample --------------------------------------------------------------------------
 def sample_batch(
-    vocab_size: int, specials: Any, max_length: int, *, fill_mask: bool, rows: int = SAMPLE_ROWS, seed: int = 0
+    vocab_size: int, specials: Any, max_length: int, *, rows: int = SAMPLE_ROWS, seed: int = 0
 ) -> dict[str, np.ndarray]:
     """Random token ids of mixed lengths (3 .. min(max_length, 128)) padded to the longest, half of
-    them sentence pairs; for fill-mask 1-3 [MASK] per row except the first, which has none."""
+    them sentence pairs, with 1-3 [MASK] in each row but the first (what a masked LM's graph reads;
+    to any other model they are tokens like the rest)."""
     rng = np.random.default_rng(seed)
     longest = max(3, min(max_length, 128))
     lengths = np.linspace(3, longest, rows).round().astype(int)
@@ -76,7 +77,7 @@ def sample_batch(
             cut = n // 2
             seq[cut] = specials.sep
             types[r, cut + 1 : n] = 1
-        if fill_mask and r > 0:
+        if r > 0:
             inner = [i for i in range(1, n - 1) if seq[i] != specials.sep]
             for i in rng.choice(inner, size=min(len(inner), int(rng.integers(1, 4))), replace=False):
                 seq[i] = specials.mask
@@ -108,7 +109,7 @@ def _sample(meta: BundleMeta, path: Path, specials: Any) -> tuple[dict[str, np.n
     the gate, the random sample export would have made (``specials``: the tokenizer's special ids)."""
     g = meta.gate
     if not g:
-        batch = sample_batch(meta.tokenizer.vocab_size, specials, meta.max_length, fill_mask=meta.task == "fill-mask")
+        batch = sample_batch(meta.tokenizer.vocab_size, specials, meta.max_length)
         return batch, f"{SAMPLE_ROWS}-input sample (random token ids, made here: the bundle carries no gate sample)"
     ids, types = g.get("input_ids") or [], g.get("token_type_ids") or []
     V = meta.tokenizer.vocab_size

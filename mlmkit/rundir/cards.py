@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mlmkit.files import atomic_write_text, read_json
+from mlmkit.registry import PRETRAINING
 
 MARKER = "<!-- mlmkit model card: mlmkit rewrites this file; delete this line to keep your edits -->"
 BUNDLE_FORMAT = "mlmkit-onnx-bundle"
@@ -39,8 +40,8 @@ def card(d: Path) -> str:
     bundle = meta.get("format") == BUNDLE_FORMAT
     config = read_json(d / "config.json") if (d / "config.json").exists() else {}
     task = meta.get("task", "")
-    pretraining = task in ("pretraining", "fill-mask") and meta.get("trained_as", task) == "pretraining"
-    tag = "fill-mask" if pretraining else _pipeline_tag(task)
+    pretraining = meta.get("trained_as", task) == PRETRAINING
+    tag = _pipeline_tag(task)
     metrics = results(meta)
     model_type = (meta.get("model") or {}).get("model_type") or config.get("model_type")
     front: dict[str, Any] = {"library_name": "mlmkit", "pipeline_tag": tag}
@@ -90,10 +91,10 @@ def results(meta: dict[str, Any]) -> dict[str, float]:
 
 def _plugin(task: str) -> Any:
     """The registered task of that name, or None (a task not installed here still gets a card)."""
-    from mlmkit.registry import get_task
+    from mlmkit.registry import task_of
 
     try:
-        return get_task(task)
+        return task_of(task)
     except Exception:  # noqa: BLE001
         return None
 
@@ -167,7 +168,7 @@ def _usage(d: Path, meta: dict[str, Any], task: str, pretraining: bool, bundle: 
     name = d.name
     out = ["## How to use", "", "With mlmkit:", "", "```bash"]
     if bundle:
-        command = "fill-mask" if task == "fill-mask" else _command(task)
+        command = _command(task)
         out += [f"mlmkit {command} {name} --input texts.txt" if command else f"mlmkit predict {name} --input texts.jsonl",
                 f"mlmkit serve {name}        # HTTP: POST /v1/models/{name}/predict"]
     else:

@@ -17,13 +17,12 @@ from typing import Any
 
 from mlmkit.errors import ConfigError
 from mlmkit.files import parse_json, write_json
-from mlmkit.registry import TaskContext
+from mlmkit.registry import PRETRAINING, TaskContext
 
 META = "mlmkit.json"
 RUN_FORMAT = 1
 """mlmkit.json's format_version for runs: 1 is the typed layout (2026-12-06); a file without one is
 the layout before it, which has the same fields."""
-PRETRAINING = "pretraining"
 
 
 @dataclass(frozen=True)

@@ -253,8 +253,8 @@ def bundle_teacher(path: Path) -> tuple[evaluation.Forward | None, str | None, P
     from mlmkit.infer.pipeline import Pipeline
 
     pipe = Pipeline.load(path)
-    if pipe.task == "fill-mask":
-        raise ConfigError(f"{path} is a fill-mask bundle, not a fine-tuned model", "distil a bundle of a fine-tuned task")
+    if not pipe.plugin.trainable:
+        raise ConfigError(f"{path} is a {pipe.task} bundle, a task that is not fine-tuned", "distil a bundle of a fine-tuned task")
     source = pipe.meta.source
     run = Path(str(source.get("path", "")))
     fix = f"give the run {path} was exported from as the teacher, or export it again from the run"

@@ -190,8 +190,8 @@ def test_evaluate_a_bundle(bundles, runs, tmp_path):
     assert set(got) >= {"f1", "precision", "recall"}
     assert all(abs(got[k] - want[k]) <= 0.005 for k in ("f1", "precision", "recall"))
     assert len(jsonl((tmp_path / "p.jsonl").read_text())) == 2
-    r = runner.invoke(app, ["evaluate", str(bundles["fill-mask"]), "--data", str(data)])
-    assert "fill-mask bundle" in one_red_line(r)
+    r = runner.invoke(app, ["evaluate", str(bundles["fill-mask"]), "--data", str(data)])  # tagging data: no text
+    assert r.exit_code == 2 and "d.jsonl, line 1, field 'text'" in one_red_line(r)
 
 
 def test_evaluate_several_models_side_by_side(bundles, runs, tmp_path, monkeypatch):

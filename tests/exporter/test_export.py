@@ -80,19 +80,22 @@ def test_fill_mask_graph_matches_full_pytorch_logits(runs, bundles):
     model.eval()
     with torch.no_grad():
         logits = model(**{k: torch.from_numpy(v) for k, v in batch.items()})["prediction_logits"]  # (B, T, V)
-    where = np.argwhere(batch["input_ids"] == special_ids(tok).mask)  # row-major, as the graph
+    is_mask = batch["input_ids"] == special_ids(tok).mask
+    where = np.argwhere(is_mask)
     assert len(where) >= 8 and len(set(where[:, 0])) >= 5  # several rows, several masks in some
-    np.testing.assert_array_equal(got["mask_positions"], where)
+    B, T = batch["input_ids"].shape
+    assert got["indices"].shape == got["values"].shape == (B, T, 5)
     probs = torch.softmax(logits[where[:, 0], where[:, 1]], -1).topk(5)
-    np.testing.assert_allclose(got["top_probs"], probs.values.numpy(), atol=1e-5)
-    np.testing.assert_array_equal(got["top_ids"][:, 0], probs.indices[:, 0].numpy())
-    assert got["top_ids"].shape == (len(where), 5)
+    np.testing.assert_allclose(got["values"][is_mask], probs.values.numpy(), atol=1e-5)
+    np.testing.assert_array_equal(got["indices"][is_mask][:, 0], probs.indices[:, 0].numpy())
+    assert (got["indices"][~is_mask] == -1).all() and (got["values"][~is_mask] == 0).all()  # no [MASK], no candidates
 
 
-def test_fill_mask_batch_without_any_mask_gives_no_rows(runs, bundles):
+def test_fill_mask_batch_without_any_mask_gives_no_candidates(runs, bundles):
     batch = mixed_batch(load_tokenizer(runs["fill-mask"]), n=3, masks=False)
     got = run_onnx(bundles["fill-mask"][0], batch)
-    assert got["mask_positions"].shape == (0, 2) and got["top_ids"].shape == (0, 5)
+    assert got["indices"].shape == (*batch["input_ids"].shape, 5)
+    assert (got["indices"] == -1).all() and (got["values"] == 0).all()
 
 
 def test_fill_mask_bundle_description(runs, bundles):
@@ -100,14 +103,14 @@ def test_fill_mask_bundle_description(runs, bundles):
     on_disk = json.loads((path / "mlmkit.json").read_text())
     assert on_disk["task"] == meta["task"] == "fill-mask" and on_disk["trained_as"] == "pretraining"
     assert on_disk["inputs"] == ["input_ids", "attention_mask", "token_type_ids"]
-    assert set(on_disk["outputs"]) == {"mask_positions", "top_ids", "top_probs"}
-    assert on_disk["opset"] >= 17 and on_disk["precision"] == "fp32" and on_disk["top_k"] == 5
+    assert on_disk["outputs"] == {"indices": ["batch", "sequence", "k"], "values": ["batch", "sequence", "k"]}
+    assert on_disk["opset"] >= 17 and on_disk["precision"] == "fp32" and on_disk["options"] == {"candidates": 5}
     # two layers: 2 fused attentions, 2 skip layer norms each, one embedding layer norm, the GELUs
     f = on_disk["fused_operators"]
     assert f["Attention"] == 2 and f["SkipLayerNormalization"] == 4 and f["EmbedLayerNormalization"] == 1
     assert f.get("BiasGelu", 0) == 2
     p = on_disk["parity"]
-    assert p["max_abs_diff"]["top_probs"] <= 1e-4 and p["top1_agreement"] == 1.0
+    assert p["max_abs_diff"]["values"] <= 1e-4 and p["top1_agreement"] == 1.0
     assert p["sample"]["min_length"] < p["sample"]["max_length"]
     assert on_disk["tokenizer"]["vocab_size"] == load_tokenizer(path).get_vocab_size()
     assert (path / "tokenizer.json").exists() and not list(path.glob(".export-*"))
@@ -121,7 +124,8 @@ def test_fill_mask_graph_is_fused_and_stores_tied_weight_once(runs, bundles):
     big = [i.name for i in m.graph.initializer if list(i.dims) in ([cfg.vocab_size, cfg.hidden_size], [cfg.hidden_size, cfg.vocab_size])]
     assert len(big) == 1, big  # the word embeddings double as the MLM decoder
     # no output has a vocabulary-sized axis: only top-k leaves the graph
-    assert [o.name for o in m.graph.output] == ["mask_positions", "top_ids", "top_probs"]
+    assert [o.name for o in m.graph.output] == ["indices", "values"]
+    assert all(o.type.tensor_type.shape.dim[2].dim_value == 5 for o in m.graph.output)
 
 
 def test_unoptimized_and_int8_exports(runs, bundles, tmp_path, monkeypatch, caplog):
@@ -133,7 +137,7 @@ def test_unoptimized_and_int8_exports(runs, bundles, tmp_path, monkeypatch, capl
         plain = run_export(d, tmp_path / "plain", optimize=False, top_k=3)
     assert "this CPU has AVX512-VNNI" in caplog.text and "--precision int8" in caplog.text
     caplog.clear()
-    assert plain["fused_operators"] == {} and plain["optimizations"] == [] and plain["top_k"] == 3
+    assert plain["fused_operators"] == {} and plain["optimizations"] == [] and plain["options"] == {"candidates": 3}
     assert "Attention" not in {n.op_type for n in onnx.load(str(tmp_path / "plain" / "model.onnx")).graph.node}
     with caplog.at_level("INFO", logger="mlmkit"):
         q = run_export(d, tmp_path / "int8", quantize="int8")
@@ -182,9 +186,11 @@ def test_min_agreement_refuses_a_bundle_below_it_and_writes_nothing(runs, tmp_pa
 # ---- task bundles ------------------------------------------------------------------------------
 def test_every_registered_task_has_a_setup():
     """The task bundles below are the registry's tasks: a new built-in task must add its setup to
-    TASK_SETUP (tests/task_runs.py)."""
+    TASK_SETUP (tests/task_runs.py); the masked-LM task's run is the base model itself."""
     registry.reset()
-    assert set(TASK_SETUP) == set(registry.tasks()), "add the new tasks to TASK_SETUP in tests/task_runs.py"
+    trained = {n for n, p in registry.tasks().items() if not p.masked_lm}
+    assert set(TASK_SETUP) == trained, "add the new tasks to TASK_SETUP in tests/task_runs.py"
+    assert registry.masked_lm_task().name == "fill-mask"
 
 
 @pytest.mark.parametrize("kind", list(TASK_SETUP))
@@ -219,12 +225,12 @@ def test_parity_failure_names_the_output(runs, tmp_path, monkeypatch):
 
     def off(*a: Any) -> dict[str, np.ndarray]:
         out = real(*a)
-        out["top_probs"] = out["top_probs"] + 1e-3
+        out["logits"] = out["logits"] + 1e-3
         return out
 
     monkeypatch.setattr(export_mod, "torch_outputs", off)
-    with pytest.raises(ParityError, match=r"top_probs: max diff 1\.00e-03"):
-        run_export(runs["fill-mask"], tmp_path / "b")
+    with pytest.raises(ParityError, match=r"logits: max diff 1\.00e-03"):
+        run_export(runs["classification"], tmp_path / "b")
     assert not (tmp_path / "b" / "mlmkit.json").exists()
 
 

@@ -23,7 +23,6 @@ from mlmkit.infer.evaluation import run_features
 from mlmkit.infer.pipeline import (
     CPU_BATCH_ACTIVATIONS,
     Pipeline,
-    TaskPipeline,
     evaluate_bundle,
     make_session,
     read_inputs,
@@ -401,11 +400,6 @@ def test_evaluate_bundle_equals_pytorch_windowed_tasks(kind, runs, bundles, tmp_
             assert abs(got[k] - v) <= 0.5 / 100 * scale, k
 
 
-def test_evaluate_fill_mask_bundle_is_refused(bundles, tmp_path):
-    with pytest.raises(BundleError, match="fill-mask bundle"):
-        evaluate_bundle(bundles["fill-mask"], tmp_path / "x.csv")
-
-
 # ---- input files -------------------------------------------------------------------------------
 def test_read_inputs_formats(tmp_path):
     (tmp_path / "a.txt").write_text("first text\n\n  \nsecond, with comma\n")
@@ -431,5 +425,7 @@ def test_read_inputs_errors(tmp_path):
         read_inputs(tmp_path / "nope.txt")
 
 
-def test_pipeline_kind(bundles):
-    assert isinstance(Pipeline.load(bundles["qa"]), TaskPipeline)
+def test_every_bundle_loads_as_the_pipeline_of_its_task(bundles):
+    for kind in ("qa", "fill-mask"):
+        pipe = Pipeline.load(bundles[kind])
+        assert type(pipe) is Pipeline and pipe.plugin.name == pipe.task == kind

@@ -112,7 +112,7 @@ def test_models_health_ready_metrics_and_docs(server: Server, bundles) -> None:
     models = {m["name"]: m for m in httpx.get(server.url + "/v1/models").json()["models"]}
     assert sorted(models) == sorted(bundles)
     assert models["clf"]["task"] == "classification" and models["clf"]["labels"] == ["neg", "pos"]
-    assert "threshold" in models["clf"]["options"] and models["mlm"]["options"] == ["top_k"]
+    assert "threshold" in models["clf"]["options"] and models["mlm"]["options"] == ["candidates", "top_k"]
     assert models["ner"]["max_length"] == 24 and models["mlm"]["task"] == "fill-mask" and models["emb"]["source"]
     # the test process sets MLMKIT_PRECISION=fp32 (conftest.py), which the server inherits
     assert models["clf"]["precision"] == "fp32" and models["clf"]["computes_in"] == "fp32"

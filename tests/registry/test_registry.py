@@ -37,7 +37,7 @@ from mlmkit.train.finetune import TaskEvaluator, torch_forward
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
-BUILTINS = ("classification", "embedding", "qa", "rerank", "sparse-embedding", "tagging")
+BUILTINS = ("classification", "embedding", "fill-mask", "qa", "rerank", "sparse-embedding", "tagging")
 
 
 def squash(text: str) -> str:
@@ -243,7 +243,7 @@ def test_core_never_imports_a_task() -> None:
 
 def test_unknown_task_lists_the_registered_ones() -> None:
     registry.reset()
-    with pytest.raises(TaskError, match=r"unknown task 'ner'; registered tasks: classification, embedding, qa, rerank, sparse-embedding, tagging") as e:
+    with pytest.raises(TaskError, match=r"unknown task 'ner'; registered tasks: classification, embedding, fill-mask, qa, rerank, sparse-embedding, tagging") as e:
         registry.get_task("ner")
     assert "mlmkit tasks" in (e.value.hint or "")
 
@@ -254,7 +254,7 @@ def test_cli_unknown_task_exits_2_with_the_list(tmp_path: Path) -> None:
     assert res.exit_code == 2, res.output
     assert len(res.stderr.strip().splitlines()) == 1, f"not one line: {res.stderr!r}"
     msg = squash(res.stderr)
-    assert "unknown task 'nosuchtask'; registered tasks: classification, embedding, qa, rerank, sparse-embedding, tagging" in msg
+    assert "unknown task 'nosuchtask'; registered tasks: classification, embedding, fill-mask, qa, rerank, sparse-embedding, tagging" in msg
     assert "Traceback" not in res.output
 
 
@@ -549,6 +549,15 @@ SAMPLE_METRICS = {"embedding": ("spearman", "pearson"),
                   "sparse-embedding": ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100", "precision@10",
                                        "query_terms", "document_terms")}
 HEADLESS = {"embedding"}  # tasks whose head has no parameters: the embedding task's pooling and normalisation
+SAMPLES["fill-mask"] = {  # evaluated on the answers of its [MASK]s; exported as it comes, never fine-tuned
+    "file": "sample.jsonl",
+    "data": "".join(json.dumps(r) + "\n" for r in [
+        {"text": "a good [MASK] film", "answer": "and"},
+        {"text": "a [MASK] film", "answer": "bad"},
+        {"text": "the [MASK] is [MASK]", "answer": ["plot", "dull"]},
+    ]),
+    "input": "a fine [MASK] story",
+}
 SAMPLES["sparse-embedding"] = {  # SPLADE trains on (anchor, positive) rows, evaluated as retrieval
     "file": "sample.jsonl",
     "data": "".join(json.dumps(r) + "\n" for r in [
@@ -583,7 +592,8 @@ def sample(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
     assert len(examples) >= 2
     tok = train_tokenizer(s["data"].replace('"', " ").splitlines() * 3, vocab_size=300, min_frequency=1)
     labels = task.label_list(examples)
-    ctx = TaskContext(max_length=64, options=opts, labels=tuple(labels) if labels else None, state=task.fit_state(train))
+    ctx = TaskContext(max_length=64, options=opts, labels=tuple(labels) if labels else None, state=task.fit_state(train),
+                      tokenizer=tok)
     cfg = tiny_config(tok.get_vocab_size())
     if labels is not None:
         cfg.id2label = dict(enumerate(labels))
@@ -789,11 +799,10 @@ def test_every_option_flag_acts_or_is_refused_for_every_task() -> None:
     came back), and every other task refuses it in one line naming the flag and task and the tasks
     that have it."""
     from mlmkit.cli.common import command_flags
-    from mlmkit.registry import FILL_MASK_TOP_K, get_task, tasks
+    from mlmkit.registry import get_task, tasks
 
     sample = {int: 3, float: 0.5, bool: True, str: "x"}
-    every = {n: o for c in ("finetune", "evaluate", "export", "predict") for n, o in command_flags(c).items()
-             if o is not FILL_MASK_TOP_K}  # fill-mask bundles' own option, not a task's
+    every = {n: o for c in ("finetune", "evaluate", "export", "predict") for n, o in command_flags(c).items()}
     assert {"doc_stride", "pooling", "index", "label_all_tokens", "input_type"} <= set(every)
     reads = read_names(CODE)
     unread = sorted(f"{n}: {o.name}" for n in tasks() for o in get_task(n).options if o.name not in reads)

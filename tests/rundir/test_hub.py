@@ -193,11 +193,12 @@ def test_masked_lm_checkpoints_export_as_fill_mask(tmp_path: Path, cls: str) -> 
     b["input_ids"][1, 2] = b["input_ids"][3, 4] = mask_id
     got = onnx_outputs(tmp_path / "b", b)
     logits = hf_out(hf, b).logits if cls == "BertForMaskedLM" else hf_out(hf, b).prediction_logits
-    where = np.argwhere(b["input_ids"] == mask_id)
-    np.testing.assert_array_equal(got["mask_positions"], where)
+    is_mask = b["input_ids"] == mask_id
+    where = np.argwhere(is_mask)
     ref = torch.softmax(logits[where[:, 0], where[:, 1]], -1).topk(3)
-    assert np.abs(got["top_probs"] - ref.values.numpy()).max() <= 1e-4
-    np.testing.assert_array_equal(got["top_ids"][:, 0], ref.indices[:, 0].numpy())
+    assert np.abs(got["values"][is_mask] - ref.values.numpy()).max() <= 1e-4
+    np.testing.assert_array_equal(got["indices"][is_mask][:, 0], ref.indices[:, 0].numpy())
+    assert (got["indices"][~is_mask] == -1).all()
 
 
 def mean_pool(hidden: torch.Tensor, mask: np.ndarray) -> np.ndarray:
@@ -310,7 +311,7 @@ def test_a_directory_whose_task_cannot_be_told(tmp_path: Path) -> None:
     assert r.exit_code == 2
     msg = " ".join(r.stderr.split())
     assert "cannot tell which task this checkpoint is for (config.json's architectures: BertForMultipleChoice)" in msg
-    assert "pass --task, one of: fill-mask, classification, embedding, qa, rerank, sparse-embedding, tagging" in msg
+    assert "pass --task, one of: classification, embedding, fill-mask, qa, rerank, sparse-embedding, tagging" in msg
     # --task says what to read it as: its encoder exports as an embedding model
     assert export_json(src, tmp_path / "b", "--task", "embedding")["task"] == "embedding"
 

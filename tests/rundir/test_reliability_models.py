@@ -362,7 +362,7 @@ def test_a_bundle_from_before_the_recorded_order_still_loads_with_its_count_chec
     ("classification", {"task": ""}, "'task' is not a name"),
     ("classification", {"format": "other"}, "'format' is not mlmkit-onnx-bundle"),
     ("classification", {"optimizations": "all"}, "'optimizations' is not a list of names"),
-    ("fill-mask", {"top_k": 0}, "'top_k' is not valid"),
+    ("fill-mask", {"top_k": 0}, "'top_k' is not a number of candidates from 1 to the vocabulary's size"),
 ])
 def test_every_bundle_field_is_typed_and_ranged_in_one_line(tmp_path: Path, bundles: dict[str, Path], kind: str,
                                                              fields: dict[str, Any], message: str) -> None:
@@ -379,8 +379,8 @@ def test_declared_axes_must_be_the_graphs(tmp_path: Path, bundles: dict[str, Pat
                                           r"but the model's 'logits' has 2"):
         Pipeline.load(b)
     fm = copy_bundle(bundles, "fill-mask", tmp_path / "fm",
-                     outputs={"mask_positions": ["masks", "coordinate"], "top_ids": ["masks", "terms"], "top_probs": ["masks", "k"]})
-    with pytest.raises(BundleError, match="are not the fill-mask graph's"):
+                     outputs={"indices": ["batch", "sequence", "terms"], "values": ["batch", "sequence", "terms"]})
+    with pytest.raises(BundleError, match="is described as a fill-mask bundle, but its outputs .* are not the task's"):
         Pipeline.load(fm)
 
 
@@ -404,8 +404,8 @@ def test_graph_outputs_of_another_type_or_a_fixed_batch_are_refused(tmp_path: Pa
     with pytest.raises(BundleError, match=r"model.onnx: its output 'logits' is tensor\(int64\), the runtime reads tensor\(float\)"):
         Pipeline.load(b)
     fm = copy_bundle(bundles, "fill-mask", tmp_path / "fm")
-    edit_graph_output(fm, "top_probs", elem_type=onnx.TensorProto.DOUBLE)
-    with pytest.raises(BundleError, match=r"its output 'top_probs' is tensor\(double\)"):
+    edit_graph_output(fm, "values", elem_type=onnx.TensorProto.DOUBLE)
+    with pytest.raises(BundleError, match=r"its output 'values' is tensor\(double\)"):
         Pipeline.load(fm)
     fixed = copy_bundle(bundles, "classification", tmp_path / "fixed")
     edit_graph_output(fixed, "logits", dim0=3)

@@ -1,0 +1,226 @@
+"""fill-mask: the most likely tokens for every [MASK] of a text, from a masked LM's own head.
+
+What a pretraining run, a BertForMaskedLM / BertForPreTraining checkpoint (of any family), or any
+masked LM no other task claims is exported and served as (``masked_lm``): `mlmkit export RUN` of a
+pretraining run makes a fill-mask bundle, `mlmkit fill-mask` and `mlmkit predict` run it. The task is
+not fine-tuned (``trainable`` is False): the model is the masked LM as pretraining left it.
+
+The graph (heads/fill_mask.py) finds the [MASK] positions itself (input_ids == the mask id, on real
+tokens), runs the MLM head at those rows only and picks the top ``candidates`` inside the graph, so no
+batch x length x vocabulary tensor is ever built. Its outputs are per token, like a tagger's:
+
+    indices  (batch, sequence, k)  the k most likely token ids at a [MASK], best first; -1 elsewhere
+    values   (batch, sequence, k)  their softmax probabilities over the vocabulary; 0 elsewhere
+
+A result, one per input: {"text", "masks": [{"position", "start", "end", "candidates": [{"token",
+"id", "score"}, ...]}, ...], "sequence"}: ``position`` is the token index, ``start`` / ``end`` the
+characters of the [MASK] in the text, ``sequence`` the text with every [MASK] replaced by its best
+candidate; a pair ({"text", "text_pair"}) adds "sequence_pair" and each mask's "segment". A text with
+no [MASK] within the max length gets "masks": [] and an "error" saying so (it is run as one token).
+"[MASK]" is understood whatever the model's own mask token is (RoBERTa's <mask>).
+
+Evaluation (`mlmkit evaluate BUNDLE --data FILE`): a JSONL / CSV file of {"text": "... [MASK] ...",
+"answer": "paris"} records ("answer" a list for several [MASK]s, in order): the share of [MASK]s whose
+best candidate is the answer (``accuracy``) and whose candidates hold it (``top_k_accuracy``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mlmkit.taskkit import (
+    BATCH,
+    EXAMPLE,
+    FORMATS,
+    MASK,
+    MAX_RECORD_BYTES,
+    SEQUENCE,
+    TRUNCATED,
+    ConfigError,
+    DataFormatError,
+    Record,
+    TaskContext,
+    TaskOption,
+    clip_text,
+    data_format,
+    iter_jsonl,
+    iter_records,
+    mask_token,
+    tokenizer_settings,
+)
+
+if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
+    from mlmkit.model import ModelConfig
+
+
+class FillMaskTask:
+    name = "fill-mask"
+    description = "The most likely tokens for every [MASK] of a text, from a masked LM's head (top-k in the graph)."
+    outputs = {"indices": (BATCH, SEQUENCE, "k"), "values": (BATCH, SEQUENCE, "k")}
+    metrics = ("accuracy", "top_k_accuracy")
+    options = (
+        TaskOption("candidates", 5, "Candidates per [MASK] computed in the graph (`mlmkit export --top-k`).", minimum=1,
+                   fixed=True),
+        TaskOption("top_k", 0, "Candidates per [MASK] in each result, at most the bundle's (its export's --top-k); "
+                   "0: all of them.", minimum=0, saved=False, flags=("--top-k",)),
+    )
+    formats = ("jsonl", "csv", "tsv")
+    top_k_option = "candidates"
+    masked_lm = True
+    trainable = False
+    command = "fill-mask"
+    hf_architecture = "BertForMaskedLM"
+    pipeline_tag = "fill-mask"
+    default_max_length = 512
+
+    # ---- inputs ----------------------------------------------------------------------------------
+    def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+        """A text, or a record with "text" (and "text_pair")."""
+        _check_top_k(options)
+        return _example(Record("<input>", None, item))
+
+    def read(self, path: Path, options: Mapping[str, Any], *, max_bytes: int | None = MAX_RECORD_BYTES) -> list[dict[str, Any]]:
+        """Examples with answers: {"text", ["text_pair"], "answer": [one token per [MASK]]}."""
+        fmt = data_format(path, FORMATS)
+        records = iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl" else iter_records(path, fmt, max_bytes=max_bytes)
+        examples = []
+        for rec in records:
+            ex = _example(rec)
+            answer = rec.fields().get("answer")
+            answers = [answer] if isinstance(answer, str) else answer
+            if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
+                raise rec.error("must be a token, or a list of one token per [MASK]", field="answer",
+                                hint='e.g. {"text": "The capital of France is [MASK].", "answer": "paris"}')
+            examples.append({**ex, "answer": [a.strip() for a in answers], "line": rec.line, "source": rec.source})
+        if not examples:
+            raise DataFormatError(path, "no examples", hint='one {"text": "... [MASK] ...", "answer": "..."} record per line')
+        return examples
+
+    def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
+        """The tokens of each text (or pair), cut to the max length; a text without a [MASK] in them is
+        one token, since its result needs no model."""
+        mask = mask_token(tokenizer)
+        mask_id = tokenizer.token_to_id(mask)
+        alias = (lambda t: t.replace(MASK, mask)) if mask != MASK and len(mask) == len(MASK) else (lambda t: t)  # noqa: E731
+        clip = lambda t: clip_text(alias(t), tokenizer, ctx.max_length)  # noqa: E731
+        with tokenizer_settings(tokenizer, max_length=ctx.max_length) as tok:
+            encs = tok.encode_batch([(clip(ex["text"]), clip(ex["text_pair"])) if "text_pair" in ex else clip(ex["text"])
+                                     for ex in examples])
+        features = []
+        for i, enc in enumerate(encs):
+            masks = [p for p, t in enumerate(enc.ids) if t == mask_id]
+            keep = len(enc.ids) if masks else 1
+            features.append({"input_ids": enc.ids[:keep], "token_type_ids": enc.type_ids[:keep], EXAMPLE: i,
+                             TRUNCATED: bool(enc.overflowing), "masks": masks, "offsets": [enc.offsets[p] for p in masks],
+                             "segments": [int(enc.sequence_ids[p] or 0) for p in masks]})
+        return features
+
+    # ---- outputs ---------------------------------------------------------------------------------
+    def postprocess(self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]],
+                    ctx: TaskContext) -> list[dict[str, Any]]:
+        k = _check_top_k(ctx.options)
+        decode = _Decoder(ctx.tokenizer)
+        preds = []
+        for f, ex, ids, probs in zip(features, examples, outputs["indices"], outputs["values"]):
+            pair = "text_pair" in ex
+            r: dict[str, Any] = {"text": ex["text"], **({"text_pair": ex["text_pair"]} if pair else {}), "masks": []}
+            for p, (start, end), seg in zip(f["masks"], f["offsets"], f["segments"]):
+                row = [(int(t), float(s)) for t, s in zip(np.asarray(ids[p])[: k or None], np.asarray(probs[p])[: k or None])
+                       if t >= 0]
+                r["masks"].append({"position": p, **({"segment": seg} if pair else {}), "start": int(start), "end": int(end),
+                                   "candidates": [{"token": decode(t), "id": t, "score": s} for t, s in row]})
+            if r["masks"]:
+                r["sequence"] = _fill(ex["text"], [m for m in r["masks"] if m.get("segment", 0) == 0])
+                if pair:
+                    r["sequence_pair"] = _fill(ex["text_pair"], [m for m in r["masks"] if m["segment"] == 1])
+            else:
+                had = any(m in t for t in (ex["text"], ex.get("text_pair") or "") for m in {MASK, decode.mask})
+                r["error"] = f"no [MASK] within the first {ctx.max_length} tokens" if had else "no [MASK] token in the text"
+            preds.append(r)
+        return preds
+
+    def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, Any]:
+        """Over the [MASK]s of the examples: the share whose best candidate is the answer, and whose
+        candidates hold it (tokens compared as the tokenizer decodes them, "##" pieces without it)."""
+        best = anywhere = total = 0
+        for p, ex in zip(predictions, examples):
+            for m, answer in zip(p["masks"], ex["answer"]):
+                tokens = [c["token"].removeprefix("##").lower() for c in m["candidates"]]
+                best += bool(tokens) and tokens[0] == answer.lower()
+                anywhere += answer.lower() in tokens
+            total += len(ex["answer"])
+        return {"accuracy": best / total if total else 0.0, "top_k_accuracy": anywhere / total if total else 0.0,
+                "masks": total}
+
+    def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
+        if not prediction["masks"]:
+            return {"candidates": f"({prediction.get('error', 'no [MASK]')})"}
+        return {"candidates": " | ".join(", ".join(f"{c['token']} {c['score']:.3f}" for c in m["candidates"])
+                                         for m in prediction["masks"])}
+
+    # ---- the model -------------------------------------------------------------------------------
+    def build_model(self, config: ModelConfig, ctx: TaskContext) -> Any:
+        from mlmkit_tasks.heads.fill_mask import FillMask
+
+        if ctx.tokenizer is None:
+            raise ConfigError("the fill-mask model needs the tokenizer (its [MASK] id) in the task context")
+        k = int(ctx.options["candidates"])
+        if k > config.vocab_size:
+            raise ConfigError(f"--top-k must be between 1 and the vocabulary size {config.vocab_size}, got {k}")
+        return FillMask(config, ctx.tokenizer.token_to_id(mask_token(ctx.tokenizer)), k)
+
+
+def _example(rec: Record) -> dict[str, Any]:
+    if isinstance(rec.data, str):
+        return {"text": rec.data}
+    fields = rec.fields()
+    if not isinstance(fields.get("text"), str):
+        have = ", ".join(fields) or "no fields"
+        raise rec.error(f"expected a text or a record with a 'text' field, got: {have}", field="text")
+    pair = fields.get("text_pair")
+    if pair is not None and not isinstance(pair, str):  # read as no pair, it would be dropped without a word
+        raise rec.error(f"must be a text, got {type(pair).__name__}", field="text_pair")
+    return {"text": fields["text"], **({"text_pair": pair} if pair is not None else {})}
+
+
+def _check_top_k(options: Mapping[str, Any]) -> int:
+    """The candidates a result shows (``top_k``, 0: all), refused when over what the graph computes."""
+    k, most = int(options.get("top_k") or 0), int(options["candidates"])
+    if k > most:
+        raise ConfigError(f"--top-k {k}: this bundle was exported with --top-k {most}",
+                          f"ask for 1 to {most}, or export again with a larger --top-k")
+    return k
+
+
+class _Decoder:
+    """Token ids as text, each decoded once."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer, self.mask = tokenizer, mask_token(tokenizer)
+        self.seen: dict[int, str] = {}
+
+    def __call__(self, i: int) -> str:
+        if i not in self.seen:
+            self.seen[i] = self.tokenizer.decode([i], skip_special_tokens=False).strip()
+        return self.seen[i]
+
+
+def _fill(text: str, masks: list[dict[str, Any]]) -> str:
+    """``text`` with each [MASK] span replaced by its best candidate (word pieces glued on)."""
+    out, last = [], 0
+    for m in sorted(masks, key=lambda m: m["start"]):
+        best = m["candidates"][0]["token"] if m["candidates"] else ""
+        out.append(text[last : m["start"]])
+        if best.startswith("##"):
+            out[-1] = out[-1].rstrip()
+            best = best[2:]
+        out.append(best)
+        last = m["end"]
+    return "".join(out) + text[last:]
+
+
+task = FillMaskTask()

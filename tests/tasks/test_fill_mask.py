@@ -1,0 +1,121 @@
+"""fill-mask as a task plugin: bundles of the layout before it still load and answer the same, a
+pretraining run exports through the task, and the task's options and evaluation."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import make_base_model, run_export
+
+from mlmkit.errors import ConfigError, DataFormatError
+from mlmkit.infer.pipeline import Pipeline, evaluate_bundle
+from mlmkit.registry import masked_lm_task, task_of
+
+LEGACY = Path(__file__).parent.parent / "data" / "legacy"
+"""A fill-mask bundle written by mlmkit before fill-mask was a task (main at e2ef86c, 2026-12-06), and
+what that mlmkit answered on its inputs (fill-mask-results.json); tests/data/legacy/README.md says how
+both were made."""
+TEXTS = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song", "cats and dogs play"] * 3
+
+
+def _same(got: list[dict], want: list[dict]) -> None:
+    """The same masks, positions, spans and candidate ids, scores to 1e-5."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert {k: v for k, v in g.items() if k != "masks"} == {k: v for k, v in w.items() if k != "masks"}
+        assert len(g["masks"]) == len(w["masks"])
+        for gm, wm in zip(g["masks"], w["masks"]):
+            assert {k: v for k, v in gm.items() if k != "candidates"} == {k: v for k, v in wm.items() if k != "candidates"}
+            assert [c["id"] for c in gm["candidates"]] == [c["id"] for c in wm["candidates"]]
+            assert [c["token"] for c in gm["candidates"]] == [c["token"] for c in wm["candidates"]]
+            assert [c["score"] for c in gm["candidates"]] == pytest.approx([c["score"] for c in wm["candidates"]], abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def legacy() -> dict:
+    return json.loads((LEGACY / "fill-mask-results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> tuple[Path, dict]:
+    """The run the legacy bundle was exported from, made again (same seed, texts, sizes), exported
+    now with --top-k 3: (bundle, its mlmkit.json)."""
+    d = tmp_path_factory.mktemp("fill-mask")
+    run = make_base_model(d / "run", TEXTS, vocab_size=120, hidden_size=32, num_hidden_layers=1,
+                          intermediate_size=64, max_position_embeddings=128)
+    return d / "b", run_export(run, d / "b", top_k=3)
+
+
+def test_the_masked_lm_task_is_fill_mask_and_pretraining_runs_are_its():
+    assert masked_lm_task().name == "fill-mask"
+    assert task_of("pretraining") is masked_lm_task()
+
+
+def test_a_bundle_of_the_layout_before_the_task_loads_and_answers_as_then(legacy, tmp_path):
+    bundle = Path(shutil.copytree(LEGACY / "fill-mask-bundle", tmp_path / "b"))
+    pipe = Pipeline.load(bundle)
+    assert pipe.task == "fill-mask" and pipe.mask_rows
+    assert pipe(legacy["inputs"]) == legacy["results"]
+    assert pipe(legacy["inputs"][:2], top_k=2) == legacy["top_k_2"]
+    with pytest.raises(ConfigError, match="exported with --top-k 3"):
+        pipe(legacy["inputs"][:1], top_k=4)
+
+
+def test_a_pretraining_run_exported_now_answers_as_the_bundle_of_before(legacy, exported):
+    """The same run through the task's graph: per-token outputs with the MLM head at the [MASK] rows
+    only, read back to the same results."""
+    bundle, meta = exported
+    assert meta["task"] == "fill-mask" and meta["trained_as"] == "pretraining"
+    assert meta["options"] == {"candidates": 3} and meta["outputs"] == {"indices": ["batch", "sequence", "k"],
+                                                                         "values": ["batch", "sequence", "k"]}
+    assert meta["parity"]["top1_agreement"] == 1.0
+    _same(Pipeline.load(bundle)(legacy["inputs"]), legacy["results"])
+
+
+def test_top_k_zero_shows_every_candidate_and_more_than_the_graph_is_refused(exported):
+    pipe = Pipeline.load(exported[0])
+    assert [len(m["candidates"]) for m in pipe(["a [MASK] and a [MASK]"])[0]["masks"]] == [3, 3]
+    assert [len(m["candidates"]) for m in pipe(["a [MASK] and a [MASK]"], top_k=1)[0]["masks"]] == [1, 1]
+    with pytest.raises(ConfigError, match="exported with --top-k 3"):
+        pipe.check(["a [MASK]"], {"top_k": 4})
+
+
+def test_evaluate_scores_the_answers_of_each_mask(exported, tmp_path):
+    """Half the answers are the model's own best candidate, half another of its candidates: accuracy
+    0.5, top-k accuracy 1.0, over every [MASK] of every record."""
+    texts = ["the [MASK] sat on the mat", "a dog [MASK] in the [MASK]", "[MASK] bird sang"]
+    results = Pipeline.load(exported[0])(texts)
+    answers, n = [], 0
+    for r in results:
+        answers.append([])
+        for m in r["masks"]:
+            answers[-1].append(m["candidates"][n % 2]["token"].removeprefix("##"))
+            n += 1
+    data = tmp_path / "eval.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "answer": a}) + "\n" for t, a in zip(texts, answers)))
+    metrics = evaluate_bundle(exported[0], data)
+    assert metrics["masks"] == 4
+    assert metrics["accuracy"] == 0.5 and metrics["top_k_accuracy"] == 1.0
+
+
+def test_evaluation_data_without_answers_is_refused_naming_the_line(exported, tmp_path):
+    data = tmp_path / "eval.jsonl"
+    data.write_text(json.dumps({"text": "a [MASK]", "answer": "cat"}) + "\n" + json.dumps({"text": "a [MASK]"}) + "\n")
+    with pytest.raises(DataFormatError, match=r"eval.jsonl, line 2.*answer"):
+        evaluate_bundle(exported[0], data)
+
+
+def test_int8_calibrated_on_masked_texts_is_gated_on_their_masks(exported, tmp_path):
+    """--calibrate texts are featurized by the task, as a pretraining run's bundle featurizes them: the
+    int8 agreement is the top-1 candidate of their [MASK]s."""
+    calib = tmp_path / "calib.txt"
+    calib.write_text("".join(f"{t.replace(w, '[MASK]', 1)}\n" for t in TEXTS for w in t.split()[1:3]))
+    run = exported[0].parent / "run"
+    q = run_export(run, tmp_path / "int8", quantize="int8", calibrate=calib, top_k=3)
+    got = q["parity"]["int8_agreement"]
+    assert got["on"] == f"{2 * len(TEXTS)} --calibrate inputs" and got["measure"] == "top-1 agreement"
+    assert 0.5 <= got["top1"] <= 1.0
+    assert len(Pipeline.load(tmp_path / "int8")(["the [MASK] sat"])[0]["masks"]) == 1
