@@ -8,8 +8,8 @@ model and its heads (``BertModel``, ``BertForLabels``, ``BertForPreTraining``) a
 which re-exports everything here.
 
 References: Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers" (the
-post-LN encoder); transformers' modeling_bert.py (the parameter names: bert.embeddings.*,
-bert.encoder.layer.N.*).
+post-LN encoder); Hugging Face's BertModel (the same parameter names, bert.embeddings.*,
+bert.encoder.layer.N.*, and computation).
 """
 
 from __future__ import annotations

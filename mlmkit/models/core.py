@@ -4,8 +4,9 @@ heads, named as Hugging Face BERT.
 References:
 1) Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers" (post-LN encoder,
    MLM + NSP, the tied decoder).
-2) transformers' modeling_bert.py (and modeling_roberta / distilbert / electra / modernbert): inside
-   mlmkit a model's parameters carry BERT's names (bert.embeddings.*, bert.encoder.layer.N.*,
+2) Hugging Face's BertModel and its heads: the same computation under the same parameter names
+   (its RoBERTa, DistilBERT, ELECTRA and ModernBERT models likewise, under theirs). Inside mlmkit a
+   model's parameters carry BERT's names (bert.embeddings.*, bert.encoder.layer.N.*,
    cls.predictions.*, classifier.*); a family (models/config.py's Family, a module of its own in
    models/) renames them to its own on the way in and out, and supplies the blocks that differ
    (positions, layers, norms, heads' activations).

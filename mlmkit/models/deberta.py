@@ -1,4 +1,4 @@
-"""DeBERTa-v2 and v3 (transformers' modeling_deberta_v2; He et al. 2021, "DeBERTa: Decoding-enhanced
+"""DeBERTa-v2 and v3 (as Hugging Face's DebertaV2Model; He et al. 2021, "DeBERTa: Decoding-enhanced
 BERT with Disentangled Attention", and "DeBERTaV3", 2023): config.json model_type "deberta-v2".
 
 What differs from BERT:

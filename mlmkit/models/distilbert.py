@@ -1,4 +1,4 @@
-"""DistilBERT (transformers' modeling_distilbert): BERT's post-LN layers under other names, no token
+"""DistilBERT (as Hugging Face's DistilBertModel): BERT's post-LN layers under other names, no token
 types, no pooler, no NSP.
 
 Config keys dim / n_layers / n_heads / hidden_dim / activation / dropout / attention_dropout; every

@@ -1,4 +1,4 @@
-"""ELECTRA (transformers' modeling_electra): BERT's layers, embeddings at ``embedding_size`` projected
+"""ELECTRA (as Hugging Face's ElectraModel): BERT's layers, embeddings at ``embedding_size`` projected
 to the hidden size (``electra.embeddings_project``), no pooler, no NSP.
 
 Discriminator checkpoints (ElectraForPreTraining) fine-tune like any encoder; the generator's MLM head

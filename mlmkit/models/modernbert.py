@@ -1,4 +1,4 @@
-"""ModernBERT (transformers' modeling_modernbert; Warner et al. 2024, "Smarter, Better, Faster, Longer").
+"""ModernBERT (as Hugging Face's ModernBertModel; Warner et al. 2024, "Smarter, Better, Faster, Longer").
 
 What differs from BERT:
 - the block is pre-LN (``attn_norm`` -> fused ``Wqkv`` attention -> ``Wo``, then ``mlp_norm`` -> GeGLU

@@ -1,4 +1,5 @@
-"""RoBERTa, XLM-RoBERTa and CamemBERT (transformers' modeling_roberta / xlm_roberta / camembert).
+"""RoBERTa, XLM-RoBERTa and CamemBERT (as Hugging Face's RobertaModel, XLMRobertaModel and
+CamembertModel).
 
 What differs from BERT: positions count from padding_idx + 1 over the real tokens (padding keeps
 padding_idx), one token type (the embedding is there, the graphs take no token_type_ids), no NSP

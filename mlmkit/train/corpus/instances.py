@@ -1,6 +1,6 @@
 """Pretraining instances from token shards: NSP pairs and packed windows, made per batch.
 
-NSP instances follow the original BERT recipe (create_pretraining_data.py): a target length
+NSP instances follow the original BERT data pipeline (Devlin et al.'s release): a target length
 (shorter with probability 0.1), segment A from consecutive sentences, B the true continuation half
 of the time and a span of another document otherwise, the longer side truncated. Three deviations:
 a chunk of a single sentence borrows the next sentence when there is one (the previous one at the end
