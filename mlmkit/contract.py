@@ -17,6 +17,10 @@ How data flows through a task (docs/plugins.md walks through writing one):
     postprocess(outputs, ...)      -> predictions one JSON-able dict per example
     compute_metrics(predictions, examples, ctx) -> {metric: value}
 
+Signatures name these dicts by their role (``Input``, ``Example``, ``Feature``, ``Prediction``,
+``Metrics``, and ``TaskState``, ``Options``, ``HFConfig``, ``CheckpointInfo`` for the hooks' other
+results): they are plain dicts, each alias below says what it holds.
+
 This module, and everything a task runs at inference time (read, from_input, featurize,
 postprocess, compute_metrics and the optional hooks but build_model / export_module), must not
 import torch: the onnxruntime runtime calls them. Tasks import torch inside build_model only (a head
@@ -29,7 +33,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 from mlmkit.errors import ConfigError, DataFormatError
 
@@ -49,7 +53,40 @@ LABEL = "label"
 """Output axis: one entry per label of the run (ctx.labels); bundles are checked to have as many."""
 
 Example = dict[str, Any]
+"""One input of a task, a plain dict of the task's own keys: what ``read`` gives per record (with the
+gold labels) and ``from_input`` per runtime input."""
 Feature = dict[str, Any]
+"""One model input that ``featurize`` makes of an example: input_ids, token_type_ids, EXAMPLE, the
+label_names when training, and anything ``postprocess`` needs."""
+Prediction = dict[str, Any]
+"""One JSON-able prediction per example, the task's own keys (``postprocess``): what inference returns,
+writes and serves, and what ``compute_metrics`` and ``summary`` read."""
+Metrics = dict[str, Any]
+"""Metric name -> value (``compute_metrics``, an evaluation, a run's best and final figures): the
+declared ``metrics`` are numbers; more keys may hold a group of numbers (a dict), a list or names (a
+confusion matrix and its labels)."""
+TaskState = dict[str, Any]
+"""What a task derived from data, by name (``fit_state``, ``calibrate``): JSON-able, saved with the
+model (mlmkit.json "task_state") and read back as ``TaskContext.state``."""
+Options = dict[str, Any]
+"""Task option values by option name: as given (a typed value, or the text of ``--option NAME=VALUE``,
+which ``TaskOption.parse`` converts), resolved (every declared option, ``Plugin.resolve_options``) or
+saved with a model (mlmkit.json "options")."""
+Input = str | dict[str, Any]
+"""One runtime input as the user gives it (a line or record of --input, an item of a request body, an
+element of a Pipeline call's list): a text, or a record of the task's fields; ``from_input`` makes an
+example of it."""
+HFConfig = dict[str, Any]
+"""Keys of a Hugging Face config.json (``hf_config``: what a fine-tuned run writes beside id2label)."""
+
+
+class CheckpointInfo(TypedDict, total=False):
+    """What ``from_hf`` reads off a Hugging Face checkpoint of its task, each key optional."""
+
+    labels: list[str] | None
+    options: Options
+    task_state: TaskState
+    max_length: int
 
 
 # ---- options and context -----------------------------------------------------------------------
@@ -171,10 +208,10 @@ class Task(Protocol):
 
     def postprocess(
         self, outputs: dict[str, list[Any]], features: list[Feature], examples: list[Example], ctx: TaskContext
-    ) -> list[dict[str, Any]]:
+    ) -> list[Prediction]:
         """One JSON-able prediction per example from the outputs of each feature (numpy)."""
 
-    def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[Example], ctx: TaskContext) -> dict[str, Any]:
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
         """The ``metrics`` (floats) of predictions against the examples' gold labels; may add more keys."""
 
 
@@ -219,7 +256,7 @@ class TaskDefaults:
     """The Hugging Face Hub's pipeline tag of this task's models, for the model card (e.g.
     "text-classification", "token-classification", "question-answering", "sentence-similarity")."""
 
-    def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> Example:
+    def from_input(self, item: Input, options: Mapping[str, Any]) -> Example:
         """An example from one runtime input: a text becomes {"text": item}; a record must have a "text"."""
         if isinstance(item, str):
             return {"text": item}
@@ -232,13 +269,13 @@ class TaskDefaults:
         """Labels found in training data (saved as config.json's id2label); None: a label-free task."""
         return None
 
-    def fit_state(self, examples: list[Example]) -> dict[str, Any]:
+    def fit_state(self, examples: list[Example]) -> TaskState:
         """Settings derived from the training examples, saved with the model (ctx.state)."""
         return {}
 
     def calibrate(
         self, outputs: dict[str, list[Any]], features: list[Feature], examples: list[Example], ctx: TaskContext
-    ) -> dict[str, Any]:
+    ) -> TaskState:
         """Decision settings tuned on fine-tuning's evaluation set (never on test data), saved with
         the model (ctx.state), e.g. QA's null-score threshold."""
         return {}
@@ -248,7 +285,7 @@ class TaskDefaults:
         whose options change what it measures); None: the first of ``metrics``."""
         return None
 
-    def hf_config(self, ctx: TaskContext) -> dict[str, Any]:
+    def hf_config(self, ctx: TaskContext) -> HFConfig:
         """Keys config.json of a fine-tuned run gets beside id2label, so transformers reads it the same
         way, e.g. {"problem_type": "multi_label_classification"}."""
         return {}
@@ -259,9 +296,9 @@ class TaskDefaults:
         modules.json, 1_Pooling/config.json, ...)."""
         return {}
 
-    def from_hf(self, config: Any, directory: Path) -> dict[str, Any] | None:
+    def from_hf(self, config: Any, directory: Path) -> CheckpointInfo | None:
         """Whether a Hugging Face checkpoint directory (its config, a ModelConfig) is a model of this task,
-        and if so its run description: {"labels", "options", "task_state", "max_length"}, each optional.
+        and if so its run description (CheckpointInfo): {"labels", "options", "task_state", "max_length"}, each optional.
         None (the default): not this task's. `mlmkit export DIR` asks every task; `--task` asks one."""
         return None
 
@@ -270,7 +307,7 @@ class TaskDefaults:
         Export checks it against the model's own forward."""
         return model
 
-    def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
+    def summary(self, prediction: Prediction) -> dict[str, str]:
         """Columns of the terminal table for one prediction (JSON output is the prediction itself)."""
         return {k: _cell(v) for k, v in prediction.items() if isinstance(v, (str, int, float, bool))}
 

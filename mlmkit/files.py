@@ -25,11 +25,15 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, Protocol, TypedDict
 
 from mlmkit.errors import ConfigError
 
 log = logging.getLogger("mlmkit")
+
+JSONObject = dict[str, Any]
+"""A JSON object whose keys this code does not fix: a file's or a request's content as parsed (before
+any field of it is checked), or what is written out as JSON as it is."""
 
 _WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}  # a write that failed, whatever the file object
 
@@ -154,10 +158,10 @@ def parse_json(text: str, *, strict: bool = False) -> Any:
     converts (sys.get_int_max_str_digits(), 4300 digits by default). ``strict`` (a request body):
     NaN / Infinity, which JSON does not have, and a key twice in one object (which one would count?)
     are JSONDataError too."""
-    kw: dict[str, Any] = {} if sys.get_int_max_str_digits() else {"parse_int": _bounded_int}
+    kw: _Hooks = {} if sys.get_int_max_str_digits() else {"parse_int": _bounded_int}
     if strict:
-        kw.update(parse_constant=lambda name: _not_json(f"{name} is not a JSON number", text, name),
-                  object_pairs_hook=lambda pairs: _unique_keys(pairs, text))
+        kw.update({"parse_constant": lambda name: _not_json(f"{name} is not a JSON number", text, name),
+                   "object_pairs_hook": lambda pairs: _unique_keys(pairs, text)})
     try:
         value = json.loads(text, **kw)
     except RecursionError:
@@ -178,12 +182,20 @@ def parse_json(text: str, *, strict: bool = False) -> Any:
     return value
 
 
+class _Hooks(TypedDict, total=False):
+    """The hooks parse_json gives json.loads."""
+
+    parse_int: Callable[[str], Any]
+    parse_constant: Callable[[str], Any]
+    object_pairs_hook: Callable[[list[tuple[str, Any]]], Any]
+
+
 def _not_json(message: str, text: str, near: str) -> Any:
     raise JSONDataError(message, text, max(0, text.find(near)))
 
 
-def _unique_keys(pairs: list[tuple[str, Any]], text: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _unique_keys(pairs: list[tuple[str, Any]], text: str) -> JSONObject:
+    out: JSONObject = {}
     for k, v in pairs:
         if k in out:
             _not_json(f"the key {k!r} twice in one object", text, json.dumps(k))
@@ -220,7 +232,7 @@ def _lone_surrogate(text: str) -> int | None:
     return None
 
 
-def read_json(path: str | Path) -> dict[str, Any]:
+def read_json(path: str | Path) -> JSONObject:
     """A JSON object from ``path``; a missing, unreadable or non-object file is a ConfigError naming it."""
     p = Path(path)
     try:
@@ -234,7 +246,7 @@ def read_json(path: str | Path) -> dict[str, Any]:
     return obj
 
 
-def json_line(record: dict[str, Any]) -> str:
+def json_line(record: JSONObject) -> str:
     """One JSON-lines row: UTF-8 kept as is (no \\u escapes), newline-terminated. Values JSON has no
     type for (an id column read from Parquet) in the form json_value gives them."""
     return json.dumps(record, ensure_ascii=False, default=json_value) + "\n"
@@ -255,7 +267,7 @@ def json_value(v: Any) -> Any:
     return str(v)
 
 
-def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
+def write_jsonl(path: str | Path, rows: Iterable[JSONObject]) -> None:
     """JSON lines, written atomically: the file appears complete or not at all."""
     with atomic_open(path) as f:
         for r in rows:
@@ -374,7 +386,7 @@ def _age(path: Path) -> float:
         return 0.0
 
 
-def _holder(lock: Path) -> dict[str, Any] | None:
+def _holder(lock: Path) -> JSONObject | None:
     """The lock's content; None when it cannot be read (being written this instant, or damaged)."""
     try:
         h = json.loads(lock.read_text(encoding="utf-8"))
@@ -383,7 +395,7 @@ def _holder(lock: Path) -> dict[str, Any] | None:
         return None
 
 
-def _gone(holder: dict[str, Any]) -> bool:
+def _gone(holder: JSONObject) -> bool:
     """Whether the process that holds a lock has ended."""
     pid = holder.get("pid")
     if holder.get("host") != socket.gethostname() or not isinstance(pid, int):

@@ -39,20 +39,28 @@ from mlmkit.contract import (
     REQUIRED,
     SEQUENCE,
     TRUNCATED,
+    CheckpointInfo,
     Example,
     Feature,
+    HFConfig,
+    Input,
+    Metrics,
+    Options,
+    Prediction,
     Task,
     TaskContext,
     TaskDefaults,
     TaskOption,
+    TaskState,
     per_token,
 )
 from mlmkit.errors import ConfigError, TaskError
-from mlmkit.files import MAX_RECORD_BYTES
+from mlmkit.files import MAX_RECORD_BYTES, JSONObject
 
 __all__ = [
     # the contract (mlmkit/contract.py)
-    "EXAMPLE", "TRUNCATED", "DISTINCT", "BATCH", "SEQUENCE", "LABEL", "Example", "Feature", "TaskOption",
+    "EXAMPLE", "TRUNCATED", "DISTINCT", "BATCH", "SEQUENCE", "LABEL", "Example", "Feature", "Input", "Prediction",
+    "Metrics", "TaskState", "Options", "HFConfig", "CheckpointInfo", "TaskOption",
     "TaskContext", "Task", "TaskDefaults", "REQUIRED", "OPTIONAL", "per_token",
     # the registry
     "GROUP", "OWN", "Plugin", "tasks", "broken", "register", "get_task", "option_flags", "tasks_for_command",
@@ -108,16 +116,16 @@ class Plugin:
     masked_lm: bool
     pipeline_tag: str
     # the optional hooks, the task's own or TaskDefaults' (bound methods, as TaskDefaults declares them)
-    from_input: Callable[[str | dict[str, Any], Mapping[str, Any]], Example]
+    from_input: Callable[[Input, Mapping[str, Any]], Example]
     label_list: Callable[[list[Example]], list[str] | None]
-    fit_state: Callable[[list[Example]], dict[str, Any]]
-    calibrate: Callable[[dict[str, list[Any]], list[Feature], list[Example], TaskContext], dict[str, Any]]
+    fit_state: Callable[[list[Example]], TaskState]
+    calibrate: Callable[[dict[str, list[Any]], list[Feature], list[Example], TaskContext], TaskState]
     main_metric: Callable[[TaskContext], str | None]
-    hf_config: Callable[[TaskContext], dict[str, Any]]
+    hf_config: Callable[[TaskContext], HFConfig]
     run_files: Callable[[Any, TaskContext], dict[str, str]]
-    from_hf: Callable[[Any, Path], dict[str, Any] | None]
+    from_hf: Callable[[Any, Path], CheckpointInfo | None]
     export_module: Callable[[Any], Any]
-    summary: Callable[[dict[str, Any]], dict[str, str]]
+    summary: Callable[[Prediction], dict[str, str]]
 
     def _check(self) -> None:
         where = f"task plugin '{self.name}' ({self.entry_point}, from {self.distribution})"
@@ -141,7 +149,7 @@ class Plugin:
             raise TaskError(f"{where}: {'; '.join(problems)}", "see mlmkit.registry.Task and docs/plugins.md")
 
     def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False,
-             max_bytes: int | None = MAX_RECORD_BYTES) -> list[dict[str, Any]]:
+             max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
         """The task's ``read``, told whether the data are for training and the record ceiling where it
         asks for them (``training``, ``max_bytes``). A task that takes no ``max_bytes`` reads with its
         readers' default ceiling (MAX_RECORD_BYTES); a ceiling given to it otherwise is said in the log."""
@@ -157,7 +165,7 @@ class Plugin:
 
     def resolve_options(
         self, given: Mapping[str, Any] | None = None, saved: Mapping[str, Any] | None = None, *, model: bool = False,
-    ) -> dict[str, Any]:
+    ) -> Options:
         """Every option: its default, overridden by ``saved`` (a run's or bundle's), then by ``given``
         (values that are None count as not given); an option the task lacks is an error listing its
         options. ``model``: ``saved`` belongs to a trained model, whose ``fixed`` options cannot change."""
@@ -179,12 +187,12 @@ class Plugin:
             values[k] = value
         return values
 
-    def saved_options(self, values: Mapping[str, Any]) -> dict[str, Any]:
+    def saved_options(self, values: Mapping[str, Any]) -> Options:
         """The resolved options a run or bundle keeps (every one but those of a single call)."""
         keep = {o.name for o in self.options if o.saved}
         return {k: v for k, v in values.items() if k in keep}
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JSONObject:
         """What `mlmkit tasks --json` prints of the task."""
         return {
             "name": self.name, "description": self.description, "formats": list(self.formats),

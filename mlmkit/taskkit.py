@@ -30,7 +30,25 @@ from mlmkit.files import MAX_RECORD_BYTES, parse_json
 from mlmkit.infer.retrieval import BM25, INDEXES, Dense, mean_metrics, retrieve, write_trec
 from mlmkit.infer.retrieval import METRICS as RETRIEVAL_METRICS
 from mlmkit.objectives import Loss, get_loss, losses, register_loss
-from mlmkit.registry import BATCH, DISTINCT, EXAMPLE, LABEL, SEQUENCE, TRUNCATED, TaskContext, TaskOption
+from mlmkit.registry import (
+    BATCH,
+    DISTINCT,
+    EXAMPLE,
+    LABEL,
+    SEQUENCE,
+    TRUNCATED,
+    CheckpointInfo,
+    Example,
+    Feature,
+    HFConfig,
+    Input,
+    Metrics,
+    Options,
+    Prediction,
+    TaskContext,
+    TaskOption,
+    TaskState,
+)
 from mlmkit.text.beir import BeirSplit, is_beir, read_split
 from mlmkit.text.readers import (
     FORMATS,
@@ -51,6 +69,8 @@ from mlmkit.text.truncation import clip_text, tokenizer_settings
 __all__ = [
     # the contract's names
     "BATCH", "DISTINCT", "EXAMPLE", "LABEL", "SEQUENCE", "TRUNCATED", "TaskContext", "TaskOption",
+    # the roles of the dicts a task takes and returns (plain dicts: these name them in signatures)
+    "Example", "Feature", "Input", "Prediction", "Metrics", "TaskState", "Options", "HFConfig", "CheckpointInfo",
     # errors the CLI prints as one line
     "ConfigError", "DataFormatError", "MlmkitError", "TaskError",
     # readers
