@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,7 +183,7 @@ class FinetuneArgs(Args):
     batch_size: int = arg(32, "Features per micro-batch: an example is one feature, or several (QA's windows of a "
                               "long context, a plugin's choices).")
     max_length: int | None = Training.max_length()
-    options: dict[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
+    options: Mapping[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
     max_record_bytes: int = Inputs.max_record_bytes()
     train: TrainArgs = arg(factory=lambda: TrainArgs(epochs=3.0, lr=5e-5, warmup_ratio=0.1, keep_last=1))
 
@@ -223,7 +224,7 @@ class DistillArgs(Args):
                                "teacher is measured (0: none).")
     batch_size: int = arg(32, "Features per micro-batch.")
     max_length: int | None = Training.max_length()
-    options: dict[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
+    options: Mapping[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
     train: TrainArgs = arg(factory=lambda: TrainArgs(epochs=3.0, lr=DISTILL_LR, warmup_ratio=0.1, keep_last=1))
 
     def __post_init__(self) -> None:
@@ -326,7 +327,7 @@ class ExportArgs(Args):
     top_k: int | None = arg(None, "The top-k a task computes in the graph (its top_k_option in `mlmkit "
                                   "tasks`): the candidates per [MASK] of a masked LM (5), the terms kept per text of "
                                   "a sparse embedding.")
-    options: dict[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
+    options: Mapping[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
 
     def __post_init__(self) -> None:
         _check(self.precision in PRECISIONS, f"--precision {self.precision} is not a precision",

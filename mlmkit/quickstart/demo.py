@@ -17,10 +17,13 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from mlmkit.registry import Metrics, Prediction
 
 FILL_MASK_EXAMPLES = [
     "Return the number of [MASK] in the list.",
@@ -73,14 +76,25 @@ def fill_mask_torch(run_dir: str | Path, texts: list[str], top_k: int = 5) -> li
     return results
 
 
+class Summary(TypedDict, total=False):
+    """The figures the quickstart printed, by stage (each stage's function says what it returns)."""
+
+    pretrain: Metrics
+    classifier: dict[str, float]
+    onnx_classify: list[Prediction]
+    retrieval: dict[str, float | None]
+    cheaper: list[Metrics]
+    curves: list[str]
+
+
 def run(out: str | Path, *, steps: int = 1500, seed: int = 0, retrieval_documents: int = 1000,
-        console: Console | None = None) -> dict[str, Any]:
+        console: Console | None = None) -> Summary:
     """Run the quickstart into ``out``; returns the figures it printed."""
     console = console or Console()
     out = Path(out)
     for sub in ("pretrain", "classifier", "exports", "embedding", "retrieval", "student"):  # a rerun starts afresh
         shutil.rmtree(out / sub, ignore_errors=True)
-    summary: dict[str, Any] = {}
+    summary: Summary = {}
     _corpus_stage(console, out)
     summary["pretrain"] = _pretrain_stage(console, out, steps=steps, seed=seed)
     summary["classifier"] = _classifier_stage(console, out, seed=seed)
@@ -101,7 +115,7 @@ def _corpus_stage(console: Console, out: Path) -> None:
                   f"[dim]({time.perf_counter() - t:.1f}s)[/]")
 
 
-def _pretrain_stage(console: Console, out: Path, *, steps: int, seed: int) -> dict[str, Any]:
+def _pretrain_stage(console: Console, out: Path, *, steps: int, seed: int) -> Metrics:
     """Step 2: the tokenizer and the tiny BERT, with its held-out figures next to the baselines and a few
     fill-mask predictions (what pretraining learnt, before any fine-tuning); returns its final metrics."""
     from mlmkit.args import PretrainArgs
@@ -128,7 +142,7 @@ def _pretrain_stage(console: Console, out: Path, *, steps: int, seed: int) -> di
     return m
 
 
-def _classifier_stage(console: Console, out: Path, *, seed: int) -> dict[str, Any]:
+def _classifier_stage(console: Console, out: Path, *, seed: int) -> dict[str, float]:
     """Step 3: the sentiment classifier fine-tuned on the shipped set, its held-out scores and confusion
     matrix; returns the scores."""
     from mlmkit.args import FinetuneArgs
@@ -156,7 +170,7 @@ def _classifier_stage(console: Console, out: Path, *, seed: int) -> dict[str, An
     return {k: ev[k] for k in ("accuracy", "macro_f1", "mcc")}
 
 
-def _onnx_stage(console: Console, out: Path) -> list[dict[str, Any]]:
+def _onnx_stage(console: Console, out: Path) -> list[Prediction]:
     """Step 4: both runs exported to ONNX bundles and run through onnxruntime, as a deployment would;
     returns the classifier's predictions."""
     from mlmkit.args import ExportArgs
@@ -187,7 +201,7 @@ def _onnx_stage(console: Console, out: Path) -> list[dict[str, Any]]:
     return preds
 
 
-def _retrieval_stage(console: Console, out: Path, *, seed: int, retrieval_documents: int) -> dict[str, Any]:
+def _retrieval_stage(console: Console, out: Path, *, seed: int, retrieval_documents: int) -> dict[str, float | None]:
     """Step 5: the embedding model fine-tuned on a retrieval set from the same docstrings, scored against
     the pretrained encoder (and BM25 when bm25s is installed); returns the nDCG@10 of each."""
     from mlmkit.args import FinetuneArgs
@@ -224,7 +238,7 @@ def _retrieval_stage(console: Console, out: Path, *, seed: int, retrieval_docume
             "bm25_ndcg@10": bm25["ndcg@10"] if bm25 else None}
 
 
-def _cheaper_stage(console: Console, out: Path, *, seed: int) -> list[dict[str, Any]]:
+def _cheaper_stage(console: Console, out: Path, *, seed: int) -> list[Metrics]:
     """Step 6: the classifier made cheaper: distilled into one layer on its training texts (the teacher
     labels them), both exported fp32 and int8, and scored side by side on the held-out set with their
     speed and size, as `mlmkit evaluate A B ... --speed` prints them; returns the rows."""

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mlmkit.files import atomic_write_text, read_json
+from mlmkit.files import JSONObject, atomic_write_text, read_json
 from mlmkit.registry import PRETRAINING
 
 MARKER = "<!-- mlmkit model card: mlmkit rewrites this file; delete this line to keep your edits -->"
@@ -76,7 +76,7 @@ def card(d: Path) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def results(meta: dict[str, Any]) -> dict[str, float]:
+def results(meta: JSONObject) -> dict[str, float]:
     """The evaluation metrics a run reports (the best model's when one was kept), without the eval_ prefix."""
     src = meta.get("best_metrics") or meta.get("final_metrics") or {}
     skip = ("step", "epoch", "loss", "lr", "tokens_per_s")
@@ -118,7 +118,7 @@ def _hub_id(base: Any) -> str | None:
     return name if isinstance(name, str) and HUB_ID.match(name) and not Path(name).exists() else None
 
 
-def _summary(meta: dict[str, Any], task: str, pretraining: bool, bundle: bool, model_type: Any) -> str:
+def _summary(meta: JSONObject, task: str, pretraining: bool, bundle: bool, model_type: Any) -> str:
     family = model_type or "encoder"
     if pretraining:
         what = f"A {family} encoder pretrained with mlmkit (masked language modelling" + (
@@ -137,7 +137,7 @@ def _summary(meta: dict[str, Any], task: str, pretraining: bool, bundle: bool, m
     return what
 
 
-def _data(meta: dict[str, Any], pretraining: bool) -> list[str]:
+def _data(meta: JSONObject, pretraining: bool) -> list[str]:
     files = meta.get("corpus") if pretraining else None
     data = meta.get("data") or {}
     lines = []
@@ -151,7 +151,7 @@ def _data(meta: dict[str, Any], pretraining: bool) -> list[str]:
     return ["## Training data", "", *lines, ""] if lines else []
 
 
-def _export(meta: dict[str, Any]) -> list[str]:
+def _export(meta: JSONObject) -> list[str]:
     parity = meta.get("parity")
     fused = meta.get("fused_operators") or {}
     rows = [("opset", meta.get("opset")), ("precision", meta.get("precision")),
@@ -164,7 +164,7 @@ def _export(meta: dict[str, Any]) -> list[str]:
     return ["## Export", "", "| | |", "|---|---|", *(f"| {k} | {_cell(v)} |" for k, v in rows if v not in (None, "")), ""]
 
 
-def _usage(d: Path, meta: dict[str, Any], task: str, pretraining: bool, bundle: bool, config: dict[str, Any]) -> list[str]:
+def _usage(d: Path, meta: JSONObject, task: str, pretraining: bool, bundle: bool, config: JSONObject) -> list[str]:
     name = d.name
     out = ["## How to use", "", "With mlmkit:", "", "```bash"]
     if bundle:

@@ -70,7 +70,7 @@ def load_state_dict(run_dir: str | Path, config: ModelConfig | None = None) -> d
     return sd
 
 
-def _check_family(d: Path, config: ModelConfig, sd: dict[str, Any]) -> None:
+def _check_family(d: Path, config: ModelConfig, sd: dict[str, torch.Tensor]) -> None:
     """The weights are of the family config.json names: keys under another family's backbone (a BERT
     checkpoint whose config says roberta) would load into the wrong blocks without a word."""
     from mlmkit.models import FAMILIES

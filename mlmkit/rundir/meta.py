@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from mlmkit.errors import ConfigError
-from mlmkit.files import parse_json, write_json
-from mlmkit.registry import PRETRAINING, TaskContext
+from mlmkit.files import JSONObject, parse_json, write_json
+from mlmkit.registry import PRETRAINING, Metrics, Options, TaskContext, TaskState
 
 META = "mlmkit.json"
 RUN_FORMAT = 1
@@ -32,22 +32,22 @@ class RunMeta:
     task: str  # "pretraining" or a registered task
     max_length: int
     labels: tuple[str, ...] | None = None
-    options: dict[str, Any] = field(default_factory=dict)  # the task's saved options
-    task_state: dict[str, Any] = field(default_factory=dict)  # what the task fitted on the data (fit_state, calibration)
+    options: Options = field(default_factory=dict)  # the task's saved options
+    task_state: TaskState = field(default_factory=dict)  # what the task fitted on the data (fit_state, calibration)
     base_model: str | None = None  # fine-tuning: the checkpoint it started from
-    data: dict[str, Any] | None = None  # fine-tuning: {"train": file, "eval": file or None}
-    source: dict[str, Any] | None = None  # where the weights came from (export's description of a checkpoint)
-    train_args: dict[str, Any] | None = None  # the training loop's arguments
+    data: dict[str, str | None] | None = None  # fine-tuning: {"train": file, "eval": file or None}
+    source: JSONObject | None = None  # where the weights came from (export's description of a checkpoint)
+    train_args: JSONObject | None = None  # the training loop's arguments (TrainArgs as JSON)
     best_step: int | None = None
-    best_metrics: dict[str, Any] | None = None
-    final_metrics: dict[str, Any] | None = None
-    distill: dict[str, Any] | None = None  # a distilled student: its teacher, layer map, agreement
+    best_metrics: Metrics | None = None
+    final_metrics: Metrics | None = None
+    distill: JSONObject | None = None  # a distilled student: its teacher, layer map, agreement
     nsp: bool | None = None  # pretraining: next-sentence prediction, the family, the masking and the corpus
     arch: str | None = None
     whole_word: bool | None = None
     mask_prob: float | None = None
     corpus: list[str] | None = None
-    other: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, written back as read
+    other: JSONObject = field(default_factory=dict)  # keys this version does not know, written back as read
 
     @property
     def pretraining(self) -> bool:
@@ -78,10 +78,10 @@ class RunMeta:
             typed["labels"] = tuple(typed["labels"])
         return cls(**typed, other={k: v for k, v in data.items() if k not in known | {"format_version"}})
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """mlmkit.json's object: the fields that have a value (``labels`` always: null for a task
         without), then the keys read and not known."""
-        out: dict[str, Any] = {"format_version": RUN_FORMAT}
+        out: JSONObject = {"format_version": RUN_FORMAT}
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name != "other" and (v is not None or f.name == "labels"):

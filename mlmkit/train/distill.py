@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import random
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,9 @@ from torch import nn
 
 from mlmkit.args import DistillArgs
 from mlmkit.errors import ConfigError, MlmkitError
-from mlmkit.files import atomic_write, atomic_write_text, cache_root, exclusive
+from mlmkit.files import JSONObject, atomic_write, atomic_write_text, cache_root, exclusive
 from mlmkit.infer import evaluation
-from mlmkit.registry import LABEL, SEQUENCE, Example, Feature, Plugin, TaskContext, per_token
+from mlmkit.registry import LABEL, SEQUENCE, Example, Feature, Metrics, Plugin, TaskContext, per_token
 from mlmkit.rundir.checkpoint import load_weights, save_run
 from mlmkit.rundir.meta import RunMeta, read_meta, write_meta
 from mlmkit.rundir.weights import weights_digest
@@ -150,7 +151,7 @@ class Distiller(nn.Module):
         return F.mse_loss(s, t)
 
 
-def distill(args: DistillArgs) -> dict[str, Any]:
+def distill(args: DistillArgs) -> Metrics:
     """Distil ``args.teacher`` into a student of ``args.layers`` layers; write its run directory.
     Returns the final training metrics with the held-out agreement ("agreement_...")."""
     parse_report_to(args.train.report_to)
@@ -165,7 +166,7 @@ def distill(args: DistillArgs) -> dict[str, Any]:
 INPUT_SUFFIXES = (".txt", ".jsonl", ".csv", ".tsv", ".parquet")
 
 
-def _examples(task: Plugin, path: Path, options: dict[str, Any]) -> list[Example]:
+def _examples(task: Plugin, path: Path, options: Mapping[str, Any]) -> list[Example]:
     """The inputs the teacher labels: a file of inputs as `mlmkit predict --input` reads them (texts,
     or records of the task's input fields; any labels in them are not used), else the task's own data
     format (a BEIR directory, SQuAD JSON, CoNLL), read as evaluation data."""
@@ -174,7 +175,7 @@ def _examples(task: Plugin, path: Path, options: dict[str, Any]) -> list[Example
     return task.read(path, options, training=False)
 
 
-def _distill(args: DistillArgs) -> dict[str, Any]:
+def _distill(args: DistillArgs) -> Metrics:
     assert args.layers is not None and args.train_file is not None  # (DistillArgs checks them without --static)
     labeller, teacher_id, init = bundle_teacher(Path(args.teacher))
     task, teacher, tok, meta = load_finetuned(init)
@@ -210,7 +211,7 @@ def _distill(args: DistillArgs) -> dict[str, Any]:
     torch.manual_seed(args.train.seed)
     student = task.build_model(student_cfg, ctx)
     load_weights(student, student_weights(teacher.state_dict(), mapping))
-    info: dict[str, Any] = {"teacher": str(args.teacher), **({"initialised_from": str(init)} if labeller else {}),
+    info: JSONObject = {"teacher": str(args.teacher), **({"initialised_from": str(init)} if labeller else {}),
                             "labelled_by": "onnxruntime" if labeller else "pytorch", "layer_map": mapping, "temperature": args.temperature,
                             "loss": "kl on logits and positions, mse on vectors and scores",
                             "inputs": str(args.train_file)}
@@ -266,7 +267,7 @@ def bundle_teacher(path: Path) -> tuple[evaluation.Forward | None, str | None, P
     return pipe.run_batch, json.dumps(pipe.identity(), sort_keys=True), run
 
 
-def teacher_outputs(key: dict[str, Any], features: list[Feature], forward: evaluation.Forward,
+def teacher_outputs(key: JSONObject, features: list[Feature], forward: evaluation.Forward,
                     outputs: dict[str, tuple[str, ...]], pad: int) -> dict[str, list[np.ndarray]]:
     """The teacher's outputs for each feature, computed once: kept under $MLMKIT_CACHE/teacher-outputs,
     keyed by the teacher's weights, the inputs (path and size), the max length, the options and the
@@ -284,7 +285,7 @@ def teacher_outputs(key: dict[str, Any], features: list[Feature], forward: evalu
             log.warning("%s is unreadable (%s): the teacher labels the inputs again", path, e)
     log.info("the teacher labels %d features", len(features))
     got = evaluation.run_features(features, forward, outputs, pad_id=pad, batch_size=64)
-    arrays: dict[str, Any] = {}
+    arrays: dict[str, Any] = {}  # arrays by name (Any: numpy's stubs read np.savez's **arrays as its own keywords)
     for name, rows in got.items():
         if per_token(outputs[name]):  # rows of different lengths: concatenated, with their offsets
             arrays[name] = np.concatenate(rows)

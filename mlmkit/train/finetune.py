@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from mlmkit.errors import ConfigError, MlmkitError, TaskError
 from mlmkit.files import atomic_write_text, exclusive, write_jsonl
 from mlmkit.infer import evaluation
 from mlmkit.models.config import ModelConfig
-from mlmkit.registry import Example, Plugin, TaskContext, get_task
+from mlmkit.registry import Example, Metrics, Options, Plugin, Prediction, TaskContext, TaskState, get_task
 from mlmkit.rundir.checkpoint import is_model_dir, load_state_dict, load_weights, read_run_meta, save_run
 from mlmkit.rundir.config import load_config
 from mlmkit.rundir.hub import describe
@@ -78,10 +78,10 @@ class TaskEvaluator:
                  batch_size: int = 64, calibrate: bool = False) -> None:
         self.task, self.examples, self.tokenizer, self.ctx = task, examples, tokenizer, ctx
         self.batch_size, self.calibrate = batch_size, calibrate
-        self.predictions: list[dict[str, Any]] = []
-        self.state: dict[str, Any] = {}
+        self.predictions: list[Prediction] = []
+        self.state: TaskState = {}
 
-    def __call__(self, model: torch.nn.Module) -> dict[str, Any]:
+    def __call__(self, model: torch.nn.Module) -> Metrics:
         was_training = model.training
         model.eval()
         metrics, got = evaluation.evaluate(self.task, self.examples, self.tokenizer, self.ctx,
@@ -104,7 +104,7 @@ def base_model_dir(model: str | Path) -> Path:
     return d
 
 
-def base_options(task: Plugin, base: Path, cfg: ModelConfig) -> dict[str, Any]:
+def base_options(task: Plugin, base: Path, cfg: ModelConfig) -> Options:
     """The task's ``fixed`` options (built into a model) that a base model already has, which
     fine-tuning keeps unless told otherwise: a run of this task's (its mlmkit.json), or what a foreign
     checkpoint declares for it (``from_hf``: a sentence-transformers directory's pooling and
@@ -119,7 +119,7 @@ def base_options(task: Plugin, base: Path, cfg: ModelConfig) -> dict[str, Any]:
     return {k: v for k, v in found.items() if k in fixed}
 
 
-def finetune(args: FinetuneArgs, *, reporters: Sequence[Reporter] = ()) -> dict[str, Any]:
+def finetune(args: FinetuneArgs, *, reporters: Sequence[Reporter] = ()) -> Metrics:
     """Fine-tune ``args.task`` from a pretraining run or Hugging Face checkpoint; write a run directory.
 
     The head starts fresh; with an evaluation file the best checkpoint by the task's main metric is
@@ -131,7 +131,7 @@ def finetune(args: FinetuneArgs, *, reporters: Sequence[Reporter] = ()) -> dict[
         return _finetune(args, reporters)
 
 
-def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> dict[str, Any]:
+def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> Metrics:
     task = get_task(args.task)
     if not task.trainable:
         raise TaskError(f"the {task.name} task is not fine-tuned by mlmkit",
@@ -216,7 +216,7 @@ def data_identity(path: Path) -> list[list[Any]]:
     return [[str(p.resolve()), p.stat().st_size]]
 
 
-def _same_head(base: ModelConfig, task: Plugin, labels: list[str] | None, opts: dict[str, Any]) -> bool:
+def _same_head(base: ModelConfig, task: Plugin, labels: list[str] | None, opts: Mapping[str, Any]) -> bool:
     """Whether a base model's head is this task's, for these labels (in this order) and options."""
     if task.hf_architecture not in (base.architectures or []) or task.hf_architecture == "BertModel":
         return False
@@ -241,9 +241,9 @@ def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, R
 
 
 def evaluate_base(
-    task_name: str, model: str | Path, data: str | Path, *, options: dict[str, Any] | None = None,
+    task_name: str, model: str | Path, data: str | Path, *, options: Mapping[str, Any] | None = None,
     max_length: int | None = None, device: str = "cpu", batch_size: int = 64, keep_head: bool = False,
-) -> dict[str, Any]:
+) -> Metrics:
     """Metrics of a base model (a run or a checkpoint) with ``task_name``'s head as built, before any
     fine-tuning: the zero-shot score of a task whose head has no parameters (the embedding task's
     pooling) or starts from the base's (the SPLADE task's masked-LM head, ``base_heads``); for any
@@ -267,9 +267,9 @@ def evaluate_base(
 
 
 def evaluate_run(
-    run_dir: str | Path, data: str | Path, *, options: dict[str, Any] | None = None,
+    run_dir: str | Path, data: str | Path, *, options: Mapping[str, Any] | None = None,
     predictions: str | Path | None = None, device: str = "cpu", batch_size: int = 64, speed: bool = False,
-) -> dict[str, Any]:
+) -> Metrics:
     """Metrics of a fine-tuned run directory on labelled ``data`` (PyTorch); optionally write the
     predictions as JSON lines. The decision settings saved at fine-tuning are used as they are.
     ``speed``: with the examples per second of the prediction and the bytes of the weights."""

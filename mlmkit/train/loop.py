@@ -25,10 +25,10 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import torch
@@ -36,7 +36,8 @@ from torch import nn
 
 from mlmkit.args import TrainArgs
 from mlmkit.errors import ConfigError, Diverged
-from mlmkit.files import atomic_open, exclusive
+from mlmkit.files import JSONObject, atomic_open, exclusive
+from mlmkit.registry import Metrics
 from mlmkit.rundir.meta import RunMeta, read_meta, write_meta
 from mlmkit.train.data import DataSource
 from mlmkit.train.devices import (
@@ -48,20 +49,30 @@ from mlmkit.train.devices import (
     syncs_own_gradients,
     use_bf16,
 )
-from mlmkit.train.state import Cursor, ResumeCheckpoints, SaveModel
-from mlmkit.train.tracking import Reporter, Reporters, RunInfo, flat_params, parse_report_to
+from mlmkit.train.state import Cursor, Position, ResumeCheckpoints, SaveModel, TrackerState
+from mlmkit.train.tracking import Params, Reporter, Reporters, RunInfo, flat_params, parse_report_to
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
 log = logging.getLogger("mlmkit")
 
-Evaluate = Callable[[nn.Module], dict[str, Any]]
+Evaluate = Callable[[nn.Module], Metrics]
 """Metrics of the model (in eval mode, under no_grad) on held-out data."""
+LogLine = dict[str, float]
+"""One line of metrics.jsonl (and of ``Trainer.history``): step, epoch, and either the training
+figures (the losses averaged since the last line, lr, tokens_per_s) or an evaluation's numbers (eval_*)."""
 
 
 # ---- optimisation ------------------------------------------------------------------------------
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+class ParamGroup(TypedDict):
+    """One of AdamW's parameter groups."""
+
+    params: list[nn.Parameter]
+    weight_decay: float
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[ParamGroup]:
     # matrices and embeddings decay; biases and LayerNorm weights (all 1-D) don't
     params = [p for p in model.parameters() if p.requires_grad]
     return [
@@ -94,9 +105,9 @@ class BestTracker:
         self.metric, self.greater, self.patience = metric, greater_is_better, patience
         self.best: float | None = None
         self.bad_evals = 0
-        self.best_metrics: dict[str, Any] = {}
+        self.best_metrics: Metrics = {}
 
-    def update(self, step: int, metrics: dict[str, Any]) -> bool:
+    def update(self, step: int, metrics: Metrics) -> bool:
         """Record an evaluation; True when it is the best so far (the caller keeps that model)."""
         if self.metric is None or self.metric not in metrics:
             return False
@@ -112,10 +123,10 @@ class BestTracker:
     def should_stop(self) -> bool:
         return self.patience is not None and self.bad_evals >= self.patience
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> TrackerState:
         return {"best": self.best, "bad_evals": self.bad_evals, "best_metrics": self.best_metrics}
 
-    def load(self, state: dict[str, Any]) -> None:
+    def load(self, state: TrackerState) -> None:
         self.best, self.bad_evals = state.get("best"), state.get("bad_evals", 0)
         self.best_metrics = state.get("best_metrics") or {}
 
@@ -126,8 +137,8 @@ class Trainer:
 
     def __init__(
         self, model: nn.Module, data: DataSource, args: TrainArgs, out_dir: str | Path, *,
-        save_model: SaveModel, evaluate: Evaluate | None = None, data_key: dict[str, Any] | None = None,
-        params: dict[str, Any] | None = None, reporters: Sequence[Reporter] = (),
+        save_model: SaveModel, evaluate: Evaluate | None = None, data_key: Mapping[str, Any] | None = None,
+        params: Params | None = None, reporters: Sequence[Reporter] = (),
     ) -> None:
         """``data_key``: the settings that decide which batch comes at which step (batch size, files,
         lengths ...): a checkpoint records them and --resume refuses to continue when they changed.
@@ -137,7 +148,7 @@ class Trainer:
         self.params, self.extra_reporters = params or flat_params(args), tuple(reporters)
         self.reporters = Reporters([])
         self.save_model = save_model
-        self.data_key = {**(data_key or {}), "seed": args.seed, "grad_accum": args.grad_accum}
+        self.data_key: JSONObject = {**(data_key or {}), "seed": args.seed, "grad_accum": args.grad_accum}
         self.device = resolve_device(args.device)
         if self.device.type == "cpu":  # a step's large blocks reused, not mapped and zeroed anew each step
             keep_freed_memory()
@@ -182,10 +193,10 @@ class Trainer:
         self.checkpoints = ResumeCheckpoints(self.out, save_model, args.keep_last)
         self.tracker = BestTracker(args.metric_for_best, args.greater_is_better, args.early_stopping)
         self.step = 0
-        self.history: list[dict[str, Any]] = []
+        self.history: list[LogLine] = []
 
     # ---- state -------------------------------------------------------------------------------
-    def _position(self) -> dict[str, Any]:
+    def _position(self) -> Position:
         return {"step": self.step, "epoch": self.cursor.epoch, "micro": self.cursor.micro, "total": self.total,
                 "world": self.dist.world, "data": self.data_key, **self.tracker.state()}
 
@@ -231,7 +242,7 @@ class Trainer:
             with atomic_open(path) as f:
                 f.writelines(kept)
 
-    def _log(self, rec: dict[str, Any]) -> None:
+    def _log(self, rec: LogLine) -> None:
         self.history.append(rec)
         if self.dist.main:
             with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
@@ -302,13 +313,13 @@ class Trainer:
                 "lower --lr (and check the data); the last checkpoint, if any, is intact",
             )
 
-    def train(self, meta: RunMeta) -> dict[str, Any]:
+    def train(self, meta: RunMeta) -> Metrics:
         """Train to ``total`` steps; returns the last logged and evaluation metrics. ``meta``: the run's
         description, which every save of the model writes with the training's arguments and figures."""
         with exclusive(self.out) if self.dist.main else contextlib.nullcontext():
             return self._train(replace(meta, train_args=asdict(self.args)))
 
-    def _train(self, meta: RunMeta) -> dict[str, Any]:
+    def _train(self, meta: RunMeta) -> Metrics:
         resumed = self._start()
         if self.bf16 and self.args.bf16 is None and self.dist.main:  # after the checks: an error stays one line
             log.info("bf16 autocast: on (this CPU has native bf16; --no-bf16 keeps fp32)")
@@ -332,7 +343,7 @@ class Trainer:
                       and p.name not in ("tracking.json", ".lock")]
         return [self.out / n for n in names if (self.out / n).is_file()]
 
-    def _loop(self, meta: RunMeta) -> dict[str, Any]:
+    def _loop(self, meta: RunMeta) -> Metrics:
         a = self.args
         self.model.train()
         logged: dict[str, float] = {}
@@ -347,8 +358,8 @@ class Trainer:
                 if self.step % a.log_every == 0 or self.step == self.total:
                     dt = time.perf_counter() - t0
                     logged = {k: v / n_sum for k, v in sums.items()}
-                    rec = {"step": self.step, "epoch": self.cursor.epoch, **logged, "lr": self.sched.get_last_lr()[0],
-                           "tokens_per_s": tokens * self.dist.world / max(dt, 1e-9)}
+                    rec: LogLine = {"step": self.step, "epoch": self.cursor.epoch, **logged, "lr": self.sched.get_last_lr()[0],
+                                    "tokens_per_s": tokens * self.dist.world / max(dt, 1e-9)}
                     self._log(rec)
                     bar.update(task, loss=logged.get("loss", float("nan")), tps=rec["tokens_per_s"])
                     tokens, t0, sums, n_sum = 0, time.perf_counter(), {}, 0
@@ -368,9 +379,9 @@ class Trainer:
                 self._evaluate(meta)
         return self._finish(meta, logged)
 
-    def _finish(self, meta: RunMeta, logged: dict[str, float]) -> dict[str, Any]:
-        last_eval: dict[str, Any] = next((r for r in reversed(self.history) if any(k.startswith("eval_") for k in r)), {})
-        result = {"step": self.step, **logged, **{k: v for k, v in last_eval.items() if k.startswith("eval_")}}
+    def _finish(self, meta: RunMeta, logged: dict[str, float]) -> Metrics:
+        last_eval: LogLine = next((r for r in reversed(self.history) if any(k.startswith("eval_") for k in r)), {})
+        result: Metrics = {"step": self.step, **logged, **{k: v for k, v in last_eval.items() if k.startswith("eval_")}}
         best = self.tracker.best_metrics
         if best:  # the run directory holds the best model: report its figures
             result = {"step": self.step, "last_step_metrics": result,
@@ -416,7 +427,7 @@ def _progress(enabled: bool) -> Progress:
     )
 
 
-def _scalars(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
+def _scalars(metrics: Metrics, prefix: str) -> dict[str, float]:
     """The numbers of a task's metrics, flat: a group of them (a reranker's "first_stage") as
     PREFIX + group + "_" + name; lists and texts (a confusion matrix, label names) left out."""
     out: dict[str, float] = {}

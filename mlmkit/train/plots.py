@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlmkit.errors import ConfigError, MlmkitError
-from mlmkit.files import atomic_write
+from mlmkit.files import JSONObject, atomic_write
+
+if TYPE_CHECKING:
+    from mlmkit.registry import Metrics
 
 log = logging.getLogger("mlmkit")
 
@@ -29,7 +32,7 @@ MAX_STEP = 2**53
 """Steps are whole numbers from 0 below this (what a float, and so a plot's axis, holds exactly)."""
 
 
-def read_metrics(run: Path) -> list[dict[str, Any]]:
+def read_metrics(run: Path) -> list[JSONObject]:
     """The records of RUN/metrics.jsonl (a line cut short by a kill is left out, and one whose step
     is no whole number from 0 below MAX_STEP, with a warning: no training writes such a step)."""
     path = run / "metrics.jsonl" if run.is_dir() else run
@@ -52,7 +55,7 @@ def read_metrics(run: Path) -> list[dict[str, Any]]:
     return out
 
 
-def series(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+def series(records: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[int, float]]]:
     """(step, value) per metric name, in the order names first appear."""
     out: dict[str, list[tuple[int, float]]] = {}
     for rec in records:
@@ -123,7 +126,7 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, *, title: str | None 
     return _save(plt, fig, out)
 
 
-def plot_trade_off(models: Sequence[str | Path], results: Sequence[dict[str, Any]], out: str | Path) -> Path:
+def plot_trade_off(models: Sequence[str | Path], results: Sequence[Metrics], out: str | Path) -> Path:
     """Quality against speed: each model a point, its first metric (the task's main one, as
     compute_metrics reports it) against its examples per second (`mlmkit evaluate --speed`)."""
     out = _picture(out, "--plot")

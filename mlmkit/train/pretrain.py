@@ -8,7 +8,7 @@ import math
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from tokenizers import Tokenizer
@@ -19,6 +19,7 @@ from mlmkit.files import MAX_RECORD_BYTES, exclusive
 from mlmkit.models import FAMILIES, Family, family_for
 from mlmkit.models.config import ModelConfig, preset
 from mlmkit.models.core import BertForPreTraining
+from mlmkit.registry import Metrics
 from mlmkit.rundir.checkpoint import save_run
 from mlmkit.rundir.config import load_config
 from mlmkit.rundir.meta import PRETRAINING, RunMeta
@@ -137,7 +138,7 @@ def _tokenized(paths: list[Path], tok: Tokenizer, cache_dir: Path | None, device
     return corpus
 
 
-def pretrain(args: PretrainArgs) -> dict[str, Any]:
+def pretrain(args: PretrainArgs) -> Metrics:
     """Pretrain an encoder of ``args.arch`` with MLM (+ NSP for BERT unless ``args.nsp`` is False) and write a
     run directory to ``args.out``.
 
@@ -168,7 +169,17 @@ def _check_nsp(args: PretrainArgs, fam: Family) -> None:
         raise ConfigError(f"--nsp: next-sentence prediction is BERT's, not {fam.name}'s", "leave --nsp out: this family pretrains with MLM only")
 
 
-def _pretrain(args: PretrainArgs) -> dict[str, Any]:
+class _Batches(TypedDict):
+    """How PretrainData makes the batches, the same for training and held-out data."""
+
+    max_len: int
+    batch_size: int
+    nsp: bool
+    mask_prob: float
+    whole_word: bool
+
+
+def _pretrain(args: PretrainArgs) -> Metrics:
     """The pretraining itself (pretrain() holds the run directory): every input checked before any
     work, then the tokenizer, the config, the data, the model and the training loop."""
     out, t = Path(args.out), args.train
@@ -197,8 +208,8 @@ def _pretrain(args: PretrainArgs) -> dict[str, Any]:
         train_c, held = split_heldout(full)
         if held is None:
             log.warning("corpus has fewer than 10 documents: no held-out evaluation (pass --eval-file)")
-    kw: dict[str, Any] = dict(max_len=args.seq_len, batch_size=args.batch_size, nsp=nsp, mask_prob=args.mask_prob,
-              whole_word=args.whole_word)
+    kw = _Batches(max_len=args.seq_len, batch_size=args.batch_size, nsp=nsp, mask_prob=args.mask_prob,
+                  whole_word=args.whole_word)
     data = PretrainData(train_c, tok, seed=t.seed, **kw)
     evaluate = MLMEvaluator(PretrainData(held, tok, seed=t.seed + 1, held_out=True, **kw)) if held is not None else None
     model = _new_model(cfg, nsp=nsp, seed=t.seed)

@@ -9,14 +9,15 @@ import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import torch
 from torch import nn
 
 from mlmkit.errors import ConfigError, MlmkitError
-from mlmkit.files import read_json, write_json
+from mlmkit.files import JSONObject, read_json, write_json
+from mlmkit.registry import Metrics
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
 from mlmkit.rundir.meta import RunMeta
 from mlmkit.train.data import DataSource, batch_seed
@@ -28,6 +29,33 @@ log = logging.getLogger("mlmkit")
 # ---- the parts of the loop -----------------------------------------------------------------------
 SaveModel = Callable[[nn.Module, Path, RunMeta], None]
 """Writes the model files of a run directory (config, weights, tokenizer, mlmkit.json with the meta)."""
+
+
+class TrackerState(TypedDict, total=False):
+    """The best evaluation so far (loop.BestTracker), kept in each checkpoint's position."""
+
+    best: float | None
+    """The main metric's best value (None: no evaluation yet)."""
+    bad_evals: int
+    """Evaluations since the best one (early stopping)."""
+    best_metrics: Metrics
+    """The best evaluation's metrics (eval_ prefixed) and its step."""
+
+
+class _Where(TypedDict):
+    step: int
+    epoch: int
+    micro: int
+
+
+class Position(_Where, TrackerState, total=False):
+    """A checkpoint's state/trainer.json: the loop's step and place in the data (epoch, micro-batch:
+    always there, checked when read), the planned steps, the processes that wrote it, the settings
+    that decide the data order (``data``: --resume compares them) and the tracker's state."""
+
+    total: int
+    world: int
+    data: JSONObject
 
 
 class Cursor:
@@ -77,7 +105,7 @@ class ResumeCheckpoints:
         done = self.complete()
         return done[-1] if done else None
 
-    def save(self, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, position: dict[str, Any], meta: RunMeta) -> Path:
+    def save(self, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, position: Position, meta: RunMeta) -> Path:
         """A kill midway leaves an incomplete directory that ``latest`` ignores, and the previous
         checkpoint untouched."""
         ck = self.root / f"step-{position['step']:07d}"
@@ -96,7 +124,7 @@ class ResumeCheckpoints:
             shutil.rmtree(old, ignore_errors=True)
         return ck
 
-    def _write(self, ck: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, position: dict[str, Any],
+    def _write(self, ck: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, position: Position,
                meta: RunMeta) -> None:
         self.save_model(model, ck, meta)
         st = ck / "state"
@@ -114,7 +142,7 @@ class ResumeCheckpoints:
         torch.save(rng, st / "rng.pt")
         write_json(st / "trainer.json", position)
 
-    def restore(self, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, device: torch.device) -> tuple[Path, dict[str, Any]]:
+    def restore(self, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, device: torch.device) -> tuple[Path, Position]:
         """Load the newest checkpoint that loads whole into the model, optimizer, scheduler and RNGs;
         (its path, its position). A damaged newer one is reported (a warning) and passed over."""
         done = self.complete()
@@ -146,7 +174,7 @@ class ResumeCheckpoints:
             return ck
         return None
 
-    def _read(self, ck: Path, device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    def _read(self, ck: Path, device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any], Position]:
         """(weights, optimizer + scheduler state, RNG states, position) of one checkpoint, each checked
         to be whole; MlmkitError (one line, naming the file) for any that is not."""
         sd = load_state_dict(ck)
@@ -161,9 +189,9 @@ class ResumeCheckpoints:
         pos = read_json(ck / "state" / "trainer.json")
         if not isinstance(pos, dict) or not all(isinstance(pos.get(k), int) for k in ("step", "epoch", "micro")):
             raise ConfigError(f"{ck / 'state' / 'trainer.json'}: no step, epoch and batch position in it", REWRITE)
-        return sd, state, rng, pos
+        return sd, state, rng, cast(Position, pos)  # step, epoch and micro checked above
 
-    def _restore(self, ck: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, device: torch.device) -> dict[str, Any]:
+    def _restore(self, ck: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, device: torch.device) -> Position:
         sd, state, rng, pos = self._read(ck, device)
         load_weights(model, sd)
         try:  # a state that unpickles but does not fit (a cut list, a missing key) fails here, before any is set

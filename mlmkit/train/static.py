@@ -41,11 +41,11 @@ from torch import nn
 
 from mlmkit.args import DISTILL_LR, DistillArgs
 from mlmkit.errors import ConfigError
-from mlmkit.files import atomic_write, cache_root, exclusive
+from mlmkit.files import JSONObject, atomic_write, cache_root, exclusive
 from mlmkit.infer.static import STATIC, write_static_bundle
 from mlmkit.models.pooled import TextEncoder, pool
 from mlmkit.objectives import get_loss
-from mlmkit.registry import TaskContext, get_task
+from mlmkit.registry import Metrics, Options, TaskContext, get_task
 from mlmkit.rundir.cards import write_card
 from mlmkit.rundir.meta import RunMeta
 from mlmkit.text.batching import pad_features
@@ -69,7 +69,7 @@ class StaticTeacher:
 
     tokenizer: Any
     embed: Callable[[dict[str, np.ndarray]], np.ndarray]
-    options: dict[str, Any]
+    options: Options
     max_length: int
     identity: str
     hidden: int | None  # the embeddings' size, where the model says it before it runs
@@ -204,13 +204,13 @@ STATIC_LOSSES = {"rows": "mnrl", "scored": "cosent"}
 """The loss that trains a table on each kind of the embedding task's training data."""
 
 
-def distill_static(args: DistillArgs) -> dict[str, Any]:
+def distill_static(args: DistillArgs) -> Metrics:
     """Make the static-embedding bundle ``args.out`` from ``args.teacher``; returns what it recorded."""
     with exclusive(args.out):
         return _distill_static(args)
 
 
-def _distill_static(args: DistillArgs) -> dict[str, Any]:
+def _distill_static(args: DistillArgs) -> Metrics:
     teacher = StaticTeacher.load(Path(args.teacher))
     _check_dims(args.dims, teacher.hidden)  # before the teacher runs, where its size is known
     tok = teacher.tokenizer
@@ -225,7 +225,7 @@ def _distill_static(args: DistillArgs) -> dict[str, Any]:
     table, counted = np.zeros((V, dims), dtype=np.float32), np.zeros(V, dtype=np.float32)
     table[ids], counted[ids] = reduced, 1.0
     L = args.max_length or teacher.max_length
-    info: dict[str, Any] = {"teacher": str(args.teacher), "dims": dims, "teacher_dims": hidden, "tokens": len(ids),
+    info: JSONObject = {"teacher": str(args.teacher), "dims": dims, "teacher_dims": hidden, "tokens": len(ids),
                             "pca_variance_kept": round(kept, 4), "weighting": f"sif {SIF:g} on Zipf ranks of the vocabulary"}
     options = {k: v for k, v in teacher.options.items() if k in ("text_column",)}
     if args.train_file is not None:
@@ -245,7 +245,7 @@ def _check_dims(dims: int | None, hidden: int | None) -> None:
 
 
 def train_table(args: DistillArgs, table: np.ndarray, counted: np.ndarray, tok: Any, max_length: int
-                ) -> tuple[np.ndarray, dict[str, Any]]:
+                ) -> tuple[np.ndarray, JSONObject]:
     """Step 4: the table trained on ``args.train_file`` with the embedding task's data reading and the
     Trainer (checkpoints, --resume, tracking as `finetune`); (the table, what the training recorded)."""
     from mlmkit.train.data import FeatureData

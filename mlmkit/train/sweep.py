@@ -16,10 +16,10 @@ import logging
 import math
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from mlmkit.args import FinetuneArgs, SweepArgs, TrainArgs
 from mlmkit.errors import ConfigError, Diverged, MlmkitError, redacted, scrubbed
@@ -133,7 +133,29 @@ class Pruner:
         pass
 
 
-def finetune_args(args: SweepArgs, out: Path, params: dict[str, Any]) -> FinetuneArgs:
+class TrialRecord(TypedDict):
+    """One trial of the study, as the summary lists it."""
+
+    number: int
+    state: str
+    value: float | None
+    params: dict[str, float]
+    run: str | None
+    host: str | None
+
+
+class SweepSummary(TypedDict):
+    """What a sweep returns: the best trial (its run, settings, value and number) and every trial."""
+
+    metric: str
+    best_run: str | None
+    best_params: dict[str, float]
+    best_value: float
+    trial: int
+    trials: list[TrialRecord]
+
+
+def finetune_args(args: SweepArgs, out: Path, params: Mapping[str, Any]) -> FinetuneArgs:
     """The FinetuneArgs of one trial: the sweep's settings, ``params`` over them, ``out`` its run."""
     own = {f.name: getattr(args, f.name) for f in fields(FinetuneArgs)}
     train_names = {f.name for f in fields(TrainArgs)}
@@ -185,7 +207,7 @@ def _rdb(optuna: Any, url: str) -> Any:
                                           failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=1))
 
 
-def sweep(args: SweepArgs) -> dict[str, Any]:
+def sweep(args: SweepArgs) -> SweepSummary:
     """Run trials until the study holds ``args.trials`` finished ones; returns the best trial:
     {"best_run", "best_params", "best_value", "metric", "trials": [...]}."""
     optuna = _optuna()
@@ -292,12 +314,12 @@ def _writes(url: str) -> Iterator[None]:
         raise _storage_error(cause, url) from None
 
 
-def summary(study: Any, metric: str) -> dict[str, Any]:
+def summary(study: Any, metric: str) -> SweepSummary:
     import optuna
 
-    trials = [{"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
-               "run": t.user_attrs.get("run"), "host": t.user_attrs.get("host")}
-              for t in study.get_trials(deepcopy=False)]
+    trials: list[TrialRecord] = [{"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
+                                  "run": t.user_attrs.get("run"), "host": t.user_attrs.get("host")}
+                                 for t in study.get_trials(deepcopy=False)]
     done = [t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))]
     if not done:
         raise ConfigError("the sweep has no complete trial", "see the trials' errors above; every trial failed or was pruned")

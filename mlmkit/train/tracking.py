@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -33,12 +33,17 @@ STATE = "tracking.json"
 """In the run directory: what a resumed run needs to continue the same tracking runs (MLflow's run id)."""
 
 
+Param = bool | int | float | str
+Params = dict[str, Param]
+"""A command's arguments as tracking parameters, flat (``flat_params``)."""
+
+
 @dataclass
 class RunInfo:
     """What a reporter learns of the run when it starts."""
 
     out: Path
-    params: dict[str, Any]
+    params: Params
     """The command's arguments, flattened (``train.lr`` -> ``lr``), as strings, numbers or booleans."""
     resumed_from: int | None = None
     """The checkpoint step a --resume continues from (None for a fresh run)."""
@@ -230,7 +235,7 @@ class Reporters:
         for r in self.all:
             r.start(run)
 
-    def log(self, rec: dict[str, Any]) -> None:
+    def log(self, rec: Mapping[str, float]) -> None:
         scalars = {k: float(v) for k, v in rec.items() if k not in ("step", "epoch") and isinstance(v, (int, float))
                    and not isinstance(v, bool) and math.isfinite(v)}
         if self.all and scalars:
@@ -242,12 +247,12 @@ class Reporters:
             r.finish(files, status)
 
 
-def flat_params(args: Any) -> dict[str, Any]:
+def flat_params(args: Any) -> Params:
     """A command's argument dataclass as flat parameters: nested dataclasses merged, paths as strings,
     lists joined, None left out."""
     from dataclasses import fields, is_dataclass
 
-    out: dict[str, Any] = {}
+    out: Params = {}
     for f in fields(args):
         v = getattr(args, f.name)
         if is_dataclass(v):
@@ -259,7 +264,7 @@ def flat_params(args: Any) -> dict[str, Any]:
     return out
 
 
-def _param(v: Any) -> Any:
+def _param(v: Any) -> Param:
     if isinstance(v, (list, tuple)):
         return ",".join(str(x) for x in v)
     return v if isinstance(v, (bool, int, float, str)) else str(v)

@@ -22,7 +22,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from mlmkit.errors import MlmkitError
-from mlmkit.files import MAX_RECORD_BYTES, cache_root, exclusive, parse_json
+from mlmkit.files import MAX_RECORD_BYTES, JSONObject, cache_root, exclusive, parse_json
 from mlmkit.train.corpus.files import PENDING_CHARS, DocumentPart, corpus_files, iter_documents
 
 log = logging.getLogger("mlmkit")
@@ -411,7 +411,7 @@ def open_shard(d: str | Path, tok: Tokenizer) -> TokenizedCorpus:
     return corpus
 
 
-def shard_files(d: str | Path) -> list[dict[str, Any]]:
+def shard_files(d: str | Path) -> list[JSONObject]:
     """The source files a shard was made from: {"path", "size", "mtime_ns"} each."""
     return list(parse_json((Path(d) / "manifest.json").read_text(encoding="utf-8"))["files"])
 
