@@ -10,7 +10,7 @@ import functools
 import inspect
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -20,7 +20,7 @@ from rich.table import Table
 
 from mlmkit.args import Args, Output, cli_fields
 from mlmkit.errors import ConfigError, MlmkitError
-from mlmkit.registry import Plugin, TaskOption, option_flags
+from mlmkit.registry import Metrics, Options, Plugin, Prediction, TaskOption, option_flags
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -155,15 +155,15 @@ def with_task_options(command: str) -> Callable[[F], F]:
             o.kind | None, typer.Option(*o.flags, help=f"Same as --option {name}=VALUE.", show_default=False,
                                         rich_help_panel="Task options")]))
 
-    def build(values: dict[str, Any]) -> dict[str, Any]:
+    def build(values: dict[str, Any]) -> Options:
         return parse_task_options(values.pop("option") or [], {k: v for k, v in values.items() if v is not None}, flagged)
 
     return lambda fn: _replace_param(fn, "options", params, build)  # type: ignore[return-value]
 
 
-def parse_task_options(pairs: list[str], flagged: dict[str, Any], flags: dict[str, TaskOption] | None = None) -> dict[str, Any]:
+def parse_task_options(pairs: list[str], flagged: Mapping[str, Any], flags: dict[str, TaskOption] | None = None) -> Options:
     """NAME=VALUE strings (typed later, by the task's declaration) together with the alias flags given."""
-    opts: dict[str, Any] = {}
+    opts: Options = {}
     for pair in pairs:
         name, eq, value = pair.partition("=")
         name = name.strip().replace("-", "_")
@@ -186,7 +186,7 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
 
 
-def print_metrics(metrics: dict[str, Any], title: str, as_json: bool) -> None:
+def print_metrics(metrics: Metrics, title: str, as_json: bool) -> None:
     """Metrics as one JSON object, or a table of the numbers (and a confusion matrix when there is one)."""
     if want_json(as_json):
         print_json({k: v for k, v in metrics.items() if k != "confusion_matrix"})
@@ -208,7 +208,7 @@ def print_metrics(metrics: dict[str, Any], title: str, as_json: bool) -> None:
         out.print(cm)
 
 
-def print_comparison(models: list[Any], results: list[dict[str, Any]], title: str) -> None:
+def print_comparison(models: list[Any], results: list[Metrics], title: str) -> None:
     """Several models' metrics side by side: one row per model, a column per number any of them has
     (examples/s and size last, when measured)."""
     last = ("examples_per_second", "seconds", "model_bytes")
@@ -234,7 +234,7 @@ def short(x: Any, n: int = 70) -> str:
     return escape(s if len(s) <= n else s[: n - 1] + "…")
 
 
-def print_results(title: str, items: list[Any], results: list[dict[str, Any]], summary: Callable[[dict[str, Any]], dict[str, str]],
+def print_results(title: str, items: list[Any], results: list[Prediction], summary: Callable[[Prediction], dict[str, str]],
                   console: Console | None = None) -> None:
     """Results as a table: the input, then the columns ``summary`` makes of each result."""
     if not results:

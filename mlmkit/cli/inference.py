@@ -39,8 +39,9 @@ from mlmkit.cli.common import (
     with_task_options,
 )
 from mlmkit.errors import ConfigError
+from mlmkit.files import JSONObject
 from mlmkit.infer.index import BuildArgs
-from mlmkit.registry import tasks
+from mlmkit.registry import Options, Prediction, tasks
 
 app = typer.Typer()
 
@@ -50,7 +51,7 @@ app = typer.Typer()
 @handle_errors
 @with_task_options("export")
 @with_args(ExportArgs)
-def export_cmd(args: ExportArgs, options: dict[str, Any], as_json: Json = False) -> None:
+def export_cmd(args: ExportArgs, options: Options, as_json: Json = False) -> None:
     """Export an mlmkit run or a Hugging Face checkpoint (BERT, RoBERTa, DistilBERT, ELECTRA, DeBERTa-v2, ModernBERT) to an ONNX bundle."""
     from dataclasses import replace
 
@@ -93,7 +94,7 @@ def _share(x: float | None) -> str:
 
 
 # ---- inference ---------------------------------------------------------------------------------
-def run_inference(command: str | None, args: InferenceArgs, options: dict[str, Any], texts: list[Any] | None = None) -> None:
+def run_inference(command: str | None, args: InferenceArgs, options: Options, texts: list[Any] | None = None) -> None:
     """Load the bundle (refusing one that ``command`` does not serve), stream the inputs through it
     window by window (jobs.batch), and write the results: a file, JSON lines when piped, a table on a
     terminal."""
@@ -133,8 +134,8 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
                              else None)
     table = not want_json(args.as_json) and args.output is None
     shown: list[Any] = []
-    results: list[dict[str, Any]] = []
-    failed: list[dict[str, Any]] = []
+    results: list[Prediction] = []
+    failed: list[JSONObject] = []  # the lines of --errors
     progress = rp.Progress(
         rp.TextColumn("{task.description}"), rp.MofNCompleteColumn(), rp.TextColumn("[cyan]{task.fields[rate]}"),
         rp.TimeElapsedColumn(), console=err, transient=True, disable=texts is not None or not err.is_terminal,
@@ -170,7 +171,7 @@ def run_inference(command: str | None, args: InferenceArgs, options: dict[str, A
         print_results(pipe.task, shown, results, pipe.summary)
 
 
-def _report_errors(failed: list[dict[str, Any]], errors: Path | None) -> None:
+def _report_errors(failed: list[JSONObject], errors: Path | None) -> None:
     from mlmkit.files import write_jsonl
 
     if errors is not None:
@@ -184,7 +185,7 @@ def _report_errors(failed: list[dict[str, Any]], errors: Path | None) -> None:
 @handle_errors
 @with_task_options("classify")
 @with_args(InferenceArgs)
-def classify(args: InferenceArgs, options: dict[str, Any]) -> None:
+def classify(args: InferenceArgs, options: Options) -> None:
     """Label each text (or text pair) with a classification bundle; long texts are truncated."""
     run_inference("classify", args, options)
 
@@ -193,7 +194,7 @@ def classify(args: InferenceArgs, options: dict[str, Any]) -> None:
 @handle_errors
 @with_task_options("tag")
 @with_args(InferenceArgs)
-def tag(args: InferenceArgs, options: dict[str, Any]) -> None:
+def tag(args: InferenceArgs, options: Options) -> None:
     """Tag the words of each text: entities with character offsets and scores (long texts windowed)."""
     run_inference("tag", args, options)
 
@@ -202,7 +203,7 @@ def tag(args: InferenceArgs, options: dict[str, Any]) -> None:
 @handle_errors
 @with_task_options("qa")
 @with_args(QaArgs)
-def qa(args: QaArgs, options: dict[str, Any]) -> None:
+def qa(args: QaArgs, options: Options) -> None:
     """Answer questions with a span of their context: answer text, score and character span."""
     items = [{"question": q, "context": args.context} for q in args.texts] if args.texts else None
     run_inference("qa", args, options, items)
@@ -212,7 +213,7 @@ def qa(args: QaArgs, options: dict[str, Any]) -> None:
 @handle_errors
 @with_task_options("embed")
 @with_args(InferenceArgs)
-def embed(args: InferenceArgs, options: dict[str, Any]) -> None:
+def embed(args: InferenceArgs, options: Options) -> None:
     """One vector per text with an embedding bundle (pooling and normalisation are the bundle's)."""
     run_inference("embed", args, options)
 
@@ -245,7 +246,7 @@ def rerank(args: RerankArgs, as_json: Json = False) -> None:
 def _task_command(command: str, description: str) -> None:
     """`mlmkit COMMAND BUNDLE`: the inference command a registered task names (``Task.command``) where
     none is written above (the built-in fill-mask's, a plugin's), run as predict runs its bundles."""
-    def run(args: InferenceArgs, options: dict[str, Any]) -> None:
+    def run(args: InferenceArgs, options: Options) -> None:
         run_inference(command, args, options)
 
     run.__doc__ = description
@@ -261,7 +262,7 @@ for _command in sorted({p.command for p in tasks().values() if p.command}
 @handle_errors
 @with_task_options("predict")
 @with_args(InferenceArgs)
-def predict(args: InferenceArgs, options: dict[str, Any]) -> None:
+def predict(args: InferenceArgs, options: Options) -> None:
     """Run any bundle on its inputs: dispatches on the bundle's task (its options default to the export's)."""
     run_inference(None, args, options)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.markup import escape
@@ -39,6 +38,7 @@ from mlmkit.cli.common import (
     with_task_options,
 )
 from mlmkit.errors import MlmkitError
+from mlmkit.registry import Metrics, Options
 
 app = typer.Typer()
 tokenizer_app = typer.Typer(no_args_is_help=True, help="Train tokenizers: WordPiece, byte-level BPE or Unigram.")
@@ -123,7 +123,7 @@ def list_tasks(as_json: Json = False) -> None:
 @handle_errors
 @with_task_options("finetune")
 @with_args(FinetuneArgs)
-def finetune(args: FinetuneArgs, options: dict[str, Any]) -> None:
+def finetune(args: FinetuneArgs, options: Options) -> None:
     """Fine-tune a task head on a pretrained encoder (task options: see `mlmkit tasks`)."""
     from dataclasses import replace
 
@@ -151,7 +151,7 @@ def distill(args: DistillArgs) -> None:
 @handle_errors
 @with_task_options("sweep")
 @with_args(SweepArgs)
-def sweep(args: SweepArgs, options: dict[str, Any], as_json: Json = False) -> None:
+def sweep(args: SweepArgs, options: Options, as_json: Json = False) -> None:
     """Search fine-tuning settings with Optuna: a run per trial under --out, the best trial at the end."""
     from dataclasses import replace
 
@@ -188,7 +188,7 @@ def plot(args: PlotArgs) -> None:
 @handle_errors
 @with_task_options("evaluate")
 @with_args(EvaluateArgs)
-def evaluate(args: EvaluateArgs, options: dict[str, Any], as_json: Json = False) -> None:
+def evaluate(args: EvaluateArgs, options: Options, as_json: Json = False) -> None:
     """Score fine-tuned runs (PyTorch) or exported bundles (onnxruntime) with their task's metrics."""
     models, data = args.models, args.data
     results = [_evaluate_one(m, data, options, args.predictions, args.device, args.speed or args.plot is not None)
@@ -206,8 +206,8 @@ def evaluate(args: EvaluateArgs, options: dict[str, Any], as_json: Json = False)
         print_comparison(models, results, f"{len(models)} models on {data}")
 
 
-def _evaluate_one(model: Path, data: Path, options: dict[str, Any], predictions: Path | None, device: str,
-                  speed: bool) -> dict[str, Any]:
+def _evaluate_one(model: Path, data: Path, options: Options, predictions: Path | None, device: str,
+                  speed: bool) -> Metrics:
     """One model's metrics: an index's stored vectors, a bundle through onnxruntime, a run through PyTorch."""
     if (model / "manifest.json").exists():
         from mlmkit.infer.index import evaluate_index

@@ -27,9 +27,12 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from mlmkit.args import ExportArgs
 from mlmkit.errors import ConfigError, ParityError
@@ -45,14 +48,14 @@ from mlmkit.exporter.parity import (
     torch_outputs,
 )
 from mlmkit.exporter.passes import fuse, quantize_int8, quantize_int8_static, to_fp16
-from mlmkit.files import atomic_write, atomic_write_text, exclusive, write_json
+from mlmkit.files import JSONObject, atomic_write, atomic_write_text, exclusive, write_json
 from mlmkit.infer.bundle import LABELS_KEY, BundleMeta, ModelShape, tokenizer_fingerprint
 from mlmkit.infer.engines import ENGINES, cpu_feature
 from mlmkit.infer.evaluation import agreement
 from mlmkit.infer.precision import bf16_unavailable, cannot_run, gate_sample, judge, measure, padded, said
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import set_attention_impl
-from mlmkit.registry import task_of, tasks
+from mlmkit.registry import Options, task_of, tasks
 from mlmkit.rundir.checkpoint import is_model_dir
 from mlmkit.rundir.config import load_config
 from mlmkit.rundir.hub import describe
@@ -65,7 +68,7 @@ MIN_OPSET = 17  # LayerNormalization is a standard op from opset 17
 MAX_OPSET = 23  # the TorchScript exporter's newest (torch.onnx ONNX_MAX_OPSET); 17-23 fuse and pass parity
 
 
-def _top_k_option(plugin: Any, args: ExportArgs) -> dict[str, Any]:
+def _top_k_option(plugin: Any, args: ExportArgs) -> Options:
     """The task options of the export: --top-k sets the task's ``top_k_option`` (fill-mask's
     candidates, the SPLADE task's max_terms); a task without one refuses it."""
     if args.top_k is None:
@@ -167,13 +170,13 @@ class _OnnxGraph(NamedTuple):
     precision: str
     steps: list[str]
     fused: dict[str, int]
-    parity: dict[str, Any]
+    parity: JSONObject  # mlmkit.json's "parity"
     fp32_session: Any  # onnxruntime's session of the fp32 graph the parity ran on (the gates' reference)
 
 
-def _onnx_graph(args: ExportArgs, cfg: ModelConfig, graph: Any, batch: dict[str, Any],
-                axes: dict[str, tuple[str, ...]], inputs: tuple[str, ...], ref: dict[str, Any], work: Path, *,
-                partial: int, calib: list[dict[str, Any]] | None = None) -> _OnnxGraph:
+def _onnx_graph(args: ExportArgs, cfg: ModelConfig, graph: Any, batch: dict[str, np.ndarray],
+                axes: dict[str, tuple[str, ...]], inputs: tuple[str, ...], ref: dict[str, np.ndarray], work: Path, *,
+                partial: int, calib: list[dict[str, np.ndarray]] | None = None) -> _OnnxGraph:
     """The ONNX graph in ``work``: exported, fused (--optimize), checked against PyTorch's outputs ``ref``
     (ParityError beyond ATOL), then int8 or fp16 when asked, each with its agreement against fp32."""
     names, mask = list(axes), batch["attention_mask"]
@@ -185,7 +188,7 @@ def _onnx_graph(args: ExportArgs, cfg: ModelConfig, graph: Any, batch: dict[str,
         fused = fuse(plain, fp32, cfg, use_gpu=args.fp16, partial_layers=partial)
     fp32_session = onnx_session(fp32)
     fp32_out = run_onnx(fp32_session, batch, names)
-    parity = compare(ref, fp32_out, axes, mask)
+    parity: JSONObject = {**compare(ref, fp32_out, axes, mask)}
     _check_parity(parity)
     final, precision, steps = fp32, "fp32", (["transformer-fusion"] if args.optimize else [])
     if args.quantize:
@@ -211,7 +214,7 @@ def _onnx_graph(args: ExportArgs, cfg: ModelConfig, graph: Any, batch: dict[str,
     return _OnnxGraph(final, precision, steps, fused, parity, fp32_session)
 
 
-def _int8(args: ExportArgs, fp32: Path, final: Path, calib: list[dict[str, Any]] | None) -> str:
+def _int8(args: ExportArgs, fp32: Path, final: Path, calib: list[dict[str, np.ndarray]] | None) -> str:
     """The int8 graph: activation ranges calibrated on ``calib`` (static, QDQ), else computed per call
     (dynamic); weights per output channel either way. Returns the step's name."""
     if calib:
@@ -221,8 +224,8 @@ def _int8(args: ExportArgs, fp32: Path, final: Path, calib: list[dict[str, Any]]
     return "int8-dynamic-per-channel"
 
 
-def _int8_agreement(args: ExportArgs, a: Any, b: Any, batches: list[dict[str, Any]],
-                    axes: dict[str, tuple[str, ...]], names: list[str], *, on: str) -> dict[str, Any]:
+def _int8_agreement(args: ExportArgs, a: Any, b: Any, batches: list[dict[str, np.ndarray]],
+                    axes: dict[str, tuple[str, ...]], names: list[str], *, on: str) -> dict[str, float | str | None]:
     """The agreement of the int8 session ``b`` with the fp32 one ``a`` on ``batches``
     (infer.evaluation.agreement), held to --min-agreement: below it, ParityError, and the bundle is not
     written."""
@@ -240,13 +243,13 @@ def _int8_agreement(args: ExportArgs, a: Any, b: Any, batches: list[dict[str, An
     return {**got, "measure": measure, "on": on}
 
 
-def _gate(args: ExportArgs, graph: _OnnxGraph, batches: list[dict[str, Any]], axes: dict[str, tuple[str, ...]],
-          pad_id: int, *, on: str) -> dict[str, Any]:
+def _gate(args: ExportArgs, graph: _OnnxGraph, batches: list[dict[str, np.ndarray]], axes: dict[str, tuple[str, ...]],
+          pad_id: int, *, on: str) -> JSONObject:
     """mlmkit.json's "gate": its sample (GATE_ROWS of ``batches``, which every machine measures a
     precision on again) and, for an fp32 graph, the bf16 gate measured here where this machine can
     (OpenVINO on bf16 units) or why not. --precision bf16 whose gate fails or cannot be measured is
     refused, no bundle written."""
-    gate = gate_sample(batches, on)
+    gate: JSONObject = {**gate_sample(batches, on)}
     if graph.precision != "fp32":
         return gate
     why_not = bf16_unavailable("cpu")
@@ -273,7 +276,7 @@ def _gate(args: ExportArgs, graph: _OnnxGraph, batches: list[dict[str, Any]], ax
     return gate
 
 
-def _check_parity(parity: dict[str, Any]) -> None:
+def _check_parity(parity: Mapping[str, Any]) -> None:
     """ParityError naming each output whose fp32 difference from PyTorch is above ATOL (or NaN)."""
     bad = {k: v for k, v in parity["max_abs_diff"].items() if not v <= ATOL}
     if bad:
@@ -319,7 +322,7 @@ def record_labels(path: Path, labels: list[str] | None) -> None:
 def _bundle_meta(
     meta: RunMeta, cfg: ModelConfig, tok: Any, axes: dict[str, tuple[str, ...]], final: Path, *,
     max_length: int, opset: int, precision: str, steps: list[str], fused: dict[str, int],
-    parity: dict[str, Any], source: Path,
+    parity: JSONObject, source: Path,
 ) -> BundleMeta:
     """The bundle's description. The run's metadata travels along (labels, options, the task's saved
     state ...: the task's featurize / postprocess read them at inference time exactly as at evaluation;

@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -48,9 +48,26 @@ def sparse_diff(ref_ids: np.ndarray, ref_vals: np.ndarray, ids: np.ndarray, vals
     return worst
 
 
+class Compared(TypedDict):
+    """Two graphs' outputs compared (compare)."""
+
+    max_abs_diff: dict[str, float]
+    """Per float output (a sparse vector's top terms: under "values"), over the real tokens."""
+    top1_agreement: float | None
+    """Over the outputs that make choices; None when none does."""
+
+
+class Fp16Check(TypedDict):
+    """The fp16 graph against the fp32 one (check_fp16): None where the check could not run, and why."""
+
+    fp16_top1_agreement_vs_fp32: float | None
+    fp16_max_abs_diff: dict[str, float] | None
+    fp16_check: str
+
+
 def compare(
     ref: dict[str, np.ndarray], got: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]], mask: np.ndarray
-) -> dict[str, Any]:
+) -> Compared:
     """Max abs difference per float output (real tokens only) and the top-1 agreement over the outputs
     that make choices (None when none does). Top terms (outputs "indices" and "values": a sparse
     vector's, or each token's candidates) are compared as maps (sparse_diff), row by row (token by
@@ -150,18 +167,18 @@ def torch_outputs(graph: nn.Module, batch: dict[str, np.ndarray], names: list[st
 def check_fp16(
     path: Path, fp32_out: dict[str, np.ndarray], batch: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]],
     names: list[str],
-) -> dict[str, Any]:
+) -> Fp16Check:
     """The fp16 graph against the fp32 one, measured where it can run: onnxruntime's fp16 kernels of
     the fused operators exist for CUDA only, so without a usable CUDA execution provider the check is
     skipped and says why. Errors on CUDA are raised, never swallowed."""
     import onnxruntime as ort
 
-    skipped = {"fp16_top1_agreement_vs_fp32": None, "fp16_max_abs_diff": None}
     if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return {**skipped, "fp16_check": "skipped: this onnxruntime has no CUDA execution provider"}
+        return {"fp16_top1_agreement_vs_fp32": None, "fp16_max_abs_diff": None,
+                "fp16_check": "skipped: this onnxruntime has no CUDA execution provider"}
     session = onnx_session(path, ["CUDAExecutionProvider", "CPUExecutionProvider"])
     if "CUDAExecutionProvider" not in session.get_providers():
-        return {**skipped, "fp16_check": "skipped: no usable CUDA GPU"}
+        return {"fp16_top1_agreement_vs_fp32": None, "fp16_max_abs_diff": None, "fp16_check": "skipped: no usable CUDA GPU"}
     h = compare(fp32_out, run_onnx(session, batch, names), axes, batch["attention_mask"])
     return {"fp16_top1_agreement_vs_fp32": h["top1_agreement"], "fp16_max_abs_diff": h["max_abs_diff"],
             "fp16_check": "measured with the CUDA execution provider"}

@@ -5,11 +5,14 @@ fp16 conversion.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlmkit.errors import MlmkitError
 from mlmkit.exporter.parity import quiet_onnxruntime
 from mlmkit.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    import numpy as np
 
 FUSED_OPS = ("Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu", "FastGelu", "Gelu",
              "LayerNormalization", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization", "RotaryEmbedding",
@@ -91,14 +94,14 @@ def quantize_int8(src: Path, dst: Path) -> None:
 class Feeds:
     """Calibration batches as onnxruntime's quantizer reads them (a CalibrationDataReader: get_next)."""
 
-    def __init__(self, batches: list[dict[str, Any]]) -> None:
+    def __init__(self, batches: list[dict[str, np.ndarray]]) -> None:
         self.rest = iter(batches)
 
-    def get_next(self) -> dict[str, Any] | None:
+    def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self.rest, None)
 
 
-def quantize_int8_static(src: Path, dst: Path, batches: list[dict[str, Any]]) -> None:
+def quantize_int8_static(src: Path, dst: Path, batches: list[dict[str, np.ndarray]]) -> None:
     """Static int8 quantisation (QDQ): int8 weights per output channel, and the activations' ranges
     calibrated on ``batches`` (feeds of the graph's inputs), so no range is computed per call. The
     encoder's matmuls are quantised, as in quantize_int8."""

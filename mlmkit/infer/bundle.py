@@ -16,8 +16,8 @@ import numpy as np
 from tokenizers import AddedToken
 
 from mlmkit.errors import BundleError, ConfigError
-from mlmkit.files import parse_json
-from mlmkit.registry import BATCH, SEQUENCE, TaskContext
+from mlmkit.files import JSONObject, parse_json
+from mlmkit.registry import BATCH, SEQUENCE, Options, TaskContext, TaskState
 from mlmkit.text.tokenizer import MASK, is_lowercase, load_tokenizer, mask_token, special_ids
 
 BUNDLE_FILES = ("model.onnx", "tokenizer.json", "mlmkit.json")
@@ -93,8 +93,8 @@ class BundleMeta:
     tokenizer: TokenizerPrint
     model: ModelShape = field(default_factory=ModelShape)
     labels: tuple[str, ...] | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    task_state: dict[str, Any] = field(default_factory=dict)
+    options: Options = field(default_factory=dict)
+    task_state: TaskState = field(default_factory=dict)
     trained_as: str = ""
     top_k: int | None = None  # a masked-LM bundle of before 2026-12-06 (MASK_ROWS): its candidates
     opset: int = 17
@@ -102,11 +102,11 @@ class BundleMeta:
     run_precision: str = "auto"  # fp32: export --precision fp32 pinned it (auto never picks bf16 for it)
     optimizations: tuple[str, ...] = ()
     fused_operators: dict[str, int] = field(default_factory=dict)
-    parity: dict[str, Any] = field(default_factory=dict)
-    gate: dict[str, Any] = field(default_factory=dict)  # the precision gate's sample and records (infer/precision.py)
+    parity: JSONObject = field(default_factory=dict)  # export's figures against PyTorch (exporter/parity.py)
+    gate: JSONObject = field(default_factory=dict)  # the precision gate's sample and records (infer/precision.py)
     model_bytes: int = 0
-    source: dict[str, Any] = field(default_factory=dict)
-    run: dict[str, Any] = field(default_factory=dict)
+    source: JSONObject = field(default_factory=dict)
+    run: JSONObject = field(default_factory=dict)
     format_version: int = BUNDLE_FORMAT
 
     @classmethod
@@ -123,7 +123,7 @@ class BundleMeta:
         _check_description(path, data)
         known = {f.name for f in fields(cls)} - {"run", "tokenizer", "model"}
         tok, model, labels = data["tokenizer"], data.get("model") or {}, data.get("labels")
-        typed: dict[str, Any] = {k: data[k] for k in known if data.get(k) is not None}
+        typed: dict[str, Any] = {k: data[k] for k in known if data.get(k) is not None}  # the fields' values, by name
         typed.update(
             inputs=tuple(data["inputs"]), outputs={k: tuple(v) for k, v in data["outputs"].items()},
             labels=tuple(labels) if labels is not None else None, optimizations=tuple(data.get("optimizations") or ()),
@@ -132,9 +132,9 @@ class BundleMeta:
         )
         return cls(**typed, run={k: v for k, v in data.items() if k not in known | {"tokenizer", "model", "format"}})
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """mlmkit.json's object: what the run carried, then every typed field."""
-        out: dict[str, Any] = {**self.run, "format": "mlmkit-onnx-bundle"}
+        out: JSONObject = {**self.run, "format": "mlmkit-onnx-bundle"}
         for f in fields(self):
             if f.name != "run":
                 v = getattr(self, f.name)
@@ -163,7 +163,7 @@ def read_bundle_meta(path: str | Path) -> BundleMeta:
     return BundleMeta.from_json(data, d / "mlmkit.json")
 
 
-def _check_description(path: Path, meta: dict[str, Any]) -> None:
+def _check_description(path: Path, meta: JSONObject) -> None:
     """Each field of a bundle's mlmkit.json has the type and range the runtime relies on: one line
     naming the file and the first field that does not."""
     tok, model = meta["tokenizer"], meta.get("model", {})

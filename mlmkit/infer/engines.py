@@ -198,7 +198,7 @@ class OpenVinoSession:
         import openvino as ov
 
         self.core, self.precision = ov.Core(), precision
-        self.config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": _OV_PRECISION[precision], "PERFORMANCE_HINT": "LATENCY"}
+        self.config: dict[str, str | int] = {"INFERENCE_PRECISION_HINT": _OV_PRECISION[precision], "PERFORMANCE_HINT": "LATENCY"}
         if threads:
             self.config["INFERENCE_NUM_THREADS"] = threads
         try:

@@ -29,7 +29,9 @@ from mlmkit.registry import (
     TRUNCATED,
     Example,
     Feature,
+    Metrics,
     Plugin,
+    Prediction,
     TaskContext,
     per_token,
 )
@@ -89,7 +91,7 @@ def run_features(
 
 @dataclass
 class Predicted:
-    predictions: list[dict[str, Any]]
+    predictions: list[Prediction]
     """One per example, in order; "truncated": true where featurize cut the example."""
     ctx: TaskContext
     """The context used, with whatever ``calibrate`` returned merged into its state."""
@@ -158,7 +160,7 @@ def evaluate(
     task: Plugin, examples: list[Example], tokenizer: Any, ctx: TaskContext, forward: Forward, *,
     batch_size: int = 64, max_tokens: int | None = None, run_tokens: int | None = None, calibrate: bool = False,
     speed: bool = False, spread: Spread | None = None,
-) -> tuple[dict[str, Any], Predicted]:
+) -> tuple[Metrics, Predicted]:
     """The task's metrics of ``forward`` on labelled ``examples``, and the predictions behind them.
     ``speed``: also "examples_per_second", the examples over the time of their prediction (featurize,
     forward, postprocess; after a warm-up on a few of them), and "seconds"."""

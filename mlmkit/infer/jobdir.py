@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from mlmkit.errors import ConfigError
-from mlmkit.files import LOCK, atomic_open, atomic_write, json_line, read_json, write_json
+from mlmkit.files import LOCK, JSONObject, atomic_open, atomic_write, json_line, read_json, write_json
 from mlmkit.infer.windows import Done, Window
 from mlmkit.text.records import carried_array, result_writer, write_table_text
 
@@ -44,7 +44,7 @@ T = TypeVar("T")
 PROGRESS_COUNTS = ("windows", "records", "results", "errors")
 
 
-def _progress(path: Path, job: Path) -> dict[str, Any]:
+def _progress(path: Path, job: Path) -> JSONObject:
     """progress.json as a Job writes it, or one line naming the field that is not (a damaged or
     hand-edited file): the counts whole numbers, 0 or more, ``what`` and ``counts`` objects."""
     p = read_json(path)
@@ -67,7 +67,7 @@ def _progress(path: Path, job: Path) -> dict[str, Any]:
 class Job:
     """The job directory of an output file: part files of finished windows, and progress.json."""
 
-    def __init__(self, output: Path, what: dict[str, Any], *, resume: bool, errors: Path | None) -> None:
+    def __init__(self, output: Path, what: JSONObject, *, resume: bool, errors: Path | None) -> None:
         """Call with the job directory's lock held (batch does): this reads, and may discard, what is there."""
         self.output, self.what, self.errors = Path(output), json.loads(json.dumps(what, default=str)), errors
         self.dir = job_dir(self.output)

@@ -23,18 +23,21 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import ExitStack
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlmkit.errors import ConfigError, MlmkitError
-from mlmkit.files import exclusive, is_stream, json_line, open_stream
+from mlmkit.files import JSONObject, exclusive, is_stream, json_line, open_stream
 from mlmkit.infer.jobdir import PROGRESS_COUNTS, Job, job_dir, owned_output, remove_empty
 from mlmkit.infer.windows import WINDOW, Done, Window, run_window, windows
 from mlmkit.text.records import Item, identity
+
+if TYPE_CHECKING:
+    from mlmkit.infer.precision import GateRecord
 
 __all__ = [
     # windows (mlmkit/infer/windows.py) and the job directory (mlmkit/infer/jobdir.py)
@@ -50,7 +53,7 @@ _pipe: Any = None
 
 
 def _load(bundle: str, device: str, threads: int, batch_size: int, batch_tokens: int | None, precision: str,
-          gate: dict[str, Any] | None) -> None:
+          gate: GateRecord | None) -> None:
     global _pipe
     from mlmkit.infer.pipeline import Pipeline
 
@@ -59,12 +62,12 @@ def _load(bundle: str, device: str, threads: int, batch_size: int, batch_tokens:
                           precision=precision, gate=gate)  # the parent's choice: its gate is not measured again
 
 
-def _work(w: Window[Item], options: dict[str, Any], skip: bool, id_column: str | None) -> Done:
+def _work(w: Window[Item], options: Mapping[str, Any], skip: bool, id_column: str | None) -> Done:
     return run_window(_pipe, w, options, skip=skip, id_column=id_column)
 
 
 def run_windows(
-    ws: Iterable[Window[Item]], pipe: Any, *, workers: int, threads: int, options: dict[str, Any], skip: bool,
+    ws: Iterable[Window[Item]], pipe: Any, *, workers: int, threads: int, options: Mapping[str, Any], skip: bool,
     id_column: str | None,
 ) -> Iterator[tuple[Window[Item], Done]]:
     """(window, what it produced), in input order: with ``pipe`` here (``workers`` 1), or in
@@ -94,7 +97,7 @@ def run_windows(
 
 
 def batch(
-    pipe: Any, items: Iterable[Item], *, options: dict[str, Any], window: int = WINDOW, workers: int = 1,
+    pipe: Any, items: Iterable[Item], *, options: Mapping[str, Any], window: int = WINDOW, workers: int = 1,
     threads: int | None = None, skip: bool = False, id_column: str | None = None, output: Path | None = None,
     errors: Path | None = None, resume: bool = False, inputs: Sequence[Path] | None = None,
 ) -> Iterator[tuple[Window[Item], Done]]:
@@ -115,7 +118,7 @@ def batch(
                 stack.enter_context(exclusive(job_dir(output)))
             except ConfigError as e:
                 raise ConfigError(f"--output {output} is being written by another job: {e.message}", e.hint) from None
-            what = {"bundle": pipe.identity(), "inputs": identity(inputs) if inputs is not None else None,
+            what: JSONObject = {"bundle": pipe.identity(), "inputs": identity(inputs) if inputs is not None else None,
                     "options": options, "window": window, "on_error": "skip" if skip else "stop", "id_column": id_column}
             job = Job(output, what, resume=resume, errors=errors)
         ws = windows(items, window, skip=job.done if job else 0)

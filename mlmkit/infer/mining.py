@@ -25,14 +25,15 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from mlmkit.args import MineArgs
 from mlmkit.errors import ConfigError, DataFormatError
-from mlmkit.files import exclusive
+from mlmkit.files import JSONObject, exclusive
 from mlmkit.infer.index import IndexRetriever
 from mlmkit.infer.jobs import Done, Job, Window, job_dir, owned_output, remove_empty
 from mlmkit.infer.retrieval import BM25, Dense
+from mlmkit.registry import Prediction
 from mlmkit.text.beir import BeirSplit, is_beir, other_splits_answers, read_split, split_spec
 from mlmkit.text.readers import data_format, iter_jsonl, iter_records, numbered
 from mlmkit.text.records import identity
@@ -138,7 +139,7 @@ def _negatives(ranked: Iterator[tuple[int, float]], docs: list[str], skip: set[i
     return got, SHORT_FILTER if filtered else SHORT_WINDOW
 
 
-def _what(args: MineArgs) -> dict[str, Any]:
+def _what(args: MineArgs) -> JSONObject:
     """What a resumed mining job must find unchanged: the data, the corpus and the retriever's files
     (paths, sizes, times) and every setting."""
     def files(p: Path | None) -> list[list[Any]] | None:
@@ -152,7 +153,19 @@ def _what(args: MineArgs) -> dict[str, Any]:
             "data": files(args.data), "corpus": files(args.corpus), "bundle": bundle, "score_with": files(args.score_with)}
 
 
-def mine(args: MineArgs) -> dict[str, Any]:
+class Mined(TypedDict):
+    """What a mining job did (mine): its rows and negatives, the corpus's documents, the other splits'
+    answers left out, the rows short of negatives by reason, and the output."""
+
+    rows: int
+    negatives: int
+    documents: int
+    held_out: int
+    short: dict[str, int]
+    out: str
+
+
+def mine(args: MineArgs) -> Mined:
     """Mine, write ``args.out``, and return what happened: rows, negatives, and the rows that got fewer
     negatives than asked, by reason (over the whole job, a resumed one too)."""
     data = read_pairs(args)
@@ -210,7 +223,11 @@ def _scorer(bundle: Path, device: str, precision: str | None = None) -> Scorer:
     if len(pipe.meta.labels or ()) != 1:
         raise ConfigError(f"--score-with {bundle} is not a cross-encoder ({pipe.task}, {len(pipe.meta.labels or ())} labels)",
                           "give a rerank bundle, or a one-label sequence classifier's")
-    return lambda pairs: [float(r.get("logit", r["score"])) for r in pipe([{"text": q, "text_pair": d} for q, d in pairs])]
+    def logit(r: Prediction) -> float:
+        score: float = r["score"]  # read first, as ever: a result without one is an error, logit or not
+        return float(r.get("logit", score))
+
+    return lambda pairs: [logit(r) for r in pipe([{"text": q, "text_pair": d} for q, d in pairs])]
 
 
 def _rescored(done: Done, scorer: Scorer) -> Done:
@@ -222,7 +239,7 @@ def _rescored(done: Done, scorer: Scorer) -> Done:
     return done
 
 
-def _documents(row: dict[str, Any]) -> list[str]:
+def _documents(row: JSONObject) -> list[str]:
     return ["positive", *numbered(row, "negative")]
 
 
@@ -247,7 +264,7 @@ def _mine_batch(batch: list[tuple[str, int]], retriever: BM25 | Dense | IndexRet
         got, why = _negatives(iter(ranked), data.docs, known[n], args.negatives, ceiling)
         if why:
             counts[f"short: {why}"] += 1
-        row: dict[str, Any] = {"anchor": query, "positive": data.docs[pos]}
+        row: JSONObject = {"anchor": query, "positive": data.docs[pos]}
         row.update({f"negative_{i}": data.docs[d] for i, (d, _) in enumerate(got, 1)})
         if args.with_scores:
             row["scores"] = [pos_score, *(float(s) for _, s in got)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -27,7 +27,7 @@ from typing import Any, TypeVar, overload
 import numpy as np
 
 from mlmkit.errors import BundleError, ConfigError, DataFormatError, MlmkitError
-from mlmkit.files import write_jsonl
+from mlmkit.files import JSONObject, write_jsonl
 from mlmkit.infer import evaluation
 from mlmkit.infer.bundle import (
     DYNAMIC_AXES,
@@ -42,11 +42,14 @@ from mlmkit.infer.bundle import (
 )
 from mlmkit.infer.engines import make_session  # noqa: F401 - its home was here: benchmarks import it from here
 from mlmkit.infer.evaluation import Progress
-from mlmkit.infer.precision import Choice, choose
+from mlmkit.infer.precision import Choice, GateRecord, choose
 from mlmkit.registry import (
     EXAMPLE,
     LABEL,
+    Input,
+    Metrics,
     Plugin,
+    Prediction,
     TaskContext,
     get_task,
     tasks_for_command,
@@ -187,7 +190,7 @@ class Pipeline:
     def load(
         cls, path: str | Path, *, device: str = "cpu", threads: int | None = None, batch_size: int = 32,
         batch_tokens: int | None = None, spin: bool = True, command: str | None = None, precision: str | None = None,
-        min_agreement: float | None = None, gate: dict[str, Any] | None = None,
+        min_agreement: float | None = None, gate: GateRecord | None = None,
     ) -> Pipeline:
         """Load and check a bundle. ``command`` (e.g. "classify") refuses a bundle that command does not
         serve. ``batch_tokens``: the most padded tokens in one onnxruntime batch (0: no limit; default:
@@ -228,7 +231,7 @@ class Pipeline:
             pipe.run_tokens = run_tokens
         return pipe
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> JSONObject:
         """What a resumed job must find unchanged of its bundle: the path, the graph's size and time,
         and a hash of its description."""
         g = (self.path / "model.onnx").stat()
@@ -260,21 +263,21 @@ class Pipeline:
             out[i] = r
         return out
 
-    def context(self, options: dict[str, Any] | None = None) -> TaskContext:
+    def context(self, options: Mapping[str, Any] | None = None) -> TaskContext:
         """The task's context: the bundle's labels and saved state; its defaults < the options saved
         in the bundle < ``options`` (an option the task lacks is an error)."""
         return self.meta.context(self.plugin.resolve_options(options, saved=self.meta.options, model=True))
 
     @overload
-    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = ..., first: int = ...,
-                 errors: None = ..., tokens: list[int] | None = ..., **options: Any) -> list[dict[str, Any]]: ...
+    def __call__(self, inputs: Sequence[Input], *, progress: Progress | None = ..., first: int = ...,
+                 errors: None = ..., tokens: list[int] | None = ..., **options: Any) -> list[Prediction]: ...
     @overload
-    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = ..., first: int = ...,
+    def __call__(self, inputs: Sequence[Input], *, progress: Progress | None = ..., first: int = ...,
                  errors: dict[int, MlmkitError], tokens: list[int] | None = ...,
-                 **options: Any) -> list[dict[str, Any] | None]: ...
-    def __call__(self, inputs: Sequence[str | dict[str, Any]], *, progress: Progress | None = None, first: int = 1,
+                 **options: Any) -> list[Prediction | None]: ...
+    def __call__(self, inputs: Sequence[Input], *, progress: Progress | None = None, first: int = 1,
                  errors: dict[int, MlmkitError] | None = None, tokens: list[int] | None = None,
-                 **options: Any) -> list[dict[str, Any]] | list[dict[str, Any] | None]:
+                 **options: Any) -> list[Prediction] | list[Prediction | None]:
         """One result per input, in order. ``first``: the number of the first input, for messages
         ("input 7: empty text"); ``errors``: collect a bad input's error here, by its position, and
         give None for it instead of stopping; ``tokens``: filled with each input's tokens, the ones
@@ -297,13 +300,13 @@ class Pipeline:
         """The runtime options this bundle's task takes (keyword arguments of a call)."""
         return tuple(o.name for o in self.plugin.options)
 
-    def check(self, inputs: Sequence[Any], options: dict[str, Any] | None = None) -> None:
+    def check(self, inputs: Sequence[Any], options: Mapping[str, Any] | None = None) -> None:
         """Raise the error that calling the pipeline on ``inputs`` with ``options`` would raise for a
         bad option or input ("input 3: ..."), without running the model (a server answers 4xx with it)."""
         ctx = self.context(options)
         self._each(inputs, 1, lambda x: self.plugin.from_input(x, ctx.options), None)
 
-    def summary(self, result: dict[str, Any]) -> dict[str, str]:
+    def summary(self, result: Prediction) -> dict[str, str]:
         """Table columns for one result (the CLI on a terminal)."""
         return self.plugin.summary(result)
 
@@ -314,9 +317,9 @@ class Pipeline:
         return tokens_from_mask_rows(out, batch["input_ids"].shape) if self.mask_rows else out
 
     def evaluate(
-        self, data: str | Path, *, options: dict[str, Any] | None = None, predictions: str | Path | None = None,
+        self, data: str | Path, *, options: Mapping[str, Any] | None = None, predictions: str | Path | None = None,
         speed: bool = False,
-    ) -> dict[str, Any]:
+    ) -> Metrics:
         """The task's metrics on labelled ``data``, the decision settings saved at fine-tuning used as
         they are (tuning them on the data being scored would flatter it). ``speed``: with the
         examples per second of the prediction (evaluation.evaluate) and the model's bytes."""
@@ -335,12 +338,12 @@ def evaluate_bundle(
     bundle: str | Path,
     data: str | Path,
     *,
-    options: dict[str, Any] | None = None,
+    options: Mapping[str, Any] | None = None,
     predictions: str | Path | None = None,
     device: str = "cpu",
     threads: int | None = None,
     speed: bool = False,
-) -> dict[str, Any]:
+) -> Metrics:
     """Score an exported bundle on labelled ``data`` with its task's metrics (onnxruntime); ``speed``:
     with its examples per second and bytes (Pipeline.evaluate)."""
     pipe = Pipeline.load(bundle, device=device, threads=threads)
@@ -348,7 +351,7 @@ def evaluate_bundle(
 
 
 # ---- inputs ------------------------------------------------------------------------------------
-def read_inputs(path: str | Path) -> list[str | dict[str, Any]]:
+def read_inputs(path: str | Path) -> list[Input]:
     """All the inputs of a file, a directory or a glob of shards (records.iter_inputs streams them):
     .txt (one text per non-blank line), .jsonl (an object or a string per line), .csv / .tsv (a
     header, then one record per row), .parquet (a record per row)."""

@@ -25,7 +25,7 @@ QUERY_BLOCK x BLOCK scores (4 MB).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -108,7 +108,7 @@ class Postings:
         return [x.tolist() for x in np.split(t, cuts)], [x.tolist() for x in np.split(v, cuts)]
 
 
-def queries(results: Sequence[dict[str, Any]], width: int) -> Any:
+def queries(results: Sequence[Mapping[str, Any]], width: int) -> Any:
     """Sparse vectors ({"indices", "values"}, as a sparse-embedding bundle gives them) as a (Q, width)
     scipy CSR matrix; a term id outside the vocabulary is refused."""
     from scipy.sparse import csr_matrix

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import numpy as np
 
@@ -42,6 +42,29 @@ SAMPLE_ROWS = 24
 GATE_ROWS = 32  # the --calibrate inputs kept as the gate's sample
 
 
+class GateRecord(TypedDict):
+    """A precision's gate (judge): what was measured, its value against the threshold, on what sample."""
+
+    precision: str
+    measure: str
+    value: float | None
+    threshold: float
+    passed: bool
+    on: str
+
+
+class GateSample(TypedDict):
+    """The gate's sample as mlmkit.json's "gate" keeps it (gate_sample): each row's real tokens."""
+
+    on: str
+    input_ids: list[list[int]]
+    token_type_ids: list[list[int]]
+
+
+Measured = dict[str, float | str | None]
+"""A session's agreement with the fp32 one (measure): evaluation.agreement's figures and their "measure"."""
+
+
 @dataclass
 class Choice:
     """What a bundle runs in: the precision, the engine, the one line that says why, the gate that let
@@ -50,7 +73,7 @@ class Choice:
     precision: str
     engine: str
     why: str
-    gate: dict[str, Any] | None = None
+    gate: GateRecord | None = None
     skipped: dict[str, str] = field(default_factory=dict)
 
 
@@ -85,7 +108,7 @@ def sample_batch(
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
-def gate_sample(batches: list[dict[str, np.ndarray]], on: str, rows: int = GATE_ROWS) -> dict[str, Any]:
+def gate_sample(batches: list[dict[str, np.ndarray]], on: str, rows: int = GATE_ROWS) -> GateSample:
     """``rows`` rows of padded ``batches``, evenly spread over them (batches are cut by length), as
     mlmkit.json's "gate" keeps them: each row's real tokens."""
     every = [(b, r) for b in batches for r in range(len(b["input_ids"]))]
@@ -98,7 +121,7 @@ def gate_sample(batches: list[dict[str, np.ndarray]], on: str, rows: int = GATE_
     return {"on": on, "input_ids": ids, "token_type_ids": types}
 
 
-def padded(sample: dict[str, Any], pad_id: int) -> dict[str, np.ndarray]:
+def padded(sample: Mapping[str, Any], pad_id: int) -> dict[str, np.ndarray]:
     """A gate sample (gate_sample) as one padded batch of the graph's inputs."""
     return pad_features([{"input_ids": r, "token_type_ids": t} for r, t in zip(sample["input_ids"], sample["token_type_ids"])],
                         pad_id)
@@ -123,7 +146,7 @@ def _sample(meta: BundleMeta, path: Path, specials: Any) -> tuple[dict[str, np.n
 
 
 # ---- the gate -------------------------------------------------------------------------------------
-def measure(ref: Any, got: Any, batch: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+def measure(ref: Any, got: Any, batch: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]]) -> Measured:
     """The agreement of session ``got`` with the fp32 session ``ref`` on ``batch``."""
     names = list(axes)
 
@@ -137,7 +160,7 @@ def measure(ref: Any, got: Any, batch: dict[str, np.ndarray], axes: dict[str, tu
     return {**got_, "measure": kind}
 
 
-def judge(result: dict[str, Any], precision: str, min_agreement: float | None, on: str) -> dict[str, Any]:
+def judge(result: Mapping[str, Any], precision: str, min_agreement: float | None, on: str) -> GateRecord:
     """``result`` (measure()) held to its threshold: the gate's record (mlmkit.json's gate.PRECISION)."""
     threshold = min_agreement if min_agreement is not None else GATE_THRESHOLDS[result["measure"]]
     value = result["value"]
@@ -146,7 +169,7 @@ def judge(result: dict[str, Any], precision: str, min_agreement: float | None, o
             "passed": bool(passed), "on": on}
 
 
-def said(g: dict[str, Any]) -> str:
+def said(g: Mapping[str, Any]) -> str:
     """A gate's record in words: "mean cosine 0.99998 >= 0.999 on the 24-input sample (...)"; a record
     edited out of shape says what it lacks rather than failing."""
     value, threshold = g.get("value"), g.get("threshold")
@@ -183,7 +206,7 @@ def bf16_unavailable(device: str) -> str | None:
 
 def choose(path: Path, meta: BundleMeta, precision: str | None, make: Callable[[Any], T], *, device: str = "cpu",
            threads: int | None = None, spin: bool = True, min_agreement: float | None = None,
-           gate: dict[str, Any] | None = None, specials: Any = None) -> tuple[T, Choice]:
+           gate: GateRecord | None = None, specials: Any = None) -> tuple[T, Choice]:
     """The precision and engine ``path``'s bundle runs in here (see the module's docstring), and what
     ``make`` (the pipeline, which checks a session against the bundle's description) makes of its
     session. Every session is checked before a gate runs on it; the fp32 session measured against is

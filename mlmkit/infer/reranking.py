@@ -6,7 +6,8 @@ saves: ms-marco-MiniLM, bge-reranker; mlmkit's rerank task), each (query, docume
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from mlmkit.errors import ConfigError
 from mlmkit.infer.bundle import BundleMeta
 
 
-def relevance(results: list[dict[str, Any]], raw: bool, meta: BundleMeta | None = None) -> list[float]:
+def relevance(results: Sequence[Mapping[str, Any]], raw: bool, meta: BundleMeta | None = None) -> list[float]:
     """Each pair's relevance: the cross-encoder's logit under its activation (a rerank bundle records
     it; sigmoid otherwise, as CrossEncoder's default for one label), or the logit itself (``raw``)."""
     logits = np.asarray([float(r.get("logit", r["score"])) for r in results], dtype=np.float64)
@@ -28,8 +29,16 @@ def ranked(scores: list[float], top_n: int | None) -> list[int]:
     return order[:top_n] if top_n is not None else order
 
 
+class Ranked(TypedDict):
+    """A document as rerank_documents ranks it: its index among the documents, its score, its text."""
+
+    index: int
+    score: float
+    text: str
+
+
 def rerank_documents(pipe: Any, query: str, documents: list[str], *, top_n: int | None = None,
-                     raw: bool = False) -> list[dict[str, Any]]:
+                     raw: bool = False) -> list[Ranked]:
     """``documents`` most relevant to ``query`` first, by a cross-encoder bundle's Pipeline:
     [{"index", "score", "text"}] (score: the sigmoid of the logit, or the logit with ``raw``)."""
     labels = pipe.meta.labels or ()

@@ -16,12 +16,13 @@ mlmkit.json's model type is ``static-embedding`` and its "static" entry says how
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mlmkit.files import atomic_write, atomic_write_text, write_json
+from mlmkit.files import JSONObject, atomic_write, atomic_write_text, write_json
 from mlmkit.infer.bundle import BundleMeta, ModelShape, tokenizer_fingerprint
 
 STATIC = "static-embedding"
@@ -84,7 +85,7 @@ def static_embeddings(table: np.ndarray, counted: np.ndarray, ids: list[list[int
 
 
 def write_static_bundle(out: str | Path, table: np.ndarray, counted: np.ndarray, tok: Any, *, max_length: int,
-                        options: dict[str, Any], info: dict[str, Any], source: str) -> BundleMeta:
+                        options: Mapping[str, Any], info: JSONObject, source: str) -> BundleMeta:
     """Write the bundle's three files into ``out`` (model.onnx and tokenizer.json before mlmkit.json, each
     replaced atomically) and return its description."""
     import onnx

@@ -9,11 +9,12 @@ processes, the output, --resume) is mlmkit/infer/jobs.py's. No torch here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from mlmkit.errors import DataFormatError, MlmkitError
+from mlmkit.files import JSONObject
 from mlmkit.infer.evaluation import truncations_counted
 from mlmkit.text.readers import Record
 from mlmkit.text.records import Item
@@ -56,8 +57,10 @@ def windows(items: Iterable[Item], size: int, skip: int = 0) -> Iterator[Window[
 class Done:
     """What one window produced: results (in input order, bad records left out) and errors."""
 
-    results: list[dict[str, Any]]
-    errors: list[dict[str, Any]] = field(default_factory=list)
+    results: list[JSONObject]
+    """What the job writes for them (a pipeline's predictions, with the id carried; mined rows)."""
+    errors: list[JSONObject] = field(default_factory=list)
+    """The lines of --errors: {"source", "line", "error"} each."""
     kept: list[int] = field(default_factory=list)
     """The positions, among the window's records, of those the results are for."""
     truncated: int = 0
@@ -66,7 +69,7 @@ class Done:
     """Tallies the job keeps across --resume (Job.counts), e.g. mining's short rows by reason."""
 
 
-def run_window(pipe: Any, w: Window[Item], options: dict[str, Any], *, skip: bool, id_column: str | None) -> Done:
+def run_window(pipe: Any, w: Window[Item], options: Mapping[str, Any], *, skip: bool, id_column: str | None) -> Done:
     """One window through the pipeline. ``skip``: a bad record becomes an error entry (where it is,
     what is wrong) instead of stopping the job; ``id_column``: the record's id comes along."""
     errors = [_error(x) for x in w.items if not isinstance(x, Record)]
@@ -109,6 +112,6 @@ def _located(e: MlmkitError, r: Record) -> MlmkitError:
     return e
 
 
-def _error(e: Exception) -> dict[str, Any]:
+def _error(e: Exception) -> JSONObject:
     return {"source": getattr(e, "path", None), "line": getattr(e, "line", None), "error": str(e)}
 

@@ -7,7 +7,7 @@ callers put results back in input order with the indices each batch carries (eva
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -126,7 +126,7 @@ def shuffled_groups(groups: Sequence[Sequence[int]], lengths: Sequence[int], bat
 
 
 def pad_features(
-    features: Sequence[dict[str, Any]], pad_id: int, extra: Sequence[str] = (), label_pad: int = -100
+    features: Sequence[Mapping[str, Any]], pad_id: int, extra: Sequence[str] = (), label_pad: int = -100
 ) -> dict[str, np.ndarray]:
     """Stack ``features`` into int64 arrays padded to the longest input_ids of the batch.
 

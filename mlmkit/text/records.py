@@ -15,10 +15,10 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Literal, overload
+from typing import IO, Any, Literal, TypedDict, overload
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from mlmkit.errors import ConfigError, DataFormatError
 from mlmkit.files import (
     MAX_RECORD_BYTES,
     JSONDataError,
+    JSONObject,
     atomic_open,
     atomic_write,
     bounded_lines,
@@ -34,7 +35,8 @@ from mlmkit.files import (
 )
 from mlmkit.text.readers import Record, data_format, iter_records, iter_table_rows, too_long
 
-Write = Callable[[Sequence[dict[str, Any]]], None]
+Write = Callable[[Sequence[JSONObject]], None]
+"""Writes one chunk of results (result_writer)."""
 INPUTS = (".txt", ".jsonl", ".csv", ".tsv", ".parquet")
 Item = Record | DataFormatError
 """An input record, or (with ``skip``) the error of a bad one, in its place."""
@@ -179,7 +181,7 @@ def identity(files: Sequence[Path]) -> list[list[Any]]:
 # ---- outputs --------------------------------------------------------------------------------------
 
 @contextmanager
-def result_writer(path: Path, types: dict[str, Any] | None = None) -> Iterator[Write]:
+def result_writer(path: Path, types: Mapping[str, Any] | None = None) -> Iterator[Write]:
     """A function that writes one chunk of results at a time to ``path``; ``path`` is replaced when
     the block completes, never before (an error midway leaves what was there). ``types``: fields
     carried as they are (an id column) into Parquet, with their Arrow type (None: inferred)."""
@@ -190,13 +192,13 @@ def result_writer(path: Path, types: dict[str, Any] | None = None) -> Iterator[W
         yield from _parquet(path, types or {})
     else:
         with atomic_open(path) as f:
-            def write(results: Sequence[dict[str, Any]]) -> None:
+            def write(results: Sequence[JSONObject]) -> None:
                 f.write("".join(map(json_line, results)))
 
             yield write
 
 
-def vector(result: dict[str, Any]) -> list[float]:
+def vector(result: Mapping[str, Any]) -> list[float]:
     """The one field of a result that is a list of numbers (an embedding): what a .npy row holds."""
     found = [v for v in result.values() if isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v)]
     if len(found) != 1:
@@ -217,15 +219,23 @@ def _npy(path: Path) -> Iterator[Write]:
     atomic_write(path, save)
 
 
-def _parquet(path: Path, types: dict[str, Any]) -> Iterator[Write]:
+class _ParquetState(TypedDict, total=False):
+    """A Parquet output being written: its fields (the first chunk's), the temporary file, the writer."""
+
+    fields: list[str]
+    tmp: Path
+    writer: Any  # pyarrow.parquet.ParquetWriter
+
+
+def _parquet(path: Path, types: Mapping[str, Any]) -> Iterator[Write]:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise ConfigError("--output .parquet needs pyarrow", "pip install 'mlmkit[parquet]'") from None
-    state: dict[str, Any] = {}
+    state: _ParquetState = {}
 
-    def write(results: Sequence[dict[str, Any]]) -> None:
+    def write(results: Sequence[JSONObject]) -> None:
         if not results:
             return
         if "writer" not in state:  # the schema of the first chunk: every field, in order

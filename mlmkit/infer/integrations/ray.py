@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ def _ray() -> Any:
 class _Predictor:
     """One Ray actor: the bundle loaded once, then batch after batch of rows."""
 
-    def __init__(self, bundle: str, options: dict[str, Any], batch_size: int, batch_tokens: int | None, threads: int | None,
+    def __init__(self, bundle: str, options: Mapping[str, Any], batch_size: int, batch_tokens: int | None, threads: int | None,
                  keep: list[str], precision: str | None = None) -> None:
         from mlmkit.infer.pipeline import Pipeline
 
@@ -67,7 +67,7 @@ def _plain(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v.tolist() if isinstance(v, np.ndarray) else v
 
 
-def predict(dataset: Any, bundle: str | Path, *, options: dict[str, Any] | None = None, batch_size: int = 32,
+def predict(dataset: Any, bundle: str | Path, *, options: Mapping[str, Any] | None = None, batch_size: int = 32,
             batch_tokens: int | None = None, threads: int | None = None, concurrency: int = 1, rows_per_batch: int = 1024,
             keep: list[str] | None = None, precision: str | None = None) -> Any:
     """``dataset`` (a ray.data.Dataset of records with the task's fields, e.g. a "text" column) run
@@ -85,7 +85,7 @@ def predict(dataset: Any, bundle: str | Path, *, options: dict[str, Any] | None 
     )
 
 
-def embed_in_order(files: list[Path], bundle: str | Path, *, options: dict[str, Any], address: str | None = None,
+def embed_in_order(files: list[Path], bundle: str | Path, *, options: Mapping[str, Any], address: str | None = None,
                    workers: int = 1, threads: int | None = None, batch_size: int = 32, rows_per_batch: int = 1024) -> Iterator[Any]:
     """The records of Parquet ``files`` ({id, text}) embedded on the cluster by ``workers`` actors, streamed
     back to this process in the files' order as Arrow batches of ``id`` and ``embedding`` (what
@@ -127,7 +127,7 @@ def init(address: str | None) -> Any:
     return ray
 
 
-def run_cli(pipe: Any, args: Any, options: dict[str, Any]) -> None:
+def run_cli(pipe: Any, args: Any, options: Mapping[str, Any]) -> None:
     """`mlmkit predict ... --engine ray`: read, map, write Parquet shards into the --output directory."""
     _ray()
     if args.input_file is None:

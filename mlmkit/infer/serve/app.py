@@ -46,15 +46,17 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, MutableMapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict
 
 from mlmkit.args import ServeArgs
 from mlmkit.errors import ConfigError, MlmkitError
+from mlmkit.files import JSONObject
 from mlmkit.infer.serve.http import HTTPError
 from mlmkit.infer.serve.queue import Metrics, Model
 from mlmkit.infer.serve.routes import ROUTES, Call
+from mlmkit.registry import Options, Prediction
 
 try:  # at module level: FastAPI reads the handlers' annotations from this module's names
     from fastapi import Request
@@ -126,6 +128,20 @@ def _error(status: int, message: str, hint: str | None, request_id: str,
     return JSONResponse(body, status_code=status, headers={"X-Request-ID": request_id, **(headers or {})})
 
 
+Scope = MutableMapping[str, Any]
+"""An ASGI connection scope (starlette.types.Scope)."""
+Message = MutableMapping[str, Any]
+"""An ASGI message (starlette.types.Message)."""
+
+
+class ServerState(TypedDict):
+    """What the app, its middleware and the server share (app.state.mlmkit): whether it is draining, and
+    the requests in flight."""
+
+    draining: bool
+    in_flight: int
+
+
 class _Service:
     """What the app's handlers share: the models, the metrics, the draining state the middleware and the
     server read (``state``), and when the app was made (OpenAI's ``created``).
@@ -137,7 +153,7 @@ class _Service:
         """The shared state, set before any route can answer (``started`` among it)."""
         self.models, self.args = models, args
         self.metrics = next(iter(models.values())).metrics if models else Metrics()
-        self.state: dict[str, Any] = {"draining": False, "in_flight": 0}
+        self.state: ServerState = {"draining": False, "in_flight": 0}
         self.started = int(time.time())  # set with the rest, before any route that reads it exists
 
     async def lifespan(self, app: Any) -> AsyncIterator[None]:
@@ -173,7 +189,7 @@ class _Service:
                                 status_code=503)
         return {"status": "ready", "models": list(self.models)}
 
-    async def list_models(self) -> dict[str, Any]:
+    async def list_models(self) -> JSONObject:
         described = [m.describe() for m in self.models.values()]
         openai = [{"id": d["name"], "object": "model", "created": self.started, "owned_by": "mlmkit", **d}
                   for d in described]
@@ -198,7 +214,7 @@ class _Service:
         return await self.answer(name, model, inputs, options, request,
                                  lambda results, tokens: _predict_body(results, model.pipe.max_length))
 
-    async def answer(self, name: str, model: Model, inputs: list[Any], options: dict[str, Any],
+    async def answer(self, name: str, model: Model, inputs: list[Any], options: Options,
                      request: Request, respond: Any, offload: bool = False) -> Response:
         """What every route does with its call: checks, the queue, metrics; ``respond`` shapes the results
         (in a worker thread with ``offload``: work that would hold the event loop, such as a search)."""
@@ -226,7 +242,7 @@ class _Service:
             self.metrics.request_seconds.labels(name).observe(time.monotonic() - start)
 
 
-def _check_call(name: str, model: Model, inputs: list[Any], options: dict[str, Any]) -> None:
+def _check_call(name: str, model: Model, inputs: list[Any], options: Mapping[str, Any]) -> None:
     """A call's checks before it is queued (the model loaded, its options known, its inputs well formed):
     a bad request is its own 4xx at once, never its batch neighbours' problem."""
     if not model.ready.is_set():
@@ -241,9 +257,9 @@ def _check_call(name: str, model: Model, inputs: list[Any], options: dict[str, A
         raise HTTPError(422, e.message, e.hint) from None
 
 
-def _predict_body(results: list[dict[str, Any]], max_length: int) -> dict[str, Any]:
+def _predict_body(results: list[Prediction], max_length: int) -> JSONObject:
     """The predict route's answer: the results, and a warning for each input that was truncated."""
-    body: dict[str, Any] = {"results": results}
+    body: JSONObject = {"results": results}
     cut = [i + 1 for i, r in enumerate(results) if r.get("truncated")]
     if cut:
         body["warnings"] = [f"input {i}: longer than {max_length} tokens, truncated (or windowed) as "
@@ -325,12 +341,12 @@ class _Guard:
     and in every error; 503 while draining (but /health and /metrics); the requests in flight
     counted; an exception that escaped a handler becomes a 500 with the id, logged with its traceback."""
 
-    def __init__(self, app: Any, state: dict[str, Any], metrics: Metrics, error: Any, keys: tuple[bytes, ...] = (),
+    def __init__(self, app: Any, state: ServerState, metrics: Metrics, error: Any, keys: tuple[bytes, ...] = (),
                  public: tuple[str, ...] = ("/health",)) -> None:
         self.app, self.state, self.metrics, self.error = app, state, metrics, error
         self.keys, self.public = keys, public
 
-    def authorized(self, scope: dict[str, Any]) -> bool:
+    def authorized(self, scope: Scope) -> bool:
         """No keys configured, a public path, or ``Authorization: Bearer KEY`` with one of the keys (each
         compared in constant time, all of them always)."""
         if not self.keys or scope["path"] in self.public:
@@ -342,7 +358,7 @@ class _Guard:
             ok |= hmac.compare_digest(token.strip(), key)
         return ok and scheme.lower() == b"bearer"
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
@@ -358,7 +374,7 @@ class _Guard:
             return await reply(scope, receive, send)
         started = False
 
-        async def send_with_id(message: dict[str, Any]) -> None:
+        async def send_with_id(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
@@ -412,7 +428,7 @@ async def _read_json(request: Request, args: ServeArgs) -> Any:
         raise HTTPError(400, f"unreadable JSON: {str(e).splitlines()[0][:200]}", "send ordinary JSON numbers and strings") from None
 
 
-def _inputs_and_options(data: Any, args: ServeArgs) -> tuple[list[Any], dict[str, Any]]:
+def _inputs_and_options(data: Any, args: ServeArgs) -> tuple[list[Any], Options]:
     """mlmkit's own body: its inputs and options, or the 4xx that says what is wrong with it."""
     shape = 'send {"inputs": [...]} (and "options": {...} if any)'
     if not isinstance(data, dict):

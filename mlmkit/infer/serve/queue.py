@@ -15,14 +15,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mlmkit.args import ServeArgs
 from mlmkit.errors import ConfigError, MlmkitError
+from mlmkit.files import JSONObject
 from mlmkit.infer.evaluation import truncations_counted
 from mlmkit.infer.serve.http import HTTPError
+from mlmkit.registry import Options, Prediction
+
+if TYPE_CHECKING:
+    from mlmkit.infer.index.store import Index
 
 log = logging.getLogger("mlmkit")
 
@@ -51,7 +56,7 @@ def model_names(specs: Sequence[str], what: str = "bundle") -> dict[str, Path]:
 @dataclass
 class _Request:
     inputs: list[Any]
-    options: dict[str, Any]
+    options: Options
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     queued: float
@@ -68,16 +73,16 @@ class Model:
         self.waiting = 0  # inputs queued and not yet taken into a call
         self.lock = threading.Lock()
         self.max_queue = args.max_queue or 4 * args.max_batch_size
-        self.indexes: dict[str, Any] = {}  # name -> infer.index.Index: what POST /v1/search searches with this model
+        self.indexes: dict[str, Index] = {}  # by name: what POST /v1/search searches with this model
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JSONObject:
         m = self.pipe.meta
         return {"name": self.name, "task": self.pipe.task, "labels": list(m.labels) if m.labels is not None else None,
                 "max_length": self.pipe.max_length, "options": list(self.pipe.option_names), "source": m.source,
                 "precision": m.precision,
                 "providers": self.pipe.providers, "computes_in": self.pipe.precision}
 
-    async def predict(self, inputs: list[Any], options: dict[str, Any], request: Any = None) -> tuple[list[dict[str, Any]], int]:
+    async def predict(self, inputs: list[Any], options: Options, request: Any = None) -> tuple[list[Prediction], int]:
         """The results of ``inputs`` and the tokens the model ran on, queued for the next merged call; a
         429 when the queue is full, a 503 after --request-timeout; a client that disconnects
         (``request``'s) leaves the queue."""
@@ -185,7 +190,7 @@ class Model:
             at += n
 
 
-def _resolve(r: _Request, *, results: tuple[list[dict[str, Any]], int] | None = None,
+def _resolve(r: _Request, *, results: tuple[list[Prediction], int] | None = None,
              error: BaseException | None = None) -> None:
     def done() -> None:
         if not r.future.done():

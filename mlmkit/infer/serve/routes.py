@@ -32,16 +32,18 @@ from typing import Any
 
 import numpy as np
 
+from mlmkit.files import JSONObject
 from mlmkit.infer.reranking import ranked, relevance
 from mlmkit.infer.serve.http import HTTPError
+from mlmkit.registry import Options, Prediction
 
 
 @dataclass
 class Call:
     model: str
     inputs: list[Any]
-    options: dict[str, Any] = field(default_factory=dict)
-    state: dict[str, Any] = field(default_factory=dict)  # what the route needs again to answer
+    options: Options = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)  # what the route needs again to answer (each route its own)
     tokens: int = 0  # what the model ran on, for ``usage``: set by the server with the results
     size: int | None = None  # how many inputs the request holds when they are not the model's (query vectors)
 
@@ -75,7 +77,7 @@ def _texts(value: Any, field_name: str, route: str) -> list[str]:
     raise HTTPError(422, f"{route}: '{field_name}' must be a text or a non-empty list of texts", hint)
 
 
-def _object(body: Any, route: str, allowed: set[str]) -> dict[str, Any]:
+def _object(body: Any, route: str, allowed: set[str]) -> JSONObject:
     if not isinstance(body, dict):
         raise HTTPError(422, f"{route}: the body must be a JSON object, got {type(body).__name__}")
     extra = sorted(set(body) - allowed)
@@ -104,7 +106,7 @@ def _truncation(b: Mapping[str, Any], route: str) -> None:
         raise HTTPError(422, f"{route}: only truncation_direction Right is supported, got {b.get('truncation_direction')!r}")
 
 
-def _prompt(model: Any, name: str, prompt: Any, route: str) -> dict[str, Any]:
+def _prompt(model: Any, name: str, prompt: Any, route: str) -> Options:
     """TEI's prompt_name: the pipeline option for a prompt the model has (none given: {})."""
     if prompt is None:
         return {}
@@ -144,7 +146,7 @@ def _prompt_names(model: Any) -> list[str]:
     return [k for k in INPUT_TYPES if options.get(f"{k}_prompt")]
 
 
-def _input_type(model: Any, kind: str | None) -> dict[str, Any]:
+def _input_type(model: Any, kind: str | None) -> Options:
     """The pipeline option for a declared input type (none declared: the inputs as they are)."""
     if kind is None:
         return {}
@@ -176,7 +178,7 @@ class OpenAIEmbeddings:
         return Call(name, _texts(b.get("input"), "input", self.path), _input_type(models[name], kind),
                     state={"format": fmt, "dimensions": _positive(b.get("dimensions"), "dimensions", self.path)})
 
-    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+    def respond(self, call: Call, results: list[Prediction], model: Any) -> Any:
         vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)
         vectors = truncate_dimensions(vectors, call.state["dimensions"], normalize=call.state["dimensions"] is not None)
         data = []
@@ -200,7 +202,7 @@ class TEIEmbed:
         return Call(name, _texts(b.get("inputs"), "inputs", self.path), _prompt(models[name], name, b.get("prompt_name"), self.path),
                     state={"normalize": normalize, "dimensions": _positive(b.get("dimensions"), "dimensions", self.path)})
 
-    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+    def respond(self, call: Call, results: list[Prediction], model: Any) -> Any:
         vectors = np.asarray([r["embedding"] for r in results], dtype=np.float32)
         return truncate_dimensions(vectors, call.state["dimensions"], normalize=call.state["normalize"])
 
@@ -233,7 +235,7 @@ class TEIPredict:
                 raise HTTPError(422, f"{self.path}: each input must be a text or a [text, pair] list")
         return Call(name, inputs, state={"single": single})
 
-    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+    def respond(self, call: Call, results: list[Prediction], model: Any) -> Any:
         labels = list(model.pipe.meta.labels or ())
         out = []
         for r in results:
@@ -278,7 +280,7 @@ class Rerank:
         call.state.update(top_n=top_n, documents_back=_flag(b, "return_documents", self.path), raw=_flag(b, "raw_scores", self.path))
         return call
 
-    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+    def respond(self, call: Call, results: list[Prediction], model: Any) -> Any:
         scores = relevance(results, call.state["raw"], model.pipe.meta)
         docs = call.state["documents"]
         out = [{"index": i, "relevance_score": scores[i], **({"document": {"text": docs[i]}} if call.state["documents_back"] else {})}
@@ -297,7 +299,7 @@ class TEIRerank:
         call.state.update(raw=_flag(b, "raw_scores", self.path), text=_flag(b, "return_text", self.path))
         return call
 
-    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+    def respond(self, call: Call, results: list[Prediction], model: Any) -> Any:
         scores = relevance(results, call.state["raw"], model.pipe.meta)
         docs = call.state["documents"]
         return [{"index": i, "score": scores[i], **({"text": docs[i]} if call.state["text"] else {})} for i in ranked(scores, None)]
@@ -314,7 +316,7 @@ class TEIEmbedSparse:
         name = pick_model(models, b.get("model"), self.needs, self.path)
         return Call(name, _texts(b.get("inputs"), "inputs", self.path), _prompt(models[name], name, b.get("prompt_name"), self.path))
 
-    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+    def respond(self, call: Call, results: list[Prediction], model: Any) -> Any:
         return [[{"index": i, "value": v} for i, v in zip(r["indices"], r["values"])] for r in results]
 
 
@@ -347,7 +349,7 @@ class TEITokenize:
         return Call(name, _texts(b.get("inputs"), "inputs", self.path),
                     state={"special": _flag(b, "add_special_tokens", self.path, default=True), "prompt": prefix})
 
-    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+    def respond(self, call: Call, results: list[Prediction], model: Any) -> Any:
         from mlmkit.text.truncation import clip_text, tokenizer_settings
 
         out = []
@@ -408,7 +410,7 @@ class Search:
 
         return Call(model, _texts(b.get("query"), "query", self.path), as_input(models[model].pipe, "query"), state=state)
 
-    def respond(self, call: Call, results: list[dict[str, Any]], model: Any) -> Any:
+    def respond(self, call: Call, results: list[Prediction], model: Any) -> Any:
         from mlmkit.errors import MlmkitError
         from mlmkit.infer.index import as_queries, hits, search_vectors
 

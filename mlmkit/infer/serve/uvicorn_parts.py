@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -22,6 +22,9 @@ try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpProtocol
 except ImportError:  # httptools is optional for uvicorn too: its pure-Python h11 protocol then
     from uvicorn.protocols.http.h11_impl import H11Protocol as _HttpProtocol
+
+if TYPE_CHECKING:
+    from mlmkit.infer.serve.app import ServerState
 
 log = logging.getLogger("mlmkit")
 
@@ -107,7 +110,7 @@ class DrainingServer(uvicorn.Server):
     """uvicorn's server, draining first: on the first signal new requests get 503 and those in flight
     finish (up to ``drain`` seconds), then uvicorn's own shutdown; a second signal stops it at once."""
 
-    def __init__(self, config: uvicorn.Config, state: dict[str, Any], drain: float) -> None:
+    def __init__(self, config: uvicorn.Config, state: ServerState, drain: float) -> None:
         """``state``: the app's {"draining", "in_flight"} (app.state.mlmkit), shared with its middleware."""
         super().__init__(config)
         self.mlmkit_state, self.drain_seconds = state, drain
