@@ -34,8 +34,15 @@ from mlmkit.taskkit import (
     LABEL,
     MAX_RECORD_BYTES,
     TRUNCATED,
+    CheckpointInfo,
     ConfigError,
     DataFormatError,
+    Example,
+    Feature,
+    HFConfig,
+    Input,
+    Metrics,
+    Prediction,
     Record,
     TaskContext,
     TaskOption,
@@ -88,11 +95,11 @@ def _label_str(rec: Record, field: str, value: Any) -> str:
     raise rec.error(f"a label must be a string or a number, not {type(value).__name__}", field)
 
 
-def _example(rec: Record, opts: Mapping[str, Any], *, labelled: bool) -> dict[str, Any]:
+def _example(rec: Record, opts: Mapping[str, Any], *, labelled: bool) -> Example:
     """{"text", ["text_pair"], ["label"]} of a record. The pair column is used when a record has it;
     naming one with --pair-column makes it required."""
     pair_named = opts["pair_column"] != "text_pair"
-    ex: dict[str, Any] = {"text": rec.text(opts["text_column"], flag="--text-column")}
+    ex: Example = {"text": rec.text(opts["text_column"], flag="--text-column")}
     pair = rec.text(opts["pair_column"], required=pair_named, flag="--pair-column")
     if pair is not None:
         ex["text_pair"] = pair
@@ -102,7 +109,7 @@ def _example(rec: Record, opts: Mapping[str, Any], *, labelled: bool) -> dict[st
 
 
 # ---- labels ------------------------------------------------------------------------------------
-def _label_ids(examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, int]:
+def _label_ids(examples: list[Example], ctx: TaskContext) -> dict[str, int]:
     """label -> id of the run; a gold label the model never saw is a data error (file, line)."""
     if not ctx.labels:
         raise ConfigError("the run has no label list (mlmkit.json 'labels')", "fine-tune it with the classification task")
@@ -168,7 +175,7 @@ class ClassificationTask:
     command = "classify"
     partial_layers = 1  # export_module computes the last layer for [CLS] only
 
-    def read(self, path: Path, options: Mapping[str, Any], *, max_bytes: int | None = MAX_RECORD_BYTES) -> list[dict[str, Any]]:
+    def read(self, path: Path, options: Mapping[str, Any], *, max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
         """Labelled examples {"text", ["text_pair"], "label", "line", "source"} of a CSV/TSV/JSONL file."""
         fmt = data_format(path, FORMATS)
         records = (iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl"  # JSON lines: objects only
@@ -178,7 +185,7 @@ class ClassificationTask:
             raise DataFormatError(path, "no examples", hint="the file needs a header and at least one labelled row")
         return examples
 
-    def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    def from_input(self, item: Input, options: Mapping[str, Any]) -> Example:
         """A text, or a record with the text (and pair) fields."""
         if isinstance(item, str):
             if not item.strip():
@@ -186,19 +193,19 @@ class ClassificationTask:
             return {"text": item}
         return _example(Record("<input>", None, item), options, labelled=False)
 
-    def label_list(self, examples: list[dict[str, Any]]) -> list[str]:
+    def label_list(self, examples: list[Example]) -> list[str]:
         if isinstance(examples[0]["label"], float):
             return ["score"]  # regression: one output
         found = {lab for ex in examples for lab in (ex["label"] if isinstance(ex["label"], list) else [ex["label"]])}
         return sorted(found, key=_sort_key(found))
 
-    def hf_config(self, ctx: TaskContext) -> dict[str, Any]:
+    def hf_config(self, ctx: TaskContext) -> HFConfig:
         return {"problem_type": ctx.options["problem_type"]}
 
     def main_metric(self, ctx: TaskContext) -> str:
         return {SINGLE: "accuracy", MULTI: "micro_f1", REGRESSION: "pearson"}[ctx.options["problem_type"]]
 
-    def from_hf(self, config: ModelConfig, directory: Path) -> dict[str, Any] | None:
+    def from_hf(self, config: ModelConfig, directory: Path) -> CheckpointInfo | None:
         """transformers' BertForSequenceClassification: labels from id2label, the problem type from
         config.json (as transformers infers it when absent: regression for one label)."""
         if HF_ARCHITECTURE not in (config.architectures or []):
@@ -208,7 +215,7 @@ class ClassificationTask:
         labels = [id2label[i] for i in sorted(id2label)] or None
         return {"labels": labels, "options": {"problem_type": kind}}
 
-    def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
         """One feature per example: [CLS] A [SEP] (B [SEP]) truncated to the max length."""
         unlabelled = [ex for ex in examples if ex.get("label") is None]
         if training and unlabelled:
@@ -223,7 +230,7 @@ class ClassificationTask:
             encodings = tok.encode_batch(inputs) if inputs else []
         features = []
         for i, (ex, enc) in enumerate(zip(examples, encodings)):
-            f: dict[str, Any] = {"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i}
+            f: Feature = {"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i}
             if enc.overflowing:
                 f[TRUNCATED] = True
             if training:
@@ -251,12 +258,12 @@ class ClassificationTask:
         return cls_only(model)
 
     def postprocess(
-        self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext
-    ) -> list[dict[str, Any]]:
+        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example], ctx: TaskContext
+    ) -> list[Prediction]:
         """single-label: {"label", "score", "probabilities": {label: p}}; multi-label: {"labels": [...],
         "probabilities": {label: p}}; regression: {"score"}. One feature per example."""
         labels, kind = list(ctx.labels or ()), ctx.options["problem_type"]
-        preds: list[dict[str, Any]] = [{} for _ in examples]
+        preds: list[Prediction] = [{} for _ in examples]
         for f, logits in zip(features, outputs["logits"]):
             x = np.asarray(logits, dtype=np.float64)
             if kind == REGRESSION:
@@ -271,7 +278,7 @@ class ClassificationTask:
                 preds[f[EXAMPLE]] = {"label": labels[best], "score": float(p[best]), "probabilities": dict(zip(labels, map(float, p)))}
         return preds
 
-    def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, Any]:
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
         """single-label: accuracy, macro_f1 (over the labels present in gold or predictions), mcc (0.0
         when undefined), and the confusion matrix (rows gold, columns predicted, in the run's label
         order); multi-label: micro_f1, macro_f1, subset_accuracy; regression: pearson, spearman, mse."""
@@ -285,7 +292,7 @@ class ClassificationTask:
             return _multi_label_metrics([p["labels"] for p in predictions], [ex["label"] for ex in examples], list(ctx.labels or ()))
         return _single_label_metrics([p["label"] for p in predictions], [ex["label"] for ex in examples], list(ctx.labels or ()))
 
-    def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
+    def summary(self, prediction: Prediction) -> dict[str, str]:
         if "labels" in prediction:
             return {"labels": ", ".join(prediction["labels"]) or "(none)"}
         if "label" in prediction:
@@ -293,7 +300,7 @@ class ClassificationTask:
         return {"score": f"{prediction['score']:.4f}"}
 
 
-def _single_label_metrics(pred: list[str], gold: list[str], labels: list[str]) -> dict[str, Any]:
+def _single_label_metrics(pred: list[str], gold: list[str], labels: list[str]) -> Metrics:
     from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, matthews_corrcoef
 
     with warnings.catch_warnings(), np.errstate(all="ignore"):
@@ -308,7 +315,7 @@ def _single_label_metrics(pred: list[str], gold: list[str], labels: list[str]) -
     }
 
 
-def _multi_label_metrics(pred: list[list[str]], gold: list[list[str]], labels: list[str]) -> dict[str, Any]:
+def _multi_label_metrics(pred: list[list[str]], gold: list[list[str]], labels: list[str]) -> dict[str, float]:
     from sklearn.metrics import accuracy_score, f1_score
     from sklearn.preprocessing import MultiLabelBinarizer
 
@@ -321,7 +328,7 @@ def _multi_label_metrics(pred: list[list[str]], gold: list[list[str]], labels: l
     }
 
 
-def _regression_metrics(pred: list[float], gold: list[float]) -> dict[str, Any]:
+def _regression_metrics(pred: list[float], gold: list[float]) -> dict[str, float]:
     from scipy.stats import pearsonr, spearmanr
     from sklearn.metrics import mean_squared_error
 

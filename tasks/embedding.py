@@ -76,11 +76,18 @@ from mlmkit.taskkit import (
     MAX_RECORD_BYTES,
     RETRIEVAL_METRICS,
     TRUNCATED,
+    CheckpointInfo,
     DataFormatError,
+    Example,
+    Feature,
+    Input,
+    Metrics,
+    Prediction,
     Record,
     TaskContext,
     TaskError,
     TaskOption,
+    TaskState,
     clip_text,
     data_format,
     get_loss,
@@ -195,22 +202,22 @@ class EmbeddingTask:
     def main_metric(self, ctx: TaskContext) -> str:
         return "spearman" if _loss(ctx) == "cosent" or ctx.state.get("data") == "scored" else "ndcg@10"
 
-    def fit_state(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+    def fit_state(self, examples: list[Example]) -> TaskState:
         """The kind of training data ("rows", "scored" or "texts"), which ``loss=auto`` trains by, and
         the size of the teacher's embeddings (mse-distill)."""
-        state: dict[str, Any] = {"data": data_kind(examples)}
+        state: TaskState = {"data": data_kind(examples)}
         if examples and "targets" in examples[0]:
             state["teacher_dim"] = int(len(examples[0]["targets"][0]))
         return state
 
-    def from_hf(self, config: ModelConfig, directory: Path) -> dict[str, Any] | None:
+    def from_hf(self, config: ModelConfig, directory: Path) -> CheckpointInfo | None:
         """A sentence-transformers directory (modules.json), or a bare encoder (architectures BertModel)."""
         if (directory / "modules.json").is_file():
             return None if is_splade_directory(directory) else sentence_transformers_options(directory)
         return {} if "BertModel" in (config.architectures or []) else None
 
     def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False,
-             max_bytes: int | None = MAX_RECORD_BYTES) -> list[dict[str, Any]]:
+             max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
         """Examples of a data file or a BEIR directory (``DIR:SPLIT``): for training, rows {"anchor",
         "positive", "negatives"} or scored pairs {"text", "text_pair", "score"}; for evaluation, scored
         pairs or a retrieval set ({"kind": "query", "id", "text", "judged"} then {"kind": "doc", "id", "text"})."""
@@ -232,7 +239,7 @@ class EmbeddingTask:
         fmt = data_format(path, FORMATS)
         loss = loss_option(options)
         texts_ok = training and loss == "mse-distill"  # plain texts: only a teacher's embeddings to learn
-        examples: list[dict[str, Any]] = []
+        examples: list[Example] = []
         records = iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl" else iter_records(path, fmt, max_bytes=max_bytes)
         for rec in records:
             fields = rec.fields()
@@ -256,13 +263,13 @@ class EmbeddingTask:
             with_teacher(examples, options)
         return examples
 
-    def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    def from_input(self, item: Input, options: Mapping[str, Any]) -> Example:
         """A text, or a record with a text field (its text_column)."""
         if isinstance(item, str):
             return {"text": item}
         return {"text": Record("<input>", None, item).text(options["text_column"])}
 
-    def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
         """A feature per text: ``part`` 0 the anchor (a pair's first text, a query, a document, an
         input), 1 the positive (the second), 2.. the hard negatives; for training also ``text_id``
         (equal texts, equal ids) and the pair's ``score`` (0 for rows)."""
@@ -333,10 +340,10 @@ class EmbeddingTask:
         return files
 
     def postprocess(
-        self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext
-    ) -> list[dict[str, Any]]:
+        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example], ctx: TaskContext
+    ) -> list[Prediction]:
         """{"embedding": [...]} per text; a pair adds "embedding_pair" and their "cosine"."""
-        preds: list[dict[str, Any]] = [{} for _ in examples]
+        preds: list[Prediction] = [{} for _ in examples]
         for f, v in zip(features, outputs["embedding"]):
             preds[f[EXAMPLE]]["embedding_pair" if f["part"] else "embedding"] = [float(x) for x in v]
         for p in preds:
@@ -346,13 +353,13 @@ class EmbeddingTask:
                 p["cosine"] = float(a @ b) / den if den > 0 else 0.0
         return preds
 
-    def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, Any]:
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
         """Retrieval metrics (a retrieval set) or the pairs' Spearman and Pearson correlation (scored pairs)."""
         if examples and examples[0].get("kind") == "query":
             return retrieval_metrics(predictions, examples, _dims(ctx.options["matryoshka_dims"]), ctx.options)
         return pair_correlations(predictions, examples)
 
-    def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
+    def summary(self, prediction: Prediction) -> dict[str, str]:
         v = np.asarray(prediction["embedding"])
         return {"dims": str(v.size), "norm": f"{np.linalg.norm(v):.3f}", "start": ", ".join(f"{x:.3f}" for x in v[:4]) + " ..."}
 

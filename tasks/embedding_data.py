@@ -26,7 +26,10 @@ from typing import Any
 import numpy as np
 
 from mlmkit.taskkit import (
+    CheckpointInfo,
     DataFormatError,
+    Example,
+    Options,
     Record,
     TaskError,
     load_pipeline,
@@ -67,14 +70,14 @@ def is_splade_directory(d: Path) -> bool:
     return any(k in SPLADE_MODULES for k in kinds)
 
 
-def sentence_transformers_options(d: Path) -> dict[str, Any]:
+def sentence_transformers_options(d: Path) -> CheckpointInfo:
     """The pooling, normalisation, prompts ({"options": ...}) and max length a sentence-transformers
     directory declares."""
     modules = _json(d / "modules.json")
     if not isinstance(modules, list):
         raise DataFormatError(d / "modules.json", "expected a list of modules")
     kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
-    options: dict[str, Any] = {"normalize": "Normalize" in kinds}
+    options: Options = {"normalize": "Normalize" in kinds}
     if "Pooling" in kinds:
         cfg = _json(d / str(kinds["Pooling"].get("path", "1_Pooling")) / "config.json")
         modes = [name for key, name in ST_POOLING.items() if cfg.get(key)]
@@ -92,7 +95,7 @@ def sentence_transformers_options(d: Path) -> dict[str, Any]:
             found = [prompts[n] for n in names if isinstance(prompts.get(n), str) and prompts[n]]
             if found:
                 options[option] = found[0]
-    info: dict[str, Any] = {"options": options}
+    info: CheckpointInfo = {"options": options}
     if (d / "sentence_bert_config.json").is_file():
         max_len = _json(d / "sentence_bert_config.json").get("max_seq_length")
         if isinstance(max_len, int) and max_len > 0:
@@ -107,7 +110,7 @@ def loss_option(options: Mapping[str, Any]) -> str:
     return "mse-distill" if loss == "auto" and options.get("teacher") else loss
 
 
-def data_kind(examples: list[dict[str, Any]]) -> str:
+def data_kind(examples: list[Example]) -> str:
     """What the examples are: "rows" (anchor, positive ...), "scored" pairs or plain "texts"."""
     if not examples or "anchor" in examples[0]:
         return "rows"
@@ -119,12 +122,12 @@ def _negative_columns(fields: Mapping[str, Any], prefix: str) -> list[str]:
     return ([prefix] if prefix in fields else []) + numbered(fields, prefix)
 
 
-def anchor_row(rec: Record, options: Mapping[str, Any], *, scores: bool) -> dict[str, Any]:
+def anchor_row(rec: Record, options: Mapping[str, Any], *, scores: bool) -> Example:
     """{"anchor", "positive", "negatives"} of a record, with the teacher's "scores" (the positive's,
     then each negative's) when it has them; ``scores``: they are required (margin-mse)."""
     negs = _negative_columns(rec.fields(), "negative")
     texts = [(k, rec.text(k, required=False)) for k in negs]
-    row: dict[str, Any] = {"anchor": rec.text(options["anchor_column"]), "positive": rec.text(options["positive_column"])}
+    row: Example = {"anchor": rec.text(options["anchor_column"]), "positive": rec.text(options["positive_column"])}
     col = options["scores_column"]
     value = rec.fields().get(col)
     if value is None:
@@ -144,7 +147,7 @@ def anchor_row(rec: Record, options: Mapping[str, Any], *, scores: bool) -> dict
     return row
 
 
-def scored_pair(rec: Record, options: Mapping[str, Any], hint: str | None = None) -> dict[str, Any]:
+def scored_pair(rec: Record, options: Mapping[str, Any], hint: str | None = None) -> Example:
     """{"text", "text_pair", "score", "line", "source"} of one record (the STS layout)."""
     value = rec.fields().get(options["score_column"])
     try:
@@ -157,7 +160,7 @@ def scored_pair(rec: Record, options: Mapping[str, Any], hint: str | None = None
             "score": score, "line": rec.line, "source": rec.source}
 
 
-def as_retrieval(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def as_retrieval(rows: list[Example]) -> list[Example]:
     """Training-style rows as a retrieval evaluation: each anchor a query, searching the distinct texts
     of every positive and negative of the file, its own positive the one relevant document."""
     doc_ids: dict[str, str] = {}
@@ -170,7 +173,7 @@ def as_retrieval(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # ---- the teacher (mse-distill) -------------------------------------------------------------------
-def with_teacher(examples: list[dict[str, Any]], options: Mapping[str, Any]) -> None:
+def with_teacher(examples: list[Example], options: Mapping[str, Any]) -> None:
     """Each example's "targets": the teacher's embedding of each of its texts (queries as queries,
     documents as documents, with the teacher's own prompts)."""
     if not options.get("teacher"):
@@ -215,7 +218,7 @@ def _teacher(path: Path) -> Any:
 
 
 # ---- what featurize takes from an example --------------------------------------------------------
-def example_texts(ex: dict[str, Any]) -> list[str | None]:
+def example_texts(ex: Example) -> list[str | None]:
     """An example's texts by ``part``: an anchor, its positive and its negatives; or a text and its pair
     (None without one)."""
     if "anchor" in ex:
@@ -223,7 +226,7 @@ def example_texts(ex: dict[str, Any]) -> list[str | None]:
     return [ex["text"], ex.get("text_pair")]
 
 
-def prompt_for(ex: dict[str, Any], part: int, options: Mapping[str, Any]) -> str:
+def prompt_for(ex: Example, part: int, options: Mapping[str, Any]) -> str:
     """The prompt before text ``part`` of ``ex``: a query's (an anchor, a retrieval query, an input
     declared a query) or a document's (a positive or negative, a corpus text, an input declared one);
     none for scored pairs and undeclared inputs."""

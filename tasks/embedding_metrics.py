@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from mlmkit.taskkit import TaskError, mean_metrics, retrieve, write_trec
+from mlmkit.taskkit import Example, Prediction, TaskError, mean_metrics, retrieve, write_trec
 
 
-def retrieval_metrics(predictions: list[dict[str, Any]], examples: list[dict[str, Any]], dims: list[int],
+def retrieval_metrics(predictions: list[Prediction], examples: list[Example], dims: list[int],
                       options: Mapping[str, Any]) -> dict[str, float]:
     """Every query searches the whole corpus (cosine, exact or through ``index``, infer/retrieval.py);
     the metrics at the full dimension, and with matryoshka dimensions the same at each as
@@ -37,7 +37,7 @@ def retrieval_metrics(predictions: list[dict[str, Any]], examples: list[dict[str
     return out
 
 
-def pair_correlations(predictions: list[dict[str, Any]], examples: list[dict[str, Any]]) -> dict[str, float]:
+def pair_correlations(predictions: list[Prediction], examples: list[Example]) -> dict[str, float]:
     """The Spearman and Pearson correlation of the pairs' cosine with their gold scores (0 where undefined)."""
     from scipy.stats import pearsonr, spearmanr
 

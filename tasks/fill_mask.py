@@ -26,7 +26,7 @@ best candidate is the answer (``accuracy``) and whose candidates hold it (``top_
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,11 @@ from mlmkit.taskkit import (
     TRUNCATED,
     ConfigError,
     DataFormatError,
+    Example,
+    Feature,
+    Input,
+    Metrics,
+    Prediction,
     Record,
     TaskContext,
     TaskOption,
@@ -78,12 +83,12 @@ class FillMaskTask:
     default_max_length = 512
 
     # ---- inputs ----------------------------------------------------------------------------------
-    def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    def from_input(self, item: Input, options: Mapping[str, Any]) -> Example:
         """A text, or a record with "text" (and "text_pair")."""
         _check_top_k(options)
         return _example(Record("<input>", None, item))
 
-    def read(self, path: Path, options: Mapping[str, Any], *, max_bytes: int | None = MAX_RECORD_BYTES) -> list[dict[str, Any]]:
+    def read(self, path: Path, options: Mapping[str, Any], *, max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
         """Examples with answers: {"text", ["text_pair"], "answer": [one token per [MASK]]}."""
         fmt = data_format(path, FORMATS)
         records = iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl" else iter_records(path, fmt, max_bytes=max_bytes)
@@ -100,7 +105,7 @@ class FillMaskTask:
             raise DataFormatError(path, "no examples", hint='one {"text": "... [MASK] ...", "answer": "..."} record per line')
         return examples
 
-    def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
         """The tokens of each text (or pair), cut to the max length; a text without a [MASK] in them is
         one token, since its result needs no model."""
         mask = mask_token(tokenizer)
@@ -120,14 +125,14 @@ class FillMaskTask:
         return features
 
     # ---- outputs ---------------------------------------------------------------------------------
-    def postprocess(self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]],
-                    ctx: TaskContext) -> list[dict[str, Any]]:
+    def postprocess(self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example],
+                    ctx: TaskContext) -> list[Prediction]:
         k = _check_top_k(ctx.options)
         decode = _Decoder(ctx.tokenizer)
         preds = []
         for f, ex, ids, probs in zip(features, examples, outputs["indices"], outputs["values"]):
             pair = "text_pair" in ex
-            r: dict[str, Any] = {"text": ex["text"], **({"text_pair": ex["text_pair"]} if pair else {}), "masks": []}
+            r: Prediction = {"text": ex["text"], **({"text_pair": ex["text_pair"]} if pair else {}), "masks": []}
             for p, (start, end), seg in zip(f["masks"], f["offsets"], f["segments"]):
                 row = [(int(t), float(s)) for t, s in zip(np.asarray(ids[p])[: k or None], np.asarray(probs[p])[: k or None])
                        if t >= 0]
@@ -143,7 +148,7 @@ class FillMaskTask:
             preds.append(r)
         return preds
 
-    def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, Any]:
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
         """Over the [MASK]s of the examples: the share whose best candidate is the answer, and whose
         candidates hold it (tokens compared as the tokenizer decodes them, "##" pieces without it)."""
         best = anywhere = total = 0
@@ -156,7 +161,7 @@ class FillMaskTask:
         return {"accuracy": best / total if total else 0.0, "top_k_accuracy": anywhere / total if total else 0.0,
                 "masks": total}
 
-    def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
+    def summary(self, prediction: Prediction) -> dict[str, str]:
         if not prediction["masks"]:
             return {"candidates": f"({prediction.get('error', 'no [MASK]')})"}
         return {"candidates": " | ".join(", ".join(f"{c['token']} {c['score']:.3f}" for c in m["candidates"])
@@ -174,7 +179,7 @@ class FillMaskTask:
         return FillMask(config, ctx.tokenizer.token_to_id(mask_token(ctx.tokenizer)), k)
 
 
-def _example(rec: Record) -> dict[str, Any]:
+def _example(rec: Record) -> Example:
     if isinstance(rec.data, str):
         return {"text": rec.data}
     fields = rec.fields()
@@ -209,7 +214,7 @@ class _Decoder:
         return self.seen[i]
 
 
-def _fill(text: str, masks: list[dict[str, Any]]) -> str:
+def _fill(text: str, masks: Sequence[Mapping[str, Any]]) -> str:
     """``text`` with each [MASK] span replaced by its best candidate (word pieces glued on)."""
     out, last = [], 0
     for m in sorted(masks, key=lambda m: m["start"]):

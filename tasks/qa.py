@@ -27,7 +27,7 @@ import re
 import string
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 
 import numpy as np
 
@@ -36,12 +36,18 @@ from mlmkit.taskkit import (
     EXAMPLE,
     MAX_RECORD_BYTES,
     SEQUENCE,
+    CheckpointInfo,
     ConfigError,
     DataFormatError,
+    Example,
+    Feature,
+    Input,
     MlmkitError,
+    Prediction,
     Record,
     TaskContext,
     TaskOption,
+    TaskState,
     is_table,
     iter_jsonl,
     parse_json,
@@ -57,10 +63,17 @@ Fail = Callable[[str, str], NoReturn]
 """How a reader reports a bad question record: ``fail(message, field)`` raises the DataFormatError naming it."""
 
 
+class Answer(TypedDict):
+    """A gold answer of an example: its text and where it starts in the context (checked by _example)."""
+
+    text: str
+    answer_start: int
+
+
 # ---------------------------------------------------------------- reading
 
 
-def _answers_from(raw: Any, fail: Fail) -> list[dict[str, Any]]:
+def _answers_from(raw: Any, fail: Fail) -> list[Answer]:
     """A list of {"text", "answer_start"} from either the SQuAD list form or the HF columnar form."""
     if isinstance(raw, dict):
         texts, starts = raw.get("text"), raw.get("answer_start")
@@ -77,7 +90,7 @@ def _answers_from(raw: Any, fail: Fail) -> list[dict[str, Any]]:
     fail('"answers" must be a list of {"text", "answer_start"} or {"text": [...], "answer_start": [...]}', "answers")
 
 
-def _example(rec: dict[str, Any], fail: Fail, default_id: str) -> dict[str, Any]:
+def _example(rec: Mapping[str, Any], fail: Fail, default_id: str) -> Example:
     """Validate one question record and return the example dict; ``fail(message, field)`` raises."""
     for key in ("question", "context"):
         if key not in rec:
@@ -92,7 +105,7 @@ def _example(rec: dict[str, Any], fail: Fail, default_id: str) -> dict[str, Any]
     if "answers" not in rec or rec["answers"] is None:
         if flag is not True:
             fail('missing "answers" (use [] with "is_impossible": true for a question without an answer)', "answers")
-        answers: list[dict[str, Any]] = []
+        answers: list[Answer] = []
     else:
         answers = _answers_from(rec["answers"], fail)
     impossible = bool(flag) if flag is not None else not answers
@@ -118,7 +131,7 @@ def _example(rec: dict[str, Any], fail: Fail, default_id: str) -> dict[str, Any]
     return {"id": qid, "question": rec["question"], "context": context, "answers": answers, "is_impossible": impossible}
 
 
-def _read_records(records: Iterable[Record]) -> list[dict[str, Any]]:
+def _read_records(records: Iterable[Record]) -> list[Example]:
     """Examples of JSON-lines records {"id", "question", "context", "answers"}."""
     out = []
     for rec in records:
@@ -132,7 +145,7 @@ def _read_records(records: Iterable[Record]) -> list[dict[str, Any]]:
     return out
 
 
-def _read_squad(path: Path, doc: Any) -> list[dict[str, Any]]:
+def _read_squad(path: Path, doc: Any) -> list[Example]:
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
         raise DataFormatError(path, 'a SQuAD file is an object with a "data" list', field="data", hint="or use JSON lines")
     out = []
@@ -191,7 +204,7 @@ def f1_score(gold: str, pred: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def gold_answers(example: dict[str, Any]) -> list[str]:
+def gold_answers(example: Example) -> list[str]:
     """Gold texts as the official script takes them: impossible questions (and empty golds) are [""]."""
     if example.get("is_impossible"):
         return [""]
@@ -221,9 +234,10 @@ def _best_span(
     return best, int(s_idx[k // score.shape[1]]), int(e_idx[k % score.shape[1]])
 
 
-def _search(outputs: dict[str, Any], features: list[dict[str, Any]], n_examples: int, opts: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _search(outputs: dict[str, list[np.ndarray]], features: list[Feature], n_examples: int,
+            opts: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per example: the best span over all its windows (score, character span) and the null score."""
-    res = [{"score": None, "start": -1, "end": -1, "null": None} for _ in range(n_examples)]
+    res: list[dict[str, Any]] = [{"score": None, "start": -1, "end": -1, "null": None} for _ in range(n_examples)]
     n_best, max_answer = int(opts["n_best"]), int(opts["max_answer_length"])
     for f, st, en in zip(features, outputs["start_logits"], outputs["end_logits"]):
         st = np.asarray(st, dtype=np.float64).reshape(-1)  # (T,)
@@ -270,7 +284,7 @@ class QATask:
 
     # -------------------------------------------------------- data
 
-    def read(self, path: Path, options: Mapping[str, Any], *, max_bytes: int | None = MAX_RECORD_BYTES) -> list[dict[str, Any]]:
+    def read(self, path: Path, options: Mapping[str, Any], *, max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
         """SQuAD v1.1 / v2.0 JSON (.json) or JSON lines {"id", "question", "context", "answers"}."""
         p = Path(path)
         if p.suffix.lower() == ".jsonl" or is_table(p):  # Parquet / datasets: the JSON-lines fields as columns
@@ -286,7 +300,7 @@ class QATask:
             return _read_records(iter_jsonl(p, max_bytes=max_bytes))
         return _read_squad(p, doc)
 
-    def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    def from_input(self, item: Input, options: Mapping[str, Any]) -> Example:
         """An example from a runtime record with "question" and "context" (and optionally "id")."""
         hint = 'give records with "question" and "context" fields (JSON lines, or CSV/TSV columns of those names)'
         if not isinstance(item, dict):
@@ -302,17 +316,17 @@ class QATask:
             "answers": [], "is_impossible": False,
         }
 
-    def from_hf(self, config: ModelConfig, directory: Path) -> dict[str, Any] | None:
+    def from_hf(self, config: ModelConfig, directory: Path) -> CheckpointInfo | None:
         """transformers' BertForQuestionAnswering."""
         return {} if "BertForQuestionAnswering" in (config.architectures or []) else None
 
-    def fit_state(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+    def fit_state(self, examples: list[Example]) -> TaskState:
         """SQuAD 2.0 training data (some questions unanswerable): postprocess may answer ""."""
         return {"version_2_with_negative": any(ex.get("is_impossible") for ex in examples)}
 
     # -------------------------------------------------------- features
 
-    def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
         """Windows of [CLS] question [SEP] context [SEP] with the context's character offsets.
 
         Each feature: input_ids, token_type_ids, example, offsets (per token, (start, end) in
@@ -370,7 +384,7 @@ class QATask:
         return out, lengths
 
     @staticmethod
-    def _positions(offsets: Offsets, ex: dict[str, Any]) -> tuple[int, int]:
+    def _positions(offsets: Offsets, ex: Example) -> tuple[int, int]:
         """Token positions of the first answer in this window, or (0, 0) for [CLS]."""
         if ex.get("is_impossible") or not ex.get("answers"):
             return 0, 0
@@ -401,8 +415,8 @@ class QATask:
         return bool(ctx.state.get("version_2_with_negative")) or ctx.state.get("null_score_threshold") is not None
 
     def postprocess(
-        self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext
-    ) -> list[dict[str, Any]]:
+        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example], ctx: TaskContext
+    ) -> list[Prediction]:
         """One {"id", "answer", "score", "start", "end"} per example; start/end are character
         offsets in the context (-1 and "" for no answer)."""
         found = _search(outputs, features, len(examples), ctx.options)
@@ -420,8 +434,8 @@ class QATask:
         return preds
 
     def calibrate(
-        self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext
-    ) -> dict[str, Any]:
+        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example], ctx: TaskContext
+    ) -> TaskState:
         """SQuAD 2.0: the null-score threshold that maximises F1 on these examples (as the official
         script's best_f1_thresh); {} when no question here is impossible."""
         if not any(ex.get("is_impossible") for ex in examples):
@@ -450,7 +464,7 @@ class QATask:
                 best, threshold = total, diff
         return {"null_score_threshold": float(threshold)}
 
-    def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, float]:
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> dict[str, float]:
         """exact_match and f1 (0-100), each the max over the gold answers, averaged over questions."""
         if len(predictions) != len(examples):
             raise MlmkitError(f"{len(predictions)} predictions for {len(examples)} questions")
@@ -463,7 +477,7 @@ class QATask:
             f1 += max(f1_score(g, p["answer"]) for g in golds)
         return {"f1": 100.0 * f1 / len(examples), "exact_match": 100.0 * em / len(examples)}
 
-    def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
+    def summary(self, prediction: Prediction) -> dict[str, str]:
         span = f"{prediction['start']}:{prediction['end']}" if prediction["start"] >= 0 else "-"
         return {"answer": prediction["answer"] or "(no answer)", "score": f"{prediction['score']:.3f}", "span": span}
 

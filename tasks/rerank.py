@@ -46,6 +46,12 @@ from mlmkit.taskkit import (
     ConfigError,
     DataFormatError,
     Dense,
+    Example,
+    Feature,
+    HFConfig,
+    Input,
+    Metrics,
+    Prediction,
     Record,
     TaskContext,
     TaskError,
@@ -109,17 +115,17 @@ class RerankTask:
     partial_layers = 1
     default_max_length = 256
 
-    def label_list(self, examples: list[dict[str, Any]]) -> list[str]:
+    def label_list(self, examples: list[Example]) -> list[str]:
         return ["score"]
 
-    def hf_config(self, ctx: TaskContext) -> dict[str, Any]:
+    def hf_config(self, ctx: TaskContext) -> HFConfig:
         return {"problem_type": REGRESSION, "sentence_transformers": {"activation_fn": ACTIVATIONS[ctx.options["activation"]]}}
 
     def main_metric(self, ctx: TaskContext) -> str:
         return "ndcg@10"
 
     def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False,
-             max_bytes: int | None = MAX_RECORD_BYTES) -> list[dict[str, Any]]:
+             max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
         """One example per query: {"query", "docs", "labels", "source", "line"} (training and rows),
         and for evaluation its "judged" documents ({doc id: grade}) and the first stage's ranking
         ("first", doc ids best first); doc ids are "d0", "d1" ... within a query, or the corpus's."""
@@ -129,7 +135,7 @@ class RerankTask:
                                 f"mine them: mlmkit mine {path} --out rows.jsonl, then --train rows.jsonl")
             return _first_stage(path, options, max_bytes)
         fmt = data_format(path, FORMATS)
-        by_query: dict[str, dict[str, Any]] = {}
+        by_query: dict[str, Example] = {}
         top = float(options["max_label"])
         records = iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl" else iter_records(path, fmt, max_bytes=max_bytes)
         for rec in records:
@@ -167,7 +173,7 @@ class RerankTask:
                 ex["first"] = [f"d{i}" for i in range(len(ex["docs"]))]
         return examples
 
-    def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    def from_input(self, item: Input, options: Mapping[str, Any]) -> Example:
         """A (query, document) pair: {"text", "text_pair"} (what `mlmkit rerank` and the routes send) or
         the option's query and document fields."""
         if isinstance(item, str):
@@ -178,7 +184,7 @@ class RerankTask:
             return {"query": rec.text("text"), "docs": [rec.text("text_pair")]}
         return {"query": rec.text(options["query_column"]), "docs": [rec.text(options["document_column"])]}
 
-    def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
         """A feature per (query, candidate): [CLS] query [SEP] document [SEP], truncated to the max length."""
         L = ctx.max_length
         pairs = [(i, j, (clip_text(ex["query"], tokenizer, L), clip_text(doc, tokenizer, L)))
@@ -187,7 +193,7 @@ class RerankTask:
             encodings = tok.encode_batch([p for _, _, p in pairs]) if pairs else []
         feats = []
         for (i, j, _), enc in zip(pairs, encodings):
-            f: dict[str, Any] = {"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i, "candidate": j,
+            f: Feature = {"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i, "candidate": j,
                                  **({TRUNCATED: True} if enc.overflowing else {})}
             if training:
                 f["labels"] = float(examples[i]["labels"][j])
@@ -209,8 +215,8 @@ class RerankTask:
 
         return cls_only(model)
 
-    def postprocess(self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]],
-                    ctx: TaskContext) -> list[dict[str, Any]]:
+    def postprocess(self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example],
+                    ctx: TaskContext) -> list[Prediction]:
         """{"score"} for an input pair (the activated logit, and "logit"); {"scores": [...]} for a
         query's candidates, in their order."""
         logits: list[list[float]] = [[0.0] * len(ex["docs"]) for ex in examples]
@@ -223,7 +229,7 @@ class RerankTask:
             preds.append({"score": scores[0], "logit": row[0]} if len(row) == 1 else {"scores": scores, "logits": row})
         return preds
 
-    def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, Any]:
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
         """The retrieval metrics of the reranked candidates (ties in the first stage's order), and the
         first stage's own under "first_stage"."""
         if not examples or "judged" not in examples[0]:
@@ -237,7 +243,7 @@ class RerankTask:
             reranked[key], first[key], qrels[key] = [ids[i] for i in order], ex["first"], ex["judged"]
         return {**mean_metrics(reranked, qrels), "first_stage": mean_metrics(first, qrels)}
 
-    def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
+    def summary(self, prediction: Prediction) -> dict[str, str]:
         return {"score": f"{prediction['score']:.4f}"} if "score" in prediction else {"candidates": str(len(prediction["scores"]))}
 
 
@@ -253,7 +259,7 @@ def _grade(rec: Record, field: str, top: float) -> float:
     return y
 
 
-def _first_stage(path: Path, options: Mapping[str, Any], max_bytes: int | None) -> list[dict[str, Any]]:
+def _first_stage(path: Path, options: Mapping[str, Any], max_bytes: int | None) -> list[Example]:
     """A BEIR evaluation split's queries with the first stage's top ``rerank_top`` documents as their
     candidates (BM25 over the corpus, or an embedding bundle's exact search)."""
     split = read_split(path, training=False, max_bytes=max_bytes)

@@ -34,6 +34,12 @@ from mlmkit.taskkit import (
     EXAMPLE,
     MAX_RECORD_BYTES,
     RETRIEVAL_METRICS,
+    CheckpointInfo,
+    Example,
+    Feature,
+    Metrics,
+    Options,
+    Prediction,
     TaskContext,
     TaskOption,
     mean_metrics,
@@ -73,7 +79,7 @@ class SparseEmbeddingTask(EmbeddingTask):
     group_features = True
 
     def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False,
-             max_bytes: int | None = MAX_RECORD_BYTES) -> list[dict[str, Any]]:
+             max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
         """What the embedding task reads for mnrl (rows, BEIR directories) and scored pairs."""
         return super().read(path, _as_embedding(options), training=training, max_bytes=max_bytes)
 
@@ -95,14 +101,14 @@ class SparseEmbeddingTask(EmbeddingTask):
                 "sentence_bert_config.json": dump({"max_seq_length": ctx.max_length, "do_lower_case": False}),
                 "config_sentence_transformers.json": dump({"model_type": "SparseEncoder", "similarity_fn_name": "dot"})}
 
-    def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
         feats = super().featurize(examples, tokenizer, TaskContext(ctx.max_length, _as_embedding(ctx.options), ctx.labels,
                                                                     ctx.state), training=training)
         for f in feats:
             f.pop("target", None)  # no teacher here
         return feats
 
-    def from_hf(self, config: ModelConfig, directory: Path) -> dict[str, Any] | None:
+    def from_hf(self, config: ModelConfig, directory: Path) -> CheckpointInfo | None:
         """A sentence-transformers SparseEncoder directory (SpladePooling); any masked LM with --task."""
         return {} if is_splade_directory(directory) else None
 
@@ -111,18 +117,18 @@ class SparseEmbeddingTask(EmbeddingTask):
 
         return SparseEncoder(config, int(ctx.options["max_terms"]), ctx.options)
 
-    def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, Any]:
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
         """Retrieval through an inverted index (a retrieval set), or the pairs' correlations."""
         if examples and examples[0].get("kind") == "query":
             return _sparse_retrieval(predictions, examples)
         return super().compute_metrics(predictions, examples, ctx)
 
     def postprocess(
-        self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext
-    ) -> list[dict[str, Any]]:
+        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example], ctx: TaskContext
+    ) -> list[Prediction]:
         """{"indices", "values"} per text (non-zero entries, highest first); a pair adds
         "indices_pair" / "values_pair" and their "cosine"."""
-        preds: list[dict[str, Any]] = [{} for _ in examples]
+        preds: list[Prediction] = [{} for _ in examples]
         for f, ids, vals in zip(features, outputs["indices"], outputs["values"]):
             keep = np.asarray(vals) > 0
             suffix = "_pair" if f["part"] else ""
@@ -138,20 +144,20 @@ class SparseEmbeddingTask(EmbeddingTask):
                 p["cosine"] = dot / den if den > 0 else 0.0
         return preds
 
-    def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
+    def summary(self, prediction: Prediction) -> dict[str, str]:
         top = ", ".join(f"{i}:{v:.2f}" for i, v in list(zip(prediction["indices"], prediction["values"]))[:5])
         return {"terms": str(len(prediction["indices"])), "top": top + (" ..." if len(prediction["indices"]) > 5 else "")}
 
 
 
-def _as_embedding(options: Mapping[str, Any]) -> dict[str, Any]:
+def _as_embedding(options: Mapping[str, Any]) -> Options:
     """These options as the embedding task's reader and featurizer take them (its defaults, mnrl)."""
     from mlmkit_tasks.embedding import task as embedding
 
     return {**{o.name: o.default for o in embedding.options}, **options, "loss": "mnrl"}
 
 
-def _csr(preds: list[dict[str, Any]], width: int) -> Any:
+def _csr(preds: list[Prediction], width: int) -> Any:
     from scipy.sparse import csr_matrix
 
     indptr = np.cumsum([0] + [len(p["indices"]) for p in preds])
@@ -160,7 +166,7 @@ def _csr(preds: list[dict[str, Any]], width: int) -> Any:
     return csr_matrix((val, idx, indptr), shape=(len(preds), width))
 
 
-def _sparse_retrieval(predictions: list[dict[str, Any]], examples: list[dict[str, Any]], k: int = 100,
+def _sparse_retrieval(predictions: list[Prediction], examples: list[Example], k: int = 100,
                       chunk: int = 64) -> dict[str, float]:
     """Each query's top ``k`` documents by the dot product of sparse vectors, through an inverted
     index (the documents' csr matrix, transposed: term -> documents), ``chunk`` queries at a time;

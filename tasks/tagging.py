@@ -49,8 +49,14 @@ from mlmkit.taskkit import (
     LABEL,
     MAX_RECORD_BYTES,
     SEQUENCE,
+    CheckpointInfo,
     ConfigError,
     DataFormatError,
+    Example,
+    Feature,
+    Input,
+    Metrics,
+    Prediction,
     TaskContext,
     TaskOption,
     is_table,
@@ -93,8 +99,8 @@ def _check_tag(tag: Any, scheme: str, path: Path, line: int | None, field: str, 
     return tag
 
 
-def _read_conll(path: Path, scheme: str, max_bytes: int | None) -> list[dict[str, Any]]:
-    examples: list[dict[str, Any]] = []
+def _read_conll(path: Path, scheme: str, max_bytes: int | None) -> list[Example]:
+    examples: list[Example] = []
     tokens: list[str] = []
     tags: list[str] = []
     first = 0
@@ -133,8 +139,8 @@ def _string_list(rec: Any, key: str) -> list[str]:
     return value
 
 
-def _read_jsonl(path: Path, scheme: str, max_bytes: int | None) -> list[dict[str, Any]]:
-    examples: list[dict[str, Any]] = []
+def _read_jsonl(path: Path, scheme: str, max_bytes: int | None) -> list[Example]:
+    examples: list[Example] = []
     for rec in iter_jsonl(path, max_bytes=max_bytes):
         n = rec.line
         tokens = _string_list(rec, "tokens")
@@ -161,7 +167,7 @@ def _is_jsonl(path: Path) -> bool:
 
 
 # ---- options and labels ------------------------------------------------------------------------
-def _label_ids(examples: Sequence[dict[str, Any]], ctx: TaskContext) -> dict[str, int]:
+def _label_ids(examples: Sequence[Example], ctx: TaskContext) -> dict[str, int]:
     """tag -> id of the run; a gold tag the model never saw is a data error naming file and line."""
     labels = list(ctx.labels or ())
     if not labels:
@@ -205,7 +211,7 @@ class TaggingTask:
     pipeline_tag = "token-classification"
     command = "tag"
 
-    def read(self, path: Path, options: Mapping[str, Any], *, max_bytes: int | None = MAX_RECORD_BYTES) -> list[dict[str, Any]]:
+    def read(self, path: Path, options: Mapping[str, Any], *, max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
         """Examples {"tokens", "tags", "line", "source", "format"} of a CoNLL or JSONL file (by suffix:
         .jsonl/.json are JSONL; an unknown suffix is sniffed)."""
         path = Path(path)
@@ -217,7 +223,7 @@ class TaggingTask:
             )
         return examples
 
-    def from_input(self, item: str | dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    def from_input(self, item: Input, options: Mapping[str, Any]) -> Example:
         """A text (split into words and punctuation with character offsets), or a record with
         "text" or pre-tokenized "tokens" (offsets then refer to " ".join(tokens))."""
         if isinstance(item, dict) and isinstance(item.get("text"), str):
@@ -235,10 +241,10 @@ class TaggingTask:
         text, offsets = joined_offsets(tokens)
         return {"text": text, "tokens": list(tokens), "offsets": offsets}
 
-    def label_list(self, examples: list[dict[str, Any]]) -> list[str]:
+    def label_list(self, examples: list[Example]) -> list[str]:
         return sorted({t for ex in examples for t in ex["tags"]})
 
-    def from_hf(self, config: ModelConfig, directory: Path) -> dict[str, Any] | None:
+    def from_hf(self, config: ModelConfig, directory: Path) -> CheckpointInfo | None:
         """transformers' BertForTokenClassification: tags from id2label; BIOES when they have E-/S-."""
         if "BertForTokenClassification" not in (config.architectures or []):
             return None
@@ -247,7 +253,7 @@ class TaggingTask:
         bioes = any(split_tag(t)[0] in ("E", "S") for t in labels)
         return {"labels": labels, "options": {"scheme": "bioes" if bioes else "auto"}}
 
-    def featurize(self, examples: list[dict[str, Any]], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[dict[str, Any]]:
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
         """Windows of [CLS] sub-tokens [SEP] per example, with "word_ids" (word index per token, -1 on
         [CLS]/[SEP]) and "window" [start, end, total] in the example's sub-tokens. Consecutive windows
         of one example share about a quarter of a window."""
@@ -262,7 +268,7 @@ class TaggingTask:
         overlap = budget // 4
         with tokenizer_settings(tokenizer, words=True) as tok:
             encodings = tok.encode_batch([ex["tokens"] for ex in examples], is_pretokenized=True, add_special_tokens=False) if examples else []
-        features: list[dict[str, Any]] = []
+        features: list[Feature] = []
         for i, (ex, enc) in enumerate(zip(examples, encodings)):
             sub_ids, word_of = word_pieces(enc.ids, enc.word_ids, len(ex["tokens"]), sp.unk, enc.tokens)
             if training:
@@ -273,7 +279,7 @@ class TaggingTask:
                 ]
             for s, e in windows(word_of, budget, overlap):
                 n_tok = e - s + 2
-                f: dict[str, Any] = {
+                f: Feature = {
                     "input_ids": [sp.cls, *sub_ids[s:e], sp.sep],
                     "token_type_ids": [0] * n_tok,
                     EXAMPLE: i,
@@ -294,8 +300,8 @@ class TaggingTask:
         return BertForLabels(config, per_token=True)
 
     def postprocess(
-        self, outputs: dict[str, Any], features: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext
-    ) -> list[dict[str, Any]]:
+        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example], ctx: TaskContext
+    ) -> list[Prediction]:
         """{"tokens", "tags", "scores", "entities"} per example. A word's label distribution comes
         from its sub-tokens (aggregation first / average / max) in the window where the word has
         the most context on both sides; entities carry character offsets into the text."""
@@ -347,7 +353,7 @@ class TaggingTask:
             preds.append({"tokens": list(ex["tokens"]), "tags": tags[i], "scores": scores[i], "entities": entities})
         return preds
 
-    def compute_metrics(self, predictions: list[dict[str, Any]], examples: list[dict[str, Any]], ctx: TaskContext) -> dict[str, Any]:
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
         """Entity-level f1 (the main metric), precision, recall (0-1, conlleval), and per_type
         {type: {precision, recall, f1, support}}."""
         _label_ids(examples, ctx)
@@ -359,7 +365,7 @@ class TaggingTask:
             raise ConfigError("predictions do not match the examples word for word", "a bug: please report it")
         return entity_scores(gold, pred)
 
-    def summary(self, prediction: dict[str, Any]) -> dict[str, str]:
+    def summary(self, prediction: Prediction) -> dict[str, str]:
         ents = [f"{e['text']} {e['type']} {e['score']:.2f} {e['start']}:{e['end']}" for e in prediction["entities"]]
         return {"entities": "; ".join(ents) or "none"}
 

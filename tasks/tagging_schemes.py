@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+
+from mlmkit.taskkit import Metrics
 
 SCHEMES = ("auto", "iob1", "iob2", "bioes")
 PREFIXES = {"auto": "BIES", "iob1": "BI", "iob2": "BI", "bioes": "BIES"}
@@ -77,7 +78,7 @@ def detect_scheme(tag_seqs: Sequence[Sequence[str]]) -> str:
     return "iob1" if i_opens and not b_opens else "iob2"
 
 
-def entity_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict[str, Any]:
+def entity_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> Metrics:
     """Entity-level micro precision / recall / F1 (0-1) and the same per type with its gold support.
 
     A predicted entity counts only when its type, start and end all equal a gold one; 0/0 is 0."""
