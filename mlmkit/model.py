@@ -19,6 +19,7 @@ uses it:
 from __future__ import annotations
 
 from mlmkit.infer.evaluation import predict
+from mlmkit.infer.late import maxsim
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import (
     BertEmbeddings,
@@ -50,6 +51,7 @@ from mlmkit.train.losses import (
     distributed,
     flops,
     implements,
+    kl_distill,
     margin_mse,
     matryoshka,
     mnrl,
@@ -69,7 +71,7 @@ __all__ = [
     # heads
     "BertForLabels", "BertForPreTraining", "BertPreTrainingHeads", "tie_decoder", "masked_lm_loss",
     # losses of embeddings (a batch's PairBatch) and of rankings (a query's candidates)
-    "PairBatch", "mnrl", "cosent", "margin_mse", "mse_distill", "matryoshka", "distributed", "flops", "direct", "cached",
+    "PairBatch", "maxsim", "mnrl", "cosent", "margin_mse", "kl_distill", "mse_distill", "matryoshka", "distributed", "flops", "direct", "cached",
     "rank_bce", "rank_mnrl", "rank_listnet", "rank_lambda", "implements", "build_loss",
     # prediction with a fine-tuned run
     "load_finetuned", "torch_forward", "predict",

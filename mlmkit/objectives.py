@@ -42,6 +42,7 @@ class Loss:
     cached: bool = False  # embedded in mini-batches (GradCache): large batches in small memory
     in_batch: bool = False  # its negatives are the batch's other texts (no text twice in a batch)
     listwise: bool = False  # rank losses: over a query's candidates (not each pair alone)
+    teacher_scores: bool = False  # embedding losses: rows with the teacher's score of each candidate
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -80,7 +81,10 @@ register_loss(
     Loss("embedding", "mnrl", "mnrl", "in-batch and hard negatives (InfoNCE)", in_batch=True),
     Loss("embedding", "cached-mnrl", "mnrl", "mnrl in mini-batches (GradCache)", cached=True, in_batch=True),
     Loss("embedding", "cosent", "cosent", "scored pairs: cosines ordered as the scores", data=("scored",)),
-    Loss("embedding", "margin-mse", "margin_mse", "rows with teacher scores: the teacher's margins (TAS-B)"),
+    Loss("embedding", "margin-mse", "margin_mse", "rows with teacher scores: the teacher's margins (TAS-B)",
+         teacher_scores=True),
+    Loss("embedding", "kl-distill", "kl_distill", "rows with teacher scores: the softmax of the teacher's scores over "
+         "each query's candidates (ColBERTv2)", teacher_scores=True),
     Loss("embedding", "mse-distill", "mse_distill", "a teacher's embeddings, a projection where the sizes differ",
          data=("rows", "scored", "texts")),
     Loss("rank", "bce", "rank_bce", "pointwise: binary cross-entropy of each pair against label / max_label"),

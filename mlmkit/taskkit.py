@@ -15,7 +15,7 @@ This module is the one public path of these names; each is defined where the cor
 - tokenizer settings for one block and clipping huge texts: mlmkit.text.truncation; a tokenizer's
   special token ids and its mask token: mlmkit.text.tokenizer;
 - retrieval: exact (or faiss) search, the IR metrics, TREC run files, BM25 and dense retrievers over
-  a bundle: mlmkit.infer.retrieval;
+  a bundle: mlmkit.infer.retrieval; late interaction's MaxSim and exact ranking: mlmkit.infer.late;
 - an exported bundle's pipeline (onnxruntime): mlmkit.infer.pipeline;
 - the loss registry (a task's ``loss`` option's choices, what each loss trains on): mlmkit.objectives.
 """
@@ -27,6 +27,7 @@ from typing import Any
 
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError, TaskError
 from mlmkit.files import MAX_RECORD_BYTES, parse_json
+from mlmkit.infer.late import maxsim, padded, rank
 from mlmkit.infer.retrieval import BM25, INDEXES, Dense, mean_metrics, retrieve, write_trec
 from mlmkit.infer.retrieval import METRICS as RETRIEVAL_METRICS
 from mlmkit.objectives import Loss, get_loss, losses, register_loss
@@ -81,6 +82,7 @@ __all__ = [
     "tokenizer_settings", "clip_text", "special_ids", "mask_token", "MASK",
     # retrieval
     "RETRIEVAL_METRICS", "INDEXES", "retrieve", "mean_metrics", "write_trec", "BM25", "Dense",
+    "maxsim", "padded", "rank",
     # inference on bundles
     "load_pipeline",
     # the loss registry (implementations: mlmkit.model.implements)

@@ -58,6 +58,7 @@ from mlmkit_tasks.embedding_data import (
     as_retrieval,
     data_kind,
     example_texts,
+    is_multi_vector_directory,
     is_splade_directory,
     loss_option,
     prompt_for,
@@ -106,7 +107,7 @@ log = logging.getLogger("mlmkit")
 
 __all__ = [  # the data and evaluation helpers' public names are importable from here too, as before
     "DATA_NAMES", "FORMATS", "INPUT_TYPES", "NO_TARGET", "POOLINGS", "SPLADE_MODULES", "ST_POOLING", "ST_PROMPTS",
-    "EmbeddingTask", "is_splade_directory", "task",
+    "EmbeddingTask", "is_multi_vector_directory", "is_splade_directory", "task",
 ]
 
 POOLINGS = ("mean", "cls", "max")
@@ -150,13 +151,19 @@ def _loss(ctx: TaskContext) -> str:
     return loss
 
 
+def _teacher_scores(options: Mapping[str, Any]) -> bool:
+    """Whether the loss option names a loss that trains on the teacher's scores (margin-mse, kl-distill)."""
+    name = loss_option(options)
+    return name in losses("embedding") and get_loss("embedding", name).teacher_scores
+
+
 class EmbeddingTask:
     name = "embedding"
     description = ("Sentence embeddings: mean / cls / max pooling (+ L2 normalisation) in the graph; fine-tuned with "
                    "mnrl, cached-mnrl (GradCache) or cosent; retrieval (nDCG@10) or STS evaluation.")
     formats: tuple[str, ...] = ("csv", "tsv", "jsonl", "parquet", "beir")
     metrics: tuple[str, ...] = (*RETRIEVAL_METRICS, "spearman", "pearson")
-    outputs = {"embedding": (BATCH, "hidden")}
+    outputs: dict[str, tuple[str, ...]] = {"embedding": (BATCH, "hidden")}
     options: tuple[TaskOption, ...] = (
         TaskOption("pooling", "mean", "How token vectors become one: mean, cls or max (over real tokens).", choices=POOLINGS,
                    fixed=True, flags=("--pooling",)),
@@ -213,7 +220,9 @@ class EmbeddingTask:
     def from_hf(self, config: ModelConfig, directory: Path) -> CheckpointInfo | None:
         """A sentence-transformers directory (modules.json), or a bare encoder (architectures BertModel)."""
         if (directory / "modules.json").is_file():
-            return None if is_splade_directory(directory) else sentence_transformers_options(directory)
+            if is_splade_directory(directory) or is_multi_vector_directory(directory):
+                return None
+            return sentence_transformers_options(directory)
         return {} if "BertModel" in (config.architectures or []) else None
 
     def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False,
@@ -228,8 +237,8 @@ class EmbeddingTask:
             if training:
                 rows = [{"anchor": split.queries[q], "positive": split.corpus[d], "negatives": []}
                         for q in split.qrels for d in split.positives(q)]
-                if loss_option(options) == "margin-mse":
-                    raise TaskError("margin-mse trains on rows with the teacher's scores; a BEIR split has none",
+                if _teacher_scores(options):
+                    raise TaskError(f"{loss_option(options)} trains on rows with the teacher's scores; a BEIR split has none",
                                     f"mine them: mlmkit mine {path} --out rows.jsonl --with-scores")
                 if loss_option(options) == "mse-distill":
                     with_teacher(rows, options)
@@ -244,7 +253,7 @@ class EmbeddingTask:
         for rec in records:
             fields = rec.fields()
             if options["anchor_column"] in fields:
-                ex = anchor_row(rec, options, scores=loss == "margin-mse")
+                ex = anchor_row(rec, options, scores=_teacher_scores(options))
             elif texts_ok and options["score_column"] not in fields:
                 ex = {"text": rec.text(options["text_column"]), "text_pair": rec.text(options["pair_column"], required=False)}
             else:

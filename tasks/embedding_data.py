@@ -70,6 +70,24 @@ def is_splade_directory(d: Path) -> bool:
     return any(k in SPLADE_MODULES for k in kinds)
 
 
+def is_multi_vector_directory(d: Path) -> bool:
+    """A sentence-transformers MultiVectorEncoder directory, or a PyLate one (its modules.json names
+    a MultiVectorMask or a PyLate module, or its config declares ColBERT's query prefix): the colbert task's."""
+    try:
+        modules = parse_json((d / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    types = [str(m.get("type", "")) for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
+    if any(t.rsplit(".", 1)[-1] == "MultiVectorMask" or t.startswith("pylate.") for t in types):
+        return True
+    try:
+        config = parse_json((d / "config_sentence_transformers.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and (config.get("model_type") in ("MultiVectorEncoder", "ColBERT")
+                                     or "query_prefix" in config)
+
+
 def sentence_transformers_options(d: Path) -> CheckpointInfo:
     """The pooling, normalisation, prompts ({"options": ...}) and max length a sentence-transformers
     directory declares."""
@@ -132,7 +150,7 @@ def anchor_row(rec: Record, options: Mapping[str, Any], *, scores: bool) -> Exam
     value = rec.fields().get(col)
     if value is None:
         if scores:
-            raise rec.error("margin-mse needs the teacher's scores", col, hint="mlmkit mine --with-scores writes them "
+            raise rec.error(f"{loss_option(options)} needs the teacher's scores", col, hint="mlmkit mine --with-scores writes them "
                             "(the positive's, then each negative's)")
         row["negatives"] = [t for _, t in texts if t]
         return row

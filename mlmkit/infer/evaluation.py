@@ -205,6 +205,13 @@ def check_features(task: Plugin, features: list[Feature], n_examples: int, *, gr
 
 
 # ---- agreement of two models' outputs -----------------------------------------------------------
+def _vectors(name: str, a: np.ndarray, axes: tuple[str, ...]) -> bool:
+    """Whether output ``name`` holds vectors, compared by their cosine: one a row (an embedding) or
+    one a token (late interaction's), not labels' scores, positions' or top terms' values."""
+    shaped = len(axes) == 2 or (len(axes) == 3 and per_token(axes))
+    return a.dtype.kind == "f" and shaped and axes[-1] not in (LABEL, SEQUENCE) and name not in ("values", "indices")
+
+
 def real_rows(arr: np.ndarray, axes: tuple[str, ...], mask: np.ndarray) -> np.ndarray:
     """Per-token outputs at the real (unpadded) tokens only; others unchanged."""
     return arr[mask.astype(bool)] if per_token(axes) else arr  # (tokens, ...)
@@ -217,7 +224,7 @@ def decisions(name: str, a: np.ndarray, b: np.ndarray, axes: tuple[str, ...],
     first, -1 for none), the first id of each row (of each real token, for per-token terms) that
     either side chose (a fill-mask graph's tokens without a [MASK] choose nothing); None for an
     output that makes no choice (one number per row, such as a regression score, or top terms' values)."""
-    if name == "values" or (a.dtype.kind == "f" and len(axes) == 1):
+    if name == "values" or (a.dtype.kind == "f" and len(axes) == 1) or _vectors(name, a, axes):
         return None
     if name == "indices":
         da, db = (real_rows(x, axes, mask)[..., 0].reshape(-1) for x in (a, b))
@@ -246,8 +253,8 @@ def agreement(ref: Sequence[Mapping[str, np.ndarray]], got: Sequence[Mapping[str
                 scores[0].append(a.reshape(-1))
                 scores[1].append(b.reshape(-1))
                 continue
-            if a.dtype.kind == "f" and len(ax) == 2 and ax[1] not in (LABEL, SEQUENCE) and name != "values":
-                x, y = a.astype(np.float64), b.astype(np.float64)
+            if _vectors(name, a, ax):  # a vector a row, or a vector a real token (late interaction)
+                x, y = (real_rows(v, ax, mask).astype(np.float64) for v in (a, b))
                 den = np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)
                 cosines.append(np.where(den > 0, (x * y).sum(1) / np.where(den > 0, den, 1.0), 1.0))
                 continue

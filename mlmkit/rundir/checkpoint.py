@@ -7,6 +7,7 @@ mid-write leaves the previous file intact. Weights are read with safetensors or
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,44 @@ def save_weights(model: torch.nn.Module, path: str | Path, config: ModelConfig |
     sd = {k: v.detach().to("cpu").contiguous() for k, v in m.state_dict().items() if k not in TIED_KEYS}
     sd = fam.to_family(sd)
     atomic_write(path, lambda tmp: save_file(sd, tmp, metadata={"format": "pt"}))
+
+
+def save_module_weights(model: torch.nn.Module, d: Path) -> None:
+    """The weights a model also keeps where another library's loader looks for them (its
+    ``module_weights``: the colbert projection as a sentence-transformers Dense module), each file
+    written whole."""
+    weights = getattr(unwrap(model), "module_weights", None)
+    for name, tensors in (weights() if callable(weights) else {}).items():
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        _save_tensors({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, d / name)
+
+
+def _save_tensors(sd: dict[str, torch.Tensor], path: Path) -> None:
+    atomic_write(path, lambda tmp: save_file(sd, tmp, metadata={"format": "pt"}))
+
+
+def module_state_dict(d: Path) -> dict[str, torch.Tensor]:
+    """A sentence-transformers directory's Dense module weights (its first Dense's ``linear.*``, in
+    its folder: a MultiVectorEncoder's or PyLate's projection), under their own names; {} without one."""
+    try:
+        modules = json.loads((d / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    dense = [m for m in modules if isinstance(m, dict) and str(m.get("type", "")).rsplit(".", 1)[-1] == "Dense"] \
+        if isinstance(modules, list) else []
+    if not dense or not str(dense[0].get("path") or ""):
+        return {}
+    folder = d / str(dense[0]["path"])
+    files = weight_files(folder)
+    if not files:
+        raise ConfigError(f"{folder}: the Dense module has no weights", "re-save the sentence-transformers model")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        part = read_weights(f)
+        if not isinstance(part, dict):
+            raise ConfigError(f"{f}: not a dictionary of tensors", "is it a model checkpoint?")
+        sd.update({k: v for k, v in part.items() if k.startswith("linear.") and isinstance(v, torch.Tensor)})
+    return sd
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -67,6 +106,8 @@ def load_state_dict(run_dir: str | Path, config: ModelConfig | None = None) -> d
     if "cls.predictions.decoder.bias" in sd:
         sd.setdefault("cls.predictions.bias", sd["cls.predictions.decoder.bias"])
         del sd["cls.predictions.decoder.bias"]
+    if not any(k.startswith("linear.") for k in sd):
+        sd.update(module_state_dict(d))
     return sd
 
 

@@ -300,10 +300,17 @@ _PARQUET_SCALARS = (str, int, float, bool, bytes, datetime.date, datetime.time, 
 
 
 def parquet_value(v: Any) -> Any:
-    """A Parquet cell: numbers, strings, booleans, binary, temporal values, decimals and lists of
-    numbers as they are; anything nested as JSON text."""
+    """A Parquet cell: numbers, strings, booleans, binary, temporal values, decimals, lists of
+    numbers (an embedding) and lists of such lists (token vectors) as they are; anything else nested
+    as JSON text."""
     if v is None or isinstance(v, _PARQUET_SCALARS):
         return v
-    if isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+    if _numbers(v):
         return [float(x) for x in v]
+    if isinstance(v, list) and v and all(_numbers(x) for x in v):
+        return [[float(x) for x in row] for row in v]
     return json.dumps(v, ensure_ascii=False)
+
+
+def _numbers(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)

@@ -20,7 +20,14 @@ from mlmkit.files import atomic_write_text, exclusive, write_jsonl
 from mlmkit.infer import evaluation
 from mlmkit.models.config import ModelConfig
 from mlmkit.registry import Example, Metrics, Options, Plugin, Prediction, TaskContext, TaskState, get_task
-from mlmkit.rundir.checkpoint import is_model_dir, load_state_dict, load_weights, read_run_meta, save_run
+from mlmkit.rundir.checkpoint import (
+    is_model_dir,
+    load_state_dict,
+    load_weights,
+    read_run_meta,
+    save_module_weights,
+    save_run,
+)
 from mlmkit.rundir.config import load_config
 from mlmkit.rundir.hub import describe
 from mlmkit.rundir.meta import RunMeta
@@ -150,13 +157,13 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> Metrics:
     if not train_ex:
         raise MlmkitError(f"{args.train_file}: no examples", "check the file and the column options")
     labels = task.label_list(train_ex)
-    same_head = _same_head(cfg, task, labels, opts)
+    same_head = _same_head(cfg, task, labels, opts, claimed=task.from_hf(cfg, base) is not None)
     if labels is not None:
         cfg.id2label = dict(enumerate(labels))
         cfg.label2id = {v: k for k, v in cfg.id2label.items()}
     cfg.architectures = [task.hf_architecture]
     ctx = TaskContext(max_length=L, options=opts, labels=tuple(labels) if labels is not None else None,
-                      state=task.fit_state(train_ex))
+                      state=task.fit_state(train_ex), tokenizer=tok)
     cfg.extra.update(task.hf_config(ctx))
     meta = RunMeta(task=task.name, labels=ctx.labels, max_length=L, options=task.saved_options(opts),
                    task_state=dict(ctx.state), base_model=str(base),
@@ -199,6 +206,7 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> Metrics:
         for name, text in task.run_files(cfg, ctx).items():  # before save_run, which writes mlmkit.json last
             (d / name).parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(d / name, text)
+        save_module_weights(m, d)
         save_run(m, d, config=cfg, tokenizer=tok, meta=replace(meta_, task_state={**meta.task_state, **calibrated}))
 
     data_key = {"batch_size": args.batch_size, "max_length": L, "train": data_identity(args.train_file), "options": opts}
@@ -216,9 +224,12 @@ def data_identity(path: Path) -> list[list[Any]]:
     return [[str(p.resolve()), p.stat().st_size]]
 
 
-def _same_head(base: ModelConfig, task: Plugin, labels: list[str] | None, opts: Mapping[str, Any]) -> bool:
-    """Whether a base model's head is this task's, for these labels (in this order) and options."""
-    if task.hf_architecture not in (base.architectures or []) or task.hf_architecture == "BertModel":
+def _same_head(base: ModelConfig, task: Plugin, labels: list[str] | None, opts: Mapping[str, Any], *,
+               claimed: bool = False) -> bool:
+    """Whether a base model's head is this task's, for these labels (in this order) and options: its
+    architecture is the task's, or the task's ``from_hf`` claims the directory (a sentence-transformers
+    MultiVectorEncoder keeps the colbert projection in a module of its own)."""
+    if task.hf_architecture == "BertModel" or not (claimed or task.hf_architecture in (base.architectures or [])):
         return False
     base_labels = [base.id2label[i] for i in sorted(base.id2label)] if base.id2label else None
     wanted = task.hf_config(TaskContext(max_length=1, options=opts))
@@ -234,10 +245,11 @@ def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, R
     if meta.pretraining:
         raise MlmkitError(f"{d} is a pretraining run, not a fine-tuned model", "fine-tune it first: mlmkit finetune TASK")
     task = get_task(meta.task)
-    net = task.build_model(cfg, meta.context(task.resolve_options(saved=meta.options)))
+    tok = load_tokenizer(d)
+    net = task.build_model(cfg, replace(meta.context(task.resolve_options(saved=meta.options)), tokenizer=tok))
     load_weights(net, load_state_dict(d, cfg))
     net.eval()
-    return task, net, load_tokenizer(d), meta
+    return task, net, tok, meta
 
 
 def evaluate_base(
@@ -253,7 +265,7 @@ def evaluate_base(
     base = base_model_dir(model)
     cfg, tok = load_config(base), load_tokenizer(base)
     opts = task.resolve_options(options)
-    ctx = TaskContext(max_length=max_length or min(task.default_max_length, cfg.max_tokens), options=opts)
+    ctx = TaskContext(max_length=max_length or min(task.default_max_length, cfg.max_tokens), options=opts, tokenizer=tok)
     torch.manual_seed(0)
     net = task.build_model(cfg, ctx)
     kept = load_state_dict(base, cfg)

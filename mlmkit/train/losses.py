@@ -35,6 +35,8 @@ from mlmkit.models.pooled import PairBatch
 from mlmkit.objectives import Loss
 
 EmbeddingLoss = Callable[[torch.Tensor, PairBatch], torch.Tensor]
+Similarity = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(a (n, H), b (m, H)) -> (n, m): every row of ``a`` against every row of ``b``."""
 Embed = Callable[[torch.Tensor], torch.Tensor]
 """Feature indices (n,) -> their embeddings (n, H), with a graph where grad is enabled."""
 
@@ -73,13 +75,19 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
 
 
+def _similarity(dot: bool, similarity: Similarity | None) -> Similarity:
+    return similarity if similarity is not None else (lambda a, b: a @ b.T) if dot else _cos
+
+
 @implements
-def mnrl(scale: float = 20.0, symmetric: bool = False, dot: bool = False, **_: object) -> EmbeddingLoss:
+def mnrl(scale: float = 20.0, symmetric: bool = False, dot: bool = False, similarity: Similarity | None = None,
+         **_: object) -> EmbeddingLoss:
     """Multiple negatives ranking (InfoNCE): each anchor against every positive and hard negative of
     the batch, its own positive the target, cosine times ``scale`` (20: temperature 0.05), or the dot
-    product times ``scale`` with ``dot`` (sparse vectors: SPLADE's similarity).
+    product times ``scale`` with ``dot`` (sparse vectors: SPLADE's similarity), or ``similarity``
+    times ``scale`` (late interaction's MaxSim).
     ``symmetric`` adds the positive -> anchor direction and averages the two."""
-    sim = (lambda a, b: a @ b.T) if dot else _cos
+    sim = _similarity(dot, similarity)
 
     def loss(E: torch.Tensor, b: PairBatch) -> torch.Tensor:
         a, p = _rows(b, 0), _rows(b, 1)
@@ -104,10 +112,11 @@ def mnrl(scale: float = 20.0, symmetric: bool = False, dot: bool = False, **_: o
 
 
 @implements
-def margin_mse(**_: object) -> EmbeddingLoss:
+def margin_mse(similarity: Similarity | None = None, **_: object) -> EmbeddingLoss:
     """MarginMSE (TAS-B): for every negative of an example, the student's margin dot(a, p) - dot(a, n)
     regressed on the teacher's, score(p) - score(n) (the rows' scores), the squared errors averaged.
-    Dot products, as the teacher scores are raw (a cross-encoder's logits, a retriever's scores)."""
+    Dot products, as the teacher scores are raw (a cross-encoder's logits, a retriever's scores), or
+    ``similarity`` (late interaction's MaxSim)."""
 
     def loss(E: torch.Tensor, b: PairBatch) -> torch.Tensor:
         a, p = _rows(b, 0), _rows(b, 1)
@@ -116,8 +125,36 @@ def margin_mse(**_: object) -> EmbeddingLoss:
             raise ValueError("margin-mse needs an anchor, a positive and negatives per example")
         row = torch.searchsorted(b.example[a].contiguous(), b.example[neg].contiguous())  # each negative's example
         ai, pi = a[row], p[row]
-        student = (E[ai] * E[pi]).sum(-1) - (E[ai] * E[neg]).sum(-1)
+        if similarity is None:
+            student = (E[ai] * E[pi]).sum(-1) - (E[ai] * E[neg]).sum(-1)
+        else:  # each anchor against its own candidates only
+            s = similarity(E[a], E[torch.cat([p, neg])])  # (examples, examples + negatives)
+            student = s[row, row] - s[row, len(p) + torch.arange(len(neg), device=E.device)]
         return F.mse_loss(student, (b.score[pi] - b.score[neg]).to(student.dtype))
+
+    return loss
+
+
+@implements
+def kl_distill(scale: float = 1.0, dot: bool = False, similarity: Similarity | None = None, temperature: float = 1.0,
+               **_: object) -> EmbeddingLoss:
+    """Distillation of a teacher's ranking (ColBERTv2): over each example's candidates (its positive
+    and hard negatives), the KL divergence from the softmax of the teacher's scores (the rows' scores)
+    to that of the student's (``similarity``, the dot product with ``dot``, else the cosine, times
+    ``scale``), both divided by ``temperature``; the batch's mean, times temperature squared."""
+    sim = _similarity(dot, similarity)
+
+    def loss(E: torch.Tensor, b: PairBatch) -> torch.Tensor:
+        a = _rows(b, 0)
+        cand = (b.part >= 1).nonzero().squeeze(1)
+        if not len(a) or not len(cand):
+            raise ValueError("kl-distill needs an anchor and scored candidates per example")
+        own = b.example[cand][None, :] == b.example[a][:, None]  # (examples, candidates): each example's own
+        student = (scale * sim(E[a], E[cand]) / temperature).masked_fill(~own, -math.inf)
+        teacher = (b.score[cand][None, :].to(student.dtype) / temperature).expand_as(student).masked_fill(~own, -math.inf)
+        log_s, log_t = F.log_softmax(student, dim=-1), F.log_softmax(teacher, dim=-1)
+        kl = torch.where(own, log_t.exp() * (log_t - log_s), torch.zeros_like(log_s)).sum(-1)
+        return kl.mean() * temperature ** 2
 
     return loss
 

@@ -33,7 +33,7 @@ runner = CliRunner()
 CLI = typer.main.get_command(app)
 RUN_INFERENCE = ("fill-mask", "classify", "tag", "qa", "embed", "predict")
 COMMAND_OF = {"fill-mask": "fill-mask", "classification": "classify", "tagging": "tag", "qa": "qa",
-              "embedding": "embed", "sparse-embedding": "embed", "rerank": "classify"}
+              "embedding": "embed", "sparse-embedding": "embed", "rerank": "classify", "colbert": "embed"}
 TASKS = tuple(COMMAND_OF)
 
 
@@ -285,7 +285,7 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
                 "--text-column", "body", "--json"]
         r = runner.invoke(app, base)
         if task not in ("embedding", "sparse-embedding"):
-            one_red_line(r, str(bundles[task]))
+            one_red_line(r, str(bundles[task]), *(("is a colbert bundle",) if task == "colbert" else ()))
             continue
         assert r.exit_code == 0 and json.loads(r.stdout)["count"] == len(DOCS), r.output
         ix[task] = out

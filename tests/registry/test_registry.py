@@ -37,7 +37,7 @@ from mlmkit.train.finetune import TaskEvaluator, torch_forward
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
-BUILTINS = ("classification", "embedding", "fill-mask", "qa", "rerank", "sparse-embedding", "tagging")
+BUILTINS = ("classification", "colbert", "embedding", "fill-mask", "qa", "rerank", "sparse-embedding", "tagging")
 
 
 def squash(text: str) -> str:
@@ -243,7 +243,7 @@ def test_core_never_imports_a_task() -> None:
 
 def test_unknown_task_lists_the_registered_ones() -> None:
     registry.reset()
-    with pytest.raises(TaskError, match=r"unknown task 'ner'; registered tasks: classification, embedding, fill-mask, qa, rerank, sparse-embedding, tagging") as e:
+    with pytest.raises(TaskError, match=r"unknown task 'ner'; registered tasks: classification, colbert, embedding, fill-mask, qa, rerank, sparse-embedding, tagging") as e:
         registry.get_task("ner")
     assert "mlmkit tasks" in (e.value.hint or "")
 
@@ -254,7 +254,7 @@ def test_cli_unknown_task_exits_2_with_the_list(tmp_path: Path) -> None:
     assert res.exit_code == 2, res.output
     assert len(res.stderr.strip().splitlines()) == 1, f"not one line: {res.stderr!r}"
     msg = squash(res.stderr)
-    assert "unknown task 'nosuchtask'; registered tasks: classification, embedding, fill-mask, qa, rerank, sparse-embedding, tagging" in msg
+    assert "unknown task 'nosuchtask'; registered tasks: classification, colbert, embedding, fill-mask, qa, rerank, sparse-embedding, tagging" in msg
     assert "Traceback" not in res.output
 
 
@@ -567,6 +567,9 @@ SAMPLES["sparse-embedding"] = {  # SPLADE trains on (anchor, positive) rows, eva
     ]),
     "input": "a fine story",
 }
+
+SAMPLES["colbert"] = {**SAMPLES["sparse-embedding"]}  # late interaction reads what SPLADE reads
+SAMPLE_METRICS["colbert"] = ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100", "precision@10")
 
 
 def discovered() -> list[str]:

@@ -311,7 +311,7 @@ def test_a_directory_whose_task_cannot_be_told(tmp_path: Path) -> None:
     assert r.exit_code == 2
     msg = " ".join(r.stderr.split())
     assert "cannot tell which task this checkpoint is for (config.json's architectures: BertForMultipleChoice)" in msg
-    assert "pass --task, one of: classification, embedding, fill-mask, qa, rerank, sparse-embedding, tagging" in msg
+    assert "pass --task, one of: classification, colbert, embedding, fill-mask, qa, rerank, sparse-embedding, tagging" in msg
     # --task says what to read it as: its encoder exports as an embedding model
     assert export_json(src, tmp_path / "b", "--task", "embedding")["task"] == "embedding"
 

@@ -137,6 +137,10 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
                          precision=args.precision)
     bundle = record(Path(args.bundle))  # the bundle's identity, read once: what a search checks cheaply
     sparse = is_sparse(pipe)
+    if not sparse and "embedding" not in pipe.meta.outputs:
+        raise ConfigError(f"{args.bundle} is a {pipe.task} bundle, whose outputs ({', '.join(pipe.meta.outputs)}) are not one "
+                          "vector a text: `mlmkit index` indexes embedding and sparse-embedding bundles",
+                          "a colbert bundle is scored exactly over a corpus by `mlmkit evaluate BUNDLE --data BEIR_DIR`")
     if sparse and (args.quantization, args.ann, args.rescore_copy) != ("float32", "flat", None):
         raise ConfigError(f"{args.bundle} gives sparse vectors (sparse-embedding): its index is an inverted index, which takes "
                           "no --quantize, --ann or --rescore-copy", "drop them")

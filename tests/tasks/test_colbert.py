@@ -1,0 +1,259 @@
+"""Late interaction (the colbert task): MaxSim against its formula, its losses, a fine-tune on the
+built-in retrieval set, sentence-transformers' MultiVectorEncoder on mlmkit's run and mlmkit on
+theirs (and on PyLate and Stanford ColBERT layouts), the bundle, `mlmkit embed` and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_base_model, run_export, run_finetune
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+from mlmkit.cli import app
+from mlmkit.errors import ConfigError
+from mlmkit.infer.late import maxsim, rank
+from mlmkit.quickstart.retrieval_set import write_retrieval_set
+from mlmkit.text.batching import pad_features
+from mlmkit.text.tokenizer import load_tokenizer
+from mlmkit.train import losses
+from mlmkit.train.finetune import evaluate_base, load_finetuned
+from mlmkit.train.losses import PairBatch
+
+runner = CliRunner()
+TEXTS = ["Return the number of items in the queue.", "A Mapping is a container, isn't it?", "x"]
+SMALL = {"dim": 16, "query_length": 12}
+
+
+# ---- MaxSim and the losses, against plain formulas ---------------------------------------------------------
+def _maxsim_loop(q: np.ndarray, d: np.ndarray) -> float:
+    return float(sum(max(float(a @ b) for b in d) for a in q)) if len(d) else 0.0
+
+
+def test_maxsim_is_the_sum_of_each_query_tokens_best_match_in_numpy_and_torch():
+    rng = np.random.default_rng(0)
+    queries = [rng.normal(size=(n, 8)).astype(np.float32) for n in (3, 5)]
+    docs = [rng.normal(size=(n, 8)).astype(np.float32) for n in (4, 1, 7, 0)]
+    want = np.array([[_maxsim_loop(q, d) for d in docs] for q in queries])
+    from mlmkit.infer.late import padded
+
+    Q, qm = padded(queries, 8)
+    D, dm = padded(docs, 8)
+    for chunk in (1 << 25, 1):  # all documents at once, and one at a time
+        got = maxsim(Q, D, qm, dm, chunk_elements=chunk)
+        assert np.allclose(got, want, atol=1e-5)
+    got_torch = maxsim(torch.from_numpy(Q), torch.from_numpy(D), torch.from_numpy(qm), torch.from_numpy(dm))
+    assert torch.allclose(got_torch, torch.from_numpy(want).float(), atol=1e-5)
+    top = rank(queries, docs, k=2)
+    assert [[j for j, _ in row] for row in top] == [list(np.argsort(-w, kind="stable")[:2]) for w in want]
+
+
+def _batch(parts: list[list[int]], scores: list[list[float]]) -> PairBatch:
+    example = [i for i, ps in enumerate(parts) for _ in ps]
+    part = [p for ps in parts for p in ps]
+    score = [s for ss in scores for s in ss]
+    return PairBatch(torch.tensor(example), torch.tensor(part), torch.arange(len(part)), torch.tensor(score))
+
+
+def test_kl_distill_is_the_kl_of_the_teachers_softmax_to_the_students_over_each_querys_candidates():
+    torch.manual_seed(0)
+    b = _batch([[0, 1, 2, 3], [0, 1, 2]], [[0.0, 3.0, 1.0, -1.0], [0.0, 2.0, 2.5]])
+    E = torch.randn(len(b.part), 6)
+    want = 0.0
+    for a, cands in ((0, [1, 2, 3]), (4, [5, 6])):
+        s = torch.tensor([float(E[a] @ E[c]) for c in cands]) / 2.0
+        t = b.score[cands] / 2.0
+        p = torch.softmax(t, 0)
+        want += float((p * (torch.log(p) - torch.log_softmax(s, 0))).sum())
+    got = losses.kl_distill(dot=True, temperature=2.0)(E, b)
+    assert float(got) == pytest.approx(want / 2 * 4.0, abs=1e-5)
+
+
+def test_margin_mse_with_a_similarity_scores_each_anchor_against_its_own_candidates():
+    torch.manual_seed(0)
+    b = _batch([[0, 1, 2], [0, 1, 2, 3]], [[0.0, 2.0, 0.5], [0.0, 1.0, 0.0, -1.0]])
+    E = torch.randn(len(b.part), 6)
+    dot = lambda x, y: x @ y.T  # noqa: E731
+    assert float(losses.margin_mse(similarity=dot)(E, b)) == pytest.approx(float(losses.margin_mse()(E, b)), rel=1e-6)
+
+
+# ---- end to end on the built-in retrieval set ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def colbert(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("colbert")
+    beir = tmp / "set"
+    write_retrieval_set(beir, max_documents=300)
+    texts = [json.loads(line)["text"] for f in ("corpus.jsonl", "queries.jsonl") for line in open(beir / f)]
+    base = make_base_model(tmp / "base", texts, vocab_size=1500)
+    run = tmp / "run"
+    metrics = run_finetune("colbert", base, beir, run, eval_file=beir, steps=40, lr=1e-3, batch_size=64,
+                           max_length=48, eval_every=1000, progress=False, options=SMALL)
+    return {"tmp": tmp, "beir": beir, "base": base, "run": run, "metrics": metrics}
+
+
+def test_fine_tuning_learns_retrieval_from_a_random_projection(colbert):
+    zero = evaluate_base("colbert", colbert["base"], colbert["beir"], max_length=48, options=SMALL)
+    tuned = colbert["metrics"]
+    assert tuned["eval_ndcg@10"] > zero["ndcg@10"] + 0.1, (zero, tuned)
+    log = [json.loads(line) for line in open(colbert["run"] / "metrics.jsonl") if '"loss"' in line]
+    assert log[-1]["loss"] < log[0]["loss"]
+
+
+def _ours(run: Path, kind: str, texts: list[str] = TEXTS) -> list[np.ndarray]:
+    """Each text's token vectors as mlmkit's torch model and the task's postprocess give them."""
+    task, net, tok, meta = load_finetuned(run)
+    ctx = replace(meta.context({**task.resolve_options(saved=meta.options), "input_type": kind}), tokenizer=tok)
+    examples = [{"text": t} for t in texts]
+    feats = task.featurize(examples, tok, ctx, training=False)
+    with torch.no_grad():
+        out = net(**{k: torch.from_numpy(v) for k, v in pad_features(feats, 0).items()})["vectors"].numpy()
+    preds = task.postprocess({"vectors": [o[: len(f["input_ids"])] for o, f in zip(out, feats)]}, feats, examples, ctx)
+    return [np.asarray(p["vectors"], dtype=np.float32) for p in preds]
+
+
+def _same(ours: list[np.ndarray], theirs: list, what: str) -> None:
+    for a, b in zip(ours, theirs):
+        b = np.asarray(b)
+        assert a.shape == b.shape and np.abs(a - b).max() < 1e-5, (what, a.shape, b.shape)
+
+
+def test_sentence_transformers_loads_the_run_with_the_same_token_vectors(colbert):
+    st = pytest.importorskip("sentence_transformers")
+    model = st.MultiVectorEncoder(str(colbert["run"]), device="cpu")
+    _same(_ours(colbert["run"], "query"), model.encode_query(TEXTS, convert_to_numpy=True), "query")
+    _same(_ours(colbert["run"], "document"), model.encode_document(TEXTS, convert_to_numpy=True), "document")
+    q = _ours(colbert["run"], "query")
+    assert all(len(v) == SMALL["query_length"] for v in q)  # expanded with [MASK]s to query_length
+    tokens = load_tokenizer(colbert["run"]).encode("[D] " + TEXTS[1]).ids
+    assert len(_ours(colbert["run"], "document")[1]) < len(tokens)  # the skiplist's punctuation left out
+
+
+def test_mlmkit_loads_a_multi_vector_encoder_saved_by_sentence_transformers(colbert, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    torch.manual_seed(3)
+    model = st.MultiVectorEncoder(str(colbert["base"]), device="cpu")  # a bare encoder: a fresh projection
+    model.save(str(tmp_path / "mve"))
+    _same(_ours(tmp_path / "mve", "query"), model.encode_query(TEXTS, convert_to_numpy=True), "query")
+    _same(_ours(tmp_path / "mve", "document"), model.encode_document(TEXTS, convert_to_numpy=True), "document")
+    # and the run loads in mlmkit as it is: a colbert model from `mlmkit export` without --task
+    bundle = tmp_path / "bundle"
+    assert run_export(tmp_path / "mve", bundle)["task"] == "colbert"
+
+
+def _tiny_checkpoint(run: Path, out: Path) -> tuple[dict, torch.Tensor]:
+    """The run's encoder files copied to ``out``, its config and the projection weight."""
+    import shutil
+
+    shutil.copytree(run, out, ignore=shutil.ignore_patterns("*_Dense", "*_MultiVectorMask", "*_Normalize", "modules.json",
+                                                            "sentence_bert_config.json", "config_sentence_transformers.json",
+                                                            "mlmkit.json", "metrics.jsonl", "checkpoints"))
+    config = json.loads((out / "config.json").read_text())
+    return config, load_file(str(run / "1_Dense" / "model.safetensors"))["linear.weight"]
+
+
+def test_mlmkit_loads_a_stanford_colbert_checkpoint_as_sentence_transformers_does(colbert, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    d = tmp_path / "stanford"
+    config, weight = _tiny_checkpoint(colbert["run"], d)
+    (d / "config.json").write_text(json.dumps({**config, "architectures": ["HF_ColBERT"]}))
+    sd = load_file(str(d / "model.safetensors"))
+    save_file({**sd, "linear.weight": weight.contiguous()}, str(d / "model.safetensors"))
+    (d / "artifact.metadata").write_text(json.dumps({"query_token_id": "[unused0]", "doc_token_id": "[unused1]",
+                                                     "query_maxlen": 10, "doc_maxlen": 40, "dim": SMALL["dim"],
+                                                     "mask_punctuation": True, "attend_to_mask_tokens": False}))
+    model = st.MultiVectorEncoder(str(d), device="cpu")
+    _same(_ours(d, "query"), model.encode_query(TEXTS, convert_to_numpy=True), "query")
+    _same(_ours(d, "document"), model.encode_document(TEXTS, convert_to_numpy=True), "document")
+
+
+def test_mlmkit_loads_a_pylate_checkpoint_as_sentence_transformers_does(colbert, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    d = tmp_path / "pylate"
+    config, weight = _tiny_checkpoint(colbert["run"], d)
+    (d / "config.json").write_text(json.dumps({**config, "architectures": ["BertModel"]}))
+    (d / "1_Dense").mkdir()
+    save_file({"linear.weight": weight.contiguous()}, str(d / "1_Dense" / "model.safetensors"))
+    (d / "1_Dense" / "config.json").write_text(json.dumps({"in_features": weight.shape[1], "out_features": weight.shape[0],
+                                                          "bias": False,
+                                                          "activation_function": "torch.nn.modules.linear.Identity"}))
+    (d / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]))
+    (d / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 40, "do_lower_case": False}))
+    (d / "config_sentence_transformers.json").write_text(json.dumps({
+        "model_type": "ColBERT", "query_prefix": "[unused0]", "document_prefix": "[unused1]", "query_length": 10, "document_length": 40,
+        "attend_to_expansion_tokens": False, "skiplist_words": list("!,.?'"), "similarity_fn_name": "MaxSim"}))
+    model = st.MultiVectorEncoder(str(d), device="cpu")
+    _same(_ours(d, "query"), model.encode_query(TEXTS, convert_to_numpy=True), "query")
+    _same(_ours(d, "document"), model.encode_document(TEXTS, convert_to_numpy=True), "document")
+
+
+def test_the_bundle_scores_what_the_run_scores_and_embed_writes_token_vectors(colbert, tmp_path):
+    bundle = tmp_path / "bundle"
+    run_export(colbert["run"], bundle)
+    r = runner.invoke(app, ["evaluate", str(bundle), "--data", str(colbert["beir"]), "--json"], env={"COLUMNS": "1000"})
+    assert r.exit_code == 0, r.output
+    assert abs(json.loads(r.stdout)["ndcg@10"] - colbert["metrics"]["eval_ndcg@10"]) < 0.002
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    for kind in ("query", "document"):
+        out = tmp_path / f"{kind}.parquet"
+        r = runner.invoke(app, ["embed", str(bundle), "--input", str(inputs), "--output", str(out), "--as", kind])
+        assert r.exit_code == 0, r.output
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(out).to_pylist()
+        _same([np.asarray(row["vectors"], dtype=np.float32) for row in rows], _ours(colbert["run"], kind), kind)
+
+
+def test_cached_mnrl_gives_mnrls_loss(colbert):
+    from mlmkit.registry import get_task
+
+    task, net, tok, meta = load_finetuned(colbert["run"])
+    rows = [{"anchor": f"query {i}", "positive": f"the document {i} .", "negatives": [f"other {i}"]} for i in range(6)]
+    got = []
+    for loss in ("mnrl", "cached-mnrl"):
+        opts = task.resolve_options({**SMALL, "loss": loss, "mini_batch_size": 4})
+        ctx = replace(meta.context(opts), tokenizer=tok)
+        model = get_task("colbert").build_model(load_finetuned(colbert["run"])[1].config, ctx)
+        model.load_state_dict(net.state_dict(), strict=False)
+        feats = task.featurize(rows, tok, ctx, training=True)
+        batch = pad_features(feats, 0, extra=task.label_names)
+        out = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
+        out["loss"].backward()
+        got.append((float(out["loss"].detach()), model.linear.weight.grad.clone()))
+    assert got[0][0] == pytest.approx(got[1][0], rel=1e-5) and torch.allclose(got[0][1], got[1][1], atol=1e-5)
+
+
+def test_kl_distill_trains_on_rows_with_teacher_scores(colbert, tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    corpus = [json.loads(line) for line in open(colbert["beir"] / "corpus.jsonl")][:40]
+    rows.write_text("".join(json.dumps({"anchor": d["text"][:40], "positive": d["text"], "negative_1": corpus[i - 1]["text"],
+                                        "negative_2": corpus[i - 2]["text"], "scores": [5.0, 1.0, 0.0]}) + "\n"
+                            for i, d in enumerate(corpus)))
+    out = tmp_path / "kl"
+    run_finetune("colbert", colbert["run"], rows, out, steps=12, lr=1e-3, batch_size=24, max_length=48, progress=False,
+                 log_every=1, options={"loss": "kl-distill"})
+    log = [json.loads(line)["loss"] for line in open(out / "metrics.jsonl") if '"loss"' in line]
+    assert len(log) == 12 and np.mean(log[-3:]) < np.mean(log[:3]) and all(map(math.isfinite, log)), log
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"anchor": "a", "positive": "b", "negative_1": "c"}) + "\n")
+    r = runner.invoke(app, ["finetune", "colbert", "--model", str(colbert["run"]), "--train", str(bad), "--out", str(tmp_path / "x"),
+                            "--option", "loss=kl-distill"])
+    assert r.exit_code == 2 and "kl-distill needs the teacher's scores" in r.output and "bad.jsonl" in r.output
+
+
+def test_bad_options_are_one_line(colbert, tmp_path):
+    for option, match in (("query_length=4096", "query_length 4096 exceeds the model's 512 positions"),
+                          ("dim=0", "dim")):
+        r = runner.invoke(app, ["finetune", "colbert", "--model", str(colbert["base"]), "--train", str(colbert["beir"]),
+                                "--out", str(tmp_path / "x"), "--option", option])
+        assert r.exit_code == 2 and match in r.output and "Traceback" not in r.output, r.output
+    with pytest.raises(ConfigError, match="query_length"):
+        evaluate_base("colbert", colbert["base"], colbert["beir"], options={"query_length": 4096})
