@@ -47,6 +47,7 @@ from mlmkit.taskkit import (
     BATCH,
     DISTINCT,
     EXAMPLE,
+    MAX_RECORD_BYTES,
     RETRIEVAL_METRICS,
     SEQUENCE,
     TRUNCATED,
@@ -63,6 +64,7 @@ from mlmkit.taskkit import (
     TaskOption,
     clip_text,
     get_loss,
+    is_beir,
     mask_token,
     maxsim,
     mean_metrics,
@@ -101,7 +103,7 @@ class ColbertTask(EmbeddingTask):
     options = (
         TaskOption("dim", 128, "Dimensions of each token vector (the projection's output).", minimum=1, fixed=True),
         TaskOption("query_length", 32, "Tokens of every query: cut to it, padded to it with [MASK] (query expansion).",
-                   minimum=1, fixed=True),
+                   minimum=4, fixed=True),
         TaskOption("query_expansion", True, "Pad every query to query_length with [MASK]s that take part in scoring "
                    "(off: queries are only cut to it).", fixed=True),
         TaskOption("attend_expansion", False, "Let the encoder attend to the query's [MASK] padding (ColBERTv1, "
@@ -114,6 +116,11 @@ class ColbertTask(EmbeddingTask):
         TaskOption("input_type", "document", "What the inputs are: query (marker, expansion) or document (marker, "
                    "skiplist) (`mlmkit embed --as query`).", choices=("query", "document"), saved=False,
                    flags=("--input-type", "--as")),
+        TaskOption("first_stage", "all", "BEIR evaluation: MaxSim over every document (all), or over the top "
+                   "--rerank-top documents of a first stage, bm25 or an embedding bundle (ColBERT as a reranker: only "
+                   "those documents are encoded).", saved=False, flags=("--first-stage",), evaluation=True),
+        TaskOption("rerank_top", 100, "BEIR evaluation with a first stage: its documents reranked per query.", minimum=1,
+                   saved=False, flags=("--rerank-top",), evaluation=True),
         TaskOption("save_run", "", "Retrieval evaluation: write the ranking (top 100 per query) to this file in TREC "
                    "run format.", saved=False, flags=("--save-run",), evaluation=True),
         TaskOption("loss", "mnrl", "Fine-tuning loss: mnrl or cached-mnrl (GradCache) on (anchor, positive, negatives) "
@@ -153,6 +160,19 @@ class ColbertTask(EmbeddingTask):
         if "HF_ColBERT" in (config.architectures or []):
             return _stanford_options(directory)
         return None
+
+    def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False,
+             max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
+        """What the embedding task reads; for a BEIR evaluation with a first stage, each query with its
+        candidates ("first": the first stage's ranking) and the documents any query has."""
+        if training or options.get("first_stage", "all") == "all" or not is_beir(path):
+            return super().read(path, options, training=training, max_bytes=max_bytes)
+        from mlmkit_tasks.rerank import first_stage
+
+        got = first_stage(path, options, max_bytes)
+        docs = {d: t for ex in got for d, t in zip(ex["ids"], ex["docs"])}
+        return ([{"kind": "query", "id": ex["id"], "text": ex["query"], "judged": ex["judged"], "first": ex["ids"]}
+                 for ex in got] + [{"kind": "doc", "id": d, "text": t} for d, t in docs.items()])
 
     def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
         """A feature per text: a query's marker, text and [MASK] expansion to query_length tokens; a
@@ -285,12 +305,22 @@ class ColbertTask(EmbeddingTask):
             raise TaskError("retrieval evaluation needs queries and documents")
         dim = int(ctx.options["dim"])
         vec = lambda p: np.asarray(p["vectors"], dtype=np.float32).reshape(-1, dim)  # noqa: E731
-        top = rank([vec(p) for _, p in queries], [vec(p) for _, p in docs], 100)
-        ranked = {ex["id"]: [(docs[j][0]["id"], s) for j, s in row] for (ex, _), row in zip(queries, top)}
+        qrels = {ex["id"]: ex["judged"] for ex, _ in queries}
+        if "first" in queries[0][0]:  # a first stage's candidates, reranked
+            at = {ex["id"]: j for j, (ex, _) in enumerate(docs)}
+            ranked: dict[str, list[tuple[str, float]]] = {}
+            for ex, p in queries:
+                cands = [at[d] for d in ex["first"]]
+                ranked[ex["id"]] = [(docs[cands[i]][0]["id"], s) for i, s in
+                                    rank([vec(p)], [vec(docs[j][1]) for j in cands], len(cands))[0]]
+            extra: Metrics = {"first_stage": mean_metrics({ex["id"]: ex["first"] for ex, _ in queries}, qrels)}
+        else:
+            top = rank([vec(p) for _, p in queries], [vec(p) for _, p in docs], 100)
+            ranked = {ex["id"]: [(docs[j][0]["id"], s) for j, s in row] for (ex, _), row in zip(queries, top)}
+            extra = {}
         if ctx.options.get("save_run"):
             write_trec(ctx.options["save_run"], ranked)
-        return mean_metrics({k: [d for d, _ in v] for k, v in ranked.items()},
-                            {ex["id"]: ex["judged"] for ex, _ in queries})
+        return {**mean_metrics({k: [d for d, _ in v] for k, v in ranked.items()}, qrels), **extra}
 
     def summary(self, prediction: Prediction) -> dict[str, str]:
         v = np.asarray(prediction["vectors"], dtype=np.float32)

@@ -179,7 +179,7 @@ class EmbeddingTask:
         TaskOption("save_run", "", "Retrieval evaluation: write the ranking (top 100 per query) to this file in TREC "
                    "run format.", saved=False, flags=("--save-run",), evaluation=True),
         TaskOption("loss", "auto", "Fine-tuning loss: mnrl or cached-mnrl on (anchor, positive, negatives) rows or a "
-                   "BEIR directory, margin-mse on rows with teacher scores, cosent on scored pairs, mse-distill "
+                   "BEIR directory, margin-mse or kl-distill on rows with teacher scores, cosent on scored pairs, mse-distill "
                    "toward a teacher; auto: mse-distill with a teacher, else mnrl or cosent by the data.",
                    choices=("auto", *losses("embedding"))),
         TaskOption("scale", 20.0, "Fine-tuning: the cosine's scale in the losses (20: temperature 0.05).", minimum=0.0),

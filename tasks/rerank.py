@@ -133,7 +133,7 @@ class RerankTask:
             if training:
                 raise TaskError("a BEIR split has positives only; a reranker trains on rows with negatives",
                                 f"mine them: mlmkit mine {path} --out rows.jsonl, then --train rows.jsonl")
-            return _first_stage(path, options, max_bytes)
+            return first_stage(path, options, max_bytes)
         fmt = data_format(path, FORMATS)
         by_query: dict[str, Example] = {}
         top = float(options["max_label"])
@@ -259,9 +259,9 @@ def _grade(rec: Record, field: str, top: float) -> float:
     return y
 
 
-def _first_stage(path: Path, options: Mapping[str, Any], max_bytes: int | None) -> list[Example]:
+def first_stage(path: Path, options: Mapping[str, Any], max_bytes: int | None) -> list[Example]:
     """A BEIR evaluation split's queries with the first stage's top ``rerank_top`` documents as their
-    candidates (BM25 over the corpus, or an embedding bundle's exact search)."""
+    candidates (BM25 over the corpus, or an embedding bundle's exact search); the colbert task's too."""
     split = read_split(path, training=False, max_bytes=max_bytes)
     for why, n in split.skipped.items():
         log.warning("%s: %d queries of the %s split left out: %s", split.directory, n, split.split, why)

@@ -85,9 +85,10 @@ class QaArgs(InferenceArgs):
 
 @dataclass
 class RerankArgs(Args):
-    """`mlmkit rerank`: documents ranked for a query by a cross-encoder bundle."""
+    """`mlmkit rerank`: documents ranked for a query by a cross-encoder or a colbert bundle."""
 
-    bundle: Path = arg(help="A cross-encoder bundle (a one-label sequence classifier).", positional=True)
+    bundle: Path = arg(help="A cross-encoder bundle (a one-label sequence classifier), or a colbert bundle (MaxSim).",
+                       positional=True)
     documents: list[str] | None = arg(None, "Documents to rank (or --input).", positional=True)
     query: str = arg("", "What the documents are ranked for.")
     input_file: Path | None = Inputs.input_file()

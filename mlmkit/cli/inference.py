@@ -222,17 +222,20 @@ def embed(args: InferenceArgs, options: Options) -> None:
 @handle_errors
 @with_args(RerankArgs)
 def rerank(args: RerankArgs, as_json: Json = False) -> None:
-    """Rank documents for a query with a cross-encoder, most relevant first (the score: the sigmoid of its logit)."""
+    """Rank documents for a query with a cross-encoder (the score: the sigmoid of its logit) or a colbert bundle
+    (MaxSim), most relevant first."""
     from mlmkit.infer.pipeline import Pipeline
-    from mlmkit.infer.reranking import rerank_documents
+    from mlmkit.infer.reranking import late_interaction, rerank_documents
     from mlmkit.text.records import iter_inputs
 
     docs = list(args.documents or []) + ([rec.line_text(args.text_column) for rec in iter_inputs(args.input_file)]
                                          if args.input_file is not None else [])
     if not docs:
         raise ConfigError("no documents to rank", "give them as arguments or with --input FILE")
-    ranked = rerank_documents(Pipeline.load(args.bundle, command="classify", precision=args.precision), args.query, docs,
-                              top_n=args.top_n, raw=args.raw_scores)
+    pipe = Pipeline.load(args.bundle, precision=args.precision)
+    if not late_interaction(pipe):
+        pipe = Pipeline.load(args.bundle, command="classify", precision=args.precision)  # a classifier, or one line why not
+    ranked = rerank_documents(pipe, args.query, docs, top_n=args.top_n, raw=args.raw_scores)
     if want_json(as_json):
         for r in ranked:
             print_json(r)

@@ -2,6 +2,8 @@
 
 A cross-encoder is a classification bundle with one output (what sentence-transformers' CrossEncoder
 saves: ms-marco-MiniLM, bge-reranker; mlmkit's rerank task), each (query, document) pair one input.
+A late-interaction bundle (the colbert task: token vectors) reranks too, by MaxSim of the query's
+vectors against each document's (`mlmkit rerank` and Python): no index, one pass over the documents.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import numpy as np
 
 from mlmkit.errors import ConfigError
 from mlmkit.infer.bundle import BundleMeta
+from mlmkit.infer.late import maxsim, padded
+from mlmkit.registry import per_token
 
 
 def relevance(results: Sequence[Mapping[str, Any]], raw: bool, meta: BundleMeta | None = None) -> list[float]:
@@ -41,9 +45,27 @@ def rerank_documents(pipe: Any, query: str, documents: list[str], *, top_n: int 
                      raw: bool = False) -> list[Ranked]:
     """``documents`` most relevant to ``query`` first, by a cross-encoder bundle's Pipeline:
     [{"index", "score", "text"}] (score: the sigmoid of the logit, or the logit with ``raw``)."""
+    if late_interaction(pipe):
+        scores = maxsim_scores(pipe, query, documents)
+        return [{"index": i, "score": scores[i], "text": documents[i]} for i in ranked(scores, top_n)]
     labels = pipe.meta.labels or ()
     if "logits" not in pipe.meta.outputs or len(labels) != 1:
         raise ConfigError(f"{pipe.path} is not a cross-encoder ({pipe.task}, {len(labels)} labels)",
                           "rerank with a one-label sequence classifier (a sentence-transformers CrossEncoder, bge-reranker ...)")
     scores = relevance(pipe([{"text": query, "text_pair": d} for d in documents]), raw, pipe.meta)
     return [{"index": i, "score": scores[i], "text": documents[i]} for i in ranked(scores, top_n)]
+
+
+def late_interaction(pipe: Any) -> bool:
+    """Whether a bundle gives token vectors (its output "vectors" per token): a colbert bundle."""
+    axes = pipe.meta.outputs.get("vectors")
+    return axes is not None and per_token(axes)
+
+
+def maxsim_scores(pipe: Any, query: str, documents: list[str]) -> list[float]:
+    """MaxSim of ``query``'s token vectors (read as a query) against each document's (as documents)."""
+    q = np.asarray(pipe([query], input_type="query")[0]["vectors"], dtype=np.float32)
+    docs = [np.asarray(r["vectors"], dtype=np.float32).reshape(-1, q.shape[-1])
+            for r in pipe(documents, input_type="document")]
+    D, mask = padded(docs, q.shape[-1])
+    return [float(x) for x in maxsim(q[None], D, None, mask)[0]]

@@ -79,7 +79,7 @@ class ColbertEncoder(TextEncoder):
     def similarity(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """MaxSim of flattened rows: every text of ``a`` as a query against every text of ``b``; the
         zero vectors (padding, skiplist) of a document never match."""
-        Q, D = a.reshape(len(a), -1, self.dim), b.reshape(len(b), -1, self.dim)
+        Q, D = _trimmed(a.reshape(len(a), -1, self.dim)), _trimmed(b.reshape(len(b), -1, self.dim))
         return maxsim(Q, D, None, (D != 0).any(-1))
 
     def train_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None,
@@ -108,3 +108,10 @@ class ColbertEncoder(TextEncoder):
             loss, E = direct(embed, len(input_ids), lambda E: fn(E, batch), lengths=lengths)
         vectors = E.reshape(len(input_ids), self.width, self.dim)[:, : input_ids.shape[1]]
         return {"loss": loss, "vectors": vectors, "log_examples": (batch.part == 0).sum().float()}
+
+
+def _trimmed(x: torch.Tensor) -> torch.Tensor:
+    """(n, T, dim) token vectors without the trailing positions that are zero in every row (the
+    padding to ``width``): the same MaxSim, in a fraction of the work where texts are short."""
+    used = (x != 0).any(-1).any(0).nonzero()
+    return x[:, : int(used[-1]) + 1] if len(used) else x[:, :1]

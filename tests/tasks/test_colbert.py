@@ -194,9 +194,14 @@ def test_mlmkit_loads_a_pylate_checkpoint_as_sentence_transformers_does(colbert,
     _same(_ours(d, "document"), model.encode_document(TEXTS, convert_to_numpy=True), "document")
 
 
-def test_the_bundle_scores_what_the_run_scores_and_embed_writes_token_vectors(colbert, tmp_path):
-    bundle = tmp_path / "bundle"
-    run_export(colbert["run"], bundle)
+@pytest.fixture(scope="module")
+def bundle(colbert):
+    out = colbert["tmp"] / "bundle"
+    run_export(colbert["run"], out)
+    return out
+
+
+def test_the_bundle_scores_what_the_run_scores_and_embed_writes_token_vectors(colbert, bundle, tmp_path):
     r = runner.invoke(app, ["evaluate", str(bundle), "--data", str(colbert["beir"]), "--json"], env={"COLUMNS": "1000"})
     assert r.exit_code == 0, r.output
     assert abs(json.loads(r.stdout)["ndcg@10"] - colbert["metrics"]["eval_ndcg@10"]) < 0.002
@@ -210,6 +215,27 @@ def test_the_bundle_scores_what_the_run_scores_and_embed_writes_token_vectors(co
 
         rows = pq.read_table(out).to_pylist()
         _same([np.asarray(row["vectors"], dtype=np.float32) for row in rows], _ours(colbert["run"], kind), kind)
+
+
+def test_colbert_reranks_bm25s_candidates_and_mlmkit_rerank_ranks_by_maxsim(colbert, bundle):
+    pytest.importorskip("bm25s")
+    args = ["evaluate", str(bundle), "--data", str(colbert["beir"]), "--json"]
+    exact = json.loads(runner.invoke(app, args).stdout)
+    r = runner.invoke(app, [*args, "--first-stage", "bm25", "--rerank-top", "20"])
+    assert r.exit_code == 0, r.output
+    reranked = json.loads(r.stdout)
+    bm25 = reranked.pop("first_stage")
+    assert reranked["recall@100"] == bm25["recall@100"]  # the same 20 candidates a query, reordered by MaxSim
+    assert reranked["ndcg@10"] != bm25["ndcg@10"] and exact["ndcg@10"] > 0
+    docs = [json.loads(line)["text"] for line in open(colbert["beir"] / "corpus.jsonl")][:8]
+    query = json.loads(open(colbert["beir"] / "queries.jsonl").readline())["text"]
+    r = runner.invoke(app, ["rerank", str(bundle), *docs, "--query", query, "--json"])
+    assert r.exit_code == 0, r.output
+    got = [json.loads(line) for line in r.stdout.splitlines()]
+    q = _ours(colbert["run"], "query", [query])[0]
+    want = [_maxsim_loop(q, d) for d in _ours(colbert["run"], "document", docs)]
+    assert [g["index"] for g in got] == sorted(range(len(docs)), key=lambda i: -want[i])
+    assert np.allclose([g["score"] for g in got], sorted(want, reverse=True), atol=1e-3)
 
 
 def test_cached_mnrl_gives_mnrls_loss(colbert):
@@ -257,3 +283,20 @@ def test_bad_options_are_one_line(colbert, tmp_path):
         assert r.exit_code == 2 and match in r.output and "Traceback" not in r.output, r.output
     with pytest.raises(ConfigError, match="query_length"):
         evaluate_base("colbert", colbert["base"], colbert["beir"], options={"query_length": 4096})
+
+
+def test_serve_answers_token_vectors_on_predict_and_refuses_them_on_the_embedding_routes(colbert, bundle, tmp_path):
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from serve_process import Server
+
+    s = Server(tmp_path, f"colbert={bundle}")
+    try:
+        r = s.post("colbert", {"inputs": TEXTS, "options": {"input_type": "query"}})
+        assert r.status_code == 200, r.text
+        _same([np.asarray(x["vectors"], dtype=np.float32) for x in r.json()["results"]], _ours(colbert["run"], "query"),
+              "served")
+        r = httpx.post(s.url + "/v1/embeddings", json={"model": "colbert", "input": TEXTS}, timeout=30)
+        assert r.status_code == 422 and "'embedding'" in r.json()["error"], r.text
+    finally:
+        s.stop()

