@@ -38,6 +38,7 @@ from common import (
     add_patience,
     alternating,
     log,
+    mark,
     minilm,
     print_machine,
     run_watched,
@@ -220,10 +221,11 @@ def main() -> None:
         for _, name in alternating(tuple(speeds), 1 if args.quick else args.rounds):
             res = run_side(name, work, work / name, p)
             speeds[name].append(n / res["encode_seconds"])
-            log(f"{name}: {n / res['encode_seconds']:.1f} documents/s ({res['vectors']} token vectors)")
+            log(f"{name}: {n / res['encode_seconds']:.1f} documents/s ({res['vectors']} token vectors){mark(res['other'])}")
         mine, theirs = statistics.median(speeds["encode-mlmkit"]), statistics.median(speeds["encode-st"])
+        ratios = [a / b for a, b in zip(speeds["encode-mlmkit"], speeds["encode-st"])]
         lines.append(f"token vectors of {n} documents: mlmkit's bundle {mine:.1f} documents/s, MultiVectorEncoder "
-                     f"(torch) {theirs:.1f}: {mine / theirs:.2f}x")
+                     f"(torch) {theirs:.1f}: {statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})")
     for line in lines:
         print(line)
 

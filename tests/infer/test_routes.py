@@ -415,9 +415,13 @@ def test_silent_and_slow_clients_are_cut_off_and_a_busy_port_is_one_line(bundles
     s = Server(tmp_path, bundles["clf"], "--header-timeout", "1", "--timeout-keep-alive", "1", "--max-connections", "40")
     try:
         big = socket.create_connection(("127.0.0.1", s.port))  # a request head of megabytes: 431, closed
-        big.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2_000_000 + b"\r\n\r\n")
         big.settimeout(5)
-        assert big.recv(100).startswith(b"HTTP/1.1 431")
+        try:
+            big.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2_000_000 + b"\r\n\r\n")
+            answer = big.recv(100)
+        except (ConnectionResetError, BrokenPipeError):  # the server answered and closed while the head was still
+            answer = None  # being sent: the kernel turns the unread rest into a reset, which can drop the 431
+        assert answer is None or answer.startswith(b"HTTP/1.1 431"), answer
         big.close()
         body = json.dumps({"inputs": ["a fine film " * 20_000]})  # a large body after a small head still counts
         assert s.post("clf", body, headers={"Content-Type": "application/json"}).status_code == 200

@@ -92,7 +92,7 @@ def colbert(tmp_path_factory):
     texts = [json.loads(line)["text"] for f in ("corpus.jsonl", "queries.jsonl") for line in open(beir / f)]
     base = make_base_model(tmp / "base", texts, vocab_size=1500)
     run = tmp / "run"
-    metrics = run_finetune("colbert", base, beir, run, eval_file=beir, steps=40, lr=1e-3, batch_size=64,
+    metrics = run_finetune("colbert", base, beir, run, eval_file=beir, steps=24, lr=2e-3, batch_size=64,
                            max_length=48, eval_every=1000, progress=False, options=SMALL)
     return {"tmp": tmp, "beir": beir, "base": base, "run": run, "metrics": metrics}
 
