@@ -56,9 +56,11 @@ from mlmkit.taskkit import (
     DataFormatError,
     Example,
     Feature,
+    Input,
     Metrics,
     Options,
     Prediction,
+    Record,
     TaskContext,
     TaskError,
     TaskOption,
@@ -160,6 +162,18 @@ class ColbertTask(EmbeddingTask):
         if "HF_ColBERT" in (config.architectures or []):
             return _stanford_options(directory)
         return None
+
+    def from_input(self, item: Input, options: Mapping[str, Any]) -> Example:
+        """A text, or a record with a text field (its text_column); a record's own ``input_type``
+        ("query" or "document") overrides the option's for it: one batch can hold both kinds."""
+        ex = super().from_input(item, options)
+        kind = item.get("input_type") if isinstance(item, Mapping) else None
+        if kind is not None:
+            if kind not in ("query", "document"):
+                raise Record("<input>", None, item).error(f"input_type must be query or document, not {kind!r}"[:200],
+                                                          "input_type")
+            ex["kind"] = kind
+        return ex
 
     def read(self, path: Path, options: Mapping[str, Any], *, training: bool = False,
              max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:

@@ -64,8 +64,12 @@ def late_interaction(pipe: Any) -> bool:
 
 def maxsim_scores(pipe: Any, query: str, documents: list[str]) -> list[float]:
     """MaxSim of ``query``'s token vectors (read as a query) against each document's (as documents)."""
-    q = np.asarray(pipe([query], input_type="query")[0]["vectors"], dtype=np.float32)
-    docs = [np.asarray(r["vectors"], dtype=np.float32).reshape(-1, q.shape[-1])
-            for r in pipe(documents, input_type="document")]
+    return maxsim_of(pipe([query], input_type="query")[0], pipe(documents, input_type="document"))
+
+
+def maxsim_of(query: Mapping[str, Any], documents: Sequence[Mapping[str, Any]]) -> list[float]:
+    """MaxSim of a query's prediction ({"vectors": ...}) against each document's."""
+    q = np.asarray(query["vectors"], dtype=np.float32)
+    docs = [np.asarray(r["vectors"], dtype=np.float32).reshape(-1, q.shape[-1]) for r in documents]
     D, mask = padded(docs, q.shape[-1])
     return [float(x) for x in maxsim(q[None], D, None, mask)[0]]

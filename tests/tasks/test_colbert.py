@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from mlmkit.cli import app
 from mlmkit.errors import ConfigError
 from mlmkit.infer.late import maxsim, rank
+from mlmkit.infer.reranking import maxsim_of
 from mlmkit.quickstart.retrieval_set import write_retrieval_set
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import load_tokenizer
@@ -215,6 +216,12 @@ def test_the_bundle_scores_what_the_run_scores_and_embed_writes_token_vectors(co
 
         rows = pq.read_table(out).to_pylist()
         _same([np.asarray(row["vectors"], dtype=np.float32) for row in rows], _ours(colbert["run"], kind), kind)
+    mixed = tmp_path / "mixed.jsonl"  # a record's own input_type sets its kind
+    mixed.write_text(json.dumps({"text": TEXTS[0], "input_type": "query"}) + "\n" + json.dumps({"text": TEXTS[0]}) + "\n")
+    r = runner.invoke(app, ["embed", str(bundle), "--input", str(mixed), "--json"])
+    assert r.exit_code == 0, r.output
+    got = [np.asarray(json.loads(line)["vectors"], dtype=np.float32) for line in r.stdout.splitlines() if line.startswith("{")]
+    _same(got, [_ours(colbert["run"], "query")[0], _ours(colbert["run"], "document")[0]], "mixed")
 
 
 def test_colbert_reranks_bm25s_candidates_and_mlmkit_rerank_ranks_by_maxsim(colbert, bundle):
@@ -298,5 +305,19 @@ def test_serve_answers_token_vectors_on_predict_and_refuses_them_on_the_embeddin
               "served")
         r = httpx.post(s.url + "/v1/embeddings", json={"model": "colbert", "input": TEXTS}, timeout=30)
         assert r.status_code == 422 and "'embedding'" in r.json()["error"], r.text
+        # reranking by MaxSim: Cohere's and TEI's shapes give the order and scores `mlmkit rerank` gives
+        query, docs = "the number of items", TEXTS
+        want = maxsim_of({"vectors": _ours(colbert["run"], "query", [query])[0]},
+                         [{"vectors": v} for v in _ours(colbert["run"], "document", docs)])
+        order = sorted(range(len(docs)), key=lambda i: -want[i])
+        r = httpx.post(s.url + "/v1/rerank", json={"query": query, "documents": docs, "top_n": 2}, timeout=30)
+        assert r.status_code == 200, r.text
+        got = r.json()["results"]
+        assert [x["index"] for x in got] == order[:2] and np.allclose([x["relevance_score"] for x in got],
+                                                                      [want[i] for i in order[:2]], atol=1e-3)
+        r = httpx.post(s.url + "/rerank", json={"query": query, "texts": docs}, timeout=30)
+        assert r.status_code == 200 and [x["index"] for x in r.json()] == order, r.text
+        r = s.post("colbert", {"inputs": [{"text": "a", "input_type": "both"}]})
+        assert r.status_code == 422 and "input_type must be query or document" in r.text, r.text
     finally:
         s.stop()

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from mlmkit.files import JSONObject
-from mlmkit.infer.reranking import ranked, relevance
+from mlmkit.infer.reranking import late_interaction, maxsim_of, ranked, relevance
 from mlmkit.infer.serve.http import HTTPError
 from mlmkit.registry import Options, Prediction
 
@@ -260,13 +260,36 @@ def cross_encoder(models: Mapping[str, Any], requested: Any, route: str) -> str:
     return name
 
 
-def _rerank_call(route: str, model: str, query: Any, documents: Any) -> Call:
+def reranker(models: Mapping[str, Any], requested: Any, route: str) -> str:
+    """A cross-encoder (cross_encoder's), or a late-interaction model (token vectors: MaxSim ranks)."""
+    late = [n for n, m in models.items() if late_interaction(m.pipe)]
+    if requested is not None and requested in late:
+        return str(requested)
+    if requested is None and late:
+        cross = [n for n, m in models.items() if "logits" in m.pipe.meta.outputs and len(m.pipe.meta.labels or ()) == 1]
+        if len(late) + len(cross) > 1:
+            raise HTTPError(422, f"{route}: say which model (\"model\": NAME)", f"the rerankers: {', '.join(late + cross)}")
+        return late[0]
+    return cross_encoder(models, requested, route)
+
+
+def _rerank_call(route: str, model: str, query: Any, documents: Any, models: Mapping[str, Any]) -> Call:
     if not isinstance(query, str) or not query.strip():
         raise HTTPError(422, f"{route}: 'query' must be a non-empty text")
     docs = [d.get("text") if isinstance(d, dict) else d for d in documents] if isinstance(documents, list) else None
     if not docs or not all(isinstance(d, str) for d in docs):
         raise HTTPError(422, f"{route}: the documents must be a non-empty list of texts")
-    return Call(model, [{"text": query, "text_pair": d} for d in docs], state={"documents": docs})
+    if late_interaction(models[model].pipe):  # the query's token vectors and each document's, then MaxSim
+        inputs: list[Any] = [{"text": query, "input_type": "query"}, *({"text": d, "input_type": "document"} for d in docs)]
+        return Call(model, inputs, state={"documents": docs, "late": True})
+    return Call(model, [{"text": query, "text_pair": d} for d in docs], state={"documents": docs, "late": False})
+
+
+def _rerank_scores(call: Call, results: list[Prediction], raw: bool, model: Any) -> list[float]:
+    """Each document's relevance: MaxSim (late interaction), or the cross-encoder's as ``relevance`` gives it."""
+    if call.state["late"]:
+        return maxsim_of(results[0], results[1:])
+    return relevance(results, raw, model.pipe.meta)
 
 
 class Rerank:
@@ -276,12 +299,12 @@ class Rerank:
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
         b = _object(body, self.path, {"model", "query", "documents", "top_n", "return_documents", "raw_scores"})
         top_n = _positive(b.get("top_n"), "top_n", self.path)
-        call = _rerank_call(self.path, cross_encoder(models, b.get("model"), self.path), b.get("query"), b.get("documents"))
+        call = _rerank_call(self.path, reranker(models, b.get("model"), self.path), b.get("query"), b.get("documents"), models)
         call.state.update(top_n=top_n, documents_back=_flag(b, "return_documents", self.path), raw=_flag(b, "raw_scores", self.path))
         return call
 
     def respond(self, call: Call, results: list[Prediction], model: Any) -> Any:
-        scores = relevance(results, call.state["raw"], model.pipe.meta)
+        scores = _rerank_scores(call, results, call.state["raw"], model)
         docs = call.state["documents"]
         out = [{"index": i, "relevance_score": scores[i], **({"document": {"text": docs[i]}} if call.state["documents_back"] else {})}
                for i in ranked(scores, call.state["top_n"])]
@@ -295,12 +318,12 @@ class TEIRerank:
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
         b = _object(body, self.path, {"query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction", "model"})
         _truncation(b, self.path)
-        call = _rerank_call(self.path, cross_encoder(models, b.get("model"), self.path), b.get("query"), b.get("texts"))
+        call = _rerank_call(self.path, reranker(models, b.get("model"), self.path), b.get("query"), b.get("texts"), models)
         call.state.update(raw=_flag(b, "raw_scores", self.path), text=_flag(b, "return_text", self.path))
         return call
 
     def respond(self, call: Call, results: list[Prediction], model: Any) -> Any:
-        scores = relevance(results, call.state["raw"], model.pipe.meta)
+        scores = _rerank_scores(call, results, call.state["raw"], model)
         docs = call.state["documents"]
         return [{"index": i, "score": scores[i], **({"text": docs[i]} if call.state["text"] else {})} for i in ranked(scores, None)]
 
