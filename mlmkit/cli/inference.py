@@ -224,6 +224,7 @@ def embed(args: InferenceArgs, options: Options) -> None:
 def rerank(args: RerankArgs, as_json: Json = False) -> None:
     """Rank documents for a query with a cross-encoder (the score: the sigmoid of its logit) or a colbert bundle
     (MaxSim), most relevant first."""
+    from mlmkit.infer.bundle import read_bundle_meta
     from mlmkit.infer.pipeline import Pipeline
     from mlmkit.infer.reranking import late_interaction, rerank_documents
     from mlmkit.text.records import iter_inputs
@@ -232,9 +233,9 @@ def rerank(args: RerankArgs, as_json: Json = False) -> None:
                                          if args.input_file is not None else [])
     if not docs:
         raise ConfigError("no documents to rank", "give them as arguments or with --input FILE")
-    pipe = Pipeline.load(args.bundle, precision=args.precision)
-    if not late_interaction(pipe):
-        pipe = Pipeline.load(args.bundle, command="classify", precision=args.precision)  # a classifier, or one line why not
+    described = (Path(args.bundle) / "mlmkit.json").is_file()  # else Pipeline.load says what is wrong, in one line
+    late = described and late_interaction(read_bundle_meta(args.bundle).outputs)  # else a classifier, or why not
+    pipe = Pipeline.load(args.bundle, command=None if late else "classify", precision=args.precision)
     ranked = rerank_documents(pipe, args.query, docs, top_n=args.top_n, raw=args.raw_scores)
     if want_json(as_json):
         for r in ranked:

@@ -3,7 +3,8 @@
 A cross-encoder is a classification bundle with one output (what sentence-transformers' CrossEncoder
 saves: ms-marco-MiniLM, bge-reranker; mlmkit's rerank task), each (query, document) pair one input.
 A late-interaction bundle (the colbert task: token vectors) reranks too, by MaxSim of the query's
-vectors against each document's (`mlmkit rerank` and Python): no index, one pass over the documents.
+vectors against each document's (`mlmkit rerank`, the rerank routes, Python): no index, one encoder
+pass over the documents.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class Ranked(TypedDict):
 def rerank_documents(pipe: Any, query: str, documents: list[str], *, top_n: int | None = None,
                      raw: bool = False) -> list[Ranked]:
     """``documents`` most relevant to ``query`` first, by a cross-encoder bundle's Pipeline:
-    [{"index", "score", "text"}] (score: the sigmoid of the logit, or the logit with ``raw``)."""
+    [{"index", "score", "text"}] (score: the sigmoid of the logit, or the logit with ``raw``); or by a
+    colbert bundle's (score: MaxSim)."""
     if late_interaction(pipe):
         scores = maxsim_scores(pipe, query, documents)
         return [{"index": i, "score": scores[i], "text": documents[i]} for i in ranked(scores, top_n)]
@@ -56,9 +58,11 @@ def rerank_documents(pipe: Any, query: str, documents: list[str], *, top_n: int 
     return [{"index": i, "score": scores[i], "text": documents[i]} for i in ranked(scores, top_n)]
 
 
-def late_interaction(pipe: Any) -> bool:
-    """Whether a bundle gives token vectors (its output "vectors" per token): a colbert bundle."""
-    axes = pipe.meta.outputs.get("vectors")
+def late_interaction(of: Any) -> bool:
+    """Whether a bundle gives token vectors (an output "vectors" per token: a colbert bundle); ``of``: its
+    Pipeline, or its outputs (BundleMeta.outputs)."""
+    outputs = of if isinstance(of, Mapping) else of.meta.outputs
+    axes = outputs.get("vectors")
     return axes is not None and per_token(axes)
 
 

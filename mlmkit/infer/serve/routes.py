@@ -15,7 +15,8 @@ that call's results into its own response shape; app.py does everything else for
                           texts (embedded by the index's bundle) or query vectors (no model run)
 
 Reranking runs a cross-encoder: a classification bundle with one output (what sentence-transformers'
-CrossEncoder saves: ms-marco-MiniLM, bge-reranker), each (query, document) pair one input.
+CrossEncoder saves: ms-marco-MiniLM, bge-reranker), each (query, document) pair one input; or a
+colbert bundle: the query and the documents each one input, of its kind, ranked by MaxSim.
 
 No torch here, nor FastAPI: a route is plain data in, plain data out (numpy arrays among it: the
 server writes them as JSON lists, from their buffers).
