@@ -164,7 +164,8 @@ class TaskContext:
     ``options``: every declared option, resolved; ``state``: what ``fit_state`` and ``calibrate``
     returned, saved with the model (mlmkit.json "task_state") and read back with it; ``tokenizer``: the
     tokenizer of the model (a ``tokenizers.Tokenizer``), for a hook that turns token ids back into text
-    or needs a special token's id (the prediction loop and export set it; None where no hook needs it)."""
+    or needs a special token's id (the prediction loop, export and the places fine-tuning and evaluation
+    build a model set it; None where no hook needs it)."""
 
     max_length: int
     options: Mapping[str, Any] = field(default_factory=dict)

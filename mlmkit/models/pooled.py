@@ -45,7 +45,13 @@ def pool(x: torch.Tensor, attention_mask: torch.Tensor, mode: str = "mean") -> t
 
 class TextEncoder(nn.Module):
     """The forward the pooled heads share; a subclass gives ``encode`` (prediction: a dict of outputs)
-    and ``train_step`` (the loss over a batch of texts, with the outputs)."""
+    and ``train_step`` (the loss over a batch of texts, with the outputs), and may give
+    ``module_weights``: weights a run also keeps where another library's loader reads them."""
+
+    def module_weights(self) -> dict[str, dict[str, torch.Tensor]]:
+        """{file in the run directory: its tensors}, written beside model.safetensors (the colbert
+        projection as sentence-transformers' Dense module); none by default."""
+        return {}
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, part: torch.Tensor | None = None,
