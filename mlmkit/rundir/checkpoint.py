@@ -152,7 +152,8 @@ def load_weights(
 
 
 def save_run(model: torch.nn.Module, out_dir: str | Path, *, config: ModelConfig, tokenizer: Any, meta: RunMeta) -> None:
-    """Write a run directory: config.json, model.safetensors, tokenizer files, mlmkit.json.
+    """Write a run directory: config.json, model.safetensors (and the model's ``module_weights``),
+    tokenizer files, mlmkit.json.
 
     Weights are written before mlmkit.json so a reader that sees the new metadata sees new weights."""
     d = Path(out_dir)
@@ -160,6 +161,7 @@ def save_run(model: torch.nn.Module, out_dir: str | Path, *, config: ModelConfig
     save_config(config, d / "config.json")
     save_tokenizer(tokenizer, d, max_length=meta.max_length)
     save_weights(model, d / WEIGHTS, config)
+    save_module_weights(model, d)
     write_meta(d, meta)
 
 

@@ -188,7 +188,7 @@ def _distill(args: DistillArgs) -> Metrics:
     L = args.max_length or meta.max_length
     if L > cfg.max_tokens:
         raise ConfigError(f"--max-length {L} exceeds the model's {cfg.max_tokens} positions")
-    ctx = meta.context(opts, max_length=L)
+    ctx = replace(meta.context(opts, max_length=L), tokenizer=tok)
     examples = _examples(task, Path(args.train_file), opts)
     if len(examples) < 2:
         raise MlmkitError(f"{args.train_file}: {len(examples)} inputs", "the teacher needs inputs to label: give more")

@@ -25,7 +25,6 @@ from mlmkit.rundir.checkpoint import (
     load_state_dict,
     load_weights,
     read_run_meta,
-    save_module_weights,
     save_run,
 )
 from mlmkit.rundir.config import load_config
@@ -206,7 +205,6 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> Metrics:
         for name, text in task.run_files(cfg, ctx).items():  # before save_run, which writes mlmkit.json last
             (d / name).parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(d / name, text)
-        save_module_weights(m, d)
         save_run(m, d, config=cfg, tokenizer=tok, meta=replace(meta_, task_state={**meta.task_state, **calibrated}))
 
     data_key = {"batch_size": args.batch_size, "max_length": L, "train": data_identity(args.train_file), "options": opts}

@@ -321,3 +321,20 @@ def test_serve_answers_token_vectors_on_predict_and_refuses_them_on_the_embeddin
         assert r.status_code == 422 and "input_type must be query or document" in r.text, r.text
     finally:
         s.stop()
+
+
+def test_a_distilled_colbert_student_learns_the_teachers_vectors_and_loads_in_sentence_transformers(colbert, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    from mlmkit.args import DistillArgs
+    from mlmkit.train.distill import distill
+
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"text": json.loads(line)["text"]}) + "\n"
+                             for line in list(open(colbert["beir"] / "corpus.jsonl"))[:48]))
+    out = tmp_path / "student"
+    m = distill(DistillArgs.from_flat(teacher=colbert["run"], train_file=texts, out=out, layers=1, steps=12,
+                                      batch_size=16, lr=1e-3, log_every=1))
+    log = [json.loads(line)["loss"] for line in open(out / "metrics.jsonl") if '"loss"' in line]
+    assert np.mean(log[-3:]) < np.mean(log[:3]) and 0 < m["agreement_cosine"] <= 1, (log, m)
+    model = st.MultiVectorEncoder(str(out), device="cpu")  # the projection written as 1_Dense here too
+    _same(_ours(out, "document"), model.encode_document(TEXTS, convert_to_numpy=True), "student")
