@@ -74,6 +74,14 @@ def test_kl_distill_is_the_kl_of_the_teachers_softmax_to_the_students_over_each_
         want += float((p * (torch.log(p) - torch.log_softmax(s, 0))).sum())
     got = losses.kl_distill(dot=True, temperature=2.0)(E, b)
     assert float(got) == pytest.approx(want / 2 * 4.0, abs=1e-5)
+    # the embedding task's form: the cosine times scale, at temperature 1
+    cos = torch.nn.functional.normalize(E, dim=-1)
+    want = 0.0
+    for a, cands in ((0, [1, 2, 3]), (4, [5, 6])):
+        s = torch.tensor([20.0 * float(cos[a] @ cos[c]) for c in cands])
+        p = torch.softmax(b.score[cands], 0)
+        want += float((p * (torch.log(p) - torch.log_softmax(s, 0))).sum())
+    assert float(losses.kl_distill(scale=20.0)(E, b)) == pytest.approx(want / 2, rel=1e-5)
 
 
 def test_margin_mse_with_a_similarity_scores_each_anchor_against_its_own_candidates():
