@@ -149,7 +149,8 @@ def warn_truncated(n: int, total: int, max_length: int) -> None:
     if box is not None:
         box[0] += n
     elif n:
-        log.warning('%d of %d inputs were longer than %d tokens and were truncated (their results say "truncated": true)',
+        # "at most": a task may cut some inputs shorter than the max length (a colbert query, at query_length)
+        log.warning('%d of %d inputs were truncated to at most %d tokens (their results say "truncated": true)',
                     n, total, max_length)
 
 

@@ -113,7 +113,7 @@ def test_fill_mask_long_text_truncated_with_notice(bundles, mlmkit_log):
     assert r[0]["truncated"] is True and len(r[0]["masks"]) == 1
     assert r[1]["truncated"] is True and r[1]["masks"] == [] and "within the first 128 tokens" in r[1]["error"]
     assert "truncated" not in r[2]
-    assert "2 of 3 inputs were longer than 128 tokens and were truncated" in mlmkit_log.text
+    assert "2 of 3 inputs were truncated to at most 128 tokens" in mlmkit_log.text
 
 
 def test_fill_mask_with_a_vocab_txt_tokenizer(runs, tmp_path):
@@ -224,7 +224,7 @@ def test_classify_truncates_long_text_with_notice(bundles, mlmkit_log):
     pipe = Pipeline.load(bundles["classification"])
     r = pipe([" ".join(WORDS), "short text", {"text": "a pair", "text_pair": " ".join(WORDS)}])
     assert r[0]["truncated"] is True and "truncated" not in r[1] and r[2]["truncated"] is True
-    assert "2 of 3 inputs were longer than 32 tokens" in mlmkit_log.text
+    assert "2 of 3 inputs were truncated to at most 32 tokens" in mlmkit_log.text
 
 
 def test_tag_windows_long_text(runs, bundles, mlmkit_log):
