@@ -34,26 +34,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mlmkit_tasks.embedding import EmbeddingTask
 from mlmkit_tasks.embedding_data import (
-    DATA_NAMES,
     ST_PROMPTS,
-    data_kind,
+    check_loss_data,
     example_texts,
     is_multi_vector_directory,
-    text_id,
+    st_json,
+    training_fields,
 )
 from mlmkit_tasks.embedding_metrics import pair_correlations
 
 from mlmkit.taskkit import (
     BATCH,
-    DISTINCT,
     EXAMPLE,
     MAX_RECORD_BYTES,
-    RETRIEVAL_METRICS,
     SEQUENCE,
     TRUNCATED,
     CheckpointInfo,
     ConfigError,
-    DataFormatError,
     Example,
     Feature,
     Input,
@@ -70,7 +67,6 @@ from mlmkit.taskkit import (
     mask_token,
     maxsim,
     mean_metrics,
-    parse_json,
     rank,
     tokenizer_settings,
     write_trec,
@@ -101,7 +97,6 @@ class ColbertTask(EmbeddingTask):
     description = ("Late interaction (ColBERT): a projected, normalised vector per token, MaxSim scoring; query "
                    "expansion with [MASK]; fine-tuned with mnrl, cached-mnrl or kl-distill; retrieval evaluation.")
     outputs = {"vectors": (BATCH, SEQUENCE, "dim")}
-    metrics = (*RETRIEVAL_METRICS, "spearman", "pearson")
     options = (
         TaskOption("dim", 128, "Dimensions of each token vector (the projection's output).", minimum=1, fixed=True),
         TaskOption("query_length", 32, "Tokens of every query: cut to it, padded to it with [MASK] (query expansion).",
@@ -145,14 +140,6 @@ class ColbertTask(EmbeddingTask):
     hf_architecture = "HF_ColBERT"
     base_heads = ()
     default_max_length = 180
-    command = "embed"
-    pipeline_tag = "sentence-similarity"
-
-    def main_metric(self, ctx: TaskContext) -> str:
-        return "spearman" if ctx.state.get("data") == "scored" else "ndcg@10"
-
-    def fit_state(self, examples: list[Example]) -> dict[str, Any]:
-        return {"data": data_kind(examples)}
 
     def from_hf(self, config: ModelConfig, directory: Path) -> CheckpointInfo | None:
         """A sentence-transformers MultiVectorEncoder or PyLate directory, or a Stanford ColBERT
@@ -193,10 +180,7 @@ class ColbertTask(EmbeddingTask):
         document's marker and text, cut to the max length; ``part`` as the embedding task numbers them."""
         o = ctx.options
         if training:
-            kind, want = data_kind(examples), get_loss("embedding", o["loss"]).data
-            if kind not in want:
-                raise TaskError(f"the {o['loss']} loss trains on {' or '.join(DATA_NAMES[w] for w in want)}, and the "
-                                f"data are {DATA_NAMES[kind]}", "give rows of an anchor, its positive (and negatives)")
+            check_loss_data(examples, o["loss"], "give rows of an anchor, its positive (and negatives)")
         qlen = int(o["query_length"])
         expansion = tokenizer.token_to_id(mask_token(tokenizer))
         if expansion is None:
@@ -228,11 +212,7 @@ class ColbertTask(EmbeddingTask):
             f: Feature = {"input_ids": ids, "token_type_ids": types, EXAMPLE: i, "part": part,
                           **({TRUNCATED: True} if cut else {})}
             if training:
-                ex = examples[i]
-                f["text_id"] = text_id(ids)
-                if in_batch:
-                    f[DISTINCT] = f["text_id"]
-                f["score"] = float(ex["scores"][part - 1] if part and "scores" in ex else ex.get("score", 0.0))
+                f.update(training_fields(examples[i], part, ids, in_batch))
             feats.append(f)
         return feats
 
@@ -359,29 +339,21 @@ def _marker_id(tokenizer: Any, prompt: str) -> int | None:
     return None if tokenizer.encode(word, add_special_tokens=False).ids == [tid] else tid
 
 
-def _json(path: Path) -> Any:
-    try:
-        return parse_json(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        raise DataFormatError(path, f"not readable as JSON ({e})", hint="re-save the checkpoint") from None
-
-
 def _multi_vector_options(d: Path, positions: int) -> CheckpointInfo:
     """What a sentence-transformers MultiVectorEncoder (or PyLate) directory declares: the projection's
     size, the lengths, the query expansion, the skiplist, the normalisation and the markers."""
-    modules = _json(d / "modules.json")
+    modules = st_json(d / "modules.json", optional=True)
     kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
-    st, top = _json(d / "sentence_bert_config.json"), _json(d / "config_sentence_transformers.json")
+    st = st_json(d / "sentence_bert_config.json", optional=True)
+    top = st_json(d / "config_sentence_transformers.json", optional=True)
     options: Options = {"normalize": "Normalize" in kinds or any(str(m.get("type", "")).startswith("pylate.")
                                                                   for m in kinds.values())}
     if "Dense" in kinds:
-        dense = _json(d / str(kinds["Dense"].get("path", "1_Dense")) / "config.json")
+        dense = st_json(d / str(kinds["Dense"].get("path", "1_Dense")) / "config.json", optional=True)
         if isinstance(dense.get("out_features"), int):
             options["dim"] = dense["out_features"]
     if "MultiVectorMask" in kinds:
-        mask = _json(d / str(kinds["MultiVectorMask"].get("path", "")) / "config.json")
+        mask = st_json(d / str(kinds["MultiVectorMask"].get("path", "")) / "config.json", optional=True)
         options["skiplist"] = " ".join(mask.get("skiplist_words") or [])
     elif "query_prefix" in top:  # PyLate's own keys; its default skiplist is punctuation
         words = top.get("skiplist_words")
@@ -414,7 +386,7 @@ def _multi_vector_options(d: Path, positions: int) -> CheckpointInfo:
 
 def _stanford_options(d: Path) -> CheckpointInfo:
     """A Stanford ColBERT checkpoint's artifact.metadata: its markers, lengths, dimension, expansion."""
-    meta = _json(d / "artifact.metadata")
+    meta = st_json(d / "artifact.metadata", optional=True)
     options: Options = {"normalize": True, "query_expansion": True,
                         "query_prompt": str(meta.get("query_token_id", "[unused0]")) + " ",
                         "document_prompt": str(meta.get("doc_token_id", "[unused1]")) + " ",

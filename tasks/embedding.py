@@ -56,6 +56,7 @@ from mlmkit_tasks.embedding_data import (
     ST_PROMPTS,
     anchor_row,
     as_retrieval,
+    check_loss_data,
     data_kind,
     example_texts,
     is_multi_vector_directory,
@@ -64,14 +65,13 @@ from mlmkit_tasks.embedding_data import (
     prompt_for,
     scored_pair,
     sentence_transformers_options,
-    text_id,
+    training_fields,
     with_teacher,
 )
 from mlmkit_tasks.embedding_metrics import pair_correlations, retrieval_metrics
 
 from mlmkit.taskkit import (
     BATCH,
-    DISTINCT,
     EXAMPLE,
     INDEXES,
     MAX_RECORD_BYTES,
@@ -283,12 +283,8 @@ class EmbeddingTask:
         input), 1 the positive (the second), 2.. the hard negatives; for training also ``text_id``
         (equal texts, equal ids) and the pair's ``score`` (0 for rows)."""
         if training:
-            kind, want = data_kind(examples), get_loss("embedding", _loss(ctx)).data
-            if kind not in want:
-                raise TaskError(f"the {_loss(ctx)} loss trains on {' or '.join(DATA_NAMES[w] for w in want)}, "
-                                f"and the data are {DATA_NAMES[kind]}",
-                                "use --option loss=cosent for scored pairs, loss=mnrl (or cached-mnrl) for rows, "
-                                "loss=mse-distill with --option teacher=BUNDLE for any")
+            check_loss_data(examples, _loss(ctx), "use --option loss=cosent for scored pairs, loss=mnrl (or "
+                            "cached-mnrl) for rows, loss=mse-distill with --option teacher=BUNDLE for any")
         texts = [(i, part, clip_text(prompt_for(ex, part, ctx.options) + t, tokenizer, ctx.max_length))
                  for i, ex in enumerate(examples) for part, t in enumerate(example_texts(ex)) if t is not None]
         distill = training and _loss(ctx) == "mse-distill"
@@ -300,12 +296,8 @@ class EmbeddingTask:
             f = {"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i, "part": part,
                  **({TRUNCATED: True} if enc.overflowing else {})}
             if training:
-                ex = examples[i]
-                f["text_id"] = text_id(enc.ids)
-                if in_batch:  # no text twice in a batch: it would be its own false negative
-                    f[DISTINCT] = f["text_id"]
-                f["score"] = float(ex["scores"][part - 1] if part and "scores" in ex else ex.get("score", 0.0))
-                f["target"] = ex["targets"][part] if distill else NO_TARGET
+                f.update(training_fields(examples[i], part, enc.ids, in_batch))
+                f["target"] = examples[i]["targets"][part] if distill else NO_TARGET
             feats.append(f)
         return feats
 

@@ -26,12 +26,15 @@ from typing import Any
 import numpy as np
 
 from mlmkit.taskkit import (
+    DISTINCT,
     CheckpointInfo,
     DataFormatError,
     Example,
+    Feature,
     Options,
     Record,
     TaskError,
+    get_loss,
     load_pipeline,
     numbered,
     parse_json,
@@ -53,31 +56,38 @@ DATA_NAMES = {"rows": "rows of an anchor and its positive", "scored": "scored pa
 SPLADE_MODULES = ("SpladePooling", "MLMTransformer")  # a sentence-transformers SparseEncoder: the sparse-embedding task's
 
 
-def _json(path: Path) -> Any:
+def st_json(path: Path, *, optional: bool = False) -> Any:
+    """A JSON file of a sentence-transformers directory; unreadable or invalid is a DataFormatError
+    naming it. ``optional``: a missing file reads as {}."""
     try:
         return parse_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
+        if optional and isinstance(e, FileNotFoundError):
+            return {}
         raise DataFormatError(path, f"unreadable ({e})", hint="a sentence-transformers directory needs valid JSON here") from None
+
+
+def _module_types(d: Path) -> list[str] | None:
+    """The module types modules.json lists ("sentence_transformers.models.Pooling" ...); None when it
+    is missing or unreadable (not a sentence-transformers directory)."""
+    try:
+        modules = parse_json((d / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return [str(m.get("type", "")) for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
 
 
 def is_splade_directory(d: Path) -> bool:
     """A sentence-transformers SparseEncoder directory (its modules.json names SPLADE's modules)."""
-    try:
-        modules = parse_json((d / "modules.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
-    return any(k in SPLADE_MODULES for k in kinds)
+    return any(t.rsplit(".", 1)[-1] in SPLADE_MODULES for t in _module_types(d) or [])
 
 
 def is_multi_vector_directory(d: Path) -> bool:
     """A sentence-transformers MultiVectorEncoder directory, or a PyLate one (its modules.json names
     a MultiVectorMask or a PyLate module, or its config declares ColBERT's query prefix): the colbert task's."""
-    try:
-        modules = parse_json((d / "modules.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    types = _module_types(d)
+    if types is None:
         return False
-    types = [str(m.get("type", "")) for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
     if any(t.rsplit(".", 1)[-1] == "MultiVectorMask" or t.startswith("pylate.") for t in types):
         return True
     try:
@@ -91,13 +101,13 @@ def is_multi_vector_directory(d: Path) -> bool:
 def sentence_transformers_options(d: Path) -> CheckpointInfo:
     """The pooling, normalisation, prompts ({"options": ...}) and max length a sentence-transformers
     directory declares."""
-    modules = _json(d / "modules.json")
+    modules = st_json(d / "modules.json")
     if not isinstance(modules, list):
         raise DataFormatError(d / "modules.json", "expected a list of modules")
     kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
     options: Options = {"normalize": "Normalize" in kinds}
     if "Pooling" in kinds:
-        cfg = _json(d / str(kinds["Pooling"].get("path", "1_Pooling")) / "config.json")
+        cfg = st_json(d / str(kinds["Pooling"].get("path", "1_Pooling")) / "config.json")
         modes = [name for key, name in ST_POOLING.items() if cfg.get(key)]
         other = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v and k not in ST_POOLING]
         if isinstance(cfg.get("pooling_mode"), str):  # sentence-transformers 6 names the mode itself
@@ -108,14 +118,14 @@ def sentence_transformers_options(d: Path) -> CheckpointInfo:
                                   "one of mean, cls and max", hint="export with --task embedding --option pooling=...")
         options["pooling"] = modes[0]
     if (d / "config_sentence_transformers.json").is_file():
-        prompts = _json(d / "config_sentence_transformers.json").get("prompts") or {}
+        prompts = st_json(d / "config_sentence_transformers.json").get("prompts") or {}
         for option, names in ST_PROMPTS.items():
             found = [prompts[n] for n in names if isinstance(prompts.get(n), str) and prompts[n]]
             if found:
                 options[option] = found[0]
     info: CheckpointInfo = {"options": options}
     if (d / "sentence_bert_config.json").is_file():
-        max_len = _json(d / "sentence_bert_config.json").get("max_seq_length")
+        max_len = st_json(d / "sentence_bert_config.json").get("max_seq_length")
         if isinstance(max_len, int) and max_len > 0:
             info["max_length"] = max_len
     return info
@@ -255,6 +265,25 @@ def prompt_for(ex: Example, part: int, options: Mapping[str, Any]) -> str:
     else:
         kind = options.get("input_type", "none")
     return str(options.get(f"{kind}_prompt", "")) if kind != "none" else ""
+
+
+def check_loss_data(examples: list[Example], loss: str, hint: str) -> None:
+    """The ``loss`` of the embedding registry trains on what ``examples`` are, or a TaskError saying so."""
+    kind, want = data_kind(examples), get_loss("embedding", loss).data
+    if kind not in want:
+        raise TaskError(f"the {loss} loss trains on {' or '.join(DATA_NAMES[w] for w in want)}, "
+                        f"and the data are {DATA_NAMES[kind]}", hint)
+
+
+def training_fields(ex: Example, part: int, ids: list[int], in_batch: bool) -> Feature:
+    """A training feature's ``text_id`` (equal texts, equal ids; also DISTINCT under an in-batch loss:
+    no text twice in a batch, where it would be its own false negative) and ``score`` (a scored pair's
+    gold, the teacher's score of a row's candidate, else 0)."""
+    f: Feature = {"text_id": text_id(ids)}
+    if in_batch:
+        f[DISTINCT] = f["text_id"]
+    f["score"] = float(ex["scores"][part - 1] if part and "scores" in ex else ex.get("score", 0.0))
+    return f
 
 
 def text_id(ids: list[int]) -> int:
