@@ -46,7 +46,17 @@ from common import (
     thread_env,
     work_dir,
 )
-from retrieval_training import RECIPE, THREADS, compare, mlmkit_side, pairs, ratio_line, st_args
+from retrieval_training import (
+    RECIPE,
+    THREADS,
+    compare,
+    mlmkit_side,
+    pairs,
+    pairs_dataset,
+    ratio_line,
+    st_args,
+    timed_train,
+)
 
 HERE = Path(__file__).resolve()
 COLBERT = {"loss": "mnrl", "scale": 1.0, "dim": 128, "query_length": 32}
@@ -65,7 +75,6 @@ def side_colbert(work: Path, out: Path, options: dict | None = None, lr: float |
 
 def side_st_colbert(work: Path, out: Path) -> dict:
     import torch
-    from datasets import Dataset
     from sentence_transformers import MultiVectorEncoder
     from sentence_transformers.multi_vector_encoder import (
         MultiVectorEncoderTrainer,
@@ -82,17 +91,11 @@ def side_st_colbert(work: Path, out: Path) -> dict:
     model[0].query_expansion = {"strategy": "fixed", "attend": False, "length": COLBERT["query_length"]}
     model[2].skiplist_words = list(string.punctuation)
     model[2].resolve_with_tokenizer(model.tokenizer)
-    anchors, positives = zip(*pairs(work / "set"))
-    data = Dataset.from_dict({"anchor": list(anchors), "positive": list(positives)})
     args = st_args(MultiVectorEncoderTrainingArguments, out)
     args.prompts = {"anchor": "[Q] ", "positive": "[D] "}
-    trainer = MultiVectorEncoderTrainer(model=model, args=args, train_dataset=data,
+    trainer = MultiVectorEncoderTrainer(model=model, args=args, train_dataset=pairs_dataset(work / "set"),
                                         loss=MultiVectorMultipleNegativesRankingLoss(model, scale=COLBERT["scale"]))
-    t0 = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - t0
-    model.save(str(out))
-    return {"train_seconds": seconds}
+    return timed_train(trainer, lambda: model.save(str(out)))
 
 
 def side_encode_mlmkit(work: Path, out: Path) -> dict:

@@ -55,6 +55,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,24 @@ LONG_TOKENS = 300
 # `mlmkit mine`), 7 negatives a query, mnrl over a query's 8 candidates, 1 epoch, 32 pairs a batch
 TWO_STAGE_RERANKER = {"documents": 100_000, "negatives": 7, "range": "0:30", "loss": "mnrl", "lr": 1e-4,
                       "warmup_ratio": 0.1}
+
+
+def pairs_dataset(beir: Path) -> Any:
+    """The training pairs as the sentence-transformers trainers read them: a `datasets` table of
+    "anchor" and "positive"."""
+    from datasets import Dataset
+
+    anchors, positives = zip(*pairs(beir))
+    return Dataset.from_dict({"anchor": list(anchors), "positive": list(positives)})
+
+
+def timed_train(trainer: Any, save: Callable[[], None]) -> dict:
+    """A sentence-transformers trainer's train() call, timed; then the model saved (``save``)."""
+    t0 = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - t0
+    save()
+    return {"train_seconds": seconds}
 
 
 def pairs(beir: Path) -> list[tuple[str, str]]:
@@ -145,7 +164,6 @@ def side_mlmkit(work: Path, out: Path, recipe: str = "short", loss: str = "mnrl"
 
 def side_st(work: Path, out: Path, recipe: str = "short") -> dict:
     import torch
-    from datasets import Dataset
     from sentence_transformers import (
         SentenceTransformer,
         SentenceTransformerTrainer,
@@ -156,16 +174,10 @@ def side_st(work: Path, out: Path, recipe: str = "short") -> dict:
     torch.set_num_threads(THREADS)
     model = SentenceTransformer(str(minilm()), device="cpu")
     model.max_seq_length = RECIPES[recipe]["max_length"]
-    anchors, positives = zip(*pairs(work / RECIPES[recipe]["set"]))
-    data = Dataset.from_dict({"anchor": list(anchors), "positive": list(positives)})
     args = st_args(SentenceTransformerTrainingArguments, out)
-    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data,
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=pairs_dataset(work / RECIPES[recipe]["set"]),
                                          loss=MultipleNegativesRankingLoss(model, scale=RECIPE["scale"]))
-    t0 = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - t0
-    model.save(str(out))
-    return {"train_seconds": seconds}
+    return timed_train(trainer, lambda: model.save(str(out)))
 
 
 def side_st_encode(work: Path, out: Path) -> dict:
@@ -212,11 +224,7 @@ def side_st_rerank(work: Path, out: Path) -> dict:
                               "label": [float(r["label"]) for r in rows]})
     args = st_args(CrossEncoderTrainingArguments, out)
     trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=data, loss=BinaryCrossEntropyLoss(model))
-    t0 = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - t0
-    model.save_pretrained(str(out))
-    return {"train_seconds": seconds}
+    return timed_train(trainer, lambda: model.save_pretrained(str(out)))
 
 
 def masked_lm(work: Path) -> Path:
@@ -255,7 +263,6 @@ def side_mlmkit_splade(work: Path, out: Path) -> dict:
 
 def side_st_splade(work: Path, out: Path) -> dict:
     import torch
-    from datasets import Dataset
     from sentence_transformers.sparse_encoder import (
         SparseEncoder,
         SparseEncoderTrainer,
@@ -267,17 +274,11 @@ def side_st_splade(work: Path, out: Path) -> dict:
     torch.set_num_threads(THREADS)
     mlm = MLMTransformer(str(work / "minilm-mlm"), max_seq_length=RECIPE["max_length"])
     model = SparseEncoder(modules=[mlm, SpladePooling(pooling_strategy="max")], device="cpu")
-    anchors, positives = zip(*pairs(work / "set"))
-    data = Dataset.from_dict({"anchor": list(anchors), "positive": list(positives)})
     loss = SpladeLoss(model, SparseMultipleNegativesRankingLoss(model, scale=1.0), document_regularizer_weight=3e-5,
                       query_regularizer_weight=5e-5)
     args = st_args(SparseEncoderTrainingArguments, out)
-    trainer = SparseEncoderTrainer(model=model, args=args, train_dataset=data, loss=loss)
-    t0 = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - t0
-    model.save(str(out))
-    return {"train_seconds": seconds}
+    trainer = SparseEncoderTrainer(model=model, args=args, train_dataset=pairs_dataset(work / "set"), loss=loss)
+    return timed_train(trainer, lambda: model.save(str(out)))
 
 
 def mining_data(work: Path, documents: int, queries: int) -> None:
