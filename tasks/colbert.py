@@ -300,16 +300,17 @@ class ColbertTask(EmbeddingTask):
         dim = int(ctx.options["dim"])
         vec = lambda p: np.asarray(p["vectors"], dtype=np.float32).reshape(-1, dim)  # noqa: E731
         qrels = {ex["id"]: ex["judged"] for ex, _ in queries}
+        doc_vectors = [vec(p) for _, p in docs]  # each document's once, however many queries it is a candidate of
         if "first" in queries[0][0]:  # a first stage's candidates, reranked
             at = {ex["id"]: j for j, (ex, _) in enumerate(docs)}
             ranked: dict[str, list[tuple[str, float]]] = {}
             for ex, p in queries:
                 cands = [at[d] for d in ex["first"]]
                 ranked[ex["id"]] = [(docs[cands[i]][0]["id"], s) for i, s in
-                                    rank([vec(p)], [vec(docs[j][1]) for j in cands], len(cands))[0]]
+                                    rank([vec(p)], [doc_vectors[j] for j in cands], len(cands))[0]]
             extra: Metrics = {"first_stage": mean_metrics({ex["id"]: ex["first"] for ex, _ in queries}, qrels)}
         else:
-            top = rank([vec(p) for _, p in queries], [vec(p) for _, p in docs], 100)
+            top = rank([vec(p) for _, p in queries], doc_vectors, 100)
             ranked = {ex["id"]: [(docs[j][0]["id"], s) for j, s in row] for (ex, _), row in zip(queries, top)}
             extra = {}
         if ctx.options.get("save_run"):
