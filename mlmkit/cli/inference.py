@@ -293,11 +293,11 @@ def mine(args: MineArgs, as_json: Json = False) -> None:
 @handle_errors
 @with_args(BuildArgs)
 def index_cmd(args: BuildArgs, as_json: Json = False) -> None:
-    """Embed a corpus into an on-disk index that `mlmkit search` reads: vectors memory-mapped (or a SPLADE bundle's inverted
-    index), ids beside them, a manifest."""
+    """Embed a corpus into an on-disk index that `mlmkit search` reads: vectors memory-mapped (a SPLADE bundle's inverted
+    index, a colbert bundle's token vectors as centroids and residuals), ids beside them, a manifest."""
     import time
 
-    from mlmkit.infer.index import build
+    from mlmkit.infer.index import build, footprint
 
     t0, done = time.perf_counter(), [0]
     with err.status(f"indexing {args.corpus} ...") as status:
@@ -307,12 +307,14 @@ def index_cmd(args: BuildArgs, as_json: Json = False) -> None:
 
         m = build(args, advance)
     summary = {"index": str(args.out), "count": m["count"], "dims": m["dims"], "quantization": m["quantization"], "ann": m["ann"],
-               "added": m["shards"][-1]["count"], "seconds": round(time.perf_counter() - t0, 2)}
+               "added": m["shards"][-1]["count"], "seconds": round(time.perf_counter() - t0, 2), **footprint(args.out, m)}
     if want_json(as_json):
         print_json(summary)
         return
-    out.print(f"{summary['added']:,} documents added to {args.out} ({m['count']:,} in all, {m['dims']} dims, {m['quantization']}, "
-              f"--ann {m['ann']}) in {summary['seconds']} s")
+    how = (f"{m['centroids']:,} centroids, {m['bits']}-bit residuals, {summary['bytes_per_token_vector']} bytes a token vector"
+           if m["kind"] == "multivector" else f"{m['quantization']}, --ann {m['ann']}")
+    out.print(f"{summary['added']:,} documents added to {args.out} ({m['count']:,} in all, {m['dims']} dims, {how}) in "
+              f"{summary['seconds']} s; {summary['bytes'] / 2**20:,.1f} MiB, {summary['bytes_per_document']:,} bytes a document")
 
 
 @app.command("search")

@@ -12,7 +12,9 @@ A sparse shard holds, beside its ids.arrow:
     rows.bin        int32: a posting's document, its row within its block, ascending per term
     weights.bin     float32: the posting's weight
 
-``width`` is the vocabulary (the manifest's ``dims``). Every file is memory-mapped. A query block
+``width`` is the vocabulary (the manifest's ``dims``). A multi-vector index's shards keep the inverted
+files alone (``forward=False``: its "terms" are the centroids of each document's token vectors,
+infer/index/multivector.py, whose codes are its forward index already). Every file is memory-mapped. A query block
 (QUERY_BLOCK queries, a scipy CSR matrix) is scored against one block of documents at a time by a
 sparse product that reads only the postings of the query's terms; the block's scores ((queries,
 block) floats) go through the same running top k as dense search. Scores are dot products (SPLADE's
@@ -57,9 +59,9 @@ class Postings:
     weights: np.ndarray
 
     @classmethod
-    def open(cls, shard: Path, count: int, width: int, block: int, hint: str) -> Postings:
+    def open(cls, shard: Path, count: int, width: int, block: int, hint: str, *, forward: bool = True) -> Postings:
         """The shard's files, each checked against the manifest's count and the others' sizes: a
-        truncated or replaced file is one line naming it."""
+        truncated or replaced file is one line naming it. ``forward=False``: the inverted files alone."""
         blocks = -(-count // block)
 
         def mapped(name: str, dtype: Any, n: int) -> np.ndarray:
@@ -71,11 +73,18 @@ class Postings:
                 raise ConfigError(f"{f} {what}; the manifest's {count:,} documents need {want:,} bytes: a truncated or replaced file", hint)
             return np.memmap(f, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype=dtype)
 
+        offsets = mapped("offsets.bin", np.int64, blocks * (width + 1)).reshape(blocks, width + 1)
+        if not forward:
+            nnz = int(offsets[-1, -1]) if blocks else 0
+            if nnz < 0:
+                raise ConfigError(f"{shard / 'offsets.bin'} ends below 0: a corrupted file", hint)
+            none = np.zeros(0, np.int32)
+            return cls(count, width, block, np.zeros(0, np.int64), none, none.view(np.float32), offsets,
+                       mapped("rows.bin", np.int32, nnz), mapped("weights.bin", np.float32, nnz))
         starts = mapped("starts.bin", np.int64, count + 1)
         nnz = int(starts[-1])
         if starts[0] != 0 or nnz < 0:
             raise ConfigError(f"{shard / 'starts.bin'} does not begin at 0 or ends below it: a corrupted file", hint)
-        offsets = mapped("offsets.bin", np.int64, blocks * (width + 1)).reshape(blocks, width + 1)
         if blocks and int(offsets[-1, -1]) != nnz:
             raise ConfigError(f"{shard / 'offsets.bin'} ends at posting {int(offsets[-1, -1]):,}; "
                               f"{shard / 'starts.bin'} counts {nnz:,} terms: files of two builds", hint)
@@ -133,13 +142,14 @@ def scores(shards: Sequence[Postings], q: Any) -> Any:
 
 
 class Writer:
-    """A sparse shard written as documents come: the forward files at once, the inverted ones a block
-    at a time (its postings sorted by term)."""
+    """A sparse shard written as documents come: the forward files at once (unless ``forward=False``),
+    the inverted ones a block at a time (its postings sorted by term)."""
 
-    def __init__(self, shard: Path, width: int, block: int) -> None:
-        self.width, self.block, self.count, self.nnz = width, block, 0, 0
-        self.files: dict[str, BinaryIO] = {n: open(shard / n, "wb") for n in (*FORWARD, *INVERTED)}
-        self.files["starts.bin"].write(np.zeros(1, np.int64).tobytes())
+    def __init__(self, shard: Path, width: int, block: int, *, forward: bool = True) -> None:
+        self.width, self.block, self.count, self.nnz, self.forward = width, block, 0, 0, forward
+        self.files: dict[str, BinaryIO] = {n: open(shard / n, "wb") for n in (*(FORWARD if forward else ()), *INVERTED)}
+        if forward:
+            self.files["starts.bin"].write(np.zeros(1, np.int64).tobytes())
         self.pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (lengths, terms, weights) of the block so far
         self.in_block = 0
 
@@ -162,9 +172,10 @@ class Writer:
         while a < len(starts) - 1:  # as much of the batch as the block has room for
             e = min(len(starts) - 1, a + self.block - self.in_block)
             lo, hi = int(starts[a]), int(starts[e])
-            self.files["terms.bin"].write(t[lo:hi].tobytes())
-            self.files["values.bin"].write(w[lo:hi].tobytes())
-            self.files["starts.bin"].write((self.nnz + starts[a + 1:e + 1] - lo).tobytes())
+            if self.forward:
+                self.files["terms.bin"].write(t[lo:hi].tobytes())
+                self.files["values.bin"].write(w[lo:hi].tobytes())
+                self.files["starts.bin"].write((self.nnz + starts[a + 1:e + 1] - lo).tobytes())
             self.pending.append((np.diff(starts[a:e + 1]), t[lo:hi], w[lo:hi]))
             self.count, self.nnz, self.in_block = self.count + e - a, self.nnz + hi - lo, self.in_block + e - a
             if self.in_block == self.block:

@@ -253,6 +253,129 @@ def test_colbert_reranks_bm25s_candidates_and_mlmkit_rerank_ranks_by_maxsim(colb
     assert np.allclose([g["score"] for g in got], sorted(want, reverse=True), atol=1e-3)
 
 
+# ---- the multi-vector index --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def colbert_index(colbert, bundle):
+    out = colbert["tmp"] / "index"
+    r = runner.invoke(app, ["index", str(bundle), "--corpus", str(colbert["beir"] / "corpus.jsonl"), "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    return out, json.loads(r.stdout)
+
+
+def _corpus_texts(beir: Path) -> list[str]:
+    return [f"{d['title']} {d['text']}".strip() for d in map(json.loads, open(beir / "corpus.jsonl"))]
+
+
+def test_a_colbert_index_codes_the_token_vectors_searches_as_exact_maxsim_and_evaluates_as_the_bundle(colbert, bundle,
+                                                                                                     colbert_index):
+    from mlmkit.infer.index import Index, evaluate_index, query_vectors, search_vectors
+    from mlmkit.infer.index.multivector import documents
+    from mlmkit.infer.pipeline import Pipeline
+
+    out, summary = colbert_index
+    ix = Index.open(out)
+    assert ix.kind == "multivector" and summary["count"] == ix.count == 300 and ix.codec is not None
+    assert summary["bytes_per_token_vector"] == 2 + SMALL["dim"] * 2 / 8  # a uint16 code and 2 bits a dimension
+    true = [np.asarray(r["vectors"], dtype=np.float32) for r in Pipeline.load(bundle)(_corpus_texts(colbert["beir"]),
+                                                                                          input_type="document")]
+    decoded = documents(ix, np.arange(ix.count))
+    assert [len(d) for d in decoded] == [len(t) for t in true] and summary["tokens"] == sum(map(len, true))
+    cosines = np.concatenate([(d * t).sum(1) for d, t in zip(decoded, true)])
+    assert cosines.mean() > 0.9, cosines.mean()
+    # every document rescored: the hits are exact MaxSim over the decoded vectors
+    queries = [json.loads(line)["text"] for line in open(colbert["beir"] / "queries.jsonl")][:16]
+    q = query_vectors(ix, queries)
+    rows, scores = search_vectors(ix, q, 10, rescore=ix.count)
+    want = rank(q, decoded, 10)
+    assert [list(r) for r in rows] == [[j for j, _ in w] for w in want]
+    assert np.allclose(scores, [[s for _, s in w] for w in want], atol=1e-4)
+    # the default three stages keep what exact MaxSim over every decoded document finds (the coding's own loss on
+    # this 16-dimension model is measured on all-MiniLM-L6-v2 in benchmarks/late_interaction.py)
+    r = runner.invoke(app, ["evaluate", str(out), "--data", str(colbert["beir"]), "--json"])
+    assert r.exit_code == 0, r.output
+    everything = evaluate_index(out, colbert["beir"], rescore=ix.count)
+    assert abs(json.loads(r.stdout)["ndcg@10"] - everything["ndcg@10"]) < 0.01, (r.stdout, everything)
+    pruned = search_vectors(ix, q, 10)[0]
+    assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(pruned, rows)]) > 0.9
+    from mlmkit.infer.index import IndexRetriever
+
+    ids = [json.loads(line)["_id"] for line in open(colbert["beir"] / "corpus.jsonl")]
+    miner = IndexRetriever(out, {i: n for n, i in enumerate(ids)})  # mlmkit mine --retriever INDEX
+    places, found = miner.search(queries[:4], 5)
+    want_rows, want_scores = search_vectors(ix, q[:4], 5)  # the index's rows are the corpus's places
+    assert (places == want_rows).all() and np.allclose(found, want_scores, atol=1e-5)
+    assert np.allclose(miner.pair_scores(queries[:4], list(rows[:4, 0])), scores[:4, 0], atol=1e-4)
+    r = runner.invoke(app, ["search", str(out), queries[0], "--json", "--top-k", "3"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout.splitlines()[0])["hits"]
+    assert [h["id"] for h in got] == ix.ids(search_vectors(ix, q[:1], 3)[0][0])
+    export = colbert["tmp"] / "index.parquet"
+    r = runner.invoke(app, ["search", str(out), "--export", str(export)])
+    assert r.exit_code == 0, r.output
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(export).to_pylist()
+    assert len(table) == ix.count and np.allclose(np.asarray(table[3]["vectors"], dtype=np.float32), decoded[3])
+
+
+def test_a_killed_colbert_build_resumes_to_the_files_of_a_straight_one_and_an_append_codes_with_the_index_codec(
+        colbert, bundle, tmp_path, monkeypatch):
+    from mlmkit.infer.index import BuildArgs, Index, build
+    from mlmkit.infer.index import multivector as mv
+
+    monkeypatch.setattr(mv, "SAMPLE_TOKENS", 2000)  # the centroids trained on the first documents, in every build
+    docs = open(colbert["beir"] / "corpus.jsonl").readlines()
+    corpus, first, rest = tmp_path / "all.jsonl", tmp_path / "first.jsonl", tmp_path / "rest.jsonl"
+    corpus.write_text("".join(docs))
+    first.write_text("".join(docs[:200]))
+    rest.write_text("".join(docs[200:]))
+    build(BuildArgs(bundle, corpus, tmp_path / "straight", window=32))
+    seen = [0]
+
+    def kill(n: int) -> None:
+        seen[0] += n
+        if seen[0] >= 160:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build(BuildArgs(bundle, corpus, tmp_path / "killed", window=32), kill)
+    assert (tmp_path / "killed" / ".pending" / mv.CODEC).is_file() and not (tmp_path / "killed" / "manifest.json").exists()
+    build(BuildArgs(bundle, corpus, tmp_path / "killed", window=32, resume=True))
+    build(BuildArgs(bundle, first, tmp_path / "appended", window=32))
+    build(BuildArgs(bundle, rest, tmp_path / "appended", window=32, append=True))
+    for name in ("shard-000000/lengths.bin", "shard-000000/codes.bin", "shard-000000/residuals.bin",
+                 "shard-000000/offsets.bin", "shard-000000/rows.bin", mv.CODEC):
+        assert (tmp_path / "killed" / name).read_bytes() == (tmp_path / "straight" / name).read_bytes(), name
+    a, b = Index.open(tmp_path / "straight"), Index.open(tmp_path / "appended")
+    assert len(b.shards) == 2 and b.count == a.count and b.manifest["tokens"] == a.manifest["tokens"]
+    assert all(np.array_equal(x, y) for x, y in zip(mv.documents(a, np.arange(a.count)), mv.documents(b, np.arange(b.count))))
+    r = runner.invoke(app, ["index", str(bundle), "--corpus", str(rest), "--out", str(tmp_path / "appended"), "--append",
+                            "--bits", "1"])
+    assert r.exit_code == 2 and "--bits 2" in r.output, r.output
+
+
+def test_bad_input_to_a_colbert_index_is_one_line_and_changes_nothing(colbert, bundle, colbert_index, tmp_path):
+    import shutil
+
+    out, _ = colbert_index
+    corpus = str(colbert["beir"] / "corpus.jsonl")
+    for argv, match in ((["--quantize", "int8"], "takes no --quantize"), (["--bits", "3"], "--bits 3: use 1 or 2"),
+                        (["--ann", "hnsw"], "takes no --quantize, --ann")):
+        r = runner.invoke(app, ["index", str(bundle), "--corpus", corpus, "--out", str(tmp_path / "x"), *argv])
+        assert r.exit_code == 2 and match in r.output and "Traceback" not in r.output, r.output
+    for name, damage in (("shard-000000/codes.bin", lambda f: f.write_bytes(f.read_bytes()[:-6])),
+                         ("codec.npz", lambda f: f.write_bytes(b"not a codec")),
+                         ("shard-000000/residuals.bin", lambda f: f.write_bytes(b"")),
+                         ("manifest.json", lambda f: f.write_text(f.read_text().replace('"nprobe": 4', '"nprobe": "four"')))):
+        broken = tmp_path / name.replace("/", "-")
+        shutil.copytree(out, broken)
+        damage(broken / name)
+        r = runner.invoke(app, ["search", str(broken), "a query"])
+        assert r.exit_code == 2 and name.split("/")[-1] in r.output and "Traceback" not in r.output, r.output
+    r = runner.invoke(app, ["search", str(out), "a query", "--rescore", "2", "--top-k", "5"])
+    assert r.exit_code == 2 and "--rescore 2 is below --top-k 5" in r.output, r.output
+
+
 def test_cached_mnrl_gives_mnrls_loss(colbert):
     from mlmkit.registry import get_task
 
@@ -300,13 +423,20 @@ def test_bad_options_are_one_line(colbert, tmp_path):
         evaluate_base("colbert", colbert["base"], colbert["beir"], options={"query_length": 4096})
 
 
-def test_serve_answers_token_vectors_on_predict_and_refuses_them_on_the_embedding_routes(colbert, bundle, tmp_path):
+def test_serve_answers_token_vectors_on_predict_and_refuses_them_on_the_embedding_routes(colbert, bundle, colbert_index,
+                                                                                         tmp_path):
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
     from serve_process import Server
 
-    s = Server(tmp_path, f"colbert={bundle}")
+    s = Server(tmp_path, f"colbert={bundle}", "--index", f"docs={colbert_index[0]}")
     try:
+        query = json.loads(open(colbert["beir"] / "queries.jsonl").readline())["text"]
+        r = httpx.post(s.url + "/v1/search", json={"query": query, "top_k": 3}, timeout=30)
+        want = runner.invoke(app, ["search", str(colbert_index[0]), query, "--json", "--top-k", "3"]).stdout
+        assert r.status_code == 200 and r.json()["results"][0]["hits"] == json.loads(want)["hits"], r.text
+        r = httpx.post(s.url + "/v1/search", json={"vector": [0.0] * SMALL["dim"]}, timeout=30)
+        assert r.status_code == 422 and "multi-vector" in r.text, r.text
         r = s.post("colbert", {"inputs": TEXTS, "options": {"input_type": "query"}})
         assert r.status_code == 200, r.text
         _same([np.asarray(x["vectors"], dtype=np.float32) for x in r.json()["results"]], _ours(colbert["run"], "query"),

@@ -10,6 +10,7 @@ One module a job:
 - ``building.py``: `mlmkit index` (build, ``--append``, ``--resume``, ``--engine ray``);
 - ``pending.py``: the shard being written (``.pending/``), window by window, resumable;
 - ``ann.py``: ``--ann hnsw | ivf`` with faiss;
+- ``multivector.py``: a colbert bundle's index (a vector a token: centroids, residuals, MaxSim);
 - ``search.py``: the top k of query vectors or texts;
 - ``evaluation.py``: `mlmkit evaluate INDEX`, and mining's retriever over an index;
 - ``export.py``: `mlmkit search --export` (Parquet).
@@ -45,12 +46,12 @@ from mlmkit.infer.index.identity import (
     served_indexes,
 )
 from mlmkit.infer.index.search import as_input, as_queries, hits, is_sparse, query_vectors, search_vectors
-from mlmkit.infer.index.store import ANNS, CHUNK, FORMAT, KINDS, MANIFEST, QUERY_BLOCK, Index
+from mlmkit.infer.index.store import ANNS, CHUNK, FORMAT, KINDS, MANIFEST, QUERY_BLOCK, Index, footprint
 
 __all__ = [
     "ANNS", "CALIBRATION", "CALIBRATION_ROWS", "CHUNK", "FORMAT", "KINDS", "MANIFEST", "QUANTIZATIONS", "QUERY_BLOCK",
     "RESCORE_COPIES", "BuildArgs", "Index", "IndexRetriever", "ann_search", "as_input", "as_queries", "build", "build_ann",
     "bundle_checksum", "calibrate", "check_bundle", "corpus_records", "dequantize", "evaluate_bundle_by_index",
-    "evaluate_index", "export_parquet", "hits", "is_sparse", "quantize", "query_bundle", "query_vectors", "row_bytes",
+    "evaluate_index", "export_parquet", "footprint", "hits", "is_sparse", "quantize", "query_bundle", "query_vectors", "row_bytes",
     "same_bundle", "search_vectors", "served_indexes", "stored", "through_index",
 ]

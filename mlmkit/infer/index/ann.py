@@ -15,18 +15,10 @@ import numpy as np
 
 from mlmkit.errors import ConfigError
 from mlmkit.files import atomic_write
+from mlmkit.infer.index.codecs import faiss_module
 from mlmkit.infer.index.store import CHUNK, Index
 
 FILE = "ann.faiss"
-
-
-def faiss_module() -> Any:
-    """faiss, or one line saying how to install it."""
-    try:
-        import faiss
-    except ImportError:
-        raise ConfigError("--ann hnsw and ivf need faiss", "pip install 'mlmkit[retrieval]' (faiss-cpu), or --ann flat") from None
-    return faiss
 
 
 def ann_settings(ann: str, count: int, *, hnsw_m: int, ivf_lists: int | None) -> dict[str, Any]:

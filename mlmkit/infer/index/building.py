@@ -10,7 +10,8 @@ kill at any point leaves the index as it was (its manifest names only complete s
 ``--resume`` finishes the build.
 
 Memory while building: a window of documents and their vectors (the first CALIBRATION_ROWS documents
-of a new int8 or binary index; the faiss structure, with --ann, held whole while it is built).
+of a new int8 or binary index, the first SAMPLE_TOKENS token vectors of a new multi-vector one; the
+faiss structure, with --ann, held whole while it is built).
 """
 
 from __future__ import annotations
@@ -24,15 +25,16 @@ from typing import Any
 
 import numpy as np
 
+import mlmkit.infer.index.multivector as multivector
 from mlmkit.args import Args, Engine, Runtime, arg, check_precision, flag
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
 from mlmkit.files import LOCK, exclusive, write_json
 from mlmkit.infer import postings
-from mlmkit.infer.index.ann import ann_settings, build_ann, faiss_module
-from mlmkit.infer.index.codecs import QUANTIZATIONS, RESCORE_COPIES
+from mlmkit.infer.index.ann import ann_settings, build_ann
+from mlmkit.infer.index.codecs import QUANTIZATIONS, RESCORE_COPIES, faiss_module
 from mlmkit.infer.index.identity import record
 from mlmkit.infer.index.pending import Pending
-from mlmkit.infer.index.search import as_input, is_sparse
+from mlmkit.infer.index.search import as_input, index_kind
 from mlmkit.infer.index.store import ANNS, FORMAT, MANIFEST, Index, id_hashes
 from mlmkit.text.readers import Record
 
@@ -66,8 +68,8 @@ def corpus_records(items: Iterable[Any], id_column: str | None, text_column: str
 class BuildArgs(Args):
     """`mlmkit index`: a corpus embedded into a new index at ``out`` (or a new shard of it: ``append``)."""
 
-    bundle: Path = arg(help="An embedding bundle (mlmkit export); a sparse-embedding one builds an inverted index.",
-                       positional=True)
+    bundle: Path = arg(help="An embedding bundle (mlmkit export); a sparse-embedding one builds an inverted index, a "
+                            "colbert one a multi-vector index.", positional=True)
     corpus: Path = arg(help="Documents: a BEIR corpus.jsonl (_id, title, text), JSON lines, Parquet or CSV with an id "
                             "column, or .txt (one a line, its line number the id).")
     out: Path = arg(help="The index directory.")
@@ -89,6 +91,9 @@ class BuildArgs(Args):
     precision: str | None = Runtime.precision()  # the documents' vectors are computed in it (mlmkit.infer.precision)
     engine: str = Engine.engine()
     address: str | None = Engine.address()
+    bits: int = arg(2, "A colbert bundle's index: bits a dimension of each token vector's residual from its centroid (1 or 2).")
+    centroids: int | None = arg(None, "A colbert bundle's index: its centroids (default: from the sample of token vectors, "
+                                      "one per 40).", cli=False)
     hnsw_m: int = arg(32, "--ann hnsw: neighbours per node.", cli=False)
     ivf_lists: int | None = arg(None, "--ann ivf: the lists (default: from the corpus size).", cli=False)
 
@@ -112,6 +117,10 @@ class BuildArgs(Args):
             raise ConfigError(f"--quantize {self.quantization}: use one of {', '.join(QUANTIZATIONS)}")
         if self.ann not in ANNS:
             raise ConfigError(f"--ann {self.ann}: use one of {', '.join(ANNS)}")
+        if self.bits not in multivector.BITS:
+            raise ConfigError(f"--bits {self.bits}: use 1 or 2")
+        if self.centroids is not None and not 1 <= self.centroids <= multivector.MAX_CENTROIDS:
+            raise ConfigError(f"centroids {self.centroids}: give 1 to {multivector.MAX_CENTROIDS:,}")
         if self.address is not None and self.engine != "ray":
             raise ConfigError("--address goes with --engine ray (the cluster to join)", "add --engine ray, or leave --address out")
 
@@ -129,30 +138,36 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
         raise ConfigError(f"{out} is an index already", "pass --append to add documents to it, or give a new --out")
     if args.append and not exists:
         raise ConfigError(f"--append: {out} is not an index", "build it first, without --append")
-    if out.exists() and not exists and any(p.name not in (".pending", LOCK) and not p.name.startswith(("shard-", "ann.faiss"))
+    if out.exists() and not exists and any(p.name not in (".pending", LOCK, multivector.CODEC)
+                                           and not p.name.startswith(("shard-", "ann.faiss"))
                                            for p in out.iterdir()):
         raise ConfigError(f"--out {out} is a directory that is not an index", "give a new or empty directory")
     out.mkdir(parents=True, exist_ok=True)
     pipe = Pipeline.load(args.bundle, device=args.device, threads=args.threads, batch_size=args.batch_size, command="embed",
                          precision=args.precision)
     bundle = record(Path(args.bundle))  # the bundle's identity, read once: what a search checks cheaply
-    sparse = is_sparse(pipe)
-    if not sparse and "embedding" not in pipe.meta.outputs:
-        raise ConfigError(f"{args.bundle} is a {pipe.task} bundle, whose outputs ({', '.join(pipe.meta.outputs)}) are not one "
-                          "vector a text: `mlmkit index` indexes embedding and sparse-embedding bundles",
-                          "a colbert bundle is scored exactly over a corpus by `mlmkit evaluate BUNDLE --data BEIR_DIR`")
+    kind = index_kind(pipe)
+    sparse, multi = kind == "sparse", kind == "multivector"
     if sparse and (args.quantization, args.ann, args.rescore_copy) != ("float32", "flat", None):
         raise ConfigError(f"{args.bundle} gives sparse vectors (sparse-embedding): its index is an inverted index, which takes "
                           "no --quantize, --ann or --rescore-copy", "drop them")
-    if args.ann != "flat":
+    if multi and ((args.quantization, args.ann, args.rescore_copy) != ("float32", "flat", None) or args.engine == "ray"):
+        raise ConfigError(f"{args.bundle} gives a vector a token (colbert): its index codes each as a centroid and a residual "
+                          "(--bits 1 or 2), and takes no --quantize, --ann, --rescore-copy or --engine ray", "drop them")
+    if args.ann != "flat" or multi:
         faiss_module()  # said now, not after the corpus is embedded
+    if multi:  # a document's results are a vector a token, as Python floats until they are coded
+        args = replace(args, window=min(args.window, multivector.WINDOW))
     with exclusive(out):
         old = Index.open(out) if exists else None
         if old is not None:
             if old.manifest["bundle"].get("sha256") != bundle["sha256"]:
                 raise ConfigError(f"{out} was built with the bundle {old.manifest['bundle'].get('path')}, not {args.bundle} "
                                   "(another graph or description)", "append with the index's own bundle, or build a new index")
-            if (args.quantization, args.ann, args.rescore_copy) != (old.quantization, old.ann, old.copy):
+            if old.codec is not None and (args.bits != old.codec.bits or args.centroids not in (None, len(old.codec.centroids))):
+                raise ConfigError(f"{out} codes token vectors with {len(old.codec.centroids):,} centroids and {old.codec.bits}-bit "
+                                  "residuals; --append takes the index's own", f"pass --bits {old.codec.bits}, or leave it out")
+            if old.codec is None and (args.quantization, args.ann, args.rescore_copy) != (old.quantization, old.ann, old.copy):
                 copy = f" --rescore-copy {old.copy}" if old.copy and old.quantization != "binary" else ""
                 raise ConfigError(f"{out} is a {old.quantization} index with --ann {old.ann}"
                                   f"{f' and a {old.copy} rescoring copy' if old.copy else ''}; --append takes the index's own "
@@ -169,14 +184,14 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
         what = {"bundle": pipe.identity(), "inputs": identity(files), "options": as_input(pipe, "document"),
                 "window": args.window, "id_column": args.id_column, "text_column": args.text_column, "engine": args.engine,
                 "quantization": args.quantization, "rescore_copy": args.rescore_copy, "precision": args.precision,
-                "shards": len(old.shards) if old else 0}
+                "shards": len(old.shards) if old else 0, **({"bits": args.bits, "centroids": args.centroids} if multi else {})}
         pending.mkdir(exist_ok=True)
-        block = (old.manifest.get("block") if old is not None else postings.BLOCK) if sparse else None
+        block = (old.manifest.get("block") if old is not None else postings.BLOCK) if sparse or multi else None
         dims = int(pipe.meta.model.vocab_size or 0) if sparse else old.dims if old else 0
         try:  # --resume with another bundle, corpus or settings is refused here, what was done kept
             p = Pending(pending, f"shard-{len(old.shards) if old else 0:06d}", what, quantization=args.quantization,
-                        copy=args.rescore_copy, ranges=old.ranges if old else None, dims=dims, sparse=sparse, block=block,
-                        resume=args.resume)
+                        copy=args.rescore_copy, ranges=old.ranges if old else None, dims=dims, kind=kind, block=block,
+                        resume=args.resume, codec=old.codec if old else None, bits=args.bits, centroids=args.centroids)
         except BaseException:
             if not args.resume:
                 shutil.rmtree(pending, ignore_errors=True)
@@ -226,8 +241,10 @@ def _embed_here(args: BuildArgs, p: Pending, pipe: Any, progress: Any) -> None:
                                threads=split_threads(args.threads, args.workers), options=as_input(pipe, "document"),
                                skip=False, id_column="id"):
         ids = [str(r["id"]) for r in done.results]
-        if p.sparse:
-            x: Any = (np.asarray([len(r["indices"]) for r in done.results], dtype=np.int64),
+        if p.multi:
+            x: Any = [np.asarray(r["vectors"], dtype=np.float32) for r in done.results]
+        elif p.sparse:
+            x = (np.asarray([len(r["indices"]) for r in done.results], dtype=np.int64),
                       np.asarray([t for r in done.results for t in r["indices"]], dtype=np.int32),
                       np.asarray([v for r in done.results for v in r["values"]], dtype=np.float32))
         else:
@@ -318,13 +335,16 @@ def _commit(args: BuildArgs, out: Path, old: Index | None, p: Pending, pipe: Any
     """The finished shard renamed into the index, the ANN index rebuilt over every shard, then the
     manifest that names them, written last: a kill before its rename leaves the index as it was (a
     shard or an ann.faiss it does not name; a resume does this again)."""
-    name, n, sparse = p.name, p.rows, p.sparse
+    name, n = p.name, p.rows
     total = (old.count if old else 0) + n
+    codec = {"bits": p.codec.bits, "centroids": len(p.codec.centroids), "tokens": (old.manifest.get("tokens", 0) if old else 0)
+             + p.state["tokens"], "search": old.manifest.get("search") if old else {"nprobe": multivector.NPROBE, "candidates": multivector.CANDIDATES}} \
+        if p.codec else {}
     manifest = {
-        "format": FORMAT, "kind": "sparse" if sparse else "dense", **({"block": p.block} if sparse else {}),
+        "format": FORMAT, "kind": p.kind, **({"block": p.block} if p.block else {}), **codec,
         "bundle": bundle,
         "prompts": {k: pipe.meta.options.get(k, "") for k in ("query_prompt", "document_prompt")},
-        "dims": p.dims, "count": total, "quantization": args.quantization,
+        "dims": p.dims, "count": total, "quantization": "residual" if p.multi else args.quantization,
         "ranges": p.state["ranges"], "rescore_copy": args.rescore_copy, "ann": args.ann,
         "ann_settings": old.manifest.get("ann_settings", {}) if old else ann_settings(args.ann, total, hnsw_m=args.hnsw_m,
                                                                                       ivf_lists=args.ivf_lists),
@@ -333,6 +353,8 @@ def _commit(args: BuildArgs, out: Path, old: Index | None, p: Pending, pipe: Any
     if p.shard.is_dir():  # else a commit killed after this rename left it in the index already
         shutil.rmtree(out / name, ignore_errors=True)  # a killed build's shard that no manifest names
         os.replace(p.shard, out / name)  # named by no manifest yet: harmless if what follows is killed
+    if (p.dir / multivector.CODEC).is_file():  # a new multi-vector index's codec, named by no manifest yet either
+        os.replace(p.dir / multivector.CODEC, out / multivector.CODEC)
     if args.ann != "flat":
         build_ann(out, manifest)
     write_json(out / MANIFEST, manifest)

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from mlmkit.errors import ConfigError
+
 QUANTIZATIONS = ("float32", "float16", "int8", "binary")
 RESCORE_COPIES = ("int8", "float16")
 """What a quantized index may keep beside its vectors for rescoring: int8 (binary's default), float16."""
@@ -33,6 +35,16 @@ CALIBRATION = (0.1, 99.9)
 """The percentiles of each dimension's values that bound int8's range."""
 CALIBRATION_ROWS = 8192
 """The first documents of a new index whose vectors calibrate int8 (and binary's int8 copy)."""
+
+
+def faiss_module() -> Any:
+    """faiss (--ann's indexes, a multi-vector index's k-means), or one line saying how to install it."""
+    try:
+        import faiss
+    except ImportError:
+        raise ConfigError("--ann hnsw and ivf, and the index of a colbert bundle, need faiss",
+                          "pip install 'mlmkit[retrieval]' (faiss-cpu), or --ann flat") from None
+    return faiss
 
 
 def row_bytes(quantization: str, dims: int) -> int:

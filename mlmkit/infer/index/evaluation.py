@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+import mlmkit.infer.index.multivector as multivector
 from mlmkit.errors import ConfigError
 from mlmkit.files import read_json
 from mlmkit.infer.index.search import hits, query_vectors, search_vectors
@@ -97,7 +98,8 @@ class IndexRetriever:
         return places, kept
 
     def pair_scores(self, queries: Sequence[str], docs: Sequence[int]) -> np.ndarray:
-        """The cosine of each query with a document of the corpus (by its place), from the index."""
+        """The cosine of each query with a document of the corpus (by its place), from the index (a
+        sparse index's dot product, a multi-vector index's MaxSim)."""
         if self._rows is None:
             self._rows = {}
             for a in range(0, self.ix.count, CHUNK):
@@ -109,5 +111,8 @@ class IndexRetriever:
             raise ConfigError(f"{self.ix.path} does not hold a positive of the data ({len(lost)} of this batch)",
                               "build the index from the whole corpus being mined")
         q = query_vectors(self.ix, queries, device=self.device, precision=self.precision)
+        rows = np.asarray([self._rows[d] for d in docs], dtype=np.int64)
+        if self.ix.kind == "multivector":  # MaxSim, from the decoded token vectors
+            return multivector.pair_scores(self.ix, q, rows)
         q = q.toarray() if self.ix.kind == "sparse" else normalized(q)  # dot products (sparse), cosines
-        return np.einsum("qh,qh->q", q, self.ix.rows(np.asarray([self._rows[d] for d in docs], dtype=np.int64), rescore=True))
+        return np.einsum("qh,qh->q", q, self.ix.rows(rows, rescore=True))

@@ -12,6 +12,10 @@ documents a window at a time, resumable after a kill. No torch.
                         when every document is in; renamed into the index, then the manifest written
       lengths.bin       a sparse bundle's documents (their term counts, then terms.bin and weights.bin:
                         their terms and weights), appended
+      codec.npz         a new multi-vector index's centroids and residual buckets (multivector.py),
+                        trained on its first SAMPLE_TOKENS token vectors; a colbert bundle's shard
+                        appends lengths.bin, codes.bin and residuals.bin a window at a time, and
+                        gets its centroids' postings when every document is in
       documents/        --engine ray: the documents, read and checked here, for the cluster
 
 Vectors are written once: a window's vectors go from the model into the shard's vectors.bin (and
@@ -19,7 +23,8 @@ rescore.bin), quantized, and the shard is renamed into the index, never copied. 
 progress.json naming the windows whose bytes are all there; a resume cuts each file back to what it
 names and goes on after them. One thing waits in memory instead of on disk: the first CALIBRATION_ROWS
 documents of a new int8 or binary index, until their percentiles give the ranges every row is
-quantized with (a kill before then resumes from the first document).
+quantized with, and the first SAMPLE_TOKENS token vectors of a new multi-vector index, until the
+centroids are trained on them (a kill before then resumes from the first document).
 
 Two things are written once more before the shard's own files, because those cannot be appended to
 and cut back: the ids (ids.jsonl, then the shard's ids.arrow, an Arrow file whose footer comes last),
@@ -43,6 +48,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+import mlmkit.infer.index.multivector as multivector
 from mlmkit.errors import ConfigError, DataFormatError
 from mlmkit.files import read_json, write_json
 from mlmkit.infer import postings
@@ -58,18 +64,23 @@ class Pending:
     """The shard ``name`` being written under ``dir`` (an index's .pending/): see the module's docstring.
     ``what``: what a resume must find unchanged; ``quantization``, ``copy``: how vectors are stored;
     ``ranges``: an append's int8 ranges (the index's), None to calibrate; ``dims``: an append's or a
-    sparse bundle's (the vocabulary), 0 to take the first window's; ``block``: a sparse index's."""
+    sparse bundle's (the vocabulary), 0 to take the first window's; ``kind``: the index's (store.KINDS);
+    ``block``: a sparse or multi-vector index's; ``codec``: a multi-vector append's (the index's), None
+    to train one with ``bits`` and ``centroids`` (None: from the sample's size)."""
 
     def __init__(self, dir: Path, name: str, what: dict[str, Any], *, quantization: str, copy: str | None,
-                 ranges: np.ndarray | None, dims: int, sparse: bool, block: int | None, resume: bool) -> None:
+                 ranges: np.ndarray | None, dims: int, kind: str, block: int | None, resume: bool,
+                 codec: multivector.Codec | None = None, bits: int = 2, centroids: int | None = None) -> None:
         self.dir, self.name, self.shard = dir, name, dir / name
         self.what = json.loads(json.dumps(what, default=str))
-        self.quantization, self.copy, self.sparse = quantization, copy, sparse
+        self.quantization, self.copy, self.kind = quantization, copy, kind
+        self.sparse, self.multi = kind == "sparse", kind == "multivector"
+        self.codec, self.bits, self.centroids, self.trains = codec, bits, centroids, self.multi and codec is None
         self.start: dict[str, Any] = {"what": self.what, "windows": 0, "records": 0, "rows": 0, "ids_bytes": 0, "nnz": 0,
-                                      "dims": dims, "ranges": ranges.tolist() if ranges is not None else None,
+                                      "tokens": 0, "codec": False, "dims": dims, "ranges": ranges.tolist() if ranges is not None else None,
                                       "block": block, "complete": False}
         self.state = dict(self.start)
-        self.buffer: list[tuple[int, int, list[str], np.ndarray]] = []  # windows waiting for the calibration
+        self.buffer: list[tuple[int, int, list[str], Any]] = []  # windows waiting for the calibration or the centroids
         self.files: dict[str, BinaryIO] = {}
         p = dir / PROGRESS
         if resume and p.is_file():
@@ -125,6 +136,10 @@ class Pending:
             nnz = int(self.state["nnz"])
             return {**out, "lengths.bin": (self.dir / "lengths.bin", 8 * n), "terms.bin": (self.dir / "terms.bin", 4 * nnz),
                     "weights.bin": (self.dir / "weights.bin", 4 * nnz)}
+        if self.multi:
+            t, width = int(self.state["tokens"]), self.codec.residual_bytes() if self.codec else 0
+            return {**out, "lengths.bin": (self.shard / "lengths.bin", 4 * n), "codes.bin": (self.shard / "codes.bin", 2 * t),
+                    "residuals.bin": (self.shard / "residuals.bin", t * width)}
         out["vectors.bin"] = (self.shard / "vectors.bin", n * row_bytes(self.quantization, d))
         if self.copy:
             out["rescore.bin"] = (self.shard / "rescore.bin", n * row_bytes(self.copy, d))
@@ -133,7 +148,7 @@ class Pending:
     def restart(self) -> None:
         """Start the shard over: nothing of a build before is kept (Ray's builds, which do not resume)."""
         self.close()
-        for f in ("ids.jsonl", *SPARSE, PROGRESS):
+        for f in ("ids.jsonl", *SPARSE, multivector.CODEC, PROGRESS):
             (self.dir / f).unlink(missing_ok=True)
         shutil.rmtree(self.shard, ignore_errors=True)
         self.shard.mkdir(parents=True)
@@ -142,7 +157,9 @@ class Pending:
 
     def _resume(self, saved: dict[str, Any]) -> None:
         hint = f"delete {self.dir} to start over"
-        bad = [k for k in ("windows", "records", "rows", "ids_bytes", "nnz", "dims")
+        if isinstance(saved, dict):
+            saved.setdefault("tokens", 0)  # a build of an mlmkit before multi-vector indexes
+        bad = [k for k in ("windows", "records", "rows", "ids_bytes", "nnz", "tokens", "dims")
                if not isinstance(saved.get(k), int) or isinstance(saved.get(k), bool) or saved[k] < 0]
         if bad or not isinstance(saved.get("what"), dict):
             raise ConfigError(f"{self.dir / PROGRESS}: field {(bad or ['what'])[0]} is not what a build writes", hint)
@@ -151,6 +168,8 @@ class Pending:
             raise ConfigError(f"--resume: the unfinished build in {self.dir} was for other {', '.join(changed)}",
                               f"resume with the same bundle, corpus and settings, or {hint}")
         self.state.update({k: saved[k] for k in self.state if k in saved})
+        if self.trains and saved.get("codec"):
+            self.codec = multivector.Codec.load(self.dir / multivector.CODEC, self.dims, hint)
         if self.complete:
             if not self.shard.is_dir() and not (self.dir.parent / self.name).is_dir():
                 raise ConfigError(f"{self.dir}: a finished build whose shard {self.name} is gone", hint)
@@ -186,20 +205,35 @@ class Pending:
             raise AssertionError(f"window {window} after {self.windows + len(self.buffer)}")
         if self.sparse:
             return self._write([(window, records, ids, x)])
-        x = normalized(np.asarray(x, dtype=np.float32))
+        if self.multi:  # a list of (tokens, dims) arrays, one a document
+            lengths = np.asarray([len(v) for v in x], dtype=np.int32)
+            x = (lengths, normalized(np.concatenate([np.asarray(v, dtype=np.float32).reshape(len(v), -1) for v in x])))
+        width = (x[1] if self.multi else x).shape[1]
         if self.dims == 0:
-            self.state["dims"] = x.shape[1]
-        elif x.shape[1] != self.dims:
-            raise ConfigError(f"the bundle gives {x.shape[1]} dimensions; {self.dir.parent} holds {self.dims}")
+            self.state["dims"] = width
+        elif width != self.dims:
+            raise ConfigError(f"the bundle gives {width} dimensions; {self.dir.parent} holds {self.dims}")
+        if not self.multi:
+            x = normalized(np.asarray(x, dtype=np.float32))
         self.buffer.append((window, records, ids, x))
-        if self.state["ranges"] is None and self.quantization in ("int8", "binary"):
+        if self.multi and self.codec is None:
+            if sum(len(b[3][1]) for b in self.buffer) < multivector.SAMPLE_TOKENS:
+                return
+            self._calibrate()
+        elif self.state["ranges"] is None and self.quantization in ("int8", "binary"):
             if sum(len(b[2]) for b in self.buffer) < CALIBRATION_ROWS:
                 return
             self._calibrate()
         self._write(self.buffer)
 
     def _calibrate(self) -> None:
-        """The int8 ranges from the first CALIBRATION_ROWS documents (all, if there are fewer)."""
+        """The int8 ranges from the first CALIBRATION_ROWS documents (all, if there are fewer); a new
+        multi-vector index's codec from its first SAMPLE_TOKENS token vectors, saved in codec.npz."""
+        if self.buffer and self.multi and self.codec is None:
+            sample = np.concatenate([b[3][1] for b in self.buffer])[:multivector.SAMPLE_TOKENS]
+            self.codec = multivector.Codec.train(sample, self.bits, self.centroids)
+            self.codec.save(self.dir / multivector.CODEC)
+            self.state["codec"] = True
         if self.buffer and self.state["ranges"] is None and self.quantization in ("int8", "binary"):
             self.state["ranges"] = calibrate(np.concatenate([b[3] for b in self.buffer])[:CALIBRATION_ROWS]).tolist()
 
@@ -213,6 +247,14 @@ class Pending:
                 self.files["terms.bin"].write(np.asarray(terms, dtype=np.int32).tobytes())
                 self.files["weights.bin"].write(np.asarray(weights, dtype=np.float32).tobytes())
                 self.state["nnz"] += len(terms)
+            elif self.multi:
+                assert self.codec is not None
+                lengths, v = x
+                codes, residuals = self.codec.encode(v)
+                self.files["lengths.bin"].write(lengths.tobytes())
+                self.files["codes.bin"].write(codes.tobytes())
+                self.files["residuals.bin"].write(np.ascontiguousarray(residuals).tobytes())
+                self.state["tokens"] += len(v)
             else:
                 v, r = stored(x, self.quantization, self.ranges, self.copy)
                 self.files["vectors.bin"].write(np.ascontiguousarray(v).tobytes())
@@ -244,6 +286,8 @@ class Pending:
                 hashes.append(id_hashes(chunk))
         if self.sparse:
             self._postings()
+        if self.multi:
+            self._centroid_postings()
         return hashes
 
     def _postings(self) -> None:
@@ -258,6 +302,22 @@ class Pending:
                 starts = np.concatenate([[0], np.cumsum(lengths[a:a + CHUNK])])
                 e = at + int(starts[-1])
                 out.add(starts, np.asarray(terms[at:e]), np.asarray(weights[at:e]))
+                at = e
+            out.finish()
+
+    def _centroid_postings(self) -> None:
+        """A multi-vector shard's postings (the documents holding each centroid) from its codes on
+        disk, CHUNK documents at a time."""
+        assert self.codec is not None
+        lengths = np.fromfile(self.shard / "lengths.bin", dtype=np.int32).astype(np.int64)
+        t = int(self.state["tokens"])
+        codes = np.memmap(self.shard / "codes.bin", dtype=np.uint16, mode="r", shape=(t,)) if t else np.zeros(0, np.uint16)
+        k = len(self.codec.centroids)
+        with postings.Writer(self.shard, k, int(self.block or postings.BLOCK), forward=False) as out:
+            at = 0
+            for a in range(0, len(lengths), CHUNK):
+                e = at + int(lengths[a:a + CHUNK].sum())
+                out.add(*multivector.document_postings(lengths[a:a + CHUNK], np.asarray(codes[at:e]), k))
                 at = e
             out.finish()
 

@@ -4,7 +4,8 @@ rows out, in bounded memory. No torch.
 A flat index scores the float query against every stored vector (dequantized) a CHUNK of rows at a
 time, QUERY_BLOCK queries at a time. A two-stage index (binary, a rescoring copy, or --ann) takes
 candidates from its first stage (the quantized vectors, or ann.faiss) and scores them again from its
-rescoring vectors. A sparse index scores dot products through its postings (infer/postings.py).
+rescoring vectors. A sparse index scores dot products through its postings (infer/postings.py); a
+multi-vector index, MaxSim in three stages (multivector.py).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from typing import Any
 
 import numpy as np
 
+import mlmkit.infer.index.multivector as multivector
 from mlmkit.errors import ConfigError
 from mlmkit.infer import postings
 from mlmkit.infer.index.ann import ann_search
 from mlmkit.infer.index.identity import query_bundle
 from mlmkit.infer.index.store import QUERY_BLOCK, Index
+from mlmkit.infer.reranking import late_interaction
 from mlmkit.infer.retrieval import normalized, top_k
 
 
@@ -28,6 +31,7 @@ def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = Non
     reach). A two-stage index (Index.two_stages) takes ``rescore`` candidates (default: 4k, at least
     100) from its first stage (the quantized vectors, or the ANN index) and rescores them from its
     rescoring vectors; the others score the float query against every vector (dequantized) at once.
+    A multi-vector index takes a (tokens, dims) array a query, and scores MaxSim (multivector.search).
     A sparse index takes the queries as a CSR matrix (as_queries) and scores dot products through its
     postings; a document that shares no term with a query is no hit (-1)."""
     if k < 1:
@@ -38,6 +42,8 @@ def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = Non
         if rescore is not None:
             raise ConfigError(f"--rescore {rescore}: {ix.path} is a sparse index, searched exactly in one stage", "leave --rescore out")
         return _search_postings(ix, queries, k)
+    if ix.kind == "multivector":
+        return _search_multivector(ix, queries, k, rescore)
     q = normalized(queries)
     if q.ndim != 2 or q.shape[1] != ix.dims:
         raise ConfigError(f"query vectors of {q.shape[-1]} dimensions; the index holds {ix.dims}")
@@ -55,6 +61,18 @@ def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = Non
     else:
         rows, scores = top_k(((a, q @ c.T) for a, c in ix.chunks()), len(q), n)
     return _rescored(ix, q, rows, k) if ix.two_stages else (rows, scores)
+
+
+def _search_multivector(ix: Index, queries: Any, k: int, rescore: int | None) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(queries, np.ndarray) and queries.ndim == 2:
+        queries = [queries]
+    bad = next((np.asarray(q).shape for q in queries if np.asarray(q).ndim != 2 or np.asarray(q).shape[1] != ix.dims), None)
+    if bad is not None:
+        raise ConfigError(f"a query of shape {bad}; the index holds token vectors of {ix.dims} dimensions",
+                          "embed queries with the index's colbert bundle")
+    if rescore is not None and rescore < k:
+        raise ConfigError(f"--rescore {rescore} is below --top-k {k}", "rescore at least as many candidates as are kept")
+    return multivector.search(ix, [np.asarray(q, dtype=np.float32) for q in queries], k, rescore=rescore)
 
 
 def _search_postings(ix: Index, q: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -92,6 +110,20 @@ def is_sparse(pipe: Any) -> bool:
     return {"indices", "values"} <= set(pipe.meta.outputs)
 
 
+def index_kind(pipe: Any) -> str:
+    """The index (store.KINDS) a bundle's Pipeline builds: sparse (sparse vectors), multivector (a
+    vector a token: colbert) or dense (one vector a text); any other bundle is refused in one line."""
+    if is_sparse(pipe):
+        return "sparse"
+    if late_interaction(pipe):
+        return "multivector"
+    if "embedding" not in pipe.meta.outputs:
+        raise ConfigError(f"{pipe.path} is a {pipe.task} bundle, whose outputs ({', '.join(pipe.meta.outputs)}) are not "
+                          "vectors of a text: `mlmkit index` indexes embedding, sparse-embedding and colbert bundles",
+                          "export one of those")
+    return "dense"
+
+
 def as_input(pipe: Any, kind: str) -> dict[str, Any]:
     """The pipeline options that embed texts as ``kind`` (query or document) with the bundle's prompts
     ({} for a bundle without them: sparse-embedding)."""
@@ -103,6 +135,14 @@ def as_queries(ix: Index, results: Sequence[dict[str, Any]]) -> Any:
     vectors, or a sparse index's (Q, vocabulary) CSR matrix."""
     if ix.kind == "sparse":
         return postings.queries(results, ix.dims)
+    if ix.kind == "multivector":
+        if any("vectors" not in r for r in results):
+            raise ConfigError(f"{ix.path} is a multi-vector index: its queries need a colbert bundle's token vectors",
+                              "search it with the colbert bundle that built it")
+        return [np.asarray(r["vectors"], dtype=np.float32).reshape(-1, ix.dims) for r in results]
+    if any("embedding" not in r for r in results):
+        raise ConfigError(f"{ix.path} is a {ix.kind} index of one vector a text: its bundle gives none",
+                          "search it with the embedding bundle that built it")
     return np.asarray([r["embedding"] for r in results], dtype=np.float32)
 
 

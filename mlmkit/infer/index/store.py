@@ -19,6 +19,11 @@ inverted index on disk instead of vectors.bin (infer/postings.py: the postings o
 documents at a time, and the documents' own terms), ``dims`` is the vocabulary, and its scores are dot
 products. It takes no --quantize, --ann or --rescore.
 
+A colbert bundle builds a multi-vector index (kind "multivector", multivector.py): a vector per token,
+coded as a centroid and a residual of ``bits`` a dimension (the index's codec.npz), with the
+centroids' postings; ``dims`` is a token vector's, its quantization "residual", and its scores
+MaxSim. It takes no --ann or --rescore-copy.
+
 Memory while searching: the vectors are memory-mapped and read a chunk of CHUNK rows at a time, and
 queries are scored QUERY_BLOCK at a time (search.py), so a search holds QUERY_BLOCK x (CHUNK + k)
 scores, never queries x corpus.
@@ -34,12 +39,13 @@ from typing import Any
 
 import numpy as np
 
+import mlmkit.infer.index.multivector as multivector
 from mlmkit.errors import ConfigError
 from mlmkit.files import read_json
 from mlmkit.infer import postings
 from mlmkit.infer.index.codecs import QUANTIZATIONS, dtype, floats, row_bytes
 
-KINDS = ("dense", "sparse")
+KINDS = ("dense", "sparse", "multivector")
 ANNS = ("flat", "hnsw", "ivf")
 CHUNK = 65536
 """Rows of vectors scored at once in a flat search."""
@@ -62,6 +68,9 @@ class Index:
     """(vectors, ids, rescore vectors) per shard, memory-mapped (a sparse index's vectors: (count, 0))."""
     sparse: list[postings.Postings] = field(default_factory=list)
     """A sparse index's shards (kind "sparse")."""
+    multi: list[multivector.Shard] = field(default_factory=list)
+    """A multi-vector index's shards (kind "multivector"), coded by ``codec``."""
+    codec: multivector.Codec | None = None
 
     @property
     def kind(self) -> str:
@@ -112,9 +121,17 @@ class Index:
                 raise ConfigError(f"{d / MANIFEST}: field {k} must be {kind.__name__}, got {m.get(k)!r}", hint)
         if m.get("kind", "dense") not in KINDS:
             raise ConfigError(f"{d / MANIFEST}: kind {m.get('kind')!r} is not one of {', '.join(KINDS)}", hint)
-        if m["quantization"] not in QUANTIZATIONS:
-            raise ConfigError(f"{d / MANIFEST}: quantization {m['quantization']!r} is not one of {', '.join(QUANTIZATIONS)}", hint)
+        allowed = ("residual",) if m.get("kind") == "multivector" else QUANTIZATIONS
+        if m["quantization"] not in allowed:
+            raise ConfigError(f"{d / MANIFEST}: quantization {m['quantization']!r} is not one of {', '.join(allowed)}", hint)
         ix = cls(d, m)
+        if ix.kind == "multivector":
+            search = m.get("search")
+            if not isinstance(search, dict) or any(not isinstance(search.get(k), int) or isinstance(search.get(k), bool)
+                                                   or search[k] < 1 for k in ("nprobe", "candidates")):
+                raise ConfigError(f"{d / MANIFEST}: field search must be {{\"nprobe\": N, \"candidates\": N}} of positive ints, "
+                                  f"got {search!r}", hint)
+            ix.codec = multivector.Codec.load(d / multivector.CODEC, ix.dims, hint)
         total = 0
         for s in m["shards"]:
             n = s.get("count") if isinstance(s, dict) else None
@@ -128,11 +145,14 @@ class Index:
 
     def shard(self, s: Path, n: int, hint: str) -> tuple[np.ndarray, Any, np.ndarray | None]:
         """The shard directory ``s`` of ``n`` documents, memory-mapped and checked against the manifest."""
-        if self.kind == "sparse":
+        if self.kind in ("sparse", "multivector"):
             block = self.manifest.get("block")
             if not isinstance(block, int) or isinstance(block, bool) or block < 1:
-                raise ConfigError(f"{self.path / MANIFEST}: a sparse index's block must be a positive int, got {block!r}", hint)
-            self.sparse.append(postings.Postings.open(s, n, self.dims, block, hint))
+                raise ConfigError(f"{self.path / MANIFEST}: a {self.kind} index's block must be a positive int, got {block!r}", hint)
+            if self.codec is not None:
+                self.multi.append(multivector.Shard.open(s, n, self.codec, block, hint))
+            else:
+                self.sparse.append(postings.Postings.open(s, n, self.dims, block, hint))
             return np.zeros((n, 0), dtype=np.float32), read_ids(s / "ids.arrow", n, hint), None
 
         def mapped(name: str, kind: str) -> np.ndarray:
@@ -194,6 +214,22 @@ class Index:
                 out[sel] = self.floats(np.asarray(src[rows[sel] - start]), copy=src is copy)
             start += n
         return out
+
+
+def footprint(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """What an index takes on disk: its bytes (the files its manifest names), a document's on average,
+    and for a multi-vector index a token vector's (its codes and residuals alone) and the whole
+    index's a token."""
+    files = [f for s in manifest["shards"] for f in (path / s["name"]).iterdir()]
+    files += [path / n for n in ("ann.faiss", multivector.CODEC, MANIFEST) if (path / n).is_file()]
+    total = sum(f.stat().st_size for f in files)
+    out: dict[str, Any] = {"bytes": total, "bytes_per_document": round(total / max(1, manifest["count"]), 1)}
+    if manifest.get("kind") == "multivector":
+        tokens = max(1, int(manifest.get("tokens", 0)))
+        coded = sum(f.stat().st_size for f in files if f.name in ("codes.bin", "residuals.bin"))
+        out.update(tokens=int(manifest.get("tokens", 0)), bytes_per_token_vector=round(coded / tokens, 1),
+                   bytes_per_token=round(total / tokens, 1))
+    return out
 
 
 def read_ids(path: Path, n: int, hint: str) -> Any:

@@ -425,8 +425,9 @@ class Search:
         if (b.get("query") is None) == (b.get("vector") is None):
             raise HTTPError(422, f"{self.path}: send 'query' (a text or a list of texts) or 'vector' (a list of numbers, "
                                  "or a list of those), one of the two")
-        if b.get("vector") is not None and ix.kind == "sparse":
-            raise HTTPError(422, f"{self.path}: index '{name}' is sparse (an inverted index): send 'query' texts, not 'vector'")
+        if b.get("vector") is not None and ix.kind in ("sparse", "multivector"):
+            what = "sparse (an inverted index)" if ix.kind == "sparse" else "multi-vector (a vector a token)"
+            raise HTTPError(422, f"{self.path}: index '{name}' is {what}: send 'query' texts, not 'vector'")
         if b.get("vector") is not None:
             state["vectors"] = _vectors(b["vector"], ix.dims, self.path)
             return Call(model, [], state=state, size=len(state["vectors"]))
