@@ -384,8 +384,9 @@ def test_learns_to_answer_and_loads_in_transformers(tmp_path, base_model_factory
     jsonl(tmp_path / "dev.jsonl", dev)
     out = tmp_path / "run"
     options = {"doc_stride": 16, "max_question_length": 16}
-    # 600 steps: 8 of 8 seeds reached EM >= 99 (the question is read after ~150-300 steps; chance is 25)
-    run_finetune("qa", base, tmp_path / "train.jsonl", out, steps=600, batch_size=32, lr=2e-3, warmup_ratio=0.1,
+    # 500 steps: 10 of 10 seeds (base and fine-tuning) reached EM >= 98, at 400 steps 7 of 8 (one 75: the
+    # question is read after ~150-400 steps; chance is 25)
+    run_finetune("qa", base, tmp_path / "train.jsonl", out, steps=500, batch_size=32, lr=2e-3, warmup_ratio=0.1,
              max_length=64, progress=False, options=options)
     metrics = evaluate_run(out, tmp_path / "dev.jsonl", predictions=tmp_path / "pred.jsonl")
     assert metrics["exact_match"] >= 80.0 and metrics["f1"] >= metrics["exact_match"]

@@ -286,7 +286,7 @@ def test_bad_beir_data_is_one_error_naming_file_and_line(tmp_path, edit, match):
 
 
 # ---- end to end on the built-in retrieval set ---------------------------------------------------------------
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not module: the torchrun tests run first (conftest), the rest of the module later
 def retrieval(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("retrieval")
     beir = tmp / "set"
@@ -715,24 +715,28 @@ def _half(batch: dict[str, torch.Tensor], rank: int, examples: int) -> dict[str,
     return half
 
 
-def _ddp_rank(out: str, loss_name: str = "mnrl", *paths: str) -> None:
-    """One rank of the torchrun tests below (run by torch.distributed.run): mnrl under
-    DistributedDataParallel; cached-mnrl as the Trainer runs it, without DDP's reducer (its gradients
-    averaged once, after its own backward passes); "evaluate": the Trainer's evaluation of run
-    ``paths[0]`` on ``paths[1]``, its batches spread over the ranks."""
+def _ddp_rank(out: str, run: str, data: str) -> None:
+    """The ranks of the torchrun tests below (run by torch.distributed.run), in one process group, one
+    launch: "mnrl" under DistributedDataParallel; "cached-mnrl" as the Trainer runs it, without DDP's
+    reducer (its gradients averaged once, after its own backward passes); "evaluate": the Trainer's
+    evaluation of ``run`` on ``data``, its batches spread over the ranks. Rank 0 saves each one's result."""
     import torch.distributed as dist
-
-    from mlmkit.train.devices import average_gradients, broadcast_parameters, syncs_own_gradients
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    if loss_name == "evaluate":
-        metrics, predictions, share = _evaluate_run(Path(paths[0]), Path(paths[1]))
-        if rank == 0:
-            torch.save({"metrics": metrics, "predictions": predictions, "share": share}, out)
-        dist.barrier()
-        dist.destroy_process_group()
-        return
+    results = {name: _ddp_step(rank, name) for name in ("mnrl", "cached-mnrl")}
+    metrics, predictions, share = _evaluate_run(Path(run), Path(data))
+    results["evaluate"] = {"metrics": metrics, "predictions": predictions, "share": share}
+    if rank == 0:
+        torch.save(results, out)
+    dist.barrier()  # as the Trainer ends: no rank tears gloo down while another still talks to it
+    dist.destroy_process_group()
+
+
+def _ddp_step(rank: int, loss_name: str) -> dict:
+    """One training step's loss and gradients (after their averaging over the ranks) on this rank's half of a batch."""
+    from mlmkit.train.devices import average_gradients, broadcast_parameters, syncs_own_gradients
+
     if loss_name == "mnrl":
         model = torch.nn.parallel.DistributedDataParallel(_embedding_model())
     else:
@@ -745,31 +749,31 @@ def _ddp_rank(out: str, loss_name: str = "mnrl", *paths: str) -> None:
     loss.backward()
     if loss_name != "mnrl":
         average_gradients(model)
-    if rank == 0:
-        torch.save({"loss": float(loss.detach()), "grads": {n.removeprefix("module."): p.grad for n, p in
-                                                             model.named_parameters() if p.grad is not None}}, out)
-    dist.barrier()  # as the Trainer ends: no rank tears gloo down while another still talks to it
-    dist.destroy_process_group()
+    return {"loss": float(loss.detach()), "grads": {n.removeprefix("module."): p.grad for n, p in model.named_parameters()
+                                                     if p.grad is not None}}
 
 
-def _torchrun_rank0(tmp_path: Path, *args: str) -> dict:
+@pytest.fixture(scope="module")
+def torchrun_rank0(retrieval, tmp_path_factory) -> dict:
+    """Rank 0's results of _ddp_rank: one torchrun launch (three Python processes, each importing torch
+    and mlmkit) serves the three tests below."""
     import os
     import subprocess
-    import sys
 
-    out = tmp_path / "rank0.pt"
+    out = tmp_path_factory.mktemp("torchrun") / "rank0.pt"
     tests = str(Path(__file__).resolve().parents[1])  # conftest's directory, for the script's imports
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        str(Path(__file__).resolve()), str(out), *args], env=env, capture_output=True, text=True, timeout=180)
+                        str(Path(__file__).resolve()), str(out), str(retrieval["run"]), str(retrieval["beir"])],
+                       env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     return torch.load(out)
 
 
-def test_mnrl_under_torchrun_sees_every_ranks_negatives(tmp_path):
+def test_mnrl_under_torchrun_sees_every_ranks_negatives(torchrun_rank0):
     """Two gloo processes, each with half of a batch: the loss and every gradient (after DDP's
     averaging) equal one process's over the whole batch, so each anchor met the other rank's texts."""
-    got = _torchrun_rank0(tmp_path)
+    got = torchrun_rank0["mnrl"]
     model = _embedding_model()
     loss = model(**_training_batch(8))["loss"]
     loss.backward()
@@ -803,10 +807,10 @@ def _evaluate_run(run: Path, data: Path) -> tuple[dict, list, int]:
     return metrics, ev.predictions, len(calls)
 
 
-def test_evaluation_under_torchrun_is_spread_and_equals_one_process(retrieval, tmp_path):
+def test_evaluation_under_torchrun_is_spread_and_equals_one_process(retrieval, torchrun_rank0):
     """The Trainer's evaluation in two gloo processes: each rank runs about half of the batches, and
     the metrics and predictions are one process's."""
-    got = _torchrun_rank0(tmp_path, "evaluate", str(retrieval["run"]), str(retrieval["beir"]))
+    got = torchrun_rank0["evaluate"]
     metrics, predictions, batches = _evaluate_run(retrieval["run"], retrieval["beir"])
     assert batches >= 4 and abs(got["share"] - batches / 2) <= 1, (got["share"], batches)
     assert got["metrics"].keys() == metrics.keys()
@@ -815,10 +819,10 @@ def test_evaluation_under_torchrun_is_spread_and_equals_one_process(retrieval, t
     assert got["predictions"] == predictions
 
 
-def test_cached_mnrl_under_torchrun_equals_one_process(tmp_path):
+def test_cached_mnrl_under_torchrun_equals_one_process(torchrun_rank0):
     """cached-mnrl in two gloo processes (mini-batches of 3, no DDP reducer, one gradient all-reduce):
     the loss and every gradient equal one process's mnrl over the whole batch."""
-    got = _torchrun_rank0(tmp_path, "cached-mnrl")
+    got = torchrun_rank0["cached-mnrl"]
     model = _embedding_model()
     loss = model(**_training_batch(8))["loss"]
     loss.backward()

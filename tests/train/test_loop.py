@@ -190,23 +190,35 @@ def test_divergence_stops_training_before_a_broken_model_is_saved(tmp_path: Path
 
 
 _STEP_FAULTS = """
-import resource, sys, torch
+import json, os, resource, torch
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import BertForLabels
 from mlmkit.train.devices import keep_freed_memory
 
-kept = sys.argv[1] == "kept" and keep_freed_memory()
 cfg = ModelConfig.from_dict({"vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
                              "intermediate_size": 128, "max_position_embeddings": 512, "model_type": "bert",
                              "id2label": {0: "a", 1: "b"}})
 m = BertForLabels(cfg, per_token=False).train()
 ids = torch.randint(5, 100, (16, 384))  # attention's (16, 4, 384, 384) blocks: 38 MB, over glibc's 32 MB
-faults = []
-for _ in range(4):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    m(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.zeros(16, dtype=torch.long))["loss"].backward()
-    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(int(kept), min(faults[1:]))  # a step after the first: what every later step of a run costs
+
+
+def later_step_faults():
+    faults = []
+    for _ in range(4):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        m(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.zeros(16, dtype=torch.long))["loss"].backward()
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return min(faults[1:])  # a step after the first: what every later step of a run costs
+
+
+# glibc's defaults first, as nothing asked to keep; then asking with MLMKIT_KEEP_FREED_MEMORY=0 (nothing
+# may change); keeping last, as it applies to the whole process from then on
+got = {"default": [False, later_step_faults()]}
+os.environ["MLMKIT_KEEP_FREED_MEMORY"] = "0"
+got["opted-out"] = [keep_freed_memory(), later_step_faults()]
+os.environ["MLMKIT_KEEP_FREED_MEMORY"] = "1"
+got["kept"] = [keep_freed_memory(), later_step_faults()]
+print(json.dumps(got))
 """
 
 
@@ -215,18 +227,18 @@ def test_kept_freed_memory_spares_every_later_step_its_page_faults() -> None:
     """What the Trainer sets on the CPU (keep_freed_memory): a training step whose attention blocks
     are over 32 MB reuses the previous step's memory (next to no page faults); glibc's default maps
     and zeroes those blocks afresh each step (tens of thousands of faults), and so does a process
-    that opted out with MLMKIT_KEEP_FREED_MEMORY=0 though it asked to keep."""
+    that opted out with MLMKIT_KEEP_FREED_MEMORY=0 though it asked to keep. One process measures the
+    three in turn (a process each cost two more torch imports)."""
+    import json
     import os
     import subprocess
     import sys
 
-    got = {}
-    for mode, asks, env in (("kept", "kept", {}), ("default", "default", {}),
-                            ("opted-out", "kept", {"MLMKIT_KEEP_FREED_MEMORY": "0"})):
-        r = subprocess.run([sys.executable, "-c", _STEP_FAULTS, asks], capture_output=True, text=True, check=True,
-                           env={**os.environ, "MLMKIT_KEEP_FREED_MEMORY": "1", **env})
-        kept, got[mode] = map(int, r.stdout.split())
-        assert kept == (mode == "kept"), mode
+    r = subprocess.run([sys.executable, "-c", _STEP_FAULTS], capture_output=True, text=True, check=True,
+                       env={**os.environ, "MLMKIT_KEEP_FREED_MEMORY": "1"})
+    modes = json.loads(r.stdout)
+    assert {mode: kept for mode, (kept, _) in modes.items()} == {"default": False, "opted-out": False, "kept": True}, modes
+    got = {mode: faults for mode, (_, faults) in modes.items()}
     assert got["default"] > 20_000, got  # 4 KB pages of the blocks freed and re-allocated
     assert got["opted-out"] > 20_000, got
     assert got["kept"] < got["default"] / 10, got  # ~0 on a quiet machine; a few thousand seen under load

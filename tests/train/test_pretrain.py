@@ -4,7 +4,7 @@ The language: two topics with disjoint vocabularies; a document keeps one topic.
 "DET COLOUR NOUN VERB DET COLOUR NOUN END" with the topic's words (each colour has its own noun).
 Which DET, END, VERB... fill a masked slot depends on the topic, which only the context tells: a
 model that ignores the context cannot beat the majority baseline (~13%), one that reads it gets
-~50% within 300 steps. A random B for NSP comes from another document, which has the other topic
+~45% within 200 steps. A random B for NSP comes from another document, which has the other topic
 half the time: NSP accuracy can reach ~75%, and the lengths of A and B carry no signal (test_corpus).
 """
 
@@ -101,9 +101,10 @@ def test_learns_the_generated_language(lang_dir, tmp_path, one_thread):
     d, topics = lang_dir
     run = tmp_path / "run"
     m = run_pretrain([d / "train.txt"], run, tokenizer=d / "tok" / "tokenizer.json", config=d / "config.json",
-                 steps=300, batch_size=32, seq_len=64, lr=3e-3, eval_file=d / "eval.txt", eval_every=300,
+                 steps=200, batch_size=32, seq_len=64, lr=3e-3, eval_file=d / "eval.txt", eval_every=200,
                  save_every=1000, progress=False)
-    # held-out MLM accuracy well above always guessing the most frequent masked token
+    # held-out MLM accuracy well above always guessing the most frequent masked token (200 steps, seeds 0-3:
+    # accuracy 0.45-0.47 against 0.37-0.39 needed, NSP 0.73-0.76, loss ratio 0.36-0.39, 20 of 20 topic words)
     assert m["eval_mlm_majority_baseline"] < 0.2
     assert m["eval_mlm_accuracy"] > m["eval_mlm_majority_baseline"] + 0.25, m
     assert m["eval_mlm_loss"] < 0.5 * math.log(m["eval_mlm_uniform_baseline"] ** -1)
@@ -113,7 +114,7 @@ def test_learns_the_generated_language(lang_dir, tmp_path, one_thread):
     # training loss fell clearly (metrics.jsonl: one record per 10 steps, evaluations besides)
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in recs if "loss" in r]
-    assert len(losses) == 30 and losses[-1] < 0.5 * losses[0]
+    assert len(losses) == 20 and losses[-1] < 0.5 * losses[0]
     assert all(r["tokens_per_s"] > 0 for r in recs if "loss" in r)
 
     # the context is used: a masked DET or END is the one of the surrounding text's topic

@@ -465,10 +465,26 @@ def test_sweep_finds_its_best_trial_and_resumes(clf, tmp_path):
         run_sweep(clf, tmp_path / "s2", 2, "weight_decay=0.1:0.01")
 
 
-def test_a_read_only_study_is_reported_when_finished_and_refused_in_one_line_when_it_needs_a_write(clf, tmp_path):
+class _NoBackOff:
+    """The ``time`` of optuna's RDB storage module without its sleeps: it retries a failed trial
+    creation 5 times, sleeping up to 2 s before each retry (random, ~4 s in all)."""
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        pass
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def test_a_read_only_study_is_reported_when_finished_and_refused_in_one_line_when_it_needs_a_write(clf, tmp_path,
+                                                                                                   monkeypatch):
     """A study in a database that can be read, not written (SQLite's mode=ro: root ignores file
     permissions): a finished sweep reports its best trial (it was refused before it was read), one
     that needs another trial is one line naming the storage, and nothing in the database changes."""
+    from optuna.storages._rdb import storage as optuna_rdb
+
+    monkeypatch.setattr(optuna_rdb, "time", _NoBackOff())  # the refusal after optuna's retries, without their waits
     out = tmp_path / "sweep"
     best = run_sweep(clf, out, 2)
     db = out / "sweep.db"
