@@ -374,6 +374,17 @@ def test_bad_input_to_a_colbert_index_is_one_line_and_changes_nothing(colbert, b
         assert r.exit_code == 2 and name.split("/")[-1] in r.output and "Traceback" not in r.output, r.output
     r = runner.invoke(app, ["search", str(out), "a query", "--rescore", "2", "--top-k", "5"])
     assert r.exit_code == 2 and "--rescore 2 is below --top-k 5" in r.output, r.output
+    # an embedding bundle on the colbert index, and the colbert bundle on an embedding index
+    from task_runs import make_task_run
+
+    emb = tmp_path / "emb-bundle"
+    run_export(make_task_run(colbert["base"], "embedding", tmp_path / "emb-run"), emb)
+    dense = tmp_path / "dense"
+    r = runner.invoke(app, ["index", str(emb), "--corpus", corpus, "--out", str(dense)])
+    assert r.exit_code == 0, r.output
+    for index, other in ((out, emb), (dense, bundle)):
+        r = runner.invoke(app, ["search", str(index), "a query", "--bundle", str(other)])
+        assert r.exit_code == 2 and "was built with the bundle" in r.output and "Traceback" not in r.output, r.output
 
 
 def test_cached_mnrl_gives_mnrls_loss(colbert):

@@ -205,9 +205,14 @@ class Pending:
             raise AssertionError(f"window {window} after {self.windows + len(self.buffer)}")
         if self.sparse:
             return self._write([(window, records, ids, x)])
-        if self.multi:  # a list of (tokens, dims) arrays, one a document
-            lengths = np.asarray([len(v) for v in x], dtype=np.int32)
-            x = (lengths, normalized(np.concatenate([np.asarray(v, dtype=np.float32).reshape(len(v), -1) for v in x])))
+        if self.multi:  # a list of (tokens, dims) arrays, one a document (none for a document of skiplist tokens alone)
+            arrays = [np.asarray(v, dtype=np.float32) for v in x]
+            d = next((a.shape[-1] for a in arrays if a.size), self.dims)
+            flat = np.concatenate([a.reshape(-1, d) for a in arrays]) if d else np.zeros((0, 0), np.float32)
+            if not np.isfinite(flat).all():
+                raise ConfigError(f"the bundle gave a token vector that is not finite (NaN or infinite) in window {window + 1}",
+                                  "check the bundle's parity: mlmkit export RUN again")
+            x = (np.asarray([len(a) for a in arrays], dtype=np.int32), normalized(flat))
         width = (x[1] if self.multi else x).shape[1]
         if self.dims == 0:
             self.state["dims"] = width
@@ -230,7 +235,7 @@ class Pending:
         """The int8 ranges from the first CALIBRATION_ROWS documents (all, if there are fewer); a new
         multi-vector index's codec from its first SAMPLE_TOKENS token vectors, saved in codec.npz."""
         if self.buffer and self.multi and self.codec is None:
-            sample = np.concatenate([b[3][1] for b in self.buffer])[:multivector.SAMPLE_TOKENS]
+            sample = np.concatenate([b[3][1] for b in self.buffer if b[3][1].size])[:multivector.SAMPLE_TOKENS]
             self.codec = multivector.Codec.train(sample, self.bits, self.centroids)
             self.codec.save(self.dir / multivector.CODEC)
             self.state["codec"] = True
@@ -272,6 +277,9 @@ class Pending:
         written into the shard. Returns the ids' hashes (store.id_hashes), a chunk at a time."""
         import pyarrow as pa
 
+        if self.multi and self.codec is None and self.buffer and not any(b[3][1].size for b in self.buffer):
+            raise DataFormatError(corpus, "no document has a token vector (each was the skiplist's tokens alone)",
+                                  hint="give documents with words")
         self._calibrate()
         if self.buffer:
             self._write(self.buffer)
