@@ -236,10 +236,11 @@ mined.to_json(out)
 
 def tiny_bert(work: Path, task: str = "embedding") -> tuple[Path, Path]:
     """A tiny random BERT (2 layers, hidden 64) as a Hugging Face directory and its mlmkit bundle of
-    ``task``: embedding (mean pooling, as sentence-transformers' Pooling gets it), or sparse-embedding
-    (the model with its masked-LM head, SPLADE's pooling)."""
+    ``task``: embedding (mean pooling, as sentence-transformers' Pooling gets it), sparse-embedding
+    (the model with its masked-LM head, SPLADE's pooling), or colbert (a fresh 128-dimension projection)."""
     sparse = task == "sparse-embedding"
-    hf, out = work / ("tiny-mlm-hf" if sparse else "tiny-hf"), work / ("tiny-sparse-bundle" if sparse else "tiny-bundle")
+    hf = work / ("tiny-mlm-hf" if sparse else "tiny-hf")
+    out = work / {"sparse-embedding": "tiny-sparse-bundle", "colbert": "tiny-colbert-bundle"}.get(task, "tiny-bundle")
     key = made_by(__file__, model="tiny-64x2", task=task)
     if reusable(out, key):
         return hf, out
@@ -260,7 +261,16 @@ def tiny_bert(work: Path, task: str = "embedding") -> tuple[Path, Path]:
     (BertForMaskedLM if sparse else BertModel)(BertConfig(
         vocab_size=tok.get_vocab_size(), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
         max_position_embeddings=128)).save_pretrained(str(hf))
-    subprocess.run([*MLMKIT, "export", str(hf), "--task", task, *([] if sparse else ["--option", "pooling=mean"]),
+    options = {"embedding": ["--option", "pooling=mean"]}.get(task, [])
+    if task == "colbert":  # its projection: a run of 2 steps on stdlib sentence pairs
+        pairs, rng = work / "tiny-pairs.jsonl", random.Random(3)
+        pairs.write_text("".join(json.dumps({"anchor": a, "positive": b}) + "\n"
+                                 for a, b in zip(rng.sample(stdlib_sentences(), 64), rng.sample(stdlib_sentences(), 64))))
+        shutil.rmtree(work / "tiny-colbert", ignore_errors=True)
+        subprocess.run([*MLMKIT, "finetune", "colbert", "--model", str(hf), "--train", str(pairs), "--out", str(work / "tiny-colbert"),
+                        "--steps", "2", "--option", "dim=128"], check=True, stdout=subprocess.DEVNULL)
+        hf = work / "tiny-colbert"
+    subprocess.run([*MLMKIT, "export", str(hf), "--task", task, *options,
                     "--out", str(out), "--json"], check=True, stdout=subprocess.DEVNULL)
     made(out, key)
     return hf, out
