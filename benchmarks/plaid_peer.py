@@ -69,42 +69,23 @@ def folder_bytes(path: Path) -> tuple[int, dict[str, int]]:
     return sum(files.values()), files
 
 
-def main() -> None:
-    args = parse()
+def redirect(args: argparse.Namespace) -> tuple[object, int]:
+    """Threads set before torch is imported; stdout kept for the answer alone (the Stanford code and
+    ninja print to it: fd 1 goes to stderr). Returns (the answer's file, threads)."""
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS") or 2)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MAX_JOBS"):
-        os.environ[var] = str(threads)  # before torch is imported; MAX_JOBS: ninja's compile jobs
+        os.environ[var] = str(threads)  # MAX_JOBS: ninja's compile jobs
     # The compiled kernels live in the venv, so that a venv made anew (other pins, another torch) builds anew.
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
-
-    # The Stanford code (and ninja) print to stdout: send fd 1 to stderr, keep the real one for the answer.
     answer = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    return answer, threads
 
-    import random
 
-    import numpy as np
-    import torch
-
-    torch.set_num_threads(threads)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-
-    import pylate
-    from pylate import indexes, retrieve
-
-    doc_lengths = np.load(args.vectors / "doc_lengths.npy").astype(np.int64)
-    doc_vectors = np.load(args.vectors / "doc_vectors.npy").astype(np.float32, copy=False)
-    query_lengths = np.load(args.vectors / "query_lengths.npy").astype(np.int64)
-    query_vectors = np.load(args.vectors / "query_vectors.npy").astype(np.float32, copy=False)
-    assert doc_lengths.sum() == len(doc_vectors) and query_lengths.sum() == len(query_vectors)
-    dim = doc_vectors.shape[1]
-    documents = np.split(doc_vectors, np.cumsum(doc_lengths)[:-1])
-    queries = np.split(query_vectors, np.cumsum(query_lengths)[:-1])
-
-    # PLAID's C++ kernels: compiled by torch on the first run (then cached), loaded on later ones.
+def load_kernels() -> float:
+    """PLAID's C++ kernels, compiled by torch on the first run (then cached), loaded on later ones:
+    the seconds it took."""
     t = time.perf_counter()
     from pylate.indexes.stanford_nlp.indexing.codecs.residual import ResidualCodec
     from pylate.indexes.stanford_nlp.modeling import colbert as stanford_colbert
@@ -116,7 +97,25 @@ def main() -> None:
     StridedTensor.try_load_torch_extensions(False)
     if stanford_colbert._segmented_maxsim is None:
         stanford_colbert._segmented_maxsim = stanford_colbert.try_load_torch_extensions(False)
-    extensions_seconds = time.perf_counter() - t
+    return time.perf_counter() - t
+
+
+def load_vectors(folder: Path) -> tuple[list, list, int, int]:
+    """(documents' token vectors, queries', dim, tokens) from the .npy files."""
+    import numpy as np
+
+    doc_lengths = np.load(folder / "doc_lengths.npy").astype(np.int64)
+    doc_vectors = np.load(folder / "doc_vectors.npy").astype(np.float32, copy=False)
+    query_lengths = np.load(folder / "query_lengths.npy").astype(np.int64)
+    query_vectors = np.load(folder / "query_vectors.npy").astype(np.float32, copy=False)
+    assert doc_lengths.sum() == len(doc_vectors) and query_lengths.sum() == len(query_vectors)
+    return (np.split(doc_vectors, np.cumsum(doc_lengths)[:-1]), np.split(query_vectors, np.cumsum(query_lengths)[:-1]),
+            int(doc_vectors.shape[1]), int(doc_lengths.sum()))
+
+
+def build(args: argparse.Namespace, documents: list, dim: int) -> tuple[object, Path, float]:
+    """The PLAID index of ``documents`` under OUT/plaid: (the index, its folder, add_documents' seconds)."""
+    from pylate import indexes
 
     root = args.out / "plaid"
     if root.exists():
@@ -129,12 +128,12 @@ def main() -> None:
     )
     t = time.perf_counter()
     index.add_documents(documents_ids=[str(i) for i in range(len(documents))], documents_embeddings=documents)
-    build_seconds = time.perf_counter() - t
+    return index, root, time.perf_counter() - t
 
-    index_bytes, files = folder_bytes(root)
-    id_map_bytes = sum(n for name, n in files.items() if name.endswith(".sqlite"))
-    metadata = next(iter(root.rglob("metadata.json")), None)
-    centroids = json.loads(metadata.read_text()).get("num_partitions") if metadata else None
+
+def search(args: argparse.Namespace, index: object, queries: list) -> tuple[list[float], list[list[int]]]:
+    """Each query searched alone after the warm-up ones: (milliseconds, hits) per query."""
+    from pylate import retrieve
 
     retriever = retrieve.ColBERT(index=index)
     for q in (queries * args.warmup)[: args.warmup]:
@@ -145,7 +144,33 @@ def main() -> None:
         result = retriever.retrieve(queries_embeddings=[q], k=args.k)
         times.append((time.perf_counter() - t) * 1000)
         hits.append([int(r["id"]) for r in result[0]])
-    tokens = int(doc_lengths.sum())
+    return times, hits
+
+
+def main() -> None:
+    args = parse()
+    answer, threads = redirect(args)
+
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(threads)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    import pylate
+
+    documents, queries, dim, tokens = load_vectors(args.vectors)
+    extensions_seconds = load_kernels()
+    index, root, build_seconds = build(args, documents, dim)
+    index_bytes, files = folder_bytes(root)
+    id_map_bytes = sum(n for name, n in files.items() if name.endswith(".sqlite"))
+    metadata = next(iter(root.rglob("metadata.json")), None)
+    centroids = json.loads(metadata.read_text()).get("num_partitions") if metadata else None
+    times, hits = search(args, index, queries)
     report = {
         "build_seconds": round(build_seconds, 3),
         "index_bytes": index_bytes,

@@ -342,6 +342,8 @@ def search_cmd(args: SearchArgs, as_json: Json = False) -> None:
     top_k = min(10, ix.count) if args.top_k is None else args.top_k
     if top_k < 1 or top_k > ix.count:
         raise ConfigError(f"--top-k {top_k}: give 1 to the index's {ix.count:,} documents")
+    if args.rescore is not None and args.rescore < top_k:  # said before any query is embedded
+        raise ConfigError(f"--rescore {args.rescore} is below --top-k {top_k}", "rescore at least as many candidates as are kept")
     pipe = Pipeline.load(query_bundle(ix, args.bundle), command="embed", precision=args.precision)
     table = not want_json(as_json)
     t = Table("query", "rank", "id", "score") if table else None

@@ -91,7 +91,8 @@ class BuildArgs(Args):
     precision: str | None = Runtime.precision()  # the documents' vectors are computed in it (mlmkit.infer.precision)
     engine: str = Engine.engine()
     address: str | None = Engine.address()
-    bits: int = arg(2, "A colbert bundle's index: bits a dimension of each token vector's residual from its centroid (1 or 2).")
+    bits: int | None = arg(None, "A colbert bundle's index: bits a dimension of each token vector's residual from its centroid "
+                                 "(1 or 2; default 2).")
     centroids: int | None = arg(None, "A colbert bundle's index: its centroids (default: from the sample of token vectors, "
                                       "one per 40).", cli=False)
     hnsw_m: int = arg(32, "--ann hnsw: neighbours per node.", cli=False)
@@ -117,7 +118,7 @@ class BuildArgs(Args):
             raise ConfigError(f"--quantize {self.quantization}: use one of {', '.join(QUANTIZATIONS)}")
         if self.ann not in ANNS:
             raise ConfigError(f"--ann {self.ann}: use one of {', '.join(ANNS)}")
-        if self.bits not in multivector.BITS:
+        if self.bits is not None and self.bits not in multivector.BITS:
             raise ConfigError(f"--bits {self.bits}: use 1 or 2")
         if self.centroids is not None and not 1 <= self.centroids <= multivector.MAX_CENTROIDS:
             raise ConfigError(f"centroids {self.centroids}: give 1 to {multivector.MAX_CENTROIDS:,}")
@@ -154,6 +155,9 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
     if multi and ((args.quantization, args.ann, args.rescore_copy) != ("float32", "flat", None) or args.engine == "ray"):
         raise ConfigError(f"{args.bundle} gives a vector a token (colbert): its index codes each as a centroid and a residual "
                           "(--bits 1 or 2), and takes no --quantize, --ann, --rescore-copy or --engine ray", "drop them")
+    if not multi and (args.bits is not None or args.centroids is not None):
+        given = "--bits" if args.bits is not None else "centroids"
+        raise ConfigError(f"{given} is for a colbert bundle's index; {args.bundle} builds a {kind} one", f"drop {given}")
     if args.ann != "flat" or multi:
         faiss_module()  # said now, not after the corpus is embedded
     if multi:  # a document's results are a vector a token, as Python floats until they are coded
@@ -164,7 +168,8 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
             if old.manifest["bundle"].get("sha256") != bundle["sha256"]:
                 raise ConfigError(f"{out} was built with the bundle {old.manifest['bundle'].get('path')}, not {args.bundle} "
                                   "(another graph or description)", "append with the index's own bundle, or build a new index")
-            if old.codec is not None and (args.bits != old.codec.bits or args.centroids not in (None, len(old.codec.centroids))):
+            if old.codec is not None and (args.bits not in (None, old.codec.bits)
+                                          or args.centroids not in (None, len(old.codec.centroids))):
                 raise ConfigError(f"{out} codes token vectors with {len(old.codec.centroids):,} centroids and {old.codec.bits}-bit "
                                   "residuals; --append takes the index's own", f"pass --bits {old.codec.bits}, or leave it out")
             if old.codec is None and (args.quantization, args.ann, args.rescore_copy) != (old.quantization, old.ann, old.copy):
@@ -184,14 +189,14 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
         what = {"bundle": pipe.identity(), "inputs": identity(files), "options": as_input(pipe, "document"),
                 "window": args.window, "id_column": args.id_column, "text_column": args.text_column, "engine": args.engine,
                 "quantization": args.quantization, "rescore_copy": args.rescore_copy, "precision": args.precision,
-                "shards": len(old.shards) if old else 0, **({"bits": args.bits, "centroids": args.centroids} if multi else {})}
+                "shards": len(old.shards) if old else 0, **({"bits": args.bits or 2, "centroids": args.centroids} if multi else {})}
         pending.mkdir(exist_ok=True)
         block = (old.manifest.get("block") if old is not None else postings.BLOCK) if sparse or multi else None
         dims = int(pipe.meta.model.vocab_size or 0) if sparse else old.dims if old else 0
         try:  # --resume with another bundle, corpus or settings is refused here, what was done kept
             p = Pending(pending, f"shard-{len(old.shards) if old else 0:06d}", what, quantization=args.quantization,
                         copy=args.rescore_copy, ranges=old.ranges if old else None, dims=dims, kind=kind, block=block,
-                        resume=args.resume, codec=old.codec if old else None, bits=args.bits, centroids=args.centroids)
+                        resume=args.resume, codec=old.codec if old else None, bits=args.bits or 2, centroids=args.centroids)
         except BaseException:
             if not args.resume:
                 shutil.rmtree(pending, ignore_errors=True)
