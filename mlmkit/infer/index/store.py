@@ -131,6 +131,8 @@ class Index:
                                                    or search[k] < 1 for k in ("nprobe", "candidates")):
                 raise ConfigError(f"{d / MANIFEST}: field search must be {{\"nprobe\": N, \"candidates\": N}} of positive ints, "
                                   f"got {search!r}", hint)
+            if not isinstance(m.get("tokens"), int) or isinstance(m.get("tokens"), bool) or m["tokens"] < 0:
+                raise ConfigError(f"{d / MANIFEST}: field tokens must be a count of token vectors, got {m.get('tokens')!r}", hint)
             ix.codec = multivector.Codec.load(d / multivector.CODEC, ix.dims, hint)
         total = 0
         for s in m["shards"]:
@@ -141,6 +143,9 @@ class Index:
             total += n
         if total != ix.count:
             raise ConfigError(f"{d / MANIFEST}: count {ix.count} but its shards hold {total} vectors", hint)
+        if ix.multi and sum(int(s.starts[-1]) for s in ix.multi) != m["tokens"]:
+            raise ConfigError(f"{d / MANIFEST}: tokens {m['tokens']:,} but its shards' lengths.bin count "
+                              f"{sum(int(s.starts[-1]) for s in ix.multi):,}", hint)
         return ix
 
     def shard(self, s: Path, n: int, hint: str) -> tuple[np.ndarray, Any, np.ndarray | None]:
