@@ -44,6 +44,18 @@ FORWARD = ("starts.bin", "terms.bin", "values.bin")
 INVERTED = ("offsets.bin", "rows.bin", "weights.bin")
 
 
+def mapped_file(f: Path, dtype: Any, shape: tuple[int, ...], documents: int, hint: str) -> np.ndarray:
+    """The file ``f`` memory-mapped read-only as ``shape`` of ``dtype``, its size checked first: a
+    missing, truncated or replaced file is one line naming it (``documents``: the manifest's count)."""
+    size = f.stat().st_size if f.is_file() else -1
+    want = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if size != want:
+        what = "is missing" if size < 0 else f"holds {size:,} bytes"
+        raise ConfigError(f"{f} {what}; the manifest's {documents:,} documents need {want:,} bytes: a truncated or replaced file",
+                          hint)
+    return np.memmap(f, dtype=dtype, mode="r", shape=shape) if want else np.zeros(shape, dtype=dtype)
+
+
 @dataclass
 class Postings:
     """One sparse shard, memory-mapped."""
@@ -65,13 +77,7 @@ class Postings:
         blocks = -(-count // block)
 
         def mapped(name: str, dtype: Any, n: int) -> np.ndarray:
-            f = shard / name
-            size = f.stat().st_size if f.is_file() else -1
-            want = n * np.dtype(dtype).itemsize
-            if size != want:
-                what = "is missing" if size < 0 else f"holds {size:,} bytes"
-                raise ConfigError(f"{f} {what}; the manifest's {count:,} documents need {want:,} bytes: a truncated or replaced file", hint)
-            return np.memmap(f, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype=dtype)
+            return mapped_file(shard / name, dtype, (n,), count, hint)
 
         offsets = mapped("offsets.bin", np.int64, blocks * (width + 1)).reshape(blocks, width + 1)
         if not forward:

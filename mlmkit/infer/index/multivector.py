@@ -182,28 +182,17 @@ class Shard:
 
     @classmethod
     def open(cls, s: Path, n: int, codec: Codec, block: int, hint: str) -> Shard:
-        def mapped(name: str, dtype: Any, rows: int, width: int = 1) -> np.ndarray:
-            f = s / name
-            size = f.stat().st_size if f.is_file() else -1
-            want = rows * width * np.dtype(dtype).itemsize
-            if size != want:
-                what = "is missing" if size < 0 else f"holds {size:,} bytes"
-                raise ConfigError(f"{f} {what}; the manifest's {n:,} documents need {want:,} bytes: a truncated or replaced file",
-                                  hint)
-            shape = (rows, width) if width > 1 or name == "residuals.bin" else (rows,)
-            return np.memmap(f, dtype=dtype, mode="r", shape=shape) if rows else np.zeros(shape, dtype=dtype)
-
-        lengths = np.asarray(mapped("lengths.bin", np.int32, n), dtype=np.int64)
+        lengths = np.asarray(postings.mapped_file(s / "lengths.bin", np.int32, (n,), n, hint), dtype=np.int64)
         if (lengths < 0).any():
             raise ConfigError(f"{s / 'lengths.bin'} holds a negative length: a corrupted file", hint)
         starts = np.concatenate([[0], np.cumsum(lengths)])
         tokens = int(starts[-1])
-        codes = mapped("codes.bin", np.uint16, tokens)
+        codes = postings.mapped_file(s / "codes.bin", np.uint16, (tokens,), n, hint)
         for a in range(0, tokens, 1 << 22):
             if int(np.asarray(codes[a:a + (1 << 22)]).max(initial=0)) >= len(codec.centroids):
                 raise ConfigError(f"{s / 'codes.bin'} names a centroid past the codec's {len(codec.centroids):,}: "
                                   "a corrupted file or another index's codec", hint)
-        residuals = mapped("residuals.bin", np.uint8, tokens, codec.residual_bytes())
+        residuals = postings.mapped_file(s / "residuals.bin", np.uint8, (tokens, codec.residual_bytes()), n, hint)
         return cls(n, starts, codes, residuals, postings.Postings.open(s, n, len(codec.centroids), block, hint, forward=False))
 
 
