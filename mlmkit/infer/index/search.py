@@ -42,13 +42,13 @@ def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = Non
         if rescore is not None:
             raise ConfigError(f"--rescore {rescore}: {ix.path} is a sparse index, searched exactly in one stage", "leave --rescore out")
         return _search_postings(ix, queries, k)
+    if rescore is not None and rescore < k:
+        raise ConfigError(f"--rescore {rescore} is below --top-k {k}", "rescore at least as many candidates as are kept")
     if ix.kind == "multivector":
         return _search_multivector(ix, queries, k, rescore)
     q = normalized(queries)
     if q.ndim != 2 or q.shape[1] != ix.dims:
         raise ConfigError(f"query vectors of {q.shape[-1]} dimensions; the index holds {ix.dims}")
-    if rescore is not None and rescore < k:
-        raise ConfigError(f"--rescore {rescore} is below --top-k {k}", "rescore at least as many candidates as are kept")
     if rescore is not None and not ix.two_stages:
         raise ConfigError(f"--rescore {rescore}: {ix.path} ({ix.quantization}, flat) is searched in one stage, with nothing "
                           "to rescore from", "leave --rescore out, or build the index with --rescore-copy float16 (int8) or --ann")
@@ -70,8 +70,6 @@ def _search_multivector(ix: Index, queries: Any, k: int, rescore: int | None) ->
     if bad is not None:
         raise ConfigError(f"a query of shape {bad}; the index holds token vectors of {ix.dims} dimensions",
                           "embed queries with the index's colbert bundle")
-    if rescore is not None and rescore < k:
-        raise ConfigError(f"--rescore {rescore} is below --top-k {k}", "rescore at least as many candidates as are kept")
     return multivector.search(ix, [np.asarray(q, dtype=np.float32) for q in queries], k, rescore=rescore)
 
 
