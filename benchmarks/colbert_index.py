@@ -86,7 +86,7 @@ def scale(work: Path, n: int, patience: float) -> tuple[list[str], dict]:
     """`mlmkit index` of n / 10 and n documents, `mlmkit search`, and the latency of a search."""
     import numpy as np
 
-    from mlmkit.infer.index import Index, query_vectors, search_vectors
+    from mlmkit.infer.index import Index, footprint, query_vectors, search_vectors
 
     _, b = tiny_bert(work, "colbert")
     lines, peaks = [], {}
@@ -97,8 +97,6 @@ def scale(work: Path, n: int, patience: float) -> tuple[list[str], dict]:
                         patience, env=thread_env(THREADS))
         peaks[size] = r["peak_mb"]
         m = Index.open(out).manifest
-        from mlmkit.infer.index import footprint
-
         f = footprint(out, m)
         lines.append(f"mlmkit index (colbert), {size:,} documents ({f['tokens'] / size:.0f} token vectors a document, "
                      f"{m['centroids']:,} centroids, 2 bits): {size / r['seconds']:,.0f} docs/s (whole process, encoder "
@@ -123,7 +121,7 @@ def scale(work: Path, n: int, patience: float) -> tuple[list[str], dict]:
     p50, p99 = float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
     lines.append(f"mlmkit search (colbert), {len(q)} queries one at a time, top 10, {n:,} documents: p50 {p50:.1f} ms, "
                  f"p99 {p99:.1f} ms (search alone); `mlmkit search` peak RSS {r['peak_mb']:,.0f} MB{mark(r['other'])}")
-    return lines, {"p50": p50, "p99": p99, "seconds": None}
+    return lines, {"p50": p50, "p99": p99}
 
 
 def dump_vectors(work: Path, n: int) -> tuple[Path, float]:
