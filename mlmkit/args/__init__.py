@@ -30,6 +30,7 @@ from mlmkit.args.base import (
     Args,
     CliField,
     Engine,
+    Fusion,
     Inputs,
     Opt,
     Output,
@@ -37,8 +38,10 @@ from mlmkit.args.base import (
     Training,
     arg,
     check_precision,
+    check_weights,
     cli_fields,
     flag,
+    fusion_weights,
 )
 from mlmkit.args.inference import (
     DataArgs,
@@ -78,6 +81,9 @@ __all__ = [
     "Args",
     "Opt",
     "Engine",
+    "Fusion",
+    "fusion_weights",
+    "check_weights",
     "Runtime",
     "Output",
     "Inputs",

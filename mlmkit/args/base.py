@@ -181,6 +181,44 @@ class Engine:
     address = Opt(("--address",), None, "With --engine ray: the cluster to join (e.g. auto); default: a Ray started here.")
 
 
+class Fusion:
+    """Hybrid retrieval (mlmkit.infer.index.hybrid): other retrievers of the same corpus, fused with the first
+    (search, evaluate, mine)."""
+
+    hybrid = Opt(("--hybrid",), None, "Fuse with another retriever of the same documents: bm25, or an index (mlmkit index); "
+                                      "repeatable.")
+    fusion = Opt(("--fusion",), "rrf", "--hybrid: how the rankings are fused: rrf (reciprocal rank, k = 60) or weighted "
+                                       "(each retriever's scores min-max normalised, summed by --weights).")
+    weights = Opt(("--weights",), None, "--hybrid: a weight a retriever, comma-separated, the first retriever first, then "
+                                        "each --hybrid in order (default: 1 each).")
+
+
+def fusion_weights(weights: str | None, hybrid: list[str] | None, fusion: str) -> list[float] | None:
+    """--weights as numbers (None: the default), checked (check_weights), with --fusion; both need --hybrid."""
+    _check(fusion in ("rrf", "weighted"), f"--fusion {fusion}: use rrf or weighted")
+    _check(bool(hybrid) or (weights is None and fusion == "rrf"), "--fusion and --weights fuse retrievers: they need --hybrid",
+           "add --hybrid bm25 (or --hybrid INDEX), or leave them out")
+    if weights is None:
+        return None
+    try:
+        w = [float(x) for x in weights.split(",")]
+    except ValueError:
+        raise ConfigError(f"--weights {weights}: give numbers separated by commas, e.g. 1,0.5") from None
+    return check_weights(w, len(hybrid or []) + 1)
+
+
+def check_weights(weights: list[float] | None, retrievers: int) -> list[float]:
+    """One fusion weight a retriever (default 1 each), checked: as many as retrievers, each finite and
+    >= 0, one above 0."""
+    if weights is None:
+        return [1.0] * retrievers
+    _check(len(weights) == retrievers, f"--weights gives {len(weights)} weights for {retrievers} retrievers",
+           "one a retriever: the first, then each --hybrid in order")
+    _check(all(_finite(x) and x >= 0 for x in weights) and any(weights),
+           f"--weights {','.join(map(str, weights))}: each must be a number >= 0, and one above 0")
+    return [float(x) for x in weights]
+
+
 class Runtime:
     """How a model runs: a bundle's onnxruntime session (the inference commands, index, mine, rerank,
     search, serve, evaluate), or the device a model trains on."""

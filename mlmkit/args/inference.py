@@ -9,6 +9,7 @@ from pathlib import Path
 from mlmkit.args.base import (
     Args,
     Engine,
+    Fusion,
     Inputs,
     Output,
     Runtime,
@@ -18,6 +19,7 @@ from mlmkit.args.base import (
     arg,
     check_precision,
     flag,
+    fusion_weights,
 )
 from mlmkit.errors import ConfigError
 
@@ -119,10 +121,21 @@ class SearchArgs(Args):
                                     "of float32) and exit.")
     batch: int = arg(256, "Queries embedded and searched together.")
     precision: str | None = Runtime.precision()
+    hybrid: list[str] | None = Fusion.hybrid()
+    fusion: str = Fusion.fusion()
+    weights: str | None = Fusion.weights()
+    corpus: Path | None = arg(None, "--hybrid bm25: the documents the index was built from (as `mlmkit index --corpus` "
+                                    "read them), whose texts BM25 ranks.")
+    id_column: str | None = arg(None, "--corpus: the documents' id field (default: _id, else id).")
+    corpus_column: str = arg("text", "--corpus: the documents' text field (a title goes before it).", flags=("--corpus-column",))
 
     def __post_init__(self) -> None:
         _check(self.batch >= 1, f"--batch must be at least 1, got {self.batch}")
         check_precision(self.precision, None)
+        fusion_weights(self.weights, self.hybrid, self.fusion)
+        _check(self.corpus is None or "bm25" in (self.hybrid or []),
+               "--corpus gives BM25 its texts: it goes with --hybrid bm25", "add --hybrid bm25, or leave --corpus out")
+        _check(self.export is None or not self.hybrid, "--export writes the index's vectors: it takes no --hybrid")
 
 
 @dataclass
@@ -155,8 +168,15 @@ class MineArgs(Args):
     index: str = arg("exact", "With an embedding bundle: exact search, or faiss (an HNSW index, approximate, for corpora "
                               "too large for exact search).")
     resume: bool = arg(False, "Continue the unfinished mining job that writes --out, after the batches it finished.")
+    hybrid: list[str] | None = Fusion.hybrid()
+    fusion: str = Fusion.fusion()
+    weights: str | None = Fusion.weights()
 
     def __post_init__(self) -> None:
+        fusion_weights(self.weights, self.hybrid, self.fusion)
+        _check(not self.hybrid or (self.margin is None and self.max_score_ratio is None and (not self.with_scores or self.score_with is not None)),
+               "--hybrid ranks by a fused score, which is no similarity: it takes no --margin or --max-score-ratio, and "
+               "--with-scores only from --score-with", "filter and score the negatives with --score-with CROSS_ENCODER")
         _check(self.negatives >= 1, f"--negatives must be at least 1, got {self.negatives}")
         _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
         _check(not (self.margin is not None and self.max_score_ratio is not None),

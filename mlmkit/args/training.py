@@ -12,6 +12,7 @@ from typing import Any
 from mlmkit.args.base import (
     PRECISIONS,
     Args,
+    Fusion,
     Inputs,
     Runtime,
     Training,
@@ -19,6 +20,7 @@ from mlmkit.args.base import (
     _finite,
     arg,
     flag,
+    fusion_weights,
 )
 from mlmkit.text.tokenizer import KINDS as TOKENIZER_KINDS
 
@@ -282,10 +284,17 @@ class EvaluateArgs(Args):
     plot: Path | None = arg(None, "Draw quality against speed (implies --speed): .png, .svg or .pdf "
                                   "(pip install 'mlmkit[plots]').")
     device: str = Runtime.device()
+    hybrid: list[str] | None = Fusion.hybrid()
+    fusion: str = Fusion.fusion()
+    weights: str | None = Fusion.weights()
 
     def __post_init__(self) -> None:
         _check(len(self.models) <= 1 or self.predictions is None, "--predictions takes one model",
                "evaluate the model whose predictions you want alone")
+        fusion_weights(self.weights, self.hybrid, self.fusion)
+        _check(not self.hybrid or (len(self.models) == 1 and self.predictions is None and not self.speed and self.plot is None),
+               "--hybrid fuses one index with other retrievers: it takes one index and --data alone",
+               "evaluate INDEX --data BEIR_DIR --hybrid bm25; drop --predictions, --speed and --plot")
         for m in self.models:
             _check(Path(m).exists(), f"not found: {m}", "pass a fine-tuned run directory or an exported bundle")
 

@@ -191,6 +191,21 @@ def plot(args: PlotArgs) -> None:
 def evaluate(args: EvaluateArgs, options: Options, as_json: Json = False) -> None:
     """Score fine-tuned runs (PyTorch) or exported bundles (onnxruntime) with their task's metrics."""
     models, data = args.models, args.data
+    if args.hybrid:
+        from mlmkit.args import fusion_weights
+        from mlmkit.infer.index.hybrid import evaluate_hybrid
+
+        if options or not (models[0] / "manifest.json").is_file():
+            raise MlmkitError(f"--hybrid: {models[0]} is not an index" if not options else "--hybrid takes no --option",
+                              "evaluate INDEX --data BEIR_DIR --hybrid bm25 (build INDEX with mlmkit index)")
+        each = evaluate_hybrid(models[0], data, args.hybrid, fusion=args.fusion,
+                               weights=fusion_weights(args.weights, args.hybrid, args.fusion), device=args.device)
+        if want_json(as_json):
+            for name, r in each.items():
+                print_json({"model": name, **r})
+        else:
+            print_comparison(list(each), list(each.values()), f"{len(each) - 1} retrievers and their fusion on {data}")
+        return
     results = [_evaluate_one(m, data, options, args.predictions, args.device, args.speed or args.plot is not None)
                for m in models]
     if args.plot is not None:

@@ -27,10 +27,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
-from mlmkit.args import MineArgs
+from mlmkit.args import MineArgs, fusion_weights
 from mlmkit.errors import ConfigError, DataFormatError
 from mlmkit.files import JSONObject, exclusive
 from mlmkit.infer.index import IndexRetriever
+from mlmkit.infer.index.hybrid import FusedRetriever
 from mlmkit.infer.jobs import Done, Job, Window, job_dir, owned_output, remove_empty
 from mlmkit.infer.retrieval import BM25, Dense
 from mlmkit.registry import Prediction
@@ -39,6 +40,8 @@ from mlmkit.text.readers import data_format, iter_jsonl, iter_records, numbered
 from mlmkit.text.records import identity
 
 log = logging.getLogger("mlmkit")
+
+Retriever = BM25 | Dense | IndexRetriever | FusedRetriever
 
 SHORT_WINDOW = "the rank window ran out (after the positives)"
 SHORT_FILTER = "the margin or score-ratio filter"
@@ -148,9 +151,10 @@ def _what(args: MineArgs) -> JSONObject:
         d, split = split_spec(p) if is_beir(p) else (p, None)
         return identity(sorted(f for f in d.rglob("*") if f.is_file()) if d.is_dir() else [d]) + ([[split]] if split else [])
 
-    bundle = None if args.retriever == "bm25" else files(Path(args.retriever))
+    bundle, *hybrid = [None if r == "bm25" else files(Path(r)) for r in [args.retriever, *(args.hybrid or [])]]
     return {**{k: v for k, v in asdict(args).items() if k not in ("out", "resume", "device", "precision")},
-            "data": files(args.data), "corpus": files(args.corpus), "bundle": bundle, "score_with": files(args.score_with)}
+            "data": files(args.data), "corpus": files(args.corpus), "bundle": bundle, "score_with": files(args.score_with),
+            **({"hybrid_files": hybrid} if hybrid else {})}
 
 
 class Mined(TypedDict):
@@ -178,18 +182,15 @@ def mine(args: MineArgs) -> Mined:
         with exclusive(job_dir(out)):
             job = Job(out, _what(args), resume=args.resume, errors=None)
             try:
-                if args.retriever == "bm25":
-                    retriever: BM25 | Dense | IndexRetriever = BM25(data.docs)
-                elif (Path(args.retriever) / "manifest.json").is_file():
-                    if data.ids is None:
-                        raise ConfigError(f"--retriever {args.retriever} is an index: mining from one needs a BEIR "
-                                          "directory, whose corpus ids the index holds", "give the BEIR directory the index was built from")
-                    retriever = IndexRetriever(Path(args.retriever), data.ids, device=args.device, precision=args.precision)
-                else:
-                    retriever = Dense(args.retriever, data.docs, job.dir, device=args.device, index=args.index,
-                                      precision=args.precision)
-                log.info("mining %d pairs over %d documents with %s", len(data.pairs), len(data.docs), args.retriever)
-                need_pos = args.with_scores or args.margin is not None or args.max_score_ratio is not None
+                retriever = _retriever(args.retriever, data, args, job.dir)
+                if args.hybrid:
+                    retriever = FusedRetriever([(args.retriever, retriever), *((h, _retriever(h, data, args, job.dir))
+                                                                              for h in args.hybrid)],
+                                               args.fusion, fusion_weights(args.weights, args.hybrid, args.fusion))
+                log.info("mining %d pairs over %d documents with %s", len(data.pairs), len(data.docs),
+                         " + ".join([args.retriever, *(args.hybrid or [])]))
+                # the positive's score from the retriever: for a filter, or the row's scores where no cross-encoder gives them
+                need_pos = (args.with_scores and args.score_with is None) or args.margin is not None or args.max_score_ratio is not None
                 scorer = _scorer(args.score_with, args.device, args.precision) if args.score_with is not None else None
                 for k, start in enumerate(range(0, len(data.pairs), args.batch_size)):
                     if k < job.done:
@@ -210,6 +211,18 @@ def mine(args: MineArgs) -> Mined:
         log.warning("%d of %d rows got fewer than %d negatives: %s", n, written, args.negatives, why)
     return {"rows": written, "negatives": negatives, "documents": len(data.docs), "held_out": data.held_out, "short": short,
             "out": str(args.out)}
+
+
+def _retriever(spec: str, data: Pairs, args: MineArgs, work: Path) -> Retriever:
+    """``--retriever`` (or a ``--hybrid``): bm25, an index of the data's corpus, or an embedding bundle."""
+    if spec == "bm25":
+        return BM25(data.docs)
+    if (Path(spec) / "manifest.json").is_file():
+        if data.ids is None:
+            raise ConfigError(f"{spec} is an index: mining from one needs a BEIR directory, whose corpus ids the index holds",
+                              "give the BEIR directory the index was built from")
+        return IndexRetriever(Path(spec), data.ids, device=args.device, precision=args.precision)
+    return Dense(spec, data.docs, work, device=args.device, index=args.index, precision=args.precision)
 
 
 Scorer = Callable[[Sequence[tuple[str, str]]], list[float]]
@@ -243,7 +256,7 @@ def _documents(row: JSONObject) -> list[str]:
     return ["positive", *numbered(row, "negative")]
 
 
-def _mine_batch(batch: list[tuple[str, int]], retriever: BM25 | Dense | IndexRetriever, data: Pairs, args: MineArgs, window: tuple[int, int],
+def _mine_batch(batch: list[tuple[str, int]], retriever: Retriever, data: Pairs, args: MineArgs, window: tuple[int, int],
                 need_pos: bool) -> Done:
     """The rows of one batch of (query, positive) pairs, and their tallies (negatives; short rows by reason)."""
     lo, hi = window

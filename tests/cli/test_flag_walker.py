@@ -228,8 +228,11 @@ DOCS = ["john went to paris", "the cat sat on the mat", "mary saw the river near
 
 
 def same_hits(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
-    """The same documents in the same order, the scores equal but for batching's rounding."""
-    assert [h["id"] for h in a] == [h["id"] for h in b] and all(abs(x["score"] - y["score"]) < 1e-5 for x, y in zip(a, b))
+    """The same documents with the same scores but for batching's rounding, best first (two documents of one
+    text tie: rounding may order them either way)."""
+    sa, sb = {h["id"]: h["score"] for h in a}, {h["id"]: h["score"] for h in b}
+    assert len(a) == len(b) and sa.keys() == sb.keys() and all(abs(sa[i] - sb[i]) < 1e-5 for i in sa), (a, b)
+    assert all(x["score"] >= y["score"] for x, y in zip(a, a[1:])), a
 
 
 def walk(command: str, flags: dict[str, list[str] | None]) -> list[str]:
@@ -251,6 +254,8 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
     records.write_text("".join(json.dumps({"doc": f"d{i}", "body": t}) + "\n" for i, t in enumerate(DOCS)))
     more = tmp_path / "more.jsonl"
     more.write_text("".join(json.dumps({"_id": f"m{i}", "text": t}) + "\n" for i, t in enumerate(DOCS[:2])))
+    every = tmp_path / "every.jsonl"  # the documents of the index with `more` appended: what BM25 ranks beside it
+    every.write_text(records.read_text() + "".join(json.dumps({"doc": f"m{i}", "body": t}) + "\n" for i, t in enumerate(DOCS[:2])))
     queries = tmp_path / "queries.jsonl"
     queries.write_text(json.dumps({"q": "where did john go"}) + "\n" + json.dumps({"q": "a cat"}) + "\n")
 
@@ -337,7 +342,12 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
         flags = {"--input": ["--input", str(queries), "--text-column", "q"], "--text-column": None, "--json": [],
                  "--top-k": ["--top-k", "2"], "--rescore": ["--rescore", "4"], "--bundle": ["--bundle", str(bundles[task])],
                  "--export": ["--export", str(tmp_path / f"{task}.parquet")], "--batch": ["--batch", "1"],
-                 "--precision": ["--precision", "fp32"]}
+                 "--precision": ["--precision", "fp32"],
+                 # fused with itself (one corpus), each retriever's ranking the same: the plain hits' order
+                 "--hybrid": ["--hybrid", str(index)], "--fusion": ["--hybrid", str(index), "--fusion", "weighted"],
+                 "--weights": ["--hybrid", str(index), "--weights", "1,2"],
+                 "--corpus": ["--hybrid", "bm25", "--corpus", str(every), "--id-column", "doc", "--corpus-column", "body"],
+                 "--id-column": None, "--corpus-column": None}
         for flag in walk("search", flags):
             if flags[flag] is None:
                 continue
@@ -347,6 +357,10 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
                 one_red_line(r, "--rescore")
                 continue
             assert r.exit_code == 0, (flag, r.output)
+            if flag in ("--hybrid", "--fusion", "--weights", "--corpus"):
+                ids = [h["id"] for h in jsonl(r.stdout)[0]["hits"]]
+                assert ids == [h["id"] for h in plain[0]["hits"]] if flag != "--corpus" else 0 < len(ids) == len(set(ids)), (flag, ids)
+                continue
             if flag == "--export":
                 assert pq.read_table(tmp_path / f"{task}.parquet").num_rows == len(DOCS) + 2
                 continue

@@ -12,6 +12,7 @@ One module a job:
 - ``ann.py``: ``--ann hnsw | ivf`` with faiss;
 - ``multivector.py``: a colbert bundle's index (a vector a token: centroids, residuals, MaxSim);
 - ``search.py``: the top k of query vectors or texts;
+- ``hybrid.py``: several retrievers of one corpus (indexes, BM25) fused (``--hybrid``, ``--fusion``);
 - ``evaluation.py``: `mlmkit evaluate INDEX`, and mining's retriever over an index;
 - ``export.py``: `mlmkit search --export` (Parquet).
 
