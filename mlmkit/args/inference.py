@@ -258,6 +258,8 @@ class ServeArgs(Args):
     public_metrics: bool = arg(False, "Serve /metrics without an API key.")
     index: list[str] = arg(help="An index (mlmkit index) that POST /v1/search answers from, as PATH or NAME=PATH "
                                 "(repeatable); its queries are embedded by the served bundle that built it.", factory=list)
+    corpus: list[str] = arg(help="The documents of an --index, as NAME=FILE (FILE alone with one index; repeatable): "
+                                 "POST /v1/search fuses BM25 over their texts with \"hybrid\": \"bm25\".", factory=list)
     max_queue: int = arg(0, "Most inputs waiting per model; more: 429 with Retry-After (0: 4 x --max-batch-size).")
     request_timeout: float = arg(30.0, "Seconds a request may wait in the queue; then 503, and it leaves the queue.")
     timeout_keep_alive: float = arg(5.0, "Seconds an idle keep-alive connection stays open between requests.")

@@ -40,7 +40,7 @@ from mlmkit.cli.common import (
 )
 from mlmkit.errors import ConfigError
 from mlmkit.files import JSONObject
-from mlmkit.infer.index import BuildArgs
+from mlmkit.infer.index import BuildArgs, Index
 from mlmkit.registry import Options, Prediction, tasks
 
 app = typer.Typer()
@@ -299,22 +299,46 @@ def index_cmd(args: BuildArgs, as_json: Json = False) -> None:
 
     from mlmkit.infer.index import build, footprint
 
+    if args.delete is not None or args.compact:
+        return _change_index(args, as_json)
     t0, done = time.perf_counter(), [0]
-    with err.status(f"indexing {args.corpus} ...") as status:
+    corpus, where = args.upsert or args.corpus, Path(args.bundle if args.upsert else args.out or "")
+    with err.status(f"indexing {corpus} ...") as status:
         def advance(n: int) -> None:
             done[0] += n
-            status.update(f"indexing {args.corpus}: {done[0]:,} documents, {done[0] / (time.perf_counter() - t0):,.0f} docs/s")
+            status.update(f"indexing {corpus}: {done[0]:,} documents, {done[0] / (time.perf_counter() - t0):,.0f} docs/s")
 
         m = build(args, advance)
-    summary = {"index": str(args.out), "count": m["count"], "dims": m["dims"], "quantization": m["quantization"], "ann": m["ann"],
-               "added": m["shards"][-1]["count"], "seconds": round(time.perf_counter() - t0, 2), **footprint(args.out, m)}
+    summary = {"index": str(where), "count": m["count"], "dims": m["dims"], "quantization": m["quantization"], "ann": m["ann"],
+               "added": m["shards"][-1]["count"], "deleted": (m.get("deleted") or {}).get("count", 0),
+               "seconds": round(time.perf_counter() - t0, 2), **footprint(where, m)}
     if want_json(as_json):
         print_json(summary)
         return
     how = (f"{m['centroids']:,} centroids, {m['bits']}-bit residuals, {summary['bytes_per_token_vector']} bytes a token vector"
            if m["kind"] == "multivector" else f"{m['quantization']}, --ann {m['ann']}")
-    out.print(f"{summary['added']:,} documents added to {args.out} ({m['count']:,} in all, {m['dims']} dims, {how}) in "
+    gone = f", {summary['deleted']:,} of them deleted" if summary["deleted"] else ""
+    out.print(f"{summary['added']:,} documents added to {where} ({m['count']:,} in all{gone}, {m['dims']} dims, {how}) in "
               f"{summary['seconds']} s; {summary['bytes'] / 2**20:,.1f} MiB, {summary['bytes_per_document']:,} bytes a document")
+
+
+def _change_index(args: BuildArgs, as_json: bool) -> None:
+    """`mlmkit index INDEX --delete IDS` or `--compact`: the index changed, what it holds printed."""
+    from mlmkit.infer.index import footprint
+    from mlmkit.infer.index.live import compact, delete
+
+    index = Path(args.bundle)
+    before = footprint(index, Index.open(index).manifest)["bytes"]
+    m = delete(index, args.delete) if args.delete is not None else compact(index)
+    gone = (m.get("deleted") or {}).get("count", 0)
+    summary = {"index": str(index), "count": m["count"], "deleted": gone, "live": m["count"] - gone,
+               "freed_bytes": before - footprint(index, m)["bytes"], **footprint(index, m)}
+    if want_json(as_json):
+        print_json(summary)
+        return
+    what = f"{gone:,} of its {m['count']:,} documents deleted" if gone else f"{m['count']:,} documents, none deleted"
+    freed = f"; {summary['freed_bytes'] / 2**20:,.1f} MiB freed" if args.compact else ""
+    out.print(f"{index}: {what}, {summary['live']:,} searched{freed} ({summary['bytes'] / 2**20:,.1f} MiB)")
 
 
 @app.command("search")

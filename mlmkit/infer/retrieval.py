@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,13 @@ def top_k(scores_of: Iterable[tuple[int, np.ndarray]], queries: int, k: int) -> 
         best_s, best_i = s, i
     order = np.lexsort((best_i, -best_s), axis=1)
     return np.take_along_axis(best_i, order, 1), np.take_along_axis(best_s, order, 1)
+
+
+def masked(scores_of: Iterable[tuple[int, np.ndarray]], allowed: np.ndarray | None) -> Iterator[tuple[int, np.ndarray]]:
+    """``top_k``'s chunks with the rows not ``allowed`` ((rows,) bool; None: all are) scored -inf: a
+    filter applied inside the search, so the top k is the allowed rows' (a -inf that is kept is no hit)."""
+    for start, cs in scores_of:
+        yield start, cs if allowed is None else np.where(allowed[start:start + cs.shape[1]], cs, -np.inf)
 
 
 def search(queries: np.ndarray, docs: np.ndarray, k: int, *, chunk: int = 16384) -> tuple[np.ndarray, np.ndarray]:

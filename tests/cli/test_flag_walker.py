@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -305,6 +306,7 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
             "--batch-size": ["--batch-size", "2"], "--device": ["--device", "cuda"], "--engine": ["--engine", "local"],
             "--address": None,  # refused without --engine ray (the partner test)
             "--precision": ["--precision", "auto"], "--bits": ["--bits", "1"],
+            "--delete": None, "--upsert": None, "--compact": None,  # below, on a copy of the index just built
         }
         for flag in walk("index", flags):
             if not flags[flag]:
@@ -332,6 +334,14 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
         r = runner.invoke(app, [*base, "--resume"])  # a finished build: nothing to continue (it added the corpus again)
         one_red_line(r, "--resume: no unfinished build")
         assert Index.open(out).count == len(DOCS) + 2
+        live = tmp_path / f"live-{task}"  # --upsert (m0 and m1 again), --delete, --compact
+        shutil.copytree(out, live)
+        (tmp_path / "gone.txt").write_text("m0\nd1\n")
+        for argv, count, deleted in ((["--upsert", str(more)], len(DOCS) + 4, 2), (["--delete", str(tmp_path / "gone.txt")], len(DOCS) + 4, 4),
+                                     (["--compact"], len(DOCS), 0)):
+            r = runner.invoke(app, ["index", str(live), *argv, "--json"])
+            assert r.exit_code == 0 and (json.loads(r.stdout)["count"], json.loads(r.stdout)["deleted"]) == (count, deleted), (argv, r.output)
+        assert Index.open(live).live == len(DOCS)
 
     # search, on both indexes
     for task, index in ix.items():

@@ -470,7 +470,7 @@ def test_vectors_are_written_once_into_the_pending_shard_and_a_killed_int8_build
     shard is renamed into the index: no other file holds them. A kill leaves the windows on disk (after
     the calibration's first rows), a resume equals a straight build byte for byte, and a resume with
     other settings is refused."""
-    from mlmkit.infer.index import building, pending
+    from mlmkit.infer.index import live, pending
 
     monkeypatch.setattr(pending, "CALIBRATION_ROWS", 300)  # calibrated after two windows of 256, not at the end
     straight = built(setup, "int8-cal300", quantization="int8")
@@ -484,8 +484,8 @@ def test_vectors_are_written_once_into_the_pending_shard_and_a_killed_int8_build
     with pytest.raises(ConfigError, match="was for other quantization"):
         build(BuildArgs(setup["bundle"], setup["corpus"], out, quantization="float16", window=256, resume=True))
     # a kill between the shard's rename into the index and the manifest: the resume writes the manifest
-    real = building.write_json
-    monkeypatch.setattr(building, "write_json", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    real = live.write_json
+    monkeypatch.setattr(live, "write_json", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
     got = [0]
     with pytest.raises(KeyboardInterrupt):
         build(BuildArgs(setup["bundle"], setup["corpus"], out, quantization="int8", window=256, resume=True),
@@ -497,10 +497,10 @@ def test_vectors_are_written_once_into_the_pending_shard_and_a_killed_int8_build
         real(*a)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(building, "write_json", written_then_killed)
+    monkeypatch.setattr(live, "write_json", written_then_killed)
     with pytest.raises(KeyboardInterrupt):
         build(BuildArgs(setup["bundle"], setup["corpus"], out, quantization="int8", window=256, resume=True))
-    monkeypatch.setattr(building, "write_json", real)
+    monkeypatch.setattr(live, "write_json", real)
     assert (out / ".pending").is_dir() and Index.open(out).count == DOCS
     build(BuildArgs(setup["bundle"], setup["corpus"], out, quantization="int8", window=256, resume=True))
     resumed = Index.open(out)
@@ -691,3 +691,187 @@ def test_mining_with_hybrid_mines_from_the_fused_ranking_and_refuses_what_a_fuse
                         (["--weights", "1"], "1 weights for 2 retrievers")):
         r = runner.invoke(app, ["mine", str(beir), "--retriever", str(ix), "--hybrid", "bm25", *extra, "--out", str(tmp_path / "x.jsonl")])
         assert said in one_red_line(r), extra
+
+
+def test_serve_fuses_bm25_and_other_served_indexes_as_search_hybrid_does(setup, sparse, beir, tmp_path):
+    """POST /v1/search with "hybrid": BM25 over --corpus, and another served index (a SPLADE one, its
+    queries embedded by its own model through its queue) fused as `mlmkit search --hybrid` fuses them."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from serve_process import Server
+
+    ix, corpus, splade = setup["root"] / "beir-ix", beir / "corpus.jsonl", tmp_path / "splade-ix"
+    build(BuildArgs(sparse["bundle"], corpus, splade))
+    queries = ["how do I read a file", "a list of numbers"]
+    s = Server(tmp_path, f"emb={setup['bundle']}", f"sp={sparse['bundle']}", "--index", f"docs={ix}", "--index", f"sp={splade}",
+               "--index", f"other={built(setup, 'f32').path}", "--corpus", f"docs={corpus}")
+    try:
+        def post(body):
+            return httpx.post(s.url + "/v1/search", json=body, timeout=60)
+
+        for hybrid, fusion, flags in ((["bm25"], "rrf", ["--hybrid", "bm25", "--corpus", str(corpus)]),
+                                      (["bm25", "sp"], "weighted", ["--hybrid", "bm25", "--corpus", str(corpus), "--hybrid", str(splade)])):
+            r = post({"index": "docs", "query": queries, "top_k": 5, "hybrid": hybrid, "fusion": fusion})
+            assert r.status_code == 200 and r.json()["hybrid"] == hybrid, r.text
+            cli = runner.invoke(app, ["search", str(ix), *queries, "--top-k", "5", "--fusion", fusion, *flags, "--json"])
+            assert cli.exit_code == 0, cli.output
+            for a, b in zip([x["hits"] for x in r.json()["results"]], [json.loads(x)["hits"] for x in cli.stdout.splitlines()], strict=True):
+                assert [h["id"] for h in a] == [h["id"] for h in b] and np.allclose([h["score"] for h in a], [h["score"] for h in b], atol=1e-6)
+        bad = {
+            "retrievers of different corpora": {"index": "docs", "query": "a", "hybrid": "other"},
+            "neither bm25 nor another served index": {"index": "docs", "query": "a", "hybrid": ["nope"]},
+            "the server has no --corpus for it": {"index": "sp", "query": "a", "hybrid": "bm25"},
+            "send 'query', not 'vector'": {"index": "docs", "vector": [0.0] * 64, "hybrid": "bm25"},
+            "'fusion' must be one of rrf, weighted": {"index": "docs", "query": "a", "hybrid": "bm25", "fusion": "max"},
+            "3 weights for 2 retrievers": {"index": "docs", "query": "a", "hybrid": "bm25", "weights": [1, 1, 1]},
+        }
+        for message, body in bad.items():
+            r = post(body)
+            assert r.status_code == 422 and message in r.json()["error"], (message, r.status_code, r.text)
+        assert httpx.get(s.url + "/health", timeout=5).status_code == 200
+    finally:
+        s.stop()
+    r = runner.invoke(app, ["serve", str(setup["bundle"]), "--index", f"docs={ix}", "--corpus", f"docs={setup['corpus']}", "--port", "0"])
+    assert "retrievers of different corpora" in one_red_line(r)
+
+
+# ---- a live index: delete, upsert, compact (infer/index/live.py) -------------------------------------------
+class Hits(list):
+    """What a search answers: each query's hits as {id: score}; equal to another's with the same ids and
+    scores to 1e-5 (vectors embedded in other batches round apart; a near tie's order aside)."""
+
+    def __eq__(self, other):
+        return len(self) == len(other) and all(a.keys() == b.keys() and all(abs(a[i] - b[i]) < 1e-5 for i in a)
+                                               for a, b in zip(self, other))
+
+
+def hits_of(path, q, k=10):
+    ix = Index.open(path)
+    rows, scores = search_vectors(ix, q, k)
+    return Hits({i: float(s) for i, s in zip(ix.ids(r[r >= 0]), sr[r >= 0])} for r, sr in zip(rows, scores))
+
+
+def test_deletes_upserts_and_a_compaction_equal_an_index_built_from_the_final_corpus_and_a_kill_leaves_before_or_after(
+        setup, tmp_path, monkeypatch):
+    from mlmkit.infer.index import live
+
+    ix = tmp_path / "live"
+    shutil.copytree(built(setup, "f32").path, ix)
+    (tmp_path / "gone.txt").write_text("".join(f"d{i}\n" for i in range(100)))
+    changed = [{"_id": f"d{i}", "title": "changed", "text": sentence(random.Random(i), 6)} for i in range(100, 150)]
+    added = [{"_id": f"n{i}", "title": "", "text": sentence(random.Random(1000 + i), 8)} for i in range(50)]
+    (tmp_path / "up.jsonl").write_text("".join(json.dumps(d) + "\n" for d in changed + added))
+    final = setup["docs"][150:] + changed + added
+    (tmp_path / "final.jsonl").write_text("".join(json.dumps(d) + "\n" for d in final))
+    build(BuildArgs(setup["bundle"], tmp_path / "final.jsonl", tmp_path / "scratch"))
+    want = hits_of(tmp_path / "scratch", setup["q"])
+
+    def killed(step, after):  # the operation stopped as a kill would: just before its manifest is written, or just after
+        real = live.write_json
+
+        def stop(*a, **kw):
+            if after:
+                real(*a, **kw)
+            raise KeyboardInterrupt
+        monkeypatch.setattr(live, "write_json", stop)
+        with pytest.raises(KeyboardInterrupt):
+            step()
+        monkeypatch.setattr(live, "write_json", real)
+
+    before = hits_of(ix, setup["q"])
+    r = runner.invoke(app, ["index", str(ix), "--delete", str(tmp_path / "gone.txt"), "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["deleted"] == 100, r.output
+    deleted = hits_of(ix, setup["q"])
+    assert not {f"d{j}" for j in range(100)} & {i for hits in deleted for i in hits}
+    assert deleted != before and all(len(h) == 10 for h in deleted)  # never fewer: the deleted rows never take a place
+    r = runner.invoke(app, ["index", str(ix), "--upsert", str(tmp_path / "up.jsonl"), "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["deleted"] == 150, r.output
+    assert hits_of(ix, setup["q"]) == want
+    snapshot = tmp_path / "snapshot"
+    shutil.copytree(ix, snapshot)
+    killed(lambda: live.compact(ix), after=False)  # new shards written, no manifest: the index as it was
+    assert hits_of(ix, setup["q"]) == want and Index.open(ix).count == DOCS + 100
+    killed(lambda: live.compact(ix), after=True)  # the manifest written, the old shard not yet removed: compacted
+    assert hits_of(ix, setup["q"]) == want and Index.open(ix).count == len(final) and Index.open(ix).deleted is None
+    r = runner.invoke(app, ["index", str(ix), "--compact", "--json"])  # nothing left to do but the sweep
+    assert r.exit_code == 0 and json.loads(r.stdout)["count"] == len(final), r.output
+    assert sorted(p.name for p in ix.iterdir() if p.name.startswith(("shard-", "deleted-"))) == \
+        sorted(s["name"] for s in Index.open(ix).manifest["shards"])
+    # the snapshot (deletes and an upsert, not compacted) compacts by the command to the same
+    r = runner.invoke(app, ["index", str(snapshot), "--compact", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["freed_bytes"] > 0, r.output
+    assert hits_of(snapshot, setup["q"]) == want
+    # a delete killed before its manifest: as before; an upsert killed mid-embedding: as before, --resume finishes it
+    (tmp_path / "gone2.txt").write_text("d150\n")
+    killed(lambda: live.delete(snapshot, tmp_path / "gone2.txt"), after=False)
+    assert hits_of(snapshot, setup["q"]) == want
+    (tmp_path / "up2.jsonl").write_text("".join(json.dumps({**d, "title": "again"}) + "\n" for d in setup["docs"][150:700]))
+    with pytest.raises(KeyboardInterrupt):
+        build(BuildArgs(snapshot, upsert=tmp_path / "up2.jsonl", window=128), killed_after(256))
+    assert hits_of(snapshot, setup["q"]) == want
+    build(BuildArgs(snapshot, upsert=tmp_path / "up2.jsonl", window=128, resume=True))
+    assert Index.open(snapshot).live == len(final)
+
+
+def test_a_live_change_refuses_bad_input_in_one_line_and_changes_nothing(setup, tmp_path):
+    ix = tmp_path / "live"
+    shutil.copytree(built(setup, "f32").path, ix)
+    manifest = (ix / "manifest.json").read_text()
+    (tmp_path / "ids.txt").write_text("d1\nnope\nd2\n")
+    (tmp_path / "empty.txt").write_text("")
+    cases = [
+        (["index", str(ix), "--delete", str(tmp_path / "ids.txt")], "ids.txt, line 2: the id 'nope' is not in"),
+        (["index", str(ix), "--delete", str(tmp_path / "empty.txt")], "no ids"),
+        (["index", str(ix), "--delete", str(tmp_path / "ids.txt"), "--compact"], "one change of an index at a time"),
+        (["index", str(ix), "--compact", "--out", str(tmp_path / "x")], "it takes no --corpus, --out or --append"),
+        (["index", str(ix), "--compact", "--resume"], "takes no --resume"),
+        (["index", str(ix), "--upsert", str(setup["corpus"]), "--quantize", "int8"], "the index's own settings"),
+        (["index", str(setup["bundle"])], "needs --corpus DOCS and --out INDEX"),
+        (["index", str(tmp_path / "nowhere"), "--compact"], "is not an index"),
+    ]
+    for argv, said in cases:
+        assert said in one_red_line(runner.invoke(app, argv)), argv
+        assert (ix / "manifest.json").read_text() == manifest and not list(ix.glob("deleted-*"))
+    # a deleted id is not there to delete again; an id deleted can be added again
+    (tmp_path / "one.txt").write_text("d1\n")
+    assert runner.invoke(app, ["index", str(ix), "--delete", str(tmp_path / "one.txt")]).exit_code == 0
+    assert "(or was deleted)" in one_red_line(runner.invoke(app, ["index", str(ix), "--delete", str(tmp_path / "one.txt")]))
+    (tmp_path / "back.jsonl").write_text(json.dumps(setup["docs"][1]) + "\n")
+    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "back.jsonl"), "--out", str(ix), "--append", "--json"])
+    assert r.exit_code == 0 and Index.open(ix).live == DOCS, r.output
+    dup = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "back.jsonl"), "--out", str(ix), "--append"])
+    assert "comes twice" in one_red_line(dup)
+
+
+def test_sparse_and_ann_indexes_compact_to_an_index_of_the_documents_left(setup, sparse, tmp_path):
+    keep = setup["docs"][300:]
+    (tmp_path / "left.jsonl").write_text("".join(json.dumps(d) + "\n" for d in keep))
+    (tmp_path / "gone.txt").write_text("".join(f"d{i}\n" for i in range(300)))
+    for name, bundle, kw in (("sparse", sparse["bundle"], {}), ("hnsw", setup["bundle"], {"ann": "hnsw", "quantization": "int8"})):
+        ix, scratch = tmp_path / name, tmp_path / f"{name}-scratch"
+        build(BuildArgs(bundle, setup["corpus"], ix, **kw))
+        if name == "hnsw":  # the same int8 ranges as the index's: calibrated on its first documents
+            build(BuildArgs(bundle, setup["corpus"], scratch, **kw))
+            (tmp_path / "gone-all.txt").write_text("".join(f"d{i}\n" for i in range(300)))
+        else:
+            build(BuildArgs(bundle, tmp_path / "left.jsonl", scratch))
+        q = as_queries_of(Index.open(ix), bundle, setup["queries"])
+        assert runner.invoke(app, ["index", str(ix), "--delete", str(tmp_path / "gone.txt")]).exit_code == 0
+        if name == "hnsw":
+            assert runner.invoke(app, ["index", str(scratch), "--delete", str(tmp_path / "gone-all.txt")]).exit_code == 0
+        deleted = hits_of(ix, q)
+        assert runner.invoke(app, ["index", str(ix), "--compact"]).exit_code == 0
+        compacted = Index.open(ix)
+        assert compacted.count == len(keep) and compacted.deleted is None
+        assert hits_of(ix, q) == deleted
+        if name == "sparse":
+            assert hits_of(ix, q) == hits_of(scratch, q)
+        else:
+            assert compacted.manifest["ann_file"] == "ann-000000.faiss" and not (ix / "ann.faiss").exists()
+
+
+def as_queries_of(ix, bundle, texts):
+    from mlmkit.infer.index import as_input, as_queries
+
+    pipe = Pipeline.load(bundle)
+    return as_queries(ix, pipe(texts, **as_input(pipe, "query")))

@@ -318,6 +318,35 @@ def test_a_colbert_index_codes_the_token_vectors_searches_as_exact_maxsim_and_ev
     assert len(table) == ix.count and np.allclose(np.asarray(table[3]["vectors"], dtype=np.float32), decoded[3])
 
 
+def test_a_colbert_index_deletes_and_compacts_to_the_same_coded_vectors_and_hits(colbert, colbert_index, tmp_path):
+    import shutil
+
+    from mlmkit.infer.index import Index, query_vectors, search_vectors
+    from mlmkit.infer.index.multivector import documents
+
+    out = tmp_path / "live"
+    shutil.copytree(colbert_index[0], out)
+    ids = [json.loads(line)["_id"] for line in open(colbert["beir"] / "corpus.jsonl")]
+    (tmp_path / "gone.txt").write_text("".join(i + "\n" for i in ids[:100]))
+    before = Index.open(out)
+    decoded = documents(before, np.arange(before.count))
+    q = query_vectors(before, [json.loads(line)["text"] for line in open(colbert["beir"] / "queries.jsonl")][:8])
+    assert runner.invoke(app, ["index", str(out), "--delete", str(tmp_path / "gone.txt")]).exit_code == 0
+    deleted = Index.open(out)
+    rows, scores = search_vectors(deleted, q, 10, rescore=deleted.count)
+    assert (rows >= 100).all()  # never a deleted document: exact MaxSim over the 200 left
+    want = rank(q, decoded[100:], 10)
+    assert [list(r - 100) for r in rows] == [[j for j, _ in w] for w in want]
+    r = runner.invoke(app, ["index", str(out), "--compact", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["count"] == 200, r.output
+    compacted = Index.open(out)
+    assert compacted.manifest["tokens"] == sum(len(d) for d in decoded[100:])
+    assert all(np.array_equal(a, b) for a, b in zip(documents(compacted, np.arange(200)), decoded[100:]))
+    rows2, scores2 = search_vectors(compacted, q, 10, rescore=200)
+    assert (rows2 == rows - 100).all() and np.allclose(scores2, scores)
+    assert [compacted.ids(r) for r in search_vectors(compacted, q, 10)[0]] == [deleted.ids(r) for r in search_vectors(deleted, q, 10)[0]]
+
+
 def test_a_killed_colbert_build_resumes_to_the_files_of_a_straight_one_and_an_append_codes_with_the_index_codec(
         colbert, bundle, tmp_path, monkeypatch):
     from mlmkit.infer.index import BuildArgs, Index, build

@@ -16,9 +16,7 @@ import numpy as np
 from mlmkit.errors import ConfigError
 from mlmkit.files import atomic_write
 from mlmkit.infer.index.codecs import faiss_module
-from mlmkit.infer.index.store import CHUNK, Index
-
-FILE = "ann.faiss"
+from mlmkit.infer.index.store import CHUNK, Index, ann_file
 
 
 def ann_settings(ann: str, count: int, *, hnsw_m: int, ivf_lists: int | None) -> dict[str, Any]:
@@ -31,7 +29,7 @@ def ann_settings(ann: str, count: int, *, hnsw_m: int, ivf_lists: int | None) ->
 
 
 def build_ann(out: Path, manifest: dict[str, Any]) -> None:
-    """ann.faiss over every shard ``manifest`` names in ``out``, written atomically. Memory: the faiss
+    """ann.faiss (the manifest's ann_file) over every shard ``manifest`` names in ``out``, written atomically. Memory: the faiss
     structure, held whole while it is built (and, for IVF, its training sample)."""
     faiss = faiss_module()
     ix = Index(out, manifest)
@@ -61,24 +59,29 @@ def build_ann(out: Path, manifest: dict[str, Any]) -> None:
     for chunk in raw():
         index.add(chunk)
     writer = faiss.write_index_binary if q == "binary" else faiss.write_index
-    atomic_write(out / FILE, lambda tmp: writer(index, tmp))
+    atomic_write(out / str(ann_file(manifest)), lambda tmp: writer(index, tmp))
 
 
-def ann_search(ix: Index, q: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+def ann_search(ix: Index, q: np.ndarray, n: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The ``n`` candidates of each (unit) query from ann.faiss: (rows, scores), -1 past the graph's
-    reach. An ann.faiss over another number of vectors than the manifest's (an append killed between
-    writing it and its manifest) is refused, never searched."""
+    reach; ``allowed`` ((count,) bool): only those rows, through faiss's IDSelectorBitmap (not binary
+    IVF, which takes none). An ann.faiss over another number of vectors than the manifest's (an append
+    killed between writing it and its manifest) is refused, never searched."""
     faiss = faiss_module()
-    path = ix.path / FILE
+    path = ix.path / str(ann_file(ix.manifest))
     index = faiss.read_index_binary(str(path)) if ix.quantization == "binary" else faiss.read_index(str(path))
     if index.ntotal != ix.count:
         raise ConfigError(f"{path} holds {index.ntotal:,} vectors; the manifest says {ix.count:,}: an append that was "
                           "stopped before its manifest was written", "finish that append: the same `mlmkit index` command with --resume")
     settings = ix.manifest.get("ann_settings", {})
-    if ix.ann == "hnsw":
-        faiss.ParameterSpace().set_index_parameter(index, "efSearch", max(int(settings.get("ef_search", 128)), n))
-    else:
-        faiss.ParameterSpace().set_index_parameter(index, "nprobe", int(settings.get("nprobe", 16)))
+    ef, nprobe = max(int(settings.get("ef_search", 128)), n), int(settings.get("nprobe", 16))
     x = np.packbits(q > 0, axis=1) if ix.quantization == "binary" else np.ascontiguousarray(q)
-    scores, rows = index.search(x, n)
+    if allowed is None:
+        faiss.ParameterSpace().set_index_parameter(index, "efSearch" if ix.ann == "hnsw" else "nprobe", ef if ix.ann == "hnsw" else nprobe)
+        scores, rows = index.search(x, n)
+    else:
+        bits = np.packbits(allowed, bitorder="little")  # faiss's bitmap: bit i of byte j is row 8j + i
+        sel = faiss.IDSelectorBitmap(len(allowed), faiss.swig_ptr(bits))
+        params = faiss.SearchParametersHNSW(sel=sel, efSearch=ef) if ix.ann == "hnsw" else faiss.SearchParametersIVF(sel=sel, nprobe=nprobe)
+        scores, rows = index.search(x, n, params=params)
     return rows.astype(np.int64), scores.astype(np.float32)

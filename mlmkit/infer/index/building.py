@@ -28,14 +28,15 @@ import numpy as np
 import mlmkit.infer.index.multivector as multivector
 from mlmkit.args import Args, Engine, Runtime, arg, check_precision, flag
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
-from mlmkit.files import LOCK, exclusive, write_json
+from mlmkit.files import LOCK, exclusive
 from mlmkit.infer import postings
 from mlmkit.infer.index.ann import ann_settings, build_ann
 from mlmkit.infer.index.codecs import QUANTIZATIONS, RESCORE_COPIES, faiss_module
-from mlmkit.infer.index.identity import record
+from mlmkit.infer.index.identity import query_bundle, record
+from mlmkit.infer.index.live import commit, live_rows, sweep, with_deleted
 from mlmkit.infer.index.pending import Pending
 from mlmkit.infer.index.search import as_input, index_kind
-from mlmkit.infer.index.store import ANNS, FORMAT, MANIFEST, Index, id_hashes
+from mlmkit.infer.index.store import ANNS, FORMAT, MANIFEST, Index, id_hashes, shard_name
 from mlmkit.text.readers import Record
 
 
@@ -69,10 +70,10 @@ class BuildArgs(Args):
     """`mlmkit index`: a corpus embedded into a new index at ``out`` (or a new shard of it: ``append``)."""
 
     bundle: Path = arg(help="An embedding bundle (mlmkit export); a sparse-embedding one builds an inverted index, a "
-                            "colbert one a multi-vector index.", positional=True)
-    corpus: Path = arg(help="Documents: a BEIR corpus.jsonl (_id, title, text), JSON lines, Parquet or CSV with an id "
-                            "column, or .txt (one a line, its line number the id).")
-    out: Path = arg(help="The index directory.")
+                            "colbert one a multi-vector index. With --delete, --upsert or --compact: the index.", positional=True)
+    corpus: Path | None = arg(None, "Documents: a BEIR corpus.jsonl (_id, title, text), JSON lines, Parquet or CSV with an id "
+                                    "column, or .txt (one a line, its line number the id).")
+    out: Path | None = arg(None, "The index directory.")
     quantization: str = arg("float32", "float32, float16, int8 (calibrated ranges) or binary (sign bits, with an int8 "
                                        "copy for rescoring).", flags=("--quantize",))
     ann: str = arg("flat", "flat (exact), hnsw or ivf (faiss, beside the vectors).")
@@ -97,8 +98,27 @@ class BuildArgs(Args):
                                       "one per 40).", cli=False)
     hnsw_m: int = arg(32, "--ann hnsw: neighbours per node.", cli=False)
     ivf_lists: int | None = arg(None, "--ann ivf: the lists (default: from the corpus size).", cli=False)
+    delete: Path | None = arg(None, "Delete these documents from the index (the first argument): a .txt of ids, one a line, "
+                                    "or .jsonl / .csv / .parquet with an _id or id field.")
+    upsert: Path | None = arg(None, "Add these documents to the index (the first argument) with its own bundle and settings, "
+                                    "replacing those of the same ids (read as --corpus is).")
+    compact: bool = arg(False, "Rewrite the index (the first argument) without its deleted documents, reclaiming their space.")
+    replacing: bool = arg(False, "An append whose documents replace the index's of the same ids (what --upsert runs).", cli=False)
 
     def __post_init__(self) -> None:
+        live = [f for f, v in (("--delete", self.delete), ("--upsert", self.upsert), ("--compact", self.compact)) if v]
+        if len(live) > 1:
+            raise ConfigError(f"{' and '.join(live)}: one change of an index at a time")
+        if live and (self.corpus is not None or self.out is not None or self.append):
+            raise ConfigError(f"{live[0]} changes the index given as the first argument: it takes no --corpus, --out or --append",
+                              f"mlmkit index INDEX {live[0]}{'' if self.compact else ' FILE'}")
+        if self.upsert and (self.quantization, self.ann, self.rescore_copy, self.bits) != ("float32", "flat", None, None):
+            raise ConfigError("--upsert adds documents with the index's own settings", "drop --quantize, --ann, --rescore-copy and --bits")
+        if live and self.resume and not self.upsert:
+            raise ConfigError(f"{live[0]} takes no --resume (a delete or a compaction is done whole or not at all)")
+        if not live and (self.corpus is None or self.out is None):
+            raise ConfigError(f"mlmkit index {self.bundle} needs --corpus DOCS and --out INDEX",
+                              "or change an index: mlmkit index INDEX --delete IDS | --upsert DOCS | --compact")
         for name in ("window", "workers", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{flag(BuildArgs, name)} must be at least 1, got {getattr(self, name)}")
@@ -133,17 +153,10 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
     from mlmkit.infer.pipeline import Pipeline
     from mlmkit.text.records import identity, input_files
 
-    out = Path(args.out)
-    exists = (out / MANIFEST).is_file()
-    if exists and not args.append and not args.resume:
-        raise ConfigError(f"{out} is an index already", "pass --append to add documents to it, or give a new --out")
-    if args.append and not exists:
-        raise ConfigError(f"--append: {out} is not an index", "build it first, without --append")
-    if out.exists() and not exists and any(p.name not in (".pending", LOCK, multivector.CODEC)
-                                           and not p.name.startswith(("shard-", "ann.faiss"))
-                                           for p in out.iterdir()):
-        raise ConfigError(f"--out {out} is a directory that is not an index", "give a new or empty directory")
-    out.mkdir(parents=True, exist_ok=True)
+    if args.upsert is not None:
+        args = _as_upsert(args)
+    out, corpus = _given(args.out), _given(args.corpus)
+    exists = _check_out(args, out)
     pipe = Pipeline.load(args.bundle, device=args.device, threads=args.threads, batch_size=args.batch_size, command="embed",
                          precision=args.precision)
     bundle = record(Path(args.bundle))  # the bundle's identity, read once: what a search checks cheaply
@@ -185,16 +198,16 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
         if args.resume and old is not None and Pending.committed(pending, len(old.shards)):
             shutil.rmtree(pending, ignore_errors=True)  # stopped after its manifest: the build is done
             return dict(old.manifest)
-        files = input_files(args.corpus)
+        files = input_files(corpus)
         what = {"bundle": pipe.identity(), "inputs": identity(files), "options": as_input(pipe, "document"),
                 "window": args.window, "id_column": args.id_column, "text_column": args.text_column, "engine": args.engine,
                 "quantization": args.quantization, "rescore_copy": args.rescore_copy, "precision": args.precision,
-                "shards": len(old.shards) if old else 0, **({"bits": args.bits or 2, "centroids": args.centroids} if multi else {})}
+                "shards": len(old.shards) if old else 0, "replacing": args.replacing, **({"bits": args.bits or 2, "centroids": args.centroids} if multi else {})}
         pending.mkdir(exist_ok=True)
         block = (old.manifest.get("block") if old is not None else postings.BLOCK) if sparse or multi else None
         dims = int(pipe.meta.model.vocab_size or 0) if sparse else old.dims if old else 0
         try:  # --resume with another bundle, corpus or settings is refused here, what was done kept
-            p = Pending(pending, f"shard-{len(old.shards) if old else 0:06d}", what, quantization=args.quantization,
+            p = Pending(pending, shard_name(old.manifest if old else None), what, quantization=args.quantization,
                         copy=args.rescore_copy, ranges=old.ranges if old else None, dims=dims, kind=kind, block=block,
                         resume=args.resume, codec=old.codec if old else None, bits=args.bits or 2, centroids=args.centroids)
         except BaseException:
@@ -204,7 +217,39 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
         with p:
             manifest = _fill_and_commit(args, out, old, p, pipe, bundle, progress)
         shutil.rmtree(pending, ignore_errors=True)
+        sweep(out, manifest)  # an upsert's old bitmap, a killed operation's leftovers
     return manifest
+
+
+def _check_out(args: BuildArgs, out: Path) -> bool:
+    """--out checked against --append and --resume, and made; whether it is an index already."""
+    exists = (out / MANIFEST).is_file()
+    if exists and not args.append and not args.resume:
+        raise ConfigError(f"{out} is an index already", "pass --append to add documents to it, or give a new --out")
+    if args.append and not exists:
+        raise ConfigError(f"--append: {out} is not an index", "build it first, without --append")
+    if out.exists() and not exists and any(p.name not in (".pending", LOCK, multivector.CODEC)
+                                           and not p.name.startswith(("shard-", "ann.faiss"))
+                                           for p in out.iterdir()):
+        raise ConfigError(f"--out {out} is a directory that is not an index", "give a new or empty directory")
+    out.mkdir(parents=True, exist_ok=True)
+    return exists
+
+
+def _given(path: Path | None) -> Path:
+    """--corpus or --out of a build (BuildArgs checks both are given when neither --delete nor --compact is)."""
+    if path is None:
+        raise ConfigError("mlmkit index BUNDLE needs --corpus DOCS and --out INDEX")
+    return Path(path)
+
+
+def _as_upsert(args: BuildArgs) -> BuildArgs:
+    """`mlmkit index INDEX --upsert DOCS`: an append of DOCS with the index's own bundle and settings,
+    whose commit also deletes the index's documents of the same ids (_check_unique, _commit)."""
+    ix = Index.open(args.bundle)
+    return replace(args, bundle=query_bundle(ix, None), corpus=args.upsert, out=Path(args.bundle), append=True, upsert=None, replacing=True,
+                   quantization=ix.quantization if ix.kind == "dense" else "float32", ann=ix.ann,
+                   rescore_copy=ix.copy if ix.quantization != "binary" else "int8")
 
 
 def _fill_and_commit(args: BuildArgs, out: Path, old: Index | None, p: Pending, pipe: Any, bundle: dict[str, Any],
@@ -220,7 +265,7 @@ def _fill_and_commit(args: BuildArgs, out: Path, old: Index | None, p: Pending, 
             else:
                 _embed_here(args, p, pipe, progress)
             try:
-                _check_unique(p.finish(args.corpus), old, p.shard, args.corpus)
+                _check_unique(p.finish(_given(args.corpus)), old, p.shard, _given(args.corpus), replacing=args.replacing)
             except MlmkitError:
                 shutil.rmtree(p.dir, ignore_errors=True)
                 raise
@@ -241,7 +286,7 @@ def _embed_here(args: BuildArgs, p: Pending, pipe: Any, progress: Any) -> None:
     from mlmkit.infer.windows import windows
     from mlmkit.text.records import iter_inputs
 
-    items = corpus_records(iter_inputs(args.corpus), args.id_column, args.text_column)
+    items = corpus_records(iter_inputs(_given(args.corpus)), args.id_column, args.text_column)
     for w, done in run_windows(windows(items, args.window, skip=p.windows), pipe, workers=args.workers,
                                threads=split_threads(args.threads, args.workers), options=as_input(pipe, "document"),
                                skip=False, id_column="id"):
@@ -281,14 +326,14 @@ def _embed_on_ray(args: BuildArgs, p: Pending, pipe: Any, progress: Any) -> None
         pq.write_table(pa.Table.from_pylist(part, schema=pa.schema([("id", pa.string()), ("text", pa.string())])), files[-1])
         part.clear()
 
-    for rec in corpus_records(iter_inputs(args.corpus), args.id_column, args.text_column):
+    for rec in corpus_records(iter_inputs(_given(args.corpus)), args.id_column, args.text_column):
         part.append(rec.data if isinstance(rec, Record) else rec)
         if len(part) == args.window:
             flush()
     if part:
         flush()
     if not files:
-        raise DataFormatError(args.corpus, "no documents", hint="one document per line or record")
+        raise DataFormatError(_given(args.corpus), "no documents", hint="one document per line or record")
     k = 0
     for b in embed_in_order(files, args.bundle, options=as_input(pipe, "document"), address=args.address,
                             workers=args.workers, threads=args.threads, batch_size=args.batch_size, rows_per_batch=args.window):
@@ -315,18 +360,27 @@ def _lists(batch: Any, name: str, value: Any) -> Any:
     return (col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col).cast(pa.list_(value))
 
 
-def _check_unique(seen: list[np.ndarray], old: Index | None, shard: Path, corpus: Path) -> None:
-    """Every id once, over the index and the new shard (8-byte hashes held, not the ids; an equal
-    hash is looked up by id, so a collision is never an error)."""
+def _check_unique(seen: list[np.ndarray], old: Index | None, shard: Path, corpus: Path, *, replacing: bool = False) -> None:
+    """Every id once, over the index's live documents and the new shard (8-byte hashes held, not the
+    ids; an equal hash is looked up by id, so a collision is never an error); ``replacing`` (an
+    upsert): the index's documents of the new shard's ids do not count, they are to be deleted."""
+    new_h = np.concatenate(seen) if seen else np.zeros(0, np.uint64)
+    old_h = np.zeros(0, np.uint64)
     if old is not None:
-        seen = [id_hashes(ids.to_pylist()) for _, ids, _ in old.shards] + seen
-    h = np.sort(np.concatenate(seen)) if seen else np.zeros(0, np.uint64)
+        old_h = np.concatenate([id_hashes(ids.to_pylist()) for _, ids, _ in old.shards] or [old_h])
+        old_h = old_h[~old.deleted] if old.deleted is not None else old_h
+        old_h = old_h[~np.isin(old_h, new_h)] if replacing else old_h
+    h = np.sort(np.concatenate([old_h, new_h]))
     if not (h[1:] == h[:-1]).any():
         return
     import pyarrow as pa
 
     new = pa.ipc.open_file(pa.memory_map(str(shard / "ids.arrow"))).read_all().column(0).to_pylist()
-    before = [i for _, ids, _ in (old.shards if old else []) for i in ids.to_pylist()]
+    live = old.allowed() if old is not None else None
+    before = [i for r, i in enumerate(i for _, ids, _ in (old.shards if old else []) for i in ids.to_pylist())
+              if live is None or live[r]]
+    if replacing:
+        before = [i for i in before if i not in set(new)]
     seen_ids: set[str] = set()
     for k, i in enumerate([*before, *new]):
         if i in seen_ids:
@@ -360,7 +414,18 @@ def _commit(args: BuildArgs, out: Path, old: Index | None, p: Pending, pipe: Any
         os.replace(p.shard, out / name)  # named by no manifest yet: harmless if what follows is killed
     if (p.dir / multivector.CODEC).is_file():  # a new multi-vector index's codec, named by no manifest yet either
         os.replace(p.dir / multivector.CODEC, out / multivector.CODEC)
+    if old is not None and old.deleted is not None:  # the rows deleted stay deleted; the new shard's are live
+        manifest["deleted"] = old.manifest["deleted"]
+    if args.replacing and old is not None:  # the index's documents of the new ids: deleted in this same manifest
+        import pyarrow as pa
+
+        ids = set(pa.ipc.open_file(pa.memory_map(str(out / name / "ids.arrow"))).read_all().column(0).to_pylist())
+        replaced = live_rows(old, ids)
+        if replaced:
+            mask = np.zeros(total, dtype=np.bool_)
+            mask[:old.count] = old.deleted if old.deleted is not None else False
+            mask[list(replaced.values())] = True
+            manifest = with_deleted(out, manifest, mask)
     if args.ann != "flat":
         build_ann(out, manifest)
-    write_json(out / MANIFEST, manifest)
-    return manifest
+    return commit(out, manifest)

@@ -27,7 +27,7 @@ from mlmkit.args import check_weights
 from mlmkit.errors import ConfigError
 from mlmkit.infer.index.identity import query_bundle
 from mlmkit.infer.index.search import as_input, as_queries, hits, search_vectors
-from mlmkit.infer.index.store import CHUNK, Index, id_hashes
+from mlmkit.infer.index.store import Index, id_hashes
 
 FUSIONS = ("rrf", "weighted")
 RRF_K = 60
@@ -62,8 +62,7 @@ class IndexRanker:
         self._pipe: Any = None  # the bundle's Pipeline, loaded at the first query
 
     def id_hashes(self) -> np.ndarray:
-        return np.sort(np.concatenate([id_hashes(self.ix.ids(np.arange(a, min(a + CHUNK, self.ix.count))))
-                                       for a in range(0, self.ix.count, CHUNK)] or [np.zeros(0, np.uint64)]))
+        return self.ix.id_hashes
 
     def rank(self, queries: Sequence[str], depth: int) -> list[Ranking]:
         if self._pipe is None:
@@ -75,10 +74,15 @@ class IndexRanker:
 
     def rank_vectors(self, q: Any, depth: int) -> list[Ranking]:
         """Rankings of query vectors already embedded with the index's bundle (search.as_queries)."""
-        depth = min(depth, self.ix.count)
-        rescore = max(self.rescore, depth) if self.rescore is not None else None
-        rows, scores = search_vectors(self.ix, q, depth, rescore=rescore)
-        return [[(h["id"], h["score"]) for h in found] for found in hits(self.ix, rows, scores)]
+        return ranking_of(self.ix, q, depth, self.rescore)
+
+
+def ranking_of(ix: Index, q: Any, depth: int, rescore: int | None = None) -> list[Ranking]:
+    """Each query's top ``depth`` documents of ``ix`` (query vectors as search.as_queries gives them), by
+    id; ``rescore`` raised to ``depth`` where it is below."""
+    depth = min(depth, ix.count)
+    rows, scores = search_vectors(ix, q, depth, rescore=max(rescore, depth) if rescore is not None else None)
+    return [[(h["id"], h["score"]) for h in found] for found in hits(ix, rows, scores)]
 
 
 class BM25Ranker:
@@ -128,12 +132,17 @@ def check_same_corpus(rankers: Sequence[Ranker]) -> None:
     """Refuse retrievers that hold different documents: their rankings would not be of one corpus."""
     first = rankers[0].id_hashes()
     for other in rankers[1:]:
-        h = other.id_hashes()
-        if len(h) != len(first) or not np.array_equal(h, first):
-            missing = len(np.setdiff1d(first, h, assume_unique=True))
-            raise ConfigError(f"--hybrid: {rankers[0].name} holds {len(first):,} documents and {other.name} {len(h):,}, "
-                              f"{missing:,} of the first's ids not among the second's: retrievers of different corpora",
-                              "fuse retrievers of one corpus: indexes built from it, and BM25 over its texts")
+        same_corpus((rankers[0].name, first), (other.name, other.id_hashes()))
+
+
+def same_corpus(a: tuple[str, np.ndarray], b: tuple[str, np.ndarray]) -> None:
+    """Two retrievers' sorted id hashes, (name, hashes), equal; else one line naming both."""
+    (name_a, first), (name_b, h) = a, b
+    if len(h) != len(first) or not np.array_equal(h, first):
+        missing = len(np.setdiff1d(first, h, assume_unique=True))
+        raise ConfigError(f"--hybrid: {name_a} holds {len(first):,} documents and {name_b} {len(h):,}, "
+                          f"{missing:,} of the first's ids not among the second's: retrievers of different corpora",
+                          "fuse retrievers of one corpus: indexes built from it, and BM25 over its texts")
 
 
 class Hybrid:

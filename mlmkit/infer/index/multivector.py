@@ -45,7 +45,7 @@ from mlmkit.files import atomic_write
 from mlmkit.infer import postings
 from mlmkit.infer.index.codecs import faiss_module
 from mlmkit.infer.late import maxsim, padded
-from mlmkit.infer.retrieval import normalized, top_k
+from mlmkit.infer.retrieval import masked, normalized, top_k
 
 CODEC = "codec.npz"
 BITS = (1, 2)
@@ -196,7 +196,7 @@ class Shard:
         return cls(n, starts, codes, residuals, postings.Postings.open(s, n, len(codec.centroids), block, hint, forward=False))
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The concatenation of arange(a, a + n) for each (a, n)."""
     before = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     return np.repeat(np.asarray(starts, dtype=np.int64) - before, lengths) + np.arange(int(lengths.sum()))
@@ -218,7 +218,7 @@ def tokens_of(ix: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nda
     for i, s in enumerate(ix.multi):
         sel = np.nonzero(which == i)[0]
         if len(sel):
-            src, dst = _ranges(s.starts[rows[sel] - firsts[i]], lengths[sel]), _ranges(dest[sel], lengths[sel])
+            src, dst = spans(s.starts[rows[sel] - firsts[i]], lengths[sel]), spans(dest[sel], lengths[sel])
             codes[dst], res[dst] = s.codes[src], s.residuals[src]
     return codes, res, lengths
 
@@ -230,10 +230,12 @@ def documents(ix: Any, rows: np.ndarray) -> list[np.ndarray]:
     return np.split(x, np.cumsum(lengths)[:-1])
 
 
-def search(ix: Any, queries: Sequence[np.ndarray], k: int, *, rescore: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def search(ix: Any, queries: Sequence[np.ndarray], k: int, *, rescore: int | None = None,
+           allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The top ``k`` documents of each query (its (tokens, dims) vectors) by MaxSim over the decoded
     token vectors, found in three stages (the module's docstring); ``rescore``: the documents of the
-    second stage that the third scores exactly (default 4 k, at least 128)."""
+    second stage that the third scores exactly (default 4 k, at least 128); ``allowed``: (count,) bool,
+    the documents the first stage may take (None: all)."""
     from scipy.sparse import csr_matrix
 
     settings = ix.manifest.get("search", {})
@@ -250,8 +252,9 @@ def search(ix: Any, queries: Sequence[np.ndarray], k: int, *, rescore: int | Non
         probe = np.argpartition(-S, min(nprobe, S.shape[1]) - 1, axis=1)[:, :nprobe]
         w = np.zeros((1, S.shape[1]), dtype=np.float32)
         np.add.at(w[0], probe.reshape(-1), np.take_along_axis(S, probe, 1).reshape(-1))
-        rows1, s1 = top_k(postings.scores([s.postings for s in ix.multi], csr_matrix(w)), 1, min(ix.count, max(wide, n2)))
-        cand = rows1[0][rows1[0] >= 0]
+        rows1, s1 = top_k(masked(postings.scores([s.postings for s in ix.multi], csr_matrix(w)), allowed), 1,
+                          min(ix.count, max(wide, n2)))
+        cand = rows1[0][(rows1[0] >= 0) & ~np.isneginf(s1[0])]
         codes, _, lengths = tokens_of(ix, cand)
         approx = _centroid_maxsim(S, codes, lengths)
         keep = cand[np.lexsort((cand, -approx))[:n2]]

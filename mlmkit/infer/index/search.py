@@ -23,17 +23,26 @@ from mlmkit.infer.index.ann import ann_search
 from mlmkit.infer.index.identity import query_bundle
 from mlmkit.infer.index.store import QUERY_BLOCK, Index
 from mlmkit.infer.reranking import late_interaction
-from mlmkit.infer.retrieval import normalized, top_k
+from mlmkit.infer.retrieval import masked, normalized, top_k
+
+SUBSET = 65536
+"""A filter (or the deletes) allowing at most this many rows is searched over them alone, exactly."""
 
 
-def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = None,
+                   where: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The top ``k`` rows of each query vector and their cosines, best first (-1 past a faiss graph's
     reach). A two-stage index (Index.two_stages) takes ``rescore`` candidates (default: 4k, at least
     100) from its first stage (the quantized vectors, or the ANN index) and rescores them from its
     rescoring vectors; the others score the float query against every vector (dequantized) at once.
     A multi-vector index takes a (tokens, dims) array a query, and scores MaxSim (multivector.search).
     A sparse index takes the queries as a CSR matrix (as_queries) and scores dot products through its
-    postings; a document that shares no term with a query is no hit (-1)."""
+    postings; a document that shares no term with a query is no hit (-1).
+
+    Deleted rows (live.py), and with ``where`` ((count,) bool: a filter's rows, filters.py) the rows
+    outside it, are never returned: each stage scores them -inf (faiss: an IDSelectorBitmap), so the
+    top k is the allowed rows' own, fewer where fewer are allowed (-1 after them)."""
+    allowed = ix.allowed(where)
     if k < 1:
         raise ConfigError(f"--top-k must be at least 1, got {k}")
     if k > ix.count:
@@ -41,11 +50,11 @@ def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = Non
     if ix.kind == "sparse":
         if rescore is not None:
             raise ConfigError(f"--rescore {rescore}: {ix.path} is a sparse index, searched exactly in one stage", "leave --rescore out")
-        return _search_postings(ix, queries, k)
+        return _search_postings(ix, queries, k, allowed)
     if rescore is not None and rescore < k:
         raise ConfigError(f"--rescore {rescore} is below --top-k {k}", "rescore at least as many candidates as are kept")
     if ix.kind == "multivector":
-        return _search_multivector(ix, queries, k, rescore)
+        return _search_multivector(ix, queries, k, rescore, allowed)
     q = normalized(queries)
     if q.ndim != 2 or q.shape[1] != ix.dims:
         raise ConfigError(f"query vectors of {q.shape[-1]} dimensions; the index holds {ix.dims}")
@@ -53,30 +62,50 @@ def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = Non
         raise ConfigError(f"--rescore {rescore}: {ix.path} ({ix.quantization}, flat) is searched in one stage, with nothing "
                           "to rescore from", "leave --rescore out, or build the index with --rescore-copy float16 (int8) or --ann")
     if len(q) > QUERY_BLOCK:
-        parts = [search_vectors(ix, q[a:a + QUERY_BLOCK], k, rescore=rescore) for a in range(0, len(q), QUERY_BLOCK)]
+        parts = [search_vectors(ix, q[a:a + QUERY_BLOCK], k, rescore=rescore, where=where) for a in range(0, len(q), QUERY_BLOCK)]
         return np.concatenate([r for r, _ in parts]), np.concatenate([s for _, s in parts])
+    if allowed is not None and int(allowed.sum()) <= SUBSET:  # few rows: each scored exactly, none other read
+        return _search_subset(ix, q, k, np.flatnonzero(allowed))
     n = min(ix.count, rescore or max(4 * k, 100)) if ix.two_stages else k
-    if ix.ann != "flat":
-        rows, scores = ann_search(ix, q, n)
+    # faiss's binary IVF takes no IDSelector: a filtered search of it scores the binary codes themselves
+    if ix.ann != "flat" and not (allowed is not None and (ix.ann, ix.quantization) == ("ivf", "binary")):
+        rows, scores = ann_search(ix, q, n, allowed)
     else:
-        rows, scores = top_k(((a, q @ c.T) for a, c in ix.chunks()), len(q), n)
+        rows, scores = no_hits(*top_k(masked(((a, q @ c.T) for a, c in ix.chunks()), allowed), len(q), n))
     return _rescored(ix, q, rows, k) if ix.two_stages else (rows, scores)
 
 
-def _search_multivector(ix: Index, queries: Any, k: int, rescore: int | None) -> tuple[np.ndarray, np.ndarray]:
+def _search_subset(ix: Index, q: np.ndarray, k: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The top k among ``rows`` alone (at most SUBSET, ascending), scored from the rescoring vectors
+    (what a two-stage search ends with): exact, whatever the index's first stage or ANN."""
+    s = q @ ix.rows(rows, rescore=True).T if len(rows) else np.zeros((len(q), 0), np.float32)
+    at, scores = top_k([(0, s)], len(q), min(k, len(rows)))
+    out_i = np.full((len(q), k), -1, dtype=np.int64)
+    out_s = np.full((len(q), k), -np.inf, dtype=np.float32)
+    out_i[:, :at.shape[1]], out_s[:, :at.shape[1]] = rows[at], scores
+    return out_i, out_s
+
+
+def no_hits(rows: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A top k with the rows a mask scored -inf (retrieval.masked) marked -1: no hits."""
+    return np.where(np.isneginf(scores), -1, rows), scores
+
+
+def _search_multivector(ix: Index, queries: Any, k: int, rescore: int | None,
+                        allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(queries, np.ndarray) and queries.ndim == 2:
         queries = [queries]
     bad = next((np.asarray(q).shape for q in queries if np.asarray(q).ndim != 2 or np.asarray(q).shape[1] != ix.dims), None)
     if bad is not None:
         raise ConfigError(f"a query of shape {bad}; the index holds token vectors of {ix.dims} dimensions",
                           "embed queries with the index's colbert bundle")
-    return multivector.search(ix, [np.asarray(q, dtype=np.float32) for q in queries], k, rescore=rescore)
+    return multivector.search(ix, [np.asarray(q, dtype=np.float32) for q in queries], k, rescore=rescore, allowed=allowed)
 
 
-def _search_postings(ix: Index, q: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _search_postings(ix: Index, q: Any, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     if q.shape[1] != ix.dims:
         raise ConfigError(f"sparse queries over a vocabulary of {q.shape[1]:,}; the index's is {ix.dims:,}")
-    parts = [top_k(postings.scores(ix.sparse, q[a:a + QUERY_BLOCK]), min(QUERY_BLOCK, q.shape[0] - a), k)
+    parts = [top_k(masked(postings.scores(ix.sparse, q[a:a + QUERY_BLOCK]), allowed), min(QUERY_BLOCK, q.shape[0] - a), k)
              for a in range(0, q.shape[0], QUERY_BLOCK)]
     rows = np.concatenate([r for r, _ in parts]) if parts else np.zeros((0, k), np.int64)
     scores = np.concatenate([s for _, s in parts]) if parts else np.zeros((0, k), np.float32)

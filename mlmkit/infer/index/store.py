@@ -11,7 +11,9 @@ An index is a directory:
       vectors.bin         the unit-length vectors as the quantization stores them, row-major
       rescore.bin         the rescoring copy (codecs.RESCORE_COPIES): binary's int8 copy, or with
                           --rescore-copy float16 the vectors as float16 (int8 and binary)
-    ann.faiss           --ann hnsw | ivf: a faiss index over every shard's vectors, in shard order (ann.py)
+    ann.faiss           --ann hnsw | ivf: a faiss index over every shard's vectors, in shard order (ann.py;
+                        after a compaction, ann-NNNNNN.faiss, as the manifest's ann_file names it)
+    deleted-NNNNNN.bin  the rows deleted (live.py): a bit a row, as the manifest's ``deleted`` names it
     .pending/           a build or append in progress (building.py, pending.py), resumable with --resume
 
 A sparse-embedding (SPLADE) bundle builds a sparse index (the manifest's ``kind``): its shards hold an
@@ -31,6 +33,7 @@ scores, never queries x corpus.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -71,6 +74,8 @@ class Index:
     multi: list[multivector.Shard] = field(default_factory=list)
     """A multi-vector index's shards (kind "multivector"), coded by ``codec``."""
     codec: multivector.Codec | None = None
+    deleted: np.ndarray | None = None
+    """(count,) bool: the rows deleted (live.py) and not yet compacted away; None when there are none."""
 
     @property
     def kind(self) -> str:
@@ -135,6 +140,9 @@ class Index:
                 raise ConfigError(f"{d / MANIFEST}: field tokens must be a count of token vectors, got {m.get('tokens')!r}", hint)
             ix.codec = multivector.Codec.load(d / multivector.CODEC, ix.dims, hint)
         total = 0
+        names = [s.get("name") for s in m["shards"] if isinstance(s, dict)]
+        if len(set(map(str, names))) != len(names):
+            raise ConfigError(f"{d / MANIFEST}: a shard is listed twice ({', '.join(sorted({str(n) for n in names if names.count(n) > 1}))})", hint)
         for s in m["shards"]:
             n = s.get("count") if isinstance(s, dict) else None
             if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(s.get("name"), str):
@@ -146,7 +154,23 @@ class Index:
         if ix.multi and sum(int(s.starts[-1]) for s in ix.multi) != m["tokens"]:
             raise ConfigError(f"{d / MANIFEST}: tokens {m['tokens']:,} but its shards' lengths.bin count "
                               f"{sum(int(s.starts[-1]) for s in ix.multi):,}", hint)
+        if m.get("deleted") is not None:
+            ix.deleted = read_deleted(d, m["deleted"], ix.count, hint)
         return ix
+
+    @property
+    def live(self) -> int:
+        """Documents searched: the rows less those deleted."""
+        return self.count - (int(self.deleted.sum()) if self.deleted is not None else 0)
+
+    def allowed(self, where: np.ndarray | None = None) -> np.ndarray | None:
+        """The rows a search may return, (count,) bool: not deleted, and in ``where`` (a filter's rows,
+        (count,) bool) when given; None when every row may be."""
+        if where is not None and (where.shape != (self.count,) or where.dtype != np.bool_):
+            raise ValueError(f"a filter of shape {where.shape} ({where.dtype}) over an index of {self.count} rows")
+        if self.deleted is None:
+            return where
+        return ~self.deleted if where is None else where & ~self.deleted
 
     def shard(self, s: Path, n: int, hint: str) -> tuple[np.ndarray, Any, np.ndarray | None]:
         """The shard directory ``s`` of ``n`` documents, memory-mapped and checked against the manifest."""
@@ -174,6 +198,13 @@ class Index:
         vectors = mapped("vectors.bin", self.quantization)
         rescore = mapped("rescore.bin", self.copy) if self.copy else None
         return vectors, read_ids(s / "ids.arrow", n, hint), rescore
+
+    @functools.cached_property
+    def id_hashes(self) -> np.ndarray:
+        """The sorted hashes of its ids (id_hashes), read a chunk at a time, once: what tells a hybrid
+        search (hybrid.py) that two retrievers hold one corpus."""
+        return np.sort(np.concatenate([id_hashes(self.ids(np.arange(a, min(a + CHUNK, self.count))))
+                                       for a in range(0, self.count, CHUNK)] or [np.zeros(0, np.uint64)]))
 
     def ids(self, rows: np.ndarray) -> list[str]:
         """The ids of global row numbers."""
@@ -221,12 +252,18 @@ class Index:
         return out
 
 
+def ann_file(manifest: dict[str, Any]) -> str | None:
+    """The ANN index's file: ann.faiss, or a compaction's ann-NNNNNN.faiss (live.py); None for a flat index."""
+    return None if manifest.get("ann", "flat") == "flat" else str(manifest.get("ann_file", "ann.faiss"))
+
+
 def footprint(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """What an index takes on disk: its bytes (the files its manifest names), a document's on average,
     and for a multi-vector index a token vector's (its codes and residuals alone) and the whole
     index's a token."""
     files = [f for s in manifest["shards"] for f in (path / s["name"]).iterdir()]
-    files += [path / n for n in ("ann.faiss", multivector.CODEC, MANIFEST) if (path / n).is_file()]
+    files += [path / n for n in (ann_file(manifest), multivector.CODEC, MANIFEST, (manifest.get("deleted") or {}).get("file"))
+              if n and (path / n).is_file()]
     total = sum(f.stat().st_size for f in files)
     out: dict[str, Any] = {"bytes": total, "bytes_per_document": round(total / max(1, manifest["count"]), 1)}
     if manifest.get("kind") == "multivector":
@@ -235,6 +272,35 @@ def footprint(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
         out.update(tokens=int(manifest.get("tokens", 0)), bytes_per_token_vector=round(coded / tokens, 1),
                    bytes_per_token=round(total / tokens, 1))
     return out
+
+
+def read_deleted(d: Path, field: Any, count: int, hint: str) -> np.ndarray:
+    """The manifest's ``deleted`` ({"file", "rows", "count"}: a bitmap of the first ``rows`` rows, the
+    rows after them live) as a (count,) bool array, checked against the file and the count."""
+    ok = isinstance(field, dict) and isinstance(field.get("file"), str) and "/" not in field["file"] and all(
+        isinstance(field.get(k), int) and not isinstance(field.get(k), bool) and field[k] >= 0 for k in ("rows", "count"))
+    if not ok or field["rows"] > count:
+        raise ConfigError(f"{d / MANIFEST}: field deleted must be {{\"file\": NAME, \"rows\": N, \"count\": N}} "
+                          f"of rows the index holds, got {field!r}", hint)
+    f = d / field["file"]
+    raw = np.fromfile(f, dtype=np.uint8) if f.is_file() else None
+    if raw is None or len(raw) != -(-field["rows"] // 8):
+        what = "is missing" if raw is None else f"holds {len(raw):,} bytes"
+        raise ConfigError(f"{f} {what}; the manifest says a bitmap of {field['rows']:,} rows ({-(-field['rows'] // 8):,} "
+                          "bytes): a truncated or replaced file", hint)
+    out = np.zeros(count, dtype=np.bool_)
+    out[:field["rows"]] = np.unpackbits(raw, count=field["rows"], bitorder="little").astype(np.bool_)
+    if int(out.sum()) != field["count"]:
+        raise ConfigError(f"{f} marks {int(out.sum()):,} rows deleted; the manifest says {field['count']:,}", hint)
+    return out
+
+
+def shard_name(manifest: dict[str, Any] | None, after: int = 0) -> str:
+    """The name of the next new shard: one past the highest number the manifest's shards have (and
+    past ``after``), so a shard of a compaction or an append never takes a name in use."""
+    numbers = [int(s["name"].removeprefix("shard-")) for s in (manifest or {}).get("shards", [])
+               if str(s.get("name", "")).removeprefix("shard-").isdigit()]
+    return f"shard-{max([after - 1, *numbers], default=-1) + 1:06d}"
 
 
 def read_ids(path: Path, n: int, hint: str) -> Any:

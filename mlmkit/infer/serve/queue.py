@@ -74,6 +74,7 @@ class Model:
         self.lock = threading.Lock()
         self.max_queue = args.max_queue or 4 * args.max_batch_size
         self.indexes: dict[str, Index] = {}  # by name: what POST /v1/search searches with this model
+        self.bm25: dict[str, Any] = {}  # by index name: BM25 over its documents' texts (--corpus), for "hybrid": "bm25"
 
     def describe(self) -> JSONObject:
         m = self.pipe.meta
@@ -269,4 +270,29 @@ def load_models(args: ServeArgs) -> dict[str, Model]:
               for name, path in bundles.items()}
     for name, (model, ix) in served_indexes(model_names(args.index, "index"), bundles).items():
         models[model].indexes[name] = ix
+    for name, path in corpus_names(args.corpus, models).items():
+        from mlmkit.infer.index.hybrid import BM25Ranker, corpus_texts, same_corpus
+
+        owner = next(m for m in models.values() if name in m.indexes)
+        lexical = BM25Ranker(*corpus_texts(path), name=f"--corpus {path}")
+        same_corpus((f"index '{name}'", owner.indexes[name].id_hashes), (lexical.name, lexical.id_hashes()))
+        owner.bm25[name] = lexical
     return models
+
+
+def corpus_names(specs: Sequence[str], models: dict[str, Model]) -> dict[str, Path]:
+    """--corpus NAME=FILE (or FILE, with one index served): each the texts of a served index's documents."""
+    served = [n for m in models.values() for n in m.indexes]
+    out: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or Path(spec).exists():
+            if len(served) != 1:
+                raise ConfigError(f"--corpus {spec}: say which index's documents it holds", "--corpus NAME=FILE, NAME an --index's")
+            name, path = served[0], spec
+        if name not in served:
+            raise ConfigError(f"--corpus {spec}: no index named '{name}' is served", f"the indexes: {', '.join(served) or 'none'}")
+        if not Path(path).is_file():
+            raise ConfigError(f"--corpus {spec}: {path} is not a file", "give the documents the index was built from")
+        out[name] = Path(path)
+    return out

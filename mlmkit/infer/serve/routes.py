@@ -397,13 +397,14 @@ class Search:
     at a time, so that its memory stays one search's (infer/index/search.py: QUERY_BLOCK x (CHUNK + k) scores)."""
 
     method, path = "POST", "/v1/search"
-    summary = ("Search an index (mlmkit serve --index): {index, query, vector, top_k, rescore} -> "
-               "{results: [{hits: [{id, score}]}]}: query texts or vectors, a result per query, hits best first.")
+    summary = ("Search an index (mlmkit serve --index): {index, query, vector, top_k, rescore, hybrid, fusion, weights} -> "
+               "{results: [{hits: [{id, score}]}]}: query texts or vectors, a result per query, hits best first; "
+               "\"hybrid\": \"bm25\" (with --corpus) or other indexes' names fuses their rankings.")
     offload = True
     searching = threading.Lock()
 
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
-        b = _object(body, self.path, {"index", "query", "vector", "top_k", "rescore"})
+        b = _object(body, self.path, {"index", "query", "vector", "top_k", "rescore", "hybrid", "fusion", "weights"})
         served = {n: (m, ix) for m, model in models.items() for n, ix in model.indexes.items()}
         if not served:
             raise HTTPError(404, f"{self.path}: no index is served", "start the server with --index PATH (built by mlmkit index)")
@@ -428,12 +429,53 @@ class Search:
         if b.get("vector") is not None and ix.kind in ("sparse", "multivector"):
             what = "sparse (an inverted index)" if ix.kind == "sparse" else "multi-vector (a vector a token)"
             raise HTTPError(422, f"{self.path}: index '{name}' is {what}: send 'query' texts, not 'vector'")
+        if b.get("hybrid") is not None:
+            state.update(self._hybrid(b, name, models, served))
+            if b.get("vector") is not None:
+                raise HTTPError(422, f"{self.path}: a hybrid search ranks query texts with each retriever: send 'query', not 'vector'")
         if b.get("vector") is not None:
             state["vectors"] = _vectors(b["vector"], ix.dims, self.path)
             return Call(model, [], state=state, size=len(state["vectors"]))
         from mlmkit.infer.index import as_input
 
         return Call(model, _texts(b.get("query"), "query", self.path), as_input(models[model].pipe, "query"), state=state)
+
+    def _hybrid(self, b: JSONObject, name: str, models: Mapping[str, Any], served: dict[str, Any]) -> dict[str, Any]:
+        """A hybrid search's partners ("bm25": the index's --corpus; other served indexes by name), fusion and weights."""
+        import asyncio
+
+        from mlmkit.args import check_weights
+        from mlmkit.errors import MlmkitError
+        from mlmkit.infer.index.hybrid import FUSIONS
+
+        wanted = [b["hybrid"]] if isinstance(b["hybrid"], str) else b["hybrid"]
+        if not isinstance(wanted, list) or not wanted or not all(isinstance(x, str) for x in wanted):
+            raise HTTPError(422, f"{self.path}: 'hybrid' must be \"bm25\", an index's name, or a list of those")
+        partners: list[tuple[str, Any]] = []
+        for other in wanted:
+            if other == "bm25":
+                lexical = models[served[name][0]].bm25.get(name)
+                if lexical is None:
+                    raise HTTPError(422, f"{self.path}: no BM25 for index '{name}': the server has no --corpus for it",
+                                    f"start the server with --corpus {name}=FILE (the documents the index was built from)")
+                partners.append(("bm25", lexical))
+            elif other in served and other != name:
+                partners.append((other, served[other]))
+            else:
+                raise HTTPError(422, f"{self.path}: hybrid {other!r} is neither bm25 nor another served index",
+                                f"the indexes: {', '.join(n for n in served if n != name) or 'none but this one'}")
+        fusion = b.get("fusion", "rrf")
+        if fusion not in FUSIONS:
+            raise HTTPError(422, f"{self.path}: 'fusion' must be one of {', '.join(FUSIONS)}, got {fusion!r}")
+        weights = b.get("weights")
+        if weights is not None and (not isinstance(weights, list) or not all(isinstance(w, (int, float)) and not isinstance(w, bool)
+                                                                             for w in weights)):
+            raise HTTPError(422, f"{self.path}: 'weights' must be a list of numbers, one a retriever (this index first)")
+        try:
+            weights = check_weights(weights, len(partners) + 1)
+        except MlmkitError as e:
+            raise HTTPError(422, f"{self.path}: {e.message}", e.hint) from None
+        return {"partners": partners, "fusion": fusion, "weights": weights, "loop": asyncio.get_running_loop(), "models": models}
 
     def respond(self, call: Call, results: list[Prediction], model: Any) -> Any:
         from mlmkit.errors import MlmkitError
@@ -444,13 +486,46 @@ class Search:
         if q is None:
             q = as_queries(st["index"], results)
         try:
-            with self.searching:
-                rows, scores = search_vectors(st["index"], q, st["top_k"], rescore=st["rescore"])
+            if st.get("partners"):
+                found = self._fused(call, q, results)
+            else:
+                with self.searching:
+                    rows, scores = search_vectors(st["index"], q, st["top_k"], rescore=st["rescore"])
+                found = hits(st["index"], rows, scores)
         except MlmkitError as e:
             raise HTTPError(422, f"{self.path}: {e.message}", e.hint) from None
-        found = hits(st["index"], rows, scores)
-        return {"object": "search", "index": st["name"], "model": call.model, "results": [{"hits": h} for h in found],
+        body = {"object": "search", "index": st["name"], "model": call.model, "results": [{"hits": h} for h in found],
                 "usage": _usage(call)}
+        if st.get("partners"):
+            body.update(hybrid=[n for n, _ in st["partners"]], fusion=st["fusion"])
+        return body
+
+    def _fused(self, call: Call, q: Any, results: list[Prediction]) -> list[list[dict[str, Any]]]:
+        """Each query's hits fused from this index's ranking and its partners' (infer/index/hybrid.py): a
+        partner index of another model has the queries embedded by that model, through its queue."""
+        import asyncio
+
+        from mlmkit.infer.index import as_input, as_queries
+        from mlmkit.infer.index.hybrid import DEPTH, fuse, ranking_of, same_corpus
+
+        st = call.state
+        depth, texts = max(st["top_k"], DEPTH), call.inputs
+        vectors: list[Any] = []
+        for other, partner in st["partners"]:
+            if other != "bm25":
+                owner, ix = partner
+                got = results if owner == call.model else asyncio.run_coroutine_threadsafe(
+                    st["models"][owner].predict(texts, as_input(st["models"][owner].pipe, "query")), st["loop"]).result()[0]
+                vectors.append(as_queries(ix, got))
+        with self.searching:
+            each = [ranking_of(st["index"], q, depth, st["rescore"])]
+            for other, partner in st["partners"]:
+                if other == "bm25":
+                    each.append(partner.rank(texts, depth))
+                    continue
+                same_corpus((f"index '{st['name']}'", st["index"].id_hashes), (f"index '{other}'", partner[1].id_hashes))
+                each.append(ranking_of(partner[1], vectors.pop(0), depth))
+        return [[{"id": d, "score": s} for d, s in fuse(parts, st["fusion"], st["weights"], st["top_k"])] for parts in zip(*each)]
 
 
 def _vectors(value: Any, dims: int, route: str) -> np.ndarray:
