@@ -121,6 +121,9 @@ class SearchArgs(Args):
                                     "of float32) and exit.")
     batch: int = arg(256, "Queries embedded and searched together.")
     precision: str | None = Runtime.precision()
+    where: list[str] | None = arg(None, "Only documents whose fields pass: FIELD=VALUE, FIELD!=VALUE, FIELD>=N, FIELD<=N, "
+                                        "FIELD>N, FIELD<N, 'FIELD in A,B' or 'FIELD in @FILE' (id: the document's id); "
+                                        "repeatable, all must hold.")
     hybrid: list[str] | None = Fusion.hybrid()
     fusion: str = Fusion.fusion()
     weights: str | None = Fusion.weights()

@@ -368,15 +368,19 @@ def search_cmd(args: SearchArgs, as_json: Json = False) -> None:
         raise ConfigError(f"--top-k {top_k}: give 1 to the index's {ix.count:,} documents")
     if args.rescore is not None and args.rescore < top_k:  # said before any query is embedded
         raise ConfigError(f"--rescore {args.rescore} is below --top-k {top_k}", "rescore at least as many candidates as are kept")
+    from mlmkit.infer.index.filters import parse, rows
+
+    where = rows(ix, parse(args.where))  # said before any query is embedded
     if args.hybrid:
         from mlmkit.infer.index.hybrid import hybrid_search
 
-        search = hybrid_search(args)
+        search = hybrid_search(args, where)
     else:
         pipe = Pipeline.load(query_bundle(ix, args.bundle), command="embed", precision=args.precision)
 
         def search(part: list[str], k: int) -> list[list[dict[str, Any]]]:
-            return hits(ix, *search_vectors(ix, as_queries(ix, pipe(part, **as_input(pipe, "query"))), k, rescore=args.rescore))
+            q = as_queries(ix, pipe(part, **as_input(pipe, "query")))
+            return hits(ix, *search_vectors(ix, q, k, rescore=args.rescore, where=where))
     table = not want_json(as_json)
     t = Table("query", "rank", "id", "score") if table else None
     for a in range(0, len(texts), args.batch):

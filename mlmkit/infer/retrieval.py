@@ -54,7 +54,9 @@ def masked(scores_of: Iterable[tuple[int, np.ndarray]], allowed: np.ndarray | No
     """``top_k``'s chunks with the rows not ``allowed`` ((rows,) bool; None: all are) scored -inf: a
     filter applied inside the search, so the top k is the allowed rows' (a -inf that is kept is no hit)."""
     for start, cs in scores_of:
-        yield start, cs if allowed is None else np.where(allowed[start:start + cs.shape[1]], cs, -np.inf)
+        if allowed is not None:  # in place: the chunk's scores are the search's own, made for this
+            np.copyto(cs, np.float32(-np.inf), where=~allowed[start:start + cs.shape[1]])
+        yield start, cs
 
 
 def search(queries: np.ndarray, docs: np.ndarray, k: int, *, chunk: int = 16384) -> tuple[np.ndarray, np.ndarray]:
@@ -192,8 +194,10 @@ class BM25:
     def _tokens(self, queries: Sequence[str]) -> Any:
         return self.bm25s.tokenize(list(queries), show_progress=False)
 
-    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        docs, scores = self.index.retrieve(self._tokens(queries), k=min(k, self.size), show_progress=False)
+    def search(self, queries: Sequence[str], k: int, *, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The top k documents of each query; ``mask`` ((documents,) 0 or 1): those with 1 alone (bm25s's
+        weight_mask: the others score 0, a score no hit has)."""
+        docs, scores = self.index.retrieve(self._tokens(queries), k=min(k, self.size), show_progress=False, weight_mask=mask)
         return np.asarray(docs, dtype=np.int64), np.asarray(scores, dtype=np.float32)
 
     def pair_scores(self, queries: Sequence[str], docs: Sequence[int]) -> np.ndarray:

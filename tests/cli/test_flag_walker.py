@@ -357,7 +357,7 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
                  "--hybrid": ["--hybrid", str(index)], "--fusion": ["--hybrid", str(index), "--fusion", "weighted"],
                  "--weights": ["--hybrid", str(index), "--weights", "1,2"],
                  "--corpus": ["--hybrid", "bm25", "--corpus", str(every), "--id-column", "doc", "--corpus-column", "body"],
-                 "--id-column": None, "--corpus-column": None}
+                 "--id-column": None, "--corpus-column": None, "--where": ["--where", "id in d1,d2,m0"]}
         for flag in walk("search", flags):
             if flags[flag] is None:
                 continue
@@ -367,6 +367,9 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
                 one_red_line(r, "--rescore")
                 continue
             assert r.exit_code == 0, (flag, r.output)
+            if flag == "--where":
+                assert {h["id"] for h in jsonl(r.stdout)[0]["hits"]} <= {"d1", "d2", "m0"} and jsonl(r.stdout)[0]["hits"], r.output
+                continue
             if flag in ("--hybrid", "--fusion", "--weights", "--corpus"):
                 ids = [h["id"] for h in jsonl(r.stdout)[0]["hits"]]
                 assert ids == [h["id"] for h in plain[0]["hits"]] if flag != "--corpus" else 0 < len(ids) == len(set(ids)), (flag, ids)

@@ -717,7 +717,20 @@ def test_serve_fuses_bm25_and_other_served_indexes_as_search_hybrid_does(setup, 
             assert cli.exit_code == 0, cli.output
             for a, b in zip([x["hits"] for x in r.json()["results"]], [json.loads(x)["hits"] for x in cli.stdout.splitlines()], strict=True):
                 assert [h["id"] for h in a] == [h["id"] for h in b] and np.allclose([h["score"] for h in a], [h["score"] for h in b], atol=1e-6)
+        ids = [json.loads(line)["_id"] for line in open(corpus)][:30]
+        for hybrid in (None, "bm25", ["bm25", "sp"]):  # a filter, alone and fused: the hits are the ids it keeps
+            body = {"index": "docs", "query": queries, "top_k": 5, "where": f"id in {','.join(ids)}",
+                    **({"hybrid": hybrid} if hybrid else {})}
+            r = post(body)
+            assert r.status_code == 200 and all(h["id"] in ids for x in r.json()["results"] for h in x["hits"]), r.text
+            cli = runner.invoke(app, ["search", str(ix), *queries, "--top-k", "5", "--where", f"id in {','.join(ids)}", "--json",
+                                      *(["--hybrid", "bm25", "--corpus", str(corpus)] if hybrid == "bm25" else [])])
+            if hybrid != ["bm25", "sp"]:
+                assert [[h["id"] for h in x["hits"]] for x in r.json()["results"]] == \
+                    [[h["id"] for h in json.loads(x)["hits"]] for x in cli.stdout.splitlines()], hybrid
         bad = {
+            "the index has no field 'colour'": {"index": "docs", "query": "a", "where": "colour=red"},
+            "no @FILE on the server": {"index": "docs", "query": "a", "where": ["id in @/etc/passwd"]},
             "retrievers of different corpora": {"index": "docs", "query": "a", "hybrid": "other"},
             "neither bm25 nor another served index": {"index": "docs", "query": "a", "hybrid": ["nope"]},
             "the server has no --corpus for it": {"index": "sp", "query": "a", "hybrid": "bm25"},
@@ -875,3 +888,87 @@ def as_queries_of(ix, bundle, texts):
 
     pipe = Pipeline.load(bundle)
     return as_queries(ix, pipe(texts, **as_input(pipe, "query")))
+
+
+# ---- metadata filters (infer/index/filters.py) ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tagged(setup):
+    """The fixture's corpus with fields: lang (en for a half), year (a twelfth each: 1% is one year and a
+    document more), a flag, a list, and a field only some documents have."""
+    docs = [{**d, "lang": "en" if i % 2 else "de", "year": 2000 + i % 100, "ok": i % 3 == 0, "tags": ["a", "b"][: i % 3],
+             **({"extra": "x"} if i < 100 else {})} for i, d in enumerate(setup["docs"])]
+    path = setup["root"] / "tagged.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    return {"docs": docs, "corpus": path}
+
+
+def brute(setup, keep, k=10):
+    """The top k of the documents ``keep`` alone (a bool mask), by the bundle's own vectors."""
+    s = np.where(keep[None, :], setup["q"] @ setup["vectors"].T, -np.inf)
+    order = np.lexsort((np.broadcast_to(np.arange(s.shape[1]), s.shape), -s), axis=1)[:, :k]
+    return [[int(j) for j in row if keep[j]] for row in order]
+
+
+def test_a_filter_returns_the_true_top_k_of_the_documents_it_keeps_in_every_kind_of_search(setup, tagged, tmp_path, monkeypatch):
+    from mlmkit.infer.index import filters
+    from mlmkit.infer.index import search as search_module
+
+    docs = tagged["docs"]
+    year = np.asarray([d["year"] for d in docs])
+    cases = {"year=2042": year == 2042, "year>=2090": year >= 2090, "lang=en": np.asarray([d["lang"] == "en" for d in docs]),
+             "lang in de,fr": np.asarray([d["lang"] == "de" for d in docs]), "ok=true": np.asarray([d["ok"] for d in docs]),
+             "extra!=x": np.arange(len(docs)) >= 100, "id in d5,d7,d1100": np.isin(np.arange(len(docs)), [5, 7, 1100])}
+    for name, kw in (("flat", {}), ("hnsw", {"ann": "hnsw"}), ("ivf", {"ann": "ivf", "ivf_lists": 8}),
+                     ("binary", {"quantization": "binary", "rescore_copy": "float16"})):
+        ix = tmp_path / name
+        build(BuildArgs(setup["bundle"], tagged["corpus"], ix, window=256, **kw))
+        index = Index.open(ix)
+        for subset in (True, False):  # few rows: scored alone, exactly; else inside each stage (forced here)
+            monkeypatch.setattr(search_module, "SUBSET", 65536 if subset else 0)
+            for where, keep in cases.items():
+                rows, _ = search_vectors(index, setup["q"], 10, where=filters.rows(index, filters.parse([where])),
+                                         rescore=index.count if name == "binary" else None)  # binary: its own recall aside
+                want = brute(setup, keep)
+                got = [[int(r) for r in row if r >= 0] for row in rows]
+                if name == "flat":
+                    assert got == want, (name, where)
+                else:  # approximate (float16 rescoring, ANN): the filter holds, and the top 10 is mostly found
+                    assert all(keep[r] for row in got for r in row), (name, where)
+                    assert np.mean([len(set(g) & set(w)) / len(w) for g, w in zip(got, want)]) > (0.95 if subset else 0.8), (name, where)
+    r = runner.invoke(app, ["search", str(tmp_path / "flat"), setup["queries"][0], "--where", "lang=en", "--where", "year<2010",
+                            "--top-k", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    both = np.asarray([d["lang"] == "en" and d["year"] < 2010 for d in docs])
+    assert [h["id"] for h in json.loads(r.stdout)["hits"]] == [f"d{j}" for j in brute(setup, both, 3)[0]]
+    (tmp_path / "ids.txt").write_text("d3\nd9\n")
+    r = runner.invoke(app, ["search", str(tmp_path / "flat"), "a dog", "--where", f"id in @{tmp_path / 'ids.txt'}", "--json"])
+    assert r.exit_code == 0 and {h["id"] for h in json.loads(r.stdout)["hits"]} == {"d3", "d9"}, r.output
+    for where, said in (("colour=red", "the index has no field 'colour'"), ("lang>=en", "lang holds string values; >= compares"),
+                        ("year=soon", "year holds numbers; 'soon' is not one"), ("ok=maybe", "give true or false"),
+                        ("lang", "not FIELD=VALUE"), ("tags=a", "tags holds lists or objects")):
+        assert said in one_red_line(runner.invoke(app, ["search", str(tmp_path / "flat"), "a dog", "--where", where])), where
+
+
+def test_fields_of_another_kind_in_a_later_document_name_the_line_and_filters_survive_an_upsert_and_a_compaction(
+        setup, tagged, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"_id": "a", "text": "one", "year": 2020}) + "\n" + json.dumps({"_id": "b", "text": "two", "year": "soon"}) + "\n")
+    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(bad), "--out", str(tmp_path / "bad")])
+    assert "bad.jsonl, line 2" in one_red_line(r) and "field 'year' is a string here and a number before" in r.stderr
+    ix = tmp_path / "ix"
+    build(BuildArgs(setup["bundle"], tagged["corpus"], ix))
+    (tmp_path / "up.jsonl").write_text("".join(json.dumps({**d, "lang": "fr"}) + "\n" for d in tagged["docs"][:50]))
+    assert runner.invoke(app, ["index", str(ix), "--upsert", str(tmp_path / "up.jsonl")]).exit_code == 0
+    (tmp_path / "gone.txt").write_text("d60\nd61\n")
+    assert runner.invoke(app, ["index", str(ix), "--delete", str(tmp_path / "gone.txt")]).exit_code == 0
+    from mlmkit.infer.index import filters
+
+    for step in ("deleted", "compacted"):
+        index = Index.open(ix)
+        fr = filters.rows(index, filters.parse(["lang=fr"]))
+        assert sorted(index.ids(np.flatnonzero(fr & ~(index.deleted if index.deleted is not None else False)))) == \
+            sorted(f"d{i}" for i in range(50))
+        rows, _ = search_vectors(index, setup["q"], 100, where=filters.rows(index, filters.parse(["lang=de"])))
+        got = {i for row in rows for i in index.ids(row[row >= 0])}
+        assert got and not got & ({f"d{i}" for i in range(50)} | {"d60"}), step
+        assert runner.invoke(app, ["index", str(ix), "--compact"]).exit_code == 0

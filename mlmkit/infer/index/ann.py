@@ -18,6 +18,13 @@ from mlmkit.files import atomic_write
 from mlmkit.infer.index.codecs import faiss_module
 from mlmkit.infer.index.store import CHUNK, Index, ann_file
 
+FILTERED_CEILING = 16384
+"""The widest efSearch a filtered HNSW search takes (efSearch / the fraction of rows allowed, up to this)."""
+
+
+def s_lists(settings: dict[str, Any]) -> int:
+    return int(settings.get("lists", 1 << 30))
+
 
 def ann_settings(ann: str, count: int, *, hnsw_m: int, ivf_lists: int | None) -> dict[str, Any]:
     """The manifest's ``ann_settings`` of a new index of ``count`` documents."""
@@ -79,7 +86,9 @@ def ann_search(ix: Index, q: np.ndarray, n: int, allowed: np.ndarray | None = No
     if allowed is None:
         faiss.ParameterSpace().set_index_parameter(index, "efSearch" if ix.ann == "hnsw" else "nprobe", ef if ix.ann == "hnsw" else nprobe)
         scores, rows = index.search(x, n)
-    else:
+    else:  # the fewer rows allowed, the wider the search: efSearch and nprobe over the fraction allowed
+        share = max(float(allowed.mean()), 1e-6) if len(allowed) else 1.0
+        ef, nprobe = int(min(max(ef, ef / share), FILTERED_CEILING)), int(min(np.ceil(nprobe / share), s_lists(settings)))
         bits = np.packbits(allowed, bitorder="little")  # faiss's bitmap: bit i of byte j is row 8j + i
         sel = faiss.IDSelectorBitmap(len(allowed), faiss.swig_ptr(bits))
         params = faiss.SearchParametersHNSW(sel=sel, efSearch=ef) if ix.ann == "hnsw" else faiss.SearchParametersIVF(sel=sel, nprobe=nprobe)

@@ -32,6 +32,7 @@ from mlmkit.files import LOCK, exclusive
 from mlmkit.infer import postings
 from mlmkit.infer.index.ann import ann_settings, build_ann
 from mlmkit.infer.index.codecs import QUANTIZATIONS, RESCORE_COPIES, faiss_module
+from mlmkit.infer.index.filters import write_meta
 from mlmkit.infer.index.identity import query_bundle, record
 from mlmkit.infer.index.live import commit, live_rows, sweep, with_deleted
 from mlmkit.infer.index.pending import Pending
@@ -266,6 +267,7 @@ def _fill_and_commit(args: BuildArgs, out: Path, old: Index | None, p: Pending, 
                 _embed_here(args, p, pipe, progress)
             try:
                 _check_unique(p.finish(_given(args.corpus)), old, p.shard, _given(args.corpus), replacing=args.replacing)
+                write_meta(p.shard, _given(args.corpus), args.id_column, args.text_column, p.rows)
             except MlmkitError:
                 shutil.rmtree(p.dir, ignore_errors=True)
                 raise

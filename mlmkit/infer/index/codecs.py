@@ -96,4 +96,4 @@ def floats(raw: np.ndarray, quantization: str, dims: int, ranges: np.ndarray | N
         return np.unpackbits(raw, axis=1, count=dims).astype(np.float32) * 2 - 1
     if quantization == "int8":
         return dequantize(raw, ranges)
-    return raw.astype(np.float32)
+    return raw.astype(np.float32, copy=False)  # float32 rows as they are read: no copy of a chunk

@@ -27,7 +27,7 @@ from mlmkit.args import check_weights
 from mlmkit.errors import ConfigError
 from mlmkit.infer.index.identity import query_bundle
 from mlmkit.infer.index.search import as_input, as_queries, hits, search_vectors
-from mlmkit.infer.index.store import Index, id_hashes
+from mlmkit.infer.index.store import CHUNK, Index, id_hashes
 
 FUSIONS = ("rrf", "weighted")
 RRF_K = 60
@@ -48,8 +48,9 @@ class Ranker(Protocol):
     def id_hashes(self) -> np.ndarray:
         """The sorted hashes of its documents' ids (store.id_hashes): what the same-corpus check compares."""
 
-    def rank(self, queries: Sequence[str], depth: int) -> list[Ranking]:
-        """Each query's top ``depth`` documents (fewer where it has fewer), best first."""
+    def rank(self, queries: Sequence[str], depth: int, only: set[str] | None = None) -> list[Ranking]:
+        """Each query's top ``depth`` documents (fewer where it has fewer), best first; ``only``: of
+        these ids alone (a filter of the first index's, hybrid's ``where``), applied inside the search."""
 
 
 class IndexRanker:
@@ -60,28 +61,44 @@ class IndexRanker:
         self.ix, self.name = Index.open(path), name or str(path)
         self.bundle, self.device, self.precision, self.rescore = bundle, device, precision, rescore
         self._pipe: Any = None  # the bundle's Pipeline, loaded at the first query
+        self._only: tuple[Any, np.ndarray | None] = (None, None)  # the last ``only`` and its rows
 
     def id_hashes(self) -> np.ndarray:
         return self.ix.id_hashes
 
-    def rank(self, queries: Sequence[str], depth: int) -> list[Ranking]:
+    def rank(self, queries: Sequence[str], depth: int, only: set[str] | None = None) -> list[Ranking]:
         if self._pipe is None:
             from mlmkit.infer.pipeline import Pipeline
 
             self._pipe = Pipeline.load(query_bundle(self.ix, self.bundle), device=self.device, command="embed",
                                        precision=self.precision)
-        return self.rank_vectors(as_queries(self.ix, self._pipe(list(queries), **as_input(self._pipe, "query"))), depth)
+        return self.rank_vectors(as_queries(self.ix, self._pipe(list(queries), **as_input(self._pipe, "query"))), depth,
+                                 self.rows_of(only))
 
-    def rank_vectors(self, q: Any, depth: int) -> list[Ranking]:
+    def rank_vectors(self, q: Any, depth: int, where: np.ndarray | None = None) -> list[Ranking]:
         """Rankings of query vectors already embedded with the index's bundle (search.as_queries)."""
-        return ranking_of(self.ix, q, depth, self.rescore)
+        return ranking_of(self.ix, q, depth, self.rescore, where)
+
+    def rows_of(self, only: set[str] | None) -> np.ndarray | None:
+        """The rows of the ids ``only`` ((count,) bool), kept for the next call with the same set."""
+        if only is None:
+            return None
+        if self._only[0] is not only:
+            self._only = (only, rows_of_ids(self.ix, only))
+        return self._only[1]
 
 
-def ranking_of(ix: Index, q: Any, depth: int, rescore: int | None = None) -> list[Ranking]:
+def rows_of_ids(ix: Index, only: set[str]) -> np.ndarray:
+    """The rows of ``ix`` whose ids are in ``only``, (count,) bool (the ids read a chunk at a time)."""
+    return np.fromiter((i in only for a in range(0, ix.count, CHUNK) for i in ix.ids(np.arange(a, min(a + CHUNK, ix.count)))),
+                       dtype=np.bool_, count=ix.count)
+
+
+def ranking_of(ix: Index, q: Any, depth: int, rescore: int | None = None, where: np.ndarray | None = None) -> list[Ranking]:
     """Each query's top ``depth`` documents of ``ix`` (query vectors as search.as_queries gives them), by
-    id; ``rescore`` raised to ``depth`` where it is below."""
+    id; ``rescore`` raised to ``depth`` where it is below; ``where``: search_vectors'."""
     depth = min(depth, ix.count)
-    rows, scores = search_vectors(ix, q, depth, rescore=max(rescore, depth) if rescore is not None else None)
+    rows, scores = search_vectors(ix, q, depth, rescore=max(rescore, depth) if rescore is not None else None, where=where)
     return [[(h["id"], h["score"]) for h in found] for found in hits(ix, rows, scores)]
 
 
@@ -98,8 +115,9 @@ class BM25Ranker:
     def id_hashes(self) -> np.ndarray:
         return np.sort(id_hashes(self.ids))
 
-    def rank(self, queries: Sequence[str], depth: int) -> list[Ranking]:
-        rows, scores = self.bm25.search(queries, min(depth, len(self.ids)))
+    def rank(self, queries: Sequence[str], depth: int, only: set[str] | None = None) -> list[Ranking]:
+        mask = None if only is None else np.fromiter((i in only for i in self.ids), dtype=np.float32, count=len(self.ids))
+        rows, scores = self.bm25.search(queries, min(depth, len(self.ids)), mask=mask)
         # bm25s ranks a document that shares no term with the query too, at score 0: no hit, as a sparse index
         return [[(self.ids[r], float(s)) for r, s in zip(row, srow) if s > 0] for row, srow in zip(rows, scores)]
 
@@ -158,13 +176,16 @@ class Hybrid:
             check_same_corpus(self.rankers)
         self.name = f"hybrid ({fusion}: {' + '.join(r.name for r in self.rankers)})"
 
-    def rank_each(self, queries: Sequence[str], k: int) -> tuple[list[Ranking], list[list[Ranking]]]:
-        """(each query's fused top k, each retriever's rankings of the queries)."""
-        each = [r.rank(queries, max(k, DEPTH)) for r in self.rankers]
+    def rank_each(self, queries: Sequence[str], k: int, where: np.ndarray | None = None) -> tuple[list[Ranking], list[list[Ranking]]]:
+        """(each query's fused top k, each retriever's rankings of the queries); ``where``: the first
+        retriever's (an index's) rows a filter keeps, whose ids the others keep too."""
+        first = self.rankers[0]
+        only = None if where is None or not isinstance(first, IndexRanker) else set(first.ix.ids(np.flatnonzero(where)))
+        each = [r.rank(queries, max(k, DEPTH), only) for r in self.rankers]
         return [fuse(parts, self.fusion, self.weights, k) for parts in zip(*each)], each
 
-    def rank(self, queries: Sequence[str], k: int) -> list[Ranking]:
-        return self.rank_each(queries, k)[0]
+    def rank(self, queries: Sequence[str], k: int, where: np.ndarray | None = None) -> list[Ranking]:
+        return self.rank_each(queries, k, where)[0]
 
 
 def rankers(index: Path, hybrid: Sequence[str], corpus: Callable[[], tuple[list[str], list[str]]] | None, *,
@@ -224,9 +245,10 @@ def corpus_texts(path: Path, id_column: str | None = None, text_column: str = "t
     return ids, texts
 
 
-def hybrid_search(args: Any) -> Callable[[list[str], int], list[list[dict[str, Any]]]]:
+def hybrid_search(args: Any, where: np.ndarray | None = None) -> Callable[[list[str], int], list[list[dict[str, Any]]]]:
     """`mlmkit search INDEX --hybrid ...` (args: SearchArgs): a function of (query texts, k) -> each
-    query's fused hits, {"id", "score"} (the fused score: rrf's sum, or the weighted sum)."""
+    query's fused hits, {"id", "score"} (the fused score: rrf's sum, or the weighted sum); ``where``:
+    the index's rows a filter keeps (Hybrid.rank_each)."""
     from mlmkit.args import fusion_weights
 
     corpus = None if args.corpus is None else (lambda: corpus_texts(args.corpus, args.id_column, args.corpus_column))
@@ -234,7 +256,7 @@ def hybrid_search(args: Any) -> Callable[[list[str], int], list[list[dict[str, A
                    args.fusion, fusion_weights(args.weights, args.hybrid, args.fusion))
 
     def search(queries: list[str], k: int) -> list[list[dict[str, Any]]]:
-        return [[{"id": d, "score": s} for d, s in ranking] for ranking in fused.rank(queries, k)]
+        return [[{"id": d, "score": s} for d, s in ranking] for ranking in fused.rank(queries, k, where)]
     return search
 
 
@@ -247,7 +269,7 @@ class Places:
     def id_hashes(self) -> np.ndarray:
         raise NotImplementedError("mining's retrievers rank one corpus: Hybrid(check=False)")
 
-    def rank(self, queries: Sequence[str], depth: int) -> list[Ranking]:
+    def rank(self, queries: Sequence[str], depth: int, only: set[str] | None = None) -> list[Ranking]:
         rows, scores = self.retriever.search(queries, depth)
         return [[(int(r), float(s)) for r, s in zip(row, srow) if r >= 0] for row, srow in zip(rows, scores)]
 

@@ -32,6 +32,7 @@ from mlmkit.errors import ConfigError, DataFormatError
 from mlmkit.files import atomic_write, exclusive, write_json
 from mlmkit.infer import postings
 from mlmkit.infer.index.ann import build_ann
+from mlmkit.infer.index.filters import META, read_meta
 from mlmkit.infer.index.store import CHUNK, MANIFEST, Index, ann_file, shard_name
 
 DELETED = re.compile(r"deleted-(\d{6})\.bin")
@@ -169,6 +170,11 @@ def _write_shard(ix: Index, k: int, keep: np.ndarray, out: Path) -> None:
     with pa.ipc.new_file(str(out / "ids.arrow"), pa.schema([("id", pa.string())])) as w:
         for a in range(0, len(keep), CHUNK):
             w.write_table(pa.table({"id": ids.take(pa.array(keep[a:a + CHUNK]))}))
+    meta = read_meta(ix.path / ix.manifest["shards"][k]["name"], len(vectors))
+    if meta is not None:
+        with pa.ipc.new_file(str(out / META), meta.schema) as w:
+            for a in range(0, len(keep), CHUNK):
+                w.write_table(meta.take(pa.array(keep[a:a + CHUNK])))
     if ix.kind == "sparse":
         p = ix.sparse[k]
         with postings.Writer(out, p.width, p.block) as writer:

@@ -404,7 +404,7 @@ class Search:
     searching = threading.Lock()
 
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
-        b = _object(body, self.path, {"index", "query", "vector", "top_k", "rescore", "hybrid", "fusion", "weights"})
+        b = _object(body, self.path, {"index", "query", "vector", "top_k", "rescore", "hybrid", "fusion", "weights", "where"})
         served = {n: (m, ix) for m, model in models.items() for n, ix in model.indexes.items()}
         if not served:
             raise HTTPError(404, f"{self.path}: no index is served", "start the server with --index PATH (built by mlmkit index)")
@@ -422,7 +422,7 @@ class Search:
         rescore = _positive(b.get("rescore"), "rescore", self.path)
         if rescore is not None and rescore < top_k:
             raise HTTPError(422, f"{self.path}: rescore {rescore} is below top_k {top_k}", "rescore at least top_k candidates")
-        state = {"name": name, "index": ix, "top_k": top_k, "rescore": rescore}
+        state = {"name": name, "index": ix, "top_k": top_k, "rescore": rescore, "where": _conditions(b.get("where"), self.path)}
         if (b.get("query") is None) == (b.get("vector") is None):
             raise HTTPError(422, f"{self.path}: send 'query' (a text or a list of texts) or 'vector' (a list of numbers, "
                                  "or a list of those), one of the two")
@@ -480,17 +480,19 @@ class Search:
     def respond(self, call: Call, results: list[Prediction], model: Any) -> Any:
         from mlmkit.errors import MlmkitError
         from mlmkit.infer.index import as_queries, hits, search_vectors
+        from mlmkit.infer.index.filters import rows as filtered
 
         st = call.state
         q = st.get("vectors")
         if q is None:
             q = as_queries(st["index"], results)
         try:
+            where = filtered(st["index"], st["where"])
             if st.get("partners"):
-                found = self._fused(call, q, results)
+                found = self._fused(call, q, results, where)
             else:
                 with self.searching:
-                    rows, scores = search_vectors(st["index"], q, st["top_k"], rescore=st["rescore"])
+                    rows, scores = search_vectors(st["index"], q, st["top_k"], rescore=st["rescore"], where=where)
                 found = hits(st["index"], rows, scores)
         except MlmkitError as e:
             raise HTTPError(422, f"{self.path}: {e.message}", e.hint) from None
@@ -500,13 +502,14 @@ class Search:
             body.update(hybrid=[n for n, _ in st["partners"]], fusion=st["fusion"])
         return body
 
-    def _fused(self, call: Call, q: Any, results: list[Prediction]) -> list[list[dict[str, Any]]]:
+    def _fused(self, call: Call, q: Any, results: list[Prediction], where: Any) -> list[list[dict[str, Any]]]:
         """Each query's hits fused from this index's ranking and its partners' (infer/index/hybrid.py): a
-        partner index of another model has the queries embedded by that model, through its queue."""
+        partner index of another model has the queries embedded by that model, through its queue;
+        ``where``: this index's rows a filter keeps, whose ids the partners keep."""
         import asyncio
 
         from mlmkit.infer.index import as_input, as_queries
-        from mlmkit.infer.index.hybrid import DEPTH, fuse, ranking_of, same_corpus
+        from mlmkit.infer.index.hybrid import DEPTH, fuse, ranking_of, rows_of_ids, same_corpus
 
         st = call.state
         depth, texts = max(st["top_k"], DEPTH), call.inputs
@@ -517,15 +520,34 @@ class Search:
                 got = results if owner == call.model else asyncio.run_coroutine_threadsafe(
                     st["models"][owner].predict(texts, as_input(st["models"][owner].pipe, "query")), st["loop"]).result()[0]
                 vectors.append(as_queries(ix, got))
+        only = None if where is None else set(st["index"].ids(np.flatnonzero(where)))
         with self.searching:
-            each = [ranking_of(st["index"], q, depth, st["rescore"])]
+            each = [ranking_of(st["index"], q, depth, st["rescore"], where)]
             for other, partner in st["partners"]:
                 if other == "bm25":
-                    each.append(partner.rank(texts, depth))
+                    each.append(partner.rank(texts, depth, only))
                     continue
                 same_corpus((f"index '{st['name']}'", st["index"].id_hashes), (f"index '{other}'", partner[1].id_hashes))
-                each.append(ranking_of(partner[1], vectors.pop(0), depth))
+                each.append(ranking_of(partner[1], vectors.pop(0), depth, None, None if only is None else rows_of_ids(partner[1], only)))
         return [[{"id": d, "score": s} for d, s in fuse(parts, st["fusion"], st["weights"], st["top_k"])] for parts in zip(*each)]
+
+
+def _conditions(value: Any, route: str) -> list[Any]:
+    """'where': a condition or a list of them, as `mlmkit search --where` takes them (filters.py); else a 422."""
+    from mlmkit.errors import MlmkitError
+    from mlmkit.infer.index.filters import parse
+
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(x, str) for x in items):
+        raise HTTPError(422, f"{route}: 'where' must be a condition (\"lang=en\", \"year>=2020\", \"id in a,b\") or a list of them")
+    if any(x.split(" in ", 1)[-1].lstrip().startswith("@") for x in items if " in " in x):
+        raise HTTPError(422, f"{route}: 'where' takes its values inline: \"FIELD in A,B\" (no @FILE on the server)")
+    try:
+        return parse(items)
+    except MlmkitError as e:
+        raise HTTPError(422, f"{route}: {e.message}", e.hint) from None
 
 
 def _vectors(value: Any, dims: int, route: str) -> np.ndarray:
