@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 
 import numpy as np
@@ -17,7 +18,7 @@ from typer.testing import CliRunner
 from mlmkit.cli import app
 from mlmkit.errors import ConfigError
 from mlmkit.files import cache_root
-from mlmkit.infer.index import BuildArgs, Index, build, search_vectors
+from mlmkit.infer.index import BuildArgs, Index, build, hits, search_vectors
 from mlmkit.infer.pipeline import Pipeline
 from mlmkit.infer.retrieval import normalized
 
@@ -972,3 +973,78 @@ def test_fields_of_another_kind_in_a_later_document_name_the_line_and_filters_su
         got = {i for row in rows for i in index.ids(row[row >= 0])}
         assert got and not got & ({f"d{i}" for i in range(50)} | {"d60"}), step
         assert runner.invoke(app, ["index", str(ix), "--compact"]).exit_code == 0
+
+
+# ---- chunked documents (infer/chunks.py) ------------------------------------------------------------------
+def test_a_chunker_cuts_at_word_boundaries_within_the_size_and_refuses_what_the_model_cannot_read(setup):
+    from mlmkit.infer.chunks import Chunker, Chunking
+
+    pipe = Pipeline.load(setup["bundle"])
+    chunker = Chunker(pipe, Chunking.of(12, 3))
+    tok = chunker.tokenizer
+    rng = random.Random(3)
+    for _ in range(30):
+        text = " ".join(sentence(rng, rng.randint(1, 12)) + rng.choice([".", ",", ""]) for _ in range(rng.randint(1, 12)))
+        spans = chunker.spans(text)
+        if len(tok.encode(text, add_special_tokens=False).ids) <= 12:
+            assert spans == [(0, len(text))]
+            continue
+        words = [(m.start(), m.end()) for m in re.finditer(r"\w+|[^\w\s]", text)]
+        starts, ends = {a for a, _ in words}, {b for _, b in words}
+        for (a, b), (a2, _) in zip(spans, spans[1:] + [(len(text), 0)]):
+            assert a in starts and b in ends, (text, a, b)  # never inside a word
+            assert len(tok.encode(text[a:b], add_special_tokens=False).ids) <= 12
+            assert a < a2 <= b or a2 == len(text)  # each starts inside the one before: they overlap, and go on
+        assert spans[0][0] == 0 and spans[-1][1] == len(text.rstrip())
+    for tokens, overlap, said in ((12, 12, "the overlap must be 0 or more and less than the chunk"), (0, None, "at least 1"),
+                                  (None, 3, "--chunk-overlap goes with --chunk-tokens")):
+        with pytest.raises(ConfigError, match=said):
+            Chunking.of(tokens, overlap)
+    with pytest.raises(ConfigError, match="past what .* reads of a document: 32 tokens"):
+        Chunker(pipe, Chunking.of(40, 0))
+
+
+def test_a_chunked_index_ranks_documents_by_their_best_chunk_whatever_files_they_came_in(setup, tmp_path):
+    rng = random.Random(7)
+    docs = [{"_id": f"L{i}", "text": " . ".join(sentence(rng, rng.randint(3, 9)) for _ in range(rng.randint(1, 9))),
+             "part": i % 3} for i in range(120)]
+    (tmp_path / "all.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs[:50]))
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs[50:]))
+    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "all.jsonl"), "--out", str(tmp_path / "one"),
+                            "--chunk-tokens", "12", "--chunk-overlap", "3", "--window", "64", "--json"])
+    assert r.exit_code == 0, r.output
+    build(BuildArgs(setup["bundle"], tmp_path / "a.jsonl", tmp_path / "two", chunk_tokens=12, chunk_overlap=3))
+    build(BuildArgs(setup["bundle"], tmp_path / "b.jsonl", tmp_path / "two", append=True))  # takes the index's chunks
+    ix, two = Index.open(tmp_path / "one"), Index.open(tmp_path / "two")
+    assert ix.manifest["chunks"] == {"tokens": 12, "overlap": 3} == two.manifest["chunks"] and ix.count == two.count > 150
+    # by hand: every chunk's text embedded, a document's score its best chunk's cosine
+    pipe = Pipeline.load(setup["bundle"])
+    spans = ix.chunk_spans(np.arange(ix.count))
+    texts = [docs[int(i[1:])]["text"][a:b] for i, (_, a, b) in zip(ix.ids(np.arange(ix.count)), spans)]
+    chunk_vectors = normalized(np.asarray([r["embedding"] for r in pipe(texts, input_type="document")], dtype=np.float32))
+    owner = np.asarray([int(i[1:]) for i in ix.ids(np.arange(ix.count))])
+    best = np.full((len(setup["q"]), len(docs)), -np.inf)
+    np.maximum.at(best.T, owner, (setup["q"] @ chunk_vectors.T).T)
+    want = np.argsort(-best, axis=1, kind="stable")[:, :5]
+    for index in (ix, two):
+        rows, scores = search_vectors(index, setup["q"], 5)
+        found = hits(index, rows, scores)
+        assert [[h["id"] for h in f] for f in found] == [[f"L{j}" for j in w] for w in want]
+        assert np.allclose(scores, np.take_along_axis(best, want, 1), atol=1e-5)
+        h = found[0][0]
+        assert docs[int(h["id"][1:])]["text"][h["start"]:h["end"]] == texts[rows[0][0]] and "chunk" in h
+    # filters and deletes hold for every chunk of a document; an append with other chunks is refused
+    from mlmkit.infer.index import filters
+
+    where = filters.rows(ix, filters.parse(["part=1"]))
+    assert all(docs[int(i[1:])]["part"] == 1 for i in ix.ids(np.flatnonzero(where)))
+    (tmp_path / "gone.txt").write_text("L0\nL1\n")
+    assert runner.invoke(app, ["index", str(tmp_path / "one"), "--delete", str(tmp_path / "gone.txt")]).exit_code == 0
+    assert Index.open(tmp_path / "one").deleted.sum() == (owner < 2).sum()
+    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "b.jsonl"), "--out", str(tmp_path / "two"),
+                            "--append", "--chunk-tokens", "20"])
+    assert "take the index's own chunks" in one_red_line(r)
+    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "b.jsonl"), "--out", str(tmp_path / "x"),
+                            "--chunk-tokens", "8", "--chunk-overlap", "8"])
+    assert "the overlap must be 0 or more and less than the chunk" in one_red_line(r) and not (tmp_path / "x").exists()

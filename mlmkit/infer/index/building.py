@@ -30,6 +30,7 @@ from mlmkit.args import Args, Engine, Runtime, arg, check_precision, flag
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
 from mlmkit.files import LOCK, exclusive
 from mlmkit.infer import postings
+from mlmkit.infer.chunks import Chunker, Chunking, chunk_records
 from mlmkit.infer.index.ann import ann_settings, build_ann
 from mlmkit.infer.index.codecs import QUANTIZATIONS, RESCORE_COPIES, faiss_module
 from mlmkit.infer.index.filters import write_meta
@@ -37,7 +38,7 @@ from mlmkit.infer.index.identity import query_bundle, record
 from mlmkit.infer.index.live import commit, live_rows, sweep, with_deleted
 from mlmkit.infer.index.pending import Pending
 from mlmkit.infer.index.search import as_input, index_kind
-from mlmkit.infer.index.store import ANNS, FORMAT, MANIFEST, Index, id_hashes, shard_name
+from mlmkit.infer.index.store import ANNS, CHUNK, CHUNKS, FORMAT, MANIFEST, Index, id_hashes, shard_name
 from mlmkit.text.readers import Record
 
 
@@ -105,6 +106,9 @@ class BuildArgs(Args):
                                     "replacing those of the same ids (read as --corpus is).")
     compact: bool = arg(False, "Rewrite the index (the first argument) without its deleted documents, reclaiming their space.")
     replacing: bool = arg(False, "An append whose documents replace the index's of the same ids (what --upsert runs).", cli=False)
+    chunk_tokens: int | None = arg(None, "Cut each document into chunks of at most this many of the bundle's tokens, at word "
+                                         "boundaries, a row each; a search ranks documents by their best chunk.")
+    chunk_overlap: int | None = arg(None, "--chunk-tokens: tokens each chunk repeats of the one before (default: an eighth).")
 
     def __post_init__(self) -> None:
         live = [f for f, v in (("--delete", self.delete), ("--upsert", self.upsert), ("--compact", self.compact)) if v]
@@ -117,6 +121,9 @@ class BuildArgs(Args):
             raise ConfigError("--upsert adds documents with the index's own settings", "drop --quantize, --ann, --rescore-copy and --bits")
         if live and self.resume and not self.upsert:
             raise ConfigError(f"{live[0]} takes no --resume (a delete or a compaction is done whole or not at all)")
+        if live and (self.chunk_tokens is not None or self.chunk_overlap is not None):
+            raise ConfigError(f"{live[0]} keeps the index's chunks: drop --chunk-tokens and --chunk-overlap")
+        Chunking.of(self.chunk_tokens, self.chunk_overlap)  # checked now, before a document is read
         if not live and (self.corpus is None or self.out is None):
             raise ConfigError(f"mlmkit index {self.bundle} needs --corpus DOCS and --out INDEX",
                               "or change an index: mlmkit index INDEX --delete IDS | --upsert DOCS | --compact")
@@ -178,6 +185,8 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
         args = replace(args, window=min(args.window, multivector.WINDOW))
     with exclusive(out):
         old = Index.open(out) if exists else None
+        args = _with_chunking(args, old)
+        _chunker(args, pipe)  # a bad --chunk-tokens is said before a document is read
         if old is not None:
             if old.manifest["bundle"].get("sha256") != bundle["sha256"]:
                 raise ConfigError(f"{out} was built with the bundle {old.manifest['bundle'].get('path')}, not {args.bundle} "
@@ -203,7 +212,8 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
         what = {"bundle": pipe.identity(), "inputs": identity(files), "options": as_input(pipe, "document"),
                 "window": args.window, "id_column": args.id_column, "text_column": args.text_column, "engine": args.engine,
                 "quantization": args.quantization, "rescore_copy": args.rescore_copy, "precision": args.precision,
-                "shards": len(old.shards) if old else 0, "replacing": args.replacing, **({"bits": args.bits or 2, "centroids": args.centroids} if multi else {})}
+                "shards": len(old.shards) if old else 0, "replacing": args.replacing, "chunks": args.chunk_tokens,
+                "chunk_overlap": args.chunk_overlap, **({"bits": args.bits or 2, "centroids": args.centroids} if multi else {})}
         pending.mkdir(exist_ok=True)
         block = (old.manifest.get("block") if old is not None else postings.BLOCK) if sparse or multi else None
         dims = int(pipe.meta.model.vocab_size or 0) if sparse else old.dims if old else 0
@@ -237,6 +247,50 @@ def _check_out(args: BuildArgs, out: Path) -> bool:
     return exists
 
 
+def _with_chunking(args: BuildArgs, old: Index | None) -> BuildArgs:
+    """--chunk-tokens and --chunk-overlap resolved (the overlap's default), or an index's own for an
+    append (another is refused)."""
+    mine = Chunking.of(args.chunk_tokens, args.chunk_overlap)
+    if old is not None:
+        was = old.manifest.get("chunks")
+        theirs = Chunking(int(was["tokens"]), int(was["overlap"])) if was else None
+        if mine is not None and mine != theirs:
+            raise ConfigError(f"{old.path} is {'chunked at ' + str(theirs.tokens) + ' tokens, ' + str(theirs.overlap) + ' overlapping' if theirs else 'not chunked'}; "
+                              "--append and --upsert take the index's own chunks", "drop --chunk-tokens and --chunk-overlap")
+        mine = theirs
+    return replace(args, chunk_tokens=mine.tokens if mine else None, chunk_overlap=mine.overlap if mine else None)
+
+
+def _chunker(args: BuildArgs, pipe: Any) -> Chunker | None:
+    chunking = Chunking.of(args.chunk_tokens, args.chunk_overlap)
+    return Chunker(pipe, chunking, str(pipe.meta.options.get("document_prompt", "") or "")) if chunking else None
+
+
+def write_spans(shard: Path, args: BuildArgs, chunker: Chunker | None) -> np.ndarray | None:
+    """A chunked shard's chunks.arrow: each row's chunk number and its span in its document's text (the
+    corpus cut again, as it was embedded); returns each document's number of chunks. None unchunked."""
+    if chunker is None:
+        return None
+    import pyarrow as pa
+
+    from mlmkit.text.records import iter_inputs
+
+    schema = pa.schema([("chunk", pa.int32()), ("start", pa.int32()), ("end", pa.int32())])
+    counts: list[int] = []
+    rows: list[tuple[int, int, int]] = []
+    with pa.ipc.new_file(str(shard / CHUNKS), schema) as w:
+        for rec in corpus_records(iter_inputs(_given(args.corpus)), args.id_column, args.text_column):
+            spans = chunker.spans(rec.data["text"])
+            counts.append(len(spans))
+            rows += [(k, a, b) for k, (a, b) in enumerate(spans)]
+            if len(rows) >= CHUNK:
+                w.write_table(pa.Table.from_arrays([pa.array(c, pa.int32()) for c in zip(*rows)], schema=schema))
+                rows = []
+        if rows:
+            w.write_table(pa.Table.from_arrays([pa.array(c, pa.int32()) for c in zip(*rows)], schema=schema))
+    return np.asarray(counts, dtype=np.int64)
+
+
 def _given(path: Path | None) -> Path:
     """--corpus or --out of a build (BuildArgs checks both are given when neither --delete nor --compact is)."""
     if path is None:
@@ -267,7 +321,8 @@ def _fill_and_commit(args: BuildArgs, out: Path, old: Index | None, p: Pending, 
                 _embed_here(args, p, pipe, progress)
             try:
                 _check_unique(p.finish(_given(args.corpus)), old, p.shard, _given(args.corpus), replacing=args.replacing)
-                write_meta(p.shard, _given(args.corpus), args.id_column, args.text_column, p.rows)
+                counts = write_spans(p.shard, args, _chunker(args, pipe))
+                write_meta(p.shard, _given(args.corpus), args.id_column, args.text_column, p.rows, counts)
             except MlmkitError:
                 shutil.rmtree(p.dir, ignore_errors=True)
                 raise
@@ -289,6 +344,8 @@ def _embed_here(args: BuildArgs, p: Pending, pipe: Any, progress: Any) -> None:
     from mlmkit.text.records import iter_inputs
 
     items = corpus_records(iter_inputs(_given(args.corpus)), args.id_column, args.text_column)
+    chunker = _chunker(args, pipe)
+    items = chunk_records(items, chunker) if chunker is not None else items
     for w, done in run_windows(windows(items, args.window, skip=p.windows), pipe, workers=args.workers,
                                threads=split_threads(args.threads, args.workers), options=as_input(pipe, "document"),
                                skip=False, id_column="id"):
@@ -328,7 +385,9 @@ def _embed_on_ray(args: BuildArgs, p: Pending, pipe: Any, progress: Any) -> None
         pq.write_table(pa.Table.from_pylist(part, schema=pa.schema([("id", pa.string()), ("text", pa.string())])), files[-1])
         part.clear()
 
-    for rec in corpus_records(iter_inputs(_given(args.corpus)), args.id_column, args.text_column):
+    chunker = _chunker(args, pipe)
+    records = corpus_records(iter_inputs(_given(args.corpus)), args.id_column, args.text_column)
+    for rec in chunk_records(records, chunker) if chunker is not None else records:
         part.append(rec.data if isinstance(rec, Record) else rec)
         if len(part) == args.window:
             flush()
@@ -403,6 +462,7 @@ def _commit(args: BuildArgs, out: Path, old: Index | None, p: Pending, pipe: Any
         if p.codec else {}
     manifest = {
         "format": FORMAT, "kind": p.kind, **({"block": p.block} if p.block else {}), **codec,
+        **({"chunks": {"tokens": args.chunk_tokens, "overlap": args.chunk_overlap}} if args.chunk_tokens else {}),
         "bundle": bundle,
         "prompts": {k: pipe.meta.options.get(k, "") for k in ("query_prompt", "document_prompt")},
         "dims": p.dims, "count": total, "quantization": "residual" if p.multi else args.quantization,
@@ -426,7 +486,7 @@ def _commit(args: BuildArgs, out: Path, old: Index | None, p: Pending, pipe: Any
         if replaced:
             mask = np.zeros(total, dtype=np.bool_)
             mask[:old.count] = old.deleted if old.deleted is not None else False
-            mask[list(replaced.values())] = True
+            mask[[r for found in replaced.values() for r in found]] = True
             manifest = with_deleted(out, manifest, mask)
     if args.ann != "flat":
         build_ann(out, manifest)

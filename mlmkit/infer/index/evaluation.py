@@ -83,7 +83,7 @@ class IndexRetriever:
         if self.outside == self.ix.count:
             raise ConfigError(f"{path} holds none of the data's documents (no id in common)",
                               "build the index from the corpus of the BEIR directory being mined")
-        self._rows: dict[int, int] | None = None  # a corpus place -> the index's row, built when asked
+        self._rows: dict[int, list[int]] | None = None  # a corpus place -> the index's rows, built when asked
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         rows, scores = search_vectors(self.ix, query_vectors(self.ix, queries, device=self.device, precision=self.precision),
@@ -105,14 +105,19 @@ class IndexRetriever:
             for a in range(0, self.ix.count, CHUNK):
                 for r, i in enumerate(self.ix.ids(np.arange(a, min(a + CHUNK, self.ix.count))), a):
                     if (p := self.places.get(i)) is not None:
-                        self._rows[p] = r
+                        self._rows.setdefault(p, []).append(r)  # a chunked index's: each chunk's row
         lost = [d for d in docs if d not in self._rows]
         if lost:
             raise ConfigError(f"{self.ix.path} does not hold a positive of the data ({len(lost)} of this batch)",
                               "build the index from the whole corpus being mined")
         q = query_vectors(self.ix, queries, device=self.device, precision=self.precision)
-        rows = np.asarray([self._rows[d] for d in docs], dtype=np.int64)
+        which = np.concatenate([[j] * len(self._rows[d]) for j, d in enumerate(docs)]).astype(np.int64)
+        rows = np.asarray([r for d in docs for r in self._rows[d]], dtype=np.int64)
         if self.ix.kind == "multivector":  # MaxSim, from the decoded token vectors
-            return multivector.pair_scores(self.ix, q, rows)
-        q = q.toarray() if self.ix.kind == "sparse" else normalized(q)  # dot products (sparse), cosines
-        return np.einsum("qh,qh->q", q, self.ix.rows(rows, rescore=True))
+            each = multivector.pair_scores(self.ix, [q[j] for j in which], rows)
+        else:
+            q = q.toarray() if self.ix.kind == "sparse" else normalized(q)  # dot products (sparse), cosines
+            each = np.einsum("qh,qh->q", q[which], self.ix.rows(rows, rescore=True))
+        best = np.full(len(docs), -np.inf, dtype=np.float32)
+        np.maximum.at(best, which, each)  # a document's score: its best chunk's
+        return best

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from mlmkit.errors import ConfigError, DataFormatError
+from mlmkit.infer.chunks import SEPARATOR
 from mlmkit.infer.index.store import CHUNK, Index
 
 META = "meta.arrow"
@@ -79,10 +80,12 @@ def extra_fields(rec: Any, id_column: str | None, text_column: str) -> dict[str,
     return {k: v for k, v in rec.fields().items() if k not in skip}
 
 
-def write_meta(shard: Path, corpus: Path, id_column: str | None, text_column: str, count: int) -> None:
+def write_meta(shard: Path, corpus: Path, id_column: str | None, text_column: str, count: int,
+               repeat: np.ndarray | None = None) -> None:
     """The corpus's documents' fields into ``shard``'s meta.arrow: one pass for each field's kind (an
     error names the first document whose value is of another), one to write CHUNK documents at a time.
-    None written when no document has a field. The documents are the shard's, in order (``count``)."""
+    None written when no document has a field. The documents are the shard's, in order (``count``
+    rows); ``repeat``: a chunked shard's chunks a document, each a row with its document's fields."""
     import pyarrow as pa
 
     from mlmkit.text.records import iter_inputs
@@ -105,10 +108,10 @@ def write_meta(shard: Path, corpus: Path, id_column: str | None, text_column: st
     rows: list[dict[str, Any]] = []
     written = 0
     with pa.ipc.new_file(str(shard / META), schema) as w:
-        for rec in iter_inputs(corpus):
+        for n, rec in enumerate(iter_inputs(corpus)):
             fields = extra_fields(rec, id_column, text_column)
-            rows.append({k: _stored(fields.get(k), kinds[k]) for k in kinds})
-            if len(rows) == CHUNK:
+            rows += [{k: _stored(fields.get(k), kinds[k]) for k in kinds}] * (int(repeat[n]) if repeat is not None else 1)
+            if len(rows) >= CHUNK:
                 w.write_table(pa.Table.from_pylist(rows, schema=schema))
                 written, rows = written + len(rows), []
         if rows:
@@ -172,10 +175,18 @@ def rows(ix: Index, conditions: Sequence[Condition]) -> np.ndarray | None:
         table = read_meta(ix.path / s["name"], s["count"])
         for c in conditions:
             has = table is not None and c.field in table.column_names
-            column = ix.shards[k][1] if c.field == "id" else table.column(c.field) if has else None
+            column = _ids(ix, k) if c.field == "id" else table.column(c.field) if has else None
             out[start:start + s["count"]] &= _passes(column, c, s["count"])
         start += s["count"]
     return out
+
+
+def _ids(ix: Index, k: int) -> Any:
+    """Shard ``k``'s documents' ids, a row each (a chunked index's rows without their chunk's number)."""
+    import pyarrow.compute as pc
+
+    ids = ix.shards[k][1]
+    return pc.replace_substring_regex(ids, pattern=f"{SEPARATOR}[0-9]+$", replacement="") if ix.chunked else ids
 
 
 def _passes(column: Any, c: Condition, n: int) -> np.ndarray:

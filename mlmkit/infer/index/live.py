@@ -33,7 +33,7 @@ from mlmkit.files import atomic_write, exclusive, write_json
 from mlmkit.infer import postings
 from mlmkit.infer.index.ann import build_ann
 from mlmkit.infer.index.filters import META, read_meta
-from mlmkit.infer.index.store import CHUNK, MANIFEST, Index, ann_file, shard_name
+from mlmkit.infer.index.store import CHUNK, CHUNKS, MANIFEST, Index, ann_file, read_chunks, shard_name
 
 DELETED = re.compile(r"deleted-(\d{6})\.bin")
 OURS = re.compile(r"(shard-\d{6}|deleted-\d{6}\.bin|ann(-\d{6})?\.faiss)")
@@ -55,7 +55,7 @@ def delete(path: Path, ids_file: Path) -> dict[str, Any]:
                                   f"{f'; {len(missing) - 1:,} more ids are not either' if len(missing) > 1 else ''}",
                                   line=line, hint="list ids the index holds; nothing was deleted")
         mask = ix.deleted.copy() if ix.deleted is not None else np.zeros(ix.count, dtype=np.bool_)
-        mask[list(rows.values())] = True
+        mask[[r for found in rows.values() for r in found]] = True
         return commit(path, with_deleted(path, ix.manifest, mask))
 
 
@@ -78,13 +78,14 @@ def read_ids_file(path: Path) -> dict[str, int]:
     return out
 
 
-def live_rows(ix: Index, ids: set[str]) -> dict[str, int]:
-    """The rows of the ``ids`` the index holds live, by id (the ids read a chunk at a time)."""
-    out: dict[str, int] = {}
+def live_rows(ix: Index, ids: set[str]) -> dict[str, list[int]]:
+    """The live rows of the documents ``ids`` the index holds (a chunked index's: each chunk's), by id
+    (the ids read a chunk at a time)."""
+    out: dict[str, list[int]] = {}
     for a in range(0, ix.count, CHUNK):
         for r, i in enumerate(ix.ids(np.arange(a, min(a + CHUNK, ix.count))), a):
             if i in ids and (ix.deleted is None or not ix.deleted[r]):
-                out[i] = r
+                out.setdefault(i, []).append(r)
     return out
 
 
@@ -170,11 +171,12 @@ def _write_shard(ix: Index, k: int, keep: np.ndarray, out: Path) -> None:
     with pa.ipc.new_file(str(out / "ids.arrow"), pa.schema([("id", pa.string())])) as w:
         for a in range(0, len(keep), CHUNK):
             w.write_table(pa.table({"id": ids.take(pa.array(keep[a:a + CHUNK]))}))
-    meta = read_meta(ix.path / ix.manifest["shards"][k]["name"], len(vectors))
-    if meta is not None:
-        with pa.ipc.new_file(str(out / META), meta.schema) as w:
-            for a in range(0, len(keep), CHUNK):
-                w.write_table(meta.take(pa.array(keep[a:a + CHUNK])))
+    shard = ix.path / ix.manifest["shards"][k]["name"]
+    for name, table in ((META, read_meta(shard, len(vectors))), (CHUNKS, read_chunks(shard, len(vectors)) if ix.chunked else None)):
+        if table is not None:
+            with pa.ipc.new_file(str(out / name), table.schema) as w:
+                for a in range(0, len(keep), CHUNK):
+                    w.write_table(table.take(pa.array(keep[a:a + CHUNK])))
     if ix.kind == "sparse":
         p = ix.sparse[k]
         with postings.Writer(out, p.width, p.block) as writer:

@@ -255,6 +255,8 @@ def search(ix: Any, queries: Sequence[np.ndarray], k: int, *, rescore: int | Non
         rows1, s1 = top_k(masked(postings.scores([s.postings for s in ix.multi], csr_matrix(w)), allowed), 1,
                           min(ix.count, max(wide, n2)))
         cand = rows1[0][(rows1[0] >= 0) & ~np.isneginf(s1[0])]
+        if not len(cand):  # every document deleted or kept out by the filter: no hits
+            continue
         codes, _, lengths = tokens_of(ix, cand)
         approx = _centroid_maxsim(S, codes, lengths)
         keep = cand[np.lexsort((cand, -approx))[:n2]]

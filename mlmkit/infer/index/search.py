@@ -31,6 +31,33 @@ SUBSET = 65536
 
 def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = None,
                    where: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """_search_rows's top k rows; a chunked index's (infer/chunks.py): each query's top k documents by
+    their best chunk, as the row of that chunk and its score. The top chunks are searched 4 k deep,
+    then 4 times deeper while a query has fewer than k documents among them: by the best chunk, the
+    k-th document found in the order of the chunks is the k-th best."""
+    if not ix.chunked or k < 1 or k > ix.count:
+        return _search_rows(ix, queries, k, rescore=rescore, where=where)
+    depth = min(ix.count, 4 * k)
+    while True:
+        rows, scores = _search_rows(ix, queries, depth, rescore=max(rescore, depth) if rescore is not None else None, where=where)
+        out_i = np.full((len(rows), k), -1, dtype=np.int64)
+        out_s = np.full((len(rows), k), -np.inf, dtype=np.float32)
+        short = False
+        for j, (row, srow) in enumerate(zip(rows, scores)):
+            found = row >= 0
+            seen: dict[str, int] = {}
+            for r, s_, doc in zip(row[found], srow[found], ix.ids(row[found])):
+                if doc not in seen and len(seen) < k:
+                    out_i[j, len(seen)], out_s[j, len(seen)] = r, s_
+                    seen[doc] = r
+            short = short or (len(seen) < k and bool(found.all()))  # k documents not yet found, and more chunks to look at
+        if not short or depth == ix.count:
+            return out_i, out_s
+        depth = min(ix.count, 4 * depth)
+
+
+def _search_rows(ix: Index, queries: Any, k: int, *, rescore: int | None = None,
+                 where: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The top ``k`` rows of each query vector and their cosines, best first (-1 past a faiss graph's
     reach). A two-stage index (Index.two_stages) takes ``rescore`` candidates (default: 4k, at least
     100) from its first stage (the quantized vectors, or the ANN index) and rescores them from its
@@ -62,7 +89,7 @@ def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = Non
         raise ConfigError(f"--rescore {rescore}: {ix.path} ({ix.quantization}, flat) is searched in one stage, with nothing "
                           "to rescore from", "leave --rescore out, or build the index with --rescore-copy float16 (int8) or --ann")
     if len(q) > QUERY_BLOCK:
-        parts = [search_vectors(ix, q[a:a + QUERY_BLOCK], k, rescore=rescore, where=where) for a in range(0, len(q), QUERY_BLOCK)]
+        parts = [_search_rows(ix, q[a:a + QUERY_BLOCK], k, rescore=rescore, where=where) for a in range(0, len(q), QUERY_BLOCK)]
         return np.concatenate([r for r, _ in parts]), np.concatenate([s for _, s in parts])
     if allowed is not None and int(allowed.sum()) <= SUBSET:  # few rows: each scored exactly, none other read
         return _search_subset(ix, q, k, np.flatnonzero(allowed))
@@ -125,9 +152,18 @@ def _rescored(ix: Index, q: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.nd
 
 
 def hits(ix: Index, rows: np.ndarray, scores: np.ndarray) -> list[list[dict[str, Any]]]:
-    """Each query's hits, {"id", "score"}, best first (rows past a faiss graph's reach left out)."""
-    return [[{"id": i, "score": float(s)} for i, s in zip(ix.ids(row[row >= 0]), srow[row >= 0])]
-            for row, srow in zip(rows, scores)]
+    """Each query's hits, {"id", "score"}, best first (rows past a faiss graph's reach left out); a
+    chunked index's also name the best chunk, {"chunk", "start", "end"}: its number and its span of
+    characters in the document's text (a title before it)."""
+    out = []
+    for row, srow in zip(rows, scores):
+        found = row[row >= 0]
+        got = [{"id": i, "score": float(s)} for i, s in zip(ix.ids(found), srow[row >= 0])]
+        if ix.chunked:
+            for h, (k, a, b) in zip(got, ix.chunk_spans(found).tolist()):
+                h.update(chunk=k, start=a, end=b)
+        out.append(got)
+    return out
 
 
 # ---- query texts, embedded with the index's bundle -------------------------------------------------

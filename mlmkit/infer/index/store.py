@@ -46,6 +46,7 @@ import mlmkit.infer.index.multivector as multivector
 from mlmkit.errors import ConfigError
 from mlmkit.files import read_json
 from mlmkit.infer import postings
+from mlmkit.infer.chunks import document_id
 from mlmkit.infer.index.codecs import QUANTIZATIONS, dtype, floats, row_bytes
 
 KINDS = ("dense", "sparse", "multivector")
@@ -56,6 +57,8 @@ QUERY_BLOCK = 64
 """Queries scored together: a block holds QUERY_BLOCK x (CHUNK + k) scores and rows, ~64 MB, whatever
 the number of queries asked."""
 MANIFEST = "manifest.json"
+CHUNKS = "chunks.arrow"
+"""A chunked index's shard's chunk numbers and spans (building.write_spans)."""
 FORMAT = 1
 """The manifest's format. Fields added since (the bundle's ``model_bytes``, ``model_mtime_ns`` and
 ``mlmkit_json_sha256``) are optional: a manifest without them is read as before."""
@@ -159,6 +162,24 @@ class Index:
         return ix
 
     @property
+    def chunked(self) -> bool:
+        """Whether its rows are chunks of documents (infer/chunks.py): ids ``ID#K``, spans in chunks.arrow."""
+        return self.manifest.get("chunks") is not None
+
+    def chunk_spans(self, rows: np.ndarray) -> np.ndarray:
+        """A chunked index's rows' (chunk number, start, end) in their documents' texts, (len(rows), 3)."""
+        out = np.zeros((len(rows), 3), dtype=np.int64)
+        start = 0
+        for s in self.manifest["shards"]:
+            sel = np.nonzero((rows >= start) & (rows < start + s["count"]))[0]
+            if len(sel):
+                table = read_chunks(self.path / s["name"], s["count"])
+                for j, col in enumerate(("chunk", "start", "end")):
+                    out[sel, j] = table.column(col).take(rows[sel] - start).to_numpy()
+            start += s["count"]
+        return out
+
+    @property
     def live(self) -> int:
         """Documents searched: the rows less those deleted."""
         return self.count - (int(self.deleted.sum()) if self.deleted is not None else 0)
@@ -203,11 +224,16 @@ class Index:
     def id_hashes(self) -> np.ndarray:
         """The sorted hashes of its ids (id_hashes), read a chunk at a time, once: what tells a hybrid
         search (hybrid.py) that two retrievers hold one corpus."""
-        return np.sort(np.concatenate([id_hashes(self.ids(np.arange(a, min(a + CHUNK, self.count))))
-                                       for a in range(0, self.count, CHUNK)] or [np.zeros(0, np.uint64)]))
+        return np.unique(np.concatenate([id_hashes(self.ids(np.arange(a, min(a + CHUNK, self.count))))
+                                         for a in range(0, self.count, CHUNK)] or [np.zeros(0, np.uint64)]))
 
     def ids(self, rows: np.ndarray) -> list[str]:
-        """The ids of global row numbers."""
+        """The documents' ids of global row numbers (a chunked index's rows: their documents')."""
+        got = self.row_ids(rows)
+        return [document_id(i) for i in got] if self.chunked else got
+
+    def row_ids(self, rows: np.ndarray) -> list[str]:
+        """The ids of global row numbers as stored (a chunked index's: ``ID#K``)."""
         out: list[str] = [""] * len(rows)
         start = 0
         for _, ids, _ in self.shards:
@@ -301,6 +327,20 @@ def shard_name(manifest: dict[str, Any] | None, after: int = 0) -> str:
     numbers = [int(s["name"].removeprefix("shard-")) for s in (manifest or {}).get("shards", [])
                if str(s.get("name", "")).removeprefix("shard-").isdigit()]
     return f"shard-{max([after - 1, *numbers], default=-1) + 1:06d}"
+
+
+def read_chunks(shard: Path, n: int) -> Any:
+    """A chunked shard's chunks.arrow (memory-mapped): chunk, start, end a row."""
+    import pyarrow as pa
+
+    f = shard / CHUNKS
+    try:
+        table = pa.ipc.open_file(pa.memory_map(str(f))).read_all()
+    except (OSError, pa.ArrowInvalid) as e:
+        raise ConfigError(f"{f}: not a readable chunks file ({str(e).splitlines()[0]})", "rebuild the index") from None
+    if table.num_rows != n or table.column_names != ["chunk", "start", "end"]:
+        raise ConfigError(f"{f} holds {table.num_rows:,} chunks; the manifest says {n:,}", "rebuild the index")
+    return table
 
 
 def read_ids(path: Path, n: int, hint: str) -> Any:

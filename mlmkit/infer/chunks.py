@@ -1,0 +1,105 @@
+"""Long documents cut into chunks of the model's own tokens (`mlmkit index --chunk-tokens N
+--chunk-overlap M`). No torch.
+
+A document's text (its title before it, as an index embeds it) is tokenized by the bundle's own
+tokenizer (no special tokens, no truncation) and cut into windows of at most N tokens that start and
+end at word boundaries (a word of more than N tokens is the one thing cut inside), each window
+starting M tokens before the last one ended (moved back to the start of a word). A chunk is the text
+from its first token's first character to its last token's last, and keeps its document, its number
+from 0 and that span. A document of N tokens or fewer is one chunk: its whole text.
+
+In an index (infer/index/) each chunk is a row whose id is its document's and its number, ``ID#K``
+(SEPARATOR); a search ranks the documents by their best chunk and names it and its span.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from mlmkit.errors import ConfigError
+
+SEPARATOR = "#"
+"""Between a document's id and its chunk's number in an index row's id: the last one in it."""
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """--chunk-tokens and --chunk-overlap, checked: the manifest's ``chunks``."""
+
+    tokens: int
+    overlap: int
+
+    @classmethod
+    def of(cls, tokens: int | None, overlap: int | None) -> Chunking | None:
+        if tokens is None:
+            if overlap is not None:
+                raise ConfigError("--chunk-overlap goes with --chunk-tokens", "add --chunk-tokens N, or leave --chunk-overlap out")
+            return None
+        overlap = tokens // 8 if overlap is None else overlap
+        if tokens < 1:
+            raise ConfigError(f"--chunk-tokens must be at least 1, got {tokens}")
+        if not 0 <= overlap < tokens:
+            raise ConfigError(f"--chunk-overlap {overlap} with --chunk-tokens {tokens}: the overlap must be 0 or more and "
+                              "less than the chunk", f"e.g. --chunk-overlap {tokens // 8}")
+        return cls(tokens, overlap)
+
+    def manifest(self) -> dict[str, int]:
+        return {"tokens": self.tokens, "overlap": self.overlap}
+
+
+class Chunker:
+    """``Chunking`` with a bundle's tokenizer: a text's chunks as character spans. ``room``: the most
+    tokens a chunk may have, the bundle's max length less its special tokens and document prompt."""
+
+    def __init__(self, pipe: Any, chunking: Chunking, prompt: str = "") -> None:
+        self.chunking = chunking
+        self.tokenizer = type(pipe.tokenizer).from_str(pipe.tokenizer.to_str())  # its own: settings changed freely
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
+        extra = len(self.tokenizer.encode("", add_special_tokens=True).ids)
+        extra += len(self.tokenizer.encode(prompt, add_special_tokens=False).ids) if prompt else 0
+        room = int(pipe.max_length) - extra
+        if chunking.tokens > room:
+            raise ConfigError(f"--chunk-tokens {chunking.tokens} is past what {pipe.path} reads of a document: {pipe.max_length} "
+                              f"tokens, {extra} of them its special tokens{' and prompt' if prompt else ''}",
+                              f"give --chunk-tokens {room} or less")
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """The chunks of ``text`` as (start, end) character offsets, in order."""
+        n, m = self.chunking.tokens, self.chunking.overlap
+        enc = self.tokenizer.encode(text, add_special_tokens=False)
+        offsets, words = enc.offsets, enc.word_ids
+        if len(offsets) <= n:
+            return [(0, len(text))]
+        out, s = [], 0
+        while True:
+            e = min(s + n, len(offsets))
+            if e < len(offsets):
+                b = e
+                while b > s and words[e] is not None and words[b - 1] == words[e]:
+                    b -= 1  # back to the start of the word token e is in
+                e = b if b > s else e
+            out.append((offsets[s][0], offsets[e - 1][1]))
+            if e >= len(offsets):
+                return out
+            start = max(e - m, s + 1)
+            while start > s + 1 and words[start] is not None and words[start - 1] == words[start]:
+                start -= 1
+            s = start
+
+
+def chunk_records(items: Iterable[Any], chunker: Chunker) -> Iterator[Any]:
+    """Corpus records ({"id", "text"}, building.corpus_records) as their chunks' records: id ``ID#K``, the
+    chunk's text."""
+    for rec in items:
+        data = rec.data if hasattr(rec, "data") else rec
+        for k, (a, b) in enumerate(chunker.spans(data["text"])):
+            chunk = {"id": f"{data['id']}{SEPARATOR}{k}", "text": data["text"][a:b]}
+            yield replace(rec, data=chunk) if hasattr(rec, "data") else chunk
+
+
+def document_id(row_id: str) -> str:
+    """A chunk row's document id (``ID#K`` -> ``ID``)."""
+    return row_id.rpartition(SEPARATOR)[0]
