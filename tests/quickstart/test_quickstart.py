@@ -1,5 +1,7 @@
-"""`mlmkit quickstart` end to end on a reduced setting (20 pretraining steps): every stage runs,
-offline, and leaves its runs and bundles behind."""
+"""`mlmkit quickstart` end to end on a reduced setting (5 pretraining steps, 300 retrieval documents):
+every stage runs, offline, and leaves its runs and bundles behind. (So, seeds 0-2 left the classifier at
+0.99-1.0 and the embedding model's nDCG@10 0.086-0.101 above the pretrained encoder's; at 20 steps and 400
+documents, seed 2's classifier had 0.67 and seed 1's margin was 0.053.)"""
 
 from __future__ import annotations
 
@@ -14,15 +16,15 @@ from pathlib import Path
 def test_quickstart_runs_every_stage(tmp_path: Path) -> None:
     out = tmp_path / "qs"
     env = {**os.environ, "MLMKIT_CACHE": str(tmp_path / "cache"), "COLUMNS": "200"}
-    r = subprocess.run([sys.executable, "-m", "mlmkit", "quickstart", "--out", str(out), "--steps", "20",
-                        "--retrieval-documents", "400"],
+    r = subprocess.run([sys.executable, "-m", "mlmkit", "quickstart", "--out", str(out), "--steps", "5",
+                        "--retrieval-documents", "300"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    for stage in ("1. corpus", "2. tokenizer + tiny BERT pretrained for 20 steps", "3. sentiment classifier",
+    for stage in ("1. corpus", "2. tokenizer + tiny BERT pretrained for 5 steps", "3. sentiment classifier",
                   "4. ONNX export and onnxruntime inference", "fill-mask (onnxruntime)", "classify (onnxruntime)"):
         assert stage in r.stdout, stage
     assert (out / "corpus.txt").stat().st_size > 100_000
-    assert json.loads((out / "pretrain" / "mlmkit.json").read_text())["final_metrics"]["step"] == 20
+    assert json.loads((out / "pretrain" / "mlmkit.json").read_text())["final_metrics"]["step"] == 5
     for bundle, task in (("fill-mask", "fill-mask"), ("classifier", "classification")):
         meta = json.loads((out / "exports" / bundle / "mlmkit.json").read_text())
         assert meta["task"] == task and meta["parity"]["max_abs_diff"]

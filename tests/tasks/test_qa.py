@@ -375,8 +375,15 @@ def qa_rows(n: int, seed: int, facts: int = 4) -> list[dict]:
     return rows
 
 
-def test_learns_to_answer_and_loads_in_transformers(tmp_path, base_model_factory):
+def test_learns_to_answer_and_loads_in_transformers(tmp_path, base_model_factory, monkeypatch):
     from transformers import BertForQuestionAnswering
+
+    from mlmkit.train import plots
+
+    def not_installed():  # the run's curves.png, which no assertion reads, is not drawn (half a second)
+        raise ConfigError("plotting needs matplotlib", "pip install 'mlmkit[plots]'")
+
+    monkeypatch.setattr(plots, "_pyplot", not_installed)
 
     train, dev = qa_rows(500, 0), qa_rows(100, 1)
     base = base_model_factory([r["context"] for r in train] + [r["question"] for r in train], vocab_size=200)
@@ -385,8 +392,10 @@ def test_learns_to_answer_and_loads_in_transformers(tmp_path, base_model_factory
     out = tmp_path / "run"
     options = {"doc_stride": 16, "max_question_length": 16}
     # 500 steps: 10 of 10 seeds (base and fine-tuning) reached EM >= 98, at 400 steps 7 of 8 (one 75: the
-    # question is read after ~150-400 steps; chance is 25)
-    run_finetune("qa", base, tmp_path / "train.jsonl", out, steps=500, batch_size=32, lr=2e-3, warmup_ratio=0.1,
+    # question is read after ~150-400 steps; chance is 25). Batches of 24, a quarter less to compute than 32:
+    # seeds 0-20 reached EM >= 93 but one (77), as many as at 32 (seeds 0-3 and 11-20: one 60); at 16, 2 of 11
+    # were under 80
+    run_finetune("qa", base, tmp_path / "train.jsonl", out, steps=500, batch_size=24, lr=2e-3, warmup_ratio=0.1,
              max_length=64, progress=False, options=options)
     metrics = evaluate_run(out, tmp_path / "dev.jsonl", predictions=tmp_path / "pred.jsonl")
     assert metrics["exact_match"] >= 80.0 and metrics["f1"] >= metrics["exact_match"]

@@ -38,6 +38,18 @@ class Rows:
         return {"input_ids": self.ids[s], "attention_mask": torch.ones_like(self.ids[s]), "labels": self.labels[s]}
 
 
+@pytest.fixture(autouse=True)
+def _no_curves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test here reads a run's curves.png: each run ends as where matplotlib is not installed (drawing
+    them costs about half a second a run; tests/train/test_tracking.py checks them)."""
+    from mlmkit.train import plots
+
+    def not_installed() -> Any:
+        raise ConfigError("plotting needs matplotlib", "pip install 'mlmkit[plots]'")
+
+    monkeypatch.setattr(plots, "_pyplot", not_installed)
+
+
 def classifier(seed: int = 0) -> torch.nn.Module:
     cfg = tiny_config(50, hidden_size=32, intermediate_size=64)
     cfg.id2label = {0: "even", 1: "odd"}

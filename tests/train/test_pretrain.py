@@ -75,6 +75,19 @@ def tiny_config(path: Path, vocab_size: int, dropout: float = 0.0) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _no_curves(monkeypatch):
+    """No test here reads a run's curves.png: each run ends as where matplotlib is not installed (drawing
+    them costs about half a second a run; tests/train/test_tracking.py checks a pretraining run's)."""
+    from mlmkit.errors import ConfigError
+    from mlmkit.train import plots
+
+    def not_installed():
+        raise ConfigError("plotting needs matplotlib", "pip install 'mlmkit[plots]'")
+
+    monkeypatch.setattr(plots, "_pyplot", not_installed)
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models gain nothing from a second thread, and on a shared 2-core machine a spinning

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import make_base_model, run_export, run_finetune
+from hostile import cli
 
 from mlmkit.errors import ConfigError, DataFormatError
 from mlmkit.registry import get_task
@@ -52,6 +53,19 @@ def clf(tmp_path_factory):
             "dir": d}
 
 
+@pytest.fixture
+def no_curves(monkeypatch):
+    """For runs whose curves no assertion reads (sweeps' trials, the Parquet runs): training ends as where
+    matplotlib is not installed, with no curves.png, which costs about half a second a run. The curves
+    are checked by the tests of their own below and by the MLflow test (its artifacts)."""
+    from mlmkit.train import plots
+
+    def not_installed():
+        raise ConfigError("plotting needs matplotlib", "pip install 'mlmkit[plots]'")
+
+    monkeypatch.setattr(plots, "_pyplot", not_installed)
+
+
 # ---- MLflow and TensorBoard --------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
@@ -61,28 +75,33 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
-    """A real MLflow tracking server on a loopback port, sqlite backend, serving artifacts itself."""
+    """A real MLflow tracking server on a loopback port, sqlite backend, serving artifacts itself: the
+    uvicorn process `mlflow server` starts, with the settings it passes it in the environment (the CLI's
+    own process would cost seconds of imports more)."""
     import httpx
 
     d = tmp_path_factory.mktemp("mlflow")
     port = free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "_MLFLOW_SERVER_FILE_STORE": f"sqlite:///{d}/mlflow.db",
+           "_MLFLOW_SERVER_SERVE_ARTIFACTS": "true", "_MLFLOW_SERVER_ARTIFACT_DESTINATION": str(d / "artifacts"),
+           "_MLFLOW_SERVER_ARTIFACT_ROOT": "mlflow-artifacts:/"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{d}/mlflow.db", "--artifacts-destination",
-         str(d / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "mlflow.server.fastapi_app:app"],
         stdout=subprocess.DEVNULL, stderr=open(d / "server.log", "wb"), env=env, cwd=d)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+        try:  # up, and its store made (the database's tables are created at the first request that reads it)
+            if httpx.post(url + "/api/2.0/mlflow/experiments/search", json={"max_results": 1}, timeout=60).status_code == 200:
                 break
         except httpx.HTTPError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             pytest.fail("the MLflow server did not start:\n" + (d / "server.log").read_text()[-3000:])
-        time.sleep(0.5)
+        time.sleep(0.1)
+    assert (d / "mlflow.db").is_file()  # the sqlite store asked for, not a default one
     yield url
     proc.terminate()
     proc.wait(timeout=30)
@@ -140,11 +159,13 @@ def test_tensorboard_where_it_cannot_write_is_one_line_and_a_failing_close_a_war
 
 def test_a_tracking_server_answering_500_costs_seconds_not_minutes(tmp_path, monkeypatch, caplog):
     """MLflow retries a 500 seven times at a back-off factor of 2 (a run stalled 258 s at its first
-    failing call): mlmkit sets 2 retries at a factor of 1 unless the environment says otherwise."""
+    failing call): mlmkit sets 2 retries at a factor of 1 unless the environment says otherwise. The
+    back-offs urllib3 asks for are counted into the cost, not slept."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from mlflow.tracking import MlflowClient
+    from urllib3.util.retry import Retry
 
     from mlmkit.train.tracking import MLflow, RunInfo
 
@@ -165,18 +186,23 @@ def test_a_tracking_server_answering_500_costs_seconds_not_minutes(tmp_path, mon
         monkeypatch.setenv(k, "0")
         monkeypatch.delenv(k)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    waits: list[float] = []  # each back-off, with MLflow's jitter: MLflow's defaults ask for 0 + 4 + 8 + ... + 120
+    monkeypatch.setattr(Retry, "_sleep_backoff", lambda self: waits.append(self.get_backoff_time()))
     try:
         t0 = time.perf_counter()
         with pytest.raises(ConfigError, match="cannot use the tracking store"):
             MLflow().start(RunInfo(tmp_path, {"lr": 0.1}))
-        assert time.perf_counter() - t0 < 20 and os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+        assert waits and time.perf_counter() - t0 + sum(waits) < 20, waits
+        assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
         rep = MLflow()  # a run whose server starts failing mid-run
         rep.client, rep.run_id, rep.done, rep.failed = MlflowClient(url), "0" * 32, {}, False
+        waits.clear()
         t0 = time.perf_counter()
         with caplog.at_level("WARNING", logger="mlmkit"):
             rep.log(1, {"loss": 1.0})
             rep.log(2, {"loss": 0.5})  # after the first failure: no more calls
-        assert time.perf_counter() - t0 < 20 and caplog.text.count("no more MLflow logging") == 1
+        assert waits and time.perf_counter() - t0 + sum(waits) < 20, waits
+        assert caplog.text.count("no more MLflow logging") == 1
     finally:
         server.shutdown()
 
@@ -270,9 +296,8 @@ def test_plot_two_runs_cards_and_bundle_card(clf, tmp_path):
                      log_every=3, lr=lr, batch_size=16)
         assert png_size(out / "curves.png")[0] > 300  # each run draws its own curves at the end
         runs.append(out)
-    r = subprocess.run([sys.executable, "-m", "mlmkit", "plot", *map(str, runs), "--out", str(tmp_path / "both.png")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    r = cli("plot", *runs, "--out", tmp_path / "both.png")  # `mlmkit plot`, in this process
+    assert r.exit_code == 0, (r.output, r.exception)
     w, h = png_size(tmp_path / "both.png")
     assert w > 1000 and h > 300  # loss, lr and three evaluation panels
 
@@ -299,9 +324,8 @@ def test_plot_two_runs_cards_and_bundle_card(clf, tmp_path):
     (bundle / "README.md").write_text(bcard.replace("# bundle", "# bundle (edited)"))  # still carries the marker: rewritten
     run_export(runs[0], bundle)
     assert MARKER in (bundle / "README.md").read_text() and "(edited)" not in (bundle / "README.md").read_text()
-    r = subprocess.run([sys.executable, "-m", "mlmkit", "plot", str(runs[0]), "--out", str(tmp_path / "x.gif")],
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and "unknown picture format" in r.stderr
+    r = cli("plot", runs[0], "--out", tmp_path / "x.gif")
+    assert r.exit_code == 2 and "unknown picture format" in r.stderr
 
 
 def test_plot_leaves_out_records_whose_step_or_value_no_float_holds(tmp_path, caplog):
@@ -318,8 +342,8 @@ def test_plot_leaves_out_records_whose_step_or_value_no_float_holds(tmp_path, ca
     with caplog.at_level("WARNING", logger="mlmkit"):
         assert series(read_metrics(run)) == {"loss": [(1, 2.0), (3, 1.2)]}
     assert "line 2, 4" in caplog.text
-    r = subprocess.run([sys.executable, "-m", "mlmkit", "plot", str(run), "--out", str(tmp_path / "c.png")], capture_output=True, text=True)
-    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    r = cli("plot", run, "--out", tmp_path / "c.png")  # `mlmkit plot`, in this process
+    assert r.exit_code == 0 and r.exception is None and "Traceback" not in r.stderr, (r.stderr, r.exception)
     assert png_size(tmp_path / "c.png")[0] > 100
     plot_runs([run], tmp_path / "d.svg")
 
@@ -377,6 +401,7 @@ def strip(examples: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize("task,rows", [("classification", clf_rows(40)), ("tagging", tag_rows(40)), ("qa", qa_rows(40))])
+@pytest.mark.usefixtures("no_curves")
 def test_every_task_trains_from_parquet_and_datasets_as_from_jsonl(task, rows, tmp_path):
     forms = save_forms(tmp_path / "data", rows)
     assert len(list((forms["datasets"]).glob("*.arrow"))) > 1
@@ -424,21 +449,24 @@ def sweep_cmd(clf, out: Path, *extra: str) -> list[str]:
             "--search", "lr=1e-4:3e-3:log", "--search", "warmup_ratio=0,0.2", "--json", *extra]
 
 
-def run_sweep(clf, out: Path, trials: int, *search: str, seed: int = 0, storage: str | None = None):
+def run_sweep(clf, out: Path, trials: int, *search: str, seed: int = 0, storage: str | None = None, **kw):
+    """The sweep sweep_cmd runs, in this process."""
     from mlmkit.args import SweepArgs
     from mlmkit.train.sweep import sweep
 
     return sweep(SweepArgs.from_flat(task="classification", model=clf["base"], train_file=clf["train"], eval_file=clf["eval"],
                                      out=out, steps=6, eval_every=3, batch_size=16, trials=trials, seed=seed, storage=storage,
-                                     search=["lr=1e-4:3e-3:log", "warmup_ratio=0,0.2", *search]))
+                                     search=["lr=1e-4:3e-3:log", "warmup_ratio=0,0.2", *search], **kw))
 
 
+@pytest.mark.usefixtures("no_curves")
 def test_a_sweep_takes_a_64_bit_seed(clf, tmp_path):
     """optuna's sampler takes 32-bit seeds: a larger --seed was refused as a bad --storage."""
     best = run_sweep(clf, tmp_path / "sweep", 1, seed=2**64 - 1)
     assert len(best["trials"]) == 1
 
 
+@pytest.mark.usefixtures("no_curves")
 def test_sweep_finds_its_best_trial_and_resumes(clf, tmp_path):
     import optuna
 
@@ -477,6 +505,7 @@ class _NoBackOff:
         return getattr(time, name)
 
 
+@pytest.mark.usefixtures("no_curves")
 def test_a_read_only_study_is_reported_when_finished_and_refused_in_one_line_when_it_needs_a_write(clf, tmp_path,
                                                                                                    monkeypatch):
     """A study in a database that can be read, not written (SQLite's mode=ro: root ignores file
@@ -508,6 +537,7 @@ def test_a_search_space_fine_tuning_would_refuse_is_one_error_before_any_trial(c
     assert words in str(e.value) and not (tmp_path / "s" / "trial-000").exists(), str(e.value)
 
 
+@pytest.mark.usefixtures("no_curves")
 def test_a_diverging_trial_is_failed_and_the_sweep_goes_on_in_an_in_memory_study(clf, tmp_path, capfd, monkeypatch):
     """A trial whose loss turns NaN (the first, here, whatever the sampler picks) is recorded as failed
     and the sweep goes on to its trials; --storage sqlite:// is Optuna's in-memory storage (its heartbeat
@@ -543,20 +573,33 @@ def test_a_diverging_trial_is_failed_and_the_sweep_goes_on_in_an_in_memory_study
 
 
 def test_two_processes_share_one_sqlite_study(clf, tmp_path):
+    """`mlmkit sweep` in a process of its own and the same sweep in this one (a second `mlmkit sweep`
+    would cost seconds of imports more): this one joins the study once the other trains its first trial."""
     import optuna
 
     db = f"sqlite:///{tmp_path / 'shared.db'}"
-    cmds = [sweep_cmd(clf, tmp_path / f"m{i}", "--trials", "3", "--storage", db, "--study", "shared") for i in range(2)]
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
+    cmd = sweep_cmd(clf, tmp_path / "m0", "--trials", "3", "--storage", db, "--study", "shared")
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            while not list((tmp_path / "m0").glob("trial-*")):  # the other process trains a trial: join it
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "err.txt").read_text()[-3000:]
+                time.sleep(0.05)
+            here = run_sweep(clf, tmp_path / "m1", 3, storage=db, study="shared")
+            proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, (tmp_path / "err.txt").read_text()[-3000:]
     study = optuna.load_study(study_name="shared", storage=db)
     done = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
     assert 3 <= len(done) <= 4  # each process checks the count after its trial: one may start a last one
     assert len({t.number for t in study.trials}) == len(study.trials)
     assert len({t.user_attrs["host"] for t in done}) == 2  # both processes ran trials of the one study
-    bests = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
-    assert bests[0]["best_value"] == bests[1]["best_value"] == study.best_value
+    there = json.loads((tmp_path / "out.txt").read_text().strip().splitlines()[-1])
+    assert there["best_value"] == here["best_value"] == study.best_value
 
 
 def test_a_setting_the_model_refuses_stops_the_sweep_at_its_first_trial_in_one_line(clf, tmp_path, capfd):
