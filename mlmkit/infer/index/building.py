@@ -255,8 +255,9 @@ def _with_chunking(args: BuildArgs, old: Index | None) -> BuildArgs:
         was = old.manifest.get("chunks")
         theirs = Chunking(int(was["tokens"]), int(was["overlap"])) if was else None
         if mine is not None and mine != theirs:
-            raise ConfigError(f"{old.path} is {'chunked at ' + str(theirs.tokens) + ' tokens, ' + str(theirs.overlap) + ' overlapping' if theirs else 'not chunked'}; "
-                              "--append and --upsert take the index's own chunks", "drop --chunk-tokens and --chunk-overlap")
+            how = f"chunked at {theirs.tokens} tokens, {theirs.overlap} overlapping" if theirs else "not chunked"
+            raise ConfigError(f"{old.path} is {how}; --append and --upsert take the index's own chunks",
+                              "drop --chunk-tokens and --chunk-overlap")
         mine = theirs
     return replace(args, chunk_tokens=mine.tokens if mine else None, chunk_overlap=mine.overlap if mine else None)
 
@@ -441,7 +442,8 @@ def _check_unique(seen: list[np.ndarray], old: Index | None, shard: Path, corpus
     before = [i for r, i in enumerate(i for _, ids, _ in (old.shards if old else []) for i in ids.to_pylist())
               if live is None or live[r]]
     if replacing:
-        before = [i for i in before if i not in set(new)]
+        replaced = set(new)
+        before = [i for i in before if i not in replaced]
     seen_ids: set[str] = set()
     for k, i in enumerate([*before, *new]):
         if i in seen_ids:

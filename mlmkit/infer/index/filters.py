@@ -147,11 +147,11 @@ def read_meta(shard: Path, count: int) -> Any:
 
 
 # ---- filtering -----------------------------------------------------------------------------------------------
-def fields(ix: Index) -> dict[str, str]:
-    """The index's fields and their Arrow types, over its shards (``id`` among them)."""
+def fields(ix: Index, tables: Sequence[Any] | None = None) -> dict[str, str]:
+    """The index's fields and their Arrow types, over its shards (``id`` among them); ``tables``: the
+    shards' meta.arrow already read (read_meta), else they are read here."""
     out = {"id": "string"}
-    for s in ix.manifest["shards"]:
-        table = read_meta(ix.path / s["name"], s["count"])
+    for table in tables if tables is not None else [read_meta(ix.path / s["name"], s["count"]) for s in ix.manifest["shards"]]:
         for f in table.schema if table is not None else ():
             out.setdefault(f.name, "json" if (f.metadata or {}).get(b"mlmkit") == b"json" else str(f.type))
     return out
@@ -162,7 +162,8 @@ def rows(ix: Index, conditions: Sequence[Condition]) -> np.ndarray | None:
     an operator its kind has no meaning for, is one line naming them."""
     if not conditions:
         return None
-    known = fields(ix)
+    tables = [read_meta(ix.path / s["name"], s["count"]) for s in ix.manifest["shards"]]  # memory-mapped, read once
+    known = fields(ix, tables)
     for c in conditions:
         if c.field not in known:
             raise ConfigError(f"--where {c.field}: the index has no field {c.field!r}", f"its fields: {', '.join(known)}")
@@ -171,8 +172,7 @@ def rows(ix: Index, conditions: Sequence[Condition]) -> np.ndarray | None:
                               "filter does not compare", "give the documents a field of numbers, strings or booleans")
     out = np.ones(ix.count, dtype=np.bool_)
     start = 0
-    for k, s in enumerate(ix.manifest["shards"]):
-        table = read_meta(ix.path / s["name"], s["count"])
+    for k, (s, table) in enumerate(zip(ix.manifest["shards"], tables)):
         for c in conditions:
             has = table is not None and c.field in table.column_names
             column = _ids(ix, k) if c.field == "id" else table.column(c.field) if has else None

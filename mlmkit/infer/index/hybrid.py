@@ -79,6 +79,10 @@ class IndexRanker:
         """Rankings of query vectors already embedded with the index's bundle (search.as_queries)."""
         return ranking_of(self.ix, q, depth, self.rescore, where)
 
+    def remember(self, only: set[str], rows: np.ndarray) -> None:
+        """``rows`` ((count,) bool) are the rows of the ids ``only``: what rows_of gives for that set."""
+        self._only = (only, rows)
+
     def rows_of(self, only: set[str] | None) -> np.ndarray | None:
         """The rows of the ids ``only`` ((count,) bool), kept for the next call with the same set."""
         if only is None:
@@ -180,7 +184,10 @@ class Hybrid:
         """(each query's fused top k, each retriever's rankings of the queries); ``where``: the first
         retriever's (an index's) rows a filter keeps, whose ids the others keep too."""
         first = self.rankers[0]
-        only = None if where is None or not isinstance(first, IndexRanker) else set(first.ix.ids(np.flatnonzero(where)))
+        only = None
+        if where is not None and isinstance(first, IndexRanker):
+            only = set(first.ix.ids(np.flatnonzero(where)))
+            first.remember(only, where)  # its rows are ``where`` itself: not found again from the ids
         each = [r.rank(queries, max(k, DEPTH), only) for r in self.rankers]
         return [fuse(parts, self.fusion, self.weights, k) for parts in zip(*each)], each
 

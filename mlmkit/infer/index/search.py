@@ -155,14 +155,13 @@ def hits(ix: Index, rows: np.ndarray, scores: np.ndarray) -> list[list[dict[str,
     """Each query's hits, {"id", "score"}, best first (rows past a faiss graph's reach left out); a
     chunked index's also name the best chunk, {"chunk", "start", "end"}: its number and its span of
     characters in the document's text (a title before it)."""
-    out = []
-    for row, srow in zip(rows, scores):
-        found = row[row >= 0]
-        got = [{"id": i, "score": float(s)} for i, s in zip(ix.ids(found), srow[row >= 0])]
-        if ix.chunked:
-            for h, (k, a, b) in zip(got, ix.chunk_spans(found).tolist()):
+    out = [[{"id": i, "score": float(s)} for i, s in zip(ix.ids(row[row >= 0]), srow[row >= 0])] for row, srow in zip(rows, scores)]
+    if ix.chunked:  # every query's chunks at once: a shard's chunks.arrow read once
+        spans = iter(ix.chunk_spans(rows[rows >= 0]).tolist())
+        for got in out:
+            for h in got:
+                k, a, b = next(spans)
                 h.update(chunk=k, start=a, end=b)
-        out.append(got)
     return out
 
 
