@@ -147,8 +147,7 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> Metrics:
     cfg = load_config(base)
     opts = task.resolve_options(args.options, saved=base_options(task, base, cfg))
     tok = load_tokenizer(base)
-    if tok.get_vocab_size() > cfg.vocab_size:
-        raise ConfigError(f"the tokenizer in {base} has {tok.get_vocab_size()} tokens, the model {cfg.vocab_size}")
+    check_vocabulary(tok, cfg, base)
     L = args.max_length or min(task.default_max_length, cfg.max_tokens)
     if L > cfg.max_tokens:
         raise ConfigError(f"--max-length {L} exceeds the model's {cfg.max_tokens} positions")
@@ -234,6 +233,15 @@ def _same_head(base: ModelConfig, task: Plugin, labels: list[str] | None, opts: 
     return base_labels == labels and all(base.extra.get(k, v) == v for k, v in wanted.items())
 
 
+def check_vocabulary(tok: Any, cfg: ModelConfig, d: Path) -> None:
+    """A tokenizer with more tokens than the model's embedding table (a tokenizer of another model put
+    in the directory) is refused before any text reaches the model: its ids would index past the table."""
+    if tok.get_vocab_size() > cfg.vocab_size:
+        raise ConfigError(f"the tokenizer in {d} has {tok.get_vocab_size():,} tokens; the model's embeddings hold "
+                          f"{cfg.vocab_size:,} (config.json's vocab_size): a tokenizer of another model",
+                          "put back the tokenizer the model was trained with")
+
+
 def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, RunMeta]:
     """(task, model in eval mode, tokenizer, mlmkit.json as a RunMeta) of a fine-tuned run directory, or of a Hugging
     Face or sentence-transformers checkpoint of a task (its description read as `mlmkit export` reads it)."""
@@ -244,6 +252,7 @@ def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, R
         raise MlmkitError(f"{d} is a pretraining run, not a fine-tuned model", "fine-tune it first: mlmkit finetune TASK")
     task = get_task(meta.task)
     tok = load_tokenizer(d)
+    check_vocabulary(tok, cfg, d)
     net = task.build_model(cfg, replace(meta.context(task.resolve_options(saved=meta.options)), tokenizer=tok))
     load_weights(net, load_state_dict(d, cfg))
     net.eval()

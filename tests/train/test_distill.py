@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 from conftest import run_finetune
 from task_runs import build_runs, sentence
+from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
 from mlmkit.args import DistillArgs
@@ -128,6 +130,14 @@ def test_bad_requests_are_one_line_and_write_nothing(runs, inputs, tmp_path):
         ([str(runs["classification"])], "distill needs --layers"),
         ([str(runs["classification"]), "--layers", "1", "--dims", "8"], "--dims is a static table's size"),
     ]
+    # a teacher whose tokenizer has more tokens than its embedding table: refused before the teacher runs
+    big = tmp_path / "big-vocab"
+    shutil.copytree(runs["classification"], big)
+    tok = Tokenizer.from_file(str(big / "tokenizer.json"))
+    vocab = json.loads((big / "config.json").read_text())["vocab_size"]
+    tok.add_tokens([f"newword{i}" for i in range(vocab + 5 - tok.get_vocab_size())])
+    tok.save(str(big / "tokenizer.json"))
+    cases.append(([str(big), "--layers", "1"], f"has {vocab + 5:,} tokens; the model's embeddings hold {vocab:,}"))
     for i, (argv, match) in enumerate(cases):
         out = tmp_path / f"o{i}"
         r = runner.invoke(app, ["distill", *argv, "--train", str(inputs["classification"]), "--out", str(out)])
