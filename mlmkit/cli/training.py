@@ -206,12 +206,12 @@ def evaluate(args: EvaluateArgs, options: Options, as_json: Json = False) -> Non
         else:
             print_comparison(list(each), list(each.values()), f"{len(each) - 1} retrievers and their fusion on {data}")
         return
+    if args.plot is not None:  # its path checked before the work: a picture that cannot be written loses nothing
+        from mlmkit.train.plots import check_picture
+
+        check_picture(args.plot, "--plot")
     results = [_evaluate_one(m, data, options, args.predictions, args.device, args.speed or args.plot is not None)
                for m in models]
-    if args.plot is not None:
-        from mlmkit.train.plots import plot_trade_off
-
-        err.print(f"wrote {plot_trade_off(models, results, args.plot)}")
     if len(models) == 1:
         print_metrics(results[0], f"{models[0]} on {data}", as_json)
     elif want_json(as_json):
@@ -219,6 +219,10 @@ def evaluate(args: EvaluateArgs, options: Options, as_json: Json = False) -> Non
             print_json({"model": str(m), **{k: v for k, v in r.items() if k != "confusion_matrix"}})
     else:
         print_comparison(models, results, f"{len(models)} models on {data}")
+    if args.plot is not None:  # after the metrics are printed
+        from mlmkit.train.plots import plot_trade_off
+
+        err.print(f"wrote {plot_trade_off(models, results, args.plot)}")
 
 
 def _evaluate_one(model: Path, data: Path, options: Options, predictions: Path | None, device: str,

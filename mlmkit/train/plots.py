@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -162,11 +163,29 @@ def write_run_curves(run: Path) -> Path | None:
 
 
 def _picture(out: str | Path, flag: str) -> Path:
-    """``out`` as a picture path, its format one matplotlib writes (FORMATS), else the flag's one-line error."""
+    """``out`` as a picture path that can be written: its format one matplotlib writes (FORMATS), not a
+    directory, in a directory this process may write in or create; matplotlib installed. Else the flag's
+    one-line error: what draws a picture after long work checks its path first (check_picture)."""
     out = Path(out)
     if out.suffix.lower() not in FORMATS:
         raise ConfigError(f"{flag} {out}: unknown picture format '{out.suffix}'", f"use one of {', '.join(FORMATS)}")
+    if out.is_dir():
+        raise ConfigError(f"{flag} {out} is a directory", f"give a file's path, e.g. {out / ('plot' + FORMATS[0])}")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:  # the directory that would be created under
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {out}: {parent} is a file, not a directory", "give a path in a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {out}: {parent} is not writable", "give a path in a directory you can write to")
+    _pyplot()
     return out
+
+
+def check_picture(out: str | Path | None, flag: str) -> None:
+    """Refuse a picture path that could not be written (_picture), before the work it would draw."""
+    if out is not None:
+        _picture(out, flag)
 
 
 def _save(plt: Any, fig: Any, out: Path) -> Path:

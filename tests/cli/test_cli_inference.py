@@ -220,6 +220,15 @@ def test_evaluate_several_models_side_by_side(bundles, runs, tmp_path, monkeypat
     assert table.exit_code == 0 and "examples/s" in table.stdout and "accuracy" in table.stdout, table.output
     picture = runner.invoke(app, ["evaluate", *map(str, models), "--data", str(data), "--plot", str(tmp_path / "t.png")])
     assert picture.exit_code == 0 and (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", picture.output
+    # a picture path that cannot be written is refused before any model is evaluated (the work is not lost)
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "d.png").mkdir()
+    monkeypatch.setattr(cli_training, "_evaluate_one", lambda *a, **k: pytest.fail("evaluated before the --plot check"))
+    for bad, said in ((tmp_path / "d.png", "is a directory"), (tmp_path / "a-file" / "t.png", "is a file, not a directory"),
+                      (tmp_path / "t.txt", "unknown picture format '.txt'")):
+        r = runner.invoke(app, ["evaluate", str(models[1]), "--data", str(data), "--plot", str(bad)])
+        assert said in one_red_line(r), bad
+    monkeypatch.undo()
     two = runner.invoke(app, ["evaluate", *map(str, models[1:]), "--data", str(data), "--predictions", str(tmp_path / "p")])
     assert "--predictions takes one model" in one_red_line(two)
     gone = runner.invoke(app, ["evaluate", str(models[1]), str(tmp_path / "nothing"), "--data", str(data)])
