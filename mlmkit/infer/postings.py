@@ -28,7 +28,7 @@ QUERY_BLOCK x BLOCK scores (4 MB).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -44,16 +44,19 @@ FORWARD = ("starts.bin", "terms.bin", "values.bin")
 INVERTED = ("offsets.bin", "rows.bin", "weights.bin")
 
 
-def mapped_file(f: Path, dtype: Any, shape: tuple[int, ...], documents: int, hint: str) -> np.ndarray:
+def mapped_file(f: Path, dtype: Any, shape: tuple[int, ...], documents: int, hint: str, *, memory: bool = False) -> np.ndarray:
     """The file ``f`` memory-mapped read-only as ``shape`` of ``dtype``, its size checked first: a
-    missing, truncated or replaced file is one line naming it (``documents``: the manifest's count)."""
+    missing, truncated or replaced file is one line naming it (``documents``: the manifest's count).
+    ``memory``: read into memory instead (a server's: what it loaded outlives the file)."""
     size = f.stat().st_size if f.is_file() else -1
     want = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if size != want:
         what = "is missing" if size < 0 else f"holds {size:,} bytes"
         raise ConfigError(f"{f} {what}; the manifest's {documents:,} documents need {want:,} bytes: a truncated or replaced file",
                           hint)
-    return np.memmap(f, dtype=dtype, mode="r", shape=shape) if want else np.zeros(shape, dtype=dtype)
+    if not want:
+        return np.zeros(shape, dtype=dtype)
+    return np.fromfile(f, dtype=dtype).reshape(shape) if memory else np.memmap(f, dtype=dtype, mode="r", shape=shape)
 
 
 @dataclass
@@ -69,33 +72,37 @@ class Postings:
     offsets: np.ndarray
     rows: np.ndarray
     weights: np.ndarray
+    path: Path = Path()
+    checked: set[int] = field(default_factory=set)
+    """The blocks whose rows were checked in bounds (inverted): each once, when first read."""
 
     @classmethod
-    def open(cls, shard: Path, count: int, width: int, block: int, hint: str, *, forward: bool = True) -> Postings:
+    def open(cls, shard: Path, count: int, width: int, block: int, hint: str, *, forward: bool = True,
+             memory: bool = False) -> Postings:
         """The shard's files, each checked against the manifest's count and the others' sizes: a
-        truncated or replaced file is one line naming it. ``forward=False``: the inverted files alone."""
+        truncated or replaced file is one line naming it. ``forward=False``: the inverted files alone;
+        ``memory``: read into memory, not mapped (mapped_file)."""
         blocks = -(-count // block)
 
         def mapped(name: str, dtype: Any, n: int) -> np.ndarray:
-            return mapped_file(shard / name, dtype, (n,), count, hint)
+            return mapped_file(shard / name, dtype, (n,), count, hint, memory=memory)
 
         offsets = mapped("offsets.bin", np.int64, blocks * (width + 1)).reshape(blocks, width + 1)
-        if not forward:
-            nnz = int(offsets[-1, -1]) if blocks else 0
-            if nnz < 0:
-                raise ConfigError(f"{shard / 'offsets.bin'} ends below 0: a corrupted file", hint)
-            none = np.zeros(0, np.int32)
-            return cls(count, width, block, np.zeros(0, np.int64), none, none.view(np.float32), offsets,
-                       mapped("rows.bin", np.int32, nnz), mapped("weights.bin", np.float32, nnz))
-        starts = mapped("starts.bin", np.int64, count + 1)
-        nnz = int(starts[-1])
-        if starts[0] != 0 or nnz < 0:
-            raise ConfigError(f"{shard / 'starts.bin'} does not begin at 0 or ends below it: a corrupted file", hint)
-        if blocks and int(offsets[-1, -1]) != nnz:
-            raise ConfigError(f"{shard / 'offsets.bin'} ends at posting {int(offsets[-1, -1]):,}; "
-                              f"{shard / 'starts.bin'} counts {nnz:,} terms: files of two builds", hint)
-        return cls(count, width, block, starts, mapped("terms.bin", np.int32, nnz), mapped("values.bin", np.float32, nnz), offsets,
-                   mapped("rows.bin", np.int32, nnz), mapped("weights.bin", np.float32, nnz))
+        _check_offsets(shard / "offsets.bin", offsets, hint)
+        nnz = int(offsets[-1, -1]) if blocks else 0
+        if forward:
+            starts = mapped("starts.bin", np.int64, count + 1)
+            if starts[0] != 0 or (count and (np.diff(starts) < 0).any()):
+                raise ConfigError(f"{shard / 'starts.bin'} does not begin at 0 or goes down: a corrupted file", hint)
+            if int(starts[-1]) != nnz:
+                raise ConfigError(f"{shard / 'offsets.bin'} ends at posting {nnz:,}; {shard / 'starts.bin'} counts "
+                                  f"{int(starts[-1]):,} terms: files of two builds", hint)
+            terms, values = mapped("terms.bin", np.int32, nnz), mapped("values.bin", np.float32, nnz)
+        else:
+            starts, terms = np.zeros(0, np.int64), np.zeros(0, np.int32)
+            values = terms.view(np.float32)
+        return cls(count, width, block, starts, terms, values, offsets, mapped("rows.bin", np.int32, nnz),
+                   mapped("weights.bin", np.float32, nnz), shard)
 
     def inverted(self, b: int) -> Any:
         """Block ``b`` of the inverted index as a (width, documents of the block) CSR matrix over
@@ -105,6 +112,13 @@ class Postings:
         off = np.asarray(self.offsets[b])
         a, e = int(off[0]), int(off[-1])
         n = min(self.block, self.count - b * self.block)
+        if b not in self.checked:  # rows read from disk index the block's scores: never trusted unchecked
+            rows = np.asarray(self.rows[a:e])
+            if len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= n):
+                raise ConfigError(f"{self.path / 'rows.bin'}: a posting of block {b + 1} points at row "
+                                  f"{int(rows.max() if rows.max() >= n else rows.min()):,} of a block of {n:,} "
+                                  "documents: a corrupted file", "rebuild the index, or restore it from a copy")
+            self.checked.add(b)
         return csr_matrix((self.weights[a:e], self.rows[a:e], off - a), shape=(self.width, n), copy=False)
 
     def dense(self, rows: np.ndarray) -> np.ndarray:
@@ -112,15 +126,33 @@ class Postings:
         out = np.zeros((len(rows), self.width), dtype=np.float32)
         for j, r in enumerate(rows):
             a, e = int(self.starts[r]), int(self.starts[r + 1])
-            out[j, np.asarray(self.terms[a:e])] = self.values[a:e]
+            out[j, self._terms(a, e)] = self.values[a:e]
         return out
+
+    def _terms(self, a: int, e: int) -> np.ndarray:
+        """terms[a:e], checked inside the vocabulary (a term read from disk indexes a vector)."""
+        t = np.asarray(self.terms[a:e])
+        if len(t) and (int(t.min()) < 0 or int(t.max()) >= self.width):
+            raise ConfigError(f"{self.path / 'terms.bin'} holds term {int(t.max() if t.max() >= self.width else t.min()):,}, "
+                              f"outside the vocabulary of {self.width:,}: a corrupted file", "rebuild the index, or restore it from a copy")
+        return t
 
     def vectors(self, a: int, e: int) -> tuple[list[list[int]], list[list[float]]]:
         """Documents a..e (rows of this shard) as (term lists, weight lists)."""
         s = np.asarray(self.starts[a:e + 1])
-        t, v = np.asarray(self.terms[s[0]:s[-1]]), np.asarray(self.values[s[0]:s[-1]])
+        t, v = self._terms(int(s[0]), int(s[-1])), np.asarray(self.values[s[0]:s[-1]])
         cuts = s[1:-1] - s[0]
         return [x.tolist() for x in np.split(t, cuts)], [x.tolist() for x in np.split(v, cuts)]
+
+
+def _check_offsets(f: Path, offsets: np.ndarray, hint: str) -> None:
+    """The inverted files' offsets ((blocks, width + 1)): from 0, never going down, each block's first
+    where the one before ended; else a corrupted file, one line naming it (they slice rows.bin)."""
+    if not len(offsets):
+        return
+    flat = offsets.reshape(-1)
+    if int(flat[0]) != 0 or (np.diff(offsets, axis=1) < 0).any() or (offsets[1:, 0] != offsets[:-1, -1]).any():
+        raise ConfigError(f"{f} does not begin at 0, goes down, or skips postings between blocks: a corrupted file", hint)
 
 
 def queries(results: Sequence[Mapping[str, Any]], width: int) -> Any:

@@ -8,6 +8,8 @@ import json
 import random
 import re
 import shutil
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,6 +134,85 @@ def test_ann_indexes_find_the_exact_hits(setup, tmp_path):
     with pytest.raises(ConfigError, match="holds 40 vectors; the manifest says 1,200"):
         search_vectors(Index.open(tmp_path / "ix"), setup["q"], 10)
 
+
+
+def test_damaged_files_and_manifests_are_refused_in_one_line_naming_them(setup, sparse, tmp_path):
+    """Hostile input, round 6: an ANN file faiss cannot read, postings that point past their block or
+    vocabulary, edited int8 ranges, non-finite stored vectors: one line naming the file or field, exit 2."""
+    pytest.importorskip("faiss")
+
+    def cli(*argv: str) -> str:
+        return one_red_line(runner.invoke(app, list(argv)))
+
+    def fresh(name: str, source: Path) -> Path:
+        shutil.copytree(source, tmp_path / name)
+        return tmp_path / name
+
+    hnsw = built(setup, "float32-hnsw", quantization="float32", ann="hnsw").path
+    raw = (hnsw / "ann.faiss").read_bytes()
+    for damage, data in (("truncated", raw[:len(raw) // 3]), ("random", np.random.default_rng(0).bytes(len(raw)))):
+        ix = fresh(damage, hnsw)
+        (ix / "ann.faiss").write_bytes(data)
+        assert f"{ix / 'ann.faiss'} is not a readable faiss hnsw index" in cli("search", str(ix), "a dog")
+    # --compact builds it again from the stored vectors (no deletes to reclaim): the same hits as before
+    assert runner.invoke(app, ["index", str(ix), "--compact"]).exit_code == 0
+    assert [h["id"] for h in hits(Index.open(ix), *search_vectors(Index.open(ix), setup["q"][:3], 5))[0]] == \
+        [h["id"] for h in hits(Index.open(hnsw), *search_vectors(Index.open(hnsw), setup["q"][:3], 5))[0]]
+    ix = fresh("bogus-name", hnsw)
+    m = json.loads((ix / "manifest.json").read_text())
+    (ix / "manifest.json").write_text(json.dumps({**m, "ann_file": "../../etc/passwd"}))
+    assert "ann_file '../../etc/passwd'" in cli("search", str(ix), "a dog")
+    (ix / "manifest.json").write_text(json.dumps({**m, "ann_settings": {"m": "32"}}))
+    assert "ann_settings of a hnsw index must hold" in cli("search", str(ix), "a dog")
+    # the ANN index is read once for every query block of a search, not once a block
+    ok = Index.open(hnsw)
+    search_vectors(ok, np.repeat(setup["q"], 8, axis=0), 5)
+    loaded = ok.ann_index
+    search_vectors(ok, setup["q"], 5)
+    assert loaded is not None and ok.ann_index is loaded
+
+    # edited int8 ranges: null, one row, short rows, a scalar, a high below its low
+    int8 = built(setup, "int8", quantization="int8").path
+    m = json.loads((int8 / "manifest.json").read_text())
+    lo, hi = m["ranges"]
+    ix = fresh("ranges", int8)
+    for bad in (None, [lo], [lo[:3], hi[:3]], 0.5, [hi, lo], [lo, ["x"] * len(hi)]):
+        (ix / "manifest.json").write_text(json.dumps({**m, "ranges": bad}))
+        assert "field ranges must be two lists of" in cli("search", str(ix), "a dog")
+
+    # non-finite vectors: a build or an append refuses them, naming the document (dense, sparse, token vectors) ...
+    from mlmkit.infer.index.pending import _check_finite
+
+    nan = np.float32("nan")
+    ids = ["a", "b", "c"]
+    for x, kinds in ((np.asarray([[1, 0], [nan, 1], [0, 1]], np.float32), {}),
+                     ((np.asarray([1, 2, 1]), np.asarray([3, 4, 5, 6]), np.asarray([1, 1, np.inf, 1], np.float32)), {"sparse": True}),
+                     ([np.ones((2, 2)), np.asarray([[1, nan]]), np.ones((1, 2))], {"multi": True})):
+        with pytest.raises(ConfigError, match="document 'b' \\(window 4\\): the bundle gave it a vector that is not finite"):
+            _check_finite(3, ids, x, sparse=kinds.get("sparse", False), multi=kinds.get("multi", False))
+    # ... and one written by hand is named at search
+    ix = fresh("nan", built(setup, "f32").path)
+    v = np.memmap(ix / "shard-000000" / "vectors.bin", dtype=np.float32, mode="r+")
+    v[:] = np.nan
+    v.flush()
+    del v
+    text = cli("search", str(ix), "a dog", "--json")
+    assert "vectors.bin holds values that are not finite" in text and "NaN" not in runner.invoke(app, ["search", str(ix), "x"]).stdout
+
+    # sparse postings: a row past its block, a term past the vocabulary, offsets or starts going down
+    build(BuildArgs(sparse["bundle"], setup["corpus"], tmp_path / "sp", window=256))
+    for name, dtype, value, where, said in (
+            ("rows.bin", np.int32, 10**6, 0, "rows.bin: a posting of block 1 points at row 1,000,000"),
+            ("offsets.bin", np.int64, 10**9, 5, "offsets.bin does not begin at 0, goes down"),
+            ("starts.bin", np.int64, 10**9, 3, "starts.bin does not begin at 0 or goes down"),
+            ("terms.bin", np.int32, 10**8, 0, "terms.bin holds term 100,000,000, outside the vocabulary")):
+        ix = fresh(f"sp-{name}", tmp_path / "sp")
+        f = np.memmap(ix / "shard-000000" / name, dtype=dtype, mode="r+")
+        f[where] = value
+        f.flush()
+        del f
+        argv = ("search", str(ix), "a dog") + (("--export", str(tmp_path / f"{name}.parquet")) if name == "terms.bin" else ())
+        assert said in cli(*argv), name
 
 
 def killed_after(documents: int):
@@ -285,10 +366,44 @@ def test_serve_answers_v1_search_with_the_indexs_hits_for_texts_and_vectors(setu
 
     ix = built(setup, "f32")
     small = built(setup, "binary", quantization="binary")
-    s = Server(tmp_path, f"emb={setup['bundle']}", "--index", f"docs={ix.path}", "--index", f"small={small.path}")
+    live = tmp_path / "live"
+    shutil.copytree(ix.path, live)
+    s = Server(tmp_path, f"emb={setup['bundle']}", "--index", f"docs={ix.path}", "--index", f"small={small.path}",
+               "--index", f"live={live}")
     try:
         def post(body):
             return httpx.post(s.url + "/v1/search", json=body, timeout=30)
+
+        def live_hits():
+            r = post({"index": "live", "vector": setup["q"][0].tolist(), "top_k": 5})
+            assert r.status_code == 200, r.text
+            return [h["id"] for h in r.json()["results"][0]["hits"]]
+
+        # files rewritten in place under the server: it keeps serving what it loaded (read into memory)
+        first = live_hits()
+        vectors = live / "shard-000000" / "vectors.bin"
+        kept = vectors.read_bytes()
+        with open(vectors, "r+b") as f:
+            f.truncate(0)
+            f.write(b"\xff" * 100)
+        (live / "shard-000000" / "ids.arrow").write_bytes(b"garbage")
+        assert live_hits() == first and httpx.get(s.url + "/health", timeout=5).status_code == 200
+        vectors.write_bytes(kept)
+        shutil.copy(ix.path / "shard-000000" / "ids.arrow", live / "shard-000000" / "ids.arrow")
+        # a delete under the server: the new manifest is loaded (within a second or two), the document gone
+        (tmp_path / "gone.txt").write_text(first[0] + "\n")
+        assert runner.invoke(app, ["index", str(live), "--delete", str(tmp_path / "gone.txt")]).exit_code == 0
+        deadline = time.monotonic() + 20
+        while live_hits()[0] == first[0] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert live_hits() == first[1:] + [h for h in live_hits() if h not in first] and first[0] not in live_hits()
+        # a manifest damaged under the server: it keeps serving the last one it could open, and says so once
+        (live / "manifest.json").write_text("{not json")
+        time.sleep(2.5)
+        assert first[0] not in live_hits() and s.proc.poll() is None
+        log = " ".join(s.log.read_text().split())  # the log's lines wrap at the terminal's width
+        assert "changed on disk: now serving its 1,199 documents (was 1,200)" in log, log
+        assert log.count("is still served as it was (1,199 documents)") == 1, log
 
         want, want_scores = exact(setup, 5)
         r = post({"index": "docs", "vector": setup["q"][:3].tolist(), "top_k": 5})

@@ -69,17 +69,37 @@ def build_ann(out: Path, manifest: dict[str, Any]) -> None:
     atomic_write(out / str(ann_file(manifest)), lambda tmp: writer(index, tmp))
 
 
-def ann_search(ix: Index, q: np.ndarray, n: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The ``n`` candidates of each (unit) query from ann.faiss: (rows, scores), -1 past the graph's
-    reach; ``allowed`` ((count,) bool): only those rows, through faiss's IDSelectorBitmap (not binary
-    IVF, which takes none). An ann.faiss over another number of vectors than the manifest's (an append
-    killed between writing it and its manifest) is refused, never searched."""
+def load_ann(ix: Index) -> Any:
+    """``ix``'s faiss index (its manifest's ann_file), read once and kept on ``ix`` (a search of many
+    query blocks, a server's every request, use that one). A file faiss cannot read (truncated, another
+    file's bytes), or one of other dimensions or another number of vectors than the manifest's (an append
+    stopped between writing it and its manifest) is one line naming it, never searched."""
+    if ix.ann_index is not None:
+        return ix.ann_index
     faiss = faiss_module()
     path = ix.path / str(ann_file(ix.manifest))
-    index = faiss.read_index_binary(str(path)) if ix.quantization == "binary" else faiss.read_index(str(path))
+    hint = f"build it again from the stored vectors: mlmkit index {ix.path} --compact"
+    if not path.is_file():
+        raise ConfigError(f"{path} is missing; the manifest of {ix.path} names it as its {ix.ann} index", hint)
+    try:
+        index = faiss.read_index_binary(str(path)) if ix.quantization == "binary" else faiss.read_index(str(path))
+    except (RuntimeError, MemoryError):  # faiss's message is its C++ source's: the file is what the user can act on
+        raise ConfigError(f"{path} is not a readable faiss {ix.ann} index: a truncated or replaced file", hint) from None
+    if index.d != ix.dims:
+        raise ConfigError(f"{path} holds vectors of {index.d} dimensions; the manifest says {ix.dims}: a replaced file", hint)
     if index.ntotal != ix.count:
         raise ConfigError(f"{path} holds {index.ntotal:,} vectors; the manifest says {ix.count:,}: an append that was "
                           "stopped before its manifest was written", "finish that append: the same `mlmkit index` command with --resume")
+    ix.ann_index = index
+    return index
+
+
+def ann_search(ix: Index, q: np.ndarray, n: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The ``n`` candidates of each (unit) query from the ANN index (load_ann): (rows, scores), -1 past
+    the graph's reach; ``allowed`` ((count,) bool): only those rows, through faiss's IDSelectorBitmap
+    (not binary IVF, which takes none)."""
+    faiss = faiss_module()
+    index = load_ann(ix)
     settings = ix.manifest.get("ann_settings", {})
     ef, nprobe = max(int(settings.get("ef_search", 128)), n), int(settings.get("nprobe", 16))
     x = np.packbits(q > 0, axis=1) if ix.quantization == "binary" else np.ascontiguousarray(q)

@@ -26,11 +26,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 from pathlib import Path
 from typing import Any
 
-from mlmkit.errors import ConfigError
-from mlmkit.infer.index.store import Index
+from mlmkit.errors import ConfigError, MlmkitError
+from mlmkit.infer.index.ann import load_ann
+from mlmkit.infer.index.store import Index, manifest_stamp
+
+log = logging.getLogger("mlmkit")
 
 
 def _sha256(path: Path) -> str:
@@ -101,14 +105,17 @@ def query_bundle(ix: Index, bundle: Path | None) -> Path:
     return b
 
 
-def served_indexes(indexes: dict[str, Path], bundles: dict[str, Path]) -> dict[str, tuple[str, Index]]:
-    """`mlmkit serve --index`: each index opened and paired with the served bundle that built it,
-    {index name: (model name, Index)}; one that no served bundle built is refused. The bundle at the
-    index's recorded path, unchanged, is found without reading a graph; the others are hashed."""
+def served_indexes(indexes: dict[str, Path], bundles: dict[str, Path], *, memory: bool = True) -> dict[str, tuple[str, Index]]:
+    """`mlmkit serve --index`: each index opened (``memory``: read into memory; else memory-mapped) and
+    paired with the served bundle that built it, {index name: (model name, Index)}; one that no served
+    bundle built is refused. The bundle at the index's recorded path, unchanged, is found without reading
+    a graph; the others are hashed."""
     served = {name: path for name, path in bundles.items() if (path / "model.onnx").is_file()}
     out: dict[str, tuple[str, Index]] = {}
     for name, path in indexes.items():
-        ix = Index.open(path)
+        ix = Index.open(path, memory=memory)
+        if ix.ann != "flat":  # read now: a damaged one is refused at the start, not at every search
+            load_ann(ix)
         was = ix.manifest["bundle"]
         model = next((m for m, b in served.items() if same_bundle(was, b, read=False)), None)
         model = model or next((m for m, b in served.items() if same_bundle(was, b)), None)
@@ -117,3 +124,36 @@ def served_indexes(indexes: dict[str, Path], bundles: dict[str, Path]) -> dict[s
                               "(no served bundle has its graph and description)", "serve that bundle beside the index")
         out[name] = (model, ix)
     return out
+
+
+_refused: dict[Path, tuple[int, int, int] | None] = {}
+"""The manifests a reload could not take (reloaded), each logged once."""
+
+
+def reloaded(ix: Index, bundle: Path) -> Index:
+    """``ix``, or the index at its path opened again as the server opened it (its ANN index read), when
+    its manifest changed on disk since (an `mlmkit index --delete`, `--upsert`, `--append` or `--compact`
+    under a running server: each writes new files, then switches the manifest) and still names
+    ``bundle``. A manifest that cannot be opened, or names another bundle, keeps ``ix`` served, logged once."""
+    if not ix.changed():
+        return ix
+    try:
+        stamp: tuple[int, int, int] | None = manifest_stamp(ix.path)
+    except OSError:
+        stamp = None
+    try:
+        if stamp is None:
+            raise ConfigError(f"{ix.path}'s manifest is gone")
+        new = Index.open(ix.path, memory=ix.memory)
+        if new.ann != "flat":
+            load_ann(new)
+        if not same_bundle(new.manifest["bundle"], bundle):
+            raise ConfigError(f"it was built again with the bundle {new.manifest['bundle'].get('path')}, not the served {bundle}")
+    except (MlmkitError, OSError) as e:
+        if ix.path not in _refused or _refused[ix.path] != stamp:
+            why = e.message if isinstance(e, MlmkitError) else str(e)
+            log.warning("index %s changed on disk, and is still served as it was (%s documents): %s", ix.path, f"{ix.live:,}", why)
+            _refused[ix.path] = stamp
+        return ix
+    log.info("index %s changed on disk: now serving its %s documents (was %s)", ix.path, f"{new.live:,}", f"{ix.live:,}")
+    return new

@@ -31,7 +31,7 @@ import mlmkit.infer.index.multivector as multivector
 from mlmkit.errors import ConfigError, DataFormatError
 from mlmkit.files import atomic_write, exclusive, write_json
 from mlmkit.infer import postings
-from mlmkit.infer.index.ann import build_ann
+from mlmkit.infer.index.ann import build_ann, load_ann
 from mlmkit.infer.index.filters import META, read_meta
 from mlmkit.infer.index.store import CHUNK, CHUNKS, MANIFEST, Index, ann_file, read_chunks, shard_name
 
@@ -134,7 +134,9 @@ def compact(path: Path) -> dict[str, Any]:
                               "command with --resume), or delete that directory")
         sweep(path, ix.manifest)  # a killed compaction's shards, named by no manifest
         if ix.deleted is None:
-            return dict(ix.manifest)
+            if ann_file(ix.manifest) is None or _readable_ann(ix):
+                return dict(ix.manifest)
+            return commit(path, _new_ann(path, dict(ix.manifest)))  # a damaged ANN index, built again from the vectors
         work = path / ".compact"
         work.mkdir()
         shards, start = [], 0
@@ -156,11 +158,23 @@ def compact(path: Path) -> dict[str, Any]:
         m.update(shards=shards, count=sum(s["count"] for s in shards))
         if ix.kind == "multivector":
             m["tokens"] = int(sum(np.fromfile(path / s["name"] / "lengths.bin", dtype=np.int32).sum() for s in shards))
-        if ann_file(m) is not None:
-            old = re.fullmatch(r"ann-(\d{6})\.faiss", str(m.get("ann_file", "")))
-            m["ann_file"] = f"ann-{(int(old.group(1)) + 1 if old else 0):06d}.faiss"
-            build_ann(path, m)
-        return commit(path, m)
+        return commit(path, _new_ann(path, m) if ann_file(m) is not None else m)
+
+
+def _new_ann(path: Path, m: dict[str, Any]) -> dict[str, Any]:
+    """``m`` with its ANN index built again over its shards, under the next unused name."""
+    old = re.fullmatch(r"ann-(\d{6})\.faiss", str(m.get("ann_file", "")))
+    m["ann_file"] = f"ann-{(int(old.group(1)) + 1 if old else 0):06d}.faiss"
+    build_ann(path, m)
+    return m
+
+
+def _readable_ann(ix: Index) -> bool:
+    try:
+        load_ann(ix)
+    except ConfigError:
+        return False
+    return True
 
 
 def _write_shard(ix: Index, k: int, keep: np.ndarray, out: Path) -> None:

@@ -181,19 +181,20 @@ class Shard:
     postings: postings.Postings
 
     @classmethod
-    def open(cls, s: Path, n: int, codec: Codec, block: int, hint: str) -> Shard:
+    def open(cls, s: Path, n: int, codec: Codec, block: int, hint: str, *, memory: bool = False) -> Shard:
         lengths = np.asarray(postings.mapped_file(s / "lengths.bin", np.int32, (n,), n, hint), dtype=np.int64)
         if (lengths < 0).any():
             raise ConfigError(f"{s / 'lengths.bin'} holds a negative length: a corrupted file", hint)
         starts = np.concatenate([[0], np.cumsum(lengths)])
         tokens = int(starts[-1])
-        codes = postings.mapped_file(s / "codes.bin", np.uint16, (tokens,), n, hint)
+        codes = postings.mapped_file(s / "codes.bin", np.uint16, (tokens,), n, hint, memory=memory)
         for a in range(0, tokens, 1 << 22):
             if int(np.asarray(codes[a:a + (1 << 22)]).max(initial=0)) >= len(codec.centroids):
                 raise ConfigError(f"{s / 'codes.bin'} names a centroid past the codec's {len(codec.centroids):,}: "
                                   "a corrupted file or another index's codec", hint)
-        residuals = postings.mapped_file(s / "residuals.bin", np.uint8, (tokens, codec.residual_bytes()), n, hint)
-        return cls(n, starts, codes, residuals, postings.Postings.open(s, n, len(codec.centroids), block, hint, forward=False))
+        residuals = postings.mapped_file(s / "residuals.bin", np.uint8, (tokens, codec.residual_bytes()), n, hint, memory=memory)
+        return cls(n, starts, codes, residuals, postings.Postings.open(s, n, len(codec.centroids), block, hint, forward=False,
+                                                                        memory=memory))
 
 
 def spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -203,15 +203,13 @@ class Pending:
         when this returns, except the windows a new int8 or binary index holds for its calibration."""
         if window != self.windows + len(self.buffer):
             raise AssertionError(f"window {window} after {self.windows + len(self.buffer)}")
+        _check_finite(window, ids, x, sparse=self.sparse, multi=self.multi)
         if self.sparse:
             return self._write([(window, records, ids, x)])
         if self.multi:  # a list of (tokens, dims) arrays, one a document (none for a document of skiplist tokens alone)
             arrays = [np.asarray(v, dtype=np.float32) for v in x]
             d = next((a.shape[-1] for a in arrays if a.size), self.dims)
             flat = np.concatenate([a.reshape(-1, d) for a in arrays]) if d else np.zeros((0, 0), np.float32)
-            if not np.isfinite(flat).all():
-                raise ConfigError(f"the bundle gave a token vector that is not finite (NaN or infinite) in window {window + 1}",
-                                  "check the bundle's parity: mlmkit export RUN again")
             x = (np.asarray([len(a) for a in arrays], dtype=np.int32), normalized(flat))
         width = (x[1] if self.multi else x).shape[1]
         if self.dims == 0:
@@ -333,3 +331,22 @@ class Pending:
         """Every document in and checked: a resume goes straight to the rename and the manifest."""
         self.state["complete"] = True
         write_json(self.dir / PROGRESS, self.state)
+
+
+def _check_finite(window: int, ids: list[str], x: Any, *, sparse: bool, multi: bool) -> None:
+    """A window's vectors (dense rows, a sparse bundle's (lengths, terms, weights), or a token vector
+    array a document) refused when one holds NaN or an infinite value, naming the document: no index
+    is written with vectors no search can rank."""
+    if sparse:
+        lengths, _, weights = x
+        bad = ~np.isfinite(np.asarray(weights, dtype=np.float32))
+        doc = int(np.searchsorted(np.cumsum(lengths), int(np.argmax(bad)), side="right")) if bad.any() else -1
+    elif multi:
+        doc = next((j for j, v in enumerate(x) if not np.isfinite(np.asarray(v, dtype=np.float32)).all()), -1)
+    else:
+        rows_bad = ~np.isfinite(np.asarray(x, dtype=np.float32)).all(axis=1)
+        doc = int(np.argmax(rows_bad)) if rows_bad.any() else -1
+    if doc >= 0:
+        raise ConfigError(f"document {ids[doc]!r} (window {window + 1}): the bundle gave it a vector that is not finite "
+                          "(NaN or infinite), which no search could rank; nothing of this window was written",
+                          "check the bundle's parity (mlmkit export RUN again), or leave that document out")

@@ -36,10 +36,11 @@ def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = Non
     then 4 times deeper while a query has fewer than k documents among them: by the best chunk, the
     k-th document found in the order of the chunks is the k-th best."""
     if not ix.chunked or k < 1 or k > ix.count:
-        return _search_rows(ix, queries, k, rescore=rescore, where=where)
+        return finite(ix, *_search_rows(ix, queries, k, rescore=rescore, where=where))
     depth = min(ix.count, 4 * k)
     while True:
-        rows, scores = _search_rows(ix, queries, depth, rescore=max(rescore, depth) if rescore is not None else None, where=where)
+        rows, scores = finite(ix, *_search_rows(ix, queries, depth, rescore=max(rescore, depth) if rescore is not None else None,
+                                                where=where))
         out_i = np.full((len(rows), k), -1, dtype=np.int64)
         out_s = np.full((len(rows), k), -np.inf, dtype=np.float32)
         short = False
@@ -54,6 +55,29 @@ def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = Non
         if not short or depth == ix.count:
             return out_i, out_s
         depth = min(ix.count, 4 * depth)
+
+
+STORED = {"dense": "vectors.bin", "sparse": "weights.bin", "multivector": "residuals.bin"}
+"""Where each kind of index keeps the values a score is made of (what a NaN score points at)."""
+
+
+def finite(ix: Index, rows: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` and ``scores`` as they are, when every hit's score is a number: a NaN or infinite score
+    (the queries are checked finite before) comes from a stored vector that is not finite, which no
+    build writes (building refuses them): one line naming the shard's file and the row."""
+    bad = (rows >= 0) & ~np.isfinite(scores)
+    if not bad.any():
+        return rows, scores
+    row = int(rows[bad][0])
+    start = 0
+    for s in ix.manifest["shards"]:
+        if row < start + s["count"]:
+            break
+        start += s["count"]
+    name = STORED[ix.kind] if ix.kind != "multivector" else f"{STORED[ix.kind]} or {ix.path / multivector.CODEC}"
+    raise ConfigError(f"{ix.path / s['name'] / name} holds values that are not finite (NaN or infinite): row {row - start:,} "
+                      f"of the shard (id {ix.row_ids(np.asarray([row]))[0]!r}) scores {float(scores[bad][0])}",
+                      "rebuild the index, or restore it from a copy")
 
 
 def _search_rows(ix: Index, queries: Any, k: int, *, rescore: int | None = None,

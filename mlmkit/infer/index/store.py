@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,10 +48,12 @@ from mlmkit.errors import ConfigError
 from mlmkit.files import read_json
 from mlmkit.infer import postings
 from mlmkit.infer.chunks import document_id
-from mlmkit.infer.index.codecs import QUANTIZATIONS, dtype, floats, row_bytes
+from mlmkit.infer.index.codecs import QUANTIZATIONS, RESCORE_COPIES, dtype, floats, row_bytes
 
 KINDS = ("dense", "sparse", "multivector")
 ANNS = ("flat", "hnsw", "ivf")
+ANN_FILE = re.compile(r"ann(-\d{6})?\.faiss")
+"""The names an ANN index's file takes (a compaction's: ann-NNNNNN.faiss, live.py)."""
 CHUNK = 65536
 """Rows of vectors scored at once in a flat search."""
 QUERY_BLOCK = 64
@@ -79,6 +82,12 @@ class Index:
     codec: multivector.Codec | None = None
     deleted: np.ndarray | None = None
     """(count,) bool: the rows deleted (live.py) and not yet compacted away; None when there are none."""
+    ann_index: Any = None
+    """The faiss index of an --ann index, once read (ann.load_ann)."""
+    memory: bool = False
+    """Whether its shards' files were read into memory (a server's), not memory-mapped."""
+    stamp: tuple[int, int, int] = (0, 0, 0)
+    """Its manifest's (inode, mtime in ns, size) when opened: what tells it changed since (changed)."""
 
     @property
     def kind(self) -> str:
@@ -118,10 +127,14 @@ class Index:
         return np.asarray(r, dtype=np.float32) if r is not None else None
 
     @classmethod
-    def open(cls, path: str | Path) -> Index:
+    def open(cls, path: str | Path, *, memory: bool = False) -> Index:
+        """The index at ``path``, its manifest checked against its files, which are memory-mapped;
+        ``memory``: read into memory (what `mlmkit serve --index` does: files rewritten or removed under
+        a running server cannot take what it loaded from it)."""
         d = Path(path)
         if not (d / MANIFEST).is_file():
             raise ConfigError(f"{d} is not an index: no {MANIFEST}", "build one with `mlmkit index BUNDLE --corpus DOCS --out DIR`")
+        stamp = manifest_stamp(d)
         m = read_json(d / MANIFEST)
         hint = f"rebuild the index, or restore {d} from a copy"
         for k, kind in (("dims", int), ("count", int), ("quantization", str), ("shards", list), ("bundle", dict)):
@@ -132,7 +145,11 @@ class Index:
         allowed = ("residual",) if m.get("kind") == "multivector" else QUANTIZATIONS
         if m["quantization"] not in allowed:
             raise ConfigError(f"{d / MANIFEST}: quantization {m['quantization']!r} is not one of {', '.join(allowed)}", hint)
-        ix = cls(d, m)
+        if m.get("ann", "flat") not in ANNS or (m.get("ann", "flat") != "flat" and not ANN_FILE.fullmatch(str(m.get("ann_file", "ann.faiss")))):
+            raise ConfigError(f"{d / MANIFEST}: ann {m.get('ann')!r} with ann_file {m.get('ann_file')!r}: ann must be one of "
+                              f"{', '.join(ANNS)}, its file ann.faiss or ann-NNNNNN.faiss in the index", hint)
+        ix = cls(d, m, memory=memory, stamp=stamp)
+        _check_coding(ix, hint)
         if ix.kind == "multivector":
             search = m.get("search")
             if not isinstance(search, dict) or any(not isinstance(search.get(k), int) or isinstance(search.get(k), bool)
@@ -200,10 +217,10 @@ class Index:
             if not isinstance(block, int) or isinstance(block, bool) or block < 1:
                 raise ConfigError(f"{self.path / MANIFEST}: a {self.kind} index's block must be a positive int, got {block!r}", hint)
             if self.codec is not None:
-                self.multi.append(multivector.Shard.open(s, n, self.codec, block, hint))
+                self.multi.append(multivector.Shard.open(s, n, self.codec, block, hint, memory=self.memory))
             else:
-                self.sparse.append(postings.Postings.open(s, n, self.dims, block, hint))
-            return np.zeros((n, 0), dtype=np.float32), read_ids(s / "ids.arrow", n, hint), None
+                self.sparse.append(postings.Postings.open(s, n, self.dims, block, hint, memory=self.memory))
+            return np.zeros((n, 0), dtype=np.float32), read_ids(s / "ids.arrow", n, hint, memory=self.memory), None
 
         def mapped(name: str, kind: str) -> np.ndarray:
             f, t = s / name, np.dtype(dtype(kind))
@@ -214,11 +231,21 @@ class Index:
                 raise ConfigError(f"{f} {what}; the manifest says {n:,} vectors of {width:,} bytes ({n * width:,} bytes): "
                                   "a truncated or replaced file", hint)
             cols = width // t.itemsize
-            return np.memmap(f, dtype=t, mode="r", shape=(n, cols)) if n else np.zeros((0, cols), dtype=t)
+            if not n:
+                return np.zeros((0, cols), dtype=t)
+            return np.fromfile(f, dtype=t).reshape(n, cols) if self.memory else np.memmap(f, dtype=t, mode="r", shape=(n, cols))
 
         vectors = mapped("vectors.bin", self.quantization)
         rescore = mapped("rescore.bin", self.copy) if self.copy else None
-        return vectors, read_ids(s / "ids.arrow", n, hint), rescore
+        return vectors, read_ids(s / "ids.arrow", n, hint, memory=self.memory), rescore
+
+    def changed(self) -> bool:
+        """Whether its manifest on disk is another than the one it opened (a delete, an upsert, an append,
+        a compaction or a rebuild since): what a server's reload looks at (identity.reloaded)."""
+        try:
+            return manifest_stamp(self.path) != self.stamp
+        except OSError:
+            return True
 
     @functools.cached_property
     def id_hashes(self) -> np.ndarray:
@@ -276,6 +303,32 @@ class Index:
                 out[sel] = self.floats(np.asarray(src[rows[sel] - start]), copy=src is copy)
             start += n
         return out
+
+
+def _check_coding(ix: Index, hint: str) -> None:
+    """The manifest's fields that decode and search vectors, each of its type and shape: the rescoring
+    copy, the int8 ranges ((2, dims) finite numbers, each high above its low: int8 vectors or an int8
+    copy need them), the ANN settings (positive ints)."""
+    m, where = ix.manifest, ix.path / MANIFEST
+    if m.get("rescore_copy") is not None and m["rescore_copy"] not in RESCORE_COPIES:
+        raise ConfigError(f"{where}: rescore_copy {m['rescore_copy']!r} is not one of {', '.join(RESCORE_COPIES)}", hint)
+    if m.get("ranges") is not None or "int8" in (ix.quantization, ix.copy):
+        r = m.get("ranges")
+        ok = (isinstance(r, list) and len(r) == 2 and all(isinstance(row, list) and len(row) == ix.dims for row in r)
+              and all(isinstance(v, (int, float)) and not isinstance(v, bool) for row in r for v in row))
+        if ok:
+            with np.errstate(invalid="ignore"):
+                lo, hi = np.asarray(r, dtype=np.float64)
+                ok = bool(np.isfinite(lo).all() and np.isfinite(hi).all() and (hi > lo).all())
+        if not ok:
+            raise ConfigError(f"{where}: field ranges must be two lists of {ix.dims} finite numbers (each dimension's low, "
+                              f"then its high, above it), got {str(r)[:80]}", hint)
+    if ix.ann != "flat":
+        a = m.get("ann_settings")
+        keys = ("m", "ef_construction", "ef_search") if ix.ann == "hnsw" else ("lists", "nprobe")
+        if not isinstance(a, dict) or any(not isinstance(a.get(k), int) or isinstance(a.get(k), bool) or a[k] < 1 for k in keys):
+            raise ConfigError(f"{where}: field ann_settings of a {ix.ann} index must hold {', '.join(keys)}, positive ints, "
+                              f"got {str(a)[:80]}", hint)
 
 
 def ann_file(manifest: dict[str, Any]) -> str | None:
@@ -343,12 +396,19 @@ def read_chunks(shard: Path, n: int) -> Any:
     return table
 
 
-def read_ids(path: Path, n: int, hint: str) -> Any:
-    """An ids.arrow of ``n`` ids, memory-mapped (a pyarrow string column)."""
+def manifest_stamp(d: Path) -> tuple[int, int, int]:
+    """The manifest's (inode, mtime in ns, size): a commit replaces the file, so any change moves it."""
+    st = (d / MANIFEST).stat()
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def read_ids(path: Path, n: int, hint: str, *, memory: bool = False) -> Any:
+    """An ids.arrow of ``n`` ids, memory-mapped (a pyarrow string column); ``memory``: read into memory."""
     import pyarrow as pa
 
     try:
-        ids = pa.ipc.open_file(pa.memory_map(str(path))).read_all().column(0)
+        source = pa.OSFile(str(path)) if memory else pa.memory_map(str(path))
+        ids = pa.ipc.open_file(source).read_all().column(0)
     except (OSError, pa.ArrowInvalid) as e:
         raise ConfigError(f"{path}: not a readable ids file ({str(e).splitlines()[0]})", hint) from None
     if len(ids) != n:

@@ -54,7 +54,7 @@ from mlmkit.args import ServeArgs
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.files import JSONObject
 from mlmkit.infer.serve.http import HTTPError
-from mlmkit.infer.serve.queue import Metrics, Model
+from mlmkit.infer.serve.queue import Metrics, Model, reload_indexes
 from mlmkit.infer.serve.routes import ROUTES, Call
 from mlmkit.registry import Options, Prediction
 
@@ -66,6 +66,8 @@ except ImportError:  # no [serve] extra: serve() says what to install
     Request = JSONResponse = Response = StarletteHTTPException = Any
 
 log = logging.getLogger("mlmkit")
+RELOAD_SECONDS = 1.0
+"""How often a server with --index looks at its indexes' manifests (a stat each) for a change to load."""
 
 
 # ---- the app --------------------------------------------------------------------------------------
@@ -157,14 +159,28 @@ class _Service:
         self.started = int(time.time())  # set with the rest, before any route that reads it exists
 
     async def lifespan(self, app: Any) -> AsyncIterator[None]:
-        """The models' threads run while the app does; at shutdown each gets --drain-seconds to finish."""
+        """The models' threads run while the app does, and with --index a watch on the indexes'
+        manifests (reload_indexes, every RELOAD_SECONDS); at shutdown each gets --drain-seconds to finish."""
         for m in self.models.values():
             m.thread.start()
+        watch = asyncio.create_task(self._watch_indexes()) if any(m.indexes for m in self.models.values()) else None
         yield
+        if watch is not None:
+            watch.cancel()
         for m in self.models.values():
             m.stop()
         for m in self.models.values():
             m.thread.join(timeout=self.args.drain_seconds)
+
+    async def _watch_indexes(self) -> None:
+        """An index changed on disk (mlmkit index --delete, --upsert, --compact) served as it is now,
+        opened in a worker thread and swapped in whole; requests keep being answered meanwhile."""
+        while True:
+            await asyncio.sleep(RELOAD_SECONDS)
+            try:
+                await asyncio.to_thread(reload_indexes, self.models)
+            except Exception:  # never the watch's end: the next pass tries again
+                log.exception("reloading the served indexes failed")
 
     async def http_error(self, request: Request, e: HTTPError) -> JSONResponse:
         """Our HTTPError as its JSON reply (a client that hung up is counted: nobody reads the reply)."""

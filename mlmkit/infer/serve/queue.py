@@ -268,7 +268,7 @@ def load_models(args: ServeArgs) -> dict[str, Model]:
                                               min_agreement=args.min_agreement),
                           args, metrics)
               for name, path in bundles.items()}
-    for name, (model, ix) in served_indexes(model_names(args.index, "index"), bundles).items():
+    for name, (model, ix) in served_indexes(model_names(args.index, "index"), bundles, memory=not args.mmap_index).items():
         models[model].indexes[name] = ix
     for name, path in corpus_names(args.corpus, models).items():
         from mlmkit.infer.index.hybrid import BM25Ranker, corpus_texts, same_corpus
@@ -278,6 +278,19 @@ def load_models(args: ServeArgs) -> dict[str, Model]:
         same_corpus((f"index '{name}'", owner.indexes[name].id_hashes), (lexical.name, lexical.id_hashes()))
         owner.bm25[name] = lexical
     return models
+
+
+def reload_indexes(models: dict[str, Model]) -> None:
+    """Each served index whose manifest changed on disk opened again and swapped in whole (a search in
+    flight keeps the one it began with); one that cannot be keeps being served as loaded
+    (infer/index/identity.reloaded)."""
+    from mlmkit.infer.index.identity import reloaded
+
+    for m in models.values():
+        for name, ix in list(m.indexes.items()):
+            new = reloaded(ix, m.pipe.path)
+            if new is not ix:
+                m.indexes[name] = new
 
 
 def corpus_names(specs: Sequence[str], models: dict[str, Model]) -> dict[str, Path]:
