@@ -55,7 +55,10 @@ from mlmkit.args.inference import (
 )
 from mlmkit.args.training import (
     CORPUS_HELP,
+    DISTILL_AUGMENT,
+    DISTILL_HIDDEN,
     DISTILL_LR,
+    DISTILL_RELATIONS,
     DistillArgs,
     EvaluateArgs,
     ExportArgs,
@@ -94,7 +97,10 @@ __all__ = [
     "TokenizeArgs",
     "PretrainArgs",
     "FinetuneArgs",
+    "DISTILL_AUGMENT",
+    "DISTILL_HIDDEN",
     "DISTILL_LR",
+    "DISTILL_RELATIONS",
     "DistillArgs",
     "SweepArgs",
     "EvaluateArgs",

@@ -34,6 +34,8 @@ class TrainArgs(Args):
                             flags=("--steps", "--max-steps"))
     epochs: float | None = arg(None, "Passes over the training data, when --steps is not given.")
     lr: float = arg(1e-4, "Peak learning rate (linear warmup, then linear decay to 0).")
+    head_lr: float | None = arg(None, "Peak learning rate of the parameters outside the encoder (a task head, colbert's "
+                                      "projection), on the same schedule; default: --lr.")
     warmup_steps: int | None = arg(None, "Linear warmup steps (default: --warmup-ratio of the steps).")
     warmup_ratio: float = arg(0.06, "Share of the steps spent warming up, when --warmup-steps is not given.")
     weight_decay: float = arg(0.01, "AdamW weight decay (not on biases and LayerNorm weights).")
@@ -64,6 +66,8 @@ class TrainArgs(Args):
         _check(self.steps is None or self.steps >= 1, f"{f('steps')} must be at least 1, got {self.steps}")
         _check(self.epochs is None or (_finite(self.epochs) and self.epochs > 0), f"{f('epochs')} must be positive, got {self.epochs}")
         _check(_finite(self.lr) and self.lr > 0, f"{f('lr')} must be a positive number, got {self.lr}")
+        _check(self.head_lr is None or (_finite(self.head_lr) and self.head_lr > 0),
+               f"{f('head_lr')} must be a positive number, got {self.head_lr}")
         _check(self.warmup_steps is None or self.warmup_steps >= 0, f"{f('warmup_steps')} must not be negative")
         _check(_finite(self.warmup_ratio) and 0 <= self.warmup_ratio <= 1, f"{f('warmup_ratio')} must be between 0 and 1")
         _check(_finite(self.weight_decay) and self.weight_decay >= 0, f"{f('weight_decay')} must not be negative")
@@ -199,6 +203,8 @@ class FinetuneArgs(Args):
 
 DISTILL_LR = 1e-4
 """distill's --lr default (with --static and --train the table's own, mlmkit.train.static.STATIC_LR)."""
+DISTILL_HIDDEN, DISTILL_RELATIONS, DISTILL_AUGMENT = 0.0, 0.0, 0
+"""distill's intermediate-loss weights and augmentation copies by default (docs/make-it-fast.md measures each)."""
 
 
 @dataclass
@@ -222,6 +228,13 @@ class DistillArgs(Args):
     dims: int | None = arg(None, "With --static: the vectors' dimensions (PCA), 1 to the teacher's; default 256 or the "
                                  "teacher's, the smaller.")
     temperature: float = arg(2.0, "Softmax temperature of the distillation loss on logits (squared, it scales the loss).")
+    hidden_weight: float | None = arg(None, "Weight of the hidden-state loss: each student layer's output against its "
+                                            f"teacher layer's (MSE; TinyBERT's uniform map). 0: off. Default: {DISTILL_HIDDEN}.")
+    relation_weight: float | None = arg(None, "Weight of MiniLMv2's self-attention relation loss (query-query, key-key, "
+                                              f"value-value of the last layers; KL). 0: off. Default: {DISTILL_RELATIONS}.")
+    augment: int | None = arg(None, "Copies of each training text with some of its words replaced by their neighbours in "
+                                    "the teacher's word embeddings (TinyBERT's augmentation), labelled by the teacher "
+                                    f"too. 0: none. Default: {DISTILL_AUGMENT}.")
     held_out: float = arg(0.1, "Share of the inputs kept out of training, on which the student's agreement with the "
                                "teacher is measured (0: none).")
     batch_size: int = arg(32, "Features per micro-batch.")
@@ -241,8 +254,16 @@ class DistillArgs(Args):
                    "give a file of texts or the task's data: --train DATA")
             _check(self.dims is None, "--dims is a static table's size", "add --static, or drop --dims")
         _check(self.layers is None or self.layers >= 1, f"--layers must be at least 1, got {self.layers}")
-        _check(self.train.early_stopping is None or self.eval_file is not None,
-               "--early-stopping needs --eval (it stops on the evaluation metric)", "add --eval FILE")
+        _check(self.train.early_stopping is None or self.eval_file is not None or self.held_out > 0,
+               "--early-stopping needs held-out inputs or --eval (it stops on the held-out agreement)",
+               "keep --held-out above 0, or add --eval FILE")
+        for name in ("hidden_weight", "relation_weight"):
+            w = getattr(self, name)
+            _check(w is None or (math.isfinite(w) and w >= 0), f"--{name.replace('_', '-')} must be 0 or more, got {w}")
+        _check(self.augment is None or self.augment >= 0, f"--augment must be 0 or more, got {self.augment}")
+        _check(not self.static or (self.hidden_weight, self.relation_weight, self.augment) == (None, None, None),
+               "--hidden-weight, --relation-weight and --augment train a transformer student, not a static table",
+               "drop them, or --static")
         _check(self.dims is None or self.dims >= 1, f"--dims must be at least 1, got {self.dims}")
         _check(math.isfinite(self.temperature) and self.temperature > 0,
                f"--temperature must be a positive number, got {self.temperature}")

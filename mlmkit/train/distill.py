@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 from collections.abc import Mapping
@@ -39,10 +40,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlmkit.args import DistillArgs
+from mlmkit.args import DISTILL_AUGMENT, DISTILL_HIDDEN, DISTILL_RELATIONS, DistillArgs
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.files import JSONObject, atomic_write, atomic_write_text, cache_root, exclusive
 from mlmkit.infer import evaluation
+from mlmkit.models.blocks import Attention
 from mlmkit.registry import LABEL, SEQUENCE, Example, Feature, Metrics, Plugin, TaskContext, per_token
 from mlmkit.rundir.checkpoint import load_weights, save_run
 from mlmkit.rundir.meta import RunMeta, read_meta, write_meta
@@ -118,12 +120,58 @@ class DistillData(FeatureData):
         return out
 
 
-class Distiller(nn.Module):
-    """The student in training: its outputs held to the teacher's (the module docstring's losses)."""
+class Taps:
+    """Forward hooks on an encoder that keep what the intermediate losses read: the output of each of
+    its ``layers``, and for ``relations`` the query, key and value projections' outputs of that layer's
+    attention (a family whose attention has no such projections gives none: relations are off for it)."""
 
-    def __init__(self, student: nn.Module, outputs: dict[str, tuple[str, ...]], temperature: float) -> None:
+    def __init__(self, bert: nn.Module, layers: list[int], relations: int | None) -> None:
+        self.got: dict[Any, torch.Tensor] = {}
+        self.handles: list[Any] = []
+        blocks = bert.encoder.layer
+        for i in layers:
+            self.handles.append(blocks[i].register_forward_hook(lambda m, a, out, i=i: self.got.__setitem__(i, out)))
+        self.relations = False
+        if relations is not None:
+            att = next((m for m in blocks[relations].modules() if isinstance(m, Attention)), None)
+            projections = [x for x in (getattr(att, n, None) for n in ("query", "key", "value")) if isinstance(x, nn.Linear)]
+            if len(projections) == 3:
+                self.relations = True
+                for n, lin in zip("qkv", projections):
+                    self.handles.append(lin.register_forward_hook(lambda m, a, out, n=n: self.got.__setitem__(n, out)))
+
+    def take(self) -> dict[Any, torch.Tensor]:
+        got, self.got = self.got, {}
+        return got
+
+
+class Distiller(nn.Module):
+    """The student in training: its outputs held to the teacher's (the module docstring's losses), and
+    with ``teacher`` (the torch teacher, run here on every batch, frozen) its intermediate states:
+    ``hidden_weight`` x the MSE of each student layer's output against its teacher layer's (TinyBERT's
+    uniform map: student layer i of K against teacher layer (i + 1) L / K, the last against the last),
+    ``relation_weight`` x MiniLMv2's self-attention relations of the last layers (the KL of the
+    softmaxed query-query, key-key and value-value scaled dot products, over the teacher's heads)."""
+
+    def __init__(self, student: nn.Module, outputs: dict[str, tuple[str, ...]], temperature: float,
+                 teacher: nn.Module | None = None, hidden_weight: float = 0.0, relation_weight: float = 0.0) -> None:
         super().__init__()
         self.student, self.outputs, self.temperature = student, outputs, temperature
+        self.hidden_weight, self.relation_weight = hidden_weight, relation_weight
+        self.frozen: list[nn.Module] = []  # the teacher, kept out of the module tree: not trained, not saved
+        if teacher is not None and (hidden_weight > 0 or relation_weight > 0):
+            teacher.eval().requires_grad_(False)
+            self.frozen.append(teacher)
+            L, K = teacher.bert.config.num_hidden_layers, student.bert.config.num_hidden_layers
+            self.targets = [(i + 1) * L // K - 1 for i in range(K)]
+            self.heads = teacher.bert.config.num_attention_heads
+            last = relation_weight > 0 or None
+            self.s_taps = Taps(student.bert, list(range(K)) if hidden_weight > 0 else [], K - 1 if last else None)
+            self.t_taps = Taps(teacher.bert, self.targets if hidden_weight > 0 else [], L - 1 if last else None)
+            if relation_weight > 0 and not (self.s_taps.relations and self.t_taps.relations):
+                log.warning("the %s family's attention has no query, key and value projections to relate: "
+                            "no relation loss", teacher.bert.config.model_type)
+                self.relation_weight = 0.0
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, **teacher: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -131,10 +179,37 @@ class Distiller(nn.Module):
             attention_mask = torch.ones_like(input_ids)
         got = self.student(input_ids, attention_mask, token_type_ids)
         if not teacher:  # an evaluation's batch: the student's outputs alone
+            if self.frozen:
+                self.s_taps.take()
             return got
-        losses = [self.loss(got[name].float(), teacher[TARGET + name].float(), axes, attention_mask.bool())
-                  for name, axes in self.outputs.items()]
-        return {**got, "loss": torch.stack(losses).sum()}
+        mask = attention_mask.bool()
+        losses = {name: self.loss(got[name].float(), teacher[TARGET + name].float(), axes, mask)
+                  for name, axes in self.outputs.items()}
+        if self.frozen:
+            losses.update(self.intermediate(input_ids, attention_mask, token_type_ids, mask))
+        return {**got, "loss": torch.stack(list(losses.values())).sum(),
+                **{f"log_{k}_loss": v.detach() for k, v in losses.items()}}
+
+    def intermediate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None,
+                     mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The hidden-state and relation losses of this batch (the student's states, tapped during its
+        forward; the teacher's, from its forward here)."""
+        teacher = self.frozen[0]
+        if next(teacher.parameters()).device != input_ids.device:
+            teacher.to(input_ids.device)
+        with torch.no_grad():
+            teacher.bert(input_ids, attention_mask, token_type_ids)
+        s, t = self.s_taps.take(), self.t_taps.take()
+        out: dict[str, torch.Tensor] = {}
+        if self.hidden_weight > 0:
+            real = mask.unsqueeze(-1).float()
+            n = real.sum() * s[0].shape[-1]
+            out["hidden"] = self.hidden_weight * sum(((s[i].float() - t[j].float()) ** 2 * real).sum() / n
+                                                     for i, j in enumerate(self.targets)) / len(self.targets)
+        if self.relation_weight > 0:
+            out["relations"] = self.relation_weight * sum(relation_kl(s[x].float(), t[x].float(), mask, self.heads)
+                                                          for x in "qkv") / 3
+        return out
 
     def loss(self, s: torch.Tensor, t: torch.Tensor, axes: tuple[str, ...], mask: torch.Tensor) -> torch.Tensor:
         T = self.temperature
@@ -149,6 +224,23 @@ class Distiller(nn.Module):
             logp, logq = F.log_softmax(s / T, -1), F.log_softmax(t / T, -1)
             return (logq.exp() * (logq - logp)).masked_fill(~mask, 0.0).sum(-1).mean() * T * T
         return F.mse_loss(s, t)
+
+
+def relation_kl(s: torch.Tensor, t: torch.Tensor, mask: torch.Tensor, heads: int) -> torch.Tensor:
+    """MiniLMv2's relation loss for one kind of vector (queries, keys or values), (B, T, H) each: split
+    into ``heads`` relation heads, each position's softmax over the real positions of its scaled dot
+    products with them; KL(teacher || student), averaged over the real positions and the heads."""
+
+    def relations(x: torch.Tensor) -> torch.Tensor:
+        B, T, H = x.shape
+        x = x.view(B, T, heads, H // heads).transpose(1, 2)  # (B, h, T, d)
+        scores = x @ x.transpose(-1, -2) / math.sqrt(H // heads)
+        return F.log_softmax(scores.masked_fill(~mask[:, None, None, :], torch.finfo(scores.dtype).min), -1)
+
+    ls, lt = relations(s), relations(t)
+    kl = (lt.exp() * (lt - ls)).sum(-1)  # (B, h, T)
+    real = mask[:, None, :].float()
+    return (kl * real).sum() / (real.sum() * heads)
 
 
 def distill(args: DistillArgs) -> Metrics:
@@ -195,6 +287,9 @@ def _distill(args: DistillArgs) -> Metrics:
     random.Random(args.train.seed).shuffle(examples)
     n_held = int(len(examples) * args.held_out)
     held, train_ex = examples[:n_held], examples[n_held:]
+    hidden_w, relation_w, copies = recipe(args)
+    if copies:
+        train_ex = train_ex + augmented(train_ex, teacher.bert.embeddings.word_embeddings.weight, tok, copies, args.train.seed)
     outputs = {name: tuple(axes) for name, axes in task.outputs.items()}
     pad = special_ids(tok).pad
     features = task.featurize(train_ex, tok, ctx, training=False)
@@ -202,7 +297,7 @@ def _distill(args: DistillArgs) -> Metrics:
     forward = labeller or torch_forward(teacher, outputs)
     key = {"teacher": teacher_id or weights_digest(base_model_dir(args.teacher)), "inputs": data_identity(Path(args.train_file)),
            "max_length": L, "options": task.saved_options(opts), "seed": args.train.seed, "held_out": args.held_out,
-           "features": len(features), "format": 1}
+           "features": len(features), "augment": copies, "format": 1}
     got = teacher_outputs(key, features, forward, outputs, pad)
     for i, f in enumerate(features):
         f.update({TARGET + name: got[name][i] for name in outputs})
@@ -212,9 +307,9 @@ def _distill(args: DistillArgs) -> Metrics:
     student = task.build_model(student_cfg, ctx)
     load_weights(student, student_weights(teacher.state_dict(), mapping))
     info: JSONObject = {"teacher": str(args.teacher), **({"initialised_from": str(init)} if labeller else {}),
-                            "labelled_by": "onnxruntime" if labeller else "pytorch", "layer_map": mapping, "temperature": args.temperature,
-                            "loss": "kl on logits and positions, mse on vectors and scores",
-                            "inputs": str(args.train_file)}
+                        "labelled_by": "onnxruntime" if labeller else "pytorch", "layer_map": mapping, "temperature": args.temperature,
+                        "loss": "kl on logits and positions, mse on vectors and scores", "hidden_weight": hidden_w,
+                        "relation_weight": relation_w, "augment": copies, "inputs": str(args.train_file)}
     run_meta = RunMeta(task=meta.task, labels=meta.labels, task_state=meta.task_state, max_length=L,
                        options=task.saved_options(opts), distill=info)
 
@@ -227,21 +322,103 @@ def _distill(args: DistillArgs) -> Metrics:
 
     data = DistillData(features, task, args.batch_size, pad, args.train.seed, outputs)
     data_key = {"batch_size": args.batch_size, "max_length": L, "teacher": str(Path(args.teacher).resolve()),
-                "inputs": str(Path(args.train_file).resolve()), "layer_map": mapping, "held_out": args.held_out}
-    model = Distiller(student, outputs, args.temperature)
-    evaluator, train_args = None, args.train
+                "inputs": str(Path(args.train_file).resolve()), "layer_map": mapping, "held_out": args.held_out,
+                "augment": copies}
+    model = Distiller(student, outputs, args.temperature, teacher, hidden_weight=hidden_w, relation_weight=relation_w)
+    labelled = None
     if args.eval_file is not None:  # the teacher's decision settings stay (no calibration on the student)
-        evaluator = TaskEvaluator(task, task.read(Path(args.eval_file), opts), tok, ctx)
-        train_args = replace(args.train, metric_for_best=task.best_metric(ctx), greater_is_better=task.greater_is_better)
+        labelled = TaskEvaluator(task, task.read(Path(args.eval_file), opts), tok, ctx)
         info["eval"] = str(args.eval_file)
+    evaluator = HeldOut(task, held, tok, ctx, forward, outputs, pad, labelled) if held or labelled else None
+    train_args = args.train
+    if held:  # the epochs are chosen by the held-out agreement: the best is kept, --early-stopping stops on it
+        train_args = replace(args.train, metric_for_best="agreement", greater_is_better=True)
+    elif labelled is not None:
+        train_args = replace(args.train, metric_for_best=task.best_metric(ctx), greater_is_better=task.greater_is_better)
     metrics = Trainer(model, data, train_args, args.out, save_model=save_model, evaluate=evaluator, data_key=data_key,
                       params=flat_params(args)).train(run_meta)
     if held:
-        agree = held_out_agreement(task, held, tok, ctx, forward, student.eval(), outputs, pad)
+        best = load_finetuned(args.out)[1]  # the run root holds the best evaluation's student
+        agree = held_out_agreement(task, held, tok, ctx, forward, best, outputs, pad)
         info["agreement"] = {**agree, "held_out": len(held)}
         write_meta(args.out, replace(read_meta(args.out), distill=info))
         metrics = {**metrics, **{f"agreement_{k}": v for k, v in agree.items() if v is not None}}
     return metrics
+
+
+def recipe(args: DistillArgs) -> tuple[float, float, int]:
+    """(hidden-state weight, relation weight, augmentation copies): the arguments', else the defaults."""
+    return (DISTILL_HIDDEN if args.hidden_weight is None else args.hidden_weight,
+            DISTILL_RELATIONS if args.relation_weight is None else args.relation_weight,
+            DISTILL_AUGMENT if args.augment is None else args.augment)
+
+
+class HeldOut:
+    """The Trainer's evaluation of a student: its agreement with the teacher on the held-out inputs
+    (the teacher's outputs on them computed once), and with --eval the task's metrics on labelled
+    data; each evaluation logged in one line."""
+
+    def __init__(self, task: Plugin, held: list[Example], tok: Any, ctx: TaskContext, teach: evaluation.Forward,
+                 outputs: dict[str, tuple[str, ...]], pad: int, labelled: TaskEvaluator | None) -> None:
+        self.outputs, self.labelled, self.evaluations = outputs, labelled, 0
+        features = task.featurize(held, tok, ctx, training=False) if held else []
+        self.batches = [pad_features(features[i:i + 64], pad) for i in range(0, len(features), 64)]
+        self.ref = [teach(b) for b in self.batches]
+
+    def __call__(self, model: nn.Module) -> Metrics:
+        was = model.training
+        model.eval()
+        out: Metrics = {}
+        if self.batches:
+            learn = torch_forward(model, self.outputs)
+            got = evaluation.agreement(self.ref, [learn(b) for b in self.batches], self.outputs,
+                                       [b["attention_mask"] for b in self.batches])
+            out["agreement"] = float(got["value"] or 0.0)
+        model.train(was)
+        if self.labelled is not None:
+            out.update(self.labelled(model))
+        self.evaluations += 1
+        log.info("distill evaluation %d: %s", self.evaluations,
+                 ", ".join(f"{k} {v:.4f}" for k, v in out.items() if isinstance(v, float)))
+        return out
+
+
+def augmented(examples: list[Example], table: torch.Tensor, tok: Any, copies: int, seed: int,
+              share: float = 0.4, neighbours: int = 15) -> list[Example]:
+    """``copies`` copies of each example whose ``text`` (and ``text_pair``) is a string, each word that
+    is one token of the vocabulary replaced, at random with probability ``share``, by one of its
+    ``neighbours`` nearest whole-word tokens by cosine in ``table`` (the teacher's word embeddings:
+    TinyBERT replaces words by a masked LM's guesses, or GloVe's neighbours for words a masked LM
+    cannot; a fine-tuned teacher has no masked-LM head, its own embeddings stand in for GloVe).
+    Other examples (QA's question and context, whose answers are positions) get no copies."""
+    vocab = tok.get_vocab()
+    whole = torch.tensor(sorted(i for w, i in vocab.items() if w.isalpha() and w.islower() and not w.startswith("##")))
+    if not len(whole):
+        raise ConfigError("--augment swaps whole words of the teacher's vocabulary, and this one has none (a byte-level "
+                          "BPE vocabulary marks them)", "distil without --augment (--augment 0)")
+    unit = F.normalize(table.detach().float(), dim=-1)
+    near: dict[int, list[int]] = {}
+    words = {w.lower() for ex in examples for f in ("text", "text_pair") if isinstance(ex.get(f), str) for w in ex[f].split()}
+    ids = sorted({vocab[w] for w in words if w in vocab and w.isalpha()})
+    for a in range(0, len(ids), 1024):  # neighbours of the corpus's words, a block at a time
+        block = torch.tensor(ids[a:a + 1024])
+        sims = unit[block] @ unit[whole].T
+        sims[sims > 0.9999] = -1.0  # not itself
+        for i, row in zip(block.tolist(), sims.topk(min(neighbours, len(whole)), dim=-1).indices.tolist()):
+            near[i] = [int(whole[j]) for j in row]
+    inverse = {i: w for w, i in vocab.items()}
+    rng = random.Random(seed)
+
+    def swap(text: str) -> str:
+        out = []
+        for w in text.split():
+            i = vocab.get(w.lower())
+            out.append(inverse[rng.choice(near[i])] if i in near and rng.random() < share else w)
+        return " ".join(out)
+
+    return [{**ex, **{f: swap(ex[f]) for f in ("text", "text_pair") if isinstance(ex.get(f), str)}}
+            for _ in range(copies) for ex in examples
+            if isinstance(ex.get("text"), str) and not any(k in ex for k in ("question", "context"))]
 
 
 def bundle_teacher(path: Path) -> tuple[evaluation.Forward | None, str | None, Path]:

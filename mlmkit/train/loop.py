@@ -37,6 +37,7 @@ from torch import nn
 from mlmkit.args import TrainArgs
 from mlmkit.errors import ConfigError, Diverged
 from mlmkit.files import JSONObject, atomic_open, exclusive
+from mlmkit.models.core import BertModel
 from mlmkit.registry import Metrics
 from mlmkit.rundir.meta import RunMeta, read_meta, write_meta
 from mlmkit.train.data import DataSource
@@ -65,20 +66,27 @@ figures (the losses averaged since the last line, lr, tokens_per_s) or an evalua
 
 
 # ---- optimisation ------------------------------------------------------------------------------
-class ParamGroup(TypedDict):
-    """One of AdamW's parameter groups."""
+class ParamGroup(TypedDict, total=False):
+    """One of AdamW's parameter groups (``lr``: its own peak, else the optimizer's)."""
 
     params: list[nn.Parameter]
     weight_decay: float
+    lr: float
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[ParamGroup]:
-    # matrices and embeddings decay; biases and LayerNorm weights (all 1-D) don't
+def param_groups(model: nn.Module, weight_decay: float, head_lr: float | None = None) -> list[ParamGroup]:
+    """AdamW's groups: matrices and embeddings decay; biases and LayerNorm weights (all 1-D) don't.
+    ``head_lr``: the parameters outside the encoder (every BertModel's: a task head, a projection)
+    at that peak instead of the optimizer's (a fresh head learns from nothing in a few steps)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+    encoder = {id(p) for m in model.modules() if isinstance(m, BertModel) for p in m.parameters()}
+    parts = [params] if head_lr is None else [[p for p in params if id(p) in encoder], [p for p in params if id(p) not in encoder]]
+    groups: list[ParamGroup] = []
+    for k, part in enumerate(parts):
+        extra: dict[str, float] = {"lr": head_lr} if k == 1 and head_lr is not None else {}
+        groups += [{"params": [p for p in part if p.dim() >= 2], "weight_decay": weight_decay, **extra},  # type: ignore[typeddict-item]
+                   {"params": [p for p in part if p.dim() < 2], "weight_decay": 0.0, **extra}]  # type: ignore[typeddict-item]
+    return groups
 
 
 def linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
@@ -171,7 +179,7 @@ class Trainer:
         # fused: one kernel over all parameters instead of ~10 small ops per tensor, which cost as
         # much as a small BERT's forward and backward on 2 CPU cores (transformers' Trainer fuses too)
         self.opt = torch.optim.AdamW(
-            param_groups(self.model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999), eps=1e-6,
+            param_groups(self.model, args.weight_decay, args.head_lr), lr=args.lr, betas=(0.9, 0.999), eps=1e-6,
             fused=self.device.type in ("cpu", "cuda"),
         )
         self.cursor = Cursor(data, self.dist)

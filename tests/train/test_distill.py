@@ -88,6 +88,44 @@ def test_the_student_learns_the_teachers_outputs(teachers, inputs, tmp_path, tas
     assert got >= floor and got >= fresh + 0.3, (task, fresh, got)
 
 
+def test_the_intermediate_losses_and_augmentation(teachers, inputs, tmp_path, caplog):
+    """MiniLMv2's relation loss is 0 for the same vectors whatever the padding holds, and positive
+    otherwise; augmentation swaps words for vocabulary neighbours; a distillation with the hidden-state
+    and relation losses logs each, lowers them, and its student agrees with the teacher."""
+    from mlmkit.train.distill import augmented, relation_kl
+
+    torch.manual_seed(0)
+    x, mask = torch.randn(2, 5, 8), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]).bool()
+    padded = x.clone()
+    padded[0, 3:] = 100.0  # padding only
+    assert float(relation_kl(x, x, mask, 2)) == pytest.approx(0.0, abs=1e-6)
+    assert float(relation_kl(x, padded, mask, 2)) == pytest.approx(0.0, abs=1e-6)
+    assert float(relation_kl(x, torch.randn(2, 5, 8), mask, 2)) > 0.05
+
+    task, teacher, tok, _ = load_finetuned(teachers["classification"])
+    texts = [line for line in inputs["classification"].read_text().splitlines() if line][:200]
+    got = augmented([{"text": t} for t in texts], teacher.bert.embeddings.word_embeddings.weight, tok, 2, seed=0)
+    assert [g["text"] for g in got[:3]] != texts[:3] and len(got) == 2 * len(texts)
+    assert all(len(g["text"].split()) == len(t.split()) for g, t in zip(got, texts + texts))
+    changed = sum(a != b for g, t in zip(got, texts + texts) for a, b in zip(g["text"].split(), t.split()))
+    assert 0.2 < changed / sum(len(t.split()) for t in texts + texts) < 0.6  # about 40% of the words, those in the vocabulary
+    assert all(w in tok.get_vocab() for g, t in zip(got, texts) for a, w in zip(t.split(), g["text"].split()) if a != w)
+
+    out = tmp_path / "student"
+    with caplog.at_level("INFO", logger="mlmkit"):
+        m = distill(DistillArgs.from_flat(teacher=teachers["classification"], train_file=inputs["classification"], out=out,
+                                          layers=1, epochs=3, lr=3e-4, hidden_weight=1.0, relation_weight=1.0, augment=1))
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    hidden = [r["hidden_loss"] for r in logged if "hidden_loss" in r]
+    relations = [r["relations_loss"] for r in logged if "relations_loss" in r]
+    assert len(hidden) >= 3 and hidden[-1] < 0.7 * hidden[0] and relations[-1] < relations[0], (hidden, relations)
+    assert sum("distill evaluation" in r.getMessage() and "agreement" in r.getMessage() for r in caplog.records) == 3
+    info = read_json(out / "mlmkit.json")["distill"]
+    assert (info["hidden_weight"], info["relation_weight"], info["augment"]) == (1.0, 1.0, 1)
+    assert m["agreement_value"] >= 0.9 and m["agreement_value"] >= fresh_student_agreement(teachers["classification"],
+                                                                                           inputs["classification"]) + 0.3
+
+
 def test_a_distilled_classifier_loads_in_transformers_with_the_same_outputs(runs, inputs, tmp_path):
     transformers = pytest.importorskip("transformers")
     out = tmp_path / "student"
@@ -200,7 +238,7 @@ def test_the_teachers_outputs_are_computed_once_per_teacher_and_inputs(teachers,
     with monkeypatch.context() as m:
         m.setattr(distill_mod.evaluation, "run_features", no_teacher)
         again = distill(DistillArgs.from_flat(train_file=inputs["tagging"], out=tmp_path / "b", **kw))
-    assert again["loss"] == pytest.approx(first["loss"], rel=1e-6)
+    assert again["last_step_metrics"]["loss"] == pytest.approx(first["last_step_metrics"]["loss"], rel=1e-6)
     other = tmp_path / "other.txt"
     other.write_text(inputs["tagging"].read_text() + "one more line of text\n")
     distill(DistillArgs.from_flat(train_file=other, out=tmp_path / "c", **kw))
