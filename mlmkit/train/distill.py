@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlmkit.args import DISTILL_AUGMENT, DISTILL_HIDDEN, DISTILL_RELATIONS, DistillArgs
+from mlmkit.args import DISTILL_AUGMENT_BELOW, DISTILL_HIDDEN, DISTILL_RELATIONS, DistillArgs
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.files import JSONObject, atomic_write, atomic_write_text, cache_root, exclusive
 from mlmkit.infer import evaluation
@@ -287,9 +287,8 @@ def _distill(args: DistillArgs) -> Metrics:
     random.Random(args.train.seed).shuffle(examples)
     n_held = int(len(examples) * args.held_out)
     held, train_ex = examples[:n_held], examples[n_held:]
-    hidden_w, relation_w, copies = recipe(args)
-    if copies:
-        train_ex = train_ex + augmented(train_ex, teacher.bert.embeddings.word_embeddings.weight, tok, copies, args.train.seed)
+    hidden_w, relation_w, copies = recipe(args, len(train_ex))
+    train_ex, copies = _with_copies(args, train_ex, copies, teacher, tok)
     outputs = {name: tuple(axes) for name, axes in task.outputs.items()}
     pad = special_ids(tok).pad
     features = task.featurize(train_ex, tok, ctx, training=False)
@@ -346,11 +345,25 @@ def _distill(args: DistillArgs) -> Metrics:
     return metrics
 
 
-def recipe(args: DistillArgs) -> tuple[float, float, int]:
-    """(hidden-state weight, relation weight, augmentation copies): the arguments', else the defaults."""
+def recipe(args: DistillArgs, texts: int) -> tuple[float, float, int]:
+    """(hidden-state weight, relation weight, augmentation copies): the arguments', else the defaults;
+    the copies by default fit the data: one of each of ``texts`` training texts below DISTILL_AUGMENT_BELOW."""
+    copies = int(texts < DISTILL_AUGMENT_BELOW) if args.augment is None else args.augment
     return (DISTILL_HIDDEN if args.hidden_weight is None else args.hidden_weight,
-            DISTILL_RELATIONS if args.relation_weight is None else args.relation_weight,
-            DISTILL_AUGMENT if args.augment is None else args.augment)
+            DISTILL_RELATIONS if args.relation_weight is None else args.relation_weight, copies)
+
+
+def _with_copies(args: DistillArgs, examples: list[Example], copies: int, teacher: nn.Module,
+                 tok: Any) -> tuple[list[Example], int]:
+    """``examples`` and ``copies`` augmented copies of each (augmented), and the copies made: the
+    default's are none where there is nothing to swap; --augment's are refused then."""
+    if not copies:
+        return examples, 0
+    extra = augmented(examples, teacher.bert.embeddings.word_embeddings.weight, tok, copies, args.train.seed)
+    if extra is None and args.augment is not None:
+        raise ConfigError("--augment swaps whole words of the teacher's vocabulary, and this one has none (a byte-level "
+                          "BPE vocabulary marks them)", "distil without --augment (--augment 0)")
+    return examples + (extra or []), len(extra or []) // max(1, len(examples))
 
 
 class HeldOut:
@@ -384,18 +397,18 @@ class HeldOut:
 
 
 def augmented(examples: list[Example], table: torch.Tensor, tok: Any, copies: int, seed: int,
-              share: float = 0.4, neighbours: int = 15) -> list[Example]:
+              share: float = 0.4, neighbours: int = 15) -> list[Example] | None:
     """``copies`` copies of each example whose ``text`` (and ``text_pair``) is a string, each word that
     is one token of the vocabulary replaced, at random with probability ``share``, by one of its
     ``neighbours`` nearest whole-word tokens by cosine in ``table`` (the teacher's word embeddings:
     TinyBERT replaces words by a masked LM's guesses, or GloVe's neighbours for words a masked LM
     cannot; a fine-tuned teacher has no masked-LM head, its own embeddings stand in for GloVe).
-    Other examples (QA's question and context, whose answers are positions) get no copies."""
+    Other examples (QA's question and context, whose answers are positions) get no copies; None: the
+    vocabulary has no whole-word tokens to swap (byte-level BPE)."""
     vocab = tok.get_vocab()
     whole = torch.tensor(sorted(i for w, i in vocab.items() if w.isalpha() and w.islower() and not w.startswith("##")))
     if not len(whole):
-        raise ConfigError("--augment swaps whole words of the teacher's vocabulary, and this one has none (a byte-level "
-                          "BPE vocabulary marks them)", "distil without --augment (--augment 0)")
+        return None
     unit = F.normalize(table.detach().float(), dim=-1)
     near: dict[int, list[int]] = {}
     words = {w.lower() for ex in examples for f in ("text", "text_pair") if isinstance(ex.get(f), str) for w in ex[f].split()}

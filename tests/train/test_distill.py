@@ -167,6 +167,8 @@ def test_bad_requests_are_one_line_and_write_nothing(runs, inputs, tmp_path):
         ([str(runs["classification"]), "--layers", "1", "--temperature", "0"], "--temperature must be a positive number"),
         ([str(runs["classification"])], "distill needs --layers"),
         ([str(runs["classification"]), "--layers", "1", "--dims", "8"], "--dims is a static table's size"),
+        ([str(runs["classification"]), "--layers", "1", "--hidden-weight", "-1"], "--hidden-weight must be 0 or more"),
+        ([str(runs["classification"]), "--static", "--augment", "1"], "train a transformer student, not a static table"),
     ]
     # a teacher whose tokenizer has more tokens than its embedding table: refused before the teacher runs
     big = tmp_path / "big-vocab"
