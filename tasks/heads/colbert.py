@@ -45,6 +45,10 @@ class ColbertEncoder(TextEncoder):
         self.width = width
         self.bert = BertModel(config, add_pooling_layer=False)
         self.linear = nn.Linear(config.hidden_size, dim, bias=False)
+        # a fresh projection starts as orthonormal rows: at dim == hidden size a rotation, which keeps every dot
+        # product of the encoder's token states (MaxSim starts as the encoder's own); below it, a random
+        # projection like nn.Linear's start (docs/late-interaction.md). A checkpoint's projection replaces it.
+        nn.init.orthogonal_(self.linear.weight)
         self.register_buffer("skiplist", torch.tensor(sorted(set(skiplist)), dtype=torch.long), persistent=False)
         self.objective = build_loss(loss, scale=scale, similarity=self.similarity, temperature=temperature) if loss else None
         self.mini_batch_size = mini_batch_size if cached else 0

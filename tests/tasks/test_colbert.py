@@ -438,14 +438,15 @@ def test_cached_mnrl_gives_mnrls_loss(colbert):
 def test_kl_distill_trains_on_rows_with_teacher_scores(colbert, tmp_path):
     rows = tmp_path / "rows.jsonl"
     corpus = [json.loads(line) for line in open(colbert["beir"] / "corpus.jsonl")][:40]
+    # the teacher prefers the first negative, against what the model starts with: learning it is the loss falling
     rows.write_text("".join(json.dumps({"anchor": d["text"][:40], "positive": d["text"], "negative_1": corpus[i - 1]["text"],
-                                        "negative_2": corpus[i - 2]["text"], "scores": [5.0, 1.0, 0.0]}) + "\n"
+                                        "negative_2": corpus[i - 2]["text"], "scores": [0.0, 5.0, 0.0]}) + "\n"
                             for i, d in enumerate(corpus)))
     out = tmp_path / "kl"
     run_finetune("colbert", colbert["run"], rows, out, steps=12, lr=1e-3, batch_size=24, max_length=48, progress=False,
                  log_every=1, options={"loss": "kl-distill"})
     log = [json.loads(line)["loss"] for line in open(out / "metrics.jsonl") if '"loss"' in line]
-    assert len(log) == 12 and np.mean(log[-3:]) < np.mean(log[:3]) and all(map(math.isfinite, log)), log
+    assert len(log) == 12 and np.mean(log[-3:]) < 0.75 * np.mean(log[:3]) and all(map(math.isfinite, log)), log
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"anchor": "a", "positive": "b", "negative_1": "c"}) + "\n")
     r = runner.invoke(app, ["finetune", "colbert", "--model", str(colbert["run"]), "--train", str(bad), "--out", str(tmp_path / "x"),
