@@ -16,6 +16,13 @@ The loss, per output the task declares (the default of every task; a task may no
                       the same over the real positions of each row
     anything else     (a vector, one score: embeddings, a reranker's relevance) mean squared error
 
+and, each weighted and off by default (measured in docs/make-it-fast.md), the intermediate states with
+the teacher run beside the student: each student layer's output against its teacher layer's (TinyBERT's
+uniform map, MSE; --hidden-weight) and MiniLMv2's self-attention relations of the last layers (KL;
+--relation-weight). --augment adds copies of the texts with words swapped for the teacher's embedding
+neighbours (one copy by default below DISTILL_AUGMENT_BELOW texts). The student kept is the one with
+the best held-out agreement over the evaluations (each epoch).
+
 The student's agreement with the teacher on the held-out inputs (top-1 for outputs that choose,
 mean cosine for vectors: infer.evaluation.agreement) goes into its mlmkit.json ("distill"), with the
 teacher, the layer map, the loss and the temperature.
@@ -369,7 +376,10 @@ def _with_copies(args: DistillArgs, examples: list[Example], copies: int, teache
 class HeldOut:
     """The Trainer's evaluation of a student: its agreement with the teacher on the held-out inputs
     (the teacher's outputs on them computed once), and with --eval the task's metrics on labelled
-    data; each evaluation logged in one line."""
+    data; each evaluation logged in one line. Under torchrun every rank calls it (``spreads``: the
+    labelled evaluation spreads its batches over the ranks; the agreement is each rank's own, the same)."""
+
+    spreads = True
 
     def __init__(self, task: Plugin, held: list[Example], tok: Any, ctx: TaskContext, teach: evaluation.Forward,
                  outputs: dict[str, tuple[str, ...]], pad: int, labelled: TaskEvaluator | None) -> None:
