@@ -6,7 +6,9 @@ tokenizer (no special tokens, no truncation) and cut into windows of at most N t
 end at word boundaries (a word of more than N tokens is the one thing cut inside), each window
 starting M tokens before the last one ended (moved back to the start of a word). A chunk is the text
 from its first token's first character to its last token's last, and keeps its document, its number
-from 0 and that span. A document of N tokens or fewer is one chunk: its whole text.
+from 0 and that span. A document of N tokens or fewer is one chunk: its whole text. With
+--chunk-sentences a window ends at the last sentence end (".", "!" or "?" closing a word) in its second
+half where there is one, and the overlap starts at the first sentence start in it where there is one.
 
 In an index (infer/index/) each chunk is a row whose id is its document's and its number, ``ID#K``
 (SEPARATOR); a search ranks the documents by their best chunk and names it and its span.
@@ -26,16 +28,18 @@ SEPARATOR = "#"
 
 @dataclass(frozen=True)
 class Chunking:
-    """--chunk-tokens and --chunk-overlap, checked: the manifest's ``chunks``."""
+    """--chunk-tokens, --chunk-overlap and --chunk-sentences, checked: the manifest's ``chunks``."""
 
     tokens: int
     overlap: int
+    sentences: bool = False
 
     @classmethod
-    def of(cls, tokens: int | None, overlap: int | None) -> Chunking | None:
+    def of(cls, tokens: int | None, overlap: int | None, sentences: bool = False) -> Chunking | None:
         if tokens is None:
-            if overlap is not None:
-                raise ConfigError("--chunk-overlap goes with --chunk-tokens", "add --chunk-tokens N, or leave --chunk-overlap out")
+            if overlap is not None or sentences:
+                raise ConfigError(f"{'--chunk-overlap' if overlap is not None else '--chunk-sentences'} goes with --chunk-tokens",
+                                  "add --chunk-tokens N, or leave it out")
             return None
         overlap = tokens // 8 if overlap is None else overlap
         if tokens < 1:
@@ -43,10 +47,18 @@ class Chunking:
         if not 0 <= overlap < tokens:
             raise ConfigError(f"--chunk-overlap {overlap} with --chunk-tokens {tokens}: the overlap must be 0 or more and "
                               "less than the chunk", f"e.g. --chunk-overlap {tokens // 8}")
-        return cls(tokens, overlap)
+        return cls(tokens, overlap, sentences)
 
-    def manifest(self) -> dict[str, int]:
-        return {"tokens": self.tokens, "overlap": self.overlap}
+    @classmethod
+    def read(cls, field: Any) -> Chunking | None:
+        """A manifest's ``chunks`` ({"tokens", "overlap"}, and "sentences" where true), or None."""
+        return cls(int(field["tokens"]), int(field["overlap"]), bool(field.get("sentences", False))) if field else None
+
+    def manifest(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "overlap": self.overlap, **({"sentences": True} if self.sentences else {})}
+
+    def describe(self) -> str:
+        return f"chunked at {self.tokens} tokens, {self.overlap} overlapping{', at sentence ends' if self.sentences else ''}"
 
 
 class Chunker:
@@ -73,6 +85,10 @@ class Chunker:
         offsets, words = enc.offsets, enc.word_ids
         if len(offsets) <= n:
             return [(0, len(text))]
+
+        def ends_sentence(b: int) -> bool:  # token b - 1 ends a sentence, and token b starts a word
+            return text[offsets[b - 1][1] - 1] in ".!?" and (b >= len(words) or words[b] is None or words[b] != words[b - 1])
+
         out, s = [], 0
         while True:
             e = min(s + n, len(offsets))
@@ -81,10 +97,14 @@ class Chunker:
                 while b > s and words[e] is not None and words[b - 1] == words[e]:
                     b -= 1  # back to the start of the word token e is in
                 e = b if b > s else e
+                if self.chunking.sentences:  # the last sentence end in the window's second half, if any
+                    e = next((b for b in range(e, s + max(1, (e - s) // 2), -1) if ends_sentence(b)), e)
             out.append((offsets[s][0], offsets[e - 1][1]))
             if e >= len(offsets):
                 return out
             start = max(e - m, s + 1)
+            if self.chunking.sentences and m:  # the overlap from the first sentence start in it, if any
+                start = next((j for j in range(start, e) if ends_sentence(j)), start)
             while start > s + 1 and words[start] is not None and words[start - 1] == words[start]:
                 start -= 1
             s = start

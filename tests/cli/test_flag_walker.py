@@ -308,6 +308,7 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
             "--precision": ["--precision", "auto"], "--bits": ["--bits", "1"],
             "--delete": None, "--upsert": None, "--compact": None,  # below, on a copy of the index just built
             "--chunk-tokens": ["--chunk-tokens", "4"], "--chunk-overlap": ["--chunk-tokens", "4", "--chunk-overlap", "1"],
+            "--chunk-sentences": ["--chunk-tokens", "4", "--chunk-sentences"],
         }
         for flag in walk("index", flags):
             if not flags[flag]:

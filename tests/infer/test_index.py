@@ -1117,6 +1117,27 @@ def test_a_chunker_cuts_at_word_boundaries_within_the_size_and_refuses_what_the_
             Chunking.of(tokens, overlap)
     with pytest.raises(ConfigError, match="past what .* reads of a document: 32 tokens"):
         Chunker(pipe, Chunking.of(40, 0))
+    with pytest.raises(ConfigError, match="--chunk-sentences goes with --chunk-tokens"):
+        Chunking.of(None, None, True)
+    # --chunk-sentences: a chunk ends at a sentence end where its second half has one, and the overlap
+    # starts at a sentence start; otherwise at words, as above
+    by_sentence = Chunker(pipe, Chunking.of(20, 6, True))
+    ended = cut = 0
+    for _ in range(40):
+        text = " ".join(sentence(rng, rng.randint(2, 9)) + "." for _ in range(rng.randint(3, 10)))
+        enc = tok.encode(text, add_special_tokens=False)
+        spans = by_sentence.spans(text)
+        for a, b in spans[:-1]:
+            assert len(tok.encode(text[a:b], add_special_tokens=False).ids) <= 20
+            inside = [i for i, (x, y) in enumerate(enc.offsets) if a <= x and y <= b]
+            half = inside[len(inside) // 2]
+            has_end = any(text[enc.offsets[i][1] - 1] == "." for i in inside if i > half)
+            ended += text[b - 1] == "."
+            cut += 1
+            assert text[b - 1] == "." or not has_end, (text[a:b],)  # a sentence end in the second half is where it ends
+        assert spans[0][0] == 0 and spans[-1][1] == len(text)
+    assert cut > 20 and ended > 0.8 * cut, (ended, cut)
+    assert by_sentence.spans("one two. three") == [(0, 14)]
 
 
 def test_a_chunked_index_ranks_documents_by_their_best_chunk_whatever_files_they_came_in(setup, tmp_path):
@@ -1160,6 +1181,12 @@ def test_a_chunked_index_ranks_documents_by_their_best_chunk_whatever_files_they
     r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "b.jsonl"), "--out", str(tmp_path / "two"),
                             "--append", "--chunk-tokens", "20"])
     assert "take the index's own chunks" in one_red_line(r)
+    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "b.jsonl"), "--out", str(tmp_path / "s"),
+                            "--chunk-tokens", "12", "--chunk-sentences"])
+    assert r.exit_code == 0 and Index.open(tmp_path / "s").manifest["chunks"] == {"tokens": 12, "overlap": 1, "sentences": True}
+    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "b.jsonl"), "--out", str(tmp_path / "two"),
+                            "--append", "--chunk-tokens", "12", "--chunk-overlap", "3", "--chunk-sentences"])
+    assert "is chunked at 12 tokens, 3 overlapping; --append" in one_red_line(r)
     r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "b.jsonl"), "--out", str(tmp_path / "x"),
                             "--chunk-tokens", "8", "--chunk-overlap", "8"])
     assert "the overlap must be 0 or more and less than the chunk" in one_red_line(r) and not (tmp_path / "x").exists()

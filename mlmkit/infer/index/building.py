@@ -109,6 +109,8 @@ class BuildArgs(Args):
     chunk_tokens: int | None = arg(None, "Cut each document into chunks of at most this many of the bundle's tokens, at word "
                                          "boundaries, a row each; a search ranks documents by their best chunk.")
     chunk_overlap: int | None = arg(None, "--chunk-tokens: tokens each chunk repeats of the one before (default: an eighth).")
+    chunk_sentences: bool = arg(False, "--chunk-tokens: end each chunk at a sentence end where one is in its second half, "
+                                       "and start the overlap at a sentence start.")
 
     def __post_init__(self) -> None:
         live = [f for f, v in (("--delete", self.delete), ("--upsert", self.upsert), ("--compact", self.compact)) if v]
@@ -121,9 +123,9 @@ class BuildArgs(Args):
             raise ConfigError("--upsert adds documents with the index's own settings", "drop --quantize, --ann, --rescore-copy and --bits")
         if live and self.resume and not self.upsert:
             raise ConfigError(f"{live[0]} takes no --resume (a delete or a compaction is done whole or not at all)")
-        if live and (self.chunk_tokens is not None or self.chunk_overlap is not None):
-            raise ConfigError(f"{live[0]} keeps the index's chunks: drop --chunk-tokens and --chunk-overlap")
-        Chunking.of(self.chunk_tokens, self.chunk_overlap)  # checked now, before a document is read
+        if live and (self.chunk_tokens is not None or self.chunk_overlap is not None or self.chunk_sentences):
+            raise ConfigError(f"{live[0]} keeps the index's chunks: drop --chunk-tokens, --chunk-overlap and --chunk-sentences")
+        Chunking.of(self.chunk_tokens, self.chunk_overlap, self.chunk_sentences)  # checked now, before a document is read
         if not live and (self.corpus is None or self.out is None):
             raise ConfigError(f"mlmkit index {self.bundle} needs --corpus DOCS and --out INDEX",
                               "or change an index: mlmkit index INDEX --delete IDS | --upsert DOCS | --compact")
@@ -213,7 +215,7 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
                 "window": args.window, "id_column": args.id_column, "text_column": args.text_column, "engine": args.engine,
                 "quantization": args.quantization, "rescore_copy": args.rescore_copy, "precision": args.precision,
                 "shards": len(old.shards) if old else 0, "replacing": args.replacing, "chunks": args.chunk_tokens,
-                "chunk_overlap": args.chunk_overlap, **({"bits": args.bits or 2, "centroids": args.centroids} if multi else {})}
+                "chunk_overlap": args.chunk_overlap, **({"chunk_sentences": True} if args.chunk_sentences else {}), **({"bits": args.bits or 2, "centroids": args.centroids} if multi else {})}
         pending.mkdir(exist_ok=True)
         block = (old.manifest.get("block") if old is not None else postings.BLOCK) if sparse or multi else None
         dims = int(pipe.meta.model.vocab_size or 0) if sparse else old.dims if old else 0
@@ -250,20 +252,19 @@ def _check_out(args: BuildArgs, out: Path) -> bool:
 def _with_chunking(args: BuildArgs, old: Index | None) -> BuildArgs:
     """--chunk-tokens and --chunk-overlap resolved (the overlap's default), or an index's own for an
     append (another is refused)."""
-    mine = Chunking.of(args.chunk_tokens, args.chunk_overlap)
+    mine = Chunking.of(args.chunk_tokens, args.chunk_overlap, args.chunk_sentences)
     if old is not None:
-        was = old.manifest.get("chunks")
-        theirs = Chunking(int(was["tokens"]), int(was["overlap"])) if was else None
+        theirs = Chunking.read(old.manifest.get("chunks"))
         if mine is not None and mine != theirs:
-            how = f"chunked at {theirs.tokens} tokens, {theirs.overlap} overlapping" if theirs else "not chunked"
-            raise ConfigError(f"{old.path} is {how}; --append and --upsert take the index's own chunks",
-                              "drop --chunk-tokens and --chunk-overlap")
+            raise ConfigError(f"{old.path} is {theirs.describe() if theirs else 'not chunked'}; --append and --upsert take the "
+                              "index's own chunks", "drop --chunk-tokens, --chunk-overlap and --chunk-sentences")
         mine = theirs
-    return replace(args, chunk_tokens=mine.tokens if mine else None, chunk_overlap=mine.overlap if mine else None)
+    return replace(args, chunk_tokens=mine.tokens if mine else None, chunk_overlap=mine.overlap if mine else None,
+                   chunk_sentences=bool(mine and mine.sentences))
 
 
 def _chunker(args: BuildArgs, pipe: Any) -> Chunker | None:
-    chunking = Chunking.of(args.chunk_tokens, args.chunk_overlap)
+    chunking = Chunking.of(args.chunk_tokens, args.chunk_overlap, args.chunk_sentences)
     return Chunker(pipe, chunking, str(pipe.meta.options.get("document_prompt", "") or "")) if chunking else None
 
 
@@ -464,7 +465,8 @@ def _commit(args: BuildArgs, out: Path, old: Index | None, p: Pending, pipe: Any
         if p.codec else {}
     manifest = {
         "format": FORMAT, "kind": p.kind, **({"block": p.block} if p.block else {}), **codec,
-        **({"chunks": {"tokens": args.chunk_tokens, "overlap": args.chunk_overlap}} if args.chunk_tokens else {}),
+        **({"chunks": Chunking(args.chunk_tokens, int(args.chunk_overlap or 0), args.chunk_sentences).manifest()}
+           if args.chunk_tokens else {}),
         "bundle": bundle,
         "prompts": {k: pipe.meta.options.get(k, "") for k in ("query_prompt", "document_prompt")},
         "dims": p.dims, "count": total, "quantization": "residual" if p.multi else args.quantization,
