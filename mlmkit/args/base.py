@@ -191,6 +191,9 @@ class Fusion:
                                        "(each retriever's scores min-max normalised, summed by --weights).")
     weights = Opt(("--weights",), None, "--hybrid: a weight a retriever, comma-separated, the first retriever first, then "
                                         "each --hybrid in order (default: 1 each).")
+    chunk_agg = Opt(("--chunk-agg",), "max", "A chunked index: a document's score from its chunks' (max, mean, or sum-top-N: "
+                                             "the sum of its best N), each of a candidate's chunks scored exactly; not with "
+                                             "--hybrid.")
 
 
 def fusion_weights(weights: str | None, hybrid: list[str] | None, fusion: str) -> list[float] | None:

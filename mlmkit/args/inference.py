@@ -124,6 +124,7 @@ class SearchArgs(Args):
     where: list[str] | None = arg(None, "Only documents whose fields pass: FIELD=VALUE, FIELD!=VALUE, FIELD>=N, FIELD<=N, "
                                         "FIELD>N, FIELD<N, 'FIELD in A,B' or 'FIELD in @FILE' (id: the document's id); "
                                         "repeatable, all must hold.")
+    chunk_agg: str = Fusion.chunk_agg()
     hybrid: list[str] | None = Fusion.hybrid()
     fusion: str = Fusion.fusion()
     weights: str | None = Fusion.weights()
@@ -139,6 +140,8 @@ class SearchArgs(Args):
         _check(self.corpus is None or "bm25" in (self.hybrid or []),
                "--corpus gives BM25 its texts: it goes with --hybrid bm25", "add --hybrid bm25, or leave --corpus out")
         _check(self.export is None or not self.hybrid, "--export writes the index's vectors: it takes no --hybrid")
+        _check(not self.hybrid or self.chunk_agg == "max", "--chunk-agg goes without --hybrid (a fused ranking takes each "
+               "retriever's documents by their best chunk)", "drop --chunk-agg or --hybrid")
 
 
 @dataclass

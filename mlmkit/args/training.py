@@ -309,6 +309,7 @@ class EvaluateArgs(Args):
     plot: Path | None = arg(None, "Draw quality against speed (implies --speed): .png, .svg or .pdf "
                                   "(pip install 'mlmkit[plots]').")
     device: str = Runtime.device()
+    chunk_agg: str = Fusion.chunk_agg()
     hybrid: list[str] | None = Fusion.hybrid()
     fusion: str = Fusion.fusion()
     weights: str | None = Fusion.weights()
@@ -317,6 +318,8 @@ class EvaluateArgs(Args):
         _check(len(self.models) <= 1 or self.predictions is None, "--predictions takes one model",
                "evaluate the model whose predictions you want alone")
         fusion_weights(self.weights, self.hybrid, self.fusion)
+        _check(not self.hybrid or self.chunk_agg == "max", "--chunk-agg goes without --hybrid (a fused ranking takes each "
+               "retriever's documents by their best chunk)", "drop --chunk-agg or --hybrid")
         _check(not self.hybrid or (len(self.models) == 1 and self.predictions is None and not self.speed and self.plot is None),
                "--hybrid fuses one index with other retrievers: it takes one index and --data alone",
                "evaluate INDEX --data BEIR_DIR --hybrid bm25; drop --predictions, --speed and --plot")

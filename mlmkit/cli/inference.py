@@ -349,6 +349,7 @@ def search_cmd(args: SearchArgs, as_json: Json = False) -> None:
 
     from mlmkit.files import json_line
     from mlmkit.infer.index import Index, as_input, as_queries, hits, query_bundle, search_vectors
+    from mlmkit.infer.index.search import chunk_aggregation
     from mlmkit.infer.pipeline import Pipeline
     from mlmkit.text.records import iter_inputs
 
@@ -371,6 +372,10 @@ def search_cmd(args: SearchArgs, as_json: Json = False) -> None:
     from mlmkit.infer.index.filters import parse, rows
 
     where = rows(ix, parse(args.where))  # said before any query is embedded
+    chunk_aggregation(args.chunk_agg)
+    if args.chunk_agg != "max" and not ix.chunked:
+        raise ConfigError(f"--chunk-agg {args.chunk_agg}: {ix.path} is not chunked (a document is one row)",
+                          "leave --chunk-agg out, or build the index with --chunk-tokens N")
     if args.hybrid:
         from mlmkit.infer.index.hybrid import hybrid_search
 
@@ -380,7 +385,7 @@ def search_cmd(args: SearchArgs, as_json: Json = False) -> None:
 
         def search(part: list[str], k: int) -> list[list[dict[str, Any]]]:
             q = as_queries(ix, pipe(part, **as_input(pipe, "query")))
-            return hits(ix, *search_vectors(ix, q, k, rescore=args.rescore, where=where))
+            return hits(ix, *search_vectors(ix, q, k, rescore=args.rescore, where=where, chunk_agg=args.chunk_agg))
     table = not want_json(as_json)
     t = Table("query", "rank", "id", "score") if table else None
     for a in range(0, len(texts), args.batch):

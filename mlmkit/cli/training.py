@@ -210,8 +210,16 @@ def evaluate(args: EvaluateArgs, options: Options, as_json: Json = False) -> Non
         from mlmkit.train.plots import check_picture
 
         check_picture(args.plot, "--plot")
-    results = [_evaluate_one(m, data, options, args.predictions, args.device, args.speed or args.plot is not None)
-               for m in models]
+    if args.chunk_agg != "max":
+        from mlmkit.infer.index.search import chunk_aggregation
+
+        chunk_aggregation(args.chunk_agg)
+    if args.chunk_agg != "max" and any(not (m / "manifest.json").is_file() for m in models):
+        raise MlmkitError(f"--chunk-agg {args.chunk_agg} ranks an index's documents by their chunks: "
+                          f"{next(m for m in models if not (m / 'manifest.json').is_file())} is not an index",
+                          "evaluate indexes built with --chunk-tokens, or leave --chunk-agg out")
+    results = [_evaluate_one(m, data, options, args.predictions, args.device, args.speed or args.plot is not None,
+                             args.chunk_agg) for m in models]
     if len(models) == 1:
         print_metrics(results[0], f"{models[0]} on {data}", as_json)
     elif want_json(as_json):
@@ -226,14 +234,14 @@ def evaluate(args: EvaluateArgs, options: Options, as_json: Json = False) -> Non
 
 
 def _evaluate_one(model: Path, data: Path, options: Options, predictions: Path | None, device: str,
-                  speed: bool) -> Metrics:
+                  speed: bool, chunk_agg: str = "max") -> Metrics:
     """One model's metrics: an index's stored vectors, a bundle through onnxruntime, a run through PyTorch."""
     if (model / "manifest.json").exists():
         from mlmkit.infer.index import evaluate_index
 
         if options or predictions is not None or speed:
             raise MlmkitError(f"{model} is an index: it takes --data alone", "drop --option, --predictions and --speed")
-        return evaluate_index(model, data, device=device)
+        return evaluate_index(model, data, device=device, chunk_agg=chunk_agg)
     if (model / "model.onnx").exists():
         from mlmkit.infer.index import evaluate_bundle_by_index, through_index
         from mlmkit.infer.pipeline import evaluate_bundle

@@ -362,7 +362,8 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
                  "--hybrid": ["--hybrid", str(index)], "--fusion": ["--hybrid", str(index), "--fusion", "weighted"],
                  "--weights": ["--hybrid", str(index), "--weights", "1,2"],
                  "--corpus": ["--hybrid", "bm25", "--corpus", str(every), "--id-column", "doc", "--corpus-column", "body"],
-                 "--id-column": None, "--corpus-column": None, "--where": ["--where", "id in d1,d2,m0"]}
+                 "--id-column": None, "--corpus-column": None, "--where": ["--where", "id in d1,d2,m0"],
+                 "--chunk-agg": ["--chunk-agg", "max"]}  # the others need a chunked index (test_index.py)
         for flag in walk("search", flags):
             if flags[flag] is None:
                 continue

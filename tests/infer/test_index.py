@@ -1170,6 +1170,35 @@ def test_a_chunked_index_ranks_documents_by_their_best_chunk_whatever_files_they
         assert np.allclose(scores, np.take_along_axis(best, want, 1), atol=1e-5)
         h = found[0][0]
         assert docs[int(h["id"][1:])]["text"][h["start"]:h["end"]] == texts[rows[0][0]] and "chunk" in h
+    # --chunk-agg mean and sum-top-2: a document's score from all its chunks, as by hand (the top 5 of the
+    # 100 documents of the best chunks: here every document)
+    sims = setup["q"] @ chunk_vectors.T
+    for agg, of in (("mean", lambda v: v.mean()), ("sum-top-2", lambda v: np.sort(v)[::-1][:2].sum())):
+        by_doc = np.asarray([[of(sims[j][owner == d]) for d in range(len(docs))] for j in range(len(sims))])
+        want_agg = np.argsort(-by_doc, axis=1, kind="stable")[:, :5]
+        rows, scores = search_vectors(ix, setup["q"], 5, chunk_agg=agg)
+        assert [[h["id"] for h in f] for f in hits(ix, rows, scores)] == [[f"L{j}" for j in w] for w in want_agg], agg
+        assert np.allclose(scores, np.take_along_axis(by_doc, want_agg, 1), atol=1e-5)
+        assert all(sims[j][r] == pytest.approx(sims[j][owner == owner[r]].max(), abs=1e-5) for j, row in enumerate(rows)
+                   for r in row)  # each hit names its best chunk
+    r = runner.invoke(app, ["search", str(tmp_path / "one"), "a dog", "--chunk-agg", "sum-top-2", "--json"])
+    assert r.exit_code == 0 and len(json.loads(r.stdout.splitlines()[0])["hits"]) == 10, r.output
+    assert "not one of max, mean, sum-top-N" in one_red_line(runner.invoke(app, ["search", str(tmp_path / "one"), "x",
+                                                                                  "--chunk-agg", "median"]))
+    assert "is not chunked" in one_red_line(runner.invoke(app, ["search", str(built(setup, "f32").path), "x",
+                                                                "--chunk-agg", "mean"]))
+    assert "is not an index" in one_red_line(runner.invoke(app, ["evaluate", str(setup["bundle"]), "--data", str(tmp_path),
+                                                                 "--chunk-agg", "mean"]))
+    from types import SimpleNamespace
+
+    from mlmkit.infer.serve.routes import HTTPError, Search
+
+    served = {"m": SimpleNamespace(indexes={"c": ix, "f": built(setup, "f32")}, pipe=SimpleNamespace(option_names=()))}
+    assert Search().parse({"index": "c", "query": "a dog", "chunk_agg": "sum-top-2"}, served).state["chunk_agg"] == "sum-top-2"
+    for body, said in (({"index": "c", "query": "a dog", "chunk_agg": "median"}, "not one of max, mean, sum-top-N"),
+                       ({"index": "f", "query": "a dog", "chunk_agg": "mean"}, "this index is not chunked")):
+        with pytest.raises(HTTPError, match=said):
+            Search().parse(body, served)
     # filters and deletes hold for every chunk of a document; an append with other chunks is refused
     from mlmkit.infer.index import filters
 

@@ -20,7 +20,7 @@ from mlmkit.infer.retrieval import normalized
 
 
 def evaluate_index(path: Path, data: Path, *, k: int = 100, rescore: int | None = None, device: str = "cpu",
-                   batch: int = 1024) -> dict[str, float]:
+                   batch: int = 1024, chunk_agg: str = "max") -> dict[str, float]:
     """The retrieval metrics (infer/retrieval.py's METRICS) of a BEIR split's queries searched in the
     index: the stored vectors, never the corpus embedded again. Judged documents the index does not
     hold count as not retrieved."""
@@ -34,7 +34,7 @@ def evaluate_index(path: Path, data: Path, *, k: int = 100, rescore: int | None 
     for a in range(0, len(qids), batch):
         part = qids[a:a + batch]
         rows, scores = search_vectors(ix, query_vectors(ix, [split.queries[q] for q in part], device=device), min(k, ix.count),
-                                      rescore=rescore)
+                                      rescore=rescore, chunk_agg=chunk_agg)
         for qid, found in zip(part, hits(ix, rows, scores)):
             ranked = sorted(found, key=lambda h: h["id"], reverse=True)  # ties by id, descending: trec_eval's order
             runs[qid] = [h["id"] for h in sorted(ranked, key=lambda h: -h["score"])]

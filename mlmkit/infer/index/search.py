@@ -10,6 +10,7 @@ multi-vector index, MaxSim in three stages (multivector.py).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,18 @@ SUBSET = 65536
 
 
 def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = None,
-                   where: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   where: np.ndarray | None = None, chunk_agg: str = "max") -> tuple[np.ndarray, np.ndarray]:
     """_search_rows's top k rows; a chunked index's (infer/chunks.py): each query's top k documents by
     their best chunk, as the row of that chunk and its score. The top chunks are searched 4 k deep,
     then 4 times deeper while a query has fewer than k documents among them: by the best chunk, the
-    k-th document found in the order of the chunks is the k-th best."""
+    k-th document found in the order of the chunks is the k-th best. Another ``chunk_agg``
+    (chunk_aggregation): _aggregated."""
+    how, n = chunk_aggregation(chunk_agg)
+    if how != "max":
+        if not ix.chunked:
+            raise ConfigError(f"--chunk-agg {chunk_agg}: {ix.path} is not chunked (a document is one row)",
+                              "leave --chunk-agg out, or build the index with --chunk-tokens N")
+        return _aggregated(ix, queries, k, how, n, rescore=rescore, where=where)
     if not ix.chunked or k < 1 or k > ix.count:
         return finite(ix, *_search_rows(ix, queries, k, rescore=rescore, where=where))
     depth = min(ix.count, 4 * k)
@@ -55,6 +63,60 @@ def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = Non
         if not short or depth == ix.count:
             return out_i, out_s
         depth = min(ix.count, 4 * depth)
+
+
+CHUNK_AGGS = ("max", "mean", "sum-top-N")
+"""--chunk-agg: a chunked index's document score from its chunks' (N a number: the sum of its best N)."""
+
+
+def chunk_aggregation(spec: str) -> tuple[str, int]:
+    """--chunk-agg as (how, N): ("max", 1), ("mean", 0), ("sum", N) for sum-top-N; else one line."""
+    if spec in ("max", "mean"):
+        return spec, int(spec == "max")
+    m = re.fullmatch(r"sum-top-([1-9][0-9]*)", str(spec))
+    if m is None:
+        raise ConfigError(f"--chunk-agg {spec!r} is not one of max, mean, sum-top-N", "e.g. --chunk-agg sum-top-3")
+    return "sum", int(m.group(1))
+
+
+def _aggregated(ix: Index, queries: Any, k: int, how: str, n: int, *, rescore: int | None,
+                where: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """A chunked index's top k documents by the ``how`` of all their chunks' scores (mean, or the sum of
+    the best ``n``), among the max(4 k, 100) documents of the best chunks: each candidate's every chunk
+    (not deleted, in ``where``) scored exactly, from the rescoring vectors. Rows: each document's best
+    chunk's; scores: the aggregate."""
+    depth = min(ix.count, max(4 * k, 100))
+    rows, _ = search_vectors(ix, queries, depth, rescore=max(rescore, depth) if rescore is not None else None, where=where)
+    allowed = ix.allowed(where)
+    groups = ix.document_rows
+    out_i = np.full((len(rows), k), -1, dtype=np.int64)
+    out_s = np.full((len(rows), k), -np.inf, dtype=np.float32)
+    for j, row in enumerate(rows):
+        docs = ix.ids(row[row >= 0])
+        each = [g[allowed[g]] if allowed is not None else g for g in (groups[d] for d in docs)]
+        flat = np.concatenate(each) if each else np.zeros(0, np.int64)
+        scores = chunk_scores(ix, queries, j, flat)
+        agg, best = [], []
+        for part in np.split(scores, np.cumsum([len(g) for g in each])[:-1]) if len(each) else []:
+            agg.append(float(part.mean()) if how == "mean" else float(np.sort(part)[::-1][:n].sum()))
+            best.append(int(np.argmax(part)))
+        order = np.lexsort((np.arange(len(agg)), -np.asarray(agg)))[:k]
+        starts = np.concatenate([[0], np.cumsum([len(g) for g in each])]).astype(np.int64)
+        out_i[j, :len(order)] = [flat[starts[d] + best[d]] for d in order]
+        out_s[j, :len(order)] = np.asarray(agg, dtype=np.float32)[order]
+    return out_i, out_s
+
+
+def chunk_scores(ix: Index, queries: Any, j: int, rows: np.ndarray) -> np.ndarray:
+    """Query ``j``'s exact scores with the index's ``rows`` (from the rescoring vectors; a sparse index's
+    dot products, a multi-vector index's MaxSim)."""
+    if not len(rows):
+        return np.zeros(0, np.float32)
+    if ix.kind == "multivector":
+        q = queries[j] if isinstance(queries, list) else np.asarray(queries)
+        return multivector.pair_scores(ix, [q] * len(rows), rows)
+    q = queries[j].toarray()[0] if ix.kind == "sparse" else normalized(np.asarray(queries[j:j + 1]))[0]
+    return (ix.rows(rows, rescore=True) @ q).astype(np.float32)
 
 
 STORED = {"dense": "vectors.bin", "sparse": "weights.bin", "multivector": "residuals.bin"}

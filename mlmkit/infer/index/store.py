@@ -254,6 +254,16 @@ class Index:
         return np.unique(np.concatenate([id_hashes(self.ids(np.arange(a, min(a + CHUNK, self.count))))
                                          for a in range(0, self.count, CHUNK)] or [np.zeros(0, np.uint64)]))
 
+    @functools.cached_property
+    def document_rows(self) -> dict[str, np.ndarray]:
+        """A chunked index's rows of each document (its chunks', deleted ones among them), read a
+        chunk of ids at a time, once: what --chunk-agg scores all of a document's chunks with."""
+        out: dict[str, list[int]] = {}
+        for a in range(0, self.count, CHUNK):
+            for r, d in enumerate(self.ids(np.arange(a, min(a + CHUNK, self.count))), a):
+                out.setdefault(d, []).append(r)
+        return {d: np.asarray(r, dtype=np.int64) for d, r in out.items()}
+
     def ids(self, rows: np.ndarray) -> list[str]:
         """The documents' ids of global row numbers (a chunked index's rows: their documents')."""
         got = self.row_ids(rows)

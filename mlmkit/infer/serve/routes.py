@@ -404,7 +404,8 @@ class Search:
     searching = threading.Lock()
 
     def parse(self, body: Any, models: Mapping[str, Any]) -> Call:
-        b = _object(body, self.path, {"index", "query", "vector", "top_k", "rescore", "hybrid", "fusion", "weights", "where"})
+        b = _object(body, self.path, {"index", "query", "vector", "top_k", "rescore", "hybrid", "fusion", "weights", "where",
+                                      "chunk_agg"})
         served = {n: (m, ix) for m, model in models.items() for n, ix in model.indexes.items()}
         if not served:
             raise HTTPError(404, f"{self.path}: no index is served", "start the server with --index PATH (built by mlmkit index)")
@@ -422,7 +423,8 @@ class Search:
         rescore = _positive(b.get("rescore"), "rescore", self.path)
         if rescore is not None and rescore < top_k:
             raise HTTPError(422, f"{self.path}: rescore {rescore} is below top_k {top_k}", "rescore at least top_k candidates")
-        state = {"name": name, "index": ix, "top_k": top_k, "rescore": rescore, "where": _conditions(b.get("where"), self.path)}
+        state = {"name": name, "index": ix, "top_k": top_k, "rescore": rescore, "where": _conditions(b.get("where"), self.path),
+                 "chunk_agg": _chunk_agg(b.get("chunk_agg", "max"), ix, b.get("hybrid") is not None, self.path)}
         if (b.get("query") is None) == (b.get("vector") is None):
             raise HTTPError(422, f"{self.path}: send 'query' (a text or a list of texts) or 'vector' (a list of numbers, "
                                  "or a list of those), one of the two")
@@ -492,7 +494,8 @@ class Search:
                 found = self._fused(call, q, results, where)
             else:
                 with self.searching:
-                    rows, scores = search_vectors(st["index"], q, st["top_k"], rescore=st["rescore"], where=where)
+                    rows, scores = search_vectors(st["index"], q, st["top_k"], rescore=st["rescore"], where=where,
+                                                  chunk_agg=st["chunk_agg"])
                 found = hits(st["index"], rows, scores)
         except MlmkitError as e:
             raise HTTPError(422, f"{self.path}: {e.message}", e.hint) from None
@@ -548,6 +551,23 @@ def _conditions(value: Any, route: str) -> list[Any]:
         return parse(items)
     except MlmkitError as e:
         raise HTTPError(422, f"{route}: {e.message}", e.hint) from None
+
+
+def _chunk_agg(value: Any, ix: Any, hybrid: bool, route: str) -> str:
+    """"chunk_agg" (max, mean, sum-top-N) for a chunked index, not with "hybrid"; else a 422."""
+    from mlmkit.errors import MlmkitError
+    from mlmkit.infer.index.search import chunk_aggregation
+
+    if value == "max":
+        return value
+    try:
+        chunk_aggregation(value if isinstance(value, str) else repr(value))
+    except MlmkitError as e:
+        raise HTTPError(422, f"{route}: 'chunk_agg' {e.message.removeprefix('--chunk-agg ')}", e.hint) from None
+    if not ix.chunked or hybrid:
+        raise HTTPError(422, f"{route}: 'chunk_agg' {value} ranks a chunked index's documents alone: "
+                             + ("this index is not chunked" if not ix.chunked else "not with 'hybrid'"))
+    return str(value)
 
 
 def _vectors(value: Any, dims: int, route: str) -> np.ndarray:
