@@ -19,7 +19,7 @@ vectors by mlmkit's bundle of the trained run (`mlmkit embed --as document`, onn
 MultiVectorEncoder.encode_document (torch, batch 32), each in its own process: documents per second.
 
     python benchmarks/late_interaction.py [--documents 1000] [--rounds 2] [--encode-documents 2000] [--quick]
-        [--parts quality,train,encode] [--colbert-options JSON] [--colbert-lr LR] [--colbert-head-lr LR] [--seed N]
+        [--parts quality,train,encode] [--colbert-options JSON] [--colbert-lr LR] [--colbert-head-lr LR] [--seed N] [--embedding-lr LR]
 """
 
 from __future__ import annotations
@@ -63,9 +63,10 @@ COLBERT = {"loss": "mnrl", "scale": 1.0, "dim": 128, "query_length": 32}
 
 
 # ---- the sides, each in its own process -------------------------------------------------------------
-def side_embedding(work: Path, out: Path, seed: int | None = None) -> dict:
+def side_embedding(work: Path, out: Path, seed: int | None = None, lr: float | None = None) -> dict:
     return mlmkit_side("embedding", minilm(), work / "set", out, 2 * RECIPE["batch_pairs"],
-                       {"loss": "mnrl", "scale": RECIPE["scale"]}, **({"seed": seed} if seed is not None else {}))
+                       {"loss": "mnrl", "scale": RECIPE["scale"]}, **({"seed": seed} if seed is not None else {}),
+                       **({"lr": lr} if lr else {}))
 
 
 def side_colbert(work: Path, out: Path, options: dict | None = None, lr: float | None = None,
@@ -133,7 +134,7 @@ def role(args: argparse.Namespace) -> None:
     if args.role == "mlmkit-colbert":
         res = side_colbert(args.work, out, json.loads(args.colbert_options), args.colbert_lr, args.colbert_head_lr, args.seed)
     elif args.role == "mlmkit-embedding":
-        res = side_embedding(args.work, out, args.seed)
+        res = side_embedding(args.work, out, args.seed, args.embedding_lr)
     elif args.role in ROLES:
         res = ROLES[args.role](args.work, out)
     else:  # scoring a model directory (a run, or sentence-transformers') by mlmkit's evaluation
@@ -178,6 +179,8 @@ def main() -> None:
     ap.add_argument("--colbert-head-lr", type=float, default=None, help="quality: the colbert side's projection's learning "
                     "rate (--head-lr; default: its --lr)")
     ap.add_argument("--seed", type=int, default=None, help="quality: both models' training seed (default: the recipe's)")
+    ap.add_argument("--embedding-lr", type=float, default=None, help="quality: the embedding side's learning rate (default: "
+                    "the recipe's)")
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     add_patience(ap, 120.0, "each process")
@@ -197,7 +200,8 @@ def main() -> None:
     if "quality" in parts:
         zero = run_side("eval-zero", work, work / "zero", p)["ndcg@10"]
         seeded = ("--seed", str(args.seed)) if args.seed is not None else ()
-        emb = trained(work, "mlmkit-embedding", work / "embedding-run", p, *seeded)
+        emb = trained(work, "mlmkit-embedding", work / "embedding-run", p, *seeded,
+                      *(("--embedding-lr", str(args.embedding_lr)) if args.embedding_lr else ()))
         tuned = ("--colbert-options", args.colbert_options, *(("--colbert-lr", str(args.colbert_lr)) if args.colbert_lr else ()),
                  *(("--colbert-head-lr", str(args.colbert_head_lr)) if args.colbert_head_lr else ()), *seeded)
         col = trained(work, "mlmkit-colbert", work / "colbert-quality", p, *tuned)
