@@ -372,10 +372,7 @@ def search_cmd(args: SearchArgs, as_json: Json = False) -> None:
     from mlmkit.infer.index.filters import parse, rows
 
     where = rows(ix, parse(args.where))  # said before any query is embedded
-    chunk_aggregation(args.chunk_agg)
-    if args.chunk_agg != "max" and not ix.chunked:
-        raise ConfigError(f"--chunk-agg {args.chunk_agg}: {ix.path} is not chunked (a document is one row)",
-                          "leave --chunk-agg out, or build the index with --chunk-tokens N")
+    chunk_aggregation(args.chunk_agg, ix)
     if args.hybrid:
         from mlmkit.infer.index.hybrid import hybrid_search
 

@@ -335,7 +335,7 @@ def _distill(args: DistillArgs) -> Metrics:
     if args.eval_file is not None:  # the teacher's decision settings stay (no calibration on the student)
         labelled = TaskEvaluator(task, task.read(Path(args.eval_file), opts), tok, ctx)
         info["eval"] = str(args.eval_file)
-    evaluator = HeldOut(task, held, tok, ctx, forward, outputs, pad, labelled) if held or labelled else None
+    evaluator = HeldOut(task, held, tok, ctx, forward, outputs, pad, labelled) if held or labelled else None  # held: the teacher runs on it once
     train_args = args.train
     if held:  # the epochs are chosen by the held-out agreement: the best is kept, --early-stopping stops on it
         train_args = replace(args.train, metric_for_best="agreement", greater_is_better=True)
@@ -344,8 +344,8 @@ def _distill(args: DistillArgs) -> Metrics:
     metrics = Trainer(model, data, train_args, args.out, save_model=save_model, evaluate=evaluator, data_key=data_key,
                       params=flat_params(args)).train(run_meta)
     if held:
-        best = load_finetuned(args.out)[1]  # the run root holds the best evaluation's student
-        agree = held_out_agreement(task, held, tok, ctx, forward, best, outputs, pad)
+        assert evaluator is not None
+        agree = evaluator.agreement(load_finetuned(args.out)[1])  # the run root holds the best evaluation's student
         info["agreement"] = {**agree, "held_out": len(held)}
         write_meta(args.out, replace(read_meta(args.out), distill=info))
         metrics = {**metrics, **{f"agreement_{k}": v for k, v in agree.items() if v is not None}}
@@ -388,15 +388,16 @@ class HeldOut:
         self.batches = [pad_features(features[i:i + 64], pad) for i in range(0, len(features), 64)]
         self.ref = [teach(b) for b in self.batches]
 
+    def agreement(self, model: nn.Module) -> dict[str, float | None]:
+        """``model``'s agreement with the teacher on the held-out inputs (evaluation.agreement)."""
+        learn = torch_forward(model, self.outputs)
+        return evaluation.agreement(self.ref, [learn(b) for b in self.batches], self.outputs,
+                                    [b["attention_mask"] for b in self.batches])
+
     def __call__(self, model: nn.Module) -> Metrics:
         was = model.training
         model.eval()
-        out: Metrics = {}
-        if self.batches:
-            learn = torch_forward(model, self.outputs)
-            got = evaluation.agreement(self.ref, [learn(b) for b in self.batches], self.outputs,
-                                       [b["attention_mask"] for b in self.batches])
-            out["agreement"] = float(got["value"] or 0.0)
+        out: Metrics = {"agreement": float(self.agreement(model)["value"] or 0.0)} if self.batches else {}
         model.train(was)
         if self.labelled is not None:
             out.update(self.labelled(model))
@@ -506,12 +507,4 @@ def held_out_agreement(task: Plugin, held: list[Example], tok: Any, ctx: TaskCon
                        student: nn.Module, outputs: dict[str, tuple[str, ...]], pad: int) -> dict[str, float | None]:
     """The student's agreement with the teacher (its forward: ``teach``) on inputs neither trained on
     (evaluation.agreement)."""
-    features = task.featurize(held, tok, ctx, training=False)
-    ref, got, masks = [], [], []
-    learn = torch_forward(student, outputs)
-    for b in [features[i:i + 64] for i in range(0, len(features), 64)]:
-        batch = pad_features(b, pad)
-        ref.append(teach(batch))
-        got.append(learn(batch))
-        masks.append(batch["attention_mask"])
-    return evaluation.agreement(ref, got, outputs, masks)
+    return HeldOut(task, held, tok, ctx, teach, outputs, pad, None).agreement(student)

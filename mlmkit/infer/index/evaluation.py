@@ -100,12 +100,8 @@ class IndexRetriever:
     def pair_scores(self, queries: Sequence[str], docs: Sequence[int]) -> np.ndarray:
         """The cosine of each query with a document of the corpus (by its place), from the index (a
         sparse index's dot product, a multi-vector index's MaxSim)."""
-        if self._rows is None:
-            self._rows = {}
-            for a in range(0, self.ix.count, CHUNK):
-                for r, i in enumerate(self.ix.ids(np.arange(a, min(a + CHUNK, self.ix.count))), a):
-                    if (p := self.places.get(i)) is not None:
-                        self._rows.setdefault(p, []).append(r)  # a chunked index's: each chunk's row
+        if self._rows is None:  # a chunked index's: each chunk's row
+            self._rows = {p: rows.tolist() for d, rows in self.ix.document_rows.items() if (p := self.places.get(d)) is not None}
         lost = [d for d in docs if d not in self._rows]
         if lost:
             raise ConfigError(f"{self.ix.path} does not hold a positive of the data ({len(lost)} of this batch)",

@@ -113,9 +113,7 @@ def served_indexes(indexes: dict[str, Path], bundles: dict[str, Path], *, memory
     served = {name: path for name, path in bundles.items() if (path / "model.onnx").is_file()}
     out: dict[str, tuple[str, Index]] = {}
     for name, path in indexes.items():
-        ix = Index.open(path, memory=memory)
-        if ix.ann != "flat":  # read now: a damaged one is refused at the start, not at every search
-            load_ann(ix)
+        ix = _opened(path, memory)
         was = ix.manifest["bundle"]
         model = next((m for m, b in served.items() if same_bundle(was, b, read=False)), None)
         model = model or next((m for m, b in served.items() if same_bundle(was, b)), None)
@@ -124,6 +122,15 @@ def served_indexes(indexes: dict[str, Path], bundles: dict[str, Path], *, memory
                               "(no served bundle has its graph and description)", "serve that bundle beside the index")
         out[name] = (model, ix)
     return out
+
+
+def _opened(path: Path, memory: bool) -> Index:
+    """The index at ``path`` opened as a server serves it, its ANN index read now: a damaged one is
+    refused when it is opened, not at every search."""
+    ix = Index.open(path, memory=memory)
+    if ix.ann != "flat":
+        load_ann(ix)
+    return ix
 
 
 _refused: dict[Path, tuple[int, int, int] | None] = {}
@@ -144,9 +151,7 @@ def reloaded(ix: Index, bundle: Path) -> Index:
     try:
         if stamp is None:
             raise ConfigError(f"{ix.path}'s manifest is gone")
-        new = Index.open(ix.path, memory=ix.memory)
-        if new.ann != "flat":
-            load_ann(new)
+        new = _opened(ix.path, ix.memory)
         if not same_bundle(new.manifest["bundle"], bundle):
             raise ConfigError(f"it was built again with the bundle {new.manifest['bundle'].get('path')}, not the served {bundle}")
     except (MlmkitError, OSError) as e:

@@ -37,11 +37,8 @@ def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = Non
     then 4 times deeper while a query has fewer than k documents among them: by the best chunk, the
     k-th document found in the order of the chunks is the k-th best. Another ``chunk_agg``
     (chunk_aggregation): _aggregated."""
-    how, n = chunk_aggregation(chunk_agg)
+    how, n = chunk_aggregation(chunk_agg, ix)
     if how != "max":
-        if not ix.chunked:
-            raise ConfigError(f"--chunk-agg {chunk_agg}: {ix.path} is not chunked (a document is one row)",
-                              "leave --chunk-agg out, or build the index with --chunk-tokens N")
         return _aggregated(ix, queries, k, how, n, rescore=rescore, where=where)
     if not ix.chunked or k < 1 or k > ix.count:
         return finite(ix, *_search_rows(ix, queries, k, rescore=rescore, where=where))
@@ -69,14 +66,20 @@ CHUNK_AGGS = ("max", "mean", "sum-top-N")
 """--chunk-agg: a chunked index's document score from its chunks' (N a number: the sum of its best N)."""
 
 
-def chunk_aggregation(spec: str) -> tuple[str, int]:
-    """--chunk-agg as (how, N): ("max", 1), ("mean", 0), ("sum", N) for sum-top-N; else one line."""
+def chunk_aggregation(spec: str, ix: Index | None = None) -> tuple[str, int]:
+    """--chunk-agg as (how, N): ("max", 1), ("mean", 0), ("sum", N) for sum-top-N; else one line, and
+    one for another than max on ``ix`` when it is not chunked."""
     if spec in ("max", "mean"):
-        return spec, int(spec == "max")
-    m = re.fullmatch(r"sum-top-([1-9][0-9]*)", str(spec))
-    if m is None:
-        raise ConfigError(f"--chunk-agg {spec!r} is not one of max, mean, sum-top-N", "e.g. --chunk-agg sum-top-3")
-    return "sum", int(m.group(1))
+        how, n = spec, int(spec == "max")
+    else:
+        m = re.fullmatch(r"sum-top-([1-9][0-9]*)", str(spec))
+        if m is None:
+            raise ConfigError(f"--chunk-agg {spec!r} is not one of max, mean, sum-top-N", "e.g. --chunk-agg sum-top-3")
+        how, n = "sum", int(m.group(1))
+    if how != "max" and ix is not None and not ix.chunked:
+        raise ConfigError(f"--chunk-agg {spec}: {ix.path} is not chunked (a document is one row)",
+                          "leave --chunk-agg out, or build the index with --chunk-tokens N")
+    return how, n
 
 
 def _aggregated(ix: Index, queries: Any, k: int, how: str, n: int, *, rescore: int | None,
@@ -95,13 +98,13 @@ def _aggregated(ix: Index, queries: Any, k: int, how: str, n: int, *, rescore: i
         docs = ix.ids(row[row >= 0])
         each = [g[allowed[g]] if allowed is not None else g for g in (groups[d] for d in docs)]
         flat = np.concatenate(each) if each else np.zeros(0, np.int64)
+        starts = np.concatenate([[0], np.cumsum([len(g) for g in each])]).astype(np.int64)
         scores = chunk_scores(ix, queries, j, flat)
         agg, best = [], []
-        for part in np.split(scores, np.cumsum([len(g) for g in each])[:-1]) if len(each) else []:
+        for part in np.split(scores, starts[1:-1]) if len(each) else []:
             agg.append(float(part.mean()) if how == "mean" else float(np.sort(part)[::-1][:n].sum()))
             best.append(int(np.argmax(part)))
         order = np.lexsort((np.arange(len(agg)), -np.asarray(agg)))[:k]
-        starts = np.concatenate([[0], np.cumsum([len(g) for g in each])]).astype(np.int64)
         out_i[j, :len(order)] = [flat[starts[d] + best[d]] for d in order]
         out_s[j, :len(order)] = np.asarray(agg, dtype=np.float32)[order]
     return out_i, out_s

@@ -256,8 +256,8 @@ class Index:
 
     @functools.cached_property
     def document_rows(self) -> dict[str, np.ndarray]:
-        """A chunked index's rows of each document (its chunks', deleted ones among them), read a
-        chunk of ids at a time, once: what --chunk-agg scores all of a document's chunks with."""
+        """Each document's rows (a chunked index's: its chunks'; deleted ones among them), ascending, read
+        a chunk of ids at a time, once: what --chunk-agg and mining's pair scores read."""
         out: dict[str, list[int]] = {}
         for a in range(0, self.count, CHUNK):
             for r, d in enumerate(self.ids(np.arange(a, min(a + CHUNK, self.count))), a):
