@@ -106,3 +106,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
              "test_mnrl_under_torchrun_sees_every_ranks_negatives", "test_cached_mnrl_under_torchrun_equals_one_process",
              "test_evaluation_under_torchrun_is_spread_and_equals_one_process")
     items.sort(key=lambda item: not any(name in item.nodeid for name in first))
+
+
+@pytest.fixture(scope="session")
+def stdlib_docstrings(tmp_path_factory) -> Path:
+    """A cache directory holding the standard library's parsed docstrings (stdlib_corpus.definitions):
+    copied into a test's own $MLMKIT_CACHE, a subprocess that builds the built-in sets reads them
+    instead of parsing the standard library again (about 4 s)."""
+    import json
+
+    from mlmkit.files import atomic_write_text
+    from mlmkit.quickstart.stdlib_corpus import cached_definitions, definitions
+
+    cache = tmp_path_factory.mktemp("stdlib-docstrings")
+    atomic_write_text(cached_definitions(cache), json.dumps(definitions()))
+    return cache

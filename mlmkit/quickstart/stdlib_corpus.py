@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
+import json
+import os
 import re
+import sys
 import sysconfig
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from mlmkit.files import atomic_open
+from mlmkit.files import atomic_open, atomic_write_text, cache_root
 
 _SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 _CODEISH = re.compile(r"(>>>|\.\.\. |::|^\s*[-=*]{3,}|[{}\[\]]{2,})")
@@ -56,29 +60,71 @@ def _module_name(rel: tuple[str, ...]) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
 
 
+Definition = tuple[str, str, tuple[str, ...]]
+
+
 @functools.cache
-def definitions() -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+def definitions() -> tuple[Definition, ...]:
     """Every documented module, class and function of the standard library as (module, name,
     sentences), in the corpus's order: ``name`` is the dotted name inside the module ("" for the
-    module itself, "Path.read_text" for a method). Read once per process (about 4 s)."""
+    module itself, "Path.read_text" for a method). Parsed once per Python (about 4 s), then read from
+    $MLMKIT_CACHE/stdlib-docstrings (keyed by the Python and its files' sizes and times)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    found = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).parts
-        if rel[0] in ("test", "idlelib", "lib2to3", "site-packages", "turtledemo") or "tests" in rel:
-            continue
+    files = _files(root)
+    cached = cached_definitions(cache_root(), root, files)
+    try:
+        return tuple((m, n, tuple(s)) for m, n, s in json.loads(cached.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        pass  # not there yet, or unreadable: parsed again
+    found = tuple(_parsed(root, files))
+    try:
+        atomic_write_text(cached, json.dumps(found))
+    except OSError:
+        pass  # a read-only cache: parsed again next time
+    return found
+
+
+def cached_definitions(cache: Path, root: Path | None = None, files: list[Path] | None = None) -> Path:
+    """The file under the cache directory ``cache`` that keeps this Python's definitions()."""
+    root = root or Path(sysconfig.get_paths()["stdlib"])
+    stamps = [(str(p), *_stamp(p)) for p in (files if files is not None else _files(root))]
+    key = hashlib.sha256(repr((sys.version, str(root), stamps)).encode()).hexdigest()[:16]
+    return cache / "stdlib-docstrings" / f"{key}.json"
+
+
+def _files(root: Path) -> list[Path]:
+    """The standard library's .py files, in sorted order, without its tests, IDLE, lib2to3, turtledemo
+    and site-packages (not walked into: a virtual environment's can hold a hundred thousand files)."""
+    out = []
+    for d, subdirs, names in os.walk(root):
+        top = Path(d) == root
+        subdirs[:] = [s for s in subdirs if s != "tests" and not (top and s in _SKIPPED)]
+        out += [Path(d) / n for n in names if n.endswith(".py")]
+    return sorted(out)
+
+
+_SKIPPED = ("test", "idlelib", "lib2to3", "site-packages", "turtledemo")
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+def _parsed(root: Path, files: list[Path]) -> Iterator[Definition]:
+    for path in files:
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
+        rel = path.relative_to(root).parts
         for node, prefix in _definitions(tree):
             if isinstance(node, _OWNERS):
                 doc = ast.get_docstring(node)
                 sents = _sentences(doc) if doc else []
                 if sents:
                     name = "" if isinstance(node, ast.Module) else f"{prefix}.{node.name}".lstrip(".")
-                    found.append((_module_name(rel), name, tuple(sents)))
-    return tuple(found)
+                    yield _module_name(rel), name, tuple(sents)
 
 
 def docstring_documents(max_chars: int = 3_000_000) -> Iterator[list[str]]:

@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 
-def test_quickstart_runs_every_stage(tmp_path: Path) -> None:
+def test_quickstart_runs_every_stage(tmp_path: Path, stdlib_docstrings: Path) -> None:
     out = tmp_path / "qs"
+    shutil.copytree(stdlib_docstrings, tmp_path / "cache")  # the standard library's docstrings, parsed once a session
     env = {**os.environ, "MLMKIT_CACHE": str(tmp_path / "cache"), "COLUMNS": "200"}
     r = subprocess.run([sys.executable, "-m", "mlmkit", "quickstart", "--out", str(out), "--steps", "5",
                         "--retrieval-documents", "300"],

@@ -4,7 +4,9 @@ gives the same bytes, it runs without torch, and bad input is one line with exit
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -128,11 +130,45 @@ def test_cli_refuses_a_file_as_the_directory(tmp_path):
     assert f.read_text() == "mine"
 
 
-def test_runs_without_torch(tmp_path):
+def test_runs_without_torch(tmp_path, stdlib_docstrings):
     """A base install (no torch) writes the sets: nothing on the way imports it."""
     code = ("import sys; sys.modules['torch'] = None; sys.argv = ['mlmkit', 'data', sys.argv[1], '--set', 'corpus', "
             "'--set', 'classification', '--retrieval-documents', '50', '--set', 'retrieval']; "
             "from mlmkit.cli import main; main()")
-    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    shutil.copytree(stdlib_docstrings, tmp_path / "cache")  # the standard library parsed once a session, not again here
+    env = {**os.environ, "MLMKIT_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "retrieval" / "qrels" / "test.tsv").is_file() and (tmp_path / "corpus.txt").is_file()
+
+
+def test_the_standard_librarys_docstrings_are_parsed_once_and_parsed_again_when_a_file_changes(tmp_path, monkeypatch):
+    from mlmkit.quickstart import stdlib_corpus
+
+    lib = tmp_path / "lib"
+    (lib / "json").mkdir(parents=True)
+    (lib / "site-packages" / "big").mkdir(parents=True)
+    (lib / "json" / "__init__.py").write_text('"""Read a JSON document. It is a text format."""\n')
+    (lib / "site-packages" / "big" / "m.py").write_text('"""Not the standard library at all. It is skipped here."""\n')
+    (lib / "csv.py").write_text('def reader():\n    """Read the rows of a file. Each row is a list."""\n')
+    monkeypatch.setattr(stdlib_corpus.sysconfig, "get_paths", lambda: {"stdlib": str(lib)})
+    monkeypatch.setenv("MLMKIT_CACHE", str(tmp_path / "cache"))
+    real = stdlib_corpus._parsed
+    parsed = []
+    monkeypatch.setattr(stdlib_corpus, "_parsed", lambda *a: parsed.append(1) or real(*a))
+
+    def fresh():
+        stdlib_corpus.definitions.cache_clear()
+        return stdlib_corpus.definitions()
+
+    want = (("csv", "reader", ("Read the rows of a file.", "Each row is a list.")), ("json", "", ("Read a JSON document.", "It is a text format.")))
+    try:
+        assert fresh() == want and len(parsed) == 1
+        assert fresh() == want and len(parsed) == 1  # read from the cache
+        cached = next((tmp_path / "cache" / "stdlib-docstrings").iterdir())
+        cached.write_text("[1, 2")  # a damaged cache: parsed again, and written again
+        assert fresh() == want and len(parsed) == 2 and fresh() == want and len(parsed) == 2
+        (lib / "csv.py").write_text('def reader():\n    """Read the rows of a CSV file. Each row is a list."""\n')  # another Python's files
+        assert fresh()[0][2] == ("Read the rows of a CSV file.", "Each row is a list.") and len(parsed) == 3
+    finally:
+        stdlib_corpus.definitions.cache_clear()

@@ -755,18 +755,29 @@ def _ddp_step(rank: int, loss_name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def torchrun_rank0(retrieval, tmp_path_factory) -> dict:
-    """Rank 0's results of _ddp_rank: one torchrun launch (three Python processes, each importing torch
-    and mlmkit) serves the three tests below."""
+    """Rank 0's results of _ddp_rank: two processes started as torchrun starts its workers (RANK,
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; without the launcher's own process, which
+    tests/train/test_ddp.py runs) serve the three tests below."""
     import os
+    import socket
     import subprocess
 
     out = tmp_path_factory.mktemp("torchrun") / "rank0.pt"
     tests = str(Path(__file__).resolve().parents[1])  # conftest's directory, for the script's imports
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        str(Path(__file__).resolve()), str(out), str(retrieval["run"]), str(retrieval["beir"])],
-                       env=env, capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stderr[-3000:]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])),
+           "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    ranks = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(out), str(retrieval["run"]), str(retrieval["beir"])],
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in (0, 1)]
+    try:
+        errors = [p.communicate(timeout=180)[1] for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()
+    assert all(p.returncode == 0 for p in ranks), [e[-3000:] for e in errors]
     return torch.load(out)
 
 
