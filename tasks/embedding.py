@@ -78,6 +78,8 @@ from mlmkit.taskkit import (
     RETRIEVAL_METRICS,
     TRUNCATED,
     CheckpointInfo,
+    Chunker,
+    Chunking,
     DataFormatError,
     Example,
     Feature,
@@ -174,6 +176,12 @@ class EmbeddingTask:
                    "training, evaluation and --as document (e5: 'passage: ').", fixed=True),
         TaskOption("input_type", "none", "What the inputs are, for the prompt put before them: query, document or "
                    "none (`mlmkit embed --as query`).", choices=INPUT_TYPES, saved=False, flags=("--input-type", "--as")),
+        TaskOption("chunk_tokens", 0, "Cut each input into chunks of at most this many tokens, at word boundaries, and "
+                   "embed each (`mlmkit embed --chunk-tokens`); 0: a vector per input.", minimum=0, saved=False),
+        TaskOption("chunk_overlap", -1, "With chunk_tokens: tokens each chunk repeats of the one before (-1: an eighth).",
+                   minimum=-1, saved=False),
+        TaskOption("chunk_sentences", False, "With chunk_tokens: end each chunk at a sentence end where one is in its "
+                   "second half.", saved=False),
         TaskOption("index", "exact", "Retrieval evaluation: exact search, or a faiss HNSW index (approximate) for "
                    "corpora too large for it.", choices=INDEXES, saved=False, flags=("--index",), evaluation=True),
         TaskOption("save_run", "", "Retrieval evaluation: write the ranking (top 100 per query) to this file in TREC "
@@ -285,6 +293,8 @@ class EmbeddingTask:
         if training:
             check_loss_data(examples, _loss(ctx), "use --option loss=cosent for scored pairs, loss=mnrl (or "
                             "cached-mnrl) for rows, loss=mse-distill with --option teacher=BUNDLE for any")
+        elif _chunking(ctx.options) is not None:
+            return _chunk_features(examples, tokenizer, ctx)
         texts = [(i, part, clip_text(prompt_for(ex, part, ctx.options) + t, tokenizer, ctx.max_length))
                  for i, ex in enumerate(examples) for part, t in enumerate(example_texts(ex)) if t is not None]
         distill = training and _loss(ctx) == "mse-distill"
@@ -343,10 +353,16 @@ class EmbeddingTask:
     def postprocess(
         self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example], ctx: TaskContext
     ) -> list[Prediction]:
-        """{"embedding": [...]} per text; a pair adds "embedding_pair" and their "cosine"."""
+        """{"embedding": [...]} per text; a pair adds "embedding_pair" and their "cosine". With chunk_tokens,
+        {"chunks": [{"start", "end", "embedding"}, ...]}: each chunk's character span in the text, in order."""
         preds: list[Prediction] = [{} for _ in examples]
         for f, v in zip(features, outputs["embedding"]):
-            preds[f[EXAMPLE]]["embedding_pair" if f["part"] else "embedding"] = [float(x) for x in v]
+            vector = [float(x) for x in v]
+            if CHUNK in f:  # chunk_tokens: the chunks in order, each with its span
+                start, end = f[CHUNK]
+                preds[f[EXAMPLE]].setdefault("chunks", []).append({"start": start, "end": end, "embedding": vector})
+            else:
+                preds[f[EXAMPLE]]["embedding_pair" if f["part"] else "embedding"] = vector
         for p in preds:
             if "embedding_pair" in p:
                 a, b = np.asarray(p["embedding"]), np.asarray(p["embedding_pair"])
@@ -361,8 +377,44 @@ class EmbeddingTask:
         return pair_correlations(predictions, examples)
 
     def summary(self, prediction: Prediction) -> dict[str, str]:
+        if "chunks" in prediction:
+            spans = [f"{c['start']}-{c['end']}" for c in prediction["chunks"]]
+            return {"chunks": str(len(spans)), "dims": str(len(prediction["chunks"][0]["embedding"])),
+                    "spans": ", ".join(spans[:4]) + (" ..." if len(spans) > 4 else "")}
         v = np.asarray(prediction["embedding"])
         return {"dims": str(v.size), "norm": f"{np.linalg.norm(v):.3f}", "start": ", ".join(f"{x:.3f}" for x in v[:4]) + " ..."}
+
+
+CHUNK = "chunk_span"
+"""A feature of a chunk (chunk_tokens): its (start, end) characters in its input's text."""
+
+
+def _chunking(options: Mapping[str, Any]) -> Chunking | None:
+    """The chunk_* options (a subclass's options may lack them: no chunks)."""
+    tokens = int(options.get("chunk_tokens", 0) or 0)
+    overlap = int(options.get("chunk_overlap", -1))
+    return Chunking.of(tokens, None if overlap < 0 else overlap, bool(options.get("chunk_sentences", False))) if tokens else None
+
+
+def _chunk_features(examples: list[Example], tokenizer: Any, ctx: TaskContext) -> list[Feature]:
+    """A feature per chunk of each input's text (text.chunks: at word boundaries, within the model's
+    length with its special tokens and the input's prompt), with its span."""
+    chunking = _chunking(ctx.options)
+    assert chunking is not None
+    chunkers: dict[str, Chunker] = {}
+    texts: list[tuple[int, tuple[int, int], str]] = []
+    for i, ex in enumerate(examples):
+        if ex.get("text_pair") is not None or "anchor" in ex:
+            raise TaskError("chunk_tokens embeds single texts, not pairs or training rows", "leave chunk_tokens out for these")
+        prompt = prompt_for(ex, 0, ctx.options)
+        if prompt not in chunkers:
+            chunkers[prompt] = Chunker(tokenizer, ctx.max_length, chunking, prompt)
+        text = ex["text"]
+        texts += [(i, (a, b), prompt + text[a:b]) for a, b in chunkers[prompt].spans(text)]
+    with tokenizer_settings(tokenizer, max_length=ctx.max_length) as tok:
+        encodings = tok.encode_batch([t for _, _, t in texts]) if texts else []
+    return [{"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i, "part": 0, CHUNK: span}
+            for (i, span, _), enc in zip(texts, encodings)]
 
 
 task = EmbeddingTask()

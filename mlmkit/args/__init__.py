@@ -28,6 +28,7 @@ from mlmkit.args.base import (
     PRECISIONS,
     A,
     Args,
+    Chunks,
     CliField,
     Engine,
     Fusion,
@@ -45,6 +46,7 @@ from mlmkit.args.base import (
 )
 from mlmkit.args.inference import (
     DataArgs,
+    EmbedArgs,
     InferenceArgs,
     MineArgs,
     QaArgs,
@@ -84,6 +86,7 @@ __all__ = [
     "Args",
     "Opt",
     "Engine",
+    "Chunks",
     "Fusion",
     "fusion_weights",
     "check_weights",
@@ -107,6 +110,7 @@ __all__ = [
     "PlotArgs",
     "ExportArgs",
     "InferenceArgs",
+    "EmbedArgs",
     "QaArgs",
     "RerankArgs",
     "SearchArgs",

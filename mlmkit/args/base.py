@@ -181,6 +181,17 @@ class Engine:
     address = Opt(("--address",), None, "With --engine ray: the cluster to join (e.g. auto); default: a Ray started here.")
 
 
+class Chunks:
+    """Long texts cut into chunks of the bundle's own tokens (mlmkit.text.chunks): index, embed."""
+
+    tokens = Opt(("--chunk-tokens",), None, "Cut each text into chunks of at most this many of the bundle's tokens, at word "
+                                            "boundaries (index: a row each, a search ranks documents by their best chunk; "
+                                            "embed: a vector each, with its span).")
+    overlap = Opt(("--chunk-overlap",), None, "--chunk-tokens: tokens each chunk repeats of the one before (default: an eighth).")
+    sentences = Opt(("--chunk-sentences",), False, "--chunk-tokens: end each chunk at a sentence end where one is in its second "
+                                                   "half, and start the overlap at a sentence start.")
+
+
 class Fusion:
     """Hybrid retrieval (mlmkit.infer.index.hybrid): other retrievers of the same corpus, fused with the first
     (search, evaluate, mine)."""

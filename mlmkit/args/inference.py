@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mlmkit.args.base import (
     Args,
+    Chunks,
     Engine,
     Fusion,
     Inputs,
@@ -22,6 +23,7 @@ from mlmkit.args.base import (
     fusion_weights,
 )
 from mlmkit.errors import ConfigError
+from mlmkit.text.chunks import Chunking
 
 
 # ---- inference -------------------------------------------------------------------------------------
@@ -70,6 +72,28 @@ class InferenceArgs(Args):
         for ok, message in checks:
             _check(ok, message)
         check_precision(self.precision, self.min_agreement)
+
+
+@dataclass
+class EmbedArgs(InferenceArgs):
+    """`mlmkit embed`: a vector per text, or with --chunk-tokens a vector per chunk of each text."""
+
+    chunk_tokens: int | None = Chunks.tokens()
+    chunk_overlap: int | None = Chunks.overlap()
+    chunk_sentences: bool = Chunks.sentences()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        chunking = Chunking.of(self.chunk_tokens, self.chunk_overlap, self.chunk_sentences)
+        _check(chunking is None or self.output is None or self.output.suffix.lower() != ".npy",
+               f"--output {self.output}: a .npy holds a vector per text, and --chunk-tokens gives each text several",
+               "write .jsonl or .parquet: each result holds its chunks, each with its span and vector")
+
+    def chunk_options(self) -> dict[str, int | bool]:
+        """--chunk-tokens and the rest as the embedding task's options (none without it)."""
+        chunking = Chunking.of(self.chunk_tokens, self.chunk_overlap, self.chunk_sentences)
+        return {} if chunking is None else {"chunk_tokens": chunking.tokens, "chunk_overlap": chunking.overlap,
+                                            "chunk_sentences": chunking.sentences}
 
 
 @dataclass

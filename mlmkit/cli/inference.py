@@ -19,6 +19,7 @@ from rich import progress as rp
 from rich.table import Table
 
 from mlmkit.args import (
+    EmbedArgs,
     ExportArgs,
     InferenceArgs,
     MineArgs,
@@ -212,10 +213,19 @@ def qa(args: QaArgs, options: Options) -> None:
 @app.command()
 @handle_errors
 @with_task_options("embed")
-@with_args(InferenceArgs)
-def embed(args: InferenceArgs, options: Options) -> None:
-    """One vector per text with an embedding bundle (pooling and normalisation are the bundle's)."""
-    run_inference("embed", args, options)
+@with_args(EmbedArgs)
+def embed(args: EmbedArgs, options: Options) -> None:
+    """One vector per text with an embedding bundle (pooling and normalisation are the bundle's); with
+    --chunk-tokens, a vector per chunk of each text, with its span."""
+    chunks = args.chunk_options()
+    if chunks and (args.bundle / "mlmkit.json").is_file():  # else Pipeline.load says what is wrong, in one line
+        from mlmkit.infer.bundle import read_bundle_meta
+
+        task = read_bundle_meta(args.bundle).task
+        if task != "embedding":
+            raise ConfigError(f"--chunk-tokens: {args.bundle} is a {task} bundle, and embed chunks texts for embedding "
+                              "bundles", "an index chunks documents for every kind: mlmkit index BUNDLE --chunk-tokens N")
+    run_inference("embed", args, {**options, **chunks})
 
 
 @app.command()

@@ -301,14 +301,18 @@ _PARQUET_SCALARS = (str, int, float, bool, bytes, datetime.date, datetime.time, 
 
 def parquet_value(v: Any) -> Any:
     """A Parquet cell: numbers, strings, booleans, binary, temporal values, decimals, lists of
-    numbers (an embedding) and lists of such lists (token vectors) as they are; anything else nested
-    as JSON text."""
+    numbers (an embedding), lists of such lists (token vectors) and lists of records of numbers and
+    lists of numbers (embed --chunk-tokens's chunks: their spans and vectors) as they are; anything
+    else nested as JSON text."""
     if v is None or isinstance(v, _PARQUET_SCALARS):
         return v
     if _numbers(v):
         return [float(x) for x in v]
     if isinstance(v, list) and v and all(_numbers(x) for x in v):
         return [[float(x) for x in row] for row in v]
+    if isinstance(v, list) and v and all(isinstance(x, dict) and x and all(_numbers(y) or _numbers([y]) for y in x.values())
+                                         for x in v):
+        return [{k: [float(z) for z in y] if isinstance(y, list) else y for k, y in x.items()} for x in v]
     return json.dumps(v, ensure_ascii=False)
 
 

@@ -1090,12 +1090,12 @@ def test_fields_of_another_kind_in_a_later_document_name_the_line_and_filters_su
         assert runner.invoke(app, ["index", str(ix), "--compact"]).exit_code == 0
 
 
-# ---- chunked documents (infer/chunks.py) ------------------------------------------------------------------
+# ---- chunked documents (text/chunks.py) ------------------------------------------------------------------
 def test_a_chunker_cuts_at_word_boundaries_within_the_size_and_refuses_what_the_model_cannot_read(setup):
-    from mlmkit.infer.chunks import Chunker, Chunking
+    from mlmkit.text.chunks import Chunker, Chunking
 
     pipe = Pipeline.load(setup["bundle"])
-    chunker = Chunker(pipe, Chunking.of(12, 3))
+    chunker = Chunker(pipe.tokenizer, pipe.max_length, Chunking.of(12, 3))
     tok = chunker.tokenizer
     rng = random.Random(3)
     for _ in range(30):
@@ -1115,13 +1115,13 @@ def test_a_chunker_cuts_at_word_boundaries_within_the_size_and_refuses_what_the_
                                   (None, 3, "--chunk-overlap goes with --chunk-tokens")):
         with pytest.raises(ConfigError, match=said):
             Chunking.of(tokens, overlap)
-    with pytest.raises(ConfigError, match="past what .* reads of a document: 32 tokens"):
-        Chunker(pipe, Chunking.of(40, 0))
+    with pytest.raises(ConfigError, match="past what the model reads of a text: 32 tokens"):
+        Chunker(pipe.tokenizer, pipe.max_length, Chunking.of(40, 0))
     with pytest.raises(ConfigError, match="--chunk-sentences goes with --chunk-tokens"):
         Chunking.of(None, None, True)
     # --chunk-sentences: a chunk ends at a sentence end where its second half has one, and the overlap
     # starts at a sentence start; otherwise at words, as above
-    by_sentence = Chunker(pipe, Chunking.of(20, 6, True))
+    by_sentence = Chunker(pipe.tokenizer, pipe.max_length, Chunking.of(20, 6, True))
     ended = cut = 0
     for _ in range(40):
         text = " ".join(sentence(rng, rng.randint(2, 9)) + "." for _ in range(rng.randint(3, 10)))
@@ -1219,3 +1219,37 @@ def test_a_chunked_index_ranks_documents_by_their_best_chunk_whatever_files_they
     r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "b.jsonl"), "--out", str(tmp_path / "x"),
                             "--chunk-tokens", "8", "--chunk-overlap", "8"])
     assert "the overlap must be 0 or more and less than the chunk" in one_red_line(r) and not (tmp_path / "x").exists()
+
+
+def test_embed_with_chunk_tokens_gives_each_text_its_chunks_spans_and_vectors(setup, sparse, tmp_path):
+    """`mlmkit embed --chunk-tokens`: each text's chunks are the index's chunker's spans (the document
+    prompt counted, with --as document), each vector the bundle's embedding of its chunk's text, in
+    Parquet and JSON lines alike; a .npy output and a bundle of another kind are one line each."""
+    import pyarrow.parquet as pq
+
+    from mlmkit.text.chunks import Chunker, Chunking
+
+    rng = random.Random(11)
+    texts = [" . ".join(sentence(rng, rng.randint(3, 9)) for _ in range(rng.randint(1, 8))) for _ in range(12)] + ["one"]
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
+    pipe = Pipeline.load(setup["bundle"])
+    chunker = Chunker(pipe.tokenizer, pipe.max_length, Chunking.of(12, 2), str(pipe.meta.options.get("document_prompt", "")))
+    spans = [chunker.spans(t) for t in texts]
+    assert sum(len(s) > 1 for s in spans) >= 5  # long texts are cut
+    want = np.asarray([r["embedding"] for r in pipe([t[a:b] for t, s in zip(texts, spans) for a, b in s], input_type="document")])
+    cmd = ["embed", str(setup["bundle"]), "--input", str(data), "--as", "document", "--chunk-tokens", "12", "--chunk-overlap", "2",
+           "--id-column", "id", "--output"]
+    for out in (tmp_path / "out.parquet", tmp_path / "out.jsonl"):
+        r = runner.invoke(app, [*cmd, str(out)])
+        assert r.exit_code == 0, r.output
+        got = pq.read_table(out).to_pylist() if out.suffix == ".parquet" else [json.loads(x) for x in out.read_text().splitlines()]
+        assert [g["id"] for g in got] == list(range(len(texts)))
+        assert [[(c["start"], c["end"]) for c in g["chunks"]] for g in got] == [[tuple(x) for x in s] for s in spans]
+        have = np.asarray([c["embedding"] for g in got for c in g["chunks"]])
+        assert have.shape == want.shape and np.abs(have - want).max() < 1e-5
+    assert "a .npy holds a vector per text" in one_red_line(runner.invoke(app, [*cmd, str(tmp_path / "out.npy")]))
+    assert "is a sparse-embedding bundle, and embed chunks texts for embedding bundles" in one_red_line(
+        runner.invoke(app, ["embed", str(sparse["bundle"]), "x", "--chunk-tokens", "12"]))
+    assert f"past what the model reads of a text: {pipe.max_length} tokens" in one_red_line(
+        runner.invoke(app, ["embed", str(setup["bundle"]), "x", "--chunk-tokens", "400"]))

@@ -26,11 +26,10 @@ from typing import Any
 import numpy as np
 
 import mlmkit.infer.index.multivector as multivector
-from mlmkit.args import Args, Engine, Runtime, arg, check_precision, flag
+from mlmkit.args import Args, Chunks, Engine, Runtime, arg, check_precision, flag
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
 from mlmkit.files import LOCK, exclusive
 from mlmkit.infer import postings
-from mlmkit.infer.chunks import Chunker, Chunking, chunk_records
 from mlmkit.infer.index.ann import ann_settings, build_ann
 from mlmkit.infer.index.codecs import QUANTIZATIONS, RESCORE_COPIES, faiss_module
 from mlmkit.infer.index.filters import write_meta
@@ -39,6 +38,7 @@ from mlmkit.infer.index.live import commit, live_rows, sweep, with_deleted
 from mlmkit.infer.index.pending import Pending
 from mlmkit.infer.index.search import as_input, index_kind
 from mlmkit.infer.index.store import ANNS, CHUNK, CHUNKS, FORMAT, MANIFEST, Index, id_hashes, shard_name
+from mlmkit.text.chunks import Chunker, Chunking, chunk_records
 from mlmkit.text.readers import Record
 
 
@@ -106,11 +106,9 @@ class BuildArgs(Args):
                                     "replacing those of the same ids (read as --corpus is).")
     compact: bool = arg(False, "Rewrite the index (the first argument) without its deleted documents, reclaiming their space.")
     replacing: bool = arg(False, "An append whose documents replace the index's of the same ids (what --upsert runs).", cli=False)
-    chunk_tokens: int | None = arg(None, "Cut each document into chunks of at most this many of the bundle's tokens, at word "
-                                         "boundaries, a row each; a search ranks documents by their best chunk.")
-    chunk_overlap: int | None = arg(None, "--chunk-tokens: tokens each chunk repeats of the one before (default: an eighth).")
-    chunk_sentences: bool = arg(False, "--chunk-tokens: end each chunk at a sentence end where one is in its second half, "
-                                       "and start the overlap at a sentence start.")
+    chunk_tokens: int | None = Chunks.tokens()
+    chunk_overlap: int | None = Chunks.overlap()
+    chunk_sentences: bool = Chunks.sentences()
 
     def __post_init__(self) -> None:
         live = [f for f, v in (("--delete", self.delete), ("--upsert", self.upsert), ("--compact", self.compact)) if v]
@@ -265,7 +263,8 @@ def _with_chunking(args: BuildArgs, old: Index | None) -> BuildArgs:
 
 def _chunker(args: BuildArgs, pipe: Any) -> Chunker | None:
     chunking = Chunking.of(args.chunk_tokens, args.chunk_overlap, args.chunk_sentences)
-    return Chunker(pipe, chunking, str(pipe.meta.options.get("document_prompt", "") or "")) if chunking else None
+    prompt = str(pipe.meta.options.get("document_prompt", "") or "")
+    return Chunker(pipe.tokenizer, pipe.max_length, chunking, prompt, str(pipe.path)) if chunking else None
 
 
 def write_spans(shard: Path, args: BuildArgs, chunker: Chunker | None) -> np.ndarray | None:

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from mlmkit.errors import ConfigError, DataFormatError
-from mlmkit.infer.chunks import SEPARATOR
 from mlmkit.infer.index.store import CHUNK, Index
+from mlmkit.text.chunks import SEPARATOR
 
 META = "meta.arrow"
 CONDITION = re.compile(r"^\s*([^=!<>\s]+)\s*(>=|<=|!=|=|>|<|\s+in\s+)\s*(.*?)\s*$", re.S)

@@ -32,7 +32,7 @@ SUBSET = 65536
 
 def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = None,
                    where: np.ndarray | None = None, chunk_agg: str = "max") -> tuple[np.ndarray, np.ndarray]:
-    """_search_rows's top k rows; a chunked index's (infer/chunks.py): each query's top k documents by
+    """_search_rows's top k rows; a chunked index's (text/chunks.py): each query's top k documents by
     their best chunk, as the row of that chunk and its score. The top chunks are searched 4 k deep,
     then 4 times deeper while a query has fewer than k documents among them: by the best chunk, the
     k-th document found in the order of the chunks is the k-th best. Another ``chunk_agg``

@@ -47,8 +47,8 @@ import mlmkit.infer.index.multivector as multivector
 from mlmkit.errors import ConfigError
 from mlmkit.files import read_json
 from mlmkit.infer import postings
-from mlmkit.infer.chunks import document_id
 from mlmkit.infer.index.codecs import QUANTIZATIONS, RESCORE_COPIES, dtype, floats, row_bytes
+from mlmkit.text.chunks import document_id
 
 KINDS = ("dense", "sparse", "multivector")
 ANNS = ("flat", "hnsw", "ivf")
@@ -180,7 +180,7 @@ class Index:
 
     @property
     def chunked(self) -> bool:
-        """Whether its rows are chunks of documents (infer/chunks.py): ids ``ID#K``, spans in chunks.arrow."""
+        """Whether its rows are chunks of documents (text/chunks.py): ids ``ID#K``, spans in chunks.arrow."""
         return self.manifest.get("chunks") is not None
 
     def chunk_spans(self, rows: np.ndarray) -> np.ndarray:

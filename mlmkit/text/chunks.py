@@ -1,5 +1,5 @@
 """Long documents cut into chunks of the model's own tokens (`mlmkit index --chunk-tokens N
---chunk-overlap M`). No torch.
+--chunk-overlap M`, `mlmkit embed --chunk-tokens N`). No torch.
 
 A document's text (its title before it, as an index embeds it) is tokenized by the bundle's own
 tokenizer (no special tokens, no truncation) and cut into windows of at most N tokens that start and
@@ -11,7 +11,8 @@ from 0 and that span. A document of N tokens or fewer is one chunk: its whole te
 half where there is one, and the overlap starts at the first sentence start in it where there is one.
 
 In an index (infer/index/) each chunk is a row whose id is its document's and its number, ``ID#K``
-(SEPARATOR); a search ranks the documents by their best chunk and names it and its span.
+(SEPARATOR); a search ranks the documents by their best chunk and names it and its span. `mlmkit embed`
+gives each text its chunks, each with its span and vector (the embedding task's chunk_tokens option).
 """
 
 from __future__ import annotations
@@ -62,19 +63,20 @@ class Chunking:
 
 
 class Chunker:
-    """``Chunking`` with a bundle's tokenizer: a text's chunks as character spans. ``room``: the most
-    tokens a chunk may have, the bundle's max length less its special tokens and document prompt."""
+    """``Chunking`` with a model's tokenizer (a ``tokenizers.Tokenizer``): a text's chunks as character
+    spans. A chunk may have at most the model's ``max_length`` tokens less its special tokens and the
+    ``prompt`` put before each text; ``model`` names it in that error."""
 
-    def __init__(self, pipe: Any, chunking: Chunking, prompt: str = "") -> None:
+    def __init__(self, tokenizer: Any, max_length: int, chunking: Chunking, prompt: str = "", model: str = "the model") -> None:
         self.chunking = chunking
-        self.tokenizer = type(pipe.tokenizer).from_str(pipe.tokenizer.to_str())  # its own: settings changed freely
+        self.tokenizer = type(tokenizer).from_str(tokenizer.to_str())  # its own: settings changed freely
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
         extra = len(self.tokenizer.encode("", add_special_tokens=True).ids)
         extra += len(self.tokenizer.encode(prompt, add_special_tokens=False).ids) if prompt else 0
-        room = int(pipe.max_length) - extra
+        room = int(max_length) - extra
         if chunking.tokens > room:
-            raise ConfigError(f"--chunk-tokens {chunking.tokens} is past what {pipe.path} reads of a document: {pipe.max_length} "
+            raise ConfigError(f"--chunk-tokens {chunking.tokens} is past what {model} reads of a text: {max_length} "
                               f"tokens, {extra} of them its special tokens{' and prompt' if prompt else ''}",
                               f"give --chunk-tokens {room} or less")
 
