@@ -404,8 +404,10 @@ def _chunk_features(examples: list[Example], tokenizer: Any, ctx: TaskContext) -
     chunkers: dict[str, Chunker] = {}
     texts: list[tuple[int, tuple[int, int], str]] = []
     for i, ex in enumerate(examples):
-        if ex.get("text_pair") is not None or "anchor" in ex:
-            raise TaskError("chunk_tokens embeds single texts, not pairs or training rows", "leave chunk_tokens out for these")
+        if ex.get("text_pair") is not None or "anchor" in ex or "kind" in ex:
+            raise TaskError("chunk_tokens chunks the inputs of embed and predict, not pairs, training rows or evaluation "
+                            "data", "evaluate chunked retrieval through an index: mlmkit index BUNDLE --corpus C --out IX "
+                            "--chunk-tokens N, then mlmkit evaluate IX --data D")
         prompt = prompt_for(ex, 0, ctx.options)
         if prompt not in chunkers:
             chunkers[prompt] = Chunker(tokenizer, ctx.max_length, chunking, prompt)

@@ -1253,3 +1253,6 @@ def test_embed_with_chunk_tokens_gives_each_text_its_chunks_spans_and_vectors(se
         runner.invoke(app, ["embed", str(sparse["bundle"]), "x", "--chunk-tokens", "12"]))
     assert f"past what the model reads of a text: {pipe.max_length} tokens" in one_red_line(
         runner.invoke(app, ["embed", str(setup["bundle"]), "x", "--chunk-tokens", "400"]))
+    (tmp_path / "pairs.jsonl").write_text(json.dumps({"text": texts[0], "text_pair": texts[1], "score": 0.5}) + "\n")
+    assert "not pairs, training rows or evaluation data" in one_red_line(runner.invoke(
+        app, ["evaluate", str(setup["bundle"]), "--data", str(tmp_path / "pairs.jsonl"), "--option", "chunk_tokens=8"]))
