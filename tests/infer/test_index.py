@@ -942,6 +942,70 @@ def test_deletes_upserts_and_a_compaction_equal_an_index_built_from_the_final_co
     assert Index.open(snapshot).live == len(final)
 
 
+def live_documents(path: Path) -> dict[str, bytes]:
+    """An index's live documents: each id with its stored vector's bytes."""
+    ix, out, start = Index.open(path), {}, 0
+    for vectors, ids, _ in ix.shards:
+        for r, i in enumerate(ids.to_pylist()):
+            if ix.deleted is None or not ix.deleted[start + r]:
+                out[i] = np.asarray(vectors[r]).tobytes()
+        start += len(vectors)
+    return out
+
+
+def test_a_sigkill_at_any_file_operation_of_a_delete_an_upsert_or_a_compaction_leaves_the_index_before_or_after(
+        setup, tmp_path):
+    """A process SIGKILLed (no cleanup runs) just before each of its renames and removals
+    (tests/infer/kill_points.py): every copy it leaves holds the documents of before or of after, exactly,
+    is searchable, and the next operation goes on from it (an upsert --resume ends at after; a
+    compaction removes what the kill left and keeps the documents)."""
+    import subprocess
+    import sys
+
+    from mlmkit.infer.index import live
+
+    ix = tmp_path / "ix"
+    shutil.copytree(built(setup, "f32").path, ix)
+    (tmp_path / "first.txt").write_text("d0\nd1\n")
+    live.delete(ix, tmp_path / "first.txt")  # a bitmap already: the delete below replaces it, compaction has work
+    (tmp_path / "gone.txt").write_text("d2\nd3\n")
+    up = tmp_path / "up.jsonl"
+    up.write_text("".join(json.dumps({"_id": i, "title": "", "text": sentence(random.Random(n), 6)}) + "\n"
+                          for n, i in enumerate(["d4", "d5", "n0", "n1", "n2"])))
+    def state(path):  # the documents, and the files the manifest names for them
+        m = Index.open(path).manifest
+        return live_documents(path), [s["name"] for s in m["shards"]], (m.get("deleted") or {}).get("file")
+
+    before = state(ix)
+    r = subprocess.run([sys.executable, str(Path(__file__).with_name("kill_points.py")), str(ix), str(tmp_path / "kills"),
+                        f"delete={tmp_path / 'gone.txt'}", f"upsert={up}", "compact="], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for line in r.stdout.splitlines():
+        op, points = json.loads(line)["op"], json.loads(line)["points"]
+        work = tmp_path / "kills" / op
+        after = state(work / str(points + 1))
+        assert points >= 3 and after != before, (op, points)
+        seen = set()
+        for k in range(1, points + 1):
+            copy = work / str(k)
+            now = state(copy)
+            assert now in (before, after), (op, k)
+            seen.add(now == after)
+            rows, _ = search_vectors(Index.open(copy), setup["q"][:2], 5)
+            assert (rows >= 0).all()
+            if (copy / ".pending").exists():  # an upsert killed before its manifest: --resume finishes it
+                build(BuildArgs(copy, upsert=up, window=8, resume=True))
+                assert live_documents(copy) == after[0], (op, k)
+            else:
+                live.compact(copy)
+                assert live_documents(copy) == now[0], (op, k)
+            m = Index.open(copy).manifest
+            named = {s["name"] for s in m["shards"]} | {(m.get("deleted") or {}).get("file")}
+            assert not [p.name for p in copy.iterdir() if live.OURS.fullmatch(p.name) and p.name not in named], (op, k)
+        assert seen == {False, True}, (op, seen)  # kills before the switch and after it
+    assert len(r.stdout.splitlines()) == 3
+
+
 def test_a_live_change_refuses_bad_input_in_one_line_and_changes_nothing(setup, tmp_path):
     ix = tmp_path / "live"
     shutil.copytree(built(setup, "f32").path, ix)

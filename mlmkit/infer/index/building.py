@@ -207,6 +207,7 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
             raise ConfigError(f"--resume: no unfinished build in {out}", "drop --resume (--append adds documents to a finished index)")
         if args.resume and old is not None and Pending.committed(pending, len(old.shards)):
             shutil.rmtree(pending, ignore_errors=True)  # stopped after its manifest: the build is done
+            sweep(out, old.manifest)  # and what the manifest replaced (an upsert's old bitmap)
             return dict(old.manifest)
         files = input_files(corpus)
         what = {"bundle": pipe.identity(), "inputs": identity(files), "options": as_input(pipe, "document"),
