@@ -709,6 +709,7 @@ def beir(setup):
 
 def test_hybrid_search_and_evaluation_equal_a_fusion_by_hand_of_each_retriever_alone(setup, beir):
     import bm25s
+    import Stemmer
 
     from mlmkit.infer.index.hybrid import BM25Ranker, Hybrid, IndexRanker, corpus_texts
     from mlmkit.infer.retrieval import bm25_metrics, mean_metrics
@@ -723,9 +724,10 @@ def test_hybrid_search_and_evaluation_equal_a_fusion_by_hand_of_each_retriever_a
     # each retriever's own ranking, outside hybrid.py: the index's search, and bm25s itself
     opened = Index.open(ix)
     dense = [[(i, float(s)) for i, s in zip(opened.ids(r), sr)] for r, sr in zip(*search_vectors(opened, query_embeddings(ix, texts), 100))]
+    stem = Stemmer.Stemmer("english")  # BM25's words are stemmed (retrieval.STEMMER)
     lexical = bm25s.BM25()
-    lexical.index(bm25s.tokenize(docs, show_progress=False), show_progress=False)
-    rows, scores = lexical.retrieve(bm25s.tokenize(texts, show_progress=False), k=100, show_progress=False)
+    lexical.index(bm25s.tokenize(docs, stemmer=stem, show_progress=False), show_progress=False)
+    rows, scores = lexical.retrieve(bm25s.tokenize(texts, stemmer=stem, show_progress=False), k=100, show_progress=False)
     sparse = [[(ids[r], float(s)) for r, s in zip(row, sr) if s > 0] for row, sr in zip(rows, scores)]
     for fusion, weights in (("rrf", [1.0, 1.0]), ("weighted", [0.3, 0.7])):
         fused = Hybrid([IndexRanker(ix), BM25Ranker(ids, docs)], fusion, weights).rank(texts, 100)
