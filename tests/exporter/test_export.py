@@ -155,10 +155,11 @@ def _texts(path: Path, n: int, seed: int = 0) -> Path:
     return path
 
 
-@pytest.mark.parametrize("task", ["classification", "tagging", "embedding"])
+@pytest.mark.parametrize("task", ["classification", "tagging", "embedding", "colbert"])
 def test_static_int8_is_calibrated_on_the_inputs_it_is_given(runs, tmp_path, task):
     """--calibrate: activation ranges measured on real inputs, featurized by the task (QDQ nodes with
-    constant scales, no DynamicQuantizeLinear), the agreement with fp32 measured on those inputs."""
+    constant scales, no DynamicQuantizeLinear), the agreement with fp32 measured on those inputs (a
+    vector's cosine for embeddings, a token vector's for colbert)."""
     calib = _texts(tmp_path / "calib.txt", 64)
     q = run_export(runs[task], tmp_path / "int8", quantize="int8", calibrate=calib, min_agreement=0.5)
     assert q["precision"] == "int8" and "int8-static-qdq-per-channel" in q["optimizations"]
@@ -166,9 +167,10 @@ def test_static_int8_is_calibrated_on_the_inputs_it_is_given(runs, tmp_path, tas
     assert ops.count("QuantizeLinear") >= 2 and "DynamicQuantizeLinear" not in ops
     got = q["parity"]["int8_agreement"]
     assert got["on"] == "64 --calibrate inputs" and 0.5 <= got["value"] <= 1.0
-    assert (got["top1"] is None) == (task == "embedding") and (got["cosine"] is None) == (task != "embedding")
+    vectors = task in ("embedding", "colbert")
+    assert (got["top1"] is None) == vectors and (got["cosine"] is None) != vectors
     out = Pipeline.load(tmp_path / "int8")(["john went to paris", "the cat sat on the mat"])
-    assert len(out) == 2
+    assert len(out) == 2 and (task != "colbert" or all(len(r["vectors"]) >= 4 for r in out))
 
 
 def test_min_agreement_refuses_a_bundle_below_it_and_writes_nothing(runs, tmp_path):

@@ -517,3 +517,26 @@ def test_a_distilled_colbert_student_learns_the_teachers_vectors_and_loads_in_se
     assert np.mean(log[-3:]) < np.mean(log[:3]) and 0 < m["agreement_cosine"] <= 1, (log, m)
     model = st.MultiVectorEncoder(str(out), device="cpu")  # the projection written as 1_Dense here too
     _same(_ours(out, "document"), model.encode_document(TEXTS, convert_to_numpy=True), "student")
+
+
+@pytest.mark.slow  # ~30 s: starts a Ray cluster
+def test_a_ray_built_colbert_index_holds_the_documents_of_a_local_one(colbert, bundle, colbert_index, tmp_path):
+    """`mlmkit index COLBERT --engine ray`: the same documents, in order, with as many token vectors each,
+    coded as a local build codes them (Ray's batches pad otherwise: equal within rounding)."""
+    ray = pytest.importorskip("ray")
+    from mlmkit.infer.index import Index
+    from mlmkit.infer.index.multivector import documents
+
+    try:
+        r = runner.invoke(app, ["index", str(bundle), "--corpus", str(colbert["beir"] / "corpus.jsonl"), "--out",
+                                str(tmp_path / "ray"), "--engine", "ray", "--workers", "2", "--threads", "2", "--window", "100",
+                                "--json"])
+        assert r.exit_code == 0, (r.output, r.exception)
+    finally:
+        ray.shutdown()
+    local, got = Index.open(colbert_index[0]), Index.open(tmp_path / "ray")
+    rows = np.arange(local.count)
+    assert got.count == local.count and got.ids(rows) == local.ids(rows) and got.manifest["tokens"] == local.manifest["tokens"]
+    a, b = documents(local, rows), documents(got, rows)
+    assert [len(x) for x in a] == [len(y) for y in b]
+    assert np.concatenate([(x * y).sum(1) for x, y in zip(a, b)]).mean() > 0.99

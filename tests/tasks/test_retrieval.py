@@ -131,6 +131,19 @@ def test_cosent_is_judged_by_spearman():
 
 
 # ---- GradCache: the same loss and gradients in mini-batches -------------------------------------------
+def _colbert_model():
+    """A tiny colbert model (16 dimensions, mnrl over MaxSim) on _training_batch's vocabulary."""
+    from conftest import tiny_config
+
+    from mlmkit.text.tokenizer import train_tokenizer
+
+    task = get_task("colbert")
+    tok = train_tokenizer(iter(["the cat sat on the mat ."]), vocab_size=60)  # its [MASK] and punctuation ids
+    torch.manual_seed(0)
+    return task.build_model(tiny_config(60), TaskContext(max_length=32, options=task.resolve_options({"dim": 16}),
+                                                         tokenizer=tok))
+
+
 def _embedding_model(tok_size: int = 60, dropout: float = 0.0, **options):
     from conftest import tiny_config
 
@@ -724,7 +737,7 @@ def _ddp_rank(out: str, run: str, data: str) -> None:
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    results = {name: _ddp_step(rank, name) for name in ("mnrl", "cached-mnrl")}
+    results = {name: _ddp_step(rank, name) for name in ("mnrl", "cached-mnrl", "colbert")}
     metrics, predictions, share = _evaluate_run(Path(run), Path(data))
     results["evaluate"] = {"metrics": metrics, "predictions": predictions, "share": share}
     if rank == 0:
@@ -737,8 +750,8 @@ def _ddp_step(rank: int, loss_name: str) -> dict:
     """One training step's loss and gradients (after their averaging over the ranks) on this rank's half of a batch."""
     from mlmkit.train.devices import average_gradients, broadcast_parameters, syncs_own_gradients
 
-    if loss_name == "mnrl":
-        model = torch.nn.parallel.DistributedDataParallel(_embedding_model())
+    if loss_name in ("mnrl", "colbert"):
+        model = torch.nn.parallel.DistributedDataParallel(_embedding_model() if loss_name == "mnrl" else _colbert_model())
     else:
         model = _embedding_model(loss="cached-mnrl", mini_batch_size=3)
         assert syncs_own_gradients(model)
@@ -747,7 +760,7 @@ def _ddp_step(rank: int, loss_name: str) -> dict:
         broadcast_parameters(model)
     loss = model(**_half(_training_batch(8), rank, 4))["loss"]
     loss.backward()
-    if loss_name != "mnrl":
+    if loss_name == "cached-mnrl":
         average_gradients(model)
     return {"loss": float(loss.detach()), "grads": {n.removeprefix("module."): p.grad for n, p in model.named_parameters()
                                                      if p.grad is not None}}
@@ -757,7 +770,7 @@ def _ddp_step(rank: int, loss_name: str) -> dict:
 def torchrun_rank0(retrieval, tmp_path_factory) -> dict:
     """Rank 0's results of _ddp_rank: two processes started as torchrun starts its workers (RANK,
     WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; without the launcher's own process, which
-    tests/train/test_ddp.py runs) serve the three tests below."""
+    tests/train/test_ddp.py runs) serve the four tests below."""
     import os
     import socket
     import subprocess
@@ -838,6 +851,22 @@ def test_cached_mnrl_under_torchrun_equals_one_process(torchrun_rank0):
     loss = model(**_training_batch(8))["loss"]
     loss.backward()
     assert got["loss"] == pytest.approx(float(loss.detach()), abs=1e-5)
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert got["grads"].keys() == grads.keys() and len(grads) > 10
+    for name, g in grads.items():
+        assert torch.allclose(got["grads"][name], g, atol=1e-5), (name, float((got["grads"][name] - g).abs().max()))
+
+
+def test_colbert_under_torchrun_sees_every_ranks_negatives(torchrun_rank0):
+    """The colbert task's mnrl (MaxSim) in two gloo processes under DistributedDataParallel: the loss and
+    every gradient equal one process's over the whole batch, so each query met the other rank's documents."""
+    got = torchrun_rank0["colbert"]
+    model = _colbert_model()
+    loss = model(**_training_batch(8))["loss"]
+    loss.backward()
+    assert got["loss"] == pytest.approx(float(loss.detach()), abs=1e-5)
+    half = _colbert_model()
+    assert float(half(**_half(_training_batch(8), 0, 4))["loss"].detach()) != pytest.approx(got["loss"], abs=1e-3)
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert got["grads"].keys() == grads.keys() and len(grads) > 10
     for name, g in grads.items():

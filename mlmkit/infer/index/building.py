@@ -173,9 +173,9 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
     if sparse and (args.quantization, args.ann, args.rescore_copy) != ("float32", "flat", None):
         raise ConfigError(f"{args.bundle} gives sparse vectors (sparse-embedding): its index is an inverted index, which takes "
                           "no --quantize, --ann or --rescore-copy", "drop them")
-    if multi and ((args.quantization, args.ann, args.rescore_copy) != ("float32", "flat", None) or args.engine == "ray"):
+    if multi and (args.quantization, args.ann, args.rescore_copy) != ("float32", "flat", None):
         raise ConfigError(f"{args.bundle} gives a vector a token (colbert): its index codes each as a centroid and a residual "
-                          "(--bits 1 or 2), and takes no --quantize, --ann, --rescore-copy or --engine ray", "drop them")
+                          "(--bits 1 or 2), and takes no --quantize, --ann or --rescore-copy", "drop them")
     if not multi and (args.bits is not None or args.centroids is not None):
         given = "--bits" if args.bits is not None else "centroids"
         raise ConfigError(f"{given} is for a colbert bundle's index; {args.bundle} builds a {kind} one", f"drop {given}")
@@ -406,6 +406,10 @@ def _embed_on_ray(args: BuildArgs, p: Pending, pipe: Any, progress: Any) -> None
         if p.sparse:
             terms, weights = _lists(b, "indices", pa.int32()), _lists(b, "values", pa.float32())
             x: Any = (np.diff(terms.offsets.to_numpy()), terms.flatten().to_numpy(), weights.flatten().to_numpy())
+        elif p.multi:  # each document's token vectors: a list of lists
+            tokens = _lists(b, "vectors", pa.list_(pa.float32()))
+            flat = tokens.flatten()
+            x = np.split(flat.flatten().to_numpy().reshape(len(flat), -1), np.cumsum(np.diff(tokens.offsets.to_numpy()))[:-1])
         else:
             x = _lists(b, "embedding", pa.float32()).flatten().to_numpy().reshape(b.num_rows, -1)
         p.add(k, b.num_rows, ids, x)
