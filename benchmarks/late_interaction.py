@@ -15,11 +15,15 @@ the rounds' (whole processes, and the training calls). Every model is scored by 
 (an exact MaxSim search of the test split's corpus: nDCG@10).
 
 Encoding: --encode-documents standard-library documents (three sentences each) turned into token
-vectors by mlmkit's bundle of the trained run (`mlmkit embed --as document`, onnxruntime) and by
-MultiVectorEncoder.encode_document (torch, batch 32), each in its own process: documents per second.
+vectors by mlmkit's bundle of the trained run (`mlmkit embed --as document`, onnxruntime), by
+MultiVectorEncoder.encode_document (torch, batch 32), and by fastembed's LateInteractionTextEmbedding
+over the same bundle's model.onnx (its own batches of 256 and onnxruntime, in a venv of its own:
+benchmarks/fastembed_peer.py), each in its own process: documents per second. --encode-run DIR encodes
+with a colbert run trained earlier instead of this invocation's.
 
     python benchmarks/late_interaction.py [--documents 1000] [--rounds 2] [--encode-documents 2000] [--quick]
         [--parts quality,train,encode] [--colbert-options JSON] [--colbert-lr LR] [--colbert-head-lr LR] [--seed N] [--embedding-lr LR]
+        [--encode-run DIR] [--fastembed-venv DIR]
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from common import (
     log,
     mark,
     minilm,
+    peers_python,
     print_machine,
     run_watched,
     stdlib_sentences,
@@ -148,6 +153,68 @@ def role(args: argparse.Namespace) -> None:
     (out.parent / f"{out.name}.json").write_text(json.dumps(res))
 
 
+FASTEMBED = ["fastembed==0.9.1"]
+"""fastembed's venv (common.peers_python): it pins huggingface-hub below 2, which mlmkit's transformers is past."""
+
+
+def without_token_types(src: Path, dst: Path) -> None:
+    """``src`` with its token_type_ids input made zeros of input_ids' shape inside the graph: fastembed's
+    colbert inserts its marker token into input_ids and attention_mask only (its models take no
+    token_type_ids), and the fused embedding node needs the three of one shape. mlmkit feeds zeros there
+    for a single text: the same graph, the same work."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    m = onnx.load(str(src))
+    m.graph.input.remove(next(i for i in m.graph.input if i.name == "token_type_ids"))
+    m.graph.node.insert(0, helper.make_node("Shape", ["input_ids"], ["input_ids_shape"]))
+    m.graph.node.insert(1, helper.make_node("ConstantOfShape", ["input_ids_shape"], ["token_type_ids"],
+                                            value=helper.make_tensor("zero", TensorProto.INT64, [1], [0])))
+    onnx.save(m, str(dst))
+
+
+def encode(work: Path, colbert_run: Path | None, n: int, rounds: int, venv: Path, p: float) -> str:
+    """Token vectors of n documents by mlmkit's bundle, MultiVectorEncoder (torch) and fastembed over the
+    same model.onnx, alternating over ``rounds``: each side's median documents/s and mlmkit's ratios."""
+    if colbert_run is None:
+        raise SystemExit("--parts encode needs quality or train in the same invocation, or --encode-run DIR")
+    shutil.rmtree(work / "colbert-run", ignore_errors=True)
+    shutil.copytree(colbert_run, work / "colbert-run")
+    shutil.rmtree(work / "colbert-bundle", ignore_errors=True)
+    run_watched("export", [sys.executable, "-m", "mlmkit", "export", str(work / "colbert-run"), "--out",
+                           str(work / "colbert-bundle")], p, env=thread_env(THREADS))
+    model = work / "fastembed-model"  # the bundle's graph with the run's tokenizer files, as fastembed reads a model
+    shutil.rmtree(model, ignore_errors=True)
+    model.mkdir()
+    without_token_types(work / "colbert-bundle" / "model.onnx", model / "model.onnx")
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "special_tokens_map.json"):
+        if (work / "colbert-run" / name).is_file():
+            shutil.copy(work / "colbert-run" / name, model)
+    peer = peers_python(venv, FASTEMBED)
+    rng = random.Random(0)
+    sentences = stdlib_sentences()
+    (work / "encode.txt").write_text("\n".join(" ".join(rng.sample(sentences, 3)) for _ in range(n)) + "\n")
+    speeds: dict[str, list[float]] = {"encode-mlmkit": [], "encode-st": [], "encode-fastembed": []}
+    for _, name in alternating(tuple(speeds), rounds):
+        if name == "encode-fastembed":
+            out = work / "encode-fastembed.json"
+            res = run_watched(name, [peer, str(HERE.parent / "fastembed_peer.py"), "--model", str(model), "--documents",
+                                     str(work / "encode.txt"), "--threads", str(THREADS), "--result", str(out)], p,
+                              env=thread_env(THREADS))
+            res.update(json.loads(out.read_text()))
+        else:
+            res = run_side(name, work, work / name, p)
+        speeds[name].append(n / res["encode_seconds"])
+        log(f"{name}: {n / res['encode_seconds']:.1f} documents/s ({res['vectors']} token vectors){mark(res['other'])}")
+    mine = statistics.median(speeds["encode-mlmkit"])
+    parts = [f"token vectors of {n} documents: mlmkit's bundle {mine:.1f} documents/s"]
+    for name, label in (("encode-st", "MultiVectorEncoder (torch)"), ("encode-fastembed", "fastembed (the same model.onnx)")):
+        ratios = [a / b for a, b in zip(speeds["encode-mlmkit"], speeds[name])]
+        parts.append(f"{label} {statistics.median(speeds[name]):.1f}: {statistics.median(ratios):.2f}x (rounds "
+                     f"{min(ratios):.2f}-{max(ratios):.2f})")
+    return "; ".join(parts)
+
+
 # ---- the driver -----------------------------------------------------------------------------------------------
 def run_side(name: str, work: Path, out: Path, patience: float, *extra: str) -> dict:
     if name in ROLES and not name.startswith("encode"):
@@ -181,6 +248,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=None, help="quality: both models' training seed (default: the recipe's)")
     ap.add_argument("--embedding-lr", type=float, default=None, help="quality: the embedding side's learning rate (default: "
                     "the recipe's)")
+    ap.add_argument("--encode-run", type=Path, default=None, help="encode: the colbert run to encode with (default: this "
+                    "invocation's quality or train run)")
+    ap.add_argument("--fastembed-venv", type=Path, default=None, help="fastembed's venv (default: WORK/fastembed-venv, made once)")
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     add_patience(ap, 120.0, "each process")
@@ -222,26 +292,8 @@ def main() -> None:
                      f"{s['peak_mb']:.0f} MB")
         colbert_run = colbert_run or work / "mlmkit-colbert-0"
     if "encode" in parts:
-        if colbert_run is None:
-            raise SystemExit("--parts encode needs quality or train in the same invocation (the run it encodes with)")
-        shutil.rmtree(work / "colbert-run", ignore_errors=True)
-        shutil.copytree(colbert_run, work / "colbert-run")
-        shutil.rmtree(work / "colbert-bundle", ignore_errors=True)
-        run_watched("export", [sys.executable, "-m", "mlmkit", "export", str(work / "colbert-run"), "--out",
-                               str(work / "colbert-bundle")], p, env=thread_env(THREADS))
-        rng = random.Random(0)
-        sentences = stdlib_sentences()
-        n = 200 if args.quick else args.encode_documents
-        (work / "encode.txt").write_text("\n".join(" ".join(rng.sample(sentences, 3)) for _ in range(n)) + "\n")
-        speeds: dict[str, list[float]] = {"encode-mlmkit": [], "encode-st": []}
-        for _, name in alternating(tuple(speeds), 1 if args.quick else args.rounds):
-            res = run_side(name, work, work / name, p)
-            speeds[name].append(n / res["encode_seconds"])
-            log(f"{name}: {n / res['encode_seconds']:.1f} documents/s ({res['vectors']} token vectors){mark(res['other'])}")
-        mine, theirs = statistics.median(speeds["encode-mlmkit"]), statistics.median(speeds["encode-st"])
-        ratios = [a / b for a, b in zip(speeds["encode-mlmkit"], speeds["encode-st"])]
-        lines.append(f"token vectors of {n} documents: mlmkit's bundle {mine:.1f} documents/s, MultiVectorEncoder "
-                     f"(torch) {theirs:.1f}: {statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})")
+        lines.append(encode(work, args.encode_run or colbert_run, 200 if args.quick else args.encode_documents,
+                            1 if args.quick else args.rounds, args.fastembed_venv or work / "fastembed-venv", p))
     for line in lines:
         print(line)
 

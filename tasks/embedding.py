@@ -390,10 +390,9 @@ CHUNK = "chunk_span"
 
 
 def _chunking(options: Mapping[str, Any]) -> Chunking | None:
-    """The chunk_* options (a subclass's options may lack them: no chunks)."""
-    tokens = int(options.get("chunk_tokens", 0) or 0)
-    overlap = int(options.get("chunk_overlap", -1))
-    return Chunking.of(tokens, None if overlap < 0 else overlap, bool(options.get("chunk_sentences", False))) if tokens else None
+    """The chunk_* options, checked (a subclass's options may lack them: no chunks)."""
+    tokens, overlap = int(options.get("chunk_tokens", 0) or 0), int(options.get("chunk_overlap", -1))
+    return Chunking.of(tokens or None, None if overlap < 0 else overlap, bool(options.get("chunk_sentences", False)))
 
 
 def _chunk_features(examples: list[Example], tokenizer: Any, ctx: TaskContext) -> list[Feature]:
