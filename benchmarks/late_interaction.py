@@ -15,7 +15,8 @@ the rounds' (whole processes, and the training calls). Every model is scored by 
 (an exact MaxSim search of the test split's corpus: nDCG@10).
 
 Encoding: --encode-documents standard-library documents (three sentences each) turned into token
-vectors by mlmkit's bundle of the trained run (`mlmkit embed --as document`, onnxruntime), by
+vectors by mlmkit's bundle of the trained run (`mlmkit embed --as document`; at this machine's
+default precision, bf16 through OpenVINO where the CPU has bf16 units, and at fp32), by
 MultiVectorEncoder.encode_document (torch, batch 32), and by fastembed's LateInteractionTextEmbedding
 over the same bundle's model.onnx (its own batches of 256 and onnxruntime, in a venv of its own:
 benchmarks/fastembed_peer.py), each in its own process: documents per second. --encode-run DIR encodes
@@ -106,11 +107,13 @@ def side_st_colbert(work: Path, out: Path) -> dict:
     return timed_train(trainer, lambda: model.save(str(out)))
 
 
-def side_encode_mlmkit(work: Path, out: Path) -> dict:
+def side_encode_mlmkit(work: Path, out: Path, precision: str | None = None) -> dict:
+    """The bundle's token vectors at ``precision`` (None: what this machine's auto choice is: bf16 on
+    OpenVINO where the CPU has bf16 units and the gate passes)."""
     from mlmkit.infer.pipeline import Pipeline
 
     docs = (work / "encode.txt").read_text(encoding="utf-8").splitlines()
-    pipe = Pipeline.load(work / "colbert-bundle", threads=THREADS)
+    pipe = Pipeline.load(work / "colbert-bundle", threads=THREADS, precision=precision)
     t0 = time.perf_counter()
     got = pipe(docs, input_type="document")
     seconds = time.perf_counter() - t0
@@ -131,7 +134,8 @@ def side_encode_st(work: Path, out: Path) -> dict:
 
 
 ROLES = {"mlmkit-embedding": side_embedding, "mlmkit-colbert": side_colbert, "st-colbert": side_st_colbert,
-         "encode-mlmkit": side_encode_mlmkit, "encode-st": side_encode_st}
+         "encode-mlmkit": side_encode_mlmkit, "encode-mlmkit-fp32": lambda w, o: side_encode_mlmkit(w, o, "fp32"),
+         "encode-st": side_encode_st}
 
 
 def role(args: argparse.Namespace) -> None:
@@ -194,7 +198,7 @@ def encode(work: Path, colbert_run: Path | None, n: int, rounds: int, venv: Path
     rng = random.Random(0)
     sentences = stdlib_sentences()
     (work / "encode.txt").write_text("\n".join(" ".join(rng.sample(sentences, 3)) for _ in range(n)) + "\n")
-    speeds: dict[str, list[float]] = {"encode-mlmkit": [], "encode-st": [], "encode-fastembed": []}
+    speeds: dict[str, list[float]] = {"encode-mlmkit": [], "encode-mlmkit-fp32": [], "encode-st": [], "encode-fastembed": []}
     for _, name in alternating(tuple(speeds), rounds):
         if name == "encode-fastembed":
             out = work / "encode-fastembed.json"
@@ -206,13 +210,13 @@ def encode(work: Path, colbert_run: Path | None, n: int, rounds: int, venv: Path
             res = run_side(name, work, work / name, p)
         speeds[name].append(n / res["encode_seconds"])
         log(f"{name}: {n / res['encode_seconds']:.1f} documents/s ({res['vectors']} token vectors){mark(res['other'])}")
-    mine = statistics.median(speeds["encode-mlmkit"])
-    parts = [f"token vectors of {n} documents: mlmkit's bundle {mine:.1f} documents/s"]
-    for name, label in (("encode-st", "MultiVectorEncoder (torch)"), ("encode-fastembed", "fastembed (the same model.onnx)")):
-        ratios = [a / b for a, b in zip(speeds["encode-mlmkit"], speeds[name])]
-        parts.append(f"{label} {statistics.median(speeds[name]):.1f}: {statistics.median(ratios):.2f}x (rounds "
-                     f"{min(ratios):.2f}-{max(ratios):.2f})")
-    return "; ".join(parts)
+    lines = [f"token vectors of {n} documents, documents/s (medians of {rounds} rounds): "
+             + ", ".join(f"{name} {statistics.median(v):.1f}" for name, v in speeds.items())]
+    for mine, label in (("encode-mlmkit", "mlmkit's default precision"), ("encode-mlmkit-fp32", "mlmkit at fp32")):
+        for peer, their in (("encode-st", "MultiVectorEncoder (torch, fp32)"), ("encode-fastembed", "fastembed (the same model.onnx, fp32)")):
+            ratios = [a / b for a, b in zip(speeds[mine], speeds[peer])]
+            lines.append(f"  {label} against {their}: {statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})")
+    return "\n".join(lines)
 
 
 # ---- the driver -----------------------------------------------------------------------------------------------
