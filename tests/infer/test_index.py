@@ -1095,7 +1095,7 @@ def test_a_filter_returns_the_true_top_k_of_the_documents_it_keeps_in_every_kind
     from mlmkit.infer.index import filters
     from mlmkit.infer.index import search as search_module
 
-    docs = tagged["docs"]
+    docs, defaults = tagged["docs"], (search_module.SUBSET, search_module.SUBSET_SHARE)
     year = np.asarray([d["year"] for d in docs])
     cases = {"year=2042": year == 2042, "year>=2090": year >= 2090, "lang=en": np.asarray([d["lang"] == "en" for d in docs]),
              "lang in de,fr": np.asarray([d["lang"] == "de" for d in docs]), "ok=true": np.asarray([d["ok"] for d in docs]),
@@ -1107,6 +1107,7 @@ def test_a_filter_returns_the_true_top_k_of_the_documents_it_keeps_in_every_kind
         index = Index.open(ix)
         for subset in (True, False):  # few rows: scored alone, exactly; else inside each stage (forced here)
             monkeypatch.setattr(search_module, "SUBSET", 65536 if subset else 0)
+            monkeypatch.setattr(search_module, "SUBSET_SHARE", 1.0 if subset else 0.0)
             for where, keep in cases.items():
                 rows, _ = search_vectors(index, setup["q"], 10, where=filters.rows(index, filters.parse([where])),
                                          rescore=index.count if name == "binary" else None)  # binary: its own recall aside
@@ -1117,6 +1118,15 @@ def test_a_filter_returns_the_true_top_k_of_the_documents_it_keeps_in_every_kind
                 else:  # approximate (float16 rescoring, ANN): the filter holds, and the top 10 is mostly found
                     assert all(keep[r] for row in got for r in row), (name, where)
                     assert np.mean([len(set(g) & set(w)) / len(w) for g, w in zip(got, want)]) > (0.95 if subset else 0.8), (name, where)
+    monkeypatch.setattr(search_module, "SUBSET", defaults[0])  # the defaults: a filter keeping a few rows is searched
+    monkeypatch.setattr(search_module, "SUBSET_SHARE", defaults[1])  # over them alone, one keeping half is not
+    subsets = []
+    real = search_module._search_subset
+    monkeypatch.setattr(search_module, "_search_subset", lambda *a: subsets.append(len(a[3])) or real(*a))
+    flat = Index.open(tmp_path / "flat")
+    for where in ("id in d5,d7,d1100", "ok=true"):
+        search_vectors(flat, setup["q"], 10, where=filters.rows(flat, filters.parse([where])))
+    assert subsets == [3], subsets
     r = runner.invoke(app, ["search", str(tmp_path / "flat"), setup["queries"][0], "--where", "lang=en", "--where", "year<2010",
                             "--top-k", "3", "--json"])
     assert r.exit_code == 0, r.output

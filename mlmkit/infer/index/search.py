@@ -27,7 +27,12 @@ from mlmkit.infer.reranking import late_interaction
 from mlmkit.infer.retrieval import masked, normalized, top_k
 
 SUBSET = 65536
-"""A filter (or the deletes) allowing at most this many rows is searched over them alone, exactly."""
+"""A filter (or the deletes) allowing at most this many rows, and at most SUBSET_SHARE of the index, is
+searched over them alone, exactly."""
+SUBSET_SHARE = 1 / 8
+"""Gathering a row from the vectors costs about 13 times scanning one in order (2026-12-07, AMD EPYC:
+50,000 of 100,000 float32 rows of 384 dims gathered in 26.0 ms, all 100,000 scanned in 3.9 ms), so a
+larger share is searched as a whole, the other rows scored -inf (or through the ANN index's selector)."""
 
 
 def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = None,
@@ -180,8 +185,8 @@ def _search_rows(ix: Index, queries: Any, k: int, *, rescore: int | None = None,
     if len(q) > QUERY_BLOCK:
         parts = [_search_rows(ix, q[a:a + QUERY_BLOCK], k, rescore=rescore, where=where) for a in range(0, len(q), QUERY_BLOCK)]
         return np.concatenate([r for r, _ in parts]), np.concatenate([s for _, s in parts])
-    if allowed is not None and int(allowed.sum()) <= SUBSET:  # few rows: each scored exactly, none other read
-        return _search_subset(ix, q, k, np.flatnonzero(allowed))
+    if allowed is not None and int(allowed.sum()) <= min(SUBSET, SUBSET_SHARE * ix.count):  # few rows: each scored
+        return _search_subset(ix, q, k, np.flatnonzero(allowed))                          # exactly, none other read
     n = min(ix.count, rescore or max(4 * k, 100)) if ix.two_stages else k
     # faiss's binary IVF takes no IDSelector: a filtered search of it scores the binary codes themselves
     if ix.ann != "flat" and not (allowed is not None and (ix.ann, ix.quantization) == ("ivf", "binary")):
