@@ -2,6 +2,7 @@
 
     python benchmarks/filtered_search.py                  # 1,000,000 documents, 384 dims
     python benchmarks/filtered_search.py --documents 100000 --queries 20
+    python benchmarks/filtered_search.py --ann hnsw       # and an HNSW index of the same vectors
 
 The documents are random unit vectors (what is measured is the search, not an encoder), written as a
 float32 index (`mlmkit/infer/index/`'s own files: vectors, ids, a meta.arrow with a ``bucket`` field
