@@ -213,8 +213,8 @@ def encode(work: Path, colbert_run: Path | None, n: int, rounds: int, venv: Path
     lines = [f"token vectors of {n} documents, documents/s (medians of {rounds} rounds): "
              + ", ".join(f"{name} {statistics.median(v):.1f}" for name, v in speeds.items())]
     for mine, label in (("encode-mlmkit", "mlmkit's default precision"), ("encode-mlmkit-fp32", "mlmkit at fp32")):
-        for peer, their in (("encode-st", "MultiVectorEncoder (torch, fp32)"), ("encode-fastembed", "fastembed (the same model.onnx, fp32)")):
-            ratios = [a / b for a, b in zip(speeds[mine], speeds[peer])]
+        for other, their in (("encode-st", "MultiVectorEncoder (torch, fp32)"), ("encode-fastembed", "fastembed (the same model.onnx, fp32)")):
+            ratios = [a / b for a, b in zip(speeds[mine], speeds[other])]
             lines.append(f"  {label} against {their}: {statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})")
     return "\n".join(lines)
 
