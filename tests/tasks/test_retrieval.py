@@ -782,15 +782,20 @@ def torchrun_rank0(retrieval, tmp_path_factory) -> dict:
         port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])),
            "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    ranks = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(out), str(retrieval["run"]), str(retrieval["beir"])],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for r in (0, 1)]
+    logs = [out.with_name(f"rank{r}.err") for r in (0, 1)]  # files, not pipes: neither rank blocks on a full one
+    ranks = []
+    for r, log in enumerate(logs):
+        with open(log, "w") as err:
+            ranks.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(out), str(retrieval["run"]),
+                                           str(retrieval["beir"])], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                          stdout=subprocess.DEVNULL, stderr=err))
     try:
-        errors = [p.communicate(timeout=180)[1] for p in ranks]
+        for p in ranks:
+            p.wait(timeout=180)
     finally:
         for p in ranks:
             p.kill()
-    assert all(p.returncode == 0 for p in ranks), [e[-3000:] for e in errors]
+    assert all(p.returncode == 0 for p in ranks), [log.read_text()[-3000:] for log in logs]
     return torch.load(out)
 
 
