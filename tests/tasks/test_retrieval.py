@@ -802,15 +802,23 @@ def torchrun_rank0(retrieval, tmp_path_factory) -> dict:
 def test_mnrl_under_torchrun_sees_every_ranks_negatives(torchrun_rank0):
     """Two gloo processes, each with half of a batch: the loss and every gradient (after DDP's
     averaging) equal one process's over the whole batch, so each anchor met the other rank's texts."""
-    got = torchrun_rank0["mnrl"]
-    model = _embedding_model()
+    _equals_one_process(torchrun_rank0["mnrl"], _embedding_model, halves=True)
+
+
+def _equals_one_process(got: dict, make_model, halves: bool = False) -> None:
+    """``got`` (rank 0's loss and gradients, after their averaging over the ranks) equal one process's
+    over the whole batch, with a model from ``make_model``; ``halves``: and not a half batch's loss alone."""
+    model = make_model()
     loss = model(**_training_batch(8))["loss"]
     loss.backward()
     assert got["loss"] == pytest.approx(float(loss.detach()), abs=1e-5)
-    half = _embedding_model()
-    assert float(half(**_half(_training_batch(8), 0, 4))["loss"].detach()) != pytest.approx(got["loss"], abs=1e-3)
-    for name, p in model.named_parameters():
-        assert torch.allclose(got["grads"][name], p.grad, atol=1e-5), name
+    if halves:
+        half = make_model()
+        assert float(half(**_half(_training_batch(8), 0, 4))["loss"].detach()) != pytest.approx(got["loss"], abs=1e-3)
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert got["grads"].keys() == grads.keys() and len(grads) > 10
+    for name, g in grads.items():
+        assert torch.allclose(got["grads"][name], g, atol=1e-5), (name, float((got["grads"][name] - g).abs().max()))
 
 
 def _evaluate_run(run: Path, data: Path) -> tuple[dict, list, int]:
@@ -851,31 +859,13 @@ def test_evaluation_under_torchrun_is_spread_and_equals_one_process(retrieval, t
 def test_cached_mnrl_under_torchrun_equals_one_process(torchrun_rank0):
     """cached-mnrl in two gloo processes (mini-batches of 3, no DDP reducer, one gradient all-reduce):
     the loss and every gradient equal one process's mnrl over the whole batch."""
-    got = torchrun_rank0["cached-mnrl"]
-    model = _embedding_model()
-    loss = model(**_training_batch(8))["loss"]
-    loss.backward()
-    assert got["loss"] == pytest.approx(float(loss.detach()), abs=1e-5)
-    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    assert got["grads"].keys() == grads.keys() and len(grads) > 10
-    for name, g in grads.items():
-        assert torch.allclose(got["grads"][name], g, atol=1e-5), (name, float((got["grads"][name] - g).abs().max()))
+    _equals_one_process(torchrun_rank0["cached-mnrl"], _embedding_model)
 
 
 def test_colbert_under_torchrun_sees_every_ranks_negatives(torchrun_rank0):
     """The colbert task's mnrl (MaxSim) in two gloo processes under DistributedDataParallel: the loss and
     every gradient equal one process's over the whole batch, so each query met the other rank's documents."""
-    got = torchrun_rank0["colbert"]
-    model = _colbert_model()
-    loss = model(**_training_batch(8))["loss"]
-    loss.backward()
-    assert got["loss"] == pytest.approx(float(loss.detach()), abs=1e-5)
-    half = _colbert_model()
-    assert float(half(**_half(_training_batch(8), 0, 4))["loss"].detach()) != pytest.approx(got["loss"], abs=1e-3)
-    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    assert got["grads"].keys() == grads.keys() and len(grads) > 10
-    for name, g in grads.items():
-        assert torch.allclose(got["grads"][name], g, atol=1e-5), (name, float((got["grads"][name] - g).abs().max()))
+    _equals_one_process(torchrun_rank0["colbert"], _colbert_model, halves=True)
 
 
 if __name__ == "__main__":
