@@ -246,6 +246,9 @@ class TaskDefaults:
     base_heads: tuple[str, ...] = ()
     """Prefixes of a base model's head weights this task's model takes over besides the encoder (the
     SPLADE task: the masked-LM head, "cls.predictions."); fine-tuning refuses a base without them."""
+    kept_heads: tuple[str, ...] = ()
+    """Prefixes of a base model's module weights this task's model takes over where the base has them
+    (the embedding task: a sentence-transformers model's Dense layers after pooling, "dense.")."""
     top_k_option: str | None = None
     """The option `mlmkit export --top-k` sets for this task (the SPLADE task: "max_terms", fill-mask:
     "candidates"); None: the flag is refused for it."""

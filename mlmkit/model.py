@@ -41,7 +41,7 @@ from mlmkit.models.core import (
     token_encoder,
     token_states,
 )
-from mlmkit.models.pooled import PairBatch, TextEncoder, pool
+from mlmkit.models.pooled import Dense, PairBatch, TextEncoder, pool
 from mlmkit.train.finetune import load_finetuned, torch_forward
 from mlmkit.train.losses import (
     build_loss,
@@ -67,7 +67,7 @@ __all__ = [
     "ModelConfig", "BertEmbeddings", "BertLayer", "BertModel", "BertPooler", "BertSelfAttention", "extended_mask",
     "init_weights", "set_attention_impl", "token_encoder", "token_states", "mean_pool", "encode_cls", "reads_cls_only",
     # the models with an output per text: one forward (part -> training on a PairBatch), one pooling
-    "TextEncoder", "pool",
+    "TextEncoder", "pool", "Dense",
     # heads
     "BertForLabels", "BertForPreTraining", "BertPreTrainingHeads", "tie_decoder", "masked_lm_loss",
     # losses of embeddings (a batch's PairBatch) and of rankings (a query's candidates)

@@ -112,6 +112,7 @@ class Plugin:
     partial_layers: int
     group_features: bool
     base_heads: tuple[str, ...]
+    kept_heads: tuple[str, ...]
     top_k_option: str | None
     masked_lm: bool
     pipeline_tag: str

@@ -40,6 +40,7 @@ its evaluation (retrieval metrics, the pairs' correlations) embedding_metrics.py
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Mapping
@@ -52,6 +53,7 @@ from mlmkit_tasks.embedding_data import (
     FORMATS,
     NO_TARGET,
     SPLADE_MODULES,
+    ST_ACTIVATIONS,
     ST_POOLING,
     ST_PROMPTS,
     anchor_row,
@@ -112,7 +114,7 @@ __all__ = [  # the data and evaluation helpers' public names are importable from
     "EmbeddingTask", "is_multi_vector_directory", "is_splade_directory", "task",
 ]
 
-POOLINGS = ("mean", "cls", "max")
+POOLINGS = ("mean", "cls", "max", "lasttoken", "weightedmean", "mean_sqrt_len_tokens")
 INPUT_TYPES = ("none", "query", "document")
 
 
@@ -144,6 +146,35 @@ def _weights(value: Any, n: int) -> list[float]:
     return w
 
 
+def _dense(value: Any, hidden: int) -> list[dict[str, Any]]:
+    """``dense_layers`` (JSON, as sentence_transformers_options writes it) checked: each layer's input
+    the size before it, starting at the encoder's hidden size."""
+    if value in ("", None):
+        return []
+    try:
+        layers = json.loads(value)
+    except ValueError:
+        layers = None
+    width, ok = hidden, isinstance(layers, list) and bool(layers)
+    for layer in layers if ok else []:
+        ok = (isinstance(layer, dict) and layer.get("in") == width and isinstance(layer.get("out"), int)
+              and not isinstance(layer["out"], bool) and 0 < layer["out"] <= 1 << 20 and layer.get("activation") in ST_ACTIVATIONS)
+        if not ok:
+            break
+        width = layer["out"]
+    if not ok:
+        raise TaskError(f"dense_layers {str(value)[:200]!r}: expected a JSON list of layers {{\"in\", \"out\", \"bias\", "
+                        f"\"activation\"}}, the first taking the encoder's {hidden} dimensions, each the one before's output",
+                        f"activations: {', '.join(ST_ACTIVATIONS)}")
+    return list(layers)
+
+
+def _width(options: Mapping[str, Any], hidden: int) -> int:
+    """The embedding's size: the last Dense layer's output, else the encoder's hidden size."""
+    dense = _dense(options.get("dense_layers", ""), hidden)
+    return int(dense[-1]["out"]) if dense else hidden
+
+
 def _loss(ctx: TaskContext) -> str:
     """The loss option, ``auto`` resolved: mse-distill with a teacher, else by the kind of training data
     (fit_state): cosent for scored pairs, mnrl for rows."""
@@ -167,13 +198,25 @@ class EmbeddingTask:
     metrics: tuple[str, ...] = (*RETRIEVAL_METRICS, "spearman", "pearson")
     outputs: dict[str, tuple[str, ...]] = {"embedding": (BATCH, "hidden")}
     options: tuple[TaskOption, ...] = (
-        TaskOption("pooling", "mean", "How token vectors become one: mean, cls or max (over real tokens).", choices=POOLINGS,
-                   fixed=True, flags=("--pooling",)),
+        TaskOption("pooling", "mean", "How token vectors become one, over the real tokens: mean, cls, max, lasttoken "
+                   "(a decoder's), weightedmean or mean_sqrt_len_tokens.", choices=POOLINGS, fixed=True, flags=("--pooling",)),
+        TaskOption("dense_layers", "", "Dense layers after the pooling, as a sentence-transformers model has them "
+                   '(read from its modules): a JSON list of {"in", "out", "bias", "activation"}.', fixed=True),
         TaskOption("normalize", False, "L2-normalise the embeddings (cosine similarity becomes a dot product).", fixed=True, flags=("--normalize/--no-normalize",)),
         TaskOption("query_prompt", "", "Text put before every query (anchor) in training, evaluation and --as query "
                    "(e5: 'query: ').", fixed=True),
         TaskOption("document_prompt", "", "Text put before every document (positive, negative, corpus text) in "
                    "training, evaluation and --as document (e5: 'passage: ').", fixed=True),
+        TaskOption("prompts", "", "The model's named prompts beyond query and document, a JSON object (from a sentence-transformers model's "
+                   "config_sentence_transformers.json); query and document are query_prompt and document_prompt.", fixed=True),
+        TaskOption("default_prompt_name", "", "The prompt put before inputs that declare no other (sentence-transformers' "
+                   "default_prompt_name).", fixed=True),
+        TaskOption("prompt_name", "", "The named prompt put before the inputs (the queries, where there are documents "
+                   "too): `--prompt-name NAME`, as sentence-transformers' encode(prompt_name=...).", saved=False,
+                   flags=("--prompt-name",)),
+        TaskOption("dimensions", 0, "Keep the first N dimensions of each vector (Matryoshka; sentence-transformers' "
+                   "truncate_dim), L2-normalised again where the model normalises; 0: all.", minimum=0,
+                   flags=("--dimensions",)),
         TaskOption("input_type", "none", "What the inputs are, for the prompt put before them: query, document or "
                    "none (`mlmkit embed --as query`).", choices=INPUT_TYPES, saved=False, flags=("--input-type", "--as")),
         TaskOption("chunk_tokens", 0, "Cut each input into chunks of at most this many tokens, at word boundaries, and "
@@ -210,6 +253,7 @@ class EmbeddingTask:
     )
     label_names: tuple[str, ...] = ("part", "text_id", "score", "target")
     group_features = True
+    kept_heads = ("dense.",)  # a sentence-transformers model's Dense layers carry over into fine-tuning
     default_max_length = 128
     command = "embed"
     pipeline_tag = "sentence-similarity"
@@ -312,42 +356,52 @@ class EmbeddingTask:
         return feats
 
     def build_model(self, config: ModelConfig, ctx: TaskContext) -> Any:
-        _dims(ctx.options["matryoshka_dims"], config.hidden_size)  # a bad list is an error before training
+        width = _width(ctx.options, config.hidden_size)
+        _dims(ctx.options["matryoshka_dims"], width)  # a bad list is an error before training
         _weights(ctx.options["matryoshka_weights"], len(_dims(ctx.options["matryoshka_dims"])))
         teacher_dim = ctx.state.get("teacher_dim") if _loss(ctx) == "mse-distill" else None
-        if teacher_dim and teacher_dim != config.hidden_size and ctx.options["matryoshka_dims"]:
-            raise TaskError(f"matryoshka_dims with a teacher of another size ({teacher_dim}, the model {config.hidden_size})",
+        if teacher_dim and teacher_dim != width and ctx.options["matryoshka_dims"]:
+            raise TaskError(f"matryoshka_dims with a teacher of another size ({teacher_dim}, the model {width})",
                             "distil from a teacher of the model's size, or leave matryoshka_dims out")
         from mlmkit_tasks.heads.embedding import BertForEmbedding
 
         o, loss = ctx.options, get_loss("embedding", _loss(ctx))
         return BertForEmbedding(config, o["pooling"], bool(o["normalize"]), loss=loss, cached=loss.cached,
                                 scale=float(o["scale"]), symmetric=bool(o["symmetric"]), mini_batch_size=int(o["mini_batch_size"]),
-                                matryoshka=_dims(o["matryoshka_dims"], config.hidden_size),
+                                matryoshka=_dims(o["matryoshka_dims"], width),
                                 matryoshka_weights=_weights(o["matryoshka_weights"], len(_dims(o["matryoshka_dims"]))),
-                                teacher_dim=teacher_dim)
+                                teacher_dim=teacher_dim, dense=_dense(o["dense_layers"], config.hidden_size))
 
     def run_files(self, config: ModelConfig, ctx: TaskContext) -> dict[str, str]:
         """The run is also a sentence-transformers directory: its modules (the encoder at the root, the
-        pooling, the normalisation) and its max length."""
-        import json
-
-        pooling = ctx.options["pooling"]
-        prompts = {names[0]: ctx.options[option] for option, names in ST_PROMPTS.items() if ctx.options[option]}
+        pooling, the Dense layers, the normalisation), its prompts, truncate_dim and max length."""
+        o = ctx.options
+        prompts = {names[0]: o[option] for option, names in ST_PROMPTS.items() if o[option]}
+        prompts.update(json.loads(o["prompts"] or "{}"))
+        modes = {mode: key for key, mode in ST_POOLING.items()}
         modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-        files = {"1_Pooling/config.json": json.dumps({
-            "word_embedding_dimension": config.hidden_size, "pooling_mode_cls_token": pooling == "cls",
-            "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": pooling == "max",
-            "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
-            "pooling_mode_lasttoken": False, "include_prompt": True}, indent=2) + "\n",
-            "sentence_bert_config.json": json.dumps({"max_seq_length": ctx.max_length, "do_lower_case": False}, indent=2) + "\n",
-            "config_sentence_transformers.json": json.dumps({"prompts": prompts, "default_prompt_name": None,
-                                                             "similarity_fn_name": "cosine"}, indent=2) + "\n"}
-        if ctx.options["normalize"]:
-            modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-            files["2_Normalize/config.json"] = "{}\n"
-        files["modules.json"] = json.dumps(modules, indent=2) + "\n"
+        top = {"prompts": prompts, "default_prompt_name": o["default_prompt_name"] or None, "similarity_fn_name": "cosine"}
+        if o["dimensions"]:
+            top["truncate_dim"] = o["dimensions"]
+        files = {"1_Pooling/config.json": _dump({"word_embedding_dimension": config.hidden_size,
+                                                 **{key: o["pooling"] == mode for mode, key in modes.items()},
+                                                 "include_prompt": True}),
+                 "sentence_bert_config.json": _dump({"max_seq_length": ctx.max_length, "do_lower_case": False}),
+                 "config_sentence_transformers.json": _dump(top)}
+        torch_names = {"identity": "linear.Identity", "tanh": "activation.Tanh", "relu": "activation.ReLU",
+                       "gelu": "activation.GELU", "sigmoid": "activation.Sigmoid", "silu": "activation.SiLU"}
+        for layer in _dense(o["dense_layers"], config.hidden_size):
+            path = f"{len(modules)}_Dense"  # its weights: the model's module_weights, written beside
+            modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,
+                            "type": "sentence_transformers.models.Dense"})
+            files[f"{path}/config.json"] = _dump({"in_features": layer["in"], "out_features": layer["out"], "bias": layer["bias"],
+                                                  "activation_function": f"torch.nn.modules.{torch_names[layer['activation']]}"})
+        if o["normalize"]:
+            modules.append({"idx": len(modules), "name": str(len(modules)), "path": f"{len(modules)}_Normalize",
+                            "type": "sentence_transformers.models.Normalize"})
+            files[f"{modules[-1]['path']}/config.json"] = "{}\n"
+        files["modules.json"] = _dump(modules)
         return files
 
     def postprocess(
@@ -356,7 +410,15 @@ class EmbeddingTask:
         """{"embedding": [...]} per text; a pair adds "embedding_pair" and their "cosine". With chunk_tokens,
         {"chunks": [{"start", "end", "embedding"}, ...]}: each chunk's character span in the text, in order."""
         preds: list[Prediction] = [{} for _ in examples]
+        dims, normalize = int(ctx.options.get("dimensions") or 0), bool(ctx.options.get("normalize"))
         for f, v in zip(features, outputs["embedding"]):
+            if dims:
+                if dims > v.shape[-1]:
+                    raise TaskError(f"--dimensions {dims} is more than the model's {v.shape[-1]}",
+                                    f"give --dimensions 1 to {v.shape[-1]}")
+                v = v[:dims]
+                if normalize:  # as the model's vectors are: unit length
+                    v = v / max(float(np.linalg.norm(v)), 1e-12)
             vector = [float(x) for x in v]
             if CHUNK in f:  # chunk_tokens: the chunks in order, each with its span
                 start, end = f[CHUNK]
@@ -383,6 +445,10 @@ class EmbeddingTask:
                     "spans": ", ".join(spans[:4]) + (" ..." if len(spans) > 4 else "")}
         v = np.asarray(prediction["embedding"])
         return {"dims": str(v.size), "norm": f"{np.linalg.norm(v):.3f}", "start": ", ".join(f"{x:.3f}" for x in v[:4]) + " ..."}
+
+
+def _dump(obj: Any) -> str:
+    return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
 
 
 CHUNK = "chunk_span"

@@ -17,6 +17,7 @@ No torch at module level: a teacher run is loaded through mlmkit.model when mse-
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 from collections.abc import Mapping
@@ -42,7 +43,12 @@ from mlmkit.taskkit import (
 
 log = logging.getLogger("mlmkit")
 
-ST_POOLING = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max"}
+ST_POOLING = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
+              "pooling_mode_lasttoken": "lasttoken", "pooling_mode_weightedmean_tokens": "weightedmean",
+              "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens"}
+"""sentence-transformers' Pooling config keys and the pooling each names (models/pooled.py's modes)."""
+ST_ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid", "silu")
+"""The activations a Dense module may name (its torch class, lower-cased: torch.nn.modules.linear.Identity)."""
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
 ST_PROMPTS = {"query_prompt": ("query",), "document_prompt": ("document", "passage", "corpus")}
 """The prompt options and the names a sentence-transformers directory's "prompts" gives them (the first found)."""
@@ -99,36 +105,104 @@ def is_multi_vector_directory(d: Path) -> bool:
 
 
 def sentence_transformers_options(d: Path) -> CheckpointInfo:
-    """The pooling, normalisation, prompts ({"options": ...}) and max length a sentence-transformers
-    directory declares."""
+    """The pooling, Dense layers, normalisation, prompts ({"options": ...}) and max length a
+    sentence-transformers directory declares: its modules (Transformer, Pooling, Dense ..., Normalize)
+    read whole, in order; a module mlmkit cannot run in the graph is refused by name."""
     modules = st_json(d / "modules.json")
     if not isinstance(modules, list):
         raise DataFormatError(d / "modules.json", "expected a list of modules")
-    kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
-    options: Options = {"normalize": "Normalize" in kinds}
-    if "Pooling" in kinds:
-        cfg = st_json(d / str(kinds["Pooling"].get("path", "1_Pooling")) / "config.json")
-        modes = [name for key, name in ST_POOLING.items() if cfg.get(key)]
-        other = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v and k not in ST_POOLING]
-        if isinstance(cfg.get("pooling_mode"), str):  # sentence-transformers 6 names the mode itself
-            mode = cfg["pooling_mode"]
-            modes, other = ([mode], []) if mode in ST_POOLING.values() else ([], [mode])
-        if other or len(modes) != 1:
-            raise DataFormatError(d / "1_Pooling" / "config.json", f"pooling {', '.join(other + modes) or 'none'} is not "
-                                  "one of mean, cls and max", hint="export with --task embedding --option pooling=...")
-        options["pooling"] = modes[0]
+    kinds = [(str(m.get("type", "")).rsplit(".", 1)[-1], m) for m in modules if isinstance(m, dict)]
+    options: Options = {"normalize": any(k == "Normalize" for k, _ in kinds)}
+    known = {"Transformer", "Pooling", "Dense", "Normalize"}
+    other = [k for k, _ in kinds if k not in known]
+    if other:
+        raise DataFormatError(d / "modules.json", f"module {other[0]} is not one mlmkit runs (it runs Transformer, Pooling, "
+                              "Dense and Normalize)", hint="export the encoder alone with --task embedding")
+    pooling = [m for k, m in kinds if k == "Pooling"]
+    if pooling:
+        options["pooling"] = _st_pooling(d / str(pooling[0].get("path", "1_Pooling")) / "config.json")
+    dense = [_st_dense(d / str(m.get("path", ""))) for k, m in kinds if k == "Dense"]
+    if dense:
+        options["dense_layers"] = json.dumps(dense)
     if (d / "config_sentence_transformers.json").is_file():
-        prompts = st_json(d / "config_sentence_transformers.json").get("prompts") or {}
-        for option, names in ST_PROMPTS.items():
-            found = [prompts[n] for n in names if isinstance(prompts.get(n), str) and prompts[n]]
-            if found:
-                options[option] = found[0]
+        options.update(_st_prompts(d / "config_sentence_transformers.json"))
     info: CheckpointInfo = {"options": options}
     if (d / "sentence_bert_config.json").is_file():
         max_len = st_json(d / "sentence_bert_config.json").get("max_seq_length")
         if isinstance(max_len, int) and max_len > 0:
             info["max_length"] = max_len
     return info
+
+
+def _st_pooling(path: Path) -> str:
+    """The one pooling mode of a Pooling module's config.json (sentence-transformers 6's
+    ``pooling_mode``, or the earlier flags), with its prompt tokens pooled as the others."""
+    cfg = st_json(path)
+    modes = [name for key, name in ST_POOLING.items() if cfg.get(key)]
+    other = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v and k not in ST_POOLING]
+    if isinstance(cfg.get("pooling_mode"), str):  # sentence-transformers 6 names the mode itself
+        mode = cfg["pooling_mode"]
+        modes, other = ([mode], []) if mode in ST_POOLING.values() else ([], [mode])
+    if other or len(modes) != 1:
+        raise DataFormatError(path, f"pooling {', '.join(other + modes) or 'none'} is not one of "
+                              f"{', '.join(ST_POOLING.values())}", hint="export with --task embedding --option pooling=...")
+    if cfg.get("include_prompt") is False:
+        raise DataFormatError(path, "include_prompt false (the prompt's tokens left out of the pooling) is not supported",
+                              hint="pool the prompt's tokens too: set include_prompt to true")
+    return modes[0]
+
+
+def _st_dense(folder: Path) -> dict[str, Any]:
+    """A Dense module's config.json as the embedding head's layer: {"in", "out", "bias", "activation"}."""
+    cfg = st_json(folder / "config.json")
+    act = str(cfg.get("activation_function") or "torch.nn.modules.activation.Tanh").rsplit(".", 1)[-1].lower()
+    sizes = [cfg.get("in_features"), cfg.get("out_features")]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 1 << 20 for n in sizes):
+        raise DataFormatError(folder / "config.json", f"in_features and out_features must be positive sizes, got {sizes}")
+    if act not in ST_ACTIVATIONS or cfg.get("use_residual"):
+        what = "use_residual" if cfg.get("use_residual") else f"activation {cfg.get('activation_function')}"
+        raise DataFormatError(folder / "config.json", f"a Dense module's {what} is not supported",
+                              hint=f"mlmkit runs Dense layers with {', '.join(ST_ACTIVATIONS)} and no residual")
+    return {"in": sizes[0], "out": sizes[1], "bias": bool(cfg.get("bias", True)), "activation": act}
+
+
+def _st_prompts(path: Path) -> Options:
+    """config_sentence_transformers.json's named prompts (all of them, as JSON, and the query and
+    document ones as their options), its default prompt name and its truncate_dim."""
+    top = st_json(path)
+    prompts = top.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise DataFormatError(path, "prompts must map names to texts", hint='e.g. {"query": "query: ", "document": ""}')
+    options: Options = {}
+    for option, names in ST_PROMPTS.items():
+        found = [prompts[n] for n in names if prompts.get(n)]
+        if found:
+            options[option] = found[0]
+    aliases = {n for names in ST_PROMPTS.values() for n in names}
+    others = {k: v for k, v in prompts.items() if k not in aliases}
+    if others:  # the query and document prompts are options of their own
+        options["prompts"] = json.dumps(others, ensure_ascii=False)
+    default = top.get("default_prompt_name")
+    if default is not None:
+        if default not in prompts:
+            raise DataFormatError(path, f"default_prompt_name {default!r} names no prompt", hint="name one of its prompts")
+        options["default_prompt_name"] = default
+    dims = top.get("truncate_dim")
+    if dims is not None:
+        if not isinstance(dims, int) or isinstance(dims, bool) or dims < 1:
+            raise DataFormatError(path, f"truncate_dim must be a positive whole number, got {dims!r}")
+        options["dimensions"] = dims
+    return options
+
+
+def named_prompts(options: Mapping[str, Any]) -> dict[str, str]:
+    """The model's prompts by name: its ``prompts`` (a sentence-transformers model's beyond the query
+    and document ones), and the query and document prompts under each name sentence-transformers gives them."""
+    prompts = json.loads(options.get("prompts") or "{}")
+    for option, names in ST_PROMPTS.items():
+        if options.get(option):
+            prompts.update({n: options[option] for n in names})
+    return prompts
 
 
 # ---- records -------------------------------------------------------------------------------------
@@ -256,15 +330,23 @@ def example_texts(ex: Example) -> list[str | None]:
 
 def prompt_for(ex: Example, part: int, options: Mapping[str, Any]) -> str:
     """The prompt before text ``part`` of ``ex``: a query's (an anchor, a retrieval query, an input
-    declared a query) or a document's (a positive or negative, a corpus text, an input declared one);
-    none for scored pairs and undeclared inputs."""
-    if "anchor" in ex:
-        kind = "query" if part == 0 else "document"
-    elif "kind" in ex:
-        kind = "query" if ex["kind"] == "query" else "document"
+    declared a query) or a document's (a positive or negative, a corpus text, an input declared one).
+    ``prompt_name`` (sentence-transformers' word: `--prompt-name`) names the prompt of the inputs, or
+    of the queries where there are documents too; an input declared nothing takes the model's
+    ``default_prompt_name`` where it has one, else none."""
+    name = options.get("prompt_name") or ""
+    if "anchor" in ex or "kind" in ex:
+        query = part == 0 if "anchor" in ex else ex["kind"] == "query"
+        kind = (name or "query") if query else "document"
     else:
-        kind = options.get("input_type", "none")
-    return str(options.get(f"{kind}_prompt", "")) if kind != "none" else ""
+        declared = options.get("input_type", "none")
+        kind = name or (declared if declared != "none" else options.get("default_prompt_name") or "none")
+    if kind == "none":
+        return ""
+    prompts = named_prompts(options)
+    if kind not in prompts and kind not in ("query", "document"):
+        raise TaskError(f"the model has no prompt named {kind!r}", f"its prompts: {', '.join(prompts) or 'none'}")
+    return str(prompts.get(kind, ""))
 
 
 def check_loss_data(examples: list[Example], loss: str, hint: str) -> None:

@@ -16,7 +16,10 @@ from torch import nn
 
 from mlmkit.models.core import mean_pool
 
-POOLINGS = ("mean", "cls", "max")
+POOLINGS = ("mean", "cls", "max", "lasttoken", "weightedmean", "mean_sqrt_len_tokens")
+ACTIVATIONS = {"identity": nn.Identity, "tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "sigmoid": nn.Sigmoid,
+               "silu": nn.SiLU}
+"""What a Dense module after pooling may apply (sentence-transformers saves the torch class's name)."""
 
 
 @dataclass
@@ -30,9 +33,12 @@ class PairBatch:
 
 
 def pool(x: torch.Tensor, attention_mask: torch.Tensor, mode: str = "mean") -> torch.Tensor:
-    """(B, T, D) token states -> (B, D), over the tokens ``attention_mask`` (B, T) keeps: ``mean`` (a
-    float mask weighs the tokens: a static table's counted tokens), ``cls`` (the first token) or ``max``
-    (padding can never win: sentence-transformers fills it with -1e9)."""
+    """(B, T, D) token states -> (B, D), over the tokens ``attention_mask`` (B, T) keeps, as
+    sentence-transformers' Pooling module computes them over right-padded rows: ``mean`` (a float mask
+    weighs the tokens: a static table's counted tokens), ``cls`` (the first token), ``max`` (padding can
+    never win: filled with -1e9), ``lasttoken`` (the last real token: a decoder's, Qwen3-Embedding's),
+    ``weightedmean`` (token i of a row weighs i + 1, SGPT's) or ``mean_sqrt_len_tokens`` (the sum over
+    the square root of the count)."""
     if mode == "cls":
         return x[:, 0]
     if mode == "max":
@@ -40,7 +46,32 @@ def pool(x: torch.Tensor, attention_mask: torch.Tensor, mode: str = "mean") -> t
         return (x + (m - 1.0) * 1e9).max(dim=1).values
     if mode == "mean":
         return mean_pool(x, attention_mask)
+    if mode == "lasttoken":
+        last = (attention_mask.long().sum(dim=1) - 1).clamp(min=0)  # (B,): right padding, so the count - 1
+        return x[torch.arange(x.size(0), device=x.device), last]
+    m = attention_mask.unsqueeze(-1).to(x.dtype)  # (B, T, 1)
+    if mode == "weightedmean":
+        m = m * torch.arange(1, x.size(1) + 1, device=x.device, dtype=x.dtype)[None, :, None]
+        return (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+    if mode == "mean_sqrt_len_tokens":
+        return (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9).sqrt()
     raise ValueError(f"pooling {mode!r} is not one of {POOLINGS}")
+
+
+class Dense(nn.Module):
+    """sentence-transformers' Dense module after pooling: ``activation(linear(x))``, its weights under
+    the same names (``linear.weight``, ``linear.bias``). EmbeddingGemma has two (768 -> 3072 -> 768,
+    no bias, identity); a model's Dense layers run in the graph, before the normalisation."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str = "tanh") -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"Dense activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        self.linear = nn.Linear(in_features, out_features, bias=bias)
+        self.activation = ACTIVATIONS[activation]()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.linear(x))
 
 
 class TextEncoder(nn.Module):

@@ -51,26 +51,32 @@ def _save_tensors(sd: dict[str, torch.Tensor], path: Path) -> None:
 
 
 def module_state_dict(d: Path) -> dict[str, torch.Tensor]:
-    """A sentence-transformers directory's Dense module weights (its first Dense's ``linear.*``, in
-    its folder: a MultiVectorEncoder's or PyLate's projection), under their own names; {} without one."""
+    """A sentence-transformers directory's Dense modules' weights (each in its folder, in modules.json's
+    order): the k-th's ``linear.*`` as ``dense.{k}.linear.*`` (the embedding task's layers after
+    pooling), and a lone Dense's also as ``linear.*`` (a MultiVectorEncoder's or PyLate's projection,
+    the colbert task's); {} without one."""
     try:
         modules = json.loads((d / "modules.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     dense = [m for m in modules if isinstance(m, dict) and str(m.get("type", "")).rsplit(".", 1)[-1] == "Dense"] \
         if isinstance(modules, list) else []
-    if not dense or not str(dense[0].get("path") or ""):
-        return {}
-    folder = d / str(dense[0]["path"])
-    files = weight_files(folder)
-    if not files:
-        raise ConfigError(f"{folder}: the Dense module has no weights", "re-save the sentence-transformers model")
     sd: dict[str, torch.Tensor] = {}
-    for f in files:
-        part = read_weights(f)
-        if not isinstance(part, dict):
-            raise ConfigError(f"{f}: not a dictionary of tensors", "is it a model checkpoint?")
-        sd.update({k: v for k, v in part.items() if k.startswith("linear.") and isinstance(v, torch.Tensor)})
+    for k, module in enumerate(dense):
+        if not str(module.get("path") or ""):
+            continue
+        folder = d / str(module["path"])
+        files = weight_files(folder)
+        if not files:
+            raise ConfigError(f"{folder}: the Dense module has no weights", "re-save the sentence-transformers model")
+        for f in files:
+            part = read_weights(f)
+            if not isinstance(part, dict):
+                raise ConfigError(f"{f}: not a dictionary of tensors", "is it a model checkpoint?")
+            linear = {k2: v for k2, v in part.items() if k2.startswith("linear.") and isinstance(v, torch.Tensor)}
+            sd.update({f"dense.{k}.{name}": v for name, v in linear.items()})
+            if len(dense) == 1:
+                sd.update(linear)
     return sd
 
 
@@ -106,8 +112,8 @@ def load_state_dict(run_dir: str | Path, config: ModelConfig | None = None) -> d
     if "cls.predictions.decoder.bias" in sd:
         sd.setdefault("cls.predictions.bias", sd["cls.predictions.decoder.bias"])
         del sd["cls.predictions.decoder.bias"]
-    if not any(k.startswith("linear.") for k in sd):
-        sd.update(module_state_dict(d))
+    for k, v in module_state_dict(d).items():  # a run keeps them in model.safetensors too: its own come first
+        sd.setdefault(k, v)
     return sd
 
 

@@ -177,7 +177,7 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> Metrics:
             raise TaskError(f"{base} has no {prefix.rstrip('.')} weights, which the {task.name} task starts from",
                             "fine-tune from a masked-LM checkpoint or pretraining run" if "predictions" in prefix
                             else "fine-tune from a model that has them")
-    sd = full if same_head else {k: v for k, v in full.items() if k.startswith((*ENCODER, *task.base_heads))}
+    sd = full if same_head else {k: v for k, v in full.items() if k.startswith((*ENCODER, *task.base_heads, *task.kept_heads))}
     head = tuple(k for k in net.state_dict() if not k.startswith(("bert.embeddings", "bert.encoder")))
     missing, unexpected = load_weights(net, sd, allow_missing=head)
     if same_head and not missing and not args.train.resume:

@@ -10,6 +10,7 @@ from torch import nn
 
 from mlmkit.model import (
     BertModel,
+    Dense,
     ModelConfig,
     PairBatch,
     TextEncoder,
@@ -24,8 +25,9 @@ from mlmkit.taskkit import Loss
 
 
 class BertForEmbedding(TextEncoder):
-    """One vector per text: ``pooling`` (mean, cls or max over the real tokens), then an optional L2
-    normalisation, as sentence-transformers' Pooling and Normalize modules.
+    """One vector per text: ``pooling`` over the real tokens (models/pooled.py's modes), the ``dense``
+    layers after it where the model has them (each {"in", "out", "bias", "activation"}), then an optional
+    L2 normalisation: sentence-transformers' Pooling, Dense and Normalize modules, in that order.
 
     Training (features with a ``part``): ``loss``, an embedding loss of the registry, over all of the
     batch's embeddings at once or, ``cached``, GradCache-style in mini-batches of ``mini_batch_size`` texts; ``matryoshka`` dimensions (with their weights) add the
@@ -36,16 +38,22 @@ class BertForEmbedding(TextEncoder):
     def __init__(self, config: ModelConfig, pooling: str, normalize: bool, *, loss: Loss, cached: bool = False,
                  scale: float = 20.0, symmetric: bool = False, mini_batch_size: int = 32,
                  matryoshka: Sequence[int] = (), matryoshka_weights: Sequence[float] = (),
-                 teacher_dim: int | None = None) -> None:
+                 teacher_dim: int | None = None, dense: Sequence[dict] = ()) -> None:
         super().__init__()
         self.config, self.pooling, self.normalize = config, pooling, normalize
         self.bert = BertModel(config, add_pooling_layer=False)
-        self.distill_projection = (nn.Linear(config.hidden_size, teacher_dim)
-                                   if teacher_dim and teacher_dim != config.hidden_size else None)
+        self.dense = nn.ModuleList(Dense(d["in"], d["out"], bool(d["bias"]), str(d["activation"])) for d in dense)
+        width = int(dense[-1]["out"]) if dense else config.hidden_size
+        self.distill_projection = (nn.Linear(width, teacher_dim) if teacher_dim and teacher_dim != width else None)
         self.objective = build_loss(loss, scale=scale, symmetric=symmetric, project=self.distill_projection)
         self.mini_batch_size = mini_batch_size if cached else 0
         self.syncs_own_gradients = bool(cached)  # under torchrun: no DDP reducer (mlmkit.train.devices)
         self.matryoshka, self.weights = list(matryoshka), list(matryoshka_weights) or [1.0] * len(matryoshka)
+
+    def module_weights(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Each Dense layer's weights where sentence-transformers reads them (``2_Dense/``, ``3_Dense/`` ...:
+        its modules after the encoder and the pooling)."""
+        return {f"{i + 2}_Dense/model.safetensors": dict(layer.state_dict()) for i, layer in enumerate(self.dense)}
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                token_type_ids: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -79,6 +87,8 @@ class BertForEmbedding(TextEncoder):
               token_type_ids: torch.Tensor | None) -> torch.Tensor:
         seq, _ = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, H)
         x = pool(seq, attention_mask, self.pooling)  # (B, H)
+        for layer in self.dense:
+            x = layer(x)  # (B, out)
         if self.normalize:
             x = F.normalize(x, p=2.0, dim=-1)
         return x

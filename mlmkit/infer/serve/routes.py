@@ -25,6 +25,7 @@ server writes them as JSON lists, from their buffers).
 from __future__ import annotations
 
 import base64
+import json
 import threading
 import weakref
 from collections.abc import Mapping
@@ -114,7 +115,7 @@ def _prompt(model: Any, name: str, prompt: Any, route: str) -> Options:
     named = _prompt_names(model)
     if prompt not in named:
         raise HTTPError(422, f"{route}: model '{name}' has no prompt named {prompt!r}", f"its prompts: {', '.join(named) or 'none'}")
-    return _input_type(model, prompt)
+    return _input_type(model, prompt) if prompt in INPUT_TYPES else {"prompt_name": prompt}
 
 
 def _positive(value: Any, name: str, route: str) -> int | None:
@@ -142,9 +143,14 @@ INPUT_TYPES = ("query", "document")
 
 
 def _prompt_names(model: Any) -> list[str]:
-    """The prompts an embedding bundle has (TEI's prompt_name), by name."""
+    """The prompts an embedding bundle has (TEI's prompt_name), by name: query and document, and the
+    named prompts a sentence-transformers model brought (EmbeddingGemma's Clustering ...)."""
     options = model.pipe.meta.options
-    return [k for k in INPUT_TYPES if options.get(f"{k}_prompt")]
+    try:
+        named = list(json.loads(options.get("prompts") or "{}"))
+    except ValueError:
+        named = []
+    return [k for k in INPUT_TYPES if options.get(f"{k}_prompt")] + named
 
 
 def _input_type(model: Any, kind: str | None) -> Options:

@@ -1,0 +1,129 @@
+"""sentence-transformers directories read whole: each family's tiny random checkpoint wrapped as
+sentence-transformers wraps the real releases (a pooling mode, Dense layers, Normalize, named prompts,
+a max length) exports and embeds as sentence-transformers encodes; ``--prompt-name`` and
+``--dimensions`` give what ``encode(prompt_name=..., truncate_dim=...)`` gives; a fine-tune from such a
+directory keeps its modules and loads back in sentence-transformers with its bundle's vectors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import run_export, run_finetune
+from family_checkpoints import runner, save_checkpoint
+
+from mlmkit.cli import app
+from mlmkit.infer.pipeline import Pipeline
+
+st = pytest.importorskip("sentence_transformers")
+from sentence_transformers.base.modules import Dense, Normalize, Transformer  # noqa: E402
+from sentence_transformers.sentence_transformer.modules import Pooling  # noqa: E402
+
+PROMPTS = {"query": "search_query: ", "document": "search_document: ", "Clustering": "task: clustering | query: "}
+TEXTS = ["the film was good", "john went to paris and the plot was very dull and the story too", "a", "not bad at all",
+         "very very poor plot and a dull story to the end of the film"]
+# family -> (pooling mode, Dense layers (out, bias, activation), normalised): the shapes of the releases
+WRAPS: dict[str, tuple[str, list[tuple[int, bool, Any]], bool]] = {
+    "bert": ("mean", [(48, False, torch.nn.Identity()), (32, False, torch.nn.Identity())], True),  # EmbeddingGemma's
+    "roberta": ("weightedmean", [(16, True, torch.nn.Tanh())], False),
+    "modernbert": ("cls", [], True),
+    "distilbert": ("lasttoken", [], True),  # Qwen3-Embedding's pooling
+    "electra": ("max", [], False),
+}
+
+
+def wrap(tmp: Path, family: str, **model_config: Any) -> tuple[Any, Path]:
+    """A sentence-transformers model over a tiny random ``family`` checkpoint, saved; (model, its folder)."""
+    src = tmp / "hf"
+    save_checkpoint(src, family, "Model", **model_config)
+    mode, dense, normalize = WRAPS[family]
+    modules: list[Any] = [Transformer(str(src), max_seq_length=48)]
+    width = modules[0].get_embedding_dimension()
+    modules.append(Pooling(width, pooling_mode=mode))
+    for out, bias, act in dense:
+        torch.manual_seed(out)
+        modules.append(Dense(width, out, bias=bias, activation_function=act))
+        width = out
+    if normalize:
+        modules.append(Normalize())
+    model = st.SentenceTransformer(modules=modules, prompts=PROMPTS, device="cpu")
+    model.save(str(tmp / "st"))
+    return st.SentenceTransformer(str(tmp / "st"), device="cpu"), tmp / "st"
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.mark.parametrize("family", WRAPS)
+def test_a_sentence_transformers_folder_embeds_as_sentence_transformers_does(tmp_path: Path, family: str) -> None:
+    model, folder = wrap(tmp_path, family)
+    meta = run_export(folder, tmp_path / "b")
+    assert meta["options"]["pooling"] == WRAPS[family][0]
+    pipe = Pipeline.load(tmp_path / "b")
+    for name in (None, "query", "document", "Clustering"):
+        ours = np.array([r["embedding"] for r in pipe(TEXTS, prompt_name=name or "")])
+        theirs = model.encode(TEXTS, prompt_name=name, convert_to_numpy=True)
+        assert ours.shape == theirs.shape
+        assert cosines(ours, theirs).min() >= 0.9999 and np.abs(ours - theirs).max() < 1e-4, (name, np.abs(ours - theirs).max())
+    query = np.array([r["embedding"] for r in pipe(TEXTS, input_type="query")])  # `--as query` is the prompt named query
+    np.testing.assert_allclose(query, model.encode_query(TEXTS, convert_to_numpy=True), atol=1e-4)
+    dims = 8
+    theirs = model.encode(TEXTS, prompt_name="Clustering", truncate_dim=dims, normalize_embeddings=WRAPS[family][2])
+    ours = np.array([r["embedding"] for r in pipe(TEXTS, prompt_name="Clustering", dimensions=dims)])
+    np.testing.assert_allclose(ours, theirs, atol=1e-4)
+
+
+def test_prompt_name_and_dimensions_on_the_command_line(tmp_path: Path) -> None:
+    model, folder = wrap(tmp_path, "bert")
+    run_export(folder, tmp_path / "b")
+    r = runner.invoke(app, ["embed", str(tmp_path / "b"), *TEXTS, "--prompt-name", "Clustering", "--dimensions", "16",
+                            "--output", str(tmp_path / "v.npy")])
+    assert r.exit_code == 0, r.output
+    want = model.encode(TEXTS, prompt_name="Clustering", truncate_dim=16, normalize_embeddings=True)
+    np.testing.assert_allclose(np.load(tmp_path / "v.npy"), want, atol=1e-4)
+    r = runner.invoke(app, ["embed", str(tmp_path / "b"), "a text", "--prompt-name", "Retrieval"])
+    assert r.exit_code == 2 and "no prompt named 'Retrieval'" in r.output and "Clustering" in r.output, r.output
+    r = runner.invoke(app, ["embed", str(tmp_path / "b"), "a text", "--dimensions", "999"])
+    assert r.exit_code == 2 and "more than the model's 32" in r.output, r.output
+
+
+def test_the_servers_prompt_name_reaches_the_named_prompts(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from mlmkit.args import ServeArgs
+    from mlmkit.infer.serve.app import create_app
+    from mlmkit.infer.serve.queue import Metrics, Model
+
+    model, folder = wrap(tmp_path, "bert")
+    run_export(folder, tmp_path / "b")
+    args = ServeArgs(bundles=[str(tmp_path / "b")])
+    served = Model("emb", Pipeline.load(tmp_path / "b"), args, Metrics())
+    with TestClient(create_app({"emb": served}, args)) as http:
+        assert served.ready.wait(30)
+        got = http.post("/embed", json={"inputs": TEXTS, "prompt_name": "Clustering", "dimensions": 8}).json()
+        want = model.encode(TEXTS, prompt_name="Clustering", truncate_dim=8, normalize_embeddings=True)
+        np.testing.assert_allclose(got, want, atol=1e-4)
+        bad = http.post("/embed", json={"inputs": TEXTS, "prompt_name": "Retrieval"})
+        assert bad.status_code == 422 and "Clustering" in bad.json()["error"] + bad.json().get("hint", ""), bad.json()
+
+
+def test_a_fine_tune_keeps_the_modules_and_loads_back_with_its_bundles_vectors(tmp_path: Path) -> None:
+    _, folder = wrap(tmp_path, "bert")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"anchor": a, "positive": b}) + "\n" for a, b in zip(TEXTS, TEXTS[1:] + TEXTS[:1])))
+    run = tmp_path / "run"
+    run_finetune("embedding", folder, rows, run, steps=3, lr=1e-3, batch_size=4, progress=False)
+    before = {k: v for k, v in st.SentenceTransformer(str(folder), device="cpu").state_dict().items() if k.startswith("2.")}
+    after = st.SentenceTransformer(str(run), device="cpu")
+    assert [type(m).__name__ for m in after] == ["Transformer", "Pooling", "Dense", "Dense", "Normalize"]
+    assert after.prompts["Clustering"] == PROMPTS["Clustering"]
+    moved = max((after.state_dict()[k] - v).abs().max().item() for k, v in before.items())
+    assert 0 < moved < 0.1  # the Dense layers carried over and trained, not started afresh
+    run_export(run, tmp_path / "b")
+    ours = np.array([r["embedding"] for r in Pipeline.load(tmp_path / "b")(TEXTS, prompt_name="Clustering")])
+    np.testing.assert_allclose(ours, after.encode(TEXTS, prompt_name="Clustering"), atol=1e-4)
