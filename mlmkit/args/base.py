@@ -192,6 +192,16 @@ class Chunks:
                                                    "half, and start the overlap at a sentence start.")
 
 
+class Embedding:
+    """What an embedding bundle puts before the texts and keeps of its vectors (the embedding task's
+    prompt_name and dimensions): index, search."""
+
+    prompt_name = Opt(("--prompt-name",), None, "The bundle's named prompt put before the texts (index: the documents, "
+                                               "search: the queries; default: its document or query prompt).")
+    dimensions = Opt(("--dimensions",), None, "index: keep the first N dimensions of each vector (Matryoshka), "
+                                             "L2-normalised again where the model normalises; search takes the index's.")
+
+
 class Fusion:
     """Hybrid retrieval (mlmkit.infer.index.hybrid): other retrievers of the same corpus, fused with the first
     (search, evaluate, mine)."""

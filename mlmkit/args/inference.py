@@ -9,6 +9,7 @@ from pathlib import Path
 from mlmkit.args.base import (
     Args,
     Chunks,
+    Embedding,
     Engine,
     Fusion,
     Inputs,
@@ -141,6 +142,7 @@ class SearchArgs(Args):
     rescore: int | None = arg(None, "Binary, --rescore-copy or ANN indexes: candidates scored again with the rescoring "
                                     "vectors (default: 4 x top-k, at least 100).")
     bundle: Path | None = arg(None, "The bundle to embed queries with (default: the index's; another is refused).")
+    prompt_name: str | None = Embedding.prompt_name()
     export: Path | None = arg(None, "Write the index's ids and vectors as Parquet instead (id, vector: fixed-size list "
                                     "of float32) and exit.")
     batch: int = arg(256, "Queries embedded and searched together.")

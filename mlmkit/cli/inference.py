@@ -391,7 +391,7 @@ def search_cmd(args: SearchArgs, as_json: Json = False) -> None:
         pipe = Pipeline.load(query_bundle(ix, args.bundle), command="embed", precision=args.precision)
 
         def search(part: list[str], k: int) -> list[list[dict[str, Any]]]:
-            q = as_queries(ix, pipe(part, **as_input(pipe, "query")))
+            q = as_queries(ix, pipe(part, **as_input(pipe, "query", args.prompt_name)))
             return hits(ix, *search_vectors(ix, q, k, rescore=args.rescore, where=where, chunk_agg=args.chunk_agg))
     table = not want_json(as_json)
     t = Table("query", "rank", "id", "score") if table else None

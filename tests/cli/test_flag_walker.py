@@ -314,6 +314,7 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
             "--delete": None, "--upsert": None, "--compact": None,  # below, on a copy of the index just built
             "--chunk-tokens": ["--chunk-tokens", "4"], "--chunk-overlap": ["--chunk-tokens", "4", "--chunk-overlap", "1"],
             "--chunk-sentences": ["--chunk-tokens", "4", "--chunk-sentences"],
+            "--prompt-name": ["--prompt-name", "document"], "--dimensions": ["--dimensions", "4"],
         }
         for flag in walk("index", flags):
             if not flags[flag]:
@@ -329,8 +330,14 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
             if not late and flag == "--bits":
                 one_red_line(r, "--bits is for a colbert bundle's index")
                 continue
+            if (sparse or late) and flag in ("--prompt-name", "--dimensions"):  # the embedding task's options
+                one_red_line(r, flag, "has no")
+                continue
             assert r.exit_code == 0, (flag, r.output)
             m = json.loads(r.stdout)
+            if flag == "--dimensions":
+                assert m["dims"] == 4 and m["count"] == len(DOCS), m
+                continue
             if flag.startswith("--chunk"):  # a row a chunk: more rows than documents, each searched as its document
                 assert m["count"] > len(DOCS) and Index.open(other).manifest["chunks"]["tokens"] == 4, (flag, m)
                 continue
@@ -368,7 +375,8 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
                  "--weights": ["--hybrid", str(index), "--weights", "1,2"],
                  "--corpus": ["--hybrid", "bm25", "--corpus", str(every), "--id-column", "doc", "--corpus-column", "body"],
                  "--id-column": None, "--corpus-column": None, "--where": ["--where", "id in d1,d2,m0"],
-                 "--chunk-agg": ["--chunk-agg", "max"]}  # the others need a chunked index (test_index.py)
+                 "--chunk-agg": ["--chunk-agg", "max"],  # the others need a chunked index (test_index.py)
+                 "--prompt-name": ["--prompt-name", "query"]}  # the query prompt by its name: the plain hits
         for flag in walk("search", flags):
             if flags[flag] is None:
                 continue
@@ -376,6 +384,9 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
             r = runner.invoke(app, argv)
             if flag == "--rescore":  # a flat index is searched in one stage, a sparse one exactly
                 one_red_line(r, "--rescore")
+                continue
+            if flag == "--prompt-name" and task != "embedding":
+                one_red_line(r, flag, "has no")
                 continue
             assert r.exit_code == 0, (flag, r.output)
             if flag == "--where":

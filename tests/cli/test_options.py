@@ -39,6 +39,8 @@ ALLOWED = {  # option names that mean something else per command; each command's
     "--train": "finetune: labelled data in the task's format; distill: inputs the teacher labels",
     "--tokenizer": "tokenize needs one; pretrain trains one when it is absent",
     "--steps": "the quickstart's pretraining stage, not a training loop's --steps/--max-steps",
+    "--prompt-name": "the embedding task's option (its inputs' prompt); index: the documents', search: the queries'",
+    "--dimensions": "the embedding task's option (a run's or bundle's default); index: the vectors it stores",
 }
 PER_COMMAND_DEFAULTS = {f.flags[0] for f in cli_fields(TrainArgs)}
 """The training loop's options (TrainArgs, composed into pretrain, finetune, sweep, distill) are one

@@ -127,3 +127,25 @@ def test_a_fine_tune_keeps_the_modules_and_loads_back_with_its_bundles_vectors(t
     run_export(run, tmp_path / "b")
     ours = np.array([r["embedding"] for r in Pipeline.load(tmp_path / "b")(TEXTS, prompt_name="Clustering")])
     np.testing.assert_allclose(ours, after.encode(TEXTS, prompt_name="Clustering"), atol=1e-4)
+
+
+def test_an_index_of_leading_dimensions_searched_with_a_named_prompt(tmp_path: Path) -> None:
+    model, folder = wrap(tmp_path, "bert")
+    run_export(folder, tmp_path / "b")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    ix = tmp_path / "ix"
+    r = runner.invoke(app, ["index", str(tmp_path / "b"), "--corpus", str(corpus), "--out", str(ix), "--dimensions", "8"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((ix / "manifest.json").read_text())["dimensions"] == 8
+    r = runner.invoke(app, ["search", str(ix), "plot of the film", "--prompt-name", "Clustering", "--top-k", "5", "--json"])
+    assert r.exit_code == 0, r.output
+    hits = json.loads(r.stdout.splitlines()[0])["hits"]
+    docs = model.encode_document(TEXTS, truncate_dim=8, normalize_embeddings=True)
+    query = model.encode(["plot of the film"], prompt_name="Clustering", truncate_dim=8, normalize_embeddings=True)[0]
+    want = sorted(((f"d{i}", float(s)) for i, s in enumerate(docs @ query)), key=lambda x: -x[1])
+    assert [h["id"] for h in hits] == [d for d, _ in want]
+    np.testing.assert_allclose([h["score"] for h in hits], [s for _, s in want], atol=1e-4)
+    r = runner.invoke(app, ["index", str(tmp_path / "b"), "--corpus", str(corpus), "--out", str(ix), "--append",
+                            "--dimensions", "16"])
+    assert r.exit_code == 2 and "--dimensions 8" in r.output, r.output

@@ -16,6 +16,7 @@ faiss structure, with --ann, held whole while it is built).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterable, Iterator
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 import mlmkit.infer.index.multivector as multivector
-from mlmkit.args import Args, Chunks, Engine, Runtime, arg, check_precision, flag
+from mlmkit.args import Args, Chunks, Embedding, Engine, Runtime, arg, check_precision, flag
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
 from mlmkit.files import LOCK, exclusive
 from mlmkit.infer import postings
@@ -36,7 +37,7 @@ from mlmkit.infer.index.filters import write_meta
 from mlmkit.infer.index.identity import query_bundle, record
 from mlmkit.infer.index.live import commit, live_rows, sweep, with_deleted
 from mlmkit.infer.index.pending import Pending
-from mlmkit.infer.index.search import as_input, index_kind
+from mlmkit.infer.index.search import as_input, embedding_settings, index_kind
 from mlmkit.infer.index.store import ANNS, CHUNK, CHUNKS, FORMAT, MANIFEST, Index, id_hashes, shard_name
 from mlmkit.text.chunks import Chunker, Chunking, chunk_records
 from mlmkit.text.readers import Record
@@ -109,8 +110,12 @@ class BuildArgs(Args):
     chunk_tokens: int | None = Chunks.tokens()
     chunk_overlap: int | None = Chunks.overlap()
     chunk_sentences: bool = Chunks.sentences()
+    prompt_name: str | None = Embedding.prompt_name()
+    dimensions: int | None = Embedding.dimensions()
 
     def __post_init__(self) -> None:
+        if self.dimensions is not None and self.dimensions < 1:
+            raise ConfigError(f"--dimensions must be at least 1, got {self.dimensions}")
         live = [f for f, v in (("--delete", self.delete), ("--upsert", self.upsert), ("--compact", self.compact)) if v]
         if len(live) > 1:
             raise ConfigError(f"{' and '.join(live)}: one change of an index at a time")
@@ -186,6 +191,7 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
     with exclusive(out):
         old = Index.open(out) if exists else None
         args = _with_chunking(args, old)
+        args = _with_embedding(args, old)
         _chunker(args, pipe)  # a bad --chunk-tokens is said before a document is read
         if old is not None:
             if old.manifest["bundle"].get("sha256") != bundle["sha256"]:
@@ -210,7 +216,7 @@ def build(args: BuildArgs, progress: Any = None) -> dict[str, Any]:
             sweep(out, old.manifest)  # and what the manifest replaced (an upsert's old bitmap)
             return dict(old.manifest)
         files = input_files(corpus)
-        what = {"bundle": pipe.identity(), "inputs": identity(files), "options": as_input(pipe, "document"),
+        what = {"bundle": pipe.identity(), "inputs": identity(files), "options": _documents(args, pipe),
                 "window": args.window, "id_column": args.id_column, "text_column": args.text_column, "engine": args.engine,
                 "quantization": args.quantization, "rescore_copy": args.rescore_copy, "precision": args.precision,
                 "shards": len(old.shards) if old else 0, "replacing": args.replacing, "chunks": args.chunk_tokens,
@@ -262,9 +268,27 @@ def _with_chunking(args: BuildArgs, old: Index | None) -> BuildArgs:
                    chunk_sentences=bool(mine and mine.sentences))
 
 
+def _with_embedding(args: BuildArgs, old: Index | None) -> BuildArgs:
+    """--prompt-name and --dimensions, or an index's own for an append (others are refused)."""
+    if old is None:
+        return args
+    prompt, dims = embedding_settings(old.manifest)
+    if (args.prompt_name or prompt, args.dimensions or dims) != (prompt, dims):
+        raise ConfigError(f"{old.path} was built with --prompt-name {prompt or '(none)'} and --dimensions {dims or '(all)'}; "
+                          "--append and --upsert take the index's own", "drop --prompt-name and --dimensions")
+    return replace(args, prompt_name=prompt, dimensions=dims)
+
+
+def _documents(args: BuildArgs, pipe: Any) -> dict[str, Any]:
+    """The pipeline options that embed the corpus: as documents, with --prompt-name and --dimensions."""
+    return as_input(pipe, "document", args.prompt_name, args.dimensions)
+
+
 def _chunker(args: BuildArgs, pipe: Any) -> Chunker | None:
     chunking = Chunking.of(args.chunk_tokens, args.chunk_overlap, args.chunk_sentences)
     prompt = str(pipe.meta.options.get("document_prompt", "") or "")
+    if args.prompt_name:  # the named prompt takes its share of each chunk's tokens instead
+        prompt = str(json.loads(pipe.meta.options.get("prompts") or "{}").get(args.prompt_name, prompt))
     return Chunker(pipe.tokenizer, pipe.max_length, chunking, prompt, str(pipe.path)) if chunking else None
 
 
@@ -349,7 +373,7 @@ def _embed_here(args: BuildArgs, p: Pending, pipe: Any, progress: Any) -> None:
     chunker = _chunker(args, pipe)
     items = chunk_records(items, chunker) if chunker is not None else items
     for w, done in run_windows(windows(items, args.window, skip=p.windows), pipe, workers=args.workers,
-                               threads=split_threads(args.threads, args.workers), options=as_input(pipe, "document"),
+                               threads=split_threads(args.threads, args.workers), options=_documents(args, pipe),
                                skip=False, id_column="id"):
         ids = [str(r["id"]) for r in done.results]
         if p.multi:
@@ -398,7 +422,7 @@ def _embed_on_ray(args: BuildArgs, p: Pending, pipe: Any, progress: Any) -> None
     if not files:
         raise DataFormatError(_given(args.corpus), "no documents", hint="one document per line or record")
     k = 0
-    for b in embed_in_order(files, args.bundle, options=as_input(pipe, "document"), address=args.address,
+    for b in embed_in_order(files, args.bundle, options=_documents(args, pipe), address=args.address,
                             workers=args.workers, threads=args.threads, batch_size=args.batch_size, rows_per_batch=args.window):
         if not b.num_rows:
             continue
@@ -473,6 +497,8 @@ def _commit(args: BuildArgs, out: Path, old: Index | None, p: Pending, pipe: Any
            if args.chunk_tokens else {}),
         "bundle": bundle,
         "prompts": {k: pipe.meta.options.get(k, "") for k in ("query_prompt", "document_prompt")},
+        **({"prompt_name": args.prompt_name} if args.prompt_name else {}),
+        **({"dimensions": args.dimensions, "normalized": bool(pipe.meta.options.get("normalize"))} if args.dimensions else {}),
         "dims": p.dims, "count": total, "quantization": "residual" if p.multi else args.quantization,
         "ranges": p.state["ranges"], "rescore_copy": args.rescore_copy, "ann": args.ann,
         "ann_settings": old.manifest.get("ann_settings", {}) if old else ann_settings(args.ann, total, hnsw_m=args.hnsw_m,

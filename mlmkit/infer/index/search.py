@@ -280,10 +280,25 @@ def index_kind(pipe: Any) -> str:
     return "dense"
 
 
-def as_input(pipe: Any, kind: str) -> dict[str, Any]:
+def as_input(pipe: Any, kind: str, prompt_name: str | None = None, dimensions: int | None = None) -> dict[str, Any]:
     """The pipeline options that embed texts as ``kind`` (query or document) with the bundle's prompts
-    ({} for a bundle without them: sparse-embedding)."""
-    return {"input_type": kind} if "input_type" in pipe.option_names else {}
+    ({} for a bundle without them: sparse-embedding); ``prompt_name`` one of its named prompts instead,
+    ``dimensions`` the leading dimensions kept of each vector (an index's own, `--dimensions`)."""
+    names = pipe.option_names
+    options: dict[str, Any] = {"input_type": kind} if "input_type" in names else {}
+    for flag, key, value in (("--prompt-name", "prompt_name", prompt_name), ("--dimensions", "dimensions", dimensions)):
+        if value:
+            if key not in names:
+                raise ConfigError(f"{flag}: {pipe.path} is a {pipe.task} bundle, which has no {key}",
+                                  f"drop {flag}, or use an embedding bundle")
+            options[key] = value
+    return options
+
+
+def embedding_settings(manifest: dict[str, Any]) -> tuple[str | None, int | None]:
+    """The documents' prompt name and the dimensions an index was built with (`mlmkit index
+    --prompt-name`, `--dimensions`): an append keeps them, and its queries are cut to the same dimensions."""
+    return manifest.get("prompt_name") or None, manifest.get("dimensions") or None
 
 
 def as_queries(ix: Index, results: Sequence[dict[str, Any]]) -> Any:
@@ -299,13 +314,20 @@ def as_queries(ix: Index, results: Sequence[dict[str, Any]]) -> Any:
     if any("embedding" not in r for r in results):
         raise ConfigError(f"{ix.path} is a {ix.kind} index of one vector a text: its bundle gives none",
                           "search it with the embedding bundle that built it")
-    return np.asarray([r["embedding"] for r in results], dtype=np.float32)
+    q = np.asarray([r["embedding"] for r in results], dtype=np.float32)
+    dims = embedding_settings(ix.manifest)[1]
+    if dims and q.shape[-1] > dims:  # an index of the leading dimensions (--dimensions): its queries cut alike
+        q = q[:, :dims]
+        if ix.manifest.get("normalized"):
+            q /= np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+    return q
 
 
 def query_vectors(ix: Index, texts: Sequence[str], bundle: Path | None = None, *, device: str = "cpu",
-                  precision: str | None = None) -> Any:
-    """``texts`` embedded as queries with the index's bundle (its query prompt), as_queries."""
+                  precision: str | None = None, prompt_name: str | None = None) -> Any:
+    """``texts`` embedded as queries with the index's bundle (its query prompt, or ``prompt_name``) and
+    dimensions, as_queries."""
     from mlmkit.infer.pipeline import Pipeline
 
     pipe = Pipeline.load(query_bundle(ix, bundle), device=device, command="embed", precision=precision)
-    return as_queries(ix, pipe(list(texts), **as_input(pipe, "query")))
+    return as_queries(ix, pipe(list(texts), **as_input(pipe, "query", prompt_name)))
