@@ -186,6 +186,7 @@ def test_a_tracking_server_answering_500_costs_seconds_not_minutes(tmp_path, mon
         monkeypatch.setenv(k, "0")
         monkeypatch.delenv(k)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    monkeypatch.setenv("MLFLOW_RUN_ID", "r1")  # attach: a GET, which MLflow retries (3.18 retries no POST that creates a run)
     waits: list[float] = []  # each back-off, with MLflow's jitter: MLflow's defaults ask for 0 + 4 + 8 + ... + 120
     monkeypatch.setattr(Retry, "_sleep_backoff", lambda self: waits.append(self.get_backoff_time()))
     try:
