@@ -254,9 +254,10 @@ class TaggingTask:
         return {"labels": labels, "options": {"scheme": "bioes" if bioes else "auto"}}
 
     def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
-        """Windows of [CLS] sub-tokens [SEP] per example, with "word_ids" (word index per token, -1 on
-        [CLS]/[SEP]) and "window" [start, end, total] in the example's sub-tokens. Consecutive windows
-        of one example share about a quarter of a window."""
+        """Windows of [CLS] sub-tokens [SEP] per example (the tokenizer's cls and sep, where it has
+        them), with "word_ids" (word index per token, -1 on [CLS]/[SEP]) and "window" [start, end,
+        total] in the example's sub-tokens. Consecutive windows of one example share about a quarter
+        of a window."""
         if ctx.max_length < 3:
             raise ConfigError(f"--max-length {ctx.max_length} leaves no room for words", "use at least 8")
         if training and any(ex.get("tags") is None for ex in examples):
@@ -264,13 +265,15 @@ class TaggingTask:
             raise DataFormatError(ex.get("source", "<input>"), "no tags", line=ex.get("line"), field="tags")
         ids = _label_ids(examples, ctx) if training or any(ex.get("tags") for ex in examples) else {}
         sp = special_ids(tokenizer)
-        budget = ctx.max_length - 2
+        head, tail = [i for i in (sp.cls,) if i is not None], [i for i in (sp.sep,) if i is not None]
+        unk = sp.unk if sp.unk is not None else sp.pad  # for a word the normaliser erases (byte-level BPE erases none)
+        budget = ctx.max_length - len(head) - len(tail)
         overlap = budget // 4
         with tokenizer_settings(tokenizer, words=True) as tok:
             encodings = tok.encode_batch([ex["tokens"] for ex in examples], is_pretokenized=True, add_special_tokens=False) if examples else []
         features: list[Feature] = []
         for i, (ex, enc) in enumerate(zip(examples, encodings)):
-            sub_ids, word_of = word_pieces(enc.ids, enc.word_ids, len(ex["tokens"]), sp.unk, enc.tokens)
+            sub_ids, word_of = word_pieces(enc.ids, enc.word_ids, len(ex["tokens"]), unk, enc.tokens)
             if training:
                 gold = [ids[t] for t in ex["tags"]]
                 sub_labels = [
@@ -278,16 +281,16 @@ class TaggingTask:
                     for p, w in enumerate(word_of)
                 ]
             for s, e in windows(word_of, budget, overlap):
-                n_tok = e - s + 2
+                n_tok = e - s + len(head) + len(tail)
                 f: Feature = {
-                    "input_ids": [sp.cls, *sub_ids[s:e], sp.sep],
+                    "input_ids": [*head, *sub_ids[s:e], *tail],
                     "token_type_ids": [0] * n_tok,
                     EXAMPLE: i,
-                    "word_ids": [-1, *word_of[s:e], -1],
+                    "word_ids": [-1] * len(head) + word_of[s:e] + [-1] * len(tail),
                     "window": [s, e, len(sub_ids)],
                 }
                 if training:
-                    f["labels"] = [IGNORE, *sub_labels[s:e], IGNORE]
+                    f["labels"] = [IGNORE] * len(head) + sub_labels[s:e] + [IGNORE] * len(tail)
                 features.append(f)
         return features
 

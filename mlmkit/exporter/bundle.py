@@ -60,7 +60,7 @@ from mlmkit.rundir.checkpoint import is_model_dir
 from mlmkit.rundir.config import load_config
 from mlmkit.rundir.hub import describe
 from mlmkit.rundir.meta import RunMeta
-from mlmkit.text.tokenizer import load_tokenizer, special_ids
+from mlmkit.text.tokenizer import load_tokenizer, special_ids, write_special_tokens_map
 
 log = logging.getLogger("mlmkit")
 
@@ -288,10 +288,12 @@ def _check_parity(parity: Mapping[str, Any]) -> None:
 
 
 def _write_bundle(out: Path, d: Path, final: Path, tok: Any, bundle_meta: BundleMeta) -> None:
-    """The bundle's files, each replaced atomically: model.onnx and tokenizer.json before mlmkit.json (a
-    reader that sees the new mlmkit.json sees the new model), then the run's curves and the model card."""
+    """The bundle's files, each replaced atomically: model.onnx, tokenizer.json and its
+    special_tokens_map.json before mlmkit.json (a reader that sees the new mlmkit.json sees the new
+    model), then the run's curves and the model card."""
     atomic_write(out / "model.onnx", lambda tmp: shutil.copyfile(final, tmp))
     atomic_write_text(out / "tokenizer.json", tok.to_str(pretty=False))
+    write_special_tokens_map(tok, out)  # its special tokens' roles, which tokenizer.json cannot hold
     write_json(out / "mlmkit.json", bundle_meta.to_json())  # last: a reader seeing it sees the new model
     if (d / "curves.png").is_file():
         atomic_write(out / "curves.png", lambda tmp: shutil.copyfile(d / "curves.png", tmp))

@@ -18,7 +18,7 @@ from tokenizers import AddedToken
 from mlmkit.errors import BundleError, ConfigError
 from mlmkit.files import JSONObject, parse_json
 from mlmkit.registry import BATCH, SEQUENCE, Options, TaskContext, TaskState
-from mlmkit.text.tokenizer import MASK, is_lowercase, load_tokenizer, mask_token, special_ids
+from mlmkit.text.tokenizer import MASK, is_lowercase, load_tokenizer, special_ids, special_tokens
 
 BUNDLE_FILES = ("model.onnx", "tokenizer.json", "mlmkit.json")
 BUNDLE_FORMAT = 2
@@ -52,7 +52,7 @@ class TokenizerPrint:
     vocab_size: int
     lowercase: bool
     pad_id: int
-    mask_id: int
+    mask_id: int | None  # None: a tokenizer without a mask token (Qwen3's)
 
 
 def tokenizer_fingerprint(tok: Any) -> TokenizerPrint:
@@ -176,7 +176,8 @@ def _check_description(path: Path, meta: JSONObject) -> None:
     labels, outputs, inputs = meta.get("labels"), meta["outputs"], meta["inputs"]
     problems = [
         (not tok_ok, "'tokenizer.vocab_size' is not a positive number of tokens"),
-        (tok_ok and not all(_int_in(tok.get(k), 0, V - 1) for k in ("pad_id", "mask_id")),
+        (tok_ok and not (_int_in(tok.get("pad_id"), 0, V - 1)  # mask_id null: a tokenizer without a mask token
+                         and (tok.get("mask_id") is None or _int_in(tok.get("mask_id"), 0, V - 1))),
          "'tokenizer.pad_id' or 'tokenizer.mask_id' is not a token id of the vocabulary"),
         (tok_ok and not (isinstance(tok.get("vocab_sha256"), str) and isinstance(tok.get("lowercase"), bool)),
          "'tokenizer.vocab_sha256' is not a hash or 'tokenizer.lowercase' not true / false"),
@@ -255,7 +256,7 @@ def load_bundle_tokenizer(path: str | Path, meta: BundleMeta) -> Any:
             f"(vocabulary {have.vocab_size} vs {want.vocab_size} tokens)",
             "restore the tokenizer.json written by `mlmkit export`, or export again",
         )
-    if mask_token(tok) == MASK:  # a "[MASK]" typed in a text is the mask token, as in Hugging Face's tokenizers,
+    if special_tokens(tok).mask == MASK:  # a "[MASK]" typed in a text is the mask token, as in Hugging Face's tokenizers,
         # also where tokenizer.json holds it as a vocabulary entry only (one made from a vocab.txt)
         tok.add_special_tokens([AddedToken(MASK, special=True, normalized=False)])
     tok.no_padding()  # a tokenizer.json may carry fixed padding (docs/performance.md, "Tokenizer files can carry padding"); batches pad themselves

@@ -83,7 +83,8 @@ def sample_batch(
 ) -> dict[str, np.ndarray]:
     """Random token ids of mixed lengths (3 .. min(max_length, 128)) padded to the longest, half of
     them sentence pairs, with 1-3 [MASK] in each row but the first (what a masked LM's graph reads;
-    to any other model they are tokens like the rest)."""
+    to any other model they are tokens like the rest). Framed by the tokenizer's cls and sep where it
+    has them (a Qwen3 tokenizer has no cls; one without a mask token gets no masks)."""
     rng = np.random.default_rng(seed)
     longest = max(3, min(max_length, 128))
     lengths = np.linspace(3, longest, rows).round().astype(int)
@@ -95,12 +96,15 @@ def sample_batch(
     types = np.zeros((rows, T), dtype=np.int64)
     for r, n in enumerate(lengths):
         seq = rng.choice(words, size=n)
-        seq[0], seq[-1] = specials.cls, specials.sep
-        if r % 2 and n >= 5:  # a pair: [CLS] A [SEP] B [SEP]
+        if specials.cls is not None:
+            seq[0] = specials.cls
+        if specials.sep is not None:
+            seq[-1] = specials.sep
+        if r % 2 and n >= 5 and specials.sep is not None:  # a pair: [CLS] A [SEP] B [SEP]
             cut = n // 2
             seq[cut] = specials.sep
             types[r, cut + 1 : n] = 1
-        if r > 0:
+        if r > 0 and specials.mask is not None:
             inner = [i for i in range(1, n - 1) if seq[i] != specials.sep]
             for i in rng.choice(inner, size=min(len(inner), int(rng.integers(1, 4))), replace=False):
                 seq[i] = specials.mask

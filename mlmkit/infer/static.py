@@ -24,6 +24,7 @@ import numpy as np
 
 from mlmkit.files import JSONObject, atomic_write, atomic_write_text, write_json
 from mlmkit.infer.bundle import BundleMeta, ModelShape, tokenizer_fingerprint
+from mlmkit.text.specials import write_special_tokens_map
 
 STATIC = "static-embedding"
 """The model type of a static-embedding bundle (mlmkit.json's model.model_type)."""
@@ -86,8 +87,8 @@ def static_embeddings(table: np.ndarray, counted: np.ndarray, ids: list[list[int
 
 def write_static_bundle(out: str | Path, table: np.ndarray, counted: np.ndarray, tok: Any, *, max_length: int,
                         options: Mapping[str, Any], info: JSONObject, source: str) -> BundleMeta:
-    """Write the bundle's three files into ``out`` (model.onnx and tokenizer.json before mlmkit.json, each
-    replaced atomically) and return its description."""
+    """Write the bundle's files into ``out`` (model.onnx, tokenizer.json and its special_tokens_map.json
+    before mlmkit.json, each replaced atomically) and return its description."""
     import onnx
 
     d = Path(out)
@@ -95,6 +96,7 @@ def write_static_bundle(out: str | Path, table: np.ndarray, counted: np.ndarray,
     model = static_graph(table, counted)
     atomic_write(d / "model.onnx", lambda tmp: onnx.save(model, tmp))
     atomic_write_text(d / "tokenizer.json", tok.to_str(pretty=False))
+    write_special_tokens_map(tok, d)  # the special tokens' roles, read back with tokenizer.json
     meta = BundleMeta(
         task="embedding", trained_as="embedding", max_length=max_length, options={**options, "pooling": "mean", "normalize": True},
         inputs=("input_ids", "attention_mask"), outputs={"embedding": ("batch", "hidden")}, opset=STATIC_OPSET,

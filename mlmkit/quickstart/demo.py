@@ -61,7 +61,7 @@ def fill_mask_torch(run_dir: str | Path, texts: list[str], top_k: int = 5) -> li
     model = BertForPreTraining(load_config(run_dir))
     load_weights(model, load_state_dict(run_dir))
     model.eval()
-    mask_id = special_ids(tok).mask
+    mask_id = special_ids(tok).need("mask", "filling masks")
     results: list[list[tuple[str | None, float]]] = []
     for text in texts:
         ids = torch.tensor([tok.encode(text).ids])

@@ -1,12 +1,14 @@
 """Train and load tokenizers of every kind (the `tokenizers` library): WordPiece (BERT), byte-level
 BPE (RoBERTa, ModernBERT) and Unigram / SentencePiece (XLM-R, DeBERTa-v3).
 
-A tokenizer is a ``tokenizers.Tokenizer`` with five special tokens named by one of two conventions
-(CONVENTIONS, data: the names the pad, unk, cls, sep and mask roles are found under, their ids, how
-a pair is framed): brackets, ``[PAD] [UNK] [CLS] [SEP] [MASK]`` and ``[CLS] A [SEP] B [SEP]`` with
-segment ids (BERT's), or angles, ``<pad> <unk> <s> </s> <mask>`` and ``<s> A </s></s> B </s>``
-(RoBERTa's). A model family declares which it trains with (``Family.special_tokens``, its five
-names); nothing here knows the families. A checkpoint with only vocab.json + merges.txt (byte-level
+A tokenizer is a ``tokenizers.Tokenizer`` whose special tokens (the pad, unk, cls, sep and mask
+roles: text/specials.py) are those its checkpoint's tokenizer_config.json / special_tokens_map.json
+name, read by load_tokenizer, else those of one of two conventions (CONVENTIONS, data: the names the
+roles are found under, their ids, how a pair is framed): brackets, ``[PAD] [UNK] [CLS] [SEP] [MASK]``
+and ``[CLS] A [SEP] B [SEP]`` with segment ids (BERT's), or angles, ``<pad> <unk> <s> </s> <mask>``
+and ``<s> A </s></s> B </s>`` (RoBERTa's). A tokenizer trained here is of a convention: a model
+family declares which it trains with (``Family.special_tokens``, its five names); nothing here knows
+the families. A checkpoint with only vocab.json + merges.txt (byte-level
 BPE) is converted here; one with only a SentencePiece model needs transformers' converter. Padding
 and truncation are always set explicitly by the caller: a tokenizer.json can carry a fixed padding
 setting (docs/performance.md, "Tokenizer files can carry padding").
@@ -17,7 +19,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
@@ -34,82 +35,39 @@ from tokenizers import (
 
 from mlmkit.errors import ConfigError
 from mlmkit.files import atomic_write_text, parse_json, write_json
+from mlmkit.text.specials import (
+    ANGLES,
+    BRACKETS,
+    CONVENTIONS,
+    FILES,
+    ROLES,
+    Convention,
+    SpecialIds,
+    SpecialTokens,
+    assign,
+    convention,
+    convention_of,
+    mask_token,
+    named_tokens,
+    special_ids,
+    special_tokens,
+    token_id,
+    write_special_tokens_map,
+)
 
+__all__ = [  # the special tokens' roles are text/specials.py's, importable from here as before
+    "ANGLES", "BRACKETS", "CONVENTIONS", "Convention", "SpecialIds", "SpecialTokens", "convention_of", "mask_token",
+    "special_ids", "special_tokens", "token_id", "write_special_tokens_map",
+    "PAD", "UNK", "CLS", "SEP", "MASK", "SPECIAL_TOKENS", "ROBERTA_TOKENS", "DEFAULT_VOCAB_SIZE", "KINDS",
+    "train_tokenizer", "prepare", "load_tokenizer", "save_tokenizer", "is_lowercase", "is_wordpiece", "continuation_flags",
+]
 
-@dataclass(frozen=True)
-class Convention:
-    """A special-token convention: ``tokens`` the (pad, unk, cls, sep, mask) names; ``id_order`` the
-    roles (indices into ``tokens``) in the order a trained vocabulary numbers them; ``double_sep``
-    the pair framing, cls A sep sep B sep (else cls A sep B sep with segment ids); ``mask_lstrip``
-    whether the mask token takes the space before it; ``cls_is_bos`` whether cls / sep are also the
-    bos / eos tokens transformers' tokenizer config names."""
-
-    tokens: tuple[str, str, str, str, str]
-    id_order: tuple[int, int, int, int, int] = (0, 1, 2, 3, 4)
-    double_sep: bool = False
-    mask_lstrip: bool = False
-    cls_is_bos: bool = False
-
-
-BRACKETS = Convention(("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"))  # [PAD] 0 ... [MASK] 4
-ANGLES = Convention(("<pad>", "<unk>", "<s>", "</s>", "<mask>"), id_order=(2, 0, 3, 1, 4),  # <s> 0, <pad> 1, </s> 2, <unk> 3
-                    double_sep=True, mask_lstrip=True, cls_is_bos=True)
-CONVENTIONS = {c.tokens: c for c in (BRACKETS, ANGLES)}  # keyed by the names a family declares; tried in this order
 
 PAD, UNK, CLS, SEP, MASK = BRACKETS.tokens
 SPECIAL_TOKENS = list(BRACKETS.tokens)
 ROBERTA_TOKENS = list(ANGLES.tokens)  # the angle convention's names, as cli/ imports them
 DEFAULT_VOCAB_SIZE = 8000  # small corpora (the quickstart's) fill no more; BERT-base used 30522
 KINDS = ("wordpiece", "bpe", "unigram")
-
-
-@dataclass(frozen=True)
-class SpecialIds:
-    pad: int
-    unk: int
-    cls: int
-    sep: int
-    mask: int
-
-    @property
-    def all(self) -> tuple[int, ...]:
-        return (self.pad, self.unk, self.cls, self.sep, self.mask)
-
-
-def convention_of(names: Iterable[str]) -> Convention:
-    """The convention of these five names; names of neither are framed as brackets are."""
-    given = tuple(names)
-    if len(given) != 5:
-        raise ConfigError(f"special tokens {' '.join(given) or '(none)'}: expected five names (pad, unk, cls, sep, mask)",
-                          "name them as one of the conventions: " + "; ".join(" ".join(c) for c in CONVENTIONS))
-    five = (given[0], given[1], given[2], given[3], given[4])
-    return CONVENTIONS.get(five) or Convention(five)
-
-
-def special_tokens(tok: Tokenizer) -> list[str]:
-    """The names of (pad, unk, cls, sep, mask): the first convention whose five tokens are all there."""
-    for names in CONVENTIONS:
-        if all(tok.token_to_id(t) is not None for t in names):
-            return list(names)
-    missing = [t for t in BRACKETS.tokens if tok.token_to_id(t) is None]
-    raise ConfigError(f"tokenizer lacks the special tokens {', '.join(missing)} (nor has it all of {' '.join(ANGLES.tokens)})",
-                      "train it with mlmkit tokenizer train")
-
-
-def token_id(tok: Tokenizer, token: str) -> int:
-    """The id of a special token the tokenizer has (``special_tokens`` found them all)."""
-    i = tok.token_to_id(token)
-    if i is None:
-        raise ConfigError(f"tokenizer lacks the special token {token}", "train it with mlmkit tokenizer train")
-    return i
-
-
-def special_ids(tok: Tokenizer) -> SpecialIds:
-    return SpecialIds(*(token_id(tok, t) for t in special_tokens(tok)))
-
-
-def mask_token(tok: Tokenizer) -> str:
-    return special_tokens(tok)[4]
 
 
 def _bert_pipeline(tok: Tokenizer, cased: bool) -> Tokenizer:
@@ -230,16 +188,23 @@ def prepare(tok: Tokenizer) -> Tokenizer:
 
 
 SENTENCEPIECE_FILES = ("sentencepiece.bpe.model", "spm.model", "tokenizer.model")
+CHECKPOINT_FILES = ("tokenizer.json", "vocab.txt")  # a path to one of them reads the special tokens its directory names
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load tokenizer.json, vocab.txt, or a directory holding one of them, or vocab.json + merges.txt
-    (byte-level BPE), or a SentencePiece model (converted with transformers' converter). A vocabulary of
-    special tokens alone is refused: every text would be unknown tokens, and a model would train on them
-    without a word said."""
-    tok = _load(Path(path))
+    (byte-level BPE), or a SentencePiece model (converted with transformers' converter). The special
+    tokens are those the directory's tokenizer_config.json / special_tokens_map.json name, where they
+    do (text/specials.py), else a convention's. A vocabulary of special tokens alone is refused: every
+    text would be unknown tokens, and a model would train on them without a word said."""
+    p = Path(path)
+    tok = _load(p)
+    home = p if p.is_dir() else p.parent if p.name in CHECKPOINT_FILES else None
+    if home is not None:
+        assign(tok, named_tokens(home), f"the tokenizer files of {home} ({' / '.join(FILES)})")
     added = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
-    words = tok.get_vocab_size(with_added_tokens=True) - len(set(special_ids(tok).all)) - len(added - set(special_tokens(tok)))
+    named = set(special_tokens(tok).names().values())
+    words = tok.get_vocab_size(with_added_tokens=True) - len(set(special_ids(tok).all)) - len(added - named)
     if words <= 0:
         raise ConfigError(f"{path}: the vocabulary holds only special tokens ({', '.join(sorted(tok.get_vocab()))}): every text "
                           "would be unknown tokens", "train a tokenizer on the corpus (mlmkit tokenizer train), or give the "
@@ -269,17 +234,25 @@ def _load(p: Path) -> Tokenizer:
             raise ConfigError(f"{p}: not UTF-8 text (byte {e.start})", "a vocab.txt has one UTF-8 token per line") from None
         for i, line in enumerate(lines):
             vocab.setdefault(line.rstrip("\n"), i)
-        cased = not _lowercase_from_config(p.parent)
-        tok = _bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100)), cased)
-        special_ids(tok)
-        tok.add_special_tokens(SPECIAL_TOKENS)  # so a typed "[MASK]" stays one token, as in tokenizer.json
-        return prepare(_frame(tok, BRACKETS))
+        return _from_vocab_txt(p, vocab)
     try:
         tok = Tokenizer.from_file(str(p))
     except Exception as e:
         raise ConfigError(f"{p}: not a tokenizers JSON file ({e})", "pass a tokenizer.json or vocab.txt") from None
-    special_ids(tok)
     return prepare(tok)
+
+
+def _from_vocab_txt(p: Path, vocab: dict[str, int]) -> Tokenizer:
+    """A WordPiece tokenizer of a vocab.txt (BERT's pipeline), its special tokens those the files
+    beside it name where they name all five (framed cls A sep B sep), else BERT's brackets."""
+    cased = not _lowercase_from_config(p.parent)
+    five = tuple(named_tokens(p.parent).get(f"{role}_token") for role in ROLES)
+    conv = convention_of(t for t in five if t) if all(five) else BRACKETS
+    tok = _bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=conv.tokens[1], max_input_chars_per_word=100)), cased)
+    for t in conv.tokens:
+        token_id(tok, t)  # in the vocabulary
+    tok.add_special_tokens(list(conv.tokens))  # so a typed "[MASK]" stays one token, as in tokenizer.json
+    return prepare(_frame(tok, conv))
 
 
 def _from_vocab_merges(d: Path) -> Tokenizer:
@@ -291,7 +264,7 @@ def _from_vocab_merges(d: Path) -> Tokenizer:
     space = bool(_tokenizer_config(d).get("add_prefix_space", False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=space)
     tok.decoder = decoders.ByteLevel()
-    conv = convention_of(special_tokens(tok))
+    conv = convention(tok)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False, lstrip=conv.mask_lstrip and t == conv.tokens[4])
                             for t in conv.tokens])
     return prepare(_frame(tok, conv))
@@ -313,7 +286,6 @@ def _from_sentencepiece(d: Path) -> Tokenizer:
         raise ConfigError(f"{d}: the SentencePiece model could not be converted ({said})",
                           "check the .model file, or pip install 'mlmkit[convert]' (transformers, sentencepiece, protobuf), "
                           "or save a tokenizer.json") from None
-    special_ids(tok)
     return prepare(tok)
 
 
@@ -348,20 +320,25 @@ def is_wordpiece(tok: Tokenizer) -> bool:
 
 
 def save_tokenizer(tok: Tokenizer, out_dir: str | Path, max_length: int = 512) -> None:
-    """Write tokenizer.json, tokenizer_config.json and, for WordPiece, vocab.txt (so transformers and
-    BERT tools load it too)."""
+    """Write tokenizer.json, tokenizer_config.json (naming its special tokens, with bos / eos where
+    they have names) and, for WordPiece, vocab.txt (so transformers and BERT tools load it too)."""
     d = Path(out_dir)
     atomic_write_text(d / "tokenizer.json", tok.to_str(pretty=False))
-    conv = convention_of(special_tokens(tok))
-    pad, unk, cls, sep, mask = conv.tokens
-    names = {"pad_token": pad, "unk_token": unk, "cls_token": cls, "sep_token": sep, "mask_token": mask}
+    config: dict[str, object] = {"tokenizer_class": "PreTrainedTokenizerFast"}  # transformers reads tokenizer.json itself
     if is_wordpiece(tok):
         vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
         atomic_write_text(d / "vocab.txt", "".join(t + "\n" for t, _ in vocab))
-        config = {"tokenizer_class": "BertTokenizer", "do_lower_case": is_lowercase(tok)}
-    else:  # transformers reads tokenizer.json itself
-        config = {"tokenizer_class": "PreTrainedTokenizerFast", **({"bos_token": cls, "eos_token": sep} if conv.cls_is_bos else {})}
-    write_json(d / "tokenizer_config.json", {**config, "model_max_length": max_length, **names})
+        if _framed_as_bert(tok):  # BertTokenizer frames anew from cls / sep: only where it frames the same
+            config = {"tokenizer_class": "BertTokenizer", "do_lower_case": is_lowercase(tok)}
+    write_json(d / "tokenizer_config.json", {**config, "model_max_length": max_length, **special_tokens(tok).names()})
+
+
+def _framed_as_bert(tok: Tokenizer) -> bool:
+    """Whether the tokenizer frames a pair as BERT's cls A sep B sep (transformers' BertTokenizer
+    rebuilds that framing from the cls and sep tokens; MPNet's is cls A sep sep B sep)."""
+    ids = special_ids(tok)
+    enc = tok.encode("a", "a")
+    return [i for i, s in zip(enc.ids, enc.special_tokens_mask) if s] == [ids.cls, ids.sep, ids.sep]
 
 
 def continuation_flags(tok: Tokenizer) -> list[bool]:

@@ -121,6 +121,8 @@ class PretrainData:
         self.corpus, self.max_len, self.batch_size, self.nsp = corpus, max_len, batch_size, nsp
         self.mask_prob, self.whole_word, self.seed = mask_prob, whole_word, seed
         self.ids: SpecialIds = special_ids(tok)
+        # a pretraining sequence is cls A sep (B sep), masked with the mask token
+        self.cls, self.sep, self.mask_id = (self.ids.need(role, "pretraining") for role in ("cls", "sep", "mask"))
         self.vocab_size = tok.get_vocab_size()
         self.special = torch.tensor(self.ids.all, dtype=torch.long)
         self.continuation = torch.tensor(continuation_flags(tok), dtype=torch.bool)
@@ -171,10 +173,10 @@ class PretrainData:
         """[CLS] A [SEP] (B [SEP]), padded to the longest in the batch, then masked."""
         rows, segs = [], []
         for x in chosen:
-            ids = [self.ids.cls, *x.a.tolist(), self.ids.sep]
+            ids = [self.cls, *x.a.tolist(), self.sep]
             seg = [0] * len(ids)
             if x.b is not None:
-                ids += [*x.b.tolist(), self.ids.sep]
+                ids += [*x.b.tolist(), self.sep]
                 seg += [1] * (len(x.b) + 1)
             rows.append(ids)
             segs.append(seg)
@@ -188,7 +190,7 @@ class PretrainData:
             attention_mask[r, : len(ids)] = 1
         masked, labels = mask_tokens(
             input_ids,
-            mask_id=self.ids.mask,
+            mask_id=self.mask_id,
             special_ids=self.special,
             vocab_size=self.vocab_size,
             mask_prob=self.mask_prob,

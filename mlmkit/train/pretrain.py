@@ -270,7 +270,7 @@ def _model_config(args: PretrainArgs, fam: Family, tok: Tokenizer, given: ModelC
                               "use a shorter --seq-len, or pass a --config with max_position_embeddings for it")
         cfg = preset(args.preset, fam.name, vocab_size=V, max_position_embeddings=fam.positions_for(args.seq_len),
                      pad_token_id=ids.pad)
-        cfg.extra.update({key: getattr(ids, token) for key, token in fam.config_token_ids.items()})
+        cfg.extra.update({key: ids.need(token, "a new model's config") for key, token in fam.config_token_ids.items()})
     if args.seq_len > cfg.max_tokens:
         room = "" if cfg.max_tokens == cfg.max_position_embeddings else f" (its positions start at padding_idx + 1: {cfg.max_tokens} tokens)"
         raise ConfigError(f"--seq-len {args.seq_len} exceeds max_position_embeddings {cfg.max_position_embeddings}{room}",
