@@ -35,6 +35,12 @@ def layer_norm(config: ModelConfig, size: int | None = None) -> nn.LayerNorm:
     return nn.LayerNorm(size or config.hidden_size, eps=config.layer_norm_eps, bias=bool(config.extra.get("norm_bias", True)))
 
 
+def family_norm(config: ModelConfig, size: int | None = None) -> nn.Module:
+    """The family's own normalisation (``Family.norm``: the RMSNorm of the Llama-style families),
+    else its LayerNorm (``layer_norm``)."""
+    return family_of(config).norm(config, size or config.hidden_size) or layer_norm(config, size)
+
+
 class BertEmbeddings(nn.Module):
     """Word (+ position) (+ token type) embeddings, LayerNorm, dropout, at the family's embedding
     size, projected to the hidden size where that differs (ELECTRA's embeddings_project)."""
@@ -208,7 +214,7 @@ class BertEncoder(nn.Module):
         fam = family_of(config)
         self.config, self.family = config, fam  # (layer_context reads the config: which shared modules it has)
         self.layer = nn.ModuleList(make_layer(config, i) for i in range(config.num_hidden_layers))
-        self.final_norm = layer_norm(config) if fam.final_norm else None  # pre-LN families' norm after the last layer
+        self.final_norm = family_norm(config) if fam.final_norm else None  # pre-LN families' norm after the last layer
         for name, module in fam.encoder_modules(config).items():
             self.add_module(name, module)
 
@@ -226,32 +232,65 @@ class BertEncoder(nn.Module):
         return self.finish(x)
 
 
+POOLS = ("cls", "mean", "last", "late", "none")
+"""BertPooler's poolings: see ``Family.sequence_pool``; "none" keeps every token (per-token heads)."""
+
+
 class BertPooler(nn.Module):
-    """What a family's sequence head does before its classifier: pool ([CLS] or mean over real
-    tokens), dense, activation (BERT/RoBERTa tanh, ELECTRA GELU, DistilBERT ReLU), and a LayerNorm
-    where the family has one (ModernBERT); dropout before the dense layer where the family has it
-    (DeBERTa's ContextPooler). ``pool`` "none" applies it at every token (ModernBERT's token and span
-    heads)."""
+    """What a family's sequence head does before its classifier: pool ([CLS], mean over real tokens,
+    or the last real token), dense, activation (BERT/RoBERTa tanh, ELECTRA GELU, DistilBERT ReLU),
+    and a LayerNorm where the family has one (ModernBERT); dropout before the dense layer where the
+    family has it (DeBERTa's ContextPooler). ``pool`` "none" applies it at every token (ModernBERT's
+    token and span heads); "late" applies dense and activation at every token, then takes the mean
+    (EuroBERT's, which averages the classifier's logits: the same, the classifier being linear). A
+    family without the dense layer (``Family.pooler_dense``: a decoder's ``score`` head) only pools."""
 
     def __init__(self, config: ModelConfig, pool: str = "cls") -> None:
         super().__init__()
         fam = family_of(config)
-        self.pool = pool
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=fam.head_bias(config))
-        self.act = ACT[fam.pooler_act(config)]
+        if pool not in POOLS:
+            raise ValueError(f"pooling {pool!r} is not one of {POOLS}")
+        self.pool, self.pad_id = pool, config.pad_token_id  # "last" passes over the padding id (transformers' rule)
+        dense = fam.pooler_dense(config)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=fam.head_bias(config)) if dense else None
+        self.act = ACT[fam.pooler_act(config)] if dense else None
         self.norm = layer_norm(config) if fam.pooler_norm else None
         p = fam.pooler_dropout(config)
         self.dropout = nn.Dropout(p) if p else None
 
-    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(x[..., 0])
+        if self.pool == "late":
+            return mean_pool(self._transform(x), attention_mask)  # (B, H)
         if self.pool == "cls":
             x = x[:, 0]  # (B, H)
         elif self.pool == "mean":
-            x = mean_pool(x, torch.ones_like(x[..., 0]) if attention_mask is None else attention_mask)  # (B, H)
+            x = mean_pool(x, attention_mask)  # (B, H)
+        elif self.pool == "last":
+            x = last_token(x, attention_mask, input_ids, self.pad_id)  # (B, H)
+        return self._transform(x)
+
+    def _transform(self, x: torch.Tensor) -> torch.Tensor:
         if self.dropout is not None:
             x = self.dropout(x)
-        x = self.act(self.dense(x))
+        if self.dense is not None and self.act is not None:
+            x = self.act(self.dense(x))
         return self.norm(x) if self.norm is not None else x
+
+
+def last_token(x: torch.Tensor, attention_mask: torch.Tensor, input_ids: torch.Tensor | None, pad_id: int | None) -> torch.Tensor:
+    """The state (B, H) of each row's last token that is real (``attention_mask``) and not the padding
+    id: transformers' GenericForSequenceClassification takes the rightmost token whose id is not
+    pad_token_id, so a text that ends with the padding token (Qwen3's tokenizer appends
+    <|endoftext|>, its pad token) is read at the token before it. The first token where none is."""
+    keep = attention_mask != 0  # (B, T)
+    if input_ids is not None and pad_id is not None:
+        keep = keep & (input_ids != pad_id)
+    where = torch.arange(x.size(1), device=x.device)[None, :] * keep  # (B, T): a position where kept, else 0
+    last = where.amax(dim=1)  # (B,): ReduceMax, not ArgMax (onnxruntime has no int64 ArgMax)
+    return x.gather(1, last[:, None, None].expand(-1, 1, x.size(-1))).squeeze(1)
 
 
 def mean_pool(x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -35,6 +35,9 @@ on in bert.py:
                      ``special_tokens``, a convention of text/tokenizer.py) and ``nsp``
     layer()          its block (None: BERT's post-LN layer, blocks.make_layer); its attention
                      subclasses blocks.Attention, which the exporter switches to the form it fuses
+    heads            ``sequence_pool``, ``pooler_dense``, ``classifier_bias``, ``mlm_transform``,
+                     ``decoder_bias``, ``ties_decoder``, ``norm``: how its heads differ from BERT's
+                     (a decoder's last-token ``score`` head, EuroBERT's bare ``lm_head``, RMSNorm)
     embeddings()     its embeddings (None: blocks.BertEmbeddings, blocks.make_embeddings)
     encoder_modules() / layer_context()
                      state the encoder holds for all its layers, and what it hands each layer on
@@ -42,6 +45,8 @@ on in bert.py:
     check() / shape_mismatch()
                      what a config must hold for its blocks to run, and what the weights' shapes must
                      agree with beyond the modules check_weights builds (rundir/weights.py)
+    fold_weights()   what a checkpoint holds beyond its model, folded in as the config says when it is
+                     loaded (jina-embeddings-v3's task adapters merged into the weights they adapt)
 
 The families register themselves in models/__init__.py (``register``); ``family_for`` finds one by
 config.json's model_type.
@@ -222,7 +227,6 @@ class Family:
     pooler_norm = False
     token_head = False  # a transform (dense, act, norm) before per-token classifiers
     classifier_dropout_key = "classifier_dropout"
-    tied: tuple[str, ...] = ("cls.predictions.decoder.weight",)  # canonical keys never stored
     # what onnxruntime's BERT fusions produce for this family's graphs: op -> count per layer (or for
     # the graph when the op is listed in FUSED_ONCE); measured, see docs/families.md
     fusions: dict[str, int] = {"Attention": 1, "SkipLayerNormalization": 2, "EmbedLayerNormalization": 1}
@@ -246,7 +250,41 @@ class Family:
         return True
 
     def sequence_pool(self, config: ModelConfig) -> str:
+        """How the sequence head pools the token states (blocks.BertPooler): "cls" (the first token),
+        "mean" (over the real tokens), "last" (the last real token that is not the padding id: a
+        decoder's head, transformers' GenericForSequenceClassification) or "late" (the pooler's dense
+        and activation at every token, then the mean: EuroBERT's)."""
         return "cls"
+
+    def pooler_dense(self, config: ModelConfig) -> bool:
+        """Whether the pooled vector goes through a dense layer and ``pooler_act`` before the
+        classifier (BERT's pooler); False: the classifier reads the pooled token state itself (a
+        decoder's ``score`` layer)."""
+        return True
+
+    def classifier_bias(self, config: ModelConfig, per_token: bool) -> bool:
+        """Whether the label head's output layer has a bias (the sequence head when not ``per_token``;
+        transformers' GenericForSequenceClassification's ``score`` has none)."""
+        return True
+
+    def mlm_transform(self, config: ModelConfig) -> bool:
+        """Whether the MLM head has BERT's transform (dense, activation, LayerNorm) before the decoder;
+        False: the decoder reads the encoder's output (EuroBERT's ``lm_head``)."""
+        return True
+
+    def decoder_bias(self, config: ModelConfig) -> bool:
+        """Whether the MLM decoder adds a bias (``cls.predictions.bias``)."""
+        return True
+
+    def ties_decoder(self, config: ModelConfig) -> bool:
+        """Whether the MLM decoder's weight is the word embeddings (core.tie_decoder); False: a
+        matrix of its own, stored (``tie_word_embeddings`` false)."""
+        return True
+
+    def norm(self, config: ModelConfig, size: int) -> nn.Module | None:
+        """The family's normalisation of ``size`` features where it is not the core's LayerNorm
+        (RMSNorm ...): the encoder's final norm (blocks.family_norm); None: LayerNorm."""
+        return None
 
     def uses_token_types(self, config: ModelConfig) -> bool:
         """Whether this config's model takes token_type_ids (``token_types``, unless the family's
@@ -344,6 +382,13 @@ class Family:
         sd = {(f"{self.prefix}.{k}" if k.split(".", 1)[0] in self.bare_roots else k): v for k, v in sd.items()}
         rename = Renamer([*self.head_renames(set(sd), to_family=False), *self.renames])
         return {rename(k, to_family=False): v for k, v in sd.items()}
+
+    def fold_weights(self, config: ModelConfig, sd: dict[str, Any]) -> dict[str, Any]:
+        """A state dict under mlmkit's names (``from_family``'s) -> the one ``config``'s model loads:
+        what a checkpoint holds beyond the model folded into it, as the config says (jina-embeddings-v3's
+        task adapters merged into the weights they adapt). Called by rundir/checkpoint.load_state_dict
+        after the renaming; BERT's: the state dict as it is."""
+        return sd
 
 
 # ---- the registry: config.json's model_type -> its family -------------------------------------------

@@ -38,8 +38,10 @@ from mlmkit.models.blocks import (
     attend,
     attention_blocks,
     extended_mask,
+    family_norm,
     family_of,
     init_weights,
+    last_token,
     layer_norm,
     make_embeddings,
     make_layer,
@@ -53,7 +55,8 @@ __all__ = [
     # the blocks (mlmkit/models/blocks.py)
     "ACT", "family_of", "layer_norm", "BertEmbeddings", "Attention", "BertSelfAttention", "attend", "BertSelfOutput",
     "BertAttention", "BertIntermediate", "BertOutput", "BertLayer", "make_layer", "make_embeddings", "BertEncoder",
-    "BertPooler", "mean_pool", "init_weights", "extended_mask", "attention_blocks", "set_attention_impl",
+    "BertPooler", "mean_pool", "init_weights", "extended_mask", "attention_blocks", "set_attention_impl", "family_norm",
+    "last_token",
     # the model and its heads
     "BertModel", "encode_cls", "reads_cls_only", "BertForLabels", "token_encoder", "token_states",
     "BertPredictionHeadTransform", "BertLMPredictionHead", "tie_decoder", "BertPreTrainingHeads", "masked_lm_loss",
@@ -85,7 +88,7 @@ class BertModel(nn.Module):
             token_type_ids = torch.zeros_like(input_ids)
         x = self.embeddings(input_ids, token_type_ids)
         x = self.encoder(x, extended_mask(attention_mask, x.dtype))
-        return x, (self.pooler(x, attention_mask) if self.pooler is not None else None)
+        return x, (self.pooler(x, attention_mask, input_ids) if self.pooler is not None else None)
 
 
 def encode_cls(
@@ -132,7 +135,7 @@ class BertForLabels(nn.Module):
             self.bert = BertModel(config, pool=fam.sequence_pool(config))
         p = config.extra.get(fam.classifier_dropout_key)
         self.dropout = nn.Dropout(config.hidden_dropout_prob if p is None else p)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels, bias=fam.classifier_bias(config, per_token))
         init_weights(self, config.initializer_range)  # the encoder is overwritten by the checkpoint
 
     def forward(
@@ -174,6 +177,8 @@ def token_states(bert: BertModel, input_ids: torch.Tensor, attention_mask: torch
 
 
 class BertPredictionHeadTransform(nn.Module):
+    """The MLM head's transform before the decoder: dense, activation, LayerNorm."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         fam = family_of(config)
@@ -187,12 +192,17 @@ class BertPredictionHeadTransform(nn.Module):
 
 
 class BertLMPredictionHead(nn.Module):
+    """The MLM head: the transform (none where the family's head has none: ``Family.mlm_transform``,
+    EuroBERT's bare ``lm_head``), the decoder to the vocabulary (tied to the word embeddings unless
+    ``Family.ties_decoder`` says otherwise) and its bias (none where ``Family.decoder_bias`` says so)."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        E = family_of(config).embedding_size(config)
-        self.transform = BertPredictionHeadTransform(config)
-        self.decoder = nn.Linear(E, config.vocab_size, bias=False)  # tied to word embeddings
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        fam = family_of(config)
+        E = fam.embedding_size(config)
+        self.transform: nn.Module = BertPredictionHeadTransform(config) if fam.mlm_transform(config) else nn.Identity()
+        self.decoder = nn.Linear(E, config.vocab_size, bias=False)  # tied to the word embeddings (tie_decoder)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if fam.decoder_bias(config) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the bias inside the matmul (addmm): a separate add is one more pass over (N, V) logits
@@ -201,9 +211,11 @@ class BertLMPredictionHead(nn.Module):
 
 def tie_decoder(heads: nn.Module, bert: BertModel) -> None:
     """The MLM decoder's weight is the word embeddings (one parameter, as transformers ties them):
-    checkpoints store it once (``Family.tied``), so every model with an MLM head ties it after
-    building and after loading. ``heads``: a BertPreTrainingHeads."""
-    heads.predictions.decoder.weight = bert.embeddings.word_embeddings.weight
+    checkpoints store it once (rundir.checkpoint.tied_keys), so every model with an MLM head ties it after
+    building and after loading. ``heads``: a BertPreTrainingHeads. A family whose config unties them
+    (``Family.ties_decoder``: tie_word_embeddings false) keeps a decoder of its own."""
+    if family_of(bert.config).ties_decoder(bert.config):
+        heads.predictions.decoder.weight = bert.embeddings.word_embeddings.weight
 
 
 class BertPreTrainingHeads(nn.Module):

@@ -33,7 +33,6 @@ class Roberta(Family):
     positions = "padding_offset"
     pretrains = True
     config_token_ids = CLS_SEP_IDS
-    tied = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
     fusions = {"Attention": 1, "SkipLayerNormalization": 2}  # no EmbedLayerNormalization: the cumulative positions
     tokenizer_kind = "bpe"
     special_tokens = ANGLES.tokens  # <pad> <unk> <s> </s> <mask>, and <s> A </s></s> B </s>

@@ -26,12 +26,21 @@ from mlmkit.text.tokenizer import save_tokenizer
 TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
 
 
+def tied_keys(model: torch.nn.Module) -> set[str]:
+    """The TIED_KEYS of ``model`` that are tied: whose parameter is also another's (the MLM decoder
+    sharing the word embeddings), or that it does not have. A decoder of its own (a family's
+    tie_word_embeddings false: EuroBERT's lm_head) is stored and loaded like any weight."""
+    own = {name for name, _ in model.named_parameters()}  # a shared parameter under its first name only
+    return {k for k in TIED_KEYS if k not in own}
+
+
 def save_weights(model: torch.nn.Module, path: str | Path, config: ModelConfig | None = None) -> None:
     """Write the state dict as safetensors under the family's transformers names (``config``'s
     family; BERT's when None), without the tied decoder copy."""
     m = unwrap(model)
     fam = (config if config is not None else getattr(m, "config", None) or ModelConfig()).family
-    sd = {k: v.detach().to("cpu").contiguous() for k, v in m.state_dict().items() if k not in TIED_KEYS}
+    tied = tied_keys(m)
+    sd = {k: v.detach().to("cpu").contiguous() for k, v in m.state_dict().items() if k not in tied}
     sd = fam.to_family(sd)
     atomic_write(path, lambda tmp: save_file(sd, tmp, metadata={"format": "pt"}))
 
@@ -107,7 +116,7 @@ def load_state_dict(run_dir: str | Path, config: ModelConfig | None = None) -> d
         config = load_config(d) if (d / "config.json").is_file() else ModelConfig()
     sd = {normalise_key(k): v for k, v in sd.items()}
     _check_family(d, config, sd)
-    sd = config.family.from_family(sd)
+    sd = config.family.fold_weights(config, config.family.from_family(sd))
     # transformers ties the decoder bias to cls.predictions.bias; keep the one we use
     if "cls.predictions.decoder.bias" in sd:
         sd.setdefault("cls.predictions.bias", sd["cls.predictions.decoder.bias"])
@@ -124,7 +133,10 @@ def _check_family(d: Path, config: ModelConfig, sd: dict[str, torch.Tensor]) -> 
 
     roots = {k.split(".", 1)[0] for k in sd}
     own = config.family.prefix
-    others = {f.prefix: f.name for f in FAMILIES if f.prefix != own}
+    others: dict[str, str] = {}
+    for f in FAMILIES:  # a prefix several families share names the first registered (roberta, not jina's)
+        if f.prefix != own:
+            others.setdefault(f.prefix, f.name)
     foreign = sorted(roots & set(others))
     if foreign and own not in roots:
         raise ConfigError(f"{d}: config.json says model_type {config.model_type!r}, but the weights are a {others[foreign[0]]} "
@@ -147,7 +159,8 @@ def load_weights(
             f"weight {k} has shape {tuple(sd[k].shape)} in the checkpoint but {tuple(own[k].shape)} in the model",
             "the config.json does not match the weights",
         )
-    missing = [k for k in own if k not in sd and k not in TIED_KEYS]
+    tied = tied_keys(unwrap(model))
+    missing = [k for k in own if k not in sd and k not in tied]
     unexpected = [k for k in sd if k not in own]
     hard = [k for k in missing if not k.startswith(allow_missing)]
     if hard:

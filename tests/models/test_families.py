@@ -90,7 +90,7 @@ def test_every_family_and_head_exports_with_transformers_outputs(tmp_path: Path,
         np.testing.assert_allclose(ours["embedding"], (h * m).sum(1) / m.sum(1), atol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["roberta", "xlm-roberta", "modernbert", "distilbert", "deberta-v2"])
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta", "modernbert", "distilbert", "deberta-v2", "jina_embeddings_v3"])
 def test_tags_and_answers_slice_the_text_exactly(tmp_path: Path, family: str) -> None:
     save_checkpoint(tmp_path / "tag", family, "ForTokenClassification", id2label=dict(enumerate(TAGS)))
     export(tmp_path / "tag", tmp_path / "tb")

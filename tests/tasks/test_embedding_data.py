@@ -33,6 +33,10 @@ WRAPS: dict[str, tuple[str, list[tuple[int, bool, Any]], bool]] = {
     "modernbert": ("cls", [], True),
     "distilbert": ("lasttoken", [], True),  # Qwen3-Embedding's pooling
     "electra": ("max", [], False),
+    "mpnet": ("mean", [], True),  # all-mpnet-base-v2's
+    "nomic_bert": ("mean", [], True),  # nomic-embed-text-v1.5's
+    "gte": ("cls", [], True),  # gte-base-en-v1.5's
+    "jina_embeddings_v3": ("mean", [], True),  # jina-embeddings-v3's
 }
 
 
