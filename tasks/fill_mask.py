@@ -62,6 +62,21 @@ if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports t
     from mlmkit.model import ModelConfig
 
 
+def _alias(text: str, mask: str) -> tuple[str, Any]:
+    """``text`` with each "[MASK]" written as the model's own mask token (RoBERTa's <mask>, EuroBERT's
+    <|mask|>), and the function that maps a character offset in it back to ``text``: an offset after k
+    replaced masks moves by k times the difference in length."""
+    if mask == MASK or MASK not in text:
+        return text, lambda o: o
+    parts = text.split(MASK)
+    ends, at = [], 0
+    for part in parts[:-1]:
+        at += len(part) + len(mask)
+        ends.append(at)  # where each replaced mask ends in the new text
+    grow = len(mask) - len(MASK)
+    return mask.join(parts), lambda o: o - grow * sum(1 for e in ends if e <= o)
+
+
 class FillMaskTask:
     name = "fill-mask"
     description = "The most likely tokens for every [MASK] of a text, from a masked LM's head (top-k in the graph)."
@@ -110,18 +125,20 @@ class FillMaskTask:
         one token, since its result needs no model."""
         mask = mask_token(tokenizer)
         mask_id = tokenizer.token_to_id(mask)
-        alias = (lambda t: t.replace(MASK, mask)) if mask != MASK and len(mask) == len(MASK) else (lambda t: t)  # noqa: E731
-        clip = lambda t: clip_text(alias(t), tokenizer, ctx.max_length)  # noqa: E731
+        aliased = [[_alias(t, mask) for t in (ex["text"], ex.get("text_pair")) if t is not None] for ex in examples]
+        clip = lambda t: clip_text(t, tokenizer, ctx.max_length)  # noqa: E731
         with tokenizer_settings(tokenizer, max_length=ctx.max_length) as tok:
-            encs = tok.encode_batch([(clip(ex["text"]), clip(ex["text_pair"])) if "text_pair" in ex else clip(ex["text"])
-                                     for ex in examples])
+            encs = tok.encode_batch([tuple(clip(t) for t, _ in texts) if len(texts) > 1 else clip(texts[0][0])
+                                     for texts in aliased])
         features = []
         for i, enc in enumerate(encs):
             masks = [p for p, t in enumerate(enc.ids) if t == mask_id]
             keep = len(enc.ids) if masks else 1
+            segments = [int(enc.sequence_ids[p] or 0) for p in masks]
+            back = [aliased[i][s][1] for s in segments]  # each mask's offsets in the text as given
             features.append({"input_ids": enc.ids[:keep], "token_type_ids": enc.type_ids[:keep], EXAMPLE: i,
-                             TRUNCATED: bool(enc.overflowing), "masks": masks, "offsets": [enc.offsets[p] for p in masks],
-                             "segments": [int(enc.sequence_ids[p] or 0) for p in masks]})
+                             TRUNCATED: bool(enc.overflowing), "masks": masks, "segments": segments,
+                             "offsets": [(b(enc.offsets[p][0]), b(enc.offsets[p][1])) for p, b in zip(masks, back)]})
         return features
 
     # ---- outputs ---------------------------------------------------------------------------------
