@@ -52,6 +52,13 @@ class EuroBert(PrenormFamily):
     # them (SkipSimplifiedLayerNormalization, two a layer; the first layer's input norm
     # SimplifiedLayerNormalization, once); not the attention (rotary, grouped heads)
     fusions = {"SkipSimplifiedLayerNormalization": 2}
+    # pretraining (`mlmkit pretrain --arch eurobert`, MLM only): EuroBERT's blocks at a preset's size, a
+    # byte-level BPE with BERT's special-token names (as ModernBERT's; the releases' Llama-3 tokenizer
+    # is not trained here), no position table: a new model keeps 8,192 positions
+    pretrains = True
+    max_length = 8192
+    config_token_ids = {"bos_token_id": "cls", "eos_token_id": "sep", "mask_token_id": "mask"}
+    tokenizer_kind = "bpe"
 
     def spec(self, config: ModelConfig, index: int) -> AttnSpec:
         return AttnSpec(rope_of(config, self.name))
@@ -83,7 +90,17 @@ class EuroBert(PrenormFamily):
         return bool(config.extra.get("tie_word_embeddings", False))
 
     def preset_overrides(self, hidden: int, intermediate: int) -> dict[str, Any]:
-        return {"pad_token_id": 0}
+        # SwiGLU at Llama's ratio (three matrices of 2/3 of the preset's width: its MLP's parameters);
+        # pad 0: [PAD]'s id in a tokenizer trained with this family's special tokens
+        return {"pad_token_id": 0, "intermediate_size": intermediate * 2 // 3}
+
+    def preset_extra(self) -> dict[str, Any]:
+        # one key / value head a query head and hidden / heads dimensions at a preset's sizes, as
+        # EuroBertConfig resolves its None; the ids of a tokenizer trained with the family's special
+        # tokens ([PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4)
+        return {"num_key_value_heads": None, "head_dim": None, "tie_word_embeddings": False, "mlp_bias": False,
+                "attention_bias": False, "classifier_pooling": "late", "rope_parameters": {"rope_type": "default",
+                                                                                         "rope_theta": 250_000.0}}
 
 
 family = EuroBert()

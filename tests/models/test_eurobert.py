@@ -262,3 +262,14 @@ def test_fine_tunes_a_classifier_from_a_masked_lm(tmp_path):
     base = hf_dir(tmp_path, "EuroBertForMaskedLM", vocab_size=len(fast), pad_token_id=fast.pad_token_id, bos_token_id=fast.bos_token_id,
                   eos_token_id=fast.eos_token_id, mask_token_id=fast.mask_token_id, tokenizer=fast, name="base")
     fine_tunes_a_classifier(tmp_path, base, fast)
+
+
+def test_pretraining_makes_a_model_transformers_loads(tmp_path):
+    """`mlmkit pretrain --arch eurobert` (the tiny preset): a EuroBertForMaskedLM transformers loads with
+    no missing or unexpected weight and the same logits."""
+    from rotary_families import pretrain_loads_in_transformers
+
+    saved, diff = pretrain_loads_in_transformers(tmp_path, "eurobert", "EuroBert")
+    assert saved["architectures"] == ["EuroBertForMaskedLM"] and saved["max_position_embeddings"] == 8192
+    assert (saved["intermediate_size"], saved["mask_token_id"], saved["tie_word_embeddings"]) == (341, 4, False)
+    assert diff <= 1e-4

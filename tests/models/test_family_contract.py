@@ -81,7 +81,7 @@ def test_each_declared_extra_size_is_checked(fam: Family) -> None:
 
 def test_the_pretraining_families_come_from_the_registry() -> None:
     names = [f.name for f in FAMILIES if f.pretrains]
-    assert names[:3] == ["bert", "roberta", "modernbert"] and {"gte", "nomic_bert"} <= set(names)
+    assert names[:3] == ["bert", "roberta", "modernbert"] and {"gte", "nomic_bert", "eurobert"} <= set(names)
     assert pretraining_family("roberta") is BY_MODEL_TYPE["roberta"]
     with pytest.raises(ConfigError, match="--arch electra is not a pretraining family") as e:
         pretraining_family("electra")
