@@ -153,3 +153,27 @@ def test_an_index_of_leading_dimensions_searched_with_a_named_prompt(tmp_path: P
     r = runner.invoke(app, ["index", str(tmp_path / "b"), "--corpus", str(corpus), "--out", str(ix), "--append",
                             "--dimensions", "16"])
     assert r.exit_code == 2 and "--dimensions 8" in r.output, r.output
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: _json(d / "2_Dense" / "config.json", activation_function="torch.nn.modules.activation.Softmax"),
+     "activation torch.nn.modules.activation.Softmax is not supported"),
+    (lambda d: _json(d / "2_Dense" / "config.json", in_features=7), "dense_layers"),
+    (lambda d: _json(d / "1_Pooling" / "config.json", include_prompt=False), "include_prompt false"),
+    (lambda d: _json(d / "config_sentence_transformers.json", prompts={"query": 3}), "prompts must map names to texts"),
+    (lambda d: _json(d / "config_sentence_transformers.json", default_prompt_name="web"), "default_prompt_name 'web'"),
+    (lambda d: (d / "modules.json").write_text(json.dumps(json.loads((d / "modules.json").read_text())
+                                                          + [{"idx": 9, "name": "9", "path": "", "type": "x.Asym"}])),
+     "module Asym is not one mlmkit runs"),
+])
+def test_what_a_sentence_transformers_folder_cannot_run_is_one_line(tmp_path: Path, edit: Any, words: str) -> None:
+    _, folder = wrap(tmp_path, "bert")
+    edit(folder)
+    r = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path / "b")])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2 and words in said and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "b" / "model.onnx").exists()
+
+
+def _json(path: Path, **changes: Any) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
