@@ -173,6 +173,12 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """A config.json of any supported family (its own key names) -> the canonical fields."""
+        claimed = next((f for f in BY_MODEL_TYPE.values() if f.claims(d)), None)
+        if claimed is not None:  # a family's own checkpoint under another model_type (jina's "xlm-roberta")
+            was, archs = d.get("model_type"), d.get("architectures")
+            if isinstance(archs, list) and was in BY_MODEL_TYPE:  # XLMRobertaModel -> BertModel -> JinaEmbeddingsV3Model
+                archs = [BY_MODEL_TYPE[was].canonical_architecture(a, was) if isinstance(a, str) else a for a in archs]
+            d = {**d, "model_type": claimed.model_types[0], **({"architectures": archs} if archs is not None else {})}
         model_type = d.get("model_type", "bert")
         fam = family_for(model_type if isinstance(model_type, str) else repr(model_type))
         d = dict(d)
@@ -382,6 +388,12 @@ class Family:
         sd = {(f"{self.prefix}.{k}" if k.split(".", 1)[0] in self.bare_roots else k): v for k, v in sd.items()}
         rename = Renamer([*self.head_renames(set(sd), to_family=False), *self.renames])
         return {rename(k, to_family=False): v for k, v in sd.items()}
+
+    def claims(self, config: dict[str, Any]) -> bool:
+        """Whether a config.json that names another model_type is this family's checkpoint (the
+        published jina-embeddings-v3 says "xlm-roberta", and its keys tell it apart): it is read as
+        this family's, and a run made from it names this family's model_type. None by default."""
+        return False
 
     def fold_weights(self, config: ModelConfig, sd: dict[str, Any]) -> dict[str, Any]:
         """A state dict under mlmkit's names (``from_family``'s) -> the one ``config``'s model loads:

@@ -30,9 +30,9 @@ layers' as (tasks, rank, in) / (tasks, out, rank), embeddings' as (tasks, rows, 
 contract every other family has (a bundle is one model, its graph one set of weights); a second
 task is a second bundle of the same checkpoint with another ``lora_task``.
 
-jina's published checkpoint (jinaai/jina-embeddings-v3) names its model_type "xlm-roberta", which is
-RoBERTa's family here: it loads as this family once its config.json says "jina_embeddings_v3"
-(the transformers model type of the same model).
+jina's published checkpoint (jinaai/jina-embeddings-v3) names its model_type "xlm-roberta": its keys
+(``lora_adaptations``) claim it for this family (``claims``), and a run made from it names
+"jina_embeddings_v3", the transformers model type of the same model.
 """
 
 from __future__ import annotations
@@ -108,6 +108,10 @@ class Jina(RotaryBert):
     fusions: dict[str, int] = {"SkipLayerNormalization": 2}
     tokenizer_kind = "unigram"  # XLM-R's SentencePiece tokens and pair framing (it does not pretrain here)
     special_tokens = ANGLES.tokens
+
+    def claims(self, config: dict[str, Any]) -> bool:
+        """jina's published checkpoint: model_type "xlm-roberta" with the task adapters' keys."""
+        return config.get("model_type") == "xlm-roberta" and "lora_adaptations" in config
 
     def rope(self, config: ModelConfig) -> Rope:
         extra = config.extra

@@ -23,6 +23,7 @@ from mlmkit.models import core, family_for
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.rotary_bert import PlainMLP
 from mlmkit.rundir.checkpoint import load_state_dict
+from mlmkit.rundir.config import load_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -160,3 +161,22 @@ def test_export_passes_the_parity_gate(tmp_path):
     assert meta["inputs"] == ["input_ids", "attention_mask"]
     assert all(v <= 1e-4 for v in meta["parity"]["max_abs_diff"].values()), meta["parity"]
     assert meta["fused_operators"].get("SkipLayerNormalization", 0) >= 4
+
+
+def test_the_published_xlm_roberta_config_is_claimed_by_this_family(tmp_path):
+    """jinaai/jina-embeddings-v3's config.json says model_type "xlm-roberta" (XLMRobertaModel, with
+    jina's own keys): its lora_adaptations claim it for this family, which loads it with the task's
+    adapter merged and writes a run transformers loads as JinaEmbeddingsV3Model."""
+    src, refs = jina_layout(tmp_path, "retrieval.query")
+    c = json.loads((src / "config.json").read_text())
+    c.update(model_type="xlm-roberta", architectures=["XLMRobertaModel"], position_embedding_type="rotary",
+             rotary_emb_base=c.get("rope_parameters", {}).get("rope_theta", 20000.0), use_flash_attn=True)
+    (src / "config.json").write_text(json.dumps(c))
+    cfg = load_config(src)
+    assert (cfg.model_type, cfg.architectures) == ("jina_embeddings_v3", ["BertModel"])
+    assert cfg.to_dict()["architectures"] == ["JinaEmbeddingsV3Model"]
+    _, ours, _ = load_ours(src, Backbone)
+    x = inputs()
+    with torch.no_grad():
+        want = hf_model("JinaEmbeddingsV3", "Model", refs["retrieval.query"])(**x).last_hidden_state
+        assert real_diff(ours(**x), want, x["attention_mask"]) <= ATOL
