@@ -54,6 +54,7 @@ from mlmkit_tasks.embedding_data import (
     NO_TARGET,
     SPLADE_MODULES,
     ST_ACTIVATIONS,
+    ST_ALIASES,
     ST_POOLING,
     ST_PROMPTS,
     anchor_row,
@@ -64,6 +65,7 @@ from mlmkit_tasks.embedding_data import (
     is_multi_vector_directory,
     is_splade_directory,
     loss_option,
+    named_prompts,
     prompt_for,
     scored_pair,
     sentence_transformers_options,
@@ -358,6 +360,7 @@ class EmbeddingTask:
     def build_model(self, config: ModelConfig, ctx: TaskContext) -> Any:
         width = _width(ctx.options, config.hidden_size)
         _dims(ctx.options["matryoshka_dims"], width)  # a bad list is an error before training
+        named_prompts(ctx.options)  # bad prompts too
         _weights(ctx.options["matryoshka_weights"], len(_dims(ctx.options["matryoshka_dims"])))
         teacher_dim = ctx.state.get("teacher_dim") if _loss(ctx) == "mse-distill" else None
         if teacher_dim and teacher_dim != width and ctx.options["matryoshka_dims"]:
@@ -377,7 +380,7 @@ class EmbeddingTask:
         pooling, the Dense layers, the normalisation), its prompts, truncate_dim and max length."""
         o = ctx.options
         prompts = {names[0]: o[option] for option, names in ST_PROMPTS.items() if o[option]}
-        prompts.update(json.loads(o["prompts"] or "{}"))
+        prompts.update({k: v for k, v in named_prompts(o).items() if k not in ST_ALIASES})
         modes = {mode: key for key, mode in ST_POOLING.items()}
         modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]

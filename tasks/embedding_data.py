@@ -52,6 +52,8 @@ ST_ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid", "silu")
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
 ST_PROMPTS = {"query_prompt": ("query",), "document_prompt": ("document", "passage", "corpus")}
 """The prompt options and the names a sentence-transformers directory's "prompts" gives them (the first found)."""
+ST_ALIASES = frozenset(n for names in ST_PROMPTS.values() for n in names)
+"""The prompt names that are the query and document prompts' (their options, not ``prompts``)."""
 
 
 NO_TARGET = np.zeros(0, dtype=np.float32)  # a training feature's "target" without a teacher (mse-distill's only)
@@ -178,8 +180,7 @@ def _st_prompts(path: Path) -> Options:
         found = [prompts[n] for n in names if prompts.get(n)]
         if found:
             options[option] = found[0]
-    aliases = {n for names in ST_PROMPTS.values() for n in names}
-    others = {k: v for k, v in prompts.items() if k not in aliases}
+    others = {k: v for k, v in prompts.items() if k not in ST_ALIASES}
     if others:  # the query and document prompts are options of their own
         options["prompts"] = json.dumps(others, ensure_ascii=False)
     default = top.get("default_prompt_name")
@@ -198,7 +199,13 @@ def _st_prompts(path: Path) -> Options:
 def named_prompts(options: Mapping[str, Any]) -> dict[str, str]:
     """The model's prompts by name: its ``prompts`` (a sentence-transformers model's beyond the query
     and document ones), and the query and document prompts under each name sentence-transformers gives them."""
-    prompts = json.loads(options.get("prompts") or "{}")
+    try:
+        prompts = json.loads(options.get("prompts") or "{}")
+    except ValueError:
+        prompts = None
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise TaskError(f"the prompts option must be a JSON object of names and texts, not {str(options.get('prompts'))[:200]!r}",
+                        'e.g. --option prompts=\'{"Clustering": "task: clustering | query: "}\'')
     for option, names in ST_PROMPTS.items():
         if options.get(option):
             prompts.update({n: options[option] for n in names})

@@ -177,3 +177,10 @@ def test_what_a_sentence_transformers_folder_cannot_run_is_one_line(tmp_path: Pa
 
 def _json(path: Path, **changes: Any) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_a_prompts_option_that_is_not_names_and_texts_is_one_line(tmp_path: Path) -> None:
+    _, folder = wrap(tmp_path, "bert")
+    r = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path / "b"), "--task", "embedding",
+                            "--option", "prompts=[1, 2]"])
+    assert r.exit_code == 2 and "prompts option must be a JSON object" in " ".join(r.output.split()), r.output
