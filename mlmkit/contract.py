@@ -205,7 +205,10 @@ class Task(Protocol):
     def build_model(self, config: Any, ctx: TaskContext) -> Any:
         """The torch module for this config (a ModelConfig) and these options: Hugging Face parameter
         names (bert.* for the encoder); forward(input_ids, attention_mask, token_type_ids, **labels)
-        returns a dict with the ``outputs`` and, given labels, "loss"."""
+        returns a dict with the ``outputs`` and, given labels, "loss". A module may also define
+        ``derived_weights(sd) -> sd``: the weights it derives from a checkpoint's where the checkpoint
+        lacks them, which every load of weights into it goes through (rundir/checkpoint.load_weights;
+        the rerank task's classifier from a causal LM's answer-token rows)."""
 
     def postprocess(
         self, outputs: dict[str, list[Any]], features: list[Feature], examples: list[Example], ctx: TaskContext
@@ -248,7 +251,8 @@ class TaskDefaults:
     SPLADE task: the masked-LM head, "cls.predictions."); fine-tuning refuses a base without them."""
     kept_heads: tuple[str, ...] = ()
     """Prefixes of a base model's module weights this task's model takes over where the base has them
-    (the embedding task: a sentence-transformers model's Dense layers after pooling, "dense.")."""
+    (the embedding task: a sentence-transformers model's Dense layers after pooling, "dense."; the
+    rerank task: a causal LM's head, "lm_head.", which its answer tokens make the classifier of)."""
     top_k_option: str | None = None
     """The option `mlmkit export --top-k` sets for this task (the SPLADE task: "max_terms", fill-mask:
     "candidates"); None: the flag is refused for it."""

@@ -13,8 +13,8 @@ This module is the one public path of these names; each is defined where the cor
 - readers that stream a file and know each record's line (CSV/TSV, JSONL, text, Parquet, `datasets`
   directories) and BEIR directories: mlmkit.text.readers, mlmkit.text.beir;
 - tokenizer settings for one block and clipping huge texts: mlmkit.text.truncation; a tokenizer's
-  special token ids and its mask token: mlmkit.text.tokenizer; long texts cut into chunks of a
-  model's tokens at word boundaries: mlmkit.text.chunks;
+  special token ids and its mask token, and a model directory's tokenizer: mlmkit.text.tokenizer;
+  long texts cut into chunks of a model's tokens at word boundaries: mlmkit.text.chunks;
 - retrieval: exact (or faiss) search, the IR metrics, TREC run files, BM25 and dense retrievers over
   a bundle: mlmkit.infer.retrieval; late interaction's MaxSim and exact ranking: mlmkit.infer.late;
 - an exported bundle's pipeline (onnxruntime): mlmkit.infer.pipeline;
@@ -66,7 +66,7 @@ from mlmkit.text.readers import (
     numbered,
     read_text,
 )
-from mlmkit.text.tokenizer import MASK, mask_token, special_ids
+from mlmkit.text.tokenizer import MASK, load_tokenizer, mask_token, special_ids
 from mlmkit.text.truncation import clip_text, tokenizer_settings
 
 __all__ = [
@@ -81,7 +81,7 @@ __all__ = [
     "is_table", "iter_table_rows", "numbered", "parse_json", "MAX_RECORD_BYTES",
     "BeirSplit", "is_beir", "read_split",
     # tokenizers
-    "tokenizer_settings", "clip_text", "special_ids", "mask_token", "MASK", "Chunker", "Chunking",
+    "tokenizer_settings", "clip_text", "special_ids", "mask_token", "MASK", "Chunker", "Chunking", "load_tokenizer",
     # retrieval
     "RETRIEVAL_METRICS", "INDEXES", "retrieve", "mean_metrics", "write_trec", "BM25", "Dense",
     "maxsim", "padded", "rank",

@@ -22,6 +22,33 @@ Losses (the registry's rank losses, mlmkit.taskkit.losses): ``bce`` (pointwise),
 softmax against the query's irrelevant ones), ``listnet``, ``lambda`` (NDCG-weighted pairs). For the
 three listwise losses a query whose candidates are all relevant or all irrelevant teaches nothing:
 it is left out of training and counted in the log.
+
+A causal LM that judges a pair by answering yes or no (a chat model trained as a reranker:
+Qwen3-Reranker) is this same one-label classifier, not a second kind of scorer: its score, P(yes) =
+the softmax of the logits of "yes" and "no" at the last position, is sigmoid(logit_yes - logit_no), and
+logit_yes - logit_no = h_last . (W[yes] - W[no]) (+ the bias difference). So the head is the family's
+last-token sequence head (a decoder's ``score`` layer, transformers' *ForSequenceClassification) whose
+one row is the LM head's TRUE row less its FALSE row, under the sigmoid this task applies anyway; the
+graph, the runtime, the routes and fine-tuning are the cross-encoder's. Two options say so, both built
+into the model:
+
+- ``answer_tokens`` (TRUE,FALSE, e.g. ``yes,no``): where a checkpoint has no classifier, the model derives
+  it from the LM head (``lm_head``, or the token embeddings it is tied to) when its weights are loaded
+  (heads/rerank.py's ``derived_weights``, which every load goes through): export, evaluation and
+  fine-tuning all start from it, and a fine-tuned run is the family's *ForSequenceClassification, which
+  transformers loads as it is;
+- ``template`` (with {query}, {document} and {instruction}, the ``instruction`` option's text, which a
+  call may change): each pair is written as one text in it and tokenized with the tokenizer's own
+  special tokens, as the embedding task's prompts are; too long, the document's end is what is cut, and
+  the template's fixed prefix and suffix are kept whole (rerank_template.py). Without a template, a
+  pair is the tokenizer's ([CLS] query [SEP] document [SEP]).
+
+``from_hf`` reads both off a causal-LM checkpoint (architectures *ForCausalLM) of a family whose
+sequence head reads the last token, whose tokenizer has the single tokens "yes" and "no": answer_tokens
+yes,no, and where the tokenizer has the chat tokens <|im_start|> and <|im_end|>, the chat-format judge
+template Qwen3-Reranker was trained on (rerank_template.JUDGE_TEMPLATE; ``instruction``'s default is its
+default instruction). A sentence-transformers directory (modules.json) is not read so: it is the
+embedding task's. Fine-tuning any other causal LM takes both by hand (--option answer_tokens=... etc.).
 """
 
 from __future__ import annotations
@@ -34,6 +61,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mlmkit_tasks.classification import HF_ARCHITECTURE, REGRESSION
+from mlmkit_tasks.rerank_template import (
+    DEFAULT_INSTRUCTION,
+    Encoded,
+    answer_ids,
+    answer_tokens,
+    judge_reading,
+    parse_template,
+    write_pairs,
+)
 
 from mlmkit.taskkit import (
     BATCH,
@@ -43,6 +79,7 @@ from mlmkit.taskkit import (
     MAX_RECORD_BYTES,
     RETRIEVAL_METRICS,
     TRUNCATED,
+    CheckpointInfo,
     ConfigError,
     DataFormatError,
     Dense,
@@ -106,8 +143,16 @@ class RerankTask:
                    "or an embedding bundle.", saved=False, flags=("--first-stage",), evaluation=True),
         TaskOption("rerank_top", 100, "BEIR evaluation: the first stage's documents reranked per query.", minimum=1,
                    saved=False, flags=("--rerank-top",), evaluation=True),
+        TaskOption("answer_tokens", "", "A causal LM that answers yes or no: its two answer tokens TRUE,FALSE as its vocabulary "
+                   "spells them (yes,no); the head is the LM head's TRUE row less its FALSE row at the last token, so the score "
+                   "is P(TRUE) of the two. Read off such a checkpoint; empty: the head is the checkpoint's (or fresh).", fixed=True),
+        TaskOption("template", "", "The text a pair is written as, with {query}, {document} and {instruction} ({{ and }} for "
+                   "braces); too long, the document is cut. Empty: the tokenizer's pair. A yes/no judge's is read off its "
+                   "checkpoint.", fixed=True),
+        TaskOption("instruction", DEFAULT_INSTRUCTION, "The template's {instruction}: what the judge is asked to judge."),
     )
     label_names = ("labels",)
+    kept_heads = ("lm_head.",)  # a causal LM's head, which answer_tokens derive the classifier from
     group_features = True
     hf_architecture = HF_ARCHITECTURE
     pipeline_tag = "text-ranking"
@@ -129,6 +174,7 @@ class RerankTask:
         """One example per query: {"query", "docs", "labels", "source", "line"} (training and rows),
         and for evaluation its "judged" documents ({doc id: grade}) and the first stage's ranking
         ("first", doc ids best first); doc ids are "d0", "d1" ... within a query, or the corpus's."""
+        check_options(options)  # before any data is read
         if is_beir(path):
             if training:
                 raise TaskError("a BEIR split has positives only; a reranker trains on rows with negatives",
@@ -185,30 +231,49 @@ class RerankTask:
         return {"query": rec.text(options["query_column"]), "docs": [rec.text(options["document_column"])]}
 
     def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
-        """A feature per (query, candidate): [CLS] query [SEP] document [SEP], truncated to the max length."""
+        """A feature per (query, candidate): [CLS] query [SEP] document [SEP] truncated to the max length,
+        or the pair written into the ``template`` (rerank_template.write_pairs)."""
         L = ctx.max_length
-        pairs = [(i, j, (clip_text(ex["query"], tokenizer, L), clip_text(doc, tokenizer, L)))
-                 for i, ex in enumerate(examples) for j, doc in enumerate(ex["docs"])]
-        with tokenizer_settings(tokenizer, max_length=L) as tok:
-            encodings = tok.encode_batch([p for _, _, p in pairs]) if pairs else []
+        where = [(i, j) for i, ex in enumerate(examples) for j in range(len(ex["docs"]))]
+        pairs = [(examples[i]["query"], examples[i]["docs"][j]) for i, j in where]
+        if ctx.options.get("template"):
+            encoded = write_pairs(pairs, tokenizer, ctx.options["template"], ctx.options["instruction"], L)
+        else:
+            clipped = [(clip_text(q, tokenizer, L), clip_text(d, tokenizer, L)) for q, d in pairs]
+            with tokenizer_settings(tokenizer, max_length=L) as tok:
+                encodings = tok.encode_batch(clipped) if clipped else []
+            encoded = [Encoded(enc.ids, enc.type_ids, bool(enc.overflowing)) for enc in encodings]
         feats = []
-        for (i, j, _), enc in zip(pairs, encodings):
-            f: Feature = {"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i, "candidate": j,
-                                 **({TRUNCATED: True} if enc.overflowing else {})}
+        for (i, j), (ids, type_ids, truncated) in zip(where, encoded):
+            f: Feature = {"input_ids": ids, "token_type_ids": type_ids, EXAMPLE: i, "candidate": j,
+                          **({TRUNCATED: True} if truncated else {})}
             if training:
                 f["labels"] = float(examples[i]["labels"][j])
             feats.append(f)
         return feats
 
+    def from_hf(self, config: ModelConfig, directory: Path) -> CheckpointInfo | None:
+        """A causal LM that judges pairs yes or no (rerank_template.judge_reading: the module docstring says
+        which); a transformers cross-encoder is the classification task's (BertForSequenceClassification)."""
+        return judge_reading(config, directory)
+
     def build_model(self, config: ModelConfig, ctx: TaskContext) -> Any:
+        """The one-label classifier of the config's family; with ``answer_tokens``, one that derives its
+        row from the LM head where the checkpoint it loads has none."""
+        check_options(ctx.options)
         if not config.id2label:  # a bare encoder (evaluated before fine-tuning): the one relevance output
             config.id2label, config.label2id = {0: "score"}, {"score": 0}
         if config.num_labels != 1:
             raise TaskError(f"a reranker has one output (its relevance), the config has {config.num_labels}",
                             "fine-tune from an encoder or a one-label cross-encoder")
+        pool = config.family.sequence_pool(config)
+        if answer_tokens(ctx.options) is not None and pool != "last":
+            raise ConfigError(f"task option answer_tokens reads the answer at the last token, and the {config.family.name} "
+                              f"sequence head pools '{pool}'", "answer tokens are for a causal LM (a decoder's last-token head)")
+        answers = answer_ids(ctx.options, ctx.tokenizer)
         from mlmkit_tasks.heads.rerank import BertForRerank
 
-        return BertForRerank(config, get_loss("rank", ctx.options["loss"]), float(ctx.options["max_label"]))
+        return BertForRerank(config, get_loss("rank", ctx.options["loss"]), float(ctx.options["max_label"]), answers=answers)
 
     def export_module(self, model: Any) -> Any:
         from mlmkit_tasks.classification import cls_only
@@ -245,6 +310,13 @@ class RerankTask:
 
     def summary(self, prediction: Prediction) -> dict[str, str]:
         return {"score": f"{prediction['score']:.4f}"} if "score" in prediction else {"candidates": str(len(prediction["scores"]))}
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """ConfigError for an answer_tokens or template value that is not one."""
+    answer_tokens(options)
+    if options.get("template"):
+        parse_template(str(options["template"]))
 
 
 def _grade(rec: Record, field: str, top: float) -> float:

@@ -150,7 +150,12 @@ def load_weights(
     """Load ``sd`` into ``model``. Returns (missing, unexpected) after dropping tied keys.
 
     Missing keys are an error unless they start with one of ``allow_missing`` (a fresh head);
-    unexpected keys are returned for the caller to report (a pretraining head being dropped)."""
+    unexpected keys are returned for the caller to report (a pretraining head being dropped). A model
+    that derives weights it lacks from what a checkpoint has instead (its ``derived_weights(sd)``: the
+    rerank task's classifier from a causal LM's answer-token rows) gets ``sd`` first, whoever loads it."""
+    derive = getattr(unwrap(model), "derived_weights", None)
+    if callable(derive):
+        sd = derive(sd)
     own = unwrap(model).state_dict()
     bad = [k for k, v in sd.items() if k in own and own[k].shape != v.shape]
     if bad:

@@ -7,7 +7,8 @@ What a directory is comes from, in order: ``--task``; its own mlmkit.json (a pre
 model of the masked-LM task, registry.masked_lm_task: the built-in fill-mask); every registered task
 asked (``from_hf``) whether the checkpoint is one of its models — classification takes
 BertForSequenceClassification, tagging BertForTokenClassification, qa BertForQuestionAnswering,
-embedding a BertModel or a sentence-transformers layout — of which exactly one must answer, except
+embedding a BertModel or a sentence-transformers layout, rerank a causal LM whose tokenizer has "yes" and
+"no" (a yes/no judge: Qwen3-Reranker) — of which exactly one must answer, except
 that a masked LM (config.json's ``architectures``, read as BERT's names whatever the family:
 RobertaForMaskedLM is BertForMaskedLM) that no task claims is the masked-LM task's.
 """

@@ -265,20 +265,21 @@ def evaluate_base(
 ) -> Metrics:
     """Metrics of a base model (a run or a checkpoint) with ``task_name``'s head as built, before any
     fine-tuning: the zero-shot score of a task whose head has no parameters (the embedding task's
-    pooling) or starts from the base's (the SPLADE task's masked-LM head, ``base_heads``); for any
-    other task, a fresh random head's. ``keep_head``: the checkpoint's own head where it has one of
+    pooling) or starts from the base's (the SPLADE task's masked-LM head, ``base_heads``; the module
+    weights of ``kept_heads``, which a model may derive its head from: the rerank task's answer tokens);
+    for any other task, a fresh random head's. ``keep_head``: the checkpoint's own head where it has one of
     this task's names (a model of the task trained elsewhere, e.g. a CrossEncoder directory)."""
     task = get_task(task_name)
     base = base_model_dir(model)
     cfg, tok = load_config(base), load_tokenizer(base)
-    opts = task.resolve_options(options)
+    opts = task.resolve_options(options, saved=base_options(task, base, cfg))  # the ones built into the base, as fine-tuning
     ctx = TaskContext(max_length=max_length or min(task.default_max_length, cfg.max_tokens), options=opts, tokenizer=tok)
     torch.manual_seed(0)
     net = task.build_model(cfg, ctx)
     kept = load_state_dict(base, cfg)
     if not keep_head:
-        kept = {k: v for k, v in kept.items() if k.startswith((*ENCODER, *task.base_heads))}
-    load_weights(net, {k: v for k, v in kept.items() if k in net.state_dict()}, allow_missing=tuple(net.state_dict()))
+        kept = {k: v for k, v in kept.items() if k.startswith((*ENCODER, *task.base_heads, *task.kept_heads))}
+    load_weights(net, kept, allow_missing=tuple(net.state_dict()))  # what the model does not use is left out
     net.to(resolve_device(device)).eval()
     metrics, _ = evaluation.evaluate(task, task.read(Path(data), opts), tok, ctx, torch_forward(net, task.outputs),
                                      batch_size=batch_size)
