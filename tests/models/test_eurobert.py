@@ -21,6 +21,7 @@ from family_parity import Backbone, load_ours, real_diff
 from prenorm_parity import (
     TEXTS,
     Graph,
+    bundle_embeddings,
     cli_export,
     encode,
     eurobert_tokenizer,
@@ -30,6 +31,7 @@ from prenorm_parity import (
     random_batch,
     run,
     save_hf,
+    sentence_transformers_bundle,
     transformers,
 )
 
@@ -273,3 +275,13 @@ def test_pretraining_makes_a_model_transformers_loads(tmp_path):
     assert saved["architectures"] == ["EuroBertForMaskedLM"] and saved["max_position_embeddings"] == 8192
     assert (saved["intermediate_size"], saved["mask_token_id"], saved["tie_word_embeddings"]) == (341, 4, False)
     assert diff <= 1e-4
+
+
+def test_a_sentence_transformers_directory_embeds_as_sentence_transformers_does(tmp_path):
+    """A EuroBertModel with mean pooling and normalisation in a sentence-transformers directory: the
+    exported bundle's embeddings are sentence-transformers' own on mixed-length texts."""
+    fast = eurobert_tokenizer()
+    hf = hf_dir(tmp_path, "EuroBertModel", vocab_size=len(fast), pad_token_id=fast.pad_token_id, bos_token_id=fast.bos_token_id,
+                eos_token_id=fast.eos_token_id, mask_token_id=fast.mask_token_id, tokenizer=fast)
+    st, bundle = sentence_transformers_bundle(tmp_path, hf, "mean")
+    np.testing.assert_allclose(bundle_embeddings(bundle, TEXTS), st.encode(TEXTS), atol=1e-5)
