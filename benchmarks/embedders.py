@@ -1,7 +1,7 @@
 """The embedding families of 2026 at their real sizes: mlmkit's default bundle vs sentence-transformers' torch encode.
 
     python benchmarks/embedders.py --work /tmp/bench_emb                          # BERT-base, then every family below
-    python benchmarks/embedders.py --work /tmp/bench_emb --families mpnet --texts 32 --rounds 2
+    python benchmarks/embedders.py --work /tmp/bench_emb --families mpnet --texts 32 --rounds 2 --int8
 
 Models (random weights: speed does not depend on them), built by transformers at the sizes of the
 releases, wrapped as sentence-transformers wraps those releases, and saved: BERT-base (the reference,
@@ -108,10 +108,11 @@ def build(work: Path, family: str) -> Path:
         width = out
     modules.append(Normalize())
     SentenceTransformer(modules=modules, device="cpu").save(str(d / "st"))
-    r = subprocess.run([sys.executable, "-m", "mlmkit", "export", str(d / "st"), "--out", str(d / "bundle")],
-                       env=bench_env(), capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"mlmkit export of {family} failed: {r.stderr.strip()[-600:]}")
+    for out, extra in (("bundle", []), ("bundle-int8", ["--quantize", "int8"])):
+        r = subprocess.run([sys.executable, "-m", "mlmkit", "export", str(d / "st"), "--out", str(d / out), *extra],
+                           env=bench_env(), capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"mlmkit export {' '.join(extra)} of {family} failed: {r.stderr.strip()[-600:]}")
     made(d, key)
     return d
 
@@ -122,15 +123,19 @@ def texts(n: int) -> list[str]:
     return [" ".join(s[i * 30:(i + 1) * 30]) for i in range(n)]
 
 
+def _cosine(p: list[float], q: list[float]) -> float:
+    return float(sum(x * y for x, y in zip(p, q)) / ((sum(x * x for x in p) * sum(y * y for y in q)) ** 0.5 or 1))
+
+
 def side(work: Path, family: str, name: str, n: int, threads: int) -> None:
     """A worker: load one side, warm it up, then time passes over the texts (common.answer_passes)."""
     from common import answer_passes
 
     d, xs = work / family, texts(n)
-    if name == "mlmkit":
+    if name.startswith("mlmkit"):
         from mlmkit.infer.pipeline import Pipeline
 
-        pipe = Pipeline.load(d / "bundle", threads=threads, batch_size=32)
+        pipe = Pipeline.load(d / ("bundle-int8" if name == "mlmkit-int8" else "bundle"), threads=threads, batch_size=32)
 
         def one(_: list[str]) -> dict[str, Any]:
             return {"n": len(xs), "preds": [r["embedding"][:8] for r in pipe(xs)[:4]]}
@@ -155,6 +160,7 @@ def main() -> None:
     ap.add_argument("--texts", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--int8", action="store_true", help="also time the int8 bundle (export --quantize int8)")
     add_patience(ap)
     ap.add_argument("--family", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--side", default=None, help=argparse.SUPPRESS)
@@ -171,18 +177,22 @@ def main() -> None:
             continue
         d = build(a.work, family)
         args = {s: ["--work", str(a.work), "--family", family, "--side", s, "--texts", str(a.texts), "--threads", str(a.threads)]
-                for s in ("mlmkit", "sentence-transformers")}
+                for s in ("mlmkit", *(["mlmkit-int8"] if a.int8 else []), "sentence-transformers")}
         with workers(Path(__file__), args, env={"OMP_NUM_THREADS": str(a.threads)}) as ws:
             res = race(ws, a.rounds, a.patience, label=f"{family} ", width=22)
         flops = encoder_flops(d / "hf", [128] * a.texts) / a.texts  # per text
         speeds = {s: quiet_median(v, res["others"][s]) for s, v in res["speeds"].items()}
         ratios[family] = ratio(res, "mlmkit", "sentence-transformers")
-        cos = min(float(sum(x * y for x, y in zip(p, q)) / ((sum(x * x for x in p) * sum(y * y for y in q)) ** 0.5 or 1))
-                  for p, q in zip(res["preds"]["mlmkit"], res["preds"]["sentence-transformers"]))
+        cos = min(_cosine(p, q) for p, q in zip(res["preds"]["mlmkit"], res["preds"]["sentence-transformers"]))
         print(f"{family} ({FAMILIES[family][0]}): mlmkit {speeds['mlmkit']:.1f} texts/s "
               f"({share(speeds['mlmkit'] * flops, ceiling)}), sentence-transformers {speeds['sentence-transformers']:.1f} "
               f"({share(speeds['sentence-transformers'] * flops, ceiling)}); {ratios[family]:.2f}x "
               f"({spread(res, 'mlmkit', 'sentence-transformers')}); first 8 dims' cosine >= {cos:.4f}", flush=True)
+        if a.int8:
+            cos8 = min(_cosine(p, q) for p, q in zip(res["preds"]["mlmkit-int8"], res["preds"]["sentence-transformers"]))
+            print(f"{family} int8: {speeds['mlmkit-int8']:.1f} texts/s, {ratio(res, 'mlmkit-int8', 'sentence-transformers'):.2f}x "
+                  f"sentence-transformers fp32 ({spread(res, 'mlmkit-int8', 'sentence-transformers')}); first 8 dims' "
+                  f"cosine >= {cos8:.4f} (random weights: a floor)", flush=True)
     if ratios:
         print(target("embedders-vs-sentence-transformers-min", min(ratios.values()), ">=", 2.0))
     print(json.dumps({"ratios": ratios}))
