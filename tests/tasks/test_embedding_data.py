@@ -184,3 +184,36 @@ def test_a_prompts_option_that_is_not_names_and_texts_is_one_line(tmp_path: Path
     r = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path / "b"), "--task", "embedding",
                             "--option", "prompts=[1, 2]"])
     assert r.exit_code == 2 and "prompts option must be a JSON object" in " ".join(r.output.split()), r.output
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3_text"])
+def test_a_decoders_and_embeddinggemmas_folder_fine_tunes_with_cached_mnrl(tmp_path: Path, family: str) -> None:
+    """Qwen3-Embedding's layout (a causal decoder, last-token pooling) and EmbeddingGemma's (bidirectional,
+    mean pooling, two Dense layers) fine-tune through the embedding task with GradCache's loss; the run
+    loads in sentence-transformers with its bundle's vectors."""
+    import transformers
+    from prenorm_parity import gemma_tokenizer, qwen3_tokenizer, save_hf, sentence_transformers_bundle
+
+    fast = qwen3_tokenizer() if family == "qwen3" else gemma_tokenizer()
+    sizes = dict(vocab_size=len(fast), hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8, pad_token_id=fast.pad_token_id, max_position_embeddings=64)
+    if family == "qwen3":
+        save_hf(tmp_path / "hf", "Qwen3Model", transformers.Qwen3Config(**sizes), tokenizer=fast)
+    else:
+        save_hf(tmp_path / "hf", "Gemma3TextModel", transformers.Gemma3TextConfig(**sizes, use_bidirectional_attention=True,
+                                                                                  sliding_window=4, query_pre_attn_scalar=8),
+                tokenizer=fast)
+    sentence_transformers_bundle(tmp_path, tmp_path / "hf", "lasttoken" if family == "qwen3" else "mean",
+                                 dense=() if family == "qwen3" else (48,))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"anchor": a, "positive": b}) + "\n" for a, b in zip(TEXTS, TEXTS[1:] + TEXTS[:1])))
+    run = tmp_path / "run"
+    run_finetune("embedding", tmp_path / "st", rows, run, steps=3, lr=1e-3, batch_size=4, progress=False,
+                 options={"loss": "cached-mnrl", "mini_batch_size": 2})
+    after = st.SentenceTransformer(str(run), device="cpu")
+    assert [type(m).__name__ for m in after][1:] == ["Pooling", *(["Dense"] * (2 if family != "qwen3" else 0)), "Normalize"]
+    run_export(run, tmp_path / "b")
+    ours = np.array([r["embedding"] for r in Pipeline.load(tmp_path / "b")(TEXTS)])
+    np.testing.assert_allclose(ours, after.encode(TEXTS), atol=1e-4)
+    before = st.SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(TEXTS)
+    assert np.abs(ours - before).max() > 1e-3  # the three steps moved it
