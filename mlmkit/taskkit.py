@@ -29,7 +29,15 @@ from typing import Any
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError, TaskError
 from mlmkit.files import MAX_RECORD_BYTES, parse_json
 from mlmkit.infer.late import maxsim, padded, rank
-from mlmkit.infer.retrieval import BM25, INDEXES, Dense, mean_metrics, retrieve, write_trec
+from mlmkit.infer.retrieval import (
+    BM25,
+    INDEXES,
+    Dense,
+    leading_dimensions,
+    mean_metrics,
+    retrieve,
+    write_trec,
+)
 from mlmkit.infer.retrieval import METRICS as RETRIEVAL_METRICS
 from mlmkit.objectives import Loss, get_loss, losses, register_loss
 from mlmkit.registry import (
@@ -83,7 +91,7 @@ __all__ = [
     # tokenizers
     "tokenizer_settings", "clip_text", "special_ids", "mask_token", "MASK", "Chunker", "Chunking", "load_tokenizer",
     # retrieval
-    "RETRIEVAL_METRICS", "INDEXES", "retrieve", "mean_metrics", "write_trec", "BM25", "Dense",
+    "RETRIEVAL_METRICS", "INDEXES", "retrieve", "mean_metrics", "write_trec", "BM25", "Dense", "leading_dimensions",
     "maxsim", "padded", "rank",
     # inference on bundles
     "load_pipeline",

@@ -101,6 +101,7 @@ from mlmkit.taskkit import (
     is_beir,
     iter_jsonl,
     iter_records,
+    leading_dimensions,
     losses,
     read_split,
     tokenizer_settings,
@@ -419,9 +420,7 @@ class EmbeddingTask:
                 if dims > v.shape[-1]:
                     raise TaskError(f"--dimensions {dims} is more than the model's {v.shape[-1]}",
                                     f"give --dimensions 1 to {v.shape[-1]}")
-                v = v[:dims]
-                if normalize:  # as the model's vectors are: unit length
-                    v = v / max(float(np.linalg.norm(v)), 1e-12)
+                v = leading_dimensions(v, dims, normalize)  # unit length again where the model's vectors are
             vector = [float(x) for x in v]
             if CHUNK in f:  # chunk_tokens: the chunks in order, each with its span
                 start, end = f[CHUNK]

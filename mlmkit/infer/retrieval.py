@@ -28,10 +28,19 @@ METRICS = ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100", "precision
 
 
 def normalized(x: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit length (a zero row stays zero): cosine becomes a dot product."""
+    """Rows (or one vector) scaled to unit length (a zero row stays zero): cosine becomes a dot product."""
     x = np.asarray(x, dtype=np.float32)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
     return x / np.maximum(norms, 1e-12)
+
+
+def leading_dimensions(x: np.ndarray, n: int | None, normalize: bool) -> np.ndarray:
+    """Rows (or one vector) cut to their first ``n`` dimensions (Matryoshka embeddings; None: all), scaled
+    to unit length again when ``normalize`` (a model whose vectors are): `--dimensions`, the routes'
+    ``dimensions``, the queries of an index of leading dimensions."""
+    x = np.asarray(x, dtype=np.float32)
+    x = x[..., :n] if n else x
+    return normalized(x) if normalize else x
 
 
 def top_k(scores_of: Iterable[tuple[int, np.ndarray]], queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:

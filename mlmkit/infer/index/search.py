@@ -24,7 +24,7 @@ from mlmkit.infer.index.ann import ann_search
 from mlmkit.infer.index.identity import query_bundle
 from mlmkit.infer.index.store import QUERY_BLOCK, Index
 from mlmkit.infer.reranking import late_interaction
-from mlmkit.infer.retrieval import masked, normalized, top_k
+from mlmkit.infer.retrieval import leading_dimensions, masked, normalized, top_k
 
 SUBSET = 65536
 """A filter (or the deletes) allowing at most this many rows, and at most SUBSET_SHARE of the index, is
@@ -317,9 +317,7 @@ def as_queries(ix: Index, results: Sequence[dict[str, Any]]) -> Any:
     q = np.asarray([r["embedding"] for r in results], dtype=np.float32)
     dims = embedding_settings(ix.manifest)[1]
     if dims and q.shape[-1] > dims:  # an index of the leading dimensions (--dimensions): its queries cut alike
-        q = q[:, :dims]
-        if ix.manifest.get("normalized"):
-            q /= np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+        q = leading_dimensions(q, dims, bool(ix.manifest.get("normalized")))
     return q
 
 

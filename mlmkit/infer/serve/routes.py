@@ -36,6 +36,7 @@ import numpy as np
 
 from mlmkit.files import JSONObject
 from mlmkit.infer.reranking import late_interaction, maxsim_of, ranked, relevance
+from mlmkit.infer.retrieval import leading_dimensions
 from mlmkit.infer.serve.http import HTTPError
 from mlmkit.registry import Options, Prediction
 
@@ -129,13 +130,9 @@ def _positive(value: Any, name: str, route: str) -> int | None:
 
 def truncate_dimensions(vectors: np.ndarray, n: int | None, normalize: bool) -> np.ndarray:
     """The first ``n`` components (Matryoshka embeddings), L2-normalised again when ``normalize``."""
-    if n is not None:
-        if n > vectors.shape[1]:
-            raise HTTPError(422, f"'dimensions' {n} is more than the model's {vectors.shape[1]}")
-        vectors = vectors[:, :n]
-    if normalize:
-        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    return vectors
+    if n is not None and n > vectors.shape[1]:
+        raise HTTPError(422, f"'dimensions' {n} is more than the model's {vectors.shape[1]}")
+    return leading_dimensions(vectors, n, normalize)
 
 
 INPUT_TYPES = ("query", "document")
