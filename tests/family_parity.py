@@ -1,5 +1,6 @@
-"""What the model-family parity tests share (test_deberta.py, test_modernbert.py): noise on a random
-transformers model, mlmkit's model of a checkpoint directory, the largest difference at real tokens,
+"""What the model-family parity tests share (test_deberta.py, test_modernbert.py, test_mpnet.py ...): noise on a random
+transformers model, mlmkit's model of a checkpoint directory, the largest difference at real tokens
+(and a masked LM's, mlm_diffs),
 and small modules that expose one output of mlmkit's core for comparison and ONNX export."""
 
 from __future__ import annotations
@@ -37,6 +38,18 @@ def load_ours(d: Path, build) -> tuple[ModelConfig, nn.Module, list[str]]:
 def real_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
     """Largest difference at real tokens (a, b: (B, T, ...))."""
     return (a - b)[mask.bool()].abs().max().item()
+
+
+def mlm_diffs(model: nn.Module, ref: torch.Tensor, x: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """mlmkit's masked LM (a BertForPreTraining) against transformers' logits ``ref`` (B, T, V) on ``x``:
+    the largest difference at real tokens, and that of the head computed at labelled positions only
+    (positions 3-6 of each row, the training path) at those positions."""
+    with torch.no_grad():
+        got = model(**x)["prediction_logits"]
+        labels = torch.full_like(x["input_ids"], -100)
+        labels[:, 3:7] = x["input_ids"][:, 3:7]
+        part = model(**x, labels=labels)["mlm_logits"]
+    return real_diff(got, ref, x["attention_mask"]), (part - ref[labels != -100]).abs().max().item()
 
 
 class Backbone(nn.Module):
