@@ -113,8 +113,8 @@ def main() -> None:
                     help="a run's cost in tokens to try beside pipeline.CPU_RUN_TOKENS (repeatable): another rule, 'least-cost@N'")
     add_patience(ap, 60.0)
     a = ap.parse_args()
-    from mlmkit.infer.evaluation import truncations_counted
-    from mlmkit.infer.pipeline import CPU_RUN_TOKENS, Pipeline
+    from mlmkit.runtime.pipeline import CPU_RUN_TOKENS, Pipeline
+    from mlmkit.runtime.prediction import truncations_counted
 
     print_machine(THREADS)
     inference_setup(a.work, a.quick)

@@ -86,7 +86,7 @@ def scale(work: Path, n: int, patience: float) -> tuple[list[str], dict]:
     """`mlmkit index` of n / 10 and n documents, `mlmkit search`, and the latency of a search."""
     import numpy as np
 
-    from mlmkit.infer.index import Index, footprint, query_vectors, search_vectors
+    from mlmkit.retrieval.index import Index, footprint, query_vectors, search_vectors
 
     _, b = tiny_bert(work, "colbert")
     lines, peaks = [], {}
@@ -129,7 +129,7 @@ def dump_vectors(work: Path, n: int) -> tuple[Path, float]:
     (written once); and the seconds the documents' encoding took."""
     import numpy as np
 
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.runtime.pipeline import Pipeline
 
     out = work / f"vectors-{n}"
     done = out / "encode_seconds.txt"
@@ -167,7 +167,7 @@ def exact_top10(vectors: Path, count: int) -> list[list[int]]:
     """Exact MaxSim top 10 of the first ``count`` queries over every document's vectors."""
     import numpy as np
 
-    from mlmkit.infer.late import maxsim, padded
+    from mlmkit.retrieval.maxsim import maxsim, padded
 
     lengths = np.load(vectors / "doc_lengths.npy")
     flat = np.load(vectors / "doc_vectors.npy", mmap_mode="r")
@@ -189,7 +189,7 @@ def plaid(work: Path, n: int, patience: float, ours: dict, venv: Path | None) ->
     """PyLate's PLAID index of the same token vectors, against mlmkit's index of the same documents."""
     import numpy as np
 
-    from mlmkit.infer.index import Index, search_vectors
+    from mlmkit.retrieval.index import Index, search_vectors
 
     vectors, encode = dump_vectors(work, n)
     py = peers_python(venv or work / "pylate-venv", PYLATE)

@@ -493,13 +493,13 @@ def peers_python(venv: Path, pins: Sequence[str]) -> str:
 
 def mlmkit_cuts(lengths: Sequence[int], batch_size: int, hidden: int, *, count_only: bool = False,
                 engine: str = "onnxruntime") -> list[list[int]]:
-    """The batches mlmkit's pipeline cuts on the CPU (infer/pipeline.py) from texts of these token
+    """The batches mlmkit's pipeline cuts on the CPU (runtime/pipeline.py) from texts of these token
     ``lengths``: sorted by length, at most ``batch_size`` texts and CPU_BATCH_ACTIVATIONS / ``hidden``
     padded tokens a batch, cut at the least cost of padding plus CPU_RUN_TOKENS a batch: what a peer that
     takes its batches from outside is given, so that both sides do the same work. ``count_only``: by
     length and count alone (what the peers got before 2026-12-04). ``engine``: the cuts mlmkit makes for
     that engine (pipeline.CPU_CUTS: larger batches for OpenVINO's bf16)."""
-    from mlmkit.infer.pipeline import CPU_CUTS
+    from mlmkit.runtime.pipeline import CPU_CUTS
     from mlmkit.text.batching import bucket_batches
 
     if count_only:

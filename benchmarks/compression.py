@@ -263,7 +263,7 @@ def test_rows(work: Path) -> tuple[list[str], list[str]]:
 def side(work: Path, name: str) -> None:
     texts, _ = test_rows(work)
     if name.startswith("mlmkit/"):
-        from mlmkit.infer.pipeline import Pipeline
+        from mlmkit.runtime.pipeline import Pipeline
 
         pipe = Pipeline.load(work / "bundles" / name.split("/", 1)[1], threads=THREADS)
         run = lambda xs: [r["label"] for r in pipe(xs)]  # noqa: E731
@@ -372,8 +372,8 @@ def static_part(work: Path, rounds: int, patience: float, peers: str | None) -> 
     """Static embeddings' quality and whole-process speed: (the targets' figures, the speed's spread)."""
     import numpy as np
 
-    from mlmkit.infer.pipeline import evaluate_bundle
-    from mlmkit.infer.retrieval import mean_metrics, retrieve
+    from mlmkit.retrieval.exact import mean_metrics, retrieve
+    from mlmkit.runtime.pipeline import evaluate_bundle
     from mlmkit.text.beir import read_split
 
     rs = work / "retrieval"

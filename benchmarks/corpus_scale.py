@@ -161,7 +161,7 @@ def recall(args: argparse.Namespace, b: Path, docs: Path, exact_dir: Path, queri
     """recall@10 of int8, binary and HNSW against exact float32 on the same queries; queries/s."""
     import numpy as np
 
-    from mlmkit.infer.index import Index, query_vectors, search_vectors
+    from mlmkit.retrieval.index import Index, query_vectors, search_vectors
 
     ref = Index.open(exact_dir)
     q = query_vectors(ref, queries.read_text().splitlines())
@@ -283,7 +283,7 @@ def sparse(args: argparse.Namespace, n: int) -> list[str]:
     its top 10 against scipy's in-memory product (what `mlmkit evaluate` of the bundle does) at N."""
     import numpy as np
 
-    from mlmkit.infer.index import Index, query_vectors, search_vectors
+    from mlmkit.retrieval.index import Index, query_vectors, search_vectors
 
     _, b = tiny_bert(args.work, "sparse-embedding")
     lines, peaks = [], {}

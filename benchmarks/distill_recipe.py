@@ -146,7 +146,7 @@ def student(work: Path, name: str, settings: dict, quick: bool, texts: Path) -> 
 
 
 def accuracy(bundle: Path, dev: Path) -> float:
-    from mlmkit.infer.pipeline import evaluate_bundle
+    from mlmkit.runtime.pipeline import evaluate_bundle
 
     return float(evaluate_bundle(bundle, dev)["accuracy"])
 
@@ -155,7 +155,7 @@ def speeds(bundles: dict[str, Path], texts: list[str], rounds: int, patience: fl
     """Sentences per second of each bundle over ``texts`` at ``precision`` (fp32: onnxruntime as exported;
     auto: what mlmkit picks on this CPU, bf16 through OpenVINO where it has bf16 units; an int8 bundle
     runs int8 either way), the median of ``rounds`` alternating passes."""
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.runtime.pipeline import Pipeline
 
     pipes = {n: Pipeline.load(b, threads=THREADS, precision=None if n.endswith("int8") else precision) for n, b in bundles.items()}
     for p in pipes.values():

@@ -133,7 +133,7 @@ def side(work: Path, family: str, name: str, n: int, threads: int) -> None:
 
     d, xs = work / family, texts(n)
     if name.startswith("mlmkit"):
-        from mlmkit.infer.pipeline import Pipeline
+        from mlmkit.runtime.pipeline import Pipeline
 
         pipe = Pipeline.load(d / ("bundle-int8" if name == "mlmkit-int8" else "bundle"), threads=threads, batch_size=32)
 

@@ -26,7 +26,7 @@ of Python's standard library; 1,024 of them are timed (another seed's 20,000 tra
 Five sides per family, each in its own worker process (torch and onnxruntime in one process slow
 each other down, docs/performance.md), loaded and warmed up once, batch 32, 2 threads, max length 512:
 - mlmkit: the bundle of ``mlmkit export CHECKPOINT --out BUNDLE`` (the Python API), run by
-  ``mlmkit.infer.pipeline.Pipeline.load(bundle, threads=2, batch_size=32)`` over the texts (its cuts:
+  ``mlmkit.runtime.pipeline.Pipeline.load(bundle, threads=2, batch_size=32)`` over the texts (its cuts:
   by length, count, padded tokens and least cost);
 - mlmkit-int8: the same with ``--quantize int8`` (dynamic), its labels' agreement with fp32 printed
   (random weights: for information only);
@@ -372,7 +372,7 @@ def setup_int8(d: Path, fam: str) -> None:
 
 # ---- the sides (each in its own process) -----------------------------------------------------------
 def _mlmkit(d: Path, threads: int, batch_size: int, bundle: str = "bundle"):
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.runtime.pipeline import Pipeline
 
     pipe = Pipeline.load(d / bundle, threads=threads, batch_size=batch_size)
     return lambda texts: [[r["label"], r["probabilities"]["pos"]] for r in pipe(texts)]
@@ -472,7 +472,7 @@ def serve_long(side: str, d: Path, work: Path, threads: int) -> None:
     """A worker for the long inputs: "run N" times one batch of the text of N tokens."""
     texts = long_texts(d, work)
     if side == "mlmkit":
-        from mlmkit.infer.pipeline import Pipeline
+        from mlmkit.runtime.pipeline import Pipeline
 
         pipe = Pipeline.load(d / "bundle", threads=threads, batch_size=1)
         tokens = {n: len(pipe.tokenizer.encode(t).ids) for n, t in texts.items()}

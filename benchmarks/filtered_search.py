@@ -5,7 +5,7 @@
     python benchmarks/filtered_search.py --ann hnsw       # and an HNSW index of the same vectors
 
 The documents are random unit vectors (what is measured is the search, not an encoder), written as a
-float32 index (`mlmkit/infer/index/`'s own files: vectors, ids, a meta.arrow with a ``bucket`` field
+float32 index (`mlmkit/retrieval/index/`'s own files: vectors, ids, a meta.arrow with a ``bucket`` field
 of 100 values and a ``half`` boolean), then searched one query at a time, after a quiet CPU:
 
 - mlmkit: search_vectors with the rows of ``--where bucket=7`` (1%: at most 65,536 rows, each scored
@@ -81,8 +81,8 @@ def main() -> None:
     print_machine(THREADS)
     import faiss
 
-    from mlmkit.infer.index import Index, search_vectors
-    from mlmkit.infer.index.filters import parse, rows
+    from mlmkit.retrieval.index import Index, search_vectors
+    from mlmkit.retrieval.index.filters import parse, rows
 
     faiss.omp_set_num_threads(THREADS)
     out = args.work / f"index-{args.documents}-{args.dims}"
@@ -128,9 +128,9 @@ def hnsw(flat_dir: Path, ix, q: np.ndarray, exact: dict[str, list[np.ndarray]], 
     index's efSearch; p50 / p99 and recall@10 against the exact filtered top 10."""
     import faiss
 
-    from mlmkit.infer.index import Index, search_vectors
-    from mlmkit.infer.index.ann import ann_settings, build_ann, load_ann
-    from mlmkit.infer.index.filters import parse, rows
+    from mlmkit.retrieval.index import Index, search_vectors
+    from mlmkit.retrieval.index.ann import ann_settings, build_ann, load_ann
+    from mlmkit.retrieval.index.filters import parse, rows
 
     out = flat_dir.with_name(flat_dir.name + "-hnsw")
     if not (out / "manifest.json").is_file():

@@ -47,7 +47,7 @@ def main() -> None:
     from conftest import run_export, run_finetune
     from test_families import FAMILIES, save_checkpoint
 
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.runtime.pipeline import Pipeline
 
     print(f"torch {torch.__version__}, cuda available: {torch.cuda.is_available()}"
           f"{' (' + torch.cuda.get_device_name(0) + ')' if torch.cuda.is_available() else ''}; "

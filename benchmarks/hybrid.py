@@ -78,7 +78,7 @@ def tuned(data: Path, bundle: Path, work: Path) -> str:
     """--fusion weighted with the index's weight chosen on the set's train split (BM25's 1), then the test
     split: what a user tuning on held-out queries would get (the model was trained on those train queries,
     so its train-split figures are optimistic)."""
-    from mlmkit.infer.index.hybrid import evaluate_hybrid
+    from mlmkit.retrieval.index.hybrid import evaluate_hybrid
 
     ix = work / f"ix-{bundle.name}-{data.name}"
     on_train = {w: evaluate_hybrid(ix, Path(f"{data}:train"), ["bm25"], fusion="weighted", weights=[w, 1.0])

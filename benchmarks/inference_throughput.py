@@ -273,10 +273,10 @@ def full_logits_graph(run: Path, out: Path) -> None:
 
     from mlmkit.exporter.graphs import torch_export
     from mlmkit.exporter.passes import fuse
-    from mlmkit.infer.bundle import INPUT_NAMES as INPUTS
     from mlmkit.models.core import BertForPreTraining, set_attention_impl
     from mlmkit.rundir.checkpoint import load_state_dict, load_weights
     from mlmkit.rundir.config import load_config
+    from mlmkit.runtime.bundle import INPUT_NAMES as INPUTS
 
     class Full(torch.nn.Module):
         def __init__(self, m: BertForPreTraining) -> None:
@@ -316,7 +316,7 @@ def _mlmkit(bundle: str, answers: Any, **kw: Any):
     """The mlmkit pipeline of ``bundle``; ``answers`` turns its results into the predictions compared."""
 
     def make(work: Path, threads: int, batch_size: int):
-        from mlmkit.infer.pipeline import Pipeline
+        from mlmkit.runtime.pipeline import Pipeline
 
         pipe = Pipeline.load(work / "bundles" / bundle, threads=threads, batch_size=batch_size)
         return lambda texts: answers(pipe(texts, **kw))
@@ -412,8 +412,8 @@ def _full_logits(work: Path, threads: int, batch_size: int, count_only: bool = F
     """onnxruntime on the full-logits graph: same tokenizer, the batches mlmkit cuts, top-k of the [MASK] rows."""
     import numpy as np
 
-    from mlmkit.infer.bundle import load_bundle_tokenizer, read_bundle_meta
-    from mlmkit.infer.pipeline import make_session
+    from mlmkit.runtime.bundle import load_bundle_tokenizer, read_bundle_meta
+    from mlmkit.runtime.pipeline import make_session
     from mlmkit.text.batching import pad_features
 
     bundle = work / "bundles" / "fill-mask"

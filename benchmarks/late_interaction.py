@@ -110,7 +110,7 @@ def side_st_colbert(work: Path, out: Path) -> dict:
 def side_encode_mlmkit(work: Path, out: Path, precision: str | None = None) -> dict:
     """The bundle's token vectors at ``precision`` (None: what this machine's auto choice is: bf16 on
     OpenVINO where the CPU has bf16 units and the gate passes)."""
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.runtime.pipeline import Pipeline
 
     docs = (work / "encode.txt").read_text(encoding="utf-8").splitlines()
     pipe = Pipeline.load(work / "colbert-bundle", threads=THREADS, precision=precision)

@@ -201,7 +201,7 @@ def serve_side(task: str, side: str, work: Path) -> None:
     texts = data["masked" if task == "fill-mask" else "plain"]
     bundle = work / f"{task}-{'int8' if side == 'mlmkit-int8' else 'auto'}"
     if side.startswith("mlmkit"):
-        from mlmkit.infer.pipeline import Pipeline
+        from mlmkit.runtime.pipeline import Pipeline
 
         precision = {"mlmkit-fp32": "fp32", "mlmkit-bf16": "bf16"}.get(side)
         pipe = Pipeline.load(bundle, threads=THREADS, batch_size=BATCH, precision=precision,
@@ -316,7 +316,7 @@ def openvino_side(task: str, bundle: Path) -> tuple[Any, dict[str, Any]]:
     import numpy as np
     import openvino as ov
 
-    from mlmkit.infer.bundle import load_bundle_tokenizer, read_bundle_meta
+    from mlmkit.runtime.bundle import load_bundle_tokenizer, read_bundle_meta
     from mlmkit.text.batching import pad_features
 
     meta = read_bundle_meta(bundle)

@@ -40,9 +40,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
 
-    from mlmkit.infer.pipeline import Pipeline
-    from mlmkit.infer.reranking import relevance
-    from mlmkit.infer.retrieval import BM25, mean_metrics
+    from mlmkit.retrieval.exact import BM25, mean_metrics
+    from mlmkit.retrieval.reranking import relevance
+    from mlmkit.runtime.pipeline import Pipeline
     from mlmkit.text.beir import read_split
 
     split = read_split(a.data, training=False)

@@ -335,9 +335,9 @@ def side_two_stages(work: Path, out: Path) -> dict:
     import logging
     import tempfile
 
-    from mlmkit.infer.pipeline import Pipeline
-    from mlmkit.infer.reranking import rerank_documents
-    from mlmkit.infer.retrieval import BM25, Dense, mean_metrics
+    from mlmkit.retrieval.exact import BM25, Dense, mean_metrics
+    from mlmkit.retrieval.reranking import rerank_documents
+    from mlmkit.runtime.pipeline import Pipeline
     from mlmkit.text.beir import read_split
 
     logging.getLogger("mlmkit").setLevel(logging.ERROR)  # not a line per query about truncated documents

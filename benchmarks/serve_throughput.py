@@ -141,7 +141,7 @@ def transformers_app(model: Path, port: int, threaded: bool) -> None:
 def offline(bundle: Path, texts: list[str], rounds: int) -> None:
     """mlmkit's pipeline on all the texts at once: one JSON line per pass, with the cores other
     processes kept busy during it."""
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.runtime.pipeline import Pipeline
 
     pipe = Pipeline.load(bundle, threads=THREADS)
     pipe(texts[:64])

@@ -25,7 +25,7 @@ _API = {
     "finetune": "mlmkit.train.finetune",
     "distill": "mlmkit.train.distill",
     "evaluate_run": "mlmkit.train.finetune",
-    "Pipeline": "mlmkit.infer.pipeline",
+    "Pipeline": "mlmkit.runtime.pipeline",
     "Args": "mlmkit.args",
     "TrainArgs": "mlmkit.args",
     "TokenizerArgs": "mlmkit.args",

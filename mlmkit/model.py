@@ -13,13 +13,11 @@ uses it:
   mlmkit.objectives) and ``build_loss``, and how a batch's embeddings are computed for them, all at
   once or GradCache-style (mlmkit.train.losses);
 - a fine-tuned run loaded for prediction, and the one prediction loop (mlmkit.train.finetune,
-  mlmkit.infer.evaluation): a teacher's outputs computed inside a task.
+  mlmkit.runtime.prediction): a teacher's outputs computed inside a task.
 """
 
 from __future__ import annotations
 
-from mlmkit.infer.evaluation import predict
-from mlmkit.infer.late import maxsim
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import (
     BertEmbeddings,
@@ -42,6 +40,8 @@ from mlmkit.models.core import (
     token_states,
 )
 from mlmkit.models.pooled import Dense, PairBatch, TextEncoder, pool
+from mlmkit.retrieval.maxsim import maxsim
+from mlmkit.runtime.prediction import predict
 from mlmkit.train.finetune import load_finetuned, torch_forward
 from mlmkit.train.losses import (
     build_loss,

@@ -16,8 +16,8 @@ This module is the one public path of these names; each is defined where the cor
   special token ids and its mask token, and a model directory's tokenizer: mlmkit.text.tokenizer;
   long texts cut into chunks of a model's tokens at word boundaries: mlmkit.text.chunks;
 - retrieval: exact (or faiss) search, the IR metrics, TREC run files, BM25 and dense retrievers over
-  a bundle: mlmkit.infer.retrieval; late interaction's MaxSim and exact ranking: mlmkit.infer.late;
-- an exported bundle's pipeline (onnxruntime): mlmkit.infer.pipeline;
+  a bundle: mlmkit.retrieval.exact; late interaction's MaxSim and exact ranking: mlmkit.retrieval.maxsim;
+- an exported bundle's pipeline (onnxruntime): mlmkit.runtime.pipeline;
 - the loss registry (a task's ``loss`` option's choices, what each loss trains on): mlmkit.objectives.
 """
 
@@ -28,17 +28,6 @@ from typing import Any
 
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError, TaskError
 from mlmkit.files import MAX_RECORD_BYTES, parse_json
-from mlmkit.infer.late import maxsim, padded, rank
-from mlmkit.infer.retrieval import (
-    BM25,
-    INDEXES,
-    Dense,
-    leading_dimensions,
-    mean_metrics,
-    retrieve,
-    write_trec,
-)
-from mlmkit.infer.retrieval import METRICS as RETRIEVAL_METRICS
 from mlmkit.objectives import Loss, get_loss, losses, register_loss
 from mlmkit.registry import (
     BATCH,
@@ -59,6 +48,17 @@ from mlmkit.registry import (
     TaskOption,
     TaskState,
 )
+from mlmkit.retrieval.exact import (
+    BM25,
+    INDEXES,
+    Dense,
+    leading_dimensions,
+    mean_metrics,
+    retrieve,
+    write_trec,
+)
+from mlmkit.retrieval.exact import METRICS as RETRIEVAL_METRICS
+from mlmkit.retrieval.maxsim import maxsim, padded, rank
 from mlmkit.text.beir import BeirSplit, is_beir, read_split
 from mlmkit.text.chunks import Chunker, Chunking
 from mlmkit.text.readers import (
@@ -101,8 +101,8 @@ __all__ = [
 
 
 def load_pipeline(bundle: str | Path, **kwargs: Any) -> Any:
-    """An exported bundle's ``Pipeline`` (mlmkit.infer.pipeline; onnxruntime is imported on first use,
+    """An exported bundle's ``Pipeline`` (mlmkit.runtime.pipeline; onnxruntime is imported on first use,
     so importing a task stays cheap): ``load_pipeline(path, command="embed")(texts)``."""
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.runtime.pipeline import Pipeline
 
     return Pipeline.load(bundle, **kwargs)

@@ -6,7 +6,7 @@ text, cut to ``query_length`` tokens (32) and padded to exactly that many with [
 expansion: the encoder does not attend to them unless ``attend_expansion``, and their vectors take
 part in scoring); a document as ``[D] `` + its text, cut to the max length (180), its ``skiplist``
 tokens (punctuation) left out of its vectors. The score of a query and a document is MaxSim
-(mlmkit.infer.late.maxsim): the sum over the query's vectors of the best dot product with any of the
+(mlmkit.retrieval.maxsim.maxsim): the sum over the query's vectors of the best dot product with any of the
 document's, the one function training, evaluation, search and serving call.
 
 It is the embedding task with token vectors for embeddings: it reads the same data (rows of an

@@ -21,7 +21,7 @@ Data, in any format fine-tuning reads (CSV / TSV / JSONL / Parquet / `datasets` 
   ``mse-distill`` toward the teacher's embedding of every text (computed once, before training);
 - a BEIR directory (text/beir.py): its train split's (query, relevant document) pairs for training,
   its test (or dev) split for evaluation: nDCG@10 (main), MRR@10, MAP@100, Recall@10/100,
-  Precision@10 over an exact search of the whole corpus (infer/retrieval.py).
+  Precision@10 over an exact search of the whole corpus (retrieval/exact.py).
 
 In a training batch an example's texts stay together (``group_features``); ``--batch-size`` counts
 texts, so 64 holds 32 (anchor, positive) pairs.

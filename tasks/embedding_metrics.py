@@ -16,7 +16,7 @@ from mlmkit.taskkit import Example, Prediction, TaskError, mean_metrics, retriev
 
 def retrieval_metrics(predictions: list[Prediction], examples: list[Example], dims: list[int],
                       options: Mapping[str, Any]) -> dict[str, float]:
-    """Every query searches the whole corpus (cosine, exact or through ``index``, infer/retrieval.py);
+    """Every query searches the whole corpus (cosine, exact or through ``index``, retrieval/exact.py);
     the metrics at the full dimension, and with matryoshka dimensions the same at each as
     METRIC@dimD. ``save_run``: the full dimension's ranking goes to that file (TREC run format)."""
     queries = [(ex, p) for ex, p in zip(examples, predictions) if ex["kind"] == "query"]

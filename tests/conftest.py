@@ -57,7 +57,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 # Bundles run in fp32 on onnxruntime unless a test asks for another precision: the default (auto) would
 # run them in bf16 on a CPU with bf16 units, where the parity tests hold fp32 to PyTorch at 1e-4 and a
-# bf16 gate would be measured at every load. tests/infer/test_precision.py tests auto, on this machine and
+# bf16 gate would be measured at every load. tests/runtime/test_precision.py tests auto, on this machine and
 # with the CPU's bf16 units forced on and off; the test processes inherit the setting.
 os.environ.setdefault("MLMKIT_PRECISION", "fp32")
 

@@ -215,6 +215,6 @@ def sentence_transformers_bundle(tmp: Path, hf: Path, pooling: str, dense: tuple
 
 
 def bundle_embeddings(bundle: Path, texts: list[str]) -> np.ndarray:
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.runtime.pipeline import Pipeline
 
     return np.array([r["embedding"] if isinstance(r, dict) else r for r in Pipeline.load(bundle)(texts)])

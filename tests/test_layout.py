@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCH_FREE = ("mlmkit.errors", "mlmkit.files", "mlmkit.args", "mlmkit.registry", "mlmkit.taskkit", "mlmkit.text",
-              "mlmkit.infer")
+              "mlmkit.runtime", "mlmkit.jobs", "mlmkit.retrieval", "mlmkit.serve")
 """The packages that never import torch (pyproject.toml's first import-linter contract)."""
 PUBLIC_PLUGIN_PATHS = {"mlmkit.taskkit", "mlmkit.registry", "mlmkit.model"}
 
@@ -48,7 +48,7 @@ print(len(names))
 """
     r = _run(code)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert int(r.stdout.split()[-1]) > 30  # every module of infer/, text/ and the tasks was walked
+    assert int(r.stdout.split()[-1]) > 30  # every module of runtime/, jobs/, retrieval/, serve/, text/ and the tasks was walked
 
 
 def test_import_contracts_hold():
@@ -59,8 +59,9 @@ def test_import_contracts_hold():
 
 
 @pytest.mark.parametrize("module, line, broken", [
-    ("mlmkit/infer/bundle.py", "import torch", "never imports torch"),
-    ("mlmkit/text/batching.py", "from mlmkit.infer import bundle", "Layers"),
+    ("mlmkit/runtime/bundle.py", "import torch", "never imports torch"),
+    ("mlmkit/text/batching.py", "from mlmkit.runtime import bundle", "Layers"),
+    ("mlmkit/runtime/pipeline.py", "from mlmkit.retrieval import exact", "Layers"),
     ("mlmkit/train/loop.py", "import mlmkit.model", "never imports the plugin kits"),
     ("tasks/qa.py", "from mlmkit.train import losses", "only through the plugin paths"),
 ])
@@ -126,7 +127,7 @@ assert "torch" not in sys.modules
 assert {"pretrain", "finetune", "evaluate_run", "export", "Pipeline", "PretrainArgs", "FinetuneArgs", "ExportArgs",
         "TrainArgs"} <= set(dir(mlmkit))
 from mlmkit.args import ExportArgs, FinetuneArgs, PretrainArgs, TrainArgs
-from mlmkit.infer.pipeline import Pipeline
+from mlmkit.runtime.pipeline import Pipeline
 from mlmkit.taskkit import BATCH, EXAMPLE, Record, TaskOption, iter_jsonl, tokenizer_settings, retrieve, load_pipeline
 from mlmkit.registry import Task, TaskDefaults, get_task, tasks
 import mlmkit.taskkit, mlmkit.registry
@@ -142,7 +143,7 @@ from mlmkit.train.pretrain import pretrain
 import mlmkit.exporter
 assert mlmkit.export is export and mlmkit.finetune is finetune and mlmkit.pretrain is pretrain
 assert mlmkit.evaluate_run is evaluate_run and not callable(mlmkit.exporter)
-for gone in ("mlmkit.runtime", "mlmkit.pretraining", "mlmkit.finetuning", "mlmkit.plugin", "mlmkit.export"):
+for gone in ("mlmkit.infer", "mlmkit.pretraining", "mlmkit.finetuning", "mlmkit.plugin", "mlmkit.export"):
     try:
         importlib.import_module(gone)
     except ImportError:

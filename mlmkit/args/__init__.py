@@ -17,7 +17,7 @@ An option that means the same thing in several commands is declared once, as an 
 (``Engine``: --engine, --address; ``Runtime``: --device, --precision, --min-agreement, --threads,
 --batch-size, --batch-tokens, --window of a bundle's session; ``Output``: --output, --json;
 ``Inputs``; ``Training``), and each dataclass takes it as a field: ``device: str = Runtime.device()``.
-``BuildArgs`` (`mlmkit index`) lives with the index it builds, mlmkit.infer.index.building.
+``BuildArgs`` (`mlmkit index`) lives with the index it builds, mlmkit.retrieval.index.building.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from mlmkit.text.tokenizer import DEFAULT_VOCAB_SIZE
 A = TypeVar("A", bound="Args")
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
-"""What --precision takes: auto, or a precision a bundle may run in (mlmkit.infer.precision chooses)."""
+"""What --precision takes: auto, or a precision a bundle may run in (mlmkit.runtime.precision chooses)."""
 PRECISION_HELP = ("auto (default; $MLMKIT_PRECISION sets another): the fastest precision this machine computes in "
                   "hardware whose gate passes (bf16 through OpenVINO on AMX / AVX512-BF16 CPUs), else the bundle's own; "
                   "fp32, bf16, fp16 or int8: that one, or one line saying why not.")
@@ -203,7 +203,7 @@ class Embedding:
 
 
 class Fusion:
-    """Hybrid retrieval (mlmkit.infer.index.hybrid): other retrievers of the same corpus, fused with the first
+    """Hybrid retrieval (mlmkit.retrieval.index.hybrid): other retrievers of the same corpus, fused with the first
     (search, evaluate, mine)."""
 
     hybrid = Opt(("--hybrid",), None, "Fuse with another retriever of the same documents: bm25, or an index (mlmkit index); "
@@ -257,7 +257,7 @@ class Runtime:
     batch_tokens = Opt(("--batch-tokens",), None, "Most padded tokens per onnxruntime batch (0: no limit; default on the "
                                                   "CPU: what keeps a batch in cache, 512 at hidden size 384; on CUDA no limit).")
     window = Opt(("--window",), 4096, "Records read, length-bucketed and written together: memory holds one window per "
-                                      "worker.")  # 4096: mlmkit.infer.windows.WINDOW (a test holds them equal)
+                                      "worker.")  # 4096: mlmkit.jobs.windows.WINDOW (a test holds them equal)
 
 
 class Output:

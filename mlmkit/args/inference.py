@@ -31,7 +31,7 @@ from mlmkit.text.chunks import Chunking
 @dataclass
 class InferenceArgs(Args):
     """What every inference command takes (classify, tag, qa, embed, predict, a task's own command): a
-    batch job over a bundle (mlmkit.infer.jobs)."""
+    batch job over a bundle (mlmkit.jobs.batch)."""
 
     bundle: Path = arg(help="A bundle directory written by `mlmkit export`.", positional=True)
     texts: list[str] | None = arg(None, "Input texts (or use --input, or pipe them on stdin).", positional=True)

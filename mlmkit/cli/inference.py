@@ -41,8 +41,8 @@ from mlmkit.cli.common import (
 )
 from mlmkit.errors import ConfigError
 from mlmkit.files import JSONObject
-from mlmkit.infer.index import BuildArgs, Index
 from mlmkit.registry import Options, Prediction, tasks
+from mlmkit.retrieval.index import BuildArgs, Index
 
 app = typer.Typer()
 
@@ -57,7 +57,7 @@ def export_cmd(args: ExportArgs, options: Options, as_json: Json = False) -> Non
     from dataclasses import replace
 
     from mlmkit.exporter.bundle import export
-    from mlmkit.infer.precision import said
+    from mlmkit.runtime.precision import said
 
     with err.status(f"exporting {args.run} ..."):
         meta = export(replace(args, options=options))
@@ -100,9 +100,9 @@ def run_inference(command: str | None, args: InferenceArgs, options: Options, te
     window by window (jobs.batch), and write the results: a file, JSON lines when piped, a table on a
     terminal."""
     from mlmkit.files import is_stream, json_line
-    from mlmkit.infer.evaluation import warn_truncated
-    from mlmkit.infer.jobs import batch, default_workers, steady_memory
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.jobs.batch import batch, default_workers, steady_memory
+    from mlmkit.runtime.pipeline import Pipeline
+    from mlmkit.runtime.prediction import warn_truncated
     from mlmkit.text.readers import Record
     from mlmkit.text.records import input_files, iter_inputs, stdin_inputs
 
@@ -127,7 +127,7 @@ def run_inference(command: str | None, args: InferenceArgs, options: Options, te
                          batch_tokens=args.batch_tokens, command=command, precision=args.precision,
                          min_agreement=args.min_agreement)
     if args.engine == "ray":
-        from mlmkit.infer.integrations.ray import run_cli
+        from mlmkit.jobs.ray import run_cli
 
         return run_cli(pipe, args, options)
     stream = args.output is not None and is_stream(args.output)  # written through by jobs.batch, as JSON lines
@@ -219,7 +219,7 @@ def embed(args: EmbedArgs, options: Options) -> None:
     --chunk-tokens, a vector per chunk of each text, with its span."""
     chunks = args.chunk_options()
     if chunks and (args.bundle / "mlmkit.json").is_file():  # else Pipeline.load says what is wrong, in one line
-        from mlmkit.infer.bundle import read_bundle_meta
+        from mlmkit.runtime.bundle import read_bundle_meta
 
         task = read_bundle_meta(args.bundle).task
         if task != "embedding":
@@ -234,9 +234,9 @@ def embed(args: EmbedArgs, options: Options) -> None:
 def rerank(args: RerankArgs, as_json: Json = False) -> None:
     """Rank documents for a query with a cross-encoder (the score: the sigmoid of its logit) or a colbert bundle
     (MaxSim), most relevant first."""
-    from mlmkit.infer.bundle import read_bundle_meta
-    from mlmkit.infer.pipeline import Pipeline
-    from mlmkit.infer.reranking import late_interaction, rerank_documents
+    from mlmkit.retrieval.reranking import late_interaction, rerank_documents
+    from mlmkit.runtime.bundle import read_bundle_meta
+    from mlmkit.runtime.pipeline import Pipeline
     from mlmkit.text.records import iter_inputs
 
     docs = list(args.documents or []) + ([rec.line_text(args.text_column) for rec in iter_inputs(args.input_file)]
@@ -286,7 +286,7 @@ def predict(args: InferenceArgs, options: Options) -> None:
 @with_args(MineArgs)
 def mine(args: MineArgs, as_json: Json = False) -> None:
     """Mine hard negatives for (query, positive) data: a BEIR directory or anchor, positive rows, ranked by BM25 or an embedding bundle."""
-    from mlmkit.infer.mining import mine as run
+    from mlmkit.retrieval.mining import mine as run
 
     with err.status(f"mining {args.data} ..."):
         stats = run(args)
@@ -307,7 +307,7 @@ def index_cmd(args: BuildArgs, as_json: Json = False) -> None:
     index, a colbert bundle's token vectors as centroids and residuals), ids beside them, a manifest."""
     import time
 
-    from mlmkit.infer.index import build, footprint
+    from mlmkit.retrieval.index import build, footprint
 
     if args.delete is not None or args.compact:
         return _change_index(args, as_json)
@@ -334,8 +334,8 @@ def index_cmd(args: BuildArgs, as_json: Json = False) -> None:
 
 def _change_index(args: BuildArgs, as_json: bool) -> None:
     """`mlmkit index INDEX --delete IDS` or `--compact`: the index changed, what it holds printed."""
-    from mlmkit.infer.index import footprint
-    from mlmkit.infer.index.live import compact, delete
+    from mlmkit.retrieval.index import footprint
+    from mlmkit.retrieval.index.live import compact, delete
 
     index = Path(args.bundle)
     before = footprint(index, Index.open(index).manifest)["bytes"]
@@ -358,14 +358,14 @@ def search_cmd(args: SearchArgs, as_json: Json = False) -> None:
     """The top-k documents of each query in an index, best first: JSON lines {"query", "hits": [{"id", "score"}]} or a table."""
 
     from mlmkit.files import json_line
-    from mlmkit.infer.index import Index, as_input, as_queries, hits, query_bundle, search_vectors
-    from mlmkit.infer.index.search import chunk_aggregation
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.retrieval.index import Index, as_input, as_queries, hits, query_bundle, search_vectors
+    from mlmkit.retrieval.index.search import chunk_aggregation
+    from mlmkit.runtime.pipeline import Pipeline
     from mlmkit.text.records import iter_inputs
 
     ix = Index.open(args.index)
     if args.export is not None:
-        from mlmkit.infer.index import export_parquet
+        from mlmkit.retrieval.index import export_parquet
 
         n = export_parquet(ix, args.export)
         err.print(f"wrote {n:,} ids and vectors to {args.export}")
@@ -379,12 +379,12 @@ def search_cmd(args: SearchArgs, as_json: Json = False) -> None:
         raise ConfigError(f"--top-k {top_k}: give 1 to the index's {ix.count:,} documents")
     if args.rescore is not None and args.rescore < top_k:  # said before any query is embedded
         raise ConfigError(f"--rescore {args.rescore} is below --top-k {top_k}", "rescore at least as many candidates as are kept")
-    from mlmkit.infer.index.filters import parse, rows
+    from mlmkit.retrieval.index.filters import parse, rows
 
     where = rows(ix, parse(args.where))  # said before any query is embedded
     chunk_aggregation(args.chunk_agg, ix)
     if args.hybrid:
-        from mlmkit.infer.index.hybrid import hybrid_search
+        from mlmkit.retrieval.index.hybrid import hybrid_search
 
         search = hybrid_search(args, where)
     else:
@@ -415,6 +415,6 @@ def serve(args: ServeArgs) -> None:
 
     POST /v1/models/NAME/predict {"inputs": [...], "options": {...}}; GET /v1/models, /health, /ready,
     /metrics, /docs. SIGTERM drains: requests in flight finish, new ones get 503."""
-    from mlmkit.infer.serve.server import serve as run
+    from mlmkit.serve.server import serve as run
 
     run(args)

@@ -193,7 +193,7 @@ def evaluate(args: EvaluateArgs, options: Options, as_json: Json = False) -> Non
     models, data = args.models, args.data
     if args.hybrid:
         from mlmkit.args import fusion_weights
-        from mlmkit.infer.index.hybrid import evaluate_hybrid
+        from mlmkit.retrieval.index.hybrid import evaluate_hybrid
 
         if options or not (models[0] / "manifest.json").is_file():
             raise MlmkitError(f"--hybrid: {models[0]} is not an index" if not options else "--hybrid takes no --option",
@@ -211,7 +211,7 @@ def evaluate(args: EvaluateArgs, options: Options, as_json: Json = False) -> Non
 
         check_picture(args.plot, "--plot")
     if args.chunk_agg != "max":
-        from mlmkit.infer.index.search import chunk_aggregation
+        from mlmkit.retrieval.index.search import chunk_aggregation
 
         chunk_aggregation(args.chunk_agg)
     if args.chunk_agg != "max" and any(not (m / "manifest.json").is_file() for m in models):
@@ -237,14 +237,14 @@ def _evaluate_one(model: Path, data: Path, options: Options, predictions: Path |
                   speed: bool, chunk_agg: str = "max") -> Metrics:
     """One model's metrics: an index's stored vectors, a bundle through onnxruntime, a run through PyTorch."""
     if (model / "manifest.json").exists():
-        from mlmkit.infer.index import evaluate_index
+        from mlmkit.retrieval.index import evaluate_index
 
         if options or predictions is not None or speed:
             raise MlmkitError(f"{model} is an index: it takes --data alone", "drop --option, --predictions and --speed")
         return evaluate_index(model, data, device=device, chunk_agg=chunk_agg)
     if (model / "model.onnx").exists():
-        from mlmkit.infer.index import evaluate_bundle_by_index, through_index
-        from mlmkit.infer.pipeline import evaluate_bundle
+        from mlmkit.retrieval.index import evaluate_bundle_by_index, through_index
+        from mlmkit.runtime.pipeline import evaluate_bundle
 
         if predictions is None and not speed and through_index(model, data, options):  # bounded memory, any corpus
             return evaluate_bundle_by_index(model, data, device=device)

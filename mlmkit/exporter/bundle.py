@@ -49,10 +49,6 @@ from mlmkit.exporter.parity import (
 )
 from mlmkit.exporter.passes import fuse, quantize_int8, quantize_int8_static, to_fp16
 from mlmkit.files import JSONObject, atomic_write, atomic_write_text, exclusive, write_json
-from mlmkit.infer.bundle import LABELS_KEY, BundleMeta, ModelShape, tokenizer_fingerprint
-from mlmkit.infer.engines import ENGINES, cpu_feature
-from mlmkit.infer.evaluation import agreement
-from mlmkit.infer.precision import bf16_unavailable, cannot_run, gate_sample, judge, measure, padded, said
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import set_attention_impl
 from mlmkit.registry import Options, task_of, tasks
@@ -60,6 +56,10 @@ from mlmkit.rundir.checkpoint import is_model_dir
 from mlmkit.rundir.config import load_config
 from mlmkit.rundir.hub import describe
 from mlmkit.rundir.meta import RunMeta
+from mlmkit.runtime.bundle import LABELS_KEY, BundleMeta, ModelShape, tokenizer_fingerprint
+from mlmkit.runtime.engines import ENGINES, cpu_feature
+from mlmkit.runtime.precision import bf16_unavailable, cannot_run, gate_sample, judge, measure, padded, said
+from mlmkit.runtime.prediction import agreement
 from mlmkit.text.tokenizer import load_tokenizer, special_ids, write_special_tokens_map
 
 log = logging.getLogger("mlmkit")
@@ -227,7 +227,7 @@ def _int8(args: ExportArgs, fp32: Path, final: Path, calib: list[dict[str, np.nd
 def _int8_agreement(args: ExportArgs, a: Any, b: Any, batches: list[dict[str, np.ndarray]],
                     axes: dict[str, tuple[str, ...]], names: list[str], *, on: str) -> dict[str, float | str | None]:
     """The agreement of the int8 session ``b`` with the fp32 one ``a`` on ``batches``
-    (infer.evaluation.agreement), held to --min-agreement: below it, ParityError, and the bundle is not
+    (runtime.prediction.agreement), held to --min-agreement: below it, ParityError, and the bundle is not
     written."""
     got = agreement([run_onnx(a, x, names) for x in batches], [run_onnx(b, x, names) for x in batches], axes,
                     [x["attention_mask"] for x in batches])

@@ -23,12 +23,12 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from mlmkit.errors import ConfigError
-from mlmkit.infer.bundle import DYNAMIC_AXES, INPUT_NAMES
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import set_attention_impl
 from mlmkit.registry import BATCH, SEQUENCE, task_of
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
 from mlmkit.rundir.meta import RunMeta
+from mlmkit.runtime.bundle import DYNAMIC_AXES, INPUT_NAMES
 
 log = logging.getLogger("mlmkit")
 

@@ -17,10 +17,10 @@ import torch
 from torch import nn
 
 from mlmkit.errors import ParityError
-from mlmkit.infer.evaluation import decisions, real_rows
-from mlmkit.infer.precision import SAMPLE_ROWS, sample_batch  # noqa: F401 - the gate's sample, made where the runtime makes it
 from mlmkit.models.core import set_attention_impl
 from mlmkit.rundir.meta import RunMeta
+from mlmkit.runtime.precision import SAMPLE_ROWS, sample_batch  # noqa: F401 - the gate's sample, made where the runtime makes it
+from mlmkit.runtime.prediction import decisions, real_rows
 
 log = logging.getLogger("mlmkit")
 

@@ -175,7 +175,7 @@ def _onnx_stage(console: Console, out: Path) -> list[Prediction]:
     returns the classifier's predictions."""
     from mlmkit.args import ExportArgs
     from mlmkit.exporter.bundle import export
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.runtime.pipeline import Pipeline
 
     t = _step(console, 4, "ONNX export and onnxruntime inference")
     for run_name, bundle in (("pretrain", "fill-mask"), ("classifier", "classifier")):
@@ -214,7 +214,7 @@ def _retrieval_stage(console: Console, out: Path, *, seed: int, retrieval_docume
     console.print(f"{counts['documents']:,} documents, {counts['train_queries']:,} training and "
                   f"{counts['test_queries']:,} test queries -> {out / 'retrieval'}")
     try:
-        from mlmkit.infer.retrieval import bm25_metrics
+        from mlmkit.retrieval.exact import bm25_metrics
 
         bm25 = bm25_metrics(out / "retrieval")
     except MlmkitError as e:  # bm25s is an extra: the dense rows stand without it
@@ -244,7 +244,7 @@ def _cheaper_stage(console: Console, out: Path, *, seed: int) -> list[Metrics]:
     speed and size, as `mlmkit evaluate A B ... --speed` prints them; returns the rows."""
     from mlmkit.args import DistillArgs, ExportArgs
     from mlmkit.exporter.bundle import export
-    from mlmkit.infer.pipeline import evaluate_bundle
+    from mlmkit.runtime.pipeline import evaluate_bundle
     from mlmkit.train.distill import distill
 
     t = _step(console, 6, "the classifier made cheaper: distilled into 1 layer, int8")

@@ -10,7 +10,7 @@ from 0 and that span. A document of N tokens or fewer is one chunk: its whole te
 --chunk-sentences a window ends at the last sentence end (".", "!" or "?" closing a word) in its second
 half where there is one, and the overlap starts at the first sentence start in it where there is one.
 
-In an index (infer/index/) each chunk is a row whose id is its document's and its number, ``ID#K``
+In an index (retrieval/index/) each chunk is a row whose id is its document's and its number, ``ID#K``
 (SEPARATOR); a search ranks the documents by their best chunk and names it and its span. `mlmkit embed`
 gives each text its chunks, each with its span and vector (the embedding task's chunk_tokens option).
 """

@@ -24,7 +24,7 @@ neighbours (one copy by default below DISTILL_AUGMENT_BELOW texts). The student 
 the best held-out agreement over the evaluations (each epoch).
 
 The student's agreement with the teacher on the held-out inputs (top-1 for outputs that choose,
-mean cosine for vectors: infer.evaluation.agreement) goes into its mlmkit.json ("distill"), with the
+mean cosine for vectors: infer.prediction.agreement) goes into its mlmkit.json ("distill"), with the
 teacher, the layer map, the loss and the temperature.
 """
 
@@ -50,12 +50,12 @@ from torch import nn
 from mlmkit.args import DISTILL_AUGMENT_BELOW, DISTILL_HIDDEN, DISTILL_RELATIONS, DistillArgs
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.files import JSONObject, atomic_write, atomic_write_text, cache_root, exclusive
-from mlmkit.infer import evaluation
 from mlmkit.models.blocks import Attention
 from mlmkit.registry import LABEL, SEQUENCE, Example, Feature, Metrics, Plugin, TaskContext, per_token
 from mlmkit.rundir.checkpoint import load_weights, save_run
 from mlmkit.rundir.meta import RunMeta, read_meta, write_meta
 from mlmkit.rundir.weights import weights_digest
+from mlmkit.runtime import prediction
 from mlmkit.text.batching import pad_features
 from mlmkit.text.records import iter_inputs
 from mlmkit.text.tokenizer import special_ids
@@ -299,7 +299,7 @@ def _distill(args: DistillArgs) -> Metrics:
     outputs = {name: tuple(axes) for name, axes in task.outputs.items()}
     pad = special_ids(tok).pad
     features = task.featurize(train_ex, tok, ctx, training=False)
-    evaluation.check_features(task, features, len(train_ex), complete=False)
+    prediction.check_features(task, features, len(train_ex), complete=False)
     forward = labeller or torch_forward(teacher, outputs)
     key = {"teacher": teacher_id or weights_digest(base_model_dir(args.teacher)), "inputs": data_identity(Path(args.train_file)),
            "max_length": L, "options": task.saved_options(opts), "seed": args.train.seed, "held_out": args.held_out,
@@ -381,7 +381,7 @@ class HeldOut:
 
     spreads = True
 
-    def __init__(self, task: Plugin, held: list[Example], tok: Any, ctx: TaskContext, teach: evaluation.Forward,
+    def __init__(self, task: Plugin, held: list[Example], tok: Any, ctx: TaskContext, teach: prediction.Forward,
                  outputs: dict[str, tuple[str, ...]], pad: int, labelled: TaskEvaluator | None) -> None:
         self.outputs, self.labelled, self.evaluations = outputs, labelled, 0
         features = task.featurize(held, tok, ctx, training=False) if held else []
@@ -389,9 +389,9 @@ class HeldOut:
         self.ref = [teach(b) for b in self.batches]
 
     def agreement(self, model: nn.Module) -> dict[str, float | None]:
-        """``model``'s agreement with the teacher on the held-out inputs (evaluation.agreement)."""
+        """``model``'s agreement with the teacher on the held-out inputs (prediction.agreement)."""
         learn = torch_forward(model, self.outputs)
-        return evaluation.agreement(self.ref, [learn(b) for b in self.batches], self.outputs,
+        return prediction.agreement(self.ref, [learn(b) for b in self.batches], self.outputs,
                                     [b["attention_mask"] for b in self.batches])
 
     def __call__(self, model: nn.Module) -> Metrics:
@@ -445,14 +445,14 @@ def augmented(examples: list[Example], table: torch.Tensor, tok: Any, copies: in
             if isinstance(ex.get("text"), str) and not any(k in ex for k in ("question", "context"))]
 
 
-def bundle_teacher(path: Path) -> tuple[evaluation.Forward | None, str | None, Path]:
+def bundle_teacher(path: Path) -> tuple[prediction.Forward | None, str | None, Path]:
     """(the forward that labels the inputs, the teacher's identity for the cache, the run the student
     starts from): for a bundle, onnxruntime labels and the student starts from the run the bundle was
     exported from (its mlmkit.json's source, checked to hold the same weights); for a run, (None,
     None, the run)."""
     if not (path / "model.onnx").is_file():
         return None, None, path
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.runtime.pipeline import Pipeline
 
     pipe = Pipeline.load(path)
     if not pipe.plugin.trainable:
@@ -468,7 +468,7 @@ def bundle_teacher(path: Path) -> tuple[evaluation.Forward | None, str | None, P
     return pipe.run_batch, json.dumps(pipe.identity(), sort_keys=True), run
 
 
-def teacher_outputs(key: JSONObject, features: list[Feature], forward: evaluation.Forward,
+def teacher_outputs(key: JSONObject, features: list[Feature], forward: prediction.Forward,
                     outputs: dict[str, tuple[str, ...]], pad: int) -> dict[str, list[np.ndarray]]:
     """The teacher's outputs for each feature, computed once: kept under $MLMKIT_CACHE/teacher-outputs,
     keyed by the teacher's weights, the inputs (path and size), the max length, the options and the
@@ -485,7 +485,7 @@ def teacher_outputs(key: JSONObject, features: list[Feature], forward: evaluatio
         except (OSError, ValueError, KeyError) as e:  # a damaged or older file is computed again
             log.warning("%s is unreadable (%s): the teacher labels the inputs again", path, e)
     log.info("the teacher labels %d features", len(features))
-    got = evaluation.run_features(features, forward, outputs, pad_id=pad, batch_size=64)
+    got = prediction.run_features(features, forward, outputs, pad_id=pad, batch_size=64)
     arrays: dict[str, Any] = {}  # arrays by name (Any: numpy's stubs read np.savez's **arrays as its own keywords)
     for name, rows in got.items():
         if per_token(outputs[name]):  # rows of different lengths: concatenated, with their offsets
@@ -503,8 +503,8 @@ def teacher_outputs(key: JSONObject, features: list[Feature], forward: evaluatio
     return got
 
 
-def held_out_agreement(task: Plugin, held: list[Example], tok: Any, ctx: TaskContext, teach: evaluation.Forward,
+def held_out_agreement(task: Plugin, held: list[Example], tok: Any, ctx: TaskContext, teach: prediction.Forward,
                        student: nn.Module, outputs: dict[str, tuple[str, ...]], pad: int) -> dict[str, float | None]:
     """The student's agreement with the teacher (its forward: ``teach``) on inputs neither trained on
-    (evaluation.agreement)."""
+    (prediction.agreement)."""
     return HeldOut(task, held, tok, ctx, teach, outputs, pad, None).agreement(student)

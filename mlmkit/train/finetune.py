@@ -1,5 +1,5 @@
 """`mlmkit finetune` and `mlmkit evaluate` of a run directory: any registered task, the one training
-loop (train/loop.py) and the one prediction loop (infer/evaluation.py) on a PyTorch forward."""
+loop (train/loop.py) and the one prediction loop (runtime/prediction.py) on a PyTorch forward."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import torch
 from mlmkit.args import FinetuneArgs
 from mlmkit.errors import ConfigError, MlmkitError, TaskError
 from mlmkit.files import atomic_write_text, exclusive, write_jsonl
-from mlmkit.infer import evaluation
 from mlmkit.models.config import ModelConfig
 from mlmkit.registry import Example, Metrics, Options, Plugin, Prediction, TaskContext, TaskState, get_task
 from mlmkit.rundir.checkpoint import (
@@ -31,6 +30,7 @@ from mlmkit.rundir.config import load_config
 from mlmkit.rundir.hub import describe
 from mlmkit.rundir.meta import RunMeta
 from mlmkit.rundir.weights import weight_files
+from mlmkit.runtime import prediction
 from mlmkit.text.beir import split_spec
 from mlmkit.text.tokenizer import load_tokenizer, special_ids
 from mlmkit.train.data import FeatureData
@@ -42,8 +42,8 @@ log = logging.getLogger("mlmkit")
 ENCODER = ("bert.embeddings.", "bert.encoder.", "bert.pooler.")  # the weights a base model gives any task
 
 
-def torch_forward(model: torch.nn.Module, names: Any) -> evaluation.Forward:
-    """A PyTorch model as evaluation's forward: padded numpy batch in, the named outputs out (fp32 numpy)."""
+def torch_forward(model: torch.nn.Module, names: Any) -> prediction.Forward:
+    """A PyTorch model as the prediction loop's forward: padded numpy batch in, the named outputs out (fp32 numpy)."""
     device = next(model.parameters()).device
 
     @torch.no_grad()
@@ -54,7 +54,7 @@ def torch_forward(model: torch.nn.Module, names: Any) -> evaluation.Forward:
     return forward
 
 
-def ranks_spread() -> evaluation.Spread | None:
+def ranks_spread() -> prediction.Spread | None:
     """torchrun's ranks as an evaluation's Spread (None in one process)."""
     import torch.distributed as dist
 
@@ -67,11 +67,11 @@ def ranks_spread() -> evaluation.Spread | None:
         dist.all_gather_object(got, obj)
         return got
 
-    return evaluation.Spread(dist.get_rank(), world, gather)
+    return prediction.Spread(dist.get_rank(), world, gather)
 
 
 class TaskEvaluator:
-    """The Trainer's evaluation of a task model: evaluation.evaluate on its PyTorch forward. Keeps the
+    """The Trainer's evaluation of a task model: prediction.evaluate on its PyTorch forward. Keeps the
     last predictions and, with ``calibrate``, the decision settings tuned on these examples
     (fine-tuning's evaluation set only), which fine-tuning saves with the model.
 
@@ -90,7 +90,7 @@ class TaskEvaluator:
     def __call__(self, model: torch.nn.Module) -> Metrics:
         was_training = model.training
         model.eval()
-        metrics, got = evaluation.evaluate(self.task, self.examples, self.tokenizer, self.ctx,
+        metrics, got = prediction.evaluate(self.task, self.examples, self.tokenizer, self.ctx,
                                            torch_forward(model, self.task.outputs), batch_size=self.batch_size,
                                            calibrate=self.calibrate, spread=ranks_spread())
         model.train(was_training)
@@ -190,7 +190,7 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> Metrics:
 
     features = task.featurize(train_ex, tok, ctx, training=True)
     # a grouped task's example is its features' group: one with none (or two under one index) is a featurize bug
-    evaluation.check_features(task, features, len(train_ex), grouped=task.group_features, complete=task.group_features)
+    prediction.check_features(task, features, len(train_ex), grouped=task.group_features, complete=task.group_features)
     data = FeatureData(features, task, args.batch_size, special_ids(tok).pad, args.train.seed)
     evaluator = None
     if args.eval_file is not None:
@@ -281,7 +281,7 @@ def evaluate_base(
         kept = {k: v for k, v in kept.items() if k.startswith((*ENCODER, *task.base_heads, *task.kept_heads))}
     load_weights(net, kept, allow_missing=tuple(net.state_dict()))  # what the model does not use is left out
     net.to(resolve_device(device)).eval()
-    metrics, _ = evaluation.evaluate(task, task.read(Path(data), opts), tok, ctx, torch_forward(net, task.outputs),
+    metrics, _ = prediction.evaluate(task, task.read(Path(data), opts), tok, ctx, torch_forward(net, task.outputs),
                                      batch_size=batch_size)
     return metrics
 
@@ -297,7 +297,7 @@ def evaluate_run(
     net.to(resolve_device(device))
     opts = task.resolve_options(options, saved=meta.options, model=True)
     ctx = meta.context(opts)
-    metrics, got = evaluation.evaluate(task, task.read(Path(data), opts), tok, ctx, torch_forward(net, task.outputs),
+    metrics, got = prediction.evaluate(task, task.read(Path(data), opts), tok, ctx, torch_forward(net, task.outputs),
                                        batch_size=batch_size, speed=speed)
     if speed:
         metrics["model_bytes"] = sum(f.stat().st_size for f in weight_files(Path(run_dir)))

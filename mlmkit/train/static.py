@@ -17,7 +17,7 @@ The table, made in four steps (model2vec's recipe, with mlmkit's teachers and tr
    embedding` on its rows, pairs or BEIR directory: mnrl for (anchor, positive[, negatives]) rows and
    BEIR qrels, cosent for scored pairs.
 
-The result is a static-embedding bundle (mlmkit.infer.static): a text's embedding is the
+The result is a static-embedding bundle (mlmkit.runtime.static_bundle): a text's embedding is the
 normalised mean of its tokens' rows.
 """
 
@@ -42,12 +42,12 @@ from torch import nn
 from mlmkit.args import DISTILL_LR, DistillArgs
 from mlmkit.errors import ConfigError
 from mlmkit.files import JSONObject, atomic_write, cache_root, exclusive
-from mlmkit.infer.static import STATIC, write_static_bundle
 from mlmkit.models.pooled import TextEncoder, pool
 from mlmkit.objectives import get_loss
 from mlmkit.registry import Metrics, Options, TaskContext, get_task
 from mlmkit.rundir.cards import write_card
 from mlmkit.rundir.meta import RunMeta
+from mlmkit.runtime.static_bundle import STATIC, write_static_bundle
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import special_ids
 from mlmkit.train import losses
@@ -81,7 +81,7 @@ class StaticTeacher:
             raise ConfigError(f"teacher not found: {path}", "give an embedding run, a sentence-transformers directory or an "
                                                             "embedding bundle")
         if (path / "model.onnx").is_file():
-            from mlmkit.infer.pipeline import Pipeline
+            from mlmkit.runtime.pipeline import Pipeline
 
             pipe = Pipeline.load(path)
             _check_embedding(path, pipe.task)
@@ -178,7 +178,7 @@ def sif_weights(n: int, sif: float = SIF) -> np.ndarray:
 
 class StaticEncoder(TextEncoder):
     """The table in training: a text's embedding is the normalised mean of its counted tokens' rows
-    (the bundle's graph, mlmkit.infer.static); the loss is ``objective`` over the batch's texts."""
+    (the bundle's graph, mlmkit.runtime.static_bundle); the loss is ``objective`` over the batch's texts."""
 
     def __init__(self, table: np.ndarray, counted: np.ndarray, objective: losses.EmbeddingLoss) -> None:
         super().__init__()

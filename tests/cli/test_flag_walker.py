@@ -27,8 +27,8 @@ from task_runs import TASK_SETUP, build_runs
 from typer.testing import CliRunner
 
 from mlmkit.cli import app
-from mlmkit.infer.index import Index
 from mlmkit.registry import get_task
+from mlmkit.retrieval.index import Index
 
 runner = CliRunner()
 CLI = typer.main.get_command(app)
@@ -160,7 +160,7 @@ def test_every_inference_flag_on_a_bundle_of_every_task(bundles: dict[str, Path]
                 argv, expect = [command, str(bundle), "who went", "where did john go", "--context", "john went to paris"], 2
             r = runner.invoke(app, argv)
             walked += 1
-            if flag in REFUSED:  # an unknown task option; --resume with no job killed (tests/infer/test_jobs.py resumes)
+            if flag in REFUSED:  # an unknown task option; --resume with no job killed (tests/jobs/test_batch.py resumes)
                 one_red_line(r, REFUSED[flag])
                 continue
             if name is not None and name not in declared(task):

@@ -101,7 +101,7 @@ def test_the_shared_groups_are_what_the_commands_have() -> None:
 
 
 def test_the_window_default_is_the_jobs() -> None:
-    from mlmkit.infer.windows import WINDOW
+    from mlmkit.jobs.windows import WINDOW
 
     assert Runtime.window.default == WINDOW
 
@@ -164,7 +164,7 @@ def test_a_bad_value_is_one_red_line_before_anything_runs(tmp_path: Path, monkey
 
 def test_build_args_keep_their_python_api() -> None:
     """BuildArgs is `mlmkit index`'s dataclass and the library's: positional bundle, corpus, out, as before."""
-    from mlmkit.infer.index import BuildArgs
+    from mlmkit.retrieval.index import BuildArgs
 
     a = BuildArgs(Path("b"), Path("c.jsonl"), Path("o"), quantization="binary")
     assert (a.window, a.workers, a.batch_size, a.device, a.engine, a.rescore_copy) == (4096, 1, 32, "cpu", "local", "int8")

@@ -23,7 +23,7 @@ from task_runs import build_runs
 
 from mlmkit.errors import BundleError, ConfigError, MlmkitError
 from mlmkit.files import LOCK, exclusive
-from mlmkit.infer.pipeline import Pipeline
+from mlmkit.runtime.pipeline import Pipeline
 from mlmkit.train.corpus import instances as corpus_instances
 from mlmkit.train.corpus import shards as corpus_shards
 from mlmkit.train.state import ResumeCheckpoints
@@ -103,7 +103,7 @@ def test_pretraining_on_one_huge_line_finishes(tmp_path: Path, data: dict[str, P
 def test_classifying_a_huge_line_costs_what_the_max_length_uses(tmp_path: Path, bundles: dict[str, Path]) -> None:
     big = tmp_path / "big.txt"
     big.write_text(long_text(2_000_000) + "\n")  # ~8 MB on one line
-    secs, mb = measured(f"from mlmkit.infer.pipeline import Pipeline\n"
+    secs, mb = measured(f"from mlmkit.runtime.pipeline import Pipeline\n"
                         f"r = Pipeline.load({str(bundles['classification'])!r})([open({str(big)!r}).read().strip()])\n"
                         f"assert r[0]['truncated'] is True\n{PEAK}")
     assert secs < 20 and mb < 600, (secs, mb)  # the text itself is 8 MB; tokenizing it whole took GBs

@@ -22,11 +22,11 @@ from task_runs import TASK_SETUP, build_runs, sentence
 import mlmkit.exporter.bundle as export_mod  # the steps, where the parity gate is called
 from mlmkit import registry
 from mlmkit.errors import ConfigError, MlmkitError, ParityError
-from mlmkit.infer.pipeline import Pipeline
 from mlmkit.models.core import BertForPreTraining, BertSelfAttention
 from mlmkit.registry import get_task, per_token
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
 from mlmkit.rundir.config import load_config
+from mlmkit.runtime.pipeline import Pipeline
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import load_tokenizer, special_ids
 from mlmkit.train.finetune import load_finetuned
@@ -354,7 +354,7 @@ def _masked_lm(out: Path, **sizes) -> Path:
 
 
 def _sparse_export_sizes(base: Path, tmp_path: Path, sizes: tuple[int | None, ...]) -> None:
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.runtime.pipeline import Pipeline
 
     for k in sizes:
         meta = run_export(base, tmp_path / f"k{k}", task="sparse-embedding", top_k=k)  # the parity gate passes

@@ -36,11 +36,11 @@ from prenorm_parity import (
 )
 
 from mlmkit.errors import ConfigError
-from mlmkit.infer.pipeline import Pipeline
 from mlmkit.models import core, family_for
 from mlmkit.models.config import ModelConfig
 from mlmkit.rundir.checkpoint import save_weights
 from mlmkit.rundir.config import save_config
+from mlmkit.runtime.pipeline import Pipeline
 
 V = 100
 ATOL = 1e-5

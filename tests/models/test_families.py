@@ -29,10 +29,10 @@ from family_checkpoints import (
 from safetensors.torch import load_file
 
 from mlmkit.cli import app
-from mlmkit.infer.pipeline import Pipeline
 from mlmkit.models.core import BertForLabels, BertForPreTraining
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
 from mlmkit.rundir.config import load_config
+from mlmkit.runtime.pipeline import Pipeline
 from mlmkit.text.tokenizer import load_tokenizer, special_ids
 from mlmkit.train.state import ResumeCheckpoints
 

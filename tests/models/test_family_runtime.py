@@ -13,7 +13,7 @@ import torch
 from family_checkpoints import encode_batch, export, hf_out, runner, save_checkpoint, sentences
 
 from mlmkit.cli import app
-from mlmkit.infer.pipeline import Pipeline
+from mlmkit.runtime.pipeline import Pipeline
 
 transformers = pytest.importorskip("transformers")
 

@@ -23,12 +23,12 @@ from torch import nn
 
 from mlmkit.errors import ConfigError
 from mlmkit.exporter.passes import fuse
-from mlmkit.infer.pipeline import Pipeline
 from mlmkit.models import core, family_for
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.mpnet import BUCKETS, MPNetLayer, RelativeBuckets, bucket
 from mlmkit.rundir.checkpoint import save_weights
 from mlmkit.rundir.config import load_config, save_config
+from mlmkit.runtime.pipeline import Pipeline
 from mlmkit.text.tokenizer import load_tokenizer, special_ids, special_tokens
 
 transformers = pytest.importorskip("transformers")

@@ -24,13 +24,13 @@ from typer.testing import CliRunner
 from mlmkit import registry
 from mlmkit.cli import app
 from mlmkit.errors import ConfigError, TaskError
-from mlmkit.infer import evaluation
-from mlmkit.infer.pipeline import Pipeline
 from mlmkit.models import FAMILIES
 from mlmkit.models.config import preset
 from mlmkit.registry import BATCH, OPTIONAL, REQUIRED, Plugin, TaskContext, TaskDefaults, per_token
 from mlmkit.rundir.checkpoint import save_run
 from mlmkit.rundir.meta import RunMeta
+from mlmkit.runtime import prediction
+from mlmkit.runtime.pipeline import Pipeline
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import special_ids, train_tokenizer
 from mlmkit.train.finetune import TaskEvaluator, torch_forward
@@ -661,7 +661,7 @@ def test_task_evaluates_and_predicts_from_runtime_input(sample: dict[str, Any]) 
     json.dumps(ev.state)  # and the calibrated state into mlmkit.json
 
     ex = task.from_input(sample["input"], ctx.options)
-    got = evaluation.predict(task, [ex], tok, ctx, torch_forward(model, task.outputs))
+    got = prediction.predict(task, [ex], tok, ctx, torch_forward(model, task.outputs))
     assert len(got.predictions) == 1 and isinstance(got.predictions[0], dict)
     json.dumps(got.predictions)
     assert all(isinstance(v, str) for v in task.summary(got.predictions[0]).values())
@@ -698,7 +698,7 @@ def test_task_is_exported_and_served(sample: dict[str, Any], family: str) -> Non
     assert info["outputs"] == {k: list(v) for k, v in task.outputs.items()}
 
     items = [sample["input"], sample["input"]]
-    want = evaluation.predict(task, [task.from_input(x, ctx.options) for x in items], tok, ctx,
+    want = prediction.predict(task, [task.from_input(x, ctx.options) for x in items], tok, ctx,
                               torch_forward(model, task.outputs)).predictions
     pipe = Pipeline.load(tmp / "bundle", command=task.command)
     assert_close(pipe(items), want)

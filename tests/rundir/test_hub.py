@@ -17,8 +17,8 @@ from conftest import run_finetune
 from typer.testing import CliRunner
 
 from mlmkit.cli import app
-from mlmkit.infer.pipeline import Pipeline
 from mlmkit.rundir.meta import RunMeta
+from mlmkit.runtime.pipeline import Pipeline
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import load_tokenizer
 

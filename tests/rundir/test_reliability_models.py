@@ -27,14 +27,14 @@ from hostile import PEAK, cli, data_fixture, one_line, tiny  # noqa: F401  (data
 from task_runs import corpus, make_task_run
 
 from mlmkit.errors import BundleError, ConfigError
-from mlmkit.infer.bundle import LABELS_KEY
-from mlmkit.infer.pipeline import Pipeline
 from mlmkit.models import FAMILIES
 from mlmkit.models.config import CEILINGS, ModelConfig, preset
 from mlmkit.models.core import BertForPreTraining
 from mlmkit.rundir.checkpoint import save_weights
 from mlmkit.rundir.config import load_config, save_config
 from mlmkit.rundir.weights import weight_files
+from mlmkit.runtime.bundle import LABELS_KEY
+from mlmkit.runtime.pipeline import Pipeline
 from mlmkit.train.state import ResumeCheckpoints, _load_state, latest_checkpoint
 
 FAMILY_NAMES = [f.model_types[0] for f in FAMILIES]

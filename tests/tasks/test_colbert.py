@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from mlmkit.cli import app
 from mlmkit.errors import ConfigError
-from mlmkit.infer.late import maxsim, rank
-from mlmkit.infer.reranking import maxsim_of
 from mlmkit.quickstart.retrieval_set import write_retrieval_set
+from mlmkit.retrieval.maxsim import maxsim, rank
+from mlmkit.retrieval.reranking import maxsim_of
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import load_tokenizer
 from mlmkit.train import losses
@@ -42,7 +42,7 @@ def test_maxsim_is_the_sum_of_each_query_tokens_best_match_in_numpy_and_torch():
     queries = [rng.normal(size=(n, 8)).astype(np.float32) for n in (3, 5)]
     docs = [rng.normal(size=(n, 8)).astype(np.float32) for n in (4, 1, 7, 0)]
     want = np.array([[_maxsim_loop(q, d) for d in docs] for q in queries])
-    from mlmkit.infer.late import padded
+    from mlmkit.retrieval.maxsim import padded
 
     Q, qm = padded(queries, 8)
     D, dm = padded(docs, 8)
@@ -268,9 +268,9 @@ def _corpus_texts(beir: Path) -> list[str]:
 
 def test_a_colbert_index_codes_the_token_vectors_searches_as_exact_maxsim_and_evaluates_as_the_bundle(colbert, bundle,
                                                                                                      colbert_index):
-    from mlmkit.infer.index import Index, evaluate_index, query_vectors, search_vectors
-    from mlmkit.infer.index.multivector import documents
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.retrieval.index import Index, evaluate_index, query_vectors, search_vectors
+    from mlmkit.retrieval.index.multivector import documents
+    from mlmkit.runtime.pipeline import Pipeline
 
     out, summary = colbert_index
     ix = Index.open(out)
@@ -297,7 +297,7 @@ def test_a_colbert_index_codes_the_token_vectors_searches_as_exact_maxsim_and_ev
     assert abs(json.loads(r.stdout)["ndcg@10"] - everything["ndcg@10"]) < 0.01, (r.stdout, everything)
     pruned = search_vectors(ix, q, 10)[0]
     assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(pruned, rows)]) > 0.9
-    from mlmkit.infer.index import IndexRetriever
+    from mlmkit.retrieval.index import IndexRetriever
 
     ids = [json.loads(line)["_id"] for line in open(colbert["beir"] / "corpus.jsonl")]
     miner = IndexRetriever(out, {i: n for n, i in enumerate(ids)})  # mlmkit mine --retriever INDEX
@@ -321,8 +321,8 @@ def test_a_colbert_index_codes_the_token_vectors_searches_as_exact_maxsim_and_ev
 def test_a_colbert_index_deletes_and_compacts_to_the_same_coded_vectors_and_hits(colbert, colbert_index, tmp_path):
     import shutil
 
-    from mlmkit.infer.index import Index, query_vectors, search_vectors
-    from mlmkit.infer.index.multivector import documents
+    from mlmkit.retrieval.index import Index, query_vectors, search_vectors
+    from mlmkit.retrieval.index.multivector import documents
 
     out = tmp_path / "live"
     shutil.copytree(colbert_index[0], out)
@@ -349,8 +349,8 @@ def test_a_colbert_index_deletes_and_compacts_to_the_same_coded_vectors_and_hits
 
 def test_a_killed_colbert_build_resumes_to_the_files_of_a_straight_one_and_an_append_codes_with_the_index_codec(
         colbert, bundle, tmp_path, monkeypatch):
-    from mlmkit.infer.index import BuildArgs, Index, build
-    from mlmkit.infer.index import multivector as mv
+    from mlmkit.retrieval.index import BuildArgs, Index, build
+    from mlmkit.retrieval.index import multivector as mv
 
     monkeypatch.setattr(mv, "SAMPLE_TOKENS", 2000)  # the centroids trained on the first documents, in every build
     docs = open(colbert["beir"] / "corpus.jsonl").readlines()
@@ -524,8 +524,8 @@ def test_a_ray_built_colbert_index_holds_the_documents_of_a_local_one(colbert, b
     """`mlmkit index COLBERT --engine ray`: the same documents, in order, with as many token vectors each,
     coded as a local build codes them (Ray's batches pad otherwise: equal within rounding)."""
     ray = pytest.importorskip("ray")
-    from mlmkit.infer.index import Index
-    from mlmkit.infer.index.multivector import documents
+    from mlmkit.retrieval.index import Index
+    from mlmkit.retrieval.index.multivector import documents
 
     try:
         r = runner.invoke(app, ["index", str(bundle), "--corpus", str(colbert["beir"] / "corpus.jsonl"), "--out",

@@ -17,7 +17,7 @@ from conftest import run_export, run_finetune
 from family_checkpoints import runner, save_checkpoint
 
 from mlmkit.cli import app
-from mlmkit.infer.pipeline import Pipeline
+from mlmkit.runtime.pipeline import Pipeline
 
 st = pytest.importorskip("sentence_transformers")
 from sentence_transformers.base.modules import Dense, Normalize, Transformer  # noqa: E402
@@ -100,8 +100,8 @@ def test_the_servers_prompt_name_reaches_the_named_prompts(tmp_path: Path) -> No
     from fastapi.testclient import TestClient
 
     from mlmkit.args import ServeArgs
-    from mlmkit.infer.serve.app import create_app
-    from mlmkit.infer.serve.queue import Metrics, Model
+    from mlmkit.serve.app import create_app
+    from mlmkit.serve.queue import Metrics, Model
 
     model, folder = wrap(tmp_path, "bert")
     run_export(folder, tmp_path / "b")

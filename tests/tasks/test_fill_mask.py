@@ -11,8 +11,8 @@ import pytest
 from conftest import make_base_model, run_export
 
 from mlmkit.errors import ConfigError, DataFormatError
-from mlmkit.infer.pipeline import Pipeline, evaluate_bundle
 from mlmkit.registry import masked_lm_task, task_of
+from mlmkit.runtime.pipeline import Pipeline, evaluate_bundle
 
 LEGACY = Path(__file__).parent.parent / "data" / "legacy"
 """A fill-mask bundle written by mlmkit before fill-mask was a task (main at e2ef86c, 2026-12-06), and

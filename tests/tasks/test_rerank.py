@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 from mlmkit.args import MineArgs
 from mlmkit.cli import app
 from mlmkit.errors import ConfigError, DataFormatError, TaskError
-from mlmkit.infer.mining import mine
 from mlmkit.quickstart.retrieval_set import write_retrieval_set
 from mlmkit.registry import TaskContext, get_task
+from mlmkit.retrieval.mining import mine
 from mlmkit.text.readers import numbered
 from mlmkit.train import losses
 
@@ -172,9 +172,9 @@ def test_cross_encoder_loads_the_run_with_the_same_scores_and_the_bundle_serves_
     from fastapi.testclient import TestClient
 
     from mlmkit.args import ServeArgs
-    from mlmkit.infer.pipeline import Pipeline
-    from mlmkit.infer.serve.app import create_app
-    from mlmkit.infer.serve.queue import Metrics, Model
+    from mlmkit.runtime.pipeline import Pipeline
+    from mlmkit.serve.app import create_app
+    from mlmkit.serve.queue import Metrics, Model
 
     pairs = [("Return the number of items.", "The count of the items in the queue."), ("A mapping.", "Read a file."),
              ("x", "y")]
@@ -219,7 +219,7 @@ def test_bad_rerank_input_is_one_line(reranker, tmp_path):
 def test_mined_rows_scored_by_the_reranker_distil_into_a_bi_encoder(reranker, tmp_path):
     """`mlmkit mine --score-with RERANKER`: each row's scores are the cross-encoder's logits of its
     positive and negatives, and the embedding task's margin-mse trains on them."""
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.runtime.pipeline import Pipeline
 
     bundle = tmp_path / "rr"
     run_export(reranker["run"], bundle)

@@ -118,7 +118,7 @@ def test_qwen3_reranker_bundle_scores_as_the_model_card(judges: dict[str, Path],
     opts = meta["options"]
     assert opts["answer_tokens"] == "yes,no" and opts["instruction"] == INSTRUCTION
     assert opts["template"] == PREFIX + "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}" + SUFFIX
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.runtime.pipeline import Pipeline
     from mlmkit.text.tokenizer import load_tokenizer
 
     task = get_task("rerank")
@@ -167,7 +167,7 @@ def test_qwen3_reranker_fine_tunes_from_its_answer_rows_into_a_sequence_classifi
         want = torch.sigmoid(theirs(**model_card_inputs(ckpt, PAIRS)).logits[:, 0]).numpy()
     bundle = tmp_path / "bundle"
     run_export(run, bundle)
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.runtime.pipeline import Pipeline
 
     got = [p["score"] for p in Pipeline.load(bundle)([{"text": q, "text_pair": doc} for q, doc in PAIRS])]
     np.testing.assert_allclose(got, want, atol=1e-4)

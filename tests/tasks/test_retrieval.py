@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from mlmkit.cli import app
 from mlmkit.errors import DataFormatError, TaskError
-from mlmkit.infer.retrieval import mean_metrics, query_metrics, search
 from mlmkit.quickstart.retrieval_set import write_retrieval_set
 from mlmkit.registry import TaskContext, get_task
+from mlmkit.retrieval.exact import mean_metrics, query_metrics, search
 from mlmkit.text.beir import read_split
 from mlmkit.text.readers import numbered
 from mlmkit.train import losses
@@ -398,9 +398,9 @@ def test_prompts_reach_embed_and_both_serving_routes(retrieval, tmp_path):
     from fastapi.testclient import TestClient
 
     from mlmkit.args import ServeArgs
-    from mlmkit.infer.pipeline import Pipeline
-    from mlmkit.infer.serve.app import create_app
-    from mlmkit.infer.serve.queue import Metrics, Model
+    from mlmkit.runtime.pipeline import Pipeline
+    from mlmkit.serve.app import create_app
+    from mlmkit.serve.queue import Metrics, Model
 
     bundle = tmp_path / "bundle"
     run_export(retrieval["run"], bundle)
@@ -449,7 +449,7 @@ def test_distilling_the_fine_tuned_model_into_its_base_learns_retrieval(retrieva
     assert curve[-1] < 0.7 * curve[0], curve
     assert json.loads((tmp_path / "small-student" / "mlmkit.json").read_text())["task_state"]["teacher_dim"] == 64
     run_export(tmp_path / "small-student", tmp_path / "small-bundle")
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.runtime.pipeline import Pipeline
 
     assert len(Pipeline.load(tmp_path / "small-bundle")(["a text"])[0]["embedding"]) == 32
 
@@ -534,7 +534,7 @@ def test_splade_learns_and_the_flops_regulariser_lowers_the_non_zeros(retrieval,
 
 def test_the_splade_run_is_a_sparse_encoder_and_its_bundle_serves_its_vectors(splade, tmp_path):
     st = pytest.importorskip("sentence_transformers")
-    from mlmkit.infer.pipeline import Pipeline
+    from mlmkit.runtime.pipeline import Pipeline
     from mlmkit.train.finetune import load_finetuned
 
     run = splade["plain"][0]  # every vocabulary entry still in play: more than the bundle's 256 kept terms
@@ -586,7 +586,7 @@ def _answers(split: str) -> set[str]:
 
 
 def test_mining_skips_positives_and_keeps_to_the_window(retrieval, tmp_path):
-    from mlmkit.infer.retrieval import BM25
+    from mlmkit.retrieval.exact import BM25
 
     beir = retrieval["beir"]
     r, rows = _mine(str(beir), "--out", str(tmp_path / "m.jsonl"), "--negatives", "4", "--range", "3:40", "--with-scores")
@@ -671,7 +671,7 @@ def test_mining_with_an_embedding_bundle_then_training_on_the_rows(retrieval, tm
 
 
 def test_a_killed_mining_job_resumes_to_the_same_rows(retrieval, tmp_path, monkeypatch):
-    from mlmkit.infer import mining
+    from mlmkit.retrieval import mining
 
     args = [str(retrieval["beir"]), "--negatives", "3", "--batch-size", "50", "--with-scores"]
     r, straight = _mine(*args, "--out", str(tmp_path / "straight.jsonl"))
@@ -824,23 +824,23 @@ def _equals_one_process(got: dict, make_model, halves: bool = False) -> None:
 def _evaluate_run(run: Path, data: Path) -> tuple[dict, list, int]:
     """The Trainer's evaluation (TaskEvaluator, batches of 16) of ``run`` on ``data``: its metrics, its
     predictions, and how many of the batches this process ran."""
-    from mlmkit.infer import evaluation
+    from mlmkit.runtime import prediction
     from mlmkit.train.finetune import TaskEvaluator, load_finetuned
 
     task, net, tok, meta = load_finetuned(run)
     ctx = TaskContext(max_length=meta.max_length, options=meta.options)
     calls = []
-    real = evaluation.run_features
+    real = prediction.run_features
 
     def counted(features, forward, *a, **kw):
         return real(features, lambda b: calls.append(1) or forward(b), *a, **kw)
 
-    evaluation.run_features = counted
+    prediction.run_features = counted
     try:
         ev = TaskEvaluator(task, task.read(data, meta.options), tok, ctx, batch_size=16)
         metrics = ev(net)
     finally:
-        evaluation.run_features = real
+        prediction.run_features = real
     return metrics, ev.predictions, len(calls)
 
 

@@ -384,8 +384,8 @@ def _body(route: Any) -> Any:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_route_parses_any_body_or_answers_4xx(data: Any) -> None:
-    from mlmkit.infer.serve.http import HTTPError
-    from mlmkit.infer.serve.routes import ROUTES, Call
+    from mlmkit.serve.http import HTTPError
+    from mlmkit.serve.routes import ROUTES, Call
 
     for route in ROUTES:
         body = data.draw(_body(route), label=route.path)
@@ -410,8 +410,8 @@ BOOLEAN_FIELDS = {  # route -> (a body it accepts, its true / false fields)
 @pytest.mark.parametrize("value", ["false", "0", 0, 1, "true", [], {}])
 def test_a_boolean_field_takes_json_booleans_only(value: Any) -> None:
     """"false" or "0" read as true by truthiness would turn on what the client turned off."""
-    from mlmkit.infer.serve.http import HTTPError
-    from mlmkit.infer.serve.routes import ROUTES
+    from mlmkit.serve.http import HTTPError
+    from mlmkit.serve.routes import ROUTES
 
     routes = {r.path: r for r in ROUTES}
     for path, (body, names) in BOOLEAN_FIELDS.items():
@@ -422,8 +422,8 @@ def test_a_boolean_field_takes_json_booleans_only(value: Any) -> None:
 
 
 def test_tei_truncation_and_prompt_fields_act_or_are_refused() -> None:
-    from mlmkit.infer.serve.http import HTTPError
-    from mlmkit.infer.serve.routes import ROUTES
+    from mlmkit.serve.http import HTTPError
+    from mlmkit.serve.routes import ROUTES
 
     routes = {r.path: r for r in ROUTES}
     for path in ("/embed", "/predict", "/rerank", "/embed_sparse"):

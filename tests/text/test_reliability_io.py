@@ -34,7 +34,7 @@ from typer.testing import CliRunner
 from mlmkit.cli import app
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
 from mlmkit.files import JSONDataError, parse_json
-from mlmkit.infer.jobs import batch
+from mlmkit.jobs.batch import batch
 from mlmkit.registry import get_task
 from mlmkit.taskkit import Record, clip_text, iter_records
 from mlmkit.text.records import iter_inputs, stdin_inputs
@@ -101,7 +101,7 @@ def mlmkit(*args: Any, **kw: Any) -> subprocess.CompletedProcess:
 HOLDER = r"""
 import sys, time
 from pathlib import Path
-from mlmkit.infer.jobs import batch
+from mlmkit.jobs.batch import batch
 from mlmkit.taskkit import Record
 
 class Slow:

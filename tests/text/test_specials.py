@@ -28,8 +28,8 @@ from tokenizers import (
 )
 
 from mlmkit.errors import ConfigError
-from mlmkit.infer.bundle import tokenizer_fingerprint
-from mlmkit.infer.precision import sample_batch
+from mlmkit.runtime.bundle import tokenizer_fingerprint
+from mlmkit.runtime.precision import sample_batch
 from mlmkit.text.specials import SpecialIds, framing, named_tokens
 from mlmkit.text.tokenizer import (
     BRACKETS,

@@ -238,7 +238,7 @@ def test_the_teachers_outputs_are_computed_once_per_teacher_and_inputs(teachers,
         raise AssertionError("the teacher ran again")
 
     with monkeypatch.context() as m:
-        m.setattr(distill_mod.evaluation, "run_features", no_teacher)
+        m.setattr(distill_mod.prediction, "run_features", no_teacher)
         again = distill(DistillArgs.from_flat(train_file=inputs["tagging"], out=tmp_path / "b", **kw))
     assert again["last_step_metrics"]["loss"] == pytest.approx(first["last_step_metrics"]["loss"], rel=1e-6)
     other = tmp_path / "other.txt"

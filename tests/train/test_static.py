@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from mlmkit.args import DistillArgs
 from mlmkit.cli import app
-from mlmkit.infer.pipeline import Pipeline, evaluate_bundle
-from mlmkit.infer.static import STATIC, read_static_table, static_embeddings
 from mlmkit.quickstart.retrieval_set import write_retrieval_set
+from mlmkit.runtime.pipeline import Pipeline, evaluate_bundle
+from mlmkit.runtime.static_bundle import STATIC, read_static_table, static_embeddings
 from mlmkit.text.batching import pad_features
 from mlmkit.train.distill import distill
 from mlmkit.train.finetune import load_finetuned
