@@ -15,20 +15,19 @@ $(BIN)/mlmkit: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e '.[dev]'
-	mkdir -p $(VENV)/mypy-path && ln -sfn $(CURDIR)/tasks $(VENV)/mypy-path/mlmkit_tasks  # mypy: tasks/ is mlmkit_tasks
 	touch $(BIN)/mlmkit
 
 quickstart: $(BIN)/mlmkit
 	$(BIN)/mlmkit quickstart --out runs/quickstart
 
 test: $(BIN)/mlmkit
-	$(BIN)/ruff check mlmkit tasks tests benchmarks
+	$(BIN)/ruff check mlmkit mlmkit_tasks tests benchmarks
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q --numprocesses auto --maxprocesses 4 --dist worksteal --durations 15
 
 lint: $(BIN)/mlmkit
-	$(BIN)/ruff check mlmkit tasks tests benchmarks
+	$(BIN)/ruff check mlmkit mlmkit_tasks tests benchmarks
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 

@@ -521,7 +521,7 @@ def made_by(script: str | Path, **settings: Any) -> dict[str, Any]:
 
     root = BENCHMARKS.parent
     h = hashlib.sha256()
-    for f in sorted([*(root / "mlmkit").rglob("*.py"), *(root / "tasks").rglob("*.py"), Path(script)]):
+    for f in sorted([*(root / "mlmkit").rglob("*.py"), *(root / "mlmkit_tasks").rglob("*.py"), Path(script)]):
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
     versions = {}
     for name in LIBRARIES:

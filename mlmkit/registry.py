@@ -8,7 +8,7 @@ here, and advertised in its package's pyproject.toml:
     [project.entry-points."mlmkit.tasks"]
     regression = "my_package.regression:task"
 
-The built-in tasks (classification, tagging, qa, embedding, sparse-embedding, rerank: tasks/) are
+The built-in tasks (classification, tagging, qa, embedding, sparse-embedding, rerank: mlmkit_tasks/) are
 registered exactly this way, and import mlmkit only through the plugin paths; the core never
 imports a specific task. Discovery is lazy and runs once; a duplicate name, a plugin that fails to
 load or one that lacks a required member raises TaskError naming the entry point and its

@@ -64,7 +64,7 @@ class Backbone(nn.Module):
 
 
 class SpanModel(nn.Module):
-    """tasks/qa.py's model: the family's per-token encoder and a two-way qa_outputs layer."""
+    """mlmkit_tasks/qa.py's model: the family's per-token encoder and a two-way qa_outputs layer."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

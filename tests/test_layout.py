@@ -63,22 +63,22 @@ def test_import_contracts_hold():
     ("mlmkit/text/batching.py", "from mlmkit.runtime import bundle", "Layers"),
     ("mlmkit/runtime/pipeline.py", "from mlmkit.retrieval import exact", "Layers"),
     ("mlmkit/train/loop.py", "import mlmkit.model", "never imports the plugin kits"),
-    ("tasks/qa.py", "from mlmkit.train import losses", "only through the plugin paths"),
+    ("mlmkit_tasks/qa.py", "from mlmkit.train import losses", "only through the plugin paths"),
 ])
 def test_import_contracts_catch_a_violation(tmp_path, module, line, broken):
     """The contracts are not vacuous: one forbidden import added to a copy of the tree breaks the
     contract it should, with the import chain in the report."""
-    for d in ("mlmkit", "tasks"):
-        shutil.copytree(ROOT / d, tmp_path / ("mlmkit_tasks" if d == "tasks" else d),
+    for d in ("mlmkit", "mlmkit_tasks"):
+        shutil.copytree(ROOT / d, tmp_path / d,
                         ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    target = tmp_path / module.replace("tasks/", "mlmkit_tasks/")
+    target = tmp_path / module
     target.write_text(target.read_text() + f"\n\ndef _violation():\n    {line}\n")
     r = subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache"], capture_output=True,
                        text=True, timeout=120, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert r.returncode != 0, r.stdout[-2000:]
     report = r.stdout[r.stdout.index("Broken contracts"):]
-    assert broken in report and module[:-3].replace("tasks/", "mlmkit_tasks/").replace("/", ".") in report, report[:2000]
+    assert broken in report and module[:-3].replace("/", ".") in report, report[:2000]
 
 
 def test_the_type_checker_catches_a_wrong_attribute_of_the_config(tmp_path):
@@ -175,17 +175,17 @@ def test_top_level_export_calls_the_command(tmp_path):
 
 def test_every_package_is_declared_for_the_wheel():
     """pyproject.toml lists each package (a wheel holds only those): every directory with an __init__.py
-    under mlmkit/ and tasks/, and the data directory the quickstart reads."""
+    under mlmkit/ and mlmkit_tasks/, and the data directory the quickstart reads."""
     import tomllib
 
     declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {".".join(("mlmkit_tasks" if p.parts[0] == "tasks" else p.parts[0], *p.parts[1:-1])).rstrip(".")
-             for d in ("mlmkit", "tasks") for p in (ROOT / d).rglob("__init__.py") for p in [p.relative_to(ROOT)]}
+    found = {".".join(p.parts[:-1])
+             for d in ("mlmkit", "mlmkit_tasks") for p in (ROOT / d).rglob("__init__.py") for p in [p.relative_to(ROOT)]}
     assert found | {"mlmkit.quickstart.data"} == declared, sorted(found ^ declared)
 
 
 # ---- the shape of the code ----------------------------------------------------------------------------
-SOURCES = sorted(p for d in ("mlmkit", "tasks", "benchmarks") for p in (ROOT / d).rglob("*.py"))
+SOURCES = sorted(p for d in ("mlmkit", "mlmkit_tasks", "benchmarks") for p in (ROOT / d).rglob("*.py"))
 LONGEST = 80
 
 
@@ -211,7 +211,7 @@ def test_no_function_is_longer_than_80_lines():
 
 
 def test_tests_follow_the_packages():
-    """tests/PACKAGE/ holds the tests of mlmkit/PACKAGE (tasks/ of the built-in tasks, base/ of the
+    """tests/PACKAGE/ holds the tests of mlmkit/PACKAGE (tasks/ of the built-in tasks in mlmkit_tasks/, base/ of the
     modules at the top of mlmkit/): every test directory names a package that exists."""
     dirs = [d.name for d in (ROOT / "tests").iterdir() if d.is_dir() and any(d.glob("test_*.py"))]
     packages = {d.name for d in (ROOT / "mlmkit").iterdir() if (d / "__init__.py").is_file()} | {"tasks", "base", "registry"}
@@ -222,7 +222,7 @@ def test_tests_follow_the_packages():
 def test_every_module_has_a_test_module_or_a_row_saying_which_tests_it():
     """tests/README.md lists the modules tested under another name; the rest have test_MODULE.py."""
     own = {p.name for p in (ROOT / "tests").rglob("test_*.py")}
-    modules = sorted(str(p.relative_to(ROOT)) for root in ("mlmkit", "tasks") for p in (ROOT / root).rglob("*.py")
+    modules = sorted(str(p.relative_to(ROOT)) for root in ("mlmkit", "mlmkit_tasks") for p in (ROOT / root).rglob("*.py")
                      if p.name not in ("__init__.py", "__main__.py") and "__pycache__" not in p.parts)
     rows = dict(re.findall(r"^\| `([\w/]+\.py)` \| (.+) \|$", (ROOT / "tests" / "README.md").read_text(), re.M))
     untested = [m for m in modules if f"test_{Path(m).stem}.py" not in own and m not in rows]
@@ -261,7 +261,7 @@ def test_relative_links_resolve(doc):
 def test_nothing_cites_a_document_outside_the_repository():
     """Comments and docs cite documents that a clone has: docs/NAME.md must exist, and the notes kept
     outside the repository are never named."""
-    sources = [p for d in ("mlmkit", "tasks", "tests", "benchmarks") for p in (ROOT / d).rglob("*.py")]
+    sources = [p for d in ("mlmkit", "mlmkit_tasks", "tests", "benchmarks") for p in (ROOT / d).rglob("*.py")]
     outside = re.compile(r"PERF_NOTES|DESIGN\.md|STYLE\.md|\.\./shared")
     for p in [*sources, *DOCS, ROOT / "Makefile", ROOT / "pyproject.toml"]:
         text = p.read_text()

@@ -781,7 +781,7 @@ def read_names(sources: list[Path]) -> set[str]:
     return used
 
 
-CODE = sorted((ROOT / "tasks").rglob("*.py")) + sorted((ROOT / "mlmkit").rglob("*.py"))
+CODE = sorted((ROOT / "mlmkit_tasks").rglob("*.py")) + sorted((ROOT / "mlmkit").rglob("*.py"))
 
 
 def test_an_option_declared_and_never_read_is_found(tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 
 import torch
-from mlmkit_tasks.classification import REGRESSION
 
 from mlmkit.model import BertForLabels, ModelConfig, build_loss
 from mlmkit.taskkit import ConfigError, Loss
+from mlmkit_tasks.classification import REGRESSION
 
 log = logging.getLogger("mlmkit")
 LM_HEAD = "lm_head."  # transformers' name of a causal LM's output layer, whatever the family

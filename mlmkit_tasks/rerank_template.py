@@ -1,6 +1,6 @@
 """The rerank task's pairs written as one text (``template``) and its answer tokens (``answer_tokens``):
 a causal LM that judges a pair by answering yes or no, scored as a one-label cross-encoder. Why it is
-built so, and what it reads of a checkpoint, is tasks/rerank.py's module docstring. No torch.
+built so, and what it reads of a checkpoint, is mlmkit_tasks/rerank.py's module docstring. No torch.
 
 - ``parse_template``: the ``template`` option checked ({query} and {document} once each,
   {instruction} any number of times, ``{{`` and ``}}`` for braces);

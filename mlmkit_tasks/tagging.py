@@ -33,15 +33,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from mlmkit_tasks.tagging_schemes import PREFIXES, SCHEMES, chunks, detect_scheme, entity_scores, split_tag
-from mlmkit_tasks.tagging_words import (
-    SPACE_PIECES,
-    joined_offsets,
-    split_words,
-    windows,
-    word_distributions,
-    word_pieces,
-)
 
 from mlmkit.taskkit import (
     BATCH,
@@ -64,6 +55,15 @@ from mlmkit.taskkit import (
     iter_lines,
     special_ids,
     tokenizer_settings,
+)
+from mlmkit_tasks.tagging_schemes import PREFIXES, SCHEMES, chunks, detect_scheme, entity_scores, split_tag
+from mlmkit_tasks.tagging_words import (
+    SPACE_PIECES,
+    joined_offsets,
+    split_words,
+    windows,
+    word_distributions,
+    word_pieces,
 )
 
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only

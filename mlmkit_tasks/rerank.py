@@ -60,16 +60,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from mlmkit_tasks.classification import HF_ARCHITECTURE, REGRESSION
-from mlmkit_tasks.rerank_template import (
-    DEFAULT_INSTRUCTION,
-    Encoded,
-    answer_ids,
-    answer_tokens,
-    judge_reading,
-    parse_template,
-    write_pairs,
-)
 
 from mlmkit.taskkit import (
     BATCH,
@@ -104,6 +94,16 @@ from mlmkit.taskkit import (
     numbered,
     read_split,
     tokenizer_settings,
+)
+from mlmkit_tasks.classification import HF_ARCHITECTURE, REGRESSION
+from mlmkit_tasks.rerank_template import (
+    DEFAULT_INSTRUCTION,
+    Encoded,
+    answer_ids,
+    answer_tokens,
+    judge_reading,
+    parse_template,
+    write_pairs,
 )
 
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only

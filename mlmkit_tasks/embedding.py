@@ -48,31 +48,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from mlmkit_tasks.embedding_data import (
-    DATA_NAMES,
-    FORMATS,
-    NO_TARGET,
-    SPLADE_MODULES,
-    ST_ACTIVATIONS,
-    ST_ALIASES,
-    ST_POOLING,
-    ST_PROMPTS,
-    anchor_row,
-    as_retrieval,
-    check_loss_data,
-    data_kind,
-    example_texts,
-    is_multi_vector_directory,
-    is_splade_directory,
-    loss_option,
-    named_prompts,
-    prompt_for,
-    scored_pair,
-    sentence_transformers_options,
-    training_fields,
-    with_teacher,
-)
-from mlmkit_tasks.embedding_metrics import pair_correlations, retrieval_metrics
 
 from mlmkit.taskkit import (
     BATCH,
@@ -106,6 +81,31 @@ from mlmkit.taskkit import (
     read_split,
     tokenizer_settings,
 )
+from mlmkit_tasks.embedding_data import (
+    DATA_NAMES,
+    FORMATS,
+    NO_TARGET,
+    SPLADE_MODULES,
+    ST_ACTIVATIONS,
+    ST_ALIASES,
+    ST_POOLING,
+    ST_PROMPTS,
+    anchor_row,
+    as_retrieval,
+    check_loss_data,
+    data_kind,
+    example_texts,
+    is_multi_vector_directory,
+    is_splade_directory,
+    loss_option,
+    named_prompts,
+    prompt_for,
+    scored_pair,
+    sentence_transformers_options,
+    training_fields,
+    with_teacher,
+)
+from mlmkit_tasks.embedding_metrics import pair_correlations, retrieval_metrics
 
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
     from mlmkit.model import ModelConfig

@@ -148,9 +148,8 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 def cls_only(model: Any) -> Any:
     """The same outputs, the last layer computed for [CLS] only where the head reads [CLS] alone (not
     ModernBERT's mean pooling): heads/classification.py's ClsOnlyGraph. The reranker's too."""
-    from mlmkit_tasks.heads.classification import ClsOnlyGraph
-
     from mlmkit.model import reads_cls_only
+    from mlmkit_tasks.heads.classification import ClsOnlyGraph
 
     return ClsOnlyGraph(model) if reads_cls_only(model.bert) else model
 

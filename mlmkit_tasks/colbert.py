@@ -1,7 +1,7 @@
 """Late interaction (ColBERT): one vector per token, queries scored against documents by MaxSim.
 
 The model: the encoder's last hidden states, a projection to ``dim`` dimensions (128; no bias), L2
-normalisation, a vector for every token (tasks/heads/colbert.py). A query is read as ``[Q] `` + its
+normalisation, a vector for every token (mlmkit_tasks/heads/colbert.py). A query is read as ``[Q] `` + its
 text, cut to ``query_length`` tokens (32) and padded to exactly that many with [MASK]s (query
 expansion: the encoder does not attend to them unless ``attend_expansion``, and their vectors take
 part in scoring); a document as ``[D] `` + its text, cut to the max length (180), its ``skiplist``
@@ -32,16 +32,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from mlmkit_tasks.embedding import EmbeddingTask
-from mlmkit_tasks.embedding_data import (
-    ST_PROMPTS,
-    check_loss_data,
-    example_texts,
-    is_multi_vector_directory,
-    st_json,
-    training_fields,
-)
-from mlmkit_tasks.embedding_metrics import pair_correlations
 
 from mlmkit.taskkit import (
     BATCH,
@@ -71,6 +61,16 @@ from mlmkit.taskkit import (
     tokenizer_settings,
     write_trec,
 )
+from mlmkit_tasks.embedding import EmbeddingTask
+from mlmkit_tasks.embedding_data import (
+    ST_PROMPTS,
+    check_loss_data,
+    example_texts,
+    is_multi_vector_directory,
+    st_json,
+    training_fields,
+)
+from mlmkit_tasks.embedding_metrics import pair_correlations
 
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
     from mlmkit.model import ModelConfig

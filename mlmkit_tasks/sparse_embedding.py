@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from mlmkit_tasks.embedding import EmbeddingTask, is_splade_directory
 
 from mlmkit.taskkit import (
     BATCH,
@@ -44,6 +43,7 @@ from mlmkit.taskkit import (
     TaskOption,
     mean_metrics,
 )
+from mlmkit_tasks.embedding import EmbeddingTask, is_splade_directory
 
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
     from mlmkit.model import ModelConfig

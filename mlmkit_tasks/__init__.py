@@ -1,0 +1,1 @@
+"""Built-in mlmkit task plugins, registered through the `mlmkit.tasks` entry points."""

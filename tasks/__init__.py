@@ -1,1 +1,0 @@
-"""Built-in mlmkit task plugins, installed as `mlmkit_tasks` and registered through the `mlmkit.tasks` entry points."""
