@@ -17,7 +17,7 @@ import typer
 from rich.logging import RichHandler
 
 from mlmkit.cli import inference, training
-from mlmkit.cli.common import err, out, state
+from mlmkit.cli.common import err, out
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 app.add_typer(training.app)
@@ -34,15 +34,14 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors, and debug logs.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors on stderr.")] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
 ) -> None:
     """mlmkit: pre-train encoders (BERT, RoBERTa, ModernBERT ...), fine-tune task heads, export to ONNX, serve them fast."""
-    state["debug"] = debug
     logger = logging.getLogger("mlmkit")
     logger.handlers[:] = [RichHandler(console=err, show_time=False, show_path=False, markup=False)]
-    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    logger.setLevel(logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO)  # common.debugging
     logger.propagate = False
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import logging
 import sys
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, TypeVar
@@ -24,7 +25,6 @@ from mlmkit.registry import Metrics, Options, Plugin, Prediction, TaskOption, op
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
-state = {"debug": False}
 F = TypeVar("F", bound=Callable[..., Any])
 
 Json = Annotated[bool, typer.Option(*Output.as_json.flags, help=escape(Output.as_json.help))]
@@ -36,6 +36,12 @@ TRAIN_MODULES = ("torch", "onnx", "safetensors")
 """What `pip install 'mlmkit[train]'` adds to the torch-free install: training, evaluation of runs, export."""
 
 
+def debugging() -> bool:
+    """Whether the command line asked for tracebacks (``mlmkit --debug``, which also sets mlmkit's
+    logger to DEBUG: the one place the flag is kept)."""
+    return logging.getLogger("mlmkit").isEnabledFor(logging.DEBUG)
+
+
 def handle_errors(fn: F) -> F:
     """MlmkitError and OS errors -> one red line on stderr, exit status 2 (the traceback with --debug)."""
 
@@ -44,19 +50,19 @@ def handle_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except MlmkitError as e:
-            if state["debug"]:
+            if debugging():
                 raise
             err.print(f"[bold red]error:[/] {escape(e.message)}" + (f" [dim]({escape(e.hint)})[/]" if e.hint else ""), highlight=False)
             raise typer.Exit(code=2) from None
         except ModuleNotFoundError as e:  # the torch side on a torch-free install (pip install mlmkit)
-            if state["debug"] or e.name not in TRAIN_MODULES:
+            if debugging() or e.name not in TRAIN_MODULES:
                 raise
             hint = "pip install 'mlmkit[train]' for training and export; inference on bundles needs nothing more"
             err.print(f"[bold red]error:[/] this command needs {e.name}, which this install leaves out "
                       f"[dim]({escape(hint)})[/]", highlight=False)
             raise typer.Exit(code=2) from None
         except OSError as e:  # a folder that does not exist, a full disk, no permission
-            if state["debug"]:
+            if debugging():
                 raise
             where = f": {e.filename}" if getattr(e, "filename", None) else ""
             err.print(f"[bold red]error:[/] {escape(e.strerror or str(e))}{escape(where)}", highlight=False)

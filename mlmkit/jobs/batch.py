@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.files import JSONObject, exclusive, is_stream, json_line, open_stream
-from mlmkit.jobs.jobdir import PROGRESS_COUNTS, Job, job_dir, owned_output, remove_empty
+from mlmkit.jobs.jobdir import Job, Progress, job_dir, owned_output, remove_empty
 from mlmkit.jobs.windows import WINDOW, Done, Window, run_window, windows
 from mlmkit.text.records import Item, identity
 
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     # windows (mlmkit/jobs/windows.py) and the job directory (mlmkit/jobs/jobdir.py)
-    "WINDOW", "Window", "windows", "Done", "run_window", "PROGRESS_COUNTS", "Job", "job_dir", "owned_output",
+    "WINDOW", "Window", "windows", "Done", "run_window", "Progress", "Job", "job_dir", "owned_output",
     "remove_empty",
     # the job
     "run_windows", "batch", "steady_memory", "default_workers", "split_threads",

@@ -26,7 +26,7 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,32 +36,33 @@ from mlmkit.errors import ConfigError
 from mlmkit.files import LOCK, JSONObject, atomic_open, atomic_write, json_line, read_json, write_json
 from mlmkit.jobs.windows import Done, Window
 from mlmkit.text.records import carried_array, result_writer, write_table_text
+from mlmkit.typed import from_json, rule, to_json
 
 log = logging.getLogger("mlmkit")
 
 T = TypeVar("T")
 
-PROGRESS_COUNTS = ("windows", "records", "results", "errors")
+def _count(n: int) -> bool:
+    return n >= 0
 
 
-def _progress(path: Path, job: Path) -> JSONObject:
-    """progress.json as a Job writes it, or one line naming the field that is not (a damaged or
-    hand-edited file): the counts whole numbers, 0 or more, ``what`` and ``counts`` objects."""
-    p = read_json(path)
-    hint = f"delete {job} to start over"
-    if not isinstance(p, dict):
-        raise ConfigError(f"{path}: expected a JSON object, got {type(p).__name__}", hint)
-    for k in PROGRESS_COUNTS:
-        v = p.get(k)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ConfigError(f"{path}: field {k} must be a whole number, 0 or more, got {v!r}", hint)
-    for k in ("what", "counts"):
-        if not isinstance(p.get(k, {}), dict):
-            raise ConfigError(f"{path}: field {k} must be an object, got {p[k]!r}", hint)
-    bad = [k for k, v in p.get("counts", {}).items() if isinstance(v, bool) or not isinstance(v, int)]
-    if bad:
-        raise ConfigError(f"{path}: counts.{bad[0]} must be a whole number, got {p['counts'][bad[0]]!r}", hint)
-    return p
+@dataclass(frozen=True)
+class Progress:
+    """progress.json, typed: what the job is for (its bundle, inputs and options, compared on
+    ``--resume``), how many windows, records, results and errors it finished, and the task's counts."""
+
+    windows: int = field(metadata=rule(_count, "a whole number, 0 or more"))
+    records: int = field(metadata=rule(_count, "a whole number, 0 or more"))
+    results: int = field(metadata=rule(_count, "a whole number, 0 or more"))
+    errors: int = field(metadata=rule(_count, "a whole number, 0 or more"))
+    what: JSONObject = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, path: Path, job: Path) -> Progress:
+        """progress.json as a Job writes it, or one line naming the field that is not (a damaged or
+        hand-edited file)."""
+        return from_json(cls, read_json(path), path, fix=f"delete {job} to start over")
 
 
 class Job:
@@ -78,19 +79,19 @@ class Job:
         self.schema: Any = None  # Parquet: the parts' schemas unified, and the id column's type in it
         self.id_type: Any = None
         progress = self.dir / "progress.json"
-        if progress.exists() and not resume and _progress(progress, self.dir).get("windows") == 0:
+        if progress.exists() and not resume and Progress.read(progress, self.dir).windows == 0:
             self.discard()  # a job that finished nothing has nothing to keep
         if progress.exists():
             if not resume:
                 raise ConfigError(f"an unfinished job for {self.output} is in {self.dir}",
                                   "pass --resume to continue it, or delete that directory to start over")
-            p = _progress(progress, self.dir)
-            changed = [k for k in sorted({*p.get("what", {}), *self.what}) if p.get("what", {}).get(k) != self.what.get(k)]
+            p = Progress.read(progress, self.dir)
+            changed = [k for k in sorted({*p.what, *self.what}) if p.what.get(k) != self.what.get(k)]
             if changed:
                 raise ConfigError(f"--resume: the job in {self.dir} was for other {', '.join(changed)}",
                                   "resume with the same bundle, inputs and options, or delete that directory to start over")
-            self.done, self.read, self.written, self.failed = p["windows"], p["records"], p["results"], p["errors"]
-            self.counts = dict(p.get("counts", {}))
+            self.done, self.read, self.written, self.failed = p.windows, p.records, p.results, p.errors
+            self.counts = dict(p.counts)
             log.info("resuming %s after %d records (%d windows)", self.output, self.read, self.done)
             if self.suffix == ".parquet":
                 self._known_schema()
@@ -101,8 +102,9 @@ class Job:
             self._save()
 
     def _save(self) -> None:
-        write_json(self.dir / "progress.json", {"what": self.what, "windows": self.done, "records": self.read,
-                                                "results": self.written, "errors": self.failed, "counts": self.counts})
+        progress = Progress(windows=self.done, records=self.read, results=self.written, errors=self.failed,
+                            what=self.what, counts=self.counts)
+        write_json(self.dir / "progress.json", to_json(progress))
 
     def discard(self) -> None:
         """Everything in the job directory but its lock (the directory goes when the lock is let go)."""

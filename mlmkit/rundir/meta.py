@@ -18,19 +18,21 @@ from typing import Any
 from mlmkit.errors import ConfigError
 from mlmkit.files import JSONObject, parse_json, write_json
 from mlmkit.registry import PRETRAINING, Metrics, Options, TaskContext, TaskState
+from mlmkit.typed import check_version, from_json, rule
 
 META = "mlmkit.json"
 RUN_FORMAT = 1
-"""mlmkit.json's format_version for runs: 1 is the typed layout (2026-12-06); a file without one is
-the layout before it, which has the same fields."""
+"""mlmkit.json's format_version for runs: 1 is the typed layout; a file without one is the layout
+before it, which has the same fields."""
+FIX = "the run directory was edited or damaged; train it again"
 
 
 @dataclass(frozen=True)
 class RunMeta:
     """The description of a run: its task and head, how it was trained and what it scored."""
 
-    task: str  # "pretraining" or a registered task
-    max_length: int
+    task: str = field(metadata=rule(bool, "a task name"))  # "pretraining" or a registered task
+    max_length: int = field(metadata=rule(lambda n: n >= 1, "a positive whole number of tokens"))
     labels: tuple[str, ...] | None = None
     options: Options = field(default_factory=dict)  # the task's saved options
     task_state: TaskState = field(default_factory=dict)  # what the task fitted on the data (fit_state, calibration)
@@ -61,22 +63,12 @@ class RunMeta:
     @classmethod
     def from_json(cls, data: Any, path: Path | str) -> RunMeta:
         """The description ``data`` (parsed mlmkit.json at ``path``), checked field by field."""
-        if not isinstance(data, dict):
-            raise _bad(path, "it is not a JSON object")
-        version = data.get("format_version")
-        if version is not None and version != RUN_FORMAT:
-            raise ConfigError(f"{path}: a run of format {version}; this mlmkit reads format {RUN_FORMAT} (and older runs)",
-                              "use the mlmkit version that wrote it, or train the run again")
-        known = {f.name for f in fields(cls)} - {"other"}
-        for f in fields(cls):
-            if f.name in data and data[f.name] is not None and not _fits(data[f.name], f.name):
-                raise _bad(path, f"'{f.name}' is not {_KINDS[f.name][1]} ({data[f.name]!r})")
-            if f.name in ("task", "max_length") and f.name not in data:
-                raise _bad(path, f"it has no '{f.name}'")
-        typed = {k: v for k, v in data.items() if k in known and v is not None}
-        if "labels" in typed:
-            typed["labels"] = tuple(typed["labels"])
-        return cls(**typed, other={k: v for k, v in data.items() if k not in known | {"format_version"}})
+        if isinstance(data, dict) and data.get("format_version") is not None:
+            check_version(data, path, key="format_version", reads=RUN_FORMAT, what="a run",
+                          fix="use the mlmkit version that wrote it, or train the run again")
+        fields_only = {k: v for k, v in data.items() if k != "format_version" and v is not None} \
+            if isinstance(data, dict) else data
+        return from_json(cls, fields_only, path, fix=FIX, rest="other")
 
     def to_json(self) -> JSONObject:
         """mlmkit.json's object: the fields that have a value (``labels`` always: null for a task
@@ -89,33 +81,8 @@ class RunMeta:
         return {**out, **self.other}
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-_OBJECT = (lambda x: isinstance(x, dict), "an object")
-_KINDS: dict[str, tuple[Any, str]] = {
-    "task": (lambda x: isinstance(x, str) and bool(x), "a task name"),
-    "max_length": (lambda x: _is_int(x) and x >= 1, "a positive whole number of tokens"),
-    "labels": (lambda x: isinstance(x, list) and all(isinstance(v, str) for v in x), "a list of names"),
-    "options": _OBJECT, "task_state": _OBJECT, "data": _OBJECT, "source": _OBJECT, "train_args": _OBJECT,
-    "best_metrics": _OBJECT, "final_metrics": _OBJECT, "distill": _OBJECT,
-    "base_model": (lambda x: isinstance(x, str), "a path"),
-    "best_step": (_is_int, "a step number"),
-    "nsp": (lambda x: isinstance(x, bool), "true or false"), "whole_word": (lambda x: isinstance(x, bool), "true or false"),
-    "arch": (lambda x: isinstance(x, str), "a family name"),
-    "mask_prob": (lambda x: isinstance(x, (int, float)) and not isinstance(x, bool), "a number"),
-    "corpus": (lambda x: isinstance(x, list) and all(isinstance(v, str) for v in x), "a list of files"),
-    "other": (lambda x: True, "anything"),
-}
-
-
-def _fits(value: Any, name: str) -> bool:
-    return bool(_KINDS[name][0](value))
-
-
 def _bad(path: Path | str, why: str) -> ConfigError:
-    return ConfigError(f"{path}: {why}", "the run directory was edited or damaged; train it again")
+    return ConfigError(f"{path}: {why}", FIX)
 
 
 def read_meta(d: str | Path) -> RunMeta:

@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tokenizers import AddedToken
 
 from mlmkit.errors import BundleError, ConfigError
@@ -29,11 +28,9 @@ TASK_OUTPUT_TYPE = "tensor(float)"
 them; an fp16 or int8 graph keeps float32 inputs and outputs)."""
 MASKS = "masks"
 MASK_ROWS = {"mask_positions": (MASKS, "coordinate"), "top_ids": (MASKS, "k"), "top_probs": (MASKS, "k")}
-"""The outputs of the masked-LM graphs exported before 2026-12-06 (then the core's own graph, not a
-task's): one row per [MASK] of the batch, its [batch row, position], the ids (int64) and probabilities
-of its top-k (``top_k`` in mlmkit.json). Such bundles still load: the runtime reads their outputs as
-the masked-LM task's per-token ones (tokens_from_mask_rows)."""
-MASK_ROW_TYPES = {"mask_positions": "tensor(int64)", "top_ids": "tensor(int64)", "top_probs": "tensor(float)"}
+"""The outputs of the masked-LM graphs of an earlier layout (the core's own graph, before fill-mask was
+a task): one row per [MASK] of the batch. Such a bundle is refused in one line saying to export its
+run again; the runtime reads per-token outputs only."""
 DYNAMIC_AXES = (BATCH, SEQUENCE, MASKS)  # axes whose size varies from run to run: never a fixed size in the graph
 LABELS_KEY = "mlmkit.labels"
 """The graph's metadata_props entry with the labels, in the order the head was trained with (JSON):
@@ -96,7 +93,6 @@ class BundleMeta:
     options: Options = field(default_factory=dict)
     task_state: TaskState = field(default_factory=dict)
     trained_as: str = ""
-    top_k: int | None = None  # a masked-LM bundle of before 2026-12-06 (MASK_ROWS): its candidates
     opset: int = 17
     precision: str = "fp32"
     run_precision: str = "auto"  # fp32: export --precision fp32 pinned it (auto never picks bf16 for it)
@@ -120,6 +116,9 @@ class BundleMeta:
         if data.get("format_version") != BUNDLE_FORMAT:
             raise BundleError(f"{path.parent} is a bundle of format {data.get('format_version')}; this mlmkit reads format "
                               f"{BUNDLE_FORMAT}", "export the run again with this version: mlmkit export RUN --out DIR")
+        if _axes(data["outputs"]) == MASK_ROWS:
+            raise BundleError(f"{path.parent} is a fill-mask bundle of an earlier layout (one output row per [MASK]); "
+                              "this mlmkit reads per-token outputs", "export its run again: mlmkit export RUN --out DIR")
         _check_description(path, data)
         known = {f.name for f in fields(cls)} - {"run", "tokenizer", "model"}
         tok, model, labels = data["tokenizer"], data.get("model") or {}, data.get("labels")
@@ -196,8 +195,6 @@ def _check_description(path: Path, meta: JSONObject) -> None:
         (not isinstance(inputs, list) or "input_ids" not in inputs or len(set(map(str, inputs))) != len(inputs)
          or not all(isinstance(i, str) and i in INPUT_NAMES for i in inputs),
          f"'inputs' is not a list of the graph inputs ({', '.join(INPUT_NAMES)})"),
-        ((meta.get("top_k") is not None or _axes(outputs) == MASK_ROWS) and not _int_in(meta.get("top_k"), 1, max(1, V)),
-         "'top_k' is not a number of candidates from 1 to the vocabulary's size"),
         (meta.get("precision", "fp32") not in PRECISIONS, f"'precision' is not one of {', '.join(PRECISIONS)}"),
         (not _int_in(meta.get("opset", 17), 1, 1000), "'opset' is not an ONNX opset number"),
         (not isinstance(meta.get("trained_as", ""), str), "'trained_as' is not a task name"),
@@ -226,19 +223,6 @@ def _axes(outputs: Any) -> Any:
 
 def _int_in(x: Any, low: int, high: int) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and low <= x <= high
-
-
-def tokens_from_mask_rows(out: Mapping[str, np.ndarray], shape: tuple[int, ...]) -> dict[str, np.ndarray]:
-    """The outputs of a masked-LM graph of before 2026-12-06 (MASK_ROWS) on a batch of ``shape``
-    (rows, tokens), as today's graph gives them: per token, the candidates' ids ("indices", float,
-    -1 where no [MASK] is) and probabilities ("values", 0 there)."""
-    k = out["top_ids"].shape[1]
-    indices = np.full((*shape, k), -1.0, dtype=np.float32)
-    values = np.zeros((*shape, k), dtype=np.float32)
-    rows, positions = out["mask_positions"][:, 0], out["mask_positions"][:, 1]
-    indices[rows, positions] = out["top_ids"]
-    values[rows, positions] = out["top_probs"]
-    return {"indices": indices, "values": values}
 
 
 def load_bundle_tokenizer(path: str | Path, meta: BundleMeta) -> Any:

@@ -182,18 +182,14 @@ class ModelMeta:
 
 RUNTIME_CACHE = 200
 """Entries of the OpenVINO CPU plugin's cache of kernels made for each input shape (its internal
-CPU_RUNTIME_CACHE_CAPACITY; its default, 5,000, let a long job's memory grow with every new (batch,
-length) shape: a tiny colbert bundle over 20,480 documents of a generated corpus in windows of 256
-held 1,163 MB RSS, and still grew, against 496 MB at 200 entries and 396 at none, 18.3 s against
-18.3-20.2 s; 2026-12-06, Intel Xeon with AMX, 2 threads, bf16)."""
+CPU_RUNTIME_CACHE_CAPACITY). Its default, 5,000, lets a long job's memory grow with every new (batch,
+length) shape; 200 holds it flat at the same speed (docs/performance.md, "Precision and engines")."""
 
 SHORT_SEQUENCE = 128
 """Batches of up to this many tokens run on a compilation without OpenVINO's fused attention kernels
 (SNIPPETS_MODE=DISABLE: attention as AMX matrix products and a softmax), longer ones on its default:
-on MiniLM in bf16, 2 threads, Intel Xeon with AMX (2026-12-06), the unfused form ran 1.13x at 30
-tokens (embeddings; 1.07x classification, 1.08x fill-mask), 1.02x at 128, 0.91x at 256 and 0.77x at
-512 (docs/performance.md, "Precision and engines"). The second compilation is made at the first long
-batch; it added 27 MB on MiniLM."""
+the unfused form is faster on short batches and slower on long ones (docs/performance.md, "Precision
+and engines", has the figures). The second compilation is made at the first long batch."""
 
 
 class OpenVinoSession:

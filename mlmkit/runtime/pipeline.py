@@ -20,7 +20,6 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
@@ -43,13 +42,10 @@ from mlmkit.runtime import prediction
 from mlmkit.runtime.bundle import (
     DYNAMIC_AXES,
     LABELS_KEY,
-    MASK_ROW_TYPES,
-    MASK_ROWS,
     TASK_OUTPUT_TYPE,
     BundleMeta,
     load_bundle_tokenizer,
     read_bundle_meta,
-    tokens_from_mask_rows,
 )
 from mlmkit.runtime.engines import make_session  # noqa: F401 - its home was here: benchmarks import it from here
 from mlmkit.runtime.precision import Choice, GateRecord, choose
@@ -60,24 +56,21 @@ log = logging.getLogger("mlmkit")
 
 CPU_BATCH_ACTIVATIONS = 196_608
 """On the CPU a batch ends before rows x longest x hidden size passes this (512 tokens at hidden
-384, 256 at hidden 768): batches whose activations stay in the cores' caches ran up to 1.5x faster
-than batches of 32 at any length (measured 2026-12-01; docs/performance.md, "Tuning",
-has the cuts' current figures). On CUDA, batches are cut by count only."""
+384, 256 at hidden 768): batches whose activations stay in the cores' caches run faster than
+batches of 32 at any length (docs/performance.md, "Tuning", has the figures). On CUDA, batches are
+cut by count only."""
 
 CPU_RUN_TOKENS = 16
 """On the CPU one onnxruntime run costs a fixed time, the weights read from memory once, plus a time
-per padded token: fitted on the MiniLM-size classifier, a run is worth 10 to 28 tokens of padding
-(2026-12-02, AMD EPYC, 2 threads, benchmarks/batch_cuts.py), whatever the model's size (both terms
-grow with its weights). The batches of a call are cut where that costs least (batching.bucket_batches):
-calls of 8 / 32 / 64 mixed sentences ran 1.28x / 1.13x / 1.07x faster than cut only when full, and
-8 or 28 instead of 16 was within the noise (docs/performance.md, Tuning)."""
+per padded token: a run is worth 10 to 28 tokens of padding whatever the model's size (both terms
+grow with its weights; benchmarks/batch_cuts.py fits them). The batches of a call are cut where that
+costs least (batching.bucket_batches; docs/performance.md, "Tuning")."""
 
 BF16_BATCH_ACTIVATIONS = 786_432
 BF16_RUN_TOKENS = 128
 """The same two cuts for an fp32 bundle computed in bf16 by OpenVINO on AMX: the matrix products are
 about 3x cheaper, so a run's fixed cost is worth more tokens and larger batches pay (2,048 tokens at
-hidden 384). On MiniLM embeddings, batch 32, 2 threads, Intel Xeon with AMX (2026-12-06): 1.09x the
-fp32 cuts (16 / 512 tokens); 100-200 / 2,048-4,096 were within the noise of each other."""
+hidden 384; docs/performance.md, "Precision and engines")."""
 CPU_CUTS = {"onnxruntime": (CPU_BATCH_ACTIVATIONS, CPU_RUN_TOKENS), "openvino": (BF16_BATCH_ACTIVATIONS, BF16_RUN_TOKENS)}
 """Each engine's (activations of a batch, tokens a run is worth) on the CPU."""
 
@@ -97,10 +90,6 @@ class Pipeline:
                  plugin: Plugin) -> None:
         if batch_size < 1:
             raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
-        # a masked-LM graph of the first bundle format 2 answers one row per [MASK]: read per token
-        self.mask_rows = dict(meta.outputs) == MASK_ROWS
-        if self.mask_rows and plugin.top_k_option:  # its candidates were recorded as "top_k"
-            meta = replace(meta, options={plugin.top_k_option: meta.top_k, **meta.options})
         self.path, self.meta, self.tokenizer, self.session, self.batch_size = path, meta, tokenizer, session, batch_size
         self.plugin = plugin
         self.batch_tokens: int | None = None  # batching.bucket_batches' max_tokens; set by load
@@ -111,7 +100,7 @@ class Pipeline:
         self.pad_id = meta.tokenizer.pad_id
         self.input_names = [i.name for i in session.get_inputs()]
         self.output_names = [o.name for o in session.get_outputs()]
-        self.outputs = dict(plugin.outputs) if self.mask_rows else dict(meta.outputs)
+        self.outputs = dict(meta.outputs)
         lacking = [n for n in meta.outputs if n not in self.output_names]
         if lacking or self.input_names != list(meta.inputs) or "input_ids" not in self.input_names:
             raise BundleError(
@@ -132,16 +121,15 @@ class Pipeline:
         input wrongly, silently)."""
         labels, desc = self.meta.labels, self.path / "mlmkit.json"
         graph = {o.name: o for o in session.get_outputs()}
-        fixed = {"coordinate": 2, "k": self.meta.top_k} if self.mask_rows else {}
         for name, axes in self.meta.outputs.items():
             out = graph[name]
             dims = list(out.shape or [])
             if dims and len(dims) != len(axes):
                 raise BundleError(f"{desc}: its 'outputs' give '{name}' the axes {list(axes)}, but the model's '{name}' "
                                   f"has {len(dims)} ({dims})", "re-create the bundle with `mlmkit export`")
-            want = MASK_ROW_TYPES[name] if self.mask_rows else TASK_OUTPUT_TYPE
-            if out.type != want:
-                raise BundleError(f"{self.path / 'model.onnx'}: its output '{name}' is {out.type}, the runtime reads {want}",
+            if out.type != TASK_OUTPUT_TYPE:
+                raise BundleError(f"{self.path / 'model.onnx'}: its output '{name}' is {out.type}, the runtime reads "
+                                  f"{TASK_OUTPUT_TYPE}",
                                   "re-create the bundle with `mlmkit export`")
             for axis, dim in zip(axes, dims):
                 if axis == LABEL and isinstance(dim, int) and (labels is None or dim != len(labels)):
@@ -149,10 +137,9 @@ class Pipeline:
                         f"{desc} lists {len(labels or [])} labels but the model's '{name}' has {dim}",
                         "re-create the bundle with `mlmkit export`",
                     )
-                if isinstance(dim, int) and (axis in DYNAMIC_AXES or fixed.get(axis, dim) != dim):
-                    size = "varies from run to run" if axis in DYNAMIC_AXES else f"is {fixed[axis]!r}"
+                if isinstance(dim, int) and axis in DYNAMIC_AXES:
                     raise BundleError(f"{desc}: the model's '{name}' has a size of {dim} along its '{axis}' axis, "
-                                      f"whose size {size}", "re-create the bundle with `mlmkit export`")
+                                      "whose size varies from run to run", "re-create the bundle with `mlmkit export`")
 
     def _check_labels(self, session: Any) -> None:
         """The labels against the order the head was trained with, which export records in the graph
@@ -314,7 +301,7 @@ class Pipeline:
         """One session run on a padded batch (the prediction loop's forward)."""
         feed = {n: batch[n] for n in self.input_names}
         out = dict(zip(self.output_names, self.session.run(self.output_names, feed)))
-        return tokens_from_mask_rows(out, batch["input_ids"].shape) if self.mask_rows else out
+        return out
 
     def evaluate(
         self, data: str | Path, *, options: Mapping[str, Any] | None = None, predictions: str | Path | None = None,

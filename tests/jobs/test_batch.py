@@ -197,7 +197,7 @@ def test_a_damaged_progress_file_is_one_line_naming_its_field(tmp_path: Path, bu
     (job / "progress.json").write_text(json.dumps(bad))
     r = cli("classify", bundle, "--input", f, "--output", tmp_path / "o.jsonl", "--resume")
     said = " ".join(r.stderr.split())
-    assert r.exit_code == 2 and (f"field {field} must" in said or f"{field} must" in said) and "progress.json" in said, said
+    assert r.exit_code == 2 and (f"'{field}' is not" in said or f"no '{field}'" in said) and "progress.json" in said, said
     assert "Traceback" not in r.stderr
 
 

@@ -38,9 +38,9 @@ def test_pretraining_fields_and_none_left_out():
 
 @pytest.mark.parametrize(("changes", "said"), [
     ({"max_length": "64"}, "'max_length' is not a positive whole number of tokens ('64')"),
-    ({"labels": "neg,pos"}, "'labels' is not a list of names"),
+    ({"labels": "neg,pos"}, "'labels' is not a list of strings"),
     ({"options": []}, "'options' is not an object"),
-    ({"best_step": 4.5}, "'best_step' is not a step number"),
+    ({"best_step": 4.5}, "'best_step' is not a whole number"),
     ({"task": None}, "it has no 'task'"),
 ])
 def test_a_wrong_type_or_a_missing_field_is_one_line_naming_it(changes: dict, said: str):

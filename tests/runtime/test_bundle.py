@@ -33,7 +33,8 @@ def test_an_older_description_loads_typed_and_writes_back_the_same_keys():
     assert meta.labels == ("neg", "pos") and meta.outputs == {"probabilities": ("batch", "label")}
     assert meta.tokenizer == TokenizerPrint("ab" * 32, 100, True, 0, 4) and meta.model.hidden_size == 32
     assert meta.gate == {} and meta.run_precision == "auto" and meta.task_state == {}  # the keys it predates
-    assert meta.run == {"final_metrics": {"eval_accuracy": 0.9}, "data": {"train": "train.csv"}}  # carried, unread
+    assert meta.run == {"top_k": None, "final_metrics": {"eval_accuracy": 0.9},  # carried, unread
+                        "data": {"train": "train.csv"}}
     again = meta.to_json()
     assert {k: v for k, v in again.items() if k not in ("gate", "run_precision", "task_state")} == _described()
     assert BundleMeta.from_json(json.loads(json.dumps(again)), PATH) == meta

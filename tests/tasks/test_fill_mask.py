@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import make_base_model, run_export
 
-from mlmkit.errors import ConfigError, DataFormatError
+from mlmkit.errors import BundleError, ConfigError, DataFormatError
 from mlmkit.registry import masked_lm_task, task_of
 from mlmkit.runtime.pipeline import Pipeline, evaluate_bundle
 
@@ -54,14 +54,13 @@ def test_the_masked_lm_task_is_fill_mask_and_pretraining_runs_are_its():
     assert task_of("pretraining") is masked_lm_task()
 
 
-def test_a_bundle_of_the_layout_before_the_task_loads_and_answers_as_then(legacy, tmp_path):
+def test_a_bundle_of_the_layout_before_the_task_is_refused_saying_to_export_again(tmp_path):
+    """The one-row-per-[MASK] graph of an earlier layout is not special-cased in the runtime: refused
+    in one line naming the bundle, saying how to re-create it."""
     bundle = Path(shutil.copytree(LEGACY / "fill-mask-bundle", tmp_path / "b"))
-    pipe = Pipeline.load(bundle)
-    assert pipe.task == "fill-mask" and pipe.mask_rows
-    assert pipe(legacy["inputs"]) == legacy["results"]
-    assert pipe(legacy["inputs"][:2], top_k=2) == legacy["top_k_2"]
-    with pytest.raises(ConfigError, match="exported with --top-k 3"):
-        pipe(legacy["inputs"][:1], top_k=4)
+    with pytest.raises(BundleError, match="fill-mask bundle of an earlier layout") as e:
+        Pipeline.load(bundle)
+    assert str(bundle) in str(e.value) and "mlmkit export RUN" in e.value.hint and "\n" not in str(e.value)
 
 
 def test_a_pretraining_run_exported_now_answers_as_the_bundle_of_before(legacy, exported):
