@@ -31,16 +31,10 @@ lint: $(BIN)/mlmkit
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
+# every benchmark that needs no peer installed, in turn; it first prints which it skips and why
+# (benchmarks/harness.py, CATALOGUE; `python benchmarks/harness.py --list` prints that alone)
 bench: $(BIN)/mlmkit
-	$(BIN)/python benchmarks/pretrain_throughput.py
-	$(BIN)/python benchmarks/inference_throughput.py
-	$(BIN)/python benchmarks/precision.py
-	$(BIN)/python benchmarks/batch_cuts.py
-	$(BIN)/python benchmarks/serve_throughput.py
-	$(BIN)/python benchmarks/batch_scale.py
-	$(BIN)/python benchmarks/pretrain_data_scale.py
-	$(BIN)/python benchmarks/families.py
-	$(BIN)/python benchmarks/retrieval_training.py
+	$(BIN)/python benchmarks/harness.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

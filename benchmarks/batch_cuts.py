@@ -24,17 +24,14 @@ Last lines::
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from common import (
-    add_patience,
     busy_seconds,
     inference_setup,
     noisy_note,
@@ -46,8 +43,8 @@ from common import (
     spread,
     target,
     wait_for_quiet,
-    work_dir,
 )
+from harness import parser
 
 THREADS = 2
 CALLS = (8, 32, 64, 0)  # 0: all the sentences in one call
@@ -74,13 +71,15 @@ def run_cost(pipe: Any) -> tuple[float, float, list[str]]:
             xs.append(r * length)
             ys.append(ms)
         rows.append("   ".join(cells))
-    small = [(x, y) for x, y in zip(xs, ys) if x <= 512]  # the batches a call is cut into (--batch-tokens' 512)
+    # the batches a call is cut into (--batch-tokens' 512)
+    small = [(x, y) for x, y in zip(xs, ys) if x <= 512]
     b, a = np.polyfit([x for x, _ in small], [y for _, y in small], 1)
     return float(a), float(b), rows
 
 
 def calls(pipe: Any, texts: list[str], size: int) -> dict[str, float]:
-    """One pass over ``texts`` in calls of ``size``: texts/s, runs and padded tokens, other processes' cores."""
+    """One pass over ``texts`` in calls of ``size``: texts/s, runs and padded tokens, other processes' cores.
+    """
     runs, padded = 0, 0
     real = pipe.session.run
 
@@ -104,14 +103,13 @@ def calls(pipe: Any, texts: list[str], size: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the quick setup's sentences, repeated to 1,024; 2 rounds")
-    ap.add_argument("--rounds", type=int, default=None, help="rounds of both rules (default 5, --quick 2)")
-    ap.add_argument("--work", type=Path, default=work_dir("runs/bench-inference"),
-                    help="inference_throughput.py's work directory (its setup is made there when missing)")
+    ap = parser(__doc__, work="runs/bench-inference",
+                quick="the quick setup's sentences, repeated to 1,024; 2 rounds",
+                work_help="inference_throughput.py's work directory (its setup is made there when missing)",
+                rounds=(5, 2), rounds_help="rounds of both rules", patience=60.0)
     ap.add_argument("--also", type=int, action="append", default=[],
-                    help="a run's cost in tokens to try beside pipeline.CPU_RUN_TOKENS (repeatable): another rule, 'least-cost@N'")
-    add_patience(ap, 60.0)
+                    help="a run's cost in tokens to try beside pipeline.CPU_RUN_TOKENS (repeatable): "
+                         "another rule, 'least-cost@N'")
     a = ap.parse_args()
     from mlmkit.runtime.pipeline import CPU_RUN_TOKENS, Pipeline
     from mlmkit.runtime.prediction import truncations_counted
@@ -122,7 +120,7 @@ def main() -> None:
     texts = json.loads((work / "sentences.json").read_text())["plain"]
     texts = (texts * (1024 // len(texts) + 1))[:1024]
     random.Random(0).shuffle(texts)
-    rounds = a.rounds or (2 if a.quick else 5)
+    rounds = a.rounds
     pipe = Pipeline.load(work / "bundles" / "classify", threads=THREADS)
     real_tokens = sum(len(e.ids) for e in pipe.tokenizer.encode_batch(texts))
     pipe(texts[:64])
@@ -132,7 +130,8 @@ def main() -> None:
     print(f"\none run of the MiniLM-size classifier, R rows x L tokens, ms ({THREADS} threads):")
     for row in table:
         print(f"  {row}")
-    print(f"  fit over the batches of 512 tokens or fewer: {fixed:.2f} ms + {per_token:.3f} ms a token: a run costs "
+    print(f"  fit over the batches of 512 tokens or fewer: {fixed:.2f} ms + {per_token:.3f} ms a token: a "
+          "run costs "
           f"what {fixed / per_token:.0f} tokens do "
           f"(pipeline.CPU_RUN_TOKENS = {CPU_RUN_TOKENS})")
 
@@ -146,21 +145,27 @@ def main() -> None:
                 wait_for_quiet(a.patience)
                 with truncations_counted():  # one sentence is over the bundle's 128 tokens: said once below
                     got.setdefault((rule, size), []).append(calls(pipe, texts, size))
-    print(f"\n{len(texts)} sentences ({real_tokens} real tokens), calls of N; {rounds} alternating rounds, medians of the "
+    print(f"\n{len(texts)} sentences ({real_tokens} real tokens), calls of N; {rounds} alternating rounds, "
+          "medians of the "
           "quiet passes; padding: padded tokens / real tokens")
-    print(f"  what each rule got: the same fp32 bundle and session, {THREADS} threads, max length 128, batches of at most "
-          f"{pipe.batch_size} rows and {pipe.batch_tokens} padded tokens; the rules differ only in where a call is cut")
+    print(f"  what each rule got: the same fp32 bundle and session, {THREADS} threads, max length 128, "
+          "batches of at most "
+          f"{pipe.batch_size} rows and {pipe.batch_tokens} padded tokens; the rules differ only in where a "
+          "call is cut")
     print(f"  {'call':>6s} {'rule':>14s} {'texts/s':>8s} {'runs':>5s} {'padding':>8s}   passes")
     speed: dict[tuple[str, int], float] = {}
     # each call size's passes in race()'s shape, for common.ratio and spread: the median of the rounds' ratios
-    by_round = {size: {"rounds": rounds, "speeds": {rule: [x["speed"] for x in got[(rule, size)]] for rule in rules},
-                       "others": {rule: [x["other"] for x in got[(rule, size)]] for rule in rules}} for size in CALLS}
+    by_round = {size: {"rounds": rounds,
+                       "speeds": {rule: [x["speed"] for x in got[(rule, size)]] for rule in rules},
+                       "others": {rule: [x["other"] for x in got[(rule, size)]] for rule in rules}}
+                for size in CALLS}
     for size in CALLS:
         for rule in rules:
             res = got[(rule, size)]
             speed[(rule, size)] = quiet_median([x["speed"] for x in res], [x["other"] for x in res])
             print(f"  {size or len(texts):6d} {rule:>14s} {speed[(rule, size)]:8.1f} {res[0]['runs']:5d} "
-                  f"{res[0]['padded'] / real_tokens:7.2f}x   ({passes([x['speed'] for x in res], [x['other'] for x in res])})")
+                  f"{res[0]['padded'] / real_tokens:7.2f}x   "
+                  f"({passes([x['speed'] for x in res], [x['other'] for x in res])})")
         for rule in rules[1:]:
             print(f"  {'':6s} {'ratio':>14s} {ratio(by_round[size], rule, 'full'):7.2f}x  {rule} / full "
                   f"({spread(by_round[size], rule, 'full')})")
@@ -168,9 +173,12 @@ def main() -> None:
     print()
     print(target("batch-cuts-call-32", ratio(by_round[32], "least-cost", "full"), ">=", 1.05)
           + f"   ({spread(by_round[32], 'least-cost', 'full')})")
-    print(f"(for information, medians of the rounds' ratios: calls of 8 {ratio(by_round[8], 'least-cost', 'full'):.2f}x, "
-          f"of 64 {ratio(by_round[64], 'least-cost', 'full'):.2f}x, all at once {ratio(by_round[0], 'least-cost', 'full'):.2f}x; "
-          f"median over the call sizes {statistics.median(ratio(by_round[s], 'least-cost', 'full') for s in CALLS):.2f})")
+    print("(for information, medians of the rounds' ratios: calls of 8 "
+          f"{ratio(by_round[8], 'least-cost', 'full'):.2f}x, "
+          f"of 64 {ratio(by_round[64], 'least-cost', 'full'):.2f}x, all at once "
+          f"{ratio(by_round[0], 'least-cost', 'full'):.2f}x; "
+          "median over the call sizes "
+          f"{statistics.median(ratio(by_round[s], 'least-cost', 'full') for s in CALLS):.2f})")
 
 
 if __name__ == "__main__":

@@ -52,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 from common import (
-    add_patience,
     alternating,
     bench_env,
     inference_setup,
@@ -64,8 +63,8 @@ from common import (
     stdlib_sentences,
     target,
     transformers_pipeline,
-    work_dir,
 )
+from harness import parser
 
 HERE = Path(__file__).resolve()
 
@@ -99,18 +98,21 @@ def dataset(work: Path, rows: int) -> Path:
     for k, at in enumerate(range(0, rows, SHARD)):
         n = min(SHARD, rows - at)
         ids = list(range(at, at + n))
-        pq.write_table(pa.table({"id": ids, "text": [next(stream) for _ in ids]}), d / f"part-{k:04d}.parquet")
+        pq.write_table(pa.table({"id": ids, "text": [next(stream) for _ in ids]}),
+                       d / f"part-{k:04d}.parquet")
     (d / ".done").write_text("")
     return d
 
 
 # ---- measuring one command ----------------------------------------------------------------------
-def measure(name: str, cmd: list[str], rows: int, patience: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+def measure(name: str, cmd: list[str], rows: int, patience: float,
+            env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``cmd`` once: texts/s, peak memory (MB, summed over its processes), other processes' load."""
     res = run_watched(name, cmd, patience, env)
     seconds, other = res["seconds"], res["other"]
     res.update(name=name, rows=rows, speed=rows / seconds)
-    log(f"{name:40s} {rows:>9,} rows {seconds:8.1f} s {res['speed']:8.1f} texts/s  peak {res['peak_mb']:7.0f} MB "
+    log(f"{name:40s} {rows:>9,} rows {seconds:8.1f} s {res['speed']:8.1f} texts/s  peak "
+        f"{res['peak_mb']:7.0f} MB "
         f"in {res['processes']} processes  (other processes busy: {other:.2f} cores)")
     return res
 
@@ -122,7 +124,8 @@ def transformers_side(data: Path, model: Path, out: Path, cache: Path, prepare: 
     from transformers.pipelines.pt_utils import KeyDataset
 
     datasets.disable_progress_bars()
-    ds = datasets.load_dataset("parquet", data_files=sorted(glob.glob(str(data / "*.parquet"))), split="train",
+    ds = datasets.load_dataset("parquet", data_files=sorted(glob.glob(str(data / "*.parquet"))),
+                               split="train",
                                cache_dir=str(cache))
     if prepare:
         return
@@ -133,7 +136,8 @@ def transformers_side(data: Path, model: Path, out: Path, cache: Path, prepare: 
 
 
 def labels_agree(parquet: Path, other: Path) -> float:
-    """The share of rows of ``other`` (JSON lines or Parquet, with id and label) labelled as in ``parquet``."""
+    """The share of rows of ``other`` (JSON lines or Parquet, with id and label) labelled as in ``parquet``.
+    """
     import pyarrow.parquet as pq
 
     ours = {r["id"]: r["label"] for r in pq.read_table(parquet, columns=["id", "label"]).to_pylist()}
@@ -144,16 +148,16 @@ def labels_agree(parquet: Path, other: Path) -> float:
 
 # ---- the driver ---------------------------------------------------------------------------------
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="10k and 100k rows, a 5k-row reference, one round")
-    ap.add_argument("--rows", type=int, default=None, help="the smaller row count N (default 100,000; --quick 10,000); the larger is 10 N")
-    ap.add_argument("--ref-rows", type=int, default=None, help="rows for the transformers reference (default 20,000; --quick 5,000)")
-    ap.add_argument("--rounds", type=int, default=None, help="alternating rounds of the reference pair (default 3, --quick 1)")
-    ap.add_argument("--work", type=Path, default=work_dir("runs/bench-inference"),
-                    help="the work directory of inference_throughput.py (its setup is reused)")
-    add_patience(ap, before="each run")
+    ap = parser(__doc__, work="runs/bench-inference",
+                quick="10k and 100k rows, a 5k-row reference, one round",
+                work_help="the work directory of inference_throughput.py (its setup is reused)",
+                rounds=(3, 1), rounds_help="alternating rounds of the reference pair", before="each run",
+                role=True)
+    ap.add_argument("--rows", type=int, default=None,
+                    help="the smaller row count N (default 100,000; --quick 10,000); the larger is 10 N")
+    ap.add_argument("--ref-rows", type=int, default=None,
+                    help="rows for the transformers reference (default 20,000; --quick 5,000)")
     ap.add_argument("--no-ray", action="store_true", help="leave out the Ray Data run")
-    ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--data", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -165,13 +169,14 @@ def main() -> None:
 
     n = a.rows or (10_000 if a.quick else 100_000)
     ref_rows = a.ref_rows or (5_000 if a.quick else 20_000)
-    rounds = a.rounds or (1 if a.quick else 3)
+    rounds = a.rounds
     print_machine(2)
     inference_setup(a.work, a.quick)
     bundle = models / "bundles" / "classify"
     t0 = time.perf_counter()
     small, large, ref = dataset(batch, n), dataset(batch, 10 * n), dataset(batch, ref_rows)
-    log(f"data: {n:,}, {10 * n:,} and {ref_rows:,} rows in Parquet shards of {SHARD:,} ({time.perf_counter() - t0:.0f}s)")
+    log(f"data: {n:,}, {10 * n:,} and {ref_rows:,} rows in Parquet shards of {SHARD:,} "
+        f"({time.perf_counter() - t0:.0f}s)")
     me = [sys.executable, str(HERE), "--work", str(a.work), *(["--quick"] if a.quick else [])]
     subprocess.run([*me, "--role", "prepare", "--data", str(ref)], check=True, env=bench_env())
     out = batch / "out"
@@ -180,45 +185,60 @@ def main() -> None:
     mlmkit = [sys.executable, "-m", "mlmkit"]
 
     def classify(data: Path, dest: Path, *extra: str, model: Path = bundle) -> list[str]:
-        return [*mlmkit, "classify", str(model), "--input", str(data), "--output", str(dest), "--id-column", "id", *extra]
+        return [*mlmkit, "classify", str(model), "--input", str(data), "--output", str(dest), "--id-column",
+                "id", *extra]
 
     runs: dict[str, dict[str, Any]] = {}
-    runs["small"] = measure(f"mlmkit classify ({n:,} rows)", classify(small, out / "small.parquet"), n, a.patience)
-    runs["large"] = measure(f"mlmkit classify ({10 * n:,} rows)", classify(large, out / "large.parquet"), 10 * n, a.patience)
-    runs["workers2"] = measure("mlmkit classify --workers 2", classify(small, out / "w2.parquet", "--workers", "2"), n, a.patience)
+    runs["small"] = measure(f"mlmkit classify ({n:,} rows)", classify(small, out / "small.parquet"), n,
+                            a.patience)
+    runs["large"] = measure(f"mlmkit classify ({10 * n:,} rows)", classify(large, out / "large.parquet"),
+                            10 * n, a.patience)
+    runs["workers2"] = measure("mlmkit classify --workers 2",
+                               classify(small, out / "w2.parquet", "--workers", "2"), n, a.patience)
     if not a.no_ray:
-        cmd = [*mlmkit, "predict", str(bundle), "--input", str(small), "--output", str(out / "ray"), "--engine", "ray",
+        cmd = [*mlmkit, "predict", str(bundle), "--input", str(small), "--output", str(out / "ray"),
+               "--engine", "ray",
                "--id-column", "id"]
-        runs["ray"] = measure("mlmkit predict --engine ray", cmd, n, a.patience, env={"RAY_USAGE_STATS_ENABLED": "0"})
+        runs["ray"] = measure("mlmkit predict --engine ray", cmd, n, a.patience,
+                              env={"RAY_USAGE_STATS_ENABLED": "0"})
     sides = {"mlmkit": classify(ref, out / "ref.parquet"),
-             "transformers": [*me, "--role", "transformers", "--data", str(ref), "--out", str(out / "ref-hf.jsonl")]}
+             "transformers": [*me, "--role", "transformers", "--data", str(ref), "--out",
+                              str(out / "ref-hf.jsonl")]}
     got: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
     for r, name in alternating(list(sides), rounds):
-        got[name].append(measure(f"{name} ({ref_rows:,} rows, round {r + 1})", sides[name], ref_rows, a.patience))
+        got[name].append(measure(f"{name} ({ref_rows:,} rows, round {r + 1})", sides[name], ref_rows,
+                                 a.patience))
     pair = list(zip(got["mlmkit"], got["transformers"]))
-    int8 = measure(f"mlmkit int8 ({ref_rows:,} rows)", classify(ref, out / "ref-int8.parquet", model=bundle.with_name("classify-int8")),
+    int8 = measure(f"mlmkit int8 ({ref_rows:,} rows)",
+                   classify(ref, out / "ref-int8.parquet", model=bundle.with_name("classify-int8")),
                    ref_rows, a.patience)
 
     report(runs, pair, int8, out, n)
 
 
-def report(runs: dict[str, dict[str, Any]], pair: list[tuple[dict[str, Any], dict[str, Any]]], int8: dict[str, Any],
+def report(runs: dict[str, dict[str, Any]], pair: list[tuple[dict[str, Any], dict[str, Any]]],
+           int8: dict[str, Any],
            out: Path, n: int) -> None:
     """The table of every run, what each side got, the checks and the target lines."""
     import pyarrow.parquet as pq
 
     same = pq.read_table(out / "small.parquet").equals(pq.read_table(out / "w2.parquet"))
     agree = labels_agree(out / "ref.parquet", out / "ref-hf.jsonl")
-    print(f"\nMiniLM-size classifier, short texts (4-24 words), {os.cpu_count()} cores; each run a command timed from start "
+    print(f"\nMiniLM-size classifier, short texts (4-24 words), {os.cpu_count()} cores; each run a command "
+          "timed from start "
           "to exit. What each side got: fp32 (the int8 run aside), max length 128, batch "
-          f"{BATCH}; mlmkit: its defaults (one process, a thread a core; --workers 2: a thread each), batches on mlmkit's "
-          f"cuts; transformers: the pipeline over a datasets Parquet dataset, {THREADS} torch threads, its batches in row "
+          f"{BATCH}; mlmkit: its defaults (one process, a thread a core; --workers 2: a thread each), "
+          "batches on mlmkit's "
+          f"cuts; transformers: the pipeline over a datasets Parquet dataset, {THREADS} torch threads, its "
+          "batches in row "
           f"order; the reference pair {len(pair)} alternating rounds, every other run once")
     for r in [*runs.values(), *(x for p in pair for x in p), int8]:
-        print(f"  {r['name']:40s} {r['rows']:>9,} rows {r['speed']:8.1f} texts/s   peak {r['peak_mb']:7.0f} MB "
+        print(f"  {r['name']:40s} {r['rows']:>9,} rows {r['speed']:8.1f} texts/s   peak {r['peak_mb']:7.0f} "
+              "MB "
               f"({r['processes']} processes){mark(r['other']) or ' '}")
     print(noisy_note("run", counted=False))
-    print(f"--workers 2 vs 1 ({n:,} rows, one run each): {runs['workers2']['speed'] / runs['small']['speed']:.2f}x; "
+    print(f"--workers 2 vs 1 ({n:,} rows, one run each): "
+          f"{runs['workers2']['speed'] / runs['small']['speed']:.2f}x; "
           f"output identical: {same}")
     if "ray" in runs:
         ray_rows = pq.read_table(out / "ray").num_rows
@@ -231,7 +251,8 @@ def report(runs: dict[str, dict[str, Any]], pair: list[tuple[dict[str, Any], dic
           f"{int8['speed'] / statistics.median(t['speed'] for _, t in pair):.2f}x, labels agree with fp32 "
           f"{labels_agree(out / 'ref.parquet', out / 'ref-int8.parquet'):.4f}")
     print()
-    print(target("batch-memory-growth-1m-vs-100k", runs["large"]["peak_mb"] / runs["small"]["peak_mb"], "<=", 1.1))
+    print(target("batch-memory-growth-1m-vs-100k", runs["large"]["peak_mb"] / runs["small"]["peak_mb"], "<=",
+                 1.1))
     print(target("batch-vs-transformers-datasets", statistics.median(ratios), ">=", 3.0)
           + f"   (rounds {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)})")
 

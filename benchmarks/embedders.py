@@ -1,6 +1,8 @@
-"""The embedding families of 2026 at their real sizes: mlmkit's default bundle vs sentence-transformers' torch encode.
+"""The embedding families of 2026 at their real sizes: mlmkit's default bundle vs sentence-transformers' torch
+encode.
 
-    python benchmarks/embedders.py --work /tmp/bench_emb                          # BERT-base, then every family below
+    python benchmarks/embedders.py --work /tmp/bench_emb                          # BERT-base, then every
+                                                                                  # family below
     python benchmarks/embedders.py --work /tmp/bench_emb --families mpnet --texts 32 --rounds 2 --int8
 
 Models (random weights: speed does not depend on them), built by transformers at the sizes of the
@@ -36,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from common import (
-    add_patience,
     bench_env,
     encoder_flops,
     log,
@@ -53,21 +54,28 @@ from common import (
     target,
     workers,
 )
+from harness import parser
 
 VOCAB = 32_000
 # family -> (the release it stands for, transformers config class, config keywords, pooling, Dense sizes)
 FAMILIES: dict[str, tuple[str, str, dict[str, Any], str, list[int]]] = {
     "bert": ("BERT-base (the reference: fused attention)", "BertConfig", dict(
         hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072), "mean", []),
-    "mpnet": ("all-mpnet-base-v2", "MPNetConfig", dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                                       intermediate_size=3072, max_position_embeddings=514), "mean", []),
-    "nomic_bert": ("nomic-embed-text-v1.5", "NomicBertConfig", dict(n_embd=768, n_layer=12, n_head=12, n_inner=3072,
+    "mpnet": ("all-mpnet-base-v2", "MPNetConfig",
+              dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                                       intermediate_size=3072, max_position_embeddings=514),
+              "mean", []),
+    "nomic_bert": ("nomic-embed-text-v1.5", "NomicBertConfig",
+                   dict(n_embd=768, n_layer=12, n_head=12, n_inner=3072,
                                                                      n_positions=8192), "mean", []),
-    "gte": ("gte-base-en-v1.5", "GteConfig", dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                                  intermediate_size=3072, max_position_embeddings=8192), "cls", []),
+    "gte": ("gte-base-en-v1.5", "GteConfig",
+            dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                                  intermediate_size=3072, max_position_embeddings=8192),
+            "cls", []),
     "gemma3_text": ("EmbeddingGemma-300m", "Gemma3TextConfig", dict(
         hidden_size=768, num_hidden_layers=24, num_attention_heads=3, num_key_value_heads=1, head_dim=256,
-        intermediate_size=1152, max_position_embeddings=2048, sliding_window=512, use_bidirectional_attention=True,
+        intermediate_size=1152, max_position_embeddings=2048, sliding_window=512,
+                                                                    use_bidirectional_attention=True,
         query_pre_attn_scalar=256), "mean", [3072, 768]),
     "qwen3": ("Qwen3-Embedding-0.6B", "Qwen3Config", dict(
         hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
@@ -76,7 +84,8 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str, list[int]]] = {
 
 
 def build(work: Path, family: str) -> Path:
-    """The sentence-transformers folder of ``family`` at its release's size (random weights), and its bundle."""
+    """The sentence-transformers folder of ``family`` at its release's size (random weights), and its bundle.
+    """
     import torch
     import transformers
     from sentence_transformers import SentenceTransformer
@@ -94,7 +103,8 @@ def build(work: Path, family: str) -> Path:
     tok = train_tokenizer(stdlib_sentences()[:20_000], vocab_size=8000)
     hf = d / "hf"
     hf.mkdir(parents=True, exist_ok=True)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]",
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, cls_token="[CLS]", sep_token="[SEP]",
+                                                pad_token="[PAD]",
                                                 unk_token="[UNK]", mask_token="[MASK]", model_max_length=512)
     cfg = getattr(transformers, cfg_name)(vocab_size=VOCAB, pad_token_id=fast.pad_token_id, **kw)
     torch.manual_seed(0)
@@ -109,7 +119,8 @@ def build(work: Path, family: str) -> Path:
     modules.append(Normalize())
     SentenceTransformer(modules=modules, device="cpu").save(str(d / "st"))
     for out, extra in (("bundle", []), ("bundle-int8", ["--quantize", "int8"])):
-        r = subprocess.run([sys.executable, "-m", "mlmkit", "export", str(d / "st"), "--out", str(d / out), *extra],
+        r = subprocess.run([sys.executable, "-m", "mlmkit", "export", str(d / "st"), "--out", str(d / out),
+                            *extra],
                            env=bench_env(), capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit(f"mlmkit export {' '.join(extra)} of {family} failed: {r.stderr.strip()[-600:]}")
@@ -124,7 +135,8 @@ def texts(n: int) -> list[str]:
 
 
 def _cosine(p: list[float], q: list[float]) -> float:
-    return float(sum(x * y for x, y in zip(p, q)) / ((sum(x * x for x in p) * sum(y * y for y in q)) ** 0.5 or 1))
+    return float(sum(x * y for x, y in zip(p, q)) / ((sum(x * x for x in p) * sum(y * y for y in q)) ** 0.5
+                                                     or 1))
 
 
 def side(work: Path, family: str, name: str, n: int, threads: int) -> None:
@@ -135,7 +147,8 @@ def side(work: Path, family: str, name: str, n: int, threads: int) -> None:
     if name.startswith("mlmkit"):
         from mlmkit.runtime.pipeline import Pipeline
 
-        pipe = Pipeline.load(d / ("bundle-int8" if name == "mlmkit-int8" else "bundle"), threads=threads, batch_size=32)
+        pipe = Pipeline.load(d / ("bundle-int8" if name == "mlmkit-int8" else "bundle"), threads=threads,
+                             batch_size=32)
 
         def one(_: list[str]) -> dict[str, Any]:
             return {"n": len(xs), "preds": [r["embedding"][:8] for r in pipe(xs)[:4]]}
@@ -154,14 +167,11 @@ def side(work: Path, family: str, name: str, n: int, threads: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work", type=Path, default=Path("runs/bench-embedders"))
-    ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated, of: " + ", ".join(FAMILIES))
-    ap.add_argument("--texts", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
+    ap = parser(__doc__, work="runs/bench-embedders", rounds=3, threads=2)
+    ap.add_argument("--families", default=",".join(FAMILIES),
+                    help="comma-separated, of: " + ", ".join(FAMILIES))
+    ap.add_argument("--texts", type=int, default=64, help="texts of 128 tokens a pass (default 64)")
     ap.add_argument("--int8", action="store_true", help="also time the int8 bundle (export --quantize int8)")
-    add_patience(ap)
     ap.add_argument("--family", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--side", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -176,22 +186,29 @@ def main() -> None:
             print(f"{family}: not a family mlmkit runs here: skipped")
             continue
         d = build(a.work, family)
-        args = {s: ["--work", str(a.work), "--family", family, "--side", s, "--texts", str(a.texts), "--threads", str(a.threads)]
+        args = {s: ["--work", str(a.work), "--family", family, "--side", s, "--texts", str(a.texts),
+                    "--threads", str(a.threads)]
                 for s in ("mlmkit", *(["mlmkit-int8"] if a.int8 else []), "sentence-transformers")}
         with workers(Path(__file__), args, env={"OMP_NUM_THREADS": str(a.threads)}) as ws:
             res = race(ws, a.rounds, a.patience, label=f"{family} ", width=22)
         flops = encoder_flops(d / "hf", [128] * a.texts) / a.texts  # per text
         speeds = {s: quiet_median(v, res["others"][s]) for s, v in res["speeds"].items()}
         ratios[family] = ratio(res, "mlmkit", "sentence-transformers")
-        cos = min(_cosine(p, q) for p, q in zip(res["preds"]["mlmkit"], res["preds"]["sentence-transformers"]))
+        cos = min(_cosine(p, q)
+                  for p, q in zip(res["preds"]["mlmkit"], res["preds"]["sentence-transformers"]))
         print(f"{family} ({FAMILIES[family][0]}): mlmkit {speeds['mlmkit']:.1f} texts/s "
-              f"({share(speeds['mlmkit'] * flops, ceiling)}), sentence-transformers {speeds['sentence-transformers']:.1f} "
+              f"({share(speeds['mlmkit'] * flops, ceiling)}), sentence-transformers "
+              f"{speeds['sentence-transformers']:.1f} "
               f"({share(speeds['sentence-transformers'] * flops, ceiling)}); {ratios[family]:.2f}x "
-              f"({spread(res, 'mlmkit', 'sentence-transformers')}); first 8 dims' cosine >= {cos:.4f}", flush=True)
+              f"({spread(res, 'mlmkit', 'sentence-transformers')}); first 8 dims' cosine >= {cos:.4f}",
+              flush=True)
         if a.int8:
-            cos8 = min(_cosine(p, q) for p, q in zip(res["preds"]["mlmkit-int8"], res["preds"]["sentence-transformers"]))
-            print(f"{family} int8: {speeds['mlmkit-int8']:.1f} texts/s, {ratio(res, 'mlmkit-int8', 'sentence-transformers'):.2f}x "
-                  f"sentence-transformers fp32 ({spread(res, 'mlmkit-int8', 'sentence-transformers')}); first 8 dims' "
+            cos8 = min(_cosine(p, q)
+                       for p, q in zip(res["preds"]["mlmkit-int8"], res["preds"]["sentence-transformers"]))
+            print(f"{family} int8: {speeds['mlmkit-int8']:.1f} texts/s, "
+                  f"{ratio(res, 'mlmkit-int8', 'sentence-transformers'):.2f}x "
+                  f"sentence-transformers fp32 ({spread(res, 'mlmkit-int8', 'sentence-transformers')}); "
+                  "first 8 dims' "
                   f"cosine >= {cos8:.4f} (random weights: a floor)", flush=True)
     if ratios:
         print(target("embedders-vs-sentence-transformers-min", min(ratios.values()), ">=", 2.0))

@@ -1,14 +1,18 @@
-"""Every model family as a classifier: mlmkit bundles vs transformers pipelines vs optimum-onnx (O3, and its int8).
+"""Every model family as a classifier: mlmkit bundles vs transformers pipelines vs optimum-onnx (O3, and its
+int8).
 
-    python benchmarks/families.py --work /tmp/bench_fam           # the full run (12-14 minutes on 2 cores, 1 of them setup)
-    python benchmarks/families.py --work /tmp/bench_fam --quick   # 256 sentences, 1 round, no transformers long-input reference
+    python benchmarks/families.py --work /tmp/bench_fam           # the full run (12-14 minutes on 2 cores, 1
+                                                                  # of them setup)
+    python benchmarks/families.py --work /tmp/bench_fam --quick   # 256 sentences, 1 round, no transformers
+                                                                  # long-input reference
     python benchmarks/families.py --work /tmp/bench_fam --only-long   # the ModernBERT long inputs alone
 
 A full run measured 14 minutes on 2 cores with some foreign load (setup 1, throughput 11, long inputs 2;
 setup is reused by later runs in the same --work); --long-reference no saves about a minute,
 --rounds 2 about three.
 
-Models: for each family (bert, roberta, xlm-roberta, distilbert, electra, modernbert, deberta-v3) a MiniLM-sized
+Models: for each family (bert, roberta, xlm-roberta, distilbert, electra, modernbert, deberta-v3) a
+MiniLM-sized
 ForSequenceClassification checkpoint with 2 labels and random weights (speed does not depend on
 them), saved by transformers: 6 layers, hidden 384, 12 heads, intermediate 1536; ELECTRA with its
 factorised embeddings (embedding_size 128, projected to 384, as ELECTRA-small); ModernBERT with its
@@ -74,7 +78,6 @@ from typing import Any
 from common import (
     MINILM,
     QUIET,
-    add_patience,
     agreement,
     answer_passes,
     bench_env,
@@ -86,7 +89,6 @@ from common import (
     mlmkit_cuts,
     noisy_note,
     passes,
-    peers_python,
     print_machine,
     quiet_median,
     race,
@@ -99,12 +101,13 @@ from common import (
     thread_env,
     timed,
     transformers_pipeline,
-    work_dir,
     workers,
 )
+from harness import parser, peers_python
 
 HERE = Path(__file__).resolve()
-ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", **thread_env(2)}  # over common.ENV
+# over common.ENV
+ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", **thread_env(2)}
 VOCAB = 4096
 MAX_LENGTH = 512
 LONG_MAX = 8192
@@ -116,32 +119,40 @@ ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 FAMILIES: dict[str, tuple[str, str, dict[str, Any], tuple[str, ...]]] = {
     "bert": ("Bert", "wordpiece", dict(MINILM, max_position_embeddings=512),
              ("input_ids", "attention_mask", "token_type_ids")),
-    "roberta": ("Roberta", "bpe", dict(MINILM, max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5),
+    "roberta": ("Roberta", "bpe",
+                dict(MINILM, max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5),
                 ("input_ids", "attention_mask")),
-    "xlm-roberta": ("XLMRoberta", "unigram", dict(MINILM, max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5),
+    "xlm-roberta": ("XLMRoberta", "unigram",
+                    dict(MINILM, max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5),
                     ("input_ids", "attention_mask")),
-    "distilbert": ("DistilBert", "wordpiece", dict(dim=384, n_layers=6, n_heads=12, hidden_dim=1536, max_position_embeddings=512),
+    "distilbert": ("DistilBert", "wordpiece",
+                   dict(dim=384, n_layers=6, n_heads=12, hidden_dim=1536, max_position_embeddings=512),
                    ("input_ids", "attention_mask")),
     "electra": ("Electra", "wordpiece", dict(MINILM, embedding_size=128, max_position_embeddings=512),
                 ("input_ids", "attention_mask", "token_type_ids")),
-    "modernbert": ("ModernBert", "bpe-bert", dict(MINILM, intermediate_size=576, max_position_embeddings=LONG_MAX,
+    "modernbert": ("ModernBert", "bpe-bert",
+                   dict(MINILM, intermediate_size=576, max_position_embeddings=LONG_MAX,
                                                   local_attention=128),
                    ("input_ids", "attention_mask")),
     # DeBERTa-v3 (deberta-v2 in transformers): disentangled relative attention, no absolute positions,
     # no token types, SentencePiece with BERT's specials, as microsoft/deberta-v3-* are
     "deberta-v3": ("DebertaV2", "unigram-bert", dict(MINILM, max_position_embeddings=512, type_vocab_size=0,
-                                                     relative_attention=True, position_buckets=256, max_relative_positions=-1,
+                                                     relative_attention=True, position_buckets=256,
+                                                     max_relative_positions=-1,
                                                      pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
-                                                     share_att_key=True, position_biased_input=False, layer_norm_eps=1e-7),
+                                                     share_att_key=True, position_biased_input=False,
+                                                     layer_norm_eps=1e-7),
                    ("input_ids", "attention_mask")),
 }
 SIDES = ("transformers", "mlmkit", "optimum", "mlmkit-int8", "optimum-int8")  # compared pairs back to back
 OPTIMUM = ["optimum-onnx[onnxruntime]==0.1.0", "transformers==4.57.6", "huggingface-hub==0.36.2"]
-"""optimum-onnx's venv (common.peers_python): the versions compression.py's peers resolved to on 2026-12-03."""
+"""optimum-onnx's venv (harness.peers_python): the versions compression.py's peers resolved to on 2026-12-03.
+"""
 GOT = {  # what each side gets besides 2 threads, batch 32 and max length 512, which all share
     "mlmkit": "fp32; mlmkit's cuts", "mlmkit-int8": "int8 dynamic; mlmkit's cuts",
     "transformers": "fp32 (torch); the pipeline's batches, in input order, padded to the longest",
-    "optimum": "fp32, optimum-onnx O3; mlmkit's cuts", "optimum-int8": "int8 dynamic (ORTQuantizer, avx512_vnni); mlmkit's cuts",
+    "optimum": "fp32, optimum-onnx O3; mlmkit's cuts",
+       "optimum-int8": "int8 dynamic (ORTQuantizer, avx512_vnni); mlmkit's cuts",
 }
 
 
@@ -180,14 +191,17 @@ def family_tokenizer(kind: str, texts: list[str], max_length: int) -> Any:
         tok.normalizer = normalizers.BertNormalizer(lowercase=True)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
-        tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=specials, min_frequency=1))
+        tok.train_from_iterator(texts,
+                                trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=specials,
+                                                          min_frequency=1))
     elif kind in ("bpe", "bpe-bert"):
         specials = ROBERTA_SPECIALS if kind == "bpe" else BERT_SPECIALS
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, min_frequency=1,
-                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, min_frequency=1,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(texts, trainer)
     else:  # unigram, SentencePiece style (XLM-R's specials; DeBERTa-v3's are BERT's)
         specials = ROBERTA_SPECIALS if kind == "unigram" else BERT_SPECIALS
         tok = Tokenizer(models.Unigram())
@@ -195,18 +209,22 @@ def family_tokenizer(kind: str, texts: list[str], max_length: int) -> Any:
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
         tok.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=VOCAB, special_tokens=specials,
-                                                               unk_token=specials[3] if kind == "unigram" else "[UNK]"))
+                                                               unk_token=specials[3] if kind == "unigram"
+                                                               else "[UNK]"))
     if specials is ROBERTA_SPECIALS:
         tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True)])
-        tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>")))
-        names = dict(bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>", pad_token="<pad>", unk_token="<unk>",
+        tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")),
+                                                          ("<s>", tok.token_to_id("<s>")))
+        names = dict(bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>", pad_token="<pad>",
+                     unk_token="<unk>",
                      mask_token="<mask>")
     else:
         tok.add_special_tokens(["[MASK]"])
         tok.post_processor = processors.TemplateProcessing(
             single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
             special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
-        names = dict(cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]", mask_token="[MASK]")
+        names = dict(cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]",
+                     mask_token="[MASK]")
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=max_length, **names)
 
 
@@ -222,7 +240,8 @@ def save_checkpoint(d: Path, family: str, texts: list[str]) -> Any:
         ids.update(bos_token_id=fast.cls_token_id, eos_token_id=fast.sep_token_id)
     if family == "modernbert":
         ids.update(cls_token_id=fast.cls_token_id, sep_token_id=fast.sep_token_id)
-    cfg = getattr(transformers, f"{prefix}Config")(vocab_size=len(fast), id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
+    cfg = getattr(transformers, f"{prefix}Config")(vocab_size=len(fast), id2label=LABELS,
+                                                   label2id={v: k for k, v in LABELS.items()},
                                                    **kw, **ids)
     torch.manual_seed(0)
     model = getattr(transformers, f"{prefix}ForSequenceClassification")(cfg).eval()
@@ -246,11 +265,16 @@ def optimum_setup(d: Path) -> None:
     try:
         model = ORTModelForSequenceClassification.from_pretrained(d / "checkpoint", export=True)
         model.save_pretrained(d / "optimum-export")
-        ORTOptimizer.from_pretrained(model).optimize(save_dir=d / "optimum-o3", optimization_config=AutoOptimizationConfig.O3())
+        ORTOptimizer.from_pretrained(model).optimize(save_dir=d / "optimum-o3",
+                                                     optimization_config=AutoOptimizationConfig.O3())
         tok.save_pretrained(d / "optimum-o3")
-        ops = Counter(n.op_type for n in onnx.load(str(d / "optimum-o3" / "model_optimized.onnx"), load_external_data=False).graph.node)
-        fused = {k: v for k, v in ops.items() if k in ("Attention", "MultiHeadAttention", "EmbedLayerNormalization",
-                                                       "SkipLayerNormalization", "LayerNormalization", "BiasGelu", "FastGelu", "Gelu")}
+        ops = Counter(n.op_type
+                      for n in onnx.load(str(d / "optimum-o3" / "model_optimized.onnx"),
+                                         load_external_data=False).graph.node)
+        fused = {k: v for k, v in ops.items()
+                 if k in ("Attention", "MultiHeadAttention", "EmbedLayerNormalization",
+                                                       "SkipLayerNormalization", "LayerNormalization",
+                          "BiasGelu", "FastGelu", "Gelu")}
         (d / "optimum.json").write_text(json.dumps({"optimization": "O3", "fused_operators": fused}))
     except Exception as e:  # noqa: BLE001 - reported, the other sides go on
         (d / "optimum-error.txt").write_text(f"{type(e).__name__}: {e}\n" + traceback.format_exc())
@@ -272,7 +296,9 @@ def v4_tokenizer(ckpt: Path) -> Any:
 
     pad = json.loads((ckpt / "config.json").read_text())["pad_token_id"]
     return PreTrainedTokenizerFast(tokenizer_file=str(ckpt / "tokenizer.json"), pad_token=Tokenizer.from_file(
-        str(ckpt / "tokenizer.json")).id_to_token(pad), model_max_length=LONG_MAX if ckpt.parent.name == "modernbert" else MAX_LENGTH)
+        str(ckpt / "tokenizer.json")).id_to_token(pad),
+                                   model_max_length=LONG_MAX if ckpt.parent.name == "modernbert"
+                                   else MAX_LENGTH)
 
 
 def checkpoint_tokenizer(ckpt: Path, max_length: int) -> Any:
@@ -288,12 +314,14 @@ def write_cuts(d: Path, texts: list[str]) -> None:
     the optimum sides, whose venv has no mlmkit."""
     tok = checkpoint_tokenizer(d / "checkpoint", MAX_LENGTH if d.name != "modernbert" else LONG_MAX)
     lengths = [len(e.ids) for e in tok.encode_batch(texts)]
-    (d / "cuts.json").write_text(json.dumps({"n": len(texts), "batches": mlmkit_cuts(lengths, 32, MINILM["hidden_size"])}))
+    (d / "cuts.json").write_text(json.dumps({"n": len(texts),
+                                             "batches": mlmkit_cuts(lengths, 32, MINILM["hidden_size"])}))
 
 
 # ---- setup (torch, onnxruntime; untimed) -----------------------------------------------------------
 def useful_per_text(ckpt: Path, texts: list[str]) -> float:
-    """The mean useful FLOPs of one of ``texts`` through ``ckpt`` (common.encoder_flops), as its tokenizer cuts them."""
+    """The mean useful FLOPs of one of ``texts`` through ``ckpt`` (common.encoder_flops), as its tokenizer
+    cuts them."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
@@ -341,22 +369,27 @@ def setup(work: Path, families: list[str], n_sentences: int) -> None:
             log(f"setup {fam}: mlmkit export FAILED: {type(e).__name__}: {e}")
         setup_int8(d, fam)
         t1 = time.perf_counter()
-        r = subprocess.run([peers_python(work / "optimum-venv", OPTIMUM), str(HERE), "--role", "optimum-setup", "--family", fam,
+        r = subprocess.run([peers_python(work / "optimum-venv", OPTIMUM), str(HERE), "--role",
+                            "optimum-setup", "--family", fam,
                             "--work", str(work)], capture_output=True, text=True, env=bench_env(**ENV))
         if r.returncode and not (d / "optimum-error.txt").exists():
-            (d / "optimum-error.txt").write_text(f"the setup process exited {r.returncode}\n{r.stderr[-3000:]}")
+            (d / "optimum-error.txt").write_text("the setup process exited "
+                                                 f"{r.returncode}\n{r.stderr[-3000:]}")
         for f in ("optimum-error.txt", "optimum-int8-error.txt"):
             if (d / f).exists():
-                log(f"setup {fam}: {f.removesuffix('-error.txt')} FAILED: {(d / f).read_text().splitlines()[0]}")
+                log(f"setup {fam}: {f.removesuffix('-error.txt')} FAILED: "
+                    f"{(d / f).read_text().splitlines()[0]}")
         if (d / "optimum.json").exists():
-            log(f"setup {fam}: optimum-onnx O3 fused {json.loads((d / 'optimum.json').read_text())['fused_operators']} "
+            log(f"setup {fam}: optimum-onnx O3 fused "
+                f"{json.loads((d / 'optimum.json').read_text())['fused_operators']} "
                 f"({time.perf_counter() - t1:.0f}s)")
         (d / "setup.json").write_text(json.dumps(stamp))
         log(f"setup {fam}: done in {time.perf_counter() - t0:.0f}s")
 
 
 def setup_int8(d: Path, fam: str) -> None:
-    """The family's int8 bundle (dynamic, as `mlmkit export --quantize int8`), or int8-error.txt saying why not."""
+    """The family's int8 bundle (dynamic, as `mlmkit export --quantize int8`), or int8-error.txt saying why
+    not."""
     from mlmkit.args import ExportArgs
     from mlmkit.exporter.bundle import export
 
@@ -390,7 +423,8 @@ def _transformers(d: Path, threads: int, batch_size: int):
     def run(texts: list[str]) -> list[list[Any]]:
         with torch.inference_mode():
             out = pipe(texts, batch_size=batch_size, truncation=True)
-        return [[max(r, key=lambda x: x["score"])["label"], next(x["score"] for x in r if x["label"] == "pos")] for r in out]
+        return [[max(r, key=lambda x: x["score"])["label"],
+                 next(x["score"] for x in r if x["label"] == "pos")] for r in out]
 
     return run
 
@@ -403,7 +437,8 @@ def _optimum(d: Path, threads: int, batch_size: int, which: str = "o3"):
     from transformers import AutoTokenizer
 
     torch.set_num_threads(threads)
-    sub, name = ("optimum-o3", "model_optimized.onnx") if which == "o3" else ("optimum-int8", "model_quantized.onnx")
+    sub, name = ("optimum-o3", "model_optimized.onnx") if which == "o3" else ("optimum-int8",
+                                                                              "model_quantized.onnx")
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     model = ORTModelForSequenceClassification.from_pretrained(d / sub, file_name=name, session_options=so)
@@ -412,11 +447,15 @@ def _optimum(d: Path, threads: int, batch_size: int, which: str = "o3"):
     longest = MAX_LENGTH if d.name != "modernbert" else LONG_MAX
 
     def run(texts: list[str]) -> list[list[Any]]:
-        batches = cuts["batches"] if len(texts) == cuts["n"] else [list(range(a, min(a + batch_size, len(texts))))
-                                                                    for a in range(0, len(texts), batch_size)]  # the warm-up
+        if len(texts) == cuts["n"]:
+            batches = cuts["batches"]
+        else:  # the warm-up
+            batches = [list(range(a, min(a + batch_size, len(texts))))
+                       for a in range(0, len(texts), batch_size)]
         preds: list[Any] = [None] * len(texts)
         for b in batches:
-            enc = tok([texts[i] for i in b], padding=True, truncation=True, max_length=longest, return_tensors="pt")
+            enc = tok([texts[i] for i in b], padding=True, truncation=True, max_length=longest,
+                      return_tensors="pt")
             with torch.inference_mode():
                 p = model(**enc).logits.softmax(-1)
             for i, row in zip(b, p.tolist()):
@@ -443,7 +482,8 @@ def serve_side(side: str, d: Path, texts: list[str], threads: int, batch_size: i
 
 
 def long_texts(d: Path, work: Path) -> dict[int, str]:
-    """One text of exactly N tokens (with [CLS] and [SEP]) for each of LONG_LENGTHS, by the checkpoint's tokenizer."""
+    """One text of exactly N tokens (with [CLS] and [SEP]) for each of LONG_LENGTHS, by the checkpoint's
+    tokenizer."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(d / "checkpoint" / "tokenizer.json"))
@@ -452,7 +492,8 @@ def long_texts(d: Path, work: Path) -> dict[int, str]:
     w = json.loads((work / "words.json").read_text())
     rng = random.Random(2)
     words = rng.choices(w["words"], w["weights"], k=int(LONG_MAX * 1.2))
-    one = next(x for x in w["words"] if len(tok.encode(f"the {x} the").ids) == len(tok.encode("the the").ids) + 1)
+    one = next(x for x in w["words"] if len(tok.encode(f"the {x} the").ids) == len(tok.encode("the the").ids)
+               + 1)
     out = {}
     for n in LONG_LENGTHS:
         lo, hi = 1, len(words)  # the most words that stay within n tokens
@@ -491,7 +532,8 @@ def serve_long(side: str, d: Path, work: Path, threads: int) -> None:
         def run(text: str) -> Any:
             with torch.inference_mode():
                 return int(model(**tok([text], return_tensors="pt", truncation=True)).logits.argmax())
-    answer_passes({"ready": side, "tokens": tokens, "attention": None if side == "mlmkit" else model.config._attn_implementation},
+    answer_passes({"ready": side, "tokens": tokens,
+                   "attention": None if side == "mlmkit" else model.config._attn_implementation},
                   lambda args: {"label": run(texts[int(args[0])])})
 
 
@@ -502,7 +544,8 @@ def bench_family(fam: str, a: argparse.Namespace, common: list[str], rounds: int
              and not (s == "mlmkit-int8" and (d / "int8-error.txt").exists())
              and not (s.startswith("optimum") and (d / "optimum-error.txt").exists())
              and not (s == "optimum-int8" and (d / "optimum-int8-error.txt").exists())]
-    write_cuts(d, json.loads((a.work / f"sentences-{a.sentences or (256 if a.quick else 1024)}.json").read_text()))
+    n = a.sentences or (256 if a.quick else 1024)
+    write_cuts(d, json.loads((a.work / f"sentences-{n}.json").read_text()))
     args = {s: ["--role", "side", "--side", s, "--family", fam, *common] for s in sides}
     py = peers_python(a.work / "optimum-venv", OPTIMUM)
     with workers(HERE, args, ENV, pythons={s: py for s in sides if s.startswith("optimum")}) as ws:
@@ -513,7 +556,8 @@ def bench_long(a: argparse.Namespace, common: list[str], sides: list[str]) -> di
     out: dict[str, Any] = {}
     for s in sides:
         try:
-            with workers(HERE, {s: ["--role", "long", "--side", s, "--family", "modernbert", *common]}, ENV) as ws:
+            with workers(HERE, {s: ["--role", "long", "--side", s, "--family", "modernbert", *common]},
+                         ENV) as ws:
                 w = ws[s]
                 times: dict[int, list[float]] = {}
                 others: dict[int, list[float]] = {}
@@ -529,8 +573,10 @@ def bench_long(a: argparse.Namespace, common: list[str], sides: list[str]) -> di
                         res, other = timed(w, a.patience, f"run {n}")
                         times[n].append(res["time"])
                         others[n].append(other)
-                    log(f"long {s} {n:5d} tokens: " + ", ".join(f"{t:.3f}s" + mark(o) for t, o in zip(times[n], others[n])))
-                out[s] = {"tokens": w.ready["tokens"], "attention": w.ready.get("attention"), "times": times, "others": others}
+                    log(f"long {s} {n:5d} tokens: "
+                        + ", ".join(f"{t:.3f}s" + mark(o) for t, o in zip(times[n], others[n])))
+                out[s] = {"tokens": w.ready["tokens"], "attention": w.ready.get("attention"), "times": times,
+                          "others": others}
         except RuntimeError as e:
             out[s] = {"error": str(e)}
     return out
@@ -540,47 +586,53 @@ def report_long(long: dict[str, Any], threads: int) -> None:
     """The long-input table of bench_long's results (adds each side's medians to ``long``)."""
     if not long:
         return
-    print(f"\nModernBERT classifier, long inputs (both sides fp32, {threads} threads, batch of 1, max length {LONG_MAX}; "
-          "seconds, median of the quiet ones of 3 runs after a warm-up, one side's runs after the other's; * = no quiet run):")
+    print(f"\nModernBERT classifier, long inputs (both sides fp32, {threads} threads, batch of 1, max length "
+          f"{LONG_MAX}; "
+          "seconds, median of the quiet ones of 3 runs after a warm-up, one side's runs after the other's; * "
+          "= no quiet run):")
     for s, r in long.items():
         if "error" in r:
             print(f"  {s}: failed: {r['error']}")
             continue
-        name = "mlmkit bundle" if s == "mlmkit" else f"transformers ModernBertForSequenceClassification ({r['attention']})"
+        name = ("mlmkit bundle" if s == "mlmkit"
+                else f"transformers ModernBertForSequenceClassification ({r['attention']})")
         med = {k: quiet_median(v, r["others"][k]) for k, v in r["times"].items()}
         long[s]["median"] = med
-        cells = ", ".join(f"{k} tokens ({r['tokens'][str(k)]}) {med[k]:.3f}s" + ("*" if all(o > QUIET for o in r["others"][k]) else "")
+        cells = ", ".join(f"{k} tokens ({r['tokens'][str(k)]}) {med[k]:.3f}s"
+                          + ("*" if all(o > QUIET for o in r["others"][k]) else "")
                           + ("" if len(r["times"][k]) == 3 else " (1 run)") for k in med)
         print(f"  {name}: {cells}")
         tag = "modernbert-classify" if s == "mlmkit" else "transformers-modernbert-classify"
         for lo, hi in zip(LONG_LENGTHS, LONG_LENGTHS[1:]):
             if lo in med and hi in med:
-                print(f"  {tag}-{hi}-vs-{lo}: {med[hi] / med[lo]:.2f} (quadratic would be {(hi / lo) ** 2:.2f})")
-    if "mlmkit" in long and "transformers" in long and "error" not in long["mlmkit"] and "error" not in long["transformers"]:
+                print(f"  {tag}-{hi}-vs-{lo}: {med[hi] / med[lo]:.2f} (quadratic would be "
+                      f"{(hi / lo) ** 2:.2f})")
+    if all(s in long and "error" not in long[s] for s in ("mlmkit", "transformers")):
         m, t = long["mlmkit"]["median"], long["transformers"]["median"]
-        print("  mlmkit vs transformers (time ratio of the medians, for information): " + ", ".join(f"{k} tokens {t[k] / m[k]:.2f}x" for k in m if k in t))
+        print("  mlmkit vs transformers (time ratio of the medians, for information): "
+              + ", ".join(f"{k} tokens {t[k] / m[k]:.2f}x" for k in m if k in t))
 
 
 def parse_args() -> tuple[argparse.Namespace, int, list[str]]:
     """The command line, checked: the arguments, the sentences timed per pass and the families to run."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work", type=Path, default=work_dir("runs/bench-families"),
-                    help="where checkpoints, bundles, graphs and data are written (reused between runs)")
-    ap.add_argument("--quick", action="store_true", help="256 sentences, 1 round, no transformers long-input reference")
-    ap.add_argument("--rounds", type=int, default=None, help="timed passes per side, alternating (default 3, --quick 1)")
-    ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated, of: " + ", ".join(FAMILIES))
-    ap.add_argument("--sentences", type=int, default=None, help="texts timed per pass (default 1024, --quick 256)")
+    ap = parser(__doc__, work="runs/bench-families",
+                quick="256 sentences, 1 round, no transformers long-input reference",
+                work_help="where checkpoints, bundles, graphs and data are written (reused between runs)",
+                rounds=(3, 1), rounds_help="timed passes per side, alternating", patience=60.0, threads=2,
+                batch_size=32, role=True)
+    ap.add_argument("--families", default=",".join(FAMILIES),
+                    help="comma-separated, of: " + ", ".join(FAMILIES))
+    ap.add_argument("--sentences", type=int, default=None,
+                    help="texts timed per pass (default 1024, --quick 256)")
     ap.add_argument("--no-long", action="store_true", help="skip the ModernBERT long-input timings")
     ap.add_argument("--only-long", action="store_true",
-                    help="the ModernBERT long-input timings alone: setup of modernbert only (reused when there), no throughput passes")
+                    help="the ModernBERT long-input timings alone: setup of "
+                    "modernbert only (reused when there), no throughput passes")
     ap.add_argument("--long-reference", choices=("auto", "yes", "no"), default="auto",
                     help="time transformers' ModernBERT on the long inputs too (auto: not with --quick)")
     ap.add_argument("--long-budget", type=float, default=90.0,
-                    help="seconds: when a side's warm-up run at a length takes longer, it is not repeated and longer ones are skipped")
-    add_patience(ap, 60.0)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
+                    help="seconds: when a side's warm-up run at a length "
+                    "takes longer, it is not repeated and longer ones are skipped")
     ap.add_argument("--side", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--family", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -588,7 +640,8 @@ def parse_args() -> tuple[argparse.Namespace, int, list[str]]:
     families = [f.strip() for f in a.families.split(",") if f.strip()]
     if a.only_long:
         if a.no_long or "modernbert" not in families:
-            ap.error("--only-long times ModernBERT's long inputs: not with --no-long, and --families must include modernbert")
+            ap.error("--only-long times ModernBERT's long inputs: not with --no-long, "
+                     "and --families must include modernbert")
         families = ["modernbert"]
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
@@ -599,23 +652,32 @@ def parse_args() -> tuple[argparse.Namespace, int, list[str]]:
 def long_sides_of(a: argparse.Namespace, families: list[str]) -> list[str]:
     """The sides timed on ModernBERT's long inputs: none, mlmkit, or mlmkit and the transformers reference."""
     return [] if a.no_long or "modernbert" not in families else (
-        ["mlmkit"] + (["transformers"] if a.long_reference == "yes" or (a.long_reference == "auto" and not a.quick) else []))
+        ["mlmkit"] + (["transformers"] if a.long_reference == "yes"
+                      or (a.long_reference == "auto" and not a.quick) else []))
 
 
-def print_plan(a: argparse.Namespace, families: list[str], n: int, rounds: int, long_sides: list[str]) -> None:
+def print_plan(a: argparse.Namespace, families: list[str], n: int, rounds: int,
+               long_sides: list[str]) -> None:
     """The opening line: what this run will time, and where its work directory is."""
     if a.only_long:
-        print(f"families.py --only-long: the ModernBERT classifier on long inputs ({', '.join(map(str, LONG_LENGTHS))} tokens, "
-              f"batch 1, {a.threads} threads, median of 3 after a warm-up): {', '.join(long_sides)}.  Work directory: {a.work}", flush=True)
+        print("families.py --only-long: the ModernBERT classifier on long inputs "
+              f"({', '.join(map(str, LONG_LENGTHS))} tokens, "
+              f"batch 1, {a.threads} threads, median of 3 after a warm-up): {', '.join(long_sides)}.  Work "
+              f"directory: {a.work}", flush=True)
     else:
-        print(f"families.py: {', '.join(families)}; each a MiniLM-sized random ForSequenceClassification (2 labels) saved by "
-              f"transformers;\n  {n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, {rounds} alternating "
-              f"round(s) of mlmkit bundle (fp32, int8) / transformers pipeline / optimum-onnx O3 (and its int8), each side in its own "
-              f"process;\n  then ModernBERT long inputs ({', '.join(map(str, LONG_LENGTHS))} tokens, batch 1, median of 3 after a "
+        print(f"families.py: {', '.join(families)}; each a MiniLM-sized random ForSequenceClassification (2 "
+              "labels) saved by "
+              f"transformers;\n  {n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, "
+              f"{rounds} alternating "
+              "round(s) of mlmkit bundle (fp32, int8) / transformers pipeline / optimum-onnx O3 (and its "
+              "int8), each side in its own "
+              f"process;\n  then ModernBERT long inputs ({', '.join(map(str, LONG_LENGTHS))} tokens, batch "
+              "1, median of 3 after a "
               f"warm-up): {', '.join(long_sides) or 'skipped'}.  Work directory: {a.work}", flush=True)
 
 
-def bench_families(a: argparse.Namespace, families: list[str], common: list[str], rounds: int) -> dict[str, dict[str, Any]]:
+def bench_families(a: argparse.Namespace, families: list[str], common: list[str],
+                   rounds: int) -> dict[str, dict[str, Any]]:
     """The throughput races of every family (none with --only-long); a family that fails gets its error."""
     results: dict[str, dict[str, Any]] = {}
     for fam in [] if a.only_long else families:
@@ -638,7 +700,8 @@ def ratio_cell(x: float | None, width: int) -> str:
 
 
 def print_fusions(d: Path) -> None:
-    """What the mlmkit export and the optimum-equivalent fused in family directory ``d``, or why they failed."""
+    """What the mlmkit export and the optimum-equivalent fused in family directory ``d``, or why they failed.
+    """
     if (d / "export-error.txt").exists():
         print(f"      mlmkit export failed: {(d / 'export-error.txt').read_text().splitlines()[0]}")
     else:
@@ -648,7 +711,8 @@ def print_fusions(d: Path) -> None:
         if (d / f).exists():
             print(f"      {f.removesuffix('-error.txt')} failed: {(d / f).read_text().splitlines()[0]}")
     if (d / "optimum.json").exists():
-        print(f"      optimum-onnx O3 fused: {json.loads((d / 'optimum.json').read_text())['fused_operators']}")
+        print("      optimum-onnx O3 fused: "
+              f"{json.loads((d / 'optimum.json').read_text())['fused_operators']}")
 
 
 def print_agreement(p: dict[str, Any]) -> None:
@@ -664,46 +728,57 @@ def print_agreement(p: dict[str, Any]) -> None:
 
 
 def print_int8(res: dict[str, Any], speed: dict[str, float]) -> None:
-    """The int8 bundle against the fp32 one: speed, and labels equal (random weights: for information only)."""
+    """The int8 bundle against the fp32 one: speed, and labels equal (random weights: for information only).
+    """
     p = res["preds"]
     if "mlmkit-int8" not in speed or "mlmkit" not in speed:
         return
-    vs = (f"; {ratio(res, 'mlmkit-int8', 'optimum-int8'):.2f}x optimum-onnx's int8 ({spread(res, 'mlmkit-int8', 'optimum-int8')}, "
+    vs = (f"; {ratio(res, 'mlmkit-int8', 'optimum-int8'):.2f}x optimum-onnx's int8 "
+          f"({spread(res, 'mlmkit-int8', 'optimum-int8')}, "
           f"{speed['optimum-int8']:.1f} sentences/s)" if "optimum-int8" in speed else "")
-    print(f"      int8: {speed['mlmkit-int8']:.1f} sentences/s, {ratio(res, 'mlmkit-int8', 'mlmkit'):.2f}x fp32 ({spread(res, 'mlmkit-int8', 'mlmkit')}){vs}; labels "
+    print(f"      int8: {speed['mlmkit-int8']:.1f} sentences/s, {ratio(res, 'mlmkit-int8', 'mlmkit'):.2f}x "
+          f"fp32 ({spread(res, 'mlmkit-int8', 'mlmkit')}){vs}; labels "
           f"{agreement(p['mlmkit-int8'], p['mlmkit']):.4f} equal (random weights: for information only)")
 
 
 def report_family(fam: str, res: dict[str, Any], work: Path, n: int,
                   ceiling: dict[str, Any]) -> tuple[float | None, float | None]:
-    """One family's row of the throughput table and its detail lines; returns mlmkit vs transformers and vs optimum."""
+    """One family's row of the throughput table and its detail lines; returns mlmkit vs transformers and vs
+    optimum."""
     d = work / fam
     sp = res["speeds"]
     speed = median_speeds(res)
-    rt, ro = (ratio(res, "mlmkit", y) if "mlmkit" in sp and y in sp else None for y in ("transformers", "optimum"))
+    rt, ro = (ratio(res, "mlmkit", y) if "mlmkit" in sp and y in sp else None
+              for y in ("transformers", "optimum"))
     per_text = useful_per_text(d / "checkpoint", json.loads((work / f"sentences-{n}.json").read_text()))
     shares = " / ".join(share(speed[s] * per_text, ceiling).split(" ")[0] if s in speed else "-"
                         for s in ("mlmkit", "transformers", "optimum"))
     print(f"  {fam:12s} {speed_cell(speed, 'mlmkit', 8)} {speed_cell(speed, 'transformers', 13)} "
           f"{speed_cell(speed, 'optimum', 11)} {ratio_cell(rt, 16)} {ratio_cell(ro, 11)}   {shares:>17s}")
     print(f"      passes: {'; '.join(f'{s} ' + passes(sp[s], res['others'][s]) for s in sp)}")
-    print("      ratios' spread: " + "; ".join(f"vs {y} {spread(res, 'mlmkit', y)}" for y in ("transformers", "optimum") if y in sp))
+    print("      ratios' spread: "
+          + "; ".join(f"vs {y} {spread(res, 'mlmkit', y)}" for y in ("transformers", "optimum") if y in sp))
     print_fusions(d)
     print_agreement(res["preds"])
     print_int8(res, speed)
     return rt, ro
 
 
-def report_families(a: argparse.Namespace, families: list[str], results: dict[str, dict[str, Any]], n: int, rounds: int,
+def report_families(a: argparse.Namespace, families: list[str], results: dict[str, dict[str, Any]], n: int,
+                    rounds: int,
                     ceiling: dict[str, Any]) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """The throughput table of every family; returns mlmkit's ratios to transformers and to optimum O3,
     and its int8's to optimum's int8, by family."""
-    print(f"\n{n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, max length {MAX_LENGTH} "
+    print(f"\n{n} sentences of 8-40 words, batch {a.batch_size}, {a.threads} threads, max length "
+          f"{MAX_LENGTH} "
           f"(ModernBERT {LONG_MAX}; no sentence reaches it), {rounds} alternating pass(es) per side; "
-          f"medians over the quiet passes (sentences/s); ratios: medians of back-to-back ratios; 'of fp32': each side's "
-          "useful FLOP/s (padding not counted) over the fp32 GEMM ceiling above, mlmkit / transformers / optimum O3")
+          "medians over the quiet passes (sentences/s); ratios: medians of back-to-back ratios; 'of fp32': "
+          "each side's "
+          "useful FLOP/s (padding not counted) over the fp32 GEMM ceiling above, mlmkit / transformers / "
+          "optimum O3")
     print("  what each side got: " + "; ".join(f"{k}: {v}" for k, v in GOT.items()))
-    print(f"  {'family':12s} {'mlmkit':>8s} {'transformers':>13s} {'optimum O3':>11s} {'vs transformers':>16s} {'vs optimum':>11s}"
+    print(f"  {'family':12s} {'mlmkit':>8s} {'transformers':>13s} {'optimum O3':>11s} "
+          f"{'vs transformers':>16s} {'vs optimum':>11s}"
           f"   {'of fp32':>17s}")
     vs_tf: dict[str, float] = {}
     vs_opt: dict[str, float] = {}
@@ -723,13 +798,16 @@ def report_families(a: argparse.Namespace, families: list[str], results: dict[st
     return vs_tf, vs_opt, int8
 
 
-def report_targets(families: list[str], vs_tf: dict[str, float], vs_opt: dict[str, float], int8: dict[str, float]) -> None:
+def report_targets(families: list[str], vs_tf: dict[str, float], vs_opt: dict[str, float],
+                   int8: dict[str, float]) -> None:
     """The target lines, minima over the families measured (and which family each minimum is)."""
     if min(len(vs_tf), len(vs_opt), len(int8)) < len(families):
         print(f"(the minima are over the families measured: vs transformers {', '.join(vs_tf) or 'none'}; "
-              f"vs optimum {', '.join(vs_opt) or 'none'}; int8 vs optimum's int8 {', '.join(int8) or 'none'})")
+              f"vs optimum {', '.join(vs_opt) or 'none'}; "
+              f"int8 vs optimum's int8 {', '.join(int8) or 'none'})")
     lines = []
-    for name, vals, goal in (("family-classify-vs-transformers-min", vs_tf, 3.0), ("family-classify-vs-optimum-min", vs_opt, 1.3),
+    for name, vals, goal in (("family-classify-vs-transformers-min", vs_tf, 3.0),
+                             ("family-classify-vs-optimum-min", vs_opt, 1.3),
                              ("family-int8-vs-optimum-int8-min", int8, 1.0)):
         worst = min(vals, key=vals.__getitem__) if vals else None
         if worst:
@@ -756,10 +834,11 @@ def main() -> None:
 
     ceiling = print_machine(a.threads)
     t_start = time.perf_counter()
-    rounds = a.rounds or (1 if a.quick else 3)
+    rounds = a.rounds
     long_sides = long_sides_of(a, families)
     print_plan(a, families, n, rounds, long_sides)
-    common = ["--work", str(a.work), "--threads", str(a.threads), "--batch-size", str(a.batch_size), "--sentences", str(n)]
+    common = ["--work", str(a.work), "--threads", str(a.threads), "--batch-size", str(a.batch_size),
+              "--sentences", str(n)]
     t0 = time.perf_counter()
     setup_step(HERE, "--families", ",".join(families), *common, env=ENV)
     t_setup = time.perf_counter() - t0
@@ -771,7 +850,8 @@ def main() -> None:
     t_long = time.perf_counter() - t0
     if a.only_long:
         report_long(long, a.threads)
-        print(f"\nwall time {time.perf_counter() - t_start:.0f}s (setup {t_setup:.0f}s, long inputs {t_long:.0f}s)")
+        print(f"\nwall time {time.perf_counter() - t_start:.0f}s (setup {t_setup:.0f}s, long inputs "
+              f"{t_long:.0f}s)")
         return
 
     vs_tf, vs_opt, int8 = report_families(a, families, results, n, rounds, ceiling)
@@ -780,7 +860,8 @@ def main() -> None:
     report_long(long, a.threads)
 
     wall = time.perf_counter() - t_start
-    print(f"\nwall time {wall:.0f}s (setup {t_setup:.0f}s, throughput {t_bench:.0f}s, long inputs {t_long:.0f}s)")
+    print(f"\nwall time {wall:.0f}s (setup {t_setup:.0f}s, throughput {t_bench:.0f}s, long inputs "
+          f"{t_long:.0f}s)")
     report_targets(families, vs_tf, vs_opt, int8)
 
 

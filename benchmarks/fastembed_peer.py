@@ -4,7 +4,7 @@ vectors by fastembed's LateInteractionTextEmbedding, timed, one JSON line out.
 Run by the python of its own venv, never mlmkit's (fastembed pins huggingface-hub below 2, which
 mlmkit's transformers is past): this script imports neither mlmkit nor common.py.
 
-    PINS = ["fastembed==0.9.1"]   # for common.peers_python(venv, PINS)
+    PINS = ["fastembed==0.9.1"]   # for harness.peers_python(venv, PINS)
 
     python fastembed_peer.py --model DIR --documents FILE [--threads 2] [--batch-size 256] [--result FILE]
 
@@ -21,18 +21,18 @@ encode_seconds is the embed() call alone (the model loaded before it), all vecto
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
 from pathlib import Path
 
+from harness import parser
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", type=Path, required=True)
-    ap.add_argument("--documents", type=Path, required=True)
-    ap.add_argument("--threads", type=int, default=2)
+    ap = parser(__doc__, patience=None, threads=2)
+    ap.add_argument("--model", type=Path, required=True, help="the colbert model's folder (its ONNX export)")
+    ap.add_argument("--documents", type=Path, required=True, help="a text file, one document a line")
     ap.add_argument("--batch-size", type=int, default=256, help="fastembed's own default")
     ap.add_argument("--result", type=Path, default=None, help="also write the JSON line here")
     args = ap.parse_args()
@@ -42,11 +42,13 @@ def main() -> None:
     from fastembed import LateInteractionTextEmbedding
 
     docs = args.documents.read_text(encoding="utf-8").splitlines()
-    model = LateInteractionTextEmbedding("colbert-ir/colbertv2.0", specific_model_path=str(args.model), threads=args.threads)
+    model = LateInteractionTextEmbedding("colbert-ir/colbertv2.0", specific_model_path=str(args.model),
+                                         threads=args.threads)
     t0 = time.perf_counter()
     got = list(model.embed(docs, batch_size=args.batch_size))
     seconds = time.perf_counter() - t0
-    line = json.dumps({"encode_seconds": seconds, "vectors": int(sum(len(v) for v in got)), "documents": len(got),
+    line = json.dumps({"encode_seconds": seconds, "vectors": int(sum(len(v) for v in got)),
+                       "documents": len(got),
                        "fastembed": fastembed.__version__, "onnxruntime": onnxruntime.__version__,
                        "batch_size": args.batch_size})
     if args.result is not None:

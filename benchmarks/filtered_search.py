@@ -20,13 +20,17 @@ on both: they must).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
 import numpy as np
-from common import log, print_machine, wait_for_quiet, work_dir
+from common import (
+    log,
+    print_machine,
+    wait_for_quiet,
+)
+from harness import parser
 
 THREADS = 2
 
@@ -47,10 +51,13 @@ def write_index(out: Path, n: int, dims: int) -> None:
     rows = np.arange(n)
     with pa.ipc.new_file(str(shard / "ids.arrow"), pa.schema([("id", pa.string())])) as w:
         w.write_table(pa.table({"id": pa.array([f"d{i}" for i in rows], pa.string())}))
-    with pa.ipc.new_file(str(shard / "meta.arrow"), pa.schema([("bucket", pa.float64()), ("half", pa.bool_())])) as w:
+    with pa.ipc.new_file(str(shard / "meta.arrow"),
+                         pa.schema([("bucket", pa.float64()), ("half", pa.bool_())])) as w:
         w.write_table(pa.table({"bucket": (rows % 100).astype(np.float64), "half": rows % 2 == 0}))
-    manifest = {"format": 1, "kind": "dense", "bundle": {"path": "none", "sha256": "none"}, "prompts": {}, "dims": dims,
-                "count": n, "quantization": "float32", "ranges": None, "rescore_copy": None, "ann": "flat", "ann_settings": {},
+    manifest = {"format": 1, "kind": "dense", "bundle": {"path": "none", "sha256": "none"}, "prompts": {},
+                "dims": dims,
+                "count": n, "quantization": "float32", "ranges": None, "rescore_copy": None, "ann": "flat",
+                "ann_settings": {},
                 "shards": [{"name": shard.name, "count": n}]}
     (out / "manifest.json").write_text(json.dumps(manifest))
 
@@ -69,14 +76,13 @@ def pct(times: list[float], p: float) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work", type=Path, default=work_dir("/tmp/mlmkit-bench-filtered"))
-    ap.add_argument("--documents", type=int, default=1_000_000)
-    ap.add_argument("--dims", type=int, default=384)
-    ap.add_argument("--queries", type=int, default=50)
-    ap.add_argument("--patience", type=float, default=120.0)
-    ap.add_argument("--ann", choices=("flat", "hnsw"), default="flat", help="hnsw: also an HNSW index of the same vectors "
-                    "(built once, kept in --work), mlmkit's filtered search of it against faiss's")
+    ap = parser(__doc__, work="/tmp/mlmkit-bench-filtered", patience=120.0, before="each query batch")
+    ap.add_argument("--documents", type=int, default=1_000_000, help="documents indexed (default 1,000,000)")
+    ap.add_argument("--dims", type=int, default=384, help="dimensions of the random vectors (default 384)")
+    ap.add_argument("--queries", type=int, default=50, help="queries timed (default 50)")
+    ap.add_argument("--ann", choices=("flat", "hnsw"), default="flat",
+                    help="hnsw: also an HNSW index of the same "
+                    "vectors (built once, kept in --work), mlmkit's filtered search of it against faiss's")
     args = ap.parse_args()
     print_machine(THREADS)
     import faiss
@@ -110,9 +116,12 @@ def main() -> None:
         same = np.mean([set(a.tolist()) == set(b.tolist()) for a, b in zip(our_tops, their_tops)])
         exact_tops[name] = their_tops
         kept = int(mask.sum()) if mask is not None else ix.count
-        lines.append(f"{name:>4} ({kept:,} documents kept; the filter evaluated in {filter_ms:.1f} ms): mlmkit p50 {pct(ours, 50):.1f} ms "
-                     f"p99 {pct(ours, 99):.1f} ms; faiss IndexFlatIP + IDSelectorBitmap p50 {pct(theirs, 50):.1f} ms p99 "
-                     f"{pct(theirs, 99):.1f} ms (filtered-search-p50-ratio-{name.rstrip('%')}={pct(theirs, 50) / pct(ours, 50):.2f}x "
+        lines.append(f"{name:>4} ({kept:,} documents kept; the filter evaluated in {filter_ms:.1f} ms): "
+                     f"mlmkit p50 {pct(ours, 50):.1f} ms "
+                     f"p99 {pct(ours, 99):.1f} ms; faiss IndexFlatIP + IDSelectorBitmap p50 "
+                     f"{pct(theirs, 50):.1f} ms p99 "
+                     f"{pct(theirs, 99):.1f} ms "
+                     f"(filtered-search-p50-ratio-{name.rstrip('%')}={pct(theirs, 50) / pct(ours, 50):.2f}x "
                      f"faiss/mlmkit); the same top 10: {same:.0%}")
         log(lines[-1])
     if args.ann == "hnsw":
@@ -122,7 +131,8 @@ def main() -> None:
 
 
 def hnsw(flat_dir: Path, ix, q: np.ndarray, exact: dict[str, list[np.ndarray]], patience: float) -> list[str]:
-    """The same vectors with an HNSW index (mlmkit's settings, built by its build_ann): mlmkit's filtered search
+    """The same vectors with an HNSW index (mlmkit's settings, built by its build_ann): mlmkit's filtered
+    search
     (a subset of at most 65,536 rows scored exactly; else the graph with efSearch widened by the fraction
     kept, through IDSelectorBitmap) against faiss's search of the same graph with IDSelectorBitmap at the
     index's efSearch; p50 / p99 and recall@10 against the exact filtered top 10."""
@@ -154,14 +164,18 @@ def hnsw(flat_dir: Path, ix, q: np.ndarray, exact: dict[str, list[np.ndarray]], 
         if mask is not None:
             bits = np.packbits(mask, bitorder="little")
             sel = faiss.IDSelectorBitmap(len(mask), faiss.swig_ptr(bits))
-        params = faiss.SearchParametersHNSW(sel=sel, efSearch=ef) if sel is not None else faiss.SearchParametersHNSW(efSearch=ef)
+        params = (faiss.SearchParametersHNSW(sel=sel, efSearch=ef) if sel is not None
+                  else faiss.SearchParametersHNSW(efSearch=ef))
         theirs, their_tops = latencies(lambda x, params=params: graph.search(x, 10, params=params)[1][0], q)
 
         def recall(tops: list[np.ndarray], name: str = name) -> float:
-            return float(np.mean([len(set(a.tolist()) & set(b.tolist())) / 10 for a, b in zip(tops, exact[name])]))
+            return float(np.mean([len(set(a.tolist()) & set(b.tolist())) / 10
+                                  for a, b in zip(tops, exact[name])]))
 
-        lines.append(f"HNSW {name:>4}: mlmkit p50 {pct(ours, 50):.1f} ms p99 {pct(ours, 99):.1f} ms recall@10 {recall(our_tops):.3f}; "
-                     f"faiss HNSW + IDSelectorBitmap (efSearch {ef}) p50 {pct(theirs, 50):.1f} ms p99 {pct(theirs, 99):.1f} ms "
+        lines.append(f"HNSW {name:>4}: mlmkit p50 {pct(ours, 50):.1f} ms p99 {pct(ours, 99):.1f} ms "
+                     f"recall@10 {recall(our_tops):.3f}; "
+                     f"faiss HNSW + IDSelectorBitmap (efSearch {ef}) p50 {pct(theirs, 50):.1f} ms p99 "
+                     f"{pct(theirs, 99):.1f} ms "
                      f"recall@10 {recall(their_tops):.3f}")
         log(lines[-1])
     return lines

@@ -17,18 +17,26 @@ feed the GPU); a pass during which they used more than 0.15 cores is marked *.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
 import time
 from pathlib import Path
 
-from common import MINILM, add_patience, busy_seconds, mark, noisy_note, other_cores, wait_for_quiet
+from common import (
+    MINILM,
+    busy_seconds,
+    mark,
+    noisy_note,
+    other_cores,
+    wait_for_quiet,
+)
+from harness import parser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the family fixtures of the tests
 
-WORDS = "the a film movie plot story was is good great fine bad dull poor very not and john paris went to".split()
+WORDS = ("the a film movie plot story was is good great fine bad dull poor very not and john paris went "
+         "to").split()
 
 
 def sentences(n: int, seed: int = 0) -> list[str]:
@@ -37,10 +45,9 @@ def sentences(n: int, seed: int = 0) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", type=Path, default=Path("/tmp/gpu_families"))
-    ap.add_argument("--families", default="roberta,modernbert")
-    add_patience(ap, 60.0, "each timed pass")
+    ap = parser(__doc__, work="/tmp/gpu_families", patience=60.0, before="each timed pass", whole_doc=True)
+    ap.add_argument("--families", default="roberta,modernbert",
+                    help="comma-separated (default roberta,modernbert)")
     a = ap.parse_args()
     import onnxruntime as ort
     import torch
@@ -56,13 +63,17 @@ def main() -> None:
     for fam in a.families.split(","):
         d = a.work / fam
         FAMILIES[fam][2].update(MINILM, max_position_embeddings=514 if "roberta" in fam else 512)
-        save_checkpoint(d / "src", fam, "ForSequenceClassification", perturb=False, id2label={0: "neg", 1: "pos"})
+        save_checkpoint(d / "src", fam, "ForSequenceClassification", perturb=False,
+                        id2label={0: "neg", 1: "pos"})
         train = d / "train.jsonl"
-        train.write_text("".join(json.dumps({"text": t, "label": "pos" if "good" in t else "neg"}) + "\n" for t in texts[:256]))
+        train.write_text("".join(json.dumps({"text": t, "label": "pos" if "good" in t else "neg"}) + "\n"
+                                 for t in texts[:256]))
         t0 = time.perf_counter()
-        m = run_finetune("classification", d / "src", train, d / "run", steps=1, batch_size=32, device="cuda", bf16=True,
+        m = run_finetune("classification", d / "src", train, d / "run", steps=1, batch_size=32, device="cuda",
+                         bf16=True,
                          progress=False)
-        print(f"{fam}: one bf16 fine-tuning step on cuda: loss {m.get('loss', m.get('last_step_metrics', {}).get('loss'))}, "
+        print(f"{fam}: one bf16 fine-tuning step on cuda: loss "
+              f"{m.get('loss', m.get('last_step_metrics', {}).get('loss'))}, "
               f"{time.perf_counter() - t0:.1f} s with the run's setup")
         for precision, kw in (("fp32", {}), ("fp16", {"fp16": True})):
             meta = run_export(d / "run", d / f"bundle-{precision}", **kw)
@@ -74,7 +85,8 @@ def main() -> None:
             dt = time.perf_counter() - t0
             other = other_cores(busy, time.process_time() - cpu, dt)
             extra = {k: v for k, v in meta["parity"].items() if k.startswith("fp16")}
-            print(f"{fam} {precision}: {len(texts) / dt:.1f} sentences/s{mark(other)} on {pipe.providers[0]} (one pass after a "
+            print(f"{fam} {precision}: {len(texts) / dt:.1f} sentences/s{mark(other)} on {pipe.providers[0]} "
+                  "(one pass after a "
                   f"warm-up, batch 32 on mlmkit's cuts, max length {meta.get('max_length', 512)}); "
                   f"fused {meta['fused_operators']}{'; ' + json.dumps(extra) if extra else ''}")
     print(noisy_note(counted=False))

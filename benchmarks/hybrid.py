@@ -19,13 +19,19 @@ Quality figures are deterministic (exact search, bm25s); only the latency line d
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from common import add_patience, log, minilm, print_machine, run_watched, thread_env, work_dir
+from common import (
+    log,
+    minilm,
+    print_machine,
+    run_watched,
+    thread_env,
+)
+from harness import parser
 
 HERE = Path(__file__).resolve()
 MLMKIT = [sys.executable, "-m", "mlmkit"]
@@ -34,7 +40,8 @@ FUSIONS = [("rrf", None), ("weighted", "1,1"), ("weighted", "2,1"), ("weighted",
 
 
 def mlmkit(*args: str) -> str:
-    return subprocess.run([*MLMKIT, *args], check=True, capture_output=True, text=True, env=thread_env(THREADS)).stdout
+    return subprocess.run([*MLMKIT, *args], check=True, capture_output=True, text=True,
+                          env=thread_env(THREADS)).stdout
 
 
 def bundles(work: Path, patience: float) -> dict[str, Path]:
@@ -44,7 +51,8 @@ def bundles(work: Path, patience: float) -> dict[str, Path]:
         mlmkit("export", str(minilm()), "--out", str(zero), "--task", "embedding")
     if not (tuned / "model.onnx").is_file():
         late = HERE.parent / "late_interaction.py"
-        run_watched("train embedding", [sys.executable, str(late), "--role", "mlmkit-embedding", "--work", str(work),
+        run_watched("train embedding",
+                    [sys.executable, str(late), "--role", "mlmkit-embedding", "--work", str(work),
                                         "--out", str(run)], patience, env=thread_env(THREADS))
         mlmkit("export", str(run), "--out", str(tuned))
     return {"all-MiniLM-L6-v2 zero-shot": zero, "all-MiniLM-L6-v2 fine-tuned": tuned}
@@ -64,11 +72,15 @@ def quality(data: Path, label: str, models: dict[str, Path], work: Path) -> list
             got = {r["model"]: r for r in map(json.loads, out.splitlines())}
             alone, bm25, fused = got[str(ix)], got["bm25"], got[f"hybrid ({fusion})"]
             if not rows:
-                rows.append(f"  {'index alone':<24} nDCG@10 {alone['ndcg@10']:.4f}  recall@100 {alone['recall@100']:.4f}")
-                rows.append(f"  {'bm25 alone':<24} nDCG@10 {bm25['ndcg@10']:.4f}  recall@100 {bm25['recall@100']:.4f}")
+                rows.append(f"  {'index alone':<24} nDCG@10 {alone['ndcg@10']:.4f}  recall@100 "
+                            f"{alone['recall@100']:.4f}")
+                rows.append(f"  {'bm25 alone':<24} nDCG@10 {bm25['ndcg@10']:.4f}  recall@100 "
+                            f"{bm25['recall@100']:.4f}")
             best = max(alone["ndcg@10"], bm25["ndcg@10"])
-            rows.append(f"  {fusion + (' ' + weights if weights else ''):<24} nDCG@10 {fused['ndcg@10']:.4f}  recall@100 "
-                        f"{fused['recall@100']:.4f}  (hybrid-gain-ndcg10={fused['ndcg@10'] - best:+.4f} over the better part)")
+            rows.append(f"  {fusion + (' ' + weights if weights else ''):<24} nDCG@10 {fused['ndcg@10']:.4f} "
+                        " recall@100 "
+                        f"{fused['recall@100']:.4f}  (hybrid-gain-ndcg10={fused['ndcg@10'] - best:+.4f} over "
+                        "the better part)")
         lines += [f"{label}, {name}:", *rows]
         log("\n".join(lines[-len(rows) - 1:]))
     return lines
@@ -88,8 +100,10 @@ def tuned(data: Path, bundle: Path, work: Path) -> str:
     alone = max(test[str(ix)]["ndcg@10"], test["bm25"]["ndcg@10"])
     sweep = ", ".join(f"{w:g}: {r['hybrid (weighted)']['ndcg@10']:.4f}" for w, r in on_train.items())
     return (f"weighted, the index's weight tuned on the train split ({sweep}): "
-            f"{best:g},1; on the test split nDCG@10 {test['hybrid (weighted)']['ndcg@10']:.4f} against index {test[str(ix)]['ndcg@10']:.4f}, "
-            f"bm25 {test['bm25']['ndcg@10']:.4f} (hybrid-tuned-gain-ndcg10={test['hybrid (weighted)']['ndcg@10'] - alone:+.4f})")
+            f"{best:g},1; on the test split nDCG@10 {test['hybrid (weighted)']['ndcg@10']:.4f} against index "
+            f"{test[str(ix)]['ndcg@10']:.4f}, "
+            f"bm25 {test['bm25']['ndcg@10']:.4f} "
+            f"(hybrid-tuned-gain-ndcg10={test['hybrid (weighted)']['ndcg@10'] - alone:+.4f})")
 
 
 def latency(data: Path, bundle: Path, work: Path, patience: float) -> str:
@@ -101,29 +115,30 @@ def latency(data: Path, bundle: Path, work: Path, patience: float) -> str:
     ix = work / f"ix-{bundle.name}-{data.name}"
     base = [*MLMKIT, "search", str(ix), "--input", str(queries), "--json"]
     plain = run_watched("search", base, patience, env=thread_env(THREADS))
-    fused = run_watched("search --hybrid bm25", [*base, "--hybrid", "bm25", "--corpus", str(data / "corpus.jsonl")], patience,
+    fused = run_watched("search --hybrid bm25",
+                        [*base, "--hybrid", "bm25", "--corpus", str(data / "corpus.jsonl")], patience,
                         env=thread_env(THREADS))
-    return (f"latency, {len(queries.read_text().splitlines())} queries, whole process: search {plain['seconds']:.2f} s, "
-            f"with --hybrid bm25 {fused['seconds']:.2f} s (hybrid-search-time-ratio={fused['seconds'] / plain['seconds']:.2f}x; "
+    return (f"latency, {len(queries.read_text().splitlines())} queries, whole process: search "
+            f"{plain['seconds']:.2f} s, "
+            f"with --hybrid bm25 {fused['seconds']:.2f} s "
+            f"(hybrid-search-time-ratio={fused['seconds'] / plain['seconds']:.2f}x; "
             f"peak {plain['peak_mb']:.0f} MB against {fused['peak_mb']:.0f} MB)")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work", type=Path, default=work_dir("/tmp/mlmkit-bench-hybrid"))
+    ap = parser(__doc__, work="/tmp/mlmkit-bench-hybrid", quick="300 documents", patience=120.0,
+                before="each process")
     ap.add_argument("--documents", type=int, default=1000, help="documents of the built-in retrieval set")
     ap.add_argument("--beir", type=Path, default=None, help="a BEIR directory to measure too (e.g. SciFact)")
-    ap.add_argument("--quick", action="store_true", help="300 documents")
-    add_patience(ap, 120.0, "each process")
     args = ap.parse_args()
     print_machine(THREADS)
     from mlmkit.quickstart.retrieval_set import write_retrieval_set
 
     work = args.work
-    work.mkdir(parents=True, exist_ok=True)
     data = work / "set"
     if not (data / "corpus.jsonl").is_file():
-        log(f"retrieval set: {write_retrieval_set(data, max_documents=300 if args.quick else args.documents)}")
+        counts = write_retrieval_set(data, max_documents=300 if args.quick else args.documents)
+        log(f"retrieval set: {counts}")
     models = bundles(work, args.patience * 5)
     lines = quality(data, "built-in set", models, work)
     if args.beir is not None:

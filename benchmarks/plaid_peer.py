@@ -3,7 +3,7 @@ and each query's search, and print one JSON line.
 
 Run by the python of its own venv, never mlmkit's: this script imports neither mlmkit nor common.py.
 
-    PINS = ["pylate==1.2.0", "torch==2.13.0"]   # for common.peers_python(venv, PINS)
+    PINS = ["pylate==1.2.0", "torch==2.13.0"]   # for harness.peers_python(venv, PINS)
 
 Why PyLate 1.2.0: every PyLate from 1.3.0 on needs fast-plaid, each of whose wheels pins one torch
 release exactly (its version's suffix: fast-plaid 1.4.6.2110 needs torch==2.11.0; there are builds for
@@ -43,10 +43,13 @@ import sys
 import time
 from pathlib import Path
 
+from harness import parser
+
 
 def parse() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--vectors", type=Path, required=True, help="folder of doc_/query_ lengths and vectors .npy")
+    ap = parser(__doc__, patience=None)
+    ap.add_argument("--vectors", type=Path, required=True,
+                    help="folder of doc_/query_ lengths and vectors .npy")
     ap.add_argument("--out", type=Path, required=True, help="folder the index is written under")
     ap.add_argument("--k", type=int, default=10, help="documents returned per query")
     ap.add_argument("--nbits", type=int, default=2, help="residual bits per dimension (1, 2 or 4)")
@@ -54,7 +57,8 @@ def parse() -> argparse.Namespace:
                     help="torch/OpenMP threads (default: $OMP_NUM_THREADS, else 2)")
     ap.add_argument("--kmeans-niters", type=int, default=4, help="k-means iterations (PyLate's default 4)")
     ap.add_argument("--ndocs", type=int, default=8192, help="PLAID candidate documents (PyLate's default)")
-    ap.add_argument("--ncells", type=int, default=8, help="centroids probed per query token (PyLate's default)")
+    ap.add_argument("--ncells", type=int, default=8,
+                    help="centroids probed per query token (PyLate's default)")
     ap.add_argument("--centroid-score-threshold", type=float, default=0.35,
                     help="centroid pruning threshold (PyLate's default)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed queries before the timed ones")
@@ -109,7 +113,8 @@ def load_vectors(folder: Path) -> tuple[list, list, int, int]:
     query_lengths = np.load(folder / "query_lengths.npy").astype(np.int64)
     query_vectors = np.load(folder / "query_vectors.npy").astype(np.float32, copy=False)
     assert doc_lengths.sum() == len(doc_vectors) and query_lengths.sum() == len(query_vectors)
-    return (np.split(doc_vectors, np.cumsum(doc_lengths)[:-1]), np.split(query_vectors, np.cumsum(query_lengths)[:-1]),
+    return (np.split(doc_vectors, np.cumsum(doc_lengths)[:-1]),
+            np.split(query_vectors, np.cumsum(query_lengths)[:-1]),
             int(doc_vectors.shape[1]), int(doc_lengths.sum()))
 
 

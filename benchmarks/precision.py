@@ -1,11 +1,14 @@
 """Precision per machine: mlmkit's default path (--precision auto) against its own fp32 bundle, its int8
 bundle and OpenVINO's default settings on the same model file, on embeddings, classification and fill-mask.
 
-    python benchmarks/precision.py            # about 10 minutes on 2 quiet cores (the first time: +3 for the setup)
+    python benchmarks/precision.py            # about 10 minutes on 2 quiet cores (the first time: +3 for the
+                                              # setup)
     python benchmarks/precision.py --quick    # 256 sentences, 2 rounds
     python benchmarks/precision.py --tasks embed --rounds 5
-    python benchmarks/precision.py --tasks embed --whole    # and `mlmkit serve` / an `mlmkit embed` job, fp32 vs auto
-    python benchmarks/precision.py --peers                  # and optimum-intel, NNCF int8 weights, sentence-transformers' OpenVINO
+    python benchmarks/precision.py --tasks embed --whole    # and `mlmkit serve` / an `mlmkit embed` job, fp32
+                                                            # vs auto
+    python benchmarks/precision.py --peers                  # and optimum-intel, NNCF int8 weights,
+                                                            # sentence-transformers' OpenVINO
 
 Models, all MiniLM size (6 layers, hidden 384, 12 heads, vocabulary 30522), exported by `mlmkit export`
 (fp32, auto: the bf16 gate recorded where it can be measured) and `--precision int8` (dynamic):
@@ -50,7 +53,6 @@ Last lines::
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -64,7 +66,6 @@ from common import (
     MINILM,
     Api,
     Server,
-    add_patience,
     agreement,
     alternating,
     answer_passes,
@@ -82,7 +83,6 @@ from common import (
     minilm,
     mlmkit_cuts,
     other_cores,
-    peers_python,
     race,
     ratio,
     reusable,
@@ -90,9 +90,9 @@ from common import (
     stdlib_sentences,
     target,
     wait_for_quiet,
-    work_dir,
     workers,
 )
+from harness import parser, peers_python
 
 HERE = Path(__file__).resolve()
 TASKS = ("embed", "classify", "fill-mask")
@@ -113,7 +113,8 @@ def words(s: str) -> list[str]:
 
 # ---- setup ---------------------------------------------------------------------------------------
 def setup(work: Path, n: int) -> None:
-    """Sentences, the three runs and their fp32 and int8 bundles in ``work`` (reused while made-by.json matches)."""
+    """Sentences, the three runs and their fp32 and int8 bundles in ``work`` (reused while made-by.json
+    matches)."""
     key = made_by(HERE, sentences=n)
     if reusable(work, key):
         log(f"setup: reusing {work}")
@@ -141,12 +142,14 @@ def setup(work: Path, n: int) -> None:
         for precision in ("auto", "int8"):
             m = export(ExportArgs(run=run, out=work / f"{task}-{precision}", precision=precision,
                                   task="embedding" if task == "embed" else None))
-            log(f"setup: {task} {precision}: gates {json.dumps({k: v for k, v in m.gate.items() if isinstance(v, dict)})}")
+            log(f"setup: {task} {precision}: gates "
+                f"{json.dumps({k: v for k, v in m.gate.items() if isinstance(v, dict)})}")
     made(work, key)
 
 
 def keyword(s: str) -> str:
-    return "returns" if {"return", "returns", "returned"} & {w.lower().strip(".,;:()") for w in words(s)} else "other"
+    return "returns" if {"return", "returns",
+                         "returned"} & {w.lower().strip(".,;:()") for w in words(s)} else "other"
 
 
 def classifier(work: Path, rest: list[str]) -> Path:
@@ -163,7 +166,8 @@ def classifier(work: Path, rest: list[str]) -> Path:
         w.writerows((s, keyword(s)) for s in train)
     log("setup: fine-tuning the classifier (1 epoch, 2,000 sentences)")
     finetune(FinetuneArgs.from_flat(task="classification", model=minilm(), train_file=work / "train.csv",
-                                    out=work / "clf-run", epochs=1, batch_size=32, lr=1e-4, max_length=MAX_LENGTH,
+                                    out=work / "clf-run", epochs=1, batch_size=32, lr=1e-4,
+                                    max_length=MAX_LENGTH,
                                     progress=False, seed=0))
     return work / "clf-run"
 
@@ -241,7 +245,8 @@ def peer_setup(work: Path) -> None:
             out = work / f"ov-{task}-{name}"
             if not (out / "openvino_model.xml").exists():
                 log(f"setup: optimum-intel export of {task} ({name})")
-                model = cls.from_pretrained(runs[task], export=True, **({"quantization_config": q} if q else {}))
+                model = cls.from_pretrained(runs[task], export=True,
+                                            **({"quantization_config": q} if q else {}))
                 model.save_pretrained(out)
 
 
@@ -256,13 +261,14 @@ def peer_side(task: str, side: str, work: Path, texts: list[str]) -> tuple[Any, 
 
         st = SentenceTransformer(runs[task], device="cpu", backend="openvino",
                                  model_kwargs={"ov_config": {"INFERENCE_NUM_THREADS": THREADS}})
-        return (lambda xs: st.encode(xs, batch_size=BATCH).tolist()), {"precision": "default", "engine": "openvino"}
+        return (lambda xs: st.encode(xs, batch_size=BATCH).tolist()), {"precision": "default",
+                                                                       "engine": "openvino"}
     import optimum.intel as oi
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(runs[task])
-    model = getattr(oi, OV_CLASSES[task]).from_pretrained(work / f"ov-{task}-{'int8w' if side.endswith('int8w') else 'fp'}",
-                                                        ov_config={"INFERENCE_NUM_THREADS": THREADS})
+    saved = work / f"ov-{task}-{'int8w' if side.endswith('int8w') else 'fp'}"
+    model = getattr(oi, OV_CLASSES[task]).from_pretrained(saved, ov_config={"INFERENCE_NUM_THREADS": THREADS})
     cuts = json.loads((work / f"cuts-{task}.json").read_text())
     labels = model.config.id2label
 
@@ -270,7 +276,8 @@ def peer_side(task: str, side: str, work: Path, texts: list[str]) -> tuple[Any, 
         got: list[Any] = [None] * len(xs)
         batches = cuts["batches"] if len(xs) == cuts["n"] else [list(range(len(xs)))]
         for b in batches:
-            enc = tok([xs[i] for i in b], padding=True, truncation=True, max_length=MAX_LENGTH, return_tensors="np")
+            enc = tok([xs[i] for i in b], padding=True, truncation=True, max_length=MAX_LENGTH,
+                      return_tensors="np")
             out = model(**enc)
             if task == "embed":
                 m = enc["attention_mask"][..., None]
@@ -292,7 +299,8 @@ def peer_side(task: str, side: str, work: Path, texts: list[str]) -> tuple[Any, 
         precision = {"f32": "fp32"}.get(hint.get_type_name(), hint.get_type_name())
     except Exception:  # noqa: BLE001 - only a label for the table
         precision = "default"
-    return run, {"precision": precision + (" + int8 weights" if side.endswith("int8w") else ""), "engine": "optimum-intel"}
+    return run, {"precision": precision + (" + int8 weights" if side.endswith("int8w") else ""),
+                 "engine": "optimum-intel"}
 
 
 def write_cuts(work: Path) -> None:
@@ -333,7 +341,8 @@ def openvino_side(task: str, bundle: Path) -> tuple[Any, dict[str, Any]]:
         encs = tok.encode_batch(xs)
         got: list[Any] = [-1] * len(xs)
         for b in mlmkit_cuts([len(e.ids) for e in encs], BATCH, MINILM["hidden_size"], engine="openvino"):
-            feed = pad_features([{"input_ids": encs[i].ids, "token_type_ids": encs[i].type_ids} for i in b], pad)
+            feed = pad_features([{"input_ids": encs[i].ids, "token_type_ids": encs[i].type_ids} for i in b],
+                                pad)
             r = req.infer({k: feed[k] for k in names})
             if task == "embed":
                 for row, i in enumerate(b):
@@ -366,13 +375,15 @@ def useful_flops(work: Path, task: str) -> float:
     return encoder_flops(Path(runs[task]), [len(e.ids) for e in tok.encode_batch(texts)])
 
 
-def report(task: str, res: dict[str, Any], ready: dict[str, dict[str, Any]], flops: float, ceiling: dict[str, Any]) -> list[str]:
+def report(task: str, res: dict[str, Any], ready: dict[str, dict[str, Any]], flops: float,
+           ceiling: dict[str, Any]) -> list[str]:
     speeds = median_speeds(res)
     n = res["n"]
     ref = res["preds"]["mlmkit-fp32"]
     lines = [f"{task}: {n} sentences a pass, batch {BATCH}, {THREADS} threads, max length {MAX_LENGTH}, "
              f"median of {res['rounds']} alternating rounds"]
-    lines.append(f"  {'side':12s} {'computes in':16s} {'texts/s':>8s} {'x fp32':>7s}  {'fp32 ceiling':>12s} {'bf16 ceiling':>12s}  "
+    lines.append(f"  {'side':12s} {'computes in':16s} {'texts/s':>8s} {'x fp32':>7s}  {'fp32 ceiling':>12s} "
+                 f"{'bf16 ceiling':>12s}  "
                  "quality vs mlmkit-fp32")
     for s in res["speeds"]:
         got = res["preds"][s]
@@ -380,21 +391,27 @@ def report(task: str, res: dict[str, Any], ready: dict[str, dict[str, Any]], flo
             c = cosines(ref, got)
             quality = f"cosine mean {statistics.mean(c):.5f}, min {min(c):.5f}"
         else:
-            quality = f"top-1 agreement {agreement(ref, got):.4f}" + (" (random head)" if task == "fill-mask" else "")
+            quality = f"top-1 agreement {agreement(ref, got):.4f}" + (" (random head)" if task == "fill-mask"
+                                                                      else "")
         per_s = flops / n * speeds[s]
-        shares = [f"{per_s / ceiling[k]:.0%}" if isinstance(ceiling.get(k), float) else "n/a" for k in ("fp32", "bf16")]
+        shares = [f"{per_s / ceiling[k]:.0%}" if isinstance(ceiling.get(k), float) else "n/a"
+                  for k in ("fp32", "bf16")]
         what = f"{ready[s]['precision']} ({ready[s]['engine']})"
         x = ratio(res, s, "mlmkit-fp32") if s != "mlmkit-fp32" else 1.0
-        lines.append(f"  {s:12s} {what:16s} {speeds[s]:8.1f} {x:7.2f}  {shares[0]:>12s} {shares[1]:>12s}  {quality}")
-    lines.append(f"  auto vs fp32 {ratio(res, 'mlmkit-auto', 'mlmkit-fp32'):.2f}x ({spread(res, 'mlmkit-auto', 'mlmkit-fp32')}); "
-                 f"auto vs openvino {ratio(res, 'mlmkit-auto', 'openvino'):.2f}x ({spread(res, 'mlmkit-auto', 'openvino')}); "
+        lines.append(f"  {s:12s} {what:16s} {speeds[s]:8.1f} {x:7.2f}  {shares[0]:>12s} {shares[1]:>12s}  "
+                     f"{quality}")
+    lines.append(f"  auto vs fp32 {ratio(res, 'mlmkit-auto', 'mlmkit-fp32'):.2f}x "
+                 f"({spread(res, 'mlmkit-auto', 'mlmkit-fp32')}); "
+                 f"auto vs openvino {ratio(res, 'mlmkit-auto', 'openvino'):.2f}x "
+                 f"({spread(res, 'mlmkit-auto', 'openvino')}); "
                  f"int8 vs fp32 {ratio(res, 'mlmkit-int8', 'mlmkit-fp32'):.2f}x")
     lines.append(f"  mlmkit-auto: {ready['mlmkit-auto']['why']}")
     return lines
 
 
 # ---- serving and a batch job, whole processes ---------------------------------------------------------
-EMBED = Api("/v1/embeddings", lambda t: {"model": "minilm", "input": [t]}, lambda r: r["data"][0]["embedding"])
+EMBED = Api("/v1/embeddings", lambda t: {"model": "minilm", "input": [t]},
+            lambda r: r["data"][0]["embedding"])
 WHOLE = {"mlmkit-fp32": {"MLMKIT_PRECISION": "fp32"}, "mlmkit-auto": {}}
 """The two sides of the whole-process parts: the environment each runs in (auto: none set)."""
 
@@ -406,24 +423,33 @@ def serve_part(work: Path, rounds: int, patience: float) -> list[str]:
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {s: {16: [], 64: []} for s in WHOLE}
     for r, side in alternating(list(WHOLE), rounds):
         port = free_port()
-        server = Server(side, [sys.executable, "-m", "mlmkit", "-q", "serve", f"minilm={work / 'embed-auto'}", "--port",
-                               str(port), "--threads", str(THREADS)], EMBED, port, env=WHOLE[side], threads=THREADS)
+        server = Server(side,
+                        [sys.executable, "-m", "mlmkit", "-q", "serve", f"minilm={work / 'embed-auto'}",
+                         "--port",
+                               str(port), "--threads", str(THREADS)], EMBED, port, env=WHOLE[side],
+                        threads=THREADS)
         try:
             server.run(texts, 0)  # warm-up: a whole pass (OpenVINO prepares its kernels per shape)
             for clients in (16, 64):
                 res = server.run(texts, patience, clients)
                 res.pop("answers")
                 runs[side][clients].append(res)
-                log(f"serve round {r + 1}/{rounds} {side} x{clients}: {res['rps']:.1f} requests/s, p99 {res['p99']:.1f} ms"
+                log(f"serve round {r + 1}/{rounds} {side} x{clients}: {res['rps']:.1f} requests/s, p99 "
+                    f"{res['p99']:.1f} ms"
                     f"   (other processes busy: {res['other']:.2f} cores)")
         finally:
             server.close()
-    lines = [f"serve: `mlmkit serve` on the embedding bundle, /v1/embeddings, one sentence a request, {len(texts)} a pass, "
+    lines = ["serve: `mlmkit serve` on the embedding bundle, /v1/embeddings, one sentence a request, "
+             f"{len(texts)} a pass, "
              f"{THREADS} threads, median of {rounds} rounds"]
     for clients in (16, 64):
-        med = {s: {k: statistics.median(x[k] for x in runs[s][clients]) for k in ("rps", "p50", "p99")} for s in WHOLE}
-        each = [a["rps"] / b["rps"] for a, b in zip(runs["mlmkit-auto"][clients], runs["mlmkit-fp32"][clients])]
-        lines.append(f"  {clients} clients: " + "; ".join(f"{s} {m['rps']:.1f} requests/s, p50 {m['p50']:.1f} ms, p99 {m['p99']:.1f} ms"
+        med = {s: {k: statistics.median(x[k] for x in runs[s][clients]) for k in ("rps", "p50", "p99")}
+               for s in WHOLE}
+        each = [a["rps"] / b["rps"]
+                for a, b in zip(runs["mlmkit-auto"][clients], runs["mlmkit-fp32"][clients])]
+        lines.append(f"  {clients} clients: "
+                     + "; ".join(f"{s} {m['rps']:.1f} requests/s, p50 {m['p50']:.1f} ms, p99 {m['p99']:.1f} "
+                                 "ms"
                                                           for s, m in med.items())
                      + f"; auto vs fp32 {statistics.median(each):.2f}x ({min(each):.2f}-{max(each):.2f})")
     return lines
@@ -454,49 +480,55 @@ def job_part(work: Path, rounds: int, patience: float) -> list[str]:
         log(f"job round {r + 1}/{rounds} {side}: {speeds[side][-1]:.1f} texts/s, {seconds:.1f} s "
             f"(the whole process; other processes busy: {other:.2f} cores)")
     each = [a / b for a, b in zip(speeds["mlmkit-auto"], speeds["mlmkit-fp32"])]
-    return [f"job: `mlmkit embed --input` of {len(texts)} sentences to .npy, the whole process, {THREADS} threads, "
-            f"median of {rounds} rounds: " + "; ".join(f"{s} {statistics.median(v):.1f} texts/s" for s, v in speeds.items())
+    return [f"job: `mlmkit embed --input` of {len(texts)} sentences to .npy, the whole process, {THREADS} "
+            "threads, "
+            f"median of {rounds} rounds: "
+            + "; ".join(f"{s} {statistics.median(v):.1f} texts/s" for s, v in speeds.items())
             + f"; auto vs fp32 {statistics.median(each):.2f}x ({min(each):.2f}-{max(each):.2f})"]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__, work="runs/bench-precision", quick="a smoke run: 256 sentences, 2 rounds",
+                rounds=(3, 2), rounds_help="timed passes per side, alternating")
     ap.add_argument("--role", choices=["driver", "side", "peer-setup"], default="driver")
-    ap.add_argument("--peers", action="store_true", help="also optimum-intel (its defaults, and NNCF int8 weights) and "
-                                                         "sentence-transformers' OpenVINO backend, in a venv of their own")
-    ap.add_argument("--peers-venv", type=Path, default=None, help="the peers' venv (default WORK/peers-venv; made with "
+    ap.add_argument("--peers", action="store_true",
+                    help="also optimum-intel (its defaults, and NNCF int8 weights) and "
+                                                         "sentence-transformers' OpenVINO backend, in a venv "
+                    "of their own")
+    ap.add_argument("--peers-venv", type=Path, default=None,
+                    help="the peers' venv (default WORK/peers-venv; made with "
                                                                  "OPTIMUM_INTEL when missing)")
     ap.add_argument("--task", choices=TASKS)
     ap.add_argument("--side", choices=[*SIDES, "mlmkit-bf16", *PEER_SIDES])
-    ap.add_argument("--work", type=Path, default=work_dir("runs/bench-precision"))
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--rounds", type=int, default=None)
-    ap.add_argument("--tasks", default=",".join(TASKS))
-    ap.add_argument("--whole", action="store_true", help="also `mlmkit serve` and an `mlmkit embed` job, fp32 against auto")
-    add_patience(ap)
+    ap.add_argument("--tasks", default=",".join(TASKS), help="comma-separated, of: " + ", ".join(TASKS))
+    ap.add_argument("--whole", action="store_true",
+                    help="also `mlmkit serve` and an `mlmkit embed` job, fp32 against auto")
     a = ap.parse_args()
     if a.role == "side":
         return serve_side(a.task, a.side, a.work)
     if a.role == "peer-setup":
         return peer_setup(a.work)
     n = 256 if a.quick else 1024
-    rounds = a.rounds or (2 if a.quick else 3)
+    rounds = a.rounds
     setup(a.work, n)
     peers_py = None
     if a.peers:
         peers_py = peers_python(a.peers_venv or a.work.parent / "precision-peers-venv", OPTIMUM_INTEL)
         write_cuts(a.work)
-        subprocess.run([peers_py, str(HERE), "--role", "peer-setup", "--work", str(a.work)], check=True, env=bench_env())
+        subprocess.run([peers_py, str(HERE), "--role", "peer-setup", "--work", str(a.work)], check=True,
+                       env=bench_env())
     lines, _ = machine_lines(THREADS)
     ceiling = gemm_ceiling(THREADS, shape=FFN_SHAPE)
     lines.append(f"GEMM ceiling in MiniLM's FFN shape {'x'.join(map(str, FFN_SHAPE))} on {THREADS} threads: "
-                 + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in ceiling.items() if isinstance(v, float)))
+                 + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in ceiling.items()
+                             if isinstance(v, float)))
     print("\n".join(lines), flush=True)
     out, targets = [], []
     for task in a.tasks.split(","):
         sides = [*SIDES, "mlmkit-bf16"] if task == "fill-mask" else list(SIDES)
         peers = [s for s in PEER_SIDES if peers_py and (s != "st-openvino" or task == "embed")]
-        args = {s: ["--role", "side", "--task", task, "--side", s, "--work", str(a.work)] for s in sides + peers}
+        args = {s: ["--role", "side", "--task", task, "--side", s, "--work", str(a.work)] for s in sides
+                + peers}
         with workers(HERE, args, pythons={s: peers_py for s in peers if peers_py}) as ws:
             ready = {s: w.ready for s, w in ws.items()}
             res = race(ws, rounds, a.patience, label=f"{task} ")
@@ -504,11 +536,14 @@ def main() -> None:
         block = report(task, res, ready, flops, ceiling)
         print("\n".join(block), flush=True)
         out += block
-        targets.append(target(f"precision-{task}-auto-vs-fp32", ratio(res, "mlmkit-auto", "mlmkit-fp32"), ">=", 3.0))
+        targets.append(target(f"precision-{task}-auto-vs-fp32", ratio(res, "mlmkit-auto", "mlmkit-fp32"),
+                              ">=", 3.0))
         if task == "embed":
-            targets.append(target("precision-embed-auto-vs-openvino", ratio(res, "mlmkit-auto", "openvino"), ">=", 1.1))
+            targets.append(target("precision-embed-auto-vs-openvino", ratio(res, "mlmkit-auto", "openvino"),
+                                  ">=", 1.1))
             bf16 = ceiling.get("bf16")
-            share = flops / res["n"] * median_speeds(res)["mlmkit-auto"] / bf16 if isinstance(bf16, float) else 0.0
+            share = flops / res["n"] * median_speeds(res)["mlmkit-auto"] / bf16 if isinstance(bf16,
+                                                                                              float) else 0.0
             targets.append(target("precision-embed-share-of-bf16-ceiling", share, ">=", 0.5))
     if a.whole:
         for part in (serve_part, job_part):

@@ -7,10 +7,11 @@ is its own process (torch keeps idle threads spinning between runs; docs/perform
 alternate so that machine noise hits both alike. Each run first waits (up to --patience seconds) for
 other processes to leave the CPUs alone; the CPU time they took during its timed steps is measured
 (/proc/stat), and runs where it exceeded 0.15 cores are marked * and left out of the medians whenever
-quiet ones exist. Reports training tokens/s of each side (the median of the runs) and each round's back-to-back
+quiet ones exist. Reports training tokens/s of each side (the median of the runs) and each round's
+back-to-back
 ratio; the last line is the target line: the median of the quiet rounds' ratios, with their spread.
 
-    python benchmarks/pretrain_throughput.py [--steps 5] [--repeats 3] [--warmup 2]
+    python benchmarks/pretrain_throughput.py [--steps 5] [--rounds 3] [--warmup 2]
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import time
 
 from common import (
     QUIET,
-    add_patience,
     alternating,
     busy_seconds,
     mark,
@@ -38,6 +38,7 @@ from common import (
     thread_env,
     wait_for_quiet,
 )
+from harness import parser
 
 CONFIG = dict(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
               intermediate_size=1024, max_position_embeddings=512)
@@ -108,18 +109,18 @@ def worker(side: str, steps: int, warmup: int, batch_size: int, seq_len: int, th
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, rounds=3, rounds_help="runs of each side, alternating", patience=60.0,
+                before="each run",
+                threads=2, batch_size=32)
+    # --rounds' name until 2026-12
+    ap.add_argument("--repeats", dest="rounds", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=5, help="timed training steps per run")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps before timing")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of each side (alternating)")
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
-    add_patience(ap, 60.0, "each run")
+    ap.add_argument("--seq-len", type=int, default=128, help="tokens a sequence (default 128)")
     ap.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.steps < 1 or a.repeats < 1 or a.warmup < 0:
-        ap.error("--steps and --repeats must be at least 1, --warmup at least 0")
+    if a.steps < 1 or a.rounds < 1 or a.warmup < 0:
+        ap.error("--steps and --rounds must be at least 1, --warmup at least 0")
     if a.worker:
         print(json.dumps(worker(a.worker, a.steps, a.warmup, a.batch_size, a.seq_len, a.threads)))
         return
@@ -130,12 +131,13 @@ def main() -> None:
     print_machine(a.threads)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {a.threads} threads; "
           f"L{CONFIG['num_hidden_layers']}/H{CONFIG['hidden_size']}/A{CONFIG['num_attention_heads']}/"
-          f"I{CONFIG['intermediate_size']} V{CONFIG['vocab_size']}, batch {a.batch_size} x {a.seq_len}, fp32, "
-          f"AdamW; {a.warmup} warm-up + {a.steps} timed steps per run, {a.repeats} runs per side")
+          f"I{CONFIG['intermediate_size']} V{CONFIG['vocab_size']}, batch {a.batch_size} x {a.seq_len}, "
+          "fp32, "
+          f"AdamW; {a.warmup} warm-up + {a.steps} timed steps per run, {a.rounds} runs per side")
     env = {**os.environ, **thread_env(a.threads)}
     results: dict[str, list[float]] = {s: [] for s in SIDES}
     others: dict[str, list[float]] = {s: [] for s in SIDES}  # cores used by other processes during each run
-    for r, side in alternating(SIDES, a.repeats):
+    for r, side in alternating(SIDES, a.rounds):
         cmd = [sys.executable, __file__, "--worker", side, "--steps", str(a.steps), "--warmup", str(a.warmup),
                "--batch-size", str(a.batch_size), "--seq-len", str(a.seq_len), "--threads", str(a.threads)]
         wait_for_quiet(a.patience)  # also lets the previous run's threads go
@@ -152,11 +154,14 @@ def main() -> None:
         print(f"{s:>12}: median {med[s]:8.1f} tokens/s  (runs: {passes(results[s], others[s], 1)})")
     # back-to-back runs see similar machine load: their ratios show how much of the spread is noise
     pairs = [m / t for m, t in zip(results["mlmkit"], results["transformers"])]
-    quiet = [x for x, om, ot in zip(pairs, others["mlmkit"], others["transformers"]) if om <= QUIET and ot <= QUIET] or pairs
-    print(f"ratio per round: {', '.join(f'{x:.2f}' for x in pairs)}; the sides' medians: {med['mlmkit'] / med['transformers']:.2f}x")
+    quiet = [x for x, om, ot in zip(pairs, others["mlmkit"], others["transformers"]) if om <= QUIET
+             and ot <= QUIET] or pairs
+    print(f"ratio per round: {', '.join(f'{x:.2f}' for x in pairs)}; the sides' medians: "
+          f"{med['mlmkit'] / med['transformers']:.2f}x")
     print(noisy_note("run"))
     print(target("pretrain-vs-transformers", statistics.median(quiet), ">=", 2.0)
-          + f"   (the median of the quiet rounds' ratios; rounds {min(quiet):.2f}-{max(quiet):.2f} over {len(quiet)})")
+          + f"   (the median of the quiet rounds' ratios; rounds {min(quiet):.2f}-{max(quiet):.2f} over "
+            f"{len(quiet)})")
 
 
 if __name__ == "__main__":

@@ -24,20 +24,20 @@ when its text is one of the rows' texts. Nothing is timed: this checks a claim, 
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
 from pathlib import Path
 
+from harness import parser
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__, patience=None, threads=2)
     ap.add_argument("reranker", type=Path, help="the reranker's bundle (mlmkit export RUN)")
     ap.add_argument("--data", required=True, help="the BEIR split evaluated (DIR:test)")
     ap.add_argument("--rows", type=Path, required=True, help="the rows the reranker was trained on")
     ap.add_argument("--top", type=int, default=20, help="BM25's candidates reranked per query")
-    ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
 
     from mlmkit.retrieval.exact import BM25, mean_metrics
@@ -78,17 +78,23 @@ def main() -> None:
     shuffles = []
     for k in range(100):
         r = random.Random(k)
-        shuffles.append(mean_metrics({q: r.sample(cands[q], len(cands[q])) for q in qids}, split.qrels)["ndcg@10"])
-    ndcg = {name: mean_metrics(run, split.qrels)["ndcg@10"] for name, run in (("bm25", cands), ("own", own), ("other", swapped))}
+        shuffles.append(mean_metrics({q: r.sample(cands[q], len(cands[q])) for q in qids},
+                                     split.qrels)["ndcg@10"])
+    ndcg = {name: mean_metrics(run, split.qrels)["ndcg@10"]
+            for name, run in (("bm25", cands), ("own", own), ("other", swapped))}
     s_seen = [s for q in qids for d, s in zip(cands[q], swapped_scores[q]) if d not in unseen]
     s_unseen = [s for q in qids for d, s in zip(cands[q], swapped_scores[q]) if d in unseen]
     top_unseen = statistics.fmean(swapped[q][0] in unseen for q in qids)
     share_unseen = len(s_unseen) / (len(s_seen) + len(s_unseen))
-    print(f"{len(qids)} test queries, BM25's top {a.top} each; {share_unseen:.1%} of the candidates never seen in training")
-    print(f"nDCG@10: BM25 {ndcg['bm25']:.4f}; reranked with the query's own text {ndcg['own']:.4f}; with another query's "
+    print(f"{len(qids)} test queries, BM25's top {a.top} each; {share_unseen:.1%} of the candidates never "
+          "seen in training")
+    print(f"nDCG@10: BM25 {ndcg['bm25']:.4f}; reranked with the query's own text {ndcg['own']:.4f}; with "
+          "another query's "
           f"text {ndcg['other']:.4f}; a random order {statistics.fmean(shuffles):.4f}")
-    print(f"with another query's text: mean logit of seen candidates {statistics.fmean(s_seen):.3f}, of unseen "
-          f"{statistics.fmean(s_unseen):.3f}; the top candidate is an unseen one for {top_unseen:.1%} of the queries "
+    print(f"with another query's text: mean logit of seen candidates {statistics.fmean(s_seen):.3f}, of "
+          "unseen "
+          f"{statistics.fmean(s_unseen):.3f}; the top candidate is an unseen one for {top_unseen:.1%} of the "
+          "queries "
           f"(unseen candidates: {share_unseen:.1%})")
 
 

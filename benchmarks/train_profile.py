@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 from common import (
-    add_patience,
     alternating,
     bench_env,
     busy_seconds,
@@ -62,6 +61,7 @@ from common import (
     thread_env,
     wait_for_quiet,
 )
+from harness import parser
 
 HERE = Path(__file__).resolve()
 THREADS = 2
@@ -71,8 +71,10 @@ LEVERS = {"memory": "mlmkit, freed memory given back"}
 PEERS = {"embedding": "sentence-transformers' step", "classification": "transformers' Trainer step",
          "pretrain": "transformers' BertForMaskedLM step", "rerank": "CrossEncoderTrainer's step",
          "splade": "SparseEncoderTrainer's step"}
-MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536,
-              max_position_embeddings=512, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, model_type="bert")
+MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+              intermediate_size=1536,
+              max_position_embeddings=512, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+              model_type="bert")
 TEXTS = 32  # texts a step: 16 pairs for mnrl and SPLADE, 32 (query, document) pairs or texts otherwise
 CANDIDATES = 4  # rerank: a query's candidates (1 relevant)
 TOP = 12  # profile frames printed
@@ -85,7 +87,8 @@ def useful_flops(recipe: str, length: int, labelled: int) -> float:
     H, F, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
     per_token = 2 * L * (4 * H * H + 2 * H * F)
     fwd = TEXTS * (length * per_token + 4 * L * H * length * length)
-    if recipe == "pretrain":  # the MLM head's transform and vocabulary-wide decoder, at the labelled positions
+    # the MLM head's transform and vocabulary-wide decoder, at the labelled positions
+    if recipe == "pretrain":
         fwd += labelled * 2 * (H * H + H * c["vocab_size"])
     if recipe == "splade":  # ... at every token
         fwd += TEXTS * length * 2 * (H * H + H * c["vocab_size"])
@@ -98,7 +101,8 @@ def batch(recipe: str, length: int) -> dict[str, Any]:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, MINILM["vocab_size"], (TEXTS, length), generator=g)
     ids[:, 0], ids[:, -1] = 101, 102
-    b: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+    b: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                         "token_type_ids": torch.zeros_like(ids)}
     if recipe == "classification":
         b["labels"] = torch.randint(0, 2, (TEXTS,), generator=g)
     elif recipe == "rerank":
@@ -120,13 +124,15 @@ def mlmkit_model(recipe: str) -> tuple[Any, Any]:
     from mlmkit.models.core import BertForLabels, BertForPreTraining
     from mlmkit.registry import TaskContext, get_task
 
-    labels = {"classification": {"id2label": {0: "LABEL_0", 1: "LABEL_1"}}, "rerank": {"id2label": {0: "score"}}}.get(recipe, {})
+    labels = {"classification": {"id2label": {0: "LABEL_0", 1: "LABEL_1"}},
+              "rerank": {"id2label": {0: "score"}}}.get(recipe, {})
     cfg = ModelConfig.from_dict({**MINILM, **labels})
     pairs = {"part": torch.tensor([0, 1] * (TEXTS // 2)), "text_id": torch.arange(TEXTS)}
     if recipe in ("embedding", "splade", "rerank"):
         name, options, extra = {"embedding": ("embedding", {"loss": "mnrl"}, pairs),
                                 "splade": ("sparse-embedding", {}, pairs),
-                                "rerank": ("rerank", {"loss": "bce"}, {"example": torch.arange(TEXTS) // CANDIDATES})}[recipe]
+                                "rerank": ("rerank", {"loss": "bce"},
+                                           {"example": torch.arange(TEXTS) // CANDIDATES})}[recipe]
         task = get_task(name)
         m = task.build_model(cfg, TaskContext(max_length=512, options=task.resolve_options(options)))
         return m, lambda b: m(**b, **extra)["loss"]
@@ -206,7 +212,8 @@ def run_side(a: argparse.Namespace) -> None:
     for _ in range(a.steps):
         step()
     seconds = (time.perf_counter() - t0) / a.steps
-    out: dict[str, Any] = {"seconds": seconds, "labelled": int((b.get("labels", torch.zeros(1)) != -100).sum())
+    out: dict[str, Any] = {"seconds": seconds,
+                           "labelled": int((b.get("labels", torch.zeros(1)) != -100).sum())
                            if a.recipe == "pretrain" else 0}
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
@@ -222,8 +229,12 @@ def run_side(a: argparse.Namespace) -> None:
 # ---- the driver -----------------------------------------------------------------------------------------
 def one_pass(recipe: str, side: str, a: argparse.Namespace, profile: bool) -> tuple[dict[str, Any], float]:
     wait_for_quiet(a.patience)
-    cmd = [sys.executable, str(HERE), "--role", "side", "--side", side, "--recipe", recipe, "--length", str(a.length),
-           "--steps", str(a.steps)] + (["--profile"] if profile else []) + (["--bf16"] if a.bf16 else []) + (["--lever", a.lever] if a.lever else [])
+    cmd = [sys.executable, str(HERE), "--role", "side", "--side", side, "--recipe", recipe, "--length",
+           str(a.length),
+           "--steps",
+           str(a.steps)] + (["--profile"] if profile else []) + (["--bf16"] if a.bf16
+                                                                 else []) + (["--lever", a.lever] if a.lever
+                                                                             else [])
     busy, t0 = busy_seconds(), time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=bench_env(**thread_env(THREADS)))
     took = time.perf_counter() - t0
@@ -234,28 +245,31 @@ def one_pass(recipe: str, side: str, a: argparse.Namespace, profile: bool) -> tu
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__, rounds=3)
     ap.add_argument("--role", default="driver", choices=["driver", "side"])
     ap.add_argument("--side", choices=(*SIDES, PLAIN))
     ap.add_argument("--recipe", default="embedding")
     ap.add_argument("--recipes", default="embedding,classification,pretrain,rerank,splade")
     ap.add_argument("--length", type=int, default=256)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--profile", action="store_true", help="print mlmkit's top frames (one more profiled step per recipe)")
-    ap.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (a CPU with native bf16)")
-    ap.add_argument("--lever", choices=tuple(LEVERS), default=None, help="a third side: mlmkit without this lever")
-    add_patience(ap)
+    ap.add_argument("--profile", action="store_true",
+                    help="print mlmkit's top frames (one more profiled step per recipe)")
+    ap.add_argument("--bf16", action="store_true",
+                    help="bf16 autocast on both sides (a CPU with native bf16)")
+    ap.add_argument("--lever", choices=tuple(LEVERS), default=None,
+                    help="a third side: mlmkit without this lever")
     a = ap.parse_args()
     if a.role == "side":
         run_side(a)
         return
     ceiling = print_machine(THREADS)
     kind = "bf16" if a.bf16 else "fp32"
-    print(f"training steps, MiniLM size, {TEXTS} texts of {a.length} tokens, {kind} and {THREADS} threads on every side, "
+    print(f"training steps, MiniLM size, {TEXTS} texts of {a.length} tokens, {kind} and {THREADS} threads on "
+          "every side, "
           f"{a.steps} timed steps a pass, "
           f"{a.rounds} rounds, sides alternating; useful FLOP/s over the {kind} GEMM ceiling above")
-    print(f"  {'recipe':15s} {'side':36s} {'s/step':>7s} {'GFLOP/s':>8s} {'of ceiling':>12s}   passes (s/step)")
+    print(f"  {'recipe':15s} {'side':36s} {'s/step':>7s} {'GFLOP/s':>8s} {'of ceiling':>12s}   passes "
+          "(s/step)")
     shares = {}
     sides = (*SIDES, PLAIN) if a.lever else SIDES
     names = {"mlmkit": "mlmkit", PLAIN: LEVERS.get(a.lever or "", "")}
@@ -269,9 +283,11 @@ def main() -> None:
             others[side].append(other)
             labelled = res["labelled"] or labelled
             top = res.get("top", top)
-            log(f"{recipe} round {r + 1}/{a.rounds} {side:12s} {res['seconds']:.3f} s/step (other processes: {other:.2f} cores)")
+            log(f"{recipe} round {r + 1}/{a.rounds} {side:12s} {res['seconds']:.3f} s/step (other processes: "
+                f"{other:.2f} cores)")
         flops = useful_flops(recipe, a.length, labelled)
-        quiet_rounds = [r for r in range(a.rounds) if all(others[s][r] <= 0.15 for s in sides)] or list(range(a.rounds))
+        quiet_rounds = [r for r in range(a.rounds)
+                        if all(others[s][r] <= 0.15 for s in sides)] or list(range(a.rounds))
         for side in sides:
             med = statistics.median(secs[side][r] for r in quiet_rounds)
             passes_ = ", ".join(f"{x:.3f}{mark(o)}" for x, o in zip(secs[side], others[side]))
