@@ -1,4 +1,5 @@
-"""`mlmkit serve`: bundles behind HTTP, with dynamic batching (FastAPI on uvicorn, `pip install 'mlmkit[serve]'`).
+"""`mlmkit serve`: bundles behind HTTP, with dynamic batching (FastAPI on uvicorn,
+`pip install 'mlmkit[serve]'`).
 
     mlmkit serve exports/clf exports/ner qa=exports/squad --port 8000
     curl -s localhost:8000/v1/models/clf/predict -d '{"inputs": ["a fine film"]}'
@@ -9,88 +10,79 @@ Each bundle is mounted under its name (its directory's name, or NAME=PATH). Endp
   shapes (texts, {"text", "text_pair"} records, {"question", "context"} records), options the task's
   runtime options; answers ``{"results": [...]}`` in input order, each result the object a line of
   `mlmkit predict`'s JSON lines holds, and ``"warnings"`` when an input was truncated.
-- ``POST /v1/embeddings`` (OpenAI's shape), ``POST /embed`` and ``POST /predict`` (text-embeddings-inference's):
-  adapters over the same queue (routes.py); ``POST /v1/search``: an index served with ``--index``.
+- the other servers' shapes, registered in routes.py: ``POST /v1/embeddings`` (OpenAI's, openai.py),
+  ``POST /v1/rerank`` (rerank.py), ``POST /embed``, ``/embed_sparse``, ``/rerank``, ``/predict`` and
+  ``/tokenize`` (text-embeddings-inference's, tei.py), ``POST /v1/search`` (an index served with
+  ``--index``, search.py): adapters over the same queue.
 - ``GET /v1/models`` (mlmkit's fields, and OpenAI's list shape), ``GET /health`` (alive), ``GET /ready``
-  (every model loaded and warmed up, not shutting down), ``GET /metrics`` (Prometheus), ``GET /docs`` (OpenAPI).
+  (every model loaded and warmed up, not shutting down), ``GET /metrics`` (Prometheus), ``GET /docs``
+  (OpenAPI: each route's request and response model, schemas.py).
 
-API keys (``--api-key``, repeatable, or MLMKIT_API_KEY): every route but the probes /health and /ready
-(and /metrics with --public-metrics) needs ``Authorization: Bearer KEY``, else 401; keys are compared in constant time
-and never logged. Backpressure: more than --max-queue inputs waiting for a model is a 429 with
-Retry-After at once; a request still queued after --request-timeout seconds is a 503 and leaves the
-queue; a client that hangs up before its turn leaves the queue too (nothing is computed for it).
+API keys, request ids and draining: guard.py. Backpressure: more than --max-queue inputs waiting for
+a model is a 429 with Retry-After at once; a request still queued after --request-timeout seconds is
+a 503 and leaves the queue; a client that hangs up before its turn leaves it too (queue.py).
 
 Dynamic batching: a request is checked on arrival (a bad input or option is a 4xx at once, never
 its neighbours' problem), then queued for its model. One thread per model takes what is queued
 (waiting up to --max-wait-ms after the first request for more, up to --max-batch-size inputs)
 and runs it as one pipeline call: its inputs sorted by length and cut into onnxruntime batches
 where padding would cost more than one more run (batching.bucket_batches); requests with other
-options go in their own call. onnxruntime runs off the event loop, with its own threads. A call
-that fails is retried request by request, so only the request at fault fails. Response bodies are
-written by orjson (vectors from their numpy buffers), and ``usage`` counts the tokens the
-pipeline ran on (nothing is tokenized twice).
+options go in their own call, off the event loop; one that fails is retried request by request.
+Response bodies are written by orjson (vectors from their numpy buffers); ``usage`` counts the
+tokens the pipeline ran on (nothing is tokenized twice).
 
-Errors are JSON, ``{"error": ..., "hint": ..., "request_id": ...}``: 400 malformed JSON, 401 no or a
-wrong API key, 404 an unknown model, 413 a body over --max-body-bytes or more than --max-inputs inputs,
-422 a wrong input shape or option, 429 a full queue, 503 while loading or shutting down or after
---request-timeout, 500 an internal error (logged with its
-traceback and the request id; the server goes on). SIGTERM (or Ctrl-C): new requests get 503,
-requests in flight finish (up to --drain-seconds), then the server stops; a second signal stops it at once.
+Errors are JSON, ``{"error": ..., "hint": ..., "request_id": ...}``, their statuses as
+docs/serving.md's Errors lists them (a body that its route's model refuses: a 422, one line naming
+the field). SIGTERM (or Ctrl-C): new requests get 503, requests in flight finish (up to
+--drain-seconds), then the server stops; a second signal stops it at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from typing import Any, TypedDict
+from typing import Any
 
 from mlmkit.args import ServeArgs
-from mlmkit.errors import ConfigError, MlmkitError
+from mlmkit.contract import Input, Options, Prediction
+from mlmkit.errors import MlmkitError
 from mlmkit.files import JSONObject
-from mlmkit.registry import Options, Prediction
+from mlmkit.serve.catalog import routes
+from mlmkit.serve.guard import Guard, ServerState, api_keys
 from mlmkit.serve.http import HTTPError
 from mlmkit.serve.queue import Metrics, Model, reload_indexes
-from mlmkit.serve.routes import ROUTES, Call
+from mlmkit.serve.responses import ErrorBody, ModelsResponse, PredictResponse, Status
+from mlmkit.serve.routes import Answer, Call, Route
+from mlmkit.serve.schemas import Body, PredictRequest, checked, request_schemas
 
 try:  # at module level: FastAPI reads the handlers' annotations from this module's names
-    from fastapi import Request
+    from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError:  # no [serve] extra: serve() says what to install
-    Request = JSONResponse = Response = StarletteHTTPException = Any
+    FastAPI = Request = JSONResponse = Response = StarletteHTTPException = Any
 
 log = logging.getLogger("mlmkit")
 RELOAD_SECONDS = 1.0
 """How often a server with --index looks at its indexes' manifests (a stat each) for a change to load."""
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": said} for code, said in (
+        (401, "No or a wrong API key."), (413, "A body over --max-body-bytes, or over --max-inputs inputs."),
+        (422, "A body its route refuses (one line naming the field), or a wrong input or option."),
+        (429, "The model's queue is full (Retry-After says when to try again)."),
+        (503, "Loading, shutting down, or queued past --request-timeout."))}
+"""The error answers every route documents (the JSON error shape, ``_error``)."""
 
 
 # ---- the app --------------------------------------------------------------------------------------
-PREDICT_BODY = {
-    "required": True,
-    "content": {"application/json": {"schema": {
-        "type": "object", "required": ["inputs"], "additionalProperties": False,
-        "properties": {
-            "inputs": {"type": "array", "description": "Texts, or records: {text, text_pair}, {question, context}, "
-                                                       "or the fields the task reads.",
-                       "items": {"anyOf": [{"type": "string"}, {"type": "object"}]}},
-            "options": {"type": "object", "description": "The task's runtime options by name, e.g. {\"top_k\": 3} "
-                                                        "(GET /v1/models lists each model's)."},
-        }},
-        "example": {"inputs": ["a fine film", {"text": "first", "text_pair": "second"}]}}},
-}
-
-
-def create_app(models: dict[str, Model], args: ServeArgs, keys: tuple[bytes, ...] | None = None) -> Any:
+def create_app(models: dict[str, Model], args: ServeArgs, keys: tuple[bytes, ...] | None = None) -> FastAPI:
     """The ASGI app serving loaded ``models`` (their threads are started and stopped with it);
     ``keys``: the API keys (read from ``args`` when not given)."""
-    from fastapi import FastAPI
-
     from mlmkit import __version__
 
     service = _Service(models, args)
@@ -98,29 +90,58 @@ def create_app(models: dict[str, Model], args: ServeArgs, keys: tuple[bytes, ...
                   description="BERT bundles exported by `mlmkit export`, served with dynamic batching.")
     app.state.mlmkit = service.state
     app.state.models = models
-    app.add_middleware(_Guard, state=service.state, metrics=service.metrics, error=_error,
+    app.add_middleware(Guard, state=service.state, metrics=service.metrics, error=_error,
                        keys=api_keys(args) if keys is None else keys,
-                       public=("/health", "/ready", "/metrics") if args.public_metrics else ("/health", "/ready"))
+                       public=("/health", "/ready", "/metrics") if args.public_metrics
+                       else ("/health", "/ready"))
     _add_routes(app, service)
     return app
 
 
-def _add_routes(app: Any, service: _Service) -> None:
-    """The error handlers and every route, in the order FastAPI matches them (mlmkit's, then routes.py's)."""
+def _add_routes(app: FastAPI, service: _Service) -> None:
+    """The error handlers and every route, in the order FastAPI matches them (mlmkit's, then the
+    registry's, routes.py), each with its request and response models on /openapi.json."""
     app.add_exception_handler(HTTPError, service.http_error)
     app.add_exception_handler(StarletteHTTPException, service.starlette_error)
-    app.get("/health", summary="Liveness: the process answers.")(service.health)
-    app.get("/ready", summary="Readiness: every model loaded and warmed up, and not shutting down."
-            )(service.ready)
+    app.get("/health", summary="Liveness: the process answers.", response_model=Status)(service.health)
+    app.get("/ready", summary="Readiness: every model loaded and warmed up, and not shutting down.",
+            response_model=Status,
+            responses={503: {"model": Status, "description": "Loading or shutting down."}})(service.ready)
     app.get("/v1/models", summary="The models served: name, task, labels, max_length, source "
-                                  "(and OpenAI's list).")(service.list_models)
-    app.get("/metrics", summary="Prometheus metrics.")(service.prometheus)
+                                  "(and OpenAI's list).", response_model=ModelsResponse)(service.list_models)
+    app.get("/metrics", summary="Prometheus metrics.", response_class=Response)(service.prometheus)
     app.post("/v1/models/{name}/predict", summary="Predict: one result per input, in input order.",
-             openapi_extra={"requestBody": PREDICT_BODY})(service.predict)
-    for route in ROUTES:  # other servers' request shapes, over the same queue (routes.py)
-        app.add_api_route(route.path, _route_handler(route, service.models, service.args, service.metrics,
-                                                     service.answer),
-                          methods=[route.method], summary=route.summary)
+             response_model=PredictResponse, responses={**ERRORS, 404: {"model": ErrorBody}},
+             openapi_extra=_request_body(PredictRequest))(service.predict)
+    served = routes()
+    for route in served:  # other servers' request shapes, over the same queue (routes.py)
+        app.add_api_route(route.path, _route_handler(route, service), methods=[route.method],
+                          summary=route.summary, response_model=route.response, responses=ERRORS,
+                          openapi_extra=_request_body(route.request))
+    _publish(app, [PredictRequest, *(r.request for r in served)])
+
+
+def _request_body(model: type[Body]) -> dict[str, Any]:
+    """A route's request body on /openapi.json: its model (read by the route itself: body limits,
+    strict JSON), by reference to the components ``_publish`` adds."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def _publish(app: FastAPI, requests: list[type[Body]]) -> None:
+    """The request models' schemas among /openapi.json's components (FastAPI adds the response models'
+    itself; the requests it never parses)."""
+    made = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = made()
+            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+            for name, schema in request_schemas(requests).items():
+                schemas.setdefault(name, schema)
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 def _error(status: int, message: str, hint: str | None, request_id: str,
@@ -128,20 +149,6 @@ def _error(status: int, message: str, hint: str | None, request_id: str,
     """An error reply in mlmkit's shape, {"error", "hint", "request_id"}, with the id in its headers too."""
     body = {"error": message, **({"hint": hint} if hint else {}), "request_id": request_id}
     return JSONResponse(body, status_code=status, headers={"X-Request-ID": request_id, **(headers or {})})
-
-
-Scope = MutableMapping[str, Any]
-"""An ASGI connection scope (starlette.types.Scope)."""
-Message = MutableMapping[str, Any]
-"""An ASGI message (starlette.types.Message)."""
-
-
-class ServerState(TypedDict):
-    """What the app, its middleware and the server share (app.state.mlmkit): whether it is draining, and
-    the requests in flight."""
-
-    draining: bool
-    in_flight: int
 
 
 class _Service:
@@ -158,12 +165,14 @@ class _Service:
         self.state: ServerState = {"draining": False, "in_flight": 0}
         self.started = int(time.time())  # set with the rest, before any route that reads it exists
 
-    async def lifespan(self, app: Any) -> AsyncIterator[None]:
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         """The models' threads run while the app does, and with --index a watch on the indexes'
-        manifests (reload_indexes, every RELOAD_SECONDS); at shutdown each gets --drain-seconds to finish."""
+        manifests (reload_indexes, every RELOAD_SECONDS); at shutdown each gets --drain-seconds to
+        finish."""
         for m in self.models.values():
             m.thread.start()
-        watch = asyncio.create_task(self._watch_indexes()) if any(m.indexes for m in self.models.values()) else None
+        indexed = any(m.indexes for m in self.models.values())
+        watch = asyncio.create_task(self._watch_indexes()) if indexed else None
         yield
         if watch is not None:
             watch.cancel()
@@ -191,25 +200,28 @@ class _Service:
     async def starlette_error(self, request: Request, e: StarletteHTTPException) -> JSONResponse:
         """Starlette's own errors (an unknown path, a wrong method) in mlmkit's error shape."""
         rid = getattr(request.state, "rid", uuid.uuid4().hex[:16])
-        hint = "the endpoints: POST /v1/models/{name}/predict, GET /v1/models, /health, /ready, /metrics, /docs"
-        return _error(e.status_code, str(e.detail).lower(), hint if e.status_code in (404, 405) else None, rid)
+        hint = ("the endpoints: POST /v1/models/{name}/predict, GET /v1/models, /health, /ready, /metrics, "
+                "/docs")
+        return _error(e.status_code, str(e.detail).lower(), hint if e.status_code in (404, 405) else None,
+                      rid)
 
-    async def health(self) -> dict[str, str]:
-        return {"status": "ok"}
+    async def health(self) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
 
-    async def ready(self) -> Any:
+    async def ready(self) -> JSONResponse:
         waiting = [n for n, m in self.models.items() if not m.ready.is_set()]
         draining = self.state["draining"]
         if waiting or draining:
             return JSONResponse({"status": "shutting down" if draining else "loading", "loading": waiting},
                                 status_code=503)
-        return {"status": "ready", "models": list(self.models)}
+        return JSONResponse({"status": "ready", "models": list(self.models)})
 
-    async def list_models(self) -> JSONObject:
+    async def list_models(self) -> Response:
         described = [m.describe() for m in self.models.values()]
         openai = [{"id": d["name"], "object": "model", "created": self.started, "owned_by": "mlmkit", **d}
                   for d in described]
-        return {"object": "list", "data": openai, "models": described}
+        return Response(encoded({"object": "list", "data": openai, "models": described}),
+                        media_type="application/json")
 
     async def prometheus(self) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -230,8 +242,9 @@ class _Service:
         return await self.answer(name, model, inputs, options, request,
                                  lambda results, tokens: _predict_body(results, model.pipe.max_length))
 
-    async def answer(self, name: str, model: Model, inputs: list[Any], options: Options,
-                     request: Request, respond: Any, offload: bool = False) -> Response:
+    async def answer(self, name: str, model: Model, inputs: list[Input], options: Options,
+                     request: Request, respond: Callable[[list[Prediction], int], Answer],
+                     offload: bool = False) -> Response:
         """What every route does with its call: checks, the queue, metrics; ``respond`` shapes the results
         (in a worker thread with ``offload``: work that would hold the event loop, such as a search)."""
         start = time.monotonic()
@@ -258,7 +271,7 @@ class _Service:
             self.metrics.request_seconds.labels(name).observe(time.monotonic() - start)
 
 
-def _check_call(name: str, model: Model, inputs: list[Any], options: Mapping[str, Any]) -> None:
+def _check_call(name: str, model: Model, inputs: list[Input], options: Options) -> None:
     """A call's checks before it is queued (the model loaded, its options known, its inputs well formed):
     a bad request is its own 4xx at once, never its batch neighbours' problem."""
     if not model.ready.is_set():
@@ -283,33 +296,41 @@ def _predict_body(results: list[Prediction], max_length: int) -> JSONObject:
     return body
 
 
-def _route_handler(route: Any, models: dict[str, Model], args: ServeArgs, metrics: Metrics, answer: Any) -> Any:
+def _route_handler(route: Route[Any, Any], service: _Service) -> Callable[[Request], Awaitable[Response]]:
+    """The FastAPI handler of a registered route: its body read and checked, its call queued (or, for a
+    route that runs no model, answered at once), its answer written."""
+    models, args, metrics = service.models, service.args, service.metrics
+
     async def handler(request: Request) -> Response:
         try:
-            call: Call = route.parse(await _read_json(request, args), models)
+            call: Call[Any] = route.parse(await _read_json(request, args), models)
             size = len(call.inputs) if call.size is None else call.size
             if size > args.max_inputs:
                 raise HTTPError(413, f"{size} inputs in one request; the limit is {args.max_inputs}",
-                                "split them over several requests, or start the server with a larger --max-inputs")
+                                "split them over several requests, or start the server with a larger "
+                                "--max-inputs")
         except HTTPError as e:
             metrics.requests.labels("-", str(e.status)).inc()
             raise
         model = models[call.model]
-        if not getattr(route, "runs_model", True):  # e.g. /tokenize: the tokenizer only, no queue
+        if not route.runs_model:  # e.g. /tokenize: the tokenizer only, no queue
             def body() -> bytes:
-                return encoded(route.respond(call, [], model))
+                return encoded(route.answer(call, [], model))
 
-            return Response(await asyncio.to_thread(body) if getattr(route, "offload", False) else body(),
-                            media_type="application/json")
-        return await answer(call.model, model, call.inputs, call.options, request,
-                            lambda results, tokens: route.respond(replace(call, tokens=tokens), results, model),
-                            getattr(route, "offload", False))
+            written = await asyncio.to_thread(body) if route.offload else body()
+            return Response(written, media_type="application/json")
+
+        def respond(results: list[Prediction], tokens: int) -> Answer:
+            return route.answer(replace(call, tokens=tokens), results, model)
+
+        return await service.answer(call.model, model, call.inputs, call.options, request, respond,
+                                    route.offload)
 
     handler.__name__ = "route_" + route.path.strip("/").replace("/", "_")
     return handler
 
 
-def encoded(body: Any) -> bytes:
+def encoded(body: Answer) -> bytes:
     """A response body as JSON (UTF-8 as is), by orjson: numpy arrays are written from their buffers
     (a vector's 384 floats in ~10 us; ``tolist()`` and ``json.dumps`` took ~250 us), float32 values
     in their shortest form, which reads back to the same float32; NaN as null."""
@@ -318,7 +339,7 @@ def encoded(body: Any) -> bytes:
     return orjson.dumps(body, default=_plain, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
 
 
-def _plain(v: Any) -> Any:
+def _plain(v: object) -> object:
     """What orjson leaves to us: numpy arrays it cannot read in place (a column slice, float16)."""
     import numpy as np
 
@@ -329,91 +350,7 @@ def _plain(v: Any) -> Any:
     raise TypeError(f"{type(v).__name__} is not JSON serializable")
 
 
-def api_keys(args: ServeArgs) -> tuple[bytes, ...]:
-    """The keys a request may present: --api-key (repeatable), else MLMKIT_API_KEY; none: no check.
-
-    MLMKIT_API_KEY as secret stores give it: set but empty (or only spaces) refuses to start (it would
-    serve everyone); spaces or a line break around the key (a secret file's last newline, a CR) are
-    taken off, with a warning (kept, no client could ever send them)."""
-    import os
-
-    if args.api_key:
-        return tuple(k.encode("utf-8") for k in args.api_key)
-    raw = os.environ.get("MLMKIT_API_KEY")
-    if raw is None:
-        return ()
-    key = raw.strip()
-    if not key:
-        raise ConfigError("MLMKIT_API_KEY is set but empty: the server would answer every client",
-                          "set it to the key, or unset it to serve without keys")
-    if key != raw:
-        log.warning("MLMKIT_API_KEY has spaces or a line break around the key: the key without them is used")
-    return (key.encode("utf-8"),)
-
-
-class _Guard:
-    """Around every request (plain ASGI, lighter than Starlette's BaseHTTPMiddleware, which runs each
-    request through extra tasks and streams): a request id (the client's X-Request-ID, else a new one) in the response headers
-    and in every error; 503 while draining (but /health and /metrics); the requests in flight
-    counted; an exception that escaped a handler becomes a 500 with the id, logged with its traceback."""
-
-    def __init__(self, app: Any, state: ServerState, metrics: Metrics, error: Any, keys: tuple[bytes, ...] = (),
-                 public: tuple[str, ...] = ("/health",)) -> None:
-        self.app, self.state, self.metrics, self.error = app, state, metrics, error
-        self.keys, self.public = keys, public
-
-    def authorized(self, scope: Scope) -> bool:
-        """No keys configured, a public path, or ``Authorization: Bearer KEY`` with one of the keys (each
-        compared in constant time, all of them always)."""
-        if not self.keys or scope["path"] in self.public:
-            return True
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = given.partition(b" ")
-        ok = False
-        for key in self.keys:
-            ok |= hmac.compare_digest(token.strip(), key)
-        return ok and scheme.lower() == b"bearer"
-
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        rid = given[:128] or uuid.uuid4().hex[:16]
-        scope.setdefault("state", {})["rid"] = rid
-        if not self.authorized(scope):
-            self.metrics.unauthorized.inc()
-            reply = self.error(401, "a valid API key is needed", "send the header Authorization: Bearer KEY", rid,
-                               {"WWW-Authenticate": "Bearer"})
-            return await reply(scope, receive, send)
-        if self.state["draining"] and scope["path"] not in ("/health", "/metrics"):
-            reply = self.error(503, "the server is shutting down", "send the request to another replica, or retry later", rid)
-            return await reply(scope, receive, send)
-        started = False
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                headers = list(message.get("headers", []))
-                if not any(k.lower() == b"x-request-id" for k, _ in headers):  # the error replies have it already
-                    message["headers"] = [*headers, (b"x-request-id", rid.encode("latin-1"))]
-            await send(message)
-
-        self.state["in_flight"] += 1
-        self.metrics.in_flight.inc()
-        try:
-            await self.app(scope, receive, send_with_id)
-        except Exception:
-            log.exception("request %s (%s %s) failed", rid, scope.get("method"), scope.get("path"))
-            if not started:
-                reply = self.error(500, "internal error", f"the server log has the traceback under request id {rid}", rid)
-                await reply(scope, receive, send)
-        finally:
-            self.state["in_flight"] -= 1
-            self.metrics.in_flight.dec()
-
-
-async def _read_json(request: Request, args: ServeArgs) -> Any:
+async def _read_json(request: Request, args: ServeArgs) -> object:
     """The request body as JSON, within --max-body-bytes, or the 4xx that says what is wrong with it."""
     from mlmkit.files import parse_json
 
@@ -439,27 +376,18 @@ async def _read_json(request: Request, args: ServeArgs) -> Any:
     except UnicodeDecodeError:
         raise HTTPError(400, "the request body is not UTF-8", "send UTF-8 JSON") from None
     except json.JSONDecodeError as e:
-        raise HTTPError(400, f"malformed JSON: {e.msg} at line {e.lineno}, column {e.colno}", "send a JSON object") from None
+        raise HTTPError(400, f"malformed JSON: {e.msg} at line {e.lineno}, column {e.colno}",
+                        "send a JSON object") from None
     except (ValueError, RecursionError) as e:  # an integer of thousands of digits, JSON nested too deep
-        raise HTTPError(400, f"unreadable JSON: {str(e).splitlines()[0][:200]}", "send ordinary JSON numbers and strings") from None
+        raise HTTPError(400, f"unreadable JSON: {str(e).splitlines()[0][:200]}",
+                        "send ordinary JSON numbers and strings") from None
 
 
-def _inputs_and_options(data: Any, args: ServeArgs) -> tuple[list[Any], Options]:
-    """mlmkit's own body: its inputs and options, or the 4xx that says what is wrong with it."""
-    shape = 'send {"inputs": [...]} (and "options": {...} if any)'
-    if not isinstance(data, dict):
-        raise HTTPError(422, f"the body must be a JSON object, got {type(data).__name__}", shape)
-    extra = sorted(set(data) - {"inputs", "options"})
-    if extra:
-        raise HTTPError(422, f"unknown field(s) in the body: {', '.join(extra)}", shape)
-    inputs, options = data.get("inputs"), data.get("options", {})
-    if not isinstance(inputs, list):
-        raise HTTPError(422, "'inputs' must be a list of texts or records", shape)
-    if options is None:
-        options = {}
-    if not isinstance(options, dict):
-        raise HTTPError(422, "'options' must be an object of the task's option names and values", shape)
-    if len(inputs) > args.max_inputs:
-        raise HTTPError(413, f"{len(inputs)} inputs in one request; the limit is {args.max_inputs}",
+def _inputs_and_options(data: object, args: ServeArgs) -> tuple[list[Input], Options]:
+    """mlmkit's own body (schemas.PredictRequest): its inputs and options, or the 4xx that says what is
+    wrong with it."""
+    body = checked(PredictRequest, data, None)
+    if len(body.inputs) > args.max_inputs:
+        raise HTTPError(413, f"{len(body.inputs)} inputs in one request; the limit is {args.max_inputs}",
                         "split them over several requests, or start the server with a larger --max-inputs")
-    return inputs, options
+    return body.inputs, body.options or {}

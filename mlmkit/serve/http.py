@@ -7,6 +7,7 @@ from __future__ import annotations
 class HTTPError(Exception):
     """An answer other than 200: its status, a message and how to fix the request."""
 
-    def __init__(self, status: int, message: str, hint: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int, message: str, hint: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.hint, self.headers = status, message, hint, dict(headers or {})

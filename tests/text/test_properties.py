@@ -384,10 +384,11 @@ def _body(route: Any) -> Any:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_route_parses_any_body_or_answers_4xx(data: Any) -> None:
+    from mlmkit.serve.catalog import routes
     from mlmkit.serve.http import HTTPError
-    from mlmkit.serve.routes import ROUTES, Call
+    from mlmkit.serve.routes import Call
 
-    for route in ROUTES:
+    for route in routes():
         body = data.draw(_body(route), label=route.path)
         try:
             call = route.parse(body, FAKE_MODELS)
@@ -410,10 +411,10 @@ BOOLEAN_FIELDS = {  # route -> (a body it accepts, its true / false fields)
 @pytest.mark.parametrize("value", ["false", "0", 0, 1, "true", [], {}])
 def test_a_boolean_field_takes_json_booleans_only(value: Any) -> None:
     """"false" or "0" read as true by truthiness would turn on what the client turned off."""
+    from mlmkit.serve.catalog import routes as registered
     from mlmkit.serve.http import HTTPError
-    from mlmkit.serve.routes import ROUTES
 
-    routes = {r.path: r for r in ROUTES}
+    routes = {r.path: r for r in registered()}
     for path, (body, names) in BOOLEAN_FIELDS.items():
         routes[path].parse(body, FAKE_MODELS)  # the body itself is fine
         for name in names:
@@ -422,10 +423,10 @@ def test_a_boolean_field_takes_json_booleans_only(value: Any) -> None:
 
 
 def test_tei_truncation_and_prompt_fields_act_or_are_refused() -> None:
+    from mlmkit.serve.catalog import routes as registered
     from mlmkit.serve.http import HTTPError
-    from mlmkit.serve.routes import ROUTES
 
-    routes = {r.path: r for r in ROUTES}
+    routes = {r.path: r for r in registered()}
     for path in ("/embed", "/predict", "/rerank", "/embed_sparse"):
         body = BOOLEAN_FIELDS[path][0]
         routes[path].parse({**body, "truncate": True, "truncation_direction": "Right"}, FAKE_MODELS)
