@@ -1,15 +1,19 @@
-"""One typed reader for the JSON files mlmkit writes: a frozen dataclass is the file's shape, and
-``from_json`` checks a parsed object against the dataclass's annotations, field by field.
+"""The typed shapes every part of mlmkit shares: the one reader of the JSON files mlmkit writes, and
+the one shape of its registries.
 
-A wrong type or a missing field is one line naming the file and the field (the caller's error type,
-exit 2), with the caller's hint on how to re-create the file. The annotations understood are the
-ones mlmkit's descriptions use: ``int`` (never a bool), ``float`` (an int too), ``str``, ``bool``,
-``None`` and unions with it, ``Literal``, ``tuple[X, ...]`` and ``list[X]`` (a JSON list),
-``dict[str, X]`` (a JSON object), ``Any``, and another such dataclass (a nested object). A field
-may add a condition of its own: ``field(metadata=rule(predicate, "what it must be"))``.
+Files: a frozen dataclass is the file's shape, and ``from_json`` checks a parsed object against the
+dataclass's annotations, field by field. A wrong type or a missing field is one line naming the file
+and the field (the caller's error type, exit 2), with the caller's hint on how to re-create the file.
+The annotations understood are the ones mlmkit's descriptions use: ``int`` (never a bool), ``float``
+(an int too), ``str``, ``bool``, ``None`` and unions with it, ``Literal``, ``tuple[X, ...]`` and
+``list[X]`` (a JSON list), ``dict[str, X]`` (a JSON object), ``Any``, and another such dataclass (a
+nested object). A field may add a condition of its own: ``field(metadata=rule(predicate, "what"))``.
+A file's format version is a field like any other; ``check_version`` refuses another version in one
+line saying how to re-create the file.
 
-A file's format version is a field like any other; ``check_version`` refuses another version in
-one line saying how to re-create the file. No torch.
+Registries: ``Registry`` holds named things of one kind (model families, engines, losses, routes),
+refuses a second entry under a taken name, and names what it knows when asked for what it does not.
+No torch.
 """
 
 from __future__ import annotations
@@ -17,10 +21,10 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union
+from typing import Any, Generic, Literal, TypeVar, Union
 
 from mlmkit.errors import ConfigError, MlmkitError
 
@@ -186,3 +190,50 @@ def check_version(data: Any, path: Path | str, *, key: str, reads: int, what: st
     found = data.get(key) if isinstance(data, dict) else None
     if found != reads:
         raise error(f"{path}: {what} of format {found}; this mlmkit reads format {reads}", fix)
+
+
+class Registry(Generic[T]):
+    """Named things of one kind (families by model type, engines, losses, routes ...): the one shape
+    every registry of mlmkit has. ``add`` refuses a name taken by another entry; ``get`` is one line
+    naming what is known. Iterating gives the names, sorted."""
+
+    def __init__(self, kind: str, hint: str = "") -> None:
+        self.kind, self.hint = kind, hint
+        self._entries: dict[str, T] = {}
+
+    def add(self, name: str, entry: T) -> T:
+        have = self._entries.get(name)
+        if have is not None and have is not entry:
+            raise ValueError(f"a {self.kind} named {name!r} is registered already")
+        self._entries[name] = entry
+        return entry
+
+    def remove(self, name: str) -> None:
+        """Take ``name`` out (a test's or a plugin's own entry, for the time it is needed)."""
+        del self._entries[name]
+
+    def get(self, name: str) -> T:
+        try:
+            return self._entries[name]
+        except KeyError:
+            known = ", ".join(sorted(self._entries)) or "none"
+            raise ConfigError(f"{self.kind} {name!r} is not one mlmkit knows (known: {known})",
+                              self.hint or None) from None
+
+    def __getitem__(self, name: str) -> T:
+        return self._entries[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def items(self) -> list[tuple[str, T]]:
+        return sorted(self._entries.items())
+
+    def values(self) -> list[T]:
+        return [v for _, v in self.items()]

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlmkit.models.checks import ACT
-from mlmkit.models.config import ModelConfig
+from mlmkit.models.config import LayerArgs, ModelConfig
 
 
 def family_of(config: ModelConfig) -> Any:
@@ -218,7 +218,7 @@ class BertEncoder(nn.Module):
         for name, module in fam.encoder_modules(config).items():
             self.add_module(name, module)
 
-    def start(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    def start(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, LayerArgs]:
         """(the first layer's input, the keyword arguments of every layer call) for embeddings ``x``."""
         return self.family.layer_context(self, x, mask)
 

@@ -73,13 +73,21 @@ from mlmkit.models.checks import (
     is_int,
 )
 from mlmkit.models.names import CLS_SEP_IDS, HEADS, LABELLED_HEADS, Renamer
+from mlmkit.registry import HFConfig
 from mlmkit.text.tokenizer import BRACKETS
+from mlmkit.typed import Registry
+
+StateDict = dict[str, torch.Tensor]
+"""A model's parameters by name (a state dict), in mlmkit's names or a family's."""
+LayerArgs = dict[str, Any]
+"""The keyword arguments every layer call of a forward gets (Family.layer_context: what the layers
+share, computed once per forward: rotary angles, masks, relative positions)."""
 
 __all__ = [
     # what a config.json may hold (mlmkit/models/checks.py) and transformers' names (mlmkit/models/names.py)
     "ACT", "CEILINGS", "MAX_PARAMETERS", "MAX_LABELS", "ExtraSize", "HEADS", "LABELLED_HEADS", "CLS_SEP_IDS", "Renamer",
     # the config, the family interface, the registry of families, the size presets
-    "ModelConfig", "Family", "BY_MODEL_TYPE", "register", "family_for", "PRESETS", "preset",
+    "ModelConfig", "Family", "StateDict", "LayerArgs", "BY_MODEL_TYPE", "register", "family_for", "PRESETS", "preset",
 ]
 
 
@@ -102,7 +110,7 @@ class ModelConfig:
     architectures: list[str] | None = None
     id2label: dict[int, str] | None = None
     label2id: dict[str, int] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # HF keys we do not use, round-tripped
+    extra: HFConfig = field(default_factory=dict)  # HF keys we do not use, round-tripped
 
     def __post_init__(self) -> None:
         """Every field's type and range, checked before anything is built on them: a config.json is
@@ -150,7 +158,7 @@ class ModelConfig:
     def num_labels(self) -> int:
         return len(self.id2label) if self.id2label else 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> HFConfig:
         """config.json as the family's transformers config writes it."""
         fam = self.family
         d = asdict(self)
@@ -171,12 +179,12 @@ class ModelConfig:
         return {**extra, **d}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+    def from_dict(cls, d: HFConfig) -> ModelConfig:
         """A config.json of any supported family (its own key names) -> the canonical fields."""
         claimed = next((f for f in BY_MODEL_TYPE.values() if f.claims(d)), None)
         if claimed is not None:  # a family's own checkpoint under another model_type (jina's "xlm-roberta")
             was, archs = d.get("model_type"), d.get("architectures")
-            if isinstance(archs, list) and was in BY_MODEL_TYPE:  # XLMRobertaModel -> BertModel -> JinaEmbeddingsV3Model
+            if isinstance(archs, list) and isinstance(was, str) and was in BY_MODEL_TYPE:  # XLMRobertaModel -> BertModel -> JinaEmbeddingsV3Model
                 archs = [BY_MODEL_TYPE[was].canonical_architecture(a, was) if isinstance(a, str) else a for a in archs]
             d = {**d, "model_type": claimed.model_types[0], **({"architectures": archs} if archs is not None else {})}
         model_type = d.get("model_type", "bert")
@@ -212,7 +220,7 @@ class Family:
     prefix = "bert"  # the backbone's attribute in transformers' head classes
     bare_roots: tuple[str, ...] = ("embeddings", "encoder", "pooler")  # keys of a backbone saved on its own
     config_aliases: dict[str, str] = {}
-    config_defaults: dict[str, Any] = {}  # canonical fields transformers' config class defaults differently
+    config_defaults: HFConfig = {}  # canonical fields transformers' config class defaults differently
     renames: tuple[tuple[str, str], ...] = ()
     token_types = True
     positions = "absolute"
@@ -324,11 +332,11 @@ class Family:
         pad = int(self.config_defaults.get("pad_token_id", 0))
         return tokens + pad + 1 if self.positions == "padding_offset" else tokens
 
-    def preset_overrides(self, hidden: int, intermediate: int) -> dict[str, Any]:
+    def preset_overrides(self, hidden: int, intermediate: int) -> HFConfig:
         """Canonical fields a size preset sets differently for this family."""
         return {}
 
-    def preset_extra(self) -> dict[str, Any]:
+    def preset_extra(self) -> HFConfig:
         """Family config keys (config.json's own) a new model of this family is made with."""
         return {}
 
@@ -348,7 +356,7 @@ class Family:
         registered on blocks.BertEncoder under that name (so ``bert.encoder.<name>.*`` in state dicts)."""
         return {}
 
-    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, LayerArgs]:
         """Once per forward, before the first layer: (the first layer's input, the keyword arguments
         every layer takes beside ``(x, mask, queries)``), from the embeddings ``x`` (B, T, H), the
         (B, 1, 1, T) additive padding mask and the ``encoder_modules`` on ``encoder``. BERT's: (x, {})."""
@@ -377,25 +385,25 @@ class Family:
         ``to_family``, else the family's)."""
         return ()
 
-    def to_family(self, sd: dict[str, Any]) -> dict[str, Any]:
+    def to_family(self, sd: StateDict) -> StateDict:
         """A state dict under mlmkit's (BERT) names -> under this family's transformers names."""
         rename = Renamer([*self.head_renames(set(sd), to_family=True), *self.renames])
         return {rename(k, to_family=True): v for k, v in sd.items()}
 
-    def from_family(self, sd: dict[str, Any]) -> dict[str, Any]:
+    def from_family(self, sd: StateDict) -> StateDict:
         """A transformers state dict of this family (with or without the backbone's prefix, e.g. a
         bare RobertaModel) -> mlmkit's names."""
         sd = {(f"{self.prefix}.{k}" if k.split(".", 1)[0] in self.bare_roots else k): v for k, v in sd.items()}
         rename = Renamer([*self.head_renames(set(sd), to_family=False), *self.renames])
         return {rename(k, to_family=False): v for k, v in sd.items()}
 
-    def claims(self, config: dict[str, Any]) -> bool:
+    def claims(self, config: HFConfig) -> bool:
         """Whether a config.json that names another model_type is this family's checkpoint (the
         published jina-embeddings-v3 says "xlm-roberta", and its keys tell it apart): it is read as
         this family's, and a run made from it names this family's model_type. None by default."""
         return False
 
-    def fold_weights(self, config: ModelConfig, sd: dict[str, Any]) -> dict[str, Any]:
+    def fold_weights(self, config: ModelConfig, sd: StateDict) -> StateDict:
         """A state dict under mlmkit's names (``from_family``'s) -> the one ``config``'s model loads:
         what a checkpoint holds beyond the model folded into it, as the config says (jina-embeddings-v3's
         task adapters merged into the weights they adapt). Called by rundir/checkpoint.load_state_dict
@@ -404,25 +412,22 @@ class Family:
 
 
 # ---- the registry: config.json's model_type -> its family -------------------------------------------
-BY_MODEL_TYPE: dict[str, Family] = {}
+BY_MODEL_TYPE: Registry[Family] = Registry("model_type", "mlmkit runs the families listed by docs/families.md")
 
 
 def register(*families: Family) -> None:
     """Make ``families`` the ones of their model types (models/__init__.py registers the built-in ones)."""
     for fam in families:
         for t in fam.model_types:
-            BY_MODEL_TYPE[t] = fam
+            BY_MODEL_TYPE.add(t, fam)
 
 
 def family_for(model_type: str) -> Family:
     """The family of a config.json's model_type; a clear error for one mlmkit does not run."""
-    try:
-        return BY_MODEL_TYPE[model_type]
-    except KeyError:
-        raise ConfigError(
-            f"model_type '{model_type}' is not supported",
-            f"mlmkit runs these model types: {', '.join(sorted(BY_MODEL_TYPE))}",
-        ) from None
+    if model_type not in BY_MODEL_TYPE:
+        raise ConfigError(f"model_type '{model_type}' is not supported",
+                          f"mlmkit runs these model types: {', '.join(BY_MODEL_TYPE)}")
+    return BY_MODEL_TYPE[model_type]
 
 
 # name -> (layers, hidden, heads, intermediate); the published compact BERT sizes (Turc et al. 2019)

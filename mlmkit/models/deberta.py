@@ -38,8 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlmkit.errors import ConfigError
-from mlmkit.models.config import ExtraSize, Family, ModelConfig
+from mlmkit.models.config import ExtraSize, Family, LayerArgs, ModelConfig, StateDict
 from mlmkit.models.core import ACT, Attention, BertIntermediate, BertOutput, BertSelfOutput, layer_norm
+from mlmkit.registry import HFConfig
 
 TERMS = ("c2p", "p2c")  # the relative attention terms transformers' DeBERTa-v2 computes
 LEGACY_MLM_HEAD = (  # DebertaV2OnlyMLMHead (legacy false, the original checkpoints) -> BERT's head
@@ -360,7 +361,7 @@ class Deberta(Family):
             return field, config.extra.get(field), f"the relative position embeddings have {rel[0]} rows, the config makes {2 * span(config)}"
         return None
 
-    def preset_extra(self) -> dict[str, Any]:
+    def preset_extra(self) -> HFConfig:
         # DeBERTa-v3's layout (microsoft/deberta-v3-base's config.json) at a preset's size
         return {
             "relative_attention": True, "position_biased_input": False, "pos_att_type": ["p2c", "c2p"],
@@ -384,7 +385,7 @@ class Deberta(Family):
         modules["relative_positions"] = RelativePositions(config)
         return modules
 
-    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, LayerArgs]:
         x = x * (mask[:, 0, 0, :, None] == 0).to(x.dtype)  # padding rows zero, as transformers' embeddings leave them
         if not relative_attention(encoder.config):
             return x, {}
@@ -395,7 +396,7 @@ class Deberta(Family):
         return x, {"relative": Relative(rel, positions(x.size(1), x.size(1), x.device), positions)}
 
     # ---- names -------------------------------------------------------------------------------
-    def from_family(self, sd: dict[str, Any]) -> dict[str, Any]:
+    def from_family(self, sd: StateDict) -> StateDict:
         """As the base class, with the MLM head of legacy false / the original checkpoints
         (lm_predictions.lm_head.*) read as BERT's; their replaced-token-detection head
         (mask_predictions.*) stays as it is, for load_weights to return as unexpected."""

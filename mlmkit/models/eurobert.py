@@ -22,11 +22,10 @@ config.json: ``rms_norm_eps``, ``attention_dropout``, ``head_dim`` and ``num_key
 
 from __future__ import annotations
 
-from typing import Any
-
 from mlmkit.errors import ConfigError
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.prenorm import AttnSpec, PrenormFamily, rope_of
+from mlmkit.registry import HFConfig
 
 POOLING = {"bos": "cls", "mean": "mean", "late": "late"}  # classifier_pooling -> BertPooler's pool
 
@@ -89,12 +88,12 @@ class EuroBert(PrenormFamily):
     def ties_decoder(self, config: ModelConfig) -> bool:
         return bool(config.extra.get("tie_word_embeddings", False))
 
-    def preset_overrides(self, hidden: int, intermediate: int) -> dict[str, Any]:
+    def preset_overrides(self, hidden: int, intermediate: int) -> HFConfig:
         # SwiGLU at Llama's ratio (three matrices of 2/3 of the preset's width: its MLP's parameters);
         # pad 0: [PAD]'s id in a tokenizer trained with this family's special tokens
         return {"pad_token_id": 0, "intermediate_size": intermediate * 2 // 3}
 
-    def preset_extra(self) -> dict[str, Any]:
+    def preset_extra(self) -> HFConfig:
         # one key / value head a query head and hidden / heads dimensions at a preset's sizes, as
         # EuroBertConfig resolves its None; the ids of a tokenizer trained with the family's special
         # tokens ([PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4)

@@ -25,8 +25,6 @@ config.json: ``hidden_activation``, ``rms_norm_eps``, ``attention_dropout``, ``h
 
 from __future__ import annotations
 
-from typing import Any
-
 from mlmkit.errors import ConfigError
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.prenorm import (
@@ -40,6 +38,7 @@ from mlmkit.models.prenorm import (
     rope_of,
 )
 from mlmkit.models.rotary import Rope
+from mlmkit.registry import HFConfig
 
 DEFAULT_THETA = {FULL: 1_000_000.0, SLIDING: 10_000.0}
 OLD_THETA_KEY = {FULL: "rope_theta", SLIDING: "rope_local_base_freq"}
@@ -123,7 +122,7 @@ class Gemma3Text(PrenormFamily):
     def classifier_bias(self, config: ModelConfig, per_token: bool) -> bool:
         return per_token  # GenericForSequenceClassification's score has no bias; a token head's has
 
-    def preset_overrides(self, hidden: int, intermediate: int) -> dict[str, Any]:
+    def preset_overrides(self, hidden: int, intermediate: int) -> HFConfig:
         # a preset's heads are its own: one key / value head each, hidden / heads dimensions
         return {"num_key_value_heads": None, "head_dim": None, "query_pre_attn_scalar": None}
 

@@ -27,13 +27,12 @@ v_proj (and up_proj / gate_proj) when it loads them. The original configs' own r
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
-from mlmkit.models.config import ModelConfig
+from mlmkit.models.config import ModelConfig, StateDict
 from mlmkit.models.rotary import Rope, rope_config
 from mlmkit.models.rotary_bert import GatedMLP, RotaryBert, layer_renames
+from mlmkit.registry import HFConfig
 from mlmkit.text.tokenizer import ANGLES
 
 DEFAULT_THETA = 160_000.0
@@ -72,7 +71,7 @@ class Gte(RotaryBert):
     tokenizer_kind = "unigram"
     special_tokens = ANGLES.tokens
 
-    def preset_extra(self) -> dict[str, Any]:
+    def preset_extra(self) -> HFConfig:
         return {"rope_parameters": {"rope_type": "default", "rope_theta": DEFAULT_THETA}}
 
     def rope(self, config: ModelConfig) -> Rope:
@@ -85,7 +84,7 @@ class Gte(RotaryBert):
     def mlm_act(self, config: ModelConfig) -> str:
         return "gelu"  # GteLMHead calls gelu whatever hidden_act says
 
-    def from_family(self, sd: dict[str, Any]) -> dict[str, Any]:
+    def from_family(self, sd: StateDict) -> StateDict:
         """As the base class, the hub's original ``new.`` backbone read as the bare one (as transformers'
         conversion drops that prefix)."""
         return super().from_family({k[len("new."):] if k.startswith("new.") else k: v for k, v in sd.items()})

@@ -38,17 +38,17 @@ jina's published checkpoint (jinaai/jina-embeddings-v3) names its model_type "xl
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import torch
 from torch import nn
 
 from mlmkit.errors import ConfigError
-from mlmkit.models.config import ModelConfig
+from mlmkit.models.config import ModelConfig, StateDict
 from mlmkit.models.roberta import Roberta
 from mlmkit.models.roberta import family as roberta_family
 from mlmkit.models.rotary import Rope, rope_config
 from mlmkit.models.rotary_bert import PlainMLP, RotaryBert, layer_renames
+from mlmkit.registry import HFConfig
 from mlmkit.text.tokenizer import ANGLES
 
 DEFAULT_THETA = 20_000.0
@@ -109,7 +109,7 @@ class Jina(RotaryBert):
     tokenizer_kind = "unigram"  # XLM-R's SentencePiece tokens and pair framing (it does not pretrain here)
     special_tokens = ANGLES.tokens
 
-    def claims(self, config: dict[str, Any]) -> bool:
+    def claims(self, config: HFConfig) -> bool:
         """jina's published checkpoint: model_type "xlm-roberta" with the task adapters' keys."""
         return config.get("model_type") == "xlm-roberta" and "lora_adaptations" in config
 
@@ -133,12 +133,12 @@ class Jina(RotaryBert):
     def head_renames(self, keys: set[str], *, to_family: bool) -> tuple[tuple[str, str], ...]:
         return roberta_family.head_renames(keys, to_family=to_family)  # the sequence head's classifier.dense / out_proj
 
-    def from_family(self, sd: dict[str, Any]) -> dict[str, Any]:
+    def from_family(self, sd: StateDict) -> StateDict:
         """As the base class, after jina's parametrized layout (``<layer>.parametrizations.weight.*``)
         is read as the layer's ``weight`` and its ``lora_A`` / ``lora_B`` (merged by ``fold_weights``)."""
         return super().from_family({PARAMETRIZED.sub(lambda m: AS_PLAIN[m.group(1)], k): v for k, v in sd.items()})
 
-    def fold_weights(self, config: ModelConfig, sd: dict[str, Any]) -> dict[str, Any]:
+    def fold_weights(self, config: ModelConfig, sd: StateDict) -> StateDict:
         """The checkpoint's adapters (``<layer>.lora_A`` / ``lora_B``, mlmkit's names) gone: the
         ``lora_task``'s merged into each adapted weight, or none without a task (the base weights)."""
         adapted = sorted(k[: -len(".lora_A")] for k in sd if k.endswith(".lora_A"))

@@ -35,9 +35,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from mlmkit.errors import ConfigError
-from mlmkit.models.config import CLS_SEP_IDS, ExtraSize, Family, ModelConfig, Renamer
+from mlmkit.models.config import CLS_SEP_IDS, ExtraSize, Family, LayerArgs, ModelConfig, Renamer, StateDict
 from mlmkit.models.core import ACT, Attention, attend, layer_norm
 from mlmkit.models.rotary import rotary, rotate
+from mlmkit.registry import HFConfig
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer types
 DEFAULT_THETA = {GLOBAL: 160_000.0, LOCAL: 10_000.0}
@@ -203,7 +204,7 @@ def local_attend(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return out.flatten(2, 3)[:, :, plan.oidx]  # (B, nh, Tq, hd)
 
 
-def layer_context(encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+def layer_context(encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> LayerArgs:
     """What every layer would otherwise compute for itself, once per forward: the rotary angles of
     each base over the T positions, and each window's plan for all T queries."""
     T = x.size(1)
@@ -359,12 +360,12 @@ class ModernBert(Family):
         if act not in ACT:
             raise ConfigError(f"unsupported classifier_activation {act!r}", f"use one of: {', '.join(ACT)}")
 
-    def preset_overrides(self, hidden: int, intermediate: int) -> dict[str, Any]:
+    def preset_overrides(self, hidden: int, intermediate: int) -> HFConfig:
         # GeGLU at ModernBERT-base's ratio (1152 for BERT-base's 3072: Wi's 2 x 1152 = 3 x hidden);
         # pad 0: [PAD]'s id in a tokenizer trained with this family's special tokens
         return {"intermediate_size": intermediate * 3 // 8, "pad_token_id": 0}
 
-    def preset_extra(self) -> dict[str, Any]:
+    def preset_extra(self) -> HFConfig:
         # the keys transformers 4.48+ and 5 both read; the token ids are those of a tokenizer
         # trained with the family's special tokens ([PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4)
         return {
@@ -379,7 +380,7 @@ class ModernBert(Family):
     def layer(self, config: ModelConfig, index: int) -> nn.Module:
         return ModernBertLayer(config, index)
 
-    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, LayerArgs]:
         return x, layer_context(encoder, x, mask)
 
     # ---- names -------------------------------------------------------------------------------
@@ -391,7 +392,7 @@ class ModernBert(Family):
         mlm = any(k.startswith("decoder.") for k in keys) or ("head.dense.weight" in keys and "classifier.weight" not in keys)
         return MLM_HEAD if mlm else CLASSIFIER_HEAD
 
-    def from_family(self, sd: dict[str, Any]) -> dict[str, Any]:
+    def from_family(self, sd: StateDict) -> StateDict:
         """As the base class, plus every other name a key can stand for where the keys alone do not
         tell the head (the model it is loaded into takes the one it has; load_weights returns the rest
         as unexpected): a two-way ``classifier`` is also the span head's ``qa_outputs``

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from mlmkit.errors import ConfigError
-from mlmkit.models.config import ExtraSize, Family, ModelConfig
+from mlmkit.models.config import ExtraSize, Family, LayerArgs, ModelConfig
 from mlmkit.models.core import (
     BertIntermediate,
     BertOutput,
@@ -228,7 +228,7 @@ class MPNet(Family):
         return {"relative_attention_bias": nn.Embedding(num_buckets(config), config.num_attention_heads),
                 "relative_buckets": RelativeBuckets()}
 
-    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, LayerArgs]:
         """The relative position bias of every query and key, plus the padding mask: one (B, nh, T, T)
         tensor for all the layers (transformers adds the two in each layer; the sum at real keys is
         the same, the bias plus 0)."""

@@ -30,14 +30,13 @@ two token types, SwiGLU, base 1,000, 2,048 positions (no table to grow).
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from mlmkit.errors import ConfigError
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.rotary import Rope, rope_config
 from mlmkit.models.rotary_bert import GatedMLP, RotaryBert, layer_renames
+from mlmkit.registry import HFConfig
 
 DEFAULT_THETA = 1000.0
 LAYER_NAMES = {
@@ -79,7 +78,7 @@ def _flag(config: ModelConfig, key: str) -> bool:
 
 def nomic_rope(config: ModelConfig) -> Rope:
     """The rotary of a NomicBERT config: transformers' keys, with NomicBERT's own over them (above)."""
-    extra: dict[str, Any] = dict(config.extra)
+    extra: HFConfig = dict(config.extra)
     if not extra.get("rope_parameters") and not extra.get("rope_scaling") and extra.get("rotary_emb_base") is not None:
         extra["rope_theta"] = extra["rotary_emb_base"]
     rope = rope_config(extra, family="nomic_bert", head_dim=config.head_dim, max_positions=config.max_position_embeddings,
@@ -91,7 +90,7 @@ def nomic_rope(config: ModelConfig) -> Rope:
         raise ConfigError(f"config rotary_emb_fraction must make an even number of rotary dimensions from 2 to the head's "
                           f"{config.head_dim}, got {fraction!r}", "fix the config.json")
     factor = extra.get("rotary_scaling_factor")
-    scaling: dict[str, Any] = {}
+    scaling: HFConfig = {}
     if factor is not None:
         if rope.scaling != "default":
             raise ConfigError(f"config rotary_scaling_factor and rope type {rope.scaling!r} both scale the rotary",
@@ -133,7 +132,7 @@ class NomicBert(RotaryBert):
     pretrains = True
     max_length = 2048
 
-    def preset_extra(self) -> dict[str, Any]:
+    def preset_extra(self) -> HFConfig:
         return {"rope_parameters": {"rope_type": "default", "rope_theta": DEFAULT_THETA}}
 
     def rope(self, config: ModelConfig) -> Rope:

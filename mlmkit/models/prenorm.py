@@ -34,9 +34,10 @@ import torch
 from torch import nn
 
 from mlmkit.errors import ConfigError
-from mlmkit.models.config import ExtraSize, Family, ModelConfig
+from mlmkit.models.config import ExtraSize, Family, LayerArgs, ModelConfig
 from mlmkit.models.core import ACT, Attention
 from mlmkit.models.rotary import Rope, rope_config, rotate
+from mlmkit.registry import HFConfig
 
 FAR = -10000.0  # the additive mask value of core.extended_mask
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer types
@@ -75,7 +76,7 @@ def positive_number(config: ModelConfig, key: str, default: float | None) -> flo
     return float(v)
 
 
-def rope_of(config: ModelConfig, family: str, params: dict[str, Any] | None = None, default_theta: float = 10_000.0) -> Rope:
+def rope_of(config: ModelConfig, family: str, params: HFConfig | None = None, default_theta: float = 10_000.0) -> Rope:
     """The rotary of ``config``'s layers as transformers reads it (rotary.rope_config): config.json's
     ``rope_parameters`` (a legacy ``rope_scaling`` replacing it, ``rope_theta`` beside it), or the
     ``params`` of one layer type (Gemma's, nested by type), else ``default_theta``."""
@@ -283,7 +284,7 @@ class TokenEmbeddings(nn.Module):
         return x if self.scale is None else x * self.scale.to(x.dtype)
 
 
-def layer_context(encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+def layer_context(encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> LayerArgs:
     """What every layer would otherwise compute for itself, once per forward: the rotary angles of
     each distinct rotary over the T positions, and the padding mask with each distinct span added."""
     T = x.size(1)
@@ -352,5 +353,5 @@ class PrenormFamily(Family):
         return PrenormLayer(config, self.spec(config, index), sandwich=self.sandwich, offset=self.norm_offset,
                             mlp_bias=self.mlp_bias(config))
 
-    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, LayerArgs]:
         return x, layer_context(encoder, x, mask)

@@ -22,8 +22,6 @@ the last real token.
 
 from __future__ import annotations
 
-from typing import Any
-
 from mlmkit.errors import ConfigError
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.prenorm import (
@@ -35,6 +33,7 @@ from mlmkit.models.prenorm import (
     layer_types,
     rope_of,
 )
+from mlmkit.registry import HFConfig
 
 SPAN_BACKBONE = backbone_renames("transformer")  # Qwen3ForQuestionAnswering's backbone
 
@@ -90,7 +89,7 @@ class Qwen3(PrenormFamily):
         # GenericForSequenceClassification's score has no bias; GenericForTokenClassification's has
         return per_token and bool(config.extra.get("token_classification_bias", True))
 
-    def preset_overrides(self, hidden: int, intermediate: int) -> dict[str, Any]:
+    def preset_overrides(self, hidden: int, intermediate: int) -> HFConfig:
         # a preset's heads are its own: one key / value head each, hidden / heads dimensions
         return {"num_key_value_heads": None, "head_dim": None}
 

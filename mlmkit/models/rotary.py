@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from mlmkit.errors import ConfigError
+from mlmkit.registry import HFConfig
 
 ROPE_TYPES = ("default", "linear", "dynamic")  # what Rope computes of transformers' ROPE_INIT_FUNCTIONS
 
@@ -109,7 +110,7 @@ def _number(v: Any, what: str, family: str, *, least: float = 0.0) -> float:
     return float(v)
 
 
-def rope_config(extra: dict[str, Any], *, family: str, head_dim: int, max_positions: int, default_theta: float) -> Rope:
+def rope_config(extra: HFConfig, *, family: str, head_dim: int, max_positions: int, default_theta: float) -> Rope:
     """The rotary transformers' rotary embedding of ``family`` computes from a config's
     ``rope_parameters`` (a legacy ``rope_scaling`` object replacing it, as transformers reads it; a
     top-level ``rope_theta`` where it names none), else the family's ``default_theta``. The rope

@@ -23,14 +23,12 @@ probabilities (attention_probs_dropout_prob), after the attention and after the 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from mlmkit.errors import ConfigError
-from mlmkit.models.config import Family, ModelConfig
+from mlmkit.models.config import Family, LayerArgs, ModelConfig
 from mlmkit.models.core import ACT, Attention, attend, layer_norm
 from mlmkit.models.rotary import Rope, rotate
 
@@ -158,7 +156,7 @@ class RotaryBert(Family):
     def layer(self, config: ModelConfig, index: int) -> nn.Module:
         return RotaryBertLayer(config, self.rope(config), attention_bias=self.attention_bias, mlp=self.mlp(config))
 
-    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, LayerArgs]:
         """The rotary angles of the T positions, computed once for all the layers (they share one Rope)."""
         rope = encoder.layer[0].attention.rope
         return x, {"angles": rope.angles(x.size(1), x.device)}

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from mlmkit.errors import BundleError, ConfigError
+from mlmkit.typed import Registry
 
 log = logging.getLogger("mlmkit")
 
@@ -108,8 +109,10 @@ class OpenVinoEngine(Engine):
         return OpenVinoSession(model, precision=precision, threads=_threads(threads))
 
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (OnnxRuntimeEngine(), OpenVinoEngine())}
+ENGINES: Registry[Engine] = Registry("engine")
 """The registered engines, by name: the one place a new engine is added."""
+for _engine in (OnnxRuntimeEngine(), OpenVinoEngine()):
+    ENGINES.add(_engine.name, _engine)
 
 
 def _threads(threads: int | None) -> int | None:

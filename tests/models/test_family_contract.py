@@ -9,6 +9,7 @@ refuses an attention that does not declare itself; the shared helpers (mean pool
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -129,10 +130,11 @@ class Toy(Family):
 
 
 @pytest.fixture
-def toy(monkeypatch: pytest.MonkeyPatch) -> Family:
+def toy() -> Iterator[Family]:
     fam = Toy()
-    monkeypatch.setitem(BY_MODEL_TYPE, "toy", fam)  # what its one line in models/__init__.py does
-    return fam
+    BY_MODEL_TYPE.add("toy", fam)  # what its one line in models/__init__.py does
+    yield fam
+    BY_MODEL_TYPE.remove("toy")
 
 
 def toy_config(**extra: Any) -> ModelConfig:
