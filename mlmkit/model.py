@@ -7,11 +7,12 @@ uses it:
 
 - the model config (mlmkit.models.config) and the encoder core (mlmkit.models.core): ``BertModel``
   (the encoder of whatever family the config is, under BERT's parameter names), its heads and helpers;
-- the one forward and pooling of the models with an output per text, and the PairBatch they train on
-  (mlmkit.models.pooled);
-- the embedding and ranking losses, ``implements`` (a plugin's loss function for the registry's name,
-  mlmkit.objectives) and ``build_loss``, and how a batch's embeddings are computed for them, all at
-  once or GradCache-style (mlmkit.train.losses);
+- the one forward and pooling of the models with an output per text (``token_states`` and ``pool``),
+  and the PairBatch they train on (mlmkit.models.pooled);
+- the embedding and ranking losses, one class each (MultipleNegativesRankingLoss, CoSENTLoss ...),
+  ``register_loss_class`` (a plugin's class for the name it declared in mlmkit.objectives) and
+  ``build_loss``, and how a batch's embeddings are computed for them, all at once or GradCache-style
+  (mlmkit.train.losses);
 - a fine-tuned run loaded for prediction, and the one prediction loop (mlmkit.train.finetune,
   mlmkit.runtime.prediction): a teacher's outputs computed inside a task.
 """
@@ -37,42 +38,51 @@ from mlmkit.models.core import (
     set_attention_impl,
     tie_decoder,
     token_encoder,
-    token_states,
 )
-from mlmkit.models.pooled import Dense, PairBatch, TextEncoder, pool
+from mlmkit.models.pooled import Dense, PairBatch, TextEncoder, pool, token_states
 from mlmkit.retrieval.maxsim import maxsim
 from mlmkit.runtime.prediction import predict
 from mlmkit.train.finetune import load_finetuned, torch_forward
 from mlmkit.train.losses import (
+    BinaryCrossEntropyLoss,
+    CachedMultipleNegativesRankingLoss,
+    CoSENTLoss,
+    CrossEncoderMNRLoss,
+    DistillKLDivLoss,
+    DistributedLoss,
+    EmbeddingLoss,
+    LambdaLoss,
+    ListNetLoss,
+    MarginMSELoss,
+    MatryoshkaLoss,
+    MSEDistillLoss,
+    MultipleNegativesRankingLoss,
+    RankLoss,
+    SpladeLoss,
     build_loss,
     cached,
-    cosent,
     direct,
-    distributed,
+    embedding_loss,
     flops,
-    implements,
-    kl_distill,
-    margin_mse,
-    matryoshka,
-    mnrl,
-    mse_distill,
-    rank_bce,
-    rank_lambda,
-    rank_listnet,
-    rank_mnrl,
+    rank_loss,
 )
+from mlmkit.train.losses import register as register_loss_class
 
 __all__ = [
     # the config and the encoder
-    "ModelConfig", "BertEmbeddings", "BertLayer", "BertModel", "BertPooler", "BertSelfAttention", "extended_mask",
-    "init_weights", "set_attention_impl", "token_encoder", "token_states", "mean_pool", "encode_cls", "reads_cls_only",
+    "ModelConfig", "BertEmbeddings", "BertLayer", "BertModel", "BertPooler", "BertSelfAttention",
+    "extended_mask", "init_weights", "set_attention_impl", "token_encoder", "token_states", "mean_pool",
+    "encode_cls", "reads_cls_only",
     # the models with an output per text: one forward (part -> training on a PairBatch), one pooling
     "TextEncoder", "pool", "Dense",
     # heads
     "BertForLabels", "BertForPreTraining", "BertPreTrainingHeads", "tie_decoder", "masked_lm_loss",
-    # losses of embeddings (a batch's PairBatch) and of rankings (a query's candidates)
-    "PairBatch", "maxsim", "mnrl", "cosent", "margin_mse", "kl_distill", "mse_distill", "matryoshka", "distributed", "flops", "direct", "cached",
-    "rank_bce", "rank_mnrl", "rank_listnet", "rank_lambda", "implements", "build_loss",
+    # losses of embeddings (a batch's PairBatch) and of rankings (a query's candidates), one class each
+    "PairBatch", "maxsim", "EmbeddingLoss", "RankLoss", "register_loss_class", "build_loss", "embedding_loss",
+    "rank_loss", "MultipleNegativesRankingLoss", "CachedMultipleNegativesRankingLoss", "CoSENTLoss",
+    "MarginMSELoss", "DistillKLDivLoss", "MSEDistillLoss", "MatryoshkaLoss", "SpladeLoss", "DistributedLoss",
+    "flops", "direct", "cached",
+    "BinaryCrossEntropyLoss", "CrossEncoderMNRLoss", "ListNetLoss", "LambdaLoss",
     # prediction with a fine-tuned run
     "load_finetuned", "torch_forward", "predict",
 ]

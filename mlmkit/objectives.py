@@ -1,10 +1,10 @@
 """The loss registry: every training loss by kind and name, declared once, without torch.
 
 A loss is a named object (``Loss``), like a task or a model family: the name a user gives
-(``--option loss=NAME``), what it trains on, and the implementation that computes it. The
-implementations are torch functions (mlmkit.train.losses), registered there under their function's
-name with ``@implements``; this side never imports them, so a task's option choices, its data checks
-and the CLI's help read the registry at the speed of a bundle's start.
+(``--option loss=NAME``), what it trains on and how a batch is embedded for it. Its implementation
+is a torch class (mlmkit.train.losses: MultipleNegativesRankingLoss, CoSENTLoss ...) that carries
+the same kind and name and is registered there under them; this side never imports it, so a task's
+option choices, its data checks and the CLI's help read the registry at the speed of a bundle's start.
 
 Two kinds, each with its own interface on the torch side:
 
@@ -13,8 +13,8 @@ Two kinds, each with its own interface on the torch side:
 - ``rank``: a cross-encoder's scores of a query's candidates, their labels and their query -> the
   loss (bce, listwise ...): the rerank task.
 
-A plugin registers a loss of its own with ``register_loss`` (from mlmkit.taskkit) and its
-implementation with ``mlmkit.model.implements``; the built-in ones are registered below.
+A plugin declares a loss of its own with ``register_loss`` (from mlmkit.taskkit) and registers its
+class with ``mlmkit.model.register_loss_class``; the built-in ones are declared below.
 """
 
 from __future__ import annotations
@@ -31,12 +31,11 @@ for margin-mse), scored pairs, plain texts."""
 
 @dataclass(frozen=True)
 class Loss:
-    """One loss: ``name`` as users give it, ``function`` the implementation's registered name (a torch
-    function of mlmkit.train.losses, or a plugin's), and how the batch is embedded for it."""
+    """One loss: ``name`` as users give it (its class in mlmkit.train.losses, or a plugin's, is
+    registered under it), what it trains on and how the batch is embedded for it."""
 
     kind: str
     name: str
-    function: str
     description: str
     data: tuple[str, ...] = ("rows",)  # embedding losses: the kinds of training data it reads
     cached: bool = False  # embedded in mini-batches (GradCache): large batches in small memory
@@ -74,21 +73,22 @@ def get_loss(kind: str, name: str) -> Loss:
     try:
         return LOSSES[kind][name]
     except KeyError:
-        raise ConfigError(f"no {kind} loss named {name!r}", f"use one of: {', '.join(LOSSES.get(kind, {}))}") from None
+        raise ConfigError(f"no {kind} loss named {name!r}",
+                          f"use one of: {', '.join(LOSSES.get(kind, {}))}") from None
 
 
 register_loss(
-    Loss("embedding", "mnrl", "mnrl", "in-batch and hard negatives (InfoNCE)", in_batch=True),
-    Loss("embedding", "cached-mnrl", "mnrl", "mnrl in mini-batches (GradCache)", cached=True, in_batch=True),
-    Loss("embedding", "cosent", "cosent", "scored pairs: cosines ordered as the scores", data=("scored",)),
-    Loss("embedding", "margin-mse", "margin_mse", "rows with teacher scores: the teacher's margins (TAS-B)",
+    Loss("embedding", "mnrl", "in-batch and hard negatives (InfoNCE)", in_batch=True),
+    Loss("embedding", "cached-mnrl", "mnrl in mini-batches (GradCache)", cached=True, in_batch=True),
+    Loss("embedding", "cosent", "scored pairs: cosines ordered as the scores", data=("scored",)),
+    Loss("embedding", "margin-mse", "rows with teacher scores: the teacher's margins (TAS-B)",
          teacher_scores=True),
-    Loss("embedding", "kl-distill", "kl_distill", "rows with teacher scores: the softmax of the teacher's scores over "
+    Loss("embedding", "kl-distill", "rows with teacher scores: the softmax of the teacher's scores over "
          "each query's candidates (ColBERTv2)", teacher_scores=True),
-    Loss("embedding", "mse-distill", "mse_distill", "a teacher's embeddings, a projection where the sizes differ",
+    Loss("embedding", "mse-distill", "a teacher's embeddings, a projection where the sizes differ",
          data=("rows", "scored", "texts")),
-    Loss("rank", "bce", "rank_bce", "pointwise: binary cross-entropy of each pair against label / max_label"),
-    Loss("rank", "mnrl", "rank_mnrl", "each relevant candidate against the query's irrelevant ones", listwise=True),
-    Loss("rank", "listnet", "rank_listnet", "the softmax of the scores against that of the labels", listwise=True),
-    Loss("rank", "lambda", "rank_lambda", "LambdaRank: pairs weighted by their swap's change of NDCG", listwise=True),
+    Loss("rank", "bce", "pointwise: binary cross-entropy of each pair against label / max_label"),
+    Loss("rank", "mnrl", "each relevant candidate against the query's irrelevant ones", listwise=True),
+    Loss("rank", "listnet", "the softmax of the scores against that of the labels", listwise=True),
+    Loss("rank", "lambda", "LambdaRank: pairs weighted by their swap's change of NDCG", listwise=True),
 )

@@ -95,7 +95,7 @@ __all__ = [
     "maxsim", "padded", "rank",
     # inference on bundles
     "load_pipeline",
-    # the loss registry (implementations: mlmkit.model.implements)
+    # the loss registry (the classes: mlmkit.model.register_loss_class)
     "Loss", "get_loss", "losses", "register_loss",
 ]
 

@@ -1,5 +1,6 @@
 """Sentence embeddings: one vector per text, pooled over the encoder's real tokens inside the graph,
-fine-tuned for retrieval (or similarity) with one of the registry's embedding losses (mlmkit.taskkit.losses).
+fine-tuned for retrieval (or similarity) with one of the registry's embedding losses
+(mlmkit.taskkit.losses).
 
 Pooling ``mean`` (the default), ``cls`` or ``max`` over the tokens the attention mask keeps, then an
 optional L2 normalisation (``normalize``): what sentence-transformers does with a Pooling and a
@@ -35,14 +36,15 @@ to, config_sentence_transformers.json ({"prompts": {"query": ..., "document": ..
 
 This module holds the task itself (its options, reading, features, model and run files); what it
 makes of records, BEIR and sentence-transformers directories and a teacher is embedding_data.py's,
-its evaluation (retrieval metrics, the pairs' correlations) embedding_metrics.py's.
+its evaluation (retrieval metrics, the pairs' correlations) embedding_metrics.py's, the checking of
+its options (matryoshka, Dense layers, the loss) embedding_options.py's, and an input's chunks
+embedding_chunks.py's.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,8 +59,6 @@ from mlmkit.taskkit import (
     RETRIEVAL_METRICS,
     TRUNCATED,
     CheckpointInfo,
-    Chunker,
-    Chunking,
     DataFormatError,
     Example,
     Feature,
@@ -81,12 +81,12 @@ from mlmkit.taskkit import (
     read_split,
     tokenizer_settings,
 )
+from mlmkit_tasks.embedding_chunks import CHUNK, chunk_features, chunking_of
 from mlmkit_tasks.embedding_data import (
     DATA_NAMES,
     FORMATS,
     NO_TARGET,
     SPLADE_MODULES,
-    ST_ACTIVATIONS,
     ST_ALIASES,
     ST_POOLING,
     ST_PROMPTS,
@@ -106,6 +106,14 @@ from mlmkit_tasks.embedding_data import (
     with_teacher,
 )
 from mlmkit_tasks.embedding_metrics import pair_correlations, retrieval_metrics
+from mlmkit_tasks.embedding_options import (
+    dense_layers,
+    embedding_width,
+    matryoshka_dims,
+    matryoshka_weights,
+    resolved_loss,
+    trains_on_teacher_scores,
+)
 
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
     from mlmkit.model import ModelConfig
@@ -119,78 +127,6 @@ __all__ = [  # the data and evaluation helpers' public names are importable from
 
 POOLINGS = ("mean", "cls", "max", "lasttoken", "weightedmean", "mean_sqrt_len_tokens")
 INPUT_TYPES = ("none", "query", "document")
-
-
-def _dims(value: Any, hidden: int | None = None) -> list[int]:
-    """``matryoshka_dims`` ("384,256,128,64") as whole numbers from 1 to the hidden size."""
-    if value in ("", None):
-        return []
-    try:
-        dims = [int(x) for x in str(value).split(",") if x.strip()]
-    except ValueError:
-        raise TaskError(f"matryoshka_dims must be whole numbers separated by commas, not {value!r}",
-                        "e.g. --option matryoshka_dims=384,256,128,64") from None
-    if any(d < 1 or (hidden is not None and d > hidden) for d in dims) or len(set(dims)) != len(dims):
-        raise TaskError(f"matryoshka_dims {value!r}: each must be from 1 to the hidden size{f' ({hidden})' if hidden else ''}, once",
-                        "e.g. --option matryoshka_dims=384,256,128,64")
-    return dims
-
-
-def _weights(value: Any, n: int) -> list[float]:
-    if value in ("", None):
-        return [1.0] * n
-    try:
-        w = [float(x) for x in str(value).split(",") if x.strip()]
-    except ValueError:
-        w = []
-    if len(w) != n or not all(math.isfinite(x) and x >= 0 for x in w):
-        raise TaskError(f"matryoshka_weights {value!r}: give one non-negative number per dimension of matryoshka_dims",
-                        "e.g. --option matryoshka_weights=1,1,1,1")
-    return w
-
-
-def _dense(value: Any, hidden: int) -> list[dict[str, Any]]:
-    """``dense_layers`` (JSON, as sentence_transformers_options writes it) checked: each layer's input
-    the size before it, starting at the encoder's hidden size."""
-    if value in ("", None):
-        return []
-    try:
-        layers = json.loads(value)
-    except ValueError:
-        layers = None
-    width, ok = hidden, isinstance(layers, list) and bool(layers)
-    for layer in layers if ok else []:
-        ok = (isinstance(layer, dict) and layer.get("in") == width and isinstance(layer.get("out"), int)
-              and not isinstance(layer["out"], bool) and 0 < layer["out"] <= 1 << 20 and layer.get("activation") in ST_ACTIVATIONS)
-        if not ok:
-            break
-        width = layer["out"]
-    if not ok:
-        raise TaskError(f"dense_layers {str(value)[:200]!r}: expected a JSON list of layers {{\"in\", \"out\", \"bias\", "
-                        f"\"activation\"}}, the first taking the encoder's {hidden} dimensions, each the one before's output",
-                        f"activations: {', '.join(ST_ACTIVATIONS)}")
-    return list(layers)
-
-
-def _width(options: Mapping[str, Any], hidden: int) -> int:
-    """The embedding's size: the last Dense layer's output, else the encoder's hidden size."""
-    dense = _dense(options.get("dense_layers", ""), hidden)
-    return int(dense[-1]["out"]) if dense else hidden
-
-
-def _loss(ctx: TaskContext) -> str:
-    """The loss option, ``auto`` resolved: mse-distill with a teacher, else by the kind of training data
-    (fit_state): cosent for scored pairs, mnrl for rows."""
-    loss = loss_option(ctx.options)
-    if loss == "auto":
-        return "cosent" if ctx.state.get("data") == "scored" else "mnrl"
-    return loss
-
-
-def _teacher_scores(options: Mapping[str, Any]) -> bool:
-    """Whether the loss option names a loss that trains on the teacher's scores (margin-mse, kl-distill)."""
-    name = loss_option(options)
-    return name in losses("embedding") and get_loss("embedding", name).teacher_scores
 
 
 class EmbeddingTask:
@@ -262,7 +198,7 @@ class EmbeddingTask:
     pipeline_tag = "sentence-similarity"
 
     def main_metric(self, ctx: TaskContext) -> str:
-        return "spearman" if _loss(ctx) == "cosent" or ctx.state.get("data") == "scored" else "ndcg@10"
+        return "spearman" if resolved_loss(ctx) == "cosent" or ctx.state.get("data") == "scored" else "ndcg@10"
 
     def fit_state(self, examples: list[Example]) -> TaskState:
         """The kind of training data ("rows", "scored" or "texts"), which ``loss=auto`` trains by, and
@@ -292,7 +228,7 @@ class EmbeddingTask:
             if training:
                 rows = [{"anchor": split.queries[q], "positive": split.corpus[d], "negatives": []}
                         for q in split.qrels for d in split.positives(q)]
-                if _teacher_scores(options):
+                if trains_on_teacher_scores(options):
                     raise TaskError(f"{loss_option(options)} trains on rows with the teacher's scores; a BEIR split has none",
                                     f"mine them: mlmkit mine {path} --out rows.jsonl --with-scores")
                 if loss_option(options) == "mse-distill":
@@ -308,7 +244,7 @@ class EmbeddingTask:
         for rec in records:
             fields = rec.fields()
             if options["anchor_column"] in fields:
-                ex = anchor_row(rec, options, scores=_teacher_scores(options))
+                ex = anchor_row(rec, options, scores=trains_on_teacher_scores(options))
             elif texts_ok and options["score_column"] not in fields:
                 ex = {"text": rec.text(options["text_column"]), "text_pair": rec.text(options["pair_column"], required=False)}
             else:
@@ -338,14 +274,14 @@ class EmbeddingTask:
         input), 1 the positive (the second), 2.. the hard negatives; for training also ``text_id``
         (equal texts, equal ids) and the pair's ``score`` (0 for rows)."""
         if training:
-            check_loss_data(examples, _loss(ctx), "use --option loss=cosent for scored pairs, loss=mnrl (or "
+            check_loss_data(examples, resolved_loss(ctx), "use --option loss=cosent for scored pairs, loss=mnrl (or "
                             "cached-mnrl) for rows, loss=mse-distill with --option teacher=BUNDLE for any")
-        elif _chunking(ctx.options) is not None:
-            return _chunk_features(examples, tokenizer, ctx)
+        elif chunking_of(ctx.options) is not None:
+            return chunk_features(examples, tokenizer, ctx)
         texts = [(i, part, clip_text(prompt_for(ex, part, ctx.options) + t, tokenizer, ctx.max_length))
                  for i, ex in enumerate(examples) for part, t in enumerate(example_texts(ex)) if t is not None]
-        distill = training and _loss(ctx) == "mse-distill"
-        in_batch = training and get_loss("embedding", _loss(ctx)).in_batch
+        distill = training and resolved_loss(ctx) == "mse-distill"
+        in_batch = training and get_loss("embedding", resolved_loss(ctx)).in_batch
         with tokenizer_settings(tokenizer, max_length=ctx.max_length) as tok:
             encodings = tok.encode_batch([t for _, _, t in texts]) if texts else []
         feats = []
@@ -359,22 +295,22 @@ class EmbeddingTask:
         return feats
 
     def build_model(self, config: ModelConfig, ctx: TaskContext) -> Any:
-        width = _width(ctx.options, config.hidden_size)
-        _dims(ctx.options["matryoshka_dims"], width)  # a bad list is an error before training
+        width = embedding_width(ctx.options, config.hidden_size)
+        matryoshka_dims(ctx.options["matryoshka_dims"], width)  # a bad list is an error before training
         named_prompts(ctx.options)  # bad prompts too
-        _weights(ctx.options["matryoshka_weights"], len(_dims(ctx.options["matryoshka_dims"])))
-        teacher_dim = ctx.state.get("teacher_dim") if _loss(ctx) == "mse-distill" else None
+        matryoshka_weights(ctx.options["matryoshka_weights"], len(matryoshka_dims(ctx.options["matryoshka_dims"])))
+        teacher_dim = ctx.state.get("teacher_dim") if resolved_loss(ctx) == "mse-distill" else None
         if teacher_dim and teacher_dim != width and ctx.options["matryoshka_dims"]:
             raise TaskError(f"matryoshka_dims with a teacher of another size ({teacher_dim}, the model {width})",
                             "distil from a teacher of the model's size, or leave matryoshka_dims out")
         from mlmkit_tasks.heads.embedding import BertForEmbedding
 
-        o, loss = ctx.options, get_loss("embedding", _loss(ctx))
+        o, loss = ctx.options, get_loss("embedding", resolved_loss(ctx))
         return BertForEmbedding(config, o["pooling"], bool(o["normalize"]), loss=loss, cached=loss.cached,
                                 scale=float(o["scale"]), symmetric=bool(o["symmetric"]), mini_batch_size=int(o["mini_batch_size"]),
-                                matryoshka=_dims(o["matryoshka_dims"], width),
-                                matryoshka_weights=_weights(o["matryoshka_weights"], len(_dims(o["matryoshka_dims"]))),
-                                teacher_dim=teacher_dim, dense=_dense(o["dense_layers"], config.hidden_size))
+                                matryoshka=matryoshka_dims(o["matryoshka_dims"], width),
+                                matryoshka_weights=matryoshka_weights(o["matryoshka_weights"], len(matryoshka_dims(o["matryoshka_dims"]))),
+                                teacher_dim=teacher_dim, dense=dense_layers(o["dense_layers"], config.hidden_size))
 
     def run_files(self, config: ModelConfig, ctx: TaskContext) -> dict[str, str]:
         """The run is also a sentence-transformers directory: its modules (the encoder at the root, the
@@ -395,7 +331,7 @@ class EmbeddingTask:
                  "config_sentence_transformers.json": _dump(top)}
         torch_names = {"identity": "linear.Identity", "tanh": "activation.Tanh", "relu": "activation.ReLU",
                        "gelu": "activation.GELU", "sigmoid": "activation.Sigmoid", "silu": "activation.SiLU"}
-        for layer in _dense(o["dense_layers"], config.hidden_size):
+        for layer in dense_layers(o["dense_layers"], config.hidden_size):
             path = f"{len(modules)}_Dense"  # its weights: the model's module_weights, written beside
             modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,
                             "type": "sentence_transformers.models.Dense"})
@@ -437,7 +373,7 @@ class EmbeddingTask:
     def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
         """Retrieval metrics (a retrieval set) or the pairs' Spearman and Pearson correlation (scored pairs)."""
         if examples and examples[0].get("kind") == "query":
-            return retrieval_metrics(predictions, examples, _dims(ctx.options["matryoshka_dims"]), ctx.options)
+            return retrieval_metrics(predictions, examples, matryoshka_dims(ctx.options["matryoshka_dims"]), ctx.options)
         return pair_correlations(predictions, examples)
 
     def summary(self, prediction: Prediction) -> dict[str, str]:
@@ -451,39 +387,6 @@ class EmbeddingTask:
 
 def _dump(obj: Any) -> str:
     return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
-
-
-CHUNK = "chunk_span"
-"""A feature of a chunk (chunk_tokens): its (start, end) characters in its input's text."""
-
-
-def _chunking(options: Mapping[str, Any]) -> Chunking | None:
-    """The chunk_* options, checked (a subclass's options may lack them: no chunks)."""
-    tokens, overlap = int(options.get("chunk_tokens", 0) or 0), int(options.get("chunk_overlap", -1))
-    return Chunking.of(tokens or None, None if overlap < 0 else overlap, bool(options.get("chunk_sentences", False)))
-
-
-def _chunk_features(examples: list[Example], tokenizer: Any, ctx: TaskContext) -> list[Feature]:
-    """A feature per chunk of each input's text (text.chunks: at word boundaries, within the model's
-    length with its special tokens and the input's prompt), with its span."""
-    chunking = _chunking(ctx.options)
-    assert chunking is not None
-    chunkers: dict[str, Chunker] = {}
-    texts: list[tuple[int, tuple[int, int], str]] = []
-    for i, ex in enumerate(examples):
-        if ex.get("text_pair") is not None or "anchor" in ex or "kind" in ex:
-            raise TaskError("chunk_tokens chunks the inputs of embed and predict, not pairs, training rows or evaluation "
-                            "data", "evaluate chunked retrieval through an index: mlmkit index BUNDLE --corpus C --out IX "
-                            "--chunk-tokens N, then mlmkit evaluate IX --data D")
-        prompt = prompt_for(ex, 0, ctx.options)
-        if prompt not in chunkers:
-            chunkers[prompt] = Chunker(tokenizer, ctx.max_length, chunking, prompt)
-        text = ex["text"]
-        texts += [(i, (a, b), prompt + text[a:b]) for a, b in chunkers[prompt].spans(text)]
-    with tokenizer_settings(tokenizer, max_length=ctx.max_length) as tok:
-        encodings = tok.encode_batch([t for _, _, t in texts]) if texts else []
-    return [{"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i, "part": 0, CHUNK: span}
-            for (i, span, _), enc in zip(texts, encodings)]
 
 
 task = EmbeddingTask()

@@ -21,13 +21,10 @@ answers of at most 30 tokens. EM and F1 follow the official SQuAD script (0-100)
 
 from __future__ import annotations
 
-import collections
 import json
-import re
-import string
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,7 +41,6 @@ from mlmkit.taskkit import (
     Input,
     MlmkitError,
     Prediction,
-    Record,
     TaskContext,
     TaskOption,
     TaskState,
@@ -54,211 +50,12 @@ from mlmkit.taskkit import (
     read_text,
     tokenizer_settings,
 )
+from mlmkit_tasks.qa_data import read_records, read_squad
+from mlmkit_tasks.qa_metrics import exact_match, f1_score, gold_answers
+from mlmkit_tasks.qa_spans import Offsets, search_spans, trimmed
 
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
     from mlmkit.model import ModelConfig
-
-Offsets = list[tuple[int, int] | None]
-Fail = Callable[[str, str], NoReturn]
-"""How a reader reports a bad question record: ``fail(message, field)`` raises the DataFormatError naming it."""
-
-
-class Answer(TypedDict):
-    """A gold answer of an example: its text and where it starts in the context (checked by _example)."""
-
-    text: str
-    answer_start: int
-
-
-# ---------------------------------------------------------------- reading
-
-
-def _answers_from(raw: Any, fail: Fail) -> list[Answer]:
-    """A list of {"text", "answer_start"} from either the SQuAD list form or the HF columnar form."""
-    if isinstance(raw, dict):
-        texts, starts = raw.get("text"), raw.get("answer_start")
-        if not isinstance(texts, list) or not isinstance(starts, list):
-            fail('"answers" must hold the lists "text" and "answer_start"', "answers")
-        if len(texts) != len(starts):
-            fail(f'"answers" has {len(texts)} texts but {len(starts)} answer_start values', "answers")
-        return [{"text": t, "answer_start": s} for t, s in zip(texts, starts)]
-    if isinstance(raw, list):
-        for k, a in enumerate(raw):
-            if not isinstance(a, dict) or "text" not in a or "answer_start" not in a:
-                fail('each answer needs "text" and "answer_start"', f"answers[{k}]")
-        return [{"text": a["text"], "answer_start": a["answer_start"]} for a in raw]
-    fail('"answers" must be a list of {"text", "answer_start"} or {"text": [...], "answer_start": [...]}', "answers")
-
-
-def _example(rec: Mapping[str, Any], fail: Fail, default_id: str) -> Example:
-    """Validate one question record and return the example dict; ``fail(message, field)`` raises."""
-    for key in ("question", "context"):
-        if key not in rec:
-            fail(f'missing "{key}"', key)
-        if not isinstance(rec[key], str):
-            fail(f'"{key}" must be a string, got {type(rec[key]).__name__}', key)
-    qid = str(rec.get("id", default_id))
-    context = rec["context"]
-    flag = rec.get("is_impossible")
-    if flag is not None and not isinstance(flag, bool):
-        fail(f'"is_impossible" must be true or false, got {flag!r}', "is_impossible")
-    if "answers" not in rec or rec["answers"] is None:
-        if flag is not True:
-            fail('missing "answers" (use [] with "is_impossible": true for a question without an answer)', "answers")
-        answers: list[Answer] = []
-    else:
-        answers = _answers_from(rec["answers"], fail)
-    impossible = bool(flag) if flag is not None else not answers
-    if impossible:
-        answers = []  # SQuAD 2.0 keeps its guesses in "plausible_answers"; the gold is ""
-    elif not answers:
-        fail('no answers although "is_impossible" is false', "answers")
-    for k, a in enumerate(answers):
-        text, start = a["text"], a["answer_start"]
-        if not isinstance(text, str) or not text:
-            fail(f"question '{qid}': the answer text must be a non-empty string, got {text!r}", f"answers[{k}].text")
-        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-            fail(f"question '{qid}': answer_start must be a non-negative integer, got {start!r}", f"answers[{k}].answer_start")
-        found = context[start : start + len(text)]
-        if found != text:
-            where = context.find(text)
-            hint = f"it occurs at {where}" if where >= 0 else "it does not occur in the context at all"
-            fail(
-                f"question '{qid}': answer {text!r} is not at answer_start {start}; the context there reads "
-                f"{found!r} ({hint})",
-                f"answers[{k}].answer_start",
-            )
-    return {"id": qid, "question": rec["question"], "context": context, "answers": answers, "is_impossible": impossible}
-
-
-def _read_records(records: Iterable[Record]) -> list[Example]:
-    """Examples of JSON-lines records {"id", "question", "context", "answers"}."""
-    out = []
-    for rec in records:
-
-        def fail(msg: str, field: str | None = None, rec: Record = rec) -> NoReturn:
-            raise rec.error(msg, field, "fix that line of the file")
-
-        if not isinstance(rec.data, dict):
-            fail(f'expected a JSON object {{"id", "question", "context", "answers"}}, got {type(rec.data).__name__}')
-        out.append(_example(rec.data, fail, default_id=str(rec.line)))
-    return out
-
-
-def _read_squad(path: Path, doc: Any) -> list[Example]:
-    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
-        raise DataFormatError(path, 'a SQuAD file is an object with a "data" list', field="data", hint="or use JSON lines")
-    out = []
-    for i, article in enumerate(doc["data"]):
-        paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
-        if not isinstance(paragraphs, list):
-            raise DataFormatError(path, 'each article needs a "paragraphs" list', field=f"data[{i}].paragraphs")
-        for j, para in enumerate(paragraphs):
-            where = f"data[{i}].paragraphs[{j}]"
-            if not isinstance(para, dict) or not isinstance(para.get("context"), str):
-                raise DataFormatError(path, 'each paragraph needs a "context" string', field=f"{where}.context")
-            if not isinstance(para.get("qas"), list):
-                raise DataFormatError(path, 'each paragraph needs a "qas" list', field=f"{where}.qas")
-            for k, qa in enumerate(para["qas"]):
-                at = f"{where}.qas[{k}]"
-                if not isinstance(qa, dict):
-                    raise DataFormatError(path, "each question must be an object", field=at)
-                if "id" not in qa:
-                    raise DataFormatError(path, 'question without "id"', field=f"{at}.id")
-
-                def fail(msg: str, field: str | None = None, at: str = at, qid: Any = qa["id"]) -> NoReturn:
-                    if f"question '{qid}'" not in msg:
-                        msg = f"question '{qid}': {msg}"
-                    raise DataFormatError(path, msg, field=f"{at}.{field}" if field else at, hint="fix the data file")
-
-                out.append(_example({**qa, "context": para["context"]}, fail, default_id=str(qa["id"])))
-    return out
-
-
-# ---------------------------------------------------------------- metrics (the official SQuAD script)
-
-
-def normalize_answer(s: str) -> str:
-    """Lower case, drop punctuation, the articles a/an/the and extra whitespace (SQuAD v1.1/v2.0)."""
-    s = s.lower()
-    s = "".join(ch for ch in s if ch not in _PUNCT)
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return " ".join(s.split())
-
-
-_PUNCT = set(string.punctuation)
-
-
-def exact_match(gold: str, pred: str) -> float:
-    return float(normalize_answer(gold) == normalize_answer(pred))
-
-
-def f1_score(gold: str, pred: str) -> float:
-    g, p = normalize_answer(gold).split(), normalize_answer(pred).split()
-    if not g or not p:  # no-answer: 1 only when both are empty
-        return float(g == p)
-    same = sum((collections.Counter(g) & collections.Counter(p)).values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(p), same / len(g)
-    return 2 * precision * recall / (precision + recall)
-
-
-def gold_answers(example: Example) -> list[str]:
-    """Gold texts as the official script takes them: impossible questions (and empty golds) are [""]."""
-    if example.get("is_impossible"):
-        return [""]
-    return [a["text"] for a in example.get("answers", []) if normalize_answer(a["text"])] or [""]
-
-
-# ---------------------------------------------------------------- the span search
-
-
-def _best_span(
-    start: np.ndarray, end: np.ndarray, offsets: Offsets, n_best: int, max_answer: int
-) -> tuple[float, int, int] | None:
-    """(score, start token, end token) of the best valid span of one window, or None."""
-    n = min(len(start), len(end), len(offsets))
-    ctx = np.array([i for i in range(n) if offsets[i] is not None], dtype=np.int64)
-    if ctx.size == 0:
-        return None
-    s_idx = ctx[np.argsort(-start[ctx], kind="stable")[:n_best]]  # n-best starts among context tokens
-    e_idx = ctx[np.argsort(-end[ctx], kind="stable")[:n_best]]
-    score = start[s_idx][:, None] + end[e_idx][None, :]  # (n_best, n_best)
-    length = e_idx[None, :] - s_idx[:, None] + 1
-    score = np.where((length >= 1) & (length <= max_answer), score, -np.inf)
-    k = int(np.argmax(score))
-    best = float(score.flat[k])
-    if best == -np.inf:
-        return None
-    return best, int(s_idx[k // score.shape[1]]), int(e_idx[k % score.shape[1]])
-
-
-def _search(outputs: dict[str, list[np.ndarray]], features: list[Feature], n_examples: int,
-            opts: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per example: the best span over all its windows (score, character span) and the null score."""
-    res: list[dict[str, Any]] = [{"score": None, "start": -1, "end": -1, "null": None} for _ in range(n_examples)]
-    n_best, max_answer = int(opts["n_best"]), int(opts["max_answer_length"])
-    for f, st, en in zip(features, outputs["start_logits"], outputs["end_logits"]):
-        st = np.asarray(st, dtype=np.float64).reshape(-1)  # (T,)
-        en = np.asarray(en, dtype=np.float64).reshape(-1)
-        r = res[f[EXAMPLE]]
-        null = float(st[0] + en[0])  # [CLS]
-        r["null"] = null if r["null"] is None else min(r["null"], null)
-        span = _best_span(st, en, f["offsets"], n_best, max_answer)
-        if span is not None and (r["score"] is None or span[0] > r["score"]):
-            r["score"], r["start"], r["end"] = span[0], f["offsets"][span[1]][0], f["offsets"][span[2]][1]
-    return res
-
-
-def _trimmed(text: str, start: int, end: int) -> tuple[int, int]:
-    """A span without the whitespace at its ends: SentencePiece's lone "▁" pieces (and byte-level
-    "Ġ" pieces) carry the space before a word in their offsets."""
-    while start < end and text[start].isspace():
-        start += 1
-    while end > start and text[end - 1].isspace():
-        end -= 1
-    return start, end
 
 
 # ---------------------------------------------------------------- the task
@@ -288,17 +85,17 @@ class QATask:
         """SQuAD v1.1 / v2.0 JSON (.json) or JSON lines {"id", "question", "context", "answers"}."""
         p = Path(path)
         if p.suffix.lower() == ".jsonl" or is_table(p):  # Parquet / datasets: the JSON-lines fields as columns
-            return _read_records(iter_jsonl(p, max_bytes=max_bytes))
+            return read_records(iter_jsonl(p, max_bytes=max_bytes))
         text = read_text(p)
         try:
             doc = parse_json(text)
         except json.JSONDecodeError as e:
             if e.msg == "Extra data" or p.suffix.lower() != ".json":  # several JSON values: JSON lines
-                return _read_records(iter_jsonl(p, max_bytes=max_bytes))
+                return read_records(iter_jsonl(p, max_bytes=max_bytes))
             raise DataFormatError(p, f"malformed JSON: {e.msg} (column {e.colno})", line=e.lineno, hint="fix the JSON") from None
         if isinstance(doc, dict) and "data" not in doc and "question" in doc:  # a JSON-lines file of one record
-            return _read_records(iter_jsonl(p, max_bytes=max_bytes))
-        return _read_squad(p, doc)
+            return read_records(iter_jsonl(p, max_bytes=max_bytes))
+        return read_squad(p, doc)
 
     def from_input(self, item: Input, options: Mapping[str, Any]) -> Example:
         """An example from a runtime record with "question" and "context" (and optionally "id")."""
@@ -419,7 +216,7 @@ class QATask:
     ) -> list[Prediction]:
         """One {"id", "answer", "score", "start", "end"} per example; start/end are character
         offsets in the context (-1 and "" for no answer)."""
-        found = _search(outputs, features, len(examples), ctx.options)
+        found = search_spans(outputs, features, len(examples), ctx.options)
         with_null = self._with_null(ctx)
         threshold = float(ctx.state.get("null_score_threshold") or 0.0)
         preds = []
@@ -429,7 +226,7 @@ class QATask:
                 score = r["null"] if r["null"] is not None else 0.0
                 preds.append({"id": ex["id"], "answer": "", "score": float(score), "start": -1, "end": -1})
             else:
-                start, end = _trimmed(ex["context"], r["start"], r["end"])
+                start, end = trimmed(ex["context"], r["start"], r["end"])
                 preds.append({"id": ex["id"], "answer": ex["context"][start:end], "score": float(r["score"]), "start": start, "end": end})
         return preds
 
@@ -440,7 +237,7 @@ class QATask:
         script's best_f1_thresh); {} when no question here is impossible."""
         if not any(ex.get("is_impossible") for ex in examples):
             return {}
-        found = _search(outputs, features, len(examples), ctx.options)
+        found = search_spans(outputs, features, len(examples), ctx.options)
         total = 0.0  # F1 summed over examples, everything predicted "" to begin with
         candidates = []  # (null - best span, F1 gained by answering instead)
         for ex, r in zip(examples, found):

@@ -41,12 +41,18 @@ from mlmkit.taskkit import (
     Prediction,
     TaskContext,
     TaskOption,
+    get_loss,
+    losses,
     mean_metrics,
 )
 from mlmkit_tasks.embedding import EmbeddingTask, is_splade_directory
 
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
     from mlmkit.model import ModelConfig
+
+RANKING_LOSSES = tuple(name for name, loss in losses("embedding").items() if not loss.cached and "texts" not in loss.data)
+"""The embedding losses SPLADE's ranking term may be: not those embedded in mini-batches (the sparse
+head embeds a batch at once) nor those of a teacher's embeddings (the task has no teacher option)."""
 
 
 class SparseEmbeddingTask(EmbeddingTask):
@@ -57,6 +63,9 @@ class SparseEmbeddingTask(EmbeddingTask):
     options = (
         TaskOption("max_terms", 256, "Most non-zero entries kept per text (the largest, chosen in the graph).", minimum=1,
                    fixed=True),
+        TaskOption("loss", "mnrl", "Fine-tuning: the ranking loss of the sparse vectors (dot products), the "
+                   "FLOPS regulariser added to it: mnrl on rows or a BEIR directory, margin-mse or kl-distill on "
+                   "rows with teacher scores, cosent on scored pairs.", choices=RANKING_LOSSES),
         TaskOption("query_flops", 5e-5, "Fine-tuning: the FLOPS regulariser's weight on the queries (anchors); 0: off.",
                    minimum=0.0),
         TaskOption("document_flops", 3e-5, "Fine-tuning: the FLOPS regulariser's weight on the documents; 0: off.",
@@ -113,9 +122,15 @@ class SparseEmbeddingTask(EmbeddingTask):
         return {} if is_splade_directory(directory) else None
 
     def build_model(self, config: ModelConfig, ctx: TaskContext) -> Any:
+        from mlmkit.model import DistributedLoss, SpladeLoss, embedding_loss
         from mlmkit_tasks.heads.sparse_embedding import SparseEncoder
 
-        return SparseEncoder(config, int(ctx.options["max_terms"]), ctx.options)
+        o = ctx.options
+        ranking = embedding_loss(get_loss("embedding", o["loss"]), scale=float(o["scale"]), dot=True)
+        # the ranking term's in-batch negatives from every rank under torchrun; the FLOPS term each rank's own
+        objective = SpladeLoss(DistributedLoss(ranking), query_weight=float(o["query_flops"]),
+                               document_weight=float(o["document_flops"]), warmup=int(o["flops_warmup"]))
+        return SparseEncoder(config, int(o["max_terms"]), objective)
 
     def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
         """Retrieval through an inverted index (a retrieval set), or the pairs' correlations."""
@@ -151,10 +166,11 @@ class SparseEmbeddingTask(EmbeddingTask):
 
 
 def _as_embedding(options: Mapping[str, Any]) -> Options:
-    """These options as the embedding task's reader and featurizer take them (its defaults, mnrl)."""
+    """These options as the embedding task's reader and featurizer take them (its defaults, the ranking
+    loss: mnrl where none is given)."""
     from mlmkit_tasks.embedding import task as embedding
 
-    return {**{o.name: o.default for o in embedding.options}, **options, "loss": "mnrl"}
+    return {**{o.name: o.default for o in embedding.options}, **options, "loss": options.get("loss", "mnrl")}
 
 
 def _csr(preds: list[Prediction], width: int) -> Any:

@@ -136,7 +136,7 @@ assert "torch" not in sys.modules, [m for m in sys.modules if m.startswith("torc
 assert mlmkit.Pipeline is Pipeline and mlmkit.PretrainArgs is PretrainArgs and mlmkit.TrainArgs is TrainArgs
 import mlmkit.model
 assert set(mlmkit.model.__all__) <= set(dir(mlmkit.model))
-from mlmkit.model import BertModel, ModelConfig, init_weights, mnrl
+from mlmkit.model import BertModel, ModelConfig, init_weights, MultipleNegativesRankingLoss
 from mlmkit.exporter.bundle import export
 from mlmkit.train.finetune import evaluate_run, finetune
 from mlmkit.train.pretrain import pretrain

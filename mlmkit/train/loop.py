@@ -5,11 +5,12 @@ Its resume state is state.py's and its devices devices.py's:
 - ``Cursor`` (state.py): the loop's position in the data, (epoch, micro-batch). A data source hands out batch
   ``index`` of ``epoch`` directly (``DataSource``), so resuming seeks straight there and never
   replays the batches already seen. Epochs advance in one place, ``Cursor._next_epoch``.
-- ``ResumeCheckpoints`` (state.py): run directories under RUN/checkpoints/step-N with a state/ folder (optimizer,
-  scheduler, RNG, position); state/trainer.json is written last and marks a checkpoint complete;
+- ``ResumeCheckpoints`` (state.py): run directories under RUN/checkpoints/step-N with a state/ folder
+  (optimizer, scheduler, RNG, position); state/trainer.json is written last and marks a checkpoint complete;
   the last ``keep_last`` complete ones are kept; --resume restores the newest that loads whole
   (a run directory itself is read and written by rundir/checkpoint.py).
-- ``BestTracker``: the best evaluation so far by the main metric, and early stopping.
+- ``BestTracker`` (best.py): the best evaluation so far by the main metric, and early stopping;
+  AdamW's parameter groups and the learning-rate schedule: optimizer.py.
 - ``Trainer``: the loop (devices, DDP, AdamW, the linear schedule, metrics.jsonl, progress).
 
 Under torchrun each rank takes every world-size-th batch and only rank 0 writes; an evaluation that
@@ -23,23 +24,21 @@ import contextlib
 import json
 import logging
 import math
-import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from mlmkit.args import TrainArgs
 from mlmkit.errors import ConfigError, Diverged
 from mlmkit.files import JSONObject, atomic_open, exclusive
-from mlmkit.models.core import BertModel
 from mlmkit.registry import Metrics
 from mlmkit.rundir.meta import RunMeta, read_meta, write_meta
+from mlmkit.train.best import BestTracker, scalars
 from mlmkit.train.data import DataSource
 from mlmkit.train.devices import (
     average_gradients,
@@ -50,7 +49,8 @@ from mlmkit.train.devices import (
     syncs_own_gradients,
     use_bf16,
 )
-from mlmkit.train.state import Cursor, Position, ResumeCheckpoints, SaveModel, TrackerState
+from mlmkit.train.optimizer import linear_schedule, param_groups, set_seed
+from mlmkit.train.state import Cursor, Position, ResumeCheckpoints, SaveModel
 from mlmkit.train.tracking import Params, Reporter, Reporters, RunInfo, flat_params, parse_report_to
 
 if TYPE_CHECKING:
@@ -63,80 +63,6 @@ Evaluate = Callable[[nn.Module], Metrics]
 LogLine = dict[str, float]
 """One line of metrics.jsonl (and of ``Trainer.history``): step, epoch, and either the training
 figures (the losses averaged since the last line, lr, tokens_per_s) or an evaluation's numbers (eval_*)."""
-
-
-# ---- optimisation ------------------------------------------------------------------------------
-class ParamGroup(TypedDict, total=False):
-    """One of AdamW's parameter groups (``lr``: its own peak, else the optimizer's)."""
-
-    params: list[nn.Parameter]
-    weight_decay: float
-    lr: float
-
-
-def param_groups(model: nn.Module, weight_decay: float, head_lr: float | None = None) -> list[ParamGroup]:
-    """AdamW's groups: matrices and embeddings decay; biases and LayerNorm weights (all 1-D) don't.
-    ``head_lr``: the parameters outside the encoder (every BertModel's: a task head, a projection)
-    at that peak instead of the optimizer's (a fresh head learns from nothing in a few steps)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    encoder = {id(p) for m in model.modules() if isinstance(m, BertModel) for p in m.parameters()}
-    parts = [params] if head_lr is None else [[p for p in params if id(p) in encoder], [p for p in params if id(p) not in encoder]]
-    groups: list[ParamGroup] = []
-    for k, part in enumerate(parts):
-        extra: dict[str, float] = {"lr": head_lr} if k == 1 and head_lr is not None else {}
-        groups += [{"params": [p for p in part if p.dim() >= 2], "weight_decay": weight_decay, **extra},  # type: ignore[typeddict-item]
-                   {"params": [p for p in part if p.dim() < 2], "weight_decay": 0.0, **extra}]  # type: ignore[typeddict-item]
-    return groups
-
-
-def linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
-    """The learning-rate factor at each step: linear warmup over ``warmup`` steps, then linear decay to 0."""
-
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / max(1, warmup)
-        return max(0.0, (total - step) / max(1, total - warmup))
-
-    return f
-
-
-def set_seed(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-class BestTracker:
-    """The best evaluation so far by ``metric`` and the evaluations since it (early stopping)."""
-
-    def __init__(self, metric: str | None, greater_is_better: bool, patience: int | None) -> None:
-        self.metric, self.greater, self.patience = metric, greater_is_better, patience
-        self.best: float | None = None
-        self.bad_evals = 0
-        self.best_metrics: Metrics = {}
-
-    def update(self, step: int, metrics: Metrics) -> bool:
-        """Record an evaluation; True when it is the best so far (the caller keeps that model)."""
-        if self.metric is None or self.metric not in metrics:
-            return False
-        v = float(metrics[self.metric])
-        if self.best is None or (v > self.best if self.greater else v < self.best):
-            self.best, self.bad_evals = v, 0
-            self.best_metrics = {"best_step": step, **{f"eval_{k}": x for k, x in metrics.items()}, **_scalars(metrics, "eval_")}
-            return True
-        self.bad_evals += 1
-        return False
-
-    @property
-    def should_stop(self) -> bool:
-        return self.patience is not None and self.bad_evals >= self.patience
-
-    def state(self) -> TrackerState:
-        return {"best": self.best, "bad_evals": self.bad_evals, "best_metrics": self.best_metrics}
-
-    def load(self, state: TrackerState) -> None:
-        self.best, self.bad_evals = state.get("best"), state.get("bad_evals", 0)
-        self.best_metrics = state.get("best_metrics") or {}
 
 
 # ---- the loop ----------------------------------------------------------------------------------
@@ -175,11 +101,13 @@ class Trainer:
         elif self.dist.world > 1:
             from torch.nn.parallel import DistributedDataParallel
 
-            self.ddp = DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
+            ids = [self.device] if self.device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(self.model, device_ids=ids)
         # fused: one kernel over all parameters instead of ~10 small ops per tensor, which cost as
         # much as a small BERT's forward and backward on 2 CPU cores (transformers' Trainer fuses too)
         self.opt = torch.optim.AdamW(
-            param_groups(self.model, args.weight_decay, args.head_lr), lr=args.lr, betas=(0.9, 0.999), eps=1e-6,
+            param_groups(self.model, args.weight_decay, args.head_lr), lr=args.lr, betas=(0.9, 0.999),
+            eps=1e-6,
             fused=self.device.type in ("cpu", "cuda"),
         )
         self.cursor = Cursor(data, self.dist)
@@ -205,7 +133,8 @@ class Trainer:
 
     # ---- state -------------------------------------------------------------------------------
     def _position(self) -> Position:
-        return {"step": self.step, "epoch": self.cursor.epoch, "micro": self.cursor.micro, "total": self.total,
+        return {"step": self.step, "epoch": self.cursor.epoch, "micro": self.cursor.micro,
+                "total": self.total,
                 "world": self.dist.world, "data": self.data_key, **self.tracker.state()}
 
     def _checkpoint(self, meta: RunMeta) -> None:
@@ -225,20 +154,24 @@ class Trainer:
         ck, pos = self.checkpoints.restore(self.model, self.opt, self.sched, self.device)
         if pos.get("world", 1) != self.dist.world:
             raise ConfigError(
-                f"--resume: the checkpoint was written by {pos['world']} processes, this run has {self.dist.world}",
+                f"--resume: the checkpoint was written by {pos['world']} processes, this run has "
+                f"{self.dist.world}",
                 "resume with the same --nproc-per-node",
             )
         saved = json.loads(json.dumps(pos.get("data", self.data_key)))  # as JSON has it (tuples are lists)
-        changed = [k for k in sorted({*saved, *self.data_key}) if saved.get(k) != json.loads(json.dumps(self.data_key.get(k)))]
+        changed = [k for k in sorted({*saved, *self.data_key})
+                   if saved.get(k) != json.loads(json.dumps(self.data_key.get(k)))]
         if changed:
             what = "; ".join(f"{k}: {saved.get(k)!r} then, {self.data_key.get(k)!r} now" for k in changed)
             if not self.args.resume_force:
-                raise ConfigError(f"--resume: settings that decide the data order changed since the checkpoint ({what})",
-                                  "resume with the run's settings, or pass --resume-force to continue regardless")
+                raise ConfigError("--resume: settings that decide the data order changed since the "
+                                  f"checkpoint ({what})", "resume with the run's settings, or pass "
+                                  "--resume-force to continue regardless")
             log.warning("--resume-force: continuing although %s", what)
         self.step, self.cursor.epoch, self.cursor.micro = pos["step"], pos["epoch"], pos["micro"]
         self.tracker.load(pos)
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", ck, self.step, self.cursor.epoch, self.cursor.micro)
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", ck, self.step, self.cursor.epoch,
+                 self.cursor.micro)
         if self.dist.main:  # what was logged after the checkpoint is about to happen again
             self._trim_log(self.step)
         return self.step
@@ -246,7 +179,8 @@ class Trainer:
     def _trim_log(self, step: int) -> None:
         path = self.out / "metrics.jsonl"
         if path.exists():
-            kept = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True) if _logged_by(line, step)]
+            kept = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True)
+                    if _logged_by(line, step)]
             with atomic_open(path) as f:
                 f.writelines(kept)
 
@@ -273,9 +207,10 @@ class Trainer:
                 metrics = self.evaluate(self.model)
             self.model.train()
             if self.dist.main:
-                self._log({"step": self.step, "epoch": self.cursor.epoch, **_scalars(metrics, "eval_")})
+                self._log({"step": self.step, "epoch": self.cursor.epoch, **scalars(metrics, "eval_")})
                 if self.tracker.update(self.step, metrics):
-                    self.save_model(self.model, self.out, replace(meta, best_step=self.step, best_metrics=metrics))
+                    self.save_model(self.model, self.out,
+                                    replace(meta, best_step=self.step, best_metrics=metrics))
         self._checkpoint(meta)
         stop = [self.tracker.should_stop]
         if self.dist.world > 1:
@@ -291,7 +226,8 @@ class Trainer:
             tokens += int(b["attention_mask"].sum())
             # DDP all-reduces gradients only on the last micro-batch of an accumulation
             last = i == a.grad_accum - 1
-            sync = self.ddp.no_sync() if self.dist.world > 1 and not last and not self.own_sync else contextlib.nullcontext()
+            separate = self.dist.world > 1 and not last and not self.own_sync
+            sync = self.ddp.no_sync() if separate else contextlib.nullcontext()
             with sync, self._autocast():
                 out = self.ddp(**b)
             (out["loss"] / a.grad_accum).backward()
@@ -329,7 +265,8 @@ class Trainer:
 
     def _train(self, meta: RunMeta) -> Metrics:
         resumed = self._start()
-        if self.bf16 and self.args.bf16 is None and self.dist.main:  # after the checks: an error stays one line
+        # after the checks: an error stays one line
+        if self.bf16 and self.args.bf16 is None and self.dist.main:
             log.info("bf16 autocast: on (this CPU has native bf16; --no-bf16 keeps fp32)")
         if self.dist.main:
             self.reporters = Reporters(parse_report_to(self.args.report_to), self.extra_reporters)
@@ -337,7 +274,8 @@ class Trainer:
         try:
             result = self._loop(meta)
         except BaseException as e:
-            self.reporters.finish([self.out / "metrics.jsonl"], "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+            self.reporters.finish([self.out / "metrics.jsonl"],
+                                  "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
             raise
         self.reporters.finish(self._artifacts(), "FINISHED")
         return result
@@ -366,7 +304,8 @@ class Trainer:
                 if self.step % a.log_every == 0 or self.step == self.total:
                     dt = time.perf_counter() - t0
                     logged = {k: v / n_sum for k, v in sums.items()}
-                    rec: LogLine = {"step": self.step, "epoch": self.cursor.epoch, **logged, "lr": self.sched.get_last_lr()[0],
+                    rec: LogLine = {"step": self.step, "epoch": self.cursor.epoch, **logged,
+                                    "lr": self.sched.get_last_lr()[0],
                                     "tokens_per_s": tokens * self.dist.world / max(dt, 1e-9)}
                     self._log(rec)
                     bar.update(task, loss=logged.get("loss", float("nan")), tps=rec["tokens_per_s"])
@@ -375,7 +314,8 @@ class Trainer:
                 if self.step == self.total:
                     break
                 self.cursor.close_epoch()
-                if (a.eval_every and self.step % a.eval_every == 0) or (not a.eval_every and self.cursor.epoch_ended):
+                if ((a.eval_every and self.step % a.eval_every == 0)
+                        or (not a.eval_every and self.cursor.epoch_ended)):
                     if self._evaluate(meta):
                         log.info("early stopping at step %d: no gain in %s for %d evaluations",
                                  self.step, a.metric_for_best, a.early_stopping)
@@ -388,15 +328,18 @@ class Trainer:
         return self._finish(meta, logged)
 
     def _finish(self, meta: RunMeta, logged: dict[str, float]) -> Metrics:
-        last_eval: LogLine = next((r for r in reversed(self.history) if any(k.startswith("eval_") for k in r)), {})
-        result: Metrics = {"step": self.step, **logged, **{k: v for k, v in last_eval.items() if k.startswith("eval_")}}
+        evals = (r for r in reversed(self.history) if any(k.startswith("eval_") for k in r))
+        last_eval: LogLine = next(evals, {})
+        result: Metrics = {"step": self.step, **logged,
+                           **{k: v for k, v in last_eval.items() if k.startswith("eval_")}}
         best = self.tracker.best_metrics
         if best:  # the run directory holds the best model: report its figures
             result = {"step": self.step, "last_step_metrics": result,
                       **{k: v for k, v in best.items() if not isinstance(v, (list, dict))}}
         if self.dist.main:
             if self.tracker.best is None:
-                self.save_model(self.model, self.out, replace(meta, final_metrics=result))  # no selection: the final weights
+                # no selection: the final weights
+                self.save_model(self.model, self.out, replace(meta, final_metrics=result))
             else:
                 write_meta(self.out, replace(read_meta(self.out), final_metrics=result))
             from mlmkit.rundir import cards
@@ -433,15 +376,3 @@ def _progress(enabled: bool) -> Progress:
         disable=not enabled,
         transient=False,
     )
-
-
-def _scalars(metrics: Metrics, prefix: str) -> dict[str, float]:
-    """The numbers of a task's metrics, flat: a group of them (a reranker's "first_stage") as
-    PREFIX + group + "_" + name; lists and texts (a confusion matrix, label names) left out."""
-    out: dict[str, float] = {}
-    for k, v in metrics.items():
-        if isinstance(v, dict):
-            out.update(_scalars(v, f"{prefix}{k}_"))
-        elif isinstance(v, (int, float)):
-            out[f"{prefix}{k}"] = v
-    return out

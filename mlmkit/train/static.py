@@ -5,7 +5,7 @@ The table, made in four steps (model2vec's recipe, with mlmkit's teachers and tr
 1. every token of the vocabulary but the special ones and placeholders ([unused17]) goes through the teacher on its own, as the text
    [CLS] token [SEP] (the tokenizer's own special tokens), with the teacher's pooling but not its
    normalisation (a token's norm says how much it counts: unit vectors made a table of nDCG@10 0.271
-   on the built-in retrieval set, the norms kept 0.288, 2026-12-03; a bundle teacher's graph
+   on the built-in retrieval set, the norms kept 0.288; a bundle teacher's graph
    normalises, so a run or sentence-transformers directory of the same model makes the better table):
    a vector per token, computed once and cached under $MLMKIT_CACHE/teacher-outputs;
 2. PCA to ``--dims`` (the vectors centred, the components of the largest variance, each component's
@@ -42,7 +42,7 @@ from torch import nn
 from mlmkit.args import DISTILL_LR, DistillArgs
 from mlmkit.errors import ConfigError
 from mlmkit.files import JSONObject, atomic_write, cache_root, exclusive
-from mlmkit.models.pooled import TextEncoder, pool
+from mlmkit.models.pooled import PairBatch, TextEncoder, pool, token_states
 from mlmkit.objectives import get_loss
 from mlmkit.registry import Metrics, Options, TaskContext, get_task
 from mlmkit.rundir.cards import write_card
@@ -50,7 +50,7 @@ from mlmkit.rundir.meta import RunMeta
 from mlmkit.runtime.static_bundle import STATIC, write_static_bundle
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import special_ids
-from mlmkit.train import losses
+from mlmkit.train.losses import EmbeddingLoss, embedding_loss
 
 log = logging.getLogger("mlmkit")
 
@@ -58,7 +58,7 @@ DEFAULT_DIMS = 256
 SIF = 1e-4  # the weighting's coefficient (model2vec's default): a token of Zipf probability 1e-4 counts half
 STATIC_LR = 1e-2
 """The table's learning rate when --lr is left at distill's default: on the built-in retrieval set (MiniLM-L6's
-table, 3 epochs, batch 32) 1e-2 gave nDCG@10 0.385, 3e-3 0.349, 3e-2 0.381 (2026-12-03)."""
+table, 3 epochs, batch 32) 1e-2 gave nDCG@10 0.385, 3e-3 0.349, 3e-2 0.381."""
 TOKEN_BATCH = 512  # one-token texts per teacher batch
 
 
@@ -180,22 +180,23 @@ class StaticEncoder(TextEncoder):
     """The table in training: a text's embedding is the normalised mean of its counted tokens' rows
     (the bundle's graph, mlmkit.runtime.static_bundle); the loss is ``objective`` over the batch's texts."""
 
-    def __init__(self, table: np.ndarray, counted: np.ndarray, objective: losses.EmbeddingLoss) -> None:
+    def __init__(self, table: np.ndarray, counted: np.ndarray, objective: EmbeddingLoss) -> None:
         super().__init__()
         self.table = nn.Parameter(torch.from_numpy(np.array(table, dtype=np.float32)))
         self.register_buffer("counted", torch.from_numpy(np.array(counted, dtype=np.float32)))
         self.objective = objective
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        weights = self.counted[input_ids] * attention_mask.to(self.table.dtype)  # (B, T): the counted real tokens
-        return F.normalize(pool(self.table[input_ids], weights, "mean"), p=2.0, dim=-1)
+        weights = self.counted[input_ids] * attention_mask.to(self.table.dtype)  # (B, T): the counted real ones
+        rows = token_states(self.table, input_ids, attention_mask)  # (B, T, D): each token's row
+        return F.normalize(pool(rows, weights, "mean"), p=2.0, dim=-1)
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                token_type_ids: torch.Tensor | None) -> dict[str, torch.Tensor]:
         return {"embedding": self.embed(input_ids, attention_mask)}
 
-    def train_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None,
-                   batch: losses.PairBatch) -> dict[str, torch.Tensor]:
+    def train_step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   token_type_ids: torch.Tensor | None, batch: PairBatch) -> dict[str, torch.Tensor]:
         emb = self.embed(input_ids, attention_mask)
         return {"loss": self.objective(emb, batch), "embedding": emb}
 
@@ -271,7 +272,8 @@ def train_table(args: DistillArgs, table: np.ndarray, counted: np.ndarray, tok: 
     opts = {**opts, "loss": loss, "query_prompt": "", "document_prompt": ""}  # a table has no use for prompts
     ctx = TaskContext(max_length=max_length, options=opts, state=state)
     features = task.featurize(examples, tok, ctx, training=True)
-    objective = losses.build_loss(get_loss("embedding", loss), scale=float(opts["scale"]), symmetric=bool(opts["symmetric"]))
+    objective = embedding_loss(get_loss("embedding", loss), scale=float(opts["scale"]),
+                               symmetric=bool(opts["symmetric"]))
     model = StaticEncoder(table, counted, objective)
     data = FeatureData(features, task, args.batch_size, special_ids(tok).pad, args.train.seed)
 

@@ -8,7 +8,7 @@ import logging
 
 import torch
 
-from mlmkit.model import BertForLabels, ModelConfig, build_loss
+from mlmkit.model import BertForLabels, ModelConfig, rank_loss
 from mlmkit.taskkit import ConfigError, Loss
 from mlmkit_tasks.classification import REGRESSION
 
@@ -22,9 +22,10 @@ class BertForRerank(BertForLabels):
     (bce, listnet ...), computed over the pairs of each query (``example``). ``answers``: the (TRUE,
     FALSE) token ids of a causal LM judging the pair, whose LM head gives the classifier its row."""
 
-    def __init__(self, config: ModelConfig, loss: Loss, max_label: float, answers: tuple[int, int] | None = None) -> None:
+    def __init__(self, config: ModelConfig, loss: Loss, max_label: float,
+                 answers: tuple[int, int] | None = None) -> None:
         super().__init__(config, per_token=False, problem_type=REGRESSION)
-        self.objective = build_loss(loss, max_label=max_label)
+        self.objective = rank_loss(loss, max_label=max_label)
         self.answers = answers
 
     def derived_weights(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -37,7 +38,8 @@ class BertForRerank(BertForLabels):
         tied = bool(self.config.extra.get("tie_word_embeddings", True))
         rows = sd.get(LM_HEAD + "weight", sd.get(EMBEDDINGS) if tied else None)
         if rows is None:
-            raise ConfigError("the checkpoint has no LM head (lm_head.weight) to read the answer tokens' rows from"
+            raise ConfigError("the checkpoint has no LM head (lm_head.weight) to read the answer tokens' "
+                              "rows from"
                               + ("" if tied else ", and its config does not tie it to the token embeddings"),
                               "give a causal LM's checkpoint, or leave answer_tokens empty")
         yes, no = self.answers
@@ -45,9 +47,11 @@ class BertForRerank(BertForLabels):
         out["classifier.weight"] = (rows[yes].float() - rows[no].float())[None, :]  # (1, H)
         bias = sd.get(LM_HEAD + "bias")
         if self.classifier.bias is not None:
-            out["classifier.bias"] = (bias[yes].float() - bias[no].float())[None] if bias is not None else torch.zeros(1)
+            out["classifier.bias"] = ((bias[yes].float() - bias[no].float())[None] if bias is not None
+                                      else torch.zeros(1))
         elif bias is not None and float(bias[yes]) != float(bias[no]):
-            raise ConfigError("the LM head's answer rows have biases, which this family's head has no place for",
+            raise ConfigError("the LM head's answer rows have biases, which this family's head has no place "
+                              "for",
                               "leave answer_tokens empty and fine-tune a fresh head")
         log.info("the rerank head is the LM head's answer rows (token %d less token %d)", yes, no)
         return out

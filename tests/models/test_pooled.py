@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlmkit.models.pooled import PairBatch, TextEncoder, pool
+from mlmkit.models.config import preset
+from mlmkit.models.core import BertModel
+from mlmkit.models.pooled import PairBatch, TextEncoder, pool, token_states
 
 
 def test_pooling_reads_only_the_real_tokens():
@@ -16,8 +18,19 @@ def test_pooling_reads_only_the_real_tokens():
     assert pool(x, mask, "cls").tolist() == [[1.0, 5.0]]
     weighted = pool(x, torch.tensor([[3.0, 1.0, 0.0]]), "mean")  # a float mask weighs the tokens
     assert weighted.tolist() == [[1.5, 3.5]]
+    # per token, 0 at padding
+    assert pool(x, mask, "tokens").tolist() == [[[1.0, 5.0], [3.0, -1.0], [0.0, 0.0]]]
     with pytest.raises(ValueError, match="pooling 'sum'"):
         pool(x, mask, "sum")
+
+
+def test_token_states_are_the_encoder_s_last_states_or_a_table_s_rows():
+    torch.manual_seed(0)
+    bert = BertModel(preset("tiny", vocab_size=50), add_pooling_layer=False).eval()
+    ids, mask = torch.randint(5, 50, (2, 6)), torch.ones((2, 6), dtype=torch.long)
+    assert torch.equal(token_states(bert, ids, mask, None), bert(ids, mask, None)[0])
+    table = torch.randn(50, 4)
+    assert torch.equal(token_states(table, ids, mask), table[ids])
 
 
 class _Recorder(TextEncoder):

@@ -72,7 +72,7 @@ def test_kl_distill_is_the_kl_of_the_teachers_softmax_to_the_students_over_each_
         t = b.score[cands] / 2.0
         p = torch.softmax(t, 0)
         want += float((p * (torch.log(p) - torch.log_softmax(s, 0))).sum())
-    got = losses.kl_distill(dot=True, temperature=2.0)(E, b)
+    got = losses.DistillKLDivLoss(dot=True, temperature=2.0)(E, b)
     assert float(got) == pytest.approx(want / 2 * 4.0, abs=1e-5)
     # the embedding task's form: the cosine times scale, at temperature 1
     cos = torch.nn.functional.normalize(E, dim=-1)
@@ -81,7 +81,7 @@ def test_kl_distill_is_the_kl_of_the_teachers_softmax_to_the_students_over_each_
         s = torch.tensor([20.0 * float(cos[a] @ cos[c]) for c in cands])
         p = torch.softmax(b.score[cands], 0)
         want += float((p * (torch.log(p) - torch.log_softmax(s, 0))).sum())
-    assert float(losses.kl_distill(scale=20.0)(E, b)) == pytest.approx(want / 2, rel=1e-5)
+    assert float(losses.DistillKLDivLoss(scale=20.0)(E, b)) == pytest.approx(want / 2, rel=1e-5)
 
 
 def test_margin_mse_with_a_similarity_scores_each_anchor_against_its_own_candidates():
@@ -89,7 +89,7 @@ def test_margin_mse_with_a_similarity_scores_each_anchor_against_its_own_candida
     b = _batch([[0, 1, 2], [0, 1, 2, 3]], [[0.0, 2.0, 0.5], [0.0, 1.0, 0.0, -1.0]])
     E = torch.randn(len(b.part), 6)
     dot = lambda x, y: x @ y.T  # noqa: E731
-    assert float(losses.margin_mse(similarity=dot)(E, b)) == pytest.approx(float(losses.margin_mse()(E, b)), rel=1e-6)
+    assert float(losses.MarginMSELoss(similarity=dot)(E, b)) == pytest.approx(float(losses.MarginMSELoss()(E, b)), rel=1e-6)
 
 
 # ---- end to end on the built-in retrieval set ---------------------------------------------------------------

@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import run_finetune
-from mlmkit_tasks.qa import f1_score, normalize_answer, task
 
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
 from mlmkit.registry import BATCH, SEQUENCE, Task, TaskContext, get_task
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import train_tokenizer
 from mlmkit.train.finetune import evaluate_run, load_finetuned
+from mlmkit_tasks.qa import task
+from mlmkit_tasks.qa_metrics import f1_score, normalize_answer
 
 plugin = get_task("qa")
 

@@ -44,7 +44,7 @@ def test_bce_is_the_sigmoid_cross_entropy_of_the_scaled_label():
     s, y, group = _data()
     want = [-(t * math.log(1 / (1 + math.exp(-x))) + (1 - t) * math.log(1 - 1 / (1 + math.exp(-x))))
             for x, t in zip(s.tolist(), (y / 2).tolist())]
-    assert float(losses.rank_bce(max_label=2.0)(s, y, group)) == pytest.approx(sum(want) / len(want), rel=1e-5)
+    assert float(losses.BinaryCrossEntropyLoss(max_label=2.0)(s, y, group)) == pytest.approx(sum(want) / len(want), rel=1e-5)
 
 
 def test_mnrl_is_each_relevant_candidates_softmax_against_the_irrelevant_ones():
@@ -55,7 +55,7 @@ def test_mnrl_is_each_relevant_candidates_softmax_against_the_irrelevant_ones():
         for i in m:
             if y[i] > 0:
                 terms.append(-s[i].item() + math.log(math.exp(s[i].item()) + sum(math.exp(x) for x in neg)))
-    assert float(losses.rank_mnrl()(s, y, group)) == pytest.approx(sum(terms) / len(terms), rel=1e-5)
+    assert float(losses.CrossEncoderMNRLoss()(s, y, group)) == pytest.approx(sum(terms) / len(terms), rel=1e-5)
 
 
 def test_listnet_is_the_cross_entropy_of_the_two_softmaxes():
@@ -65,7 +65,7 @@ def test_listnet_is_the_cross_entropy_of_the_two_softmaxes():
         zy = sum(math.exp(y[i].item()) for i in m)
         zs = sum(math.exp(s[i].item()) for i in m)
         per.append(-sum(math.exp(y[i].item()) / zy * (s[i].item() - math.log(zs)) for i in m))
-    assert float(losses.rank_listnet()(s, y, group)) == pytest.approx(sum(per) / len(per), rel=1e-5)
+    assert float(losses.ListNetLoss()(s, y, group)) == pytest.approx(sum(per) / len(per), rel=1e-5)
 
 
 def test_lambda_weighs_each_misordered_pair_by_its_ndcg_change():
@@ -83,7 +83,7 @@ def test_lambda_weighs_each_misordered_pair_by_its_ndcg_change():
                     delta = abs((gain[i] - gain[j]) * (1 / math.log2(rank[i] + 2) - 1 / math.log2(rank[j] + 2))) / ideal
                     total += delta * math.log(1 + math.exp(-(s[i].item() - s[j].item())))
         per.append(total)
-    assert float(losses.rank_lambda()(s, y, group)) == pytest.approx(sum(per) / len(per), rel=1e-5)
+    assert float(losses.LambdaLoss()(s, y, group)) == pytest.approx(sum(per) / len(per), rel=1e-5)
 
 
 # ---- a reranker on the built-in set --------------------------------------------------------------------------

@@ -56,13 +56,13 @@ def test_mnrl_is_infonce_over_positives_and_hard_negatives():
     for i, a in enumerate(anchors):
         logits = [20.0 * _cos(E[a], E[c]) for c in candidates]
         want += -logits[i] + math.log(sum(math.exp(x) for x in logits))
-    assert float(losses.mnrl()(E, b)) == pytest.approx(want / 3, abs=1e-5)
+    assert float(losses.MultipleNegativesRankingLoss()(E, b)) == pytest.approx(want / 3, abs=1e-5)
     # symmetric: the mean of that and each positive against the anchors
     back = 0.0
     for i, p in enumerate(positives):
         logits = [20.0 * _cos(E[p], E[a]) for a in anchors]
         back += -logits[i] + math.log(sum(math.exp(x) for x in logits))
-    assert float(losses.mnrl(symmetric=True)(E, b)) == pytest.approx((want / 3 + back / 3) / 2, abs=1e-5)
+    assert float(losses.MultipleNegativesRankingLoss(symmetric=True)(E, b)) == pytest.approx((want / 3 + back / 3) / 2, abs=1e-5)
 
 
 def test_a_text_twice_in_a_batch_is_no_false_negative():
@@ -77,7 +77,7 @@ def test_a_text_twice_in_a_batch_is_no_false_negative():
         keep = [j for j in range(3) if j == i or not (i != j and {i, j} == {0, 2})]
         logits = [10.0 * _cos(E[a], E[positives[j]]) for j in keep]
         want += -logits[keep.index(i)] + math.log(sum(math.exp(x) for x in logits))
-    assert float(losses.mnrl(scale=10.0)(E, b)) == pytest.approx(want / 3, abs=1e-5)
+    assert float(losses.MultipleNegativesRankingLoss(scale=10.0)(E, b)) == pytest.approx(want / 3, abs=1e-5)
 
 
 def test_cosent_orders_the_cosines_as_the_scores():
@@ -87,19 +87,19 @@ def test_cosent_orders_the_cosines_as_the_scores():
     E = torch.randn(8, 8)
     cos = [20.0 * _cos(E[2 * i], E[2 * i + 1]) for i in range(4)]
     terms = [math.exp(cos[j] - cos[i]) for i in range(4) for j in range(4) if scores[i] > scores[j]]
-    assert float(losses.cosent()(E, b)) == pytest.approx(math.log(1 + sum(terms)), abs=1e-4)
+    assert float(losses.CoSENTLoss()(E, b)) == pytest.approx(math.log(1 + sum(terms)), abs=1e-4)
 
 
 def test_matryoshka_is_the_weighted_inner_loss_on_leading_dimensions():
     torch.manual_seed(3)
     b = _batch([[0, 1], [0, 1], [0, 1, 2]])
     E = torch.randn(7, 16)
-    inner = losses.mnrl()
+    inner = losses.MultipleNegativesRankingLoss()
     want = 1.0 * inner(E[:, :16], b) + 0.5 * inner(E[:, :8], b) + 0.25 * inner(E[:, :4], b)
-    assert float(losses.matryoshka(inner, [16, 8, 4], [1.0, 0.5, 0.25])(E, b)) == pytest.approx(float(want), abs=1e-6)
+    assert float(losses.MatryoshkaLoss(inner, [16, 8, 4], [1.0, 0.5, 0.25])(E, b)) == pytest.approx(float(want), abs=1e-6)
     b.target = torch.randn(7, 16)  # mse-distill: the teacher's vectors cut to the same leading dimensions
     want = sum(float(((E[:, :d] - b.target[:, :d]) ** 2).mean()) for d in (16, 8))
-    assert float(losses.matryoshka(losses.mse_distill(), [16, 8])(E, b)) == pytest.approx(want, rel=1e-5)
+    assert float(losses.MatryoshkaLoss(losses.MSEDistillLoss(), [16, 8])(E, b)) == pytest.approx(want, rel=1e-5)
 
 
 def test_margin_mse_regresses_the_teachers_margins():
@@ -112,7 +112,7 @@ def test_margin_mse_regresses_the_teachers_margins():
         for n in negs:
             student = float(E[a] @ E[p] - E[a] @ E[n])
             want.append((student - float(b.score[p] - b.score[n])) ** 2)
-    assert float(losses.margin_mse()(E, b)) == pytest.approx(sum(want) / len(want), rel=1e-5)
+    assert float(losses.MarginMSELoss()(E, b)) == pytest.approx(sum(want) / len(want), rel=1e-5)
 
 
 def test_mse_distill_is_the_squared_error_to_the_teachers_vectors():
@@ -120,10 +120,10 @@ def test_mse_distill_is_the_squared_error_to_the_teachers_vectors():
     b = _batch([[0, 1], [0, 1]])
     E, T = torch.randn(4, 8), torch.randn(4, 8)
     b.target = T
-    assert float(losses.mse_distill()(E, b)) == pytest.approx(float(((E - T) ** 2).mean()), rel=1e-5)
+    assert float(losses.MSEDistillLoss()(E, b)) == pytest.approx(float(((E - T) ** 2).mean()), rel=1e-5)
     proj = torch.nn.Linear(8, 5)
     b.target = T[:, :5]
-    assert float(losses.mse_distill(project=proj)(E, b)) == pytest.approx(float(((proj(E) - T[:, :5]) ** 2).mean()), rel=1e-5)
+    assert float(losses.MSEDistillLoss(project=proj)(E, b)) == pytest.approx(float(((proj(E) - T[:, :5]) ** 2).mean()), rel=1e-5)
 
 
 def test_cosent_is_judged_by_spearman():
@@ -502,6 +502,19 @@ def test_flops_is_the_sum_of_squared_mean_weights():
     X = torch.rand(5, 12)
     want = sum((sum(float(X[i, j]) for i in range(5)) / 5) ** 2 for j in range(12))
     assert float(losses.flops(X)) == pytest.approx(want, rel=1e-5)
+
+
+def test_the_splade_loss_is_its_ranking_loss_plus_the_warmed_up_flops():
+    torch.manual_seed(0)
+    W = torch.rand(6, 20)
+    b = PairBatch(torch.tensor([0, 0, 1, 1, 2, 2]), torch.tensor([0, 1] * 3), torch.arange(6), torch.zeros(6))
+    for inner in (losses.MultipleNegativesRankingLoss(scale=1.0, dot=True), losses.CoSENTLoss()):
+        splade = losses.SpladeLoss(inner, query_weight=0.5, document_weight=0.25, warmup=4)
+        reg = 0.5 * losses.flops(W[b.part == 0]) + 0.25 * losses.flops(W[b.part > 0])
+        for seen in range(6):
+            want = float(inner(W, b)) + min(1.0, (seen / 4) ** 2) * float(reg)
+            assert float(splade(W, b)) == pytest.approx(want, rel=1e-6), seen
+            splade.step()
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,9 @@ from mlmkit.cli import app
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.files import read_json
 from mlmkit.text.tokenizer import special_ids
-from mlmkit.train.distill import _examples, distill, held_out_agreement, layer_map, student_weights
+from mlmkit.train.distill import _examples, distill
+from mlmkit.train.distill_student import layer_map, student_weights
+from mlmkit.train.distill_teacher import augmented, held_out_agreement
 from mlmkit.train.finetune import load_finetuned, torch_forward
 
 TASKS = ("classification", "tagging", "qa", "embedding", "rerank")
@@ -92,7 +94,7 @@ def test_the_intermediate_losses_and_augmentation(teachers, inputs, tmp_path, ca
     """MiniLMv2's relation loss is 0 for the same vectors whatever the padding holds, and positive
     otherwise; augmentation swaps words for vocabulary neighbours; a distillation with the hidden-state
     and relation losses logs each, lowers them, and its student agrees with the teacher."""
-    from mlmkit.train.distill import augmented, relation_kl
+    from mlmkit.train.distill_student import relation_kl
 
     torch.manual_seed(0)
     x, mask = torch.randn(2, 5, 8), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]).bool()

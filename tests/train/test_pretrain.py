@@ -25,7 +25,7 @@ from mlmkit.models.core import BertForPreTraining
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
 from mlmkit.rundir.config import load_config, save_config
 from mlmkit.text.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
-from mlmkit.train.loop import linear_schedule, param_groups
+from mlmkit.train.optimizer import linear_schedule, param_groups
 from mlmkit.train.pretrain import split_heldout
 
 N_COLOURS = 4

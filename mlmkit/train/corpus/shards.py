@@ -1,5 +1,5 @@
 """Token shards: a corpus tokenized once into cached, memory-mapped, crash-safe shards, by a pool of
-tokenizing processes; read back as a TokenizedCorpus.
+tokenizing processes (workers.py); read back as a TokenizedCorpus.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import logging
 import os
 import shutil
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,8 @@ from tokenizers import Tokenizer
 from mlmkit.errors import MlmkitError
 from mlmkit.files import MAX_RECORD_BYTES, JSONObject, cache_root, exclusive, parse_json
 from mlmkit.train.corpus.files import PENDING_CHARS, DocumentPart, corpus_files, iter_documents
+from mlmkit.train.corpus.pieces import token_cut
+from mlmkit.train.corpus.workers import Progress, split_by_size, tokenize_in_processes
 
 log = logging.getLogger("mlmkit")
 
@@ -89,11 +90,13 @@ def tokenize_corpus(
         write_shard(shard, ps, tok, batch, text_column=text_column, max_bytes=max_bytes)
         corpus = read_shard(shard)
     if corpus is None:
-        raise MlmkitError(f"the token shard {shard} could not be read back", "check the disk, or remove the directory")
+        raise MlmkitError(f"the token shard {shard} could not be read back",
+                          "check the disk, or remove the directory")
     return corpus
 
 
-def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int = 8192, *, with_tokenizer: bool = False,
+def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int = 8192, *,
+                with_tokenizer: bool = False,
                 text_column: str = "text", workers: int = 1, replace: bool = False,
                 max_bytes: int | None = MAX_RECORD_BYTES) -> None:
     """Tokenize ``paths`` into the directory ``shard``: tokens.bin (every sentence's ids, concatenated:
@@ -112,19 +115,23 @@ def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int =
     tmp = shard.parent / f".{shard.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    progress = _Progress(sum(p.stat().st_size for p in paths), compressed=any(p.suffix == ".gz" for p in paths))
+    progress = Progress(sum(p.stat().st_size for p in paths),
+                        compressed=any(p.suffix == ".gz" for p in paths))
     try:
-        groups = _split_by_size(paths, workers)
+        groups = split_by_size(paths, workers)
         if len(groups) > 1:
-            count = _tokenize_in_processes(tmp, groups, tok, dtype, batch, text_column, max_bytes)
-            progress.bytes, progress.tokens, progress.sentences = progress.total, count["tokens"], count["sentences"]
+            count = tokenize_in_processes(tmp, groups, tok, dtype, batch, text_column, max_bytes)
+            progress.bytes, progress.tokens = progress.total, count["tokens"]
+            progress.sentences = count["sentences"]
         else:
-            count = _tokenize_into(tmp, paths, tok, dtype, batch, text_column, progress, max_bytes)
+            count = tokenize_into(tmp, paths, tok, dtype, batch, text_column, progress, max_bytes)
         if count["tokens"] == 0:
-            raise MlmkitError(f"the corpus {', '.join(map(str, paths))} is empty", "give text files with one sentence per line")
+            raise MlmkitError(f"the corpus {', '.join(map(str, paths))} is empty",
+                              "give text files with one sentence per line")
         manifest = {
             "format": SHARD_FORMAT, "version": SHARD_VERSION, "dtype": np.dtype(dtype).name, **count,
-            "files": [{"path": str(p.resolve()), "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns} for p in paths],
+            "files": [{"path": str(p.resolve()), "size": p.stat().st_size,
+                       "mtime_ns": p.stat().st_mtime_ns} for p in paths],
             "text_column": text_column,
             "tokenizer_sha256": hashlib.sha256(tok.to_str().encode()).hexdigest(),
         }
@@ -201,7 +208,8 @@ def restore_shard(d: Path) -> None:
         d.rmdir()
     if not d.exists():
         os.rename(old, d)
-        log.warning("%s: put back the token shard that a `mlmkit tokenize` killed while replacing it had moved aside", d)
+        log.warning("%s: put back the token shard that a `mlmkit tokenize` killed while replacing it had "
+                    "moved aside", d)
 
 
 def _remove_stale(d: Path) -> None:
@@ -222,8 +230,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _tokenize_into(d: Path, paths: Sequence[Path], tok: Tokenizer, dtype: Any, batch: int, text_column: str,
-                   progress: _Progress | None, max_bytes: int | None) -> dict[str, int]:
+def tokenize_into(d: Path, paths: Sequence[Path], tok: Tokenizer, dtype: Any, batch: int, text_column: str,
+                   progress: Progress | None, max_bytes: int | None) -> dict[str, int]:
     """tokens.bin, sentences.bin and documents.bin of ``paths`` in directory ``d``; their counts."""
     count = {"tokens": 0, "sentences": 0, "documents": 0}
     with (open(d / "tokens.bin", "wb") as out, open(d / "sentences.bin", "wb") as sents,
@@ -248,7 +256,8 @@ def _tokenize_into(d: Path, paths: Sequence[Path], tok: Tokenizer, dtype: Any, b
                     flat.extend(ids)
                     lengths.append(len(ids))
                     continue
-                np.asarray(flat, dtype=dtype).tofile(out)  # a very long line: encoded and written a piece at a time
+                # a very long line: encoded and written a piece at a time
+                np.asarray(flat, dtype=dtype).tofile(out)
                 n_tokens += len(flat)
                 flat.clear()
                 n = 0
@@ -283,100 +292,6 @@ def _tokenize_into(d: Path, paths: Sequence[Path], tok: Tokenizer, dtype: Any, b
     return count
 
 
-def _split_by_size(paths: Sequence[Path], workers: int) -> list[list[Path]]:
-    """``paths`` in at most ``workers`` consecutive runs of about equal bytes."""
-    if workers <= 1 or len(paths) <= 1:
-        return [list(paths)]
-    sizes = [max(1, p.stat().st_size) for p in paths]
-    target = sum(sizes) / workers
-    groups: list[list[Path]] = [[]]
-    done = 0.0
-    for p, n in zip(paths, sizes):
-        if groups[-1] and done >= target * len(groups) and len(groups) < workers:
-            groups.append([])
-        groups[-1].append(p)
-        done += n
-    return groups
-
-
-def _tokenizer_threads(threads: int) -> None:
-    # the tokenizers library's thread pool reads these when it first starts, after this runs
-    os.environ["RAYON_NUM_THREADS"] = os.environ["RAYON_RS_NUM_CPUS"] = str(threads)
-    os.environ["TOKENIZERS_PARALLELISM"] = "true"
-
-
-def _tokenize_part(d: str, paths: list[str], tok_json: str, dtype: str, batch: int, text_column: str,
-                   max_bytes: int | None) -> dict[str, int]:
-    Path(d).mkdir()
-    return _tokenize_into(Path(d), [Path(p) for p in paths], Tokenizer.from_str(tok_json), np.dtype(dtype), batch,
-                          text_column, None, max_bytes)
-
-
-def _tokenize_in_processes(tmp: Path, groups: list[list[Path]], tok: Tokenizer, dtype: Any, batch: int,
-                           text_column: str, max_bytes: int | None) -> dict[str, int]:
-    """Each run of files tokenized by its own process into tmp/part-K, then joined in order: tokens
-    copied, offsets shifted by what came before (a chunk at a time)."""
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
-
-    threads = max(1, (os.cpu_count() or 1) // len(groups))
-    parts = [tmp / f"part-{k}" for k in range(len(groups))]
-    with ProcessPoolExecutor(len(groups), mp_context=get_context("spawn"), initializer=_tokenizer_threads,
-                             initargs=(threads,)) as pool:
-        futures = [pool.submit(_tokenize_part, str(d), [str(p) for p in g], tok.to_str(), np.dtype(dtype).name, batch,
-                               text_column, max_bytes) for d, g in zip(parts, groups)]
-        counts = []
-        for k, f in enumerate(futures):
-            counts.append(f.result())
-            log.info("tokenized part %d of %d (%s tokens)", k + 1, len(groups), f"{counts[-1]['tokens']:,}")
-    total = {"tokens": 0, "sentences": 0, "documents": 0}
-    with (open(tmp / "tokens.bin", "wb") as out, open(tmp / "sentences.bin", "wb") as sents,
-          open(tmp / "documents.bin", "wb") as docs):
-        np.zeros(1, np.int64).tofile(sents)
-        np.zeros(1, np.int64).tofile(docs)
-        for d, c in zip(parts, counts):
-            with open(d / "tokens.bin", "rb") as part:
-                shutil.copyfileobj(part, out, 1 << 24)
-            for name, base, n, into in (("sentences.bin", total["tokens"], c["sentences"], sents),
-                                        ("documents.bin", total["sentences"], c["documents"], docs)):
-                offsets = np.memmap(d / name, dtype=np.int64, mode="r", shape=(n + 1,))
-                for i in range(1, n + 1, 1 << 20):
-                    (offsets[i : i + (1 << 20)] + base).tofile(into)
-                del offsets
-            for key in total:
-                total[key] += c[key]
-            shutil.rmtree(d)
-    return total
-
-
-class _Progress:
-    """Tokenization progress in the log every few seconds: MB read, MB/s, tokens/s, time left."""
-
-    def __init__(self, total_bytes: int, compressed: bool, every: float = 10.0) -> None:
-        self.total, self.compressed, self.every = total_bytes, compressed, every
-        self.bytes = self.sentences = self.tokens = 0
-        self.start = self.shown = time.monotonic()
-
-    def update(self, n_bytes: int, n_sentences: int) -> None:
-        self.bytes += n_bytes
-        self.sentences += n_sentences
-        now = time.monotonic()
-        if now - self.shown >= self.every:
-            self.shown = now
-            log.info("tokenizing: %s", self.line(now))
-
-    def line(self, now: float, eta: bool = True) -> str:
-        dt = max(now - self.start, 1e-9)
-        text = f"{self.bytes / 1e6:,.0f} MB, {self.bytes / 1e6 / dt:.1f} MB/s, {self.tokens / dt:,.0f} tokens/s"
-        if eta and not self.compressed and self.bytes:  # text read against file sizes (a .gz file's is not comparable)
-            text += f", about {max(0.0, (self.total - self.bytes) / (self.bytes / dt)):.0f} s left"
-        return text
-
-    def done(self) -> None:
-        if time.monotonic() - self.start >= self.every:
-            log.info("tokenized: %s; %d sentences", self.line(time.monotonic(), eta=False), self.sentences)
-
-
 def tokenize_to(paths: Sequence[str | Path], tok: Tokenizer, out: str | Path, text_column: str = "text",
                 workers: int = 1, max_bytes: int | None = MAX_RECORD_BYTES) -> TokenizedCorpus:
     """`mlmkit tokenize`: the corpus as a token shard in directory ``out``, with its tokenizer, for
@@ -390,7 +305,8 @@ def tokenize_to(paths: Sequence[str | Path], tok: Tokenizer, out: str | Path, te
         restore_shard(d)
         _remove_stale(d)
         if d.exists() and (not d.is_dir() or (any(d.iterdir()) and not (d / "manifest.json").is_file())):
-            raise MlmkitError(f"{d} exists and is not a token shard", "give a new or empty directory with --out")
+            raise MlmkitError(f"{d} exists and is not a token shard",
+                              "give a new or empty directory with --out")
         write_shard(d, ps, tok, with_tokenizer=True, text_column=text_column, workers=workers, replace=True,
                     max_bytes=max_bytes)
     try:
@@ -407,7 +323,8 @@ def open_shard(d: str | Path, tok: Tokenizer) -> TokenizedCorpus:
     m = parse_json((Path(d) / "manifest.json").read_text(encoding="utf-8"))
     if m["tokenizer_sha256"] != hashlib.sha256(tok.to_str().encode()).hexdigest():
         raise MlmkitError(f"{d} was tokenized with another tokenizer than the one given",
-                          f"leave out --tokenizer to use the shard's own ({Path(d) / 'tokenizer.json'}), or tokenize again")
+                          f"leave out --tokenizer to use the shard's own ({Path(d) / 'tokenizer.json'}), or "
+                          "tokenize again")
     return corpus
 
 
@@ -433,7 +350,8 @@ def read_shard(shard: Path, *, repair: bool = True) -> TokenizedCorpus | None:
         m = parse_json((shard / "manifest.json").read_text(encoding="utf-8"))
         if m.get("format") != SHARD_FORMAT or m.get("version") != SHARD_VERSION:
             raise ValueError("another format")
-        tokens = np.memmap(shard / "tokens.bin", dtype=np.dtype(m["dtype"]), mode="r", shape=(int(m["tokens"]),))
+        tokens = np.memmap(shard / "tokens.bin", dtype=np.dtype(m["dtype"]), mode="r",
+                           shape=(int(m["tokens"]),))
         sents = np.memmap(shard / "sentences.bin", dtype=np.int64, mode="r", shape=(int(m["sentences"]) + 1,))
         docs = np.memmap(shard / "documents.bin", dtype=np.int64, mode="r", shape=(int(m["documents"]) + 1,))
         sizes = [(shard / f).stat().st_size for f in ("tokens.bin", "sentences.bin", "documents.bin")]
@@ -443,7 +361,8 @@ def read_shard(shard: Path, *, repair: bool = True) -> TokenizedCorpus | None:
         return TokenizedCorpus(tokens, sents, docs, cache=shard)
     except Exception as e:
         if not repair:
-            raise MlmkitError(f"the token shard {shard} is damaged ({e})", "write it again with `mlmkit tokenize`") from None
+            raise MlmkitError(f"the token shard {shard} is damaged ({e})",
+                              "write it again with `mlmkit tokenize`") from None
         log.warning("the token cache %s is damaged (%s): tokenizing again", shard, e)
         shutil.rmtree(shard, ignore_errors=True)
         return None
@@ -454,45 +373,15 @@ LONG_LINE = 100_000  # characters: a longer line is tokenized in pieces
 
 def _pieces(text: str, size: int = LONG_LINE, tok: Any = None) -> Iterator[str]:
     """``text`` in pieces of about ``size`` characters, each encoded on its own, cut where the tokens
-    stay the whole's (_token_cut, with ``tok``); without a tokenizer, after the last whitespace (or
+    stay the whole's (pieces.token_cut, with ``tok``); without a tokenizer, after the last whitespace (or
     where it must be, in a run without)."""
     start = 0
     while start < len(text):
         end = min(start + size, len(text))
         if end < len(text) and tok is not None:
-            end = _token_cut(text, start + size // 2, end, tok)
+            end = token_cut(text, start + size // 2, end, tok)
         elif end < len(text):
             cut = text.rfind(" ", start + size // 2, end)
             end = cut + 1 if cut > 0 else end
         yield text[start:end]
         start = end
-
-
-CUT_TRIES = 48  # places looked at for a token-keeping cut
-CUT_MARGIN = 64  # characters each side of a cut that must tokenize as the uncut text does
-
-
-def _token_cut(text: str, lo: int, hi: int, tok: Any) -> int:
-    """A place in text[lo:hi] where cutting leaves the tokens of the CUT_MARGIN characters each side
-    as the uncut text's (each side encoded on its own, as the pieces are), tried in this order: beside
-    the last spaces (after one for WordPiece and byte-level BPE, before one for SentencePiece's
-    Metaspace, whose piece would end in a lone marker), the pre-tokenizer's word starts (a long run of
-    punctuated words without a space), then every place back from ``hi``. ``hi`` when none of CUT_TRIES
-    does: in a long run without whitespace, Metaspace marks a piece's first word (one token in
-    ``size`` characters differs; WordPiece and byte-level BPE find a place)."""
-    def keeps(at: int) -> bool:
-        a, b = text[max(lo, at - CUT_MARGIN):at], text[at:at + CUT_MARGIN]
-        ids = tok.encode(a + b, add_special_tokens=False).ids
-        return bool(ids == tok.encode(a, add_special_tokens=False).ids + tok.encode(b, add_special_tokens=False).ids)
-
-    spaces: list[int] = []
-    at = hi
-    while len(spaces) < 8 and (at := text.rfind(" ", lo, at)) > lo:
-        spaces += [at + 1, at]
-    window = text[max(lo, hi - 4 * CUT_MARGIN):hi]
-    pre = tok.pre_tokenizer
-    starts = [hi - len(window) + o[0] for _, o in pre.pre_tokenize_str(window)][1:] if pre is not None else []
-    for at in [*spaces, *reversed(starts), *range(hi - 1, lo, -1)][:CUT_TRIES]:
-        if lo < at < hi and keeps(at):
-            return at
-    return spaces[0] if spaces else hi
