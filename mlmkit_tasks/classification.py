@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,6 +51,7 @@ from mlmkit.taskkit import (
     iter_records,
     tokenizer_settings,
 )
+from mlmkit_tasks.classification_metrics import multi_label_metrics, regression_metrics, single_label_metrics
 
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
     from mlmkit.model import ModelConfig
@@ -286,10 +286,10 @@ class ClassificationTask:
         _label_ids(examples, ctx)
         kind = ctx.options["problem_type"]
         if kind == REGRESSION:
-            return _regression_metrics([p["score"] for p in predictions], [ex["label"] for ex in examples])
+            return regression_metrics([p["score"] for p in predictions], [ex["label"] for ex in examples])
         if kind == MULTI:
-            return _multi_label_metrics([p["labels"] for p in predictions], [ex["label"] for ex in examples], list(ctx.labels or ()))
-        return _single_label_metrics([p["label"] for p in predictions], [ex["label"] for ex in examples], list(ctx.labels or ()))
+            return multi_label_metrics([p["labels"] for p in predictions], [ex["label"] for ex in examples], list(ctx.labels or ()))
+        return single_label_metrics([p["label"] for p in predictions], [ex["label"] for ex in examples], list(ctx.labels or ()))
 
     def summary(self, prediction: Prediction) -> dict[str, str]:
         if "labels" in prediction:
@@ -297,45 +297,6 @@ class ClassificationTask:
         if "label" in prediction:
             return {"label": prediction["label"], "score": f"{prediction['score']:.3f}"}
         return {"score": f"{prediction['score']:.4f}"}
-
-
-def _single_label_metrics(pred: list[str], gold: list[str], labels: list[str]) -> Metrics:
-    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, matthews_corrcoef
-
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")  # MCC of a constant prediction: 0/0, reported as 0.0
-        mcc = float(matthews_corrcoef(gold, pred))
-    return {
-        "accuracy": float(accuracy_score(gold, pred)),
-        "macro_f1": float(f1_score(gold, pred, average="macro", zero_division=0)),
-        "mcc": 0.0 if mcc != mcc else mcc,
-        "confusion_matrix": confusion_matrix(gold, pred, labels=labels).tolist(),
-        "labels": labels,
-    }
-
-
-def _multi_label_metrics(pred: list[list[str]], gold: list[list[str]], labels: list[str]) -> dict[str, float]:
-    from sklearn.metrics import accuracy_score, f1_score
-    from sklearn.preprocessing import MultiLabelBinarizer
-
-    mlb = MultiLabelBinarizer(classes=labels)
-    g, p = mlb.fit_transform(gold), mlb.transform(pred)
-    return {
-        "micro_f1": float(f1_score(g, p, average="micro", zero_division=0)),
-        "macro_f1": float(f1_score(g, p, average="macro", zero_division=0)),
-        "subset_accuracy": float(accuracy_score(g, p)),
-    }
-
-
-def _regression_metrics(pred: list[float], gold: list[float]) -> dict[str, float]:
-    from scipy.stats import pearsonr, spearmanr
-    from sklearn.metrics import mean_squared_error
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a constant side: correlation undefined, reported as 0.0
-        r, rho = float(pearsonr(pred, gold)[0]) if len(gold) > 1 else math.nan, float(spearmanr(pred, gold)[0])
-    return {"pearson": 0.0 if r != r else r, "spearman": 0.0 if rho != rho else rho,
-            "mse": float(mean_squared_error(gold, pred))}
 
 
 task = ClassificationTask()
