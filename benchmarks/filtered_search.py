@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -141,20 +142,21 @@ def hnsw(flat_dir: Path, ix, q: np.ndarray, exact: dict[str, list[np.ndarray]], 
     from mlmkit.retrieval.index import Index, search_vectors
     from mlmkit.retrieval.index.ann import ann_settings, build_ann, load_ann
     from mlmkit.retrieval.index.filters import parse, rows
+    from mlmkit.retrieval.index.manifest import read_manifest
 
     out = flat_dir.with_name(flat_dir.name + "-hnsw")
     if not (out / "manifest.json").is_file():
         out.mkdir(exist_ok=True)
         (out / "shard-000000").unlink(missing_ok=True)
         (out / "shard-000000").symlink_to(flat_dir / "shard-000000")
-        m = {**json.loads((flat_dir / "manifest.json").read_text()), "ann": "hnsw",
-             "ann_settings": ann_settings("hnsw", ix.count, hnsw_m=32, ivf_lists=None)}
+        m = replace(read_manifest(flat_dir), ann="hnsw",
+                    ann_settings=ann_settings("hnsw", ix.count, hnsw_m=32, ivf_lists=None))
         t0 = time.perf_counter()
         build_ann(out, m)
         log(f"HNSW (M 32, efConstruction 80) built in {time.perf_counter() - t0:.0f} s")
-        (out / "manifest.json").write_text(json.dumps(m))
+        (out / "manifest.json").write_text(json.dumps(m.to_json()))
     hx = Index.open(out)
-    graph, ef = load_ann(hx), int(hx.manifest["ann_settings"]["ef_search"])
+    graph, ef = load_ann(hx), int(hx.manifest.ann_settings.ef_search or 0)
     lines = []
     for name, where in (("1%", "bucket=7"), ("50%", "half=true"), ("none", None)):
         wait_for_quiet(patience)

@@ -1,8 +1,8 @@
 """The `mlmkit` command line: parse, call the library, render with rich. Nothing else lives here.
 
-The commands live in two modules, composed here: training.py (tokenizer, pretrain, tasks, finetune,
-distill, sweep, plot, evaluate, quickstart, data) and inference.py (export and the onnxruntime
-commands). Library errors (MlmkitError) become one red line on stderr and exit status 2; `--debug`
+The commands live in three modules, composed here: training.py (tokenizer, pretrain, tasks, finetune,
+distill, sweep, plot, evaluate, quickstart, data), inference.py (export and the onnxruntime
+commands) and indexes.py (index and search). Library errors (MlmkitError) become one red line on stderr and exit status 2; `--debug`
 shows the traceback.
 Heavy modules (torch) are imported inside the commands that need them, so the inference commands
 start fast.
@@ -16,12 +16,13 @@ from typing import Annotated
 import typer
 from rich.logging import RichHandler
 
-from mlmkit.cli import inference, training
+from mlmkit.cli import indexes, inference, training
 from mlmkit.cli.common import err, out
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 app.add_typer(training.app)
 app.add_typer(inference.app)
+app.add_typer(indexes.app)
 
 
 def _version(value: bool) -> None:

@@ -1,5 +1,6 @@
 """`mlmkit export`, the onnxruntime inference commands (classify, tag, qa, embed, predict, and the
-command of any other task that names one) and `mlmkit serve`.
+command of any other task that names one), `mlmkit mine`, `mlmkit rerank` and `mlmkit serve`; `mlmkit
+index` and `mlmkit search` are indexes.py's.
 
 The inference commands import the runtime only, never torch: a cold start stays under a second.
 Inputs come from arguments, --input (files, directories or globs of .txt, .jsonl, .csv, .tsv,
@@ -25,7 +26,6 @@ from mlmkit.args import (
     MineArgs,
     QaArgs,
     RerankArgs,
-    SearchArgs,
     ServeArgs,
 )
 from mlmkit.cli.common import (
@@ -42,7 +42,6 @@ from mlmkit.cli.common import (
 from mlmkit.errors import ConfigError
 from mlmkit.files import JSONObject
 from mlmkit.registry import Options, Prediction, tasks
-from mlmkit.retrieval.index import BuildArgs, Index
 
 app = typer.Typer()
 
@@ -297,114 +296,6 @@ def mine(args: MineArgs, as_json: Json = False) -> None:
     held = f" ({stats['held_out']:,} other splits' answers left out)" if stats["held_out"] else ""
     out.print(f"{stats['rows']:,} rows with {stats['negatives']:,} negatives from {stats['documents']:,} documents{held} "
               f"-> {stats['out']}; rows with fewer than {args.negatives}: {short}")
-
-
-@app.command("index")
-@handle_errors
-@with_args(BuildArgs)
-def index_cmd(args: BuildArgs, as_json: Json = False) -> None:
-    """Embed a corpus into an on-disk index that `mlmkit search` reads: vectors memory-mapped (a SPLADE bundle's inverted
-    index, a colbert bundle's token vectors as centroids and residuals), ids beside them, a manifest."""
-    import time
-
-    from mlmkit.retrieval.index import build, footprint
-
-    if args.delete is not None or args.compact:
-        return _change_index(args, as_json)
-    t0, done = time.perf_counter(), [0]
-    corpus, where = args.upsert or args.corpus, Path(args.bundle if args.upsert else args.out or "")
-    with err.status(f"indexing {corpus} ...") as status:
-        def advance(n: int) -> None:
-            done[0] += n
-            status.update(f"indexing {corpus}: {done[0]:,} documents, {done[0] / (time.perf_counter() - t0):,.0f} docs/s")
-
-        m = build(args, advance)
-    summary = {"index": str(where), "count": m["count"], "dims": m["dims"], "quantization": m["quantization"], "ann": m["ann"],
-               "added": m["shards"][-1]["count"], "deleted": (m.get("deleted") or {}).get("count", 0),
-               "seconds": round(time.perf_counter() - t0, 2), **footprint(where, m)}
-    if want_json(as_json):
-        print_json(summary)
-        return
-    how = (f"{m['centroids']:,} centroids, {m['bits']}-bit residuals, {summary['bytes_per_token_vector']} bytes a token vector"
-           if m["kind"] == "multivector" else f"{m['quantization']}, --ann {m['ann']}")
-    gone = f", {summary['deleted']:,} of them deleted" if summary["deleted"] else ""
-    out.print(f"{summary['added']:,} documents added to {where} ({m['count']:,} in all{gone}, {m['dims']} dims, {how}) in "
-              f"{summary['seconds']} s; {summary['bytes'] / 2**20:,.1f} MiB, {summary['bytes_per_document']:,} bytes a document")
-
-
-def _change_index(args: BuildArgs, as_json: bool) -> None:
-    """`mlmkit index INDEX --delete IDS` or `--compact`: the index changed, what it holds printed."""
-    from mlmkit.retrieval.index import footprint
-    from mlmkit.retrieval.index.live import compact, delete
-
-    index = Path(args.bundle)
-    before = footprint(index, Index.open(index).manifest)["bytes"]
-    m = delete(index, args.delete) if args.delete is not None else compact(index)
-    gone = (m.get("deleted") or {}).get("count", 0)
-    summary = {"index": str(index), "count": m["count"], "deleted": gone, "live": m["count"] - gone,
-               "freed_bytes": before - footprint(index, m)["bytes"], **footprint(index, m)}
-    if want_json(as_json):
-        print_json(summary)
-        return
-    what = f"{gone:,} of its {m['count']:,} documents deleted" if gone else f"{m['count']:,} documents, none deleted"
-    freed = f"; {summary['freed_bytes'] / 2**20:,.1f} MiB freed" if args.compact else ""
-    out.print(f"{index}: {what}, {summary['live']:,} searched{freed} ({summary['bytes'] / 2**20:,.1f} MiB)")
-
-
-@app.command("search")
-@handle_errors
-@with_args(SearchArgs)
-def search_cmd(args: SearchArgs, as_json: Json = False) -> None:
-    """The top-k documents of each query in an index, best first: JSON lines {"query", "hits": [{"id", "score"}]} or a table."""
-
-    from mlmkit.files import json_line
-    from mlmkit.retrieval.index import Index, as_input, as_queries, hits, query_bundle, search_vectors
-    from mlmkit.retrieval.index.search import chunk_aggregation
-    from mlmkit.runtime.pipeline import Pipeline
-    from mlmkit.text.records import iter_inputs
-
-    ix = Index.open(args.index)
-    if args.export is not None:
-        from mlmkit.retrieval.index import export_parquet
-
-        n = export_parquet(ix, args.export)
-        err.print(f"wrote {n:,} ids and vectors to {args.export}")
-        return
-    texts = list(args.queries or []) + ([r.line_text(args.text_column) for r in iter_inputs(args.input_file)]
-                                        if args.input_file is not None else [])
-    if not texts:
-        raise ConfigError("no queries", "give them as arguments or with --input FILE")
-    top_k = min(10, ix.count) if args.top_k is None else args.top_k
-    if top_k < 1 or top_k > ix.count:
-        raise ConfigError(f"--top-k {top_k}: give 1 to the index's {ix.count:,} documents")
-    if args.rescore is not None and args.rescore < top_k:  # said before any query is embedded
-        raise ConfigError(f"--rescore {args.rescore} is below --top-k {top_k}", "rescore at least as many candidates as are kept")
-    from mlmkit.retrieval.index.filters import parse, rows
-
-    where = rows(ix, parse(args.where))  # said before any query is embedded
-    chunk_aggregation(args.chunk_agg, ix)
-    if args.hybrid:
-        from mlmkit.retrieval.index.hybrid import hybrid_search
-
-        search = hybrid_search(args, where)
-    else:
-        pipe = Pipeline.load(query_bundle(ix, args.bundle), command="embed", precision=args.precision)
-
-        def search(part: list[str], k: int) -> list[list[dict[str, Any]]]:
-            q = as_queries(ix, pipe(part, **as_input(pipe, "query", args.prompt_name)))
-            return hits(ix, *search_vectors(ix, q, k, rescore=args.rescore, where=where, chunk_agg=args.chunk_agg))
-    table = not want_json(as_json)
-    t = Table("query", "rank", "id", "score") if table else None
-    for a in range(0, len(texts), args.batch):
-        part = texts[a:a + args.batch]
-        for text, found in zip(part, search(part, top_k)):
-            if t is None:
-                sys.stdout.write(json_line({"query": text, "hits": found}))
-            else:
-                for k, h in enumerate(found, 1):
-                    t.add_row(text if k == 1 else "", str(k), h["id"], f"{h['score']:.4f}")
-    if t is not None:
-        out.print(t)
 
 
 @app.command()

@@ -27,7 +27,7 @@ from mlmkit.runtime.prediction import truncations_counted
 from mlmkit.serve.http import HTTPError
 
 if TYPE_CHECKING:
-    from mlmkit.retrieval.index.store import Index
+    from mlmkit.retrieval.index.store import StoredIndex
 
 log = logging.getLogger("mlmkit")
 
@@ -73,7 +73,7 @@ class Model:
         self.waiting = 0  # inputs queued and not yet taken into a call
         self.lock = threading.Lock()
         self.max_queue = args.max_queue or 4 * args.max_batch_size
-        self.indexes: dict[str, Index] = {}  # by name: what POST /v1/search searches with this model
+        self.indexes: dict[str, StoredIndex] = {}  # by name: what POST /v1/search searches with this model
         self.bm25: dict[str, Any] = {}  # by index name: BM25 over its documents' texts (--corpus), for "hybrid": "bm25"
 
     def describe(self) -> JSONObject:

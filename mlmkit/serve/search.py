@@ -16,19 +16,19 @@ from mlmkit.contract import Prediction
 from mlmkit.errors import MlmkitError
 from mlmkit.files import JSONObject
 from mlmkit.retrieval.index.filters import Condition
-from mlmkit.retrieval.index.store import Index
+from mlmkit.retrieval.index.store import StoredIndex
 from mlmkit.serve.http import HTTPError
 from mlmkit.serve.responses import SearchResponse
 from mlmkit.serve.routes import Answer, Call, Model, Models, Route, usage
 from mlmkit.serve.schemas import SearchRequest
 
-Served = dict[str, tuple[str, Index]]
+Served = dict[str, tuple[str, StoredIndex]]
 """The served indexes by name: (the model whose bundle built it, the index)."""
 
 
 class SearchState(TypedDict, total=False):
     name: str
-    index: Index
+    index: StoredIndex
     top_k: int
     rescore: int | None
     where: list[Condition]  # the parsed conditions
@@ -206,7 +206,7 @@ def _conditions(value: list[str] | None, route: str) -> list[Condition]:
         raise HTTPError(422, f"{route}: {e.message}", e.hint) from None
 
 
-def _chunk_agg(value: str | None, ix: Index, hybrid: bool, route: str) -> str:
+def _chunk_agg(value: str | None, ix: StoredIndex, hybrid: bool, route: str) -> str:
     """"chunk_agg" (max, mean, sum-top-N) for a chunked index, not with "hybrid"; else a 422."""
     from mlmkit.retrieval.index.search import chunk_aggregation
 

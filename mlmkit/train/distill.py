@@ -44,7 +44,7 @@ from torch import nn
 from mlmkit.args import DISTILL_AUGMENT_BELOW, DISTILL_HIDDEN, DISTILL_RELATIONS, DistillArgs
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.files import JSONObject, atomic_write_text, exclusive
-from mlmkit.registry import Example, Metrics, Plugin
+from mlmkit.registry import Example, Feature, Metrics, Plugin, TaskContext
 from mlmkit.rundir.checkpoint import load_weights, save_run
 from mlmkit.rundir.meta import RunMeta, read_meta, write_meta
 from mlmkit.rundir.weights import weights_digest
@@ -89,8 +89,7 @@ def _distill(args: DistillArgs) -> Metrics:
     task, teacher, tok, meta = load_finetuned(init)
     if any(not axes or axes[0] != "batch" for axes in task.outputs.values()) or "indices" in task.outputs:
         raise ConfigError(f"the {task.name} task's outputs are not distilled yet",
-                          "distil a classification, tagging, "
-                          "qa, embedding or rerank run")
+                          "distil a classification, tagging, qa, embedding or rerank run")
     cfg = teacher.bert.config
     mapping = layer_map(cfg.num_hidden_layers, args.layers, args.layer_map)
     opts = task.resolve_options(args.options, saved=meta.options, model=True)
@@ -109,17 +108,11 @@ def _distill(args: DistillArgs) -> Metrics:
     train_ex, copies = _with_copies(args, train_ex, copies, teacher, tok)
     outputs = {name: tuple(axes) for name, axes in task.outputs.items()}
     pad = special_ids(tok).pad
-    features = task.featurize(train_ex, tok, ctx, training=False)
-    prediction.check_features(task, features, len(train_ex), complete=False)
     forward = labeller or torch_forward(teacher, outputs)
     key = {"teacher": teacher_id or weights_digest(base_model_dir(args.teacher)),
-           "inputs": data_identity(Path(args.train_file)),
-           "max_length": L, "options": task.saved_options(opts), "seed": args.train.seed,
-           "held_out": args.held_out,
-           "features": len(features), "augment": copies, "format": 1}
-    got = teacher_outputs(key, features, forward, outputs, pad)
-    for i, f in enumerate(features):
-        f.update({TARGET + name: got[name][i] for name in outputs})
+           "inputs": data_identity(Path(args.train_file)), "max_length": L, "options": task.saved_options(opts),
+           "seed": args.train.seed, "held_out": args.held_out, "augment": copies, "format": 1}
+    features = _labelled(task, train_ex, tok, ctx, key, forward, outputs, pad)
 
     student_cfg = replace(cfg, num_hidden_layers=args.layers, extra=dict(cfg.extra))
     torch.manual_seed(args.train.seed)
@@ -127,10 +120,9 @@ def _distill(args: DistillArgs) -> Metrics:
     load_weights(student, student_weights(teacher.state_dict(), mapping))
     info: JSONObject = {"teacher": str(args.teacher), **({"initialised_from": str(init)} if labeller else {}),
                         "labelled_by": "onnxruntime" if labeller else "pytorch", "layer_map": mapping,
-                        "temperature": args.temperature,
-                        "loss": "kl on logits and positions, mse on vectors and scores",
-                        "hidden_weight": hidden_w,
-                        "relation_weight": relation_w, "augment": copies, "inputs": str(args.train_file)}
+                        "temperature": args.temperature, "loss": "kl on logits and positions, mse on vectors "
+                        "and scores", "hidden_weight": hidden_w, "relation_weight": relation_w, "augment": copies,
+                        "inputs": str(args.train_file)}
     run_meta = RunMeta(task=meta.task, labels=meta.labels, task_state=meta.task_state, max_length=L,
                        options=task.saved_options(opts), distill=info)
 
@@ -144,8 +136,7 @@ def _distill(args: DistillArgs) -> Metrics:
 
     data = DistillData(features, task, args.batch_size, pad, args.train.seed, outputs)
     data_key = {"batch_size": args.batch_size, "max_length": L, "teacher": str(Path(args.teacher).resolve()),
-                "inputs": str(Path(args.train_file).resolve()), "layer_map": mapping,
-                "held_out": args.held_out,
+                "inputs": str(Path(args.train_file).resolve()), "layer_map": mapping, "held_out": args.held_out,
                 "augment": copies}
     model = Distiller(student, outputs, args.temperature, teacher, hidden_weight=hidden_w,
                       relation_weight=relation_w)
@@ -163,16 +154,26 @@ def _distill(args: DistillArgs) -> Metrics:
         train_args = replace(args.train, metric_for_best=task.best_metric(ctx),
                              greater_is_better=task.greater_is_better)
     metrics = Trainer(model, data, train_args, args.out, save_model=save_model, evaluate=evaluator,
-                      data_key=data_key,
-                      params=flat_params(args)).train(run_meta)
+                      data_key=data_key, params=flat_params(args)).train(run_meta)
     if held:
         assert evaluator is not None
-        # the run root holds the best evaluation's student
-        agree = evaluator.agreement(load_finetuned(args.out)[1])
+        agree = evaluator.agreement(load_finetuned(args.out)[1])  # the run root holds the best student
         info["agreement"] = {**agree, "held_out": len(held)}
         write_meta(args.out, replace(read_meta(args.out), distill=info))
         metrics = {**metrics, **{f"agreement_{k}": v for k, v in agree.items() if v is not None}}
     return metrics
+
+
+def _labelled(task: Plugin, train_ex: list[Example], tok: Any, ctx: TaskContext, key: JSONObject,
+              forward: prediction.Forward, outputs: dict[str, tuple[str, ...]], pad: int) -> list[Feature]:
+    """The training inputs' features, each with the teacher's outputs as its targets (computed once per
+    teacher and inputs: ``key``, with the features' count, names the cache)."""
+    features = task.featurize(train_ex, tok, ctx, training=False)
+    prediction.check_features(task, features, len(train_ex), complete=False)
+    got = teacher_outputs({**key, "features": len(features)}, features, forward, outputs, pad)
+    for i, f in enumerate(features):
+        f.update({TARGET + name: got[name][i] for name in outputs})
+    return features
 
 
 def recipe(args: DistillArgs, texts: int) -> tuple[float, float, int]:

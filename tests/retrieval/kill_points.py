@@ -1,4 +1,4 @@
-"""A live-index operation SIGKILLed at each of its file operations, for tests/retrieval/test_index.py.
+"""A live-index operation SIGKILLed at each of its file operations, for tests/retrieval/test_live.py.
 
     python kill_points.py INDEX WORK OP=ARG ...
 
@@ -23,18 +23,18 @@ import sys
 import traceback
 from pathlib import Path
 
-from mlmkit.retrieval.index import BuildArgs, build, live
+from mlmkit.retrieval.index import Index
 
 MUTATIONS = ("replace", "rename", "unlink", "remove", "rmdir")
 
 
 def run(op: str, index: Path, arg: Path) -> None:
     if op == "delete":
-        live.delete(index, arg)
+        Index.open(index).delete(arg)
     elif op == "compact":
-        live.compact(index)
+        Index.open(index).compact()
     else:
-        build(BuildArgs(index, upsert=arg, window=8, threads=1))
+        Index.open(index).upsert(arg, window=8, threads=1)
 
 
 def killed_at(k: int) -> None:

@@ -16,41 +16,40 @@ import numpy as np
 from mlmkit.errors import ConfigError
 from mlmkit.files import atomic_write
 from mlmkit.retrieval.index.codecs import faiss_module
-from mlmkit.retrieval.index.store import CHUNK, Index, ann_file
+from mlmkit.retrieval.index.manifest import AnnSettings, Manifest
+from mlmkit.retrieval.index.store import CHUNK, StoredIndex
 
 FILTERED_CEILING = 16384
 """The widest efSearch a filtered HNSW search takes (efSearch / the fraction of rows allowed, up to this)."""
 
 
-def s_lists(settings: dict[str, Any]) -> int:
-    return int(settings.get("lists", 1 << 30))
-
-
-def ann_settings(ann: str, count: int, *, hnsw_m: int, ivf_lists: int | None) -> dict[str, Any]:
+def ann_settings(ann: str, count: int, *, hnsw_m: int, ivf_lists: int | None) -> AnnSettings:
     """The manifest's ``ann_settings`` of a new index of ``count`` documents."""
     if ann == "hnsw":
-        return {"m": hnsw_m, "ef_construction": 80, "ef_search": 128}
+        return AnnSettings(m=hnsw_m, ef_construction=80, ef_search=128)
     if ann == "ivf":
-        return {"lists": ivf_lists or max(1, min(65536, int(4 * np.sqrt(count)))), "nprobe": 16}
-    return {}
+        return AnnSettings(lists=ivf_lists or max(1, min(65536, int(4 * np.sqrt(count)))), nprobe=16)
+    return AnnSettings()
 
 
-def build_ann(out: Path, manifest: dict[str, Any]) -> None:
-    """ann.faiss (the manifest's ann_file) over every shard ``manifest`` names in ``out``, written atomically. Memory: the faiss
-    structure, held whole while it is built (and, for IVF, its training sample)."""
+def build_ann(out: Path, manifest: Manifest) -> None:
+    """ann.faiss (the manifest's ann_file) over every shard ``manifest`` names in ``out``, written
+    atomically. Memory: the faiss structure, held whole while it is built (and, for IVF, its training
+    sample)."""
     faiss = faiss_module()
-    ix = Index(out, manifest)
-    ix.shards = [ix.shard(out / s["name"], s["count"], "rebuild the index") for s in manifest["shards"]]
-    q, d, s = ix.quantization, ix.dims, manifest["ann_settings"]
+    ix = StoredIndex(out, manifest)
+    ix.shards = [ix.shard(out / s.name, s.count, "rebuild the index") for s in manifest.shards]
+    q, d, s = ix.quantization, ix.dims, manifest.ann_settings
     if q == "binary":
-        spec = f"BHNSW{s['m']}" if manifest["ann"] == "hnsw" else f"BIVF{s['lists']}"
+        spec = f"BHNSW{s.m}" if manifest.ann == "hnsw" else f"BIVF{s.lists}"
         index = faiss.index_binary_factory(d, spec)
     else:
         code = {"float32": "Flat", "float16": "SQfp16", "int8": "SQ8"}[q]
-        spec = f"HNSW{s['m']}" + ("" if code == "Flat" else f"_{code}") if manifest["ann"] == "hnsw" else f"IVF{s['lists']},{code}"
+        hnsw = f"HNSW{s.m}" + ("" if code == "Flat" else f"_{code}")
+        spec = hnsw if manifest.ann == "hnsw" else f"IVF{s.lists},{code}"
         index = faiss.index_factory(d, spec, faiss.METRIC_INNER_PRODUCT)
-    if manifest["ann"] == "hnsw":
-        faiss.ParameterSpace().set_index_parameter(index, "efConstruction", int(s["ef_construction"]))
+    if manifest.ann == "hnsw":
+        faiss.ParameterSpace().set_index_parameter(index, "efConstruction", int(s.ef_construction or 80))
 
     def raw() -> Iterator[np.ndarray]:
         for vectors, _, _ in ix.shards:
@@ -61,15 +60,15 @@ def build_ann(out: Path, manifest: dict[str, Any]) -> None:
     if not index.is_trained:
         rng = np.random.default_rng(0)
         sample = np.concatenate(list(raw()))  # training sample: at most 256 a list (faiss's own advice)
-        sample = sample[rng.permutation(len(sample))[: 256 * int(s.get("lists", 1))]]
+        sample = sample[rng.permutation(len(sample))[: 256 * int(s.lists or 1)]]
         index.train(sample)
     for chunk in raw():
         index.add(chunk)
     writer = faiss.write_index_binary if q == "binary" else faiss.write_index
-    atomic_write(out / str(ann_file(manifest)), lambda tmp: writer(index, tmp))
+    atomic_write(out / str(manifest.ann_path), lambda tmp: writer(index, tmp))
 
 
-def load_ann(ix: Index) -> Any:
+def load_ann(ix: StoredIndex) -> Any:
     """``ix``'s faiss index (its manifest's ann_file), read once and kept on ``ix`` (a search of many
     query blocks, a server's every request, use that one). A file faiss cannot read (truncated, another
     file's bytes), or one of other dimensions or another number of vectors than the manifest's (an append
@@ -77,40 +76,49 @@ def load_ann(ix: Index) -> Any:
     if ix.ann_index is not None:
         return ix.ann_index
     faiss = faiss_module()
-    path = ix.path / str(ann_file(ix.manifest))
+    path = ix.path / str(ix.manifest.ann_path)
     hint = f"build it again from the stored vectors: mlmkit index {ix.path} --compact"
     if not path.is_file():
-        raise ConfigError(f"{path} is missing; the manifest of {ix.path} names it as its {ix.ann} index", hint)
+        raise ConfigError(f"{path} is missing; the manifest of {ix.path} names it as its {ix.ann} index",
+                          hint)
     try:
-        index = faiss.read_index_binary(str(path)) if ix.quantization == "binary" else faiss.read_index(str(path))
-    except (RuntimeError, MemoryError):  # faiss's message is its C++ source's: the file is what the user can act on
-        raise ConfigError(f"{path} is not a readable faiss {ix.ann} index: a truncated or replaced file", hint) from None
+        read = faiss.read_index_binary if ix.quantization == "binary" else faiss.read_index
+        index = read(str(path))
+    except (RuntimeError, MemoryError):  # faiss's message is its C++ source's; the file is actionable
+        raise ConfigError(f"{path} is not a readable faiss {ix.ann} index: a truncated or replaced file",
+                          hint) from None
     if index.d != ix.dims:
-        raise ConfigError(f"{path} holds vectors of {index.d} dimensions; the manifest says {ix.dims}: a replaced file", hint)
+        raise ConfigError(f"{path} holds vectors of {index.d} dimensions; the manifest says {ix.dims}: a "
+                          "replaced file", hint)
     if index.ntotal != ix.count:
-        raise ConfigError(f"{path} holds {index.ntotal:,} vectors; the manifest says {ix.count:,}: an append that was "
-                          "stopped before its manifest was written", "finish that append: the same `mlmkit index` command with --resume")
+        raise ConfigError(f"{path} holds {index.ntotal:,} vectors; the manifest says {ix.count:,}: an append "
+                          "that was stopped before its manifest was written",
+                          "finish that append: the same `mlmkit index` command with --resume")
     ix.ann_index = index
     return index
 
 
-def ann_search(ix: Index, q: np.ndarray, n: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def ann_search(ix: StoredIndex, q: np.ndarray, n: int,
+               allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The ``n`` candidates of each (unit) query from the ANN index (load_ann): (rows, scores), -1 past
     the graph's reach; ``allowed`` ((count,) bool): only those rows, through faiss's IDSelectorBitmap
     (not binary IVF, which takes none)."""
     faiss = faiss_module()
     index = load_ann(ix)
-    settings = ix.manifest.get("ann_settings", {})
-    ef, nprobe = max(int(settings.get("ef_search", 128)), n), int(settings.get("nprobe", 16))
+    settings = ix.manifest.ann_settings
+    ef, nprobe = max(settings.ef_search or 128, n), settings.nprobe or 16
     x = np.packbits(q > 0, axis=1) if ix.quantization == "binary" else np.ascontiguousarray(q)
     if allowed is None:
-        faiss.ParameterSpace().set_index_parameter(index, "efSearch" if ix.ann == "hnsw" else "nprobe", ef if ix.ann == "hnsw" else nprobe)
+        name, value = ("efSearch", ef) if ix.ann == "hnsw" else ("nprobe", nprobe)
+        faiss.ParameterSpace().set_index_parameter(index, name, value)
         scores, rows = index.search(x, n)
     else:  # the fewer rows allowed, the wider the search: efSearch and nprobe over the fraction allowed
         share = max(float(allowed.mean()), 1e-6) if len(allowed) else 1.0
-        ef, nprobe = int(min(max(ef, ef / share), FILTERED_CEILING)), int(min(np.ceil(nprobe / share), s_lists(settings)))
+        ef = int(min(max(ef, ef / share), FILTERED_CEILING))
+        nprobe = int(min(np.ceil(nprobe / share), settings.lists or 1 << 30))
         bits = np.packbits(allowed, bitorder="little")  # faiss's bitmap: bit i of byte j is row 8j + i
         sel = faiss.IDSelectorBitmap(len(allowed), faiss.swig_ptr(bits))
-        params = faiss.SearchParametersHNSW(sel=sel, efSearch=ef) if ix.ann == "hnsw" else faiss.SearchParametersIVF(sel=sel, nprobe=nprobe)
+        params = (faiss.SearchParametersHNSW(sel=sel, efSearch=ef) if ix.ann == "hnsw"
+                  else faiss.SearchParametersIVF(sel=sel, nprobe=nprobe))
         scores, rows = index.search(x, n, params=params)
     return rows.astype(np.int64), scores.astype(np.float32)

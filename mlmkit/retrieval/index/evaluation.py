@@ -16,7 +16,7 @@ from mlmkit.errors import ConfigError
 from mlmkit.files import read_json
 from mlmkit.retrieval.exact import normalized
 from mlmkit.retrieval.index.search import hits, query_vectors, search_vectors
-from mlmkit.retrieval.index.store import CHUNK, Index
+from mlmkit.retrieval.index.store import CHUNK, StoredIndex
 
 
 def evaluate_index(path: Path, data: Path, *, k: int = 100, rescore: int | None = None, device: str = "cpu",
@@ -27,7 +27,7 @@ def evaluate_index(path: Path, data: Path, *, k: int = 100, rescore: int | None 
     from mlmkit.retrieval.exact import mean_metrics
     from mlmkit.text.beir import read_split
 
-    ix = Index.open(path)
+    ix = StoredIndex.open(path)
     split = read_split(data, training=False)
     qids = list(split.queries)
     runs: dict[str, list[str]] = {}
@@ -59,7 +59,8 @@ def evaluate_bundle_by_index(bundle: Path, data: Path, *, device: str = "cpu") -
     import tempfile
 
     from mlmkit.files import cache_root
-    from mlmkit.retrieval.index.building import BuildArgs, build
+    from mlmkit.retrieval.index.build_args import BuildArgs
+    from mlmkit.retrieval.index.building import build
     from mlmkit.text.beir import split_spec
 
     d, _ = split_spec(data)
@@ -77,7 +78,7 @@ class IndexRetriever:
     that much deeper, so that ranks count the mined corpus's documents as the other retrievers' do."""
 
     def __init__(self, path: Path, places: dict[str, int], *, device: str = "cpu", precision: str | None = None) -> None:
-        self.ix, self.places, self.device, self.precision = Index.open(path), places, device, precision
+        self.ix, self.places, self.device, self.precision = StoredIndex.open(path), places, device, precision
         self.outside = sum(1 for a in range(0, self.ix.count, CHUNK)
                            for i in self.ix.ids(np.arange(a, min(a + CHUNK, self.ix.count))) if i not in places)
         if self.outside == self.ix.count:

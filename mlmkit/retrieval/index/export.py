@@ -8,10 +8,10 @@ import numpy as np
 
 import mlmkit.retrieval.index.multivector as multivector
 from mlmkit.files import atomic_write
-from mlmkit.retrieval.index.store import CHUNK, Index
+from mlmkit.retrieval.index.store import CHUNK, StoredIndex
 
 
-def export_parquet(ix: Index, path: Path) -> int:
+def export_parquet(ix: StoredIndex, path: Path) -> int:
     """ids and float32 vectors (dequantized) as a Parquet table: ``id`` string, ``vector``
     fixed_size_list<float32>[dims], what LanceDB, DuckDB and Qdrant's importers read; a sparse index's
     as ``indices`` list<int32> and ``values`` list<float32> (Qdrant's sparse vectors); a multi-vector

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from mlmkit.errors import ConfigError, DataFormatError
-from mlmkit.retrieval.index.store import CHUNK, Index
+from mlmkit.retrieval.index.store import CHUNK, StoredIndex
 from mlmkit.text.chunks import SEPARATOR
 
 META = "meta.arrow"
@@ -147,22 +147,22 @@ def read_meta(shard: Path, count: int) -> Any:
 
 
 # ---- filtering -----------------------------------------------------------------------------------------------
-def fields(ix: Index, tables: Sequence[Any] | None = None) -> dict[str, str]:
+def fields(ix: StoredIndex, tables: Sequence[Any] | None = None) -> dict[str, str]:
     """The index's fields and their Arrow types, over its shards (``id`` among them); ``tables``: the
     shards' meta.arrow already read (read_meta), else they are read here."""
     out = {"id": "string"}
-    for table in tables if tables is not None else [read_meta(ix.path / s["name"], s["count"]) for s in ix.manifest["shards"]]:
+    for table in tables if tables is not None else [read_meta(ix.path / s.name, s.count) for s in ix.manifest.shards]:
         for f in table.schema if table is not None else ():
             out.setdefault(f.name, "json" if (f.metadata or {}).get(b"mlmkit") == b"json" else str(f.type))
     return out
 
 
-def rows(ix: Index, conditions: Sequence[Condition]) -> np.ndarray | None:
+def rows(ix: StoredIndex, conditions: Sequence[Condition]) -> np.ndarray | None:
     """The rows that pass every condition, (count,) bool; None for no conditions. An unknown field, or
     an operator its kind has no meaning for, is one line naming them."""
     if not conditions:
         return None
-    tables = [read_meta(ix.path / s["name"], s["count"]) for s in ix.manifest["shards"]]  # memory-mapped, read once
+    tables = [read_meta(ix.path / s.name, s.count) for s in ix.manifest.shards]  # memory-mapped, read once
     known = fields(ix, tables)
     for c in conditions:
         if c.field not in known:
@@ -172,16 +172,16 @@ def rows(ix: Index, conditions: Sequence[Condition]) -> np.ndarray | None:
                               "filter does not compare", "give the documents a field of numbers, strings or booleans")
     out = np.ones(ix.count, dtype=np.bool_)
     start = 0
-    for k, (s, table) in enumerate(zip(ix.manifest["shards"], tables)):
+    for k, (s, table) in enumerate(zip(ix.manifest.shards, tables)):
         for c in conditions:
             has = table is not None and c.field in table.column_names
             column = _ids(ix, k) if c.field == "id" else table.column(c.field) if has else None
-            out[start:start + s["count"]] &= _passes(column, c, s["count"])
-        start += s["count"]
+            out[start:start + s.count] &= _passes(column, c, s.count)
+        start += s.count
     return out
 
 
-def _ids(ix: Index, k: int) -> Any:
+def _ids(ix: StoredIndex, k: int) -> Any:
     """Shard ``k``'s documents' ids, a row each (a chunked index's rows without their chunk's number)."""
     import pyarrow.compute as pc
 

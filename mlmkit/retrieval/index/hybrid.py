@@ -25,9 +25,10 @@ import numpy as np
 
 from mlmkit.args import check_weights
 from mlmkit.errors import ConfigError
+from mlmkit.retrieval.index.disk import id_hashes
 from mlmkit.retrieval.index.identity import query_bundle
 from mlmkit.retrieval.index.search import as_input, as_queries, hits, search_vectors
-from mlmkit.retrieval.index.store import CHUNK, Index, id_hashes
+from mlmkit.retrieval.index.store import CHUNK, StoredIndex
 
 FUSIONS = ("rrf", "weighted")
 RRF_K = 60
@@ -54,11 +55,11 @@ class Ranker(Protocol):
 
 
 class IndexRanker:
-    """An index (store.Index) searched with its bundle: ``rescore`` as `mlmkit search` takes it."""
+    """An index (store.StoredIndex) searched with its bundle: ``rescore`` as `mlmkit search` takes it."""
 
     def __init__(self, path: Path, *, bundle: Path | None = None, device: str = "cpu", precision: str | None = None,
                  rescore: int | None = None, name: str | None = None) -> None:
-        self.ix, self.name = Index.open(path), name or str(path)
+        self.ix, self.name = StoredIndex.open(path), name or str(path)
         self.bundle, self.device, self.precision, self.rescore = bundle, device, precision, rescore
         self._pipe: Any = None  # the bundle's Pipeline, loaded at the first query
         self._only: tuple[Any, np.ndarray | None] = (None, None)  # the last ``only`` and its rows
@@ -92,13 +93,13 @@ class IndexRanker:
         return self._only[1]
 
 
-def rows_of_ids(ix: Index, only: set[str]) -> np.ndarray:
+def rows_of_ids(ix: StoredIndex, only: set[str]) -> np.ndarray:
     """The rows of ``ix`` whose ids are in ``only``, (count,) bool (the ids read a chunk at a time)."""
     return np.fromiter((i in only for a in range(0, ix.count, CHUNK) for i in ix.ids(np.arange(a, min(a + CHUNK, ix.count)))),
                        dtype=np.bool_, count=ix.count)
 
 
-def ranking_of(ix: Index, q: Any, depth: int, rescore: int | None = None, where: np.ndarray | None = None) -> list[Ranking]:
+def ranking_of(ix: StoredIndex, q: Any, depth: int, rescore: int | None = None, where: np.ndarray | None = None) -> list[Ranking]:
     """Each query's top ``depth`` documents of ``ix`` (query vectors as search.as_queries gives them), by
     id; ``rescore`` raised to ``depth`` where it is below; ``where``: search_vectors'."""
     depth = min(depth, ix.count)
@@ -242,7 +243,7 @@ def evaluate_hybrid(path: Path, data: Path, hybrid: Sequence[str], *, fusion: st
 def corpus_texts(path: Path, id_column: str | None = None, text_column: str = "text") -> tuple[list[str], list[str]]:
     """A corpus's ids and texts as `mlmkit index` reads them (building.corpus_records: a title before
     the text): what BM25 ranks beside an index built from it."""
-    from mlmkit.retrieval.index.building import corpus_records
+    from mlmkit.retrieval.index.embedding import corpus_records
     from mlmkit.text.records import iter_inputs
 
     ids, texts = [], []

@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,31 +33,48 @@ from mlmkit.errors import ConfigError, DataFormatError
 from mlmkit.files import atomic_write, exclusive, write_json
 from mlmkit.retrieval import postings
 from mlmkit.retrieval.index.ann import build_ann, load_ann
+from mlmkit.retrieval.index.disk import CHUNKS, read_chunks
 from mlmkit.retrieval.index.filters import META, read_meta
-from mlmkit.retrieval.index.store import CHUNK, CHUNKS, MANIFEST, Index, ann_file, read_chunks, shard_name
+from mlmkit.retrieval.index.manifest import MANIFEST, Deleted, Manifest, ShardEntry, shard_name
+from mlmkit.retrieval.index.store import CHUNK, StoredIndex
 
 DELETED = re.compile(r"deleted-(\d{6})\.bin")
 OURS = re.compile(r"(shard-\d{6}|deleted-\d{6}\.bin|ann(-\d{6})?\.faiss)")
 """The names of an index's own files and shards: what a sweep may remove when no manifest names it."""
 
 
-def delete(path: Path, ids_file: Path) -> dict[str, Any]:
-    """Mark the documents whose ids ``ids_file`` lists deleted (a .txt: an id a line; .jsonl, .csv,
-    .parquet: the ``_id`` or ``id`` field). An id the index does not hold (or holds deleted) is an error
-    naming its line, and nothing is deleted. Returns the new manifest."""
+def delete(path: Path, wanted: dict[str, int], source: str | Path) -> Manifest:
+    """Mark the documents ``wanted`` deleted (their ids, each with its line in ``source``: read_ids_file's,
+    or ids_of's). An id the index does not hold (or holds deleted) is an error naming its line, and
+    nothing is deleted. Returns the new manifest."""
     with exclusive(path):
-        ix = Index.open(path)
-        wanted = read_ids_file(ids_file)
+        ix = StoredIndex.open(path)
         rows = live_rows(ix, set(wanted))
         missing = [(line, i) for i, line in wanted.items() if i not in rows]
         if missing:
             line, i = missing[0]
-            raise DataFormatError(ids_file, f"the id {i!r} is not in {path}{' (or was deleted)' if ix.deleted is not None else ''}"
-                                  f"{f'; {len(missing) - 1:,} more ids are not either' if len(missing) > 1 else ''}",
-                                  line=line, hint="list ids the index holds; nothing was deleted")
+            more = f"; {len(missing) - 1:,} more ids are not either" if len(missing) > 1 else ""
+            raise DataFormatError(source, f"the id {i!r} is not in {path}"
+                                  f"{' (or was deleted)' if ix.deleted is not None else ''}{more}",
+                                  line=line, unit="line" if isinstance(source, Path) else "id",
+                                  hint="list ids the index holds; nothing was deleted")
         mask = ix.deleted.copy() if ix.deleted is not None else np.zeros(ix.count, dtype=np.bool_)
         mask[[r for found in rows.values() for r in found]] = True
         return commit(path, with_deleted(path, ix.manifest, mask))
+
+
+def ids_of(ids: Iterable[str]) -> dict[str, int]:
+    """Ids given as Python values, each with its place (from 1): what ``delete`` takes. A lone string is
+    one id."""
+    out: dict[str, int] = {}
+    for n, i in enumerate([ids] if isinstance(ids, str) else ids, 1):
+        if not isinstance(i, str) or not i:
+            raise DataFormatError("the ids given", f"{i!r} is not an id (a non-empty string)", line=n,
+                                  unit="id")
+        out.setdefault(i, n)
+    if not out:
+        raise DataFormatError("the ids given", "no ids", hint="give the ids of the documents to delete")
+    return out
 
 
 def read_ids_file(path: Path) -> dict[str, int]:
@@ -78,7 +96,7 @@ def read_ids_file(path: Path) -> dict[str, int]:
     return out
 
 
-def live_rows(ix: Index, ids: set[str]) -> dict[str, list[int]]:
+def live_rows(ix: StoredIndex, ids: set[str]) -> dict[str, list[int]]:
     """The live rows of the documents ``ids`` the index holds (a chunked index's: each chunk's), by id
     (the ids read a chunk at a time)."""
     out: dict[str, list[int]] = {}
@@ -89,34 +107,34 @@ def live_rows(ix: Index, ids: set[str]) -> dict[str, list[int]]:
     return out
 
 
-def with_deleted(path: Path, manifest: dict[str, Any], mask: np.ndarray) -> dict[str, Any]:
+def with_deleted(path: Path, manifest: Manifest, mask: np.ndarray) -> Manifest:
     """``manifest`` with ``mask`` ((rows,) bool) as its deleted rows: the bitmap written under a new
     name (named by no manifest until the caller writes this one); none when no row is deleted."""
-    m = {k: v for k, v in manifest.items() if k != "deleted"}
     if not mask.any():
-        return m
-    old = DELETED.fullmatch(str((manifest.get("deleted") or {}).get("file", "")))
+        return replace(manifest, deleted=None)
+    old = DELETED.fullmatch(manifest.deleted.file) if manifest.deleted is not None else None
     name = f"deleted-{(int(old.group(1)) + 1 if old else 0):06d}.bin"
     bits = np.packbits(mask, bitorder="little")
     atomic_write(path / name, lambda tmp: bits.tofile(tmp))
-    return {**m, "deleted": {"file": name, "rows": len(mask), "count": int(mask.sum())}}
+    return replace(manifest, deleted=Deleted(name, len(mask), int(mask.sum())))
 
 
-def commit(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+def commit(path: Path, manifest: Manifest) -> Manifest:
     """The manifest written (atomically: the switch from the old index to the new), then the files and
     shards that it does not name removed."""
-    write_json(path / MANIFEST, manifest)
+    write_json(path / MANIFEST, manifest.to_json())
     sweep(path, manifest)
     return manifest
 
 
-def sweep(path: Path, manifest: dict[str, Any]) -> None:
+def sweep(path: Path, manifest: Manifest) -> None:
     """Remove the index's files and shards that ``manifest`` does not name (an old bitmap, a compacted
     shard, a killed operation's leftovers); not while a build is unfinished (.pending/: its shard may
     be in the index already, named by the manifest its resume writes)."""
     if (path / ".pending").exists():
         return
-    named = {s["name"] for s in manifest["shards"]} | {(manifest.get("deleted") or {}).get("file"), ann_file(manifest)}
+    named: set[str | None] = {s.name for s in manifest.shards}
+    named |= {manifest.deleted.file if manifest.deleted else None, manifest.ann_path}
     for p in path.iterdir():
         if OURS.fullmatch(p.name) and p.name not in named:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
@@ -124,52 +142,53 @@ def sweep(path: Path, manifest: dict[str, Any]) -> None:
 
 
 # ---- compaction ---------------------------------------------------------------------------------------
-def compact(path: Path) -> dict[str, Any]:
+def compact(path: Path) -> Manifest:
     """Each shard with deleted rows written again without them (a shard left with none is dropped),
     the ANN index rebuilt, the manifest switched to them with no bitmap. Returns the new manifest."""
     with exclusive(path):
-        ix = Index.open(path)
+        ix = StoredIndex.open(path)
         if (path / ".pending").exists():
-            raise ConfigError(f"an unfinished build is in {path / '.pending'}", "finish it first (the same `mlmkit index` "
-                              "command with --resume), or delete that directory")
+            raise ConfigError(f"an unfinished build is in {path / '.pending'}", "finish it first (the same "
+                              "`mlmkit index` command with --resume), or delete that directory")
         sweep(path, ix.manifest)  # a killed compaction's shards, named by no manifest
         if ix.deleted is None:
-            if ann_file(ix.manifest) is None or _readable_ann(ix):
-                return dict(ix.manifest)
-            return commit(path, _new_ann(path, dict(ix.manifest)))  # a damaged ANN index, built again from the vectors
+            if ix.manifest.ann_path is None or _readable_ann(ix):
+                return ix.manifest
+            return commit(path, _new_ann(path, ix.manifest))  # a damaged ANN index, built again from vectors
         work = path / ".compact"
         work.mkdir()
-        shards, start = [], 0
-        name = shard_name(ix.manifest)
-        for k, s in enumerate(ix.manifest["shards"]):
-            keep = np.flatnonzero(~ix.deleted[start:start + s["count"]])
-            if len(keep) == s["count"]:
+        shards: list[ShardEntry] = []
+        start = 0
+        name = shard_name(ix.manifest.shards)
+        for k, s in enumerate(ix.manifest.shards):
+            keep = np.flatnonzero(~ix.deleted[start:start + s.count])
+            if len(keep) == s.count:
                 shards.append(s)
             elif len(keep):
                 (work / name).mkdir()
                 _write_shard(ix, k, keep, work / name)
-                shards.append({"name": name, "count": len(keep)})
-                name = shard_name({"shards": shards}, after=int(name.removeprefix("shard-")) + 1)
-            start += s["count"]
+                shards.append(ShardEntry(name, len(keep)))
+                name = shard_name(shards, after=int(name.removeprefix("shard-")) + 1)
+            start += s.count
         for s in shards:
-            if (work / s["name"]).is_dir():
-                os.replace(work / s["name"], path / s["name"])  # named by no manifest yet: harmless if killed here
-        m = {k: v for k, v in ix.manifest.items() if k != "deleted"}
-        m.update(shards=shards, count=sum(s["count"] for s in shards))
+            if (work / s.name).is_dir():
+                os.replace(work / s.name, path / s.name)  # named by no manifest yet: harmless if killed here
+        m = replace(ix.manifest, deleted=None, shards=tuple(shards), count=sum(s.count for s in shards))
         if ix.kind == "multivector":
-            m["tokens"] = int(sum(np.fromfile(path / s["name"] / "lengths.bin", dtype=np.int32).sum() for s in shards))
-        return commit(path, _new_ann(path, m) if ann_file(m) is not None else m)
+            m = replace(m, tokens=int(sum(np.fromfile(path / s.name / "lengths.bin", dtype=np.int32).sum()
+                                          for s in shards)))
+        return commit(path, _new_ann(path, m) if m.ann_path is not None else m)
 
 
-def _new_ann(path: Path, m: dict[str, Any]) -> dict[str, Any]:
+def _new_ann(path: Path, m: Manifest) -> Manifest:
     """``m`` with its ANN index built again over its shards, under the next unused name."""
-    old = re.fullmatch(r"ann-(\d{6})\.faiss", str(m.get("ann_file", "")))
-    m["ann_file"] = f"ann-{(int(old.group(1)) + 1 if old else 0):06d}.faiss"
+    old = re.fullmatch(r"ann-(\d{6})\.faiss", m.ann_file or "")
+    m = replace(m, ann_file=f"ann-{(int(old.group(1)) + 1 if old else 0):06d}.faiss")
     build_ann(path, m)
     return m
 
 
-def _readable_ann(ix: Index) -> bool:
+def _readable_ann(ix: StoredIndex) -> bool:
     try:
         load_ann(ix)
     except ConfigError:
@@ -177,7 +196,7 @@ def _readable_ann(ix: Index) -> bool:
     return True
 
 
-def _write_shard(ix: Index, k: int, keep: np.ndarray, out: Path) -> None:
+def _write_shard(ix: StoredIndex, k: int, keep: np.ndarray, out: Path) -> None:
     """Shard ``k``'s rows ``keep`` (local, ascending) written into the new shard directory ``out``."""
     import pyarrow as pa
 
@@ -185,8 +204,9 @@ def _write_shard(ix: Index, k: int, keep: np.ndarray, out: Path) -> None:
     with pa.ipc.new_file(str(out / "ids.arrow"), pa.schema([("id", pa.string())])) as w:
         for a in range(0, len(keep), CHUNK):
             w.write_table(pa.table({"id": ids.take(pa.array(keep[a:a + CHUNK]))}))
-    shard = ix.path / ix.manifest["shards"][k]["name"]
-    for name, table in ((META, read_meta(shard, len(vectors))), (CHUNKS, read_chunks(shard, len(vectors)) if ix.chunked else None)):
+    shard = ix.path / ix.manifest.shards[k].name
+    chunks = read_chunks(shard, len(vectors)) if ix.chunked else None
+    for name, table in ((META, read_meta(shard, len(vectors))), (CHUNKS, chunks)):
         if table is not None:
             with pa.ipc.new_file(str(out / name), table.schema) as w:
                 for a in range(0, len(keep), CHUNK):
@@ -200,7 +220,8 @@ def _write_shard(ix: Index, k: int, keep: np.ndarray, out: Path) -> None:
     elif ix.kind == "multivector":
         s = ix.multi[k]
         assert ix.codec is not None
-        with open(out / "lengths.bin", "wb") as lf, open(out / "codes.bin", "wb") as cf, open(out / "residuals.bin", "wb") as rf, \
+        with open(out / "lengths.bin", "wb") as lf, open(out / "codes.bin", "wb") as cf, \
+                open(out / "residuals.bin", "wb") as rf, \
                 postings.Writer(out, len(ix.codec.centroids), s.postings.block, forward=False) as writer:
             for starts, spans in _documents(s.starts, keep):
                 codes = np.asarray(s.codes[spans])

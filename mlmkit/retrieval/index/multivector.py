@@ -239,8 +239,9 @@ def search(ix: Any, queries: Sequence[np.ndarray], k: int, *, rescore: int | Non
     the documents the first stage may take (None: all)."""
     from scipy.sparse import csr_matrix
 
-    settings = ix.manifest.get("search", {})
-    nprobe, wide = int(settings.get("nprobe", NPROBE)), int(settings.get("candidates", CANDIDATES))
+    settings = ix.manifest.search
+    nprobe = settings.nprobe if settings is not None else NPROBE
+    wide = settings.candidates if settings is not None else CANDIDATES
     n2 = min(ix.count, max(rescore or max(4 * k, 128), k))
     out_i = np.full((len(queries), k), -1, dtype=np.int64)
     out_s = np.full((len(queries), k), -np.inf, dtype=np.float32)

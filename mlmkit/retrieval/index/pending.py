@@ -54,7 +54,8 @@ from mlmkit.files import read_json, write_json
 from mlmkit.retrieval import postings
 from mlmkit.retrieval.exact import normalized
 from mlmkit.retrieval.index.codecs import CALIBRATION_ROWS, calibrate, row_bytes, stored
-from mlmkit.retrieval.index.store import CHUNK, id_hashes
+from mlmkit.retrieval.index.disk import id_hashes
+from mlmkit.retrieval.index.store import CHUNK
 
 PROGRESS = "progress.json"
 SPARSE = ("lengths.bin", "terms.bin", "weights.bin")

@@ -23,19 +23,20 @@ from mlmkit.retrieval import postings
 from mlmkit.retrieval.exact import leading_dimensions, masked, normalized, top_k
 from mlmkit.retrieval.index.ann import ann_search
 from mlmkit.retrieval.index.identity import query_bundle
-from mlmkit.retrieval.index.store import QUERY_BLOCK, Index
+from mlmkit.retrieval.index.manifest import Manifest
+from mlmkit.retrieval.index.store import QUERY_BLOCK, StoredIndex
 from mlmkit.retrieval.reranking import late_interaction
 
 SUBSET = 65536
 """A filter (or the deletes) allowing at most this many rows, and at most SUBSET_SHARE of the index, is
 searched over them alone, exactly."""
 SUBSET_SHARE = 1 / 8
-"""Gathering a row from the vectors costs about 13 times scanning one in order (2026-12-07, AMD EPYC:
+"""Gathering a row from the vectors costs about 13 times scanning one in order (measured on an AMD EPYC:
 50,000 of 100,000 float32 rows of 384 dims gathered in 26.0 ms, all 100,000 scanned in 3.9 ms), so a
 larger share is searched as a whole, the other rows scored -inf (or through the ANN index's selector)."""
 
 
-def search_vectors(ix: Index, queries: Any, k: int, *, rescore: int | None = None,
+def search_vectors(ix: StoredIndex, queries: Any, k: int, *, rescore: int | None = None,
                    where: np.ndarray | None = None, chunk_agg: str = "max") -> tuple[np.ndarray, np.ndarray]:
     """_search_rows's top k rows; a chunked index's (text/chunks.py): each query's top k documents by
     their best chunk, as the row of that chunk and its score. The top chunks are searched 4 k deep,
@@ -71,7 +72,7 @@ CHUNK_AGGS = ("max", "mean", "sum-top-N")
 """--chunk-agg: a chunked index's document score from its chunks' (N a number: the sum of its best N)."""
 
 
-def chunk_aggregation(spec: str, ix: Index | None = None) -> tuple[str, int]:
+def chunk_aggregation(spec: str, ix: StoredIndex | None = None) -> tuple[str, int]:
     """--chunk-agg as (how, N): ("max", 1), ("mean", 0), ("sum", N) for sum-top-N; else one line, and
     one for another than max on ``ix`` when it is not chunked."""
     if spec in ("max", "mean"):
@@ -87,7 +88,7 @@ def chunk_aggregation(spec: str, ix: Index | None = None) -> tuple[str, int]:
     return how, n
 
 
-def _aggregated(ix: Index, queries: Any, k: int, how: str, n: int, *, rescore: int | None,
+def _aggregated(ix: StoredIndex, queries: Any, k: int, how: str, n: int, *, rescore: int | None,
                 where: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """A chunked index's top k documents by the ``how`` of all their chunks' scores (mean, or the sum of
     the best ``n``), among the max(4 k, 100) documents of the best chunks: each candidate's every chunk
@@ -115,7 +116,7 @@ def _aggregated(ix: Index, queries: Any, k: int, how: str, n: int, *, rescore: i
     return out_i, out_s
 
 
-def chunk_scores(ix: Index, queries: Any, j: int, rows: np.ndarray) -> np.ndarray:
+def chunk_scores(ix: StoredIndex, queries: Any, j: int, rows: np.ndarray) -> np.ndarray:
     """Query ``j``'s exact scores with the index's ``rows`` (from the rescoring vectors; a sparse index's
     dot products, a multi-vector index's MaxSim)."""
     if not len(rows):
@@ -131,7 +132,7 @@ STORED = {"dense": "vectors.bin", "sparse": "weights.bin", "multivector": "resid
 """Where each kind of index keeps the values a score is made of (what a NaN score points at)."""
 
 
-def finite(ix: Index, rows: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def finite(ix: StoredIndex, rows: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``rows`` and ``scores`` as they are, when every hit's score is a number: a NaN or infinite score
     (the queries are checked finite before) comes from a stored vector that is not finite, which no
     build writes (building refuses them): one line naming the shard's file and the row."""
@@ -140,17 +141,17 @@ def finite(ix: Index, rows: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray,
         return rows, scores
     row = int(rows[bad][0])
     start = 0
-    for s in ix.manifest["shards"]:
-        if row < start + s["count"]:
+    for s in ix.manifest.shards:
+        if row < start + s.count:
             break
-        start += s["count"]
+        start += s.count
     name = STORED[ix.kind] if ix.kind != "multivector" else f"{STORED[ix.kind]} or {ix.path / multivector.CODEC}"
-    raise ConfigError(f"{ix.path / s['name'] / name} holds values that are not finite (NaN or infinite): row {row - start:,} "
+    raise ConfigError(f"{ix.path / s.name / name} holds values that are not finite (NaN or infinite): row {row - start:,} "
                       f"of the shard (id {ix.row_ids(np.asarray([row]))[0]!r}) scores {float(scores[bad][0])}",
                       "rebuild the index, or restore it from a copy")
 
 
-def _search_rows(ix: Index, queries: Any, k: int, *, rescore: int | None = None,
+def _search_rows(ix: StoredIndex, queries: Any, k: int, *, rescore: int | None = None,
                  where: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The top ``k`` rows of each query vector and their cosines, best first (-1 past a faiss graph's
     reach). A two-stage index (Index.two_stages) takes ``rescore`` candidates (default: 4k, at least
@@ -196,7 +197,7 @@ def _search_rows(ix: Index, queries: Any, k: int, *, rescore: int | None = None,
     return _rescored(ix, q, rows, k) if ix.two_stages else (rows, scores)
 
 
-def _search_subset(ix: Index, q: np.ndarray, k: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _search_subset(ix: StoredIndex, q: np.ndarray, k: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The top k among ``rows`` alone (at most SUBSET, ascending), scored from the rescoring vectors
     (what a two-stage search ends with): exact, whatever the index's first stage or ANN."""
     s = q @ ix.rows(rows, rescore=True).T if len(rows) else np.zeros((len(q), 0), np.float32)
@@ -212,7 +213,7 @@ def no_hits(rows: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return np.where(np.isneginf(scores), -1, rows), scores
 
 
-def _search_multivector(ix: Index, queries: Any, k: int, rescore: int | None,
+def _search_multivector(ix: StoredIndex, queries: Any, k: int, rescore: int | None,
                         allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(queries, np.ndarray) and queries.ndim == 2:
         queries = [queries]
@@ -223,7 +224,7 @@ def _search_multivector(ix: Index, queries: Any, k: int, rescore: int | None,
     return multivector.search(ix, [np.asarray(q, dtype=np.float32) for q in queries], k, rescore=rescore, allowed=allowed)
 
 
-def _search_postings(ix: Index, q: Any, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def _search_postings(ix: StoredIndex, q: Any, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     if q.shape[1] != ix.dims:
         raise ConfigError(f"sparse queries over a vocabulary of {q.shape[1]:,}; the index's is {ix.dims:,}")
     parts = [top_k(masked(postings.scores(ix.sparse, q[a:a + QUERY_BLOCK]), allowed), min(QUERY_BLOCK, q.shape[0] - a), k)
@@ -233,7 +234,7 @@ def _search_postings(ix: Index, q: Any, k: int, allowed: np.ndarray | None) -> t
     return np.where(scores > 0, rows, -1), scores
 
 
-def _rescored(ix: Index, q: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _rescored(ix: StoredIndex, q: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Each query's candidates scored again, float query x the rescoring vectors; the best k."""
     out_i = np.full((len(q), k), -1, dtype=np.int64)
     out_s = np.full((len(q), k), -np.inf, dtype=np.float32)
@@ -245,7 +246,7 @@ def _rescored(ix: Index, q: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.nd
     return out_i, out_s
 
 
-def hits(ix: Index, rows: np.ndarray, scores: np.ndarray) -> list[list[dict[str, Any]]]:
+def hits(ix: StoredIndex, rows: np.ndarray, scores: np.ndarray) -> list[list[dict[str, Any]]]:
     """Each query's hits, {"id", "score"}, best first (rows past a faiss graph's reach left out); a
     chunked index's also name the best chunk, {"chunk", "start", "end"}: its number and its span of
     characters in the document's text (a title before it)."""
@@ -295,13 +296,13 @@ def as_input(pipe: Any, kind: str, prompt_name: str | None = None, dimensions: i
     return options
 
 
-def embedding_settings(manifest: dict[str, Any]) -> tuple[str | None, int | None]:
+def embedding_settings(manifest: Manifest) -> tuple[str | None, int | None]:
     """The documents' prompt name and the dimensions an index was built with (`mlmkit index
     --prompt-name`, `--dimensions`): an append keeps them, and its queries are cut to the same dimensions."""
-    return manifest.get("prompt_name") or None, manifest.get("dimensions") or None
+    return manifest.prompt_name or None, manifest.dimensions or None
 
 
-def as_queries(ix: Index, results: Sequence[dict[str, Any]]) -> Any:
+def as_queries(ix: StoredIndex, results: Sequence[dict[str, Any]]) -> Any:
     """The index's bundle's results for query texts as search_vectors takes them: (Q, dims) float32
     vectors, or a sparse index's (Q, vocabulary) CSR matrix."""
     if ix.kind == "sparse":
@@ -317,11 +318,11 @@ def as_queries(ix: Index, results: Sequence[dict[str, Any]]) -> Any:
     q = np.asarray([r["embedding"] for r in results], dtype=np.float32)
     dims = embedding_settings(ix.manifest)[1]
     if dims and q.shape[-1] > dims:  # an index of the leading dimensions (--dimensions): its queries cut alike
-        q = leading_dimensions(q, dims, bool(ix.manifest.get("normalized")))
+        q = leading_dimensions(q, dims, bool(ix.manifest.normalized))
     return q
 
 
-def query_vectors(ix: Index, texts: Sequence[str], bundle: Path | None = None, *, device: str = "cpu",
+def query_vectors(ix: StoredIndex, texts: Sequence[str], bundle: Path | None = None, *, device: str = "cpu",
                   precision: str | None = None, prompt_name: str | None = None) -> Any:
     """``texts`` embedded as queries with the index's bundle (its query prompt, or ``prompt_name``) and
     dimensions, as_queries."""
@@ -329,3 +330,30 @@ def query_vectors(ix: Index, texts: Sequence[str], bundle: Path | None = None, *
 
     pipe = Pipeline.load(query_bundle(ix, bundle), device=device, command="embed", precision=precision)
     return as_queries(ix, pipe(list(texts), **as_input(pipe, "query", prompt_name)))
+
+
+def search_index(ix: StoredIndex, queries: Any, k: int, *, where: str | Sequence[str] | np.ndarray | None = None,
+                 rescore: int | None = None, chunk_agg: str = "max", bundle: str | Path | None = None,
+                 prompt_name: str | None = None, device: str = "cpu",
+                 precision: str | None = None) -> list[list[dict[str, Any]]]:
+    """Index.search: ``queries`` as texts (a list of str: embedded as queries with the index's bundle, or
+    ``bundle``, its pipeline loaded once on ``ix``) or vectors (as search_vectors takes them), ``where``
+    a filter's conditions (`--where`'s, filters.py: all must hold) or its rows; each query's hits."""
+    from mlmkit.retrieval.index.filters import parse, rows
+
+    if isinstance(where, str):
+        where = [where]
+    allowed = where if isinstance(where, np.ndarray) or where is None else rows(ix, parse(list(where)))
+    chunk_aggregation(chunk_agg, ix)
+    if isinstance(queries, (list, tuple)) and all(isinstance(q, str) for q in queries):
+        from mlmkit.runtime.pipeline import Pipeline
+
+        b = query_bundle(ix, None if bundle is None else Path(bundle))
+        key = (str(b), device, precision)
+        if key not in ix.pipes:
+            ix.pipes[key] = Pipeline.load(b, device=device, command="embed", precision=precision)
+        pipe = ix.pipes[key]
+        queries = as_queries(ix, pipe(list(queries), **as_input(pipe, "query", prompt_name))) if queries else None
+    if queries is None:
+        return []
+    return hits(ix, *search_vectors(ix, queries, k, rescore=rescore, where=allowed, chunk_agg=chunk_agg))

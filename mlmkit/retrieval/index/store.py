@@ -1,4 +1,4 @@
-"""An index directory on disk and its reader, ``Index``. No torch.
+"""An index directory on disk and its reader, ``StoredIndex`` (``Index``, api.py, adds the changes). No torch.
 
 An index is a directory:
 
@@ -34,45 +34,70 @@ scores, never queries x corpus.
 from __future__ import annotations
 
 import functools
-import hashlib
-import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 import mlmkit.retrieval.index.multivector as multivector
 from mlmkit.errors import ConfigError
-from mlmkit.files import read_json
 from mlmkit.retrieval import postings
-from mlmkit.retrieval.index.codecs import QUANTIZATIONS, RESCORE_COPIES, dtype, floats, row_bytes
+from mlmkit.retrieval.index.codecs import dtype, floats, row_bytes
+from mlmkit.retrieval.index.disk import (
+    footprint,
+    id_hashes,
+    manifest_stamp,
+    read_chunks,
+    read_deleted,
+    read_ids,
+)
+from mlmkit.retrieval.index.manifest import MANIFEST, Manifest, read_manifest
 from mlmkit.text.chunks import document_id
 
-KINDS = ("dense", "sparse", "multivector")
-ANNS = ("flat", "hnsw", "ivf")
-ANN_FILE = re.compile(r"ann(-\d{6})?\.faiss")
-"""The names an ANN index's file takes (a compaction's: ann-NNNNNN.faiss, live.py)."""
 CHUNK = 65536
 """Rows of vectors scored at once in a flat search."""
 QUERY_BLOCK = 64
 """Queries scored together: a block holds QUERY_BLOCK x (CHUNK + k) scores and rows, ~64 MB, whatever
 the number of queries asked."""
-MANIFEST = "manifest.json"
-CHUNKS = "chunks.arrow"
-"""A chunked index's shard's chunk numbers and spans (building.write_spans)."""
-FORMAT = 1
-"""The manifest's format. Fields added since (the bundle's ``model_bytes``, ``model_mtime_ns`` and
-``mlmkit_json_sha256``) are optional: a manifest without them is read as before."""
+
+Documents = str | Path | Iterable[Mapping[str, Any]]
+"""A corpus as `mlmkit index --corpus` reads it (a file), or records: {"id" (or "_id"), "text"}, a
+"title" before its text, any other field kept for --where (filters.py)."""
+Progress = Callable[[int], Any] | None
+"""Called with the number of documents of each window as it is embedded."""
+
+
+@dataclass(frozen=True)
+class Stats:
+    """What ``StoredIndex.stats`` says of an index: its documents, its settings, what it takes on disk."""
+
+    path: str
+    kind: str
+    count: int
+    live: int
+    deleted: int
+    dims: int
+    quantization: str
+    ann: str
+    shards: int
+    chunked: bool
+    disk: dict[str, int | float]
+    """footprint's: bytes, bytes_per_document, and a multi-vector index's tokens and bytes a token."""
+
+
+S = TypeVar("S", bound="StoredIndex")
 
 
 @dataclass
-class Index:
-    """An index directory opened for reading: its manifest checked against its files."""
+class StoredIndex:
+    """An index directory, opened: its manifest checked against its files, which are memory-mapped.
+    What building, search, filters and the server read; users call its subclass ``Index`` (api.py),
+    which adds the changes (build, add, delete, upsert, compact) and search."""
 
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     shards: list[tuple[np.ndarray, Any, np.ndarray | None]] = field(default_factory=list)
     """(vectors, ids, rescore vectors) per shard, memory-mapped (a sparse index's vectors: (count, 0))."""
     sparse: list[postings.Postings] = field(default_factory=list)
@@ -88,33 +113,35 @@ class Index:
     """Whether its shards' files were read into memory (a server's), not memory-mapped."""
     stamp: tuple[int, int, int] = (0, 0, 0)
     """Its manifest's (inode, mtime in ns, size) when opened: what tells it changed since (changed)."""
+    pipes: dict[tuple[str, str, str | None], Any] = field(default_factory=dict, repr=False, compare=False)
+    """The query pipelines ``search`` loaded, by (bundle, device, precision): loaded once."""
 
     @property
     def kind(self) -> str:
-        """KINDS: dense (vectors) or sparse (an inverted index)."""
-        return str(self.manifest.get("kind", "dense"))
+        """KINDS: dense (vectors), sparse (an inverted index) or multivector (a vector a token)."""
+        return self.manifest.kind
 
     @property
     def dims(self) -> int:
-        return int(self.manifest["dims"])
+        return self.manifest.dims
 
     @property
     def count(self) -> int:
-        return int(self.manifest["count"])
+        return self.manifest.count
 
     @property
     def quantization(self) -> str:
-        return str(self.manifest["quantization"])
+        return self.manifest.quantization
 
     @property
     def copy(self) -> str | None:
         """The rescoring copy's kind (RESCORE_COPIES), or None: rescoring reads the vectors themselves."""
-        return self.manifest.get("rescore_copy", "int8" if self.quantization == "binary" else None)
+        return self.manifest.copy
 
     @property
     def ann(self) -> str:
         """ANNS: flat (exact), or the faiss index in ann.faiss."""
-        return str(self.manifest.get("ann", "flat"))
+        return self.manifest.ann
 
     @property
     def two_stages(self) -> bool:
@@ -123,77 +150,63 @@ class Index:
 
     @property
     def ranges(self) -> np.ndarray | None:
-        r = self.manifest.get("ranges")
+        r = self.manifest.ranges
         return np.asarray(r, dtype=np.float32) if r is not None else None
 
     @classmethod
-    def open(cls, path: str | Path, *, memory: bool = False) -> Index:
+    def open(cls: type[S], path: str | Path, *, memory: bool = False) -> S:
         """The index at ``path``, its manifest checked against its files, which are memory-mapped;
         ``memory``: read into memory (what `mlmkit serve --index` does: files rewritten or removed under
         a running server cannot take what it loaded from it)."""
         d = Path(path)
         if not (d / MANIFEST).is_file():
-            raise ConfigError(f"{d} is not an index: no {MANIFEST}", "build one with `mlmkit index BUNDLE --corpus DOCS --out DIR`")
+            raise ConfigError(f"{d} is not an index: no {MANIFEST}",
+                              "build one with `mlmkit index BUNDLE --corpus DOCS --out DIR`")
         stamp = manifest_stamp(d)
-        m = read_json(d / MANIFEST)
+        m = read_manifest(d)
         hint = f"rebuild the index, or restore {d} from a copy"
-        for k, kind in (("dims", int), ("count", int), ("quantization", str), ("shards", list), ("bundle", dict)):
-            if not isinstance(m.get(k), kind) or isinstance(m.get(k), bool):
-                raise ConfigError(f"{d / MANIFEST}: field {k} must be {kind.__name__}, got {m.get(k)!r}", hint)
-        if m.get("kind", "dense") not in KINDS:
-            raise ConfigError(f"{d / MANIFEST}: kind {m.get('kind')!r} is not one of {', '.join(KINDS)}", hint)
-        allowed = ("residual",) if m.get("kind") == "multivector" else QUANTIZATIONS
-        if m["quantization"] not in allowed:
-            raise ConfigError(f"{d / MANIFEST}: quantization {m['quantization']!r} is not one of {', '.join(allowed)}", hint)
-        if m.get("ann", "flat") not in ANNS or (m.get("ann", "flat") != "flat" and not ANN_FILE.fullmatch(str(m.get("ann_file", "ann.faiss")))):
-            raise ConfigError(f"{d / MANIFEST}: ann {m.get('ann')!r} with ann_file {m.get('ann_file')!r}: ann must be one of "
-                              f"{', '.join(ANNS)}, its file ann.faiss or ann-NNNNNN.faiss in the index", hint)
         ix = cls(d, m, memory=memory, stamp=stamp)
-        _check_coding(ix, hint)
         if ix.kind == "multivector":
-            search = m.get("search")
-            if not isinstance(search, dict) or any(not isinstance(search.get(k), int) or isinstance(search.get(k), bool)
-                                                   or search[k] < 1 for k in ("nprobe", "candidates")):
-                raise ConfigError(f"{d / MANIFEST}: field search must be {{\"nprobe\": N, \"candidates\": N}} of positive ints, "
-                                  f"got {search!r}", hint)
-            if not isinstance(m.get("tokens"), int) or isinstance(m.get("tokens"), bool) or m["tokens"] < 0:
-                raise ConfigError(f"{d / MANIFEST}: field tokens must be a count of token vectors, got {m.get('tokens')!r}", hint)
             ix.codec = multivector.Codec.load(d / multivector.CODEC, ix.dims, hint)
-        total = 0
-        names = [s.get("name") for s in m["shards"] if isinstance(s, dict)]
-        if len(set(map(str, names))) != len(names):
-            raise ConfigError(f"{d / MANIFEST}: a shard is listed twice ({', '.join(sorted({str(n) for n in names if names.count(n) > 1}))})", hint)
-        for s in m["shards"]:
-            n = s.get("count") if isinstance(s, dict) else None
-            if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(s.get("name"), str):
-                raise ConfigError(f"{d / MANIFEST}: a shard must have a name and a count, got {s!r}", hint)
-            ix.shards.append(ix.shard(d / s["name"], n, hint))
-            total += n
-        if total != ix.count:
-            raise ConfigError(f"{d / MANIFEST}: count {ix.count} but its shards hold {total} vectors", hint)
-        if ix.multi and sum(int(s.starts[-1]) for s in ix.multi) != m["tokens"]:
-            raise ConfigError(f"{d / MANIFEST}: tokens {m['tokens']:,} but its shards' lengths.bin count "
+        for s in m.shards:
+            ix.shards.append(ix.shard(d / s.name, s.count, hint))
+        if ix.multi and sum(int(s.starts[-1]) for s in ix.multi) != m.tokens:
+            raise ConfigError(f"{d / MANIFEST}: tokens {m.tokens:,} but its shards' lengths.bin count "
                               f"{sum(int(s.starts[-1]) for s in ix.multi):,}", hint)
-        if m.get("deleted") is not None:
-            ix.deleted = read_deleted(d, m["deleted"], ix.count, hint)
+        if m.deleted is not None:
+            ix.deleted = read_deleted(d, m.deleted, ix.count, hint)
         return ix
 
+    def stats(self) -> Stats:
+        """Its documents (all, live, deleted), settings and footprint on disk."""
+        return Stats(str(self.path), self.kind, self.count, self.live, self.count - self.live, self.dims,
+                     self.quantization, self.ann, len(self.shards), self.chunked,
+                     footprint(self.path, self.manifest))
+
+    def reopen(self) -> None:
+        """This object opened again on the index as it is on disk (after a change), its pipelines kept."""
+        fresh = type(self).open(self.path, memory=self.memory)
+        fresh.pipes = self.pipes
+        self.__dict__.clear()  # cached properties (id_hashes, document_rows) too
+        self.__dict__.update(fresh.__dict__)
+
+    # ---- reading ---------------------------------------------------------------------------------------
     @property
     def chunked(self) -> bool:
         """Whether its rows are chunks of documents (text/chunks.py): ids ``ID#K``, spans in chunks.arrow."""
-        return self.manifest.get("chunks") is not None
+        return self.manifest.chunks is not None
 
     def chunk_spans(self, rows: np.ndarray) -> np.ndarray:
         """A chunked index's rows' (chunk number, start, end) in their documents' texts, (len(rows), 3)."""
         out = np.zeros((len(rows), 3), dtype=np.int64)
         start = 0
-        for s in self.manifest["shards"]:
-            sel = np.nonzero((rows >= start) & (rows < start + s["count"]))[0]
+        for s in self.manifest.shards:
+            sel = np.nonzero((rows >= start) & (rows < start + s.count))[0]
             if len(sel):
-                table = read_chunks(self.path / s["name"], s["count"])
+                table = read_chunks(self.path / s.name, s.count)
                 for j, col in enumerate(("chunk", "start", "end")):
                     out[sel, j] = table.column(col).take(rows[sel] - start).to_numpy()
-            start += s["count"]
+            start += s.count
         return out
 
     @property
@@ -205,7 +218,8 @@ class Index:
         """The rows a search may return, (count,) bool: not deleted, and in ``where`` (a filter's rows,
         (count,) bool) when given; None when every row may be."""
         if where is not None and (where.shape != (self.count,) or where.dtype != np.bool_):
-            raise ValueError(f"a filter of shape {where.shape} ({where.dtype}) over an index of {self.count} rows")
+            raise ValueError(f"a filter of shape {where.shape} ({where.dtype}) over an index of "
+                             f"{self.count} rows")
         if self.deleted is None:
             return where
         return ~self.deleted if where is None else where & ~self.deleted
@@ -213,14 +227,13 @@ class Index:
     def shard(self, s: Path, n: int, hint: str) -> tuple[np.ndarray, Any, np.ndarray | None]:
         """The shard directory ``s`` of ``n`` documents, memory-mapped and checked against the manifest."""
         if self.kind in ("sparse", "multivector"):
-            block = self.manifest.get("block")
-            if not isinstance(block, int) or isinstance(block, bool) or block < 1:
-                raise ConfigError(f"{self.path / MANIFEST}: a {self.kind} index's block must be a positive int, got {block!r}", hint)
+            block = int(self.manifest.block or 0)  # manifest.check: a sparse or multi-vector index has one
             if self.codec is not None:
                 self.multi.append(multivector.Shard.open(s, n, self.codec, block, hint, memory=self.memory))
             else:
                 self.sparse.append(postings.Postings.open(s, n, self.dims, block, hint, memory=self.memory))
-            return np.zeros((n, 0), dtype=np.float32), read_ids(s / "ids.arrow", n, hint, memory=self.memory), None
+            ids = read_ids(s / "ids.arrow", n, hint, memory=self.memory)
+            return np.zeros((n, 0), dtype=np.float32), ids, None
 
         def mapped(name: str, kind: str) -> np.ndarray:
             f, t = s / name, np.dtype(dtype(kind))
@@ -228,12 +241,14 @@ class Index:
             size = f.stat().st_size if f.is_file() else -1
             if size != n * width:
                 what = "is missing" if size < 0 else f"holds {size:,} bytes"
-                raise ConfigError(f"{f} {what}; the manifest says {n:,} vectors of {width:,} bytes ({n * width:,} bytes): "
-                                  "a truncated or replaced file", hint)
+                raise ConfigError(f"{f} {what}; the manifest says {n:,} vectors of {width:,} bytes "
+                                  f"({n * width:,} bytes): a truncated or replaced file", hint)
             cols = width // t.itemsize
             if not n:
                 return np.zeros((0, cols), dtype=t)
-            return np.fromfile(f, dtype=t).reshape(n, cols) if self.memory else np.memmap(f, dtype=t, mode="r", shape=(n, cols))
+            if self.memory:
+                return np.fromfile(f, dtype=t).reshape(n, cols)
+            return np.memmap(f, dtype=t, mode="r", shape=(n, cols))
 
         vectors = mapped("vectors.bin", self.quantization)
         rescore = mapped("rescore.bin", self.copy) if self.copy else None
@@ -313,120 +328,3 @@ class Index:
                 out[sel] = self.floats(np.asarray(src[rows[sel] - start]), copy=src is copy)
             start += n
         return out
-
-
-def _check_coding(ix: Index, hint: str) -> None:
-    """The manifest's fields that decode and search vectors, each of its type and shape: the rescoring
-    copy, the int8 ranges ((2, dims) finite numbers, each high above its low: int8 vectors or an int8
-    copy need them), the ANN settings (positive ints)."""
-    m, where = ix.manifest, ix.path / MANIFEST
-    if m.get("rescore_copy") is not None and m["rescore_copy"] not in RESCORE_COPIES:
-        raise ConfigError(f"{where}: rescore_copy {m['rescore_copy']!r} is not one of {', '.join(RESCORE_COPIES)}", hint)
-    if m.get("ranges") is not None or "int8" in (ix.quantization, ix.copy):
-        r = m.get("ranges")
-        ok = (isinstance(r, list) and len(r) == 2 and all(isinstance(row, list) and len(row) == ix.dims for row in r)
-              and all(isinstance(v, (int, float)) and not isinstance(v, bool) for row in r for v in row))
-        if ok:
-            with np.errstate(invalid="ignore"):
-                lo, hi = np.asarray(r, dtype=np.float64)
-                ok = bool(np.isfinite(lo).all() and np.isfinite(hi).all() and (hi > lo).all())
-        if not ok:
-            raise ConfigError(f"{where}: field ranges must be two lists of {ix.dims} finite numbers (each dimension's low, "
-                              f"then its high, above it), got {str(r)[:80]}", hint)
-    if ix.ann != "flat":
-        a = m.get("ann_settings")
-        keys = ("m", "ef_construction", "ef_search") if ix.ann == "hnsw" else ("lists", "nprobe")
-        if not isinstance(a, dict) or any(not isinstance(a.get(k), int) or isinstance(a.get(k), bool) or a[k] < 1 for k in keys):
-            raise ConfigError(f"{where}: field ann_settings of a {ix.ann} index must hold {', '.join(keys)}, positive ints, "
-                              f"got {str(a)[:80]}", hint)
-
-
-def ann_file(manifest: dict[str, Any]) -> str | None:
-    """The ANN index's file: ann.faiss, or a compaction's ann-NNNNNN.faiss (live.py); None for a flat index."""
-    return None if manifest.get("ann", "flat") == "flat" else str(manifest.get("ann_file", "ann.faiss"))
-
-
-def footprint(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """What an index takes on disk: its bytes (the files its manifest names), a document's on average,
-    and for a multi-vector index a token vector's (its codes and residuals alone) and the whole
-    index's a token."""
-    files = [f for s in manifest["shards"] for f in (path / s["name"]).iterdir()]
-    files += [path / n for n in (ann_file(manifest), multivector.CODEC, MANIFEST, (manifest.get("deleted") or {}).get("file"))
-              if n and (path / n).is_file()]
-    total = sum(f.stat().st_size for f in files)
-    out: dict[str, Any] = {"bytes": total, "bytes_per_document": round(total / max(1, manifest["count"]), 1)}
-    if manifest.get("kind") == "multivector":
-        tokens = max(1, int(manifest.get("tokens", 0)))
-        coded = sum(f.stat().st_size for f in files if f.name in ("codes.bin", "residuals.bin"))
-        out.update(tokens=int(manifest.get("tokens", 0)), bytes_per_token_vector=round(coded / tokens, 1),
-                   bytes_per_token=round(total / tokens, 1))
-    return out
-
-
-def read_deleted(d: Path, field: Any, count: int, hint: str) -> np.ndarray:
-    """The manifest's ``deleted`` ({"file", "rows", "count"}: a bitmap of the first ``rows`` rows, the
-    rows after them live) as a (count,) bool array, checked against the file and the count."""
-    ok = isinstance(field, dict) and isinstance(field.get("file"), str) and "/" not in field["file"] and all(
-        isinstance(field.get(k), int) and not isinstance(field.get(k), bool) and field[k] >= 0 for k in ("rows", "count"))
-    if not ok or field["rows"] > count:
-        raise ConfigError(f"{d / MANIFEST}: field deleted must be {{\"file\": NAME, \"rows\": N, \"count\": N}} "
-                          f"of rows the index holds, got {field!r}", hint)
-    f = d / field["file"]
-    raw = np.fromfile(f, dtype=np.uint8) if f.is_file() else None
-    if raw is None or len(raw) != -(-field["rows"] // 8):
-        what = "is missing" if raw is None else f"holds {len(raw):,} bytes"
-        raise ConfigError(f"{f} {what}; the manifest says a bitmap of {field['rows']:,} rows ({-(-field['rows'] // 8):,} "
-                          "bytes): a truncated or replaced file", hint)
-    out = np.zeros(count, dtype=np.bool_)
-    out[:field["rows"]] = np.unpackbits(raw, count=field["rows"], bitorder="little").astype(np.bool_)
-    if int(out.sum()) != field["count"]:
-        raise ConfigError(f"{f} marks {int(out.sum()):,} rows deleted; the manifest says {field['count']:,}", hint)
-    return out
-
-
-def shard_name(manifest: dict[str, Any] | None, after: int = 0) -> str:
-    """The name of the next new shard: one past the highest number the manifest's shards have (and
-    past ``after``), so a shard of a compaction or an append never takes a name in use."""
-    numbers = [int(s["name"].removeprefix("shard-")) for s in (manifest or {}).get("shards", [])
-               if str(s.get("name", "")).removeprefix("shard-").isdigit()]
-    return f"shard-{max([after - 1, *numbers], default=-1) + 1:06d}"
-
-
-def read_chunks(shard: Path, n: int) -> Any:
-    """A chunked shard's chunks.arrow (memory-mapped): chunk, start, end a row."""
-    import pyarrow as pa
-
-    f = shard / CHUNKS
-    try:
-        table = pa.ipc.open_file(pa.memory_map(str(f))).read_all()
-    except (OSError, pa.ArrowInvalid) as e:
-        raise ConfigError(f"{f}: not a readable chunks file ({str(e).splitlines()[0]})", "rebuild the index") from None
-    if table.num_rows != n or table.column_names != ["chunk", "start", "end"]:
-        raise ConfigError(f"{f} holds {table.num_rows:,} chunks; the manifest says {n:,}", "rebuild the index")
-    return table
-
-
-def manifest_stamp(d: Path) -> tuple[int, int, int]:
-    """The manifest's (inode, mtime in ns, size): a commit replaces the file, so any change moves it."""
-    st = (d / MANIFEST).stat()
-    return st.st_ino, st.st_mtime_ns, st.st_size
-
-
-def read_ids(path: Path, n: int, hint: str, *, memory: bool = False) -> Any:
-    """An ids.arrow of ``n`` ids, memory-mapped (a pyarrow string column); ``memory``: read into memory."""
-    import pyarrow as pa
-
-    try:
-        source = pa.OSFile(str(path)) if memory else pa.memory_map(str(path))
-        ids = pa.ipc.open_file(source).read_all().column(0)
-    except (OSError, pa.ArrowInvalid) as e:
-        raise ConfigError(f"{path}: not a readable ids file ({str(e).splitlines()[0]})", hint) from None
-    if len(ids) != n:
-        raise ConfigError(f"{path} holds {len(ids):,} ids; the manifest says {n:,} vectors", hint)
-    return ids
-
-
-def id_hashes(ids: Sequence[str]) -> np.ndarray:
-    """8-byte hashes of ids (blake2b): what the uniqueness check over an index holds instead of the ids."""
-    return np.asarray([int.from_bytes(hashlib.blake2b(i.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
-                       for i in ids], dtype=np.uint64)

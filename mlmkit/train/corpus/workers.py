@@ -7,7 +7,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,20 +39,22 @@ def _tokenizer_threads(threads: int) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
 
 
-def _tokenize_part(d: str, paths: list[str], tok_json: str, dtype: str, batch: int, text_column: str,
-                   max_bytes: int | None) -> dict[str, int]:
-    from mlmkit.train.corpus.shards import tokenize_into  # (the module that imports this one)
+Tokenize = Callable[[Path, list[Path], Tokenizer, Any, int, str, None, "int | None"], dict[str, int]]
+"""shards.tokenize_into: a run of files into one directory's tokens, sentences and documents."""
 
+
+def _tokenize_part(tokenize: Tokenize, d: str, paths: list[str], tok_json: str, dtype: str, batch: int,
+                   text_column: str, max_bytes: int | None) -> dict[str, int]:
     Path(d).mkdir()
-    return tokenize_into(Path(d), [Path(p) for p in paths], Tokenizer.from_str(tok_json), np.dtype(dtype),
-                         batch,
-                          text_column, None, max_bytes)
+    return tokenize(Path(d), [Path(p) for p in paths], Tokenizer.from_str(tok_json), np.dtype(dtype), batch,
+                    text_column, None, max_bytes)
 
 
-def tokenize_in_processes(tmp: Path, groups: list[list[Path]], tok: Tokenizer, dtype: Any, batch: int,
-                           text_column: str, max_bytes: int | None) -> dict[str, int]:
-    """Each run of files tokenized by its own process into tmp/part-K, then joined in order: tokens
-    copied, offsets shifted by what came before (a chunk at a time)."""
+def tokenize_in_processes(tokenize: Tokenize, tmp: Path, groups: list[list[Path]], tok: Tokenizer, dtype: Any,
+                          batch: int, text_column: str, max_bytes: int | None) -> dict[str, int]:
+    """Each run of files tokenized by its own process (``tokenize``, a module-level function the
+    processes import) into tmp/part-K, then joined in order: tokens copied, offsets shifted by what
+    came before (a chunk at a time)."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
@@ -60,9 +62,8 @@ def tokenize_in_processes(tmp: Path, groups: list[list[Path]], tok: Tokenizer, d
     parts = [tmp / f"part-{k}" for k in range(len(groups))]
     with ProcessPoolExecutor(len(groups), mp_context=get_context("spawn"), initializer=_tokenizer_threads,
                              initargs=(threads,)) as pool:
-        futures = [pool.submit(_tokenize_part, str(d), [str(p) for p in g], tok.to_str(),
-                               np.dtype(dtype).name, batch,
-                               text_column, max_bytes) for d, g in zip(parts, groups)]
+        futures = [pool.submit(_tokenize_part, tokenize, str(d), [str(p) for p in g], tok.to_str(),
+                               np.dtype(dtype).name, batch, text_column, max_bytes) for d, g in zip(parts, groups)]
         counts = []
         for k, f in enumerate(futures):
             counts.append(f.result())
