@@ -1,4 +1,5 @@
-"""mlmkit: pre-train encoders (MLM, + NSP for BERT), fine-tune task heads, export to ONNX, serve with onnxruntime.
+"""mlmkit: pre-train encoders (MLM, + NSP for BERT), fine-tune task heads, export to ONNX, serve with
+onnxruntime.
 
 The Python API is this package's top level, one function per command taking one argument dataclass:
 

@@ -149,7 +149,8 @@ class TaskOption:
 def _from_string(text: str, kind: type) -> Any:
     s = text.strip()
     if kind is bool:
-        return {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(s.lower(), text)
+        return {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(s.lower(),
+                                                                                                   text)
     try:
         return kind(s)
     except ValueError:
@@ -198,7 +199,8 @@ class Task(Protocol):
         and ``max_bytes``, the record ceiling the user gave (--max-record-bytes), to pass to the kit's
         readers: a task without it reads with their default, MAX_RECORD_BYTES."""
 
-    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *,
+                  training: bool) -> list[Feature]:
         """Model features (see the module docstring), at most ``ctx.max_length`` tokens each; long
         inputs may become several features. With ``training`` the label_names keys are filled."""
 
@@ -211,11 +213,13 @@ class Task(Protocol):
         the rerank task's classifier from a causal LM's answer-token rows)."""
 
     def postprocess(
-        self, outputs: dict[str, list[Any]], features: list[Feature], examples: list[Example], ctx: TaskContext
+        self, outputs: dict[str, list[Any]], features: list[Feature], examples: list[Example],
+        ctx: TaskContext
     ) -> list[Prediction]:
         """One JSON-able prediction per example from the outputs of each feature (numpy)."""
 
-    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example],
+                        ctx: TaskContext) -> Metrics:
         """The ``metrics`` (floats) of predictions against the examples' gold labels; may add more keys."""
 
 
@@ -271,7 +275,8 @@ class TaskDefaults:
         if isinstance(item, dict) and isinstance(item.get("text"), str):
             return dict(item)
         have = ", ".join(item) if isinstance(item, dict) else type(item).__name__
-        raise DataFormatError("<input>", f"expected a text or a record with a 'text' field, got: {have}", field="text")
+        raise DataFormatError("<input>", f"expected a text or a record with a 'text' field, got: {have}",
+                              field="text")
 
     def label_list(self, examples: list[Example]) -> list[str] | None:
         """Labels found in training data (saved as config.json's id2label); None: a label-free task."""
@@ -282,7 +287,8 @@ class TaskDefaults:
         return {}
 
     def calibrate(
-        self, outputs: dict[str, list[Any]], features: list[Feature], examples: list[Example], ctx: TaskContext
+        self, outputs: dict[str, list[Any]], features: list[Feature], examples: list[Example],
+        ctx: TaskContext
     ) -> TaskState:
         """Decision settings tuned on fine-tuning's evaluation set (never on test data), saved with
         the model (ctx.state), e.g. QA's null-score threshold."""
@@ -306,8 +312,9 @@ class TaskDefaults:
 
     def from_hf(self, config: Any, directory: Path) -> CheckpointInfo | None:
         """Whether a Hugging Face checkpoint directory (its config, a ModelConfig) is a model of this task,
-        and if so its run description (CheckpointInfo): {"labels", "options", "task_state", "max_length"}, each optional.
-        None (the default): not this task's. `mlmkit export DIR` asks every task; `--task` asks one."""
+        and if so its run description (CheckpointInfo): {"labels", "options", "task_state", "max_length"},
+        each optional. None (the default): not this task's. `mlmkit export DIR` asks every task; `--task` asks
+        one."""
         return None
 
     def export_module(self, model: Any) -> Any:
@@ -325,7 +332,8 @@ def _cell(v: Any) -> str:
 
 
 # the members, read off the two classes above (never a list kept in step by hand)
-REQUIRED = (*Task.__annotations__, *(k for k, v in vars(Task).items() if callable(v) and not k.startswith("_")))
+REQUIRED = (*Task.__annotations__,
+            *(k for k, v in vars(Task).items() if callable(v) and not k.startswith("_")))
 OPTIONAL = tuple(k for k in vars(TaskDefaults) if not k.startswith("_"))
 
 

@@ -50,7 +50,8 @@ class DataFormatError(MlmkitError):
         super().__init__(f"{where}: {message}", hint)
         self.path, self.line, self.field, self.detail, self.unit = str(path), line, field, message, unit
 
-    def __reduce__(self) -> tuple:  # pickled whole, so that an error raised in a worker process reaches the CLI
+    # pickled whole, so that an error raised in a worker process reaches the CLI
+    def __reduce__(self) -> tuple:
         return _data_format_error, (self.path, self.detail, self.line, self.field, self.hint, self.unit)
 
 

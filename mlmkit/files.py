@@ -35,7 +35,8 @@ JSONObject = dict[str, Any]
 """A JSON object whose keys this code does not fix: a file's or a request's content as parsed (before
 any field of it is checked), or what is written out as JSON as it is."""
 
-_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}  # a write that failed, whatever the file object
+# a write that failed, whatever the file object
+_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 
 
 def _umask() -> int:
@@ -100,7 +101,8 @@ def _replacing(path: Path) -> Iterator[str]:
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError) and (e.filename == tmp or (e.filename is None and e.errno in _WRITE_ERRORS)):
+        if isinstance(e,
+                      OSError) and (e.filename == tmp or (e.filename is None and e.errno in _WRITE_ERRORS)):
             raise OSError(e.errno, e.strerror, str(path)) from e
         raise
 
@@ -242,7 +244,8 @@ def read_json(path: str | Path) -> JSONObject:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: corrupted JSON ({e})", "re-create it with mlmkit") from None
     if not isinstance(obj, dict):
-        raise ConfigError(f"{p}: expected a JSON object, found {type(obj).__name__}", "re-create it with mlmkit")
+        raise ConfigError(f"{p}: expected a JSON object, found {type(obj).__name__}",
+                          "re-create it with mlmkit")
     return obj
 
 
@@ -357,7 +360,8 @@ def exclusive(directory: str | Path) -> Iterator[None]:
                 continue
             if holder is not None and not _gone(holder):
                 raise ConfigError(
-                    f"{d} is in use by process {holder.get('pid')} on {holder.get('host')} (since {holder.get('since')})",
+                    f"{d} is in use by process {holder.get('pid')} on {holder.get('host')} (since "
+                    f"{holder.get('since')})",
                     f"wait for it to end or write elsewhere; if that process is gone, delete {lock}",
                 ) from None
             log.warning("%s: taking over the lock of process %s, which no longer runs",
@@ -372,7 +376,8 @@ def exclusive(directory: str | Path) -> Iterator[None]:
     finally:
         if _holder(lock) == me:
             lock.unlink(missing_ok=True)
-        if created and d.is_dir() and not any(d.iterdir()):  # a run that failed before writing anything leaves no trace
+        # a run that failed before writing anything leaves no trace
+        if created and d.is_dir() and not any(d.iterdir()):
             try:
                 d.rmdir()
             except OSError:  # another process took it over this instant

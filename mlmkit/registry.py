@@ -59,7 +59,8 @@ from mlmkit.files import MAX_RECORD_BYTES, JSONObject
 
 __all__ = [
     # the contract (mlmkit/contract.py)
-    "EXAMPLE", "TRUNCATED", "DISTINCT", "BATCH", "SEQUENCE", "LABEL", "Example", "Feature", "Input", "Prediction",
+    "EXAMPLE", "TRUNCATED", "DISTINCT", "BATCH", "SEQUENCE", "LABEL", "Example", "Feature", "Input",
+    "Prediction",
     "Metrics", "TaskState", "Options", "HFConfig", "CheckpointInfo", "TaskOption",
     "TaskContext", "Task", "TaskDefaults", "REQUIRED", "OPTIONAL", "per_token",
     # the registry
@@ -80,7 +81,8 @@ class Plugin:
         missing = [m for m in REQUIRED if not hasattr(task, m)]
         if missing:
             raise TaskError(
-                f"task plugin '{getattr(task, 'name', entry_point)}' from {distribution} lacks {', '.join(missing)}",
+                f"task plugin '{getattr(task, 'name', entry_point)}' from {distribution} lacks "
+                f"{', '.join(missing)}",
                 "implement the members of mlmkit.registry.Task (docs/plugins.md)",
             )
         defaults = TaskDefaults()
@@ -142,10 +144,12 @@ class Plugin:
             problems.append(f"top_k_option '{self.top_k_option}' is not one of its options")
         else:
             bad = [o.name for o in self.options if not isinstance(o.flags, tuple)
-                   or not all(isinstance(f, str) and re.fullmatch(r"--[a-z][a-z0-9-]*(/--[a-z][a-z0-9-]*)?", f) for f in o.flags)
+                   or not all(isinstance(f, str)
+                              and re.fullmatch(r"--[a-z][a-z0-9-]*(/--[a-z][a-z0-9-]*)?", f) for f in o.flags)
                    or ("/" in "".join(o.flags)) != (o.kind is bool and len(o.flags) == 1)]
             if bad:  # the CLI is built from them: a malformed one must break only this plugin
-                problems.append(f"option {bad[0]}: flags must be a tuple of --long-names (one --x/--no-x for a bool)")
+                problems.append(f"option {bad[0]}: flags must be a tuple of --long-names (one --x/--no-x for "
+                                "a bool)")
         if problems:
             raise TaskError(f"{where}: {'; '.join(problems)}", "see mlmkit.registry.Task and docs/plugins.md")
 
@@ -156,8 +160,10 @@ class Plugin:
         readers' default ceiling (MAX_RECORD_BYTES); a ceiling given to it otherwise is said in the log."""
         given = {"training": training, "max_bytes": max_bytes}
         if "max_bytes" not in self._read_keywords and max_bytes != MAX_RECORD_BYTES:
-            log.warning("the %s task's read takes no max_bytes: %s is read with the default record ceiling of %s bytes, "
-                        "not %s", self.name, path, f"{MAX_RECORD_BYTES:,}", "none" if max_bytes is None else f"{max_bytes:,}")
+            log.warning("the %s task's read takes no max_bytes: %s is read with the default record ceiling "
+                        "of %s bytes, "
+                        "not %s", self.name, path, f"{MAX_RECORD_BYTES:,}",
+                        "none" if max_bytes is None else f"{max_bytes:,}")
         return self._read(path, options, **{k: v for k, v in given.items() if k in self._read_keywords})
 
     def best_metric(self, ctx: TaskContext) -> str:
@@ -165,7 +171,8 @@ class Plugin:
         return self.main_metric(ctx) or self.metrics[0]
 
     def resolve_options(
-        self, given: Mapping[str, Any] | None = None, saved: Mapping[str, Any] | None = None, *, model: bool = False,
+        self, given: Mapping[str, Any] | None = None, saved: Mapping[str, Any] | None = None, *,
+        model: bool = False,
     ) -> Options:
         """Every option: its default, overridden by ``saved`` (a run's or bundle's), then by ``given``
         (values that are None count as not given); an option the task lacks is an error listing its
@@ -180,10 +187,13 @@ class Plugin:
                 known = ", ".join(o.flag for o in self.options) or "none"
                 takers = sorted(n for n, p in tasks().items() if any(o.name == k for o in p.options))
                 raise ConfigError(f"{spelled(k)} is not an option of task '{self.name}'"
-                                  + (f" (the tasks that have it: {', '.join(takers)})" if takers else ""), f"its options: {known}")
+                                  + (f" (the tasks that have it: {', '.join(takers)})" if takers else ""),
+                                  f"its options: {known}")
             value = declared[k].parse(v)
-            if model and declared[k].fixed and k in (saved or {}) and value != values[k]:  # built in, as saved
-                raise ConfigError(f"{declared[k].flag} is built into this model ({values[k]!r}); it cannot be {value!r} here",
+            # built in, as saved
+            if model and declared[k].fixed and k in (saved or {}) and value != values[k]:
+                raise ConfigError(f"{declared[k].flag} is built into this model ({values[k]!r}); it cannot "
+                                  f"be {value!r} here",
                                   "fine-tune or export again with the value you want")
             values[k] = value
         return values
@@ -197,10 +207,13 @@ class Plugin:
         """What `mlmkit tasks --json` prints of the task."""
         return {
             "name": self.name, "description": self.description, "formats": list(self.formats),
-            "metrics": list(self.metrics), "package": self.distribution, "command": self.command, "trainable": self.trainable,
+            "metrics": list(self.metrics), "package": self.distribution, "command": self.command,
+            "trainable": self.trainable,
             "options": [
-                {"name": o.name, "flag": o.flag, "type": o.kind.__name__, "default": o.default, "help": o.help,
-                 **({"choices": list(o.choices)} if o.choices is not None else {}), **({"fixed": True} if o.fixed else {})}
+                {"name": o.name, "flag": o.flag, "type": o.kind.__name__, "default": o.default,
+                 "help": o.help,
+                 **({"choices": list(o.choices)} if o.choices is not None else {}),
+                 **({"fixed": True} if o.fixed else {})}
                 for o in self.options
             ],
         }
@@ -235,7 +248,8 @@ def _load(ep: Any, dist: str) -> Plugin:
     except BaseException as e:  # noqa: BLE001 - a plugin's failure is its own, whatever it raises
         if isinstance(e, KeyboardInterrupt) and interrupted:
             raise  # a real Ctrl-C
-        what = f"{type(e).__name__}: {e}" if not isinstance(e, SystemExit) else f"it called sys.exit({e.code!r}) on import"
+        what = (f"{type(e).__name__}: {e}" if not isinstance(e, SystemExit)
+                else f"it called sys.exit({e.code!r}) on import")
         raise TaskError(f"task plugin '{ep.name}' ({ep.value}, from {dist}) failed to load: {what}",
                         f"fix or uninstall {dist}") from None
     finally:
@@ -263,11 +277,13 @@ def _discover() -> dict[str, Plugin]:
             other = found.get(ep.name)
             if other is not None and OWN in (other.distribution, dist):  # a built-in keeps its name
                 keep, drop = (other, plugin) if other.distribution == OWN else (plugin, other)
-                log.warning("task '%s' from %s is ignored: the name is mlmkit's own task", ep.name, drop.distribution)
+                log.warning("task '%s' from %s is ignored: the name is mlmkit's own task", ep.name,
+                            drop.distribution)
                 found[ep.name] = keep
                 continue
             where = f"{other.entry_point} (from {other.distribution}) and " if other is not None else ""
-            _broken[ep.name] = (f"task '{ep.name}' is registered twice: {where}{ep.value} (from {dist})", dist)
+            _broken[ep.name] = (f"task '{ep.name}' is registered twice: {where}{ep.value} (from {dist})",
+                                dist)
             found.pop(ep.name, None)
             continue
         found[ep.name] = plugin

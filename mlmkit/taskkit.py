@@ -81,7 +81,8 @@ __all__ = [
     # the contract's names
     "BATCH", "DISTINCT", "EXAMPLE", "LABEL", "SEQUENCE", "TRUNCATED", "TaskContext", "TaskOption",
     # the roles of the dicts a task takes and returns (plain dicts: these name them in signatures)
-    "Example", "Feature", "Input", "Prediction", "Metrics", "TaskState", "Options", "HFConfig", "CheckpointInfo",
+    "Example", "Feature", "Input", "Prediction", "Metrics", "TaskState", "Options", "HFConfig",
+    "CheckpointInfo",
     # errors the CLI prints as one line
     "ConfigError", "DataFormatError", "MlmkitError", "TaskError",
     # readers
@@ -89,9 +90,11 @@ __all__ = [
     "is_table", "iter_table_rows", "numbered", "parse_json", "MAX_RECORD_BYTES",
     "BeirSplit", "is_beir", "read_split",
     # tokenizers
-    "tokenizer_settings", "clip_text", "special_ids", "mask_token", "MASK", "Chunker", "Chunking", "load_tokenizer",
+    "tokenizer_settings", "clip_text", "special_ids", "mask_token", "MASK", "Chunker", "Chunking",
+    "load_tokenizer",
     # retrieval
-    "RETRIEVAL_METRICS", "INDEXES", "retrieve", "mean_metrics", "write_trec", "BM25", "Dense", "leading_dimensions",
+    "RETRIEVAL_METRICS", "INDEXES", "retrieve", "mean_metrics", "write_trec", "BM25", "Dense",
+    "leading_dimensions",
     "maxsim", "padded", "rank",
     # inference on bundles
     "load_pipeline",

@@ -77,7 +77,8 @@ def _label(rec: Record, opts: Mapping[str, Any]) -> str | list[str] | float:
             raise rec.error(f"a regression label must be a finite number, not {value!r}", field)
         return x
     if kind == MULTI:
-        items = value if isinstance(value, list) else str(value).split(opts["label_separator"]) if isinstance(value, str) else [value]
+        items = (value if isinstance(value, list) else str(value).split(opts["label_separator"])
+                 if isinstance(value, str) else [value])
         labels = [_label_str(rec, field, v) for v in items if not (isinstance(v, str) and not v.strip())]
         return sorted(set(labels))
     label = _label_str(rec, field, value)
@@ -112,7 +113,8 @@ def _example(rec: Record, opts: Mapping[str, Any], *, labelled: bool) -> Example
 def _label_ids(examples: list[Example], ctx: TaskContext) -> dict[str, int]:
     """label -> id of the run; a gold label the model never saw is a data error (file, line)."""
     if not ctx.labels:
-        raise ConfigError("the run has no label list (mlmkit.json 'labels')", "fine-tune it with the classification task")
+        raise ConfigError("the run has no label list (mlmkit.json 'labels')",
+                          "fine-tune it with the classification task")
     ids = {lab: i for i, lab in enumerate(ctx.labels)}
     if ctx.options["problem_type"] == REGRESSION:
         return ids
@@ -120,9 +122,11 @@ def _label_ids(examples: list[Example], ctx: TaskContext) -> dict[str, int]:
         gold = ex.get("label")
         for lab in ([] if gold is None else gold if isinstance(gold, list) else [gold]):
             if lab not in ids:
-                shown = ", ".join(ctx.labels[:20]) + (f", ... ({len(ctx.labels)} in all)" if len(ctx.labels) > 20 else "")
+                shown = ", ".join(ctx.labels[:20]) + (f", ... ({len(ctx.labels)} in all)" if len(ctx.labels)
+                                                      > 20 else "")
                 raise DataFormatError(
-                    ex.get("source", "<input>"), f"label '{lab}' was not in the training data; the model knows: {shown}",
+                    ex.get("source", "<input>"),
+                    f"label '{lab}' was not in the training data; the model knows: {shown}",
                     line=ex.get("line"), field=ctx.options.get("label_column", "label"),
                     hint="evaluate on data with the training labels, or fine-tune with this label",
                 )
@@ -156,46 +160,56 @@ def cls_only(model: Any) -> Any:
 
 class ClassificationTask:
     name = "classification"
-    description = "Sequence classification of single texts or text pairs ([CLS] head): single-label, multi-label, regression."
+    description = ("Sequence classification of single texts or text pairs ([CLS] head): single-label, "
+                   "multi-label, regression.")
     formats = ("csv", "tsv", "jsonl")
     metrics = ("accuracy", "macro_f1", "mcc")
     outputs = {"logits": (BATCH, LABEL)}
     options = (
         TaskOption("text_column", "text", "The text column / field.", flags=("--text-column",)),
-        TaskOption("pair_column", "text_pair", "The second text of a pair (used when present).", flags=("--pair-column",)),
+        TaskOption("pair_column", "text_pair", "The second text of a pair (used when present).",
+                   flags=("--pair-column",)),
         TaskOption("label_column", "label", "The label column / field.", flags=("--label-column",)),
-        TaskOption("problem_type", SINGLE, "single_label_classification, multi_label_classification or regression.",
+        TaskOption("problem_type", SINGLE,
+                   "single_label_classification, multi_label_classification or regression.",
                    choices=(SINGLE, MULTI, REGRESSION), fixed=True, flags=("--problem-type",)),
-        TaskOption("threshold", 0.5, "multi-label: the probability from which a label is predicted.", minimum=0.0, flags=("--threshold",)),
-        TaskOption("label_separator", ",", "multi-label: what separates the labels of a text field (JSON lists need none)."),
+        TaskOption("threshold", 0.5, "multi-label: the probability from which a label is predicted.",
+                   minimum=0.0, flags=("--threshold",)),
+        TaskOption("label_separator", ",",
+                   "multi-label: what separates the labels of a text field (JSON lists need none)."),
     )
     hf_architecture = HF_ARCHITECTURE
     pipeline_tag = "text-classification"
     command = "classify"
     partial_layers = 1  # export_module computes the last layer for [CLS] only
 
-    def read(self, path: Path, options: Mapping[str, Any], *, max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
+    def read(self, path: Path, options: Mapping[str, Any], *,
+             max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
         """Labelled examples {"text", ["text_pair"], "label", "line", "source"} of a CSV/TSV/JSONL file."""
         fmt = data_format(path, FORMATS)
         records = (iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl"  # JSON lines: objects only
                    else iter_records(path, fmt, max_bytes=max_bytes))
-        examples = [{**_example(rec, options, labelled=True), "line": rec.line, "source": rec.source} for rec in records]
+        examples = [{**_example(rec, options, labelled=True), "line": rec.line, "source": rec.source}
+                    for rec in records]
         if not examples:
-            raise DataFormatError(path, "no examples", hint="the file needs a header and at least one labelled row")
+            raise DataFormatError(path, "no examples",
+                                  hint="the file needs a header and at least one labelled row")
         return examples
 
     def from_input(self, item: Input, options: Mapping[str, Any]) -> Example:
         """A text, or a record with the text (and pair) fields."""
         if isinstance(item, str):
             if not item.strip():
-                raise DataFormatError("<input>", "empty text", hint="give a text to classify, or leave the input out")
+                raise DataFormatError("<input>", "empty text",
+                                      hint="give a text to classify, or leave the input out")
             return {"text": item}
         return _example(Record("<input>", None, item), options, labelled=False)
 
     def label_list(self, examples: list[Example]) -> list[str]:
         if isinstance(examples[0]["label"], float):
             return ["score"]  # regression: one output
-        found = {lab for ex in examples for lab in (ex["label"] if isinstance(ex["label"], list) else [ex["label"]])}
+        found = {lab for ex in examples
+                 for lab in (ex["label"] if isinstance(ex["label"], list) else [ex["label"]])}
         return sorted(found, key=_sort_key(found))
 
     def hf_config(self, ctx: TaskContext) -> HFConfig:
@@ -214,7 +228,8 @@ class ClassificationTask:
         labels = [id2label[i] for i in sorted(id2label)] or None
         return {"labels": labels, "options": {"problem_type": kind}}
 
-    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *,
+                  training: bool) -> list[Feature]:
         """One feature per example: [CLS] A [SEP] (B [SEP]) truncated to the max length."""
         unlabelled = [ex for ex in examples if ex.get("label") is None]
         if training and unlabelled:
@@ -224,7 +239,8 @@ class ClassificationTask:
         ids = _label_ids(examples, ctx) if len(unlabelled) < len(examples) else {}
         L, kind = ctx.max_length, ctx.options["problem_type"]
         inputs = [(clip_text(ex["text"], tokenizer, L), clip_text(ex["text_pair"], tokenizer, L))
-                  if ex.get("text_pair") is not None else clip_text(ex["text"], tokenizer, L) for ex in examples]
+                  if ex.get("text_pair") is not None else clip_text(ex["text"], tokenizer, L)
+                  for ex in examples]
         with tokenizer_settings(tokenizer, max_length=L) as tok:
             encodings = tok.encode_batch(inputs) if inputs else []
         features = []
@@ -248,8 +264,10 @@ class ClassificationTask:
         kind = ctx.options["problem_type"]
         least = 1 if kind != SINGLE else 2
         if config.num_labels < least or (kind == REGRESSION and config.num_labels != 1):
-            raise ConfigError(f"{kind} needs {'exactly one' if kind == REGRESSION else f'at least {least}'} label(s), "
-                              f"the config has {config.num_labels}", "check the training data's labels and --problem-type")
+            raise ConfigError(f"{kind} needs {'exactly one' if kind == REGRESSION else f'at least {least}'} "
+                              "label(s), "
+                              f"the config has {config.num_labels}",
+                              "check the training data's labels and --problem-type")
         return BertForLabels(config, per_token=False, problem_type=kind)
 
     def export_module(self, model: Any) -> Any:
@@ -257,7 +275,8 @@ class ClassificationTask:
         return cls_only(model)
 
     def postprocess(
-        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example], ctx: TaskContext
+        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example],
+        ctx: TaskContext
     ) -> list[Prediction]:
         """single-label: {"label", "score", "probabilities": {label: p}}; multi-label: {"labels": [...],
         "probabilities": {label: p}}; regression: {"score"}. One feature per example."""
@@ -274,10 +293,12 @@ class ClassificationTask:
             else:
                 p = _softmax(x)
                 best = int(p.argmax())
-                preds[f[EXAMPLE]] = {"label": labels[best], "score": float(p[best]), "probabilities": dict(zip(labels, map(float, p)))}
+                preds[f[EXAMPLE]] = {"label": labels[best], "score": float(p[best]),
+                                     "probabilities": dict(zip(labels, map(float, p)))}
         return preds
 
-    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example],
+                        ctx: TaskContext) -> Metrics:
         """single-label: accuracy, macro_f1 (over the labels present in gold or predictions), mcc (0.0
         when undefined), and the confusion matrix (rows gold, columns predicted, in the run's label
         order); multi-label: micro_f1, macro_f1, subset_accuracy; regression: pearson, spearman, mse."""
@@ -288,8 +309,10 @@ class ClassificationTask:
         if kind == REGRESSION:
             return regression_metrics([p["score"] for p in predictions], [ex["label"] for ex in examples])
         if kind == MULTI:
-            return multi_label_metrics([p["labels"] for p in predictions], [ex["label"] for ex in examples], list(ctx.labels or ()))
-        return single_label_metrics([p["label"] for p in predictions], [ex["label"] for ex in examples], list(ctx.labels or ()))
+            return multi_label_metrics([p["labels"] for p in predictions], [ex["label"] for ex in examples],
+                                       list(ctx.labels or ()))
+        return single_label_metrics([p["label"] for p in predictions], [ex["label"] for ex in examples],
+                                    list(ctx.labels or ()))
 
     def summary(self, prediction: Prediction) -> dict[str, str]:
         if "labels" in prediction:

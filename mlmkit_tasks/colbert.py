@@ -73,6 +73,7 @@ if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports t
     from mlmkit.model import ModelConfig
 
 log = logging.getLogger("mlmkit")
+MULTI_VECTOR_MASK = "sentence_transformers.multi_vector_encoder.modules.multi_vector_mask.MultiVectorMask"
 
 LOSSES = ("mnrl", "cached-mnrl", "kl-distill", "margin-mse")
 
@@ -89,45 +90,65 @@ def _is_query(ex: Example, part: int, options: Mapping[str, Any]) -> bool:
 
 class ColbertTask(EmbeddingTask):
     name = "colbert"
-    description = ("Late interaction (ColBERT): a projected, normalised vector per token, MaxSim scoring; query "
-                   "expansion with [MASK]; fine-tuned with mnrl, cached-mnrl or kl-distill; retrieval evaluation.")
+    description = ("Late interaction (ColBERT): a projected, normalised vector per token, MaxSim scoring; "
+                   "query "
+                   "expansion with [MASK]; fine-tuned with mnrl, cached-mnrl or kl-distill; retrieval "
+                   "evaluation.")
     outputs = {"vectors": (BATCH, SEQUENCE, "dim")}
     options = (
-        TaskOption("dim", 128, "Dimensions of each token vector (the projection's output).", minimum=1, fixed=True),
-        TaskOption("query_length", 32, "Tokens of every query: cut to it, padded to it with [MASK] (query expansion).",
+        TaskOption("dim", 128, "Dimensions of each token vector (the projection's output).", minimum=1,
+                   fixed=True),
+        TaskOption("query_length", 32,
+                   "Tokens of every query: cut to it, padded to it with [MASK] (query expansion).",
                    minimum=4, fixed=True),
-        TaskOption("query_expansion", True, "Pad every query to query_length with [MASK]s that take part in scoring "
+        TaskOption("query_expansion", True,
+                   "Pad every query to query_length with [MASK]s that take part in scoring "
                    "(off: queries are only cut to it).", fixed=True),
-        TaskOption("attend_expansion", False, "Let the encoder attend to the query's [MASK] padding (ColBERTv1, "
+        TaskOption("attend_expansion", False,
+                   "Let the encoder attend to the query's [MASK] padding (ColBERTv1, "
                    "PyLate's attend_to_expansion_tokens); off: ColBERTv2.", fixed=True),
         TaskOption("normalize", True, "L2-normalise each token vector.", fixed=True),
-        TaskOption("skiplist", PUNCTUATION, "Tokens left out of a document's vectors, separated by spaces ('' keeps "
+        TaskOption("skiplist", PUNCTUATION,
+                   "Tokens left out of a document's vectors, separated by spaces ('' keeps "
                    "every token).", fixed=True),
-        TaskOption("query_prompt", "[Q] ", "Text put before every query (ColBERT's query marker).", fixed=True),
-        TaskOption("document_prompt", "[D] ", "Text put before every document (ColBERT's document marker).", fixed=True),
-        TaskOption("input_type", "document", "What the inputs are: query (marker, expansion) or document (marker, "
+        TaskOption("query_prompt", "[Q] ", "Text put before every query (ColBERT's query marker).",
+                   fixed=True),
+        TaskOption("document_prompt", "[D] ", "Text put before every document (ColBERT's document marker).",
+                   fixed=True),
+        TaskOption("input_type", "document",
+                   "What the inputs are: query (marker, expansion) or document (marker, "
                    "skiplist) (`mlmkit embed --as query`).", choices=("query", "document"), saved=False,
                    flags=("--input-type", "--as")),
         TaskOption("first_stage", "all", "BEIR evaluation: MaxSim over every document (all), or over the top "
-                   "--rerank-top documents of a first stage, bm25 or an embedding bundle (ColBERT as a reranker: only "
+                   "--rerank-top documents of a first stage, bm25 or an embedding bundle (ColBERT as a "
+                   "reranker: only "
                    "those documents are encoded).", saved=False, flags=("--first-stage",), evaluation=True),
-        TaskOption("rerank_top", 100, "BEIR evaluation with a first stage: its documents reranked per query.", minimum=1,
+        TaskOption("rerank_top", 100, "BEIR evaluation with a first stage: its documents reranked per query.",
+                   minimum=1,
                    saved=False, flags=("--rerank-top",), evaluation=True),
-        TaskOption("save_run", "", "Retrieval evaluation: write the ranking (top 100 per query) to this file in TREC "
+        TaskOption("save_run", "",
+                   "Retrieval evaluation: write the ranking (top 100 per query) to this file in TREC "
                    "run format.", saved=False, flags=("--save-run",), evaluation=True),
-        TaskOption("loss", "mnrl", "Fine-tuning loss: mnrl or cached-mnrl (GradCache) on (anchor, positive, negatives) "
-                   "rows or a BEIR directory; kl-distill or margin-mse on rows with the teacher's scores.", choices=LOSSES),
+        TaskOption("loss", "mnrl",
+                   "Fine-tuning loss: mnrl or cached-mnrl (GradCache) on (anchor, positive, negatives) "
+                   "rows or a BEIR directory; kl-distill or margin-mse on rows with the teacher's scores.",
+                   choices=LOSSES),
         TaskOption("scale", 1.0, "Fine-tuning: the MaxSim scores' scale in the losses.", minimum=0.0),
-        TaskOption("temperature", 1.0, "Fine-tuning (kl-distill): the softmax temperature of both score lists.",
+        TaskOption("temperature", 1.0,
+                   "Fine-tuning (kl-distill): the softmax temperature of both score lists.",
                    minimum=1e-6),
-        TaskOption("mini_batch_size", 32, "Fine-tuning (cached-mnrl): texts embedded at once; the batch is --batch-size.",
+        TaskOption("mini_batch_size", 32,
+                   "Fine-tuning (cached-mnrl): texts embedded at once; the batch is --batch-size.",
                    minimum=1),
-        TaskOption("scores_column", "scores", "Training rows (kl-distill, margin-mse): the teacher's scores, the "
+        TaskOption("scores_column", "scores",
+                   "Training rows (kl-distill, margin-mse): the teacher's scores, the "
                    "positive's then each negative's (mlmkit mine --with-scores)."),
         TaskOption("anchor_column", "anchor", "Training rows: the anchor (query) field."),
-        TaskOption("positive_column", "positive", "Training rows: the positive field; hard negatives are negative, "
+        TaskOption("positive_column", "positive",
+                   "Training rows: the positive field; hard negatives are negative, "
                    "negative_1, negative_2 ..."),
-        TaskOption("text_column", "text", "Scored pairs and inputs: the (first) text.", flags=("--text-column",)),
+        TaskOption("text_column", "text", "Scored pairs and inputs: the (first) text.",
+                   flags=("--text-column",)),
         TaskOption("pair_column", "text_pair", "Scored pairs: the second text.", flags=("--pair-column",)),
         TaskOption("score_column", "score", "Scored pairs: the pair's gold similarity."),
     )
@@ -152,8 +173,9 @@ class ColbertTask(EmbeddingTask):
         kind = item.get("input_type") if isinstance(item, Mapping) else None
         if kind is not None:
             if kind not in ("query", "document"):
-                raise Record("<input>", None, item).error(f"input_type must be query or document, not {kind!r}"[:200],
-                                                          "input_type")
+                raise Record("<input>", None,
+                             item).error(f"input_type must be query or document, not {kind!r}"[:200],
+                                         "input_type")
             ex["kind"] = kind
         return ex
 
@@ -167,10 +189,12 @@ class ColbertTask(EmbeddingTask):
 
         got = first_stage(path, options, max_bytes)
         docs = {d: t for ex in got for d, t in zip(ex["ids"], ex["docs"])}
-        return ([{"kind": "query", "id": ex["id"], "text": ex["query"], "judged": ex["judged"], "first": ex["ids"]}
+        return ([{"kind": "query", "id": ex["id"], "text": ex["query"], "judged": ex["judged"],
+                  "first": ex["ids"]}
                  for ex in got] + [{"kind": "doc", "id": d, "text": t} for d, t in docs.items()])
 
-    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *,
+                  training: bool) -> list[Feature]:
         """A feature per text: a query's marker, text and [MASK] expansion to query_length tokens; a
         document's marker and text, cut to the max length; ``part`` as the embedding task numbers them."""
         o = ctx.options
@@ -190,11 +214,13 @@ class ColbertTask(EmbeddingTask):
             marker = _marker_id(tokenizer, prompt)
             todo = [n for n, (_, _, q, _) in enumerate(texts) if q == query]
             with tokenizer_settings(tokenizer, max_length=limit - (marker is not None)) as tok:
-                got = tok.encode_batch([(prompt if marker is None else "") + clip_text(texts[n][3], tok, limit)
+                got = tok.encode_batch([(prompt if marker is None else "")
+                                        + clip_text(texts[n][3], tok, limit)
                                         for n in todo]) if todo else []
             for n, enc in zip(todo, got):
                 ids, types = list(enc.ids), list(enc.type_ids)
-                if marker is not None:  # a marker that is one token of the vocabulary: that token, after the first
+                # a marker that is one token of the vocabulary: that token, after the first
+                if marker is not None:
                     ids[1:1], types[1:1] = [marker], [0]
                 if query and o["query_expansion"]:
                     ids += [expansion] * (qlen - len(ids))
@@ -214,17 +240,20 @@ class ColbertTask(EmbeddingTask):
     def build_model(self, config: ModelConfig, ctx: TaskContext) -> Any:
         o = ctx.options
         if int(o["query_length"]) > config.max_tokens:
-            raise ConfigError(f"query_length {o['query_length']} exceeds the model's {config.max_tokens} positions",
+            raise ConfigError(f"query_length {o['query_length']} exceeds the model's {config.max_tokens} "
+                              "positions",
                               f"give --option query_length=N with N up to {config.max_tokens}")
         if ctx.tokenizer is None:
-            raise ConfigError("the colbert model needs the tokenizer (its [MASK] and skiplist ids) in the task context")
+            raise ConfigError("the colbert model needs the tokenizer (its [MASK] and skiplist ids) in the "
+                              "task context")
         from mlmkit_tasks.heads.colbert import ColbertEncoder
 
         loss = get_loss("embedding", o["loss"])
         expand = o["query_expansion"] and not o["attend_expansion"]
         expansion = ctx.tokenizer.token_to_id(mask_token(ctx.tokenizer)) if expand else None
         return ColbertEncoder(config, int(o["dim"]), normalize=bool(o["normalize"]), expansion_id=expansion,
-                              skiplist=skiplist_ids(ctx.tokenizer, o), width=max(ctx.max_length, int(o["query_length"])),
+                              skiplist=skiplist_ids(ctx.tokenizer, o),
+                              width=max(ctx.max_length, int(o["query_length"])),
                               loss=loss, cached=loss.cached, scale=float(o["scale"]),
                               mini_batch_size=int(o["mini_batch_size"]), temperature=float(o["temperature"]))
 
@@ -236,26 +265,34 @@ class ColbertTask(EmbeddingTask):
 
         o = ctx.options
         dump = lambda x: json.dumps(x, indent=2) + "\n"  # noqa: E731
-        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
-                   {"idx": 1, "name": "1", "path": "1_Dense", "type": "sentence_transformers.base.modules.dense.Dense"},
+        modules = [{"idx": 0, "name": "0", "path": "",
+                    "type": "sentence_transformers.base.modules.transformer.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Dense",
+                    "type": "sentence_transformers.base.modules.dense.Dense"},
                    {"idx": 2, "name": "2", "path": "2_MultiVectorMask",
-                    "type": "sentence_transformers.multi_vector_encoder.modules.multi_vector_mask.MultiVectorMask"}]
+                    "type": MULTI_VECTOR_MASK}]
         if o["normalize"]:
-            modules.append({"idx": 3, "name": "3", "path": "3_Normalize", "type": "sentence_transformers.base.modules.normalize.Normalize"})
+            modules.append({"idx": 3, "name": "3", "path": "3_Normalize",
+                            "type": "sentence_transformers.base.modules.normalize.Normalize"})
         files = {
             "modules.json": dump(modules),
             "sentence_bert_config.json": dump({
-                "max_seq_length": ctx.max_length, "do_lower_case": False, "query_length": int(o["query_length"]),
+                "max_seq_length": ctx.max_length, "do_lower_case": False,
+                "query_length": int(o["query_length"]),
                 "document_length": ctx.max_length, "module_output_name": "token_embeddings",
                 "query_expansion": {"strategy": "fixed", "attend": bool(o["attend_expansion"]), "token": None,
                                     "length": int(o["query_length"])} if o["query_expansion"] else None}),
-            "1_Dense/config.json": dump({"in_features": config.hidden_size, "out_features": int(o["dim"]), "bias": False,
+            "1_Dense/config.json": dump({"in_features": config.hidden_size, "out_features": int(o["dim"]),
+                                         "bias": False,
                                          "activation_function": "torch.nn.modules.linear.Identity",
-                                         "module_input_name": "token_embeddings", "module_output_name": "token_embeddings"}),
+                                         "module_input_name": "token_embeddings",
+                                         "module_output_name": "token_embeddings"}),
             "2_MultiVectorMask/config.json": dump({"skiplist_words": str(o["skiplist"]).split(),
-                                                   "skiplist_tasks": ["document"], "keep_only_token_ids": None}),
+                                                   "skiplist_tasks": ["document"],
+                                                   "keep_only_token_ids": None}),
             "config_sentence_transformers.json": dump({
-                "model_type": "MultiVectorEncoder", "similarity_fn_name": "maxsim", "default_prompt_name": None,
+                "model_type": "MultiVectorEncoder", "similarity_fn_name": "maxsim",
+                "default_prompt_name": None,
                 "prompts": {"query": o["query_prompt"], "document": o["document_prompt"]}}),
         }
         if o["normalize"]:
@@ -263,12 +300,14 @@ class ColbertTask(EmbeddingTask):
         return files
 
     def postprocess(
-        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example], ctx: TaskContext
+        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example],
+        ctx: TaskContext
     ) -> list[Prediction]:
         """{"vectors": [[...], ...]} per text, a vector per token that counts (a document's skiplist
         tokens left out); a pair adds "vectors_pair", its "maxsim" and "cosine" (MaxSim over the
         first text's vector count: its mean best match)."""
-        skip = np.asarray(skiplist_ids(ctx.tokenizer, ctx.options), dtype=np.int64) if ctx.tokenizer is not None else None
+        skip = np.asarray(skiplist_ids(ctx.tokenizer, ctx.options),
+                          dtype=np.int64) if ctx.tokenizer is not None else None
         preds: list[Prediction] = [{} for _ in examples]
         for f, v in zip(features, outputs["vectors"]):
             ex = examples[f[EXAMPLE]]
@@ -279,12 +318,14 @@ class ColbertTask(EmbeddingTask):
                 np.asarray(v, dtype=np.float32)[keep].tolist()
         for p in preds:
             if "vectors_pair" in p:
-                q, d = np.asarray(p["vectors"], dtype=np.float32), np.asarray(p["vectors_pair"], dtype=np.float32)
+                q, d = np.asarray(p["vectors"], dtype=np.float32), np.asarray(p["vectors_pair"],
+                                                                              dtype=np.float32)
                 p["maxsim"] = float(maxsim(q[None], d[None])[0, 0]) if len(q) and len(d) else 0.0
                 p["cosine"] = p["maxsim"] / len(q) if len(q) else 0.0
         return preds
 
-    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example],
+                        ctx: TaskContext) -> Metrics:
         """Retrieval by an exact MaxSim search of the whole corpus, or scored pairs' correlations."""
         if not examples or examples[0].get("kind") != "query":
             return pair_correlations(predictions, examples)
@@ -295,7 +336,8 @@ class ColbertTask(EmbeddingTask):
         dim = int(ctx.options["dim"])
         vec = lambda p: np.asarray(p["vectors"], dtype=np.float32).reshape(-1, dim)  # noqa: E731
         qrels = {ex["id"]: ex["judged"] for ex, _ in queries}
-        doc_vectors = [vec(p) for _, p in docs]  # each document's once, however many queries it is a candidate of
+        # each document's once, however many queries it is a candidate of
+        doc_vectors = [vec(p) for _, p in docs]
         if "first" in queries[0][0]:  # a first stage's candidates, reranked
             at = {ex["id"]: j for j, (ex, _) in enumerate(docs)}
             ranked: dict[str, list[tuple[str, float]]] = {}
@@ -303,7 +345,8 @@ class ColbertTask(EmbeddingTask):
                 cands = [at[d] for d in ex["first"]]
                 ranked[ex["id"]] = [(docs[cands[i]][0]["id"], s) for i, s in
                                     rank([vec(p)], [doc_vectors[j] for j in cands], len(cands))[0]]
-            extra: Metrics = {"first_stage": mean_metrics({ex["id"]: ex["first"] for ex, _ in queries}, qrels)}
+            extra: Metrics = {"first_stage": mean_metrics({ex["id"]: ex["first"] for ex, _ in queries},
+                                                          qrels)}
         else:
             top = rank([vec(p) for _, p in queries], doc_vectors, 100)
             ranked = {ex["id"]: [(docs[j][0]["id"], s) for j, s in row] for (ex, _), row in zip(queries, top)}

@@ -121,7 +121,8 @@ if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports t
 log = logging.getLogger("mlmkit")
 
 __all__ = [  # the data and evaluation helpers' public names are importable from here too, as before
-    "DATA_NAMES", "FORMATS", "INPUT_TYPES", "NO_TARGET", "POOLINGS", "SPLADE_MODULES", "ST_POOLING", "ST_PROMPTS",
+    "DATA_NAMES", "FORMATS", "INPUT_TYPES", "NO_TARGET", "POOLINGS", "SPLADE_MODULES", "ST_POOLING",
+    "ST_PROMPTS",
     "EmbeddingTask", "is_multi_vector_directory", "is_splade_directory", "task",
 ]
 
@@ -131,63 +132,96 @@ INPUT_TYPES = ("none", "query", "document")
 
 class EmbeddingTask:
     name = "embedding"
-    description = ("Sentence embeddings: mean / cls / max pooling (+ L2 normalisation) in the graph; fine-tuned with "
+    description = ("Sentence embeddings: mean / cls / max pooling (+ L2 normalisation) in the graph; "
+                   "fine-tuned with "
                    "mnrl, cached-mnrl (GradCache) or cosent; retrieval (nDCG@10) or STS evaluation.")
     formats: tuple[str, ...] = ("csv", "tsv", "jsonl", "parquet", "beir")
     metrics: tuple[str, ...] = (*RETRIEVAL_METRICS, "spearman", "pearson")
     outputs: dict[str, tuple[str, ...]] = {"embedding": (BATCH, "hidden")}
     options: tuple[TaskOption, ...] = (
-        TaskOption("pooling", "mean", "How token vectors become one, over the real tokens: mean, cls, max, lasttoken "
-                   "(a decoder's), weightedmean or mean_sqrt_len_tokens.", choices=POOLINGS, fixed=True, flags=("--pooling",)),
-        TaskOption("dense_layers", "", "Dense layers after the pooling, as a sentence-transformers model has them "
-                   '(read from its modules): a JSON list of {"in", "out", "bias", "activation"}.', fixed=True),
-        TaskOption("normalize", False, "L2-normalise the embeddings (cosine similarity becomes a dot product).", fixed=True, flags=("--normalize/--no-normalize",)),
-        TaskOption("query_prompt", "", "Text put before every query (anchor) in training, evaluation and --as query "
+        TaskOption("pooling", "mean",
+                   "How token vectors become one, over the real tokens: mean, cls, max, lasttoken "
+                   "(a decoder's), weightedmean or mean_sqrt_len_tokens.", choices=POOLINGS, fixed=True,
+                   flags=("--pooling",)),
+        TaskOption("dense_layers", "",
+                   "Dense layers after the pooling, as a sentence-transformers model has them "
+                   '(read from its modules): a JSON list of {"in", "out", "bias", "activation"}.',
+                   fixed=True),
+        TaskOption("normalize", False, "L2-normalise the embeddings (cosine similarity becomes a dot "
+                                       "product).", fixed=True, flags=("--normalize/--no-normalize",)),
+        TaskOption("query_prompt", "",
+                   "Text put before every query (anchor) in training, evaluation and --as query "
                    "(e5: 'query: ').", fixed=True),
-        TaskOption("document_prompt", "", "Text put before every document (positive, negative, corpus text) in "
+        TaskOption("document_prompt", "",
+                   "Text put before every document (positive, negative, corpus text) in "
                    "training, evaluation and --as document (e5: 'passage: ').", fixed=True),
-        TaskOption("prompts", "", "The model's named prompts beyond query and document, a JSON object (from a sentence-transformers model's "
-                   "config_sentence_transformers.json); query and document are query_prompt and document_prompt.", fixed=True),
-        TaskOption("default_prompt_name", "", "The prompt put before inputs that declare no other (sentence-transformers' "
+        TaskOption("prompts", "", "The model's named prompts beyond query and document, a JSON object (from "
+                                  "a sentence-transformers model's "
+                   "config_sentence_transformers.json); query and document are query_prompt and "
+                   "document_prompt.", fixed=True),
+        TaskOption("default_prompt_name", "",
+                   "The prompt put before inputs that declare no other (sentence-transformers' "
                    "default_prompt_name).", fixed=True),
-        TaskOption("prompt_name", "", "The named prompt put before the inputs (the queries, where there are documents "
-                   "too): `--prompt-name NAME`, as sentence-transformers' encode(prompt_name=...).", saved=False,
+        TaskOption("prompt_name", "",
+                   "The named prompt put before the inputs (the queries, where there are documents "
+                   "too): `--prompt-name NAME`, as sentence-transformers' encode(prompt_name=...).",
+                   saved=False,
                    flags=("--prompt-name",)),
-        TaskOption("dimensions", 0, "Keep the first N dimensions of each vector (Matryoshka; sentence-transformers' "
+        TaskOption("dimensions", 0,
+                   "Keep the first N dimensions of each vector (Matryoshka; sentence-transformers' "
                    "truncate_dim), L2-normalised again where the model normalises; 0: all.", minimum=0,
                    flags=("--dimensions",)),
-        TaskOption("input_type", "none", "What the inputs are, for the prompt put before them: query, document or "
-                   "none (`mlmkit embed --as query`).", choices=INPUT_TYPES, saved=False, flags=("--input-type", "--as")),
-        TaskOption("chunk_tokens", 0, "Cut each input into chunks of at most this many tokens, at word boundaries, and "
-                   "embed each (`mlmkit embed --chunk-tokens`); 0: a vector per input.", minimum=0, saved=False),
-        TaskOption("chunk_overlap", -1, "With chunk_tokens: tokens each chunk repeats of the one before (-1: an eighth).",
+        TaskOption("input_type", "none",
+                   "What the inputs are, for the prompt put before them: query, document or "
+                   "none (`mlmkit embed --as query`).", choices=INPUT_TYPES, saved=False,
+                   flags=("--input-type", "--as")),
+        TaskOption("chunk_tokens", 0,
+                   "Cut each input into chunks of at most this many tokens, at word boundaries, and "
+                   "embed each (`mlmkit embed --chunk-tokens`); 0: a vector per input.", minimum=0,
+                   saved=False),
+        TaskOption("chunk_overlap", -1,
+                   "With chunk_tokens: tokens each chunk repeats of the one before (-1: an eighth).",
                    minimum=-1, saved=False),
-        TaskOption("chunk_sentences", False, "With chunk_tokens: end each chunk at a sentence end where one is in its "
+        TaskOption("chunk_sentences", False,
+                   "With chunk_tokens: end each chunk at a sentence end where one is in its "
                    "second half.", saved=False),
-        TaskOption("index", "exact", "Retrieval evaluation: exact search, or a faiss HNSW index (approximate) for "
-                   "corpora too large for it.", choices=INDEXES, saved=False, flags=("--index",), evaluation=True),
-        TaskOption("save_run", "", "Retrieval evaluation: write the ranking (top 100 per query) to this file in TREC "
+        TaskOption("index", "exact",
+                   "Retrieval evaluation: exact search, or a faiss HNSW index (approximate) for "
+                   "corpora too large for it.", choices=INDEXES, saved=False, flags=("--index",),
+                   evaluation=True),
+        TaskOption("save_run", "",
+                   "Retrieval evaluation: write the ranking (top 100 per query) to this file in TREC "
                    "run format.", saved=False, flags=("--save-run",), evaluation=True),
-        TaskOption("loss", "auto", "Fine-tuning loss: mnrl or cached-mnrl on (anchor, positive, negatives) rows or a "
-                   "BEIR directory, margin-mse or kl-distill on rows with teacher scores, cosent on scored pairs, mse-distill "
+        TaskOption("loss", "auto",
+                   "Fine-tuning loss: mnrl or cached-mnrl on (anchor, positive, negatives) rows or a "
+                   "BEIR directory, margin-mse or kl-distill on rows with teacher scores, cosent on scored "
+                   "pairs, mse-distill "
                    "toward a teacher; auto: mse-distill with a teacher, else mnrl or cosent by the data.",
                    choices=("auto", *losses("embedding"))),
-        TaskOption("scale", 20.0, "Fine-tuning: the cosine's scale in the losses (20: temperature 0.05).", minimum=0.0),
+        TaskOption("scale", 20.0, "Fine-tuning: the cosine's scale in the losses (20: temperature 0.05).",
+                   minimum=0.0),
         TaskOption("symmetric", False, "Fine-tuning (mnrl): add the positive -> anchor direction."),
-        TaskOption("mini_batch_size", 32, "Fine-tuning (cached-mnrl): texts embedded at once; the batch is --batch-size.",
+        TaskOption("mini_batch_size", 32,
+                   "Fine-tuning (cached-mnrl): texts embedded at once; the batch is --batch-size.",
                    minimum=1),
         TaskOption("matryoshka_dims", "", "Fine-tuning: also train the first d dimensions for each d listed "
                    "(e.g. 384,256,128,64); evaluation reports each."),
-        TaskOption("matryoshka_weights", "", "Fine-tuning: the weight of each matryoshka dimension (default 1 each)."),
-        TaskOption("teacher", "", "Fine-tuning (mse-distill): an embedding bundle or run whose embeddings the model "
+        TaskOption("matryoshka_weights", "",
+                   "Fine-tuning: the weight of each matryoshka dimension (default 1 each)."),
+        TaskOption("teacher", "",
+                   "Fine-tuning (mse-distill): an embedding bundle or run whose embeddings the model "
                    "learns (a learned projection where the sizes differ)."),
-        TaskOption("scores_column", "scores", "Training rows (margin-mse): the teacher's scores, the positive's then "
+        TaskOption("scores_column", "scores",
+                   "Training rows (margin-mse): the teacher's scores, the positive's then "
                    "each negative's (mlmkit mine --with-scores)."),
         TaskOption("anchor_column", "anchor", "Training rows: the anchor (query) field."),
-        TaskOption("positive_column", "positive", "Training rows: the positive field; hard negatives are negative, "
+        TaskOption("positive_column", "positive",
+                   "Training rows: the positive field; hard negatives are negative, "
                    "negative_1, negative_2 ..."),
-        TaskOption("text_column", "text", "Scored pairs: the first text of a pair.", flags=("--text-column",)),
-        TaskOption("pair_column", "text_pair", "Scored pairs: the second text of a pair.", flags=("--pair-column",)),
+        TaskOption("text_column", "text", "Scored pairs: the first text of a pair.",
+                   flags=("--text-column",)),
+        TaskOption("pair_column", "text_pair", "Scored pairs: the second text of a pair.",
+                   flags=("--pair-column",)),
         TaskOption("score_column", "score", "Scored pairs: the pair's gold similarity."),
     )
     label_names: tuple[str, ...] = ("part", "text_id", "score", "target")
@@ -198,7 +232,8 @@ class EmbeddingTask:
     pipeline_tag = "sentence-similarity"
 
     def main_metric(self, ctx: TaskContext) -> str:
-        return "spearman" if resolved_loss(ctx) == "cosent" or ctx.state.get("data") == "scored" else "ndcg@10"
+        return ("spearman" if resolved_loss(ctx) == "cosent" or ctx.state.get("data") == "scored"
+                else "ndcg@10")
 
     def fit_state(self, examples: list[Example]) -> TaskState:
         """The kind of training data ("rows", "scored" or "texts"), which ``loss=auto`` trains by, and
@@ -220,43 +255,52 @@ class EmbeddingTask:
              max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
         """Examples of a data file or a BEIR directory (``DIR:SPLIT``): for training, rows {"anchor",
         "positive", "negatives"} or scored pairs {"text", "text_pair", "score"}; for evaluation, scored
-        pairs or a retrieval set ({"kind": "query", "id", "text", "judged"} then {"kind": "doc", "id", "text"})."""
+        pairs or a retrieval set ({"kind": "query", "id", "text", "judged"} then {"kind": "doc", "id",
+        "text"})."""
         if is_beir(path):
             split = read_split(path, training=training, max_bytes=max_bytes)
             for why, n in split.skipped.items():
-                log.warning("%s: %d queries of the %s split left out: %s", split.directory, n, split.split, why)
+                log.warning("%s: %d queries of the %s split left out: %s", split.directory, n, split.split,
+                            why)
             if training:
                 rows = [{"anchor": split.queries[q], "positive": split.corpus[d], "negatives": []}
                         for q in split.qrels for d in split.positives(q)]
                 if trains_on_teacher_scores(options):
-                    raise TaskError(f"{loss_option(options)} trains on rows with the teacher's scores; a BEIR split has none",
+                    raise TaskError(f"{loss_option(options)} trains on rows with the teacher's scores; a "
+                                    "BEIR split has none",
                                     f"mine them: mlmkit mine {path} --out rows.jsonl --with-scores")
                 if loss_option(options) == "mse-distill":
                     with_teacher(rows, options)
                 return rows
-            return ([{"kind": "query", "id": q, "text": text, "judged": split.qrels[q]} for q, text in split.queries.items()]
+            return ([{"kind": "query", "id": q, "text": text, "judged": split.qrels[q]}
+                     for q, text in split.queries.items()]
                     + [{"kind": "doc", "id": d, "text": text} for d, text in split.corpus.items()])
         fmt = data_format(path, FORMATS)
         loss = loss_option(options)
         texts_ok = training and loss == "mse-distill"  # plain texts: only a teacher's embeddings to learn
         examples: list[Example] = []
-        records = iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl" else iter_records(path, fmt, max_bytes=max_bytes)
+        records = (iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl"
+                   else iter_records(path, fmt, max_bytes=max_bytes))
         for rec in records:
             fields = rec.fields()
             if options["anchor_column"] in fields:
                 ex = anchor_row(rec, options, scores=trains_on_teacher_scores(options))
             elif texts_ok and options["score_column"] not in fields:
-                ex = {"text": rec.text(options["text_column"]), "text_pair": rec.text(options["pair_column"], required=False)}
+                ex = {"text": rec.text(options["text_column"]),
+                      "text_pair": rec.text(options["pair_column"], required=False)}
             else:
                 ex = scored_pair(rec, options, hint=f"scored pairs need {options['score_column']}; rows need "
-                                                     f"{options['anchor_column']} and {options['positive_column']}")
+                                                     f"{options['anchor_column']} and "
+                                                     f"{options['positive_column']}")
             if examples and data_kind([ex]) != data_kind(examples[:1]):
-                raise rec.error(f"{DATA_NAMES[data_kind([ex])]} and {DATA_NAMES[data_kind(examples[:1])]} mixed in one file",
+                raise rec.error(f"{DATA_NAMES[data_kind([ex])]} and {DATA_NAMES[data_kind(examples[:1])]} "
+                                "mixed in one file",
                                 hint="one kind of data per file")
             examples.append(ex)
         if not examples:
-            raise DataFormatError(path, "no examples", hint="anchor and positive (and negatives) per record, or text, "
-                                                            "text_pair and score")
+            raise DataFormatError(path, "no examples",
+                                  hint="anchor and positive (and negatives) per record, or text, "
+                                       "text_pair and score")
         if not training:
             return as_retrieval(examples) if "anchor" in examples[0] else examples
         if loss == "mse-distill":
@@ -269,17 +313,20 @@ class EmbeddingTask:
             return {"text": item}
         return {"text": Record("<input>", None, item).text(options["text_column"])}
 
-    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *,
+                  training: bool) -> list[Feature]:
         """A feature per text: ``part`` 0 the anchor (a pair's first text, a query, a document, an
         input), 1 the positive (the second), 2.. the hard negatives; for training also ``text_id``
         (equal texts, equal ids) and the pair's ``score`` (0 for rows)."""
         if training:
-            check_loss_data(examples, resolved_loss(ctx), "use --option loss=cosent for scored pairs, loss=mnrl (or "
+            check_loss_data(examples, resolved_loss(ctx),
+                            "use --option loss=cosent for scored pairs, loss=mnrl (or "
                             "cached-mnrl) for rows, loss=mse-distill with --option teacher=BUNDLE for any")
         elif chunking_of(ctx.options) is not None:
             return chunk_features(examples, tokenizer, ctx)
         texts = [(i, part, clip_text(prompt_for(ex, part, ctx.options) + t, tokenizer, ctx.max_length))
-                 for i, ex in enumerate(examples) for part, t in enumerate(example_texts(ex)) if t is not None]
+                 for i, ex in enumerate(examples) for part, t in enumerate(example_texts(ex))
+                 if t is not None]
         distill = training and resolved_loss(ctx) == "mse-distill"
         in_batch = training and get_loss("embedding", resolved_loss(ctx)).in_batch
         with tokenizer_settings(tokenizer, max_length=ctx.max_length) as tok:
@@ -298,19 +345,24 @@ class EmbeddingTask:
         width = embedding_width(ctx.options, config.hidden_size)
         matryoshka_dims(ctx.options["matryoshka_dims"], width)  # a bad list is an error before training
         named_prompts(ctx.options)  # bad prompts too
-        matryoshka_weights(ctx.options["matryoshka_weights"], len(matryoshka_dims(ctx.options["matryoshka_dims"])))
+        matryoshka_weights(ctx.options["matryoshka_weights"],
+                           len(matryoshka_dims(ctx.options["matryoshka_dims"])))
         teacher_dim = ctx.state.get("teacher_dim") if resolved_loss(ctx) == "mse-distill" else None
         if teacher_dim and teacher_dim != width and ctx.options["matryoshka_dims"]:
-            raise TaskError(f"matryoshka_dims with a teacher of another size ({teacher_dim}, the model {width})",
+            raise TaskError(f"matryoshka_dims with a teacher of another size ({teacher_dim}, the model "
+                            f"{width})",
                             "distil from a teacher of the model's size, or leave matryoshka_dims out")
         from mlmkit_tasks.heads.embedding import BertForEmbedding
 
         o, loss = ctx.options, get_loss("embedding", resolved_loss(ctx))
         return BertForEmbedding(config, o["pooling"], bool(o["normalize"]), loss=loss, cached=loss.cached,
-                                scale=float(o["scale"]), symmetric=bool(o["symmetric"]), mini_batch_size=int(o["mini_batch_size"]),
+                                scale=float(o["scale"]), symmetric=bool(o["symmetric"]),
+                                mini_batch_size=int(o["mini_batch_size"]),
                                 matryoshka=matryoshka_dims(o["matryoshka_dims"], width),
-                                matryoshka_weights=matryoshka_weights(o["matryoshka_weights"], len(matryoshka_dims(o["matryoshka_dims"]))),
-                                teacher_dim=teacher_dim, dense=dense_layers(o["dense_layers"], config.hidden_size))
+                                matryoshka_weights=matryoshka_weights(o["matryoshka_weights"],
+                                                                      len(matryoshka_dims(o["matryoshka_dims"]))),
+                                teacher_dim=teacher_dim,
+                                dense=dense_layers(o["dense_layers"], config.hidden_size))
 
     def run_files(self, config: ModelConfig, ctx: TaskContext) -> dict[str, str]:
         """The run is also a sentence-transformers directory: its modules (the encoder at the root, the
@@ -320,14 +372,17 @@ class EmbeddingTask:
         prompts.update({k: v for k, v in named_prompts(o).items() if k not in ST_ALIASES})
         modes = {mode: key for key, mode in ST_POOLING.items()}
         modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-        top = {"prompts": prompts, "default_prompt_name": o["default_prompt_name"] or None, "similarity_fn_name": "cosine"}
+                   {"idx": 1, "name": "1", "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling"}]
+        top = {"prompts": prompts, "default_prompt_name": o["default_prompt_name"] or None,
+               "similarity_fn_name": "cosine"}
         if o["dimensions"]:
             top["truncate_dim"] = o["dimensions"]
         files = {"1_Pooling/config.json": _dump({"word_embedding_dimension": config.hidden_size,
                                                  **{key: o["pooling"] == mode for mode, key in modes.items()},
                                                  "include_prompt": True}),
-                 "sentence_bert_config.json": _dump({"max_seq_length": ctx.max_length, "do_lower_case": False}),
+                 "sentence_bert_config.json": _dump({"max_seq_length": ctx.max_length,
+                                                     "do_lower_case": False}),
                  "config_sentence_transformers.json": _dump(top)}
         torch_names = {"identity": "linear.Identity", "tanh": "activation.Tanh", "relu": "activation.ReLU",
                        "gelu": "activation.GELU", "sigmoid": "activation.Sigmoid", "silu": "activation.SiLU"}
@@ -335,20 +390,24 @@ class EmbeddingTask:
             path = f"{len(modules)}_Dense"  # its weights: the model's module_weights, written beside
             modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,
                             "type": "sentence_transformers.models.Dense"})
-            files[f"{path}/config.json"] = _dump({"in_features": layer["in"], "out_features": layer["out"], "bias": layer["bias"],
-                                                  "activation_function": f"torch.nn.modules.{torch_names[layer['activation']]}"})
+            act = f"torch.nn.modules.{torch_names[layer['activation']]}"
+            files[f"{path}/config.json"] = _dump({"in_features": layer["in"], "out_features": layer["out"],
+                                                  "bias": layer["bias"], "activation_function": act})
         if o["normalize"]:
-            modules.append({"idx": len(modules), "name": str(len(modules)), "path": f"{len(modules)}_Normalize",
+            modules.append({"idx": len(modules), "name": str(len(modules)),
+                            "path": f"{len(modules)}_Normalize",
                             "type": "sentence_transformers.models.Normalize"})
             files[f"{modules[-1]['path']}/config.json"] = "{}\n"
         files["modules.json"] = _dump(modules)
         return files
 
     def postprocess(
-        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example], ctx: TaskContext
+        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example],
+        ctx: TaskContext
     ) -> list[Prediction]:
         """{"embedding": [...]} per text; a pair adds "embedding_pair" and their "cosine". With chunk_tokens,
-        {"chunks": [{"start", "end", "embedding"}, ...]}: each chunk's character span in the text, in order."""
+        {"chunks": [{"start", "end", "embedding"}, ...]}: each chunk's character span in the text, in
+        order."""
         preds: list[Prediction] = [{} for _ in examples]
         dims, normalize = int(ctx.options.get("dimensions") or 0), bool(ctx.options.get("normalize"))
         for f, v in zip(features, outputs["embedding"]):
@@ -360,7 +419,8 @@ class EmbeddingTask:
             vector = [float(x) for x in v]
             if CHUNK in f:  # chunk_tokens: the chunks in order, each with its span
                 start, end = f[CHUNK]
-                preds[f[EXAMPLE]].setdefault("chunks", []).append({"start": start, "end": end, "embedding": vector})
+                preds[f[EXAMPLE]].setdefault("chunks",
+                                             []).append({"start": start, "end": end, "embedding": vector})
             else:
                 preds[f[EXAMPLE]]["embedding_pair" if f["part"] else "embedding"] = vector
         for p in preds:
@@ -370,10 +430,13 @@ class EmbeddingTask:
                 p["cosine"] = float(a @ b) / den if den > 0 else 0.0
         return preds
 
-    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
-        """Retrieval metrics (a retrieval set) or the pairs' Spearman and Pearson correlation (scored pairs)."""
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example],
+                        ctx: TaskContext) -> Metrics:
+        """Retrieval metrics (a retrieval set) or the pairs' Spearman and Pearson correlation (scored
+        pairs)."""
         if examples and examples[0].get("kind") == "query":
-            return retrieval_metrics(predictions, examples, matryoshka_dims(ctx.options["matryoshka_dims"]), ctx.options)
+            return retrieval_metrics(predictions, examples, matryoshka_dims(ctx.options["matryoshka_dims"]),
+                                     ctx.options)
         return pair_correlations(predictions, examples)
 
     def summary(self, prediction: Prediction) -> dict[str, str]:
@@ -382,7 +445,8 @@ class EmbeddingTask:
             return {"chunks": str(len(spans)), "dims": str(len(prediction["chunks"][0]["embedding"])),
                     "spans": ", ".join(spans[:4]) + (" ..." if len(spans) > 4 else "")}
         v = np.asarray(prediction["embedding"])
-        return {"dims": str(v.size), "norm": f"{np.linalg.norm(v):.3f}", "start": ", ".join(f"{x:.3f}" for x in v[:4]) + " ..."}
+        return {"dims": str(v.size), "norm": f"{np.linalg.norm(v):.3f}",
+                "start": ", ".join(f"{x:.3f}" for x in v[:4]) + " ..."}
 
 
 def _dump(obj: Any) -> str:

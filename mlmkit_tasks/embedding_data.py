@@ -43,25 +43,30 @@ from mlmkit.taskkit import (
 
 log = logging.getLogger("mlmkit")
 
-ST_POOLING = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
+ST_POOLING = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
+              "pooling_mode_max_tokens": "max",
               "pooling_mode_lasttoken": "lasttoken", "pooling_mode_weightedmean_tokens": "weightedmean",
               "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens"}
 """sentence-transformers' Pooling config keys and the pooling each names (models/pooled.py's modes)."""
 ST_ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid", "silu")
-"""The activations a Dense module may name (its torch class, lower-cased: torch.nn.modules.linear.Identity)."""
+"""The activations a Dense module may name (its torch class, lower-cased:
+torch.nn.modules.linear.Identity)."""
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
 ST_PROMPTS = {"query_prompt": ("query",), "document_prompt": ("document", "passage", "corpus")}
-"""The prompt options and the names a sentence-transformers directory's "prompts" gives them (the first found)."""
+"""The prompt options and the names a sentence-transformers directory's "prompts" gives them (the first
+found)."""
 ST_ALIASES = frozenset(n for names in ST_PROMPTS.values() for n in names)
 """The prompt names that are the query and document prompts' (their options, not ``prompts``)."""
 
 
-NO_TARGET = np.zeros(0, dtype=np.float32)  # a training feature's "target" without a teacher (mse-distill's only)
+# a training feature's "target" without a teacher (mse-distill's only)
+NO_TARGET = np.zeros(0, dtype=np.float32)
 DATA_NAMES = {"rows": "rows of an anchor and its positive", "scored": "scored pairs", "texts": "plain texts"}
 
 
 # ---- sentence-transformers directories -----------------------------------------------------------
-SPLADE_MODULES = ("SpladePooling", "MLMTransformer")  # a sentence-transformers SparseEncoder: the sparse-embedding task's
+# a sentence-transformers SparseEncoder: the sparse-embedding task's
+SPLADE_MODULES = ("SpladePooling", "MLMTransformer")
 
 
 def st_json(path: Path, *, optional: bool = False) -> Any:
@@ -72,7 +77,8 @@ def st_json(path: Path, *, optional: bool = False) -> Any:
     except (OSError, ValueError) as e:
         if optional and isinstance(e, FileNotFoundError):
             return {}
-        raise DataFormatError(path, f"unreadable ({e})", hint="a sentence-transformers directory needs valid JSON here") from None
+        raise DataFormatError(path, f"unreadable ({e})",
+                              hint="a sentence-transformers directory needs valid JSON here") from None
 
 
 def _module_types(d: Path) -> list[str] | None:
@@ -82,7 +88,8 @@ def _module_types(d: Path) -> list[str] | None:
         modules = parse_json((d / "modules.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return [str(m.get("type", "")) for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
+    return [str(m.get("type", "")) for m in modules if isinstance(m, dict)] if isinstance(modules,
+                                                                                          list) else []
 
 
 def is_splade_directory(d: Path) -> bool:
@@ -92,7 +99,8 @@ def is_splade_directory(d: Path) -> bool:
 
 def is_multi_vector_directory(d: Path) -> bool:
     """A sentence-transformers MultiVectorEncoder directory, or a PyLate one (its modules.json names
-    a MultiVectorMask or a PyLate module, or its config declares ColBERT's query prefix): the colbert task's."""
+    a MultiVectorMask or a PyLate module, or its config declares ColBERT's query prefix): the colbert
+    task's."""
     types = _module_types(d)
     if types is None:
         return False
@@ -118,7 +126,8 @@ def sentence_transformers_options(d: Path) -> CheckpointInfo:
     known = {"Transformer", "Pooling", "Dense", "Normalize"}
     other = [k for k, _ in kinds if k not in known]
     if other:
-        raise DataFormatError(d / "modules.json", f"module {other[0]} is not one mlmkit runs (it runs Transformer, Pooling, "
+        raise DataFormatError(d / "modules.json",
+                              f"module {other[0]} is not one mlmkit runs (it runs Transformer, Pooling, "
                               "Dense and Normalize)", hint="export the encoder alone with --task embedding")
     pooling = [m for k, m in kinds if k == "Pooling"]
     if pooling:
@@ -147,9 +156,11 @@ def _st_pooling(path: Path) -> str:
         modes, other = ([mode], []) if mode in ST_POOLING.values() else ([], [mode])
     if other or len(modes) != 1:
         raise DataFormatError(path, f"pooling {', '.join(other + modes) or 'none'} is not one of "
-                              f"{', '.join(ST_POOLING.values())}", hint="export with --task embedding --option pooling=...")
+                              f"{', '.join(ST_POOLING.values())}",
+                              hint="export with --task embedding --option pooling=...")
     if cfg.get("include_prompt") is False:
-        raise DataFormatError(path, "include_prompt false (the prompt's tokens left out of the pooling) is not supported",
+        raise DataFormatError(path, "include_prompt false (the prompt's tokens left out of the pooling) is "
+                                    "not supported",
                               hint="pool the prompt's tokens too: set include_prompt to true")
     return modes[0]
 
@@ -160,11 +171,13 @@ def _st_dense(folder: Path) -> dict[str, Any]:
     act = str(cfg.get("activation_function") or "torch.nn.modules.activation.Tanh").rsplit(".", 1)[-1].lower()
     sizes = [cfg.get("in_features"), cfg.get("out_features")]
     if not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 1 << 20 for n in sizes):
-        raise DataFormatError(folder / "config.json", f"in_features and out_features must be positive sizes, got {sizes}")
+        raise DataFormatError(folder / "config.json",
+                              f"in_features and out_features must be positive sizes, got {sizes}")
     if act not in ST_ACTIVATIONS or cfg.get("use_residual"):
         what = "use_residual" if cfg.get("use_residual") else f"activation {cfg.get('activation_function')}"
         raise DataFormatError(folder / "config.json", f"a Dense module's {what} is not supported",
-                              hint=f"mlmkit runs Dense layers with {', '.join(ST_ACTIVATIONS)} and no residual")
+                              hint=f"mlmkit runs Dense layers with {', '.join(ST_ACTIVATIONS)} and no "
+                                   "residual")
     return {"in": sizes[0], "out": sizes[1], "bias": bool(cfg.get("bias", True)), "activation": act}
 
 
@@ -173,8 +186,10 @@ def _st_prompts(path: Path) -> Options:
     document ones as their options), its default prompt name and its truncate_dim."""
     top = st_json(path)
     prompts = top.get("prompts") or {}
-    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
-        raise DataFormatError(path, "prompts must map names to texts", hint='e.g. {"query": "query: ", "document": ""}')
+    if not isinstance(prompts,
+                      dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise DataFormatError(path, "prompts must map names to texts",
+                              hint='e.g. {"query": "query: ", "document": ""}')
     options: Options = {}
     for option, names in ST_PROMPTS.items():
         found = [prompts[n] for n in names if prompts.get(n)]
@@ -186,7 +201,8 @@ def _st_prompts(path: Path) -> Options:
     default = top.get("default_prompt_name")
     if default is not None:
         if default not in prompts:
-            raise DataFormatError(path, f"default_prompt_name {default!r} names no prompt", hint="name one of its prompts")
+            raise DataFormatError(path, f"default_prompt_name {default!r} names no prompt",
+                                  hint="name one of its prompts")
         options["default_prompt_name"] = default
     dims = top.get("truncate_dim")
     if dims is not None:
@@ -198,13 +214,15 @@ def _st_prompts(path: Path) -> Options:
 
 def named_prompts(options: Mapping[str, Any]) -> dict[str, str]:
     """The model's prompts by name: its ``prompts`` (a sentence-transformers model's beyond the query
-    and document ones), and the query and document prompts under each name sentence-transformers gives them."""
+    and document ones), and the query and document prompts under each name sentence-transformers gives
+    them."""
     try:
         prompts = json.loads(options.get("prompts") or "{}")
     except ValueError:
         prompts = None
     if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
-        raise TaskError(f"the prompts option must be a JSON object of names and texts, not {str(options.get('prompts'))[:200]!r}",
+        raise TaskError("the prompts option must be a JSON object of names and texts, not "
+                        f"{str(options.get('prompts'))[:200]!r}",
                         'e.g. --option prompts=\'{"Clustering": "task: clustering | query: "}\'')
     for option, names in ST_PROMPTS.items():
         if options.get(option):
@@ -236,19 +254,23 @@ def anchor_row(rec: Record, options: Mapping[str, Any], *, scores: bool) -> Exam
     then each negative's) when it has them; ``scores``: they are required (margin-mse)."""
     negs = _negative_columns(rec.fields(), "negative")
     texts = [(k, rec.text(k, required=False)) for k in negs]
-    row: Example = {"anchor": rec.text(options["anchor_column"]), "positive": rec.text(options["positive_column"])}
+    row: Example = {"anchor": rec.text(options["anchor_column"]),
+                    "positive": rec.text(options["positive_column"])}
     col = options["scores_column"]
     value = rec.fields().get(col)
     if value is None:
         if scores:
-            raise rec.error(f"{loss_option(options)} needs the teacher's scores", col, hint="mlmkit mine --with-scores writes them "
+            raise rec.error(f"{loss_option(options)} needs the teacher's scores", col,
+                            hint="mlmkit mine --with-scores writes them "
                             "(the positive's, then each negative's)")
         row["negatives"] = [t for _, t in texts if t]
         return row
-    ok = isinstance(value, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-                                         for x in value)
+    ok = isinstance(value,
+                    list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                                  for x in value)
     if not ok or len(value) != 1 + len(texts):
-        raise rec.error(f"expected {1 + len(texts)} finite numbers (the positive's score, then one per negative), "
+        raise rec.error(f"expected {1 + len(texts)} finite numbers (the positive's score, then one per "
+                        "negative), "
                         f"got {value!r}"[:300], col, hint="the list mlmkit mine --with-scores writes")
     kept = [(t, float(x)) for (_, t), x in zip(texts, value[1:]) if t]
     row["negatives"] = [t for t, _ in kept]
@@ -264,7 +286,8 @@ def scored_pair(rec: Record, options: Mapping[str, Any], hint: str | None = None
     except (TypeError, ValueError):
         score = math.nan
     if not math.isfinite(score):
-        raise rec.error(f"the score must be a finite number, not {value!r}", options["score_column"], hint=hint)
+        raise rec.error(f"the score must be a finite number, not {value!r}", options["score_column"],
+                        hint=hint)
     return {"text": rec.text(options["text_column"]), "text_pair": rec.text(options["pair_column"]),
             "score": score, "line": rec.line, "source": rec.source}
 
@@ -286,7 +309,8 @@ def with_teacher(examples: list[Example], options: Mapping[str, Any]) -> None:
     """Each example's "targets": the teacher's embedding of each of its texts (queries as queries,
     documents as documents, with the teacher's own prompts)."""
     if not options.get("teacher"):
-        raise TaskError("mse-distill needs a teacher", "--option teacher=BUNDLE_OR_RUN (an embedding bundle or run)")
+        raise TaskError("mse-distill needs a teacher",
+                        "--option teacher=BUNDLE_OR_RUN (an embedding bundle or run)")
     embed = _teacher(Path(options["teacher"]))
     by_kind: dict[str, list[tuple[int, int, str]]] = {}
     for i, ex in enumerate(examples):
@@ -296,7 +320,8 @@ def with_teacher(examples: list[Example], options: Mapping[str, Any]) -> None:
                 by_kind.setdefault(kind, []).append((i, part, t))
     for ex in examples:
         ex["targets"] = {}
-    log.info("embedding the %d training texts with the teacher %s", sum(map(len, by_kind.values())), options["teacher"])
+    log.info("embedding the %d training texts with the teacher %s", sum(map(len, by_kind.values())),
+             options["teacher"])
     for kind, items in by_kind.items():
         vectors = embed([t for _, _, t in items], kind)
         for (i, part, _), v in zip(items, vectors):
@@ -308,10 +333,12 @@ def with_teacher(examples: list[Example], options: Mapping[str, Any]) -> None:
 def _teacher(path: Path) -> Any:
     """(texts, input type) -> float32 (n, D): an embedding bundle (onnxruntime) or run (PyTorch)."""
     if not path.exists():
-        raise TaskError(f"teacher not found: {path}", "give an embedding bundle (mlmkit export) or a fine-tuned embedding run")
+        raise TaskError(f"teacher not found: {path}",
+                        "give an embedding bundle (mlmkit export) or a fine-tuned embedding run")
     if (path / "model.onnx").is_file():
         pipe = load_pipeline(path, command="embed")
-        return lambda texts, kind: np.asarray([r["embedding"] for r in pipe(texts, input_type=kind)], dtype=np.float32)
+        return lambda texts, kind: np.asarray([r["embedding"] for r in pipe(texts, input_type=kind)],
+                                              dtype=np.float32)
     from mlmkit.model import load_finetuned, predict, torch_forward
 
     task, net, tok, meta = load_finetuned(path)
@@ -352,7 +379,8 @@ def prompt_for(ex: Example, part: int, options: Mapping[str, Any]) -> str:
         return ""
     prompts = named_prompts(options)
     if kind not in prompts and kind not in ("query", "document"):
-        raise TaskError(f"the model has no prompt named {kind!r}", f"its prompts: {', '.join(prompts) or 'none'}")
+        raise TaskError(f"the model has no prompt named {kind!r}",
+                        f"its prompts: {', '.join(prompts) or 'none'}")
     return str(prompts.get(kind, ""))
 
 
@@ -376,6 +404,8 @@ def training_fields(ex: Example, part: int, ids: list[int], in_batch: bool) -> F
 
 
 def text_id(ids: list[int]) -> int:
-    """The same int64 for the same token ids: which texts of a batch are equal (never each other's negatives)."""
-    return int.from_bytes(hashlib.blake2b(np.asarray(ids, dtype=np.int64).tobytes(), digest_size=8).digest(), "little",
+    """The same int64 for the same token ids: which texts of a batch are equal (never each other's
+    negatives)."""
+    return int.from_bytes(hashlib.blake2b(np.asarray(ids, dtype=np.int64).tobytes(), digest_size=8).digest(),
+                          "little",
                           signed=True)

@@ -38,7 +38,8 @@ def retrieval_metrics(predictions: list[Prediction], examples: list[Example], di
 
 
 def pair_correlations(predictions: list[Prediction], examples: list[Example]) -> dict[str, float]:
-    """The Spearman and Pearson correlation of the pairs' cosine with their gold scores (0 where undefined)."""
+    """The Spearman and Pearson correlation of the pairs' cosine with their gold scores (0 where
+    undefined)."""
     from scipy.stats import pearsonr, spearmanr
 
     if any("cosine" not in p or "score" not in ex for p, ex in zip(predictions, examples)):

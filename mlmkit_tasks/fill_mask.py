@@ -79,13 +79,16 @@ def _alias(text: str, mask: str) -> tuple[str, Any]:
 
 class FillMaskTask:
     name = "fill-mask"
-    description = "The most likely tokens for every [MASK] of a text, from a masked LM's head (top-k in the graph)."
+    description = ("The most likely tokens for every [MASK] of a text, from a masked LM's head (top-k in the "
+                   "graph).")
     outputs = {"indices": (BATCH, SEQUENCE, "k"), "values": (BATCH, SEQUENCE, "k")}
     metrics = ("accuracy", "top_k_accuracy")
     options = (
-        TaskOption("candidates", 5, "Candidates per [MASK] computed in the graph (`mlmkit export --top-k`).", minimum=1,
+        TaskOption("candidates", 5, "Candidates per [MASK] computed in the graph (`mlmkit export --top-k`).",
+                   minimum=1,
                    fixed=True),
-        TaskOption("top_k", 0, "Candidates per [MASK] in each result, at most the bundle's (its export's --top-k); "
+        TaskOption("top_k", 0,
+                   "Candidates per [MASK] in each result, at most the bundle's (its export's --top-k); "
                    "0: all of them.", minimum=0, saved=False, flags=("--top-k",)),
     )
     formats = ("jsonl", "csv", "tsv")
@@ -103,29 +106,36 @@ class FillMaskTask:
         _check_top_k(options)
         return _example(Record("<input>", None, item))
 
-    def read(self, path: Path, options: Mapping[str, Any], *, max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
+    def read(self, path: Path, options: Mapping[str, Any], *,
+             max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
         """Examples with answers: {"text", ["text_pair"], "answer": [one token per [MASK]]}."""
         fmt = data_format(path, FORMATS)
-        records = iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl" else iter_records(path, fmt, max_bytes=max_bytes)
+        records = (iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl"
+                   else iter_records(path, fmt, max_bytes=max_bytes))
         examples = []
         for rec in records:
             ex = _example(rec)
             answer = rec.fields().get("answer")
             answers = [answer] if isinstance(answer, str) else answer
-            if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
+            if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip()
+                                                                       for a in answers):
                 raise rec.error("must be a token, or a list of one token per [MASK]", field="answer",
                                 hint='e.g. {"text": "The capital of France is [MASK].", "answer": "paris"}')
-            examples.append({**ex, "answer": [a.strip() for a in answers], "line": rec.line, "source": rec.source})
+            examples.append({**ex, "answer": [a.strip() for a in answers], "line": rec.line,
+                             "source": rec.source})
         if not examples:
-            raise DataFormatError(path, "no examples", hint='one {"text": "... [MASK] ...", "answer": "..."} record per line')
+            raise DataFormatError(path, "no examples",
+                                  hint='one {"text": "... [MASK] ...", "answer": "..."} record per line')
         return examples
 
-    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *,
+                  training: bool) -> list[Feature]:
         """The tokens of each text (or pair), cut to the max length; a text without a [MASK] in them is
         one token, since its result needs no model."""
         mask = mask_token(tokenizer)
         mask_id = tokenizer.token_to_id(mask)
-        aliased = [[_alias(t, mask) for t in (ex["text"], ex.get("text_pair")) if t is not None] for ex in examples]
+        aliased = [[_alias(t, mask) for t in (ex["text"], ex.get("text_pair")) if t is not None]
+                   for ex in examples]
         clip = lambda t: clip_text(t, tokenizer, ctx.max_length)  # noqa: E731
         with tokenizer_settings(tokenizer, max_length=ctx.max_length) as tok:
             encs = tok.encode_batch([tuple(clip(t) for t, _ in texts) if len(texts) > 1 else clip(texts[0][0])
@@ -138,34 +148,42 @@ class FillMaskTask:
             back = [aliased[i][s][1] for s in segments]  # each mask's offsets in the text as given
             features.append({"input_ids": enc.ids[:keep], "token_type_ids": enc.type_ids[:keep], EXAMPLE: i,
                              TRUNCATED: bool(enc.overflowing), "masks": masks, "segments": segments,
-                             "offsets": [(b(enc.offsets[p][0]), b(enc.offsets[p][1])) for p, b in zip(masks, back)]})
+                             "offsets": [(b(enc.offsets[p][0]), b(enc.offsets[p][1]))
+                                         for p, b in zip(masks, back)]})
         return features
 
     # ---- outputs ---------------------------------------------------------------------------------
-    def postprocess(self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example],
+    def postprocess(self, outputs: dict[str, list[np.ndarray]], features: list[Feature],
+                    examples: list[Example],
                     ctx: TaskContext) -> list[Prediction]:
         k = _check_top_k(ctx.options)
         decode = _Decoder(ctx.tokenizer)
         preds = []
         for f, ex, ids, probs in zip(features, examples, outputs["indices"], outputs["values"]):
             pair = "text_pair" in ex
-            r: Prediction = {"text": ex["text"], **({"text_pair": ex["text_pair"]} if pair else {}), "masks": []}
+            r: Prediction = {"text": ex["text"], **({"text_pair": ex["text_pair"]} if pair else {}),
+                             "masks": []}
             for p, (start, end), seg in zip(f["masks"], f["offsets"], f["segments"]):
-                row = [(int(t), float(s)) for t, s in zip(np.asarray(ids[p])[: k or None], np.asarray(probs[p])[: k or None])
+                row = [(int(t), float(s))
+                       for t, s in zip(np.asarray(ids[p])[: k or None], np.asarray(probs[p])[: k or None])
                        if t >= 0]
-                r["masks"].append({"position": p, **({"segment": seg} if pair else {}), "start": int(start), "end": int(end),
+                r["masks"].append({"position": p, **({"segment": seg} if pair else {}), "start": int(start),
+                                   "end": int(end),
                                    "candidates": [{"token": decode(t), "id": t, "score": s} for t, s in row]})
             if r["masks"]:
                 r["sequence"] = _fill(ex["text"], [m for m in r["masks"] if m.get("segment", 0) == 0])
                 if pair:
                     r["sequence_pair"] = _fill(ex["text_pair"], [m for m in r["masks"] if m["segment"] == 1])
             else:
-                had = any(m in t for t in (ex["text"], ex.get("text_pair") or "") for m in {MASK, decode.mask})
-                r["error"] = f"no [MASK] within the first {ctx.max_length} tokens" if had else "no [MASK] token in the text"
+                had = any(m in t for t in (ex["text"], ex.get("text_pair") or "")
+                          for m in {MASK, decode.mask})
+                r["error"] = (f"no [MASK] within the first {ctx.max_length} tokens" if had
+                              else "no [MASK] token in the text")
             preds.append(r)
         return preds
 
-    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example],
+                        ctx: TaskContext) -> Metrics:
         """Over the [MASK]s of the examples: the share whose best candidate is the answer, and whose
         candidates hold it (tokens compared as the tokenizer decodes them, "##" pieces without it)."""
         best = anywhere = total = 0
@@ -175,7 +193,8 @@ class FillMaskTask:
                 best += bool(tokens) and tokens[0] == answer.lower()
                 anywhere += answer.lower() in tokens
             total += len(ex["answer"])
-        return {"accuracy": best / total if total else 0.0, "top_k_accuracy": anywhere / total if total else 0.0,
+        return {"accuracy": best / total if total else 0.0,
+                "top_k_accuracy": anywhere / total if total else 0.0,
                 "masks": total}
 
     def summary(self, prediction: Prediction) -> dict[str, str]:
@@ -192,7 +211,8 @@ class FillMaskTask:
             raise ConfigError("the fill-mask model needs the tokenizer (its [MASK] id) in the task context")
         k = int(ctx.options["candidates"])
         if k > config.vocab_size:
-            raise ConfigError(f"--top-k must be between 1 and the vocabulary size {config.vocab_size}, got {k}")
+            raise ConfigError(f"--top-k must be between 1 and the vocabulary size {config.vocab_size}, got "
+                              f"{k}")
         return FillMask(config, ctx.tokenizer.token_to_id(mask_token(ctx.tokenizer)), k)
 
 

@@ -68,10 +68,13 @@ class QATask:
     metrics = ("f1", "exact_match")
     outputs = {"start_logits": (BATCH, SEQUENCE), "end_logits": (BATCH, SEQUENCE)}
     options = (
-        TaskOption("doc_stride", 128, "Overlap of context windows, in tokens.", minimum=0, flags=("--doc-stride",)),
-        TaskOption("max_question_length", 64, "Longest question, in tokens (longer ones are cut).", minimum=1),
+        TaskOption("doc_stride", 128, "Overlap of context windows, in tokens.", minimum=0,
+                   flags=("--doc-stride",)),
+        TaskOption("max_question_length", 64, "Longest question, in tokens (longer ones are cut).",
+                   minimum=1),
         TaskOption("n_best", 20, "Start and end positions searched per window.", minimum=1),
-        TaskOption("max_answer_length", 30, "Longest answer, in tokens.", minimum=1, flags=("--max-answer-length",)),
+        TaskOption("max_answer_length", 30, "Longest answer, in tokens.", minimum=1,
+                   flags=("--max-answer-length",)),
     )
     label_names = ("start_positions", "end_positions")
     hf_architecture = "BertForQuestionAnswering"
@@ -81,10 +84,12 @@ class QATask:
 
     # -------------------------------------------------------- data
 
-    def read(self, path: Path, options: Mapping[str, Any], *, max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
+    def read(self, path: Path, options: Mapping[str, Any], *,
+             max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
         """SQuAD v1.1 / v2.0 JSON (.json) or JSON lines {"id", "question", "context", "answers"}."""
         p = Path(path)
-        if p.suffix.lower() == ".jsonl" or is_table(p):  # Parquet / datasets: the JSON-lines fields as columns
+        # Parquet / datasets: the JSON-lines fields as columns
+        if p.suffix.lower() == ".jsonl" or is_table(p):
             return read_records(iter_jsonl(p, max_bytes=max_bytes))
         text = read_text(p)
         try:
@@ -92,20 +97,24 @@ class QATask:
         except json.JSONDecodeError as e:
             if e.msg == "Extra data" or p.suffix.lower() != ".json":  # several JSON values: JSON lines
                 return read_records(iter_jsonl(p, max_bytes=max_bytes))
-            raise DataFormatError(p, f"malformed JSON: {e.msg} (column {e.colno})", line=e.lineno, hint="fix the JSON") from None
-        if isinstance(doc, dict) and "data" not in doc and "question" in doc:  # a JSON-lines file of one record
+            raise DataFormatError(p, f"malformed JSON: {e.msg} (column {e.colno})", line=e.lineno,
+                                  hint="fix the JSON") from None
+        # a JSON-lines file of one record
+        if isinstance(doc, dict) and "data" not in doc and "question" in doc:
             return read_records(iter_jsonl(p, max_bytes=max_bytes))
         return read_squad(p, doc)
 
     def from_input(self, item: Input, options: Mapping[str, Any]) -> Example:
         """An example from a runtime record with "question" and "context" (and optionally "id")."""
-        hint = 'give records with "question" and "context" fields (JSON lines, or CSV/TSV columns of those names)'
+        hint = ('give records with "question" and "context" fields (JSON lines, or CSV/TSV columns of those '
+                'names)')
         if not isinstance(item, dict):
             raise DataFormatError("<input>", "qa needs a question and a context, not a plain text", hint=hint)
         missing = [k for k in ("question", "context") if not isinstance(item.get(k), str)]
         if missing:
             has = ", ".join(map(repr, item)) or "nothing"
-            raise DataFormatError("<input>", f"qa input lacks {' and '.join(map(repr, missing))} (it has {has})",
+            raise DataFormatError("<input>",
+                                  f"qa input lacks {' and '.join(map(repr, missing))} (it has {has})",
                                   field=missing[0], hint=hint)
         qid = item.get("id")
         return {
@@ -123,38 +132,45 @@ class QATask:
 
     # -------------------------------------------------------- features
 
-    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *,
+                  training: bool) -> list[Feature]:
         """Windows of [CLS] question [SEP] context [SEP] with the context's character offsets.
 
         Each feature: input_ids, token_type_ids, example, offsets (per token, (start, end) in
         the context or None for the question and special tokens), and when ``training`` the
         start/end token positions (0, the [CLS], when the answer is not wholly in the window)."""
-        stride, q_max, max_length = ctx.options["doc_stride"], ctx.options["max_question_length"], ctx.max_length
+        stride, q_max, max_length = (ctx.options["doc_stride"], ctx.options["max_question_length"],
+                                     ctx.max_length)
         with tokenizer_settings(tokenizer) as tok:
             questions, q_lens = self._cut_questions(tok, [ex["question"] for ex in examples], q_max)
             contexts = [ex["context"] for ex in examples]
             unique = list(dict.fromkeys(contexts))  # SQuAD asks several questions about each paragraph
-            n_tokens = dict(zip(unique, (len(e.ids) for e in tok.encode_batch(unique, add_special_tokens=False))))
+            n_tokens = dict(zip(unique,
+                                (len(e.ids) for e in tok.encode_batch(unique, add_special_tokens=False))))
             c_lens = [n_tokens[c] for c in contexts]
             windowed = False
-            n_special = tok.num_special_tokens_to_add(True)  # [CLS] q [SEP] c [SEP]: 3; RoBERTa's <s> q </s></s> c </s>: 4
+            # [CLS] q [SEP] c [SEP]: 3; RoBERTa's <s> q </s></s> c </s>: 4
+            n_special = tok.num_special_tokens_to_add(True)
             for ex, q, c in zip(examples, q_lens, c_lens):
                 window = max_length - n_special - q  # context tokens per window
                 windowed = windowed or q + c + n_special > max_length
                 if q + c + n_special > max_length and stride >= window:  # tokenizers would panic
                     raise ConfigError(
                         f"--doc-stride {stride} must be smaller than the context window of question "
-                        f"'{ex['id']}': max length {max_length} - {q} question tokens - {n_special} special tokens = {window} tokens",
+                        f"'{ex['id']}': max length {max_length} - {q} question tokens - {n_special} special "
+                        f"tokens = {window} tokens",
                         "lower --doc-stride or --max-question-length, or raise --max-length",
                     )
         # the stride only matters (and is only checked by tokenizers) when some context needs windows
-        with tokenizer_settings(tokenizer, max_length=max_length, stride=stride if windowed else 0, strategy="only_second") as tok:
+        with tokenizer_settings(tokenizer, max_length=max_length, stride=stride if windowed else 0,
+                                strategy="only_second") as tok:
             encodings = tok.encode_batch(list(zip(questions, contexts)))
         features = []
         for i, (ex, enc) in enumerate(zip(examples, encodings)):
             for e in [enc, *enc.overflowing]:  # the first window, then the rest in context order
                 offsets: Offsets = [tuple(o) if s == 1 else None for o, s in zip(e.offsets, e.sequence_ids)]
-                f = {"input_ids": list(e.ids), "token_type_ids": list(e.type_ids), EXAMPLE: i, "offsets": offsets}
+                f = {"input_ids": list(e.ids), "token_type_ids": list(e.type_ids), EXAMPLE: i,
+                     "offsets": offsets}
                 if training:
                     f["start_positions"], f["end_positions"] = self._positions(offsets, ex)
                 features.append(f)
@@ -209,10 +225,12 @@ class QATask:
 
     @staticmethod
     def _with_null(ctx: TaskContext) -> bool:
-        return bool(ctx.state.get("version_2_with_negative")) or ctx.state.get("null_score_threshold") is not None
+        return (bool(ctx.state.get("version_2_with_negative"))
+                or ctx.state.get("null_score_threshold") is not None)
 
     def postprocess(
-        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example], ctx: TaskContext
+        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example],
+        ctx: TaskContext
     ) -> list[Prediction]:
         """One {"id", "answer", "score", "start", "end"} per example; start/end are character
         offsets in the context (-1 and "" for no answer)."""
@@ -227,11 +245,13 @@ class QATask:
                 preds.append({"id": ex["id"], "answer": "", "score": float(score), "start": -1, "end": -1})
             else:
                 start, end = trimmed(ex["context"], r["start"], r["end"])
-                preds.append({"id": ex["id"], "answer": ex["context"][start:end], "score": float(r["score"]), "start": start, "end": end})
+                preds.append({"id": ex["id"], "answer": ex["context"][start:end], "score": float(r["score"]),
+                              "start": start, "end": end})
         return preds
 
     def calibrate(
-        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example], ctx: TaskContext
+        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example],
+        ctx: TaskContext
     ) -> TaskState:
         """SQuAD 2.0: the null-score threshold that maximises F1 on these examples (as the official
         script's best_f1_thresh); {} when no question here is impossible."""
@@ -261,7 +281,8 @@ class QATask:
                 best, threshold = total, diff
         return {"null_score_threshold": float(threshold)}
 
-    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> dict[str, float]:
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example],
+                        ctx: TaskContext) -> dict[str, float]:
         """exact_match and f1 (0-100), each the max over the gold answers, averaged over questions."""
         if len(predictions) != len(examples):
             raise MlmkitError(f"{len(predictions)} predictions for {len(examples)} questions")
@@ -276,7 +297,8 @@ class QATask:
 
     def summary(self, prediction: Prediction) -> dict[str, str]:
         span = f"{prediction['start']}:{prediction['end']}" if prediction["start"] >= 0 else "-"
-        return {"answer": prediction["answer"] or "(no answer)", "score": f"{prediction['score']:.3f}", "span": span}
+        return {"answer": prediction["answer"] or "(no answer)", "score": f"{prediction['score']:.3f}",
+                "span": span}
 
 
 task = QATask()

@@ -18,9 +18,9 @@ pointwise ``bce``, one per pair, batched by length):
   first stage (``first_stage``: BM25, or an embedding bundle) are reranked, and the retrieval metrics
   of both are reported (the first stage's under "first_stage").
 
-Losses (the registry's rank losses, mlmkit.taskkit.losses): ``bce`` (pointwise), ``mnrl`` (a relevant candidate's
-softmax against the query's irrelevant ones), ``listnet``, ``lambda`` (NDCG-weighted pairs). For the
-three listwise losses a query whose candidates are all relevant or all irrelevant teaches nothing:
+Losses (the registry's rank losses, mlmkit.taskkit.losses): ``bce`` (pointwise), ``mnrl`` (a relevant
+candidate's softmax against the query's irrelevant ones), ``listnet``, ``lambda`` (NDCG-weighted pairs). For
+the three listwise losses a query whose candidates are all relevant or all irrelevant teaches nothing:
 it is left out of training and counted in the log.
 
 A causal LM that judges a pair by answering yes or no (a chat model trained as a reranker:
@@ -112,7 +112,8 @@ if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports t
 log = logging.getLogger("mlmkit")
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
-ACTIVATIONS = {"sigmoid": "torch.nn.modules.activation.Sigmoid", "identity": "torch.nn.modules.linear.Identity"}
+ACTIVATIONS = {"sigmoid": "torch.nn.modules.activation.Sigmoid",
+               "identity": "torch.nn.modules.linear.Identity"}
 """The activation option and the class sentence-transformers' CrossEncoder reads from config.json."""
 SKIPPED = "all of its candidates have one label (a listwise loss learns nothing from it)"
 
@@ -124,32 +125,46 @@ def activate(logit: float, activation: str) -> float:
 
 class RerankTask:
     name = "rerank"
-    description = ("Cross-encoder reranking of (query, document) pairs: bce, mnrl, listnet or lambda over a query's "
+    description = ("Cross-encoder reranking of (query, document) pairs: bce, mnrl, listnet or lambda over a "
+                   "query's "
                    "candidates; evaluated by reranking a first stage (BM25 or a bundle) on BEIR data.")
     formats = ("csv", "tsv", "jsonl", "parquet", "beir")
     metrics = RETRIEVAL_METRICS
     outputs = {"logits": (BATCH, LABEL)}
     options = (
-        TaskOption("loss", "bce", "Fine-tuning loss: bce (pointwise), mnrl, listnet or lambda (over a query's candidates).",
+        TaskOption("loss", "bce",
+                   "Fine-tuning loss: bce (pointwise), mnrl, listnet or lambda (over a query's candidates).",
                    choices=tuple(losses("rank"))),
-        TaskOption("activation", "sigmoid", "The score of a logit, at evaluation and serving: sigmoid or identity (raw).",
+        TaskOption("activation", "sigmoid",
+                   "The score of a logit, at evaluation and serving: sigmoid or identity (raw).",
                    choices=tuple(ACTIVATIONS), fixed=True),
-        TaskOption("max_label", 1.0, "The largest graded label (labels run from 0 to it; bce's target is label / max_label).",
+        TaskOption("max_label", 1.0,
+                   "The largest graded label (labels run from 0 to it; bce's target is label / max_label).",
                    minimum=1e-9),
-        TaskOption("query_column", "query", "The query field (rows from mlmkit mine: their anchor is the query)."),
+        TaskOption("query_column", "query",
+                   "The query field (rows from mlmkit mine: their anchor is the query)."),
         TaskOption("document_column", "document", "The document field of (query, document, label) rows."),
-        TaskOption("label_column", "label", "The label field of (query, document, label) rows.", flags=("--label-column",)),
-        TaskOption("first_stage", "bm25", "BEIR evaluation: the first stage whose top documents are reranked: bm25, "
+        TaskOption("label_column", "label", "The label field of (query, document, label) rows.",
+                   flags=("--label-column",)),
+        TaskOption("first_stage", "bm25",
+                   "BEIR evaluation: the first stage whose top documents are reranked: bm25, "
                    "or an embedding bundle.", saved=False, flags=("--first-stage",), evaluation=True),
-        TaskOption("rerank_top", 100, "BEIR evaluation: the first stage's documents reranked per query.", minimum=1,
+        TaskOption("rerank_top", 100, "BEIR evaluation: the first stage's documents reranked per query.",
+                   minimum=1,
                    saved=False, flags=("--rerank-top",), evaluation=True),
-        TaskOption("answer_tokens", "", "A causal LM that answers yes or no: its two answer tokens TRUE,FALSE as its vocabulary "
-                   "spells them (yes,no); the head is the LM head's TRUE row less its FALSE row at the last token, so the score "
-                   "is P(TRUE) of the two. Read off such a checkpoint; empty: the head is the checkpoint's (or fresh).", fixed=True),
-        TaskOption("template", "", "The text a pair is written as, with {query}, {document} and {instruction} ({{ and }} for "
-                   "braces); too long, the document is cut. Empty: the tokenizer's pair. A yes/no judge's is read off its "
+        TaskOption("answer_tokens", "",
+                   "A causal LM that answers yes or no: its two answer tokens TRUE,FALSE as its vocabulary "
+                   "spells them (yes,no); the head is the LM head's TRUE row less its FALSE row at the last "
+                   "token, so the score "
+                   "is P(TRUE) of the two. Read off such a checkpoint; empty: the head is the checkpoint's "
+                   "(or fresh).", fixed=True),
+        TaskOption("template", "",
+                   "The text a pair is written as, with {query}, {document} and {instruction} ({{ and }} for "
+                   "braces); too long, the document is cut. Empty: the tokenizer's pair. A yes/no judge's is "
+                   "read off its "
                    "checkpoint.", fixed=True),
-        TaskOption("instruction", DEFAULT_INSTRUCTION, "The template's {instruction}: what the judge is asked to judge."),
+        TaskOption("instruction", DEFAULT_INSTRUCTION,
+                   "The template's {instruction}: what the judge is asked to judge."),
     )
     label_names = ("labels",)
     kept_heads = ("lm_head.",)  # a causal LM's head, which answer_tokens derive the classifier from
@@ -164,7 +179,8 @@ class RerankTask:
         return ["score"]
 
     def hf_config(self, ctx: TaskContext) -> HFConfig:
-        return {"problem_type": REGRESSION, "sentence_transformers": {"activation_fn": ACTIVATIONS[ctx.options["activation"]]}}
+        return {"problem_type": REGRESSION,
+                "sentence_transformers": {"activation_fn": ACTIVATIONS[ctx.options["activation"]]}}
 
     def main_metric(self, ctx: TaskContext) -> str:
         return "ndcg@10"
@@ -183,12 +199,15 @@ class RerankTask:
         fmt = data_format(path, FORMATS)
         by_query: dict[str, Example] = {}
         top = float(options["max_label"])
-        records = iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl" else iter_records(path, fmt, max_bytes=max_bytes)
+        records = (iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl"
+                   else iter_records(path, fmt, max_bytes=max_bytes))
         for rec in records:
             fields = rec.fields()
-            qcol = options["query_column"] if options["query_column"] in fields or "anchor" not in fields else "anchor"
+            qcol = (options["query_column"] if options["query_column"] in fields or "anchor" not in fields
+                    else "anchor")
             query = rec.text(qcol)
-            ex = by_query.setdefault(query, {"query": query, "docs": [], "labels": [], "source": rec.source, "line": rec.line})
+            ex = by_query.setdefault(query, {"query": query, "docs": [], "labels": [], "source": rec.source,
+                                             "line": rec.line})
             if "positive" in fields:
                 negs = numbered(fields, "negative")
                 texts = [rec.text("positive")] + [t for t in (rec.text(k, required=False) for k in negs) if t]
@@ -198,21 +217,25 @@ class RerankTask:
                 ex["docs"].append(rec.text(options["document_column"]))
                 ex["labels"].append(_grade(rec, options["label_column"], top))
         if not by_query:
-            raise DataFormatError(path, "no examples", hint="query, document and label per record, or anchor, positive "
-                                                            "and negatives (mlmkit mine)")
+            raise DataFormatError(path, "no examples",
+                                  hint="query, document and label per record, or anchor, positive "
+                                       "and negatives (mlmkit mine)")
         examples = list(by_query.values())
         if training and get_loss("rank", options["loss"]).listwise:
             kept = [ex for ex in examples if 0 < sum(y > 0 for y in ex["labels"]) < len(ex["labels"])]
             if len(kept) < len(examples):
-                log.warning("%s: %d of %d queries left out of training: %s", path, len(examples) - len(kept), len(examples), SKIPPED)
+                log.warning("%s: %d of %d queries left out of training: %s", path, len(examples) - len(kept),
+                            len(examples), SKIPPED)
             if not kept:
                 raise TaskError(f"{path}: no query has both relevant and irrelevant candidates",
-                                f"the {options['loss']} loss ranks a query's candidates against each other; use loss=bce")
+                                f"the {options['loss']} loss ranks a query's candidates against each other; "
+                                "use loss=bce")
             examples = kept
         elif training:
             # a pointwise loss needs no query's candidates together: each pair is an example of its own,
             # so the batches are cut by length alone (less padding than whole queries)
-            examples = [{**ex, "docs": [doc], "labels": [y]} for ex in examples for doc, y in zip(ex["docs"], ex["labels"])]
+            examples = [{**ex, "docs": [doc], "labels": [y]} for ex in examples
+                        for doc, y in zip(ex["docs"], ex["labels"])]
         if not training:
             for ex in examples:
                 ex["judged"] = {f"d{i}": y for i, y in enumerate(ex["labels"]) if y > 0}
@@ -224,13 +247,15 @@ class RerankTask:
         the option's query and document fields."""
         if isinstance(item, str):
             raise DataFormatError("<input>", "a reranker scores pairs, not single texts",
-                                  hint='give {"text": QUERY, "text_pair": DOCUMENT} records, or use mlmkit rerank')
+                                  hint='give {"text": QUERY, "text_pair": DOCUMENT} records, or use mlmkit '
+                                       'rerank')
         rec = Record("<input>", None, item)
         if "text" in item:
             return {"query": rec.text("text"), "docs": [rec.text("text_pair")]}
         return {"query": rec.text(options["query_column"]), "docs": [rec.text(options["document_column"])]}
 
-    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *,
+                  training: bool) -> list[Feature]:
         """A feature per (query, candidate): [CLS] query [SEP] document [SEP] truncated to the max length,
         or the pair written into the ``template`` (rerank_template.write_pairs)."""
         L = ctx.max_length
@@ -268,19 +293,23 @@ class RerankTask:
                             "fine-tune from an encoder or a one-label cross-encoder")
         pool = config.family.sequence_pool(config)
         if answer_tokens(ctx.options) is not None and pool != "last":
-            raise ConfigError(f"task option answer_tokens reads the answer at the last token, and the {config.family.name} "
-                              f"sequence head pools '{pool}'", "answer tokens are for a causal LM (a decoder's last-token head)")
+            raise ConfigError("task option answer_tokens reads the answer at the last token, and the "
+                              f"{config.family.name} "
+                              f"sequence head pools '{pool}'",
+                              "answer tokens are for a causal LM (a decoder's last-token head)")
         answers = answer_ids(ctx.options, ctx.tokenizer)
         from mlmkit_tasks.heads.rerank import BertForRerank
 
-        return BertForRerank(config, get_loss("rank", ctx.options["loss"]), float(ctx.options["max_label"]), answers=answers)
+        return BertForRerank(config, get_loss("rank", ctx.options["loss"]), float(ctx.options["max_label"]),
+                             answers=answers)
 
     def export_module(self, model: Any) -> Any:
         from mlmkit_tasks.classification import cls_only
 
         return cls_only(model)
 
-    def postprocess(self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example],
+    def postprocess(self, outputs: dict[str, list[np.ndarray]], features: list[Feature],
+                    examples: list[Example],
                     ctx: TaskContext) -> list[Prediction]:
         """{"score"} for an input pair (the activated logit, and "logit"); {"scores": [...]} for a
         query's candidates, in their order."""
@@ -291,10 +320,12 @@ class RerankTask:
         preds = []
         for row in logits:
             scores = [activate(x, act) for x in row]
-            preds.append({"score": scores[0], "logit": row[0]} if len(row) == 1 else {"scores": scores, "logits": row})
+            preds.append({"score": scores[0], "logit": row[0]} if len(row) == 1
+                         else {"scores": scores, "logits": row})
         return preds
 
-    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example],
+                        ctx: TaskContext) -> Metrics:
         """The retrieval metrics of the reranked candidates (ties in the first stage's order), and the
         first stage's own under "first_stage"."""
         if not examples or "judged" not in examples[0]:
@@ -309,7 +340,8 @@ class RerankTask:
         return {**mean_metrics(reranked, qrels), "first_stage": mean_metrics(first, qrels)}
 
     def summary(self, prediction: Prediction) -> dict[str, str]:
-        return {"score": f"{prediction['score']:.4f}"} if "score" in prediction else {"candidates": str(len(prediction["scores"]))}
+        return ({"score": f"{prediction['score']:.4f}"} if "score" in prediction
+                else {"candidates": str(len(prediction["scores"]))})
 
 
 def check_options(options: Mapping[str, Any]) -> None:
@@ -322,7 +354,8 @@ def check_options(options: Mapping[str, Any]) -> None:
 def _grade(rec: Record, field: str, top: float) -> float:
     value = rec.fields().get(field)
     try:
-        y = float("nan") if value is None else float(value) if not isinstance(value, bool) else float(int(value))
+        y = float("nan") if value is None else float(value) if not isinstance(value,
+                                                                              bool) else float(int(value))
     except (TypeError, ValueError):
         y = float("nan")
     if not 0.0 <= y <= top:  # NaN too
@@ -340,17 +373,20 @@ def first_stage(path: Path, options: Mapping[str, Any], max_bytes: int | None) -
     dids = list(split.corpus)
     k = int(options["rerank_top"])
     if k > len(dids):
-        raise ConfigError(f"--rerank-top {k} is more than the {len(dids):,} documents the first stage can return",
+        raise ConfigError(f"--rerank-top {k} is more than the {len(dids):,} documents the first stage can "
+                          "return",
                           f"give at most {len(dids):,}")
     qids = [q for q in split.queries if q in split.qrels]
     texts = [split.corpus[d] for d in dids]
     with tempfile.TemporaryDirectory(prefix="mlmkit-rerank-") as work:
-        stage = BM25(texts) if options["first_stage"] == "bm25" else Dense(options["first_stage"], texts, work)
+        stage = BM25(texts) if options["first_stage"] == "bm25" else Dense(options["first_stage"], texts,
+                                                                           work)
         idx, _ = stage.search([split.queries[q] for q in qids], k)
     out = []
     for q, row in zip(qids, idx):
         ids = [dids[i] for i in row if i >= 0]
-        out.append({"id": q, "query": split.queries[q], "docs": [split.corpus[d] for d in ids], "ids": ids, "first": ids,
+        out.append({"id": q, "query": split.queries[q], "docs": [split.corpus[d] for d in ids], "ids": ids,
+                    "first": ids,
                     "judged": split.qrels[q]})
     return out
 

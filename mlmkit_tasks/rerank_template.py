@@ -36,9 +36,11 @@ if TYPE_CHECKING:  # the config type is torch's side (models/)
     from mlmkit.model import ModelConfig
 
 FIELDS = ("query", "document", "instruction")
-TEMPLATE_HINT = "write the pair with {query}, {document} and optionally {instruction}; double a brace ({{ }}) to write one"
+TEMPLATE_HINT = ("write the pair with {query}, {document} and optionally {instruction}; double a brace ({{ "
+                 "}}) to write one")
 JUDGE_TEMPLATE = (
-    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. "
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+    "Instruct provided. "
     'Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
     "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
     "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
@@ -63,12 +65,14 @@ def parse_template(text: str) -> tuple[tuple[str, str | None], ...]:
     for _, name, spec, conversion in parsed:
         if name is not None and (name not in FIELDS or spec or conversion):
             shown = "{" + name + ("!" + conversion if conversion else "") + (":" + spec if spec else "") + "}"
-            raise ConfigError(f"task option template has {shown}; its placeholders are {{query}}, {{document}} and "
+            raise ConfigError(f"task option template has {shown}; its placeholders are {{query}}, "
+                              f"{{document}} and "
                               "{instruction}", TEMPLATE_HINT)
     names = [name for _, name, _, _ in parsed]
     for needed in ("query", "document"):
         if names.count(needed) != 1:
-            raise ConfigError(f"task option template must hold {{{needed}}} once, it holds it {names.count(needed)} times",
+            raise ConfigError(f"task option template must hold {{{needed}}} once, it holds it "
+                              f"{names.count(needed)} times",
                               TEMPLATE_HINT)
     return tuple((literal, name) for literal, name, _, _ in parsed)
 
@@ -105,11 +109,13 @@ class Encoded(NamedTuple):
     truncated: bool
 
 
-def write_pairs(pairs: list[tuple[str, str]], tokenizer: Any, template: str, instruction: str, max_length: int) -> list[Encoded]:
+def write_pairs(pairs: list[tuple[str, str]], tokenizer: Any, template: str, instruction: str,
+                max_length: int) -> list[Encoded]:
     """Each (query, document) written into ``template`` and tokenized as one text with the tokenizer's
     special tokens, cut to ``max_length`` tokens as the module docstring says."""
     parts = parse_template(template)
-    written = [write(parts, {"query": clip_text(q, tokenizer, max_length), "document": clip_text(d, tokenizer, max_length),
+    written = [write(parts, {"query": clip_text(q, tokenizer, max_length),
+                             "document": clip_text(d, tokenizer, max_length),
                              "instruction": instruction}) for q, d in pairs]
     with tokenizer_settings(tokenizer) as tok:
         encodings = tok.encode_batch([w.text for w in written]) if written else []
@@ -125,19 +131,22 @@ def write_pairs(pairs: list[tuple[str, str]], tokenizer: Any, template: str, ins
     return out
 
 
-def _cut(offsets: list[tuple[int, int]], special: list[int], w: Written, over: int, max_length: int) -> set[int]:
+def _cut(offsets: list[tuple[int, int]], special: list[int], w: Written, over: int,
+         max_length: int) -> set[int]:
     """The indices of the ``over`` tokens a written pair loses: of the tokens between the fixed prefix
     and the fixed suffix (none the tokenizer added), the last ones up to the document's end, then the
     last ones after it; ConfigError where they are too few (the template's fixed text fills the max
     length)."""
-    free = [i for i, ((a, b), s) in enumerate(zip(offsets, special)) if not s and a >= w.prefix and b <= w.suffix]
+    free = [i for i, ((a, b), s) in enumerate(zip(offsets, special)) if not s and a >= w.prefix and b
+            <= w.suffix]
     before = [i for i in free if offsets[i][1] <= w.document_end]
     after = [i for i in free if offsets[i][1] > w.document_end]
     drop = before[len(before) - min(over, len(before)):]
     rest = over - len(drop)
     drop += after[len(after) - min(rest, len(after)):]
     if len(drop) < over:
-        raise ConfigError(f"the rerank template's fixed text and instruction take more than the max length of {max_length} "
+        raise ConfigError("the rerank template's fixed text and instruction take more than the max length "
+                          f"of {max_length} "
                           "tokens, with no room for a query or document",
                           "give a larger --max-length, or a shorter template or instruction")
     return set(drop)
@@ -152,8 +161,10 @@ def answer_tokens(options: Mapping[str, Any]) -> tuple[str, str] | None:
         return None
     names = value.split(",")
     if len(names) != 2 or not all(names) or names[0] == names[1]:
-        raise ConfigError(f"task option answer_tokens must be two different tokens, TRUE,FALSE, got {value!r}",
-                          "for example --option answer_tokens=yes,no (as the tokenizer's vocabulary spells them)")
+        raise ConfigError("task option answer_tokens must be two different tokens, TRUE,FALSE, got "
+                          f"{value!r}",
+                          "for example --option answer_tokens=yes,no (as the tokenizer's vocabulary spells "
+                          "them)")
     return names[0], names[1]
 
 

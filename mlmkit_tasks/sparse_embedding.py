@@ -50,33 +50,44 @@ from mlmkit_tasks.embedding import EmbeddingTask, is_splade_directory
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
     from mlmkit.model import ModelConfig
 
-RANKING_LOSSES = tuple(name for name, loss in losses("embedding").items() if not loss.cached and "texts" not in loss.data)
+RANKING_LOSSES = tuple(name for name, loss in losses("embedding").items() if not loss.cached
+                       and "texts" not in loss.data)
 """The embedding losses SPLADE's ranking term may be: not those embedded in mini-batches (the sparse
 head embeds a batch at once) nor those of a teacher's embeddings (the task has no teacher option)."""
 
 
 class SparseEmbeddingTask(EmbeddingTask):
     name = "sparse-embedding"
-    description = "SPLADE sparse vectors from a masked-LM head: max over tokens of log(1 + relu(logit)), top terms in the graph."
+    description = ("SPLADE sparse vectors from a masked-LM head: max over tokens of log(1 + relu(logit)), "
+                   "top terms in the graph.")
     outputs = {"indices": (BATCH, "terms"), "values": (BATCH, "terms")}
     top_k_option = "max_terms"  # `mlmkit export --top-k`
     options = (
-        TaskOption("max_terms", 256, "Most non-zero entries kept per text (the largest, chosen in the graph).", minimum=1,
+        TaskOption("max_terms", 256,
+                   "Most non-zero entries kept per text (the largest, chosen in the graph).", minimum=1,
                    fixed=True),
         TaskOption("loss", "mnrl", "Fine-tuning: the ranking loss of the sparse vectors (dot products), the "
-                   "FLOPS regulariser added to it: mnrl on rows or a BEIR directory, margin-mse or kl-distill on "
+                   "FLOPS regulariser added to it: mnrl on rows or a BEIR directory, margin-mse or "
+                   "kl-distill on "
                    "rows with teacher scores, cosent on scored pairs.", choices=RANKING_LOSSES),
-        TaskOption("query_flops", 5e-5, "Fine-tuning: the FLOPS regulariser's weight on the queries (anchors); 0: off.",
+        TaskOption("query_flops", 5e-5,
+                   "Fine-tuning: the FLOPS regulariser's weight on the queries (anchors); 0: off.",
                    minimum=0.0),
-        TaskOption("document_flops", 3e-5, "Fine-tuning: the FLOPS regulariser's weight on the documents; 0: off.",
+        TaskOption("document_flops", 3e-5,
+                   "Fine-tuning: the FLOPS regulariser's weight on the documents; 0: off.",
                    minimum=0.0),
-        TaskOption("flops_warmup", 100, "Fine-tuning: steps over which the FLOPS weights grow quadratically to their "
+        TaskOption("flops_warmup", 100,
+                   "Fine-tuning: steps over which the FLOPS weights grow quadratically to their "
                    "value.", minimum=0),
-        TaskOption("scale", 1.0, "Fine-tuning: the dot products' scale in the contrastive loss.", minimum=0.0),
+        TaskOption("scale", 1.0, "Fine-tuning: the dot products' scale in the contrastive loss.",
+                   minimum=0.0),
         TaskOption("anchor_column", "anchor", "Training rows: the anchor (query) field."),
-        TaskOption("positive_column", "positive", "Training rows: the positive field; hard negatives are negative_1 ..."),
-        TaskOption("text_column", "text", "Evaluation data: the first text of a pair.", flags=("--text-column",)),
-        TaskOption("pair_column", "text_pair", "Evaluation data: the second text of a pair.", flags=("--pair-column",)),
+        TaskOption("positive_column", "positive",
+                   "Training rows: the positive field; hard negatives are negative_1 ..."),
+        TaskOption("text_column", "text", "Evaluation data: the first text of a pair.",
+                   flags=("--text-column",)),
+        TaskOption("pair_column", "text_pair", "Evaluation data: the second text of a pair.",
+                   flags=("--pair-column",)),
         TaskOption("score_column", "score", "Evaluation data: the pair's gold similarity."),
     )
     hf_architecture = "BertForMaskedLM"
@@ -100,7 +111,8 @@ class SparseEmbeddingTask(EmbeddingTask):
         SPLADE's max pooling of log(1 + relu), the max length."""
         import json
 
-        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
+        modules = [{"idx": 0, "name": "0", "path": "",
+                    "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
                    {"idx": 1, "name": "1", "path": "1_SpladePooling",
                     "type": "sentence_transformers.sparse_encoder.models.SpladePooling"}]
         dump = lambda x: json.dumps(x, indent=2) + "\n"  # noqa: E731
@@ -108,11 +120,14 @@ class SparseEmbeddingTask(EmbeddingTask):
                 "1_SpladePooling/config.json": dump({"pooling_strategy": "max", "activation_function": "relu",
                                                      "word_embedding_dimension": config.vocab_size}),
                 "sentence_bert_config.json": dump({"max_seq_length": ctx.max_length, "do_lower_case": False}),
-                "config_sentence_transformers.json": dump({"model_type": "SparseEncoder", "similarity_fn_name": "dot"})}
+                "config_sentence_transformers.json": dump({"model_type": "SparseEncoder",
+                                                           "similarity_fn_name": "dot"})}
 
-    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
-        feats = super().featurize(examples, tokenizer, TaskContext(ctx.max_length, _as_embedding(ctx.options), ctx.labels,
-                                                                    ctx.state), training=training)
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *,
+                  training: bool) -> list[Feature]:
+        feats = super().featurize(examples, tokenizer,
+                                  TaskContext(ctx.max_length, _as_embedding(ctx.options), ctx.labels,
+                                               ctx.state), training=training)
         for f in feats:
             f.pop("target", None)  # no teacher here
         return feats
@@ -132,14 +147,16 @@ class SparseEmbeddingTask(EmbeddingTask):
                                document_weight=float(o["document_flops"]), warmup=int(o["flops_warmup"]))
         return SparseEncoder(config, int(o["max_terms"]), objective)
 
-    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example],
+                        ctx: TaskContext) -> Metrics:
         """Retrieval through an inverted index (a retrieval set), or the pairs' correlations."""
         if examples and examples[0].get("kind") == "query":
             return _sparse_retrieval(predictions, examples)
         return super().compute_metrics(predictions, examples, ctx)
 
     def postprocess(
-        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example], ctx: TaskContext
+        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example],
+        ctx: TaskContext
     ) -> list[Prediction]:
         """{"indices", "values"} per text (non-zero entries, highest first); a pair adds
         "indices_pair" / "values_pair" and their "cosine"."""
@@ -155,13 +172,15 @@ class SparseEmbeddingTask(EmbeddingTask):
                 a = dict(zip(p["indices"], p["values"]))
                 b = dict(zip(p["indices_pair"], p["values_pair"]))
                 dot = sum(v * b.get(i, 0.0) for i, v in a.items())
-                den = float(np.linalg.norm(list(a.values())) * np.linalg.norm(list(b.values()))) if a and b else 0.0
+                den = float(np.linalg.norm(list(a.values()))
+                            * np.linalg.norm(list(b.values()))) if a and b else 0.0
                 p["cosine"] = dot / den if den > 0 else 0.0
         return preds
 
     def summary(self, prediction: Prediction) -> dict[str, str]:
         top = ", ".join(f"{i}:{v:.2f}" for i, v in list(zip(prediction["indices"], prediction["values"]))[:5])
-        return {"terms": str(len(prediction["indices"])), "top": top + (" ..." if len(prediction["indices"]) > 5 else "")}
+        return {"terms": str(len(prediction["indices"])),
+                "top": top + (" ..." if len(prediction["indices"]) > 5 else "")}
 
 
 

@@ -70,7 +70,8 @@ if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports t
     from mlmkit.model import ModelConfig
 
 __all__ = [  # the schemes' and words' public names are importable from here too, as before
-    "AGGREGATIONS", "IGNORE", "JSONL_SUFFIXES", "PREFIXES", "SCHEMES", "SPACE_PIECES", "TaggingTask", "chunks",
+    "AGGREGATIONS", "IGNORE", "JSONL_SUFFIXES", "PREFIXES", "SCHEMES", "SPACE_PIECES", "TaggingTask",
+    "chunks",
     "detect_scheme", "entity_scores", "joined_offsets", "split_tag", "split_words", "task", "windows",
 ]
 
@@ -81,9 +82,11 @@ IGNORE = -100  # label of positions without a target (cross-entropy's ignore_ind
 
 # ---- reading -----------------------------------------------------------------------------------
 def _check_tag(tag: Any, scheme: str, path: Path, line: int | None, field: str, unit: str = "line") -> str:
-    """``tag``, checked against ``scheme``; a bad one is an error naming its ``line`` (a table's row: ``unit``)."""
+    """``tag``, checked against ``scheme``; a bad one is an error naming its ``line`` (a table's row:
+    ``unit``)."""
     if not isinstance(tag, str):
-        raise DataFormatError(path, f"a tag must be a string, not {type(tag).__name__}", line=line, field=field, unit=unit)
+        raise DataFormatError(path, f"a tag must be a string, not {type(tag).__name__}", line=line,
+                              field=field, unit=unit)
     prefix, kind = split_tag(tag)
     allowed = PREFIXES[scheme]
     if tag != "O" and (len(prefix) != 1 or prefix not in "BIES" or not kind):
@@ -93,7 +96,8 @@ def _check_tag(tag: Any, scheme: str, path: Path, line: int | None, field: str, 
         )
     if tag != "O" and prefix not in allowed:
         raise DataFormatError(
-            path, f"tag '{tag}' has a prefix that {scheme.upper()} lacks (it uses {', '.join(allowed)} and O)",
+            path,
+            f"tag '{tag}' has a prefix that {scheme.upper()} lacks (it uses {', '.join(allowed)} and O)",
             line=line, field=field, unit=unit, hint="pass --scheme bioes, or leave the scheme on auto",
         )
     return tag
@@ -107,7 +111,8 @@ def _read_conll(path: Path, scheme: str, max_bytes: int | None) -> list[Example]
 
     def flush() -> None:
         if tokens:
-            examples.append({"tokens": list(tokens), "tags": list(tags), "line": first, "source": str(path), "format": "conll"})
+            examples.append({"tokens": list(tokens), "tags": list(tags), "line": first, "source": str(path),
+                             "format": "conll"})
             tokens.clear()
             tags.clear()
 
@@ -119,7 +124,8 @@ def _read_conll(path: Path, scheme: str, max_bytes: int | None) -> list[Example]
         if len(cols) == 1:
             raise DataFormatError(
                 path, f"one column ('{cols[0]}'): expected a token and its tag", line=n, field="tag",
-                hint="write 'token tag' on each line (the tag in the last column), a blank line between sentences",
+                hint="write 'token tag' on each line (the tag in the last column), a blank line between "
+                     "sentences",
             )
         if not tokens:
             first = n
@@ -146,7 +152,8 @@ def _read_jsonl(path: Path, scheme: str, max_bytes: int | None) -> list[Example]
         tokens = _string_list(rec, "tokens")
         tags = _string_list(rec, "tags")
         if len(tokens) != len(tags):
-            raise rec.error(f"{len(tags)} tags for {len(tokens)} tokens", "tags", "give exactly one tag per token")
+            raise rec.error(f"{len(tags)} tags for {len(tokens)} tokens", "tags",
+                            "give exactly one tag per token")
         for k, t in enumerate(tokens):
             if not t.strip():
                 raise rec.error(f"token {k + 1} is empty or only whitespace", "tokens")
@@ -171,7 +178,8 @@ def _label_ids(examples: Sequence[Example], ctx: TaskContext) -> dict[str, int]:
     """tag -> id of the run; a gold tag the model never saw is a data error naming file and line."""
     labels = list(ctx.labels or ())
     if not labels:
-        raise ConfigError("the run has no label list (mlmkit.json 'labels')", "fine-tune it with the tagging task")
+        raise ConfigError("the run has no label list (mlmkit.json 'labels')",
+                          "fine-tune it with the tagging task")
     ids = {lab: i for i, lab in enumerate(labels)}
     for ex in examples:
         if ex.get("tags") is not None and len(ex["tags"]) != len(ex["tokens"]):
@@ -187,7 +195,8 @@ def _label_ids(examples: Sequence[Example], ctx: TaskContext) -> dict[str, int]:
                     line += k  # CoNLL: one token per line, none blank inside a sentence
                 raise DataFormatError(
                     ex.get("source", "<input>"),
-                    f"tag '{tag}' (token {k + 1}, '{ex['tokens'][k]}') was not in the training data; the model knows: {shown}",
+                    f"tag '{tag}' (token {k + 1}, '{ex['tokens'][k]}') was not in the training data; the "
+                    f"model knows: {shown}",
                     line=line, field="tags",
                     hint="evaluate on data with the training tags, or fine-tune with this tag",
                 )
@@ -202,24 +211,29 @@ class TaggingTask:
     metrics = ("f1", "precision", "recall")
     outputs = {"probabilities": (BATCH, SEQUENCE, LABEL)}
     options = (
-        TaskOption("label_all_tokens", False, "Train on every sub-token of a word, not only its first.", flags=("--label-all-tokens/--label-first-token",)),
+        TaskOption("label_all_tokens", False, "Train on every sub-token of a word, not only its first.",
+                   flags=("--label-all-tokens/--label-first-token",)),
         TaskOption("aggregation", "first", "A word's prediction from its sub-tokens: first, average or max.",
                    choices=AGGREGATIONS, flags=("--aggregation",)),
-        TaskOption("scheme", "auto", "Tag scheme of the data: auto, iob1, iob2 or bioes.", choices=SCHEMES, flags=("--scheme",)),
+        TaskOption("scheme", "auto", "Tag scheme of the data: auto, iob1, iob2 or bioes.", choices=SCHEMES,
+                   flags=("--scheme",)),
     )
     hf_architecture = "BertForTokenClassification"
     pipeline_tag = "token-classification"
     command = "tag"
 
-    def read(self, path: Path, options: Mapping[str, Any], *, max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
+    def read(self, path: Path, options: Mapping[str, Any], *,
+             max_bytes: int | None = MAX_RECORD_BYTES) -> list[Example]:
         """Examples {"tokens", "tags", "line", "source", "format"} of a CoNLL or JSONL file (by suffix:
         .jsonl/.json are JSONL; an unknown suffix is sniffed)."""
         path = Path(path)
         scheme = options["scheme"]
-        examples = _read_jsonl(path, scheme, max_bytes) if _is_jsonl(path) else _read_conll(path, scheme, max_bytes)
+        examples = _read_jsonl(path, scheme, max_bytes) if _is_jsonl(path) else _read_conll(path, scheme,
+                                                                                            max_bytes)
         if not examples:
             raise DataFormatError(
-                path, "no sentences", hint="CoNLL: 'token tag' per line; JSONL: {\"tokens\": [...], \"tags\": [...]} per line"
+                path, "no sentences",
+                hint="CoNLL: 'token tag' per line; JSONL: {\"tokens\": [...], \"tags\": [...]} per line"
             )
         return examples
 
@@ -235,7 +249,8 @@ class TaggingTask:
         if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
             have = ", ".join(item) if isinstance(item, dict) else type(item).__name__
             raise DataFormatError(
-                "<input>", f"expected a text, or a record with 'text' or 'tokens' (a list of strings); got: {have}",
+                "<input>",
+                f"expected a text, or a record with 'text' or 'tokens' (a list of strings); got: {have}",
                 field="text", hint='pass {"text": "..."} or {"tokens": ["...", ...]}',
             )
         text, offsets = joined_offsets(tokens)
@@ -253,7 +268,8 @@ class TaggingTask:
         bioes = any(split_tag(t)[0] in ("E", "S") for t in labels)
         return {"labels": labels, "options": {"scheme": "bioes" if bioes else "auto"}}
 
-    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *, training: bool) -> list[Feature]:
+    def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *,
+                  training: bool) -> list[Feature]:
         """Windows of [CLS] sub-tokens [SEP] per example (the tokenizer's cls and sep, where it has
         them), with "word_ids" (word index per token, -1 on [CLS]/[SEP]) and "window" [start, end,
         total] in the example's sub-tokens. Consecutive windows of one example share about a quarter
@@ -266,11 +282,13 @@ class TaggingTask:
         ids = _label_ids(examples, ctx) if training or any(ex.get("tags") for ex in examples) else {}
         sp = special_ids(tokenizer)
         head, tail = [i for i in (sp.cls,) if i is not None], [i for i in (sp.sep,) if i is not None]
-        unk = sp.unk if sp.unk is not None else sp.pad  # for a word the normaliser erases (byte-level BPE erases none)
+        # for a word the normaliser erases (byte-level BPE erases none)
+        unk = sp.unk if sp.unk is not None else sp.pad
         budget = ctx.max_length - len(head) - len(tail)
         overlap = budget // 4
         with tokenizer_settings(tokenizer, words=True) as tok:
-            encodings = tok.encode_batch([ex["tokens"] for ex in examples], is_pretokenized=True, add_special_tokens=False) if examples else []
+            encodings = tok.encode_batch([ex["tokens"] for ex in examples], is_pretokenized=True,
+                                         add_special_tokens=False) if examples else []
         features: list[Feature] = []
         for i, (ex, enc) in enumerate(zip(examples, encodings)):
             sub_ids, word_of = word_pieces(enc.ids, enc.word_ids, len(ex["tokens"]), unk, enc.tokens)
@@ -303,7 +321,8 @@ class TaggingTask:
         return BertForLabels(config, per_token=True)
 
     def postprocess(
-        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example], ctx: TaskContext
+        self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example],
+        ctx: TaskContext
     ) -> list[Prediction]:
         """{"tokens", "tags", "scores", "entities"} per example. A word's label distribution comes
         from its sub-tokens (aggregation first / average / max) in the window where the word has
@@ -330,7 +349,8 @@ class TaggingTask:
         # each window's words at once: their distributions, then label and score
         tags: list[list[str]] = [[""] * len(ex["tokens"]) for ex in examples]
         scores: list[list[float]] = [[0.0] * len(ex["tokens"]) for ex in examples]
-        by_feature: dict[int, list[tuple[int, int, list[int]]]] = defaultdict(list)  # k -> (example, word, positions)
+        # k -> (example, word, positions)
+        by_feature: dict[int, list[tuple[int, int, list[int]]]] = defaultdict(list)
         for i, seen in enumerate(best):
             if len(seen) != len(examples[i]["tokens"]):
                 raise ConfigError(f"no model output for some words of example {i}", "a bug: please report it")
@@ -353,10 +373,12 @@ class TaggingTask:
                 start, end = offsets[a][0], offsets[b - 1][1]
                 entities.append({"type": kind, "start": start, "end": end, "text": text[start:end],
                                  "score": sum(scores[i][a:b]) / (b - a)})
-            preds.append({"tokens": list(ex["tokens"]), "tags": tags[i], "scores": scores[i], "entities": entities})
+            preds.append({"tokens": list(ex["tokens"]), "tags": tags[i], "scores": scores[i],
+                          "entities": entities})
         return preds
 
-    def compute_metrics(self, predictions: list[Prediction], examples: list[Example], ctx: TaskContext) -> Metrics:
+    def compute_metrics(self, predictions: list[Prediction], examples: list[Example],
+                        ctx: TaskContext) -> Metrics:
         """Entity-level f1 (the main metric), precision, recall (0-1, conlleval), and per_type
         {type: {precision, recall, f1, support}}."""
         _label_ids(examples, ctx)
@@ -365,11 +387,13 @@ class TaggingTask:
         gold = [ex["tags"] for ex in examples]
         pred = [p["tags"] for p in predictions]
         if len(pred) != len(gold) or any(len(g) != len(p) for g, p in zip(gold, pred)):
-            raise ConfigError("predictions do not match the examples word for word", "a bug: please report it")
+            raise ConfigError("predictions do not match the examples word for word",
+                              "a bug: please report it")
         return entity_scores(gold, pred)
 
     def summary(self, prediction: Prediction) -> dict[str, str]:
-        ents = [f"{e['text']} {e['type']} {e['score']:.2f} {e['start']}:{e['end']}" for e in prediction["entities"]]
+        ents = [f"{e['text']} {e['type']} {e['score']:.2f} {e['start']}:{e['end']}"
+                for e in prediction["entities"]]
         return {"entities": "; ".join(ents) or "none"}
 
 

@@ -113,7 +113,8 @@ def word_distributions(probs: np.ndarray, tokens: list[list[int]], agg: str) -> 
     """(words, L): each word's label distribution from the rows of its sub-tokens in ``probs`` (T, L)."""
     counts = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rows = np.asarray(probs, dtype=np.float64)[np.fromiter((x for t in tokens for x in t), dtype=np.int64)]  # (sub-tokens, L)
+    # (sub-tokens, L)
+    rows = np.asarray(probs, dtype=np.float64)[np.fromiter((x for t in tokens for x in t), dtype=np.int64)]
     if agg == "first":
         return rows[starts]
     if agg == "average":

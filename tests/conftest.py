@@ -31,7 +31,8 @@ def make_base_model(out: Path, texts: Iterable[str], vocab_size: int = 400, seed
     torch.manual_seed(seed)
     config = tiny_config(tok.get_vocab_size(), **cfg)
     config.architectures = ["BertForPreTraining"]
-    save_run(BertForPreTraining(config), out, config=config, tokenizer=tok, meta=RunMeta(task="pretraining", max_length=128))
+    save_run(BertForPreTraining(config), out, config=config, tokenizer=tok,
+             meta=RunMeta(task="pretraining", max_length=128))
     return out
 
 
@@ -91,7 +92,8 @@ def run_finetune(task: str, model: Path, train: Path, out: Path, **kw):
 
 
 def run_export(run: Path, out: Path, **kw):
-    """Export ``run`` to ``out``; the bundle's description as its mlmkit.json holds it (BundleMeta.to_json)."""
+    """Export ``run`` to ``out``; the bundle's description as its mlmkit.json holds it
+    (BundleMeta.to_json)."""
     from mlmkit.args import ExportArgs
     from mlmkit.exporter.bundle import export
 
@@ -101,9 +103,12 @@ def run_export(run: Path, out: Path, **kw):
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest tests first: with the suite spread over worker processes, one started last would
     run on alone at the end."""
-    first = ("test_quickstart.py", "test_two_processes_share_one_sqlite_study", "test_learns_the_generated_language",
-             "test_learns_to_answer_and_loads_in_transformers", "test_two_process_cpu_run_writes_one_checkpoint",
-             "test_mnrl_under_torchrun_sees_every_ranks_negatives", "test_cached_mnrl_under_torchrun_equals_one_process",
+    first = ("test_quickstart.py", "test_two_processes_share_one_sqlite_study",
+             "test_learns_the_generated_language",
+             "test_learns_to_answer_and_loads_in_transformers",
+             "test_two_process_cpu_run_writes_one_checkpoint",
+             "test_mnrl_under_torchrun_sees_every_ranks_negatives",
+             "test_cached_mnrl_under_torchrun_equals_one_process",
              "test_evaluation_under_torchrun_is_spread_and_equals_one_process",
              "test_colbert_under_torchrun_sees_every_ranks_negatives")
     items.sort(key=lambda item: not any(name in item.nodeid for name in first))

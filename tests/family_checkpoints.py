@@ -32,7 +32,8 @@ from mlmkit.text.tokenizer import load_tokenizer, special_ids
 
 transformers = pytest.importorskip("transformers")  # a dev extra: the oracle
 runner = CliRunner()
-WORDS = "the a film movie plot story was is good great fine bad dull poor very not and john paris went to".split()
+WORDS = ("the a film movie plot story was is good great fine bad dull poor very not and john paris went "
+         "to").split()
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 MPNET_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
@@ -41,26 +42,41 @@ SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, interme
 # family -> (transformers class prefix, tokenizer kind, config keywords)
 FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "bert": ("Bert", "wordpiece", dict(SIZES, max_position_embeddings=64)),
-    "roberta": ("Roberta", "bpe", dict(SIZES, max_position_embeddings=66, type_vocab_size=1, layer_norm_eps=1e-5)),
-    "xlm-roberta": ("XLMRoberta", "unigram", dict(SIZES, max_position_embeddings=66, type_vocab_size=1, layer_norm_eps=1e-5)),
-    "distilbert": ("DistilBert", "wordpiece", dict(dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64)),
+    "roberta": ("Roberta", "bpe",
+                dict(SIZES, max_position_embeddings=66, type_vocab_size=1, layer_norm_eps=1e-5)),
+    "xlm-roberta": ("XLMRoberta", "unigram",
+                    dict(SIZES, max_position_embeddings=66, type_vocab_size=1, layer_norm_eps=1e-5)),
+    "distilbert": ("DistilBert", "wordpiece",
+                   dict(dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64)),
     "electra": ("Electra", "wordpiece", dict(SIZES, embedding_size=16, max_position_embeddings=64)),
-    "modernbert": ("ModernBert", "bpe-bert", dict(SIZES, num_hidden_layers=3, max_position_embeddings=128, local_attention=8,
-                                                  global_attn_every_n_layers=2)),
-    "deberta-v2": ("DebertaV2", "unigram-bert", dict(SIZES, max_position_embeddings=64, relative_attention=True, pos_att_type=["p2c", "c2p"],
-                                                     position_biased_input=False, share_att_key=True, norm_rel_ebd="layer_norm",
-                                                     position_buckets=8, max_relative_positions=16, type_vocab_size=0)),
+    "modernbert": ("ModernBert", "bpe-bert",
+                   dict(SIZES, num_hidden_layers=3, max_position_embeddings=128, local_attention=8,
+                        global_attn_every_n_layers=2)),
+    "deberta-v2": ("DebertaV2", "unigram-bert", dict(SIZES, max_position_embeddings=64,
+                                                     relative_attention=True, pos_att_type=["p2c", "c2p"],
+                                                     position_biased_input=False, share_att_key=True,
+                                                     norm_rel_ebd="layer_norm",
+                                                     position_buckets=8, max_relative_positions=16,
+                                                     type_vocab_size=0)),
     "mpnet": ("MPNet", "wordpiece-mpnet", dict(SIZES, max_position_embeddings=66, layer_norm_eps=1e-5)),
-    "gte": ("Gte", "unigram", dict(SIZES, max_position_embeddings=128, rope_parameters={"rope_type": "default", "rope_theta": 100.0})),
-    "nomic_bert": ("NomicBert", "wordpiece", dict(SIZES, max_position_embeddings=128, rope_parameters={"rope_type": "default", "rope_theta": 100.0})),
-    "jina_embeddings_v3": ("JinaEmbeddingsV3", "unigram", dict(SIZES, max_position_embeddings=128, type_vocab_size=1, layer_norm_eps=1e-5,
-                                                                rope_parameters={"rope_type": "default", "rope_theta": 100.0})),
+    "gte": ("Gte", "unigram", dict(SIZES, max_position_embeddings=128,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 100.0})),
+    "nomic_bert": ("NomicBert", "wordpiece", dict(SIZES, max_position_embeddings=128,
+                                                  rope_parameters={"rope_type": "default",
+                                                                   "rope_theta": 100.0})),
+    "jina_embeddings_v3": ("JinaEmbeddingsV3", "unigram",
+                           dict(SIZES, max_position_embeddings=128, type_vocab_size=1, layer_norm_eps=1e-5,
+                                 rope_parameters={"rope_type": "default",
+                                                  "rope_theta": 100.0})),
     # the Llama-style families: grouped-query attention (4 query heads over 2 key / value heads), their
     # released tokenizers' kinds (tests/prenorm_parity.py)
-    "qwen3": ("Qwen3", "qwen3", dict(SIZES, num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+    "qwen3": ("Qwen3", "qwen3", dict(SIZES, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                     max_position_embeddings=128,
                                      rope_parameters={"rope_type": "default", "rope_theta": 100.0})),
-    "gemma3_text": ("Gemma3Text", "gemma", dict(SIZES, num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
-                                                use_bidirectional_attention=True, sliding_window=8, sliding_window_pattern=2,
+    "gemma3_text": ("Gemma3Text", "gemma", dict(SIZES, num_attention_heads=4, num_key_value_heads=2,
+                                                head_dim=16, max_position_embeddings=128,
+                                                use_bidirectional_attention=True, sliding_window=8,
+                                                sliding_window_pattern=2,
                                                 query_pre_attn_scalar=16)),
     # (no EuroBERT row: fill-mask reads "[MASK]" as the model's mask token only where that has its
     # length, and <|mask|> has not; tests/models/test_eurobert.py runs its heads end to end)
@@ -79,10 +95,13 @@ def family_tokenizer(kind: str) -> Any:
         import prenorm_parity
 
         return getattr(prenorm_parity, f"{kind}_tokenizer")()
-    if kind == "wordpiece-mpnet":  # MPNet's: <s> <pad> </s> <unk>, then BERT's WordPiece vocabulary and its brackets, <mask> last
-        return transformers.MPNetTokenizer(vocab={t: i for i, t in enumerate(MPNET_SPECIALS + BERT_SPECIALS + WORDS + ["<mask>"])})
+    # MPNet's: <s> <pad> </s> <unk>, then BERT's WordPiece vocabulary and its brackets, <mask> last
+    if kind == "wordpiece-mpnet":
+        return transformers.MPNetTokenizer(vocab={t: i for i, t in enumerate(MPNET_SPECIALS + BERT_SPECIALS
+                                                                             + WORDS + ["<mask>"])})
     if kind == "wordpiece":
-        tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(BERT_SPECIALS + WORDS)}, unk_token="[UNK]"))
+        tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(BERT_SPECIALS + WORDS)},
+                                         unk_token="[UNK]"))
         tok.normalizer = normalizers.BertNormalizer(lowercase=True)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
@@ -92,26 +111,32 @@ def family_tokenizer(kind: str) -> Any:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=450, special_tokens=specials, min_frequency=1,
-                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        tok.train_from_iterator(texts,
+                                trainers.BpeTrainer(vocab_size=450, special_tokens=specials, min_frequency=1,
+                                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     else:  # unigram, SentencePiece style (XLM-R; "unigram-bert": DeBERTa-v3's, with BERT's special tokens)
         specials = ROBERTA_SPECIALS if kind == "unigram" else BERT_SPECIALS
         tok = Tokenizer(models.Unigram())
         tok.normalizer = normalizers.NFKC()
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
-        tok.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=120, special_tokens=specials, unk_token="<unk>" if kind == "unigram" else "[UNK]"))
+        tok.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=120, special_tokens=specials,
+                                                               unk_token="<unk>" if kind == "unigram"
+                                                               else "[UNK]"))
     if specials is ROBERTA_SPECIALS:
         tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True)])
-        tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>")))
-        names = dict(bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>", pad_token="<pad>", unk_token="<unk>",
+        tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")),
+                                                          ("<s>", tok.token_to_id("<s>")))
+        names = dict(bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>", pad_token="<pad>",
+                     unk_token="<unk>",
                      mask_token="<mask>")
     else:
         tok.add_special_tokens(["[MASK]"])
         tok.post_processor = processors.TemplateProcessing(
             single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
             special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
-        names = dict(cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]", mask_token="[MASK]")
+        names = dict(cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]",
+                     mask_token="[MASK]")
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **names)
 
 
@@ -147,7 +172,8 @@ def encode_batch(d: Path, texts: list[Any]) -> dict[str, np.ndarray]:
 
 
 def hf_out(model: Any, b: dict[str, np.ndarray], family: str) -> Any:
-    keys = ["input_ids", "attention_mask"] + (["token_type_ids"] if family in ("bert", "electra", "nomic_bert") else [])
+    keys = ["input_ids",
+            "attention_mask"] + (["token_type_ids"] if family in ("bert", "electra", "nomic_bert") else [])
     with torch.no_grad():
         return model(**{k: torch.from_numpy(b[k]) for k in keys})
 

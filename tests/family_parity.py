@@ -1,5 +1,5 @@
-"""What the model-family parity tests share (test_deberta.py, test_modernbert.py, test_mpnet.py ...): noise on a random
-transformers model, mlmkit's model of a checkpoint directory, the largest difference at real tokens
+"""What the model-family parity tests share (test_deberta.py, test_modernbert.py, test_mpnet.py ...): noise on
+a random transformers model, mlmkit's model of a checkpoint directory, the largest difference at real tokens
 (and a masked LM's, mlm_diffs),
 and small modules that expose one output of mlmkit's core for comparison and ONNX export."""
 
@@ -59,7 +59,8 @@ class Backbone(nn.Module):
         super().__init__()
         self.bert = core.BertModel(config, add_pooling_layer=False)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         return self.bert(input_ids, attention_mask, token_type_ids)[0]
 
 
@@ -73,7 +74,8 @@ class SpanModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.qa_outputs(core.token_states(self.bert, input_ids, attention_mask, token_type_ids))  # (B, T, 2)
+        # (B, T, 2)
+        logits = self.qa_outputs(core.token_states(self.bert, input_ids, attention_mask, token_type_ids))
         return logits[..., 0], logits[..., 1]
 
 
@@ -92,6 +94,8 @@ def export_logits(graph: nn.Module, dummy: dict[str, torch.Tensor], path: Path, 
     axes = {0: "batch", 1: "sequence"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(graph, (dummy["input_ids"], dummy["attention_mask"]), str(path), dynamo=False, opset_version=17,
+        torch.onnx.export(graph, (dummy["input_ids"], dummy["attention_mask"]), str(path), dynamo=False,
+                          opset_version=17,
                           input_names=["input_ids", "attention_mask"], output_names=["out"],
-                          dynamic_axes={"input_ids": axes, "attention_mask": axes, "out": axes if per_token else {0: "batch"}})
+                          dynamic_axes={"input_ids": axes, "attention_mask": axes,
+                                        "out": axes if per_token else {0: "batch"}})

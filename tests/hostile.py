@@ -41,16 +41,19 @@ def cli(*args: str | Path, **kw):
 def data_fixture(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("rel")
     rng = random.Random(0)
-    docs = ["\n".join(" ".join(rng.choices(WORDS, k=rng.randint(5, 12))) for _ in range(4)) for _ in range(40)]
+    docs = ["\n".join(" ".join(rng.choices(WORDS, k=rng.randint(5, 12))) for _ in range(4))
+            for _ in range(40)]
     (d / "corpus.txt").write_text("\n\n".join(docs) + "\n")
     tok = train_tokenizer((d / "corpus.txt").read_text().split("\n"), vocab_size=120, min_frequency=1)
     save_tokenizer(tok, d / "tok")
     from mlmkit.models.config import ModelConfig
     from mlmkit.rundir.config import save_config
 
-    save_config(ModelConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+    save_config(ModelConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=1,
+                            num_attention_heads=2,
                             intermediate_size=64, max_position_embeddings=64), d / "config.json")
-    return {"dir": d, "corpus": d / "corpus.txt", "tok": d / "tok" / "tokenizer.json", "config": d / "config.json"}
+    return {"dir": d, "corpus": d / "corpus.txt", "tok": d / "tok" / "tokenizer.json",
+            "config": d / "config.json"}
 
 
 def tiny(data: dict[str, Path], out: Path, *extra: str) -> list[str | Path]:

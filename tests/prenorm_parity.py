@@ -45,7 +45,8 @@ def _byte_bpe(specials: list[str], vocab_size: int = 300) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(sentences(200), trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, min_frequency=1,
+    tok.train_from_iterator(sentences(200), trainers.BpeTrainer(vocab_size=vocab_size,
+                                                                special_tokens=specials, min_frequency=1,
                                                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     return tok
 
@@ -55,9 +56,11 @@ def qwen3_tokenizer() -> Any:
     and the padding token; no cls, sep, mask or unk token."""
     tok = _byte_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     eot = ("<|endoftext|>", tok.token_to_id("<|endoftext|>"))
-    tok.post_processor = processors.TemplateProcessing(single="$A:0 <|endoftext|>:0", pair="$A:0 <|endoftext|>:0 $B:1 <|endoftext|>:1",
+    tok.post_processor = processors.TemplateProcessing(single="$A:0 <|endoftext|>:0",
+                                                       pair="$A:0 <|endoftext|>:0 $B:1 <|endoftext|>:1",
                                                        special_tokens=[eot])
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>")
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>",
+                                                eos_token="<|im_end|>")
 
 
 def gemma_tokenizer() -> Any:
@@ -68,11 +71,14 @@ def gemma_tokenizer() -> Any:
     tok.normalizer = normalizers.Replace(" ", "▁")
     tok.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
     tok.decoder = decoders.Replace("▁", " ")
-    tok.train_from_iterator(sentences(200), trainers.BpeTrainer(vocab_size=200, special_tokens=specials, min_frequency=1))
+    tok.train_from_iterator(sentences(200),
+                            trainers.BpeTrainer(vocab_size=200, special_tokens=specials, min_frequency=1))
     ids = [(t, tok.token_to_id(t)) for t in ("<bos>", "<eos>")]
-    tok.post_processor = processors.TemplateProcessing(single="<bos>:0 $A:0 <eos>:0", pair="<bos>:0 $A:0 <eos>:0 $B:1 <eos>:1",
+    tok.post_processor = processors.TemplateProcessing(single="<bos>:0 $A:0 <eos>:0",
+                                                       pair="<bos>:0 $A:0 <eos>:0 $B:1 <eos>:1",
                                                        special_tokens=ids)
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                                bos_token="<bos>",
                                                 unk_token="<unk>", mask_token="<mask>")
 
 
@@ -81,11 +87,14 @@ def eurobert_tokenizer() -> Any:
     latter also the padding token, and <|mask|>."""
     tok = _byte_bpe(["<|begin_of_text|>", "<|end_of_text|>", "<|mask|>"])
     tok.add_special_tokens([AddedToken("<|mask|>", special=True)])
-    bos, eos = (("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>")), ("<|end_of_text|>", tok.token_to_id("<|end_of_text|>")))
+    bos, eos = (("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>")),
+                ("<|end_of_text|>", tok.token_to_id("<|end_of_text|>")))
     tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|>:0 $A:0 <|end_of_text|>:0",
-                                                       pair="<|begin_of_text|>:0 $A:0 <|end_of_text|>:0 $B:1 <|end_of_text|>:1",
+                                                       pair="<|begin_of_text|>:0 $A:0 <|end_of_text|>:0 $B:1 "
+                                                            "<|end_of_text|>:1",
                                                        special_tokens=[bos, eos])
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>",
+                                                eos_token="<|end_of_text|>",
                                                 pad_token="<|end_of_text|>", mask_token="<|mask|>")
 
 
@@ -105,8 +114,10 @@ def hf_model(cls_name: str, d: Path, impl: str = "eager") -> nn.Module:
     return getattr(transformers, cls_name).from_pretrained(d, attn_implementation=impl).eval()
 
 
-def random_batch(V: int, T: int, lengths: tuple[int, ...], seed: int = 1, pad: int = 0, low: int = 5) -> dict[str, torch.Tensor]:
-    """Random ids in [low, V) of mixed lengths, right-padded with ``pad`` (attention_mask 0 after each length)."""
+def random_batch(V: int, T: int, lengths: tuple[int, ...], seed: int = 1, pad: int = 0,
+                 low: int = 5) -> dict[str, torch.Tensor]:
+    """Random ids in [low, V) of mixed lengths, right-padded with ``pad`` (attention_mask 0 after each
+    length)."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(low, V, (len(lengths), T), generator=g)
     mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
@@ -131,7 +142,8 @@ class Graph(nn.Module):
         return self.fn(self.model, input_ids, attention_mask)
 
 
-def fused_graph(tmp: Path, graph: nn.Module, cfg: ModelConfig, dummy: dict[str, torch.Tensor], *, per_token: bool
+def fused_graph(tmp: Path, graph: nn.Module, cfg: ModelConfig, dummy: dict[str, torch.Tensor], *,
+                per_token: bool
                 ) -> tuple[Any, dict[str, int]]:
     """``graph`` exported as `mlmkit export` exports it (eager attention, the TorchScript exporter,
     opset 17, dynamic batch and sequence) and fused by onnxruntime's BERT optimizer, held to the
@@ -165,8 +177,10 @@ def labelled(n: int, seed: int) -> list[dict[str, str]]:
     rows = []
     for _ in range(n):
         label = rng.choice(["pos", "neg"])
-        words = [rng.choice(["the", "film", "plot", "story", "was", "very"]) for _ in range(rng.randint(2, 6))]
-        words.insert(rng.randint(0, len(words)), rng.choice(["good", "great"] if label == "pos" else ["bad", "dull"]))
+        words = [rng.choice(["the", "film", "plot", "story", "was", "very"])
+                 for _ in range(rng.randint(2, 6))]
+        words.insert(rng.randint(0, len(words)),
+                     rng.choice(["good", "great"] if label == "pos" else ["bad", "dull"]))
         rows.append({"text": " ".join(words), "label": label})
     return rows
 
@@ -182,10 +196,12 @@ def fine_tunes_a_classifier(tmp: Path, base: Path, fast: Any, *, lr: float = 4e-
 
     for name, n, seed in (("train", 160, 1), ("eval", 60, 2)):
         (tmp / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in labelled(n, seed)))
-    metrics = run_finetune("classification", base, tmp / "train.jsonl", tmp / "run", eval_file=tmp / "eval.jsonl", epochs=6,
+    metrics = run_finetune("classification", base, tmp / "train.jsonl", tmp / "run",
+                           eval_file=tmp / "eval.jsonl", epochs=6,
                            batch_size=16, lr=lr, warmup_ratio=0.1, max_length=32, seed=0, progress=False)
     assert metrics["eval_accuracy"] >= 0.9, metrics
-    hf, info = transformers.AutoModelForSequenceClassification.from_pretrained(tmp / "run", output_loading_info=True)
+    hf, info = transformers.AutoModelForSequenceClassification.from_pretrained(tmp / "run",
+                                                                               output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     ours = core.BertForLabels(load_config(tmp / "run"), per_token=False).eval()
     load_weights(ours, load_state_dict(tmp / "run"))
@@ -194,7 +210,8 @@ def fine_tunes_a_classifier(tmp: Path, base: Path, fast: Any, *, lr: float = 4e-
         np.testing.assert_allclose(ours(**x)["logits"].numpy(), hf.eval()(**x).logits.numpy(), atol=1e-5)
 
 
-def sentence_transformers_bundle(tmp: Path, hf: Path, pooling: str, dense: tuple[int, ...] = ()) -> tuple[Any, Path]:
+def sentence_transformers_bundle(tmp: Path, hf: Path, pooling: str,
+                                 dense: tuple[int, ...] = ()) -> tuple[Any, Path]:
     """A sentence-transformers directory of the transformers model ``hf`` (``pooling``, Dense layers
     without bias to ``dense``'s sizes and back, as EmbeddingGemma's, then Normalize), and `mlmkit
     export` of it. Returns (the SentenceTransformer, the bundle)."""
@@ -206,11 +223,14 @@ def sentence_transformers_bundle(tmp: Path, hf: Path, pooling: str, dense: tuple
     body = st_models.Transformer(str(hf))
     H = body.get_embedding_dimension()
     sizes = [H, *dense, H] if dense else []
-    layers = [st_models.Dense(a, b, bias=False, activation_function=nn.Identity()) for a, b in zip(sizes, sizes[1:])]
-    st = SentenceTransformer(modules=[body, st_models.Pooling(H, pooling_mode=pooling), *layers, st_models.Normalize()])
+    layers = [st_models.Dense(a, b, bias=False, activation_function=nn.Identity())
+              for a, b in zip(sizes, sizes[1:])]
+    st = SentenceTransformer(modules=[body, st_models.Pooling(H, pooling_mode=pooling), *layers,
+                                      st_models.Normalize()])
     st.save(str(tmp / "st"))
     meta = cli_export(tmp / "st", tmp / "bundle")
-    assert meta["task"] == "embedding" and meta["options"]["pooling"] == pooling and meta["options"]["normalize"], meta["options"]
+    assert (meta["task"] == "embedding" and meta["options"]["pooling"] == pooling
+            and meta["options"]["normalize"]), meta["options"]
     return st, tmp / "bundle"
 
 

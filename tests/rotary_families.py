@@ -32,7 +32,8 @@ BUILDS = {
 }
 
 
-def hf_dir(tmp_path: Path, prefix: str, head: str, config: dict[str, Any], name: str = "hf", seed: int = 0) -> Path:
+def hf_dir(tmp_path: Path, prefix: str, head: str, config: dict[str, Any], name: str = "hf",
+           seed: int = 0) -> Path:
     """A random transformers model ``prefix + head`` of ``config`` (its config class's keywords), perturbed
     and saved by save_pretrained."""
     import transformers
@@ -52,7 +53,8 @@ def hf_model(prefix: str, head: str, d: Path, impl: str = "eager") -> nn.Module:
     return getattr(transformers, prefix + head).from_pretrained(d, attn_implementation=impl).eval()
 
 
-def inputs(T: int = 20, lengths: tuple[int, ...] = (20, 13, 5), pad: int = 1, seed: int = 1, types: bool = False) -> dict[str, torch.Tensor]:
+def inputs(T: int = 20, lengths: tuple[int, ...] = (20, 13, 5), pad: int = 1, seed: int = 1,
+           types: bool = False) -> dict[str, torch.Tensor]:
     """A right-padded batch: id 2 first, ``pad`` with attention_mask 0 after each length; with
     ``types`` token_type_ids 1 over the second half of each row's real tokens (a pair)."""
     g = torch.Generator().manual_seed(seed)
@@ -62,7 +64,8 @@ def inputs(T: int = 20, lengths: tuple[int, ...] = (20, 13, 5), pad: int = 1, se
     ids[mask == 0] = pad
     x = {"input_ids": ids, "attention_mask": mask}
     if types:
-        x["token_type_ids"] = ((torch.arange(T)[None, :] >= torch.tensor(lengths)[:, None] // 2) & mask.bool()).long()
+        x["token_type_ids"] = ((torch.arange(T)[None, :] >= torch.tensor(lengths)[:, None] // 2)
+                               & mask.bool()).long()
     return x
 
 
@@ -109,7 +112,8 @@ def save_back(d: Path, prefix: str, head: str, out: Path, x: dict[str, torch.Ten
     out.mkdir()
     save_weights(ours, out / "model.safetensors", cfg)
     save_config(cfg, out / "config.json")
-    theirs, info = getattr(transformers, prefix + head).from_pretrained(out, attn_implementation="eager", output_loading_info=True)
+    theirs, info = getattr(transformers, prefix + head).from_pretrained(out, attn_implementation="eager",
+                                                                        output_loading_info=True)
     return head_diff(ours, theirs.eval(), head, x), info
 
 
@@ -118,7 +122,8 @@ def cls_only_diff(d: Path, x: dict[str, torch.Tensor]) -> float:
     classification graph) against the whole forward's."""
     _, ours, _ = load_ours(d, BUILDS["ForSequenceClassification"])
     with torch.no_grad():
-        fast = ours.classifier(core.encode_cls(ours.bert, x["input_ids"], x["attention_mask"], x.get("token_type_ids")))
+        fast = ours.classifier(core.encode_cls(ours.bert, x["input_ids"], x["attention_mask"],
+                                               x.get("token_type_ids")))
         return (fast - ours(**x)["logits"]).abs().max().item()
 
 
@@ -136,9 +141,11 @@ def pretrain_loads_in_transformers(tmp_path: Path, arch: str, prefix: str) -> tu
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n\n".join("\n".join(sentences(5, seed=d)) for d in range(20)) + "\n")
     run = tmp_path / "run"
-    run_pretrain([corpus], run, arch=arch, batch_size=8, seq_len=32, vocab_size=300, lr=1e-3, eval_every=1000, seed=0,
+    run_pretrain([corpus], run, arch=arch, batch_size=8, seq_len=32, vocab_size=300, lr=1e-3, eval_every=1000,
+                 seed=0,
                  steps=2, progress=False)
-    theirs, info = getattr(transformers, prefix + "ForMaskedLM").from_pretrained(run, output_loading_info=True)
+    theirs, info = getattr(transformers, prefix + "ForMaskedLM").from_pretrained(run,
+                                                                                 output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     ours = core.BertForPreTraining(load_config(run))
     load_weights(ours, load_state_dict(run))

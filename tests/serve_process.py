@@ -31,12 +31,14 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"serve-{self.port}.log"
         with open(self.log, "w") as f:
-            self.proc = subprocess.Popen([sys.executable, "-m", "mlmkit", "serve", *map(str, args), "--port", str(self.port)],
+            self.proc = subprocess.Popen([sys.executable, "-m", "mlmkit", "serve", *map(str, args), "--port",
+                                          str(self.port)],
                                          stdout=f, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.log.read_text()}")
+                raise AssertionError("the server exited with "
+                                     f"{self.proc.returncode}:\n{self.log.read_text()}")
             try:
                 if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
                     return

@@ -52,7 +52,8 @@ def make_task_run(base: Path, task_name: str, out: Path, head_std: float = 0.5) 
         cfg.label2id = {v: k for k, v in cfg.id2label.items()}
     cfg.architectures = [task.hf_architecture]
     torch.manual_seed(1)
-    net = task.build_model(cfg, TaskContext(max_length, task.resolve_options(options), tuple(labels) if labels else None,
+    net = task.build_model(cfg, TaskContext(max_length, task.resolve_options(options),
+                                            tuple(labels) if labels else None,
                                             tokenizer=load_tokenizer(base)))
     head = tuple(k for k in net.state_dict() if not k.startswith(("bert.embeddings", "bert.encoder")))
     load_weights(net, load_state_dict(base), allow_missing=head)

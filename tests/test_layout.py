@@ -13,14 +13,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TORCH_FREE = ("mlmkit.errors", "mlmkit.files", "mlmkit.typed", "mlmkit.args", "mlmkit.registry", "mlmkit.taskkit", "mlmkit.text",
+TORCH_FREE = ("mlmkit.errors", "mlmkit.files", "mlmkit.typed", "mlmkit.args", "mlmkit.registry",
+              "mlmkit.taskkit", "mlmkit.text",
               "mlmkit.runtime", "mlmkit.jobs", "mlmkit.retrieval", "mlmkit.serve")
 """The packages that never import torch (pyproject.toml's first import-linter contract)."""
 PUBLIC_PLUGIN_PATHS = {"mlmkit.taskkit", "mlmkit.registry", "mlmkit.model"}
 
 
 def _run(code: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, **kw)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          **kw)
 
 
 def test_torch_free_packages_import_with_torch_unimportable():
@@ -37,7 +39,8 @@ for top in {TORCH_FREE!r}:
     if hasattr(mod, "__path__"):
         names += [m.name for m in pkgutil.walk_packages(mod.__path__, top + ".")]
 import mlmkit_tasks
-tasks = [m.name for m in pkgutil.iter_modules(mlmkit_tasks.__path__, "mlmkit_tasks.") if m.name != "mlmkit_tasks.heads"]
+tasks = [m.name for m in pkgutil.iter_modules(mlmkit_tasks.__path__, "mlmkit_tasks.")
+         if m.name != "mlmkit_tasks.heads"]
 assert len(tasks) >= 6, tasks
 names += ["mlmkit", "mlmkit.cli", *tasks]
 for n in names:
@@ -48,7 +51,8 @@ print(len(names))
 """
     r = _run(code)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert int(r.stdout.split()[-1]) > 30  # every module of runtime/, jobs/, retrieval/, serve/, text/ and the tasks was walked
+    # every module of runtime/, jobs/, retrieval/, serve/, text/ and the tasks was walked
+    assert int(r.stdout.split()[-1]) > 30
 
 
 def test_import_contracts_hold():
@@ -74,8 +78,10 @@ def test_import_contracts_catch_a_violation(tmp_path, module, line, broken):
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     target = tmp_path / module
     target.write_text(target.read_text() + f"\n\ndef _violation():\n    {line}\n")
-    r = subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache"], capture_output=True,
-                       text=True, timeout=120, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    r = subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache"],
+                       capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path,
+                       env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert r.returncode != 0, r.stdout[-2000:]
     report = r.stdout[r.stdout.index("Broken contracts"):]
     assert broken in report and module[:-3].replace("/", ".") in report, report[:2000]
@@ -85,12 +91,15 @@ def test_the_type_checker_catches_a_wrong_attribute_of_the_config(tmp_path):
     """mypy with the settings `make test` runs it with (pyproject.toml's), on a module that reads a
     ModelConfig field by a typo: the check is not vacuous (the config is no Any to mypy)."""
     (tmp_path / "typo.py").write_text("from mlmkit.models.config import ModelConfig\n\n\n"
-                                      "def _typo(config: ModelConfig) -> int:\n    return config.hiden_size\n")
-    r = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "--follow-imports=silent",
+                                      "def _typo(config: ModelConfig) -> int:\n    return "
+                                      "config.hiden_size\n")
+    r = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
+                        "--follow-imports=silent",
                         "--cache-dir", str(tmp_path / "cache"), str(tmp_path / "typo.py")],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 1, r.stdout[-2000:]
-    assert '"ModelConfig" has no attribute "hiden_size"' in r.stdout and "Found 1 error" in r.stdout, r.stdout[-2000:]
+    assert ('"ModelConfig" has no attribute "hiden_size"' in r.stdout
+            and "Found 1 error" in r.stdout), r.stdout[-2000:]
 
 
 def _mlmkit_imports(tree: ast.AST) -> set[str]:
@@ -124,11 +133,12 @@ def test_public_api_and_plugin_paths():
 import importlib, sys
 import mlmkit
 assert "torch" not in sys.modules
-assert {"pretrain", "finetune", "evaluate_run", "export", "Pipeline", "PretrainArgs", "FinetuneArgs", "ExportArgs",
-        "TrainArgs"} <= set(dir(mlmkit))
+assert {"pretrain", "finetune", "evaluate_run", "export", "Pipeline", "PretrainArgs", "FinetuneArgs",
+        "ExportArgs", "TrainArgs"} <= set(dir(mlmkit))
 from mlmkit.args import ExportArgs, FinetuneArgs, PretrainArgs, TrainArgs
 from mlmkit.runtime.pipeline import Pipeline
-from mlmkit.taskkit import BATCH, EXAMPLE, Record, TaskOption, iter_jsonl, tokenizer_settings, retrieve, load_pipeline
+from mlmkit.taskkit import BATCH, EXAMPLE, Record, TaskOption, iter_jsonl, tokenizer_settings, retrieve
+from mlmkit.taskkit import load_pipeline
 from mlmkit.registry import Task, TaskDefaults, get_task, tasks
 import mlmkit.taskkit, mlmkit.registry
 assert set(mlmkit.taskkit.__all__) <= set(dir(mlmkit.taskkit))
@@ -180,7 +190,8 @@ def test_every_package_is_declared_for_the_wheel():
 
     declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parts[:-1])
-             for d in ("mlmkit", "mlmkit_tasks") for p in (ROOT / d).rglob("__init__.py") for p in [p.relative_to(ROOT)]}
+             for d in ("mlmkit", "mlmkit_tasks") for p in (ROOT / d).rglob("__init__.py")
+             for p in [p.relative_to(ROOT)]}
     assert found | {"mlmkit.quickstart.data"} == declared, sorted(found ^ declared)
 
 
@@ -197,7 +208,8 @@ def test_no_class_is_defined_inside_a_function():
             continue
         for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                found += [f"{p.relative_to(ROOT)}:{c.lineno} {c.name}" for c in ast.walk(node) if isinstance(c, ast.ClassDef)]
+                found += [f"{p.relative_to(ROOT)}:{c.lineno} {c.name}" for c in ast.walk(node)
+                          if isinstance(c, ast.ClassDef)]
     assert not found, found
 
 
@@ -205,16 +217,19 @@ def test_no_function_is_longer_than_80_lines():
     found = []
     for p in SOURCES:
         for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > LONGEST:
-                found.append(f"{p.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+            if isinstance(node, (ast.FunctionDef,
+                                 ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > LONGEST:
+                found.append(f"{p.relative_to(ROOT)}:{node.lineno} {node.name} "
+                             f"({node.end_lineno - node.lineno + 1} lines)")
     assert not found, found
 
 
 def test_tests_follow_the_packages():
-    """tests/PACKAGE/ holds the tests of mlmkit/PACKAGE (tasks/ of the built-in tasks in mlmkit_tasks/, base/ of the
-    modules at the top of mlmkit/): every test directory names a package that exists."""
+    """tests/PACKAGE/ holds the tests of mlmkit/PACKAGE (tasks/ of the built-in tasks in mlmkit_tasks/, base/
+    of the modules at the top of mlmkit/): every test directory names a package that exists."""
     dirs = [d.name for d in (ROOT / "tests").iterdir() if d.is_dir() and any(d.glob("test_*.py"))]
-    packages = {d.name for d in (ROOT / "mlmkit").iterdir() if (d / "__init__.py").is_file()} | {"tasks", "base", "registry"}
+    packages = {d.name for d in (ROOT / "mlmkit").iterdir()
+                if (d / "__init__.py").is_file()} | {"tasks", "base", "registry"}
     assert dirs and set(dirs) <= packages, sorted(set(dirs) - packages)
     assert not [p.name for p in (ROOT / "tests").glob("test_*.py") if p.name != "test_layout.py"]
 
@@ -222,14 +237,17 @@ def test_tests_follow_the_packages():
 def test_every_module_has_a_test_module_or_a_row_saying_which_tests_it():
     """tests/README.md lists the modules tested under another name; the rest have test_MODULE.py."""
     own = {p.name for p in (ROOT / "tests").rglob("test_*.py")}
-    modules = sorted(str(p.relative_to(ROOT)) for root in ("mlmkit", "mlmkit_tasks") for p in (ROOT / root).rglob("*.py")
+    modules = sorted(str(p.relative_to(ROOT)) for root in ("mlmkit", "mlmkit_tasks")
+                     for p in (ROOT / root).rglob("*.py")
                      if p.name not in ("__init__.py", "__main__.py") and "__pycache__" not in p.parts)
-    rows = dict(re.findall(r"^\| `([\w/]+\.py)` \| (.+) \|$", (ROOT / "tests" / "README.md").read_text(), re.M))
+    rows = dict(re.findall(r"^\| `([\w/]+\.py)` \| (.+) \|$", (ROOT / "tests" / "README.md").read_text(),
+                           re.M))
     untested = [m for m in modules if f"test_{Path(m).stem}.py" not in own and m not in rows]
     assert not untested, f"no test module and no row in tests/README.md: {untested}"
     assert not sorted(set(rows) - set(modules)), "rows for modules that are gone"
     named = {t for cell in rows.values() for t in re.findall(r"`([\w/]+\.py)`", cell)}
-    assert not sorted(t for t in named if not (ROOT / "tests" / t).is_file()), "rows naming tests that are gone"
+    assert not sorted(t for t in named
+                      if not (ROOT / "tests" / t).is_file()), "rows naming tests that are gone"
 
 
 # ---- documentation ---------------------------------------------------------------------------------

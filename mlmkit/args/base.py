@@ -19,11 +19,15 @@ A = TypeVar("A", bound="Args")
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 """What --precision takes: auto, or a precision a bundle may run in (mlmkit.runtime.precision chooses)."""
-PRECISION_HELP = ("auto (default; $MLMKIT_PRECISION sets another): the fastest precision this machine computes in "
-                  "hardware whose gate passes (bf16 through OpenVINO on AMX / AVX512-BF16 CPUs), else the bundle's own; "
+PRECISION_HELP = ("auto (default; $MLMKIT_PRECISION sets another): the fastest precision this machine "
+                  "computes in "
+                  "hardware whose gate passes (bf16 through OpenVINO on AMX / AVX512-BF16 CPUs), else the "
+                  "bundle's own; "
                   "fp32, bf16, fp16 or int8: that one, or one line saying why not.")
-MIN_AGREEMENT_HELP = ("The gate's threshold for a precision other than the bundle's (default: 0.99 top-1 agreement "
-                      "with fp32, 0.999 mean cosine of vectors or correlation of scores), on the gate's sample.")
+MIN_AGREEMENT_HELP = ("The gate's threshold for a precision other than the bundle's (default: 0.99 top-1 "
+                      "agreement "
+                      "with fp32, 0.999 mean cosine of vectors or correlation of scores), on the gate's "
+                      "sample.")
 
 
 def check_precision(precision: str | None, min_agreement: float | None) -> None:
@@ -32,13 +36,15 @@ def check_precision(precision: str | None, min_agreement: float | None) -> None:
            f"use one of {', '.join(PRECISIONS)}")
     _check(min_agreement is None or (math.isfinite(min_agreement) and 0 < min_agreement <= 1),
            f"--min-agreement must be above 0 and at most 1, got {min_agreement}", "e.g. --min-agreement 0.98")
-    _check(min_agreement is None or precision != "fp32", "--min-agreement is a gate's threshold; --precision fp32 runs no gate",
+    _check(min_agreement is None or precision != "fp32",
+           "--min-agreement is a gate's threshold; --precision fp32 runs no gate",
            "leave --min-agreement out, or use --precision auto or bf16")
 
 
 def arg(
     default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,
-    flags: tuple[str, ...] | None = None, positional: bool = False, cli: bool = True, hide: tuple[str, ...] = (),
+    flags: tuple[str, ...] | None = None, positional: bool = False, cli: bool = True,
+    hide: tuple[str, ...] = (),
 ) -> Any:
     """A dataclass field with its help text. ``flags``: the CLI spellings (default ``--field-name``);
     ``positional``: a CLI argument; ``cli``: False keeps it off the command line; ``hide``: fields of a
@@ -81,7 +87,8 @@ def _default(f: Field) -> Any:
     return MISSING
 
 
-def cli_fields(cls: type, prefix: tuple[str, ...] = (), hide: tuple[str, ...] = (), defaults: Any = None) -> list[CliField]:
+def cli_fields(cls: type, prefix: tuple[str, ...] = (), hide: tuple[str, ...] = (),
+               defaults: Any = None) -> list[CliField]:
     """The command-line fields of an Args dataclass, nested dataclasses flattened (their defaults taken
     from the enclosing field's factory)."""
     hints = typing.get_type_hints(cls)
@@ -93,7 +100,8 @@ def cli_fields(cls: type, prefix: tuple[str, ...] = (), hide: tuple[str, ...] = 
         if is_dataclass(hints[f.name]):
             out += cli_fields(hints[f.name], (*prefix, f.name), f.metadata.get("hide", ()), default)
         else:
-            out.append(CliField((*prefix, f.name), hints[f.name], default, f.metadata.get("help", ""), _flags(f),
+            out.append(CliField((*prefix, f.name), hints[f.name], default, f.metadata.get("help", ""),
+                                _flags(f),
                                 f.metadata.get("positional", False)))
     return out
 
@@ -106,7 +114,8 @@ def flag(cls: type, name: str) -> str:
 class Args:
     """Base of the argument dataclasses: building from flat names."""
 
-    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # every subclass is a dataclass (declared, never set here)
+    # every subclass is a dataclass (declared, never set here)
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
 
     @classmethod
     def from_flat(cls: type[A], **values: Any) -> A:
@@ -122,7 +131,8 @@ class Args:
                 mine = {k: rest.pop(k) for k in list(rest) if k in names}
                 if mine:
                     base = _default(f)
-                    own[f.name] = type(base)(**{**{g.name: getattr(base, g.name) for g in fields(sub)}, **mine})
+                    own[f.name] = type(base)(**{**{g.name: getattr(base, g.name) for g in fields(sub)},
+                                                **mine})
             elif f.name in rest:
                 own[f.name] = rest.pop(f.name)
         if rest:
@@ -133,7 +143,8 @@ class Args:
                     field_ = next((c for c in cli_fields(cls) if c.name == name), None)
                     what = name.upper() if field_ is None or field_.positional else field_.flags[0]
                     raise ConfigError(f"{what} {ascii(str(p))}: the name holds bytes that are not UTF-8",
-                                      "rename the file or directory with UTF-8 characters: a run records its paths in "
+                                      "rename the file or directory with UTF-8 characters: a run records its "
+                                      "paths in "
                                       "JSON (mlmkit.json), which cannot hold them")
         return cls(**own)
 
@@ -176,51 +187,67 @@ class Opt:
 class Engine:
     """Where a batch job runs (the inference commands, index): here, or on a Ray cluster."""
 
-    engine = Opt(("--engine",), "local", "local, or ray: the job on a Ray cluster, --workers actors (pip install "
-                                         "'mlmkit[ray]'), with the same results as a local run.")
-    address = Opt(("--address",), None, "With --engine ray: the cluster to join (e.g. auto); default: a Ray started here.")
+    engine = Opt(("--engine",), "local",
+                 "local, or ray: the job on a Ray cluster, --workers actors (pip install "
+                 "'mlmkit[ray]'), with the same results as a local run.")
+    address = Opt(("--address",), None,
+                  "With --engine ray: the cluster to join (e.g. auto); default: a Ray started here.")
 
 
 class Chunks:
     """Long texts cut into chunks of the bundle's own tokens (mlmkit.text.chunks): index, embed."""
 
-    tokens = Opt(("--chunk-tokens",), None, "Cut each text into chunks of at most this many of the bundle's tokens, at word "
-                                            "boundaries (index: a row each, a search ranks documents by their best chunk; "
-                                            "embed: a vector each, with its span).")
-    overlap = Opt(("--chunk-overlap",), None, "--chunk-tokens: tokens each chunk repeats of the one before (default: an eighth).")
-    sentences = Opt(("--chunk-sentences",), False, "--chunk-tokens: end each chunk at a sentence end where one is in its second "
-                                                   "half, and start the overlap at a sentence start.")
+    tokens = Opt(("--chunk-tokens",), None,
+                 "Cut each text into chunks of at most this many of the bundle's tokens, at word "
+                 "boundaries (index: a row each, a search ranks documents by "
+                 "their best chunk; "
+                 "embed: a vector each, with its span).")
+    overlap = Opt(("--chunk-overlap",), None,
+                  "--chunk-tokens: tokens each chunk repeats of the one before (default: an eighth).")
+    sentences = Opt(("--chunk-sentences",), False,
+                    "--chunk-tokens: end each chunk at a sentence end where one is in its second "
+                    "half, and start the overlap at a sentence start.")
 
 
 class Embedding:
     """What an embedding bundle puts before the texts and keeps of its vectors (the embedding task's
     prompt_name and dimensions): index, search."""
 
-    prompt_name = Opt(("--prompt-name",), None, "The bundle's named prompt put before the texts (index: the documents, "
-                                               "search: the queries; default: its document or query prompt).")
-    dimensions = Opt(("--dimensions",), None, "index: keep the first N dimensions of each vector (Matryoshka), "
-                                             "L2-normalised again where the model normalises; search takes the index's.")
+    prompt_name = Opt(("--prompt-name",), None,
+                      "The bundle's named prompt put before the texts (index: the documents, "
+                     "search: the queries; default: its document or query prompt).")
+    dimensions = Opt(("--dimensions",), None,
+                     "index: keep the first N dimensions of each vector (Matryoshka), "
+                    "L2-normalised again where the model normalises; search takes "
+                    "the index's.")
 
 
 class Fusion:
-    """Hybrid retrieval (mlmkit.retrieval.index.hybrid): other retrievers of the same corpus, fused with the first
-    (search, evaluate, mine)."""
+    """Hybrid retrieval (mlmkit.retrieval.index.hybrid): other retrievers of the same corpus, fused with the
+    first (search, evaluate, mine)."""
 
-    hybrid = Opt(("--hybrid",), None, "Fuse with another retriever of the same documents: bm25, or an index (mlmkit index); "
-                                      "repeatable.")
-    fusion = Opt(("--fusion",), "rrf", "--hybrid: how the rankings are fused: rrf (reciprocal rank, k = 60) or weighted "
-                                       "(each retriever's scores min-max normalised, summed by --weights).")
-    weights = Opt(("--weights",), None, "--hybrid: a weight a retriever, comma-separated, the first retriever first, then "
-                                        "each --hybrid in order (default: 1 each).")
-    chunk_agg = Opt(("--chunk-agg",), "max", "A chunked index: a document's score from its chunks' (max, mean, or sum-top-N: "
-                                             "the sum of its best N), each of a candidate's chunks scored exactly; not with "
-                                             "--hybrid.")
+    hybrid = Opt(("--hybrid",), None,
+                 "Fuse with another retriever of the same documents: bm25, or an index (mlmkit index); "
+                 "repeatable.")
+    fusion = Opt(("--fusion",), "rrf",
+                 "--hybrid: how the rankings are fused: rrf (reciprocal rank, k = 60) or weighted "
+                 "(each retriever's scores min-max normalised, summed by --weights).")
+    weights = Opt(("--weights",), None,
+                  "--hybrid: a weight a retriever, comma-separated, the first retriever first, then "
+                  "each --hybrid in order (default: 1 each).")
+    chunk_agg = Opt(("--chunk-agg",), "max",
+                    "A chunked index: a document's score from its chunks' (max, mean, or sum-top-N: "
+                    "the sum of its best N), each of a candidate's chunks scored "
+                    "exactly; not with "
+                    "--hybrid.")
 
 
 def fusion_weights(weights: str | None, hybrid: list[str] | None, fusion: str) -> list[float] | None:
-    """--weights as numbers (None: the default), checked (check_weights), with --fusion; both need --hybrid."""
+    """--weights as numbers (None: the default), checked (check_weights), with --fusion; both need
+    --hybrid."""
     _check(fusion in ("rrf", "weighted"), f"--fusion {fusion}: use rrf or weighted")
-    _check(bool(hybrid) or (weights is None and fusion == "rrf"), "--fusion and --weights fuse retrievers: they need --hybrid",
+    _check(bool(hybrid) or (weights is None and fusion == "rrf"),
+           "--fusion and --weights fuse retrievers: they need --hybrid",
            "add --hybrid bm25 (or --hybrid INDEX), or leave them out")
     if weights is None:
         return None
@@ -247,50 +274,68 @@ class Runtime:
     """How a model runs: a bundle's onnxruntime session (the inference commands, index, mine, rerank,
     search, serve, evaluate), or the device a model trains on."""
 
-    device = Opt(("--device",), "cpu", "cpu or cuda (falls back to the CPU, saying so, without a GPU, or for a bundle "
-                                       "without onnxruntime-gpu).")
+    device = Opt(("--device",), "cpu",
+                 "cpu or cuda (falls back to the CPU, saying so, without a GPU, or for a bundle "
+                 "without onnxruntime-gpu).")
     precision = Opt(("--precision",), None, PRECISION_HELP)
     min_agreement = Opt(("--min-agreement",), None, MIN_AGREEMENT_HELP)
-    threads = Opt(("--threads",), None, "onnxruntime intra-op threads (default: one per physical core), shared out among "
-                                        "the worker processes where there are several.")
+    threads = Opt(("--threads",), None,
+                  "onnxruntime intra-op threads (default: one per physical core), shared out among "
+                  "the worker processes where there are several.")
     batch_size = Opt(("--batch-size",), 32, "Inputs per onnxruntime batch (length-bucketed).")
-    batch_tokens = Opt(("--batch-tokens",), None, "Most padded tokens per onnxruntime batch (0: no limit; default on the "
-                                                  "CPU: what keeps a batch in cache, 512 at hidden size 384; on CUDA no limit).")
-    window = Opt(("--window",), 4096, "Records read, length-bucketed and written together: memory holds one window per "
-                                      "worker.")  # 4096: mlmkit.jobs.windows.WINDOW (a test holds them equal)
+    batch_tokens = Opt(("--batch-tokens",), None,
+                       "Most padded tokens per onnxruntime batch (0: no limit; default on the "
+                       "CPU: what keeps a batch in cache, 512 at hidden size 384; "
+                       "on CUDA no limit).")
+    window = Opt(("--window",), 4096,
+                 "Records read, length-bucketed and written together: memory holds one window per "
+                 "worker.")  # 4096: mlmkit.jobs.windows.WINDOW (a test holds them equal)
 
 
 class Output:
     """Where results go: a file, or stdout as a table or JSON."""
 
-    output = Opt(("--output", "-o"), None, "Write the results to this file: .jsonl (JSON lines; any other suffix too), "
-                                           ".parquet, .csv, .tsv, or .npy (embeddings); - (stdout), a FIFO or a device: "
-                                           "JSON lines, streamed.")
-    as_json = Opt(("--json",), False, "Print JSON instead of a table (the default when piped): an object per line.")
+    output = Opt(("--output", "-o"), None,
+                 "Write the results to this file: .jsonl (JSON lines; any other suffix too), "
+                 ".parquet, .csv, .tsv, or .npy (embeddings); - (stdout), a FIFO "
+                 "or a device: "
+                 "JSON lines, streamed.")
+    as_json = Opt(("--json",), False,
+                  "Print JSON instead of a table (the default when piped): an object per line.")
 
 
 class Inputs:
     """Input files and the ceiling on what is read of them."""
 
-    input_file = Opt(("--input", "-i"), None, "Inputs: a .txt (one per line), .jsonl, .csv, .tsv or .parquet file, a "
-                                              "directory of them, or a glob (quoted).")
+    input_file = Opt(("--input", "-i"), None,
+                     "Inputs: a .txt (one per line), .jsonl, .csv, .tsv or .parquet file, a "
+                     "directory of them, or a glob (quoted).")
     text_column = Opt(("--text-column",), "text", "The field of --input records that holds the texts.")
-    corpus_column = Opt(("--text-column",), "text", "The text field of .jsonl and the column of .parquet corpus files.")
+    corpus_column = Opt(("--text-column",), "text",
+                        "The text field of .jsonl and the column of .parquet corpus files.")
     max_record_bytes = Opt(("--max-record-bytes",), MAX_RECORD_BYTES,
-                           "A longer line, record or value is an error that names it (never read whole; 64 MB by "
-                           "default, the ceiling of every reader); --on-error skip, where a command has it, steps over it.")
+                           "A longer line, record or value is an error that names it (never read whole; 64 "
+                           "MB by "
+                           "default, the ceiling of every reader); --on-error skip, where a command has it, "
+                           "steps over it.")
 
 
 class Training:
     """What the training commands, the quickstart and `mlmkit data` share beyond TrainArgs."""
 
     seed = Opt(("--seed",), 0, "Random seed: the same seed gives the same run.")
-    eval_file = Opt(("--eval",), None, "Labelled evaluation data in the task's format: scored at each evaluation, the "
-                                       "best model kept.")
-    max_length = Opt(("--max-length",), None, "Maximum tokens per input (default: the task's; distill: the teacher's).")
-    vocab_size = Opt(("--vocab-size",), DEFAULT_VOCAB_SIZE, "Vocabulary size of the tokenizer trained, special tokens "
-                                                            "included.")
-    cased = Opt(("--cased",), False, "The tokenizer trained keeps case and accents (default: lowercase, strip accents; "
-                                     "WordPiece only).")
-    retrieval_documents = Opt(("--retrieval-documents",), 1000, "Documents of the built-in retrieval set (the "
-                                                                "quickstart's 1,000; the standard library has about 2,900).")
+    eval_file = Opt(("--eval",), None,
+                    "Labelled evaluation data in the task's format: scored at each evaluation, the "
+                    "best model kept.")
+    max_length = Opt(("--max-length",), None,
+                     "Maximum tokens per input (default: the task's; distill: the teacher's).")
+    vocab_size = Opt(("--vocab-size",), DEFAULT_VOCAB_SIZE,
+                     "Vocabulary size of the tokenizer trained, special tokens "
+                     "included.")
+    cased = Opt(("--cased",), False,
+                "The tokenizer trained keeps case and accents (default: lowercase, strip accents; "
+                "WordPiece only).")
+    retrieval_documents = Opt(("--retrieval-documents",), 1000,
+                              "Documents of the built-in retrieval set (the "
+                              "quickstart's 1,000; the standard library "
+                              "has about 2,900).")

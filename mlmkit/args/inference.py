@@ -34,7 +34,8 @@ class InferenceArgs(Args):
     batch job over a bundle (mlmkit.jobs.batch)."""
 
     bundle: Path = arg(help="A bundle directory written by `mlmkit export`.", positional=True)
-    texts: list[str] | None = arg(None, "Input texts (or use --input, or pipe them on stdin).", positional=True)
+    texts: list[str] | None = arg(None, "Input texts (or use --input, or pipe them on stdin).",
+                                  positional=True)
     input_file: Path | None = Inputs.input_file()
     output: Path | None = Output.output()
     batch_size: int = Runtime.batch_size()
@@ -45,31 +46,43 @@ class InferenceArgs(Args):
     threads: int | None = Runtime.threads()
     as_json: bool = Output.as_json()
     window: int = Runtime.window()
-    workers: int | None = arg(None, "Processes, each with its own onnxruntime session and a share of the threads "
-                                    "(default: what measured fastest, see docs/performance.md).")
-    on_error: str = arg("stop", "stop: a bad record ends the job, naming it; skip: it is listed in --errors and the job goes on.")
+    workers: int | None = arg(None,
+                              "Processes, each with its own onnxruntime session and a share of the threads "
+                              "(default: what measured fastest, see docs/performance.md).")
+    on_error: str = arg("stop", "stop: a bad record ends the job, naming it; skip: it is listed in --errors "
+                                "and the job goes on.")
     errors: Path | None = arg(None, "With --on-error skip: the JSON-lines list of bad records "
                                     "(default: OUTPUT.errors.jsonl, or a count on stderr).")
-    resume: bool = arg(False, "Continue the unfinished job that writes --output, after the records it finished.")
-    id_column: str | None = arg(None, "Carry this input field (JSONL, CSV, TSV, Parquet) into each result under its own name "
-                                      "(Parquet output: with its type; JSON lines: timestamps ISO 8601, binary base64).")
+    resume: bool = arg(False,
+                       "Continue the unfinished job that writes --output, after the records it finished.")
+    id_column: str | None = arg(None, "Carry this input field (JSONL, CSV, TSV, Parquet) into each result "
+                                      "under its own name "
+                                      "(Parquet output: with its type; JSON lines: timestamps ISO 8601, "
+                                      "binary base64).")
     max_record_bytes: int = Inputs.max_record_bytes()
     engine: str = Engine.engine()
     address: str | None = Engine.address()
 
     def __post_init__(self) -> None:
         checks = [(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}"),
-                  (self.batch_tokens is None or self.batch_tokens >= 0, f"--batch-tokens must be 0 (no limit) or more, got {self.batch_tokens}"),
-                  (self.threads is None or self.threads >= 1, f"--threads must be at least 1, got {self.threads}"),
+                  (self.batch_tokens is None or self.batch_tokens >= 0,
+                   f"--batch-tokens must be 0 (no limit) or more, got {self.batch_tokens}"),
+                  (self.threads is None or self.threads >= 1,
+                   f"--threads must be at least 1, got {self.threads}"),
                   (self.window >= 1, f"--window must be at least 1, got {self.window}"),
-                  (self.workers is None or self.workers >= 1, f"--workers must be at least 1, got {self.workers}"),
+                  (self.workers is None or self.workers >= 1,
+                   f"--workers must be at least 1, got {self.workers}"),
                   (self.on_error in ("stop", "skip"), f"--on-error {self.on_error}: use stop or skip"),
-                  (self.max_record_bytes >= 1, f"--max-record-bytes must be at least 1, got {self.max_record_bytes}"),
+                  (self.max_record_bytes >= 1,
+                   f"--max-record-bytes must be at least 1, got {self.max_record_bytes}"),
                   (self.engine in ("local", "ray"), f"--engine {self.engine}: use local or ray"),
-                  (self.engine == "local" or self.output is not None, "--engine ray needs --output (a file or directory)"),
+                  (self.engine == "local" or self.output is not None,
+                   "--engine ray needs --output (a file or directory)"),
                   (self.errors is None or self.on_error == "skip",
-                   "--errors goes with --on-error skip (with stop, the first bad record ends the job, naming it)"),
-                  (self.address is None or self.engine == "ray", "--address goes with --engine ray (the cluster to join)")]
+                   "--errors goes with --on-error skip (with stop, the first bad record ends the job, naming "
+                   "it)"),
+                  (self.address is None or self.engine == "ray",
+                   "--address goes with --engine ray (the cluster to join)")]
         for ok, message in checks:
             _check(ok, message)
         check_precision(self.precision, self.min_agreement)
@@ -87,13 +100,15 @@ class EmbedArgs(InferenceArgs):
         super().__post_init__()
         chunking = Chunking.of(self.chunk_tokens, self.chunk_overlap, self.chunk_sentences)
         _check(chunking is None or self.output is None or self.output.suffix.lower() != ".npy",
-               f"--output {self.output}: a .npy holds a vector per text, and --chunk-tokens gives each text several",
+               f"--output {self.output}: a .npy holds a vector per text, and --chunk-tokens gives each text "
+               "several",
                "write .jsonl or .parquet: each result holds its chunks, each with its span and vector")
 
     def chunk_options(self) -> dict[str, int | bool]:
         """--chunk-tokens and the rest as the embedding task's options (none without it)."""
         chunking = Chunking.of(self.chunk_tokens, self.chunk_overlap, self.chunk_sentences)
-        return {} if chunking is None else {"chunk_tokens": chunking.tokens, "chunk_overlap": chunking.overlap,
+        return {} if chunking is None else {"chunk_tokens": chunking.tokens,
+                                            "chunk_overlap": chunking.overlap,
                                             "chunk_sentences": chunking.sentences}
 
 
@@ -107,14 +122,16 @@ class QaArgs(InferenceArgs):
         super().__post_init__()
         _check(not self.texts or self.context is not None, "questions given without --context",
                "pass --context TEXT, or records with question and context via --input")
-        _check(self.context is None or bool(self.texts), "--context given without questions", "add the questions as arguments")
+        _check(self.context is None or bool(self.texts), "--context given without questions",
+               "add the questions as arguments")
 
 
 @dataclass
 class RerankArgs(Args):
     """`mlmkit rerank`: documents ranked for a query by a cross-encoder or a colbert bundle."""
 
-    bundle: Path = arg(help="A cross-encoder bundle (a one-label sequence classifier), or a colbert bundle (MaxSim).",
+    bundle: Path = arg(help="A cross-encoder bundle (a one-label sequence classifier), or a colbert bundle "
+                            "(MaxSim).",
                        positional=True)
     documents: list[str] | None = arg(None, "Documents to rank (or --input).", positional=True)
     query: str = arg("", "What the documents are ranked for.")
@@ -139,34 +156,44 @@ class SearchArgs(Args):
     input_file: Path | None = Inputs.input_file()
     text_column: str = Inputs.text_column()
     top_k: int | None = arg(None, "Hits per query (default 10, or every document of a smaller index).")
-    rescore: int | None = arg(None, "Binary, --rescore-copy or ANN indexes: candidates scored again with the rescoring "
+    rescore: int | None = arg(None, "Binary, --rescore-copy or ANN indexes: candidates scored again with the "
+                                    "rescoring "
                                     "vectors (default: 4 x top-k, at least 100).")
-    bundle: Path | None = arg(None, "The bundle to embed queries with (default: the index's; another is refused).")
+    bundle: Path | None = arg(None,
+                              "The bundle to embed queries with (default: the index's; another is refused).")
     prompt_name: str | None = Embedding.prompt_name()
-    export: Path | None = arg(None, "Write the index's ids and vectors as Parquet instead (id, vector: fixed-size list "
+    export: Path | None = arg(None, "Write the index's ids and vectors as Parquet instead (id, vector: "
+                                    "fixed-size list "
                                     "of float32) and exit.")
     batch: int = arg(256, "Queries embedded and searched together.")
     precision: str | None = Runtime.precision()
-    where: list[str] | None = arg(None, "Only documents whose fields pass: FIELD=VALUE, FIELD!=VALUE, FIELD>=N, FIELD<=N, "
-                                        "FIELD>N, FIELD<N, 'FIELD in A,B' or 'FIELD in @FILE' (id: the document's id); "
+    where: list[str] | None = arg(None, "Only documents whose fields pass: FIELD=VALUE, FIELD!=VALUE, "
+                                        "FIELD>=N, FIELD<=N, "
+                                        "FIELD>N, FIELD<N, 'FIELD in A,B' or 'FIELD in @FILE' (id: the "
+                                        "document's id); "
                                         "repeatable, all must hold.")
     chunk_agg: str = Fusion.chunk_agg()
     hybrid: list[str] | None = Fusion.hybrid()
     fusion: str = Fusion.fusion()
     weights: str | None = Fusion.weights()
-    corpus: Path | None = arg(None, "--hybrid bm25: the documents the index was built from (as `mlmkit index --corpus` "
+    corpus: Path | None = arg(None, "--hybrid bm25: the documents the index was built from (as `mlmkit index "
+                                    "--corpus` "
                                     "read them), whose texts BM25 ranks.")
     id_column: str | None = arg(None, "--corpus: the documents' id field (default: _id, else id).")
-    corpus_column: str = arg("text", "--corpus: the documents' text field (a title goes before it).", flags=("--corpus-column",))
+    corpus_column: str = arg("text", "--corpus: the documents' text field (a title goes before it).",
+                             flags=("--corpus-column",))
 
     def __post_init__(self) -> None:
         _check(self.batch >= 1, f"--batch must be at least 1, got {self.batch}")
         check_precision(self.precision, None)
         fusion_weights(self.weights, self.hybrid, self.fusion)
         _check(self.corpus is None or "bm25" in (self.hybrid or []),
-               "--corpus gives BM25 its texts: it goes with --hybrid bm25", "add --hybrid bm25, or leave --corpus out")
-        _check(self.export is None or not self.hybrid, "--export writes the index's vectors: it takes no --hybrid")
-        _check(not self.hybrid or self.chunk_agg == "max", "--chunk-agg goes without --hybrid (a fused ranking takes each "
+               "--corpus gives BM25 its texts: it goes with --hybrid bm25",
+               "add --hybrid bm25, or leave --corpus out")
+        _check(self.export is None or not self.hybrid,
+               "--export writes the index's vectors: it takes no --hybrid")
+        _check(not self.hybrid or self.chunk_agg == "max",
+               "--chunk-agg goes without --hybrid (a fused ranking takes each "
                "retriever's documents by their best chunk)", "drop --chunk-agg or --hybrid")
 
 
@@ -177,38 +204,55 @@ class MineArgs(Args):
     data: Path = arg(help="A BEIR directory (DIR, or DIR:SPLIT; its train split by default), or a .jsonl / "
                           ".csv / .tsv / .parquet file of anchor, positive rows.", positional=True)
     out: Path = arg(help="The rows to write (.jsonl): anchor, positive, negative_1 ... negative_K.")
-    corpus: Path | None = arg(None, "The documents to mine: a .txt (one per line) or a .jsonl with a text field "
-                                    "(a BEIR corpus.jsonl too); default: the BEIR directory's corpus, or the rows' positives.")
-    retriever: str = arg("bm25", "bm25 (the bm25s library), the directory of an embedding bundle, or an index (mlmkit index) "
+    corpus: Path | None = arg(None,
+                              "The documents to mine: a .txt (one per line) or a .jsonl with a text field "
+                              "(a BEIR corpus.jsonl too); default: the BEIR directory's corpus, or the "
+                              "rows' positives.")
+    retriever: str = arg("bm25", "bm25 (the bm25s library), the directory of an embedding bundle, or an "
+                                 "index (mlmkit index) "
                                  "of the data's corpus (a BEIR directory's: its ids).")
     negatives: int = arg(5, "Negatives per row.")
     rank_range: str = arg("0:100", "The ranks negatives are taken from, A:B (rank 0 is the best match); the "
-                                   "query's positives are passed over wherever they rank.", flags=("--range",))
-    margin: float | None = arg(None, "Keep a negative only if its score is at most the positive's minus this.")
-    max_score_ratio: float | None = arg(None, "Keep a negative only if its score is at most this times the positive's.")
-    with_scores: bool = arg(False, "Add each row's scores: [positive, negative_1, ...] (for distillation losses).")
-    score_with: Path | None = arg(None, "A cross-encoder bundle (rerank or one-label classification) whose logits are "
-                                        "each row's scores instead of the retriever's (margin-mse distils it).")
-    keep_other_splits: bool = arg(False, "A BEIR directory: mine the documents judged relevant in its other splits too "
-                                         "(by default they are left out: a negative that is a test answer teaches the "
+                                   "query's positives are passed over wherever they rank.",
+                          flags=("--range",))
+    margin: float | None = arg(None,
+                               "Keep a negative only if its score is at most the positive's minus this.")
+    max_score_ratio: float | None = arg(None, "Keep a negative only if its score is at most this times the "
+                                              "positive's.")
+    with_scores: bool = arg(False,
+                            "Add each row's scores: [positive, negative_1, ...] (for distillation losses).")
+    score_with: Path | None = arg(None, "A cross-encoder bundle (rerank or one-label classification) whose "
+                                        "logits are "
+                                        "each row's scores instead of the retriever's (margin-mse distils "
+                                        "it).")
+    keep_other_splits: bool = arg(False, "A BEIR directory: mine the documents judged relevant in its other "
+                                         "splits too "
+                                         "(by default they are left out: a negative that is a test answer "
+                                         "teaches the "
                                          "model the test set).")
     anchor_column: str = arg("anchor", "Rows: the anchor (query) field.")
     positive_column: str = arg("positive", "Rows: the positive field.")
-    batch_size: int = arg(256, "Queries searched at once (and written together: --resume goes on after the last batch written).")
+    batch_size: int = arg(256, "Queries searched at once (and written together: --resume goes on after the "
+                               "last batch written).")
     device: str = Runtime.device()
     precision: str | None = Runtime.precision()
-    index: str = arg("exact", "With an embedding bundle: exact search, or faiss (an HNSW index, approximate, for corpora "
+    index: str = arg("exact", "With an embedding bundle: exact search, or faiss (an HNSW index, approximate, "
+                              "for corpora "
                               "too large for exact search).")
-    resume: bool = arg(False, "Continue the unfinished mining job that writes --out, after the batches it finished.")
+    resume: bool = arg(False,
+                       "Continue the unfinished mining job that writes --out, after the batches it finished.")
     hybrid: list[str] | None = Fusion.hybrid()
     fusion: str = Fusion.fusion()
     weights: str | None = Fusion.weights()
 
     def __post_init__(self) -> None:
         fusion_weights(self.weights, self.hybrid, self.fusion)
-        _check(not self.hybrid or (self.margin is None and self.max_score_ratio is None and (not self.with_scores or self.score_with is not None)),
-               "--hybrid ranks by a fused score, which is no similarity: it takes no --margin or --max-score-ratio, and "
-               "--with-scores only from --score-with", "filter and score the negatives with --score-with CROSS_ENCODER")
+        _check(not self.hybrid or (self.margin is None and self.max_score_ratio is None
+                                   and (not self.with_scores or self.score_with is not None)),
+               "--hybrid ranks by a fused score, which is no similarity: it takes no --margin or "
+               "--max-score-ratio, and "
+               "--with-scores only from --score-with",
+               "filter and score the negatives with --score-with CROSS_ENCODER")
         _check(self.negatives >= 1, f"--negatives must be at least 1, got {self.negatives}")
         _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
         _check(not (self.margin is not None and self.max_score_ratio is not None),
@@ -218,8 +262,10 @@ class MineArgs(Args):
         _check(self.margin is None or _finite(self.margin), f"--margin must be a number, got {self.margin}")
         _check(self.index in ("exact", "faiss"), f"--index {self.index}: use exact or faiss")
         check_precision(self.precision, None)
-        _check(self.index == "exact" or (self.retriever != "bm25" and not (Path(self.retriever) / "manifest.json").is_file()),
-               f"--index {self.index} is for an embedding bundle; --retriever {self.retriever} searches its own way "
+        _check(self.index == "exact"
+               or (self.retriever != "bm25" and not (Path(self.retriever) / "manifest.json").is_file()),
+               f"--index {self.index} is for an embedding bundle; --retriever {self.retriever} searches its "
+               "own way "
                "(an index built with mlmkit index --ann hnsw is approximate already)")
         _check(self.out.suffix.lower() == ".jsonl", f"--out {self.out}: mined rows are written as .jsonl",
                "give a file name ending in .jsonl")
@@ -232,7 +278,8 @@ class MineArgs(Args):
             lo, hi = int(a or 0), int(b)
         except ValueError:
             lo = hi = -1
-        _check(sep == ":" and 0 <= lo < hi, f"--range {self.rank_range} is not A:B with 0 <= A < B", "e.g. --range 10:100")
+        _check(sep == ":" and 0 <= lo < hi, f"--range {self.rank_range} is not A:B with 0 <= A < B",
+               "e.g. --range 10:100")
         return lo, hi
 
 
@@ -240,14 +287,18 @@ class MineArgs(Args):
 class DataArgs(Args):
     """`mlmkit data`: the built-in data sets written to a directory (mlmkit/quickstart/sets.py)."""
 
-    out: Path = arg(help="Directory to write the sets into (made if absent; files of an earlier run are replaced).",
+    out: Path = arg(help="Directory to write the sets into (made if absent; files of an earlier run are "
+                         "replaced).",
                     positional=True)
-    sets: list[str] = arg(factory=list, flags=("--set",), help="A set to write, repeatable: corpus, classification, "
-                                                              "tagging, qa or retrieval (default: every one).")
+    sets: list[str] = arg(factory=list, flags=("--set",),
+                          help="A set to write, repeatable: corpus, classification, "
+                              "tagging, qa or retrieval (default: every "
+                              "one).")
     retrieval_documents: int = Training.retrieval_documents()
 
     def __post_init__(self) -> None:
-        _check(self.retrieval_documents >= 1, f"--retrieval-documents must be at least 1, got {self.retrieval_documents}")
+        _check(self.retrieval_documents >= 1,
+               f"--retrieval-documents must be at least 1, got {self.retrieval_documents}")
 
 
 @dataclass
@@ -261,7 +312,8 @@ class QuickstartArgs(Args):
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, f"--steps must be at least 1, got {self.steps}")
-        _check(self.retrieval_documents >= 50, f"--retrieval-documents must be at least 50, got {self.retrieval_documents}",
+        _check(self.retrieval_documents >= 50,
+               f"--retrieval-documents must be at least 50, got {self.retrieval_documents}",
                "the quickstart's retrieval step needs a set of 50 documents or more")
 
 
@@ -269,7 +321,8 @@ class QuickstartArgs(Args):
 class ServeArgs(Args):
     """`mlmkit serve`'s settings."""
 
-    bundles: list[str] = arg(help="Bundle directories to serve, each as PATH (named after the directory) or NAME=PATH.",
+    bundles: list[str] = arg(help="Bundle directories to serve, each as PATH (named after the directory) or "
+                                  "NAME=PATH.",
                              positional=True)
     host: str = arg("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
     port: int = arg(8000, "Port to listen on.")
@@ -284,34 +337,48 @@ class ServeArgs(Args):
     max_inputs: int = arg(1024, "Most inputs in one request (more: 413).")
     max_body_bytes: int = arg(8 * 1024 * 1024, "Largest request body (more: 413).")
     drain_seconds: float = arg(30.0, "On SIGTERM, how long requests in flight may take to finish.")
-    access_log: bool = arg(False, "Log every request (uvicorn's access log; the query string's values are left out).")
-    api_key: list[str] = arg(help="An API key clients must send as 'Authorization: Bearer KEY' (repeatable; default: "
-                                  "$MLMKIT_API_KEY; none: no check). The probes /health and /ready never need one.", factory=list)
+    access_log: bool = arg(False, "Log every request (uvicorn's access log; the query string's values are "
+                                  "left out).")
+    api_key: list[str] = arg(help="An API key clients must send as 'Authorization: Bearer KEY' (repeatable; "
+                                  "default: "
+                                  "$MLMKIT_API_KEY; none: no check). The probes /health and /ready never "
+                                  "need one.", factory=list)
     public_metrics: bool = arg(False, "Serve /metrics without an API key.")
-    index: list[str] = arg(help="An index (mlmkit index) that POST /v1/search answers from, as PATH or NAME=PATH "
-                                "(repeatable); its queries are embedded by the served bundle that built it.", factory=list)
-    mmap_index: bool = arg(False, "Memory-map the --index files instead of reading them into memory (an index larger than "
+    index: list[str] = arg(help="An index (mlmkit index) that POST /v1/search answers from, as PATH or "
+                                "NAME=PATH "
+                                "(repeatable); its queries are embedded by the served bundle that built it.",
+                           factory=list)
+    mmap_index: bool = arg(False, "Memory-map the --index files instead of reading them into memory (an "
+                                  "index larger than "
                                   "memory; a file then rewritten in place under the server can end it).")
-    corpus: list[str] = arg(help="The documents of an --index, as NAME=FILE (FILE alone with one index; repeatable): "
-                                 "POST /v1/search fuses BM25 over their texts with \"hybrid\": \"bm25\".", factory=list)
-    max_queue: int = arg(0, "Most inputs waiting per model; more: 429 with Retry-After (0: 4 x --max-batch-size).")
-    request_timeout: float = arg(30.0, "Seconds a request may wait in the queue; then 503, and it leaves the queue.")
+    corpus: list[str] = arg(help="The documents of an --index, as NAME=FILE (FILE alone with one index; "
+                                 "repeatable): "
+                                 "POST /v1/search fuses BM25 over their texts with \"hybrid\": \"bm25\".",
+                            factory=list)
+    max_queue: int = arg(0, "Most inputs waiting per model; more: 429 with Retry-After (0: 4 x "
+                            "--max-batch-size).")
+    request_timeout: float = arg(30.0, "Seconds a request may wait in the queue; then 503, and it leaves the "
+                                       "queue.")
     timeout_keep_alive: float = arg(5.0, "Seconds an idle keep-alive connection stays open between requests.")
     header_timeout: float = arg(10.0, "Seconds a client has to send a request's line and headers; then the "
-                                      "connection is closed (slow or silent clients cannot hold connections).")
-    max_connections: int = arg(0, "Most open connections, idle ones too; more are answered 503 and closed (0: the "
+                                      "connection is closed (slow or silent clients cannot hold "
+                                      "connections).")
+    max_connections: int = arg(0, "Most open connections, idle ones too; more are answered 503 and closed "
+                                  "(0: the "
                                   "process's open-file limit less 64, at most 4096).")
     ssl_keyfile: Path | None = arg(None, "TLS: the private key file (with --ssl-certfile: serve https).")
     ssl_certfile: Path | None = arg(None, "TLS: the certificate file (with --ssl-keyfile).")
 
     def __post_init__(self) -> None:
         if not self.bundles:
-            raise ConfigError("no bundles to serve", "give one or more bundle directories, as PATH or NAME=PATH")
+            raise ConfigError("no bundles to serve",
+                              "give one or more bundle directories, as PATH or NAME=PATH")
         check_precision(self.precision, self.min_agreement)
         for name in ("port", "batch_size", "max_batch_size", "max_inputs", "max_body_bytes"):
             low = 0 if name == "port" else 1
             if getattr(self, name) < low:
-                raise ConfigError(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(self, name)}")
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least {low}, got "
+                                  f"{getattr(self, name)}")
         if self.batch_tokens is not None and self.batch_tokens < 0:
             raise ConfigError(f"--batch-tokens must be 0 (no limit) or more, got {self.batch_tokens}")
         if self.port > 65535:
@@ -325,9 +392,11 @@ class ServeArgs(Args):
         if self.max_queue < 0:
             raise ConfigError(f"--max-queue must be 0 (the default size) or more, got {self.max_queue}")
         if self.max_connections < 0:
-            raise ConfigError(f"--max-connections must be 0 (from the open-file limit) or more, got {self.max_connections}")
+            raise ConfigError("--max-connections must be 0 (from the open-file limit) or more, got "
+                              f"{self.max_connections}")
         if not _finite(self.request_timeout) or not 0 < self.request_timeout <= 3600:
-            raise ConfigError(f"--request-timeout must be more than 0 and at most 3600 seconds, got {self.request_timeout}")
+            raise ConfigError("--request-timeout must be more than 0 and at most 3600 seconds, got "
+                              f"{self.request_timeout}")
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
             raise ConfigError("TLS needs both --ssl-keyfile and --ssl-certfile")
         for f in (self.ssl_keyfile, self.ssl_certfile):

@@ -34,12 +34,14 @@ class TrainArgs(Args):
                             flags=("--steps", "--max-steps"))
     epochs: float | None = arg(None, "Passes over the training data, when --steps is not given.")
     lr: float = arg(1e-4, "Peak learning rate (linear warmup, then linear decay to 0).")
-    head_lr: float | None = arg(None, "Peak learning rate of the parameters outside the encoder (a task head, colbert's "
+    head_lr: float | None = arg(None, "Peak learning rate of the parameters outside the encoder (a task "
+                                      "head, colbert's "
                                       "projection), on the same schedule; default: --lr.")
     warmup_steps: int | None = arg(None, "Linear warmup steps (default: --warmup-ratio of the steps).")
     warmup_ratio: float = arg(0.06, "Share of the steps spent warming up, when --warmup-steps is not given.")
     weight_decay: float = arg(0.01, "AdamW weight decay (not on biases and LayerNorm weights).")
-    grad_accum: int = arg(1, "Micro-batches per optimizer step: the effective batch is --batch-size times this.")
+    grad_accum: int = arg(1,
+                          "Micro-batches per optimizer step: the effective batch is --batch-size times this.")
     max_grad_norm: float = arg(1.0, "Clip the gradient norm to this before each step (0: no clipping).")
     eval_every: int = arg(0, "Evaluate and checkpoint every N steps (0: at each epoch end).")
     save_every: int = arg(0, "Also checkpoint every N steps (0: only at evaluations and at the end).")
@@ -48,39 +50,51 @@ class TrainArgs(Args):
     early_stopping: int | None = arg(None, "Stop after N evaluations without gain in the main metric.")
     seed: int = Training.seed()
     device: str = Runtime.device()
-    bf16: bool | None = arg(None, "bf16 autocast. Default: on a CPU with native bf16 (AVX512-BF16, AMX) for a model "
-                                  "of hidden size 128 or more, where it was measured faster at the same loss; off "
-                                  "elsewhere. --no-bf16 keeps fp32; --bf16 is refused on a CPU without native bf16.")
+    bf16: bool | None = arg(None, "bf16 autocast. Default: on a CPU with native bf16 (AVX512-BF16, AMX) for "
+                                  "a model "
+                                  "of hidden size 128 or more, where it was measured faster at the same "
+                                  "loss; off "
+                                  "elsewhere. --no-bf16 keeps fp32; --bf16 is refused on a CPU without "
+                                  "native bf16.")
     resume: bool = arg(False, "Continue from the last checkpoint in --out.")
-    resume_force: bool = arg(False, "With --resume, continue even though settings that decide the data order changed.")
+    resume_force: bool = arg(False, "With --resume, continue even though settings that decide the data order "
+                                    "changed.")
     report_to: str = arg("none", "Tracking backends, comma-separated: tensorboard, mlflow (MLflow follows "
                                  "MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_NAME / MLFLOW_RUN_ID), or none.")
     log_model: bool = arg(False, "With --report-to mlflow: send the model weights with the run's files.")
     progress: bool = arg(True, "A progress bar on stderr.", cli=False)
-    metric_for_best: str | None = arg(None, "Keep the best model by this evaluation metric in the run root.", cli=False)
+    metric_for_best: str | None = arg(None, "Keep the best model by this evaluation metric in the run root.",
+                                      cli=False)
     greater_is_better: bool = arg(True, "Whether a larger metric_for_best is better.", cli=False)
 
     def __post_init__(self) -> None:
         f = lambda name: flag(TrainArgs, name)  # noqa: E731
         _check(self.steps is not None or self.epochs is not None, f"give {f('steps')} or {f('epochs')}")
         _check(self.steps is None or self.steps >= 1, f"{f('steps')} must be at least 1, got {self.steps}")
-        _check(self.epochs is None or (_finite(self.epochs) and self.epochs > 0), f"{f('epochs')} must be positive, got {self.epochs}")
+        _check(self.epochs is None or (_finite(self.epochs) and self.epochs > 0),
+               f"{f('epochs')} must be positive, got {self.epochs}")
         _check(_finite(self.lr) and self.lr > 0, f"{f('lr')} must be a positive number, got {self.lr}")
         _check(self.head_lr is None or (_finite(self.head_lr) and self.head_lr > 0),
                f"{f('head_lr')} must be a positive number, got {self.head_lr}")
-        _check(self.warmup_steps is None or self.warmup_steps >= 0, f"{f('warmup_steps')} must not be negative")
-        _check(_finite(self.warmup_ratio) and 0 <= self.warmup_ratio <= 1, f"{f('warmup_ratio')} must be between 0 and 1")
-        _check(_finite(self.weight_decay) and self.weight_decay >= 0, f"{f('weight_decay')} must not be negative")
-        _check(_finite(self.max_grad_norm) and self.max_grad_norm >= 0, f"{f('max_grad_norm')} must not be negative")
+        _check(self.warmup_steps is None or self.warmup_steps >= 0,
+               f"{f('warmup_steps')} must not be negative")
+        _check(_finite(self.warmup_ratio) and 0 <= self.warmup_ratio <= 1,
+               f"{f('warmup_ratio')} must be between 0 and 1")
+        _check(_finite(self.weight_decay) and self.weight_decay >= 0,
+               f"{f('weight_decay')} must not be negative")
+        _check(_finite(self.max_grad_norm) and self.max_grad_norm >= 0,
+               f"{f('max_grad_norm')} must not be negative")
         _check(self.grad_accum >= 1, f"{f('grad_accum')} must be at least 1, got {self.grad_accum}")
-        _check(-2**63 <= self.seed < 2**64, f"{f('seed')} {self.seed} is past 64 bits",  # what torch.manual_seed takes
+        # what torch.manual_seed takes
+        _check(-2**63 <= self.seed < 2**64, f"{f('seed')} {self.seed} is past 64 bits",
                "give a seed from 0 to 18446744073709551615")
         for name in ("eval_every", "save_every"):
             _check(getattr(self, name) >= 0, f"{f(name)} must not be negative")
         _check(self.keep_last >= 1, f"{f('keep_last')} must be at least 1, got {self.keep_last}",
                "the last checkpoint is what --resume continues from")
         _check(self.log_every >= 1, f"{f('log_every')} must be at least 1")
-        _check(self.early_stopping is None or self.early_stopping >= 1, f"{f('early_stopping')} must be at least 1")
+        _check(self.early_stopping is None or self.early_stopping >= 1,
+               f"{f('early_stopping')} must be at least 1")
         _check(self.resume or not self.resume_force, f"{f('resume_force')} goes with {f('resume')}",
                f"add {f('resume')} to continue the run in --out, or leave {f('resume_force')} out")
         _check(not self.log_model or "mlflow" in (n.strip() for n in self.report_to.split(",")),
@@ -109,11 +123,14 @@ class TokenizerArgs(Args):
     kind: str = arg("wordpiece", "wordpiece (BERT), bpe (byte-level, as RoBERTa and ModernBERT) or unigram "
                                  "(SentencePiece style, as XLM-R).")
     special_tokens: str = arg("auto", "Special-token names: bert ([PAD] [UNK] [CLS] [SEP] [MASK]) or roberta "
-                                      "(<pad> <unk> <s> </s> <mask>); auto: bert for wordpiece, roberta otherwise.")
+                                      "(<pad> <unk> <s> </s> <mask>); auto: bert for wordpiece, roberta "
+                                      "otherwise.")
 
     def __post_init__(self) -> None:
-        _check(self.kind in TOKENIZER_KINDS, f"--kind {self.kind} is not a tokenizer kind", f"use one of: {', '.join(TOKENIZER_KINDS)}")
-        _check(self.special_tokens in ("auto", "bert", "roberta"), f"--special-tokens {self.special_tokens} is not known",
+        _check(self.kind in TOKENIZER_KINDS, f"--kind {self.kind} is not a tokenizer kind",
+               f"use one of: {', '.join(TOKENIZER_KINDS)}")
+        _check(self.special_tokens in ("auto", "bert", "roberta"),
+               f"--special-tokens {self.special_tokens} is not known",
                "use auto, bert or roberta")
 
 
@@ -125,7 +142,8 @@ class TokenizeArgs(Args):
     out: Path = arg(help="Directory to write the shard to (tokens, offsets, manifest, the tokenizer).")
     tokenizer: Path = arg(help="tokenizer.json or vocab.txt (`mlmkit tokenizer train` makes one).")
     text_column: str = Inputs.corpus_column()
-    workers: int = arg(1, "Processes, each tokenizing a run of the files with its share of the cores (one file: one "
+    workers: int = arg(1, "Processes, each tokenizing a run of the files with its share of the cores (one "
+                          "file: one "
                           "process; the tokenizer already uses every core, see docs/cli.md).")
     max_record_bytes: int = Inputs.max_record_bytes()
 
@@ -147,8 +165,10 @@ class PretrainArgs(Args):
                                        "(with --data: the shard's own).")
     vocab_size: int = Training.vocab_size()
     cased: bool = Training.cased()
-    arch: str | None = arg(None, "Model family: bert (MLM + NSP, WordPiece), roberta (MLM on packed sequences, byte-level "
-                                 "BPE) or modernbert (MLM, pre-LN, rotary + local attention, BPE); default: the "
+    arch: str | None = arg(None, "Model family: bert (MLM + NSP, WordPiece), roberta (MLM on packed "
+                                 "sequences, byte-level "
+                                 "BPE) or modernbert (MLM, pre-LN, rotary + local attention, BPE); default: "
+                                 "the "
                                  "--config's, else bert.")
     preset: str = arg("tiny", "Model size: tiny (L2/H128), mini (L4/H256), small (L4/H512), base (L12/H768).")
     config: Path | None = arg(None, "A config.json of the family (overrides --preset).")
@@ -162,7 +182,8 @@ class PretrainArgs(Args):
     cache_dir: Path | None = arg(None, "Tokenized-corpus cache (default: $MLMKIT_CACHE or ~/.cache/mlmkit).")
     max_record_bytes: int = Inputs.max_record_bytes()
     train: TrainArgs = arg(
-        factory=lambda: TrainArgs(steps=1000, lr=5e-4, warmup_ratio=0.06, eval_every=200, save_every=500, keep_last=2),
+        factory=lambda: TrainArgs(steps=1000, lr=5e-4, warmup_ratio=0.06, eval_every=200, save_every=500,
+                                  keep_last=2),
         hide=("epochs", "early_stopping"),
     )
 
@@ -173,7 +194,8 @@ class PretrainArgs(Args):
         _check(self.seq_len >= 8, f"--seq-len {self.seq_len} is too short", "use at least 8")
         # --arch and --nsp are checked against the families where pretraining starts (train/pretrain.py):
         # the families declare whether and how they pretrain, and models/ is above this module
-        _check(_finite(self.mask_prob) and 0.0 < self.mask_prob < 1.0, f"--mask-prob must be between 0 and 1, got {self.mask_prob}")
+        _check(_finite(self.mask_prob) and 0.0 < self.mask_prob < 1.0,
+               f"--mask-prob must be between 0 and 1, got {self.mask_prob}")
         _check_ceiling(self.max_record_bytes)
 
 
@@ -186,16 +208,19 @@ class FinetuneArgs(Args):
     train_file: Path = arg(help="Training data in the task's format.", flags=("--train",))
     out: Path = arg(help="Run directory to write.")
     eval_file: Path | None = Training.eval_file()
-    batch_size: int = arg(32, "Features per micro-batch: an example is one feature, or several (QA's windows of a "
+    batch_size: int = arg(32, "Features per micro-batch: an example is one feature, or several (QA's windows "
+                              "of a "
                               "long context, a plugin's choices).")
     max_length: int | None = Training.max_length()
-    options: Mapping[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
+    options: Mapping[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).",
+                                     cli=False)
     max_record_bytes: int = Inputs.max_record_bytes()
     train: TrainArgs = arg(factory=lambda: TrainArgs(epochs=3.0, lr=5e-5, warmup_ratio=0.1, keep_last=1))
 
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
-        _check(self.max_length is None or self.max_length >= 8, f"--max-length {self.max_length} is too short", "use at least 8")
+        _check(self.max_length is None or self.max_length >= 8,
+               f"--max-length {self.max_length} is too short", "use at least 8")
         _check(self.train.early_stopping is None or self.eval_file is not None,
                "--early-stopping needs --eval", "give an evaluation file to measure progress on")
         _check_ceiling(self.max_record_bytes)
@@ -206,54 +231,76 @@ DISTILL_LR = 1e-4
 DISTILL_HIDDEN, DISTILL_RELATIONS = 0.0, 0.0
 """distill's intermediate-loss weights by default (docs/make-it-fast.md measures each)."""
 DISTILL_AUGMENT_BELOW = 10000
-"""distill's --augment by default: one copy of each training text when there are fewer than this many, else none
-(docs/make-it-fast.md: a copy gained 2 points of accuracy at 1,800 texts; at 18,000 the student was within half a
-point of its teacher without any)."""
+"""distill's --augment by default: one copy of each training text when there are fewer than this many, else
+none (docs/make-it-fast.md: a copy gained 2 points of accuracy at 1,800 texts; at 18,000 the student was
+within half a point of its teacher without any)."""
 
 
 @dataclass
 class DistillArgs(Args):
     """`mlmkit distill`: a student with fewer layers, trained on a fine-tuned teacher's outputs."""
 
-    teacher: Path = arg(help="A fine-tuned run directory (any task but sparse-embedding); with --static, an embedding "
+    teacher: Path = arg(help="A fine-tuned run directory (any task but sparse-embedding); with --static, an "
+                             "embedding "
                              "run, sentence-transformers directory or embedding bundle.", positional=True)
     out: Path = arg(help="The student's run directory (with --static: the bundle's).")
-    train_file: Path | None = arg(None, "What the teacher labels: inputs as `mlmkit predict --input` reads them (.txt, "
-                                        ".jsonl, .csv, .tsv, .parquet; labels in them are not used), or the task's own "
-                                        "data format (a BEIR directory, SQuAD JSON, CoNLL). With --static: optional "
-                                        "training data of `finetune embedding` (rows, scored pairs, a BEIR directory) "
+    train_file: Path | None = arg(None, "What the teacher labels: inputs as `mlmkit predict --input` reads "
+                                        "them (.txt, "
+                                        ".jsonl, .csv, .tsv, .parquet; labels in them are not used), or the "
+                                        "task's own "
+                                        "data format (a BEIR directory, SQuAD JSON, CoNLL). With --static: "
+                                        "optional "
+                                        "training data of `finetune embedding` (rows, scored pairs, a BEIR "
+                                        "directory) "
                                         "that tunes the table.", flags=("--train",))
     layers: int | None = arg(None, "The student's layers, 1 to the teacher's (not with --static).")
-    layer_map: str | None = arg(None, "Which teacher layer starts each student layer, e.g. 0,2,4 (increasing, "
-                                      "distinct); default: every L/K-th from the first.")
+    layer_map: str | None = arg(None,
+                                "Which teacher layer starts each student layer, e.g. 0,2,4 (increasing, "
+                                "distinct); default: every L/K-th from the first.")
     eval_file: Path | None = Training.eval_file()
-    static: bool = arg(False, "Make a static-embedding bundle instead: a vector per token from the teacher, PCA, SIF "
-                              "weighting; a text's embedding is the mean of its tokens' (no transformer runs).")
-    dims: int | None = arg(None, "With --static: the vectors' dimensions (PCA), 1 to the teacher's; default 256 or the "
+    static: bool = arg(False, "Make a static-embedding bundle instead: a vector per token from the teacher, "
+                              "PCA, SIF "
+                              "weighting; a text's embedding is the mean of its tokens' (no transformer "
+                              "runs).")
+    dims: int | None = arg(None, "With --static: the vectors' dimensions (PCA), 1 to the teacher's; default "
+                                 "256 or the "
                                  "teacher's, the smaller.")
-    temperature: float = arg(2.0, "Softmax temperature of the distillation loss on logits (squared, it scales the loss).")
-    hidden_weight: float | None = arg(None, "Weight of the hidden-state loss: each student layer's output against its "
-                                            f"teacher layer's (MSE; TinyBERT's uniform map). 0: off. Default: {DISTILL_HIDDEN}.")
-    relation_weight: float | None = arg(None, "Weight of MiniLMv2's self-attention relation loss (query-query, key-key, "
-                                              f"value-value of the last layers; KL). 0: off. Default: {DISTILL_RELATIONS}.")
-    augment: int | None = arg(None, "Copies of each training text with some of its words replaced by their neighbours in "
-                                    "the teacher's word embeddings (TinyBERT's augmentation), labelled by the teacher "
-                                    f"too. 0: none. Default: 1 below {DISTILL_AUGMENT_BELOW:,} training texts, else 0.")
-    held_out: float = arg(0.1, "Share of the inputs kept out of training, on which the student's agreement with the "
+    temperature: float = arg(2.0, "Softmax temperature of the distillation loss on logits (squared, it "
+                                  "scales the loss).")
+    hidden_weight: float | None = arg(None, "Weight of the hidden-state loss: each student layer's output "
+                                            "against its "
+                                            "teacher layer's (MSE; TinyBERT's uniform map). 0: off. "
+                                            f"Default: {DISTILL_HIDDEN}.")
+    relation_weight: float | None = arg(None, "Weight of MiniLMv2's self-attention relation loss "
+                                              "(query-query, key-key, "
+                                              "value-value of the last layers; KL). 0: off. Default: "
+                                              f"{DISTILL_RELATIONS}.")
+    augment: int | None = arg(None, "Copies of each training text with some of its words replaced by their "
+                                    "neighbours in "
+                                    "the teacher's word embeddings (TinyBERT's augmentation), labelled by "
+                                    "the teacher "
+                                    f"too. 0: none. Default: 1 below {DISTILL_AUGMENT_BELOW:,} training "
+                                    "texts, else 0.")
+    held_out: float = arg(0.1, "Share of the inputs kept out of training, on which the student's agreement "
+                               "with the "
                                "teacher is measured (0: none).")
     batch_size: int = arg(32, "Features per micro-batch.")
     max_length: int | None = Training.max_length()
-    options: Mapping[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
-    train: TrainArgs = arg(factory=lambda: TrainArgs(epochs=3.0, lr=DISTILL_LR, warmup_ratio=0.1, keep_last=1))
+    options: Mapping[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).",
+                                     cli=False)
+    train: TrainArgs = arg(factory=lambda: TrainArgs(epochs=3.0, lr=DISTILL_LR, warmup_ratio=0.1,
+                                                     keep_last=1))
 
     def __post_init__(self) -> None:
         if self.static:
-            _check(self.layers is None and self.layer_map is None, "--layers and --layer-map make a transformer student, "
+            _check(self.layers is None and self.layer_map is None,
+                   "--layers and --layer-map make a transformer student, "
                    "--static a table", "drop --layers and --layer-map, or --static")
             _check(self.eval_file is None, "--eval scores a transformer student; a static table is scored by "
                    "`mlmkit evaluate BUNDLE --data D`", "drop --eval")
         else:
-            _check(self.layers is not None, "distill needs --layers (the student's), or --static", "e.g. --layers 3")
+            _check(self.layers is not None, "distill needs --layers (the student's), or --static",
+                   "e.g. --layers 3")
             _check(self.train_file is not None, "distill needs --train (what the teacher labels)",
                    "give a file of texts or the task's data: --train DATA")
             _check(self.dims is None, "--dims is a static table's size", "add --static, or drop --dims")
@@ -263,37 +310,50 @@ class DistillArgs(Args):
                "keep --held-out above 0, or add --eval FILE")
         for name in ("hidden_weight", "relation_weight"):
             w = getattr(self, name)
-            _check(w is None or (math.isfinite(w) and w >= 0), f"--{name.replace('_', '-')} must be 0 or more, got {w}")
+            _check(w is None or (math.isfinite(w) and w >= 0),
+                   f"--{name.replace('_', '-')} must be 0 or more, got {w}")
         _check(self.augment is None or self.augment >= 0, f"--augment must be 0 or more, got {self.augment}")
-        _check(not self.static or (self.hidden_weight, self.relation_weight, self.augment) == (None, None, None),
-               "--hidden-weight, --relation-weight and --augment train a transformer student, not a static table",
+        _check(not self.static or (self.hidden_weight, self.relation_weight, self.augment)
+               == (None, None, None),
+               "--hidden-weight, --relation-weight and --augment train a transformer student, not a static "
+               "table",
                "drop them, or --static")
         _check(self.dims is None or self.dims >= 1, f"--dims must be at least 1, got {self.dims}")
         _check(math.isfinite(self.temperature) and self.temperature > 0,
                f"--temperature must be a positive number, got {self.temperature}")
-        _check(0 <= self.held_out < 1, f"--held-out must be from 0 up to (not including) 1, got {self.held_out}")
+        _check(0 <= self.held_out < 1,
+               f"--held-out must be from 0 up to (not including) 1, got {self.held_out}")
         _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
-        _check(self.max_length is None or self.max_length >= 8, f"--max-length {self.max_length} is too short", "use at least 8")
+        _check(self.max_length is None or self.max_length >= 8,
+               f"--max-length {self.max_length} is too short", "use at least 8")
 
 
 @dataclass
 class SweepArgs(FinetuneArgs):
-    """`mlmkit sweep`: fine-tuning trials chosen by Optuna; --out is the sweep's directory (a run per trial)."""
+    """`mlmkit sweep`: fine-tuning trials chosen by Optuna; --out is the sweep's directory (a run per
+    trial)."""
 
-    out: Path = arg(help="The sweep's directory: a run directory per trial (trial-NNN) and the default storage.")
+    out: Path = arg(help="The sweep's directory: a run directory per trial (trial-NNN) and the default "
+                         "storage.")
 
-    trials: int = arg(10, "Trials to finish (complete or pruned) in the study, over every process that shares it.")
+    trials: int = arg(10, "Trials to finish (complete or pruned) in the study, over every process that "
+                          "shares it.")
     search: list[str] = arg(factory=list, help="A setting to search, repeatable: NAME=LOW:HIGH (uniform), "
-                                               "NAME=LOW:HIGH:log, or NAME=A,B,C (a choice); e.g. lr=1e-5:1e-3:log.")
-    storage: str | None = arg(None, "Optuna storage URL shared by several processes or machines (sqlite:///sweep.db, "
+                                               "NAME=LOW:HIGH:log, or NAME=A,B,C (a choice); e.g. "
+                                               "lr=1e-5:1e-3:log.")
+    storage: str | None = arg(None, "Optuna storage URL shared by several processes or machines "
+                                    "(sqlite:///sweep.db, "
                                     "postgresql://..., mysql://...); default: OUT/sweep.db.")
-    study: str = arg("mlmkit-sweep", "Study name in the storage: processes with the same storage and study share trials.")
-    prune: bool = arg(True, "Stop unpromising trials early (Optuna's median pruner on the evaluation metric).")
+    study: str = arg("mlmkit-sweep",
+                     "Study name in the storage: processes with the same storage and study share trials.")
+    prune: bool = arg(True,
+                      "Stop unpromising trials early (Optuna's median pruner on the evaluation metric).")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.trials >= 1, f"--trials must be at least 1, got {self.trials}")
-        _check(self.eval_file is not None, "mlmkit sweep needs --eval", "trials are compared on the evaluation metric")
+        _check(self.eval_file is not None, "mlmkit sweep needs --eval",
+               "trials are compared on the evaluation metric")
         _check(bool(self.search), "give at least one --search NAME=SPACE", "e.g. --search lr=1e-5:1e-3:log")
 
 
@@ -301,11 +361,13 @@ class SweepArgs(FinetuneArgs):
 class EvaluateArgs(Args):
     """`mlmkit evaluate`: fine-tuned runs, bundles or indexes scored on labelled data, side by side."""
 
-    models: list[Path] = arg(help="Fine-tuned run directories or exported bundles; several are scored on the same data, "
+    models: list[Path] = arg(help="Fine-tuned run directories or exported bundles; several are scored on the "
+                                  "same data, "
                                   "side by side.", positional=True)
     data: Path = arg(help="Labelled data in the task's format.")
     predictions: Path | None = arg(None, "Write per-example predictions as JSON lines (one model).")
-    speed: bool = arg(False, "Also time each model's prediction of the data (examples/s on this machine) and give its size.")
+    speed: bool = arg(False, "Also time each model's prediction of the data (examples/s on this machine) and "
+                             "give its size.")
     plot: Path | None = arg(None, "Draw quality against speed (implies --speed): .png, .svg or .pdf "
                                   "(pip install 'mlmkit[plots]').")
     device: str = Runtime.device()
@@ -318,20 +380,24 @@ class EvaluateArgs(Args):
         _check(len(self.models) <= 1 or self.predictions is None, "--predictions takes one model",
                "evaluate the model whose predictions you want alone")
         fusion_weights(self.weights, self.hybrid, self.fusion)
-        _check(not self.hybrid or self.chunk_agg == "max", "--chunk-agg goes without --hybrid (a fused ranking takes each "
+        _check(not self.hybrid or self.chunk_agg == "max",
+               "--chunk-agg goes without --hybrid (a fused ranking takes each "
                "retriever's documents by their best chunk)", "drop --chunk-agg or --hybrid")
-        _check(not self.hybrid or (len(self.models) == 1 and self.predictions is None and not self.speed and self.plot is None),
+        _check(not self.hybrid or (len(self.models) == 1 and self.predictions is None and not self.speed
+                                   and self.plot is None),
                "--hybrid fuses one index with other retrievers: it takes one index and --data alone",
                "evaluate INDEX --data BEIR_DIR --hybrid bm25; drop --predictions, --speed and --plot")
         for m in self.models:
-            _check(Path(m).exists(), f"not found: {m}", "pass a fine-tuned run directory or an exported bundle")
+            _check(Path(m).exists(), f"not found: {m}",
+                   "pass a fine-tuned run directory or an exported bundle")
 
 
 @dataclass
 class PlotArgs(Args):
     """`mlmkit plot`: runs' training curves, overlaid."""
 
-    runs: list[Path] = arg(help="Run directories (or their metrics.jsonl) to draw, overlaid.", positional=True)
+    runs: list[Path] = arg(help="Run directories (or their metrics.jsonl) to draw, overlaid.",
+                           positional=True)
     out: Path = arg(Path("curves.png"), "The picture to write: .png, .svg or .pdf.")
     title: str | None = arg(None, "A title above the panels.")
 
@@ -340,39 +406,55 @@ class PlotArgs(Args):
 class ExportArgs(Args):
     """`mlmkit export`: a run directory -> an ONNX bundle."""
 
-    run: Path = arg(help="An mlmkit run, or a Hugging Face checkpoint directory of a supported family.", positional=True)
+    run: Path = arg(help="An mlmkit run, or a Hugging Face checkpoint directory of a supported family.",
+                    positional=True)
     out: Path = arg(help="Bundle directory to write, e.g. exports/NAME.")
     task: str | None = arg(None, "Export as this registered task (`mlmkit tasks`); default: the run's (a "
-                                 "pretraining run's: the masked-LM task), or what the checkpoint's config.json says.")
-    quantize: str | None = arg(None, "int8: int8 weights, for the CPU (activations quantised per call, or with "
-                                     "--calibrate ranges measured beforehand).")
-    calibrate: Path | None = arg(None, "--quantize int8: inputs as `mlmkit predict --input` reads them (.txt, .jsonl, "
-                                       ".csv, .tsv, .parquet; the first 512) on which the activations' ranges are "
+                                 "pretraining run's: the masked-LM task), or what the checkpoint's "
+                                 "config.json says.")
+    quantize: str | None = arg(None,
+                               "int8: int8 weights, for the CPU (activations quantised per call, or with "
+                               "--calibrate ranges measured beforehand).")
+    calibrate: Path | None = arg(None, "--quantize int8: inputs as `mlmkit predict --input` reads them "
+                                       "(.txt, .jsonl, "
+                                       ".csv, .tsv, .parquet; the first 512) on which the activations' "
+                                       "ranges are "
                                        "measured (static int8, QDQ) and the agreement with fp32 is measured.")
-    min_agreement: float | None = arg(None, "The gates' threshold: the agreement with fp32 below which a precision "
-                                            "fails (top-1 for outputs that choose, else the mean cosine of vectors, else "
-                                            "the correlation of scores; on the --calibrate inputs, else the sample batch). "
-                                            "int8: the bundle is refused, nothing written; bf16: its gate is recorded as "
-                                            "failed (default for bf16: 0.99 top-1, 0.999 cosine).")
-    precision: str = arg("auto", "auto: an fp32 graph, with the bf16 gate measured where this machine has bf16 units "
-                                 "(each machine picks again at run time); fp32: an fp32 graph that runs in fp32 "
-                                 "everywhere; bf16: an fp32 graph whose bf16 gate must pass here; int8: --quantize int8; "
-                                 "fp16: --fp16 (for --device cuda).")
+    min_agreement: float | None = arg(None,
+                                      "The gates' threshold: the agreement with fp32 below which a precision "
+                                      "fails (top-1 for outputs that choose, else the mean cosine of "
+                                      "vectors, else "
+                                      "the correlation of scores; on the --calibrate inputs, else the "
+                                      "sample batch). "
+                                      "int8: the bundle is refused, nothing written; bf16: its gate is "
+                                      "recorded as "
+                                      "failed (default for bf16: 0.99 top-1, 0.999 cosine).")
+    precision: str = arg("auto",
+                         "auto: an fp32 graph, with the bf16 gate measured where this machine has bf16 units "
+                         "(each machine picks again at run time); fp32: an fp32 graph that runs in "
+                         "fp32 "
+                         "everywhere; bf16: an fp32 graph whose bf16 gate must pass here; int8: "
+                         "--quantize int8; "
+                         "fp16: --fp16 (for --device cuda).")
     fp16: bool = arg(False, "fp16 weights and compute, for --device cuda.")
     optimize: bool = arg(True, "onnxruntime's transformer fusions (--no-optimize: the plain graph).")
     opset: int = arg(17, "ONNX opset, 17 to 23.")
     top_k: int | None = arg(None, "The top-k a task computes in the graph (its top_k_option in `mlmkit "
-                                  "tasks`): the candidates per [MASK] of a masked LM (5), the terms kept per text of "
+                                  "tasks`): the candidates per [MASK] of a masked LM (5), the terms kept per "
+                                  "text of "
                                   "a sparse embedding.")
-    options: Mapping[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).", cli=False)
+    options: Mapping[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).",
+                                     cli=False)
 
     def __post_init__(self) -> None:
         _check(self.precision in PRECISIONS, f"--precision {self.precision} is not a precision",
                f"use one of {', '.join(PRECISIONS)}")
-        _check(self.quantize in (None, "int8"), f"--quantize {self.quantize} is not supported", "use --quantize int8")
+        _check(self.quantize in (None, "int8"), f"--quantize {self.quantize} is not supported",
+               "use --quantize int8")
         graph = "int8" if self.quantize else "fp16" if self.fp16 else None  # what the older flags ask for
         _check(graph is None or self.precision in ("auto", graph),
-               f"--precision {self.precision} and --{'quantize int8' if self.quantize else 'fp16'} disagree", "give one of them")
+               f"--precision {self.precision} and --{'quantize int8' if self.quantize else 'fp16'} disagree",
+               "give one of them")
         if self.precision == "int8":
             self.quantize = "int8"
         elif self.precision == "fp16":
@@ -384,5 +466,7 @@ class ExportArgs(Args):
         _check(self.top_k is None or self.top_k >= 1, f"--top-k must be at least 1, got {self.top_k}")
         _check(self.calibrate is None or self.quantize == "int8", "--calibrate is for --quantize int8",
                "add --quantize int8, or leave --calibrate out")
-        _check(self.min_agreement is None or (math.isfinite(self.min_agreement) and 0 < self.min_agreement <= 1),
-               f"--min-agreement must be above 0 and at most 1, got {self.min_agreement}", "e.g. --min-agreement 0.98")
+        _check(self.min_agreement is None
+               or (math.isfinite(self.min_agreement) and 0 < self.min_agreement <= 1),
+               f"--min-agreement must be above 0 and at most 1, got {self.min_agreement}",
+               "e.g. --min-agreement 0.98")

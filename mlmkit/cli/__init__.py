@@ -2,8 +2,8 @@
 
 The commands live in three modules, composed here: training.py (tokenizer, pretrain, tasks, finetune,
 distill, sweep, plot, evaluate, quickstart, data), inference.py (export and the onnxruntime
-commands) and indexes.py (index and search). Library errors (MlmkitError) become one red line on stderr and exit status 2; `--debug`
-shows the traceback.
+commands) and indexes.py (index and search). Library errors (MlmkitError) become one red line on stderr and
+exit status 2; `--debug` shows the traceback.
 Heavy modules (torch) are imported inside the commands that need them, so the inference commands
 start fast.
 """
@@ -35,14 +35,18 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors, and debug logs.")] = False,
+    debug: Annotated[bool,
+                     typer.Option("--debug", help="Show tracebacks of errors, and debug logs.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors on stderr.")] = False,
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version.")] = False,
 ) -> None:
-    """mlmkit: pre-train encoders (BERT, RoBERTa, ModernBERT ...), fine-tune task heads, export to ONNX, serve them fast."""
+    """mlmkit: pre-train encoders (BERT, RoBERTa, ModernBERT ...), fine-tune task heads, export to ONNX, serve
+    them fast."""
     logger = logging.getLogger("mlmkit")
     logger.handlers[:] = [RichHandler(console=err, show_time=False, show_path=False, markup=False)]
-    logger.setLevel(logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO)  # common.debugging
+    # common.debugging
+    logger.setLevel(logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO)
     logger.propagate = False
 
 

@@ -52,12 +52,14 @@ def handle_errors(fn: F) -> F:
         except MlmkitError as e:
             if debugging():
                 raise
-            err.print(f"[bold red]error:[/] {escape(e.message)}" + (f" [dim]({escape(e.hint)})[/]" if e.hint else ""), highlight=False)
+            err.print(f"[bold red]error:[/] {escape(e.message)}"
+                      + (f" [dim]({escape(e.hint)})[/]" if e.hint else ""), highlight=False)
             raise typer.Exit(code=2) from None
         except ModuleNotFoundError as e:  # the torch side on a torch-free install (pip install mlmkit)
             if debugging() or e.name not in TRAIN_MODULES:
                 raise
-            hint = "pip install 'mlmkit[train]' for training and export; inference on bundles needs nothing more"
+            hint = ("pip install 'mlmkit[train]' for training and export; inference on bundles needs nothing "
+                    "more")
             err.print(f"[bold red]error:[/] this command needs {e.name}, which this install leaves out "
                       f"[dim]({escape(hint)})[/]", highlight=False)
             raise typer.Exit(code=2) from None
@@ -72,7 +74,8 @@ def handle_errors(fn: F) -> F:
 
 
 # ---- parameters built from declarations ----------------------------------------------------------
-def _replace_param(fn: Callable[..., Any], name: str, params: list[inspect.Parameter], build: Callable[[dict[str, Any]], Any]) -> Callable[..., Any]:
+def _replace_param(fn: Callable[..., Any], name: str, params: list[inspect.Parameter],
+                   build: Callable[[dict[str, Any]], Any]) -> Callable[..., Any]:
     """``fn`` as Typer sees it with its parameter ``name`` replaced by ``params``: the wrapper calls
     ``build`` on their values and passes the result to ``fn`` as ``name``. Arguments come first, then
     ``fn``'s own options, then ``params``' options; --json (Json) last."""
@@ -99,7 +102,8 @@ def _replace_param(fn: Callable[..., Any], name: str, params: list[inspect.Param
 
 
 def _info(p: inspect.Parameter) -> Any:
-    return next((m for m in getattr(p.annotation, "__metadata__", ()) if isinstance(m, typer.models.ParameterInfo)), None)
+    return next((m for m in getattr(p.annotation, "__metadata__", ())
+                 if isinstance(m, typer.models.ParameterInfo)), None)
 
 
 def with_args(cls: type[Args]) -> Callable[[F], F]:
@@ -109,11 +113,13 @@ def with_args(cls: type[Args]) -> Callable[[F], F]:
     params = []
     for f in fields:
         flags = f.flags
-        if (f.type is bool and f.default is True) or f.type == bool | None:  # on by default, or undecided: --x/--no-x
+        # on by default, or undecided: --x/--no-x
+        if (f.type is bool and f.default is True) or f.type == bool | None:
             flags = (f"{flags[0]}/--no-{flags[0][2:]}",)
         panel = "Training" if len(f.path) > 1 else None  # the fields of a composed TrainArgs
         text = escape(f.help)  # help is plain text: "mlmkit[serve]" is not rich markup
-        decl = typer.Argument(help=text) if f.positional else typer.Option(*flags, help=text, rich_help_panel=panel)
+        decl = typer.Argument(help=text) if f.positional else typer.Option(*flags, help=text,
+                                                                           rich_help_panel=panel)
         default = inspect.Parameter.empty if f.required else f.default
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                         annotation=Annotated[f.type, decl]))
@@ -154,27 +160,32 @@ def with_task_options(command: str) -> Callable[[F], F]:
     against its declared options."""
     params = [inspect.Parameter("option", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
         list[str] | None, typer.Option("--option", "-O", metavar="NAME=VALUE", rich_help_panel="Task options",
-                                       help="A task option, repeatable; `mlmkit tasks` lists each task's options.")])]
+                                       help="A task option, repeatable; `mlmkit tasks` lists each task's "
+                                            "options.")])]
     flagged = command_flags(command)
     for name, o in sorted(flagged.items()):
-        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation=Annotated[
             o.kind | None, typer.Option(*o.flags, help=f"Same as --option {name}=VALUE.", show_default=False,
                                         rich_help_panel="Task options")]))
 
     def build(values: dict[str, Any]) -> Options:
-        return parse_task_options(values.pop("option") or [], {k: v for k, v in values.items() if v is not None}, flagged)
+        return parse_task_options(values.pop("option") or [],
+                                  {k: v for k, v in values.items() if v is not None}, flagged)
 
     return lambda fn: _replace_param(fn, "options", params, build)  # type: ignore[return-value]
 
 
-def parse_task_options(pairs: list[str], flagged: Mapping[str, Any], flags: dict[str, TaskOption] | None = None) -> Options:
+def parse_task_options(pairs: list[str], flagged: Mapping[str, Any],
+                       flags: dict[str, TaskOption] | None = None) -> Options:
     """NAME=VALUE strings (typed later, by the task's declaration) together with the alias flags given."""
     opts: Options = {}
     for pair in pairs:
         name, eq, value = pair.partition("=")
         name = name.strip().replace("-", "_")
         if not eq or not name:
-            raise ConfigError(f"--option {pair!r} is not NAME=VALUE", "for example --option text_column=sentence")
+            raise ConfigError(f"--option {pair!r} is not NAME=VALUE",
+                              "for example --option text_column=sentence")
         opts[name] = value
     both = sorted(set(opts) & set(flagged))
     if both:
@@ -230,7 +241,8 @@ def print_comparison(models: list[Any], results: list[Metrics], title: str) -> N
         for k in keys:
             v = r.get(k)
             cells.append("-" if v is None else f"{v / 1e6:.1f}" if k == "model_bytes" else
-                         f"{v:.1f}" if k == "examples_per_second" else f"{v:.4f}" if isinstance(v, float) else str(v))
+                         f"{v:.1f}" if k == "examples_per_second" else f"{v:.4f}" if isinstance(v, float)
+                         else str(v))
         t.add_row(escape(str(m)), *cells)
     out.print(t)
 
@@ -240,7 +252,8 @@ def short(x: Any, n: int = 70) -> str:
     return escape(s if len(s) <= n else s[: n - 1] + "…")
 
 
-def print_results(title: str, items: list[Any], results: list[Prediction], summary: Callable[[Prediction], dict[str, str]],
+def print_results(title: str, items: list[Any], results: list[Prediction],
+                  summary: Callable[[Prediction], dict[str, str]],
                   console: Console | None = None) -> None:
     """Results as a table: the input, then the columns ``summary`` makes of each result."""
     if not results:

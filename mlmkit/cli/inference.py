@@ -52,7 +52,8 @@ app = typer.Typer()
 @with_task_options("export")
 @with_args(ExportArgs)
 def export_cmd(args: ExportArgs, options: Options, as_json: Json = False) -> None:
-    """Export an mlmkit run or a Hugging Face checkpoint (BERT, RoBERTa, DistilBERT, ELECTRA, DeBERTa-v2, ModernBERT) to an ONNX bundle."""
+    """Export an mlmkit run or a Hugging Face checkpoint (BERT, RoBERTa, DistilBERT, ELECTRA, DeBERTa-v2,
+    ModernBERT) to an ONNX bundle."""
     from dataclasses import replace
 
     from mlmkit.exporter.bundle import export
@@ -60,15 +61,18 @@ def export_cmd(args: ExportArgs, options: Options, as_json: Json = False) -> Non
 
     with err.status(f"exporting {args.run} ..."):
         meta = export(replace(args, options=options))
-    summary = {k: getattr(meta, k) for k in ("task", "precision", "opset", "fused_operators", "parity", "model_bytes")}
+    summary = {k: getattr(meta, k)
+               for k in ("task", "precision", "opset", "fused_operators", "parity", "model_bytes")}
     summary["optimizations"] = list(meta.optimizations)
     summary["bundle"] = str(args.out)
-    gates = {k: v for k, v in meta.gate.items() if isinstance(v, dict)}  # a precision's gate (the sample stays in the file)
+    # a precision's gate (the sample stays in the file)
+    gates = {k: v for k, v in meta.gate.items() if isinstance(v, dict)}
     summary["gates"] = gates
     if want_json(as_json):
         print_json(summary)
         return
-    t = Table(title=f"{meta.task} bundle {args.out} ({meta.precision}, opset {args.opset}, {meta.model_bytes / 1e6:.1f} MB)")
+    t = Table(title=f"{meta.task} bundle {args.out} ({meta.precision}, opset {args.opset}, "
+                    f"{meta.model_bytes / 1e6:.1f} MB)")
     t.add_column("check")
     t.add_column("result")
     fused = ", ".join(f"{k} {v}" for k, v in meta.fused_operators.items()) or "none (--no-optimize)"
@@ -83,9 +87,11 @@ def export_cmd(args: ExportArgs, options: Options, as_json: Json = False) -> Non
         t.add_row("fp16 vs fp32", p["fp16_check"] if p["fp16_top1_agreement_vs_fp32"] is None
                   else f"top-1 agreement {_share(p['fp16_top1_agreement_vs_fp32'])}")
     s = p["sample"]
-    t.add_row("sample", f"{s['rows']} inputs of {s['min_length']}-{s['max_length']} tokens in one padded batch")
+    t.add_row("sample",
+              f"{s['rows']} inputs of {s['min_length']}-{s['max_length']} tokens in one padded batch")
     for name, g in gates.items():
-        t.add_row(f"{name} gate vs fp32", said(g) if g.get("passed") is not None else f"not measured: {g['not_measured']}")
+        t.add_row(f"{name} gate vs fp32",
+                  said(g) if g.get("passed") is not None else f"not measured: {g['not_measured']}")
     out.print(t)
 
 
@@ -94,7 +100,8 @@ def _share(x: float | None) -> str:
 
 
 # ---- inference ---------------------------------------------------------------------------------
-def run_inference(command: str | None, args: InferenceArgs, options: Options, texts: list[Any] | None = None) -> None:
+def run_inference(command: str | None, args: InferenceArgs, options: Options,
+                  texts: list[Any] | None = None) -> None:
     """Load the bundle (refusing one that ``command`` does not serve), stream the inputs through it
     window by window (jobs.batch), and write the results: a file, JSON lines when piped, a table on a
     terminal."""
@@ -129,30 +136,29 @@ def run_inference(command: str | None, args: InferenceArgs, options: Options, te
         from mlmkit.jobs.ray import run_cli
 
         return run_cli(pipe, args, options)
-    stream = args.output is not None and is_stream(args.output)  # written through by jobs.batch, as JSON lines
-    errors = args.errors or (args.output.with_name(args.output.name + ".errors.jsonl") if skip and args.output and not stream
-                             else None)
+    stream = args.output is not None and is_stream(args.output)  # written through by jobs.batch, as JSON
+    errors = args.errors or (args.output.with_name(args.output.name + ".errors.jsonl")
+                             if skip and args.output and not stream else None)
     table = not want_json(args.as_json) and args.output is None
     shown: list[Any] = []
     results: list[Prediction] = []
     failed: list[JSONObject] = []  # the lines of --errors
-    progress = rp.Progress(
-        rp.TextColumn("{task.description}"), rp.MofNCompleteColumn(), rp.TextColumn("[cyan]{task.fields[rate]}"),
-        rp.TimeElapsedColumn(), console=err, transient=True, disable=texts is not None or not err.is_terminal,
-    )
+    progress = rp.Progress(rp.TextColumn("{task.description}"), rp.MofNCompleteColumn(),
+                           rp.TextColumn("[cyan]{task.fields[rate]}"), rp.TimeElapsedColumn(), console=err,
+                           transient=True, disable=texts is not None or not err.is_terminal)
     n = bad = cut = 0
     with progress:
         bar = progress.add_task(pipe.task, total=None, rate="")
-        for w, done in batch(pipe, items, options=options, window=args.window, workers=args.workers or default_workers(),
-                             threads=args.threads, skip=skip, id_column=args.id_column, output=args.output, errors=errors,
-                             resume=args.resume, inputs=files):
+        for w, done in batch(pipe, items, options=options, window=args.window,
+                             workers=args.workers or default_workers(),
+                             threads=args.threads, skip=skip, id_column=args.id_column, output=args.output,
+                             errors=errors, resume=args.resume, inputs=files):
             n, bad, cut = n + len(done.results), bad + len(done.errors), cut + done.truncated
             if args.output is None and not table:
                 sys.stdout.write("".join(map(json_line, done.results)))
                 sys.stdout.flush()
             elif table:
-                records = w.records
-                shown.extend(records[i].data for i in done.kept)
+                shown.extend(w.records[i].data for i in done.kept)
                 results.extend(done.results)
             if args.output is None or stream:
                 failed.extend(done.errors)
@@ -178,7 +184,8 @@ def _report_errors(failed: list[JSONObject], errors: Path | None) -> None:
         write_jsonl(errors, failed)
         err.print(f"skipped {len(failed)} bad records: see {errors}")
         return
-    err.print(f"skipped {len(failed)} bad records (--errors FILE lists them), the first: {failed[0]['error']}")
+    err.print(f"skipped {len(failed)} bad records (--errors FILE lists them), the first: "
+              f"{failed[0]['error']}")
 
 
 @app.command()
@@ -217,13 +224,16 @@ def embed(args: EmbedArgs, options: Options) -> None:
     """One vector per text with an embedding bundle (pooling and normalisation are the bundle's); with
     --chunk-tokens, a vector per chunk of each text, with its span."""
     chunks = args.chunk_options()
-    if chunks and (args.bundle / "mlmkit.json").is_file():  # else Pipeline.load says what is wrong, in one line
+    # else Pipeline.load says what is wrong, in one line
+    if chunks and (args.bundle / "mlmkit.json").is_file():
         from mlmkit.runtime.bundle import read_bundle_meta
 
         task = read_bundle_meta(args.bundle).task
         if task != "embedding":
-            raise ConfigError(f"--chunk-tokens: {args.bundle} is a {task} bundle, and embed chunks texts for embedding "
-                              "bundles", "an index chunks documents for every kind: mlmkit index BUNDLE --chunk-tokens N")
+            raise ConfigError(f"--chunk-tokens: {args.bundle} is a {task} bundle, and embed chunks texts for "
+                              "embedding "
+                              "bundles", "an index chunks documents for every kind: mlmkit index BUNDLE "
+                                         "--chunk-tokens N")
     run_inference("embed", args, {**options, **chunks})
 
 
@@ -231,19 +241,22 @@ def embed(args: EmbedArgs, options: Options) -> None:
 @handle_errors
 @with_args(RerankArgs)
 def rerank(args: RerankArgs, as_json: Json = False) -> None:
-    """Rank documents for a query with a cross-encoder (the score: the sigmoid of its logit) or a colbert bundle
-    (MaxSim), most relevant first."""
+    """Rank documents for a query with a cross-encoder (the score: the sigmoid of its logit) or a colbert
+    bundle (MaxSim), most relevant first."""
     from mlmkit.retrieval.reranking import late_interaction, rerank_documents
     from mlmkit.runtime.bundle import read_bundle_meta
     from mlmkit.runtime.pipeline import Pipeline
     from mlmkit.text.records import iter_inputs
 
-    docs = list(args.documents or []) + ([rec.line_text(args.text_column) for rec in iter_inputs(args.input_file)]
-                                         if args.input_file is not None else [])
+    docs = list(args.documents
+                or []) + ([rec.line_text(args.text_column) for rec in iter_inputs(args.input_file)]
+                          if args.input_file is not None else [])
     if not docs:
         raise ConfigError("no documents to rank", "give them as arguments or with --input FILE")
-    described = (Path(args.bundle) / "mlmkit.json").is_file()  # else Pipeline.load says what is wrong, in one line
-    late = described and late_interaction(read_bundle_meta(args.bundle).outputs)  # else a classifier, or why not
+    # else Pipeline.load says what is wrong, in one line
+    described = (Path(args.bundle) / "mlmkit.json").is_file()
+    # else a classifier, or why not
+    late = described and late_interaction(read_bundle_meta(args.bundle).outputs)
     pipe = Pipeline.load(args.bundle, command=None if late else "classify", precision=args.precision)
     ranked = rerank_documents(pipe, args.query, docs, top_n=args.top_n, raw=args.raw_scores)
     if want_json(as_json):
@@ -284,7 +297,8 @@ def predict(args: InferenceArgs, options: Options) -> None:
 @handle_errors
 @with_args(MineArgs)
 def mine(args: MineArgs, as_json: Json = False) -> None:
-    """Mine hard negatives for (query, positive) data: a BEIR directory or anchor, positive rows, ranked by BM25 or an embedding bundle."""
+    """Mine hard negatives for (query, positive) data: a BEIR directory or anchor, positive rows, ranked by
+    BM25 or an embedding bundle."""
     from mlmkit.retrieval.mining import mine as run
 
     with err.status(f"mining {args.data} ..."):
@@ -294,7 +308,8 @@ def mine(args: MineArgs, as_json: Json = False) -> None:
         return
     short = ", ".join(f"{n} ({why})" for why, n in stats["short"].items()) or "none"
     held = f" ({stats['held_out']:,} other splits' answers left out)" if stats["held_out"] else ""
-    out.print(f"{stats['rows']:,} rows with {stats['negatives']:,} negatives from {stats['documents']:,} documents{held} "
+    out.print(f"{stats['rows']:,} rows with {stats['negatives']:,} negatives from {stats['documents']:,} "
+              f"documents{held} "
               f"-> {stats['out']}; rows with fewer than {args.negatives}: {short}")
 
 

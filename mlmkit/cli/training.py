@@ -1,5 +1,5 @@
-"""The commands that train and score: tokenizer train, tokenize, pretrain, tasks, finetune, distill, sweep, plot,
-evaluate, quickstart, and data (the built-in data sets).
+"""The commands that train and score: tokenizer train, tokenize, pretrain, tasks, finetune, distill, sweep,
+plot, evaluate, quickstart, and data (the built-in data sets).
 
 torch is imported inside the commands that need it, never at module level.
 """
@@ -41,7 +41,8 @@ from mlmkit.errors import MlmkitError
 from mlmkit.registry import Metrics, Options
 
 app = typer.Typer()
-tokenizer_app = typer.Typer(no_args_is_help=True, help="Train tokenizers: WordPiece, byte-level BPE or Unigram.")
+tokenizer_app = typer.Typer(no_args_is_help=True,
+                            help="Train tokenizers: WordPiece, byte-level BPE or Unigram.")
 app.add_typer(tokenizer_app, name="tokenizer")
 
 
@@ -56,7 +57,8 @@ def tokenizer_train(args: TokenizerArgs) -> None:
     from mlmkit.train.corpus.files import iter_sentences
 
     specials = {"bert": SPECIAL_TOKENS, "roberta": ROBERTA_TOKENS}.get(args.special_tokens)
-    tok = train_tokenizer(iter_sentences(args.corpus, args.text_column), vocab_size=args.vocab_size, cased=args.cased,
+    tok = train_tokenizer(iter_sentences(args.corpus, args.text_column), vocab_size=args.vocab_size,
+                          cased=args.cased,
                           kind=args.kind, specials=specials)
     if args.out.suffix == ".json" and args.out.name != "tokenizer.json":
         atomic_write_text(args.out, tok.to_str())  # just this file: never touch a tokenizer.json beside it
@@ -72,20 +74,24 @@ def tokenizer_train(args: TokenizerArgs) -> None:
 @handle_errors
 @with_args(TokenizeArgs)
 def tokenize(args: TokenizeArgs) -> None:
-    """Tokenize a corpus once into a memory-mapped token shard: `mlmkit pretrain --data DIR` trains from it."""
+    """Tokenize a corpus once into a memory-mapped token shard: `mlmkit pretrain --data DIR` trains from
+    it."""
     from mlmkit.text.tokenizer import load_tokenizer
     from mlmkit.train.corpus.shards import tokenize_to
 
-    c = tokenize_to(args.corpus, load_tokenizer(args.tokenizer), args.out, text_column=args.text_column, workers=args.workers,
+    c = tokenize_to(args.corpus, load_tokenizer(args.tokenizer), args.out, text_column=args.text_column,
+                    workers=args.workers,
                     max_bytes=args.max_record_bytes)
-    err.print(f"wrote {args.out}: {len(c.tokens):,} tokens, {len(c.sent_offsets) - 1:,} sentences, {c.num_docs:,} documents")
+    err.print(f"wrote {args.out}: {len(c.tokens):,} tokens, {len(c.sent_offsets) - 1:,} sentences, "
+              f"{c.num_docs:,} documents")
 
 
 @app.command()
 @handle_errors
 @with_args(PretrainArgs)
 def pretrain(args: PretrainArgs) -> None:
-    """Pre-train an encoder with masked language modelling (BERT: + next-sentence prediction; --arch roberta | modernbert)."""
+    """Pre-train an encoder with masked language modelling (BERT: + next-sentence prediction; --arch roberta |
+    modernbert)."""
     from dataclasses import replace
 
     from mlmkit.train.pretrain import pretrain as run
@@ -129,7 +135,8 @@ def finetune(args: FinetuneArgs, options: Options) -> None:
 
     from mlmkit.train.finetune import finetune as run
 
-    metrics = run(replace(args, options={**args.options, **options}, train=replace(args.train, progress=err.is_terminal)))
+    metrics = run(replace(args, options={**args.options, **options},
+                          train=replace(args.train, progress=err.is_terminal)))
     print_metrics(metrics, f"fine-tuning {args.task} -> {args.out}", as_json=False)
 
 
@@ -137,8 +144,8 @@ def finetune(args: FinetuneArgs, options: Options) -> None:
 @handle_errors
 @with_args(DistillArgs)
 def distill(args: DistillArgs) -> None:
-    """Distil a fine-tuned run into a student with fewer layers trained on the teacher's outputs, or (--static) an
-    embedding model into a table of token vectors."""
+    """Distil a fine-tuned run into a student with fewer layers trained on the teacher's outputs, or
+    (--static) an embedding model into a table of token vectors."""
     from dataclasses import replace
 
     from mlmkit.train.distill import distill as run
@@ -157,7 +164,8 @@ def sweep(args: SweepArgs, options: Options, as_json: Json = False) -> None:
 
     from mlmkit.train.sweep import sweep as run
 
-    result = run(replace(args, options={**args.options, **options}, train=replace(args.train, progress=err.is_terminal)))
+    result = run(replace(args, options={**args.options, **options},
+                         train=replace(args.train, progress=err.is_terminal)))
     if want_json(as_json):
         print_json({k: result[k] for k in ("best_run", "best_params", "best_value", "metric", "trial")})
         return
@@ -166,8 +174,10 @@ def sweep(args: SweepArgs, options: Options, as_json: Json = False) -> None:
         t.add_column(c)
     for tr in result["trials"]:
         value = "-" if tr["value"] is None else f"{tr['value']:.4f}"
-        t.add_row(str(tr["number"]), tr["state"], value, ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                                    for k, v in tr["params"].items()), tr["run"] or "-")
+        t.add_row(str(tr["number"]), tr["state"], value,
+                  ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                             for k, v in tr["params"].items()),
+                  tr["run"] or "-")
     out.print(t)
     out.print(f"best: trial {result['trial']}, {result['metric']} {result['best_value']:.4f}, "
               f"{result['best_params']} -> {result['best_run']}")
@@ -196,17 +206,21 @@ def evaluate(args: EvaluateArgs, options: Options, as_json: Json = False) -> Non
         from mlmkit.retrieval.index.hybrid import evaluate_hybrid
 
         if options or not (models[0] / "manifest.json").is_file():
-            raise MlmkitError(f"--hybrid: {models[0]} is not an index" if not options else "--hybrid takes no --option",
+            raise MlmkitError(f"--hybrid: {models[0]} is not an index" if not options
+                              else "--hybrid takes no --option",
                               "evaluate INDEX --data BEIR_DIR --hybrid bm25 (build INDEX with mlmkit index)")
         each = evaluate_hybrid(models[0], data, args.hybrid, fusion=args.fusion,
-                               weights=fusion_weights(args.weights, args.hybrid, args.fusion), device=args.device)
+                               weights=fusion_weights(args.weights, args.hybrid, args.fusion),
+                               device=args.device)
         if want_json(as_json):
             for name, r in each.items():
                 print_json({"model": name, **r})
         else:
-            print_comparison(list(each), list(each.values()), f"{len(each) - 1} retrievers and their fusion on {data}")
+            print_comparison(list(each), list(each.values()),
+                             f"{len(each) - 1} retrievers and their fusion on {data}")
         return
-    if args.plot is not None:  # its path checked before the work: a picture that cannot be written loses nothing
+    # its path checked before the work: a picture that cannot be written loses nothing
+    if args.plot is not None:
         from mlmkit.train.plots import check_picture
 
         check_picture(args.plot, "--plot")
@@ -218,7 +232,8 @@ def evaluate(args: EvaluateArgs, options: Options, as_json: Json = False) -> Non
         raise MlmkitError(f"--chunk-agg {args.chunk_agg} ranks an index's documents by their chunks: "
                           f"{next(m for m in models if not (m / 'manifest.json').is_file())} is not an index",
                           "evaluate indexes built with --chunk-tokens, or leave --chunk-agg out")
-    results = [_evaluate_one(m, data, options, args.predictions, args.device, args.speed or args.plot is not None,
+    results = [_evaluate_one(m, data, options, args.predictions, args.device,
+                             args.speed or args.plot is not None,
                              args.chunk_agg) for m in models]
     if len(models) == 1:
         print_metrics(results[0], f"{models[0]} on {data}", as_json)
@@ -240,15 +255,18 @@ def _evaluate_one(model: Path, data: Path, options: Options, predictions: Path |
         from mlmkit.retrieval.index import evaluate_index
 
         if options or predictions is not None or speed:
-            raise MlmkitError(f"{model} is an index: it takes --data alone", "drop --option, --predictions and --speed")
+            raise MlmkitError(f"{model} is an index: it takes --data alone",
+                              "drop --option, --predictions and --speed")
         return evaluate_index(model, data, device=device, chunk_agg=chunk_agg)
     if (model / "model.onnx").exists():
         from mlmkit.retrieval.index import evaluate_bundle_by_index, through_index
         from mlmkit.runtime.pipeline import evaluate_bundle
 
-        if predictions is None and not speed and through_index(model, data, options):  # bounded memory, any corpus
+        # bounded memory, any corpus
+        if predictions is None and not speed and through_index(model, data, options):
             return evaluate_bundle_by_index(model, data, device=device)
-        return evaluate_bundle(model, data, options=options, predictions=predictions, device=device, speed=speed)
+        return evaluate_bundle(model, data, options=options, predictions=predictions, device=device,
+                               speed=speed)
     from mlmkit.train.finetune import evaluate_run
 
     return evaluate_run(model, data, options=options, predictions=predictions, device=device, speed=speed)
@@ -258,7 +276,8 @@ def _evaluate_one(model: Path, data: Path, options: Options, predictions: Path |
 @handle_errors
 @with_args(QuickstartArgs)
 def quickstart(args: QuickstartArgs) -> None:
-    """The whole pipeline on built-in data, offline: corpus, tokenizer, pretraining, fine-tuning, export, inference, retrieval."""
+    """The whole pipeline on built-in data, offline: corpus, tokenizer, pretraining, fine-tuning, export,
+    inference, retrieval."""
     from mlmkit.quickstart.demo import run
 
     run(args.out, steps=args.steps, seed=args.seed, retrieval_documents=args.retrieval_documents, console=out)
@@ -268,13 +287,14 @@ def quickstart(args: QuickstartArgs) -> None:
 @handle_errors
 @with_args(DataArgs)
 def data(args: DataArgs) -> None:
-    """Write the built-in data sets to a directory (corpus, classification, tagging, qa, retrieval), each in the format
-    the commands read, and print a command that uses each."""
+    """Write the built-in data sets to a directory (corpus, classification, tagging, qa, retrieval), each in
+    the format the commands read, and print a command that uses each."""
     from mlmkit.quickstart.sets import write_sets
 
     with err.status(f"writing the built-in sets to {args.out} ..."):
         written = write_sets(args.out, args.sets, retrieval_documents=args.retrieval_documents)
     for w in written:
-        out.print(f"[bold]{w.name}[/]: {escape(str(w.path))} [dim]({escape(w.holds)})[/]", highlight=False, soft_wrap=True)
+        out.print(f"[bold]{w.name}[/]: {escape(str(w.path))} [dim]({escape(w.holds)})[/]", highlight=False,
+                  soft_wrap=True)
         for command in w.commands:
             out.print(f"  {escape(command)}", highlight=False, soft_wrap=True)

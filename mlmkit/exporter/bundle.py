@@ -79,7 +79,8 @@ def _top_k_option(plugin: Any, args: ExportArgs) -> Options:
         raise ConfigError(f"--top-k is for {' and '.join(takers)} exports, not for task '{plugin.name}'",
                           "leave it out")
     if args.options.get(name, args.top_k) != args.top_k:
-        raise ConfigError(f"--top-k {args.top_k} and --option {name}={args.options[name]} disagree", "give one of them")
+        raise ConfigError(f"--top-k {args.top_k} and --option {name}={args.options[name]} disagree",
+                          "give one of them")
     return {**args.options, name: args.top_k}
 
 
@@ -102,7 +103,8 @@ def _export(args: ExportArgs) -> BundleMeta:
     meta = _run_meta(args, d, cfg)
     tok = load_tokenizer(d)
     if tok.get_vocab_size() > cfg.vocab_size:
-        raise ConfigError(f"the tokenizer of {d} has {tok.get_vocab_size()} tokens, the model only {cfg.vocab_size}")
+        raise ConfigError(f"the tokenizer of {d} has {tok.get_vocab_size()} tokens, the model only "
+                          f"{cfg.vocab_size}")
     specials = special_ids(tok)
     max_length = min(meta.max_length, cfg.max_tokens)
 
@@ -119,21 +121,29 @@ def _export(args: ExportArgs) -> BundleMeta:
     out = Path(args.out)
     work = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
     try:
-        onnx_graph = _onnx_graph(args, cfg, graph, batch, axes, inputs, ref, work, partial=partial, calib=calib)
+        onnx_graph = _onnx_graph(args, cfg, graph, batch, axes, inputs, ref, work, partial=partial,
+                                 calib=calib)
         record_labels(onnx_graph.path, list(meta.labels) if meta.labels is not None else None)
-        bundle_meta = _bundle_meta(meta, cfg, tok, axes, onnx_graph.path, max_length=max_length, opset=args.opset,
-                                   precision=onnx_graph.precision, steps=onnx_graph.steps, fused=onnx_graph.fused,
+        bundle_meta = _bundle_meta(meta, cfg, tok, axes, onnx_graph.path, max_length=max_length,
+                                   opset=args.opset,
+                                   precision=onnx_graph.precision, steps=onnx_graph.steps,
+                                   fused=onnx_graph.fused,
                                    parity=onnx_graph.parity, source=d)
         real = calib or None
         gate = _gate(args, onnx_graph, real or [batch], axes, specials.pad,
-                     on=f"{sum(len(b['input_ids']) for b in real)} --calibrate inputs" if real else "the sample batch")
-        bundle_meta = replace(bundle_meta, gate=gate, run_precision="fp32" if args.precision == "fp32" else "auto")
+                     on=f"{sum(len(b['input_ids']) for b in real)} --calibrate inputs" if real
+                     else "the sample batch")
+        bundle_meta = replace(bundle_meta, gate=gate,
+                              run_precision="fp32" if args.precision == "fp32" else "auto")
         _write_bundle(out, d, onnx_graph.path, tok, bundle_meta)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if onnx_graph.precision == "fp32" and not bundle_meta.gate.get("bf16", {}).get("passed") and (feature := cpu_feature("int8")):
-        log.info("this CPU has %s: an int8 bundle (the same command with --precision int8) ran the MiniLM-size classifier "
-                 "%s fp32's speed on such a CPU; its top-1 agreement with fp32 is in mlmkit.json (docs/performance.md, "
+    if (onnx_graph.precision == "fp32" and not bundle_meta.gate.get("bf16", {}).get("passed")
+        and (feature := cpu_feature("int8"))):
+        log.info("this CPU has %s: an int8 bundle (the same command with --precision int8) ran the "
+                 "MiniLM-size classifier "
+                 "%s fp32's speed on such a CPU; its top-1 agreement with fp32 is in mlmkit.json "
+                 "(docs/performance.md, "
                  "\"GEMM ceilings and CPU kinds\")", feature, INT8_SPEEDUP)
     return bundle_meta
 
@@ -142,7 +152,8 @@ def _check_args(args: ExportArgs, d: Path) -> None:
     """What is refused before anything is loaded (not a run directory, an opset outside 17-23), and a
     word on converting an unfused graph."""
     if not is_model_dir(d):
-        raise ConfigError(f"{d} is not a run directory", "it needs config.json and model.safetensors (an mlmkit run)")
+        raise ConfigError(f"{d} is not a run directory",
+                          "it needs config.json and model.safetensors (an mlmkit run)")
     if not MIN_OPSET <= args.opset <= MAX_OPSET:
         raise ConfigError(f"--opset {args.opset} is not supported", f"use {MIN_OPSET} to {MAX_OPSET}")
     if (args.quantize or args.fp16) and not args.optimize:
@@ -159,7 +170,8 @@ def _run_meta(args: ExportArgs, d: Path, cfg: ModelConfig) -> RunMeta:
         saved.pop(plugin.top_k_option or "", None)
     # a trained model's fixed options stay; a foreign checkpoint's are a reading
     from_mlmkit = (meta.source or {}).get("format") == "mlmkit"
-    return replace(meta, options=plugin.saved_options(plugin.resolve_options(given, saved=saved, model=from_mlmkit)))
+    return replace(meta, options=plugin.saved_options(plugin.resolve_options(given, saved=saved,
+                                                                             model=from_mlmkit)))
 
 
 class _OnnxGraph(NamedTuple):
@@ -175,7 +187,8 @@ class _OnnxGraph(NamedTuple):
 
 
 def _onnx_graph(args: ExportArgs, cfg: ModelConfig, graph: Any, batch: dict[str, np.ndarray],
-                axes: dict[str, tuple[str, ...]], inputs: tuple[str, ...], ref: dict[str, np.ndarray], work: Path, *,
+                axes: dict[str, tuple[str, ...]], inputs: tuple[str, ...], ref: dict[str, np.ndarray],
+                work: Path, *,
                 partial: int, calib: list[dict[str, np.ndarray]] | None = None) -> _OnnxGraph:
     """The ONNX graph in ``work``: exported, fused (--optimize), checked against PyTorch's outputs ``ref``
     (ParityError beyond ATOL), then int8 or fp16 when asked, each with its agreement against fp32."""
@@ -199,7 +212,8 @@ def _onnx_graph(args: ExportArgs, cfg: ModelConfig, graph: Any, batch: dict[str,
         parity["int8_top1_agreement_vs_fp32"] = q["top1_agreement"]
         parity["int8_max_abs_diff"] = q["max_abs_diff"]
         on = f"{sum(len(b['input_ids']) for b in calib)} --calibrate inputs" if calib else "the sample batch"
-        parity["int8_agreement"] = _int8_agreement(args, fp32_session, int8_session, calib or [batch], axes, names,
+        parity["int8_agreement"] = _int8_agreement(args, fp32_session, int8_session, calib or [batch], axes,
+                                                   names,
                                                    on=on)
     elif args.fp16:
         final, precision = work / "fp16.onnx", "fp16"
@@ -225,7 +239,8 @@ def _int8(args: ExportArgs, fp32: Path, final: Path, calib: list[dict[str, np.nd
 
 
 def _int8_agreement(args: ExportArgs, a: Any, b: Any, batches: list[dict[str, np.ndarray]],
-                    axes: dict[str, tuple[str, ...]], names: list[str], *, on: str) -> dict[str, float | str | None]:
+                    axes: dict[str, tuple[str, ...]], names: list[str], *,
+                    on: str) -> dict[str, float | str | None]:
     """The agreement of the int8 session ``b`` with the fp32 one ``a`` on ``batches``
     (runtime.prediction.agreement), held to --min-agreement: below it, ParityError, and the bundle is not
     written."""
@@ -235,7 +250,8 @@ def _int8_agreement(args: ExportArgs, a: Any, b: Any, batches: list[dict[str, np
                else "score correlation")
     if args.min_agreement is not None and (got["value"] is None or got["value"] < args.min_agreement):
         # rounded down: a value just below the gate must not print as the gate
-        shown = "nothing to compare" if got["value"] is None else f"{math.floor(got['value'] * 1e6) / 1e6:.6f}"
+        shown = ("nothing to compare" if got["value"] is None
+                 else f"{math.floor(got['value'] * 1e6) / 1e6:.6f}")
         raise ParityError(f"the int8 graph's {measure} with fp32 on {on} is {shown}, below --min-agreement "
                           f"{args.min_agreement:g}; no bundle written",
                           "calibrate on inputs like the ones it will serve (--calibrate), use dynamic int8 "
@@ -243,7 +259,8 @@ def _int8_agreement(args: ExportArgs, a: Any, b: Any, batches: list[dict[str, np
     return {**got, "measure": measure, "on": on}
 
 
-def _gate(args: ExportArgs, graph: _OnnxGraph, batches: list[dict[str, np.ndarray]], axes: dict[str, tuple[str, ...]],
+def _gate(args: ExportArgs, graph: _OnnxGraph, batches: list[dict[str, np.ndarray]],
+          axes: dict[str, tuple[str, ...]],
           pad_id: int, *, on: str) -> JSONObject:
     """mlmkit.json's "gate": its sample (GATE_ROWS of ``batches``, which every machine measures a
     precision on again) and, for an fp32 graph, the bf16 gate measured here where this machine can
@@ -256,22 +273,26 @@ def _gate(args: ExportArgs, graph: _OnnxGraph, batches: list[dict[str, np.ndarra
     if why_not is not None:
         if args.precision == "bf16":
             raise ConfigError(f"--precision bf16: {why_not}; no bundle written",
-                              "export on a machine with bf16 units, or with --precision auto (each machine gates bf16 itself)")
+                              "export on a machine with bf16 units, or with --precision auto (each machine "
+                              "gates bf16 itself)")
         gate["bf16"] = {"precision": "bf16", "passed": None, "not_measured": why_not}
         return gate
     try:  # the fp32 graph is the shipped one: its parity session is the reference
         bf16 = ENGINES["openvino"].open(graph.path, precision="bf16", device="cpu", threads=None, spin=True)
-        result = judge(measure(graph.fp32_session, bf16, padded(gate, pad_id), axes), "bf16", args.min_agreement,
+        result = judge(measure(graph.fp32_session, bf16, padded(gate, pad_id), axes), "bf16",
+                       args.min_agreement,
                        f"{len(gate['input_ids'])}-input sample ({on})")
     except Exception as e:  # noqa: BLE001 - a graph OpenVINO cannot read or run: recorded, and each machine runs fp32
         why = cannot_run(e)
         if args.precision == "bf16":
-            raise ConfigError(f"--precision bf16: {why}; no bundle written", "export with --precision auto or fp32") from None
+            raise ConfigError(f"--precision bf16: {why}; no bundle written",
+                              "export with --precision auto or fp32") from None
         gate["bf16"] = {"precision": "bf16", "passed": None, "not_measured": why}  # each machine tries again
         return gate
     if args.precision == "bf16" and not result["passed"]:
         raise ParityError(f"--precision bf16: its gate failed: {said(result)}; no bundle written",
-                          "export with --precision auto or fp32, or set another threshold with --min-agreement")
+                          "export with --precision auto or fp32, or set another threshold with "
+                          "--min-agreement")
     gate["bf16"] = result
     return gate
 
@@ -332,7 +353,8 @@ def _bundle_meta(
     import onnx
 
     graph_inputs = [i.name for i in onnx.load(str(final), load_external_data=False).graph.input]
-    typed = {f.name for f in fields(BundleMeta)} | {"format", "format_version", "train_args", "history", "state"}
+    typed = {f.name for f in fields(BundleMeta)} | {"format", "format_version", "train_args", "history",
+                                                    "state"}
     return BundleMeta(
         task=task_of(meta.task).name,
         trained_as=meta.task,

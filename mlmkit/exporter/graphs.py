@@ -2,9 +2,9 @@
 ``export_module`` writes for inference) and its TorchScript export.
 
 The TorchScript exporter (``dynamo=False``) from an eager attention is the only combination
-onnxruntime's BERT fusions recognise (docs/performance.md, "BERT fusions need the TorchScript exporter and eager attention"): every attention block
-declares itself (core.Attention) so that the exporter can switch it, and a graph whose attention is
-not all declared is refused before it is exported (``check_attention``).
+onnxruntime's BERT fusions recognise (docs/performance.md, "BERT fusions need the TorchScript exporter and
+eager attention"): every attention block declares itself (core.Attention) so that the exporter can switch it,
+and a graph whose attention is not all declared is refused before it is exported (``check_attention``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ class TaskGraph(nn.Module):
         self.model, self.names = model, names
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, ...]:
         out = self.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
         return tuple(out[n].float() for n in self.names)
@@ -89,9 +90,11 @@ class _RefuseSdpa(TorchFunctionMode):
         if func is F.scaled_dot_product_attention:
             name, cls = self.running[-1] if self.running else ("", "?")
             raise ConfigError(
-                f"{name or 'the model'} ({cls}) computes attention with scaled_dot_product_attention but is not a "
+                f"{name or 'the model'} ({cls}) computes attention with scaled_dot_product_attention but is "
+                "not a "
                 "declared attention block: the exporter cannot switch it to the form onnxruntime fuses",
-                "subclass mlmkit.models.core.Attention and compute with core.attend (or its eager form when impl is 'eager')",
+                "subclass mlmkit.models.core.Attention and compute with core.attend (or its eager form when "
+                "impl is 'eager')",
             )
         return func(*args, **(kwargs or {}))
 
@@ -101,7 +104,8 @@ def check_attention(graph: nn.Module, dummy: tuple[torch.Tensor, ...]) -> None:
     declared block (core.Attention), or whose forward on ``dummy`` still calls SDPA (an attention
     that did not declare itself), would export unfused (several times slower), and silently."""
     if not set_attention_impl(graph, "eager"):
-        raise ConfigError("the model has no attention block the exporter can switch to the form onnxruntime fuses",
+        raise ConfigError("the model has no attention block the exporter can switch to the form onnxruntime "
+                          "fuses",
                           "a family's attention subclasses mlmkit.models.core.Attention")
     running: list[tuple[str, str]] = []  # the modules whose forward has begun and not ended, innermost last
 
@@ -113,7 +117,8 @@ def check_attention(graph: nn.Module, dummy: tuple[torch.Tensor, ...]) -> None:
 
     hooks = []
     for name, m in graph.named_modules():
-        hooks += [m.register_forward_pre_hook(functools.partial(begin, name=name)), m.register_forward_hook(end)]
+        hooks += [m.register_forward_pre_hook(functools.partial(begin, name=name)),
+                  m.register_forward_hook(end)]
     try:
         with torch.no_grad(), _RefuseSdpa(running):
             graph(*dummy)
@@ -122,11 +127,14 @@ def check_attention(graph: nn.Module, dummy: tuple[torch.Tensor, ...]) -> None:
             h.remove()
 
 
-def torch_export(graph: nn.Module, batch: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]], path: Path, opset: int,
+def torch_export(graph: nn.Module, batch: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]], path: Path,
+                 opset: int,
                   inputs: tuple[str, ...]) -> None:
-    dummy = tuple(torch.from_numpy(batch[k][:2, : max(2, int(batch["attention_mask"][:2].sum(1).max()))]) for k in inputs)
+    dummy = tuple(torch.from_numpy(batch[k][:2, : max(2, int(batch["attention_mask"][:2].sum(1).max()))])
+                  for k in inputs)
     check_attention(graph, dummy)
-    dynamic = {name: {i: a for i, a in enumerate(ax) if a in DYNAMIC_AXES} for name, ax in {**dict.fromkeys(inputs, (BATCH, SEQUENCE)), **axes}.items()}
+    dynamic = {name: {i: a for i, a in enumerate(ax) if a in DYNAMIC_AXES}
+               for name, ax in {**dict.fromkeys(inputs, (BATCH, SEQUENCE)), **axes}.items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer warnings
         torch.onnx.export(

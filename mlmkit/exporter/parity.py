@@ -78,9 +78,11 @@ def compare(
     if sparse:
         for name in ("indices", "values"):
             if ref[name].shape != got[name].shape:
-                raise ParityError(f"output '{name}' has shape {got[name].shape} in onnxruntime but {ref[name].shape} in PyTorch")
+                raise ParityError(f"output '{name}' has shape {got[name].shape} in onnxruntime but "
+                                  f"{ref[name].shape} in PyTorch")
         rows = lambda name, x: real_rows(x, axes[name], mask).reshape(-1, x.shape[-1])  # noqa: E731
-        diffs["values"] = sparse_diff(rows("indices", ref["indices"]).astype(np.int64), rows("values", ref["values"]),
+        diffs["values"] = sparse_diff(rows("indices", ref["indices"]).astype(np.int64),
+                                      rows("values", ref["values"]),
                                       rows("indices", got["indices"]).astype(np.int64),
                                       rows("values", got["values"]).astype(np.float32))
         chosen = decisions("indices", ref["indices"], got["indices"], axes["indices"], mask)
@@ -92,7 +94,8 @@ def compare(
         if a.shape != b.shape:
             raise ParityError(f"output '{name}' has shape {b.shape} in onnxruntime but {a.shape} in PyTorch")
         if a.dtype.kind == "f":
-            diffs[name] = float(np.abs(real_rows(a, axes[name], mask) - real_rows(b.astype(np.float32), axes[name], mask)).max(initial=0.0))
+            diffs[name] = float(np.abs(real_rows(a, axes[name], mask)
+                                       - real_rows(b.astype(np.float32), axes[name], mask)).max(initial=0.0))
         chosen = decisions(name, a, b, axes[name], mask)
         if chosen is not None:
             agree += int((chosen[0] == chosen[1]).sum())
@@ -119,9 +122,11 @@ def calibration_batches(path: Path, meta: RunMeta, tok: Any, pad_id: int, max_le
 
     items = [r.data for r in islice(iter_inputs(path), CALIBRATION_INPUTS)]
     if not items:
-        raise ConfigError(f"--calibrate {path} has no inputs", "give texts or records as `mlmkit predict --input` reads them")
+        raise ConfigError(f"--calibrate {path} has no inputs",
+                          "give texts or records as `mlmkit predict --input` reads them")
     task = task_of(meta.task)
-    ctx = replace(meta.context(task.resolve_options(saved=meta.options), max_length=max_length), tokenizer=tok)
+    ctx = replace(meta.context(task.resolve_options(saved=meta.options), max_length=max_length),
+                  tokenizer=tok)
     features = task.featurize([task.from_input(x, ctx.options) for x in items], tok, ctx, training=False)
     lengths = [len(f["input_ids"]) for f in features]
     return [{k: v for k, v in pad_features([features[i] for i in b], pad_id).items() if k in inputs}
@@ -157,7 +162,8 @@ def run_onnx(session: Any, batch: dict[str, np.ndarray], names: list[str]) -> di
     return dict(zip(names, session.run(names, feed)))
 
 
-def torch_outputs(graph: nn.Module, batch: dict[str, np.ndarray], names: list[str], inputs: tuple[str, ...]) -> dict[str, np.ndarray]:
+def torch_outputs(graph: nn.Module, batch: dict[str, np.ndarray], names: list[str],
+                  inputs: tuple[str, ...]) -> dict[str, np.ndarray]:
     set_attention_impl(graph, "sdpa")  # the reference is the model as PyTorch runs it
     with torch.no_grad():
         out = graph(*(torch.from_numpy(batch[k]) for k in inputs))
@@ -165,7 +171,8 @@ def torch_outputs(graph: nn.Module, batch: dict[str, np.ndarray], names: list[st
 
 
 def check_fp16(
-    path: Path, fp32_out: dict[str, np.ndarray], batch: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]],
+    path: Path, fp32_out: dict[str, np.ndarray], batch: dict[str, np.ndarray],
+    axes: dict[str, tuple[str, ...]],
     names: list[str],
 ) -> Fp16Check:
     """The fp16 graph against the fp32 one, measured where it can run: onnxruntime's fp16 kernels of
@@ -178,7 +185,8 @@ def check_fp16(
                 "fp16_check": "skipped: this onnxruntime has no CUDA execution provider"}
     session = onnx_session(path, ["CUDAExecutionProvider", "CPUExecutionProvider"])
     if "CUDAExecutionProvider" not in session.get_providers():
-        return {"fp16_top1_agreement_vs_fp32": None, "fp16_max_abs_diff": None, "fp16_check": "skipped: no usable CUDA GPU"}
+        return {"fp16_top1_agreement_vs_fp32": None, "fp16_max_abs_diff": None,
+                "fp16_check": "skipped: no usable CUDA GPU"}
     h = compare(fp32_out, run_onnx(session, batch, names), axes, batch["attention_mask"])
     return {"fp16_top1_agreement_vs_fp32": h["top1_agreement"], "fp16_max_abs_diff": h["max_abs_diff"],
             "fp16_check": "measured with the CUDA execution provider"}

@@ -14,15 +14,18 @@ from mlmkit.models.config import ModelConfig
 if TYPE_CHECKING:
     import numpy as np
 
-FUSED_OPS = ("Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu", "FastGelu", "Gelu",
-             "LayerNormalization", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization", "RotaryEmbedding",
+FUSED_OPS = ("Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipLayerNormalization",
+             "BiasGelu", "FastGelu", "Gelu",
+             "LayerNormalization", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
+             "RotaryEmbedding",
              "GroupQueryAttention")
 
 
 FUSED_ONCE = ("EmbedLayerNormalization",)  # one per graph; Family.fusions counts the others per layer
 
 
-def fuse(src: Path, dst: Path, cfg: ModelConfig, *, use_gpu: bool = False, partial_layers: int = 0) -> dict[str, int]:
+def fuse(src: Path, dst: Path, cfg: ModelConfig, *, use_gpu: bool = False,
+         partial_layers: int = 0) -> dict[str, int]:
     """onnxruntime's BERT fusions; returns the fused operator counts. Refuses a graph short of what
     its family's graphs fuse (``Family.fusions``: an unfused graph runs, but several times slower).
 
@@ -45,13 +48,15 @@ def fuse(src: Path, dst: Path, cfg: ModelConfig, *, use_gpu: bool = False, parti
     return counts
 
 
-def _optimize(src: Path, cfg: ModelConfig, use_gpu: bool, partial_layers: int) -> tuple[Any, dict[str, int], dict[str, tuple[int, int]]]:
+def _optimize(src: Path, cfg: ModelConfig, use_gpu: bool,
+              partial_layers: int) -> tuple[Any, dict[str, int], dict[str, tuple[int, int]]]:
     """(optimized model, fused operator counts, what fell short of the family's fusions)."""
     with quiet_onnxruntime():
         from onnxruntime.transformers.optimizer import optimize_model
 
         om = optimize_model(
-            str(src), model_type="bert", num_heads=cfg.num_attention_heads, hidden_size=cfg.hidden_size, use_gpu=use_gpu
+            str(src), model_type="bert", num_heads=cfg.num_attention_heads, hidden_size=cfg.hidden_size,
+            use_gpu=use_gpu
         )
     stats = om.get_fused_operator_statistics()
     counts = {k: int(stats.get(k, 0)) for k in FUSED_OPS if stats.get(k, 0)}

@@ -58,8 +58,10 @@ def _load(bundle: str, device: str, threads: int, batch_size: int, batch_tokens:
     from mlmkit.runtime.pipeline import Pipeline
 
     steady_memory()
-    _pipe = Pipeline.load(bundle, device=device, threads=threads, batch_size=batch_size, batch_tokens=batch_tokens or 0,
-                          precision=precision, gate=gate)  # the parent's choice: its gate is not measured again
+    _pipe = Pipeline.load(bundle, device=device, threads=threads, batch_size=batch_size,
+                          batch_tokens=batch_tokens or 0,
+                          # the parent's choice: its gate is not measured again
+                          precision=precision, gate=gate)
 
 
 def _work(w: Window[Item], options: Mapping[str, Any], skip: bool, id_column: str | None) -> Done:
@@ -67,7 +69,8 @@ def _work(w: Window[Item], options: Mapping[str, Any], skip: bool, id_column: st
 
 
 def run_windows(
-    ws: Iterable[Window[Item]], pipe: Any, *, workers: int, threads: int, options: Mapping[str, Any], skip: bool,
+    ws: Iterable[Window[Item]], pipe: Any, *, workers: int, threads: int, options: Mapping[str, Any],
+    skip: bool,
     id_column: str | None,
 ) -> Iterator[tuple[Window[Item], Done]]:
     """(window, what it produced), in input order: with ``pipe`` here (``workers`` 1), or in
@@ -78,7 +81,8 @@ def run_windows(
             yield w, run_window(pipe, w, options, skip=skip, id_column=id_column)
         return
     pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_load,
-                               initargs=(str(pipe.path), pipe.device, threads, pipe.batch_size, pipe.batch_tokens,
+                               initargs=(str(pipe.path), pipe.device, threads, pipe.batch_size,
+                                         pipe.batch_tokens,
                                          pipe.precision, pipe.choice.gate if pipe.choice else None))
     pending: deque[tuple[Window[Item], Future[Done]]] = deque()
     try:
@@ -111,15 +115,19 @@ def batch(
             stream = stack.enter_context(_stream(Path(output), resume))
         elif output is not None:
             if resume and inputs is None:
-                raise ConfigError("--resume needs inputs read from files", "a job that reads stdin or arguments starts over")
+                raise ConfigError("--resume needs inputs read from files",
+                                  "a job that reads stdin or arguments starts over")
             output = owned_output(Path(output))
             stack.callback(remove_empty, job_dir(output))  # last: once the lock is let go
             try:
                 stack.enter_context(exclusive(job_dir(output)))
             except ConfigError as e:
-                raise ConfigError(f"--output {output} is being written by another job: {e.message}", e.hint) from None
-            what: JSONObject = {"bundle": pipe.identity(), "inputs": identity(inputs) if inputs is not None else None,
-                    "options": options, "window": window, "on_error": "skip" if skip else "stop", "id_column": id_column}
+                raise ConfigError(f"--output {output} is being written by another job: {e.message}",
+                                  e.hint) from None
+            what: JSONObject = {"bundle": pipe.identity(),
+                                "inputs": identity(inputs) if inputs is not None else None,
+                    "options": options, "window": window, "on_error": "skip" if skip else "stop",
+                                "id_column": id_column}
             job = Job(output, what, resume=resume, errors=errors)
         ws = windows(items, window, skip=job.done if job else 0)
         try:
@@ -136,7 +144,8 @@ def batch(
                 job.discard()  # a failed job that finished no window leaves nothing behind
             elif job is not None and isinstance(e, MlmkitError):
                 e.hint = (f"{e.hint}; " if e.hint else "") + (
-                    f"the {job.read} records before window {job.done + 1} are done: --resume continues after them "
+                    f"the {job.read} records before window {job.done + 1} are done: --resume continues after "
+                    "them "
                     "if the inputs stay as they are (--on-error skip steps over bad records)")
             raise
         if job is not None:
@@ -146,10 +155,12 @@ def batch(
 def _stream(output: Path, resume: bool) -> Any:
     """An output that is no regular file, written through as JSON lines (see is_stream)."""
     if resume:
-        raise ConfigError(f"--resume: --output {output} is a stream (a FIFO, a device or stdout), which cannot resume",
+        raise ConfigError(f"--resume: --output {output} is a stream (a FIFO, a device or stdout), which "
+                          "cannot resume",
                           "write to a regular file to resume")
     if output.suffix.lower() in (".npy", ".parquet", ".csv", ".tsv"):
-        raise ConfigError(f"--output {output} is a stream (a FIFO, a device or stdout): only JSON lines can be written "
+        raise ConfigError(f"--output {output} is a stream (a FIFO, a device or stdout): only JSON lines can "
+                          "be written "
                           f"to it, not {output.suffix}", "give a regular file for this format")
     return open_stream(output)
 

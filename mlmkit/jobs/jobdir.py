@@ -69,10 +69,12 @@ class Job:
     """The job directory of an output file: part files of finished windows, and progress.json."""
 
     def __init__(self, output: Path, what: JSONObject, *, resume: bool, errors: Path | None) -> None:
-        """Call with the job directory's lock held (batch does): this reads, and may discard, what is there."""
+        """Call with the job directory's lock held (batch does): this reads, and may discard, what is
+        there."""
         self.output, self.what, self.errors = Path(output), json.loads(json.dumps(what, default=str)), errors
         self.dir = job_dir(self.output)
-        self.suffix = self.output.suffix.lower() if self.output.suffix.lower() in (".npy", ".parquet") else ".jsonl"
+        self.suffix = self.output.suffix.lower() if self.output.suffix.lower() in (".npy",
+                                                                                   ".parquet") else ".jsonl"
         self.done = self.read = self.written = self.failed = 0
         self.counts: dict[str, int] = {}
         self.id_column: str | None = self.what.get("id_column")
@@ -89,7 +91,8 @@ class Job:
             changed = [k for k in sorted({*p.what, *self.what}) if p.what.get(k) != self.what.get(k)]
             if changed:
                 raise ConfigError(f"--resume: the job in {self.dir} was for other {', '.join(changed)}",
-                                  "resume with the same bundle, inputs and options, or delete that directory to start over")
+                                  "resume with the same bundle, inputs and options, or delete that directory "
+                                  "to start over")
             self.done, self.read, self.written, self.failed = p.windows, p.records, p.results, p.errors
             self.counts = dict(p.counts)
             log.info("resuming %s after %d records (%d windows)", self.output, self.read, self.done)
@@ -158,7 +161,8 @@ class Job:
 
         col, skip = str(self.id_column), self.what.get("on_error") == "skip"
         records = [w.records[i] for i in done.kept]
-        sources = [r.schema.field(col).type if r.schema is not None and col in r.schema.names else None for r in records]
+        sources = [r.schema.field(col).type if r.schema is not None and col in r.schema.names else None
+                   for r in records]
         one = sources[0] if sources else None
         if len(set(sources)) <= 1 and self._id_type_of(pa, [r[col] for r in done.results], one) is not None:
             return done  # the whole window at once: the usual case
@@ -170,7 +174,8 @@ class Job:
                 keep.append(j)
                 continue
             v = res[col]
-            err = rec.error(f"an id of type {type(v).__name__} ({str(v)[:40]!r}) where the ids before it are {self.id_type}: "
+            err = rec.error(f"an id of type {type(v).__name__} ({str(v)[:40]!r}) where the ids before it are "
+                            f"{self.id_type}: "
                             "a Parquet column holds one type", col,
                             f"give the ids one type, or write .jsonl; to start over delete {self.dir}")
             if not skip:
@@ -178,7 +183,8 @@ class Job:
             errors.append({"source": rec.source, "line": rec.line, "error": str(err)})
         if len(keep) == len(done.results):
             return done
-        return replace(done, results=[done.results[j] for j in keep], kept=[done.kept[j] for j in keep], errors=errors)
+        return replace(done, results=[done.results[j] for j in keep], kept=[done.kept[j] for j in keep],
+                       errors=errors)
 
     def _id_type_of(self, pa: Any, values: list[Any], source: Any) -> Any:
         """The id type once ``values`` (of Arrow type ``source``, None: from JSON) are among the ids,
@@ -208,7 +214,8 @@ class Job:
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
             part.unlink(missing_ok=True)
             first = w.records[0] if w.records else None
-            where = f"{first.source}, {first.unit} {first.line} on" if first is not None else f"records {w.first} on"
+            where = (f"{first.source}, {first.unit} {first.line} on" if first is not None
+                     else f"records {w.first} on")
             raise ConfigError(f"{where}: results of other types than those before ({str(e).splitlines()[0]})",
                               f"write .jsonl instead; to start over delete {self.dir}") from None
 
@@ -256,11 +263,13 @@ def _concatenate(parts: Sequence[Path], out: Path, suffix: str) -> None:
                     t = pq.read_table(p)
                     if t.num_rows:
                         w.write_table(pa.table({f.name: t[f.name].cast(f.type) if f.name in t.column_names
-                                                else pa.nulls(t.num_rows, f.type) for f in schema}, schema=schema))
+                                                else pa.nulls(t.num_rows, f.type) for f in schema},
+                                               schema=schema))
 
         atomic_write(out, write_parquet)
     elif out.suffix.lower() in (".csv", ".tsv"):
-        atomic_write(out, lambda tmp: write_table_text(parts, tmp, "\t" if out.suffix.lower() == ".tsv" else ","))
+        atomic_write(out,
+                     lambda tmp: write_table_text(parts, tmp, "\t" if out.suffix.lower() == ".tsv" else ","))
     else:
         def write_jsonl(tmp: str) -> None:
             with open(tmp, "wb") as f:
@@ -281,7 +290,8 @@ def owned_output(output: Path) -> Path:
     else ``output``; a directory is refused before any work (not at the final rename)."""
     target = Path(os.path.realpath(output)) if output.is_symlink() else output
     if target.is_dir():
-        raise ConfigError(f"--output {output} is a directory", "give a file name: .jsonl, .parquet, .csv, .tsv or .npy")
+        raise ConfigError(f"--output {output} is a directory",
+                          "give a file name: .jsonl, .parquet, .csv, .tsv or .npy")
     return target
 
 

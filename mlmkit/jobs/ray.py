@@ -41,7 +41,8 @@ def _ray() -> Any:
 class _Predictor:
     """One Ray actor: the bundle loaded once, then batch after batch of rows."""
 
-    def __init__(self, bundle: str, options: Mapping[str, Any], batch_size: int, batch_tokens: int | None, threads: int | None,
+    def __init__(self, bundle: str, options: Mapping[str, Any], batch_size: int, batch_tokens: int | None,
+                 threads: int | None,
                  keep: list[str], precision: str | None = None) -> None:
         from mlmkit.runtime.pipeline import Pipeline
 
@@ -67,8 +68,10 @@ def _plain(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v.tolist() if isinstance(v, np.ndarray) else v
 
 
-def predict(dataset: Any, bundle: str | Path, *, options: Mapping[str, Any] | None = None, batch_size: int = 32,
-            batch_tokens: int | None = None, threads: int | None = None, concurrency: int = 1, rows_per_batch: int = 1024,
+def predict(dataset: Any, bundle: str | Path, *, options: Mapping[str, Any] | None = None,
+            batch_size: int = 32,
+            batch_tokens: int | None = None, threads: int | None = None, concurrency: int = 1,
+            rows_per_batch: int = 1024,
             keep: list[str] | None = None, precision: str | None = None) -> Any:
     """``dataset`` (a ray.data.Dataset of records with the task's fields, e.g. a "text" column) run
     through ``bundle``: a ray.data.Dataset of results, one row per input row, the ``keep`` columns
@@ -78,15 +81,18 @@ def predict(dataset: Any, bundle: str | Path, *, options: Mapping[str, Any] | No
     # cluster (--workers 2 on 2 cores) left the read tasks none, and the job waited for ever
     cpus = float(ray.cluster_resources().get("CPU", 1)) if ray.is_initialized() else 1.0
     return dataset.map_batches(
-        _Predictor, fn_constructor_args=(str(bundle), dict(options or {}), batch_size, batch_tokens, threads, list(keep or []),
+        _Predictor, fn_constructor_args=(str(bundle), dict(options or {}), batch_size, batch_tokens, threads,
+                                         list(keep or []),
                                          precision),
         batch_size=rows_per_batch, batch_format="numpy", concurrency=concurrency,
         num_cpus=min(1.0, max(0.1, (cpus - 1) / concurrency)),
     )
 
 
-def embed_in_order(files: list[Path], bundle: str | Path, *, options: Mapping[str, Any], address: str | None = None,
-                   workers: int = 1, threads: int | None = None, batch_size: int = 32, rows_per_batch: int = 1024) -> Iterator[Any]:
+def embed_in_order(files: list[Path], bundle: str | Path, *, options: Mapping[str, Any],
+                   address: str | None = None,
+                   workers: int = 1, threads: int | None = None, batch_size: int = 32,
+                   rows_per_batch: int = 1024) -> Iterator[Any]:
     """The records of Parquet ``files`` ({id, text}) embedded on the cluster by ``workers`` actors, streamed
     back to this process in the files' order as Arrow batches of ``id`` and ``embedding`` (what
     `mlmkit index --engine ray` writes into its index: the same vectors, in the same order, as a local
@@ -94,7 +100,8 @@ def embed_in_order(files: list[Path], bundle: str | Path, *, options: Mapping[st
     ray = init(address)
     ray.data.DataContext.get_current().execution_options.preserve_order = True
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
-    out = predict(ray.data.read_parquet([str(f) for f in files]), bundle, options=options, batch_size=batch_size,
+    out = predict(ray.data.read_parquet([str(f) for f in files]), bundle, options=options,
+                  batch_size=batch_size,
                   threads=threads, concurrency=workers, rows_per_batch=rows_per_batch, keep=["id"])
     yield from out.iter_batches(batch_size=rows_per_batch, batch_format="pyarrow")
 
@@ -133,14 +140,16 @@ def run_cli(pipe: Any, args: Any, options: Mapping[str, Any]) -> None:
     if args.input_file is None:
         raise ConfigError("--engine ray reads files", "give --input FILE, DIRECTORY or 'PATTERN'")
     if args.output.suffix:
-        raise ConfigError(f"--engine ray writes a directory of Parquet shards, not {args.output}", "give --output DIRECTORY/")
+        raise ConfigError(f"--engine ray writes a directory of Parquet shards, not {args.output}",
+                          "give --output DIRECTORY/")
     init(args.address)
     actors = args.workers or 1
     threads = args.threads or max(1, (os.cpu_count() or 1) // actors)
     with output_directory(Path(args.output)) as into:
         out = predict(read(args.input_file), pipe.path, options=options, batch_size=args.batch_size,
                       batch_tokens=args.batch_tokens, threads=threads,
-                      concurrency=actors, rows_per_batch=args.window, keep=[args.id_column] if args.id_column else [],
+                      concurrency=actors, rows_per_batch=args.window,
+                      keep=[args.id_column] if args.id_column else [],
                       precision=args.precision)
         out.write_parquet(str(into))
 
@@ -159,9 +168,11 @@ def output_directory(output: Path) -> Iterator[Path]:
     if output.exists() and not output.is_dir():
         raise ConfigError(f"--output {output} is a file; --engine ray writes a directory of Parquet shards",
                           "give a new or empty directory")
-    other = next((p.name for p in sorted(output.iterdir()) if p.suffix != ".parquet"), None) if output.is_dir() else None
+    other = next((p.name for p in sorted(output.iterdir()) if p.suffix != ".parquet"),
+                 None) if output.is_dir() else None
     if other is not None:
-        raise ConfigError(f"--output {output} holds {other}, not only Parquet shards: replacing it would lose that",
+        raise ConfigError(f"--output {output} holds {other}, not only Parquet shards: replacing it would "
+                          "lose that",
                           "give a new or empty directory")
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -178,5 +189,6 @@ def output_directory(output: Path) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
     except ConfigError as e:
         if "is in use" in e.message:
-            raise ConfigError(f"--output {output} is being written by another job: {e.message}", e.hint) from None
+            raise ConfigError(f"--output {output} is being written by another job: {e.message}",
+                              e.hint) from None
         raise

@@ -69,7 +69,8 @@ class Done:
     """Tallies the job keeps across --resume (Job.counts), e.g. mining's short rows by reason."""
 
 
-def run_window(pipe: Any, w: Window[Item], options: Mapping[str, Any], *, skip: bool, id_column: str | None) -> Done:
+def run_window(pipe: Any, w: Window[Item], options: Mapping[str, Any], *, skip: bool,
+               id_column: str | None) -> Done:
     """One window through the pipeline. ``skip``: a bad record becomes an error entry (where it is,
     what is wrong) instead of stopping the job; ``id_column``: the record's id comes along."""
     errors = [_error(x) for x in w.items if not isinstance(x, Record)]
@@ -78,7 +79,8 @@ def run_window(pipe: Any, w: Window[Item], options: Mapping[str, Any], *, skip: 
     if id_column is not None:
         for r in recs:
             if not isinstance(r.data, dict) or id_column not in r.data:
-                raise r.error(f"no id column '{id_column}'", id_column, "--id-column needs records (JSONL, CSV, TSV or Parquet) that have it")
+                raise r.error(f"no id column '{id_column}'", id_column,
+                              "--id-column needs records (JSONL, CSV, TSV or Parquet) that have it")
     bad: dict[int, MlmkitError] = {}
     with truncations_counted() as cut:  # said once for the whole job
         try:
@@ -107,7 +109,8 @@ def _position(e: DataFormatError, first: int, n: int) -> int | None:
 
 def _located(e: MlmkitError, r: Record) -> MlmkitError:
     """A pipeline's "input N" error about record ``r``, naming its file and line (or row) instead."""
-    if isinstance(e, DataFormatError) and e.path.startswith("input ") and not r.source.startswith("<"):  # <arguments>, <stdin>: "input N" says it
+    # <arguments>, <stdin>: "input N" says it
+    if isinstance(e, DataFormatError) and e.path.startswith("input ") and not r.source.startswith("<"):
         return DataFormatError(r.source, e.detail, line=r.line, field=e.field, hint=e.hint, unit=r.unit)
     return e
 

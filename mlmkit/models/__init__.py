@@ -23,7 +23,8 @@ from mlmkit.models import (
 )
 from mlmkit.models.config import BY_MODEL_TYPE, Family, family_for, register
 
-FAMILIES: tuple[Family, ...] = (bert.family, roberta.family, distilbert.family, electra.family, modernbert.family,
+FAMILIES: tuple[Family, ...] = (bert.family, roberta.family, distilbert.family, electra.family,
+                                modernbert.family,
                                 deberta.family, gte.family, mpnet.family, qwen3.family,
                                 nomic_bert.family, jina.family, gemma3.family, eurobert.family)
 register(*FAMILIES)

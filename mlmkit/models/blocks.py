@@ -32,7 +32,8 @@ def family_of(config: ModelConfig) -> Any:
 
 def layer_norm(config: ModelConfig, size: int | None = None) -> nn.LayerNorm:
     """The family's LayerNorm: eps from the config, a bias unless the config says none (ModernBERT)."""
-    return nn.LayerNorm(size or config.hidden_size, eps=config.layer_norm_eps, bias=bool(config.extra.get("norm_bias", True)))
+    return nn.LayerNorm(size or config.hidden_size, eps=config.layer_norm_eps,
+                        bias=bool(config.extra.get("norm_bias", True)))
 
 
 def family_norm(config: ModelConfig, size: int | None = None) -> nn.Module:
@@ -49,14 +50,16 @@ class BertEmbeddings(nn.Module):
         super().__init__()
         fam = family_of(config)
         E, pad = fam.embedding_size(config), config.pad_token_id
-        self.positions = fam.positions  # "absolute", "padding_offset" (RoBERTa) or "none" (rotary, in the layers)
+        # "absolute", "padding_offset" (RoBERTa) or "none" (rotary, in the layers)
+        self.positions = fam.positions
         self.pad_id = pad
         self.word_embeddings = nn.Embedding(config.vocab_size, E, padding_idx=pad)
         # the tables a family lacks are not there at all (as in transformers: no such module, no such
         # weights); which ones are is said by ``positions`` and ``type_rows``
         if self.positions != "none":
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, E,
-                                                    padding_idx=pad if self.positions == "padding_offset" else None)
+                                                    padding_idx=pad if self.positions == "padding_offset"
+                                                    else None)
         self.type_rows = config.type_vocab_size  # 0: no token-type table
         if self.type_rows:
             self.token_type_embeddings = nn.Embedding(config.type_vocab_size, E)
@@ -68,8 +71,10 @@ class BertEmbeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         x = self.word_embeddings(input_ids)  # (B, T, E)
         if self.positions == "absolute":
-            x = x + self.position_embeddings(torch.arange(input_ids.size(1), device=input_ids.device).unsqueeze(0))
-        elif self.positions == "padding_offset":  # RoBERTa: pad + 1, pad + 2, ... over real tokens; pad on padding
+            x = x + self.position_embeddings(torch.arange(input_ids.size(1),
+                                                          device=input_ids.device).unsqueeze(0))
+        # RoBERTa: pad + 1, pad + 2, ... over real tokens; pad on padding
+        elif self.positions == "padding_offset":
             real = (input_ids != self.pad_id).long()
             x = x + self.position_embeddings(torch.cumsum(real, dim=1) * real + self.pad_id)
         if self.type_rows:
@@ -120,7 +125,8 @@ class BertSelfAttention(Attention):
         B, T, _ = x.shape
         return x.view(B, T, self.n_head, self.head_dim).permute(0, 2, 1, 3)  # (B, nh, T, hd)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor,
+                queries: torch.Tensor | None = None) -> torch.Tensor:
         # mask: (B, 1, 1, T) additive, 0 on real tokens and a large negative number on padding;
         # queries: (B, Tq, H) when only some positions need an output (see core.encode_cls), else all of x
         B, T, H = x.shape
@@ -131,7 +137,8 @@ class BertSelfAttention(Attention):
         return attend(self, q, k, v, mask).permute(0, 2, 1, 3).contiguous().view(B, T, H)
 
 
-def attend(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def attend(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           mask: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + mask) v for (B, nh, T, hd) heads: SDPA, or spelled out when ``m.impl``
     is "eager" (the form onnxruntime fuses)."""
     if m.impl == "sdpa":
@@ -159,7 +166,8 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor,
+                queries: torch.Tensor | None = None) -> torch.Tensor:
         return self.output(self.self(x, mask, queries), x if queries is None else queries)
 
 
@@ -188,7 +196,8 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor,
+                queries: torch.Tensor | None = None) -> torch.Tensor:
         x = self.attention(x, mask, queries)  # (B, Tq, H)
         return self.output(self.intermediate(x), x)
 
@@ -212,9 +221,11 @@ class BertEncoder(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         fam = family_of(config)
-        self.config, self.family = config, fam  # (layer_context reads the config: which shared modules it has)
+        # (layer_context reads the config: which shared modules it has)
+        self.config, self.family = config, fam
         self.layer = nn.ModuleList(make_layer(config, i) for i in range(config.num_hidden_layers))
-        self.final_norm = family_norm(config) if fam.final_norm else None  # pre-LN families' norm after the last layer
+        # pre-LN families' norm after the last layer
+        self.final_norm = family_norm(config) if fam.final_norm else None
         for name, module in fam.encoder_modules(config).items():
             self.add_module(name, module)
 
@@ -250,9 +261,11 @@ class BertPooler(nn.Module):
         fam = family_of(config)
         if pool not in POOLS:
             raise ValueError(f"pooling {pool!r} is not one of {POOLS}")
-        self.pool, self.pad_id = pool, config.pad_token_id  # "last" passes over the padding id (transformers' rule)
+        # "last" passes over the padding id (transformers' rule)
+        self.pool, self.pad_id = pool, config.pad_token_id
         dense = fam.pooler_dense(config)
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=fam.head_bias(config)) if dense else None
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size,
+                               bias=fam.head_bias(config)) if dense else None
         self.act = ACT[fam.pooler_act(config)] if dense else None
         self.norm = layer_norm(config) if fam.pooler_norm else None
         p = fam.pooler_dropout(config)
@@ -280,7 +293,8 @@ class BertPooler(nn.Module):
         return self.norm(x) if self.norm is not None else x
 
 
-def last_token(x: torch.Tensor, attention_mask: torch.Tensor, input_ids: torch.Tensor | None, pad_id: int | None) -> torch.Tensor:
+def last_token(x: torch.Tensor, attention_mask: torch.Tensor, input_ids: torch.Tensor | None,
+               pad_id: int | None) -> torch.Tensor:
     """The state (B, H) of each row's last token that is real (``attention_mask``) and not the padding
     id: transformers' GenericForSequenceClassification takes the rightmost token whose id is not
     pad_token_id, so a text that ends with the padding token (Qwen3's tokenizer appends

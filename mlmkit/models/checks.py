@@ -83,7 +83,8 @@ def check_fields(values: Mapping[str, Any], name: Callable[[str], str]) -> None:
             what = "a whole number, 0 or more" if low == 0 else "a positive integer"
             raise ConfigError(f"config {name(k)} must be {what}, got {v!r}", "fix the config.json")
         if v > CEILINGS[k]:
-            raise ConfigError(f"config {name(k)} {v} is beyond what any encoder has (at most {CEILINGS[k]:,})",
+            raise ConfigError(f"config {name(k)} {v} is beyond what any encoder has (at most "
+                              f"{CEILINGS[k]:,})",
                               "fix the config.json: is the value a typo, or a damaged file?")
     hidden, heads = values["hidden_size"], values["num_attention_heads"]
     if hidden % heads:
@@ -111,14 +112,18 @@ def checked_labels(id2label: Any, label2id: Any) -> dict[int, str] | None:
     ``ModelConfig.id2label`` holds it; ``label2id`` checked to map names to ids."""
     if id2label is not None:
         if not isinstance(id2label, dict):
-            raise ConfigError(f"config id2label must map label ids to names, got {id2label!r}", "fix the config.json")
+            raise ConfigError(f"config id2label must map label ids to names, got {id2label!r}",
+                              "fix the config.json")
         bad = [k for k in id2label if not _label_id(k)]
         if bad:
-            raise ConfigError(f"config id2label key {bad[0]!r} is not a label id (0, 1, ...)", "fix the config.json")
+            raise ConfigError(f"config id2label key {bad[0]!r} is not a label id (0, 1, ...)",
+                              "fix the config.json")
         ids = {int(k): v for k, v in id2label.items()}
         if sorted(ids) != list(range(len(ids))) or len(ids) > MAX_LABELS:
-            raise ConfigError(f"config id2label must number its labels 0 to n - 1 (n at most {MAX_LABELS:,}), "
-                              f"got ids {sorted(ids)[:5]}{' ...' if len(ids) > 5 else ''}", "fix the config.json")
+            raise ConfigError("config id2label must number its labels 0 to n - 1 (n at most "
+                              f"{MAX_LABELS:,}), "
+                              f"got ids {sorted(ids)[:5]}{' ...' if len(ids) > 5 else ''}",
+                              "fix the config.json")
         names = list(ids.values())
         if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
             raise ConfigError("config id2label must give each label a name of its own, got "
@@ -126,7 +131,8 @@ def checked_labels(id2label: Any, label2id: Any) -> dict[int, str] | None:
         id2label = ids
     if label2id is not None and (not isinstance(label2id, dict)
                                  or not all(isinstance(k, str) and is_int(v) for k, v in label2id.items())):
-        raise ConfigError(f"config label2id must map label names to ids, got {label2id!r}", "fix the config.json")
+        raise ConfigError(f"config label2id must map label names to ids, got {label2id!r}",
+                          "fix the config.json")
     return id2label
 
 
@@ -155,7 +161,8 @@ def check_extra(extra: Any, sizes: Iterable[ExtraSize], probabilities: tuple[str
             continue
         ceiling = CEILINGS[size.bound]
         if not is_int(v) or not 1 <= v <= ceiling:
-            raise ConfigError(f"config {size.key} must be a positive integer of at most {ceiling:,}, got {v!r}",
+            raise ConfigError(f"config {size.key} must be a positive integer of at most {ceiling:,}, got "
+                              f"{v!r}",
                               "fix the config.json")
     for k, v in extra.items():
         if "dropout" in k and (is_number(v) or k in probabilities):

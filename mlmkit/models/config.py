@@ -85,9 +85,11 @@ share, computed once per forward: rotary angles, masks, relative positions)."""
 
 __all__ = [
     # what a config.json may hold (mlmkit/models/checks.py) and transformers' names (mlmkit/models/names.py)
-    "ACT", "CEILINGS", "MAX_PARAMETERS", "MAX_LABELS", "ExtraSize", "HEADS", "LABELLED_HEADS", "CLS_SEP_IDS", "Renamer",
+    "ACT", "CEILINGS", "MAX_PARAMETERS", "MAX_LABELS", "ExtraSize", "HEADS", "LABELLED_HEADS", "CLS_SEP_IDS",
+    "Renamer",
     # the config, the family interface, the registry of families, the size presets
-    "ModelConfig", "Family", "StateDict", "LayerArgs", "BY_MODEL_TYPE", "register", "family_for", "PRESETS", "preset",
+    "ModelConfig", "Family", "StateDict", "LayerArgs", "BY_MODEL_TYPE", "register", "family_for", "PRESETS",
+    "preset",
 ]
 
 
@@ -116,28 +118,34 @@ class ModelConfig:
         """Every field's type and range, checked before anything is built on them: a config.json is
         input, and a size of 10^9 would otherwise be found out by the allocator (256 GB)."""
         if not isinstance(self.model_type, str):
-            raise ConfigError(f"config model_type must be a name, got {self.model_type!r}", "fix the config.json")
+            raise ConfigError(f"config model_type must be a name, got {self.model_type!r}",
+                              "fix the config.json")
         key = self.family.config_aliases.get  # the field as the family's config.json names it
         check_fields(vars(self), lambda k: key(k, k))
         self.id2label = checked_labels(self.id2label, self.label2id)
         fam = self.family
         check_extra(self.extra, fam.extra_sizes, (fam.classifier_dropout_key, *fam.dropout_keys))
         self.family.check(self)
-        if self.pad_token_id is not None or self.family.positions == "padding_offset":  # RoBERTa's positions count from it
+        # RoBERTa's positions count from it
+        if self.pad_token_id is not None or self.family.positions == "padding_offset":
             if not is_int(self.pad_token_id) or not 0 <= self.pad_token_id < self.vocab_size:
                 raise ConfigError(f"config pad_token_id must be a token id from 0 to {self.vocab_size - 1}, "
                                   f"got {self.pad_token_id!r}", "fix the config.json")
         params = self.parameter_estimate()
         if params > MAX_PARAMETERS:
-            raise ConfigError(f"config sizes make a model of about {params / 1e9:.0f} billion parameters, beyond any "
-                              f"encoder (at most {MAX_PARAMETERS / 1e9:.0f} billion)", "fix the config.json's sizes")
+            raise ConfigError(f"config sizes make a model of about {params / 1e9:.0f} billion parameters, "
+                              "beyond any "
+                              f"encoder (at most {MAX_PARAMETERS / 1e9:.0f} billion)",
+                              "fix the config.json's sizes")
 
     def parameter_estimate(self) -> int:
         """About how many parameters the config makes (embeddings, layers, the MLM head): what a
         config whose checkpoint has no header to compare it with (pytorch_model.bin) is held to."""
         E, H, F = self.family.embedding_size(self), self.hidden_size, self.intermediate_size
-        rows = self.vocab_size + self.type_vocab_size + (self.max_position_embeddings if self.family.positions != "none" else 0)
-        layer = 4 * H * H + 3 * H * F  # attention's four projections; the MLP's two (three: ModernBERT's GeGLU)
+        rows = self.vocab_size + self.type_vocab_size + (self.max_position_embeddings if self.family.positions
+                                                         != "none" else 0)
+        # attention's four projections; the MLP's two (three: ModernBERT's GeGLU)
+        layer = 4 * H * H + 3 * H * F
         return rows * E + self.num_hidden_layers * layer + self.vocab_size + H * E
 
     @property
@@ -184,9 +192,12 @@ class ModelConfig:
         claimed = next((f for f in BY_MODEL_TYPE.values() if f.claims(d)), None)
         if claimed is not None:  # a family's own checkpoint under another model_type (jina's "xlm-roberta")
             was, archs = d.get("model_type"), d.get("architectures")
-            if isinstance(archs, list) and isinstance(was, str) and was in BY_MODEL_TYPE:  # XLMRobertaModel -> BertModel -> JinaEmbeddingsV3Model
-                archs = [BY_MODEL_TYPE[was].canonical_architecture(a, was) if isinstance(a, str) else a for a in archs]
-            d = {**d, "model_type": claimed.model_types[0], **({"architectures": archs} if archs is not None else {})}
+            # XLMRobertaModel -> BertModel -> JinaEmbeddingsV3Model
+            if isinstance(archs, list) and isinstance(was, str) and was in BY_MODEL_TYPE:
+                archs = [BY_MODEL_TYPE[was].canonical_architecture(a, was) if isinstance(a, str) else a
+                         for a in archs]
+            d = {**d, "model_type": claimed.model_types[0],
+                 **({"architectures": archs} if archs is not None else {})}
         model_type = d.get("model_type", "bert")
         fam = family_for(model_type if isinstance(model_type, str) else repr(model_type))
         d = dict(d)
@@ -205,7 +216,8 @@ class ModelConfig:
             # transformers leaves out id2label when it is its default: num_labels (default 2) of LABEL_i
             n = extra.pop("num_labels", 2)
             if not is_int(n) or not 1 <= n <= MAX_LABELS:
-                raise ConfigError(f"config num_labels must be a positive integer of at most {MAX_LABELS:,}, got {n!r}",
+                raise ConfigError(f"config num_labels must be a positive integer of at most {MAX_LABELS:,}, "
+                                  f"got {n!r}",
                                   "fix the config.json")
             known["id2label"] = {i: f"LABEL_{i}" for i in range(n)}
             known["label2id"] = {f"LABEL_{i}": i for i in range(n)}
@@ -312,7 +324,8 @@ class Family:
     def check(self, config: ModelConfig) -> None:
         """Raise ConfigError for a config this family's blocks cannot run."""
 
-    def shape_mismatch(self, config: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> tuple[str, Any, str] | None:
+    def shape_mismatch(self, config: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> tuple[str, Any,
+                                                                                               str] | None:
         """Where the weights' ``shapes`` (mlmkit's names, from their headers) contradict ``config`` in
         a module check_weights cannot build on the meta device (a table computed from config values:
         DeBERTa's relative positions): (the config.json field, its value, what the weights have);
@@ -356,7 +369,8 @@ class Family:
         registered on blocks.BertEncoder under that name (so ``bert.encoder.<name>.*`` in state dicts)."""
         return {}
 
-    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, LayerArgs]:
+    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                              LayerArgs]:
         """Once per forward, before the first layer: (the first layer's input, the keyword arguments
         every layer takes beside ``(x, mask, queries)``), from the embeddings ``x`` (B, T, H), the
         (B, 1, 1, T) additive padding mask and the ``encoder_modules`` on ``encoder``. BERT's: (x, {})."""
@@ -393,7 +407,8 @@ class Family:
     def from_family(self, sd: StateDict) -> StateDict:
         """A transformers state dict of this family (with or without the backbone's prefix, e.g. a
         bare RobertaModel) -> mlmkit's names."""
-        sd = {(f"{self.prefix}.{k}" if k.split(".", 1)[0] in self.bare_roots else k): v for k, v in sd.items()}
+        sd = {(f"{self.prefix}.{k}" if k.split(".", 1)[0] in self.bare_roots else k): v
+              for k, v in sd.items()}
         rename = Renamer([*self.head_renames(set(sd), to_family=False), *self.renames])
         return {rename(k, to_family=False): v for k, v in sd.items()}
 
@@ -412,7 +427,8 @@ class Family:
 
 
 # ---- the registry: config.json's model_type -> its family -------------------------------------------
-BY_MODEL_TYPE: Registry[Family] = Registry("model_type", "mlmkit runs the families listed by docs/families.md")
+BY_MODEL_TYPE: Registry[Family] = Registry("model_type",
+                                           "mlmkit runs the families listed by docs/families.md")
 
 
 def register(*families: Family) -> None:
@@ -451,5 +467,6 @@ def preset(name: str, arch: str = "bert", **overrides: Any) -> ModelConfig:
     names = {f.name for f in fields(ModelConfig)}
     for k in [k for k in fields_ if k not in names]:
         extra[k] = fields_.pop(k)
-    sizes = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=inter)
+    sizes = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                 intermediate_size=inter)
     return ModelConfig(**{**sizes, **fields_, "model_type": arch, "extra": {**fam.preset_extra(), **extra}})

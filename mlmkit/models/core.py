@@ -53,13 +53,17 @@ from mlmkit.models.config import ModelConfig
 
 __all__ = [
     # the blocks (mlmkit/models/blocks.py)
-    "ACT", "family_of", "layer_norm", "BertEmbeddings", "Attention", "BertSelfAttention", "attend", "BertSelfOutput",
-    "BertAttention", "BertIntermediate", "BertOutput", "BertLayer", "make_layer", "make_embeddings", "BertEncoder",
-    "BertPooler", "mean_pool", "init_weights", "extended_mask", "attention_blocks", "set_attention_impl", "family_norm",
+    "ACT", "family_of", "layer_norm", "BertEmbeddings", "Attention", "BertSelfAttention", "attend",
+    "BertSelfOutput",
+    "BertAttention", "BertIntermediate", "BertOutput", "BertLayer", "make_layer", "make_embeddings",
+    "BertEncoder",
+    "BertPooler", "mean_pool", "init_weights", "extended_mask", "attention_blocks", "set_attention_impl",
+    "family_norm",
     "last_token",
     # the model and its heads
     "BertModel", "encode_cls", "reads_cls_only", "BertForLabels", "token_encoder", "token_states",
-    "BertPredictionHeadTransform", "BertLMPredictionHead", "tie_decoder", "BertPreTrainingHeads", "masked_lm_loss",
+    "BertPredictionHeadTransform", "BertLMPredictionHead", "tie_decoder", "BertPreTrainingHeads",
+    "masked_lm_loss",
     "BertForPreTraining",
 ]
 
@@ -92,7 +96,8 @@ class BertModel(nn.Module):
 
 
 def encode_cls(
-    bert: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    bert: BertModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+    token_type_ids: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The pooled [CLS] vector (B, H), equal to ``bert(...)[1]``, with the last layer computed for
     [CLS] only: a sequence classifier that reads [CLS] reads nothing else, so 1/L of the encoder's
@@ -125,7 +130,8 @@ class BertForLabels(nn.Module):
     ``problem_type``: cross-entropy (label -100 ignored), per-label binary cross-entropy for
     multi_label_classification, mean squared error for regression."""
 
-    def __init__(self, config: ModelConfig, per_token: bool, problem_type: str = "single_label_classification") -> None:
+    def __init__(self, config: ModelConfig, per_token: bool,
+                 problem_type: str = "single_label_classification") -> None:
         super().__init__()
         fam = family_of(config)
         self.config, self.per_token, self.problem_type = config, per_token, problem_type
@@ -135,7 +141,8 @@ class BertForLabels(nn.Module):
             self.bert = BertModel(config, pool=fam.sequence_pool(config))
         p = config.extra.get(fam.classifier_dropout_key)
         self.dropout = nn.Dropout(config.hidden_dropout_prob if p is None else p)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels, bias=fam.classifier_bias(config, per_token))
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels,
+                                    bias=fam.classifier_bias(config, per_token))
         init_weights(self, config.initializer_range)  # the encoder is overwritten by the checkpoint
 
     def forward(
@@ -145,7 +152,8 @@ class BertForLabels(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        seq, pooled = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, H), the pooled vector (B, H) | per token
+        # (B, T, H), the pooled vector (B, H) | per token
+        seq, pooled = self.bert(input_ids, attention_mask, token_type_ids)
         logits = self.classifier(self.dropout(pooled if pooled is not None else seq))  # (B, T, L) or (B, L)
         out = {"logits": logits, "probabilities": torch.softmax(logits.float(), dim=-1)}
         if labels is None:
@@ -153,7 +161,8 @@ class BertForLabels(nn.Module):
         if self.problem_type == "regression":
             out["loss"] = F.mse_loss(logits.float().squeeze(-1), labels.float())  # (B,) against (B,)
         elif self.problem_type == "multi_label_classification":
-            out["loss"] = F.binary_cross_entropy_with_logits(logits.float(), labels.float())  # (B, L) 0/1 targets
+            # (B, L) 0/1 targets
+            out["loss"] = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
         else:
             flat = logits.float().reshape(-1, logits.size(-1))  # (B*T, L) or (B, L)
             if bool((labels != -100).any()):
@@ -200,8 +209,10 @@ class BertLMPredictionHead(nn.Module):
         super().__init__()
         fam = family_of(config)
         E = fam.embedding_size(config)
-        self.transform: nn.Module = BertPredictionHeadTransform(config) if fam.mlm_transform(config) else nn.Identity()
-        self.decoder = nn.Linear(E, config.vocab_size, bias=False)  # tied to the word embeddings (tie_decoder)
+        self.transform: nn.Module = (BertPredictionHeadTransform(config) if fam.mlm_transform(config)
+                                     else nn.Identity())
+        # tied to the word embeddings (tie_decoder)
+        self.decoder = nn.Linear(E, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if fam.decoder_bias(config) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -66,14 +66,16 @@ def _int(config: ModelConfig, key: str, default: int) -> int:
 
 
 def _names(config: ModelConfig, key: str, default: str | None) -> list[str]:
-    """A list of names or a "|"-separated string of them (older configs), lowercased, as transformers reads it."""
+    """A list of names or a "|"-separated string of them (older configs), lowercased, as transformers reads
+    it."""
     v = config.extra.get(key, default)
     if v is None:
         return []
     if isinstance(v, str):
         v = v.lower().split("|")
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-        raise ConfigError(f"config {key} must be a list of names or a '|'-separated string, got {v!r}", "fix the config.json")
+        raise ConfigError(f"config {key} must be a list of names or a '|'-separated string, got {v!r}",
+                          "fix the config.json")
     return [x.strip().lower() for x in v if x.strip()]
 
 
@@ -120,15 +122,18 @@ def bucket(rel: torch.Tensor, buckets: int, max_position: int) -> torch.Tensor:
 # ---- blocks ------------------------------------------------------------------------------------
 class DebertaEmbeddings(nn.Module):
     """Word (+ position) (+ token type) embeddings at the embedding size, ``embed_proj`` to the hidden
-    size, LayerNorm, dropout. The padding rows are zeroed by the encoder (layer_context), which has the mask."""
+    size, LayerNorm, dropout. The padding rows are zeroed by the encoder (layer_context), which has the
+    mask."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         fam = config.family
         E = fam.embedding_size(config)
         self.word_embeddings = nn.Embedding(config.vocab_size, E, padding_idx=config.pad_token_id)
-        # the modules a config leaves out are not there at all (no weights, as in transformers): the flags say which are
-        self.absolute, self.typed, self.projected = (_flag(config, "position_biased_input", True), config.type_vocab_size > 0,
+        # the modules a config leaves out are not there at all (no weights, as in transformers): the flags say
+        # which are
+        self.absolute, self.typed, self.projected = (_flag(config, "position_biased_input", True),
+                                                     config.type_vocab_size > 0,
                                                      E != config.hidden_size)
         if self.absolute:
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, E)
@@ -142,9 +147,11 @@ class DebertaEmbeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         x = self.word_embeddings(input_ids)  # (B, T, E)
         if self.absolute:
-            x = x + self.position_embeddings(torch.arange(input_ids.size(1), device=input_ids.device).unsqueeze(0))
+            x = x + self.position_embeddings(torch.arange(input_ids.size(1),
+                                                          device=input_ids.device).unsqueeze(0))
         if self.typed:
-            x = x + (self.token_type_embeddings(token_type_ids) if token_type_ids is not None else self.token_type_embeddings.weight[0])
+            x = x + (self.token_type_embeddings(token_type_ids) if token_type_ids is not None
+                     else self.token_type_embeddings.weight[0])
         if self.projected:
             x = self.embed_proj(x)
         return self.dropout(self.LayerNorm(x))  # (B, T, H)
@@ -160,13 +167,15 @@ class RelativePositions(nn.Module):
         super().__init__()
         S, M, buckets = span(config), max_relative_positions(config), position_buckets(config)
         reach = max(S, M) + 1
-        while True:  # the rows grow with the distance (both ways), so once both ends are clamped all farther ones are
+        # the rows grow with the distance (both ways), so once both ends are clamped all farther ones are
+        while True:
             rel = torch.arange(-reach, reach + 1)
             table = ((bucket(rel, buckets, M) if buckets > 0 else rel) + S).clamp(0, 2 * S - 1)
             if table[0] == 0 and table[-1] == 2 * S - 1:
                 break
             if reach > 1 << 22:
-                raise ConfigError(f"relative positions of {buckets} buckets over {M} never reach the span", "fix the config.json")
+                raise ConfigError(f"relative positions of {buckets} buckets over {M} never reach the span",
+                                  "fix the config.json")
             reach *= 2  # odd bucket counts clamp farther out on one side
         self.reach = reach
         self.register_buffer("table", table, persistent=False)  # (2 * reach + 1,)
@@ -220,8 +229,10 @@ class DisentangledSelfAttention(Attention):
         q = self._heads(self.query_proj(x if queries is None else queries))  # (B, nh, Tq, hd)
         k, v = self._heads(self.key_proj(x)), self._heads(self.value_proj(x))  # (B, nh, T, hd)
         if self.relative and self.terms and relative is not None:
-            index = relative.index if queries is None else relative.positions(queries.size(1), x.size(1), x.device)
-            mask = mask + self.relative_scores(q, k, self.pos_dropout(relative.embeddings), index, x.size(0))  # (B, nh, Tq, T)
+            index = relative.index if queries is None else relative.positions(queries.size(1), x.size(1),
+                                                                              x.device)
+            # (B, nh, Tq, T)
+            mask = mask + self.relative_scores(q, k, self.pos_dropout(relative.embeddings), index, x.size(0))
         return self.attend(q, k, v, mask).transpose(1, 2).flatten(2)  # (B, Tq, H)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -232,7 +243,8 @@ class DisentangledSelfAttention(Attention):
         scale = 1.0 / math.sqrt(self.head_dim * self.scale_factor)
         if self.impl == "sdpa":
             p = self.dropout_p if self.training else 0.0
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=p, scale=scale)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=p,
+                                                  scale=scale)
         scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, nh, Tq, T)
         probs = self.dropout(torch.softmax(scores + bias, dim=-1))
         return torch.matmul(probs, v)  # (B, nh, Tq, hd)
@@ -247,11 +259,14 @@ class DisentangledSelfAttention(Attention):
         terms = []
         if "c2p" in self.terms:
             pos_key = self._heads((self.key_proj if self.share else self.pos_key_proj)(rel))  # (nh, 2S, hd)
-            by_query = torch.matmul(q, pos_key.transpose(-1, -2))  # (B, nh, Tq, 2S): every query against every row
+            # (B, nh, Tq, 2S): every query against every row
+            by_query = torch.matmul(q, pos_key.transpose(-1, -2))
             terms.append(torch.gather(by_query, -1, at))  # (B, nh, Tq, T)
         if "p2c" in self.terms:
-            pos_query = self._heads((self.query_proj if self.share else self.pos_query_proj)(rel))  # (nh, 2S, hd)
-            by_key = torch.matmul(pos_query, k.transpose(-1, -2))  # (B, nh, 2S, T): every row against every key
+            # (nh, 2S, hd)
+            pos_query = self._heads((self.query_proj if self.share else self.pos_query_proj)(rel))
+            # (B, nh, 2S, T): every row against every key
+            by_key = torch.matmul(pos_query, k.transpose(-1, -2))
             terms.append(torch.gather(by_key, -2, at))  # (B, nh, Tq, T)
         return sum(terms[1:], terms[0]) / math.sqrt(self.head_dim * self.scale_factor)
 
@@ -302,13 +317,16 @@ class Deberta(Family):
     classifier_dropout_key = "cls_dropout"
     dropout_keys = ("pooler_dropout",)
     # -1 / 0: "as max_position_embeddings" / "no buckets"
-    extra_sizes = (ExtraSize("embedding_size"), ExtraSize("pooler_hidden_size"), ExtraSize("attention_head_size"),
-                   *(ExtraSize(k, bound="max_position_embeddings", unset=(-1, 0)) for k in ("position_buckets", "max_relative_positions")))
+    extra_sizes = (ExtraSize("embedding_size"), ExtraSize("pooler_hidden_size"),
+                   ExtraSize("attention_head_size"),
+                   *(ExtraSize(k, bound="max_position_embeddings", unset=(-1, 0))
+                     for k in ("position_buckets", "max_relative_positions")))
     # measured (tests/models/test_deberta.py): the two residual adds + LayerNorms of each layer fuse; the
     # attention does not (its relative bias is outside onnxruntime's BERT Attention pattern), nor do
     # the embeddings (no position table in v3, the projection before the norm, the mask after it)
     fusions: dict[str, int] = {"SkipLayerNormalization": 2}
-    tokenizer_kind = "unigram"  # SentencePiece, as DeBERTa-v3's, with BERT's special tokens (the base class's)
+    # SentencePiece, as DeBERTa-v3's, with BERT's special tokens (the base class's)
+    tokenizer_kind = "unigram"
 
     def embedding_size(self, config: ModelConfig) -> int:
         return int(config.extra.get("embedding_size") or config.hidden_size)
@@ -323,25 +341,31 @@ class Deberta(Family):
         return config.type_vocab_size > 0
 
     def check(self, config: ModelConfig) -> None:
-        for key, default in (("relative_attention", False), ("position_biased_input", True), ("share_att_key", False),
+        for key, default in (("relative_attention", False), ("position_biased_input", True),
+                             ("share_att_key", False),
                              ("legacy", True)):
             _flag(config, key, default)
         unknown = sorted(set(_names(config, "pos_att_type", None)) - set(TERMS))
         if unknown:
-            raise ConfigError(f"pos_att_type {unknown[0]!r} is not supported for deberta-v2", "DeBERTa-v2 computes 'c2p' and 'p2c' terms only")
+            raise ConfigError(f"pos_att_type {unknown[0]!r} is not supported for deberta-v2",
+                              "DeBERTa-v2 computes 'c2p' and 'p2c' terms only")
         norms = sorted(set(_names(config, "norm_rel_ebd", "none")) - {"none", "layer_norm"})
         if norms:
-            raise ConfigError(f"norm_rel_ebd {norms[0]!r} is not supported for deberta-v2", "use 'layer_norm' or 'none'")
+            raise ConfigError(f"norm_rel_ebd {norms[0]!r} is not supported for deberta-v2",
+                              "use 'layer_norm' or 'none'")
         if _int(config, "conv_kernel_size", 0) > 0:
             raise ConfigError(
-                "the convolution layer of DeBERTa-v2 (conv_kernel_size > 0: deberta-v2-xlarge / xxlarge) is not supported",
+                "the convolution layer of DeBERTa-v2 (conv_kernel_size > 0: deberta-v2-xlarge / xxlarge) is "
+                "not supported",
                 "mlmkit runs DeBERTa-v3's layout: relative attention without the convolution",
             )
         buckets, M = position_buckets(config), max_relative_positions(config)
         if relative_attention(config) and buckets > 0 and (buckets < 4 or M - 1 <= buckets // 2):
             raise ConfigError(  # the log scale needs a ratio above 1 and (buckets // 2 - 1) steps
-                f"position_buckets {buckets} with max_relative_positions {M} cannot bucket relative positions",
-                "position_buckets must be at least 4 and max_relative_positions above position_buckets / 2 + 1",
+                f"position_buckets {buckets} with max_relative_positions {M} cannot bucket relative "
+                "positions",
+                "position_buckets must be at least 4 and max_relative_positions above position_buckets / 2 + "
+                "1",
             )
         for key in ("pooler_hidden_size", "attention_head_size"):
             want = config.hidden_size if key == "pooler_hidden_size" else config.head_dim
@@ -352,20 +376,23 @@ class Deberta(Family):
         if act not in ACT:
             raise ConfigError(f"unsupported pooler_hidden_act {act!r}", f"use one of: {', '.join(ACT)}")
 
-    def shape_mismatch(self, config: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> tuple[str, Any, str] | None:
+    def shape_mismatch(self, config: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> tuple[str, Any,
+                                                                                               str] | None:
         """The rows of rel_embeddings against the span the config's buckets make: RelativePositions
         computes its table from those values, so the meta-device comparison cannot build it."""
         rel = shapes.get("bert.encoder.rel_embeddings.weight")
         if rel and rel[0] != 2 * span(config):
             field = "position_buckets" if position_buckets(config) > 0 else "max_relative_positions"
-            return field, config.extra.get(field), f"the relative position embeddings have {rel[0]} rows, the config makes {2 * span(config)}"
+            return (field, config.extra.get(field), f"the relative position embeddings have {rel[0]} rows, "
+                                                    f"the config makes {2 * span(config)}")
         return None
 
     def preset_extra(self) -> HFConfig:
         # DeBERTa-v3's layout (microsoft/deberta-v3-base's config.json) at a preset's size
         return {
             "relative_attention": True, "position_biased_input": False, "pos_att_type": ["p2c", "c2p"],
-            "share_att_key": True, "norm_rel_ebd": "layer_norm", "position_buckets": 256, "max_relative_positions": -1,
+            "share_att_key": True, "norm_rel_ebd": "layer_norm", "position_buckets": 256,
+            "max_relative_positions": -1,
             "pooler_hidden_act": "gelu", "pooler_dropout": 0.0, "legacy": True, "tie_word_embeddings": True,
         }
 
@@ -385,8 +412,10 @@ class Deberta(Family):
         modules["relative_positions"] = RelativePositions(config)
         return modules
 
-    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, LayerArgs]:
-        x = x * (mask[:, 0, 0, :, None] == 0).to(x.dtype)  # padding rows zero, as transformers' embeddings leave them
+    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                              LayerArgs]:
+        # padding rows zero, as transformers' embeddings leave them
+        x = x * (mask[:, 0, 0, :, None] == 0).to(x.dtype)
         if not relative_attention(encoder.config):
             return x, {}
         rel = encoder.rel_embeddings.weight

@@ -39,7 +39,8 @@ class Electra(Family):
         return "gelu"  # ElectraGeneratorPredictions: get_activation("gelu")
 
     def head_renames(self, keys: set[str], *, to_family: bool) -> tuple[tuple[str, str], ...]:
-        seq = {"bert.pooler.dense.weight", "classifier.weight"} <= keys if to_family else "classifier.out_proj.weight" in keys
+        seq = {"bert.pooler.dense.weight",
+               "classifier.weight"} <= keys if to_family else "classifier.out_proj.weight" in keys
         return SEQUENCE_HEAD if seq else ()
 
 

@@ -38,7 +38,8 @@ class EuroBert(PrenormFamily):
     # ``extra``); not the sizes, which every config.json states and a size preset sets
     config_defaults = {
         "vocab_size": 128256, "hidden_act": "silu", "max_position_embeddings": 8192, "layer_norm_eps": 1e-5,
-        "pad_token_id": 128001, "type_vocab_size": 0, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "pad_token_id": 128001, "type_vocab_size": 0, "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
         "classifier_pooling": "late", "tie_word_embeddings": False,
     }
     renames = (
@@ -69,7 +70,8 @@ class EuroBert(PrenormFamily):
         super().check(config)
         pool = config.extra.get("classifier_pooling", "late")
         if pool not in POOLING:
-            raise ConfigError(f"config classifier_pooling must be one of {', '.join(map(repr, POOLING))}, got {pool!r}",
+            raise ConfigError(f"config classifier_pooling must be one of {', '.join(map(repr, POOLING))}, "
+                              f"got {pool!r}",
                               "fix the config.json")
 
     # ---- heads -------------------------------------------------------------------------------
@@ -97,9 +99,11 @@ class EuroBert(PrenormFamily):
         # one key / value head a query head and hidden / heads dimensions at a preset's sizes, as
         # EuroBertConfig resolves its None; the ids of a tokenizer trained with the family's special
         # tokens ([PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4)
-        return {"num_key_value_heads": None, "head_dim": None, "tie_word_embeddings": False, "mlp_bias": False,
-                "attention_bias": False, "classifier_pooling": "late", "rope_parameters": {"rope_type": "default",
-                                                                                         "rope_theta": 250_000.0}}
+        return {"num_key_value_heads": None, "head_dim": None, "tie_word_embeddings": False,
+                "mlp_bias": False,
+                "attention_bias": False, "classifier_pooling": "late",
+                "rope_parameters": {"rope_type": "default",
+                                  "rope_theta": 250_000.0}}
 
 
 family = EuroBert()

@@ -55,7 +55,8 @@ def _positive_int(config: ModelConfig, key: str, default: int) -> int:
 def kinds(config: ModelConfig) -> list[str]:
     """Each layer's type: ``layer_types``, else every ``sliding_window_pattern``-th layer global."""
     every = _positive_int(config, "sliding_window_pattern", DEFAULT_PATTERN)
-    return layer_types(config, [SLIDING if (i + 1) % every else FULL for i in range(config.num_hidden_layers)])
+    return layer_types(config,
+                       [SLIDING if (i + 1) % every else FULL for i in range(config.num_hidden_layers)])
 
 
 def rope(config: ModelConfig, kind: str) -> Rope:
@@ -91,8 +92,10 @@ class Gemma3Text(PrenormFamily):
     # Gemma3TextConfig's defaults where the core's readers default otherwise (the family keys land
     # in ``extra``); not the sizes, which every config.json states and a size preset sets
     config_defaults = {
-        "vocab_size": 262_208, "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 131_072, "layer_norm_eps": 1e-6,
-        "pad_token_id": 0, "type_vocab_size": 0, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "vocab_size": 262_208, "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 131_072,
+        "layer_norm_eps": 1e-6,
+        "pad_token_id": 0, "type_vocab_size": 0, "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
         "num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4096,
     }
     renames = (*PrenormFamily.renames, ("classifier", "score"))
@@ -107,8 +110,10 @@ class Gemma3Text(PrenormFamily):
     def spec(self, config: ModelConfig, index: int) -> AttnSpec:
         kind = kinds(config)[index]
         scalar = positive_number(config, "query_pre_attn_scalar", 256)
-        positive_number(config, "attn_logit_softcapping", None)  # checked, not applied: see the module's docstring
-        return AttnSpec(rope(config, kind), scale=None if scalar is None else scalar ** -0.5, span=span(config, kind), qk_norm=True)
+        # checked, not applied: see the module's docstring
+        positive_number(config, "attn_logit_softcapping", None)
+        return AttnSpec(rope(config, kind), scale=None if scalar is None else scalar ** -0.5,
+                        span=span(config, kind), qk_norm=True)
 
     def embed_scale(self, config: ModelConfig) -> float:
         return float(config.hidden_size ** 0.5)

@@ -49,13 +49,15 @@ class Gte(RotaryBert):
     prefix = "gte"
     # GteConfig's defaults where the core's readers default otherwise (not the sizes, which every
     # config.json states; a preset's would give way to them)
-    config_defaults = {"vocab_size": 250048, "max_position_embeddings": 8192, "type_vocab_size": 1, "pad_token_id": 1,
+    config_defaults = {"vocab_size": 250048, "max_position_embeddings": 8192, "type_vocab_size": 1,
+                       "pad_token_id": 1,
                        "attention_probs_dropout_prob": 0.0}
     renames = (
         *layer_renames("gte.encoder.layer.{n}", LAYER_NAMES),
         ("cls.predictions.transform.dense", "lm_head.dense"),
         ("cls.predictions.transform.LayerNorm", "lm_head.norm"),
-        ("cls.predictions.bias", "lm_head.decoder.bias"),  # the decoder's own bias (no separate one, as in BERT)
+        # the decoder's own bias (no separate one, as in BERT)
+        ("cls.predictions.bias", "lm_head.decoder.bias"),
         ("cls.predictions.decoder", "lm_head.decoder"),
         ("bert", "gte"),
     )
@@ -75,7 +77,8 @@ class Gte(RotaryBert):
         return {"rope_parameters": {"rope_type": "default", "rope_theta": DEFAULT_THETA}}
 
     def rope(self, config: ModelConfig) -> Rope:
-        return rope_config(config.extra, family=self.name, head_dim=config.head_dim, max_positions=config.max_position_embeddings,
+        return rope_config(config.extra, family=self.name, head_dim=config.head_dim,
+                           max_positions=config.max_position_embeddings,
                            default_theta=DEFAULT_THETA)
 
     def mlp(self, config: ModelConfig) -> nn.Module:

@@ -66,7 +66,8 @@ def _lora(config: ModelConfig) -> tuple[list[str], float, str | None]:
     tasks = config.extra.get("lora_adaptations") or []
     task = config.extra.get("lora_task")
     if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
-        raise ConfigError(f"config lora_adaptations must be a list of task names, got {tasks!r}", "fix the config.json")
+        raise ConfigError(f"config lora_adaptations must be a list of task names, got {tasks!r}",
+                          "fix the config.json")
     if task is not None and task not in tasks:
         raise ConfigError(f"config lora_task {task!r} is not one of lora_adaptations {tasks}",
                           "name one of lora_adaptations, or leave lora_task out for the base weights")
@@ -77,14 +78,16 @@ def _lora(config: ModelConfig) -> tuple[list[str], float, str | None]:
     return tasks, alpha / rank, task
 
 
-def merge_adapter(name: str, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, task: int, scale: float) -> torch.Tensor:
+def merge_adapter(name: str, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, task: int,
+                  scale: float) -> torch.Tensor:
     """``weight`` with the ``task``-th adapter merged: W + scale * B A for a linear layer (A (tasks,
     rank, in), B (tasks, out, rank)), W + scale * A B for an embedding table (A (tasks, rows, rank),
     B (tasks, rank, size)), computed in float32 as jina's parametrization does (in the weights' dtype)."""
     embedding = ".embeddings." in name
     delta = a[task].float() @ b[task].float() if embedding else b[task].float() @ a[task].float()
     if delta.shape != weight.shape:
-        raise ConfigError(f"the LoRA adapter of {name} makes a {tuple(delta.shape)} update for a {tuple(weight.shape)} weight",
+        raise ConfigError(f"the LoRA adapter of {name} makes a {tuple(delta.shape)} update for a "
+                          f"{tuple(weight.shape)} weight",
                           "the checkpoint's adapters are not jina-embeddings-v3's layout")
     return (weight.float() + scale * delta).to(weight.dtype)
 
@@ -96,7 +99,8 @@ class Jina(RotaryBert):
     prefix = "roberta"
     bare_roots = ("embeddings", "emb_ln", "encoder", "pooler")
     # JinaEmbeddingsV3Config's defaults where the core's readers default otherwise (not the sizes)
-    config_defaults = {"vocab_size": 250002, "max_position_embeddings": 8194, "type_vocab_size": 1, "layer_norm_eps": 1e-5,
+    config_defaults = {"vocab_size": 250002, "max_position_embeddings": 8194, "type_vocab_size": 1,
+                       "layer_norm_eps": 1e-5,
                        "pad_token_id": 1}
     renames = (
         *layer_renames("roberta.encoder.layers.{n}", LAYER_NAMES),
@@ -115,9 +119,11 @@ class Jina(RotaryBert):
 
     def rope(self, config: ModelConfig) -> Rope:
         extra = config.extra
-        if not extra.get("rope_parameters") and not extra.get("rope_scaling") and extra.get("rotary_emb_base") is not None:
+        if (not extra.get("rope_parameters") and not extra.get("rope_scaling")
+            and extra.get("rotary_emb_base") is not None):
             extra = {**extra, "rope_theta": extra["rotary_emb_base"]}
-        return rope_config(extra, family=self.name, head_dim=config.head_dim, max_positions=config.max_position_embeddings,
+        return rope_config(extra, family=self.name, head_dim=config.head_dim,
+                           max_positions=config.max_position_embeddings,
                            default_theta=DEFAULT_THETA)
 
     def mlp(self, config: ModelConfig) -> nn.Module:
@@ -131,12 +137,14 @@ class Jina(RotaryBert):
         super().check(config)
 
     def head_renames(self, keys: set[str], *, to_family: bool) -> tuple[tuple[str, str], ...]:
-        return roberta_family.head_renames(keys, to_family=to_family)  # the sequence head's classifier.dense / out_proj
+        # the sequence head's classifier.dense / out_proj
+        return roberta_family.head_renames(keys, to_family=to_family)
 
     def from_family(self, sd: StateDict) -> StateDict:
         """As the base class, after jina's parametrized layout (``<layer>.parametrizations.weight.*``)
         is read as the layer's ``weight`` and its ``lora_A`` / ``lora_B`` (merged by ``fold_weights``)."""
-        return super().from_family({PARAMETRIZED.sub(lambda m: AS_PLAIN[m.group(1)], k): v for k, v in sd.items()})
+        return super().from_family({PARAMETRIZED.sub(lambda m: AS_PLAIN[m.group(1)], k): v
+                                    for k, v in sd.items()})
 
     def fold_weights(self, config: ModelConfig, sd: StateDict) -> StateDict:
         """The checkpoint's adapters (``<layer>.lora_A`` / ``lora_B``, mlmkit's names) gone: the
@@ -151,7 +159,8 @@ class Jina(RotaryBert):
         for layer in adapted:
             a, b, w = sd[layer + ".lora_A"], sd.get(layer + ".lora_B"), sd.get(layer + ".weight")
             if b is None or w is None or a.size(0) != len(tasks) or b.size(0) != len(tasks):
-                raise ConfigError(f"the LoRA adapters of {layer} are not one a task of lora_adaptations ({len(tasks)}) with its weight",
+                raise ConfigError(f"the LoRA adapters of {layer} are not one a task of lora_adaptations "
+                                  f"({len(tasks)}) with its weight",
                                   "the checkpoint's adapters are not jina-embeddings-v3's layout")
             out[layer + ".weight"] = merge_adapter(layer, w, a, b, tasks.index(task), scale)
         return out

@@ -47,7 +47,8 @@ DEFAULT_WINDOW = 128  # local_attention: the whole window, half of it on each si
 DEFAULT_GLOBAL_EVERY = 3
 FAR = -10000.0  # the additive mask value of core.extended_mask: finite, so no row turns into NaN
 
-MLM_HEAD = (("cls.predictions.transform.dense", "head.dense"), ("cls.predictions.transform.LayerNorm", "head.norm"))
+MLM_HEAD = (("cls.predictions.transform.dense", "head.dense"),
+            ("cls.predictions.transform.LayerNorm", "head.norm"))
 CLASSIFIER_HEAD = (("bert.pooler", "head"),)
 SPAN_OUTPUT = (("qa_outputs", "classifier"),)
 
@@ -67,9 +68,11 @@ def layer_types(config: ModelConfig) -> list[str]:
     if types is None:
         every = _positive_int(config, "global_attn_every_n_layers", DEFAULT_GLOBAL_EVERY)
         return [GLOBAL if i % every == 0 else LOCAL for i in range(config.num_hidden_layers)]
-    if not isinstance(types, list) or len(types) != config.num_hidden_layers or any(t not in (GLOBAL, LOCAL) for t in types):
+    if not isinstance(types, list) or len(types) != config.num_hidden_layers or any(t not in (GLOBAL, LOCAL)
+                                                                                    for t in types):
         raise ConfigError(
-            f"config layer_types must list '{GLOBAL}' or '{LOCAL}' for each of the {config.num_hidden_layers} layers, got {types!r}",
+            f"config layer_types must list '{GLOBAL}' or '{LOCAL}' for each of the "
+            f"{config.num_hidden_layers} layers, got {types!r}",
             "fix the config.json",
         )
     return list(types)
@@ -97,21 +100,25 @@ def rope_theta(config: ModelConfig, kind: str) -> float:
     if theta is None:
         theta = config.extra.get(OLD_THETA_KEY[kind], DEFAULT_THETA[kind])
     if isinstance(theta, bool) or not isinstance(theta, int | float) or not 0 < theta < math.inf:  # NaN too
-        raise ConfigError(f"config rope_theta of {kind} layers must be a positive number, got {theta!r}", "fix the config.json")
+        raise ConfigError(f"config rope_theta of {kind} layers must be a positive number, got {theta!r}",
+                          "fix the config.json")
     return float(theta)
 
 
 # ---- blocks ------------------------------------------------------------------------------------
-def window_mask(T: torch.Tensor | int, Tq: torch.Tensor | int, half: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+def window_mask(T: torch.Tensor | int, Tq: torch.Tensor | int, half: int, device: torch.device,
+                dtype: torch.dtype) -> torch.Tensor:
     """(Tq, T) additive mask of a sliding-window layer for the first Tq queries: 0 where |i - j| <=
     ``half``, FAR beyond. Built from the runtime lengths (aranges, no slicing by a size, which the
     tracer would freeze), so one exported graph serves every length."""
-    far = (torch.arange(Tq, device=device)[:, None] - torch.arange(T, device=device)[None, :]).abs() > half  # (Tq, T)
+    # (Tq, T)
+    far = (torch.arange(Tq, device=device)[:, None] - torch.arange(T, device=device)[None, :]).abs() > half
     return far.to(dtype) * FAR
 
 
 PLAIN_UP_TO = 6  # eager mode: the plain form up to this many half-windows (window_plan)
-Size: TypeAlias = int | torch.Tensor  # a length: a Python int in eager mode, a 0-d tensor while tracing (export)
+# a length: a Python int in eager mode, a 0-d tensor while tracing (export)
+Size: TypeAlias = int | torch.Tensor
 
 
 def _minimum(a: Size, b: Size) -> Size:
@@ -140,16 +147,20 @@ def local_blocks(Tq: Size, T: Size, half: int, device: torch.device, dtype: torc
     ONNX tracer ``T`` and ``Tq`` are 0-d tensors and every size here is a graph op on them (no
     comparison or branch in Python), so one exported graph serves every length."""
     b, span = half, 3 * half
-    if isinstance(T, torch.Tensor) or isinstance(Tq, torch.Tensor):  # traced: the choice is a Where in the graph
-        T_t, Tq_t = (n if isinstance(n, torch.Tensor) else torch.full((), n, dtype=torch.long, device=device) for n in (T, Tq))
+    # traced: the choice is a Where in the graph
+    if isinstance(T, torch.Tensor) or isinstance(Tq, torch.Tensor):
+        T_t, Tq_t = (n if isinstance(n, torch.Tensor) else torch.full((), n, dtype=torch.long, device=device)
+                     for n in (T, Tq))
         bq = torch.where(T_t <= span, Tq_t, torch.clamp(Tq_t, max=b))
     else:
         bq = Tq if T <= span else min(b, Tq)
     nb = (Tq + bq - 1) // bq  # ceil(Tq / bq)
     W = _minimum(bq + 2 * half, T)
-    qstart = torch.clamp(torch.arange(nb, device=device) * bq, max=Tq - bq)  # (nb,): the last block ends at Tq
+    # (nb,): the last block ends at Tq
+    qstart = torch.clamp(torch.arange(nb, device=device) * bq, max=Tq - bq)
     kstart = torch.clamp(qstart - half, min=0)
-    kstart = torch.clamp(kstart, max=T - W)  # (nb,): the window [qstart - half, qstart + bq - 1 + half], inside [0, T)
+    # (nb,): the window [qstart - half, qstart + bq - 1 + half], inside [0, T)
+    kstart = torch.clamp(kstart, max=T - W)
     qidx = qstart[:, None] + torch.arange(bq, device=device)[None, :]  # (nb, bq)
     kidx = kstart[:, None] + torch.arange(W, device=device)[None, :]  # (nb, W)
     i = torch.arange(Tq, device=device)
@@ -185,21 +196,27 @@ def window_plan(mask: torch.Tensor, half: int, Tq: Size, T: Size) -> Window:
     if not isinstance(T, torch.Tensor) and not isinstance(Tq, torch.Tensor) and T <= PLAIN_UP_TO * half:
         return Window(mask + window_mask(T, Tq, half, mask.device, mask.dtype))  # (B, 1, Tq, T)
     qidx, kidx, oidx, band = local_blocks(Tq, T, half, mask.device, mask.dtype)
-    return Window(band + mask[:, :, 0][:, :, kidx][:, :, :, None, :], qidx, kidx, oidx)  # mask (B, 1, nb, bq, W)
+    # mask (B, 1, nb, bq, W)
+    return Window(band + mask[:, :, 0][:, :, kidx][:, :, :, None, :], qidx, kidx, oidx)
 
 
-def local_attend(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Window) -> torch.Tensor:
+def local_attend(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 plan: Window) -> torch.Tensor:
     """Sliding-window attention of q (B, nh, Tq, hd), the first Tq positions, over k, v (B, nh, T, hd)
     as ``plan`` says. Returns (B, nh, Tq, hd), what ``attend`` with ``mask + window_mask`` gives at
     every real query (a padding query, whose row nothing reads, sees only its window)."""
     if plan.qidx is None:
         return attend(m, q, k, v, plan.mask)
-    if m.impl == "sdpa":  # SDPA's fused kernels take 4-D only (5-D runs its math form, 3x slower): the blocks into the batch
-        qb, kb, vb = (t.transpose(1, 2)[:, i].transpose(2, 3).flatten(0, 1) for t, i in ((q, plan.qidx), (k, plan.kidx), (v, plan.kidx)))
-        out = attend(m, qb, kb, vb, plan.mask.transpose(1, 2).flatten(0, 1))  # (B nb, nh, bq, hd); mask (B nb, 1, bq, W)
+    # SDPA's fused kernels take 4-D only (5-D runs its math form, 3x slower): the blocks into the batch
+    if m.impl == "sdpa":
+        qb, kb, vb = (t.transpose(1, 2)[:, i].transpose(2, 3).flatten(0, 1)
+                      for t, i in ((q, plan.qidx), (k, plan.kidx), (v, plan.kidx)))
+        # (B nb, nh, bq, hd); mask (B nb, 1, bq, W)
+        out = attend(m, qb, kb, vb, plan.mask.transpose(1, 2).flatten(0, 1))
         out = out.unflatten(0, (q.size(0), -1)).transpose(1, 2)  # (B, nh, nb, bq, hd)
     else:  # the exported form: onnxruntime's MatMul takes the 5-D blocks as they are gathered
-        qb, kb, vb = q[:, :, plan.qidx], k[:, :, plan.kidx], v[:, :, plan.kidx]  # (B, nh, nb, bq, hd), (B, nh, nb, W, hd) x 2
+        # (B, nh, nb, bq, hd), (B, nh, nb, W, hd) x 2
+        qb, kb, vb = q[:, :, plan.qidx], k[:, :, plan.kidx], v[:, :, plan.kidx]
         out = attend(m, qb, kb, vb, plan.mask)  # (B, nh, nb, bq, hd)
     return out.flatten(2, 3)[:, :, plan.oidx]  # (B, nh, Tq, hd)
 
@@ -210,7 +227,8 @@ def layer_context(encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> La
     T = x.size(1)
     attn = [layer.attn for layer in encoder.layer]
     rope = {a.theta: rotary(T, a.head_dim, a.theta, x.device) for a in attn}
-    windows = {a.half_window: window_plan(mask, a.half_window, T, T) for a in attn if a.half_window is not None}
+    windows = {a.half_window: window_plan(mask, a.half_window, T, T) for a in attn
+               if a.half_window is not None}
     return {"rope": rope, "windows": windows}
 
 
@@ -226,34 +244,41 @@ class ModernBertAttention(Attention):
         self.Wo = nn.Linear(H, H, bias=bias)
         self.dropout_p = config.attention_probs_dropout_prob
         self.dropout = nn.Dropout(self.dropout_p)  # on the probabilities (eager; SDPA takes dropout_p)
-        self.out_drop = nn.Dropout(self.dropout_p)  # after Wo, as transformers applies attention_dropout twice
+        # after Wo, as transformers applies attention_dropout twice
+        self.out_drop = nn.Dropout(self.dropout_p)
         kind = layer_types(config)[index]
         self.theta = rope_theta(config, kind)
         local = _positive_int(config, "local_attention", DEFAULT_WINDOW)
         self.half_window = local // 2 if kind == LOCAL else None
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None,
-                rope: dict[float, tuple[torch.Tensor, torch.Tensor]] | None = None, windows: dict[int, Window] | None = None) -> torch.Tensor:
+                rope: dict[float, tuple[torch.Tensor, torch.Tensor]] | None = None,
+                windows: dict[int, Window] | None = None) -> torch.Tensor:
         # x (B, T, H) normed; mask (B, 1, 1, T) additive; queries (B, Tq, H) normed: the first Tq positions;
         # rope, windows: layer_context's (computed here when not given)
         H = self.hidden
         if queries is None:
-            q, k, v = self.Wqkv(x).unflatten(-1, (3, self.n_head, self.head_dim)).transpose(1, 3).unbind(2)  # (B, nh, T, hd) each
+            # (B, nh, T, hd) each
+            q, k, v = self.Wqkv(x).unflatten(-1, (3, self.n_head, self.head_dim)).transpose(1, 3).unbind(2)
         else:
             W, b = self.Wqkv.weight, self.Wqkv.bias
-            q = F.linear(queries, W[:H], None if b is None else b[:H]).unflatten(-1, (self.n_head, self.head_dim)).transpose(1, 2)
-            k, v = F.linear(x, W[H:], None if b is None else b[H:]).unflatten(-1, (2, self.n_head, self.head_dim)).transpose(1, 3).unbind(2)
+            q = F.linear(queries, W[:H], None if b is None
+                         else b[:H]).unflatten(-1, (self.n_head, self.head_dim)).transpose(1, 2)
+            k, v = F.linear(x, W[H:], None if b is None else b[H:]).unflatten(-1, (
+                2, self.n_head, self.head_dim)).transpose(1, 3).unbind(2)
         # lengths from the inputs (q.size(2), of unbind's output, froze in the ONNX trace), and the
         # queries' angles (positions 0 .. Tq-1) from their own arange: cos[:Tq] would freeze too
         T = x.size(1)
         Tq = T if queries is None else queries.size(1)
-        cos, sin = rope[self.theta] if rope is not None else rotary(T, self.head_dim, self.theta, x.device)  # (T, hd)
+        # (T, hd)
+        cos, sin = rope[self.theta] if rope is not None else rotary(T, self.head_dim, self.theta, x.device)
         q = rotate(q, *((cos, sin) if queries is None else rotary(Tq, self.head_dim, self.theta, x.device)))
         k = rotate(k, cos, sin)
         if self.half_window is None:
             out = attend(self, q, k, v, mask)  # (B, nh, Tq, hd)
         else:
-            plan = windows[self.half_window] if windows is not None and queries is None else window_plan(mask, self.half_window, Tq, T)
+            plan = (windows[self.half_window] if windows is not None and queries is None
+                    else window_plan(mask, self.half_window, Tq, T))
             out = local_attend(self, q, k, v, plan)
         out = out.transpose(1, 2).flatten(2)  # (B, Tq, H)
         return self.out_drop(self.Wo(out))
@@ -264,7 +289,8 @@ class ModernBertMLP(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        H, inter, bias = config.hidden_size, config.intermediate_size, bool(config.extra.get("mlp_bias", False))
+        H, inter, bias = config.hidden_size, config.intermediate_size, bool(config.extra.get("mlp_bias",
+                                                                                             False))
         self.Wi = nn.Linear(H, 2 * inter, bias=bias)
         self.act = ACT[config.hidden_act]
         self.drop = nn.Dropout(float(config.extra.get("mlp_dropout", 0.0)))
@@ -286,9 +312,11 @@ class ModernBertLayer(nn.Module):
         self.mlp_norm = layer_norm(config)
         self.mlp = ModernBertMLP(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None, **context: Any) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None,
+                **context: Any) -> torch.Tensor:
         normed = None if queries is None else self.attn_norm(queries)
-        h = (x if queries is None else queries) + self.attn(self.attn_norm(x), mask, normed, **context)  # (B, Tq, H)
+        # (B, Tq, H)
+        h = (x if queries is None else queries) + self.attn(self.attn_norm(x), mask, normed, **context)
         return h + self.mlp(self.mlp_norm(h))
 
 
@@ -307,14 +335,17 @@ class ModernBert(Family):
     # classifier_dropout are family keys (they land in ``extra``) that core.layer_norm and
     # BertForLabels read with BERT's defaults
     config_defaults = {
-        "vocab_size": 50368, "intermediate_size": 1152, "max_position_embeddings": 8192, "layer_norm_eps": 1e-5,
-        "pad_token_id": 50283, "type_vocab_size": 0, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "vocab_size": 50368, "intermediate_size": 1152, "max_position_embeddings": 8192,
+        "layer_norm_eps": 1e-5,
+        "pad_token_id": 50283, "type_vocab_size": 0, "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
         "norm_bias": False, "classifier_dropout": 0.0,
     }
     renames = (
         ("bert.embeddings.word_embeddings", "model.embeddings.tok_embeddings"),
         ("bert.embeddings.LayerNorm", "model.embeddings.norm"),
-        ("bert.encoder.layer.{n}", "model.layers.{n}"),  # the block keeps its own names (attn.Wqkv, mlp.Wi ...)
+        # the block keeps its own names (attn.Wqkv, mlp.Wi ...)
+        ("bert.encoder.layer.{n}", "model.layers.{n}"),
         ("bert.encoder.final_norm", "model.final_norm"),
         ("cls.predictions.bias", "decoder.bias"),
         ("cls.predictions.decoder", "decoder"),
@@ -331,7 +362,8 @@ class ModernBert(Family):
     # measured: the pre-LN residual adds + norms fuse (SkipLayerNormalization, two a layer) and GELU does; the
     # attention does not (rotary + the sliding window are outside onnxruntime's BERT Attention pattern)
     fusions: dict[str, int] = {"SkipLayerNormalization": 2}
-    tokenizer_kind = "bpe"  # with BERT's special-token names (the base class's) on a byte-level BPE, as ModernBERT's
+    # with BERT's special-token names (the base class's) on a byte-level BPE, as ModernBERT's
+    tokenizer_kind = "bpe"
 
     def pooler_act(self, config: ModelConfig) -> str:
         return config.extra.get("classifier_activation", "gelu")
@@ -350,12 +382,15 @@ class ModernBert(Family):
         for kind in sorted(set(types)):
             rope_theta(config, kind)
         window = _positive_int(config, "local_attention", DEFAULT_WINDOW)
-        if window % 2:  # transformers attends local_attention // 2 each side: an odd window is one it never runs
-            raise ConfigError(f"config local_attention must be even (half of the window on each side), got {window}",
+        # transformers attends local_attention // 2 each side: an odd window is one it never runs
+        if window % 2:
+            raise ConfigError("config local_attention must be even (half of the window on each side), got "
+                              f"{window}",
                               "fix the config.json")
         pool = self.sequence_pool(config)
         if pool not in ("cls", "mean"):
-            raise ConfigError(f"config classifier_pooling must be 'cls' or 'mean', got {pool!r}", "fix the config.json")
+            raise ConfigError(f"config classifier_pooling must be 'cls' or 'mean', got {pool!r}",
+                              "fix the config.json")
         act = self.pooler_act(config)
         if act not in ACT:
             raise ConfigError(f"unsupported classifier_activation {act!r}", f"use one of: {', '.join(ACT)}")
@@ -380,7 +415,8 @@ class ModernBert(Family):
     def layer(self, config: ModelConfig, index: int) -> nn.Module:
         return ModernBertLayer(config, index)
 
-    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, LayerArgs]:
+    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                              LayerArgs]:
         return x, layer_context(encoder, x, mask)
 
     # ---- names -------------------------------------------------------------------------------
@@ -388,8 +424,10 @@ class ModernBert(Family):
         # every head's transform is ``head``: the MLM head's when there is a decoder (its bias; the
         # weight is tied and not stored) or no classifier, else the classifier heads' pooler
         if to_family:
-            return MLM_HEAD if any(k.startswith("cls.predictions.") for k in keys) else CLASSIFIER_HEAD + SPAN_OUTPUT
-        mlm = any(k.startswith("decoder.") for k in keys) or ("head.dense.weight" in keys and "classifier.weight" not in keys)
+            return MLM_HEAD if any(k.startswith("cls.predictions.")
+                                   for k in keys) else CLASSIFIER_HEAD + SPAN_OUTPUT
+        mlm = any(k.startswith("decoder.") for k in keys) or ("head.dense.weight" in keys
+                                                              and "classifier.weight" not in keys)
         return MLM_HEAD if mlm else CLASSIFIER_HEAD
 
     def from_family(self, sd: StateDict) -> StateDict:
@@ -400,8 +438,10 @@ class ModernBert(Family):
         a ``head`` with neither decoder bias nor classifier is an MLM head of ``decoder_bias`` false,
         given the zero bias it computes with, or a per-token encoder's transform (bert.pooler)."""
         out = super().from_family(sd)
-        if "bert.pooler.dense.weight" in out and "classifier.weight" in out and out["classifier.weight"].size(0) == 2:
-            out.update({f"qa_outputs.{p}": out[f"classifier.{p}"] for p in ("weight", "bias") if f"classifier.{p}" in out})
+        if ("bert.pooler.dense.weight" in out and "classifier.weight" in out
+            and out["classifier.weight"].size(0) == 2):
+            out.update({f"qa_outputs.{p}": out[f"classifier.{p}"] for p in ("weight", "bias")
+                        if f"classifier.{p}" in out})
         emb = out.get("bert.embeddings.word_embeddings.weight")
         if "cls.predictions.transform.dense.weight" in out and "cls.predictions.bias" not in out:
             as_pooler = Renamer(CLASSIFIER_HEAD)

@@ -62,7 +62,8 @@ def bucket(relative: torch.Tensor, buckets: int = BUCKETS, max_distance: int = M
     ret = (n < 0).to(torch.long) * half
     n = torch.abs(n)
     exact = half // 2
-    large = exact + (torch.log(n.float() / exact) / math.log(max_distance / exact) * (half - exact)).to(torch.long)
+    large = exact + (torch.log(n.float() / exact) / math.log(max_distance / exact)
+                     * (half - exact)).to(torch.long)
     large = torch.min(large, torch.full_like(large, half - 1))
     return ret + torch.where(n < exact, n, large)
 
@@ -94,7 +95,8 @@ class MPNetEmbeddings(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=PADDING_IDX)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size, padding_idx=PADDING_IDX)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size,
+                                                padding_idx=PADDING_IDX)
         self.LayerNorm = layer_norm(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -197,15 +199,19 @@ class MPNet(Family):
             raise ConfigError(f"config type_vocab_size {config.type_vocab_size}: MPNet has no token types",
                               "leave type_vocab_size out of an mpnet config.json (or set it to 0)")
         if config.max_position_embeddings <= PADDING_IDX + 1:
-            raise ConfigError(f"config max_position_embeddings {config.max_position_embeddings} leaves MPNet no "
+            raise ConfigError(f"config max_position_embeddings {config.max_position_embeddings} leaves MPNet "
+                              "no "
                               f"position (they start at {PADDING_IDX + 1})", "fix the config.json")
         if num_buckets(config) < BUCKETS:
             raise ConfigError(
-                f"config relative_attention_num_buckets {num_buckets(config)} is below the {BUCKETS} buckets MPNet reads",
-                f"transformers' MPNet reads {BUCKETS} buckets whatever the table holds: use {BUCKETS} or more",
+                f"config relative_attention_num_buckets {num_buckets(config)} is below the {BUCKETS} buckets "
+                "MPNet reads",
+                f"transformers' MPNet reads {BUCKETS} buckets whatever the table holds: use {BUCKETS} or "
+                "more",
             )
 
-    def shape_mismatch(self, config: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> tuple[str, Any, str] | None:
+    def shape_mismatch(self, config: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> tuple[str, Any,
+                                                                                               str] | None:
         """The bias table's rows against relative_attention_num_buckets, named as the field it is."""
         rows = shapes.get("bert.encoder.relative_attention_bias.weight")
         if rows and rows[0] != num_buckets(config):
@@ -214,7 +220,8 @@ class MPNet(Family):
         return None
 
     def head_renames(self, keys: set[str], *, to_family: bool) -> tuple[tuple[str, str], ...]:
-        seq = {"bert.pooler.dense.weight", "classifier.weight"} <= keys if to_family else "classifier.out_proj.weight" in keys
+        seq = {"bert.pooler.dense.weight",
+               "classifier.weight"} <= keys if to_family else "classifier.out_proj.weight" in keys
         return SEQUENCE_HEAD if seq else ()
 
     # ---- blocks ------------------------------------------------------------------------------
@@ -228,7 +235,8 @@ class MPNet(Family):
         return {"relative_attention_bias": nn.Embedding(num_buckets(config), config.num_attention_heads),
                 "relative_buckets": RelativeBuckets()}
 
-    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, LayerArgs]:
+    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                              LayerArgs]:
         """The relative position bias of every query and key, plus the padding mask: one (B, nh, T, T)
         tensor for all the layers (transformers adds the two in each layer; the sum at real keys is
         the same, the bias plus 0)."""

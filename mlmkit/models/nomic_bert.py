@@ -47,8 +47,10 @@ LAYER_NAMES = {
 ORIGINAL_SIZES = {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_layer": "num_hidden_layers",
                   "n_inner": "intermediate_size", "layer_norm_epsilon": "layer_norm_eps"}
 # the original layout's switches of other blocks than transformers' NomicBERT has: refused when on
-OTHER_BLOCKS = {"prenorm": "a pre-LN block", "parallel_block": "a parallel block", "qkv_proj_bias": "biases in Wqkv",
-                "mlp_fc1_bias": "biases in fc11 / fc12", "mlp_fc2_bias": "a bias in fc2", "use_rms_norm": "RMSNorm",
+OTHER_BLOCKS = {"prenorm": "a pre-LN block", "parallel_block": "a parallel block",
+                "qkv_proj_bias": "biases in Wqkv",
+                "mlp_fc1_bias": "biases in fc11 / fc12", "mlp_fc2_bias": "a bias in fc2",
+                "use_rms_norm": "RMSNorm",
                 "causal": "causal attention"}
 GATED = {"swiglu": "silu", "geglu": "gelu"}  # activation_function -> the gate's hidden_act
 
@@ -58,15 +60,19 @@ def _original_layout(config: ModelConfig) -> None:
     for key, field in ORIGINAL_SIZES.items():
         v = config.extra.get(key)
         if v is not None and v != getattr(config, field):
-            raise ConfigError(f"config {key} {v!r} (NomicBERT's original layout) is not {field} {getattr(config, field)!r}",
+            raise ConfigError(f"config {key} {v!r} (NomicBERT's original layout) is not {field} "
+                              f"{getattr(config, field)!r}",
                               f"state the size as {field} too, as transformers' NomicBertConfig reads it")
     on = [what for key, what in OTHER_BLOCKS.items() if config.extra.get(key)]
     if on:
-        raise ConfigError(f"NomicBERT with {on[0]} is not supported", "mlmkit runs transformers' NomicBERT: post-LN, no biases, LayerNorm")
+        raise ConfigError(f"NomicBERT with {on[0]} is not supported",
+                          "mlmkit runs transformers' NomicBERT: post-LN, no biases, LayerNorm")
     act = config.extra.get("activation_function")
     if act is not None and GATED.get(act) != config.hidden_act:
-        raise ConfigError(f"config activation_function {act!r} with hidden_act {config.hidden_act!r} is not supported for nomic_bert",
-                          "mlmkit runs NomicBERT's gated MLP: activation_function 'swiglu' with hidden_act 'silu' (or 'geglu' with 'gelu')")
+        raise ConfigError(f"config activation_function {act!r} with hidden_act {config.hidden_act!r} is not "
+                          "supported for nomic_bert",
+                          "mlmkit runs NomicBERT's gated MLP: activation_function 'swiglu' with hidden_act "
+                          "'silu' (or 'geglu' with 'gelu')")
 
 
 def _flag(config: ModelConfig, key: str) -> bool:
@@ -79,32 +85,40 @@ def _flag(config: ModelConfig, key: str) -> bool:
 def nomic_rope(config: ModelConfig) -> Rope:
     """The rotary of a NomicBERT config: transformers' keys, with NomicBERT's own over them (above)."""
     extra: HFConfig = dict(config.extra)
-    if not extra.get("rope_parameters") and not extra.get("rope_scaling") and extra.get("rotary_emb_base") is not None:
+    if (not extra.get("rope_parameters") and not extra.get("rope_scaling")
+        and extra.get("rotary_emb_base") is not None):
         extra["rope_theta"] = extra["rotary_emb_base"]
-    rope = rope_config(extra, family="nomic_bert", head_dim=config.head_dim, max_positions=config.max_position_embeddings,
+    rope = rope_config(extra, family="nomic_bert", head_dim=config.head_dim,
+                       max_positions=config.max_position_embeddings,
                        default_theta=DEFAULT_THETA)
     fraction = extra.get("rotary_emb_fraction", 1.0)
     number = isinstance(fraction, int | float) and not isinstance(fraction, bool) and 0 < fraction <= 1
     dim = int(config.head_dim * fraction) if number else 0
     if dim < 2 or dim % 2:
-        raise ConfigError(f"config rotary_emb_fraction must make an even number of rotary dimensions from 2 to the head's "
+        raise ConfigError(f"config rotary_emb_fraction must make an even number of rotary dimensions from 2 "
+                          f"to the head's "
                           f"{config.head_dim}, got {fraction!r}", "fix the config.json")
     factor = extra.get("rotary_scaling_factor")
     scaling: HFConfig = {}
     if factor is not None:
         if rope.scaling != "default":
-            raise ConfigError(f"config rotary_scaling_factor and rope type {rope.scaling!r} both scale the rotary",
+            raise ConfigError(f"config rotary_scaling_factor and rope type {rope.scaling!r} both scale the "
+                              "rotary",
                               "keep one of them")
         trained = extra.get("max_trained_positions", config.max_position_embeddings)
-        if isinstance(factor, bool) or not isinstance(factor, int | float) or not factor >= 1 or isinstance(trained, bool) \
+        if isinstance(factor, bool) or not isinstance(factor, int
+                                                      | float) or not factor >= 1 or isinstance(trained,
+                                                                                                bool) \
                 or not isinstance(trained, int) or trained < 1:
-            raise ConfigError(f"config rotary_scaling_factor must be a number of at least 1 (with max_trained_positions a positive "
+            raise ConfigError(f"config rotary_scaling_factor must be a number of at least 1 (with "
+                              f"max_trained_positions a positive "
                               f"integer), got {factor!r} ({trained!r})", "fix the config.json")
         scaling = dict(scaling="dynamic", factor=float(factor), trained=trained)
     elif rope.scaling != "default":
         scaling = dict(scaling=rope.scaling, factor=rope.factor, trained=rope.trained)
     if scaling.get("scaling") == "dynamic" and dim <= 2:
-        raise ConfigError(f"dynamic rope scaling needs more than 2 rotary dimensions, got {dim}", "fix the config.json")
+        raise ConfigError(f"dynamic rope scaling needs more than 2 rotary dimensions, got {dim}",
+                          "fix the config.json")
     return Rope(rope.theta, dim, _flag(config, "rotary_emb_interleaved"), **scaling)
 
 
@@ -115,7 +129,8 @@ class NomicBert(RotaryBert):
     prefix = "nomic_bert"
     bare_roots = ("embeddings", "emb_ln", "encoder", "pooler")
     # NomicBertConfig's defaults where the core's readers default otherwise (not the sizes)
-    config_defaults = {"vocab_size": 30528, "hidden_act": "silu", "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+    config_defaults = {"vocab_size": 30528, "hidden_act": "silu", "hidden_dropout_prob": 0.0,
+                       "attention_probs_dropout_prob": 0.0,
                        "max_position_embeddings": 2048}
     renames = (
         *layer_renames("nomic_bert.encoder.layers.{n}", LAYER_NAMES),

@@ -62,7 +62,8 @@ def check_heads(config: ModelConfig) -> None:
         raise ConfigError(f"config num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}",
                           "fix the config.json: each key / value head serves a whole group of query heads")
     if hd % 2:
-        raise ConfigError(f"config head_dim must be even (rotary positions turn pairs of dimensions), got {hd}",
+        raise ConfigError("config head_dim must be even (rotary positions turn pairs of dimensions), got "
+                          f"{hd}",
                           "fix the config.json")
 
 
@@ -76,21 +77,25 @@ def positive_number(config: ModelConfig, key: str, default: float | None) -> flo
     return float(v)
 
 
-def rope_of(config: ModelConfig, family: str, params: HFConfig | None = None, default_theta: float = 10_000.0) -> Rope:
+def rope_of(config: ModelConfig, family: str, params: HFConfig | None = None,
+            default_theta: float = 10_000.0) -> Rope:
     """The rotary of ``config``'s layers as transformers reads it (rotary.rope_config): config.json's
     ``rope_parameters`` (a legacy ``rope_scaling`` replacing it, ``rope_theta`` beside it), or the
     ``params`` of one layer type (Gemma's, nested by type), else ``default_theta``."""
     extra = config.extra if params is None else {"rope_parameters": params}
-    return rope_config(extra, family=family, head_dim=head_dim(config), max_positions=config.max_position_embeddings,
+    return rope_config(extra, family=family, head_dim=head_dim(config),
+                       max_positions=config.max_position_embeddings,
                        default_theta=default_theta)
 
 
 def layer_types(config: ModelConfig, default: list[str]) -> list[str]:
-    """config.json's ``layer_types`` (each layer "full_attention" or "sliding_attention"), else ``default``."""
+    """config.json's ``layer_types`` (each layer "full_attention" or "sliding_attention"), else
+    ``default``."""
     types = config.extra.get("layer_types")
     if types is None:
         return default
-    if not isinstance(types, list) or len(types) != config.num_hidden_layers or any(t not in (FULL, SLIDING) for t in types):
+    if not isinstance(types, list) or len(types) != config.num_hidden_layers or any(t not in (FULL, SLIDING)
+                                                                                    for t in types):
         raise ConfigError(f"config layer_types must list '{FULL}' or '{SLIDING}' for each of the "
                           f"{config.num_hidden_layers} layers, got {types!r}", "fix the config.json")
     return list(types)
@@ -188,7 +193,8 @@ def grouped_attend(m: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         p = m.dropout_p if m.training else 0.0
         if groups > 1:
             k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))  # (B, nh, T, hd)
-        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=p, scale=scale)
+        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=p,
+                                                          scale=scale)
     qg = q.unflatten(1, (k.size(1), groups))  # (B, nkv, g, Tq, hd)
     scores = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * scale  # (B, nkv, g, Tq, T)
     if softcap is not None:
@@ -224,19 +230,22 @@ class PrenormAttention(Attention):
         # Tq positions alone (core.encode_cls); angles, masks: layer_context's (computed here when not given)
         T = x.size(1)
         Tq = T if queries is None else queries.size(1)
-        q = self.q_proj(x if queries is None else queries).unflatten(-1, (self.n_head, self.head_dim))  # (B, Tq, nh, hd)
+        # (B, Tq, nh, hd)
+        q = self.q_proj(x if queries is None else queries).unflatten(-1, (self.n_head, self.head_dim))
         k = self.k_proj(x).unflatten(-1, (self.n_kv, self.head_dim))  # (B, T, nkv, hd)
         v = self.v_proj(x).unflatten(-1, (self.n_kv, self.head_dim)).transpose(1, 2)  # (B, nkv, T, hd)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         rope = self.spec.rope
         cos, sin = angles[rope] if angles is not None else rope.angles(T, x.device)  # (T, hd)
-        if queries is not None:  # their own angles, from an arange of Tq (a slice by a size would freeze in the trace)
+        # their own angles, from an arange of Tq (a slice by a size would freeze in the trace)
+        if queries is not None:
             q_cos, q_sin = rope.angles(Tq, x.device, length=T)
         else:
             q_cos, q_sin = cos, sin
         q, k = rotate(q.transpose(1, 2), q_cos, q_sin), rotate(k.transpose(1, 2), cos, sin)
-        m = masks[self.spec.span] if masks is not None and queries is None else with_span(mask, Tq, T, self.spec.span)
+        m = masks[self.spec.span] if masks is not None and queries is None else with_span(mask, Tq, T,
+                                                                                          self.spec.span)
         out = grouped_attend(self, q, k, v, m, self.scale, self.spec.softcap)  # (B, nh, Tq, hd)
         return self.o_proj(out.transpose(1, 2).flatten(2))  # (B, Tq, H)
 
@@ -259,7 +268,8 @@ class PrenormLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(H, eps, offset)
             self.post_feedforward_layernorm = RMSNorm(H, eps, offset)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None, **context: Any) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None,
+                **context: Any) -> torch.Tensor:
         normed = None if queries is None else self.input_layernorm(queries)
         h = self.self_attn(self.input_layernorm(x), mask, normed, **context)  # (B, Tq, H)
         h = (x if queries is None else queries) + (self.post_attention_layernorm(h) if self.sandwich else h)
@@ -275,7 +285,8 @@ class TokenEmbeddings(nn.Module):
 
     def __init__(self, config: ModelConfig, scale: float | None = None) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size,
+                                            padding_idx=config.pad_token_id)
         self.scale: torch.Tensor | None
         self.register_buffer("scale", None if scale is None else torch.tensor(scale), persistent=False)
 
@@ -297,7 +308,8 @@ def layer_context(encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> La
 # ---- the family base -----------------------------------------------------------------------------
 LAYERS = (
     ("bert.embeddings.word_embeddings", "{root}.embed_tokens"),
-    ("bert.encoder.layer.{n}", "{root}.layers.{n}"),  # the layer keeps transformers' names (self_attn.q_proj ...)
+    # the layer keeps transformers' names (self_attn.q_proj ...)
+    ("bert.encoder.layer.{n}", "{root}.layers.{n}"),
     ("bert.encoder.final_norm", "{root}.norm"),
 )
 
@@ -353,5 +365,6 @@ class PrenormFamily(Family):
         return PrenormLayer(config, self.spec(config, index), sandwich=self.sandwich, offset=self.norm_offset,
                             mlp_bias=self.mlp_bias(config))
 
-    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, LayerArgs]:
+    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                              LayerArgs]:
         return x, layer_context(encoder, x, mask)

@@ -45,7 +45,8 @@ def sliding_window(config: ModelConfig) -> int | None:
         return None
     w = config.extra.get("sliding_window", 4096)
     if isinstance(w, bool) or not isinstance(w, int) or w < 1:
-        raise ConfigError(f"config sliding_window must be a positive integer, got {w!r}", "fix the config.json")
+        raise ConfigError(f"config sliding_window must be a positive integer, got {w!r}",
+                          "fix the config.json")
     return w
 
 
@@ -58,7 +59,8 @@ class Qwen3(PrenormFamily):
     # size preset sets
     config_defaults = {
         "vocab_size": 151936, "hidden_act": "silu", "max_position_embeddings": 32768, "layer_norm_eps": 1e-6,
-        "pad_token_id": None, "type_vocab_size": 0, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "pad_token_id": None, "type_vocab_size": 0, "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
         "num_key_value_heads": 32, "head_dim": 128,
     }
     renames = (*PrenormFamily.renames, ("classifier", "score"))
@@ -75,7 +77,8 @@ class Qwen3(PrenormFamily):
         kind = layer_types(config, default)[index]
         if kind == SLIDING and window is None:  # transformers cannot build its mask either
             raise ConfigError("config layer_types has sliding layers but use_sliding_window is not set",
-                              "fix the config.json: set use_sliding_window and sliding_window, or make every layer full_attention")
+                              "fix the config.json: set use_sliding_window and sliding_window, or make every "
+                              "layer full_attention")
         span = (None, 0) if kind == FULL else (window - 1 if window is not None else None, 0)
         return AttnSpec(rope_of(config, self.name), span=span, qk_norm=True)
 

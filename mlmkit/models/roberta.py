@@ -21,7 +21,8 @@ class Roberta(Family):
     model_types = ("roberta", "xlm-roberta", "camembert")
     class_prefixes = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert"}
     prefix = "roberta"
-    config_defaults = {"type_vocab_size": 1, "layer_norm_eps": 1e-5, "pad_token_id": 1, "max_position_embeddings": 514}
+    config_defaults = {"type_vocab_size": 1, "layer_norm_eps": 1e-5, "pad_token_id": 1,
+                       "max_position_embeddings": 514}
     renames = (
         ("cls.predictions.transform.dense", "lm_head.dense"),
         ("cls.predictions.transform.LayerNorm", "lm_head.layer_norm"),
@@ -33,7 +34,8 @@ class Roberta(Family):
     positions = "padding_offset"
     pretrains = True
     config_token_ids = CLS_SEP_IDS
-    fusions = {"Attention": 1, "SkipLayerNormalization": 2}  # no EmbedLayerNormalization: the cumulative positions
+    # no EmbedLayerNormalization: the cumulative positions
+    fusions = {"Attention": 1, "SkipLayerNormalization": 2}
     tokenizer_kind = "bpe"
     special_tokens = ANGLES.tokens  # <pad> <unk> <s> </s> <mask>, and <s> A </s></s> B </s>
 
@@ -41,7 +43,8 @@ class Roberta(Family):
         return "gelu"  # RobertaLMHead calls gelu whatever hidden_act says
 
     def head_renames(self, keys: set[str], *, to_family: bool) -> tuple[tuple[str, str], ...]:
-        seq = {"bert.pooler.dense.weight", "classifier.weight"} <= keys if to_family else "classifier.out_proj.weight" in keys
+        seq = {"bert.pooler.dense.weight",
+               "classifier.weight"} <= keys if to_family else "classifier.out_proj.weight" in keys
         return SEQUENCE_HEAD if seq else ()
 
 

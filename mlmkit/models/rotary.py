@@ -36,9 +36,11 @@ from mlmkit.registry import HFConfig
 ROPE_TYPES = ("default", "linear", "dynamic")  # what Rope computes of transformers' ROPE_INIT_FUNCTIONS
 
 
-def rotary(T: torch.Tensor | int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary(T: torch.Tensor | int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor,
+                                                                                              torch.Tensor]:
     """cos, sin (T, head_dim) in float32 for positions 0 .. T-1; T may be a traced size (export)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))  # (hd/2,)
+    # (hd/2,)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
     freqs = torch.arange(T, device=device).float()[:, None] * inv_freq[None, :]  # (T, hd/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (T, hd): the two halves rotate together
     return emb.cos(), emb.sin()
@@ -87,7 +89,8 @@ class Rope:
         if self.scaling == "dynamic":  # transformers' _compute_dynamic_ntk_parameters, in float32 as there
             n = T if isinstance(T, torch.Tensor) else torch.tensor(T, device=device)
             n = torch.clamp(n.to(device=device, dtype=torch.long), min=self.trained)
-            base = self.theta * ((self.factor * n / self.trained) - (self.factor - 1)) ** (self.dim / (self.dim - 2))
+            base = self.theta * ((self.factor * n / self.trained)
+                                 - (self.factor - 1)) ** (self.dim / (self.dim - 2))
         inv = 1.0 / (base ** exponents)
         return inv / self.factor if self.scaling == "linear" else inv
 
@@ -96,21 +99,28 @@ class Rope:
         """cos, sin (T, dim) float32 for positions 0 .. T-1, the base of an input of ``length``
         positions (T's own by default: the dynamic base is the whole input's, also for the queries
         of its first positions alone)."""
-        freqs = torch.arange(T, device=device).float()[:, None] * self.inv_freq(T if length is None else length, device)[None, :]
-        # interleaved: each angle twice in a row (a stack, which exports at any length; repeat_interleave does not)
-        emb = torch.stack((freqs, freqs), dim=-1).flatten(-2) if self.interleaved else torch.cat((freqs, freqs), dim=-1)  # (T, dim)
+        freqs = torch.arange(T, device=device).float()[:, None] * self.inv_freq(T if length is None
+                                                                                else length, device)[None, :]
+        # interleaved: each angle twice in a row (a stack, which exports at any length; repeat_interleave does
+        # not) (T, dim)
+        emb = torch.stack((freqs, freqs),
+                          dim=-1).flatten(-2) if self.interleaved else torch.cat((freqs, freqs), dim=-1)
         return emb.cos(), emb.sin()
 
 
 def _number(v: Any, what: str, family: str, *, least: float = 0.0) -> float:
     """A finite number above 0 (``least`` 0) or at least ``least``."""
-    if isinstance(v, bool) or not isinstance(v, int | float) or not (v >= least if least else v > 0) or not v < math.inf:  # NaN too
+    # NaN too
+    if isinstance(v, bool) or not isinstance(v, int | float) or not (v >= least if least else v
+                                                                     > 0) or not v < math.inf:
         bound = f"at least {least:g}" if least else "above 0"
-        raise ConfigError(f"config {what} of {family} must be a number {bound}, got {v!r}", "fix the config.json")
+        raise ConfigError(f"config {what} of {family} must be a number {bound}, got {v!r}",
+                          "fix the config.json")
     return float(v)
 
 
-def rope_config(extra: HFConfig, *, family: str, head_dim: int, max_positions: int, default_theta: float) -> Rope:
+def rope_config(extra: HFConfig, *, family: str, head_dim: int, max_positions: int,
+                default_theta: float) -> Rope:
     """The rotary transformers' rotary embedding of ``family`` computes from a config's
     ``rope_parameters`` (a legacy ``rope_scaling`` object replacing it, as transformers reads it; a
     top-level ``rope_theta`` where it names none), else the family's ``default_theta``. The rope
@@ -124,7 +134,8 @@ def rope_config(extra: HFConfig, *, family: str, head_dim: int, max_positions: i
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_TYPES:
         raise ConfigError(f"rope type {kind!r} is not supported for {family}",
-                          f"mlmkit runs {family}'s rotary embeddings with rope_type {', '.join(map(repr, ROPE_TYPES))}")
+                          f"mlmkit runs {family}'s rotary embeddings with rope_type "
+                          f"{', '.join(map(repr, ROPE_TYPES))}")
     theta = params.get("rope_theta", extra.get("rope_theta", default_theta))
     theta = _number(theta, "rope_theta", family)
     partial = params.get("partial_rotary_factor", extra.get("partial_rotary_factor", 1.0))
@@ -133,7 +144,9 @@ def rope_config(extra: HFConfig, *, family: str, head_dim: int, max_positions: i
                           "transformers rotates the whole head for this family (partial_rotary_factor 1)")
     if kind == "default":
         return Rope(theta, head_dim)
-    factor = _number(params.get("factor"), f"rope_parameters.factor ({kind})", family, least=1.0)  # as transformers validates it
+    # as transformers validates it
+    factor = _number(params.get("factor"), f"rope_parameters.factor ({kind})", family, least=1.0)
     if kind == "dynamic" and head_dim <= 2:
-        raise ConfigError(f"dynamic rope scaling needs heads of more than 2 dimensions, got {head_dim}", "fix the config.json")
+        raise ConfigError(f"dynamic rope scaling needs heads of more than 2 dimensions, got {head_dim}",
+                          "fix the config.json")
     return Rope(theta, head_dim, scaling=kind, factor=factor, trained=max_positions)

@@ -39,7 +39,8 @@ class RotaryAttention(Attention):
     def __init__(self, config: ModelConfig, rope: Rope, bias: bool) -> None:
         super().__init__()
         H = config.hidden_size
-        self.hidden, self.n_head, self.head_dim, self.rope = H, config.num_attention_heads, config.head_dim, rope
+        self.hidden, self.n_head, self.head_dim, self.rope = (H, config.num_attention_heads, config.head_dim,
+                                                              rope)
         self.qkv = nn.Linear(H, 3 * H, bias=bias)  # rows: queries, keys, values
         self.out = nn.Linear(H, H, bias=bias)
         self.dropout_p = config.attention_probs_dropout_prob
@@ -51,17 +52,21 @@ class RotaryAttention(Attention):
         # (core.encode_cls); angles: layer_context's cos, sin (T, d) (computed here when not given)
         H = self.hidden
         if queries is None:
-            q, k, v = self.qkv(x).unflatten(-1, (3, self.n_head, self.head_dim)).transpose(1, 3).unbind(2)  # (B, nh, T, hd) each
+            # (B, nh, T, hd) each
+            q, k, v = self.qkv(x).unflatten(-1, (3, self.n_head, self.head_dim)).transpose(1, 3).unbind(2)
         else:
             W, b = self.qkv.weight, self.qkv.bias
-            q = F.linear(queries, W[:H], None if b is None else b[:H]).unflatten(-1, (self.n_head, self.head_dim)).transpose(1, 2)
-            k, v = F.linear(x, W[H:], None if b is None else b[H:]).unflatten(-1, (2, self.n_head, self.head_dim)).transpose(1, 3).unbind(2)
+            q = F.linear(queries, W[:H], None if b is None
+                         else b[:H]).unflatten(-1, (self.n_head, self.head_dim)).transpose(1, 2)
+            k, v = F.linear(x, W[H:], None if b is None else b[H:]).unflatten(-1, (
+                2, self.n_head, self.head_dim)).transpose(1, 3).unbind(2)
         # lengths from the inputs (sizes of unbind's outputs freeze in the ONNX trace), and the queries'
         # angles from their own arange (a slice cos[:Tq] would freeze too), at the whole input's base
         T = x.size(1)
         cos, sin = angles if angles is not None else self.rope.angles(T, x.device)
         qcs = (cos, sin) if queries is None else self.rope.angles(queries.size(1), x.device, length=T)
-        q, k = rotate(q, *qcs, interleaved=self.rope.interleaved), rotate(k, cos, sin, interleaved=self.rope.interleaved)
+        q, k = rotate(q, *qcs, interleaved=self.rope.interleaved), rotate(k, cos, sin,
+                                                                          interleaved=self.rope.interleaved)
         out = attend(self, q, k, v, mask).transpose(1, 2).flatten(2)  # (B, Tq, H)
         return self.out(out)
 
@@ -85,7 +90,8 @@ class GatedMLP(nn.Module):
         self.down = nn.Linear(inter, H, bias=down_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        up, gate = self.up_gate(x).chunk(2, dim=-1) if self.fused else (self.up(x), self.gate(x))  # (B, T, I) each
+        # (B, T, I) each
+        up, gate = self.up_gate(x).chunk(2, dim=-1) if self.fused else (self.up(x), self.gate(x))
         return self.down(self.drop(self.act(gate) * up))
 
 
@@ -149,14 +155,18 @@ class RotaryBert(Family):
     def check(self, config: ModelConfig) -> None:
         head_dim = config.extra.get("head_dim")
         if head_dim is not None and head_dim != config.head_dim:
-            raise ConfigError(f"config head_dim {head_dim!r} is not hidden_size / num_attention_heads ({config.head_dim}) "
-                              f"for {self.name}", "mlmkit runs heads of hidden_size / num_attention_heads dimensions")
+            raise ConfigError(f"config head_dim {head_dim!r} is not hidden_size / num_attention_heads "
+                              f"({config.head_dim}) "
+                              f"for {self.name}",
+                              "mlmkit runs heads of hidden_size / num_attention_heads dimensions")
         self.rope(config)
 
     def layer(self, config: ModelConfig, index: int) -> nn.Module:
-        return RotaryBertLayer(config, self.rope(config), attention_bias=self.attention_bias, mlp=self.mlp(config))
+        return RotaryBertLayer(config, self.rope(config), attention_bias=self.attention_bias,
+                               mlp=self.mlp(config))
 
-    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, LayerArgs]:
+    def layer_context(self, encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                              LayerArgs]:
         """The rotary angles of the T positions, computed once for all the layers (they share one Rope)."""
         rope = encoder.layer[0].attention.rope
         return x, {"angles": rope.angles(x.size(1), x.device)}

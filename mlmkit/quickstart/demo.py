@@ -48,7 +48,8 @@ def _step(console: Console, n: int, title: str) -> float:
     return time.perf_counter()
 
 
-def fill_mask_torch(run_dir: str | Path, texts: list[str], top_k: int = 5) -> list[list[tuple[str | None, float]]]:
+def fill_mask_torch(run_dir: str | Path, texts: list[str],
+                    top_k: int = 5) -> list[list[tuple[str | None, float]]]:
     """Top-k tokens for the first [MASK] of each text with the PyTorch model of a pretraining run."""
     import torch
 
@@ -92,7 +93,8 @@ def run(out: str | Path, *, steps: int = 1500, seed: int = 0, retrieval_document
     """Run the quickstart into ``out``; returns the figures it printed."""
     console = console or Console()
     out = Path(out)
-    for sub in ("pretrain", "classifier", "exports", "embedding", "retrieval", "student"):  # a rerun starts afresh
+    # a rerun starts afresh
+    for sub in ("pretrain", "classifier", "exports", "embedding", "retrieval", "student"):
         shutil.rmtree(out / sub, ignore_errors=True)
     summary: Summary = {}
     _corpus_stage(console, out)
@@ -111,7 +113,8 @@ def _corpus_stage(console: Console, out: Path) -> None:
 
     t = _step(console, 1, "corpus from the docstrings of Python's standard library")
     stats = write_corpus(out / "corpus.txt", max_chars=1_500_000)
-    console.print(f"{stats['documents']:,} documents, {stats['sentences']:,} sentences -> {out / 'corpus.txt'} "
+    console.print(f"{stats['documents']:,} documents, {stats['sentences']:,} sentences -> "
+                  f"{out / 'corpus.txt'} "
                   f"[dim]({time.perf_counter() - t:.1f}s)[/]")
 
 
@@ -123,7 +126,8 @@ def _pretrain_stage(console: Console, out: Path, *, steps: int, seed: int) -> Me
 
     t = _step(console, 2, f"tokenizer + tiny BERT pretrained for {steps} steps (MLM + NSP)")
     m = pretrain(PretrainArgs.from_flat(
-        corpus=[out / "corpus.txt"], out=out / "pretrain", vocab_size=4000, preset="tiny", steps=steps, batch_size=32,
+        corpus=[out / "corpus.txt"], out=out / "pretrain", vocab_size=4000, preset="tiny", steps=steps,
+        batch_size=32,
         seq_len=64, lr=1.5e-3, eval_every=max(100, steps // 3), save_every=max(100, steps // 3), seed=seed,
         cache_dir=out / "cache", progress=console.is_terminal,
     ))
@@ -131,7 +135,8 @@ def _pretrain_stage(console: Console, out: Path, *, steps: int, seed: int) -> Me
     table = Table(title=f"held-out masked-token accuracy [dim]({time.perf_counter() - t:.0f}s)[/]")
     for c in ("model", "uniform baseline", "majority baseline", "perplexity", "NSP accuracy"):
         table.add_column(c, justify="right")
-    table.add_row(f"{acc:.1%}", f"{uni:.2%}", f"{maj:.1%}", f"{m['eval_perplexity']:.1f}", f"{m.get('eval_nsp_accuracy', 0):.1%}")
+    table.add_row(f"{acc:.1%}", f"{uni:.2%}", f"{maj:.1%}", f"{m['eval_perplexity']:.1f}",
+                  f"{m.get('eval_nsp_accuracy', 0):.1%}")
     console.print(table)
     fm = Table(title="fill-mask (PyTorch)")
     fm.add_column("text")
@@ -150,7 +155,8 @@ def _classifier_stage(console: Console, out: Path, *, seed: int) -> dict[str, fl
 
     t = _step(console, 3, "sentiment classifier fine-tuned on the shipped labelled set")
     finetune(FinetuneArgs.from_flat(
-        task="classification", model=out / "pretrain", train_file=data_file("quickstart_train.csv"), out=out / "classifier",
+        task="classification", model=out / "pretrain", train_file=data_file("quickstart_train.csv"),
+        out=out / "classifier",
         eval_file=data_file("quickstart_eval.csv"), epochs=8, batch_size=16, lr=1e-3, seed=seed,
         progress=console.is_terminal,
     ))
@@ -201,7 +207,8 @@ def _onnx_stage(console: Console, out: Path) -> list[Prediction]:
     return preds
 
 
-def _retrieval_stage(console: Console, out: Path, *, seed: int, retrieval_documents: int) -> dict[str, float | None]:
+def _retrieval_stage(console: Console, out: Path, *, seed: int,
+                     retrieval_documents: int) -> dict[str, float | None]:
     """Step 5: the embedding model fine-tuned on a retrieval set from the same docstrings, scored against
     the pretrained encoder (and BM25 when bm25s is installed); returns the nDCG@10 of each."""
     from mlmkit.args import FinetuneArgs
@@ -226,13 +233,16 @@ def _retrieval_stage(console: Console, out: Path, *, seed: int, retrieval_docume
         eval_file=out / "retrieval", epochs=2, batch_size=64, lr=1e-3, max_length=64, seed=seed,
         progress=console.is_terminal,
     ))
-    rt = Table(title=f"test queries searching {counts['documents']:,} documents [dim]({time.perf_counter() - t:.0f}s)[/]")
+    rt = Table(title=f"test queries searching {counts['documents']:,} documents "
+                     f"[dim]({time.perf_counter() - t:.0f}s)[/]")
     for c in ("", "nDCG@10", "MRR@10", "Recall@100"):
         rt.add_column(c, justify="right")
     if bm25:
         rt.add_row("BM25 (bm25s)", *(f"{bm25[k]:.3f}" for k in ("ndcg@10", "mrr@10", "recall@100")))
-    rt.add_row("pretrained encoder, mean pooling", *(f"{zero[k]:.3f}" for k in ("ndcg@10", "mrr@10", "recall@100")))
-    rt.add_row("fine-tuned (mnrl)", *(f"{tuned['eval_' + k]:.3f}" for k in ("ndcg@10", "mrr@10", "recall@100")))
+    rt.add_row("pretrained encoder, mean pooling",
+               *(f"{zero[k]:.3f}" for k in ("ndcg@10", "mrr@10", "recall@100")))
+    rt.add_row("fine-tuned (mnrl)",
+               *(f"{tuned['eval_' + k]:.3f}" for k in ("ndcg@10", "mrr@10", "recall@100")))
     console.print(rt)
     return {"zero_shot_ndcg@10": zero["ndcg@10"], "fine_tuned_ndcg@10": tuned["eval_ndcg@10"],
             "bm25_ndcg@10": bm25["ndcg@10"] if bm25 else None}
@@ -265,7 +275,8 @@ def _cheaper_stage(console: Console, out: Path, *, seed: int) -> list[Metrics]:
         table.add_column(c, justify="right")
     for r in rows:
         table.add_row(r["model"], f"{r['accuracy']:.3f}", f"{r['examples_per_second']:,.0f}",
-                      f"{r['examples_per_second'] / rows[0]['examples_per_second']:.2f}x", f"{r['model_bytes'] / 1e6:.1f}")
+                      f"{r['examples_per_second'] / rows[0]['examples_per_second']:.2f}x",
+                      f"{r['model_bytes'] / 1e6:.1f}")
     console.print(table)
     return rows
 
@@ -273,9 +284,11 @@ def _cheaper_stage(console: Console, out: Path, *, seed: int) -> list[Metrics]:
 def _closing_lines(console: Console, out: Path) -> list[str]:
     """Where the runs, bundles and training curves are, and a command to try next; returns the curves'
     paths."""
-    console.print(f"\nRuns and bundles are in {out}. Try: mlmkit classify {out / 'exports' / 'classifier'} \"I love it\"")
+    console.print(f"\nRuns and bundles are in {out}. Try: mlmkit classify {out / 'exports' / 'classifier'} "
+                  "\"I love it\"")
     console.print("The data sets as files, to train on with the other commands: mlmkit data DIR")
     pictures = [p for p in (out / "pretrain" / "curves.png", out / "classifier" / "curves.png") if p.exists()]
     if pictures:
-        console.print(f"Training curves: {', '.join(map(str, pictures))}; model cards: README.md in each run and bundle.")
+        console.print(f"Training curves: {', '.join(map(str, pictures))}; model cards: README.md in each run "
+                      "and bundle.")
     return [str(p) for p in pictures]

@@ -37,5 +37,7 @@ def write_retrieval_set(out: str | Path, max_documents: int = 2000, test_every: 
     write_jsonl(out / "corpus.jsonl", corpus)  # each file atomically
     write_jsonl(out / "queries.jsonl", queries)
     for split, rows in splits.items():
-        atomic_write_text(out / "qrels" / f"{split}.tsv", "query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
-    return {"documents": len(corpus), "train_queries": len(splits["train"]), "test_queries": len(splits["test"])}
+        atomic_write_text(out / "qrels" / f"{split}.tsv",
+                          "query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
+    return {"documents": len(corpus), "train_queries": len(splits["train"]),
+            "test_queries": len(splits["test"])}

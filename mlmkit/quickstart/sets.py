@@ -53,7 +53,8 @@ class Written:
     commands: tuple[str, ...]
 
 
-def write_sets(out: str | Path, names: Sequence[str] = (), *, retrieval_documents: int = RETRIEVAL_DOCUMENTS) -> list[Written]:
+def write_sets(out: str | Path, names: Sequence[str] = (), *,
+               retrieval_documents: int = RETRIEVAL_DOCUMENTS) -> list[Written]:
     """Write the sets ``names`` (default: all of SETS) under ``out``, each file atomically (those of an
     earlier call are replaced); returns what was written, in SETS' order."""
     out = Path(out)
@@ -91,7 +92,8 @@ def _classification(out: Path) -> Written:
                                         "labels positive, neutral, negative",
                    (f"mlmkit finetune classification --model {PRETRAINED} --train {d / 'train.csv'} --eval "
                     f"{d / 'test.csv'} --out runs/clf --epochs 8 --lr 1e-3",
-                    f"mlmkit distill runs/quickstart/classifier --train {d / 'train.csv'} --eval {d / 'test.csv'} "
+                    f"mlmkit distill runs/quickstart/classifier --train {d / 'train.csv'} --eval "
+                    f"{d / 'test.csv'} "
                     "--out runs/student --layers 1 --epochs 8 --lr 1e-3"))
 
 
@@ -101,7 +103,8 @@ CONSTANTS = frozenset({"None", "True", "False"})
 
 
 def _exceptions() -> frozenset[str]:
-    return frozenset(n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException))
+    return frozenset(n for n, v in vars(builtins).items() if isinstance(v, type)
+                     and issubclass(v, BaseException))
 
 
 def tag_sentence(sentence: str, exceptions: frozenset[str]) -> tuple[list[str], list[str]]:
@@ -136,7 +139,8 @@ def _tagging(out: Path) -> Written:
         rows[split].append({"tokens": words, "tags": tags})
     for split, r in rows.items():
         write_jsonl(d / f"{split}.jsonl", r)
-    return Written("tagging", d, f"{len(rows['train']):,} train + {len(rows['test']):,} test sentences; entities EXC, CONST",
+    return Written("tagging", d, f"{len(rows['train']):,} train + {len(rows['test']):,} test sentences; "
+                                 "entities EXC, CONST",
                    (f"mlmkit finetune tagging --model {PRETRAINED} --train {d / 'train.jsonl'} --eval "
                     f"{d / 'test.jsonl'} --out runs/tagger --epochs 5 --lr 1e-3",))
 
@@ -159,7 +163,8 @@ def qa_rows(per_context: int = 4, max_words: int = 16) -> Iterator[tuple[str, di
             context += f"{name}: {summary}{'' if summary.endswith(('.', '!', '?')) else '.'} "
         split = "test" if contexts % 5 == 4 else "train"
         for k, ((name, summary), start) in enumerate(zip(group, starts)):
-            yield split, {"id": f"c{contexts}-{k}", "question": f"What does {name} do?", "context": context.rstrip(),
+            yield split, {"id": f"c{contexts}-{k}", "question": f"What does {name} do?",
+                          "context": context.rstrip(),
                           "answers": [{"text": summary, "answer_start": start}]}
         contexts += 1
 
@@ -180,8 +185,10 @@ def _qa(out: Path) -> Written:
         rows[split].append(row)
     for split, r in rows.items():
         write_jsonl(d / f"{split}.jsonl", r)
-    return Written("qa", d, f"{len(rows['train']):,} train + {len(rows['test']):,} test questions: What does NAME do?",
-                   (f"mlmkit finetune qa --model {PRETRAINED} --train {d / 'train.jsonl'} --eval {d / 'test.jsonl'} "
+    return Written("qa", d,
+                   f"{len(rows['train']):,} train + {len(rows['test']):,} test questions: What does NAME do?",
+                   (f"mlmkit finetune qa --model {PRETRAINED} --train {d / 'train.jsonl'} --eval "
+                    f"{d / 'test.jsonl'} "
                     "--out runs/qa --epochs 3 --lr 1e-3 --max-length 128 --doc-stride 32",))
 
 
@@ -190,8 +197,10 @@ def _retrieval(out: Path, documents: int) -> Written:
 
     d = out / "retrieval"
     n = write_retrieval_set(d, max_documents=documents)
-    return Written("retrieval", d, f"a BEIR directory: {n['documents']:,} documents, {n['train_queries']:,} training and "
-                                   f"{n['test_queries']:,} test queries",
+    return Written("retrieval", d,
+                   f"a BEIR directory: {n['documents']:,} documents, {n['train_queries']:,} training and "
+                   f"{n['test_queries']:,} test queries",
                    ("mlmkit export runs/quickstart/embedding --out exports/emb",
-                    f"mlmkit index exports/emb --corpus {d / 'corpus.jsonl'} --out ix && mlmkit search ix \"read a file\"",
+                    f"mlmkit index exports/emb --corpus {d / 'corpus.jsonl'} --out ix && mlmkit search ix "
+                    "\"read a file\"",
                     f"mlmkit evaluate exports/emb --data {d}:test"))

@@ -59,7 +59,8 @@ def top_k(scores_of: Iterable[tuple[int, np.ndarray]], queries: int, k: int) -> 
     return np.take_along_axis(best_i, order, 1), np.take_along_axis(best_s, order, 1)
 
 
-def masked(scores_of: Iterable[tuple[int, np.ndarray]], allowed: np.ndarray | None) -> Iterator[tuple[int, np.ndarray]]:
+def masked(scores_of: Iterable[tuple[int, np.ndarray]],
+           allowed: np.ndarray | None) -> Iterator[tuple[int, np.ndarray]]:
     """``top_k``'s chunks with the rows not ``allowed`` ((rows,) bool; None: all are) scored -inf: a
     filter applied inside the search, so the top k is the allowed rows' (a -inf that is kept is no hit)."""
     for start, cs in scores_of:
@@ -68,12 +69,14 @@ def masked(scores_of: Iterable[tuple[int, np.ndarray]], allowed: np.ndarray | No
         yield start, cs
 
 
-def search(queries: np.ndarray, docs: np.ndarray, k: int, *, chunk: int = 16384) -> tuple[np.ndarray, np.ndarray]:
+def search(queries: np.ndarray, docs: np.ndarray, k: int, *, chunk: int = 16384) -> tuple[np.ndarray,
+                                                                                          np.ndarray]:
     """The top ``k`` documents of each query by cosine: (indices (Q, k'), scores (Q, k')), best first,
     k' = min(k, D). The documents are normalised and scored a chunk at a time (a memory-mapped corpus
     is read a chunk at a time too), so memory is Q x (chunk + k) scores, never Q x D."""
     q = normalized(queries)
-    return top_k(((a, q @ normalized(docs[a:a + chunk]).T) for a in range(0, len(docs), chunk)), len(q), min(k, len(docs)))
+    return top_k(((a, q @ normalized(docs[a:a + chunk]).T) for a in range(0, len(docs), chunk)), len(q),
+                 min(k, len(docs)))
 
 
 INDEXES = ("exact", "faiss")
@@ -92,7 +95,8 @@ class FaissIndex:
         except ImportError:
             from mlmkit.errors import ConfigError
 
-            raise ConfigError("--index faiss needs faiss", "pip install 'mlmkit[retrieval]' (faiss-cpu)") from None
+            raise ConfigError("--index faiss needs faiss",
+                              "pip install 'mlmkit[retrieval]' (faiss-cpu)") from None
         self.size = len(docs)
         self.graph = faiss.IndexHNSWFlat(int(docs.shape[1]), 32, faiss.METRIC_INNER_PRODUCT)
         self.graph.hnsw.efConstruction = 80
@@ -106,7 +110,8 @@ class FaissIndex:
         return idx.astype(np.int64), scores.astype(np.float32)
 
 
-def dense_search(queries: np.ndarray, docs: np.ndarray, k: int, *, index: str = "exact") -> tuple[np.ndarray, np.ndarray]:
+def dense_search(queries: np.ndarray, docs: np.ndarray, k: int, *, index: str = "exact") -> tuple[np.ndarray,
+                                                                                                  np.ndarray]:
     """``search`` (exact), or through a FaissIndex of the documents (``index="faiss"``)."""
     if index not in INDEXES:
         from mlmkit.errors import ConfigError
@@ -120,7 +125,8 @@ def _at(metric: str) -> tuple[str, int]:
     return name, int(k)
 
 
-def query_metrics(ranked: Sequence[str], judged: Mapping[str, int], metrics: Sequence[str] = METRICS) -> dict[str, float]:
+def query_metrics(ranked: Sequence[str], judged: Mapping[str, int],
+                  metrics: Sequence[str] = METRICS) -> dict[str, float]:
     """The metrics of one query's ranking (document ids, best first) against its judgements."""
     relevant = {d for d, g in judged.items() if g > 0}
     out: dict[str, float] = {}
@@ -169,18 +175,21 @@ def retrieve(query_ids: Sequence[str], q: np.ndarray, doc_ids: Sequence[str], d:
     idx, scores = dense_search(q, d, k, index=index)
     out = {}
     for qid, row, srow in zip(query_ids, idx, scores):
-        docs = sorted(((doc_ids[j], float(s)) for j, s in zip(row, srow) if j >= 0), key=lambda x: x[0], reverse=True)
+        docs = sorted(((doc_ids[j], float(s)) for j, s in zip(row, srow) if j >= 0), key=lambda x: x[0],
+                      reverse=True)
         out[qid] = sorted(docs, key=lambda x: -x[1])  # stable: ties stay by id, descending
     return out
 
 
-def write_trec(path: str | Path, ranked: Mapping[str, Sequence[tuple[str, float]]], tag: str = "mlmkit") -> None:
+def write_trec(path: str | Path, ranked: Mapping[str, Sequence[tuple[str, float]]],
+               tag: str = "mlmkit") -> None:
     """A ranking in TREC run format, ``qid Q0 docid rank score tag`` per line (rank from 1), written
     whole or not at all; what trec_eval, ranx and pytrec_eval read."""
     from mlmkit.files import atomic_write_text
 
     # 9 significant digits tell every float32 apart: the file has the ties the ranking had, no others
-    lines = [f"{qid} Q0 {did} {r} {s:.9g} {tag}" for qid, docs in ranked.items() for r, (did, s) in enumerate(docs, 1)]
+    lines = [f"{qid} Q0 {did} {r} {s:.9g} {tag}" for qid, docs in ranked.items()
+             for r, (did, s) in enumerate(docs, 1)]
     atomic_write_text(path, "\n".join(lines) + "\n")
 
 
@@ -201,7 +210,8 @@ class BM25:
         except ImportError:
             from mlmkit.errors import ConfigError
 
-            raise ConfigError("BM25 needs the bm25s and PyStemmer packages", "pip install 'mlmkit[retrieval]'") from None
+            raise ConfigError("BM25 needs the bm25s and PyStemmer packages",
+                              "pip install 'mlmkit[retrieval]'") from None
         self.bm25s, self.stemmer = bm25s, Stemmer.Stemmer(STEMMER)
         self.index = bm25s.BM25()
         self.index.index(self._tokens(docs), show_progress=False)
@@ -210,15 +220,18 @@ class BM25:
     def _tokens(self, texts: Sequence[str], ids: bool = True) -> Any:
         return self.bm25s.tokenize(list(texts), stemmer=self.stemmer, show_progress=False, return_ids=ids)
 
-    def search(self, queries: Sequence[str], k: int, *, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: Sequence[str], k: int, *, mask: np.ndarray | None = None) -> tuple[np.ndarray,
+                                                                                                 np.ndarray]:
         """The top k documents of each query; ``mask`` ((documents,) 0 or 1): those with 1 alone (bm25s's
         weight_mask: the others score 0, a score no hit has)."""
-        docs, scores = self.index.retrieve(self._tokens(queries), k=min(k, self.size), show_progress=False, weight_mask=mask)
+        docs, scores = self.index.retrieve(self._tokens(queries), k=min(k, self.size), show_progress=False,
+                                           weight_mask=mask)
         return np.asarray(docs, dtype=np.int64), np.asarray(scores, dtype=np.float32)
 
     def pair_scores(self, queries: Sequence[str], docs: Sequence[int]) -> np.ndarray:
         tokens = self._tokens(queries, ids=False)
-        return np.asarray([float(self.index.get_scores(t)[d]) for t, d in zip(tokens, docs)], dtype=np.float32)
+        return np.asarray([float(self.index.get_scores(t)[d]) for t, d in zip(tokens, docs)],
+                          dtype=np.float32)
 
 
 class Dense:
@@ -235,23 +248,27 @@ class Dense:
             from mlmkit.errors import ConfigError
 
             raise ConfigError(f"{bundle} is a {self.pipe.task} bundle, not an embedding one",
-                              "give --retriever bm25 or an embedding bundle (mlmkit export RUN --task embedding)")
+                              "give --retriever bm25 or an embedding bundle (mlmkit export RUN --task "
+                              "embedding)")
         path, done = Path(work) / "corpus-embeddings.npy", Path(work) / "corpus-embeddings.json"
         if done.is_file() and json.loads(done.read_text()).get("documents") == len(docs):  # a resumed job's
             self.vectors = np.load(path, mmap_mode="r")
         else:
             first = self.embed(docs[:batch], "document")
-            self.vectors = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(len(docs), first.shape[1]))
+            self.vectors = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32,
+                                                     shape=(len(docs), first.shape[1]))
             self.vectors[: len(first)] = normalized(first)
             for start in range(len(first), len(docs), batch):
-                self.vectors[start:start + batch] = normalized(self.embed(docs[start:start + batch], "document"))
+                self.vectors[start:start
+                             + batch] = normalized(self.embed(docs[start:start + batch], "document"))
             self.vectors.flush()
             done.write_text(json.dumps({"documents": len(docs)}))
         self.index = FaissIndex(self.vectors) if index == "faiss" else None
 
     def embed(self, texts: Sequence[str], input_type: str) -> np.ndarray:
         """Vectors of ``texts`` as queries or documents (each with its prompt, if the bundle has one)."""
-        return np.asarray([r["embedding"] for r in self.pipe(list(texts), input_type=input_type)], dtype=np.float32)
+        return np.asarray([r["embedding"] for r in self.pipe(list(texts), input_type=input_type)],
+                          dtype=np.float32)
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         q = self.embed(queries, "query")

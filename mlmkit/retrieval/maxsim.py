@@ -22,7 +22,8 @@ def _namespace(x: Any) -> Any:
     return np if isinstance(x, np.ndarray) else sys.modules["torch"]
 
 
-def maxsim(Q: Any, D: Any, q_mask: Any = None, d_mask: Any = None, *, chunk_elements: int = CHUNK_ELEMENTS) -> Any:
+def maxsim(Q: Any, D: Any, q_mask: Any = None, d_mask: Any = None, *,
+           chunk_elements: int = CHUNK_ELEMENTS) -> Any:
     """(q, n) MaxSim scores of ``Q`` (q, Tq, dim) against ``D`` (n, Td, dim), numpy or torch alike.
 
     ``q_mask`` (q, Tq) and ``d_mask`` (n, Td), booleans, say which token vectors count (None: all).

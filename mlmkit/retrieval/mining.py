@@ -5,10 +5,10 @@ cosine), the query's known positives (and copies of their text) are passed over 
 and the negatives are the next documents inside the rank window (``--range A:B``, ranks counting the
 documents that are not the query's positives, so that a query with several positives still has B - A
 candidates: the retriever is asked for B plus the most positives a query of the batch has), optionally
-only those scoring at most the positive's score minus a margin, or at most a ratio of it. A row that gets fewer negatives than asked
-is still written, and counted with the reason. Rows are written as they are mined, a batch of
-queries at a time, into OUT's job directory (jobs/jobdir.py's Job, as batch inference does), and OUT
-appears whole, by a rename, when every batch is there; a killed run continues with ``--resume``
+only those scoring at most the positive's score minus a margin, or at most a ratio of it. A row that gets
+fewer negatives than asked is still written, and counted with the reason. Rows are written as they are mined,
+a batch of queries at a time, into OUT's job directory (jobs/jobdir.py's Job, as batch inference does), and
+OUT appears whole, by a rename, when every batch is there; a killed run continues with ``--resume``
 after the batches it finished (an embedding bundle's corpus vectors, kept in the job directory, are
 not computed again), and refuses to when the data, the retriever or the settings changed.
 
@@ -68,8 +68,10 @@ def _hold_out(split: BeirSplit, docs: list[str]) -> int:
     before = len(docs)
     docs[:] = [t for t in docs if t not in gone]
     if before > len(docs):
-        log.info("%d documents judged relevant in the %s split%s of %s are not mined (a negative that is another "
-                 "split's answer teaches the model that split; --keep-other-splits mines them)", before - len(docs),
+        log.info("%d documents judged relevant in the %s split%s of %s are not mined (a negative that is "
+                 "another "
+                 "split's answer teaches the model that split; --keep-other-splits mines them)",
+                 before - len(docs),
                  " and ".join(answers), "s" if len(answers) > 1 else "", split.directory)
     return before - len(docs)
 
@@ -92,7 +94,8 @@ def read_pairs(args: MineArgs) -> Pairs:
     rows = []
     fmt = data_format(args.data, {".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"})
     for rec in iter_jsonl(args.data) if fmt == "jsonl" else iter_records(args.data, fmt):
-        rows.append((rec.text(args.anchor_column, flag="--anchor-column"), rec.text(args.positive_column, flag="--positive-column")))
+        rows.append((rec.text(args.anchor_column, flag="--anchor-column"),
+                     rec.text(args.positive_column, flag="--positive-column")))
     if not rows:
         raise DataFormatError(args.data, "no rows", hint="one anchor and positive per record")
     docs = _read_corpus(args.corpus) if args.corpus else list(dict.fromkeys(p for _, p in rows))
@@ -149,11 +152,14 @@ def _what(args: MineArgs) -> JSONObject:
         if p is None:
             return None
         d, split = split_spec(p) if is_beir(p) else (p, None)
-        return identity(sorted(f for f in d.rglob("*") if f.is_file()) if d.is_dir() else [d]) + ([[split]] if split else [])
+        return identity(sorted(f for f in d.rglob("*") if f.is_file()) if d.is_dir()
+                        else [d]) + ([[split]] if split else [])
 
-    bundle, *hybrid = [None if r == "bm25" else files(Path(r)) for r in [args.retriever, *(args.hybrid or [])]]
+    bundle, *hybrid = [None if r == "bm25" else files(Path(r))
+                       for r in [args.retriever, *(args.hybrid or [])]]
     return {**{k: v for k, v in asdict(args).items() if k not in ("out", "resume", "device", "precision")},
-            "data": files(args.data), "corpus": files(args.corpus), "bundle": bundle, "score_with": files(args.score_with),
+            "data": files(args.data), "corpus": files(args.corpus), "bundle": bundle,
+            "score_with": files(args.score_with),
             **({"hybrid_files": hybrid} if hybrid else {})}
 
 
@@ -184,20 +190,26 @@ def mine(args: MineArgs) -> Mined:
             try:
                 retriever = _retriever(args.retriever, data, args, job.dir)
                 if args.hybrid:
-                    retriever = FusedRetriever([(args.retriever, retriever), *((h, _retriever(h, data, args, job.dir))
-                                                                              for h in args.hybrid)],
-                                               args.fusion, fusion_weights(args.weights, args.hybrid, args.fusion))
+                    retriever = FusedRetriever([(args.retriever, retriever),
+                                                *((h, _retriever(h, data, args, job.dir))
+                                                 for h in args.hybrid)],
+                                               args.fusion,
+                                               fusion_weights(args.weights, args.hybrid, args.fusion))
                 log.info("mining %d pairs over %d documents with %s", len(data.pairs), len(data.docs),
                          " + ".join([args.retriever, *(args.hybrid or [])]))
-                # the positive's score from the retriever: for a filter, or the row's scores where no cross-encoder gives them
-                need_pos = (args.with_scores and args.score_with is None) or args.margin is not None or args.max_score_ratio is not None
-                scorer = _scorer(args.score_with, args.device, args.precision) if args.score_with is not None else None
+                # the positive's score from the retriever: for a filter, or the row's scores where no
+                # cross-encoder gives them
+                need_pos = ((args.with_scores and args.score_with is None) or args.margin is not None
+                            or args.max_score_ratio is not None)
+                scorer = _scorer(args.score_with, args.device,
+                                 args.precision) if args.score_with is not None else None
                 for k, start in enumerate(range(0, len(data.pairs), args.batch_size)):
                     if k < job.done:
                         continue
                     batch = data.pairs[start:start + args.batch_size]
                     done = _mine_batch(batch, retriever, data, args, (lo, hi), need_pos)
-                    job.add(Window(k, start + 1, list(batch)), _rescored(done, scorer) if scorer is not None else done)
+                    job.add(Window(k, start + 1, list(batch)),
+                            _rescored(done, scorer) if scorer is not None else done)
             except BaseException:
                 if job.done == 0:
                     job.discard()  # nothing finished: nothing to resume
@@ -209,7 +221,8 @@ def mine(args: MineArgs) -> Mined:
         remove_empty(job_dir(out))  # once the lock is let go: a job directory with nothing in it goes
     for why, n in short.items():
         log.warning("%d of %d rows got fewer than %d negatives: %s", n, written, args.negatives, why)
-    return {"rows": written, "negatives": negatives, "documents": len(data.docs), "held_out": data.held_out, "short": short,
+    return {"rows": written, "negatives": negatives, "documents": len(data.docs), "held_out": data.held_out,
+            "short": short,
             "out": str(args.out)}
 
 
@@ -219,7 +232,8 @@ def _retriever(spec: str, data: Pairs, args: MineArgs, work: Path) -> Retriever:
         return BM25(data.docs)
     if (Path(spec) / "manifest.json").is_file():
         if data.ids is None:
-            raise ConfigError(f"{spec} is an index: mining from one needs a BEIR directory, whose corpus ids the index holds",
+            raise ConfigError(f"{spec} is an index: mining from one needs a BEIR directory, whose corpus ids "
+                              "the index holds",
                               "give the BEIR directory the index was built from")
         return IndexRetriever(Path(spec), data.ids, device=args.device, precision=args.precision)
     return Dense(spec, data.docs, work, device=args.device, index=args.index, precision=args.precision)
@@ -234,7 +248,8 @@ def _scorer(bundle: Path, device: str, precision: str | None = None) -> Scorer:
 
     pipe = Pipeline.load(bundle, device=device, command="classify", precision=precision)
     if len(pipe.meta.labels or ()) != 1:
-        raise ConfigError(f"--score-with {bundle} is not a cross-encoder ({pipe.task}, {len(pipe.meta.labels or ())} labels)",
+        raise ConfigError(f"--score-with {bundle} is not a cross-encoder ({pipe.task}, "
+                          f"{len(pipe.meta.labels or ())} labels)",
                           "give a rerank bundle, or a one-label sequence classifier's")
     def logit(r: Prediction) -> float:
         score: float = r["score"]  # read first, as ever: a result without one is an error, logit or not
@@ -256,9 +271,11 @@ def _documents(row: JSONObject) -> list[str]:
     return ["positive", *numbered(row, "negative")]
 
 
-def _mine_batch(batch: list[tuple[str, int]], retriever: Retriever, data: Pairs, args: MineArgs, window: tuple[int, int],
+def _mine_batch(batch: list[tuple[str, int]], retriever: Retriever, data: Pairs, args: MineArgs,
+                window: tuple[int, int],
                 need_pos: bool) -> Done:
-    """The rows of one batch of (query, positive) pairs, and their tallies (negatives; short rows by reason)."""
+    """The rows of one batch of (query, positive) pairs, and their tallies (negatives; short rows by
+    reason)."""
     lo, hi = window
     queries = [q for q, _ in batch]
     known = [data.positives.get(q, set()) | {p} for q, p in batch]
@@ -267,7 +284,8 @@ def _mine_batch(batch: list[tuple[str, int]], retriever: Retriever, data: Pairs,
     pos_scores = retriever.pair_scores(queries, [p for _, p in batch]) if need_pos else None
     rows, counts = [], Counter[str]()
     for n, (query, pos) in enumerate(batch):
-        pos_score = float(pos_scores[n]) if pos_scores is not None else None  # there whenever need_pos: each use below
+        # there whenever need_pos: each use below
+        pos_score = float(pos_scores[n]) if pos_scores is not None else None
         ceiling = None
         if args.margin is not None and pos_score is not None:
             ceiling = pos_score - args.margin

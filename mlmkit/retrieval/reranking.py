@@ -53,7 +53,8 @@ def rerank_documents(pipe: Any, query: str, documents: list[str], *, top_n: int 
     labels = pipe.meta.labels or ()
     if "logits" not in pipe.meta.outputs or len(labels) != 1:
         raise ConfigError(f"{pipe.path} is not a cross-encoder ({pipe.task}, {len(labels)} labels)",
-                          "rerank with a one-label sequence classifier (a sentence-transformers CrossEncoder, bge-reranker ...)")
+                          "rerank with a one-label sequence classifier (a sentence-transformers "
+                          "CrossEncoder, bge-reranker ...)")
     scores = relevance(pipe([{"text": query, "text_pair": d} for d in documents]), raw, pipe.meta)
     return [{"index": i, "score": scores[i], "text": documents[i]} for i in ranked(scores, top_n)]
 

@@ -57,12 +57,14 @@ def card(d: Path) -> str:
             "dataset": {"name": dataset, "type": dataset},
             "metrics": [{"type": k, "value": v, "name": k} for k, v in metrics.items()],
         }]}]
-    out = ["---", *yaml_lines(front), "---", MARKER, "", f"# {d.name}", "", _summary(meta, task, pretraining, bundle, model_type), ""]
+    out = ["---", *yaml_lines(front), "---", MARKER, "", f"# {d.name}", "",
+           _summary(meta, task, pretraining, bundle, model_type), ""]
     out += _data(meta, pretraining)
     args = meta.get("train_args")
     if args:
         out += ["## Training arguments", "", "| argument | value |", "|---|---|",
-                *(f"| {k} | {_cell(v)} |" for k, v in args.items() if k not in ("progress",) and v is not None), ""]
+                *(f"| {k} | {_cell(v)} |" for k, v in args.items() if k not in ("progress",)
+                  and v is not None), ""]
     if metrics:
         where = "the best evaluation" if meta.get("best_metrics") else "the last evaluation"
         out += ["## Results", "", f"On {front['model-index'][0]['results'][0]['dataset']['name']}, at {where}"
@@ -83,7 +85,8 @@ def results(meta: JSONObject) -> dict[str, float]:
     out = {}
     for k, v in src.items():
         name = k[5:] if k.startswith("eval_") else k
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and name not in skip and not name.endswith("_loss"):
+        if (isinstance(v, (int, float)) and not isinstance(v, bool) and name not in skip
+            and not name.endswith("_loss")):
             if meta.get("best_metrics") or k.startswith("eval_"):
                 out[name] = round(float(v), 6)
     return out
@@ -132,7 +135,8 @@ def _summary(meta: JSONObject, task: str, pretraining: bool, bundle: bool, model
         what += f" This is its ONNX bundle ({meta.get('precision', 'fp32')}), served by onnxruntime."
     labels = meta.get("labels")
     if labels:
-        shown = ", ".join(f"`{x}`" for x in labels[:20]) + (f" and {len(labels) - 20} more" if len(labels) > 20 else "")
+        shown = ", ".join(f"`{x}`" for x in labels[:20]) + (f" and {len(labels) - 20} more" if len(labels)
+                                                            > 20 else "")
         what += f" Labels: {shown}."
     return what
 
@@ -161,15 +165,18 @@ def _export(meta: JSONObject) -> list[str]:
             ("parity with PyTorch", json.dumps(parity) if isinstance(parity, dict) else parity),
             ("inputs", ", ".join(meta.get("inputs") or [])), ("max length", meta.get("max_length")),
             ("model bytes", meta.get("model_bytes"))]
-    return ["## Export", "", "| | |", "|---|---|", *(f"| {k} | {_cell(v)} |" for k, v in rows if v not in (None, "")), ""]
+    return ["## Export", "", "| | |", "|---|---|",
+            *(f"| {k} | {_cell(v)} |" for k, v in rows if v not in (None, "")), ""]
 
 
-def _usage(d: Path, meta: JSONObject, task: str, pretraining: bool, bundle: bool, config: JSONObject) -> list[str]:
+def _usage(d: Path, meta: JSONObject, task: str, pretraining: bool, bundle: bool,
+           config: JSONObject) -> list[str]:
     name = d.name
     out = ["## How to use", "", "With mlmkit:", "", "```bash"]
     if bundle:
         command = _command(task)
-        out += [f"mlmkit {command} {name} --input texts.txt" if command else f"mlmkit predict {name} --input texts.jsonl",
+        out += [f"mlmkit {command} {name} --input texts.txt" if command
+                else f"mlmkit predict {name} --input texts.jsonl",
                 f"mlmkit serve {name}        # HTTP: POST /v1/models/{name}/predict"]
     else:
         out.append(f"mlmkit export {name} --out exports/{name}")
@@ -186,7 +193,8 @@ def _usage(d: Path, meta: JSONObject, task: str, pretraining: bool, bundle: bool
         if arch:
             out += ["With transformers (the directory is a Hugging Face checkpoint):", "", "```python",
                     f"from transformers import AutoTokenizer, {arch}", "",
-                    f'model = {arch}.from_pretrained("{name}")', f'tokenizer = AutoTokenizer.from_pretrained("{name}")', "```", ""]
+                    f'model = {arch}.from_pretrained("{name}")',
+                    f'tokenizer = AutoTokenizer.from_pretrained("{name}")', "```", ""]
     return out
 
 
@@ -232,7 +240,8 @@ def yaml_lines(value: Any, indent: int = 0) -> list[str]:
 
 
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
-_YAML_WORDS = {"null", "true", "false", "yes", "no", "on", "off", "y", "n"}  # plain, they read as None or booleans
+# plain, they read as None or booleans
+_YAML_WORDS = {"null", "true", "false", "yes", "no", "on", "off", "y", "n"}
 # characters a YAML stream may not hold raw (C1 controls, BOM, non-characters), or reads as line breaks
 _RAW_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
 

@@ -68,7 +68,8 @@ def module_state_dict(d: Path) -> dict[str, torch.Tensor]:
         modules = json.loads((d / "modules.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    dense = [m for m in modules if isinstance(m, dict) and str(m.get("type", "")).rsplit(".", 1)[-1] == "Dense"] \
+    dense = [m for m in modules if isinstance(m, dict) and str(m.get("type", "")).rsplit(".", 1)[-1]
+             == "Dense"] \
         if isinstance(modules, list) else []
     sd: dict[str, torch.Tensor] = {}
     for k, module in enumerate(dense):
@@ -77,12 +78,14 @@ def module_state_dict(d: Path) -> dict[str, torch.Tensor]:
         folder = d / str(module["path"])
         files = weight_files(folder)
         if not files:
-            raise ConfigError(f"{folder}: the Dense module has no weights", "re-save the sentence-transformers model")
+            raise ConfigError(f"{folder}: the Dense module has no weights",
+                              "re-save the sentence-transformers model")
         for f in files:
             part = read_weights(f)
             if not isinstance(part, dict):
                 raise ConfigError(f"{f}: not a dictionary of tensors", "is it a model checkpoint?")
-            linear = {k2: v for k2, v in part.items() if k2.startswith("linear.") and isinstance(v, torch.Tensor)}
+            linear = {k2: v for k2, v in part.items() if k2.startswith("linear.")
+                      and isinstance(v, torch.Tensor)}
             sd.update({f"dense.{k}.{name}": v for name, v in linear.items()})
             if len(dense) == 1:
                 sd.update(linear)
@@ -104,7 +107,8 @@ def load_state_dict(run_dir: str | Path, config: ModelConfig | None = None) -> d
     if not files:
         raise ConfigError(
             f"no weights in {d}",
-            "a model directory needs model.safetensors or pytorch_model.bin (or their sharded index) beside config.json",
+            "a model directory needs model.safetensors or pytorch_model.bin (or their sharded index) beside "
+            "config.json",
         )
     sd: dict[str, torch.Tensor] = {}
     for f in files:
@@ -139,7 +143,8 @@ def _check_family(d: Path, config: ModelConfig, sd: dict[str, torch.Tensor]) -> 
             others.setdefault(f.prefix, f.name)
     foreign = sorted(roots & set(others))
     if foreign and own not in roots:
-        raise ConfigError(f"{d}: config.json says model_type {config.model_type!r}, but the weights are a {others[foreign[0]]} "
+        raise ConfigError(f"{d}: config.json says model_type {config.model_type!r}, but the weights are a "
+                          f"{others[foreign[0]]} "
                           f"model's (their keys start with '{foreign[0]}.')",
                           "fix model_type in config.json, or give the checkpoint these weights belong to")
 
@@ -161,7 +166,8 @@ def load_weights(
     if bad:
         k = bad[0]
         raise ConfigError(
-            f"weight {k} has shape {tuple(sd[k].shape)} in the checkpoint but {tuple(own[k].shape)} in the model",
+            f"weight {k} has shape {tuple(sd[k].shape)} in the checkpoint but {tuple(own[k].shape)} in the "
+            "model",
             "the config.json does not match the weights",
         )
     tied = tied_keys(unwrap(model))
@@ -175,7 +181,8 @@ def load_weights(
     return missing, unexpected
 
 
-def save_run(model: torch.nn.Module, out_dir: str | Path, *, config: ModelConfig, tokenizer: Any, meta: RunMeta) -> None:
+def save_run(model: torch.nn.Module, out_dir: str | Path, *, config: ModelConfig, tokenizer: Any,
+             meta: RunMeta) -> None:
     """Write a run directory: config.json, model.safetensors (and the model's ``module_weights``),
     tokenizer files, mlmkit.json.
 
@@ -203,7 +210,8 @@ def read_run_meta(d: str | Path, config: ModelConfig) -> RunMeta:
     ]
     bad = [why for wrong, why in problems if wrong]
     if bad:
-        raise ConfigError(f"{Path(d) / META}: {bad[0]}", "the run directory was edited or damaged; fine-tune it again")
+        raise ConfigError(f"{Path(d) / META}: {bad[0]}",
+                          "the run directory was edited or damaged; fine-tune it again")
     return meta
 
 

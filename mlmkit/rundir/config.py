@@ -33,7 +33,8 @@ def load_config(path: str | Path) -> ModelConfig:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: not a valid config.json ({e})") from None
     if not isinstance(d, dict):
-        raise ConfigError(f"{p}: a config.json holds a JSON object, not a {type(d).__name__}", "pass a model's config.json")
+        raise ConfigError(f"{p}: a config.json holds a JSON object, not a {type(d).__name__}",
+                          "pass a model's config.json")
     try:
         config = ModelConfig.from_dict(d)
     except ConfigError as e:

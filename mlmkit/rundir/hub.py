@@ -41,7 +41,8 @@ def describe(d: Path, config: ModelConfig, task: str | None = None) -> RunMeta:
             return replace(own, source={**source, "format": "mlmkit"})
     source["format"] = "sentence-transformers" if (d / "modules.json").exists() else "transformers"
     archs = list(config.architectures or [])
-    claims = {n: info for n, p in sorted(tasks().items()) if (info := p.from_hf(config, d)) is not None} if task is None else {}
+    claims = {n: info for n, p in sorted(tasks().items())
+              if (info := p.from_hf(config, d)) is not None} if task is None else {}
     if task is None and set(archs) & set(MASKED_LM) and not claims:  # a masked LM no task claims
         task = masked_lm_task().name
     if task is not None:
@@ -53,15 +54,19 @@ def describe(d: Path, config: ModelConfig, task: str | None = None) -> RunMeta:
             known = ", ".join(sorted(tasks()))
             found = f"config.json's architectures: {', '.join(archs) or 'none'}"
             if not claims:
-                raise ConfigError(f"{d}: cannot tell which task this checkpoint is for ({found})", f"pass --task, one of: {known}")
-            raise ConfigError(f"{d} could be a model of {' or '.join(claims)} ({found})", f"pass --task, one of: {known}")
+                raise ConfigError(f"{d}: cannot tell which task this checkpoint is for ({found})",
+                                  f"pass --task, one of: {known}")
+            raise ConfigError(f"{d} could be a model of {' or '.join(claims)} ({found})",
+                              f"pass --task, one of: {known}")
         (name, info), = claims.items()
     labels = info.get("labels")
-    if labels is None and config.id2label and task is not None and not task_of(task).masked_lm:  # it has no labels
+    # it has no labels
+    if labels is None and config.id2label and task is not None and not task_of(task).masked_lm:
         labels = [config.id2label[i] for i in sorted(config.id2label)]
     return RunMeta(task=name, labels=tuple(labels) if labels is not None else None,
                    max_length=int(info.get("max_length") or default_max_length(d, config)),
-                   options=dict(info.get("options") or {}), task_state=dict(info.get("task_state") or {}), source=source)
+                   options=dict(info.get("options") or {}), task_state=dict(info.get("task_state") or {}),
+                   source=source)
 
 
 def default_max_length(d: Path, config: ModelConfig) -> int:

@@ -35,7 +35,8 @@ class RunMeta:
     max_length: int = field(metadata=rule(lambda n: n >= 1, "a positive whole number of tokens"))
     labels: tuple[str, ...] | None = None
     options: Options = field(default_factory=dict)  # the task's saved options
-    task_state: TaskState = field(default_factory=dict)  # what the task fitted on the data (fit_state, calibration)
+    # what the task fitted on the data (fit_state, calibration)
+    task_state: TaskState = field(default_factory=dict)
     base_model: str | None = None  # fine-tuning: the checkpoint it started from
     data: dict[str, str | None] | None = None  # fine-tuning: {"train": file, "eval": file or None}
     source: JSONObject | None = None  # where the weights came from (export's description of a checkpoint)
@@ -57,7 +58,8 @@ class RunMeta:
 
     def context(self, options: Mapping[str, Any], max_length: int | None = None) -> TaskContext:
         """The task's context for this run, with ``options`` already resolved (``max_length``: another)."""
-        return TaskContext(max_length=max_length or self.max_length, options=dict(options), labels=self.labels,
+        return TaskContext(max_length=max_length or self.max_length, options=dict(options),
+                           labels=self.labels,
                            state=dict(self.task_state))
 
     @classmethod

@@ -54,11 +54,13 @@ def weight_files(d: str | Path) -> list[Path]:
         index = read_json(p)
         shards = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(shards, dict) or not all(isinstance(v, str) for v in shards.values()):
-            raise ConfigError(f"{p}: not a weight index (no weight_map of file names)", "re-create the checkpoint")
+            raise ConfigError(f"{p}: not a weight index (no weight_map of file names)",
+                              "re-create the checkpoint")
         files = [d / f for f in sorted(set(shards.values()))]
         lacking = [f.name for f in files if not f.is_file()]
         if lacking:
-            raise ConfigError(f"{p} lists shards that are not there: {', '.join(lacking[:3])}", "copy the whole checkpoint directory")
+            raise ConfigError(f"{p} lists shards that are not there: {', '.join(lacking[:3])}",
+                              "copy the whole checkpoint directory")
         return files
     return []
 
@@ -78,7 +80,8 @@ def read_weights(p: Path) -> dict[str, torch.Tensor]:
         try:
             return load_file(str(p))
         except Exception as e:  # safetensors raises its own error types for truncated files
-            raise ConfigError(f"{p}: unreadable weights ({e})", "the file is corrupted; re-create it") from None
+            raise ConfigError(f"{p}: unreadable weights ({e})",
+                              "the file is corrupted; re-create it") from None
     try:
         return torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # weights_only refuses pickled code and objects; a truncated file fails too
@@ -93,7 +96,8 @@ def read_weights(p: Path) -> dict[str, torch.Tensor]:
 def _header_shapes(p: Path) -> dict[str, tuple[int, ...]]:
     """The shapes a safetensors file declares (its 8-byte header length, then the JSON header),
     without reading a tensor; a header whose tensors end past the end of the file is a truncated file."""
-    bad = ConfigError(f"{p}: unreadable weights (no valid safetensors header)", "the file is corrupted; re-create it")
+    bad = ConfigError(f"{p}: unreadable weights (no valid safetensors header)",
+                      "the file is corrupted; re-create it")
     try:
         with open(p, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
@@ -161,7 +165,8 @@ def check_weights(d: str | Path, config: ModelConfig) -> None:
     emb_field = "embedding_size" if E != config.hidden_size else name("hidden_size", "hidden_size")
 
     def wrong(field: str, value: Any, what: str) -> ConfigError:
-        return ConfigError(f"{d / 'config.json'}: {field} {value} does not match the weights ({where}): {what}",
+        return ConfigError(f"{d / 'config.json'}: {field} {value} does not match the weights ({where}): "
+                           f"{what}",
                            "the config.json is not this checkpoint's; restore its own, or fix the field")
 
     word = have.get("bert.embeddings.word_embeddings.weight")
@@ -170,7 +175,8 @@ def check_weights(d: str | Path, config: ModelConfig) -> None:
             raise wrong("vocab_size", config.vocab_size, f"the word embeddings have {word[0]} rows")
         if word[1] != E:
             raise wrong(emb_field, E, f"the word embeddings have {word[1]} columns")
-    for key, field in (("position_embeddings", "max_position_embeddings"), ("token_type_embeddings", "type_vocab_size")):
+    for key, field in (("position_embeddings", "max_position_embeddings"),
+                       ("token_type_embeddings", "type_vocab_size")):
         table = have.get(f"bert.embeddings.{key}.weight")
         if table and getattr(config, field) and table[0] != getattr(config, field):
             raise wrong(field, getattr(config, field), f"the {key.replace('_', ' ')} have {table[0]} rows")
@@ -178,12 +184,14 @@ def check_weights(d: str | Path, config: ModelConfig) -> None:
     if layers and max(layers) + 1 != config.num_hidden_layers:
         raise wrong(name("num_hidden_layers", "num_hidden_layers"), config.num_hidden_layers,
                     f"there are weights for {max(layers) + 1} layers")
-    mismatch = fam.shape_mismatch(config, have)  # what only the family knows to compare (DeBERTa's relative table)
+    # what only the family knows to compare (DeBERTa's relative table)
+    mismatch = fam.shape_mismatch(config, have)
     if mismatch is not None:
         raise wrong(*mismatch)
     for key, want in _meta_shapes(config).items():
         if key in have and have[key] != want:
-            raise wrong(*_field_of(config, want, have[key]), f"{key} is {list(have[key])}, the config makes {list(want)}")
+            raise wrong(*_field_of(config, want, have[key]),
+                        f"{key} is {list(have[key])}, the config makes {list(want)}")
 
 
 def _meta_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -194,7 +202,8 @@ def _meta_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         parts = {"bert.embeddings.": make_embeddings(config), "bert.encoder.layer.0.": make_layer(config, 0)}
         try:
             parts.update({f"bert.encoder.{n}.": m for n, m in fam.encoder_modules(config).items()})
-        except RuntimeError:  # one computes a table from its values (DeBERTa's buckets): check_weights checks its rows
+        # one computes a table from its values (DeBERTa's buckets): check_weights checks its rows
+        except RuntimeError:
             pass
     return {prefix + k: tuple(v.shape) for prefix, m in parts.items() for k, v in m.state_dict().items()}
 

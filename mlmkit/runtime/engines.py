@@ -46,12 +46,14 @@ def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
         text = Path(cpuinfo).read_text(errors="replace")
     except OSError:
         text = ""
-    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
+    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines()
+                  if line.startswith("flags")), set())
     for item in os.environ.get(FORCE_FLAGS, "").split(","):
         item = item.strip()
         if item[:1] not in ("+", "-") or len(item) < 2:
             if item:
-                raise ConfigError(f"{FORCE_FLAGS}: '{item}' is not +FLAG or -FLAG", "e.g. MLMKIT_CPU_FLAGS=-amx_bf16,-avx512_bf16")
+                raise ConfigError(f"{FORCE_FLAGS}: '{item}' is not +FLAG or -FLAG",
+                                  "e.g. MLMKIT_CPU_FLAGS=-amx_bf16,-avx512_bf16")
             continue
         (flags.add if item[0] == "+" else flags.discard)(item[1:])
     return frozenset(flags)
@@ -126,7 +128,8 @@ def _threads(threads: int | None) -> int | None:
     return threads
 
 
-def make_session(model: str | Path, *, device: str = "cpu", threads: int | None = None, spin: bool = True) -> Any:
+def make_session(model: str | Path, *, device: str = "cpu", threads: int | None = None,
+                 spin: bool = True) -> Any:
     """An onnxruntime session on ``device`` ("cpu" or "cuda"). Without onnxruntime-gpu or without a
     GPU, "cuda" logs a warning and runs on the CPU. ``spin``: onnxruntime's threads spin a while
     between runs (fastest when nothing else needs the cores)."""
@@ -140,7 +143,8 @@ def make_session(model: str | Path, *, device: str = "cpu", threads: int | None 
         if "CUDAExecutionProvider" in ort.get_available_providers():
             providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
         else:
-            log.warning("--device cuda: this onnxruntime has no CUDA execution provider (pip install onnxruntime-gpu); "
+            log.warning("--device cuda: this onnxruntime has no CUDA execution provider (pip install "
+                        "onnxruntime-gpu); "
                         "running on the CPU")
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads or 0  # 0: onnxruntime's default, one per physical core
@@ -148,22 +152,27 @@ def make_session(model: str | Path, *, device: str = "cpu", threads: int | None 
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
-    if not spin:  # idle pool threads sleep at once instead of spinning: the cores are shared (a server's event loop)
+    # idle pool threads sleep at once instead of spinning: the cores are shared (a server's event loop)
+    if not spin:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         with warnings.catch_warnings():  # onnxruntime's own "provider not available": said below, once
             warnings.simplefilter("ignore")
             session = ort.InferenceSession(str(model), so, providers=providers)
     except Exception as e:  # onnxruntime raises its own exception types for unreadable graphs
-        reason = str(e).rsplit("failed:", 1)[-1].strip()[:200]  # drop the "[ONNXRuntimeError] ... path" preamble
-        raise BundleError(f"{model} is corrupted or not an ONNX model ({reason})", "re-create the bundle with `mlmkit export`") from None
-    if device == "cuda" and "CUDAExecutionProvider" in providers and "CUDAExecutionProvider" not in session.get_providers():
+        # drop the "[ONNXRuntimeError] ... path" preamble
+        reason = str(e).rsplit("failed:", 1)[-1].strip()[:200]
+        raise BundleError(f"{model} is corrupted or not an ONNX model ({reason})",
+                          "re-create the bundle with `mlmkit export`") from None
+    if (device == "cuda" and "CUDAExecutionProvider" in providers
+        and "CUDAExecutionProvider" not in session.get_providers()):
         log.warning("--device cuda: no usable GPU for onnxruntime; running on the CPU")
     return session
 
 
 # ---- OpenVINO behind onnxruntime's session surface ---------------------------------------------------
-_OV_TYPES = {"f32": "tensor(float)", "f16": "tensor(float16)", "bf16": "tensor(bfloat16)", "i64": "tensor(int64)",
+_OV_TYPES = {"f32": "tensor(float)", "f16": "tensor(float16)", "bf16": "tensor(bfloat16)",
+             "i64": "tensor(int64)",
              "i32": "tensor(int32)", "i8": "tensor(int8)", "u8": "tensor(uint8)", "boolean": "tensor(bool)"}
 _OV_PRECISION = {"bf16": "bf16", "fp32": "f32"}
 
@@ -204,7 +213,8 @@ class OpenVinoSession:
         import openvino as ov
 
         self.core, self.precision = ov.Core(), precision
-        self.config: dict[str, str | int] = {"INFERENCE_PRECISION_HINT": _OV_PRECISION[precision], "PERFORMANCE_HINT": "LATENCY"}
+        self.config: dict[str, str | int] = {"INFERENCE_PRECISION_HINT": _OV_PRECISION[precision],
+                                             "PERFORMANCE_HINT": "LATENCY"}
         if threads:
             self.config["INFERENCE_NUM_THREADS"] = threads
         try:
@@ -213,7 +223,8 @@ class OpenVinoSession:
         except Exception as e:  # OpenVINO raises its own exception types, with a C++ report
             reason = " ".join(str(e).split())[:200]
             raise BundleError(f"OpenVINO cannot read {model} ({reason})",
-                              "run it with --precision fp32 (onnxruntime), or re-create the bundle with `mlmkit export`") from None
+                              "run it with --precision fp32 (onnxruntime), or re-create the bundle with "
+                              "`mlmkit export`") from None
         self.long: Any = None  # compiled at the first batch longer than SHORT_SEQUENCE
         self._lock = threading.Lock()
         m = self.model
@@ -225,13 +236,15 @@ class OpenVinoSession:
                          for p, r in zip(self.short.outputs, results)]
         rt = m.get_rt_info()  # the ONNX file's metadata_props, as OpenVINO's ONNX reader keeps them
         framework = rt["framework"] if "framework" in rt else {}
-        self._meta = {str(k): (v.astype(str) if hasattr(v, "astype") else str(v)) for k, v in dict(framework).items()}
+        self._meta = {str(k): (v.astype(str) if hasattr(v, "astype") else str(v))
+                      for k, v in dict(framework).items()}
         self._local = threading.local()
 
     def _compile(self, *, short: bool) -> Any:
         config = {**self.config, **({"SNIPPETS_MODE": "DISABLE"} if short else {})}
         try:
-            return self.core.compile_model(self.model, "CPU", {**config, "CPU_RUNTIME_CACHE_CAPACITY": RUNTIME_CACHE})
+            return self.core.compile_model(self.model, "CPU",
+                                           {**config, "CPU_RUNTIME_CACHE_CAPACITY": RUNTIME_CACHE})
         except RuntimeError as e:  # an OpenVINO that does not take the property: its default cache
             if "CPU_RUNTIME_CACHE_CAPACITY" not in str(e):
                 raise

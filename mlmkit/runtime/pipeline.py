@@ -6,8 +6,8 @@ A loaded bundle is a callable over a list of inputs, results in input order:
     fill = Pipeline.load("exports/mlm")  # a fill-mask bundle, exported from a pretraining run
     fill(["The capital of France is [MASK].", "A [MASK] and a [MASK]."], top_k=3)
 
-No torch here, directly or indirectly (cold start under a second: docs/performance.md, "Cold start"): this module needs
-onnxruntime, tokenizers and numpy, and the task plugins' torch-free parts (from_input, featurize,
+No torch here, directly or indirectly (cold start under a second: docs/performance.md, "Cold start"): this
+module needs onnxruntime, tokenizers and numpy, and the task plugins' torch-free parts (from_input, featurize,
 postprocess, compute_metrics), the same code `mlmkit evaluate` runs on a PyTorch model.
 
 Inputs longer than the max length are truncated (their results say "truncated": true, with one
@@ -71,7 +71,8 @@ BF16_RUN_TOKENS = 128
 """The same two cuts for an fp32 bundle computed in bf16 by OpenVINO on AMX: the matrix products are
 about 3x cheaper, so a run's fixed cost is worth more tokens and larger batches pay (2,048 tokens at
 hidden 384; docs/performance.md, "Precision and engines")."""
-CPU_CUTS = {"onnxruntime": (CPU_BATCH_ACTIVATIONS, CPU_RUN_TOKENS), "openvino": (BF16_BATCH_ACTIVATIONS, BF16_RUN_TOKENS)}
+CPU_CUTS = {"onnxruntime": (CPU_BATCH_ACTIVATIONS, CPU_RUN_TOKENS),
+            "openvino": (BF16_BATCH_ACTIVATIONS, BF16_RUN_TOKENS)}
 """Each engine's (activations of a batch, tokens a run is worth) on the CPU."""
 
 
@@ -90,7 +91,8 @@ class Pipeline:
                  plugin: Plugin) -> None:
         if batch_size < 1:
             raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
-        self.path, self.meta, self.tokenizer, self.session, self.batch_size = path, meta, tokenizer, session, batch_size
+        self.path, self.meta, self.tokenizer, self.session, self.batch_size = (path, meta, tokenizer, session,
+                                                                               batch_size)
         self.plugin = plugin
         self.batch_tokens: int | None = None  # batching.bucket_batches' max_tokens; set by load
         self.run_tokens: int | None = None  # and its run_tokens (the CPU's cost of one more run); set by load
@@ -104,14 +106,16 @@ class Pipeline:
         lacking = [n for n in meta.outputs if n not in self.output_names]
         if lacking or self.input_names != list(meta.inputs) or "input_ids" not in self.input_names:
             raise BundleError(
-                f"{path / 'model.onnx'} does not match its mlmkit.json (graph inputs {self.input_names}, outputs {self.output_names})",
+                f"{path / 'model.onnx'} does not match its mlmkit.json (graph inputs {self.input_names}, "
+                f"outputs {self.output_names})",
                 "re-create the bundle with `mlmkit export`",
             )
         self._check_outputs(session)
         self._check_labels(session)
         if self.outputs != plugin.outputs:  # e.g. a description edited to name another task
             raise BundleError(
-                f"{path} is described as a {plugin.name} bundle, but its outputs {dict(self.outputs)} are not the task's "
+                f"{path} is described as a {plugin.name} bundle, but its outputs {dict(self.outputs)} are "
+                "not the task's "
                 f"{dict(plugin.outputs)}", "re-create the bundle with `mlmkit export`")
 
     def _check_outputs(self, session: Any) -> None:
@@ -125,10 +129,12 @@ class Pipeline:
             out = graph[name]
             dims = list(out.shape or [])
             if dims and len(dims) != len(axes):
-                raise BundleError(f"{desc}: its 'outputs' give '{name}' the axes {list(axes)}, but the model's '{name}' "
+                raise BundleError(f"{desc}: its 'outputs' give '{name}' the axes {list(axes)}, but the "
+                                  f"model's '{name}' "
                                   f"has {len(dims)} ({dims})", "re-create the bundle with `mlmkit export`")
             if out.type != TASK_OUTPUT_TYPE:
-                raise BundleError(f"{self.path / 'model.onnx'}: its output '{name}' is {out.type}, the runtime reads "
+                raise BundleError(f"{self.path / 'model.onnx'}: its output '{name}' is {out.type}, the "
+                                  "runtime reads "
                                   f"{TASK_OUTPUT_TYPE}",
                                   "re-create the bundle with `mlmkit export`")
             for axis, dim in zip(axes, dims):
@@ -138,8 +144,10 @@ class Pipeline:
                         "re-create the bundle with `mlmkit export`",
                     )
                 if isinstance(dim, int) and axis in DYNAMIC_AXES:
-                    raise BundleError(f"{desc}: the model's '{name}' has a size of {dim} along its '{axis}' axis, "
-                                      "whose size varies from run to run", "re-create the bundle with `mlmkit export`")
+                    raise BundleError(f"{desc}: the model's '{name}' has a size of {dim} along its '{axis}' "
+                                      "axis, "
+                                      "whose size varies from run to run",
+                                      "re-create the bundle with `mlmkit export`")
 
     def _check_labels(self, session: Any) -> None:
         """The labels against the order the head was trained with, which export records in the graph
@@ -155,7 +163,8 @@ class Pipeline:
         labels = list(self.meta.labels) if self.meta.labels is not None else None
         if trained != labels:
             raise BundleError(
-                f"{self.path / 'mlmkit.json'}: its 'labels' {labels} are not the labels the model was trained with, "
+                f"{self.path / 'mlmkit.json'}: its 'labels' {labels} are not the labels the model was "
+                "trained with, "
                 f"in that order ({trained}, recorded in model.onnx)",
                 "restore the bundle's own mlmkit.json, or re-create the bundle with `mlmkit export`",
             )
@@ -176,15 +185,16 @@ class Pipeline:
     @classmethod
     def load(
         cls, path: str | Path, *, device: str = "cpu", threads: int | None = None, batch_size: int = 32,
-        batch_tokens: int | None = None, spin: bool = True, command: str | None = None, precision: str | None = None,
+        batch_tokens: int | None = None, spin: bool = True, command: str | None = None,
+        precision: str | None = None,
         min_agreement: float | None = None, gate: GateRecord | None = None,
     ) -> Pipeline:
         """Load and check a bundle. ``command`` (e.g. "classify") refuses a bundle that command does not
         serve. ``batch_tokens``: the most padded tokens in one onnxruntime batch (0: no limit; default:
-        CPU_CUTS' activations of its engine over the hidden size on the CPU, no limit on CUDA). ``spin``: see make_session.
-        ``precision``: auto (default: $MLMKIT_PRECISION, else auto), fp32, bf16, fp16 or int8, held to
-        the gate (``min_agreement``: its threshold) as mlmkit.runtime.precision.choose says; ``gate``: a
-        passed gate of that precision measured already (a job's workers take their parent's)."""
+        CPU_CUTS' activations of its engine over the hidden size on the CPU, no limit on CUDA). ``spin``: see
+        make_session. ``precision``: auto (default: $MLMKIT_PRECISION, else auto), fp32, bf16, fp16 or int8,
+        held to the gate (``min_agreement``: its threshold) as mlmkit.runtime.precision.choose says; ``gate``:
+        a passed gate of that precision measured already (a job's workers take their parent's)."""
         if batch_tokens is not None and batch_tokens < 0:
             raise ConfigError(f"--batch-tokens must be 0 (no limit) or more, got {batch_tokens}")
         d = Path(path)
@@ -223,7 +233,8 @@ class Pipeline:
         and a hash of its description."""
         g = (self.path / "model.onnx").stat()
         desc = hashlib.sha256((self.path / "mlmkit.json").read_bytes()).hexdigest()
-        return {"path": str(self.path.resolve()), "model_bytes": g.st_size, "model_mtime_ns": g.st_mtime_ns, "mlmkit_json_sha256": desc}
+        return {"path": str(self.path.resolve()), "model_bytes": g.st_size, "model_mtime_ns": g.st_mtime_ns,
+                "mlmkit_json_sha256": desc}
 
     @staticmethod
     def _each(inputs: Sequence[Any], first: int, convert: Callable[[Any], Any],
@@ -236,7 +247,8 @@ class Pipeline:
                 out.append(convert(x))
                 kept.append(i)
             except DataFormatError as e:
-                bad = DataFormatError(f"input {first + i}", e.detail, field=e.field, hint=e.hint) if e.path == "<input>" else e
+                bad = DataFormatError(f"input {first + i}", e.detail, field=e.field,
+                                      hint=e.hint) if e.path == "<input>" else e
                 if errors is None:
                     raise bad from None
                 errors[i] = bad
@@ -272,7 +284,8 @@ class Pipeline:
         a server's ``usage`` without tokenizing again."""
         ctx = self.context(options)
         kept, examples = self._each(inputs, first, lambda x: self.plugin.from_input(x, ctx.options), errors)
-        got = prediction.predict(self.plugin, examples, self.tokenizer, ctx, self.run_batch, batch_size=self.batch_size,
+        got = prediction.predict(self.plugin, examples, self.tokenizer, ctx, self.run_batch,
+                                 batch_size=self.batch_size,
                                  max_tokens=self.batch_tokens, run_tokens=self.run_tokens, progress=progress)
         if tokens is not None:
             counts = [0] * len(examples)
@@ -304,15 +317,18 @@ class Pipeline:
         return out
 
     def evaluate(
-        self, data: str | Path, *, options: Mapping[str, Any] | None = None, predictions: str | Path | None = None,
+        self, data: str | Path, *, options: Mapping[str, Any] | None = None,
+        predictions: str | Path | None = None,
         speed: bool = False,
     ) -> Metrics:
         """The task's metrics on labelled ``data``, the decision settings saved at fine-tuning used as
         they are (tuning them on the data being scored would flatter it). ``speed``: with the
         examples per second of the prediction (prediction.evaluate) and the model's bytes."""
         ctx = self.context(options)
-        metrics, got = prediction.evaluate(self.plugin, self.plugin.read(Path(data), ctx.options), self.tokenizer, ctx,
-                                           self.run_batch, batch_size=self.batch_size, max_tokens=self.batch_tokens,
+        metrics, got = prediction.evaluate(self.plugin, self.plugin.read(Path(data), ctx.options),
+                                           self.tokenizer, ctx,
+                                           self.run_batch, batch_size=self.batch_size,
+                                           max_tokens=self.batch_tokens,
                                            run_tokens=self.run_tokens, speed=speed)
         if speed:
             metrics["model_bytes"] = (self.path / "model.onnx").stat().st_size

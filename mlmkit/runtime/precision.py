@@ -121,13 +121,15 @@ def gate_sample(batches: list[dict[str, np.ndarray]], on: str, rows: int = GATE_
     for b, r in (every[i] for i in picked):
         n = int(b["attention_mask"][r].sum())
         ids.append([int(x) for x in b["input_ids"][r, :n]])
-        types.append([int(x) for x in (b["token_type_ids"][r, :n] if "token_type_ids" in b else np.zeros(n, dtype=int))])
+        types.append([int(x) for x in (b["token_type_ids"][r, :n] if "token_type_ids" in b
+                                       else np.zeros(n, dtype=int))])
     return {"on": on, "input_ids": ids, "token_type_ids": types}
 
 
 def padded(sample: Mapping[str, Any], pad_id: int) -> dict[str, np.ndarray]:
     """A gate sample (gate_sample) as one padded batch of the graph's inputs."""
-    return pad_features([{"input_ids": r, "token_type_ids": t} for r, t in zip(sample["input_ids"], sample["token_type_ids"])],
+    return pad_features([{"input_ids": r, "token_type_ids": t}
+                         for r, t in zip(sample["input_ids"], sample["token_type_ids"])],
                         pad_id)
 
 
@@ -137,14 +139,18 @@ def _sample(meta: BundleMeta, path: Path, specials: Any) -> tuple[dict[str, np.n
     g = meta.gate
     if not g:
         batch = sample_batch(meta.tokenizer.vocab_size, specials, meta.max_length)
-        return batch, f"{SAMPLE_ROWS}-input sample (random token ids, made here: the bundle carries no gate sample)"
+        return (batch, f"{SAMPLE_ROWS}-input sample (random token ids, made here: the bundle carries no gate "
+                       "sample)")
     ids, types = g.get("input_ids") or [], g.get("token_type_ids") or []
     V = meta.tokenizer.vocab_size
     ok = (isinstance(ids, list) and ids and isinstance(types, list) and len(types) == len(ids)
-          and all(isinstance(r, list) and r and all(isinstance(x, int) and 0 <= x < V for x in r) for r in ids)
-          and all(isinstance(t, list) and len(t) == len(r) and all(x in (0, 1) for x in t) for r, t in zip(ids, types)))
+          and all(isinstance(r, list) and r and all(isinstance(x, int) and 0 <= x < V for x in r)
+                  for r in ids)
+          and all(isinstance(t, list) and len(t) == len(r) and all(x in (0, 1) for x in t)
+                  for r, t in zip(ids, types)))
     if not ok:
-        raise BundleError(f"{path / 'mlmkit.json'}: 'gate' has no sample of token ids below the vocabulary's size",
+        raise BundleError(f"{path / 'mlmkit.json'}: 'gate' has no sample of token ids below the vocabulary's "
+                          "size",
                           "re-create the bundle with `mlmkit export`")
     return padded(g, meta.tokenizer.pad_id), f"{len(ids)}-input sample ({g.get('on', 'the sample batch')})"
 
@@ -180,12 +186,14 @@ def said(g: Mapping[str, Any]) -> str:
     if not isinstance(threshold, (int, float)) or not (value is None or isinstance(value, (int, float))):
         return "its record in mlmkit.json has no value and threshold"
     v = "nothing to compare" if value is None else f"{math.floor(value * 1e6) / 1e6:.6g}"  # rounded down
-    return f"{g.get('measure', 'agreement')} {v} {'>=' if g.get('passed') else '<'} {threshold:g} on the {g.get('on', 'sample')}"
+    return (f"{g.get('measure', 'agreement')} {v} {'>=' if g.get('passed') else '<'} {threshold:g} on the "
+            f"{g.get('on', 'sample')}")
 
 
 def cannot_run(e: Exception) -> str:
     """Why OpenVINO could not read or run a graph, in one line (its C++ report folded and cut)."""
-    return f"OpenVINO cannot run it ({e.message if isinstance(e, MlmkitError) else ' '.join(str(e).split())[:200]})"
+    return ("OpenVINO cannot run it "
+            f"({e.message if isinstance(e, MlmkitError) else ' '.join(str(e).split())[:200]})")
 
 
 # ---- the choice ------------------------------------------------------------------------------------
@@ -208,15 +216,16 @@ def bf16_unavailable(device: str) -> str | None:
     return ENGINES["openvino"].missing()
 
 
-def choose(path: Path, meta: BundleMeta, precision: str | None, make: Callable[[Any], T], *, device: str = "cpu",
+def choose(path: Path, meta: BundleMeta, precision: str | None, make: Callable[[Any], T], *,
+           device: str = "cpu",
            threads: int | None = None, spin: bool = True, min_agreement: float | None = None,
            gate: GateRecord | None = None, specials: Any = None) -> tuple[T, Choice]:
     """The precision and engine ``path``'s bundle runs in here (see the module's docstring), and what
     ``make`` (the pipeline, which checks a session against the bundle's description) makes of its
     session. Every session is checked before a gate runs on it; the fp32 session measured against is
-    the one kept when bf16 is not used, and none is made when a passed ``gate`` is given. ``gate``: a passed gate measured already for this precision (a
-    job's workers take the parent's); ``specials``: the tokenizer's special ids, for a bundle without
-    a gate sample."""
+    the one kept when bf16 is not used, and none is made when a passed ``gate`` is given. ``gate``: a passed
+    gate measured already for this precision (a job's workers take the parent's); ``specials``: the
+    tokenizer's special ids, for a bundle without a gate sample."""
     want = requested(precision)
     have = meta.precision
     model = path / "model.onnx"
@@ -226,7 +235,8 @@ def choose(path: Path, meta: BundleMeta, precision: str | None, make: Callable[[
     if have != "fp32" or device != "cpu" or want == "fp32":
         if want not in ("auto", have):
             if have == "fp32" and want == "bf16":
-                raise ConfigError(f"--precision bf16: {bf16_unavailable(device)}", "run it with --precision fp32 or auto")
+                raise ConfigError(f"--precision bf16: {bf16_unavailable(device)}",
+                                  "run it with --precision fp32 or auto")
             raise ConfigError(f"--precision {want}: {path} is an {have} bundle, which runs in {have} only",
                               (f"for {want}, export the run with --precision {want}" if want != "bf16"
                                else "export the run in fp32: bf16 is computed from the fp32 graph")
@@ -235,35 +245,44 @@ def choose(path: Path, meta: BundleMeta, precision: str | None, make: Callable[[
         return (make(ort.open(model, precision=have, device=device, threads=threads, spin=spin)),
                 Choice(have, ort.name, f"{have} on {ort.name}: {said_why}"))
     if want in ("fp16", "int8"):
-        hint = "--device cuda with a bundle exported with --precision fp16" if want == "fp16" else "export it with --precision int8"
+        hint = ("--device cuda with a bundle exported with --precision fp16" if want == "fp16"
+                else "export it with --precision int8")
         raise ConfigError(f"--precision {want}: {path} is an fp32 bundle", f"for {want}, {hint}")
     pinned = meta.run_precision == "fp32" and want == "auto"
     why_not = "the bundle was exported with --precision fp32" if pinned else bf16_unavailable(device)
     recorded = meta.gate.get("bf16")
-    if why_not is None and isinstance(recorded, dict) and recorded.get("passed") is False and min_agreement is None:
+    if why_not is None and isinstance(recorded,
+                                      dict) and recorded.get("passed") is False and min_agreement is None:
         why_not = f"its gate failed at export: {said(recorded)} (--min-agreement sets another threshold)"
     if why_not is not None and want == "bf16":
         raise ConfigError(f"--precision bf16: {why_not}", "run it with --precision fp32 or auto")
     ref = None  # the fp32 pipeline: made for the gate, or for running in fp32
     if why_not is None:
-        sample = None if gate is not None and gate.get("passed") else _sample(meta, path, specials)  # a damaged one: BundleError
-        if sample is not None:  # outside the try below: a bundle onnxruntime refuses is an error, not a reason
+        # a damaged one: BundleError
+        sample = None if gate is not None and gate.get("passed") else _sample(meta, path, specials)
+        # outside the try below: a bundle onnxruntime refuses is an error, not a reason
+        if sample is not None:
             ref = make(ort.open(model, precision="fp32", device=device, threads=threads, spin=spin))
         try:
-            fast = make(ENGINES["openvino"].open(model, precision="bf16", device=device, threads=threads, spin=spin))
+            fast = make(ENGINES["openvino"].open(model, precision="bf16", device=device, threads=threads,
+                                                 spin=spin))
             if sample is not None and ref is not None:
-                gate = judge(measure(ref.session, fast.session, sample[0], meta.outputs), "bf16", min_agreement, sample[1])  # type: ignore[attr-defined]
+                measured = measure(ref.session, fast.session, sample[0], meta.outputs)  # type: ignore[attr-defined]
+                gate = judge(measured, "bf16", min_agreement, sample[1])
         except Exception as e:  # noqa: BLE001 - a graph OpenVINO cannot read or run: fp32 then, saying why
             why_not = cannot_run(e)
         else:
             assert gate is not None  # measured, or given as passed
             if gate["passed"]:
-                return fast, Choice("bf16", "openvino", f"bf16 on openvino: this CPU has {cpu_feature('bf16')}; "
-                                                        f"its gate passed: {said(gate)}", gate)
+                return fast, Choice("bf16", "openvino",
+                                    f"bf16 on openvino: this CPU has {cpu_feature('bf16')}; "
+                                    f"its gate passed: {said(gate)}", gate)
             why_not = f"its gate failed here: {said(gate)}"
         if want == "bf16":
             raise ConfigError(f"--precision bf16: {why_not}", "run it with --precision fp32 or auto"
-                              + (", or set another threshold with --min-agreement" if "gate failed" in why_not else ""))
+                              + (", or set another threshold with --min-agreement" if "gate failed" in why_not
+                                 else ""))
     if ref is None:
         ref = make(ort.open(model, precision="fp32", device=device, threads=threads, spin=spin))
-    return ref, Choice("fp32", ort.name, f"fp32 on {ort.name}: bf16 not used: {why_not}", gate, {"bf16": why_not})
+    return ref, Choice("fp32", ort.name, f"fp32 on {ort.name}: bf16 not used: {why_not}", gate,
+                       {"bf16": why_not})

@@ -60,7 +60,8 @@ class Spread:
 
 def run_features(
     features: Sequence[Feature], forward: Forward, outputs: Mapping[str, Sequence[str]], *, pad_id: int,
-    batch_size: int, max_tokens: int | None = None, run_tokens: int | None = None, progress: Progress | None = None,
+    batch_size: int, max_tokens: int | None = None, run_tokens: int | None = None,
+    progress: Progress | None = None,
     per_feature: float = 1.0, spread: Spread | None = None,
 ) -> dict[str, list[np.ndarray]]:
     """The ``outputs`` of ``forward`` for each feature, in feature order (row r of a batch output is
@@ -100,7 +101,8 @@ class Predicted:
 
 def predict(
     task: Plugin, examples: list[Example], tokenizer: Any, ctx: TaskContext, forward: Forward, *,
-    batch_size: int = 64, max_tokens: int | None = None, run_tokens: int | None = None, calibrate: bool = False,
+    batch_size: int = 64, max_tokens: int | None = None, run_tokens: int | None = None,
+    calibrate: bool = False,
     progress: Progress | None = None, spread: Spread | None = None,
 ) -> Predicted:
     """Predictions of ``forward`` for ``examples``. ``calibrate``: let the task tune its decision
@@ -113,7 +115,8 @@ def predict(
         ctx = replace(ctx, tokenizer=tokenizer)
     features = task.featurize(examples, tokenizer, ctx, training=False)
     check_features(task, features, len(examples))
-    outputs = run_features(features, forward, task.outputs, pad_id=special_ids(tokenizer).pad, batch_size=batch_size,
+    outputs = run_features(features, forward, task.outputs, pad_id=special_ids(tokenizer).pad,
+                           batch_size=batch_size,
                            max_tokens=max_tokens, run_tokens=run_tokens, progress=progress,
                            per_feature=len(examples) / max(1, len(features)), spread=spread)
     if calibrate:
@@ -150,7 +153,8 @@ def warn_truncated(n: int, total: int, max_length: int) -> None:
         box[0] += n
     elif n:
         # "at most": a task may cut some inputs shorter than the max length (a colbert query, at query_length)
-        log.warning('%d of %d inputs were truncated to at most %d tokens (their results say "truncated": true)',
+        log.warning('%d of %d inputs were truncated to at most %d tokens (their results say "truncated": '
+                    'true)',
                     n, total, max_length)
 
 
@@ -159,7 +163,8 @@ WARM_UP = 8  # examples predicted once before a timed evaluation
 
 def evaluate(
     task: Plugin, examples: list[Example], tokenizer: Any, ctx: TaskContext, forward: Forward, *,
-    batch_size: int = 64, max_tokens: int | None = None, run_tokens: int | None = None, calibrate: bool = False,
+    batch_size: int = 64, max_tokens: int | None = None, run_tokens: int | None = None,
+    calibrate: bool = False,
     speed: bool = False, spread: Spread | None = None,
 ) -> tuple[Metrics, Predicted]:
     """The task's metrics of ``forward`` on labelled ``examples``, and the predictions behind them.
@@ -168,7 +173,8 @@ def evaluate(
     if not examples:
         raise TaskError("no examples to score", "check the evaluation data")
     if speed:  # first calls allocate and plan
-        predict(task, examples[:WARM_UP], tokenizer, ctx, forward, batch_size=batch_size, max_tokens=max_tokens,
+        predict(task, examples[:WARM_UP], tokenizer, ctx, forward, batch_size=batch_size,
+                max_tokens=max_tokens,
                 run_tokens=run_tokens)
     start = time.perf_counter()
     got = predict(task, examples, tokenizer, ctx, forward, batch_size=batch_size, max_tokens=max_tokens,
@@ -190,19 +196,25 @@ def check_features(task: Plugin, features: list[Feature], n_examples: int, *, gr
     for n, f in enumerate(features):
         i = f.get(EXAMPLE) if isinstance(f, dict) else None
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_examples:
-            raise TaskError(f"task '{task.name}' ({task.distribution}): feature {n} has no valid '{EXAMPLE}' index ({i!r})",
-                            f"featurize must set feature['{EXAMPLE}'] to the index of its example, 0 to {n_examples - 1}")
+            raise TaskError(f"task '{task.name}' ({task.distribution}): feature {n} has no valid '{EXAMPLE}' "
+                            f"index ({i!r})",
+                            f"featurize must set feature['{EXAMPLE}'] to the index of its example, 0 to "
+                            f"{n_examples - 1}")
         if grouped and i != last and i in seen:
-            raise TaskError(f"task '{task.name}' ({task.distribution}): the features of example {i} are not together "
+            raise TaskError(f"task '{task.name}' ({task.distribution}): the features of example {i} are not "
+                            "together "
                             f"(feature {n} follows another example's)",
                             "featurize must give an example's features one after another (group_features)")
         seen.add(i)
         last = i
     if complete and len(seen) != n_examples:
         first = next(i for i in range(n_examples) if i not in seen)
-        raise TaskError(f"task '{task.name}' ({task.distribution}): {n_examples - len(seen)} of {n_examples} examples got no "
-                        f"feature (the first: example {first})", "featurize must give every example at least one feature, "
-                        f"each under its own '{EXAMPLE}' index (two examples' features under one index merge them)")
+        raise TaskError(f"task '{task.name}' ({task.distribution}): {n_examples - len(seen)} of {n_examples} "
+                        "examples got no "
+                        f"feature (the first: example {first})",
+                        "featurize must give every example at least one feature, "
+                        f"each under its own '{EXAMPLE}' index (two examples' features under one index merge "
+                        "them)")
 
 
 # ---- agreement of two models' outputs -----------------------------------------------------------
@@ -210,7 +222,8 @@ def _vectors(name: str, a: np.ndarray, axes: tuple[str, ...]) -> bool:
     """Whether output ``name`` holds vectors, compared by their cosine: one a row (an embedding) or
     one a token (late interaction's), not labels' scores, positions' or top terms' values."""
     shaped = len(axes) == 2 or (len(axes) == 3 and per_token(axes))
-    return a.dtype.kind == "f" and shaped and axes[-1] not in (LABEL, SEQUENCE) and name not in ("values", "indices")
+    return a.dtype.kind == "f" and shaped and axes[-1] not in (LABEL, SEQUENCE) and name not in ("values",
+                                                                                                 "indices")
 
 
 def real_rows(arr: np.ndarray, axes: tuple[str, ...], mask: np.ndarray) -> np.ndarray:
@@ -232,8 +245,10 @@ def decisions(name: str, a: np.ndarray, b: np.ndarray, axes: tuple[str, ...],
         chose = (da >= 0) | (db >= 0)
         return da[chose], db[chose]
     if tuple(axes) == (BATCH, SEQUENCE):
-        return np.where(mask.astype(bool), a, -np.inf).argmax(axis=1), np.where(mask.astype(bool), b, -np.inf).argmax(axis=1)
-    return real_rows(a, axes, mask).argmax(axis=-1).reshape(-1), real_rows(b, axes, mask).argmax(axis=-1).reshape(-1)
+        return np.where(mask.astype(bool), a, -np.inf).argmax(axis=1), np.where(mask.astype(bool), b,
+                                                                                -np.inf).argmax(axis=1)
+    return real_rows(a, axes, mask).argmax(axis=-1).reshape(-1), real_rows(b, axes,
+                                                                           mask).argmax(axis=-1).reshape(-1)
 
 
 def agreement(ref: Sequence[Mapping[str, np.ndarray]], got: Sequence[Mapping[str, np.ndarray]],
@@ -250,7 +265,8 @@ def agreement(ref: Sequence[Mapping[str, np.ndarray]], got: Sequence[Mapping[str
     for r, g, mask in zip(ref, got, masks):
         for name, a in r.items():
             b, ax = g[name], axes[name]
-            if a.dtype.kind == "f" and (len(ax) == 1 or (ax[1:] == (LABEL,) and a.shape[1] == 1)):  # one number a row
+            # one number a row
+            if a.dtype.kind == "f" and (len(ax) == 1 or (ax[1:] == (LABEL,) and a.shape[1] == 1)):
                 scores[0].append(a.reshape(-1))
                 scores[1].append(b.reshape(-1))
                 continue

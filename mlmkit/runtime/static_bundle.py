@@ -39,7 +39,8 @@ def static_graph(table: np.ndarray, counted: np.ndarray) -> Any:
     from onnx import TensorProto, helper, numpy_helper
 
     if table.ndim != 2 or counted.shape != (table.shape[0],):
-        raise ValueError(f"a table of (vocabulary, dims) rows and a count per row, got {table.shape} and {counted.shape}")
+        raise ValueError(f"a table of (vocabulary, dims) rows and a count per row, got {table.shape} and "
+                         f"{counted.shape}")
     inits = [numpy_helper.from_array(np.ascontiguousarray(table, dtype=np.float32), "table"),
              numpy_helper.from_array(np.ascontiguousarray(counted, dtype=np.float32), "counted"),
              numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"),
@@ -69,7 +70,8 @@ def static_graph(table: np.ndarray, counted: np.ndarray) -> Any:
          helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])],
         [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", "hidden"])],
         initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", STATIC_OPSET)], producer_name="mlmkit")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", STATIC_OPSET)],
+                              producer_name="mlmkit")
     model.ir_version = 8  # onnxruntime reads IR 8 at opset 17
     onnx.checker.check_model(model)
     return model
@@ -98,8 +100,10 @@ def write_static_bundle(out: str | Path, table: np.ndarray, counted: np.ndarray,
     atomic_write_text(d / "tokenizer.json", tok.to_str(pretty=False))
     write_special_tokens_map(tok, d)  # the special tokens' roles, read back with tokenizer.json
     meta = BundleMeta(
-        task="embedding", trained_as="embedding", max_length=max_length, options={**options, "pooling": "mean", "normalize": True},
-        inputs=("input_ids", "attention_mask"), outputs={"embedding": ("batch", "hidden")}, opset=STATIC_OPSET,
+        task="embedding", trained_as="embedding", max_length=max_length,
+        options={**options, "pooling": "mean", "normalize": True},
+        inputs=("input_ids", "attention_mask"), outputs={"embedding": ("batch", "hidden")},
+        opset=STATIC_OPSET,
         tokenizer=tokenizer_fingerprint(tok),
         model=ModelShape(model_type=STATIC, vocab_size=int(table.shape[0]), hidden_size=int(table.shape[1])),
         model_bytes=os.path.getsize(d / "model.onnx"), source={"path": source}, run={"static": info},

@@ -74,23 +74,28 @@ class Model:
         self.lock = threading.Lock()
         self.max_queue = args.max_queue or 4 * args.max_batch_size
         self.indexes: dict[str, StoredIndex] = {}  # by name: what POST /v1/search searches with this model
-        self.bm25: dict[str, Any] = {}  # by index name: BM25 over its documents' texts (--corpus), for "hybrid": "bm25"
+        # by index name: BM25 over its documents' texts (--corpus), for "hybrid": "bm25"
+        self.bm25: dict[str, Any] = {}
 
     def describe(self) -> JSONObject:
         m = self.pipe.meta
-        return {"name": self.name, "task": self.pipe.task, "labels": list(m.labels) if m.labels is not None else None,
-                "max_length": self.pipe.max_length, "options": list(self.pipe.option_names), "source": m.source,
+        return {"name": self.name, "task": self.pipe.task,
+                "labels": list(m.labels) if m.labels is not None else None,
+                "max_length": self.pipe.max_length, "options": list(self.pipe.option_names),
+                "source": m.source,
                 "precision": m.precision,
                 "providers": self.pipe.providers, "computes_in": self.pipe.precision}
 
-    async def predict(self, inputs: list[Any], options: Options, request: Any = None) -> tuple[list[Prediction], int]:
+    async def predict(self, inputs: list[Any], options: Options,
+                      request: Any = None) -> tuple[list[Prediction], int]:
         """The results of ``inputs`` and the tokens the model ran on, queued for the next merged call; a
         429 when the queue is full, a 503 after --request-timeout; a client that disconnects
         (``request``'s) leaves the queue."""
         with self.lock:
             if self.waiting and self.waiting + len(inputs) > self.max_queue:
                 self.metrics.rejected.labels(self.name, "queue_full").inc()
-                raise HTTPError(429, f"model '{self.name}' has {self.waiting} inputs waiting (--max-queue {self.max_queue})",
+                raise HTTPError(429, f"model '{self.name}' has {self.waiting} inputs waiting (--max-queue "
+                                     f"{self.max_queue})",
                                 "retry after the Retry-After seconds, or send to another replica")
             self.waiting += len(inputs)
         loop = asyncio.get_running_loop()
@@ -106,7 +111,8 @@ class Model:
         except asyncio.TimeoutError:
             fut.cancel()  # the model's thread skips it
             self.metrics.rejected.labels(self.name, "timeout").inc()
-            raise HTTPError(503, f"the request waited over --request-timeout {self.args.request_timeout:g} s for model "
+            raise HTTPError(503, f"the request waited over --request-timeout {self.args.request_timeout:g} s "
+                                 "for model "
                                  f"'{self.name}'", "retry later, or send to another replica") from None
         finally:
             if watch is not None:
@@ -123,7 +129,8 @@ class Model:
     def _serve(self) -> None:
         try:
             warm_up(self.pipe)
-        except Exception as e:  # a graph that wants other inputs than a plain batch: real requests may still work
+        # a graph that wants other inputs than a plain batch: real requests may still work
+        except Exception as e:
             log.warning("model %s: the warm-up run failed (%s); serving it anyway", self.name, e)
         self.ready.set()
         wait = self.args.max_wait_ms / 1000
@@ -237,20 +244,27 @@ class Metrics:
         self.inputs = Counter("mlmkit_inputs", "Inputs predicted, by model.", ["model"], registry=r)
         self.batch_inputs = Histogram("mlmkit_batch_inputs", "Inputs per merged pipeline call.", ["model"],
                                       buckets=BATCH_BUCKETS, registry=r)
-        self.queue_seconds = Histogram("mlmkit_queue_seconds", "Time from a request's arrival in the queue to its call.",
+        self.queue_seconds = Histogram("mlmkit_queue_seconds",
+                                       "Time from a request's arrival in the queue to its call.",
                                        ["model"], buckets=TIME_BUCKETS, registry=r)
-        self.inference_seconds = Histogram("mlmkit_inference_seconds", "Time of one merged pipeline call.", ["model"],
+        self.inference_seconds = Histogram("mlmkit_inference_seconds", "Time of one merged pipeline call.",
+                                           ["model"],
                                            buckets=TIME_BUCKETS, registry=r)
-        self.request_seconds = Histogram("mlmkit_request_seconds", "Time to answer a prediction request.", ["model"],
+        self.request_seconds = Histogram("mlmkit_request_seconds", "Time to answer a prediction request.",
+                                         ["model"],
                                          buckets=TIME_BUCKETS, registry=r)
         self.in_flight = Gauge("mlmkit_requests_in_flight", "Requests being answered.", registry=r)
         self.rejected = Counter("mlmkit_rejected", "Requests turned away: queue_full (429) or timeout (503).",
                                 ["model", "reason"], registry=r)
-        self.dropped = Counter("mlmkit_dropped", "Queued requests left out of their call (the client hung up or timed "
-                                                 "out): no inference done for them.", ["model"], registry=r)
-        self.unauthorized = Counter("mlmkit_unauthorized", "Requests without a valid API key (401).", registry=r)
-        self.disconnected = Counter("mlmkit_client_disconnects", "Requests whose client hung up before its answer "
-                                                                 "(mid-body or while queued; status 499).", registry=r)
+        self.dropped = Counter("mlmkit_dropped",
+                               "Queued requests left out of their call (the client hung up or timed "
+                               "out): no inference done for them.", ["model"], registry=r)
+        self.unauthorized = Counter("mlmkit_unauthorized", "Requests without a valid API key (401).",
+                                    registry=r)
+        self.disconnected = Counter("mlmkit_client_disconnects",
+                                    "Requests whose client hung up before its answer "
+                                    "(mid-body or while queued; status 499).",
+                                    registry=r)
         self.recent_seconds_per_input: dict[str, float] = {}
 
 
@@ -263,12 +277,15 @@ def load_models(args: ServeArgs) -> dict[str, Model]:
 
     metrics = Metrics()
     bundles = model_names(args.bundles)
-    models = {name: Model(name, Pipeline.load(path, device=args.device, threads=args.threads, batch_size=args.batch_size,
-                                              batch_tokens=args.batch_tokens, spin=False, precision=args.precision,
+    models = {name: Model(name, Pipeline.load(path, device=args.device, threads=args.threads,
+                                              batch_size=args.batch_size,
+                                              batch_tokens=args.batch_tokens, spin=False,
+                                              precision=args.precision,
                                               min_agreement=args.min_agreement),
                           args, metrics)
               for name, path in bundles.items()}
-    for name, (model, ix) in served_indexes(model_names(args.index, "index"), bundles, memory=not args.mmap_index).items():
+    for name, (model, ix) in served_indexes(model_names(args.index, "index"), bundles,
+                                            memory=not args.mmap_index).items():
         models[model].indexes[name] = ix
     for name, path in corpus_names(args.corpus, models).items():
         from mlmkit.retrieval.index.hybrid import BM25Ranker, corpus_texts, same_corpus
@@ -301,11 +318,14 @@ def corpus_names(specs: Sequence[str], models: dict[str, Model]) -> dict[str, Pa
         name, sep, path = spec.partition("=")
         if not sep or Path(spec).exists():
             if len(served) != 1:
-                raise ConfigError(f"--corpus {spec}: say which index's documents it holds", "--corpus NAME=FILE, NAME an --index's")
+                raise ConfigError(f"--corpus {spec}: say which index's documents it holds",
+                                  "--corpus NAME=FILE, NAME an --index's")
             name, path = served[0], spec
         if name not in served:
-            raise ConfigError(f"--corpus {spec}: no index named '{name}' is served", f"the indexes: {', '.join(served) or 'none'}")
+            raise ConfigError(f"--corpus {spec}: no index named '{name}' is served",
+                              f"the indexes: {', '.join(served) or 'none'}")
         if not Path(path).is_file():
-            raise ConfigError(f"--corpus {spec}: {path} is not a file", "give the documents the index was built from")
+            raise ConfigError(f"--corpus {spec}: {path} is not a file",
+                              "give the documents the index was built from")
         out[name] = Path(path)
     return out

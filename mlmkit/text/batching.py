@@ -34,7 +34,8 @@ def bucket_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | No
         return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     batches: list[list[int]] = []
     for i in order:
-        if not batches or len(batches[-1]) >= batch_size or (len(batches[-1]) + 1) * lengths[batches[-1][0]] > max_tokens:
+        if not batches or len(batches[-1]) >= batch_size or (len(batches[-1])
+                                                             + 1) * lengths[batches[-1][0]] > max_tokens:
             batches.append([])
         batches[-1].append(i)
     return batches
@@ -64,7 +65,8 @@ def _least_cost(order: list[int], longest_first: list[int], batch_size: int, max
     return [order[a:b] for a, b in reversed(cuts)]
 
 
-def shuffled_buckets(lengths: Sequence[int], batch_size: int, rng: random.Random, window: int = 50) -> list[list[int]]:
+def shuffled_buckets(lengths: Sequence[int], batch_size: int, rng: random.Random,
+                     window: int = 50) -> list[list[int]]:
     """Training order: shuffle, sort within windows of ``window`` batches by length, cut batches,
     then shuffle the batches. Most padding goes away while every epoch still sees a new order."""
     idx = list(range(len(lengths)))
@@ -78,7 +80,8 @@ def shuffled_buckets(lengths: Sequence[int], batch_size: int, rng: random.Random
     return batches
 
 
-def shuffled_groups(groups: Sequence[Sequence[int]], lengths: Sequence[int], batch_size: int, rng: random.Random,
+def shuffled_groups(groups: Sequence[Sequence[int]], lengths: Sequence[int], batch_size: int,
+                    rng: random.Random,
                     window: int = 50, keys: Sequence[frozenset[Any]] | None = None,
                     moved: set[int] | None = None) -> list[list[int]]:
     """Training order for features that must stay with their example's: whole ``groups`` (feature

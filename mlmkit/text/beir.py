@@ -78,7 +78,8 @@ def _records(path: Path, what: str, max_bytes: int | None = MAX_RECORD_BYTES) ->
         if not isinstance(rid, str) or not rid:
             raise rec.error(f"every {what} needs an \"_id\" (a string)", "_id")
         if rid in seen:
-            raise rec.error(f"the id {rid!r} again (first on line {seen[rid]})", "_id", hint="ids must be unique")
+            raise rec.error(f"the id {rid!r} again (first on line {seen[rid]})", "_id",
+                            hint="ids must be unique")
         seen[rid] = rec.line
         yield rec, rid
 
@@ -101,21 +102,25 @@ def read_corpus(d: Path, max_bytes: int | None = MAX_RECORD_BYTES) -> dict[str, 
             raise rec.error("a document needs a title or a text", "text")
         corpus[did] = f"{title} {text}".strip() if title else text
     if not corpus:
-        raise DataFormatError(d / "corpus.jsonl", "no documents", hint="one JSON object per line: _id, title, text")
+        raise DataFormatError(d / "corpus.jsonl", "no documents",
+                              hint="one JSON object per line: _id, title, text")
     return corpus
 
 
-def read_qrels(path: Path, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[tuple[Record, str, str, int]]:
+def read_qrels(path: Path,
+               max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[tuple[Record, str, str, int]]:
     """(record, query id, document id, grade) per judgement row of a qrels TSV file (a header first)."""
     for rec in iter_table(path, "\t", max_bytes=max_bytes):
         row = list(rec.fields().values())
         if len(row) < 3:
-            raise rec.error("expected query-id, corpus-id and score", hint="a header, then one judgement per line")
+            raise rec.error("expected query-id, corpus-id and score",
+                            hint="a header, then one judgement per line")
         qid, did, grade = (str(v).strip() for v in row[:3])
         try:
             g = int(float(grade))
         except ValueError:
-            raise rec.error(f"the score must be a number, not {grade!r}", (rec.columns or ("", "", "score"))[2]) from None
+            raise rec.error(f"the score must be a number, not {grade!r}",
+                            (rec.columns or ("", "", "score"))[2]) from None
         yield rec, qid, did, g
 
 
@@ -132,16 +137,19 @@ def read_split(path: str | Path, *, training: bool, max_bytes: int | None = MAX_
     qrels_file = d / "qrels" / f"{split}.tsv"
     for rec, qid, did, g in read_qrels(qrels_file, max_bytes):
         if qid not in texts:
-            raise rec.error(f"query {qid!r} is not in queries.jsonl", hint="the qrels and the queries disagree")
+            raise rec.error(f"query {qid!r} is not in queries.jsonl",
+                            hint="the qrels and the queries disagree")
         if did not in corpus:
-            raise rec.error(f"document {did!r} is not in corpus.jsonl", hint="the qrels and the corpus disagree")
+            raise rec.error(f"document {did!r} is not in corpus.jsonl",
+                            hint="the qrels and the corpus disagree")
         qrels.setdefault(qid, {})[did] = g
     skipped: dict[str, int] = {}
     for qid in [q for q, judged in qrels.items() if not any(g > 0 for g in judged.values())]:
         del qrels[qid]
         skipped["no relevant document"] = skipped.get("no relevant document", 0) + 1
     if not qrels:
-        raise DataFormatError(qrels_file, "no query with a relevant document", hint="a qrels row per (query, document, score > 0)")
+        raise DataFormatError(qrels_file, "no query with a relevant document",
+                              hint="a qrels row per (query, document, score > 0)")
     return BeirSplit(d, split, corpus, {q: texts[q] for q in qrels}, qrels, skipped)
 
 

@@ -39,27 +39,32 @@ class Chunking:
     def of(cls, tokens: int | None, overlap: int | None, sentences: bool = False) -> Chunking | None:
         if tokens is None:
             if overlap is not None or sentences:
-                raise ConfigError(f"{'--chunk-overlap' if overlap is not None else '--chunk-sentences'} goes with --chunk-tokens",
+                raise ConfigError(f"{'--chunk-overlap' if overlap is not None else '--chunk-sentences'} goes "
+                                  "with --chunk-tokens",
                                   "add --chunk-tokens N, or leave it out")
             return None
         overlap = tokens // 8 if overlap is None else overlap
         if tokens < 1:
             raise ConfigError(f"--chunk-tokens must be at least 1, got {tokens}")
         if not 0 <= overlap < tokens:
-            raise ConfigError(f"--chunk-overlap {overlap} with --chunk-tokens {tokens}: the overlap must be 0 or more and "
+            raise ConfigError(f"--chunk-overlap {overlap} with --chunk-tokens {tokens}: the overlap must be "
+                              "0 or more and "
                               "less than the chunk", f"e.g. --chunk-overlap {tokens // 8}")
         return cls(tokens, overlap, sentences)
 
     @classmethod
     def read(cls, field: Any) -> Chunking | None:
         """A manifest's ``chunks`` ({"tokens", "overlap"}, and "sentences" where true), or None."""
-        return cls(int(field["tokens"]), int(field["overlap"]), bool(field.get("sentences", False))) if field else None
+        return cls(int(field["tokens"]), int(field["overlap"]),
+                   bool(field.get("sentences", False))) if field else None
 
     def manifest(self) -> dict[str, Any]:
-        return {"tokens": self.tokens, "overlap": self.overlap, **({"sentences": True} if self.sentences else {})}
+        return {"tokens": self.tokens, "overlap": self.overlap,
+                **({"sentences": True} if self.sentences else {})}
 
     def describe(self) -> str:
-        return f"chunked at {self.tokens} tokens, {self.overlap} overlapping{', at sentence ends' if self.sentences else ''}"
+        return (f"chunked at {self.tokens} tokens, {self.overlap} "
+                f"overlapping{', at sentence ends' if self.sentences else ''}")
 
 
 class Chunker:
@@ -67,7 +72,8 @@ class Chunker:
     spans. A chunk may have at most the model's ``max_length`` tokens less its special tokens and the
     ``prompt`` put before each text; ``model`` names it in that error."""
 
-    def __init__(self, tokenizer: Any, max_length: int, chunking: Chunking, prompt: str = "", model: str = "the model") -> None:
+    def __init__(self, tokenizer: Any, max_length: int, chunking: Chunking, prompt: str = "",
+                 model: str = "the model") -> None:
         self.chunking = chunking
         self.tokenizer = type(tokenizer).from_str(tokenizer.to_str())  # its own: settings changed freely
         self.tokenizer.no_truncation()
@@ -76,7 +82,8 @@ class Chunker:
         extra += len(self.tokenizer.encode(prompt, add_special_tokens=False).ids) if prompt else 0
         room = int(max_length) - extra
         if chunking.tokens > room:
-            raise ConfigError(f"--chunk-tokens {chunking.tokens} is past what {model} reads of a text: {max_length} "
+            raise ConfigError(f"--chunk-tokens {chunking.tokens} is past what {model} reads of a text: "
+                              f"{max_length} "
                               f"tokens, {extra} of them its special tokens{' and prompt' if prompt else ''}",
                               f"give --chunk-tokens {room} or less")
 
@@ -89,7 +96,8 @@ class Chunker:
             return [(0, len(text))]
 
         def ends_sentence(b: int) -> bool:  # token b - 1 ends a sentence, and token b starts a word
-            return text[offsets[b - 1][1] - 1] in ".!?" and (b >= len(words) or words[b] is None or words[b] != words[b - 1])
+            return text[offsets[b - 1][1] - 1] in ".!?" and (b >= len(words) or words[b] is None or words[b]
+                                                             != words[b - 1])
 
         out, s = [], 0
         while True:

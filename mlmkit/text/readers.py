@@ -45,7 +45,8 @@ class Record:
     def fields(self) -> dict[str, Any]:
         """The record as a dict; anything else (a JSON list, a bare text) is an error."""
         if not isinstance(self.data, dict):
-            raise self.error(f"expected a JSON object, got {type(self.data).__name__}", hint="one JSON object per line")
+            raise self.error(f"expected a JSON object, got {type(self.data).__name__}",
+                             hint="one JSON object per line")
         return self.data
 
     @overload
@@ -64,11 +65,13 @@ class Record:
             if key in data:  # there, and null (a Parquet or datasets row, JSON's null)
                 raise self.error("its value is null", key, "give it a value, or leave the record out")
             if self.columns is None:
-                raise self.error(f"no field '{key}'; the record has: {', '.join(data) or 'nothing'}", key, hint)
+                raise self.error(f"no field '{key}'; the record has: {', '.join(data) or 'nothing'}", key,
+                                 hint)
             if key in self.columns:
                 raise self.error(f"the row has {len(data)} fields and ends before this column", key,
                                  "every row needs as many fields as the header")
-            raise DataFormatError(self.source, f"no column '{key}'; the header has: {', '.join(self.columns) or 'nothing'}",
+            raise DataFormatError(self.source, f"no column '{key}'; the header has: "
+                                               f"{', '.join(self.columns) or 'nothing'}",
                                   line=self.header_line, field=key, hint=hint)
         if not isinstance(value, str):
             raise self.error(f"must be a string, not {type(value).__name__}", key)
@@ -90,7 +93,8 @@ def numbered(fields: Iterable[str], prefix: str) -> list[str]:
     """The fields PREFIX_1, PREFIX_2 ... among ``fields``, by their number (negative_1, negative_2 ...
     of a mined row); PREFIX_ with no number after it is not one of them."""
     n = len(prefix) + 1
-    return [k for _, k in sorted((int(k[n:]), k) for k in fields if k.startswith(prefix + "_") and k[n:].isdigit())]
+    return [k for _, k in sorted((int(k[n:]), k) for k in fields if k.startswith(prefix + "_")
+                                 and k[n:].isdigit())]
 
 
 def _checked(path: str | Path) -> Path:
@@ -104,7 +108,8 @@ def _checked(path: str | Path) -> Path:
 def too_long(path: str | Path, n: int, max_bytes: int) -> DataFormatError:
     """The error of a line longer than the record ceiling."""
     return DataFormatError(path, f"a line of more than {max_bytes:,} bytes (the record ceiling)", line=n,
-                           hint="split the record, or raise --max-record-bytes; --on-error skip steps over it")
+                           hint="split the record, or raise --max-record-bytes; --on-error skip steps over "
+                                "it")
 
 
 @overload
@@ -131,9 +136,11 @@ def _decoded(path: Path, keepends: bool = False, skip: bool = False,
             if not keepends and raw[end - 1 : end] == b"\r":
                 end -= 1
             try:  # from a view: the line end is not copied off a long line
-                line = str(memoryview(raw)[:end], "utf-8-sig" if n == 1 else "utf-8")  # a spreadsheet's byte-order mark
+                # a spreadsheet's byte-order mark
+                line = str(memoryview(raw)[:end], "utf-8-sig" if n == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                err = DataFormatError(path, f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})",
+                err = DataFormatError(path,
+                                      f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})",
                                       line=n, hint="re-save the file as UTF-8")
                 if not skip:
                     raise err from None
@@ -161,7 +168,8 @@ def read_text(path: str | Path, max_bytes: int = DOCUMENT_BYTES) -> str:
     p = _checked(path)
     if p.stat().st_size > max_bytes:
         raise DataFormatError(p, f"more than {max_bytes:,} bytes in one document (what is read whole)",
-                              hint="give the examples as JSON lines (.jsonl, one per line), which are read one at a time")
+                              hint="give the examples as JSON lines (.jsonl, one per line), which are read "
+                                   "one at a time")
     return "".join(line for _, line in _decoded(p, keepends=True, max_bytes=max_bytes))
 
 
@@ -178,14 +186,16 @@ def is_table(path: str | Path) -> bool:
 
 
 @overload
-def iter_table_rows(path: str | Path, rows: int = ..., *, skip: Literal[False] = ..., max_bytes: int | None = ...,
+def iter_table_rows(path: str | Path, rows: int = ..., *, skip: Literal[False] = ...,
+                    max_bytes: int | None = ...,
                     columns: Sequence[str] | None = ..., column_hint: str = ..., ceiling_hint: str = ...,
                     ) -> Iterator[Record]: ...
 @overload
 def iter_table_rows(path: str | Path, rows: int = ..., *, skip: bool = ..., max_bytes: int | None = ...,
                     columns: Sequence[str] | None = ..., column_hint: str = ..., ceiling_hint: str = ...,
                     ) -> Iterator[Record | DataFormatError]: ...
-def iter_table_rows(path: str | Path, rows: int = 1024, *, skip: bool = False, max_bytes: int | None = MAX_RECORD_BYTES,
+def iter_table_rows(path: str | Path, rows: int = 1024, *, skip: bool = False,
+                    max_bytes: int | None = MAX_RECORD_BYTES,
                     columns: Sequence[str] | None = None, column_hint: str = "check the column names",
                     ceiling_hint: str = "raise --max-record-bytes; --on-error skip steps over it",
                     ) -> Iterator[Record | DataFormatError]:
@@ -200,7 +210,8 @@ def iter_table_rows(path: str | Path, rows: int = 1024, *, skip: bool = False, m
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise ConfigError(f"{p}: reading Parquet and datasets directories needs pyarrow", "pip install 'mlmkit[parquet]'") from None
+        raise ConfigError(f"{p}: reading Parquet and datasets directories needs pyarrow",
+                          "pip install 'mlmkit[parquet]'") from None
     if p.is_dir():
         sources = _dataset_files(p)
     elif p.is_file():
@@ -211,9 +222,11 @@ def iter_table_rows(path: str | Path, rows: int = 1024, *, skip: bool = False, m
     for src in sources:
         try:
             if src.suffix.lower() == ".parquet":
-                pf = pq.ParquetFile(src, pre_buffer=False)  # pre-buffering kept every row group read, not one at a time
+                # pre-buffering kept every row group read, not one at a time
+                pf = pq.ParquetFile(src, pre_buffer=False)
                 _has_columns(p, pf.schema_arrow.names, columns, column_hint)
-                batches = pf.iter_batches(batch_size=rows, columns=list(columns) if columns is not None else None)
+                batches = pf.iter_batches(batch_size=rows,
+                                          columns=list(columns) if columns is not None else None)
             else:
                 batches = _arrow_batches(pa, src)
             for batch in batches:
@@ -224,7 +237,8 @@ def iter_table_rows(path: str | Path, rows: int = 1024, *, skip: bool = False, m
                 for i, row in enumerate(batch.to_pylist() if not big else _rows_but(batch, big)):
                     n += 1
                     if i in big:
-                        err = DataFormatError(p, f"a value of more than {max_bytes:,} bytes (the record ceiling)", line=n,
+                        err = DataFormatError(p, f"a value of more than {max_bytes:,} bytes (the record "
+                                                 "ceiling)", line=n,
                                               field=big[i], unit="row", hint=ceiling_hint)
                         if not skip:
                             raise err
@@ -233,7 +247,8 @@ def iter_table_rows(path: str | Path, rows: int = 1024, *, skip: bool = False, m
                     yield Record(str(p), n, row, unit="row", schema=batch.schema)
         except (OSError, ValueError, pa.ArrowException) as e:  # ArrowInvalid is a ValueError, not an OSError
             detail = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-            raise DataFormatError(src, f"not a readable {'Parquet' if src.suffix.lower() == '.parquet' else 'Arrow'} "
+            raise DataFormatError(src, "not a readable "
+                                       f"{'Parquet' if src.suffix.lower() == '.parquet' else 'Arrow'} "
                                        f"file ({detail})", hint="check the file, or write it again") from None
 
 
@@ -265,7 +280,8 @@ def _oversized(pa: Any, batch: Any, max_bytes: int | None) -> dict[int, str]:
 
 
 def _rows_but(batch: Any, left_out: dict[int, str]) -> Iterator[dict[str, Any] | None]:
-    """The rows of a batch as dicts, one at a time, None for those ``left_out`` (never made Python objects)."""
+    """The rows of a batch as dicts, one at a time, None for those ``left_out`` (never made Python
+    objects)."""
     for i in range(batch.num_rows):
         yield None if i in left_out else batch.slice(i, 1).to_pylist()[0]
 
@@ -290,8 +306,10 @@ def _dataset_files(d: Path) -> list[Path]:
             splits = parse_json((d / "dataset_dict.json").read_text(encoding="utf-8")).get("splits", [])
         except (OSError, ValueError, AttributeError):
             splits = []
-        raise DataFormatError(d, f"a DatasetDict directory ({', '.join(map(str, splits)) or 'no splits'}), not one split",
-                              hint="pass the split's directory, e.g. " + " or ".join(str(d / s) for s in splits[:2]) if splits
+        raise DataFormatError(d, f"a DatasetDict directory ({', '.join(map(str, splits)) or 'no splits'}), "
+                                 "not one split",
+                              hint="pass the split's directory, e.g. "
+                              + " or ".join(str(d / s) for s in splits[:2]) if splits
                               else "pass a split's directory")
     try:
         state = parse_json((d / "state.json").read_text(encoding="utf-8"))
@@ -301,7 +319,8 @@ def _dataset_files(d: Path) -> list[Path]:
                               hint="save the dataset again with save_to_disk") from None
     missing = [f for f in files if not f.is_file()]
     if missing:
-        raise DataFormatError(missing[0], "missing: state.json lists it", hint="save the dataset again with save_to_disk")
+        raise DataFormatError(missing[0], "missing: state.json lists it",
+                              hint="save the dataset again with save_to_disk")
     return files
 
 
@@ -331,11 +350,13 @@ def iter_jsonl(path: str | Path, *, strings: bool = False, skip: bool = False,
         try:
             value = parse_json(line)
         except json.JSONDecodeError as e:
-            err = DataFormatError(p, f"malformed JSON ({e.msg} at column {e.colno})", line=n, hint="each line must be one JSON object")
+            err = DataFormatError(p, f"malformed JSON ({e.msg} at column {e.colno})", line=n,
+                                  hint="each line must be one JSON object")
         else:
             if not isinstance(value, dict) and not (strings and isinstance(value, str)):
                 kind = "an object or a string" if strings else "a JSON object"
-                err = DataFormatError(p, f"expected {kind}, got {type(value).__name__}", line=n, hint="one JSON object per line")
+                err = DataFormatError(p, f"expected {kind}, got {type(value).__name__}", line=n,
+                                      hint="one JSON object per line")
         del line  # the record is what is kept: a long line is not held twice
         if err is None:
             yield Record(str(p), n, value)
@@ -371,7 +392,8 @@ def iter_table(path: str | Path, delimiter: str, *, skip: bool = False,
             else:
                 yield line
 
-    reader = csv.reader(lines(), delimiter=delimiter, quoting=csv.QUOTE_NONE if kind == "TSV" else csv.QUOTE_MINIMAL,
+    reader = csv.reader(lines(), delimiter=delimiter,
+                        quoting=csv.QUOTE_NONE if kind == "TSV" else csv.QUOTE_MINIMAL,
                         strict=True)
     header: tuple[str, ...] | None = None
     start = header_line = 1
@@ -387,7 +409,8 @@ def iter_table(path: str | Path, delimiter: str, *, skip: bool = False,
                 continue
             if len(row) > len(header):
                 err = DataFormatError(p, f"{len(row)} fields but the header has {len(header)}", line=line,
-                                      hint="quote texts that contain a comma" if kind == "CSV" else "a text contains a tab")
+                                      hint="quote texts that contain a comma" if kind == "CSV"
+                                      else "a text contains a tab")
                 if not skip:
                     raise err
                 yield err
@@ -404,7 +427,8 @@ def data_format(path: str | Path, formats: dict[str, str] = FORMATS) -> str:
         return "jsonl"
     fmt = formats.get(p.suffix.lower())
     if fmt is None:
-        raise DataFormatError(p, f"unknown format '{p.suffix or p.name}'", hint=f"use one of: {', '.join(formats)}")
+        raise DataFormatError(p, f"unknown format '{p.suffix or p.name}'",
+                              hint=f"use one of: {', '.join(formats)}")
     return fmt
 
 
@@ -424,7 +448,8 @@ def iter_records(path: str | Path, fmt: str | None = None, *, skip: bool = False
     if fmt == "txt":
         p = _checked(path)
         return (line if isinstance(line, DataFormatError) else Record(str(p), n, line)
-                for n, line in _decoded(p, skip=skip, max_bytes=max_bytes) if not isinstance(line, str) or (line and not line.isspace()))
+                for n, line in _decoded(p, skip=skip, max_bytes=max_bytes) if not isinstance(line, str)
+                or (line and not line.isspace()))
     if fmt == "jsonl":
         return iter_jsonl(path, strings=True, skip=skip, max_bytes=max_bytes)
     if fmt in ("csv", "tsv"):

@@ -1,6 +1,7 @@
 """Batch inputs and outputs, streamed: inputs are read a record at a time from .txt / .jsonl / .csv /
 .tsv / .parquet files, directories or globs of them, or stdin; results go to JSON lines, CSV/TSV
-(a job's output), a .npy matrix (one vector per result) or Parquet, by the output's suffix. Memory never holds a whole input.
+(a job's output), a .npy matrix (one vector per result) or Parquet, by the output's suffix. Memory never holds
+a whole input.
 
 No torch here. Parquet needs pyarrow (`pip install 'mlmkit[parquet]'`).
 """
@@ -71,21 +72,25 @@ def matching_files(spec: str | Path, suffixes: Sequence[str], *, kind: str, hint
 
 
 @overload
-def iter_inputs(spec: str | Path, *, skip: Literal[False] = ..., max_bytes: int | None = ...) -> Iterator[Record]: ...
+def iter_inputs(spec: str | Path, *, skip: Literal[False] = ...,
+                max_bytes: int | None = ...) -> Iterator[Record]: ...
 @overload
 def iter_inputs(spec: str | Path, *, skip: bool = ..., max_bytes: int | None = ...) -> Iterator[Item]: ...
-def iter_inputs(spec: str | Path, *, skip: bool = False, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Item]:
+def iter_inputs(spec: str | Path, *, skip: bool = False,
+                max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[Item]:
     """The records of every file --input names, in order, read as they are needed; a record of more
     than ``max_bytes`` (the record ceiling) is a bad record."""
     for f in input_files(spec):
         if f.suffix.lower() == ".parquet":
             yield from iter_table_rows(f, skip=skip, max_bytes=max_bytes)
         else:
-            yield from iter_records(f, data_format(f, {s: s.lstrip(".") for s in INPUTS if s != ".parquet"}), skip=skip,
+            yield from iter_records(f, data_format(f, {s: s.lstrip(".") for s in INPUTS if s != ".parquet"}),
+                                    skip=skip,
                                     max_bytes=max_bytes)
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")  # what a text stream decoded with errors="surrogateescape" makes of bad bytes
+# what a text stream decoded with errors="surrogateescape" makes of bad bytes
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _stdin_lines(stream: IO[str], max_bytes: int | None) -> Iterator[tuple[int, str | DataFormatError]]:
@@ -101,7 +106,8 @@ def _stdin_lines(stream: IO[str], max_bytes: int | None) -> Iterator[tuple[int, 
             try:
                 yield n, b.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:
-                yield n, DataFormatError("<stdin>", f"not valid UTF-8 (byte 0x{b[e.start]:02x} at column {e.start + 1})",
+                yield n, DataFormatError("<stdin>",
+                                         f"not valid UTF-8 (byte 0x{b[e.start]:02x} at column {e.start + 1})",
                                          line=n, hint="pipe UTF-8 text")
         return
     n = 0
@@ -151,13 +157,15 @@ def stdin_inputs(stream: IO[str] | None = None, *, skip: bool = False,
             continue
         try:
             value = parse_json(line)
-            err = None if isinstance(value, (str, dict)) else f"expected an object or a string, got {type(value).__name__}"
+            err = (None if isinstance(value, (str, dict))
+                   else f"expected an object or a string, got {type(value).__name__}")
         except json.JSONDecodeError as e:
             err = f"malformed JSON ({e.msg} at column {e.colno})"
         if err is None:
             yield Record("<stdin>", n, value)
             continue
-        bad = DataFormatError("<stdin>", err, line=n, hint="the first line is JSON, so every line must be; or pipe plain text lines")
+        bad = DataFormatError("<stdin>", err, line=n,
+                              hint="the first line is JSON, so every line must be; or pipe plain text lines")
         if not skip:
             raise bad
         yield bad
@@ -200,7 +208,8 @@ def result_writer(path: Path, types: Mapping[str, Any] | None = None) -> Iterato
 
 def vector(result: Mapping[str, Any]) -> list[float]:
     """The one field of a result that is a list of numbers (an embedding): what a .npy row holds."""
-    found = [v for v in result.values() if isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v)]
+    found = [v for v in result.values() if isinstance(v, list) and v
+             and all(isinstance(x, (int, float)) for x in v)]
     if len(found) != 1:
         raise ConfigError("--output .npy needs results with exactly one vector (an embedding bundle's)",
                           "write .jsonl or .parquet for these results")
@@ -296,7 +305,8 @@ def carried_array(values: Sequence[Any], arrow_type: Any) -> Any:
     return pa.array(values, type=arrow_type)
 
 
-_PARQUET_SCALARS = (str, int, float, bool, bytes, datetime.date, datetime.time, datetime.timedelta, decimal.Decimal)
+_PARQUET_SCALARS = (str, int, float, bool, bytes, datetime.date, datetime.time, datetime.timedelta,
+                    decimal.Decimal)
 
 
 def parquet_value(v: Any) -> Any:
@@ -310,7 +320,8 @@ def parquet_value(v: Any) -> Any:
         return [float(x) for x in v]
     if isinstance(v, list) and v and all(_numbers(x) for x in v):
         return [[float(x) for x in row] for row in v]
-    if isinstance(v, list) and v and all(isinstance(x, dict) and x and all(_numbers(y) or _numbers([y]) for y in x.values())
+    if isinstance(v, list) and v and all(isinstance(x, dict) and x
+                                         and all(_numbers(y) or _numbers([y]) for y in x.values())
                                          for x in v):
         return [{k: [float(z) for z in y] if isinstance(y, list) else y for k, y in x.items()} for x in v]
     return json.dumps(v, ensure_ascii=False)

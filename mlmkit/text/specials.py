@@ -60,9 +60,11 @@ class Convention:
 
 
 BRACKETS = Convention(("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"))  # [PAD] 0 ... [MASK] 4
-ANGLES = Convention(("<pad>", "<unk>", "<s>", "</s>", "<mask>"), id_order=(2, 0, 3, 1, 4),  # <s> 0, <pad> 1, </s> 2, <unk> 3
+# <s> 0, <pad> 1, </s> 2, <unk> 3
+ANGLES = Convention(("<pad>", "<unk>", "<s>", "</s>", "<mask>"), id_order=(2, 0, 3, 1, 4),
                     double_sep=True, mask_lstrip=True, cls_is_bos=True)
-CONVENTIONS = {c.tokens: c for c in (BRACKETS, ANGLES)}  # keyed by the names a family declares; tried in this order
+# keyed by the names a family declares; tried in this order
+CONVENTIONS = {c.tokens: c for c in (BRACKETS, ANGLES)}
 
 
 @dataclass(frozen=True)
@@ -127,15 +129,18 @@ def convention_of(names: Iterable[str]) -> Convention:
     """The convention of these five names; names of neither are framed as brackets are."""
     given = tuple(names)
     if len(given) != 5:
-        raise ConfigError(f"special tokens {' '.join(given) or '(none)'}: expected five names (pad, unk, cls, sep, mask)",
-                          "name them as one of the conventions: " + "; ".join(" ".join(c) for c in CONVENTIONS))
+        raise ConfigError(f"special tokens {' '.join(given) or '(none)'}: expected five names (pad, unk, "
+                          "cls, sep, mask)",
+                          "name them as one of the conventions: "
+                          + "; ".join(" ".join(c) for c in CONVENTIONS))
     five = (given[0], given[1], given[2], given[3], given[4])
     return CONVENTIONS.get(five) or Convention(five)
 
 
 def found_convention(tok: Tokenizer) -> Convention | None:
     """The first convention whose five tokens the tokenizer has, else None."""
-    return next((c for c in CONVENTIONS.values() if all(tok.token_to_id(t) is not None for t in c.tokens)), None)
+    return next((c for c in CONVENTIONS.values() if all(tok.token_to_id(t) is not None for t in c.tokens)),
+                None)
 
 
 def convention(tok: Tokenizer) -> Convention:
@@ -143,7 +148,8 @@ def convention(tok: Tokenizer) -> Convention:
     conv = found_convention(tok)
     if conv is None:
         missing = [t for t in BRACKETS.tokens if tok.token_to_id(t) is None]
-        raise ConfigError(f"tokenizer lacks the special tokens {', '.join(missing)} (nor has it all of {' '.join(ANGLES.tokens)}), "
+        raise ConfigError(f"tokenizer lacks the special tokens {', '.join(missing)} (nor has it all of "
+                          f"{' '.join(ANGLES.tokens)}), "
                           f"and no {' or '.join(FILES)} beside it names its own",
                           "load it from its directory (its tokenizer_config.json names its special tokens), "
                           "or train one with mlmkit tokenizer train")
@@ -161,7 +167,8 @@ def token_id(tok: Tokenizer, token: str) -> int:
     """The id of a special token the tokenizer has."""
     i = tok.token_to_id(token)
     if i is None:
-        raise ConfigError(f"tokenizer lacks the special token {token}", "train it with mlmkit tokenizer train")
+        raise ConfigError(f"tokenizer lacks the special token {token}",
+                          "train it with mlmkit tokenizer train")
     return i
 
 
@@ -176,10 +183,12 @@ def special_ids(tok: Tokenizer) -> SpecialIds:
 
 
 def mask_token(tok: Tokenizer) -> str:
-    """The mask token's name; a ConfigError for a tokenizer without one (nothing to fill, nothing to pretrain)."""
+    """The mask token's name; a ConfigError for a tokenizer without one (nothing to fill, nothing to
+    pretrain)."""
     mask = special_tokens(tok).mask
     if mask is None:
-        raise ConfigError("the tokenizer has no mask token, which filling masks and pretraining need", NEEDS["mask"])
+        raise ConfigError("the tokenizer has no mask token, which filling masks and pretraining need",
+                          NEEDS["mask"])
     return mask
 
 

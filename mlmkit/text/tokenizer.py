@@ -56,10 +56,12 @@ from mlmkit.text.specials import (
 )
 
 __all__ = [  # the special tokens' roles are text/specials.py's, importable from here as before
-    "ANGLES", "BRACKETS", "CONVENTIONS", "Convention", "SpecialIds", "SpecialTokens", "convention_of", "mask_token",
+    "ANGLES", "BRACKETS", "CONVENTIONS", "Convention", "SpecialIds", "SpecialTokens", "convention_of",
+    "mask_token",
     "special_ids", "special_tokens", "token_id", "write_special_tokens_map",
     "PAD", "UNK", "CLS", "SEP", "MASK", "SPECIAL_TOKENS", "ROBERTA_TOKENS", "DEFAULT_VOCAB_SIZE", "KINDS",
-    "train_tokenizer", "prepare", "load_tokenizer", "save_tokenizer", "is_lowercase", "is_wordpiece", "continuation_flags",
+    "train_tokenizer", "prepare", "load_tokenizer", "save_tokenizer", "is_lowercase", "is_wordpiece",
+    "continuation_flags",
 ]
 
 
@@ -84,7 +86,8 @@ def _frame(tok: Tokenizer, conv: Convention) -> Tokenizer:
     sep) cls A sep sep B sep with offsets without the leading space (transformers' RobertaProcessing)."""
     cls, sep = conv.tokens[2], conv.tokens[3]
     if conv.double_sep:
-        tok.post_processor = processors.RobertaProcessing((sep, token_id(tok, sep)), (cls, token_id(tok, cls)),
+        tok.post_processor = processors.RobertaProcessing((sep, token_id(tok, sep)),
+                                                          (cls, token_id(tok, cls)),
                                                           trim_offsets=True, add_prefix_space=False)
         return tok
     tok.post_processor = processors.TemplateProcessing(
@@ -94,7 +97,8 @@ def _frame(tok: Tokenizer, conv: Convention) -> Tokenizer:
     return tok
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, cased: bool = False, min_frequency: int = 2,
+def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, cased: bool = False,
+                    min_frequency: int = 2,
                     kind: str = "wordpiece", specials: Iterable[str] | None = None) -> Tokenizer:
     """Train a tokenizer on an iterator of texts (sentences or lines).
 
@@ -111,7 +115,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, 
     names = conv.tokens
     order = [names[i] for i in conv.id_order]
     if kind == "wordpiece":
-        tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=names[1], max_input_chars_per_word=100)), cased)
+        tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=names[1], max_input_chars_per_word=100)),
+                             cased)
         tok.model = _train_wordpiece(tok, texts, vocab_size, min_frequency, order, names[1])
         tok.add_special_tokens(order)
     elif kind == "bpe":
@@ -126,8 +131,9 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, 
         tok.normalizer = normalizers.NFKC()
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
-        tok.train_from_iterator(texts, trainer=trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=order,
-                                                                       unk_token=names[1]))
+        tok.train_from_iterator(texts,
+                                trainer=trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=order,
+                                                                unk_token=names[1]))
     # a typed mask stays one token (the angles' <mask> takes the space before it, as RoBERTa's)
     tok.add_special_tokens([AddedToken(names[4], special=True, normalized=False, lstrip=conv.mask_lstrip)])
     return prepare(_frame(tok, conv))
@@ -155,12 +161,14 @@ def _piece(symbol: str) -> str:
     return "##" + plain if ord(symbol[0]) >= _CONTINUED else plain
 
 
-def _train_wordpiece(tok: Tokenizer, texts: Iterable[str], vocab_size: int, min_frequency: int, specials: list[str],
+def _train_wordpiece(tok: Tokenizer, texts: Iterable[str], vocab_size: int, min_frequency: int,
+                     specials: list[str],
                      unk: str) -> models.WordPiece:
     normalize, split = tok.normalizer.normalize_str, tok.pre_tokenizer.pre_tokenize_str
     counts: Counter[str] = Counter()
     it = iter(texts)
-    while chunk := list(islice(it, 1024)):  # the normaliser makes the newlines spaces: no word spans two texts
+    # the normaliser makes the newlines spaces: no word spans two texts
+    while chunk := list(islice(it, 1024)):
         counts.update(w for w, _ in split(normalize("\n".join(chunk))))
 
     spelled = {w: s for w in counts if (s := _continued(w))}
@@ -174,8 +182,10 @@ def _train_wordpiece(tok: Tokenizer, texts: Iterable[str], vocab_size: int, min_
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     alphabet = sorted({c for w in spelled for c in w})  # every character may start a word, as in BERT's
-    bpe.train_from_iterator(words(), trainer=trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                                                  special_tokens=specials, initial_alphabet=alphabet))
+    bpe.train_from_iterator(words(),
+                            trainer=trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                                         special_tokens=specials,
+                                                        initial_alphabet=alphabet))
     vocab = {(s if s in specials else _piece(s)): i for s, i in bpe.get_vocab().items()}
     return models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=100)
 
@@ -188,7 +198,8 @@ def prepare(tok: Tokenizer) -> Tokenizer:
 
 
 SENTENCEPIECE_FILES = ("sentencepiece.bpe.model", "spm.model", "tokenizer.model")
-CHECKPOINT_FILES = ("tokenizer.json", "vocab.txt")  # a path to one of them reads the special tokens its directory names
+# a path to one of them reads the special tokens its directory names
+CHECKPOINT_FILES = ("tokenizer.json", "vocab.txt")
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
@@ -206,8 +217,10 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     named = set(special_tokens(tok).names().values())
     words = tok.get_vocab_size(with_added_tokens=True) - len(set(special_ids(tok).all)) - len(added - named)
     if words <= 0:
-        raise ConfigError(f"{path}: the vocabulary holds only special tokens ({', '.join(sorted(tok.get_vocab()))}): every text "
-                          "would be unknown tokens", "train a tokenizer on the corpus (mlmkit tokenizer train), or give the "
+        raise ConfigError(f"{path}: the vocabulary holds only special tokens "
+                          f"({', '.join(sorted(tok.get_vocab()))}): every text "
+                          "would be unknown tokens",
+                          "train a tokenizer on the corpus (mlmkit tokenizer train), or give the "
                           "model's own")
     return tok
 
@@ -222,7 +235,8 @@ def _load(p: Path) -> Tokenizer:
         for name in SENTENCEPIECE_FILES:
             if (p / name).is_file():
                 return _from_sentencepiece(p)
-        raise ConfigError(f"no tokenizer in {p} (tokenizer.json, vocab.txt, vocab.json + merges.txt or a SentencePiece model)",
+        raise ConfigError(f"no tokenizer in {p} (tokenizer.json, vocab.txt, vocab.json + merges.txt or a "
+                          "SentencePiece model)",
                           "a model directory needs one of them beside config.json")
     if not p.exists():
         raise ConfigError(f"tokenizer not found: {p}", "check the path")
@@ -231,14 +245,16 @@ def _load(p: Path) -> Tokenizer:
         try:
             lines = p.read_text(encoding="utf-8").splitlines()
         except UnicodeDecodeError as e:
-            raise ConfigError(f"{p}: not UTF-8 text (byte {e.start})", "a vocab.txt has one UTF-8 token per line") from None
+            raise ConfigError(f"{p}: not UTF-8 text (byte {e.start})",
+                              "a vocab.txt has one UTF-8 token per line") from None
         for i, line in enumerate(lines):
             vocab.setdefault(line.rstrip("\n"), i)
         return _from_vocab_txt(p, vocab)
     try:
         tok = Tokenizer.from_file(str(p))
     except Exception as e:
-        raise ConfigError(f"{p}: not a tokenizers JSON file ({e})", "pass a tokenizer.json or vocab.txt") from None
+        raise ConfigError(f"{p}: not a tokenizers JSON file ({e})",
+                          "pass a tokenizer.json or vocab.txt") from None
     return prepare(tok)
 
 
@@ -248,7 +264,8 @@ def _from_vocab_txt(p: Path, vocab: dict[str, int]) -> Tokenizer:
     cased = not _lowercase_from_config(p.parent)
     five = tuple(named_tokens(p.parent).get(f"{role}_token") for role in ROLES)
     conv = convention_of(t for t in five if t) if all(five) else BRACKETS
-    tok = _bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=conv.tokens[1], max_input_chars_per_word=100)), cased)
+    tok = _bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=conv.tokens[1],
+                                                    max_input_chars_per_word=100)), cased)
     for t in conv.tokens:
         token_id(tok, t)  # in the vocabulary
     tok.add_special_tokens(list(conv.tokens))  # so a typed "[MASK]" stays one token, as in tokenizer.json
@@ -260,12 +277,14 @@ def _from_vocab_merges(d: Path) -> Tokenizer:
     try:
         tok = Tokenizer(models.BPE.from_file(str(d / "vocab.json"), str(d / "merges.txt")))
     except Exception as e:  # tokenizers raises its own exception type for malformed files
-        raise ConfigError(f"{d}: vocab.json / merges.txt are not a BPE vocabulary ({e})", "re-create the checkpoint") from None
+        raise ConfigError(f"{d}: vocab.json / merges.txt are not a BPE vocabulary ({e})",
+                          "re-create the checkpoint") from None
     space = bool(_tokenizer_config(d).get("add_prefix_space", False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=space)
     tok.decoder = decoders.ByteLevel()
     conv = convention(tok)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False, lstrip=conv.mask_lstrip and t == conv.tokens[4])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False,
+                                       lstrip=conv.mask_lstrip and t == conv.tokens[4])
                             for t in conv.tokens])
     return prepare(_frame(tok, conv))
 
@@ -276,15 +295,19 @@ def _from_sentencepiece(d: Path) -> Tokenizer:
     try:
         import transformers
     except ImportError:
-        raise ConfigError(f"{d} has only a SentencePiece tokenizer model, and converting it needs transformers",
-                          "pip install 'mlmkit[convert]' (transformers, sentencepiece, protobuf), or save a tokenizer.json") from None
+        raise ConfigError(f"{d} has only a SentencePiece tokenizer model, and converting it needs "
+                          "transformers",
+                          "pip install 'mlmkit[convert]' (transformers, sentencepiece, protobuf), or save a "
+                          "tokenizer.json") from None
     try:
         fast = transformers.AutoTokenizer.from_pretrained(str(d), use_fast=True)
         tok = Tokenizer.from_str(fast.backend_tokenizer.to_str())
     except Exception as e:  # the converter raises ImportError, ValueError ... depending on what is missing
-        said = " ".join(str(e).split())[:200] or type(e).__name__  # one line: transformers' messages have several
+        # one line: transformers' messages have several
+        said = " ".join(str(e).split())[:200] or type(e).__name__
         raise ConfigError(f"{d}: the SentencePiece model could not be converted ({said})",
-                          "check the .model file, or pip install 'mlmkit[convert]' (transformers, sentencepiece, protobuf), "
+                          "check the .model file, or pip install 'mlmkit[convert]' (transformers, "
+                          "sentencepiece, protobuf), "
                           "or save a tokenizer.json") from None
     return prepare(tok)
 
@@ -324,13 +347,15 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | Path, max_length: int = 512) -
     they have names) and, for WordPiece, vocab.txt (so transformers and BERT tools load it too)."""
     d = Path(out_dir)
     atomic_write_text(d / "tokenizer.json", tok.to_str(pretty=False))
-    config: dict[str, object] = {"tokenizer_class": "PreTrainedTokenizerFast"}  # transformers reads tokenizer.json itself
+    # transformers reads tokenizer.json itself
+    config: dict[str, object] = {"tokenizer_class": "PreTrainedTokenizerFast"}
     if is_wordpiece(tok):
         vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
         atomic_write_text(d / "vocab.txt", "".join(t + "\n" for t, _ in vocab))
         if _framed_as_bert(tok):  # BertTokenizer frames anew from cls / sep: only where it frames the same
             config = {"tokenizer_class": "BertTokenizer", "do_lower_case": is_lowercase(tok)}
-    write_json(d / "tokenizer_config.json", {**config, "model_max_length": max_length, **special_tokens(tok).names()})
+    write_json(d / "tokenizer_config.json",
+               {**config, "model_max_length": max_length, **special_tokens(tok).names()})
 
 
 def _framed_as_bert(tok: Tokenizer) -> bool:

@@ -59,7 +59,8 @@ def clip_text(text: str, tokenizer: Any, max_tokens: int) -> str:
             last = words[-1] if words else None  # the word the cut may be inside of
             if sum(w != last for w in words) > max_tokens:
                 return prefix
-            n = 2 * n if n >= cap else min(2 * n, cap)  # words that make no tokens (control characters): look further
+            # words that make no tokens (control characters): look further
+            n = 2 * n if n >= cap else min(2 * n, cap)
 
 
 _SPACE = re.compile(r"\s+")

@@ -50,7 +50,8 @@ class FeatureData:
         """``extra``: the feature keys batched beside the inputs (default: the task's label_names)."""
         if not features:
             raise MlmkitError("the training data has no examples", "check the --train file")
-        self.features, self.task, self.batch_size, self.pad_id, self.seed = features, task, batch_size, pad_id, seed
+        self.features, self.task, self.batch_size, self.pad_id, self.seed = (features, task, batch_size,
+                                                                             pad_id, seed)
         self.extra = tuple(task.label_names if extra is None else extra)
         self.lengths = [len(f["input_ids"]) for f in features]
         self.groups: list[list[int]] | None = None
@@ -60,7 +61,8 @@ class FeatureData:
             for i, f in enumerate(features):
                 by_example.setdefault(f[EXAMPLE], []).append(i)
             self.groups = list(by_example.values())
-            if DISTINCT in features[0]:  # and no value of theirs twice in a batch (the embedding task's texts)
+            # and no value of theirs twice in a batch (the embedding task's texts)
+            if DISTINCT in features[0]:
                 self.keys = [frozenset(features[i][DISTINCT] for i in g) for g in self.groups]
         self._plans: dict[int, list[list[int]]] = {}
 
@@ -71,10 +73,12 @@ class FeatureData:
                 self._plans = {epoch: shuffled_buckets(self.lengths, self.batch_size, rng)}
             else:
                 moved: set[int] = set()
-                self._plans = {epoch: shuffled_groups(self.groups, self.lengths, self.batch_size, rng, keys=self.keys,
+                self._plans = {epoch: shuffled_groups(self.groups, self.lengths, self.batch_size, rng,
+                                                      keys=self.keys,
                                                       moved=moved)}
                 if moved:
-                    log.info("epoch %d: %d of %d examples moved to a later batch, which holds none of their texts yet",
+                    log.info("epoch %d: %d of %d examples moved to a later batch, which holds none of their "
+                             "texts yet",
                              epoch + 1, len(moved), len(self.groups))
         return self._plans[epoch]
 
@@ -87,7 +91,8 @@ class FeatureData:
         arrays = pad_features(feats, self.pad_id, extra=self.extra)
         if self.groups is not None:  # the example of each feature, numbered from 0 within the batch
             number: dict[Any, int] = {}
-            arrays[EXAMPLE] = np.array([number.setdefault(f[EXAMPLE], len(number)) for f in feats], dtype=np.int64)
+            arrays[EXAMPLE] = np.array([number.setdefault(f[EXAMPLE], len(number)) for f in feats],
+                                       dtype=np.int64)
         return {k: torch.from_numpy(v) for k, v in arrays.items()}
 
 
@@ -122,7 +127,8 @@ class PretrainData:
         self.mask_prob, self.whole_word, self.seed = mask_prob, whole_word, seed
         self.ids: SpecialIds = special_ids(tok)
         # a pretraining sequence is cls A sep (B sep), masked with the mask token
-        self.cls, self.sep, self.mask_id = (self.ids.need(role, "pretraining") for role in ("cls", "sep", "mask"))
+        self.cls, self.sep, self.mask_id = (self.ids.need(role, "pretraining")
+                                            for role in ("cls", "sep", "mask"))
         self.vocab_size = tok.get_vocab_size()
         self.special = torch.tensor(self.ids.all, dtype=torch.long)
         self.continuation = torch.tensor(continuation_flags(tok), dtype=torch.bool)
@@ -198,7 +204,8 @@ class PretrainData:
             continuation=self.continuation,
             whole_word=self.whole_word,
         )
-        out = {"input_ids": masked, "attention_mask": attention_mask, "token_type_ids": token_type_ids, "labels": labels}
+        out = {"input_ids": masked, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
+               "labels": labels}
         if self.nsp:
             out["next_sentence_label"] = torch.tensor([x.is_next for x in chosen], dtype=torch.long)
         return out

@@ -29,7 +29,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def check_bf16(device: torch.device) -> None:
-    """bf16 autocast only where the hardware has it: on a CPU without it a step is ~24x slower (docs/performance.md, "bf16 on a CPU without bf16 hardware")."""
+    """bf16 autocast only where the hardware has it: on a CPU without it a step is ~24x slower
+    (docs/performance.md, "bf16 on a CPU without bf16 hardware")."""
     if device.type == "cuda":
         if not torch.cuda.is_bf16_supported():
             raise ConfigError("--bf16: this GPU has no bf16 support", "drop --bf16")

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mlmkit.args import DISTILL_AUGMENT_BELOW, DISTILL_HIDDEN, DISTILL_RELATIONS, DistillArgs
+from mlmkit.args import DISTILL_AUGMENT_BELOW, DISTILL_HIDDEN, DISTILL_RELATIONS, DistillArgs, TrainArgs
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.files import JSONObject, atomic_write_text, exclusive
 from mlmkit.registry import Example, Feature, Metrics, Plugin, TaskContext
@@ -110,7 +110,8 @@ def _distill(args: DistillArgs) -> Metrics:
     pad = special_ids(tok).pad
     forward = labeller or torch_forward(teacher, outputs)
     key = {"teacher": teacher_id or weights_digest(base_model_dir(args.teacher)),
-           "inputs": data_identity(Path(args.train_file)), "max_length": L, "options": task.saved_options(opts),
+           "inputs": data_identity(Path(args.train_file)), "max_length": L,
+           "options": task.saved_options(opts),
            "seed": args.train.seed, "held_out": args.held_out, "augment": copies, "format": 1}
     features = _labelled(task, train_ex, tok, ctx, key, forward, outputs, pad)
 
@@ -120,8 +121,9 @@ def _distill(args: DistillArgs) -> Metrics:
     load_weights(student, student_weights(teacher.state_dict(), mapping))
     info: JSONObject = {"teacher": str(args.teacher), **({"initialised_from": str(init)} if labeller else {}),
                         "labelled_by": "onnxruntime" if labeller else "pytorch", "layer_map": mapping,
-                        "temperature": args.temperature, "loss": "kl on logits and positions, mse on vectors "
-                        "and scores", "hidden_weight": hidden_w, "relation_weight": relation_w, "augment": copies,
+                        "temperature": args.temperature,
+                        "loss": "kl on logits and positions, mse on vectors and scores",
+                        "hidden_weight": hidden_w, "relation_weight": relation_w, "augment": copies,
                         "inputs": str(args.train_file)}
     run_meta = RunMeta(task=meta.task, labels=meta.labels, task_state=meta.task_state, max_length=L,
                        options=task.saved_options(opts), distill=info)
@@ -136,7 +138,8 @@ def _distill(args: DistillArgs) -> Metrics:
 
     data = DistillData(features, task, args.batch_size, pad, args.train.seed, outputs)
     data_key = {"batch_size": args.batch_size, "max_length": L, "teacher": str(Path(args.teacher).resolve()),
-                "inputs": str(Path(args.train_file).resolve()), "layer_map": mapping, "held_out": args.held_out,
+                "inputs": str(Path(args.train_file).resolve()), "layer_map": mapping,
+                "held_out": args.held_out,
                 "augment": copies}
     model = Distiller(student, outputs, args.temperature, teacher, hidden_weight=hidden_w,
                       relation_weight=relation_w)
@@ -146,14 +149,8 @@ def _distill(args: DistillArgs) -> Metrics:
         info["eval"] = str(args.eval_file)
     # held: the teacher runs on it once
     evaluator = HeldOut(task, held, tok, ctx, forward, outputs, pad, labelled) if held or labelled else None
-    train_args = args.train
-    # the epochs are chosen by the held-out agreement: the best is kept, --early-stopping stops on it
-    if held:
-        train_args = replace(args.train, metric_for_best="agreement", greater_is_better=True)
-    elif labelled is not None:
-        train_args = replace(args.train, metric_for_best=task.best_metric(ctx),
-                             greater_is_better=task.greater_is_better)
-    metrics = Trainer(model, data, train_args, args.out, save_model=save_model, evaluate=evaluator,
+    metrics = Trainer(model, data, _train_args(args, task, ctx, bool(held), labelled), args.out,
+                      save_model=save_model, evaluate=evaluator,
                       data_key=data_key, params=flat_params(args)).train(run_meta)
     if held:
         assert evaluator is not None
@@ -162,6 +159,18 @@ def _distill(args: DistillArgs) -> Metrics:
         write_meta(args.out, replace(read_meta(args.out), distill=info))
         metrics = {**metrics, **{f"agreement_{k}": v for k, v in agree.items() if v is not None}}
     return metrics
+
+
+def _train_args(args: DistillArgs, task: Plugin, ctx: TaskContext, held: bool,
+                labelled: TaskEvaluator | None) -> TrainArgs:
+    """The training loop's arguments: the epochs chosen by the held-out agreement (the best kept,
+    --early-stopping stops on it), else by the labelled evaluation's metric."""
+    if held:
+        return replace(args.train, metric_for_best="agreement", greater_is_better=True)
+    if labelled is not None:
+        return replace(args.train, metric_for_best=task.best_metric(ctx),
+                       greater_is_better=task.greater_is_better)
+    return args.train
 
 
 def _labelled(task: Plugin, train_ex: list[Example], tok: Any, ctx: TaskContext, key: JSONObject,

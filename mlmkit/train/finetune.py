@@ -43,7 +43,8 @@ ENCODER = ("bert.embeddings.", "bert.encoder.", "bert.pooler.")  # the weights a
 
 
 def torch_forward(model: torch.nn.Module, names: Any) -> prediction.Forward:
-    """A PyTorch model as the prediction loop's forward: padded numpy batch in, the named outputs out (fp32 numpy)."""
+    """A PyTorch model as the prediction loop's forward: padded numpy batch in, the named outputs out (fp32
+    numpy)."""
     device = next(model.parameters()).device
 
     @torch.no_grad()
@@ -91,7 +92,8 @@ class TaskEvaluator:
         was_training = model.training
         model.eval()
         metrics, got = prediction.evaluate(self.task, self.examples, self.tokenizer, self.ctx,
-                                           torch_forward(model, self.task.outputs), batch_size=self.batch_size,
+                                           torch_forward(model, self.task.outputs),
+                                           batch_size=self.batch_size,
                                            calibrate=self.calibrate, spread=ranks_spread())
         model.train(was_training)
         self.predictions, self.state = got.predictions, dict(got.ctx.state)
@@ -101,7 +103,8 @@ class TaskEvaluator:
 def base_model_dir(model: str | Path) -> Path:
     d = Path(model)
     if not d.exists():
-        raise MlmkitError(f"model directory not found: {d}", "pass an mlmkit run directory or a Hugging Face checkpoint directory")
+        raise MlmkitError(f"model directory not found: {d}",
+                          "pass an mlmkit run directory or a Hugging Face checkpoint directory")
     if not is_model_dir(d):
         raise MlmkitError(
             f"{d} is not a model directory",
@@ -165,36 +168,23 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> Metrics:
     cfg.extra.update(task.hf_config(ctx))
     meta = RunMeta(task=task.name, labels=ctx.labels, max_length=L, options=task.saved_options(opts),
                    task_state=dict(ctx.state), base_model=str(base),
-                   data={"train": str(args.train_file), "eval": str(args.eval_file) if args.eval_file else None})
+                   data={"train": str(args.train_file),
+                         "eval": str(args.eval_file) if args.eval_file else None})
 
     torch.manual_seed(args.train.seed)
     net = task.build_model(cfg, ctx)
-    # the encoder carries over; the head too when --model is a model of this task with these very
-    # labels (a fine-tuned run, or a transformers checkpoint), otherwise it starts fresh
-    full = load_state_dict(base, cfg)
-    for prefix in task.base_heads:
-        if not any(k.startswith(prefix) for k in full):
-            raise TaskError(f"{base} has no {prefix.rstrip('.')} weights, which the {task.name} task starts from",
-                            "fine-tune from a masked-LM checkpoint or pretraining run" if "predictions" in prefix
-                            else "fine-tune from a model that has them")
-    sd = full if same_head else {k: v for k, v in full.items() if k.startswith((*ENCODER, *task.base_heads, *task.kept_heads))}
-    head = tuple(k for k in net.state_dict() if not k.startswith(("bert.embeddings", "bert.encoder")))
-    missing, unexpected = load_weights(net, sd, allow_missing=head)
-    if same_head and not missing and not args.train.resume:
-        log.info("the %s head carries over from %s (a model of this task with the same labels)", task.name, base)
-    elif missing and not args.train.resume:
-        log.info("the %s head starts fresh: %s", task.name, ", ".join(missing))
-    dropped = [k for k in full if k not in sd] + unexpected
-    if dropped:
-        log.info("dropping %d weights the %s model does not use (e.g. %s)", len(dropped), task.name, dropped[0])
+    _start_weights(task, net, base, cfg, same_head=same_head, resume=bool(args.train.resume))
 
     features = task.featurize(train_ex, tok, ctx, training=True)
-    # a grouped task's example is its features' group: one with none (or two under one index) is a featurize bug
-    prediction.check_features(task, features, len(train_ex), grouped=task.group_features, complete=task.group_features)
+    # a grouped task's example is its features' group: one with none (or two under one index) is a featurize
+    # bug
+    prediction.check_features(task, features, len(train_ex), grouped=task.group_features,
+                              complete=task.group_features)
     data = FeatureData(features, task, args.batch_size, special_ids(tok).pad, args.train.seed)
     evaluator = None
     if args.eval_file is not None:
-        evaluator = TaskEvaluator(task, task.read(Path(args.eval_file), opts, max_bytes=args.max_record_bytes), tok, ctx,
+        evaluator = TaskEvaluator(task, task.read(Path(args.eval_file), opts,
+                                                  max_bytes=args.max_record_bytes), tok, ctx,
                                   calibrate=True)
     train_args = replace(args.train, metric_for_best=task.best_metric(ctx) if evaluator else None,
                          greater_is_better=task.greater_is_better)
@@ -204,11 +194,41 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> Metrics:
         for name, text in task.run_files(cfg, ctx).items():  # before save_run, which writes mlmkit.json last
             (d / name).parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(d / name, text)
-        save_run(m, d, config=cfg, tokenizer=tok, meta=replace(meta_, task_state={**meta.task_state, **calibrated}))
+        save_run(m, d, config=cfg, tokenizer=tok,
+                 meta=replace(meta_, task_state={**meta.task_state, **calibrated}))
 
-    data_key = {"batch_size": args.batch_size, "max_length": L, "train": data_identity(args.train_file), "options": opts}
-    return Trainer(net, data, train_args, args.out, save_model=save_model, evaluate=evaluator, data_key=data_key,
-                   params=flat_params(args), reporters=reporters).train(meta)
+    data_key = {"batch_size": args.batch_size, "max_length": L, "train": data_identity(args.train_file),
+                "options": opts}
+    return Trainer(net, data, train_args, args.out, save_model=save_model, evaluate=evaluator,
+                   data_key=data_key, params=flat_params(args), reporters=reporters).train(meta)
+
+
+def _start_weights(task: Plugin, net: torch.nn.Module, base: Path, cfg: ModelConfig, *, same_head: bool,
+                   resume: bool) -> None:
+    """``net``'s weights from ``base``: the encoder carries over; the head too when ``base`` is a model
+    of this task with these very labels (a fine-tuned run, or a transformers checkpoint), otherwise it
+    starts fresh."""
+    full = load_state_dict(base, cfg)
+    for prefix in task.base_heads:
+        if not any(k.startswith(prefix) for k in full):
+            raise TaskError(f"{base} has no {prefix.rstrip('.')} weights, which the {task.name} task starts "
+                            "from",
+                            "fine-tune from a masked-LM checkpoint or pretraining run"
+                            if "predictions" in prefix
+                            else "fine-tune from a model that has them")
+    sd = full if same_head else {k: v for k, v in full.items()
+                                 if k.startswith((*ENCODER, *task.base_heads, *task.kept_heads))}
+    head = tuple(k for k in net.state_dict() if not k.startswith(("bert.embeddings", "bert.encoder")))
+    missing, unexpected = load_weights(net, sd, allow_missing=head)
+    if same_head and not missing and not resume:
+        log.info("the %s head carries over from %s (a model of this task with the same labels)", task.name,
+                 base)
+    elif missing and not resume:
+        log.info("the %s head starts fresh: %s", task.name, ", ".join(missing))
+    dropped = [k for k in full if k not in sd] + unexpected
+    if dropped:
+        log.info("dropping %d weights the %s model does not use (e.g. %s)", len(dropped), task.name,
+                 dropped[0])
 
 
 def data_identity(path: Path) -> list[list[Any]]:
@@ -226,7 +246,8 @@ def _same_head(base: ModelConfig, task: Plugin, labels: list[str] | None, opts: 
     """Whether a base model's head is this task's, for these labels (in this order) and options: its
     architecture is the task's, or the task's ``from_hf`` claims the directory (a sentence-transformers
     MultiVectorEncoder keeps the colbert projection in a module of its own)."""
-    if task.hf_architecture == "BertModel" or not (claimed or task.hf_architecture in (base.architectures or [])):
+    if task.hf_architecture == "BertModel" or not (claimed
+                                                   or task.hf_architecture in (base.architectures or [])):
         return False
     base_labels = [base.id2label[i] for i in sorted(base.id2label)] if base.id2label else None
     wanted = task.hf_config(TaskContext(max_length=1, options=opts))
@@ -237,23 +258,27 @@ def check_vocabulary(tok: Any, cfg: ModelConfig, d: Path) -> None:
     """A tokenizer with more tokens than the model's embedding table (a tokenizer of another model put
     in the directory) is refused before any text reaches the model: its ids would index past the table."""
     if tok.get_vocab_size() > cfg.vocab_size:
-        raise ConfigError(f"the tokenizer in {d} has {tok.get_vocab_size():,} tokens; the model's embeddings hold "
+        raise ConfigError(f"the tokenizer in {d} has {tok.get_vocab_size():,} tokens; the model's embeddings "
+                          "hold "
                           f"{cfg.vocab_size:,} (config.json's vocab_size): a tokenizer of another model",
                           "put back the tokenizer the model was trained with")
 
 
 def load_finetuned(run_dir: str | Path) -> tuple[Plugin, torch.nn.Module, Any, RunMeta]:
-    """(task, model in eval mode, tokenizer, mlmkit.json as a RunMeta) of a fine-tuned run directory, or of a Hugging
-    Face or sentence-transformers checkpoint of a task (its description read as `mlmkit export` reads it)."""
+    """(task, model in eval mode, tokenizer, mlmkit.json as a RunMeta) of a fine-tuned run directory, or of a
+    Hugging Face or sentence-transformers checkpoint of a task (its description read as `mlmkit export` reads
+    it)."""
     d = base_model_dir(run_dir)
     cfg = load_config(d)
     meta = read_run_meta(d, cfg) if (d / "mlmkit.json").is_file() else describe(d, cfg)
     if meta.pretraining:
-        raise MlmkitError(f"{d} is a pretraining run, not a fine-tuned model", "fine-tune it first: mlmkit finetune TASK")
+        raise MlmkitError(f"{d} is a pretraining run, not a fine-tuned model",
+                          "fine-tune it first: mlmkit finetune TASK")
     task = get_task(meta.task)
     tok = load_tokenizer(d)
     check_vocabulary(tok, cfg, d)
-    net = task.build_model(cfg, replace(meta.context(task.resolve_options(saved=meta.options)), tokenizer=tok))
+    net = task.build_model(cfg,
+                           replace(meta.context(task.resolve_options(saved=meta.options)), tokenizer=tok))
     load_weights(net, load_state_dict(d, cfg))
     net.eval()
     return task, net, tok, meta
@@ -272,8 +297,10 @@ def evaluate_base(
     task = get_task(task_name)
     base = base_model_dir(model)
     cfg, tok = load_config(base), load_tokenizer(base)
-    opts = task.resolve_options(options, saved=base_options(task, base, cfg))  # the ones built into the base, as fine-tuning
-    ctx = TaskContext(max_length=max_length or min(task.default_max_length, cfg.max_tokens), options=opts, tokenizer=tok)
+    # the ones built into the base, as fine-tuning
+    opts = task.resolve_options(options, saved=base_options(task, base, cfg))
+    ctx = TaskContext(max_length=max_length or min(task.default_max_length, cfg.max_tokens), options=opts,
+                      tokenizer=tok)
     torch.manual_seed(0)
     net = task.build_model(cfg, ctx)
     kept = load_state_dict(base, cfg)
@@ -281,7 +308,8 @@ def evaluate_base(
         kept = {k: v for k, v in kept.items() if k.startswith((*ENCODER, *task.base_heads, *task.kept_heads))}
     load_weights(net, kept, allow_missing=tuple(net.state_dict()))  # what the model does not use is left out
     net.to(resolve_device(device)).eval()
-    metrics, _ = prediction.evaluate(task, task.read(Path(data), opts), tok, ctx, torch_forward(net, task.outputs),
+    metrics, _ = prediction.evaluate(task, task.read(Path(data), opts), tok, ctx,
+                                     torch_forward(net, task.outputs),
                                      batch_size=batch_size)
     return metrics
 
@@ -297,7 +325,8 @@ def evaluate_run(
     net.to(resolve_device(device))
     opts = task.resolve_options(options, saved=meta.options, model=True)
     ctx = meta.context(opts)
-    metrics, got = prediction.evaluate(task, task.read(Path(data), opts), tok, ctx, torch_forward(net, task.outputs),
+    metrics, got = prediction.evaluate(task, task.read(Path(data), opts), tok, ctx,
+                                       torch_forward(net, task.outputs),
                                        batch_size=batch_size, speed=speed)
     if speed:
         metrics["model_bytes"] = sum(f.stat().st_size for f in weight_files(Path(run_dir)))

@@ -38,7 +38,8 @@ def read_metrics(run: Path) -> list[JSONObject]:
     is no whole number from 0 below MAX_STEP, with a warning: no training writes such a step)."""
     path = run / "metrics.jsonl" if run.is_dir() else run
     if not path.is_file():
-        raise MlmkitError(f"{run}: no metrics.jsonl", "pass a run directory written by mlmkit finetune or pretrain")
+        raise MlmkitError(f"{run}: no metrics.jsonl",
+                          "pass a run directory written by mlmkit finetune or pretrain")
     out, odd = [], []
     for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         try:
@@ -51,7 +52,8 @@ def read_metrics(run: Path) -> list[JSONObject]:
         elif isinstance(step, (int, float)):
             odd.append(n)
     if odd:
-        log.warning("%s: %d record(s) with a step that is no whole number from 0 below 2**53 left out (line %s)", path,
+        log.warning("%s: %d record(s) with a step that is no whole number from 0 below 2**53 left out (line "
+                    "%s)", path,
                     len(odd), ", ".join(map(str, odd[:5])) + (" ..." if len(odd) > 5 else ""))
     return out
 
@@ -61,7 +63,8 @@ def series(records: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[int, fl
     out: dict[str, list[tuple[int, float]]] = {}
     for rec in records:
         for k, v in rec.items():
-            if k in ("step", "epoch") or isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
+            if k in ("step",
+                     "epoch") or isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
                 continue
             out.setdefault(k, []).append((rec["step"], float(v)))
     return out
@@ -106,7 +109,8 @@ def plot_runs(runs: Sequence[str | Path], out: str | Path, *, title: str | None 
             color = colors[i % len(colors)]
             if name in s:
                 steps, values = zip(*s[name])
-                ax.plot(steps, values, marker="o" if name.startswith("eval_") else None, markersize=3, color=color, label=label)
+                ax.plot(steps, values, marker="o" if name.startswith("eval_") else None, markersize=3,
+                        color=color, label=label)
             if name == "eval_mlm_accuracy":
                 for b, style in zip(BASELINES, ("--", ":")):
                     if b in s:
@@ -132,15 +136,18 @@ def plot_trade_off(models: Sequence[str | Path], results: Sequence[Metrics], out
     compute_metrics reports it) against its examples per second (`mlmkit evaluate --speed`)."""
     out = _picture(out, "--plot")
     numbers = [k for k, v in results[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-               and k not in ("examples_per_second", "seconds", "model_bytes") and all(k in r for r in results)]
+               and k not in ("examples_per_second", "seconds", "model_bytes")
+               and all(k in r for r in results)]
     if not numbers or not all("examples_per_second" in r for r in results):
-        raise MlmkitError("the models share no metric to plot against their speed", "evaluate models of one task, with --speed")
+        raise MlmkitError("the models share no metric to plot against their speed",
+                          "evaluate models of one task, with --speed")
     metric = numbers[0]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.0, 4.2))
     for m, r in zip(models, results):
         ax.scatter(r["examples_per_second"], r[metric], s=30)
-        ax.annotate(f"{Path(m).name} ({r.get('model_bytes', 0) / 1e6:.1f} MB)", (r["examples_per_second"], r[metric]),
+        ax.annotate(f"{Path(m).name} ({r.get('model_bytes', 0) / 1e6:.1f} MB)",
+                    (r["examples_per_second"], r[metric]),
                     textcoords="offset points", xytext=(5, 4), fontsize=8)
     ax.set_xlabel("examples/s (this machine)")
     ax.set_ylabel(metric)
@@ -168,16 +175,19 @@ def _picture(out: str | Path, flag: str) -> Path:
     one-line error: what draws a picture after long work checks its path first (check_picture)."""
     out = Path(out)
     if out.suffix.lower() not in FORMATS:
-        raise ConfigError(f"{flag} {out}: unknown picture format '{out.suffix}'", f"use one of {', '.join(FORMATS)}")
+        raise ConfigError(f"{flag} {out}: unknown picture format '{out.suffix}'",
+                          f"use one of {', '.join(FORMATS)}")
     if out.is_dir():
-        raise ConfigError(f"{flag} {out} is a directory", f"give a file's path, e.g. {out / ('plot' + FORMATS[0])}")
+        raise ConfigError(f"{flag} {out} is a directory",
+                          f"give a file's path, e.g. {out / ('plot' + FORMATS[0])}")
     parent = out.parent
     while not parent.exists() and parent != parent.parent:  # the directory that would be created under
         parent = parent.parent
     if not parent.is_dir():
         raise ConfigError(f"{flag} {out}: {parent} is a file, not a directory", "give a path in a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {out}: {parent} is not writable", "give a path in a directory you can write to")
+        raise ConfigError(f"{flag} {out}: {parent} is not writable",
+                          "give a path in a directory you can write to")
     _pyplot()
     return out
 

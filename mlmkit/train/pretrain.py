@@ -44,7 +44,8 @@ log = logging.getLogger("mlmkit")
 MAX_PRESET_POSITIONS = 8192  # a longer position table is a typo far more often than a plan
 
 
-def split_heldout(corpus: TokenizedCorpus, fraction: float = 0.05, max_docs: int = 500) -> tuple[TokenizedCorpus, TokenizedCorpus | None]:
+def split_heldout(corpus: TokenizedCorpus, fraction: float = 0.05,
+                  max_docs: int = 500) -> tuple[TokenizedCorpus, TokenizedCorpus | None]:
     """Hold out the last documents (at least 2, so NSP can draw a random B) for evaluation."""
     D = corpus.num_docs
     n = min(max_docs, max(2, int(D * fraction)))
@@ -53,7 +54,8 @@ def split_heldout(corpus: TokenizedCorpus, fraction: float = 0.05, max_docs: int
     cut = D - n
     s_cut = int(corpus.doc_offsets[cut])
     t_cut = int(corpus.sent_offsets[s_cut])
-    train = TokenizedCorpus(corpus.tokens[:t_cut], corpus.sent_offsets[: s_cut + 1], corpus.doc_offsets[: cut + 1],
+    train = TokenizedCorpus(corpus.tokens[:t_cut], corpus.sent_offsets[: s_cut + 1],
+                            corpus.doc_offsets[: cut + 1],
                             cache=corpus.cache, part=f"docs-0-{cut}")
     held = TokenizedCorpus(
         corpus.tokens[t_cut:], corpus.sent_offsets[s_cut:] - t_cut, corpus.doc_offsets[cut:] - s_cut,
@@ -109,7 +111,8 @@ def _train_shared_tokenizer(corpus: list[Path], out: Path, *, vocab_size: int, c
     dist = _join(device)
     if dist.main:
         log.info("training a %s tokenizer (vocab %d) on the corpus", kind, vocab_size)
-        tok = train_tokenizer(iter_sentences(corpus, text_column, max_bytes), vocab_size=vocab_size, cased=cased, kind=kind, specials=specials)
+        tok = train_tokenizer(iter_sentences(corpus, text_column, max_bytes), vocab_size=vocab_size,
+                              cased=cased, kind=kind, specials=specials)
         if dist.world == 1:
             return tok
         save_tokenizer(tok, out)
@@ -166,7 +169,8 @@ def pretraining_family(arch: str) -> Family:
 def _check_nsp(args: PretrainArgs, fam: Family) -> None:
     """--nsp for a family without an NSP head (``Family.nsp``) is refused: nothing would train it."""
     if args.nsp and not fam.nsp:
-        raise ConfigError(f"--nsp: next-sentence prediction is BERT's, not {fam.name}'s", "leave --nsp out: this family pretrains with MLM only")
+        raise ConfigError(f"--nsp: next-sentence prediction is BERT's, not {fam.name}'s",
+                          "leave --nsp out: this family pretrains with MLM only")
 
 
 class _Batches(TypedDict):
@@ -183,8 +187,11 @@ def _pretrain(args: PretrainArgs) -> Metrics:
     """The pretraining itself (pretrain() holds the run directory): every input checked before any
     work, then the tokenizer, the config, the data, the model and the training loop."""
     out, t = Path(args.out), args.train
-    if args.data is None and next(iter_sentences(args.corpus, args.text_column, args.max_record_bytes), None) is None:  # before a tokenizer is trained on nothing
-        raise MlmkitError(f"the corpus {', '.join(map(str, args.corpus))} is empty", "give text files with one sentence per line")
+    # before a tokenizer is trained on nothing
+    if args.data is None and next(iter_sentences(args.corpus, args.text_column, args.max_record_bytes),
+                                  None) is None:
+        raise MlmkitError(f"the corpus {', '.join(map(str, args.corpus))} is empty",
+                          "give text files with one sentence per line")
     given = load_config(args.config) if args.config is not None else None  # checked before any work
     own = (latest_checkpoint(out) or out) if t.resume else None
     tokenizer = _tokenizer_file(args, own)
@@ -194,16 +201,20 @@ def _pretrain(args: PretrainArgs) -> Metrics:
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     else:
-        tok = _train_shared_tokenizer(args.corpus, out, vocab_size=args.vocab_size, cased=args.cased, device=t.device,
-                                      text_column=args.text_column, kind=fam.tokenizer_kind, specials=fam.special_tokens,
+        tok = _train_shared_tokenizer(args.corpus, out, vocab_size=args.vocab_size, cased=args.cased,
+                                      device=t.device,
+                                      text_column=args.text_column, kind=fam.tokenizer_kind,
+                                      specials=fam.special_tokens,
                                       max_bytes=args.max_record_bytes)
     cfg = _model_config(args, fam, tok, given, own_cfg)
 
     full = (open_shard(args.data, tok) if args.data is not None
-            else _tokenized(args.corpus, tok, args.cache_dir, t.device, args.text_column, args.max_record_bytes))
+            else _tokenized(args.corpus, tok, args.cache_dir, t.device, args.text_column,
+                            args.max_record_bytes))
     held: TokenizedCorpus | None
     if args.eval_file is not None:
-        train_c, held = full, _tokenized([args.eval_file], tok, args.cache_dir, t.device, args.text_column, args.max_record_bytes)
+        train_c, held = full, _tokenized([args.eval_file], tok, args.cache_dir, t.device, args.text_column,
+                                         args.max_record_bytes)
     else:
         train_c, held = split_heldout(full)
         if held is None:
@@ -211,16 +222,19 @@ def _pretrain(args: PretrainArgs) -> Metrics:
     kw = _Batches(max_len=args.seq_len, batch_size=args.batch_size, nsp=nsp, mask_prob=args.mask_prob,
                   whole_word=args.whole_word)
     data = PretrainData(train_c, tok, seed=t.seed, **kw)
-    evaluate = MLMEvaluator(PretrainData(held, tok, seed=t.seed + 1, held_out=True, **kw)) if held is not None else None
+    evaluate = MLMEvaluator(PretrainData(held, tok, seed=t.seed + 1, held_out=True,
+                                         **kw)) if held is not None else None
     model = _new_model(cfg, nsp=nsp, seed=t.seed)
     meta = _run_meta(args, fam, nsp=nsp)
 
     def save_model(m: torch.nn.Module, d: Path, meta_: RunMeta) -> None:
         save_run(m, d, config=cfg, tokenizer=tok, meta=meta_)
 
-    data_key = {"batch_size": args.batch_size, "seq_len": args.seq_len, "nsp": nsp, "mask_prob": args.mask_prob,
+    data_key = {"batch_size": args.batch_size, "seq_len": args.seq_len, "nsp": nsp,
+                "mask_prob": args.mask_prob,
                 "whole_word": args.whole_word,
-                "corpus": file_identity(args.corpus) if args.data is None else [[str(args.data.resolve()), len(full.tokens)]]}
+                "corpus": file_identity(args.corpus) if args.data is None
+                else [[str(args.data.resolve()), len(full.tokens)]]}
     return Trainer(model, data, t, out, save_model=save_model, evaluate=evaluate, data_key=data_key,
                    params=flat_params(args)).train(meta)
 
@@ -236,7 +250,8 @@ def _tokenizer_file(args: PretrainArgs, own: Path | None) -> Path | None:
     if tokenizer is None and args.data is not None:
         tokenizer = args.data / "tokenizer.json"
         if not tokenizer.is_file():
-            raise ConfigError(f"{args.data} has no tokenizer.json", "pass the tokenizer it was made with, --tokenizer")
+            raise ConfigError(f"{args.data} has no tokenizer.json",
+                              "pass the tokenizer it was made with, --tokenizer")
     return tokenizer
 
 
@@ -245,7 +260,8 @@ def _family(args: PretrainArgs, cfg: ModelConfig | None, own: Path | None) -> Fa
     default); an --arch that disagrees with the config, or an --nsp the family has no head for, is refused."""
     fam = cfg.family if cfg is not None else family_for(args.arch or "bert")
     if args.arch is not None and fam is not family_for(args.arch):
-        raise ConfigError(f"--arch {args.arch} but {args.config or own} is a {fam.name} config", "leave --arch out, or pass a config of that family")
+        raise ConfigError(f"--arch {args.arch} but {args.config or own} is a {fam.name} config",
+                          "leave --arch out, or pass a config of that family")
     _check_nsp(args, fam)  # the family of a --config or a resumed run
     return fam
 
@@ -266,24 +282,32 @@ def _model_config(args: PretrainArgs, fam: Family, tok: Tokenizer, given: ModelC
         cfg = own_cfg
     else:
         if args.seq_len > MAX_PRESET_POSITIONS:
-            raise ConfigError(f"--seq-len {args.seq_len} is more than the {MAX_PRESET_POSITIONS} positions a preset model gets",
-                              "use a shorter --seq-len, or pass a --config with max_position_embeddings for it")
-        cfg = preset(args.preset, fam.name, vocab_size=V, max_position_embeddings=fam.positions_for(args.seq_len),
+            raise ConfigError(f"--seq-len {args.seq_len} is more than the {MAX_PRESET_POSITIONS} positions a "
+                              "preset model gets",
+                              "use a shorter --seq-len, or pass a --config with max_position_embeddings for "
+                              "it")
+        cfg = preset(args.preset, fam.name, vocab_size=V,
+                     max_position_embeddings=fam.positions_for(args.seq_len),
                      pad_token_id=ids.pad)
-        cfg.extra.update({key: ids.need(token, "a new model's config") for key, token in fam.config_token_ids.items()})
+        cfg.extra.update({key: ids.need(token, "a new model's config")
+                          for key, token in fam.config_token_ids.items()})
     if args.seq_len > cfg.max_tokens:
-        room = "" if cfg.max_tokens == cfg.max_position_embeddings else f" (its positions start at padding_idx + 1: {cfg.max_tokens} tokens)"
-        raise ConfigError(f"--seq-len {args.seq_len} exceeds max_position_embeddings {cfg.max_position_embeddings}{room}",
+        room = ("" if cfg.max_tokens == cfg.max_position_embeddings
+                else f" (its positions start at padding_idx + 1: {cfg.max_tokens} tokens)")
+        raise ConfigError(f"--seq-len {args.seq_len} exceeds max_position_embeddings "
+                          f"{cfg.max_position_embeddings}{room}",
                           "use a shorter --seq-len")
     if cfg.pad_token_id != ids.pad:
-        raise ConfigError(f"the config's pad_token_id {cfg.pad_token_id} is not the tokenizer's padding id {ids.pad}",
+        raise ConfigError(f"the config's pad_token_id {cfg.pad_token_id} is not the tokenizer's padding id "
+                          f"{ids.pad}",
                           "set pad_token_id in the config to the tokenizer's")
     cfg.architectures = ["BertForPreTraining"]
     return cfg
 
 
 def _new_model(cfg: ModelConfig, *, nsp: bool, seed: int) -> BertForPreTraining:
-    """The model to pretrain, initialised from ``seed``; BERT without NSP keeps its pooler and NSP head frozen."""
+    """The model to pretrain, initialised from ``seed``; BERT without NSP keeps its pooler and NSP head
+    frozen."""
     torch.manual_seed(seed)
     model = BertForPreTraining(cfg)
     if model.nsp and not nsp:  # BERT without its NSP loss: the pooler and NSP head stay as initialised (DDP
@@ -296,6 +320,8 @@ def _new_model(cfg: ModelConfig, *, nsp: bool, seed: int) -> BertForPreTraining:
 
 def _run_meta(args: PretrainArgs, fam: Family, *, nsp: bool) -> RunMeta:
     """What the run directory records of how it was pretrained (mlmkit.json), for export and fine-tuning."""
-    return RunMeta(task=PRETRAINING, max_length=args.seq_len, nsp=nsp, arch=fam.name, whole_word=args.whole_word,
+    return RunMeta(task=PRETRAINING, max_length=args.seq_len, nsp=nsp, arch=fam.name,
+                   whole_word=args.whole_word,
                    mask_prob=args.mask_prob,
-                   corpus=[str(p) for p in args.corpus] if args.data is None else [f["path"] for f in shard_files(args.data)])
+                   corpus=[str(p) for p in args.corpus] if args.data is None
+                   else [f["path"] for f in shard_files(args.data)])

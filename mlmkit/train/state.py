@@ -105,7 +105,8 @@ class ResumeCheckpoints:
         done = self.complete()
         return done[-1] if done else None
 
-    def save(self, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, position: Position, meta: RunMeta) -> Path:
+    def save(self, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, position: Position,
+             meta: RunMeta) -> Path:
         """A kill midway leaves an incomplete directory that ``latest`` ignores, and the previous
         checkpoint untouched."""
         ck = self.root / f"step-{position['step']:07d}"
@@ -117,9 +118,11 @@ class ResumeCheckpoints:
             shutil.rmtree(ck, ignore_errors=True)
             if isinstance(e, OSError):
                 raise MlmkitError(f"could not write the checkpoint {ck}: {e.strerror or e}",
-                                  "free disk space or fix the permissions; the previous checkpoint is intact") from e
+                                  "free disk space or fix the permissions; the previous checkpoint is "
+                                  "intact") from e
             raise
-        # an incomplete checkpoint (a crashed write) must not count, or it could displace the last complete one
+        # an incomplete checkpoint (a crashed write) must not count, or it could displace the last complete
+        # one
         for old in self.complete()[: -self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
         return ck
@@ -142,7 +145,8 @@ class ResumeCheckpoints:
         torch.save(rng, st / "rng.pt")
         write_json(st / "trainer.json", position)
 
-    def restore(self, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, device: torch.device) -> tuple[Path, Position]:
+    def restore(self, model: nn.Module, opt: torch.optim.Optimizer, sched: Any,
+                device: torch.device) -> tuple[Path, Position]:
         """Load the newest checkpoint that loads whole into the model, optimizer, scheduler and RNGs;
         (its path, its position). A damaged newer one is reported (a warning) and passed over."""
         done = self.complete()
@@ -161,7 +165,8 @@ class ResumeCheckpoints:
                 log.warning("--resume: resuming from %s, the newest checkpoint that loads whole", ck)
             return ck, pos
         raise ConfigError(f"--resume: none of the {len(done)} checkpoints under {self.root} loads whole "
-                          f"(the newest: {passed[0][1].message})", "restore the checkpoint files, or start again in a new --out")
+                          f"(the newest: {passed[0][1].message})",
+                          "restore the checkpoint files, or start again in a new --out")
 
     def loadable(self) -> Path | None:
         """The newest complete checkpoint whose files all load (read, not applied), or None."""
@@ -174,27 +179,34 @@ class ResumeCheckpoints:
             return ck
         return None
 
-    def _read(self, ck: Path, device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any], Position]:
+    def _read(self, ck: Path, device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, Any],
+                                                             dict[str, Any], Position]:
         """(weights, optimizer + scheduler state, RNG states, position) of one checkpoint, each checked
         to be whole; MlmkitError (one line, naming the file) for any that is not."""
         sd = load_state_dict(ck)
         state = _load_state(ck / "state" / "optimizer.pt", device)
         if not isinstance(state.get("optimizer"), dict) or not isinstance(state.get("scheduler"), dict):
-            raise ConfigError(f"{ck / 'state' / 'optimizer.pt'}: no optimizer and scheduler state in it", REWRITE)
+            raise ConfigError(f"{ck / 'state' / 'optimizer.pt'}: no optimizer and scheduler state in it",
+                              REWRITE)
         rng = _load_state(ck / "state" / "rng.pt", torch.device("cpu"))
         numpy_state = rng.get("numpy")
         if (not isinstance(rng.get("torch"), torch.Tensor) or not isinstance(rng.get("python"), tuple)
-                or not isinstance(numpy_state, tuple) or len(numpy_state) < 2 or not isinstance(numpy_state[1], torch.Tensor)):
+                or not isinstance(numpy_state, tuple) or len(numpy_state) < 2
+            or not isinstance(numpy_state[1], torch.Tensor)):
             raise ConfigError(f"{ck / 'state' / 'rng.pt'}: not the random number generators' state", REWRITE)
         pos = read_json(ck / "state" / "trainer.json")
-        if not isinstance(pos, dict) or not all(isinstance(pos.get(k), int) for k in ("step", "epoch", "micro")):
-            raise ConfigError(f"{ck / 'state' / 'trainer.json'}: no step, epoch and batch position in it", REWRITE)
+        if not isinstance(pos,
+                          dict) or not all(isinstance(pos.get(k), int) for k in ("step", "epoch", "micro")):
+            raise ConfigError(f"{ck / 'state' / 'trainer.json'}: no step, epoch and batch position in it",
+                              REWRITE)
         return sd, state, rng, cast(Position, pos)  # step, epoch and micro checked above
 
-    def _restore(self, ck: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, device: torch.device) -> Position:
+    def _restore(self, ck: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Any,
+                 device: torch.device) -> Position:
         sd, state, rng, pos = self._read(ck, device)
         load_weights(model, sd)
-        try:  # a state that unpickles but does not fit (a cut list, a missing key) fails here, before any is set
+        # a state that unpickles but does not fit (a cut list, a missing key) fails here, before any is set
+        try:
             opt.load_state_dict(state["optimizer"])
             sched.load_state_dict(state["scheduler"])
             torch.set_rng_state(rng["torch"])
@@ -205,7 +217,8 @@ class ResumeCheckpoints:
                 torch.cuda.set_rng_state_all(rng["cuda"])
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
             raise ConfigError(f"{ck / 'state'}: its optimizer, scheduler or RNG state does not fit this run "
-                              f"({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})", REWRITE) from None
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})",
+                              REWRITE) from None
         return pos
 
 
@@ -219,8 +232,10 @@ def _load_state(p: Path, device: torch.device) -> dict[str, Any]:
         state = torch.load(p, map_location=device, weights_only=True)
     except FileNotFoundError:
         raise ConfigError(f"{p}: missing", REWRITE) from None
-    except Exception as e:  # an unpickling error, a truncated zip, a bad record: torch has no one type for them
-        why = "it holds objects other than tensors" if "Unsupported global" in str(e) else "damaged or truncated"
+    # an unpickling error, a truncated zip, a bad record: torch has no one type for them
+    except Exception as e:
+        why = ("it holds objects other than tensors" if "Unsupported global" in str(e)
+               else "damaged or truncated")
         raise ConfigError(f"{p}: unreadable ({why})", REWRITE) from None
     if not isinstance(state, dict):
         raise ConfigError(f"{p}: not a state dictionary", REWRITE)

@@ -2,10 +2,10 @@
 
 The table, made in four steps (model2vec's recipe, with mlmkit's teachers and training):
 
-1. every token of the vocabulary but the special ones and placeholders ([unused17]) goes through the teacher on its own, as the text
-   [CLS] token [SEP] (the tokenizer's own special tokens), with the teacher's pooling but not its
-   normalisation (a token's norm says how much it counts: unit vectors made a table of nDCG@10 0.271
-   on the built-in retrieval set, the norms kept 0.288; a bundle teacher's graph
+1. every token of the vocabulary but the special ones and placeholders ([unused17]) goes through the teacher
+   on its own, as the text [CLS] token [SEP] (the tokenizer's own special tokens), with the teacher's pooling
+   but not its normalisation (a token's norm says how much it counts: unit vectors made a table of nDCG@10
+   0.271 on the built-in retrieval set, the norms kept 0.288; a bundle teacher's graph
    normalises, so a run or sentence-transformers directory of the same model makes the better table):
    a vector per token, computed once and cached under $MLMKIT_CACHE/teacher-outputs;
 2. PCA to ``--dims`` (the vectors centred, the components of the largest variance, each component's
@@ -57,8 +57,8 @@ log = logging.getLogger("mlmkit")
 DEFAULT_DIMS = 256
 SIF = 1e-4  # the weighting's coefficient (model2vec's default): a token of Zipf probability 1e-4 counts half
 STATIC_LR = 1e-2
-"""The table's learning rate when --lr is left at distill's default: on the built-in retrieval set (MiniLM-L6's
-table, 3 epochs, batch 32) 1e-2 gave nDCG@10 0.385, 3e-3 0.349, 3e-2 0.381."""
+"""The table's learning rate when --lr is left at distill's default: on the built-in retrieval set
+(MiniLM-L6's table, 3 epochs, batch 32) 1e-2 gave nDCG@10 0.385, 3e-3 0.349, 3e-2 0.381."""
 TOKEN_BATCH = 512  # one-token texts per teacher batch
 
 
@@ -78,21 +78,24 @@ class StaticTeacher:
     def load(cls, path: Path) -> StaticTeacher:
         """An embedding bundle (onnxruntime), run or sentence-transformers directory (PyTorch)."""
         if not path.exists():
-            raise ConfigError(f"teacher not found: {path}", "give an embedding run, a sentence-transformers directory or an "
-                                                            "embedding bundle")
+            raise ConfigError(f"teacher not found: {path}",
+                              "give an embedding run, a sentence-transformers directory or an "
+                              "embedding bundle")
         if (path / "model.onnx").is_file():
             from mlmkit.runtime.pipeline import Pipeline
 
             pipe = Pipeline.load(path)
             _check_embedding(path, pipe.task)
             return cls(pipe.tokenizer, lambda b: pipe.run_batch(b)["embedding"], dict(pipe.meta.options),
-                       pipe.max_length, json.dumps(pipe.identity(), sort_keys=True), pipe.meta.model.hidden_size)
+                       pipe.max_length, json.dumps(pipe.identity(), sort_keys=True),
+                       pipe.meta.model.hidden_size)
         from mlmkit.rundir.weights import weights_digest
         from mlmkit.train.finetune import base_model_dir, load_finetuned, torch_forward
 
         task, net, tok, meta = load_finetuned(path)
         _check_embedding(path, task.name)
-        if hasattr(net, "normalize"):  # the pooled vectors before the normalisation: their norms weigh the tokens
+        # the pooled vectors before the normalisation: their norms weigh the tokens
+        if hasattr(net, "normalize"):
             net.normalize = False
         forward = torch_forward(net, ["embedding"])
         return cls(tok, lambda b: forward(b)["embedding"], dict(meta.options), meta.max_length,
@@ -127,9 +130,12 @@ def specials_around(tok: Any) -> list[int]:
 
 def teacher_vectors(teacher: StaticTeacher, ids: list[int]) -> np.ndarray:
     """Step 1: the teacher's embedding of each token id alone, (len(ids), hidden) float32, cached."""
-    key = {"teacher": teacher.identity, "ids": hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest(),
+    key = {"teacher": teacher.identity,
+           "ids": hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest(),
            "format": "static-2"}
-    path = cache_root() / "teacher-outputs" / ("static-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24] + ".npy")
+    path = cache_root() / "teacher-outputs" / ("static-"
+                                               + hashlib.sha256(json.dumps(
+                                                   key, sort_keys=True).encode()).hexdigest()[:24] + ".npy")
     if path.is_file():
         with contextlib.suppress(OSError, ValueError):
             got = np.load(path, allow_pickle=False)
@@ -187,7 +193,8 @@ class StaticEncoder(TextEncoder):
         self.objective = objective
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        weights = self.counted[input_ids] * attention_mask.to(self.table.dtype)  # (B, T): the counted real ones
+        # (B, T): the counted real ones
+        weights = self.counted[input_ids] * attention_mask.to(self.table.dtype)
         rows = token_states(self.table, input_ids, attention_mask)  # (B, T, D): each token's row
         return F.normalize(pool(rows, weights, "mean"), p=2.0, dim=-1)
 
@@ -226,23 +233,28 @@ def _distill_static(args: DistillArgs) -> Metrics:
     table, counted = np.zeros((V, dims), dtype=np.float32), np.zeros(V, dtype=np.float32)
     table[ids], counted[ids] = reduced, 1.0
     L = args.max_length or teacher.max_length
-    info: JSONObject = {"teacher": str(args.teacher), "dims": dims, "teacher_dims": hidden, "tokens": len(ids),
-                            "pca_variance_kept": round(kept, 4), "weighting": f"sif {SIF:g} on Zipf ranks of the vocabulary"}
+    info: JSONObject = {"teacher": str(args.teacher), "dims": dims, "teacher_dims": hidden,
+                        "tokens": len(ids),
+                            "pca_variance_kept": round(kept, 4),
+                        "weighting": f"sif {SIF:g} on Zipf ranks of the vocabulary"}
     options = {k: v for k, v in teacher.options.items() if k in ("text_column",)}
     if args.train_file is not None:
         table, trained = train_table(args, table, counted, tok, L)
         info["trained"] = trained
-    write_static_bundle(args.out, table, counted, tok, max_length=L, options=options, info=info, source=str(args.teacher))
+    write_static_bundle(args.out, table, counted, tok, max_length=L, options=options, info=info,
+                        source=str(args.teacher))
     write_card(args.out)
     if args.train_file is not None:  # the training's resume state: the bundle is whole without it
         shutil.rmtree(Path(args.out) / "checkpoints", ignore_errors=True)
         (Path(args.out) / "model.safetensors").unlink(missing_ok=True)
-    return {"dims": dims, "tokens": len(ids), "pca_variance_kept": kept, **info.get("trained", {}).get("final", {})}
+    return {"dims": dims, "tokens": len(ids), "pca_variance_kept": kept,
+            **info.get("trained", {}).get("final", {})}
 
 
 def _check_dims(dims: int | None, hidden: int | None) -> None:
     if dims is not None and hidden is not None and dims > hidden:
-        raise ConfigError(f"--dims {dims} is more than the teacher's {hidden} dimensions", f"give --dims 1 to {hidden}")
+        raise ConfigError(f"--dims {dims} is more than the teacher's {hidden} dimensions",
+                          f"give --dims 1 to {hidden}")
 
 
 def train_table(args: DistillArgs, table: np.ndarray, counted: np.ndarray, tok: Any, max_length: int
@@ -257,7 +269,8 @@ def train_table(args: DistillArgs, table: np.ndarray, counted: np.ndarray, tok: 
     train_file = args.train_file
     assert train_file is not None
     if args.train.lr == DISTILL_LR:  # the transformer student's default: far too slow for a table
-        log.info("--lr %g is the transformer student's default; the table trains at %g (pass another --lr to choose)",
+        log.info("--lr %g is the transformer student's default; the table trains at %g (pass another --lr to "
+                 "choose)",
                  args.train.lr, STATIC_LR)
         args = replace(args, train=replace(args.train, lr=STATIC_LR))
     task = get_task("embedding")
@@ -266,9 +279,12 @@ def train_table(args: DistillArgs, table: np.ndarray, counted: np.ndarray, tok: 
     state = task.fit_state(examples)
     loss = STATIC_LOSSES.get(state["data"]) if opts["loss"] == "auto" else str(opts["loss"])
     if loss is None or loss not in STATIC_LOSSES.values():
-        raise ConfigError(f"a static table trains with mnrl on rows or a BEIR directory, cosent on scored pairs; "
-                          f"{args.train_file} holds {state['data']}" + ("" if opts["loss"] == "auto" else f" and loss={opts['loss']}"),
-                          "give (anchor, positive) rows, scored pairs (text, text_pair, score) or a BEIR directory")
+        raise ConfigError(f"a static table trains with mnrl on rows or a BEIR directory, cosent on scored "
+                          f"pairs; "
+                          f"{args.train_file} holds {state['data']}"
+                          + ("" if opts["loss"] == "auto" else f" and loss={opts['loss']}"),
+                          "give (anchor, positive) rows, scored pairs (text, text_pair, score) or a BEIR "
+                          "directory")
     opts = {**opts, "loss": loss, "query_prompt": "", "document_prompt": ""}  # a table has no use for prompts
     ctx = TaskContext(max_length=max_length, options=opts, state=state)
     features = task.featurize(examples, tok, ctx, training=True)
@@ -282,14 +298,18 @@ def train_table(args: DistillArgs, table: np.ndarray, counted: np.ndarray, tok: 
 
         enc = m if isinstance(m, StaticEncoder) else getattr(m, "module", m)
         d.mkdir(parents=True, exist_ok=True)
-        atomic_write(d / "model.safetensors", lambda tmp: save_file({k: v.detach().cpu().contiguous() for k, v in
-                                                                     enc.state_dict().items()}, tmp))
-        write_static_bundle(d, enc.table.detach().cpu().numpy(), counted, tok, max_length=max_length, options={},
+        atomic_write(d / "model.safetensors",
+                     lambda tmp: save_file({k: v.detach().cpu().contiguous() for k, v in
+                                            enc.state_dict().items()}, tmp))
+        write_static_bundle(d, enc.table.detach().cpu().numpy(), counted, tok, max_length=max_length,
+                            options={},
                             info={"checkpoint": True}, source=str(args.teacher))
 
     data_key = {"batch_size": args.batch_size, "max_length": max_length, "inputs": data_identity(train_file),
                 "teacher": str(Path(args.teacher).resolve()), "kind": STATIC}
     metrics = Trainer(model, data, args.train, args.out, save_model=save, data_key=data_key,
                       params=flat_params(args)).train(RunMeta(task="embedding", max_length=max_length))
-    return model.table.detach().cpu().numpy(), {"data": str(args.train_file), "loss": loss, "examples": len(examples),
-                                                "final": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+    return model.table.detach().cpu().numpy(), {"data": str(args.train_file), "loss": loss,
+                                                "examples": len(examples),
+                                                "final": {k: v for k, v in metrics.items()
+                                                          if isinstance(v, (int, float))}}

@@ -28,7 +28,8 @@ from mlmkit.train.tracking import RunInfo, parse_report_to
 log = logging.getLogger("mlmkit")
 
 SEARCHABLE = {"lr": float, "weight_decay": float, "warmup_ratio": float, "warmup_steps": int, "epochs": float,
-              "steps": int, "batch_size": int, "max_length": int, "grad_accum": int, "max_grad_norm": float, "seed": int}
+              "steps": int, "batch_size": int, "max_length": int, "grad_accum": int, "max_grad_norm": float,
+              "seed": int}
 """Settings --search may vary, and their types."""
 HEARTBEAT_S = 30
 
@@ -67,7 +68,8 @@ def parse_search(specs: list[str]) -> dict[str, Space]:
         name = name.strip().replace("-", "_")
         hint = f"NAME=LOW:HIGH, NAME=LOW:HIGH:log or NAME=A,B,C with NAME one of {', '.join(SEARCHABLE)}"
         if not eq or name not in SEARCHABLE or not body.strip():
-            raise ConfigError(f"--search {spec!r}: " + ("unknown setting " + repr(name) if eq and name else "no NAME=SPACE"), hint)
+            raise ConfigError(f"--search {spec!r}: "
+                              + ("unknown setting " + repr(name) if eq and name else "no NAME=SPACE"), hint)
         if name in out:
             raise ConfigError(f"--search {spec!r}: {name} is searched twice", "give each setting once")
         kind = SEARCHABLE[name]
@@ -108,7 +110,8 @@ def check_spaces(args: SweepArgs, spaces: dict[str, Space]) -> None:
             try:
                 finetune_args(args, args.out / "trial-000", {name: value})
             except ConfigError as e:
-                raise ConfigError(f"--search {name}={space.describe()}: {value} is refused: {e.message}", e.hint) from None
+                raise ConfigError(f"--search {name}={space.describe()}: {value} is refused: {e.message}",
+                                  e.hint) from None
 
 
 class Pruner:
@@ -127,7 +130,8 @@ class Pruner:
 
             self.trial.report(scalars[self.key], step)
             if self.trial.should_prune():
-                raise optuna.TrialPruned(f"{self.key} {scalars[self.key]:.4f} at step {step} is behind the median")
+                raise optuna.TrialPruned(f"{self.key} {scalars[self.key]:.4f} at step {step} is behind the "
+                                         "median")
 
     def finish(self, files: Any, status: str) -> None:
         pass
@@ -162,7 +166,8 @@ def finetune_args(args: SweepArgs, out: Path, params: Mapping[str, Any]) -> Fine
     train = replace(args.train, **{k: v for k, v in params.items() if k in train_names})
     if "steps" in params:
         train = replace(train, epochs=None)
-    return FinetuneArgs(**{**own, **{k: v for k, v in params.items() if k not in train_names}, "out": out, "train": train})
+    return FinetuneArgs(**{**own, **{k: v for k, v in params.items() if k not in train_names}, "out": out,
+                           "train": train})
 
 
 def _optuna() -> Any:
@@ -201,10 +206,41 @@ def _rdb(optuna: Any, url: str) -> Any:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)  # Optuna >= 4.9
         if retry is not None:
-            return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=2 * HEARTBEAT_S,
+            return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S,
+                                              grace_period=2 * HEARTBEAT_S,
                                               heartbeat_stale_trial_callback=retry(max_retry=1))
         return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=2 * HEARTBEAT_S,
                                           failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=1))
+
+
+def _open_study(optuna: Any, args: SweepArgs, greater_is_better: bool, metric: str, spaces: dict[str, Space],
+                url: str) -> Any:
+    """The study ``args.study`` in the storage at ``url``: made, or loaded and checked to be for the same
+    task, metric and search."""
+    # processes sharing a study must not propose the same settings: only a sweep of its own is seeded
+    # (optuna's samplers take 32-bit seeds; --seed may be up to 64 bits, folded as set_seed folds numpy's)
+    how = {"sampler": optuna.samplers.TPESampler(seed=None if args.storage else args.train.seed % 2**32),
+           "pruner": optuna.pruners.MedianPruner(n_startup_trials=2) if args.prune
+           else optuna.pruners.NopPruner()}
+    try:
+        storage = _storage(optuna, url)
+        try:  # a study that exists is only read: a finished one is reported from a read-only database too
+            study = optuna.load_study(study_name=args.study, storage=storage, **how)
+        except KeyError:
+            study = optuna.create_study(study_name=args.study, storage=storage, load_if_exists=True,
+                                        direction="maximize" if greater_is_better else "minimize", **how)
+    except Exception as e:  # noqa: BLE001 - the storage's own errors, as one line
+        raise _storage_error(e, url) from None
+    key = {"task": args.task, "metric": metric,
+           "search": {n: s.describe() for n, s in sorted(spaces.items())}}
+    have = study.user_attrs.get("mlmkit")
+    if have is None:
+        with _writes(url):
+            study.set_user_attr("mlmkit", key)
+    elif have != key:
+        raise ConfigError(f"study {args.study!r} in {redacted(url)} was made for {have}, not {key}",
+                          "resume with the same task and --search, or choose another --study")
+    return study
 
 
 def sweep(args: SweepArgs) -> SweepSummary:
@@ -219,30 +255,11 @@ def sweep(args: SweepArgs) -> SweepSummary:
     check_spaces(args, spaces)
     task = get_task(args.task)
     opts = task.resolve_options(args.options)
-    metric = task.best_metric(TaskContext(max_length=args.max_length or task.default_max_length, options=opts))
+    metric = task.best_metric(TaskContext(max_length=args.max_length or task.default_max_length,
+                                          options=opts))
     args.out.mkdir(parents=True, exist_ok=True)
     url = args.storage or f"sqlite:///{(args.out / 'sweep.db').resolve()}"
-    # processes sharing a study must not propose the same settings: only a sweep of its own is seeded
-    # (optuna's samplers take 32-bit seeds; --seed may be up to 64 bits, folded as set_seed folds numpy's)
-    how = {"sampler": optuna.samplers.TPESampler(seed=None if args.storage else args.train.seed % 2**32),
-           "pruner": optuna.pruners.MedianPruner(n_startup_trials=2) if args.prune else optuna.pruners.NopPruner()}
-    try:
-        storage = _storage(optuna, url)
-        try:  # a study that exists is only read: a finished one is reported from a read-only database too
-            study = optuna.load_study(study_name=args.study, storage=storage, **how)
-        except KeyError:
-            study = optuna.create_study(study_name=args.study, storage=storage, load_if_exists=True,
-                                        direction="maximize" if task.greater_is_better else "minimize", **how)
-    except Exception as e:  # noqa: BLE001 - the storage's own errors, as one line
-        raise _storage_error(e, url) from None
-    key = {"task": args.task, "metric": metric, "search": {n: s.describe() for n, s in sorted(spaces.items())}}
-    have = study.user_attrs.get("mlmkit")
-    if have is None:
-        with _writes(url):
-            study.set_user_attr("mlmkit", key)
-    elif have != key:
-        raise ConfigError(f"study {args.study!r} in {redacted(url)} was made for {have}, not {key}",
-                          "resume with the same task and --search, or choose another --study")
+    study = _open_study(optuna, args, task.greater_is_better, metric, spaces, url)
 
     def objective(trial: Any) -> float:
         params = {n: s.suggest(trial) for n, s in spaces.items()}
@@ -262,7 +279,8 @@ def sweep(args: SweepArgs) -> SweepSummary:
             return float("nan")
         value = result.get(f"eval_{metric}", result.get(metric))
         if not isinstance(value, (int, float)):
-            stopped.append(ConfigError(f"trial {trial.number}: the run reported no {metric}", "check the --eval data"))
+            stopped.append(ConfigError(f"trial {trial.number}: the run reported no {metric}",
+                                       "check the --eval data"))
             trial.study.stop()
             return float("nan")
         log.info("trial %d: %s %.4f", trial.number, metric, value)
@@ -280,8 +298,9 @@ def sweep(args: SweepArgs) -> SweepSummary:
         optuna.logging.set_verbosity(optuna.logging.ERROR)  # mlmkit says what each trial did, once
         try:
             with _writes(url):
-                study.optimize(objective, callbacks=[optuna.study.MaxTrialsCallback(args.trials, states=finished),
-                                                     enough_failed], catch=(), gc_after_trial=True)
+                study.optimize(objective,
+                               callbacks=[optuna.study.MaxTrialsCallback(args.trials, states=finished),
+                                          enough_failed], catch=(), gc_after_trial=True)
         finally:
             optuna.logging.set_verbosity(quiet)
     if stopped:
@@ -294,7 +313,8 @@ def _storage_error(e: BaseException, url: str) -> ConfigError:
     first = str(e).splitlines()[0][:300] if str(e) else ""
     hint = "check the URL (sqlite:///PATH, postgresql://..., mysql://...) and that the database is reachable"
     if "readonly" in first.replace("-", "").replace(" ", "").lower():
-        hint = "the study can be read, not written: make the database (and its directory) writable, or give another --storage"
+        hint = ("the study can be read, not written: make the database (and its directory) writable, or give "
+                "another --storage")
     return ConfigError(scrubbed(f"--storage {url}: {type(e).__name__}: {first}", url), hint)
 
 
@@ -309,7 +329,8 @@ def _writes(url: str) -> Iterator[None]:
     except Exception as e:
         # optuna wraps a failed commit in its StorageInternalError, with the driver's error as the cause
         cause = e.__cause__ if isinstance(e, StorageInternalError) and e.__cause__ is not None else e
-        if type(cause).__module__.split(".")[0] not in ("sqlalchemy", "sqlite3", "psycopg2", "pymysql", "MySQLdb"):
+        if type(cause).__module__.split(".")[0] not in ("sqlalchemy", "sqlite3", "psycopg2", "pymysql",
+                                                        "MySQLdb"):
             raise
         raise _storage_error(cause, url) from None
 
@@ -317,12 +338,14 @@ def _writes(url: str) -> Iterator[None]:
 def summary(study: Any, metric: str) -> SweepSummary:
     import optuna
 
-    trials: list[TrialRecord] = [{"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
+    trials: list[TrialRecord] = [{"number": t.number, "state": t.state.name, "value": t.value,
+                                  "params": t.params,
                                   "run": t.user_attrs.get("run"), "host": t.user_attrs.get("host")}
                                  for t in study.get_trials(deepcopy=False)]
     done = [t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))]
     if not done:
-        raise ConfigError("the sweep has no complete trial", "see the trials' errors above; every trial failed or was pruned")
+        raise ConfigError("the sweep has no complete trial",
+                          "see the trials' errors above; every trial failed or was pruned")
     best = study.best_trial
     return {"metric": metric, "best_run": best.user_attrs.get("run"), "best_params": best.params,
             "best_value": best.value, "trial": best.number, "trials": trials}

@@ -69,7 +69,8 @@ def _require(module: str, what: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise ConfigError(f"--report-to {what} needs the {module.split('.')[0]} package", EXTRA_HINT) from None
+        raise ConfigError(f"--report-to {what} needs the {module.split('.')[0]} package",
+                          EXTRA_HINT) from None
 
 
 class TensorBoard:
@@ -95,12 +96,14 @@ class TensorBoard:
 
     def _error(self, e: OSError) -> ConfigError:
         return ConfigError(f"--report-to tensorboard: cannot write {self.dir}: {e.strerror or e}",
-                           "give --out on a disk that can be written, or leave tensorboard out of --report-to")
+                           "give --out on a disk that can be written, or leave tensorboard out of "
+                           "--report-to")
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         try:
             for k, v in scalars.items():
-                self.writer.add_scalar(k.replace("eval_", "eval/", 1) if k.startswith("eval_") else f"train/{k}", v, step)
+                self.writer.add_scalar(k.replace("eval_", "eval/", 1) if k.startswith("eval_")
+                                       else f"train/{k}", v, step)
             self.writer.flush()
         except OSError as e:
             raise self._error(e) from None
@@ -133,7 +136,8 @@ class MLflow:
         uri = mlflow.get_tracking_uri()
         self.run_info, self.failed = run, False
         state = read_json(run.out / STATE) if (run.out / STATE).exists() else {}
-        run_id = os.environ.get("MLFLOW_RUN_ID") or (state.get("mlflow_run_id") if run.resumed_from is not None else None)
+        run_id = os.environ.get("MLFLOW_RUN_ID") or (state.get("mlflow_run_id")
+                                                     if run.resumed_from is not None else None)
         try:
             _reachable(uri)  # in seconds, before MLflow's own retries (minutes by default)
             self.client = MlflowClient()
@@ -145,7 +149,8 @@ class MLflow:
                 exp = mlflow.set_experiment(name) if name else None
                 experiment_id = exp.experiment_id if exp else "0"
                 self.run_id = self.client.create_run(experiment_id, run_name=run.out.name,
-                                                     tags={"mlflow.source.name": "mlmkit", **run.tags}).info.run_id
+                                                     tags={"mlflow.source.name": "mlmkit",
+                                                           **run.tags}).info.run_id
             self.done = self._logged_steps()
             params = {k: str(v)[:6000] for k, v in run.params.items()}
             known = self.client.get_run(self.run_id).data.params
@@ -154,15 +159,19 @@ class MLflow:
                 self.client.log_batch(self.run_id, params=new)
         except Exception as e:  # noqa: BLE001 - any failure of the store, as one line, without its password
             first = str(e).splitlines()[0][:300] if str(e) else ""
-            raise ConfigError(scrubbed(f"--report-to mlflow: cannot use the tracking store {uri}: {type(e).__name__}: "
+            raise ConfigError(scrubbed(f"--report-to mlflow: cannot use the tracking store {uri}: "
+                                       f"{type(e).__name__}: "
                                        f"{first}", uri),
-                              "check MLFLOW_TRACKING_URI (and MLFLOW_RUN_ID), or drop --report-to mlflow") from None
-        write_json(run.out / STATE, {**state, "mlflow_run_id": self.run_id, "mlflow_tracking_uri": redacted(uri)})
+                              "check MLFLOW_TRACKING_URI (and MLFLOW_RUN_ID), or drop --report-to mlflow",
+                              ) from None
+        write_json(run.out / STATE,
+                   {**state, "mlflow_run_id": self.run_id, "mlflow_tracking_uri": redacted(uri)})
 
     def _logged_steps(self) -> dict[str, int]:
         """The last step the run holds for each metric (a resumed run does not log those again)."""
         metrics = self.client.get_run(self.run_id).data.metrics
-        return {k: max((m.step for m in self.client.get_metric_history(self.run_id, k)), default=-1) for k in metrics}
+        return {k: max((m.step for m in self.client.get_metric_history(self.run_id, k)), default=-1)
+                for k in metrics}
 
     def _guard(self, what: str, fn: Callable[[], Any]) -> None:
         if self.failed:
@@ -174,7 +183,8 @@ class MLflow:
 
             self.failed = True
             first = str(e).splitlines()[0][:200] if str(e) else ""
-            log.warning("%s", scrubbed(f"--report-to mlflow: {what} failed ({type(e).__name__}: {first}); no more MLflow "
+            log.warning("%s", scrubbed(f"--report-to mlflow: {what} failed ({type(e).__name__}: {first}); no "
+                                       "more MLflow "
                                        "logging for this run", mlflow.get_tracking_uri()))
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
@@ -191,7 +201,8 @@ class MLflow:
     def finish(self, files: Sequence[Path], status: str) -> None:
         for f in files:
             if f.is_dir():
-                self._guard(f"sending {f.name}", partial(self.client.log_artifacts, self.run_id, str(f), f.name))
+                self._guard(f"sending {f.name}",
+                            partial(self.client.log_artifacts, self.run_id, str(f), f.name))
             elif f.exists():
                 self._guard(f"sending {f.name}", partial(self.client.log_artifact, self.run_id, str(f)))
         self._guard("ending the run", lambda: self.client.set_terminated(self.run_id, status=status))
@@ -209,7 +220,8 @@ def _reachable(uri: str, seconds: float = 5.0) -> None:
 
 
 REPORTERS: dict[str, Callable[[], Reporter]] = {"tensorboard": TensorBoard, "mlflow": MLflow}
-"""--report-to names and their backends; a new backend is a class with start / log / finish and a line here."""
+"""--report-to names and their backends; a new backend is a class with start / log / finish and a line
+here."""
 
 
 def parse_report_to(value: str | Sequence[str] | None) -> list[str]:
@@ -236,7 +248,8 @@ class Reporters:
             r.start(run)
 
     def log(self, rec: Mapping[str, float]) -> None:
-        scalars = {k: float(v) for k, v in rec.items() if k not in ("step", "epoch") and isinstance(v, (int, float))
+        scalars = {k: float(v) for k, v in rec.items() if k not in ("step", "epoch")
+                   and isinstance(v, (int, float))
                    and not isinstance(v, bool) and math.isfinite(v)}
         if self.all and scalars:
             for r in self.all:

@@ -17,6 +17,8 @@ class ClsOnlyGraph(nn.Module):
         self.model = model
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None
     ) -> dict[str, torch.Tensor]:
-        return {"logits": self.model.classifier(encode_cls(self.model.bert, input_ids, attention_mask, token_type_ids))}
+        return {"logits": self.model.classifier(encode_cls(self.model.bert, input_ids, attention_mask,
+                                                           token_type_ids))}

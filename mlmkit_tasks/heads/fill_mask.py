@@ -33,8 +33,10 @@ class FillMask(torch.nn.Module):
         h = head.transform(x.reshape(-1, H).index_select(0, rows))  # (N, H)
         # F.linear on a 2-D input exports as Gemm(transB=1) reading the embedding matrix itself, so the
         # tied decoder weight is stored once (a MatMul on its transpose would get a folded second copy)
-        probs, ids = torch.topk(torch.softmax(F.linear(h, head.decoder.weight, head.bias), dim=-1), self.k, dim=-1)
-        flat = x.new_zeros(B * T, self.k, dtype=torch.float32)  # float32 whatever autocast computes in: ids stay exact
+        probs, ids = torch.topk(torch.softmax(F.linear(h, head.decoder.weight, head.bias), dim=-1), self.k,
+                                dim=-1)
+        # float32 whatever autocast computes in: ids stay exact
+        flat = x.new_zeros(B * T, self.k, dtype=torch.float32)
         indices = (flat - 1).index_put((rows,), ids.float())
         values = flat.index_put((rows,), probs.float())
         return {"indices": indices.reshape(B, T, self.k), "values": values.reshape(B, T, self.k)}

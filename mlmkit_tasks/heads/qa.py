@@ -35,5 +35,6 @@ class BertForQuestionAnswering(nn.Module):
         if start_positions is not None and end_positions is not None:
             T = start.size(1)
             sp, ep = start_positions.view(-1).clamp(0, T), end_positions.view(-1).clamp(0, T)
-            out["loss"] = (F.cross_entropy(start.float(), sp, ignore_index=T) + F.cross_entropy(end.float(), ep, ignore_index=T)) / 2
+            out["loss"] = (F.cross_entropy(start.float(), sp, ignore_index=T)
+                           + F.cross_entropy(end.float(), ep, ignore_index=T)) / 2
         return out

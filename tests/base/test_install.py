@@ -32,7 +32,8 @@ def base_closure(name: str = "mlmkit") -> dict[str, metadata.Distribution]:
         key = re.sub(r"[-_.]+", "-", todo.pop()).lower()
         if key in found:
             continue
-        dist = next(iter(metadata.distributions(name=key, path=[SITE])))  # installed, not a source tree's egg-info
+        # installed, not a source tree's egg-info
+        dist = next(iter(metadata.distributions(name=key, path=[SITE])))
         found[key] = dist
         for spec in dist.requires or []:
             req = Requirement(spec)
@@ -43,7 +44,8 @@ def base_closure(name: str = "mlmkit") -> dict[str, metadata.Distribution]:
 
 def link_install(venv: Path, dists: dict[str, metadata.Distribution]) -> None:
     """Each distribution's files, top-level entries linked into the venv's site-packages."""
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
+                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
     here = Path(SITE)
     for dist in dists.values():
@@ -61,12 +63,14 @@ def torch_free(tmp_path_factory) -> dict[str, Path]:
     dists = base_closure()
     link_install(venv, dists)
     rows = root / "train.csv"
-    rows.write_text("text,label\n" + "".join(f"{w} {w} cat,{'pos' if i % 2 else 'neg'}\n" for i, w in enumerate(WORDS * 3)))
+    rows.write_text("text,label\n"
+                    + "".join(f"{w} {w} cat,{'pos' if i % 2 else 'neg'}\n" for i, w in enumerate(WORDS * 3)))
     base = make_base_model(root / "base", [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))])
     run_finetune("classification", base, rows, root / "clf", epochs=1, max_length=16)
     run_export(root / "clf", root / "clf-bundle")
     run_export(base, root / "emb-bundle", task="embedding")
-    return {"python": venv / "bin" / "python", "clf": root / "clf-bundle", "emb": root / "emb-bundle", "rows": rows,
+    return {"python": venv / "bin" / "python", "clf": root / "clf-bundle", "emb": root / "emb-bundle",
+            "rows": rows,
             "base": base}
 
 
@@ -81,20 +85,24 @@ def test_bundles_run_without_torch(torch_free: dict[str, Path]) -> None:
     r = subprocess.run([py, "-c", "import torch"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "No module named 'torch'" in r.stderr
     for command, bundle, key in (("embed", "emb", "embedding"), ("classify", "clf", "label")):
-        r = subprocess.run([py, "-m", "mlmkit", command, str(torch_free[bundle]), "a red cat", "the big house"],
+        r = subprocess.run([py, "-m", "mlmkit", command, str(torch_free[bundle]), "a red cat",
+                            "the big house"],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr[-2000:]
         results = [json.loads(line) for line in r.stdout.splitlines()]
         assert len(results) == 2 and all(key in x for x in results), r.stdout[:500]
-    r = subprocess.run([py, "-m", "mlmkit", "evaluate", str(torch_free["clf"]), "--data", str(torch_free["rows"])],
+    r = subprocess.run([py, "-m", "mlmkit", "evaluate", str(torch_free["clf"]), "--data",
+                        str(torch_free["rows"])],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "accuracy" in r.stdout, r.stderr[-2000:]
 
 
 def test_training_without_torch_says_what_to_install(torch_free: dict[str, Path], tmp_path: Path) -> None:
     r = subprocess.run([str(torch_free["python"]), "-m", "mlmkit", "finetune", "classification", "--model",
-                        str(torch_free["base"]), "--train", str(torch_free["rows"]), "--out", str(tmp_path / "run")],
+                        str(torch_free["base"]), "--train", str(torch_free["rows"]), "--out",
+                        str(tmp_path / "run")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "needs torch" in lines[0] and "pip install 'mlmkit[train]'" in lines[0], r.stderr
+    assert (len(lines) == 1 and "needs torch" in lines[0]
+            and "pip install 'mlmkit[train]'" in lines[0]), r.stderr

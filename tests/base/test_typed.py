@@ -54,7 +54,8 @@ def test_a_good_object_is_read_typed_and_written_back_as_read():
 ])
 def test_a_wrong_field_is_one_line_naming_the_file_and_the_field(change, field_named, said):
     with pytest.raises(BundleError) as e:
-        from_json(Shape, {**GOOD, **change}, "dir/x.json", error=BundleError, fix="re-create it", rest="other")
+        from_json(Shape, {**GOOD, **change}, "dir/x.json", error=BundleError, fix="re-create it",
+                  rest="other")
     assert "dir/x.json" in str(e.value) and field_named in str(e.value) and said in str(e.value)
     assert "\n" not in str(e.value) and e.value.hint == "re-create it"
 

@@ -32,7 +32,8 @@ def files(tmp_path_factory) -> dict[str, Path]:
                  max_position_embeddings=64)
     save_config(ModelConfig(vocab_size=V, **small), d / "config.json")
     save_config(ModelConfig(vocab_size=V + 50, **small), d / "wrong.json")
-    return {"dir": d, "corpus": d / "corpus.txt", "tok": d / "tok" / "tokenizer.json", "config": d / "config.json",
+    return {"dir": d, "corpus": d / "corpus.txt", "tok": d / "tok" / "tokenizer.json",
+            "config": d / "config.json",
             "wrong": d / "wrong.json", "V": V}
 
 
@@ -128,7 +129,8 @@ def test_success_prints_metrics_as_json_when_piped(files, tmp_path):
 
 
 def test_debug_shows_the_exception(files, tmp_path):
-    r = runner.invoke(app, ["--debug", "pretrain", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "run")])
+    r = runner.invoke(app,
+                      ["--debug", "pretrain", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "run")])
     assert r.exit_code != 0 and r.exception is not None and "not found" in str(r.exception)
 
 
@@ -142,12 +144,15 @@ def test_a_new_run_into_a_directory_with_checkpoints_is_refused(files, tmp_path)
 
 def test_tokenizer_train_to_a_named_file_leaves_a_tokenizer_json_beside_it_alone(files, tmp_path):
     (tmp_path / "tokenizer.json").write_text("precious")
-    res = runner.invoke(app, ["tokenizer", "train", str(files["corpus"]), "--vocab-size", "80", "--out", str(tmp_path / "mine.json")])
+    res = runner.invoke(app, ["tokenizer", "train", str(files["corpus"]), "--vocab-size", "80", "--out",
+                              str(tmp_path / "mine.json")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "tokenizer.json").read_text() == "precious"
     assert json.loads((tmp_path / "mine.json").read_text())["model"]["type"] == "WordPiece"
-    res = runner.invoke(app, ["tokenizer", "train", str(files["corpus"]), "--vocab-size", "80", "--out", str(tmp_path / "d")])
-    assert res.exit_code == 0 and {"tokenizer.json", "vocab.txt"} <= {p.name for p in (tmp_path / "d").iterdir()}
+    res = runner.invoke(app, ["tokenizer", "train", str(files["corpus"]), "--vocab-size", "80", "--out",
+                              str(tmp_path / "d")])
+    assert res.exit_code == 0 and {"tokenizer.json",
+                                   "vocab.txt"} <= {p.name for p in (tmp_path / "d").iterdir()}
 
 
 def test_an_os_error_is_one_line_too(files, tmp_path):
@@ -160,29 +165,36 @@ def test_an_os_error_is_one_line_too(files, tmp_path):
 # ---- prepare once, train many times ----------------------------------------------------------------
 def test_tokenize_then_pretrain_from_the_shard_trains_as_from_the_files(files, tmp_path):
     shard = tmp_path / "shard"
-    r = runner.invoke(app, ["tokenize", str(files["corpus"]), "--tokenizer", str(files["tok"]), "--out", str(shard)])
+    r = runner.invoke(app, ["tokenize", str(files["corpus"]), "--tokenizer", str(files["tok"]), "--out",
+                            str(shard)])
     assert r.exit_code == 0, r.output
-    assert {"tokens.bin", "sentences.bin", "documents.bin", "manifest.json", "tokenizer.json"} <= {p.name for p in shard.iterdir()}
+    assert {"tokens.bin", "sentences.bin", "documents.bin", "manifest.json",
+            "tokenizer.json"} <= {p.name for p in shard.iterdir()}
     common = ["--config", files["config"], "--steps", "3", "--batch-size", "2", "--seq-len", "32"]
     from_files = pretrain(files["corpus"], "--out", tmp_path / "a", "--tokenizer", files["tok"], *common)
     from_shard = pretrain("--data", shard, "--out", tmp_path / "b", *common)  # the shard's own tokenizer
     assert from_files.exit_code == 0 and from_shard.exit_code == 0, (from_files.output, from_shard.output)
     a, b = (json.loads(x.stdout.strip().splitlines()[-1]) for x in (from_files, from_shard))
-    assert a["loss"] == b["loss"] and a["eval_mlm_accuracy"] == b["eval_mlm_accuracy"]  # the same tokens, the same batches
-    assert json.loads((tmp_path / "b" / "mlmkit.json").read_text())["corpus"] == [str(files["corpus"].resolve())]
+    # the same tokens, the same batches
+    assert a["loss"] == b["loss"] and a["eval_mlm_accuracy"] == b["eval_mlm_accuracy"]
+    assert json.loads((tmp_path / "b" / "mlmkit.json").read_text())["corpus"] == [str(
+        files["corpus"].resolve())]
     # tokenize again over it: replaced; over a directory that is not a shard: refused
-    again = runner.invoke(app, ["tokenize", str(files["corpus"]), "--tokenizer", str(files["tok"]), "--out", str(shard)])
+    again = runner.invoke(app, ["tokenize", str(files["corpus"]), "--tokenizer", str(files["tok"]), "--out",
+                                str(shard)])
     assert again.exit_code == 0 and not list(tmp_path.glob(".shard*"))
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "todo.txt").write_text("mine")
-    line = one_error_line(runner.invoke(app, ["tokenize", str(files["corpus"]), "--tokenizer", str(files["tok"]),
-                                              "--out", str(tmp_path / "notes")]))
+    line = one_error_line(runner.invoke(app,
+                                        ["tokenize", str(files["corpus"]), "--tokenizer", str(files["tok"]),
+                                         "--out", str(tmp_path / "notes")]))
     assert "is not a token shard" in line and (tmp_path / "notes" / "todo.txt").exists()
 
 
 def test_pretrain_data_errors(files, tmp_path):
     shard = tmp_path / "shard"
-    assert runner.invoke(app, ["tokenize", str(files["corpus"]), "--tokenizer", str(files["tok"]), "--out", str(shard)]).exit_code == 0
+    assert runner.invoke(app, ["tokenize", str(files["corpus"]), "--tokenizer", str(files["tok"]), "--out",
+                               str(shard)]).exit_code == 0
     other = train_tokenizer(["some other words entirely"] * 20, vocab_size=60, min_frequency=1)
     save_tokenizer(other, tmp_path / "other")
     cases = [
@@ -207,8 +219,10 @@ def test_bf16_by_default_only_where_the_cpu_has_it_and_it_was_measured_faster(na
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     cpu = torch.device("cpu")
-    small, large = (BertModel(ModelConfig(vocab_size=64, hidden_size=h, num_hidden_layers=1, num_attention_heads=2,
-                                         intermediate_size=2 * h)) for h in (BF16_MIN_HIDDEN // 2, BF16_MIN_HIDDEN))
+    small, large = (BertModel(ModelConfig(vocab_size=64, hidden_size=h, num_hidden_layers=1,
+                                          num_attention_heads=2,
+                                         intermediate_size=2 * h))
+                    for h in (BF16_MIN_HIDDEN // 2, BF16_MIN_HIDDEN))
     assert use_bf16(None, cpu, large) is native  # undecided: on where native
     assert use_bf16(None, cpu, small) is False  # smaller than any size measured faster: fp32
     assert use_bf16(False, cpu, large) is False  # --no-bf16

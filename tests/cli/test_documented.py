@@ -30,8 +30,9 @@ def table_rows(text: str) -> list[str]:
 
 def test_the_readme_has_a_row_for_every_command():
     rows = table_rows((ROOT / "README.md").read_text())
-    missing = [c for c in commands() if not any(r.startswith(f"| `mlmkit {c} ") or r.startswith(f"| `mlmkit {c}`")
-                                                 for r in rows)]
+    missing = [c for c in commands()
+               if not any(r.startswith(f"| `mlmkit {c} ") or r.startswith(f"| `mlmkit {c}`")
+                           for r in rows)]
     assert not missing, missing
 
 

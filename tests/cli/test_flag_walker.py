@@ -39,12 +39,14 @@ TASKS = tuple(COMMAND_OF)
 
 
 def options(command: str) -> list[Any]:
-    return [p for p in CLI.commands[command].params if p.param_type_name == "option" and p.opts[0] != "--help"]
+    return [p for p in CLI.commands[command].params if p.param_type_name == "option" and p.opts[0]
+            != "--help"]
 
 
 def one_red_line(r: Any, *names: str) -> str:
     text = " ".join(r.stderr.split())  # rich wraps the line at the terminal width
-    assert r.exit_code == 2 and "Traceback" not in r.output and text.startswith("error:") and text.count("error:") == 1, \
+    assert r.exit_code == 2 and "Traceback" not in r.output and text.startswith("error:") and text.count(
+        "error:") == 1, \
         r.output
     for name in names:
         assert name in text, text
@@ -67,8 +69,9 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 INPUTS = {  # the records each task's bundle answers; "id" is carried by --id-column
-    "fill-mask": [{"id": i, "text": t} for i, t in enumerate(["the cat [MASK] on the mat", "john went to [MASK]",
-                                                              "a [MASK] dog"])],
+    "fill-mask": [{"id": i, "text": t}
+                  for i, t in enumerate(["the cat [MASK] on the mat", "john went to [MASK]",
+                                         "a [MASK] dog"])],
     "qa": [{"id": i, "question": q, "context": "john went to paris and mary saw the river"}
            for i, q in enumerate(["who went", "where did john go", "what did mary see"])],
     "rerank": [{"id": i, "text": "where did john go", "text_pair": d}
@@ -91,17 +94,21 @@ def generic_flag(flag: str, d: Path) -> list[str] | None:
     out = str(d / "out.parquet")
     return {
         "--input": [],  # the base run's
-        "--output": ["--output", out], "--batch-size": ["--batch-size", "2"], "--batch-tokens": ["--batch-tokens", "48"],
+        "--output": ["--output", out], "--batch-size": ["--batch-size", "2"],
+        "--batch-tokens": ["--batch-tokens", "48"],
         "--device": ["--device", "cuda"], "--threads": ["--threads", "1"], "--json": ["--json"],
         "--window": ["--window", "2"], "--workers": ["--workers", "1"], "--on-error": ["--on-error", "skip"],
-        "--errors": ["--on-error", "skip", "--errors", str(d / "bad.jsonl")], "--resume": ["--resume", "--output", out],
+        "--errors": ["--on-error", "skip", "--errors", str(d / "bad.jsonl")],
+        "--resume": ["--resume", "--output", out],
         "--id-column": ["--id-column", "id"], "--max-record-bytes": ["--max-record-bytes", "4096"],
         "--engine": ["--engine", "local"], "--address": None,
-        "--precision": ["--precision", "auto"],  # the default's path: bf16 through OpenVINO where the CPU has bf16 units
+        # the default's path: bf16 through OpenVINO where the CPU has bf16 units
+        "--precision": ["--precision", "auto"],
         "--min-agreement": ["--precision", "auto", "--min-agreement", "0.5"],
         "--option": ["--option", "no_such_option=1"],  # refused: every task names its options
         "--context": [],  # qa's: the questions are arguments then (below)
-        "--chunk-tokens": ["--chunk-tokens", "4"], "--chunk-overlap": ["--chunk-tokens", "4", "--chunk-overlap", "1"],
+        "--chunk-tokens": ["--chunk-tokens", "4"],
+        "--chunk-overlap": ["--chunk-tokens", "4", "--chunk-overlap", "1"],
         "--chunk-sentences": ["--chunk-tokens", "4", "--chunk-sentences"],  # embed's
     }[flag]
 
@@ -133,7 +140,8 @@ def answers(r: Any, argv: list[str]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("task", TASKS)
-def test_every_inference_flag_on_a_bundle_of_every_task(bundles: dict[str, Path], task: str, tmp_path: Path) -> None:
+def test_every_inference_flag_on_a_bundle_of_every_task(bundles: dict[str, Path], task: str,
+                                                        tmp_path: Path) -> None:
     """predict and the task's own command, every flag: it runs and answers every input, or it is
     refused in one line naming it (a task option the bundle's task does not have, the commands that
     do not serve this task); the other commands refuse the bundle in one line."""
@@ -157,10 +165,12 @@ def test_every_inference_flag_on_a_bundle_of_every_task(bundles: dict[str, Path]
                 f.unlink(missing_ok=True)
             argv, expect = base + extra, n
             if flag == "--context":
-                argv, expect = [command, str(bundle), "who went", "where did john go", "--context", "john went to paris"], 2
+                argv, expect = [command, str(bundle), "who went", "where did john go", "--context",
+                                "john went to paris"], 2
             r = runner.invoke(app, argv)
             walked += 1
-            if flag in REFUSED:  # an unknown task option; --resume with no job killed (tests/jobs/test_batch.py resumes)
+            # an unknown task option; --resume with no job killed (tests/jobs/test_batch.py resumes)
+            if flag in REFUSED:
                 one_red_line(r, REFUSED[flag])
                 continue
             if name is not None and name not in declared(task):
@@ -205,10 +215,12 @@ BASE = {  # enough of each command to parse, pointing at files that need not exi
 VALUES = {"--errors": "bad.jsonl", "--address": "auto", "--dims": "8"}
 
 
-def test_a_flag_that_goes_with_another_is_refused_without_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_flag_that_goes_with_another_is_refused_without_it(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     found = partners()
-    assert {("classify", "--errors"), ("predict", "--address"), ("index", "--address"), ("finetune", "--log-model"),
+    assert {("classify", "--errors"), ("predict", "--address"), ("index", "--address"),
+            ("finetune", "--log-model"),
             ("pretrain", "--resume-force"), ("distill", "--dims")} <= {(c, f) for c, f, _, _ in found}
     for command, flag, partner, _ in found:
         argv = BASE[command] + [flag] + ([VALUES[flag]] if flag in VALUES else [])
@@ -250,7 +262,8 @@ def walk(command: str, flags: dict[str, list[str] | None]) -> list[str]:
     return seen
 
 
-def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[str, Path], tmp_path: Path) -> None:
+def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[str, Path],
+                                                                 tmp_path: Path) -> None:
     """rerank on a reranker, index on the embedding and SPLADE bundles, search on their indexes: every
     flag runs with its effect seen, or is refused in one line naming it; every other task's bundle is
     refused in one line."""
@@ -260,8 +273,10 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
     records.write_text("".join(json.dumps({"doc": f"d{i}", "body": t}) + "\n" for i, t in enumerate(DOCS)))
     more = tmp_path / "more.jsonl"
     more.write_text("".join(json.dumps({"_id": f"m{i}", "text": t}) + "\n" for i, t in enumerate(DOCS[:2])))
-    every = tmp_path / "every.jsonl"  # the documents of the index with `more` appended: what BM25 ranks beside it
-    every.write_text(records.read_text() + "".join(json.dumps({"doc": f"m{i}", "body": t}) + "\n" for i, t in enumerate(DOCS[:2])))
+    # the documents of the index with `more` appended: what BM25 ranks beside it
+    every = tmp_path / "every.jsonl"
+    every.write_text(records.read_text() + "".join(json.dumps({"doc": f"m{i}", "body": t}) + "\n"
+                                                   for i, t in enumerate(DOCS[:2])))
     queries = tmp_path / "queries.jsonl"
     queries.write_text(json.dumps({"q": "where did john go"}) + "\n" + json.dumps({"q": "a cat"}) + "\n")
 
@@ -274,18 +289,22 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
         if task not in ("rerank", "colbert"):
             one_red_line(runner.invoke(app, base), str(bundles[task]))
             continue
-        late = task == "colbert"  # MaxSim: a sum over the query's tokens, not a probability; no logits to show raw
+        # MaxSim: a sum over the query's tokens, not a probability; no logits to show raw
+        late = task == "colbert"
         plain = jsonl(runner.invoke(app, base).stdout)
-        assert sorted(x["index"] for x in plain) == [0, 1, 2, 3] and all(late or 0 < x["score"] < 1 for x in plain)
+        assert sorted(x["index"] for x in plain) == [0, 1, 2,
+                                                     3] and all(late or 0 < x["score"] < 1 for x in plain)
         for flag in walk("rerank", rr):
             r = runner.invoke(app, base + rr[flag])
             assert r.exit_code == 0, (flag, r.output)
             got = jsonl(r.stdout)
             if flag == "--top-n":
                 assert got == plain[:2]
-            elif flag == "--raw-scores" and not late:  # the logits, ranked alike, whose sigmoid is the plain score
+            # the logits, ranked alike, whose sigmoid is the plain score
+            elif flag == "--raw-scores" and not late:
                 assert [x["index"] for x in got] == [x["index"] for x in plain]
-                assert all(abs(1 / (1 + 2.718281828459045 ** -g["score"]) - p["score"]) < 1e-5 for g, p in zip(got, plain))
+                assert all(abs(1 / (1 + 2.718281828459045 ** -g["score"]) - p["score"]) < 1e-5
+                           for g, p in zip(got, plain))
             else:
                 assert got == plain, flag
 
@@ -293,7 +312,8 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
     ix: dict[str, Path] = {}
     for task in TASKS:
         out = tmp_path / f"ix-{task}"
-        base = ["index", str(bundles[task]), "--corpus", str(records), "--out", str(out), "--id-column", "doc",
+        base = ["index", str(bundles[task]), "--corpus", str(records), "--out", str(out), "--id-column",
+                "doc",
                 "--text-column", "body", "--json"]
         r = runner.invoke(app, base)
         if task not in ("embedding", "sparse-embedding", "colbert"):
@@ -308,11 +328,13 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
             "--rescore-copy": ["--quantize", "int8", "--rescore-copy", "float16"],
             "--append": None, "--resume": None,  # below, on the index just built
             "--window": ["--window", "2"], "--workers": ["--workers", "1"], "--threads": ["--threads", "1"],
-            "--batch-size": ["--batch-size", "2"], "--device": ["--device", "cuda"], "--engine": ["--engine", "local"],
+            "--batch-size": ["--batch-size", "2"], "--device": ["--device", "cuda"],
+            "--engine": ["--engine", "local"],
             "--address": None,  # refused without --engine ray (the partner test)
             "--precision": ["--precision", "auto"], "--bits": ["--bits", "1"],
             "--delete": None, "--upsert": None, "--compact": None,  # below, on a copy of the index just built
-            "--chunk-tokens": ["--chunk-tokens", "4"], "--chunk-overlap": ["--chunk-tokens", "4", "--chunk-overlap", "1"],
+            "--chunk-tokens": ["--chunk-tokens", "4"],
+            "--chunk-overlap": ["--chunk-tokens", "4", "--chunk-overlap", "1"],
             "--chunk-sentences": ["--chunk-tokens", "4", "--chunk-sentences"],
             "--prompt-name": ["--prompt-name", "document"], "--dimensions": ["--dimensions", "4"],
         }
@@ -338,26 +360,32 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
             if flag == "--dimensions":
                 assert m["dims"] == 4 and m["count"] == len(DOCS), m
                 continue
-            if flag.startswith("--chunk"):  # a row a chunk: more rows than documents, each searched as its document
-                assert m["count"] > len(DOCS) and Index.open(other).manifest["chunks"]["tokens"] == 4, (flag, m)
+            # a row a chunk: more rows than documents, each searched as its document
+            if flag.startswith("--chunk"):
+                assert m["count"] > len(DOCS) and Index.open(other).manifest["chunks"]["tokens"] == 4, (flag,
+                                                                                                        m)
                 continue
             assert m["count"] == len(DOCS), (flag, m)
             if flag in ("--quantize", "--rescore-copy"):
                 assert m["quantization"] == "int8"
             if flag == "--ann":
                 assert m["ann"] == "hnsw"
-        r = runner.invoke(app, ["index", str(bundles[task]), "--corpus", str(more), "--out", str(out), "--append", "--json"])
+        r = runner.invoke(app, ["index", str(bundles[task]), "--corpus", str(more), "--out", str(out),
+                                "--append", "--json"])
         assert r.exit_code == 0 and json.loads(r.stdout)["count"] == len(DOCS) + 2, r.output
-        r = runner.invoke(app, [*base, "--resume"])  # a finished build: nothing to continue (it added the corpus again)
+        # a finished build: nothing to continue (it added the corpus again)
+        r = runner.invoke(app, [*base, "--resume"])
         one_red_line(r, "--resume: no unfinished build")
         assert Index.open(out).count == len(DOCS) + 2
         live = tmp_path / f"live-{task}"  # --upsert (m0 and m1 again), --delete, --compact
         shutil.copytree(out, live)
         (tmp_path / "gone.txt").write_text("m0\nd1\n")
-        for argv, count, deleted in ((["--upsert", str(more)], len(DOCS) + 4, 2), (["--delete", str(tmp_path / "gone.txt")], len(DOCS) + 4, 4),
+        for argv, count, deleted in ((["--upsert", str(more)], len(DOCS) + 4, 2),
+                                     (["--delete", str(tmp_path / "gone.txt")], len(DOCS) + 4, 4),
                                      (["--compact"], len(DOCS), 0)):
             r = runner.invoke(app, ["index", str(live), *argv, "--json"])
-            assert r.exit_code == 0 and (json.loads(r.stdout)["count"], json.loads(r.stdout)["deleted"]) == (count, deleted), (argv, r.output)
+            assert (r.exit_code == 0 and (json.loads(r.stdout)["count"], json.loads(r.stdout)["deleted"])
+                    == (count, deleted)), (argv, r.output)
         assert Index.open(live).live == len(DOCS)
 
     # search, on both indexes
@@ -366,14 +394,18 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
         r = runner.invoke(app, base)
         plain = jsonl(r.stdout)
         assert len(plain) == 1 and plain[0]["hits"], r.output
-        flags = {"--input": ["--input", str(queries), "--text-column", "q"], "--text-column": None, "--json": [],
-                 "--top-k": ["--top-k", "2"], "--rescore": ["--rescore", "4"], "--bundle": ["--bundle", str(bundles[task])],
+        flags = {"--input": ["--input", str(queries), "--text-column", "q"], "--text-column": None,
+                 "--json": [],
+                 "--top-k": ["--top-k", "2"], "--rescore": ["--rescore", "4"],
+                 "--bundle": ["--bundle", str(bundles[task])],
                  "--export": ["--export", str(tmp_path / f"{task}.parquet")], "--batch": ["--batch", "1"],
                  "--precision": ["--precision", "fp32"],
                  # fused with itself (one corpus), each retriever's ranking the same: the plain hits' order
-                 "--hybrid": ["--hybrid", str(index)], "--fusion": ["--hybrid", str(index), "--fusion", "weighted"],
+                 "--hybrid": ["--hybrid", str(index)],
+                 "--fusion": ["--hybrid", str(index), "--fusion", "weighted"],
                  "--weights": ["--hybrid", str(index), "--weights", "1,2"],
-                 "--corpus": ["--hybrid", "bm25", "--corpus", str(every), "--id-column", "doc", "--corpus-column", "body"],
+                 "--corpus": ["--hybrid", "bm25", "--corpus", str(every), "--id-column", "doc",
+                              "--corpus-column", "body"],
                  "--id-column": None, "--corpus-column": None, "--where": ["--where", "id in d1,d2,m0"],
                  "--chunk-agg": ["--chunk-agg", "max"],  # the others need a chunked index (test_index.py)
                  "--prompt-name": ["--prompt-name", "query"]}  # the query prompt by its name: the plain hits
@@ -390,11 +422,13 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
                 continue
             assert r.exit_code == 0, (flag, r.output)
             if flag == "--where":
-                assert {h["id"] for h in jsonl(r.stdout)[0]["hits"]} <= {"d1", "d2", "m0"} and jsonl(r.stdout)[0]["hits"], r.output
+                assert ({h["id"] for h in jsonl(r.stdout)[0]["hits"]} <= {"d1", "d2", "m0"}
+                        and jsonl(r.stdout)[0]["hits"]), r.output
                 continue
             if flag in ("--hybrid", "--fusion", "--weights", "--corpus"):
                 ids = [h["id"] for h in jsonl(r.stdout)[0]["hits"]]
-                assert ids == [h["id"] for h in plain[0]["hits"]] if flag != "--corpus" else 0 < len(ids) == len(set(ids)), (flag, ids)
+                assert (ids == [h["id"] for h in plain[0]["hits"]] if flag != "--corpus" else 0 < len(ids)
+                        == len(set(ids))), (flag, ids)
                 continue
             if flag == "--export":
                 assert pq.read_table(tmp_path / f"{task}.parquet").num_rows == len(DOCS) + 2

@@ -23,23 +23,30 @@ ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 ALLOWED = {  # option names that mean something else per command; each command's help says what it is there
-    "--out": "what each command writes: a run, a bundle, an index, a shard, a tokenizer, mined rows, a picture",
-    "--batch-size": "a training micro-batch (sequences, features), an onnxruntime batch, or mine's queries at once",
-    "--resume": "each continues its own job: a training run's checkpoint, a batch job, an index build, a mining job",
-    "--workers": "tokenize's tokenizing processes; index's embedding processes (1) where the inference commands pick",
+    "--out": "what each command writes: a run, a bundle, an index, a shard, a tokenizer, mined rows, a "
+             "picture",
+    "--batch-size": "a training micro-batch (sequences, features), an onnxruntime batch, or mine's queries "
+                    "at once",
+    "--resume": "each continues its own job: a training run's checkpoint, a batch job, an index build, a "
+                "mining job",
+    "--workers": "tokenize's tokenizing processes; index's embedding processes (1) where the inference "
+                 "commands pick",
     "--precision": "export: the graph it writes (default auto); elsewhere the precision a bundle runs in",
-    "--min-agreement": "export: the gates measured before a bundle is written; elsewhere the gate at load time",
+    "--min-agreement": "export: the gates measured before a bundle is written; elsewhere the gate at load "
+                       "time",
     "--quantize": "export: int8 weights; index: the stored vectors' type",
     "--top-k": "fill-mask's task option; export: computed in the graph; search: hits per query",
     "--index": "evaluate's task option (retrieval); mine: exact or faiss search; serve: an index to serve",
-    "--text-column": "a task option; a corpus's field; index's documents; rerank's and search's --input records",
+    "--text-column": "a task option; a corpus's field; index's documents; rerank's and search's --input "
+                     "records",
     "--id-column": "the inference commands carry it into results; index reads the documents' ids from it",
     "--corpus": "index: the documents to index (required); mine: the documents to mine (optional)",
     "--data": "evaluate: labelled data; pretrain: a token shard",
     "--train": "finetune: labelled data in the task's format; distill: inputs the teacher labels",
     "--tokenizer": "tokenize needs one; pretrain trains one when it is absent",
     "--steps": "the quickstart's pretraining stage, not a training loop's --steps/--max-steps",
-    "--prompt-name": "the embedding task's option (its inputs' prompt); index: the documents', search: the queries'",
+    "--prompt-name": "the embedding task's option (its inputs' prompt); index: the documents', search: the "
+                     "queries'",
     "--dimensions": "the embedding task's option (a run's or bundle's default); index: the vectors it stores",
 }
 PER_COMMAND_DEFAULTS = {f.flags[0] for f in cli_fields(TrainArgs)}
@@ -64,7 +71,8 @@ def commands() -> dict[str, Any]:
 
 
 def declaration(p: Any, default: bool = True) -> tuple[Any, ...]:
-    return (p.help, tuple(p.opts), tuple(p.secondary_opts), p.required, *((repr(p.default),) if default else ()))
+    return (p.help, tuple(p.opts), tuple(p.secondary_opts), p.required,
+            *((repr(p.default),) if default else ()))
 
 
 def declarations() -> dict[str, dict[tuple[Any, ...], list[str]]]:
@@ -74,7 +82,8 @@ def declarations() -> dict[str, dict[tuple[Any, ...], list[str]]]:
         for p in cmd.params:
             if p.param_type_name == "option" and p.opts[0] != "--help":
                 flag = p.opts[0]
-                by.setdefault(flag, {}).setdefault(declaration(p, flag not in PER_COMMAND_DEFAULTS), []).append(name)
+                by.setdefault(flag, {}).setdefault(declaration(p, flag not in PER_COMMAND_DEFAULTS),
+                                                   []).append(name)
     return by
 
 
@@ -82,8 +91,8 @@ def test_an_option_shared_by_commands_is_declared_once() -> None:
     """The same name, the same help, flags and default in every command that has it, but for ALLOWED."""
     differ = {flag: ds for flag, ds in declarations().items() if len(ds) > 1}
     wrong = {flag: [(ds[d], d[0]) for d in ds] for flag, ds in differ.items() if flag not in ALLOWED}
-    assert not wrong, "declare these once (mlmkit/args.py: Engine, Runtime, Output, Inputs, Training), or say in " \
-                      f"ALLOWED why they differ: {wrong}"
+    assert not wrong, ("declare these once (mlmkit/args.py: Engine, Runtime, Output, Inputs, Training), or "
+                       f"say in ALLOWED why they differ: {wrong}")
     stale = sorted(set(ALLOWED) - set(differ))
     assert not stale, f"these are declared alike now: drop them from ALLOWED: {stale}"
 
@@ -93,8 +102,10 @@ def test_the_shared_groups_are_what_the_commands_have() -> None:
     from training to serving."""
     by = declarations()
     for flag, users in {"--engine": {"classify", "predict", "index"}, "--address": {"embed", "index"},
-                        "--device": {"classify", "index", "mine", "serve", "evaluate", "pretrain", "finetune", "distill"},
-                        "--threads": {"tag", "index", "serve"}, "--json": {"qa", "index", "search", "rerank", "tasks", "export"},
+                        "--device": {"classify", "index", "mine", "serve", "evaluate", "pretrain", "finetune",
+                                     "distill"},
+                        "--threads": {"tag", "index", "serve"},
+                        "--json": {"qa", "index", "search", "rerank", "tasks", "export"},
                         "--input": {"predict", "rerank", "search"}, "--seed": {"pretrain", "quickstart"},
                         "--max-record-bytes": {"classify", "tokenize", "finetune"}}.items():
         assert len(by[flag]) == 1 and users <= set(next(iter(by[flag].values()))), (flag, by[flag])
@@ -115,13 +126,14 @@ INLINE = {  # where mlmkit/cli may write typer.Option( or typer.Argument( itself
 
 
 def inline_declarations() -> set[tuple[str, str]]:
-    """(file, top-level name) of every typer.Option( / typer.Argument( in mlmkit/cli, and any `from typer import`
-    (which would hide one from this check)."""
+    """(file, top-level name) of every typer.Option( / typer.Argument( in mlmkit/cli, and any `from typer
+    import` (which would hide one from this check)."""
     found = set()
     for path in sorted((ROOT / "mlmkit" / "cli").glob("*.py")):
         tree = ast.parse(path.read_text())
         for stmt in tree.body:
-            name = getattr(stmt, "name", None) or next((t.id for t in getattr(stmt, "targets", [getattr(stmt, "target", None)])
+            name = getattr(stmt, "name", None) or next((t.id for t in getattr(stmt, "targets",
+                                                                              [getattr(stmt, "target", None)])
                                                         if isinstance(t, ast.Name)), "<module>")
             for node in ast.walk(stmt):
                 if isinstance(node, ast.ImportFrom) and node.module == "typer":
@@ -135,14 +147,18 @@ def inline_declarations() -> set[tuple[str, str]]:
 
 def test_no_command_declares_an_option_inline() -> None:
     found = inline_declarations()
-    assert found <= set(INLINE), f"declare these in the command's argument dataclass: {sorted(found - set(INLINE))}"
+    assert found <= set(INLINE), ("declare these in the command's argument dataclass: "
+                                  f"{sorted(found - set(INLINE))}")
     assert set(INLINE) <= found, f"stale entries in INLINE: {sorted(set(INLINE) - found)}"
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["index", "b", "--corpus", "c.jsonl", "--out", "o", "--window", "0"], "--window must be at least 1, got 0"),
-    (["index", "b", "--corpus", "c.jsonl", "--out", "o", "--workers", "0"], "--workers must be at least 1, got 0"),
-    (["index", "b", "--corpus", "c.jsonl", "--out", "o", "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["index", "b", "--corpus", "c.jsonl", "--out", "o", "--window", "0"],
+     "--window must be at least 1, got 0"),
+    (["index", "b", "--corpus", "c.jsonl", "--out", "o", "--workers", "0"],
+     "--workers must be at least 1, got 0"),
+    (["index", "b", "--corpus", "c.jsonl", "--out", "o", "--batch-size", "0"],
+     "--batch-size must be at least 1"),
     (["index", "b", "--corpus", "c.jsonl", "--out", "o", "--threads", "0"], "--threads must be at least 1"),
     (["rerank", "b", "d", "--query", "q", "--top-n", "0"], "--top-n must be at least 1"),
     (["rerank", "b", "d"], "no --query"),
@@ -163,9 +179,11 @@ def test_a_bad_value_is_one_red_line_before_anything_runs(tmp_path: Path, monkey
 
 
 def test_build_args_keep_their_python_api() -> None:
-    """BuildArgs is `mlmkit index`'s dataclass and the library's: positional bundle, corpus, out, as before."""
+    """BuildArgs is `mlmkit index`'s dataclass and the library's: positional bundle, corpus, out, as
+    before."""
     from mlmkit.retrieval.index import BuildArgs
 
     a = BuildArgs(Path("b"), Path("c.jsonl"), Path("o"), quantization="binary")
-    assert (a.window, a.workers, a.batch_size, a.device, a.engine, a.rescore_copy) == (4096, 1, 32, "cpu", "local", "int8")
+    assert (a.window, a.workers, a.batch_size, a.device, a.engine, a.rescore_copy) == (4096, 1, 32, "cpu",
+                                                                                       "local", "int8")
     assert BuildArgs.from_flat(bundle=Path("b"), corpus=Path("c"), out=Path("o"), hnsw_m=16).hnsw_m == 16

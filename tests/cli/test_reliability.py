@@ -44,7 +44,8 @@ def bundles(runs, tmp_path_factory) -> dict[str, Path]:
 
 def long_text(n_words: int, seed: int = 0) -> str:
     rng = random.Random(seed)
-    return " ".join(rng.choice(("the", "cat", "sat", "on", "a", "mat", "john", "paris")) for _ in range(n_words))
+    return " ".join(rng.choice(("the", "cat", "sat", "on", "a", "mat", "john", "paris"))
+                    for _ in range(n_words))
 
 
 def measured(code: str, timeout: float = 120) -> tuple[float, float]:
@@ -65,7 +66,8 @@ def test_pair_truncation_and_packing_are_linear() -> None:
     assert (len(a), len(b)) == (115, 10)  # the longer side gives way
     import numpy as np
 
-    tc = corpus_shards.TokenizedCorpus(np.arange(400_000, dtype=np.int32), np.array([0, 400_000]), np.array([0, 1]))
+    tc = corpus_shards.TokenizedCorpus(np.arange(400_000, dtype=np.int32), np.array([0, 400_000]),
+                                       np.array([0, 1]))
     packed = corpus_instances.packed_instances(tc, 128)
     assert sum(len(x.a) for x in packed) == 400_000 and max(len(x.a) for x in packed) == 126
     assert time.perf_counter() - t0 < 2.0
@@ -100,11 +102,13 @@ def test_pretraining_on_one_huge_line_finishes(tmp_path: Path, data: dict[str, P
     assert time.perf_counter() - t0 < 60
 
 
-def test_classifying_a_huge_line_costs_what_the_max_length_uses(tmp_path: Path, bundles: dict[str, Path]) -> None:
+def test_classifying_a_huge_line_costs_what_the_max_length_uses(tmp_path: Path,
+                                                                bundles: dict[str, Path]) -> None:
     big = tmp_path / "big.txt"
     big.write_text(long_text(2_000_000) + "\n")  # ~8 MB on one line
+    bundle = str(bundles["classification"])
     secs, mb = measured(f"from mlmkit.runtime.pipeline import Pipeline\n"
-                        f"r = Pipeline.load({str(bundles['classification'])!r})([open({str(big)!r}).read().strip()])\n"
+                        f"r = Pipeline.load({bundle!r})([open({str(big)!r}).read().strip()])\n"
                         f"assert r[0]['truncated'] is True\n{PEAK}")
     assert secs < 20 and mb < 600, (secs, mb)  # the text itself is 8 MB; tokenizing it whole took GBs
 
@@ -141,7 +145,8 @@ def test_a_run_directory_in_use_is_refused(tmp_path: Path, data: dict[str, Path]
     out.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        (out / LOCK).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "since": "then"}))
+        (out / LOCK).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
+                                            "since": "then"}))
         one_line(cli(*tiny(data, out)), f"{out} is in use by process {holder.pid}")
         assert not (out / "checkpoints").exists() and (out / LOCK).exists()  # the holder's lock is left alone
     finally:
@@ -157,7 +162,8 @@ def test_the_lock_is_not_reentered_by_another_writer(tmp_path: Path) -> None:
     d = tmp_path / "x"
     with exclusive(d):
         assert (d / LOCK).exists()
-        other = subprocess.run([sys.executable, "-c", f"from mlmkit.files import exclusive\nwith exclusive({str(d)!r}): pass"],
+        other = subprocess.run([sys.executable, "-c",
+                                f"from mlmkit.files import exclusive\nwith exclusive({str(d)!r}): pass"],
                                capture_output=True, text=True)
         assert other.returncode != 0 and "is in use by process" in other.stderr
     assert not (d / LOCK).exists()
@@ -174,7 +180,8 @@ def test_output_file_survives_a_failing_run(tmp_path: Path, bundles: dict[str, P
     inputs = tmp_path / "in.jsonl"
     inputs.write_text('{"text": "fine"}\n{"sentence": "no text field"}\n')
     one_line(cli("classify", bundles["classification"], "--input", inputs, "--output", prev), "field 'text'")
-    assert prev.read_text() == '{"old": true}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "prev.jsonl"]
+    assert (prev.read_text() == '{"old": true}\n' and sorted(p.name for p in tmp_path.iterdir())
+            == ["in.jsonl", "prev.jsonl"])
 
 
 def test_resume_refuses_changed_data_order_settings(tmp_path: Path, data: dict[str, Path]) -> None:
@@ -183,12 +190,14 @@ def test_resume_refuses_changed_data_order_settings(tmp_path: Path, data: dict[s
     shutil.rmtree(out / "checkpoints" / "step-0000004")  # as if killed after the checkpoint at step 2
     for p in ("model.safetensors", "mlmkit.json"):
         (out / p).unlink()
-    one_line(cli(*tiny(data, out, "--resume", "--batch-size", "2")), "--resume: settings that decide the data order changed",
+    one_line(cli(*tiny(data, out, "--resume", "--batch-size", "2")),
+             "--resume: settings that decide the data order changed",
              "batch_size: 4 then, 2 now", "--resume-force")
     one_line(cli(*tiny(data, out, "--resume", "--seed", "9")), "seed: 0 then, 9 now")
     r = cli(*tiny(data, out, "--resume", "--batch-size", "2", "--resume-force"))
     assert r.exit_code == 0 and "--resume-force: continuing although" in " ".join(r.stderr.split()), r.output
-    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines() if "loss" in json.loads(x)]
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()
+             if "loss" in json.loads(x)]
     assert steps == sorted(set(steps)), "metrics.jsonl repeats steps after a resume"
 
 
@@ -204,14 +213,16 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_partial_check
 
     monkeypatch.setattr(torch, "save", full_disk)
     out = tmp_path / "run"
-    one_line(cli(*tiny(data, out)), "could not write the checkpoint", "step-0000004", "No space left on device",
+    one_line(cli(*tiny(data, out)), "could not write the checkpoint", "step-0000004",
+             "No space left on device",
              "the previous checkpoint is intact")
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-0000002"]
     assert ResumeCheckpoints(out, lambda *a: None, 1).latest().name == "step-0000002"
 
 
 # ---- 4. no silently wrong answer --------------------------------------------------------------------
-def test_a_bundle_whose_labels_do_not_fit_its_head_is_refused(tmp_path: Path, bundles: dict[str, Path]) -> None:
+def test_a_bundle_whose_labels_do_not_fit_its_head_is_refused(tmp_path: Path,
+                                                              bundles: dict[str, Path]) -> None:
     b = Path(shutil.copytree(bundles["classification"], tmp_path / "b"))
     meta = json.loads((b / "mlmkit.json").read_text())
     meta["labels"] = ["neg", "pos", "other", "more"]
@@ -221,12 +232,14 @@ def test_a_bundle_whose_labels_do_not_fit_its_head_is_refused(tmp_path: Path, bu
     one_line(cli("classify", b, "a cat"), "lists 4 labels")
 
 
-def test_a_run_whose_labels_disagree_with_its_config_does_not_export(tmp_path: Path, runs: dict[str, Path]) -> None:
+def test_a_run_whose_labels_disagree_with_its_config_does_not_export(tmp_path: Path,
+                                                                     runs: dict[str, Path]) -> None:
     r = Path(shutil.copytree(runs["classification"], tmp_path / "r"))
     meta = json.loads((r / "mlmkit.json").read_text())
     meta["labels"] = ["pos", "neg"]  # the head's order is neg, pos
     (r / "mlmkit.json").write_text(json.dumps(meta))
-    with pytest.raises(ConfigError, match=r"its labels \['pos', 'neg'\] are not config.json's id2label \['neg', 'pos'\]"):
+    with pytest.raises(ConfigError,
+                       match=r"its labels \['pos', 'neg'\] are not config.json's id2label \['neg', 'pos'\]"):
         run_export(r, tmp_path / "b")
     one_line(cli("evaluate", r, "--data", tmp_path / "x.csv"), "are not config.json's id2label")
 
@@ -239,7 +252,8 @@ def test_divergence_stops_with_an_error_and_saves_no_model(tmp_path: Path, data:
 
 
 def test_piped_json_lines_with_a_bad_line_are_an_error(bundles: dict[str, Path]) -> None:
-    one_line(cli("classify", bundles["classification"], input='{"text": "a"}\n{"text": oops}\n{"text": "b"}\n'),
+    one_line(cli("classify", bundles["classification"],
+                 input='{"text": "a"}\n{"text": oops}\n{"text": "b"}\n'),
              "<stdin>, line 2: malformed JSON")
 
 
@@ -256,7 +270,8 @@ def test_empty_texts_and_unknown_columns_are_refused(bundles: dict[str, Path]) -
     (["--lr", "nan"], "--lr must be a positive number"),
     (["--seq-len", "100000"], "--seq-len 100000 exceeds max_position_embeddings 64"),
 ])
-def test_bad_pretraining_options(tmp_path: Path, data: dict[str, Path], extra: list[str], message: str) -> None:
+def test_bad_pretraining_options(tmp_path: Path, data: dict[str, Path], extra: list[str],
+                                 message: str) -> None:
     one_line(cli(*tiny(data, tmp_path / "run", *extra)), message)
 
 
@@ -266,21 +281,25 @@ def test_bad_files_given_as_options(tmp_path: Path, data: dict[str, Path], runs:
              "list.json: a config.json holds a JSON object, not a list")
     m = Path(shutil.copytree(runs["classification"], tmp_path / "m"))
     (m / "config.json").write_bytes(b"\xff\xfe{}")
-    one_line(cli("finetune", "classification", "--model", m, "--train", tmp_path / "t.csv", "--out", tmp_path / "o"),
+    one_line(cli("finetune", "classification", "--model", m, "--train", tmp_path / "t.csv", "--out",
+                 tmp_path / "o"),
              "config.json: not a valid config.json")
     (tmp_path / "bad.gz").write_text("not gzip")
     bad = tmp_path / "bad.txt.gz"
     shutil.move(tmp_path / "bad.gz", bad)
-    one_line(cli("pretrain", bad, "--out", tmp_path / "r2"), f"{bad}: the compressed stream is not valid gzip data")
+    one_line(cli("pretrain", bad, "--out", tmp_path / "r2"),
+             f"{bad}: the compressed stream is not valid gzip data")
     whole = gzip.compress(data["corpus"].read_bytes())
     cut = tmp_path / "cut.txt.gz"
     cut.write_bytes(whole[: len(whole) // 2])
     # found while the tokenizer reads the corpus (-q: without the progress line before it)
-    one_line(cli("-q", "pretrain", cut, "--out", tmp_path / "r3"), f"{cut}, line", "ends early: the file is truncated")
+    one_line(cli("-q", "pretrain", cut, "--out", tmp_path / "r3"), f"{cut}, line",
+             "ends early: the file is truncated")
 
 
 def test_damaged_bundles_are_one_line(tmp_path: Path, bundles: dict[str, Path]) -> None:
-    for value, why in ((-5, "'max_length' -5 is not a whole number of tokens"), (10**9, "is not a whole number of tokens")):
+    for value, why in ((-5, "'max_length' -5 is not a whole number of tokens"),
+                       (10**9, "is not a whole number of tokens")):
         b = Path(shutil.copytree(bundles["classification"], tmp_path / f"b{value}"))
         meta = json.loads((b / "mlmkit.json").read_text())
         meta["max_length"] = value
@@ -303,7 +322,8 @@ def test_damaged_bundles_are_one_line(tmp_path: Path, bundles: dict[str, Path]) 
     (["--weight-decay", "-1"], "--weight-decay must not be negative"),
     (["--warmup-steps", "-10"], "--warmup-steps must not be negative"),
 ])
-def test_bad_finetuning_options(tmp_path: Path, runs: dict[str, Path], extra: list[str], message: str) -> None:
+def test_bad_finetuning_options(tmp_path: Path, runs: dict[str, Path], extra: list[str],
+                                message: str) -> None:
     one_line(cli("finetune", "classification", "--model", runs["fill-mask"], "--train", tmp_path / "t.csv",
                  "--out", tmp_path / "o", *extra), message)
     assert not (tmp_path / "o").exists()
@@ -316,25 +336,31 @@ def test_an_empty_corpus_is_refused_before_a_tokenizer_is_trained(tmp_path: Path
 
 
 def test_a_huge_seq_len_for_a_preset_is_refused(tmp_path: Path, data: dict[str, Path]) -> None:
-    one_line(cli("pretrain", data["corpus"], "--out", tmp_path / "r", "--tokenizer", data["tok"], "--seq-len", "100000"),
+    one_line(cli("pretrain", data["corpus"], "--out", tmp_path / "r", "--tokenizer", data["tok"], "--seq-len",
+                 "100000"),
              "--seq-len 100000 is more than the 8192 positions a preset model gets")
 
 
 # ---- 7. clear messages ------------------------------------------------------------------------------
-def test_clear_messages(tmp_path: Path, data: dict[str, Path], runs: dict[str, Path], bundles: dict[str, Path]) -> None:
+def test_clear_messages(tmp_path: Path, data: dict[str, Path], runs: dict[str, Path],
+                        bundles: dict[str, Path]) -> None:
     (tmp_path / "adir").mkdir()
-    one_line(cli("pretrain", tmp_path / "adir", "--out", tmp_path / "r"), "adir: a directory without corpus files")
+    one_line(cli("pretrain", tmp_path / "adir", "--out", tmp_path / "r"),
+             "adir: a directory without corpus files")
     labelled = tmp_path / "d.jsonl"
     labelled.write_text('{"tokens": ["john"], "tags": ["B-PER"]}\n')
     (tmp_path / "preds").mkdir()
-    msg = one_line(cli("evaluate", bundles["tagging"], "--data", labelled, "--predictions", tmp_path / "preds"),
+    msg = one_line(cli("evaluate", bundles["tagging"], "--data", labelled, "--predictions",
+                       tmp_path / "preds"),
                    "preds is a directory")
     assert ".tmp" not in msg
-    one_line(cli("classify", bundles["classification"], input='{"text": 5}\n'), "field 'text': must be a string, not int")
+    one_line(cli("classify", bundles["classification"], input='{"text": 5}\n'),
+             "field 'text': must be a string, not int")
     no_tok = Path(shutil.copytree(runs["fill-mask"], tmp_path / "no-tok"))
     for f in ("tokenizer.json", "vocab.txt"):
         (no_tok / f).unlink()
-    msg = one_line(cli("finetune", "classification", "--model", no_tok, "--train", data["corpus"], "--out", tmp_path / "o"))
+    msg = one_line(cli("finetune", "classification", "--model", no_tok, "--train", data["corpus"], "--out",
+                       tmp_path / "o"))
     assert "--tokenizer" not in msg
 
 
@@ -399,7 +425,8 @@ def test_a_damaged_tokenizer_file_is_one_line(tmp_path: Path, files: dict[str, s
 @pytest.mark.parametrize("seed", [str(2**64), str(10**30), str(-2**63 - 1)])
 def test_a_seed_past_64_bits_is_one_line_before_any_work(tmp_path: Path, seed: str) -> None:
     (tmp_path / "c.txt").write_text("a b c\n")
-    for command in (["finetune", "classification", "--model", str(tmp_path / "m"), "--train", str(tmp_path / "t.csv")],
+    for command in (["finetune", "classification", "--model", str(tmp_path / "m"), "--train",
+                     str(tmp_path / "t.csv")],
                     ["pretrain", str(tmp_path / "c.txt")]):
         r = cli(*command, "--out", tmp_path / "out", "--steps", "1", "--seed", seed)
         one_line(r, f"--seed {seed} is past 64 bits")
@@ -430,12 +457,14 @@ def test_a_tokenizer_of_special_tokens_alone_is_one_line(tmp_path: Path, data: d
     tok.save(str(tmp_path / "tokenizer.json"))
     with pytest.raises(ConfigError, match="the vocabulary holds only special tokens"):
         load_tokenizer(tmp_path / "tokenizer.json")
-    one_line(cli("pretrain", data["corpus"], "--out", tmp_path / "run", "--tokenizer", tmp_path / "tokenizer.json",
+    one_line(cli("pretrain", data["corpus"], "--out", tmp_path / "run", "--tokenizer",
+                 tmp_path / "tokenizer.json",
                  "--config", data["config"], "--steps", "1"), "only special tokens")
     assert load_tokenizer(data["tok"]).get_vocab_size() > 5  # a real one still loads
 
 
-def test_max_record_bytes_reaches_tokenize_pretrain_and_finetune_readers(tmp_path: Path, data: dict[str, Path]) -> None:
+def test_max_record_bytes_reaches_tokenize_pretrain_and_finetune_readers(tmp_path: Path,
+                                                                         data: dict[str, Path]) -> None:
     """--max-record-bytes (the inference commands had it alone): a corpus line or a training record
     over it is one line naming it, for `mlmkit tokenize`, `pretrain` and `finetune` (the task's own
     reader, through taskkit's); the default, 64 MB, reads them."""
@@ -447,7 +476,8 @@ def test_max_record_bytes_reaches_tokenize_pretrain_and_finetune_readers(tmp_pat
     runs = {
         "tokenize": ["tokenize", data["corpus"], "--tokenizer", data["tok"], "--out", tmp_path / "shard"],
         "pretrain": [*tiny(data, tmp_path / "run")],
-        "finetune": ["finetune", "classification", "--model", model, "--train", tmp_path / "train.jsonl", "--out",
+        "finetune": ["finetune", "classification", "--model", model, "--train", tmp_path / "train.jsonl",
+                     "--out",
                      tmp_path / "ft", "--steps", "1"],
     }
     for name, argv in runs.items():

@@ -88,7 +88,8 @@ def test_fill_mask_graph_matches_full_pytorch_logits(runs, bundles):
     probs = torch.softmax(logits[where[:, 0], where[:, 1]], -1).topk(5)
     np.testing.assert_allclose(got["values"][is_mask], probs.values.numpy(), atol=1e-5)
     np.testing.assert_array_equal(got["indices"][is_mask][:, 0], probs.indices[:, 0].numpy())
-    assert (got["indices"][~is_mask] == -1).all() and (got["values"][~is_mask] == 0).all()  # no [MASK], no candidates
+    # no [MASK], no candidates
+    assert (got["indices"][~is_mask] == -1).all() and (got["values"][~is_mask] == 0).all()
 
 
 def test_fill_mask_batch_without_any_mask_gives_no_candidates(runs, bundles):
@@ -104,7 +105,8 @@ def test_fill_mask_bundle_description(runs, bundles):
     assert on_disk["task"] == meta["task"] == "fill-mask" and on_disk["trained_as"] == "pretraining"
     assert on_disk["inputs"] == ["input_ids", "attention_mask", "token_type_ids"]
     assert on_disk["outputs"] == {"indices": ["batch", "sequence", "k"], "values": ["batch", "sequence", "k"]}
-    assert on_disk["opset"] >= 17 and on_disk["precision"] == "fp32" and on_disk["options"] == {"candidates": 5}
+    assert (on_disk["opset"] >= 17 and on_disk["precision"] == "fp32" and on_disk["options"]
+            == {"candidates": 5})
     # two layers: 2 fused attentions, 2 skip layer norms each, one embedding layer norm, the GELUs
     f = on_disk["fused_operators"]
     assert f["Attention"] == 2 and f["SkipLayerNormalization"] == 4 and f["EmbedLayerNormalization"] == 1
@@ -121,7 +123,8 @@ def test_fill_mask_graph_is_fused_and_stores_tied_weight_once(runs, bundles):
     ops = {n.op_type for n in m.graph.node}
     assert {"Attention", "SkipLayerNormalization", "EmbedLayerNormalization", "TopK"} <= ops
     cfg = load_config(runs["fill-mask"])
-    big = [i.name for i in m.graph.initializer if list(i.dims) in ([cfg.vocab_size, cfg.hidden_size], [cfg.hidden_size, cfg.vocab_size])]
+    big = [i.name for i in m.graph.initializer
+           if list(i.dims) in ([cfg.vocab_size, cfg.hidden_size], [cfg.hidden_size, cfg.vocab_size])]
     assert len(big) == 1, big  # the word embeddings double as the MLM decoder
     # no output has a vocabulary-sized axis: only top-k leaves the graph
     assert [o.name for o in m.graph.output] == ["indices", "values"]
@@ -132,13 +135,16 @@ def test_unoptimized_and_int8_exports(runs, bundles, tmp_path, monkeypatch, capl
     d = runs["fill-mask"]
     # such a CPU, without bf16 units: an fp32 export says int8 pays
     monkeypatch.setattr(export_mod, "cpu_feature", lambda kind: "AVX512-VNNI" if kind == "int8" else None)
-    monkeypatch.setenv("MLMKIT_CPU_FLAGS", "-amx_bf16,-avx512_bf16")  # no bf16 gate passed: int8 is the way to speed
+    # no bf16 gate passed: int8 is the way to speed
+    monkeypatch.setenv("MLMKIT_CPU_FLAGS", "-amx_bf16,-avx512_bf16")
     with caplog.at_level("INFO", logger="mlmkit"):
         plain = run_export(d, tmp_path / "plain", optimize=False, top_k=3)
     assert "this CPU has AVX512-VNNI" in caplog.text and "--precision int8" in caplog.text
     caplog.clear()
-    assert plain["fused_operators"] == {} and plain["optimizations"] == [] and plain["options"] == {"candidates": 3}
-    assert "Attention" not in {n.op_type for n in onnx.load(str(tmp_path / "plain" / "model.onnx")).graph.node}
+    assert (plain["fused_operators"] == {} and plain["optimizations"] == [] and plain["options"]
+            == {"candidates": 3})
+    assert "Attention" not in {n.op_type
+                               for n in onnx.load(str(tmp_path / "plain" / "model.onnx")).graph.node}
     with caplog.at_level("INFO", logger="mlmkit"):
         q = run_export(d, tmp_path / "int8", quantize="int8")
     assert "this CPU has" not in caplog.text  # int8 already
@@ -176,8 +182,9 @@ def test_static_int8_is_calibrated_on_the_inputs_it_is_given(runs, tmp_path, tas
 def test_min_agreement_refuses_a_bundle_below_it_and_writes_nothing(runs, tmp_path):
     """An embedding's int8 vectors are never exactly fp32's (cosine < 1): --min-agreement 1 refuses the
     bundle in one ParityError naming the measure, and the bundle directory gets no model."""
-    with pytest.raises(ParityError, match=r"int8 graph's mean cosine with fp32 on the sample batch is 0\.\d+, below "
-                                          r"--min-agreement 1; no bundle written"):
+    with pytest.raises(ParityError,
+                       match=r"int8 graph's mean cosine with fp32 on the sample batch is 0\.\d+, below "
+                             r"--min-agreement 1; no bundle written"):
         run_export(runs["embedding"], tmp_path / "b", quantize="int8", min_agreement=1.0)
     assert not (tmp_path / "b" / "model.onnx").exists() and not (tmp_path / "b" / "mlmkit.json").exists()
     (tmp_path / "empty.txt").write_text("\n")
@@ -267,7 +274,8 @@ def test_attention_the_fusion_does_not_recognise_is_refused(runs, tmp_path, monk
         ({"precision": "int8", "fp16": True}, "--precision int8 and --fp16 disagree"),
         ({"quantize": "int8", "min_agreement": 0.0}, "--min-agreement must be above 0 and at most 1"),
         ({"quantize": "int8", "min_agreement": 1.5}, "--min-agreement must be above 0 and at most 1"),
-        ({"quantize": "int8", "min_agreement": float("nan")}, "--min-agreement must be above 0 and at most 1"),
+        ({"quantize": "int8", "min_agreement": float("nan")},
+         "--min-agreement must be above 0 and at most 1"),
     ],
 )
 def test_bad_export_options(runs, tmp_path, kw, match):
@@ -307,7 +315,8 @@ def test_fp16_export(runs, bundles, tmp_path):
     assert m["model_bytes"] < 0.7 * bundles["classification"][1]["model_bytes"]
     g = onnx.load(str(tmp_path / "h" / "model.onnx"))
     assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in g.graph.initializer)
-    assert [i.type.tensor_type.elem_type for i in g.graph.output] == [onnx.TensorProto.FLOAT]  # fp32 outputs kept
+    # fp32 outputs kept
+    assert [i.type.tensor_type.elem_type for i in g.graph.output] == [onnx.TensorProto.FLOAT]
     p = m["parity"]
     if "CUDAExecutionProvider" in ort.get_available_providers():
         assert p["fp16_check"].startswith(("measured", "skipped: no usable CUDA GPU"))
@@ -327,8 +336,10 @@ def test_sparse_vectors_compare_as_maps_and_near_ties_may_trade_places_at_the_cu
     swapped = np.array([[5, 9, 4], [1, 7, -1]])  # term 2 and term 4 (both ~1.0) trade places at the cut
     got = np.array([[3.0, 1.00001, 1.00000], [0.5, 2.0, 0.0]], dtype=np.float32)
     assert sparse_diff(ids, vals, swapped, got) < 1e-4
-    wrong = np.array([[5, 9, 4], [7, 1, 3]])  # a real miss: term 3 kept with 0.4 where the other side found zero
-    assert sparse_diff(ids, vals, wrong, np.array([[3.0, 1.00001, 2.5], [2.0, 0.5, 0.4]], dtype=np.float32)) > 1.0
+    # a real miss: term 3 kept with 0.4 where the other side found zero
+    wrong = np.array([[5, 9, 4], [7, 1, 3]])
+    assert sparse_diff(ids, vals, wrong,
+                       np.array([[3.0, 1.00001, 2.5], [2.0, 0.5, 0.4]], dtype=np.float32)) > 1.0
 
 
 def _masked_lm(out: Path, **sizes) -> Path:
@@ -347,8 +358,9 @@ def _masked_lm(out: Path, **sizes) -> Path:
     out.mkdir(parents=True)
     (out / "vocab.txt").write_text("\n".join(vocab) + "\n")
     torch.manual_seed(0)
-    cfg = HFConfig(vocab_size=len(vocab), **{"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-                                             "intermediate_size": 128, **sizes})
+    cfg = HFConfig(vocab_size=len(vocab),
+                   **{"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                      "intermediate_size": 128, **sizes})
     BertForMaskedLM(cfg).save_pretrained(out)
     return out
 
@@ -357,7 +369,8 @@ def _sparse_export_sizes(base: Path, tmp_path: Path, sizes: tuple[int | None, ..
     from mlmkit.runtime.pipeline import Pipeline
 
     for k in sizes:
-        meta = run_export(base, tmp_path / f"k{k}", task="sparse-embedding", top_k=k)  # the parity gate passes
+        # the parity gate passes
+        meta = run_export(base, tmp_path / f"k{k}", task="sparse-embedding", top_k=k)
         want = 256 if k is None else k
         assert meta["options"]["max_terms"] == want and "top_k" not in meta
         (vec,) = Pipeline.load(tmp_path / f"k{k}")(["the quick brown fox jumps over the lazy dog"])
@@ -366,7 +379,8 @@ def _sparse_export_sizes(base: Path, tmp_path: Path, sizes: tuple[int | None, ..
 
 def test_sparse_export_of_a_full_vocabulary_at_the_default_and_what_top_k_sets(tmp_path):
     """Issue 26's failure: the default 256 terms of a 30,522-token masked LM failed the parity gate
-    (near-equal terms trading places at the cut). --top-k sets the terms; a task without a top-k refuses it."""
+    (near-equal terms trading places at the cut). --top-k sets the terms; a task without a top-k refuses
+    it."""
     from mlmkit.exporter.bundle import _top_k_option
 
     base = _masked_lm(tmp_path / "mlm")
@@ -375,10 +389,12 @@ def test_sparse_export_of_a_full_vocabulary_at_the_default_and_what_top_k_sets(t
 
     sparse = get_task("sparse-embedding")
     assert _top_k_option(sparse, ExportArgs(run=base, out=tmp_path / "o", top_k=64)) == {"max_terms": 64}
-    assert _top_k_option(sparse, ExportArgs(run=base, out=tmp_path / "o", options={"max_terms": 8})) == {"max_terms": 8}
+    assert _top_k_option(sparse, ExportArgs(run=base, out=tmp_path / "o",
+                                            options={"max_terms": 8})) == {"max_terms": 8}
     with pytest.raises(ConfigError, match="--top-k 64 and --option max_terms=32 disagree"):
         run_export(base, tmp_path / "x", task="sparse-embedding", top_k=64, options={"max_terms": 32})
-    with pytest.raises(ConfigError, match="--top-k is for fill-mask and sparse-embedding exports, not for task 'embedding'"):
+    with pytest.raises(ConfigError, match="--top-k is for fill-mask and sparse-embedding exports, not for "
+                                          "task 'embedding'"):
         run_export(base, tmp_path / "y", task="embedding", top_k=8)
 
 

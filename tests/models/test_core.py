@@ -14,7 +14,8 @@ V = 50
 
 
 def tiny(**kw) -> ModelConfig:
-    base = dict(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+    base = dict(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                intermediate_size=128,
                 max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     return ModelConfig(**{**base, **kw})
 
@@ -204,7 +205,8 @@ def test_encode_cls_equals_the_pooled_output(impl):
     from mlmkit.models.core import BertModel, encode_cls, set_attention_impl
 
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+    cfg = ModelConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                      intermediate_size=64,
                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     bert = BertModel(cfg).eval()
     set_attention_impl(bert, impl)

@@ -36,7 +36,8 @@ BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layer
 VARIANTS = {
     "v3": dict(position_biased_input=False, share_att_key=True, norm_rel_ebd="layer_norm", position_buckets=8,
                max_relative_positions=16, type_vocab_size=0),
-    "v2": dict(num_hidden_layers=2, position_biased_input=True, type_vocab_size=2, share_att_key=False, embedding_size=16,
+    "v2": dict(num_hidden_layers=2, position_biased_input=True, type_vocab_size=2, share_att_key=False,
+               embedding_size=16,
                max_relative_positions=12, hidden_act="gelu_new", pooler_hidden_act="tanh"),
 }
 
@@ -56,7 +57,8 @@ def hf_model(cls_name: str, d: Path) -> nn.Module:
     return getattr(transformers, cls_name).from_pretrained(d).eval()
 
 
-def inputs(variant: str = "v3", T: int = 36, lengths: tuple[int, ...] = (36, 23, 9), seed: int = 1) -> dict[str, torch.Tensor]:
+def inputs(variant: str = "v3", T: int = 36, lengths: tuple[int, ...] = (36, 23, 9),
+           seed: int = 1) -> dict[str, torch.Tensor]:
     """A right-padded batch: [CLS] first, padding id 0 with attention_mask 0 after each length; for
     a layout with token types, the second half of each row's real tokens is segment 1."""
     g = torch.Generator().manual_seed(seed)
@@ -78,9 +80,12 @@ def test_relative_rows_are_transformers_at_every_distance(buckets, M):
     beyond the table (a 700-token sequence against DeBERTa-v3's 256 buckets over 512)."""
     from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_position
 
-    cfg = ModelConfig.from_dict({"model_type": "deberta-v2", "vocab_size": V, "hidden_size": 32, "num_attention_heads": 2,
-                                 "num_hidden_layers": 1, "intermediate_size": 48, "max_position_embeddings": 64,
-                                 "relative_attention": True, "position_buckets": buckets, "max_relative_positions": M})
+    cfg = ModelConfig.from_dict({"model_type": "deberta-v2", "vocab_size": V, "hidden_size": 32,
+                                 "num_attention_heads": 2,
+                                 "num_hidden_layers": 1, "intermediate_size": 48,
+                                 "max_position_embeddings": 64,
+                                 "relative_attention": True, "position_buckets": buckets,
+                                 "max_relative_positions": M})
     S = buckets if buckets > 0 else M
     T = 700
     h = torch.zeros(1, T, 1)
@@ -112,8 +117,10 @@ def test_backbone_matches_transformers_eager_and_sdpa(tmp_path, variant):
         for h in mine.values():
             assert real_diff(h, ref, x["attention_mask"]) <= ATOL
         # and the comparison is sensitive to the relative positions and to the token types
-        for change in ({"pos_att_type": ["c2p"]}, *([{"max_relative_positions": 10}] if variant == "v3" else [])):
-            other = Backbone(ModelConfig.from_dict({**json.loads((d / "config.json").read_text()), **change})).eval()
+        for change in ({"pos_att_type": ["c2p"]},
+                       *([{"max_relative_positions": 10}] if variant == "v3" else [])):
+            other = Backbone(ModelConfig.from_dict({**json.loads((d / "config.json").read_text()),
+                                                    **change})).eval()
             other.load_state_dict(ours.state_dict(), strict=False)  # c2p alone: no pos_query_proj
             assert real_diff(other(**x), ref, x["attention_mask"]) > 1e-3, change
         if "token_type_ids" in x:
@@ -123,7 +130,8 @@ def test_backbone_matches_transformers_eager_and_sdpa(tmp_path, variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_mlm_logits_match(tmp_path, variant):
-    d = hf_dir(tmp_path, "DebertaV2ForMaskedLM", variant)  # legacy true, transformers' default: cls.predictions.*
+    # legacy true, transformers' default: cls.predictions.*
+    d = hf_dir(tmp_path, "DebertaV2ForMaskedLM", variant)
     cfg, ours, unexpected = load_ours(d, core.BertForPreTraining)
     assert unexpected == []
     x = inputs(variant)
@@ -141,7 +149,8 @@ def test_mlm_head_of_legacy_false_and_original_checkpoints_is_read(tmp_path):
     from safetensors.torch import load_file, save_file
 
     sd = load_file(d / "model.safetensors")
-    assert any(k.startswith("lm_predictions.lm_head.") for k in sd) and not any(k.startswith("cls.") for k in sd)
+    assert any(k.startswith("lm_predictions.lm_head.") for k in sd) and not any(k.startswith("cls.")
+                                                                                for k in sd)
     save_file({**sd, "mask_predictions.classifier.weight": torch.zeros(1, 32)}, d / "model.safetensors")
     cfg, ours, unexpected = load_ours(d, core.BertForPreTraining)
     assert unexpected == ["mask_predictions.classifier.weight"]
@@ -198,7 +207,8 @@ def test_question_answering_matches(tmp_path, variant):
 @pytest.mark.parametrize("head", ["mlm", "seq", "qa"])
 def test_saves_back_to_transformers(tmp_path, head):
     cls_name, build = {"mlm": ("DebertaV2ForMaskedLM", core.BertForPreTraining),
-                       "seq": ("DebertaV2ForSequenceClassification", lambda c: core.BertForLabels(c, per_token=False)),
+                       "seq": ("DebertaV2ForSequenceClassification",
+                               lambda c: core.BertForLabels(c, per_token=False)),
                        "qa": ("DebertaV2ForQuestionAnswering", SpanModel)}[head]
     variant = "v2" if head == "seq" else "v3"
     cfg, ours, _ = load_ours(hf_dir(tmp_path, cls_name, variant), build)
@@ -223,7 +233,8 @@ def test_saves_back_to_transformers(tmp_path, head):
 def test_preset_model_loads_in_transformers(tmp_path):
     cfg = preset("tiny", "deberta-v2", vocab_size=V)
     cfg.architectures = ["BertForPreTraining"]
-    assert (cfg.hidden_size, cfg.pad_token_id, cfg.type_vocab_size, cfg.layer_norm_eps, cfg.max_position_embeddings) == (128, 0, 0, 1e-7, 512)
+    assert (cfg.hidden_size, cfg.pad_token_id, cfg.type_vocab_size, cfg.layer_norm_eps,
+            cfg.max_position_embeddings) == (128, 0, 0, 1e-7, 512)
     torch.manual_seed(0)
     ours = core.BertForPreTraining(cfg)
     perturb(ours, 0)
@@ -231,7 +242,8 @@ def test_preset_model_loads_in_transformers(tmp_path):
     save_config(cfg, tmp_path / "config.json")
     hc = transformers.AutoConfig.from_pretrained(tmp_path)
     assert hc.model_type == "deberta-v2" and hc.architectures == ["DebertaV2ForMaskedLM"]
-    assert (hc.relative_attention, hc.position_biased_input, hc.share_att_key, hc.position_buckets, hc.norm_rel_ebd) == (
+    assert (hc.relative_attention, hc.position_biased_input, hc.share_att_key, hc.position_buckets,
+            hc.norm_rel_ebd) == (
         True, False, True, 256, "layer_norm")
     assert hc.pos_att_type == ["p2c", "c2p"] and hc.type_vocab_size == 0 and hc.legacy is True
     theirs, info = transformers.DebertaV2ForMaskedLM.from_pretrained(tmp_path, output_loading_info=True)
@@ -249,7 +261,8 @@ def test_config_fields_and_names(tmp_path):
     cfg = ModelConfig.from_dict({**c, "pos_att_type": "p2c|c2p"})  # older configs' form: the same model
     assert (cfg.layer_norm_eps, cfg.type_vocab_size, cfg.architectures) == (1e-7, 0, ["BertForMaskedLM"])
     fam = family_for("deberta-v2")
-    assert not fam.uses_token_types(cfg) and fam.uses_token_types(ModelConfig.from_dict({**c, "type_vocab_size": 2}))
+    assert (not fam.uses_token_types(cfg)
+            and fam.uses_token_types(ModelConfig.from_dict({**c, "type_vocab_size": 2})))
     model = core.BertForPreTraining(cfg)
     model.load_state_dict(load_state_dict(d, cfg), strict=False)
     x = inputs()
@@ -258,9 +271,11 @@ def test_config_fields_and_names(tmp_path):
         assert real_diff(model.eval()(**x)["prediction_logits"], ref, x["attention_mask"]) <= ATOL
     out = cfg.to_dict()
     assert out["architectures"] == ["DebertaV2ForMaskedLM"] and "type_vocab_size" not in out
-    assert ModelConfig.from_dict({"model_type": "deberta-v2"}).layer_norm_eps == 1e-7  # DebertaV2Config's default
+    # DebertaV2Config's default
+    assert ModelConfig.from_dict({"model_type": "deberta-v2"}).layer_norm_eps == 1e-7
     emb = model.bert.embeddings
-    assert not hasattr(emb, "position_embeddings") and not hasattr(emb, "token_type_embeddings") and not hasattr(emb, "embed_proj")
+    assert (not hasattr(emb, "position_embeddings") and not hasattr(emb, "token_type_embeddings")
+            and not hasattr(emb, "embed_proj"))
     assert model.bert.pooler is None and not model.nsp
     assert fam.architecture("BertForPreTraining", "deberta-v2") == "DebertaV2ForMaskedLM"
 
@@ -278,8 +293,10 @@ def test_config_fields_and_names(tmp_path):
 ])
 def test_configs_it_cannot_run_are_refused(change, words):
     with pytest.raises(ConfigError, match=words):
-        ModelConfig.from_dict({"model_type": "deberta-v2", "vocab_size": V, "hidden_size": 32, "num_attention_heads": 2,
-                               "num_hidden_layers": 2, "intermediate_size": 48, "relative_attention": True, **change})
+        ModelConfig.from_dict({"model_type": "deberta-v2", "vocab_size": V, "hidden_size": 32,
+                               "num_attention_heads": 2,
+                               "num_hidden_layers": 2, "intermediate_size": 48, "relative_attention": True,
+                               **change})
 
 
 # ---- ONNX --------------------------------------------------------------------------------------

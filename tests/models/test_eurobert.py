@@ -44,7 +44,8 @@ from mlmkit.runtime.pipeline import Pipeline
 
 V = 100
 ATOL = 1e-5
-BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2,
             pad_token_id=0, bos_token_id=2, eos_token_id=0, mask_token_id=3, max_position_embeddings=64,
             rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
 VARIANTS = {
@@ -55,9 +56,11 @@ VARIANTS = {
 SEQ = "EuroBertForSequenceClassification"
 
 
-def hf_dir(tmp_path: Path, cls_name: str, variant: str = "plain", name: str = "hf", tokenizer=None, **kw) -> Path:
+def hf_dir(tmp_path: Path, cls_name: str, variant: str = "plain", name: str = "hf", tokenizer=None,
+           **kw) -> Path:
     d = tmp_path / name
-    save_hf(d, cls_name, transformers.EuroBertConfig(**{**BASE, **VARIANTS[variant], **kw}), tokenizer=tokenizer)
+    save_hf(d, cls_name, transformers.EuroBertConfig(**{**BASE, **VARIANTS[variant], **kw}),
+            tokenizer=tokenizer)
     return d
 
 
@@ -103,7 +106,8 @@ def test_mlm_logits_match(tmp_path, variant):
         ref = hf_model("EuroBertForMaskedLM", d)(**x).logits
     for impl in ("eager", "sdpa"):
         core.set_attention_impl(ours, impl)
-        assert max(mlm_diffs(ours, ref, x)) <= ATOL, impl  # every token, and the head at the labelled positions only
+        # every token, and the head at the labelled positions only
+        assert max(mlm_diffs(ours, ref, x)) <= ATOL, impl
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -148,7 +152,8 @@ def test_saves_back_to_transformers(tmp_path, head, variant):
     out.mkdir()
     save_weights(ours, out / "model.safetensors", cfg)
     save_config(cfg, out / "config.json")
-    theirs, info = getattr(transformers, cls_name).from_pretrained(out, attn_implementation="eager", output_loading_info=True)
+    theirs, info = getattr(transformers, cls_name).from_pretrained(out, attn_implementation="eager",
+                                                                   output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     x = inputs()
     with torch.no_grad():
@@ -161,21 +166,29 @@ def test_saves_back_to_transformers(tmp_path, head, variant):
 
 # ---- config.json -------------------------------------------------------------------------------
 def test_config_fields_and_names():
-    cfg = ModelConfig.from_dict({"model_type": "eurobert", "vocab_size": V, "hidden_size": 32, "num_attention_heads": 4,
-                                 "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 48, "rms_norm_eps": 1e-5,
-                                 "rope_theta": 250000, "head_dim": None, "pad_token_id": 0, "architectures": ["EuroBertForMaskedLM"]})
+    cfg = ModelConfig.from_dict({"model_type": "eurobert", "vocab_size": V, "hidden_size": 32,
+                                 "num_attention_heads": 4,
+                                 "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 48,
+                                 "rms_norm_eps": 1e-5,
+                                 "rope_theta": 250000, "head_dim": None, "pad_token_id": 0,
+                                 "architectures": ["EuroBertForMaskedLM"]})
     assert (cfg.layer_norm_eps, cfg.architectures) == (1e-5, ["BertForMaskedLM"])
-    assert ModelConfig.from_dict({"model_type": "eurobert"}).pad_token_id == 128001  # EuroBertConfig's default
+    # EuroBertConfig's default
+    assert ModelConfig.from_dict({"model_type": "eurobert"}).pad_token_id == 128001
     model = core.BertForPreTraining(cfg)
     attn = model.bert.encoder.layer[0].self_attn
-    assert (attn.head_dim, attn.k_proj.out_features, attn.q_norm, attn.spec.rope.theta) == (8, 16, None, 250000.0)
-    assert isinstance(model.cls.predictions.transform, torch.nn.Identity) and model.cls.predictions.bias is None
-    assert model.cls.predictions.decoder.weight is not model.bert.embeddings.word_embeddings.weight  # untied by default
+    assert (attn.head_dim, attn.k_proj.out_features, attn.q_norm, attn.spec.rope.theta) == (8, 16, None,
+                                                                                            250000.0)
+    assert isinstance(model.cls.predictions.transform,
+                      torch.nn.Identity) and model.cls.predictions.bias is None
+    # untied by default
+    assert model.cls.predictions.decoder.weight is not model.bert.embeddings.word_embeddings.weight
     seq = seq_head(ModelConfig.from_dict({**cfg.to_dict(), "id2label": {"0": "a", "1": "b"}}))
     assert seq.bert.pooler.pool == "late" and seq.classifier.bias is not None
     fam = family_for("eurobert")
     keys = set(fam.to_family(seq.state_dict())) | set(fam.to_family(model.state_dict()))
-    assert {"dense.weight", "classifier.weight", "lm_head.weight", "model.embed_tokens.weight", "model.norm.weight",
+    assert {"dense.weight", "classifier.weight", "lm_head.weight", "model.embed_tokens.weight",
+            "model.norm.weight",
             "model.layers.1.mlp.gate_proj.weight"} <= keys
     assert fam.architecture("BertForPreTraining", "eurobert") == "EuroBertForMaskedLM"
 
@@ -189,8 +202,10 @@ def test_config_fields_and_names():
 ])
 def test_configs_it_cannot_run_are_refused(change, words):
     with pytest.raises(ConfigError, match=words):
-        ModelConfig.from_dict({"model_type": "eurobert", "vocab_size": V, "hidden_size": 32, "num_attention_heads": 4,
-                               "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 48, "pad_token_id": 0, **change})
+        ModelConfig.from_dict({"model_type": "eurobert", "vocab_size": V, "hidden_size": 32,
+                               "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 48,
+                               "pad_token_id": 0, **change})
 
 
 # ---- ONNX --------------------------------------------------------------------------------------
@@ -208,7 +223,8 @@ def test_exported_graphs_fuse_and_match_transformers(tmp_path):
     # norm alone; the [CLS]-only last layer's norm of its query alone, and the pooler's GELU
     fused = {"mlm": {"SkipSimplifiedLayerNormalization": 6, "SimplifiedLayerNormalization": 1},
              "cls": {"SkipSimplifiedLayerNormalization": 6, "SimplifiedLayerNormalization": 2, "Gelu": 1}}
-    graphs = {"mlm": (Graph(mlm, lambda m, i, a: m(i, a)["prediction_logits"]), "EuroBertForMaskedLM", mlm_dir),
+    graphs = {"mlm": (Graph(mlm, lambda m, i, a: m(i, a)["prediction_logits"]), "EuroBertForMaskedLM",
+                      mlm_dir),
               "cls": (Graph(seq, lambda m, i, a: m.classifier(core.encode_cls(m.bert, i, a))), SEQ, seq_dir)}
     for name, (graph, cls_name, d) in graphs.items():
         (tmp_path / "onnx" / name).mkdir(parents=True)
@@ -226,8 +242,10 @@ def test_mlmkit_export_gives_transformers_predictions(tmp_path, head):
     <|mask|> is transformers' argmax, and the classifier's logits are transformers' on the texts as the
     tokenizer frames them."""
     fast = eurobert_tokenizer()
-    src = hf_dir(tmp_path, "EuroBert" + head, vocab_size=len(fast), pad_token_id=fast.pad_token_id, bos_token_id=fast.bos_token_id,
-                 eos_token_id=fast.eos_token_id, mask_token_id=fast.mask_token_id, num_labels=3, tokenizer=fast, name="src")
+    src = hf_dir(tmp_path, "EuroBert" + head, vocab_size=len(fast), pad_token_id=fast.pad_token_id,
+                 bos_token_id=fast.bos_token_id,
+                 eos_token_id=fast.eos_token_id, mask_token_id=fast.mask_token_id, num_labels=3,
+                 tokenizer=fast, name="src")
     meta = cli_export(src, tmp_path / "b")
     assert meta["fused_operators"].get("SkipSimplifiedLayerNormalization", 0) >= 6, meta["fused_operators"]
     ref_model = hf_model("EuroBert" + head, src)
@@ -237,11 +255,14 @@ def test_mlmkit_export_gives_transformers_predictions(tmp_path, head):
         x = encode(fast, texts)
         with torch.no_grad():
             logits = ref_model(**x).logits.numpy()
-        want = [logits[r, p].argmax() for r, p in zip(*np.nonzero(x["input_ids"].numpy() == fast.mask_token_id))]
+        want = [logits[r, p].argmax()
+                for r, p in zip(*np.nonzero(x["input_ids"].numpy() == fast.mask_token_id))]
         assert [m["candidates"][0]["id"] for r in got for m in r["masks"]] == want and len(want) == 3
-        given = ["the film was [MASK] and [MASK] good", "[MASK] plot"]  # "[MASK]" is <|mask|>, spans in the text as given
+        # "[MASK]" is <|mask|>, spans in the text as given
+        given = ["the film was [MASK] and [MASK] good", "[MASK] plot"]
         for r, text in zip(Pipeline.load(tmp_path / "b")(given, top_k=1), given):
-            assert len(r["masks"]) == text.count("[MASK]") and all(text[m["start"]:m["end"]].strip() == "[MASK]" for m in r["masks"]), r
+            assert len(r["masks"]) == text.count("[MASK]") and all(text[m["start"]:m["end"]].strip()
+                                                                   == "[MASK]" for m in r["masks"]), r
             assert "[MASK]" not in r["sequence"] and "<|mask|>" not in r["sequence"]
         return
     import onnxruntime as ort
@@ -249,7 +270,8 @@ def test_mlmkit_export_gives_transformers_predictions(tmp_path, head):
     x = encode(fast, TEXTS)
     sess = ort.InferenceSession(str(tmp_path / "b" / "model.onnx"), providers=["CPUExecutionProvider"])
     with torch.no_grad():
-        np.testing.assert_allclose(sess.run(["logits"], {k: v.numpy() for k, v in x.items()})[0], ref_model(**x).logits.numpy(),
+        np.testing.assert_allclose(sess.run(["logits"], {k: v.numpy() for k, v in x.items()})[0],
+                                   ref_model(**x).logits.numpy(),
                                    atol=1e-4)
 
 
@@ -257,8 +279,10 @@ def test_fine_tunes_a_classifier_from_a_masked_lm(tmp_path):
     """A EuroBertForMaskedLM (the released checkpoints' head) fine-tuned as a classifier: the late-pooled
     head learns, and the run is a EuroBertForSequenceClassification transformers loads."""
     fast = eurobert_tokenizer()
-    base = hf_dir(tmp_path, "EuroBertForMaskedLM", vocab_size=len(fast), pad_token_id=fast.pad_token_id, bos_token_id=fast.bos_token_id,
-                  eos_token_id=fast.eos_token_id, mask_token_id=fast.mask_token_id, tokenizer=fast, name="base")
+    base = hf_dir(tmp_path, "EuroBertForMaskedLM", vocab_size=len(fast), pad_token_id=fast.pad_token_id,
+                  bos_token_id=fast.bos_token_id,
+                  eos_token_id=fast.eos_token_id, mask_token_id=fast.mask_token_id, tokenizer=fast,
+                  name="base")
     fine_tunes_a_classifier(tmp_path, base, fast)
 
 
@@ -269,7 +293,8 @@ def test_pretraining_makes_a_model_transformers_loads(tmp_path):
 
     saved, diff = pretrain_loads_in_transformers(tmp_path, "eurobert", "EuroBert")
     assert saved["architectures"] == ["EuroBertForMaskedLM"] and saved["max_position_embeddings"] == 8192
-    assert (saved["intermediate_size"], saved["mask_token_id"], saved["tie_word_embeddings"]) == (341, 4, False)
+    assert (saved["intermediate_size"], saved["mask_token_id"], saved["tie_word_embeddings"]) == (341, 4,
+                                                                                                  False)
     assert diff <= 1e-4
 
 
@@ -277,7 +302,8 @@ def test_a_sentence_transformers_directory_embeds_as_sentence_transformers_does(
     """A EuroBertModel with mean pooling and normalisation in a sentence-transformers directory: the
     exported bundle's embeddings are sentence-transformers' own on mixed-length texts."""
     fast = eurobert_tokenizer()
-    hf = hf_dir(tmp_path, "EuroBertModel", vocab_size=len(fast), pad_token_id=fast.pad_token_id, bos_token_id=fast.bos_token_id,
+    hf = hf_dir(tmp_path, "EuroBertModel", vocab_size=len(fast), pad_token_id=fast.pad_token_id,
+                bos_token_id=fast.bos_token_id,
                 eos_token_id=fast.eos_token_id, mask_token_id=fast.mask_token_id, tokenizer=fast)
     st, bundle = sentence_transformers_bundle(tmp_path, hf, "mean")
     np.testing.assert_allclose(bundle_embeddings(bundle, TEXTS), st.encode(TEXTS), atol=1e-5)

@@ -37,7 +37,8 @@ from mlmkit.text.tokenizer import load_tokenizer, special_ids
 from mlmkit.train.state import ResumeCheckpoints
 
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
-HEADS = ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "Model")
+HEADS = ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
+         "Model")
 
 
 def onnx_outputs(bundle: Path, b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -52,7 +53,8 @@ MIXED = ["the film was good", "john went to paris and the plot was very dull", "
 
 @pytest.mark.parametrize("head", HEADS)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_family_and_head_exports_with_transformers_outputs(tmp_path: Path, family: str, head: str) -> None:
+def test_every_family_and_head_exports_with_transformers_outputs(tmp_path: Path, family: str,
+                                                                 head: str) -> None:
     src = tmp_path / "src"
     labels = {"id2label": dict(enumerate(TAGS))} if head == "ForTokenClassification" else {}
     if head == "ForSequenceClassification":
@@ -75,12 +77,14 @@ def test_every_family_and_head_exports_with_transformers_outputs(tmp_path: Path,
         have = [m["candidates"][0]["id"] for r in got for m in r["masks"]]
         assert have == want and len(have) == 3
         return
-    b = encode_batch(src, MIXED if head != "ForTokenClassification" else [t for t in MIXED if isinstance(t, str)])
+    b = encode_batch(src,
+                     MIXED if head != "ForTokenClassification" else [t for t in MIXED if isinstance(t, str)])
     ours, ref, real = onnx_outputs(tmp_path / "b", b), hf_out(hf, b, family), b["attention_mask"].astype(bool)
     if head == "ForSequenceClassification":
         np.testing.assert_allclose(ours["logits"], ref.logits.numpy(), atol=1e-4)
     elif head == "ForTokenClassification":
-        np.testing.assert_allclose(ours["probabilities"][real], torch.softmax(ref.logits, -1).numpy()[real], atol=1e-4)
+        np.testing.assert_allclose(ours["probabilities"][real], torch.softmax(ref.logits, -1).numpy()[real],
+                                   atol=1e-4)
     elif head == "ForQuestionAnswering":
         np.testing.assert_allclose(ours["start_logits"][real], ref.start_logits.numpy()[real], atol=1e-4)
         np.testing.assert_allclose(ours["end_logits"][real], ref.end_logits.numpy()[real], atol=1e-4)
@@ -90,7 +94,8 @@ def test_every_family_and_head_exports_with_transformers_outputs(tmp_path: Path,
         np.testing.assert_allclose(ours["embedding"], (h * m).sum(1) / m.sum(1), atol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["roberta", "xlm-roberta", "modernbert", "distilbert", "deberta-v2", "jina_embeddings_v3"])
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta", "modernbert", "distilbert", "deberta-v2",
+                                    "jina_embeddings_v3"])
 def test_tags_and_answers_slice_the_text_exactly(tmp_path: Path, family: str) -> None:
     save_checkpoint(tmp_path / "tag", family, "ForTokenClassification", id2label=dict(enumerate(TAGS)))
     export(tmp_path / "tag", tmp_path / "tb")
@@ -102,11 +107,13 @@ def test_tags_and_answers_slice_the_text_exactly(tmp_path: Path, family: str) ->
     save_checkpoint(tmp_path / "qa", family, "ForQuestionAnswering")
     export(tmp_path / "qa", tmp_path / "qb")
     context = "john went to paris and the plot was good"
-    got = Pipeline.load(tmp_path / "qb")([{"question": "where did john go", "context": context, "id": str(i)} for i in range(3)])
+    got = Pipeline.load(tmp_path / "qb")([{"question": "where did john go", "context": context, "id": str(i)}
+                                          for i in range(3)])
     for p in got:
         assert p["answer"] == context[p["start"]:p["end"]] and p["answer"] == p["answer"].strip()
         words = context.split()
-        assert p["answer"] == "" or (p["start"] == 0 or context[p["start"] - 1] == " ") or p["answer"].split()[0] not in words
+        assert p["answer"] == "" or (p["start"] == 0 or context[p["start"] - 1]
+                                     == " ") or p["answer"].split()[0] not in words
 
 
 def labelled(n: int, seed: int) -> list[dict[str, str]]:
@@ -115,7 +122,8 @@ def labelled(n: int, seed: int) -> list[dict[str, str]]:
     for _ in range(n):
         label = rng.choice(["pos", "neg"])
         word = rng.choice(["good", "great"] if label == "pos" else ["bad", "dull"])
-        filler = [rng.choice(["the", "film", "plot", "story", "was", "very"]) for _ in range(rng.randint(2, 6))]
+        filler = [rng.choice(["the", "film", "plot", "story", "was", "very"])
+                  for _ in range(rng.randint(2, 6))]
         filler.insert(rng.randint(0, len(filler)), word)
         rows.append({"text": " ".join(filler), "label": label})
     return rows
@@ -127,7 +135,8 @@ def test_each_family_fine_tunes_a_classifier_that_loads_in_transformers(tmp_path
     for name, n, seed in (("train", 160, 1), ("eval", 60, 2)):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in labelled(n, seed)))
     metrics = run_finetune("classification", tmp_path / "base", tmp_path / "train.jsonl", tmp_path / "run",
-                           eval_file=tmp_path / "eval.jsonl", epochs=6, batch_size=16, lr=4e-3, warmup_ratio=0.1,
+                           eval_file=tmp_path / "eval.jsonl", epochs=6, batch_size=16, lr=4e-3,
+                           warmup_ratio=0.1,
                            max_length=32, seed=0, progress=False)
     assert metrics["eval_accuracy"] >= 0.9, metrics
     run = tmp_path / "run"
@@ -139,7 +148,8 @@ def test_each_family_fine_tunes_a_classifier_that_loads_in_transformers(tmp_path
     load_weights(ours, load_state_dict(run))
     b = encode_batch(run, ["the film was good", "a very dull story was the plot"])
     with torch.no_grad():
-        a = ours(*(torch.from_numpy(b[k]) for k in ("input_ids", "attention_mask", "token_type_ids")))["logits"]
+        a = ours(*(torch.from_numpy(b[k])
+                   for k in ("input_ids", "attention_mask", "token_type_ids")))["logits"]
     np.testing.assert_allclose(a.numpy(), hf_out(hf.eval(), b, family).logits.numpy(), atol=1e-5)
 
 
@@ -153,7 +163,8 @@ def test_pretraining_other_families_resumes_exactly_and_loads_in_transformers(
 ) -> None:
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n\n".join("\n".join(sentences(5, seed=d)) for d in range(30)) + "\n")
-    kw = dict(arch=arch, batch_size=8, seq_len=32, vocab_size=300, lr=1e-3, eval_every=1000, save_every=2, seed=0,
+    kw = dict(arch=arch, batch_size=8, seq_len=32, vocab_size=300, lr=1e-3, eval_every=1000, save_every=2,
+              seed=0,
               steps=4, progress=False)
     run_pretrain([corpus], tmp_path / "full", **kw)
     original = ResumeCheckpoints.save
@@ -169,7 +180,8 @@ def test_pretraining_other_families_resumes_exactly_and_loads_in_transformers(
         run_pretrain([corpus], tmp_path / "cut", **kw)
     monkeypatch.undo()
     assert run_pretrain([corpus], tmp_path / "cut", resume=True, **kw)["step"] == 4
-    a, b = load_file(tmp_path / "full" / "model.safetensors"), load_file(tmp_path / "cut" / "model.safetensors")
+    a, b = (load_file(tmp_path / "full" / "model.safetensors"),
+            load_file(tmp_path / "cut" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     run = tmp_path / "full"
     config = json.loads((run / "config.json").read_text())
@@ -181,7 +193,8 @@ def test_pretraining_other_families_resumes_exactly_and_loads_in_transformers(
     load_weights(ours, load_state_dict(run))
     b = encode_batch(run, ["the film was good", "a very dull story was the plot and john went to paris"])
     with torch.no_grad():
-        mine = ours.eval()(torch.from_numpy(b["input_ids"]), torch.from_numpy(b["attention_mask"]))["prediction_logits"]
+        mine = ours.eval()(torch.from_numpy(b["input_ids"]),
+                           torch.from_numpy(b["attention_mask"]))["prediction_logits"]
     real = b["attention_mask"].astype(bool)
     np.testing.assert_allclose(mine.numpy()[real], hf_out(hf.eval(), b, arch).logits.numpy()[real], atol=1e-5)
 
@@ -189,7 +202,8 @@ def test_pretraining_other_families_resumes_exactly_and_loads_in_transformers(
 def test_nsp_is_refused_for_families_without_it(tmp_path: Path) -> None:
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(sentences(20)) + "\n")
-    r = runner.invoke(app, ["pretrain", str(corpus), "--out", str(tmp_path / "r"), "--arch", "roberta", "--nsp"])
+    r = runner.invoke(app,
+                      ["pretrain", str(corpus), "--out", str(tmp_path / "r"), "--arch", "roberta", "--nsp"])
     assert r.exit_code == 2 and "next-sentence prediction is BERT's" in r.output
 
 
@@ -197,7 +211,8 @@ def test_nsp_is_refused_for_families_without_it(tmp_path: Path) -> None:
 def test_tokenizer_train_kinds(tmp_path: Path, kind: str) -> None:
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(sentences(100)) + "\n")
-    r = runner.invoke(app, ["tokenizer", "train", str(corpus), "--out", str(tmp_path / "t"), "--kind", kind, "--vocab-size", "200"])
+    r = runner.invoke(app, ["tokenizer", "train", str(corpus), "--out", str(tmp_path / "t"), "--kind", kind,
+                            "--vocab-size", "200"])
     assert r.exit_code == 0, r.output
     tok = load_tokenizer(tmp_path / "t")
     text = "john went to paris"

@@ -31,7 +31,8 @@ from mlmkit.train.pretrain import pretraining_family
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
-SIZES = dict(vocab_size=120, max_position_embeddings=512, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+SIZES = dict(vocab_size=120, max_position_embeddings=512, hidden_dropout_prob=0.0,
+             attention_probs_dropout_prob=0.0)
 
 
 def tiny(arch: str, **extra: Any) -> ModelConfig:
@@ -74,7 +75,8 @@ def test_each_declared_extra_size_is_checked(fam: Family) -> None:
         for bad in (0, ceiling + 1, "8", 2.0):
             if bad in size.unset:
                 continue
-            with pytest.raises(ConfigError, match=f"config {size.key} must be a positive integer of at most {ceiling:,}"):
+            with pytest.raises(ConfigError,
+                               match=f"config {size.key} must be a positive integer of at most {ceiling:,}"):
                 tiny(fam.name, **{size.key: bad})
         for unset in size.unset:
             assert tiny(fam.name, **{size.key: unset}).extra[size.key] == unset
@@ -95,7 +97,8 @@ def test_pretrain_refuses_arch_and_nsp_before_reading_anything(tmp_path: Path) -
     r = runner.invoke(app, ["pretrain", missing, "--out", str(tmp_path / "r"), "--arch", "deberta-v2"])
     assert r.exit_code == 2 and "--arch deberta-v2 is not a pretraining family" in r.output
     assert f"use one of: {', '.join(f.name for f in FAMILIES if f.pretrains)}" in r.output
-    r = runner.invoke(app, ["pretrain", missing, "--out", str(tmp_path / "r"), "--arch", "modernbert", "--nsp"])
+    r = runner.invoke(app,
+                      ["pretrain", missing, "--out", str(tmp_path / "r"), "--arch", "modernbert", "--nsp"])
     assert r.exit_code == 2 and "next-sentence prediction is BERT's, not modernbert's" in r.output
     assert not (tmp_path / "r").exists()
 
@@ -138,7 +141,8 @@ def toy() -> Iterator[Family]:
 
 
 def toy_config(**extra: Any) -> ModelConfig:
-    return ModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, model_type="toy",
+    return ModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                       model_type="toy",
                        architectures=["BertForPreTraining"], type_vocab_size=0, **SIZES, extra=extra)
 
 
@@ -154,7 +158,8 @@ def test_a_new_family_plugs_in_by_its_declarations(toy: Family, tmp_path: Path) 
     loaded = load_state_dict(tmp_path)
     assert set(loaded) == set(model.state_dict()) - {"cls.predictions.decoder.weight"}
     assert load_config(tmp_path).family is toy
-    with pytest.raises(ConfigError, match="buckets 7 does not match the weights"):  # its own shape check, called by check_weights
+    # its own shape check, called by check_weights
+    with pytest.raises(ConfigError, match="buckets 7 does not match the weights"):
         save_config(toy_config(buckets=7), tmp_path / "config.json")
         load_config(tmp_path)
     with pytest.raises(ConfigError, match="--arch toy is not a pretraining family"):
@@ -166,7 +171,8 @@ def test_a_new_family_plugs_in_by_its_declarations(toy: Family, tmp_path: Path) 
 class PlainAttention(nn.Module):
     """An attention that does not declare itself (not a core.Attention): it stays SDPA."""
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor,
+                queries: torch.Tensor | None = None) -> torch.Tensor:
         q = x[:, None]  # (B, 1, T, H): one head
         return F.scaled_dot_product_attention(q, q, q, attn_mask=mask)[:, 0]
 
@@ -186,9 +192,12 @@ class Undeclared(nn.Module):
 def test_export_refuses_an_attention_that_does_not_declare_itself(tmp_path: Path) -> None:
     ids, mask = ids_and_mask()
     batch = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
-    with pytest.raises(ConfigError, match=r"^bert\.encoder\.layer\.1\.attention\.self \(PlainAttention\) computes attention "
-                                          r"with scaled_dot_product_attention but is not a declared attention block"):
-        torch_export(Undeclared(declared=False), batch, {"hidden": ("batch", "sequence", "hidden")}, tmp_path / "m.onnx", 17,
+    with pytest.raises(ConfigError, match=r"^bert\.encoder\.layer\.1\.attention\.self \(PlainAttention\) "
+                                          r"computes attention "
+                                          r"with scaled_dot_product_attention but is not a declared "
+                                          r"attention block"):
+        torch_export(Undeclared(declared=False), batch, {"hidden": ("batch", "sequence", "hidden")},
+                     tmp_path / "m.onnx", 17,
                      ("input_ids", "attention_mask"))
     assert not (tmp_path / "m.onnx").exists()
     check_attention(Undeclared(declared=True), (ids, mask))  # the same model with its declared block passes

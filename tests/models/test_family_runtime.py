@@ -18,9 +18,11 @@ from mlmkit.runtime.pipeline import Pipeline
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.mark.skipif(__import__("importlib").util.find_spec("openvino") is None, reason="OpenVINO is not installed")
+@pytest.mark.skipif(__import__("importlib").util.find_spec("openvino") is None,
+                    reason="OpenVINO is not installed")
 @pytest.mark.parametrize("family", ["roberta", "modernbert", "distilbert", "deberta-v2"])
-def test_every_family_s_fused_graph_runs_in_bf16_through_openvino(tmp_path: Path, family: str, monkeypatch) -> None:
+def test_every_family_s_fused_graph_runs_in_bf16_through_openvino(tmp_path: Path, family: str,
+                                                                  monkeypatch) -> None:
     """OpenVINO reads each family's fused fp32 graph (its com.microsoft operators, rotary and
     disentangled attention too): auto on bf16 units (forced where the CPU has none) picks it, and its
     labels are fp32's."""
@@ -28,7 +30,8 @@ def test_every_family_s_fused_graph_runs_in_bf16_through_openvino(tmp_path: Path
     save_checkpoint(tmp_path / "src", family, "ForSequenceClassification", id2label={0: "neg", 1: "pos"})
     meta = export(tmp_path / "src", tmp_path / "b")
     assert meta["gate"]["bf16"]["passed"], meta["gate"]["bf16"]
-    fast, ref = Pipeline.load(tmp_path / "b", precision="auto"), Pipeline.load(tmp_path / "b", precision="fp32")
+    fast, ref = Pipeline.load(tmp_path / "b", precision="auto"), Pipeline.load(tmp_path / "b",
+                                                                               precision="fp32")
     assert (fast.precision, ref.precision) == ("bf16", "fp32")
     texts = sentences(16)
     assert [r["label"] for r in fast(texts)] == [r["label"] for r in ref(texts)]
@@ -36,7 +39,8 @@ def test_every_family_s_fused_graph_runs_in_bf16_through_openvino(tmp_path: Path
 
 @pytest.mark.parametrize("family", ["roberta", "modernbert", "distilbert", "deberta-v2"])
 def test_int8_and_fp16_bundles_of_other_families(tmp_path: Path, family: str) -> None:
-    save_checkpoint(tmp_path / "src", family, "ForSequenceClassification", perturb=False, id2label={0: "neg", 1: "pos"})
+    save_checkpoint(tmp_path / "src", family, "ForSequenceClassification", perturb=False,
+                    id2label={0: "neg", 1: "pos"})
     q = export(tmp_path / "src", tmp_path / "int8", "--quantize", "int8")
     assert q["precision"] == "int8" and q["parity"]["int8_top1_agreement_vs_fp32"] >= 0.9, q["parity"]
     h = export(tmp_path / "src", tmp_path / "fp16", "--fp16")
@@ -48,7 +52,8 @@ def test_int8_and_fp16_bundles_of_other_families(tmp_path: Path, family: str) ->
 def test_cli_fill_mask_takes_bert_s_mask_for_roberta(tmp_path: Path) -> None:
     hf = save_checkpoint(tmp_path / "src", "roberta", "ForMaskedLM")
     export(tmp_path / "src", tmp_path / "b")
-    r = runner.invoke(app, ["fill-mask", str(tmp_path / "b"), "the film was [MASK]", "the plot <mask> good", "--top-k", "2",
+    r = runner.invoke(app, ["fill-mask", str(tmp_path / "b"), "the film was [MASK]", "the plot <mask> good",
+                            "--top-k", "2",
                             "--json"])
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
@@ -89,11 +94,13 @@ def test_xlm_roberta_sentence_transformers_directory(tmp_path: Path) -> None:
 
     save_checkpoint(tmp_path / "enc", "xlm-roberta", "Model")
     word = st_models.Transformer(str(tmp_path / "enc"), max_seq_length=64)
-    model = SentenceTransformer(modules=[word, st_models.Pooling(word.get_word_embedding_dimension(), pooling_mode="mean"),
+    model = SentenceTransformer(modules=[word, st_models.Pooling(word.get_word_embedding_dimension(),
+                                                                 pooling_mode="mean"),
                                          st_models.Normalize()], device="cpu")
     model.save(str(tmp_path / "st"))
     meta = export(tmp_path / "st", tmp_path / "b")
-    assert meta["task"] == "embedding" and meta["options"]["normalize"] is True and "token_type_ids" not in meta["inputs"]
+    assert (meta["task"] == "embedding" and meta["options"]["normalize"] is True
+            and "token_type_ids" not in meta["inputs"])
     texts = ["the film was good", "john went to paris and the plot was very dull", "a"]
     ours = np.stack([r["embedding"] for r in Pipeline.load(tmp_path / "b")(texts)])
     want = model.encode(texts, convert_to_numpy=True)
@@ -113,8 +120,10 @@ def test_tagging_and_qa_fine_tune_on_byte_level_bpe(tmp_path: Path) -> None:
         tags = [f"B-{names[w]}" if w in names else "O" for w in words]
         rows.append({"tokens": words, "tags": tags})
     (tmp_path / "tag.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    m = run_finetune("tagging", tmp_path / "base", tmp_path / "tag.jsonl", tmp_path / "tagger", eval_file=tmp_path / "tag.jsonl",
-                     epochs=6, batch_size=16, lr=4e-3, warmup_ratio=0.1, max_length=32, seed=0, progress=False)
+    m = run_finetune("tagging", tmp_path / "base", tmp_path / "tag.jsonl", tmp_path / "tagger",
+                     eval_file=tmp_path / "tag.jsonl",
+                     epochs=6, batch_size=16, lr=4e-3, warmup_ratio=0.1, max_length=32, seed=0,
+                     progress=False)
     assert m["eval_f1"] >= 0.9, m
     export(tmp_path / "tagger", tmp_path / "tb")
     text = "the film john saw in paris was good"
@@ -125,7 +134,8 @@ def test_tagging_and_qa_fine_tune_on_byte_level_bpe(tmp_path: Path) -> None:
            "answer_start": [len(s) + 1]}} for i, s in enumerate(sentences(60, seed=4))]
     (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in qa))
     torch.manual_seed(0)
-    run_finetune("qa", tmp_path / "base", tmp_path / "qa.jsonl", tmp_path / "reader", epochs=2, batch_size=16, lr=4e-3,
+    run_finetune("qa", tmp_path / "base", tmp_path / "qa.jsonl", tmp_path / "reader", epochs=2, batch_size=16,
+                 lr=4e-3,
                  warmup_ratio=0.1, max_length=48, seed=0, progress=False)
     export(tmp_path / "reader", tmp_path / "qb")
     context = "the plot was dull and john went"

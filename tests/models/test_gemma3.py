@@ -46,23 +46,30 @@ from mlmkit.rundir.config import save_config
 
 V = 100
 ATOL = 1e-5
-ROPE = {FULL: {"rope_type": "default", "rope_theta": 1000.0}, SLIDING: {"rope_type": "default", "rope_theta": 100.0}}
-BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, pad_token_id=0, bos_token_id=2, eos_token_id=1, max_position_embeddings=128, query_pre_attn_scalar=24,
-            sliding_window=8, layer_types=[SLIDING, FULL, SLIDING, SLIDING], rope_parameters=ROPE, use_bidirectional_attention=True)
+ROPE = {FULL: {"rope_type": "default", "rope_theta": 1000.0},
+        SLIDING: {"rope_type": "default", "rope_theta": 100.0}}
+BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16, pad_token_id=0, bos_token_id=2, eos_token_id=1, max_position_embeddings=128,
+            query_pre_attn_scalar=24,
+            sliding_window=8, layer_types=[SLIDING, FULL, SLIDING, SLIDING], rope_parameters=ROPE,
+            use_bidirectional_attention=True)
 VARIANTS = {
     "bidirectional": {},  # EmbeddingGemma's
     "causal": dict(use_bidirectional_attention=False),
     # a linear rope scaling on the global layers (Gemma 3 4B's), an odd window, the silu MLP
-    "scaled": dict(rope_parameters={FULL: {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0}, SLIDING: ROPE[SLIDING]},
+    "scaled": dict(rope_parameters={FULL: {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0},
+                                    SLIDING: ROPE[SLIDING]},
                    sliding_window=7, hidden_activation="silu"),
 }
 SEQ = "Gemma3TextForSequenceClassification"
 
 
-def hf_dir(tmp_path: Path, cls_name: str, variant: str = "bidirectional", name: str = "hf", tokenizer=None, **kw) -> Path:
+def hf_dir(tmp_path: Path, cls_name: str, variant: str = "bidirectional", name: str = "hf", tokenizer=None,
+           **kw) -> Path:
     d = tmp_path / name
-    save_hf(d, cls_name, transformers.Gemma3TextConfig(**{**BASE, **VARIANTS[variant], **kw}), tokenizer=tokenizer)
+    save_hf(d, cls_name, transformers.Gemma3TextConfig(**{**BASE, **VARIANTS[variant], **kw}),
+            tokenizer=tokenizer)
     return d
 
 
@@ -140,7 +147,8 @@ def test_saves_back_to_transformers(tmp_path, cls_name):
     out.mkdir()
     save_weights(ours, out / "model.safetensors", cfg)
     save_config(cfg, out / "config.json")
-    theirs, info = getattr(transformers, cls_name).from_pretrained(out, attn_implementation="eager", output_loading_info=True)
+    theirs, info = getattr(transformers, cls_name).from_pretrained(out, attn_implementation="eager",
+                                                                   output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert theirs.config.sliding_window == 7 // 2 + 1  # transformers halves the bidirectional window it reads
     x = inputs()
@@ -167,17 +175,23 @@ def test_older_config_keys_read_the_same(tmp_path):
     cfg, ours, _ = load_ours(old, Backbone)
     x = inputs()
     with torch.no_grad():
-        assert real_diff(ours(**x), hf_model("Gemma3TextModel", d)(**x).last_hidden_state, x["attention_mask"]) <= ATOL
+        assert real_diff(ours(**x), hf_model("Gemma3TextModel", d)(**x).last_hidden_state,
+                         x["attention_mask"]) <= ATOL
 
 
 def test_config_fields_and_names():
-    cfg = ModelConfig.from_dict({"model_type": "gemma3_text", "vocab_size": V, "hidden_size": 32, "num_attention_heads": 2,
-                                 "num_key_value_heads": 1, "head_dim": 64, "num_hidden_layers": 7, "intermediate_size": 48,
-                                 "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-5, "sliding_window": 512,
+    cfg = ModelConfig.from_dict({"model_type": "gemma3_text", "vocab_size": V, "hidden_size": 32,
+                                 "num_attention_heads": 2,
+                                 "num_key_value_heads": 1, "head_dim": 64, "num_hidden_layers": 7,
+                                 "intermediate_size": 48,
+                                 "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-5,
+                                 "sliding_window": 512,
                                  "use_bidirectional_attention": True, "architectures": ["Gemma3TextModel"]})
-    assert (cfg.hidden_act, cfg.layer_norm_eps, cfg.pad_token_id, cfg.architectures) == ("gelu_pytorch_tanh", 1e-5, 0, ["BertModel"])
+    assert (cfg.hidden_act, cfg.layer_norm_eps, cfg.pad_token_id,
+            cfg.architectures) == ("gelu_pytorch_tanh", 1e-5, 0, ["BertModel"])
     d = cfg.to_dict()
-    assert {"hidden_activation", "rms_norm_eps", "num_key_value_heads", "head_dim"} <= set(d) and "hidden_act" not in d
+    assert {"hidden_activation", "rms_norm_eps", "num_key_value_heads",
+            "head_dim"} <= set(d) and "hidden_act" not in d
     model = core.BertModel(cfg, add_pooling_layer=False)
     layers = model.encoder.layer
     # EmbeddingGemma's window of 512: 256 each side; every sixth layer global; query_pre_attn_scalar 256
@@ -188,15 +202,19 @@ def test_config_fields_and_names():
     assert float(model.embeddings.scale) == pytest.approx(32 ** 0.5)
     fam = family_for("gemma3_text")
     assert fam.architecture("BertForSequenceClassification", "gemma3_text") == SEQ
-    keys = set(fam.to_family({f"bert.{k}": v for k, v in model.state_dict().items()}))  # under the heads' "bert."
-    assert {"model.layers.0.pre_feedforward_layernorm.weight", "model.layers.6.post_feedforward_layernorm.weight",
+    # under the heads' "bert."
+    keys = set(fam.to_family({f"bert.{k}": v for k, v in model.state_dict().items()}))
+    assert {"model.layers.0.pre_feedforward_layernorm.weight",
+            "model.layers.6.post_feedforward_layernorm.weight",
             "model.embed_tokens.weight", "model.norm.weight"} <= keys
 
 
 @pytest.mark.parametrize("change, words", [
     ({"num_key_value_heads": 3}, "not a multiple of num_key_value_heads"),
-    ({"rope_parameters": {FULL: {"rope_type": "yarn", "factor": 2.0}}, "layer_types": [FULL, SLIDING]}, "rope type 'yarn'"),
-    ({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}, "layer_types": [SLIDING, FULL]}, "rope type 'longrope'"),
+    ({"rope_parameters": {FULL: {"rope_type": "yarn", "factor": 2.0}}, "layer_types": [FULL, SLIDING]},
+     "rope type 'yarn'"),
+    ({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}, "layer_types": [SLIDING, FULL]},
+     "rope type 'longrope'"),
     ({"layer_types": [FULL, "chunked_attention"]}, "layer_types"),
     ({"sliding_window": 0}, "sliding_window"),
     ({"query_pre_attn_scalar": -1}, "query_pre_attn_scalar"),
@@ -204,8 +222,10 @@ def test_config_fields_and_names():
 ])
 def test_configs_it_cannot_run_are_refused(change, words):
     with pytest.raises(ConfigError, match=words):
-        ModelConfig.from_dict({"model_type": "gemma3_text", "vocab_size": V, "hidden_size": 32, "num_attention_heads": 4,
-                               "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2, "intermediate_size": 48, **change})
+        ModelConfig.from_dict({"model_type": "gemma3_text", "vocab_size": V, "hidden_size": 32,
+                               "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2,
+                               "intermediate_size": 48, **change})
 
 
 # ---- ONNX --------------------------------------------------------------------------------------
@@ -225,7 +245,8 @@ def test_exported_graphs_fuse_and_match_transformers(tmp_path):
         (tmp_path / "onnx" / name).mkdir(parents=True)
         session, counts = fused_graph(tmp_path / "onnx" / name, graph, cfg, dummy, per_token=name == "model")
         # 4 layers: two skip norms a layer; the block outputs' and q / k head norms, the first input norm
-        assert counts == {"SkipSimplifiedLayerNormalization": 8, "SimplifiedLayerNormalization": 17, "FastGelu": 4}, counts
+        assert counts == {"SkipSimplifiedLayerNormalization": 8, "SimplifiedLayerNormalization": 17,
+                          "FastGelu": 4}, counts
         with torch.no_grad():
             ref = hf_model(cls_name, d)(**x)
         ref = (ref.logits if name == "seq" else ref.last_hidden_state).numpy()

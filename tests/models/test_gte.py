@@ -38,7 +38,8 @@ VARIANTS = {
     "plain": {},  # gte-multilingual-base's layout: one token type, its row added everywhere
     "no_types": dict(type_vocab_size=0),  # gte-base-en-v1.5's: no token-type table
     "pairs": dict(type_vocab_size=2),  # two token types, taken as an input
-    # transformers' scalings; the batch (20 tokens) is longer than the 16 positions, so "dynamic" grows the base
+    # transformers' scalings; the batch (20 tokens) is longer than the 16 positions, so "dynamic" grows the
+    # base
     "linear": dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 100.0}),
     "dynamic": dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 100.0}),
 }
@@ -95,9 +96,11 @@ def test_config_fields_and_names(tmp_path):
     saved = json.loads((d / "config.json").read_text())
     cfg = ModelConfig.from_dict(saved)
     assert (cfg.type_vocab_size, cfg.pad_token_id, cfg.architectures) == (1, 1, ["BertForMaskedLM"])
-    assert cfg.to_dict()["architectures"] == ["GteForMaskedLM"] and cfg.to_dict()["rope_parameters"] == BASE["rope_parameters"]
+    assert (cfg.to_dict()["architectures"] == ["GteForMaskedLM"] and cfg.to_dict()["rope_parameters"]
+            == BASE["rope_parameters"])
     defaults = ModelConfig.from_dict({"model_type": "gte"})  # GteConfig's defaults
-    assert (defaults.vocab_size, defaults.max_position_embeddings, defaults.attention_probs_dropout_prob) == (250048, 8192, 0.0)
+    assert (defaults.vocab_size, defaults.max_position_embeddings,
+            defaults.attention_probs_dropout_prob) == (250048, 8192, 0.0)
     fam = family_for("gte")
     assert fam.rope(defaults).theta == 160_000.0 and not fam.uses_token_types(cfg)
     model = core.BertForPreTraining(cfg)
@@ -107,9 +110,11 @@ def test_config_fields_and_names(tmp_path):
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}}, "rope type 'yarn' is not supported for gte"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}},
+     "rope type 'yarn' is not supported for gte"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 2.0}}, "rope type 'llama3'"),
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}, "partial_rotary_factor 0.5"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor 0.5"),
     ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}}, "factor"),
     ({"rope_parameters": {"rope_type": "dynamic", "factor": 0.5, "rope_theta": 1e4}}, "at least 1"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": -1.0}}, "rope_theta"),
@@ -131,13 +136,16 @@ def test_export_passes_the_parity_gate(tmp_path):
     fast.save_pretrained(src)
     meta = export(src, tmp_path / "b")
     assert all(v <= 1e-4 for v in meta["parity"]["max_abs_diff"].values()), meta["parity"]
-    assert meta["fused_operators"].get("SkipLayerNormalization", 0) >= 2 and meta["inputs"] == ["input_ids", "attention_mask"]
+    assert meta["fused_operators"].get("SkipLayerNormalization",
+                                       0) >= 2 and meta["inputs"] == ["input_ids", "attention_mask"]
     sess = ort.InferenceSession(str(tmp_path / "b" / "model.onnx"), providers=["CPUExecutionProvider"])
-    theirs = transformers.GteForSequenceClassification.from_pretrained(src, attn_implementation="eager").eval()
+    theirs = transformers.GteForSequenceClassification.from_pretrained(src,
+                                                                       attn_implementation="eager").eval()
     for T, lengths in ((9, (9, 4)), (30, (30, 17, 2))):
         x = inputs(T, lengths, pad=fast.pad_token_id, seed=T)
         x["input_ids"] = x["input_ids"] % len(fast)
-        got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {k: v.numpy() for k, v in x.items()})))
+        got = dict(zip([o.name for o in sess.get_outputs()],
+                       sess.run(None, {k: v.numpy() for k, v in x.items()})))
         with torch.no_grad():
             ref = theirs(**x).logits.numpy()
         assert abs(got["logits"] - ref).max() <= 1e-4, T
@@ -146,7 +154,8 @@ def test_export_passes_the_parity_gate(tmp_path):
 def test_pretraining_makes_a_model_transformers_loads(tmp_path):
     saved, diff = pretrain_loads_in_transformers(tmp_path, "gte", "Gte")
     assert saved["architectures"] == ["GteForMaskedLM"] and saved["max_position_embeddings"] == 8192
-    assert saved["rope_parameters"] == {"rope_type": "default", "rope_theta": 160_000.0} and saved["type_vocab_size"] == 1
+    assert saved["rope_parameters"] == {"rope_type": "default",
+                                        "rope_theta": 160_000.0} and saved["type_vocab_size"] == 1
     assert diff <= ATOL
 
 
@@ -155,9 +164,11 @@ def test_the_original_new_prefix_reads_as_the_bare_model(tmp_path):
     d = hf_dir(tmp_path, "Gte", "Model", config())
     new = tmp_path / "new"
     shutil.copytree(d, new)
-    save_file({f"new.{k}": v for k, v in load_file(d / "model.safetensors").items()}, str(new / "model.safetensors"))
+    save_file({f"new.{k}": v for k, v in load_file(d / "model.safetensors").items()},
+              str(new / "model.safetensors"))
     _, ours, unexpected = load_ours(new, Backbone)
     x = inputs()
     with torch.no_grad():
-        ref = transformers.GteModel.from_pretrained(d, attn_implementation="eager").eval()(**x).last_hidden_state
+        ref = transformers.GteModel.from_pretrained(d,
+                                                    attn_implementation="eager").eval()(**x).last_hidden_state
         assert unexpected == [] and real_diff(ours(**x), ref, x["attention_mask"]) <= ATOL

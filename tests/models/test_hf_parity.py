@@ -1,4 +1,5 @@
-"""Parity with transformers.BertForPreTraining: same weights, same MLM and NSP logits; both load directions."""
+"""Parity with transformers.BertForPreTraining: same weights, same MLM and NSP logits; both load
+directions."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def scramble(model: torch.nn.Module, seed: int = 0) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.1 + (1.0 if p.dim() == 1 and p.numel() == 64 else 0.0))
+            p.copy_(torch.randn(p.shape, generator=g) * 0.1
+                    + (1.0 if p.dim() == 1 and p.numel() == 64 else 0.0))
 
 
 def inputs(seed: int = 1) -> dict[str, torch.Tensor]:

@@ -27,13 +27,15 @@ from mlmkit.rundir.config import load_config
 
 transformers = pytest.importorskip("transformers")
 
-BASE = dict(SIZES, max_position_embeddings=16, type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0,
+BASE = dict(SIZES, max_position_embeddings=16, type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1,
+            bos_token_id=0,
             eos_token_id=2, rope_parameters={"rope_type": "default", "rope_theta": 100.0})
 HEADS = ["ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering"]
 TASKS = ["retrieval.query", "retrieval.passage", "separation", "classification", "text-matching"]
 ADAPTED = ("word_embeddings", "token_type_embeddings", "mixer.Wqkv", "mixer.out_proj", "mlp.fc1", "mlp.fc2")
 RANK, ALPHA = 4, 8
-POOLER = ["bert.pooler.dense.bias", "bert.pooler.dense.weight"]  # the bare model's (add_pooling_layer defaults to true)
+# the bare model's (add_pooling_layer defaults to true)
+POOLER = ["bert.pooler.dense.bias", "bert.pooler.dense.weight"]
 
 
 def config(**kw) -> dict:
@@ -42,7 +44,8 @@ def config(**kw) -> dict:
 
 @pytest.mark.parametrize("scaling", ["default", "linear"])
 def test_backbone_matches_transformers(tmp_path, scaling):
-    rope = {"rope_type": "linear", "factor": 2.0, "rope_theta": 100.0} if scaling == "linear" else BASE["rope_parameters"]
+    rope = {"rope_type": "linear", "factor": 2.0,
+            "rope_theta": 100.0} if scaling == "linear" else BASE["rope_parameters"]
     d = hf_dir(tmp_path, "JinaEmbeddingsV3", "Model", config(rope_parameters=rope))
     diff, unexpected = parity(d, "JinaEmbeddingsV3", "Model", inputs())
     # the bare model saves its pooler, which an encoder has no use for
@@ -51,7 +54,8 @@ def test_backbone_matches_transformers(tmp_path, scaling):
 
 @pytest.mark.parametrize("head", HEADS)
 def test_heads_match_transformers(tmp_path, head):
-    d = hf_dir(tmp_path, "JinaEmbeddingsV3", head, config(**({} if head == "ForQuestionAnswering" else {"num_labels": 3})))
+    d = hf_dir(tmp_path, "JinaEmbeddingsV3", head,
+               config(**({} if head == "ForQuestionAnswering" else {"num_labels": 3})))
     x = inputs()
     diff, unexpected = parity(d, "JinaEmbeddingsV3", head, x)
     assert unexpected == [] and diff <= ATOL, diff
@@ -61,7 +65,8 @@ def test_heads_match_transformers(tmp_path, head):
 
 @pytest.mark.parametrize("head", ["ForSequenceClassification", "ForQuestionAnswering"])
 def test_saves_back_to_transformers(tmp_path, head):
-    d = hf_dir(tmp_path, "JinaEmbeddingsV3", head, config(**({} if head == "ForQuestionAnswering" else {"num_labels": 3})))
+    d = hf_dir(tmp_path, "JinaEmbeddingsV3", head,
+               config(**({} if head == "ForQuestionAnswering" else {"num_labels": 3})))
     diff, info = save_back(d, "JinaEmbeddingsV3", head, tmp_path / "ours", inputs())
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert diff <= ATOL
@@ -84,9 +89,12 @@ def jina_layout(tmp_path: Path, task: str | None) -> tuple[Path, dict[str | None
         layer = k[: -len(".weight")]
         rows, cols = w.shape
         embedding = ".embeddings." in k
-        a = torch.randn((len(TASKS), rows, RANK) if embedding else (len(TASKS), RANK, cols), generator=g) * 0.1
-        b = torch.randn((len(TASKS), RANK, cols) if embedding else (len(TASKS), rows, RANK), generator=g) * 0.1
-        layout.update({f"{layer}.parametrizations.weight.original": w, f"{layer}.parametrizations.weight.0.lora_A": a,
+        a = torch.randn((len(TASKS), rows, RANK) if embedding else (len(TASKS), RANK, cols),
+                        generator=g) * 0.1
+        b = torch.randn((len(TASKS), RANK, cols) if embedding else (len(TASKS), rows, RANK),
+                        generator=g) * 0.1
+        layout.update({f"{layer}.parametrizations.weight.original": w,
+                       f"{layer}.parametrizations.weight.0.lora_A": a,
                        f"{layer}.parametrizations.weight.0.lora_B": b})
         for i, t in enumerate(TASKS):
             merged[t][k] = w + ALPHA / RANK * (a[i] @ b[i] if embedding else b[i] @ a[i])
@@ -94,13 +102,16 @@ def jina_layout(tmp_path: Path, task: str | None) -> tuple[Path, dict[str | None
     src = tmp_path / "jina"
     src.mkdir()
     save_file(layout, str(src / "model.safetensors"))
-    (src / "config.json").write_text(json.dumps({**c, "lora_adaptations": TASKS, "lora_rank": RANK, "lora_alpha": ALPHA,
-                                                 "lora_dropout_p": 0.0, **({"lora_task": task} if task else {})}))
+    (src / "config.json").write_text(json.dumps({**c, "lora_adaptations": TASKS, "lora_rank": RANK,
+                                                 "lora_alpha": ALPHA,
+                                                 "lora_dropout_p": 0.0,
+                                                 **({"lora_task": task} if task else {})}))
     refs = {}
     for t, weights in merged.items():
         refs[t] = tmp_path / f"merged-{t}"
         refs[t].mkdir()
-        save_file({k[len("roberta."):]: v.contiguous() for k, v in weights.items()}, str(refs[t] / "model.safetensors"))
+        save_file({k[len("roberta."):]: v.contiguous() for k, v in weights.items()},
+                  str(refs[t] / "model.safetensors"))
         (refs[t] / "config.json").write_text(json.dumps(c))
     return src, refs
 
@@ -115,14 +126,17 @@ def test_the_tasks_adapter_is_merged_at_load(tmp_path, task):
         got = ours(**x)
         want = {t: hf_model("JinaEmbeddingsV3", "Model", d)(**x).last_hidden_state for t, d in refs.items()}
     assert real_diff(got, want[task], x["attention_mask"]) <= ATOL
-    assert all(real_diff(got, w, x["attention_mask"]) > 1e-3 for t, w in want.items() if t != task)  # each adapter counts
+    # each adapter counts
+    assert all(real_diff(got, w, x["attention_mask"]) > 1e-3 for t, w in want.items() if t != task)
     # saved by mlmkit: the merged weights under transformers' names, which transformers loads as they are
     out = tmp_path / "run"
     diff, info = save_back(src, "JinaEmbeddingsV3", "Model", out, x)
     # (mlmkit's encoder has no pooler to save: transformers' bare model makes one, which nothing here reads)
-    assert set(info["missing_keys"]) == {k[len("bert."):] for k in POOLER} and not info["unexpected_keys"] and diff <= ATOL, info
+    assert (set(info["missing_keys"]) == {k[len("bert."):] for k in POOLER} and not info["unexpected_keys"]
+            and diff <= ATOL), info
     assert not any("lora" in k for k in load_file(out / "model.safetensors"))
-    assert load_state_dict(out).keys() == {k for k in ours.state_dict()}  # loading the run merges nothing again
+    # loading the run merges nothing again
+    assert load_state_dict(out).keys() == {k for k in ours.state_dict()}
 
 
 @pytest.mark.parametrize("change, words", [
@@ -132,13 +146,15 @@ def test_the_tasks_adapter_is_merged_at_load(tmp_path, task):
 ])
 def test_adapter_settings_it_cannot_use_are_refused(change, words):
     with pytest.raises(ConfigError, match=words):
-        ModelConfig.from_dict({"model_type": "jina_embeddings_v3", **SIZES, "lora_adaptations": TASKS, **change})
+        ModelConfig.from_dict({"model_type": "jina_embeddings_v3", **SIZES, "lora_adaptations": TASKS,
+                               **change})
 
 
 def test_adapters_of_another_layout_are_refused(tmp_path):
     src, _ = jina_layout(tmp_path, "separation")
     c = json.loads((src / "config.json").read_text())
-    (src / "config.json").write_text(json.dumps({**c, "lora_adaptations": TASKS[:3], "lora_task": "separation"}))
+    (src / "config.json").write_text(json.dumps({**c, "lora_adaptations": TASKS[:3],
+                                                 "lora_task": "separation"}))
     with pytest.raises(ConfigError, match="not one a task of lora_adaptations"):
         load_state_dict(src)
 
@@ -148,14 +164,17 @@ def test_config_fields_and_names(tmp_path):
     cfg = ModelConfig.from_dict(json.loads((d / "config.json").read_text()))
     fam = family_for("jina_embeddings_v3")
     assert (cfg.layer_norm_eps, cfg.type_vocab_size, cfg.architectures) == (1e-5, 1, ["BertForMaskedLM"])
-    assert not fam.uses_token_types(cfg) and fam.rope(ModelConfig.from_dict({"model_type": "jina_embeddings_v3"})).theta == 20_000.0
-    assert fam.rope(ModelConfig.from_dict({"model_type": "jina_embeddings_v3", "rotary_emb_base": 10_000.0})).theta == 10_000.0
+    assert (not fam.uses_token_types(cfg)
+            and fam.rope(ModelConfig.from_dict({"model_type": "jina_embeddings_v3"})).theta == 20_000.0)
+    assert fam.rope(ModelConfig.from_dict({"model_type": "jina_embeddings_v3",
+                                           "rotary_emb_base": 10_000.0})).theta == 10_000.0
     assert isinstance(core.BertModel(cfg).encoder.layer[0].mlp, PlainMLP)
 
 
 def test_export_passes_the_parity_gate(tmp_path):
     fast = family_tokenizer("unigram")
-    src = hf_dir(tmp_path, "JinaEmbeddingsV3", "ForQuestionAnswering", config(vocab_size=len(fast), pad_token_id=fast.pad_token_id))
+    src = hf_dir(tmp_path, "JinaEmbeddingsV3", "ForQuestionAnswering",
+                 config(vocab_size=len(fast), pad_token_id=fast.pad_token_id))
     fast.save_pretrained(src)
     meta = export(src, tmp_path / "b")
     assert meta["inputs"] == ["input_ids", "attention_mask"]

@@ -38,18 +38,21 @@ V = 100
 ATOL = 1e-5
 BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=2,
             local_attention=8, global_attn_every_n_layers=2, global_rope_theta=1000.0, local_rope_theta=100.0,
-            pad_token_id=0, bos_token_id=2, cls_token_id=2, eos_token_id=3, sep_token_id=3, max_position_embeddings=64)
+            pad_token_id=0, bos_token_id=2, cls_token_id=2, eos_token_id=3, sep_token_id=3,
+            max_position_embeddings=64)
 VARIANTS = {
     # layers global, local, global, local; ModernBERT's defaults: no biases anywhere, GELU
     "plain": {},
     # every bias there is, other activations, and a layer pattern global_attn_every_n_layers cannot
     # state (transformers writes both keys; layer_types wins)
-    "biased": dict(attention_bias=True, mlp_bias=True, norm_bias=True, classifier_bias=True, classifier_activation="silu",
+    "biased": dict(attention_bias=True, mlp_bias=True, norm_bias=True, classifier_bias=True,
+                   classifier_activation="silu",
                    hidden_activation="gelu_pytorch_tanh", layer_types=[LOCAL, GLOBAL, LOCAL, LOCAL]),
 }
 
 
-def hf_dir(tmp_path: Path, cls_name: str, variant: str = "plain", name: str = "hf", seed: int = 0, **kw) -> Path:
+def hf_dir(tmp_path: Path, cls_name: str, variant: str = "plain", name: str = "hf", seed: int = 0,
+           **kw) -> Path:
     """A random transformers ModernBERT model of class ``cls_name``, saved by save_pretrained."""
     cfg = transformers.ModernBertConfig(**{**BASE, **VARIANTS[variant], **kw})
     torch.manual_seed(seed)
@@ -111,7 +114,8 @@ def test_mlm_logits_match(tmp_path, variant):
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_sequence_classification_matches(tmp_path, variant, pooling):
-    d = hf_dir(tmp_path, "ModernBertForSequenceClassification", variant, classifier_pooling=pooling, num_labels=3)
+    d = hf_dir(tmp_path, "ModernBertForSequenceClassification", variant, classifier_pooling=pooling,
+               num_labels=3)
     cfg, ours, unexpected = load_ours(d, lambda c: core.BertForLabels(c, per_token=False))
     assert unexpected == []
     x = inputs()
@@ -163,7 +167,8 @@ def test_saves_back_to_transformers(tmp_path, head):
     out.mkdir()
     save_weights(ours, out / "model.safetensors", cfg)
     save_config(cfg, out / "config.json")
-    theirs, info = getattr(transformers, cls_name).from_pretrained(out, attn_implementation="eager", output_loading_info=True)
+    theirs, info = getattr(transformers, cls_name).from_pretrained(out, attn_implementation="eager",
+                                                                   output_loading_info=True)
     assert info["missing_keys"] in ([], set()) and info["unexpected_keys"] in ([], set()), info
     x = inputs()
     with torch.no_grad():
@@ -179,7 +184,8 @@ def test_preset_model_loads_in_transformers(tmp_path):
     assert preset("tiny", "modernbert", vocab_size=V).max_position_embeddings == 8192
     cfg = preset("tiny", "modernbert", vocab_size=V, max_position_embeddings=256)
     cfg.architectures = ["BertForPreTraining"]
-    assert (cfg.intermediate_size, cfg.pad_token_id, cfg.type_vocab_size, cfg.layer_norm_eps) == (192, 0, 0, 1e-5)
+    assert (cfg.intermediate_size, cfg.pad_token_id, cfg.type_vocab_size, cfg.layer_norm_eps) == (192, 0, 0,
+                                                                                                  1e-5)
     torch.manual_seed(0)
     ours = core.BertForPreTraining(cfg)
     perturb(ours, 0)
@@ -187,9 +193,12 @@ def test_preset_model_loads_in_transformers(tmp_path):
     save_config(cfg, tmp_path / "config.json")
     hc = transformers.AutoConfig.from_pretrained(tmp_path)
     assert hc.model_type == "modernbert" and hc.architectures == ["ModernBertForMaskedLM"]
-    assert hc.layer_types == [GLOBAL, LOCAL] and hc.local_attention == 128 and hc.max_position_embeddings == 256
-    assert hc.rope_parameters[GLOBAL]["rope_theta"] == 160_000.0 and hc.rope_parameters[LOCAL]["rope_theta"] == 10_000.0
-    assert (hc.norm_bias, hc.attention_bias, hc.mlp_bias, hc.decoder_bias, hc.hidden_activation) == (False, False, False, True, "gelu")
+    assert hc.layer_types == [GLOBAL,
+                              LOCAL] and hc.local_attention == 128 and hc.max_position_embeddings == 256
+    assert (hc.rope_parameters[GLOBAL]["rope_theta"] == 160_000.0 and hc.rope_parameters[LOCAL]["rope_theta"]
+            == 10_000.0)
+    assert (hc.norm_bias, hc.attention_bias, hc.mlp_bias, hc.decoder_bias,
+            hc.hidden_activation) == (False, False, False, True, "gelu")
     theirs, info = transformers.ModernBertForMaskedLM.from_pretrained(tmp_path, output_loading_info=True)
     assert info["missing_keys"] in ([], set()) and info["unexpected_keys"] in ([], set()), info
     x = inputs(T=150, lengths=(150, 97, 20))  # beyond the 64 positions each side of the window
@@ -213,39 +222,52 @@ def test_older_config_keys_read_the_same(tmp_path):
     cfg, ours, _ = load_ours(old, core.BertForPreTraining)
     x = inputs()
     with torch.no_grad():
-        assert real_diff(ours(**x)["prediction_logits"], hf_model("ModernBertForMaskedLM", d)(**x).logits, x["attention_mask"]) <= ATOL
+        assert real_diff(ours(**x)["prediction_logits"], hf_model("ModernBertForMaskedLM", d)(**x).logits,
+                         x["attention_mask"]) <= ATOL
         # and the comparison is sensitive to the window and to the bases
         base = ours(**x)["prediction_logits"]
-        for change in ({"local_attention": 10}, {"local_rope_theta": 10_000.0}, {"global_rope_theta": 160_000.0}):
+        for change in ({"local_attention": 10}, {"local_rope_theta": 10_000.0},
+                       {"global_rope_theta": 160_000.0}):
             other = core.BertForPreTraining(ModelConfig.from_dict({**c, **change}))
             other.load_state_dict(ours.state_dict())
             assert real_diff(other.eval()(**x)["prediction_logits"], base, x["attention_mask"]) > 1e-3, change
 
 
 def test_config_fields_and_names():
-    cfg = ModelConfig.from_dict({"model_type": "modernbert", "vocab_size": V, "hidden_size": 32, "num_attention_heads": 2,
-                                 "num_hidden_layers": 3, "intermediate_size": 48, "hidden_activation": "gelu_new", "pad_token_id": 0,
-                                 "norm_eps": 1e-6, "embedding_dropout": 0.1, "attention_dropout": 0.2, "mlp_dropout": 0.3,
+    cfg = ModelConfig.from_dict({"model_type": "modernbert", "vocab_size": V, "hidden_size": 32,
+                                 "num_attention_heads": 2,
+                                 "num_hidden_layers": 3, "intermediate_size": 48,
+                                 "hidden_activation": "gelu_new", "pad_token_id": 0,
+                                 "norm_eps": 1e-6, "embedding_dropout": 0.1, "attention_dropout": 0.2,
+                                 "mlp_dropout": 0.3,
                                  "architectures": ["ModernBertForQuestionAnswering"]})
-    assert (cfg.hidden_act, cfg.layer_norm_eps, cfg.hidden_dropout_prob, cfg.attention_probs_dropout_prob) == ("gelu_new", 1e-6, 0.1, 0.2)
-    assert (cfg.type_vocab_size, cfg.max_position_embeddings, cfg.architectures) == (0, 8192, ["BertForQuestionAnswering"])
-    assert ModelConfig.from_dict({"model_type": "modernbert"}).pad_token_id == 50283  # ModernBertConfig's default
+    assert (cfg.hidden_act, cfg.layer_norm_eps, cfg.hidden_dropout_prob,
+            cfg.attention_probs_dropout_prob) == ("gelu_new", 1e-6, 0.1, 0.2)
+    assert (cfg.type_vocab_size, cfg.max_position_embeddings,
+            cfg.architectures) == (0, 8192, ["BertForQuestionAnswering"])
+    # ModernBertConfig's default
+    assert ModelConfig.from_dict({"model_type": "modernbert"}).pad_token_id == 50283
     d = cfg.to_dict()
     assert {"hidden_activation", "norm_eps", "embedding_dropout", "attention_dropout"} <= set(d)
     assert not {"hidden_act", "layer_norm_eps", "hidden_dropout_prob", "type_vocab_size"} & set(d)
     assert d["architectures"] == ["ModernBertForQuestionAnswering"] and d["norm_bias"] is False
     model = core.BertForPreTraining(cfg)
     layers = model.bert.encoder.layer
-    assert all(isinstance(x, ModernBertLayer) for x in layers) and isinstance(layers[0].attn_norm, nn.Identity)
-    assert [x.attn.half_window for x in layers] == [None, 64, 64]  # local_attention 128, every third layer global
-    assert (model.bert.embeddings.dropout.p, layers[1].attn.dropout_p, layers[1].attn.out_drop.p, layers[1].mlp.drop.p) == (0.1, 0.2, 0.2, 0.3)
+    assert all(isinstance(x, ModernBertLayer) for x in layers) and isinstance(layers[0].attn_norm,
+                                                                              nn.Identity)
+    # local_attention 128, every third layer global
+    assert [x.attn.half_window for x in layers] == [None, 64, 64]
+    assert (model.bert.embeddings.dropout.p, layers[1].attn.dropout_p, layers[1].attn.out_drop.p,
+            layers[1].mlp.drop.p) == (0.1, 0.2, 0.2, 0.3)
     fam = family_for("modernbert")
     assert fam.architecture("BertForPreTraining", "modernbert") == "ModernBertForMaskedLM"
-    assert not hasattr(model.bert.embeddings, "position_embeddings") and not hasattr(model.bert.embeddings, "token_type_embeddings")
+    assert not hasattr(model.bert.embeddings, "position_embeddings") and not hasattr(model.bert.embeddings,
+                                                                                     "token_type_embeddings")
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"rope_parameters": {GLOBAL: {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}}}, "rope type 'yarn'"),
+    ({"rope_parameters": {GLOBAL: {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}}},
+     "rope type 'yarn'"),
     ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope type 'linear'"),
     ({"layer_types": [GLOBAL, LOCAL]}, "layer_types"),
     ({"layer_types": [GLOBAL, "chunked_attention", LOCAL]}, "layer_types"),
@@ -255,7 +277,8 @@ def test_config_fields_and_names():
 ])
 def test_configs_it_cannot_run_are_refused(change, words):
     with pytest.raises(ConfigError, match=words):
-        ModelConfig.from_dict({"model_type": "modernbert", "vocab_size": V, "hidden_size": 32, "num_attention_heads": 2,
+        ModelConfig.from_dict({"model_type": "modernbert", "vocab_size": V, "hidden_size": 32,
+                               "num_attention_heads": 2,
                                "num_hidden_layers": 3, "intermediate_size": 48, **change})
 
 
@@ -311,7 +334,8 @@ class _Attn(nn.Module):
         self.impl, self.dropout_p, self.dropout = impl, 0.0, nn.Dropout(0.0)
 
 
-LENGTHS = (1, 2, 3, 4, 5, 7, 8, 11, 12, 13, 16, 23, 24, 25, 36, 63, 64, 65, 100, 128, 129, 191, 192, 193, 200, 256, 257, 300, 513)
+LENGTHS = (1, 2, 3, 4, 5, 7, 8, 11, 12, 13, 16, 23, 24, 25, 36, 63, 64, 65, 100, 128, 129, 191, 192, 193, 200,
+           256, 257, 300, 513)
 
 
 @pytest.mark.parametrize("half", [1, 4, 5, 64])
@@ -325,7 +349,8 @@ def test_blocked_window_equals_the_full_mask(half, impl):
     B, nh, hd = 3, 2, 8
     for T in LENGTHS:
         lengths = torch.tensor([T, max(1, T // 2), max(1, T - 5)])
-        mask = ((torch.arange(T)[None] >= lengths[:, None]).float() * -10000.0)[:, None, None, :]  # as core.extended_mask
+        # as core.extended_mask
+        mask = ((torch.arange(T)[None] >= lengths[:, None]).float() * -10000.0)[:, None, None, :]
         for Tq in sorted({T, 1, min(T, 3), min(T, 70)}):
             q, k, v = (torch.randn(B, nh, n, hd, generator=g) for n in (Tq, T, T))
             ref = full_mask_attend(m, q, k, v, mask, half, Tq, T)
@@ -356,12 +381,14 @@ def test_blocks_cost_tq_times_window():
     assert work(1, 20) == ((1, 1), 20)
 
 
-@pytest.mark.parametrize("T, lengths", [(5, (5, 3)), (13, (13, 9, 4)), (129, (129, 70, 5)), (300, (300, 257, 31))])
+@pytest.mark.parametrize("T, lengths",
+                         [(5, (5, 3)), (13, (13, 9, 4)), (129, (129, 70, 5)), (300, (300, 257, 31))])
 def test_long_inputs_match_transformers(tmp_path, T, lengths):
     """Beyond several windows (4 positions each side; a MiniLM-ish window of 64 each side at 300):
     hidden states and the [CLS]-only classifier as transformers computes them, with either impl."""
     kw = dict(local_attention=128) if T == 300 else {}
-    d = hf_dir(tmp_path, "ModernBertForSequenceClassification", max_position_embeddings=512, num_labels=3, **kw)
+    d = hf_dir(tmp_path, "ModernBertForSequenceClassification", max_position_embeddings=512, num_labels=3,
+               **kw)
     _, ours, _ = load_ours(d, lambda c: core.BertForLabels(c, per_token=False))
     ref_model = hf_model("ModernBertForSequenceClassification", d)
     x = inputs(T=T, lengths=lengths)
@@ -372,7 +399,8 @@ def test_long_inputs_match_transformers(tmp_path, T, lengths):
             hidden = ours.bert(**x)[0]
             assert real_diff(hidden, ref_hidden, x["attention_mask"]) <= ATOL, impl
             assert (ours(**x)["logits"] - ref.logits).abs().max().item() <= ATOL, impl
-            assert (ours.classifier(core.encode_cls(ours.bert, x["input_ids"], x["attention_mask"])) - ref.logits).abs().max().item() <= ATOL
+            assert (ours.classifier(core.encode_cls(ours.bert, x["input_ids"], x["attention_mask"]))
+                    - ref.logits).abs().max().item() <= ATOL
 
 
 def test_blocked_graph_exports_for_every_length(tmp_path, monkeypatch):
@@ -383,8 +411,10 @@ def test_blocked_graph_exports_for_every_length(tmp_path, monkeypatch):
     onnx = pytest.importorskip("onnx")
     from onnx import numpy_helper
 
-    _, mlm, _ = load_ours(hf_dir(tmp_path, "ModernBertForMaskedLM", name="mlm", max_position_embeddings=512), core.BertForPreTraining)
-    _, seq, _ = load_ours(hf_dir(tmp_path, "ModernBertForSequenceClassification", name="seq", num_labels=3, max_position_embeddings=512),
+    _, mlm, _ = load_ours(hf_dir(tmp_path, "ModernBertForMaskedLM", name="mlm", max_position_embeddings=512),
+                          core.BertForPreTraining)
+    _, seq, _ = load_ours(hf_dir(tmp_path, "ModernBertForSequenceClassification", name="seq", num_labels=3,
+                                 max_position_embeddings=512),
                           lambda c: core.BertForLabels(c, per_token=False))
     graphs = {
         "mlm": Logits(mlm, lambda m, i, a: m(i, a)["prediction_logits"]),
@@ -397,11 +427,13 @@ def test_blocked_graph_exports_for_every_length(tmp_path, monkeypatch):
         core.set_attention_impl(graph, "eager")
         path = tmp_path / f"{name}.onnx"
         export_logits(graph, dummy, path, per_token=name == "mlm")
-        ints = [numpy_helper.to_array(a.t).ravel().tolist() for n in onnx.load(str(path)).graph.node if n.op_type == "Constant"
+        ints = [numpy_helper.to_array(a.t).ravel().tolist() for n in onnx.load(str(path)).graph.node
+                if n.op_type == "Constant"
                 for a in n.attribute if a.name == "value" and a.t.data_type == onnx.TensorProto.INT64]
         assert not [c for c in ints if 19 in c or 18 in c], name  # the dummy's length, its last position
         sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        for T, lengths in ((5, (5, 2, 4)), (12, (12, 3, 8)), (64, (64, 30, 60)), (129, (129, 64, 100)), (300, (300, 17, 299))):
+        for T, lengths in ((5, (5, 2, 4)), (12, (12, 3, 8)), (64, (64, 30, 60)), (129, (129, 64, 100)),
+                           (300, (300, 17, 299))):
             x = inputs(T=T, lengths=lengths, seed=T)
             (got,) = sess.run(None, {k: v.numpy() for k, v in x.items()})
             with monkeypatch.context() as mp, torch.no_grad():

@@ -51,11 +51,13 @@ def hf_dir(tmp_path: Path, cls_name: str, name: str = "hf", seed: int = 0, **kw)
 
 
 def hf_model(cls_name: str, d: Path) -> nn.Module:
-    return getattr(transformers, cls_name).from_pretrained(d).eval()  # eager attention: transformers' MPNet has no other
+    # eager attention: transformers' MPNet has no other
+    return getattr(transformers, cls_name).from_pretrained(d).eval()
 
 
 def inputs(T: int = 150, lengths: tuple[int, ...] = (150, 97, 9), seed: int = 1) -> dict[str, torch.Tensor]:
-    """A right-padded batch: <s> (id 0) first, MPNet's padding id 1 with attention_mask 0 after each length."""
+    """A right-padded batch: <s> (id 0) first, MPNet's padding id 1 with attention_mask 0 after each
+    length."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, V, (len(lengths), T), generator=g)
     ids[:, 0] = 0
@@ -71,7 +73,8 @@ class Bare(nn.Module):
         super().__init__()
         self.bert = core.BertModel(config)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                      torch.Tensor | None]:
         return self.bert(input_ids, attention_mask)
 
 
@@ -115,7 +118,8 @@ def test_backbone_and_pooler_match_transformers_eager_and_sdpa(tmp_path):
         assert real_diff(ours(**x)[0], ref.last_hidden_state, x["attention_mask"]) > 1e-3
         bias.copy_(kept)
         shifted = {**x, "input_ids": torch.cat([x["input_ids"][:, :1], x["input_ids"]], 1)[:, :-1]}
-        assert real_diff(ours(**shifted)[0][:, 1:], ref.last_hidden_state[:, :-1], x["attention_mask"][:, :-1]) > 1e-3
+        assert real_diff(ours(**shifted)[0][:, 1:], ref.last_hidden_state[:, :-1],
+                         x["attention_mask"][:, :-1]) > 1e-3
     assert ref.last_hidden_state.abs().max() > 1.0
 
 
@@ -173,8 +177,10 @@ def test_question_answering_matches(tmp_path):
 @pytest.mark.parametrize("head", ["mlm", "seq", "tag", "qa"])
 def test_saves_back_to_transformers(tmp_path, head):
     cls_name, build = {"mlm": ("MPNetForMaskedLM", core.BertForPreTraining),
-                       "seq": ("MPNetForSequenceClassification", lambda c: core.BertForLabels(c, per_token=False)),
-                       "tag": ("MPNetForTokenClassification", lambda c: core.BertForLabels(c, per_token=True)),
+                       "seq": ("MPNetForSequenceClassification",
+                               lambda c: core.BertForLabels(c, per_token=False)),
+                       "tag": ("MPNetForTokenClassification",
+                               lambda c: core.BertForLabels(c, per_token=True)),
                        "qa": ("MPNetForQuestionAnswering", SpanModel)}[head]
     cfg, ours, _ = load_ours(hf_dir(tmp_path, cls_name), build)
     out = tmp_path / "ours"
@@ -205,7 +211,8 @@ def test_config_fields_and_names(tmp_path):
     assert (cfg.type_vocab_size, cfg.pad_token_id, cfg.architectures) == (0, 1, ["BertForMaskedLM"])
     assert cfg.max_tokens == 160 - 2  # positions start at padding_idx + 1
     fam = family_for("mpnet")
-    assert not fam.uses_token_types(cfg) and fam.architecture("BertForPreTraining", "mpnet") == "MPNetForMaskedLM"
+    assert not fam.uses_token_types(cfg) and fam.architecture("BertForPreTraining",
+                                                              "mpnet") == "MPNetForMaskedLM"
     _, ours, _ = load_ours(d, core.BertForPreTraining)
     assert ours.bert.encoder.relative_attention_bias.weight.shape == (40, 2)
     emb = ours.bert.embeddings
@@ -219,7 +226,8 @@ def test_config_fields_and_names(tmp_path):
     # the weights' bias table is checked against the config before anything is built
     config = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**config, "relative_attention_num_buckets": 64}))
-    with pytest.raises(ConfigError, match="relative_attention_num_buckets 64 does not match the weights .*has 40 rows"):
+    with pytest.raises(ConfigError,
+                       match="relative_attention_num_buckets 64 does not match the weights .*has 40 rows"):
         load_config(d)
 
 
@@ -231,7 +239,8 @@ def test_config_fields_and_names(tmp_path):
 ])
 def test_configs_it_cannot_run_are_refused(change, words):
     with pytest.raises(ConfigError, match=words):
-        ModelConfig.from_dict({"model_type": "mpnet", "vocab_size": V, "hidden_size": 32, "num_attention_heads": 2,
+        ModelConfig.from_dict({"model_type": "mpnet", "vocab_size": V, "hidden_size": 32,
+                               "num_attention_heads": 2,
                                "num_hidden_layers": 2, "intermediate_size": 48, **change})
 
 
@@ -258,7 +267,8 @@ def test_eager_graphs_export_fuse_and_match(tmp_path):
         export_logits(graph, dummy, plain, per_token=name == "mlm")
         core.set_attention_impl(graph, "sdpa")
         counts = fuse(plain, fused, cfg, partial_layers=partial)
-        assert counts.get("SkipLayerNormalization", 0) >= 2 * (cfg.num_hidden_layers - partial) and "Attention" not in counts, counts
+        assert counts.get("SkipLayerNormalization",
+                          0) >= 2 * (cfg.num_hidden_layers - partial) and "Attention" not in counts, counts
         with torch.no_grad():
             ref = graph(**x).numpy()
         opts = ort.SessionOptions()
@@ -280,7 +290,8 @@ def test_mlmkit_export_with_the_mpnet_tokenizer(tmp_path):
     src = tmp_path / "src"
     hf = save_checkpoint(src, "mpnet", "ForSequenceClassification", id2label={0: "neg", 1: "neu", 2: "pos"})
     tok = load_tokenizer(src)
-    assert special_tokens(tok).names() == {"pad_token": "<pad>", "unk_token": "[UNK]", "cls_token": "<s>", "sep_token": "</s>",
+    assert special_tokens(tok).names() == {"pad_token": "<pad>", "unk_token": "[UNK]", "cls_token": "<s>",
+                                           "sep_token": "</s>",
                                            "mask_token": "<mask>", "bos_token": "<s>", "eos_token": "</s>"}
     assert (special_ids(tok).pad, special_ids(tok).mask) == (1, tok.token_to_id("<mask>"))
     meta = export(src, tmp_path / "b")
@@ -288,10 +299,12 @@ def test_mlmkit_export_with_the_mpnet_tokenizer(tmp_path):
     assert all(v <= 1e-4 for v in meta["parity"]["max_abs_diff"].values()), meta["parity"]
     assert meta["fused_operators"].get("SkipLayerNormalization", 0) >= 2, meta["fused_operators"]
     assert json.loads((tmp_path / "b" / "special_tokens_map.json").read_text())["pad_token"] == "<pad>"
-    texts = ["the film was good", "john went to paris and the plot was very dull", "a", ("the story", "was great and fine")]
+    texts = ["the film was good", "john went to paris and the plot was very dull", "a",
+             ("the story", "was great and fine")]
     b = encode_batch(src, texts)
     assert b["input_ids"][2, 3] == 1  # padded with <pad>
-    got = Pipeline.load(tmp_path / "b")([t if isinstance(t, str) else {"text": t[0], "text_pair": t[1]} for t in texts])
+    got = Pipeline.load(tmp_path / "b")([t if isinstance(t, str) else {"text": t[0], "text_pair": t[1]}
+                                         for t in texts])
     ref = torch.softmax(hf_out(hf, b, "mpnet").logits, -1).numpy()
     np.testing.assert_allclose([list(r["probabilities"].values()) for r in got], ref, atol=1e-4)
 
@@ -306,11 +319,13 @@ def test_sentence_transformers_directory_exports_with_its_embeddings(tmp_path):
 
     save_checkpoint(tmp_path / "enc", "mpnet", "Model")
     word = st_models.Transformer(str(tmp_path / "enc"), max_seq_length=64)
-    model = SentenceTransformer(modules=[word, st_models.Pooling(word.get_embedding_dimension(), pooling_mode="mean"),
+    model = SentenceTransformer(modules=[word, st_models.Pooling(word.get_embedding_dimension(),
+                                                                 pooling_mode="mean"),
                                          st_models.Normalize()], device="cpu")
     model.save(str(tmp_path / "st"))
     meta = export(tmp_path / "st", tmp_path / "b")
-    assert meta["task"] == "embedding" and meta["options"]["normalize"] is True and "token_type_ids" not in meta["inputs"]
+    assert (meta["task"] == "embedding" and meta["options"]["normalize"] is True
+            and "token_type_ids" not in meta["inputs"])
     texts = ["the film was good", "john went to paris and the plot was very dull", "a"]
     ours = np.stack([r["embedding"] for r in Pipeline.load(tmp_path / "b")(texts)])
     assert np.abs(ours - model.encode(texts, convert_to_numpy=True)).max() < 1e-4

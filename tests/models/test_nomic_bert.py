@@ -33,11 +33,15 @@ from mlmkit.models.rotary_bert import GatedMLP
 
 transformers = pytest.importorskip("transformers")
 
-BASE = dict(SIZES, max_position_embeddings=16, pad_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 100.0})
+BASE = dict(SIZES, max_position_embeddings=16, pad_token_id=0,
+            rope_parameters={"rope_type": "default", "rope_theta": 100.0})
 # the keys of NomicBERT's own config.json (nomic-embed-text-v1.5's, at these sizes), beside transformers'
-ORIGINAL = dict(n_embd=32, n_head=2, n_layer=2, n_inner=48, layer_norm_epsilon=1e-12, activation_function="swiglu",
-                rotary_emb_base=100, rotary_emb_fraction=1.0, rotary_emb_interleaved=False, rotary_scaling_factor=None,
-                prenorm=False, parallel_block=False, qkv_proj_bias=False, mlp_fc1_bias=False, mlp_fc2_bias=False,
+ORIGINAL = dict(n_embd=32, n_head=2, n_layer=2, n_inner=48, layer_norm_epsilon=1e-12,
+                activation_function="swiglu",
+                rotary_emb_base=100, rotary_emb_fraction=1.0, rotary_emb_interleaved=False,
+                rotary_scaling_factor=None,
+                prenorm=False, parallel_block=False, qkv_proj_bias=False, mlp_fc1_bias=False,
+                mlp_fc2_bias=False,
                 use_rms_norm=False, causal=False, max_trained_positions=16)
 
 
@@ -51,9 +55,11 @@ def nomic(**kw) -> ModelConfig:
 
 @pytest.mark.parametrize("scaling", ["default", "dynamic"])
 def test_backbone_matches_transformers(tmp_path, scaling):
-    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 100.0} if scaling == "dynamic" else BASE["rope_parameters"]
+    rope = {"rope_type": "dynamic", "factor": 2.0,
+            "rope_theta": 100.0} if scaling == "dynamic" else BASE["rope_parameters"]
     d = hf_dir(tmp_path, "NomicBert", "Model", config(rope_parameters=rope))
-    diff, unexpected = parity(d, "NomicBert", "Model", inputs(pad=0, types=True))  # 20 tokens: beyond the 16 positions
+    # 20 tokens: beyond the 16 positions
+    diff, unexpected = parity(d, "NomicBert", "Model", inputs(pad=0, types=True))
     assert unexpected == [] and diff <= ATOL, diff
 
 
@@ -79,7 +85,8 @@ def test_the_original_config_keys_read_as_transformers_reads_the_published_ones(
     """A config.json with NomicBERT's own keys at the published checkpoints' values (and no
     rope_parameters) gives what transformers gives; its rotary_scaling_factor is the dynamic NTK
     scaling of transformers' rope type "dynamic" past max_trained_positions."""
-    d = hf_dir(tmp_path, "NomicBert", "Model", config(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 100.0}))
+    d = hf_dir(tmp_path, "NomicBert", "Model",
+               config(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 100.0}))
     x = inputs(pad=0, types=True)
     with torch.no_grad():
         ref = hf_model("NomicBert", "Model", d)(**x).last_hidden_state
@@ -88,8 +95,10 @@ def test_the_original_config_keys_read_as_transformers_reads_the_published_ones(
     for extra in ({}, {"rotary_scaling_factor": 2.0}):
         (d / "config.json").write_text(json.dumps({**c, **ORIGINAL, **extra}))
         cfg, ours, _ = load_ours(d, Backbone)
-        assert family_for("nomic_bert").rope(cfg) == Rope(100.0, 16, scaling="dynamic" if extra else "default",
-                                                           factor=2.0 if extra else 1.0, trained=16 if extra else 0)
+        assert family_for("nomic_bert").rope(cfg) == Rope(100.0, 16,
+                                                          scaling="dynamic" if extra else "default",
+                                                           factor=2.0 if extra else 1.0,
+                                                          trained=16 if extra else 0)
         with torch.no_grad():
             diff = (ours(**x) - ref)[x["attention_mask"].bool()].abs().max().item()
         assert (diff <= ATOL) == bool(extra), diff  # without the scaling the 20-token batch differs
@@ -98,22 +107,26 @@ def test_the_original_config_keys_read_as_transformers_reads_the_published_ones(
 def test_partial_and_interleaved_rotary_keys():
     """rotary_emb_fraction turns the first part of each head (the rest passes through),
     rotary_emb_interleaved pairs dimensions 2i, 2i + 1; each changes the outputs."""
-    assert family_for("nomic_bert").rope(nomic(rotary_emb_fraction=0.5, rotary_emb_interleaved=True)) == Rope(1000.0, 8, True)
+    assert family_for("nomic_bert").rope(nomic(rotary_emb_fraction=0.5,
+                                               rotary_emb_interleaved=True)) == Rope(1000.0, 8, True)
     x = inputs(pad=0)
     out = {}
-    for name, kw in {"plain": {}, "partial": dict(rotary_emb_fraction=0.5), "interleaved": dict(rotary_emb_interleaved=True)}.items():
+    for name, kw in {"plain": {}, "partial": dict(rotary_emb_fraction=0.5),
+                     "interleaved": dict(rotary_emb_interleaved=True)}.items():
         torch.manual_seed(0)
         model = core.BertModel(nomic(**kw), add_pooling_layer=False).eval()
         with torch.no_grad():
             out[name] = model(**x)[0]
-    assert (out["partial"] - out["plain"]).abs().max() > 1e-3 and (out["interleaved"] - out["plain"]).abs().max() > 1e-3
+    assert (out["partial"] - out["plain"]).abs().max() > 1e-3 and (out["interleaved"]
+                                                                   - out["plain"]).abs().max() > 1e-3
 
 
 def test_config_fields_and_names(tmp_path):
     d = hf_dir(tmp_path, "NomicBert", "ForMaskedLM", config())
     cfg = ModelConfig.from_dict(json.loads((d / "config.json").read_text()))
     fam = family_for("nomic_bert")
-    assert (cfg.hidden_act, cfg.type_vocab_size, cfg.architectures) == ("silu", 2, ["BertForMaskedLM"]) and fam.uses_token_types(cfg)
+    assert (cfg.hidden_act, cfg.type_vocab_size,
+            cfg.architectures) == ("silu", 2, ["BertForMaskedLM"]) and fam.uses_token_types(cfg)
     assert ModelConfig.from_dict({"model_type": "nomic_bert"}).vocab_size == 30528
     assert fam.rope(ModelConfig.from_dict({"model_type": "nomic_bert"})).theta == 1000.0
     layer = core.BertModel(cfg).encoder.layer[0]
@@ -143,7 +156,8 @@ def test_export_takes_token_types_and_passes_the_parity_gate(tmp_path):
     fast = family_tokenizer("wordpiece")
     src = hf_dir(tmp_path, "NomicBert", "ForTokenClassification", config(vocab_size=len(fast), num_labels=3))
     c = json.loads((src / "config.json").read_text())
-    (src / "config.json").write_text(json.dumps({**c, "rotary_emb_fraction": 0.5, "rotary_emb_interleaved": True,
+    (src / "config.json").write_text(json.dumps({**c, "rotary_emb_fraction": 0.5,
+                                                 "rotary_emb_interleaved": True,
                                                  "rotary_scaling_factor": 2.0, "max_trained_positions": 4}))
     fast.save_pretrained(src)
     meta = export(src, tmp_path / "b")
@@ -155,5 +169,6 @@ def test_export_takes_token_types_and_passes_the_parity_gate(tmp_path):
 def test_pretraining_makes_a_model_transformers_loads(tmp_path):
     saved, diff = pretrain_loads_in_transformers(tmp_path, "nomic_bert", "NomicBert")
     assert saved["architectures"] == ["NomicBertForMaskedLM"] and saved["max_position_embeddings"] == 2048
-    assert saved["rope_parameters"] == {"rope_type": "default", "rope_theta": 1000.0} and saved["hidden_act"] == "silu"
+    assert saved["rope_parameters"] == {"rope_type": "default",
+                                        "rope_theta": 1000.0} and saved["hidden_act"] == "silu"
     assert diff <= ATOL

@@ -74,7 +74,8 @@ def reference(q, k, v, mask, scale, softcap=None):
 @pytest.mark.parametrize("softcap", [None, 3.0])
 def test_grouped_attention_is_the_repeated_heads_product(kv, softcap):
     g = torch.Generator().manual_seed(kv)
-    q, k, v = torch.randn(2, 6, 5, 8, generator=g) * 2, torch.randn(2, kv, 9, 8, generator=g) * 2, torch.randn(2, kv, 9, 8, generator=g)
+    q, k, v = (torch.randn(2, 6, 5, 8, generator=g) * 2, torch.randn(2, kv, 9, 8, generator=g) * 2,
+               torch.randn(2, kv, 9, 8, generator=g))
     pad = torch.zeros(2, 1, 1, 9)
     pad[1, ..., 4:] = -10000.0
     for mask in (pad, with_span(pad, 5, 9, (None, 0)), with_span(pad, 5, 9, (1, 1))):
@@ -92,8 +93,10 @@ def test_grouped_attention_is_the_repeated_heads_product(kv, softcap):
 def test_a_layer_for_its_first_queries_gives_those_rows(arch, extra):
     """core.encode_cls's path: a layer given its first Tq positions as ``queries`` computes their rows
     as the whole layer does (their angles, the causal or windowed rows of the mask)."""
-    cfg = ModelConfig.from_dict({"model_type": arch, "vocab_size": 50, "hidden_size": 32, "num_attention_heads": 4,
-                                 "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2, "intermediate_size": 48, **extra})
+    cfg = ModelConfig.from_dict({"model_type": arch, "vocab_size": 50, "hidden_size": 32,
+                                 "num_attention_heads": 4,
+                                 "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2,
+                                 "intermediate_size": 48, **extra})
     torch.manual_seed(0)
     model = core.BertModel(cfg, add_pooling_layer=False).eval()
     x = torch.randn(2, 12, 32)
@@ -111,5 +114,6 @@ def test_last_token_pooling_reads_the_last_real_token_that_is_not_padding():
     ids = torch.tensor([[5, 6, 7, 9, 9, 9], [5, 9, 6, 9, 0, 0]])  # 9: the padding id, also appended to a text
     mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 0, 0]])
     assert core.last_token(x, mask, ids, 9)[:, 0].tolist() == [2.0, 8.0]  # rows' positions 2 and 2
-    assert core.last_token(x, mask, ids, None)[:, 0].tolist() == [3.0, 9.0]  # no padding id: the last real token
+    # no padding id: the last real token
+    assert core.last_token(x, mask, ids, None)[:, 0].tolist() == [3.0, 9.0]
     assert core.last_token(x, torch.zeros_like(mask), ids, 9)[:, 0].tolist() == [0.0, 6.0]  # none: the first

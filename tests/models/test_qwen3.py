@@ -43,21 +43,26 @@ from mlmkit.rundir.config import save_config
 
 V = 100
 ATOL = 1e-5
-BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, pad_token_id=0, max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
+BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16, pad_token_id=0, max_position_embeddings=64,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
 VARIANTS = {
     "plain": {},
     "sliding": dict(use_sliding_window=True, sliding_window=6, max_window_layers=1, attention_bias=True,
                     rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}),
 }
 HEADS = {
-    "seq": ("Qwen3ForSequenceClassification", lambda c: core.BertForLabels(c, per_token=False), dict(num_labels=3)),
-    "token": ("Qwen3ForTokenClassification", lambda c: core.BertForLabels(c, per_token=True), dict(num_labels=5)),
+    "seq": ("Qwen3ForSequenceClassification", lambda c: core.BertForLabels(c, per_token=False),
+            dict(num_labels=3)),
+    "token": ("Qwen3ForTokenClassification", lambda c: core.BertForLabels(c, per_token=True),
+              dict(num_labels=5)),
     "qa": ("Qwen3ForQuestionAnswering", SpanModel, {}),
 }
 
 
-def hf_dir(tmp_path: Path, cls_name: str, variant: str = "plain", name: str = "hf", tokenizer=None, **kw) -> Path:
+def hf_dir(tmp_path: Path, cls_name: str, variant: str = "plain", name: str = "hf", tokenizer=None,
+           **kw) -> Path:
     d = tmp_path / name
     save_hf(d, cls_name, transformers.Qwen3Config(**{**BASE, **VARIANTS[variant], **kw}), tokenizer=tokenizer)
     return d
@@ -121,7 +126,8 @@ def test_heads_match_transformers(tmp_path, head, variant):
         for impl in ("eager", "sdpa"):
             core.set_attention_impl(ours, impl)
             for got, want in outputs(head, ours(**x), ref):
-                diff = (got - want).abs().max().item() if head == "seq" else real_diff(got, want, x["attention_mask"])
+                diff = (got - want).abs().max().item() if head == "seq" else real_diff(got, want,
+                                                                                       x["attention_mask"])
                 assert diff <= ATOL, (impl, diff)
 
 
@@ -130,11 +136,13 @@ def test_the_sequence_head_reads_the_last_token_that_is_not_padding(tmp_path):
     token before it (the last one whose id is not pad_token_id), and so does mlmkit's, on the texts
     as the tokenizer frames them, right-padded; without a pad_token_id, the last real token."""
     fast = qwen3_tokenizer()
-    d = hf_dir(tmp_path, "Qwen3ForSequenceClassification", vocab_size=len(fast), pad_token_id=fast.pad_token_id,
+    d = hf_dir(tmp_path, "Qwen3ForSequenceClassification", vocab_size=len(fast),
+               pad_token_id=fast.pad_token_id,
                num_labels=3, tokenizer=fast)
     cfg, ours, _ = load_ours(d, lambda c: core.BertForLabels(c, per_token=False))
     x = encode(fast, TEXTS)
-    assert (x["input_ids"][x["attention_mask"].bool()] == fast.pad_token_id).sum() == len(TEXTS)  # one appended each
+    # one appended each
+    assert (x["input_ids"][x["attention_mask"].bool()] == fast.pad_token_id).sum() == len(TEXTS)
     with torch.no_grad():
         ref = hf_model("Qwen3ForSequenceClassification", d)(**x).logits
         assert (ours(**x)["logits"] - ref).abs().max().item() <= ATOL
@@ -157,24 +165,30 @@ def test_saves_back_to_transformers(tmp_path, head):
     out.mkdir()
     save_weights(ours, out / "model.safetensors", cfg)
     save_config(cfg, out / "config.json")
-    theirs, info = getattr(transformers, cls_name).from_pretrained(out, attn_implementation="eager", output_loading_info=True)
+    theirs, info = getattr(transformers, cls_name).from_pretrained(out, attn_implementation="eager",
+                                                                   output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert theirs.config.sliding_window == 6 and theirs.config.layer_types[1] == "sliding_attention"
     x = inputs()
     with torch.no_grad():
         for got, want in outputs(head, ours(**x), theirs.eval()(**x)):
-            diff = (got - want).abs().max().item() if head == "seq" else real_diff(got, want, x["attention_mask"])
+            diff = (got - want).abs().max().item() if head == "seq" else real_diff(got, want,
+                                                                                   x["attention_mask"])
             assert diff <= ATOL
 
 
 # ---- config.json -------------------------------------------------------------------------------
 def test_config_fields_and_names():
-    cfg = ModelConfig.from_dict({"model_type": "qwen3", "vocab_size": V, "hidden_size": 32, "num_attention_heads": 4,
-                                 "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2, "intermediate_size": 48,
+    cfg = ModelConfig.from_dict({"model_type": "qwen3", "vocab_size": V, "hidden_size": 32,
+                                 "num_attention_heads": 4,
+                                 "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2,
+                                 "intermediate_size": 48,
                                  "rms_norm_eps": 1e-5, "attention_dropout": 0.1, "hidden_act": "silu",
-                                 "architectures": ["Qwen3ForSequenceClassification"], "id2label": {"0": "a", "1": "b"}})
+                                 "architectures": ["Qwen3ForSequenceClassification"],
+                                 "id2label": {"0": "a", "1": "b"}})
     assert (cfg.layer_norm_eps, cfg.attention_probs_dropout_prob, cfg.pad_token_id) == (1e-5, 0.1, None)
-    assert (cfg.type_vocab_size, cfg.max_position_embeddings, cfg.architectures) == (0, 32768, ["BertForSequenceClassification"])
+    assert (cfg.type_vocab_size, cfg.max_position_embeddings,
+            cfg.architectures) == (0, 32768, ["BertForSequenceClassification"])
     d = cfg.to_dict()
     assert {"rms_norm_eps", "attention_dropout", "num_key_value_heads", "head_dim"} <= set(d)
     assert not {"layer_norm_eps", "attention_probs_dropout_prob", "type_vocab_size"} & set(d)
@@ -182,14 +196,17 @@ def test_config_fields_and_names():
     model = core.BertForLabels(cfg, per_token=False)
     attn = model.bert.encoder.layer[0].self_attn
     assert (attn.q_proj.out_features, attn.k_proj.out_features, attn.q_norm.weight.shape[0]) == (64, 32, 16)
-    assert model.bert.pooler.pool == "last" and model.bert.pooler.dense is None and model.classifier.bias is None
+    assert (model.bert.pooler.pool == "last" and model.bert.pooler.dense is None
+            and model.classifier.bias is None)
     assert core.BertForLabels(cfg, per_token=True).classifier.bias is not None
     assert not core.reads_cls_only(model.bert)
-    assert not hasattr(model.bert.embeddings, "position_embeddings") and not hasattr(model.bert.embeddings, "LayerNorm")
+    assert not hasattr(model.bert.embeddings, "position_embeddings") and not hasattr(model.bert.embeddings,
+                                                                                     "LayerNorm")
     fam = family_for("qwen3")
     assert fam.architecture("BertForQuestionAnswering", "qwen3") == "Qwen3ForQuestionAnswering"
     keys = set(fam.to_family(core.BertForLabels(cfg, per_token=False).state_dict()))
-    assert "score.weight" in keys and "model.layers.1.self_attn.q_norm.weight" in keys and "model.norm.weight" in keys
+    assert ("score.weight" in keys and "model.layers.1.self_attn.q_norm.weight" in keys
+            and "model.norm.weight" in keys)
 
 
 @pytest.mark.parametrize("change, words", [
@@ -204,8 +221,10 @@ def test_config_fields_and_names():
 ])
 def test_configs_it_cannot_run_are_refused(change, words):
     with pytest.raises(ConfigError, match=words):
-        ModelConfig.from_dict({"model_type": "qwen3", "vocab_size": V, "hidden_size": 32, "num_attention_heads": 4,
-                               "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2, "intermediate_size": 48, **change})
+        ModelConfig.from_dict({"model_type": "qwen3", "vocab_size": V, "hidden_size": 32,
+                               "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2,
+                               "intermediate_size": 48, **change})
 
 
 # ---- ONNX --------------------------------------------------------------------------------------
@@ -218,12 +237,14 @@ def test_exported_graphs_fuse_and_match_transformers(tmp_path):
     _, backbone, _ = load_ours(hf_dir(tmp_path, "Qwen3Model", "sliding", name="model"), Backbone)
     x = inputs(T=23, lengths=(23, 9, 17, 2))
     dummy = inputs(T=11, lengths=(11, 6))
-    graphs = {"seq": (Graph(seq, lambda m, i, a: m(i, a)["logits"]), "Qwen3ForSequenceClassification", seq_dir),
+    graphs = {"seq": (Graph(seq, lambda m, i, a: m(i, a)["logits"]), "Qwen3ForSequenceClassification",
+                      seq_dir),
               "model": (Graph(backbone, lambda m, i, a: m(i, a)), "Qwen3Model", tmp_path / "model")}
     for name, (graph, cls_name, d) in graphs.items():
         (tmp_path / name).mkdir(exist_ok=True)
         session, counts = fused_graph(tmp_path / name, graph, cfg, dummy, per_token=name == "model")
-        # 3 layers: the residual adds + norms (two a layer), the q / k head norms, the first layer's input norm
+        # 3 layers: the residual adds + norms (two a layer), the q / k head norms, the first layer's input
+        # norm
         assert counts == {"SkipSimplifiedLayerNormalization": 6, "SimplifiedLayerNormalization": 7}, counts
         with torch.no_grad():
             ref = hf_model(cls_name, d)(**x)
@@ -237,7 +258,8 @@ def test_mlmkit_export_of_a_released_style_checkpoint(tmp_path):
     the fusion gate and the parity gate pass, and the bundle gives transformers' logits on the
     tokenizer's own framing of mixed-length texts."""
     fast = qwen3_tokenizer()
-    src = hf_dir(tmp_path, "Qwen3ForSequenceClassification", vocab_size=len(fast), pad_token_id=fast.pad_token_id,
+    src = hf_dir(tmp_path, "Qwen3ForSequenceClassification", vocab_size=len(fast),
+                 pad_token_id=fast.pad_token_id,
                  num_labels=3, tokenizer=fast, name="src")
     meta = cli_export(src, tmp_path / "b")
     assert meta["inputs"] == ["input_ids", "attention_mask"]
@@ -257,7 +279,8 @@ def test_fine_tunes_a_classifier_from_an_embedding_model(tmp_path):
     """A Qwen3Model (Qwen3-Embedding's layout) fine-tuned as a classifier: the last-token head learns,
     and the run is a Qwen3ForSequenceClassification transformers loads."""
     fast = qwen3_tokenizer()
-    base = hf_dir(tmp_path, "Qwen3Model", vocab_size=len(fast), pad_token_id=fast.pad_token_id, tokenizer=fast, name="base")
+    base = hf_dir(tmp_path, "Qwen3Model", vocab_size=len(fast), pad_token_id=fast.pad_token_id,
+                  tokenizer=fast, name="base")
     fine_tunes_a_classifier(tmp_path, base, fast)
 
 
@@ -266,6 +289,7 @@ def test_a_qwen3_embedding_style_directory_embeds_as_sentence_transformers_does(
     normalisation in a sentence-transformers directory; the exported bundle's embeddings are
     sentence-transformers' own on mixed-length texts."""
     fast = qwen3_tokenizer()
-    hf = hf_dir(tmp_path, "Qwen3Model", "sliding", vocab_size=len(fast), pad_token_id=fast.pad_token_id, tokenizer=fast)
+    hf = hf_dir(tmp_path, "Qwen3Model", "sliding", vocab_size=len(fast), pad_token_id=fast.pad_token_id,
+                tokenizer=fast)
     st, bundle = sentence_transformers_bundle(tmp_path, hf, "lasttoken")
     np.testing.assert_allclose(bundle_embeddings(bundle, TEXTS), st.encode(TEXTS), atol=1e-5)

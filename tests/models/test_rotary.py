@@ -56,7 +56,8 @@ def _transformers_inv_freq(kind: str, seq_len: int | None) -> torch.Tensor:
     return ROPE_INIT_FUNCTIONS[kind](cfg, None, seq_len=None if seq_len is None else torch.tensor(seq_len))[0]
 
 
-@pytest.mark.parametrize("kind, T", [("linear", 10), ("dynamic", 10), ("dynamic", 32), ("dynamic", 33), ("dynamic", 500)])
+@pytest.mark.parametrize("kind, T", [("linear", 10), ("dynamic", 10), ("dynamic", 32), ("dynamic", 33),
+                                     ("dynamic", 500)])
 def test_scaled_frequencies_are_transformers(kind, T):
     """transformers' linear scaling, and its dynamic one at the length it updates to (the input's,
     at least max_position_embeddings), from an int and from a traced length alike."""
@@ -67,14 +68,16 @@ def test_scaled_frequencies_are_transformers(kind, T):
     for n in (T, torch.tensor(T)):
         assert torch.allclose(rope.inv_freq(n, torch.device("cpu")), ref, rtol=1e-6, atol=0), n
     if kind == "dynamic" and T <= 32:  # up to the trained positions: the plain frequencies
-        assert torch.allclose(rope.inv_freq(T, torch.device("cpu")), Rope(1000.0, 16).inv_freq(T, torch.device("cpu")), rtol=1e-6)
+        assert torch.allclose(rope.inv_freq(T, torch.device("cpu")),
+                              Rope(1000.0, 16).inv_freq(T, torch.device("cpu")), rtol=1e-6)
 
 
 def test_the_queries_take_the_whole_inputs_base():
     """The first positions' angles of a 20-token input (core.encode_cls's queries) are that input's."""
     rope = Rope(1000.0, 16, scaling="dynamic", factor=2.0, trained=8)
     short, whole = rope.angles(3, torch.device("cpu")), rope.angles(3, torch.device("cpu"), length=20)
-    assert torch.allclose(short[0], Rope(1000.0, 16).angles(3, torch.device("cpu"))[0], atol=1e-6)  # 3 positions: no scaling
+    # 3 positions: no scaling
+    assert torch.allclose(short[0], Rope(1000.0, 16).angles(3, torch.device("cpu"))[0], atol=1e-6)
     assert torch.allclose(whole[0], rope.angles(20, torch.device("cpu"))[0][:3])
     assert not torch.allclose(whole[1], short[1])
 
@@ -83,7 +86,8 @@ def test_the_queries_take_the_whole_inputs_base():
     ({}, 7.0),
     ({"rope_theta": 50.0}, 50.0),  # the legacy top-level key
     ({"rope_theta": 50.0, "rope_parameters": {"rope_type": "default", "rope_theta": 60.0}}, 60.0),
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 60.0}, "rope_scaling": {"type": "linear", "factor": 2.0}}, 7.0),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 60.0},
+      "rope_scaling": {"type": "linear", "factor": 2.0}}, 7.0),
 ])
 def test_the_base_as_transformers_resolves_it(extra, theta):
     assert rope_config(extra, family="gte", head_dim=8, max_positions=4, default_theta=7.0).theta == theta

@@ -14,9 +14,12 @@ from mlmkit.models.config import ModelConfig
 from mlmkit.models.rotary import Rope
 from mlmkit.models.rotary_bert import GatedMLP, RotaryAttention, RotaryBertLayer, layer_renames
 
-CFG = ModelConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=24,
-                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, model_type="gte", type_vocab_size=1)
-ROPES = [Rope(100.0, 8), Rope(100.0, 4, interleaved=True), Rope(100.0, 8, scaling="dynamic", factor=2.0, trained=6)]
+CFG = ModelConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                  intermediate_size=24,
+                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, model_type="gte",
+                  type_vocab_size=1)
+ROPES = [Rope(100.0, 8), Rope(100.0, 4, interleaved=True),
+         Rope(100.0, 8, scaling="dynamic", factor=2.0, trained=6)]
 
 
 def batch(T: int = 13) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,7 +34,8 @@ def batch(T: int = 13) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_the_queries_path_gives_the_first_rows(rope, impl):
     torch.manual_seed(0)
-    layer = RotaryBertLayer(CFG, rope, attention_bias=True, mlp=GatedMLP(CFG, fused=True, down_bias=True)).eval()
+    layer = RotaryBertLayer(CFG, rope, attention_bias=True,
+                            mlp=GatedMLP(CFG, fused=True, down_bias=True)).eval()
     core.set_attention_impl(layer, impl)
     x, mask = batch()
     with torch.no_grad():
@@ -49,7 +53,8 @@ def test_both_forms_agree_at_real_tokens():
         for impl in ("eager", "sdpa"):
             attn.set_impl(impl)
             out[impl] = attn(x, mask)
-    assert (out["eager"][0] - out["sdpa"][0]).abs().max() <= 1e-5 and (out["eager"][1, :9] - out["sdpa"][1, :9]).abs().max() <= 1e-5
+    assert ((out["eager"][0] - out["sdpa"][0]).abs().max() <= 1e-5
+            and (out["eager"][1, :9] - out["sdpa"][1, :9]).abs().max() <= 1e-5)
 
 
 def test_the_fused_gated_mlp_is_the_split_one():

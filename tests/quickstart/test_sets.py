@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import typer
-from mlmkit_tasks.tagging import split_words
 from typer.testing import CliRunner
 
 from mlmkit.cli import app
@@ -21,6 +20,7 @@ from mlmkit.quickstart.sets import SETS, Written, write_sets
 from mlmkit.registry import get_task
 from mlmkit.text.beir import read_split
 from mlmkit.train.corpus.files import iter_documents
+from mlmkit_tasks.tagging import split_words
 
 runner = CliRunner()
 
@@ -118,7 +118,8 @@ def test_cli_writes_the_sets_asked_for_and_prints_how_to_use_them(tmp_path):
 def test_cli_refuses_bad_options_in_one_line(tmp_path, argv, says):
     r = runner.invoke(app, ["data", str(tmp_path / "d"), *argv])
     text = " ".join(r.stderr.split())
-    assert r.exit_code == 2 and text.startswith("error:") and says in text and "Traceback" not in r.output, r.output
+    assert (r.exit_code == 2 and text.startswith("error:") and says in text
+            and "Traceback" not in r.output), r.output
     assert not (tmp_path / "d").exists()
 
 
@@ -132,24 +133,29 @@ def test_cli_refuses_a_file_as_the_directory(tmp_path):
 
 def test_runs_without_torch(tmp_path, stdlib_docstrings):
     """A base install (no torch) writes the sets: nothing on the way imports it."""
-    code = ("import sys; sys.modules['torch'] = None; sys.argv = ['mlmkit', 'data', sys.argv[1], '--set', 'corpus', "
+    code = ("import sys; sys.modules['torch'] = None; sys.argv = ['mlmkit', 'data', sys.argv[1], '--set', "
+            "'corpus', "
             "'--set', 'classification', '--retrieval-documents', '50', '--set', 'retrieval']; "
             "from mlmkit.cli import main; main()")
-    shutil.copytree(stdlib_docstrings, tmp_path / "cache")  # the standard library parsed once a session, not again here
+    # the standard library parsed once a session, not again here
+    shutil.copytree(stdlib_docstrings, tmp_path / "cache")
     env = {**os.environ, "MLMKIT_CACHE": str(tmp_path / "cache")}
-    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120, env=env)
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                       timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "retrieval" / "qrels" / "test.tsv").is_file() and (tmp_path / "corpus.txt").is_file()
 
 
-def test_the_standard_librarys_docstrings_are_parsed_once_and_parsed_again_when_a_file_changes(tmp_path, monkeypatch):
+def test_the_standard_librarys_docstrings_are_parsed_once_and_parsed_again_when_a_file_changes(tmp_path,
+                                                                                               monkeypatch):
     from mlmkit.quickstart import stdlib_corpus
 
     lib = tmp_path / "lib"
     (lib / "json").mkdir(parents=True)
     (lib / "site-packages" / "big").mkdir(parents=True)
     (lib / "json" / "__init__.py").write_text('"""Read a JSON document. It is a text format."""\n')
-    (lib / "site-packages" / "big" / "m.py").write_text('"""Not the standard library at all. It is skipped here."""\n')
+    (lib / "site-packages" / "big" / "m.py").write_text('"""Not the standard library at all. It is skipped '
+                                                        'here."""\n')
     (lib / "csv.py").write_text('def reader():\n    """Read the rows of a file. Each row is a list."""\n')
     monkeypatch.setattr(stdlib_corpus.sysconfig, "get_paths", lambda: {"stdlib": str(lib)})
     monkeypatch.setenv("MLMKIT_CACHE", str(tmp_path / "cache"))
@@ -161,14 +167,17 @@ def test_the_standard_librarys_docstrings_are_parsed_once_and_parsed_again_when_
         stdlib_corpus.definitions.cache_clear()
         return stdlib_corpus.definitions()
 
-    want = (("csv", "reader", ("Read the rows of a file.", "Each row is a list.")), ("json", "", ("Read a JSON document.", "It is a text format.")))
+    want = (("csv", "reader", ("Read the rows of a file.", "Each row is a list.")),
+            ("json", "", ("Read a JSON document.", "It is a text format.")))
     try:
         assert fresh() == want and len(parsed) == 1
         assert fresh() == want and len(parsed) == 1  # read from the cache
         cached = next((tmp_path / "cache" / "stdlib-docstrings").iterdir())
         cached.write_text("[1, 2")  # a damaged cache: parsed again, and written again
         assert fresh() == want and len(parsed) == 2 and fresh() == want and len(parsed) == 2
-        (lib / "csv.py").write_text('def reader():\n    """Read the rows of a CSV file. Each row is a list."""\n')  # another Python's files
+        # another Python's files
+        (lib / "csv.py").write_text('def reader():\n    """Read the rows of a CSV file. Each row is a '
+                                    'list."""\n')
         assert fresh()[0][2] == ("Read the rows of a CSV file.", "Each row is a list.") and len(parsed) == 3
     finally:
         stdlib_corpus.definitions.cache_clear()

@@ -30,7 +30,8 @@ class MultipleChoice:
     group_features = True
 
     def read(self, path, options):
-        return [{"question": r.text("question"), "choices": r.fields()["choices"], "answer": int(r.fields()["answer"])}
+        return [{"question": r.text("question"), "choices": r.fields()["choices"],
+                 "answer": int(r.fields()["answer"])}
                 for r in iter_jsonl(path)]
 
     def featurize(self, examples, tokenizer, ctx, *, training):
@@ -76,7 +77,8 @@ class MultipleChoice:
         return [{"choice": int(np.argmax(scores[i]))} for i in range(len(examples))]
 
     def compute_metrics(self, predictions, examples, ctx):
-        return {"accuracy": float(np.mean([p["choice"] == e["answer"] for p, e in zip(predictions, examples)]))}
+        return {"accuracy": float(np.mean([p["choice"] == e["answer"]
+                                           for p, e in zip(predictions, examples)]))}
 
 
 @pytest.fixture
@@ -105,7 +107,8 @@ def test_batches_hold_whole_examples_and_the_listwise_loss_learns(task, tmp_path
     dev.write_text("".join(json.dumps(r) + "\n" for r in rows(32, 1)))
     base = make_base_model(tmp_path / "base", [f"which one is a pet ? {a}" for a in ANIMALS] * 8)
     SEEN.clear()
-    result = run_finetune(task.name, base, train, tmp_path / "run", eval_file=dev, steps=80, eval_every=40, batch_size=10,
+    result = run_finetune(task.name, base, train, tmp_path / "run", eval_file=dev, steps=80, eval_every=40,
+                          batch_size=10,
                           lr=2e-3, warmup_ratio=0.0)
     sizes = {i: len(r["choices"]) for i, r in enumerate(rows(96, 0))}
     assert SEEN
@@ -133,7 +136,8 @@ def test_no_batch_holds_a_key_twice_and_the_moved_groups_are_counted() -> None:
     waited are the ones counted."""
     rng = random.Random(1)
     groups = [[2 * i, 2 * i + 1] for i in range(600)]
-    keys = [frozenset({f"q{rng.randrange(150)}", f"d{i}"}) for i in range(600)]  # 150 queries, 4 positives each
+    # 150 queries, 4 positives each
+    keys = [frozenset({f"q{rng.randrange(150)}", f"d{i}"}) for i in range(600)]
     lengths = [rng.randrange(5, 60) for _ in range(1200)]
     moved: set[int] = set()
     batches = shuffled_groups(groups, lengths, 32, random.Random(0), window=4, keys=keys, moved=moved)
@@ -144,19 +148,27 @@ def test_no_batch_holds_a_key_twice_and_the_moved_groups_are_counted() -> None:
         assert len(seen) == len(set(seen)), b
     assert sum(len(b) < 32 for b in batches) <= 3
     assert 0 < len(moved) < 600
-    assert shuffled_groups(groups, lengths, 32, random.Random(0), window=4) != batches  # without keys: other batches
+    # without keys: other batches
+    assert shuffled_groups(groups, lengths, 32, random.Random(0), window=4) != batches
 
 
 @pytest.mark.parametrize("mangle, match", [
-    (lambda feats: [{k: v for k, v in f.items() if k != EXAMPLE} for f in feats], "feature 0 has no valid 'example' index \\(None\\)"),
-    (lambda feats: [{**f, EXAMPLE: str(f[EXAMPLE])} for f in feats], "feature 0 has no valid 'example' index \\('0'\\)"),
-    (lambda feats: [{**f, EXAMPLE: f[EXAMPLE] + 10_000} for f in feats], "has no valid 'example' index \\(10000\\)"),
-    (lambda feats: feats[1:] + feats[:1], "the features of example 0 are not together"),  # one of example 0's moved last
+    (lambda feats: [{k: v for k, v in f.items() if k != EXAMPLE} for f in feats],
+     "feature 0 has no valid 'example' index \\(None\\)"),
+    (lambda feats: [{**f, EXAMPLE: str(f[EXAMPLE])} for f in feats],
+     "feature 0 has no valid 'example' index \\('0'\\)"),
+    (lambda feats: [{**f, EXAMPLE: f[EXAMPLE] + 10_000} for f in feats],
+     "has no valid 'example' index \\(10000\\)"),
+    # one of example 0's moved last
+    (lambda feats: feats[1:] + feats[:1], "the features of example 0 are not together"),
     # two examples' features under one index (i // 2): the second half of the examples got none
-    (lambda feats: [{**f, EXAMPLE: f[EXAMPLE] // 2} for f in feats], "4 of 8 examples got no feature \\(the first: example 4\\)"),
-    (lambda feats: [f for f in feats if f[EXAMPLE] % 2 == 0], "4 of 8 examples got no feature \\(the first: example 1\\)"),
+    (lambda feats: [{**f, EXAMPLE: f[EXAMPLE] // 2} for f in feats],
+     "4 of 8 examples got no feature \\(the first: example 4\\)"),
+    (lambda feats: [f for f in feats if f[EXAMPLE] % 2 == 0],
+     "4 of 8 examples got no feature \\(the first: example 1\\)"),
 ])
-def test_a_grouped_plugin_that_mangles_example_is_one_line_naming_it(task, tmp_path: Path, monkeypatch, mangle, match) -> None:
+def test_a_grouped_plugin_that_mangles_example_is_one_line_naming_it(task, tmp_path: Path, monkeypatch,
+                                                                     mangle, match) -> None:
     """A plugin's mistake with "example" is one line naming the task and its package, never a
     traceback or examples silently merged into one."""
     train = tmp_path / "train.jsonl"

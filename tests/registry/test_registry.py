@@ -37,7 +37,8 @@ from mlmkit.train.finetune import TaskEvaluator, torch_forward
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
-BUILTINS = ("classification", "colbert", "embedding", "fill-mask", "qa", "rerank", "sparse-embedding", "tagging")
+BUILTINS = ("classification", "colbert", "embedding", "fill-mask", "qa", "rerank", "sparse-embedding",
+            "tagging")
 
 
 def squash(text: str) -> str:
@@ -50,7 +51,8 @@ def install_distribution(site: Path, name: str, entry_points: dict[str, str], ve
     """What pip leaves behind for a package that declares [project.entry-points."mlmkit.tasks"]."""
     d = site / f"{name.replace('-', '_')}-{version}.dist-info"
     d.mkdir(parents=True)
-    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", encoding="utf-8")
+    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+                                encoding="utf-8")
     eps = "".join(f"{k} = {v}\n" for k, v in entry_points.items())
     (d / "entry_points.txt").write_text(f"[mlmkit.tasks]\n{eps}", encoding="utf-8")
     return d
@@ -77,7 +79,8 @@ task = FakeTask()
 class Minimal:
     """Only the required members."""
 
-    name, description, metrics, outputs = "minimal", "the least a task can be", ("score",), {"score": (BATCH,)}
+    name, description, metrics, outputs = ("minimal", "the least a task can be", ("score",),
+                                           {"score": (BATCH,)})
 
     def read(self, path, options): return []  # noqa: E704
     def featurize(self, examples, tokenizer, ctx, *, training): return []  # noqa: E704
@@ -125,7 +128,8 @@ def test_every_member_of_the_contract_is_declared_documented_and_resolved() -> N
     # every member is documented where it is declared: a method by its docstring, an attribute by
     # the string that follows it
     for cls, names in ((registry.Task, REQUIRED), (TaskDefaults, OPTIONAL)):
-        declared = Path(sys.modules[cls.__module__].__file__)  # mlmkit/contract.py, where the contract is declared
+        # mlmkit/contract.py, where the contract is declared
+        declared = Path(sys.modules[cls.__module__].__file__)
         body = next(n for n in ast.parse(declared.read_text(encoding="utf-8")).body
                     if isinstance(n, ast.ClassDef) and n.name == cls.__name__).body
         documented = {n.name for n in body if isinstance(n, ast.FunctionDef) and ast.get_docstring(n)}
@@ -138,7 +142,8 @@ def test_every_member_of_the_contract_is_declared_documented_and_resolved() -> N
 def test_a_task_with_only_the_required_members_gets_every_default(tmp_path: Path) -> None:
     p = Plugin(Minimal(), "tests:Minimal", "tests")
     d = TaskDefaults()
-    for name in ("formats", "options", "label_names", "hf_architecture", "default_max_length", "greater_is_better",
+    for name in ("formats", "options", "label_names", "hf_architecture", "default_max_length",
+                 "greater_is_better",
                  "trainable", "command", "partial_layers"):
         assert getattr(p, name) == getattr(d, name), name
     ctx = TaskContext(max_length=16)
@@ -149,7 +154,8 @@ def test_a_task_with_only_the_required_members_gets_every_default(tmp_path: Path
     assert p.calibrate({}, [], [], ctx) == {}
     model = torch.nn.Linear(2, 2)
     assert p.export_module(model) is model
-    assert p.summary({"score": 0.25, "label": "x", "probabilities": {"x": 1.0}}) == {"score": "0.250", "label": "x"}
+    assert p.summary({"score": 0.25, "label": "x", "probabilities": {"x": 1.0}}) == {"score": "0.250",
+                                                                                     "label": "x"}
     assert p.resolve_options() == {} and p.describe()["options"] == []
 
 
@@ -157,7 +163,8 @@ def test_a_task_that_declares_wrongly_is_refused() -> None:
     class NoBatchAxis(Minimal):
         outputs = {"score": ("sequence",)}
 
-    with pytest.raises(TaskError, match=r"outputs must map each output name to its axes, the first being 'batch'"):
+    with pytest.raises(TaskError,
+                       match=r"outputs must map each output name to its axes, the first being 'batch'"):
         Plugin(NoBatchAxis(), "tests:NoBatchAxis", "tests")
 
     class TwiceTheSameOption(Minimal):
@@ -193,7 +200,8 @@ def test_the_optional_hooks_a_task_has_are_used() -> None:
 
 # ---- discovery ---------------------------------------------------------------------------------
 def pyproject_task_entry_points() -> dict[str, str]:
-    """[project.entry-points."mlmkit.tasks"] of pyproject.toml (tomllib is 3.11+; the project supports 3.10)."""
+    """[project.entry-points."mlmkit.tasks"] of pyproject.toml (tomllib is 3.11+; the project supports
+    3.10)."""
     section = re.search(r'^\[project\.entry-points\."mlmkit\.tasks"\]\n(.*?)(?=^\[|\Z)',
                         (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M | re.S)
     assert section, "pyproject.toml declares no mlmkit.tasks entry points"
@@ -233,7 +241,8 @@ def test_core_never_imports_a_task() -> None:
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 mods = [node.value] if node.value.startswith("mlmkit_tasks") else []
                 # a string that is a built-in task's name is the core special-casing it (docstrings aside)
-                named = node.value in BUILTINS and node.value not in commands and "quickstart" not in src.parts
+                named = (node.value in BUILTINS and node.value not in commands
+                         and "quickstart" not in src.parts)
                 assert not named, f"{src.name}:{node.lineno} names '{node.value}'"
             else:
                 continue
@@ -243,18 +252,21 @@ def test_core_never_imports_a_task() -> None:
 
 def test_unknown_task_lists_the_registered_ones() -> None:
     registry.reset()
-    with pytest.raises(TaskError, match=r"unknown task 'ner'; registered tasks: classification, colbert, embedding, fill-mask, qa, rerank, sparse-embedding, tagging") as e:
+    with pytest.raises(TaskError, match=r"unknown task 'ner'; registered tasks: classification, colbert, "
+                                        r"embedding, fill-mask, qa, rerank, sparse-embedding, tagging") as e:
         registry.get_task("ner")
     assert "mlmkit tasks" in (e.value.hint or "")
 
 
 def test_cli_unknown_task_exits_2_with_the_list(tmp_path: Path) -> None:
     registry.reset()
-    res = CliRunner().invoke(app, ["finetune", "nosuchtask", "--model", str(tmp_path), "--train", "t.jsonl", "--out", "o"])
+    res = CliRunner().invoke(app, ["finetune", "nosuchtask", "--model", str(tmp_path), "--train", "t.jsonl",
+                                   "--out", "o"])
     assert res.exit_code == 2, res.output
     assert len(res.stderr.strip().splitlines()) == 1, f"not one line: {res.stderr!r}"
     msg = squash(res.stderr)
-    assert "unknown task 'nosuchtask'; registered tasks: classification, colbert, embedding, fill-mask, qa, rerank, sparse-embedding, tagging" in msg
+    assert ("unknown task 'nosuchtask'; registered tasks: classification, colbert, embedding, fill-mask, qa, "
+            "rerank, sparse-embedding, tagging") in msg
     assert "Traceback" not in res.output
 
 
@@ -286,7 +298,8 @@ def test_register_refuses_to_overwrite() -> None:
         with pytest.raises(TaskError, match=r"task 'qa' is already registered by mlmkit"):
             registry.register(type("Clash", (Minimal,), {"name": "qa"})())
         assert registry.get_task("qa").entry_point == "mlmkit_tasks.qa:task"
-        assert registry.register(Minimal()).name == "minimal" and registry.get_task("minimal").task.name == "minimal"
+        assert (registry.register(Minimal()).name == "minimal" and registry.get_task("minimal").task.name
+                == "minimal")
     finally:
         registry.reset()
 
@@ -310,17 +323,20 @@ def test_read_is_given_the_record_ceiling_where_it_takes_one(caplog: pytest.LogC
         registry.get_task("ceiling").read(Path("x"), {}, training=True, max_bytes=40)
         assert got == [{"max_bytes": 40}]
         with caplog.at_level("WARNING", logger="mlmkit"):
-            assert registry.get_task("minimal").read(Path("x"), {}, training=True) == []  # the default: nothing to say
+            # the default: nothing to say
+            assert registry.get_task("minimal").read(Path("x"), {}, training=True) == []
         assert "max_bytes" not in caplog.text
         with caplog.at_level("WARNING", logger="mlmkit"):
             registry.get_task("minimal").read(Path("x"), {}, max_bytes=40)
-        assert "the minimal task's read takes no max_bytes: x is read with the default record ceiling" in caplog.text
+        said = "the minimal task's read takes no max_bytes: x is read with the default record ceiling"
+        assert said in caplog.text
     finally:
         registry.reset()
 
 
 def test_plugin_failing_to_import_breaks_only_itself(site: Path) -> None:
-    (site / "broken_plugin.py").write_text("import a_dependency_that_is_not_installed\ntask = None\n", encoding="utf-8")
+    (site / "broken_plugin.py").write_text("import a_dependency_that_is_not_installed\ntask = None\n",
+                                           encoding="utf-8")
     install_distribution(site, "broken-plugin", {"broken": "broken_plugin:task"})
     assert registry.get_task("classification").name == "classification"
     with pytest.raises(TaskError) as e:
@@ -340,9 +356,11 @@ def test_plugin_failing_to_import_breaks_only_itself(site: Path) -> None:
 @pytest.mark.parametrize("source,reason", [
     ("import sys\nsys.exit(0)\n", r"it called sys.exit\(0\) on import"),
     ("raise KeyboardInterrupt\n", r"KeyboardInterrupt"),
-    ("class T:\n    def __init__(self):\n        raise RuntimeError('no config here')\n", r"RuntimeError: no config here"),
+    ("class T:\n    def __init__(self):\n        raise RuntimeError('no config here')\n",
+     r"RuntimeError: no config here"),
     (FAKE_TASK.format(name="bad") + "task.outputs = ['logits']\n", r"failed to load: (ValueError|TypeError)"),
-    (FAKE_TASK.format(name="bad") + "task.options = ('text_column',)\n", r"options must be TaskOption objects"),
+    (FAKE_TASK.format(name="bad") + "task.options = ('text_column',)\n",
+     r"options must be TaskOption objects"),
 ])
 def test_a_misbehaving_plugin_breaks_only_itself(site: Path, source: str, reason: str) -> None:
     target = "bad_plugin:T" if "class T" in source else "bad_plugin:task"
@@ -356,10 +374,12 @@ def test_a_misbehaving_plugin_breaks_only_itself(site: Path, source: str, reason
 
 
 def test_plugin_lacking_required_members_is_broken(site: Path) -> None:
-    (site / "halfdone.py").write_text("class T:\n    name = 'half'\n    def read(self, path, options): return []\n\ntask = T()\n")
+    (site / "halfdone.py").write_text("class T:\n    name = 'half'\n    def read(self, path, options): "
+                                      "return []\n\ntask = T()\n")
     install_distribution(site, "halfdone", {"half": "halfdone:task"})
-    with pytest.raises(TaskError, match=r"task plugin 'half' from halfdone lacks description, metrics, outputs, "
-                                        r"featurize, build_model, postprocess, compute_metrics"):
+    with pytest.raises(TaskError,
+                       match=r"task plugin 'half' from halfdone lacks description, metrics, outputs, "
+                             r"featurize, build_model, postprocess, compute_metrics"):
         registry.get_task("half")
 
 
@@ -367,7 +387,8 @@ def test_entry_point_name_must_be_the_task_name(site: Path) -> None:
     """A run records the task's name and is loaded back by it: the two names cannot differ."""
     (site / "misnamed.py").write_text(FAKE_TASK.format(name="regression"), encoding="utf-8")
     install_distribution(site, "misnamed", {"pair-regression": "misnamed:task"})
-    with pytest.raises(TaskError, match=r"task plugin 'pair-regression' \(misnamed:task, from misnamed\) calls itself 'regression'"):
+    with pytest.raises(TaskError, match=r"task plugin 'pair-regression' \(misnamed:task, from misnamed\) "
+                                        r"calls itself 'regression'"):
         registry.get_task("pair-regression")
 
 
@@ -381,7 +402,8 @@ def test_tasks_json_lists_options_for_every_task() -> None:
     assert qa["doc_stride"] == {"name": "doc_stride", "flag": "--doc-stride", "type": "int", "default": 128,
                                 "help": "Overlap of context windows, in tokens."}
     tagging = {o["name"]: o for o in rows["tagging"]["options"]}
-    assert tagging["scheme"]["choices"] == ["auto", "iob1", "iob2", "bioes"] and tagging["label_all_tokens"]["type"] == "bool"
+    assert tagging["scheme"]["choices"] == ["auto", "iob1", "iob2",
+                                            "bioes"] and tagging["label_all_tokens"]["type"] == "bool"
     assert rows["classification"]["command"] == "classify"
 
 
@@ -399,9 +421,11 @@ def test_third_party_plugin_is_discovered_and_listed(pairreg: Plugin) -> None:
     rows = {r["name"]: r for r in map(json.loads, res.stdout.splitlines())}
     assert sorted(rows) == sorted(registry.tasks())
     assert rows["pairreg"] == {
-        "name": "pairreg", "description": pairreg.description, "formats": [], "metrics": ["pearson", "spearman"],
+        "name": "pairreg", "description": pairreg.description, "formats": [],
+        "metrics": ["pearson", "spearman"],
         "package": "pairreg", "command": None, "trainable": True,
-        "options": [{"name": "score_field", "flag": "--option score_field=VALUE", "type": "str", "default": "score",
+        "options": [{"name": "score_field", "flag": "--option score_field=VALUE", "type": "str",
+                     "default": "score",
                      "help": "The JSON field holding the gold score."}],
     }
     assert {rows[n]["package"] for n in BUILTINS} == {"mlmkit"}
@@ -429,7 +453,8 @@ def jsonl(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def test_third_party_plugin_through_the_whole_cli(pairreg: Plugin, base_model_factory: Any, tmp_path: Path) -> None:
+def test_third_party_plugin_through_the_whole_cli(pairreg: Plugin, base_model_factory: Any,
+                                                  tmp_path: Path) -> None:
     """finetune -> evaluate -> export (parity gate) -> predict -> evaluate the bundle, all from the
     command line, the plugin's own option set there: the gold scores live in a field named 'similarity'."""
     rng = random.Random(0)
@@ -441,15 +466,19 @@ def test_third_party_plugin_through_the_whole_cli(pairreg: Plugin, base_model_fa
     cli = CliRunner()
 
     # without the option the reader looks for "score" and says so, naming file, line and field
-    r = cli.invoke(app, ["finetune", "pairreg", "--model", str(base), "--train", str(train), "--out", str(run)])
+    r = cli.invoke(app,
+                   ["finetune", "pairreg", "--model", str(base), "--train", str(train), "--out", str(run)])
     assert r.exit_code == 2 and "train.jsonl, line 1, field 'score': missing" in squash(r.stderr), r.output
-    r = cli.invoke(app, ["finetune", "pairreg", "--model", str(base), "--train", str(train), "--out", str(run),
-                         "--option", "score_field=similarity", "--epochs", "8", "--batch-size", "16", "--lr", "3e-3"])
+    r = cli.invoke(app,
+                   ["finetune", "pairreg", "--model", str(base), "--train", str(train), "--out", str(run),
+                    "--option", "score_field=similarity", "--epochs", "8", "--batch-size", "16", "--lr",
+                    "3e-3"])
     assert r.exit_code == 0, r.output
     meta = json.loads((run / "mlmkit.json").read_text())
     assert (meta["task"], meta["labels"], meta["options"]) == ("pairreg", None, {"score_field": "similarity"})
 
-    r = cli.invoke(app, ["evaluate", str(run), "--data", str(test), "--predictions", str(tmp_path / "p.jsonl"), "--json"])
+    r = cli.invoke(app, ["evaluate", str(run), "--data", str(test), "--predictions",
+                         str(tmp_path / "p.jsonl"), "--json"])
     assert r.exit_code == 0, r.output
     torch_metrics = json.loads(r.stdout)
     assert torch_metrics["pearson"] > 0.8 and torch_metrics["spearman"] > 0.8, torch_metrics  # it learned
@@ -477,7 +506,8 @@ def test_third_party_plugin_through_the_whole_cli(pairreg: Plugin, base_model_fa
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout) == pytest.approx(torch_metrics, abs=1e-4)
     r = cli.invoke(app, ["predict", str(bundle), "a text", "--option", "nonsense=1"])
-    assert r.exit_code == 2 and "--option nonsense is not an option of task 'pairreg' (its options: --option score_field=VALUE)" in squash(r.stderr)
+    assert (r.exit_code == 2 and "--option nonsense is not an option of task 'pairreg' (its options: "
+                                 "--option score_field=VALUE)" in squash(r.stderr))
     r = cli.invoke(app, ["classify", str(bundle), "a text"])
     assert r.exit_code == 2 and "use `mlmkit predict" in squash(r.stderr)
 
@@ -491,7 +521,8 @@ def test_third_party_plugin_is_gone_after_its_test() -> None:
 # ---- the Task contract, on every discovered task -----------------------------------------------
 def squad_paragraph(context: str, qas: list[tuple[str, str, str]]) -> dict[str, Any]:
     return {"context": context, "qas": [
-        {"id": i, "question": q, "answers": [{"text": a, "answer_start": context.index(a)}]} for i, q, a in qas
+        {"id": i, "question": q, "answers": [{"text": a, "answer_start": context.index(a)}]}
+        for i, q, a in qas
     ]}
 
 
@@ -527,7 +558,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
     },
     "tagging": {
         "file": "sample.conll",
-        "data": "John B-PER\nlives O\nin O\nNew B-LOC\nYork I-LOC\n\nMary B-PER\nvisits O\nParis B-LOC\n.\tO\n\n"
+        "data": "John B-PER\nlives O\nin O\nNew B-LOC\nYork I-LOC\n\nMary B-PER\nvisits O\nParis "
+                "B-LOC\n.\tO\n\n"
                 "Paris B-LOC\nis O\nbig O\n",
         "input": "Mary lives in Paris.",
     },
@@ -535,8 +567,10 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "file": "sample.json",
         "data": json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": [
             squad_paragraph("The cat sat on the mat near the red door.",
-                            [("q1", "Where did the cat sit?", "on the mat"), ("q2", "What colour is the door?", "red")]),
-            squad_paragraph("Paris is the capital of France.", [("q3", "What is the capital of France?", "Paris")]),
+                            [("q1", "Where did the cat sit?", "on the mat"),
+                             ("q2", "What colour is the door?", "red")]),
+            squad_paragraph("Paris is the capital of France.",
+                            [("q3", "What is the capital of France?", "Paris")]),
         ]}]}),
         "input": {"question": "Where is the door?", "context": "The door is in the hall."},
     },
@@ -546,7 +580,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
 # the metrics of a task whose data decide what it measures, for its sample (the embedding task: retrieval
 # metrics for rows and BEIR directories, these for scored pairs)
 SAMPLE_METRICS = {"embedding": ("spearman", "pearson"),
-                  "sparse-embedding": ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100", "precision@10",
+                  "sparse-embedding": ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100",
+                                       "precision@10",
                                        "query_terms", "document_terms")}
 HEADLESS = {"embedding"}  # tasks whose head has no parameters: the embedding task's pooling and normalisation
 SAMPLES["fill-mask"] = {  # evaluated on the answers of its [MASK]s; exported as it comes, never fine-tuned
@@ -595,14 +630,16 @@ def sample(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
     assert len(examples) >= 2
     tok = train_tokenizer(s["data"].replace('"', " ").splitlines() * 3, vocab_size=300, min_frequency=1)
     labels = task.label_list(examples)
-    ctx = TaskContext(max_length=64, options=opts, labels=tuple(labels) if labels else None, state=task.fit_state(train),
+    ctx = TaskContext(max_length=64, options=opts, labels=tuple(labels) if labels else None,
+                      state=task.fit_state(train),
                       tokenizer=tok)
     cfg = tiny_config(tok.get_vocab_size())
     if labels is not None:
         cfg.id2label = dict(enumerate(labels))
         cfg.label2id = {v: k for k, v in cfg.id2label.items()}
     cfg.architectures = [task.hf_architecture]
-    return {"task": task, "examples": examples, "train": train, "tok": tok, "ctx": ctx, "config": cfg, "input": s["input"], "tmp": tmp_path}
+    return {"task": task, "examples": examples, "train": train, "tok": tok, "ctx": ctx, "config": cfg,
+            "input": s["input"], "tmp": tmp_path}
 
 
 @pytest.mark.parametrize("sample", discovered(), indirect=True)
@@ -621,12 +658,14 @@ def test_task_forward_backward(sample: dict[str, Any]) -> None:
     torch.manual_seed(0)
     model = task.build_model(sample["config"], sample["ctx"])
     names = dict(model.named_parameters())
-    assert "bert.embeddings.word_embeddings.weight" in names and "bert.encoder.layer.1.output.dense.weight" in names
+    assert ("bert.embeddings.word_embeddings.weight" in names
+            and "bert.encoder.layer.1.output.dense.weight" in names)
     arrays = pad_features(feats, special_ids(tok).pad, extra=task.label_names)
     B, T = arrays["input_ids"].shape
     model.train()
     out = model(**{k: torch.from_numpy(v) for k, v in arrays.items()})
-    assert set(task.outputs) <= set(out), f"forward returned {sorted(out)}, outputs declares {sorted(task.outputs)}"
+    assert set(task.outputs) <= set(out), (f"forward returned {sorted(out)}, outputs declares "
+                                           f"{sorted(task.outputs)}")
     for k, axes in task.outputs.items():
         assert out[k].dim() == len(axes) and out[k].shape[0] == B, k
         if per_token(axes):
@@ -635,15 +674,18 @@ def test_task_forward_backward(sample: dict[str, Any]) -> None:
     assert loss.dim() == 0 and math.isfinite(loss.item())
     loss.backward()
     enc = [p.grad for n, p in names.items() if n.startswith("bert.encoder.layer.0.")]
-    assert all(g is not None for g in enc) and sum(float(g.abs().sum()) for g in enc) > 0, "no gradient reaches the encoder"
+    assert all(g is not None for g in enc) and sum(float(g.abs().sum())
+                                                   for g in enc) > 0, "no gradient reaches the encoder"
     head = {n: p.grad for n, p in names.items() if not n.startswith("bert.")}
     assert head or task.name in HEADLESS, "the head has no parameters of its own"
-    assert all(g is not None and float(g.abs().sum()) > 0 for g in head.values()), "a head parameter gets no gradient"
+    assert all(g is not None and float(g.abs().sum()) > 0
+               for g in head.values()), "a head parameter gets no gradient"
 
     # inference: no labels, no loss, the same outputs
     model.eval()
     with torch.no_grad():
-        inf = model(**{k: torch.from_numpy(arrays[k]) for k in ("input_ids", "attention_mask", "token_type_ids")})
+        inf = model(**{k: torch.from_numpy(arrays[k])
+                       for k in ("input_ids", "attention_mask", "token_type_ids")})
     assert "loss" not in inf and set(task.outputs) <= set(inf)
 
 
@@ -670,7 +712,8 @@ def test_task_evaluates_and_predicts_from_runtime_input(sample: dict[str, Any]) 
 def family_config(family: str, cfg: Any) -> Any:
     """The tiny config of ``cfg``'s task for another model family: its preset, the same vocabulary,
     labels and head, the sample tokenizer's padding id (BERT's special tokens on every family)."""
-    other = preset("tiny", family, vocab_size=cfg.vocab_size, pad_token_id=cfg.pad_token_id, max_position_embeddings=130)
+    other = preset("tiny", family, vocab_size=cfg.vocab_size, pad_token_id=cfg.pad_token_id,
+                   max_position_embeddings=130)
     other.id2label, other.label2id, other.architectures = cfg.id2label, cfg.label2id, cfg.architectures
     return other
 
@@ -686,7 +729,8 @@ def test_task_is_exported_and_served(sample: dict[str, Any], family: str) -> Non
         sample["config"] = family_config(family, sample["config"])
     torch.manual_seed(0)
     model = task.build_model(sample["config"], sample["ctx"])
-    for name, p in model.named_parameters():  # a large head init: outputs far from flat, choices far from ties
+    # a large head init: outputs far from flat, choices far from ties
+    for name, p in model.named_parameters():
         if not name.startswith("bert.") and p.dim() == 2:
             torch.nn.init.normal_(p, std=0.5)
     model.eval()
@@ -766,7 +810,8 @@ def read_names(sources: list[Path]) -> set[str]:
         for node in ast.walk(ast.parse(src.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Subscript):  # options["pooling"]
                 keys = [node.slice]
-            elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("get", "pop", "setdefault"):
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("get", "pop",
+                                                                                     "setdefault"):
                 keys = node.args[:1]  # opts.get("doc_stride", ...)
             elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
                 keys = [node.left]  # "scheme" in options
@@ -777,7 +822,8 @@ def read_names(sources: list[Path]) -> set[str]:
                     used.add(k.value)
                 elif isinstance(k, ast.JoinedStr):  # options[f"{kind}_prompt"]: each kind's option
                     tail = "".join(v.value for v in k.values if isinstance(v, ast.Constant))
-                    used |= {f"{kind}{tail}" for kind in ("query", "document")} if tail.startswith("_") else set()
+                    used |= {f"{kind}{tail}"
+                             for kind in ("query", "document")} if tail.startswith("_") else set()
     return used
 
 
@@ -788,7 +834,8 @@ def test_an_option_declared_and_never_read_is_found(tmp_path: Path) -> None:
     """The walker below fails on an option a task takes and ignores: here a plugin's "ignored_knob"."""
     plugin = tmp_path / "ignoring.py"
     plugin.write_text("from mlmkit.taskkit import TaskOption\n\n\nclass Ignoring:\n    name = 'ignoring'\n"
-                      "    options = (TaskOption('ignored_knob', 'red', 'Ignored.', flags=('--ignored-knob',)),)\n\n"
+                      "    options = (TaskOption('ignored_knob', 'red', 'Ignored.', "
+                      "flags=('--ignored-knob',)),)\n\n"
                       "    def featurize(self, examples, tokenizer, ctx, *, training):\n        return []\n")
     assert "ignored_knob" not in read_names([plugin, *CODE])
     plugin.write_text(plugin.read_text().replace("return []", "return [ctx.options['ignored_knob']]"))
@@ -816,11 +863,14 @@ def test_every_option_flag_acts_or_is_refused_for_every_task() -> None:
         for option, o in every.items():
             kind, flag = o.kind, o.flags[0]
             if option in declared:  # acts: the value given is the value the task runs with, and is read
-                assert task.resolve_options({option: declared[option].default})[option] == declared[option].default
+                assert task.resolve_options({
+                    option: declared[option].default})[option] == declared[option].default
                 assert option in reads, f"task {name} declares {flag} and no code reads it"
                 continue
             shown = flag.split("/")[0]
             takers = sorted(n for n in tasks() if any(o.name == option for o in get_task(n).options))
-            with pytest.raises(ConfigError, match=f"{re.escape(shown)} is not an option of task '{re.escape(name)}'") as e:
+            with pytest.raises(ConfigError,
+                               match=f"{re.escape(shown)} is not an option of task '{re.escape(name)}'") as e:
                 task.resolve_options({option: sample[kind]})
-            assert not takers or f"(the tasks that have it: {', '.join(takers)})" in str(e.value), str(e.value)
+            assert (not takers
+                    or f"(the tasks that have it: {', '.join(takers)})" in str(e.value)), str(e.value)

@@ -24,14 +24,17 @@ def setup(tmp_path_factory):
     base = make_base_model(root / "base", corpus())
     run_export(make_task_run(base, "embedding", root / "run"), root / "bundle")
     rng = random.Random(0)
-    docs = [{"_id": f"d{i}", "title": sentence(rng, 2), "text": sentence(rng, rng.randint(3, 20))} for i in range(DOCS)]
+    docs = [{"_id": f"d{i}", "title": sentence(rng, 2), "text": sentence(rng, rng.randint(3, 20))}
+            for i in range(DOCS)]
     (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     pipe = Pipeline.load(root / "bundle")
     texts = [f"{d['title']} {d['text']}" for d in docs]
-    vectors = normalized(np.asarray([r["embedding"] for r in pipe(texts, input_type="document")], dtype=np.float32))
+    vectors = normalized(np.asarray([r["embedding"] for r in pipe(texts, input_type="document")],
+                                    dtype=np.float32))
     queries = [sentence(rng, 4) for _ in range(20)]
     q = normalized(np.asarray([r["embedding"] for r in pipe(queries, input_type="query")], dtype=np.float32))
-    return {"root": root, "bundle": root / "bundle", "corpus": root / "corpus.jsonl", "docs": docs, "vectors": vectors, "q": q,
+    return {"root": root, "bundle": root / "bundle", "corpus": root / "corpus.jsonl", "docs": docs,
+            "vectors": vectors, "q": q,
             "queries": queries}
 
 
@@ -49,7 +52,8 @@ def sparse(setup):
         return out
 
     texts = [f"{d['title']} {d['text']}" for d in setup["docs"]]
-    return {"bundle": root / "sparse-bundle", "docs": dense(pipe(texts)), "q": dense(pipe(setup["queries"])), "width": width,
+    return {"bundle": root / "sparse-bundle", "docs": dense(pipe(texts)), "q": dense(pipe(setup["queries"])),
+            "width": width,
             "results": pipe(texts[:5])}
 
 
@@ -68,7 +72,8 @@ def beir(setup):
 def tagged(setup):
     """The fixture's corpus with fields: lang (en for a half), year (a twelfth each: 1% is one year and a
     document more), a flag, a list, and a field only some documents have."""
-    docs = [{**d, "lang": "en" if i % 2 else "de", "year": 2000 + i % 100, "ok": i % 3 == 0, "tags": ["a", "b"][: i % 3],
+    docs = [{**d, "lang": "en" if i % 2 else "de", "year": 2000 + i % 100, "ok": i % 3 == 0,
+             "tags": ["a", "b"][: i % 3],
              **({"extra": "x"} if i < 100 else {})} for i, d in enumerate(setup["docs"])]
     path = setup["root"] / "tagged.jsonl"
     path.write_text("".join(json.dumps(d) + "\n" for d in docs))

@@ -19,7 +19,8 @@ DOCS = 1200
 def built(setup, name: str, **kw) -> Index:
     out = setup["root"] / name
     if not (out / "manifest.json").exists():
-        build(BuildArgs(setup["bundle"], kw.pop("corpus", setup["corpus"]), out, window=kw.pop("window", 256), **kw))
+        build(BuildArgs(setup["bundle"], kw.pop("corpus", setup["corpus"]), out, window=kw.pop("window", 256),
+                        **kw))
     return Index.open(out)
 
 
@@ -49,7 +50,8 @@ def killed_after(documents: int):
 
 
 def by_hand(rankings, fusion, weights):
-    """The fusion of one query's rankings, written out: rrf's 1 / (60 + rank), or min-max normalised scores."""
+    """The fusion of one query's rankings, written out: rrf's 1 / (60 + rank), or min-max normalised
+    scores."""
     total = {}
     for w, ranking in zip(weights, rankings):
         scores = [s for _, s in ranking]
@@ -72,7 +74,8 @@ class Hits(list):
     scores to 1e-5 (vectors embedded in other batches round apart; a near tie's order aside)."""
 
     def __eq__(self, other):
-        return len(self) == len(other) and all(a.keys() == b.keys() and all(abs(a[i] - b[i]) < 1e-5 for i in a)
+        return len(self) == len(other) and all(a.keys() == b.keys()
+                                               and all(abs(a[i] - b[i]) < 1e-5 for i in a)
                                                for a, b in zip(self, other))
 
 

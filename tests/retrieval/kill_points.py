@@ -59,11 +59,13 @@ def main(index: str, work: str, *ops: str) -> None:
     import mlmkit.runtime.pipeline  # noqa: F401
     for spec in ops:
         op, _, arg = spec.partition("=")
-        print(json.dumps({"op": op, "points": points(op, Path(index), Path(arg), Path(work) / op)}), flush=True)
+        print(json.dumps({"op": op, "points": points(op, Path(index), Path(arg), Path(work) / op)}),
+              flush=True)
 
 
 def points(op: str, index: Path, arg: Path, work: Path) -> int:
-    """The kill points of ``op`` on a copy of ``index``: a copy of each killed run, and the finished one, in ``work``."""
+    """The kill points of ``op`` on a copy of ``index``: a copy of each killed run, and the finished one, in
+    ``work``."""
     for k in range(1, 1000):
         copy = work / str(k)
         shutil.copytree(index, copy)

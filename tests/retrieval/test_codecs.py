@@ -48,11 +48,15 @@ def test_a_float16_rescoring_copy_gives_int8_and_binary_the_exact_hits(setup, tm
     want, want_scores = exact(setup, 10)
     for q in ("int8", "binary"):
         ix = built(setup, f"{q}-copy", quantization=q, rescore_copy="float16")
-        assert ix.copy == "float16" and (ix.path / "shard-000000" / "rescore.bin").stat().st_size == DOCS * 64 * 2
-        rows, scores = search_vectors(ix, setup["q"], 10, rescore=DOCS)  # every document rescored: float16's own top 10
+        assert (ix.copy == "float16" and (ix.path / "shard-000000" / "rescore.bin").stat().st_size == DOCS
+                * 64 * 2)
+        # every document rescored: float16's own top 10
+        rows, scores = search_vectors(ix, setup["q"], 10, rescore=DOCS)
         recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(rows, want)])
-        assert recall >= 0.98 and np.allclose(scores, want_scores, atol=2e-3), (q, recall)  # float16 swaps near ties only
-    assert built(setup, "int8", quantization="int8").copy is None and built(setup, "binary", quantization="binary").copy == "int8"
+        # float16 swaps near ties only
+        assert recall >= 0.98 and np.allclose(scores, want_scores, atol=2e-3), (q, recall)
+    assert (built(setup, "int8", quantization="int8").copy is None
+            and built(setup, "binary", quantization="binary").copy == "int8")
     for quant, copy in (("int8", "int8"), ("float32", "float16"), ("int8", "float32")):
         with pytest.raises(ConfigError, match="--rescore-copy"):
             BuildArgs(setup["bundle"], setup["corpus"], tmp_path / "x", quantization=quant, rescore_copy=copy)
@@ -60,6 +64,7 @@ def test_a_float16_rescoring_copy_gives_int8_and_binary_the_exact_hits(setup, tm
     idx = tmp_path / "ix"
     shutil.copytree(built(setup, "int8-copy").path, idx)
     (tmp_path / "new.jsonl").write_text(json.dumps({"_id": "new", "text": "a dog"}) + "\n")
-    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "new.jsonl"), "--out", str(idx), "--append",
+    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "new.jsonl"), "--out",
+                            str(idx), "--append",
                             "--quantize", "int8"])
     assert "--rescore-copy float16" in one_red_line(r) and Index.open(idx).count == DOCS

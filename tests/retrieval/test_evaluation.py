@@ -22,11 +22,14 @@ def test_evaluating_an_index_scores_its_stored_vectors_as_the_bundle_scores_the_
     from mlmkit.quickstart.retrieval_set import write_retrieval_set
 
     write_retrieval_set(tmp_path / "beir", max_documents=150)
-    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "beir" / "corpus.jsonl"),
-                            "--out", str(tmp_path / "ix"), "--json"])
+    r = runner.invoke(app,
+                      ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "beir" / "corpus.jsonl"),
+                       "--out", str(tmp_path / "ix"), "--json"])
     assert r.exit_code == 0, r.output
-    by_index = runner.invoke(app, ["evaluate", str(tmp_path / "ix"), "--data", str(tmp_path / "beir"), "--json"])
-    by_bundle = runner.invoke(app, ["evaluate", str(setup["bundle"]), "--data", str(tmp_path / "beir"), "--json"])
+    by_index = runner.invoke(app,
+                             ["evaluate", str(tmp_path / "ix"), "--data", str(tmp_path / "beir"), "--json"])
+    by_bundle = runner.invoke(app,
+                              ["evaluate", str(setup["bundle"]), "--data", str(tmp_path / "beir"), "--json"])
     assert by_index.exit_code == 0 and by_bundle.exit_code == 0, by_index.output + by_bundle.output
     got, want = json.loads(by_index.stdout), json.loads(by_bundle.stdout)
     # the bundle itself is scored through a temporary index too (bounded memory): equal to its in-memory
@@ -35,9 +38,11 @@ def test_evaluating_an_index_scores_its_stored_vectors_as_the_bundle_scores_the_
     from mlmkit.runtime.pipeline import evaluate_bundle
 
     in_memory = evaluate_bundle(setup["bundle"], tmp_path / "beir")
-    assert through_index(setup["bundle"], tmp_path / "beir", {}) and not through_index(setup["bundle"], tmp_path / "beir", {"index": "exact"})
+    assert through_index(setup["bundle"], tmp_path / "beir",
+                         {}) and not through_index(setup["bundle"], tmp_path / "beir", {"index": "exact"})
     for m in ("ndcg@10", "mrr@10", "recall@100"):
-        assert got[m] == pytest.approx(want[m], abs=1e-4) == pytest.approx(in_memory[m], abs=1e-4), (m, got, want, in_memory)
+        assert got[m] == pytest.approx(want[m], abs=1e-4) == pytest.approx(in_memory[m], abs=1e-4), (
+            m, got, want, in_memory)
     assert set(want) == set(in_memory) and 0 < got["recall@100"] <= 1
     assert not list(cache_root().glob("evaluate-index-*"))  # the temporary index is gone
 
@@ -49,7 +54,8 @@ def test_mining_from_an_index_mines_what_its_bundle_mines(setup, tmp_path):
     build(BuildArgs(setup["bundle"], tmp_path / "beir" / "corpus.jsonl", tmp_path / "ix"))
     rows = {}
     for name, retriever in (("index", tmp_path / "ix"), ("bundle", setup["bundle"])):
-        r = runner.invoke(app, ["mine", str(tmp_path / "beir"), "--retriever", str(retriever), "--out", str(tmp_path / f"{name}.jsonl"),
+        r = runner.invoke(app, ["mine", str(tmp_path / "beir"), "--retriever", str(retriever), "--out",
+                                str(tmp_path / f"{name}.jsonl"),
                                 "--negatives", "3", "--range", "0:20", "--with-scores", "--json"])
         assert r.exit_code == 0, r.output
         rows[name] = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
@@ -57,7 +63,8 @@ def test_mining_from_an_index_mines_what_its_bundle_mines(setup, tmp_path):
     same = [a["negative_1"] == b["negative_1"] and np.allclose(a["scores"], b["scores"], atol=1e-5)
             for a, b in zip(rows["index"], rows["bundle"])]
     assert np.mean(same) > 0.95, np.mean(same)  # float rounding may swap a near tie
-    bad = runner.invoke(app, ["mine", str(tmp_path / "beir"), "--retriever", "bm25", "--index", "faiss", "--out", str(tmp_path / "x.jsonl")])
+    bad = runner.invoke(app, ["mine", str(tmp_path / "beir"), "--retriever", "bm25", "--index", "faiss",
+                              "--out", str(tmp_path / "x.jsonl")])
     assert "--index faiss is for an embedding bundle" in one_red_line(bad)
 
 
@@ -71,13 +78,16 @@ def test_a_sparse_index_evaluates_as_its_bundle_and_refuses_what_it_cannot_do(se
 
     write_retrieval_set(tmp_path / "beir", max_documents=150)
     build(BuildArgs(sparse["bundle"], tmp_path / "beir" / "corpus.jsonl", tmp_path / "ix"))
-    by_index = runner.invoke(app, ["evaluate", str(tmp_path / "ix"), "--data", str(tmp_path / "beir"), "--json"])
+    by_index = runner.invoke(app,
+                             ["evaluate", str(tmp_path / "ix"), "--data", str(tmp_path / "beir"), "--json"])
     assert by_index.exit_code == 0, by_index.output
-    got, want = json.loads(by_index.stdout), evaluate_bundle(sparse["bundle"], tmp_path / "beir")  # in memory: scipy.sparse
+    # in memory: scipy.sparse
+    got, want = json.loads(by_index.stdout), evaluate_bundle(sparse["bundle"], tmp_path / "beir")
     for m in ("ndcg@10", "mrr@10", "recall@100"):
         assert got[m] == pytest.approx(want[m], abs=1e-4), (m, got, want)
     assert 0 < got["recall@100"] <= 1
-    r = runner.invoke(app, ["mine", str(tmp_path / "beir"), "--retriever", str(tmp_path / "ix"), "--out", str(tmp_path / "m.jsonl"),
+    r = runner.invoke(app, ["mine", str(tmp_path / "beir"), "--retriever", str(tmp_path / "ix"), "--out",
+                            str(tmp_path / "m.jsonl"),
                             "--negatives", "2", "--range", "0:20", "--with-scores"])
     assert r.exit_code == 0, r.output
     mined = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
@@ -87,7 +97,8 @@ def test_a_sparse_index_evaluates_as_its_bundle_and_refuses_what_it_cannot_do(se
         return one_red_line(runner.invoke(app, list(argv)))
 
     corpus_file = str(tmp_path / "beir" / "corpus.jsonl")
-    assert "takes no --quantize" in cli("index", str(sparse["bundle"]), "--corpus", corpus_file, "--out", str(tmp_path / "q"),
+    assert "takes no --quantize" in cli("index", str(sparse["bundle"]), "--corpus", corpus_file, "--out",
+                                        str(tmp_path / "q"),
                                         "--quantize", "int8")
     assert "sparse index, searched exactly" in cli("search", str(tmp_path / "ix"), "a dog", "--rescore", "50")
     ix = Index.open(tmp_path / "ix")

@@ -17,15 +17,19 @@ from mlmkit.retrieval.index import BuildArgs, Index, build, search_vectors
 pytest_plugins = ["index_fixtures"]
 
 
-def test_a_filter_returns_the_true_top_k_of_the_documents_it_keeps_in_every_kind_of_search(setup, tagged, tmp_path, monkeypatch):
+def test_a_filter_returns_the_true_top_k_of_the_documents_it_keeps_in_every_kind_of_search(
+    setup, tagged, tmp_path, monkeypatch):
     from mlmkit.retrieval.index import filters
     from mlmkit.retrieval.index import search as search_module
 
     docs, defaults = tagged["docs"], (search_module.SUBSET, search_module.SUBSET_SHARE)
     year = np.asarray([d["year"] for d in docs])
-    cases = {"year=2042": year == 2042, "year>=2090": year >= 2090, "lang=en": np.asarray([d["lang"] == "en" for d in docs]),
-             "lang in de,fr": np.asarray([d["lang"] == "de" for d in docs]), "ok=true": np.asarray([d["ok"] for d in docs]),
-             "extra!=x": np.arange(len(docs)) >= 100, "id in d5,d7,d1100": np.isin(np.arange(len(docs)), [5, 7, 1100])}
+    cases = {"year=2042": year == 2042, "year>=2090": year >= 2090,
+             "lang=en": np.asarray([d["lang"] == "en" for d in docs]),
+             "lang in de,fr": np.asarray([d["lang"] == "de" for d in docs]),
+             "ok=true": np.asarray([d["ok"] for d in docs]),
+             "extra!=x": np.arange(len(docs)) >= 100,
+             "id in d5,d7,d1100": np.isin(np.arange(len(docs)), [5, 7, 1100])}
     for name, kw in (("flat", {}), ("hnsw", {"ann": "hnsw"}), ("ivf", {"ann": "ivf", "ivf_lists": 8}),
                      ("binary", {"quantization": "binary", "rescore_copy": "float16"})):
         ix = tmp_path / name
@@ -35,17 +39,23 @@ def test_a_filter_returns_the_true_top_k_of_the_documents_it_keeps_in_every_kind
             monkeypatch.setattr(search_module, "SUBSET", 65536 if subset else 0)
             monkeypatch.setattr(search_module, "SUBSET_SHARE", 1.0 if subset else 0.0)
             for where, keep in cases.items():
-                rows, _ = search_vectors(index, setup["q"], 10, where=filters.rows(index, filters.parse([where])),
-                                         rescore=index.count if name == "binary" else None)  # binary: its own recall aside
+                rows, _ = search_vectors(index, setup["q"], 10,
+                                         where=filters.rows(index, filters.parse([where])),
+                                         # binary: its own recall aside
+                                         rescore=index.count if name == "binary" else None)
                 want = brute(setup, keep)
                 got = [[int(r) for r in row if r >= 0] for row in rows]
                 if name == "flat":
                     assert got == want, (name, where)
-                else:  # approximate (float16 rescoring, ANN): the filter holds, and the top 10 is mostly found
+                # approximate (float16 rescoring, ANN): the filter holds, and the top 10 is mostly found
+                else:
                     assert all(keep[r] for row in got for r in row), (name, where)
-                    assert np.mean([len(set(g) & set(w)) / len(w) for g, w in zip(got, want)]) > (0.95 if subset else 0.8), (name, where)
-    monkeypatch.setattr(search_module, "SUBSET", defaults[0])  # the defaults: a filter keeping a few rows is searched
-    monkeypatch.setattr(search_module, "SUBSET_SHARE", defaults[1])  # over them alone, one keeping half is not
+                    assert np.mean([len(set(g) & set(w)) / len(w)
+                                    for g, w in zip(got, want)]) > (0.95 if subset else 0.8), (name, where)
+    # the defaults: a filter keeping a few rows is searched
+    monkeypatch.setattr(search_module, "SUBSET", defaults[0])
+    # over them alone, one keeping half is not
+    monkeypatch.setattr(search_module, "SUBSET_SHARE", defaults[1])
     subsets = []
     real = search_module._search_subset
     monkeypatch.setattr(search_module, "_search_subset", lambda *a: subsets.append(len(a[3])) or real(*a))
@@ -53,29 +63,38 @@ def test_a_filter_returns_the_true_top_k_of_the_documents_it_keeps_in_every_kind
     for where in ("id in d5,d7,d1100", "ok=true"):
         search_vectors(flat, setup["q"], 10, where=filters.rows(flat, filters.parse([where])))
     assert subsets == [3], subsets
-    r = runner.invoke(app, ["search", str(tmp_path / "flat"), setup["queries"][0], "--where", "lang=en", "--where", "year<2010",
+    r = runner.invoke(app, ["search", str(tmp_path / "flat"), setup["queries"][0], "--where", "lang=en",
+                            "--where", "year<2010",
                             "--top-k", "3", "--json"])
     assert r.exit_code == 0, r.output
     both = np.asarray([d["lang"] == "en" and d["year"] < 2010 for d in docs])
     assert [h["id"] for h in json.loads(r.stdout)["hits"]] == [f"d{j}" for j in brute(setup, both, 3)[0]]
     (tmp_path / "ids.txt").write_text("d3\nd9\n")
-    r = runner.invoke(app, ["search", str(tmp_path / "flat"), "a dog", "--where", f"id in @{tmp_path / 'ids.txt'}", "--json"])
+    r = runner.invoke(app, ["search", str(tmp_path / "flat"), "a dog", "--where",
+                            f"id in @{tmp_path / 'ids.txt'}", "--json"])
     assert r.exit_code == 0 and {h["id"] for h in json.loads(r.stdout)["hits"]} == {"d3", "d9"}, r.output
-    for where, said in (("colour=red", "the index has no field 'colour'"), ("lang>=en", "lang holds string values; >= compares"),
-                        ("year=soon", "year holds numbers; 'soon' is not one"), ("ok=maybe", "give true or false"),
+    for where, said in (("colour=red", "the index has no field 'colour'"),
+                        ("lang>=en", "lang holds string values; >= compares"),
+                        ("year=soon", "year holds numbers; 'soon' is not one"),
+                        ("ok=maybe", "give true or false"),
                         ("lang", "not FIELD=VALUE"), ("tags=a", "tags holds lists or objects")):
-        assert said in one_red_line(runner.invoke(app, ["search", str(tmp_path / "flat"), "a dog", "--where", where])), where
+        assert said in one_red_line(runner.invoke(app, ["search", str(tmp_path / "flat"), "a dog", "--where",
+                                                        where])), where
 
 
-def test_fields_of_another_kind_in_a_later_document_name_the_line_and_filters_survive_an_upsert_and_a_compaction(
+def test_a_field_of_another_kind_names_its_line_and_filters_survive_an_upsert_and_a_compaction(
         setup, tagged, tmp_path):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"_id": "a", "text": "one", "year": 2020}) + "\n" + json.dumps({"_id": "b", "text": "two", "year": "soon"}) + "\n")
-    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(bad), "--out", str(tmp_path / "bad")])
-    assert "bad.jsonl, line 2" in one_red_line(r) and "field 'year' is a string here and a number before" in r.stderr
+    bad.write_text(json.dumps({"_id": "a", "text": "one", "year": 2020}) + "\n"
+                   + json.dumps({"_id": "b", "text": "two", "year": "soon"}) + "\n")
+    r = runner.invoke(app,
+                      ["index", str(setup["bundle"]), "--corpus", str(bad), "--out", str(tmp_path / "bad")])
+    assert ("bad.jsonl, line 2" in one_red_line(r)
+            and "field 'year' is a string here and a number before" in r.stderr)
     ix = tmp_path / "ix"
     build(BuildArgs(setup["bundle"], tagged["corpus"], ix))
-    (tmp_path / "up.jsonl").write_text("".join(json.dumps({**d, "lang": "fr"}) + "\n" for d in tagged["docs"][:50]))
+    (tmp_path / "up.jsonl").write_text("".join(json.dumps({**d, "lang": "fr"}) + "\n"
+                                               for d in tagged["docs"][:50]))
     assert runner.invoke(app, ["index", str(ix), "--upsert", str(tmp_path / "up.jsonl")]).exit_code == 0
     (tmp_path / "gone.txt").write_text("d60\nd61\n")
     assert runner.invoke(app, ["index", str(ix), "--delete", str(tmp_path / "gone.txt")]).exit_code == 0
@@ -84,9 +103,11 @@ def test_fields_of_another_kind_in_a_later_document_name_the_line_and_filters_su
     for step in ("deleted", "compacted"):
         index = Index.open(ix)
         fr = filters.rows(index, filters.parse(["lang=fr"]))
-        assert sorted(index.ids(np.flatnonzero(fr & ~(index.deleted if index.deleted is not None else False)))) == \
+        assert sorted(index.ids(np.flatnonzero(fr & ~(index.deleted if index.deleted is not None
+                                                      else False)))) == \
             sorted(f"d{i}" for i in range(50))
-        rows, _ = search_vectors(index, setup["q"], 100, where=filters.rows(index, filters.parse(["lang=de"])))
+        rows, _ = search_vectors(index, setup["q"], 100,
+                                 where=filters.rows(index, filters.parse(["lang=de"])))
         got = {i for row in rows for i in index.ids(row[row >= 0])}
         assert got and not got & ({f"d{i}" for i in range(50)} | {"d60"}), step
         assert runner.invoke(app, ["index", str(ix), "--compact"]).exit_code == 0

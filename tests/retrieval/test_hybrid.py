@@ -36,18 +36,22 @@ def test_hybrid_search_and_evaluation_equal_a_fusion_by_hand_of_each_retriever_a
     assert ids == list(split.corpus) and docs == list(split.corpus.values())
     # each retriever's own ranking, outside hybrid.py: the index's search, and bm25s itself
     opened = Index.open(ix)
-    dense = [[(i, float(s)) for i, s in zip(opened.ids(r), sr)] for r, sr in zip(*search_vectors(opened, query_embeddings(ix, texts), 100))]
+    dense = [[(i, float(s)) for i, s in zip(opened.ids(r), sr)]
+             for r, sr in zip(*search_vectors(opened, query_embeddings(ix, texts), 100))]
     stem = Stemmer.Stemmer("english")  # BM25's words are stemmed (retrieval.STEMMER)
     lexical = bm25s.BM25()
     lexical.index(bm25s.tokenize(docs, stemmer=stem, show_progress=False), show_progress=False)
-    rows, scores = lexical.retrieve(bm25s.tokenize(texts, stemmer=stem, show_progress=False), k=100, show_progress=False)
+    rows, scores = lexical.retrieve(bm25s.tokenize(texts, stemmer=stem, show_progress=False), k=100,
+                                    show_progress=False)
     sparse = [[(ids[r], float(s)) for r, s in zip(row, sr) if s > 0] for row, sr in zip(rows, scores)]
     for fusion, weights in (("rrf", [1.0, 1.0]), ("weighted", [0.3, 0.7])):
         fused = Hybrid([IndexRanker(ix), BM25Ranker(ids, docs)], fusion, weights).rank(texts, 100)
         for got, d, s in zip(fused, dense, sparse):
             want = by_hand([d, s], fusion, weights)[:100]
-            assert [x for x, _ in got] == [x for x, _ in want] and np.allclose([v for _, v in got], [v for _, v in want], atol=1e-6)
-    # evaluate --hybrid: each retriever alone as it evaluates alone, and the fusion's metrics from the hand fusion
+            assert ([x for x, _ in got] == [x for x, _ in want]
+                    and np.allclose([v for _, v in got], [v for _, v in want], atol=1e-6))
+    # evaluate --hybrid: each retriever alone as it evaluates alone, and the fusion's metrics from the hand
+    # fusion
     r = runner.invoke(app, ["evaluate", str(ix), "--data", str(beir), "--hybrid", "bm25", "--json"])
     assert r.exit_code == 0, r.output
     got = {row["model"]: row for row in map(json.loads, r.stdout.splitlines())}
@@ -55,14 +59,17 @@ def test_hybrid_search_and_evaluation_equal_a_fusion_by_hand_of_each_retriever_a
     alone = json.loads(runner.invoke(app, ["evaluate", str(ix), "--data", str(beir), "--json"]).stdout)
     assert all(got[str(ix)][m] == pytest.approx(alone[m], abs=1e-6) for m in alone)
     assert got["bm25"]["ndcg@10"] == pytest.approx(bm25_metrics(beir)["ndcg@10"], abs=1e-6)
-    hand = mean_metrics({q: [x for x, _ in by_hand([d, s], "rrf", [1, 1])] for q, d, s in zip(qids, dense, sparse)}, split.qrels)
+    hand = mean_metrics({q: [x for x, _ in by_hand([d, s], "rrf", [1, 1])]
+                         for q, d, s in zip(qids, dense, sparse)}, split.qrels)
     assert got["hybrid (rrf)"]["ndcg@10"] == pytest.approx(hand["ndcg@10"], abs=1e-6)
     # search --hybrid: the same fusion's top k, over two indexes too (an int8 one of the same corpus)
-    r = runner.invoke(app, ["search", str(ix), texts[0], "--hybrid", "bm25", "--corpus", str(corpus), "--top-k", "5", "--json"])
+    r = runner.invoke(app, ["search", str(ix), texts[0], "--hybrid", "bm25", "--corpus", str(corpus),
+                            "--top-k", "5", "--json"])
     assert r.exit_code == 0, r.output
     assert [(h["id"], round(h["score"], 6)) for h in json.loads(r.stdout)["hits"]] == \
         [(d, round(v, 6)) for d, v in by_hand([dense[0], sparse[0]], "rrf", [1, 1])[:5]]
-    r = runner.invoke(app, ["search", str(ix), texts[0], "--hybrid", str(setup["root"] / "beir-int8"), "--fusion", "weighted",
+    r = runner.invoke(app, ["search", str(ix), texts[0], "--hybrid", str(setup["root"] / "beir-int8"),
+                            "--fusion", "weighted",
                             "--top-k", "3", "--json"])
     assert r.exit_code == 0 and len(json.loads(r.stdout)["hits"]) == 3, r.output
 
@@ -72,14 +79,18 @@ def test_hybrid_refuses_retrievers_of_other_corpora_and_bad_settings_in_one_line
     other = built(setup, "f32")  # the fixture's own corpus, not the BEIR one
     cases = [
         (["search", ix, "q", "--hybrid", str(other.path)], "retrievers of different corpora"),
-        (["search", ix, "q", "--hybrid", "bm25", "--corpus", str(setup["corpus"])], "retrievers of different corpora"),
+        (["search", ix, "q", "--hybrid", "bm25", "--corpus", str(setup["corpus"])],
+         "retrievers of different corpora"),
         (["search", ix, "q", "--hybrid", "bm25"], "--hybrid bm25 needs the documents' texts"),
         (["search", ix, "q", "--corpus", str(setup["corpus"])], "it goes with --hybrid bm25"),
         (["search", ix, "q", "--hybrid", "nowhere"], "neither bm25 nor an index"),
         (["search", ix, "q", "--fusion", "weighted"], "they need --hybrid"),
-        (["search", ix, "q", "--hybrid", "bm25", "--fusion", "max", "--corpus", str(beir / "corpus.jsonl")], "--fusion max"),
-        (["evaluate", ix, "--data", str(beir), "--hybrid", "bm25", "--weights", "1,2,3"], "3 weights for 2 retrievers"),
-        (["evaluate", ix, "--data", str(beir), "--hybrid", "bm25", "--weights", "1,x"], "give numbers separated by commas"),
+        (["search", ix, "q", "--hybrid", "bm25", "--fusion", "max", "--corpus", str(beir / "corpus.jsonl")],
+         "--fusion max"),
+        (["evaluate", ix, "--data", str(beir), "--hybrid", "bm25", "--weights", "1,2,3"],
+         "3 weights for 2 retrievers"),
+        (["evaluate", ix, "--data", str(beir), "--hybrid", "bm25", "--weights", "1,x"],
+         "give numbers separated by commas"),
         (["evaluate", ix, "--data", str(beir), "--hybrid", "bm25", "--weights", "0,0"], "one above 0"),
         (["evaluate", str(setup["bundle"]), "--data", str(beir), "--hybrid", "bm25"], "is not an index"),
     ]
@@ -87,7 +98,8 @@ def test_hybrid_refuses_retrievers_of_other_corpora_and_bad_settings_in_one_line
         assert said in one_red_line(runner.invoke(app, argv)), argv
 
 
-def test_mining_with_hybrid_mines_from_the_fused_ranking_and_refuses_what_a_fused_score_cannot_give(setup, beir, tmp_path):
+def test_mining_with_hybrid_mines_from_the_fused_ranking_and_refuses_what_a_fused_score_cannot_give(
+    setup, beir, tmp_path):
     from mlmkit.retrieval.index.hybrid import FusedRetriever
 
     class Fixed:  # a retriever of places whose rankings are given
@@ -101,21 +113,28 @@ def test_mining_with_hybrid_mines_from_the_fused_ranking_and_refuses_what_a_fuse
     b = Fixed([[2, 4, 3, 0]], [[7.0, 3.0, 2.0, 1.0]])
     for fusion, w in (("rrf", [1.0, 2.0]), ("weighted", [1.0, 1.0])):
         rows, scores = FusedRetriever([("a", a), ("b", b)], fusion, w).search(["q"], 4)
-        want = by_hand([[(3, 0.9), (1, 0.5), (2, 0.1)], [(2, 7.0), (4, 3.0), (3, 2.0), (0, 1.0)]], fusion, w)[:4]
-        assert rows[0].tolist() == [d for d, _ in want] and np.allclose(scores[0], [s for _, s in want]), (fusion, rows, want)
+        want = by_hand([[(3, 0.9), (1, 0.5), (2, 0.1)], [(2, 7.0), (4, 3.0), (3, 2.0), (0, 1.0)]], fusion,
+                       w)[:4]
+        assert (rows[0].tolist() == [d for d, _ in want]
+                and np.allclose(scores[0], [s for _, s in want])), (fusion, rows, want)
     ix = setup["root"] / "beir-ix"
     mined = {}
     for name, extra in (("index", []), ("hybrid", ["--hybrid", "bm25", "--fusion", "weighted"])):
-        r = runner.invoke(app, ["mine", str(beir), "--retriever", str(ix), *extra, "--out", str(tmp_path / f"{name}.jsonl"),
+        r = runner.invoke(app, ["mine", str(beir), "--retriever", str(ix), *extra, "--out",
+                                str(tmp_path / f"{name}.jsonl"),
                                 "--negatives", "3", "--range", "0:20", "--json"])
         assert r.exit_code == 0, r.output
         mined[name] = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
     assert len(mined["hybrid"]) == len(mined["index"]) > 50
     assert all(row["negative_1"] != row["positive"] for row in mined["hybrid"])
-    assert np.mean([x["negative_1"] == y["negative_1"] for x, y in zip(mined["hybrid"], mined["index"])]) < 0.9  # BM25 moved them
-    for extra, said in ((["--margin", "0.1"], "no --margin"), (["--with-scores"], "--with-scores only from --score-with"),
+    # BM25 moved them
+    assert np.mean([x["negative_1"] == y["negative_1"]
+                    for x, y in zip(mined["hybrid"], mined["index"])]) < 0.9
+    for extra, said in ((["--margin", "0.1"], "no --margin"),
+                        (["--with-scores"], "--with-scores only from --score-with"),
                         (["--weights", "1"], "1 weights for 2 retrievers")):
-        r = runner.invoke(app, ["mine", str(beir), "--retriever", str(ix), "--hybrid", "bm25", *extra, "--out", str(tmp_path / "x.jsonl")])
+        r = runner.invoke(app, ["mine", str(beir), "--retriever", str(ix), "--hybrid", "bm25", *extra,
+                                "--out", str(tmp_path / "x.jsonl")])
         assert said in one_red_line(r), extra
 
 
@@ -129,28 +148,37 @@ def test_serve_fuses_bm25_and_other_served_indexes_as_search_hybrid_does(setup, 
     ix, corpus, splade = setup["root"] / "beir-ix", beir / "corpus.jsonl", tmp_path / "splade-ix"
     build(BuildArgs(sparse["bundle"], corpus, splade))
     queries = ["how do I read a file", "a list of numbers"]
-    s = Server(tmp_path, f"emb={setup['bundle']}", f"sp={sparse['bundle']}", "--index", f"docs={ix}", "--index", f"sp={splade}",
+    s = Server(tmp_path, f"emb={setup['bundle']}", f"sp={sparse['bundle']}", "--index", f"docs={ix}",
+               "--index", f"sp={splade}",
                "--index", f"other={built(setup, 'f32').path}", "--corpus", f"docs={corpus}")
     try:
         def post(body):
             return httpx.post(s.url + "/v1/search", json=body, timeout=60)
 
         for hybrid, fusion, flags in ((["bm25"], "rrf", ["--hybrid", "bm25", "--corpus", str(corpus)]),
-                                      (["bm25", "sp"], "weighted", ["--hybrid", "bm25", "--corpus", str(corpus), "--hybrid", str(splade)])):
+                                      (["bm25", "sp"], "weighted", ["--hybrid", "bm25", "--corpus",
+                                                                    str(corpus), "--hybrid", str(splade)])):
             r = post({"index": "docs", "query": queries, "top_k": 5, "hybrid": hybrid, "fusion": fusion})
             assert r.status_code == 200 and r.json()["hybrid"] == hybrid, r.text
-            cli = runner.invoke(app, ["search", str(ix), *queries, "--top-k", "5", "--fusion", fusion, *flags, "--json"])
+            cli = runner.invoke(app, ["search", str(ix), *queries, "--top-k", "5", "--fusion", fusion, *flags,
+                                      "--json"])
             assert cli.exit_code == 0, cli.output
-            for a, b in zip([x["hits"] for x in r.json()["results"]], [json.loads(x)["hits"] for x in cli.stdout.splitlines()], strict=True):
-                assert [h["id"] for h in a] == [h["id"] for h in b] and np.allclose([h["score"] for h in a], [h["score"] for h in b], atol=1e-6)
+            for a, b in zip([x["hits"] for x in r.json()["results"]],
+                            [json.loads(x)["hits"] for x in cli.stdout.splitlines()], strict=True):
+                assert ([h["id"] for h in a] == [h["id"] for h in b]
+                        and np.allclose([h["score"] for h in a], [h["score"] for h in b], atol=1e-6))
         ids = [json.loads(line)["_id"] for line in open(corpus)][:30]
-        for hybrid in (None, "bm25", ["bm25", "sp"]):  # a filter, alone and fused: the hits are the ids it keeps
+        # a filter, alone and fused: the hits are the ids it keeps
+        for hybrid in (None, "bm25", ["bm25", "sp"]):
             body = {"index": "docs", "query": queries, "top_k": 5, "where": f"id in {','.join(ids)}",
                     **({"hybrid": hybrid} if hybrid else {})}
             r = post(body)
-            assert r.status_code == 200 and all(h["id"] in ids for x in r.json()["results"] for h in x["hits"]), r.text
-            cli = runner.invoke(app, ["search", str(ix), *queries, "--top-k", "5", "--where", f"id in {','.join(ids)}", "--json",
-                                      *(["--hybrid", "bm25", "--corpus", str(corpus)] if hybrid == "bm25" else [])])
+            assert r.status_code == 200 and all(h["id"] in ids for x in r.json()["results"]
+                                                for h in x["hits"]), r.text
+            cli = runner.invoke(app, ["search", str(ix), *queries, "--top-k", "5", "--where",
+                                      f"id in {','.join(ids)}", "--json",
+                                      *(["--hybrid", "bm25", "--corpus", str(corpus)] if hybrid == "bm25"
+                                        else [])])
             if hybrid != ["bm25", "sp"]:
                 assert [[h["id"] for h in x["hits"]] for x in r.json()["results"]] == \
                     [[h["id"] for h in json.loads(x)["hits"]] for x in cli.stdout.splitlines()], hybrid
@@ -161,8 +189,10 @@ def test_serve_fuses_bm25_and_other_served_indexes_as_search_hybrid_does(setup, 
             "neither bm25 nor another served index": {"index": "docs", "query": "a", "hybrid": ["nope"]},
             "the server has no --corpus for it": {"index": "sp", "query": "a", "hybrid": "bm25"},
             "send 'query', not 'vector'": {"index": "docs", "vector": [0.0] * 64, "hybrid": "bm25"},
-            "'fusion' must be one of rrf, weighted": {"index": "docs", "query": "a", "hybrid": "bm25", "fusion": "max"},
-            "3 weights for 2 retrievers": {"index": "docs", "query": "a", "hybrid": "bm25", "weights": [1, 1, 1]},
+            "'fusion' must be one of rrf, weighted": {"index": "docs", "query": "a", "hybrid": "bm25",
+                                                      "fusion": "max"},
+            "3 weights for 2 retrievers": {"index": "docs", "query": "a", "hybrid": "bm25",
+                                           "weights": [1, 1, 1]},
         }
         for message, body in bad.items():
             r = post(body)
@@ -170,5 +200,6 @@ def test_serve_fuses_bm25_and_other_served_indexes_as_search_hybrid_does(setup, 
         assert httpx.get(s.url + "/health", timeout=5).status_code == 200
     finally:
         s.stop()
-    r = runner.invoke(app, ["serve", str(setup["bundle"]), "--index", f"docs={ix}", "--corpus", f"docs={setup['corpus']}", "--port", "0"])
+    r = runner.invoke(app, ["serve", str(setup["bundle"]), "--index", f"docs={ix}", "--corpus",
+                            f"docs={setup['corpus']}", "--port", "0"])
     assert "retrievers of different corpora" in one_red_line(r)

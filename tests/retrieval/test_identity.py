@@ -16,7 +16,8 @@ from mlmkit.retrieval.index import BuildArgs, Index, build
 pytest_plugins = ["index_fixtures"]
 
 
-def test_a_search_knows_the_bundle_by_its_recorded_size_and_time_and_hashes_only_a_changed_or_copied_one(setup, tmp_path,
+def test_a_search_knows_the_bundle_by_its_recorded_size_and_time_and_hashes_only_a_changed_or_copied_one(
+    setup, tmp_path,
                                                                                                         monkeypatch):
     """The manifest records the bundle's graph size and time at build; a search with the bundle as it was
     reads no model.onnx, a copy is hashed once a process, and a graph changed since is refused."""
@@ -69,5 +70,6 @@ def test_a_search_knows_the_bundle_by_its_recorded_size_and_time_and_hashes_only
     assert (bundle / "model.onnx").stat().st_size == graph.st_size
     monkeypatch.setattr(identity, "open", builtins.open, raising=False)
     assert "has changed since" in one_red_line(runner.invoke(app, ["search", str(ix.path), "a dog"]))
-    r = runner.invoke(app, ["search", str(ix.path), "a dog", "--bundle", str(copy), "--json"])  # the graph as it was
+    # the graph as it was
+    r = runner.invoke(app, ["search", str(ix.path), "a dog", "--bundle", str(copy), "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["hits"], r.output

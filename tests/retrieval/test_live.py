@@ -27,14 +27,15 @@ from mlmkit.retrieval.index import BuildArgs, Index, build, search_vectors
 pytest_plugins = ["index_fixtures"]
 
 
-def test_deletes_upserts_and_a_compaction_equal_an_index_built_from_the_final_corpus_and_a_kill_leaves_before_or_after(
+def test_deletes_upserts_and_compaction_equal_a_build_of_the_final_corpus_and_a_kill_leaves_before_or_after(
         setup, tmp_path, monkeypatch):
     from mlmkit.retrieval.index import live
 
     ix = tmp_path / "live"
     shutil.copytree(built(setup, "f32").path, ix)
     (tmp_path / "gone.txt").write_text("".join(f"d{i}\n" for i in range(100)))
-    changed = [{"_id": f"d{i}", "title": "changed", "text": sentence(random.Random(i), 6)} for i in range(100, 150)]
+    changed = [{"_id": f"d{i}", "title": "changed", "text": sentence(random.Random(i), 6)}
+               for i in range(100, 150)]
     added = [{"_id": f"n{i}", "title": "", "text": sentence(random.Random(1000 + i), 8)} for i in range(50)]
     (tmp_path / "up.jsonl").write_text("".join(json.dumps(d) + "\n" for d in changed + added))
     final = setup["docs"][150:] + changed + added
@@ -42,7 +43,8 @@ def test_deletes_upserts_and_a_compaction_equal_an_index_built_from_the_final_co
     build(BuildArgs(setup["bundle"], tmp_path / "final.jsonl", tmp_path / "scratch"))
     want = hits_of(tmp_path / "scratch", setup["q"])
 
-    def killed(step, after):  # the operation stopped as a kill would: just before its manifest is written, or just after
+    # the operation stopped as a kill would: just before its manifest is written, or just after
+    def killed(step, after):
         real = live.write_json
 
         def stop(*a, **kw):
@@ -59,7 +61,8 @@ def test_deletes_upserts_and_a_compaction_equal_an_index_built_from_the_final_co
     assert r.exit_code == 0 and json.loads(r.stdout)["deleted"] == 100, r.output
     deleted = hits_of(ix, setup["q"])
     assert not {f"d{j}" for j in range(100)} & {i for hits in deleted for i in hits}
-    assert deleted != before and all(len(h) == 10 for h in deleted)  # never fewer: the deleted rows never take a place
+    # never fewer: the deleted rows never take a place
+    assert deleted != before and all(len(h) == 10 for h in deleted)
     r = runner.invoke(app, ["index", str(ix), "--upsert", str(tmp_path / "up.jsonl"), "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["deleted"] == 150, r.output
     assert hits_of(ix, setup["q"]) == want
@@ -67,8 +70,10 @@ def test_deletes_upserts_and_a_compaction_equal_an_index_built_from_the_final_co
     shutil.copytree(ix, snapshot)
     killed(lambda: live.compact(ix), after=False)  # new shards written, no manifest: the index as it was
     assert hits_of(ix, setup["q"]) == want and Index.open(ix).count == DOCS + 100
-    killed(lambda: live.compact(ix), after=True)  # the manifest written, the old shard not yet removed: compacted
-    assert hits_of(ix, setup["q"]) == want and Index.open(ix).count == len(final) and Index.open(ix).deleted is None
+    # the manifest written, the old shard not yet removed: compacted
+    killed(lambda: live.compact(ix), after=True)
+    assert (hits_of(ix, setup["q"]) == want and Index.open(ix).count == len(final)
+            and Index.open(ix).deleted is None)
     r = runner.invoke(app, ["index", str(ix), "--compact", "--json"])  # nothing left to do but the sweep
     assert r.exit_code == 0 and json.loads(r.stdout)["count"] == len(final), r.output
     assert sorted(p.name for p in ix.iterdir() if p.name.startswith(("shard-", "deleted-"))) == \
@@ -77,11 +82,13 @@ def test_deletes_upserts_and_a_compaction_equal_an_index_built_from_the_final_co
     r = runner.invoke(app, ["index", str(snapshot), "--compact", "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["freed_bytes"] > 0, r.output
     assert hits_of(snapshot, setup["q"]) == want
-    # a delete killed before its manifest: as before; an upsert killed mid-embedding: as before, --resume finishes it
+    # a delete killed before its manifest: as before; an upsert killed mid-embedding: as before, --resume
+    # finishes it
     (tmp_path / "gone2.txt").write_text("d150\n")
     killed(lambda: Index.open(snapshot).delete(tmp_path / "gone2.txt"), after=False)
     assert hits_of(snapshot, setup["q"]) == want
-    (tmp_path / "up2.jsonl").write_text("".join(json.dumps({**d, "title": "again"}) + "\n" for d in setup["docs"][150:700]))
+    (tmp_path / "up2.jsonl").write_text("".join(json.dumps({**d, "title": "again"}) + "\n"
+                                                for d in setup["docs"][150:700]))
     with pytest.raises(KeyboardInterrupt):
         build(BuildArgs(snapshot, upsert=tmp_path / "up2.jsonl", window=128), killed_after(256))
     assert hits_of(snapshot, setup["q"]) == want
@@ -89,7 +96,7 @@ def test_deletes_upserts_and_a_compaction_equal_an_index_built_from_the_final_co
     assert Index.open(snapshot).live == len(final)
 
 
-def test_a_sigkill_at_any_file_operation_of_a_delete_an_upsert_or_a_compaction_leaves_the_index_before_or_after(
+def test_a_sigkill_at_any_file_operation_of_a_change_leaves_the_index_before_or_after(
         setup, tmp_path):
     """A process SIGKILLed (no cleanup runs) just before each of its renames and removals
     (tests/retrieval/kill_points.py): every copy it leaves holds the documents of before or of after, exactly,
@@ -103,7 +110,8 @@ def test_a_sigkill_at_any_file_operation_of_a_delete_an_upsert_or_a_compaction_l
     ix = tmp_path / "ix"
     shutil.copytree(built(setup, "f32").path, ix)
     (tmp_path / "first.txt").write_text("d0\nd1\n")
-    Index.open(ix).delete(tmp_path / "first.txt")  # a bitmap already: the delete below replaces it, compaction has work
+    # a bitmap already: the delete below replaces it, compaction has work
+    Index.open(ix).delete(tmp_path / "first.txt")
     (tmp_path / "gone.txt").write_text("d2\nd3\n")
     up = tmp_path / "up.jsonl"
     up.write_text("".join(json.dumps({"_id": i, "title": "", "text": sentence(random.Random(n), 6)}) + "\n"
@@ -113,8 +121,10 @@ def test_a_sigkill_at_any_file_operation_of_a_delete_an_upsert_or_a_compaction_l
         return live_documents(path), [s.name for s in m.shards], m.deleted.file if m.deleted else None
 
     before = state(ix)
-    r = subprocess.run([sys.executable, str(Path(__file__).with_name("kill_points.py")), str(ix), str(tmp_path / "kills"),
-                        f"delete={tmp_path / 'gone.txt'}", f"upsert={up}", "compact="], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, str(Path(__file__).with_name("kill_points.py")), str(ix),
+                        str(tmp_path / "kills"),
+                        f"delete={tmp_path / 'gone.txt'}", f"upsert={up}", "compact="], capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     for line in r.stdout.splitlines():
         op, points = json.loads(line)["op"], json.loads(line)["points"]
@@ -137,7 +147,8 @@ def test_a_sigkill_at_any_file_operation_of_a_delete_an_upsert_or_a_compaction_l
                 assert live_documents(copy) == now[0], (op, k)
             m = Index.open(copy).manifest
             named = {s.name for s in m.shards} | {m.deleted.file if m.deleted else None}
-            assert not [p.name for p in copy.iterdir() if live.OURS.fullmatch(p.name) and p.name not in named], (op, k)
+            assert not [p.name for p in copy.iterdir() if live.OURS.fullmatch(p.name)
+                        and p.name not in named], (op, k)
         assert seen == {False, True}, (op, seen)  # kills before the switch and after it
     assert len(r.stdout.splitlines()) == 3
 
@@ -149,12 +160,16 @@ def test_a_live_change_refuses_bad_input_in_one_line_and_changes_nothing(setup, 
     (tmp_path / "ids.txt").write_text("d1\nnope\nd2\n")
     (tmp_path / "empty.txt").write_text("")
     cases = [
-        (["index", str(ix), "--delete", str(tmp_path / "ids.txt")], "ids.txt, line 2: the id 'nope' is not in"),
+        (["index", str(ix), "--delete", str(tmp_path / "ids.txt")],
+         "ids.txt, line 2: the id 'nope' is not in"),
         (["index", str(ix), "--delete", str(tmp_path / "empty.txt")], "no ids"),
-        (["index", str(ix), "--delete", str(tmp_path / "ids.txt"), "--compact"], "one change of an index at a time"),
-        (["index", str(ix), "--compact", "--out", str(tmp_path / "x")], "it takes no --corpus, --out or --append"),
+        (["index", str(ix), "--delete", str(tmp_path / "ids.txt"), "--compact"],
+         "one change of an index at a time"),
+        (["index", str(ix), "--compact", "--out", str(tmp_path / "x")],
+         "it takes no --corpus, --out or --append"),
         (["index", str(ix), "--compact", "--resume"], "takes no --resume"),
-        (["index", str(ix), "--upsert", str(setup["corpus"]), "--quantize", "int8"], "the index's own settings"),
+        (["index", str(ix), "--upsert", str(setup["corpus"]), "--quantize", "int8"],
+         "the index's own settings"),
         (["index", str(setup["bundle"])], "needs --corpus DOCS and --out INDEX"),
         (["index", str(tmp_path / "nowhere"), "--compact"], "is not an index"),
     ]
@@ -164,11 +179,14 @@ def test_a_live_change_refuses_bad_input_in_one_line_and_changes_nothing(setup, 
     # a deleted id is not there to delete again; an id deleted can be added again
     (tmp_path / "one.txt").write_text("d1\n")
     assert runner.invoke(app, ["index", str(ix), "--delete", str(tmp_path / "one.txt")]).exit_code == 0
-    assert "(or was deleted)" in one_red_line(runner.invoke(app, ["index", str(ix), "--delete", str(tmp_path / "one.txt")]))
+    assert "(or was deleted)" in one_red_line(runner.invoke(app, ["index", str(ix), "--delete",
+                                                                  str(tmp_path / "one.txt")]))
     (tmp_path / "back.jsonl").write_text(json.dumps(setup["docs"][1]) + "\n")
-    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "back.jsonl"), "--out", str(ix), "--append", "--json"])
+    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "back.jsonl"), "--out",
+                            str(ix), "--append", "--json"])
     assert r.exit_code == 0 and Index.open(ix).live == DOCS, r.output
-    dup = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "back.jsonl"), "--out", str(ix), "--append"])
+    dup = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "back.jsonl"),
+                              "--out", str(ix), "--append"])
     assert "comes twice" in one_red_line(dup)
 
 
@@ -176,7 +194,8 @@ def test_sparse_and_ann_indexes_compact_to_an_index_of_the_documents_left(setup,
     keep = setup["docs"][300:]
     (tmp_path / "left.jsonl").write_text("".join(json.dumps(d) + "\n" for d in keep))
     (tmp_path / "gone.txt").write_text("".join(f"d{i}\n" for i in range(300)))
-    for name, bundle, kw in (("sparse", sparse["bundle"], {}), ("hnsw", setup["bundle"], {"ann": "hnsw", "quantization": "int8"})):
+    for name, bundle, kw in (("sparse", sparse["bundle"], {}),
+                             ("hnsw", setup["bundle"], {"ann": "hnsw", "quantization": "int8"})):
         ix, scratch = tmp_path / name, tmp_path / f"{name}-scratch"
         build(BuildArgs(bundle, setup["corpus"], ix, **kw))
         if name == "hnsw":  # the same int8 ranges as the index's: calibrated on its first documents
@@ -187,7 +206,8 @@ def test_sparse_and_ann_indexes_compact_to_an_index_of_the_documents_left(setup,
         q = as_queries_of(Index.open(ix), bundle, setup["queries"])
         assert runner.invoke(app, ["index", str(ix), "--delete", str(tmp_path / "gone.txt")]).exit_code == 0
         if name == "hnsw":
-            assert runner.invoke(app, ["index", str(scratch), "--delete", str(tmp_path / "gone-all.txt")]).exit_code == 0
+            assert runner.invoke(app, ["index", str(scratch), "--delete",
+                                       str(tmp_path / "gone-all.txt")]).exit_code == 0
         deleted = hits_of(ix, q)
         assert runner.invoke(app, ["index", str(ix), "--compact"]).exit_code == 0
         compacted = Index.open(ix)

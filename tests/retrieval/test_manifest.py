@@ -22,7 +22,8 @@ def test_a_built_manifest_reads_back_typed_and_is_written_as_read(setup):
     on_disk = json.loads((ix.path / "manifest.json").read_text())
     m = read_manifest(ix.path)
     assert isinstance(m, Manifest) and m.to_json() == on_disk and m == ix.manifest
-    assert (m.format, m.kind, m.count, m.dims, m.quantization, m.ann) == (FORMAT, "dense", DOCS, 64, "float32", "flat")
+    assert (m.format, m.kind, m.count, m.dims, m.quantization, m.ann) == (FORMAT, "dense", DOCS, 64,
+                                                                          "float32", "flat")
     assert m.shards == (ShardEntry("shard-000000", DOCS),) and m.bundle.sha256 and m.deleted is None
     assert m["count"] == DOCS and m["bundle"]["path"] == m.bundle.path  # the JSON form, for scripts
 
@@ -44,7 +45,8 @@ def test_a_wrong_or_missing_field_or_another_format_is_one_line_naming_the_file_
     m = json.loads((ix / "manifest.json").read_text())
     m = {k: v for k, v in {**m, **change}.items() if v is not None}
     (ix / "manifest.json").write_text(json.dumps(m))
-    assert "error: " + str(ix / "manifest.json") in one_red_line(runner.invoke(app, ["search", str(ix), "a dog"]))
+    assert "error: " + str(ix / "manifest.json") in one_red_line(runner.invoke(app,
+                                                                               ["search", str(ix), "a dog"]))
     with pytest.raises(ConfigError) as e:
         Index.open(ix)
     assert said in e.value.message, e.value.message

@@ -16,7 +16,8 @@ from mlmkit.retrieval.index import BuildArgs, Index, build
 pytest_plugins = ["index_fixtures"]
 
 
-def test_vectors_are_written_once_into_the_pending_shard_and_a_killed_int8_build_resumes_to_a_straight_one(setup, tmp_path,
+def test_vectors_are_written_once_into_the_pending_shard_and_a_killed_int8_build_resumes_to_a_straight_one(
+    setup, tmp_path,
                                                                                                            monkeypatch):
     """A window's vectors go from the model into .pending/shard-NNNNNN/vectors.bin, quantized, and the
     shard is renamed into the index: no other file holds them. A kill leaves the windows on disk (after
@@ -24,17 +25,20 @@ def test_vectors_are_written_once_into_the_pending_shard_and_a_killed_int8_build
     other settings is refused."""
     from mlmkit.retrieval.index import live, pending
 
-    monkeypatch.setattr(pending, "CALIBRATION_ROWS", 300)  # calibrated after two windows of 256, not at the end
+    # calibrated after two windows of 256, not at the end
+    monkeypatch.setattr(pending, "CALIBRATION_ROWS", 300)
     straight = built(setup, "int8-cal300", quantization="int8")
     out = tmp_path / "killed"
     kill = killed_after(768)
     with pytest.raises(KeyboardInterrupt):
         build(BuildArgs(setup["bundle"], setup["corpus"], out, quantization="int8", window=256), kill)
-    files = {str(f.relative_to(out / ".pending")): f.stat().st_size for f in (out / ".pending").rglob("*") if f.is_file()}
+    files = {str(f.relative_to(out / ".pending")): f.stat().st_size for f in (out / ".pending").rglob("*")
+             if f.is_file()}
     assert files == {"progress.json": files["progress.json"], "ids.jsonl": files["ids.jsonl"],
                      "shard-000000/vectors.bin": 768 * 64}, files  # int8: a byte a dimension, nowhere else
     with pytest.raises(ConfigError, match="was for other quantization"):
-        build(BuildArgs(setup["bundle"], setup["corpus"], out, quantization="float16", window=256, resume=True))
+        build(BuildArgs(setup["bundle"], setup["corpus"], out, quantization="float16", window=256,
+                        resume=True))
     # a kill between the shard's rename into the index and the manifest: the resume writes the manifest
     real = live.write_json
     monkeypatch.setattr(live, "write_json", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -37,14 +37,16 @@ def test_search_on_the_command_line_and_the_parquet_export_round_trips(setup, tm
     assert r.exit_code == 0, r.output
     got = [json.loads(line) for line in r.stdout.splitlines()]
     want, _ = exact(setup, 3)
-    assert [h["id"] for h in got[1]["hits"]] == [f"d{i}" for i in want[1]] and got[0]["query"] == setup["queries"][0]
+    assert [h["id"] for h in got[1]["hits"]] == [f"d{i}"
+                                                 for i in want[1]] and got[0]["query"] == setup["queries"][0]
     r = runner.invoke(app, ["search", str(ix.path), "--export", str(tmp_path / "v.parquet")])
     assert r.exit_code == 0, r.output
     t = pa.read_table(tmp_path / "v.parquet")
     vtype = t.schema.field("vector").type
     assert vtype.list_size == 64 and str(vtype.value_type) == "float" and "fixed_size_list" in str(vtype)
     assert t.column("id").to_pylist() == [d["_id"] for d in setup["docs"]]
-    assert np.allclose(np.asarray(t.column("vector").to_pylist(), dtype=np.float32), setup["vectors"], atol=1e-6)
+    assert np.allclose(np.asarray(t.column("vector").to_pylist(), dtype=np.float32), setup["vectors"],
+                       atol=1e-6)
 
 
 def test_serve_answers_v1_search_with_the_indexs_hits_for_texts_and_vectors(setup, tmp_path):
@@ -58,7 +60,8 @@ def test_serve_answers_v1_search_with_the_indexs_hits_for_texts_and_vectors(setu
     small = built(setup, "binary", quantization="binary")
     live = tmp_path / "live"
     shutil.copytree(ix.path, live)
-    s = Server(tmp_path, f"emb={setup['bundle']}", "--index", f"docs={ix.path}", "--index", f"small={small.path}",
+    s = Server(tmp_path, f"emb={setup['bundle']}", "--index", f"docs={ix.path}", "--index",
+               f"small={small.path}",
                "--index", f"live={live}")
     try:
         def post(body):
@@ -86,7 +89,8 @@ def test_serve_answers_v1_search_with_the_indexs_hits_for_texts_and_vectors(setu
         deadline = time.monotonic() + 20
         while live_hits()[0] == first[0] and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert live_hits() == first[1:] + [h for h in live_hits() if h not in first] and first[0] not in live_hits()
+        assert live_hits() == first[1:] + [h for h in live_hits()
+                                           if h not in first] and first[0] not in live_hits()
         # a manifest damaged under the server: it keeps serving the last one it could open, and says so once
         (live / "manifest.json").write_text("{not json")
         time.sleep(2.5)
@@ -103,7 +107,8 @@ def test_serve_answers_v1_search_with_the_indexs_hits_for_texts_and_vectors(setu
         for j, res in enumerate(got["results"]):
             assert [h["id"] for h in res["hits"]] == [f"d{i}" for i in want[j]]
             assert np.allclose([h["score"] for h in res["hits"]], want_scores[j], atol=1e-5)
-        one = post({"index": "docs", "vector": setup["q"][1].tolist(), "top_k": 5}).json()  # one vector, not a list of them
+        # one vector, not a list of them
+        one = post({"index": "docs", "vector": setup["q"][1].tolist(), "top_k": 5}).json()
         assert [h["id"] for h in one["results"][0]["hits"]] == [h["id"] for h in got["results"][1]["hits"]]
         texts = post({"index": "docs", "query": setup["queries"][:2], "top_k": 3})
         assert texts.status_code == 200 and texts.json()["usage"]["total_tokens"] > 0, texts.text
@@ -112,15 +117,18 @@ def test_serve_answers_v1_search_with_the_indexs_hits_for_texts_and_vectors(setu
         for a, b in zip([r["hits"] for r in texts.json()["results"]], by_cli, strict=True):
             assert [h["id"] for h in a] == [h["id"] for h in b]
             assert np.allclose([h["score"] for h in a], [h["score"] for h in b], atol=1e-5)
-        assert post({"index": "small", "vector": setup["q"][0].tolist(), "top_k": 3, "rescore": 50}).status_code == 200
+        assert post({"index": "small", "vector": setup["q"][0].tolist(), "top_k": 3,
+                     "rescore": 50}).status_code == 200
         bad = {
             "no index named 'nope'": ({"index": "nope", "query": "a dog"}, 404),
             "say which index": ({"query": "a dog"}, 422),
             "has 3 values; the index holds 64": ({"index": "docs", "vector": [0.1, 0.2, 0.3]}, 422),
             "not a finite float32": ({"index": "docs", "vector": [1e39] * 64}, 422),
-            "past index 'docs''s 1,200 documents": ({"index": "docs", "query": "a dog", "top_k": DOCS + 1}, 422),
+            "past index 'docs''s 1,200 documents": ({"index": "docs", "query": "a dog", "top_k": DOCS + 1},
+                                                    422),
             "'top_k' must be a positive whole number": ({"index": "docs", "query": "a dog", "top_k": 0}, 422),
-            "rescore 2 is below top_k 3": ({"index": "small", "query": "a dog", "top_k": 3, "rescore": 2}, 422),
+            "rescore 2 is below top_k 3": ({"index": "small", "query": "a dog", "top_k": 3, "rescore": 2},
+                                           422),
             "one of the two": ({"index": "docs", "query": "a dog", "vector": [0.0] * 64}, 422),
             "is searched in one stage": ({"index": "docs", "query": "a dog", "top_k": 3, "rescore": 50}, 422),
             "unknown field(s) model": ({"index": "docs", "query": "a dog", "model": "emb"}, 422),
@@ -148,7 +156,8 @@ def test_a_chunker_cuts_at_word_boundaries_within_the_size_and_refuses_what_the_
     tok = chunker.tokenizer
     rng = random.Random(3)
     for _ in range(30):
-        text = " ".join(sentence(rng, rng.randint(1, 12)) + rng.choice([".", ",", ""]) for _ in range(rng.randint(1, 12)))
+        text = " ".join(sentence(rng, rng.randint(1, 12)) + rng.choice([".", ",", ""])
+                        for _ in range(rng.randint(1, 12)))
         spans = chunker.spans(text)
         if len(tok.encode(text, add_special_tokens=False).ids) <= 12:
             assert spans == [(0, len(text))]
@@ -158,9 +167,11 @@ def test_a_chunker_cuts_at_word_boundaries_within_the_size_and_refuses_what_the_
         for (a, b), (a2, _) in zip(spans, spans[1:] + [(len(text), 0)]):
             assert a in starts and b in ends, (text, a, b)  # never inside a word
             assert len(tok.encode(text[a:b], add_special_tokens=False).ids) <= 12
-            assert a < a2 <= b or a2 == len(text)  # each starts inside the one before: they overlap, and go on
+            # each starts inside the one before: they overlap, and go on
+            assert a < a2 <= b or a2 == len(text)
         assert spans[0][0] == 0 and spans[-1][1] == len(text.rstrip())
-    for tokens, overlap, said in ((12, 12, "the overlap must be 0 or more and less than the chunk"), (0, None, "at least 1"),
+    for tokens, overlap, said in ((12, 12, "the overlap must be 0 or more and less than the chunk"),
+                                  (0, None, "at least 1"),
                                   (None, 3, "--chunk-overlap goes with --chunk-tokens")):
         with pytest.raises(ConfigError, match=said):
             Chunking.of(tokens, overlap)
@@ -183,7 +194,8 @@ def test_a_chunker_cuts_at_word_boundaries_within_the_size_and_refuses_what_the_
             has_end = any(text[enc.offsets[i][1] - 1] == "." for i in inside if i > half)
             ended += text[b - 1] == "."
             cut += 1
-            assert text[b - 1] == "." or not has_end, (text[a:b],)  # a sentence end in the second half is where it ends
+            # a sentence end in the second half is where it ends
+            assert text[b - 1] == "." or not has_end, (text[a:b],)
         assert spans[0][0] == 0 and spans[-1][1] == len(text)
     assert cut > 20 and ended > 0.8 * cut, (ended, cut)
     assert by_sentence.spans("one two. three") == [(0, 14)]
@@ -191,23 +203,29 @@ def test_a_chunker_cuts_at_word_boundaries_within_the_size_and_refuses_what_the_
 
 def test_a_chunked_index_ranks_documents_by_their_best_chunk_whatever_files_they_came_in(setup, tmp_path):
     rng = random.Random(7)
-    docs = [{"_id": f"L{i}", "text": " . ".join(sentence(rng, rng.randint(3, 9)) for _ in range(rng.randint(1, 9))),
+    docs = [{"_id": f"L{i}",
+             "text": " . ".join(sentence(rng, rng.randint(3, 9)) for _ in range(rng.randint(1, 9))),
              "part": i % 3} for i in range(120)]
     (tmp_path / "all.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     (tmp_path / "a.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs[:50]))
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs[50:]))
-    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "all.jsonl"), "--out", str(tmp_path / "one"),
+    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "all.jsonl"), "--out",
+                            str(tmp_path / "one"),
                             "--chunk-tokens", "12", "--chunk-overlap", "3", "--window", "64", "--json"])
     assert r.exit_code == 0, r.output
-    build(BuildArgs(setup["bundle"], tmp_path / "a.jsonl", tmp_path / "two", chunk_tokens=12, chunk_overlap=3))
-    build(BuildArgs(setup["bundle"], tmp_path / "b.jsonl", tmp_path / "two", append=True))  # takes the index's chunks
+    build(BuildArgs(setup["bundle"], tmp_path / "a.jsonl", tmp_path / "two", chunk_tokens=12,
+                    chunk_overlap=3))
+    # takes the index's chunks
+    build(BuildArgs(setup["bundle"], tmp_path / "b.jsonl", tmp_path / "two", append=True))
     ix, two = Index.open(tmp_path / "one"), Index.open(tmp_path / "two")
-    assert ix.manifest["chunks"] == {"tokens": 12, "overlap": 3} == two.manifest.to_json()["chunks"] and ix.count == two.count > 150
+    assert (ix.manifest["chunks"] == {"tokens": 12, "overlap": 3} == two.manifest.to_json()["chunks"]
+            and ix.count == two.count > 150)
     # by hand: every chunk's text embedded, a document's score its best chunk's cosine
     pipe = Pipeline.load(setup["bundle"])
     spans = ix.chunk_spans(np.arange(ix.count))
     texts = [docs[int(i[1:])]["text"][a:b] for i, (_, a, b) in zip(ix.ids(np.arange(ix.count)), spans)]
-    chunk_vectors = normalized(np.asarray([r["embedding"] for r in pipe(texts, input_type="document")], dtype=np.float32))
+    chunk_vectors = normalized(np.asarray([r["embedding"] for r in pipe(texts, input_type="document")],
+                                          dtype=np.float32))
     owner = np.asarray([int(i[1:]) for i in ix.ids(np.arange(ix.count))])
     best = np.full((len(setup["q"]), len(docs)), -np.inf)
     np.maximum.at(best.T, owner, (setup["q"] @ chunk_vectors.T).T)
@@ -226,26 +244,33 @@ def test_a_chunked_index_ranks_documents_by_their_best_chunk_whatever_files_they
         by_doc = np.asarray([[of(sims[j][owner == d]) for d in range(len(docs))] for j in range(len(sims))])
         want_agg = np.argsort(-by_doc, axis=1, kind="stable")[:, :5]
         rows, scores = search_vectors(ix, setup["q"], 5, chunk_agg=agg)
-        assert [[h["id"] for h in f] for f in hits(ix, rows, scores)] == [[f"L{j}" for j in w] for w in want_agg], agg
+        assert [[h["id"] for h in f] for f in hits(ix, rows, scores)] == [[f"L{j}" for j in w]
+                                                                          for w in want_agg], agg
         assert np.allclose(scores, np.take_along_axis(by_doc, want_agg, 1), atol=1e-5)
-        assert all(sims[j][r] == pytest.approx(sims[j][owner == owner[r]].max(), abs=1e-5) for j, row in enumerate(rows)
+        assert all(sims[j][r] == pytest.approx(sims[j][owner == owner[r]].max(), abs=1e-5)
+                   for j, row in enumerate(rows)
                    for r in row)  # each hit names its best chunk
     r = runner.invoke(app, ["search", str(tmp_path / "one"), "a dog", "--chunk-agg", "sum-top-2", "--json"])
     assert r.exit_code == 0 and len(json.loads(r.stdout.splitlines()[0])["hits"]) == 10, r.output
-    assert "not one of max, mean, sum-top-N" in one_red_line(runner.invoke(app, ["search", str(tmp_path / "one"), "x",
+    assert "not one of max, mean, sum-top-N" in one_red_line(runner.invoke(app, ["search",
+                                                                                 str(tmp_path / "one"), "x",
                                                                                   "--chunk-agg", "median"]))
     assert "is not chunked" in one_red_line(runner.invoke(app, ["search", str(built(setup, "f32").path), "x",
                                                                 "--chunk-agg", "mean"]))
-    assert "is not an index" in one_red_line(runner.invoke(app, ["evaluate", str(setup["bundle"]), "--data", str(tmp_path),
+    assert "is not an index" in one_red_line(runner.invoke(app, ["evaluate", str(setup["bundle"]), "--data",
+                                                                 str(tmp_path),
                                                                  "--chunk-agg", "mean"]))
     from types import SimpleNamespace
 
     from mlmkit.serve.http import HTTPError
     from mlmkit.serve.search import Search
 
-    served = {"m": SimpleNamespace(indexes={"c": ix, "f": built(setup, "f32")}, pipe=SimpleNamespace(option_names=()))}
-    assert Search().parse({"index": "c", "query": "a dog", "chunk_agg": "sum-top-2"}, served).state["chunk_agg"] == "sum-top-2"
-    for body, said in (({"index": "c", "query": "a dog", "chunk_agg": "median"}, "not one of max, mean, sum-top-N"),
+    served = {"m": SimpleNamespace(indexes={"c": ix, "f": built(setup, "f32")},
+                                   pipe=SimpleNamespace(option_names=()))}
+    assert Search().parse({"index": "c", "query": "a dog", "chunk_agg": "sum-top-2"},
+                          served).state["chunk_agg"] == "sum-top-2"
+    for body, said in (({"index": "c", "query": "a dog", "chunk_agg": "median"},
+                        "not one of max, mean, sum-top-N"),
                        ({"index": "f", "query": "a dog", "chunk_agg": "mean"}, "this index is not chunked")):
         with pytest.raises(HTTPError, match=said):
             Search().parse(body, served)
@@ -255,20 +280,26 @@ def test_a_chunked_index_ranks_documents_by_their_best_chunk_whatever_files_they
     where = filters.rows(ix, filters.parse(["part=1"]))
     assert all(docs[int(i[1:])]["part"] == 1 for i in ix.ids(np.flatnonzero(where)))
     (tmp_path / "gone.txt").write_text("L0\nL1\n")
-    assert runner.invoke(app, ["index", str(tmp_path / "one"), "--delete", str(tmp_path / "gone.txt")]).exit_code == 0
+    assert runner.invoke(app, ["index", str(tmp_path / "one"), "--delete",
+                               str(tmp_path / "gone.txt")]).exit_code == 0
     assert Index.open(tmp_path / "one").deleted.sum() == (owner < 2).sum()
-    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "b.jsonl"), "--out", str(tmp_path / "two"),
+    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "b.jsonl"), "--out",
+                            str(tmp_path / "two"),
                             "--append", "--chunk-tokens", "20"])
     assert "take the index's own chunks" in one_red_line(r)
-    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "b.jsonl"), "--out", str(tmp_path / "s"),
+    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "b.jsonl"), "--out",
+                            str(tmp_path / "s"),
                             "--chunk-tokens", "12", "--chunk-sentences"])
     assert r.exit_code == 0 and Index.open(tmp_path / "s").manifest.chunks == Chunking(12, 1, True)
-    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "b.jsonl"), "--out", str(tmp_path / "two"),
+    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "b.jsonl"), "--out",
+                            str(tmp_path / "two"),
                             "--append", "--chunk-tokens", "12", "--chunk-overlap", "3", "--chunk-sentences"])
     assert "is chunked at 12 tokens, 3 overlapping; --append" in one_red_line(r)
-    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "b.jsonl"), "--out", str(tmp_path / "x"),
+    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "b.jsonl"), "--out",
+                            str(tmp_path / "x"),
                             "--chunk-tokens", "8", "--chunk-overlap", "8"])
-    assert "the overlap must be 0 or more and less than the chunk" in one_red_line(r) and not (tmp_path / "x").exists()
+    assert ("the overlap must be 0 or more and less than the chunk" in one_red_line(r)
+            and not (tmp_path / "x").exists())
 
 
 def test_embed_with_chunk_tokens_gives_each_text_its_chunks_spans_and_vectors(setup, sparse, tmp_path):
@@ -280,29 +311,38 @@ def test_embed_with_chunk_tokens_gives_each_text_its_chunks_spans_and_vectors(se
     from mlmkit.text.chunks import Chunker, Chunking
 
     rng = random.Random(11)
-    texts = [" . ".join(sentence(rng, rng.randint(3, 9)) for _ in range(rng.randint(1, 8))) for _ in range(12)] + ["one"]
+    texts = [" . ".join(sentence(rng, rng.randint(3, 9)) for _ in range(rng.randint(1, 8)))
+             for _ in range(12)] + ["one"]
     data = tmp_path / "in.jsonl"
     data.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
     pipe = Pipeline.load(setup["bundle"])
-    chunker = Chunker(pipe.tokenizer, pipe.max_length, Chunking.of(12, 2), str(pipe.meta.options.get("document_prompt", "")))
+    chunker = Chunker(pipe.tokenizer, pipe.max_length, Chunking.of(12, 2),
+                      str(pipe.meta.options.get("document_prompt", "")))
     spans = [chunker.spans(t) for t in texts]
     assert sum(len(s) > 1 for s in spans) >= 5  # long texts are cut
-    want = np.asarray([r["embedding"] for r in pipe([t[a:b] for t, s in zip(texts, spans) for a, b in s], input_type="document")])
-    cmd = ["embed", str(setup["bundle"]), "--input", str(data), "--as", "document", "--chunk-tokens", "12", "--chunk-overlap", "2",
+    want = np.asarray([r["embedding"] for r in pipe([t[a:b] for t, s in zip(texts, spans) for a, b in s],
+                                                    input_type="document")])
+    cmd = ["embed", str(setup["bundle"]), "--input", str(data), "--as", "document", "--chunk-tokens", "12",
+           "--chunk-overlap", "2",
            "--id-column", "id", "--output"]
     for out in (tmp_path / "out.parquet", tmp_path / "out.jsonl"):
         r = runner.invoke(app, [*cmd, str(out)])
         assert r.exit_code == 0, r.output
-        got = pq.read_table(out).to_pylist() if out.suffix == ".parquet" else [json.loads(x) for x in out.read_text().splitlines()]
+        got = (pq.read_table(out).to_pylist() if out.suffix == ".parquet"
+               else [json.loads(x) for x in out.read_text().splitlines()])
         assert [g["id"] for g in got] == list(range(len(texts)))
-        assert [[(c["start"], c["end"]) for c in g["chunks"]] for g in got] == [[tuple(x) for x in s] for s in spans]
+        assert [[(c["start"], c["end"]) for c in g["chunks"]] for g in got] == [[tuple(x) for x in s]
+                                                                                for s in spans]
         have = np.asarray([c["embedding"] for g in got for c in g["chunks"]])
         assert have.shape == want.shape and np.abs(have - want).max() < 1e-5
-    assert "a .npy holds a vector per text" in one_red_line(runner.invoke(app, [*cmd, str(tmp_path / "out.npy")]))
+    assert "a .npy holds a vector per text" in one_red_line(runner.invoke(app,
+                                                                          [*cmd, str(tmp_path / "out.npy")]))
     assert "is a sparse-embedding bundle, and embed chunks texts for embedding bundles" in one_red_line(
         runner.invoke(app, ["embed", str(sparse["bundle"]), "x", "--chunk-tokens", "12"]))
     assert f"past what the model reads of a text: {pipe.max_length} tokens" in one_red_line(
         runner.invoke(app, ["embed", str(setup["bundle"]), "x", "--chunk-tokens", "400"]))
-    (tmp_path / "pairs.jsonl").write_text(json.dumps({"text": texts[0], "text_pair": texts[1], "score": 0.5}) + "\n")
+    (tmp_path / "pairs.jsonl").write_text(json.dumps({"text": texts[0], "text_pair": texts[1], "score": 0.5})
+                                          + "\n")
     assert "not pairs, training rows or evaluation data" in one_red_line(runner.invoke(
-        app, ["evaluate", str(setup["bundle"]), "--data", str(tmp_path / "pairs.jsonl"), "--option", "chunk_tokens=8"]))
+        app, ["evaluate", str(setup["bundle"]), "--data", str(tmp_path / "pairs.jsonl"), "--option",
+              "chunk_tokens=8"]))

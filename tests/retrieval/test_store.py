@@ -50,7 +50,8 @@ def test_damaged_files_and_manifests_are_refused_in_one_line_naming_them(setup, 
 
     hnsw = built(setup, "float32-hnsw", quantization="float32", ann="hnsw").path
     raw = (hnsw / "ann.faiss").read_bytes()
-    for damage, data in (("truncated", raw[:len(raw) // 3]), ("random", np.random.default_rng(0).bytes(len(raw)))):
+    for damage, data in (("truncated", raw[:len(raw) // 3]),
+                         ("random", np.random.default_rng(0).bytes(len(raw)))):
         ix = fresh(damage, hnsw)
         (ix / "ann.faiss").write_bytes(data)
         assert f"{ix / 'ann.faiss'} is not a readable faiss hnsw index" in cli("search", str(ix), "a dog")
@@ -84,15 +85,18 @@ def test_damaged_files_and_manifests_are_refused_in_one_line_naming_them(setup, 
         (ix / "manifest.json").write_text(json.dumps({**m, "ranges": bad}))
         assert "manifest.json: 'ranges' is not " in cli("search", str(ix), "a dog")
 
-    # non-finite vectors: a build or an append refuses them, naming the document (dense, sparse, token vectors) ...
+    # non-finite vectors: a build or an append refuses them, naming the document (dense, sparse, token
+    # vectors) ...
     from mlmkit.retrieval.index.pending import _check_finite
 
     nan = np.float32("nan")
     ids = ["a", "b", "c"]
     for x, kinds in ((np.asarray([[1, 0], [nan, 1], [0, 1]], np.float32), {}),
-                     ((np.asarray([1, 2, 1]), np.asarray([3, 4, 5, 6]), np.asarray([1, 1, np.inf, 1], np.float32)), {"sparse": True}),
+                     ((np.asarray([1, 2, 1]), np.asarray([3, 4, 5, 6]),
+                       np.asarray([1, 1, np.inf, 1], np.float32)), {"sparse": True}),
                      ([np.ones((2, 2)), np.asarray([[1, nan]]), np.ones((1, 2))], {"multi": True})):
-        with pytest.raises(ConfigError, match="document 'b' \\(window 4\\): the bundle gave it a vector that is not finite"):
+        with pytest.raises(ConfigError, match="document 'b' \\(window 4\\): the bundle gave it a vector that "
+                                              "is not finite"):
             _check_finite(3, ids, x, sparse=kinds.get("sparse", False), multi=kinds.get("multi", False))
     # ... and one written by hand is named at search
     ix = fresh("nan", built(setup, "f32").path)
@@ -101,7 +105,8 @@ def test_damaged_files_and_manifests_are_refused_in_one_line_naming_them(setup, 
     v.flush()
     del v
     text = cli("search", str(ix), "a dog", "--json")
-    assert "vectors.bin holds values that are not finite" in text and "NaN" not in runner.invoke(app, ["search", str(ix), "x"]).stdout
+    assert ("vectors.bin holds values that are not finite" in text
+            and "NaN" not in runner.invoke(app, ["search", str(ix), "x"]).stdout)
 
     # sparse postings: a row past its block, a term past the vocabulary, offsets or starts going down
     build(BuildArgs(sparse["bundle"], setup["corpus"], tmp_path / "sp", window=256))
@@ -115,7 +120,8 @@ def test_damaged_files_and_manifests_are_refused_in_one_line_naming_them(setup, 
         f[where] = value
         f.flush()
         del f
-        argv = ("search", str(ix), "a dog") + (("--export", str(tmp_path / f"{name}.parquet")) if name == "terms.bin" else ())
+        argv = ("search", str(ix),
+                "a dog") + (("--export", str(tmp_path / f"{name}.parquet")) if name == "terms.bin" else ())
         assert said in cli(*argv), name
 
 
@@ -143,7 +149,9 @@ def test_the_python_api_runs_as_docs_retrieval_md_shows_it(setup, tmp_path):
     # the same index through the command line: its search answers the object's hits
     r = runner.invoke(app, ["search", str(ix.path), "where did the cat sit?", "--top-k", "3", "--json"])
     assert r.exit_code == 0, r.output
-    assert [h["id"] for h in json.loads(r.stdout)["hits"]] == [h["id"] for h in ix.search(["where did the cat sit?"], k=3)[0]]
+    assert [h["id"] for h in json.loads(r.stdout)["hits"]] == [h["id"]
+                                                               for h in ix.search(["where did the cat sit?"],
+                                                                                  k=3)[0]]
 
 
 def test_the_object_takes_ids_and_records_as_python_values_and_refuses_bad_ones_in_one_line(setup, tmp_path):

@@ -45,7 +45,8 @@ def setup(tmp_path_factory) -> dict[str, Path]:
     (d / "corpus.txt").write_text("\n\n".join(docs) + "\n")
     tok = train_tokenizer((d / "corpus.txt").read_text().split("\n"), vocab_size=120, min_frequency=1)
     save_tokenizer(tok, d / "tok")
-    save_config(ModelConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+    save_config(ModelConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                            num_attention_heads=2,
                             intermediate_size=64, max_position_embeddings=64,
                             hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1), d / "config.json")
     return {"corpus": d / "corpus.txt", "tok": d / "tok" / "tokenizer.json", "config": d / "config.json"}
@@ -54,7 +55,8 @@ def setup(tmp_path_factory) -> dict[str, Path]:
 def run(setup, out: Path, steps: int = 2 * N, **kw):
     kw = {"save_every": N, "eval_every": 1000, "batch_size": 8, "seq_len": 32, "lr": 1e-3, "seed": 3,
           "progress": False, **kw}
-    return run_pretrain([setup["corpus"]], out, tokenizer=setup["tok"], config=setup["config"], steps=steps, **kw)
+    return run_pretrain([setup["corpus"]], out, tokenizer=setup["tok"], config=setup["config"], steps=steps,
+                        **kw)
 
 
 def weights(d: Path) -> dict[str, torch.Tensor]:
@@ -192,7 +194,8 @@ def test_resume_without_checkpoint_is_a_clear_error(setup, tmp_path):
 
 
 def test_weights_file_survives_a_failed_overwrite(tmp_path, monkeypatch):
-    cfg = ModelConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    cfg = ModelConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=32)
     model = BertForPreTraining(cfg)
     save_weights(model, tmp_path / "model.safetensors")
     before = load_file(str(tmp_path / "model.safetensors"))

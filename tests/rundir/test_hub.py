@@ -24,14 +24,16 @@ from mlmkit.text.tokenizer import load_tokenizer
 
 transformers = pytest.importorskip("transformers")  # a dev extra: the oracle
 runner = CliRunner()
-WORDS = "the a film movie plot story was is good great fine bad dull poor very not and john paris went to".split()
+WORDS = ("the a film movie plot story was is good great fine bad dull poor very not and john paris went "
+         "to").split()
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 
 
 def hf_config(**kw: Any) -> Any:
     return transformers.BertConfig(vocab_size=len(SPECIAL) + len(WORDS), hidden_size=32, num_hidden_layers=2,
-                                   num_attention_heads=2, intermediate_size=64, max_position_embeddings=64, **kw)
+                                   num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
+                                   **kw)
 
 
 def save_hf(d: Path, cls: type, *, weights: str = "safetensors", tokenizer: str = "json", shard: bool = False,
@@ -84,7 +86,8 @@ def export_json(src: Path, out: Path, *extra: str) -> dict[str, Any]:
 
 def assert_fused(summary: dict[str, Any], layers: int = 2) -> None:
     f = summary["fused_operators"]
-    assert f.get("Attention", 0) >= layers - 1 and f["SkipLayerNormalization"] >= 2 * layers - 1 and f["EmbedLayerNormalization"] == 1
+    assert (f.get("Attention", 0) >= layers - 1 and f["SkipLayerNormalization"] >= 2 * layers - 1
+            and f["EmbedLayerNormalization"] == 1)
 
 
 # ---- each architecture --------------------------------------------------------------------------
@@ -94,13 +97,15 @@ def assert_fused(summary: dict[str, Any], layers: int = 2) -> None:
     ("multi", "safetensors", "json", True),
     ("regression", "safetensors", "vocab", False),
 ])
-def test_sequence_classification_checkpoints(tmp_path: Path, kind: str, weights: str, tokenizer: str, shard: bool) -> None:
+def test_sequence_classification_checkpoints(tmp_path: Path, kind: str, weights: str, tokenizer: str,
+                                             shard: bool) -> None:
     src = tmp_path / "hf"
     config = {"single": {"num_labels": 3, "id2label": {0: "neg", 1: "mid", 2: "pos"}},
               "multi": {"num_labels": 3, "id2label": {0: "sport", 1: "film", 2: "food"},
                         "problem_type": "multi_label_classification"},
               "regression": {"num_labels": 1}}[kind]
-    hf = save_hf(src, transformers.BertForSequenceClassification, weights=weights, tokenizer=tokenizer, shard=shard, **config)
+    hf = save_hf(src, transformers.BertForSequenceClassification, weights=weights, tokenizer=tokenizer,
+                 shard=shard, **config)
     if shard:
         assert (src / "model.safetensors.index.json").exists() and not (src / "model.safetensors").exists()
     summary = export_json(src, tmp_path / "b")
@@ -110,15 +115,18 @@ def test_sequence_classification_checkpoints(tmp_path: Path, kind: str, weights:
     got, want = onnx_outputs(tmp_path / "b", b)["logits"], hf_out(hf, b).logits.numpy()
     assert np.abs(got - want).max() <= 1e-4 and np.abs(want).max() > 1e-2
     meta = json.loads((tmp_path / "b" / "mlmkit.json").read_text())
-    want_type = {"single": "single_label_classification", "multi": "multi_label_classification", "regression": "regression"}[kind]
+    want_type = {"single": "single_label_classification", "multi": "multi_label_classification",
+                 "regression": "regression"}[kind]
     assert meta["options"]["problem_type"] == want_type
     assert meta["source"]["name"] == "hf" and len(meta["source"]["weights_sha256"]) == 64
     assert meta["source"]["format"] == "transformers"
     # served: the labels are the checkpoint's, the decision the problem type's
     (r,) = Pipeline.load(tmp_path / "b")(["the film was good"])
     if kind == "single":
-        probs = torch.softmax(torch.from_numpy(got[0]), -1)  # row 0 is not the same text; use the pipeline's own
-        assert r["label"] in ("neg", "mid", "pos") and abs(sum(r["probabilities"].values()) - 1) < 1e-5 and probs.sum() > 0
+        # row 0 is not the same text; use the pipeline's own
+        probs = torch.softmax(torch.from_numpy(got[0]), -1)
+        assert r["label"] in ("neg", "mid",
+                              "pos") and abs(sum(r["probabilities"].values()) - 1) < 1e-5 and probs.sum() > 0
     elif kind == "multi":
         assert set(r["probabilities"]) == {"sport", "film", "food"}
         assert r["labels"] == [lab for lab, p in r["probabilities"].items() if p >= 0.5]
@@ -163,7 +171,8 @@ def test_token_classification_checkpoint(tmp_path: Path) -> None:
 
 def test_bioes_tags_are_read_as_bioes(tmp_path: Path) -> None:
     src = tmp_path / "hf"
-    save_hf(src, transformers.BertForTokenClassification, num_labels=3, id2label={0: "O", 1: "S-PER", 2: "B-PER"})
+    save_hf(src, transformers.BertForTokenClassification, num_labels=3,
+            id2label={0: "O", 1: "S-PER", 2: "B-PER"})
     export_json(src, tmp_path / "b")
     assert json.loads((tmp_path / "b" / "mlmkit.json").read_text())["options"]["scheme"] == "bioes"
 
@@ -222,7 +231,8 @@ def write_sentence_transformers(d: Path, pooling: str, normalize: bool) -> None:
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
     if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})
     (d / "modules.json").write_text(json.dumps(modules))
     (d / "1_Pooling").mkdir()
     (d / "1_Pooling" / "config.json").write_text(json.dumps({
@@ -268,8 +278,10 @@ def test_embed_command_writes_npy_jsonl_and_parquet(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     m = np.load(tmp_path / "e.npy")
     assert m.shape == (3, 32) and np.allclose(np.linalg.norm(m, axis=1), 1.0, atol=1e-5)
-    rows = [json.loads(x) for x in runner.invoke(app, ["embed", str(tmp_path / "b"), *texts]).stdout.splitlines()]
-    assert np.abs(np.array([x["embedding"] for x in rows]) - m).max() < 1e-6  # JSON lines when piped, same order
+    rows = [json.loads(x)
+            for x in runner.invoke(app, ["embed", str(tmp_path / "b"), *texts]).stdout.splitlines()]
+    # JSON lines when piped, same order
+    assert np.abs(np.array([x["embedding"] for x in rows]) - m).max() < 1e-6
     pq = pytest.importorskip("pyarrow.parquet")
     r = runner.invoke(app, ["predict", str(tmp_path / "b"), *texts, "--output", str(tmp_path / "e.parquet")])
     assert r.exit_code == 0, r.output
@@ -310,8 +322,10 @@ def test_a_directory_whose_task_cannot_be_told(tmp_path: Path) -> None:
     r = runner.invoke(app, ["export", str(src), "--out", str(tmp_path / "b")], env={"COLUMNS": "400"})
     assert r.exit_code == 2
     msg = " ".join(r.stderr.split())
-    assert "cannot tell which task this checkpoint is for (config.json's architectures: BertForMultipleChoice)" in msg
-    assert "pass --task, one of: classification, colbert, embedding, fill-mask, qa, rerank, sparse-embedding, tagging" in msg
+    assert ("cannot tell which task this checkpoint is for (config.json's architectures: "
+            "BertForMultipleChoice)") in msg
+    assert ("pass --task, one of: classification, colbert, embedding, fill-mask, qa, rerank, "
+            "sparse-embedding, tagging") in msg
     # --task says what to read it as: its encoder exports as an embedding model
     assert export_json(src, tmp_path / "b", "--task", "embedding")["task"] == "embedding"
 
@@ -339,7 +353,9 @@ def test_a_pickle_that_would_run_code_is_never_run(tmp_path: Path) -> None:
     sd["classifier.bias"] = Evil()
     torch.save(sd, src / "pytorch_model.bin")
     r = runner.invoke(app, ["export", str(src), "--out", str(tmp_path / "b")], env={"COLUMNS": "400"})
-    assert r.exit_code == 2 and "not a plain tensor checkpoint (it holds pickled code or objects)" in " ".join(r.stderr.split())
+    assert (r.exit_code == 2
+            and "not a plain tensor checkpoint (it holds pickled code or objects)" in " ".join(
+                r.stderr.split()))
     assert not marker.exists()
 
 
@@ -364,17 +380,21 @@ def test_fine_tuning_keeps_a_head_whose_labels_fit(tmp_path: Path, caplog: pytes
 
     logging.getLogger("mlmkit").propagate = True
     caplog.set_level(logging.INFO, logger="mlmkit")
-    run_finetune("classification", src, train, tmp_path / "same", steps=1, batch_size=8, lr=1e-9, progress=False)
+    run_finetune("classification", src, train, tmp_path / "same", steps=1, batch_size=8, lr=1e-9,
+                 progress=False)
     assert "head carries over" in caplog.text
-    before = torch.load(src / "pytorch_model.bin", weights_only=True) if (src / "pytorch_model.bin").exists() else None
+    before = torch.load(src / "pytorch_model.bin",
+                        weights_only=True) if (src / "pytorch_model.bin").exists() else None
     from safetensors.torch import load_file
 
     w = load_file(str(tmp_path / "same" / "model.safetensors"))
     theirs = before or load_file(str(src / "model.safetensors"))
-    assert torch.allclose(w["classifier.weight"], theirs["classifier.weight"], atol=1e-5)  # lr 1e-9: the head kept
+    # lr 1e-9: the head kept
+    assert torch.allclose(w["classifier.weight"], theirs["classifier.weight"], atol=1e-5)
     caplog.clear()
     three = tmp_path / "three.jsonl"
-    three.write_text("".join(json.dumps({**r, "label": f"c{i % 3}"}) + "\n" for i, r in enumerate(sentiment(16, 0))))
+    three.write_text("".join(json.dumps({**r, "label": f"c{i % 3}"}) + "\n"
+                             for i, r in enumerate(sentiment(16, 0))))
     run_finetune("classification", src, three, tmp_path / "other", steps=1, batch_size=8, progress=False)
     assert "head starts fresh" in caplog.text
 
@@ -392,7 +412,8 @@ def fixed_vocab_base(d: Path, words: list[str]) -> Path:
     tok = load_tokenizer(d / "vocab.txt")
     config = tiny_config(tok.get_vocab_size())
     torch.manual_seed(0)
-    save_run(BertForPreTraining(config), d, config=config, tokenizer=tok, meta=RunMeta(task="pretraining", max_length=64))
+    save_run(BertForPreTraining(config), d, config=config, tokenizer=tok,
+             meta=RunMeta(task="pretraining", max_length=64))
     return d
 
 
@@ -415,24 +436,30 @@ def test_multi_label_and_regression_fine_tuning_learn(tmp_path: Path) -> None:
     for name, data in (("train", train), ("test", test)):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
     base = fixed_vocab_base(tmp_path / "base", sum(topics.values(), []) + filler)
-    run_finetune("classification", base, tmp_path / "train.jsonl", tmp_path / "multi", epochs=20, batch_size=16, lr=2e-3,
+    run_finetune("classification", base, tmp_path / "train.jsonl", tmp_path / "multi", epochs=20,
+                 batch_size=16, lr=2e-3,
                  progress=False, options={"problem_type": "multi_label_classification"})
     cfg = json.loads((tmp_path / "multi" / "config.json").read_text())
-    assert cfg["problem_type"] == "multi_label_classification" and sorted(cfg["id2label"].values()) == sorted(topics)
-    r = runner.invoke(app, ["evaluate", str(tmp_path / "multi"), "--data", str(tmp_path / "test.jsonl"), "--json"])
+    assert (cfg["problem_type"] == "multi_label_classification" and sorted(cfg["id2label"].values())
+            == sorted(topics))
+    r = runner.invoke(app,
+                      ["evaluate", str(tmp_path / "multi"), "--data", str(tmp_path / "test.jsonl"), "--json"])
     m = json.loads(r.stdout)
     # the trivial answers: every label for every text (micro-F1), the most common label set (subset accuracy)
     n_gold = sum(len(x["label"]) for x in test)
     all_labels_f1 = 2 * n_gold / (n_gold + 3 * len(test))
     common = max(sum(x["label"] == y["label"] for y in test) for x in test) / len(test)
-    assert m["micro_f1"] > all_labels_f1 + 0.15 and m["subset_accuracy"] > common + 0.15, (m, all_labels_f1, common)
+    assert m["micro_f1"] > all_labels_f1 + 0.15 and m["subset_accuracy"] > common + 0.15, (m, all_labels_f1,
+                                                                                           common)
     hf = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "multi")
     assert hf.config.problem_type == "multi_label_classification"
 
-    run_finetune("classification", base, tmp_path / "train.jsonl", tmp_path / "reg", epochs=12, batch_size=16, lr=1e-3,
+    run_finetune("classification", base, tmp_path / "train.jsonl", tmp_path / "reg", epochs=12, batch_size=16,
+                 lr=1e-3,
                  progress=False, options={"problem_type": "regression", "label_column": "score"})
-    r = runner.invoke(app, ["evaluate", str(tmp_path / "reg"), "--data", str(tmp_path / "test.jsonl"), "--json",
-                            "--option", "label_column=score"])
+    r = runner.invoke(app,
+                      ["evaluate", str(tmp_path / "reg"), "--data", str(tmp_path / "test.jsonl"), "--json",
+                       "--option", "label_column=score"])
     m = json.loads(r.stdout)
     variance = float(np.var([x["score"] for x in test]))  # what always predicting the mean would cost
     assert m["pearson"] > 0.8 and m["mse"] < 0.5 * variance, (m, variance)

@@ -11,16 +11,20 @@ from mlmkit.errors import ConfigError
 from mlmkit.rundir.meta import RUN_FORMAT, RunMeta, read_meta, write_meta
 
 # a fine-tuned run's mlmkit.json as the layout before the typed one wrote it (no format_version)
-OLD = {"task": "classification", "labels": ["neg", "pos"], "max_length": 64, "options": {"text_column": "text"},
-       "task_state": {"threshold": 0.5}, "base_model": "runs/base", "data": {"train": "train.csv", "eval": None},
-       "train_args": {"lr": 5e-5}, "best_step": 40, "best_metrics": {"accuracy": 0.9}, "final_metrics": {"step": 50},
+OLD = {"task": "classification", "labels": ["neg", "pos"], "max_length": 64,
+       "options": {"text_column": "text"},
+       "task_state": {"threshold": 0.5}, "base_model": "runs/base",
+       "data": {"train": "train.csv", "eval": None},
+       "train_args": {"lr": 5e-5}, "best_step": 40, "best_metrics": {"accuracy": 0.9},
+       "final_metrics": {"step": 50},
        "history": [{"step": 1}]}
 
 
 def test_a_run_written_before_the_typed_layout_loads_and_writes_back_every_key(tmp_path: Path):
     (tmp_path / "mlmkit.json").write_text(json.dumps(OLD))
     meta = read_meta(tmp_path)
-    assert meta.labels == ("neg", "pos") and meta.best_step == 40 and meta.data == {"train": "train.csv", "eval": None}
+    assert meta.labels == ("neg", "pos") and meta.best_step == 40 and meta.data == {"train": "train.csv",
+                                                                                    "eval": None}
     assert meta.other == {"history": [{"step": 1}]}  # a key it does not know: kept, unread
     assert meta.context({"text_column": "t"}, max_length=32).max_length == 32
     write_meta(tmp_path, meta)
@@ -30,9 +34,12 @@ def test_a_run_written_before_the_typed_layout_loads_and_writes_back_every_key(t
 
 
 def test_pretraining_fields_and_none_left_out():
-    meta = RunMeta(task="pretraining", max_length=128, nsp=False, arch="bert", mask_prob=0.15, corpus=["a.txt"])
-    assert meta.pretraining and meta.to_json() == {"format_version": 1, "task": "pretraining", "max_length": 128,
-                                                   "labels": None, "options": {}, "task_state": {}, "nsp": False, "arch": "bert",
+    meta = RunMeta(task="pretraining", max_length=128, nsp=False, arch="bert", mask_prob=0.15,
+                   corpus=["a.txt"])
+    assert meta.pretraining and meta.to_json() == {"format_version": 1, "task": "pretraining",
+                                                   "max_length": 128,
+                                                   "labels": None, "options": {}, "task_state": {},
+                                                   "nsp": False, "arch": "bert",
                                                    "mask_prob": 0.15, "corpus": ["a.txt"]}
 
 
@@ -45,7 +52,8 @@ def test_pretraining_fields_and_none_left_out():
 ])
 def test_a_wrong_type_or_a_missing_field_is_one_line_naming_it(changes: dict, said: str):
     data = {k: v for k, v in {**OLD, **changes}.items() if v is not None}
-    with pytest.raises(ConfigError, match="run/mlmkit.json: " + said.replace("(", r"\(").replace(")", r"\)")) as e:
+    with pytest.raises(ConfigError,
+                       match="run/mlmkit.json: " + said.replace("(", r"\(").replace(")", r"\)")) as e:
         RunMeta.from_json(data, "run/mlmkit.json")
     assert "\n" not in str(e.value)
 

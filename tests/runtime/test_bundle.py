@@ -16,12 +16,16 @@ PATH = Path("b/mlmkit.json")
 def _described(**changes) -> dict:
     """A classification bundle's mlmkit.json as the exporter has written it since format 2 (no gate,
     run_precision or task_state: the keys later versions added are optional)."""
-    data = {"format": "mlmkit-onnx-bundle", "format_version": 2, "task": "classification", "trained_as": "classification",
+    data = {"format": "mlmkit-onnx-bundle", "format_version": 2, "task": "classification",
+            "trained_as": "classification",
             "labels": ["neg", "pos"], "max_length": 128, "options": {"text_column": "text"},
-            "inputs": ["input_ids", "attention_mask", "token_type_ids"], "outputs": {"probabilities": ["batch", "label"]},
-            "top_k": None, "opset": 17, "precision": "fp32", "optimizations": ["fusion"], "fused_operators": {"Attention": 2},
+            "inputs": ["input_ids", "attention_mask", "token_type_ids"],
+            "outputs": {"probabilities": ["batch", "label"]},
+            "top_k": None, "opset": 17, "precision": "fp32", "optimizations": ["fusion"],
+            "fused_operators": {"Attention": 2},
             "parity": {"top1_agreement": 1.0}, "model_bytes": 1000, "source": {"path": "runs/clf"},
-            "tokenizer": {"vocab_sha256": "ab" * 32, "vocab_size": 100, "lowercase": True, "pad_id": 0, "mask_id": 4},
+            "tokenizer": {"vocab_sha256": "ab" * 32, "vocab_size": 100, "lowercase": True, "pad_id": 0,
+                          "mask_id": 4},
             "model": {"model_type": "bert", "vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 2,
                       "num_attention_heads": 2, "max_position_embeddings": 512},
             "final_metrics": {"eval_accuracy": 0.9}, "data": {"train": "train.csv"}}
@@ -36,7 +40,8 @@ def test_an_older_description_loads_typed_and_writes_back_the_same_keys():
     assert meta.run == {"top_k": None, "final_metrics": {"eval_accuracy": 0.9},  # carried, unread
                         "data": {"train": "train.csv"}}
     again = meta.to_json()
-    assert {k: v for k, v in again.items() if k not in ("gate", "run_precision", "task_state")} == _described()
+    assert {k: v for k, v in again.items()
+            if k not in ("gate", "run_precision", "task_state")} == _described()
     assert BundleMeta.from_json(json.loads(json.dumps(again)), PATH) == meta
     assert meta.context({"text_column": "t"}).labels == ("neg", "pos")
 

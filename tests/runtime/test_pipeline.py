@@ -79,7 +79,8 @@ def test_fill_mask_several_masks_per_text_match_pytorch(runs, bundles):
     model = BertForPreTraining(load_config(d))
     load_weights(model, load_state_dict(d))
     model.eval()
-    texts = ["the [MASK] sat on the mat", "john went to [MASK] and [MASK] saw a [MASK] house near the old river",
+    texts = ["the [MASK] sat on the mat",
+             "john went to [MASK] and [MASK] saw a [MASK] house near the old river",
              "a [MASK] .", "[MASK] [MASK] [MASK] city in the night with a big red dog and a small blue cat"]
     results = Pipeline.load(bundles["fill-mask"], batch_size=3)(texts, top_k=4)
     assert [r["text"] for r in results] == texts
@@ -111,7 +112,8 @@ def test_fill_mask_long_text_truncated_with_notice(bundles, mlmkit_log):
     long_words = " ".join(["dog"] * 300)
     r = pipe([f"a [MASK] {long_words}", f"{long_words} [MASK]", "short [MASK]"])
     assert r[0]["truncated"] is True and len(r[0]["masks"]) == 1
-    assert r[1]["truncated"] is True and r[1]["masks"] == [] and "within the first 128 tokens" in r[1]["error"]
+    assert (r[1]["truncated"] is True and r[1]["masks"] == []
+            and "within the first 128 tokens" in r[1]["error"])
     assert "truncated" not in r[2]
     assert "2 of 3 inputs were truncated to at most 128 tokens" in mlmkit_log.text
 
@@ -137,7 +139,8 @@ def test_fill_mask_pairs_and_top_k_limit(bundles):
         pipe(["a [MASK]"], top_k=6)
     with pytest.raises(DataFormatError, match="'text' field"):
         pipe([{"sentence": "a [MASK]"}])
-    for pair in (7, ["on the [MASK]"], {"text": "x"}):  # never dropped without a word, as classification answers
+    # never dropped without a word, as classification answers
+    for pair in (7, ["on the [MASK]"], {"text": "x"}):
         with pytest.raises(DataFormatError, match="text_pair.*must be a text"):
             pipe([{"text": "the [MASK] sat", "text_pair": pair}])
 
@@ -192,7 +195,8 @@ def test_results_keep_input_order_under_bucketing(bundles):
     for text, r in zip(texts, batched):
         single = alone([text])[0]
         assert r["label"] == single["label"]
-        np.testing.assert_allclose(list(r["probabilities"].values()), list(single["probabilities"].values()), atol=1e-5)
+        np.testing.assert_allclose(list(r["probabilities"].values()), list(single["probabilities"].values()),
+                                   atol=1e-5)
     # distinct outputs, so a permutation would have been caught
     assert len({round(r["score"], 6) for r in batched}) > 3
 
@@ -251,7 +255,8 @@ def test_qa_windows_long_context(runs, bundles):
     ctx = pipe.context()
     ex = task.from_input({"question": "where", "context": context}, ctx.options)
     assert ctx.max_length == 64 and len(task.featurize([ex], tok, ctx, training=False)) > 3
-    r = pipe([{"question": "where did john go", "context": context}, {"question": "who", "context": "mary saw john"}])
+    r = pipe([{"question": "where did john go", "context": context},
+              {"question": "who", "context": "mary saw john"}])
     for item_ctx, p in zip((context, "mary saw john"), r):
         assert set(p) >= {"answer", "score", "start", "end"}
         if p["start"] >= 0:
@@ -319,7 +324,8 @@ def test_run_directory_is_not_a_bundle(runs):
 
 
 def test_wrong_command(bundles):
-    with pytest.raises(BundleError, match="is a fill-mask bundle; `mlmkit classify` serves classification or rerank bundles"):
+    with pytest.raises(BundleError, match="is a fill-mask bundle; `mlmkit classify` serves classification or "
+                                          "rerank bundles"):
         Pipeline.load(bundles["fill-mask"], command="classify")
     assert Pipeline.load(bundles["tagging"], command="tag").task == "tagging"
 
@@ -337,7 +343,8 @@ def test_cuda_without_cuda_provider_falls_back(bundles, mlmkit_log):
 def test_cuda_provider_without_gpu_falls_back(bundles, mlmkit_log, monkeypatch):
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this onnxruntime has CUDA")
-    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort, "get_available_providers",
+                        lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     s = make_session(bundles["classification"] / "model.onnx", device="cuda", threads=1)
     assert s.get_providers() == ["CPUExecutionProvider"]
     assert "no usable GPU" in mlmkit_log.text
@@ -365,7 +372,8 @@ def _labelled(path: Path, n: int, seed: int) -> Path:
 def test_evaluate_bundle_equals_pytorch_classification(runs, tmp_path):
     train, dev = _labelled(tmp_path / "train.csv", 200, 0), _labelled(tmp_path / "dev.csv", 60, 1)
     run = tmp_path / "clf"
-    run_finetune("classification", runs["fill-mask"], train, run, steps=40, batch_size=16, lr=2e-3, progress=False, max_length=32)
+    run_finetune("classification", runs["fill-mask"], train, run, steps=40, batch_size=16, lr=2e-3,
+                 progress=False, max_length=32)
     bundle = tmp_path / "clf-bundle"
     run_export(run, bundle)
     want = evaluate_run(run, dev)

@@ -22,7 +22,8 @@ from mlmkit.runtime.pipeline import Pipeline
 NO_BF16 = "-amx_bf16,-avx512_bf16"
 BF16 = "+amx_bf16"
 have_openvino = ENGINES["openvino"].missing() is None
-needs_openvino = pytest.mark.skipif(not have_openvino, reason="OpenVINO is not installed (pip install 'mlmkit[openvino]')")
+needs_openvino = pytest.mark.skipif(not have_openvino,
+                                    reason="OpenVINO is not installed (pip install 'mlmkit[openvino]')")
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +51,12 @@ def test_cpu_flags_are_read_and_forced(tmp_path, monkeypatch):
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni avx512_bf16\n")
     monkeypatch.delenv("MLMKIT_CPU_FLAGS", raising=False)
     assert {"avx512_vnni", "avx512_bf16"} <= cpu_flags(info)
-    assert cpu_feature("int8", cpu_flags(info)) == "AVX512-VNNI" and cpu_feature("bf16", cpu_flags(info)) == "AVX512-BF16"
+    assert (cpu_feature("int8", cpu_flags(info)) == "AVX512-VNNI" and cpu_feature("bf16", cpu_flags(info))
+            == "AVX512-BF16")
     info.write_text("flags\t: fpu avx2 avx512_vnni amx_tile amx_int8 amx_bf16 avx512_bf16\n")
-    assert cpu_feature("int8", cpu_flags(info)) == "AMX-INT8" and cpu_feature("bf16", cpu_flags(info)) == "AMX-BF16"  # the fastest
+    # the fastest
+    assert cpu_feature("int8", cpu_flags(info)) == "AMX-INT8" and cpu_feature("bf16",
+                                                                              cpu_flags(info)) == "AMX-BF16"
     monkeypatch.setenv("MLMKIT_CPU_FLAGS", NO_BF16)
     assert cpu_feature("bf16", cpu_flags(info)) is None and cpu_feature("int8", cpu_flags(info)) == "AMX-INT8"
     monkeypatch.setenv("MLMKIT_CPU_FLAGS", "+avx512_bf16")
@@ -76,10 +80,12 @@ def test_auto_without_bf16_units_stays_fp32_and_says_why(bundles, monkeypatch):
 
 def test_auto_without_openvino_says_the_pip_command(bundles, monkeypatch):
     monkeypatch.setenv("MLMKIT_CPU_FLAGS", BF16)
-    monkeypatch.setattr(ENGINES["openvino"], "missing", lambda: "OpenVINO is not installed (pip install 'mlmkit[openvino]')")
+    monkeypatch.setattr(ENGINES["openvino"], "missing",
+                        lambda: "OpenVINO is not installed (pip install 'mlmkit[openvino]')")
     pipe = Pipeline.load(bundles["embedding"], precision="auto")
     assert pipe.precision == "fp32" and "pip install 'mlmkit[openvino]'" in pipe.choice.why
-    with pytest.raises(ConfigError, match=r"--precision bf16: OpenVINO is not installed \(pip install 'mlmkit\[openvino\]'\)"):
+    with pytest.raises(ConfigError, match=r"--precision bf16: OpenVINO is not installed \(pip install "
+                                          r"'mlmkit\[openvino\]'\)"):
         Pipeline.load(bundles["embedding"], precision="bf16")
 
 
@@ -106,7 +112,8 @@ def test_a_bundle_runs_only_in_its_own_precision_when_it_is_not_fp32(runs, bundl
 
 # ---- bf16 through OpenVINO ------------------------------------------------------------------------
 @needs_openvino
-@pytest.mark.parametrize("kind", ["fill-mask", "classification", "tagging", "qa", "embedding", "sparse-embedding", "rerank"])
+@pytest.mark.parametrize("kind", ["fill-mask", "classification", "tagging", "qa", "embedding",
+                                  "sparse-embedding", "rerank"])
 def test_every_task_runs_in_bf16_through_openvino_near_fp32(kind, bundles, monkeypatch):
     """Each task's graph through OpenVINO in bf16 (forced where the CPU has no bf16 units: OpenVINO then
     computes in fp32), its outputs read by the same pipeline, close to onnxruntime's fp32. The gate is
@@ -118,7 +125,8 @@ def test_every_task_runs_in_bf16_through_openvino_near_fp32(kind, bundles, monke
               else [{"text": t, "text_pair": t[::-1]} for t in texts] if kind == "rerank"
               else [t.replace(t.split()[1], "[MASK]", 1) for t in texts] if kind == "fill-mask" else texts)
     fast = Pipeline.load(bundles[kind], precision="bf16", min_agreement=0.5)
-    assert (fast.precision, fast.choice.engine, fast.providers) == ("bf16", "openvino", ["OpenVINO CPU (bf16)"]), fast.choice.why
+    assert (fast.precision, fast.choice.engine, fast.providers) == ("bf16", "openvino",
+                                                                    ["OpenVINO CPU (bf16)"]), fast.choice.why
     assert fast.choice.gate["passed"] and "its gate passed" in fast.choice.why
     ref = Pipeline.load(bundles[kind], precision="fp32")
     got, want = fast(inputs), ref(inputs)
@@ -134,7 +142,8 @@ def test_every_task_runs_in_bf16_through_openvino_near_fp32(kind, bundles, monke
 def test_export_records_the_gate_and_its_sample_and_each_machine_measures_again(bundles, monkeypatch):
     meta = json.loads((bundles["embedding"] / "mlmkit.json").read_text())
     gate = meta["gate"]
-    assert len(gate["input_ids"]) == 24 and gate["on"] == "the sample batch" and meta["run_precision"] == "auto"
+    assert (len(gate["input_ids"]) == 24 and gate["on"] == "the sample batch" and meta["run_precision"]
+            == "auto")
     if cpu_feature("bf16") is None:
         assert gate["bf16"]["passed"] is None and "no bf16 units" in gate["bf16"]["not_measured"]
     else:
@@ -144,7 +153,8 @@ def test_export_records_the_gate_and_its_sample_and_each_machine_measures_again(
     real = precision_mod.measure
     monkeypatch.setattr(precision_mod, "measure", lambda *a: calls.append(1) or real(*a))
     pipe = Pipeline.load(bundles["embedding"], precision="auto")
-    assert calls == [1] and pipe.precision == "bf16" and "24-input sample (the sample batch)" in pipe.choice.why
+    assert (calls == [1] and pipe.precision == "bf16"
+            and "24-input sample (the sample batch)" in pipe.choice.why)
     # a job's workers take their parent's gate: measured once per job, not once per worker
     again = Pipeline.load(bundles["embedding"], precision=pipe.precision, gate=pipe.choice.gate)
     assert calls == [1] and again.precision == "bf16"
@@ -154,21 +164,27 @@ def test_export_records_the_gate_and_its_sample_and_each_machine_measures_again(
 def test_a_failing_gate_is_not_used_by_auto_and_refused_when_asked_for(copy, monkeypatch):
     monkeypatch.setenv("MLMKIT_CPU_FLAGS", BF16)
     d = copy("classification")
-    monkeypatch.setattr(precision_mod, "measure", lambda *a: {"top1": 0.9, "cosine": None, "pearson": None, "value": 0.9,
-                                                              "measure": "top-1 agreement"})
+    monkeypatch.setattr(precision_mod, "measure",
+                        lambda *a: {"top1": 0.9, "cosine": None, "pearson": None, "value": 0.9,
+                                    "measure": "top-1 agreement"})
     pipe = Pipeline.load(d, precision="auto")
-    assert pipe.precision == "fp32" and "bf16 not used: its gate failed here: top-1 agreement 0.9 < 0.99" in pipe.choice.why
-    with pytest.raises(ConfigError, match="--precision bf16: its gate failed here: top-1 agreement 0.9 < 0.99"):
+    assert (pipe.precision == "fp32"
+            and "bf16 not used: its gate failed here: top-1 agreement 0.9 < 0.99" in pipe.choice.why)
+    with pytest.raises(ConfigError,
+                       match="--precision bf16: its gate failed here: top-1 agreement 0.9 < 0.99"):
         Pipeline.load(d, precision="bf16")
     assert Pipeline.load(d, precision="bf16", min_agreement=0.8).precision == "bf16"  # the user's threshold
     # a gate recorded as failed at export: auto passes bf16 over without measuring
     meta = json.loads((d / "mlmkit.json").read_text())
-    meta["gate"]["bf16"] = {"precision": "bf16", "measure": "top-1 agreement", "value": 0.5, "threshold": 0.99,
+    meta["gate"]["bf16"] = {"precision": "bf16", "measure": "top-1 agreement", "value": 0.5,
+                            "threshold": 0.99,
                             "passed": False, "on": "24-input sample"}
     (d / "mlmkit.json").write_text(json.dumps(meta))
-    monkeypatch.setattr(precision_mod, "measure", lambda *a: pytest.fail("measured a gate recorded as failed"))
+    monkeypatch.setattr(precision_mod, "measure",
+                        lambda *a: pytest.fail("measured a gate recorded as failed"))
     pipe = Pipeline.load(d, precision="auto")
-    assert pipe.precision == "fp32" and "its gate failed at export: top-1 agreement 0.5 < 0.99" in pipe.choice.why
+    assert (pipe.precision == "fp32"
+            and "its gate failed at export: top-1 agreement 0.5 < 0.99" in pipe.choice.why)
     with pytest.raises(ConfigError, match="its gate failed at export"):
         Pipeline.load(d, precision="bf16")
 
@@ -197,7 +213,8 @@ def test_export_pinned_to_fp32_runs_in_fp32_everywhere(runs, tmp_path, monkeypat
 
 def test_export_bf16_where_it_cannot_be_measured_writes_nothing(runs, tmp_path, monkeypatch):
     monkeypatch.setenv("MLMKIT_CPU_FLAGS", NO_BF16)
-    with pytest.raises(ConfigError, match="--precision bf16: this CPU has no bf16 units .*; no bundle written"):
+    with pytest.raises(ConfigError,
+                       match="--precision bf16: this CPU has no bf16 units .*; no bundle written"):
         run_export(runs["embedding"], tmp_path / "e", precision="bf16")
     assert not (tmp_path / "e" / "mlmkit.json").exists()
     with pytest.raises(ConfigError, match="--precision int8 and --fp16 disagree"):
@@ -209,12 +226,15 @@ def test_export_bf16_whose_gate_fails_writes_nothing(runs, tmp_path, monkeypatch
     from mlmkit.exporter import bundle as export_mod
 
     monkeypatch.setenv("MLMKIT_CPU_FLAGS", BF16)
-    monkeypatch.setattr(export_mod, "measure", lambda *a: {"top1": None, "cosine": 0.9, "pearson": None, "value": 0.9,
-                                                           "measure": "mean cosine"})
-    with pytest.raises(ParityError, match="--precision bf16: its gate failed: mean cosine 0.9 < 0.999 .*; no bundle written"):
+    monkeypatch.setattr(export_mod, "measure",
+                        lambda *a: {"top1": None, "cosine": 0.9, "pearson": None, "value": 0.9,
+                                    "measure": "mean cosine"})
+    with pytest.raises(ParityError, match="--precision bf16: its gate failed: mean cosine 0.9 < 0.999 .*; no "
+                                          "bundle written"):
         run_export(runs["embedding"], tmp_path / "e", precision="bf16")
     assert not (tmp_path / "e" / "mlmkit.json").exists()
-    meta = run_export(runs["embedding"], tmp_path / "a", precision="auto")  # auto records the failure and goes on
+    # auto records the failure and goes on
+    meta = run_export(runs["embedding"], tmp_path / "a", precision="auto")
     assert meta["gate"]["bf16"]["passed"] is False and meta["precision"] == "fp32"
 
 
@@ -222,20 +242,23 @@ def test_the_cli_refuses_bf16_in_one_line_naming_the_flag(bundles, tmp_path):
     import os
 
     env = {**os.environ, "MLMKIT_CPU_FLAGS": NO_BF16}
-    r = subprocess.run([sys.executable, "-m", "mlmkit", "embed", str(bundles["embedding"]), "a text", "--precision", "bf16"],
+    r = subprocess.run([sys.executable, "-m", "mlmkit", "embed", str(bundles["embedding"]), "a text",
+                        "--precision", "bf16"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2, r.stderr
     assert "--precision bf16: this CPU has no bf16 units (neither amx_bf16 nor avx512_bf16" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.skipif(not have_openvino or cpu_feature("bf16") is None, reason="needs a CPU with bf16 units and OpenVINO")
+@pytest.mark.skipif(not have_openvino or cpu_feature("bf16") is None,
+                    reason="needs a CPU with bf16 units and OpenVINO")
 def test_on_real_bf16_units_auto_computes_in_bf16(bundles, monkeypatch):
     """On this machine's own bf16 units: auto picks bf16, and its outputs differ from fp32's (it is not
     fp32 under another name) while the gate holds."""
     monkeypatch.delenv("MLMKIT_CPU_FLAGS", raising=False)
     pipe = Pipeline.load(bundles["embedding"], precision="auto")
-    assert pipe.precision == "bf16" and "this CPU has AMX-BF16" in pipe.choice.why or "AVX512-BF16" in pipe.choice.why
+    assert (pipe.precision == "bf16" and "this CPU has AMX-BF16" in pipe.choice.why
+            or "AVX512-BF16" in pipe.choice.why)
     texts = corpus(16, seed=9)
     a = np.array([r["embedding"] for r in pipe(texts)])
     b = np.array([r["embedding"] for r in Pipeline.load(bundles["embedding"], precision="fp32")(texts)])
@@ -266,7 +289,8 @@ def test_the_gate_sample_is_the_calibrate_inputs_where_given(runs, tmp_path):
     meta = run_export(runs["embedding"], tmp_path / "q", precision="int8", calibrate=texts)
     gate = meta["gate"]
     assert gate["on"] == "40 --calibrate inputs" and len(gate["input_ids"]) == 32 and "bf16" not in gate
-    assert len({len(r) for r in gate["input_ids"]}) > 3  # spread over the length-sorted batches, not the 32 shortest
+    # spread over the length-sorted batches, not the 32 shortest
+    assert len({len(r) for r in gate["input_ids"]}) > 3
 
 
 def test_a_graph_openvino_cannot_run_stays_fp32_under_auto_and_is_refused_as_bf16(bundles, monkeypatch):
@@ -274,11 +298,13 @@ def test_a_graph_openvino_cannot_run_stays_fp32_under_auto_and_is_refused_as_bf1
     monkeypatch.setattr(ENGINES["openvino"], "missing", lambda: None)
 
     def cannot(*a, **k):
-        raise BundleError("OpenVINO cannot read model.onnx (OpConversionFailure: QAttention)", "run it with --precision fp32")
+        raise BundleError("OpenVINO cannot read model.onnx (OpConversionFailure: QAttention)",
+                          "run it with --precision fp32")
 
     monkeypatch.setattr(ENGINES["openvino"], "open", cannot)
     pipe = Pipeline.load(bundles["classification"], precision="auto")
-    assert pipe.precision == "fp32" and "bf16 not used: OpenVINO cannot run it (OpenVINO cannot read" in pipe.choice.why
+    assert (pipe.precision == "fp32"
+            and "bf16 not used: OpenVINO cannot run it (OpenVINO cannot read" in pipe.choice.why)
     with pytest.raises(ConfigError, match=r"--precision bf16: OpenVINO cannot run it \(OpenVINO cannot read"):
         Pipeline.load(bundles["classification"], precision="bf16")
 
@@ -291,4 +317,5 @@ def test_a_recorded_gate_edited_out_of_shape_is_said_not_a_crash(copy, monkeypat
     meta["gate"]["bf16"] = {"passed": False}
     (d / "mlmkit.json").write_text(json.dumps(meta))
     pipe = Pipeline.load(d, precision="auto")
-    assert pipe.precision == "fp32" and "its record in mlmkit.json has no value and threshold" in pipe.choice.why
+    assert (pipe.precision == "fp32"
+            and "its record in mlmkit.json has no value and threshold" in pipe.choice.why)

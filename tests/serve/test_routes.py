@@ -59,7 +59,8 @@ def test_openai_client_gets_the_vectors_mlmkit_embed_writes(server: Server, bund
     assert [d.index for d in got.data] == list(range(len(TEXTS))) and got.model == "emb"
     src = tmp_path / "in.txt"
     src.write_text("\n".join(TEXTS) + "\n")
-    r = CliRunner().invoke(cli_app, ["embed", str(bundles["emb"]), "--input", str(src), "--output", str(tmp_path / "v.npy")])
+    r = CliRunner().invoke(cli_app, ["embed", str(bundles["emb"]), "--input", str(src), "--output",
+                                     str(tmp_path / "v.npy")])
     assert r.exit_code == 0, r.output
     want = np.load(tmp_path / "v.npy")
     np.testing.assert_allclose(np.array([d.embedding for d in got.data]), want, atol=1e-6)
@@ -69,8 +70,9 @@ def test_openai_client_gets_the_vectors_mlmkit_embed_writes(server: Server, bund
     one = client.embeddings.create(model="emb", input=TEXTS[1])
     np.testing.assert_allclose(one.data[0].embedding, want[1], atol=1e-6)
     # base64 (little-endian float32, as OpenAI sends it) and Matryoshka dimensions: the first N, re-normalised
-    raw = httpx.post(server.url + "/v1/embeddings", json={"model": "emb", "input": TEXTS, "encoding_format": "base64",
-                                                          "dimensions": 8}, headers=auth(), timeout=30).json()
+    raw = httpx.post(server.url + "/v1/embeddings",
+                     json={"model": "emb", "input": TEXTS, "encoding_format": "base64",
+                           "dimensions": 8}, headers=auth(), timeout=30).json()
     vecs = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in raw["data"]])
     cut = want[:, :8] / np.linalg.norm(want[:, :8], axis=1, keepdims=True)
     np.testing.assert_allclose(vecs, cut, atol=1e-6)
@@ -79,7 +81,8 @@ def test_openai_client_gets_the_vectors_mlmkit_embed_writes(server: Server, bund
 
 
 def test_tei_embed_and_predict(server: Server, bundles) -> None:
-    vecs = httpx.post(server.url + "/embed", json={"inputs": TEXTS, "normalize": True}, headers=auth(), timeout=30).json()
+    vecs = httpx.post(server.url + "/embed", json={"inputs": TEXTS, "normalize": True}, headers=auth(),
+                      timeout=30).json()
     want = np.array([r["embedding"] for r in Pipeline.load(bundles["emb"])(TEXTS)])
     want = want / np.linalg.norm(want, axis=1, keepdims=True)
     np.testing.assert_allclose(np.array(vecs), want, atol=1e-6)
@@ -92,7 +95,8 @@ def test_tei_embed_and_predict(server: Server, bundles) -> None:
     one = httpx.post(server.url + "/predict", json={"inputs": TEXTS[0]}, headers=auth(), timeout=30).json()
     assert isinstance(one, list) and one[0]["label"] == mine[0]["label"]
     # a route needing a model of another task, or a model that is not there: 422 / 404 naming the fitting ones
-    r = httpx.post(server.url + "/v1/embeddings", json={"model": "clf", "input": "x"}, headers=auth(), timeout=30)
+    r = httpx.post(server.url + "/v1/embeddings", json={"model": "clf", "input": "x"}, headers=auth(),
+                   timeout=30)
     assert r.status_code == 422 and "emb" in r.json()["hint"]
     r = httpx.post(server.url + "/embed", json={"inputs": "x", "model": "nope"}, headers=auth(), timeout=30)
     assert r.status_code == 404
@@ -102,7 +106,8 @@ def test_api_keys(server: Server) -> None:
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # liveness needs no key
     for headers in ({}, auth("wrong"), {"Authorization": KEY}, {"Authorization": "Basic " + KEY}):
         r = httpx.post(server.url + "/v1/embeddings", json={"input": "x"}, headers=headers, timeout=10)
-        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer" and "API key" in r.json()["error"]
+        assert (r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+                and "API key" in r.json()["error"])
         assert KEY not in r.text
     assert httpx.get(server.url + "/metrics", timeout=10).status_code == 401
     assert httpx.get(server.url + "/v1/models", headers=auth("second-key"), timeout=10).status_code == 200
@@ -111,7 +116,8 @@ def test_api_keys(server: Server) -> None:
 
 
 def test_a_full_queue_gets_429_with_retry_after_and_the_server_goes_on(bundles, tmp_path: Path) -> None:
-    s = Server(tmp_path, f"emb={bundles['emb']}", "--max-queue", "4", "--max-batch-size", "4", "--max-wait-ms", "0")
+    s = Server(tmp_path, f"emb={bundles['emb']}", "--max-queue", "4", "--max-batch-size", "4",
+               "--max-wait-ms", "0")
     try:
         statuses: list[int] = []
         retry: list[str] = []
@@ -140,7 +146,8 @@ def test_a_full_queue_gets_429_with_retry_after_and_the_server_goes_on(bundles, 
 def test_a_client_that_hangs_up_costs_no_inference(bundles, tmp_path: Path) -> None:
     """While a long call holds the model, a queued request whose client disconnects is dropped from
     the queue; one that waits past --request-timeout gets 503."""
-    s = Server(tmp_path, f"emb={bundles['emb']}", "--max-batch-size", "1024", "--max-wait-ms", "0", "--request-timeout", "1.5")
+    s = Server(tmp_path, f"emb={bundles['emb']}", "--max-batch-size", "1024", "--max-wait-ms", "0",
+               "--request-timeout", "1.5")
     try:
         busy = [" ".join(["a fine film with a long story"] * 30)] * 1024
 
@@ -182,7 +189,8 @@ def test_serve_refuses_bad_settings(bundles) -> None:
     assert r.exit_code == 2 and "--request-timeout" in r.output
     r = CliRunner().invoke(cli_app, ["serve", str(bundles["emb"]), "--api-key", " spaced"])
     assert r.exit_code == 2 and "--api-key" in r.output
-    r = CliRunner().invoke(cli_app, ["serve", str(bundles["emb"]), "--ssl-keyfile", str(bundles["emb"] / "mlmkit.json")])
+    r = CliRunner().invoke(cli_app, ["serve", str(bundles["emb"]), "--ssl-keyfile",
+                                     str(bundles["emb"] / "mlmkit.json")])
     assert r.exit_code == 2 and "--ssl-certfile" in r.output
 
 
@@ -193,8 +201,10 @@ def test_tls_with_uvicorn_s_key_and_certificate(bundles, tmp_path: Path) -> None
     if shutil.which("openssl") is None:
         pytest.skip("no openssl to make a self-signed certificate")
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
     s = TLSServer(tmp_path, f"emb={bundles['emb']}", "--ssl-keyfile", key, "--ssl-certfile", cert)
     try:
         r = httpx.post(s.url + "/embed", json={"inputs": "over https"}, verify=str(cert), timeout=30)
@@ -215,7 +225,8 @@ class TLSServer(Server):
         self.log = tmp / f"serve-{self.port}.log"
         cert = str(args[args.index("--ssl-certfile") + 1])
         with open(self.log, "w") as f:
-            self.proc = subprocess.Popen([sys.executable, "-m", "mlmkit", "serve", *map(str, args), "--port", str(self.port)],
+            self.proc = subprocess.Popen([sys.executable, "-m", "mlmkit", "serve", *map(str, args), "--port",
+                                          str(self.port)],
                                          stdout=f, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
@@ -262,14 +273,18 @@ def test_rerank_routes_and_command_order_as_transformers(cross_encoder, tmp_path
     sigmoid = 1 / (1 + np.exp(-logits))
     s = Server(tmp_path, f"ce={bundle}")
     try:
-        r = httpx.post(s.url + "/v1/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 3, "return_documents": True},
+        r = httpx.post(s.url + "/v1/rerank",
+                       json={"query": QUERY, "documents": DOCS, "top_n": 3, "return_documents": True},
                        timeout=30).json()
         assert [x["index"] for x in r["results"]] == order[:3] and r["model"] == "ce"
-        np.testing.assert_allclose([x["relevance_score"] for x in r["results"]], sigmoid[order[:3]], atol=1e-5)
+        np.testing.assert_allclose([x["relevance_score"] for x in r["results"]], sigmoid[order[:3]],
+                                   atol=1e-5)
         assert [x["document"]["text"] for x in r["results"]] == [DOCS[i] for i in order[:3]]
         pairs = Pipeline.load(bundle).tokenizer.encode_batch([(QUERY, d) for d in DOCS])
-        assert r["usage"] == {"prompt_tokens": sum(len(e.ids) for e in pairs), "total_tokens": sum(len(e.ids) for e in pairs)}
-        tei = httpx.post(s.url + "/rerank", json={"query": QUERY, "texts": DOCS, "raw_scores": True, "return_text": True},
+        assert r["usage"] == {"prompt_tokens": sum(len(e.ids) for e in pairs),
+                              "total_tokens": sum(len(e.ids) for e in pairs)}
+        tei = httpx.post(s.url + "/rerank",
+                         json={"query": QUERY, "texts": DOCS, "raw_scores": True, "return_text": True},
                          timeout=30).json()
         assert [x["index"] for x in tei] == order and [x["text"] for x in tei] == [DOCS[i] for i in order]
         np.testing.assert_allclose([x["score"] for x in tei], logits[order], atol=1e-4)
@@ -284,13 +299,15 @@ def test_rerank_routes_and_command_order_as_transformers(cross_encoder, tmp_path
     np.testing.assert_allclose([x["score"] for x in rows], sigmoid[order], atol=1e-5)
     # the README's own example: a .txt of one document a line, as every other inference command reads it
     (tmp_path / "docs.txt").write_text("\n".join(DOCS) + "\n")
-    r = CliRunner().invoke(cli_app, ["rerank", str(bundle), "--query", QUERY, "--input", str(tmp_path / "docs.txt"), "--json"])
+    r = CliRunner().invoke(cli_app, ["rerank", str(bundle), "--query", QUERY, "--input",
+                                     str(tmp_path / "docs.txt"), "--json"])
     assert r.exit_code == 0, r.output
     assert [json.loads(line)["index"] for line in r.stdout.splitlines()] == order
 
 
 def test_rerank_refuses_a_model_that_is_not_a_cross_encoder(server: Server, bundles) -> None:
-    r = httpx.post(server.url + "/v1/rerank", json={"model": "clf", "query": "q", "documents": ["d"]}, headers=auth(), timeout=30)
+    r = httpx.post(server.url + "/v1/rerank", json={"model": "clf", "query": "q", "documents": ["d"]},
+                   headers=auth(), timeout=30)
     assert r.status_code == 422 and "cross-encoder" in r.json()["error"]
     r = CliRunner().invoke(cli_app, ["rerank", str(bundles["clf"]), "doc", "--query", "q"])
     assert r.exit_code == 2 and "cross-encoder" in " ".join(r.output.split())
@@ -325,7 +342,8 @@ def test_splade_sparse_vectors_equal_a_transformers_reference(tmp_path: Path) ->
         np.testing.assert_allclose([e["value"] for e in row], vals[keep], atol=1e-4)
     src = tmp_path / "in.txt"
     src.write_text("\n".join(TEXTS) + "\n")
-    r = CliRunner().invoke(cli_app, ["embed", str(tmp_path / "b"), "--input", str(src), "--output", str(tmp_path / "v.jsonl")])
+    r = CliRunner().invoke(cli_app, ["embed", str(tmp_path / "b"), "--input", str(src), "--output",
+                                     str(tmp_path / "v.jsonl")])
     assert r.exit_code == 0, r.output
     lines = [json.loads(line) for line in (tmp_path / "v.jsonl").read_text().splitlines()]
     assert [x["indices"] for x in lines] == [[e["index"] for e in row] for row in got]
@@ -336,37 +354,46 @@ def test_a_sentence_transformers_sparse_encoder_directory_is_a_sparse_model(tmp_
 
     save_checkpoint(tmp_path / "src", "bert", "ForMaskedLM")
     (tmp_path / "src" / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
-        {"idx": 1, "name": "1", "path": "1_SpladePooling", "type": "sentence_transformers.sparse_encoder.models.SpladePooling"},
+        {"idx": 0, "name": "0", "path": "",
+         "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
+        {"idx": 1, "name": "1", "path": "1_SpladePooling",
+         "type": "sentence_transformers.sparse_encoder.models.SpladePooling"},
     ]))
     r = CliRunner().invoke(cli_app, ["export", str(tmp_path / "src"), "--out", str(tmp_path / "b"), "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "b" / "mlmkit.json").read_text())["task"] == "sparse-embedding"
-    (tmp_path / "src" / "modules.json").unlink()  # the same masked LM without the layout: fill-mask, as before
+    # the same masked LM without the layout: fill-mask, as before
+    (tmp_path / "src" / "modules.json").unlink()
     r = CliRunner().invoke(cli_app, ["export", str(tmp_path / "src"), "--out", str(tmp_path / "m"), "--json"])
-    assert r.exit_code == 0 and json.loads((tmp_path / "m" / "mlmkit.json").read_text())["task"] == "fill-mask"
+    assert (r.exit_code == 0 and json.loads((tmp_path / "m" / "mlmkit.json").read_text())["task"]
+            == "fill-mask")
 
 
 def test_tei_tokenize(server: Server, bundles) -> None:
     from mlmkit.text.tokenizer import load_tokenizer
 
     text = "a fine film, good"
-    got = httpx.post(server.url + "/tokenize", json={"inputs": [text], "model": "emb"}, headers=auth(), timeout=30).json()
+    got = httpx.post(server.url + "/tokenize", json={"inputs": [text], "model": "emb"}, headers=auth(),
+                     timeout=30).json()
     enc = load_tokenizer(bundles["emb"] / "tokenizer.json").encode(text)
     assert [t["id"] for t in got[0]] == enc.ids
     assert got[0][0]["special"] and got[0][-1]["special"] and not any(t["special"] for t in got[0][1:-1])
     assert all(text[t["start"]:t["stop"]] for t in got[0][1:-1])
-    bare = httpx.post(server.url + "/tokenize", json={"inputs": text, "model": "emb", "add_special_tokens": False},
+    bare = httpx.post(server.url + "/tokenize",
+                      json={"inputs": text, "model": "emb", "add_special_tokens": False},
                       headers=auth(), timeout=30).json()
     assert [t["id"] for t in bare[0]] == enc.ids[1:-1]
     # a long text: the tokens the model sees, its max length, not every token of it (a 9 MB text made a
     # 200 MB answer in a minute, on the event loop: /health waited); quickly, and /health still answers
     long = "好的电影" * 500_000  # 6 MB, no whitespace
     t0 = time.perf_counter()
-    got = httpx.post(server.url + "/tokenize", json={"inputs": [long, text], "model": "emb"}, headers=auth(), timeout=60).json()
+    got = httpx.post(server.url + "/tokenize", json={"inputs": [long, text], "model": "emb"}, headers=auth(),
+                     timeout=60).json()
     max_length = json.loads((bundles["emb"] / "mlmkit.json").read_text())["max_length"]
     assert len(got[0]) == max_length and got[0][-1]["special"] and [t["id"] for t in got[1]] == enc.ids
-    assert [t["id"] for t in got[0][:-1]] == load_tokenizer(bundles["emb"] / "tokenizer.json").encode(long[:1000]).ids[:max_length - 1]
+    assert [t["id"]
+            for t in got[0][:-1]] == load_tokenizer(bundles["emb"] / "tokenizer.json").encode(
+                long[:1000]).ids[:max_length - 1]
     assert time.perf_counter() - t0 < 20
 
 
@@ -396,38 +423,47 @@ def test_a_client_hanging_up_mid_body_is_counted_not_an_error(server: Server) ->
     assert metric(server, "mlmkit_client_disconnects_total") == before + 3
     assert metric(server, "mlmkit_requests_total", model="-", status="500") == 0
     assert "Traceback" not in server.log.read_text()
-    assert httpx.post(server.url + "/embed", json={"inputs": ["still fine"]}, headers=auth(), timeout=30).status_code == 200
+    assert httpx.post(server.url + "/embed", json={"inputs": ["still fine"]}, headers=auth(),
+                      timeout=30).status_code == 200
 
 
 def test_odd_json_values_are_4xx(server: Server) -> None:
-    for body in ('{"inputs": ["\\ud800 lone surrogate"]}', '{"inputs": ["a"], "options": {"top_k": ' + "9" * 5000 + "}}"):
-        r = httpx.post(server.url + "/v1/models/clf/predict", content=body, headers={**auth(), "Content-Type": "application/json"},
+    for body in ('{"inputs": ["\\ud800 lone surrogate"]}',
+                 '{"inputs": ["a"], "options": {"top_k": ' + "9" * 5000 + "}}"):
+        r = httpx.post(server.url + "/v1/models/clf/predict", content=body,
+                       headers={**auth(), "Content-Type": "application/json"},
                        timeout=30)
         assert 400 <= r.status_code < 500, (r.status_code, r.text)
-    for body, said in (('{"input": "a", "input": ["b", "c"]}', "the key 'input' twice in one object"),  # which one counts?
+    # which one counts?
+    for body, said in (('{"input": "a", "input": ["b", "c"]}', "the key 'input' twice in one object"),
                        ('{"inputs": "a", "dimensions": NaN}', "NaN is not a JSON number")):
-        r = httpx.post(server.url + "/embed", content=body, headers={**auth(), "Content-Type": "application/json"}, timeout=30)
+        r = httpx.post(server.url + "/embed", content=body,
+                       headers={**auth(), "Content-Type": "application/json"}, timeout=30)
         assert r.status_code == 400 and said in r.json()["error"], r.text
     assert metric(server, "mlmkit_requests_total", model="clf", status="500") == 0
 
 
 def test_silent_and_slow_clients_are_cut_off_and_a_busy_port_is_one_line(bundles, tmp_path: Path) -> None:
-    s = Server(tmp_path, bundles["clf"], "--header-timeout", "1", "--timeout-keep-alive", "1", "--max-connections", "40")
+    s = Server(tmp_path, bundles["clf"], "--header-timeout", "1", "--timeout-keep-alive", "1",
+               "--max-connections", "40")
     try:
         big = socket.create_connection(("127.0.0.1", s.port))  # a request head of megabytes: 431, closed
         big.settimeout(5)
         try:
             big.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2_000_000 + b"\r\n\r\n")
             answer = big.recv(100)
-        except (ConnectionResetError, BrokenPipeError):  # the server answered and closed while the head was still
+        # the server answered and closed while the head was still
+        except (ConnectionResetError, BrokenPipeError):
             answer = None  # being sent: the kernel turns the unread rest into a reset, which can drop the 431
         assert answer is None or answer.startswith(b"HTTP/1.1 431"), answer
         big.close()
-        body = json.dumps({"inputs": ["a fine film " * 20_000]})  # a large body after a small head still counts
+        # a large body after a small head still counts
+        body = json.dumps({"inputs": ["a fine film " * 20_000]})
         assert s.post("clf", body, headers={"Content-Type": "application/json"}).status_code == 200
         idle = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(45)]  # past --max-connections
         time.sleep(0.3)
-        assert httpx.get(s.url + "/health", timeout=10).status_code == 503  # answered and closed, no file descriptor lost
+        # answered and closed, no file descriptor lost
+        assert httpx.get(s.url + "/health", timeout=10).status_code == 503
         for c in idle:
             c.close()
         time.sleep(0.3)
@@ -461,11 +497,13 @@ def test_an_api_key_from_the_environment_as_secret_stores_give_it(monkeypatch, c
         monkeypatch.setenv("MLMKIT_API_KEY", empty)
         with pytest.raises(ConfigError, match="MLMKIT_API_KEY is set but empty"):
             api_keys(args)
-    for raw in ("s3cret\n", "s3cret\r", " s3cret\r\n"):  # a secret file's line end would lock every client out
+    # a secret file's line end would lock every client out
+    for raw in ("s3cret\n", "s3cret\r", " s3cret\r\n"):
         monkeypatch.setenv("MLMKIT_API_KEY", raw)
         with caplog.at_level("WARNING", logger="mlmkit"):
             assert api_keys(args) == (b"s3cret",)
         assert "spaces or a line break around the key" in caplog.text and "s3cret" not in caplog.text
-    assert api_keys(ServeArgs(bundles=["emb=exports/emb"], api_key=["flag-key"])) == (b"flag-key",)  # the flag wins
+    # the flag wins
+    assert api_keys(ServeArgs(bundles=["emb=exports/emb"], api_key=["flag-key"])) == (b"flag-key",)
     with pytest.raises(ConfigError, match="an --api-key is empty or has spaces around it"):
         ServeArgs(bundles=["emb=exports/emb"], api_key=["flag-key\r"])

@@ -113,7 +113,8 @@ def test_models_health_ready_metrics_and_docs(server: Server, bundles) -> None:
     assert sorted(models) == sorted(bundles)
     assert models["clf"]["task"] == "classification" and models["clf"]["labels"] == ["neg", "pos"]
     assert "threshold" in models["clf"]["options"] and models["mlm"]["options"] == ["candidates", "top_k"]
-    assert models["ner"]["max_length"] == 24 and models["mlm"]["task"] == "fill-mask" and models["emb"]["source"]
+    assert (models["ner"]["max_length"] == 24 and models["mlm"]["task"] == "fill-mask"
+            and models["emb"]["source"])
     # the test process sets MLMKIT_PRECISION=fp32 (conftest.py), which the server inherits
     assert models["clf"]["precision"] == "fp32" and models["clf"]["computes_in"] == "fp32"
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
@@ -168,7 +169,8 @@ def test_bad_requests_get_a_status_and_a_message_and_are_counted(server: Server)
 def test_concurrent_single_text_clients_get_their_own_answers_in_batches(server: Server) -> None:
     rng = random.Random(3)
     texts = [sentence(rng, rng.randint(2, 20)) for _ in range(32 * 4)]
-    whole = server.post("clf", {"inputs": texts[:64]}).json()["results"] + server.post("clf", {"inputs": texts[64:]}).json()["results"]
+    whole = (server.post("clf", {"inputs": texts[:64]}).json()["results"]
+             + server.post("clf", {"inputs": texts[64:]}).json()["results"])
     calls_before = server.metric("mlmkit_batch_inputs_count", model="clf")
     singles_before = server.metric("mlmkit_batch_inputs_bucket", model="clf", le="1.0")
 
@@ -204,7 +206,8 @@ def test_an_internal_error_fails_only_its_own_request() -> None:
     from mlmkit.serve.queue import Metrics, Model
 
     class Pipe:
-        task, max_length, meta, providers, batch_size, pad_id, input_names = "echo", 8, {}, ["CPU"], 4, 0, ["input_ids"]
+        task, max_length, meta, providers, batch_size, pad_id, input_names = ("echo", 8, {}, ["CPU"], 4, 0,
+                                                                              ["input_ids"])
         option_names = ()
         calls: list[int] = []
 
@@ -214,7 +217,8 @@ def test_an_internal_error_fails_only_its_own_request() -> None:
         def run_batch(self, feed: dict[str, Any]) -> None:
             pass
 
-        def __call__(self, items: list[Any], errors: dict | None = None, tokens: list | None = None) -> list[dict[str, Any]]:
+        def __call__(self, items: list[Any], errors: dict | None = None,
+                     tokens: list | None = None) -> list[dict[str, Any]]:
             self.calls.append(len(items))
             time.sleep(0.05)
             if "boom" in items:
@@ -234,16 +238,19 @@ def test_an_internal_error_fails_only_its_own_request() -> None:
             t.start()
         for t in threads:
             t.join()
-        assert results["a"].json() == {"results": [{"echo": "a"}]} and results["b"].json() == {"results": [{"echo": "b"}]}
+        assert (results["a"].json() == {"results": [{"echo": "a"}]} and results["b"].json()
+                == {"results": [{"echo": "b"}]})
         bad = results["boom"]
         assert bad.status_code == 500 and bad.json()["request_id"] == bad.headers["x-request-id"]
         assert Pipe.calls[0] == 3  # the three were one call, then retried one by one
-        assert http.post("/v1/models/echo/predict", json={"inputs": ["c"]}).json() == {"results": [{"echo": "c"}]}
+        assert http.post("/v1/models/echo/predict",
+                         json={"inputs": ["c"]}).json() == {"results": [{"echo": "c"}]}
 
 
 # ---- shutdown ------------------------------------------------------------------------------------------
 def test_sigterm_lets_the_request_in_flight_finish_and_turns_new_ones_away(bundles, tmp_path: Path) -> None:
-    s = Server(tmp_path, bundles["clf"], "--max-inputs", "100000", "--max-body-bytes", "100000000", "--threads", "1",
+    s = Server(tmp_path, bundles["clf"], "--max-inputs", "100000", "--max-body-bytes", "100000000",
+               "--threads", "1",
                "--max-batch-size", "100000")
     try:
         rng = random.Random(5)

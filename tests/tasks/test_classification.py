@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import run_finetune
-from mlmkit_tasks.classification import task
 from typer.testing import CliRunner
 
 from mlmkit.errors import DataFormatError
 from mlmkit.registry import Task, TaskContext, get_task
 from mlmkit.text.tokenizer import train_tokenizer
 from mlmkit.train.finetune import evaluate_run
+from mlmkit_tasks.classification import task
 
 plugin = get_task("classification")
 OPTS = plugin.resolve_options()
@@ -45,7 +45,8 @@ def test_registered_through_entry_point():
 
 # ---- readers -----------------------------------------------------------------------------------
 def test_read_csv_quoting_multiline_and_line_numbers(tmp_path):
-    f = write(tmp_path / "d.csv", 'text,label\n"good, really good",pos\n\nbad,neg\n"two\nlines",pos\nlast,neg\n')
+    f = write(tmp_path / "d.csv",
+              'text,label\n"good, really good",pos\n\nbad,neg\n"two\nlines",pos\nlast,neg\n')
     ex = read(f)
     assert [(e["text"], e["label"], e["line"]) for e in ex] == [
         ("good, really good", "pos", 2), ("bad", "neg", 4), ("two\nlines", "pos", 5), ("last", "neg", 7)]
@@ -55,11 +56,13 @@ def test_read_csv_quoting_multiline_and_line_numbers(tmp_path):
 def test_read_tsv_pairs_without_quoting(tmp_path):
     f = write(tmp_path / "d.tsv", 'sentence1\tsentence2\ty\nhe said "hi\tthere\tyes\nfoo\tbar\tno\n')
     ex = read(f, text_column="sentence1", pair_column="sentence2", label_column="y")
-    assert [(e["text"], e["text_pair"], e["label"]) for e in ex] == [('he said "hi', "there", "yes"), ("foo", "bar", "no")]
+    assert [(e["text"], e["text_pair"], e["label"]) for e in ex] == [('he said "hi', "there", "yes"),
+                                                                     ("foo", "bar", "no")]
 
 
 def test_read_jsonl_pairs_and_label_types(tmp_path):
-    rows = [{"text": "a", "label": 1}, {"text": "b", "text_pair": "c", "label": "x"}, {"text": "d", "label": True}]
+    rows = [{"text": "a", "label": 1}, {"text": "b", "text_pair": "c", "label": "x"},
+            {"text": "d", "label": True}]
     f = write(tmp_path / "d.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n\n")
     ex = read(f)
     assert [e["label"] for e in ex] == ["1", "x", "true"]
@@ -75,18 +78,23 @@ def test_label_list_sorted_strings():
 @pytest.mark.parametrize(
     ("name", "content", "options", "pattern"),
     [
-        ("d.csv", "sentence,label\nhi,a\n", {}, r"d\.csv, line 1, field 'text': no column 'text'; the header has: sentence, label.*--text-column"),
-        ("d.csv", "text,tag\nhi,a\n", {}, r"line 1, field 'label': no column 'label'; the header has: text, tag.*--label-column"),
-        ("d.csv", "text,label\nhi,a\n", {"pair_column": "second"}, r"line 1, field 'second': no column 'second'.*--pair-column"),
+        ("d.csv", "sentence,label\nhi,a\n", {},
+         r"d\.csv, line 1, field 'text': no column 'text'; the header has: sentence, label.*--text-column"),
+        ("d.csv", "text,tag\nhi,a\n", {},
+         r"line 1, field 'label': no column 'label'; the header has: text, tag.*--label-column"),
+        ("d.csv", "text,label\nhi,a\n", {"pair_column": "second"},
+         r"line 1, field 'second': no column 'second'.*--pair-column"),
         ("d.csv", "text,label\nhi,a\n  ,b\n", {}, r"line 3, field 'text': empty text"),
         ("d.csv", "text,label\nhi,a\nho\n", {}, r"line 3, field 'label':.*ends before this column"),
         ("d.csv", "text,label\nhi, there,a\n", {}, r"line 2: 3 fields but the header has 2.*quote"),
         ("d.csv", "text,label\nhi,\n", {}, r"line 2, field 'label': empty label"),
         ("d.tsv", "text\tlabel\nok\ta\n\tb\n", {}, r"d\.tsv, line 3, field 'text': empty text"),
-        ("d.jsonl", '{"text": "a", "label": "x"}\n{"text": "b", label: "y"}\n', {}, r"d\.jsonl, line 2: malformed JSON"),
+        ("d.jsonl", '{"text": "a", "label": "x"}\n{"text": "b", label: "y"}\n', {},
+         r"d\.jsonl, line 2: malformed JSON"),
         ("d.jsonl", '{"text": "a", "label": "x"}\n{"sentence": "b", "label": "y"}\n', {},
          r"line 2, field 'text': no field 'text'; the record has: sentence, label.*--text-column"),
-        ("d.jsonl", '{"text": "a", "label": "x"}\n\n{"text": "", "label": "y"}\n', {}, r"line 3, field 'text': empty text"),
+        ("d.jsonl", '{"text": "a", "label": "x"}\n\n{"text": "", "label": "y"}\n', {},
+         r"line 3, field 'text': empty text"),
         ("d.jsonl", '["a", "x"]\n', {}, r"line 1: expected a JSON object"),
         ("d.csv", b"text,label\nfine,a\nbad \xff byte,b\n", {}, r"line 3: not valid UTF-8.*UTF-8"),
         ("d.txt", "hi\n", {}, r"unknown format '\.txt'.*csv, \.tsv, \.jsonl"),
@@ -109,14 +117,16 @@ def test_from_input():
     assert task.from_input({"q": "a", "p": "b", "label": "x"}, named) == {"text": "a", "text_pair": "b"}
     with pytest.raises(DataFormatError, match="field 'text': no field 'text'; the record has: sentence"):
         task.from_input({"sentence": "a"}, OPTS)
-    with pytest.raises(DataFormatError, match="field 'p': no field 'p'"):  # a pair column asked for by name must be there
+    # a pair column asked for by name must be there
+    with pytest.raises(DataFormatError, match="field 'p': no field 'p'"):
         task.from_input({"q": "a"}, named)
 
 
 # ---- featurize ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tok():
-    return train_tokenizer(["the quick brown fox jumps over the lazy dog", "a b c d e f g"] * 5, vocab_size=100, min_frequency=1)
+    return train_tokenizer(["the quick brown fox jumps over the lazy dog", "a b c d e f g"] * 5,
+                           vocab_size=100, min_frequency=1)
 
 
 def test_featurize_pairs_truncation_and_labels(tok):
@@ -138,12 +148,14 @@ def test_featurize_pairs_truncation_and_labels(tok):
     # longest_first keeps the short second text of a truncated pair
     assert len(feats[2]["input_ids"]) == 8 and feats[2]["token_type_ids"][-3:] == [1, 1, 1]
     # evaluation features carry no labels
-    assert all("labels" not in f for f in task.featurize(examples, tok, replace(CTX, max_length=8), training=False))
+    assert all("labels" not in f
+               for f in task.featurize(examples, tok, replace(CTX, max_length=8), training=False))
 
 
 def test_unknown_label_at_evaluation_names_line_and_known_labels(tok, tmp_path):
     f = write(tmp_path / "eval.csv", "text,label\nthe fox,a\nthe dog,zebra\n")
-    with pytest.raises(DataFormatError, match=r"eval\.csv, line 3, field 'label': label 'zebra' was not in the training data; the model knows: a, b, c"):
+    with pytest.raises(DataFormatError, match=r"eval\.csv, line 3, field 'label': label 'zebra' was not in "
+                                              r"the training data; the model knows: a, b, c"):
         task.featurize(read(f), tok, replace(CTX, max_length=16), training=False)
 
 
@@ -181,7 +193,8 @@ def test_metrics_refuse_unknown_gold_label():
 # ---- learning, HF parity, CLI ------------------------------------------------------------------
 POS = ["great", "excellent", "love", "wonderful", "superb", "perfect"]
 NEG = ["awful", "terrible", "hate", "broken", "useless", "horrible"]
-FILL = ["the", "box", "was", "it", "this", "phone", "and", "really", "very", "my", "day", "came", "with", "a", "case"]
+FILL = ["the", "box", "was", "it", "this", "phone", "and", "really", "very", "my", "day", "came", "with", "a",
+        "case"]
 
 
 def easy_set(n: int, seed: int) -> list[tuple[str, str]]:
@@ -219,7 +232,8 @@ def easy_data(tmp_path, base_model_factory, one_thread):
 def test_learns_easy_set_and_loads_in_transformers(easy_data, tmp_path):
     base, train, held = easy_data
     run = tmp_path / "run"
-    run_finetune("classification", base, train, run, epochs=4, batch_size=32, lr=4e-3, warmup_ratio=0.1, progress=False)
+    run_finetune("classification", base, train, run, epochs=4, batch_size=32, lr=4e-3, warmup_ratio=0.1,
+                 progress=False)
     metrics = evaluate_run(run, held)
     assert metrics["accuracy"] >= 0.9, metrics
     assert metrics["macro_f1"] >= 0.9 and metrics["mcc"] >= 0.8
@@ -234,9 +248,11 @@ def test_learns_easy_set_and_loads_in_transformers(easy_data, tmp_path):
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert hf.config.id2label == {0: "negative", 1: "positive"}
     t, ours, tok, meta = load_finetuned(run)
-    examples = [{"text": "great box"}, {"text": "it came broken", "text_pair": "the phone was very awful and useless"}]
+    examples = [{"text": "great box"},
+                {"text": "it came broken", "text_pair": "the phone was very awful and useless"}]
     feats = task.featurize(examples, tok, meta.context(t.resolve_options(saved=meta.options)), training=False)
-    batch = {k: torch.from_numpy(v) for k, v in pad_features(feats, 0).items()}  # mixed lengths: padding is masked
+    # mixed lengths: padding is masked
+    batch = {k: torch.from_numpy(v) for k, v in pad_features(feats, 0).items()}
     hf.eval()
     with torch.no_grad():
         a = ours(**batch)
@@ -251,7 +267,8 @@ def test_cli_finetune_evaluate_json_and_unknown_label(easy_data, tmp_path):
     base, train, held = easy_data
     run = tmp_path / "cli_run"
     runner = CliRunner()
-    r = runner.invoke(app, ["finetune", "classification", "--model", str(base), "--train", str(train), "--eval", str(held),
+    r = runner.invoke(app, ["finetune", "classification", "--model", str(base), "--train", str(train),
+                            "--eval", str(held),
                             "--out", str(run), "--max-steps", "10", "--lr", "4e-3", "--batch-size", "32"])
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["evaluate", str(run), "--data", str(held), "--json"])

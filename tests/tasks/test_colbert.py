@@ -89,10 +89,11 @@ def test_margin_mse_with_a_similarity_scores_each_anchor_against_its_own_candida
     b = _batch([[0, 1, 2], [0, 1, 2, 3]], [[0.0, 2.0, 0.5], [0.0, 1.0, 0.0, -1.0]])
     E = torch.randn(len(b.part), 6)
     dot = lambda x, y: x @ y.T  # noqa: E731
-    assert float(losses.MarginMSELoss(similarity=dot)(E, b)) == pytest.approx(float(losses.MarginMSELoss()(E, b)), rel=1e-6)
+    assert float(losses.MarginMSELoss(similarity=dot)(E, b)) == pytest.approx(float(losses.MarginMSELoss()(
+        E, b)), rel=1e-6)
 
 
-# ---- end to end on the built-in retrieval set ---------------------------------------------------------------
+# ---- end to end on the built-in retrieval set --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def colbert(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("colbert")
@@ -117,12 +118,14 @@ def test_fine_tuning_learns_retrieval_from_a_random_projection(colbert):
 def _ours(run: Path, kind: str, texts: list[str] = TEXTS) -> list[np.ndarray]:
     """Each text's token vectors as mlmkit's torch model and the task's postprocess give them."""
     task, net, tok, meta = load_finetuned(run)
-    ctx = replace(meta.context({**task.resolve_options(saved=meta.options), "input_type": kind}), tokenizer=tok)
+    ctx = replace(meta.context({**task.resolve_options(saved=meta.options), "input_type": kind}),
+                  tokenizer=tok)
     examples = [{"text": t} for t in texts]
     feats = task.featurize(examples, tok, ctx, training=False)
     with torch.no_grad():
         out = net(**{k: torch.from_numpy(v) for k, v in pad_features(feats, 0).items()})["vectors"].numpy()
-    preds = task.postprocess({"vectors": [o[: len(f["input_ids"])] for o, f in zip(out, feats)]}, feats, examples, ctx)
+    preds = task.postprocess({"vectors": [o[: len(f["input_ids"])] for o, f in zip(out, feats)]}, feats,
+                             examples, ctx)
     return [np.asarray(p["vectors"], dtype=np.float32) for p in preds]
 
 
@@ -149,7 +152,8 @@ def test_mlmkit_loads_a_multi_vector_encoder_saved_by_sentence_transformers(colb
     model = st.MultiVectorEncoder(str(colbert["base"]), device="cpu")  # a bare encoder: a fresh projection
     model.save(str(tmp_path / "mve"))
     _same(_ours(tmp_path / "mve", "query"), model.encode_query(TEXTS, convert_to_numpy=True), "query")
-    _same(_ours(tmp_path / "mve", "document"), model.encode_document(TEXTS, convert_to_numpy=True), "document")
+    _same(_ours(tmp_path / "mve", "document"), model.encode_document(TEXTS, convert_to_numpy=True),
+          "document")
     # and the run loads in mlmkit as it is: a colbert model from `mlmkit export` without --task
     bundle = tmp_path / "bundle"
     assert run_export(tmp_path / "mve", bundle)["task"] == "colbert"
@@ -159,8 +163,10 @@ def _tiny_checkpoint(run: Path, out: Path) -> tuple[dict, torch.Tensor]:
     """The run's encoder files copied to ``out``, its config and the projection weight."""
     import shutil
 
-    shutil.copytree(run, out, ignore=shutil.ignore_patterns("*_Dense", "*_MultiVectorMask", "*_Normalize", "modules.json",
-                                                            "sentence_bert_config.json", "config_sentence_transformers.json",
+    shutil.copytree(run, out, ignore=shutil.ignore_patterns("*_Dense", "*_MultiVectorMask", "*_Normalize",
+                                                            "modules.json",
+                                                            "sentence_bert_config.json",
+                                                            "config_sentence_transformers.json",
                                                             "mlmkit.json", "metrics.jsonl", "checkpoints"))
     config = json.loads((out / "config.json").read_text())
     return config, load_file(str(run / "1_Dense" / "model.safetensors"))["linear.weight"]
@@ -173,9 +179,12 @@ def test_mlmkit_loads_a_stanford_colbert_checkpoint_as_sentence_transformers_doe
     (d / "config.json").write_text(json.dumps({**config, "architectures": ["HF_ColBERT"]}))
     sd = load_file(str(d / "model.safetensors"))
     save_file({**sd, "linear.weight": weight.contiguous()}, str(d / "model.safetensors"))
-    (d / "artifact.metadata").write_text(json.dumps({"query_token_id": "[unused0]", "doc_token_id": "[unused1]",
-                                                     "query_maxlen": 10, "doc_maxlen": 40, "dim": SMALL["dim"],
-                                                     "mask_punctuation": True, "attend_to_mask_tokens": False}))
+    (d / "artifact.metadata").write_text(json.dumps({"query_token_id": "[unused0]",
+                                                     "doc_token_id": "[unused1]",
+                                                     "query_maxlen": 10, "doc_maxlen": 40,
+                                                     "dim": SMALL["dim"],
+                                                     "mask_punctuation": True,
+                                                     "attend_to_mask_tokens": False}))
     model = st.MultiVectorEncoder(str(d), device="cpu")
     _same(_ours(d, "query"), model.encode_query(TEXTS, convert_to_numpy=True), "query")
     _same(_ours(d, "document"), model.encode_document(TEXTS, convert_to_numpy=True), "document")
@@ -188,16 +197,18 @@ def test_mlmkit_loads_a_pylate_checkpoint_as_sentence_transformers_does(colbert,
     (d / "config.json").write_text(json.dumps({**config, "architectures": ["BertModel"]}))
     (d / "1_Dense").mkdir()
     save_file({"linear.weight": weight.contiguous()}, str(d / "1_Dense" / "model.safetensors"))
-    (d / "1_Dense" / "config.json").write_text(json.dumps({"in_features": weight.shape[1], "out_features": weight.shape[0],
-                                                          "bias": False,
-                                                          "activation_function": "torch.nn.modules.linear.Identity"}))
+    dense = {"in_features": weight.shape[1], "out_features": weight.shape[0], "bias": False,
+             "activation_function": "torch.nn.modules.linear.Identity"}
+    (d / "1_Dense" / "config.json").write_text(json.dumps(dense))
     (d / "modules.json").write_text(json.dumps([
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]))
     (d / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 40, "do_lower_case": False}))
     (d / "config_sentence_transformers.json").write_text(json.dumps({
-        "model_type": "ColBERT", "query_prefix": "[unused0]", "document_prefix": "[unused1]", "query_length": 10, "document_length": 40,
-        "attend_to_expansion_tokens": False, "skiplist_words": list("!,.?'"), "similarity_fn_name": "MaxSim"}))
+        "model_type": "ColBERT", "query_prefix": "[unused0]", "document_prefix": "[unused1]",
+        "query_length": 10, "document_length": 40,
+        "attend_to_expansion_tokens": False, "skiplist_words": list("!,.?'"),
+        "similarity_fn_name": "MaxSim"}))
     model = st.MultiVectorEncoder(str(d), device="cpu")
     _same(_ours(d, "query"), model.encode_query(TEXTS, convert_to_numpy=True), "query")
     _same(_ours(d, "document"), model.encode_document(TEXTS, convert_to_numpy=True), "document")
@@ -211,24 +222,29 @@ def bundle(colbert):
 
 
 def test_the_bundle_scores_what_the_run_scores_and_embed_writes_token_vectors(colbert, bundle, tmp_path):
-    r = runner.invoke(app, ["evaluate", str(bundle), "--data", str(colbert["beir"]), "--json"], env={"COLUMNS": "1000"})
+    r = runner.invoke(app, ["evaluate", str(bundle), "--data", str(colbert["beir"]), "--json"],
+                      env={"COLUMNS": "1000"})
     assert r.exit_code == 0, r.output
     assert abs(json.loads(r.stdout)["ndcg@10"] - colbert["metrics"]["eval_ndcg@10"]) < 0.002
     inputs = tmp_path / "in.jsonl"
     inputs.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS)))
     for kind in ("query", "document"):
         out = tmp_path / f"{kind}.parquet"
-        r = runner.invoke(app, ["embed", str(bundle), "--input", str(inputs), "--output", str(out), "--as", kind])
+        r = runner.invoke(app,
+                          ["embed", str(bundle), "--input", str(inputs), "--output", str(out), "--as", kind])
         assert r.exit_code == 0, r.output
         import pyarrow.parquet as pq
 
         rows = pq.read_table(out).to_pylist()
-        _same([np.asarray(row["vectors"], dtype=np.float32) for row in rows], _ours(colbert["run"], kind), kind)
+        _same([np.asarray(row["vectors"], dtype=np.float32) for row in rows], _ours(colbert["run"], kind),
+              kind)
     mixed = tmp_path / "mixed.jsonl"  # a record's own input_type sets its kind
-    mixed.write_text(json.dumps({"text": TEXTS[0], "input_type": "query"}) + "\n" + json.dumps({"text": TEXTS[0]}) + "\n")
+    mixed.write_text(json.dumps({"text": TEXTS[0], "input_type": "query"}) + "\n"
+                     + json.dumps({"text": TEXTS[0]}) + "\n")
     r = runner.invoke(app, ["embed", str(bundle), "--input", str(mixed), "--json"])
     assert r.exit_code == 0, r.output
-    got = [np.asarray(json.loads(line)["vectors"], dtype=np.float32) for line in r.stdout.splitlines() if line.startswith("{")]
+    got = [np.asarray(json.loads(line)["vectors"], dtype=np.float32) for line in r.stdout.splitlines()
+           if line.startswith("{")]
     _same(got, [_ours(colbert["run"], "query")[0], _ours(colbert["run"], "document")[0]], "mixed")
 
 
@@ -257,7 +273,8 @@ def test_colbert_reranks_bm25s_candidates_and_mlmkit_rerank_ranks_by_maxsim(colb
 @pytest.fixture(scope="module")
 def colbert_index(colbert, bundle):
     out = colbert["tmp"] / "index"
-    r = runner.invoke(app, ["index", str(bundle), "--corpus", str(colbert["beir"] / "corpus.jsonl"), "--out", str(out), "--json"])
+    r = runner.invoke(app, ["index", str(bundle), "--corpus", str(colbert["beir"] / "corpus.jsonl"), "--out",
+                            str(out), "--json"])
     assert r.exit_code == 0, r.output
     return out, json.loads(r.stdout)
 
@@ -266,7 +283,8 @@ def _corpus_texts(beir: Path) -> list[str]:
     return [f"{d['title']} {d['text']}".strip() for d in map(json.loads, open(beir / "corpus.jsonl"))]
 
 
-def test_a_colbert_index_codes_the_token_vectors_searches_as_exact_maxsim_and_evaluates_as_the_bundle(colbert, bundle,
+def test_a_colbert_index_codes_the_token_vectors_searches_as_exact_maxsim_and_evaluates_as_the_bundle(colbert,
+                                                                                                      bundle,
                                                                                                      colbert_index):
     from mlmkit.retrieval.index import Index, evaluate_index, query_vectors, search_vectors
     from mlmkit.retrieval.index.multivector import documents
@@ -275,9 +293,11 @@ def test_a_colbert_index_codes_the_token_vectors_searches_as_exact_maxsim_and_ev
     out, summary = colbert_index
     ix = Index.open(out)
     assert ix.kind == "multivector" and summary["count"] == ix.count == 300 and ix.codec is not None
-    assert summary["bytes_per_token_vector"] == 2 + SMALL["dim"] * 2 / 8  # a uint16 code and 2 bits a dimension
-    true = [np.asarray(r["vectors"], dtype=np.float32) for r in Pipeline.load(bundle)(_corpus_texts(colbert["beir"]),
-                                                                                          input_type="document")]
+    # a uint16 code and 2 bits a dimension
+    assert summary["bytes_per_token_vector"] == 2 + SMALL["dim"] * 2 / 8
+    true = [np.asarray(r["vectors"], dtype=np.float32)
+            for r in Pipeline.load(bundle)(_corpus_texts(colbert["beir"]),
+                                               input_type="document")]
     decoded = documents(ix, np.arange(ix.count))
     assert [len(d) for d in decoded] == [len(t) for t in true] and summary["tokens"] == sum(map(len, true))
     cosines = np.concatenate([(d * t).sum(1) for d, t in zip(decoded, true)])
@@ -289,8 +309,8 @@ def test_a_colbert_index_codes_the_token_vectors_searches_as_exact_maxsim_and_ev
     want = rank(q, decoded, 10)
     assert [list(r) for r in rows] == [[j for j, _ in w] for w in want]
     assert np.allclose(scores, [[s for _, s in w] for w in want], atol=1e-4)
-    # the default three stages keep what exact MaxSim over every decoded document finds (the coding's own loss on
-    # this 16-dimension model is measured on all-MiniLM-L6-v2 in benchmarks/late_interaction.py)
+    # the default three stages keep what exact MaxSim over every decoded document finds (the coding's own loss
+    # on this 16-dimension model is measured on all-MiniLM-L6-v2 in benchmarks/late_interaction.py)
     r = runner.invoke(app, ["evaluate", str(out), "--data", str(colbert["beir"]), "--json"])
     assert r.exit_code == 0, r.output
     everything = evaluate_index(out, colbert["beir"], rescore=ix.count)
@@ -315,10 +335,12 @@ def test_a_colbert_index_codes_the_token_vectors_searches_as_exact_maxsim_and_ev
     import pyarrow.parquet as pq
 
     table = pq.read_table(export).to_pylist()
-    assert len(table) == ix.count and np.allclose(np.asarray(table[3]["vectors"], dtype=np.float32), decoded[3])
+    assert len(table) == ix.count and np.allclose(np.asarray(table[3]["vectors"], dtype=np.float32),
+                                                  decoded[3])
 
 
-def test_a_colbert_index_deletes_and_compacts_to_the_same_coded_vectors_and_hits(colbert, colbert_index, tmp_path):
+def test_a_colbert_index_deletes_and_compacts_to_the_same_coded_vectors_and_hits(colbert, colbert_index,
+                                                                                 tmp_path):
     import shutil
 
     from mlmkit.retrieval.index import Index, query_vectors, search_vectors
@@ -330,7 +352,8 @@ def test_a_colbert_index_deletes_and_compacts_to_the_same_coded_vectors_and_hits
     (tmp_path / "gone.txt").write_text("".join(i + "\n" for i in ids[:100]))
     before = Index.open(out)
     decoded = documents(before, np.arange(before.count))
-    q = query_vectors(before, [json.loads(line)["text"] for line in open(colbert["beir"] / "queries.jsonl")][:8])
+    q = query_vectors(before,
+                      [json.loads(line)["text"] for line in open(colbert["beir"] / "queries.jsonl")][:8])
     assert runner.invoke(app, ["index", str(out), "--delete", str(tmp_path / "gone.txt")]).exit_code == 0
     deleted = Index.open(out)
     rows, scores = search_vectors(deleted, q, 10, rescore=deleted.count)
@@ -344,15 +367,17 @@ def test_a_colbert_index_deletes_and_compacts_to_the_same_coded_vectors_and_hits
     assert all(np.array_equal(a, b) for a, b in zip(documents(compacted, np.arange(200)), decoded[100:]))
     rows2, scores2 = search_vectors(compacted, q, 10, rescore=200)
     assert (rows2 == rows - 100).all() and np.allclose(scores2, scores)
-    assert [compacted.ids(r) for r in search_vectors(compacted, q, 10)[0]] == [deleted.ids(r) for r in search_vectors(deleted, q, 10)[0]]
+    assert [compacted.ids(r) for r in search_vectors(compacted, q, 10)[0]] == [deleted.ids(
+        r) for r in search_vectors(deleted, q, 10)[0]]
 
 
-def test_a_killed_colbert_build_resumes_to_the_files_of_a_straight_one_and_an_append_codes_with_the_index_codec(
+def test_a_killed_colbert_build_resumes_to_a_straight_ones_files_and_an_append_codes_with_the_index_codec(
         colbert, bundle, tmp_path, monkeypatch):
     from mlmkit.retrieval.index import BuildArgs, Index, build
     from mlmkit.retrieval.index import multivector as mv
 
-    monkeypatch.setattr(mv, "SAMPLE_TOKENS", 2000)  # the centroids trained on the first documents, in every build
+    # the centroids trained on the first documents, in every build
+    monkeypatch.setattr(mv, "SAMPLE_TOKENS", 2000)
     docs = open(colbert["beir"] / "corpus.jsonl").readlines()
     corpus, first, rest = tmp_path / "all.jsonl", tmp_path / "first.jsonl", tmp_path / "rest.jsonl"
     corpus.write_text("".join(docs))
@@ -368,7 +393,8 @@ def test_a_killed_colbert_build_resumes_to_the_files_of_a_straight_one_and_an_ap
 
     with pytest.raises(KeyboardInterrupt):
         build(BuildArgs(bundle, corpus, tmp_path / "killed", window=32), kill)
-    assert (tmp_path / "killed" / ".pending" / mv.CODEC).is_file() and not (tmp_path / "killed" / "manifest.json").exists()
+    assert ((tmp_path / "killed" / ".pending" / mv.CODEC).is_file()
+            and not (tmp_path / "killed" / "manifest.json").exists())
     build(BuildArgs(bundle, corpus, tmp_path / "killed", window=32, resume=True))
     build(BuildArgs(bundle, first, tmp_path / "appended", window=32))
     build(BuildArgs(bundle, rest, tmp_path / "appended", window=32, append=True))
@@ -377,25 +403,31 @@ def test_a_killed_colbert_build_resumes_to_the_files_of_a_straight_one_and_an_ap
         assert (tmp_path / "killed" / name).read_bytes() == (tmp_path / "straight" / name).read_bytes(), name
     a, b = Index.open(tmp_path / "straight"), Index.open(tmp_path / "appended")
     assert len(b.shards) == 2 and b.count == a.count and b.manifest["tokens"] == a.manifest["tokens"]
-    assert all(np.array_equal(x, y) for x, y in zip(mv.documents(a, np.arange(a.count)), mv.documents(b, np.arange(b.count))))
-    r = runner.invoke(app, ["index", str(bundle), "--corpus", str(rest), "--out", str(tmp_path / "appended"), "--append",
+    assert all(np.array_equal(x, y)
+               for x, y in zip(mv.documents(a, np.arange(a.count)), mv.documents(b, np.arange(b.count))))
+    r = runner.invoke(app, ["index", str(bundle), "--corpus", str(rest), "--out", str(tmp_path / "appended"),
+                            "--append",
                             "--bits", "1"])
     assert r.exit_code == 2 and "--bits 2" in r.output, r.output
 
 
-def test_bad_input_to_a_colbert_index_is_one_line_and_changes_nothing(colbert, bundle, colbert_index, tmp_path):
+def test_bad_input_to_a_colbert_index_is_one_line_and_changes_nothing(colbert, bundle, colbert_index,
+                                                                      tmp_path):
     import shutil
 
     out, _ = colbert_index
     corpus = str(colbert["beir"] / "corpus.jsonl")
-    for argv, match in ((["--quantize", "int8"], "takes no --quantize"), (["--bits", "3"], "--bits 3: use 1 or 2"),
+    for argv, match in ((["--quantize", "int8"], "takes no --quantize"),
+                        (["--bits", "3"], "--bits 3: use 1 or 2"),
                         (["--ann", "hnsw"], "takes no --quantize, --ann")):
-        r = runner.invoke(app, ["index", str(bundle), "--corpus", corpus, "--out", str(tmp_path / "x"), *argv])
+        r = runner.invoke(app,
+                          ["index", str(bundle), "--corpus", corpus, "--out", str(tmp_path / "x"), *argv])
         assert r.exit_code == 2 and match in r.output and "Traceback" not in r.output, r.output
     for name, damage in (("shard-000000/codes.bin", lambda f: f.write_bytes(f.read_bytes()[:-6])),
                          ("codec.npz", lambda f: f.write_bytes(b"not a codec")),
                          ("shard-000000/residuals.bin", lambda f: f.write_bytes(b"")),
-                         ("manifest.json", lambda f: f.write_text(f.read_text().replace('"nprobe": 4', '"nprobe": "four"')))):
+                         ("manifest.json",
+                          lambda f: f.write_text(f.read_text().replace('"nprobe": 4', '"nprobe": "four"')))):
         broken = tmp_path / name.replace("/", "-")
         shutil.copytree(out, broken)
         damage(broken / name)
@@ -413,14 +445,16 @@ def test_bad_input_to_a_colbert_index_is_one_line_and_changes_nothing(colbert, b
     assert r.exit_code == 0, r.output
     for index, other in ((out, emb), (dense, bundle)):
         r = runner.invoke(app, ["search", str(index), "a query", "--bundle", str(other)])
-        assert r.exit_code == 2 and "was built with the bundle" in r.output and "Traceback" not in r.output, r.output
+        assert (r.exit_code == 2 and "was built with the bundle" in r.output
+                and "Traceback" not in r.output), r.output
 
 
 def test_cached_mnrl_gives_mnrls_loss(colbert):
     from mlmkit.registry import get_task
 
     task, net, tok, meta = load_finetuned(colbert["run"])
-    rows = [{"anchor": f"query {i}", "positive": f"the document {i} .", "negatives": [f"other {i}"]} for i in range(6)]
+    rows = [{"anchor": f"query {i}", "positive": f"the document {i} .", "negatives": [f"other {i}"]}
+            for i in range(6)]
     got = []
     for loss in ("mnrl", "cached-mnrl"):
         opts = task.resolve_options({**SMALL, "loss": loss, "mini_batch_size": 4})
@@ -438,33 +472,42 @@ def test_cached_mnrl_gives_mnrls_loss(colbert):
 def test_kl_distill_trains_on_rows_with_teacher_scores(colbert, tmp_path):
     rows = tmp_path / "rows.jsonl"
     corpus = [json.loads(line) for line in open(colbert["beir"] / "corpus.jsonl")][:40]
-    # the teacher prefers the first negative, against what the model starts with: learning it is the loss falling
-    rows.write_text("".join(json.dumps({"anchor": d["text"][:40], "positive": d["text"], "negative_1": corpus[i - 1]["text"],
-                                        "negative_2": corpus[i - 2]["text"], "scores": [0.0, 5.0, 0.0]}) + "\n"
+    # the teacher prefers the first negative, against what the model starts with: learning it is the loss
+    # falling
+    rows.write_text("".join(json.dumps({"anchor": d["text"][:40], "positive": d["text"],
+                                        "negative_1": corpus[i - 1]["text"],
+                                        "negative_2": corpus[i - 2]["text"], "scores": [0.0, 5.0, 0.0]})
+                            + "\n"
                             for i, d in enumerate(corpus)))
     out = tmp_path / "kl"
-    run_finetune("colbert", colbert["run"], rows, out, steps=12, lr=1e-3, batch_size=24, max_length=48, progress=False,
+    run_finetune("colbert", colbert["run"], rows, out, steps=12, lr=1e-3, batch_size=24, max_length=48,
+                 progress=False,
                  log_every=1, options={"loss": "kl-distill"})
     log = [json.loads(line)["loss"] for line in open(out / "metrics.jsonl") if '"loss"' in line]
-    assert len(log) == 12 and np.mean(log[-3:]) < 0.75 * np.mean(log[:3]) and all(map(math.isfinite, log)), log
+    assert len(log) == 12 and np.mean(log[-3:]) < 0.75 * np.mean(log[:3]) and all(map(math.isfinite,
+                                                                                      log)), log
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"anchor": "a", "positive": "b", "negative_1": "c"}) + "\n")
-    r = runner.invoke(app, ["finetune", "colbert", "--model", str(colbert["run"]), "--train", str(bad), "--out", str(tmp_path / "x"),
+    r = runner.invoke(app, ["finetune", "colbert", "--model", str(colbert["run"]), "--train", str(bad),
+                            "--out", str(tmp_path / "x"),
                             "--option", "loss=kl-distill"])
-    assert r.exit_code == 2 and "kl-distill needs the teacher's scores" in r.output and "bad.jsonl" in r.output
+    assert (r.exit_code == 2 and "kl-distill needs the teacher's scores" in r.output
+            and "bad.jsonl" in r.output)
 
 
 def test_bad_options_are_one_line(colbert, tmp_path):
     for option, match in (("query_length=4096", "query_length 4096 exceeds the model's 512 positions"),
                           ("dim=0", "dim")):
-        r = runner.invoke(app, ["finetune", "colbert", "--model", str(colbert["base"]), "--train", str(colbert["beir"]),
+        r = runner.invoke(app, ["finetune", "colbert", "--model", str(colbert["base"]), "--train",
+                                str(colbert["beir"]),
                                 "--out", str(tmp_path / "x"), "--option", option])
         assert r.exit_code == 2 and match in r.output and "Traceback" not in r.output, r.output
     with pytest.raises(ConfigError, match="query_length"):
         evaluate_base("colbert", colbert["base"], colbert["beir"], options={"query_length": 4096})
 
 
-def test_serve_answers_token_vectors_on_predict_and_refuses_them_on_the_embedding_routes(colbert, bundle, colbert_index,
+def test_serve_answers_token_vectors_on_predict_and_refuses_them_on_the_embedding_routes(colbert, bundle,
+                                                                                         colbert_index,
                                                                                          tmp_path):
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
@@ -480,7 +523,8 @@ def test_serve_answers_token_vectors_on_predict_and_refuses_them_on_the_embeddin
         assert r.status_code == 422 and "multi-vector" in r.text, r.text
         r = s.post("colbert", {"inputs": TEXTS, "options": {"input_type": "query"}})
         assert r.status_code == 200, r.text
-        _same([np.asarray(x["vectors"], dtype=np.float32) for x in r.json()["results"]], _ours(colbert["run"], "query"),
+        _same([np.asarray(x["vectors"], dtype=np.float32) for x in r.json()["results"]],
+              _ours(colbert["run"], "query"),
               "served")
         r = httpx.post(s.url + "/v1/embeddings", json={"model": "colbert", "input": TEXTS}, timeout=30)
         assert r.status_code == 422 and "'embedding'" in r.json()["error"], r.text
@@ -502,7 +546,8 @@ def test_serve_answers_token_vectors_on_predict_and_refuses_them_on_the_embeddin
         s.stop()
 
 
-def test_a_distilled_colbert_student_learns_the_teachers_vectors_and_loads_in_sentence_transformers(colbert, tmp_path):
+def test_a_distilled_colbert_student_learns_the_teachers_vectors_and_loads_in_sentence_transformers(colbert,
+                                                                                                    tmp_path):
     st = pytest.importorskip("sentence_transformers")
     from mlmkit.args import DistillArgs
     from mlmkit.train.distill import distill
@@ -520,7 +565,8 @@ def test_a_distilled_colbert_student_learns_the_teachers_vectors_and_loads_in_se
 
 
 @pytest.mark.slow  # ~30 s: starts a Ray cluster
-def test_a_ray_built_colbert_index_holds_the_documents_of_a_local_one(colbert, bundle, colbert_index, tmp_path):
+def test_a_ray_built_colbert_index_holds_the_documents_of_a_local_one(colbert, bundle, colbert_index,
+                                                                      tmp_path):
     """`mlmkit index COLBERT --engine ray`: the same documents, in order, with as many token vectors each,
     coded as a local build codes them (Ray's batches pad otherwise: equal within rounding)."""
     ray = pytest.importorskip("ray")
@@ -528,15 +574,18 @@ def test_a_ray_built_colbert_index_holds_the_documents_of_a_local_one(colbert, b
     from mlmkit.retrieval.index.multivector import documents
 
     try:
-        r = runner.invoke(app, ["index", str(bundle), "--corpus", str(colbert["beir"] / "corpus.jsonl"), "--out",
-                                str(tmp_path / "ray"), "--engine", "ray", "--workers", "2", "--threads", "2", "--window", "100",
-                                "--json"])
+        r = runner.invoke(app,
+                          ["index", str(bundle), "--corpus", str(colbert["beir"] / "corpus.jsonl"), "--out",
+                           str(tmp_path / "ray"), "--engine", "ray", "--workers", "2", "--threads", "2",
+                           "--window", "100",
+                           "--json"])
         assert r.exit_code == 0, (r.output, r.exception)
     finally:
         ray.shutdown()
     local, got = Index.open(colbert_index[0]), Index.open(tmp_path / "ray")
     rows = np.arange(local.count)
-    assert got.count == local.count and got.ids(rows) == local.ids(rows) and got.manifest["tokens"] == local.manifest["tokens"]
+    assert (got.count == local.count and got.ids(rows) == local.ids(rows) and got.manifest["tokens"]
+            == local.manifest["tokens"])
     a, b = documents(local, rows), documents(got, rows)
     assert [len(x) for x in a] == [len(y) for y in b]
     assert np.concatenate([(x * y).sum(1) for x, y in zip(a, b)]).mean() > 0.99

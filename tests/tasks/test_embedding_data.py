@@ -23,12 +23,15 @@ st = pytest.importorskip("sentence_transformers")
 from sentence_transformers.base.modules import Dense, Normalize, Transformer  # noqa: E402
 from sentence_transformers.sentence_transformer.modules import Pooling  # noqa: E402
 
-PROMPTS = {"query": "search_query: ", "document": "search_document: ", "Clustering": "task: clustering | query: "}
-TEXTS = ["the film was good", "john went to paris and the plot was very dull and the story too", "a", "not bad at all",
+PROMPTS = {"query": "search_query: ", "document": "search_document: ",
+           "Clustering": "task: clustering | query: "}
+TEXTS = ["the film was good", "john went to paris and the plot was very dull and the story too", "a",
+         "not bad at all",
          "very very poor plot and a dull story to the end of the film"]
 # family -> (pooling mode, Dense layers (out, bias, activation), normalised): the shapes of the releases
 WRAPS: dict[str, tuple[str, list[tuple[int, bool, Any]], bool]] = {
-    "bert": ("mean", [(48, False, torch.nn.Identity()), (32, False, torch.nn.Identity())], True),  # EmbeddingGemma's
+    # EmbeddingGemma's
+    "bert": ("mean", [(48, False, torch.nn.Identity()), (32, False, torch.nn.Identity())], True),
     "roberta": ("weightedmean", [(16, True, torch.nn.Tanh())], False),
     "modernbert": ("cls", [], True),
     "distilbert": ("lasttoken", [], True),  # Qwen3-Embedding's pooling
@@ -64,7 +67,8 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("family", WRAPS)
-def test_a_sentence_transformers_folder_embeds_as_sentence_transformers_does(tmp_path: Path, family: str) -> None:
+def test_a_sentence_transformers_folder_embeds_as_sentence_transformers_does(tmp_path: Path,
+                                                                             family: str) -> None:
     model, folder = wrap(tmp_path, family)
     meta = run_export(folder, tmp_path / "b")
     assert meta["options"]["pooling"] == WRAPS[family][0]
@@ -73,11 +77,14 @@ def test_a_sentence_transformers_folder_embeds_as_sentence_transformers_does(tmp
         ours = np.array([r["embedding"] for r in pipe(TEXTS, prompt_name=name or "")])
         theirs = model.encode(TEXTS, prompt_name=name, convert_to_numpy=True)
         assert ours.shape == theirs.shape
-        assert cosines(ours, theirs).min() >= 0.9999 and np.abs(ours - theirs).max() < 1e-4, (name, np.abs(ours - theirs).max())
-    query = np.array([r["embedding"] for r in pipe(TEXTS, input_type="query")])  # `--as query` is the prompt named query
+        assert (cosines(ours, theirs).min() >= 0.9999 and np.abs(ours - theirs).max()
+                < 1e-4), (name, np.abs(ours - theirs).max())
+    # `--as query` is the prompt named query
+    query = np.array([r["embedding"] for r in pipe(TEXTS, input_type="query")])
     np.testing.assert_allclose(query, model.encode_query(TEXTS, convert_to_numpy=True), atol=1e-4)
     dims = 8
-    theirs = model.encode(TEXTS, prompt_name="Clustering", truncate_dim=dims, normalize_embeddings=WRAPS[family][2])
+    theirs = model.encode(TEXTS, prompt_name="Clustering", truncate_dim=dims,
+                          normalize_embeddings=WRAPS[family][2])
     ours = np.array([r["embedding"] for r in pipe(TEXTS, prompt_name="Clustering", dimensions=dims)])
     np.testing.assert_allclose(ours, theirs, atol=1e-4)
 
@@ -85,13 +92,15 @@ def test_a_sentence_transformers_folder_embeds_as_sentence_transformers_does(tmp
 def test_prompt_name_and_dimensions_on_the_command_line(tmp_path: Path) -> None:
     model, folder = wrap(tmp_path, "bert")
     run_export(folder, tmp_path / "b")
-    r = runner.invoke(app, ["embed", str(tmp_path / "b"), *TEXTS, "--prompt-name", "Clustering", "--dimensions", "16",
+    r = runner.invoke(app, ["embed", str(tmp_path / "b"), *TEXTS, "--prompt-name", "Clustering",
+                            "--dimensions", "16",
                             "--output", str(tmp_path / "v.npy")])
     assert r.exit_code == 0, r.output
     want = model.encode(TEXTS, prompt_name="Clustering", truncate_dim=16, normalize_embeddings=True)
     np.testing.assert_allclose(np.load(tmp_path / "v.npy"), want, atol=1e-4)
     r = runner.invoke(app, ["embed", str(tmp_path / "b"), "a text", "--prompt-name", "Retrieval"])
-    assert r.exit_code == 2 and "no prompt named 'Retrieval'" in r.output and "Clustering" in r.output, r.output
+    assert (r.exit_code == 2 and "no prompt named 'Retrieval'" in r.output
+            and "Clustering" in r.output), r.output
     r = runner.invoke(app, ["embed", str(tmp_path / "b"), "a text", "--dimensions", "999"])
     assert r.exit_code == 2 and "more than the model's 32" in r.output, r.output
 
@@ -113,16 +122,19 @@ def test_the_servers_prompt_name_reaches_the_named_prompts(tmp_path: Path) -> No
         want = model.encode(TEXTS, prompt_name="Clustering", truncate_dim=8, normalize_embeddings=True)
         np.testing.assert_allclose(got, want, atol=1e-4)
         bad = http.post("/embed", json={"inputs": TEXTS, "prompt_name": "Retrieval"})
-        assert bad.status_code == 422 and "Clustering" in bad.json()["error"] + bad.json().get("hint", ""), bad.json()
+        assert bad.status_code == 422 and "Clustering" in bad.json()["error"] + bad.json().get("hint",
+                                                                                               ""), bad.json()
 
 
 def test_a_fine_tune_keeps_the_modules_and_loads_back_with_its_bundles_vectors(tmp_path: Path) -> None:
     _, folder = wrap(tmp_path, "bert")
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"anchor": a, "positive": b}) + "\n" for a, b in zip(TEXTS, TEXTS[1:] + TEXTS[:1])))
+    rows.write_text("".join(json.dumps({"anchor": a, "positive": b}) + "\n"
+                            for a, b in zip(TEXTS, TEXTS[1:] + TEXTS[:1])))
     run = tmp_path / "run"
     run_finetune("embedding", folder, rows, run, steps=3, lr=1e-3, batch_size=4, progress=False)
-    before = {k: v for k, v in st.SentenceTransformer(str(folder), device="cpu").state_dict().items() if k.startswith("2.")}
+    before = {k: v for k, v in st.SentenceTransformer(str(folder), device="cpu").state_dict().items()
+              if k.startswith("2.")}
     after = st.SentenceTransformer(str(run), device="cpu")
     assert [type(m).__name__ for m in after] == ["Transformer", "Pooling", "Dense", "Dense", "Normalize"]
     assert after.prompts["Clustering"] == PROMPTS["Clustering"]
@@ -139,34 +151,43 @@ def test_an_index_of_leading_dimensions_searched_with_a_named_prompt(tmp_path: P
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(TEXTS)))
     ix = tmp_path / "ix"
-    r = runner.invoke(app, ["index", str(tmp_path / "b"), "--corpus", str(corpus), "--out", str(ix), "--dimensions", "8"])
+    r = runner.invoke(app, ["index", str(tmp_path / "b"), "--corpus", str(corpus), "--out", str(ix),
+                            "--dimensions", "8"])
     assert r.exit_code == 0, r.output
     assert json.loads((ix / "manifest.json").read_text())["dimensions"] == 8
-    r = runner.invoke(app, ["search", str(ix), "plot of the film", "--prompt-name", "Clustering", "--top-k", "5", "--json"])
+    r = runner.invoke(app, ["search", str(ix), "plot of the film", "--prompt-name", "Clustering", "--top-k",
+                            "5", "--json"])
     assert r.exit_code == 0, r.output
     hits = json.loads(r.stdout.splitlines()[0])["hits"]
     docs = model.encode_document(TEXTS, truncate_dim=8, normalize_embeddings=True)
-    query = model.encode(["plot of the film"], prompt_name="Clustering", truncate_dim=8, normalize_embeddings=True)[0]
+    query = model.encode(["plot of the film"], prompt_name="Clustering", truncate_dim=8,
+                         normalize_embeddings=True)[0]
     want = sorted(((f"d{i}", float(s)) for i, s in enumerate(docs @ query)), key=lambda x: -x[1])
     assert [h["id"] for h in hits] == [d for d, _ in want]
     np.testing.assert_allclose([h["score"] for h in hits], [s for _, s in want], atol=1e-4)
-    r = runner.invoke(app, ["index", str(tmp_path / "b"), "--corpus", str(corpus), "--out", str(ix), "--append",
-                            "--dimensions", "16"])
+    r = runner.invoke(app,
+                      ["index", str(tmp_path / "b"), "--corpus", str(corpus), "--out", str(ix), "--append",
+                       "--dimensions", "16"])
     assert r.exit_code == 2 and "--dimensions 8" in r.output, r.output
 
 
 @pytest.mark.parametrize("edit, words", [
-    (lambda d: _json(d / "2_Dense" / "config.json", activation_function="torch.nn.modules.activation.Softmax"),
+    (lambda d: _json(d / "2_Dense" / "config.json",
+                     activation_function="torch.nn.modules.activation.Softmax"),
      "activation torch.nn.modules.activation.Softmax is not supported"),
     (lambda d: _json(d / "2_Dense" / "config.json", in_features=7), "dense_layers"),
     (lambda d: _json(d / "1_Pooling" / "config.json", include_prompt=False), "include_prompt false"),
-    (lambda d: _json(d / "config_sentence_transformers.json", prompts={"query": 3}), "prompts must map names to texts"),
-    (lambda d: _json(d / "config_sentence_transformers.json", default_prompt_name="web"), "default_prompt_name 'web'"),
+    (lambda d: _json(d / "config_sentence_transformers.json", prompts={"query": 3}),
+     "prompts must map names to texts"),
+    (lambda d: _json(d / "config_sentence_transformers.json", default_prompt_name="web"),
+     "default_prompt_name 'web'"),
     (lambda d: (d / "modules.json").write_text(json.dumps(json.loads((d / "modules.json").read_text())
-                                                          + [{"idx": 9, "name": "9", "path": "", "type": "x.Asym"}])),
+                                                          + [{"idx": 9, "name": "9", "path": "",
+                                                              "type": "x.Asym"}])),
      "module Asym is not one mlmkit runs"),
 ])
-def test_what_a_sentence_transformers_folder_cannot_run_is_one_line(tmp_path: Path, edit: Any, words: str) -> None:
+def test_what_a_sentence_transformers_folder_cannot_run_is_one_line(tmp_path: Path, edit: Any,
+                                                                    words: str) -> None:
     _, folder = wrap(tmp_path, "bert")
     edit(folder)
     r = runner.invoke(app, ["export", str(folder), "--out", str(tmp_path / "b")])
@@ -187,7 +208,8 @@ def test_a_prompts_option_that_is_not_names_and_texts_is_one_line(tmp_path: Path
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma3_text"])
-def test_a_decoders_and_embeddinggemmas_folder_fine_tunes_with_cached_mnrl(tmp_path: Path, family: str) -> None:
+def test_a_decoders_and_embeddinggemmas_folder_fine_tunes_with_cached_mnrl(tmp_path: Path,
+                                                                           family: str) -> None:
     """Qwen3-Embedding's layout (a causal decoder, last-token pooling) and EmbeddingGemma's (bidirectional,
     mean pooling, two Dense layers) fine-tune through the embedding task with GradCache's loss; the run
     loads in sentence-transformers with its bundle's vectors."""
@@ -195,23 +217,29 @@ def test_a_decoders_and_embeddinggemmas_folder_fine_tunes_with_cached_mnrl(tmp_p
     from prenorm_parity import gemma_tokenizer, qwen3_tokenizer, save_hf, sentence_transformers_bundle
 
     fast = qwen3_tokenizer() if family == "qwen3" else gemma_tokenizer()
-    sizes = dict(vocab_size=len(fast), hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=8, pad_token_id=fast.pad_token_id, max_position_embeddings=64)
+    sizes = dict(vocab_size=len(fast), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                 num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8, pad_token_id=fast.pad_token_id,
+                 max_position_embeddings=64)
     if family == "qwen3":
         save_hf(tmp_path / "hf", "Qwen3Model", transformers.Qwen3Config(**sizes), tokenizer=fast)
     else:
-        save_hf(tmp_path / "hf", "Gemma3TextModel", transformers.Gemma3TextConfig(**sizes, use_bidirectional_attention=True,
-                                                                                  sliding_window=4, query_pre_attn_scalar=8),
+        save_hf(tmp_path / "hf", "Gemma3TextModel",
+                transformers.Gemma3TextConfig(**sizes, use_bidirectional_attention=True,
+                                              sliding_window=4,
+                                              query_pre_attn_scalar=8),
                 tokenizer=fast)
     sentence_transformers_bundle(tmp_path, tmp_path / "hf", "lasttoken" if family == "qwen3" else "mean",
                                  dense=() if family == "qwen3" else (48,))
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"anchor": a, "positive": b}) + "\n" for a, b in zip(TEXTS, TEXTS[1:] + TEXTS[:1])))
+    rows.write_text("".join(json.dumps({"anchor": a, "positive": b}) + "\n"
+                            for a, b in zip(TEXTS, TEXTS[1:] + TEXTS[:1])))
     run = tmp_path / "run"
     run_finetune("embedding", tmp_path / "st", rows, run, steps=3, lr=1e-3, batch_size=4, progress=False,
                  options={"loss": "cached-mnrl", "mini_batch_size": 2})
     after = st.SentenceTransformer(str(run), device="cpu")
-    assert [type(m).__name__ for m in after][1:] == ["Pooling", *(["Dense"] * (2 if family != "qwen3" else 0)), "Normalize"]
+    assert [type(m).__name__
+            for m in after][1:] == ["Pooling", *(["Dense"] * (2 if family != "qwen3" else 0)), "Normalize"]
     run_export(run, tmp_path / "b")
     ours = np.array([r["embedding"] for r in Pipeline.load(tmp_path / "b")(TEXTS)])
     np.testing.assert_allclose(ours, after.encode(TEXTS), atol=1e-4)

@@ -28,10 +28,12 @@ def _same(got: list[dict], want: list[dict]) -> None:
         assert {k: v for k, v in g.items() if k != "masks"} == {k: v for k, v in w.items() if k != "masks"}
         assert len(g["masks"]) == len(w["masks"])
         for gm, wm in zip(g["masks"], w["masks"]):
-            assert {k: v for k, v in gm.items() if k != "candidates"} == {k: v for k, v in wm.items() if k != "candidates"}
+            assert {k: v for k, v in gm.items() if k != "candidates"} == {k: v for k, v in wm.items() if k
+                                                                          != "candidates"}
             assert [c["id"] for c in gm["candidates"]] == [c["id"] for c in wm["candidates"]]
             assert [c["token"] for c in gm["candidates"]] == [c["token"] for c in wm["candidates"]]
-            assert [c["score"] for c in gm["candidates"]] == pytest.approx([c["score"] for c in wm["candidates"]], abs=1e-5)
+            assert [c["score"] for c in gm["candidates"]] == pytest.approx([
+                c["score"] for c in wm["candidates"]], abs=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +104,8 @@ def test_evaluate_scores_the_answers_of_each_mask(exported, tmp_path):
 
 def test_evaluation_data_without_answers_is_refused_naming_the_line(exported, tmp_path):
     data = tmp_path / "eval.jsonl"
-    data.write_text(json.dumps({"text": "a [MASK]", "answer": "cat"}) + "\n" + json.dumps({"text": "a [MASK]"}) + "\n")
+    data.write_text(json.dumps({"text": "a [MASK]", "answer": "cat"}) + "\n"
+                    + json.dumps({"text": "a [MASK]"}) + "\n")
     with pytest.raises(DataFormatError, match=r"eval.jsonl, line 2.*answer"):
         evaluate_bundle(exported[0], data)
 

@@ -28,8 +28,10 @@ from mlmkit.registry import TRUNCATED, TaskContext, get_task
 transformers = pytest.importorskip("transformers")
 runner = CliRunner()
 
-# Qwen3-Reranker's model card, written out here (not read from the task) so that the task's template is checked
-PREFIX = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+# Qwen3-Reranker's model card, written out here (not read from the task) so that the task's template is
+# checked
+PREFIX = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+          "Instruct "
           "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n")
 SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
@@ -37,7 +39,8 @@ MAX_LENGTH = 160  # the positions of the model, and so the bundle's max length
 PAIRS = [("where did john go", "john went to paris"), ("where did john go", "a"),
          ("what was the film like", "the plot was very dull and the story was not good"),
          ("what was the film like", "café déjà vu: the film was great"),
-         ("where did john go", " ".join(["the film was good and john went to paris"] * 20))]  # cut to the max length
+         # cut to the max length
+         ("where did john go", " ".join(["the film was good and john went to paris"] * 20))]
 
 
 def judge_tokenizer(*, append_eot: bool = False) -> Any:
@@ -47,14 +50,21 @@ def judge_tokenizer(*, append_eot: bool = False) -> Any:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    texts = sentences(200) + [PREFIX, SUFFIX, f"<Instruct>: {INSTRUCTION}\n<Query>: q\n<Document>: d"] * 5 + ["yes", "no"] * 20
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=500, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                                       min_frequency=1, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    texts = (sentences(200) + [PREFIX, SUFFIX, f"<Instruct>: {INSTRUCTION}\n<Query>: q\n<Document>: d"] * 5
+             + ["yes", "no"] * 20)
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=500,
+                                                       special_tokens=["<|endoftext|>", "<|im_start|>",
+                                                                       "<|im_end|>"],
+                                                       min_frequency=1,
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     if append_eot:
-        tok.post_processor = processors.TemplateProcessing(single="$A:0 <|endoftext|>:0", pair="$A:0 <|endoftext|>:0 $B:1 <|endoftext|>:1",
-                                                           special_tokens=[("<|endoftext|>", tok.token_to_id("<|endoftext|>"))])
+        tok.post_processor = processors.TemplateProcessing(single="$A:0 <|endoftext|>:0",
+                                                           pair="$A:0 <|endoftext|>:0 $B:1 <|endoftext|>:1",
+                                                           special_tokens=[("<|endoftext|>", tok.token_to_id(
+                                                               "<|endoftext|>"))])
     assert tok.token_to_id("yes") is not None and tok.token_to_id("no") is not None
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>")
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>",
+                                                eos_token="<|im_end|>")
 
 
 def save_judge(d: Path, *, tied: bool, seed: int = 0) -> Path:
@@ -76,7 +86,8 @@ def save_judge(d: Path, *, tied: bool, seed: int = 0) -> Path:
     return d
 
 
-def model_card_inputs(d: Path, pairs: list[tuple[str, str]], instruction: str = INSTRUCTION) -> dict[str, torch.Tensor]:
+def model_card_inputs(d: Path, pairs: list[tuple[str, str]],
+                      instruction: str = INSTRUCTION) -> dict[str, torch.Tensor]:
     """The model card's process_inputs: each pair's body tokenized and cut to what the prefix and suffix
     leave of the max length, between their tokens, the batch padded on the left."""
     tok = transformers.AutoTokenizer.from_pretrained(d, padding_side="left")
@@ -85,12 +96,14 @@ def model_card_inputs(d: Path, pairs: list[tuple[str, str]], instruction: str = 
     enc = tok(bodies, padding=False, truncation="longest_first", return_attention_mask=False,
               max_length=MAX_LENGTH - len(prefix) - len(suffix))
     enc["input_ids"] = [prefix + ids + suffix for ids in enc["input_ids"]]
-    return tok.pad(enc, padding=True, return_tensors="pt")  # (the card also gives max_length, which padding=True ignores)
+    # (the card also gives max_length, which padding=True ignores)
+    return tok.pad(enc, padding=True, return_tensors="pt")
 
 
 @torch.no_grad()
 def model_card_scores(d: Path, pairs: list[tuple[str, str]]) -> np.ndarray:
-    """P(yes) as the model card computes it: the last position's logits of "no" and "yes", log-softmax, exp."""
+    """P(yes) as the model card computes it: the last position's logits of "no" and "yes", log-softmax,
+    exp."""
     tok = transformers.AutoTokenizer.from_pretrained(d)
     yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
     model = transformers.Qwen3ForCausalLM.from_pretrained(d).eval()
@@ -102,7 +115,8 @@ def model_card_scores(d: Path, pairs: list[tuple[str, str]]) -> np.ndarray:
 @pytest.fixture(scope="module")
 def judges(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("judge")
-    return {"tied": save_judge(tmp / "tied", tied=True), "untied": save_judge(tmp / "untied", tied=False, seed=1)}
+    return {"tied": save_judge(tmp / "tied", tied=True),
+            "untied": save_judge(tmp / "untied", tied=False, seed=1)}
 
 
 def test_qwen3_reranker_bundle_scores_as_the_model_card(judges: dict[str, Path], tmp_path: Path) -> None:
@@ -117,15 +131,19 @@ def test_qwen3_reranker_bundle_scores_as_the_model_card(judges: dict[str, Path],
     assert meta["task"] == "rerank" and meta["labels"] == ["score"] and meta["max_length"] == MAX_LENGTH
     opts = meta["options"]
     assert opts["answer_tokens"] == "yes,no" and opts["instruction"] == INSTRUCTION
-    assert opts["template"] == PREFIX + "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}" + SUFFIX
+    assert (opts["template"] == PREFIX + "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+            + SUFFIX)
     from mlmkit.runtime.pipeline import Pipeline
     from mlmkit.text.tokenizer import load_tokenizer
 
     task = get_task("rerank")
-    feats = task.featurize([{"query": q, "docs": [doc]} for q, doc in PAIRS], load_tokenizer(bundle / "tokenizer.json"),
-                           TaskContext(max_length=MAX_LENGTH, options=task.resolve_options(opts)), training=False)
+    feats = task.featurize([{"query": q, "docs": [doc]} for q, doc in PAIRS],
+                           load_tokenizer(bundle / "tokenizer.json"),
+                           TaskContext(max_length=MAX_LENGTH, options=task.resolve_options(opts)),
+                           training=False)
     card = model_card_inputs(ckpt, PAIRS)
-    assert [f["input_ids"] for f in feats] == [row[m.bool()].tolist() for row, m in zip(card["input_ids"], card["attention_mask"])]
+    assert [f["input_ids"] for f in feats] == [row[m.bool()].tolist()
+                                               for row, m in zip(card["input_ids"], card["attention_mask"])]
     assert [TRUNCATED in f for f in feats] == [False] * 4 + [True]
     got = [p["score"] for p in Pipeline.load(bundle)([{"text": q, "text_pair": doc} for q, doc in PAIRS])]
     np.testing.assert_allclose(got, want, atol=1e-4)
@@ -135,10 +153,12 @@ def test_qwen3_reranker_bundle_scores_as_the_model_card(judges: dict[str, Path],
     assert r.exit_code == 0, r.output
     ranked = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
     firsts = [i for i, (q, _) in enumerate(PAIRS) if q == PAIRS[0][0]]
-    np.testing.assert_allclose([x["score"] for x in sorted(ranked, key=lambda x: x["index"])], want[firsts], atol=1e-4)
+    np.testing.assert_allclose([x["score"] for x in sorted(ranked, key=lambda x: x["index"])], want[firsts],
+                               atol=1e-4)
 
 
-def test_qwen3_reranker_fine_tunes_from_its_answer_rows_into_a_sequence_classifier(judges: dict[str, Path], tmp_path: Path) -> None:
+def test_qwen3_reranker_fine_tunes_from_its_answer_rows_into_a_sequence_classifier(judges: dict[str, Path],
+                                                                                   tmp_path: Path) -> None:
     """The head starts as the LM head's "yes" row less its "no" row (an LM head of its own: untied), in
     evaluation and fine-tuning; the fine-tuned run is a Qwen3ForSequenceClassification that transformers
     loads with the scores of the run's bundle."""
@@ -154,14 +174,18 @@ def test_qwen3_reranker_fine_tunes_from_its_answer_rows_into_a_sequence_classifi
     task, net, _, meta = load_finetuned(ckpt)  # what `mlmkit evaluate CHECKPOINT` builds
     assert task.name == "rerank" and torch.equal(net.classifier.weight[0], rows)
     data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps({"query": q, "document": doc, "label": int(i % 2 == 0)}) + "\n" for i, (q, doc) in enumerate(PAIRS)))
+    data.write_text("".join(json.dumps({"query": q, "document": doc, "label": int(i % 2 == 0)}) + "\n"
+                            for i, (q, doc) in enumerate(PAIRS)))
     run = tmp_path / "run"
-    run_finetune("rerank", ckpt, data, run, steps=2, batch_size=4, lr=1e-3, max_length=MAX_LENGTH, progress=False)
+    run_finetune("rerank", ckpt, data, run, steps=2, batch_size=4, lr=1e-3, max_length=MAX_LENGTH,
+                 progress=False)
     score = load_file(str(run / "model.safetensors"))["score.weight"][0]
-    assert (score - rows).abs().max() < 3e-3 < rows.abs().max() / 10  # two Adam steps of 1e-3 from the answer rows
+    # two Adam steps of 1e-3 from the answer rows
+    assert (score - rows).abs().max() < 3e-3 < rows.abs().max() / 10
     saved = json.loads((run / "mlmkit.json").read_text())["options"]
     assert saved["answer_tokens"] == "yes,no" and saved["template"].startswith(PREFIX)
-    assert json.loads((run / "config.json").read_text())["architectures"] == ["Qwen3ForSequenceClassification"]
+    assert json.loads((run / "config.json").read_text())["architectures"] == [
+        "Qwen3ForSequenceClassification"]
     with torch.no_grad():
         theirs = transformers.Qwen3ForSequenceClassification.from_pretrained(run).eval()
         want = torch.sigmoid(theirs(**model_card_inputs(ckpt, PAIRS)).logits[:, 0]).numpy()
@@ -174,11 +198,13 @@ def test_qwen3_reranker_fine_tunes_from_its_answer_rows_into_a_sequence_classifi
 
 
 # ---- the template's cut and bad values -------------------------------------------------------------------
-def _features(tok: Any, pairs: list[tuple[str, str]], max_length: int, **options: Any) -> list[dict[str, Any]]:
+def _features(tok: Any, pairs: list[tuple[str, str]], max_length: int,
+              **options: Any) -> list[dict[str, Any]]:
     from mlmkit_tasks.rerank_template import JUDGE_TEMPLATE
 
     task = get_task("rerank")
-    ctx = TaskContext(max_length=max_length, options=task.resolve_options({"template": JUDGE_TEMPLATE, **options}))
+    ctx = TaskContext(max_length=max_length,
+                      options=task.resolve_options({"template": JUDGE_TEMPLATE, **options}))
     return task.featurize([{"query": q, "docs": [doc]} for q, doc in pairs], tok, ctx, training=False)
 
 
@@ -198,30 +224,42 @@ def test_a_written_pair_loses_its_documents_end_and_keeps_the_suffix_and_special
     assert len(cut["input_ids"]) == fixed + 12 and cut[TRUNCATED]
     assert cut["input_ids"][-len(suffix) - 1:] == suffix + [eot]
     kept = tok.decode(cut["input_ids"][:-len(suffix) - 1], skip_special_tokens=False).split("\n<Document>: ")
-    assert len(kept) == 2 and kept[0].endswith("<Query>: q") and 0 < len(kept[1]) < len(long_doc) and long_doc.startswith(kept[1])
+    assert (len(kept) == 2 and kept[0].endswith("<Query>: q") and 0 < len(kept[1]) < len(long_doc)
+            and long_doc.startswith(kept[1]))
     query_cut, = _features(tok, [(long_doc, "d")], fixed + 3)
     text = tok.decode(query_cut["input_ids"], skip_special_tokens=False)
-    assert len(query_cut["input_ids"]) == fixed + 3 and "<Document>: " not in text and text.endswith(SUFFIX + "<|endoftext|>")
+    assert (len(query_cut["input_ids"]) == fixed + 3 and "<Document>: " not in text
+            and text.endswith(SUFFIX + "<|endoftext|>"))
     with pytest.raises(ConfigError, match="fixed text and instruction take more than the max length of 20"):
         _features(tok, [("q", "d")], 20)
 
 
 def test_bad_answer_tokens_and_templates_are_one_line(judges: dict[str, Path], tmp_path: Path) -> None:
     task = get_task("rerank")
-    bad = {"answer_tokens=yes": "answer_tokens must be two different tokens", "answer_tokens=yes,yes": "two different",
-           "template={query}": "must hold {document} once", "template={query}{document}{query}": "must hold {query} once",
-           "template={query}{document}{title}": "has {title}", "template={query!r}{document}": r"has {query!r}",
+    bad = {"answer_tokens=yes": "answer_tokens must be two different tokens",
+           "answer_tokens=yes,yes": "two different",
+           "template={query}": "must hold {document} once",
+           "template={query}{document}{query}": "must hold {query} once",
+           "template={query}{document}{title}": "has {title}",
+           "template={query!r}{document}": r"has {query!r}",
            "template={query}{document": "is not a template"}
     for option, message in bad.items():
-        r = runner.invoke(app, ["export", str(judges["tied"]), "--out", str(tmp_path / "b"), "--option", option])
+        r = runner.invoke(app,
+                          ["export", str(judges["tied"]), "--out", str(tmp_path / "b"), "--option", option])
         text = " ".join(r.stderr.split())
-        assert r.exit_code == 2 and "Traceback" not in r.output and text.count("error:") == 1 and message in text, (option, r.output)
+        assert (r.exit_code == 2 and "Traceback" not in r.output and text.count("error:") == 1
+                and message in text), (option, r.output)
     tok = judge_tokenizer().backend_tokenizer
     from mlmkit.models.config import ModelConfig
 
     qwen = ModelConfig.from_dict(json.loads((judges["tied"] / "config.json").read_text()))
     with pytest.raises(ConfigError, match="'maybe' is not a token of the model's tokenizer"):
-        task.build_model(qwen, TaskContext(max_length=8, options=task.resolve_options({"answer_tokens": "maybe,no"}), tokenizer=tok))
-    bert = ModelConfig(vocab_size=600, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+        task.build_model(qwen, TaskContext(max_length=8,
+                                           options=task.resolve_options({"answer_tokens": "maybe,no"}),
+                                           tokenizer=tok))
+    bert = ModelConfig(vocab_size=600, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                       intermediate_size=64)
     with pytest.raises(ConfigError, match="the bert sequence head pools 'cls'"):
-        task.build_model(bert, TaskContext(max_length=8, options=task.resolve_options({"answer_tokens": "yes,no"}), tokenizer=tok))
+        task.build_model(bert, TaskContext(max_length=8,
+                                           options=task.resolve_options({"answer_tokens": "yes,no"}),
+                                           tokenizer=tok))

@@ -33,8 +33,10 @@ PROMPTS = {"query_prompt": "query: ", "document_prompt": "passage: "}  # the fin
 
 
 # ---- the losses, against plain formulas --------------------------------------------------------------
-def _batch(parts: list[list[int]], texts: list[list[int]] | None = None, scores: list[float] | None = None) -> PairBatch:
-    """Features of examples in order: parts[i] the columns of example i (0 anchor, 1 positive, 2.. negatives)."""
+def _batch(parts: list[list[int]], texts: list[list[int]] | None = None,
+           scores: list[float] | None = None) -> PairBatch:
+    """Features of examples in order: parts[i] the columns of example i (0 anchor, 1 positive, 2..
+    negatives)."""
     example = [i for i, ps in enumerate(parts) for _ in ps]
     part = [p for ps in parts for p in ps]
     text = [t for ts in texts for t in ts] if texts else list(range(len(part)))
@@ -62,11 +64,13 @@ def test_mnrl_is_infonce_over_positives_and_hard_negatives():
     for i, p in enumerate(positives):
         logits = [20.0 * _cos(E[p], E[a]) for a in anchors]
         back += -logits[i] + math.log(sum(math.exp(x) for x in logits))
-    assert float(losses.MultipleNegativesRankingLoss(symmetric=True)(E, b)) == pytest.approx((want / 3 + back / 3) / 2, abs=1e-5)
+    assert float(losses.MultipleNegativesRankingLoss(symmetric=True)(E, b)) == pytest.approx((
+        want / 3 + back / 3) / 2, abs=1e-5)
 
 
 def test_a_text_twice_in_a_batch_is_no_false_negative():
-    """Example 2's positive is example 0's positive text: for anchor 0 it is not a negative (nor the other way)."""
+    """Example 2's positive is example 0's positive text: for anchor 0 it is not a negative (nor the other
+    way)."""
     torch.manual_seed(1)
     b = _batch([[0, 1], [0, 1], [0, 1]], texts=[[10, 11], [12, 13], [14, 11]])
     E = torch.randn(6, 8)
@@ -96,16 +100,19 @@ def test_matryoshka_is_the_weighted_inner_loss_on_leading_dimensions():
     E = torch.randn(7, 16)
     inner = losses.MultipleNegativesRankingLoss()
     want = 1.0 * inner(E[:, :16], b) + 0.5 * inner(E[:, :8], b) + 0.25 * inner(E[:, :4], b)
-    assert float(losses.MatryoshkaLoss(inner, [16, 8, 4], [1.0, 0.5, 0.25])(E, b)) == pytest.approx(float(want), abs=1e-6)
+    assert float(losses.MatryoshkaLoss(inner, [16, 8, 4],
+                                       [1.0, 0.5, 0.25])(E, b)) == pytest.approx(float(want), abs=1e-6)
     b.target = torch.randn(7, 16)  # mse-distill: the teacher's vectors cut to the same leading dimensions
     want = sum(float(((E[:, :d] - b.target[:, :d]) ** 2).mean()) for d in (16, 8))
-    assert float(losses.MatryoshkaLoss(losses.MSEDistillLoss(), [16, 8])(E, b)) == pytest.approx(want, rel=1e-5)
+    assert float(losses.MatryoshkaLoss(losses.MSEDistillLoss(), [16, 8])(E, b)) == pytest.approx(want,
+                                                                                                 rel=1e-5)
 
 
 def test_margin_mse_regresses_the_teachers_margins():
     torch.manual_seed(2)
     b = _batch([[0, 1, 2, 3], [0, 1, 2]])
-    b.score = torch.tensor([0.0, 9.0, 4.0, 1.0, 0.0, 7.0, 6.5])  # the teacher's score of each text for its anchor
+    # the teacher's score of each text for its anchor
+    b.score = torch.tensor([0.0, 9.0, 4.0, 1.0, 0.0, 7.0, 6.5])
     E = torch.randn(7, 8)
     want = []
     for a, p, negs in ((0, 1, (2, 3)), (4, 5, (6,))):
@@ -123,11 +130,13 @@ def test_mse_distill_is_the_squared_error_to_the_teachers_vectors():
     assert float(losses.MSEDistillLoss()(E, b)) == pytest.approx(float(((E - T) ** 2).mean()), rel=1e-5)
     proj = torch.nn.Linear(8, 5)
     b.target = T[:, :5]
-    assert float(losses.MSEDistillLoss(project=proj)(E, b)) == pytest.approx(float(((proj(E) - T[:, :5]) ** 2).mean()), rel=1e-5)
+    assert float(losses.MSEDistillLoss(project=proj)(E, b)) == pytest.approx(float(((proj(
+        E) - T[:, :5]) ** 2).mean()), rel=1e-5)
 
 
 def test_cosent_is_judged_by_spearman():
-    assert get_task("embedding").best_metric(TaskContext(max_length=8, options={"loss": "cosent"})) == "spearman"
+    assert get_task("embedding").best_metric(TaskContext(max_length=8,
+                                                         options={"loss": "cosent"})) == "spearman"
 
 
 # ---- GradCache: the same loss and gradients in mini-batches -------------------------------------------
@@ -140,8 +149,9 @@ def _colbert_model():
     task = get_task("colbert")
     tok = train_tokenizer(iter(["the cat sat on the mat ."]), vocab_size=60)  # its [MASK] and punctuation ids
     torch.manual_seed(0)
-    return task.build_model(tiny_config(60), TaskContext(max_length=32, options=task.resolve_options({"dim": 16}),
-                                                         tokenizer=tok))
+    return task.build_model(tiny_config(60),
+                            TaskContext(max_length=32, options=task.resolve_options({"dim": 16}),
+                                        tokenizer=tok))
 
 
 def _embedding_model(tok_size: int = 60, dropout: float = 0.0, **options):
@@ -174,7 +184,8 @@ def _loss_and_grads(model, batch, scale: float = 1.0):
     model.zero_grad()
     loss = model(**batch)["loss"]
     (loss * scale).backward()  # as the training loop divides by grad_accum
-    return float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()
+                                  if p.grad is not None}
 
 
 @pytest.mark.parametrize("mini_batch_size", [1, 3, 5])
@@ -193,7 +204,8 @@ def test_cached_mnrl_gives_mnrls_loss_and_every_parameters_gradient(mini_batch_s
 
 def test_cached_mnrl_replays_each_mini_batchs_dropout():
     """With dropout, the re-embedding in backward uses the mini-batch's own RNG state: its gradients are
-    those of embedding the same mini-batches (the texts sorted by length, cut in fours), in order, with a graph."""
+    those of embedding the same mini-batches (the texts sorted by length, cut in fours), in order, with a
+    graph."""
     batch = _training_batch(6, seed=1)
     model = _embedding_model(dropout=0.2, loss="cached-mnrl", mini_batch_size=4)
     model.train()
@@ -202,7 +214,8 @@ def test_cached_mnrl_replays_each_mini_batchs_dropout():
 
     model.zero_grad()
     torch.manual_seed(123)
-    order = torch.argsort(batch["attention_mask"].sum(1), stable=True)  # the mini-batches: by length, 4 texts each
+    # the mini-batches: by length, 4 texts each
+    order = torch.argsort(batch["attention_mask"].sum(1), stable=True)
     E = torch.empty(len(order), model.config.hidden_size)
     for idx in order.split(4):
         width = int(batch["attention_mask"][idx].sum(1).max())
@@ -227,11 +240,13 @@ def test_metrics_equal_trec_eval_through_pytrec_eval():
         qrels[f"q{q}"] = {d: rng.choice([0, 1, 1, 2, 3]) for d in rng.sample(docs, rng.randrange(1, 12))}
         if q == 0:  # a query whose relevant documents are all past the cut
             qrels["q0"] = {docs[-1]: 2}
-        scores = sorted((rng.random() for _ in docs), reverse=True)  # distinct scores: no tie order to argue about
+        # distinct scores: no tie order to argue about
+        scores = sorted((rng.random() for _ in docs), reverse=True)
         runs[f"q{q}"] = dict(zip(docs, scores))
     ranked = {q: sorted(r, key=r.get, reverse=True) for q, r in runs.items()}
     ours = {q: query_metrics(ranked[q], qrels[q]) for q in qrels}
-    ev = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut_10", "map_cut_100", "recall_10", "recall_100", "P_10"})
+    ev = pytrec_eval.RelevanceEvaluator(qrels,
+                                        {"ndcg_cut_10", "map_cut_100", "recall_10", "recall_100", "P_10"})
     ref = ev.evaluate(runs)
     top10 = {q: {d: runs[q][d] for d in ranked[q][:10]} for q in runs}
     rr = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(top10)
@@ -262,12 +277,15 @@ def _beir(tmp: Path, corpus=None, queries=None, qrels=None) -> Path:
     d = tmp / "beir"
     (d / "qrels").mkdir(parents=True)
     corpus = corpus if corpus is not None else ['{"_id": "d1", "title": "Cats", "text": "purr"}',
-                                                '{"_id": "d2", "text": "dogs bark"}', '{"_id": "d3", "text": "fish swim"}']
-    queries = queries if queries is not None else ['{"_id": "q1", "text": "what purrs"}', '{"_id": "q2", "text": "who barks"}',
+                                                '{"_id": "d2", "text": "dogs bark"}',
+                                                '{"_id": "d3", "text": "fish swim"}']
+    queries = queries if queries is not None else ['{"_id": "q1", "text": "what purrs"}',
+                                                   '{"_id": "q2", "text": "who barks"}',
                                                    '{"_id": "q3", "text": "nothing"}']
     (d / "corpus.jsonl").write_text("\n".join(corpus) + "\n")
     (d / "queries.jsonl").write_text("\n".join(queries) + "\n")
-    for split, rows in (qrels or {"test": ["q1\td1\t1", "q2\td2\t2", "q3\td3\t0"], "dev": ["q2\td2\t1"]}).items():
+    for split, rows in (qrels
+                        or {"test": ["q1\td1\t1", "q2\td2\t2", "q3\td3\t0"], "dev": ["q2\td2\t1"]}).items():
         (d / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
     return d
 
@@ -278,17 +296,21 @@ def test_a_beir_split_is_read_with_titles_and_its_unjudged_queries_counted(tmp_p
     assert s.split == "test" and s.corpus["d1"] == "Cats purr" and s.corpus["d2"] == "dogs bark"
     assert s.queries == {"q1": "what purrs", "q2": "who barks"} and s.skipped == {"no relevant document": 1}
     assert read_split(f"{d}:dev", training=False).queries == {"q2": "who barks"}
-    with pytest.raises(DataFormatError, match=r"qrels/train\.tsv: no such split.*here: dev, test|no train\.tsv"):
+    with pytest.raises(DataFormatError,
+                       match=r"qrels/train\.tsv: no such split.*here: dev, test|no train\.tsv"):
         read_split(d, training=True)
 
 
 @pytest.mark.parametrize("edit, match", [
     (dict(qrels={"test": ["q1\td9\t1"]}), r"qrels/test\.tsv, line 2: document 'd9' is not in corpus\.jsonl"),
-    (dict(qrels={"test": ["q1\td1\t1", "q7\td1\t1"]}), r"qrels/test\.tsv, line 3: query 'q7' is not in queries\.jsonl"),
-    (dict(qrels={"test": ["q1\td1\tmany"]}), r"qrels/test\.tsv, line 2, field 'score': the score must be a number"),
+    (dict(qrels={"test": ["q1\td1\t1", "q7\td1\t1"]}),
+     r"qrels/test\.tsv, line 3: query 'q7' is not in queries\.jsonl"),
+    (dict(qrels={"test": ["q1\td1\tmany"]}),
+     r"qrels/test\.tsv, line 2, field 'score': the score must be a number"),
     (dict(corpus=['{"_id": "d1", "text": "a"}', '{"_id": "d1", "text": "b"}']),
      r"corpus\.jsonl, line 2, field '_id': the id 'd1' again \(first on line 1\)"),
-    (dict(corpus=['{"_id": "d1", "text": "a"}', '{"_id": "d2", "text": "b"']), r"corpus\.jsonl, line 2: malformed JSON"),
+    (dict(corpus=['{"_id": "d1", "text": "a"}', '{"_id": "d2", "text": "b"']),
+     r"corpus\.jsonl, line 2: malformed JSON"),
     (dict(corpus=[]), r"corpus\.jsonl: no documents"),
     (dict(qrels={"test": ["q1\td1\t0"]}), r"qrels/test\.tsv: no query with a relevant document"),
 ])
@@ -298,8 +320,9 @@ def test_bad_beir_data_is_one_error_naming_file_and_line(tmp_path, edit, match):
         read_split(d, training=False)
 
 
-# ---- end to end on the built-in retrieval set ---------------------------------------------------------------
-@pytest.fixture(scope="session")  # not module: the torchrun tests run first (conftest), the rest of the module later
+# ---- end to end on the built-in retrieval set --------------------------------------------------------------
+# not module: the torchrun tests run first (conftest), the rest of the module later
+@pytest.fixture(scope="session")
 def retrieval(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("retrieval")
     beir = tmp / "set"
@@ -318,7 +341,8 @@ def test_fine_tuning_on_the_built_in_set_beats_zero_shot(retrieval):
     zero = evaluate_base("embedding", retrieval["base"], retrieval["beir"], max_length=48)
     tuned = retrieval["metrics"]
     assert tuned["eval_ndcg@10"] > zero["ndcg@10"] + 0.05, (zero, tuned)
-    assert set(tuned) >= {f"eval_{m}" for m in ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100", "precision@10")}
+    assert set(tuned) >= {f"eval_{m}" for m in ("ndcg@10", "mrr@10", "map@100", "recall@10", "recall@100",
+                                                "precision@10")}
 
 
 def test_the_run_is_a_sentence_transformers_directory_with_the_same_vectors(retrieval):
@@ -346,7 +370,8 @@ def test_the_run_is_a_sentence_transformers_directory_with_the_same_vectors(retr
 def test_the_bundle_scores_what_the_run_scores(retrieval, tmp_path):
     bundle = tmp_path / "bundle"
     run_export(retrieval["run"], bundle)
-    r = runner.invoke(app, ["evaluate", str(bundle), "--data", str(retrieval["beir"]), "--json"], env={"COLUMNS": "1000"})
+    r = runner.invoke(app, ["evaluate", str(bundle), "--data", str(retrieval["beir"]), "--json"],
+                      env={"COLUMNS": "1000"})
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout)
     assert abs(got["ndcg@10"] - retrieval["metrics"]["eval_ndcg@10"]) < 0.002, (got, retrieval["metrics"])
@@ -360,7 +385,8 @@ def test_save_run_writes_the_ranking_trec_eval_scores_and_faiss_finds_nearly_the
     got = {}
     for index in ("exact", "faiss"):
         trec = tmp_path / f"{index}.trec"
-        r = runner.invoke(app, ["evaluate", str(bundle), "--data", str(retrieval["beir"]), "--json", "--index", index,
+        r = runner.invoke(app, ["evaluate", str(bundle), "--data", str(retrieval["beir"]), "--json",
+                                "--index", index,
                                 "--save-run", str(trec)], env={"COLUMNS": "1000"})
         assert r.exit_code == 0, r.output
         got[index] = json.loads(r.stdout)
@@ -375,7 +401,8 @@ def test_save_run_writes_the_ranking_trec_eval_scores_and_faiss_finds_nearly_the
         ndcg = sum(v["ndcg_cut_10"] for v in per_query.values()) / len(split.qrels)
         assert ndcg == pytest.approx(got[index]["ndcg@10"], abs=1e-6)
     assert abs(got["faiss"]["ndcg@10"] - got["exact"]["ndcg@10"]) < 0.01, got
-    assert "save_run" not in json.loads((bundle / "mlmkit.json").read_text())["options"]  # a setting of one call
+    # a setting of one call
+    assert "save_run" not in json.loads((bundle / "mlmkit.json").read_text())["options"]
 
 
 def test_a_sentence_transformers_directorys_prompts_are_read(retrieval, tmp_path):
@@ -387,7 +414,8 @@ def test_a_sentence_transformers_directorys_prompts_are_read(retrieval, tmp_path
     assert task.from_hf(load_config(retrieval["run"]), retrieval["run"])["options"] == {
         "normalize": False, "pooling": "mean", **PROMPTS}
     other = shutil.copytree(retrieval["run"], tmp_path / "e5", ignore=shutil.ignore_patterns("*.safetensors"))
-    (other / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "q: ", "passage": "p: "}}))
+    (other / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "q: ",
+                                                                                     "passage": "p: "}}))
     got = task.from_hf(load_config(other), other)["options"]
     assert (got["query_prompt"], got["document_prompt"]) == ("q: ", "p: ")
 
@@ -406,9 +434,11 @@ def test_prompts_reach_embed_and_both_serving_routes(retrieval, tmp_path):
     run_export(retrieval["run"], bundle)
     texts = ["Return the number of items in the queue.", "A Mapping is a container."]
     pipe = Pipeline.load(bundle)
-    want = {k: np.array([r["embedding"] for r in pipe(texts, input_type=k)]) for k in ("none", "query", "document")}
+    want = {k: np.array([r["embedding"] for r in pipe(texts, input_type=k)])
+            for k in ("none", "query", "document")}
     assert np.abs(want["query"] - want["document"]).max() > 1e-3
-    r = runner.invoke(app, ["embed", str(bundle), *texts, "--as", "query", "--output", str(tmp_path / "q.npy")])
+    r = runner.invoke(app,
+                      ["embed", str(bundle), *texts, "--as", "query", "--output", str(tmp_path / "q.npy")])
     assert r.exit_code == 0, r.output
     np.testing.assert_allclose(np.load(tmp_path / "q.npy"), want["query"], atol=1e-6)
     r = runner.invoke(app, ["embed", str(bundle), *texts, "--as", "question"])
@@ -437,17 +467,22 @@ def test_distilling_the_fine_tuned_model_into_its_base_learns_retrieval(retrieva
     teacher = tmp_path / "teacher"
     run_export(retrieval["run"], teacher)
     zero = evaluate_base("embedding", retrieval["base"], retrieval["beir"], max_length=48)["ndcg@10"]
-    m = run_finetune("embedding", retrieval["base"], retrieval["beir"], tmp_path / "student", eval_file=retrieval["beir"],
+    m = run_finetune("embedding", retrieval["base"], retrieval["beir"], tmp_path / "student",
+                     eval_file=retrieval["beir"],
                      steps=40, lr=1e-3, batch_size=64, max_length=48, eval_every=1000, progress=False,
                      options={"teacher": str(teacher), **PROMPTS})
     assert m["eval_ndcg@10"] > zero + 0.06, (zero, m, retrieval["metrics"]["eval_ndcg@10"])
     texts = [json.loads(line)["text"] for line in open(retrieval["beir"] / "corpus.jsonl")]
-    small = make_base_model(tmp_path / "small", texts[:200], vocab_size=600, hidden_size=32, intermediate_size=64)
+    small = make_base_model(tmp_path / "small", texts[:200], vocab_size=600, hidden_size=32,
+                            intermediate_size=64)
     m = run_finetune("embedding", small, retrieval["beir"], tmp_path / "small-student", steps=30, lr=2e-3,
-                     batch_size=64, max_length=48, progress=False, options={"teacher": str(teacher), "loss": "mse-distill"})
-    curve = [json.loads(line)["loss"] for line in open(tmp_path / "small-student" / "metrics.jsonl") if '"loss"' in line]
+                     batch_size=64, max_length=48, progress=False,
+                     options={"teacher": str(teacher), "loss": "mse-distill"})
+    curve = [json.loads(line)["loss"] for line in open(tmp_path / "small-student" / "metrics.jsonl")
+             if '"loss"' in line]
     assert curve[-1] < 0.7 * curve[0], curve
-    assert json.loads((tmp_path / "small-student" / "mlmkit.json").read_text())["task_state"]["teacher_dim"] == 64
+    assert json.loads((
+        tmp_path / "small-student" / "mlmkit.json").read_text())["task_state"]["teacher_dim"] == 64
     run_export(tmp_path / "small-student", tmp_path / "small-bundle")
     from mlmkit.runtime.pipeline import Pipeline
 
@@ -458,7 +493,8 @@ def test_margin_mse_trains_on_mined_scores_and_bad_scores_name_their_line(retrie
     rows = tmp_path / "mined.jsonl"
     r, got = _mine(str(retrieval["beir"]), "--out", str(rows), "--negatives", "3", "--with-scores")
     assert r.exit_code == 0, r.output
-    m = run_finetune("embedding", retrieval["base"], rows, tmp_path / "run", steps=4, batch_size=32, max_length=32,
+    m = run_finetune("embedding", retrieval["base"], rows, tmp_path / "run", steps=4, batch_size=32,
+                     max_length=32,
                      progress=False, options={"loss": "margin-mse"})
     assert math.isfinite(m["loss"])
     bad = tmp_path / "bad.jsonl"
@@ -483,7 +519,8 @@ def test_no_training_batch_holds_a_text_twice(retrieval, tmp_path, caplog):
     from mlmkit.train.data import FeatureData
 
     rng = random.Random(0)
-    rows = [{"anchor": f"query {rng.randrange(40)}", "positive": f"document {rng.randrange(300)}", "negatives": []}
+    rows = [{"anchor": f"query {rng.randrange(40)}", "positive": f"document {rng.randrange(300)}",
+             "negatives": []}
             for _ in range(400)]
     task = get_task("embedding")
     ctx = TaskContext(max_length=16, options=task.resolve_options({"loss": "mnrl"}), state={"data": "rows"})
@@ -497,7 +534,7 @@ def test_no_training_batch_holds_a_text_twice(retrieval, tmp_path, caplog):
     assert "examples moved to a later batch" in caplog.text
 
 
-# ---- SPLADE: sparse-embedding fine-tuning --------------------------------------------------------------------
+# ---- SPLADE: sparse-embedding fine-tuning ------------------------------------------------------------------
 def test_flops_is_the_sum_of_squared_mean_weights():
     X = torch.rand(5, 12)
     want = sum((sum(float(X[i, j]) for i in range(5)) / 5) ** 2 for j in range(12))
@@ -524,7 +561,8 @@ def splade(retrieval):
     runs = {}
     for name, weight in (("plain", "0"), ("flops", "0.05")):
         out = retrieval["tmp"] / f"splade-{name}"
-        m = run_finetune("sparse-embedding", retrieval["base"], retrieval["beir"], out, eval_file=retrieval["beir"],
+        m = run_finetune("sparse-embedding", retrieval["base"], retrieval["beir"], out,
+                         eval_file=retrieval["beir"],
                          steps=24, lr=1e-3, batch_size=64, max_length=48, eval_every=1000, progress=False,
                          options={"query_flops": weight, "document_flops": weight, "flops_warmup": 4})
         runs[name] = (out, m)
@@ -537,7 +575,8 @@ def test_splade_learns_and_the_flops_regulariser_lowers_the_non_zeros(retrieval,
     zero = evaluate_base("sparse-embedding", retrieval["base"], retrieval["beir"], max_length=48)
     (plain, m), (_, f) = splade["plain"], splade["flops"]
     # evaluation counts the kept terms (at most max_terms, 256); the training log every non-zero
-    assert f["eval_document_terms"] < 0.5 * m["eval_document_terms"] and f["eval_query_terms"] < 0.5 * m["eval_query_terms"]
+    assert (f["eval_document_terms"] < 0.5 * m["eval_document_terms"] and f["eval_query_terms"] < 0.5
+            * m["eval_query_terms"])
     log = [json.loads(line) for line in open(plain / "metrics.jsonl") if '"loss"' in line]
     flog = [json.loads(line) for line in open(splade["flops"][0] / "metrics.jsonl") if '"loss"' in line]
     assert flog[-1]["document_terms"] < 0.2 * log[-1]["document_terms"], (flog[-1], log[-1])
@@ -559,19 +598,22 @@ def test_the_splade_run_is_a_sparse_encoder_and_its_bundle_serves_its_vectors(sp
 
     batch = pad_features(task.featurize([{"text": t} for t in texts], tok, ctx, training=False), 0)
     with torch.no_grad():
-        full = net.vectors(*(torch.from_numpy(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))).numpy()
+        full = net.vectors(*(torch.from_numpy(batch[k])
+                             for k in ("input_ids", "attention_mask", "token_type_ids"))).numpy()
     assert np.abs(full - theirs).max() < 1e-5
     bundle = tmp_path / "bundle"
     run_export(run, bundle)
     for got, want in zip(Pipeline.load(bundle)(texts), full):  # the 256 largest terms, with the run's weights
-        assert len(got["indices"]) == 256 and np.abs(np.asarray(got["values"]) - want[got["indices"]]).max() < 1e-4
+        assert len(got["indices"]) == 256 and np.abs(np.asarray(got["values"])
+                                                     - want[got["indices"]]).max() < 1e-4
         rest = np.delete(want, got["indices"])
         assert min(got["values"]) >= rest.max() - 1e-4
 
 
 def test_a_splade_base_needs_a_masked_lm_head(retrieval, tmp_path):
     emb = retrieval["run"]  # an embedding run: an encoder without the MLM head
-    with pytest.raises(TaskError, match="has no cls.predictions weights, which the sparse-embedding task starts from"):
+    with pytest.raises(TaskError,
+                       match="has no cls.predictions weights, which the sparse-embedding task starts from"):
         run_finetune("sparse-embedding", emb, retrieval["beir"], tmp_path / "x", steps=1, progress=False)
 
 
@@ -602,13 +644,16 @@ def test_mining_skips_positives_and_keeps_to_the_window(retrieval, tmp_path):
     from mlmkit.retrieval.exact import BM25
 
     beir = retrieval["beir"]
-    r, rows = _mine(str(beir), "--out", str(tmp_path / "m.jsonl"), "--negatives", "4", "--range", "3:40", "--with-scores")
+    r, rows = _mine(str(beir), "--out", str(tmp_path / "m.jsonl"), "--negatives", "4", "--range", "3:40",
+                    "--with-scores")
     assert r.exit_code == 0, r.output
     split = read_split(beir, training=True)
-    assert len(rows) == sum(len(split.positives(q)) for q in split.qrels) and json.loads(r.stdout)["short"] == {}
+    assert len(rows) == sum(len(split.positives(q))
+                            for q in split.qrels) and json.loads(r.stdout)["short"] == {}
     test_answers = _answers(f"{beir}:test")
     assert json.loads(r.stdout)["held_out"] == len(test_answers) == 100
-    docs = [t for t in split.corpus.values() if t not in test_answers]  # the test split's answers are not mined
+    # the test split's answers are not mined
+    docs = [t for t in split.corpus.values() if t not in test_answers]
     bm25 = BM25(docs)
     queries = [row["anchor"] for row in rows[:30]]
     ranked, _ = bm25.search(queries, 60)
@@ -627,11 +672,13 @@ def test_a_query_with_many_positives_still_gets_its_negatives_from_a_narrow_wind
     beir = tmp_path / "beir"
     (beir / "qrels").mkdir(parents=True)
     docs = [{"_id": f"p{i}", "text": f"red apple pie recipe number {i}"} for i in range(8)]
-    docs += [{"_id": f"n{i}", "text": f"red apple {w}"} for i, w in enumerate(["tart", "juice", "cake", "jam", "tree"])]
+    docs += [{"_id": f"n{i}", "text": f"red apple {w}"}
+             for i, w in enumerate(["tart", "juice", "cake", "jam", "tree"])]
     docs += [{"_id": f"o{i}", "text": f"blue river stone {i}"} for i in range(20)]
     (beir / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     (beir / "queries.jsonl").write_text(json.dumps({"_id": "q", "text": "red apple pie recipe"}) + "\n")
-    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q\tp{i}\t1\n" for i in range(8)))
+    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                              + "".join(f"q\tp{i}\t1\n" for i in range(8)))
     r, rows = _mine(str(beir), "--out", str(tmp_path / "m.jsonl"), "--negatives", "3", "--range", "0:3")
     assert r.exit_code == 0, r.output
     assert len(rows) == 8 and json.loads(r.stdout)["short"] == {}, r.stdout
@@ -658,27 +705,32 @@ def test_mining_leaves_the_other_splits_answers_out_unless_asked(retrieval, tmp_
 
 
 def test_mining_filters_by_margin_and_counts_the_short_rows(retrieval, tmp_path):
-    r, rows = _mine(str(retrieval["beir"]), "--out", str(tmp_path / "m.jsonl"), "--negatives", "3", "--margin", "1.0",
+    r, rows = _mine(str(retrieval["beir"]), "--out", str(tmp_path / "m.jsonl"), "--negatives", "3",
+                    "--margin", "1.0",
                     "--with-scores")
     assert r.exit_code == 0, r.output
     short = json.loads(r.stdout)["short"]
     for row in rows:
         assert all(s <= row["scores"][0] - 1.0 + 1e-5 for s in row["scores"][1:])
-    assert short.get("the margin or score-ratio filter", 0) == sum(1 for row in rows if len(row["scores"]) < 4) > 0
+    assert short.get("the margin or score-ratio filter",
+                     0) == sum(1 for row in rows if len(row["scores"]) < 4) > 0
 
 
 def test_mining_with_an_embedding_bundle_then_training_on_the_rows(retrieval, tmp_path):
     bundle = tmp_path / "bundle"
     run_export(retrieval["run"], bundle)
-    r, rows = _mine(str(retrieval["beir"]), "--out", str(tmp_path / "m.jsonl"), "--retriever", str(bundle), "--negatives", "2")
+    r, rows = _mine(str(retrieval["beir"]), "--out", str(tmp_path / "m.jsonl"), "--retriever", str(bundle),
+                    "--negatives", "2")
     assert r.exit_code == 0, r.output
     assert rows and all("negative_2" in row and row["negative_1"] != row["positive"] for row in rows)
-    r, approx = _mine(str(retrieval["beir"]), "--out", str(tmp_path / "f.jsonl"), "--retriever", str(bundle), "--negatives",
+    r, approx = _mine(str(retrieval["beir"]), "--out", str(tmp_path / "f.jsonl"), "--retriever", str(bundle),
+                      "--negatives",
                       "2", "--index", "faiss")
     assert r.exit_code == 0, r.output
     same = sum(a["negative_1"] == b["negative_1"] for a, b in zip(rows, approx))
     assert len(approx) == len(rows) and same >= 0.9 * len(rows), same
-    m = run_finetune("embedding", retrieval["base"], tmp_path / "m.jsonl", tmp_path / "run", steps=3, batch_size=12,
+    m = run_finetune("embedding", retrieval["base"], tmp_path / "m.jsonl", tmp_path / "run", steps=3,
+                     batch_size=12,
                      max_length=32, progress=False)
     assert math.isfinite(m["loss"])
 
@@ -715,9 +767,11 @@ def test_a_killed_mining_job_resumes_to_the_same_rows(retrieval, tmp_path, monke
 def test_mining_rows_against_a_corpus_file_and_bad_input(tmp_path):
     rows = tmp_path / "pairs.jsonl"
     rows.write_text("\n".join(json.dumps({"anchor": a, "positive": p}) for a, p in [
-        ("red fruit", "apples are red fruit"), ("yellow fruit", "bananas are yellow"), ("sour fruit", "lemons are sour")]))
+        ("red fruit", "apples are red fruit"), ("yellow fruit", "bananas are yellow"),
+        ("sour fruit", "lemons are sour")]))
     corpus = tmp_path / "docs.txt"
-    corpus.write_text("apples are red fruit\ncherries are red fruit too\nbananas are yellow\nsour lemons and limes\n"
+    corpus.write_text("apples are red fruit\ncherries are red fruit too\nbananas are yellow\nsour lemons and "
+                      "limes\n"
                       "fruit salad\n")
     r, got = _mine(str(rows), "--out", str(tmp_path / "m.jsonl"), "--corpus", str(corpus), "--negatives", "2")
     assert r.exit_code == 0, r.output
@@ -760,11 +814,13 @@ def _ddp_rank(out: str, run: str, data: str) -> None:
 
 
 def _ddp_step(rank: int, loss_name: str) -> dict:
-    """One training step's loss and gradients (after their averaging over the ranks) on this rank's half of a batch."""
+    """One training step's loss and gradients (after their averaging over the ranks) on this rank's half of a
+    batch."""
     from mlmkit.train.devices import average_gradients, broadcast_parameters, syncs_own_gradients
 
     if loss_name in ("mnrl", "colbert"):
-        model = torch.nn.parallel.DistributedDataParallel(_embedding_model() if loss_name == "mnrl" else _colbert_model())
+        model = torch.nn.parallel.DistributedDataParallel(_embedding_model() if loss_name == "mnrl"
+                                                          else _colbert_model())
     else:
         model = _embedding_model(loss="cached-mnrl", mini_batch_size=3)
         assert syncs_own_gradients(model)
@@ -775,8 +831,9 @@ def _ddp_step(rank: int, loss_name: str) -> dict:
     loss.backward()
     if loss_name == "cached-mnrl":
         average_gradients(model)
-    return {"loss": float(loss.detach()), "grads": {n.removeprefix("module."): p.grad for n, p in model.named_parameters()
-                                                     if p.grad is not None}}
+    return {"loss": float(loss.detach()),
+            "grads": {n.removeprefix("module."): p.grad for n, p in model.named_parameters()
+                       if p.grad is not None}}
 
 
 @pytest.fixture(scope="module")
@@ -793,14 +850,18 @@ def torchrun_rank0(retrieval, tmp_path_factory) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])),
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])),
            "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    logs = [out.with_name(f"rank{r}.err") for r in (0, 1)]  # files, not pipes: neither rank blocks on a full one
+    # files, not pipes: neither rank blocks on a full one
+    logs = [out.with_name(f"rank{r}.err") for r in (0, 1)]
     ranks = []
     for r, log in enumerate(logs):
         with open(log, "w") as err:
-            ranks.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(out), str(retrieval["run"]),
-                                           str(retrieval["beir"])], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            ranks.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(out),
+                                           str(retrieval["run"]),
+                                           str(retrieval["beir"])],
+                                          env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                                           stdout=subprocess.DEVNULL, stderr=err))
     try:
         for p in ranks:
@@ -827,11 +888,13 @@ def _equals_one_process(got: dict, make_model, halves: bool = False) -> None:
     assert got["loss"] == pytest.approx(float(loss.detach()), abs=1e-5)
     if halves:
         half = make_model()
-        assert float(half(**_half(_training_batch(8), 0, 4))["loss"].detach()) != pytest.approx(got["loss"], abs=1e-3)
+        assert float(half(**_half(_training_batch(8), 0, 4))["loss"].detach()) != pytest.approx(got["loss"],
+                                                                                                abs=1e-3)
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert got["grads"].keys() == grads.keys() and len(grads) > 10
     for name, g in grads.items():
-        assert torch.allclose(got["grads"][name], g, atol=1e-5), (name, float((got["grads"][name] - g).abs().max()))
+        assert torch.allclose(got["grads"][name], g, atol=1e-5), (name,
+                                                                  float((got["grads"][name] - g).abs().max()))
 
 
 def _evaluate_run(run: Path, data: Path) -> tuple[dict, list, int]:

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 from conftest import run_finetune
-from mlmkit_tasks.tagging import chunks, detect_scheme, entity_scores, split_words, task, windows
 
 from mlmkit.errors import ConfigError, DataFormatError
 from mlmkit.registry import BATCH, SEQUENCE, Task, TaskContext, get_task
 from mlmkit.text.tokenizer import train_tokenizer
+from mlmkit_tasks.tagging import chunks, detect_scheme, entity_scores, split_words, task, windows
 
 plugin = get_task("tagging")
 LABELS = ("B-LOC", "B-PER", "I-LOC", "I-PER", "O")
@@ -48,7 +48,8 @@ def jsonl(path: Path, rows: list[tuple[list[str], list[str]]]) -> Path:
 def test_registered_with_its_contract():
     assert plugin.task is task
     assert isinstance(task, Task)
-    assert (plugin.name, plugin.formats, plugin.metrics[0], plugin.label_names) == ("tagging", ("conll", "jsonl"), "f1", ("labels",))
+    assert (plugin.name, plugin.formats, plugin.metrics[0],
+            plugin.label_names) == ("tagging", ("conll", "jsonl"), "f1", ("labels",))
     assert plugin.hf_architecture == "BertForTokenClassification" and plugin.command == "tag"
     assert plugin.outputs == {"probabilities": (BATCH, SEQUENCE, "label")}
 
@@ -75,11 +76,13 @@ def test_read_conll(tmp_path: Path):
 
 
 def test_read_jsonl_and_bioes(tmp_path: Path):
-    f = jsonl(tmp_path / "d.jsonl", [(["New", "York", "City"], ["B-LOC", "I-LOC", "E-LOC"]), (["Bob"], ["S-PER"])])
+    f = jsonl(tmp_path / "d.jsonl",
+              [(["New", "York", "City"], ["B-LOC", "I-LOC", "E-LOC"]), (["Bob"], ["S-PER"])])
     ex = read(f)
     assert [e["tags"] for e in ex] == [["B-LOC", "I-LOC", "E-LOC"], ["S-PER"]]
     assert task.label_list(ex) == ["B-LOC", "E-LOC", "I-LOC", "S-PER"]
-    with pytest.raises(DataFormatError, match=r"d\.jsonl, line 1, field 'tags': tag 'E-LOC' has a prefix that IOB2 lacks"):
+    with pytest.raises(DataFormatError,
+                       match=r"d\.jsonl, line 1, field 'tags': tag 'E-LOC' has a prefix that IOB2 lacks"):
         read(f, scheme="iob2")
 
 
@@ -90,10 +93,13 @@ def test_read_jsonl_and_bioes(tmp_path: Path):
          r"a\.jsonl, line 2, field 'tags': 1 tags for 2 tokens"),
         ("a.jsonl", '{"tokens": ["a"], "tags": ["O"]}\n\n{"tokens": ["a"], "tags": ["O"]\n',
          r"a\.jsonl, line 3: malformed JSON"),
-        ("a.jsonl", '{"words": ["a"], "tags": ["O"]}\n', r"line 1, field 'tokens': no field 'tokens'; the record has: words, tags"),
-        ("a.jsonl", '{"tokens": "a b", "tags": ["O"]}\n', r"line 1, field 'tokens': must be a list of strings"),
+        ("a.jsonl", '{"words": ["a"], "tags": ["O"]}\n',
+         r"line 1, field 'tokens': no field 'tokens'; the record has: words, tags"),
+        ("a.jsonl", '{"tokens": "a b", "tags": ["O"]}\n',
+         r"line 1, field 'tokens': must be a list of strings"),
         ("a.conll", "Mr O\nSmith\n", r"a\.conll, line 2, field 'tag': one column \('Smith'\)"),
-        ("a.conll", "Mr O\nSmith PER\n", r"a\.conll, line 2, field 'tag': tag 'PER' is not 'O' or PREFIX-TYPE"),
+        ("a.conll", "Mr O\nSmith PER\n",
+         r"a\.conll, line 2, field 'tag': tag 'PER' is not 'O' or PREFIX-TYPE"),
         ("a.conll", "", r"a\.conll: no sentences"),
         ("a.conll", "-DOCSTART- O\n\n\n", r"a\.conll: no sentences"),
         ("a.jsonl", "\n", r"a\.jsonl: no sentences"),
@@ -106,9 +112,11 @@ def test_read_errors_name_file_line_and_field(tmp_path: Path, name: str, text: s
 
 def test_unknown_option_values_are_refused(tmp_path: Path):
     f = jsonl(tmp_path / "d.jsonl", [(["a"], ["O"])])
-    with pytest.raises(ConfigError, match="task option --scheme must be one of: auto, iob1, iob2, bioes, got 'iob3'"):
+    with pytest.raises(ConfigError,
+                       match="task option --scheme must be one of: auto, iob1, iob2, bioes, got 'iob3'"):
         read(f, scheme="iob3")
-    with pytest.raises(ConfigError, match="task option --aggregation must be one of: first, average, max, got 'mean'"):
+    with pytest.raises(ConfigError,
+                       match="task option --aggregation must be one of: first, average, max, got 'mean'"):
         ctx(aggregation="mean")
 
 
@@ -118,8 +126,10 @@ def test_unknown_option_values_are_refused(tmp_path: Path):
     [
         (["B-PER", "I-PER", "O", "B-LOC"], [("PER", 0, 2), ("LOC", 3, 4)]),  # IOB2
         (["I-PER", "I-PER", "B-PER", "O", "I-LOC"], [("PER", 0, 2), ("PER", 2, 3), ("LOC", 4, 5)]),  # IOB1
-        (["B-LOC", "I-LOC", "E-LOC", "S-PER", "S-PER"], [("LOC", 0, 3), ("PER", 3, 4), ("PER", 4, 5)]),  # BIOES
-        (["O", "I-PER", "I-LOC", "E-LOC", "I-LOC"], [("PER", 1, 2), ("LOC", 2, 4), ("LOC", 4, 5)]),  # ill-formed
+        # BIOES
+        (["B-LOC", "I-LOC", "E-LOC", "S-PER", "S-PER"], [("LOC", 0, 3), ("PER", 3, 4), ("PER", 4, 5)]),
+        # ill-formed
+        (["O", "I-PER", "I-LOC", "E-LOC", "I-LOC"], [("PER", 1, 2), ("LOC", 2, 4), ("LOC", 4, 5)]),
         (["B-PER", "E-LOC"], [("PER", 0, 1), ("LOC", 1, 2)]),
         ([], []),
     ],
@@ -182,7 +192,8 @@ def test_metrics_equal_seqeval_on_random_sequences(scheme: str):
                 (r["precision"], r["recall"], r["f1-score"], r["support"]))
         if "micro avg" in ref:
             r = ref["micro avg"]
-            assert (mine["precision"], mine["recall"], mine["f1"]) == pytest.approx((r["precision"], r["recall"], r["f1-score"]))
+            assert (mine["precision"], mine["recall"],
+                    mine["f1"]) == pytest.approx((r["precision"], r["recall"], r["f1-score"]))
         else:
             assert mine["f1"] == 0.0
 
@@ -231,7 +242,8 @@ def test_featurize_labels_first_subtoken(tok):
 
 def test_featurize_refuses_a_tag_the_model_never_saw(tok, tmp_path: Path):
     ex = read(write(tmp_path / "eval.conll", "Mr O\nSmith B-PER\n\nin O\nRome B-GPE\n"))
-    with pytest.raises(DataFormatError, match=r"eval\.conll, line 5, field 'tags': tag 'B-GPE' \(token 2, 'Rome'\) was not in"):
+    with pytest.raises(DataFormatError, match=r"eval\.conll, line 5, field 'tags': tag 'B-GPE' \(token 2, "
+                                              r"'Rome'\) was not in"):
         task.featurize(ex, tok, CTX, training=False)
     ex = read(jsonl(tmp_path / "eval.jsonl", [(["a"], ["O"]), (["in", "Rome"], ["O", "B-GPE"])]))
     with pytest.raises(DataFormatError, match=r"eval\.jsonl, line 2, field 'tags': tag 'B-GPE'"):
@@ -292,8 +304,10 @@ def test_long_sentence_is_windowed_and_merged_without_truncation(tok):
         assert [p["tags"] for p in preds] == [ex["tags"] for ex in examples], agg
     # the check has teeth: reading each word from its first window, or its last, meets wrong words
     for pick in (min, max):
-        read = [pick(k for k, f in enumerate(feats) if w in f["word_ids"] and f["example"] == 0) for w in range(120)]
-        got = [int(np.argmax(outputs["probabilities"][k][feats[k]["word_ids"].index(w)])) for w, k in enumerate(read)]
+        read = [pick(k for k, f in enumerate(feats) if w in f["word_ids"] and f["example"] == 0)
+                for w in range(120)]
+        got = [int(np.argmax(outputs["probabilities"][k][feats[k]["word_ids"].index(w)]))
+               for w, k in enumerate(read)]
         assert wrong in got
     train_feats = task.featurize(examples, tok, ctx(32), training=True)
     assert [f["input_ids"] for f in train_feats] == [f["input_ids"] for f in feats]
@@ -305,7 +319,8 @@ def test_long_sentence_is_windowed_and_merged_without_truncation(tok):
 def test_aggregation_first_average_max():
     feats = [{"input_ids": [2, 5, 6, 7, 3], "word_ids": [-1, 0, 0, 0, -1], "window": [0, 3, 3], "example": 0}]
     rows = np.array([[0, 0, 0], [0.50, 0.40, 0.10], [0.00, 0.90, 0.10], [0.04, 0.00, 0.96], [0, 0, 0]])
-    got = {agg: task.postprocess({"probabilities": [rows]}, feats, [{"tokens": ["xyz"]}], ctx(labels=("B-A", "B-B", "B-C"), aggregation=agg))[0]
+    got = {agg: task.postprocess({"probabilities": [rows]}, feats, [{"tokens": ["xyz"]}],
+                                 ctx(labels=("B-A", "B-B", "B-C"), aggregation=agg))[0]
            for agg in ("first", "average", "max")}
     assert {a: (g["tags"], round(g["scores"][0], 4)) for a, g in got.items()} == {
         "first": (["B-A"], 0.5), "average": (["B-B"], round(1.3 / 3, 4)), "max": (["B-C"], 0.96)}
@@ -316,18 +331,21 @@ def test_aggregation_first_average_max():
 def test_split_words_keeps_exact_spans():
     text = "Zoë\u00a0Saldaña,\tcafe\u0301 (São\u2009Paulo)\u3000ok\u200b!"
     spans = split_words(text)
-    assert [text[a:b] for a, b in spans] == ["Zoë", "Saldaña", ",", "cafe\u0301", "(", "São", "Paulo", ")", "ok", "\u200b", "!"]
+    assert [text[a:b] for a, b in spans] == ["Zoë", "Saldaña", ",", "cafe\u0301", "(", "São", "Paulo", ")",
+                                             "ok", "\u200b", "!"]
 
 
 @pytest.mark.parametrize("item, entity_texts", [
     ("Mr Zoë\u00a0Saldaña  moved to São\u2009Paulo,\n\tnear cafe\u0301 Ü\u200b.",
      ["Zoë\u00a0Saldaña", "São\u2009Paulo", "cafe\u0301 Ü\u200b"]),
-    ({"tokens": ["Mr", "Zoë", "Saldaña", "moved", "to", "São", "Paulo", "near", "cafe\u0301", "Ü", "\u200b", "."]},
+    ({"tokens": ["Mr", "Zoë", "Saldaña", "moved", "to", "São", "Paulo", "near", "cafe\u0301", "Ü", "\u200b",
+                 "."]},
      ["Zoë Saldaña", "São Paulo", "cafe\u0301 Ü \u200b"]),
 ])
 def test_entity_offsets_round_trip(tok, item, entity_texts):
     ex = task.from_input(item, CTX.options)
-    want = {"Zoë": "B-PER", "Saldaña": "I-PER", "São": "B-LOC", "Paulo": "I-LOC", "cafe\u0301": "B-LOC", "Ü": "I-LOC", "\u200b": "I-LOC"}
+    want = {"Zoë": "B-PER", "Saldaña": "I-PER", "São": "B-LOC", "Paulo": "I-LOC", "cafe\u0301": "B-LOC",
+            "Ü": "I-LOC", "\u200b": "I-LOC"}
     labels = LABELS
     gold_ids = [[labels.index(want.get(w, "O")) for w in ex["tokens"]]]
     feats = task.featurize([ex], tok, ctx(8), training=False)  # windows too
@@ -350,7 +368,8 @@ def test_from_input_records():
 CITIES = "paris london berlin madrid rome vienna oslo lisbon dublin prague".split()
 NAMES = "smith jones brown taylor wilson davies evans thomas".split()
 FIRST, LAST = "john mary peter anna paul laura".split(), "jackson harris clark lewis young king".split()
-FILLER = "the a big small old new house river road dog cat saw met walked lived went to and with from near by was".split()
+FILLER = ("the a big small old new house river road dog cat saw met walked lived went to and with from near "
+          "by was").split()
 
 
 def pattern_sentence(rng: random.Random) -> tuple[list[str], list[str]]:
@@ -382,7 +401,8 @@ def test_finetune_learns_pattern_and_loads_in_transformers(tmp_path: Path, base_
     jsonl(tmp_path / "test.jsonl", test)
     base = base_model_factory([" ".join(t) for t, _ in train], vocab_size=200)
     run = tmp_path / "run"
-    run_finetune("tagging", base, tmp_path / "train.jsonl", run, epochs=6, batch_size=32, lr=3e-3, max_length=24,
+    run_finetune("tagging", base, tmp_path / "train.jsonl", run, epochs=6, batch_size=32, lr=3e-3,
+                 max_length=24,
              progress=False, seed=0)
     assert max(len(t) for t, _ in test) > 24  # evaluation goes through windows
     metrics = evaluate_run(run, tmp_path / "test.jsonl", predictions=tmp_path / "pred.jsonl")
@@ -394,7 +414,8 @@ def test_finetune_learns_pattern_and_loads_in_transformers(tmp_path: Path, base_
     from transformers import BertForTokenClassification
 
     _, net, tok, meta = load_finetuned(run)
-    hf, info = BertForTokenClassification.from_pretrained(run, output_loading_info=True, attn_implementation="eager")
+    hf, info = BertForTokenClassification.from_pretrained(run, output_loading_info=True,
+                                                          attn_implementation="eager")
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert hf.config.id2label == dict(enumerate(meta.labels or ()))
     hf.eval()

@@ -29,8 +29,9 @@ from mlmkit.text.tokenizer import special_ids, train_tokenizer
 from mlmkit.train.corpus.files import iter_documents
 from mlmkit.train.masking import mask_tokens
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                           HealthCheck.too_slow])
+SETTINGS = settings(max_examples=60, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                           HealthCheck.too_slow])
 # texts from empty to 100k characters: any Unicode (control characters, zero-width spaces, combining
 # marks, surrogate-free), short ones and long repetitions of short ones
 ANY_TEXT = st.one_of(
@@ -93,7 +94,8 @@ def test_task_readers_read_anything_or_say_why(tmp_path_factory, data: bytes, na
 
 
 @SETTINGS
-@given(rows=st.lists(st.fixed_dictionaries({"text": PRINTABLE, "label": st.sampled_from(["a", "b", "", " "])}), max_size=8))
+@given(rows=st.lists(st.fixed_dictionaries({"text": PRINTABLE,
+                                            "label": st.sampled_from(["a", "b", "", " "])}), max_size=8))
 def test_classification_rows_with_empty_fields(tmp_path_factory, rows: list[dict]) -> None:
     task = get_task("classification")
     p = tmp_path_factory.mktemp("c") / "d.jsonl"
@@ -108,8 +110,10 @@ def test_classification_rows_with_empty_fields(tmp_path_factory, rows: list[dict
 
 # ---- JSON records with any strings and numbers --------------------------------------------------------
 ANY_STRING = st.lists(st.integers(0, 0x10FFFF).map(chr), max_size=20).map("".join)  # lone surrogates included
-NUMBER = st.one_of(st.integers().map(str), st.floats().map(json.dumps),  # NaN and Infinity as Python writes them
-                   st.integers(4000, 6000).map(lambda n: "-" * (n % 2) + "9" * n))  # beyond Python's 4300 digits
+# NaN and Infinity as Python writes them
+NUMBER = st.one_of(st.integers().map(str), st.floats().map(json.dumps),
+                   # beyond Python's 4300 digits
+                   st.integers(4000, 6000).map(lambda n: "-" * (n % 2) + "9" * n))
 SCALAR = st.one_of(st.sampled_from(["null", "true", "false"]), NUMBER,
                    ANY_STRING.map(json.dumps),  # escaped: "\\ud800"
                    ANY_STRING.map(lambda t: json.dumps(t, ensure_ascii=False)))  # raw: not UTF-8 once written
@@ -139,15 +143,19 @@ def assert_data(v: Any) -> None:
 @SETTINGS
 @given(lines=st.lists(RECORD, min_size=1, max_size=4))
 @example(lines=['{"text": "\\ud800", "label": 1, "id": 2}'])
-@example(lines=['{"text": "ok", "label": "a", "id": ' + "7" * 5000 + "}", '{"text": "\\ud83d\\ude00", "label": "b", "id": 1}'])
+@example(lines=['{"text": "ok", "label": "a", "id": ' + "7" * 5000 + "}",
+                '{"text": "\\ud83d\\ude00", "label": "b", "id": 1}'])
 @example(lines=['{"text": "\udc80", "label": "a", "id": 1}'])  # raw: the file holds bytes that are not UTF-8
-def test_json_records_with_any_strings_and_numbers_are_data_or_name_their_line(tmp_path_factory, lines: list[str]) -> None:
+def test_json_records_with_any_strings_and_numbers_are_data_or_name_their_line(tmp_path_factory,
+                                                                               lines: list[str]) -> None:
     p = tmp_path_factory.mktemp("j") / "d.jsonl"
     data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
     p.write_bytes(data)
     skipping = {"records": lambda: iter_records(p, skip=True),
-                "stdin bytes": lambda: stdin_inputs(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"), skip=True),
-                "stdin text": lambda: stdin_inputs(io.StringIO("\n".join(lines) + "\n"), skip=True)}  # raw surrogates, as a str
+                "stdin bytes": lambda: stdin_inputs(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"),
+                                                    skip=True),
+                # raw surrogates, as a str
+                "stdin text": lambda: stdin_inputs(io.StringIO("\n".join(lines) + "\n"), skip=True)}
     for read in skipping.values():
         items = list(read())
         assert len(items) == len(lines)  # a record or an error for each line, in its place
@@ -157,9 +165,11 @@ def test_json_records_with_any_strings_and_numbers_are_data_or_name_their_line(t
             else:
                 assert item.line == n
                 assert_data(item.data)
-                json_line(item.data if isinstance(item.data, dict) else {"text": item.data})  # it can be written out
+                # it can be written out
+                json_line(item.data if isinstance(item.data, dict) else {"text": item.data})
     task = get_task("classification")
-    stopping = [lambda: list(iter_records(p)), lambda: task.read(p, task.resolve_options()), lambda: list(iter_documents(p))]
+    stopping = [lambda: list(iter_records(p)), lambda: task.read(p, task.resolve_options()),
+                lambda: list(iter_documents(p))]
     for read in stopping:
         try:
             got = read()
@@ -217,7 +227,8 @@ def test_tagging_any_text_round_trips_its_offsets(tok, text: str) -> None:
 @given(question=PRINTABLE, context=ANY_TEXT)
 def test_qa_any_context_answers_with_a_span_of_it(tok, question: str, context: str) -> None:
     task = get_task("qa")
-    ctx = TaskContext(max_length=32, options=task.resolve_options({"doc_stride": 8, "max_question_length": 8}))
+    ctx = TaskContext(max_length=32,
+                      options=task.resolve_options({"doc_stride": 8, "max_question_length": 8}))
     ex = task.from_input({"question": question, "context": context}, ctx.options)
     if len(context) > 20_000:
         context = context[:20_000]
@@ -246,9 +257,11 @@ def test_classification_any_text(tok, text: str) -> None:
     assert 2 <= len(f["input_ids"]) <= 16
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(text=ANY_TEXT, max_tokens=st.integers(1, 40))
-@example(text="AAA\x0c" + "A" * 60 + " H", max_tokens=1)  # \x0c is removed by BERT's normaliser, not a separator
+# \x0c is removed by BERT's normaliser, not a separator
+@example(text="AAA\x0c" + "A" * 60 + " H", max_tokens=1)
 @example(text="x\u2028" * 200, max_tokens=3)
 @example(text="[PAD]", max_tokens=1)
 @example(text="A\x1f\x1f" * 101, max_tokens=1)  # characters the normaliser drops: a word past WordPiece's 100
@@ -260,7 +273,8 @@ def test_clipping_keeps_the_tokens_the_max_length_uses(tok, text: str, max_token
     part = tok.encode(clipped, add_special_tokens=False).ids
     assert part[:max_tokens] == whole[:max_tokens]
     assert (len(part) > max_tokens) == (len(whole) > max_tokens)  # truncation still shows
-    assert special_ids(tok).pad not in part or "[PAD]" in text  # a literal [PAD] is the token, as in transformers
+    # a literal [PAD] is the token, as in transformers
+    assert special_ids(tok).pad not in part or "[PAD]" in text
 
 
 def padded_cost(batches: list[list[int]], lengths: list[int], run_tokens: int) -> int:
@@ -268,7 +282,8 @@ def padded_cost(batches: list[list[int]], lengths: list[int], run_tokens: int) -
 
 
 @SETTINGS
-@given(st.lists(st.integers(1, 512), max_size=300), st.integers(1, 64), st.one_of(st.none(), st.integers(1, 4096)),
+@given(st.lists(st.integers(1, 512), max_size=300), st.integers(1, 64),
+       st.one_of(st.none(), st.integers(1, 4096)),
        st.one_of(st.none(), st.integers(0, 64)))
 def test_bucket_batches_cover_every_index_once_within_limits(lengths, batch_size, max_tokens, run_tokens):
     batches = bucket_batches(lengths, batch_size, max_tokens, run_tokens)
@@ -278,14 +293,16 @@ def test_bucket_batches_cover_every_index_once_within_limits(lengths, batch_size
         assert all(len(b) == 1 or len(b) * max(lengths[i] for i in b) <= max_tokens for b in batches)
     order = [lengths[i] for b in batches for i in b]
     assert order == sorted(order, reverse=True)  # longest first: similar lengths share a batch
-    if run_tokens is not None:  # the cuts of least cost: never dearer than full batches, nor than one text a run
+    # the cuts of least cost: never dearer than full batches, nor than one text a run
+    if run_tokens is not None:
         cost = padded_cost(batches, lengths, run_tokens)
         assert cost <= padded_cost(bucket_batches(lengths, batch_size, max_tokens), lengths, run_tokens)
         assert cost <= padded_cost([[i] for i in range(len(lengths))], lengths, run_tokens)
         if 0 < len(lengths) <= 9:  # and the least of every way to cut the sorted order that keeps the limits
             assert cost == min(padded_cost(c, lengths, run_tokens) for c in _cuts(order_of(lengths))
                                if all(len(b) <= batch_size and (len(b) == 1 or max_tokens is None
-                                                                or len(b) * lengths[b[0]] <= max_tokens) for b in c))
+                                                                or len(b) * lengths[b[0]] <= max_tokens)
+                                      for b in c))
 
 
 def order_of(lengths: list[int]) -> list[int]:
@@ -304,18 +321,23 @@ def _cuts(order: list[int]) -> Iterator[list[list[int]]]:
 
 def test_bucket_batches_cut_where_padding_costs_more_than_a_run() -> None:
     lengths = [40, 10, 40, 10, 11]
-    assert bucket_batches(lengths, 32) == [[0, 2, 4, 1, 3]]  # full batches only: three short texts padded to 40
+    # full batches only: three short texts padded to 40
+    assert bucket_batches(lengths, 32) == [[0, 2, 4, 1, 3]]
     assert bucket_batches(lengths, 32, run_tokens=16) == [[0, 2], [4, 1, 3]]  # 16 + 80 + 16 + 33 < 16 + 200
     assert bucket_batches(lengths, 32, run_tokens=200) == [[0, 2, 4, 1, 3]]  # a run dearer than the padding
-    assert len(bucket_batches([5] * 5, 2, run_tokens=1)) == 3  # equal lengths: the fewest runs the batch size allows
+    # equal lengths: the fewest runs the batch size allows
+    assert len(bucket_batches([5] * 5, 2, run_tokens=1)) == 3
 
 
 # ---- model cards: the front matter reads back as written, whatever the names hold ----------------
-YAML_TEXT = st.one_of(st.text(max_size=24), st.sampled_from(["a: b", "- x", "--- ", "#c", "null", "yes", "~", "&a *a",
-                                                             "'q\"\\", "{x: 1}", "\u2028", "\x85", "\ufeff"]))
-SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=False), YAML_TEXT)
+YAML_TEXT = st.one_of(st.text(max_size=24),
+                      st.sampled_from(["a: b", "- x", "--- ", "#c", "null", "yes", "~", "&a *a",
+                                       "'q\"\\", "{x: 1}", "\u2028", "\x85", "\ufeff"]))
+SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=False),
+                   YAML_TEXT)
 NESTED = st.recursive(SCALAR, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                      st.dictionaries(YAML_TEXT, inner, max_size=3)), max_leaves=10)
+                                                      st.dictionaries(YAML_TEXT, inner, max_size=3)),
+                      max_leaves=10)
 
 
 @settings(max_examples=150, deadline=None)
@@ -338,8 +360,10 @@ def test_a_card_names_a_run_and_data_with_yaml_syntax_as_they_are(tmp_path: Path
     run = tmp_path / "run: x # - ---"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    (run / "mlmkit.json").write_text(json.dumps({"task": "classification", "data": {"eval": "held: out\n---.csv"},
-                                                 "final_metrics": {"eval_accuracy": 0.5}, "labels": ["a: b", "- c"]}))
+    (run / "mlmkit.json").write_text(json.dumps({"task": "classification",
+                                                 "data": {"eval": "held: out\n---.csv"},
+                                                 "final_metrics": {"eval_accuracy": 0.5},
+                                                 "labels": ["a: b", "- c"]}))
     front = yaml.safe_load(card(run).split("---\n", 2)[1])
     index = front["model-index"][0]
     assert index["name"] == run.name and index["results"][0]["dataset"]["name"] == "held: out\n---.csv"
@@ -347,7 +371,8 @@ def test_a_card_names_a_run_and_data_with_yaml_syntax_as_they_are(tmp_path: Path
 
 # ---- route bodies: any JSON is a call or a 4xx naming what is wrong --------------------------------
 class _Pipe:
-    def __init__(self, task: str, outputs: tuple[str, ...], labels: list[str] | None = None, **options: Any) -> None:
+    def __init__(self, task: str, outputs: tuple[str, ...], labels: list[str] | None = None,
+                 **options: Any) -> None:
         self.task, self.option_names = task, {"input_type"} if task == "embedding" else set()
         self.meta = SimpleNamespace(outputs={o: () for o in outputs}, labels=labels, options=options)
 
@@ -364,8 +389,10 @@ class _Index:  # what POST /v1/search reads of an index before it searches
 FAKE_MODELS = {"emb": _Model(_Pipe("embedding", ("embedding",), query_prompt="query: "), {"docs": _Index()}),
                "rr": _Model(_Pipe("rerank", ("logits",), ["score"])),
                "splade": _Model(_Pipe("sparse-embedding", ("indices", "values")))}
-JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2, 10**9), st.floats(), st.text(max_size=6)),
-                    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2, 10**9), st.floats(),
+                              st.text(max_size=6)),
+                    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                            st.dictionaries(st.text(max_size=6), inner, max_size=3)),
                     max_leaves=8)
 
 
@@ -373,8 +400,10 @@ def _body(route: Any) -> Any:
     """Bodies with the route's own fields (each of any JSON value, or a fitting one) and stray ones."""
     import re
 
-    fields = sorted(set(re.findall(r"[{,] ?([a-z_]+)", route.summary)) | {"model", "truncate", "truncation_direction"})
-    good = {"input": st.just(["a text"]), "inputs": st.just("a text"), "query": st.just("q"), "documents": st.just(["d"]),
+    fields = sorted(set(re.findall(r"[{,] ?([a-z_]+)", route.summary))
+                    | {"model", "truncate", "truncation_direction"})
+    good = {"input": st.just(["a text"]), "inputs": st.just("a text"), "query": st.just("q"),
+            "documents": st.just(["d"]),
             "texts": st.just(["d"]), "model": st.sampled_from(sorted(FAKE_MODELS)), "index": st.just("docs"),
             "vector": st.just([0.5, 0.5, 0.5, 0.5]), "top_k": st.integers(1, 100)}
     value = {f: st.one_of(JSON, good.get(f, JSON)) for f in fields}
@@ -393,7 +422,8 @@ def test_every_route_parses_any_body_or_answers_4xx(data: Any) -> None:
         try:
             call = route.parse(body, FAKE_MODELS)
         except HTTPError as e:
-            assert 400 <= e.status < 500 and e.message.startswith((route.path, "no model named", "model '")), e.message
+            assert 400 <= e.status < 500 and e.message.startswith((route.path, "no model named",
+                                                                   "model '")), e.message
             continue
         assert isinstance(call, Call) and call.model in FAKE_MODELS and (call.inputs or call.size)
 
@@ -432,11 +462,14 @@ def test_tei_truncation_and_prompt_fields_act_or_are_refused() -> None:
         routes[path].parse({**body, "truncate": True, "truncation_direction": "Right"}, FAKE_MODELS)
         with pytest.raises(HTTPError, match=f"{path}: truncate false is not supported"):
             routes[path].parse({**body, "truncate": False}, FAKE_MODELS)
-        with pytest.raises(HTTPError, match=f"{path}: only truncation_direction Right is supported, got 'Left'"):
+        with pytest.raises(HTTPError,
+                           match=f"{path}: only truncation_direction Right is supported, got 'Left'"):
             routes[path].parse({**body, "truncation_direction": "Left"}, FAKE_MODELS)
     with pytest.raises(HTTPError, match="model 'splade' has no prompt named 'query'"):
         routes["/embed_sparse"].parse({"inputs": "x", "prompt_name": "query"}, FAKE_MODELS)
-    assert routes["/embed"].parse({"inputs": "x", "model": "emb", "prompt_name": "query"}, FAKE_MODELS).options == \
+    assert routes["/embed"].parse({"inputs": "x", "model": "emb", "prompt_name": "query"},
+                                  FAKE_MODELS).options == \
         {"input_type": "query"}
-    assert routes["/tokenize"].parse({"inputs": "x", "model": "emb", "prompt_name": "query"}, FAKE_MODELS).state["prompt"] \
+    assert routes["/tokenize"].parse({"inputs": "x", "model": "emb", "prompt_name": "query"},
+                                     FAKE_MODELS).state["prompt"] \
         == "query: "

@@ -58,7 +58,8 @@ class Echo:
     def identity(self) -> dict[str, Any]:
         return {"bundle": "echo"}
 
-    def __call__(self, items: list[Any], first: int, errors: Any = None, **options: Any) -> list[dict[str, Any]]:
+    def __call__(self, items: list[Any], first: int, errors: Any = None,
+                 **options: Any) -> list[dict[str, Any]]:
         self.calls += 1
         return [{"n": len(x["text"] if isinstance(x, dict) else x)} for x in items]
 
@@ -145,7 +146,8 @@ def test_two_cli_jobs_on_one_output_one_wins_whole(tmp_path: Path, bundle: Path)
     options = ["--id-column", "src", "--window", "25", "--threads", "1"]
     refs = []
     for k, f in enumerate(inputs):
-        r = runner.invoke(app, ["classify", str(bundle), "--input", str(f), "--output", str(tmp_path / f"ref{k}.jsonl"),
+        r = runner.invoke(app, ["classify", str(bundle), "--input", str(f), "--output",
+                                str(tmp_path / f"ref{k}.jsonl"),
                                 *options], env=ENV)
         assert r.exit_code == 0, r.output
         refs.append((tmp_path / f"ref{k}.jsonl").read_bytes())
@@ -200,7 +202,8 @@ def test_a_symlinked_output_replaces_its_target_and_stays_a_link(tmp_path: Path)
     dangling = tmp_path / "new.jsonl"
     dangling.symlink_to(tmp_path / "real" / "new-target.jsonl")
     run(texts(2), output=dangling)
-    assert dangling.is_symlink() and len((tmp_path / "real" / "new-target.jsonl").read_text().splitlines()) == 2
+    assert (dangling.is_symlink() and len((tmp_path / "real" / "new-target.jsonl").read_text().splitlines())
+            == 2)
 
 
 def test_an_output_that_is_a_directory_is_refused_before_any_work(tmp_path: Path) -> None:
@@ -251,7 +254,8 @@ def test_clip_text_costs_what_the_max_length_uses_with_or_without_whitespace(tok
 
 def test_a_record_over_the_ceiling_is_a_bad_record_in_every_format(tmp_path: Path) -> None:
     big = "x" * 5000
-    files = {"a.txt": f"one\n{big}\nthree\n", "a.jsonl": f'{{"text": "one"}}\n{{"text": "{big}"}}\n{{"text": "three"}}\n',
+    files = {"a.txt": f"one\n{big}\nthree\n",
+             "a.jsonl": f'{{"text": "one"}}\n{{"text": "{big}"}}\n{{"text": "three"}}\n',
              "a.csv": f"text\none\n{big}\nthree\n", "a.tsv": f"text\none\n{big}\nthree\n"}
     for name, content in files.items():
         p = tmp_path / name
@@ -260,9 +264,11 @@ def test_a_record_over_the_ceiling_is_a_bad_record_in_every_format(tmp_path: Pat
             list(iter_records(p, max_bytes=1000))
         items = list(iter_records(p, skip=True, max_bytes=1000))
         assert [type(x).__name__ for x in items] == ["Record", "DataFormatError", "Record"], (name, items)
-        assert [x.data if isinstance(x.data, str) else x.data["text"] for x in items if isinstance(x, Record)] == ["one", "three"]
+        assert [x.data if isinstance(x.data, str) else x.data["text"] for x in items
+                if isinstance(x, Record)] == ["one", "three"]
     pq.write_table(pa.table({"text": ["one", big, "three"], "id": [1, 2, 3]}), tmp_path / "a.parquet")
-    with pytest.raises(DataFormatError, match="a.parquet, row 2, field 'text': a value of more than 1,000 bytes"):
+    with pytest.raises(DataFormatError,
+                       match="a.parquet, row 2, field 'text': a value of more than 1,000 bytes"):
         list(iter_inputs(tmp_path / "a.parquet", max_bytes=1000))
     items = list(iter_inputs(tmp_path / "a.parquet", skip=True, max_bytes=1000))
     assert [x.data["id"] if isinstance(x, Record) else "bad" for x in items] == [1, "bad", 3]
@@ -284,10 +290,12 @@ READ_CORPUS = ("from pathlib import Path\nfrom mlmkit.errors import DataFormatEr
 def peak_mb(code: str, *args: Any) -> tuple[float, str]:
     """Peak resident memory growth (MB) of ``code`` in a fresh process, and what it printed."""
     wrapped = ("import sys\n"
-               "def hwm():\n    return int(next(x.split()[1] for x in open('/proc/self/status') if x.startswith('VmHWM'))) / 1024\n"
+               "def hwm():\n    return int(next(x.split()[1] for x in open('/proc/self/status') if "
+               "x.startswith('VmHWM'))) / 1024\n"
                "import mlmkit.train.corpus.files, mlmkit.text.records, pyarrow\nbefore = hwm()\n" + code +
                "\nprint('PEAK', hwm() - before)\n")
-    r = subprocess.run([sys.executable, "-c", wrapped, *map(str, args)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", wrapped, *map(str, args)], capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stderr
     return float(r.stdout.split("PEAK")[-1]), r.stdout
 
@@ -317,7 +325,8 @@ def test_a_line_past_the_ceiling_is_refused_holding_the_ceiling_once(tmp_path: P
     from mlmkit.files import bounded_lines
 
     with open(p, "rb") as f:
-        assert [x if x is None else bytes(x) for x in bounded_lines(f, 64 << 20)] == [None, b"the next line\n"]
+        assert [x if x is None else bytes(x) for x in bounded_lines(f, 64 << 20)] == [None,
+                                                                                      b"the next line\n"]
     with open(p, "rb") as f:  # a line under the ceiling comes whole, whatever its length
         assert len(next(bounded_lines(f, 300 << 20))) == 200_000_000 + 1
 
@@ -350,7 +359,8 @@ def test_a_document_read_whole_has_a_ceiling_too(tmp_path: Path) -> None:
     assert DOCUMENT_BYTES >= 1 << 30  # SQuAD 2.0's 40 MB, and far more, still reads
 
 
-def test_blank_lines_in_a_gz_corpus_are_read_past_quickly_and_not_silently(tmp_path: Path, monkeypatch, caplog) -> None:
+def test_blank_lines_in_a_gz_corpus_are_read_past_quickly_and_not_silently(tmp_path: Path, monkeypatch,
+                                                                           caplog) -> None:
     """A small .gz of millions of newlines: read past a buffer at a time (a line at a time ran ~110k
     lines/s, minutes of "0 of 17 MB read"), the log saying the lines and the text inflated, and the
     line numbers after the run still right."""
@@ -366,15 +376,19 @@ def test_blank_lines_in_a_gz_corpus_are_read_past_quickly_and_not_silently(tmp_p
         assert list(corpus_files.iter_documents(p)) == [["one two"], ["a sentence at last"]]
     assert time.perf_counter() - t0 < 10  # 0.2 s here; 3 minutes a line at a time
     said = [r.getMessage() for r in caplog.records if "blank" in r.getMessage()]
-    assert said and re.search(r"line [\d,]+, the last [\d,]+ of them blank \(\d+ MB of text; \d+ of the file's \d+ MB read\)",
+    assert said and re.search(r"line [\d,]+, the last [\d,]+ of them blank \(\d+ MB of text; \d+ of the "
+                              r"file's \d+ MB read\)",
                               said[-1]), said[-3:]
-    assert list(corpus_files._open_lines(p)) == [(1, "one two"), (2, ""), (20_000_003, "a sentence at last")]  # a run: its first
+    # a run: its first
+    assert list(corpus_files._open_lines(p)) == [(1, "one two"), (2, ""), (20_000_003, "a sentence at last")]
 
 
-def test_a_long_corpus_line_and_a_document_without_end_tokenize_as_the_whole(tmp_path: Path, tok, monkeypatch) -> None:
+def test_a_long_corpus_line_and_a_document_without_end_tokenize_as_the_whole(tmp_path: Path, tok,
+                                                                             monkeypatch) -> None:
     long_line = " ".join(["the cat sat on the mat"] * 20_000)  # 460 KB: tokenized in pieces
     p = tmp_path / "c.txt"
-    p.write_text("who is john ?\n" + long_line + "\n" + "\n".join(["the mat"] * 50) + "\n\nanother document here\n")
+    p.write_text("who is john ?\n" + long_line + "\n" + "\n".join(["the mat"] * 50)
+                 + "\n\nanother document here\n")
     c = corpus_shards.tokenize_corpus([p], tok, tmp_path / "a")
     assert c.num_docs == 2 and len(c.sent_offsets) - 1 == 53
     got = c.tokens[c.sent_offsets[1] : c.sent_offsets[2]].tolist()
@@ -393,7 +407,8 @@ HUGE = '{"text": "fine", "n": ' + "7" * 5000 + "}"
 
 
 def test_parse_json_refuses_lone_surrogates_and_huge_integers_as_malformed_json() -> None:
-    for text, msg in ((LONE, "lone surrogate \\ud800 in a string"), ('["\\uDC00"]', "lone surrogate \\udc00 in a string"),
+    for text, msg in ((LONE, "lone surrogate \\ud800 in a string"),
+                      ('["\\uDC00"]', "lone surrogate \\udc00 in a string"),
                       ('"\\ud83d x"', "lone surrogate \\ud83d in a string"), (HUGE, "integer of 5000 digits"),
                       ('"raw \udc80"', "lone surrogate \\udc80 in a string")):
         with pytest.raises(JSONDataError) as e:
@@ -408,11 +423,13 @@ def test_parse_json_refuses_lone_surrogates_and_huge_integers_as_malformed_json(
 def test_lone_surrogates_and_huge_integers_are_bad_records_in_every_reader(tmp_path: Path, tok) -> None:
     good = '{"text": "good one", "label": "pos"}'
     p = tmp_path / "d.jsonl"
-    for bad, msg in ((LONE, "lone surrogate"), (HUGE.replace("}", ', "label": "pos"}'), "integer of 5000 digits")):
+    for bad, msg in ((LONE, "lone surrogate"),
+                     (HUGE.replace("}", ', "label": "pos"}'), "integer of 5000 digits")):
         p.write_text(f"{good}\n{bad}\n{good}\n")
         with pytest.raises(DataFormatError, match=f"d.jsonl, line 2: malformed JSON \\({msg}"):
             list(iter_records(p))
-        assert [type(x).__name__ for x in iter_records(p, skip=True)] == ["Record", "DataFormatError", "Record"]
+        assert [type(x).__name__ for x in iter_records(p, skip=True)] == ["Record", "DataFormatError",
+                                                                          "Record"]
         with pytest.raises(DataFormatError, match=f"<stdin>, line 2: malformed JSON \\({msg}"):
             list(stdin_inputs(io.StringIO(p.read_text())))
         task = get_task("classification")
@@ -420,7 +437,8 @@ def test_lone_surrogates_and_huge_integers_are_bad_records_in_every_reader(tmp_p
             task.read(p, task.resolve_options())
         with pytest.raises(DataFormatError, match=f"d.jsonl, line 2: malformed JSON \\({msg}"):
             list(corpus_files.iter_documents(p))
-    first_bad = io.StringIO(f"{LONE}\n{good}\n")  # the first line is JSON (with no data): not a reason to read text
+    # the first line is JSON (with no data): not a reason to read text
+    first_bad = io.StringIO(f"{LONE}\n{good}\n")
     items = list(stdin_inputs(first_bad, skip=True))
     assert isinstance(items[0], DataFormatError) and items[1].data["text"] == "good one"
     squad = tmp_path / "d.json"
@@ -448,14 +466,16 @@ ID_TYPES = {
                   ["2024-05-01T12:00:00.000000001+00:00", "2024-05-01T12:00:00.500000+00:00", None]),
     "date": (pa.date32(), [datetime.date(2024, 5, 1), datetime.date(1999, 12, 31), datetime.date(2000, 1, 1)],
              ["2024-05-01", "1999-12-31", "2000-01-01"]),
-    "decimal": (pa.decimal128(10, 2), [decimal.Decimal("1.50"), decimal.Decimal("-12345678.25"), decimal.Decimal("0.00")],
+    "decimal": (pa.decimal128(10, 2),
+                [decimal.Decimal("1.50"), decimal.Decimal("-12345678.25"), decimal.Decimal("0.00")],
                 ["1.50", "-12345678.25", "0.00"]),
     "binary": (pa.binary(), [b"\x00\xff", b"id", b""], ["AP8=", "aWQ=", ""]),
     "duration": (pa.duration("s"), [90, 0, 3600], ["PT90S", "PT0S", "PT3600S"]),
     "time": (pa.time64("us"), [datetime.time(12, 30), datetime.time(0, 0, 1), datetime.time(23, 59)],
              ["12:30:00", "00:00:01", "23:59:00"]),
     "list": (pa.list_(pa.int32()), [[1, 2], [], [3]], [[1, 2], [], [3]]),
-    "struct": (pa.struct([("a", pa.int64()), ("b", pa.string())]), [{"a": 1, "b": "x"}, {"a": 2, "b": None}, None],
+    "struct": (pa.struct([("a", pa.int64()), ("b", pa.string())]),
+               [{"a": 1, "b": "x"}, {"a": 2, "b": None}, None],
                [{"a": 1, "b": "x"}, {"a": 2, "b": None}, None]),
 }
 
@@ -465,7 +485,8 @@ def test_id_columns_of_any_arrow_type_keep_their_type(tmp_path: Path, kind: str)
     arrow_type, values, as_json = ID_TYPES[kind]
     f = tmp_path / "in.parquet"
     pq.write_table(pa.table({"id": pa.array(values, arrow_type), "text": ["one", "two two", "three"]}), f)
-    run(iter_inputs(f), output=tmp_path / "o.parquet", id_column="id")  # windows of 2: a final join of two parts
+    # windows of 2: a final join of two parts
+    run(iter_inputs(f), output=tmp_path / "o.parquet", id_column="id")
     got = pq.read_table(tmp_path / "o.parquet")
     assert got.schema.field("id").type == arrow_type
     assert got.column("id").equals(pq.read_table(f).column("id"))
@@ -478,18 +499,22 @@ def test_id_columns_of_any_arrow_type_keep_their_type(tmp_path: Path, kind: str)
 
 def test_an_id_whose_type_changes_is_caught_at_the_first_window_that_differs(tmp_path: Path) -> None:
     f = tmp_path / "in.jsonl"
-    f.write_text("".join(json.dumps({"id": i, "text": "t"}) + "\n" for i in (1, 2, 3, 4)) + '{"id": "x5", "text": "t"}\n'
+    f.write_text("".join(json.dumps({"id": i, "text": "t"}) + "\n" for i in (1, 2, 3, 4))
+                 + '{"id": "x5", "text": "t"}\n'
                  + '{"id": 6, "text": "t"}\n')
     out = tmp_path / "o.parquet"
     pipe = Echo()
-    with pytest.raises(DataFormatError, match=r"in.jsonl, line 5, field 'id': an id of type str \('x5'\) where the ids "
-                                              r"before it are int64") as e:
+    with pytest.raises(DataFormatError,
+                       match=r"in.jsonl, line 5, field 'id': an id of type str \('x5'\) where the ids "
+                             r"before it are int64") as e:
         list(batch(pipe, iter_inputs(f), options={}, window=2, output=out, id_column="id", inputs=[f]))
     assert pipe.calls == 3 and not out.exists()  # at window 3, not after all of them at the join
     assert json.loads((tmp_path / ".o.parquet.job" / "progress.json").read_text())["windows"] == 2
     assert "delete" in (e.value.hint or "")  # how to get out, since the same input fails the same way
-    with pytest.raises(DataFormatError, match="line 5"):  # resumed: the same record, at once, not a join that never ends
-        list(batch(Echo(), iter_inputs(f), options={}, window=2, output=out, id_column="id", inputs=[f], resume=True))
+    # resumed: the same record, at once, not a join that never ends
+    with pytest.raises(DataFormatError, match="line 5"):
+        list(batch(Echo(), iter_inputs(f), options={}, window=2, output=out, id_column="id", inputs=[f],
+                   resume=True))
     skipped = tmp_path / "s.parquet"
     run(iter_inputs(f, skip=True), output=skipped, id_column="id", skip=True, errors=tmp_path / "e.jsonl")
     assert pq.read_table(skipped).column("id").to_pylist() == [1, 2, 3, 4, 6]
@@ -503,17 +528,20 @@ def test_an_id_whose_type_changes_is_caught_at_the_first_window_that_differs(tmp
 def test_parquet_shards_whose_id_types_differ_name_the_shard(tmp_path: Path) -> None:
     d = tmp_path / "shards"
     d.mkdir()
-    pq.write_table(pa.table({"id": pa.array([1, 2, 3], pa.int64()), "text": ["a", "b", "c"]}), d / "a.parquet")
+    pq.write_table(pa.table({"id": pa.array([1, 2, 3], pa.int64()), "text": ["a", "b", "c"]}),
+                   d / "a.parquet")
     pq.write_table(pa.table({"id": ["x", "y"], "text": ["d", "e"]}), d / "b.parquet")
     with pytest.raises(DataFormatError, match="b.parquet, row 1, field 'id'"):
         run(iter_inputs(d), output=tmp_path / "o.parquet", id_column="id", window=10)
     run(iter_inputs(d), output=tmp_path / "o.jsonl", id_column="id", window=10)  # JSON lines hold both
-    assert [json.loads(x)["id"] for x in (tmp_path / "o.jsonl").read_text().splitlines()] == [1, 2, 3, "x", "y"]
+    assert [json.loads(x)["id"] for x in (tmp_path / "o.jsonl").read_text().splitlines()] == [1, 2, 3, "x",
+                                                                                              "y"]
 
 
 def test_cli_carries_a_timestamp_id_into_parquet_and_json_lines(tmp_path: Path, bundle: Path) -> None:
     f = tmp_path / "in.parquet"
-    pq.write_table(pa.table({"ts": pa.array([0, 86_400_000_000], pa.timestamp("us")), "text": ["the cat", "a dog"]}), f)
+    pq.write_table(pa.table({"ts": pa.array([0, 86_400_000_000], pa.timestamp("us")),
+                             "text": ["the cat", "a dog"]}), f)
     for out in ("o.parquet", "o.jsonl"):
         r = runner.invoke(app, ["classify", str(bundle), "--input", str(f), "--output", str(tmp_path / out),
                                 "--id-column", "ts"], env=ENV)
@@ -548,7 +576,8 @@ c.tokenize_to([sys.argv[2]], load_tokenizer(sys.argv[1]), sys.argv[3])
 
 
 @pytest.mark.parametrize("where", ["swap", "move aside"])
-def test_a_tokenize_killed_while_replacing_a_shard_leaves_the_old_one(tmp_path: Path, tok, where: str) -> None:
+def test_a_tokenize_killed_while_replacing_a_shard_leaves_the_old_one(tmp_path: Path, tok,
+                                                                      where: str) -> None:
     save_tokenizer(tok, tmp_path / "tok")
     old_corpus, new_corpus = tmp_path / "old.txt", tmp_path / "new.txt"
     old_corpus.write_text("the cat sat\non the mat\n\nwho is john ?\n")
@@ -556,7 +585,8 @@ def test_a_tokenize_killed_while_replacing_a_shard_leaves_the_old_one(tmp_path: 
     shard = tmp_path / "shard"
     before = corpus_shards.tokenize_to([old_corpus], tok, shard)
     tokens = before.tokens.tolist()
-    r = subprocess.run([sys.executable, "-c", KILL, str(tmp_path / "tok"), str(new_corpus), str(shard), where],
+    r = subprocess.run([sys.executable, "-c", KILL, str(tmp_path / "tok"), str(new_corpus), str(shard),
+                        where],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == -9, r.stderr
     if where == "move aside":
@@ -564,7 +594,8 @@ def test_a_tokenize_killed_while_replacing_a_shard_leaves_the_old_one(tmp_path: 
     again = corpus_shards.open_shard(shard, tok)  # what `pretrain --data` does
     assert again.tokens.tolist() == tokens
     after = corpus_shards.tokenize_to([new_corpus], tok, shard)  # and the next tokenize replaces it
-    assert after.tokens.tolist() == corpus_shards.tokenize_corpus([new_corpus], tok, tmp_path / "cache").tokens.tolist()
+    assert after.tokens.tolist() == corpus_shards.tokenize_corpus([new_corpus], tok,
+                                                                  tmp_path / "cache").tokens.tolist()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # nothing hidden left
 
 
@@ -589,11 +620,13 @@ def test_a_second_tokenize_to_the_same_out_is_refused(tmp_path: Path, tok) -> No
 def test_a_bad_input_record_names_its_file_and_line_not_its_number(bundle: Path, tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     src.write_text('{"text": "fine"}\n\n{"body": "no text field here"}\n', encoding="utf-8")
-    r = CliRunner().invoke(app, ["classify", str(bundle), "--input", str(src), "--output", str(tmp_path / "o.jsonl")])
+    r = CliRunner().invoke(app, ["classify", str(bundle), "--input", str(src), "--output",
+                                 str(tmp_path / "o.jsonl")])
     line = one_error_line(r)
     assert f"{src}, line 3" in line and "'text'" in line and "input 2" not in line
     assert not (tmp_path / "o.jsonl").exists()
-    r = CliRunner().invoke(app, ["classify", str(bundle), "--input", str(src), "--output", str(tmp_path / "o.jsonl"),
+    r = CliRunner().invoke(app, ["classify", str(bundle), "--input", str(src), "--output",
+                                 str(tmp_path / "o.jsonl"),
                                  "--on-error", "skip"])
     assert r.exit_code == 0, r.output
     bad = [json.loads(x) for x in (tmp_path / "o.jsonl.errors.jsonl").read_text().splitlines()]
@@ -604,7 +637,8 @@ def test_a_null_value_is_named_null_not_missing(tmp_path: Path) -> None:
     """A Parquet row whose label is null has the field: the error says its value is null."""
     pq = pytest.importorskip("pyarrow.parquet")
     pa = pytest.importorskip("pyarrow")
-    pq.write_table(pa.table({"text": ["a fine film", "dull"], "label": ["pos", None]}), tmp_path / "d.parquet")
+    pq.write_table(pa.table({"text": ["a fine film", "dull"], "label": ["pos", None]}),
+                   tmp_path / "d.parquet")
     task = get_task("classification")
     with pytest.raises(DataFormatError, match=r"row 2, field 'label': its value is null.*give it a value"):
         task.read(tmp_path / "d.parquet", task.resolve_options({}))
@@ -625,7 +659,8 @@ def test_a_long_line_is_cut_where_its_tokens_stay_the_wholes(tok) -> None:
     sp.normalizer = normalizers.NFKC()
     sp.pre_tokenizer = pre_tokenizers.Metaspace()
     sp.train_from_iterator(["the cat sat on the mat, who is john ?"] * 50,
-                           trainers.UnigramTrainer(vocab_size=40, special_tokens=["<unk>"], unk_token="<unk>"))
+                           trainers.UnigramTrainer(vocab_size=40, special_tokens=["<unk>"],
+                                                   unk_token="<unk>"))
 
     def pieced(t, text, with_tok=True):
         pieces = list(corpus_shards._pieces(text, 100_000, t if with_tok else None))
@@ -636,6 +671,7 @@ def test_a_long_line_is_cut_where_its_tokens_stay_the_wholes(tok) -> None:
         whole = t.encode(text, add_special_tokens=False).ids
         assert pieced(t, text) == whole
         assert pieced(t, text, with_tok=False) != whole  # the old cut
-    # Metaspace without any whitespace has no such place: a piece's first word gets its marker (a token or two a cut)
+    # Metaspace without any whitespace has no such place: a piece's first word gets its marker (a token or two
+    # a cut)
     text = ",".join(words)
     assert abs(len(pieced(sp, text)) - len(sp.encode(text, add_special_tokens=False).ids)) <= 2 * 3

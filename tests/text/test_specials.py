@@ -41,8 +41,10 @@ from mlmkit.text.tokenizer import (
     write_special_tokens_map,
 )
 
-WORDS = "the a film movie plot story was is good great fine bad dull poor very not and john paris went to".split()
-MPNET_NAMES = {"bos_token": "<s>", "eos_token": "</s>", "cls_token": "<s>", "sep_token": "</s>", "pad_token": "<pad>",
+WORDS = ("the a film movie plot story was is good great fine bad dull poor very not and john paris went "
+         "to").split()
+MPNET_NAMES = {"bos_token": "<s>", "eos_token": "</s>", "cls_token": "<s>", "sep_token": "</s>",
+               "pad_token": "<pad>",
                "unk_token": "[UNK]", "mask_token": "<mask>"}
 
 
@@ -64,10 +66,14 @@ def qwen3_tokenizer() -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     texts = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))]
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                                       min_frequency=1, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300,
+                                                       special_tokens=["<|endoftext|>", "<|im_start|>",
+                                                                       "<|im_end|>"],
+                                                       min_frequency=1,
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     eot = ("<|endoftext|>", tok.token_to_id("<|endoftext|>"))
-    tok.post_processor = processors.TemplateProcessing(single="$A:0 <|endoftext|>:0", pair="$A:0 <|endoftext|>:0 $B:1 <|endoftext|>:1",
+    tok.post_processor = processors.TemplateProcessing(single="$A:0 <|endoftext|>:0",
+                                                       pair="$A:0 <|endoftext|>:0 $B:1 <|endoftext|>:1",
                                                        special_tokens=[eot])
     return tok
 
@@ -77,7 +83,8 @@ def gemma_tokenizer() -> Tokenizer:
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials + WORDS)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens(specials)
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A <eos>", pair="<bos> $A <eos> $B <eos>",
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A <eos>",
+                                                       pair="<bos> $A <eos> $B <eos>",
                                                        special_tokens=[("<bos>", 2), ("<eos>", 1)])
     return tok
 
@@ -94,39 +101,46 @@ def checkpoint(d: Path, tok: Tokenizer, names: dict[str, Any], file: str = "toke
 def test_mpnet_roles_come_from_its_files_not_the_brackets_it_also_holds(tmp_path):
     tok = mpnet_tokenizer()
     assert special_ids(tok) == SpecialIds(4, 5, 6, 7, 8)  # no files: the brackets, found whole first (wrong)
-    d = checkpoint(tmp_path / "mpnet", tok, {**MPNET_NAMES, "tokenizer_class": "MPNetTokenizer", "do_lower_case": True})
+    d = checkpoint(tmp_path / "mpnet", tok,
+                   {**MPNET_NAMES, "tokenizer_class": "MPNetTokenizer", "do_lower_case": True})
     for path in (d, d / "tokenizer.json"):  # the directory, or its tokenizer.json
         loaded = load_tokenizer(path)
         assert special_ids(loaded) == SpecialIds(pad=1, unk=5, cls=0, sep=2, mask=len(WORDS) + 9)
         assert special_tokens(loaded).names() == MPNET_NAMES
         assert mask_token(loaded) == "<mask>"
-    assert load_tokenizer(d).encode("john went", "to paris").tokens == ["<s>", "john", "went", "</s>", "</s>", "to", "paris", "</s>"]
+    assert load_tokenizer(d).encode("john went", "to paris").tokens == ["<s>", "john", "went", "</s>", "</s>",
+                                                                        "to", "paris", "</s>"]
 
 
 def test_special_tokens_map_wins_and_added_token_objects_are_read(tmp_path):
     """transformers reads special_tokens_map.json after tokenizer_config.json; older files hold
     AddedToken objects ({"content": ...}); null names none."""
-    d = checkpoint(tmp_path / "m", mpnet_tokenizer(), {**MPNET_NAMES, "mask_token": "[MASK]", "unk_token": "<unk>"})
+    d = checkpoint(tmp_path / "m", mpnet_tokenizer(),
+                   {**MPNET_NAMES, "mask_token": "[MASK]", "unk_token": "<unk>"})
     (d / "special_tokens_map.json").write_text(json.dumps({
         "mask_token": {"content": "<mask>", "lstrip": True, "__type": "AddedToken"}, "unk_token": None}))
     named = named_tokens(d)
     assert named["mask_token"] == "<mask>" and "unk_token" not in named
     tok = load_tokenizer(d)
     assert special_tokens(tok).mask == "<mask>"
-    assert special_tokens(tok).unk == "[UNK]"  # unnamed: the convention the vocabulary holds whole (its brackets)
+    # unnamed: the convention the vocabulary holds whole (its brackets)
+    assert special_tokens(tok).unk == "[UNK]"
 
 
 def test_qwen3_roles_without_cls_mask_or_unk(tmp_path):
     """pad <|endoftext|> named; sep the <|endoftext|> its post-processor appends (not the eos_token
     <|im_end|>); no cls, mask or unk token: what needs one refuses it where it does."""
-    d = checkpoint(tmp_path / "qwen3", qwen3_tokenizer(), {"pad_token": "<|endoftext|>", "eos_token": "<|im_end|>", "bos_token": None,
-                                                           "unk_token": None, "tokenizer_class": "Qwen2Tokenizer"})
+    d = checkpoint(tmp_path / "qwen3", qwen3_tokenizer(),
+                   {"pad_token": "<|endoftext|>", "eos_token": "<|im_end|>", "bos_token": None,
+                    "unk_token": None,
+                    "tokenizer_class": "Qwen2Tokenizer"})
     tok = load_tokenizer(d)
     eot = tok.token_to_id("<|endoftext|>")
     assert framing(tok) == (None, "<|endoftext|>")
     ids = special_ids(tok)
     assert ids == SpecialIds(pad=eot, unk=None, cls=None, sep=eot, mask=None) and ids.all == (eot, eot)
-    with pytest.raises(ConfigError, match="the tokenizer has no mask token, which filling masks and pretraining need"):
+    with pytest.raises(ConfigError,
+                       match="the tokenizer has no mask token, which filling masks and pretraining need"):
         mask_token(tok)
     with pytest.raises(ConfigError, match="no cls token, which pretraining needs"):
         ids.need("cls", "pretraining")
@@ -138,8 +152,9 @@ def test_qwen3_roles_without_cls_mask_or_unk(tmp_path):
 
 
 def test_gemma_roles_frame_with_bos_and_eos(tmp_path):
-    d = checkpoint(tmp_path / "gemma", gemma_tokenizer(), {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>",
-                                                           "unk_token": "<unk>", "mask_token": "<mask>"})
+    d = checkpoint(tmp_path / "gemma", gemma_tokenizer(),
+                   {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>",
+                    "unk_token": "<unk>", "mask_token": "<mask>"})
     tok = load_tokenizer(d)
     assert special_ids(tok) == SpecialIds(pad=0, unk=3, cls=2, sep=1, mask=4)
     assert tok.encode("the film").tokens == ["<bos>", "the", "film", "<eos>"]
@@ -148,10 +163,12 @@ def test_gemma_roles_frame_with_bos_and_eos(tmp_path):
 def test_without_files_the_conventions_and_their_message(tmp_path):
     (tmp_path / "q").mkdir()
     qwen3_tokenizer().save(str(tmp_path / "q" / "tokenizer.json"))
-    with pytest.raises(ConfigError, match="tokenizer lacks the special tokens .* and no tokenizer_config.json or "
-                                          "special_tokens_map.json beside it names its own"):
+    with pytest.raises(ConfigError,
+                       match="tokenizer lacks the special tokens .* and no tokenizer_config.json or "
+                             "special_tokens_map.json beside it names its own"):
         load_tokenizer(tmp_path / "q")
-    d = checkpoint(tmp_path / "bert-like", mpnet_tokenizer(), {"do_lower_case": True})  # names nothing: the conventions
+    # names nothing: the conventions
+    d = checkpoint(tmp_path / "bert-like", mpnet_tokenizer(), {"do_lower_case": True})
     assert special_ids(load_tokenizer(d)).pad == 4
 
 
@@ -166,8 +183,10 @@ def test_files_that_do_not_fit_the_tokenizer_are_refused(tmp_path, names, words)
 
 
 def test_an_unk_bos_or_eos_the_vocabulary_lacks_names_none(tmp_path):
-    d = checkpoint(tmp_path / "q", qwen3_tokenizer(), {"pad_token": "<|endoftext|>", "unk_token": "<unk>", "bos_token": "<s>"})
-    assert special_tokens(load_tokenizer(d)).names() == {"pad_token": "<|endoftext|>", "sep_token": "<|endoftext|>"}
+    d = checkpoint(tmp_path / "q", qwen3_tokenizer(),
+                   {"pad_token": "<|endoftext|>", "unk_token": "<unk>", "bos_token": "<s>"})
+    assert special_tokens(load_tokenizer(d)).names() == {"pad_token": "<|endoftext|>",
+                                                         "sep_token": "<|endoftext|>"}
 
 
 # ---- the roles kept beside the files mlmkit writes ---------------------------------------------

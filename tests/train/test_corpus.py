@@ -168,7 +168,8 @@ def test_packing_respects_max_length_and_document_boundaries():
 def tok():
     words = [f"w{i}" for i in range(60)]
     rng = random.Random(0)
-    return train_tokenizer([" ".join(rng.choices(words, k=8)) for _ in range(500)], vocab_size=200, min_frequency=1)
+    return train_tokenizer([" ".join(rng.choices(words, k=8)) for _ in range(500)], vocab_size=200,
+                           min_frequency=1)
 
 
 def word_corpus(n_docs: int, seed: int = 0) -> TokenizedCorpus:
@@ -230,7 +231,8 @@ def test_reads_txt_txt_gz_and_jsonl_alike(tmp_path):
     txt = write_txt(tmp_path / "c.txt")
     gz = write_txt(tmp_path / "c.txt.gz", opener=gzip.open)
     jl = tmp_path / "c.jsonl"
-    jl.write_text("".join(json.dumps({"text": "\n".join(d), "id": i}) + "\n" for i, d in enumerate(DOCS)), encoding="utf-8")
+    jl.write_text("".join(json.dumps({"text": "\n".join(d), "id": i}) + "\n" for i, d in enumerate(DOCS)),
+                  encoding="utf-8")
     for p in (txt, gz, jl):
         assert list(iter_documents(p)) == DOCS, p
 
@@ -244,7 +246,8 @@ def test_txt_tolerates_crlf_several_blank_lines_and_no_trailing_newline(tmp_path
 
 def test_jsonl_text_without_newlines_is_split_on_sentence_ends(tmp_path):
     p = tmp_path / "c.jsonl"
-    p.write_text(json.dumps({"text": "One here. Two there! Three?"}) + "\n\n" + json.dumps({"text": "Alone"}) + "\n")
+    p.write_text(json.dumps({"text": "One here. Two there! Three?"}) + "\n\n" + json.dumps({"text": "Alone"})
+                 + "\n")
     assert list(iter_documents(p)) == [["One here.", "Two there!", "Three?"], ["Alone"]]
 
 
@@ -299,20 +302,23 @@ def shards(cache: Path) -> list[Path]:
 
 def in_memory(paths: list[Path], tok) -> list[list[list[int]]]:
     """Every document's sentences' ids, tokenized directly: what a shard must hold."""
-    return [[tok.encode(s, add_special_tokens=False).ids for s in doc] for p in paths for doc in iter_documents(p)]
+    return [[tok.encode(s, add_special_tokens=False).ids for s in doc] for p in paths
+            for doc in iter_documents(p)]
 
 
 def test_token_shard_is_memory_mapped_and_equals_direct_tokenization(tmp_path, tok):
     docs = [[f"w{i} w{(i * 7) % 60} w{(i * 13) % 60}." for i in range(k, k + 1 + k % 5)] for k in range(40)]
     p = write_txt(tmp_path / "c.txt", docs=docs)
     c = tokenize_corpus([p], tok, tmp_path / "cache")
-    assert isinstance(c.tokens, np.memmap) and c.tokens.dtype == np.uint16  # a 200-word vocabulary fits 16 bits
+    # a 200-word vocabulary fits 16 bits
+    assert isinstance(c.tokens, np.memmap) and c.tokens.dtype == np.uint16
     assert isinstance(c.sent_offsets, np.memmap) and isinstance(c.doc_offsets, np.memmap)
     got = [[s.tolist() for s in c.document(d)] for d in range(c.num_docs)]
     assert got == in_memory([p], tok)
     (shard,) = shards(tmp_path / "cache")
     m = json.loads((shard / "manifest.json").read_text())
-    assert (m["tokens"], m["sentences"], m["documents"]) == (len(c.tokens), len(c.sent_offsets) - 1, c.num_docs)
+    assert (m["tokens"], m["sentences"], m["documents"]) == (len(c.tokens), len(c.sent_offsets) - 1,
+                                                             c.num_docs)
     assert m["files"][0]["path"] == str(p.resolve()) and len(m["tokenizer_sha256"]) == 64
 
 
@@ -366,7 +372,8 @@ def test_empty_and_missing_corpus(tmp_path, tok):
 
 
 def test_instance_units_are_computed_once_and_cached_beside_the_shard(tmp_path, tok, monkeypatch):
-    docs = [[f"w{i} w{(i * 7) % 60} w{(i * 13) % 60} w{i % 5}." for i in range(k, k + 2 + k % 4)] for k in range(40)]
+    docs = [[f"w{i} w{(i * 7) % 60} w{(i * 13) % 60} w{i % 5}." for i in range(k, k + 2 + k % 4)]
+            for k in range(40)]
     p = write_txt(tmp_path / "c.txt", docs=docs)
     first = PretrainData(tokenize_corpus([p], tok, tmp_path / "cache"), tok, max_len=32, batch_size=4, seed=1)
     (shard,) = shards(tmp_path / "cache")
@@ -426,6 +433,7 @@ def test_tokenizing_in_worker_processes_gives_the_same_shard(tmp_path, tok):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no part left behind
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine."}\n{"txt": "no text"}\n')
-    with pytest.raises(DataFormatError, match=r"bad\.jsonl, line 2, field 'text'"):  # raised in a worker, named here
+    # raised in a worker, named here
+    with pytest.raises(DataFormatError, match=r"bad\.jsonl, line 2, field 'text'"):
         corpus_shards.tokenize_to([*parts, bad], tok, tmp_path / "three", workers=2)
     assert not (tmp_path / "three").exists()

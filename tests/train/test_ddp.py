@@ -77,9 +77,11 @@ def test_ranks_draw_disjoint_batches_from_one_shard(corpus, tmp_path):
     from mlmkit.train.data import PretrainData, batch_seed
 
     tok = train_tokenizer(corpus.read_text().split("\n"), vocab_size=100, min_frequency=1)
-    data = PretrainData(tokenize_corpus([corpus], tok, tmp_path / "cache"), tok, max_len=32, batch_size=4, seed=0)
+    data = PretrainData(tokenize_corpus([corpus], tok, tmp_path / "cache"), tok, max_len=32, batch_size=4,
+                        seed=0)
     world, epoch = 2, 0
-    per_rank = [[data.batch(epoch, m * world + r, batch_seed(0, epoch, m * world + r))["input_ids"] for m in range(3)]
+    per_rank = [[data.batch(epoch, m * world + r, batch_seed(0, epoch, m * world + r))["input_ids"]
+                 for m in range(3)]
                 for r in range(world)]
     single = [data.batch(epoch, i, batch_seed(0, epoch, i))["input_ids"] for i in range(6)]
     assert all(torch.equal(per_rank[i % world][i // world], single[i]) for i in range(6))

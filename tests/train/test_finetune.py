@@ -129,7 +129,8 @@ def test_hf_vocab_txt_tokenizes_as_transformers(tmp_path: Path) -> None:
     write_hf_dir(tmp_path, "bare")
     ours = load_tokenizer(tmp_path)
     ref = transformers.BertTokenizer.from_pretrained(tmp_path)  # reads vocab.txt, lowercases by default
-    for a, b in [("The film was GOOD", None), ("a dull plot", "not a great story"), ("unknownword film", "x")]:
+    for a, b in [("The film was GOOD", None), ("a dull plot", "not a great story"),
+                 ("unknownword film", "x")]:
         enc = ours.encode(a, b) if b is not None else ours.encode(a)
         exp = ref(a, b) if b is not None else ref(a)
         assert enc.ids == exp["input_ids"]
@@ -141,7 +142,8 @@ def sentiment_rows(n: int, rng: random.Random) -> list[dict[str, str]]:
     rows = []
     for _ in range(n):
         label = rng.choice(["pos", "neg"])
-        words = rng.sample(["the", "film", "movie", "plot", "story", "was", "very"], 3) + [rng.choice(pos if label == "pos" else neg)]
+        words = rng.sample(["the", "film", "movie", "plot", "story", "was", "very"],
+                           3) + [rng.choice(pos if label == "pos" else neg)]
         rng.shuffle(words)
         rows.append({"text": " ".join(words), "label": label})
     return rows
@@ -198,19 +200,23 @@ def test_task_options_defaults_saved_given_and_unknown() -> None:
     task = Plugin(OptionTask(), "tests:OptionTask", "tests")
     assert task.resolve_options() == {"text_column": "text", "doc_stride": 128}
     # strings from the command line take the declared type; None means "not given"
-    assert task.resolve_options({"doc_stride": "64", "text_column": None}) == {"text_column": "text", "doc_stride": 64}
+    assert task.resolve_options({"doc_stride": "64", "text_column": None}) == {"text_column": "text",
+                                                                               "doc_stride": 64}
     # a run's or bundle's saved options come between the defaults and what is given
-    assert task.resolve_options({"text_column": "q"}, saved={"doc_stride": 32, "gone": 1}) == {"text_column": "q", "doc_stride": 32}
+    assert task.resolve_options({"text_column": "q"},
+                                saved={"doc_stride": 32, "gone": 1}) == {"text_column": "q", "doc_stride": 32}
     assert OptionTask.options[1].default == 128  # the declaration is not mutated
     with pytest.raises(ConfigError, match=r"--label-all-tokens is not an option of task 'fake'") as e:
         task.resolve_options({"label_all_tokens": True})
     assert e.value.hint == "its options: --text-column, --doc-stride"  # as their declarations spell them
-    plain = Plugin(type("Plain", (OptionTask,), {"options": (TaskOption("doc_stride", 128, "Window overlap."),)})(),
+    plain = Plugin(type("Plain", (OptionTask,),
+                        {"options": (TaskOption("doc_stride", 128, "Window overlap."),)})(),
                    "tests:Plain", "tests")
     with pytest.raises(ConfigError) as e:  # no flags declared: the one spelling every option has
         plain.resolve_options({"text_column": "q"})
     assert e.value.hint == "its options: --option doc_stride=VALUE"
-    with pytest.raises(ConfigError, match=r"task option --doc-stride expects a value of type int, got 'many'"):
+    with pytest.raises(ConfigError,
+                       match=r"task option --doc-stride expects a value of type int, got 'many'"):
         task.resolve_options({"doc_stride": "many"})
     with pytest.raises(ConfigError, match=r"task option --doc-stride must be at least 0, got -1"):
         task.resolve_options({"doc_stride": -1})
@@ -223,7 +229,8 @@ def test_cli_rejects_an_option_the_task_lacks(tmp_path: Path, base_model_factory
     train = write_jsonl(tmp_path / "t.jsonl", sentiment_rows(4, random.Random(0)))
     for extra in (["--doc-stride", "64"], ["--option", "doc_stride=64"]):
         res = CliRunner().invoke(app, [
-            "finetune", "classification", "--model", str(base), "--train", str(train), "--out", str(tmp_path / "o"), *extra,
+            "finetune", "classification", "--model", str(base), "--train", str(train), "--out",
+            str(tmp_path / "o"), *extra,
         ])
         assert res.exit_code == 2, res.output
         msg = squash(res.stderr)
@@ -237,8 +244,10 @@ def test_cli_rejects_an_option_the_task_lacks(tmp_path: Path, base_model_factory
 def bucket_data(n: int = 1000, batch_size: int = 8, seed: int = 0) -> tuple[FeatureData, list[int]]:
     rng = random.Random(123)
     lengths = [rng.randint(3, 120) for _ in range(n)]
-    feats = [{"input_ids": [i + 10] + [7] * (n_ - 1), "token_type_ids": [0] * n_, "labels": i} for i, n_ in enumerate(lengths)]
-    return FeatureData(feats, SimpleNamespace(label_names=("labels",), group_features=False), batch_size, pad_id=0, seed=seed), lengths
+    feats = [{"input_ids": [i + 10] + [7] * (n_ - 1), "token_type_ids": [0] * n_, "labels": i}
+             for i, n_ in enumerate(lengths)]
+    return FeatureData(feats, SimpleNamespace(label_names=("labels",), group_features=False), batch_size,
+                       pad_id=0, seed=seed), lengths
 
 
 def test_feature_data_batches_are_bucketed_complete_and_reshuffled() -> None:
@@ -343,10 +352,12 @@ def test_resume_after_a_kill_matches_an_uninterrupted_run(
         torch.testing.assert_close(got[k], want[k], atol=1e-6, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
     # and the resumed weights are not simply the base model's
     base = load_state_dict(s["base"])
-    assert (got["bert.encoder.layer.0.output.dense.weight"] - base["bert.encoder.layer.0.output.dense.weight"]).abs().max() > 1e-4
+    assert (got["bert.encoder.layer.0.output.dense.weight"]
+            - base["bert.encoder.layer.0.output.dense.weight"]).abs().max() > 1e-4
 
 
-def test_resume_without_a_checkpoint_is_a_clear_error(classification_setup: dict[str, Any], tmp_path: Path) -> None:
+def test_resume_without_a_checkpoint_is_a_clear_error(classification_setup: dict[str, Any],
+                                                      tmp_path: Path) -> None:
     s = classification_setup
     with pytest.raises(ConfigError, match=r"--resume: no complete checkpoint under"):
         run_finetune("classification", s["base"], s["train"], tmp_path / "empty", resume=True, **s["kw"])
@@ -362,7 +373,8 @@ def test_finetuning_a_finetuned_run_with_other_labels_starts_a_fresh_head(
     rows = [json.loads(line) for line in s["train"].read_text().splitlines()]
     three = write_jsonl(tmp_path / "three.jsonl", [{**r, "label": f"c{i % 3}"} for i, r in enumerate(rows)])
     run_finetune("classification", first, three, tmp_path / "second", **s["kw"])
-    assert json.loads((tmp_path / "second" / "config.json").read_text())["id2label"] == {"0": "c0", "1": "c1", "2": "c2"}
+    assert json.loads((tmp_path / "second" / "config.json").read_text())["id2label"] == {"0": "c0", "1": "c1",
+                                                                                         "2": "c2"}
 
 
 def test_early_stopping_needs_an_eval_file(classification_setup: dict[str, Any], tmp_path: Path) -> None:

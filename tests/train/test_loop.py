@@ -35,7 +35,8 @@ class Rows:
 
     def batch(self, epoch: int, index: int, seed: int) -> dict[str, torch.Tensor]:
         s = slice(index * self.batch_size, (index + 1) * self.batch_size)
-        return {"input_ids": self.ids[s], "attention_mask": torch.ones_like(self.ids[s]), "labels": self.labels[s]}
+        return {"input_ids": self.ids[s], "attention_mask": torch.ones_like(self.ids[s]),
+                "labels": self.labels[s]}
 
 
 @pytest.fixture(autouse=True)
@@ -68,7 +69,8 @@ def train(tmp: Path, data: Rows, evaluate: Any = None, **kw: Any) -> tuple[torch
             (d / "mlmkit.json").write_text(json.dumps(meta.to_json(), default=str))
 
     args = TrainArgs(**{"lr": 1e-3, "progress": False, "log_every": 1, **kw})
-    Trainer(model, data, args, tmp, save_model=save_model, evaluate=evaluate).train(RunMeta(task="classification", max_length=16))
+    Trainer(model, data, args, tmp, save_model=save_model,
+            evaluate=evaluate).train(RunMeta(task="classification", max_length=16))
     return model, saved
 
 
@@ -101,7 +103,8 @@ def test_warmup_steps_then_linear_decay(tmp_path: Path) -> None:
     assert lrs(tmp_path / "a") == pytest.approx([1e-3 * w for w in want])
     train(tmp_path / "b", Rows(64, 8), steps=4, warmup_steps=0, lr=1e-3)  # no warmup: full rate at once
     assert lrs(tmp_path / "b") == pytest.approx([1e-3 * w for w in (3 / 4, 2 / 4, 1 / 4, 0.0)])
-    train(tmp_path / "c", Rows(64, 8), steps=10, warmup_ratio=0.3, lr=1e-3)  # the ratio, when no steps are given
+    # the ratio, when no steps are given
+    train(tmp_path / "c", Rows(64, 8), steps=10, warmup_ratio=0.3, lr=1e-3)
     assert lrs(tmp_path / "c") == pytest.approx(lrs(tmp_path / "a"))
 
 
@@ -126,7 +129,8 @@ def test_best_model_is_kept_and_early_stopping_stops(tmp_path: Path) -> None:
     assert meta.best_step == 8 and meta.best_metrics["score"] == 0.8
     for k, v in saved["weights"].items():  # the run root holds the weights the best evaluation saw
         assert torch.equal(v, ev.seen[1][k]), k
-    assert any(not torch.equal(model.state_dict()[k], ev.seen[1][k]) for k in ev.seen[1])  # training went on past it
+    # training went on past it
+    assert any(not torch.equal(model.state_dict()[k], ev.seen[1][k]) for k in ev.seen[1])
     final = read_json(tmp_path / "mlmkit.json")["final_metrics"]
     assert final["best_step"] == 8 and final["eval_score"] == 0.8 and final["last_step_metrics"]["step"] == 16
     checkpoints = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
@@ -178,7 +182,8 @@ def test_args_built_from_flat_names_start_from_the_commands_defaults() -> None:
     with pytest.raises(ConfigError, match="PretrainArgs has no setting nonsense"):
         PretrainArgs.from_flat(corpus=[Path("c.txt")], out=Path("o"), nonsense=1)
     with pytest.raises(ConfigError, match="--early-stopping needs --eval"):
-        FinetuneArgs.from_flat(task="qa", model=Path("m"), train_file=Path("t"), out=Path("o"), early_stopping=2)
+        FinetuneArgs.from_flat(task="qa", model=Path("m"), train_file=Path("t"), out=Path("o"),
+                               early_stopping=2)
 
 
 @pytest.mark.parametrize("command, cls", [("pretrain", PretrainArgs), ("finetune", FinetuneArgs)])
@@ -207,8 +212,9 @@ from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import BertForLabels
 from mlmkit.train.devices import keep_freed_memory
 
-cfg = ModelConfig.from_dict({"vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
-                             "intermediate_size": 128, "max_position_embeddings": 512, "model_type": "bert",
+cfg = ModelConfig.from_dict({"vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 1,
+                             "num_attention_heads": 4, "intermediate_size": 128,
+                             "max_position_embeddings": 512, "model_type": "bert",
                              "id2label": {0: "a", 1: "b"}})
 m = BertForLabels(cfg, per_token=False).train()
 ids = torch.randint(5, 100, (16, 384))  # attention's (16, 4, 384, 384) blocks: 38 MB, over glibc's 32 MB
@@ -218,7 +224,8 @@ def later_step_faults():
     faults = []
     for _ in range(4):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        m(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.zeros(16, dtype=torch.long))["loss"].backward()
+        labels = torch.zeros(16, dtype=torch.long)
+        m(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels)["loss"].backward()
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     return min(faults[1:])  # a step after the first: what every later step of a run costs
 
@@ -249,7 +256,8 @@ def test_kept_freed_memory_spares_every_later_step_its_page_faults() -> None:
     r = subprocess.run([sys.executable, "-c", _STEP_FAULTS], capture_output=True, text=True, check=True,
                        env={**os.environ, "MLMKIT_KEEP_FREED_MEMORY": "1"})
     modes = json.loads(r.stdout)
-    assert {mode: kept for mode, (kept, _) in modes.items()} == {"default": False, "opted-out": False, "kept": True}, modes
+    assert {mode: kept for mode, (kept, _) in modes.items()} == {"default": False, "opted-out": False,
+                                                                 "kept": True}, modes
     got = {mode: faults for mode, (_, faults) in modes.items()}
     assert got["default"] > 20_000, got  # 4 KB pages of the blocks freed and re-allocated
     assert got["opted-out"] > 20_000, got

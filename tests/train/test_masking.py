@@ -28,7 +28,8 @@ def pair_batch(B: int, T: int, seed: int, low: int = 5, high: int = V) -> torch.
 
 def mask(ids: torch.Tensor, seed: int = 0, **kw) -> tuple[torch.Tensor, torch.Tensor]:
     kw.setdefault("vocab_size", V)
-    return mask_tokens(ids, mask_id=MASK, special_ids=SPECIAL, generator=torch.Generator().manual_seed(seed), **kw)
+    return mask_tokens(ids, mask_id=MASK, special_ids=SPECIAL, generator=torch.Generator().manual_seed(seed),
+                       **kw)
 
 
 def fates(ids: torch.Tensor, out: torch.Tensor, selected: torch.Tensor) -> tuple[float, float, float]:

@@ -47,7 +47,8 @@ def language(n_topics: int = 2, seed: int = 0) -> list[dict[str, list[str]]]:
     topics = []
     for t in range(n_topics):
         v = w[t * size : (t + 1) * size]
-        topics.append({"det": v[0], "colours": v[1 : 1 + N_COLOURS], "nouns": v[1 + N_COLOURS : 1 + 2 * N_COLOURS],
+        topics.append({"det": v[0], "colours": v[1 : 1 + N_COLOURS],
+                       "nouns": v[1 + N_COLOURS : 1 + 2 * N_COLOURS],
                        "verbs": v[1 + 2 * N_COLOURS : 4 + 2 * N_COLOURS], "end": v[-1]})
     return topics
 
@@ -233,13 +234,14 @@ def test_linear_warmup_then_linear_decay():
     assert f(10) == 1.0 and f(60) == pytest.approx(0.5) and f(110) == 0.0
 
 
-# ---- a seed reproduces a run ---------------------------------------------------------------------------------
+# ---- a seed reproduces a run -------------------------------------------------------------------------------
 _TRAIN_TOKENIZERS = """
 import hashlib, json, sys
 from mlmkit.text.tokenizer import train_tokenizer
 texts = json.load(open(sys.argv[1]))
 for kind in ("wordpiece", "bpe"):
-    print(kind, hashlib.sha256(train_tokenizer(texts, vocab_size=1500, min_frequency=1, kind=kind).to_str().encode()).hexdigest())
+    tok = train_tokenizer(texts, vocab_size=1500, min_frequency=1, kind=kind)
+    print(kind, hashlib.sha256(tok.to_str().encode()).hexdigest())
 """
 
 
@@ -251,7 +253,8 @@ def docstrings(tmp_path_factory) -> list[str]:
 
     d = tmp_path_factory.mktemp("docstrings")
     write_retrieval_set(d / "set", max_documents=400)
-    return [json.loads(line)["text"] for f in ("corpus.jsonl", "queries.jsonl") for line in open(d / "set" / f)]
+    return [json.loads(line)["text"] for f in ("corpus.jsonl", "queries.jsonl")
+            for line in open(d / "set" / f)]
 
 
 def test_tokenizer_training_is_the_same_in_every_process(docstrings, tmp_path):
@@ -260,16 +263,21 @@ def test_tokenizer_training_is_the_same_in_every_process(docstrings, tmp_path):
     import sys
 
     (tmp_path / "texts.json").write_text(json.dumps(docstrings))
-    here = {k: hashlib.sha256(train_tokenizer(docstrings, vocab_size=1500, min_frequency=1, kind=k).to_str().encode()).hexdigest()
+    here = {k: hashlib.sha256(train_tokenizer(docstrings, vocab_size=1500, min_frequency=1,
+                                              kind=k).to_str().encode()).hexdigest()
             for k in ("wordpiece", "bpe")}
     for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", _TRAIN_TOKENIZERS, str(tmp_path / "texts.json")], capture_output=True,
+        out = subprocess.run([sys.executable, "-c", _TRAIN_TOKENIZERS, str(tmp_path / "texts.json")],
+                             capture_output=True,
                              text=True, check=True).stdout
-        assert dict(line.split() for line in out.splitlines() if line.strip()) == here  # (progress bars print blank lines)
+        # (progress bars print blank lines)
+        assert dict(line.split() for line in out.splitlines() if line.strip()) == here
     tok = train_tokenizer(docstrings, vocab_size=1500, min_frequency=1)
-    assert tok.encode("Return the number of items.").tokens == ["[CLS]", "return", "the", "number", "of", "items", ".", "[SEP]"]
+    assert tok.encode("Return the number of items.").tokens == ["[CLS]", "return", "the", "number", "of",
+                                                                "items", ".", "[SEP]"]
     assert tok.token_to_id("##s") is not None and tok.token_to_id("[MASK]") == 4
-    small = train_tokenizer(["lox lox lox"], vocab_size=40, min_frequency=1)  # x and o may start a word too, as in BERT's
+    # x and o may start a word too, as in BERT's
+    small = train_tokenizer(["lox lox lox"], vocab_size=40, min_frequency=1)
     assert small.encode("xo").tokens == ["[CLS]", "x", "##o", "[SEP]"]
 
 
@@ -279,10 +287,14 @@ def test_a_seed_reproduces_a_pretraining_run_in_another_process(docstrings, tmp_
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(docstrings) + "\n")
-    run_pretrain([corpus], tmp_path / "a", vocab_size=1200, steps=3, batch_size=4, seq_len=32, seed=1, progress=False)
-    subprocess.run([sys.executable, "-m", "mlmkit", "pretrain", str(corpus), "--out", str(tmp_path / "b"), "--vocab-size",
+    run_pretrain([corpus], tmp_path / "a", vocab_size=1200, steps=3, batch_size=4, seq_len=32, seed=1,
+                 progress=False)
+    subprocess.run([sys.executable, "-m", "mlmkit", "pretrain", str(corpus), "--out", str(tmp_path / "b"),
+                    "--vocab-size",
                     "1200", "--steps", "3", "--batch-size", "4", "--seq-len", "32", "--seed", "1"],
-                   check=True, capture_output=True)  # the suite's OMP_NUM_THREADS=1: one thread, as this process
-    assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()
+                   # the suite's OMP_NUM_THREADS=1: one thread, as this process
+                   check=True, capture_output=True)
+    assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (
+        tmp_path / "b" / "tokenizer.json").read_bytes()
     a, b = load_state_dict(tmp_path / "a"), load_state_dict(tmp_path / "b")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -67,7 +67,8 @@ def test_the_bundle_is_the_numpy_mean_of_the_pca_of_the_teachers_token_vectors(s
 
 
 def assert_table(got: np.ndarray, vectors: np.ndarray, dims: int = 16) -> None:
-    """``got`` is the PCA (by SVD) of the token vectors to ``dims``, SIF-weighted, up to each component's sign."""
+    """``got`` is the PCA (by SVD) of the token vectors to ``dims``, SIF-weighted, up to each component's
+    sign."""
     centred = vectors - vectors.mean(0)
     _, _, vt = np.linalg.svd(centred, full_matrices=False)
     ref = (centred @ vt[:dims].T) * sif_weights(len(vectors))[:, None]
@@ -96,7 +97,8 @@ def test_every_embedding_command_runs_the_static_bundle(setup, tmp_path):
     metrics = evaluate_bundle(setup["table"], setup["beir"])
     assert 0 < metrics["ndcg@10"] <= 1
     mined = tmp_path / "mined.jsonl"
-    r = CliRunner().invoke(app, ["mine", str(setup["beir"]), "--retriever", str(setup["table"]), "--out", str(mined),
+    r = CliRunner().invoke(app, ["mine", str(setup["beir"]), "--retriever", str(setup["table"]), "--out",
+                                 str(mined),
                                  "--negatives", "2"])
     assert r.exit_code == 0, r.output
     assert mined.is_file() and mined.read_text().count("\n") > 10
@@ -105,7 +107,8 @@ def test_every_embedding_command_runs_the_static_bundle(setup, tmp_path):
 def test_training_the_table_on_retrieval_pairs_raises_its_ndcg(setup, tmp_path):
     before = evaluate_bundle(setup["table"], setup["beir"])["ndcg@10"]
     out = tmp_path / "tuned"
-    args = DistillArgs(teacher=setup["teacher"], out=out, static=True, dims=16, train_file=setup["beir"], batch_size=64)
+    args = DistillArgs(teacher=setup["teacher"], out=out, static=True, dims=16, train_file=setup["beir"],
+                       batch_size=64)
     args.train.epochs, args.train.lr = 4.0, 3e-2
     distill(args)
     after = evaluate_bundle(out, setup["beir"])["ndcg@10"]
@@ -129,7 +132,8 @@ def test_a_static_table_needs_an_embedding_teacher(setup, tmp_path):
     clf = make_task_run(setup["base"], "classification", tmp_path / "clf")
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["distill", str(clf), "--static", "--out", str(out)])
-    assert r.exit_code == 2 and "is a classification model: a static table is made from an embedding model" in r.output
+    assert (r.exit_code == 2
+            and "is a classification model: a static table is made from an embedding model" in r.output)
     assert not out.exists()
 
 
@@ -141,7 +145,8 @@ def test_serve_answers_the_openai_and_tei_routes_with_the_tables_vectors(setup, 
     want = np.asarray([r["embedding"] for r in Pipeline.load(setup["table"])(TEXTS[:3])])
     server = Server(tmp_path, f"static={setup['table']}")
     try:
-        got = httpx.post(server.url + "/v1/embeddings", json={"model": "static", "input": TEXTS[:3]}, timeout=30).json()
+        got = httpx.post(server.url + "/v1/embeddings", json={"model": "static", "input": TEXTS[:3]},
+                         timeout=30).json()
         np.testing.assert_allclose([d["embedding"] for d in got["data"]], want, atol=1e-6)
         tei = httpx.post(server.url + "/embed", json={"inputs": TEXTS[:3]}, timeout=30).json()
         np.testing.assert_allclose(tei, want, atol=1e-6)

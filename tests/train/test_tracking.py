@@ -49,7 +49,8 @@ def clf(tmp_path_factory):
     d = tmp_path_factory.mktemp("clf")
     rows = clf_rows(96)
     base = make_base_model(d / "base", [r["text"] for r in rows] * 2)
-    return {"base": base, "train": write_jsonl(d / "train.jsonl", rows), "eval": write_jsonl(d / "eval.jsonl", clf_rows(32, 1)),
+    return {"base": base, "train": write_jsonl(d / "train.jsonl", rows),
+            "eval": write_jsonl(d / "eval.jsonl", clf_rows(32, 1)),
             "dir": d}
 
 
@@ -83,7 +84,8 @@ def mlflow_server(tmp_path_factory):
     d = tmp_path_factory.mktemp("mlflow")
     port = free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "_MLFLOW_SERVER_FILE_STORE": f"sqlite:///{d}/mlflow.db",
-           "_MLFLOW_SERVER_SERVE_ARTIFACTS": "true", "_MLFLOW_SERVER_ARTIFACT_DESTINATION": str(d / "artifacts"),
+           "_MLFLOW_SERVER_SERVE_ARTIFACTS": "true",
+           "_MLFLOW_SERVER_ARTIFACT_DESTINATION": str(d / "artifacts"),
            "_MLFLOW_SERVER_ARTIFACT_ROOT": "mlflow-artifacts:/"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
@@ -93,7 +95,8 @@ def mlflow_server(tmp_path_factory):
     deadline = time.monotonic() + 120
     while True:
         try:  # up, and its store made (the database's tables are created at the first request that reads it)
-            if httpx.post(url + "/api/2.0/mlflow/experiments/search", json={"max_results": 1}, timeout=60).status_code == 200:
+            if httpx.post(url + "/api/2.0/mlflow/experiments/search", json={"max_results": 1},
+                          timeout=60).status_code == 200:
                 break
         except httpx.HTTPError:
             pass
@@ -186,8 +189,10 @@ def test_a_tracking_server_answering_500_costs_seconds_not_minutes(tmp_path, mon
         monkeypatch.setenv(k, "0")
         monkeypatch.delenv(k)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
-    monkeypatch.setenv("MLFLOW_RUN_ID", "r1")  # attach: a GET, which MLflow retries (3.18 retries no POST that creates a run)
-    waits: list[float] = []  # each back-off, with MLflow's jitter: MLflow's defaults ask for 0 + 4 + 8 + ... + 120
+    # attach: a GET, which MLflow retries (3.18 retries no POST that creates a run)
+    monkeypatch.setenv("MLFLOW_RUN_ID", "r1")
+    # each back-off, with MLflow's jitter: MLflow's defaults ask for 0 + 4 + 8 + ... + 120
+    waits: list[float] = []
     monkeypatch.setattr(Retry, "_sleep_backoff", lambda self: waits.append(self.get_backoff_time()))
     try:
         t0 = time.perf_counter()
@@ -208,7 +213,8 @@ def test_a_tracking_server_answering_500_costs_seconds_not_minutes(tmp_path, mon
         server.shutdown()
 
 
-def test_mlflow_server_and_tensorboard_get_the_run_and_a_resume_adds_no_duplicate_steps(clf, mlflow_server, tmp_path, monkeypatch):
+def test_mlflow_server_and_tensorboard_get_the_run_and_a_resume_adds_no_duplicate_steps(
+    clf, mlflow_server, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     from mlmkit.args import FinetuneArgs
@@ -217,7 +223,8 @@ def test_mlflow_server_and_tensorboard_get_the_run_and_a_resume_adds_no_duplicat
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "mlmkit-tests")
     out = tmp_path / "run"
-    kw = dict(task="classification", model=clf["base"], train_file=clf["train"], eval_file=clf["eval"], out=out, steps=24,
+    kw = dict(task="classification", model=clf["base"], train_file=clf["train"], eval_file=clf["eval"],
+              out=out, steps=24,
               eval_every=8, log_every=4, lr=1e-3, batch_size=16, report_to="tensorboard,mlflow")
     with pytest.raises(KeyboardInterrupt):  # killed after step 20 was logged; the last checkpoint is step 16
         finetune(FinetuneArgs.from_flat(**kw), reporters=[Kill(20)])
@@ -228,7 +235,8 @@ def test_mlflow_server_and_tensorboard_get_the_run_and_a_resume_adds_no_duplicat
 
     result = finetune(FinetuneArgs.from_flat(**kw, resume=True))
     run = client.get_run(run_id)
-    assert run.info.status == "FINISHED" and run.info.experiment_id == client.get_experiment_by_name("mlmkit-tests").experiment_id
+    assert (run.info.status == "FINISHED" and run.info.experiment_id
+            == client.get_experiment_by_name("mlmkit-tests").experiment_id)
     assert run.data.params["lr"] == "0.001" and run.data.params["task"] == "classification"
     assert run.data.params["batch_size"] == "16" and run.data.params["report_to"] == "tensorboard,mlflow"
     loss = client.get_metric_history(run_id, "loss")
@@ -270,7 +278,8 @@ def test_a_tracking_store_fails_in_seconds_and_its_password_is_never_shown(clf, 
         run_finetune("classification", clf["base"], clf["train"], tmp_path / "b", steps=2, report_to="mlflow")
     assert redacted("postgresql://bob:s3cr%40t@db:5432/optuna") == "postgresql://bob:***@db:5432/optuna"
     assert redacted("sqlite:///runs/sweep.db") == "sqlite:///runs/sweep.db"
-    assert scrubbed("could not log in as bob with s3cr@t to postgresql://bob:s3cr%40t@db/x", "postgresql://bob:s3cr%40t@db/x") \
+    assert scrubbed("could not log in as bob with s3cr@t to postgresql://bob:s3cr%40t@db/x",
+                    "postgresql://bob:s3cr%40t@db/x") \
         == "could not log in as bob with *** to postgresql://bob:***@db/x"
 
 
@@ -293,7 +302,8 @@ def test_plot_two_runs_cards_and_bundle_card(clf, tmp_path):
     runs = []
     for lr in (1e-3, 1e-4):
         out = tmp_path / f"lr{lr}"
-        run_finetune("classification", clf["base"], clf["train"], out, eval_file=clf["eval"], steps=12, eval_every=6,
+        run_finetune("classification", clf["base"], clf["train"], out, eval_file=clf["eval"], steps=12,
+                     eval_every=6,
                      log_every=3, lr=lr, batch_size=16)
         assert png_size(out / "curves.png")[0] > 300  # each run draws its own curves at the end
         runs.append(out)
@@ -309,22 +319,26 @@ def test_plot_two_runs_cards_and_bundle_card(clf, tmp_path):
     got = {m["type"]: m["value"] for m in fm["model-index"][0]["results"][0]["metrics"]}
     assert got["accuracy"] == pytest.approx(meta["best_metrics"]["accuracy"], abs=1e-6)
     assert set(got) == {"accuracy", "macro_f1", "mcc"}
-    assert "BertForSequenceClassification.from_pretrained" in card and "![training curves](curves.png)" in card
+    assert ("BertForSequenceClassification.from_pretrained" in card
+            and "![training curves](curves.png)" in card)
 
     bundle = tmp_path / "bundle"
     run_export(runs[0], bundle)
     bcard = (bundle / "README.md").read_text()
     bfm = front_matter(bcard)
     assert "onnx" in bfm["tags"] and bfm["pipeline_tag"] == "text-classification"
-    assert "| opset | 17 |" in bcard and "SkipLayerNormalization" in bcard and "mlmkit classify bundle" in bcard
+    assert ("| opset | 17 |" in bcard and "SkipLayerNormalization" in bcard
+            and "mlmkit classify bundle" in bcard)
     assert (bundle / "curves.png").exists()
 
     (bundle / "README.md").write_text("# my own notes\n")  # not mlmkit's: kept on the next export
     run_export(runs[0], bundle)
     assert (bundle / "README.md").read_text() == "# my own notes\n"
-    (bundle / "README.md").write_text(bcard.replace("# bundle", "# bundle (edited)"))  # still carries the marker: rewritten
+    # still carries the marker: rewritten
+    (bundle / "README.md").write_text(bcard.replace("# bundle", "# bundle (edited)"))
     run_export(runs[0], bundle)
-    assert MARKER in (bundle / "README.md").read_text() and "(edited)" not in (bundle / "README.md").read_text()
+    assert (MARKER in (bundle / "README.md").read_text()
+            and "(edited)" not in (bundle / "README.md").read_text())
     r = cli("plot", runs[0], "--out", tmp_path / "x.gif")
     assert r.exit_code == 2 and "unknown picture format" in r.stderr
 
@@ -337,7 +351,8 @@ def test_plot_leaves_out_records_whose_step_or_value_no_float_holds(tmp_path, ca
 
     run = tmp_path / "run"
     run.mkdir()
-    lines = [{"step": 1, "loss": 2.0}, {"step": 10**400, "loss": 1.0}, {"step": 2, "loss": 10**400}, {"step": True, "loss": 1.5},
+    lines = [{"step": 1, "loss": 2.0}, {"step": 10**400, "loss": 1.0}, {"step": 2, "loss": 10**400},
+             {"step": True, "loss": 1.5},
              {"step": 3, "loss": 1.2}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     with caplog.at_level("WARNING", logger="mlmkit"):
@@ -372,7 +387,8 @@ def tag_rows(n: int) -> list[dict]:
     rows = []
     for i in range(n):
         w = WORDS[i % len(WORDS)]
-        rows.append({"tokens": ["the", w, "cat", str(i % 5)], "tags": ["O", "B-ADJ" if w in POSITIVE else "O", "B-N", "O"]})
+        rows.append({"tokens": ["the", w, "cat", str(i % 5)],
+                     "tags": ["O", "B-ADJ" if w in POSITIVE else "O", "B-N", "O"]})
     return rows
 
 
@@ -401,7 +417,8 @@ def strip(examples: list[dict]) -> list[dict]:
     return [{k: v for k, v in ex.items() if k not in ("source", "line", "format")} for ex in examples]
 
 
-@pytest.mark.parametrize("task,rows", [("classification", clf_rows(40)), ("tagging", tag_rows(40)), ("qa", qa_rows(40))])
+@pytest.mark.parametrize("task,rows",
+                         [("classification", clf_rows(40)), ("tagging", tag_rows(40)), ("qa", qa_rows(40))])
 @pytest.mark.usefixtures("no_curves")
 def test_every_task_trains_from_parquet_and_datasets_as_from_jsonl(task, rows, tmp_path):
     forms = save_forms(tmp_path / "data", rows)
@@ -416,7 +433,8 @@ def test_every_task_trains_from_parquet_and_datasets_as_from_jsonl(task, rows, t
         assert strip(t.read(path, opts)) == want, name
         out = tmp_path / name
         run_finetune(task, base, path, out, eval_file=path, steps=4, log_every=1, batch_size=8, lr=1e-3)
-        losses[name] = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+        losses[name] = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines()
+                        if '"loss"' in x]
     assert losses["parquet"] == losses["jsonl"] and losses["datasets"] == losses["jsonl"]
 
 
@@ -436,7 +454,8 @@ def test_table_errors_name_file_row_and_field(tmp_path):
     with pytest.raises(DataFormatError, match=r"broken\.parquet: not a readable Parquet file"):
         t.read(tmp_path / "broken.parquet", opts)
     datasets.DatasetDict({"train": datasets.Dataset.from_list(clf_rows(4)),
-                          "validation": datasets.Dataset.from_list(clf_rows(4))}).save_to_disk(str(tmp_path / "dd"))
+                          "validation": datasets.Dataset.from_list(clf_rows(4))}).save_to_disk(str(
+                              tmp_path / "dd"))
     with pytest.raises(DataFormatError, match=r"DatasetDict directory \(train, validation\)") as e:
         t.read(tmp_path / "dd", opts)
     assert str(tmp_path / "dd" / "train") in e.value.hint
@@ -445,8 +464,10 @@ def test_table_errors_name_file_row_and_field(tmp_path):
 
 # ---- sweeps ------------------------------------------------------------------------------------
 def sweep_cmd(clf, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "mlmkit", "sweep", "classification", "--model", str(clf["base"]), "--train", str(clf["train"]),
-            "--eval", str(clf["eval"]), "--out", str(out), "--steps", "6", "--eval-every", "3", "--batch-size", "16",
+    return [sys.executable, "-m", "mlmkit", "sweep", "classification", "--model", str(clf["base"]), "--train",
+            str(clf["train"]),
+            "--eval", str(clf["eval"]), "--out", str(out), "--steps", "6", "--eval-every", "3",
+            "--batch-size", "16",
             "--search", "lr=1e-4:3e-3:log", "--search", "warmup_ratio=0,0.2", "--json", *extra]
 
 
@@ -455,8 +476,10 @@ def run_sweep(clf, out: Path, trials: int, *search: str, seed: int = 0, storage:
     from mlmkit.args import SweepArgs
     from mlmkit.train.sweep import sweep
 
-    return sweep(SweepArgs.from_flat(task="classification", model=clf["base"], train_file=clf["train"], eval_file=clf["eval"],
-                                     out=out, steps=6, eval_every=3, batch_size=16, trials=trials, seed=seed, storage=storage,
+    return sweep(SweepArgs.from_flat(task="classification", model=clf["base"], train_file=clf["train"],
+                                     eval_file=clf["eval"],
+                                     out=out, steps=6, eval_every=3, batch_size=16, trials=trials, seed=seed,
+                                     storage=storage,
                                      search=["lr=1e-4:3e-3:log", "warmup_ratio=0,0.2", *search], **kw))
 
 
@@ -479,13 +502,15 @@ def test_sweep_finds_its_best_trial_and_resumes(clf, tmp_path):
     complete = [t for t in done if t.state.name == "COMPLETE"]
     assert best["best_value"] == max(t.value for t in complete)
     winner = next(t for t in complete if t.value == best["best_value"])
-    assert best["best_params"] == winner.params and Path(best["best_run"]) == out / f"trial-{winner.number:03d}"
+    assert (best["best_params"] == winner.params and Path(best["best_run"])
+            == out / f"trial-{winner.number:03d}")
     meta = json.loads((Path(best["best_run"]) / "mlmkit.json").read_text())
     assert meta["best_metrics"]["accuracy"] == best["best_value"]
     assert meta["train_args"]["lr"] == best["best_params"]["lr"]
 
     run_sweep(clf, out, 4)  # the same study, one trial more
-    assert len(optuna.load_study(study_name="mlmkit-sweep", storage=f"sqlite:///{out / 'sweep.db'}").trials) == 4
+    assert len(optuna.load_study(study_name="mlmkit-sweep",
+                                 storage=f"sqlite:///{out / 'sweep.db'}").trials) == 4
     with pytest.raises(ConfigError, match="was made for"):
         run_sweep(clf, out, 5, "seed=1,2")
     with pytest.raises(ConfigError, match="unknown setting 'colour'"):
@@ -507,14 +532,16 @@ class _NoBackOff:
 
 
 @pytest.mark.usefixtures("no_curves")
-def test_a_read_only_study_is_reported_when_finished_and_refused_in_one_line_when_it_needs_a_write(clf, tmp_path,
+def test_a_read_only_study_is_reported_when_finished_and_refused_in_one_line_when_it_needs_a_write(clf,
+                                                                                                   tmp_path,
                                                                                                    monkeypatch):
     """A study in a database that can be read, not written (SQLite's mode=ro: root ignores file
     permissions): a finished sweep reports its best trial (it was refused before it was read), one
     that needs another trial is one line naming the storage, and nothing in the database changes."""
     from optuna.storages._rdb import storage as optuna_rdb
 
-    monkeypatch.setattr(optuna_rdb, "time", _NoBackOff())  # the refusal after optuna's retries, without their waits
+    # the refusal after optuna's retries, without their waits
+    monkeypatch.setattr(optuna_rdb, "time", _NoBackOff())
     out = tmp_path / "sweep"
     best = run_sweep(clf, out, 2)
     db = out / "sweep.db"
@@ -528,7 +555,8 @@ def test_a_read_only_study_is_reported_when_finished_and_refused_in_one_line_whe
 
 
 @pytest.mark.parametrize("search, words", [
-    ("weight_decay=1e-5:inf:log", "inf is not a finite number"), ("max_grad_norm=-inf:1e-3", "-inf is not a finite number"),
+    ("weight_decay=1e-5:inf:log", "inf is not a finite number"),
+    ("max_grad_norm=-inf:1e-3", "-inf is not a finite number"),
     ("seed=1e30,1e31", "is past 64 bits"), ("batch_size=1.5:3", "1.5 is not a whole number"),
     ("batch_size=0,0", "batch_size=0: 0 is refused"), ("weight_decay=nan:1", "nan is not a finite number"),
 ])
@@ -539,7 +567,8 @@ def test_a_search_space_fine_tuning_would_refuse_is_one_error_before_any_trial(c
 
 
 @pytest.mark.usefixtures("no_curves")
-def test_a_diverging_trial_is_failed_and_the_sweep_goes_on_in_an_in_memory_study(clf, tmp_path, capfd, monkeypatch):
+def test_a_diverging_trial_is_failed_and_the_sweep_goes_on_in_an_in_memory_study(clf, tmp_path, capfd,
+                                                                                 monkeypatch):
     """A trial whose loss turns NaN (the first, here, whatever the sampler picks) is recorded as failed
     and the sweep goes on to its trials; --storage sqlite:// is Optuna's in-memory storage (its heartbeat
     thread printed tracebacks). A setting that every trial would meet ends the sweep with its one error."""
@@ -557,18 +586,21 @@ def test_a_diverging_trial_is_failed_and_the_sweep_goes_on_in_an_in_memory_study
         return real(args, **kw)
 
     monkeypatch.setattr(finetune_module, "finetune", first_diverges)
-    settings = dict(task="classification", model=clf["base"], train_file=clf["train"], eval_file=clf["eval"], steps=6,
+    settings = dict(task="classification", model=clf["base"], train_file=clf["train"], eval_file=clf["eval"],
+                    steps=6,
                     eval_every=3, batch_size=16, trials=2, storage="sqlite://", search=["lr=1e-4:1e-3:log"])
     best = sweep(SweepArgs.from_flat(out=tmp_path / "s", **settings))
     states = [t["state"] for t in best["trials"]]
     assert states == ["FAIL", "COMPLETE", "COMPLETE"] and best["trial"] in (1, 2), states
     assert "Traceback" not in capfd.readouterr().err and not (tmp_path / "s" / "sweep.db").exists()
     # every trial diverging: the sweep stops after as many failures as trials, with one error
-    monkeypatch.setattr(finetune_module, "finetune", lambda args, **kw: (_ for _ in ()).throw(Diverged("nan")))
+    monkeypatch.setattr(finetune_module, "finetune", lambda args,
+                        **kw: (_ for _ in ()).throw(Diverged("nan")))
     with pytest.raises(ConfigError, match="no complete trial"):
         sweep(SweepArgs.from_flat(out=tmp_path / "t", **settings))
     # an error that is not the trial's settings' (here the model is gone): the sweep stops at once with it
-    monkeypatch.setattr(finetune_module, "finetune", lambda args, **kw: (_ for _ in ()).throw(ConfigError("no such model")))
+    monkeypatch.setattr(finetune_module, "finetune", lambda args,
+                        **kw: (_ for _ in ()).throw(ConfigError("no such model")))
     with pytest.raises(ConfigError, match="no such model"):
         sweep(SweepArgs.from_flat(out=tmp_path / "u", **settings))
 
@@ -585,7 +617,8 @@ def test_two_processes_share_one_sqlite_study(clf, tmp_path):
         try:
             deadline = time.monotonic() + 300
             while not list((tmp_path / "m0").glob("trial-*")):  # the other process trains a trial: join it
-                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "err.txt").read_text()[-3000:]
+                assert proc.poll() is None and time.monotonic() < deadline, (
+                    tmp_path / "err.txt").read_text()[-3000:]
                 time.sleep(0.05)
             here = run_sweep(clf, tmp_path / "m1", 3, storage=db, study="shared")
             proc.wait(timeout=300)

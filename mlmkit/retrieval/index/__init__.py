@@ -62,7 +62,8 @@ from mlmkit.retrieval.index.store import CHUNK, QUERY_BLOCK, Stats, StoredIndex
 
 __all__ = [
     "ANNS", "CALIBRATION", "CALIBRATION_ROWS", "CHUNK", "FORMAT", "KINDS", "MANIFEST", "QUANTIZATIONS",
-    "QUERY_BLOCK", "RESCORE_COPIES", "BuildArgs", "Index", "IndexRetriever", "Manifest", "Stats", "StoredIndex",
+    "QUERY_BLOCK", "RESCORE_COPIES", "BuildArgs", "Index", "IndexRetriever", "Manifest", "Stats",
+    "StoredIndex",
     "ann_search", "as_input", "as_queries", "build", "build_ann", "bundle_checksum", "calibrate",
     "check_bundle", "corpus_records", "dequantize", "evaluate_bundle_by_index", "evaluate_index",
     "export_parquet", "footprint", "hits", "is_sparse", "quantize", "query_bundle", "query_vectors",

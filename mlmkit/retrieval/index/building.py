@@ -59,7 +59,8 @@ from mlmkit.retrieval.index.store import Documents, Progress, StoredIndex
 from mlmkit.text.chunks import Chunking
 
 
-def build_from(bundle: Path, corpus: Documents, out: Path, progress: Progress, settings: dict[str, Any]) -> Manifest:
+def build_from(bundle: Path, corpus: Documents, out: Path, progress: Progress,
+               settings: dict[str, Any]) -> Manifest:
     """Index.build and Index.add: ``corpus`` (a file, or records) embedded with ``bundle`` into ``out``,
     with ``settings`` (BuildArgs's fields)."""
     with corpus_file(corpus) as path:
@@ -76,7 +77,8 @@ def own_settings(ix: StoredIndex) -> dict[str, Any]:
             "rescore_copy": ix.copy if ix.quantization != "binary" else "int8"}
 
 
-def add(ix: StoredIndex, corpus: Documents, bundle: Path | None, progress: Progress, settings: dict[str, Any]) -> Manifest:
+def add(ix: StoredIndex, corpus: Documents, bundle: Path | None, progress: Progress,
+        settings: dict[str, Any]) -> Manifest:
     """Index.add: an append of ``corpus`` with the index's own bundle (or ``bundle``) and settings."""
     return build_from(query_bundle(ix, bundle), corpus, ix.path, progress,
                       {**own_settings(ix), **settings, "append": True})
@@ -130,10 +132,12 @@ def build(args: BuildArgs, progress: Progress = None) -> Manifest:
             sweep(out, old.manifest)  # and what the manifest replaced (an upsert's old bitmap)
             return old.manifest
         multi, sparse = kind == "multivector", kind == "sparse"
-        what = {"bundle": pipe.identity(), "inputs": identity(input_files(corpus)), "options": documents(args, pipe),
+        what = {"bundle": pipe.identity(), "inputs": identity(input_files(corpus)),
+                "options": documents(args, pipe),
                 "window": args.window, "id_column": args.id_column, "text_column": args.text_column,
                 "engine": args.engine, "quantization": args.quantization, "rescore_copy": args.rescore_copy,
-                "precision": args.precision, "shards": len(old.shards) if old else 0, "replacing": args.replacing,
+                "precision": args.precision, "shards": len(old.shards) if old else 0,
+                "replacing": args.replacing,
                 "chunks": args.chunk_tokens, "chunk_overlap": args.chunk_overlap,
                 **({"chunk_sentences": True} if args.chunk_sentences else {}),
                 **({"bits": args.bits or 2, "centroids": args.centroids} if multi else {})}
@@ -141,9 +145,11 @@ def build(args: BuildArgs, progress: Progress = None) -> Manifest:
         block = (old.manifest.block if old is not None else postings.BLOCK) if sparse or multi else None
         dims = int(pipe.meta.model.vocab_size or 0) if sparse else old.dims if old else 0
         try:  # --resume with another bundle, corpus or settings is refused here, what was done kept
-            p = Pending(pending, shard_name(old.manifest.shards if old else ()), what, quantization=args.quantization,
+            p = Pending(pending, shard_name(old.manifest.shards if old else ()), what,
+                        quantization=args.quantization,
                         copy=args.rescore_copy, ranges=old.ranges if old else None, dims=dims, kind=kind,
-                        block=block, resume=args.resume, codec=old.codec if old else None, bits=args.bits or 2,
+                        block=block, resume=args.resume, codec=old.codec if old else None,
+                        bits=args.bits or 2,
                         centroids=args.centroids)
         except BaseException:
             if not args.resume:
@@ -161,14 +167,18 @@ def _check_kind(args: BuildArgs, kind: str) -> BuildArgs:
     document is read."""
     sparse, multi = kind == "sparse", kind == "multivector"
     if sparse and (args.quantization, args.ann, args.rescore_copy) != ("float32", "flat", None):
-        raise ConfigError(f"{args.bundle} gives sparse vectors (sparse-embedding): its index is an inverted index, "
+        raise ConfigError(f"{args.bundle} gives sparse vectors (sparse-embedding): its index is an inverted "
+                          "index, "
                           "which takes no --quantize, --ann or --rescore-copy", "drop them")
     if multi and (args.quantization, args.ann, args.rescore_copy) != ("float32", "flat", None):
-        raise ConfigError(f"{args.bundle} gives a vector a token (colbert): its index codes each as a centroid and a "
-                          "residual (--bits 1 or 2), and takes no --quantize, --ann or --rescore-copy", "drop them")
+        raise ConfigError(f"{args.bundle} gives a vector a token (colbert): its index codes each as a "
+                          "centroid and a "
+                          "residual (--bits 1 or 2), and takes no --quantize, --ann or --rescore-copy",
+                          "drop them")
     if not multi and (args.bits is not None or args.centroids is not None):
         name = "--bits" if args.bits is not None else "centroids"
-        raise ConfigError(f"{name} is for a colbert bundle's index; {args.bundle} builds a {kind} one", f"drop {name}")
+        raise ConfigError(f"{name} is for a colbert bundle's index; {args.bundle} builds a {kind} one",
+                          f"drop {name}")
     if args.ann != "flat" or multi:
         faiss_module()  # said now, not after the corpus is embedded
     if multi:  # a document's results are a vector a token, as Python floats until they are coded
@@ -181,16 +191,19 @@ def _check_append(args: BuildArgs, old: StoredIndex, bundle: BundleRecord) -> No
     out = old.path
     if old.manifest.bundle.sha256 != bundle.sha256:
         raise ConfigError(f"{out} was built with the bundle {old.manifest.bundle.path}, not {args.bundle} "
-                          "(another graph or description)", "append with the index's own bundle, or build a new index")
+                          "(another graph or description)",
+                          "append with the index's own bundle, or build a new index")
     if old.codec is not None and (args.bits not in (None, old.codec.bits)
                                   or args.centroids not in (None, len(old.codec.centroids))):
         raise ConfigError(f"{out} codes token vectors with {len(old.codec.centroids):,} centroids and "
                           f"{old.codec.bits}-bit residuals; --append takes the index's own",
                           f"pass --bits {old.codec.bits}, or leave it out")
-    if old.codec is None and (args.quantization, args.ann, args.rescore_copy) != (old.quantization, old.ann, old.copy):
+    if old.codec is None and (args.quantization, args.ann, args.rescore_copy) != (old.quantization, old.ann,
+                                                                                  old.copy):
         copy = f" --rescore-copy {old.copy}" if old.copy and old.quantization != "binary" else ""
         raise ConfigError(f"{out} is a {old.quantization} index with --ann {old.ann}"
-                          f"{f' and a {old.copy} rescoring copy' if old.copy else ''}; --append takes the index's "
+                          f"{f' and a {old.copy} rescoring copy' if old.copy else ''}; --append takes the "
+                          "index's "
                           "own settings", f"pass --quantize {old.quantization} --ann {old.ann}{copy}")
 
 
@@ -198,7 +211,8 @@ def _check_out(args: BuildArgs, out: Path) -> bool:
     """--out checked against --append and --resume, and made; whether it is an index already."""
     exists = (out / MANIFEST).is_file()
     if exists and not args.append and not args.resume:
-        raise ConfigError(f"{out} is an index already", "pass --append to add documents to it, or give a new --out")
+        raise ConfigError(f"{out} is an index already",
+                          "pass --append to add documents to it, or give a new --out")
     if args.append and not exists:
         raise ConfigError(f"--append: {out} is not an index", "build it first, without --append")
     if out.exists() and not exists and any(p.name not in (".pending", LOCK, multivector.CODEC)
@@ -216,10 +230,13 @@ def _with_chunking(args: BuildArgs, old: StoredIndex | None) -> BuildArgs:
     if old is not None:
         theirs = old.manifest.chunks
         if mine is not None and mine != theirs:
-            raise ConfigError(f"{old.path} is {theirs.describe() if theirs else 'not chunked'}; --append and --upsert take the "
-                              "index's own chunks", "drop --chunk-tokens, --chunk-overlap and --chunk-sentences")
+            raise ConfigError(f"{old.path} is {theirs.describe() if theirs else 'not chunked'}; --append and "
+                              "--upsert take the "
+                              "index's own chunks",
+                              "drop --chunk-tokens, --chunk-overlap and --chunk-sentences")
         mine = theirs
-    return replace(args, chunk_tokens=mine.tokens if mine else None, chunk_overlap=mine.overlap if mine else None,
+    return replace(args, chunk_tokens=mine.tokens if mine else None,
+                   chunk_overlap=mine.overlap if mine else None,
                    chunk_sentences=bool(mine and mine.sentences))
 
 
@@ -229,12 +246,14 @@ def _with_embedding(args: BuildArgs, old: StoredIndex | None) -> BuildArgs:
         return args
     prompt, dims = embedding_settings(old.manifest)
     if (args.prompt_name or prompt, args.dimensions or dims) != (prompt, dims):
-        raise ConfigError(f"{old.path} was built with --prompt-name {prompt or '(none)'} and --dimensions {dims or '(all)'}; "
+        raise ConfigError(f"{old.path} was built with --prompt-name {prompt or '(none)'} and --dimensions "
+                          f"{dims or '(all)'}; "
                           "--append and --upsert take the index's own", "drop --prompt-name and --dimensions")
     return replace(args, prompt_name=prompt, dimensions=dims)
 
 
-def _fill_and_commit(args: BuildArgs, out: Path, old: StoredIndex | None, p: Pending, pipe: Any, bundle: BundleRecord,
+def _fill_and_commit(args: BuildArgs, out: Path, old: StoredIndex | None, p: Pending, pipe: Any,
+                     bundle: BundleRecord,
                      progress: Progress) -> Manifest:
     """The shard's documents embedded (where a kill left them), checked, and put into the index. On an
     error .pending/ stays for --resume when windows are on disk; it goes when nothing was, or when the
@@ -247,7 +266,8 @@ def _fill_and_commit(args: BuildArgs, out: Path, old: StoredIndex | None, p: Pen
             else:
                 embed_here(args, p, pipe, progress)
             try:
-                _check_unique(p.finish(given(args.corpus)), old, p.shard, given(args.corpus), replacing=args.replacing)
+                _check_unique(p.finish(given(args.corpus)), old, p.shard, given(args.corpus),
+                              replacing=args.replacing)
                 counts = write_spans(p.shard, args, chunker(args, pipe))
                 write_meta(p.shard, given(args.corpus), args.id_column, args.text_column, p.rows, counts)
             except MlmkitError:
@@ -260,11 +280,13 @@ def _fill_and_commit(args: BuildArgs, out: Path, old: StoredIndex | None, p: Pen
             shutil.rmtree(p.dir, ignore_errors=True)  # nothing finished: nothing to resume
         elif isinstance(e, MlmkitError) and p.dir.exists():
             e.hint = (f"{e.hint}; " if e.hint else "") + (
-                f"{p.rows:,} documents are in {p.dir}: --resume continues after them if the corpus stays as it is")
+                f"{p.rows:,} documents are in {p.dir}: --resume continues after them if the corpus stays as "
+                "it is")
         raise
 
 
-def _check_unique(seen: list[np.ndarray], old: StoredIndex | None, shard: Path, corpus: Path, *, replacing: bool = False) -> None:
+def _check_unique(seen: list[np.ndarray], old: StoredIndex | None, shard: Path, corpus: Path, *,
+                  replacing: bool = False) -> None:
     """Every id once, over the index's live documents and the new shard (8-byte hashes held, not the
     ids; an equal hash is looked up by id, so a collision is never an error); ``replacing`` (an
     upsert): the index's documents of the new shard's ids do not count, they are to be deleted."""
@@ -290,19 +312,23 @@ def _check_unique(seen: list[np.ndarray], old: StoredIndex | None, shard: Path, 
     for k, i in enumerate([*before, *new]):
         if i in seen_ids:
             where = f"document {k - len(before) + 1} of the corpus" if k >= len(before) else "the index"
-            raise DataFormatError(corpus, f"the id {i!r} comes twice ({where}; {'once in the index already' if i in set(before) else 'earlier in the corpus'})",
-                                  field="_id", hint="give every document its own id; nothing was added to the index")
+            again = "once in the index already" if i in set(before) else "earlier in the corpus"
+            raise DataFormatError(corpus, f"the id {i!r} comes twice ({where}; {again})",
+                                  field="_id",
+                                  hint="give every document its own id; nothing was added to the index")
         seen_ids.add(i)
 
 
-def _commit(args: BuildArgs, out: Path, old: StoredIndex | None, p: Pending, pipe: Any, bundle: BundleRecord) -> Manifest:
+def _commit(args: BuildArgs, out: Path, old: StoredIndex | None, p: Pending, pipe: Any,
+            bundle: BundleRecord) -> Manifest:
     """The finished shard renamed into the index, the ANN index rebuilt over every shard, then the
     manifest that names them, written last: a kill before its rename leaves the index as it was (a
     shard or an ann.faiss it does not name; a resume does this again)."""
     name, n = p.name, p.rows
     total = (old.count if old else 0) + n
     m = old.manifest if old is not None else None
-    chunks = Chunking(args.chunk_tokens, int(args.chunk_overlap or 0), args.chunk_sentences) if args.chunk_tokens else None
+    chunks = Chunking(args.chunk_tokens, int(args.chunk_overlap or 0),
+                      args.chunk_sentences) if args.chunk_tokens else None
     manifest = Manifest(
         format=FORMAT, kind=p.kind, block=p.block, chunks=chunks, bundle=bundle,  # type: ignore[arg-type]
         prompts={k: str(pipe.meta.options.get(k, "") or "") for k in ("query_prompt", "document_prompt")},
@@ -310,7 +336,8 @@ def _commit(args: BuildArgs, out: Path, old: StoredIndex | None, p: Pending, pip
         normalized=bool(pipe.meta.options.get("normalize")) if args.dimensions else None,
         dims=p.dims, count=total, quantization="residual" if p.multi else args.quantization,
         ranges=p.state["ranges"], rescore_copy=args.rescore_copy, ann=args.ann,  # type: ignore[arg-type]
-        ann_settings=m.ann_settings if m else ann_settings(args.ann, total, hnsw_m=args.hnsw_m, ivf_lists=args.ivf_lists),
+        ann_settings=m.ann_settings if m
+        else ann_settings(args.ann, total, hnsw_m=args.hnsw_m, ivf_lists=args.ivf_lists),
         shards=(*(m.shards if m else ()), ShardEntry(name, n)),
         deleted=m.deleted if m else None,  # the rows deleted stay deleted; the new shard's are live
     )
@@ -321,12 +348,15 @@ def _commit(args: BuildArgs, out: Path, old: StoredIndex | None, p: Pending, pip
     if p.shard.is_dir():  # else a commit killed after this rename left it in the index already
         shutil.rmtree(out / name, ignore_errors=True)  # a killed build's shard that no manifest names
         os.replace(p.shard, out / name)  # named by no manifest yet: harmless if what follows is killed
-    if (p.dir / multivector.CODEC).is_file():  # a new multi-vector index's codec, named by no manifest yet either
+    # a new multi-vector index's codec, named by no manifest yet either
+    if (p.dir / multivector.CODEC).is_file():
         os.replace(p.dir / multivector.CODEC, out / multivector.CODEC)
-    if args.replacing and old is not None:  # the index's documents of the new ids: deleted in this same manifest
+    # the index's documents of the new ids: deleted in this same manifest
+    if args.replacing and old is not None:
         import pyarrow as pa
 
-        ids = set(pa.ipc.open_file(pa.memory_map(str(out / name / "ids.arrow"))).read_all().column(0).to_pylist())
+        ids = set(pa.ipc.open_file(pa.memory_map(str(out / name / "ids.arrow"))).read_all().column(
+            0).to_pylist())
         replaced = live_rows(old, ids)
         if replaced:
             mask = np.zeros(total, dtype=np.bool_)

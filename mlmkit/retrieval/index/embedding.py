@@ -38,19 +38,23 @@ def corpus_records(items: Iterable[Any], id_column: str | None, text_column: str
             continue
         if isinstance(rec.data, str):
             if id_column is not None:
-                raise rec.error(f"a text line has no id column {id_column!r}", hint="give JSON lines or Parquet with that column")
+                raise rec.error(f"a text line has no id column {id_column!r}",
+                                hint="give JSON lines or Parquet with that column")
             yield replace(rec, data={"id": str(rec.line), "text": rec.data})
             continue
         f = rec.fields()
         col = id_column or next((c for c in ("_id", "id") if c in f), None)
         value = f.get(col) if col is not None else None
         if value is None or isinstance(value, (dict, list, bool)) or str(value) == "":
-            raise rec.error("no document id" if col is None or col not in f else f"its id is {value!r}", col or "_id",
-                            hint="every document needs an id: _id (BEIR) or id, or name the column with --id-column")
+            raise rec.error("no document id" if col is None or col not in f else f"its id is {value!r}",
+                            col or "_id",
+                            hint="every document needs an id: _id (BEIR) or id, or name the column with "
+                                 "--id-column")
         title = f.get("title")
         title = title.strip() if isinstance(title, str) else ""
         text = rec.text(text_column, required=not title)  # a title alone is a document, as in BEIR
-        yield replace(rec, data={"id": str(value), "text": f"{title} {text or ''}".strip() if title else text}, schema=None)
+        yield replace(rec, data={"id": str(value),
+                                 "text": f"{title} {text or ''}".strip() if title else text}, schema=None)
 
 
 @contextlib.contextmanager
@@ -68,7 +72,8 @@ def corpus_file(corpus: str | Path | Iterable[Mapping[str, Any]]) -> Iterator[Pa
         with open(path, "w", encoding="utf-8") as f:
             for n, rec in enumerate(corpus, 1):
                 if not isinstance(rec, Mapping):
-                    raise DataFormatError("the documents given", f"{type(rec).__name__} is not a record", line=n,
+                    raise DataFormatError("the documents given", f"{type(rec).__name__} is not a record",
+                                          line=n,
                                           unit="document", hint='give each as {"id": ..., "text": ...}')
                 f.write(json_line(dict(rec)))
         yield path
@@ -105,7 +110,8 @@ def write_spans(shard: Path, args: BuildArgs, cut: Chunker | None) -> np.ndarray
             counts.append(len(spans))
             rows += [(k, a, b) for k, (a, b) in enumerate(spans)]
             if len(rows) >= CHUNK:
-                w.write_table(pa.Table.from_arrays([pa.array(c, pa.int32()) for c in zip(*rows)], schema=schema))
+                w.write_table(pa.Table.from_arrays([pa.array(c, pa.int32()) for c in zip(*rows)],
+                                                   schema=schema))
                 rows = []
         if rows:
             w.write_table(pa.Table.from_arrays([pa.array(c, pa.int32()) for c in zip(*rows)], schema=schema))
@@ -113,7 +119,8 @@ def write_spans(shard: Path, args: BuildArgs, cut: Chunker | None) -> np.ndarray
 
 
 def given(path: Path | None) -> Path:
-    """--corpus or --out of a build (BuildArgs checks both are given when neither --delete nor --compact is)."""
+    """--corpus or --out of a build (BuildArgs checks both are given when neither --delete nor --compact
+    is)."""
     if path is None:
         raise ConfigError("mlmkit index BUNDLE needs --corpus DOCS and --out INDEX")
     return Path(path)
@@ -129,7 +136,8 @@ def embed_here(args: BuildArgs, p: Pending, pipe: Any, progress: Any) -> None:
     cut = chunker(args, pipe)
     items = chunk_records(items, cut) if cut is not None else items
     for w, done in run_windows(windows(items, args.window, skip=p.windows), pipe, workers=args.workers,
-                               threads=split_threads(args.threads, args.workers), options=documents(args, pipe),
+                               threads=split_threads(args.threads, args.workers),
+                               options=documents(args, pipe),
                                skip=False, id_column="id"):
         ids = [str(r["id"]) for r in done.results]
         if p.multi:
@@ -164,7 +172,8 @@ def embed_on_ray(args: BuildArgs, p: Pending, pipe: Any, progress: Any) -> None:
 
     def flush() -> None:
         files.append(docs / f"part-{len(files):06d}.parquet")
-        pq.write_table(pa.Table.from_pylist(part, schema=pa.schema([("id", pa.string()), ("text", pa.string())])), files[-1])
+        pq.write_table(pa.Table.from_pylist(part, schema=pa.schema([("id", pa.string()),
+                                                                    ("text", pa.string())])), files[-1])
         part.clear()
 
     cut = chunker(args, pipe)
@@ -179,17 +188,20 @@ def embed_on_ray(args: BuildArgs, p: Pending, pipe: Any, progress: Any) -> None:
         raise DataFormatError(given(args.corpus), "no documents", hint="one document per line or record")
     k = 0
     for b in embed_in_order(files, args.bundle, options=documents(args, pipe), address=args.address,
-                            workers=args.workers, threads=args.threads, batch_size=args.batch_size, rows_per_batch=args.window):
+                            workers=args.workers, threads=args.threads, batch_size=args.batch_size,
+                            rows_per_batch=args.window):
         if not b.num_rows:
             continue
         ids = [str(v) for v in b.column("id").to_pylist()]
         if p.sparse:
             terms, weights = _lists(b, "indices", pa.int32()), _lists(b, "values", pa.float32())
-            x: Any = (np.diff(terms.offsets.to_numpy()), terms.flatten().to_numpy(), weights.flatten().to_numpy())
+            x: Any = (np.diff(terms.offsets.to_numpy()), terms.flatten().to_numpy(),
+                      weights.flatten().to_numpy())
         elif p.multi:  # each document's token vectors: a list of lists
             tokens = _lists(b, "vectors", pa.list_(pa.float32()))
             flat = tokens.flatten()
-            x = np.split(flat.flatten().to_numpy().reshape(len(flat), -1), np.cumsum(np.diff(tokens.offsets.to_numpy()))[:-1])
+            x = np.split(flat.flatten().to_numpy().reshape(len(flat), -1),
+                         np.cumsum(np.diff(tokens.offsets.to_numpy()))[:-1])
         else:
             x = _lists(b, "embedding", pa.float32()).flatten().to_numpy().reshape(b.num_rows, -1)
         p.add(k, b.num_rows, ids, x)

@@ -33,10 +33,12 @@ def evaluate_index(path: Path, data: Path, *, k: int = 100, rescore: int | None 
     runs: dict[str, list[str]] = {}
     for a in range(0, len(qids), batch):
         part = qids[a:a + batch]
-        rows, scores = search_vectors(ix, query_vectors(ix, [split.queries[q] for q in part], device=device), min(k, ix.count),
+        rows, scores = search_vectors(ix, query_vectors(ix, [split.queries[q] for q in part], device=device),
+                                      min(k, ix.count),
                                       rescore=rescore, chunk_agg=chunk_agg)
         for qid, found in zip(part, hits(ix, rows, scores)):
-            ranked = sorted(found, key=lambda h: h["id"], reverse=True)  # ties by id, descending: trec_eval's order
+            # ties by id, descending: trec_eval's order
+            ranked = sorted(found, key=lambda h: h["id"], reverse=True)
             runs[qid] = [h["id"] for h in sorted(ranked, key=lambda h: -h["score"])]
     return mean_metrics(runs, split.qrels)
 
@@ -77,22 +79,26 @@ class IndexRetriever:
     does not hold (another split's answers, left out) are dropped from the ranking, which is searched
     that much deeper, so that ranks count the mined corpus's documents as the other retrievers' do."""
 
-    def __init__(self, path: Path, places: dict[str, int], *, device: str = "cpu", precision: str | None = None) -> None:
+    def __init__(self, path: Path, places: dict[str, int], *, device: str = "cpu",
+                 precision: str | None = None) -> None:
         self.ix, self.places, self.device, self.precision = StoredIndex.open(path), places, device, precision
         self.outside = sum(1 for a in range(0, self.ix.count, CHUNK)
-                           for i in self.ix.ids(np.arange(a, min(a + CHUNK, self.ix.count))) if i not in places)
+                           for i in self.ix.ids(np.arange(a, min(a + CHUNK, self.ix.count)))
+                           if i not in places)
         if self.outside == self.ix.count:
             raise ConfigError(f"{path} holds none of the data's documents (no id in common)",
                               "build the index from the corpus of the BEIR directory being mined")
         self._rows: dict[int, list[int]] | None = None  # a corpus place -> the index's rows, built when asked
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        rows, scores = search_vectors(self.ix, query_vectors(self.ix, queries, device=self.device, precision=self.precision),
+        rows, scores = search_vectors(self.ix, query_vectors(self.ix, queries, device=self.device,
+                                                             precision=self.precision),
                                       min(self.ix.count, k + self.outside))
         places = np.full((len(rows), k), -1, dtype=np.int64)
         kept = np.full((len(rows), k), -np.inf, dtype=np.float32)
         for j, (row, srow) in enumerate(zip(rows, scores)):
-            at = np.asarray([self.places.get(i, -1) for i in self.ix.ids(np.where(row >= 0, row, 0))], dtype=np.int64)
+            at = np.asarray([self.places.get(i, -1) for i in self.ix.ids(np.where(row >= 0, row, 0))],
+                            dtype=np.int64)
             ok = (row >= 0) & (at >= 0)
             n = min(k, int(ok.sum()))
             places[j, :n], kept[j, :n] = at[ok][:n], srow[ok][:n]
@@ -102,10 +108,12 @@ class IndexRetriever:
         """The cosine of each query with a document of the corpus (by its place), from the index (a
         sparse index's dot product, a multi-vector index's MaxSim)."""
         if self._rows is None:  # a chunked index's: each chunk's row
-            self._rows = {p: rows.tolist() for d, rows in self.ix.document_rows.items() if (p := self.places.get(d)) is not None}
+            self._rows = {p: rows.tolist() for d, rows in self.ix.document_rows.items()
+                          if (p := self.places.get(d)) is not None}
         lost = [d for d in docs if d not in self._rows]
         if lost:
-            raise ConfigError(f"{self.ix.path} does not hold a positive of the data ({len(lost)} of this batch)",
+            raise ConfigError(f"{self.ix.path} does not hold a positive of the data ({len(lost)} of this "
+                              "batch)",
                               "build the index from the whole corpus being mined")
         q = query_vectors(self.ix, queries, device=self.device, precision=self.precision)
         which = np.concatenate([[j] * len(self._rows[d]) for j, d in enumerate(docs)]).astype(np.int64)

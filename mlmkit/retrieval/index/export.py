@@ -20,8 +20,10 @@ def export_parquet(ix: StoredIndex, path: Path) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = {"sparse": pa.schema([("id", pa.string()), ("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float32()))]),
-              "multivector": pa.schema([("id", pa.string()), ("vectors", pa.list_(pa.list_(pa.float32(), ix.dims)))]),
+    schema = {"sparse": pa.schema([("id", pa.string()), ("indices", pa.list_(pa.int32())),
+                                   ("values", pa.list_(pa.float32()))]),
+              "multivector": pa.schema([("id", pa.string()),
+                                        ("vectors", pa.list_(pa.list_(pa.float32(), ix.dims)))]),
               }.get(ix.kind, pa.schema([("id", pa.string()), ("vector", pa.list_(pa.float32(), ix.dims))]))
 
     def write(tmp: str) -> None:
@@ -31,7 +33,8 @@ def export_parquet(ix: StoredIndex, path: Path) -> int:
                 for a in range(0, p.count, CHUNK):
                     e = min(p.count, a + CHUNK)
                     terms, values = p.vectors(a, e)
-                    w.write_table(pa.table({"id": ix.ids(np.arange(start + a, start + e)), "indices": terms, "values": values},
+                    w.write_table(pa.table({"id": ix.ids(np.arange(start + a, start + e)), "indices": terms,
+                                            "values": values},
                                            schema=schema))
                 start += p.count
             for a in range(0, ix.count, CHUNK) if ix.kind == "multivector" else ():
@@ -44,7 +47,8 @@ def export_parquet(ix: StoredIndex, path: Path) -> int:
             for start, x in ix.chunks("rescore") if ix.kind == "dense" else ():
                 ids = ix.ids(np.arange(start, start + len(x)))
                 w.write_table(pa.table({"id": pa.array(ids, pa.string()),
-                                        "vector": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), ix.dims)}, schema=schema))
+                                        "vector": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)),
+                                                                                    ix.dims)}, schema=schema))
 
     atomic_write(path, write)
     return ix.count

@@ -50,14 +50,16 @@ class Condition:
     def parse(cls, text: str) -> Condition:
         m = CONDITION.match(text)
         if m is None or not m.group(3):
-            raise ConfigError(f"--where {text!r}: not FIELD=VALUE, FIELD>=VALUE, FIELD<=VALUE, FIELD>VALUE, FIELD<VALUE, "
+            raise ConfigError(f"--where {text!r}: not FIELD=VALUE, FIELD>=VALUE, FIELD<=VALUE, FIELD>VALUE, "
+                              "FIELD<VALUE, "
                               "FIELD!=VALUE or 'FIELD in A,B'", "e.g. --where lang=en --where 'year>=2020'")
         field, op, value = m.group(1), m.group(2).strip(), m.group(3)
         if op != "in":
             return cls(field, op, (value,))
         if value.startswith("@"):
             try:
-                values = tuple(v.strip() for v in Path(value[1:]).read_text(encoding="utf-8").splitlines() if v.strip())
+                values = tuple(v.strip() for v in Path(value[1:]).read_text(encoding="utf-8").splitlines()
+                               if v.strip())
             except OSError as e:
                 raise ConfigError(f"--where {text!r}: cannot read {value[1:]} ({e.strerror})") from None
         else:
@@ -97,20 +99,23 @@ def write_meta(shard: Path, corpus: Path, id_column: str | None, text_column: st
             seen = kinds.setdefault(k, kind)
             if kind != seen and "null" not in (kind, seen):
                 raise rec.error(f"field {k!r} is a {kind} here and a {seen} before", k,
-                                hint="give a field one kind of value in every document (numbers, strings or booleans)")
+                                hint="give a field one kind of value in every document (numbers, strings or "
+                                     "booleans)")
             if seen == "null":
                 kinds[k] = kind
     if not kinds:
         return
     types = {"boolean": pa.bool_(), "number": pa.float64(), "string": pa.string(), "null": pa.null()}
-    schema = pa.schema([pa.field(k, types.get(kind, pa.string()), metadata=None if kind in types else {"mlmkit": "json"})
+    schema = pa.schema([pa.field(k, types.get(kind, pa.string()),
+                                 metadata=None if kind in types else {"mlmkit": "json"})
                         for k, kind in kinds.items()])
     rows: list[dict[str, Any]] = []
     written = 0
     with pa.ipc.new_file(str(shard / META), schema) as w:
         for n, rec in enumerate(iter_inputs(corpus)):
             fields = extra_fields(rec, id_column, text_column)
-            rows += [{k: _stored(fields.get(k), kinds[k]) for k in kinds}] * (int(repeat[n]) if repeat is not None else 1)
+            rows += [{k: _stored(fields.get(k), kinds[k]) for k in kinds}] * (int(repeat[n])
+                                                                              if repeat is not None else 1)
             if len(rows) >= CHUNK:
                 w.write_table(pa.Table.from_pylist(rows, schema=schema))
                 written, rows = written + len(rows), []
@@ -118,8 +123,10 @@ def write_meta(shard: Path, corpus: Path, id_column: str | None, text_column: st
             w.write_table(pa.Table.from_pylist(rows, schema=schema))
             written += len(rows)
     if written != count:
-        raise DataFormatError(corpus, f"read {written:,} documents for their fields; {count:,} were indexed: the corpus "
-                              "changed while the index was built", hint="build again from a corpus that stays as it is")
+        raise DataFormatError(corpus, f"read {written:,} documents for their fields; {count:,} were indexed: "
+                                      "the corpus "
+                              "changed while the index was built",
+                              hint="build again from a corpus that stays as it is")
 
 
 def _stored(value: Any, kind: str) -> Any:
@@ -140,18 +147,21 @@ def read_meta(shard: Path, count: int) -> Any:
     try:
         table = pa.ipc.open_file(pa.memory_map(str(f))).read_all()
     except (OSError, pa.ArrowInvalid) as e:
-        raise ConfigError(f"{f}: not a readable metadata file ({str(e).splitlines()[0]})", "rebuild the index") from None
+        raise ConfigError(f"{f}: not a readable metadata file ({str(e).splitlines()[0]})",
+                          "rebuild the index") from None
     if table.num_rows != count:
-        raise ConfigError(f"{f} holds {table.num_rows:,} documents; the manifest says {count:,}", "rebuild the index")
+        raise ConfigError(f"{f} holds {table.num_rows:,} documents; the manifest says {count:,}",
+                          "rebuild the index")
     return table
 
 
-# ---- filtering -----------------------------------------------------------------------------------------------
+# ---- filtering ---------------------------------------------------------------------------------------------
 def fields(ix: StoredIndex, tables: Sequence[Any] | None = None) -> dict[str, str]:
     """The index's fields and their Arrow types, over its shards (``id`` among them); ``tables``: the
     shards' meta.arrow already read (read_meta), else they are read here."""
     out = {"id": "string"}
-    for table in tables if tables is not None else [read_meta(ix.path / s.name, s.count) for s in ix.manifest.shards]:
+    for table in tables if tables is not None else [read_meta(ix.path / s.name, s.count)
+                                                    for s in ix.manifest.shards]:
         for f in table.schema if table is not None else ():
             out.setdefault(f.name, "json" if (f.metadata or {}).get(b"mlmkit") == b"json" else str(f.type))
     return out
@@ -166,10 +176,13 @@ def rows(ix: StoredIndex, conditions: Sequence[Condition]) -> np.ndarray | None:
     known = fields(ix, tables)
     for c in conditions:
         if c.field not in known:
-            raise ConfigError(f"--where {c.field}: the index has no field {c.field!r}", f"its fields: {', '.join(known)}")
+            raise ConfigError(f"--where {c.field}: the index has no field {c.field!r}",
+                              f"its fields: {', '.join(known)}")
         if known[c.field] == "json":
-            raise ConfigError(f"--where {c.field}: {c.field} holds lists or objects (kept as their JSON text), which a "
-                              "filter does not compare", "give the documents a field of numbers, strings or booleans")
+            raise ConfigError(f"--where {c.field}: {c.field} holds lists or objects (kept as their JSON "
+                              "text), which a "
+                              "filter does not compare",
+                              "give the documents a field of numbers, strings or booleans")
     out = np.ones(ix.count, dtype=np.bool_)
     start = 0
     for k, (s, table) in enumerate(zip(ix.manifest.shards, tables)):
@@ -186,7 +199,8 @@ def _ids(ix: StoredIndex, k: int) -> Any:
     import pyarrow.compute as pc
 
     ids = ix.shards[k][1]
-    return pc.replace_substring_regex(ids, pattern=f"{SEPARATOR}[0-9]+$", replacement="") if ix.chunked else ids
+    return pc.replace_substring_regex(ids, pattern=f"{SEPARATOR}[0-9]+$",
+                                      replacement="") if ix.chunked else ids
 
 
 def _passes(column: Any, c: Condition, n: int) -> np.ndarray:
@@ -201,7 +215,8 @@ def _passes(column: Any, c: Condition, n: int) -> np.ndarray:
     if c.op == "in":
         got = pc.is_in(column, value_set=pa.array(values, type=column.type))
     else:
-        fn = {"=": pc.equal, "!=": pc.not_equal, ">=": pc.greater_equal, "<=": pc.less_equal, ">": pc.greater, "<": pc.less}[c.op]
+        fn = {"=": pc.equal, "!=": pc.not_equal, ">=": pc.greater_equal, "<=": pc.less_equal, ">": pc.greater,
+              "<": pc.less}[c.op]
         got = fn(column, pa.scalar(values[0], type=column.type))
         if c.op == "!=":
             got = pc.or_kleene(got, pc.is_null(column))
@@ -211,19 +226,23 @@ def _passes(column: Any, c: Condition, n: int) -> np.ndarray:
 
 
 def _value(text: str, kind: str, c: Condition) -> Any:
-    """A condition's value as the field's kind: a number, a boolean or a string (ordered operators need numbers)."""
+    """A condition's value as the field's kind: a number, a boolean or a string (ordered operators need
+    numbers)."""
     if kind in ("double", "int64", "float"):
         try:
             return float(text)
         except ValueError:
-            raise ConfigError(f"--where {c.field}{c.op}{text}: {c.field} holds numbers; {text!r} is not one") from None
+            raise ConfigError(f"--where {c.field}{c.op}{text}: {c.field} holds numbers; {text!r} is not "
+                              "one") from None
     if c.op in (">=", "<=", ">", "<"):
-        raise ConfigError(f"--where {c.field}{c.op}{text}: {c.field} holds {kind} values; {c.op} compares numbers",
+        raise ConfigError(f"--where {c.field}{c.op}{text}: {c.field} holds {kind} values; {c.op} compares "
+                          "numbers",
                           "use =, != or in")
     if kind == "bool":
         if text.lower() not in ("true", "false"):
             raise ConfigError(f"--where {c.field}={text}: {c.field} holds booleans: give true or false")
         return text.lower() == "true"
     if kind != "string":
-        raise ConfigError(f"--where {c.field}: {c.field} holds {kind} values, which a filter does not compare")
+        raise ConfigError(f"--where {c.field}: {c.field} holds {kind} values, which a filter does not "
+                          "compare")
     return text

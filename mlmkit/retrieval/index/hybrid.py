@@ -57,7 +57,8 @@ class Ranker(Protocol):
 class IndexRanker:
     """An index (store.StoredIndex) searched with its bundle: ``rescore`` as `mlmkit search` takes it."""
 
-    def __init__(self, path: Path, *, bundle: Path | None = None, device: str = "cpu", precision: str | None = None,
+    def __init__(self, path: Path, *, bundle: Path | None = None, device: str = "cpu",
+                 precision: str | None = None,
                  rescore: int | None = None, name: str | None = None) -> None:
         self.ix, self.name = StoredIndex.open(path), name or str(path)
         self.bundle, self.device, self.precision, self.rescore = bundle, device, precision, rescore
@@ -71,9 +72,11 @@ class IndexRanker:
         if self._pipe is None:
             from mlmkit.runtime.pipeline import Pipeline
 
-            self._pipe = Pipeline.load(query_bundle(self.ix, self.bundle), device=self.device, command="embed",
+            self._pipe = Pipeline.load(query_bundle(self.ix, self.bundle), device=self.device,
+                                       command="embed",
                                        precision=self.precision)
-        return self.rank_vectors(as_queries(self.ix, self._pipe(list(queries), **as_input(self._pipe, "query"))), depth,
+        return self.rank_vectors(as_queries(self.ix, self._pipe(list(queries),
+                                                                **as_input(self._pipe, "query"))), depth,
                                  self.rows_of(only))
 
     def rank_vectors(self, q: Any, depth: int, where: np.ndarray | None = None) -> list[Ranking]:
@@ -95,15 +98,18 @@ class IndexRanker:
 
 def rows_of_ids(ix: StoredIndex, only: set[str]) -> np.ndarray:
     """The rows of ``ix`` whose ids are in ``only``, (count,) bool (the ids read a chunk at a time)."""
-    return np.fromiter((i in only for a in range(0, ix.count, CHUNK) for i in ix.ids(np.arange(a, min(a + CHUNK, ix.count)))),
+    return np.fromiter((i in only for a in range(0, ix.count, CHUNK)
+                        for i in ix.ids(np.arange(a, min(a + CHUNK, ix.count)))),
                        dtype=np.bool_, count=ix.count)
 
 
-def ranking_of(ix: StoredIndex, q: Any, depth: int, rescore: int | None = None, where: np.ndarray | None = None) -> list[Ranking]:
+def ranking_of(ix: StoredIndex, q: Any, depth: int, rescore: int | None = None,
+               where: np.ndarray | None = None) -> list[Ranking]:
     """Each query's top ``depth`` documents of ``ix`` (query vectors as search.as_queries gives them), by
     id; ``rescore`` raised to ``depth`` where it is below; ``where``: search_vectors'."""
     depth = min(depth, ix.count)
-    rows, scores = search_vectors(ix, q, depth, rescore=max(rescore, depth) if rescore is not None else None, where=where)
+    rows, scores = search_vectors(ix, q, depth, rescore=max(rescore, depth) if rescore is not None else None,
+                                  where=where)
     return [[(h["id"], h["score"]) for h in found] for found in hits(ix, rows, scores)]
 
 
@@ -121,10 +127,12 @@ class BM25Ranker:
         return np.sort(id_hashes(self.ids))
 
     def rank(self, queries: Sequence[str], depth: int, only: set[str] | None = None) -> list[Ranking]:
-        mask = None if only is None else np.fromiter((i in only for i in self.ids), dtype=np.float32, count=len(self.ids))
+        mask = None if only is None else np.fromiter((i in only for i in self.ids), dtype=np.float32,
+                                                     count=len(self.ids))
         rows, scores = self.bm25.search(queries, min(depth, len(self.ids)), mask=mask)
         # bm25s ranks a document that shares no term with the query too, at score 0: no hit, as a sparse index
-        return [[(self.ids[r], float(s)) for r, s in zip(row, srow) if s > 0] for row, srow in zip(rows, scores)]
+        return [[(self.ids[r], float(s)) for r, s in zip(row, srow) if s > 0]
+                for row, srow in zip(rows, scores)]
 
 
 def fuse(rankings: Sequence[Ranking], fusion: str = "rrf", weights: Sequence[float] | None = None,
@@ -164,7 +172,8 @@ def same_corpus(a: tuple[str, np.ndarray], b: tuple[str, np.ndarray]) -> None:
     if len(h) != len(first) or not np.array_equal(h, first):
         missing = len(np.setdiff1d(first, h, assume_unique=True))
         raise ConfigError(f"--hybrid: {name_a} holds {len(first):,} documents and {name_b} {len(h):,}, "
-                          f"{missing:,} of the first's ids not among the second's: retrievers of different corpora",
+                          f"{missing:,} of the first's ids not among the second's: retrievers of different "
+                          "corpora",
                           "fuse retrievers of one corpus: indexes built from it, and BM25 over its texts")
 
 
@@ -172,16 +181,20 @@ class Hybrid:
     """Rankers of one corpus (checked), fused: ``rank`` gives each query's fused ranking, and
     ``rank_each`` every retriever's ranking beside it (what `mlmkit evaluate --hybrid` reports)."""
 
-    def __init__(self, rankers: Sequence[Ranker], fusion: str = "rrf", weights: Sequence[float] | None = None, *,
+    def __init__(self, rankers: Sequence[Ranker], fusion: str = "rrf", weights: Sequence[float] | None = None,
+                 *,
                  check: bool = True) -> None:
         if fusion not in FUSIONS:
             raise ConfigError(f"--fusion {fusion}: use one of {', '.join(FUSIONS)}")
-        self.rankers, self.fusion, self.weights = list(rankers), fusion, check_weights(list(weights) if weights is not None else None, len(rankers))
+        self.rankers, self.fusion, self.weights = (list(rankers), fusion,
+                                                   check_weights(list(weights) if weights is not None
+                                                                 else None, len(rankers)))
         if check:  # mining's retrievers rank one corpus's places: nothing to check
             check_same_corpus(self.rankers)
         self.name = f"hybrid ({fusion}: {' + '.join(r.name for r in self.rankers)})"
 
-    def rank_each(self, queries: Sequence[str], k: int, where: np.ndarray | None = None) -> tuple[list[Ranking], list[list[Ranking]]]:
+    def rank_each(self, queries: Sequence[str], k: int,
+                  where: np.ndarray | None = None) -> tuple[list[Ranking], list[list[Ranking]]]:
         """(each query's fused top k, each retriever's rankings of the queries); ``where``: the first
         retriever's (an index's) rows a filter keeps, whose ids the others keep too."""
         first = self.rankers[0]
@@ -201,16 +214,19 @@ def rankers(index: Path, hybrid: Sequence[str], corpus: Callable[[], tuple[list[
             rescore: int | None = None) -> list[Ranker]:
     """The index at ``index`` and each ``--hybrid`` retriever: ``bm25`` (BM25 over ``corpus()``: the
     documents' ids and texts; None where no corpus is at hand) or another index's path."""
-    out: list[Ranker] = [IndexRanker(index, bundle=bundle, device=device, precision=precision, rescore=rescore)]
+    out: list[Ranker] = [IndexRanker(index, bundle=bundle, device=device, precision=precision,
+                                     rescore=rescore)]
     for spec in hybrid:
         if spec == BM25:
             if corpus is None:
-                raise ConfigError("--hybrid bm25 needs the documents' texts", "give the corpus the index was built from: --corpus FILE")
+                raise ConfigError("--hybrid bm25 needs the documents' texts",
+                                  "give the corpus the index was built from: --corpus FILE")
             out.append(BM25Ranker(*corpus()))
         elif (Path(spec) / "manifest.json").is_file():
             out.append(IndexRanker(Path(spec), device=device, precision=precision))
         else:
-            raise ConfigError(f"--hybrid {spec}: neither bm25 nor an index (no {Path(spec) / 'manifest.json'})",
+            raise ConfigError(f"--hybrid {spec}: neither bm25 nor an index (no "
+                              f"{Path(spec) / 'manifest.json'})",
                               "give bm25, or the directory of an index (mlmkit index) of the same corpus")
     return out
 
@@ -225,7 +241,8 @@ def evaluate_hybrid(path: Path, data: Path, hybrid: Sequence[str], *, fusion: st
     from mlmkit.text.beir import read_split
 
     split = read_split(data, training=False)
-    fused = Hybrid(rankers(path, hybrid, lambda: (list(split.corpus), list(split.corpus.values())), device=device),
+    fused = Hybrid(rankers(path, hybrid, lambda: (list(split.corpus), list(split.corpus.values())),
+                           device=device),
                    fusion, weights)
     qids = list(split.queries)
     runs: list[dict[str, list[str]]] = [{} for _ in range(len(fused.rankers) + 1)]
@@ -234,13 +251,15 @@ def evaluate_hybrid(path: Path, data: Path, hybrid: Sequence[str], *, fusion: st
         top, each = fused.rank_each([split.queries[q] for q in part], k)
         for run, rankings in zip(runs, [*each, top]):
             for qid, ranking in zip(part, rankings):
-                ranked = sorted(ranking[:k], key=lambda h: h[0], reverse=True)  # ties by id, descending: trec_eval's order
+                # ties by id, descending: trec_eval's order
+                ranked = sorted(ranking[:k], key=lambda h: h[0], reverse=True)
                 run[qid] = [d for d, _ in sorted(ranked, key=lambda h: -h[1])]
     names = [r.name for r in fused.rankers] + [f"hybrid ({fusion})"]
     return {name: mean_metrics(run, split.qrels) for name, run in zip(names, runs)}
 
 
-def corpus_texts(path: Path, id_column: str | None = None, text_column: str = "text") -> tuple[list[str], list[str]]:
+def corpus_texts(path: Path, id_column: str | None = None, text_column: str = "text") -> tuple[list[str],
+                                                                                               list[str]]:
     """A corpus's ids and texts as `mlmkit index` reads them (building.corpus_records: a title before
     the text): what BM25 ranks beside an index built from it."""
     from mlmkit.retrieval.index.embedding import corpus_records
@@ -253,14 +272,17 @@ def corpus_texts(path: Path, id_column: str | None = None, text_column: str = "t
     return ids, texts
 
 
-def hybrid_search(args: Any, where: np.ndarray | None = None) -> Callable[[list[str], int], list[list[dict[str, Any]]]]:
+def hybrid_search(args: Any, where: np.ndarray | None = None) -> Callable[[list[str], int],
+                                                                          list[list[dict[str, Any]]]]:
     """`mlmkit search INDEX --hybrid ...` (args: SearchArgs): a function of (query texts, k) -> each
     query's fused hits, {"id", "score"} (the fused score: rrf's sum, or the weighted sum); ``where``:
     the index's rows a filter keeps (Hybrid.rank_each)."""
     from mlmkit.args import fusion_weights
 
-    corpus = None if args.corpus is None else (lambda: corpus_texts(args.corpus, args.id_column, args.corpus_column))
-    fused = Hybrid(rankers(args.index, args.hybrid, corpus, bundle=args.bundle, precision=args.precision, rescore=args.rescore),
+    corpus = None if args.corpus is None else (lambda: corpus_texts(args.corpus, args.id_column,
+                                                                    args.corpus_column))
+    fused = Hybrid(rankers(args.index, args.hybrid, corpus, bundle=args.bundle, precision=args.precision,
+                           rescore=args.rescore),
                    args.fusion, fusion_weights(args.weights, args.hybrid, args.fusion))
 
     def search(queries: list[str], k: int) -> list[list[dict[str, Any]]]:
@@ -288,7 +310,8 @@ class FusedRetriever:
     no ``pair_scores`` (mining refuses --margin and --max-score-ratio, and takes --with-scores from
     --score-with)."""
 
-    def __init__(self, retrievers: Sequence[tuple[str, Any]], fusion: str, weights: Sequence[float] | None) -> None:
+    def __init__(self, retrievers: Sequence[tuple[str, Any]], fusion: str,
+                 weights: Sequence[float] | None) -> None:
         self.hybrid = Hybrid([Places(r, name) for name, r in retrievers], fusion, weights, check=False)
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -300,5 +323,7 @@ class FusedRetriever:
         return rows, scores
 
     def pair_scores(self, queries: Sequence[str], docs: Sequence[int]) -> np.ndarray:
-        raise ConfigError("--hybrid: a fused score is no similarity, so mining has no positive's score to compare",
-                          "leave out --margin and --max-score-ratio; --with-scores takes its scores from --score-with")
+        raise ConfigError("--hybrid: a fused score is no similarity, so mining has no positive's score to "
+                          "compare",
+                          "leave out --margin and --max-score-ratio; --with-scores takes its scores from "
+                          "--score-with")

@@ -112,7 +112,8 @@ class Codec:
         codes = nearest(self.centroids, x)
         r = x - self.centroids[codes]
         buckets = np.zeros(r.shape, dtype=np.uint8)
-        for c in self.cutoffs:  # the cutoffs below each value (np.searchsorted's answer, several times faster)
+        # the cutoffs below each value (np.searchsorted's answer, several times faster)
+        for c in self.cutoffs:
             buckets += r > c
         planes = (buckets[:, :, None] >> np.arange(self.bits - 1, -1, -1, dtype=np.uint8)) & 1
         return codes.astype(np.uint16), np.packbits(planes.reshape(len(x), -1), axis=1)
@@ -142,12 +143,16 @@ class Codec:
             with np.load(path, allow_pickle=False) as z:
                 c, cut, w = (np.asarray(z[k]) for k in ("centroids", "cutoffs", "weights"))
         except (OSError, ValueError, KeyError, EOFError) as e:
-            what = "is missing" if not path.is_file() else f"is not a readable codec ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            what = "is missing" if not path.is_file() else f"is not a readable codec ({why})"
             raise ConfigError(f"{path} {what}", hint) from None
-        shaped = (c.ndim == 2 and c.shape[1] == dims and 1 <= len(c) <= MAX_CENTROIDS and cut.ndim == 1 and w.ndim == 1
+        shaped = (c.ndim == 2 and c.shape[1] == dims and 1 <= len(c) <= MAX_CENTROIDS and cut.ndim == 1
+                  and w.ndim == 1
                   and len(w) in (1 << b for b in BITS) and len(cut) == len(w) - 1)
-        if not shaped or not all(a.dtype == np.float32 and np.isfinite(a).all() for a in (c, cut, w)) or (np.diff(cut) < 0).any():
-            raise ConfigError(f"{path}: not the codec of a {dims}-dimension index (centroids {c.shape}, cutoffs {cut.shape}, "
+        if not shaped or not all(a.dtype == np.float32 and np.isfinite(a).all()
+                                 for a in (c, cut, w)) or (np.diff(cut) < 0).any():
+            raise ConfigError(f"{path}: not the codec of a {dims}-dimension index (centroids {c.shape}, "
+                              f"cutoffs {cut.shape}, "
                               f"weights {w.shape}, or values that are not finite float32)", hint)
         return cls(c, cut, w)
 
@@ -160,7 +165,8 @@ def nearest(centroids: np.ndarray, x: np.ndarray, chunk: int = 8192) -> np.ndarr
     return out
 
 
-def document_postings(lengths: np.ndarray, codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def document_postings(lengths: np.ndarray, codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray,
+                                                                               np.ndarray]:
     """Documents (their token counts, their tokens' codes) as postings.Writer's CSR rows: each
     document's distinct centroids (weight 1)."""
     doc = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
@@ -190,11 +196,14 @@ class Shard:
         codes = postings.mapped_file(s / "codes.bin", np.uint16, (tokens,), n, hint, memory=memory)
         for a in range(0, tokens, 1 << 22):
             if int(np.asarray(codes[a:a + (1 << 22)]).max(initial=0)) >= len(codec.centroids):
-                raise ConfigError(f"{s / 'codes.bin'} names a centroid past the codec's {len(codec.centroids):,}: "
+                raise ConfigError(f"{s / 'codes.bin'} names a centroid past the codec's "
+                                  f"{len(codec.centroids):,}: "
                                   "a corrupted file or another index's codec", hint)
-        residuals = postings.mapped_file(s / "residuals.bin", np.uint8, (tokens, codec.residual_bytes()), n, hint, memory=memory)
-        return cls(n, starts, codes, residuals, postings.Postings.open(s, n, len(codec.centroids), block, hint, forward=False,
-                                                                        memory=memory))
+        residuals = postings.mapped_file(s / "residuals.bin", np.uint8, (tokens, codec.residual_bytes()), n,
+                                         hint, memory=memory)
+        return cls(n, starts, codes, residuals,
+                   postings.Postings.open(s, n, len(codec.centroids), block, hint, forward=False,
+                                           memory=memory))
 
 
 def spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

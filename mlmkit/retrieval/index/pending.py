@@ -76,12 +76,16 @@ class Pending:
         self.what = json.loads(json.dumps(what, default=str))
         self.quantization, self.copy, self.kind = quantization, copy, kind
         self.sparse, self.multi = kind == "sparse", kind == "multivector"
-        self.codec, self.bits, self.centroids, self.trains = codec, bits, centroids, self.multi and codec is None
-        self.start: dict[str, Any] = {"what": self.what, "windows": 0, "records": 0, "rows": 0, "ids_bytes": 0, "nnz": 0,
-                                      "tokens": 0, "codec": False, "dims": dims, "ranges": ranges.tolist() if ranges is not None else None,
+        self.codec, self.bits, self.centroids, self.trains = (codec, bits, centroids,
+                                                              self.multi and codec is None)
+        self.start: dict[str, Any] = {"what": self.what, "windows": 0, "records": 0, "rows": 0,
+                                      "ids_bytes": 0, "nnz": 0,
+                                      "tokens": 0, "codec": False, "dims": dims,
+                                      "ranges": ranges.tolist() if ranges is not None else None,
                                       "block": block, "complete": False}
         self.state = dict(self.start)
-        self.buffer: list[tuple[int, int, list[str], Any]] = []  # windows waiting for the calibration or the centroids
+        # windows waiting for the calibration or the centroids
+        self.buffer: list[tuple[int, int, list[str], Any]] = []
         self.files: dict[str, BinaryIO] = {}
         p = dir / PROGRESS
         if resume and p.is_file():
@@ -135,11 +139,13 @@ class Pending:
         out = {"ids.jsonl": (self.dir / "ids.jsonl", int(self.state["ids_bytes"]))}
         if self.sparse:
             nnz = int(self.state["nnz"])
-            return {**out, "lengths.bin": (self.dir / "lengths.bin", 8 * n), "terms.bin": (self.dir / "terms.bin", 4 * nnz),
+            return {**out, "lengths.bin": (self.dir / "lengths.bin", 8 * n),
+                    "terms.bin": (self.dir / "terms.bin", 4 * nnz),
                     "weights.bin": (self.dir / "weights.bin", 4 * nnz)}
         if self.multi:
             t, width = int(self.state["tokens"]), self.codec.residual_bytes() if self.codec else 0
-            return {**out, "lengths.bin": (self.shard / "lengths.bin", 4 * n), "codes.bin": (self.shard / "codes.bin", 2 * t),
+            return {**out, "lengths.bin": (self.shard / "lengths.bin", 4 * n),
+                    "codes.bin": (self.shard / "codes.bin", 2 * t),
                     "residuals.bin": (self.shard / "residuals.bin", t * width)}
         out["vectors.bin"] = (self.shard / "vectors.bin", n * row_bytes(self.quantization, d))
         if self.copy:
@@ -163,10 +169,13 @@ class Pending:
         bad = [k for k in ("windows", "records", "rows", "ids_bytes", "nnz", "tokens", "dims")
                if not isinstance(saved.get(k), int) or isinstance(saved.get(k), bool) or saved[k] < 0]
         if bad or not isinstance(saved.get("what"), dict):
-            raise ConfigError(f"{self.dir / PROGRESS}: field {(bad or ['what'])[0]} is not what a build writes", hint)
-        changed = [k for k in sorted({*saved.get("what", {}), *self.what}) if saved.get("what", {}).get(k) != self.what.get(k)]
+            raise ConfigError(f"{self.dir / PROGRESS}: field {(bad or ['what'])[0]} is not what a build "
+                              "writes", hint)
+        changed = [k for k in sorted({*saved.get("what", {}), *self.what}) if saved.get("what", {}).get(k)
+                   != self.what.get(k)]
         if changed:
-            raise ConfigError(f"--resume: the unfinished build in {self.dir} was for other {', '.join(changed)}",
+            raise ConfigError(f"--resume: the unfinished build in {self.dir} was for other "
+                              f"{', '.join(changed)}",
                               f"resume with the same bundle, corpus and settings, or {hint}")
         self.state.update({k: saved[k] for k in self.state if k in saved})
         if self.trains and saved.get("codec"):
@@ -178,7 +187,8 @@ class Pending:
         for path, size in self._paths().values():
             have = path.stat().st_size if path.is_file() else -1
             if have < size:
-                raise ConfigError(f"{path} holds {max(have, 0):,} bytes; {self.dir / PROGRESS} says {size:,}", hint)
+                raise ConfigError(f"{path} holds {max(have, 0):,} bytes; {self.dir / PROGRESS} says {size:,}",
+                                  hint)
             os.truncate(path, size)  # what a killed window had begun to append
         self._open()
 
@@ -207,7 +217,8 @@ class Pending:
         _check_finite(window, ids, x, sparse=self.sparse, multi=self.multi)
         if self.sparse:
             return self._write([(window, records, ids, x)])
-        if self.multi:  # a list of (tokens, dims) arrays, one a document (none for a document of skiplist tokens alone)
+        # a list of (tokens, dims) arrays, one a document (none for a document of skiplist tokens alone)
+        if self.multi:
             arrays = [np.asarray(v, dtype=np.float32) for v in x]
             d = next((a.shape[-1] for a in arrays if a.size), self.dims)
             flat = np.concatenate([a.reshape(-1, d) for a in arrays]) if d else np.zeros((0, 0), np.float32)
@@ -234,12 +245,14 @@ class Pending:
         """The int8 ranges from the first CALIBRATION_ROWS documents (all, if there are fewer); a new
         multi-vector index's codec from its first SAMPLE_TOKENS token vectors, saved in codec.npz."""
         if self.buffer and self.multi and self.codec is None:
-            sample = np.concatenate([b[3][1] for b in self.buffer if b[3][1].size])[:multivector.SAMPLE_TOKENS]
+            sample = np.concatenate([b[3][1] for b in self.buffer
+                                     if b[3][1].size])[:multivector.SAMPLE_TOKENS]
             self.codec = multivector.Codec.train(sample, self.bits, self.centroids)
             self.codec.save(self.dir / multivector.CODEC)
             self.state["codec"] = True
         if self.buffer and self.state["ranges"] is None and self.quantization in ("int8", "binary"):
-            self.state["ranges"] = calibrate(np.concatenate([b[3] for b in self.buffer])[:CALIBRATION_ROWS]).tolist()
+            sample = np.concatenate([b[3] for b in self.buffer])[:CALIBRATION_ROWS]
+            self.state["ranges"] = calibrate(sample).tolist()
 
     def _write(self, ws: list[tuple[int, int, list[str], Any]]) -> None:
         for window, records, ids, x in ws:
@@ -264,7 +277,8 @@ class Pending:
                 self.files["vectors.bin"].write(np.ascontiguousarray(v).tobytes())
                 if r is not None:
                     self.files["rescore.bin"].write(np.ascontiguousarray(r).tobytes())
-            self.state.update(windows=window + 1, rows=self.rows + len(ids), ids_bytes=self.state["ids_bytes"] + len(line))
+            self.state.update(windows=window + 1, rows=self.rows + len(ids),
+                              ids_bytes=self.state["ids_bytes"] + len(line))
             self.state["records"] += records
         self.buffer = []
         for f in self.files.values():
@@ -277,7 +291,8 @@ class Pending:
         import pyarrow as pa
 
         if self.multi and self.codec is None and self.buffer and not any(b[3][1].size for b in self.buffer):
-            raise DataFormatError(corpus, "no document has a token vector (each was the skiplist's tokens alone)",
+            raise DataFormatError(corpus,
+                                  "no document has a token vector (each was the skiplist's tokens alone)",
                                   hint="give documents with words")
         self._calibrate()
         if self.buffer:
@@ -287,7 +302,8 @@ class Pending:
             raise DataFormatError(corpus, "no documents", hint="one document per line or record")
         hashes = []
         schema = pa.schema([("id", pa.string())])
-        with open(self.dir / "ids.jsonl", encoding="ascii") as f, pa.ipc.new_file(str(self.shard / "ids.arrow"), schema) as w:
+        with open(self.dir / "ids.jsonl",
+                  encoding="ascii") as f, pa.ipc.new_file(str(self.shard / "ids.arrow"), schema) as w:
             while chunk := [json.loads(line) for _, line in zip(range(CHUNK), f)]:
                 w.write_table(pa.table({"id": pa.array(chunk, pa.string())}))
                 hashes.append(id_hashes(chunk))
@@ -301,8 +317,10 @@ class Pending:
         """A sparse shard's postings from the terms on disk, CHUNK documents at a time."""
         lengths = np.fromfile(self.dir / "lengths.bin", dtype=np.int64)
         nnz = int(self.state["nnz"])
-        terms = np.memmap(self.dir / "terms.bin", dtype=np.int32, mode="r", shape=(nnz,)) if nnz else np.zeros(0, np.int32)
-        weights = np.memmap(self.dir / "weights.bin", dtype=np.float32, mode="r", shape=(nnz,)) if nnz else np.zeros(0, np.float32)
+        terms = np.memmap(self.dir / "terms.bin", dtype=np.int32, mode="r",
+                          shape=(nnz,)) if nnz else np.zeros(0, np.int32)
+        weights = np.memmap(self.dir / "weights.bin", dtype=np.float32, mode="r",
+                            shape=(nnz,)) if nnz else np.zeros(0, np.float32)
         with postings.Writer(self.shard, self.dims, int(self.block or postings.BLOCK)) as out:
             at = 0
             for a in range(0, len(lengths), CHUNK):
@@ -318,7 +336,8 @@ class Pending:
         assert self.codec is not None
         lengths = np.fromfile(self.shard / "lengths.bin", dtype=np.int32).astype(np.int64)
         t = int(self.state["tokens"])
-        codes = np.memmap(self.shard / "codes.bin", dtype=np.uint16, mode="r", shape=(t,)) if t else np.zeros(0, np.uint16)
+        codes = np.memmap(self.shard / "codes.bin", dtype=np.uint16, mode="r",
+                          shape=(t,)) if t else np.zeros(0, np.uint16)
         k = len(self.codec.centroids)
         with postings.Writer(self.shard, k, int(self.block or postings.BLOCK), forward=False) as out:
             at = 0
@@ -348,6 +367,7 @@ def _check_finite(window: int, ids: list[str], x: Any, *, sparse: bool, multi: b
         rows_bad = ~np.isfinite(np.asarray(x, dtype=np.float32)).all(axis=1)
         doc = int(np.argmax(rows_bad)) if rows_bad.any() else -1
     if doc >= 0:
-        raise ConfigError(f"document {ids[doc]!r} (window {window + 1}): the bundle gave it a vector that is not finite "
+        raise ConfigError(f"document {ids[doc]!r} (window {window + 1}): the bundle gave it a vector that is "
+                          "not finite "
                           "(NaN or infinite), which no search could rank; nothing of this window was written",
                           "check the bundle's parity (mlmkit export RUN again), or leave that document out")

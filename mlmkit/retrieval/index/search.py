@@ -50,7 +50,8 @@ def search_vectors(ix: StoredIndex, queries: Any, k: int, *, rescore: int | None
         return finite(ix, *_search_rows(ix, queries, k, rescore=rescore, where=where))
     depth = min(ix.count, 4 * k)
     while True:
-        rows, scores = finite(ix, *_search_rows(ix, queries, depth, rescore=max(rescore, depth) if rescore is not None else None,
+        rows, scores = finite(ix, *_search_rows(ix, queries, depth,
+                                                rescore=max(rescore, depth) if rescore is not None else None,
                                                 where=where))
         out_i = np.full((len(rows), k), -1, dtype=np.int64)
         out_s = np.full((len(rows), k), -np.inf, dtype=np.float32)
@@ -62,7 +63,8 @@ def search_vectors(ix: StoredIndex, queries: Any, k: int, *, rescore: int | None
                 if doc not in seen and len(seen) < k:
                     out_i[j, len(seen)], out_s[j, len(seen)] = r, s_
                     seen[doc] = r
-            short = short or (len(seen) < k and bool(found.all()))  # k documents not yet found, and more chunks to look at
+            # k documents not yet found, and more chunks to look at
+            short = short or (len(seen) < k and bool(found.all()))
         if not short or depth == ix.count:
             return out_i, out_s
         depth = min(ix.count, 4 * depth)
@@ -80,7 +82,8 @@ def chunk_aggregation(spec: str, ix: StoredIndex | None = None) -> tuple[str, in
     else:
         m = re.fullmatch(r"sum-top-([1-9][0-9]*)", str(spec))
         if m is None:
-            raise ConfigError(f"--chunk-agg {spec!r} is not one of max, mean, sum-top-N", "e.g. --chunk-agg sum-top-3")
+            raise ConfigError(f"--chunk-agg {spec!r} is not one of max, mean, sum-top-N",
+                              "e.g. --chunk-agg sum-top-3")
         how, n = "sum", int(m.group(1))
     if how != "max" and ix is not None and not ix.chunked:
         raise ConfigError(f"--chunk-agg {spec}: {ix.path} is not chunked (a document is one row)",
@@ -95,7 +98,8 @@ def _aggregated(ix: StoredIndex, queries: Any, k: int, how: str, n: int, *, resc
     (not deleted, in ``where``) scored exactly, from the rescoring vectors. Rows: each document's best
     chunk's; scores: the aggregate."""
     depth = min(ix.count, max(4 * k, 100))
-    rows, _ = search_vectors(ix, queries, depth, rescore=max(rescore, depth) if rescore is not None else None, where=where)
+    rows, _ = search_vectors(ix, queries, depth, rescore=max(rescore, depth) if rescore is not None else None,
+                             where=where)
     allowed = ix.allowed(where)
     groups = ix.document_rows
     out_i = np.full((len(rows), k), -1, dtype=np.int64)
@@ -145,9 +149,12 @@ def finite(ix: StoredIndex, rows: np.ndarray, scores: np.ndarray) -> tuple[np.nd
         if row < start + s.count:
             break
         start += s.count
-    name = STORED[ix.kind] if ix.kind != "multivector" else f"{STORED[ix.kind]} or {ix.path / multivector.CODEC}"
-    raise ConfigError(f"{ix.path / s.name / name} holds values that are not finite (NaN or infinite): row {row - start:,} "
-                      f"of the shard (id {ix.row_ids(np.asarray([row]))[0]!r}) scores {float(scores[bad][0])}",
+    name = (STORED[ix.kind] if ix.kind != "multivector"
+            else f"{STORED[ix.kind]} or {ix.path / multivector.CODEC}")
+    raise ConfigError(f"{ix.path / s.name / name} holds values that are not finite (NaN or infinite): row "
+                      f"{row - start:,} "
+                      f"of the shard (id {ix.row_ids(np.asarray([row]))[0]!r}) scores "
+                      f"{float(scores[bad][0])}",
                       "rebuild the index, or restore it from a copy")
 
 
@@ -168,26 +175,34 @@ def _search_rows(ix: StoredIndex, queries: Any, k: int, *, rescore: int | None =
     if k < 1:
         raise ConfigError(f"--top-k must be at least 1, got {k}")
     if k > ix.count:
-        raise ConfigError(f"--top-k {k} is past the index's {ix.count:,} documents", f"give --top-k {ix.count} or less")
+        raise ConfigError(f"--top-k {k} is past the index's {ix.count:,} documents",
+                          f"give --top-k {ix.count} or less")
     if ix.kind == "sparse":
         if rescore is not None:
-            raise ConfigError(f"--rescore {rescore}: {ix.path} is a sparse index, searched exactly in one stage", "leave --rescore out")
+            raise ConfigError(f"--rescore {rescore}: {ix.path} is a sparse index, searched exactly in one "
+                              "stage", "leave --rescore out")
         return _search_postings(ix, queries, k, allowed)
     if rescore is not None and rescore < k:
-        raise ConfigError(f"--rescore {rescore} is below --top-k {k}", "rescore at least as many candidates as are kept")
+        raise ConfigError(f"--rescore {rescore} is below --top-k {k}",
+                          "rescore at least as many candidates as are kept")
     if ix.kind == "multivector":
         return _search_multivector(ix, queries, k, rescore, allowed)
     q = normalized(queries)
     if q.ndim != 2 or q.shape[1] != ix.dims:
         raise ConfigError(f"query vectors of {q.shape[-1]} dimensions; the index holds {ix.dims}")
     if rescore is not None and not ix.two_stages:
-        raise ConfigError(f"--rescore {rescore}: {ix.path} ({ix.quantization}, flat) is searched in one stage, with nothing "
-                          "to rescore from", "leave --rescore out, or build the index with --rescore-copy float16 (int8) or --ann")
+        raise ConfigError(f"--rescore {rescore}: {ix.path} ({ix.quantization}, flat) is searched in one "
+                          "stage, with nothing "
+                          "to rescore from", "leave --rescore out, or build the index with --rescore-copy "
+                                             "float16 (int8) or --ann")
     if len(q) > QUERY_BLOCK:
-        parts = [_search_rows(ix, q[a:a + QUERY_BLOCK], k, rescore=rescore, where=where) for a in range(0, len(q), QUERY_BLOCK)]
+        parts = [_search_rows(ix, q[a:a + QUERY_BLOCK], k, rescore=rescore, where=where)
+                 for a in range(0, len(q), QUERY_BLOCK)]
         return np.concatenate([r for r, _ in parts]), np.concatenate([s for _, s in parts])
-    if allowed is not None and int(allowed.sum()) <= min(SUBSET, SUBSET_SHARE * ix.count):  # few rows: each scored
-        return _search_subset(ix, q, k, np.flatnonzero(allowed))                          # exactly, none other read
+    # few rows: each scored
+    if allowed is not None and int(allowed.sum()) <= min(SUBSET, SUBSET_SHARE * ix.count):
+        # exactly, none other read
+        return _search_subset(ix, q, k, np.flatnonzero(allowed))
     n = min(ix.count, rescore or max(4 * k, 100)) if ix.two_stages else k
     # faiss's binary IVF takes no IDSelector: a filtered search of it scores the binary codes themselves
     if ix.ann != "flat" and not (allowed is not None and (ix.ann, ix.quantization) == ("ivf", "binary")):
@@ -217,17 +232,21 @@ def _search_multivector(ix: StoredIndex, queries: Any, k: int, rescore: int | No
                         allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(queries, np.ndarray) and queries.ndim == 2:
         queries = [queries]
-    bad = next((np.asarray(q).shape for q in queries if np.asarray(q).ndim != 2 or np.asarray(q).shape[1] != ix.dims), None)
+    bad = next((np.asarray(q).shape for q in queries if np.asarray(q).ndim != 2 or np.asarray(q).shape[1]
+                != ix.dims), None)
     if bad is not None:
         raise ConfigError(f"a query of shape {bad}; the index holds token vectors of {ix.dims} dimensions",
                           "embed queries with the index's colbert bundle")
-    return multivector.search(ix, [np.asarray(q, dtype=np.float32) for q in queries], k, rescore=rescore, allowed=allowed)
+    return multivector.search(ix, [np.asarray(q, dtype=np.float32) for q in queries], k, rescore=rescore,
+                              allowed=allowed)
 
 
-def _search_postings(ix: StoredIndex, q: Any, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def _search_postings(ix: StoredIndex, q: Any, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray,
+                                                                                           np.ndarray]:
     if q.shape[1] != ix.dims:
         raise ConfigError(f"sparse queries over a vocabulary of {q.shape[1]:,}; the index's is {ix.dims:,}")
-    parts = [top_k(masked(postings.scores(ix.sparse, q[a:a + QUERY_BLOCK]), allowed), min(QUERY_BLOCK, q.shape[0] - a), k)
+    parts = [top_k(masked(postings.scores(ix.sparse, q[a:a + QUERY_BLOCK]), allowed),
+                   min(QUERY_BLOCK, q.shape[0] - a), k)
              for a in range(0, q.shape[0], QUERY_BLOCK)]
     rows = np.concatenate([r for r, _ in parts]) if parts else np.zeros((0, k), np.int64)
     scores = np.concatenate([s for _, s in parts]) if parts else np.zeros((0, k), np.float32)
@@ -250,7 +269,8 @@ def hits(ix: StoredIndex, rows: np.ndarray, scores: np.ndarray) -> list[list[dic
     """Each query's hits, {"id", "score"}, best first (rows past a faiss graph's reach left out); a
     chunked index's also name the best chunk, {"chunk", "start", "end"}: its number and its span of
     characters in the document's text (a title before it)."""
-    out = [[{"id": i, "score": float(s)} for i, s in zip(ix.ids(row[row >= 0]), srow[row >= 0])] for row, srow in zip(rows, scores)]
+    out = [[{"id": i, "score": float(s)} for i, s in zip(ix.ids(row[row >= 0]), srow[row >= 0])]
+           for row, srow in zip(rows, scores)]
     if ix.chunked:  # every query's chunks at once: a shard's chunks.arrow read once
         spans = iter(ix.chunk_spans(rows[rows >= 0]).tolist())
         for got in out:
@@ -275,19 +295,23 @@ def index_kind(pipe: Any) -> str:
     if late_interaction(pipe):
         return "multivector"
     if "embedding" not in pipe.meta.outputs:
-        raise ConfigError(f"{pipe.path} is a {pipe.task} bundle, whose outputs ({', '.join(pipe.meta.outputs)}) are not "
-                          "vectors of a text: `mlmkit index` indexes embedding, sparse-embedding and colbert bundles",
+        raise ConfigError(f"{pipe.path} is a {pipe.task} bundle, whose outputs "
+                          f"({', '.join(pipe.meta.outputs)}) are not "
+                          "vectors of a text: `mlmkit index` indexes embedding, sparse-embedding and colbert "
+                          "bundles",
                           "export one of those")
     return "dense"
 
 
-def as_input(pipe: Any, kind: str, prompt_name: str | None = None, dimensions: int | None = None) -> dict[str, Any]:
+def as_input(pipe: Any, kind: str, prompt_name: str | None = None,
+             dimensions: int | None = None) -> dict[str, Any]:
     """The pipeline options that embed texts as ``kind`` (query or document) with the bundle's prompts
     ({} for a bundle without them: sparse-embedding); ``prompt_name`` one of its named prompts instead,
     ``dimensions`` the leading dimensions kept of each vector (an index's own, `--dimensions`)."""
     names = pipe.option_names
     options: dict[str, Any] = {"input_type": kind} if "input_type" in names else {}
-    for flag, key, value in (("--prompt-name", "prompt_name", prompt_name), ("--dimensions", "dimensions", dimensions)):
+    for flag, key, value in (("--prompt-name", "prompt_name", prompt_name),
+                             ("--dimensions", "dimensions", dimensions)):
         if value:
             if key not in names:
                 raise ConfigError(f"{flag}: {pipe.path} is a {pipe.task} bundle, which has no {key}",
@@ -309,7 +333,8 @@ def as_queries(ix: StoredIndex, results: Sequence[dict[str, Any]]) -> Any:
         return postings.queries(results, ix.dims)
     if ix.kind == "multivector":
         if any("vectors" not in r for r in results):
-            raise ConfigError(f"{ix.path} is a multi-vector index: its queries need a colbert bundle's token vectors",
+            raise ConfigError(f"{ix.path} is a multi-vector index: its queries need a colbert bundle's token "
+                              "vectors",
                               "search it with the colbert bundle that built it")
         return [np.asarray(r["vectors"], dtype=np.float32).reshape(-1, ix.dims) for r in results]
     if any("embedding" not in r for r in results):
@@ -317,7 +342,8 @@ def as_queries(ix: StoredIndex, results: Sequence[dict[str, Any]]) -> Any:
                           "search it with the embedding bundle that built it")
     q = np.asarray([r["embedding"] for r in results], dtype=np.float32)
     dims = embedding_settings(ix.manifest)[1]
-    if dims and q.shape[-1] > dims:  # an index of the leading dimensions (--dimensions): its queries cut alike
+    # an index of the leading dimensions (--dimensions): its queries cut alike
+    if dims and q.shape[-1] > dims:
         q = leading_dimensions(q, dims, bool(ix.manifest.normalized))
     return q
 
@@ -332,7 +358,8 @@ def query_vectors(ix: StoredIndex, texts: Sequence[str], bundle: Path | None = N
     return as_queries(ix, pipe(list(texts), **as_input(pipe, "query", prompt_name)))
 
 
-def search_index(ix: StoredIndex, queries: Any, k: int, *, where: str | Sequence[str] | np.ndarray | None = None,
+def search_index(ix: StoredIndex, queries: Any, k: int, *,
+                 where: str | Sequence[str] | np.ndarray | None = None,
                  rescore: int | None = None, chunk_agg: str = "max", bundle: str | Path | None = None,
                  prompt_name: str | None = None, device: str = "cpu",
                  precision: str | None = None) -> list[list[dict[str, Any]]]:
@@ -353,7 +380,8 @@ def search_index(ix: StoredIndex, queries: Any, k: int, *, where: str | Sequence
         if key not in ix.pipes:
             ix.pipes[key] = Pipeline.load(b, device=device, command="embed", precision=precision)
         pipe = ix.pipes[key]
-        queries = as_queries(ix, pipe(list(queries), **as_input(pipe, "query", prompt_name))) if queries else None
+        queries = as_queries(ix,
+                             pipe(list(queries), **as_input(pipe, "query", prompt_name))) if queries else None
     if queries is None:
         return []
     return hits(ix, *search_vectors(ix, queries, k, rescore=rescore, where=allowed, chunk_agg=chunk_agg))

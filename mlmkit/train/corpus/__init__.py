@@ -1,1 +1,2 @@
-"""Pretraining data: corpus files (files.py), token shards (shards.py), NSP and packed instances (instances.py)."""
+"""Pretraining data: corpus files (files.py), token shards (shards.py), NSP and packed instances
+(instances.py)."""

@@ -26,7 +26,8 @@ from mlmkit.text.records import matching_files
 log = logging.getLogger("mlmkit")
 
 _SENT_END = re.compile(r"(?<=[.!?])\s+")
-QUIET_LOG = 10.0  # seconds of blank lines (a .gz file of nothing but newlines) before the log says how far it is
+# seconds of blank lines (a .gz file of nothing but newlines) before the log says how far it is
+QUIET_LOG = 10.0
 
 
 def _open_lines(path: Path, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[tuple[int, str]]:
@@ -48,8 +49,10 @@ def _open_lines(path: Path, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterato
             while (b := next(lines, b"")) != b"":
                 n += 1
                 if b is None:
-                    raise DataFormatError(path, f"a line of more than {max_bytes:,} bytes (the record ceiling)", line=n,
-                                          hint="one sentence per line (a blank line between documents), or one document per JSON line")
+                    raise DataFormatError(path, f"a line of more than {max_bytes:,} bytes (the record "
+                                                "ceiling)", line=n,
+                                          hint="one sentence per line (a blank line between documents), or "
+                                               "one document per JSON line")
                 text += len(b)
                 end = len(b) - b.endswith(b"\n")
                 if end and b[end - 1] == 13:  # \r
@@ -58,7 +61,8 @@ def _open_lines(path: Path, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterato
                     line = str(memoryview(b)[:end], "utf-8")
                 except UnicodeDecodeError as e:
                     raise DataFormatError(
-                        path, f"bytes that are not UTF-8 at column {e.start + 1}", line=n, hint="re-encode the file as UTF-8"
+                        path, f"bytes that are not UTF-8 at column {e.start + 1}", line=n,
+                        hint="re-encode the file as UTF-8"
                     ) from None
                 del b
                 if line and not line.isspace():
@@ -78,12 +82,15 @@ def _open_lines(path: Path, max_bytes: int | None = MAX_RECORD_BYTES) -> Iterato
                     n, blank, text = n + k, blank + k, text + len(run)
                     if time.monotonic() - shown >= QUIET_LOG:
                         shown = time.monotonic()
-                        # typeshed types a GzipFile's fileobj as protocols without tell(); gzip.open(path) holds a file
+                        # typeshed types a GzipFile's fileobj as protocols without tell(); gzip.open(path)
+                        # holds a file
                         at = (f.fileobj if isinstance(f, gzip.GzipFile) else f).tell()  # type: ignore[union-attr]
-                        log.info("%s: line %s, the last %s of them blank (%.0f MB of text; %.0f of the file's %.0f MB read)",
+                        log.info("%s: line %s, the last %s of them blank (%.0f MB of text; %.0f of the "
+                                 "file's %.0f MB read)",
                                  path, f"{n:,}", f"{blank:,}", text / 1e6, at / 1e6, size / 1e6)
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
-        what = "ends early: the file is truncated" if isinstance(e, EOFError) else f"is not valid gzip data ({e})"
+        what = ("ends early: the file is truncated" if isinstance(e, EOFError)
+                else f"is not valid gzip data ({e})")
         raise DataFormatError(path, f"the compressed stream {what}", line=n + 1 if n else None,
                               hint="re-create the .gz file, or give the uncompressed text") from None
 
@@ -92,7 +99,8 @@ class DocumentPart(list):
     """Sentences of a document that goes on in what iter_documents yields next (``parts``)."""
 
 
-PENDING_CHARS = 1 << 22  # characters of sentences tokenized together (with the batch's count): 4M, ~100 MB of encodings
+# characters of sentences tokenized together (with the batch's count): 4M, ~100 MB of encodings
+PENDING_CHARS = 1 << 22
 DOCUMENT_PART = 1 << 16  # sentences: a longer .txt document is yielded in parts (with ``parts``)
 
 
@@ -119,10 +127,12 @@ def iter_documents(path: str | Path, text_column: str = "text", parts: bool = Fa
             try:
                 text = parse_json(line)[text_column]
             except json.JSONDecodeError as e:  # a lone surrogate and a 5,000-digit integer too
-                raise DataFormatError(p, f"malformed JSON ({e.msg})", line=n, hint="one JSON object per line") from None
+                raise DataFormatError(p, f"malformed JSON ({e.msg})", line=n,
+                                      hint="one JSON object per line") from None
             except (KeyError, TypeError, IndexError):
                 raise DataFormatError(p, "missing", line=n, field=text_column,
-                                      hint=f'each line needs {{"{text_column}": ...}} (or pass --text-column)') from None
+                                      hint=f'each line needs {{"{text_column}": ...}} (or pass '
+                                           '--text-column)') from None
             del line  # a long document is held as its sentences only
             sentences = _text_sentences(text, p, n, text_column)
             del text
@@ -155,7 +165,8 @@ def _parquet_documents(p: Path, text_column: str, rows: int = 4096, *,
     """A document per row of a Parquet file (a null text is no document); ``line`` is the row. Read
     through the one table reader (text/readers.py): only the text column, a batch of rows at a time,
     and a value over the record ceiling is an error naming its row, never read whole."""
-    for r in iter_table_rows(p, rows, max_bytes=max_bytes, columns=[text_column], column_hint="name the text column with --text-column",
+    for r in iter_table_rows(p, rows, max_bytes=max_bytes, columns=[text_column],
+                             column_hint="name the text column with --text-column",
                              ceiling_hint="one document per row: split a longer one over several rows"):
         text = r.data[text_column]
         parts = _text_sentences(text, p, r.line, text_column, r.unit) if text is not None else []
@@ -169,7 +180,8 @@ CORPUS_SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".parquet")
 def corpus_files(specs: Sequence[str | Path]) -> list[Path]:
     """The files corpus arguments name, in order: a file; a directory (its corpus files, sorted:
     .txt, .txt.gz, .jsonl, .jsonl.gz, .parquet); or a glob pattern ('shards/*.parquet', sorted)."""
-    return [f for spec in specs for f in matching_files(spec, CORPUS_SUFFIXES, kind="corpus", hint="check the corpus path")]
+    return [f for spec in specs
+            for f in matching_files(spec, CORPUS_SUFFIXES, kind="corpus", hint="check the corpus path")]
 
 
 def iter_sentences(paths: Sequence[str | Path], text_column: str = "text",

@@ -120,7 +120,8 @@ def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int =
     try:
         groups = split_by_size(paths, workers)
         if len(groups) > 1:
-            count = tokenize_in_processes(tokenize_into, tmp, groups, tok, dtype, batch, text_column, max_bytes)
+            count = tokenize_in_processes(tokenize_into, tmp, groups, tok, dtype, batch, text_column,
+                                          max_bytes)
             progress.bytes, progress.tokens = progress.total, count["tokens"]
             progress.sentences = count["sentences"]
         else:

@@ -63,7 +63,8 @@ def tokenize_in_processes(tokenize: Tokenize, tmp: Path, groups: list[list[Path]
     with ProcessPoolExecutor(len(groups), mp_context=get_context("spawn"), initializer=_tokenizer_threads,
                              initargs=(threads,)) as pool:
         futures = [pool.submit(_tokenize_part, tokenize, str(d), [str(p) for p in g], tok.to_str(),
-                               np.dtype(dtype).name, batch, text_column, max_bytes) for d, g in zip(parts, groups)]
+                               np.dtype(dtype).name, batch, text_column, max_bytes)
+                   for d, g in zip(parts, groups)]
         counts = []
         for k, f in enumerate(futures):
             counts.append(f.result())

@@ -19,7 +19,8 @@ class PairRegressor(nn.Module):
         init_weights(self, config.initializer_range)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                token_type_ids: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         _, pooled = self.bert(input_ids, attention_mask, token_type_ids)  # (B, H)
         out = {"score": self.regressor(pooled).squeeze(-1)}  # (B,): each name of the task's outputs
         if labels is not None:  # training only

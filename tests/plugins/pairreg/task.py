@@ -34,7 +34,8 @@ class PairRegression:
     options = (TaskOption("score_field", "score", "The JSON field holding the gold score."),)
 
     def read(self, path, options, *, max_bytes=MAX_RECORD_BYTES):
-        return [{"text": r.text("text"), "text_pair": r.text("text_pair"), "score": _number(r, options["score_field"])}
+        return [{"text": r.text("text"), "text_pair": r.text("text_pair"),
+                 "score": _number(r, options["score_field"])}
                 for r in iter_jsonl(path, max_bytes=max_bytes)]
 
     def from_input(self, item, options):  # a text "A<TAB>B", or a record {"text", "text_pair"}
@@ -47,8 +48,10 @@ class PairRegression:
     def featurize(self, examples, tokenizer, ctx: TaskContext, *, training):
         with tokenizer_settings(tokenizer, max_length=ctx.max_length) as tok:
             encs = tok.encode_batch([(e["text"], e["text_pair"]) for e in examples])
-        return [{"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i, TRUNCATED: bool(enc.overflowing),
-                 **({"labels": ex["score"]} if training else {})} for i, (ex, enc) in enumerate(zip(examples, encs))]
+        return [{"input_ids": enc.ids, "token_type_ids": enc.type_ids, EXAMPLE: i,
+                 TRUNCATED: bool(enc.overflowing),
+                 **({"labels": ex["score"]} if training else {})}
+                for i, (ex, enc) in enumerate(zip(examples, encs))]
 
     def build_model(self, config, ctx):
         from .head import PairRegressor  # torch: imported here, never at the task module's level
