@@ -11,7 +11,8 @@ This module is the one public path of these names; each is defined where the cor
 
 - the contract's names: mlmkit.registry;
 - readers that stream a file and know each record's line (CSV/TSV, JSONL, text, Parquet, `datasets`
-  directories) and BEIR directories: mlmkit.text.readers, mlmkit.text.beir;
+  directories) and BEIR directories: mlmkit.text.readers, mlmkit.text.record, mlmkit.text.tables,
+  mlmkit.text.beir;
 - tokenizer settings for one block and clipping huge texts: mlmkit.text.truncation; a tokenizer's
   special token ids and its mask token, and a model directory's tokenizer: mlmkit.text.tokenizer;
   long texts cut into chunks of a model's tokens at word boundaries: mlmkit.text.chunks;
@@ -63,17 +64,16 @@ from mlmkit.text.beir import BeirSplit, is_beir, read_split
 from mlmkit.text.chunks import Chunker, Chunking
 from mlmkit.text.readers import (
     FORMATS,
-    Record,
     data_format,
-    is_table,
     iter_jsonl,
     iter_lines,
     iter_records,
     iter_table,
-    iter_table_rows,
     numbered,
     read_text,
 )
+from mlmkit.text.record import Record
+from mlmkit.text.tables import is_table, iter_table_rows
 from mlmkit.text.tokenizer import MASK, load_tokenizer, mask_token, special_ids
 from mlmkit.text.truncation import clip_text, tokenizer_settings
 

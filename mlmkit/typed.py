@@ -27,18 +27,19 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar, Union
 
 from mlmkit.errors import ConfigError, MlmkitError
+from mlmkit.files import JSONObject
 
 T = TypeVar("T")
 RULE = "mlmkit.rule"
 
 
-def rule(predicate: Callable[[Any], bool], what: str) -> dict[str, Any]:
+def rule(predicate: Callable[[Any], bool], what: str) -> dict[str, object]:
     """A field's own condition, beside its type: ``field(metadata=rule(lambda n: n >= 1, "at least 1"))``."""
     return {RULE: (predicate, what)}
 
 
 @cache
-def _hints(cls: type) -> dict[str, Any]:
+def _hints(cls: type) -> dict[str, object]:
     return typing.get_type_hints(cls)
 
 
@@ -118,8 +119,8 @@ def from_json(cls: type[T], data: Any, path: Path | str, *, error: type[MlmkitEr
     if not isinstance(data, dict):
         where = f"'{within[:-1]}'" if within else "it"
         raise error(f"{path}: {where} is not a JSON object", fix)
-    hints: dict[str, Any] = _hints(cls)  # type: ignore[arg-type]
-    typed: dict[str, Any] = {}
+    hints: dict[str, object] = _hints(cls)  # type: ignore[arg-type]
+    typed: JSONObject = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name == rest:
             continue
@@ -163,10 +164,10 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def to_json(obj: Any, rest: str | None = None) -> dict[str, Any]:
+def to_json(obj: Any, rest: str | None = None) -> JSONObject:
     """A typed description as its JSON object: tuples as lists, nested dataclasses as objects, the
     ``rest`` field's keys written back beside the known ones."""
-    out: dict[str, Any] = {}
+    out: JSONObject = {}
     for f in dataclasses.fields(obj):
         if f.name != rest:
             out[f.name] = _plain(getattr(obj, f.name))

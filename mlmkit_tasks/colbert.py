@@ -61,13 +61,9 @@ from mlmkit.taskkit import (
 )
 from mlmkit_tasks.colbert_checkpoints import PUNCTUATION, multi_vector_options, stanford_options
 from mlmkit_tasks.embedding import EmbeddingTask
-from mlmkit_tasks.embedding_data import (
-    check_loss_data,
-    example_texts,
-    is_multi_vector_directory,
-    training_fields,
-)
+from mlmkit_tasks.embedding_data import check_loss_data, example_texts, training_fields
 from mlmkit_tasks.embedding_metrics import pair_correlations
+from mlmkit_tasks.embedding_st import is_multi_vector_directory
 
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
     from mlmkit.model import ModelConfig

@@ -7,7 +7,7 @@ import string
 from pathlib import Path
 
 from mlmkit.taskkit import CheckpointInfo, Options
-from mlmkit_tasks.embedding_data import ST_PROMPTS, st_json
+from mlmkit_tasks.embedding_st import ST_PROMPTS, st_json
 
 PUNCTUATION = " ".join(string.punctuation)
 """The default skiplist, as ColBERT, PyLate and sentence-transformers' legacy loaders have it."""

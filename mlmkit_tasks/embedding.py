@@ -34,17 +34,15 @@ caller declares one (``input_type``: `mlmkit embed --as query`, the OpenAI route
 TEI's ``prompt_name``). A sentence-transformers directory's prompts are read from, and a run's written
 to, config_sentence_transformers.json ({"prompts": {"query": ..., "document": ...}}).
 
-This module holds the task itself (its options, reading, features, model and run files); what it
-makes of records, BEIR and sentence-transformers directories and a teacher is embedding_data.py's,
-its evaluation (retrieval metrics, the pairs' correlations) embedding_metrics.py's, the checking of
-its options (matryoshka, Dense layers, the loss) embedding_options.py's, and an input's chunks
-embedding_chunks.py's.
+This module holds the task itself (its options, features, model and outputs); what it reads of data
+files, BEIR directories and a teacher is embedding_data.py's, the sentence-transformers directories
+it reads and its runs are embedding_st.py's, its evaluation (retrieval metrics, the pairs'
+correlations) embedding_metrics.py's, the checking of its options (matryoshka, Dense layers, the loss)
+embedding_options.py's, and an input's chunks embedding_chunks.py's.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,7 +57,6 @@ from mlmkit.taskkit import (
     RETRIEVAL_METRICS,
     TRUNCATED,
     CheckpointInfo,
-    DataFormatError,
     Example,
     Feature,
     Input,
@@ -71,14 +68,9 @@ from mlmkit.taskkit import (
     TaskOption,
     TaskState,
     clip_text,
-    data_format,
     get_loss,
-    is_beir,
-    iter_jsonl,
-    iter_records,
     leading_dimensions,
     losses,
-    read_split,
     tokenizer_settings,
 )
 from mlmkit_tasks.embedding_chunks import CHUNK, chunk_features, chunking_of
@@ -86,24 +78,12 @@ from mlmkit_tasks.embedding_data import (
     DATA_NAMES,
     FORMATS,
     NO_TARGET,
-    SPLADE_MODULES,
-    ST_ALIASES,
-    ST_POOLING,
-    ST_PROMPTS,
-    anchor_row,
-    as_retrieval,
     check_loss_data,
     data_kind,
     example_texts,
-    is_multi_vector_directory,
-    is_splade_directory,
-    loss_option,
-    named_prompts,
     prompt_for,
-    scored_pair,
-    sentence_transformers_options,
+    read_examples,
     training_fields,
-    with_teacher,
 )
 from mlmkit_tasks.embedding_metrics import pair_correlations, retrieval_metrics
 from mlmkit_tasks.embedding_options import (
@@ -112,13 +92,20 @@ from mlmkit_tasks.embedding_options import (
     matryoshka_dims,
     matryoshka_weights,
     resolved_loss,
-    trains_on_teacher_scores,
+)
+from mlmkit_tasks.embedding_st import (
+    SPLADE_MODULES,
+    ST_POOLING,
+    ST_PROMPTS,
+    is_multi_vector_directory,
+    is_splade_directory,
+    named_prompts,
+    sentence_transformers_options,
+    st_run_files,
 )
 
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
     from mlmkit.model import ModelConfig
-
-log = logging.getLogger("mlmkit")
 
 __all__ = [  # the data and evaluation helpers' public names are importable from here too, as before
     "DATA_NAMES", "FORMATS", "INPUT_TYPES", "NO_TARGET", "POOLINGS", "SPLADE_MODULES", "ST_POOLING",
@@ -257,55 +244,7 @@ class EmbeddingTask:
         "positive", "negatives"} or scored pairs {"text", "text_pair", "score"}; for evaluation, scored
         pairs or a retrieval set ({"kind": "query", "id", "text", "judged"} then {"kind": "doc", "id",
         "text"})."""
-        if is_beir(path):
-            split = read_split(path, training=training, max_bytes=max_bytes)
-            for why, n in split.skipped.items():
-                log.warning("%s: %d queries of the %s split left out: %s", split.directory, n, split.split,
-                            why)
-            if training:
-                rows = [{"anchor": split.queries[q], "positive": split.corpus[d], "negatives": []}
-                        for q in split.qrels for d in split.positives(q)]
-                if trains_on_teacher_scores(options):
-                    raise TaskError(f"{loss_option(options)} trains on rows with the teacher's scores; a "
-                                    "BEIR split has none",
-                                    f"mine them: mlmkit mine {path} --out rows.jsonl --with-scores")
-                if loss_option(options) == "mse-distill":
-                    with_teacher(rows, options)
-                return rows
-            return ([{"kind": "query", "id": q, "text": text, "judged": split.qrels[q]}
-                     for q, text in split.queries.items()]
-                    + [{"kind": "doc", "id": d, "text": text} for d, text in split.corpus.items()])
-        fmt = data_format(path, FORMATS)
-        loss = loss_option(options)
-        texts_ok = training and loss == "mse-distill"  # plain texts: only a teacher's embeddings to learn
-        examples: list[Example] = []
-        records = (iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl"
-                   else iter_records(path, fmt, max_bytes=max_bytes))
-        for rec in records:
-            fields = rec.fields()
-            if options["anchor_column"] in fields:
-                ex = anchor_row(rec, options, scores=trains_on_teacher_scores(options))
-            elif texts_ok and options["score_column"] not in fields:
-                ex = {"text": rec.text(options["text_column"]),
-                      "text_pair": rec.text(options["pair_column"], required=False)}
-            else:
-                ex = scored_pair(rec, options, hint=f"scored pairs need {options['score_column']}; rows need "
-                                                     f"{options['anchor_column']} and "
-                                                     f"{options['positive_column']}")
-            if examples and data_kind([ex]) != data_kind(examples[:1]):
-                raise rec.error(f"{DATA_NAMES[data_kind([ex])]} and {DATA_NAMES[data_kind(examples[:1])]} "
-                                "mixed in one file",
-                                hint="one kind of data per file")
-            examples.append(ex)
-        if not examples:
-            raise DataFormatError(path, "no examples",
-                                  hint="anchor and positive (and negatives) per record, or text, "
-                                       "text_pair and score")
-        if not training:
-            return as_retrieval(examples) if "anchor" in examples[0] else examples
-        if loss == "mse-distill":
-            with_teacher(examples, options)
-        return examples
+        return read_examples(path, options, training=training, max_bytes=max_bytes)
 
     def from_input(self, item: Input, options: Mapping[str, Any]) -> Example:
         """A text, or a record with a text field (its text_column)."""
@@ -355,51 +294,19 @@ class EmbeddingTask:
         from mlmkit_tasks.heads.embedding import BertForEmbedding
 
         o, loss = ctx.options, get_loss("embedding", resolved_loss(ctx))
+        dims = matryoshka_dims(o["matryoshka_dims"], width)
         return BertForEmbedding(config, o["pooling"], bool(o["normalize"]), loss=loss, cached=loss.cached,
                                 scale=float(o["scale"]), symmetric=bool(o["symmetric"]),
-                                mini_batch_size=int(o["mini_batch_size"]),
-                                matryoshka=matryoshka_dims(o["matryoshka_dims"], width),
-                                matryoshka_weights=matryoshka_weights(o["matryoshka_weights"],
-                                                                      len(matryoshka_dims(o["matryoshka_dims"]))),
+                                mini_batch_size=int(o["mini_batch_size"]), matryoshka=dims,
+                                matryoshka_weights=matryoshka_weights(o["matryoshka_weights"], len(dims)),
                                 teacher_dim=teacher_dim,
                                 dense=dense_layers(o["dense_layers"], config.hidden_size))
 
     def run_files(self, config: ModelConfig, ctx: TaskContext) -> dict[str, str]:
         """The run is also a sentence-transformers directory: its modules (the encoder at the root, the
         pooling, the Dense layers, the normalisation), its prompts, truncate_dim and max length."""
-        o = ctx.options
-        prompts = {names[0]: o[option] for option, names in ST_PROMPTS.items() if o[option]}
-        prompts.update({k: v for k, v in named_prompts(o).items() if k not in ST_ALIASES})
-        modes = {mode: key for key, mode in ST_POOLING.items()}
-        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                   {"idx": 1, "name": "1", "path": "1_Pooling",
-                    "type": "sentence_transformers.models.Pooling"}]
-        top = {"prompts": prompts, "default_prompt_name": o["default_prompt_name"] or None,
-               "similarity_fn_name": "cosine"}
-        if o["dimensions"]:
-            top["truncate_dim"] = o["dimensions"]
-        files = {"1_Pooling/config.json": _dump({"word_embedding_dimension": config.hidden_size,
-                                                 **{key: o["pooling"] == mode for mode, key in modes.items()},
-                                                 "include_prompt": True}),
-                 "sentence_bert_config.json": _dump({"max_seq_length": ctx.max_length,
-                                                     "do_lower_case": False}),
-                 "config_sentence_transformers.json": _dump(top)}
-        torch_names = {"identity": "linear.Identity", "tanh": "activation.Tanh", "relu": "activation.ReLU",
-                       "gelu": "activation.GELU", "sigmoid": "activation.Sigmoid", "silu": "activation.SiLU"}
-        for layer in dense_layers(o["dense_layers"], config.hidden_size):
-            path = f"{len(modules)}_Dense"  # its weights: the model's module_weights, written beside
-            modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,
-                            "type": "sentence_transformers.models.Dense"})
-            act = f"torch.nn.modules.{torch_names[layer['activation']]}"
-            files[f"{path}/config.json"] = _dump({"in_features": layer["in"], "out_features": layer["out"],
-                                                  "bias": layer["bias"], "activation_function": act})
-        if o["normalize"]:
-            modules.append({"idx": len(modules), "name": str(len(modules)),
-                            "path": f"{len(modules)}_Normalize",
-                            "type": "sentence_transformers.models.Normalize"})
-            files[f"{modules[-1]['path']}/config.json"] = "{}\n"
-        files["modules.json"] = _dump(modules)
-        return files
+        return st_run_files(ctx.options, config.hidden_size, ctx.max_length,
+                            dense_layers(ctx.options["dense_layers"], config.hidden_size))
 
     def postprocess(
         self, outputs: dict[str, list[np.ndarray]], features: list[Feature], examples: list[Example],
@@ -447,10 +354,6 @@ class EmbeddingTask:
         v = np.asarray(prediction["embedding"])
         return {"dims": str(v.size), "norm": f"{np.linalg.norm(v):.3f}",
                 "start": ", ".join(f"{x:.3f}" for x in v[:4]) + " ..."}
-
-
-def _dump(obj: Any) -> str:
-    return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
 
 
 task = EmbeddingTask()

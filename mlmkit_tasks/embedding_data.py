@@ -1,12 +1,11 @@
-"""The embedding task's data: what its ``read`` makes of a file, a BEIR directory or a
-sentence-transformers directory, and what its ``featurize`` takes from an example.
+"""The embedding task's data: what its ``read`` makes of a data file or a BEIR directory, and what
+its ``featurize`` takes from an example (a sentence-transformers directory is embedding_st.py's).
 
-- a sentence-transformers directory's pooling, normalisation, prompts and max length
-  (``sentence_transformers_options``), and whether a directory is a SPLADE SparseEncoder instead
-  (``is_splade_directory``, the sparse-embedding task's);
+- a file's or a BEIR split's examples (``read_examples``, the task's ``read``);
 - a data file's records as rows of an anchor, its positive and hard negatives (``anchor_row``, with
   the teacher's scores for margin-mse), scored pairs (``scored_pair``), and the kind of data a list
-  of examples is (``data_kind``); rows as a retrieval evaluation (``as_retrieval``);
+  of examples is (``data_kind``, checked against the loss by ``check_loss_data``); rows as a
+  retrieval evaluation (``as_retrieval``);
 - the teacher's embedding of every training text (``with_teacher``, mse-distill);
 - an example's texts (``example_texts``), the prompt before each (``prompt_for``) and the id that
   tells equal texts of a batch (``text_id``).
@@ -17,7 +16,6 @@ No torch at module level: a teacher run is loaded through mlmkit.model when mse-
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 from collections.abc import Mapping
@@ -28,35 +26,26 @@ import numpy as np
 
 from mlmkit.taskkit import (
     DISTINCT,
-    CheckpointInfo,
     DataFormatError,
     Example,
     Feature,
-    Options,
     Record,
     TaskError,
+    data_format,
     get_loss,
+    is_beir,
+    iter_jsonl,
+    iter_records,
     load_pipeline,
     numbered,
-    parse_json,
+    read_split,
 )
+from mlmkit_tasks.embedding_options import loss_option, trains_on_teacher_scores
+from mlmkit_tasks.embedding_st import named_prompts
 
 log = logging.getLogger("mlmkit")
 
-ST_POOLING = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
-              "pooling_mode_max_tokens": "max",
-              "pooling_mode_lasttoken": "lasttoken", "pooling_mode_weightedmean_tokens": "weightedmean",
-              "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens"}
-"""sentence-transformers' Pooling config keys and the pooling each names (models/pooled.py's modes)."""
-ST_ACTIVATIONS = ("identity", "tanh", "relu", "gelu", "sigmoid", "silu")
-"""The activations a Dense module may name (its torch class, lower-cased:
-torch.nn.modules.linear.Identity)."""
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
-ST_PROMPTS = {"query_prompt": ("query",), "document_prompt": ("document", "passage", "corpus")}
-"""The prompt options and the names a sentence-transformers directory's "prompts" gives them (the first
-found)."""
-ST_ALIASES = frozenset(n for names in ST_PROMPTS.values() for n in names)
-"""The prompt names that are the query and document prompts' (their options, not ``prompts``)."""
 
 
 # a training feature's "target" without a teacher (mse-distill's only)
@@ -64,179 +53,69 @@ NO_TARGET = np.zeros(0, dtype=np.float32)
 DATA_NAMES = {"rows": "rows of an anchor and its positive", "scored": "scored pairs", "texts": "plain texts"}
 
 
-# ---- sentence-transformers directories -----------------------------------------------------------
-# a sentence-transformers SparseEncoder: the sparse-embedding task's
-SPLADE_MODULES = ("SpladePooling", "MLMTransformer")
+# ---- reading a file or a BEIR directory ----------------------------------------------------------
+def read_examples(path: Path, options: Mapping[str, Any], *, training: bool,
+                  max_bytes: int | None) -> list[Example]:
+    """The task's ``read``: a BEIR directory's split, or a data file's rows, scored pairs or (for
+    mse-distill) plain texts; one kind of data per file."""
+    if is_beir(path):
+        return _beir_examples(path, options, training=training, max_bytes=max_bytes)
+    fmt = data_format(path, FORMATS)
+    loss = loss_option(options)
+    texts_ok = training and loss == "mse-distill"  # plain texts: only a teacher's embeddings to learn
+    examples: list[Example] = []
+    records = (iter_jsonl(path, max_bytes=max_bytes) if fmt == "jsonl"
+               else iter_records(path, fmt, max_bytes=max_bytes))
+    for rec in records:
+        fields = rec.fields()
+        if options["anchor_column"] in fields:
+            ex = anchor_row(rec, options, scores=trains_on_teacher_scores(options))
+        elif texts_ok and options["score_column"] not in fields:
+            ex = {"text": rec.text(options["text_column"]),
+                  "text_pair": rec.text(options["pair_column"], required=False)}
+        else:
+            ex = scored_pair(rec, options, hint=f"scored pairs need {options['score_column']}; rows need "
+                                                 f"{options['anchor_column']} and "
+                                                 f"{options['positive_column']}")
+        if examples and data_kind([ex]) != data_kind(examples[:1]):
+            raise rec.error(f"{DATA_NAMES[data_kind([ex])]} and {DATA_NAMES[data_kind(examples[:1])]} "
+                            "mixed in one file",
+                            hint="one kind of data per file")
+        examples.append(ex)
+    if not examples:
+        raise DataFormatError(path, "no examples",
+                              hint="anchor and positive (and negatives) per record, or text, "
+                                   "text_pair and score")
+    if not training:
+        return as_retrieval(examples) if "anchor" in examples[0] else examples
+    if loss == "mse-distill":
+        with_teacher(examples, options)
+    return examples
 
 
-def st_json(path: Path, *, optional: bool = False) -> Any:
-    """A JSON file of a sentence-transformers directory; unreadable or invalid is a DataFormatError
-    naming it. ``optional``: a missing file reads as {}."""
-    try:
-        return parse_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        if optional and isinstance(e, FileNotFoundError):
-            return {}
-        raise DataFormatError(path, f"unreadable ({e})",
-                              hint="a sentence-transformers directory needs valid JSON here") from None
-
-
-def _module_types(d: Path) -> list[str] | None:
-    """The module types modules.json lists ("sentence_transformers.models.Pooling" ...); None when it
-    is missing or unreadable (not a sentence-transformers directory)."""
-    try:
-        modules = parse_json((d / "modules.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return [str(m.get("type", "")) for m in modules if isinstance(m, dict)] if isinstance(modules,
-                                                                                          list) else []
-
-
-def is_splade_directory(d: Path) -> bool:
-    """A sentence-transformers SparseEncoder directory (its modules.json names SPLADE's modules)."""
-    return any(t.rsplit(".", 1)[-1] in SPLADE_MODULES for t in _module_types(d) or [])
-
-
-def is_multi_vector_directory(d: Path) -> bool:
-    """A sentence-transformers MultiVectorEncoder directory, or a PyLate one (its modules.json names
-    a MultiVectorMask or a PyLate module, or its config declares ColBERT's query prefix): the colbert
-    task's."""
-    types = _module_types(d)
-    if types is None:
-        return False
-    if any(t.rsplit(".", 1)[-1] == "MultiVectorMask" or t.startswith("pylate.") for t in types):
-        return True
-    try:
-        config = parse_json((d / "config_sentence_transformers.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and (config.get("model_type") in ("MultiVectorEncoder", "ColBERT")
-                                     or "query_prefix" in config)
-
-
-def sentence_transformers_options(d: Path) -> CheckpointInfo:
-    """The pooling, Dense layers, normalisation, prompts ({"options": ...}) and max length a
-    sentence-transformers directory declares: its modules (Transformer, Pooling, Dense ..., Normalize)
-    read whole, in order; a module mlmkit cannot run in the graph is refused by name."""
-    modules = st_json(d / "modules.json")
-    if not isinstance(modules, list):
-        raise DataFormatError(d / "modules.json", "expected a list of modules")
-    kinds = [(str(m.get("type", "")).rsplit(".", 1)[-1], m) for m in modules if isinstance(m, dict)]
-    options: Options = {"normalize": any(k == "Normalize" for k, _ in kinds)}
-    known = {"Transformer", "Pooling", "Dense", "Normalize"}
-    other = [k for k, _ in kinds if k not in known]
-    if other:
-        raise DataFormatError(d / "modules.json",
-                              f"module {other[0]} is not one mlmkit runs (it runs Transformer, Pooling, "
-                              "Dense and Normalize)", hint="export the encoder alone with --task embedding")
-    pooling = [m for k, m in kinds if k == "Pooling"]
-    if pooling:
-        options["pooling"] = _st_pooling(d / str(pooling[0].get("path", "1_Pooling")) / "config.json")
-    dense = [_st_dense(d / str(m.get("path", ""))) for k, m in kinds if k == "Dense"]
-    if dense:
-        options["dense_layers"] = json.dumps(dense)
-    if (d / "config_sentence_transformers.json").is_file():
-        options.update(_st_prompts(d / "config_sentence_transformers.json"))
-    info: CheckpointInfo = {"options": options}
-    if (d / "sentence_bert_config.json").is_file():
-        max_len = st_json(d / "sentence_bert_config.json").get("max_seq_length")
-        if isinstance(max_len, int) and max_len > 0:
-            info["max_length"] = max_len
-    return info
-
-
-def _st_pooling(path: Path) -> str:
-    """The one pooling mode of a Pooling module's config.json (sentence-transformers 6's
-    ``pooling_mode``, or the earlier flags), with its prompt tokens pooled as the others."""
-    cfg = st_json(path)
-    modes = [name for key, name in ST_POOLING.items() if cfg.get(key)]
-    other = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v and k not in ST_POOLING]
-    if isinstance(cfg.get("pooling_mode"), str):  # sentence-transformers 6 names the mode itself
-        mode = cfg["pooling_mode"]
-        modes, other = ([mode], []) if mode in ST_POOLING.values() else ([], [mode])
-    if other or len(modes) != 1:
-        raise DataFormatError(path, f"pooling {', '.join(other + modes) or 'none'} is not one of "
-                              f"{', '.join(ST_POOLING.values())}",
-                              hint="export with --task embedding --option pooling=...")
-    if cfg.get("include_prompt") is False:
-        raise DataFormatError(path, "include_prompt false (the prompt's tokens left out of the pooling) is "
-                                    "not supported",
-                              hint="pool the prompt's tokens too: set include_prompt to true")
-    return modes[0]
-
-
-def _st_dense(folder: Path) -> dict[str, Any]:
-    """A Dense module's config.json as the embedding head's layer: {"in", "out", "bias", "activation"}."""
-    cfg = st_json(folder / "config.json")
-    act = str(cfg.get("activation_function") or "torch.nn.modules.activation.Tanh").rsplit(".", 1)[-1].lower()
-    sizes = [cfg.get("in_features"), cfg.get("out_features")]
-    if not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 1 << 20 for n in sizes):
-        raise DataFormatError(folder / "config.json",
-                              f"in_features and out_features must be positive sizes, got {sizes}")
-    if act not in ST_ACTIVATIONS or cfg.get("use_residual"):
-        what = "use_residual" if cfg.get("use_residual") else f"activation {cfg.get('activation_function')}"
-        raise DataFormatError(folder / "config.json", f"a Dense module's {what} is not supported",
-                              hint=f"mlmkit runs Dense layers with {', '.join(ST_ACTIVATIONS)} and no "
-                                   "residual")
-    return {"in": sizes[0], "out": sizes[1], "bias": bool(cfg.get("bias", True)), "activation": act}
-
-
-def _st_prompts(path: Path) -> Options:
-    """config_sentence_transformers.json's named prompts (all of them, as JSON, and the query and
-    document ones as their options), its default prompt name and its truncate_dim."""
-    top = st_json(path)
-    prompts = top.get("prompts") or {}
-    if not isinstance(prompts,
-                      dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
-        raise DataFormatError(path, "prompts must map names to texts",
-                              hint='e.g. {"query": "query: ", "document": ""}')
-    options: Options = {}
-    for option, names in ST_PROMPTS.items():
-        found = [prompts[n] for n in names if prompts.get(n)]
-        if found:
-            options[option] = found[0]
-    others = {k: v for k, v in prompts.items() if k not in ST_ALIASES}
-    if others:  # the query and document prompts are options of their own
-        options["prompts"] = json.dumps(others, ensure_ascii=False)
-    default = top.get("default_prompt_name")
-    if default is not None:
-        if default not in prompts:
-            raise DataFormatError(path, f"default_prompt_name {default!r} names no prompt",
-                                  hint="name one of its prompts")
-        options["default_prompt_name"] = default
-    dims = top.get("truncate_dim")
-    if dims is not None:
-        if not isinstance(dims, int) or isinstance(dims, bool) or dims < 1:
-            raise DataFormatError(path, f"truncate_dim must be a positive whole number, got {dims!r}")
-        options["dimensions"] = dims
-    return options
-
-
-def named_prompts(options: Mapping[str, Any]) -> dict[str, str]:
-    """The model's prompts by name: its ``prompts`` (a sentence-transformers model's beyond the query
-    and document ones), and the query and document prompts under each name sentence-transformers gives
-    them."""
-    try:
-        prompts = json.loads(options.get("prompts") or "{}")
-    except ValueError:
-        prompts = None
-    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
-        raise TaskError("the prompts option must be a JSON object of names and texts, not "
-                        f"{str(options.get('prompts'))[:200]!r}",
-                        'e.g. --option prompts=\'{"Clustering": "task: clustering | query: "}\'')
-    for option, names in ST_PROMPTS.items():
-        if options.get(option):
-            prompts.update({n: options[option] for n in names})
-    return prompts
+def _beir_examples(path: Path, options: Mapping[str, Any], *, training: bool,
+                   max_bytes: int | None) -> list[Example]:
+    """A BEIR split: for training its (query, relevant document) rows, for evaluation a retrieval set
+    ({"kind": "query", "id", "text", "judged"} then {"kind": "doc", "id", "text"})."""
+    split = read_split(path, training=training, max_bytes=max_bytes)
+    for why, n in split.skipped.items():
+        log.warning("%s: %d queries of the %s split left out: %s", split.directory, n, split.split, why)
+    if not training:
+        return ([{"kind": "query", "id": q, "text": text, "judged": split.qrels[q]}
+                 for q, text in split.queries.items()]
+                + [{"kind": "doc", "id": d, "text": text} for d, text in split.corpus.items()])
+    rows: list[Example] = [{"anchor": split.queries[q], "positive": split.corpus[d], "negatives": []}
+                           for q in split.qrels for d in split.positives(q)]
+    if trains_on_teacher_scores(options):
+        raise TaskError(f"{loss_option(options)} trains on rows with the teacher's scores; a "
+                        "BEIR split has none",
+                        f"mine them: mlmkit mine {path} --out rows.jsonl --with-scores")
+    if loss_option(options) == "mse-distill":
+        with_teacher(rows, options)
+    return rows
 
 
 # ---- records -------------------------------------------------------------------------------------
-def loss_option(options: Mapping[str, Any]) -> str:
-    """The loss as far as the options say: ``auto`` with a teacher is mse-distill (else still auto)."""
-    loss = options.get("loss", "auto")
-    return "mse-distill" if loss == "auto" and options.get("teacher") else loss
-
-
 def data_kind(examples: list[Example]) -> str:
     """What the examples are: "rows" (anchor, positive ...), "scored" pairs or plain "texts"."""
     if not examples or "anchor" in examples[0]:

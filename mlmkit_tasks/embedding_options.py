@@ -1,5 +1,5 @@
 """The embedding task's options checked and resolved: the matryoshka dimensions and weights, the Dense
-layers after the pooling, the loss (``auto`` resolved)."""
+layers after the pooling, the loss (as the options name it, and ``auto`` resolved)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any, TypedDict
 
 from mlmkit.taskkit import TaskContext, TaskError, get_loss, losses
-from mlmkit_tasks.embedding_data import ST_ACTIVATIONS, loss_option
+from mlmkit_tasks.embedding_st import ST_ACTIVATIONS
 
 DenseLayer = TypedDict("DenseLayer", {"in": int, "out": int, "bias": bool, "activation": str})
 """One Dense layer after the pooling, as sentence_transformers_options writes it."""
@@ -74,6 +74,12 @@ def embedding_width(options: Mapping[str, Any], hidden: int) -> int:
     """The embedding's size: the last Dense layer's output, else the encoder's hidden size."""
     dense = dense_layers(options.get("dense_layers", ""), hidden)
     return int(dense[-1]["out"]) if dense else hidden
+
+
+def loss_option(options: Mapping[str, Any]) -> str:
+    """The loss as far as the options say: ``auto`` with a teacher is mse-distill (else still auto)."""
+    loss = options.get("loss", "auto")
+    return "mse-distill" if loss == "auto" and options.get("teacher") else loss
 
 
 def resolved_loss(ctx: TaskContext) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from mlmkit.taskkit import EXAMPLE, Feature
+from mlmkit.taskkit import EXAMPLE, Feature, Prediction
 
 Offsets = list[tuple[int, int] | None]
 
@@ -34,9 +34,9 @@ def best_span(
 
 
 def search_spans(outputs: dict[str, list[np.ndarray]], features: list[Feature], n_examples: int,
-            opts: Mapping[str, Any]) -> list[dict[str, Any]]:
+            opts: Mapping[str, Any]) -> list[Prediction]:
     """Per example: the best span over all its windows (score, character span) and the null score."""
-    res: list[dict[str, Any]] = [{"score": None, "start": -1, "end": -1, "null": None}
+    res: list[Prediction] = [{"score": None, "start": -1, "end": -1, "null": None}
                                  for _ in range(n_examples)]
     n_best, max_answer = int(opts["n_best"]), int(opts["max_answer_length"])
     for f, st, en in zip(features, outputs["start_logits"], outputs["end_logits"]):

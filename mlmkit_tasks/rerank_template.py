@@ -27,6 +27,7 @@ from mlmkit.taskkit import (
     CheckpointInfo,
     ConfigError,
     MlmkitError,
+    Options,
     clip_text,
     load_tokenizer,
     tokenizer_settings,
@@ -196,7 +197,7 @@ def judge_reading(config: ModelConfig, directory: Path) -> CheckpointInfo | None
         return None
     if any(tok.token_to_id(t) is None for t in JUDGE_ANSWERS):
         return None
-    options: dict[str, Any] = {"answer_tokens": ",".join(JUDGE_ANSWERS)}
+    options: Options = {"answer_tokens": ",".join(JUDGE_ANSWERS)}
     if all(tok.token_to_id(t) is not None for t in CHAT_TOKENS):
         options["template"] = JUDGE_TEMPLATE
     return {"labels": ["score"], "options": options}

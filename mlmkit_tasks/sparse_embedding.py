@@ -45,7 +45,8 @@ from mlmkit.taskkit import (
     losses,
     mean_metrics,
 )
-from mlmkit_tasks.embedding import EmbeddingTask, is_splade_directory
+from mlmkit_tasks.embedding import EmbeddingTask
+from mlmkit_tasks.embedding_st import is_splade_directory
 
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
     from mlmkit.model import ModelConfig

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TORCH_FREE = ("mlmkit.errors", "mlmkit.files", "mlmkit.typed", "mlmkit.args", "mlmkit.registry",
-              "mlmkit.taskkit", "mlmkit.text",
+TORCH_FREE = ("mlmkit.errors", "mlmkit.files", "mlmkit.locks", "mlmkit.typed", "mlmkit.args",
+              "mlmkit.registry", "mlmkit.taskkit", "mlmkit.text",
               "mlmkit.runtime", "mlmkit.jobs", "mlmkit.retrieval", "mlmkit.serve")
 """The packages that never import torch (pyproject.toml's first import-linter contract)."""
 PUBLIC_PLUGIN_PATHS = {"mlmkit.taskkit", "mlmkit.registry", "mlmkit.model"}

@@ -45,6 +45,13 @@ from mlmkit.args.base import (
     flag,
     fusion_weights,
 )
+from mlmkit.args.distill import (
+    DISTILL_AUGMENT_BELOW,
+    DISTILL_HIDDEN,
+    DISTILL_LR,
+    DISTILL_RELATIONS,
+    DistillArgs,
+)
 from mlmkit.args.inference import (
     DataArgs,
     EmbedArgs,
@@ -54,15 +61,10 @@ from mlmkit.args.inference import (
     QuickstartArgs,
     RerankArgs,
     SearchArgs,
-    ServeArgs,
 )
+from mlmkit.args.serve import ServeArgs
 from mlmkit.args.training import (
     CORPUS_HELP,
-    DISTILL_AUGMENT_BELOW,
-    DISTILL_HIDDEN,
-    DISTILL_LR,
-    DISTILL_RELATIONS,
-    DistillArgs,
     EvaluateArgs,
     ExportArgs,
     FinetuneArgs,

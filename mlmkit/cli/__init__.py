@@ -10,19 +10,14 @@ start fast.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Annotated
 
 import typer
 from rich.logging import RichHandler
 
-from mlmkit.cli import indexes, inference, training
 from mlmkit.cli.common import err, out
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
-app.add_typer(training.app)
-app.add_typer(inference.app)
-app.add_typer(indexes.app)
 
 
 def _version(value: bool) -> None:
@@ -33,7 +28,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def root(
     debug: Annotated[bool,
                      typer.Option("--debug", help="Show tracebacks of errors, and debug logs.")] = False,
@@ -50,5 +44,26 @@ def root(
     logger.propagate = False
 
 
+@functools.cache
+def build() -> typer.Typer:
+    """The command line, built on first use (``mlmkit.cli.app``): the command modules are imported, and
+    the task plugins discovered, then, not when ``mlmkit.cli`` is imported."""
+    from mlmkit.cli import indexes, inference, training
+
+    app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
+    app.callback()(root)
+    app.add_typer(training.app)
+    app.add_typer(inference.app)
+    app.add_typer(indexes.app)
+    inference.add_task_commands()
+    return app
+
+
+def __getattr__(name: str) -> typer.Typer:
+    if name == "app":
+        return build()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def main() -> None:
-    app()
+    build()()

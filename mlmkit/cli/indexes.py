@@ -8,7 +8,6 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.table import Table
@@ -16,6 +15,7 @@ from rich.table import Table
 from mlmkit.args import SearchArgs
 from mlmkit.cli.common import Json, err, handle_errors, out, print_json, want_json, with_args
 from mlmkit.errors import ConfigError
+from mlmkit.files import JSONObject
 from mlmkit.retrieval.index import BuildArgs, Index
 
 app = typer.Typer()
@@ -117,7 +117,7 @@ def search_cmd(args: SearchArgs, as_json: Json = False) -> None:
 
         search = hybrid_search(args, where)
     else:
-        def search(part: list[str], k: int) -> list[list[dict[str, Any]]]:
+        def search(part: list[str], k: int) -> list[list[JSONObject]]:
             return ix.search(part, k, where=where, rescore=args.rescore, chunk_agg=args.chunk_agg,
                              bundle=args.bundle, prompt_name=args.prompt_name, precision=args.precision)
     table = Table("query", "rank", "id", "score") if not want_json(as_json) else None

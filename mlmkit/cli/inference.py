@@ -109,7 +109,7 @@ def run_inference(command: str | None, args: InferenceArgs, options: Options,
     from mlmkit.jobs.batch import batch, default_workers, steady_memory
     from mlmkit.runtime.pipeline import Pipeline
     from mlmkit.runtime.prediction import warn_truncated
-    from mlmkit.text.readers import Record
+    from mlmkit.text.record import Record
     from mlmkit.text.records import input_files, iter_inputs, stdin_inputs
 
     skip = args.on_error == "skip"
@@ -190,24 +190,6 @@ def _report_errors(failed: list[JSONObject], errors: Path | None) -> None:
 
 @app.command()
 @handle_errors
-@with_task_options("classify")
-@with_args(InferenceArgs)
-def classify(args: InferenceArgs, options: Options) -> None:
-    """Label each text (or text pair) with a classification bundle; long texts are truncated."""
-    run_inference("classify", args, options)
-
-
-@app.command()
-@handle_errors
-@with_task_options("tag")
-@with_args(InferenceArgs)
-def tag(args: InferenceArgs, options: Options) -> None:
-    """Tag the words of each text: entities with character offsets and scores (long texts windowed)."""
-    run_inference("tag", args, options)
-
-
-@app.command()
-@handle_errors
 @with_task_options("qa")
 @with_args(QaArgs)
 def qa(args: QaArgs, options: Options) -> None:
@@ -279,9 +261,14 @@ def _task_command(command: str, description: str) -> None:
     app.command(command)(handle_errors(with_task_options(command)(with_args(InferenceArgs)(run))))
 
 
-for _command in sorted({p.command for p in tasks().values() if p.command}
-                       - {c.name or c.callback.__name__ for c in app.registered_commands if c.callback}):
-    _task_command(_command, next(p.description for _, p in sorted(tasks().items()) if p.command == _command))
+def add_task_commands() -> None:
+    """`mlmkit COMMAND BUNDLE` for every registered task that names an inference command
+    (``Task.command``: classify, tag, fill-mask, a plugin's) and has none written above, each run as
+    predict runs its bundles. Called once, when the command line is built (the tasks discovered then)."""
+    written = {c.name or c.callback.__name__ for c in app.registered_commands if c.callback}
+    for command in sorted({p.command for p in tasks().values() if p.command} - written):
+        described = next(p.description for _, p in sorted(tasks().items()) if p.command == command)
+        _task_command(command, described)
 
 
 @app.command()

@@ -48,7 +48,8 @@ from mlmkit.exporter.parity import (
     torch_outputs,
 )
 from mlmkit.exporter.passes import fuse, quantize_int8, quantize_int8_static, to_fp16
-from mlmkit.files import JSONObject, atomic_write, atomic_write_text, exclusive, write_json
+from mlmkit.files import JSONObject, atomic_write, atomic_write_text, write_json
+from mlmkit.locks import exclusive
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import set_attention_impl
 from mlmkit.registry import Options, task_of, tasks

@@ -8,7 +8,7 @@ A window and what it produced are mlmkit/jobs/windows.py's.
 With an output file a job is resumable: its work lives in OUTPUT's job directory
 (``.OUTPUT.job/``), a part file per finished window and progress.json (mlmkit/jobs/jobdir.py), and
 the output appears, by a rename, only when every window is there. A job owns its output: it holds
-the job directory's lock (files.exclusive) from before it reads anything there until the output is
+the job directory's lock (locks.exclusive) from before it reads anything there until the output is
 in place, so a second job writing the same output is refused, naming the first. An output that is
 no regular file ("-" for stdout, a FIFO, /dev/stdout: see files.is_stream) is written through,
 window by window, as JSON lines: no job directory, no resume.
@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlmkit.errors import ConfigError, MlmkitError
-from mlmkit.files import JSONObject, exclusive, is_stream, json_line, open_stream
+from mlmkit.files import JSONObject, is_stream, json_line, open_stream
 from mlmkit.jobs.jobdir import Job, Progress, job_dir, owned_output, remove_empty
 from mlmkit.jobs.windows import WINDOW, Done, Window, run_window, windows
+from mlmkit.locks import exclusive
 from mlmkit.text.records import Item, identity
 
 if TYPE_CHECKING:

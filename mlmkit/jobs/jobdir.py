@@ -33,8 +33,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from mlmkit.errors import ConfigError
-from mlmkit.files import LOCK, JSONObject, atomic_open, atomic_write, json_line, read_json, write_json
+from mlmkit.files import JSONObject, atomic_open, atomic_write, json_line, read_json, write_json
 from mlmkit.jobs.windows import Done, Window
+from mlmkit.locks import LOCK
 from mlmkit.text.records import carried_array, result_writer, write_table_text
 from mlmkit.typed import from_json, rule, to_json
 

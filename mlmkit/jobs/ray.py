@@ -162,8 +162,8 @@ def output_directory(output: Path) -> Iterator[Path]:
     meanwhile, so a second job on the same output is refused, as local jobs are. Checked before any
     work: ``output`` is a new directory, an empty one, or one of Parquet shards (a previous job's);
     a file, or a directory holding anything else, is refused (replacing it would lose that)."""
-    from mlmkit.files import exclusive
     from mlmkit.jobs.batch import job_dir
+    from mlmkit.locks import exclusive
 
     if output.exists() and not output.is_dir():
         raise ConfigError(f"--output {output} is a file; --engine ray writes a directory of Parquet shards",

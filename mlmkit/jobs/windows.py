@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 from mlmkit.errors import DataFormatError, MlmkitError
 from mlmkit.files import JSONObject
 from mlmkit.runtime.prediction import truncations_counted
-from mlmkit.text.readers import Record
+from mlmkit.text.record import Record
 from mlmkit.text.records import Item
 
 WINDOW = 4096  # records per window: enough for good length buckets, little enough memory

@@ -7,49 +7,20 @@ config.json reads back here. The family (``Family``, below) renames fields and a
 way in and out; keys mlmkit does not use are kept in ``extra`` and written back. Reading and writing
 config.json files (and checking them against a directory's weights) is rundir/config.py's; the
 checks every field goes through (ceilings, labels, probabilities) are models/checks.py's, and
-transformers' head names and the parameter renamer models/names.py's, importable from here too.
+transformers' head names and the parameter renamer models/names.py's, importable from here too, with
+``FamilyNames``: the half of ``Family`` that maps a family's class and parameter names.
 
 What a model family declares: how its config.json, parameter names and architectures map onto
 mlmkit's one core (BERT's names and fields, core.py and blocks.py), which inputs it takes, which
 blocks differ, and whether and how it pretrains. Everything mlmkit knows of a family is declared
 here, in its module: rundir/, train/, exporter/ and text/ ask the family, never test its name.
 
-A family is a subclass of ``Family`` in its own module, registered in models/__init__.py. The base
-class is BERT's blocks and names, so a family states only what it does differently; what only BERT
-has (next-sentence prediction) and what a family opts into (``pretrains``) are off in the base and
-on in bert.py:
-
-    config_aliases   canonical field -> the family's config.json key (DistilBERT: hidden_size -> dim)
-    extra_sizes      the family's own config keys that size a module, checked with the canonical sizes
-                     (checks.py's ExtraSize); ``dropout_keys`` the ones read as probabilities
-    renames          (BERT name, family name) prefix pairs, "{n}" standing for a layer index, tried in
-                     order both ways; ``head_renames`` adds the pairs that depend on which head a
-                     state dict holds (RoBERTa's classifier.dense / out_proj exist only on a sequence head)
-    class_prefixes   model_type -> the prefix of its transformers classes (RobertaForMaskedLM ...);
-                     without ``nsp`` a pretraining run is the family's *ForMaskedLM (``architecture``)
-    token_types      whether its graphs take token_type_ids (``uses_token_types`` where a config decides)
-    positions        "absolute", "padding_offset" (RoBERTa) or "none" (rotary, inside the layers:
-                     models/rotary.py)
-    pretrains        whether `mlmkit pretrain --arch` makes it: its presets (``preset_overrides``,
-                     ``preset_extra``, ``max_length``, ``config_token_ids``), tokenizer (``tokenizer_kind``,
-                     ``special_tokens``, a convention of text/tokenizer.py) and ``nsp``
-    layer()          its block (None: BERT's post-LN layer, blocks.make_layer); its attention
-                     subclasses blocks.Attention, which the exporter switches to the form it fuses
-    heads            ``sequence_pool``, ``pooler_dense``, ``classifier_bias``, ``mlm_transform``,
-                     ``decoder_bias``, ``ties_decoder``, ``norm``: how its heads differ from BERT's
-                     (a decoder's last-token ``score`` head, EuroBERT's bare ``lm_head``, RMSNorm)
-    embeddings()     its embeddings (None: blocks.BertEmbeddings, blocks.make_embeddings)
-    encoder_modules() / layer_context()
-                     state the encoder holds for all its layers, and what it hands each layer on
-                     every forward (DeBERTa's relative position embeddings); none for BERT
-    check() / shape_mismatch()
-                     what a config must hold for its blocks to run, and what the weights' shapes must
-                     agree with beyond the modules check_weights builds (rundir/weights.py)
-    fold_weights()   what a checkpoint holds beyond its model, folded in as the config says when it is
-                     loaded (jina-embeddings-v3's task adapters merged into the weights they adapt)
-
-The families register themselves in models/__init__.py (``register``); ``family_for`` finds one by
-config.json's model_type.
+A family is a subclass of ``Family`` in its own module, registered in models/__init__.py
+(``register``); ``family_for`` finds one by config.json's model_type. The base class is BERT's blocks
+and names, so a family states only what it does differently; what only BERT has (next-sentence
+prediction) and what a family opts into (``pretrains``) are off in the base and on in bert.py. What
+each hook declares, and which family uses it: docs/families.md, "The Family hooks". The size presets
+a new model is made at are models/presets.py's.
 """
 
 from __future__ import annotations
@@ -72,13 +43,11 @@ from mlmkit.models.checks import (
     checked_labels,
     is_int,
 )
-from mlmkit.models.names import CLS_SEP_IDS, HEADS, LABELLED_HEADS, Renamer
+from mlmkit.models.names import CLS_SEP_IDS, HEADS, LABELLED_HEADS, FamilyNames, Renamer, StateDict
 from mlmkit.registry import HFConfig
 from mlmkit.text.tokenizer import BRACKETS
 from mlmkit.typed import Registry
 
-StateDict = dict[str, torch.Tensor]
-"""A model's parameters by name (a state dict), in mlmkit's names or a family's."""
 LayerArgs = dict[str, Any]
 """The keyword arguments every layer call of a forward gets (Family.layer_context: what the layers
 share, computed once per forward: rotary angles, masks, relative positions)."""
@@ -87,9 +56,8 @@ __all__ = [
     # what a config.json may hold (mlmkit/models/checks.py) and transformers' names (mlmkit/models/names.py)
     "ACT", "CEILINGS", "MAX_PARAMETERS", "MAX_LABELS", "ExtraSize", "HEADS", "LABELLED_HEADS", "CLS_SEP_IDS",
     "Renamer",
-    # the config, the family interface, the registry of families, the size presets
-    "ModelConfig", "Family", "StateDict", "LayerArgs", "BY_MODEL_TYPE", "register", "family_for", "PRESETS",
-    "preset",
+    # the config, the family interface, the registry of families (the size presets: models/presets.py)
+    "ModelConfig", "Family", "StateDict", "LayerArgs", "BY_MODEL_TYPE", "register", "family_for",
 ]
 
 
@@ -225,22 +193,20 @@ class ModelConfig:
 
 
 # ---- the family interface ----------------------------------------------------------------------
-class Family:
+class Family(FamilyNames):
+    """What a model family declares (docs/families.md, "The Family hooks"); BERT's by default. Its
+    transformers names (classes, parameters) are the base class's, models/names.py's FamilyNames."""
+
     name = "bert"
     model_types: tuple[str, ...] = ("bert",)
-    class_prefixes: dict[str, str] = {"bert": "Bert"}
-    prefix = "bert"  # the backbone's attribute in transformers' head classes
-    bare_roots: tuple[str, ...] = ("embeddings", "encoder", "pooler")  # keys of a backbone saved on its own
     config_aliases: dict[str, str] = {}
     config_defaults: HFConfig = {}  # canonical fields transformers' config class defaults differently
-    renames: tuple[tuple[str, str], ...] = ()
     token_types = True
     positions = "absolute"
-    # pretraining: whether `mlmkit pretrain --arch` makes this family (tested presets), with
-    # next-sentence prediction (BERT only; without it the run is the family's *ForMaskedLM), and the
-    # positions a new model gets at least (a rotary family has no table and keeps its long context)
+    # pretraining: whether `mlmkit pretrain --arch` makes this family (tested presets; ``nsp``, on
+    # FamilyNames, says whether with next-sentence prediction), and the positions a new model gets at
+    # least (a rotary family has no table and keeps its long context)
     pretrains = False
-    nsp = False
     max_length = 512
     # config.json key -> the special token (text.tokenizer.SpecialIds field) whose id a new model of this
     # family writes there: the ids transformers' config class of the family carries (BERT's: none)
@@ -376,48 +342,7 @@ class Family:
         (B, 1, 1, T) additive padding mask and the ``encoder_modules`` on ``encoder``. BERT's: (x, {})."""
         return x, {}
 
-    # ---- names -------------------------------------------------------------------------------
-    def architecture(self, canonical: str, model_type: str) -> str:
-        """BertForSequenceClassification -> this family's class name for ``model_type``. A pretraining
-        run of a family without NSP has no NSP head: it is the family's *ForMaskedLM."""
-        if canonical == "BertForPreTraining" and not self.nsp:
-            canonical = "BertForMaskedLM"
-        for suffix in HEADS:
-            if canonical == "Bert" + suffix:
-                return self.class_prefixes[model_type] + suffix
-        return canonical
-
-    def canonical_architecture(self, name: str, model_type: str) -> str:
-        prefix = self.class_prefixes[model_type]
-        for suffix in HEADS:
-            if name == prefix + suffix:
-                return "Bert" + suffix
-        return name
-
-    def head_renames(self, keys: set[str], *, to_family: bool) -> tuple[tuple[str, str], ...]:
-        """Pairs that apply only to some heads; ``keys`` are the state dict's (canonical when
-        ``to_family``, else the family's)."""
-        return ()
-
-    def to_family(self, sd: StateDict) -> StateDict:
-        """A state dict under mlmkit's (BERT) names -> under this family's transformers names."""
-        rename = Renamer([*self.head_renames(set(sd), to_family=True), *self.renames])
-        return {rename(k, to_family=True): v for k, v in sd.items()}
-
-    def from_family(self, sd: StateDict) -> StateDict:
-        """A transformers state dict of this family (with or without the backbone's prefix, e.g. a
-        bare RobertaModel) -> mlmkit's names."""
-        sd = {(f"{self.prefix}.{k}" if k.split(".", 1)[0] in self.bare_roots else k): v
-              for k, v in sd.items()}
-        rename = Renamer([*self.head_renames(set(sd), to_family=False), *self.renames])
-        return {rename(k, to_family=False): v for k, v in sd.items()}
-
-    def claims(self, config: HFConfig) -> bool:
-        """Whether a config.json that names another model_type is this family's checkpoint (the
-        published jina-embeddings-v3 says "xlm-roberta", and its keys tell it apart): it is read as
-        this family's, and a run made from it names this family's model_type. None by default."""
-        return False
-
+    # ---- weights ---------------------------------------------------------------------------
     def fold_weights(self, config: ModelConfig, sd: StateDict) -> StateDict:
         """A state dict under mlmkit's names (``from_family``'s) -> the one ``config``'s model loads:
         what a checkpoint holds beyond the model folded into it, as the config says (jina-embeddings-v3's
@@ -445,28 +370,3 @@ def family_for(model_type: str) -> Family:
                           f"mlmkit runs these model types: {', '.join(BY_MODEL_TYPE)}")
     return BY_MODEL_TYPE[model_type]
 
-
-# name -> (layers, hidden, heads, intermediate); the published compact BERT sizes (Turc et al. 2019)
-PRESETS: dict[str, tuple[int, int, int, int]] = {
-    "tiny": (2, 128, 2, 512),
-    "mini": (4, 256, 4, 1024),
-    "small": (4, 512, 8, 2048),
-    "base": (12, 768, 12, 3072),
-}
-
-
-def preset(name: str, arch: str = "bert", **overrides: Any) -> ModelConfig:
-    """A config of a named size for the family ``arch`` (its own defaults: RoBERTa's padding id and
-    one token type, ModernBERT's rotary and local attention ...); ``overrides`` set any other field
-    (vocab_size, max_position_embeddings, ...)."""
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset '{name}'", f"choose one of: {', '.join(PRESETS)}")
-    layers, hidden, heads, inter = PRESETS[name]
-    fam = family_for(arch)
-    fields_, extra = {**fam.config_defaults, **fam.preset_overrides(hidden, inter), **overrides}, {}
-    names = {f.name for f in fields(ModelConfig)}
-    for k in [k for k in fields_ if k not in names]:
-        extra[k] = fields_.pop(k)
-    sizes = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                 intermediate_size=inter)
-    return ModelConfig(**{**sizes, **fields_, "model_type": arch, "extra": {**fam.preset_extra(), **extra}})

@@ -7,7 +7,8 @@ What differs from BERT:
   theta on global layers and the local theta on sliding-window layers, where a query sees the keys
   within ``local_attention // 2`` positions on each side (both ends included), computed in blocks
   of half a window against their own window of keys, O(T x window) (``local_blocks``; the plain
-  T x T product for short inputs); by default every third layer (0, 3, 6 ...) is global;
+  T x T product for short inputs: models/modernbert_attention.py); by default every third layer
+  (0, 3, 6 ...) is global;
 - LayerNorms without bias (``norm_bias``), linear layers without bias unless ``attention_bias`` /
   ``mlp_bias`` / ``classifier_bias`` say so;
 - one head transform ``head`` (dense, ``classifier_activation``, norm) on every head: the MLM head's
@@ -28,7 +29,7 @@ and after ``Wo``, as there), ``mlp_dropout`` read by the MLP itself. In eval mod
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, TypeAlias
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,6 +38,7 @@ from torch.nn import functional as F
 from mlmkit.errors import ConfigError
 from mlmkit.models.config import CLS_SEP_IDS, ExtraSize, Family, LayerArgs, ModelConfig, Renamer, StateDict
 from mlmkit.models.core import ACT, Attention, attend, layer_norm
+from mlmkit.models.modernbert_attention import Window, local_attend, window_plan
 from mlmkit.models.rotary import rotary, rotate
 from mlmkit.registry import HFConfig
 
@@ -45,7 +47,6 @@ DEFAULT_THETA = {GLOBAL: 160_000.0, LOCAL: 10_000.0}
 OLD_THETA_KEY = {GLOBAL: "global_rope_theta", LOCAL: "local_rope_theta"}
 DEFAULT_WINDOW = 128  # local_attention: the whole window, half of it on each side
 DEFAULT_GLOBAL_EVERY = 3
-FAR = -10000.0  # the additive mask value of core.extended_mask: finite, so no row turns into NaN
 
 MLM_HEAD = (("cls.predictions.transform.dense", "head.dense"),
             ("cls.predictions.transform.LayerNorm", "head.norm"))
@@ -106,121 +107,6 @@ def rope_theta(config: ModelConfig, kind: str) -> float:
 
 
 # ---- blocks ------------------------------------------------------------------------------------
-def window_mask(T: torch.Tensor | int, Tq: torch.Tensor | int, half: int, device: torch.device,
-                dtype: torch.dtype) -> torch.Tensor:
-    """(Tq, T) additive mask of a sliding-window layer for the first Tq queries: 0 where |i - j| <=
-    ``half``, FAR beyond. Built from the runtime lengths (aranges, no slicing by a size, which the
-    tracer would freeze), so one exported graph serves every length."""
-    # (Tq, T)
-    far = (torch.arange(Tq, device=device)[:, None] - torch.arange(T, device=device)[None, :]).abs() > half
-    return far.to(dtype) * FAR
-
-
-PLAIN_UP_TO = 6  # eager mode: the plain form up to this many half-windows (window_plan)
-# a length: a Python int in eager mode, a 0-d tensor while tracing (export)
-Size: TypeAlias = int | torch.Tensor
-
-
-def _minimum(a: Size, b: Size) -> Size:
-    """min(a, b) of two lengths without a Python comparison of traced ones (which would freeze)."""
-    if isinstance(a, torch.Tensor):
-        return torch.clamp(a, max=b)
-    if isinstance(b, torch.Tensor):
-        return torch.clamp(b, max=a)
-    return min(a, b)
-
-
-def local_blocks(Tq: Size, T: Size, half: int, device: torch.device, dtype: torch.dtype
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The blocks of a sliding-window layer, for the first ``Tq`` of ``T`` positions as queries:
-    query blocks of ``bq`` positions, each with one key window of ``W`` positions that holds every key
-    within ``half`` of its queries, so the attention costs O(Tq x W), not O(Tq x T).
-
-    bq is ``half`` (ModernBERT's 64), and W = bq + 2 half (192); a short input (T <= 3 half) is one
-    block of all Tq queries against W = min(Tq + 2 half, T) keys: the whole sequence, the plain form's
-    work. Nothing is padded: the last query block and the key windows near the ends are shifted
-    (clamped) to lie inside the sequence, so the last block may overlap the one before it, and W <= T.
-
-    Returns qidx (nb, bq) and kidx (nb, W), the positions of each block's queries and keys; oidx (Tq,),
-    the row of query i among the nb x bq rows the blocks compute; band (nb, bq, W), the additive mask
-    (0 where |i - j| <= half, FAR beyond). Eager mode computes the sizes with Python ints; under the
-    ONNX tracer ``T`` and ``Tq`` are 0-d tensors and every size here is a graph op on them (no
-    comparison or branch in Python), so one exported graph serves every length."""
-    b, span = half, 3 * half
-    # traced: the choice is a Where in the graph
-    if isinstance(T, torch.Tensor) or isinstance(Tq, torch.Tensor):
-        T_t, Tq_t = (n if isinstance(n, torch.Tensor) else torch.full((), n, dtype=torch.long, device=device)
-                     for n in (T, Tq))
-        bq = torch.where(T_t <= span, Tq_t, torch.clamp(Tq_t, max=b))
-    else:
-        bq = Tq if T <= span else min(b, Tq)
-    nb = (Tq + bq - 1) // bq  # ceil(Tq / bq)
-    W = _minimum(bq + 2 * half, T)
-    # (nb,): the last block ends at Tq
-    qstart = torch.clamp(torch.arange(nb, device=device) * bq, max=Tq - bq)
-    kstart = torch.clamp(qstart - half, min=0)
-    # (nb,): the window [qstart - half, qstart + bq - 1 + half], inside [0, T)
-    kstart = torch.clamp(kstart, max=T - W)
-    qidx = qstart[:, None] + torch.arange(bq, device=device)[None, :]  # (nb, bq)
-    kidx = kstart[:, None] + torch.arange(W, device=device)[None, :]  # (nb, W)
-    i = torch.arange(Tq, device=device)
-    last = (nb - 1) * bq  # queries from here on are the last block's, which starts at Tq - bq
-    oidx = i + (i >= last).long() * (nb * bq - Tq)  # (Tq,)
-    band = ((qidx[:, :, None] - kidx[:, None, :]).abs() > half).to(dtype) * FAR  # (nb, bq, W)
-    return qidx, kidx, oidx, band
-
-
-class Window(NamedTuple):
-    """How a local layer attends, for one forward: ``mask`` the whole additive mask (padding + band);
-    with ``qidx`` None the plain form (mask (B, 1, Tq, T)), else the blocks of ``local_blocks``
-    (mask (B, 1, nb, bq, W), and their qidx, kidx, oidx)."""
-
-    mask: torch.Tensor
-    qidx: torch.Tensor | None = None
-    kidx: torch.Tensor | None = None
-    oidx: torch.Tensor | None = None
-
-
-def window_plan(mask: torch.Tensor, half: int, Tq: Size, T: Size) -> Window:
-    """The local attention of the first ``Tq`` of ``T`` positions under ``mask`` (B, 1, 1, T), the
-    additive padding mask; ``Tq`` and ``T`` as the caller has them from its inputs (sizes of unbind's
-    outputs freeze in the ONNX trace). Once per forward for all the local layers (layer_context).
-
-    In eager mode an input of up to PLAIN_UP_TO half-windows (384 tokens at ModernBERT's window) takes
-    the plain form, ``attend`` with the band mask: up to 3 half it is what the blocks compute (one
-    block, the whole sequence) without their index copies, and up to 6 half SDPA's fused kernel on
-    the whole product was measured as fast as the blocks forward and faster forward + backward (the
-    blocks' copies scatter back; 2 CPU threads, 12 heads of 32). A traced graph always has the blocks,
-    which reduce to one block of the whole sequence up to 3 half (in onnxruntime the plain product and
-    the blocks were measured alike at 4 and 6 half, the blocks faster from 8 half on)."""
-    if not isinstance(T, torch.Tensor) and not isinstance(Tq, torch.Tensor) and T <= PLAIN_UP_TO * half:
-        return Window(mask + window_mask(T, Tq, half, mask.device, mask.dtype))  # (B, 1, Tq, T)
-    qidx, kidx, oidx, band = local_blocks(Tq, T, half, mask.device, mask.dtype)
-    # mask (B, 1, nb, bq, W)
-    return Window(band + mask[:, :, 0][:, :, kidx][:, :, :, None, :], qidx, kidx, oidx)
-
-
-def local_attend(m: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 plan: Window) -> torch.Tensor:
-    """Sliding-window attention of q (B, nh, Tq, hd), the first Tq positions, over k, v (B, nh, T, hd)
-    as ``plan`` says. Returns (B, nh, Tq, hd), what ``attend`` with ``mask + window_mask`` gives at
-    every real query (a padding query, whose row nothing reads, sees only its window)."""
-    if plan.qidx is None:
-        return attend(m, q, k, v, plan.mask)
-    # SDPA's fused kernels take 4-D only (5-D runs its math form, 3x slower): the blocks into the batch
-    if m.impl == "sdpa":
-        qb, kb, vb = (t.transpose(1, 2)[:, i].transpose(2, 3).flatten(0, 1)
-                      for t, i in ((q, plan.qidx), (k, plan.kidx), (v, plan.kidx)))
-        # (B nb, nh, bq, hd); mask (B nb, 1, bq, W)
-        out = attend(m, qb, kb, vb, plan.mask.transpose(1, 2).flatten(0, 1))
-        out = out.unflatten(0, (q.size(0), -1)).transpose(1, 2)  # (B, nh, nb, bq, hd)
-    else:  # the exported form: onnxruntime's MatMul takes the 5-D blocks as they are gathered
-        # (B, nh, nb, bq, hd), (B, nh, nb, W, hd) x 2
-        qb, kb, vb = q[:, :, plan.qidx], k[:, :, plan.kidx], v[:, :, plan.kidx]
-        out = attend(m, qb, kb, vb, plan.mask)  # (B, nh, nb, bq, hd)
-    return out.flatten(2, 3)[:, :, plan.oidx]  # (B, nh, Tq, hd)
-
-
 def layer_context(encoder: nn.Module, x: torch.Tensor, mask: torch.Tensor) -> LayerArgs:
     """What every layer would otherwise compute for itself, once per forward: the rotary angles of
     each base over the T positions, and each window's plan for all T queries."""

@@ -29,8 +29,9 @@ from typing import Any, TypedDict
 
 from mlmkit.args import MineArgs, fusion_weights
 from mlmkit.errors import ConfigError, DataFormatError
-from mlmkit.files import JSONObject, exclusive
+from mlmkit.files import JSONObject
 from mlmkit.jobs.batch import Done, Job, Window, job_dir, owned_output, remove_empty
+from mlmkit.locks import exclusive
 from mlmkit.registry import Prediction
 from mlmkit.retrieval.exact import BM25, Dense
 from mlmkit.retrieval.index import IndexRetriever

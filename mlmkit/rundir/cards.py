@@ -44,7 +44,7 @@ def card(d: Path) -> str:
     tag = _pipeline_tag(task)
     metrics = results(meta)
     model_type = (meta.get("model") or {}).get("model_type") or config.get("model_type")
-    front: dict[str, Any] = {"library_name": "mlmkit", "pipeline_tag": tag}
+    front: JSONObject = {"library_name": "mlmkit", "pipeline_tag": tag}
     base = _hub_id(meta.get("base_model"))
     if base:
         front["base_model"] = base

@@ -70,7 +70,7 @@ except ImportError:  # no [serve] extra: serve() says what to install
 log = logging.getLogger("mlmkit")
 RELOAD_SECONDS = 1.0
 """How often a server with --index looks at its indexes' manifests (a stat each) for a change to load."""
-ERRORS: dict[int | str, dict[str, Any]] = {
+ERRORS: dict[int | str, JSONObject] = {
     code: {"model": ErrorBody, "description": said} for code, said in (
         (401, "No or a wrong API key."), (413, "A body over --max-body-bytes, or over --max-inputs inputs."),
         (422, "A body its route refuses (one line naming the field), or a wrong input or option."),
@@ -121,7 +121,7 @@ def _add_routes(app: FastAPI, service: _Service) -> None:
     _publish(app, [PredictRequest, *(r.request for r in served)])
 
 
-def _request_body(model: type[Body]) -> dict[str, Any]:
+def _request_body(model: type[Body]) -> JSONObject:
     """A route's request body on /openapi.json: its model (read by the route itself: body limits,
     strict JSON), by reference to the components ``_publish`` adds."""
     ref = {"$ref": f"#/components/schemas/{model.__name__}"}
@@ -133,7 +133,7 @@ def _publish(app: FastAPI, requests: list[type[Body]]) -> None:
     itself; the requests it never parses)."""
     made = app.openapi
 
-    def openapi() -> dict[str, Any]:
+    def openapi() -> JSONObject:
         if app.openapi_schema is None:
             spec = made()
             schemas = spec.setdefault("components", {}).setdefault("schemas", {})

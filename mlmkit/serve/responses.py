@@ -5,10 +5,11 @@ numpy buffers), so an answer is never validated twice. No torch.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
+from mlmkit.files import JSONObject
 from mlmkit.serve.schemas import RerankDocument
 
 
@@ -110,7 +111,7 @@ class SearchResponse(BaseModel):
 
 
 class PredictResponse(BaseModel):
-    results: list[dict[str, Any]] = Field(description="A result per input, in input order: a line of "
+    results: list[JSONObject] = Field(description="A result per input, in input order: a line of "
                                                       "`mlmkit predict`'s JSON lines.")
     warnings: list[str] | None = Field(None, description="The inputs that were truncated.")
 

@@ -27,6 +27,7 @@ from pydantic.json_schema import models_json_schema
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from mlmkit.contract import Input
+from mlmkit.files import JSONObject
 from mlmkit.serve.http import HTTPError
 
 B = TypeVar("B", bound="Body")
@@ -258,7 +259,7 @@ class PredictRequest(Body):
                       PlainValidator(_records, json_schema_input_type=list[str | dict[str, Any]]),
                       Field(description="Texts, or records: {text, text_pair}, {question, context}, "
                                         "or the fields the task reads.")]
-    options: dict[str, Any] | None = Field(None, description="The task's runtime options by name, e.g. "
+    options: JSONObject | None = Field(None, description="The task's runtime options by name, e.g. "
                                                              "{\"top_k\": 3} (GET /v1/models lists each "
                                                              "model's).")
 
@@ -310,7 +311,7 @@ def _shown(value: object) -> str:
     return text if len(text) <= SHOWN else text[:SHOWN] + "..."
 
 
-def request_schemas(models: list[type[Body]]) -> dict[str, dict[str, Any]]:
+def request_schemas(models: list[type[Body]]) -> dict[str, JSONObject]:
     """The request models' JSON schemas (and those they use), by name, as OpenAPI's components."""
     _, top = models_json_schema([(m, "validation") for m in models],
                                 ref_template="#/components/schemas/{model}")

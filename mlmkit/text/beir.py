@@ -15,7 +15,8 @@ from pathlib import Path
 
 from mlmkit.errors import DataFormatError
 from mlmkit.files import MAX_RECORD_BYTES
-from mlmkit.text.readers import Record, iter_jsonl, iter_table
+from mlmkit.text.readers import iter_jsonl, iter_table
+from mlmkit.text.record import Record
 
 FILES = ("corpus.jsonl", "queries.jsonl")
 TRAIN_SPLITS = ("train",)

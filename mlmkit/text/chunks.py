@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mlmkit.errors import ConfigError
+from mlmkit.files import JSONObject
 
 SEPARATOR = "#"
 """Between a document's id and its chunk's number in an index row's id: the last one in it."""
@@ -58,7 +59,7 @@ class Chunking:
         return cls(int(field["tokens"]), int(field["overlap"]),
                    bool(field.get("sentences", False))) if field else None
 
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> JSONObject:
         return {"tokens": self.tokens, "overlap": self.overlap,
                 **({"sentences": True} if self.sentences else {})}
 

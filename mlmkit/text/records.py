@@ -34,7 +34,9 @@ from mlmkit.files import (
     json_line,
     parse_json,
 )
-from mlmkit.text.readers import Record, data_format, iter_records, iter_table_rows, too_long
+from mlmkit.text.readers import data_format, iter_records, too_long
+from mlmkit.text.record import Record
+from mlmkit.text.tables import iter_table_rows
 
 Write = Callable[[Sequence[JSONObject]], None]
 """Writes one chunk of results (result_writer)."""

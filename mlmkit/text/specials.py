@@ -27,13 +27,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
 from weakref import WeakKeyDictionary
 
 from tokenizers import Tokenizer
 
 from mlmkit.errors import ConfigError
-from mlmkit.files import parse_json, write_json
+from mlmkit.files import JSONObject, parse_json, write_json
 
 ROLES = ("pad", "unk", "cls", "sep", "mask")
 STAND_INS = {"cls": "bos", "sep": "eos"}  # the role a missing cls / sep falls back to
@@ -213,7 +212,7 @@ def named_tokens(d: Path) -> dict[str, str]:
     return named
 
 
-def _json_object(p: Path) -> dict[str, Any]:
+def _json_object(p: Path) -> JSONObject:
     if not p.is_file():
         return {}
     try:

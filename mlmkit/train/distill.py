@@ -43,7 +43,8 @@ from torch import nn
 
 from mlmkit.args import DISTILL_AUGMENT_BELOW, DISTILL_HIDDEN, DISTILL_RELATIONS, DistillArgs, TrainArgs
 from mlmkit.errors import ConfigError, MlmkitError
-from mlmkit.files import JSONObject, atomic_write_text, exclusive
+from mlmkit.files import JSONObject, atomic_write_text
+from mlmkit.locks import exclusive
 from mlmkit.registry import Example, Feature, Metrics, Plugin, TaskContext
 from mlmkit.rundir.checkpoint import load_weights, save_run
 from mlmkit.rundir.meta import RunMeta, read_meta, write_meta

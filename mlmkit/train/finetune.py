@@ -16,7 +16,8 @@ import torch
 
 from mlmkit.args import FinetuneArgs
 from mlmkit.errors import ConfigError, MlmkitError, TaskError
-from mlmkit.files import atomic_write_text, exclusive, write_jsonl
+from mlmkit.files import atomic_write_text, write_jsonl
+from mlmkit.locks import exclusive
 from mlmkit.models.config import ModelConfig
 from mlmkit.registry import Example, Metrics, Options, Plugin, Prediction, TaskContext, TaskState, get_task
 from mlmkit.rundir.checkpoint import (

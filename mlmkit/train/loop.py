@@ -35,7 +35,8 @@ from torch import nn
 
 from mlmkit.args import TrainArgs
 from mlmkit.errors import ConfigError, Diverged
-from mlmkit.files import JSONObject, atomic_open, exclusive
+from mlmkit.files import JSONObject, atomic_open
+from mlmkit.locks import exclusive
 from mlmkit.registry import Metrics
 from mlmkit.rundir.meta import RunMeta, read_meta, write_meta
 from mlmkit.train.best import BestTracker, scalars

@@ -15,10 +15,12 @@ from tokenizers import Tokenizer
 
 from mlmkit.args import PretrainArgs
 from mlmkit.errors import ConfigError, MlmkitError
-from mlmkit.files import MAX_RECORD_BYTES, exclusive
+from mlmkit.files import MAX_RECORD_BYTES
+from mlmkit.locks import exclusive
 from mlmkit.models import FAMILIES, Family, family_for
-from mlmkit.models.config import ModelConfig, preset
+from mlmkit.models.config import ModelConfig
 from mlmkit.models.core import BertForPreTraining
+from mlmkit.models.presets import preset
 from mlmkit.registry import Metrics
 from mlmkit.rundir.checkpoint import save_run
 from mlmkit.rundir.config import load_config

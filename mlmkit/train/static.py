@@ -41,7 +41,8 @@ from torch import nn
 
 from mlmkit.args import DISTILL_LR, DistillArgs
 from mlmkit.errors import ConfigError
-from mlmkit.files import JSONObject, atomic_write, cache_root, exclusive
+from mlmkit.files import JSONObject, atomic_write, cache_root
+from mlmkit.locks import exclusive
 from mlmkit.models.pooled import PairBatch, TextEncoder, pool, token_states
 from mlmkit.objectives import get_loss
 from mlmkit.registry import Metrics, Options, TaskContext, get_task

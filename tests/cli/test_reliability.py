@@ -22,7 +22,7 @@ from hostile import PEAK, cli, data_fixture, one_line, tiny  # noqa: F401  (data
 from task_runs import build_runs
 
 from mlmkit.errors import BundleError, ConfigError, MlmkitError
-from mlmkit.files import LOCK, exclusive
+from mlmkit.locks import LOCK, exclusive
 from mlmkit.runtime.pipeline import Pipeline
 from mlmkit.train.corpus import instances as corpus_instances
 from mlmkit.train.corpus import shards as corpus_shards
@@ -163,7 +163,7 @@ def test_the_lock_is_not_reentered_by_another_writer(tmp_path: Path) -> None:
     with exclusive(d):
         assert (d / LOCK).exists()
         other = subprocess.run([sys.executable, "-c",
-                                f"from mlmkit.files import exclusive\nwith exclusive({str(d)!r}): pass"],
+                                f"from mlmkit.locks import exclusive\nwith exclusive({str(d)!r}): pass"],
                                capture_output=True, text=True)
         assert other.returncode != 0 and "is in use by process" in other.stderr
     assert not (d / LOCK).exists()

@@ -378,7 +378,7 @@ def _sparse_export_sizes(base: Path, tmp_path: Path, sizes: tuple[int | None, ..
 
 
 def test_sparse_export_of_a_full_vocabulary_at_the_default_and_what_top_k_sets(tmp_path):
-    """Issue 26's failure: the default 256 terms of a 30,522-token masked LM failed the parity gate
+    """A failure found before: the default 256 terms of a 30,522-token masked LM failed the parity gate
     (near-equal terms trading places at the cut). --top-k sets the terms; a task without a top-k refuses
     it."""
     from mlmkit.exporter.bundle import _top_k_option

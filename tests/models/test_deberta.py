@@ -22,8 +22,10 @@ from torch import nn
 
 from mlmkit.errors import ConfigError
 from mlmkit.models import core, family_for
-from mlmkit.models.config import ModelConfig, preset
-from mlmkit.models.deberta import DebertaLayer, RelativePositions, bucket
+from mlmkit.models.config import ModelConfig
+from mlmkit.models.deberta import DebertaLayer
+from mlmkit.models.deberta_attention import RelativePositions, bucket
+from mlmkit.models.presets import preset
 from mlmkit.rundir.checkpoint import load_state_dict, save_weights
 from mlmkit.rundir.config import save_config
 

@@ -23,7 +23,8 @@ from mlmkit.cli import app
 from mlmkit.errors import ConfigError
 from mlmkit.exporter.graphs import check_attention, torch_export
 from mlmkit.models import BY_MODEL_TYPE, FAMILIES, core
-from mlmkit.models.config import CEILINGS, ExtraSize, Family, ModelConfig, preset
+from mlmkit.models.config import CEILINGS, ExtraSize, Family, ModelConfig
+from mlmkit.models.presets import preset
 from mlmkit.rundir.checkpoint import load_state_dict, save_weights
 from mlmkit.rundir.config import load_config, save_config
 from mlmkit.text.tokenizer import CONVENTIONS, SpecialIds
@@ -104,7 +105,7 @@ def test_pretrain_refuses_arch_and_nsp_before_reading_anything(tmp_path: Path) -
 
 
 def test_no_family_names_are_tested_outside_models() -> None:
-    """What a family is, its module says; the rest of the package asks it (issue 23)."""
+    """What a family is, its module says; the rest of the package asks it."""
     pattern = re.compile(r"\b(fam|family)\.name\s*[!=]=")
     hits = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / "mlmkit").rglob("*.py") if "models" not in p.parts
             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]

@@ -19,16 +19,10 @@ from torch import nn
 
 from mlmkit.errors import ConfigError
 from mlmkit.models import core, family_for, modernbert
-from mlmkit.models.config import ModelConfig, preset
-from mlmkit.models.modernbert import (
-    GLOBAL,
-    LOCAL,
-    ModernBertLayer,
-    local_attend,
-    local_blocks,
-    window_mask,
-    window_plan,
-)
+from mlmkit.models.config import ModelConfig
+from mlmkit.models.modernbert import GLOBAL, LOCAL, ModernBertLayer
+from mlmkit.models.modernbert_attention import Window, local_attend, local_blocks, window_mask, window_plan
+from mlmkit.models.presets import preset
 from mlmkit.rundir.checkpoint import save_weights
 from mlmkit.rundir.config import save_config
 
@@ -323,7 +317,7 @@ def full_mask_attend(m, q, k, v, mask, half, Tq, T):
 
 def full_mask_plan(mask, half, Tq, T):
     """window_plan's plain form at every length (the model's local layers as they were)."""
-    return modernbert.Window(mask + window_mask(T, Tq, half, mask.device, mask.dtype))
+    return Window(mask + window_mask(T, Tq, half, mask.device, mask.dtype))
 
 
 class _Attn(nn.Module):

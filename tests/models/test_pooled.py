@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlmkit.models.config import preset
 from mlmkit.models.core import BertModel
 from mlmkit.models.pooled import PairBatch, TextEncoder, pool, token_states
+from mlmkit.models.presets import preset
 
 
 def test_pooling_reads_only_the_real_tokens():

@@ -25,7 +25,7 @@ from mlmkit import registry
 from mlmkit.cli import app
 from mlmkit.errors import ConfigError, TaskError
 from mlmkit.models import FAMILIES
-from mlmkit.models.config import preset
+from mlmkit.models.presets import preset
 from mlmkit.registry import BATCH, OPTIONAL, REQUIRED, Plugin, TaskContext, TaskDefaults, per_token
 from mlmkit.rundir.checkpoint import save_run
 from mlmkit.rundir.meta import RunMeta

@@ -1,4 +1,4 @@
-"""Issue 19: what a model is made of is checked before anything is built on it. One section per class:
+"""What a model is made of is checked before anything is built on it. One section per class:
 
 1. a checkpoint's config.json, field by field and against the shapes its weights' headers declare
    (every family), before a module is allocated;
@@ -28,8 +28,9 @@ from task_runs import corpus, make_task_run
 
 from mlmkit.errors import BundleError, ConfigError
 from mlmkit.models import FAMILIES
-from mlmkit.models.config import CEILINGS, ModelConfig, preset
+from mlmkit.models.config import CEILINGS, ModelConfig
 from mlmkit.models.core import BertForPreTraining
+from mlmkit.models.presets import preset
 from mlmkit.rundir.checkpoint import save_weights
 from mlmkit.rundir.config import load_config, save_config
 from mlmkit.rundir.weights import weight_files

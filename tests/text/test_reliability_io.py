@@ -1,4 +1,4 @@
-"""Issue 19, the I/O side: outputs a job owns (a lock; streams written through, never replaced),
+"""Hostile input, the I/O side: outputs a job owns (a lock; streams written through, never replaced),
 bounded inputs (clipping without whitespace, the record ceiling, .gz that inflates without end),
 JSON strings and numbers that are no data (lone surrogates, 5,000-digit integers), id columns of
 any Arrow type, and a token shard replaced so that a kill never leaves nothing at --out.

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from mlmkit.files import JSONObject
 from mlmkit.retrieval.index.building import add as add_documents
 from mlmkit.retrieval.index.building import build_from
 from mlmkit.retrieval.index.building import upsert as upsert_documents
@@ -70,7 +71,7 @@ class Index(StoredIndex):
                where: str | Sequence[str] | np.ndarray | None = None,
                rescore: int | None = None, chunk_agg: str = "max", bundle: str | Path | None = None,
                prompt_name: str | None = None, device: str = "cpu",
-               precision: str | None = None) -> list[list[dict[str, Any]]]:
+               precision: str | None = None) -> list[list[JSONObject]]:
         """Each query's top ``k`` hits, {"id", "score"} best first (a chunked index's with its best chunk).
         ``queries``: texts (embedded with the index's bundle, or ``bundle``), or vectors as search_vectors
         takes them; ``where``: a filter's conditions (`--where`'s, e.g. "lang=en"), or a (count,) bool array

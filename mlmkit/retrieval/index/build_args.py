@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
 
 import mlmkit.retrieval.index.multivector as multivector
 from mlmkit.args import Args, Chunks, Embedding, Engine, Runtime, arg, check_precision, flag
 from mlmkit.errors import ConfigError
+from mlmkit.files import JSONObject
 from mlmkit.retrieval.index.codecs import QUANTIZATIONS, RESCORE_COPIES
 from mlmkit.retrieval.index.manifest import ANNS
 from mlmkit.text.chunks import Chunking
@@ -133,6 +133,6 @@ class BuildArgs(Args):
             raise ConfigError("--address goes with --engine ray (the cluster to join)",
                               "add --engine ray, or leave --address out")
 
-    def settings(self) -> dict[str, Any]:
+    def settings(self) -> JSONObject:
         """The fields that say how (not what): what Index.build, Index.add and Index.upsert take."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in WHAT}

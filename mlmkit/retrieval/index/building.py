@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ import numpy as np
 
 import mlmkit.retrieval.index.multivector as multivector
 from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
-from mlmkit.files import LOCK, exclusive
+from mlmkit.files import JSONObject
+from mlmkit.locks import LOCK, exclusive
 from mlmkit.retrieval import postings
 from mlmkit.retrieval.index.ann import ann_settings, build_ann
 from mlmkit.retrieval.index.build_args import BuildArgs
@@ -60,7 +62,7 @@ from mlmkit.text.chunks import Chunking
 
 
 def build_from(bundle: Path, corpus: Documents, out: Path, progress: Progress,
-               settings: dict[str, Any]) -> Manifest:
+               settings: Mapping[str, Any]) -> Manifest:
     """Index.build and Index.add: ``corpus`` (a file, or records) embedded with ``bundle`` into ``out``,
     with ``settings`` (BuildArgs's fields)."""
     with corpus_file(corpus) as path:
@@ -71,20 +73,20 @@ UPSERT_OWN = {"quantization": "float32", "ann": "flat", "rescore_copy": None, "b
 """The settings an upsert takes from the index (given others, it refuses them)."""
 
 
-def own_settings(ix: StoredIndex) -> dict[str, Any]:
+def own_settings(ix: StoredIndex) -> JSONObject:
     """The settings an append or an upsert of ``ix`` takes: the index's own."""
     return {"quantization": ix.quantization if ix.kind == "dense" else "float32", "ann": ix.ann,
             "rescore_copy": ix.copy if ix.quantization != "binary" else "int8"}
 
 
 def add(ix: StoredIndex, corpus: Documents, bundle: Path | None, progress: Progress,
-        settings: dict[str, Any]) -> Manifest:
+        settings: Mapping[str, Any]) -> Manifest:
     """Index.add: an append of ``corpus`` with the index's own bundle (or ``bundle``) and settings."""
     return build_from(query_bundle(ix, bundle), corpus, ix.path, progress,
                       {**own_settings(ix), **settings, "append": True})
 
 
-def upsert(ix: StoredIndex, corpus: Documents, progress: Progress, settings: dict[str, Any]) -> Manifest:
+def upsert(ix: StoredIndex, corpus: Documents, progress: Progress, settings: Mapping[str, Any]) -> Manifest:
     """`mlmkit index INDEX --upsert DOCS` and Index.upsert: an append of DOCS with the index's own bundle
     and settings, whose commit also deletes the index's documents of the same ids (_check_unique,
     _commit)."""

@@ -7,12 +7,12 @@ Scores are dot products of unit vectors, so cosines:
 - ``float16``: half the disk, scores within ~1e-3 of float32;
 - ``int8``: each dimension's range (the CALIBRATION percentiles of the first CALIBRATION_ROWS
   documents' values) cut into 255 steps; the float query is scored against the dequantized vectors
-  (asymmetric: quantizing the query too, to the documents' ranges, lost a tenth of recall@10 on a
-  static model at 100k documents, 0.881 against 0.976, 2026-12-04);
+  (asymmetric: quantizing the query too, to the documents' ranges, lost a tenth of recall@10:
+  docs/retrieval.md);
 - ``binary``: one bit a dimension (positive or not), D / 8 bytes a row in numpy.packbits order; a
   query (float) is scored against +-1 vectors, then its ``rescore`` best are scored again with the
   int8 copy, and the best ``top_k`` of those kept. (Bits cut at each dimension's median instead of
-  0 were measured no better on all-MiniLM-L6-v2 and worse on a tiny random model, 2026-12-04.)
+  0 were measured no better on all-MiniLM-L6-v2 and worse on a tiny random model.)
 
 ``--rescore-copy float16`` keeps the vectors as float16 beside an int8 or binary index: the first
 stage still reads only the quantized vectors (what must stay in memory for speed), and the

@@ -25,7 +25,7 @@ from mlmkit.retrieval.index.pending import Pending
 from mlmkit.retrieval.index.search import as_input
 from mlmkit.retrieval.index.store import CHUNK
 from mlmkit.text.chunks import Chunker, Chunking, chunk_records
-from mlmkit.text.readers import Record
+from mlmkit.text.record import Record
 
 
 def corpus_records(items: Iterable[Any], id_column: str | None, text_column: str) -> Iterator[Any]:

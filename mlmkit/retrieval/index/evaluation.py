@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 import mlmkit.retrieval.index.multivector as multivector
 from mlmkit.errors import ConfigError
 from mlmkit.files import read_json
+from mlmkit.registry import Options
 from mlmkit.retrieval.exact import normalized
 from mlmkit.retrieval.index.search import hits, query_vectors, search_vectors
 from mlmkit.retrieval.index.store import CHUNK, StoredIndex
@@ -43,7 +43,7 @@ def evaluate_index(path: Path, data: Path, *, k: int = 100, rescore: int | None 
     return mean_metrics(runs, split.qrels)
 
 
-def through_index(bundle: Path, data: Path, options: dict[str, Any]) -> bool:
+def through_index(bundle: Path, data: Path, options: Options) -> bool:
     """Whether `mlmkit evaluate BUNDLE --data DATA` scores through a temporary index
     (evaluate_bundle_by_index): an embedding bundle, a BEIR directory, and none of the options that only
     the in-memory evaluation reads (--option index, save_run, matryoshka_dims)."""

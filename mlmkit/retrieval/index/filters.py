@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from mlmkit.errors import ConfigError, DataFormatError
+from mlmkit.files import JSONObject
 from mlmkit.retrieval.index.store import CHUNK, StoredIndex
 from mlmkit.text.chunks import SEPARATOR
 
@@ -74,7 +75,7 @@ def parse(conditions: Sequence[str] | None) -> list[Condition]:
 
 
 # ---- writing: a shard's meta.arrow, from its corpus -------------------------------------------------------
-def extra_fields(rec: Any, id_column: str | None, text_column: str) -> dict[str, Any]:
+def extra_fields(rec: Any, id_column: str | None, text_column: str) -> JSONObject:
     """A corpus record's fields other than its id, title and text ({} for a text line)."""
     if isinstance(rec.data, str):
         return {}
@@ -109,7 +110,7 @@ def write_meta(shard: Path, corpus: Path, id_column: str | None, text_column: st
     schema = pa.schema([pa.field(k, types.get(kind, pa.string()),
                                  metadata=None if kind in types else {"mlmkit": "json"})
                         for k, kind in kinds.items()])
-    rows: list[dict[str, Any]] = []
+    rows: list[JSONObject] = []
     written = 0
     with pa.ipc.new_file(str(shard / META), schema) as w:
         for n, rec in enumerate(iter_inputs(corpus)):

@@ -25,6 +25,7 @@ import numpy as np
 
 from mlmkit.args import check_weights
 from mlmkit.errors import ConfigError
+from mlmkit.files import JSONObject
 from mlmkit.retrieval.index.disk import id_hashes
 from mlmkit.retrieval.index.identity import query_bundle
 from mlmkit.retrieval.index.search import as_input, as_queries, hits, search_vectors
@@ -273,7 +274,7 @@ def corpus_texts(path: Path, id_column: str | None = None, text_column: str = "t
 
 
 def hybrid_search(args: Any, where: np.ndarray | None = None) -> Callable[[list[str], int],
-                                                                          list[list[dict[str, Any]]]]:
+                                                                          list[list[JSONObject]]]:
     """`mlmkit search INDEX --hybrid ...` (args: SearchArgs): a function of (query texts, k) -> each
     query's fused hits, {"id", "score"} (the fused score: rrf's sum, or the weighted sum); ``where``:
     the index's rows a filter keeps (Hybrid.rank_each)."""
@@ -285,7 +286,7 @@ def hybrid_search(args: Any, where: np.ndarray | None = None) -> Callable[[list[
                            rescore=args.rescore),
                    args.fusion, fusion_weights(args.weights, args.hybrid, args.fusion))
 
-    def search(queries: list[str], k: int) -> list[list[dict[str, Any]]]:
+    def search(queries: list[str], k: int) -> list[list[JSONObject]]:
         return [[{"id": d, "score": s} for d, s in ranking] for ranking in fused.rank(queries, k, where)]
     return search
 

@@ -30,7 +30,8 @@ import numpy as np
 
 import mlmkit.retrieval.index.multivector as multivector
 from mlmkit.errors import ConfigError, DataFormatError
-from mlmkit.files import atomic_write, exclusive, write_json
+from mlmkit.files import atomic_write, write_json
+from mlmkit.locks import exclusive
 from mlmkit.retrieval import postings
 from mlmkit.retrieval.index.ann import build_ann, load_ann
 from mlmkit.retrieval.index.disk import CHUNKS, read_chunks

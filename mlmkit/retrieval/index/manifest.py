@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 
 from mlmkit.errors import ConfigError
-from mlmkit.files import read_json
+from mlmkit.files import JSONObject, read_json
 from mlmkit.retrieval.index.codecs import QUANTIZATIONS, RESCORE_COPIES
 from mlmkit.text.chunks import Chunking
 from mlmkit.typed import check_version, from_json, rule, to_json
@@ -134,7 +134,7 @@ class Manifest:
     dimensions: int | None = field(default=None, metadata=POSITIVE)
     normalized: bool | None = None
     deleted: Deleted | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: JSONObject = field(default_factory=dict)
     """Fields this mlmkit does not know (a later one's), written back as read."""
 
     @property
@@ -149,7 +149,7 @@ class Manifest:
         flat index."""
         return None if self.ann == "flat" else self.ann_file or "ann.faiss"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """The manifest as its file holds it: the fields that do not apply left out, as a build writes
         them."""
         out = to_json(self, rest="extra")

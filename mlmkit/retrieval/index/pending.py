@@ -50,7 +50,7 @@ import numpy as np
 
 import mlmkit.retrieval.index.multivector as multivector
 from mlmkit.errors import ConfigError, DataFormatError
-from mlmkit.files import read_json, write_json
+from mlmkit.files import JSONObject, read_json, write_json
 from mlmkit.retrieval import postings
 from mlmkit.retrieval.exact import normalized
 from mlmkit.retrieval.index.codecs import CALIBRATION_ROWS, calibrate, row_bytes, stored
@@ -69,7 +69,7 @@ class Pending:
     ``block``: a sparse or multi-vector index's; ``codec``: a multi-vector append's (the index's), None
     to train one with ``bits`` and ``centroids`` (None: from the sample's size)."""
 
-    def __init__(self, dir: Path, name: str, what: dict[str, Any], *, quantization: str, copy: str | None,
+    def __init__(self, dir: Path, name: str, what: JSONObject, *, quantization: str, copy: str | None,
                  ranges: np.ndarray | None, dims: int, kind: str, block: int | None, resume: bool,
                  codec: multivector.Codec | None = None, bits: int = 2, centroids: int | None = None) -> None:
         self.dir, self.name, self.shard = dir, name, dir / name
@@ -78,7 +78,7 @@ class Pending:
         self.sparse, self.multi = kind == "sparse", kind == "multivector"
         self.codec, self.bits, self.centroids, self.trains = (codec, bits, centroids,
                                                               self.multi and codec is None)
-        self.start: dict[str, Any] = {"what": self.what, "windows": 0, "records": 0, "rows": 0,
+        self.start: JSONObject = {"what": self.what, "windows": 0, "records": 0, "rows": 0,
                                       "ids_bytes": 0, "nnz": 0,
                                       "tokens": 0, "codec": False, "dims": dims,
                                       "ranges": ranges.tolist() if ranges is not None else None,
@@ -162,7 +162,7 @@ class Pending:
         self.state, self.buffer = dict(self.start), []
         self._open()
 
-    def _resume(self, saved: dict[str, Any]) -> None:
+    def _resume(self, saved: JSONObject) -> None:
         hint = f"delete {self.dir} to start over"
         if isinstance(saved, dict):
             saved.setdefault("tokens", 0)  # a build of an mlmkit before multi-vector indexes

@@ -19,6 +19,8 @@ import numpy as np
 
 import mlmkit.retrieval.index.multivector as multivector
 from mlmkit.errors import ConfigError
+from mlmkit.files import JSONObject
+from mlmkit.registry import Options
 from mlmkit.retrieval import postings
 from mlmkit.retrieval.exact import leading_dimensions, masked, normalized, top_k
 from mlmkit.retrieval.index.ann import ann_search
@@ -265,7 +267,7 @@ def _rescored(ix: StoredIndex, q: np.ndarray, rows: np.ndarray, k: int) -> tuple
     return out_i, out_s
 
 
-def hits(ix: StoredIndex, rows: np.ndarray, scores: np.ndarray) -> list[list[dict[str, Any]]]:
+def hits(ix: StoredIndex, rows: np.ndarray, scores: np.ndarray) -> list[list[JSONObject]]:
     """Each query's hits, {"id", "score"}, best first (rows past a faiss graph's reach left out); a
     chunked index's also name the best chunk, {"chunk", "start", "end"}: its number and its span of
     characters in the document's text (a title before it)."""
@@ -304,12 +306,12 @@ def index_kind(pipe: Any) -> str:
 
 
 def as_input(pipe: Any, kind: str, prompt_name: str | None = None,
-             dimensions: int | None = None) -> dict[str, Any]:
+             dimensions: int | None = None) -> Options:
     """The pipeline options that embed texts as ``kind`` (query or document) with the bundle's prompts
     ({} for a bundle without them: sparse-embedding); ``prompt_name`` one of its named prompts instead,
     ``dimensions`` the leading dimensions kept of each vector (an index's own, `--dimensions`)."""
     names = pipe.option_names
-    options: dict[str, Any] = {"input_type": kind} if "input_type" in names else {}
+    options: Options = {"input_type": kind} if "input_type" in names else {}
     for flag, key, value in (("--prompt-name", "prompt_name", prompt_name),
                              ("--dimensions", "dimensions", dimensions)):
         if value:
@@ -326,7 +328,7 @@ def embedding_settings(manifest: Manifest) -> tuple[str | None, int | None]:
     return manifest.prompt_name or None, manifest.dimensions or None
 
 
-def as_queries(ix: StoredIndex, results: Sequence[dict[str, Any]]) -> Any:
+def as_queries(ix: StoredIndex, results: Sequence[JSONObject]) -> Any:
     """The index's bundle's results for query texts as search_vectors takes them: (Q, dims) float32
     vectors, or a sparse index's (Q, vocabulary) CSR matrix."""
     if ix.kind == "sparse":
@@ -362,7 +364,7 @@ def search_index(ix: StoredIndex, queries: Any, k: int, *,
                  where: str | Sequence[str] | np.ndarray | None = None,
                  rescore: int | None = None, chunk_agg: str = "max", bundle: str | Path | None = None,
                  prompt_name: str | None = None, device: str = "cpu",
-                 precision: str | None = None) -> list[list[dict[str, Any]]]:
+                 precision: str | None = None) -> list[list[JSONObject]]:
     """Index.search: ``queries`` as texts (a list of str: embedded as queries with the index's bundle, or
     ``bundle``, its pipeline loaded once on ``ix``) or vectors (as search_vectors takes them), ``where``
     a filter's conditions (`--where`'s, filters.py: all must hold) or its rows; each query's hits."""

@@ -20,8 +20,8 @@ from typing import Any
 
 from mlmkit.errors import DataFormatError, MlmkitError
 from mlmkit.files import MAX_RECORD_BYTES, bounded_lines, parse_json
-from mlmkit.text.readers import iter_table_rows
 from mlmkit.text.records import matching_files
+from mlmkit.text.tables import iter_table_rows
 
 log = logging.getLogger("mlmkit")
 
@@ -163,7 +163,7 @@ def _text_sentences(text: Any, p: Path, n: int | None, field: str, unit: str = "
 def _parquet_documents(p: Path, text_column: str, rows: int = 4096, *,
                        max_bytes: int | None = MAX_RECORD_BYTES) -> Iterator[list[str]]:
     """A document per row of a Parquet file (a null text is no document); ``line`` is the row. Read
-    through the one table reader (text/readers.py): only the text column, a batch of rows at a time,
+    through the one table reader (text/tables.py): only the text column, a batch of rows at a time,
     and a value over the record ceiling is an error naming its row, never read whole."""
     for r in iter_table_rows(p, rows, max_bytes=max_bytes, columns=[text_column],
                              column_hint="name the text column with --text-column",

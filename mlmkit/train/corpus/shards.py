@@ -21,7 +21,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from mlmkit.errors import MlmkitError
-from mlmkit.files import MAX_RECORD_BYTES, JSONObject, cache_root, exclusive, parse_json
+from mlmkit.files import MAX_RECORD_BYTES, JSONObject, cache_root, parse_json
+from mlmkit.locks import exclusive
 from mlmkit.train.corpus.files import PENDING_CHARS, DocumentPart, corpus_files, iter_documents
 from mlmkit.train.corpus.pieces import token_cut
 from mlmkit.train.corpus.workers import Progress, split_by_size, tokenize_in_processes
