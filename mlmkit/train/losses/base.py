@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from mlmkit.errors import ConfigError
 from mlmkit.models.pooled import PairBatch
 from mlmkit.objectives import LOSSES, Loss
+from mlmkit.typed import Registry
 
 Similarity = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """(a (n, H), b (m, H)) -> (n, m): every row of ``a`` against every row of ``b``."""
@@ -53,7 +54,8 @@ class RankLoss(RegisteredLoss):
 
 
 # ---- the registry: kind -> the loss's public name -> its class ---------------------------------------
-LOSS_CLASSES: dict[str, dict[str, type[RegisteredLoss]]] = {kind: {} for kind in LOSSES}
+LOSS_CLASSES: dict[str, Registry[type[RegisteredLoss]]] = {kind: Registry(f"{kind} loss") for kind in LOSSES}
+"""The loss classes by kind, each kind a registry of the classes by the loss's declared name."""
 
 
 def register(*classes: type[RegisteredLoss]) -> None:
@@ -63,20 +65,19 @@ def register(*classes: type[RegisteredLoss]) -> None:
         if cls.name not in LOSSES.get(cls.kind, {}):
             raise ValueError(f"{cls.__name__}: no {cls.kind or 'kind-less'} loss named {cls.name!r} is "
                              "declared (mlmkit.objectives.register_loss)")
-        have = LOSS_CLASSES[cls.kind].get(cls.name)
-        if have is not None and have is not cls:
+        if cls.name in LOSS_CLASSES[cls.kind] and LOSS_CLASSES[cls.kind][cls.name] is not cls:
             raise ValueError(f"the {cls.kind} loss {cls.name!r} is implemented already by "
-                             f"{have.__qualname__}")
-        LOSS_CLASSES[cls.kind][cls.name] = cls
+                             f"{LOSS_CLASSES[cls.kind][cls.name].__qualname__}")
+        LOSS_CLASSES[cls.kind].add(cls.name, cls)
 
 
 def loss_class(loss: Loss) -> type[RegisteredLoss]:
     """The class registered for the declared ``loss``; a ConfigError where none is."""
-    cls = LOSS_CLASSES.get(loss.kind, {}).get(loss.name)
-    if cls is None:
+    classes = LOSS_CLASSES.get(loss.kind)
+    if classes is None or loss.name not in classes:
         raise ConfigError(f"the {loss.kind} loss {loss.name!r} has no implementation",
                           "import the module that registers its class before the model is built")
-    return cls
+    return classes[loss.name]
 
 
 def build_loss(loss: Loss, **options: object) -> RegisteredLoss:
