@@ -197,11 +197,8 @@ def _conditions(value: list[str] | None, route: str) -> list[Condition]:
 
     if value is None:
         return []
-    if any(x.split(" in ", 1)[-1].lstrip().startswith("@") for x in value if " in " in x):
-        raise HTTPError(422, f"{route}: 'where' takes its values inline: \"FIELD in A,B\" (no @FILE on the "
-                             "server)")
     try:
-        return parse(value)
+        return parse(value, files=False)  # a request never names a file of the server
     except MlmkitError as e:
         raise HTTPError(422, f"{route}: {e.message}", e.hint) from None
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
+import pytest
 from index_helpers import (
     brute,
     one_red_line,
@@ -111,3 +113,25 @@ def test_a_field_of_another_kind_names_its_line_and_filters_survive_an_upsert_an
         got = {i for row in rows for i in index.ids(row[row >= 0])}
         assert got and not got & ({f"d{i}" for i in range(50)} | {"d60"}), step
         assert runner.invoke(app, ["index", str(ix), "--compact"]).exit_code == 0
+
+
+def test_a_where_file_is_a_bounded_regular_utf8_file_or_one_line(tmp_path):
+    """--where "id in @FILE" reads a regular file of UTF-8 text, bounded; a binary file, a device or
+    a directory is one line naming it, never a traceback or a read without end; a request to the
+    server never names a file, however the condition is spaced."""
+    from mlmkit.errors import ConfigError
+    from mlmkit.retrieval.index.filters import parse
+
+    ok = tmp_path / "ids.txt"
+    ok.write_text("d1\n\nd2 \n")
+    assert parse([f"id in @{ok}"])[0].values == ("d1", "d2")
+    binary = tmp_path / "ids.bin"
+    binary.write_bytes(b"d1\n\xff\xfe\x00")
+    for value, said in ((binary, "is not UTF-8 text"), (Path("/dev/zero"), "is not a regular file"),
+                        (tmp_path, "is not a regular file"), (tmp_path / "nope", "does not exist")):
+        with pytest.raises(ConfigError, match=said) as e:
+            parse([f"id in @{value}"])
+        assert "\n" not in str(e.value)
+    for spaced in (f"id in @{ok}", f"id\tin\t@{ok}", f"id  in\n@{ok}"):
+        with pytest.raises(ConfigError, match="given inline here"):
+            parse([spaced], files=False)

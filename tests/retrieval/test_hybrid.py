@@ -184,7 +184,8 @@ def test_serve_fuses_bm25_and_other_served_indexes_as_search_hybrid_does(setup, 
                     [[h["id"] for h in json.loads(x)["hits"]] for x in cli.stdout.splitlines()], hybrid
         bad = {
             "the index has no field 'colour'": {"index": "docs", "query": "a", "where": "colour=red"},
-            "no @FILE on the server": {"index": "docs", "query": "a", "where": ["id in @/etc/passwd"]},
+            "given inline here": {"index": "docs", "query": "a", "where": ["id in @/etc/passwd"]},
+            "'id\\tin\\t@/etc/passwd'": {"index": "docs", "query": "a", "where": ["id\tin\t@/etc/passwd"]},
             "retrievers of different corpora": {"index": "docs", "query": "a", "hybrid": "other"},
             "neither bm25 nor another served index": {"index": "docs", "query": "a", "hybrid": ["nope"]},
             "the server has no --corpus for it": {"index": "sp", "query": "a", "hybrid": "bm25"},

@@ -48,21 +48,22 @@ class Condition:
     values: tuple[str, ...]
 
     @classmethod
-    def parse(cls, text: str) -> Condition:
+    def parse(cls, text: str, *, files: bool = True) -> Condition:
+        """One condition as written. ``files``: whether ``FIELD in @FILE`` may read a file (the command
+        line's; never a request's to the server, which takes its values inline)."""
         m = CONDITION.match(text)
         if m is None or not m.group(3):
             raise ConfigError(f"--where {text!r}: not FIELD=VALUE, FIELD>=VALUE, FIELD<=VALUE, FIELD>VALUE, "
-                              "FIELD<VALUE, "
-                              "FIELD!=VALUE or 'FIELD in A,B'", "e.g. --where lang=en --where 'year>=2020'")
+                              "FIELD<VALUE, FIELD!=VALUE or 'FIELD in A,B'",
+                              "e.g. --where lang=en --where 'year>=2020'")
         field, op, value = m.group(1), m.group(2).strip(), m.group(3)
         if op != "in":
             return cls(field, op, (value,))
+        if value.startswith("@") and not files:
+            raise ConfigError(f"where {text!r}: the values are given inline here, \"FIELD in A,B\"",
+                              "a request names no file of the server (no @FILE)")
         if value.startswith("@"):
-            try:
-                values = tuple(v.strip() for v in Path(value[1:]).read_text(encoding="utf-8").splitlines()
-                               if v.strip())
-            except OSError as e:
-                raise ConfigError(f"--where {text!r}: cannot read {value[1:]} ({e.strerror})") from None
+            values = tuple(v.strip() for v in _values_file(Path(value[1:]), text).splitlines() if v.strip())
         else:
             values = tuple(v.strip() for v in value.split(",") if v.strip())
         if not values:
@@ -70,8 +71,35 @@ class Condition:
         return cls(field, op, values)
 
 
-def parse(conditions: Sequence[str] | None) -> list[Condition]:
-    return [Condition.parse(c) for c in conditions or ()]
+VALUES_FILE_BYTES = 1 << 28
+"""The largest file ``FIELD in @FILE`` reads (256 MiB: millions of ids), whole, as UTF-8 text."""
+
+
+def _values_file(path: Path, text: str) -> str:
+    """The text of ``--where "FIELD in @FILE"``'s file: a regular file of UTF-8 text, a value a line,
+    at most VALUES_FILE_BYTES; else one line saying what it is."""
+    hint = "give a text file of the values, one a line"
+    try:
+        if not path.is_file():
+            what = "does not exist" if not path.exists() else "is not a regular file"
+            raise ConfigError(f"--where {text!r}: {path} {what}", hint)
+        size = path.stat().st_size
+        if size > VALUES_FILE_BYTES:
+            raise ConfigError(f"--where {text!r}: {path} is {size:,} bytes, over the "
+                              f"{VALUES_FILE_BYTES >> 20} MiB a file of values may hold", hint)
+        with open(path, "rb") as f:
+            data = f.read(VALUES_FILE_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"--where {text!r}: cannot read {path} ({e.strerror})", hint) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--where {text!r}: {path} is not UTF-8 text (byte {e.start})", hint) from None
+
+
+def parse(conditions: Sequence[str] | None, *, files: bool = True) -> list[Condition]:
+    """``--where``'s conditions, parsed; ``files``: whether ``@FILE`` values may be read (the CLI's)."""
+    return [Condition.parse(c, files=files) for c in conditions or ()]
 
 
 # ---- writing: a shard's meta.arrow, from its corpus -------------------------------------------------------
