@@ -44,19 +44,32 @@ def leading_dimensions(x: np.ndarray, n: int | None, normalize: bool) -> np.ndar
 
 
 def top_k(scores_of: Iterable[tuple[int, np.ndarray]], queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k best (rows, scores) per query over chunks of (first row, (Q, chunk) scores), best first,
-    ties by row: memory is Q x (chunk + k), never Q x every row."""
+    """The k best (rows, scores) per query over chunks of (first row, (Q, chunk) scores), best first:
+    memory is Q x (chunk + k), never Q x every row. The one tie rule of every ranking: the higher
+    score first, then the lower row (the document's position), whatever the CPU's selection kernel."""
     best_s = np.full((queries, 0), -np.inf, dtype=np.float32)
     best_i = np.zeros((queries, 0), dtype=np.int64)
     for start, cs in scores_of:
         s = np.concatenate([best_s, cs.astype(np.float32)], axis=1)
         i = np.concatenate([best_i, np.broadcast_to(np.arange(start, start + cs.shape[1]), cs.shape)], axis=1)
-        if s.shape[1] > k:  # keep the k best so far
-            top = np.argpartition(-s, k - 1, axis=1)[:, :k]
-            s, i = np.take_along_axis(s, top, 1), np.take_along_axis(i, top, 1)
-        best_s, best_i = s, i
+        best_s, best_i = keep_best(s, i, k) if s.shape[1] > k else (s, i)
     order = np.lexsort((best_i, -best_s), axis=1)
     return np.take_along_axis(best_i, order, 1), np.take_along_axis(best_s, order, 1)
+
+
+def keep_best(s: np.ndarray, i: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best of (Q, n) scores ``s`` and their rows ``i`` (n > k), unordered: np.argpartition,
+    except where scores equal to a query's k-th best fall on both sides of the cut, which are then
+    kept by the lower row (argpartition leaves that choice to the CPU's selection kernel). A -inf
+    cut needs no rule: a -inf is no hit."""
+    top = np.argpartition(-s, k - 1, axis=1)[:, :k]
+    ks, ki = np.take_along_axis(s, top, 1), np.take_along_axis(i, top, 1)
+    kth = ks.min(axis=1)
+    tied = np.flatnonzero(((s >= kth[:, None]).sum(axis=1) > k) & np.isfinite(kth))
+    for q in tied:
+        order = np.lexsort((i[q], -s[q]))[:k]
+        ks[q], ki[q] = s[q, order], i[q, order]
+    return ks, ki
 
 
 def masked(scores_of: Iterable[tuple[int, np.ndarray]],
@@ -200,6 +213,10 @@ Anserini's stem English too. On the built-in retrieval set it lifts BM25's nDCG@
 0.407, and the fusion with the fine-tuned MiniLM above both (docs/retrieval.md, Hybrid search)."""
 
 
+BM25_QUERY_BLOCK = 64
+"""Queries whose BM25 scores over the whole corpus are held at once (64 x documents floats)."""
+
+
 class BM25:
     """BM25 over the corpus (the bm25s library: sparse matrices; English stop words, words stemmed)."""
 
@@ -224,9 +241,17 @@ class BM25:
                                                                                                  np.ndarray]:
         """The top k documents of each query; ``mask`` ((documents,) 0 or 1): those with 1 alone (bm25s's
         weight_mask: the others score 0, a score no hit has)."""
-        docs, scores = self.index.retrieve(self._tokens(queries), k=min(k, self.size), show_progress=False,
-                                           weight_mask=mask)
-        return np.asarray(docs, dtype=np.int64), np.asarray(scores, dtype=np.float32)
+        tokens, n = self._tokens(queries, ids=False), min(k, self.size)
+        docs, best = [np.zeros((0, n), np.int64)], [np.zeros((0, n), np.float32)]
+        for a in range(0, len(tokens), BM25_QUERY_BLOCK):  # every document's score, a block of queries
+            block = tokens[a:a + BM25_QUERY_BLOCK]
+            s = np.stack([self.index.get_scores(q) for q in block]).astype(np.float32)
+            if mask is not None:
+                s = np.where(np.asarray(mask) > 0, s, np.float32(0.0))
+            d, b = top_k([(0, s)], len(s), n)  # top_k's tie rule (score, then the document's position)
+            docs.append(d)
+            best.append(b)
+        return np.concatenate(docs), np.concatenate(best)
 
     def pair_scores(self, queries: Sequence[str], docs: Sequence[int]) -> np.ndarray:
         tokens = self._tokens(queries, ids=False)

@@ -41,9 +41,11 @@ def test_hybrid_search_and_evaluation_equal_a_fusion_by_hand_of_each_retriever_a
     stem = Stemmer.Stemmer("english")  # BM25's words are stemmed (retrieval.STEMMER)
     lexical = bm25s.BM25()
     lexical.index(bm25s.tokenize(docs, stemmer=stem, show_progress=False), show_progress=False)
-    rows, scores = lexical.retrieve(bm25s.tokenize(texts, stemmer=stem, show_progress=False), k=100,
-                                    show_progress=False)
-    sparse = [[(ids[r], float(s)) for r, s in zip(row, sr) if s > 0] for row, sr in zip(rows, scores)]
+    sparse = []  # bm25s's scores, ranked by the one tie rule: the higher score, then the earlier document
+    for words in bm25s.tokenize(texts, stemmer=stem, show_progress=False, return_ids=False):
+        s = lexical.get_scores(words).astype(np.float32)
+        sparse.append([(ids[r], float(s[r])) for r in sorted(range(len(s)), key=lambda r: (-s[r], r))[:100]
+                       if s[r] > 0])
     for fusion, weights in (("rrf", [1.0, 1.0]), ("weighted", [0.3, 0.7])):
         fused = Hybrid([IndexRanker(ix), BM25Ranker(ids, docs)], fusion, weights).rank(texts, 100)
         for got, d, s in zip(fused, dense, sparse):

@@ -260,7 +260,7 @@ def search(ix: Any, queries: Sequence[np.ndarray], k: int, *, rescore: int | Non
         if not len(q):
             continue
         S = q @ C.T  # (tokens, K)
-        probe = np.argpartition(-S, min(nprobe, S.shape[1]) - 1, axis=1)[:, :nprobe]
+        probe = np.argsort(-S, axis=1, kind="stable")[:, :nprobe]  # equal scores: the lower centroid
         w = np.zeros((1, S.shape[1]), dtype=np.float32)
         np.add.at(w[0], probe.reshape(-1), np.take_along_axis(S, probe, 1).reshape(-1))
         rows1, s1 = top_k(masked(postings.scores([s.postings for s in ix.multi], csr_matrix(w)), allowed), 1,
