@@ -231,7 +231,13 @@ class BM25:
                               "pip install 'mlmkit[retrieval]'") from None
         self.bm25s, self.stemmer = bm25s, Stemmer.Stemmer(STEMMER)
         self.index = bm25s.BM25()
-        self.index.index(self._tokens(docs), show_progress=False)
+        tokens = self._tokens(docs)
+        if not tokens.vocab:
+            from mlmkit.errors import ConfigError
+
+            raise ConfigError(f"BM25: the {len(docs)} documents hold no word but English stop words and "
+                              "punctuation", "give documents with words to match, or another retriever")
+        self.index.index(tokens, show_progress=False)
         self.size = len(docs)
 
     def _tokens(self, texts: Sequence[str], ids: bool = True) -> Any:

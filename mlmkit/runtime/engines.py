@@ -105,6 +105,9 @@ class OpenVinoEngine(Engine):
             import openvino  # noqa: F401
         except ImportError:
             return f"OpenVINO is not installed ({self.install})"
+        except Exception as e:  # noqa: BLE001 - a broken install (a library it loads, a version clash)
+            why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            return f"OpenVINO is installed but does not import ({type(e).__name__}: {why})"
         return None
 
     def open(self, model: Path, *, precision: str, device: str, threads: int | None, spin: bool) -> Any:

@@ -33,3 +33,7 @@ def test_ann_indexes_find_the_exact_hits(setup, tmp_path):
     shutil.copy(tmp_path / "few" / "ann.faiss", tmp_path / "ix" / "ann.faiss")
     with pytest.raises(ConfigError, match="holds 40 vectors; the manifest says 1,200"):
         search_vectors(Index.open(tmp_path / "ix"), setup["q"], 10)
+    # an IVF graph in place of the HNSW one (of the same vectors) is one line, not faiss's RuntimeError
+    shutil.copy(built(setup, "float32-ivf").path / "ann.faiss", tmp_path / "ix" / "ann.faiss")
+    with pytest.raises(ConfigError, match="is a faiss IndexIVFFlat, not the hnsw index its manifest names"):
+        search_vectors(Index.open(tmp_path / "ix"), setup["q"], 10)

@@ -75,3 +75,10 @@ def test_bm25_ranks_by_the_rule_and_a_mask_keeps_its_documents():
     mask = np.array([0, 1, 1, 1, 1, 1], dtype=np.float32)
     rows, _ = BM25(docs).search(["cat dog"], 2, mask=mask)
     assert rows[0].tolist() == [1, 4]
+
+
+def test_bm25_over_stop_words_only_is_one_line():
+    from mlmkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="hold no word but English stop words"):
+        BM25(["the a an", "of the", "..."])

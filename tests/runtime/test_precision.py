@@ -89,6 +89,31 @@ def test_auto_without_openvino_says_the_pip_command(bundles, monkeypatch):
         Pipeline.load(bundles["embedding"], precision="bf16")
 
 
+@pytest.mark.parametrize("error", [RuntimeError("libopenvino.so.2540: undefined symbol"),
+                                   OSError(12, "no memory")])
+def test_a_broken_openvino_install_falls_back_to_fp32_with_a_line(bundles, monkeypatch, error):
+    """An OpenVINO whose import raises (a library it loads, a clash of versions) is no crash: auto stays
+    in fp32 saying why, bf16 asked for is one line."""
+    import builtins
+
+    real = builtins.__import__
+
+    def broken(name, *args, **kwargs):
+        if name == "openvino" or name.startswith("openvino."):
+            raise error
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setenv("MLMKIT_CPU_FLAGS", BF16)
+    monkeypatch.delitem(sys.modules, "openvino", raising=False)
+    monkeypatch.setattr(builtins, "__import__", broken)
+    said = f"OpenVINO is installed but does not import ({type(error).__name__}"
+    assert said in ENGINES["openvino"].missing()
+    pipe = Pipeline.load(bundles["embedding"], precision="auto")
+    assert pipe.precision == "fp32" and said in pipe.choice.why
+    with pytest.raises(ConfigError, match="--precision bf16: OpenVINO is installed but does not import"):
+        Pipeline.load(bundles["embedding"], precision="bf16")
+
+
 def test_the_environment_sets_the_default_and_a_bad_value_is_one_line(bundles, monkeypatch):
     monkeypatch.setenv("MLMKIT_PRECISION", "fp32")
     assert Pipeline.load(bundles["embedding"]).choice.why == "fp32 on onnxruntime: asked for"

@@ -87,6 +87,9 @@ def load_ann(ix: StoredIndex) -> Any:
     except (RuntimeError, MemoryError):  # faiss's message is its C++ source's; the file is actionable
         raise ConfigError(f"{path} is not a readable faiss {ix.ann} index: a truncated or replaced file",
                           hint) from None
+    if not hasattr(index, "hnsw" if ix.ann == "hnsw" else "nprobe"):  # what its search parameters set
+        raise ConfigError(f"{path} is a faiss {type(index).__name__}, not the {ix.ann} index its manifest "
+                          "names: a replaced file", hint)
     if index.d != ix.dims:
         raise ConfigError(f"{path} holds vectors of {index.d} dimensions; the manifest says {ix.dims}: a "
                           "replaced file", hint)

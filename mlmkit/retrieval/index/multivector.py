@@ -33,6 +33,7 @@ the files read, a query's (tokens, K) centroid scores and its candidates' token 
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,7 +143,7 @@ class Codec:
         try:
             with np.load(path, allow_pickle=False) as z:
                 c, cut, w = (np.asarray(z[k]) for k in ("centroids", "cutoffs", "weights"))
-        except (OSError, ValueError, KeyError, EOFError) as e:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             what = "is missing" if not path.is_file() else f"is not a readable codec ({why})"
             raise ConfigError(f"{path} {what}", hint) from None
