@@ -425,10 +425,11 @@ def test_bad_input_to_a_colbert_index_is_one_line_and_changes_nothing(colbert, b
         assert r.exit_code == 2 and match in r.output and "Traceback" not in r.output, r.output
     for name, damage in (("shard-000000/codes.bin", lambda f: f.write_bytes(f.read_bytes()[:-6])),
                          ("codec.npz", lambda f: f.write_bytes(b"not a codec")),
+                         ("codec.npz", lambda f: f.write_bytes(f.read_bytes()[:200])),  # a truncated zip
                          ("shard-000000/residuals.bin", lambda f: f.write_bytes(b"")),
                          ("manifest.json",
                           lambda f: f.write_text(f.read_text().replace('"nprobe": 4', '"nprobe": "four"')))):
-        broken = tmp_path / name.replace("/", "-")
+        broken = tmp_path / f"{name.replace('/', '-')}-{len(list(tmp_path.iterdir()))}"
         shutil.copytree(out, broken)
         damage(broken / name)
         r = runner.invoke(app, ["search", str(broken), "a query"])
