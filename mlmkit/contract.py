@@ -109,6 +109,7 @@ class TaskOption:
     help: str
     choices: tuple[Any, ...] | None = None
     minimum: float | None = None
+    maximum: float | None = None
     value_type: type | None = None
     fixed: bool = False
     saved: bool = True
@@ -141,6 +142,8 @@ class TaskOption:
             problem = f"must be one of: {', '.join(map(str, self.choices))}"
         elif self.minimum is not None and value < self.minimum:
             problem = f"must be at least {self.minimum:g}"
+        elif self.maximum is not None and value > self.maximum:
+            problem = f"must be at most {self.maximum:g}"
         else:
             return value
         raise ConfigError(f"task option {self.flag} {problem}, got {value!r}", self.help)

@@ -179,7 +179,14 @@ class Plugin:
         options. ``model``: ``saved`` belongs to a trained model, whose ``fixed`` options cannot change."""
         declared = {o.name: o for o in self.options}
         values = {n: o.default for n, o in declared.items()}
-        values.update({k: v for k, v in (saved or {}).items() if k in declared})
+        for k, v in (saved or {}).items():  # a model's own, checked as a given value is
+            if k in declared and v is not None:
+                try:
+                    values[k] = declared[k].parse(v)
+                except ConfigError as e:
+                    raise ConfigError(f"the model's saved task option '{k}' (its mlmkit.json's 'options'): "
+                                      f"{e.message}", "the model was edited or damaged: train or export it "
+                                      "again") from None
         for k, v in (given or {}).items():
             if v is None:
                 continue

@@ -69,6 +69,8 @@ if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports t
     from mlmkit.model import ModelConfig
 
 log = logging.getLogger("mlmkit")
+MAX_DIM = 8192
+"""The widest token vector a colbert head makes (its projection: hidden size x dim weights)."""
 MULTI_VECTOR_MASK = "sentence_transformers.multi_vector_encoder.modules.multi_vector_mask.MultiVectorMask"
 
 LOSSES = ("mnrl", "cached-mnrl", "kl-distill", "margin-mse")
@@ -93,7 +95,7 @@ class ColbertTask(EmbeddingTask):
     outputs = {"vectors": (BATCH, SEQUENCE, "dim")}
     options = (
         TaskOption("dim", 128, "Dimensions of each token vector (the projection's output).", minimum=1,
-                   fixed=True),
+                   maximum=MAX_DIM, fixed=True),
         TaskOption("query_length", 32,
                    "Tokens of every query: cut to it, padded to it with [MASK] (query expansion).",
                    minimum=4, fixed=True),

@@ -112,6 +112,7 @@ class Pipeline:
             )
         self._check_outputs(session)
         self._check_labels(session)
+        plugin.resolve_options({}, saved=meta.options, model=True)  # its saved options, checked once
         if self.outputs != plugin.outputs:  # e.g. a description edited to name another task
             raise BundleError(
                 f"{path} is described as a {plugin.name} bundle, but its outputs {dict(self.outputs)} are "

@@ -333,6 +333,21 @@ def copy_bundle(bundles: dict[str, Path], kind: str, to: Path, **fields: Any) ->
     return b
 
 
+@pytest.mark.parametrize("kind, option, value, said", [
+    ("fill-mask", "candidates", "x", "expects a value of type int"),
+    ("classification", "threshold", "high", "expects a value of type float"),
+    ("fill-mask", "candidates", 0, "must be at least 1"),
+])
+def test_a_bundles_saved_task_options_are_checked_when_it_loads(tmp_path: Path, bundles: dict[str, Path],
+                                                                kind: str, option: str, value: Any,
+                                                                said: str) -> None:
+    b = copy_bundle(bundles, kind, tmp_path / "b", **{f"options.{option}": value})
+    with pytest.raises(ConfigError) as e:
+        Pipeline.load(b)
+    assert f"saved task option '{option}'" in e.value.message and said in e.value.message, e.value.message
+    assert "\n" not in str(e.value)
+
+
 def test_export_records_the_label_order_in_the_graph(bundles: dict[str, Path]) -> None:
     for kind, labels in (("classification", ["neg", "pos"]), ("fill-mask", None)):
         props = {p.key: p.value for p in onnx.load(str(bundles[kind] / "model.onnx"),

@@ -590,3 +590,10 @@ def test_a_ray_built_colbert_index_holds_the_documents_of_a_local_one(colbert, b
     a, b = documents(local, rows), documents(got, rows)
     assert [len(x) for x in a] == [len(y) for y in b]
     assert np.concatenate([(x * y).sum(1) for x, y in zip(a, b)]).mean() > 0.99
+
+
+def test_a_token_vector_wider_than_the_ceiling_is_refused_before_anything_is_built():
+    from mlmkit.registry import get_task
+
+    with pytest.raises(ConfigError, match="dim=VALUE must be at most 8192, got 1000000000"):
+        get_task("colbert").resolve_options({"dim": "1000000000"})
