@@ -87,6 +87,9 @@ class Search(Route[SearchRequest, SearchState]):
         if request.vector is not None and ix.kind in ("sparse", "multivector"):
             what = "sparse (an inverted index)" if ix.kind == "sparse" else "multi-vector (a vector a token)"
             raise HTTPError(422, f"{self.path}: index '{name}' is {what}: send 'query' texts, not 'vector'")
+        if request.hybrid is None and (request.weights is not None or request.fusion is not None):
+            raise HTTPError(422, f"{self.path}: 'fusion' and 'weights' fuse retrievers: they need 'hybrid'",
+                            "add \"hybrid\": \"bm25\" (or another served index), or leave them out")
         if request.hybrid is not None:
             state.update(self._hybrid(request, request.hybrid, name, models, served))
             if request.vector is not None:

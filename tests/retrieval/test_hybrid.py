@@ -95,6 +95,8 @@ def test_hybrid_refuses_retrievers_of_other_corpora_and_bad_settings_in_one_line
          "give numbers separated by commas"),
         (["evaluate", ix, "--data", str(beir), "--hybrid", "bm25", "--weights", "0,0"], "one above 0"),
         (["evaluate", str(setup["bundle"]), "--data", str(beir), "--hybrid", "bm25"], "is not an index"),
+        (["search", ix, "q", "--hybrid", "bm25", "--corpus", str(beir / "corpus.jsonl"), "--corpus-column",
+          "nosuch"], "field 'nosuch': no field 'nosuch'"),
     ]
     for argv, said in cases:
         assert said in one_red_line(runner.invoke(app, argv)), argv
@@ -196,6 +198,8 @@ def test_serve_fuses_bm25_and_other_served_indexes_as_search_hybrid_does(setup, 
                                                       "fusion": "max"},
             "3 weights for 2 retrievers": {"index": "docs", "query": "a", "hybrid": "bm25",
                                            "weights": [1, 1, 1]},
+            "'fusion' and 'weights' fuse retrievers: they need 'hybrid'": {"index": "docs", "query": "a",
+                                                                           "weights": [1.0]},
         }
         for message, body in bad.items():
             r = post(body)
@@ -206,3 +210,16 @@ def test_serve_fuses_bm25_and_other_served_indexes_as_search_hybrid_does(setup, 
     r = runner.invoke(app, ["serve", str(setup["bundle"]), "--index", f"docs={ix}", "--corpus",
                             f"docs={setup['corpus']}", "--port", "0"])
     assert "retrievers of different corpora" in one_red_line(r)
+
+
+def test_a_corpus_column_no_document_has_is_refused_not_ranked_over_the_titles(tmp_path):
+    from mlmkit.errors import ConfigError
+    from mlmkit.retrieval.index.hybrid import corpus_texts
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "title": f"title {i}", "text": f"text {i}"}) + "\n"
+                              for i in range(3)))
+    assert corpus_texts(corpus) == (["d0", "d1", "d2"], [f"title {i} text {i}" for i in range(3)])
+    with pytest.raises(ConfigError, match="--corpus-column body: no document of .* has that field") as e:
+        corpus_texts(corpus, None, "body")
+    assert e.value.hint == "its fields: _id, text, title"

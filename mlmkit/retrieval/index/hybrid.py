@@ -17,7 +17,7 @@ index of one corpus with BM25 over another is refused.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -266,10 +266,19 @@ def corpus_texts(path: Path, id_column: str | None = None, text_column: str = "t
     from mlmkit.retrieval.index.embedding import corpus_records
     from mlmkit.text.records import iter_inputs
 
-    ids, texts = [], []
-    for rec in corpus_records(iter_inputs(path), id_column, text_column):
+    ids, texts, fields = [], [], set[str]()
+
+    def noted(records: Iterator[Any]) -> Iterator[Any]:  # which fields the documents have
+        for rec in records:
+            fields.update(rec.data if isinstance(rec.data, dict) else (text_column,))
+            yield rec
+
+    for rec in corpus_records(noted(iter_inputs(path)), id_column, text_column):
         ids.append(rec.data["id"])
         texts.append(rec.data["text"])
+    if ids and text_column not in fields:  # else BM25 would rank the titles alone, saying nothing
+        raise ConfigError(f"--corpus-column {text_column}: no document of {path} has that field",
+                          f"its fields: {', '.join(sorted(fields)) or 'none'}")
     return ids, texts
 
 
