@@ -93,8 +93,19 @@ def test_a_field_of_another_kind_names_its_line_and_filters_survive_an_upsert_an
                       ["index", str(setup["bundle"]), "--corpus", str(bad), "--out", str(tmp_path / "bad")])
     assert ("bad.jsonl, line 2" in one_red_line(r)
             and "field 'year' is a string here and a number before" in r.stderr)
+    huge = tmp_path / "huge.jsonl"  # an integer no float holds: one line, not an OverflowError
+    huge.write_text(json.dumps({"_id": "a", "text": "one"}) + "\n" + '{"_id": "b", "text": "two", "n": 1'
+                    + "0" * 400 + "}\n")
+    r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(huge), "--out",
+                            str(tmp_path / "h")])
+    assert "huge.jsonl, line 2" in one_red_line(r) and "field 'n' is a number no float holds" in r.stderr
     ix = tmp_path / "ix"
     build(BuildArgs(setup["bundle"], tagged["corpus"], ix))
+    before = sorted(p.name for p in ix.iterdir())  # an upsert that changes a field's kind changes nothing
+    (tmp_path / "kind.jsonl").write_text(json.dumps({**tagged["docs"][0], "year": "twenty"}) + "\n")
+    r = runner.invoke(app, ["index", str(ix), "--upsert", str(tmp_path / "kind.jsonl")])
+    assert "field 'year' is a string here and a number in the index's other documents" in one_red_line(r)
+    assert sorted(p.name for p in ix.iterdir()) == before
     (tmp_path / "up.jsonl").write_text("".join(json.dumps({**d, "lang": "fr"}) + "\n"
                                                for d in tagged["docs"][:50]))
     assert runner.invoke(app, ["index", str(ix), "--upsert", str(tmp_path / "up.jsonl")]).exit_code == 0

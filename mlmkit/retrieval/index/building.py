@@ -43,7 +43,7 @@ from mlmkit.retrieval.index.embedding import (
     given,
     write_spans,
 )
-from mlmkit.retrieval.index.filters import write_meta
+from mlmkit.retrieval.index.filters import field_kinds, write_meta
 from mlmkit.retrieval.index.identity import query_bundle, record
 from mlmkit.retrieval.index.live import commit, live_rows, sweep, with_deleted
 from mlmkit.retrieval.index.manifest import (
@@ -271,7 +271,8 @@ def _fill_and_commit(args: BuildArgs, out: Path, old: StoredIndex | None, p: Pen
                 _check_unique(p.finish(given(args.corpus)), old, p.shard, given(args.corpus),
                               replacing=args.replacing)
                 counts = write_spans(p.shard, args, chunker(args, pipe))
-                write_meta(p.shard, given(args.corpus), args.id_column, args.text_column, p.rows, counts)
+                write_meta(p.shard, given(args.corpus), args.id_column, args.text_column, p.rows, counts,
+                           known=field_kinds(old) if old is not None else None)
             except MlmkitError:
                 shutil.rmtree(p.dir, ignore_errors=True)
                 raise

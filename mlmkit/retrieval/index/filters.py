@@ -21,8 +21,9 @@ the stored columns (pyarrow.compute), a shard at a time, into the rows a search 
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,11 +113,12 @@ def extra_fields(rec: Any, id_column: str | None, text_column: str) -> JSONObjec
 
 
 def write_meta(shard: Path, corpus: Path, id_column: str | None, text_column: str, count: int,
-               repeat: np.ndarray | None = None) -> None:
+               repeat: np.ndarray | None = None, known: Mapping[str, str] | None = None) -> None:
     """The corpus's documents' fields into ``shard``'s meta.arrow: one pass for each field's kind (an
     error names the first document whose value is of another), one to write CHUNK documents at a time.
     None written when no document has a field. The documents are the shard's, in order (``count``
-    rows); ``repeat``: a chunked shard's chunks a document, each a row with its document's fields."""
+    rows); ``repeat``: a chunked shard's chunks a document, each a row with its document's fields;
+    ``known``: the kinds the index's other shards give its fields (an append or an upsert keeps them)."""
     import pyarrow as pa
 
     from mlmkit.text.records import iter_inputs
@@ -125,6 +127,14 @@ def write_meta(shard: Path, corpus: Path, id_column: str | None, text_column: st
     for rec in iter_inputs(corpus):
         for k, v in extra_fields(rec, id_column, text_column).items():
             kind = "null" if v is None else KINDS.get(type(v), "list or object")
+            if isinstance(v, int) and not isinstance(v, bool) and not _float_holds(v):
+                raise rec.error(f"field {k!r} is a number no float holds ({len(str(abs(v)))} digits)", k,
+                                hint="give it as a string, or as a number within 1e308")
+            was = (known or {}).get(k, "null")
+            if "null" not in (kind, was) and kind != was:
+                raise rec.error(f"field {k!r} is a {kind} here and a {was} in the index's other documents", k,
+                                hint="give a field one kind of value in every document (numbers, strings or "
+                                     "booleans)")
             seen = kinds.setdefault(k, kind)
             if kind != seen and "null" not in (kind, seen):
                 raise rec.error(f"field {k!r} is a {kind} here and a {seen} before", k,
@@ -158,12 +168,29 @@ def write_meta(shard: Path, corpus: Path, id_column: str | None, text_column: st
                               hint="build again from a corpus that stays as it is")
 
 
+def _float_holds(n: int) -> bool:
+    try:
+        return math.isfinite(float(n))
+    except OverflowError:
+        return False
+
+
 def _stored(value: Any, kind: str) -> Any:
     if value is None or kind in ("boolean", "number", "string", "null"):
         return float(value) if kind == "number" and value is not None else value
     import json
 
     return json.dumps(value, ensure_ascii=False)  # a list or an object: kept as its JSON text
+
+
+ARROW_KINDS = {"bool": "boolean", "double": "number", "string": "string", "json": "list or object",
+               "null": "null"}
+"""A stored field's Arrow type (fields()) -> the kind write_meta gave it."""
+
+
+def field_kinds(ix: StoredIndex) -> dict[str, str]:
+    """The kinds of the index's fields (write_meta's names), over its shards: what a new shard keeps."""
+    return {k: ARROW_KINDS.get(v, "list or object") for k, v in fields(ix).items() if k != "id"}
 
 
 def read_meta(shard: Path, count: int) -> Any:
