@@ -107,7 +107,7 @@ class Chunker:
                 b = e
                 while b > s and words[e] is not None and words[b - 1] == words[e]:
                     b -= 1  # back to the start of the word token e is in
-                e = b if b > s else e
+                e = b if b > s + m else e  # a chunk keeps more than its overlap: else cut inside the word
                 if self.chunking.sentences:  # the last sentence end in the window's second half, if any
                     e = next((b for b in range(e, s + max(1, (e - s) // 2), -1) if ends_sentence(b)), e)
             out.append((offsets[s][0], offsets[e - 1][1]))
@@ -116,9 +116,10 @@ class Chunker:
             start = max(e - m, s + 1)
             if self.chunking.sentences and m:  # the overlap from the first sentence start in it, if any
                 start = next((j for j in range(start, e) if ends_sentence(j)), start)
-            while start > s + 1 and words[start] is not None and words[start - 1] == words[start]:
-                start -= 1
-            s = start
+            b = start  # back to the start of the word the overlap begins in, if that word starts after s
+            while b > s and words[b] is not None and words[b - 1] == words[b]:
+                b -= 1
+            s = b if b > s else start  # a word longer than a chunk is cut inside: chunks go on by n - m
 
 
 def chunk_records(items: Iterable[Any], chunker: Chunker) -> Iterator[Any]:
