@@ -40,6 +40,7 @@ GATE_THRESHOLDS = {"top-1 agreement": 0.99, "mean cosine": 0.999, "score correla
 choice on MiniLM (docs/performance.md); below these a precision is not used."""
 SAMPLE_ROWS = 24
 GATE_ROWS = 32  # the --calibrate inputs kept as the gate's sample
+MAX_GATE_ROWS = 256  # the most a bundle's gate sample may hold: it runs at every load of an fp32 bundle
 
 
 class GateRecord(TypedDict):
@@ -150,7 +151,11 @@ def _sample(meta: BundleMeta, path: Path, specials: Any) -> tuple[dict[str, np.n
                   for r, t in zip(ids, types)))
     if not ok:
         raise BundleError(f"{path / 'mlmkit.json'}: 'gate' has no sample of token ids below the vocabulary's "
-                          "size",
+                          "size", "re-create the bundle with `mlmkit export`")
+    if len(ids) > MAX_GATE_ROWS or max(map(len, ids)) > meta.max_length:  # it runs at every load
+        raise BundleError(f"{path / 'mlmkit.json'}: 'gate' holds {len(ids):,} rows of up to "
+                          f"{max(map(len, ids)):,} tokens; a gate sample has at most {MAX_GATE_ROWS} rows of "
+                          f"at most the bundle's {meta.max_length}",
                           "re-create the bundle with `mlmkit export`")
     return padded(g, meta.tokenizer.pad_id), f"{len(ids)}-input sample ({g.get('on', 'the sample batch')})"
 

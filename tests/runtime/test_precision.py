@@ -215,7 +215,7 @@ def test_a_failing_gate_is_not_used_by_auto_and_refused_when_asked_for(copy, mon
 
 
 @needs_openvino
-def test_a_damaged_gate_sample_is_one_line(copy, monkeypatch):
+def test_a_damaged_gate_sample_is_one_line(copy, bundles, monkeypatch):
     monkeypatch.setenv("MLMKIT_CPU_FLAGS", BF16)
     d = copy("embedding")
     meta = json.loads((d / "mlmkit.json").read_text())
@@ -223,6 +223,14 @@ def test_a_damaged_gate_sample_is_one_line(copy, monkeypatch):
     (d / "mlmkit.json").write_text(json.dumps(meta))
     with pytest.raises(BundleError, match="mlmkit.json: 'gate' has no sample of token ids"):
         Pipeline.load(d, precision="auto")
+    good = json.loads((bundles["embedding"] / "mlmkit.json").read_text())["gate"]
+    longest = meta["max_length"] + 1
+    for rows, types, said in ((good["input_ids"] * 20, good["token_type_ids"] * 20, "rows of up to"),
+                              ([[5] * longest], [[0] * longest], "1 rows of up")):
+        meta["gate"] = {**good, "input_ids": rows, "token_type_ids": types}  # it would run at every load
+        (d / "mlmkit.json").write_text(json.dumps(meta))
+        with pytest.raises(BundleError, match=f"'gate' holds .*{said}"):
+            Pipeline.load(d, precision="auto")
     meta["gate"] = [1, 2]
     (d / "mlmkit.json").write_text(json.dumps(meta))
     with pytest.raises(BundleError, match="'gate' is not an object"):
