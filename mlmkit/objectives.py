@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlmkit.errors import ConfigError
+from mlmkit.typed import Registry
 
 KINDS = ("embedding", "rank")
 DATA = ("rows", "scored", "texts")
@@ -50,31 +50,27 @@ class Loss:
             raise ValueError(f"loss {self.name!r}: data {sorted(unknown)} not among {DATA}")
 
 
-LOSSES: dict[str, dict[str, Loss]] = {kind: {} for kind in KINDS}
-"""kind -> name -> Loss: the registry (register_loss adds to it)."""
+LOSSES: dict[str, Registry[Loss]] = {kind: Registry(f"{kind} loss", "see `mlmkit tasks` for each task's "
+                                                    "losses") for kind in KINDS}
+"""kind -> the registry of that kind's losses by name (register_loss adds to it)."""
 
 
 def register_loss(*losses: Loss) -> None:
-    """Add ``losses`` to the registry; a name taken by another loss of its kind is an error."""
+    """Add ``losses`` to the registry; a name taken by another loss of its kind is an error (the same
+    declaration twice is not)."""
     for loss in losses:
-        have = LOSSES[loss.kind].get(loss.name)
-        if have is not None and have != loss:
-            raise ValueError(f"a {loss.kind} loss named {loss.name!r} is registered already")
-        LOSSES[loss.kind][loss.name] = loss
+        if LOSSES[loss.kind].in_order().get(loss.name) != loss:
+            LOSSES[loss.kind].add(loss.name, loss)
 
 
 def losses(kind: str) -> dict[str, Loss]:
     """The registered losses of ``kind``, by name, in registration order (a task option's choices)."""
-    return dict(LOSSES[kind])
+    return LOSSES[kind].in_order()
 
 
 def get_loss(kind: str, name: str) -> Loss:
     """The ``kind`` loss ``name``; an unknown name is a ConfigError listing the names there are."""
-    try:
-        return LOSSES[kind][name]
-    except KeyError:
-        raise ConfigError(f"no {kind} loss named {name!r}",
-                          f"use one of: {', '.join(LOSSES.get(kind, {}))}") from None
+    return LOSSES[kind].get(name)
 
 
 register_loss(

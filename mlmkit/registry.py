@@ -10,7 +10,8 @@ here, and advertised in its package's pyproject.toml:
 
 The built-in tasks (classification, tagging, qa, embedding, sparse-embedding, rerank: mlmkit_tasks/) are
 registered exactly this way, and import mlmkit only through the plugin paths; the core never
-imports a specific task. Discovery is lazy and runs once; a duplicate name, a plugin that fails to
+imports a specific task. Discovery is lazy (first use, never at import) and runs once, into ``TASKS``, a
+mlmkit.typed.Registry like every other registry; a duplicate name, a plugin that fails to
 load or one that lacks a required member raises TaskError naming the entry point and its
 distribution. Each task is wrapped in a ``Plugin``, which resolves every optional member once, so
 the rest of the code calls ``plugin.calibrate(...)`` and never asks whether a task has it.
@@ -56,6 +57,7 @@ from mlmkit.contract import (
 )
 from mlmkit.errors import ConfigError, TaskError
 from mlmkit.files import MAX_RECORD_BYTES, JSONObject
+from mlmkit.typed import Registry
 
 __all__ = [
     # the contract (mlmkit/contract.py)
@@ -64,7 +66,8 @@ __all__ = [
     "Metrics", "TaskState", "Options", "HFConfig", "CheckpointInfo", "TaskOption",
     "TaskContext", "Task", "TaskDefaults", "REQUIRED", "OPTIONAL", "per_token",
     # the registry
-    "GROUP", "OWN", "Plugin", "tasks", "broken", "register", "get_task", "option_flags", "tasks_for_command",
+    "GROUP", "OWN", "Plugin", "TaskRegistry", "TASKS", "tasks", "broken", "register", "get_task",
+    "option_flags", "tasks_for_command",
     "spelled", "reset", "PRETRAINING", "masked_lm_task", "task_of",
 ]
 
@@ -227,9 +230,6 @@ class Plugin:
 
 
 # ---- discovery ---------------------------------------------------------------------------------
-_registry: dict[str, Plugin] | None = None
-_broken: dict[str, tuple[str, str]] = {}
-"""Plugins that failed to load, by entry-point name: (reason, distribution). They break only themselves."""
 OWN = "mlmkit"  # the distribution of the built-in tasks: a plugin of the same name does not replace one
 
 
@@ -268,47 +268,71 @@ def _load(ep: Any, dist: str) -> Plugin:
     return plugin
 
 
-def _discover() -> dict[str, Plugin]:
-    found: dict[str, Plugin] = {}
-    _broken.clear()
-    for ep in md.entry_points(group=GROUP):
-        dist = getattr(getattr(ep, "dist", None), "name", None) or "?"
+class TaskRegistry(Registry[Plugin]):
+    """The task plugins that loaded, by name: the one registry shape (mlmkit.typed.Registry), filled
+    from the ``mlmkit.tasks`` entry points on first use (``tasks()``), never at import. ``broken``
+    holds the plugins that failed to load, by entry-point name: (reason, distribution); they break only
+    themselves."""
+
+    def __init__(self) -> None:
+        super().__init__("task", "see `mlmkit tasks`")
+        self.broken: dict[str, tuple[str, str]] = {}
+        self.discovered = False
+
+    def discover(self) -> TaskRegistry:
+        """Load every entry point once; later calls return the same registry."""
+        if not self.discovered:
+            self.discovered = True
+            for ep in md.entry_points(group=GROUP):
+                self._take(ep, getattr(getattr(ep, "dist", None), "name", None) or "?")
+        return self
+
+    def _take(self, ep: Any, dist: str) -> None:
         try:
             plugin = _load(ep, dist)
         except TaskError as e:
-            if ep.name not in found:
-                _broken[ep.name] = (e.args[0], dist)
+            if ep.name not in self:
+                self.broken[ep.name] = (e.args[0], dist)
             log.warning("%s (the other tasks work; `mlmkit tasks` lists it as broken)", e.args[0])
-            continue
-        if ep.name in found or ep.name in _broken:
-            other = found.get(ep.name)
-            if other is not None and OWN in (other.distribution, dist):  # a built-in keeps its name
-                keep, drop = (other, plugin) if other.distribution == OWN else (plugin, other)
-                log.warning("task '%s' from %s is ignored: the name is mlmkit's own task", ep.name,
-                            drop.distribution)
-                found[ep.name] = keep
-                continue
-            where = f"{other.entry_point} (from {other.distribution}) and " if other is not None else ""
-            _broken[ep.name] = (f"task '{ep.name}' is registered twice: {where}{ep.value} (from {dist})",
+            return
+        if ep.name not in self and ep.name not in self.broken:
+            self.add(ep.name, plugin)
+            return
+        other = self[ep.name] if ep.name in self else None
+        if other is not None and OWN in (other.distribution, dist):  # a built-in keeps its name
+            drop = plugin if other.distribution == OWN else other
+            log.warning("task '%s' from %s is ignored: the name is mlmkit's own task", ep.name,
+                        drop.distribution)
+            if drop is other:
+                self.remove(ep.name)
+                self.add(ep.name, plugin)
+            return
+        where = f"{other.entry_point} (from {other.distribution}) and " if other is not None else ""
+        self.broken[ep.name] = (f"task '{ep.name}' is registered twice: {where}{ep.value} (from {dist})",
                                 dist)
-            found.pop(ep.name, None)
-            continue
-        found[ep.name] = plugin
-    return found
+        if other is not None:
+            self.remove(ep.name)
+
+    def reset(self) -> None:
+        """Forget what was discovered (tests that install a plugin)."""
+        for name in list(self):
+            self.remove(name)
+        self.broken.clear()
+        self.discovered = False
 
 
-def tasks() -> dict[str, Plugin]:
+TASKS = TaskRegistry()
+"""The task plugins: discovered on first use of ``tasks()`` / ``get_task``."""
+
+
+def tasks() -> TaskRegistry:
     """All registered tasks that loaded, by name (discovered once)."""
-    global _registry
-    if _registry is None:
-        _registry = _discover()
-    return _registry
+    return TASKS.discover()
 
 
 def broken() -> dict[str, tuple[str, str]]:
     """Plugins that failed to load: name -> (reason, distribution)."""
-    tasks()
-    return dict(_broken)
+    return dict(tasks().broken)
 
 
 def register(task: Any, distribution: str = "<runtime>") -> Plugin:
@@ -317,14 +341,13 @@ def register(task: Any, distribution: str = "<runtime>") -> Plugin:
     plugin = Plugin(task, f"{type(task).__module__}:{type(task).__name__}", distribution)
     if plugin.name in reg:
         raise TaskError(f"task '{plugin.name}' is already registered by {reg[plugin.name].distribution}")
-    reg[plugin.name] = plugin
-    return plugin
+    return reg.add(plugin.name, plugin)
 
 
 def get_task(name: str) -> Plugin:
     reg = tasks()
-    if name in _broken and name not in reg:
-        reason, dist = _broken[name]
+    if name in reg.broken and name not in reg:
+        reason, dist = reg.broken[name]
         raise TaskError(f"the {name} task is broken: {reason}", f"fix or uninstall {dist}")
     if name not in reg:
         known = ", ".join(sorted(reg)) or "none"
@@ -378,7 +401,5 @@ def spelled(name: str) -> str:
 
 def reset() -> None:
     """Forget the discovered plugins (tests that install one)."""
-    global _registry
-    _registry = None
-    _broken.clear()
+    TASKS.reset()
 

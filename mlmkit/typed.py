@@ -238,3 +238,7 @@ class Registry(Generic[T]):
 
     def values(self) -> list[T]:
         return [v for _, v in self.items()]
+
+    def in_order(self) -> dict[str, T]:
+        """The entries in the order they were added (where that order is shown: a loss option's choices)."""
+        return dict(self._entries)

@@ -62,9 +62,9 @@ def test_the_tasks_options_offer_the_registry_s_names():
 
 
 def test_an_unknown_name_is_an_error_naming_the_choices():
-    with pytest.raises(ConfigError, match="no embedding loss named 'mnlr'") as err:
+    with pytest.raises(ConfigError, match="embedding loss 'mnlr' is not one mlmkit knows") as err:
         get_loss("embedding", "mnlr")
-    assert "cached-mnrl" in str(err.value.hint)
+    assert "cached-mnrl" in str(err.value)
 
 
 def test_a_name_is_declared_once_and_a_plugin_adds_its_own():
@@ -99,6 +99,6 @@ def test_a_name_is_declared_once_and_a_plugin_adds_its_own():
         built = build_loss(mine, margin=2.0, max_label=1.0)
         assert float(built(torch.tensor([2.0, 0.0]), torch.tensor([1.0, 0.0]), torch.zeros(2))) == 0.0
     finally:
-        LOSSES["rank"].pop("hinge-test")
+        LOSSES["rank"].remove("hinge-test")
         if "hinge-test" in LOSS_CLASSES["rank"]:
             LOSS_CLASSES["rank"].remove("hinge-test")
