@@ -2,8 +2,9 @@
 
 The student is an ordinary run of the teacher's task and family, with K of its layers: it starts from
 the teacher's embeddings, its head and the K layers of the layer map (DistilBERT's recipe: every
-L/K-th layer from the first by default), so training starts near the teacher, not from scratch. The
-teacher labels the training inputs once (a torch forward over them, before training, kept in the cache:
+L/K-th layer from the first by default), each attending as its teacher layer did (its layer type:
+distill_student.student_config), so training starts near the teacher, not from scratch. The teacher
+labels the training inputs once (a torch forward over them, before training, kept in the cache:
 teacher_outputs); the inputs may be the task's own data, labelled or not, or plain texts: the gold
 labels are not used.
 
@@ -52,7 +53,14 @@ from mlmkit.rundir.weights import weights_digest
 from mlmkit.runtime import prediction
 from mlmkit.text.records import iter_inputs
 from mlmkit.text.tokenizer import special_ids
-from mlmkit.train.distill_student import TARGET, DistillData, Distiller, layer_map, student_weights
+from mlmkit.train.distill_student import (
+    TARGET,
+    DistillData,
+    Distiller,
+    layer_map,
+    student_config,
+    student_weights,
+)
 from mlmkit.train.distill_teacher import HeldOut, augmented, bundle_teacher, teacher_outputs
 from mlmkit.train.finetune import TaskEvaluator, base_model_dir, data_identity, load_finetuned, torch_forward
 from mlmkit.train.loop import Trainer
@@ -116,7 +124,7 @@ def _distill(args: DistillArgs) -> Metrics:
            "seed": args.train.seed, "held_out": args.held_out, "augment": copies, "format": 1}
     features = _labelled(task, train_ex, tok, ctx, key, forward, outputs, pad)
 
-    student_cfg = replace(cfg, num_hidden_layers=args.layers, extra=dict(cfg.extra))
+    student_cfg = student_config(cfg, mapping)
     torch.manual_seed(args.train.seed)
     student = task.build_model(student_cfg, ctx)
     load_weights(student, student_weights(teacher.state_dict(), mapping))

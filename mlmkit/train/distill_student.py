@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import is_dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -14,12 +15,15 @@ from torch import nn
 
 from mlmkit.errors import ConfigError
 from mlmkit.models.blocks import Attention
+from mlmkit.models.config import ModelConfig
 from mlmkit.registry import LABEL, SEQUENCE, Feature, Plugin
 from mlmkit.train.data import FeatureData
 
 log = logging.getLogger("mlmkit")
 
 TARGET = "teacher_"  # feature keys of the teacher's outputs: TARGET + output name
+PER_LAYER = ("layer_types",)  # config.json keys with one entry per layer (transformers 5 writes layer_types)
+KINDS = ("full_attention", "sliding_attention")  # transformers' layer types
 
 
 def layer_map(teacher_layers: int, k: int, spec: str | None = None) -> list[int]:
@@ -59,6 +63,60 @@ def student_weights(teacher: dict[str, torch.Tensor], mapping: list[int]) -> dic
         if prefix in new:
             out[new[prefix] + k[len(prefix):]] = v
     return out
+
+
+def student_config(teacher: ModelConfig, mapping: list[int]) -> ModelConfig:
+    """The student's config: the teacher's with ``len(mapping)`` layers, student layer i attending as
+    teacher layer ``mapping[i]`` did. The teacher's per-layer lists (``layer_types``) keep the copied
+    layers' entries; a teacher without them has its family's rule (ModernBERT's
+    global_attn_every_n_layers, Gemma3's sliding_window_pattern, Qwen3's max_window_layers), which the
+    student keeps where it gives the copied layers' attention at the student's depth, else the copied
+    layers' types are written as ``layer_types``."""
+    L, extra = teacher.num_hidden_layers, dict(teacher.extra)
+    for key in PER_LAYER:
+        got = extra.get(key)
+        if isinstance(got, list) and len(got) == L:
+            extra[key] = [got[m] for m in mapping]
+    student = replace(teacher, num_hidden_layers=len(mapping), extra=extra)
+    if isinstance(teacher.extra.get("layer_types"), list):  # (null: the rule's, as transformers reads it)
+        return student
+    kinds = _copied_kinds(teacher, student, mapping)
+    return student if kinds is None else replace(student, extra={**extra, "layer_types": kinds})
+
+
+def _copied_kinds(teacher: ModelConfig, student: ModelConfig, mapping: list[int]) -> list[str] | None:
+    """The layer types that give each student layer its teacher layer's attention, found by building
+    the layers (on the meta device: no memory) as the family builds them; None where the student's
+    config already does (a family without layer types too)."""
+    fam = teacher.family
+    with torch.device("meta"):
+        want = [_attention_settings(fam.layer(teacher, m)) for m in mapping]
+        if all(_attention_settings(fam.layer(student, i)) == w for i, w in enumerate(want)):
+            return None
+        built: dict[str, list[list[dict[str, Any]]]] = {}
+        for kind in KINDS:
+            try:
+                cfg = replace(student, extra={**student.extra, "layer_types": [kind] * len(mapping)})
+            except ConfigError:  # a type the config cannot have (Qwen3's sliding without a window)
+                continue
+            built[kind] = [_attention_settings(fam.layer(cfg, i)) for i in range(len(mapping))]
+    kinds = [next((k for k, got in built.items() if got[i] == w), None) for i, w in enumerate(want)]
+    if None in kinds:
+        odd = [i for i, k in enumerate(kinds) if k is None]
+        log.warning("the student's layers %s attend otherwise than the teacher's layers %s they start from",
+                    odd, [mapping[i] for i in odd])
+        return None
+    return [k for k in kinds if k is not None]
+
+
+def _attention_settings(layer: nn.Module | None) -> list[dict[str, Any]]:
+    """The plain settings of ``layer``'s attention modules (rotary base, window, spans: numbers, names,
+    tuples and dataclasses; no tensors or modules): what a layer type changes. [] for the core's layer."""
+    if layer is None:
+        return []
+    return [{k: v for k, v in vars(m).items() if not k.startswith("_") and k != "training"
+             and (v is None or isinstance(v, int | float | str | tuple) or is_dataclass(v))}
+            for m in layer.modules() if isinstance(m, Attention)]
 
 
 class DistillData(FeatureData):
