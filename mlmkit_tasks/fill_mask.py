@@ -21,7 +21,9 @@ no [MASK] within the max length gets "masks": [] and an "error" saying so (it is
 
 Evaluation (`mlmkit evaluate BUNDLE --data FILE`): a JSONL / CSV file of {"text": "... [MASK] ...",
 "answer": "paris"} records ("answer" a list for several [MASK]s, in order): the share of [MASK]s whose
-best candidate is the answer (``accuracy``) and whose candidates hold it (``top_k_accuracy``).
+best candidate is the answer (``accuracy``) and whose candidates hold it (``top_k_accuracy``), over
+``masks`` [MASK]s. A row without a [MASK], with more or fewer answers than [MASK]s, or with an answer
+no single token of the tokenizer reads as is refused before the model runs (fill_mask_data.py).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from mlmkit.taskkit import (
     mask_token,
     tokenizer_settings,
 )
+from mlmkit_tasks.fill_mask_data import ONE_ANSWER, answer_slots, check_answers, normal
 
 if TYPE_CHECKING:  # the config type is torch's side (models/); a task imports torch in build_model only
     from mlmkit.model import ModelConfig
@@ -120,9 +123,9 @@ class FillMaskTask:
             if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip()
                                                                        for a in answers):
                 raise rec.error("must be a token, or a list of one token per [MASK]", field="answer",
-                                hint='e.g. {"text": "The capital of France is [MASK].", "answer": "paris"}')
+                                hint=ONE_ANSWER)
             examples.append({**ex, "answer": [a.strip() for a in answers], "line": rec.line,
-                             "source": rec.source})
+                             "source": rec.source, "unit": rec.unit})
         if not examples:
             raise DataFormatError(path, "no examples",
                                   hint='one {"text": "... [MASK] ...", "answer": "..."} record per line')
@@ -131,8 +134,10 @@ class FillMaskTask:
     def featurize(self, examples: list[Example], tokenizer: Any, ctx: TaskContext, *,
                   training: bool) -> list[Feature]:
         """The tokens of each text (or pair), cut to the max length; a text without a [MASK] in them is
-        one token, since its result needs no model."""
+        one token, since its result needs no model. Labelled examples (evaluation's) are checked first,
+        before any model runs: a row that could only be scored as a miss is refused (fill_mask_data)."""
         mask = mask_token(tokenizer)
+        check_answers(examples, tokenizer, mask)
         mask_id = tokenizer.token_to_id(mask)
         aliased = [[_alias(t, mask) for t in (ex["text"], ex.get("text_pair")) if t is not None]
                    for ex in examples]
@@ -185,14 +190,25 @@ class FillMaskTask:
     def compute_metrics(self, predictions: list[Prediction], examples: list[Example],
                         ctx: TaskContext) -> Metrics:
         """Over the [MASK]s of the examples: the share whose best candidate is the answer, and whose
-        candidates hold it (tokens compared as the tokenizer decodes them, "##" pieces without it)."""
+        candidates hold it (tokens compared as the tokenizer decodes them, "##" pieces without it).
+        ``masks``: the [MASK]s scored, one per answer; a [MASK] past the max length is a miss. Each
+        predicted [MASK] is matched to its own answer (a pair's: after the text's), so a [MASK] cut
+        from the text does not shift the pair's answers."""
+        mask = mask_token(ctx.tokenizer) if ctx.tokenizer is not None else MASK
         best = anywhere = total = 0
         for p, ex in zip(predictions, examples):
-            for m, answer in zip(p["masks"], ex["answer"]):
-                tokens = [c["token"].removeprefix("##").lower() for c in m["candidates"]]
-                best += bool(tokens) and tokens[0] == answer.lower()
-                anywhere += answer.lower() in tokens
-            total += len(ex["answer"])
+            answers, slots = ex["answer"], answer_slots(ex, mask)
+            first = (0, slots[0])  # the text's answers, then the pair's
+            seen = [0, 0]
+            for m in p["masks"]:
+                s = int(m.get("segment", 0))
+                i, seen[s] = first[s] + seen[s], seen[s] + 1
+                if i >= len(answers):  # more [MASK]s than answers: featurize refuses it
+                    continue
+                tokens = [normal(c["token"]) for c in m["candidates"]]
+                best += bool(tokens) and tokens[0] == normal(answers[i])
+                anywhere += normal(answers[i]) in tokens
+            total += sum(slots)
         return {"accuracy": best / total if total else 0.0,
                 "top_k_accuracy": anywhere / total if total else 0.0,
                 "masks": total}

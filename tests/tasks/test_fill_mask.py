@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 from conftest import make_base_model, run_export
+from hostile import cli, one_line
 
 from mlmkit.errors import BundleError, ConfigError, DataFormatError
-from mlmkit.registry import masked_lm_task, task_of
+from mlmkit.registry import TaskContext, masked_lm_task, task_of
 from mlmkit.runtime.pipeline import Pipeline, evaluate_bundle
 
 LEGACY = Path(__file__).parent.parent / "data" / "legacy"
@@ -121,3 +122,71 @@ def test_int8_calibrated_on_masked_texts_is_gated_on_their_masks(exported, tmp_p
     assert got["on"] == f"{2 * len(TEXTS)} --calibrate inputs" and got["measure"] == "top-1 agreement"
     assert 0.5 <= got["top1"] <= 1.0
     assert len(Pipeline.load(tmp_path / "int8")(["the [MASK] sat"])[0]["masks"]) == 1
+
+
+GOOD = {"text": "the [MASK] sat on the mat", "answer": "cat"}
+BAD = {  # (row, field, words of the one-line error): each could only ever be scored as a miss
+    "multi-token answer": ({"text": "the [MASK] sang a song", "answer": "birdsong"}, "answer",
+                           ("'birdsong' is 4 tokens for the tokenizer", "use a one-token answer")),
+    "more answers than masks": ({"text": "a dog [MASK] in the park", "answer": ["ran", "park"]}, "answer",
+                                ("2 answers for 1 [MASK] in the text", "one answer per [MASK]")),
+    "fewer answers than masks": ({"text": "a [MASK] ran in the [MASK]", "answer": "dog"}, "answer",
+                                 ("1 answer for 2 [MASK]s", "one answer per [MASK]")),
+    "no mask": ({"text": "the cat sat on the mat", "answer": "cat"}, "text",
+                ("no [MASK] in the text", "write [MASK] where the answer goes")),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(exported, tmp_path_factory) -> Path:
+    """The exported run as a masked-LM checkpoint directory (no mlmkit.json): what `mlmkit evaluate`
+    scores as fill-mask with PyTorch (a pretraining run itself is refused: not a fine-tuned model)."""
+    d = Path(shutil.copytree(exported[0].parent / "run", tmp_path_factory.mktemp("ckpt") / "run"))
+    (d / "mlmkit.json").unlink()
+    return d
+
+
+@pytest.mark.parametrize("model", ["checkpoint", "bundle"])
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_row_that_could_only_be_a_miss_is_refused_naming_file_line_and_field(exported, checkpoint, tmp_path,
+                                                                             model, case):
+    """A checkpoint (PyTorch) and its bundle (onnxruntime) refuse the same rows, in one line (exit 2) naming
+    the file, the line and the field and saying how to fix it, before the model runs: nothing written."""
+    row, field, words = BAD[case]
+    data, out = tmp_path / "eval.jsonl", tmp_path / "predictions.jsonl"
+    data.write_text(json.dumps(GOOD) + "\n" + json.dumps(row) + "\n")
+    path = checkpoint if model == "checkpoint" else exported[0]
+    r = cli("evaluate", path, "--data", data, "--predictions", out)
+    one_line(r, f"{data}, line 2, field '{field}'", *words)
+    assert not out.exists()
+
+
+def test_an_answer_the_tokenizer_cannot_write_is_refused(exported, tmp_path):
+    """An answer no token decodes to ([UNK] for this vocabulary) can never be a candidate."""
+    data = tmp_path / "eval.csv"
+    data.write_text("text,answer\nthe [MASK] sat,cat\nthe [MASK] sat,zebra\n")
+    with pytest.raises(DataFormatError, match=r"eval.csv, line 3, field 'answer': answer 'zebra' is no "):
+        evaluate_bundle(exported[0], data)
+
+
+@pytest.mark.parametrize("model", ["checkpoint", "bundle"])
+def test_masks_counts_the_masks_scored(exported, checkpoint, tmp_path, model):
+    """A row with two [MASK]s and two answers counts 2, one with one counts 1 (an answer in upper case
+    is compared as the uncased tokenizer's tokens are), through PyTorch and onnxruntime alike."""
+    data = tmp_path / "eval.jsonl"
+    data.write_text(json.dumps({"text": "a dog [MASK] in the [MASK]", "answer": ["ran", "PARK"]}) + "\n"
+                    + json.dumps(GOOD) + "\n")
+    r = cli("evaluate", checkpoint if model == "checkpoint" else exported[0], "--data", data, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["masks"] == 3
+
+
+def test_answers_are_matched_to_their_own_masks_in_a_pair():
+    """The pair's answers come after the text's: a text [MASK] cut by the max length is a miss and
+    leaves the pair's [MASK] matched to its own answer."""
+    task = masked_lm_task()
+    ex = {"text": "a [MASK] and a [MASK]", "text_pair": "the [MASK]", "answer": ["cat", "dog", "park"]}
+    pred = {"masks": [{"segment": 0, "candidates": [{"token": "cat"}]},
+                      {"segment": 1, "candidates": [{"token": "##park"}, {"token": "mat"}]}]}
+    got = task.compute_metrics([pred], [ex], TaskContext(max_length=8))
+    assert got == {"accuracy": 2 / 3, "top_k_accuracy": 2 / 3, "masks": 3}
