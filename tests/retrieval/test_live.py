@@ -217,3 +217,55 @@ def test_sparse_and_ann_indexes_compact_to_an_index_of_the_documents_left(setup,
             assert hits_of(ix, q) == hits_of(scratch, q)
         else:
             assert compacted.manifest.ann_file == "ann-000000.faiss" and not (ix / "ann.faiss").exists()
+
+
+
+def test_a_full_disk_fails_a_compaction_in_one_line_and_leaves_the_index_as_was(setup, tmp_path, monkeypatch):
+    """The disk filling as a compaction writes (a shard's files, faiss's ANN index, the manifest) is one
+    line naming the index, exit 2 (ConfigError from Index.compact()): the index opens and searches as
+    before, its files byte for byte as they were; faiss writing to a full device (/dev/full) raises."""
+    import errno
+    import hashlib
+
+    from mlmkit.errors import ConfigError
+    from mlmkit.retrieval.index import ann, live
+
+    ix = tmp_path / "ix"
+    shutil.copytree(built(setup, "full-disk-hnsw", ann="hnsw").path, ix)
+    Index.open(ix).delete([f"d{i}" for i in range(100)])
+    before = hits_of(ix, setup["q"])
+
+    def files():
+        return {str(p.relative_to(ix)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(ix.rglob("*")) if p.is_file()}
+
+    def shard_then_full(*a):  # numpy's or pyarrow's write, the shard's files written in part
+        real_shard(*a)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def faiss_full(index, where):  # faiss's own report of a short write
+        raise RuntimeError("Error in void faiss::write_index(const Index*, IOWriter*, int) at index_write"
+                           ".cpp:499: Error: 'ret == (size * 4)' failed: write error in x: 4051 != 3200320 "
+                           "(No space left on device)")
+
+    def manifest_full(path, obj):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    def to_full_device(path, write):  # write_faiss's own file, on a device that is always full
+        real_write(path, lambda tmp: write("/dev/full"))
+
+    real_shard, real_write, was = live._write_shard, ann.atomic_write, files()
+    faults = [(live, "_write_shard", shard_then_full), (ann.faiss_module(), "write_index", faiss_full),
+              (live, "write_json", manifest_full)]
+    faults += [(ann, "atomic_write", to_full_device)] if Path("/dev/full").exists() else []
+    for where, name, fault in faults:
+        with monkeypatch.context() as m:
+            m.setattr(where, name, fault)
+            said = one_red_line(runner.invoke(app, ["index", str(ix), "--compact"]))
+            with pytest.raises(ConfigError, match="the compaction failed: the disk is full"):
+                Index.open(ix).compact()
+        assert f"{ix}: the compaction failed: the disk is full" in said and "index is as it was" in said, name
+        assert f"mlmkit index {ix} --compact" in said and files() == was, name
+        assert Index.open(ix).deleted is not None and hits_of(ix, setup["q"]) == before, name
+    assert runner.invoke(app, ["index", str(ix), "--compact"]).exit_code == 0
+    assert Index.open(ix).deleted is None and hits_of(ix, setup["q"]) == before

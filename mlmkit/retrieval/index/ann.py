@@ -7,6 +7,7 @@ binary. An append rebuilds it (its IVF lists are trained again on the whole corp
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,8 +65,28 @@ def build_ann(out: Path, manifest: Manifest) -> None:
         index.train(sample)
     for chunk in raw():
         index.add(chunk)
-    writer = faiss.write_index_binary if q == "binary" else faiss.write_index
-    atomic_write(out / str(manifest.ann_path), lambda tmp: writer(index, tmp))
+    write_faiss(index, out / str(manifest.ann_path), binary=q == "binary")
+
+
+def write_faiss(index: Any, path: Path, *, binary: bool = False) -> None:
+    """``index`` written to ``path`` atomically, through a Python file: faiss's own file writer prints a
+    full disk met as it closes the file ("close error") and returns, leaving a cut file; Python's raises
+    (ENOSPC). faiss's failed write of another kind (a RuntimeError whose message is its C++ source's) is
+    an OSError naming ``path``. Either way the temporary file is removed and ``path`` is as it was."""
+    faiss = faiss_module()
+    writer = faiss.write_index_binary if binary else faiss.write_index
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            try:
+                writer(index, faiss.PyCallbackIOWriter(f.write))
+            except RuntimeError as e:
+                said = " ".join(str(e).split())
+                said = said.rsplit("failed:", 1)[-1].strip()[:120] if "failed:" in said else said[:120]
+                raise OSError(errno.EIO, f"faiss could not write it ({said or type(e).__name__})",
+                              str(path)) from e
+
+    atomic_write(path, write)
 
 
 def load_ann(ix: StoredIndex) -> Any:

@@ -13,15 +13,18 @@ ANN index under a new name, and writes the manifest that names the new shards an
 Each writes its new files under names no manifest uses, then the manifest (atomically, last), then
 removes what only the old manifest named: a kill at any point leaves the index as it was or as it
 became, never a mix (tested with a kill at each step), and files that no manifest names, which the
-next operation removes.
+next operation removes. A delete or compaction that fails before its manifest (a full disk) removes
+what it wrote itself and is one line naming the index (undone_on_failure).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,14 +32,14 @@ from typing import Any
 import numpy as np
 
 import mlmkit.retrieval.index.multivector as multivector
-from mlmkit.errors import ConfigError, DataFormatError
+from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
 from mlmkit.files import atomic_write, write_json
 from mlmkit.locks import exclusive
 from mlmkit.retrieval import postings
 from mlmkit.retrieval.index.ann import build_ann, load_ann
 from mlmkit.retrieval.index.disk import CHUNKS, read_chunks
 from mlmkit.retrieval.index.filters import META, read_meta
-from mlmkit.retrieval.index.manifest import MANIFEST, Deleted, Manifest, ShardEntry, shard_name
+from mlmkit.retrieval.index.manifest import MANIFEST, Deleted, Manifest, ShardEntry, read_manifest, shard_name
 from mlmkit.retrieval.index.store import CHUNK, StoredIndex
 
 DELETED = re.compile(r"deleted-(\d{6})\.bin")
@@ -61,7 +64,8 @@ def delete(path: Path, wanted: dict[str, int], source: str | Path) -> Manifest:
                                   hint="list ids the index holds; nothing was deleted")
         mask = ix.deleted.copy() if ix.deleted is not None else np.zeros(ix.count, dtype=np.bool_)
         mask[[r for found in rows.values() for r in found]] = True
-        return commit(path, with_deleted(path, ix.manifest, mask))
+        with undone_on_failure(path, ix.manifest, "the delete", f"mlmkit index {path} --delete IDS"):
+            return commit(path, with_deleted(path, ix.manifest, mask))
 
 
 def ids_of(ids: Iterable[str]) -> dict[str, int]:
@@ -142,6 +146,33 @@ def sweep(path: Path, manifest: Manifest) -> None:
     shutil.rmtree(path / ".compact", ignore_errors=True)
 
 
+@contextmanager
+def undone_on_failure(path: Path, before: Manifest, what: str, again: str) -> Iterator[None]:
+    """A change of the index ``path`` whose manifest is ``before``: where it fails before its manifest is
+    switched, the files it wrote are removed (sweep: the index as it was, files and all), and a failed
+    write (a full disk: numpy's, pyarrow's or faiss's OSError, write_faiss) is one line naming the index
+    (ConfigError; ``what``: the change, ``again``: its command). A failure after the switch is left as
+    it is (the change is made)."""
+    try:
+        yield
+    except BaseException as e:
+        try:
+            unchanged = read_manifest(path) == before
+        except (MlmkitError, OSError):
+            unchanged = False  # no manifest that can be read: nothing is removed
+        if unchanged:
+            with suppress(OSError):
+                sweep(path, before)
+        if not unchanged or not isinstance(e, OSError):
+            raise
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e)
+        said = " ".join((e.strerror or str(e)).split())[:160] + (f": {e.filename}" if e.filename else "")
+        raise ConfigError(f"{path}: {what} failed: {'the disk is full' if full else 'a write failed'} "
+                          f"({said}); the index is as it was",
+                          f"{'free space on its disk' if full else 'fix what failed'}, then run it again: "
+                          f"{again}") from None
+
+
 # ---- compaction ---------------------------------------------------------------------------------------
 def compact(path: Path) -> Manifest:
     """Each shard with deleted rows written again without them (a shard left with none is dropped),
@@ -152,33 +183,41 @@ def compact(path: Path) -> Manifest:
             raise ConfigError(f"an unfinished build is in {path / '.pending'}", "finish it first (the same "
                               "`mlmkit index` command with --resume), or delete that directory")
         sweep(path, ix.manifest)  # a killed compaction's shards, named by no manifest
-        if ix.deleted is None:
-            if ix.manifest.ann_path is None or _readable_ann(ix):
-                return ix.manifest
-            return commit(path, _new_ann(path, ix.manifest))  # a damaged ANN index, built again from vectors
-        work = path / ".compact"
-        work.mkdir()
-        shards: list[ShardEntry] = []
-        start = 0
-        name = shard_name(ix.manifest.shards)
-        for k, s in enumerate(ix.manifest.shards):
-            keep = np.flatnonzero(~ix.deleted[start:start + s.count])
-            if len(keep) == s.count:
-                shards.append(s)
-            elif len(keep):
-                (work / name).mkdir()
-                _write_shard(ix, k, keep, work / name)
-                shards.append(ShardEntry(name, len(keep)))
-                name = shard_name(shards, after=int(name.removeprefix("shard-")) + 1)
-            start += s.count
-        for s in shards:
-            if (work / s.name).is_dir():
-                os.replace(work / s.name, path / s.name)  # named by no manifest yet: harmless if killed here
-        m = replace(ix.manifest, deleted=None, shards=tuple(shards), count=sum(s.count for s in shards))
-        if ix.kind == "multivector":
-            m = replace(m, tokens=int(sum(np.fromfile(path / s.name / "lengths.bin", dtype=np.int32).sum()
-                                          for s in shards)))
-        return commit(path, _new_ann(path, m) if m.ann_path is not None else m)
+        if ix.deleted is None and (ix.manifest.ann_path is None or _readable_ann(ix)):
+            return ix.manifest
+        with undone_on_failure(path, ix.manifest, "the compaction", f"mlmkit index {path} --compact"):
+            if ix.deleted is None:  # a damaged ANN index, built again from the stored vectors
+                return commit(path, _new_ann(path, ix.manifest))
+            return _compacted(path, ix)
+
+
+def _compacted(path: Path, ix: StoredIndex) -> Manifest:
+    """``ix`` (with deleted rows) compacted: its new shards written under .compact/, moved in under names
+    no manifest uses, the ANN index built again, the manifest that names them written."""
+    assert ix.deleted is not None
+    work = path / ".compact"
+    work.mkdir()
+    shards: list[ShardEntry] = []
+    start = 0
+    name = shard_name(ix.manifest.shards)
+    for k, s in enumerate(ix.manifest.shards):
+        keep = np.flatnonzero(~ix.deleted[start:start + s.count])
+        if len(keep) == s.count:
+            shards.append(s)
+        elif len(keep):
+            (work / name).mkdir()
+            _write_shard(ix, k, keep, work / name)
+            shards.append(ShardEntry(name, len(keep)))
+            name = shard_name(shards, after=int(name.removeprefix("shard-")) + 1)
+        start += s.count
+    for s in shards:
+        if (work / s.name).is_dir():
+            os.replace(work / s.name, path / s.name)  # named by no manifest yet: harmless if killed here
+    m = replace(ix.manifest, deleted=None, shards=tuple(shards), count=sum(s.count for s in shards))
+    if ix.kind == "multivector":
+        m = replace(m, tokens=int(sum(np.fromfile(path / s.name / "lengths.bin", dtype=np.int32).sum()
+                                      for s in shards)))
+    return commit(path, _new_ann(path, m) if m.ann_path is not None else m)
 
 
 def _new_ann(path: Path, m: Manifest) -> Manifest:
