@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,15 +162,21 @@ def _sample(meta: BundleMeta, path: Path, specials: Any) -> tuple[dict[str, np.n
 
 
 # ---- the gate -------------------------------------------------------------------------------------
-def measure(ref: Any, got: Any, batch: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]]) -> Measured:
-    """The agreement of session ``got`` with the fp32 session ``ref`` on ``batch``."""
+def measure(ref: Any, got: Any, batch: dict[str, np.ndarray], axes: dict[str, tuple[str, ...]],
+            ref_on: tuple[str, str] = ("onnxruntime", "fp32"),
+            got_on: tuple[str, str] = ("OpenVINO", "bf16")) -> Measured:
+    """The agreement of session ``got`` with the fp32 session ``ref`` on ``batch``. ``ref_on``, ``got_on``:
+    each session's engine and precision, which a GateRunError names when that session fails to run."""
     names = list(axes)
 
-    def run(s: Any) -> dict[str, np.ndarray]:
+    def run(s: Any, on: tuple[str, str]) -> dict[str, np.ndarray]:
         feed = {i.name: batch[i.name] for i in s.get_inputs()}
-        return dict(zip(names, s.run(names, feed)))
+        try:
+            return dict(zip(names, s.run(names, feed)))
+        except Exception as e:  # noqa: BLE001 - each engine raises its own types (onnxruntime's Fail ...)
+            raise GateRunError(*on, e) from e
 
-    got_ = agreement([run(ref)], [run(got)], axes, [batch["attention_mask"]])
+    got_ = agreement([run(ref, ref_on)], [run(got, got_on)], axes, [batch["attention_mask"]])
     kind = ("top-1 agreement" if got_["top1"] is not None else "mean cosine" if got_["cosine"] is not None
             else "score correlation")
     return {**got_, "measure": kind}
@@ -195,10 +202,29 @@ def said(g: Mapping[str, Any]) -> str:
             f"{g.get('on', 'sample')}")
 
 
-def cannot_run(e: Exception) -> str:
-    """Why OpenVINO could not read or run a graph, in one line (its C++ report folded and cut)."""
-    return ("OpenVINO cannot run it "
-            f"({e.message if isinstance(e, MlmkitError) else ' '.join(str(e).split())[:200]})")
+class GateRunError(BundleError):
+    """An engine that failed to run the gate's sample (measure): which (``engine``), in what precision,
+    and its own error's report, in one line."""
+
+    def __init__(self, engine: str, precision: str, error: Exception) -> None:
+        super().__init__(cannot_run(error, engine, precision),
+                         "run it with --precision fp32, or re-create the bundle with `mlmkit export`")
+        self.engine, self.precision = engine, precision
+
+
+def cannot_run(e: Exception, engine: str = "OpenVINO", precision: str = "bf16") -> str:
+    """Why ``engine`` could not read or run a graph in ``precision``, in one line (its report folded and
+    cut: onnxruntime's "[ONNXRuntimeError] : 1 : FAIL :" preamble as the error's type). A GateRunError
+    says the engine that failed itself."""
+    if isinstance(e, GateRunError):
+        return e.message
+    if isinstance(e, MlmkitError):
+        reason = e.message
+    else:
+        text = re.sub(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*", "", " ".join(str(e).split()))
+        reason = f"{type(e).__name__}: {text}"[:200] if type(e).__module__.startswith("onnxruntime") \
+            else text[:200]
+    return f"{engine} cannot run it in {precision} ({reason})"
 
 
 # ---- the choice ------------------------------------------------------------------------------------
@@ -262,32 +288,51 @@ def choose(path: Path, meta: BundleMeta, precision: str | None, make: Callable[[
     if why_not is not None and want == "bf16":
         raise ConfigError(f"--precision bf16: {why_not}", "run it with --precision fp32 or auto")
     ref = None  # the fp32 pipeline: made for the gate, or for running in fp32
+    kw: dict[str, Any] = {"device": device, "threads": threads, "spin": spin}
     if why_not is None:
         # a damaged one: BundleError
         sample = None if gate is not None and gate.get("passed") else _sample(meta, path, specials)
-        # outside the try below: a bundle onnxruntime refuses is an error, not a reason
+        # outside _gated_bf16: a bundle onnxruntime refuses is an error, not a reason
         if sample is not None:
-            ref = make(ort.open(model, precision="fp32", device=device, threads=threads, spin=spin))
-        try:
-            fast = make(ENGINES["openvino"].open(model, precision="bf16", device=device, threads=threads,
-                                                 spin=spin))
-            if sample is not None and ref is not None:
-                measured = measure(ref.session, fast.session, sample[0], meta.outputs)  # type: ignore[attr-defined]
-                gate = judge(measured, "bf16", min_agreement, sample[1])
-        except Exception as e:  # noqa: BLE001 - a graph OpenVINO cannot read or run: fp32 then, saying why
-            why_not = cannot_run(e)
-        else:
-            assert gate is not None  # measured, or given as passed
-            if gate["passed"]:
-                return fast, Choice("bf16", "openvino",
-                                    f"bf16 on openvino: this CPU has {cpu_feature('bf16')}; "
-                                    f"its gate passed: {said(gate)}", gate)
-            why_not = f"its gate failed here: {said(gate)}"
+            ref = make(ort.open(model, precision="fp32", **kw))
+        fast, gate, why_not = _gated_bf16(path, meta, make, ref, sample, gate, min_agreement, kw)
+        if fast is not None and gate is not None:
+            return fast, Choice("bf16", "openvino", f"bf16 on openvino: this CPU has {cpu_feature('bf16')}; "
+                                f"its gate passed: {said(gate)}", gate)
+        assert why_not is not None
         if want == "bf16":
             raise ConfigError(f"--precision bf16: {why_not}", "run it with --precision fp32 or auto"
                               + (", or set another threshold with --min-agreement" if "gate failed" in why_not
                                  else ""))
     if ref is None:
-        ref = make(ort.open(model, precision="fp32", device=device, threads=threads, spin=spin))
+        ref = make(ort.open(model, precision="fp32", **kw))
     return ref, Choice("fp32", ort.name, f"fp32 on {ort.name}: bf16 not used: {why_not}", gate,
                        {"bf16": why_not})
+
+
+def _gated_bf16(path: Path, meta: BundleMeta, make: Callable[[Any], T], ref: T | None,
+                sample: tuple[dict[str, np.ndarray], str] | None, gate: GateRecord | None,
+                min_agreement: float | None,
+                kw: dict[str, Any]) -> tuple[T | None, GateRecord | None, str | None]:
+    """The bf16 pipeline on OpenVINO, measured against the fp32 ``ref`` on ``sample`` (none: ``gate``
+    passed already): (it, its gate, None) where the gate passes, else (None, the gate, why not). OpenVINO
+    that cannot read or run the graph is a reason (fp32 then, saying so); onnxruntime that cannot run the
+    fp32 reference refuses the bundle in one line naming it (fp32 would run on that same session)."""
+    try:
+        fast = make(ENGINES["openvino"].open(path / "model.onnx", precision="bf16", **kw))
+        if sample is not None and ref is not None:
+            measured = measure(ref.session, fast.session, sample[0], meta.outputs)  # type: ignore[attr-defined]
+            gate = judge(measured, "bf16", min_agreement, sample[1])
+    except GateRunError as e:
+        if e.engine != ENGINES["onnxruntime"].name:
+            return None, gate, e.message
+        on = sample[1] if sample is not None else "gate's sample"
+        raise BundleError(f"{path}: {e.message}, on the precision gate's {on}",
+                          "re-create the bundle with `mlmkit export`, or check the onnxruntime install: it "
+                          "runs the fp32 graph every precision is measured against") from None
+    except Exception as e:  # noqa: BLE001 - a graph OpenVINO cannot read or run: fp32 then, saying why
+        return None, gate, cannot_run(e)
+    assert gate is not None  # measured, or given as passed
+    if gate["passed"]:
+        return fast, gate, None
+    return None, gate, f"its gate failed here: {said(gate)}"

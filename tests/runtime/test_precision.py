@@ -337,8 +337,8 @@ def test_a_graph_openvino_cannot_run_stays_fp32_under_auto_and_is_refused_as_bf1
     monkeypatch.setattr(ENGINES["openvino"], "open", cannot)
     pipe = Pipeline.load(bundles["classification"], precision="auto")
     assert (pipe.precision == "fp32"
-            and "bf16 not used: OpenVINO cannot run it (OpenVINO cannot read" in pipe.choice.why)
-    with pytest.raises(ConfigError, match=r"--precision bf16: OpenVINO cannot run it \(OpenVINO cannot read"):
+            and "bf16 not used: OpenVINO cannot run it in bf16 (OpenVINO cannot read" in pipe.choice.why)
+    with pytest.raises(ConfigError, match=r"--precision bf16: OpenVINO cannot run it in bf16 \(OpenVINO"):
         Pipeline.load(bundles["classification"], precision="bf16")
 
 
@@ -352,3 +352,46 @@ def test_a_recorded_gate_edited_out_of_shape_is_said_not_a_crash(copy, monkeypat
     pipe = Pipeline.load(d, precision="auto")
     assert (pipe.precision == "fp32"
             and "its record in mlmkit.json has no value and threshold" in pipe.choice.why)
+
+
+def test_an_engine_failing_in_the_gate_is_named_onnxruntime_refused_openvino_stays_fp32(bundles, monkeypatch):
+    """onnxruntime's own error running the fp32 reference on the gate's sample refuses the bundle in one
+    line naming onnxruntime and fp32 (never OpenVINO); OpenVINO's, running bf16, leaves auto in fp32."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail
+    from typer.testing import CliRunner
+
+    from mlmkit.cli import app
+    from mlmkit.runtime.engines import make_session
+
+    class Failing:  # the session as it opens and is checked, failing when it runs
+        def __init__(self, session, error):
+            self.session, self.error = session, error
+
+        def __getattr__(self, name):
+            return getattr(self.session, name)
+
+        def run(self, *a, **k):
+            raise self.error
+
+    monkeypatch.setenv("MLMKIT_CPU_FLAGS", BF16)
+    monkeypatch.setattr(ENGINES["openvino"], "missing", lambda: None)
+    monkeypatch.setattr(ENGINES["openvino"], "open", lambda model, **k: make_session(model))
+    real = ENGINES["onnxruntime"].open
+    fail = Fail("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Gemm node.")
+    monkeypatch.setattr(ENGINES["onnxruntime"], "open", lambda model, **k: Failing(real(model, **k), fail))
+    said = r"onnxruntime cannot run it in fp32 \(Fail: Non-zero status code returned while running Gemm"
+    for precision in ("auto", "bf16"):
+        with pytest.raises(BundleError, match=said) as e:
+            Pipeline.load(bundles["classification"], precision=precision)
+        assert "OpenVINO" not in str(e.value) and "precision gate" in str(e.value)
+    r = CliRunner().invoke(app, ["classify", str(bundles["classification"]), "a text", "--precision", "auto"])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert len(r.stderr.strip().splitlines()) == 1 and "onnxruntime cannot run it in fp32" in r.stderr
+    monkeypatch.setattr(ENGINES["onnxruntime"], "open", real)
+    monkeypatch.setattr(ENGINES["openvino"], "open", lambda model, **k: Failing(
+        make_session(model), RuntimeError("Exception from src/plugins/intel_cpu: no bf16 kernel")))
+    pipe = Pipeline.load(bundles["classification"], precision="auto")
+    assert (pipe.precision, pipe.choice.engine) == ("fp32", "onnxruntime")
+    assert "bf16 not used: OpenVINO cannot run it in bf16 (Exception from" in pipe.choice.why
+    with pytest.raises(ConfigError, match=r"--precision bf16: OpenVINO cannot run it in bf16 \(Exception"):
+        Pipeline.load(bundles["classification"], precision="bf16")
