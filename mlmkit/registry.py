@@ -295,10 +295,10 @@ class TaskRegistry(Registry[Plugin]):
                 self.broken[ep.name] = (e.args[0], dist)
             log.warning("%s (the other tasks work; `mlmkit tasks` lists it as broken)", e.args[0])
             return
-        if ep.name not in self and ep.name not in self.broken:
+        other = self[ep.name] if ep.name in self else None
+        if other is None and ep.name not in self.broken:
             self.add(ep.name, plugin)
             return
-        other = self[ep.name] if ep.name in self else None
         if other is not None and OWN in (other.distribution, dist):  # a built-in keeps its name
             drop = plugin if other.distribution == OWN else other
             log.warning("task '%s' from %s is ignored: the name is mlmkit's own task", ep.name,
@@ -315,14 +315,10 @@ class TaskRegistry(Registry[Plugin]):
 
     def reset(self) -> None:
         """Forget what was discovered (tests that install a plugin)."""
-        for name in list(self):
-            self.remove(name)
-        self.broken.clear()
-        self.discovered = False
+        self.__init__()  # type: ignore[misc]
 
 
-TASKS = TaskRegistry()
-"""The task plugins: discovered on first use of ``tasks()`` / ``get_task``."""
+TASKS = TaskRegistry()  # discovered on first use of ``tasks()`` / ``get_task``
 
 
 def tasks() -> TaskRegistry:
@@ -399,7 +395,5 @@ def spelled(name: str) -> str:
     return flagged[0] if flagged else f"--option {name}"
 
 
-def reset() -> None:
-    """Forget the discovered plugins (tests that install one)."""
-    TASKS.reset()
+reset = TASKS.reset  # forget the discovered plugins (tests that install one)
 
