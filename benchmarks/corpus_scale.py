@@ -179,7 +179,7 @@ def recall(args: argparse.Namespace, b: Path, docs: Path, exact_dir: Path, queri
         out = args.work / f"index-{size}-{quant}-{ann}-{copy}"
         shutil.rmtree(out, ignore_errors=True)
         r = run_watched(f"index {name}",
-                        [*MLMKIT, "index", str(b), "--corpus", str(docs), "--out", str(out), "--quantize",
+                        [*MLMKIT, "index", str(b), "--corpus", str(docs), "--out", str(out), "--quantization",
                          quant,
                                           "--ann", ann, *(["--rescore-copy", copy] if copy else []),
                          "--json"], args.patience)
@@ -220,7 +220,7 @@ def ndcg(args: argparse.Namespace) -> list[str]:
         out = args.work / f"retrieval-{quant}-{ann}"
         shutil.rmtree(out, ignore_errors=True)
         subprocess.run([*MLMKIT, "index", str(model), "--corpus", str(data / "corpus.jsonl"), "--out",
-                        str(out), "--quantize", quant,
+                        str(out), "--quantization", quant,
                         "--ann", ann, "--json"], check=True, stdout=subprocess.DEVNULL)
         r = subprocess.run([*MLMKIT, "evaluate", str(out), "--data", str(data), "--json"], check=True,
                            capture_output=True, text=True)

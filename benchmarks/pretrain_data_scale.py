@@ -15,7 +15,7 @@ on it, given to every side.
   against `datasets.load_dataset("text")` + `.map(tokenize, batched=True, num_proc=N)` (N = 1, 2)
   with the same tokenizer (transformers' fast tokenizer on the same tokenizer.json), caches cold;
   the faster datasets run is the reference.
-- first step: `mlmkit pretrain --data SHARD --preset tiny --steps 1 --batch-size 8 --seq-len 128`
+- first step: `mlmkit pretrain --shard SHARD --preset tiny --steps 1 --batch-size 8 --seq-len 128`
   for each corpus, once to prepare (the instance units are computed and cached in the shard), then
   timed: wall time of the whole command (start-up, loading, one step, saving), and its peak RSS.
 
@@ -162,7 +162,7 @@ def main() -> None:
     # time to the first step and peak memory, the data prepared
     first: dict[str, dict[str, Any]] = {}
     for name, mb in sizes.items():
-        cmd = [*MLMKIT, "pretrain", "--data", str(shards[name]), "--preset", "tiny", "--steps", "1",
+        cmd = [*MLMKIT, "pretrain", "--shard", str(shards[name]), "--preset", "tiny", "--steps", "1",
                "--batch-size", "8",
                "--seq-len", "128", "--eval-every", "1000"]
         prep = run(f"pretrain --steps 1, {mb} MB, preparing", [*cmd, "--out", str(work / f"prep-{name}")],
@@ -186,7 +186,7 @@ def report(speed: dict[str, tuple[float, str]], first: dict[str, dict[str, Any]]
           "default workers:")
     for k, (v, m) in speed.items():
         print(f"  {k:34s} {v:8.2f}{m}")
-    print("first training step (`pretrain --data SHARD --steps 1`, tiny model, batch 8 x 128):")
+    print("first training step (`pretrain --shard SHARD --steps 1`, tiny model, batch 8 x 128):")
     for name, mb in sizes.items():
         r = first[name]
         print(f"  {mb:>5} MB corpus: {r['seconds']:6.1f} s prepared ({r['prep']:.1f} s the first time, units "

@@ -13,11 +13,15 @@ as their ``train`` field, whose factory holds that command's defaults. ``Args.fr
 any of them from flat names (``PretrainArgs.from_flat(corpus=[...], out=..., steps=200)``), as the
 CLI does. Cross-field rules live in ``__post_init__`` and name the CLI flags. No torch here.
 
-An option that means the same thing in several commands is declared once, as an ``Opt`` of a group
-(``Engine``: --engine, --address; ``Runtime``: --device, --precision, --min-agreement, --threads,
---batch-size, --batch-tokens, --window of a bundle's session; ``Output``: --output, --json;
-``Inputs``; ``Training``), and each dataclass takes it as a field: ``device: str = Runtime.device()``.
-``BuildArgs`` (`mlmkit index`) lives with the index it builds, mlmkit.retrieval.index.building.
+An option name means one thing in every command that has it, and is declared once, as an ``Opt`` of a
+group (``Engine``: --engine, --address; ``Runtime``: --device, --precision, --min-agreement, --threads,
+--batch-size, --batch-tokens, --window, --workers; ``Output``: --output, --json, --out, --resume;
+``Inputs``: --input, --text-column, --id-column, --corpus ...; ``Training``; ``Embedding`` and
+``Search`` beside the retrieval commands, inference.py), and each dataclass takes it as a field:
+``device: str = Runtime.device()``. An option whose default is each command's own is declared
+``per_command``, its help saying what it is in each (``out: Path = Output.out(Path("curves.png"))``);
+a task option's flag of the same name shows that help. ``BuildArgs`` (`mlmkit index`) lives with the
+index it builds, mlmkit.retrieval.index.building.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from mlmkit.args.base import (
     Args,
     Chunks,
     CliField,
-    Embedding,
     Engine,
     Fusion,
     Inputs,
@@ -42,8 +45,10 @@ from mlmkit.args.base import (
     check_precision,
     check_weights,
     cli_fields,
+    declared,
     flag,
     fusion_weights,
+    per_command_flags,
 )
 from mlmkit.args.distill import (
     DISTILL_AUGMENT_BELOW,
@@ -55,11 +60,13 @@ from mlmkit.args.distill import (
 from mlmkit.args.inference import (
     DataArgs,
     EmbedArgs,
+    Embedding,
     InferenceArgs,
     MineArgs,
     QaArgs,
     QuickstartArgs,
     RerankArgs,
+    Search,
     SearchArgs,
 )
 from mlmkit.args.serve import ServeArgs
@@ -86,11 +93,14 @@ __all__ = [
     "CliField",
     "cli_fields",
     "flag",
+    "declared",
+    "per_command_flags",
     "Args",
     "Opt",
     "Engine",
     "Chunks",
     "Embedding",
+    "Search",
     "Fusion",
     "fusion_weights",
     "check_weights",

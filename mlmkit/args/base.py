@@ -19,15 +19,19 @@ A = TypeVar("A", bound="Args")
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 """What --precision takes: auto, or a precision a bundle may run in (mlmkit.runtime.precision chooses)."""
-PRECISION_HELP = ("auto (default; $MLMKIT_PRECISION sets another): the fastest precision this machine "
-                  "computes in "
-                  "hardware whose gate passes (bf16 through OpenVINO on AMX / AVX512-BF16 CPUs), else the "
-                  "bundle's own; "
-                  "fp32, bf16, fp16 or int8: that one, or one line saying why not.")
-MIN_AGREEMENT_HELP = ("The gate's threshold for a precision other than the bundle's (default: 0.99 top-1 "
-                      "agreement "
-                      "with fp32, 0.999 mean cosine of vectors or correlation of scores), on the gate's "
-                      "sample.")
+PRECISION_HELP = ("auto, fp32, bf16, fp16 or int8. Running a bundle: auto (default; $MLMKIT_PRECISION "
+                  "sets another) is the fastest precision this machine computes in hardware whose gate "
+                  "passes (bf16 through OpenVINO on AMX / AVX512-BF16 CPUs), else the bundle's own; another "
+                  "is that one, or one line saying why not. export: the bundle's graph and gates (auto: "
+                  "an fp32 graph, its bf16 gate measured where this machine has bf16 units, each machine "
+                  "picking again at run time; fp32: fp32 everywhere; bf16: its bf16 gate must pass here; "
+                  "int8: --quantize int8; fp16: --fp16, for --device cuda).")
+MIN_AGREEMENT_HELP = ("The gate's threshold: the agreement with fp32 below which a precision fails (top-1 "
+                      "for outputs that choose, else the mean cosine of vectors, else the correlation of "
+                      "scores), on the gate's sample. Running a bundle: a precision other than the bundle's "
+                      "(default 0.99 top-1, 0.999 cosine or correlation). export: int8's gate, on the "
+                      "--calibrate inputs, else the sample batch (below it no bundle is written), and "
+                      "bf16's (recorded as failed; default as above).")
 
 
 def check_precision(precision: str | None, min_agreement: float | None) -> None:
@@ -144,8 +148,7 @@ class Args:
                     what = name.upper() if field_ is None or field_.positional else field_.flags[0]
                     raise ConfigError(f"{what} {ascii(str(p))}: the name holds bytes that are not UTF-8",
                                       "rename the file or directory with UTF-8 characters: a run records its "
-                                      "paths in "
-                                      "JSON (mlmkit.json), which cannot hold them")
+                                      "paths in JSON (mlmkit.json), which cannot hold them")
         return cls(**own)
 
 
@@ -168,20 +171,46 @@ def _finite(x: float) -> bool:
 
 
 # ---- options shared by several commands ---------------------------------------------------------------
+_OWN: Any = object()  # an Opt called without a default of the command's own: the declared one
+_DECLARED: dict[str, Opt] = {}  # every Opt, by its first flag
+
+
 @dataclass(frozen=True)
 class Opt:
-    """An option declared once for every command whose option means the same thing: its flags, default
-    and help. A dataclass takes it as a field, ``device: str = Runtime.device()`` (a new field each
-    time). An option that shares its name with another but means something else (each command's
-    --out, a training --batch-size and an onnxruntime one) is declared by its command, its help
-    saying what it is there; tests/cli/test_options.py holds both to this."""
+    """An option declared once for every command that has it: flags, default, help. A dataclass takes it
+    as a field, ``device: str = Runtime.device()`` (a new field each time). ``per_command`` (--out,
+    --workers ...): one help that says what it is in every command, and a default each command may set,
+    ``out: Path = Output.out(Path("curves.png"))`` (MISSING: required). A name is declared once (twice: a
+    TypeError), and a task option's flag of that name shows this help (cli/common.py): one name, one
+    meaning in every command (tests/cli/test_options.py)."""
 
     flags: tuple[str, ...]
     default: Any
     help: str
+    per_command: bool = False
 
-    def __call__(self) -> Any:
-        return arg(self.default, self.help, flags=self.flags)
+    def __post_init__(self) -> None:
+        if self.flags[0] in _DECLARED:
+            raise TypeError(f"{self.flags[0]} is declared twice: declare it once, with a help that fits "
+                            "every command")
+        _DECLARED[self.flags[0]] = self
+
+    def __call__(self, default: Any = _OWN, *, factory: Callable[[], Any] | None = None) -> Any:
+        if (default is not _OWN or factory is not None) and not self.per_command:
+            raise TypeError(f"{self.flags[0]} has one default, {self.default!r}: declare it per_command")
+        if factory is not None:
+            return arg(help=self.help, flags=self.flags, factory=factory)
+        return arg(self.default if default is _OWN else default, self.help, flags=self.flags)
+
+
+def declared(flag: str) -> Opt | None:
+    """The option declared with first flag ``flag``, if one is."""
+    return _DECLARED.get(flag)
+
+
+def per_command_flags() -> frozenset[str]:
+    """The options whose default each command sets (``Opt.per_command``): one help, several defaults."""
+    return frozenset(f for f, o in _DECLARED.items() if o.per_command)
 
 
 class Engine:
@@ -199,27 +228,13 @@ class Chunks:
 
     tokens = Opt(("--chunk-tokens",), None,
                  "Cut each text into chunks of at most this many of the bundle's tokens, at word "
-                 "boundaries (index: a row each, a search ranks documents by "
-                 "their best chunk; "
-                 "embed: a vector each, with its span).")
+                 "boundaries (index: a row each, a search ranks documents by their best chunk; embed: a "
+                 "vector each, with its span).")
     overlap = Opt(("--chunk-overlap",), None,
                   "--chunk-tokens: tokens each chunk repeats of the one before (default: an eighth).")
     sentences = Opt(("--chunk-sentences",), False,
                     "--chunk-tokens: end each chunk at a sentence end where one is in its second "
                     "half, and start the overlap at a sentence start.")
-
-
-class Embedding:
-    """What an embedding bundle puts before the texts and keeps of its vectors (the embedding task's
-    prompt_name and dimensions): index, search."""
-
-    prompt_name = Opt(("--prompt-name",), None,
-                      "The bundle's named prompt put before the texts (index: the documents, "
-                     "search: the queries; default: its document or query prompt).")
-    dimensions = Opt(("--dimensions",), None,
-                     "index: keep the first N dimensions of each vector (Matryoshka), "
-                    "L2-normalised again where the model normalises; search takes "
-                    "the index's.")
 
 
 class Fusion:
@@ -237,9 +252,7 @@ class Fusion:
                   "each --hybrid in order (default: 1 each).")
     chunk_agg = Opt(("--chunk-agg",), "max",
                     "A chunked index: a document's score from its chunks' (max, mean, or sum-top-N: "
-                    "the sum of its best N), each of a candidate's chunks scored "
-                    "exactly; not with "
-                    "--hybrid.")
+                    "the sum of its best N), each of a candidate's chunks scored exactly; not with --hybrid.")
 
 
 def fusion_weights(weights: str | None, hybrid: list[str] | None, fusion: str) -> list[float] | None:
@@ -277,12 +290,21 @@ class Runtime:
     device = Opt(("--device",), "cpu",
                  "cpu or cuda (falls back to the CPU, saying so, without a GPU, or for a bundle "
                  "without onnxruntime-gpu).")
-    precision = Opt(("--precision",), None, PRECISION_HELP)
+    precision = Opt(("--precision",), None, PRECISION_HELP, per_command=True)
     min_agreement = Opt(("--min-agreement",), None, MIN_AGREEMENT_HELP)
     threads = Opt(("--threads",), None,
                   "onnxruntime intra-op threads (default: one per physical core), shared out among "
                   "the worker processes where there are several.")
-    batch_size = Opt(("--batch-size",), 32, "Inputs per onnxruntime batch (length-bucketed).")
+    batch_size = Opt(("--batch-size",), 32,
+                     "Inputs the model runs on at once: a training micro-batch (pretrain: sequences; "
+                     "finetune, sweep, distill: features, each of a QA context's windows or a plugin's "
+                     "choices one), or an onnxruntime batch (length-bucketed).")
+    workers = Opt(("--workers",), 1,
+                  "Processes working in parallel, each with a share of the cores: tokenize's each "
+                  "tokenize a run of the files (one file: one process; the tokenizer already uses every "
+                  "core, see docs/cli.md); index's and the inference commands' each run an onnxruntime "
+                  "session with a share of the threads (the inference commands' default: what measured "
+                  "fastest, see docs/performance.md); with --engine ray, Ray actors.", per_command=True)
     batch_tokens = Opt(("--batch-tokens",), None,
                        "Most padded tokens per onnxruntime batch (0: no limit; default on the "
                        "CPU: what keeps a batch in cache, 512 at hidden size 384; "
@@ -293,13 +315,22 @@ class Runtime:
 
 
 class Output:
-    """Where results go: a file, or stdout as a table or JSON."""
+    """Where results go (a file, or stdout as a table or JSON; what a command makes, at --out), and a job
+    that stopped continued."""
+
+    out = Opt(("--out",), MISSING,
+              "Where the command writes what it makes: the command's description says what (a run "
+              "directory, a bundle, a token shard, a tokenizer, an index, mined rows, a picture ...).",
+              per_command=True)
+    resume = Opt(("--resume",), False,
+                 "Continue the unfinished job that writes --out (or --output) after what it finished: a "
+                 "training run from its last checkpoint, a batch job after its records, an index build "
+                 "after its last window, a mining job after its batches.")
 
     output = Opt(("--output", "-o"), None,
                  "Write the results to this file: .jsonl (JSON lines; any other suffix too), "
-                 ".parquet, .csv, .tsv, or .npy (embeddings); - (stdout), a FIFO "
-                 "or a device: "
-                 "JSON lines, streamed.")
+                 ".parquet, .csv, .tsv, or .npy (embeddings); - (stdout), a FIFO or a device: JSON lines, "
+                 "streamed.")
     as_json = Opt(("--json",), False,
                   "Print JSON instead of a table (the default when piped): an object per line.")
 
@@ -310,32 +341,51 @@ class Inputs:
     input_file = Opt(("--input", "-i"), None,
                      "Inputs: a .txt (one per line), .jsonl, .csv, .tsv or .parquet file, a "
                      "directory of them, or a glob (quoted).")
-    text_column = Opt(("--text-column",), "text", "The field of --input records that holds the texts.")
-    corpus_column = Opt(("--text-column",), "text",
-                        "The text field of .jsonl and the column of .parquet corpus files.")
+    text_column = Opt(("--text-column",), "text",
+                      "The field or column that holds the texts: of .jsonl and .parquet corpus files "
+                      "(tokenizer train, tokenize, pretrain), of the documents (index: a title goes before "
+                      "it), of --input records (rerank, search), of a task's data and inputs (a pair's first "
+                      "text).", per_command=True)
+    id_column = Opt(("--id-column",), None,
+                    "The records' id field: the inference commands carry it into each result under its own "
+                    "name (Parquet output: with its type; JSON lines: timestamps ISO 8601, binary base64); "
+                    "index and search's --corpus read the documents' ids from it (default: _id, else id).")
+    corpus = Opt(("--corpus",), None,
+                 "The documents: a BEIR corpus.jsonl (_id, title, text), other JSON lines, Parquet or CSV "
+                 "with an id column, or .txt (one a line; mine: .txt or .jsonl). index embeds them; mine "
+                 "takes its negatives from them (default: the BEIR directory's corpus, or the rows' "
+                 "positives); search --hybrid bm25 and serve's /v1/search with \"hybrid\": \"bm25\" rank "
+                 "their texts, those the index was built from (serve: NAME=FILE, FILE alone with one index; "
+                 "repeatable).", per_command=True)
     max_record_bytes = Opt(("--max-record-bytes",), MAX_RECORD_BYTES,
-                           "A longer line, record or value is an error that names it (never read whole; 64 "
-                           "MB by "
-                           "default, the ceiling of every reader); --on-error skip, where a command has it, "
-                           "steps over it.")
+                           "A longer line, record or value is an error that names it (never read whole; "
+                           "64 MB by default, the ceiling of every reader); --on-error skip, where a command "
+                           "has it, steps over it.")
 
 
 class Training:
     """What the training commands, the quickstart and `mlmkit data` share beyond TrainArgs."""
 
     seed = Opt(("--seed",), 0, "Random seed: the same seed gives the same run.")
+    train_file = Opt(("--train",), MISSING,
+                     "The training data: finetune, sweep: in the task's format; distill: what the teacher "
+                     "labels, inputs as `mlmkit predict --input` reads them (.txt, .jsonl, .csv, .tsv, "
+                     ".parquet; labels in them are not used) or the task's own format (a BEIR directory, "
+                     "SQuAD JSON, CoNLL); distill --static: optional training data of `finetune embedding` "
+                     "(rows, scored pairs, a BEIR directory) that tunes the table.", per_command=True)
+    tokenizer = Opt(("--tokenizer",), MISSING,
+                    "tokenizer.json or vocab.txt (`mlmkit tokenizer train` makes one); pretrain without one "
+                    "trains one on its corpus (with --shard: takes the shard's own).", per_command=True)
     eval_file = Opt(("--eval",), None,
                     "Labelled evaluation data in the task's format: scored at each evaluation, the "
                     "best model kept.")
     max_length = Opt(("--max-length",), None,
                      "Maximum tokens per input (default: the task's; distill: the teacher's).")
     vocab_size = Opt(("--vocab-size",), DEFAULT_VOCAB_SIZE,
-                     "Vocabulary size of the tokenizer trained, special tokens "
-                     "included.")
+                     "Vocabulary size of the tokenizer trained, special tokens included.")
     cased = Opt(("--cased",), False,
                 "The tokenizer trained keeps case and accents (default: lowercase, strip accents; "
                 "WordPiece only).")
     retrieval_documents = Opt(("--retrieval-documents",), 1000,
-                              "Documents of the built-in retrieval set (the "
-                              "quickstart's 1,000; the standard library "
-                              "has about 2,900).")
+                              "Documents of the built-in retrieval set (the quickstart's 1,000; the "
+                              "standard library has about 2,900).")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlmkit.args.base import Args, Training, _check, arg
+from mlmkit.args.base import Args, Output, Runtime, Training, _check, arg
 from mlmkit.args.training import TrainArgs
 
 DISTILL_LR = 1e-4
@@ -29,16 +29,8 @@ class DistillArgs(Args):
     teacher: Path = arg(help="A fine-tuned run directory (any task but sparse-embedding); with --static, an "
                              "embedding "
                              "run, sentence-transformers directory or embedding bundle.", positional=True)
-    out: Path = arg(help="The student's run directory (with --static: the bundle's).")
-    train_file: Path | None = arg(None, "What the teacher labels: inputs as `mlmkit predict --input` reads "
-                                        "them (.txt, "
-                                        ".jsonl, .csv, .tsv, .parquet; labels in them are not used), or the "
-                                        "task's own "
-                                        "data format (a BEIR directory, SQuAD JSON, CoNLL). With --static: "
-                                        "optional "
-                                        "training data of `finetune embedding` (rows, scored pairs, a BEIR "
-                                        "directory) "
-                                        "that tunes the table.", flags=("--train",))
+    out: Path = Output.out()
+    train_file: Path | None = Training.train_file(None)
     layers: int | None = arg(None, "The student's layers, 1 to the teacher's (not with --static).")
     layer_map: str | None = arg(None,
                                 "Which teacher layer starts each student layer, e.g. 0,2,4 (increasing, "
@@ -70,7 +62,7 @@ class DistillArgs(Args):
     held_out: float = arg(0.1, "Share of the inputs kept out of training, on which the student's agreement "
                                "with the "
                                "teacher is measured (0: none).")
-    batch_size: int = arg(32, "Features per micro-batch.")
+    batch_size: int = Runtime.batch_size()
     max_length: int | None = Training.max_length()
     options: Mapping[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).",
                                      cli=False)

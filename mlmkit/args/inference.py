@@ -10,10 +10,10 @@ from pathlib import Path
 from mlmkit.args.base import (
     Args,
     Chunks,
-    Embedding,
     Engine,
     Fusion,
     Inputs,
+    Opt,
     Output,
     Runtime,
     Training,
@@ -24,6 +24,40 @@ from mlmkit.args.base import (
     fusion_weights,
 )
 from mlmkit.text.chunks import Chunking
+
+
+# ---- options of the retrieval commands, declared once -------------------------------------------
+class Embedding:
+    """What an embedding bundle puts before the texts and keeps of its vectors: index and search, and the
+    embedding task's options prompt_name and dimensions (their flags show this help)."""
+
+    prompt_name = Opt(("--prompt-name",), None,
+                      "A named prompt of the embedding bundle put before the texts, as "
+                      "sentence-transformers' encode(prompt_name=...): index: before the documents "
+                      "(default: its document prompt); search, evaluate: the queries (default: its query "
+                      "prompt); embed, predict: the inputs.")
+    dimensions = Opt(("--dimensions",), None,
+                     "Keep the first N dimensions of each vector (Matryoshka; sentence-transformers' "
+                     "truncate_dim), L2-normalised again where the model normalises (default: all; "
+                     "finetune: the run's default; index: the vectors it stores, which search takes).")
+
+
+class Search:
+    """How many of the best are kept and how a search runs: search, mine, export's --top-k, and the task
+    options of the same names (the embedding task's --index, fill-mask's --top-k), whose flags show this
+    help."""
+
+    top_k = Opt(("--top-k",), None,
+                "The k best kept: search: hits per query (default 10, or every document of a smaller "
+                "index); fill-mask, predict, evaluate: a masked LM's candidates per [MASK] in each result "
+                "(at most the bundle's; 0: all); export: those its graph computes (a masked LM's "
+                "candidates per [MASK], default 5; a sparse embedding's terms per text, 256).")
+    method = Opt(("--index",), "exact",
+                 "How an embedding bundle's vectors are searched: exact, or faiss (an HNSW index, "
+                 "approximate, for corpora too large for exact search).", per_command=True)
+    batch = Opt(("--batch",), 256,
+                "Queries embedded and searched together (mine: their rows are written together, and "
+                "--resume goes on after the last batch written).")
 
 
 # ---- inference -------------------------------------------------------------------------------------
@@ -45,19 +79,13 @@ class InferenceArgs(Args):
     threads: int | None = Runtime.threads()
     as_json: bool = Output.as_json()
     window: int = Runtime.window()
-    workers: int | None = arg(None,
-                              "Processes, each with its own onnxruntime session and a share of the threads "
-                              "(default: what measured fastest, see docs/performance.md).")
+    workers: int | None = Runtime.workers(None)
     on_error: str = arg("stop", "stop: a bad record ends the job, naming it; skip: it is listed in --errors "
                                 "and the job goes on.")
     errors: Path | None = arg(None, "With --on-error skip: the JSON-lines list of bad records "
                                     "(default: OUTPUT.errors.jsonl, or a count on stderr).")
-    resume: bool = arg(False,
-                       "Continue the unfinished job that writes --output, after the records it finished.")
-    id_column: str | None = arg(None, "Carry this input field (JSONL, CSV, TSV, Parquet) into each result "
-                                      "under its own name "
-                                      "(Parquet output: with its type; JSON lines: timestamps ISO 8601, "
-                                      "binary base64).")
+    resume: bool = Output.resume()
+    id_column: str | None = Inputs.id_column()
     max_record_bytes: int = Inputs.max_record_bytes()
     engine: str = Engine.engine()
     address: str | None = Engine.address()
@@ -154,7 +182,7 @@ class SearchArgs(Args):
     queries: list[str] | None = arg(None, "Query texts (or --input).", positional=True)
     input_file: Path | None = Inputs.input_file()
     text_column: str = Inputs.text_column()
-    top_k: int | None = arg(None, "Hits per query (default 10, or every document of a smaller index).")
+    top_k: int | None = Search.top_k()
     rescore: int | None = arg(None, "Binary, --rescore-copy or ANN indexes: candidates scored again with the "
                                     "rescoring "
                                     "vectors (default: 4 x top-k, at least 100).")
@@ -164,7 +192,7 @@ class SearchArgs(Args):
     export: Path | None = arg(None, "Write the index's ids and vectors as Parquet instead (id, vector: "
                                     "fixed-size list "
                                     "of float32) and exit.")
-    batch: int = arg(256, "Queries embedded and searched together.")
+    batch: int = Search.batch()
     precision: str | None = Runtime.precision()
     where: list[str] | None = arg(None, "Only documents whose fields pass: FIELD=VALUE, FIELD!=VALUE, "
                                         "FIELD>=N, FIELD<=N, "
@@ -175,10 +203,8 @@ class SearchArgs(Args):
     hybrid: list[str] | None = Fusion.hybrid()
     fusion: str = Fusion.fusion()
     weights: str | None = Fusion.weights()
-    corpus: Path | None = arg(None, "--hybrid bm25: the documents the index was built from (as `mlmkit index "
-                                    "--corpus` "
-                                    "read them), whose texts BM25 ranks.")
-    id_column: str | None = arg(None, "--corpus: the documents' id field (default: _id, else id).")
+    corpus: Path | None = Inputs.corpus()
+    id_column: str | None = Inputs.id_column()
     corpus_column: str = arg("text", "--corpus: the documents' text field (a title goes before it).",
                              flags=("--corpus-column",))
 
@@ -202,11 +228,8 @@ class MineArgs(Args):
 
     data: Path = arg(help="A BEIR directory (DIR, or DIR:SPLIT; its train split by default), or a .jsonl / "
                           ".csv / .tsv / .parquet file of anchor, positive rows.", positional=True)
-    out: Path = arg(help="The rows to write (.jsonl): anchor, positive, negative_1 ... negative_K.")
-    corpus: Path | None = arg(None,
-                              "The documents to mine: a .txt (one per line) or a .jsonl with a text field "
-                              "(a BEIR corpus.jsonl too); default: the BEIR directory's corpus, or the "
-                              "rows' positives.")
+    out: Path = Output.out()
+    corpus: Path | None = Inputs.corpus()
     retriever: str = arg("bm25", "bm25 (the bm25s library), the directory of an embedding bundle, or an "
                                  "index (mlmkit index) "
                                  "of the data's corpus (a BEIR directory's: its ids).")
@@ -231,15 +254,11 @@ class MineArgs(Args):
                                          "model the test set).")
     anchor_column: str = arg("anchor", "Rows: the anchor (query) field.")
     positive_column: str = arg("positive", "Rows: the positive field.")
-    batch_size: int = arg(256, "Queries searched at once (and written together: --resume goes on after the "
-                               "last batch written).")
+    batch_size: int = Search.batch()
     device: str = Runtime.device()
     precision: str | None = Runtime.precision()
-    index: str = arg("exact", "With an embedding bundle: exact search, or faiss (an HNSW index, approximate, "
-                              "for corpora "
-                              "too large for exact search).")
-    resume: bool = arg(False,
-                       "Continue the unfinished mining job that writes --out, after the batches it finished.")
+    index: str = Search.method()
+    resume: bool = Output.resume()
     hybrid: list[str] | None = Fusion.hybrid()
     fusion: str = Fusion.fusion()
     weights: str | None = Fusion.weights()
@@ -253,7 +272,7 @@ class MineArgs(Args):
                "--with-scores only from --score-with",
                "filter and score the negatives with --score-with CROSS_ENCODER")
         _check(self.negatives >= 1, f"--negatives must be at least 1, got {self.negatives}")
-        _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
+        _check(self.batch_size >= 1, f"--batch must be at least 1, got {self.batch_size}")
         _check(not (self.margin is not None and self.max_score_ratio is not None),
                "--margin and --max-score-ratio exclude each other", "filter by one of them")
         _check(self.max_score_ratio is None or (_finite(self.max_score_ratio) and self.max_score_ratio > 0),
@@ -304,13 +323,13 @@ class DataArgs(Args):
 class QuickstartArgs(Args):
     """`mlmkit quickstart`: the whole pipeline on the built-in data (mlmkit/quickstart/demo.py)."""
 
-    out: Path = arg(Path("runs/quickstart"), "Where the quickstart writes its runs and bundles.")
-    steps: int = arg(1500, "Steps of its pretraining stage.")
+    out: Path = Output.out(Path("runs/quickstart"))
+    pretrain_steps: int = arg(1500, "Optimizer steps of the quickstart's pretraining stage.")
     seed: int = Training.seed()
     retrieval_documents: int = Training.retrieval_documents()
 
     def __post_init__(self) -> None:
-        _check(self.steps >= 1, f"--steps must be at least 1, got {self.steps}")
+        _check(self.pretrain_steps >= 1, f"--pretrain-steps must be at least 1, got {self.pretrain_steps}")
         _check(self.retrieval_documents >= 50,
                f"--retrieval-documents must be at least 50, got {self.retrieval_documents}",
                "the quickstart's retrieval step needs a set of 50 documents or more")

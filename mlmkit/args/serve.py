@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlmkit.args.base import Args, Runtime, _finite, arg, check_precision, flag
+from mlmkit.args.base import Args, Inputs, Runtime, _finite, arg, check_precision, flag
 from mlmkit.errors import ConfigError
 
 
@@ -38,16 +38,12 @@ class ServeArgs(Args):
                                   "need one.", factory=list)
     public_metrics: bool = arg(False, "Serve /metrics without an API key.")
     index: list[str] = arg(help="An index (mlmkit index) that POST /v1/search answers from, as PATH or "
-                                "NAME=PATH "
-                                "(repeatable); its queries are embedded by the served bundle that built it.",
-                           factory=list)
-    mmap_index: bool = arg(False, "Memory-map the --index files instead of reading them into memory (an "
-                                  "index larger than "
-                                  "memory; a file then rewritten in place under the server can end it).")
-    corpus: list[str] = arg(help="The documents of an --index, as NAME=FILE (FILE alone with one index; "
-                                 "repeatable): "
-                                 "POST /v1/search fuses BM25 over their texts with \"hybrid\": \"bm25\".",
-                            factory=list)
+                                "NAME=PATH (repeatable); its queries are embedded by the served bundle that "
+                                "built it.", factory=list, flags=("--search-index",))
+    mmap_index: bool = arg(False, "Memory-map the --search-index files instead of reading them into memory "
+                                  "(an index larger than memory; a file then rewritten in place under the "
+                                  "server can end it).")
+    corpus: list[str] = Inputs.corpus(factory=list)
     max_queue: int = arg(0, "Most inputs waiting per model; more: 429 with Retry-After (0: 4 x "
                             "--max-batch-size).")
     request_timeout: float = arg(30.0, "Seconds a request may wait in the queue; then 503, and it leaves the "

@@ -15,6 +15,7 @@ from mlmkit.args.base import (
     Args,
     Fusion,
     Inputs,
+    Output,
     Runtime,
     Training,
     _check,
@@ -23,6 +24,7 @@ from mlmkit.args.base import (
     flag,
     fusion_weights,
 )
+from mlmkit.args.inference import Search
 from mlmkit.text.tokenizer import KINDS as TOKENIZER_KINDS
 
 
@@ -57,7 +59,7 @@ class TrainArgs(Args):
                                   "loss; off "
                                   "elsewhere. --no-bf16 keeps fp32; --bf16 is refused on a CPU without "
                                   "native bf16.")
-    resume: bool = arg(False, "Continue from the last checkpoint in --out.")
+    resume: bool = Output.resume()
     resume_force: bool = arg(False, "With --resume, continue even though settings that decide the data order "
                                     "changed.")
     report_to: str = arg("none", "Tracking backends, comma-separated: tensorboard, mlflow (MLflow follows "
@@ -117,8 +119,8 @@ class TokenizerArgs(Args):
     """`mlmkit tokenizer train`."""
 
     corpus: list[Path] = arg(help=CORPUS_HELP, positional=True)
-    out: Path = arg(help="tokenizer.json to write (vocab.txt goes beside it), or a directory.")
-    text_column: str = Inputs.corpus_column()
+    out: Path = Output.out()
+    text_column: str = Inputs.text_column()
     vocab_size: int = Training.vocab_size()
     cased: bool = Training.cased()
     kind: str = arg("wordpiece", "wordpiece (BERT), bpe (byte-level, as RoBERTa and ModernBERT) or unigram "
@@ -137,15 +139,13 @@ class TokenizerArgs(Args):
 
 @dataclass
 class TokenizeArgs(Args):
-    """`mlmkit tokenize`: a corpus into a token shard, for `mlmkit pretrain --data`."""
+    """`mlmkit tokenize`: a corpus into a token shard at --out, for `mlmkit pretrain --shard`."""
 
     corpus: list[Path] = arg(help=CORPUS_HELP, positional=True)
-    out: Path = arg(help="Directory to write the shard to (tokens, offsets, manifest, the tokenizer).")
-    tokenizer: Path = arg(help="tokenizer.json or vocab.txt (`mlmkit tokenizer train` makes one).")
-    text_column: str = Inputs.corpus_column()
-    workers: int = arg(1, "Processes, each tokenizing a run of the files with its share of the cores (one "
-                          "file: one "
-                          "process; the tokenizer already uses every core, see docs/cli.md).")
+    out: Path = Output.out()
+    tokenizer: Path = Training.tokenizer()
+    text_column: str = Inputs.text_column()
+    workers: int = Runtime.workers()
     max_record_bytes: int = Inputs.max_record_bytes()
 
     def __post_init__(self) -> None:
@@ -158,12 +158,12 @@ class TokenizeArgs(Args):
 class PretrainArgs(Args):
     """`mlmkit pretrain`: masked language modelling (+ next-sentence prediction)."""
 
-    out: Path = arg(help="Run directory to write (a Hugging Face checkpoint).")
+    out: Path = Output.out()
     corpus: list[Path] = arg(help=CORPUS_HELP, positional=True, factory=list)
-    text_column: str = Inputs.corpus_column()
-    data: Path | None = arg(None, "A token shard written by `mlmkit tokenize`, instead of corpus files.")
-    tokenizer: Path | None = arg(None, "tokenizer.json or vocab.txt; trained on the corpus if absent "
-                                       "(with --data: the shard's own).")
+    text_column: str = Inputs.text_column()
+    data: Path | None = arg(None, "A token shard written by `mlmkit tokenize`, instead of corpus files.",
+                            flags=("--shard",))
+    tokenizer: Path | None = Training.tokenizer(None)
     vocab_size: int = Training.vocab_size()
     cased: bool = Training.cased()
     arch: str | None = arg(None, "Model family: bert (MLM + NSP, WordPiece), roberta (MLM on packed "
@@ -173,7 +173,7 @@ class PretrainArgs(Args):
                                  "--config's, else bert.")
     preset: str = arg("tiny", "Model size: tiny (L2/H128), mini (L4/H256), small (L4/H512), base (L12/H768).")
     config: Path | None = arg(None, "A config.json of the family (overrides --preset).")
-    batch_size: int = arg(32, "Sequences per micro-batch.")
+    batch_size: int = Runtime.batch_size()
     seq_len: int = arg(128, "Maximum sequence length in tokens.")
     mask_prob: float = arg(0.15, "Share of tokens selected for MLM (80% [MASK], 10% random, 10% kept).")
     whole_word: bool = arg(False, "Select all pieces of a word together.")
@@ -189,7 +189,7 @@ class PretrainArgs(Args):
     )
 
     def __post_init__(self) -> None:
-        _check(bool(self.corpus) != (self.data is not None), "give corpus files or --data DIR (one of them)",
+        _check(bool(self.corpus) != (self.data is not None), "give corpus files or --shard DIR (one of them)",
                "pass one or more text files, or a token shard written by `mlmkit tokenize`")
         _check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
         _check(self.seq_len >= 8, f"--seq-len {self.seq_len} is too short", "use at least 8")
@@ -206,12 +206,10 @@ class FinetuneArgs(Args):
 
     task: str = arg(help="Task name (see `mlmkit tasks`).", positional=True)
     model: Path = arg(help="An mlmkit run, or a Hugging Face checkpoint directory of a supported family.")
-    train_file: Path = arg(help="Training data in the task's format.", flags=("--train",))
-    out: Path = arg(help="Run directory to write.")
+    train_file: Path = Training.train_file()
+    out: Path = Output.out()
     eval_file: Path | None = Training.eval_file()
-    batch_size: int = arg(32, "Features per micro-batch: an example is one feature, or several (QA's windows "
-                              "of a "
-                              "long context, a plugin's choices).")
+    batch_size: int = Runtime.batch_size()
     max_length: int | None = Training.max_length()
     options: Mapping[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).",
                                      cli=False)
@@ -229,11 +227,8 @@ class FinetuneArgs(Args):
 
 @dataclass
 class SweepArgs(FinetuneArgs):
-    """`mlmkit sweep`: fine-tuning trials chosen by Optuna; --out is the sweep's directory (a run per
-    trial)."""
-
-    out: Path = arg(help="The sweep's directory: a run directory per trial (trial-NNN) and the default "
-                         "storage.")
+    """`mlmkit sweep`: fine-tuning trials chosen by Optuna; --out is the sweep's directory (a run
+    directory per trial, trial-NNN, and the default storage)."""
 
     trials: int = arg(10, "Trials to finish (complete or pruned) in the study, over every process that "
                           "shares it.")
@@ -297,7 +292,7 @@ class PlotArgs(Args):
 
     runs: list[Path] = arg(help="Run directories (or their metrics.jsonl) to draw, overlaid.",
                            positional=True)
-    out: Path = arg(Path("curves.png"), "The picture to write: .png, .svg or .pdf.")
+    out: Path = Output.out(Path("curves.png"))
     title: str | None = arg(None, "A title above the panels.")
 
 
@@ -307,7 +302,7 @@ class ExportArgs(Args):
 
     run: Path = arg(help="An mlmkit run, or a Hugging Face checkpoint directory of a supported family.",
                     positional=True)
-    out: Path = arg(help="Bundle directory to write, e.g. exports/NAME.")
+    out: Path = Output.out()
     task: str | None = arg(None, "Export as this registered task (`mlmkit tasks`); default: the run's (a "
                                  "pretraining run's: the masked-LM task), or what the checkpoint's "
                                  "config.json says.")
@@ -319,29 +314,12 @@ class ExportArgs(Args):
                                        ".csv, .tsv, .parquet; the first 512) on which the activations' "
                                        "ranges are "
                                        "measured (static int8, QDQ) and the agreement with fp32 is measured.")
-    min_agreement: float | None = arg(None,
-                                      "The gates' threshold: the agreement with fp32 below which a precision "
-                                      "fails (top-1 for outputs that choose, else the mean cosine of "
-                                      "vectors, else "
-                                      "the correlation of scores; on the --calibrate inputs, else the "
-                                      "sample batch). "
-                                      "int8: the bundle is refused, nothing written; bf16: its gate is "
-                                      "recorded as "
-                                      "failed (default for bf16: 0.99 top-1, 0.999 cosine).")
-    precision: str = arg("auto",
-                         "auto: an fp32 graph, with the bf16 gate measured where this machine has bf16 units "
-                         "(each machine picks again at run time); fp32: an fp32 graph that runs in "
-                         "fp32 "
-                         "everywhere; bf16: an fp32 graph whose bf16 gate must pass here; int8: "
-                         "--quantize int8; "
-                         "fp16: --fp16 (for --device cuda).")
+    min_agreement: float | None = Runtime.min_agreement()
+    precision: str = Runtime.precision("auto")
     fp16: bool = arg(False, "fp16 weights and compute, for --device cuda.")
     optimize: bool = arg(True, "onnxruntime's transformer fusions (--no-optimize: the plain graph).")
     opset: int = arg(17, "ONNX opset, 17 to 23.")
-    top_k: int | None = arg(None, "The top-k a task computes in the graph (its top_k_option in `mlmkit "
-                                  "tasks`): the candidates per [MASK] of a masked LM (5), the terms kept per "
-                                  "text of "
-                                  "a sparse embedding.")
+    top_k: int | None = Search.top_k()
     options: Mapping[str, Any] = arg(factory=dict, help="Task options by name (see `mlmkit tasks`).",
                                      cli=False)
 

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mlmkit.args import Args, Output, cli_fields
+from mlmkit.args import Args, Output, cli_fields, declared
 from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.registry import Metrics, Options, Plugin, Prediction, TaskOption, option_flags
 
@@ -157,16 +157,19 @@ def command_flags(command: str) -> dict[str, TaskOption]:
 def with_task_options(command: str) -> Callable[[F], F]:
     """Give the command ``--option NAME=VALUE`` (repeatable) and the flags of the task options it takes
     (command_flags); the command receives them as its ``options`` parameter, a dict the task checks
-    against its declared options."""
+    against its declared options. A flag that a command's option has too (args: --text-column,
+    --top-k, --prompt-name ...) shows that option's help, one help for the name in every command."""
     params = [inspect.Parameter("option", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
         list[str] | None, typer.Option("--option", "-O", metavar="NAME=VALUE", rich_help_panel="Task options",
                                        help="A task option, repeatable; `mlmkit tasks` lists each task's "
                                             "options.")])]
     flagged = command_flags(command)
     for name, o in sorted(flagged.items()):
+        shared = declared(o.flags[0].split("/")[0])
+        text = escape(shared.help) if shared is not None else f"Same as --option {name}=VALUE."
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
                                         annotation=Annotated[
-            o.kind | None, typer.Option(*o.flags, help=f"Same as --option {name}=VALUE.", show_default=False,
+            o.kind | None, typer.Option(*o.flags, help=text, show_default=False,
                                         rich_help_panel="Task options")]))
 
     def build(values: dict[str, Any]) -> Options:

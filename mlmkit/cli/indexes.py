@@ -27,7 +27,7 @@ app = typer.Typer()
 def index_cmd(args: BuildArgs, as_json: Json = False) -> None:
     """Embed a corpus into an on-disk index that `mlmkit search` reads: vectors memory-mapped (a SPLADE
     bundle's inverted index, a colbert bundle's token vectors as centroids and residuals), ids beside them,
-    a manifest."""
+    a manifest. --out: the index directory to write."""
     if args.delete is not None or args.compact:
         return _change_index(args, as_json)
     t0, done = time.perf_counter(), [0]

@@ -53,7 +53,7 @@ app = typer.Typer()
 @with_args(ExportArgs)
 def export_cmd(args: ExportArgs, options: Options, as_json: Json = False) -> None:
     """Export an mlmkit run or a Hugging Face checkpoint (BERT, RoBERTa, DistilBERT, ELECTRA, DeBERTa-v2,
-    ModernBERT) to an ONNX bundle."""
+    ModernBERT) to an ONNX bundle. --out: the bundle directory to write, e.g. exports/NAME."""
     from dataclasses import replace
 
     from mlmkit.exporter.bundle import export
@@ -285,7 +285,8 @@ def predict(args: InferenceArgs, options: Options) -> None:
 @with_args(MineArgs)
 def mine(args: MineArgs, as_json: Json = False) -> None:
     """Mine hard negatives for (query, positive) data: a BEIR directory or anchor, positive rows, ranked by
-    BM25 or an embedding bundle."""
+    BM25 or an embedding bundle. --out: the rows to write (.jsonl): anchor, positive, negative_1 ...
+    negative_K."""
     from mlmkit.retrieval.mining import mine as run
 
     with err.status(f"mining {args.data} ..."):

@@ -51,7 +51,8 @@ app.add_typer(tokenizer_app, name="tokenizer")
 @handle_errors
 @with_args(TokenizerArgs)
 def tokenizer_train(args: TokenizerArgs) -> None:
-    """Train a tokenizer on a corpus: WordPiece with BERT normalisation, byte-level BPE or Unigram."""
+    """Train a tokenizer on a corpus: WordPiece with BERT normalisation, byte-level BPE or Unigram. --out:
+    the tokenizer.json to write (vocab.txt goes beside it), or a directory."""
     from mlmkit.files import atomic_write_text
     from mlmkit.text.tokenizer import ROBERTA_TOKENS, SPECIAL_TOKENS, save_tokenizer, train_tokenizer
     from mlmkit.train.corpus.files import iter_sentences
@@ -74,8 +75,8 @@ def tokenizer_train(args: TokenizerArgs) -> None:
 @handle_errors
 @with_args(TokenizeArgs)
 def tokenize(args: TokenizeArgs) -> None:
-    """Tokenize a corpus once into a memory-mapped token shard: `mlmkit pretrain --data DIR` trains from
-    it."""
+    """Tokenize a corpus once into a memory-mapped token shard, the directory --out (tokens, offsets,
+    manifest, the tokenizer): `mlmkit pretrain --shard DIR` trains from it."""
     from mlmkit.text.tokenizer import load_tokenizer
     from mlmkit.train.corpus.shards import tokenize_to
 
@@ -91,7 +92,7 @@ def tokenize(args: TokenizeArgs) -> None:
 @with_args(PretrainArgs)
 def pretrain(args: PretrainArgs) -> None:
     """Pre-train an encoder with masked language modelling (BERT: + next-sentence prediction; --arch roberta |
-    modernbert)."""
+    modernbert). --out: the run directory to write (a Hugging Face checkpoint)."""
     from dataclasses import replace
 
     from mlmkit.train.pretrain import pretrain as run
@@ -130,7 +131,8 @@ def list_tasks(as_json: Json = False) -> None:
 @with_task_options("finetune")
 @with_args(FinetuneArgs)
 def finetune(args: FinetuneArgs, options: Options) -> None:
-    """Fine-tune a task head on a pretrained encoder (task options: see `mlmkit tasks`)."""
+    """Fine-tune a task head on a pretrained encoder (task options: see `mlmkit tasks`). --out: the run
+    directory to write."""
     from dataclasses import replace
 
     from mlmkit.train.finetune import finetune as run
@@ -145,7 +147,8 @@ def finetune(args: FinetuneArgs, options: Options) -> None:
 @with_args(DistillArgs)
 def distill(args: DistillArgs) -> None:
     """Distil a fine-tuned run into a student with fewer layers trained on the teacher's outputs, or
-    (--static) an embedding model into a table of token vectors."""
+    (--static) an embedding model into a table of token vectors. --out: the student's run directory
+    (with --static: the bundle's)."""
     from dataclasses import replace
 
     from mlmkit.train.distill import distill as run
@@ -159,7 +162,8 @@ def distill(args: DistillArgs) -> None:
 @with_task_options("sweep")
 @with_args(SweepArgs)
 def sweep(args: SweepArgs, options: Options, as_json: Json = False) -> None:
-    """Search fine-tuning settings with Optuna: a run per trial under --out, the best trial at the end."""
+    """Search fine-tuning settings with Optuna: a run per trial under --out (trial-NNN, beside the
+    default storage), the best trial at the end."""
     from dataclasses import replace
 
     from mlmkit.train.sweep import sweep as run
@@ -187,7 +191,8 @@ def sweep(args: SweepArgs, options: Options, as_json: Json = False) -> None:
 @handle_errors
 @with_args(PlotArgs)
 def plot(args: PlotArgs) -> None:
-    """Training curves of runs: loss, learning rate and each evaluation metric against the step."""
+    """Training curves of runs: loss, learning rate and each evaluation metric against the step. --out:
+    the picture to write (.png, .svg or .pdf)."""
     from mlmkit.train.plots import plot_runs
 
     path = plot_runs(args.runs, args.out, title=args.title)
@@ -277,10 +282,11 @@ def _evaluate_one(model: Path, data: Path, options: Options, predictions: Path |
 @with_args(QuickstartArgs)
 def quickstart(args: QuickstartArgs) -> None:
     """The whole pipeline on built-in data, offline: corpus, tokenizer, pretraining, fine-tuning, export,
-    inference, retrieval."""
+    inference, retrieval. --out: where its runs and bundles go."""
     from mlmkit.quickstart.demo import run
 
-    run(args.out, steps=args.steps, seed=args.seed, retrieval_documents=args.retrieval_documents, console=out)
+    run(args.out, steps=args.pretrain_steps, seed=args.seed, retrieval_documents=args.retrieval_documents,
+        console=out)
 
 
 @app.command()

@@ -13,7 +13,7 @@ Each bundle is mounted under its name (its directory's name, or NAME=PATH). Endp
 - the other servers' shapes, registered in routes.py: ``POST /v1/embeddings`` (OpenAI's, openai.py),
   ``POST /v1/rerank`` (rerank.py), ``POST /embed``, ``/embed_sparse``, ``/rerank``, ``/predict`` and
   ``/tokenize`` (text-embeddings-inference's, tei.py), ``POST /v1/search`` (an index served with
-  ``--index``, search.py): adapters over the same queue.
+  ``--search-index``, search.py): adapters over the same queue.
 - ``GET /v1/models`` (mlmkit's fields, and OpenAI's list shape), ``GET /health`` (alive), ``GET /ready``
   (every model loaded and warmed up, not shutting down), ``GET /metrics`` (Prometheus), ``GET /docs``
   (OpenAPI: each route's request and response model, schemas.py).
@@ -69,7 +69,8 @@ except ImportError:  # no [serve] extra: serve() says what to install
 
 log = logging.getLogger("mlmkit")
 RELOAD_SECONDS = 1.0
-"""How often a server with --index looks at its indexes' manifests (a stat each) for a change to load."""
+"""How often a server with --search-index looks at its indexes' manifests (a stat each) for a change to
+load."""
 ERRORS: dict[int | str, JSONObject] = {
     code: {"model": ErrorBody, "description": said} for code, said in (
         (401, "No or a wrong API key."), (413, "A body over --max-body-bytes, or over --max-inputs inputs."),
@@ -166,7 +167,7 @@ class _Service:
         self.started = int(time.time())  # set with the rest, before any route that reads it exists
 
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        """The models' threads run while the app does, and with --index a watch on the indexes'
+        """The models' threads run while the app does, and with --search-index a watch on the indexes'
         manifests (reload_indexes, every RELOAD_SECONDS); at shutdown each gets --drain-seconds to
         finish."""
         for m in self.models.values():

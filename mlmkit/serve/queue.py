@@ -270,8 +270,8 @@ class Metrics:
 
 # ---- running it -----------------------------------------------------------------------------------
 def load_models(args: ServeArgs) -> dict[str, Model]:
-    """Every bundle loaded and checked, and each --index given to the model whose bundle built it (a bad
-    one is an error before the server starts)."""
+    """Every bundle loaded and checked, and each --search-index given to the model whose bundle built it (a
+    bad one is an error before the server starts)."""
     from mlmkit.retrieval.index import served_indexes
     from mlmkit.runtime.pipeline import Pipeline
 
@@ -319,7 +319,7 @@ def corpus_names(specs: Sequence[str], models: dict[str, Model]) -> dict[str, Pa
         if not sep or Path(spec).exists():
             if len(served) != 1:
                 raise ConfigError(f"--corpus {spec}: say which index's documents it holds",
-                                  "--corpus NAME=FILE, NAME an --index's")
+                                  "--corpus NAME=FILE, NAME a --search-index's")
             name, path = served[0], spec
         if name not in served:
             raise ConfigError(f"--corpus {spec}: no index named '{name}' is served",

@@ -9,7 +9,7 @@ metrics). The routes, by the API whose clients send them:
     POST /v1/rerank       reranking as infinity and Cohere shape it (rerank.py)
     POST /embed, /embed_sparse, /rerank, /predict, /tokenize
                           text-embeddings-inference's (tei.py)
-    POST /v1/search       the top k documents of an index served with --index (search.py)
+    POST /v1/search       the top k documents of an index served with --search-index (search.py)
 
 ``routes()`` is the registry app.py mounts: the built-in routes, registered on first use, and any a
 caller registers (``register``). A route is a ``Route``: its path, request and response models, the

@@ -1,4 +1,4 @@
-"""POST /v1/search: the top k documents of an index served with --index (mlmkit index), for query
+"""POST /v1/search: the top k documents of an index served with --search-index (mlmkit index), for query
 texts (embedded by the index's bundle, with its query prompt) or query vectors (no model run); with
 ``where`` a filter, ``chunk_agg`` a chunked index's merge, ``hybrid`` other retrievers fused with it
 (BM25 over --corpus, other served indexes). No torch.
@@ -48,10 +48,10 @@ class Search(Route[SearchRequest, SearchState]):
     scores)."""
 
     path = "/v1/search"
-    summary = ("Search an index (mlmkit serve --index): {index, query, vector, top_k, rescore, hybrid, "
-               "fusion, weights} -> {results: [{hits: [{id, score}]}]}: query texts or vectors, a result per "
-               "query, hits best first; \"hybrid\": \"bm25\" (with --corpus) or other indexes' names fuses "
-               "their rankings.")
+    summary = ("Search an index (mlmkit serve --search-index): {index, query, vector, top_k, rescore, "
+               "hybrid, fusion, weights} -> {results: [{hits: [{id, score}]}]}: query texts or vectors, a "
+               "result per query, hits best first; \"hybrid\": \"bm25\" (with --corpus) or other indexes' "
+               "names fuses their rankings.")
     request, response = SearchRequest, SearchResponse
     offload = True
     searching = threading.Lock()
@@ -60,7 +60,7 @@ class Search(Route[SearchRequest, SearchState]):
         served: Served = {n: (m, ix) for m, model in models.items() for n, ix in model.indexes.items()}
         if not served:
             raise HTTPError(404, f"{self.path}: no index is served",
-                            "start the server with --index PATH (built by mlmkit index)")
+                            "start the server with --search-index PATH (built by mlmkit index)")
         name = request.index
         if name is None and len(served) == 1:
             name = next(iter(served))

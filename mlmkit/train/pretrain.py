@@ -242,7 +242,7 @@ def _pretrain(args: PretrainArgs) -> Metrics:
 
 
 def _tokenizer_file(args: PretrainArgs, own: Path | None) -> Path | None:
-    """The tokenizer to load: --tokenizer, else a resumed run's own, else the one a --data shard was made
+    """The tokenizer to load: --tokenizer, else a resumed run's own, else the one the --shard was made
     with (the shard is read whole first, before anything is built on it); None: one is trained."""
     tokenizer = args.tokenizer
     if own is not None and (own / "tokenizer.json").exists() and tokenizer is None:

@@ -172,7 +172,7 @@ def test_tokenize_then_pretrain_from_the_shard_trains_as_from_the_files(files, t
             "tokenizer.json"} <= {p.name for p in shard.iterdir()}
     common = ["--config", files["config"], "--steps", "3", "--batch-size", "2", "--seq-len", "32"]
     from_files = pretrain(files["corpus"], "--out", tmp_path / "a", "--tokenizer", files["tok"], *common)
-    from_shard = pretrain("--data", shard, "--out", tmp_path / "b", *common)  # the shard's own tokenizer
+    from_shard = pretrain("--shard", shard, "--out", tmp_path / "b", *common)  # the shard's own tokenizer
     assert from_files.exit_code == 0 and from_shard.exit_code == 0, (from_files.output, from_shard.output)
     a, b = (json.loads(x.stdout.strip().splitlines()[-1]) for x in (from_files, from_shard))
     # the same tokens, the same batches
@@ -198,16 +198,16 @@ def test_pretrain_data_errors(files, tmp_path):
     other = train_tokenizer(["some other words entirely"] * 20, vocab_size=60, min_frequency=1)
     save_tokenizer(other, tmp_path / "other")
     cases = [
-        (["--data", shard, "--tokenizer", tmp_path / "other" / "tokenizer.json"], "another tokenizer"),
-        (["--data", tmp_path / "nothing-here"], "not a token shard"),
-        ([files["corpus"], "--data", shard], "corpus files or --data"),
-        ([], "corpus files or --data"),
+        (["--shard", shard, "--tokenizer", tmp_path / "other" / "tokenizer.json"], "another tokenizer"),
+        (["--shard", tmp_path / "nothing-here"], "not a token shard"),
+        ([files["corpus"], "--shard", shard], "corpus files or --shard"),
+        ([], "corpus files or --shard"),
     ]
     for args, message in cases:
         line = one_error_line(pretrain(*args, "--out", tmp_path / "run", "--steps", "1"))
         assert message in line, line
     (shard / "tokens.bin").write_bytes(b"\0")  # damaged: said, never silently rebuilt or deleted
-    line = one_error_line(pretrain("--data", shard, "--out", tmp_path / "run", "--steps", "1"))
+    line = one_error_line(pretrain("--shard", shard, "--out", tmp_path / "run", "--steps", "1"))
     assert "is damaged" in line and shard.is_dir()
 
 

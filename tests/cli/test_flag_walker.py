@@ -169,7 +169,7 @@ def test_every_inference_flag_on_a_bundle_of_every_task(bundles: dict[str, Path]
                                 "john went to paris"], 2
             r = runner.invoke(app, argv)
             walked += 1
-            # an unknown task option; --resume with no job killed (tests/jobs/test_batch.py resumes)
+            # an unknown task option; --resume with no job killed (tests/jobs/test_jobdir.py resumes)
             if flag in REFUSED:
                 one_red_line(r, REFUSED[flag])
                 continue
@@ -324,8 +324,8 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
         sparse, late = task == "sparse-embedding", task == "colbert"
         flags: dict[str, list[str] | None] = {
             "--corpus": [], "--out": [], "--id-column": [], "--text-column": [], "--json": [],
-            "--quantize": ["--quantize", "int8"], "--ann": ["--ann", "hnsw"],
-            "--rescore-copy": ["--quantize", "int8", "--rescore-copy", "float16"],
+            "--quantization": ["--quantization", "int8"], "--ann": ["--ann", "hnsw"],
+            "--rescore-copy": ["--quantization", "int8", "--rescore-copy", "float16"],
             "--append": None, "--resume": None,  # below, on the index just built
             "--window": ["--window", "2"], "--workers": ["--workers", "1"], "--threads": ["--threads", "1"],
             "--batch-size": ["--batch-size", "2"], "--device": ["--device", "cuda"],
@@ -343,10 +343,10 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
                 continue
             other = tmp_path / f"ix-{task}{flag}"
             r = runner.invoke(app, [*base[:5], str(other), *base[6:], *flags[flag]])
-            if sparse and flag in ("--quantize", "--ann", "--rescore-copy"):
+            if sparse and flag in ("--quantization", "--ann", "--rescore-copy"):
                 one_red_line(r, flag, "sparse")
                 continue
-            if late and flag in ("--quantize", "--ann", "--rescore-copy"):
+            if late and flag in ("--quantization", "--ann", "--rescore-copy"):
                 one_red_line(r, flag, "colbert")
                 continue
             if not late and flag == "--bits":
@@ -366,7 +366,7 @@ def test_rerank_index_and_search_flags_on_a_bundle_of_every_task(bundles: dict[s
                                                                                                         m)
                 continue
             assert m["count"] == len(DOCS), (flag, m)
-            if flag in ("--quantize", "--rescore-copy"):
+            if flag in ("--quantization", "--rescore-copy"):
                 assert m["quantization"] == "int8"
             if flag == "--ann":
                 assert m["ann"] == "hnsw"

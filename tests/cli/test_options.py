@@ -1,8 +1,9 @@
-"""One CLI dialect: every command's options come from its argument dataclass (mlmkit/args.py, and
+"""One CLI dialect: every command's options come from its argument dataclass (mlmkit/args/, and
 BuildArgs beside the index it builds), and an option that several commands share is declared once.
 
 The options are read off the CLI itself (typer's click commands), so an option added later is held
-to this too: the same name in two commands has the same help and default, or its name is in ALLOWED
+to this too: the same name in two commands has the same help and default (the help alone where each
+command sets the default: PER_COMMAND_DEFAULTS), a task option's flag included, or its name is in ALLOWED
 below, which says why it means something else per command.
 """
 
@@ -16,43 +17,23 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from mlmkit.args import Runtime, TrainArgs, cli_fields
+from mlmkit.args import Runtime, TrainArgs, cli_fields, per_command_flags
 from mlmkit.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
-ALLOWED = {  # option names that mean something else per command; each command's help says what it is there
-    "--out": "what each command writes: a run, a bundle, an index, a shard, a tokenizer, mined rows, a "
-             "picture",
-    "--batch-size": "a training micro-batch (sequences, features), an onnxruntime batch, or mine's queries "
-                    "at once",
-    "--resume": "each continues its own job: a training run's checkpoint, a batch job, an index build, a "
-                "mining job",
-    "--workers": "tokenize's tokenizing processes; index's embedding processes (1) where the inference "
-                 "commands pick",
-    "--precision": "export: the graph it writes (default auto); elsewhere the precision a bundle runs in",
-    "--min-agreement": "export: the gates measured before a bundle is written; elsewhere the gate at load "
-                       "time",
-    "--quantize": "export: int8 weights; index: the stored vectors' type",
-    "--top-k": "fill-mask's task option; export: computed in the graph; search: hits per query",
-    "--index": "evaluate's task option (retrieval); mine: exact or faiss search; serve: an index to serve",
-    "--text-column": "a task option; a corpus's field; index's documents; rerank's and search's --input "
-                     "records",
-    "--id-column": "the inference commands carry it into results; index reads the documents' ids from it",
-    "--corpus": "index: the documents to index (required); mine: the documents to mine (optional)",
-    "--data": "evaluate: labelled data; pretrain: a token shard",
-    "--train": "finetune: labelled data in the task's format; distill: inputs the teacher labels",
-    "--tokenizer": "tokenize needs one; pretrain trains one when it is absent",
-    "--steps": "the quickstart's pretraining stage, not a training loop's --steps/--max-steps",
-    "--prompt-name": "the embedding task's option (its inputs' prompt); index: the documents', search: the "
-                     "queries'",
-    "--dimensions": "the embedding task's option (a run's or bundle's default); index: the vectors it stores",
-}
-PER_COMMAND_DEFAULTS = {f.flags[0] for f in cli_fields(TrainArgs)}
-"""The training loop's options (TrainArgs, composed into pretrain, finetune, sweep, distill) are one
-declaration whose defaults each command's factory sets (pretrain: 1000 steps at 5e-4; finetune: 3
-epochs at 5e-5): their help is compared, their defaults are not."""
+ALLOWED: dict[str, str] = {}
+"""Option names that would mean something else per command, each with why. Empty: a name that meant two
+things was renamed (quickstart --pretrain-steps, pretrain --shard, index --quantization, serve
+--search-index, mine --batch), and one that meant the same thing, worded per command, is declared once
+(mlmkit.args: Output.out, Runtime.workers, Inputs.corpus ...), its help saying what it is in each."""
+PER_COMMAND_DEFAULTS = {f.flags[0] for f in cli_fields(TrainArgs)} | per_command_flags()
+"""One declaration whose default each command sets: the training loop's options (TrainArgs, composed into
+pretrain, finetune, sweep, distill: pretrain 1000 steps at 5e-4, finetune 3 epochs at 5e-5) and the
+options declared ``per_command`` (--out: required, or plot's curves.png; --workers: 1, or the inference
+commands' measured choice; a task option's flag of the same name: unset). Their help is compared, their
+defaults (and so whether they are required) are not."""
 
 
 def commands() -> dict[str, Any]:
@@ -71,8 +52,8 @@ def commands() -> dict[str, Any]:
 
 
 def declaration(p: Any, default: bool = True) -> tuple[Any, ...]:
-    return (p.help, tuple(p.opts), tuple(p.secondary_opts), p.required,
-            *((repr(p.default),) if default else ()))
+    return (p.help, tuple(p.opts), tuple(p.secondary_opts),
+            *((p.required, repr(p.default)) if default else ()))
 
 
 def declarations() -> dict[str, dict[tuple[Any, ...], list[str]]]:
@@ -91,10 +72,23 @@ def test_an_option_shared_by_commands_is_declared_once() -> None:
     """The same name, the same help, flags and default in every command that has it, but for ALLOWED."""
     differ = {flag: ds for flag, ds in declarations().items() if len(ds) > 1}
     wrong = {flag: [(ds[d], d[0]) for d in ds] for flag, ds in differ.items() if flag not in ALLOWED}
-    assert not wrong, ("declare these once (mlmkit/args.py: Engine, Runtime, Output, Inputs, Training), or "
-                       f"say in ALLOWED why they differ: {wrong}")
+    assert not wrong, ("declare these once (mlmkit.args: Engine, Runtime, Output, Inputs, Training ...; "
+                       "per_command where each command has its own default), or rename the one that means "
+                       f"something else: {wrong}")
     stale = sorted(set(ALLOWED) - set(differ))
     assert not stale, f"these are declared alike now: drop them from ALLOWED: {stale}"
+
+
+def test_a_name_is_declared_once_with_one_default_or_per_command() -> None:
+    """A second declaration of a name is refused, and so is a default of a command's own for an option
+    that has one default."""
+    from mlmkit.args import Opt, Output
+
+    with pytest.raises(TypeError, match="--device is declared twice"):
+        Opt(("--device",), "cpu", "another help")
+    with pytest.raises(TypeError, match="--device has one default"):
+        Runtime.device("cuda")
+    assert Output.out(Path("x")).default == Path("x")
 
 
 def test_the_shared_groups_are_what_the_commands_have() -> None:

@@ -19,8 +19,8 @@ def test_quickstart_runs_every_stage(tmp_path: Path, stdlib_docstrings: Path) ->
     # the standard library's docstrings, parsed once a session
     shutil.copytree(stdlib_docstrings, tmp_path / "cache")
     env = {**os.environ, "MLMKIT_CACHE": str(tmp_path / "cache"), "COLUMNS": "200"}
-    r = subprocess.run([sys.executable, "-m", "mlmkit", "quickstart", "--out", str(out), "--steps", "5",
-                        "--retrieval-documents", "300"],
+    r = subprocess.run([sys.executable, "-m", "mlmkit", "quickstart", "--out", str(out), "--pretrain-steps",
+                        "5", "--retrieval-documents", "300"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     for stage in ("1. corpus", "2. tokenizer + tiny BERT pretrained for 5 steps", "3. sentiment classifier",

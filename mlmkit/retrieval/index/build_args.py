@@ -10,7 +10,18 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import mlmkit.retrieval.index.multivector as multivector
-from mlmkit.args import Args, Chunks, Embedding, Engine, Runtime, arg, check_precision, flag
+from mlmkit.args import (
+    Args,
+    Chunks,
+    Embedding,
+    Engine,
+    Inputs,
+    Output,
+    Runtime,
+    arg,
+    check_precision,
+    flag,
+)
 from mlmkit.errors import ConfigError
 from mlmkit.files import JSONObject
 from mlmkit.retrieval.index.codecs import QUANTIZATIONS, RESCORE_COPIES
@@ -29,24 +40,22 @@ class BuildArgs(Args):
                             "index, a "
                             "colbert one a multi-vector index. With --delete, --upsert or --compact: the "
                             "index.", positional=True)
-    corpus: Path | None = arg(None, "Documents: a BEIR corpus.jsonl (_id, title, text), JSON lines, Parquet "
-                                    "or CSV with an id "
-                                    "column, or .txt (one a line, its line number the id).")
-    out: Path | None = arg(None, "The index directory.")
+    corpus: Path | None = Inputs.corpus()
+    out: Path | None = Output.out(None)
     quantization: str = arg("float32",
-                            "float32, float16, int8 (calibrated ranges) or binary (sign bits, with an int8 "
-                            "copy for rescoring).", flags=("--quantize",))
+                            "How the vectors are stored: float32, float16, int8 (calibrated ranges) or "
+                            "binary (sign bits, with an int8 copy for rescoring).")
     ann: str = arg("flat", "flat (exact), hnsw or ivf (faiss, beside the vectors).")
     rescore_copy: str | None = arg(None, "float16: keep the vectors as float16 beside an int8 or binary "
                                          "index, and rescore "
                                          "its candidates from them (binary keeps an int8 copy otherwise).")
     """RESCORE_COPIES, for int8 and binary (None: binary keeps int8, int8 none)."""
     append: bool = arg(False, "Add the documents to the index at --out.")
-    resume: bool = arg(False, "Continue the build that was killed, after its last window.")
-    id_column: str | None = arg(None, "The documents' id field (default: _id, else id).")
-    text_column: str = arg("text", "The documents' text field (a title goes before it).")
+    resume: bool = Output.resume()
+    id_column: str | None = Inputs.id_column()
+    text_column: str = Inputs.text_column()
     window: int = Runtime.window()
-    workers: int = arg(1, "Embedding processes, each with a share of the threads.")
+    workers: int = Runtime.workers()
     threads: int | None = Runtime.threads()
     batch_size: int = Runtime.batch_size()
     device: str = Runtime.device()
@@ -92,7 +101,7 @@ class BuildArgs(Args):
         if self.upsert and (self.quantization, self.ann, self.rescore_copy, self.bits) != ("float32", "flat",
                                                                                            None, None):
             raise ConfigError("--upsert adds documents with the index's own settings",
-                              "drop --quantize, --ann, --rescore-copy and --bits")
+                              "drop --quantization, --ann, --rescore-copy and --bits")
         if live and self.resume and not self.upsert:
             raise ConfigError(f"{live[0]} takes no --resume (a delete or a compaction is done whole or not "
                               "at all)")
@@ -114,7 +123,7 @@ class BuildArgs(Args):
         if self.rescore_copy is not None and (self.rescore_copy not in RESCORE_COPIES
                                               or self.quantization not in ("int8", "binary")
                                               or (self.quantization, self.rescore_copy) == ("int8", "int8")):
-            raise ConfigError(f"--rescore-copy {self.rescore_copy} with --quantize {self.quantization}",
+            raise ConfigError(f"--rescore-copy {self.rescore_copy} with --quantization {self.quantization}",
                               "--rescore-copy float16 keeps the vectors for rescoring beside an int8 or "
                               "binary index")
         if self.rescore_copy is None and self.quantization == "binary":
@@ -122,7 +131,7 @@ class BuildArgs(Args):
         if self.engine not in ("local", "ray"):
             raise ConfigError(f"--engine {self.engine}: use local or ray")
         if self.quantization not in QUANTIZATIONS:
-            raise ConfigError(f"--quantize {self.quantization}: use one of {', '.join(QUANTIZATIONS)}")
+            raise ConfigError(f"--quantization {self.quantization}: use one of {', '.join(QUANTIZATIONS)}")
         if self.ann not in ANNS:
             raise ConfigError(f"--ann {self.ann}: use one of {', '.join(ANNS)}")
         if self.bits is not None and self.bits not in multivector.BITS:

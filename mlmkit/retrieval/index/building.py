@@ -92,7 +92,7 @@ def upsert(ix: StoredIndex, corpus: Documents, progress: Progress, settings: Map
     _commit)."""
     if any(settings.get(k, v) != v for k, v in UPSERT_OWN.items()):
         raise ConfigError("--upsert adds documents with the index's own settings",
-                          "drop --quantize, --ann, --rescore-copy and --bits")
+                          "drop --quantization, --ann, --rescore-copy and --bits")
     own = own_settings(ix)
     rest = {k: v for k, v in settings.items() if k not in (*UPSERT_OWN, "append", "replacing")}
     return build_from(query_bundle(ix, None), corpus, ix.path, progress, {**rest, **own, "append": True,
@@ -171,11 +171,11 @@ def _check_kind(args: BuildArgs, kind: str) -> BuildArgs:
     if sparse and (args.quantization, args.ann, args.rescore_copy) != ("float32", "flat", None):
         raise ConfigError(f"{args.bundle} gives sparse vectors (sparse-embedding): its index is an inverted "
                           "index, "
-                          "which takes no --quantize, --ann or --rescore-copy", "drop them")
+                          "which takes no --quantization, --ann or --rescore-copy", "drop them")
     if multi and (args.quantization, args.ann, args.rescore_copy) != ("float32", "flat", None):
         raise ConfigError(f"{args.bundle} gives a vector a token (colbert): its index codes each as a "
                           "centroid and a "
-                          "residual (--bits 1 or 2), and takes no --quantize, --ann or --rescore-copy",
+                          "residual (--bits 1 or 2), and takes no --quantization, --ann or --rescore-copy",
                           "drop them")
     if not multi and (args.bits is not None or args.centroids is not None):
         name = "--bits" if args.bits is not None else "centroids"
@@ -206,7 +206,7 @@ def _check_append(args: BuildArgs, old: StoredIndex, bundle: BundleRecord) -> No
         raise ConfigError(f"{out} is a {old.quantization} index with --ann {old.ann}"
                           f"{f' and a {old.copy} rescoring copy' if old.copy else ''}; --append takes the "
                           "index's "
-                          "own settings", f"pass --quantize {old.quantization} --ann {old.ann}{copy}")
+                          "own settings", f"pass --quantization {old.quantization} --ann {old.ann}{copy}")
 
 
 def _check_out(args: BuildArgs, out: Path) -> bool:

@@ -1,4 +1,4 @@
-"""How an index stores its unit-length vectors (``--quantize``, ``--rescore-copy``): each
+"""How an index stores its unit-length vectors (``--quantization``, ``--rescore-copy``): each
 quantization's row format, the int8 calibration, and the conversions both ways. No torch.
 
 Scores are dot products of unit vectors, so cosines:

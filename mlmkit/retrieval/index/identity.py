@@ -109,7 +109,7 @@ def query_bundle(ix: StoredIndex, bundle: Path | None) -> Path:
 
 def served_indexes(indexes: dict[str, Path], bundles: dict[str, Path], *,
                    memory: bool = True) -> dict[str, tuple[str, StoredIndex]]:
-    """`mlmkit serve --index`: each index opened (``memory``: read into memory; else memory-mapped) and
+    """`mlmkit serve --search-index`: each index opened (``memory``: read into memory; else memory-mapped) and
     paired with the served bundle that built it, {index name: (model name, StoredIndex)}; one that no served
     bundle built is refused. The bundle at the index's recorded path, unchanged, is found without reading
     a graph; the others are hashed."""
@@ -121,8 +121,8 @@ def served_indexes(indexes: dict[str, Path], bundles: dict[str, Path], *,
         model = next((m for m, b in served.items() if same_bundle(was, b, read=False)), None)
         model = model or next((m for m, b in served.items() if same_bundle(was, b)), None)
         if model is None:
-            raise ConfigError(f"--index {path} was built with the bundle {was.path}, which is not served "
-                              "(no served bundle has its graph and description)",
+            raise ConfigError(f"--search-index {path} was built with the bundle {was.path}, which is not "
+                              "served (no served bundle has its graph and description)",
                               "serve that bundle beside the index")
         out[name] = (model, ix)
     return out

@@ -19,7 +19,7 @@ An index is a directory:
 A sparse-embedding (SPLADE) bundle builds a sparse index (the manifest's ``kind``): its shards hold an
 inverted index on disk instead of vectors.bin (retrieval/postings.py: the postings of each term, a block of
 documents at a time, and the documents' own terms), ``dims`` is the vocabulary, and its scores are dot
-products. It takes no --quantize, --ann or --rescore.
+products. It takes no --quantization, --ann or --rescore.
 
 A colbert bundle builds a multi-vector index (kind "multivector", multivector.py): a vector per token,
 coded as a centroid and a residual of ``bits`` a dimension (the index's codec.npz), with the
@@ -156,8 +156,8 @@ class StoredIndex:
     @classmethod
     def open(cls: type[S], path: str | Path, *, memory: bool = False) -> S:
         """The index at ``path``, its manifest checked against its files, which are memory-mapped;
-        ``memory``: read into memory (what `mlmkit serve --index` does: files rewritten or removed under
-        a running server cannot take what it loaded from it)."""
+        ``memory``: read into memory (what `mlmkit serve --search-index` does: files rewritten or removed
+        under a running server cannot take what it loaded from it)."""
         d = Path(path)
         if not (d / MANIFEST).is_file():
             raise ConfigError(f"{d} is not an index: no {MANIFEST}",

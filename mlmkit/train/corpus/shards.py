@@ -297,7 +297,7 @@ def tokenize_into(d: Path, paths: Sequence[Path], tok: Tokenizer, dtype: Any, ba
 def tokenize_to(paths: Sequence[str | Path], tok: Tokenizer, out: str | Path, text_column: str = "text",
                 workers: int = 1, max_bytes: int | None = MAX_RECORD_BYTES) -> TokenizedCorpus:
     """`mlmkit tokenize`: the corpus as a token shard in directory ``out``, with its tokenizer, for
-    `mlmkit pretrain --data` here or on other machines. A previous shard there is replaced once the
+    `mlmkit pretrain --shard` here or on other machines. A previous shard there is replaced once the
     new one is complete (replace_shard: killed at any instant, a whole shard is at ``out``, or is put
     back there by the next tokenize or load); any other non-empty directory is refused. Two
     tokenizations to the same ``out`` at once: the second is refused, naming the first."""
