@@ -2,7 +2,8 @@
 ``save_checkpoint`` (``FAMILIES``: each family's transformers classes, tokenizer kind and sizes; the
 tokenizer of that kind is trained here with the `tokenizers` library on ``sentences()``),
 ``encode_batch`` and ``hf_out`` to feed the same batch to our tokenizer and to transformers' model, and
-``export`` through `mlmkit export --json`. The tests that use them skip without transformers."""
+``export`` through `mlmkit export --json`, and a sentence-transformers directory of a checkpoint exported
+(``sentence_transformers_bundle``). The tests that use them skip without transformers."""
 
 from __future__ import annotations
 
@@ -182,3 +183,33 @@ def export(src: Path, out: Path, *extra: str) -> dict[str, Any]:
     r = runner.invoke(app, ["export", str(src), "--out", str(out), "--json", *extra])
     assert r.exit_code == 0, r.output
     return json.loads((out / "mlmkit.json").read_text())
+
+
+def sentence_transformers_bundle(tmp: Path, hf: Path, pooling: str, dense: tuple[int, ...] = (),
+                                 max_seq_length: int | None = None) -> tuple[Any, Path]:
+    """A sentence-transformers directory of the transformers model ``hf`` (``pooling``, Dense layers
+    without bias to ``dense``'s sizes and back, as EmbeddingGemma's, then Normalize), and `mlmkit
+    export` of it. Returns (the SentenceTransformer, the bundle)."""
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as st_models
+
+    torch.manual_seed(0)
+    body = st_models.Transformer(str(hf), max_seq_length=max_seq_length)
+    H = body.get_embedding_dimension()
+    sizes = [H, *dense, H] if dense else []
+    layers = [st_models.Dense(a, b, bias=False, activation_function=torch.nn.Identity())
+              for a, b in zip(sizes, sizes[1:])]
+    st = SentenceTransformer(modules=[body, st_models.Pooling(H, pooling_mode=pooling), *layers,
+                                      st_models.Normalize()], device="cpu")
+    st.save(str(tmp / "st"))
+    meta = export(tmp / "st", tmp / "bundle")
+    assert (meta["task"] == "embedding" and meta["options"]["pooling"] == pooling
+            and meta["options"]["normalize"]), meta["options"]
+    return st, tmp / "bundle"
+
+
+def bundle_embeddings(bundle: Path, texts: list[str]) -> np.ndarray:
+    from mlmkit.runtime.pipeline import Pipeline
+
+    return np.array([r["embedding"] if isinstance(r, dict) else r for r in Pipeline.load(bundle)(texts)])

@@ -1,9 +1,10 @@
 """What the parity tests of the Llama-style families share (test_qwen3.py, test_gemma3.py,
-test_eurobert.py, test_prenorm.py): tokenizers built as the released checkpoints' are (byte-level BPE
-with Qwen3's <|endoftext|> appended, Gemma's SentencePiece-style BPE with <pad> <eos> <bos> <unk>
-<mask>, EuroBERT's Llama-3-style <|begin_of_text|> ... <|end_of_text|>), random transformers models
-saved by save_pretrained, right-padded batches, the ONNX graph fused as `mlmkit export` fuses it, and
-`mlmkit export` itself."""
+test_eurobert.py, test_prenorm.py), beside what every family's share (family_parity.py, whose
+checkpoints, batches and ONNX runs this module gives on): tokenizers built as the released
+checkpoints' are (byte-level BPE with Qwen3's <|endoftext|> appended, Gemma's SentencePiece-style BPE
+with <pad> <eos> <bos> <unk> <mask>, EuroBERT's Llama-3-style <|begin_of_text|> ... <|end_of_text|>),
+the ONNX graph fused as `mlmkit export` fuses it, `mlmkit export` itself and a classifier fine-tuned
+from a checkpoint."""
 
 from __future__ import annotations
 
@@ -15,8 +16,20 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from family_checkpoints import runner, sentences
-from family_parity import export_logits, perturb
+from family_checkpoints import (
+    sentence_transformers_bundle,  # noqa: F401  (tests/tasks/test_embedding_data.py imports it from here)
+    sentences,
+)
+from family_parity import (
+    export_eager,
+    head_of,
+    hf_model,
+    onnx_diff,
+    ort_run,
+    ort_session,
+    outputs,
+    save_hf,  # noqa: F401  (as sentence_transformers_bundle)
+)
 from tokenizers import (
     AddedToken,
     Tokenizer,
@@ -29,13 +42,12 @@ from tokenizers import (
 )
 from torch import nn
 
-from mlmkit.cli import app
 from mlmkit.exporter.passes import fuse
 from mlmkit.models import core
 from mlmkit.models.config import ModelConfig
 
 transformers = pytest.importorskip("transformers")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")  # the graphs and bundles these tests run
 
 TEXTS = ["the film was good", "john went to paris and the plot was very dull", "a", "not bad at all",
          "very very poor plot and a dull story to the end, and then john went to paris"]
@@ -45,9 +57,9 @@ def _byte_bpe(specials: list[str], vocab_size: int = 300) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(sentences(200), trainers.BpeTrainer(vocab_size=vocab_size,
-                                                                special_tokens=specials, min_frequency=1,
-                                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, min_frequency=1,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(sentences(200), trainer)
     return tok
 
 
@@ -98,48 +110,10 @@ def eurobert_tokenizer() -> Any:
                                                 pad_token="<|end_of_text|>", mask_token="<|mask|>")
 
 
-def save_hf(d: Path, cls_name: str, config: Any, *, seed: int = 0, tokenizer: Any = None) -> nn.Module:
-    """A random transformers model of ``cls_name``, perturbed well beyond its init, saved by
-    save_pretrained (with ``tokenizer`` beside it)."""
-    torch.manual_seed(seed)
-    model = getattr(transformers, cls_name)(config)
-    perturb(model, seed)
-    model.save_pretrained(d)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(d)
-    return model.eval()
-
-
-def hf_model(cls_name: str, d: Path, impl: str = "eager") -> nn.Module:
-    return getattr(transformers, cls_name).from_pretrained(d, attn_implementation=impl).eval()
-
-
-def random_batch(V: int, T: int, lengths: tuple[int, ...], seed: int = 1, pad: int = 0,
-                 low: int = 5) -> dict[str, torch.Tensor]:
-    """Random ids in [low, V) of mixed lengths, right-padded with ``pad`` (attention_mask 0 after each
-    length)."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(low, V, (len(lengths), T), generator=g)
-    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
-    ids[mask == 0] = pad
-    return {"input_ids": ids, "attention_mask": mask}
-
-
 def encode(fast: Any, texts: list[str]) -> dict[str, torch.Tensor]:
     """The texts as the released tokenizer frames them, right-padded with its padding token."""
     enc = fast(texts, padding=True, return_tensors="pt")
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
-
-
-class Graph(nn.Module):
-    """One output of a model as a graph of (input_ids, attention_mask)."""
-
-    def __init__(self, model: nn.Module, fn: Any) -> None:
-        super().__init__()
-        self.model, self.fn = model, fn
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.fn(self.model, input_ids, attention_mask)
 
 
 def fused_graph(tmp: Path, graph: nn.Module, cfg: ModelConfig, dummy: dict[str, torch.Tensor], *,
@@ -149,26 +123,29 @@ def fused_graph(tmp: Path, graph: nn.Module, cfg: ModelConfig, dummy: dict[str, 
     opset 17, dynamic batch and sequence) and fused by onnxruntime's BERT optimizer, held to the
     family's declared fusions (exporter/passes.py's fuse raises short of them). Returns the session and
     the fused operator counts."""
-    core.set_attention_impl(graph, "eager")
-    plain, fused = tmp / "plain.onnx", tmp / "fused.onnx"
-    export_logits(graph, dummy, plain, per_token=per_token)
-    core.set_attention_impl(graph, "sdpa")
-    counts = fuse(plain, fused, cfg)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    return ort.InferenceSession(str(fused), opts, providers=["CPUExecutionProvider"]), counts
+    plain = export_eager(graph, dummy, tmp / "plain.onnx", per_token=per_token)
+    counts = fuse(plain, tmp / "fused.onnx", cfg)
+    return ort_session(tmp / "fused.onnx"), counts
 
 
-def run(session: Any, x: dict[str, torch.Tensor]) -> np.ndarray:
-    return session.run(None, {k: v.numpy() for k, v in x.items()})[0]
+def fused_graph_diff(tmp: Path, graph: nn.Module, cfg: ModelConfig, dummy: dict[str, torch.Tensor],
+                     x: dict[str, torch.Tensor], cls_name: str, d: Path) -> tuple[dict[str, int], float]:
+    """``graph``, one output of mlmkit's model of transformers' ``cls_name`` (per row for a sequence
+    head, else per token), fused into ``tmp`` (fused_graph) from ``dummy``: (the fused operator counts,
+    the largest difference of its output on ``x``, a batch of another size and length, from
+    transformers' model of ``d``, at real tokens where it is per token)."""
+    tmp.mkdir(parents=True)
+    head = head_of(cls_name)
+    per_token = head != "ForSequenceClassification"
+    session, counts = fused_graph(tmp, graph, cfg, dummy, per_token=per_token)
+    with torch.no_grad():
+        ref = outputs(head, hf_model(cls_name, d)(**x))[0].numpy()
+    return counts, onnx_diff(ort_run(session, x), ref, x, per_token=per_token)
 
 
-def cli_export(src: Path, out: Path) -> dict[str, Any]:
-    """`mlmkit export SRC --out OUT --json`'s mlmkit.json (the special tokens' roles read from the
-    checkpoint's tokenizer_config.json)."""
-    r = runner.invoke(app, ["export", str(src), "--out", str(out), "--json"])
-    assert r.exit_code == 0, r.output
-    return json.loads((out / "mlmkit.json").read_text())
+def bundle_output(bundle: Path, name: str, x: dict[str, torch.Tensor]) -> np.ndarray:
+    """The output ``name`` of the bundle's model.onnx on ``x``, by onnxruntime."""
+    return ort_run(ort_session(bundle / "model.onnx"), x, [name])
 
 
 def labelled(n: int, seed: int) -> list[dict[str, str]]:
@@ -208,33 +185,3 @@ def fine_tunes_a_classifier(tmp: Path, base: Path, fast: Any, *, lr: float = 4e-
     x = encode(fast, ["the film was good", "a very dull story was the plot"])
     with torch.no_grad():
         np.testing.assert_allclose(ours(**x)["logits"].numpy(), hf.eval()(**x).logits.numpy(), atol=1e-5)
-
-
-def sentence_transformers_bundle(tmp: Path, hf: Path, pooling: str,
-                                 dense: tuple[int, ...] = ()) -> tuple[Any, Path]:
-    """A sentence-transformers directory of the transformers model ``hf`` (``pooling``, Dense layers
-    without bias to ``dense``'s sizes and back, as EmbeddingGemma's, then Normalize), and `mlmkit
-    export` of it. Returns (the SentenceTransformer, the bundle)."""
-    pytest.importorskip("sentence_transformers")
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer import modules as st_models
-
-    torch.manual_seed(0)
-    body = st_models.Transformer(str(hf))
-    H = body.get_embedding_dimension()
-    sizes = [H, *dense, H] if dense else []
-    layers = [st_models.Dense(a, b, bias=False, activation_function=nn.Identity())
-              for a, b in zip(sizes, sizes[1:])]
-    st = SentenceTransformer(modules=[body, st_models.Pooling(H, pooling_mode=pooling), *layers,
-                                      st_models.Normalize()])
-    st.save(str(tmp / "st"))
-    meta = cli_export(tmp / "st", tmp / "bundle")
-    assert (meta["task"] == "embedding" and meta["options"]["pooling"] == pooling
-            and meta["options"]["normalize"]), meta["options"]
-    return st, tmp / "bundle"
-
-
-def bundle_embeddings(bundle: Path, texts: list[str]) -> np.ndarray:
-    from mlmkit.runtime.pipeline import Pipeline
-
-    return np.array([r["embedding"] if isinstance(r, dict) else r for r in Pipeline.load(bundle)(texts)])

@@ -2,7 +2,7 @@
 test_jina.py, over models/rotary_bert.py): tiny random transformers models saved by save_pretrained,
 right-padded batches of mixed lengths, and each head of mlmkit's core against transformers' class,
 with either attention form on both sides; a model loaded by mlmkit saved back and loaded by
-transformers. Weights are perturbed well beyond their init (family_parity.perturb) so every
+transformers. Weights are perturbed well beyond their init (family_parity.save_hf) so every
 parameter shows in the outputs."""
 
 from __future__ import annotations
@@ -12,24 +12,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from family_parity import Backbone, SpanModel, load_ours, perturb, real_diff
+from family_parity import (
+    ATOL,  # noqa: F401  (the family tests' tolerance, imported from here)
+    BUILDS,
+    head_diff,
+    load_ours,
+    random_batch,
+    real_diff,
+    save_hf,
+    write_ours,
+)
+from family_parity import hf_model as hf_class_model
 from torch import nn
 
 from mlmkit.models import core
-from mlmkit.rundir.checkpoint import save_weights
-from mlmkit.rundir.config import save_config
 
 V = 100  # vocabulary of the tiny models; ids 0-4 are special tokens
-ATOL = 1e-5
 SIZES = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=48)
-# mlmkit's model of each transformers head, as the tasks build them
-BUILDS = {
-    "Model": Backbone,
-    "ForMaskedLM": core.BertForPreTraining,
-    "ForSequenceClassification": lambda c: core.BertForLabels(c, per_token=False),
-    "ForTokenClassification": lambda c: core.BertForLabels(c, per_token=True),
-    "ForQuestionAnswering": SpanModel,
-}
 
 
 def hf_dir(tmp_path: Path, prefix: str, head: str, config: dict[str, Any], name: str = "hf",
@@ -38,55 +37,19 @@ def hf_dir(tmp_path: Path, prefix: str, head: str, config: dict[str, Any], name:
     and saved by save_pretrained."""
     import transformers
 
-    cfg = getattr(transformers, f"{prefix}Config")(**config)
-    torch.manual_seed(seed)
-    model = getattr(transformers, prefix + head)(cfg)
-    perturb(model, seed)
-    d = tmp_path / name
-    model.save_pretrained(d)
-    return d
+    save_hf(tmp_path / name, prefix + head, getattr(transformers, f"{prefix}Config")(**config), seed=seed)
+    return tmp_path / name
 
 
 def hf_model(prefix: str, head: str, d: Path, impl: str = "eager") -> nn.Module:
-    import transformers
-
-    return getattr(transformers, prefix + head).from_pretrained(d, attn_implementation=impl).eval()
+    return hf_class_model(prefix + head, d, impl)
 
 
 def inputs(T: int = 20, lengths: tuple[int, ...] = (20, 13, 5), pad: int = 1, seed: int = 1,
            types: bool = False) -> dict[str, torch.Tensor]:
     """A right-padded batch: id 2 first, ``pad`` with attention_mask 0 after each length; with
     ``types`` token_type_ids 1 over the second half of each row's real tokens (a pair)."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, V, (len(lengths), T), generator=g)
-    ids[:, 0] = 2
-    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
-    ids[mask == 0] = pad
-    x = {"input_ids": ids, "attention_mask": mask}
-    if types:
-        x["token_type_ids"] = ((torch.arange(T)[None, :] >= torch.tensor(lengths)[:, None] // 2)
-                               & mask.bool()).long()
-    return x
-
-
-def outputs(head: str, out: Any) -> list[torch.Tensor]:
-    """The tensors a head gives, ours (dicts, tuples) or transformers' (its output classes), in one order."""
-    if head == "Model":
-        return [out if isinstance(out, torch.Tensor) else out.last_hidden_state]
-    if head == "ForQuestionAnswering":
-        return list(out) if isinstance(out, tuple) else [out.start_logits, out.end_logits]
-    if type(out) is dict:  # ours (transformers' outputs are dicts too, of their own class)
-        return [out["prediction_logits" if head == "ForMaskedLM" else "logits"]]
-    return [out.logits]
-
-
-def head_diff(ours: nn.Module, theirs: nn.Module, head: str, x: dict[str, torch.Tensor]) -> float:
-    """The largest difference of the head's outputs at real tokens (per row for the sequence head)."""
-    with torch.no_grad():
-        got, ref = outputs(head, ours(**x)), outputs(head, theirs(**x))
-    if head == "ForSequenceClassification":
-        return max((a - b).abs().max().item() for a, b in zip(got, ref))
-    return max(real_diff(a, b, x["attention_mask"]) for a, b in zip(got, ref))
+    return random_batch(V, T, lengths, seed, pad=pad, first=2, types=types)
 
 
 def parity(d: Path, prefix: str, head: str, x: dict[str, torch.Tensor]) -> tuple[float, list[str]]:
@@ -109,10 +72,8 @@ def save_back(d: Path, prefix: str, head: str, out: Path, x: dict[str, torch.Ten
     import transformers
 
     cfg, ours, _ = load_ours(d, BUILDS[head])
-    out.mkdir()
-    save_weights(ours, out / "model.safetensors", cfg)
-    save_config(cfg, out / "config.json")
-    theirs, info = getattr(transformers, prefix + head).from_pretrained(out, attn_implementation="eager",
+    theirs, info = getattr(transformers, prefix + head).from_pretrained(write_ours(cfg, ours, out),
+                                                                        attn_implementation="eager",
                                                                         output_loading_info=True)
     return head_diff(ours, theirs.eval(), head, x), info
 

@@ -13,12 +13,33 @@ well beyond their init so that every parameter matters.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from family_parity import Backbone, Logits, SpanModel, export_logits, load_ours, mlm_diffs, perturb, real_diff
-from torch import nn
+from family_parity import (
+    ATOL,
+    BUILDS,
+    Backbone,
+    Checkpoints,
+    HFFamily,
+    SpanModel,
+    backbone_matches,
+    eager_export_diff,
+    head_diff,
+    head_graphs,
+    head_of,
+    hf_model,
+    load_back,
+    load_ours,
+    mlm_diffs,
+    perturb,
+    random_batch,
+    real_diff,
+    save_back,
+    seq_head,
+    token_head,
+    write_ours,
+)
 
 from mlmkit.errors import ConfigError
 from mlmkit.models import core, family_for
@@ -26,13 +47,11 @@ from mlmkit.models.config import ModelConfig
 from mlmkit.models.deberta import DebertaLayer
 from mlmkit.models.deberta_attention import RelativePositions, bucket
 from mlmkit.models.presets import preset
-from mlmkit.rundir.checkpoint import load_state_dict, save_weights
-from mlmkit.rundir.config import save_config
+from mlmkit.rundir.checkpoint import load_state_dict
 
 transformers = pytest.importorskip("transformers")
 
 V = 100
-ATOL = 1e-5
 BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
             max_position_embeddings=64, pad_token_id=0, relative_attention=True, pos_att_type=["p2c", "c2p"])
 VARIANTS = {
@@ -44,35 +63,20 @@ VARIANTS = {
 }
 
 
-def hf_dir(tmp_path: Path, cls_name: str, variant: str = "v3", name: str = "hf", seed: int = 0, **kw) -> Path:
-    """A random transformers DeBERTa-v2 model of class ``cls_name``, saved by save_pretrained."""
-    cfg = transformers.DebertaV2Config(**{**BASE, **VARIANTS[variant], **kw})
-    torch.manual_seed(seed)
-    model = getattr(transformers, cls_name)(cfg)
-    perturb(model, seed)
-    d = tmp_path / name
-    model.save_pretrained(d)
-    return d
+FAMILY = HFFamily("DebertaV2Config", BASE, VARIANTS)  # (transformers' DeBERTa has eager attention only)
+SEQ = "DebertaV2ForSequenceClassification"
 
 
-def hf_model(cls_name: str, d: Path) -> nn.Module:
-    return getattr(transformers, cls_name).from_pretrained(d).eval()
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Checkpoints:
+    return Checkpoints(FAMILY, tmp_path_factory.mktemp("deberta"))
 
 
 def inputs(variant: str = "v3", T: int = 36, lengths: tuple[int, ...] = (36, 23, 9),
            seed: int = 1) -> dict[str, torch.Tensor]:
     """A right-padded batch: [CLS] first, padding id 0 with attention_mask 0 after each length; for
     a layout with token types, the second half of each row's real tokens is segment 1."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, V, (len(lengths), T), generator=g)
-    ids[:, 0] = 2
-    n = torch.tensor(lengths)[:, None]
-    mask = (torch.arange(T)[None, :] < n).long()
-    ids[mask == 0] = 0
-    x = {"input_ids": ids, "attention_mask": mask}
-    if VARIANTS[variant].get("type_vocab_size"):
-        x["token_type_ids"] = ((torch.arange(T)[None, :] >= n // 2) & (mask == 1)).long()
-    return x
+    return random_batch(V, T, lengths, seed, first=2, types=bool(VARIANTS[variant].get("type_vocab_size")))
 
 
 # ---- the relative positions --------------------------------------------------------------------
@@ -103,21 +107,15 @@ def test_relative_rows_are_transformers_at_every_distance(buckets, M):
 
 # ---- the backbone and the heads against transformers -------------------------------------------
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_backbone_matches_transformers_eager_and_sdpa(tmp_path, variant):
-    d = hf_dir(tmp_path, "DebertaV2Model", variant)  # a bare backbone: keys without "deberta."
+def test_backbone_matches_transformers_eager_and_sdpa(hf_dir, variant):
+    d = hf_dir("DebertaV2Model", variant)  # a bare backbone: keys without "deberta."
     cfg, ours, unexpected = load_ours(d, Backbone)
     assert unexpected == []
     assert all(isinstance(x, DebertaLayer) for x in ours.bert.encoder.layer)
     x = inputs(variant)
+    mine, ref = backbone_matches(ours, d, "DebertaV2Model", x, theirs=("eager",))
+    assert real_diff(mine["eager"], mine["sdpa"], x["attention_mask"]) <= ATOL
     with torch.no_grad():
-        mine = {}
-        for impl in ("eager", "sdpa"):
-            core.set_attention_impl(ours, impl)
-            mine[impl] = ours(**x)
-        assert real_diff(mine["eager"], mine["sdpa"], x["attention_mask"]) <= ATOL
-        ref = hf_model("DebertaV2Model", d)(**x).last_hidden_state
-        for h in mine.values():
-            assert real_diff(h, ref, x["attention_mask"]) <= ATOL
         # and the comparison is sensitive to the relative positions and to the token types
         for change in ({"pos_att_type": ["c2p"]},
                        *([{"max_relative_positions": 10}] if variant == "v3" else [])):
@@ -127,13 +125,12 @@ def test_backbone_matches_transformers_eager_and_sdpa(tmp_path, variant):
             assert real_diff(other(**x), ref, x["attention_mask"]) > 1e-3, change
         if "token_type_ids" in x:
             assert real_diff(ours(x["input_ids"], x["attention_mask"]), ref, x["attention_mask"]) > 1e-3
-    assert ref.abs().max() > 1.0
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_mlm_logits_match(tmp_path, variant):
+def test_mlm_logits_match(hf_dir, variant):
     # legacy true, transformers' default: cls.predictions.*
-    d = hf_dir(tmp_path, "DebertaV2ForMaskedLM", variant)
+    d = hf_dir("DebertaV2ForMaskedLM", variant)
     cfg, ours, unexpected = load_ours(d, core.BertForPreTraining)
     assert unexpected == []
     x = inputs(variant)
@@ -147,7 +144,7 @@ def test_mlm_head_of_legacy_false_and_original_checkpoints_is_read(tmp_path):
     """legacy false (and the original DeBERTa-v3 checkpoints) name the MLM head lm_predictions.lm_head.*;
     it is BERT's head and reads into it; the replaced-token-detection head of those checkpoints
     (mask_predictions.*) comes back as unexpected."""
-    d = hf_dir(tmp_path, "DebertaV2ForMaskedLM", legacy=False)
+    d = FAMILY.save(tmp_path / "hf", "DebertaV2ForMaskedLM", legacy=False)  # its own: the test rewrites it
     from safetensors.torch import load_file, save_file
 
     sd = load_file(d / "model.safetensors")
@@ -163,14 +160,14 @@ def test_mlm_head_of_legacy_false_and_original_checkpoints_is_read(tmp_path):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_sequence_classification_matches(tmp_path, variant):
-    d = hf_dir(tmp_path, "DebertaV2ForSequenceClassification", variant, num_labels=3)
-    cfg, ours, unexpected = load_ours(d, lambda c: core.BertForLabels(c, per_token=False))
+def test_sequence_classification_matches(hf_dir, variant):
+    d = hf_dir(SEQ, variant, num_labels=3)
+    cfg, ours, unexpected = load_ours(d, seq_head)
     assert unexpected == []
     x = inputs(variant)
     with torch.no_grad():
         got = ours(**x)["logits"]
-        ref = hf_model("DebertaV2ForSequenceClassification", d)(**x).logits
+        ref = hf_model(SEQ, d)(**x).logits
         assert (got - ref).abs().max().item() <= ATOL
         assert core.reads_cls_only(ours.bert)
         # the [CLS]-only last layer (relative positions of query 0 against every key) gives the same vector
@@ -181,55 +178,31 @@ def test_sequence_classification_matches(tmp_path, variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_token_classification_matches(tmp_path, variant):
-    d = hf_dir(tmp_path, "DebertaV2ForTokenClassification", variant, num_labels=5)
-    cfg, ours, unexpected = load_ours(d, lambda c: core.BertForLabels(c, per_token=True))
+def test_token_classification_matches(hf_dir, variant):
+    d = hf_dir("DebertaV2ForTokenClassification", variant, num_labels=5)
+    cfg, ours, unexpected = load_ours(d, token_head)
     assert unexpected == []
-    x = inputs(variant)
-    with torch.no_grad():
-        got = ours(**x)["logits"]
-        ref = hf_model("DebertaV2ForTokenClassification", d)(**x).logits
-    assert real_diff(got, ref, x["attention_mask"]) <= ATOL
+    theirs = hf_model("DebertaV2ForTokenClassification", d)
+    assert head_diff(ours, theirs, "ForTokenClassification", inputs(variant)) <= ATOL
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_question_answering_matches(tmp_path, variant):
-    d = hf_dir(tmp_path, "DebertaV2ForQuestionAnswering", variant)
+def test_question_answering_matches(hf_dir, variant):
+    d = hf_dir("DebertaV2ForQuestionAnswering", variant)
     cfg, ours, unexpected = load_ours(d, SpanModel)
     assert unexpected == []
-    x = inputs(variant)
-    with torch.no_grad():
-        start, end = ours(**x)
-        ref = hf_model("DebertaV2ForQuestionAnswering", d)(**x)
-    assert real_diff(start, ref.start_logits, x["attention_mask"]) <= ATOL
-    assert real_diff(end, ref.end_logits, x["attention_mask"]) <= ATOL
+    theirs = hf_model("DebertaV2ForQuestionAnswering", d)
+    assert head_diff(ours, theirs, "ForQuestionAnswering", inputs(variant)) <= ATOL  # start and end logits
 
 
 # ---- back to transformers ----------------------------------------------------------------------
 @pytest.mark.parametrize("head", ["mlm", "seq", "qa"])
-def test_saves_back_to_transformers(tmp_path, head):
-    cls_name, build = {"mlm": ("DebertaV2ForMaskedLM", core.BertForPreTraining),
-                       "seq": ("DebertaV2ForSequenceClassification",
-                               lambda c: core.BertForLabels(c, per_token=False)),
-                       "qa": ("DebertaV2ForQuestionAnswering", SpanModel)}[head]
+def test_saves_back_to_transformers(hf_dir, tmp_path, head):
+    cls_name = {"mlm": "DebertaV2ForMaskedLM", "seq": SEQ, "qa": "DebertaV2ForQuestionAnswering"}[head]
     variant = "v2" if head == "seq" else "v3"
-    cfg, ours, _ = load_ours(hf_dir(tmp_path, cls_name, variant), build)
-    out = tmp_path / "ours"
-    out.mkdir()
-    save_weights(ours, out / "model.safetensors", cfg)
-    save_config(cfg, out / "config.json")
-    theirs, info = getattr(transformers, cls_name).from_pretrained(out, output_loading_info=True)
-    assert info["missing_keys"] in ([], set()) and info["unexpected_keys"] in ([], set()), info
-    x = inputs(variant)
-    with torch.no_grad():
-        got, ref = ours(**x), theirs.eval()(**x)
-    if head == "mlm":
-        assert real_diff(got["prediction_logits"], ref.logits, x["attention_mask"]) <= ATOL
-    elif head == "seq":
-        assert (got["logits"] - ref.logits).abs().max().item() <= ATOL
-    else:
-        assert real_diff(got[0], ref.start_logits, x["attention_mask"]) <= ATOL
-        assert real_diff(got[1], ref.end_logits, x["attention_mask"]) <= ATOL
+    cfg, ours, _ = load_ours(hf_dir(cls_name, variant), BUILDS[head_of(cls_name)])
+    theirs = save_back(cfg, ours, cls_name, tmp_path / "ours")
+    assert head_diff(ours, theirs, head_of(cls_name), inputs(variant)) <= ATOL
 
 
 def test_preset_model_loads_in_transformers(tmp_path):
@@ -240,25 +213,22 @@ def test_preset_model_loads_in_transformers(tmp_path):
     torch.manual_seed(0)
     ours = core.BertForPreTraining(cfg)
     perturb(ours, 0)
-    save_weights(ours, tmp_path / "model.safetensors", cfg)
-    save_config(cfg, tmp_path / "config.json")
-    hc = transformers.AutoConfig.from_pretrained(tmp_path)
+    hc = transformers.AutoConfig.from_pretrained(write_ours(cfg, ours, tmp_path))
     assert hc.model_type == "deberta-v2" and hc.architectures == ["DebertaV2ForMaskedLM"]
     assert (hc.relative_attention, hc.position_biased_input, hc.share_att_key, hc.position_buckets,
             hc.norm_rel_ebd) == (
         True, False, True, 256, "layer_norm")
     assert hc.pos_att_type == ["p2c", "c2p"] and hc.type_vocab_size == 0 and hc.legacy is True
-    theirs, info = transformers.DebertaV2ForMaskedLM.from_pretrained(tmp_path, output_loading_info=True)
-    assert info["missing_keys"] in ([], set()) and info["unexpected_keys"] in ([], set()), info
+    theirs = load_back("DebertaV2ForMaskedLM", tmp_path)
     x = inputs(T=300, lengths=(300, 150, 20))  # distances beyond the 128 each side kept as they are
     with torch.no_grad():
-        got, ref = ours.eval()(**x)["prediction_logits"], theirs.eval()(**x).logits
+        got, ref = ours.eval()(**x)["prediction_logits"], theirs(**x).logits
     assert real_diff(got, ref, x["attention_mask"]) <= 2 * ATOL
 
 
 # ---- config.json -------------------------------------------------------------------------------
-def test_config_fields_and_names(tmp_path):
-    d = hf_dir(tmp_path, "DebertaV2ForMaskedLM")
+def test_config_fields_and_names(hf_dir):
+    d = hf_dir("DebertaV2ForMaskedLM")
     c = json.loads((d / "config.json").read_text())
     cfg = ModelConfig.from_dict({**c, "pos_att_type": "p2c|c2p"})  # older configs' form: the same model
     assert (cfg.layer_norm_eps, cfg.type_vocab_size, cfg.architectures) == (1e-7, 0, ["BertForMaskedLM"])
@@ -302,33 +272,14 @@ def test_configs_it_cannot_run_are_refused(change, words):
 
 
 # ---- ONNX --------------------------------------------------------------------------------------
-def test_eager_graphs_export_to_onnx(tmp_path):
+def test_eager_graphs_export_to_onnx(hf_dir, tmp_path):
     """The TorchScript exporter at opset 17 with dynamic batch and sequence axes: onnxruntime on a
     batch of another size and length than the export's gives PyTorch's outputs (the relative
     positions come from the runtime length). Two graphs: MLM logits and the [CLS]-only classifier."""
-    ort = pytest.importorskip("onnxruntime")
-    _, mlm, _ = load_ours(hf_dir(tmp_path, "DebertaV2ForMaskedLM", name="mlm"), core.BertForPreTraining)
-    _, seq, _ = load_ours(hf_dir(tmp_path, "DebertaV2ForSequenceClassification", name="seq", num_labels=3),
-                          lambda c: core.BertForLabels(c, per_token=False))
-    graphs = {
-        "mlm": Logits(mlm, lambda m, i, a: m(i, a)["prediction_logits"]),
-        "cls": Logits(seq, lambda m, i, a: m.classifier(core.encode_cls(m.bert, i, a))),
-    }
-    dummy = inputs(T=12, lengths=(12, 7))
-    x = inputs()
-    for name, graph in graphs.items():
-        graph.eval()  # the wrapper too: the exporter puts back the mode it finds, the model's with it
-        core.set_attention_impl(graph, "eager")
-        path = tmp_path / f"{name}.onnx"
-        export_logits(graph, dummy, path, per_token=name == "mlm")
-        core.set_attention_impl(graph, "sdpa")
-        with torch.no_grad():
-            ref = graph(**x).numpy()
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 1
-        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        (got,) = sess.run(None, {k: v.numpy() for k, v in x.items()})
-        diff = got - ref
-        if name == "mlm":
-            diff = diff[x["attention_mask"].bool().numpy()]
-        assert abs(diff).max() <= 1e-4, name
+    pytest.importorskip("onnxruntime")
+    _, mlm, _ = load_ours(hf_dir("DebertaV2ForMaskedLM"), core.BertForPreTraining)
+    _, seq, _ = load_ours(hf_dir(SEQ, num_labels=3), seq_head)
+    dummy, x = inputs(T=12, lengths=(12, 7)), inputs()
+    for name, graph in head_graphs(mlm, seq).items():
+        diff = eager_export_diff(graph, dummy, x, tmp_path / f"{name}.onnx", per_token=name == "mlm")
+        assert diff <= 1e-4, name

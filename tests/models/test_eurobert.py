@@ -12,38 +12,44 @@ a linear rope scaling and the decoder tied to the embeddings.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
-from family_parity import Backbone, load_ours, mlm_diffs, real_diff
+from family_checkpoints import bundle_embeddings, export, sentence_transformers_bundle
+from family_parity import (
+    ATOL,
+    BUILDS,
+    Backbone,
+    Checkpoints,
+    HFFamily,
+    backbone_matches,
+    head_diff,
+    head_graphs,
+    head_of,
+    hf_model,
+    impl_diffs,
+    load_ours,
+    mlm_diffs,
+    random_batch,
+    save_back,
+    seq_head,
+    token_head,
+)
 from prenorm_parity import (
     TEXTS,
-    Graph,
-    bundle_embeddings,
-    cli_export,
+    bundle_output,
     encode,
     eurobert_tokenizer,
     fine_tunes_a_classifier,
-    fused_graph,
-    hf_model,
-    random_batch,
-    run,
-    save_hf,
-    sentence_transformers_bundle,
-    transformers,
+    fused_graph_diff,
 )
 
 from mlmkit.errors import ConfigError
 from mlmkit.models import core, family_for
 from mlmkit.models.config import ModelConfig
-from mlmkit.rundir.checkpoint import save_weights
-from mlmkit.rundir.config import save_config
 from mlmkit.runtime.pipeline import Pipeline
 
 V = 100
-ATOL = 1e-5
 BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2,
             pad_token_id=0, bos_token_id=2, eos_token_id=0, mask_token_id=3, max_position_embeddings=64,
@@ -53,49 +59,35 @@ VARIANTS = {
     "biased": dict(attention_bias=True, mlp_bias=True, head_dim=16, tie_word_embeddings=True,
                    rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}),
 }
+# tokenizer=True: EuroBERT's kind of tokenizer beside the model, its size and ids in the config
+FAMILY = HFFamily("EuroBertConfig", BASE, VARIANTS, tokenizer=eurobert_tokenizer,
+                  token_ids=("pad", "bos", "eos", "mask"))
 SEQ = "EuroBertForSequenceClassification"
+CONFIG = {"model_type": "eurobert", "vocab_size": V, "hidden_size": 32, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 48}
 
 
-def hf_dir(tmp_path: Path, cls_name: str, variant: str = "plain", name: str = "hf", tokenizer=None,
-           **kw) -> Path:
-    d = tmp_path / name
-    save_hf(d, cls_name, transformers.EuroBertConfig(**{**BASE, **VARIANTS[variant], **kw}),
-            tokenizer=tokenizer)
-    return d
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Checkpoints:
+    return Checkpoints(FAMILY, tmp_path_factory.mktemp("eurobert"))
 
 
 def inputs(T: int = 20, lengths: tuple[int, ...] = (20, 13, 5), seed: int = 1) -> dict[str, torch.Tensor]:
-    x = random_batch(V, T, lengths, seed)
-    x["input_ids"][:, 0] = 2  # <|begin_of_text|>, the token "bos" pooling reads
-    return x
-
-
-def seq_head(c: ModelConfig) -> core.BertForLabels:
-    return core.BertForLabels(c, per_token=False)
+    return random_batch(V, T, lengths, seed, first=2)  # <|begin_of_text|>, the token "bos" pooling reads
 
 
 # ---- the backbone and the heads against transformers -------------------------------------------
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_backbone_matches_transformers_eager_and_sdpa(tmp_path, variant):
-    d = hf_dir(tmp_path, "EuroBertModel", variant)  # a bare backbone: keys without "model."
+def test_backbone_matches_transformers_eager_and_sdpa(hf_dir, variant):
+    d = hf_dir("EuroBertModel", variant)  # a bare backbone: keys without "model."
     cfg, ours, unexpected = load_ours(d, Backbone)
     assert unexpected == [] and all(layer.self_attn.spec.span is None for layer in ours.bert.encoder.layer)
-    x = inputs()
-    with torch.no_grad():
-        mine = {}
-        for impl in ("eager", "sdpa"):
-            core.set_attention_impl(ours, impl)
-            mine[impl] = ours(**x)
-        for impl in ("eager", "sdpa"):
-            ref = hf_model("EuroBertModel", d, impl)(**x).last_hidden_state
-            for ours_impl, h in mine.items():
-                assert real_diff(h, ref, x["attention_mask"]) <= ATOL, (impl, ours_impl)
-    assert ref.abs().max() > 1.0
+    backbone_matches(ours, d, "EuroBertModel", inputs())
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_mlm_logits_match(tmp_path, variant):
-    d = hf_dir(tmp_path, "EuroBertForMaskedLM", variant)
+def test_mlm_logits_match(hf_dir, variant):
+    d = hf_dir("EuroBertForMaskedLM", variant)
     cfg, ours, unexpected = load_ours(d, core.BertForPreTraining)
     assert unexpected == []
     head = ours.cls.predictions
@@ -112,66 +104,49 @@ def test_mlm_logits_match(tmp_path, variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("pooling", ["late", "bos", "mean"])
-def test_sequence_classification_matches(tmp_path, variant, pooling):
-    d = hf_dir(tmp_path, SEQ, variant, classifier_pooling=pooling, num_labels=3)
+def test_sequence_classification_matches(hf_dir, variant, pooling):
+    d = hf_dir(SEQ, variant, classifier_pooling=pooling, num_labels=3)
     cfg, ours, unexpected = load_ours(d, seq_head)
     assert unexpected == []
     x = inputs()
     with torch.no_grad():
-        ref = hf_model(SEQ, d)(**x).logits
-        for impl in ("eager", "sdpa"):
-            core.set_attention_impl(ours, impl)
-            assert (ours(**x)["logits"] - ref).abs().max().item() <= ATOL, impl
-        assert core.reads_cls_only(ours.bert) == (pooling == "bos")
-        if pooling == "bos":  # the last layer computed for the first token alone gives the same vector
+        ref = hf_model(SEQ, d)(**x)
+    diffs = impl_diffs(ours, ref, "ForSequenceClassification", x)
+    assert max(diffs.values()) <= ATOL, diffs
+    assert core.reads_cls_only(ours.bert) == (pooling == "bos")
+    if pooling == "bos":  # the last layer computed for the first token alone gives the same vector
+        with torch.no_grad():
             fast = core.encode_cls(ours.bert, x["input_ids"], x["attention_mask"])
-            assert (ours.classifier(fast) - ref).abs().max().item() <= ATOL
+            assert (ours.classifier(fast) - ref.logits).abs().max().item() <= ATOL
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_token_classification_matches(tmp_path, variant):
-    d = hf_dir(tmp_path, "EuroBertForTokenClassification", variant, num_labels=5)
-    cfg, ours, unexpected = load_ours(d, lambda c: core.BertForLabels(c, per_token=True))
+def test_token_classification_matches(hf_dir, variant):
+    d = hf_dir("EuroBertForTokenClassification", variant, num_labels=5)
+    cfg, ours, unexpected = load_ours(d, token_head)
     assert unexpected == []
     x = inputs()
     with torch.no_grad():
-        ref = hf_model("EuroBertForTokenClassification", d)(**x).logits
-        for impl in ("eager", "sdpa"):
-            core.set_attention_impl(ours, impl)
-            assert real_diff(ours(**x)["logits"], ref, x["attention_mask"]) <= ATOL, impl
+        ref = hf_model("EuroBertForTokenClassification", d)(**x)
+    diffs = impl_diffs(ours, ref, "ForTokenClassification", x)
+    assert max(diffs.values()) <= ATOL, diffs
 
 
 # ---- back to transformers ----------------------------------------------------------------------
 @pytest.mark.parametrize("head, variant", [("mlm", "plain"), ("mlm", "biased"), ("seq", "plain")])
-def test_saves_back_to_transformers(tmp_path, head, variant):
+def test_saves_back_to_transformers(hf_dir, tmp_path, head, variant):
     """An untied decoder (EuroBertConfig's default) is stored as lm_head.weight, a tied one is not:
     transformers loads either with nothing missing or unexpected."""
-    cls_name, build = ("EuroBertForMaskedLM", core.BertForPreTraining) if head == "mlm" else (SEQ, seq_head)
-    cfg, ours, _ = load_ours(hf_dir(tmp_path, cls_name, variant, num_labels=3), build)
-    out = tmp_path / "ours"
-    out.mkdir()
-    save_weights(ours, out / "model.safetensors", cfg)
-    save_config(cfg, out / "config.json")
-    theirs, info = getattr(transformers, cls_name).from_pretrained(out, attn_implementation="eager",
-                                                                   output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    x = inputs()
-    with torch.no_grad():
-        got, ref = ours(**x), theirs.eval()(**x)
-    if head == "mlm":
-        assert real_diff(got["prediction_logits"], ref.logits, x["attention_mask"]) <= ATOL
-    else:
-        assert (got["logits"] - ref.logits).abs().max().item() <= ATOL
+    cls_name = "EuroBertForMaskedLM" if head == "mlm" else SEQ
+    cfg, ours, _ = load_ours(hf_dir(cls_name, variant, num_labels=3), BUILDS[head_of(cls_name)])
+    theirs = save_back(cfg, ours, cls_name, tmp_path / "ours")
+    assert head_diff(ours, theirs, head_of(cls_name), inputs()) <= ATOL
 
 
 # ---- config.json -------------------------------------------------------------------------------
 def test_config_fields_and_names():
-    cfg = ModelConfig.from_dict({"model_type": "eurobert", "vocab_size": V, "hidden_size": 32,
-                                 "num_attention_heads": 4,
-                                 "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 48,
-                                 "rms_norm_eps": 1e-5,
-                                 "rope_theta": 250000, "head_dim": None, "pad_token_id": 0,
-                                 "architectures": ["EuroBertForMaskedLM"]})
+    cfg = ModelConfig.from_dict({**CONFIG, "rms_norm_eps": 1e-5, "rope_theta": 250000, "head_dim": None,
+                                 "pad_token_id": 0, "architectures": ["EuroBertForMaskedLM"]})
     assert (cfg.layer_norm_eps, cfg.architectures) == (1e-5, ["BertForMaskedLM"])
     # EuroBertConfig's default
     assert ModelConfig.from_dict({"model_type": "eurobert"}).pad_token_id == 128001
@@ -202,20 +177,17 @@ def test_config_fields_and_names():
 ])
 def test_configs_it_cannot_run_are_refused(change, words):
     with pytest.raises(ConfigError, match=words):
-        ModelConfig.from_dict({"model_type": "eurobert", "vocab_size": V, "hidden_size": 32,
-                               "num_attention_heads": 4,
-                               "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 48,
-                               "pad_token_id": 0, **change})
+        ModelConfig.from_dict({**CONFIG, "pad_token_id": 0, **change})
 
 
 # ---- ONNX --------------------------------------------------------------------------------------
-def test_exported_graphs_fuse_and_match_transformers(tmp_path):
+def test_exported_graphs_fuse_and_match_transformers(hf_dir, tmp_path):
     """As `mlmkit export` exports them: the MLM logits and the "bos" classifier with its last layer
     computed for the first token alone, fused (the RMSNorms with the residual adds before them) and,
     on a batch of another size and length than the export's, transformers' outputs."""
-    mlm_dir = hf_dir(tmp_path, "EuroBertForMaskedLM", name="mlm")
+    mlm_dir = hf_dir("EuroBertForMaskedLM")
     cfg, mlm, _ = load_ours(mlm_dir, core.BertForPreTraining)
-    seq_dir = hf_dir(tmp_path, SEQ, name="seq", num_labels=3, classifier_pooling="bos")
+    seq_dir = hf_dir(SEQ, num_labels=3, classifier_pooling="bos")
     _, seq, _ = load_ours(seq_dir, seq_head)
     x = inputs(T=23, lengths=(23, 9, 17, 2))
     dummy = inputs(T=11, lengths=(11, 6))
@@ -223,30 +195,21 @@ def test_exported_graphs_fuse_and_match_transformers(tmp_path):
     # norm alone; the [CLS]-only last layer's norm of its query alone, and the pooler's GELU
     fused = {"mlm": {"SkipSimplifiedLayerNormalization": 6, "SimplifiedLayerNormalization": 1},
              "cls": {"SkipSimplifiedLayerNormalization": 6, "SimplifiedLayerNormalization": 2, "Gelu": 1}}
-    graphs = {"mlm": (Graph(mlm, lambda m, i, a: m(i, a)["prediction_logits"]), "EuroBertForMaskedLM",
-                      mlm_dir),
-              "cls": (Graph(seq, lambda m, i, a: m.classifier(core.encode_cls(m.bert, i, a))), SEQ, seq_dir)}
-    for name, (graph, cls_name, d) in graphs.items():
-        (tmp_path / "onnx" / name).mkdir(parents=True)
-        session, counts = fused_graph(tmp_path / "onnx" / name, graph, cfg, dummy, per_token=name == "mlm")
+    graphs = head_graphs(mlm, seq)
+    for name, (cls_name, d) in {"mlm": ("EuroBertForMaskedLM", mlm_dir), "cls": (SEQ, seq_dir)}.items():
+        counts, diff = fused_graph_diff(tmp_path / name, graphs[name], cfg, dummy, x, cls_name, d)
         assert counts == fused[name], counts
-        with torch.no_grad():
-            ref = hf_model(cls_name, d)(**x).logits.numpy()
-        diff = run(session, x) - ref
-        assert abs(diff if name == "cls" else diff[x["attention_mask"].bool().numpy()]).max() <= 1e-4, name
+        assert diff <= 1e-4, name
 
 
 @pytest.mark.parametrize("head", ["ForMaskedLM", "ForSequenceClassification"])
-def test_mlmkit_export_gives_transformers_predictions(tmp_path, head):
+def test_mlmkit_export_gives_transformers_predictions(hf_dir, tmp_path, head):
     """`mlmkit export` of a checkpoint with EuroBERT's kind of tokenizer: fill-mask's top token at each
     <|mask|> is transformers' argmax, and the classifier's logits are transformers' on the texts as the
     tokenizer frames them."""
-    fast = eurobert_tokenizer()
-    src = hf_dir(tmp_path, "EuroBert" + head, vocab_size=len(fast), pad_token_id=fast.pad_token_id,
-                 bos_token_id=fast.bos_token_id,
-                 eos_token_id=fast.eos_token_id, mask_token_id=fast.mask_token_id, num_labels=3,
-                 tokenizer=fast, name="src")
-    meta = cli_export(src, tmp_path / "b")
+    fast = FAMILY.fast()
+    src = hf_dir("EuroBert" + head, num_labels=3, tokenizer=True)
+    meta = export(src, tmp_path / "b")
     assert meta["fused_operators"].get("SkipSimplifiedLayerNormalization", 0) >= 6, meta["fused_operators"]
     ref_model = hf_model("EuroBert" + head, src)
     if head == "ForMaskedLM":
@@ -265,25 +228,16 @@ def test_mlmkit_export_gives_transformers_predictions(tmp_path, head):
                                                                    == "[MASK]" for m in r["masks"]), r
             assert "[MASK]" not in r["sequence"] and "<|mask|>" not in r["sequence"]
         return
-    import onnxruntime as ort
-
     x = encode(fast, TEXTS)
-    sess = ort.InferenceSession(str(tmp_path / "b" / "model.onnx"), providers=["CPUExecutionProvider"])
     with torch.no_grad():
-        np.testing.assert_allclose(sess.run(["logits"], {k: v.numpy() for k, v in x.items()})[0],
-                                   ref_model(**x).logits.numpy(),
+        np.testing.assert_allclose(bundle_output(tmp_path / "b", "logits", x), ref_model(**x).logits.numpy(),
                                    atol=1e-4)
 
 
-def test_fine_tunes_a_classifier_from_a_masked_lm(tmp_path):
+def test_fine_tunes_a_classifier_from_a_masked_lm(hf_dir, tmp_path):
     """A EuroBertForMaskedLM (the released checkpoints' head) fine-tuned as a classifier: the late-pooled
     head learns, and the run is a EuroBertForSequenceClassification transformers loads."""
-    fast = eurobert_tokenizer()
-    base = hf_dir(tmp_path, "EuroBertForMaskedLM", vocab_size=len(fast), pad_token_id=fast.pad_token_id,
-                  bos_token_id=fast.bos_token_id,
-                  eos_token_id=fast.eos_token_id, mask_token_id=fast.mask_token_id, tokenizer=fast,
-                  name="base")
-    fine_tunes_a_classifier(tmp_path, base, fast)
+    fine_tunes_a_classifier(tmp_path, hf_dir("EuroBertForMaskedLM", tokenizer=True), FAMILY.fast())
 
 
 def test_pretraining_makes_a_model_transformers_loads(tmp_path):
@@ -298,12 +252,8 @@ def test_pretraining_makes_a_model_transformers_loads(tmp_path):
     assert diff <= 1e-4
 
 
-def test_a_sentence_transformers_directory_embeds_as_sentence_transformers_does(tmp_path):
+def test_a_sentence_transformers_directory_embeds_as_sentence_transformers_does(hf_dir, tmp_path):
     """A EuroBertModel with mean pooling and normalisation in a sentence-transformers directory: the
     exported bundle's embeddings are sentence-transformers' own on mixed-length texts."""
-    fast = eurobert_tokenizer()
-    hf = hf_dir(tmp_path, "EuroBertModel", vocab_size=len(fast), pad_token_id=fast.pad_token_id,
-                bos_token_id=fast.bos_token_id,
-                eos_token_id=fast.eos_token_id, mask_token_id=fast.mask_token_id, tokenizer=fast)
-    st, bundle = sentence_transformers_bundle(tmp_path, hf, "mean")
+    st, bundle = sentence_transformers_bundle(tmp_path, hf_dir("EuroBertModel", tokenizer=True), "mean")
     np.testing.assert_allclose(bundle_embeddings(bundle, TEXTS), st.encode(TEXTS), atol=1e-5)

@@ -14,38 +14,44 @@ their init so that every parameter matters.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from family_parity import Backbone, load_ours, real_diff
+from family_checkpoints import bundle_embeddings, export, sentence_transformers_bundle
+from family_parity import (
+    ATOL,
+    BUILDS,
+    Backbone,
+    Checkpoints,
+    HFFamily,
+    Logits,
+    backbone_matches,
+    head_diff,
+    head_of,
+    hf_model,
+    impl_diffs,
+    load_ours,
+    random_batch,
+    real_diff,
+    save_back,
+    seq_head,
+)
 from prenorm_parity import (
     TEXTS,
-    Graph,
-    bundle_embeddings,
-    cli_export,
+    bundle_output,
     encode,
     fine_tunes_a_classifier,
-    fused_graph,
+    fused_graph_diff,
     gemma_tokenizer,
-    hf_model,
-    random_batch,
-    run,
-    save_hf,
-    sentence_transformers_bundle,
-    transformers,
 )
 
 from mlmkit.errors import ConfigError
 from mlmkit.models import core, family_for
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.prenorm import FULL, SLIDING, RMSNorm
-from mlmkit.rundir.checkpoint import save_weights
-from mlmkit.rundir.config import save_config
 
 V = 100
-ATOL = 1e-5
 ROPE = {FULL: {"rope_type": "default", "rope_theta": 1000.0},
         SLIDING: {"rope_type": "default", "rope_theta": 100.0}}
 BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
@@ -62,72 +68,56 @@ VARIANTS = {
                                     SLIDING: ROPE[SLIDING]},
                    sliding_window=7, hidden_activation="silu"),
 }
+# tokenizer=True: Gemma's kind of tokenizer beside the model (its special tokens' ids are BASE's), its
+# size in the config
+FAMILY = HFFamily("Gemma3TextConfig", BASE, VARIANTS, tokenizer=gemma_tokenizer)
 SEQ = "Gemma3TextForSequenceClassification"
 
 
-def hf_dir(tmp_path: Path, cls_name: str, variant: str = "bidirectional", name: str = "hf", tokenizer=None,
-           **kw) -> Path:
-    d = tmp_path / name
-    save_hf(d, cls_name, transformers.Gemma3TextConfig(**{**BASE, **VARIANTS[variant], **kw}),
-            tokenizer=tokenizer)
-    return d
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Checkpoints:
+    return Checkpoints(FAMILY, tmp_path_factory.mktemp("gemma3"))
 
 
 def inputs(T: int = 20, lengths: tuple[int, ...] = (20, 13, 5), seed: int = 1) -> dict[str, torch.Tensor]:
     return random_batch(V, T, lengths, seed)
 
 
-def seq_head(c: ModelConfig) -> core.BertForLabels:
-    return core.BertForLabels(c, per_token=False)
-
-
 # ---- the backbone and the head against transformers --------------------------------------------
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_backbone_matches_transformers_eager_and_sdpa(tmp_path, variant):
-    d = hf_dir(tmp_path, "Gemma3TextModel", variant)  # a bare backbone: keys without "model."
+def test_backbone_matches_transformers_eager_and_sdpa(hf_dir, variant):
+    d = hf_dir("Gemma3TextModel", variant)  # a bare backbone: keys without "model."
     cfg, ours, unexpected = load_ours(d, Backbone)
     assert unexpected == []
     spans = [layer.self_attn.spec.span for layer in ours.bert.encoder.layer]
     window = {"bidirectional": (4, 4), "causal": (7, 0), "scaled": (3, 3)}[variant]
     assert spans == [window, None if variant != "causal" else (None, 0), window, window]
-    x = inputs()
-    with torch.no_grad():
-        mine = {}
-        for impl in ("eager", "sdpa"):
-            core.set_attention_impl(ours, impl)
-            mine[impl] = ours(**x)
-        for impl in ("eager", "sdpa"):
-            ref = hf_model("Gemma3TextModel", d, impl)(**x).last_hidden_state
-            for ours_impl, h in mine.items():
-                assert real_diff(h, ref, x["attention_mask"]) <= ATOL, (impl, ours_impl)
-    assert ref.abs().max() > 1.0
+    backbone_matches(ours, d, "Gemma3TextModel", inputs())
 
 
 @pytest.mark.parametrize("variant", ["bidirectional", "causal"])
-def test_sequence_head_matches_transformers(tmp_path, variant):
+def test_sequence_head_matches_transformers(hf_dir, variant):
     """transformers' generic head: ``score`` without bias on the last token that is not <pad>
     (EmbeddingGemma's tokenizer frames a text <bos> A <eos>: the <eos>), on the texts as the tokenizer
     frames them, right-padded, and on random ids with either attention."""
-    fast = gemma_tokenizer()
-    d = hf_dir(tmp_path, SEQ, variant, vocab_size=len(fast), num_labels=3, tokenizer=fast)
+    fast = FAMILY.fast()
+    d = hf_dir(SEQ, variant, num_labels=3, tokenizer=True)
     cfg, ours, unexpected = load_ours(d, seq_head)
     assert unexpected == [] and ours.classifier.bias is None
     ref_model = hf_model(SEQ, d)
     for x in (encode(fast, TEXTS), random_batch(len(fast), 20, (20, 13, 5), low=5)):
         with torch.no_grad():
-            ref = ref_model(**x).logits
-            for impl in ("eager", "sdpa"):
-                core.set_attention_impl(ours, impl)
-                assert (ours(**x)["logits"] - ref).abs().max().item() <= ATOL, impl
+            diffs = impl_diffs(ours, ref_model(**x), "ForSequenceClassification", x)
+        assert max(diffs.values()) <= ATOL, diffs
     x = encode(fast, TEXTS)
     seq, pooled = ours.bert(**x)
     assert torch.equal(pooled, seq[torch.arange(len(TEXTS)), x["attention_mask"].sum(1) - 1])  # the <eos>
 
 
-def test_long_inputs_match_transformers(tmp_path):
+def test_long_inputs_match_transformers(hf_dir):
     """Many windows long (a window of 16, 8 positions each side, over 100 tokens): hidden states as
     transformers computes them, and the window counts (another one gives other states)."""
-    d = hf_dir(tmp_path, "Gemma3TextModel", sliding_window=16)
+    d = hf_dir("Gemma3TextModel", sliding_window=16)
     cfg, ours, _ = load_ours(d, Backbone)
     x = inputs(T=100, lengths=(100, 61, 7))
     with torch.no_grad():
@@ -140,31 +130,18 @@ def test_long_inputs_match_transformers(tmp_path):
 
 # ---- back to transformers ----------------------------------------------------------------------
 @pytest.mark.parametrize("cls_name", ["Gemma3TextModel", SEQ])
-def test_saves_back_to_transformers(tmp_path, cls_name):
-    build = Backbone if cls_name == "Gemma3TextModel" else seq_head
-    cfg, ours, _ = load_ours(hf_dir(tmp_path, cls_name, "scaled", num_labels=2), build)
-    out = tmp_path / "ours"
-    out.mkdir()
-    save_weights(ours, out / "model.safetensors", cfg)
-    save_config(cfg, out / "config.json")
-    theirs, info = getattr(transformers, cls_name).from_pretrained(out, attn_implementation="eager",
-                                                                   output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
+def test_saves_back_to_transformers(hf_dir, tmp_path, cls_name):
+    cfg, ours, _ = load_ours(hf_dir(cls_name, "scaled", num_labels=2), BUILDS[head_of(cls_name)])
+    theirs = save_back(cfg, ours, cls_name, tmp_path / "ours")
     assert theirs.config.sliding_window == 7 // 2 + 1  # transformers halves the bidirectional window it reads
-    x = inputs()
-    with torch.no_grad():
-        got, ref = ours(**x), theirs.eval()(**x)
-    if cls_name == SEQ:
-        assert (got["logits"] - ref.logits).abs().max().item() <= ATOL
-    else:
-        assert real_diff(got, ref.last_hidden_state, x["attention_mask"]) <= ATOL
+    assert head_diff(ours, theirs, head_of(cls_name), inputs()) <= ATOL
 
 
 # ---- config.json -------------------------------------------------------------------------------
-def test_older_config_keys_read_the_same(tmp_path):
+def test_older_config_keys_read_the_same(hf_dir, tmp_path):
     """Configs written before transformers 5 state the bases as rope_theta and rope_local_base_freq
     and the pattern as sliding_window_pattern, without rope_parameters or layer_types."""
-    d = hf_dir(tmp_path, "Gemma3TextModel", layer_types=[SLIDING, FULL, SLIDING, FULL])
+    d = hf_dir("Gemma3TextModel", layer_types=[SLIDING, FULL, SLIDING, FULL])
     old = tmp_path / "old"
     old.mkdir()
     (old / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes())
@@ -223,70 +200,57 @@ def test_config_fields_and_names():
 def test_configs_it_cannot_run_are_refused(change, words):
     with pytest.raises(ConfigError, match=words):
         ModelConfig.from_dict({"model_type": "gemma3_text", "vocab_size": V, "hidden_size": 32,
-                               "num_attention_heads": 4,
-                               "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2,
-                               "intermediate_size": 48, **change})
+                               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                               "num_hidden_layers": 2, "intermediate_size": 48, **change})
 
 
 # ---- ONNX --------------------------------------------------------------------------------------
-def test_exported_graphs_fuse_and_match_transformers(tmp_path):
+def test_exported_graphs_fuse_and_match_transformers(hf_dir, tmp_path):
     """As `mlmkit export` exports them: the hidden states and the sequence head, fused (the RMSNorms,
     the residual adds with those after them, the tanh GELU) and, on a batch of another size and length
     than the export's, beyond the window, transformers' outputs."""
-    model_dir = hf_dir(tmp_path, "Gemma3TextModel", name="model")
+    model_dir = hf_dir("Gemma3TextModel")
     cfg, backbone, _ = load_ours(model_dir, Backbone)
-    seq_dir = hf_dir(tmp_path, SEQ, name="seq", num_labels=3)
+    seq_dir = hf_dir(SEQ, num_labels=3)
     _, seq, _ = load_ours(seq_dir, seq_head)
     x = inputs(T=23, lengths=(23, 9, 17, 2))
     dummy = inputs(T=11, lengths=(11, 6))
-    graphs = {"model": (Graph(backbone, lambda m, i, a: m(i, a)), "Gemma3TextModel", model_dir),
-              "seq": (Graph(seq, lambda m, i, a: m(i, a)["logits"]), SEQ, seq_dir)}
+    graphs = {"model": (Logits(backbone, lambda m, i, a: m(i, a)), "Gemma3TextModel", model_dir),
+              "seq": (Logits(seq, lambda m, i, a: m(i, a)["logits"]), SEQ, seq_dir)}
     for name, (graph, cls_name, d) in graphs.items():
-        (tmp_path / "onnx" / name).mkdir(parents=True)
-        session, counts = fused_graph(tmp_path / "onnx" / name, graph, cfg, dummy, per_token=name == "model")
+        counts, diff = fused_graph_diff(tmp_path / name, graph, cfg, dummy, x, cls_name, d)
         # 4 layers: two skip norms a layer; the block outputs' and q / k head norms, the first input norm
         assert counts == {"SkipSimplifiedLayerNormalization": 8, "SimplifiedLayerNormalization": 17,
                           "FastGelu": 4}, counts
-        with torch.no_grad():
-            ref = hf_model(cls_name, d)(**x)
-        ref = (ref.logits if name == "seq" else ref.last_hidden_state).numpy()
-        diff = run(session, x) - ref
-        assert abs(diff if name == "seq" else diff[x["attention_mask"].bool().numpy()]).max() <= 1e-4, name
+        assert diff <= 1e-4, name
 
 
-def test_mlmkit_export_of_an_embeddinggemma_style_checkpoint(tmp_path):
+def test_mlmkit_export_of_an_embeddinggemma_style_checkpoint(hf_dir, tmp_path):
     """`mlmkit export` of a bidirectional Gemma3TextModel directory with Gemma's kind of tokenizer (the
     embedding task, mean pooling): the fusion and parity gates pass, and the bundle gives the mean
     of transformers' hidden states over the real tokens of mixed-length texts."""
-    fast = gemma_tokenizer()
-    src = hf_dir(tmp_path, "Gemma3TextModel", vocab_size=len(fast), tokenizer=fast, name="src")
-    meta = cli_export(src, tmp_path / "b")
+    src = hf_dir("Gemma3TextModel", tokenizer=True)
+    meta = export(src, tmp_path / "b")
     assert meta["task"] == "embedding" and meta["inputs"] == ["input_ids", "attention_mask"]
     assert meta["fused_operators"].get("SkipSimplifiedLayerNormalization", 0) >= 8, meta["fused_operators"]
-    import onnxruntime as ort
-
-    x = encode(fast, TEXTS)
-    sess = ort.InferenceSession(str(tmp_path / "b" / "model.onnx"), providers=["CPUExecutionProvider"])
-    got = sess.run(["embedding"], {k: v.numpy() for k, v in x.items()})[0]
+    x = encode(FAMILY.fast(), TEXTS)
+    got = bundle_output(tmp_path / "b", "embedding", x)
     with torch.no_grad():
         h = hf_model("Gemma3TextModel", src)(**x).last_hidden_state.numpy()
     m = x["attention_mask"].numpy()[..., None]
     np.testing.assert_allclose(got, (h * m).sum(1) / m.sum(1), atol=1e-4)
 
 
-def test_fine_tunes_a_classifier_from_an_embedding_model(tmp_path):
+def test_fine_tunes_a_classifier_from_an_embedding_model(hf_dir, tmp_path):
     """A bidirectional Gemma3TextModel (EmbeddingGemma's layout) fine-tuned as a classifier: the
     last-token head learns, and the run is a Gemma3TextForSequenceClassification transformers loads."""
-    fast = gemma_tokenizer()
-    base = hf_dir(tmp_path, "Gemma3TextModel", vocab_size=len(fast), tokenizer=fast, name="base")
-    fine_tunes_a_classifier(tmp_path, base, fast)
+    fine_tunes_a_classifier(tmp_path, hf_dir("Gemma3TextModel", tokenizer=True), FAMILY.fast())
 
 
-def test_an_embeddinggemma_style_directory_embeds_as_sentence_transformers_does(tmp_path):
+def test_an_embeddinggemma_style_directory_embeds_as_sentence_transformers_does(hf_dir, tmp_path):
     """EmbeddingGemma's layout: a bidirectional Gemma3TextModel, mean pooling, two Dense layers without
     bias (out to 3 x hidden and back) and normalisation in a sentence-transformers directory; the
     exported bundle's embeddings are sentence-transformers' own on mixed-length texts."""
-    fast = gemma_tokenizer()
-    hf = hf_dir(tmp_path, "Gemma3TextModel", vocab_size=len(fast), tokenizer=fast)
+    hf = hf_dir("Gemma3TextModel", tokenizer=True)
     st, bundle = sentence_transformers_bundle(tmp_path, hf, "mean", dense=(96,))
     np.testing.assert_allclose(bundle_embeddings(bundle, TEXTS), st.encode(TEXTS), atol=1e-5)

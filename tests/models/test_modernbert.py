@@ -10,11 +10,37 @@ the weights are perturbed well beyond their init so that every parameter matters
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from family_parity import Backbone, Logits, SpanModel, export_logits, load_ours, mlm_diffs, perturb, real_diff
+from family_parity import (
+    ATOL,
+    BUILDS,
+    Backbone,
+    Checkpoints,
+    HFFamily,
+    SpanModel,
+    backbone_matches,
+    eager_export_diff,
+    export_logits,
+    head_diff,
+    head_graphs,
+    head_of,
+    hf_model,
+    load_back,
+    load_ours,
+    mlm_diffs,
+    onnx_diff,
+    ort_run,
+    ort_session,
+    perturb,
+    random_batch,
+    real_diff,
+    save_back,
+    seq_head,
+    token_head,
+    write_ours,
+)
 from torch import nn
 
 from mlmkit.errors import ConfigError
@@ -23,13 +49,10 @@ from mlmkit.models.config import ModelConfig
 from mlmkit.models.modernbert import GLOBAL, LOCAL, ModernBertLayer
 from mlmkit.models.modernbert_attention import Window, local_attend, local_blocks, window_mask, window_plan
 from mlmkit.models.presets import preset
-from mlmkit.rundir.checkpoint import save_weights
-from mlmkit.rundir.config import save_config
 
 transformers = pytest.importorskip("transformers")
 
 V = 100
-ATOL = 1e-5
 BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=2,
             local_attention=8, global_attn_every_n_layers=2, global_rope_theta=1000.0, local_rope_theta=100.0,
             pad_token_id=0, bos_token_id=2, cls_token_id=2, eos_token_id=3, sep_token_id=3,
@@ -45,56 +68,35 @@ VARIANTS = {
 }
 
 
-def hf_dir(tmp_path: Path, cls_name: str, variant: str = "plain", name: str = "hf", seed: int = 0,
-           **kw) -> Path:
-    """A random transformers ModernBERT model of class ``cls_name``, saved by save_pretrained."""
-    cfg = transformers.ModernBertConfig(**{**BASE, **VARIANTS[variant], **kw})
-    torch.manual_seed(seed)
-    model = getattr(transformers, cls_name)(cfg)
-    perturb(model, seed)
-    d = tmp_path / name
-    model.save_pretrained(d)
-    return d
+FAMILY = HFFamily("ModernBertConfig", BASE, VARIANTS)
+SEQ = "ModernBertForSequenceClassification"
 
 
-def hf_model(cls_name: str, d: Path, impl: str = "eager") -> nn.Module:
-    return getattr(transformers, cls_name).from_pretrained(d, attn_implementation=impl).eval()
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Checkpoints:
+    return Checkpoints(FAMILY, tmp_path_factory.mktemp("modernbert"))
 
 
 def inputs(T: int = 36, lengths: tuple[int, ...] = (36, 23, 9), seed: int = 1) -> dict[str, torch.Tensor]:
     """A right-padded batch: [CLS] first, padding id 0 with attention_mask 0 after each length."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, V, (len(lengths), T), generator=g)
-    ids[:, 0] = 2
-    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
-    ids[mask == 0] = 0
-    return {"input_ids": ids, "attention_mask": mask}
+    return random_batch(V, T, lengths, seed, first=2)
 
 
 # ---- the backbone and the heads against transformers -------------------------------------------
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_backbone_matches_transformers_eager_and_sdpa(tmp_path, variant):
-    d = hf_dir(tmp_path, "ModernBertModel", variant)  # a bare backbone: keys without "model."
+def test_backbone_matches_transformers_eager_and_sdpa(hf_dir, variant):
+    d = hf_dir("ModernBertModel", variant)  # a bare backbone: keys without "model."
     cfg, ours, unexpected = load_ours(d, Backbone)
     assert unexpected == []
     x = inputs()
-    with torch.no_grad():
-        mine = {}
-        for impl in ("eager", "sdpa"):
-            core.set_attention_impl(ours, impl)
-            mine[impl] = ours(**x)
-        assert real_diff(mine["eager"], mine["sdpa"], x["attention_mask"]) <= ATOL
-        for impl in ("eager", "sdpa"):
-            ref = hf_model("ModernBertModel", d, impl)(**x).last_hidden_state
-            for ours_impl, h in mine.items():
-                assert real_diff(h, ref, x["attention_mask"]) <= ATOL, (impl, ours_impl)
-    assert ref.abs().max() > 1.0
+    mine, _ = backbone_matches(ours, d, "ModernBertModel", x)
+    assert real_diff(mine["eager"], mine["sdpa"], x["attention_mask"]) <= ATOL
 
 
 @pytest.mark.parametrize("variant", [*VARIANTS, "no_decoder_bias"])
-def test_mlm_logits_match(tmp_path, variant):
+def test_mlm_logits_match(hf_dir, variant):
     kw = dict(decoder_bias=False) if variant == "no_decoder_bias" else {}
-    d = hf_dir(tmp_path, "ModernBertForMaskedLM", "plain" if kw else variant, **kw)
+    d = hf_dir("ModernBertForMaskedLM", "plain" if kw else variant, **kw)
     cfg, ours, unexpected = load_ours(d, core.BertForPreTraining)
     # without a decoder bias the head could also be a bare per-token encoder's (bert.pooler): both given
     assert sorted(unexpected) == ([] if not kw else ["bert.pooler.dense.weight", "bert.pooler.norm.weight"])
@@ -107,15 +109,14 @@ def test_mlm_logits_match(tmp_path, variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
-def test_sequence_classification_matches(tmp_path, variant, pooling):
-    d = hf_dir(tmp_path, "ModernBertForSequenceClassification", variant, classifier_pooling=pooling,
-               num_labels=3)
-    cfg, ours, unexpected = load_ours(d, lambda c: core.BertForLabels(c, per_token=False))
+def test_sequence_classification_matches(hf_dir, variant, pooling):
+    d = hf_dir(SEQ, variant, classifier_pooling=pooling, num_labels=3)
+    cfg, ours, unexpected = load_ours(d, seq_head)
     assert unexpected == []
     x = inputs()
     with torch.no_grad():
         got = ours(**x)["logits"]
-        ref = hf_model("ModernBertForSequenceClassification", d)(**x).logits
+        ref = hf_model(SEQ, d)(**x).logits
         assert (got - ref).abs().max().item() <= ATOL
         assert core.reads_cls_only(ours.bert) == (pooling == "cls")
         if pooling == "cls":  # the [CLS]-only last layer (a local one in "plain") gives the same vector
@@ -126,52 +127,31 @@ def test_sequence_classification_matches(tmp_path, variant, pooling):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_token_classification_matches(tmp_path, variant):
-    d = hf_dir(tmp_path, "ModernBertForTokenClassification", variant, num_labels=5)
-    cfg, ours, unexpected = load_ours(d, lambda c: core.BertForLabels(c, per_token=True))
+def test_token_classification_matches(hf_dir, variant):
+    d = hf_dir("ModernBertForTokenClassification", variant, num_labels=5)
+    cfg, ours, unexpected = load_ours(d, token_head)
     assert unexpected == []
-    x = inputs()
-    with torch.no_grad():
-        got = ours(**x)["logits"]
-        ref = hf_model("ModernBertForTokenClassification", d)(**x).logits
-    assert real_diff(got, ref, x["attention_mask"]) <= ATOL
+    theirs = hf_model("ModernBertForTokenClassification", d)
+    assert head_diff(ours, theirs, "ForTokenClassification", inputs()) <= ATOL
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_question_answering_matches(tmp_path, variant):
-    d = hf_dir(tmp_path, "ModernBertForQuestionAnswering", variant)
+def test_question_answering_matches(hf_dir, variant):
+    d = hf_dir("ModernBertForQuestionAnswering", variant)
     cfg, ours, unexpected = load_ours(d, SpanModel)
     # transformers names the span output layer "classifier", as the token head's: given as both
     assert sorted(unexpected) == ["classifier.bias", "classifier.weight"]
-    x = inputs()
-    with torch.no_grad():
-        start, end = ours(**x)
-        ref = hf_model("ModernBertForQuestionAnswering", d)(**x)
-    assert real_diff(start, ref.start_logits, x["attention_mask"]) <= ATOL
-    assert real_diff(end, ref.end_logits, x["attention_mask"]) <= ATOL
+    theirs = hf_model("ModernBertForQuestionAnswering", d)
+    assert head_diff(ours, theirs, "ForQuestionAnswering", inputs()) <= ATOL  # the start and end logits
 
 
 # ---- back to transformers ----------------------------------------------------------------------
 @pytest.mark.parametrize("head", ["mlm", "qa"])
-def test_saves_back_to_transformers(tmp_path, head):
-    cls_name, build = {"mlm": ("ModernBertForMaskedLM", core.BertForPreTraining),
-                       "qa": ("ModernBertForQuestionAnswering", SpanModel)}[head]
-    cfg, ours, _ = load_ours(hf_dir(tmp_path, cls_name, "biased"), build)
-    out = tmp_path / "ours"
-    out.mkdir()
-    save_weights(ours, out / "model.safetensors", cfg)
-    save_config(cfg, out / "config.json")
-    theirs, info = getattr(transformers, cls_name).from_pretrained(out, attn_implementation="eager",
-                                                                   output_loading_info=True)
-    assert info["missing_keys"] in ([], set()) and info["unexpected_keys"] in ([], set()), info
-    x = inputs()
-    with torch.no_grad():
-        got, ref = ours(**x), theirs.eval()(**x)
-    if head == "mlm":
-        assert real_diff(got["prediction_logits"], ref.logits, x["attention_mask"]) <= ATOL
-    else:
-        assert real_diff(got[0], ref.start_logits, x["attention_mask"]) <= ATOL
-        assert real_diff(got[1], ref.end_logits, x["attention_mask"]) <= ATOL
+def test_saves_back_to_transformers(hf_dir, tmp_path, head):
+    cls_name = {"mlm": "ModernBertForMaskedLM", "qa": "ModernBertForQuestionAnswering"}[head]
+    cfg, ours, _ = load_ours(hf_dir(cls_name, "biased"), BUILDS[head_of(cls_name)])
+    theirs = save_back(cfg, ours, cls_name, tmp_path / "ours")
+    assert head_diff(ours, theirs, head_of(cls_name), inputs()) <= ATOL
 
 
 def test_preset_model_loads_in_transformers(tmp_path):
@@ -183,9 +163,7 @@ def test_preset_model_loads_in_transformers(tmp_path):
     torch.manual_seed(0)
     ours = core.BertForPreTraining(cfg)
     perturb(ours, 0)
-    save_weights(ours, tmp_path / "model.safetensors", cfg)
-    save_config(cfg, tmp_path / "config.json")
-    hc = transformers.AutoConfig.from_pretrained(tmp_path)
+    hc = transformers.AutoConfig.from_pretrained(write_ours(cfg, ours, tmp_path))
     assert hc.model_type == "modernbert" and hc.architectures == ["ModernBertForMaskedLM"]
     assert hc.layer_types == [GLOBAL,
                               LOCAL] and hc.local_attention == 128 and hc.max_position_embeddings == 256
@@ -193,19 +171,18 @@ def test_preset_model_loads_in_transformers(tmp_path):
             == 10_000.0)
     assert (hc.norm_bias, hc.attention_bias, hc.mlp_bias, hc.decoder_bias,
             hc.hidden_activation) == (False, False, False, True, "gelu")
-    theirs, info = transformers.ModernBertForMaskedLM.from_pretrained(tmp_path, output_loading_info=True)
-    assert info["missing_keys"] in ([], set()) and info["unexpected_keys"] in ([], set()), info
+    theirs = load_back("ModernBertForMaskedLM", tmp_path)
     x = inputs(T=150, lengths=(150, 97, 20))  # beyond the 64 positions each side of the window
     with torch.no_grad():
-        got, ref = ours.eval()(**x)["prediction_logits"], theirs.eval()(**x).logits
+        got, ref = ours.eval()(**x)["prediction_logits"], theirs(**x).logits
     assert real_diff(got, ref, x["attention_mask"]) <= ATOL
 
 
 # ---- config.json -------------------------------------------------------------------------------
-def test_older_config_keys_read_the_same(tmp_path):
+def test_older_config_keys_read_the_same(hf_dir, tmp_path):
     """Configs written before transformers 5 state the pattern and bases as global_attn_every_n_layers,
     global_rope_theta and local_rope_theta, without layer_types or rope_parameters."""
-    d = hf_dir(tmp_path, "ModernBertForMaskedLM")
+    d = hf_dir("ModernBertForMaskedLM")
     old = tmp_path / "old"
     old.mkdir()
     (old / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes())
@@ -277,35 +254,17 @@ def test_configs_it_cannot_run_are_refused(change, words):
 
 
 # ---- ONNX --------------------------------------------------------------------------------------
-def test_eager_graphs_export_to_onnx(tmp_path):
+def test_eager_graphs_export_to_onnx(hf_dir, tmp_path):
     """The TorchScript exporter at opset 17 with dynamic batch and sequence axes: onnxruntime on a
     batch of another size and length than the export's gives PyTorch's outputs (the window and the
     rotary angles come from the runtime length). Two graphs: MLM logits and the [CLS]-only classifier."""
-    ort = pytest.importorskip("onnxruntime")
-    _, mlm, _ = load_ours(hf_dir(tmp_path, "ModernBertForMaskedLM", name="mlm"), core.BertForPreTraining)
-    _, seq, _ = load_ours(hf_dir(tmp_path, "ModernBertForSequenceClassification", name="seq", num_labels=3),
-                          lambda c: core.BertForLabels(c, per_token=False))
-    graphs = {
-        "mlm": Logits(mlm, lambda m, i, a: m(i, a)["prediction_logits"]),
-        "cls": Logits(seq, lambda m, i, a: m.classifier(core.encode_cls(m.bert, i, a))),
-    }
-    dummy = inputs(T=12, lengths=(12, 7))
-    x = inputs()
-    for name, graph in graphs.items():
-        core.set_attention_impl(graph, "eager")
-        path = tmp_path / f"{name}.onnx"
-        export_logits(graph, dummy, path, per_token=name == "mlm")
-        core.set_attention_impl(graph, "sdpa")
-        with torch.no_grad():
-            ref = graph(**x).numpy()
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 1
-        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        (got,) = sess.run(None, {k: v.numpy() for k, v in x.items()})
-        diff = got - ref
-        if name == "mlm":
-            diff = diff[x["attention_mask"].bool().numpy()]
-        assert abs(diff).max() <= 1e-4, name
+    pytest.importorskip("onnxruntime")
+    _, mlm, _ = load_ours(hf_dir("ModernBertForMaskedLM"), core.BertForPreTraining)
+    _, seq, _ = load_ours(hf_dir(SEQ, num_labels=3), seq_head)
+    dummy, x = inputs(T=12, lengths=(12, 7)), inputs()
+    for name, graph in head_graphs(mlm, seq).items():
+        diff = eager_export_diff(graph, dummy, x, tmp_path / f"{name}.onnx", per_token=name == "mlm")
+        assert diff <= 1e-4, name
 
 
 # ---- the sliding window in blocks --------------------------------------------------------------
@@ -377,14 +336,13 @@ def test_blocks_cost_tq_times_window():
 
 @pytest.mark.parametrize("T, lengths",
                          [(5, (5, 3)), (13, (13, 9, 4)), (129, (129, 70, 5)), (300, (300, 257, 31))])
-def test_long_inputs_match_transformers(tmp_path, T, lengths):
+def test_long_inputs_match_transformers(hf_dir, T, lengths):
     """Beyond several windows (4 positions each side; a MiniLM-ish window of 64 each side at 300):
     hidden states and the [CLS]-only classifier as transformers computes them, with either impl."""
     kw = dict(local_attention=128) if T == 300 else {}
-    d = hf_dir(tmp_path, "ModernBertForSequenceClassification", max_position_embeddings=512, num_labels=3,
-               **kw)
-    _, ours, _ = load_ours(d, lambda c: core.BertForLabels(c, per_token=False))
-    ref_model = hf_model("ModernBertForSequenceClassification", d)
+    d = hf_dir(SEQ, max_position_embeddings=512, num_labels=3, **kw)
+    _, ours, _ = load_ours(d, seq_head)
+    ref_model = hf_model(SEQ, d)
     x = inputs(T=T, lengths=lengths)
     with torch.no_grad():
         ref, ref_hidden = ref_model(**x), ref_model.model(**x).last_hidden_state
@@ -397,27 +355,19 @@ def test_long_inputs_match_transformers(tmp_path, T, lengths):
                     - ref.logits).abs().max().item() <= ATOL
 
 
-def test_blocked_graph_exports_for_every_length(tmp_path, monkeypatch):
+def test_blocked_graph_exports_for_every_length(hf_dir, tmp_path, monkeypatch):
     """The TorchScript export of the blocked window: no size of the export's dummy (19 tokens) frozen
     in the graph, and onnxruntime exact, against the full-mask form in PyTorch, at lengths shorter
     than a block, multiples of it and not, and past several windows (4 positions each side)."""
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     onnx = pytest.importorskip("onnx")
     from onnx import numpy_helper
 
-    _, mlm, _ = load_ours(hf_dir(tmp_path, "ModernBertForMaskedLM", name="mlm", max_position_embeddings=512),
+    _, mlm, _ = load_ours(hf_dir("ModernBertForMaskedLM", max_position_embeddings=512),
                           core.BertForPreTraining)
-    _, seq, _ = load_ours(hf_dir(tmp_path, "ModernBertForSequenceClassification", name="seq", num_labels=3,
-                                 max_position_embeddings=512),
-                          lambda c: core.BertForLabels(c, per_token=False))
-    graphs = {
-        "mlm": Logits(mlm, lambda m, i, a: m(i, a)["prediction_logits"]),
-        "cls": Logits(seq, lambda m, i, a: m.classifier(core.encode_cls(m.bert, i, a))),
-    }
+    _, seq, _ = load_ours(hf_dir(SEQ, num_labels=3, max_position_embeddings=512), seq_head)
     dummy = inputs(T=19, lengths=(19, 7))
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    for name, graph in graphs.items():
+    for name, graph in head_graphs(mlm, seq).items():
         core.set_attention_impl(graph, "eager")
         path = tmp_path / f"{name}.onnx"
         export_logits(graph, dummy, path, per_token=name == "mlm")
@@ -425,18 +375,15 @@ def test_blocked_graph_exports_for_every_length(tmp_path, monkeypatch):
                 if n.op_type == "Constant"
                 for a in n.attribute if a.name == "value" and a.t.data_type == onnx.TensorProto.INT64]
         assert not [c for c in ints if 19 in c or 18 in c], name  # the dummy's length, its last position
-        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        sess = ort_session(path)
         for T, lengths in ((5, (5, 2, 4)), (12, (12, 3, 8)), (64, (64, 30, 60)), (129, (129, 64, 100)),
                            (300, (300, 17, 299))):
             x = inputs(T=T, lengths=lengths, seed=T)
-            (got,) = sess.run(None, {k: v.numpy() for k, v in x.items()})
+            got = ort_run(sess, x)
             with monkeypatch.context() as mp, torch.no_grad():
                 mp.setattr(modernbert, "window_plan", full_mask_plan)
                 ref = graph(**x).numpy()
-            diff = got - ref
-            if name == "mlm":
-                diff = diff[x["attention_mask"].bool().numpy()]
-            assert abs(diff).max() <= 1e-4, (name, T)
+            assert onnx_diff(got, ref, x, per_token=name == "mlm") <= 1e-4, (name, T)
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])

@@ -12,13 +12,39 @@ perturbed well beyond their init so that every parameter matters.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from family_checkpoints import encode_batch, export, hf_out, save_checkpoint
-from family_parity import Logits, SpanModel, export_logits, load_ours, mlm_diffs, perturb, real_diff
+from family_checkpoints import (
+    bundle_embeddings,
+    encode_batch,
+    export,
+    hf_out,
+    save_checkpoint,
+    sentence_transformers_bundle,
+)
+from family_parity import (
+    ATOL,
+    BUILDS,
+    Checkpoints,
+    HFFamily,
+    export_eager,
+    head_diff,
+    head_graphs,
+    head_of,
+    hf_model,
+    load_ours,
+    mlm_diffs,
+    onnx_diff,
+    ort_run,
+    ort_session,
+    random_batch,
+    real_diff,
+    save_back,
+    seq_head,
+    token_head,
+)
 from torch import nn
 
 from mlmkit.errors import ConfigError
@@ -26,44 +52,29 @@ from mlmkit.exporter.passes import fuse
 from mlmkit.models import core, family_for
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.mpnet import BUCKETS, MPNetLayer, RelativeBuckets, bucket
-from mlmkit.rundir.checkpoint import save_weights
-from mlmkit.rundir.config import load_config, save_config
+from mlmkit.rundir.config import load_config
 from mlmkit.runtime.pipeline import Pipeline
 from mlmkit.text.tokenizer import load_tokenizer, special_ids, special_tokens
 
 transformers = pytest.importorskip("transformers")
 
 V = 100
-ATOL = 1e-5
 BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
             max_position_embeddings=160, layer_norm_eps=1e-5)
+FAMILY = HFFamily("MPNetConfig", BASE)  # (transformers' MPNet has eager attention only)
+HEADS = {"mlm": "MPNetForMaskedLM", "seq": "MPNetForSequenceClassification",
+         "tag": "MPNetForTokenClassification", "qa": "MPNetForQuestionAnswering"}
 
 
-def hf_dir(tmp_path: Path, cls_name: str, name: str = "hf", seed: int = 0, **kw) -> Path:
-    """A random transformers MPNet model of class ``cls_name``, saved by save_pretrained."""
-    cfg = transformers.MPNetConfig(**{**BASE, **kw})
-    torch.manual_seed(seed)
-    model = getattr(transformers, cls_name)(cfg)
-    perturb(model, seed)
-    d = tmp_path / name
-    model.save_pretrained(d)
-    return d
-
-
-def hf_model(cls_name: str, d: Path) -> nn.Module:
-    # eager attention: transformers' MPNet has no other
-    return getattr(transformers, cls_name).from_pretrained(d).eval()
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Checkpoints:
+    return Checkpoints(FAMILY, tmp_path_factory.mktemp("mpnet"))
 
 
 def inputs(T: int = 150, lengths: tuple[int, ...] = (150, 97, 9), seed: int = 1) -> dict[str, torch.Tensor]:
     """A right-padded batch: <s> (id 0) first, MPNet's padding id 1 with attention_mask 0 after each
     length."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, V, (len(lengths), T), generator=g)
-    ids[:, 0] = 0
-    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
-    ids[mask == 0] = 1
-    return {"input_ids": ids, "attention_mask": mask}
+    return random_batch(V, T, lengths, seed, pad=1, first=0)
 
 
 class Bare(nn.Module):
@@ -96,8 +107,8 @@ def test_buckets_are_transformers_at_every_distance():
 
 
 # ---- the backbone and the heads against transformers -------------------------------------------
-def test_backbone_and_pooler_match_transformers_eager_and_sdpa(tmp_path):
-    d = hf_dir(tmp_path, "MPNetModel")  # a bare backbone with its pooler: keys without "mpnet."
+def test_backbone_and_pooler_match_transformers_eager_and_sdpa(hf_dir):
+    d = hf_dir("MPNetModel")  # a bare backbone with its pooler: keys without "mpnet."
     cfg, ours, unexpected = load_ours(d, Bare)
     assert unexpected == []
     assert all(isinstance(x, MPNetLayer) for x in ours.bert.encoder.layer)
@@ -123,8 +134,8 @@ def test_backbone_and_pooler_match_transformers_eager_and_sdpa(tmp_path):
     assert ref.last_hidden_state.abs().max() > 1.0
 
 
-def test_mlm_logits_match(tmp_path):
-    d = hf_dir(tmp_path, "MPNetForMaskedLM")
+def test_mlm_logits_match(hf_dir):
+    d = hf_dir("MPNetForMaskedLM")
     cfg, ours, unexpected = load_ours(d, core.BertForPreTraining)
     assert unexpected == []  # lm_head.decoder.bias is tied to lm_head.bias, as in transformers
     x = inputs()
@@ -134,9 +145,9 @@ def test_mlm_logits_match(tmp_path):
     assert ref.abs().max() > 1.0
 
 
-def test_sequence_classification_matches(tmp_path):
-    d = hf_dir(tmp_path, "MPNetForSequenceClassification", num_labels=3)
-    cfg, ours, unexpected = load_ours(d, lambda c: core.BertForLabels(c, per_token=False))
+def test_sequence_classification_matches(hf_dir):
+    d = hf_dir("MPNetForSequenceClassification", num_labels=3)
+    cfg, ours, unexpected = load_ours(d, seq_head)
     assert unexpected == []
     x = inputs()
     with torch.no_grad():
@@ -150,63 +161,36 @@ def test_sequence_classification_matches(tmp_path):
         assert (ours.classifier(fast) - ref).abs().max().item() <= ATOL
 
 
-def test_token_classification_matches(tmp_path):
-    d = hf_dir(tmp_path, "MPNetForTokenClassification", num_labels=5)
-    cfg, ours, unexpected = load_ours(d, lambda c: core.BertForLabels(c, per_token=True))
+def test_token_classification_matches(hf_dir):
+    d = hf_dir("MPNetForTokenClassification", num_labels=5)
+    cfg, ours, unexpected = load_ours(d, token_head)
     assert unexpected == []
-    x = inputs()
-    with torch.no_grad():
-        got = ours(**x)["logits"]
-        ref = hf_model("MPNetForTokenClassification", d)(**x).logits
-    assert real_diff(got, ref, x["attention_mask"]) <= ATOL
+    theirs = hf_model("MPNetForTokenClassification", d)
+    assert head_diff(ours, theirs, "ForTokenClassification", inputs()) <= ATOL
 
 
-def test_question_answering_matches(tmp_path):
-    d = hf_dir(tmp_path, "MPNetForQuestionAnswering")
-    cfg, ours, unexpected = load_ours(d, SpanModel)
+def test_question_answering_matches(hf_dir):
+    d = hf_dir("MPNetForQuestionAnswering")
+    cfg, ours, unexpected = load_ours(d, BUILDS["ForQuestionAnswering"])
     assert unexpected == []
-    x = inputs()
-    with torch.no_grad():
-        start, end = ours(**x)
-        ref = hf_model("MPNetForQuestionAnswering", d)(**x)
-    assert real_diff(start, ref.start_logits, x["attention_mask"]) <= ATOL
-    assert real_diff(end, ref.end_logits, x["attention_mask"]) <= ATOL
+    theirs = hf_model("MPNetForQuestionAnswering", d)
+    assert head_diff(ours, theirs, "ForQuestionAnswering", inputs()) <= ATOL  # the start and end logits
 
 
 # ---- back to transformers ----------------------------------------------------------------------
-@pytest.mark.parametrize("head", ["mlm", "seq", "tag", "qa"])
-def test_saves_back_to_transformers(tmp_path, head):
-    cls_name, build = {"mlm": ("MPNetForMaskedLM", core.BertForPreTraining),
-                       "seq": ("MPNetForSequenceClassification",
-                               lambda c: core.BertForLabels(c, per_token=False)),
-                       "tag": ("MPNetForTokenClassification",
-                               lambda c: core.BertForLabels(c, per_token=True)),
-                       "qa": ("MPNetForQuestionAnswering", SpanModel)}[head]
-    cfg, ours, _ = load_ours(hf_dir(tmp_path, cls_name), build)
-    out = tmp_path / "ours"
-    out.mkdir()
-    save_weights(ours, out / "model.safetensors", cfg)
-    save_config(cfg, out / "config.json")
-    assert "type_vocab_size" not in json.loads((out / "config.json").read_text())
-    theirs, info = getattr(transformers, cls_name).from_pretrained(out, output_loading_info=True)
-    assert info["missing_keys"] in ([], set()) and info["unexpected_keys"] in ([], set()), info
-    x = inputs()
-    with torch.no_grad():
-        got, ref = ours(**x), theirs.eval()(**x)
-    if head == "mlm":
-        assert real_diff(got["prediction_logits"], ref.logits, x["attention_mask"]) <= ATOL
-    elif head == "seq":
-        assert (got["logits"] - ref.logits).abs().max().item() <= ATOL
-    elif head == "tag":
-        assert real_diff(got["logits"], ref.logits, x["attention_mask"]) <= ATOL
-    else:
-        assert real_diff(got[0], ref.start_logits, x["attention_mask"]) <= ATOL
-        assert real_diff(got[1], ref.end_logits, x["attention_mask"]) <= ATOL
+@pytest.mark.parametrize("head", HEADS)
+def test_saves_back_to_transformers(hf_dir, tmp_path, head):
+    cls_name = HEADS[head]
+    cfg, ours, _ = load_ours(hf_dir(cls_name), BUILDS[head_of(cls_name)])
+    theirs = save_back(cfg, ours, cls_name, tmp_path / "ours")
+    assert "type_vocab_size" not in json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert head_diff(ours, theirs, head_of(cls_name), inputs()) <= ATOL
 
 
 # ---- config.json -------------------------------------------------------------------------------
 def test_config_fields_and_names(tmp_path):
-    d = hf_dir(tmp_path, "MPNetForMaskedLM", relative_attention_num_buckets=40)  # rows past 32 are never read
+    # its own checkpoint: the test rewrites its config.json; rows past 32 are never read
+    d = FAMILY.save(tmp_path / "hf", "MPNetForMaskedLM", relative_attention_num_buckets=40)
     cfg = load_config(d)
     assert (cfg.type_vocab_size, cfg.pad_token_id, cfg.architectures) == (0, 1, ["BertForMaskedLM"])
     assert cfg.max_tokens == 160 - 2  # positions start at padding_idx + 1
@@ -245,41 +229,28 @@ def test_configs_it_cannot_run_are_refused(change, words):
 
 
 # ---- ONNX --------------------------------------------------------------------------------------
-def test_eager_graphs_export_fuse_and_match(tmp_path):
+def test_eager_graphs_export_fuse_and_match(hf_dir, tmp_path):
     """The TorchScript exporter at opset 17 with dynamic batch and sequence axes, then onnxruntime's
     fusions as `mlmkit export` runs them (held to the family's declaration): on a batch of another
     size and length than the export's, the fused graph gives PyTorch's outputs. Two graphs: MLM
     logits, and the [CLS]-only classifier. Measured: each layer's two SkipLayerNormalization fuse,
     no Attention (its bias is outside onnxruntime's BERT attention pattern)."""
-    ort = pytest.importorskip("onnxruntime")
-    cfg, mlm, _ = load_ours(hf_dir(tmp_path, "MPNetForMaskedLM", name="mlm"), core.BertForPreTraining)
-    _, seq, _ = load_ours(hf_dir(tmp_path, "MPNetForSequenceClassification", name="seq", num_labels=3),
-                          lambda c: core.BertForLabels(c, per_token=False))
-    graphs = {
-        "mlm": (Logits(mlm, lambda m, i, a: m(i, a)["prediction_logits"]), 0),
-        "cls": (Logits(seq, lambda m, i, a: m.classifier(core.encode_cls(m.bert, i, a))), 1),
-    }
+    pytest.importorskip("onnxruntime")
+    cfg, mlm, _ = load_ours(hf_dir("MPNetForMaskedLM"), core.BertForPreTraining)
+    _, seq, _ = load_ours(hf_dir("MPNetForSequenceClassification", num_labels=3), seq_head)
     dummy, x = inputs(T=12, lengths=(12, 7)), inputs()
-    for name, (graph, partial) in graphs.items():
-        graph.eval()
-        core.set_attention_impl(graph, "eager")
-        plain, fused = tmp_path / f"{name}.onnx", tmp_path / f"{name}-fused.onnx"
-        export_logits(graph, dummy, plain, per_token=name == "mlm")
-        core.set_attention_impl(graph, "sdpa")
+    for name, graph in head_graphs(mlm, seq).items():
+        partial, per_token = int(name == "cls"), name == "mlm"
+        plain = export_eager(graph, dummy, tmp_path / f"{name}.onnx", per_token=per_token)
+        fused = tmp_path / f"{name}-fused.onnx"
         counts = fuse(plain, fused, cfg, partial_layers=partial)
         assert counts.get("SkipLayerNormalization",
                           0) >= 2 * (cfg.num_hidden_layers - partial) and "Attention" not in counts, counts
         with torch.no_grad():
             ref = graph(**x).numpy()
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 1
         for path in (plain, fused):
-            sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-            (got,) = sess.run(None, {k: v.numpy() for k, v in x.items()})
-            diff = got - ref
-            if name == "mlm":
-                diff = diff[x["attention_mask"].bool().numpy()]
-            assert abs(diff).max() <= 1e-4, (name, path.name)
+            diff = onnx_diff(ort_run(ort_session(path), x), ref, x, per_token=per_token)
+            assert diff <= 1e-4, (name, path.name)
 
 
 def test_mlmkit_export_with_the_mpnet_tokenizer(tmp_path):
@@ -313,21 +284,11 @@ def test_sentence_transformers_directory_exports_with_its_embeddings(tmp_path):
     """all-mpnet-base-v2's layout (a sentence-transformers directory: MPNetModel, mean pooling,
     normalisation) exports as the embedding task and gives sentence-transformers' embeddings; its
     int8 bundle agrees with fp32."""
-    pytest.importorskip("sentence_transformers")
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer import modules as st_models
-
     save_checkpoint(tmp_path / "enc", "mpnet", "Model")
-    word = st_models.Transformer(str(tmp_path / "enc"), max_seq_length=64)
-    model = SentenceTransformer(modules=[word, st_models.Pooling(word.get_embedding_dimension(),
-                                                                 pooling_mode="mean"),
-                                         st_models.Normalize()], device="cpu")
-    model.save(str(tmp_path / "st"))
-    meta = export(tmp_path / "st", tmp_path / "b")
-    assert (meta["task"] == "embedding" and meta["options"]["normalize"] is True
-            and "token_type_ids" not in meta["inputs"])
+    model, bundle = sentence_transformers_bundle(tmp_path, tmp_path / "enc", "mean", max_seq_length=64)
+    meta = json.loads((bundle / "mlmkit.json").read_text())
+    assert meta["options"]["normalize"] is True and "token_type_ids" not in meta["inputs"]
     texts = ["the film was good", "john went to paris and the plot was very dull", "a"]
-    ours = np.stack([r["embedding"] for r in Pipeline.load(tmp_path / "b")(texts)])
-    assert np.abs(ours - model.encode(texts, convert_to_numpy=True)).max() < 1e-4
+    assert np.abs(bundle_embeddings(bundle, texts) - model.encode(texts, convert_to_numpy=True)).max() < 1e-4
     q = export(tmp_path / "st", tmp_path / "int8", "--quantize", "int8")
     assert q["precision"] == "int8" and q["parity"]["int8_agreement"]["cosine"] >= 0.99, q["parity"]

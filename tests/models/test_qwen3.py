@@ -11,38 +11,42 @@ biases, a linear rope scaling and causal sliding windows of 6 on layers past the
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
-from family_parity import Backbone, SpanModel, load_ours, real_diff
+from family_checkpoints import bundle_embeddings, export, sentence_transformers_bundle
+from family_parity import (
+    ATOL,
+    BUILDS,
+    Backbone,
+    Checkpoints,
+    HFFamily,
+    Logits,
+    backbone_matches,
+    head_diff,
+    head_of,
+    hf_model,
+    impl_diffs,
+    load_ours,
+    random_batch,
+    save_back,
+    seq_head,
+)
 from prenorm_parity import (
     TEXTS,
-    Graph,
-    bundle_embeddings,
-    cli_export,
+    bundle_output,
     encode,
     fine_tunes_a_classifier,
-    fused_graph,
-    hf_model,
+    fused_graph_diff,
     qwen3_tokenizer,
-    random_batch,
-    run,
-    save_hf,
-    sentence_transformers_bundle,
-    transformers,
 )
 
 from mlmkit.errors import ConfigError
 from mlmkit.models import core, family_for
 from mlmkit.models.config import ModelConfig
 from mlmkit.models.prenorm import PrenormLayer
-from mlmkit.rundir.checkpoint import save_weights
-from mlmkit.rundir.config import save_config
 
 V = 100
-ATOL = 1e-5
 BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2,
             head_dim=16, pad_token_id=0, max_position_embeddings=64,
@@ -52,57 +56,41 @@ VARIANTS = {
     "sliding": dict(use_sliding_window=True, sliding_window=6, max_window_layers=1, attention_bias=True,
                     rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}),
 }
-HEADS = {
-    "seq": ("Qwen3ForSequenceClassification", lambda c: core.BertForLabels(c, per_token=False),
-            dict(num_labels=3)),
-    "token": ("Qwen3ForTokenClassification", lambda c: core.BertForLabels(c, per_token=True),
-              dict(num_labels=5)),
-    "qa": ("Qwen3ForQuestionAnswering", SpanModel, {}),
+# tokenizer=True: Qwen3's kind of tokenizer beside the model, its size and padding id in the config
+FAMILY = HFFamily("Qwen3Config", BASE, VARIANTS, tokenizer=qwen3_tokenizer, token_ids=("pad",))
+SEQ = "Qwen3ForSequenceClassification"
+HEADS = {  # transformers' class, its config keywords
+    "seq": (SEQ, dict(num_labels=3)),
+    "token": ("Qwen3ForTokenClassification", dict(num_labels=5)),
+    "qa": ("Qwen3ForQuestionAnswering", {}),
 }
+CONFIG = {"model_type": "qwen3", "vocab_size": V, "hidden_size": 32, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2, "intermediate_size": 48}
 
 
-def hf_dir(tmp_path: Path, cls_name: str, variant: str = "plain", name: str = "hf", tokenizer=None,
-           **kw) -> Path:
-    d = tmp_path / name
-    save_hf(d, cls_name, transformers.Qwen3Config(**{**BASE, **VARIANTS[variant], **kw}), tokenizer=tokenizer)
-    return d
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Checkpoints:
+    return Checkpoints(FAMILY, tmp_path_factory.mktemp("qwen3"))
 
 
 def inputs(T: int = 20, lengths: tuple[int, ...] = (20, 13, 5), seed: int = 1) -> dict[str, torch.Tensor]:
     return random_batch(V, T, lengths, seed)
 
 
-def outputs(head: str, got, ref) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(ours, transformers') pairs of a head's outputs."""
-    if head == "qa":
-        return [(got[0], ref.start_logits), (got[1], ref.end_logits)]
-    return [(got["logits"], ref.logits)]
-
-
 # ---- the backbone and the heads against transformers -------------------------------------------
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_backbone_matches_transformers_eager_and_sdpa(tmp_path, variant):
-    d = hf_dir(tmp_path, "Qwen3Model", variant)  # a bare backbone: keys without "model."
+def test_backbone_matches_transformers_eager_and_sdpa(hf_dir, variant):
+    d = hf_dir("Qwen3Model", variant)  # a bare backbone: keys without "model."
     cfg, ours, unexpected = load_ours(d, Backbone)
     assert unexpected == [] and isinstance(ours.bert.encoder.layer[0], PrenormLayer)
     spans = [layer.self_attn.spec.span for layer in ours.bert.encoder.layer]
     assert spans == ([(None, 0)] * 3 if variant == "plain" else [(None, 0), (5, 0), (5, 0)])
-    x = inputs()
-    with torch.no_grad():
-        mine = {}
-        for impl in ("eager", "sdpa"):
-            core.set_attention_impl(ours, impl)
-            mine[impl] = ours(**x)
-        for impl in ("eager", "sdpa"):
-            ref = hf_model("Qwen3Model", d, impl)(**x).last_hidden_state
-            for ours_impl, h in mine.items():
-                assert real_diff(h, ref, x["attention_mask"]) <= ATOL, (impl, ours_impl)
-    assert ref.abs().max() > 1.0
+    backbone_matches(ours, d, "Qwen3Model", inputs())
 
 
-def test_right_padding_leaves_the_real_tokens_states_alone(tmp_path):
+def test_right_padding_leaves_the_real_tokens_states_alone(hf_dir):
     """Causal attention with right padding: each row's real tokens have the states they have alone."""
-    _, ours, _ = load_ours(hf_dir(tmp_path, "Qwen3Model", "sliding"), Backbone)
+    _, ours, _ = load_ours(hf_dir("Qwen3Model", "sliding"), Backbone)
     x = inputs()
     with torch.no_grad():
         for impl in ("eager", "sdpa"):
@@ -115,36 +103,30 @@ def test_right_padding_leaves_the_real_tokens_states_alone(tmp_path):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("head", HEADS)
-def test_heads_match_transformers(tmp_path, head, variant):
-    cls_name, build, kw = HEADS[head]
-    d = hf_dir(tmp_path, cls_name, variant, **kw)
-    cfg, ours, unexpected = load_ours(d, build)
+def test_heads_match_transformers(hf_dir, head, variant):
+    cls_name, kw = HEADS[head]
+    d = hf_dir(cls_name, variant, **kw)
+    cfg, ours, unexpected = load_ours(d, BUILDS[head_of(cls_name)])
     assert unexpected == []
     x = inputs()
     with torch.no_grad():
         ref = hf_model(cls_name, d)(**x)
-        for impl in ("eager", "sdpa"):
-            core.set_attention_impl(ours, impl)
-            for got, want in outputs(head, ours(**x), ref):
-                diff = (got - want).abs().max().item() if head == "seq" else real_diff(got, want,
-                                                                                       x["attention_mask"])
-                assert diff <= ATOL, (impl, diff)
+    diffs = impl_diffs(ours, ref, head_of(cls_name), x)
+    assert max(diffs.values()) <= ATOL, diffs
 
 
-def test_the_sequence_head_reads_the_last_token_that_is_not_padding(tmp_path):
+def test_the_sequence_head_reads_the_last_token_that_is_not_padding(hf_dir):
     """Qwen3's tokenizer appends <|endoftext|>, its padding token too: transformers' head reads the
     token before it (the last one whose id is not pad_token_id), and so does mlmkit's, on the texts
     as the tokenizer frames them, right-padded; without a pad_token_id, the last real token."""
-    fast = qwen3_tokenizer()
-    d = hf_dir(tmp_path, "Qwen3ForSequenceClassification", vocab_size=len(fast),
-               pad_token_id=fast.pad_token_id,
-               num_labels=3, tokenizer=fast)
-    cfg, ours, _ = load_ours(d, lambda c: core.BertForLabels(c, per_token=False))
+    fast = FAMILY.fast()
+    d = hf_dir(SEQ, num_labels=3, tokenizer=True)
+    cfg, ours, _ = load_ours(d, seq_head)
     x = encode(fast, TEXTS)
     # one appended each
     assert (x["input_ids"][x["attention_mask"].bool()] == fast.pad_token_id).sum() == len(TEXTS)
     with torch.no_grad():
-        ref = hf_model("Qwen3ForSequenceClassification", d)(**x).logits
+        ref = hf_model(SEQ, d)(**x).logits
         assert (ours(**x)["logits"] - ref).abs().max().item() <= ATOL
         seq, pooled = ours.bert(**x)
         before_eos = x["attention_mask"].sum(1) - 2
@@ -158,33 +140,18 @@ def test_the_sequence_head_reads_the_last_token_that_is_not_padding(tmp_path):
 
 # ---- back to transformers ----------------------------------------------------------------------
 @pytest.mark.parametrize("head", HEADS)
-def test_saves_back_to_transformers(tmp_path, head):
-    cls_name, build, kw = HEADS[head]
-    cfg, ours, _ = load_ours(hf_dir(tmp_path, cls_name, "sliding", **kw), build)
-    out = tmp_path / "ours"
-    out.mkdir()
-    save_weights(ours, out / "model.safetensors", cfg)
-    save_config(cfg, out / "config.json")
-    theirs, info = getattr(transformers, cls_name).from_pretrained(out, attn_implementation="eager",
-                                                                   output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
+def test_saves_back_to_transformers(hf_dir, tmp_path, head):
+    cls_name, kw = HEADS[head]
+    cfg, ours, _ = load_ours(hf_dir(cls_name, "sliding", **kw), BUILDS[head_of(cls_name)])
+    theirs = save_back(cfg, ours, cls_name, tmp_path / "ours")
     assert theirs.config.sliding_window == 6 and theirs.config.layer_types[1] == "sliding_attention"
-    x = inputs()
-    with torch.no_grad():
-        for got, want in outputs(head, ours(**x), theirs.eval()(**x)):
-            diff = (got - want).abs().max().item() if head == "seq" else real_diff(got, want,
-                                                                                   x["attention_mask"])
-            assert diff <= ATOL
+    assert head_diff(ours, theirs, head_of(cls_name), inputs()) <= ATOL
 
 
 # ---- config.json -------------------------------------------------------------------------------
 def test_config_fields_and_names():
-    cfg = ModelConfig.from_dict({"model_type": "qwen3", "vocab_size": V, "hidden_size": 32,
-                                 "num_attention_heads": 4,
-                                 "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2,
-                                 "intermediate_size": 48,
-                                 "rms_norm_eps": 1e-5, "attention_dropout": 0.1, "hidden_act": "silu",
-                                 "architectures": ["Qwen3ForSequenceClassification"],
+    cfg = ModelConfig.from_dict({**CONFIG, "rms_norm_eps": 1e-5, "attention_dropout": 0.1,
+                                 "hidden_act": "silu", "architectures": ["Qwen3ForSequenceClassification"],
                                  "id2label": {"0": "a", "1": "b"}})
     assert (cfg.layer_norm_eps, cfg.attention_probs_dropout_prob, cfg.pad_token_id) == (1e-5, 0.1, None)
     assert (cfg.type_vocab_size, cfg.max_position_embeddings,
@@ -221,75 +188,56 @@ def test_config_fields_and_names():
 ])
 def test_configs_it_cannot_run_are_refused(change, words):
     with pytest.raises(ConfigError, match=words):
-        ModelConfig.from_dict({"model_type": "qwen3", "vocab_size": V, "hidden_size": 32,
-                               "num_attention_heads": 4,
-                               "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2,
-                               "intermediate_size": 48, **change})
+        ModelConfig.from_dict({**CONFIG, **change})
 
 
 # ---- ONNX --------------------------------------------------------------------------------------
-def test_exported_graphs_fuse_and_match_transformers(tmp_path):
+def test_exported_graphs_fuse_and_match_transformers(hf_dir, tmp_path):
     """As `mlmkit export` exports them: the sequence head (last token) and the hidden states, fused
     (the RMSNorms, the residual adds with them) and, on a batch of another size and length than the
     export's, transformers' outputs."""
-    seq_dir = hf_dir(tmp_path, "Qwen3ForSequenceClassification", "sliding", name="seq", num_labels=3)
-    cfg, seq, _ = load_ours(seq_dir, lambda c: core.BertForLabels(c, per_token=False))
-    _, backbone, _ = load_ours(hf_dir(tmp_path, "Qwen3Model", "sliding", name="model"), Backbone)
+    seq_dir = hf_dir(SEQ, "sliding", num_labels=3)
+    cfg, seq, _ = load_ours(seq_dir, seq_head)
+    model_dir = hf_dir("Qwen3Model", "sliding")
+    _, backbone, _ = load_ours(model_dir, Backbone)
     x = inputs(T=23, lengths=(23, 9, 17, 2))
     dummy = inputs(T=11, lengths=(11, 6))
-    graphs = {"seq": (Graph(seq, lambda m, i, a: m(i, a)["logits"]), "Qwen3ForSequenceClassification",
-                      seq_dir),
-              "model": (Graph(backbone, lambda m, i, a: m(i, a)), "Qwen3Model", tmp_path / "model")}
+    graphs = {"seq": (Logits(seq, lambda m, i, a: m(i, a)["logits"]), SEQ, seq_dir),
+              "model": (Logits(backbone, lambda m, i, a: m(i, a)), "Qwen3Model", model_dir)}
     for name, (graph, cls_name, d) in graphs.items():
-        (tmp_path / name).mkdir(exist_ok=True)
-        session, counts = fused_graph(tmp_path / name, graph, cfg, dummy, per_token=name == "model")
+        counts, diff = fused_graph_diff(tmp_path / name, graph, cfg, dummy, x, cls_name, d)
         # 3 layers: the residual adds + norms (two a layer), the q / k head norms, the first layer's input
         # norm
         assert counts == {"SkipSimplifiedLayerNormalization": 6, "SimplifiedLayerNormalization": 7}, counts
-        with torch.no_grad():
-            ref = hf_model(cls_name, d)(**x)
-        ref = (ref.logits if name == "seq" else ref.last_hidden_state).numpy()
-        diff = run(session, x) - ref
-        assert abs(diff if name == "seq" else diff[x["attention_mask"].bool().numpy()]).max() <= 1e-4, name
+        assert diff <= 1e-4, name
 
 
-def test_mlmkit_export_of_a_released_style_checkpoint(tmp_path):
+def test_mlmkit_export_of_a_released_style_checkpoint(hf_dir, tmp_path):
     """`mlmkit export` of a Qwen3ForSequenceClassification directory with Qwen3's kind of tokenizer:
     the fusion gate and the parity gate pass, and the bundle gives transformers' logits on the
     tokenizer's own framing of mixed-length texts."""
-    fast = qwen3_tokenizer()
-    src = hf_dir(tmp_path, "Qwen3ForSequenceClassification", vocab_size=len(fast),
-                 pad_token_id=fast.pad_token_id,
-                 num_labels=3, tokenizer=fast, name="src")
-    meta = cli_export(src, tmp_path / "b")
+    src = hf_dir(SEQ, num_labels=3, tokenizer=True)
+    meta = export(src, tmp_path / "b")
     assert meta["inputs"] == ["input_ids", "attention_mask"]
     assert meta["fused_operators"].get("SkipSimplifiedLayerNormalization", 0) >= 6, meta["fused_operators"]
     assert meta["parity"]["max_abs_diff"]["logits"] <= 1e-4
-    import onnxruntime as ort
-
-    x = encode(fast, TEXTS)
-    got = ort.InferenceSession(str(tmp_path / "b" / "model.onnx"), providers=["CPUExecutionProvider"]).run(
-        ["logits"], {k: v.numpy() for k, v in x.items()})[0]
+    x = encode(FAMILY.fast(), TEXTS)
+    got = bundle_output(tmp_path / "b", "logits", x)
     with torch.no_grad():
-        ref = hf_model("Qwen3ForSequenceClassification", src)(**x).logits.numpy()
+        ref = hf_model(SEQ, src)(**x).logits.numpy()
     np.testing.assert_allclose(got, ref, atol=1e-4)
 
 
-def test_fine_tunes_a_classifier_from_an_embedding_model(tmp_path):
+def test_fine_tunes_a_classifier_from_an_embedding_model(hf_dir, tmp_path):
     """A Qwen3Model (Qwen3-Embedding's layout) fine-tuned as a classifier: the last-token head learns,
     and the run is a Qwen3ForSequenceClassification transformers loads."""
-    fast = qwen3_tokenizer()
-    base = hf_dir(tmp_path, "Qwen3Model", vocab_size=len(fast), pad_token_id=fast.pad_token_id,
-                  tokenizer=fast, name="base")
-    fine_tunes_a_classifier(tmp_path, base, fast)
+    fine_tunes_a_classifier(tmp_path, hf_dir("Qwen3Model", tokenizer=True), FAMILY.fast())
 
 
-def test_a_qwen3_embedding_style_directory_embeds_as_sentence_transformers_does(tmp_path):
+def test_a_qwen3_embedding_style_directory_embeds_as_sentence_transformers_does(hf_dir, tmp_path):
     """Qwen3-Embedding's layout: a Qwen3Model with last-token pooling (the appended <|endoftext|>) and
     normalisation in a sentence-transformers directory; the exported bundle's embeddings are
     sentence-transformers' own on mixed-length texts."""
-    fast = qwen3_tokenizer()
-    hf = hf_dir(tmp_path, "Qwen3Model", "sliding", vocab_size=len(fast), pad_token_id=fast.pad_token_id,
-                tokenizer=fast)
+    hf = hf_dir("Qwen3Model", "sliding", tokenizer=True)
     st, bundle = sentence_transformers_bundle(tmp_path, hf, "lasttoken")
     np.testing.assert_allclose(bundle_embeddings(bundle, TEXTS), st.encode(TEXTS), atol=1e-5)
