@@ -70,6 +70,17 @@ def _seed_and_threads():
     yield
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test, whatever set it otherwise: runs compared bit for bit, and tiny
+    models, which gain nothing from a second thread (on a shared 2-core machine a spinning OpenMP pool
+    makes each step up to 10x slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(autouse=True)
 def _cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Corpus shards go to the test's tmp dir, never to the user's cache."""
@@ -127,3 +138,46 @@ def stdlib_docstrings(tmp_path_factory) -> Path:
     cache = tmp_path_factory.mktemp("stdlib-docstrings")
     atomic_write_text(cached_definitions(cache), json.dumps(definitions()))
     return cache
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """A run of every task kind (tests/task_runs.py's ``build_runs``), built once a worker for the modules
+    that only read them (tests/exporter/); a module with a ``runs`` fixture of its own uses that."""
+    from task_runs import build_runs
+
+    return build_runs(tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(scope="session")
+def classification_bundle(runs, tmp_path_factory) -> Path:
+    """The classification run of ``runs`` exported, once a worker (tests/jobs/, as ``bundle``)."""
+    out = tmp_path_factory.mktemp("jobs") / "clf"
+    run_export(runs["classification"], out)
+    return out
+
+
+PROMPTS = {"query_prompt": "query: ", "document_prompt": "passage: "}
+"""The prompts of the ``retrieval`` fixture's fine-tuned run, as e5's."""
+
+
+# not module: the torchrun tests run first (pytest_collection_modifyitems), the rest later
+@pytest.fixture(scope="session")
+def retrieval(tmp_path_factory):
+    """An embedding model fine-tuned on the built-in retrieval set (500 documents, 60 steps), for the
+    tests of the embedding task (tests/tasks/test_retrieval.py) and of mining
+    (tests/retrieval/test_mining.py): its base, run, BEIR directory, final metrics and the set's counts."""
+    import json
+
+    from mlmkit.quickstart.retrieval_set import write_retrieval_set
+
+    tmp = tmp_path_factory.mktemp("retrieval")
+    beir = tmp / "set"
+    counts = write_retrieval_set(beir, max_documents=500)
+    texts = [json.loads(line)["text"] for f in ("corpus.jsonl", "queries.jsonl") for line in open(beir / f)]
+    torch.manual_seed(0)
+    base = make_base_model(tmp / "base", texts, vocab_size=1500)
+    run = tmp / "run"
+    metrics = run_finetune("embedding", base, beir, run, eval_file=beir, steps=60, lr=1e-3, batch_size=64,
+                           max_length=48, eval_every=1000, progress=False, options=PROMPTS)
+    return {"tmp": tmp, "beir": beir, "base": base, "run": run, "metrics": metrics, "counts": counts}

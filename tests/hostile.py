@@ -1,17 +1,20 @@
 """Hostile but ordinary use, the helpers the reliability tests share: ``cli`` runs a command through
-CliRunner as a wide terminal would, ``one_line`` asserts a user error (exit status 2, a single
-'error: ...' line on stderr, no traceback), the module-scoped ``data`` fixture holds a tiny corpus,
-tokenizer and config for ``tiny`` pretraining runs, and ``PEAK`` is the code that prints a process's
-peak resident memory. A test module that wants the fixture imports it: ``from hostile import
-data_fixture`` (named apart from the ``data`` argument, which would shadow the import)."""
+CliRunner as a wide terminal would (``mine``, `mlmkit mine --json` and the rows it wrote), ``one_line``
+asserts a user error (exit status 2, a single 'error: ...' line on stderr, no traceback), the
+module-scoped ``data`` fixture holds a tiny corpus, tokenizer and config for ``tiny`` pretraining runs
+(``pretraining_inputs`` makes them in other sizes, ``word_corpus`` the corpus alone), and ``PEAK`` is
+the code that prints a process's peak resident memory. A test module that wants the fixture imports it:
+``from hostile import data_fixture`` (named apart from the ``data`` argument, which would shadow the
+import)."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from mlmkit.cli import app
 from mlmkit.text.tokenizer import save_tokenizer, train_tokenizer
@@ -37,23 +40,47 @@ def cli(*args: str | Path, **kw):
     return runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "1000"}, **kw)
 
 
-@pytest.fixture(scope="module", name="data")
-def data_fixture(tmp_path_factory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("rel")
+def mine(*args: str) -> tuple[Result, list[dict]]:
+    """`mlmkit mine ARGS --json` through ``cli``: its result, and the rows of its (last) .jsonl argument
+    where it succeeded."""
+    out = [a for a in args if a.endswith(".jsonl")][-1]
+    r = cli("mine", *args, "--json")
+    rows = [json.loads(line) for line in open(out)] if r.exit_code == 0 else []
+    return r, rows
+
+
+def word_corpus(path: Path, n_docs: int, words: tuple[int, int] = (5, 12),
+                sentences: int | tuple[int, int] = 4) -> Path:
+    """``n_docs`` documents of random sentences of WORDS, a blank line between two (seed 0): each of
+    ``sentences`` sentences (a number, or the bounds of one drawn a document) of ``words`` words (the
+    bounds of the number drawn)."""
     rng = random.Random(0)
-    docs = ["\n".join(" ".join(rng.choices(WORDS, k=rng.randint(5, 12))) for _ in range(4))
-            for _ in range(40)]
-    (d / "corpus.txt").write_text("\n\n".join(docs) + "\n")
-    tok = train_tokenizer((d / "corpus.txt").read_text().split("\n"), vocab_size=120, min_frequency=1)
-    save_tokenizer(tok, d / "tok")
+    docs = ["\n".join(" ".join(rng.choices(WORDS, k=rng.randint(*words)))
+                      for _ in range(sentences if isinstance(sentences, int) else rng.randint(*sentences)))
+            for _ in range(n_docs)]
+    path.write_text("\n\n".join(docs) + "\n")
+    return path
+
+
+def pretraining_inputs(d: Path, n_docs: int = 40, sentences: int | tuple[int, int] = 4,
+                       **config) -> dict[str, Path]:
+    """In ``d``: a ``word_corpus``, a tokenizer of 120 words trained on it and a tiny config (one layer
+    unless ``config`` says otherwise)."""
     from mlmkit.models.config import ModelConfig
     from mlmkit.rundir.config import save_config
 
-    save_config(ModelConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=1,
-                            num_attention_heads=2,
-                            intermediate_size=64, max_position_embeddings=64), d / "config.json")
-    return {"dir": d, "corpus": d / "corpus.txt", "tok": d / "tok" / "tokenizer.json",
-            "config": d / "config.json"}
+    corpus = word_corpus(d / "corpus.txt", n_docs, sentences=sentences)
+    tok = train_tokenizer(corpus.read_text().split("\n"), vocab_size=120, min_frequency=1)
+    save_tokenizer(tok, d / "tok")
+    save_config(ModelConfig(**{"vocab_size": tok.get_vocab_size(), "hidden_size": 32, "num_hidden_layers": 1,
+                               "num_attention_heads": 2, "intermediate_size": 64,
+                               "max_position_embeddings": 64, **config}), d / "config.json")
+    return {"dir": d, "corpus": corpus, "tok": d / "tok" / "tokenizer.json", "config": d / "config.json"}
+
+
+@pytest.fixture(scope="module", name="data")
+def data_fixture(tmp_path_factory) -> dict[str, Path]:
+    return pretraining_inputs(tmp_path_factory.mktemp("rel"))
 
 
 def tiny(data: dict[str, Path], out: Path, *extra: str) -> list[str | Path]:

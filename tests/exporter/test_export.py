@@ -1,7 +1,9 @@
-"""ONNX export: PyTorch parity of all four kinds of bundle on mixed lengths, the fusions, int8, errors.
+"""ONNX export: PyTorch parity of all four kinds of bundle on mixed lengths, the fusions, int8, errors
+(the fusion refused and static int8: test_passes.py; sparse parity: test_parity.py).
 
-The runs come from tests/task_runs.py (one of every task kind, ``build_runs``); the check that its
-``TASK_SETUP`` names every registered task is here.
+The runs come from tests/task_runs.py (one of every task kind, ``build_runs``), built once a worker by
+conftest.py's session fixture ``runs``; the check that its ``TASK_SETUP`` names every registered task
+is here.
 """
 
 from __future__ import annotations
@@ -17,24 +19,18 @@ import onnxruntime as ort
 import pytest
 import torch
 from conftest import run_export
-from task_runs import TASK_SETUP, build_runs, sentence
+from task_runs import TASK_SETUP, sentence
 
 import mlmkit.exporter.bundle as export_mod  # the steps, where the parity gate is called
 from mlmkit import registry
-from mlmkit.errors import ConfigError, MlmkitError, ParityError
-from mlmkit.models.core import BertForPreTraining, BertSelfAttention
+from mlmkit.errors import ConfigError, ParityError
+from mlmkit.models.core import BertForPreTraining
 from mlmkit.registry import get_task, per_token
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
 from mlmkit.rundir.config import load_config
-from mlmkit.runtime.pipeline import Pipeline
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import load_tokenizer, special_ids
 from mlmkit.train.finetune import load_finetuned
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    return build_runs(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.fixture(scope="module")
@@ -155,30 +151,6 @@ def test_unoptimized_and_int8_exports(runs, bundles, tmp_path, monkeypatch, capl
     assert q["model_bytes"] < bundles["fill-mask"][1]["model_bytes"]
 
 
-def _texts(path: Path, n: int, seed: int = 0) -> Path:
-    rng = random.Random(seed)
-    path.write_text("".join(sentence(rng, rng.randint(3, 20)) + "\n" for _ in range(n)))
-    return path
-
-
-@pytest.mark.parametrize("task", ["classification", "tagging", "embedding", "colbert"])
-def test_static_int8_is_calibrated_on_the_inputs_it_is_given(runs, tmp_path, task):
-    """--calibrate: activation ranges measured on real inputs, featurized by the task (QDQ nodes with
-    constant scales, no DynamicQuantizeLinear), the agreement with fp32 measured on those inputs (a
-    vector's cosine for embeddings, a token vector's for colbert)."""
-    calib = _texts(tmp_path / "calib.txt", 64)
-    q = run_export(runs[task], tmp_path / "int8", quantize="int8", calibrate=calib, min_agreement=0.5)
-    assert q["precision"] == "int8" and "int8-static-qdq-per-channel" in q["optimizations"]
-    ops = [n.op_type for n in onnx.load(str(tmp_path / "int8" / "model.onnx")).graph.node]
-    assert ops.count("QuantizeLinear") >= 2 and "DynamicQuantizeLinear" not in ops
-    got = q["parity"]["int8_agreement"]
-    assert got["on"] == "64 --calibrate inputs" and 0.5 <= got["value"] <= 1.0
-    vectors = task in ("embedding", "colbert")
-    assert (got["top1"] is None) == vectors and (got["cosine"] is None) != vectors
-    out = Pipeline.load(tmp_path / "int8")(["john went to paris", "the cat sat on the mat"])
-    assert len(out) == 2 and (task != "colbert" or all(len(r["vectors"]) >= 4 for r in out))
-
-
 def test_min_agreement_refuses_a_bundle_below_it_and_writes_nothing(runs, tmp_path):
     """An embedding's int8 vectors are never exactly fp32's (cosine < 1): --min-agreement 1 refuses the
     bundle in one ParityError naming the measure, and the bundle directory gets no model."""
@@ -241,23 +213,6 @@ def test_parity_failure_names_the_output(runs, tmp_path, monkeypatch):
     with pytest.raises(ParityError, match=r"logits: max diff 1\.00e-03"):
         run_export(runs["classification"], tmp_path / "b")
     assert not (tmp_path / "b" / "mlmkit.json").exists()
-
-
-def test_attention_the_fusion_does_not_recognise_is_refused(runs, tmp_path, monkeypatch):
-    """An attention spelt as einsum exports and runs, but onnxruntime cannot fuse it: refused loudly
-    rather than shipped several times slower."""
-
-    def einsum_attention(self, x, mask, queries=None):
-        B, T, H = x.shape
-        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
-        scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / self.head_dim**0.5 + mask
-        ctx = torch.einsum("bhqk,bhkd->bhqd", torch.softmax(scores, -1), v)
-        return ctx.permute(0, 2, 1, 3).reshape(B, T, H)
-
-    monkeypatch.setattr(BertSelfAttention, "forward", einsum_attention)
-    with pytest.raises(MlmkitError, match="fusion did not happen: Attention 0 of 2"):
-        run_export(runs["fill-mask"], tmp_path / "b")
-    assert not (tmp_path / "b" / "model.onnx").exists()
 
 
 @pytest.mark.parametrize(
@@ -326,20 +281,6 @@ def test_fp16_export(runs, bundles, tmp_path):
         assert p["fp16_top1_agreement_vs_fp32"] >= 0.9
     else:
         assert p["fp16_top1_agreement_vs_fp32"] is None
-
-
-def test_sparse_vectors_compare_as_maps_and_near_ties_may_trade_places_at_the_cut():
-    from mlmkit.exporter.parity import sparse_diff
-
-    ids = np.array([[5, 9, 2], [7, 1, -1]])
-    vals = np.array([[3.0, 1.00001, 1.0], [2.0, 0.5, 0.0]], dtype=np.float32)
-    swapped = np.array([[5, 9, 4], [1, 7, -1]])  # term 2 and term 4 (both ~1.0) trade places at the cut
-    got = np.array([[3.0, 1.00001, 1.00000], [0.5, 2.0, 0.0]], dtype=np.float32)
-    assert sparse_diff(ids, vals, swapped, got) < 1e-4
-    # a real miss: term 3 kept with 0.4 where the other side found zero
-    wrong = np.array([[5, 9, 4], [7, 1, 3]])
-    assert sparse_diff(ids, vals, wrong,
-                       np.array([[3.0, 1.00001, 2.5], [2.0, 0.5, 0.4]], dtype=np.float32)) > 1.0
 
 
 def _masked_lm(out: Path, **sizes) -> Path:

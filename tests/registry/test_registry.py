@@ -1,7 +1,7 @@
-"""The task registry: the contract (required members, optional hooks and their defaults), entry-point
-discovery and its errors, a third-party plugin installed from outside the package and driven through
-the whole CLI, and the contract checked on every discovered task (timm-style parametrisation):
-forward, backward, evaluation, the torch-free runtime side, export with the parity gate and serving."""
+"""The task registry: entry-point discovery and its errors, a third-party plugin installed from outside
+the package and driven through the whole CLI, and the contract checked on every discovered task
+(timm-style parametrisation): forward, backward, evaluation, the torch-free runtime side, export with
+the parity gate and serving (the contract's members, defaults and refusals: test_contract.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import random
 import re
 import subprocess
 import sys
-import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from conftest import run_export, run_finetune, tiny_config
+from contract_helpers import Minimal
 from typer.testing import CliRunner
 
 from mlmkit import registry
@@ -26,7 +26,7 @@ from mlmkit.cli import app
 from mlmkit.errors import ConfigError, TaskError
 from mlmkit.models import FAMILIES
 from mlmkit.models.presets import preset
-from mlmkit.registry import BATCH, OPTIONAL, REQUIRED, Plugin, TaskContext, TaskDefaults, per_token
+from mlmkit.registry import REQUIRED, Plugin, TaskContext, per_token
 from mlmkit.rundir.checkpoint import save_run
 from mlmkit.rundir.meta import RunMeta
 from mlmkit.runtime import prediction
@@ -76,19 +76,6 @@ task = FakeTask()
 '''
 
 
-class Minimal:
-    """Only the required members."""
-
-    name, description, metrics, outputs = ("minimal", "the least a task can be", ("score",),
-                                           {"score": (BATCH,)})
-
-    def read(self, path, options): return []  # noqa: E704
-    def featurize(self, examples, tokenizer, ctx, *, training): return []  # noqa: E704
-    def build_model(self, config): raise NotImplementedError  # noqa: E704
-    def postprocess(self, outputs, features, examples, ctx): return []  # noqa: E704
-    def compute_metrics(self, predictions, examples, ctx): return {"score": 0.0}  # noqa: E704
-
-
 @pytest.fixture
 def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """An empty site directory on sys.path; the registry forgets its plugins before and after, and the
@@ -113,89 +100,6 @@ def pairreg(site: Path, monkeypatch: pytest.MonkeyPatch):
     install_distribution(site, "pairreg", {"pairreg": "pairreg.task:task"})
     registry.reset()
     return registry.get_task("pairreg")
-
-
-# ---- the contract ------------------------------------------------------------------------------
-def test_every_member_of_the_contract_is_declared_documented_and_resolved() -> None:
-    """The contract is the Task protocol (required) and TaskDefaults (optional): a Plugin exposes every
-    member of both, and declares the optional attributes' types for readers."""
-    assert REQUIRED[:4] == ("name", "description", "metrics", "outputs") and "featurize" in REQUIRED
-    assert not set(REQUIRED) & set(OPTIONAL)
-    p = Plugin(Minimal(), "tests:Minimal", "tests")
-    assert all(hasattr(p, m) for m in (*REQUIRED, *OPTIONAL))
-    attributes = {m for m in OPTIONAL if not callable(getattr(TaskDefaults, m))}
-    assert attributes <= set(typing.get_type_hints(Plugin)), attributes - set(typing.get_type_hints(Plugin))
-    # every member is documented where it is declared: a method by its docstring, an attribute by
-    # the string that follows it
-    for cls, names in ((registry.Task, REQUIRED), (TaskDefaults, OPTIONAL)):
-        # mlmkit/contract.py, where the contract is declared
-        declared = Path(sys.modules[cls.__module__].__file__)
-        body = next(n for n in ast.parse(declared.read_text(encoding="utf-8")).body
-                    if isinstance(n, ast.ClassDef) and n.name == cls.__name__).body
-        documented = {n.name for n in body if isinstance(n, ast.FunctionDef) and ast.get_docstring(n)}
-        documented |= {a.target.id for a, b in zip(body, body[1:]) if isinstance(a, ast.AnnAssign)
-                       and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
-        undocumented = [n for n in names if n not in documented and n != "name" and n != "description"]
-        assert not undocumented, f"{cls.__name__} leaves {undocumented} undocumented"
-
-
-def test_a_task_with_only_the_required_members_gets_every_default(tmp_path: Path) -> None:
-    p = Plugin(Minimal(), "tests:Minimal", "tests")
-    d = TaskDefaults()
-    for name in ("formats", "options", "label_names", "hf_architecture", "default_max_length",
-                 "greater_is_better",
-                 "trainable", "command", "partial_layers"):
-        assert getattr(p, name) == getattr(d, name), name
-    ctx = TaskContext(max_length=16)
-    assert p.from_input("a text", {}) == {"text": "a text"} and p.best_metric(ctx) == "score"
-    assert p.main_metric(ctx) is None and p.hf_config(ctx) == {} and p.from_hf(None, tmp_path) is None
-    assert p.from_input({"text": "x", "id": 3}, {}) == {"text": "x", "id": 3}
-    assert p.label_list([{"text": "x"}]) is None and p.fit_state([]) == {}
-    assert p.calibrate({}, [], [], ctx) == {}
-    model = torch.nn.Linear(2, 2)
-    assert p.export_module(model) is model
-    assert p.summary({"score": 0.25, "label": "x", "probabilities": {"x": 1.0}}) == {"score": "0.250",
-                                                                                     "label": "x"}
-    assert p.resolve_options() == {} and p.describe()["options"] == []
-
-
-def test_a_task_that_declares_wrongly_is_refused() -> None:
-    class NoBatchAxis(Minimal):
-        outputs = {"score": ("sequence",)}
-
-    with pytest.raises(TaskError,
-                       match=r"outputs must map each output name to its axes, the first being 'batch'"):
-        Plugin(NoBatchAxis(), "tests:NoBatchAxis", "tests")
-
-    class TwiceTheSameOption(Minimal):
-        options = (registry.TaskOption("a", 1, "one"), registry.TaskOption("a", 2, "two"))
-
-    with pytest.raises(TaskError, match=r"options must be TaskOption objects with distinct names"):
-        Plugin(TwiceTheSameOption(), "tests:TwiceTheSameOption", "tests")
-
-    for flags, kind in ((" --x", 1), ("--x", 1), (("--Bad",), 1), (("--x",), True), (("--x/--no-x",), 1)):
-        class BadFlags(Minimal):
-            options = (registry.TaskOption("x", kind, "x", flags=flags),)
-
-        with pytest.raises(TaskError, match=r"option x: flags must be a tuple of --long-names"):
-            Plugin(BadFlags(), "tests:BadFlags", "tests")
-    good = (("--x", "--y"), 1), (("--x/--no-x",), True), ((), True)
-    for flags, kind in good:
-        class Flags(Minimal):
-            options = (registry.TaskOption("x", kind, "x", flags=flags),)
-
-        assert Plugin(Flags(), "tests:Flags", "tests").options[0].flags == flags
-
-
-def test_the_optional_hooks_a_task_has_are_used() -> None:
-    class Calibrating(Minimal):
-        command = "score"
-
-        def calibrate(self, outputs, features, examples, ctx):
-            return {"threshold": 0.5}
-
-    p = Plugin(Calibrating(), "tests:Calibrating", "tests")
-    assert p.command == "score" and p.calibrate({}, [], [], TaskContext(max_length=8)) == {"threshold": 0.5}
 
 
 # ---- discovery ---------------------------------------------------------------------------------

@@ -66,5 +66,5 @@ def test_a_float16_rescoring_copy_gives_int8_and_binary_the_exact_hits(setup, tm
     (tmp_path / "new.jsonl").write_text(json.dumps({"_id": "new", "text": "a dog"}) + "\n")
     r = runner.invoke(app, ["index", str(setup["bundle"]), "--corpus", str(tmp_path / "new.jsonl"), "--out",
                             str(idx), "--append",
-                            "--quantize", "int8"])
+                            "--quantization", "int8"])
     assert "--rescore-copy float16" in one_red_line(r) and Index.open(idx).count == DOCS

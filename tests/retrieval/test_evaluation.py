@@ -97,9 +97,9 @@ def test_a_sparse_index_evaluates_as_its_bundle_and_refuses_what_it_cannot_do(se
         return one_red_line(runner.invoke(app, list(argv)))
 
     corpus_file = str(tmp_path / "beir" / "corpus.jsonl")
-    assert "takes no --quantize" in cli("index", str(sparse["bundle"]), "--corpus", corpus_file, "--out",
+    assert "takes no --quantization" in cli("index", str(sparse["bundle"]), "--corpus", corpus_file, "--out",
                                         str(tmp_path / "q"),
-                                        "--quantize", "int8")
+                                        "--quantization", "int8")
     assert "sparse index, searched exactly" in cli("search", str(tmp_path / "ix"), "a dog", "--rescore", "50")
     ix = Index.open(tmp_path / "ix")
     with pytest.raises(HTTPError, match="is sparse .* send 'query' texts"):

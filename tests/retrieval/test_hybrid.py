@@ -152,9 +152,9 @@ def test_serve_fuses_bm25_and_other_served_indexes_as_search_hybrid_does(setup, 
     ix, corpus, splade = setup["root"] / "beir-ix", beir / "corpus.jsonl", tmp_path / "splade-ix"
     build(BuildArgs(sparse["bundle"], corpus, splade))
     queries = ["how do I read a file", "a list of numbers"]
-    s = Server(tmp_path, f"emb={setup['bundle']}", f"sp={sparse['bundle']}", "--index", f"docs={ix}",
-               "--index", f"sp={splade}",
-               "--index", f"other={built(setup, 'f32').path}", "--corpus", f"docs={corpus}")
+    s = Server(tmp_path, f"emb={setup['bundle']}", f"sp={sparse['bundle']}", "--search-index", f"docs={ix}",
+               "--search-index", f"sp={splade}",
+               "--search-index", f"other={built(setup, 'f32').path}", "--corpus", f"docs={corpus}")
     try:
         def post(body):
             return httpx.post(s.url + "/v1/search", json=body, timeout=60)
@@ -207,7 +207,7 @@ def test_serve_fuses_bm25_and_other_served_indexes_as_search_hybrid_does(setup, 
         assert httpx.get(s.url + "/health", timeout=5).status_code == 200
     finally:
         s.stop()
-    r = runner.invoke(app, ["serve", str(setup["bundle"]), "--index", f"docs={ix}", "--corpus",
+    r = runner.invoke(app, ["serve", str(setup["bundle"]), "--search-index", f"docs={ix}", "--corpus",
                             f"docs={setup['corpus']}", "--port", "0"])
     assert "retrievers of different corpora" in one_red_line(r)
 

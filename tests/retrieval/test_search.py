@@ -50,7 +50,7 @@ def test_search_on_the_command_line_and_the_parquet_export_round_trips(setup, tm
 
 
 def test_serve_answers_v1_search_with_the_indexs_hits_for_texts_and_vectors(setup, tmp_path):
-    """`mlmkit serve BUNDLE --index INDEX`: POST /v1/search equals the plain numpy top-k for query
+    """`mlmkit serve BUNDLE --search-index INDEX`: POST /v1/search equals the plain numpy top-k for query
     vectors, and `mlmkit search` for query texts; bad requests are one 4xx each."""
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
@@ -60,9 +60,9 @@ def test_serve_answers_v1_search_with_the_indexs_hits_for_texts_and_vectors(setu
     small = built(setup, "binary", quantization="binary")
     live = tmp_path / "live"
     shutil.copytree(ix.path, live)
-    s = Server(tmp_path, f"emb={setup['bundle']}", "--index", f"docs={ix.path}", "--index",
+    s = Server(tmp_path, f"emb={setup['bundle']}", "--search-index", f"docs={ix.path}", "--search-index",
                f"small={small.path}",
-               "--index", f"live={live}")
+               "--search-index", f"live={live}")
     try:
         def post(body):
             return httpx.post(s.url + "/v1/search", json=body, timeout=30)
@@ -144,7 +144,7 @@ def test_serve_answers_v1_search_with_the_indexs_hits_for_texts_and_vectors(setu
     shutil.copytree(setup["bundle"], other)
     meta = json.loads((other / "mlmkit.json").read_text())
     (other / "mlmkit.json").write_text(json.dumps({**meta, "note": "another"}))
-    r = runner.invoke(app, ["serve", str(other), "--index", str(ix.path), "--port", "0"])
+    r = runner.invoke(app, ["serve", str(other), "--search-index", str(ix.path), "--port", "0"])
     assert "which is not served" in one_red_line(r)
 
 

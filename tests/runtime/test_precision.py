@@ -1,6 +1,6 @@
-"""Precision and engine per machine (mlmkit.runtime.engines, mlmkit.runtime.precision): the CPU's flags and
-forcing them, auto's choice with bf16 units forced on and off, the gate (measured, recorded in the
-bundle, held to a threshold), every task's outputs through OpenVINO in bf16, and the refusals."""
+"""Precision and engine per machine (mlmkit.runtime.precision, mlmkit.runtime.engines): auto's choice
+with bf16 units forced on and off, the gate (measured, recorded in the bundle, held to a threshold),
+every task's outputs through OpenVINO in bf16, and the refusals (the CPU's flags: test_engines.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from task_runs import build_runs, corpus, export_all
 
 from mlmkit.errors import BundleError, ConfigError, ParityError
 from mlmkit.runtime import precision as precision_mod
-from mlmkit.runtime.engines import ENGINES, cpu_feature, cpu_flags
+from mlmkit.runtime.engines import ENGINES, cpu_feature
 from mlmkit.runtime.pipeline import Pipeline
 
 NO_BF16 = "-amx_bf16,-avx512_bf16"
@@ -43,29 +43,6 @@ def copy(bundles, tmp_path):
         shutil.copytree(bundles[kind], d)
         return d
     return make
-
-
-# ---- the CPU's flags ------------------------------------------------------------------------------
-def test_cpu_flags_are_read_and_forced(tmp_path, monkeypatch):
-    info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni avx512_bf16\n")
-    monkeypatch.delenv("MLMKIT_CPU_FLAGS", raising=False)
-    assert {"avx512_vnni", "avx512_bf16"} <= cpu_flags(info)
-    assert (cpu_feature("int8", cpu_flags(info)) == "AVX512-VNNI" and cpu_feature("bf16", cpu_flags(info))
-            == "AVX512-BF16")
-    info.write_text("flags\t: fpu avx2 avx512_vnni amx_tile amx_int8 amx_bf16 avx512_bf16\n")
-    # the fastest
-    assert cpu_feature("int8", cpu_flags(info)) == "AMX-INT8" and cpu_feature("bf16",
-                                                                              cpu_flags(info)) == "AMX-BF16"
-    monkeypatch.setenv("MLMKIT_CPU_FLAGS", NO_BF16)
-    assert cpu_feature("bf16", cpu_flags(info)) is None and cpu_feature("int8", cpu_flags(info)) == "AMX-INT8"
-    monkeypatch.setenv("MLMKIT_CPU_FLAGS", "+avx512_bf16")
-    assert cpu_feature("bf16", cpu_flags(tmp_path / "missing")) == "AVX512-BF16"  # not Linux, forced on
-    monkeypatch.delenv("MLMKIT_CPU_FLAGS")
-    assert cpu_flags(tmp_path / "missing") == frozenset()
-    monkeypatch.setenv("MLMKIT_CPU_FLAGS", "amx_bf16")
-    with pytest.raises(ConfigError, match=r"MLMKIT_CPU_FLAGS: 'amx_bf16' is not \+FLAG or -FLAG"):
-        cpu_flags(info)
 
 
 # ---- auto's choice --------------------------------------------------------------------------------

@@ -483,27 +483,3 @@ def test_silent_and_slow_clients_are_cut_off_and_a_busy_port_is_one_line(bundles
         assert "serving" not in r.output
     finally:
         s.stop()
-
-
-def test_an_api_key_from_the_environment_as_secret_stores_give_it(monkeypatch, caplog) -> None:
-    from mlmkit.args import ServeArgs
-    from mlmkit.errors import ConfigError
-    from mlmkit.serve.app import api_keys
-
-    args = ServeArgs(bundles=["emb=exports/emb"])
-    monkeypatch.delenv("MLMKIT_API_KEY", raising=False)
-    assert api_keys(args) == ()  # unset: no check
-    for empty in ("", "  ", "\n", "\r\n"):  # set but empty would serve everyone without a word
-        monkeypatch.setenv("MLMKIT_API_KEY", empty)
-        with pytest.raises(ConfigError, match="MLMKIT_API_KEY is set but empty"):
-            api_keys(args)
-    # a secret file's line end would lock every client out
-    for raw in ("s3cret\n", "s3cret\r", " s3cret\r\n"):
-        monkeypatch.setenv("MLMKIT_API_KEY", raw)
-        with caplog.at_level("WARNING", logger="mlmkit"):
-            assert api_keys(args) == (b"s3cret",)
-        assert "spaces or a line break around the key" in caplog.text and "s3cret" not in caplog.text
-    # the flag wins
-    assert api_keys(ServeArgs(bundles=["emb=exports/emb"], api_key=["flag-key"])) == (b"flag-key",)
-    with pytest.raises(ConfigError, match="an --api-key is empty or has spaces around it"):
-        ServeArgs(bundles=["emb=exports/emb"], api_key=["flag-key\r"])

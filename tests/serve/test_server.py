@@ -2,8 +2,8 @@
 
 Every task's bundle answers as `mlmkit predict` does; each bad request gets its status and a message
 that says what is wrong, and /metrics counts it; 32 concurrent clients sending single texts get
-their own answers while the server merges them into batches; an internal error fails only its own
-request; SIGTERM lets a request in flight finish while new ones get 503.
+their own answers while the server merges them into batches; SIGTERM lets a request in flight
+finish while new ones get 503 (an internal error failing only its own request: test_queue.py).
 """
 
 from __future__ import annotations
@@ -194,57 +194,6 @@ def test_concurrent_single_text_clients_get_their_own_answers_in_batches(server:
     calls = server.metric("mlmkit_batch_inputs_count", model="clf") - calls_before
     singles = server.metric("mlmkit_batch_inputs_bucket", model="clf", le="1.0") - singles_before
     assert calls < len(texts) and singles < calls, (calls, singles)  # calls merged several requests
-
-
-def test_an_internal_error_fails_only_its_own_request() -> None:
-    """In-process (the fault is injected into one pipeline): a request whose inputs make the model
-    raise gets a 500 with a request id, its batch neighbours their answers, and the app goes on."""
-    from fastapi.testclient import TestClient
-
-    from mlmkit.args import ServeArgs
-    from mlmkit.serve.app import create_app
-    from mlmkit.serve.queue import Metrics, Model
-
-    class Pipe:
-        task, max_length, meta, providers, batch_size, pad_id, input_names = ("echo", 8, {}, ["CPU"], 4, 0,
-                                                                              ["input_ids"])
-        option_names = ()
-        calls: list[int] = []
-
-        def check(self, inputs: list[Any], options: dict[str, Any]) -> None:
-            pass
-
-        def run_batch(self, feed: dict[str, Any]) -> None:
-            pass
-
-        def __call__(self, items: list[Any], errors: dict | None = None,
-                     tokens: list | None = None) -> list[dict[str, Any]]:
-            self.calls.append(len(items))
-            time.sleep(0.05)
-            if "boom" in items:
-                raise RuntimeError("injected fault")
-            return [{"echo": x} for x in items]
-
-    args = ServeArgs(bundles=["x"], max_wait_ms=200)
-    app = create_app({"echo": Model("echo", Pipe(), args, Metrics())}, args)
-    with TestClient(app) as http:
-        results: dict[str, Any] = {}
-
-        def send(text: str) -> None:
-            results[text] = http.post("/v1/models/echo/predict", json={"inputs": [text]})
-
-        threads = [threading.Thread(target=send, args=(t,)) for t in ("a", "boom", "b")]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert (results["a"].json() == {"results": [{"echo": "a"}]} and results["b"].json()
-                == {"results": [{"echo": "b"}]})
-        bad = results["boom"]
-        assert bad.status_code == 500 and bad.json()["request_id"] == bad.headers["x-request-id"]
-        assert Pipe.calls[0] == 3  # the three were one call, then retried one by one
-        assert http.post("/v1/models/echo/predict",
-                         json={"inputs": ["c"]}).json() == {"results": [{"echo": "c"}]}
 
 
 # ---- shutdown ------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""Late interaction (the colbert task): MaxSim against its formula, its losses, a fine-tune on the
-built-in retrieval set, sentence-transformers' MultiVectorEncoder on mlmkit's run and mlmkit on
-theirs (and on PyLate and Stanford ColBERT layouts), the bundle, `mlmkit embed` and bad input."""
+"""Late interaction (the colbert task): its losses, a fine-tune on the built-in retrieval set,
+sentence-transformers' MultiVectorEncoder on mlmkit's run and mlmkit on theirs (and on PyLate and
+Stanford ColBERT layouts), the bundle, `mlmkit embed` and bad input (MaxSim against its formula:
+tests/retrieval/test_maxsim.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typer.testing import CliRunner
 from mlmkit.cli import app
 from mlmkit.errors import ConfigError
 from mlmkit.quickstart.retrieval_set import write_retrieval_set
-from mlmkit.retrieval.maxsim import maxsim, rank
+from mlmkit.retrieval.maxsim import rank
 from mlmkit.retrieval.reranking import maxsim_of
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import load_tokenizer
@@ -32,29 +33,11 @@ TEXTS = ["Return the number of items in the queue.", "A Mapping is a container, 
 SMALL = {"dim": 16, "query_length": 12}
 
 
-# ---- MaxSim and the losses, against plain formulas ---------------------------------------------------------
 def _maxsim_loop(q: np.ndarray, d: np.ndarray) -> float:
     return float(sum(max(float(a @ b) for b in d) for a in q)) if len(d) else 0.0
 
 
-def test_maxsim_is_the_sum_of_each_query_tokens_best_match_in_numpy_and_torch():
-    rng = np.random.default_rng(0)
-    queries = [rng.normal(size=(n, 8)).astype(np.float32) for n in (3, 5)]
-    docs = [rng.normal(size=(n, 8)).astype(np.float32) for n in (4, 1, 7, 0)]
-    want = np.array([[_maxsim_loop(q, d) for d in docs] for q in queries])
-    from mlmkit.retrieval.maxsim import padded
-
-    Q, qm = padded(queries, 8)
-    D, dm = padded(docs, 8)
-    for chunk in (1 << 25, 1):  # all documents at once, and one at a time
-        got = maxsim(Q, D, qm, dm, chunk_elements=chunk)
-        assert np.allclose(got, want, atol=1e-5)
-    got_torch = maxsim(torch.from_numpy(Q), torch.from_numpy(D), torch.from_numpy(qm), torch.from_numpy(dm))
-    assert torch.allclose(got_torch, torch.from_numpy(want).float(), atol=1e-5)
-    top = rank(queries, docs, k=2)
-    assert [[j for j, _ in row] for row in top] == [list(np.argsort(-w, kind="stable")[:2]) for w in want]
-
-
+# ---- the losses, against plain formulas --------------------------------------------------------------------
 def _batch(parts: list[list[int]], scores: list[list[float]]) -> PairBatch:
     example = [i for i, ps in enumerate(parts) for _ in ps]
     part = [p for ps in parts for p in ps]
@@ -417,9 +400,9 @@ def test_bad_input_to_a_colbert_index_is_one_line_and_changes_nothing(colbert, b
 
     out, _ = colbert_index
     corpus = str(colbert["beir"] / "corpus.jsonl")
-    for argv, match in ((["--quantize", "int8"], "takes no --quantize"),
+    for argv, match in ((["--quantization", "int8"], "takes no --quantization"),
                         (["--bits", "3"], "--bits 3: use 1 or 2"),
-                        (["--ann", "hnsw"], "takes no --quantize, --ann")):
+                        (["--ann", "hnsw"], "takes no --quantization, --ann")):
         r = runner.invoke(app,
                           ["index", str(bundle), "--corpus", corpus, "--out", str(tmp_path / "x"), *argv])
         assert r.exit_code == 2 and match in r.output and "Traceback" not in r.output, r.output
@@ -514,7 +497,7 @@ def test_serve_answers_token_vectors_on_predict_and_refuses_them_on_the_embeddin
     pytest.importorskip("fastapi")
     from serve_process import Server
 
-    s = Server(tmp_path, f"colbert={bundle}", "--index", f"docs={colbert_index[0]}")
+    s = Server(tmp_path, f"colbert={bundle}", "--search-index", f"docs={colbert_index[0]}")
     try:
         query = json.loads(open(colbert["beir"] / "queries.jsonl").readline())["text"]
         r = httpx.post(s.url + "/v1/search", json={"query": query, "top_k": 3}, timeout=30)

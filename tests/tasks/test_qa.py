@@ -1,44 +1,23 @@
-"""The qa task: SQuAD/JSONL readers and their errors, windowing, character offsets, postprocessing,
-null-threshold calibration, SQuAD metrics, learning, and parity with transformers."""
+"""The qa task: windowing, character offsets, postprocessing, null-threshold calibration, learning,
+and parity with transformers (the readers: test_qa_data.py; SQuAD metrics: test_qa_metrics.py)."""
 
 from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import run_finetune
+from qa_helpers import ctx, jsonl, read
 
-from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
-from mlmkit.registry import BATCH, SEQUENCE, Task, TaskContext, get_task
+from mlmkit.errors import ConfigError, MlmkitError
+from mlmkit.registry import BATCH, SEQUENCE, Task, get_task
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import train_tokenizer
 from mlmkit.train.finetune import evaluate_run, load_finetuned
 from mlmkit_tasks.qa import task
-from mlmkit_tasks.qa_metrics import f1_score, normalize_answer
-
-plugin = get_task("qa")
-
-
-def ctx(max_length: int = 64, state: dict | None = None, **options) -> TaskContext:
-    return TaskContext(max_length=max_length, options=plugin.resolve_options(options), state=state or {})
-
-
-def read(path: Path):
-    return task.read(path, plugin.resolve_options())
-
-
-def write(path: Path, text: str) -> Path:
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-def jsonl(path: Path, rows: list) -> Path:
-    return write(path, "".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n"
-                               for r in rows))
 
 
 def example(context: str, answer: str | None, question: str = "where is it ?", qid: str = "q",
@@ -77,96 +56,7 @@ def test_registered_with_reference_defaults():
     assert t.label_names == ("start_positions", "end_positions")
 
 
-# ---- readers -----------------------------------------------------------------------------------
-SQUAD_V1 = {"version": "1.1", "data": [
-    {"title": "T", "paragraphs": [{"context": "Paris is the capital of France.", "qas": [
-        {"id": "a1", "question": "What is the capital?", "answers": [
-            {"text": "Paris", "answer_start": 0}, {"text": "Paris", "answer_start": 0}]},
-        {"id": "a2", "question": "Of what?", "answers": [{"text": "France", "answer_start": 24}]}]}]},
-    {"title": "U", "paragraphs": [{"context": "Rex is a dog.", "qas": [
-        {"id": "b1", "question": "Who is a dog?", "answers": [{"text": "Rex", "answer_start": 0}]}]}]},
-]}
-
-
-def test_read_squad_v1(tmp_path):
-    ex = read(write(tmp_path / "train.json", json.dumps(SQUAD_V1)))
-    assert [e["id"] for e in ex] == ["a1", "a2", "b1"]
-    assert ex[1] == {"id": "a2", "question": "Of what?", "context": "Paris is the capital of France.",
-                     "answers": [{"text": "France", "answer_start": 24}], "is_impossible": False}
-    assert len(ex[0]["answers"]) == 2 and ex[2]["context"] == "Rex is a dog."
-
-
-def test_read_squad_v2_impossible(tmp_path):
-    doc = {"version": "v2.0", "data": [{"title": "T", "paragraphs": [{"context": "Rex is a dog.", "qas": [
-        {"id": "i", "question": "Who is a cat?", "answers": [], "is_impossible": True,
-         "plausible_answers": [{"text": "Rex", "answer_start": 0}]},
-        {"id": "p", "question": "Who is a dog?", "answers": [{"text": "Rex", "answer_start": 0}],
-         "is_impossible": False}]}]}]}
-    ex = read(write(tmp_path / "dev.json", json.dumps(doc)))
-    assert [(e["id"], e["is_impossible"], e["answers"]) for e in ex] == [
-        ("i", True, []), ("p", False, [{"text": "Rex", "answer_start": 0}])]
-
-
-def test_read_jsonl_both_answer_forms(tmp_path):
-    rows = [
-        {"id": "x", "question": "Who?", "context": "Rex barks.",
-         "answers": {"text": ["Rex"], "answer_start": [0]}},
-        {"question": "What?", "context": "Rex barks.", "answers": [{"text": "barks", "answer_start": 4}]},
-        {"id": 7, "question": "Why?", "context": "Rex barks.", "answers": {"text": [], "answer_start": []}},
-    ]
-    ex = read(jsonl(tmp_path / "d.jsonl", ["", *rows]))
-    assert [(e["id"], e["answers"], e["is_impossible"]) for e in ex] == [
-        ("x", [{"text": "Rex", "answer_start": 0}], False),
-        ("3", [{"text": "barks", "answer_start": 4}], False),  # no id: the line number
-        ("7", [], True),
-    ]
-
-
-@pytest.mark.parametrize(
-    ("rows", "pattern"),
-    [
-        ([{"id": "x", "question": "q", "context": "the dog barks",
-           "answers": {"text": ["dog"], "answer_start": [0]}}],
-         r"d\.jsonl, line 1, field 'answers\[0\]\.answer_start': question 'x': answer 'dog' is not at "
-         r"answer_start 0; "
-         r"the context there reads 'the' \(it occurs at 4\)"),
-        ([{"question": "q", "context": "abc", "answers": []}, "{'question': 1}"],
-         r"d\.jsonl, line 2: malformed JSON"),
-        ([{"question": "q", "answers": [{"text": "a", "answer_start": 0}]}],
-         r"line 1, field 'context': missing \"context\""),
-        ([{"question": "q", "context": "abc", "answers": [{"text": "zz", "answer_start": 1}]}],
-         r"line 1, field 'answers\[0\]\.answer_start':.*reads 'bc' \(it does not occur in the context at "
-         r"all\)"),
-        ([{"question": "q", "context": "abc", "answers": [{"text": "a"}]}], r"line 1, field 'answers\[0\]'"),
-        ([{"question": "q", "context": "abc", "answers": {"text": ["a"], "answer_start": [0, 1]}}],
-         r"field 'answers': \"answers\" has 1 texts but 2 answer_start"),
-        ([{"question": "q", "context": "abc", "answers": [{"text": "a", "answer_start": "0"}]}],
-         r"answer_start must be a non-negative integer"),
-        ([{"question": "q", "context": "abc"}], r"line 1, field 'answers': missing \"answers\""),
-    ],
-)
-def test_jsonl_errors(tmp_path, rows, pattern):
-    with pytest.raises(DataFormatError, match=pattern):
-        read(jsonl(tmp_path / "d.jsonl", rows))
-
-
-def test_squad_errors_name_question_id_and_field(tmp_path):
-    doc = json.loads(json.dumps(SQUAD_V1))
-    doc["data"][1]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] = 3
-    with pytest.raises(DataFormatError,
-                       match=r"train\.json, field 'data\[1\]\.paragraphs\[0\]\.qas\[0\]\.answers\[0\]\."
-                       r"answer_start': question 'b1': answer 'Rex' is not at answer_start 3; the context "
-                       r"there reads ' is'"):
-        read(write(tmp_path / "train.json", json.dumps(doc)))
-    del doc["data"][0]["paragraphs"][0]["qas"][1]["question"]
-    with pytest.raises(DataFormatError, match=r"qas\[1\]\.question': question 'a2': missing \"question\""):
-        read(write(tmp_path / "train.json", json.dumps(doc)))
-    with pytest.raises(DataFormatError, match=r"train\.json, line 3: malformed JSON"):
-        read(write(tmp_path / "train.json", '{"data": [\n{"title": "x",\n "paragraphs": [}]}'))
-    with pytest.raises(DataFormatError, match=r"field 'data'"):
-        read(write(tmp_path / "train.json", '{"version": "1.1"}'))
-
-
+# ---- runtime inputs ----------------------------------------------------------------------------
 def test_from_input():
     assert task.from_input({"question": "who?", "context": "rex.", "id": 3}, {}) == {
         "id": "3", "question": "who?", "context": "rex.", "answers": [], "is_impossible": False}
@@ -317,27 +207,6 @@ def test_long_question_is_cut_and_stride_checked(word_tok):
                        r"max length 128 - 31 question tokens - 3 special tokens = 94 tokens"):
         task.featurize([ex, long], word_tok, ctx(128), training=False)
     assert len(task.featurize([ex], word_tok, ctx(128), training=False)) == 1  # no windows
-
-
-# ---- metrics -----------------------------------------------------------------------------------
-def test_normalisation():
-    assert normalize_answer("The  Cat, an apple!") == "cat apple"
-    assert normalize_answer("Theatre of A-ha's") == "theatre of ahas"  # articles only as whole words
-    assert normalize_answer("  \tA the AN ") == ""
-
-
-def test_metrics_equal_hand_computed_values():
-    def ex(golds, impossible=False):
-        return {"answers": [{"text": g, "answer_start": 0} for g in golds], "is_impossible": impossible}
-
-    examples = [ex(["The Eiffel Tower", "Eiffel"]), ex(["red dog"]), ex([], True), ex([], True),
-                ex(["a cat sat on the mat"]), ex(["Paris", "in Paris, France"])]
-    preds = [{"answer": a} for a in ["eiffel tower.", "the big red dog", "", "x", "cat sat here", "France"]]
-    # F1: 1, 2*(2/3*1)/(2/3+1) = 0.8, 1, 0, 2*(2/3*1/2)/(2/3+1/2) = 4/7, max(0, 2*(1/1*1/3)/(1+1/3)) = 0.5
-    m = task.compute_metrics(preds, examples, ctx())
-    assert m["exact_match"] == pytest.approx(100 * 2 / 6)
-    assert m["f1"] == pytest.approx(100 * (1 + 0.8 + 1 + 0 + 4 / 7 + 0.5) / 6)
-    assert f1_score("the", "") == 1.0 and f1_score("", "x") == 0.0
 
 
 # ---- null threshold (SQuAD 2.0) ----------------------------------------------------------------

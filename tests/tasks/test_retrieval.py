@@ -1,7 +1,7 @@
-"""Retrieval training and evaluation: the losses against their formulas, GradCache against the uncached
-loss (loss and every gradient), the IR metrics against pytrec_eval (trec_eval), exact search, the BEIR
-reader's errors, and a fine-tune on the built-in retrieval set end to end (sentence-transformers loads
-the run; the bundle scores what the run scores)."""
+"""Retrieval training and evaluation: GradCache against the uncached loss (loss and every gradient),
+the IR metrics against pytrec_eval (trec_eval), exact search, and a fine-tune on the built-in retrieval
+set end to end (sentence-transformers loads the run; the bundle scores what the run scores). The losses
+against their formulas: tests/train/test_embedding.py; the BEIR reader: tests/text/test_beir.py."""
 
 from __future__ import annotations
 
@@ -14,126 +14,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import make_base_model, run_export, run_finetune
+from conftest import PROMPTS, make_base_model, run_export, run_finetune
+from hostile import mine
 from typer.testing import CliRunner
 
 from mlmkit.cli import app
 from mlmkit.errors import DataFormatError, TaskError
-from mlmkit.quickstart.retrieval_set import write_retrieval_set
 from mlmkit.registry import TaskContext, get_task
 from mlmkit.retrieval.exact import mean_metrics, query_metrics, search
 from mlmkit.text.beir import read_split
-from mlmkit.text.readers import numbered
-from mlmkit.train import losses
 from mlmkit.train.finetune import evaluate_base
 from mlmkit.train.losses import PairBatch
 
 runner = CliRunner()
-PROMPTS = {"query_prompt": "query: ", "document_prompt": "passage: "}  # the fine-tuned run's, as e5's
 
 
-# ---- the losses, against plain formulas --------------------------------------------------------------
-def _batch(parts: list[list[int]], texts: list[list[int]] | None = None,
-           scores: list[float] | None = None) -> PairBatch:
-    """Features of examples in order: parts[i] the columns of example i (0 anchor, 1 positive, 2..
-    negatives)."""
-    example = [i for i, ps in enumerate(parts) for _ in ps]
-    part = [p for ps in parts for p in ps]
-    text = [t for ts in texts for t in ts] if texts else list(range(len(part)))
-    score = [scores[i] for i in example] if scores else [0.0] * len(part)
-    return PairBatch(torch.tensor(example), torch.tensor(part), torch.tensor(text), torch.tensor(score))
-
-
-def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(torch.dot(a, b) / (a.norm() * b.norm()))
-
-
-def test_mnrl_is_infonce_over_positives_and_hard_negatives():
-    torch.manual_seed(0)
-    b = _batch([[0, 1, 2], [0, 1], [0, 1, 2, 3]])
-    E = torch.randn(len(b.part), 8)
-    anchors, positives = [0, 3, 5], [1, 4, 6]
-    candidates = positives + [2, 7, 8]
-    want = 0.0
-    for i, a in enumerate(anchors):
-        logits = [20.0 * _cos(E[a], E[c]) for c in candidates]
-        want += -logits[i] + math.log(sum(math.exp(x) for x in logits))
-    assert float(losses.MultipleNegativesRankingLoss()(E, b)) == pytest.approx(want / 3, abs=1e-5)
-    # symmetric: the mean of that and each positive against the anchors
-    back = 0.0
-    for i, p in enumerate(positives):
-        logits = [20.0 * _cos(E[p], E[a]) for a in anchors]
-        back += -logits[i] + math.log(sum(math.exp(x) for x in logits))
-    assert float(losses.MultipleNegativesRankingLoss(symmetric=True)(E, b)) == pytest.approx((
-        want / 3 + back / 3) / 2, abs=1e-5)
-
-
-def test_a_text_twice_in_a_batch_is_no_false_negative():
-    """Example 2's positive is example 0's positive text: for anchor 0 it is not a negative (nor the other
-    way)."""
-    torch.manual_seed(1)
-    b = _batch([[0, 1], [0, 1], [0, 1]], texts=[[10, 11], [12, 13], [14, 11]])
-    E = torch.randn(6, 8)
-    E[5] = E[1]  # the same text embeds the same
-    anchors, positives = [0, 2, 4], [1, 3, 5]
-    want = 0.0
-    for i, a in enumerate(anchors):
-        keep = [j for j in range(3) if j == i or not (i != j and {i, j} == {0, 2})]
-        logits = [10.0 * _cos(E[a], E[positives[j]]) for j in keep]
-        want += -logits[keep.index(i)] + math.log(sum(math.exp(x) for x in logits))
-    assert float(losses.MultipleNegativesRankingLoss(scale=10.0)(E, b)) == pytest.approx(want / 3, abs=1e-5)
-
-
-def test_cosent_orders_the_cosines_as_the_scores():
-    torch.manual_seed(2)
-    scores = [0.9, 0.1, 0.5, 0.5]
-    b = _batch([[0, 1]] * 4, scores=scores)
-    E = torch.randn(8, 8)
-    cos = [20.0 * _cos(E[2 * i], E[2 * i + 1]) for i in range(4)]
-    terms = [math.exp(cos[j] - cos[i]) for i in range(4) for j in range(4) if scores[i] > scores[j]]
-    assert float(losses.CoSENTLoss()(E, b)) == pytest.approx(math.log(1 + sum(terms)), abs=1e-4)
-
-
-def test_matryoshka_is_the_weighted_inner_loss_on_leading_dimensions():
-    torch.manual_seed(3)
-    b = _batch([[0, 1], [0, 1], [0, 1, 2]])
-    E = torch.randn(7, 16)
-    inner = losses.MultipleNegativesRankingLoss()
-    want = 1.0 * inner(E[:, :16], b) + 0.5 * inner(E[:, :8], b) + 0.25 * inner(E[:, :4], b)
-    assert float(losses.MatryoshkaLoss(inner, [16, 8, 4],
-                                       [1.0, 0.5, 0.25])(E, b)) == pytest.approx(float(want), abs=1e-6)
-    b.target = torch.randn(7, 16)  # mse-distill: the teacher's vectors cut to the same leading dimensions
-    want = sum(float(((E[:, :d] - b.target[:, :d]) ** 2).mean()) for d in (16, 8))
-    assert float(losses.MatryoshkaLoss(losses.MSEDistillLoss(), [16, 8])(E, b)) == pytest.approx(want,
-                                                                                                 rel=1e-5)
-
-
-def test_margin_mse_regresses_the_teachers_margins():
-    torch.manual_seed(2)
-    b = _batch([[0, 1, 2, 3], [0, 1, 2]])
-    # the teacher's score of each text for its anchor
-    b.score = torch.tensor([0.0, 9.0, 4.0, 1.0, 0.0, 7.0, 6.5])
-    E = torch.randn(7, 8)
-    want = []
-    for a, p, negs in ((0, 1, (2, 3)), (4, 5, (6,))):
-        for n in negs:
-            student = float(E[a] @ E[p] - E[a] @ E[n])
-            want.append((student - float(b.score[p] - b.score[n])) ** 2)
-    assert float(losses.MarginMSELoss()(E, b)) == pytest.approx(sum(want) / len(want), rel=1e-5)
-
-
-def test_mse_distill_is_the_squared_error_to_the_teachers_vectors():
-    torch.manual_seed(3)
-    b = _batch([[0, 1], [0, 1]])
-    E, T = torch.randn(4, 8), torch.randn(4, 8)
-    b.target = T
-    assert float(losses.MSEDistillLoss()(E, b)) == pytest.approx(float(((E - T) ** 2).mean()), rel=1e-5)
-    proj = torch.nn.Linear(8, 5)
-    b.target = T[:, :5]
-    assert float(losses.MSEDistillLoss(project=proj)(E, b)) == pytest.approx(float(((proj(
-        E) - T[:, :5]) ** 2).mean()), rel=1e-5)
-
-
+# ---- a loss's best metric ----------------------------------------------------------------------------
 def test_cosent_is_judged_by_spearman():
     assert get_task("embedding").best_metric(TaskContext(max_length=8,
                                                          options={"loss": "cosent"})) == "spearman"
@@ -272,70 +168,7 @@ def test_chunked_search_is_exact():
     assert search(q, d[:3], 10)[0].shape == (9, 3)
 
 
-# ---- BEIR directories ---------------------------------------------------------------------------------
-def _beir(tmp: Path, corpus=None, queries=None, qrels=None) -> Path:
-    d = tmp / "beir"
-    (d / "qrels").mkdir(parents=True)
-    corpus = corpus if corpus is not None else ['{"_id": "d1", "title": "Cats", "text": "purr"}',
-                                                '{"_id": "d2", "text": "dogs bark"}',
-                                                '{"_id": "d3", "text": "fish swim"}']
-    queries = queries if queries is not None else ['{"_id": "q1", "text": "what purrs"}',
-                                                   '{"_id": "q2", "text": "who barks"}',
-                                                   '{"_id": "q3", "text": "nothing"}']
-    (d / "corpus.jsonl").write_text("\n".join(corpus) + "\n")
-    (d / "queries.jsonl").write_text("\n".join(queries) + "\n")
-    for split, rows in (qrels
-                        or {"test": ["q1\td1\t1", "q2\td2\t2", "q3\td3\t0"], "dev": ["q2\td2\t1"]}).items():
-        (d / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
-    return d
-
-
-def test_a_beir_split_is_read_with_titles_and_its_unjudged_queries_counted(tmp_path):
-    d = _beir(tmp_path)
-    s = read_split(d, training=False)
-    assert s.split == "test" and s.corpus["d1"] == "Cats purr" and s.corpus["d2"] == "dogs bark"
-    assert s.queries == {"q1": "what purrs", "q2": "who barks"} and s.skipped == {"no relevant document": 1}
-    assert read_split(f"{d}:dev", training=False).queries == {"q2": "who barks"}
-    with pytest.raises(DataFormatError,
-                       match=r"qrels/train\.tsv: no such split.*here: dev, test|no train\.tsv"):
-        read_split(d, training=True)
-
-
-@pytest.mark.parametrize("edit, match", [
-    (dict(qrels={"test": ["q1\td9\t1"]}), r"qrels/test\.tsv, line 2: document 'd9' is not in corpus\.jsonl"),
-    (dict(qrels={"test": ["q1\td1\t1", "q7\td1\t1"]}),
-     r"qrels/test\.tsv, line 3: query 'q7' is not in queries\.jsonl"),
-    (dict(qrels={"test": ["q1\td1\tmany"]}),
-     r"qrels/test\.tsv, line 2, field 'score': the score must be a number"),
-    (dict(corpus=['{"_id": "d1", "text": "a"}', '{"_id": "d1", "text": "b"}']),
-     r"corpus\.jsonl, line 2, field '_id': the id 'd1' again \(first on line 1\)"),
-    (dict(corpus=['{"_id": "d1", "text": "a"}', '{"_id": "d2", "text": "b"']),
-     r"corpus\.jsonl, line 2: malformed JSON"),
-    (dict(corpus=[]), r"corpus\.jsonl: no documents"),
-    (dict(qrels={"test": ["q1\td1\t0"]}), r"qrels/test\.tsv: no query with a relevant document"),
-])
-def test_bad_beir_data_is_one_error_naming_file_and_line(tmp_path, edit, match):
-    d = _beir(tmp_path, **edit)
-    with pytest.raises(DataFormatError, match=match):
-        read_split(d, training=False)
-
-
 # ---- end to end on the built-in retrieval set --------------------------------------------------------------
-# not module: the torchrun tests run first (conftest), the rest of the module later
-@pytest.fixture(scope="session")
-def retrieval(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("retrieval")
-    beir = tmp / "set"
-    counts = write_retrieval_set(beir, max_documents=500)
-    texts = [json.loads(line)["text"] for f in ("corpus.jsonl", "queries.jsonl") for line in open(beir / f)]
-    torch.manual_seed(0)
-    base = make_base_model(tmp / "base", texts, vocab_size=1500)
-    run = tmp / "run"
-    metrics = run_finetune("embedding", base, beir, run, eval_file=beir, steps=60, lr=1e-3, batch_size=64,
-                           max_length=48, eval_every=1000, progress=False, options=PROMPTS)
-    return {"tmp": tmp, "beir": beir, "base": base, "run": run, "metrics": metrics, "counts": counts}
-
-
 def test_fine_tuning_on_the_built_in_set_beats_zero_shot(retrieval):
     assert retrieval["counts"]["test_queries"] == 100 and retrieval["counts"]["documents"] == 500
     zero = evaluate_base("embedding", retrieval["base"], retrieval["beir"], max_length=48)
@@ -491,7 +324,7 @@ def test_distilling_the_fine_tuned_model_into_its_base_learns_retrieval(retrieva
 
 def test_margin_mse_trains_on_mined_scores_and_bad_scores_name_their_line(retrieval, tmp_path):
     rows = tmp_path / "mined.jsonl"
-    r, got = _mine(str(retrieval["beir"]), "--out", str(rows), "--negatives", "3", "--with-scores")
+    r, got = mine(str(retrieval["beir"]), "--out", str(rows), "--negatives", "3", "--with-scores")
     assert r.exit_code == 0, r.output
     m = run_finetune("embedding", retrieval["base"], rows, tmp_path / "run", steps=4, batch_size=32,
                      max_length=32,
@@ -535,25 +368,6 @@ def test_no_training_batch_holds_a_text_twice(retrieval, tmp_path, caplog):
 
 
 # ---- SPLADE: sparse-embedding fine-tuning ------------------------------------------------------------------
-def test_flops_is_the_sum_of_squared_mean_weights():
-    X = torch.rand(5, 12)
-    want = sum((sum(float(X[i, j]) for i in range(5)) / 5) ** 2 for j in range(12))
-    assert float(losses.flops(X)) == pytest.approx(want, rel=1e-5)
-
-
-def test_the_splade_loss_is_its_ranking_loss_plus_the_warmed_up_flops():
-    torch.manual_seed(0)
-    W = torch.rand(6, 20)
-    b = PairBatch(torch.tensor([0, 0, 1, 1, 2, 2]), torch.tensor([0, 1] * 3), torch.arange(6), torch.zeros(6))
-    for inner in (losses.MultipleNegativesRankingLoss(scale=1.0, dot=True), losses.CoSENTLoss()):
-        splade = losses.SpladeLoss(inner, query_weight=0.5, document_weight=0.25, warmup=4)
-        reg = 0.5 * losses.flops(W[b.part == 0]) + 0.25 * losses.flops(W[b.part > 0])
-        for seen in range(6):
-            want = float(inner(W, b)) + min(1.0, (seen / 4) ** 2) * float(reg)
-            assert float(splade(W, b)) == pytest.approx(want, rel=1e-6), seen
-            splade.step()
-
-
 @pytest.fixture(scope="module")
 def splade(retrieval):
     """The same steps twice from the tiny base's (random) masked-LM head: without the FLOPS regulariser,
@@ -624,166 +438,6 @@ def test_a_loss_on_the_wrong_kind_of_data_is_one_line(retrieval, tmp_path):
     with pytest.raises(TaskError, match="matryoshka_dims '64,9999'"):
         run_finetune("embedding", retrieval["base"], retrieval["beir"], tmp_path / "y", steps=1,
                      options={"matryoshka_dims": "64,9999"}, progress=False)
-
-
-# ---- hard-negative mining --------------------------------------------------------------------------------
-def _mine(*args: str) -> tuple[int, list[dict]]:
-    out = [a for a in args if a.endswith(".jsonl")][-1]
-    r = runner.invoke(app, ["mine", *args, "--json"], env={"COLUMNS": "1000"})
-    rows = [json.loads(line) for line in open(out)] if r.exit_code == 0 else []
-    return r, rows
-
-
-def _answers(split: str) -> set[str]:
-    """The texts of the documents a BEIR split judges relevant."""
-    s = read_split(split, training=False)
-    return {s.corpus[d] for q in s.qrels for d in s.positives(q)}
-
-
-def test_mining_skips_positives_and_keeps_to_the_window(retrieval, tmp_path):
-    from mlmkit.retrieval.exact import BM25
-
-    beir = retrieval["beir"]
-    r, rows = _mine(str(beir), "--out", str(tmp_path / "m.jsonl"), "--negatives", "4", "--range", "3:40",
-                    "--with-scores")
-    assert r.exit_code == 0, r.output
-    split = read_split(beir, training=True)
-    assert len(rows) == sum(len(split.positives(q))
-                            for q in split.qrels) and json.loads(r.stdout)["short"] == {}
-    test_answers = _answers(f"{beir}:test")
-    assert json.loads(r.stdout)["held_out"] == len(test_answers) == 100
-    # the test split's answers are not mined
-    docs = [t for t in split.corpus.values() if t not in test_answers]
-    bm25 = BM25(docs)
-    queries = [row["anchor"] for row in rows[:30]]
-    ranked, _ = bm25.search(queries, 60)
-    for row, order in zip(rows[:30], ranked):
-        qid = next(q for q, t in split.queries.items() if t == row["anchor"])
-        positives = {split.corpus[d] for d in split.positives(qid)}
-        negs = [row[f"negative_{i}"] for i in range(1, 5)]
-        window = [docs[i] for i in order if docs[i] not in positives][3:40]  # ranks count the other documents
-        assert not set(negs) & positives and negs == window[:4]  # the best of the window, in rank order
-        assert row["scores"][1:] == sorted(row["scores"][1:], reverse=True)
-
-
-def test_a_query_with_many_positives_still_gets_its_negatives_from_a_narrow_window(tmp_path):
-    """Ranks count the documents that are not the query's positives: eight positives at the top of
-    the ranking leave a window of 3 its 3 negatives (sentence-transformers' faiss path returned too few)."""
-    beir = tmp_path / "beir"
-    (beir / "qrels").mkdir(parents=True)
-    docs = [{"_id": f"p{i}", "text": f"red apple pie recipe number {i}"} for i in range(8)]
-    docs += [{"_id": f"n{i}", "text": f"red apple {w}"}
-             for i, w in enumerate(["tart", "juice", "cake", "jam", "tree"])]
-    docs += [{"_id": f"o{i}", "text": f"blue river stone {i}"} for i in range(20)]
-    (beir / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    (beir / "queries.jsonl").write_text(json.dumps({"_id": "q", "text": "red apple pie recipe"}) + "\n")
-    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n"
-                                              + "".join(f"q\tp{i}\t1\n" for i in range(8)))
-    r, rows = _mine(str(beir), "--out", str(tmp_path / "m.jsonl"), "--negatives", "3", "--range", "0:3")
-    assert r.exit_code == 0, r.output
-    assert len(rows) == 8 and json.loads(r.stdout)["short"] == {}, r.stdout
-    for row in rows:
-        negs = [row[f"negative_{i}"] for i in range(1, 4)]
-        assert len(set(negs)) == 3 and all(n.startswith("red apple") and "pie" not in n for n in negs), negs
-
-
-def test_mining_leaves_the_other_splits_answers_out_unless_asked(retrieval, tmp_path):
-    beir = retrieval["beir"]
-    answers = _answers(f"{beir}:test")
-    negatives = lambda rows: {row[k] for row in rows for k in numbered(row, "negative")}  # noqa: E731
-    r, rows = _mine(str(beir), "--out", str(tmp_path / "m.jsonl"), "--negatives", "5")
-    assert r.exit_code == 0, r.output
-    assert not negatives(rows) & answers and json.loads(r.stdout)["documents"] == 500 - len(answers)
-    r, kept = _mine(str(beir), "--out", str(tmp_path / "k.jsonl"), "--negatives", "5", "--keep-other-splits")
-    assert r.exit_code == 0, r.output
-    assert len(negatives(kept) & answers) > 20 and json.loads(r.stdout)["held_out"] == 0
-    # mined for the test split, the training answers are the ones left out; a text that is an answer
-    # of both splits stays
-    r, rows = _mine(f"{beir}:test", "--out", str(tmp_path / "t.jsonl"), "--negatives", "5", "--range", "0:50")
-    assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["documents"] == len(answers) and negatives(rows) <= answers
-
-
-def test_mining_filters_by_margin_and_counts_the_short_rows(retrieval, tmp_path):
-    r, rows = _mine(str(retrieval["beir"]), "--out", str(tmp_path / "m.jsonl"), "--negatives", "3",
-                    "--margin", "1.0",
-                    "--with-scores")
-    assert r.exit_code == 0, r.output
-    short = json.loads(r.stdout)["short"]
-    for row in rows:
-        assert all(s <= row["scores"][0] - 1.0 + 1e-5 for s in row["scores"][1:])
-    assert short.get("the margin or score-ratio filter",
-                     0) == sum(1 for row in rows if len(row["scores"]) < 4) > 0
-
-
-def test_mining_with_an_embedding_bundle_then_training_on_the_rows(retrieval, tmp_path):
-    bundle = tmp_path / "bundle"
-    run_export(retrieval["run"], bundle)
-    r, rows = _mine(str(retrieval["beir"]), "--out", str(tmp_path / "m.jsonl"), "--retriever", str(bundle),
-                    "--negatives", "2")
-    assert r.exit_code == 0, r.output
-    assert rows and all("negative_2" in row and row["negative_1"] != row["positive"] for row in rows)
-    r, approx = _mine(str(retrieval["beir"]), "--out", str(tmp_path / "f.jsonl"), "--retriever", str(bundle),
-                      "--negatives",
-                      "2", "--index", "faiss")
-    assert r.exit_code == 0, r.output
-    same = sum(a["negative_1"] == b["negative_1"] for a, b in zip(rows, approx))
-    assert len(approx) == len(rows) and same >= 0.9 * len(rows), same
-    m = run_finetune("embedding", retrieval["base"], tmp_path / "m.jsonl", tmp_path / "run", steps=3,
-                     batch_size=12,
-                     max_length=32, progress=False)
-    assert math.isfinite(m["loss"])
-
-
-def test_a_killed_mining_job_resumes_to_the_same_rows(retrieval, tmp_path, monkeypatch):
-    from mlmkit.retrieval import mining
-
-    args = [str(retrieval["beir"]), "--negatives", "3", "--batch-size", "50", "--with-scores"]
-    r, straight = _mine(*args, "--out", str(tmp_path / "straight.jsonl"))
-    assert r.exit_code == 0, r.output
-    out = tmp_path / "m.jsonl"
-    real, calls = mining._mine_batch, []
-
-    def dies_on_the_third(*a, **kw):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt  # a kill between batches
-        return real(*a, **kw)
-
-    monkeypatch.setattr(mining, "_mine_batch", dies_on_the_third)
-    r = runner.invoke(app, ["mine", *args, "--out", str(out)])
-    assert r.exit_code != 0 and not out.exists()
-    monkeypatch.setattr(mining, "_mine_batch", real)
-    r, _ = _mine(*args, "--out", str(out))
-    assert r.exit_code == 2 and "pass --resume to continue it" in r.output
-    r, _ = _mine(*args[:-1], "--out", str(out), "--resume")  # without --with-scores: another job
-    assert r.exit_code == 2 and "with_scores" in r.output
-    r, resumed = _mine(*args, "--out", str(out), "--resume")
-    assert r.exit_code == 0, r.output
-    assert resumed == straight and json.loads(r.stdout)["rows"] == len(straight)
-    assert not (tmp_path / ".m.jsonl.job").exists()
-
-
-def test_mining_rows_against_a_corpus_file_and_bad_input(tmp_path):
-    rows = tmp_path / "pairs.jsonl"
-    rows.write_text("\n".join(json.dumps({"anchor": a, "positive": p}) for a, p in [
-        ("red fruit", "apples are red fruit"), ("yellow fruit", "bananas are yellow"),
-        ("sour fruit", "lemons are sour")]))
-    corpus = tmp_path / "docs.txt"
-    corpus.write_text("apples are red fruit\ncherries are red fruit too\nbananas are yellow\nsour lemons and "
-                      "limes\n"
-                      "fruit salad\n")
-    r, got = _mine(str(rows), "--out", str(tmp_path / "m.jsonl"), "--corpus", str(corpus), "--negatives", "2")
-    assert r.exit_code == 0, r.output
-    assert got[0]["anchor"] == "red fruit" and got[0]["negative_1"] == "cherries are red fruit too"
-    assert all(row["positive"] not in (row.get("negative_1"), row.get("negative_2")) for row in got)
-    r, _ = _mine(str(rows), "--out", str(tmp_path / "x.jsonl"), "--range", "50:60")
-    assert r.exit_code == 2 and "--range 50:60 starts past the corpus's 3 documents" in r.output
-    r, _ = _mine(str(rows), "--out", str(tmp_path / "x.jsonl"), "--range", "9:3")
-    assert r.exit_code == 2 and "--range 9:3 is not A:B" in r.output
-    rows.write_text('{"anchor": "a", "positive": "b"}\n{"anchor": "c"}\n')
-    r, _ = _mine(str(rows), "--out", str(tmp_path / "x.jsonl"))
-    assert r.exit_code == 2 and "pairs.jsonl, line 2" in r.output and "positive" in r.output
 
 
 # ---- torchrun: in-batch negatives from every rank ----------------------------------------------------------

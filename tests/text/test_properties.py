@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,7 +22,6 @@ from mlmkit.errors import DataFormatError, MlmkitError
 from mlmkit.files import json_line
 from mlmkit.registry import TaskContext, get_task
 from mlmkit.taskkit import clip_text, iter_records
-from mlmkit.text.batching import bucket_batches
 from mlmkit.text.records import stdin_inputs
 from mlmkit.text.tokenizer import special_ids, train_tokenizer
 from mlmkit.train.corpus.files import iter_documents
@@ -275,98 +273,6 @@ def test_clipping_keeps_the_tokens_the_max_length_uses(tok, text: str, max_token
     assert (len(part) > max_tokens) == (len(whole) > max_tokens)  # truncation still shows
     # a literal [PAD] is the token, as in transformers
     assert special_ids(tok).pad not in part or "[PAD]" in text
-
-
-def padded_cost(batches: list[list[int]], lengths: list[int], run_tokens: int) -> int:
-    return sum(run_tokens + len(b) * max(lengths[i] for i in b) for b in batches)
-
-
-@SETTINGS
-@given(st.lists(st.integers(1, 512), max_size=300), st.integers(1, 64),
-       st.one_of(st.none(), st.integers(1, 4096)),
-       st.one_of(st.none(), st.integers(0, 64)))
-def test_bucket_batches_cover_every_index_once_within_limits(lengths, batch_size, max_tokens, run_tokens):
-    batches = bucket_batches(lengths, batch_size, max_tokens, run_tokens)
-    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    assert all(b and len(b) <= batch_size for b in batches)
-    if max_tokens is not None:  # rows x longest within the budget, unless one row alone is over it
-        assert all(len(b) == 1 or len(b) * max(lengths[i] for i in b) <= max_tokens for b in batches)
-    order = [lengths[i] for b in batches for i in b]
-    assert order == sorted(order, reverse=True)  # longest first: similar lengths share a batch
-    # the cuts of least cost: never dearer than full batches, nor than one text a run
-    if run_tokens is not None:
-        cost = padded_cost(batches, lengths, run_tokens)
-        assert cost <= padded_cost(bucket_batches(lengths, batch_size, max_tokens), lengths, run_tokens)
-        assert cost <= padded_cost([[i] for i in range(len(lengths))], lengths, run_tokens)
-        if 0 < len(lengths) <= 9:  # and the least of every way to cut the sorted order that keeps the limits
-            assert cost == min(padded_cost(c, lengths, run_tokens) for c in _cuts(order_of(lengths))
-                               if all(len(b) <= batch_size and (len(b) == 1 or max_tokens is None
-                                                                or len(b) * lengths[b[0]] <= max_tokens)
-                                      for b in c))
-
-
-def order_of(lengths: list[int]) -> list[int]:
-    return sorted(range(len(lengths)), key=lambda i: -lengths[i])
-
-
-def _cuts(order: list[int]) -> Iterator[list[list[int]]]:
-    for mask in range(2 ** (len(order) - 1)):
-        out, at = [], 0
-        for k in range(1, len(order)):
-            if mask >> (k - 1) & 1:
-                out.append(order[at:k])
-                at = k
-        yield [*out, order[at:]]
-
-
-def test_bucket_batches_cut_where_padding_costs_more_than_a_run() -> None:
-    lengths = [40, 10, 40, 10, 11]
-    # full batches only: three short texts padded to 40
-    assert bucket_batches(lengths, 32) == [[0, 2, 4, 1, 3]]
-    assert bucket_batches(lengths, 32, run_tokens=16) == [[0, 2], [4, 1, 3]]  # 16 + 80 + 16 + 33 < 16 + 200
-    assert bucket_batches(lengths, 32, run_tokens=200) == [[0, 2, 4, 1, 3]]  # a run dearer than the padding
-    # equal lengths: the fewest runs the batch size allows
-    assert len(bucket_batches([5] * 5, 2, run_tokens=1)) == 3
-
-
-# ---- model cards: the front matter reads back as written, whatever the names hold ----------------
-YAML_TEXT = st.one_of(st.text(max_size=24),
-                      st.sampled_from(["a: b", "- x", "--- ", "#c", "null", "yes", "~", "&a *a",
-                                       "'q\"\\", "{x: 1}", "\u2028", "\x85", "\ufeff"]))
-SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=False),
-                   YAML_TEXT)
-NESTED = st.recursive(SCALAR, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                      st.dictionaries(YAML_TEXT, inner, max_size=3)),
-                      max_leaves=10)
-
-
-@settings(max_examples=150, deadline=None)
-@given(value=NESTED)
-def test_card_front_matter_is_read_back_as_written(value: Any) -> None:
-    """YAML syntax in a label, run or file name is text, never structure (a card's front matter
-    parsed to other values is an injection)."""
-    import yaml
-
-    from mlmkit.rundir.cards import yaml_lines
-
-    assert yaml.safe_load("\n".join(yaml_lines({"root": value}))) == {"root": value}
-
-
-def test_a_card_names_a_run_and_data_with_yaml_syntax_as_they_are(tmp_path: Path) -> None:
-    import yaml
-
-    from mlmkit.rundir.cards import card
-
-    run = tmp_path / "run: x # - ---"
-    run.mkdir()
-    (run / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    (run / "mlmkit.json").write_text(json.dumps({"task": "classification",
-                                                 "data": {"eval": "held: out\n---.csv"},
-                                                 "final_metrics": {"eval_accuracy": 0.5},
-                                                 "labels": ["a: b", "- c"]}))
-    front = yaml.safe_load(card(run).split("---\n", 2)[1])
-    index = front["model-index"][0]
-    assert index["name"] == run.name and index["results"][0]["dataset"]["name"] == "held: out\n---.csv"
 
 
 # ---- route bodies: any JSON is a call or a 4xx naming what is wrong --------------------------------

@@ -1,7 +1,9 @@
 """Hostile input, the I/O side: outputs a job owns (a lock; streams written through, never replaced),
-bounded inputs (clipping without whitespace, the record ceiling, .gz that inflates without end),
-JSON strings and numbers that are no data (lone surrogates, 5,000-digit integers), id columns of
-any Arrow type, and a token shard replaced so that a kill never leaves nothing at --out.
+bounded inputs (.gz that inflates without end, a line past the ceiling never read whole), JSON
+strings and numbers that are no data (lone surrogates, 5,000-digit integers), id columns of any Arrow
+type, and a token shard replaced so that a kill never leaves nothing at --out. (Clipping without
+whitespace: test_truncation.py; the record ceiling in every format: test_readers.py; a long line cut
+in pieces: tests/train/test_pieces.py.)
 
 Most tests drive jobs.batch with a stand-in pipeline (no bundle, no model); a few run the CLI on a
 tiny classification bundle (one module-scoped export)."""
@@ -36,10 +38,9 @@ from mlmkit.errors import ConfigError, DataFormatError, MlmkitError
 from mlmkit.files import JSONDataError, parse_json
 from mlmkit.jobs.batch import batch
 from mlmkit.registry import get_task
-from mlmkit.taskkit import Record, clip_text, iter_records
+from mlmkit.taskkit import Record, iter_records
 from mlmkit.text.records import iter_inputs, stdin_inputs
 from mlmkit.text.tokenizer import save_tokenizer, train_tokenizer
-from mlmkit.text.truncation import chars_per_token
 from mlmkit.train.corpus import files as corpus_files
 from mlmkit.train.corpus import shards as corpus_shards
 
@@ -223,64 +224,6 @@ def test_cli_streams_to_stdout_and_dev_stdout(tmp_path: Path, bundle: Path) -> N
 
 
 # ---- 2. bounded inputs ------------------------------------------------------------------------------
-class Spy:
-    """A tokenizer that records the length of every text it is asked to encode."""
-
-    def __init__(self, tok: Any) -> None:
-        self.__dict__["_tok"], self.__dict__["seen"] = tok, []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tok, name)
-
-    def encode(self, text: str, **kw: Any) -> Any:
-        self.seen.append(len(text))
-        return self._tok.encode(text, **kw)
-
-
-@pytest.mark.parametrize("text", ["我们在北京学习中文" * 2_300_000,  # 20 MB of Chinese: no whitespace at all
-                                  "ですます" * 5_000_000,  # kana only: one "word" to BERT's pre-tokenizer
-                                  "the cat sat " * 1_700_000])  # 20 MB of words
-def test_clip_text_costs_what_the_max_length_uses_with_or_without_whitespace(tok, text: str) -> None:
-    spy, max_tokens = Spy(tok), 64
-    clipped = clip_text(text, spy, max_tokens)
-    cap = (max_tokens + 2) * chars_per_token(tok)
-    assert text.startswith(clipped) and len(clipped) <= cap
-    assert sum(spy.seen) <= 2 * cap  # never the 20 MB
-    whole = tok.encode(text[: 4 * cap], add_special_tokens=False).ids  # what the whole text starts with
-    part = tok.encode(clipped, add_special_tokens=False).ids
-    assert part[:max_tokens] == whole[:max_tokens]
-    assert (len(part) > max_tokens) == (len(whole) > max_tokens)  # kana: one [UNK] either way
-
-
-def test_a_record_over_the_ceiling_is_a_bad_record_in_every_format(tmp_path: Path) -> None:
-    big = "x" * 5000
-    files = {"a.txt": f"one\n{big}\nthree\n",
-             "a.jsonl": f'{{"text": "one"}}\n{{"text": "{big}"}}\n{{"text": "three"}}\n',
-             "a.csv": f"text\none\n{big}\nthree\n", "a.tsv": f"text\none\n{big}\nthree\n"}
-    for name, content in files.items():
-        p = tmp_path / name
-        p.write_text(content)
-        with pytest.raises(DataFormatError, match=rf"{name}, line \d: a line of more than 1,000 bytes"):
-            list(iter_records(p, max_bytes=1000))
-        items = list(iter_records(p, skip=True, max_bytes=1000))
-        assert [type(x).__name__ for x in items] == ["Record", "DataFormatError", "Record"], (name, items)
-        assert [x.data if isinstance(x.data, str) else x.data["text"] for x in items
-                if isinstance(x, Record)] == ["one", "three"]
-    pq.write_table(pa.table({"text": ["one", big, "three"], "id": [1, 2, 3]}), tmp_path / "a.parquet")
-    with pytest.raises(DataFormatError,
-                       match="a.parquet, row 2, field 'text': a value of more than 1,000 bytes"):
-        list(iter_inputs(tmp_path / "a.parquet", max_bytes=1000))
-    items = list(iter_inputs(tmp_path / "a.parquet", skip=True, max_bytes=1000))
-    assert [x.data["id"] if isinstance(x, Record) else "bad" for x in items] == [1, "bad", 3]
-    data = f"one\n{big}\nthree\n".encode()
-    for stream in (io.StringIO(data.decode()), io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")):
-        items = list(stdin_inputs(stream, skip=True, max_bytes=1000))
-        assert [x.data if isinstance(x, Record) else x.line for x in items] == ["one", 2, "three"]
-    bad_utf8 = io.TextIOWrapper(io.BytesIO(b"ok\n\xff\xfe\n"), encoding="utf-8")
-    with pytest.raises(DataFormatError, match="<stdin>, line 2: not valid UTF-8"):
-        list(stdin_inputs(bad_utf8))
-
-
 READ_CORPUS = ("from pathlib import Path\nfrom mlmkit.errors import DataFormatError\n"
                "try:\n    list(mlmkit.train.corpus.files.iter_documents(Path(sys.argv[1])))\n"
                "except DataFormatError as e:\n    print('ERROR', e)\n")
@@ -344,19 +287,6 @@ def test_a_long_line_over_the_ceiling_is_never_read_whole(tmp_path: Path) -> Non
     grew, out = peak_mb(code, p)
     assert "['Record', 'DataFormatError', 'Record']" in out, out
     assert grew < 40, grew  # a few times the 4 MB ceiling, never the 64 MB line
-
-
-def test_a_document_read_whole_has_a_ceiling_too(tmp_path: Path) -> None:
-    from mlmkit.errors import DataFormatError
-    from mlmkit.text.readers import DOCUMENT_BYTES, read_text
-
-    squad = tmp_path / "train.json"
-    squad.write_text('{"version": "v2.0", "data": []}\n')
-    assert read_text(squad) == '{"version": "v2.0", "data": []}\n'
-    with pytest.raises(DataFormatError, match="more than 16 bytes in one document") as e:
-        read_text(squad, max_bytes=16)
-    assert "train.json" in str(e.value) and ".jsonl" in (e.value.hint or "")
-    assert DOCUMENT_BYTES >= 1 << 30  # SQuAD 2.0's 40 MB, and far more, still reads
 
 
 def test_blank_lines_in_a_gz_corpus_are_read_past_quickly_and_not_silently(tmp_path: Path, monkeypatch,
@@ -591,7 +521,7 @@ def test_a_tokenize_killed_while_replacing_a_shard_leaves_the_old_one(tmp_path: 
     assert r.returncode == -9, r.stderr
     if where == "move aside":
         assert not shard.exists()  # the instant the old shard is aside: the next load puts it back
-    again = corpus_shards.open_shard(shard, tok)  # what `pretrain --data` does
+    again = corpus_shards.open_shard(shard, tok)  # what `pretrain --shard` does
     assert again.tokens.tolist() == tokens
     after = corpus_shards.tokenize_to([new_corpus], tok, shard)  # and the next tokenize replaces it
     assert after.tokens.tolist() == corpus_shards.tokenize_corpus([new_corpus], tok,
@@ -644,34 +574,3 @@ def test_a_null_value_is_named_null_not_missing(tmp_path: Path) -> None:
         task.read(tmp_path / "d.parquet", task.resolve_options({}))
     rec = next(iter_inputs(tmp_path / "d.parquet"))
     assert rec.line_text("text") == "a fine film"
-
-
-def test_a_long_line_is_cut_where_its_tokens_stay_the_wholes(tok) -> None:
-    """A corpus line past LONG_LINE is encoded in pieces. Words joined by commas without a space: the
-    old fixed-size cut split a word at each piece's end (its tokens changed); a SentencePiece (Metaspace)
-    tokenizer's text with spaces: the old cut after a space left a lone marker token at each piece's
-    end. Both now cut where the tokens are checked to stay the whole's."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-
-    rng = random.Random(3)
-    words = [rng.choice(["cat", "mat", "sat", "the", "who", "john"]) for _ in range(75_000)]
-    sp = Tokenizer(models.Unigram())
-    sp.normalizer = normalizers.NFKC()
-    sp.pre_tokenizer = pre_tokenizers.Metaspace()
-    sp.train_from_iterator(["the cat sat on the mat, who is john ?"] * 50,
-                           trainers.UnigramTrainer(vocab_size=40, special_tokens=["<unk>"],
-                                                   unk_token="<unk>"))
-
-    def pieced(t, text, with_tok=True):
-        pieces = list(corpus_shards._pieces(text, 100_000, t if with_tok else None))
-        assert len(pieces) >= 3 and "".join(pieces) == text
-        return [i for p in pieces for i in t.encode(p, add_special_tokens=False).ids]
-
-    for t, text in ((tok, ",".join(words)), (sp, " ".join(words))):
-        whole = t.encode(text, add_special_tokens=False).ids
-        assert pieced(t, text) == whole
-        assert pieced(t, text, with_tok=False) != whole  # the old cut
-    # Metaspace without any whitespace has no such place: a piece's first word gets its marker (a token or two
-    # a cut)
-    text = ",".join(words)
-    assert abs(len(pieced(sp, text)) - len(sp.encode(text, add_special_tokens=False).ids)) <= 2 * 3

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hostile import word_corpus
 
 from mlmkit.files import read_json
 from mlmkit.rundir.checkpoint import load_state_dict
@@ -19,13 +19,7 @@ from mlmkit.text.tokenizer import load_tokenizer
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("ddp")
-    rng = random.Random(0)
-    words = [f"w{i}" for i in range(40)]
-    docs = ["\n".join(" ".join(rng.choices(words, k=rng.randint(4, 10))) for _ in range(rng.randint(3, 6)))
-            for _ in range(40)]
-    (d / "corpus.txt").write_text("\n\n".join(docs) + "\n")
-    return d / "corpus.txt"
+    return word_corpus(tmp_path_factory.mktemp("ddp") / "corpus.txt", 40, words=(4, 10), sentences=(3, 6))
 
 
 def torchrun(tmp_path: Path, *args: str) -> None:

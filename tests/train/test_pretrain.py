@@ -5,7 +5,7 @@ The language: two topics with disjoint vocabularies; a document keeps one topic.
 Which DET, END, VERB... fill a masked slot depends on the topic, which only the context tells: a
 model that ignores the context cannot beat the majority baseline (~13%), one that reads it gets
 ~45% within 200 steps. A random B for NSP comes from another document, which has the other topic
-half the time: NSP accuracy can reach ~75%, and the lengths of A and B carry no signal (test_corpus).
+half the time: NSP accuracy can reach ~75%, and the lengths of A and B carry no signal (test_instances).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from mlmkit.models.core import BertForPreTraining
 from mlmkit.rundir.checkpoint import load_state_dict, load_weights
 from mlmkit.rundir.config import load_config, save_config
 from mlmkit.text.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
-from mlmkit.train.optimizer import linear_schedule, param_groups
 from mlmkit.train.pretrain import split_heldout
 
 N_COLOURS = 4
@@ -79,7 +78,7 @@ def tiny_config(path: Path, vocab_size: int, dropout: float = 0.0) -> Path:
 @pytest.fixture(autouse=True)
 def _no_curves(monkeypatch):
     """No test here reads a run's curves.png: each run ends as where matplotlib is not installed (drawing
-    them costs about half a second a run; tests/train/test_tracking.py checks a pretraining run's)."""
+    them costs about half a second a run; tests/train/test_plots.py checks a pretraining run's)."""
     from mlmkit.errors import ConfigError
     from mlmkit.train import plots
 
@@ -87,16 +86,6 @@ def _no_curves(monkeypatch):
         raise ConfigError("plotting needs matplotlib", "pip install 'mlmkit[plots]'")
 
     monkeypatch.setattr(plots, "_pyplot", not_installed)
-
-
-@pytest.fixture
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on a shared 2-core machine a spinning
-    OpenMP pool makes each step up to 10x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
@@ -215,23 +204,6 @@ def test_heldout_split_keeps_documents_whole(lang_dir):
     assert held is not None and held.num_docs == 30 and train.num_docs == full.num_docs - 30
     assert len(train.tokens) + len(held.tokens) == len(full.tokens)
     assert [s.tolist() for s in held.document(0)] == [s.tolist() for s in full.document(full.num_docs - 30)]
-
-
-def test_no_weight_decay_on_biases_and_layernorm():
-    model = BertForPreTraining(ModelConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1,
-                                          num_attention_heads=2, intermediate_size=64))
-    decay, no_decay = param_groups(model, 0.01)
-    names = {id(p): n for n, p in model.named_parameters()}
-    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
-    nd = {names[id(p)] for p in no_decay["params"]}
-    assert nd == {n for n, _ in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n}
-    assert "bert.embeddings.word_embeddings.weight" in {names[id(p)] for p in decay["params"]}
-
-
-def test_linear_warmup_then_linear_decay():
-    f = linear_schedule(warmup=10, total=110)
-    assert [round(f(s), 3) for s in (0, 4, 9)] == [0.1, 0.5, 1.0]
-    assert f(10) == 1.0 and f(60) == pytest.approx(0.5) and f(110) == 0.0
 
 
 # ---- a seed reproduces a run -------------------------------------------------------------------------------
