@@ -99,13 +99,17 @@ def _fits(value: Any, kind: Any) -> bool:
 
 def _build(value: Any, kind: Any, path: Path | str, name: str, error: type[MlmkitError], fix: str) -> Any:
     """``value`` (checked) as the field holds it: lists as tuples where the annotation says tuple,
-    nested dataclasses built."""
+    nested dataclasses built (a list's too, each named ``name[k]``)."""
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if origin in (Union, types.UnionType):
         kind = next(a for a in args if _fits(value, a))
         origin, args = typing.get_origin(kind), typing.get_args(kind)
     if dataclasses.is_dataclass(kind) and isinstance(kind, type):
         return from_json(kind, value, path, error=error, fix=fix, within=f"{name}.")
+    if origin in (tuple, list) and args and dataclasses.is_dataclass(args[0]) and isinstance(args[0], type):
+        built = [from_json(args[0], v, path, error=error, fix=fix, within=f"{name}[{k}].")
+                 for k, v in enumerate(value)]
+        return tuple(built) if origin is tuple else built
     if origin is tuple:
         return tuple(value)
     return value

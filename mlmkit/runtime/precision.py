@@ -55,6 +55,14 @@ class GateRecord(TypedDict):
     on: str
 
 
+class SessionArgs(TypedDict):
+    """How every session of one bundle opens (an engine's ``open`` keywords)."""
+
+    device: str
+    threads: int | None
+    spin: bool
+
+
 class GateSample(TypedDict):
     """The gate's sample as mlmkit.json's "gate" keeps it (gate_sample): each row's real tokens."""
 
@@ -288,7 +296,7 @@ def choose(path: Path, meta: BundleMeta, precision: str | None, make: Callable[[
     if why_not is not None and want == "bf16":
         raise ConfigError(f"--precision bf16: {why_not}", "run it with --precision fp32 or auto")
     ref = None  # the fp32 pipeline: made for the gate, or for running in fp32
-    kw: dict[str, Any] = {"device": device, "threads": threads, "spin": spin}
+    kw = SessionArgs(device=device, threads=threads, spin=spin)
     if why_not is None:
         # a damaged one: BundleError
         sample = None if gate is not None and gate.get("passed") else _sample(meta, path, specials)
@@ -313,7 +321,7 @@ def choose(path: Path, meta: BundleMeta, precision: str | None, make: Callable[[
 def _gated_bf16(path: Path, meta: BundleMeta, make: Callable[[Any], T], ref: T | None,
                 sample: tuple[dict[str, np.ndarray], str] | None, gate: GateRecord | None,
                 min_agreement: float | None,
-                kw: dict[str, Any]) -> tuple[T | None, GateRecord | None, str | None]:
+                kw: SessionArgs) -> tuple[T | None, GateRecord | None, str | None]:
     """The bf16 pipeline on OpenVINO, measured against the fp32 ``ref`` on ``sample`` (none: ``gate``
     passed already): (it, its gate, None) where the gate passes, else (None, the gate, why not). OpenVINO
     that cannot read or run the graph is a reason (fp32 then, saying so); onnxruntime that cannot run the

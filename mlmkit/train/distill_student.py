@@ -24,6 +24,7 @@ log = logging.getLogger("mlmkit")
 TARGET = "teacher_"  # feature keys of the teacher's outputs: TARGET + output name
 PER_LAYER = ("layer_types",)  # config.json keys with one entry per layer (transformers 5 writes layer_types)
 KINDS = ("full_attention", "sliding_attention")  # transformers' layer types
+Settings = list[dict[str, object]]  # a layer's attention modules' plain settings (_attention_settings)
 
 
 def layer_map(teacher_layers: int, k: int, spec: str | None = None) -> list[int]:
@@ -93,7 +94,7 @@ def _copied_kinds(teacher: ModelConfig, student: ModelConfig, mapping: list[int]
         want = [_attention_settings(fam.layer(teacher, m)) for m in mapping]
         if all(_attention_settings(fam.layer(student, i)) == w for i, w in enumerate(want)):
             return None
-        built: dict[str, list[list[dict[str, Any]]]] = {}
+        built: dict[str, list[Settings]] = {}
         for kind in KINDS:
             try:
                 cfg = replace(student, extra={**student.extra, "layer_types": [kind] * len(mapping)})
@@ -109,7 +110,7 @@ def _copied_kinds(teacher: ModelConfig, student: ModelConfig, mapping: list[int]
     return [k for k in kinds if k is not None]
 
 
-def _attention_settings(layer: nn.Module | None) -> list[dict[str, Any]]:
+def _attention_settings(layer: nn.Module | None) -> Settings:
     """The plain settings of ``layer``'s attention modules (rotary base, window, spans: numbers, names,
     tuples and dataclasses; no tensors or modules): what a layer type changes. [] for the core's layer."""
     if layer is None:

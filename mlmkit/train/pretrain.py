@@ -326,4 +326,4 @@ def _run_meta(args: PretrainArgs, fam: Family, *, nsp: bool) -> RunMeta:
                    whole_word=args.whole_word,
                    mask_prob=args.mask_prob,
                    corpus=[str(p) for p in args.corpus] if args.data is None
-                   else [f["path"] for f in shard_files(args.data)])
+                   else [f.path for f in shard_files(args.data)])

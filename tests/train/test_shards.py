@@ -129,3 +129,22 @@ def test_a_directory_a_glob_and_parquet_give_the_corpus_their_files_give(tmp_pat
         list(iter_documents(tmp_path / "c.parquet", "body", max_bytes=40))
     with pytest.raises(MlmkitError, match=r"nothing-\*\.txt: no file matches this pattern"):
         tokenize_corpus([str(tmp_path / "nothing-*.txt")], tok, tmp_path / "cache")
+
+
+def test_a_manifest_field_of_the_wrong_type_is_one_line_naming_it(tmp_path, tok):
+    """manifest.json is read through the typed reader: a field of the wrong kind names the file and the
+    field; a cache entry so damaged is rebuilt."""
+    from mlmkit.train.corpus.shards import read_shard
+
+    p = write_txt(tmp_path / "c.txt")
+    want = tokenize_corpus([p], tok, tmp_path / "cache").tokens.tolist()
+    (shard,) = shards(tmp_path / "cache")
+    m = json.loads((shard / "manifest.json").read_text())
+    (shard / "manifest.json").write_text(json.dumps({**m, "tokens": "many"}))
+    with pytest.raises(MlmkitError, match=r"manifest.json.*'tokens'") as e:
+        read_shard(shard, repair=False)
+    assert "\n" not in str(e.value) and "mlmkit tokenize" in str(e.value.hint)
+    (shard / "manifest.json").write_text(json.dumps({**m, "version": 0}))
+    with pytest.raises(MlmkitError, match="version 1 .found .'mlmkit-token-shard', 0.."):
+        read_shard(shard, repair=False)
+    assert tokenize_corpus([p], tok, tmp_path / "cache").tokens.tolist() == want

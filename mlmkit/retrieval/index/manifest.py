@@ -11,7 +11,6 @@ bundle), ann.py (the ANN settings), multivector.py (bits, centroids, tokens, sea
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,10 +175,7 @@ def read_manifest(d: Path) -> Manifest:
     if "rescore_copy" not in data and data.get("quantization") == "binary":
         data = {**data, "rescore_copy": "int8"}  # written before the copy was a setting: binary kept int8
     hint = f"rebuild the index, or restore {d} from a copy"
-    m = from_json(Manifest, data, path, fix=hint, rest="extra")
-    shards = tuple(from_json(ShardEntry, s, path, fix=hint, within=f"shards[{k}].")
-                   for k, s in enumerate(m.shards))
-    m = dataclasses.replace(m, shards=shards)  # the typed reader builds a list's objects as read: here, typed
+    m = from_json(Manifest, data, path, fix=hint, rest="extra")  # its shards built as ShardEntry
     check(m, path, hint)
     return m
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -21,9 +20,17 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from mlmkit.errors import MlmkitError
-from mlmkit.files import MAX_RECORD_BYTES, JSONObject, cache_root, parse_json
+from mlmkit.files import MAX_RECORD_BYTES, cache_root
 from mlmkit.locks import exclusive
 from mlmkit.train.corpus.files import PENDING_CHARS, DocumentPart, corpus_files, iter_documents
+from mlmkit.train.corpus.manifest import (
+    SHARD_FORMAT,
+    SHARD_VERSION,
+    ShardManifest,
+    SourceFile,
+    read_manifest,
+    write_manifest,
+)
 from mlmkit.train.corpus.pieces import token_cut
 from mlmkit.train.corpus.workers import Progress, split_by_size, tokenize_in_processes
 
@@ -72,8 +79,6 @@ def default_cache_dir() -> Path:
     return cache_root() / "corpus"
 
 
-SHARD_FORMAT = "mlmkit-token-shard"
-SHARD_VERSION = 1
 
 
 def tokenize_corpus(
@@ -130,16 +135,13 @@ def write_shard(shard: Path, paths: Sequence[Path], tok: Tokenizer, batch: int =
         if count["tokens"] == 0:
             raise MlmkitError(f"the corpus {', '.join(map(str, paths))} is empty",
                               "give text files with one sentence per line")
-        manifest = {
-            "format": SHARD_FORMAT, "version": SHARD_VERSION, "dtype": np.dtype(dtype).name, **count,
-            "files": [{"path": str(p.resolve()), "size": p.stat().st_size,
-                       "mtime_ns": p.stat().st_mtime_ns} for p in paths],
-            "text_column": text_column,
-            "tokenizer_sha256": hashlib.sha256(tok.to_str().encode()).hexdigest(),
-        }
+        manifest = ShardManifest(
+            SHARD_FORMAT, SHARD_VERSION, np.dtype(dtype).name, **count,
+            files=tuple(SourceFile(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in paths),
+            tokenizer_sha256=hashlib.sha256(tok.to_str().encode()).hexdigest(), text_column=text_column)
         if with_tokenizer:
             (tmp / "tokenizer.json").write_text(tok.to_str(), encoding="utf-8")
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        write_manifest(tmp, manifest)
         progress.done()
         if replace:
             replace_shard(tmp, shard)
@@ -322,17 +324,16 @@ def open_shard(d: str | Path, tok: Tokenizer) -> TokenizedCorpus:
     """A shard written by `mlmkit tokenize`, checked against the tokenizer training will use."""
     corpus = read_shard(Path(d), repair=False)
     assert corpus is not None
-    m = parse_json((Path(d) / "manifest.json").read_text(encoding="utf-8"))
-    if m["tokenizer_sha256"] != hashlib.sha256(tok.to_str().encode()).hexdigest():
+    if read_manifest(Path(d)).tokenizer_sha256 != hashlib.sha256(tok.to_str().encode()).hexdigest():
         raise MlmkitError(f"{d} was tokenized with another tokenizer than the one given",
                           f"leave out --tokenizer to use the shard's own ({Path(d) / 'tokenizer.json'}), or "
                           "tokenize again")
     return corpus
 
 
-def shard_files(d: str | Path) -> list[JSONObject]:
-    """The source files a shard was made from: {"path", "size", "mtime_ns"} each."""
-    return list(parse_json((Path(d) / "manifest.json").read_text(encoding="utf-8"))["files"])
+def shard_files(d: str | Path) -> tuple[SourceFile, ...]:
+    """The source files a shard was made from."""
+    return read_manifest(Path(d)).files
 
 
 def read_shard(shard: Path, *, repair: bool = True) -> TokenizedCorpus | None:
@@ -349,13 +350,10 @@ def read_shard(shard: Path, *, repair: bool = True) -> TokenizedCorpus | None:
             shard.unlink(missing_ok=True)
         return None
     try:
-        m = parse_json((shard / "manifest.json").read_text(encoding="utf-8"))
-        if m.get("format") != SHARD_FORMAT or m.get("version") != SHARD_VERSION:
-            raise ValueError("another format")
-        tokens = np.memmap(shard / "tokens.bin", dtype=np.dtype(m["dtype"]), mode="r",
-                           shape=(int(m["tokens"]),))
-        sents = np.memmap(shard / "sentences.bin", dtype=np.int64, mode="r", shape=(int(m["sentences"]) + 1,))
-        docs = np.memmap(shard / "documents.bin", dtype=np.int64, mode="r", shape=(int(m["documents"]) + 1,))
+        m = read_manifest(shard)
+        tokens = np.memmap(shard / "tokens.bin", dtype=np.dtype(m.dtype), mode="r", shape=(m.tokens,))
+        sents = np.memmap(shard / "sentences.bin", dtype=np.int64, mode="r", shape=(m.sentences + 1,))
+        docs = np.memmap(shard / "documents.bin", dtype=np.int64, mode="r", shape=(m.documents + 1,))
         sizes = [(shard / f).stat().st_size for f in ("tokens.bin", "sentences.bin", "documents.bin")]
         if (int(sents[-1]) != len(tokens) or int(docs[-1]) != len(sents) - 1
                 or sizes != [tokens.nbytes, sents.nbytes, docs.nbytes]):
