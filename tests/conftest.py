@@ -143,7 +143,8 @@ def stdlib_docstrings(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory) -> dict[str, Path]:
     """A run of every task kind (tests/task_runs.py's ``build_runs``), built once a worker for the modules
-    that only read them (tests/exporter/); a module with a ``runs`` fixture of its own uses that."""
+    that only read them (tests/exporter/, tests/runtime/); a module with a ``runs`` fixture of its own uses
+    that."""
     from task_runs import build_runs
 
     return build_runs(tmp_path_factory.mktemp("runs"))

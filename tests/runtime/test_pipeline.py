@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from conftest import run_export, run_finetune
-from task_runs import WORDS, build_runs, corpus, export_all, sentence
+from task_runs import WORDS, corpus, export_all, sentence
 
 from mlmkit.errors import BundleError, ConfigError, DataFormatError
 from mlmkit.models.core import BertForPreTraining
@@ -33,11 +33,6 @@ from mlmkit.runtime.prediction import run_features
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import load_tokenizer, special_ids, train_tokenizer
 from mlmkit.train.finetune import evaluate_run, load_finetuned, torch_forward
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return build_runs(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import run_export
-from task_runs import build_runs, corpus, export_all
+from task_runs import corpus, export_all
 
 from mlmkit.errors import BundleError, ConfigError, ParityError
 from mlmkit.runtime import precision as precision_mod
@@ -24,11 +24,6 @@ BF16 = "+amx_bf16"
 have_openvino = ENGINES["openvino"].missing() is None
 needs_openvino = pytest.mark.skipif(not have_openvino,
                                     reason="OpenVINO is not installed (pip install 'mlmkit[openvino]')")
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return build_runs(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.fixture(scope="module")
