@@ -26,9 +26,10 @@ def free_port() -> int:
 class Server:
     """`mlmkit serve ...` in a subprocess, its log in a file."""
 
-    def __init__(self, tmp: Path, *args: str | Path) -> None:
+    def __init__(self, tmp: Path, *args: str | Path, verify: str | bool = True) -> None:
+        """``verify``: the certificate file of a server started with --ssl-certfile (polled over https)."""
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if isinstance(verify, str) else 'http'}://127.0.0.1:{self.port}"
         self.log = tmp / f"serve-{self.port}.log"
         with open(self.log, "w") as f:
             self.proc = subprocess.Popen([sys.executable, "-m", "mlmkit", "serve", *map(str, args), "--port",
@@ -40,7 +41,7 @@ class Server:
                 raise AssertionError("the server exited with "
                                      f"{self.proc.returncode}:\n{self.log.read_text()}")
             try:
-                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
+                if httpx.get(self.url + "/ready", verify=verify, timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import run_export
-from serve_process import Server, free_port
+from serve_process import Server
 from task_runs import build_runs
 from typer.testing import CliRunner
 
@@ -214,31 +214,10 @@ def test_tls_with_uvicorn_s_key_and_certificate(bundles, tmp_path: Path) -> None
 
 
 class TLSServer(Server):
-    """The same subprocess, polled over https."""
+    """The same subprocess, polled over https with the certificate it was given."""
 
     def __init__(self, tmp: Path, *args: str | Path) -> None:
-        import subprocess
-        import sys
-
-        self.port = free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
-        self.log = tmp / f"serve-{self.port}.log"
-        cert = str(args[args.index("--ssl-certfile") + 1])
-        with open(self.log, "w") as f:
-            self.proc = subprocess.Popen([sys.executable, "-m", "mlmkit", "serve", *map(str, args), "--port",
-                                          str(self.port)],
-                                         stdout=f, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()
-            try:
-                if httpx.get(self.url + "/ready", verify=cert, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise AssertionError(self.log.read_text())
+        super().__init__(tmp, *args, verify=str(args[args.index("--ssl-certfile") + 1]))
 
 
 @pytest.fixture(scope="module")
