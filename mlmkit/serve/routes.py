@@ -104,10 +104,12 @@ def register(*routes: Route[Any, Any]) -> None:
 # ---- what the routes share ------------------------------------------------------------------------
 def pick_model(models: Models, requested: str | None, needs: tuple[str, ...], route: str) -> str:
     """The model a request names, or the only one whose graph has the outputs the route reads (an
-    "embedding", "logits" ...: any task's bundle with them fits); a 404 / 422 naming the fitting ones."""
+    "embedding", "logits" ...: any task's bundle with them fits; no ``needs``: any model); a 404 / 422
+    naming the fitting ones."""
     fitting = [n for n, m in models.items() if set(needs) <= set(m.pipe.meta.outputs)]
     outputs = " and ".join(repr(x) for x in needs)
-    what = f"the models with {outputs} output{'s' if len(needs) > 1 else ''}: {', '.join(fitting) or 'none'}"
+    kind = f" with {outputs} output{'s' if len(needs) > 1 else ''}" if needs else ""
+    what = f"the models{kind}: {', '.join(fitting) or 'none'}"
     if requested is not None:
         if requested not in models:
             raise HTTPError(404, f"no model named {requested!r}", what)

@@ -167,14 +167,7 @@ class TEITokenize(Route[TokenizeRequest, TokenizeState]):
         self.lock = threading.Lock()
 
     def call(self, request: TokenizeRequest, models: Models) -> Call[TokenizeState]:
-        name = request.model
-        if name is None and len(models) == 1:
-            name = next(iter(models))
-        if name is None:
-            raise HTTPError(422, f"{self.path}: say which model (\"model\": NAME)",
-                            f"the models: {', '.join(models)}")
-        if name not in models:
-            raise HTTPError(404, f"no model named {name!r}", f"the models: {', '.join(models)}")
+        name = pick_model(models, request.model, (), self.path)
         wanted = request.prompt_name
         prompt(models[name], name, wanted, self.path)  # one the model has
         prefix = models[name].pipe.meta.options.get(f"{wanted}_prompt", "") if wanted else ""
