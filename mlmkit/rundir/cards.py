@@ -1,10 +1,12 @@
 """Model cards: README.md in the Hugging Face model-card format for run directories and bundles.
 
-The card is written from what the directory holds (mlmkit.json, config.json), so it can be rewritten
-at any time (`mlmkit card DIR`): YAML front matter (library_name, pipeline_tag, base_model when it is
-a Hub id, tags, model-index with the evaluation metrics), then the training data, the arguments, the
-results and how to use the model. A bundle's card adds the export facts. A README.md that mlmkit did
-not write (a foreign checkpoint's, or one a user edited and took the marker line out of) is kept.
+The card is written from what the directory holds (mlmkit.json through its typed reader, a run's
+``RunMeta`` or a bundle's ``BundleMeta``, and config.json), so it can be rewritten at any time
+(``write_card(DIR)``; training and export call it): YAML front matter (library_name, pipeline_tag,
+base_model when it is a Hub id, tags, model-index with the evaluation metrics), then the training
+data, the arguments, the results and how to use the model. A bundle's card adds the export facts. A
+README.md that mlmkit did not write (a foreign checkpoint's, or one a user edited and took the marker
+line out of) is kept.
 """
 
 from __future__ import annotations
@@ -36,8 +38,7 @@ def write_card(d: str | Path) -> Path | None:
 
 def card(d: Path) -> str:
     """The model card of run directory or bundle ``d``, as text."""
-    meta = read_json(d / "mlmkit.json")
-    bundle = meta.get("format") == BUNDLE_FORMAT
+    meta, bundle = _description(d)
     config = read_json(d / "config.json") if (d / "config.json").exists() else {}
     task = meta.get("task", "")
     pretraining = meta.get("trained_as", task) == PRETRAINING
@@ -76,6 +77,18 @@ def card(d: Path) -> str:
         out += _export(meta)
     out += _usage(d, meta, task, pretraining, bundle, config)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _description(d: Path) -> tuple[JSONObject, bool]:
+    """(mlmkit.json of ``d`` checked by its typed reader, as the flat object the card reads; whether ``d``
+    is a bundle). A wrong field is one line naming the file and the field, as everywhere it is read."""
+    if read_json(d / "mlmkit.json").get("format") == BUNDLE_FORMAT:
+        from mlmkit.runtime.bundle import read_bundle_meta
+
+        return read_bundle_meta(d).to_json(), True
+    from mlmkit.rundir.meta import read_meta
+
+    return read_meta(d).to_json(), False
 
 
 def results(meta: JSONObject) -> dict[str, float]:

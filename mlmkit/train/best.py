@@ -36,8 +36,8 @@ class BestTracker:
         return {"best": self.best, "bad_evals": self.bad_evals, "best_metrics": self.best_metrics}
 
     def load(self, state: TrackerState) -> None:
-        self.best, self.bad_evals = state.get("best"), state.get("bad_evals", 0)
-        self.best_metrics = state.get("best_metrics") or {}
+        self.best, self.bad_evals = state["best"], state["bad_evals"]
+        self.best_metrics = state["best_metrics"]
 
 
 def scalars(metrics: Metrics, prefix: str) -> dict[str, float]:

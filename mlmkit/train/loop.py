@@ -134,9 +134,8 @@ class Trainer:
 
     # ---- state -------------------------------------------------------------------------------
     def _position(self) -> Position:
-        return {"step": self.step, "epoch": self.cursor.epoch, "micro": self.cursor.micro,
-                "total": self.total,
-                "world": self.dist.world, "data": self.data_key, **self.tracker.state()}
+        return Position(step=self.step, epoch=self.cursor.epoch, micro=self.cursor.micro, total=self.total,
+                        world=self.dist.world, data=self.data_key, **self.tracker.state())
 
     def _checkpoint(self, meta: RunMeta) -> None:
         if self.dist.main:
@@ -153,13 +152,13 @@ class Trainer:
             set_seed(self.args.seed)
             return None
         ck, pos = self.checkpoints.restore(self.model, self.opt, self.sched, self.device)
-        if pos.get("world", 1) != self.dist.world:
+        if pos.world != self.dist.world:
             raise ConfigError(
-                f"--resume: the checkpoint was written by {pos['world']} processes, this run has "
+                f"--resume: the checkpoint was written by {pos.world} processes, this run has "
                 f"{self.dist.world}",
                 "resume with the same --nproc-per-node",
             )
-        saved = json.loads(json.dumps(pos.get("data", self.data_key)))  # as JSON has it (tuples are lists)
+        saved = json.loads(json.dumps(self.data_key if pos.data is None else pos.data))  # as JSON has it
         changed = [k for k in sorted({*saved, *self.data_key})
                    if saved.get(k) != json.loads(json.dumps(self.data_key.get(k)))]
         if changed:
@@ -169,8 +168,8 @@ class Trainer:
                                   f"checkpoint ({what})", "resume with the run's settings, or pass "
                                   "--resume-force to continue regardless")
             log.warning("--resume-force: continuing although %s", what)
-        self.step, self.cursor.epoch, self.cursor.micro = pos["step"], pos["epoch"], pos["micro"]
-        self.tracker.load(pos)
+        self.step, self.cursor.epoch, self.cursor.micro = pos.step, pos.epoch, pos.micro
+        self.tracker.load(pos.tracker())
         log.info("resumed from %s at step %d (epoch %d, batch %d)", ck, self.step, self.cursor.epoch,
                  self.cursor.micro)
         if self.dist.main:  # what was logged after the checkpoint is about to happen again

@@ -8,8 +8,9 @@ import logging
 import random
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ from mlmkit.rundir.checkpoint import load_state_dict, load_weights
 from mlmkit.rundir.meta import RunMeta
 from mlmkit.train.data import DataSource, batch_seed
 from mlmkit.train.devices import Dist
+from mlmkit.typed import from_json, rule, to_json
 
 log = logging.getLogger("mlmkit")
 
@@ -31,7 +33,7 @@ SaveModel = Callable[[nn.Module, Path, RunMeta], None]
 """Writes the model files of a run directory (config, weights, tokenizer, mlmkit.json with the meta)."""
 
 
-class TrackerState(TypedDict, total=False):
+class TrackerState(TypedDict):
     """The best evaluation so far (loop.BestTracker), kept in each checkpoint's position."""
 
     best: float | None
@@ -42,20 +44,34 @@ class TrackerState(TypedDict, total=False):
     """The best evaluation's metrics (eval_ prefixed) and its step."""
 
 
-class _Where(TypedDict):
-    step: int
-    epoch: int
-    micro: int
+def _at_least(n: int) -> dict[str, object]:
+    return rule(lambda v: v >= n, f"a whole number of at least {n}")
 
 
-class Position(_Where, TrackerState, total=False):
-    """A checkpoint's state/trainer.json: the loop's step and place in the data (epoch, micro-batch:
-    always there, checked when read), the planned steps, the processes that wrote it, the settings
-    that decide the data order (``data``: --resume compares them) and the tracker's state."""
+@dataclass(frozen=True)
+class Position:
+    """A checkpoint's state/trainer.json, read through the one typed reader (mlmkit.typed): the loop's
+    step and place in the data (epoch, micro-batch), the planned steps, the processes that wrote it,
+    the settings that decide the data order (``data``: --resume compares them) and the tracker's state."""
 
-    total: int
-    world: int
-    data: JSONObject
+    step: int = field(metadata=_at_least(0))
+    epoch: int = field(metadata=_at_least(0))
+    micro: int = field(metadata=_at_least(0))
+    total: int | None = None
+    world: int = field(default=1, metadata=_at_least(1))
+    data: JSONObject | None = None
+    """None in a checkpoint written before the data order was kept: --resume then trusts it."""
+    best: float | None = None
+    bad_evals: int = field(default=0, metadata=_at_least(0))
+    best_metrics: JSONObject = field(default_factory=dict)
+
+    def tracker(self) -> TrackerState:
+        return {"best": self.best, "bad_evals": self.bad_evals, "best_metrics": self.best_metrics}
+
+    @staticmethod
+    def read(path: Path) -> Position:
+        """The position in ``path``; one line naming the file and the field where it is not one."""
+        return from_json(Position, read_json(path), path, fix=REWRITE)
 
 
 class Cursor:
@@ -109,7 +125,7 @@ class ResumeCheckpoints:
              meta: RunMeta) -> Path:
         """A kill midway leaves an incomplete directory that ``latest`` ignores, and the previous
         checkpoint untouched."""
-        ck = self.root / f"step-{position['step']:07d}"
+        ck = self.root / f"step-{position.step:07d}"
         if ck.exists():
             shutil.rmtree(ck)
         try:
@@ -143,7 +159,7 @@ class ResumeCheckpoints:
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
         torch.save(rng, st / "rng.pt")
-        write_json(st / "trainer.json", position)
+        write_json(st / "trainer.json", to_json(position))
 
     def restore(self, model: nn.Module, opt: torch.optim.Optimizer, sched: Any,
                 device: torch.device) -> tuple[Path, Position]:
@@ -194,12 +210,8 @@ class ResumeCheckpoints:
                 or not isinstance(numpy_state, tuple) or len(numpy_state) < 2
             or not isinstance(numpy_state[1], torch.Tensor)):
             raise ConfigError(f"{ck / 'state' / 'rng.pt'}: not the random number generators' state", REWRITE)
-        pos = read_json(ck / "state" / "trainer.json")
-        if not isinstance(pos,
-                          dict) or not all(isinstance(pos.get(k), int) for k in ("step", "epoch", "micro")):
-            raise ConfigError(f"{ck / 'state' / 'trainer.json'}: no step, epoch and batch position in it",
-                              REWRITE)
-        return sd, state, rng, cast(Position, pos)  # step, epoch and micro checked above
+        pos = Position.read(ck / "state" / "trainer.json")
+        return sd, state, rng, pos
 
     def _restore(self, ck: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Any,
                  device: torch.device) -> Position:

@@ -171,7 +171,7 @@ def test_pretraining_other_families_resumes_exactly_and_loads_in_transformers(
 
     def save_then_die(self: Any, *args: Any) -> Any:
         ck = original(self, *args)
-        if args[-2]["step"] == 2:
+        if args[-2].step == 2:
             raise Killed
         return ck
 

@@ -63,3 +63,28 @@ def test_vectors_are_written_once_into_the_pending_shard_and_a_killed_int8_build
     assert resumed.manifest.ranges == straight.manifest.ranges and not (out / ".pending").exists()
     assert (np.asarray(resumed.shards[0][0]) == np.asarray(straight.shards[0][0])).all()
     assert resumed.ids(np.arange(DOCS)) == straight.ids(np.arange(DOCS))
+
+
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("windows", -1, "'windows' is not a whole number, 0 or more (-1)"),
+    ("rows", "3", "'rows' is not a whole number, 0 or more ('3')"),
+    ("what", [], "'what' is not an object ([])"),
+    ("ranges", [1.0, 2.0], "'ranges' is not a list of values or null ([1.0, 2.0])"),
+])
+def test_a_wrong_field_in_a_builds_progress_is_named_in_one_line(tmp_path, field, value, said):
+    """An index build's .pending/progress.json is read by the typed reader: --resume refuses a damaged
+    or hand-edited one naming the file and the field, and says how to start over."""
+    import json
+
+    from mlmkit.retrieval.index.pending import PROGRESS, BuildProgress
+    from mlmkit.typed import to_json
+
+    good = to_json(BuildProgress(what={"bundle": "b"}, windows=2, rows=3, dims=4,
+                                 ranges=[[0.0] * 4, [1.0] * 4]))
+    (tmp_path / PROGRESS).write_text(json.dumps(good))
+    assert BuildProgress.read(tmp_path) == BuildProgress(**good)
+    (tmp_path / PROGRESS).write_text(json.dumps({**good, field: value}))
+    with pytest.raises(ConfigError) as e:
+        BuildProgress.read(tmp_path)
+    assert e.value.message == f"{tmp_path / PROGRESS}: {said}"
+    assert e.value.hint == f"delete {tmp_path} to start over"

@@ -40,10 +40,27 @@ def test_a_card_names_a_run_and_data_with_yaml_syntax_as_they_are(tmp_path: Path
     run = tmp_path / "run: x # - ---"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    (run / "mlmkit.json").write_text(json.dumps({"task": "classification",
+    (run / "mlmkit.json").write_text(json.dumps({"task": "classification", "max_length": 128,
                                                  "data": {"eval": "held: out\n---.csv"},
                                                  "final_metrics": {"eval_accuracy": 0.5},
                                                  "labels": ["a: b", "- c"]}))
     front = yaml.safe_load(card(run).split("---\n", 2)[1])
     index = front["model-index"][0]
     assert index["name"] == run.name and index["results"][0]["dataset"]["name"] == "held: out\n---.csv"
+
+
+def test_a_card_reads_mlmkit_json_through_the_typed_reader(tmp_path: Path) -> None:
+    """A wrong field is refused in one line naming the file and the field, as everywhere the run is read."""
+    import pytest
+
+    from mlmkit.errors import ConfigError
+    from mlmkit.rundir.cards import write_card
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "mlmkit.json").write_text(json.dumps({"task": "classification", "max_length": "128"}))
+    with pytest.raises(ConfigError) as e:
+        write_card(run)
+    said = "'max_length' is not a positive whole number of tokens ('128')"
+    assert e.value.message == f"{run / 'mlmkit.json'}: {said}"
+    assert not (run / "README.md").exists()

@@ -70,7 +70,7 @@ def run_until_killed(setup, out: Path, monkeypatch, step: int = N, **kw) -> None
 
     def save_then_die(self, model, opt, sched, position, meta):
         ck = original(self, model, opt, sched, position, meta)
-        if position["step"] == step:
+        if position.step == step:
             raise Killed
         return ck
 
@@ -169,3 +169,37 @@ def test_incomplete_checkpoint_never_displaces_a_complete_one(setup, tmp_path, m
 def test_resume_without_checkpoint_is_a_clear_error(setup, tmp_path):
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         run(setup, tmp_path / "run", resume=True)
+
+
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("step", "4", "'step' is not a whole number of at least 0 ('4')"),
+    ("micro", -1, "'micro' is not a whole number of at least 0 (-1)"),
+    ("world", 0, "'world' is not a whole number of at least 1 (0)"),
+    ("best_metrics", [1], "'best_metrics' is not an object ([1])"),
+])
+def test_a_wrong_field_in_trainer_json_is_named_in_one_line(tmp_path, field, value, said):
+    import json
+
+    from mlmkit.train.state import Position
+    from mlmkit.typed import to_json
+
+    p = tmp_path / "trainer.json"
+    p.write_text(json.dumps({**to_json(Position(step=4, epoch=0, micro=4, total=8)), field: value}))
+    with pytest.raises(ConfigError) as e:
+        Position.read(p)
+    assert e.value.message == f"{p}: {said}"
+
+
+def test_trainer_json_round_trips_and_an_older_one_without_data_reads(tmp_path):
+    import json
+
+    from mlmkit.train.state import Position
+    from mlmkit.typed import to_json
+
+    pos = Position(step=4, epoch=1, micro=2, total=8, world=2, data={"batch_size": 4}, best=0.5,
+                   bad_evals=1, best_metrics={"best_step": 2})
+    p = tmp_path / "trainer.json"
+    p.write_text(json.dumps(to_json(pos)))
+    assert Position.read(p) == pos
+    p.write_text(json.dumps({"step": 4, "epoch": 1, "micro": 2}))  # what an early checkpoint held
+    assert Position.read(p) == Position(step=4, epoch=1, micro=2)

@@ -338,7 +338,7 @@ def _commit(args: BuildArgs, out: Path, old: StoredIndex | None, p: Pending, pip
         prompt_name=args.prompt_name or None, dimensions=args.dimensions or None,
         normalized=bool(pipe.meta.options.get("normalize")) if args.dimensions else None,
         dims=p.dims, count=total, quantization="residual" if p.multi else args.quantization,
-        ranges=p.state["ranges"], rescore_copy=args.rescore_copy, ann=args.ann,  # type: ignore[arg-type]
+        ranges=p.state.ranges, rescore_copy=args.rescore_copy, ann=args.ann,  # type: ignore[arg-type]
         ann_settings=m.ann_settings if m
         else ann_settings(args.ann, total, hnsw_m=args.hnsw_m, ivf_lists=args.ivf_lists),
         shards=(*(m.shards if m else ()), ShardEntry(name, n)),
@@ -347,7 +347,7 @@ def _commit(args: BuildArgs, out: Path, old: StoredIndex | None, p: Pending, pip
     if p.codec:
         search = m.search if m and m.search else SearchSettings(multivector.NPROBE, multivector.CANDIDATES)
         manifest = replace(manifest, bits=p.codec.bits, centroids=len(p.codec.centroids), search=search,
-                           tokens=(m.tokens or 0 if m else 0) + int(p.state["tokens"]))
+                           tokens=(m.tokens or 0 if m else 0) + p.state.tokens)
     if p.shard.is_dir():  # else a commit killed after this rename left it in the index already
         shutil.rmtree(out / name, ignore_errors=True)  # a killed build's shard that no manifest names
         os.replace(p.shard, out / name)  # named by no manifest yet: harmless if what follows is killed

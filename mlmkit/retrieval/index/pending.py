@@ -40,9 +40,11 @@ are not (jobs/jobdir.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -56,9 +58,41 @@ from mlmkit.retrieval.exact import normalized
 from mlmkit.retrieval.index.codecs import CALIBRATION_ROWS, calibrate, row_bytes, stored
 from mlmkit.retrieval.index.disk import id_hashes
 from mlmkit.retrieval.index.store import CHUNK
+from mlmkit.typed import from_json, rule, to_json
 
 PROGRESS = "progress.json"
 SPARSE = ("lengths.bin", "terms.bin", "weights.bin")
+
+
+def _count(n: int) -> bool:
+    return n >= 0
+
+
+COUNT = rule(_count, "a whole number, 0 or more")
+
+
+@dataclass
+class BuildProgress:
+    """progress.json, typed (read by mlmkit.typed): what the build is for (compared on --resume), the
+    windows and records done, the rows, ids bytes, sparse terms and token vectors written, the dims,
+    the int8 ranges, the postings' block, whether a codec was trained, and ``complete``."""
+
+    what: JSONObject
+    windows: int = field(default=0, metadata=COUNT)
+    records: int = field(default=0, metadata=COUNT)
+    rows: int = field(default=0, metadata=COUNT)
+    ids_bytes: int = field(default=0, metadata=COUNT)
+    nnz: int = field(default=0, metadata=COUNT)
+    tokens: int = field(default=0, metadata=COUNT)  # 0 in a build of an mlmkit before multi-vector indexes
+    dims: int = field(default=0, metadata=COUNT)
+    ranges: list[list[float]] | None = None  # (2, dims): int8's low and high ends
+    block: int | None = None
+    codec: bool = False
+    complete: bool = False
+
+    @classmethod
+    def read(cls, dir: Path) -> BuildProgress:
+        return from_json(cls, read_json(dir / PROGRESS), dir / PROGRESS, fix=f"delete {dir} to start over")
 
 
 class Pending:
@@ -78,18 +112,15 @@ class Pending:
         self.sparse, self.multi = kind == "sparse", kind == "multivector"
         self.codec, self.bits, self.centroids, self.trains = (codec, bits, centroids,
                                                               self.multi and codec is None)
-        self.start: JSONObject = {"what": self.what, "windows": 0, "records": 0, "rows": 0,
-                                      "ids_bytes": 0, "nnz": 0,
-                                      "tokens": 0, "codec": False, "dims": dims,
-                                      "ranges": ranges.tolist() if ranges is not None else None,
-                                      "block": block, "complete": False}
-        self.state = dict(self.start)
+        self.start = BuildProgress(what=self.what, dims=dims, block=block,
+                                   ranges=ranges.tolist() if ranges is not None else None)
+        self.state = dataclasses.replace(self.start)
         # windows waiting for the calibration or the centroids
         self.buffer: list[tuple[int, int, list[str], Any]] = []
         self.files: dict[str, BinaryIO] = {}
         p = dir / PROGRESS
         if resume and p.is_file():
-            self._resume(read_json(p))
+            self._resume(BuildProgress.read(dir))
         else:
             self.restart()
 
@@ -98,52 +129,51 @@ class Pending:
         """Whether the build in ``dir`` finished, its manifest written (naming ``shards`` shards, its own
         the last), and only the removal of ``dir`` was stopped: nothing is left to do but that."""
         try:
-            saved = read_json(dir / PROGRESS)
+            saved = BuildProgress.read(dir)
         except (OSError, ValueError, ConfigError):
             return False
-        what = saved.get("what") if isinstance(saved, dict) else None
-        return bool(saved.get("complete")) and isinstance(what, dict) and what.get("shards") == shards - 1
+        return saved.complete and saved.what.get("shards") == shards - 1
 
     # ---- where it stands --------------------------------------------------------------------------
     @property
     def windows(self) -> int:
         """Windows of the corpus whose documents are all on disk: a resume reads past them."""
-        return int(self.state["windows"])
+        return self.state.windows
 
     @property
     def rows(self) -> int:
-        return int(self.state["rows"])
+        return self.state.rows
 
     @property
     def dims(self) -> int:
-        return int(self.state["dims"])
+        return self.state.dims
 
     @property
     def ranges(self) -> np.ndarray | None:
-        r = self.state["ranges"]
+        r = self.state.ranges
         return np.asarray(r, dtype=np.float32) if r is not None else None
 
     @property
     def block(self) -> int | None:
-        return self.state["block"]
+        return self.state.block
 
     @property
     def complete(self) -> bool:
         """Every document in, ids.arrow (and the postings) written, the ids checked: what is left is the
         rename into the index, the ANN index and the manifest."""
-        return bool(self.state["complete"])
+        return self.state.complete
 
     def _paths(self) -> dict[str, tuple[Path, int]]:
         """Each appended file and the bytes progress.json says it holds."""
         n, d = self.rows, self.dims
-        out = {"ids.jsonl": (self.dir / "ids.jsonl", int(self.state["ids_bytes"]))}
+        out = {"ids.jsonl": (self.dir / "ids.jsonl", self.state.ids_bytes)}
         if self.sparse:
-            nnz = int(self.state["nnz"])
+            nnz = self.state.nnz
             return {**out, "lengths.bin": (self.dir / "lengths.bin", 8 * n),
                     "terms.bin": (self.dir / "terms.bin", 4 * nnz),
                     "weights.bin": (self.dir / "weights.bin", 4 * nnz)}
         if self.multi:
-            t, width = int(self.state["tokens"]), self.codec.residual_bytes() if self.codec else 0
+            t, width = self.state.tokens, self.codec.residual_bytes() if self.codec else 0
             return {**out, "lengths.bin": (self.shard / "lengths.bin", 4 * n),
                     "codes.bin": (self.shard / "codes.bin", 2 * t),
                     "residuals.bin": (self.shard / "residuals.bin", t * width)}
@@ -159,26 +189,18 @@ class Pending:
             (self.dir / f).unlink(missing_ok=True)
         shutil.rmtree(self.shard, ignore_errors=True)
         self.shard.mkdir(parents=True)
-        self.state, self.buffer = dict(self.start), []
+        self.state, self.buffer = dataclasses.replace(self.start), []
         self._open()
 
-    def _resume(self, saved: JSONObject) -> None:
+    def _resume(self, saved: BuildProgress) -> None:
         hint = f"delete {self.dir} to start over"
-        if isinstance(saved, dict):
-            saved.setdefault("tokens", 0)  # a build of an mlmkit before multi-vector indexes
-        bad = [k for k in ("windows", "records", "rows", "ids_bytes", "nnz", "tokens", "dims")
-               if not isinstance(saved.get(k), int) or isinstance(saved.get(k), bool) or saved[k] < 0]
-        if bad or not isinstance(saved.get("what"), dict):
-            raise ConfigError(f"{self.dir / PROGRESS}: field {(bad or ['what'])[0]} is not what a build "
-                              "writes", hint)
-        changed = [k for k in sorted({*saved.get("what", {}), *self.what}) if saved.get("what", {}).get(k)
-                   != self.what.get(k)]
+        changed = [k for k in sorted({*saved.what, *self.what}) if saved.what.get(k) != self.what.get(k)]
         if changed:
             raise ConfigError(f"--resume: the unfinished build in {self.dir} was for other "
                               f"{', '.join(changed)}",
                               f"resume with the same bundle, corpus and settings, or {hint}")
-        self.state.update({k: saved[k] for k in self.state if k in saved})
-        if self.trains and saved.get("codec"):
+        self.state = saved
+        if self.trains and saved.codec:
             self.codec = multivector.Codec.load(self.dir / multivector.CODEC, self.dims, hint)
         if self.complete:
             if not self.shard.is_dir() and not (self.dir.parent / self.name).is_dir():
@@ -225,7 +247,7 @@ class Pending:
             x = (np.asarray([len(a) for a in arrays], dtype=np.int32), normalized(flat))
         width = (x[1] if self.multi else x).shape[1]
         if self.dims == 0:
-            self.state["dims"] = width
+            self.state.dims = width
         elif width != self.dims:
             raise ConfigError(f"the bundle gives {width} dimensions; {self.dir.parent} holds {self.dims}")
         if not self.multi:
@@ -235,7 +257,7 @@ class Pending:
             if sum(len(b[3][1]) for b in self.buffer) < multivector.SAMPLE_TOKENS:
                 return
             self._calibrate()
-        elif self.state["ranges"] is None and self.quantization in ("int8", "binary"):
+        elif self.state.ranges is None and self.quantization in ("int8", "binary"):
             if sum(len(b[2]) for b in self.buffer) < CALIBRATION_ROWS:
                 return
             self._calibrate()
@@ -249,10 +271,10 @@ class Pending:
                                      if b[3][1].size])[:multivector.SAMPLE_TOKENS]
             self.codec = multivector.Codec.train(sample, self.bits, self.centroids)
             self.codec.save(self.dir / multivector.CODEC)
-            self.state["codec"] = True
-        if self.buffer and self.state["ranges"] is None and self.quantization in ("int8", "binary"):
+            self.state.codec = True
+        if self.buffer and self.state.ranges is None and self.quantization in ("int8", "binary"):
             sample = np.concatenate([b[3] for b in self.buffer])[:CALIBRATION_ROWS]
-            self.state["ranges"] = calibrate(sample).tolist()
+            self.state.ranges = calibrate(sample).tolist()
 
     def _write(self, ws: list[tuple[int, int, list[str], Any]]) -> None:
         for window, records, ids, x in ws:
@@ -263,7 +285,7 @@ class Pending:
                 self.files["lengths.bin"].write(np.asarray(lengths, dtype=np.int64).tobytes())
                 self.files["terms.bin"].write(np.asarray(terms, dtype=np.int32).tobytes())
                 self.files["weights.bin"].write(np.asarray(weights, dtype=np.float32).tobytes())
-                self.state["nnz"] += len(terms)
+                self.state.nnz += len(terms)
             elif self.multi:
                 assert self.codec is not None
                 lengths, v = x
@@ -271,19 +293,19 @@ class Pending:
                 self.files["lengths.bin"].write(lengths.tobytes())
                 self.files["codes.bin"].write(codes.tobytes())
                 self.files["residuals.bin"].write(np.ascontiguousarray(residuals).tobytes())
-                self.state["tokens"] += len(v)
+                self.state.tokens += len(v)
             else:
                 v, r = stored(x, self.quantization, self.ranges, self.copy)
                 self.files["vectors.bin"].write(np.ascontiguousarray(v).tobytes())
                 if r is not None:
                     self.files["rescore.bin"].write(np.ascontiguousarray(r).tobytes())
-            self.state.update(windows=window + 1, rows=self.rows + len(ids),
-                              ids_bytes=self.state["ids_bytes"] + len(line))
-            self.state["records"] += records
+            self.state.windows, self.state.rows = window + 1, self.rows + len(ids)
+            self.state.ids_bytes += len(line)
+            self.state.records += records
         self.buffer = []
         for f in self.files.values():
             f.flush()
-        write_json(self.dir / PROGRESS, self.state)
+        write_json(self.dir / PROGRESS, to_json(self.state))
 
     def finish(self, corpus: Path) -> list[np.ndarray]:
         """Every document in: the windows still held written, ids.arrow (and a sparse shard's postings)
@@ -316,7 +338,7 @@ class Pending:
     def _postings(self) -> None:
         """A sparse shard's postings from the terms on disk, CHUNK documents at a time."""
         lengths = np.fromfile(self.dir / "lengths.bin", dtype=np.int64)
-        nnz = int(self.state["nnz"])
+        nnz = self.state.nnz
         terms = np.memmap(self.dir / "terms.bin", dtype=np.int32, mode="r",
                           shape=(nnz,)) if nnz else np.zeros(0, np.int32)
         weights = np.memmap(self.dir / "weights.bin", dtype=np.float32, mode="r",
@@ -335,7 +357,7 @@ class Pending:
         disk, CHUNK documents at a time."""
         assert self.codec is not None
         lengths = np.fromfile(self.shard / "lengths.bin", dtype=np.int32).astype(np.int64)
-        t = int(self.state["tokens"])
+        t = self.state.tokens
         codes = np.memmap(self.shard / "codes.bin", dtype=np.uint16, mode="r",
                           shape=(t,)) if t else np.zeros(0, np.uint16)
         k = len(self.codec.centroids)
@@ -349,8 +371,8 @@ class Pending:
 
     def mark_complete(self) -> None:
         """Every document in and checked: a resume goes straight to the rename and the manifest."""
-        self.state["complete"] = True
-        write_json(self.dir / PROGRESS, self.state)
+        self.state.complete = True
+        write_json(self.dir / PROGRESS, to_json(self.state))
 
 
 def _check_finite(window: int, ids: list[str], x: Any, *, sparse: bool, multi: bool) -> None:
