@@ -143,11 +143,21 @@ def stdlib_docstrings(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory) -> dict[str, Path]:
     """A run of every task kind (tests/task_runs.py's ``build_runs``), built once a worker for the modules
-    that only read them (tests/exporter/, tests/runtime/); a module with a ``runs`` fixture of its own uses
-    that."""
+    that only read them (tests/exporter/, tests/runtime/, tests/train/test_distill.py ...); a module with a
+    ``runs`` fixture of its own uses that."""
     from task_runs import build_runs
 
     return build_runs(tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(scope="session")
+def task_bundles(runs, tmp_path_factory) -> dict[str, Path]:
+    """Each of ``runs`` exported with the defaults (task_runs.export_all), once a worker, for the modules
+    that only read or serve them (tests/runtime/, tests/serve/, the flag walker): kind -> its bundle.
+    A test that changes a bundle copies it first."""
+    from task_runs import export_all
+
+    return export_all(runs, tmp_path_factory.mktemp("task-bundles"))
 
 
 @pytest.fixture(scope="session")

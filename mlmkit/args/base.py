@@ -293,8 +293,9 @@ class Runtime:
     precision = Opt(("--precision",), None, PRECISION_HELP, per_command=True)
     min_agreement = Opt(("--min-agreement",), None, MIN_AGREEMENT_HELP)
     threads = Opt(("--threads",), None,
-                  "onnxruntime intra-op threads (default: one per physical core), shared out among "
-                  "the worker processes where there are several.")
+                  "onnxruntime intra-op threads (default: $OMP_NUM_THREADS where it is set, as for "
+                  "torch, else one per physical core), shared out among the worker processes where "
+                  "there are several.")
     batch_size = Opt(("--batch-size",), 32,
                      "Inputs the model runs on at once: a training micro-batch (pretrain: sequences; "
                      "finetune, sweep, distill: features, each of a QA context's windows or a plugin's "

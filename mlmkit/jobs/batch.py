@@ -35,6 +35,7 @@ from mlmkit.files import JSONObject, is_stream, json_line, open_stream
 from mlmkit.jobs.jobdir import Job, Progress, job_dir, owned_output, remove_empty
 from mlmkit.jobs.windows import WINDOW, Done, Window, run_window, windows
 from mlmkit.locks import exclusive
+from mlmkit.runtime.engines import thread_budget
 from mlmkit.text.records import Item, identity
 
 if TYPE_CHECKING:
@@ -196,6 +197,7 @@ def default_workers() -> int:
 
 
 def split_threads(threads: int | None, workers: int) -> int:
-    """Threads per worker: the machine's cores (or --threads) shared out, at least one each."""
-    total = threads or os.cpu_count() or 1
+    """Threads per worker: --threads (else $OMP_NUM_THREADS, else the machine's cores) shared out, at
+    least one each."""
+    total = threads or thread_budget() or os.cpu_count() or 1
     return max(1, total // workers)

@@ -120,11 +120,23 @@ for _engine in (OnnxRuntimeEngine(), OpenVinoEngine()):
     ENGINES.add(_engine.name, _engine)
 
 
+def thread_budget() -> int | None:
+    """The threads OMP_NUM_THREADS gives each process (its first level where it names several), or
+    None where it is not set or not a positive whole number: the budget torch reads too, so a process
+    that several share the cores with (a test worker, a job's worker) holds onnxruntime to it."""
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(first) if first.isdigit() and int(first) >= 1 else None
+
+
 def _threads(threads: int | None) -> int | None:
-    """``threads`` checked against the cores (more is cut to the cores, with a warning)."""
+    """``threads`` checked against the cores (more is cut to the cores, with a warning); without it,
+    ``thread_budget()``, else None (onnxruntime's default: one per physical core)."""
     if threads is not None and threads < 1:
         raise ConfigError(f"--threads must be at least 1, got {threads}")
     cores = os.cpu_count() or 1
+    if threads is None:
+        budget = thread_budget()
+        return min(budget, cores) if budget is not None else None
     if threads is not None and threads > cores:
         log.warning("--threads %d is more than the %d cores of this machine: using %d", threads, cores, cores)
         return cores

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import typer
 from conftest import run_export
-from task_runs import TASK_SETUP, build_runs
+from task_runs import TASK_SETUP
 from typer.testing import CliRunner
 
 from mlmkit.cli import app
@@ -58,13 +58,13 @@ def jsonl(text: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("walker")
-    runs = build_runs(root / "runs")
-    out = {}
-    for task in TASKS:
-        out[task] = root / "bundles" / task
-        run_export(runs[task], out[task], **({"top_k": 3} if task == "fill-mask" else {}))
+def bundles(runs: dict[str, Path], task_bundles: dict[str, Path],
+            tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The session's bundles of every task; fill-mask's exported again with top_k 3 (its --top-k flag is
+    walked with 2)."""
+    out = {task: task_bundles[task] for task in TASKS}
+    out["fill-mask"] = tmp_path_factory.mktemp("walker") / "fill-mask"
+    run_export(runs["fill-mask"], out["fill-mask"], top_k=3)
     return out
 
 

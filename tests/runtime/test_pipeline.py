@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from conftest import run_export, run_finetune
-from task_runs import WORDS, corpus, export_all, sentence
+from task_runs import WORDS, corpus, sentence
 
 from mlmkit.errors import BundleError, ConfigError, DataFormatError
 from mlmkit.models.core import BertForPreTraining
@@ -36,8 +36,8 @@ from mlmkit.train.finetune import evaluate_run, load_finetuned, torch_forward
 
 
 @pytest.fixture(scope="module")
-def bundles(runs, tmp_path_factory):
-    return export_all(runs, tmp_path_factory.mktemp("bundles"))
+def bundles(task_bundles):
+    return task_bundles
 
 
 @pytest.fixture
@@ -350,6 +350,26 @@ def test_bad_device_and_threads(bundles):
         make_session(bundles["classification"] / "model.onnx", device="tpu")
     with pytest.raises(ConfigError, match="--threads"):
         make_session(bundles["classification"] / "model.onnx", threads=0)
+
+
+@pytest.mark.parametrize(("omp", "budget"), [("1", 1), ("2", 2), ("64", 64), ("1,1", 1), ("", None),
+                                             ("0", None), ("two", None)])
+def test_onnxruntime_keeps_to_omp_num_threads_without_threads(monkeypatch, bundles, omp, budget):
+    """Without --threads, OMP_NUM_THREADS (the budget torch keeps to) holds onnxruntime's threads too,
+    cut to the cores; unset or not a positive number, onnxruntime's default (0). --threads wins; a job's
+    workers share the budget out."""
+    import os
+
+    from mlmkit.jobs.batch import split_threads
+    from mlmkit.runtime.engines import thread_budget
+
+    monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    cores = os.cpu_count() or 1
+    assert thread_budget() == budget
+    model = bundles["classification"] / "model.onnx"
+    assert make_session(model).get_session_options().intra_op_num_threads == min(budget or 0, cores)
+    assert make_session(model, threads=1).get_session_options().intra_op_num_threads == 1
+    assert split_threads(None, 2) == max(1, (budget or cores) // 2)
 
 
 # ---- evaluate on a bundle ----------------------------------------------------------------------

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import run_export
-from task_runs import corpus, export_all
+from task_runs import corpus
 
 from mlmkit.errors import BundleError, ConfigError, ParityError
 from mlmkit.runtime import precision as precision_mod
@@ -27,8 +27,8 @@ needs_openvino = pytest.mark.skipif(not have_openvino,
 
 
 @pytest.fixture(scope="module")
-def bundles(runs, tmp_path_factory):
-    return export_all(runs, tmp_path_factory.mktemp("bundles"))
+def bundles(task_bundles):
+    return task_bundles
 
 
 @pytest.fixture

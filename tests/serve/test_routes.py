@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from conftest import run_export
 from serve_process import Server
-from task_runs import build_runs
 from typer.testing import CliRunner
 
 from mlmkit.cli import app as cli_app
@@ -30,14 +29,8 @@ TEXTS = ["a fine film", "the plot was dull and the acting poor", "good", "a stor
 
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("routes")
-    runs = build_runs(root / "runs")
-    out = {}
-    for kind, name in (("embedding", "emb"), ("classification", "clf")):
-        run_export(runs[kind], root / name)
-        out[name] = root / name
-    return out
+def bundles(task_bundles) -> dict[str, Path]:
+    return {"emb": task_bundles["embedding"], "clf": task_bundles["classification"]}
 
 
 @pytest.fixture(scope="module")
@@ -423,7 +416,7 @@ def test_odd_json_values_are_4xx(server: Server) -> None:
 
 
 def test_silent_and_slow_clients_are_cut_off_and_a_busy_port_is_one_line(bundles, tmp_path: Path) -> None:
-    s = Server(tmp_path, bundles["clf"], "--header-timeout", "1", "--timeout-keep-alive", "1",
+    s = Server(tmp_path, f"clf={bundles['clf']}", "--header-timeout", "1", "--timeout-keep-alive", "1",
                "--max-connections", "40")
     try:
         big = socket.create_connection(("127.0.0.1", s.port))  # a request head of megabytes: 431, closed

@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_export
 from serve_process import Server
-from task_runs import build_runs, sentence
+from task_runs import sentence
 from typer.testing import CliRunner
 
 from mlmkit.cli import app as cli_app
@@ -34,15 +33,9 @@ LIMITS = ["--max-inputs", "64", "--max-body-bytes", "65536", "--max-wait-ms", "2
 
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("serve")
-    runs = build_runs(root / "runs")
+def bundles(task_bundles) -> dict[str, Path]:
     names = {"fill-mask": "mlm", "classification": "clf", "tagging": "ner", "qa": "qa", "embedding": "emb"}
-    out = {}
-    for kind, name in names.items():
-        run_export(runs[kind], root / name)
-        out[name] = root / name
-    return out
+    return {name: task_bundles[kind] for kind, name in names.items()}
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +191,7 @@ def test_concurrent_single_text_clients_get_their_own_answers_in_batches(server:
 
 # ---- shutdown ------------------------------------------------------------------------------------------
 def test_sigterm_lets_the_request_in_flight_finish_and_turns_new_ones_away(bundles, tmp_path: Path) -> None:
-    s = Server(tmp_path, bundles["clf"], "--max-inputs", "100000", "--max-body-bytes", "100000000",
+    s = Server(tmp_path, f"clf={bundles['clf']}", "--max-inputs", "100000", "--max-body-bytes", "100000000",
                "--threads", "1",
                "--max-batch-size", "100000")
     try:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import run_finetune
-from task_runs import build_runs, sentence
+from task_runs import sentence
 from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
@@ -28,11 +28,6 @@ from mlmkit.train.distill_teacher import augmented, held_out_agreement
 from mlmkit.train.finetune import load_finetuned, torch_forward
 
 TASKS = ("classification", "tagging", "qa", "embedding", "rerank")
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    return build_runs(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.fixture(scope="module")
