@@ -15,6 +15,10 @@ at scale 1), each in its own process, alternating over --rounds rounds; the rati
 the rounds' (whole processes, and the training calls). Every model is scored by mlmkit's evaluation
 (an exact MaxSim search of the test split's corpus: nDCG@10).
 
+Defaults (--parts defaults): `mlmkit finetune colbert` with nothing but the recipe's data, epochs, batch and
+learning rate, against MultiVectorEncoderTrainer likewise (MultiVectorEncoder's own defaults over the
+encoder), alternating over --rounds rounds: the nDCG@10 a user comparing the two tools sees.
+
 Encoding: --encode-documents standard-library documents (three sentences each) turned into token
 vectors by mlmkit's bundle of the trained run (`mlmkit embed --as document`; at this machine's
 default precision, bf16 through OpenVINO where the CPU has bf16 units, and at fp32), by
@@ -24,8 +28,8 @@ benchmarks/fastembed_peer.py), each in its own process: documents per second. --
 with a colbert run trained earlier instead of this invocation's.
 
     python benchmarks/late_interaction.py [--documents 1000] [--rounds 2] [--encode-documents 2000] [--quick]
-        [--parts quality,train,encode] [--colbert-options JSON] [--colbert-lr LR] [--colbert-head-lr LR]
-        [--seed N] [--embedding-lr LR]
+        [--parts quality,train,defaults,encode] [--colbert-options JSON] [--colbert-lr LR]
+        [--colbert-head-lr LR] [--seed N] [--embedding-lr LR]
         [--encode-run DIR] [--fastembed-venv DIR]
 """
 
@@ -65,7 +69,7 @@ from retrieval_training import (
 )
 
 HERE = Path(__file__).resolve()
-COLBERT = {"loss": "mnrl", "scale": 1.0, "dim": 128, "query_length": 32}
+COLBERT = {"loss": "mnrl", "scale": 1.0, "dim": 128, "query_length": 32, "query_expansion": True}
 
 
 # ---- the sides, each in its own process -------------------------------------------------------------
@@ -78,9 +82,11 @@ def side_embedding(work: Path, out: Path, seed: int | None = None, lr: float | N
 
 def side_colbert(work: Path, out: Path, options: dict | None = None, lr: float | None = None,
                  head_lr: float | None = None, seed: int | None = None) -> dict:
+    """The colbert recipe, the projection at the encoder's learning rate unless ``head_lr`` (as
+    MultiVectorEncoderTrainer trains it: one learning rate; the task's own default is --parts defaults')."""
     return mlmkit_side("colbert", minilm(), work / "set", out, 2 * RECIPE["batch_pairs"],
                        {**COLBERT, **(options or {})},
-                       **({"lr": lr} if lr else {}), **({"head_lr": head_lr} if head_lr else {}),
+                       **({"lr": lr} if lr else {}), head_lr=head_lr or lr or RECIPE["lr"],
                        **({"seed": seed} if seed is not None else {}))
 
 
@@ -107,6 +113,49 @@ def side_st_colbert(work: Path, out: Path) -> dict:
     trainer = MultiVectorEncoderTrainer(model=model, args=args, train_dataset=pairs_dataset(work / "set"),
                                         loss=MultiVectorMultipleNegativesRankingLoss(model,
                                                                                      scale=COLBERT["scale"]))
+    return timed_train(trainer, lambda: model.save(str(out)))
+
+
+def side_colbert_defaults(work: Path, out: Path) -> dict:
+    """`mlmkit finetune colbert` as a user runs it: the recipe's data, epochs, batch and learning rate, and
+    every other setting the task's default (projection, head learning rate, markers, expansion, max
+    length, warmup, weight decay)."""
+    import torch
+
+    from mlmkit.args import FinetuneArgs
+    from mlmkit.train.finetune import finetune
+
+    torch.set_num_threads(THREADS)
+    args = FinetuneArgs.from_flat(task="colbert", model=minilm(), train_file=work / "set", out=out,
+                                  batch_size=2 * RECIPE["batch_pairs"], epochs=RECIPE["epochs"],
+                                  lr=RECIPE["lr"], seed=RECIPE["seed"], bf16=False, progress=False)
+    t0 = time.perf_counter()
+    finetune(args)
+    return {"train_seconds": time.perf_counter() - t0}
+
+
+def side_st_colbert_defaults(work: Path, out: Path) -> dict:
+    """MultiVectorEncoderTrainer as its documentation starts one: MultiVectorEncoder over the same
+    encoder with its defaults (a fresh 128-dimension projection, no markers, no expansion), its MNRL at
+    its default scale; the recipe's data, epochs, batch and learning rate, every other argument the
+    trainer's default."""
+    import torch
+    from sentence_transformers import MultiVectorEncoder
+    from sentence_transformers.multi_vector_encoder import (
+        MultiVectorEncoderTrainer,
+        MultiVectorEncoderTrainingArguments,
+    )
+    from sentence_transformers.multi_vector_encoder.losses import MultiVectorMultipleNegativesRankingLoss
+
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(RECIPE["seed"])
+    model = MultiVectorEncoder(str(minilm()), device="cpu")
+    args = MultiVectorEncoderTrainingArguments(
+        output_dir=str(out / "trainer"), per_device_train_batch_size=RECIPE["batch_pairs"],
+        num_train_epochs=RECIPE["epochs"], learning_rate=RECIPE["lr"], seed=RECIPE["seed"],
+        save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True)
+    trainer = MultiVectorEncoderTrainer(model=model, args=args, train_dataset=pairs_dataset(work / "set"),
+                                        loss=MultiVectorMultipleNegativesRankingLoss(model))
     return timed_train(trainer, lambda: model.save(str(out)))
 
 
@@ -137,6 +186,7 @@ def side_encode_st(work: Path, out: Path) -> dict:
 
 
 ROLES = {"mlmkit-embedding": side_embedding, "mlmkit-colbert": side_colbert, "st-colbert": side_st_colbert,
+         "mlmkit-colbert-defaults": side_colbert_defaults, "st-colbert-defaults": side_st_colbert_defaults,
          "encode-mlmkit": side_encode_mlmkit, "encode-mlmkit-fp32": lambda w,
          o: side_encode_mlmkit(w, o, "fp32"),
          "encode-st": side_encode_st}
@@ -254,6 +304,20 @@ def trained(work: Path, name: str, out: Path, patience: float, *extra: str) -> d
     return res
 
 
+def defaults(work: Path, rounds: int, patience: float) -> str:
+    """Each tool with its defaults but the recipe's data, epochs, batch and learning rate, alternating
+    over ``rounds``: the medians' nDCG@10 and whole-process seconds, and each round's nDCG@10."""
+    got: dict[str, list[dict]] = {"mlmkit-colbert-defaults": [], "st-colbert-defaults": []}
+    for r, name in alternating(tuple(got), rounds):
+        got[name].append(trained(work, name, work / f"{name}-{r}", patience))
+    m, s = ({k: statistics.median(x[k] for x in got[name]) for k in ("ndcg@10", "seconds")} for name in got)
+    each = ", ".join(f"{a['ndcg@10']:.4f}/{b['ndcg@10']:.4f}" for a, b in zip(*got.values()))
+    return (f"defaults against defaults ({len(pairs(work / 'set'))} pairs, batch {RECIPE['batch_pairs']}, "
+            f"{RECIPE['epochs']} epoch, lr {RECIPE['lr']}): nDCG@10 {m['ndcg@10']:.4f} against "
+            f"{s['ndcg@10']:.4f} ({m['ndcg@10'] - s['ndcg@10']:+.4f}, medians; rounds {each}); "
+            f"{m['seconds']:.1f}s against {s['seconds']:.1f}s whole")
+
+
 def main() -> None:
     ap = parser(__doc__, work="/tmp/mlmkit-bench-late", rounds=(2, 1), patience=120.0, before="each process",
                 rounds_help="alternating rounds of mlmkit's and sentence-transformers' training (and "
@@ -324,6 +388,8 @@ def main() -> None:
                      "against "
                      f"{s['peak_mb']:.0f} MB")
         colbert_run = colbert_run or work / "mlmkit-colbert-0"
+    if "defaults" in parts:
+        lines.append(defaults(work, args.rounds, p))
     if "encode" in parts:
         lines.append(encode(work, args.encode_run or colbert_run,
                             200 if args.quick else args.encode_documents,

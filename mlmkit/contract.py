@@ -245,6 +245,9 @@ class TaskDefaults:
     """Whether `mlmkit finetune` trains this task (False: it is exported and served as it comes)."""
     command: str | None = None
     """The inference command that serves bundles of this task besides `mlmkit predict` (e.g. "classify")."""
+    fresh_head_lr: float | None = None
+    """The peak learning rate of this task's head when it starts fresh (not carried over from the base)
+    and fine-tuning is given no --head-lr (colbert: its new projection); None: --lr."""
     partial_layers: int = 0
     """Trailing encoder layers that ``export_module`` computes for a few positions only (the fusion
     check does not expect their attention to fuse)."""

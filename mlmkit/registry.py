@@ -111,6 +111,7 @@ class Plugin:
     label_names: tuple[str, ...]
     hf_architecture: str
     default_max_length: int
+    fresh_head_lr: float | None
     greater_is_better: bool
     trainable: bool
     command: str | None

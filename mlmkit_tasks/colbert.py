@@ -99,7 +99,7 @@ class ColbertTask(EmbeddingTask):
         TaskOption("query_length", 32,
                    "Tokens of every query: cut to it, padded to it with [MASK] (query expansion).",
                    minimum=4, fixed=True),
-        TaskOption("query_expansion", True,
+        TaskOption("query_expansion", False,
                    "Pad every query to query_length with [MASK]s that take part in scoring "
                    "(off: queries are only cut to it).", fixed=True),
         TaskOption("attend_expansion", False,
@@ -154,6 +154,9 @@ class ColbertTask(EmbeddingTask):
     hf_architecture = "HF_ColBERT"
     base_heads = ()
     default_max_length = 180
+    # a fresh projection learns at 1e-3 where the encoder fine-tunes at --lr: at one learning rate the
+    # short recipes spend their steps undoing its random start (docs/performance.md, "Late interaction")
+    fresh_head_lr = 1e-3
 
     def from_hf(self, config: ModelConfig, directory: Path) -> CheckpointInfo | None:
         """A sentence-transformers MultiVectorEncoder or PyLate directory, or a Stanford ColBERT

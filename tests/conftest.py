@@ -53,9 +53,13 @@ cli_stderr.width = 1000
 # oversubscribe them (tests that spawn processes, other jobs): one thread is several times faster here.
 torch.set_num_threads(1)
 # and so do the mlmkit processes the tests start (the quickstart, sweeps, servers' model threads): torch
-# reads these at its import, and a child with two threads beside the other worker oversubscribes the cores
+# reads these at its import, and a child with two threads beside the other worker oversubscribes the cores.
+# onnxruntime keeps to OMP_NUM_THREADS too (runtime/engines.thread_budget): at its default of one thread
+# a core, the registry, family and pipeline modules took 10-16% longer in two workers (2026-12-08,
+# docs/performance.md "Threads across processes"). The tokenizers' thread pool is held to one as well.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("RAYON_NUM_THREADS", "1")
 # Bundles run in fp32 on onnxruntime unless a test asks for another precision: the default (auto) would
 # run them in bf16 on a CPU with bf16 units, where the parity tests hold fp32 to PyTorch at 1e-4 and a
 # bf16 gate would be measured at every load. tests/runtime/test_precision.py tests auto, on this machine and

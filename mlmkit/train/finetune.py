@@ -174,7 +174,7 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> Metrics:
 
     torch.manual_seed(args.train.seed)
     net = task.build_model(cfg, ctx)
-    _start_weights(task, net, base, cfg, same_head=same_head, resume=bool(args.train.resume))
+    fresh = _start_weights(task, net, base, cfg, same_head=same_head, resume=bool(args.train.resume))
 
     features = task.featurize(train_ex, tok, ctx, training=True)
     # a grouped task's example is its features' group: one with none (or two under one index) is a featurize
@@ -187,8 +187,13 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> Metrics:
         evaluator = TaskEvaluator(task, task.read(Path(args.eval_file), opts,
                                                   max_bytes=args.max_record_bytes), tok, ctx,
                                   calibrate=True)
+    head_lr = args.train.head_lr
+    if head_lr is None and fresh and task.fresh_head_lr is not None:
+        head_lr = task.fresh_head_lr
+        log.info("the fresh %s head trains at a peak learning rate of %g (the task's default; --head-lr "
+                 "sets another)", task.name, head_lr)
     train_args = replace(args.train, metric_for_best=task.best_metric(ctx) if evaluator else None,
-                         greater_is_better=task.greater_is_better)
+                         greater_is_better=task.greater_is_better, head_lr=head_lr)
 
     def save_model(m: torch.nn.Module, d: Path, meta_: RunMeta) -> None:
         calibrated = evaluator.state if evaluator is not None else {}
@@ -205,10 +210,10 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> Metrics:
 
 
 def _start_weights(task: Plugin, net: torch.nn.Module, base: Path, cfg: ModelConfig, *, same_head: bool,
-                   resume: bool) -> None:
+                   resume: bool) -> bool:
     """``net``'s weights from ``base``: the encoder carries over; the head too when ``base`` is a model
     of this task with these very labels (a fine-tuned run, or a transformers checkpoint), otherwise it
-    starts fresh."""
+    starts fresh. Returns whether some of the head starts fresh."""
     full = load_state_dict(base, cfg)
     for prefix in task.base_heads:
         if not any(k.startswith(prefix) for k in full):
@@ -230,6 +235,7 @@ def _start_weights(task: Plugin, net: torch.nn.Module, base: Path, cfg: ModelCon
     if dropped:
         log.info("dropping %d weights the %s model does not use (e.g. %s)", len(dropped), task.name,
                  dropped[0])
+    return bool(missing)
 
 
 def data_identity(path: Path) -> list[list[Any]]:

@@ -22,6 +22,7 @@ from mlmkit.errors import ConfigError
 from mlmkit.quickstart.retrieval_set import write_retrieval_set
 from mlmkit.retrieval.maxsim import rank
 from mlmkit.retrieval.reranking import maxsim_of
+from mlmkit.rundir.meta import read_meta
 from mlmkit.text.batching import pad_features
 from mlmkit.text.tokenizer import load_tokenizer
 from mlmkit.train import losses
@@ -30,7 +31,7 @@ from mlmkit.train.losses import PairBatch
 
 runner = CliRunner()
 TEXTS = ["Return the number of items in the queue.", "A Mapping is a container, isn't it?", "x"]
-SMALL = {"dim": 16, "query_length": 12}
+SMALL = {"dim": 16, "query_length": 12, "query_expansion": True}  # expansion on: its parity is tested here
 
 
 def _maxsim_loop(q: np.ndarray, d: np.ndarray) -> float:
@@ -467,6 +468,9 @@ def test_kl_distill_trains_on_rows_with_teacher_scores(colbert, tmp_path):
     run_finetune("colbert", colbert["run"], rows, out, steps=12, lr=1e-3, batch_size=24, max_length=48,
                  progress=False,
                  log_every=1, options={"loss": "kl-distill"})
+    # a fresh projection trains at the task's own head learning rate; one carried over, at --lr
+    assert read_meta(colbert["run"]).train_args["head_lr"] == 1e-3
+    assert read_meta(out).train_args["head_lr"] is None
     log = [json.loads(line)["loss"] for line in open(out / "metrics.jsonl") if '"loss"' in line]
     assert len(log) == 12 and np.mean(log[-3:]) < 0.75 * np.mean(log[:3]) and all(map(math.isfinite,
                                                                                       log)), log

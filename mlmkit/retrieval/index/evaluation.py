@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 
 import mlmkit.retrieval.index.multivector as multivector
-from mlmkit.errors import ConfigError
-from mlmkit.files import read_json
+from mlmkit.errors import ConfigError, MlmkitError
 from mlmkit.registry import Options
 from mlmkit.retrieval.exact import normalized
 from mlmkit.retrieval.index.search import hits, query_vectors, search_vectors
@@ -51,7 +50,12 @@ def through_index(bundle: Path, data: Path, options: Options) -> bool:
 
     if options or not (bundle / "mlmkit.json").is_file() or not is_beir(data):
         return False
-    return bool(read_json(bundle / "mlmkit.json").get("task") == "embedding")
+    from mlmkit.runtime.bundle import read_bundle_meta
+
+    try:
+        return read_bundle_meta(bundle).task == "embedding"
+    except MlmkitError:  # not a bundle, or a broken one: the in-memory evaluation says what is wrong
+        return False
 
 
 def evaluate_bundle_by_index(bundle: Path, data: Path, *, device: str = "cpu") -> dict[str, float]:
