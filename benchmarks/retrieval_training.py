@@ -688,6 +688,10 @@ def training(args: argparse.Namespace, work: Path, counts: dict, recipe: str) ->
         print(f"{label:<28}{x['passes']['train_seconds']:>24}{x['passes']['seconds']:>24}"
               f"{pairs_n / x['train_seconds']:>10.1f}{x['ndcg@10']:>10.4f}{x['peak_mb']:>10.0f}")
     print(f"mlmkit / sentence-transformers: {ratio_line(c)}")
+    timings = json.loads((work / "mlmkit-0" / "mlmkit.json").read_text(encoding="utf-8")).get("timings")
+    if timings:  # the run's own breakdown (train/timing.py)
+        print("mlmkit's first run, where its time went (s): "
+              + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     print(noisy_note("training"))
     name = f"retrieval-train{'' if recipe == 'short' else '-long'}-vs-sentence-transformers"
     lines = [target(name, c["wall"], ">=", 2.0 if recipe == "short" else 1.5),

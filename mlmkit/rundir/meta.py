@@ -45,6 +45,7 @@ class RunMeta:
     best_metrics: Metrics | None = None
     final_metrics: Metrics | None = None
     distill: JSONObject | None = None  # a distilled student: its teacher, layer map, agreement
+    timings: dict[str, float] | None = None  # training: seconds by phase (train/timing.py)
     nsp: bool | None = None  # pretraining: next-sentence prediction, the family, the masking and the corpus
     arch: str | None = None
     whole_word: bool | None = None

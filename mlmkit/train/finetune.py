@@ -37,6 +37,7 @@ from mlmkit.text.tokenizer import load_tokenizer, special_ids
 from mlmkit.train.data import FeatureData
 from mlmkit.train.devices import resolve_device
 from mlmkit.train.loop import Trainer
+from mlmkit.train.timing import Timings
 from mlmkit.train.tracking import Reporter, flat_params, parse_report_to
 
 log = logging.getLogger("mlmkit")
@@ -155,7 +156,9 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> Metrics:
     L = args.max_length or min(task.default_max_length, cfg.max_tokens)
     if L > cfg.max_tokens:
         raise ConfigError(f"--max-length {L} exceeds the model's {cfg.max_tokens} positions")
-    train_ex = task.read(Path(args.train_file), opts, training=True, max_bytes=args.max_record_bytes)
+    timings = Timings()
+    with timings.phase("read"):
+        train_ex = task.read(Path(args.train_file), opts, training=True, max_bytes=args.max_record_bytes)
     if not train_ex:
         raise MlmkitError(f"{args.train_file}: no examples", "check the file and the column options")
     labels = task.label_list(train_ex)
@@ -173,10 +176,11 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> Metrics:
                          "eval": str(args.eval_file) if args.eval_file else None})
 
     torch.manual_seed(args.train.seed)
-    net = task.build_model(cfg, ctx)
-    fresh = _start_weights(task, net, base, cfg, same_head=same_head, resume=bool(args.train.resume))
-
-    features = task.featurize(train_ex, tok, ctx, training=True)
+    with timings.phase("load"):
+        net = task.build_model(cfg, ctx)
+        fresh = _start_weights(task, net, base, cfg, same_head=same_head, resume=bool(args.train.resume))
+    with timings.phase("tokenize"):
+        features = task.featurize(train_ex, tok, ctx, training=True)
     # a grouped task's example is its features' group: one with none (or two under one index) is a featurize
     # bug
     prediction.check_features(task, features, len(train_ex), grouped=task.group_features,
@@ -206,7 +210,8 @@ def _finetune(args: FinetuneArgs, reporters: Sequence[Reporter]) -> Metrics:
     data_key = {"batch_size": args.batch_size, "max_length": L, "train": data_identity(args.train_file),
                 "options": opts}
     return Trainer(net, data, train_args, args.out, save_model=save_model, evaluate=evaluator,
-                   data_key=data_key, params=flat_params(args), reporters=reporters).train(meta)
+                   data_key=data_key, params=flat_params(args), reporters=reporters,
+                   timings=timings).train(meta)
 
 
 def _start_weights(task: Plugin, net: torch.nn.Module, base: Path, cfg: ModelConfig, *, same_head: bool,

@@ -52,6 +52,7 @@ from mlmkit.train.devices import (
 )
 from mlmkit.train.optimizer import linear_schedule, param_groups, set_seed
 from mlmkit.train.state import Cursor, Position, ResumeCheckpoints, SaveModel
+from mlmkit.train.timing import Timings
 from mlmkit.train.tracking import Params, Reporter, Reporters, RunInfo, flat_params, parse_report_to
 
 if TYPE_CHECKING:
@@ -73,16 +74,18 @@ class Trainer:
     def __init__(
         self, model: nn.Module, data: DataSource, args: TrainArgs, out_dir: str | Path, *,
         save_model: SaveModel, evaluate: Evaluate | None = None, data_key: Mapping[str, Any] | None = None,
-        params: Params | None = None, reporters: Sequence[Reporter] = (),
+        params: Params | None = None, reporters: Sequence[Reporter] = (), timings: Timings | None = None,
     ) -> None:
         """``data_key``: the settings that decide which batch comes at which step (batch size, files,
         lengths ...): a checkpoint records them and --resume refuses to continue when they changed.
         ``params``: the command's arguments, flat, for the tracking backends (--report-to);
-        ``reporters``: more reporters beside those (a sweep's pruner)."""
+        ``reporters``: more reporters beside those (a sweep's pruner); ``timings``: the phases timed before
+        the loop (fine-tuning's loading, reading and tokenizing), which the loop's add to."""
         self.args, self.data, self.out, self.evaluate = args, data, Path(out_dir), evaluate
         self.params, self.extra_reporters = params or flat_params(args), tuple(reporters)
         self.reporters = Reporters([])
-        self.save_model = save_model
+        self.timings = timings or Timings()
+        self.save_model = self._timed_save(save_model)
         self.data_key: JSONObject = {**(data_key or {}), "seed": args.seed, "grad_accum": args.grad_accum}
         self.device = resolve_device(args.device)
         if self.device.type == "cpu":  # a step's large blocks reused, not mapped and zeroed anew each step
@@ -132,6 +135,12 @@ class Trainer:
         self.step = 0
         self.history: list[LogLine] = []
 
+    def _timed_save(self, save: SaveModel) -> SaveModel:
+        def timed(model: nn.Module, d: Path, meta: RunMeta) -> None:
+            with self.timings.phase("saving"):
+                save(model, d, meta)
+        return timed
+
     # ---- state -------------------------------------------------------------------------------
     def _position(self) -> Position:
         return Position(step=self.step, epoch=self.cursor.epoch, micro=self.cursor.micro, total=self.total,
@@ -139,7 +148,8 @@ class Trainer:
 
     def _checkpoint(self, meta: RunMeta) -> None:
         if self.dist.main:
-            self.checkpoints.save(self.model, self.opt, self.sched, self._position(), meta)
+            with self.timings.phase("saving"):
+                self.checkpoints.save(self.model, self.opt, self.sched, self._position(), meta)
         self.dist.barrier()
 
     def _start(self) -> int | None:
@@ -203,7 +213,7 @@ class Trainer:
         every_rank = bool(getattr(self.evaluate, "spreads", False))
         if self.evaluate is not None and (self.dist.main or every_rank):
             self.model.eval()
-            with torch.no_grad(), self._autocast():
+            with torch.no_grad(), self._autocast(), self.timings.phase("evaluation"):
                 metrics = self.evaluate(self.model)
             self.model.train()
             if self.dist.main:
@@ -221,28 +231,32 @@ class Trainer:
     def _step(self, sums: dict[str, float]) -> int:
         """One optimizer step over grad_accum micro-batches; returns the real tokens it saw."""
         a, tokens = self.args, 0
+        phase = self.timings.phase
         for i in range(a.grad_accum):
-            b = {k: v.to(self.device, non_blocking=True) for k, v in self.cursor.take(a.seed).items()}
+            with phase("batches"):
+                b = {k: v.to(self.device, non_blocking=True) for k, v in self.cursor.take(a.seed).items()}
             tokens += int(b["attention_mask"].sum())
             # DDP all-reduces gradients only on the last micro-batch of an accumulation
             last = i == a.grad_accum - 1
             separate = self.dist.world > 1 and not last and not self.own_sync
             sync = self.ddp.no_sync() if separate else contextlib.nullcontext()
-            with sync, self._autocast():
+            with sync, self._autocast(), phase("forward"):
                 out = self.ddp(**b)
-            (out["loss"] / a.grad_accum).backward()
+            with phase("backward"):
+                (out["loss"] / a.grad_accum).backward()
             for k, v in out.items():  # the losses, and figures a model reports as log_NAME (logged as NAME)
                 if k.endswith("loss") or k.startswith("log_"):
                     name = k.removeprefix("log_")
                     sums[name] = sums.get(name, 0.0) + float(v.detach())
         self._stop_if_diverged(sums["loss"])
-        if self.own_sync:
-            average_gradients(self.model)
-        if a.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
-        self.opt.step()
-        self.sched.step()
-        self.opt.zero_grad(set_to_none=True)
+        with phase("optimizer"):
+            if self.own_sync:
+                average_gradients(self.model)
+            if a.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
+            self.opt.step()
+            self.sched.step()
+            self.opt.zero_grad(set_to_none=True)
         self.step += 1
         return tokens
 
@@ -337,11 +351,13 @@ class Trainer:
             result = {"step": self.step, "last_step_metrics": result,
                       **{k: v for k, v in best.items() if not isinstance(v, (list, dict))}}
         if self.dist.main:
-            if self.tracker.best is None:
-                # no selection: the final weights
-                self.save_model(self.model, self.out, replace(meta, final_metrics=result))
+            log.info(self.timings.line())  # the final save's time is not in it: it writes the figures
+            if self.tracker.best is None:  # no selection: the final weights
+                self.save_model(self.model, self.out, replace(meta, final_metrics=result,
+                                                              timings=self.timings.as_json()))
             else:
-                write_meta(self.out, replace(read_meta(self.out), final_metrics=result))
+                write_meta(self.out, replace(read_meta(self.out), final_metrics=result,
+                                             timings=self.timings.as_json()))
             from mlmkit.rundir import cards
             from mlmkit.train import plots
 

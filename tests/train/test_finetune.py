@@ -320,6 +320,23 @@ def mlmkit_log():
     logger.setLevel(old)
 
 
+def test_a_run_records_where_its_time_went(classification_setup: dict[str, Any], tmp_path: Path,
+                                           mlmkit_log: list) -> None:
+    """Seconds by phase (train/timing.py) in the log and in mlmkit.json: every phase of a fine-tuning run
+    is there (reading 32 rows can round to nothing), and together no more than the whole."""
+    from mlmkit.rundir.meta import read_meta
+
+    s = classification_setup
+    run_finetune("classification", s["base"], s["train"], tmp_path / "run", **s["kw"])
+    t = read_meta(tmp_path / "run").timings
+    assert t is not None and {"read", "load", "tokenize", "batches", "forward", "backward", "optimizer",
+                              "saving", "total"} <= set(t), t
+    assert all(t[k] > 0 for k in ("forward", "backward", "optimizer", "saving", "total"))
+    assert sum(v for k, v in t.items() if k != "total") <= t["total"]
+    line = next(r.getMessage() for r in mlmkit_log if r.getMessage().startswith("where the time went"))
+    assert "forward" in line and "backward" in line and "of " in line
+
+
 def test_resume_after_a_kill_matches_an_uninterrupted_run(
     classification_setup: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlmkit_log: list
 ) -> None:
