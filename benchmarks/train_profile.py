@@ -127,7 +127,8 @@ def mlmkit_model(recipe: str) -> tuple[Any, Any]:
     labels = {"classification": {"id2label": {0: "LABEL_0", 1: "LABEL_1"}},
               "rerank": {"id2label": {0: "score"}}}.get(recipe, {})
     cfg = ModelConfig.from_dict({**MINILM, **labels})
-    pairs = {"part": torch.tensor([0, 1] * (TEXTS // 2)), "text_id": torch.arange(TEXTS)}
+    pairs = {"part": torch.tensor([0, 1] * (TEXTS // 2)), "text_id": torch.arange(TEXTS),
+             "score": torch.zeros(TEXTS)}  # as featurize gives rows without scores
     if recipe in ("embedding", "splade", "rerank"):
         name, options, extra = {"embedding": ("embedding", {"loss": "mnrl"}, pairs),
                                 "splade": ("sparse-embedding", {}, pairs),
