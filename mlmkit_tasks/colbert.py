@@ -97,7 +97,8 @@ class ColbertTask(EmbeddingTask):
         TaskOption("dim", 128, "Dimensions of each token vector (the projection's output).", minimum=1,
                    maximum=MAX_DIM, fixed=True),
         TaskOption("query_length", 32,
-                   "Tokens of every query: cut to it, padded to it with [MASK] (query expansion).",
+                   "Tokens of every query: cut to it (and padded to it with [MASK] where "
+                   "query_expansion is on).",
                    minimum=4, fixed=True),
         TaskOption("query_expansion", False,
                    "Pad every query to query_length with [MASK]s that take part in scoring "
