@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -282,7 +283,7 @@ class Dense:
                               "give --retriever bm25 or an embedding bundle (mlmkit export RUN --task "
                               "embedding)")
         path, done = Path(work) / "corpus-embeddings.npy", Path(work) / "corpus-embeddings.json"
-        if done.is_file() and json.loads(done.read_text()).get("documents") == len(docs):  # a resumed job's
+        if _embedded(done) == len(docs):  # a resumed job's
             self.vectors = np.load(path, mmap_mode="r")
         else:
             first = self.embed(docs[:batch], "document")
@@ -320,3 +321,25 @@ def bm25_metrics(data: str | Path) -> dict[str, float]:
     qids = list(split.queries)
     idx, _ = BM25([split.corpus[d] for d in dids]).search([split.queries[q] for q in qids], 100)
     return mean_metrics({q: [dids[i] for i in row] for q, row in zip(qids, idx)}, split.qrels)
+
+
+@dataclass(frozen=True)
+class _Embedded:
+    """corpus-embeddings.json, written once corpus-embeddings.npy holds the vectors of every document."""
+
+    documents: int
+
+
+def _embedded(done: Path) -> int | None:
+    """The documents whose vectors a resumed job finished (None: none, or a damaged marker: embedded
+    again)."""
+    from mlmkit.errors import MlmkitError
+    from mlmkit.files import read_json
+    from mlmkit.typed import from_json
+
+    if not done.is_file():
+        return None
+    try:
+        return from_json(_Embedded, read_json(done), done, fix="").documents
+    except MlmkitError:
+        return None

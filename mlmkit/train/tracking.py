@@ -18,19 +18,38 @@ import logging
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 from mlmkit.errors import ConfigError, redacted, scrubbed
-from mlmkit.files import read_json, write_json
+from mlmkit.files import JSONObject, read_json, write_json
+from mlmkit.typed import from_json, to_json
 
 log = logging.getLogger("mlmkit")
 
 EXTRA_HINT = "pip install 'mlmkit[tracking]'"
 STATE = "tracking.json"
 """In the run directory: what a resumed run needs to continue the same tracking runs (MLflow's run id)."""
+
+
+@dataclass(frozen=True)
+class TrackingState:
+    """tracking.json, typed (mlmkit.typed): the MLflow run a resumed run continues and the store it is
+    in (its password redacted); keys this version does not know are kept in ``other``."""
+
+    mlflow_run_id: str | None = None
+    mlflow_tracking_uri: str | None = None
+    other: JSONObject = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, out: Path) -> TrackingState:
+        p = out / STATE
+        if not p.exists():
+            return cls()
+        return from_json(cls, read_json(p), p, rest="other",
+                         fix="delete it to start new tracking runs (or set MLFLOW_RUN_ID)")
 
 
 Param = bool | int | float | str
@@ -135,9 +154,9 @@ class MLflow:
 
         uri = mlflow.get_tracking_uri()
         self.run_info, self.failed = run, False
-        state = read_json(run.out / STATE) if (run.out / STATE).exists() else {}
-        run_id = os.environ.get("MLFLOW_RUN_ID") or (state.get("mlflow_run_id")
-                                                     if run.resumed_from is not None else None)
+        state = TrackingState.read(run.out)
+        run_id = os.environ.get("MLFLOW_RUN_ID") or (state.mlflow_run_id if run.resumed_from is not None
+                                                     else None)
         try:
             _reachable(uri)  # in seconds, before MLflow's own retries (minutes by default)
             self.client = MlflowClient()
@@ -164,8 +183,8 @@ class MLflow:
                                        f"{first}", uri),
                               "check MLFLOW_TRACKING_URI (and MLFLOW_RUN_ID), or drop --report-to mlflow",
                               ) from None
-        write_json(run.out / STATE,
-                   {**state, "mlflow_run_id": self.run_id, "mlflow_tracking_uri": redacted(uri)})
+        write_json(run.out / STATE, to_json(replace(state, mlflow_run_id=self.run_id,
+                                                    mlflow_tracking_uri=redacted(uri)), rest="other"))
 
     def _logged_steps(self) -> dict[str, int]:
         """The last step the run holds for each metric (a resumed run does not log those again)."""

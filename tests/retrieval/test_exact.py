@@ -82,3 +82,17 @@ def test_bm25_over_stop_words_only_is_one_line():
 
     with pytest.raises(ConfigError, match="hold no word but English stop words"):
         BM25(["the a an", "of the", "..."])
+
+
+@pytest.mark.parametrize(("text", "want"), [('{"documents": 12}', 12), ('{"documents": "12"}', None),
+                                            ('{"documents": 12', None), ("[]", None)])
+def test_a_first_stages_finished_vectors_marker_is_read_typed_and_a_damaged_one_embeds_again(
+        tmp_path, text, want):
+    """corpus-embeddings.json (an embedding first stage's vectors, whole): read by the typed reader; a
+    damaged or hand-edited one means the corpus is embedded again, not a traceback."""
+    from mlmkit.retrieval.exact import _embedded
+
+    done = tmp_path / "corpus-embeddings.json"
+    assert _embedded(done) is None
+    done.write_text(text)
+    assert _embedded(done) == want

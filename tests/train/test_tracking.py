@@ -289,3 +289,21 @@ def test_plot_two_runs_cards_and_bundle_card(clf, tmp_path):
 
 
 
+
+
+def test_tracking_json_is_read_by_the_typed_reader(tmp_path: Path) -> None:
+    """A resumed run's tracking.json: a wrong field is one line naming the file and the field; keys of
+    another version are kept as written."""
+    from mlmkit.errors import ConfigError
+    from mlmkit.train.tracking import STATE, TrackingState
+    from mlmkit.typed import to_json
+
+    assert TrackingState.read(tmp_path) == TrackingState()  # a run that never tracked
+    (tmp_path / STATE).write_text(json.dumps({"mlflow_run_id": "abc", "later_backend": {"id": 1}}))
+    state = TrackingState.read(tmp_path)
+    assert state.mlflow_run_id == "abc" and to_json(state, rest="other") == {
+        "mlflow_run_id": "abc", "mlflow_tracking_uri": None, "later_backend": {"id": 1}}
+    (tmp_path / STATE).write_text(json.dumps({"mlflow_run_id": 5}))
+    with pytest.raises(ConfigError) as e:
+        TrackingState.read(tmp_path)
+    assert e.value.message == f"{tmp_path / STATE}: 'mlflow_run_id' is not a string or null (5)"
