@@ -38,6 +38,10 @@ def rule(predicate: Callable[[Any], bool], what: str) -> dict[str, object]:
     return {RULE: (predicate, what)}
 
 
+COUNT = rule(lambda n: n >= 0, "a whole number, 0 or more")
+"""The condition of a count field (windows, rows, bytes ...), beside its type int."""
+
+
 @cache
 def _hints(cls: type) -> dict[str, object]:
     return typing.get_type_hints(cls)

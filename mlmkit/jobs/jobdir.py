@@ -37,25 +37,21 @@ from mlmkit.files import JSONObject, atomic_open, atomic_write, json_line, read_
 from mlmkit.jobs.windows import Done, Window
 from mlmkit.locks import LOCK
 from mlmkit.text.records import carried_array, result_writer, write_table_text
-from mlmkit.typed import from_json, rule, to_json
+from mlmkit.typed import COUNT, from_json, to_json
 
 log = logging.getLogger("mlmkit")
 
 T = TypeVar("T")
-
-def _count(n: int) -> bool:
-    return n >= 0
-
 
 @dataclass(frozen=True)
 class Progress:
     """progress.json, typed: what the job is for (its bundle, inputs and options, compared on
     ``--resume``), how many windows, records, results and errors it finished, and the task's counts."""
 
-    windows: int = field(metadata=rule(_count, "a whole number, 0 or more"))
-    records: int = field(metadata=rule(_count, "a whole number, 0 or more"))
-    results: int = field(metadata=rule(_count, "a whole number, 0 or more"))
-    errors: int = field(metadata=rule(_count, "a whole number, 0 or more"))
+    windows: int = field(metadata=COUNT)
+    records: int = field(metadata=COUNT)
+    results: int = field(metadata=COUNT)
+    errors: int = field(metadata=COUNT)
     what: JSONObject = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
 

@@ -82,13 +82,15 @@ def card(d: Path) -> str:
 def _description(d: Path) -> tuple[JSONObject, bool]:
     """(mlmkit.json of ``d`` checked by its typed reader, as the flat object the card reads; whether ``d``
     is a bundle). A wrong field is one line naming the file and the field, as everywhere it is read."""
-    if read_json(d / "mlmkit.json").get("format") == BUNDLE_FORMAT:
-        from mlmkit.runtime.bundle import read_bundle_meta
+    path = d / "mlmkit.json"
+    data = read_json(path)
+    if data.get("format") == BUNDLE_FORMAT:
+        from mlmkit.runtime.bundle import BundleMeta
 
-        return read_bundle_meta(d).to_json(), True
-    from mlmkit.rundir.meta import read_meta
+        return BundleMeta.from_json(data, path).to_json(), True
+    from mlmkit.rundir.meta import RunMeta
 
-    return read_meta(d).to_json(), False
+    return RunMeta.from_json(data, path).to_json(), False
 
 
 def results(meta: JSONObject) -> dict[str, float]:

@@ -58,17 +58,10 @@ from mlmkit.retrieval.exact import normalized
 from mlmkit.retrieval.index.codecs import CALIBRATION_ROWS, calibrate, row_bytes, stored
 from mlmkit.retrieval.index.disk import id_hashes
 from mlmkit.retrieval.index.store import CHUNK
-from mlmkit.typed import from_json, rule, to_json
+from mlmkit.typed import COUNT, from_json, to_json
 
 PROGRESS = "progress.json"
 SPARSE = ("lengths.bin", "terms.bin", "weights.bin")
-
-
-def _count(n: int) -> bool:
-    return n >= 0
-
-
-COUNT = rule(_count, "a whole number, 0 or more")
 
 
 @dataclass
